@@ -1,0 +1,245 @@
+/* SPDX-License-Identifier: MIT */
+/* common.c: helpers shared by the benchmark programs. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tier.h>
+
+#include "bench/common.h"
+
+/* Used when neither --socket nor $TIER_SOCKET is given and meson did not say. */
+#ifndef TIERD_DEFAULT_SOCKET
+#define TIERD_DEFAULT_SOCKET "/run/tierd/tierd.sock"
+#endif
+
+uint64_t bench_now_ns(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * UINT64_C(1000000000) + (uint64_t) ts.tv_nsec;
+}
+
+void bench_log(const char *fmt, ...) {
+        va_list ap;
+
+        fprintf(stderr, "%s: ", program_invocation_short_name);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+}
+
+int bench_parse_size(const char *s, uint64_t *ret) {
+        unsigned shift = 0;
+        uint64_t v;
+        char *end;
+
+        if (!s || *s < '0' || *s > '9')
+                return -EINVAL;
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno != 0)
+                return -ERANGE;
+        switch (*end) {
+        case '\0':
+                break;
+        case 'K': case 'k':
+                shift = 10;
+                break;
+        case 'M': case 'm':
+                shift = 20;
+                break;
+        case 'G': case 'g':
+                shift = 30;
+                break;
+        case 'T': case 't':
+                shift = 40;
+                break;
+        default:
+                return -EINVAL;
+        }
+        if (*end != '\0') {
+                end++;
+                if (*end == 'i')
+                        end++;
+                if (*end == 'B')
+                        end++;
+                if (*end != '\0')
+                        return -EINVAL;
+        }
+        if (shift > 0 && v > (UINT64_MAX >> shift))
+                return -ERANGE;
+        *ret = v << shift;
+        return 0;
+}
+
+int bench_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
+        uint64_t v;
+        char *end;
+
+        if (!s || *s < '0' || *s > '9')
+                return -EINVAL;
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno != 0)
+                return -ERANGE;
+        if (*end != '\0')
+                return -EINVAL;
+        if (v < min || v > max)
+                return -ERANGE;
+        *ret = v;
+        return 0;
+}
+
+int bench_parse_seconds(const char *s, double *ret) {
+        double v;
+        char *end;
+
+        if (!s || *s == '\0')
+                return -EINVAL;
+        errno = 0;
+        v = strtod(s, &end);
+        if (errno != 0 || *end != '\0')
+                return -EINVAL;
+        if (!isfinite(v) || v <= 0)
+                return -ERANGE;
+        *ret = v;
+        return 0;
+}
+
+const char *bench_socket_path(const char *arg) {
+        const char *e;
+
+        if (arg && *arg)
+                return arg;
+        e = getenv("TIER_SOCKET");
+        if (e && *e)
+                return e;
+        return TIERD_DEFAULT_SOCKET;
+}
+
+int bench_connect(tier_client **ret, const char *socket, const char *job, unsigned rank, int timeout_ms) {
+        /* A daemon that was just started may have bound its socket but not listen yet. */
+        const uint64_t retry_ns = UINT64_C(50000000);
+        uint64_t deadline = bench_now_ns() + (uint64_t) (timeout_ms > 0 ? timeout_ms : 0) * UINT64_C(1000000);
+
+        for (;;) {
+                int r = tier_client_new(ret, socket, job, rank);
+                if (r >= 0)
+                        return r;
+                if ((r != -ENOENT && r != -ECONNREFUSED) || bench_now_ns() >= deadline)
+                        return r;
+                struct timespec ts = { .tv_sec = 0, .tv_nsec = (long) retry_ns };
+                (void) nanosleep(&ts, NULL);
+        }
+}
+
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+double bench_percentile_us(uint64_t *ns, size_t n, double p) {
+        size_t rank;
+
+        if (n == 0)
+                return NAN;
+        qsort(ns, n, sizeof(*ns), cmp_u64);
+        rank = (size_t) ceil(p * (double) n);
+        if (rank < 1)
+                rank = 1;
+        if (rank > n)
+                rank = n;
+        return (double) ns[rank - 1] / 1e3;
+}
+
+static void json_append(BenchJson *j, const char *fmt, ...) _printf_(2, 3);
+static void json_append(BenchJson *j, const char *fmt, ...) {
+        va_list ap;
+        int n;
+
+        if (j->truncated)
+                return;
+        va_start(ap, fmt);
+        n = vsnprintf(j->buf + j->len, sizeof(j->buf) - j->len, fmt, ap);
+        va_end(ap);
+        if (n < 0 || (size_t) n >= sizeof(j->buf) - j->len) {
+                j->truncated = true;
+                return;
+        }
+        j->len += (size_t) n;
+}
+
+/* Keys and values are ours or short names; escape what JSON requires anyway. */
+static void json_append_string(BenchJson *j, const char *s) {
+        json_append(j, "\"");
+        for (; s && *s; s++) {
+                unsigned char ch = (unsigned char) *s;
+
+                if (ch == '"' || ch == '\\')
+                        json_append(j, "\\%c", ch);
+                else if (ch < 0x20)
+                        json_append(j, "\\u%04x", ch);
+                else
+                        json_append(j, "%c", ch);
+        }
+        json_append(j, "\"");
+}
+
+static void json_key(BenchJson *j, const char *key) {
+        json_append(j, ",");
+        json_append_string(j, key);
+        json_append(j, ":");
+}
+
+void bench_json_init(BenchJson *j, const char *bench) {
+        j->len = 0;
+        j->truncated = false;
+        json_append(j, "{\"bench\":");
+        json_append_string(j, bench);
+}
+
+void bench_json_u64(BenchJson *j, const char *key, uint64_t v) {
+        json_key(j, key);
+        json_append(j, "%" PRIu64, v);
+}
+
+void bench_json_i64(BenchJson *j, const char *key, int64_t v) {
+        json_key(j, key);
+        json_append(j, "%" PRId64, v);
+}
+
+void bench_json_double(BenchJson *j, const char *key, double v) {
+        json_key(j, key);
+        if (isfinite(v))
+                json_append(j, "%.6g", v);
+        else
+                json_append(j, "null");
+}
+
+void bench_json_bool(BenchJson *j, const char *key, bool v) {
+        json_key(j, key);
+        json_append(j, "%s", v ? "true" : "false");
+}
+
+void bench_json_string(BenchJson *j, const char *key, const char *v) {
+        json_key(j, key);
+        json_append_string(j, v);
+}
+
+int bench_json_print(BenchJson *j) {
+        if (j->truncated)
+                return -ENOBUFS;
+        printf("%s}\n", j->buf);
+        if (fflush(stdout) != 0)
+                return negative_errno();
+        return 0;
+}

@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: MIT */
+/* common.h: helpers shared by the benchmark programs (timing, sizes, JSON). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/macro.h"
+
+typedef struct tier_client tier_client;
+
+/* Monotonic clock in nanoseconds. */
+uint64_t bench_now_ns(void);
+
+/* Progress and errors go to stderr, prefixed with the program name. */
+void bench_log(const char *fmt, ...) _printf_(1, 2);
+
+/* Parse "123", "16M", "1G" (K, M, G, T: powers of 1024); -EINVAL, -ERANGE. */
+int bench_parse_size(const char *s, uint64_t *ret);
+/* Parse a decimal unsigned integer in [min, max]. */
+int bench_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret);
+/* Parse a positive finite decimal number (seconds). */
+int bench_parse_seconds(const char *s, double *ret);
+
+/*
+ * bench_socket_path() - the socket to use: @arg, else $TIER_SOCKET, else the
+ * build's default.  Never NULL.
+ */
+const char *bench_socket_path(const char *arg);
+
+/*
+ * bench_connect() - tier_client_new(), retried for up to @timeout_ms while
+ * the socket is missing or not yet listening (a daemon that was just started).
+ */
+int bench_connect(tier_client **ret, const char *socket, const char *job, unsigned rank, int timeout_ms);
+
+/*
+ * bench_percentile_us() - nearest-rank percentile @p (0..1] of @n samples in
+ * nanoseconds, in microseconds.  Sorts @ns in place.
+ */
+double bench_percentile_us(uint64_t *ns, size_t n, double p);
+
+/* One JSON object on one line, built field by field, printed at the end. */
+typedef struct BenchJson {
+        char buf[4096];
+        size_t len;
+        bool truncated;
+} BenchJson;
+
+void bench_json_init(BenchJson *j, const char *bench);
+void bench_json_u64(BenchJson *j, const char *key, uint64_t v);
+void bench_json_i64(BenchJson *j, const char *key, int64_t v);
+/* Non-finite values are written as null. */
+void bench_json_double(BenchJson *j, const char *key, double v);
+void bench_json_bool(BenchJson *j, const char *key, bool v);
+void bench_json_string(BenchJson *j, const char *key, const char *v);
+/* Print the object and a newline on stdout; -ENOBUFS if it did not fit. */
+int bench_json_print(BenchJson *j);

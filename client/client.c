@@ -1,0 +1,1456 @@
+/* SPDX-License-Identifier: MIT */
+/* client.c: libtier core: connection, handshake, segments, tensors and fences. */
+
+/*
+ * Theory of operation
+ *
+ * A tier_client is one SOCK_SEQPACKET connection to tierd.  Every request is
+ * one packed tier.Request; every packet from tierd is one tier.Reply, either
+ * the Response to a request (same seq) or an unsolicited Event.  File
+ * descriptors travel beside a packet and messages name them by index into
+ * that packet's fd array; whatever fd a packet carries that no message
+ * claims is closed when the packet is done with (packet_done()).
+ *
+ * The client is synchronous: client_call() sends one request and reads
+ * packets until the Response with that seq arrives.  Events that arrive in
+ * between are handled on the way: FenceFailed goes into a small ring of
+ * remembered failures, Shutdown makes later requests fail with -ESHUTDOWN.
+ * Any Response may carry new_segments, which are mapped (and their fds
+ * closed) before the caller sees the Response.
+ *
+ * Segments are tierd's blocks of tier memory for this job.  "memfd"
+ * segments are mapped MAP_SHARED once and cached by id; a new generation
+ * for a known id replaces the old mapping.  A grant {segment, generation,
+ * offset, length} becomes a pointer into that mapping.  If a grant names a
+ * segment we do not hold, GetSegments fetches it.
+ *
+ * Fences: the job's fence page holds, per connection slot, a "done"
+ * watermark and a "failed" counter.  tier_fence_done() reads both with
+ * acquire loads and, when every fence up to the one asked about is done and
+ * each counted failure has been matched by a FenceFailed event, answers
+ * without a system call.  Only when the counter runs ahead of the events
+ * does it drain the socket (non-blocking) to learn which fence failed.
+ * tier_wait() sleeps in poll() on the connection's eventfd (tierd writes
+ * it after advancing the slot) and on the socket (events, or tierd gone).
+ *
+ * The socket is O_NONBLOCK so that draining never blocks; synchronous
+ * calls poll() when the socket has nothing queued.
+ *
+ * Once the connection breaks (tierd gone, malformed packet, protocol
+ * error) the client keeps its mappings but every request fails with the
+ * error that broke it.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/tier-private.h"
+#include "proto/fence.h"
+#include "proto/macro.h"
+#include "proto/tier.pb-c.h"
+#include "proto/wire.h"
+
+/* Largest packet tierd sends inline; bigger status dumps come as an fd. */
+#define CLIENT_RECV_BUFFER (256u * 1024u)
+/* Request size limit until HelloReply.limits.max_message tells the real one. */
+#define CLIENT_DEFAULT_MAX_MESSAGE (64u * 1024u)
+/* Segment ids are small integers handed out per job; bounds the cache array. */
+#define CLIENT_SEGMENT_ID_MAX (1u << 20)
+/* Failed fences remembered per client; older failures are forgotten. */
+#define CLIENT_FAILURES_MAX 256u
+/* Largest packed StatusReply accepted through status_fd (a few thousand jobs). */
+#define CLIENT_STATUS_FD_MAX (64u * 1024u * 1024u)
+/* Room for one error text: a socket path plus the daemon's reason. */
+#define CLIENT_ERROR_MAX 512
+/* Without an eventfd tier_wait() can only poll the fence page, this often. */
+#define CLIENT_FENCE_POLL_MS 1
+
+typedef enum SegmentKind {
+        SEGMENT_NONE = 0,       /* slot unused */
+        SEGMENT_MEMFD,
+        SEGMENT_CUDA,
+} SegmentKind;
+
+typedef struct ClientSegment {
+        SegmentKind kind;
+        uint32_t generation;
+        int tier;
+        uint64_t size;
+        void *ptr;              /* memfd: MAP_SHARED mapping of @size bytes; cuda: NULL */
+        int fd;                 /* cuda: the exported handle, kept for the import; else -1 */
+} ClientSegment;
+
+typedef struct FenceFailure {
+        tier_fence fence;
+        int status;             /* < 0 */
+} FenceFailure;
+
+struct tier_client {
+        int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
+        int event_fd;                   /* fence wakeups from tierd, or -1 */
+        const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
+        uint32_t fence_slot;
+        tier_fence fence_max;           /* highest fence tierd has handed out */
+        uint64_t failed_base;           /* failed[slot] at the handshake */
+        uint64_t failed_events;         /* FenceFailed events received since */
+
+        uint64_t seq;                   /* of the last request sent */
+        int broken;                     /* < 0 once the connection is unusable */
+        bool shutdown;                  /* tierd announced its shutdown */
+        char shutdown_reason[CLIENT_ERROR_MAX / 2];
+        bool control;                   /* no job: status only */
+
+        uint64_t job_id;
+        uint32_t max_message;
+        uint32_t max_name;
+        uint64_t limit[TIER_LEVEL_MAX];
+        char *vram_backend;
+        char *socket_path;
+
+        ClientSegment *segments;        /* indexed by segment id */
+        size_t n_segments;
+
+        FenceFailure failures[CLIENT_FAILURES_MAX];     /* ring, newest at n_failures - 1 */
+        uint64_t n_failures;
+
+        tier_tensor *tensors;           /* open handles, invalidated by tier_client_free() */
+
+        uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
+        char last_error[CLIENT_ERROR_MAX];
+};
+
+struct tier_tensor {
+        tier_client *client;            /* NULL once the client was freed */
+        tier_tensor *prev, *next;       /* in client->tensors */
+        uint64_t id;
+        uint64_t size;
+        char *name;
+};
+
+/* One received packet: the unpacked Reply and the fds that came with it. */
+typedef struct Packet {
+        Tier__Reply *reply;
+        int fds[WIRE_MAX_FDS];
+        size_t n_fds;
+} Packet;
+
+#define PACKET_NULL { .reply = NULL, .n_fds = 0 }
+
+/* Why the last tier_client_new() of this thread failed (there is no client to ask). */
+static _Thread_local char new_error[CLIENT_ERROR_MAX];
+
+static const char *const level_names[TIER_LEVEL_MAX] = {
+        [TIER_VRAM] = "vram",
+        [TIER_HOST] = "host",
+        [TIER_NVME] = "nvme",
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static bool tier_valid(int tier) {
+        return tier >= 0 && tier < TIER_LEVEL_MAX;
+}
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+/* Names of jobs and tensors: non-empty text without control characters. */
+static bool name_valid(const char *s) {
+        if (!s || !*s)
+                return false;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
+                if (*p < 0x20 || *p == 0x7f)
+                        return false;
+        return true;
+}
+
+static void packet_done(Packet *p) {
+        for (size_t i = 0; i < p->n_fds; i++)
+                p->fds[i] = safe_close(p->fds[i]);
+        p->n_fds = 0;
+        if (p->reply)
+                tier__reply__free_unpacked(p->reply, NULL);
+        p->reply = NULL;
+}
+
+/* Claim the fd a message names by index; each fd may be claimed once. */
+static int packet_take_fd(Packet *p, int32_t index) {
+        if (index < 0 || (size_t) index >= p->n_fds || p->fds[index] < 0)
+                return -EPROTO;
+        return TAKE_FD(p->fds[index]);
+}
+
+_printf_(3, 4)
+static int client_error(tier_client *c, int r, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* The connection is unusable from now on; every later request returns @r. */
+_printf_(3, 4)
+static int client_break(tier_client *c, int r, const char *fmt, ...) {
+        va_list ap;
+
+        if (c->broken < 0)
+                return c->broken;
+        c->broken = r;
+        va_start(ap, fmt);
+        (void) vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* Can a request be sent now? */
+static int client_check(tier_client *c) {
+        if (c->broken < 0)
+                return c->broken;
+        if (c->shutdown)
+                return -ESHUTDOWN;
+        return 0;
+}
+
+static int fd_wait(int fd, short events, int timeout_ms) {
+        struct pollfd pfd = { .fd = fd, .events = events };
+
+        for (;;) {
+                int n = poll(&pfd, 1, timeout_ms);
+                if (n >= 0)
+                        return n;
+                if (errno != EINTR)
+                        return negative_errno();
+        }
+}
+
+/* ---- segments ---------------------------------------------------------------- */
+
+static void segment_clear(ClientSegment *s) {
+        if (s->ptr)
+                (void) munmap(s->ptr, (size_t) s->size);
+        s->fd = safe_close(s->fd);
+        *s = (ClientSegment) { .kind = SEGMENT_NONE, .fd = -1 };
+}
+
+static int client_reserve_segments(tier_client *c, size_t n) {
+        ClientSegment *a;
+        size_t m;
+
+        if (n <= c->n_segments)
+                return 0;
+        m = MAX(n, MAX(c->n_segments * 2, (size_t) 16));
+        m = MIN(m, (size_t) CLIENT_SEGMENT_ID_MAX);
+        a = reallocarray(c->segments, m, sizeof(*a));
+        if (!a)
+                return -ENOMEM;
+        for (size_t i = c->n_segments; i < m; i++)
+                a[i] = (ClientSegment) { .kind = SEGMENT_NONE, .fd = -1 };
+        c->segments = a;
+        c->n_segments = m;
+        return 0;
+}
+
+/**
+ * client_add_segment() - map (or keep) a segment tierd sent.
+ * @p: the packet the segment came in; its fd is claimed (and, for memfd, closed)
+ */
+static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p) {
+        _cleanup_close_ int fd = -EBADF;
+        ClientSegment n = { .fd = -1 }, *slot;
+        struct stat st;
+        int r;
+
+        fd = packet_take_fd(p, s->fd_index);
+        if (fd < 0)
+                return client_error(c, fd, "segment %u names fd %d, which the packet lacks", s->id, s->fd_index);
+        if (s->id >= CLIENT_SEGMENT_ID_MAX || !tier_valid((int) s->tier))
+                return client_error(c, -EPROTO, "segment %u (tier %d) is out of range", s->id, (int) s->tier);
+
+        if (s->kind && strcmp(s->kind, "memfd") == 0)
+                n.kind = SEGMENT_MEMFD;
+        else if (s->kind && strcmp(s->kind, "cuda") == 0)
+                n.kind = SEGMENT_CUDA;
+        else
+                return client_error(c, -EPROTONOSUPPORT, "segment %u has unknown kind \"%s\"",
+                                    s->id, s->kind ? s->kind : "");
+        n.generation = s->generation;
+        n.tier = (int) s->tier;
+        n.size = s->size;
+
+        r = client_reserve_segments(c, (size_t) s->id + 1);
+        if (r < 0)
+                return r;
+        slot = &c->segments[s->id];
+        if (slot->kind == n.kind && slot->generation == n.generation)
+                return 0;       /* already mapped; the duplicate fd is closed */
+
+        switch (n.kind) {
+        case SEGMENT_MEMFD:
+                /* Mapping beyond the end of the memfd would SIGBUS on first touch. */
+                if (n.size == 0 || n.size > SIZE_MAX)
+                        return client_error(c, -EPROTO, "segment %u has bad size %" PRIu64, s->id, n.size);
+                if (fstat(fd, &st) < 0)
+                        return negative_errno();
+                if (st.st_size < 0 || (uint64_t) st.st_size < n.size)
+                        return client_error(c, -EPROTO, "segment %u is %" PRIu64 " bytes but its memfd only %lld",
+                                            s->id, n.size, (long long) st.st_size);
+                n.ptr = mmap(NULL, (size_t) n.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+                if (n.ptr == MAP_FAILED)
+                        return client_error(c, negative_errno(), "cannot map segment %u: %m", s->id);
+                break;
+        case SEGMENT_CUDA:
+                /*
+                 * The cuda VRAM backend exports cuMemCreate chunks as POSIX fds.
+                 * Importing them (cuMemImportFromShareableHandle, cuMemAddressReserve,
+                 * cuMemMap, cuMemSetAccess) is a later issue.  Until then the fd is kept
+                 * here and grants into this segment carry ptr NULL and device_ptr 0: no
+                 * address is made up.
+                 */
+                n.fd = TAKE_FD(fd);
+                break;
+        case SEGMENT_NONE:
+                break;
+        }
+
+        /* A new generation replaces the old mapping: tierd reuses an id only once it is unpinned. */
+        segment_clear(slot);
+        *slot = n;
+        return 0;
+}
+
+/* Map every segment in @segs; a segment that fails stays unmapped and surfaces when a grant names it. */
+static void client_add_segments(tier_client *c, Tier__Segment **segs, size_t n, Packet *p) {
+        for (size_t i = 0; i < n; i++)
+                if (segs[i])
+                        (void) client_add_segment(c, segs[i], p);
+}
+
+static ClientSegment *client_find_segment(tier_client *c, uint32_t id, uint32_t generation) {
+        if (id >= c->n_segments)
+                return NULL;
+        if (c->segments[id].kind == SEGMENT_NONE || c->segments[id].generation != generation)
+                return NULL;
+        return &c->segments[id];
+}
+
+/* ---- packets ------------------------------------------------------------------- */
+
+static int client_send(tier_client *c, const void *buf, size_t len) {
+        for (;;) {
+                int r = wire_send(c->fd, buf, len, NULL, 0);
+                if (r == -EINTR)
+                        continue;
+                if (r == -EAGAIN) {
+                        r = fd_wait(c->fd, POLLOUT, -1);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                return r;
+        }
+}
+
+/**
+ * client_recv() - receive one packet.
+ * @block: wait for one; else return 0 at once when none is queued
+ * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), or < 0
+ * after breaking the connection.
+ */
+static int client_recv(tier_client *c, bool block, Packet *ret) {
+        int fds[WIRE_MAX_FDS];
+        size_t len = 0, n_fds = 0;
+        Tier__Reply *reply;
+        int r;
+
+        if (c->broken < 0)
+                return c->broken;
+        for (;;) {
+                r = wire_recv(c->fd, c->rbuf, CLIENT_RECV_BUFFER, &len, fds, &n_fds);
+                if (r == -EINTR)
+                        continue;
+                if (r == -EAGAIN) {
+                        if (!block)
+                                return 0;
+                        r = fd_wait(c->fd, POLLIN, -1);
+                        if (r < 0)
+                                return client_break(c, r, "waiting for tierd failed: %s", tier_strerror(r));
+                        continue;
+                }
+                break;
+        }
+        if (r == -ECONNRESET)
+                return client_break(c, r, "tierd closed the connection");
+        if (r < 0)
+                return client_break(c, r, "receiving from tierd failed: %s", tier_strerror(r));
+
+        reply = tier__reply__unpack(NULL, len, c->rbuf);
+        if (!reply) {
+                for (size_t i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
+                return client_break(c, -EBADMSG, "tierd sent a malformed packet (%zu bytes)", len);
+        }
+        ret->reply = reply;
+        memcpy(ret->fds, fds, n_fds * sizeof(int));
+        ret->n_fds = n_fds;
+        return 1;
+}
+
+static void client_record_failure(tier_client *c, tier_fence fence, int status) {
+        c->failures[c->n_failures % CLIENT_FAILURES_MAX] = (FenceFailure) {
+                .fence = fence,
+                .status = status,
+        };
+        c->n_failures++;
+}
+
+static int client_lookup_failure(const tier_client *c, tier_fence fence) {
+        uint64_t n = MIN(c->n_failures, (uint64_t) CLIENT_FAILURES_MAX);
+
+        for (uint64_t i = 0; i < n; i++) {
+                const FenceFailure *f = &c->failures[(c->n_failures - 1 - i) % CLIENT_FAILURES_MAX];
+                if (f->fence == fence)
+                        return f->status;
+        }
+        return 0;
+}
+
+static void client_handle_event(tier_client *c, const Tier__Event *e) {
+        switch (e->kind_case) {
+        case TIER__EVENT__KIND_FENCE_FAILED: {
+                const Tier__FenceFailed *ff = e->fence_failed;
+                int status;
+
+                if (!ff)
+                        break;
+                /* A failure must fail: a daemon that sends status >= 0 still means an error. */
+                status = ff->status < 0 ? ff->status : -EIO;
+                client_record_failure(c, ff->fence, status);
+                c->failed_events++;
+                (void) client_error(c, status, "fence %" PRIu64 " failed: %s", ff->fence,
+                                    ff->error && *ff->error ? ff->error : tier_strerror(status));
+                break;
+        }
+        case TIER__EVENT__KIND_SHUTDOWN:
+                c->shutdown = true;
+                (void) snprintf(c->shutdown_reason, sizeof(c->shutdown_reason), "%s",
+                                e->shutdown && e->shutdown->reason ? e->shutdown->reason : "");
+                (void) client_error(c, -ESHUTDOWN, "tierd is shutting down%s%s",
+                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+                break;
+        default:
+                break;          /* an event of a newer protocol: ignored */
+        }
+}
+
+/**
+ * client_process() - handle one packet.
+ * @seq: the request in flight, or 0 when none is
+ * Returns 1 when @p is the Response to @seq (left in @p for the caller, its
+ * new segments mapped), 0 when @p was consumed, < 0 on a protocol error.
+ */
+static int client_process(tier_client *c, Packet *p, uint64_t seq) {
+        Tier__Reply *reply = p->reply;
+        Tier__Response *resp;
+
+        switch (reply->kind_case) {
+        case TIER__REPLY__KIND_EVENT:
+                if (reply->event)
+                        client_handle_event(c, reply->event);
+                packet_done(p);
+                return 0;
+        case TIER__REPLY__KIND_RESPONSE:
+                resp = reply->response;
+                if (!resp || seq == 0 || resp->seq != seq) {
+                        uint64_t got = resp ? resp->seq : 0;
+
+                        packet_done(p);
+                        return client_break(c, -EPROTO, "tierd answered request %" PRIu64
+                                            " while request %" PRIu64 " was in flight", got, seq);
+                }
+                client_add_segments(c, resp->new_segments, resp->n_new_segments, p);
+                return 1;
+        default:
+                packet_done(p);
+                return 0;       /* a reply kind of a newer protocol: ignored */
+        }
+}
+
+/* Handle every packet already queued on the socket, without blocking. */
+static int client_drain(tier_client *c) {
+        for (;;) {
+                Packet p = PACKET_NULL;
+                int r;
+
+                r = client_recv(c, false, &p);
+                if (r <= 0)
+                        return r;
+                r = client_process(c, &p, 0);
+                if (r < 0)
+                        return r;
+        }
+}
+
+/**
+ * client_call() - send @req and wait for its Response.
+ * @req: its seq is assigned here
+ * @ret: on success, the packet holding the Response (status >= 0); the caller
+ *       claims fds from it and must packet_done() it
+ * A Response with status < 0 is returned as that status, its error text kept
+ * in last_error.
+ */
+static int client_call(tier_client *c, Tier__Request *req, Packet *ret) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        Tier__Response *resp;
+        size_t len;
+        int r;
+
+        r = client_check(c);
+        if (r == -ESHUTDOWN)
+                return client_error(c, r, "tierd is shutting down%s%s",
+                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+        if (r < 0)
+                return r;
+
+        /* last_error describes this request from now on. */
+        c->last_error[0] = 0;
+        req->seq = ++c->seq;
+        len = tier__request__get_packed_size(req);
+        if (len > c->max_message)
+                return client_error(c, -EMSGSIZE, "request of %zu bytes exceeds tierd's limit of %u bytes",
+                                    len, c->max_message);
+        buf = malloc(len ? len : 1);
+        if (!buf)
+                return -ENOMEM;
+        (void) tier__request__pack(req, buf);
+
+        r = client_send(c, buf, len);
+        if (r < 0)
+                return client_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                    tier_strerror(r));
+
+        for (;;) {
+                Packet p = PACKET_NULL;
+
+                r = client_recv(c, true, &p);
+                if (r < 0)
+                        return r;
+                r = client_process(c, &p, req->seq);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        *ret = p;
+                        break;
+                }
+        }
+
+        resp = ret->reply->response;
+        if (resp->status < 0) {
+                r = client_error(c, resp->status, "%s",
+                                 resp->error && *resp->error ? resp->error : tier_strerror(resp->status));
+                packet_done(ret);
+                return r;
+        }
+        return 0;
+}
+
+/* A Response must carry the result its request asks for. */
+static int client_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what) {
+        const Tier__Response *resp = p->reply->response;
+        const void *body = NULL;
+
+        if (resp->result_case == want)
+                switch (want) {
+                case TIER__RESPONSE__RESULT_HELLO:
+                        body = resp->hello;
+                        break;
+                case TIER__RESPONSE__RESULT_TENSOR:
+                        body = resp->tensor;
+                        break;
+                case TIER__RESPONSE__RESULT_STAT:
+                        body = resp->stat;
+                        break;
+                case TIER__RESPONSE__RESULT_PIN:
+                        body = resp->pin;
+                        break;
+                default:
+                        body = resp;    /* callers look at the rest themselves */
+                        break;
+                }
+        if (body)
+                return 0;
+        packet_done(p);
+        return client_error(c, -EPROTO, "tierd answered %s without a result", what);
+}
+
+/* ---- connection ------------------------------------------------------------------ */
+
+_public_ tier_client *tier_client_free(tier_client *c) {
+        if (!c)
+                return NULL;
+
+        /* Handles outlive the client: they are invalidated, and the user still closes them. */
+        for (tier_tensor *t = c->tensors, *next; t; t = next) {
+                next = t->next;
+                t->client = NULL;
+                t->prev = t->next = NULL;
+        }
+        for (size_t i = 0; i < c->n_segments; i++)
+                segment_clear(&c->segments[i]);
+        free(c->segments);
+        if (c->fence_page)
+                (void) munmap((void *) c->fence_page, sizeof(FencePage));
+        safe_close(c->event_fd);
+        safe_close(c->fd);
+        free(c->vram_backend);
+        free(c->socket_path);
+        free(c->rbuf);
+        free(c);
+        return NULL;
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(tier_client *, tier_client_free);
+
+static int client_connect(tier_client *c, const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        const char *hint;
+        int r;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return client_error(c, -ENAMETOOLONG, "cannot connect to %s: socket path too long", path);
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+
+        c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (c->fd < 0)
+                return client_error(c, negative_errno(), "cannot create socket: %m");
+
+        do
+                r = connect(c->fd, (const struct sockaddr *) &sa, sizeof(sa));
+        while (r < 0 && errno == EINTR);
+        if (r < 0) {
+                r = negative_errno();
+                hint = r == -EACCES || r == -EPERM ? "is this user in the socket's group?" : "is tierd running?";
+                return client_error(c, r, "cannot connect to %s: %s (%s)", path, tier_strerror(r), hint);
+        }
+
+        /* Non-blocking from here on, so that draining events never blocks. */
+        r = fcntl(c->fd, F_GETFL);
+        if (r < 0 || fcntl(c->fd, F_SETFL, r | O_NONBLOCK) < 0)
+                return client_error(c, negative_errno(), "cannot set up socket: %m");
+        return 0;
+}
+
+static int client_map_fence_page(tier_client *c, int fd) {
+        struct stat st;
+        void *p;
+
+        if (fstat(fd, &st) < 0)
+                return client_error(c, negative_errno(), "cannot stat the fence page: %m");
+        if (st.st_size < (off_t) sizeof(FencePage))
+                return client_error(c, -EPROTO, "fence page is %lld bytes, expected %zu",
+                                    (long long) st.st_size, sizeof(FencePage));
+        p = mmap(NULL, sizeof(FencePage), PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return client_error(c, negative_errno(), "cannot map the fence page: %m");
+        c->fence_page = p;
+        return 0;
+}
+
+static int client_hello(tier_client *c, const char *job, unsigned rank) {
+        Tier__Hello hello = TIER__HELLO__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__HelloReply *hr;
+        const Tier__Limits *lim;
+        int r;
+
+        hello.version = TIER_PROTOCOL_VERSION;
+        hello.job = (char *) job;
+        hello.rank = rank;
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &hello;
+
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        r = client_expect(c, &p, TIER__RESPONSE__RESULT_HELLO, "hello");
+        if (r < 0)
+                return r;
+        hr = p.reply->response->hello;
+
+        if (hr->version != TIER_PROTOCOL_VERSION) {
+                r = client_error(c, -EPROTONOSUPPORT, "tierd speaks protocol version %u, libtier %u",
+                                 hr->version, TIER_PROTOCOL_VERSION);
+                goto finish;
+        }
+
+        c->job_id = hr->job_id;
+        lim = hr->limits;
+        if (lim) {
+                if (lim->max_message > 0)
+                        c->max_message = lim->max_message;
+                c->max_name = lim->max_name;
+                for (size_t i = 0; i < MIN(lim->n_tier_limit, (size_t) TIER_LEVEL_MAX); i++)
+                        c->limit[i] = lim->tier_limit[i];
+        }
+
+        c->vram_backend = strdup(hr->vram_backend ? hr->vram_backend : "");
+        if (!c->vram_backend) {
+                r = -ENOMEM;
+                goto finish;
+        }
+
+        /* A control connection has no fences; whatever fds tierd sent are closed below. */
+        if (!c->control) {
+                if (hr->fence_page_fd >= 0) {
+                        _cleanup_close_ int fd = packet_take_fd(&p, hr->fence_page_fd);
+
+                        if (fd < 0) {
+                                r = client_error(c, fd, "hello names fence page fd %d, which the packet lacks",
+                                                 hr->fence_page_fd);
+                                goto finish;
+                        }
+                        if (hr->fence_slot >= FENCE_SLOTS) {
+                                r = client_error(c, -EPROTO, "fence slot %u is out of range", hr->fence_slot);
+                                goto finish;
+                        }
+                        r = client_map_fence_page(c, fd);
+                        if (r < 0)
+                                goto finish;
+                        c->fence_slot = hr->fence_slot;
+                        c->failed_base = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+                }
+                if (hr->fence_eventfd >= 0) {
+                        c->event_fd = packet_take_fd(&p, hr->fence_eventfd);
+                        if (c->event_fd < 0) {
+                                r = client_error(c, c->event_fd, "hello names eventfd %d, which the packet lacks",
+                                                 hr->fence_eventfd);
+                                goto finish;
+                        }
+                }
+        }
+        r = 0;
+finish:
+        packet_done(&p);
+        return r;
+}
+
+_public_ int tier_client_new(tier_client **ret, const char *socket_path, const char *job, unsigned rank) {
+        _cleanup_(tier_client_freep) tier_client *c = NULL;
+        const char *path;
+        int r;
+
+        new_error[0] = 0;
+        if (!ret)
+                return -EINVAL;
+        if (!job)
+                job = "";
+        if (*job && !name_valid(job)) {
+                (void) snprintf(new_error, sizeof(new_error), "job name contains control characters");
+                return -EINVAL;
+        }
+
+        path = socket_path && *socket_path ? socket_path : secure_getenv("TIER_SOCKET");
+        if (!path || !*path)
+                path = TIERD_DEFAULT_SOCKET;
+
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->fd = -1;
+        c->event_fd = -1;
+        c->max_message = CLIENT_DEFAULT_MAX_MESSAGE;
+        c->control = !*job;
+        c->socket_path = strdup(path);
+        c->rbuf = malloc(CLIENT_RECV_BUFFER);
+        if (!c->socket_path || !c->rbuf)
+                return -ENOMEM;
+
+        r = client_connect(c, path);
+        if (r >= 0)
+                r = client_hello(c, job, rank);
+        if (r < 0) {
+                (void) snprintf(new_error, sizeof(new_error), "%s",
+                                c->last_error[0] ? c->last_error : tier_strerror(r));
+                return r;
+        }
+
+        *ret = TAKE_PTR(c);
+        return 0;
+}
+
+_public_ const char *tier_client_last_error(const tier_client *c) {
+        return c ? c->last_error : new_error;
+}
+
+_public_ const char *tier_client_vram_backend(const tier_client *c) {
+        return c && c->vram_backend ? c->vram_backend : "";
+}
+
+_public_ uint64_t tier_client_limit(const tier_client *c, int tier) {
+        if (!c || !tier_valid(tier))
+                return 0;
+        return c->limit[tier];
+}
+
+_public_ int tier_client_fd(const tier_client *c) {
+        return c ? c->fd : -EINVAL;
+}
+
+/* ---- tensors ------------------------------------------------------------------------ */
+
+static int tensor_check(const tier_tensor *t) {
+        if (!t)
+                return -EINVAL;
+        if (!t->client)
+                return -ENOTCONN;       /* its client was freed */
+        return 0;
+}
+
+static int client_check_name(tier_client *c, const char *name) {
+        size_t len;
+
+        if (!name_valid(name))
+                return client_error(c, -EINVAL, "tensor name is empty or contains control characters");
+        len = strlen(name);
+        if (c->max_name > 0 && len > c->max_name)
+                return client_error(c, -ENAMETOOLONG, "tensor name is %zu bytes, tierd allows %u",
+                                    len, c->max_name);
+        return 0;
+}
+
+/* Turn a TensorInfo answer into a handle. */
+static int client_new_tensor(tier_client *c, Packet *p, const char *name, tier_tensor **ret) {
+        const Tier__TensorInfo *ti;
+        tier_tensor *t;
+        int r;
+
+        r = client_expect(c, p, TIER__RESPONSE__RESULT_TENSOR, "a tensor request");
+        if (r < 0)
+                return r;
+        ti = p->reply->response->tensor;
+
+        t = calloc(1, sizeof(*t));
+        if (!t) {
+                packet_done(p);
+                return -ENOMEM;
+        }
+        t->id = ti->tensor;
+        t->size = ti->size;
+        t->name = strdup(ti->name && *ti->name ? ti->name : name);
+        packet_done(p);
+        if (!t->name) {
+                free(t);
+                return -ENOMEM;
+        }
+
+        t->client = c;
+        t->next = c->tensors;
+        if (c->tensors)
+                c->tensors->prev = t;
+        c->tensors = t;
+        *ret = t;
+        return 0;
+}
+
+_public_ int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret) {
+        Tier__Create op = TIER__CREATE__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        r = client_check_name(c, name);
+        if (r < 0)
+                return r;
+        if (size == 0)
+                return client_error(c, -EINVAL, "tensor size must not be 0");
+
+        op.name = (char *) name;
+        op.size = size;
+        req.op_case = TIER__REQUEST__OP_CREATE;
+        req.create = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        return client_new_tensor(c, &p, name, ret);
+}
+
+_public_ int tier_tensor_open(tier_client *c, const char *name, tier_tensor **ret) {
+        Tier__Open op = TIER__OPEN__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        r = client_check_name(c, name);
+        if (r < 0)
+                return r;
+
+        op.name = (char *) name;
+        req.op_case = TIER__REQUEST__OP_OPEN;
+        req.open = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        return client_new_tensor(c, &p, name, ret);
+}
+
+_public_ tier_tensor *tier_tensor_close(tier_tensor *t) {
+        if (!t)
+                return NULL;
+        if (t->client) {
+                if (t->prev)
+                        t->prev->next = t->next;
+                else
+                        t->client->tensors = t->next;
+                if (t->next)
+                        t->next->prev = t->prev;
+        }
+        free(t->name);
+        free(t);
+        return NULL;
+}
+
+_public_ int tier_tensor_destroy(tier_tensor *t) {
+        Tier__Free op = TIER__FREE__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        op.tensor = t->id;
+        req.op_case = TIER__REQUEST__OP_FREE;
+        req.free = &op;
+        r = client_call(t->client, &req, &p);
+        if (r < 0)
+                return r;       /* the handle stays valid */
+        packet_done(&p);
+        tier_tensor_close(t);
+        return 0;
+}
+
+_public_ uint64_t tier_tensor_size(const tier_tensor *t) {
+        return t ? t->size : 0;
+}
+
+_public_ const char *tier_tensor_name(const tier_tensor *t) {
+        return t ? t->name : NULL;
+}
+
+static int copy_state_from_string(const char *s) {
+        static const char *const states[] = { "absent", "filling", "resident", "draining" };
+
+        for (size_t i = 0; s && i < ELEMENTSOF(states); i++)
+                if (strcmp(s, states[i]) == 0)
+                        return (int) i;
+        return -EPROTO;
+}
+
+_public_ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret) {
+        Tier__Stat op = TIER__STAT__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__StatReply *sr;
+        struct tier_stat st = {};
+        tier_client *c;
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (!ret)
+                return -EINVAL;
+        c = t->client;
+
+        op.tensor = t->id;
+        req.op_case = TIER__REQUEST__OP_STAT;
+        req.stat = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        r = client_expect(c, &p, TIER__RESPONSE__RESULT_STAT, "stat");
+        if (r < 0)
+                return r;
+        sr = p.reply->response->stat;
+
+        st.size = sr->size ? sr->size : t->size;
+        for (size_t i = 0; i < sr->n_copies; i++) {
+                const Tier__CopyState *cs = sr->copies[i];
+                int state;
+
+                if (!cs || !tier_valid((int) cs->tier))
+                        continue;
+                state = copy_state_from_string(cs->state);
+                if (state < 0) {
+                        r = client_error(c, state, "tierd reported unknown copy state \"%s\"",
+                                         cs->state ? cs->state : "");
+                        packet_done(&p);
+                        return r;
+                }
+                st.state[cs->tier] = state;
+                st.dirty[cs->tier] = !!cs->dirty;
+                st.pins[cs->tier] = cs->pins;
+        }
+        packet_done(&p);
+        *ret = st;
+        return 0;
+}
+
+/* ---- pins, evictions, prefetches ---------------------------------------------------- */
+
+static int client_get_segment(tier_client *c, uint32_t id) {
+        Tier__GetSegments op = TIER__GET_SEGMENTS__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__Response *resp;
+        uint32_t ids[1] = { id };
+        int r;
+
+        op.n_ids = 1;
+        op.ids = ids;
+        req.op_case = TIER__REQUEST__OP_GET_SEGMENTS;
+        req.get_segments = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        resp = p.reply->response;
+        if (resp->result_case == TIER__RESPONSE__RESULT_SEGMENTS && resp->segments)
+                client_add_segments(c, resp->segments->segments, resp->segments->n_segments, &p);
+        packet_done(&p);
+        return 0;
+}
+
+/* Turn a wire grant into an address, fetching its segment when we lack it. */
+static int client_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret) {
+        ClientSegment *s;
+        int r;
+
+        s = client_find_segment(c, g->segment, g->generation);
+        if (!s) {
+                r = client_get_segment(c, g->segment);
+                if (r < 0)
+                        return r;
+                s = client_find_segment(c, g->segment, g->generation);
+                if (!s)
+                        return client_error(c, -EPROTO, "tierd granted segment %u generation %u, "
+                                            "which it did not send", g->segment, g->generation);
+        }
+        if (g->offset > s->size || g->length > s->size - g->offset)
+                return client_error(c, -EPROTO, "grant [%" PRIu64 ", +%" PRIu64 ") lies outside segment %u "
+                                    "of %" PRIu64 " bytes", g->offset, g->length, g->segment, s->size);
+
+        *ret = (struct tier_grant) {
+                .ptr = s->ptr ? (uint8_t *) s->ptr + g->offset : NULL,
+                .device_ptr = 0,        /* cuda segments are not imported yet: see client_add_segment() */
+                .length = g->length,
+                .segment = g->segment,
+                .offset = g->offset,
+                .tier = s->tier,
+        };
+        return 0;
+}
+
+static void client_saw_fence(tier_client *c, tier_fence f) {
+        c->fence_max = MAX(c->fence_max, f);
+}
+
+static int tensor_unpin(tier_tensor *t, int tier, int dirty) {
+        Tier__Unpin op = TIER__UNPIN__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        int r;
+
+        op.tensor = t->id;
+        op.tier = (Tier__Tier) tier;
+        op.dirty = !!dirty;
+        req.op_case = TIER__REQUEST__OP_UNPIN;
+        req.unpin = &op;
+        r = client_call(t->client, &req, &p);
+        if (r < 0)
+                return r;
+        packet_done(&p);
+        return 0;
+}
+
+static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *ret, tier_fence *ret_fence) {
+        Tier__Pin op = TIER__PIN__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        Tier__Grant grant;
+        struct tier_grant g;
+        tier_client *c;
+        tier_fence fence;
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (!tier_valid(tier) || !ret || (async && !ret_fence))
+                return -EINVAL;
+        c = t->client;
+
+        op.tensor = t->id;
+        op.tier = (Tier__Tier) tier;
+        op.async = async;
+        req.op_case = TIER__REQUEST__OP_PIN;
+        req.pin = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        r = client_expect(c, &p, TIER__RESPONSE__RESULT_PIN, "pin");
+        if (r < 0)
+                return r;
+        if (!p.reply->response->pin->grant) {
+                packet_done(&p);
+                r = client_error(c, -EPROTO, "tierd answered pin without a grant");
+                goto unpin;
+        }
+        grant = *p.reply->response->pin->grant;
+        fence = p.reply->response->pin->fence;
+        packet_done(&p);
+        client_saw_fence(c, fence);
+
+        r = client_resolve_grant(c, &grant, &g);
+        if (r < 0)
+                goto unpin;
+
+        /* A synchronous pin is answered when the data is there; wait anyway if tierd gave a fence. */
+        if (!async && fence != 0) {
+                r = tier_wait(c, fence, -1);
+                if (r < 0)
+                        goto unpin;
+                fence = 0;
+        }
+
+        *ret = g;
+        if (ret_fence)
+                *ret_fence = fence;
+        return 0;
+
+unpin: {
+        /* tierd holds a pin the caller will never see: give it back (best effort, keep the first error). */
+        char saved[CLIENT_ERROR_MAX];
+
+        memcpy(saved, c->last_error, sizeof(saved));
+        (void) tensor_unpin(t, tier, 0);
+        memcpy(c->last_error, saved, sizeof(saved));
+        return r;
+}
+}
+
+_public_ int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret) {
+        return tensor_pin(t, tier, false, ret, NULL);
+}
+
+_public_ int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence) {
+        return tensor_pin(t, tier, true, ret, ret_fence);
+}
+
+_public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (!tier_valid(tier))
+                return -EINVAL;
+        return tensor_unpin(t, tier, dirty);
+}
+
+/* Evict and prefetch share a shape: {tensor, tier, async} -> FenceReply. */
+static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fence *ret_fence) {
+        Tier__Evict ev = TIER__EVICT__INIT;
+        Tier__Prefetch pf = TIER__PREFETCH__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        tier_client *c;
+        tier_fence fence;
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (!tier_valid(tier) || (async && !ret_fence))
+                return -EINVAL;
+        c = t->client;
+
+        if (evict) {
+                ev.tensor = t->id;
+                ev.tier = (Tier__Tier) tier;
+                ev.async = async;
+                req.op_case = TIER__REQUEST__OP_EVICT;
+                req.evict = &ev;
+        } else {
+                pf.tensor = t->id;
+                pf.tier = (Tier__Tier) tier;
+                pf.async = async;
+                req.op_case = TIER__REQUEST__OP_PREFETCH;
+                req.prefetch = &pf;
+        }
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        /* A fence of 0 needs no body: accept a Response without a result as "done". */
+        fence = p.reply->response->result_case == TIER__RESPONSE__RESULT_FENCE && p.reply->response->fence ?
+                p.reply->response->fence->fence : 0;
+        packet_done(&p);
+        client_saw_fence(c, fence);
+
+        if (!async) {
+                return fence != 0 ? tier_wait(c, fence, -1) : 0;
+        }
+        *ret_fence = fence;
+        return 0;
+}
+
+_public_ int tier_evict(tier_tensor *t, int tier) {
+        return tensor_move(t, tier, true, false, NULL);
+}
+
+_public_ int tier_evict_async(tier_tensor *t, int tier, tier_fence *ret_fence) {
+        return tensor_move(t, tier, true, true, ret_fence);
+}
+
+_public_ int tier_prefetch(tier_tensor *t, int tier) {
+        return tensor_move(t, tier, false, false, NULL);
+}
+
+_public_ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence) {
+        return tensor_move(t, tier, false, true, ret_fence);
+}
+
+/* ---- fences -------------------------------------------------------------------------- */
+
+_public_ int tier_fence_done(tier_client *c, tier_fence f) {
+        uint64_t done, failed;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        if (f == 0)
+                return 1;
+        if (f > c->fence_max)
+                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
+        if (c->n_failures > 0) {
+                r = client_lookup_failure(c, f);
+                if (r < 0)
+                        return r;
+        }
+        if (!c->fence_page)
+                return client_error(c, -EOPNOTSUPP, "tierd gave this connection no fence page");
+
+        done = __atomic_load_n(&c->fence_page->done[c->fence_slot], __ATOMIC_ACQUIRE);
+        if (done < f)
+                return 0;
+
+        /*
+         * Done, but maybe with an error: every failure the page counts comes with
+         * a FenceFailed event.  Fast path: no failure we have not heard of.
+         */
+        failed = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+        if (failed - c->failed_base <= c->failed_events)
+                return 1;
+
+        /* A failure's event may still be queued: read what is there, without blocking. */
+        (void) client_drain(c);
+        r = client_lookup_failure(c, f);
+        if (r < 0)
+                return r;
+        if (failed - c->failed_base <= c->failed_events)
+                return 1;
+        /* The event is still on its way (or never comes: tierd is gone): not known to be good. */
+        return c->broken < 0 ? c->broken : 0;
+}
+
+_public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
+        uint64_t deadline = 0;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = tier_fence_done(c, f);
+        if (r != 0)
+                return r > 0 ? 0 : r;
+        if (timeout_ms >= 0)
+                deadline = now_ms() + (uint64_t) timeout_ms;
+
+        for (;;) {
+                struct pollfd pfd[2] = {
+                        { .fd = c->event_fd, .events = POLLIN },
+                        { .fd = c->fd, .events = POLLIN },
+                };
+                int t = -1, n;
+
+                if (c->broken < 0)
+                        return c->broken;
+                if (timeout_ms >= 0) {
+                        uint64_t now = now_ms();
+                        if (now >= deadline)
+                                return client_error(c, -ETIMEDOUT, "fence %" PRIu64 " not done after %d ms",
+                                                    f, timeout_ms);
+                        t = (int) MIN(deadline - now, (uint64_t) INT_MAX);
+                }
+                if (c->event_fd < 0)
+                        t = t < 0 ? CLIENT_FENCE_POLL_MS : MIN(t, CLIENT_FENCE_POLL_MS);
+
+                /* pfd[0] with fd -1 is ignored by poll(). */
+                n = poll(pfd, 2, t);
+                if (n < 0 && errno != EINTR)
+                        return negative_errno();
+                if (n > 0 && (pfd[0].revents & POLLIN)) {
+                        uint64_t v;
+                        /* Clears the eventfd; readable, so this read does not block. */
+                        (void) !read(c->event_fd, &v, sizeof(v));
+                }
+                if (n > 0 && pfd[1].revents) {
+                        r = client_drain(c);
+                        if (r < 0) {
+                                /* tierd gone: the fence may still have finished before it went. */
+                                int d = tier_fence_done(c, f);
+                                return d != 0 ? (d > 0 ? 0 : d) : r;
+                        }
+                }
+
+                r = tier_fence_done(c, f);
+                if (r != 0)
+                        return r > 0 ? 0 : r;
+        }
+}
+
+/* ---- status ------------------------------------------------------------------------ */
+
+/* Read a packed StatusReply from a sealed memfd (status too big for one packet). */
+static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        struct stat st;
+        size_t size, done = 0;
+
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
+                return client_error(c, -EFBIG, "status dump of %lld bytes is too big", (long long) st.st_size);
+        size = (size_t) st.st_size;
+        buf = malloc(size ? size : 1);
+        if (!buf)
+                return -ENOMEM;
+        while (done < size) {
+                ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return negative_errno();
+                if (n == 0)
+                        return client_error(c, -EPROTO, "status dump is shorter than its size");
+                done += (size_t) n;
+        }
+        *ret = tier__status_reply__unpack(NULL, size, buf);
+        if (!*ret)
+                return client_error(c, -EBADMSG, "status dump is malformed");
+        return 0;
+}
+
+_public_ int tier_status(tier_client *c, int format, char **ret) {
+        Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__Response *resp;
+        Tier__StatusReply *sr = NULL;
+        int r;
+
+        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
+                return -EINVAL;
+
+        req.op_case = TIER__REQUEST__OP_STATUS;
+        req.status = &op;
+        r = client_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        resp = p.reply->response;
+
+        if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_REPLY && resp->status_reply) {
+                r = status_format(resp->status_reply, format, ret);
+        } else if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_FD) {
+                _cleanup_close_ int fd = packet_take_fd(&p, resp->status_fd);
+
+                if (fd < 0)
+                        r = client_error(c, fd, "status names fd %d, which the packet lacks", resp->status_fd);
+                else
+                        r = status_read_fd(c, fd, &sr);
+                if (r >= 0)
+                        r = status_format(sr, format, ret);
+                if (sr)
+                        tier__status_reply__free_unpacked(sr, NULL);
+        } else {
+                r = client_error(c, -EPROTO, "tierd answered status without a result");
+        }
+        packet_done(&p);
+        return r;
+}
+
+/* ---- names and error texts ----------------------------------------------------------- */
+
+_public_ const char *tier_strerror(int err) {
+        static _Thread_local char buf[48];
+        const char *s = NULL;
+        int e;
+
+        if (err == 0)
+                return "Success";
+        e = err == INT_MIN ? INT_MAX : err < 0 ? -err : err;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+        s = strerrordesc_np(e);         /* static text: thread-safe, unlike strerror() */
+#else
+        {
+                /* %m formats into our thread-local buffer, so it is thread-safe too. */
+                int saved = errno;
+
+                errno = e;
+                (void) snprintf(buf, sizeof(buf), "%m");
+                errno = saved;
+                s = buf;
+        }
+#endif
+        if (s)
+                return s;
+        (void) snprintf(buf, sizeof(buf), "Unknown error %d", err);
+        return buf;
+}
+
+_public_ const char *tier_level_name(int tier) {
+        return tier_valid(tier) ? level_names[tier] : NULL;
+}
+
+_public_ int tier_level_from_name(const char *s) {
+        if (!s)
+                return -EINVAL;
+        for (int i = 0; i < TIER_LEVEL_MAX; i++)
+                if (strcmp(s, level_names[i]) == 0)
+                        return i;
+        return -EINVAL;
+}

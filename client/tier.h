@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/* tier.h: libtier, the client library of tierd (the only installed header). */
+#ifndef TIER_H
+#define TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Conventions: every function that can fail returns 0 (or a non-negative
+ * value) on success and a negative errno-style code on failure; errno is
+ * never the only carrier of an error.  tier_strerror() turns a code into
+ * text, and tier_client_last_error() gives the daemon's reason for the
+ * most recent failed request when there was one.
+ *
+ * A tier_client is one connection to tierd, i.e. one rank of one job.
+ * It is not thread-safe: use one per thread, or lock around it.
+ */
+
+#define TIER_PROTOCOL_VERSION 1
+
+/* Where tensors live.  Lower numbers are closer to the GPU. */
+enum tier_level {
+        TIER_VRAM = 0,
+        TIER_HOST = 1,
+        TIER_NVME = 2,
+        TIER_LEVEL_MAX = 3
+};
+
+typedef struct tier_client tier_client;
+typedef struct tier_tensor tier_tensor;
+typedef uint64_t tier_fence;
+
+/* A grant: a pinned copy of a tensor, mapped into this process. */
+struct tier_grant {
+        void *ptr;              /* host address (memfd tiers); NULL for device memory */
+        uint64_t device_ptr;    /* device address (cuda VRAM tier); 0 otherwise */
+        uint64_t length;        /* bytes, equal to the tensor's size */
+        uint32_t segment;       /* segment id inside the job */
+        uint64_t offset;        /* offset inside the segment */
+        int tier;               /* enum tier_level */
+};
+
+struct tier_stat {
+        uint64_t size;
+        /* per tier (index enum tier_level): 0 absent, 1 filling, 2 resident, 3 draining */
+        int state[TIER_LEVEL_MAX];
+        int dirty[TIER_LEVEL_MAX];
+        unsigned pins[TIER_LEVEL_MAX];
+};
+
+/**
+ * tier_client_new() - connect to tierd and join (or create) a job.
+ * @ret:    the new client
+ * @socket: socket path, or NULL for $TIER_SOCKET, else /run/tierd/tierd.sock
+ * @job:    job name (1..max_name bytes, printable); NULL or "" for a control
+ *          connection that may only ask for status
+ * @rank:   this process's rank inside the job (informational)
+ */
+int tier_client_new(tier_client **ret, const char *socket, const char *job, unsigned rank);
+tier_client *tier_client_free(tier_client *c);
+
+/* Daemon's reason text for the last failed request, or "" */
+const char *tier_client_last_error(const tier_client *c);
+/* Name of the VRAM backend ("emulated" or "cuda") */
+const char *tier_client_vram_backend(const tier_client *c);
+/* The job's byte limit in @tier, or 0 when unknown */
+uint64_t tier_client_limit(const tier_client *c, int tier);
+/* The connection's socket fd (to poll for events); borrowed */
+int tier_client_fd(const tier_client *c);
+
+/* Create a tensor of @size bytes (contents start as zeros). */
+int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret);
+/* Open an existing tensor of the job by name (e.g. made by another rank). */
+int tier_tensor_open(tier_client *c, const char *name, tier_tensor **ret);
+/* Destroy the tensor in tierd (it must not be pinned) and free the handle. */
+int tier_tensor_destroy(tier_tensor *t);
+/* Free the local handle only; the tensor stays in tierd. */
+tier_tensor *tier_tensor_close(tier_tensor *t);
+uint64_t tier_tensor_size(const tier_tensor *t);
+const char *tier_tensor_name(const tier_tensor *t);
+int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret);
+
+/* Pin a resident copy in @tier (bringing it there first) and map it. */
+int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret);
+/* Asynchronous pin: the grant is valid at once, the bytes once @ret_fence is done. */
+int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence);
+/* Drop one pin; @dirty says the client wrote the copy. */
+int tier_unpin(tier_tensor *t, int tier, int dirty);
+/* Make @tier (or a lower tier) hold the only copy: copies above it are dropped. */
+int tier_evict(tier_tensor *t, int tier);
+int tier_evict_async(tier_tensor *t, int tier, tier_fence *ret_fence);
+/* Bring a copy up to @tier without pinning it. */
+int tier_prefetch(tier_tensor *t, int tier);
+int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
+
+/* 1 if @f is done, 0 if not, < 0 if it failed.  Never makes a system call
+ * when the fence completed without error. */
+int tier_fence_done(tier_client *c, tier_fence f);
+/* Wait for @f; @timeout_ms < 0 waits forever.  -ETIMEDOUT on timeout. */
+int tier_wait(tier_client *c, tier_fence f, int timeout_ms);
+
+/* Status of the whole daemon, formatted (caller frees *ret with free()). */
+enum {
+        TIER_STATUS_TABLE = 0,  /* human-readable table */
+        TIER_STATUS_JSON = 1,   /* one JSON object */
+};
+int tier_status(tier_client *c, int format, char **ret);
+
+const char *tier_strerror(int err);
+const char *tier_level_name(int tier);
+/* Parse "vram", "host", "nvme"; -EINVAL otherwise. */
+int tier_level_from_name(const char *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/* config.h: tierd.conf (+ tierd.conf.d/ drop-ins) parsed into a value struct. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum VramBackendKind {
+        VRAM_BACKEND_AUTO,
+        VRAM_BACKEND_EMULATED,
+        VRAM_BACKEND_CUDA,
+        _VRAM_BACKEND_MAX,
+        _VRAM_BACKEND_INVALID = -22,
+} VramBackendKind;
+
+typedef struct ConfigTarget {
+        char *path;
+        uint64_t size;          /* 0: use the block device's or existing file's size */
+} ConfigTarget;
+
+#define CONFIG_MAX_TARGETS 16
+
+typedef struct Config {
+        /* [daemon] */
+        char *socket_path;
+        char *state_dir;
+        int log_level;                  /* syslog LOG_* */
+        uint64_t linger_usec;
+        unsigned max_connections;
+        unsigned max_connections_per_uid;
+        /* [limits] */
+        unsigned max_message;
+        unsigned max_tensors;
+        unsigned max_inflight;
+        unsigned max_name;
+        /* [host] */
+        uint64_t host_capacity;
+        uint64_t host_segment_size;
+        int numa_node;                  /* -1: auto */
+        uint64_t host_job_limit;
+        /* [vram] */
+        VramBackendKind vram_backend;
+        uint64_t vram_capacity;
+        uint64_t vram_chunk_size;
+        uint64_t vram_job_limit;
+        uint64_t vram_bandwidth;        /* bytes/s, 0 unthrottled */
+        /* [nvme] */
+        ConfigTarget targets[CONFIG_MAX_TARGETS];
+        size_t n_targets;
+        uint64_t nvme_extent_size;
+        unsigned nvme_queue_depth;
+        uint64_t nvme_job_limit;
+        uint64_t nvme_bandwidth;        /* bytes/s per target, 0 unthrottled */
+} Config;
+
+/* Fill @c with the built-in defaults (no targets). */
+void config_init(Config *c);
+void config_deinit(Config *c);
+
+/**
+ * config_parse_text() - apply the text of one file to @c.
+ * @filename: used in messages only.
+ * On a bad line returns -EINVAL and sets *ret_error to a malloc'ed message of
+ * the form "FILE:LINE: [section] key: reason" (or "FILE:LINE: reason").
+ * @ret_error may be NULL.  An empty "target =" drops the targets set so far.
+ */
+int config_parse_text(Config *c, const char *text, const char *filename, char **ret_error);
+
+/**
+ * config_load() - defaults, then @path, then @path.d/ *.conf in lexical order.
+ * @c:          overwritten without being freed: pass an uninitialised or
+ *              config_deinit()ed Config.  On failure it is left deinit'ed.
+ * @must_exist: a missing @path is an error (-ENOENT) instead of "use
+ *              defaults" (the drop-ins are still read then).
+ * Then config_finish().  *ret_error as above, or "FILE: reason" when a file
+ * cannot be read; it may be NULL on -ENOMEM.
+ */
+int config_load(Config *c, const char *path, bool must_exist, char **ret_error);
+
+/**
+ * config_finish() - validate cross-key constraints and fill derived defaults
+ * (no target: "<state_dir>/nvme0.img:4G"; relative target paths are made
+ * relative to state_dir).  -EINVAL with *ret_error naming the key.
+ */
+int config_finish(Config *c, char **ret_error);
+
+/* "1G" -> 1073741824; accepts K, M, G, T (1024-based) and an optional B/iB.
+ * Decimal digits only (no sign, blanks or fraction): -EINVAL, -ERANGE on overflow. */
+int config_parse_size(const char *s, uint64_t *ret);
+const char *vram_backend_to_string(VramBackendKind k);
+VramBackendKind vram_backend_from_string(const char *s);

@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/* main.c: tierd's entry point: arguments, config, inherited fds, the loop. */
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/manager.h"
+#include "daemon/server.h"
+#include "daemon/vram.h"
+#include "proto/macro.h"
+
+/* How long a stop waits for transfers in flight. */
+#define DRAIN_TIMEOUT_USEC (10ull * 1000000ull)
+
+static const char *arg_config = NULL;
+static const char *arg_socket = NULL;
+static const char *arg_state_dir = NULL;
+static LogTarget arg_log_target = LOG_TARGET_AUTO;
+static int arg_log_level = -1;
+static bool arg_check_config = false;
+
+static void help(void) {
+        printf("Usage: tierd [OPTIONS]\n\n"
+               "Manage GPU memory, pinned host memory and NVMe as one memory hierarchy\n"
+               "for training jobs, shared between jobs.  See tierd(8).\n\n"
+               "  -c --config FILE        configuration file (default %s)\n"
+               "  -s --socket PATH        listening socket (overrides [daemon] socket)\n"
+               "  -S --state-dir DIR      state directory (overrides [daemon] state_dir)\n"
+               "     --log-target TARGET  auto, journal or stderr\n"
+               "     --log-level LEVEL    err, warning, notice, info or debug\n"
+               "     --check-config       validate the configuration, print it and exit\n"
+               "  -h --help               show this help\n"
+               "     --version            show the version\n",
+               TIERD_DEFAULT_CONFIG);
+}
+
+enum {
+        ARG_VERSION = 0x100,
+        ARG_LOG_TARGET,
+        ARG_LOG_LEVEL,
+        ARG_CHECK_CONFIG,
+};
+
+/* 0 to go on, > 0 to exit successfully, < 0 on a usage error (message printed). */
+static int parse_argv(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "socket", required_argument, NULL, 's' },
+                { "state-dir", required_argument, NULL, 'S' },
+                { "log-target", required_argument, NULL, ARG_LOG_TARGET },
+                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                { "check-config", no_argument, NULL, ARG_CHECK_CONFIG },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                {}
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "c:s:S:h", options, NULL)) >= 0) {
+                switch (c) {
+                case 'c':
+                        arg_config = optarg;
+                        break;
+                case 's':
+                        arg_socket = optarg;
+                        break;
+                case 'S':
+                        arg_state_dir = optarg;
+                        break;
+                case ARG_LOG_TARGET:
+                        arg_log_target = log_target_from_string(optarg);
+                        if (arg_log_target < 0) {
+                                fprintf(stderr, "tierd: invalid --log-target '%s' (auto, journal, stderr)\n", optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_LOG_LEVEL:
+                        arg_log_level = log_level_from_string(optarg);
+                        if (arg_log_level < 0) {
+                                fprintf(stderr, "tierd: invalid --log-level '%s' (err, warning, notice, info, debug)\n",
+                                        optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_CHECK_CONFIG:
+                        arg_check_config = true;
+                        break;
+                case 'h':
+                        help();
+                        return 1;
+                case ARG_VERSION:
+                        printf("tierd %s\n", TIERD_VERSION);
+                        return 1;
+                default:
+                        fprintf(stderr, "Try 'tierd --help'.\n");
+                        return -EINVAL;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "tierd: unexpected argument '%s' (try --help)\n", argv[optind]);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int set_string(char **p, const char *v) {
+        char *s = strdup(v);
+
+        if (!s)
+                return -ENOMEM;
+        free(*p);
+        *p = s;
+        return 0;
+}
+
+static void print_config(const Config *c) {
+        printf("[daemon]\nsocket = %s\nstate_dir = %s\nlog_level = %s\nlinger_sec = %" PRIu64 "\n"
+               "max_connections = %u\nmax_connections_per_uid = %u\n\n",
+               c->socket_path, c->state_dir, log_level_to_string(c->log_level), c->linger_usec / 1000000,
+               c->max_connections, c->max_connections_per_uid);
+        printf("[limits]\nmax_message = %u\nmax_tensors = %u\nmax_inflight = %u\nmax_name = %u\n\n",
+               c->max_message, c->max_tensors, c->max_inflight, c->max_name);
+        printf("[host]\ncapacity = %" PRIu64 "\nsegment_size = %" PRIu64 "\n", c->host_capacity, c->host_segment_size);
+        if (c->numa_node < 0)
+                printf("numa_node = auto\n");
+        else
+                printf("numa_node = %d\n", c->numa_node);
+        printf("job_limit = %" PRIu64 "\n\n", c->host_job_limit);
+        printf("[vram]\nbackend = %s\ncapacity = %" PRIu64 "\nchunk_size = %" PRIu64 "\njob_limit = %" PRIu64
+               "\nbandwidth = %" PRIu64 "\n\n",
+               vram_backend_to_string(c->vram_backend), c->vram_capacity, c->vram_chunk_size, c->vram_job_limit,
+               c->vram_bandwidth);
+        printf("[nvme]\n");
+        for (size_t i = 0; i < c->n_targets; i++)
+                printf("target = %s:%" PRIu64 "\n", c->targets[i].path, c->targets[i].size);
+        printf("extent_size = %" PRIu64 "\nqueue_depth = %u\njob_limit = %" PRIu64 "\nbandwidth = %" PRIu64 "\n",
+               c->nvme_extent_size, c->nvme_queue_depth, c->nvme_job_limit, c->nvme_bandwidth);
+}
+
+static int run(int argc, char *argv[]) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        _cleanup_free_ char *err = NULL;
+        Config config;
+        sigset_t ss;
+        int inherited = -1, n, r;
+        char status[512];
+
+        r = parse_argv(argc, argv);
+        if (r != 0)
+                return r > 0 ? EXIT_SUCCESS : 2;
+
+        log_setup(arg_log_target);
+
+        config_init(&config);
+        r = config_load(&config, arg_config ? arg_config : TIERD_DEFAULT_CONFIG, arg_config != NULL, &err);
+        if (r >= 0 && arg_socket)
+                r = set_string(&config.socket_path, arg_socket);
+        if (r >= 0 && arg_state_dir) {
+                r = set_string(&config.state_dir, arg_state_dir);
+                /* targets derived from the state dir follow it */
+        }
+        if (r >= 0 && arg_state_dir) {
+                /* re-derive defaults that depend on state_dir */
+                r = config_finish(&config, &err);
+        }
+        if (r < 0) {
+                log_error("%s", err ? err : strerror(-r));
+                config_deinit(&config);
+                return 1;
+        }
+        if (arg_log_level >= 0)
+                config.log_level = arg_log_level;
+        log_set_level(config.log_level);
+
+        if (arg_check_config) {
+                print_config(&config);
+                config_deinit(&config);
+                return EXIT_SUCCESS;
+        }
+
+        /* socket activation: at most one SOCK_SEQPACKET listener */
+        n = sd_listen_fds(true);
+        if (n < 0) {
+                log_error_errno(n, "Cannot read LISTEN_FDS: %m");
+                config_deinit(&config);
+                return 1;
+        }
+        if (n > 1) {
+                log_error("Expected at most one socket from the service manager, got %d", n);
+                for (int i = 0; i < n; i++)
+                        safe_close(SD_LISTEN_FDS_START + i);
+                config_deinit(&config);
+                return 1;
+        }
+        if (n == 1)
+                inherited = SD_LISTEN_FDS_START;
+
+        if (mkdir(config.state_dir, 0750) < 0 && errno != EEXIST) {
+                log_error_errno(errno, "Cannot create state directory \"%s\": %m", config.state_dir);
+                safe_close(inherited);
+                config_deinit(&config);
+                return 1;
+        }
+
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        signal(SIGPIPE, SIG_IGN);
+
+        r = manager_new(&m, &config);
+        config_deinit(&config);
+        if (r < 0) {
+                safe_close(inherited);
+                return 1;
+        }
+        r = server_listen(m->server, inherited, m->config.socket_path);
+        if (r < 0)
+                return 1;
+        r = manager_start(m);
+        if (r < 0)
+                return 1;
+
+        manager_status_line(m, status, sizeof(status));
+        log_info("tierd %s ready on %s: %s%s", TIERD_VERSION,
+                 inherited >= 0 ? "an inherited socket" : m->config.socket_path, status,
+                 m->vram->emulated ? " [VRAM IS EMULATED]" : "");
+        (void) sd_notifyf(false, "READY=1\nSTATUS=%s", status);
+
+        r = manager_run(m);
+        (void) sd_notify(false, "STOPPING=1\nSTATUS=stopping");
+        if (r < 0) {
+                log_error_errno(r, "Event loop failed: %m");
+                return 1;
+        }
+        log_info("Stopping");
+        manager_drain(m, DRAIN_TIMEOUT_USEC);
+        return EXIT_SUCCESS;
+}
+
+int main(int argc, char *argv[]) {
+        return run(argc, argv);
+}

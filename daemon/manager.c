@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/* manager.c: the daemon's root object: event loop, config and every subsystem. */
+
+/*
+ * Theory of operation: the Manager owns the one sd_event loop and builds the
+ * subsystems in dependency order: the io_uring (so the host pool can
+ * register its segments as fixed buffers as it makes them), the host pool,
+ * the VRAM backend, the NVMe targets (registered as fixed files), then the
+ * server.  Everything runs on the loop thread; the only other thread is the
+ * emulated VRAM mover, which talks back through an eventfd.
+ *
+ * The op engine runs from a defer source that manager_kick() arms, so ops
+ * queued while handling one packet are advanced once that handler returns,
+ * and io_uring submissions made by them are flushed by uring's post source
+ * in the same iteration (one io_uring_enter for the whole batch).
+ */
+
+#include <errno.h>
+#include <numa.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/log.h"
+#include "daemon/manager.h"
+#include "daemon/memfd-seg.h"
+#include "daemon/mover.h"
+#include "daemon/server.h"
+#include "daemon/tier-nvme.h"
+#include "daemon/uring.h"
+#include "daemon/vram.h"
+#include "proto/macro.h"
+
+static const char *const link_names[_LINK_MAX] = {
+        [LINK_NVME_TO_HOST] = "nvme->host",
+        [LINK_HOST_TO_NVME] = "host->nvme",
+        [LINK_HOST_TO_VRAM] = "host->vram",
+        [LINK_VRAM_TO_HOST] = "vram->host",
+};
+
+static MemfdSegConfig host_memfd;       /* userdata of the host pool */
+
+const char *link_name(LinkDir d) {
+        return d < _LINK_MAX ? link_names[d] : "?";
+}
+
+uint64_t now_usec(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000ull + (uint64_t) ts.tv_nsec / 1000;
+}
+
+static int on_run(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+
+        mover_run(m);
+        return 0;
+}
+
+void manager_kick(Manager *m) {
+        if (m->run_source)
+                (void) sd_event_source_set_enabled(m->run_source, SD_EVENT_ONESHOT);
+}
+
+static int host_register_buffer(Segment *seg, void *userdata) {
+        Manager *m = userdata;
+
+        return uring_set_buffer(m->uring, seg->id, seg->map, seg->pool->seg_size);
+}
+
+static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        log_notice("SIGHUP received; live reconfiguration is not implemented yet, ignoring");
+        return 0;
+}
+
+static int pick_numa_node(const Config *c) {
+        if (numa_available() < 0)
+                return -1;
+        if (c->numa_node >= 0)
+                return c->numa_node;
+        /* auto: the GPU's node once the CUDA backend reads it; node 0 meanwhile */
+        return 0;
+}
+
+int manager_new(Manager **ret, Config *config) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        _cleanup_free_ char *err = NULL;
+        int r;
+
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return log_error_errno(ENOMEM, "Out of memory");
+        m->config = *config;
+        *config = (Config) {};          /* consumed */
+        m->start_usec = now_usec();
+        list_init(&m->jobs);
+        list_init(&m->dying_jobs);
+        list_init(&m->run_queue);
+        list_init(&m->space_waiters);
+        for (int i = 0; i < TIERS; i++)
+                list_init(&m->lru[i]);
+
+        r = sd_event_new(&m->event);
+        if (r < 0)
+                return log_error_errno(r, "Cannot create the event loop: %m");
+        r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, NULL, NULL);
+        if (r >= 0)
+                r = sd_event_add_signal(m->event, &m->sigint, SIGINT, NULL, NULL);
+        if (r >= 0)
+                r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_sighup, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot watch signals: %m");
+        r = sd_event_set_watchdog(m->event, true);
+        if (r < 0)
+                log_warning_errno(r, "Cannot enable the watchdog, ignoring: %m");
+        r = sd_event_add_defer(m->event, &m->run_source, on_run, m);
+        if (r < 0)
+                return log_error_errno(r, "Cannot add the op engine source: %m");
+        (void) sd_event_source_set_enabled(m->run_source, SD_EVENT_OFF);
+        (void) sd_event_source_set_description(m->run_source, "op-engine");
+
+        r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
+        if (r < 0)
+                return r;
+
+        /* host tier: one memfd per segment, NUMA-bound, locked, registered as a fixed buffer */
+        r = uring_register_buffers(m->uring, (unsigned) (m->config.host_capacity / m->config.host_segment_size));
+        if (r < 0)
+                return log_error_errno(r, "Cannot register io_uring buffers: %m");
+        m->host.numa_node = pick_numa_node(&m->config);
+        host_memfd = (MemfdSegConfig) {
+                .name = "tierd-host",
+                .numa_node = m->host.numa_node,
+                .lock = true,
+                .on_make = host_register_buffer,
+                .userdata = m,
+        };
+        r = segpool_init(&m->host.pool, "memfd", &memfd_seg_ops, &host_memfd,
+                         m->config.host_capacity, m->config.host_segment_size);
+        if (r < 0)
+                return log_error_errno(r, "Cannot set up the host pool of %" PRIu64 " bytes: %m "
+                                       "(locked memory needs CAP_IPC_LOCK or a higher RLIMIT_MEMLOCK)",
+                                       m->config.host_capacity);
+        m->host.pool.tier = TIER_HOST;
+        m->host.pool.id_base = 0;
+        m->host.locked = !host_memfd.lock_failed;
+
+        r = vram_backend_new(&m->config, m->event, &m->vram, &err);
+        if (r < 0)
+                return log_error_errno(r, "%s", err ? err : "Cannot set up the VRAM tier: %m");
+        m->vram->pool.tier = TIER_VRAM;
+        m->vram->pool.id_base = 1u << 16;
+
+        r = nvme_tier_new(&m->config, m->uring, &m->nvme, &err);
+        if (r < 0)
+                return log_error_errno(r, "%s", err ? err : "Cannot set up the NVMe tier: %m");
+
+        m->capacity[TIER_VRAM] = (uint64_t) m->vram->pool.n_segs * m->vram->pool.seg_size;
+        m->capacity[TIER_HOST] = (uint64_t) m->host.pool.n_segs * m->host.pool.seg_size;
+        m->capacity[TIER_NVME] = m->nvme->capacity;
+
+        r = mover_init(m);
+        if (r < 0)
+                return r;
+        r = server_new(m, &m->server);
+        if (r < 0)
+                return log_error_errno(r, "Out of memory");
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+Manager *manager_free(Manager *m) {
+        if (!m)
+                return NULL;
+        m->server = server_free(m->server);
+        list_for_each_safe(n, tmp, &m->jobs)
+                job_destroy(list_entry(n, Job, link));
+        mover_deinit(m);
+        if (m->n_xfers > 0)
+                log_warning("%u transfer(s) still running at exit; their memory is not freed", m->n_xfers);
+        m->uring = uring_free(m->uring);
+        m->vram = vram_backend_free(m->vram);
+        m->nvme = nvme_tier_free(m->nvme);
+        segpool_deinit(&m->host.pool);
+        sd_event_source_disable_unref(m->run_source);
+        sd_event_source_disable_unref(m->sigterm);
+        sd_event_source_disable_unref(m->sigint);
+        sd_event_source_disable_unref(m->sighup);
+        sd_event_unref(m->event);
+        config_deinit(&m->config);
+        free(m->config_path);
+        free(m);
+        return NULL;
+}
+
+int manager_start(Manager *m) {
+        return 0;
+}
+
+void manager_drain(Manager *m, uint64_t timeout_usec) {
+        uint64_t until = now_usec() + timeout_usec;
+
+        if (m->server)
+                server_broadcast_shutdown(m->server, "tierd is stopping");
+        /* clients go first: their ops are cancelled, their pins dropped */
+        m->server = server_free(m->server);
+        while (m->n_xfers > 0 && now_usec() < until) {
+                int r = sd_event_run(m->event, 100000);
+                if (r < 0)
+                        break;
+        }
+        if (m->n_xfers > 0)
+                log_warning("Stopping with %u transfer(s) still in flight after %" PRIu64 " ms",
+                            m->n_xfers, timeout_usec / 1000);
+}
+
+int manager_status_line(Manager *m, char *buf, size_t size) {
+        return snprintf(buf, size,
+                        "vram %.0f MiB (%s), host %.0f MiB%s, nvme %.0f MiB on %u target(s); %u job(s), %u connection(s)",
+                        (double) m->capacity[TIER_VRAM] / 1048576.0, m->vram->ops->name,
+                        (double) m->capacity[TIER_HOST] / 1048576.0, m->host.locked ? " locked" : " NOT locked",
+                        (double) m->capacity[TIER_NVME] / 1048576.0, m->nvme->n_targets,
+                        m->n_jobs, m->server ? server_n_conns(m->server) : 0);
+}
+
+int manager_run(Manager *m) {
+        return sd_event_loop(m->event);
+}

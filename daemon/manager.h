@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/* manager.h: the daemon's root object: event loop, config and every subsystem. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "daemon/config.h"
+#include "proto/macro.h"
+#include "daemon/list.h"
+#include "daemon/registry.h"
+#include "daemon/segpool.h"
+
+typedef struct Server Server;
+typedef struct Uring Uring;
+typedef struct NvmeTier NvmeTier;
+typedef struct VramBackend VramBackend;
+
+/* Directions of data movement, for accounting ("links"). */
+typedef enum LinkDir {
+        LINK_NVME_TO_HOST,
+        LINK_HOST_TO_NVME,
+        LINK_HOST_TO_VRAM,
+        LINK_VRAM_TO_HOST,
+        _LINK_MAX,
+} LinkDir;
+
+typedef struct LinkStats {
+        uint64_t bytes;
+        uint64_t ops;
+} LinkStats;
+
+typedef struct HostTier {
+        SegPool pool;
+        int numa_node;
+        bool locked;            /* mlock succeeded */
+} HostTier;
+
+struct Manager {
+        sd_event *event;
+        sd_event_source *sigterm, *sigint, *sighup;
+        sd_event_source *run_source;    /* defer: runs queued ops */
+        Config config;
+        char *config_path;
+        uint64_t start_usec;
+
+        Server *server;
+        Uring *uring;
+        HostTier host;
+        VramBackend *vram;
+        NvmeTier *nvme;
+
+        List jobs;              /* Job.link */
+        List dying_jobs;        /* jobs waiting for transfers before being freed */
+        uint64_t next_job_id;
+        unsigned n_jobs;
+
+        List lru[TIERS];        /* Copy.lru, least recently used first */
+        uint64_t capacity[TIERS];
+        uint64_t used[TIERS];
+        uint64_t pinned[TIERS];
+
+        List run_queue;         /* Op.wait_link: ops to advance */
+        List space_waiters;     /* Op.wait_link: ops waiting for space */
+
+        LinkStats links[_LINK_MAX];
+        unsigned n_xfers;       /* transfers in flight */
+};
+
+/* Options that come from the command line and override the config file. */
+typedef struct ManagerArgs {
+        const char *config_path;
+        bool config_must_exist;
+        const char *socket_path;
+        const char *state_dir;
+        int log_level;          /* -1: from config */
+} ManagerArgs;
+
+int manager_new(Manager **ret, Config *config /* consumed */);
+Manager *manager_free(Manager *m);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
+int manager_start(Manager *m);
+int manager_run(Manager *m);
+/* Stop serving clients and let running transfers end (at most @timeout_usec). */
+void manager_drain(Manager *m, uint64_t timeout_usec);
+/* One line describing the tiers, for STATUS= and the start-up log. */
+int manager_status_line(Manager *m, char *buf, size_t size);
+uint64_t now_usec(void);
+
+/* Queue the run source so the op engine runs once the current handler returns. */
+void manager_kick(Manager *m);
+const char *link_name(LinkDir d);

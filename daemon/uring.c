@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/* uring.c: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
+
+/*
+ * Theory of operation: one ring serves every NVMe target.  Requests are
+ * UringReq structs owned by the caller; the pointer travels in user_data.
+ * uring_queue() puts a request on a pending list; uring_flush(), run from a
+ * post source once per loop iteration, turns as many pending requests into
+ * SQEs as the ring has room for (at most @depth in flight) and submits them
+ * in one io_uring_enter().  Completion wakes the eventfd registered with the
+ * ring; its sd-event handler drains the CQ in batches (the wakeup is a
+ * hint: the CQ is drained until empty).  Short transfers are resumed and
+ * -EAGAIN / -EINTR requeued; any other error is retried once, then handed to
+ * the request's callback.
+ */
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include "daemon/log.h"
+#include "daemon/uring.h"
+#include "proto/macro.h"
+
+struct Uring {
+        struct io_uring ring;
+        bool ring_ok;
+        int efd;
+        sd_event_source *efd_source;
+        sd_event_source *post_source;
+        unsigned depth;
+        unsigned inflight;
+        List pending;
+};
+
+static void uring_complete(Uring *u, UringReq *req, int res) {
+        if (res == -EAGAIN || res == -EINTR) {
+                list_add_tail(&u->pending, &req->link);
+                return;
+        }
+        if (res < 0) {
+                if (req->retries++ < 1) {
+                        list_add_tail(&u->pending, &req->link);
+                        return;
+                }
+                req->cb(req, res);
+                return;
+        }
+        if (res == 0) {
+                /* no progress: end of file or device */
+                if (req->retries++ < 1) {
+                        list_add_tail(&u->pending, &req->link);
+                        return;
+                }
+                req->cb(req, -EIO);
+                return;
+        }
+        req->done += (uint32_t) res;
+        if (req->done < req->len) {
+                list_add_tail(&u->pending, &req->link);
+                return;
+        }
+        req->cb(req, (int) req->done);
+}
+
+static int uring_drain(Uring *u) {
+        struct io_uring_cqe *cqe;
+        unsigned head, n;
+
+        for (;;) {
+                n = 0;
+                io_uring_for_each_cqe(&u->ring, head, cqe) {
+                        UringReq *req = io_uring_cqe_get_data(cqe);
+
+                        n++;
+                        u->inflight--;
+                        uring_complete(u, req, cqe->res);
+                }
+                if (n == 0)
+                        break;
+                io_uring_cq_advance(&u->ring, n);
+        }
+        return 0;
+}
+
+static int on_uring_event(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Uring *u = userdata;
+        uint64_t v;
+
+        (void) read(u->efd, &v, sizeof(v));
+        uring_drain(u);
+        uring_flush(u);
+        return 0;
+}
+
+static int on_uring_post(sd_event_source *s, void *userdata) {
+        uring_flush(userdata);
+        return 0;
+}
+
+int uring_new(sd_event *event, unsigned depth, Uring **ret) {
+        Uring *u;
+        int r;
+
+        u = calloc(1, sizeof(*u));
+        if (!u)
+                return -ENOMEM;
+        u->efd = -1;
+        u->depth = depth;
+        list_init(&u->pending);
+
+        r = io_uring_queue_init(depth, &u->ring, 0);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up io_uring with %u entries: %m", depth);
+                goto fail;
+        }
+        u->ring_ok = true;
+
+        u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (u->efd < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        r = io_uring_register_eventfd(&u->ring, u->efd);
+        if (r < 0)
+                goto fail;
+        r = sd_event_add_io(event, &u->efd_source, u->efd, EPOLLIN, on_uring_event, u);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_description(u->efd_source, "uring-completion");
+        r = sd_event_add_post(event, &u->post_source, on_uring_post, u);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_description(u->post_source, "uring-submit");
+
+        *ret = u;
+        return 0;
+fail:
+        uring_free(u);
+        return r;
+}
+
+Uring *uring_free(Uring *u) {
+        if (!u)
+                return NULL;
+        sd_event_source_disable_unref(u->efd_source);
+        sd_event_source_disable_unref(u->post_source);
+        if (u->ring_ok) {
+                /* wait for what is still in flight: its buffers are about to go */
+                while (u->inflight > 0) {
+                        struct io_uring_cqe *cqe;
+
+                        if (io_uring_wait_cqe(&u->ring, &cqe) < 0)
+                                break;
+                        io_uring_cqe_seen(&u->ring, cqe);
+                        u->inflight--;
+                }
+                io_uring_queue_exit(&u->ring);
+        }
+        safe_close(u->efd);
+        free(u);
+        return NULL;
+}
+
+int uring_register_files(Uring *u, const int *fds, unsigned n) {
+        return io_uring_register_files(&u->ring, fds, n);
+}
+
+int uring_register_buffers(Uring *u, unsigned n) {
+        return io_uring_register_buffers_sparse(&u->ring, n);
+}
+
+int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len) {
+        struct iovec iov = { .iov_base = base, .iov_len = len };
+        __u64 tag = 0;
+        int r;
+
+        r = io_uring_register_buffers_update_tag(&u->ring, index, &iov, &tag, 1);
+        return r < 0 ? r : 0;
+}
+
+void uring_queue(Uring *u, UringReq *req) {
+        list_add_tail(&u->pending, &req->link);
+}
+
+unsigned uring_inflight(const Uring *u) {
+        return u->inflight;
+}
+
+int uring_flush(Uring *u) {
+        unsigned queued = 0;
+
+        while (!list_empty(&u->pending) && u->inflight < u->depth) {
+                UringReq *req = list_entry(u->pending.next, UringReq, link);
+                struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+                uint8_t *buf = req->buf + req->done;
+                unsigned len = req->len - req->done;
+                uint64_t off = req->offset + req->done;
+
+                if (!sqe)
+                        break;
+                list_del(&req->link);
+                if (req->buf_index >= 0) {
+                        if (req->op == URING_READ)
+                                io_uring_prep_read_fixed(sqe, (int) req->file_index, buf, len, off, req->buf_index);
+                        else
+                                io_uring_prep_write_fixed(sqe, (int) req->file_index, buf, len, off, req->buf_index);
+                } else {
+                        if (req->op == URING_READ)
+                                io_uring_prep_read(sqe, (int) req->file_index, buf, len, off);
+                        else
+                                io_uring_prep_write(sqe, (int) req->file_index, buf, len, off);
+                }
+                sqe->flags |= IOSQE_FIXED_FILE;
+                io_uring_sqe_set_data(sqe, req);
+                u->inflight++;
+                queued++;
+        }
+        if (queued == 0)
+                return 0;
+        return io_uring_submit(&u->ring);
+}

@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: MIT */
+/* fence.h: layout of a job's fence page, shared read-only with its clients. */
+#pragma once
+
+#include <stdint.h>
+
+/*
+ * Each connection of a job owns one slot.  Fences are numbered per
+ * connection from 1 upwards, in the order tierd accepted the requests.
+ * done[slot] is a watermark: every fence <= done[slot] has completed.
+ * failed[slot] counts fences of that slot that completed with an error;
+ * when it changes the client reads FenceFailed events from its socket to
+ * learn which ones.  tierd writes with release ordering, clients read with
+ * acquire ordering; after advancing a slot tierd writes 1 to the slot's
+ * eventfd, so a client that found done[slot] too small may sleep on it.
+ */
+#define FENCE_SLOTS 256     /* max connections per job: fits one 4 KiB page */
+
+typedef struct FencePage {
+        uint64_t done[FENCE_SLOTS];
+        uint64_t failed[FENCE_SLOTS];
+} FencePage;
+
+_Static_assert(sizeof(FencePage) == 4096, "fence page is one page");

@@ -1,0 +1,611 @@
+/* SPDX-License-Identifier: MIT */
+/* test-config.c: tierd.conf parsing, validation, drop-ins and error messages. */
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <cmocka.h>
+
+#include "daemon/config.h"
+#include "proto/macro.h"
+
+#define KIB UINT64_C(1024)
+#define MIB (KIB * 1024)
+#define GIB (MIB * 1024)
+
+static void *mfree(void *p) {
+        free(p);
+        return NULL;
+}
+
+static void config_deinitp(Config *c) {
+        config_deinit(c);
+}
+#define _cleanup_config_ _cleanup_(config_deinitp)
+
+/* Parse @text as "test.conf" into defaults and expect success. */
+static void parse_ok(Config *c, const char *text) {
+        _cleanup_free_ char *error = NULL;
+        int r;
+
+        r = config_parse_text(c, text, "test.conf", &error);
+        if (r < 0)
+                fail_msg("unexpected error %d: %s", r, error ? error : "(none)");
+        assert_null(error);
+}
+
+/* Parse @text and expect -EINVAL with a message containing every NULL-terminated needle. */
+static void parse_fails(const char *text, ...) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+        const char *needle;
+        va_list ap;
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c, text, "test.conf", &error), -EINVAL);
+        assert_non_null(error);
+
+        va_start(ap, text);
+        while ((needle = va_arg(ap, const char *)))
+                if (!strstr(error, needle))
+                        fail_msg("message '%s' lacks '%s'", error, needle);
+        va_end(ap);
+}
+
+/* Parse @text, then expect config_finish() to fail with a message containing @needle. */
+static void finish_fails(const char *text, const char *needle) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        config_init(&c);
+        parse_ok(&c, text);
+        assert_int_equal(config_finish(&c, &error), -EINVAL);
+        assert_non_null(error);
+        if (!strstr(error, needle))
+                fail_msg("message '%s' lacks '%s'", error, needle);
+}
+
+static void test_parse_size(_unused_ void **state) {
+        static const struct {
+                const char *s;
+                uint64_t v;
+        } good[] = {
+                { "0", 0 },
+                { "4096", 4096 },
+                { "4096B", 4096 },
+                { "64K", 64 * KIB },
+                { "512M", 512 * MIB },
+                { "1G", GIB },
+                { "1GiB", GIB },
+                { "1GB", GIB },
+                { "2T", 2048 * GIB },
+                { "007K", 7 * KIB },
+                { "18446744073709551615", UINT64_MAX },
+                { "16777215T", UINT64_C(16777215) << 40 },
+        };
+        static const char *const bad[] = {
+                "", "-1", "-0", "+1", " 1G", "1G ", "1 G", "abc", "1.5G", "1Q", "1GiBx", "1iB",
+                "1g", "1Gi", "K", "0x10", "1KK", "18446744073709551616", "16777216T", "99999999999999999999",
+        };
+        uint64_t v;
+
+        for (size_t i = 0; i < ELEMENTSOF(good); i++) {
+                v = 1;
+                if (config_parse_size(good[i].s, &v) != 0)
+                        fail_msg("'%s' rejected", good[i].s);
+                assert_int_equal(v, good[i].v);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                v = 12345;
+                if (config_parse_size(bad[i], &v) >= 0)
+                        fail_msg("'%s' accepted", bad[i]);
+                assert_int_equal(v, 12345);
+        }
+        assert_int_equal(config_parse_size("18446744073709551616", &v), -ERANGE);
+        assert_int_equal(config_parse_size("16777216T", &v), -ERANGE);
+        assert_int_equal(config_parse_size(NULL, &v), -EINVAL);
+}
+
+static void test_vram_backend_strings(_unused_ void **state) {
+        for (int k = 0; k < _VRAM_BACKEND_MAX; k++)
+                assert_int_equal(vram_backend_from_string(vram_backend_to_string(k)), k);
+        assert_string_equal(vram_backend_to_string(VRAM_BACKEND_CUDA), "cuda");
+        assert_null(vram_backend_to_string(_VRAM_BACKEND_MAX));
+        assert_null(vram_backend_to_string(_VRAM_BACKEND_INVALID));
+        assert_int_equal(vram_backend_from_string("CUDA"), _VRAM_BACKEND_INVALID);
+        assert_int_equal(vram_backend_from_string(NULL), _VRAM_BACKEND_INVALID);
+}
+
+static void test_defaults(_unused_ void **state) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        config_init(&c);
+        assert_string_equal(c.socket_path, "/run/tierd/tierd.sock");
+        assert_string_equal(c.state_dir, "/var/lib/tierd");
+        assert_int_equal(c.log_level, LOG_INFO);
+        assert_int_equal(c.linger_usec, 30 * UINT64_C(1000000));
+        assert_int_equal(c.max_connections, 1024);
+        assert_int_equal(c.max_connections_per_uid, 64);
+        assert_int_equal(c.max_message, 64 * KIB);
+        assert_int_equal(c.max_tensors, 65536);
+        assert_int_equal(c.max_inflight, 256);
+        assert_int_equal(c.max_name, 255);
+        assert_int_equal(c.host_capacity, GIB);
+        assert_int_equal(c.host_segment_size, 64 * MIB);
+        assert_int_equal(c.numa_node, -1);
+        assert_int_equal(c.host_job_limit, 512 * MIB);
+        assert_int_equal(c.vram_backend, VRAM_BACKEND_AUTO);
+        assert_int_equal(c.vram_capacity, GIB);
+        assert_int_equal(c.vram_chunk_size, 64 * MIB);
+        assert_int_equal(c.vram_job_limit, 512 * MIB);
+        assert_int_equal(c.vram_bandwidth, 0);
+        assert_int_equal(c.n_targets, 0);
+        assert_int_equal(c.nvme_extent_size, MIB);
+        assert_int_equal(c.nvme_queue_depth, 64);
+        assert_int_equal(c.nvme_job_limit, 2 * GIB);
+        assert_int_equal(c.nvme_bandwidth, 0);
+
+        /* The defaults are valid; finishing adds the default target. */
+        assert_int_equal(config_finish(&c, &error), 0);
+        assert_null(error);
+        assert_int_equal(c.n_targets, 1);
+        assert_string_equal(c.targets[0].path, "/var/lib/tierd/nvme0.img");
+        assert_int_equal(c.targets[0].size, 4 * GIB);
+
+        /* Finishing twice changes nothing. */
+        assert_int_equal(config_finish(&c, &error), 0);
+        assert_int_equal(c.n_targets, 1);
+        assert_string_equal(c.targets[0].path, "/var/lib/tierd/nvme0.img");
+
+        /* An empty text, and the sample file (every key commented out), change nothing. */
+        parse_ok(&c, "");
+        parse_ok(&c, "\n\n   \n");
+        assert_string_equal(c.socket_path, "/run/tierd/tierd.sock");
+
+        /* deinit twice is harmless. */
+        config_deinit(&c);
+        config_deinit(&c);
+}
+
+static const char full_config[] =
+        "# A full configuration, every key set away from its default.\n"
+        "; semicolon comment\n"
+        "\n"
+        "[daemon]\n"
+        "socket = /run/test/t.sock\n"
+        "state_dir=/srv/tierd/\n"
+        "  log_level   =   debug   \n"
+        "linger_sec = 0\n"
+        "\tmax_connections = 10\r\n"
+        "max_connections_per_uid = 2\n"
+        "\n"
+        "[limits]\n"
+        "max_message = 1M\n"
+        "max_tensors = 1000\n"
+        "max_inflight = 65536\n"
+        "max_name = 16\n"
+        "\n"
+        "[ host ]\n"
+        "capacity = 2GiB\n"
+        "segment_size = 128M\n"
+        "numa_node = 1\n"
+        "job_limit = 1G\n"
+        "\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 4G\n"
+        "chunk_size = 2M\n"
+        "job_limit = 3G\n"
+        "bandwidth = 12G\n"
+        "\n"
+        "[nvme]\n"
+        "target = /dev/nvme0n1\n"
+        "target = relative.img:8G\n"
+        "target = /mnt/a:b\n"
+        "target = /mnt/c:d:1T\n"
+        "extent_size = 4M\n"
+        "queue_depth = 4096\n"
+        "job_limit = 100G\n"
+        "bandwidth = 500M\n"
+        "# trailing comment without newline";
+
+static void test_full(_unused_ void **state) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        config_init(&c);
+        parse_ok(&c, full_config);
+
+        assert_string_equal(c.socket_path, "/run/test/t.sock");
+        assert_string_equal(c.state_dir, "/srv/tierd/");
+        assert_int_equal(c.log_level, LOG_DEBUG);
+        assert_int_equal(c.linger_usec, 0);
+        assert_int_equal(c.max_connections, 10);
+        assert_int_equal(c.max_connections_per_uid, 2);
+        assert_int_equal(c.max_message, MIB);
+        assert_int_equal(c.max_tensors, 1000);
+        assert_int_equal(c.max_inflight, 65536);
+        assert_int_equal(c.max_name, 16);
+        assert_int_equal(c.host_capacity, 2 * GIB);
+        assert_int_equal(c.host_segment_size, 128 * MIB);
+        assert_int_equal(c.numa_node, 1);
+        assert_int_equal(c.host_job_limit, GIB);
+        assert_int_equal(c.vram_backend, VRAM_BACKEND_EMULATED);
+        assert_int_equal(c.vram_capacity, 4 * GIB);
+        assert_int_equal(c.vram_chunk_size, 2 * MIB);
+        assert_int_equal(c.vram_job_limit, 3 * GIB);
+        assert_int_equal(c.vram_bandwidth, 12 * GIB);
+        assert_int_equal(c.nvme_extent_size, 4 * MIB);
+        assert_int_equal(c.nvme_queue_depth, 4096);
+        assert_int_equal(c.nvme_job_limit, 100 * GIB);
+        assert_int_equal(c.nvme_bandwidth, 500 * MIB);
+
+        /* PATH[:SIZE] splits at the last ':' only before a size. */
+        assert_int_equal(c.n_targets, 4);
+        assert_string_equal(c.targets[0].path, "/dev/nvme0n1");
+        assert_int_equal(c.targets[0].size, 0);
+        assert_string_equal(c.targets[1].path, "relative.img");
+        assert_int_equal(c.targets[1].size, 8 * GIB);
+        assert_string_equal(c.targets[2].path, "/mnt/a:b");
+        assert_int_equal(c.targets[2].size, 0);
+        assert_string_equal(c.targets[3].path, "/mnt/c:d");
+        assert_int_equal(c.targets[3].size, 1024 * GIB);
+
+        assert_int_equal(config_finish(&c, &error), 0);
+        assert_null(error);
+        assert_int_equal(c.n_targets, 4);
+        assert_string_equal(c.targets[1].path, "/srv/tierd/relative.img");
+        assert_string_equal(c.targets[0].path, "/dev/nvme0n1");
+
+        /* Later assignments override; numa auto and linger conversion. */
+        parse_ok(&c, "[host]\nnuma_node = auto\n[daemon]\nlinger_sec = 90\nlog_level = err\n");
+        assert_int_equal(c.numa_node, -1);
+        assert_int_equal(c.linger_usec, 90 * UINT64_C(1000000));
+        assert_int_equal(c.log_level, LOG_ERR);
+
+        /* An empty "target =" drops the list. */
+        parse_ok(&c, "[nvme]\ntarget =\ntarget = /x.img:1G\n");
+        assert_int_equal(c.n_targets, 1);
+        assert_string_equal(c.targets[0].path, "/x.img");
+}
+
+static void test_log_levels(_unused_ void **state) {
+        static const struct {
+                const char *name;
+                int level;
+        } levels[] = {
+                { "err", LOG_ERR }, { "warning", LOG_WARNING }, { "notice", LOG_NOTICE },
+                { "info", LOG_INFO }, { "debug", LOG_DEBUG },
+        };
+        _cleanup_config_ Config c;
+
+        config_init(&c);
+        for (size_t i = 0; i < ELEMENTSOF(levels); i++) {
+                char text[64];
+
+                snprintf(text, sizeof(text), "[daemon]\nlog_level = %s\n", levels[i].name);
+                parse_ok(&c, text);
+                assert_int_equal(c.log_level, levels[i].level);
+        }
+}
+
+static void test_syntax_errors(_unused_ void **state) {
+        parse_fails("[daemon]\nlog_level = info\nbogus = 1\n",
+                    "test.conf:3:", "[daemon]", "bogus", "unknown key", NULL);
+        /* A key that exists, but in another section. */
+        parse_fails("[host]\nsocket = /x\n", "test.conf:2:", "[host]", "socket", NULL);
+        parse_fails("\n[daemon]\n[nosuch]\n", "test.conf:3:", "nosuch", "unknown section", NULL);
+        parse_fails("# comment\nsocket = /run/x.sock\n[daemon]\n", "test.conf:2:", "socket", NULL);
+        parse_fails("[daemon]\n\nlog_level info\n", "test.conf:3:", "[daemon]", "log_level info", "'='", NULL);
+        parse_fails("[daemon]\n= info\n", "test.conf:2:", "missing key", NULL);
+        parse_fails("[daemon\n", "test.conf:1:", "section", NULL);
+        /* Comments are whole lines only. */
+        parse_fails("[host]\ncapacity = 1G # one gig\n", "test.conf:2:", "capacity", "1G # one gig", NULL);
+}
+
+static void test_value_errors(_unused_ void **state) {
+        parse_fails("[host]\ncapacity = abc\n",
+                    "test.conf:2: [host] capacity: invalid size 'abc'", NULL);
+        parse_fails("[host]\ncapacity =\n", "test.conf:2:", "capacity", "invalid size", NULL);
+        parse_fails("[host]\ncapacity = -1G\n", "test.conf:2:", "capacity", NULL);
+        parse_fails("[host]\ncapacity = 0\n", "test.conf:2:", "capacity", NULL);
+        parse_fails("[host]\njob_limit = 99999999999999999999\n", "test.conf:2:", "job_limit", NULL);
+        parse_fails("[daemon]\nmax_connections = many\n",
+                    "test.conf:2:", "max_connections", "invalid number 'many'", NULL);
+        parse_fails("[daemon]\nmax_connections = 0\n", "max_connections", "out of range", NULL);
+        parse_fails("[daemon]\nmax_connections = 65537\n", "max_connections", "out of range", NULL);
+        parse_fails("[daemon]\nmax_connections_per_uid = -3\n", "max_connections_per_uid", NULL);
+        parse_fails("[daemon]\nlinger_sec = 1.5\n", "linger_sec", NULL);
+        parse_fails("[daemon]\nlinger_sec = 99999999999\n", "linger_sec", "out of range", NULL);
+        parse_fails("[daemon]\nlog_level = verbose\n",
+                    "test.conf:2:", "log_level", "'verbose'", NULL);
+        parse_fails("[daemon]\nlog_level = INFO\n", "log_level", NULL);
+        parse_fails("[daemon]\nstate_dir = relative/dir\n", "state_dir", "absolute", NULL);
+        parse_fails("[daemon]\nsocket = run/x.sock\n", "socket", "absolute", NULL);
+        parse_fails("[daemon]\nsocket = /run/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\n",
+                    "socket", "too long", NULL);
+        parse_fails("[limits]\nmax_message = 512\n", "max_message", "out of range", NULL);
+        parse_fails("[limits]\nmax_message = 17M\n", "max_message", NULL);
+        parse_fails("[limits]\nmax_tensors = 1048577\n", "max_tensors", NULL);
+        parse_fails("[limits]\nmax_tensors = 0\n", "max_tensors", NULL);
+        parse_fails("[limits]\nmax_inflight = 65537\n", "max_inflight", NULL);
+        parse_fails("[limits]\nmax_name = 15\n", "max_name", "out of range (16..4096)", NULL);
+        parse_fails("[limits]\nmax_name = 4097\n", "max_name", NULL);
+        parse_fails("[host]\nnuma_node = 1024\n", "numa_node", NULL);
+        parse_fails("[host]\nnuma_node = -1\n", "numa_node", NULL);
+        parse_fails("[host]\nnuma_node = Auto\n", "numa_node", NULL);
+        parse_fails("[vram]\nbackend = opencl\n", "test.conf:2:", "[vram] backend", "'opencl'", NULL);
+        parse_fails("[vram]\nbandwidth = fast\n", "bandwidth", NULL);
+        parse_fails("[nvme]\nqueue_depth = 0\n", "queue_depth", NULL);
+        parse_fails("[nvme]\nqueue_depth = 4097\n", "queue_depth", NULL);
+        parse_fails("[nvme]\ntarget = :4G\n", "test.conf:2:", "target", "empty path", NULL);
+        /* Single-key bounds are checked where the line number is known. */
+        parse_fails("[host]\nsegment_size = 2G\n", "test.conf:2:", "segment_size", "out of range (4K..1G)", NULL);
+        parse_fails("[host]\nsegment_size = 0\n", "test.conf:2:", "segment_size", NULL);
+        parse_fails("[vram]\nchunk_size = 512\n", "test.conf:2:", "chunk_size", NULL);
+        parse_fails("[nvme]\nextent_size = 2K\n", "test.conf:2:", "extent_size", NULL);
+        parse_fails("[nvme]\nextent_size = 128M\n", "test.conf:2:", "extent_size", NULL);
+        parse_fails("[nvme]\nextent_size = 0\n", "test.conf:2:", "extent_size", NULL);
+}
+
+static void test_targets(_unused_ void **state) {
+        char text[4096];
+        size_t n = 0;
+
+        n += (size_t) snprintf(text + n, sizeof(text) - n, "[nvme]\n");
+        for (int i = 0; i < CONFIG_MAX_TARGETS + 1; i++)
+                n += (size_t) snprintf(text + n, sizeof(text) - n, "target = /dev/t%d\n", i);
+        parse_fails(text, "test.conf:18:", "target", "too many targets", "16", NULL);
+
+        parse_fails("[nvme]\ntarget = /a.img:1G\ntarget = /b.img\ntarget = /a.img:2G\n",
+                    "test.conf:4:", "[nvme] target", "duplicate", "/a.img", NULL);
+}
+
+static void test_finish_errors(_unused_ void **state) {
+        finish_fails("[host]\nsegment_size = 65537\n", "[host] segment_size");
+        finish_fails("[host]\nsegment_size = 1G\ncapacity = 512M\n", "[host] segment_size");
+        finish_fails("[host]\nsegment_size = 128M\ncapacity = 64M\n", "[host] segment_size");
+        finish_fails("[host]\nsegment_size = 64M\ncapacity = 96M\n", "[host] capacity");
+        finish_fails("[vram]\nchunk_size = 5000\n", "[vram] chunk_size");
+        finish_fails("[vram]\nchunk_size = 2G\ncapacity = 1G\n", "[vram] chunk_size");
+        finish_fails("[nvme]\nextent_size = 3M\n", "[nvme] extent_size");
+        finish_fails("[nvme]\nextent_size = 12K\n", "[nvme] extent_size");
+        /* Duplicates only visible once relative paths are resolved. */
+        finish_fails("[daemon]\nstate_dir = /st\n[nvme]\ntarget = a.img\ntarget = /st/a.img\n",
+                     "duplicate target '/st/a.img'");
+        finish_fails("[nvme]\ntarget = /small.img:64K\n", "[nvme] target");
+
+        /* Limits of what is accepted. */
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        config_init(&c);
+        parse_ok(&c, "[host]\nsegment_size = 1G\ncapacity = 1G\n[vram]\nchunk_size = 1G\n"
+                     "[nvme]\nextent_size = 64M\n");
+        assert_int_equal(config_finish(&c, &error), 0);
+        config_deinit(&c);
+
+        config_init(&c);
+        parse_ok(&c, "[host]\nsegment_size = 4K\ncapacity = 4K\n[vram]\nchunk_size = 4K\ncapacity = 4K\n"
+                     "[nvme]\nextent_size = 4K\ntarget = /x:4K\n");
+        assert_int_equal(config_finish(&c, &error), 0);
+
+        /* Set by hand, bypassing the parser. */
+        c.host_job_limit = 0;
+        assert_int_equal(config_finish(&c, &error), -EINVAL);
+        assert_non_null(strstr(error, "[host] job_limit"));
+}
+
+/* ---- files --------------------------------------------------------------- */
+
+typedef struct TempDir {
+        char path[64];
+} TempDir;
+
+/* "@dir/@name", malloc'ed. */
+static char *path_join(const char *dir, const char *name) {
+        char *p;
+
+        assert_true(asprintf(&p, "%s/%s", dir, name) >= 0);
+        return p;
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+        _cleanup_free_ char *path = path_join(dir, name);
+        FILE *f;
+
+        f = fopen(path, "we");
+        assert_non_null(f);
+        assert_int_equal(fputs(text, f) >= 0, 1);
+        assert_int_equal(fclose(f), 0);
+}
+
+/* Remove @dir and everything below it (two levels are all these tests make). */
+static void rm_rf(const char *dir) {
+        DIR *d = opendir(dir);
+        struct dirent *de;
+
+        if (!d)
+                return;
+        while ((de = readdir(d))) {
+                _cleanup_free_ char *path = NULL;
+
+                if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                        continue;
+                path = path_join(dir, de->d_name);
+                if (unlink(path) < 0)
+                        rm_rf(path);
+        }
+        closedir(d);
+        (void) rmdir(dir);
+}
+
+static int tempdir_setup(void **state) {
+        static TempDir t;
+
+        snprintf(t.path, sizeof(t.path), "/tmp/test-config-XXXXXX");
+        if (!mkdtemp(t.path))
+                return -1;
+        *state = &t;
+        return 0;
+}
+
+static int tempdir_teardown(void **state) {
+        TempDir *t = *state;
+
+        rm_rf(t->path);
+        return 0;
+}
+
+static void test_load_dropins(void **state) {
+        TempDir *t = *state;
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL, *path = path_join(t->path, "tierd.conf"),
+                *dropins = path_join(t->path, "tierd.conf.d"), *subdir = path_join(dropins, "dir.conf");
+
+        write_file(t->path, "tierd.conf",
+                   "[daemon]\nstate_dir = /st\nlog_level = warning\n"
+                   "[host]\ncapacity = 2G\n"
+                   "[nvme]\ntarget = a.img:1G\n");
+        assert_int_equal(mkdir(dropins, 0755), 0);
+        /* Applied in strcmp() order: 10 before 20, whatever the creation order. */
+        write_file(dropins, "20-later.conf", "[host]\ncapacity = 8G\n[daemon]\nlog_level = debug\n");
+        write_file(dropins, "10-first.conf", "[host]\ncapacity = 4G\n[nvme]\ntarget = /b.img:2G\n");
+        /* Not drop-ins: wrong suffix, hidden, a directory. */
+        write_file(dropins, "README", "garbage\n");
+        write_file(dropins, "30-off.conf.disabled", "garbage\n");
+        write_file(dropins, ".hidden.conf", "garbage\n");
+        assert_int_equal(mkdir(subdir, 0755), 0);
+
+        assert_int_equal(config_load(&c, path, true, &error), 0);
+        assert_null(error);
+        assert_int_equal(c.host_capacity, 8 * GIB);
+        assert_int_equal(c.log_level, LOG_DEBUG);
+        assert_int_equal(c.n_targets, 2);
+        assert_string_equal(c.targets[0].path, "/st/a.img");
+        assert_int_equal(c.targets[0].size, GIB);
+        assert_string_equal(c.targets[1].path, "/b.img");
+        assert_int_equal(c.targets[1].size, 2 * GIB);
+        config_deinit(&c);
+
+        /* A bad drop-in is an error naming that file and line; c is released. */
+        write_file(dropins, "40-bad.conf", "[vram]\n\nbackend = tpu\n");
+        assert_int_equal(config_load(&c, path, true, &error), -EINVAL);
+        assert_non_null(error);
+        assert_non_null(strstr(error, "40-bad.conf:3:"));
+        assert_non_null(strstr(error, "[vram] backend"));
+        assert_null(c.socket_path);
+        error = mfree(error);
+
+        /* Each drop-in opens its own section. */
+        write_file(dropins, "40-bad.conf", "capacity = 1G\n");
+        assert_int_equal(config_load(&c, path, true, &error), -EINVAL);
+        assert_non_null(strstr(error, "40-bad.conf:1:"));
+        error = mfree(error);
+
+        /* A bad main file is named too. */
+        write_file(dropins, "40-bad.conf", "\n");
+        write_file(t->path, "tierd.conf", "[host]\ncapacity = lots\n");
+        assert_int_equal(config_load(&c, path, true, &error), -EINVAL);
+        assert_non_null(strstr(error, "tierd.conf:2: [host] capacity: invalid size 'lots'"));
+        error = mfree(error);
+
+        /* Drop-ins that together violate a cross-key constraint. */
+        write_file(t->path, "tierd.conf", "[vram]\nchunk_size = 2G\n");
+        assert_int_equal(config_load(&c, path, true, &error), -EINVAL);
+        assert_non_null(strstr(error, "[vram] chunk_size"));
+        error = mfree(error);
+
+        /* Targets from the main file and drop-ins are duplicates too. */
+        write_file(t->path, "tierd.conf", "[nvme]\ntarget = /b.img\n");
+        assert_int_equal(config_load(&c, path, true, &error), -EINVAL);
+        assert_non_null(strstr(error, "10-first.conf:4:"));
+        assert_non_null(strstr(error, "duplicate"));
+}
+
+static void test_load_missing(void **state) {
+        TempDir *t = *state;
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL, *path = path_join(t->path, "nosuch.conf"),
+                *dropins = path_join(t->path, "nosuch.conf.d"), *nul = path_join(t->path, "nul.conf");
+
+        assert_int_equal(config_load(&c, path, true, &error), -ENOENT);
+        assert_non_null(error);
+        assert_non_null(strstr(error, "nosuch.conf"));
+        error = mfree(error);
+
+        /* Not required: the defaults, finished. */
+        assert_int_equal(config_load(&c, path, false, &error), 0);
+        assert_null(error);
+        assert_string_equal(c.socket_path, "/run/tierd/tierd.sock");
+        assert_int_equal(c.n_targets, 1);
+        assert_string_equal(c.targets[0].path, "/var/lib/tierd/nvme0.img");
+        config_deinit(&c);
+
+        /* Drop-ins still apply without the main file. */
+        assert_int_equal(mkdir(dropins, 0755), 0);
+        write_file(dropins, "a.conf", "[limits]\nmax_name = 100\n");
+        assert_int_equal(config_load(&c, path, false, &error), 0);
+        assert_int_equal(c.max_name, 100);
+        config_deinit(&c);
+
+        /* A directory where the file should be. */
+        assert_int_equal(config_load(&c, t->path, true, &error), -EISDIR);
+        assert_non_null(error);
+        error = mfree(error);
+
+        /* A NUL byte is not text. */
+        write_file(t->path, "nul.conf", "[host]\n");
+        int fd = open(nul, O_WRONLY | O_APPEND | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "\0\n", 2), 2);
+        safe_close(fd);
+        assert_true(config_load(&c, nul, true, &error) < 0);
+        assert_non_null(strstr(error, "NUL"));
+        error = mfree(error);
+
+        /* /dev/null is an empty config. */
+        assert_int_equal(config_load(&c, "/dev/null", true, &error), 0);
+        assert_int_equal(c.max_name, 255);
+}
+
+/* A NULL ret_error is allowed everywhere. */
+static void test_no_error_string(_unused_ void **state) {
+        _cleanup_config_ Config c;
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c, "[bad]\n", "x", NULL), -EINVAL);
+        assert_int_equal(config_parse_text(&c, "[host]\nsegment_size = 5K\n", NULL, NULL), 0);
+        assert_int_equal(config_finish(&c, NULL), -EINVAL);
+        config_deinit(&c);
+        assert_int_equal(config_load(&c, "/nonexistent/tierd.conf", true, NULL), -ENOENT);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_parse_size),
+                cmocka_unit_test(test_vram_backend_strings),
+                cmocka_unit_test(test_defaults),
+                cmocka_unit_test(test_full),
+                cmocka_unit_test(test_log_levels),
+                cmocka_unit_test(test_syntax_errors),
+                cmocka_unit_test(test_value_errors),
+                cmocka_unit_test(test_targets),
+                cmocka_unit_test(test_finish_errors),
+                cmocka_unit_test_setup_teardown(test_load_dropins, tempdir_setup, tempdir_teardown),
+                cmocka_unit_test_setup_teardown(test_load_missing, tempdir_setup, tempdir_teardown),
+                cmocka_unit_test(test_no_error_string),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
