@@ -526,6 +526,8 @@ static int client_call(tier_client *c, Tier__Request *req, Packet *ret) {
         size_t len;
         int r;
 
+        /* Events already queued (a shutdown, failed fences) count before this request. */
+        (void) client_drain(c);
         r = client_check(c);
         if (r == -ESHUTDOWN)
                 return client_error(c, r, "tierd is shutting down%s%s",

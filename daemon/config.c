@@ -766,7 +766,7 @@ static int config_apply_dropins(Config *c, const char *path, char **ret_error) {
         return r;
 }
 
-int config_load(Config *c, const char *path, bool must_exist, char **ret_error) {
+int config_load_files(Config *c, const char *path, bool must_exist, char **ret_error) {
         int r;
 
         if (ret_error)
@@ -782,8 +782,20 @@ int config_load(Config *c, const char *path, bool must_exist, char **ret_error) 
         }
         if (r >= 0)
                 r = config_apply_dropins(c, path, ret_error);
-        if (r >= 0)
-                r = config_finish(c, ret_error);
+        if (r < 0) {
+                config_deinit(c);
+                return r;
+        }
+        return 0;
+}
+
+int config_load(Config *c, const char *path, bool must_exist, char **ret_error) {
+        int r;
+
+        r = config_load_files(c, path, must_exist, ret_error);
+        if (r < 0)
+                return r;
+        r = config_finish(c, ret_error);
         if (r < 0) {
                 config_deinit(c);
                 return r;

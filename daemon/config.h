@@ -78,6 +78,9 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
  */
 int config_load(Config *c, const char *path, bool must_exist, char **ret_error);
 
+/* config_load() without the config_finish() step, for callers that override keys first. */
+int config_load_files(Config *c, const char *path, bool must_exist, char **ret_error);
+
 /**
  * config_finish() - validate cross-key constraints and fill derived defaults
  * (no target: "<state_dir>/nvme0.img:4G"; relative target paths are made

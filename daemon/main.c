@@ -159,21 +159,16 @@ static int run(int argc, char *argv[]) {
 
         log_setup(arg_log_target);
 
-        config_init(&config);
-        r = config_load(&config, arg_config ? arg_config : TIERD_DEFAULT_CONFIG, arg_config != NULL, &err);
+        r = config_load_files(&config, arg_config ? arg_config : TIERD_DEFAULT_CONFIG, arg_config != NULL, &err);
         if (r >= 0 && arg_socket)
                 r = set_string(&config.socket_path, arg_socket);
-        if (r >= 0 && arg_state_dir) {
+        if (r >= 0 && arg_state_dir)
                 r = set_string(&config.state_dir, arg_state_dir);
-                /* targets derived from the state dir follow it */
-        }
-        if (r >= 0 && arg_state_dir) {
-                /* re-derive defaults that depend on state_dir */
+        if (r >= 0)
                 r = config_finish(&config, &err);
-        }
         if (r < 0) {
                 log_error("%s", err ? err : strerror(-r));
-                config_deinit(&config);
+                config_deinit(&config);         /* harmless after a failed load */
                 return 1;
         }
         if (arg_log_level >= 0)

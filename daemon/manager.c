@@ -204,6 +204,7 @@ int manager_start(Manager *m) {
 void manager_drain(Manager *m, uint64_t timeout_usec) {
         uint64_t until = now_usec() + timeout_usec;
 
+        m->stopping = true;
         if (m->server)
                 server_broadcast_shutdown(m->server, "tierd is stopping");
         /* clients go first: their ops are cancelled, their pins dropped */

@@ -66,6 +66,7 @@ struct Manager {
 
         LinkStats links[_LINK_MAX];
         unsigned n_xfers;       /* transfers in flight */
+        bool stopping;
 };
 
 /* Options that come from the command line and override the config file. */

@@ -180,6 +180,16 @@ static int seg_tier_alloc(Manager *m, Tensor *t, int tier) {
         if ((uint64_t) (n_segs + 1) * pool->seg_size > ALIGN_UP(j->limit[tier], pool->seg_size))
                 return -ENOSPC;
         r = segpool_assign(pool, j, &j->segments[tier], &s);
+        if (r == -ENOSPC) {
+                /* pool exhausted: take back segments that jobs hold but do not use */
+                for (uint32_t i = 0; i < pool->n_segs; i++) {
+                        Segment *e = &pool->segs[i];
+
+                        if (e->owner && e->used == 0)
+                                (void) segpool_release(pool, e);
+                }
+                r = segpool_assign(pool, j, &j->segments[tier], &s);
+        }
         if (r < 0)
                 return r;
         r = segment_alloc(s, t->alloc_size, &c->offset);

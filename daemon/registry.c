@@ -166,13 +166,14 @@ void job_destroy(Job *j) {
         list_del(&j->link);
         m->n_jobs--;
         list_add_tail(&m->dying_jobs, &j->link);
-        j->dying = true;
 
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
                 (void) tensor_free(t);
         }
+        /* only now: a tensor freed above must not free the job under this loop */
+        j->dying = true;
         job_maybe_finish(j);
 }
 

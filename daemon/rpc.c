@@ -799,7 +799,7 @@ void rpc_conn_gone(Conn *c) {
                 j->n_conns--;
                 job_fence_slot_put(j, c->fence_slot);
                 c->job = NULL;
-                if (j->n_conns == 0) {
+                if (j->n_conns == 0 && !m->stopping) {
                         log_info("Job '%s' has no connection left, keeping its tensors for %" PRIu64 " s",
                                  j->name, m->config.linger_usec / 1000000);
                         job_linger_start(j);

@@ -1,0 +1,117 @@
+# shellcheck shell=bash
+# SPDX-License-Identifier: MIT
+# scripts/lib.sh: helpers shared by scripts/demo and scripts/test (sourced, not run).
+#
+#   ensure_packages PKG...          install the Debian packages that are missing
+#   build_dir_setup DIR [ARGS...]   meson setup (or --reconfigure) DIR, then ninja -C DIR
+#   section TEXT / info TEXT / warn TEXT / die TEXT
+#
+# The sourcing script sets its own shell options (set -euo pipefail) and may set
+# $prog (its name, for messages) before sourcing.
+
+if [[ -n ${_TIER_LIB_SH:-} ]]; then
+        return 0
+fi
+_TIER_LIB_SH=1
+
+: "${prog:=$(basename "$0")}"
+
+# Repository root (the parent of scripts/).
+TIER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+# shellcheck disable=SC2034  # used by the scripts that source this file
+# What building tierd needs (gcc pulls in libasan/libubsan through libgcc-*-dev).
+TIER_BUILD_PACKAGES=(
+        gcc libc6-dev meson ninja-build pkg-config
+        liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
+        libsystemd-dev libcmocka-dev scdoc
+)
+# shellcheck disable=SC2034
+# What the test suites need on top: fio (baselines), valgrind, python3,
+# systemd (systemd-analyze, systemd-socket-activate), util-linux.
+TIER_TEST_PACKAGES=(
+        "${TIER_BUILD_PACKAGES[@]}"
+        fio valgrind python3 systemd util-linux
+)
+
+if [[ -t 1 ]]; then
+        _c_bold=$'\e[1m' _c_red=$'\e[31m' _c_yellow=$'\e[33m' _c_off=$'\e[0m'
+else
+        _c_bold='' _c_red='' _c_yellow='' _c_off=''
+fi
+
+section() {
+        printf '\n%s==> %s%s\n' "$_c_bold" "$*" "$_c_off"
+}
+
+info() {
+        printf '    %s\n' "$*"
+}
+
+warn() {
+        printf '%s%s: warning: %s%s\n' "$_c_yellow" "$prog" "$*" "$_c_off" >&2
+}
+
+die() {
+        printf '%s%s: error: %s%s\n' "$_c_red" "$prog" "$*" "$_c_off" >&2
+        exit 1
+}
+
+# Seconds since the epoch, for timings.
+now_s() {
+        date +%s
+}
+
+# "1m23s" from a number of seconds.
+fmt_duration() {
+        local s=$1
+        if ((s >= 60)); then
+                printf '%dm%02ds' $((s / 60)) $((s % 60))
+        else
+                printf '%ds' "$s"
+        fi
+}
+
+# True when the Debian package $1 is installed.
+package_installed() {
+        [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
+}
+
+# ensure_packages PKG...: install whichever of PKG... is not installed yet.
+# Runs apt-get update once, and only when something is missing.
+ensure_packages() {
+        local missing=() p
+
+        command -v dpkg-query >/dev/null 2>&1 ||
+                die "dpkg-query not found: ensure_packages needs a Debian system (install these yourself: $*)"
+        for p in "$@"; do
+                package_installed "$p" || missing+=("$p")
+        done
+        if ((${#missing[@]} == 0)); then
+                return 0
+        fi
+        if ((EUID != 0)); then
+                die "missing Debian packages: ${missing[*]}
+    run as root, or install them first:  sudo apt-get install ${missing[*]}"
+        fi
+        info "installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q || die "apt-get update failed"
+        apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+                die "apt-get install failed for: ${missing[*]}"
+}
+
+# build_dir_setup DIR [MESON_ARGS...]: configure DIR (meson setup, or
+# meson setup --reconfigure when DIR already holds a build tree, so that
+# MESON_ARGS apply to it too) and build it with ninja.
+build_dir_setup() {
+        local dir=$1
+        shift
+
+        if [[ -f $dir/meson-private/coredata.dat ]]; then
+                meson setup --reconfigure "$dir" "$TIER_ROOT" "$@" || return
+        else
+                meson setup "$dir" "$TIER_ROOT" "$@" || return
+        fi
+        ninja -C "$dir"
+}

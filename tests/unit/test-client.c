@@ -1,0 +1,375 @@
+/* SPDX-License-Identifier: MIT */
+/* test-client.c: unit tests of libtier that need no daemon. */
+
+#include <errno.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "client/tier-private.h"
+#include "proto/tier.pb-c.h"
+
+/* ---- names and error texts ---------------------------------------------------------- */
+
+static void test_strerror(void **state) {
+        assert_string_equal(tier_strerror(-ENOENT), "No such file or directory");
+        assert_string_equal(tier_strerror(ENOENT), "No such file or directory");
+        assert_string_equal(tier_strerror(-ESHUTDOWN), "Cannot send after transport endpoint shutdown");
+        assert_string_equal(tier_strerror(0), "Success");
+        assert_non_null(strstr(tier_strerror(-123456), "Unknown error"));
+        assert_non_null(strstr(tier_strerror(-123456), "-123456"));
+        assert_non_null(tier_strerror(INT_MIN));
+}
+
+static void test_level_names(void **state) {
+        assert_string_equal(tier_level_name(TIER_VRAM), "vram");
+        assert_string_equal(tier_level_name(TIER_HOST), "host");
+        assert_string_equal(tier_level_name(TIER_NVME), "nvme");
+        assert_null(tier_level_name(-1));
+        assert_null(tier_level_name(TIER_LEVEL_MAX));
+
+        for (int i = 0; i < TIER_LEVEL_MAX; i++)
+                assert_int_equal(tier_level_from_name(tier_level_name(i)), i);
+        assert_int_equal(tier_level_from_name("VRAM"), -EINVAL);
+        assert_int_equal(tier_level_from_name(""), -EINVAL);
+        assert_int_equal(tier_level_from_name("hostx"), -EINVAL);
+        assert_int_equal(tier_level_from_name(NULL), -EINVAL);
+}
+
+static void test_format_bytes(void **state) {
+        char buf[FORMAT_BYTES_MAX];
+
+        assert_string_equal(format_bytes(buf, sizeof(buf), 0), "0 B");
+        assert_string_equal(format_bytes(buf, sizeof(buf), 1023), "1023 B");
+        assert_string_equal(format_bytes(buf, sizeof(buf), 1024), "1.0 KiB");
+        assert_string_equal(format_bytes(buf, sizeof(buf), 1536), "1.5 KiB");
+        assert_string_equal(format_bytes(buf, sizeof(buf), 512ull << 20), "512.0 MiB");
+        assert_string_equal(format_bytes(buf, sizeof(buf), (1ull << 30) - 1), "1.0 GiB");
+        assert_string_equal(format_bytes(buf, sizeof(buf), 3ull << 40), "3.0 TiB");
+        assert_string_equal(format_bytes(buf, sizeof(buf), UINT64_MAX), "16.0 EiB");
+}
+
+/* ---- argument checks ------------------------------------------------------------------ */
+
+static void test_einval(void **state) {
+        struct tier_grant g;
+        struct tier_stat st;
+        tier_tensor *t = NULL;
+        tier_fence f;
+        char *text;
+
+        assert_int_equal(tier_client_new(NULL, "/nonexistent", "job", 0), -EINVAL);
+        assert_null(tier_client_free(NULL));
+        assert_string_equal(tier_client_vram_backend(NULL), "");
+        assert_int_equal(tier_client_limit(NULL, TIER_HOST), 0);
+        assert_int_equal(tier_client_fd(NULL), -EINVAL);
+
+        assert_int_equal(tier_tensor_create(NULL, "x", 1, &t), -EINVAL);
+        assert_int_equal(tier_tensor_open(NULL, "x", &t), -EINVAL);
+        assert_int_equal(tier_tensor_destroy(NULL), -EINVAL);
+        assert_null(tier_tensor_close(NULL));
+        assert_int_equal(tier_tensor_size(NULL), 0);
+        assert_null(tier_tensor_name(NULL));
+        assert_int_equal(tier_tensor_stat(NULL, &st), -EINVAL);
+
+        assert_int_equal(tier_pin(NULL, TIER_HOST, &g), -EINVAL);
+        assert_int_equal(tier_pin_async(NULL, TIER_HOST, &g, &f), -EINVAL);
+        assert_int_equal(tier_unpin(NULL, TIER_HOST, 0), -EINVAL);
+        assert_int_equal(tier_evict(NULL, TIER_NVME), -EINVAL);
+        assert_int_equal(tier_evict_async(NULL, TIER_NVME, &f), -EINVAL);
+        assert_int_equal(tier_prefetch(NULL, TIER_HOST), -EINVAL);
+        assert_int_equal(tier_prefetch_async(NULL, TIER_HOST, &f), -EINVAL);
+
+        assert_int_equal(tier_fence_done(NULL, 1), -EINVAL);
+        assert_int_equal(tier_wait(NULL, 1, 0), -EINVAL);
+        assert_int_equal(tier_status(NULL, TIER_STATUS_JSON, &text), -EINVAL);
+}
+
+static void test_connect_fails(void **state) {
+        tier_client *c = NULL;
+        char path[200];
+
+        assert_int_equal(tier_client_new(&c, "/nonexistent/tierd.sock", "job", 0), -ENOENT);
+        assert_null(c);
+        assert_string_equal(tier_client_last_error(NULL),
+                            "cannot connect to /nonexistent/tierd.sock: No such file or directory "
+                            "(is tierd running?)");
+
+        /* $TIER_SOCKET is used when no path is given */
+        assert_int_equal(setenv("TIER_SOCKET", "/nonexistent/env.sock", 1), 0);
+        assert_int_equal(tier_client_new(&c, NULL, NULL, 0), -ENOENT);
+        assert_non_null(strstr(tier_client_last_error(NULL), "/nonexistent/env.sock"));
+        assert_int_equal(unsetenv("TIER_SOCKET"), 0);
+
+        memset(path, 'x', sizeof(path) - 1);
+        path[0] = '/';
+        path[sizeof(path) - 1] = 0;
+        assert_int_equal(tier_client_new(&c, path, "job", 0), -ENAMETOOLONG);
+
+        /* job names are text: checked before connecting */
+        assert_int_equal(tier_client_new(&c, "/nonexistent/tierd.sock", "bad\njob", 0), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(NULL), "job name"));
+        assert_null(c);
+}
+
+/* ---- status formatting ---------------------------------------------------------------- */
+
+/* A StatusReply on the stack, with room for the test's entries. */
+typedef struct FakeStatus {
+        Tier__StatusReply s;
+        Tier__TierStatus tiers[3], *tiers_p[3];
+        Tier__LinkStatus links[2], *links_p[2];
+        Tier__TargetStatus target, *target_p[1];
+        Tier__JobStatus jobs[2], *jobs_p[2];
+        Tier__JobTierUsage usage[2], *usage_p[2];
+} FakeStatus;
+
+static void fake_status(FakeStatus *f, const char *vram_backend) {
+        static const char *const backends[] = { NULL, "memfd", "file" };
+
+        tier__status_reply__init(&f->s);
+        f->s.version = (char *) "0.1.0";
+        f->s.uptime_s = 3723.25;
+        f->s.connections = 2;
+
+        for (int i = 0; i < 3; i++) {
+                tier__tier_status__init(&f->tiers[i]);
+                f->tiers[i].tier = (Tier__Tier) i;
+                f->tiers[i].backend = (char *) (i == 0 ? vram_backend : backends[i]);
+                f->tiers_p[i] = &f->tiers[i];
+        }
+        f->tiers[0].capacity = 8ull << 30;
+        f->tiers[0].used = 512ull << 20;
+        f->tiers[0].pinned = 256ull << 20;
+        f->tiers[1].capacity = 64ull << 30;
+        f->tiers[1].used = 16ull << 30;
+        f->tiers[2].capacity = 2ull << 40;
+        f->tiers[2].used = 100ull << 30;
+        f->s.n_tiers = 3;
+        f->s.tiers = f->tiers_p;
+
+        tier__link_status__init(&f->links[0]);
+        f->links[0].name = (char *) "host->nvme";
+        f->links[0].bytes = 1ull << 30;
+        f->links[0].ops = 64;
+        tier__link_status__init(&f->links[1]);
+        f->links[1].name = (char *) "nvme->host";
+        f->links[1].bytes = 3ull << 29;
+        f->links[1].ops = 96;
+        f->links_p[0] = &f->links[0];
+        f->links_p[1] = &f->links[1];
+        f->s.n_links = 2;
+        f->s.links = f->links_p;
+
+        tier__target_status__init(&f->target);
+        f->target.path = (char *) "/dev/nvme0n1";
+        f->target.capacity = 2ull << 40;
+        f->target.used = 100ull << 30;
+        f->target.bytes_written = 5ull << 30;
+        f->target.bytes_read = 7ull << 30;
+        f->target.crc_errors = 1;
+        f->target.io_errors = 2;
+        f->target_p[0] = &f->target;
+        f->s.n_targets = 1;
+        f->s.targets = f->target_p;
+
+        for (int i = 0; i < 2; i++) {
+                tier__job_tier_usage__init(&f->usage[i]);
+                f->usage_p[i] = &f->usage[i];
+        }
+        f->usage[0].tier = TIER__TIER__TIER_HOST;
+        f->usage[0].used = 1ull << 30;
+        f->usage[0].limit = 4ull << 30;
+        f->usage[0].pinned = 1ull << 20;
+        f->usage[1].tier = TIER__TIER__TIER_NVME;
+        f->usage[1].used = 3ull << 30;
+        f->usage[1].limit = 0;
+
+        tier__job_status__init(&f->jobs[0]);
+        f->jobs[0].id = 1;
+        f->jobs[0].name = (char *) "llama";
+        f->jobs[0].uid = 1000;
+        f->jobs[0].connections = 2;
+        f->jobs[0].tensors = 300;
+        f->jobs[0].n_usage = 2;
+        f->jobs[0].usage = f->usage_p;
+        tier__job_status__init(&f->jobs[1]);
+        f->jobs[1].id = 2;
+        f->jobs[1].name = (char *) "idle";
+        f->jobs[1].uid = 0;
+        f->jobs[1].linger_left_s = 12.5;
+        f->jobs_p[0] = &f->jobs[0];
+        f->jobs_p[1] = &f->jobs[1];
+        f->s.n_jobs = 2;
+        f->s.jobs = f->jobs_p;
+}
+
+static void test_status_json(void **state) {
+        FakeStatus f;
+        char *out = NULL;
+
+        fake_status(&f, "emulated");
+        assert_int_equal(status_format(&f.s, TIER_STATUS_JSON, &out), 0);
+        assert_string_equal(out,
+                "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,"
+                "\"tiers\":["
+                "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":8589934592,\"used\":536870912,"
+                "\"pinned\":268435456},"
+                "{\"tier\":\"host\",\"backend\":\"memfd\",\"capacity\":68719476736,\"used\":17179869184,"
+                "\"pinned\":0},"
+                "{\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":2199023255552,\"used\":107374182400,"
+                "\"pinned\":0}],"
+                "\"links\":["
+                "{\"name\":\"host->nvme\",\"bytes\":1073741824,\"ops\":64},"
+                "{\"name\":\"nvme->host\",\"bytes\":1610612736,\"ops\":96}],"
+                "\"targets\":["
+                "{\"path\":\"/dev/nvme0n1\",\"capacity\":2199023255552,\"used\":107374182400,"
+                "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2}],"
+                "\"jobs\":["
+                "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
+                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576},"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0}}},"
+                "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
+                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0},"
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0}}}]}\n");
+        free(out);
+}
+
+static void test_status_json_empty(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_string_equal(out, "{\"version\":\"\",\"uptime_s\":0,\"connections\":0,"
+                                 "\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
+        free(out);
+}
+
+static void test_status_json_escaping(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        /* quote, backslash, control characters, valid UTF-8 (é, €, 😀), then invalid bytes:
+         * a stray continuation byte, a truncated sequence, an overlong '/', a surrogate, 0xff */
+        s.version = (char *) "a\"b\\c\nd\te\x01\x1f\x7f|\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|"
+                             "\x80|\xe2\x82|\xc0\xaf|\xed\xa0\x80|\xff";
+        s.uptime_s = 0.0004;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_string_equal(out,
+                "{\"version\":\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f\x7f|\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|"
+                "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\","
+                "\"uptime_s\":0,\"connections\":0,\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
+        free(out);
+}
+
+/* The lines of the block that starts with @header, up to the next empty line. */
+static size_t block_lines(const char *text, const char *header, char lines[][256], size_t max) {
+        const char *p = strstr(text, header);
+        size_t n = 0;
+
+        assert_non_null(p);
+        while (*p && *p != '\n' && n < max) {
+                const char *e = strchr(p, '\n');
+
+                assert_non_null(e);
+                assert_true((size_t) (e - p) < 256);
+                memcpy(lines[n], p, (size_t) (e - p));
+                lines[n][e - p] = 0;
+                n++;
+                p = e + 1;
+        }
+        return n;
+}
+
+static void test_status_table(void **state) {
+        char lines[8][256];
+        FakeStatus f;
+        char *out = NULL;
+        size_t n;
+
+        fake_status(&f, "emulated");
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+
+        assert_non_null(strstr(out, "tierd 0.1.0, up 1h 02m 03s, 2 connections\n"));
+        assert_non_null(strstr(out, "512.0 MiB"));
+        assert_non_null(strstr(out, "(emulated)"));
+        assert_non_null(strstr(out, "EMULATED"));
+        assert_non_null(strstr(out, "/dev/nvme0n1"));
+        assert_non_null(strstr(out, "1.0 GiB / 4.0 GiB"));
+        assert_non_null(strstr(out, "3.0 GiB / -"));
+        assert_non_null(strstr(out, "12s"));
+
+        /* Tier rows end in a right-aligned column: aligned rows have equal length. */
+        n = block_lines(out, "TIER ", lines, 8);
+        assert_int_equal(n, 6);         /* header, 3 tiers, 2 warning lines */
+        assert_int_equal(strlen(lines[1]), strlen(lines[0]));
+        assert_int_equal(strlen(lines[2]), strlen(lines[0]));
+        assert_int_equal(strlen(lines[3]), strlen(lines[0]));
+        assert_ptr_equal(strstr(lines[0], "CAPACITY") + strlen("CAPACITY"), lines[0] + (strstr(lines[1], "8.0 GiB") - lines[1]) + strlen("8.0 GiB"));
+        assert_non_null(strstr(lines[1], "vram  (emulated)"));
+        assert_non_null(strstr(lines[1], "6.2%"));
+
+        n = block_lines(out, "JOB ", lines, 8);
+        assert_int_equal(n, 3);
+        assert_int_equal(strlen(lines[1]), strlen(lines[0]));
+        assert_int_equal(strlen(lines[2]), strlen(lines[0]));
+        free(out);
+
+        /* A real GPU backend is not flagged. */
+        fake_status(&f, "cuda");
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+        assert_null(strstr(out, "emulated"));
+        assert_null(strstr(out, "EMULATED"));
+        assert_non_null(strstr(out, "vram  cuda"));
+        free(out);
+}
+
+static void test_status_table_empty(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        assert_int_equal(status_format(&s, TIER_STATUS_TABLE, &out), 0);
+        assert_non_null(strstr(out, "no jobs\n"));
+        assert_non_null(strstr(out, "no NVMe targets\n"));
+        free(out);
+}
+
+static void test_status_format_einval(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        assert_int_equal(status_format(NULL, TIER_STATUS_JSON, &out), -EINVAL);
+        assert_int_equal(status_format(&s, 2, &out), -EINVAL);
+        assert_int_equal(status_format(&s, -1, &out), -EINVAL);
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, NULL), -EINVAL);
+        assert_null(out);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_strerror),
+                cmocka_unit_test(test_level_names),
+                cmocka_unit_test(test_format_bytes),
+                cmocka_unit_test(test_einval),
+                cmocka_unit_test(test_connect_fails),
+                cmocka_unit_test(test_status_json),
+                cmocka_unit_test(test_status_json_empty),
+                cmocka_unit_test(test_status_json_escaping),
+                cmocka_unit_test(test_status_table),
+                cmocka_unit_test(test_status_table_empty),
+                cmocka_unit_test(test_status_format_einval),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
