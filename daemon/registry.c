@@ -170,6 +170,9 @@ void job_destroy(Job *j) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
+                /* no connection is left to hold a pin: whatever remains goes */
+                for (int i = 0; i < TIERS; i++)
+                        t->copy[i].pins = 0;
                 (void) tensor_free(t);
         }
         /* only now: a tensor freed above must not free the job under this loop */

@@ -1,0 +1,376 @@
+/* SPDX-License-Identifier: MIT */
+/* test-registry.c: jobs, tensors, copies and the op engine's state machine, driven directly. */
+
+#include <errno.h>
+#include <signal.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/config.h"
+#include "daemon/manager.h"
+#include "daemon/mover.h"
+#include "daemon/registry.h"
+#include "daemon/tier-nvme.h"
+#include "proto/fence.h"
+
+#define MiB (1024ull * 1024ull)
+
+static char dir[] = "/var/tmp/tierd-unit.XXXXXX";
+
+typedef struct Result {
+        int done;
+        int status;
+        int reserved;
+} Result;
+
+static void on_complete(Op *op, int status, const char *error) {
+        Result *r = op->userdata;
+
+        r->done++;
+        r->status = status;
+}
+
+static void on_reserved(Op *op) {
+        Result *r = op->userdata;
+
+        r->reserved++;
+}
+
+static Manager *new_manager(void) {
+        Manager *m = NULL;
+        Config c;
+        char *err = NULL;
+        char path[128];
+
+        config_init(&c);
+        c.host_capacity = 8 * MiB;
+        c.host_segment_size = 4 * MiB;
+        c.host_job_limit = 4 * MiB;
+        c.vram_backend = VRAM_BACKEND_EMULATED;
+        c.vram_capacity = 4 * MiB;
+        c.vram_chunk_size = 2 * MiB;
+        c.vram_job_limit = 2 * MiB;
+        c.nvme_job_limit = 16 * MiB;
+        snprintf(path, sizeof(path), "%s/t0.img", dir);
+        free(c.state_dir);
+        c.state_dir = strdup(dir);
+        c.targets[0].path = strdup(path);
+        c.targets[0].size = 32 * MiB;
+        c.n_targets = 1;
+        assert_int_equal(config_finish(&c, &err), 0);
+        assert_int_equal(manager_new(&m, &c), 0);
+        config_deinit(&c);
+        return m;
+}
+
+/* Run the loop until @r completed (or a second passed). */
+static void run_until(Manager *m, Result *r) {
+        for (int i = 0; i < 1000 && !r->done; i++)
+                assert_true(sd_event_run(m->event, 1000) >= 0);
+        assert_int_equal(r->done, 1);
+}
+
+static int submit(Manager *m, OpKind k, Tensor *t, int tier, Result *r) {
+        memset(r, 0, sizeof(*r));
+        return op_submit(m, k, t, tier, on_complete, k == OP_PIN ? on_reserved : NULL, r, NULL);
+}
+
+static void write_host(Tensor *t, uint8_t v) {
+        Copy *c = &t->copy[TIER_HOST];
+
+        memset((uint8_t *) c->seg->map + c->offset, v, t->size);
+}
+
+static uint8_t read_host(Tensor *t, uint64_t off) {
+        Copy *c = &t->copy[TIER_HOST];
+
+        return ((uint8_t *) c->seg->map + c->offset)[off];
+}
+
+static void test_ids_names_slots(void **state) {
+        Manager *m = new_manager();
+        Job *j;
+        Tensor *a, *b, *c;
+        unsigned s1, s2;
+        uint64_t old;
+
+        assert_int_equal(job_new(m, "j", 1000, &j), 0);
+        assert_ptr_equal(job_find(m, "j"), j);
+        assert_null(job_find(m, "k"));
+        assert_int_equal(j->limit[TIER_HOST], 4 * MiB);
+
+        assert_int_equal(tensor_new(j, "a", 100, &a), 0);
+        assert_int_equal(tensor_new(j, "a", 100, &b), -EEXIST);
+        assert_int_equal(tensor_new(j, "b", 5000, &b), 0);
+        assert_int_equal(b->alloc_size, 8192);
+        assert_ptr_equal(tensor_find(j, a->id), a);
+        assert_ptr_equal(tensor_find_name(j, "b"), b);
+        assert_null(tensor_find(j, a->id + (1ull << 32)));     /* wrong generation */
+
+        old = a->id;
+        assert_int_equal(tensor_free(a), 0);
+        assert_null(tensor_find(j, old));
+        assert_null(tensor_find_name(j, "a"));
+        assert_int_equal(tensor_new(j, "c", 1, &c), 0);
+        assert_int_equal((uint32_t) c->id, (uint32_t) old);   /* slot reused ... */
+        assert_int_not_equal(c->id, old);                     /* ... with a new generation */
+        assert_null(tensor_find(j, old));
+
+        assert_int_equal(job_fence_slot_get(j, &s1), 0);
+        assert_int_equal(job_fence_slot_get(j, &s2), 0);
+        assert_int_not_equal(s1, s2);
+        job_fence_slot_put(j, s1);
+        assert_int_equal(job_fence_slot_get(j, &s2), 0);
+        assert_int_equal(s2, s1);
+        for (unsigned i = 2; i < FENCE_SLOTS; i++)
+                assert_int_equal(job_fence_slot_get(j, &s2), 0);
+        assert_int_equal(job_fence_slot_get(j, &s2), -EUSERS);
+
+        job_destroy(j);
+        manager_free(m);
+}
+
+static void test_zero_then_dirty_then_evict(void **state) {
+        Manager *m = new_manager();
+        Result r;
+        Job *j;
+        Tensor *t;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
+
+        /* a fresh tensor: zero-filled on first pin, no I/O, version 0 */
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(t->copy[TIER_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t->copy[TIER_HOST].pins, 1);
+        assert_int_equal(read_host(t, 12345), 0);
+        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 0);
+
+        /* evicting a pinned copy is refused */
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, -EBUSY);
+
+        /* write, unpin dirty: the host copy is now the sole copy */
+        write_host(t, 0x5a);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(t->version, 1);
+        assert_true(copy_is_sole(t, TIER_HOST));
+
+        /* evict to NVMe: written down, host dropped */
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[TIER_NVME].state, COPY_RESIDENT);
+        assert_int_equal(t->copy[TIER_NVME].version, 1);
+        assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, 1 * MiB);
+        assert_int_equal(j->used[TIER_HOST], 0);
+
+        /* prefetch back: read, crc checked, same bytes; NVMe copy stays (clean) */
+        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(read_host(t, 777), 0x5a);
+        assert_true(copy_valid(t, TIER_NVME));
+        assert_false(copy_is_sole(t, TIER_HOST));
+
+        /* a dirty unpin makes the NVMe copy stale: it is freed at once */
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        write_host(t, 0x11);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(t->copy[TIER_NVME].state, COPY_ABSENT);
+        assert_int_equal(j->used[TIER_NVME], 0);
+
+        /* a clean copy is dropped without I/O when evicting */
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        {
+                uint64_t written = m->links[LINK_HOST_TO_NVME].bytes;
+
+                assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+                run_until(m, &r);
+                assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, written);
+        }
+
+        job_destroy(j);
+        manager_free(m);
+}
+
+static void test_lru_victim_and_drain(void **state) {
+        Manager *m = new_manager();
+        Result r;
+        Job *j;
+        Tensor *t[5];
+        char name[8];
+
+        /* host limit 4 MiB = one segment: four 1 MiB tensors fill it */
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        for (int i = 0; i < 5; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                assert_int_equal(tensor_new(j, name, 1 * MiB, &t[i]), 0);
+        }
+        for (int i = 0; i < 4; i++) {
+                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
+                run_until(m, &r);
+                write_host(t[i], (uint8_t) (i + 1));
+                assert_int_equal(tensor_unpin(t[i], TIER_HOST, true), 0);
+        }
+        assert_int_equal(j->used[TIER_HOST], 4 * MiB);
+
+        /* touch t0 so that t1 is the least recently used */
+        assert_int_equal(submit(m, OP_PIN, t[0], TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(tensor_unpin(t[0], TIER_HOST, false), 0);
+        /* pin t2 so it can never be chosen */
+        assert_int_equal(submit(m, OP_PIN, t[2], TIER_HOST, &r), 0);
+        run_until(m, &r);
+
+        /* a fifth tensor: t1 (LRU, sole copy) is drained to NVMe, then dropped */
+        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(t[1]->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(t[1]->copy[TIER_NVME].state, COPY_RESIDENT);
+        assert_int_equal(t[0]->copy[TIER_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t[2]->copy[TIER_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t[3]->copy[TIER_HOST].state, COPY_RESIDENT);
+        assert_true(j->used[TIER_HOST] <= j->limit[TIER_HOST]);
+
+        /* t1 comes back intact (another victim goes) */
+        assert_int_equal(tensor_unpin(t[4], TIER_HOST, false), 0);
+        assert_int_equal(submit(m, OP_PIN, t[1], TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(read_host(t[1], 4096), 2);
+        assert_int_equal(t[2]->copy[TIER_HOST].state, COPY_RESIDENT);   /* still pinned */
+        assert_int_equal(tensor_unpin(t[1], TIER_HOST, false), 0);
+
+        /* everything pinned: a clear -ENOSPC, not a hang */
+        for (int i = 0; i < 4; i++) {
+                if (i == 2)
+                        continue;
+                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
+                run_until(m, &r);
+                assert_int_equal(r.status, 0);
+        }
+        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, -ENOSPC);
+
+        job_destroy(j);
+        manager_free(m);
+}
+
+static void test_vram_chain_and_async_reserve(void **state) {
+        Manager *m = new_manager();
+        Result r;
+        Job *j;
+        Tensor *t;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        write_host(t, 0x77);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+
+        /* pin in VRAM from NVMe: the destination is reserved first (the async grant), then nvme -> host -> vram */
+        assert_int_equal(submit(m, OP_PIN, t, TIER_VRAM, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(r.reserved, 1);
+        assert_int_equal(t->copy[TIER_VRAM].pins, 1);
+        assert_int_equal(((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100], 0x77);
+        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 1);
+        assert_int_equal(m->links[LINK_HOST_TO_VRAM].ops, 1);
+
+        /* dirty in VRAM: host and NVMe copies become stale and are freed */
+        ((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100] = 0x78;
+        assert_int_equal(tensor_unpin(t, TIER_VRAM, true), 0);
+        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[TIER_NVME].state, COPY_ABSENT);
+
+        /* evict to NVMe: vram -> host -> nvme */
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
+        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(m->links[LINK_VRAM_TO_HOST].ops, 1);
+        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(read_host(t, 100), 0x78);
+
+        job_destroy(j);
+        manager_free(m);
+}
+
+static void test_crc_mismatch_is_an_error(void **state) {
+        Manager *m = new_manager();
+        Result r;
+        Job *j;
+        Tensor *t;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        write_host(t, 0x33);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        run_until(m, &r);
+
+        /* corrupt the stored crc: the read must fail, not hand out the bytes */
+        t->copy[TIER_NVME].extents[0].crc ^= 1;
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, -EBADMSG);
+        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(m->nvme->targets[0].crc_errors, 1);
+
+        job_destroy(j);
+        manager_free(m);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_ids_names_slots),
+                cmocka_unit_test(test_zero_then_dirty_then_evict),
+                cmocka_unit_test(test_lru_victim_and_drain),
+                cmocka_unit_test(test_vram_chain_and_async_reserve),
+                cmocka_unit_test(test_crc_mismatch_is_an_error),
+        };
+        char cmd[128];
+        int r;
+
+        sigset_t ss;
+
+        /* the manager watches these through signalfd, which needs them blocked */
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        if (!mkdtemp(dir))
+                return 1;
+        r = cmocka_run_group_tests_name("registry", tests, NULL, NULL);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+                fprintf(stderr, "cannot remove %s\n", dir);
+        return r;
+}
