@@ -22,6 +22,14 @@
  * most min(W, limits.max_inflight) requests in flight, for --duration
  * seconds (ops_per_s counts successful replies per second).
  *
+ * Placement matters more than anything here: a round trip between two
+ * processes on one CPU is a pair of context switches, across CPUs it is a
+ * pair of cross-CPU wakeups, which on a VM can cost several times more.
+ * Left to the scheduler, either can happen in either measurement, so
+ * --client-cpu and --peer-cpu pin this process and the echo peer; bench/run
+ * pins tierd to the peer's CPU, so both sides of the comparison see the same
+ * placement.
+ *
  * Nothing is asserted; the figures and the baselines are one JSON line.
  */
 
@@ -29,6 +37,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -62,7 +71,19 @@ typedef struct Args {
         uint64_t warmup;
         uint64_t window;
         double duration;
+        int client_cpu;         /* -1: not pinned */
+        int peer_cpu;
 } Args;
+
+static int pin_to_cpu(int cpu) {
+        cpu_set_t set;
+
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        if (sched_setaffinity(0, sizeof(set), &set) < 0)
+                return negative_errno();
+        return 0;
+}
 
 /* ---- raw SEQPACKET baseline --------------------------------------------- */
 
@@ -117,6 +138,8 @@ static int raw_baseline(const Args *a, uint64_t *samples, RawResult *ret) {
         }
         if (pid == 0) {
                 safe_close(sv[0]);
+                if (a->peer_cpu >= 0 && pin_to_cpu(a->peer_cpu) < 0)
+                        _exit(1);
                 echo_peer(sv[1]);
         }
         safe_close(sv[1]);
@@ -473,12 +496,15 @@ static void usage(void) {
                 "  --window W        most requests in flight when pipelining (default 64)\n"
                 "  --duration SEC    length of each pipelined run (default 2)\n"
                 "  --job NAME        job name (default bench-ipc-PID)\n"
+                "  --client-cpu N    pin this process to CPU N\n"
+                "  --peer-cpu N      pin the raw echo peer to CPU N (bench/run pins tierd there too)\n"
                 "Prints one JSON line on stdout; progress on stderr.\n",
                 program_invocation_short_name);
 }
 
 static int parse_args(int argc, char **argv, Args *a) {
-        enum { ARG_SOCKET = 0x100, ARG_ITERATIONS, ARG_WARMUP, ARG_WINDOW, ARG_DURATION, ARG_JOB };
+        enum { ARG_SOCKET = 0x100, ARG_ITERATIONS, ARG_WARMUP, ARG_WINDOW, ARG_DURATION, ARG_JOB,
+               ARG_CLIENT_CPU, ARG_PEER_CPU };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -487,8 +513,11 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "window", required_argument, NULL, ARG_WINDOW },
                 { "duration", required_argument, NULL, ARG_DURATION },
                 { "job", required_argument, NULL, ARG_JOB },
+                { "client-cpu", required_argument, NULL, ARG_CLIENT_CPU },
+                { "peer-cpu", required_argument, NULL, ARG_PEER_CPU },
                 {}
         };
+        uint64_t v;
         int c;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
@@ -526,6 +555,18 @@ static int parse_args(int argc, char **argv, Args *a) {
                 case ARG_JOB:
                         a->job = optarg;
                         break;
+                case ARG_CLIENT_CPU:
+                case ARG_PEER_CPU:
+                        if (bench_parse_uint(optarg, 0, CPU_SETSIZE - 1, &v) < 0) {
+                                bench_log("bad --%s \"%s\"", c == ARG_CLIENT_CPU ? "client-cpu" : "peer-cpu",
+                                          optarg);
+                                return -EINVAL;
+                        }
+                        if (c == ARG_CLIENT_CPU)
+                                a->client_cpu = (int) v;
+                        else
+                                a->peer_cpu = (int) v;
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -543,6 +584,8 @@ int main(int argc, char **argv) {
                 .warmup = 1000,
                 .window = 64,
                 .duration = 2.0,
+                .client_cpu = -1,
+                .peer_cpu = -1,
         };
         _cleanup_free_ uint64_t *s1 = NULL, *s2 = NULL;
         RawResult raw = {};
@@ -566,6 +609,13 @@ int main(int argc, char **argv) {
         a.socket = bench_socket_path(a.socket);
         /* A dead peer must show as an error, not kill us. */
         (void) signal(SIGPIPE, SIG_IGN);
+        if (a.client_cpu >= 0) {
+                r = pin_to_cpu(a.client_cpu);
+                if (r < 0) {
+                        bench_log("cannot pin to CPU %d: %s", a.client_cpu, strerror(-r));
+                        return 1;
+                }
+        }
 
         s1 = calloc(a.iterations, sizeof(*s1));
         s2 = calloc(a.iterations, sizeof(*s2));
@@ -639,6 +689,8 @@ finish:
         bench_json_double(&j, "raw_rtt_us_p99", raw.rtt_p99_us);
         bench_json_double(&j, "raw_ops_per_s", raw.ops_per_s);
         bench_json_double(&j, "pin_vs_raw", raw.rtt_p50_us > 0 ? tr.pin_p50_us / raw.rtt_p50_us : NAN);
+        bench_json_i64(&j, "client_cpu", a.client_cpu);
+        bench_json_i64(&j, "peer_cpu", a.peer_cpu);
         bench_json_double(&j, "ops_vs_raw", raw.ops_per_s > 0 ? pipe_res.ops_per_s / raw.ops_per_s : NAN);
         r = bench_json_print(&j);
         if (r < 0) {

@@ -284,7 +284,8 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
 
         fd = packet_take_fd(p, s->fd_index);
         if (fd < 0)
-                return client_error(c, fd, "segment %u names fd %d, which the packet lacks", s->id, s->fd_index);
+                return client_error(c, fd, "segment %u names fd %d, which the packet lacks",
+                                    s->id, s->fd_index);
         if (s->id >= CLIENT_SEGMENT_ID_MAX || !tier_valid((int) s->tier))
                 return client_error(c, -EPROTO, "segment %u (tier %d) is out of range", s->id, (int) s->tier);
 
@@ -314,7 +315,8 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
                 if (fstat(fd, &st) < 0)
                         return negative_errno();
                 if (st.st_size < 0 || (uint64_t) st.st_size < n.size)
-                        return client_error(c, -EPROTO, "segment %u is %" PRIu64 " bytes but its memfd only %lld",
+                        return client_error(c, -EPROTO,
+                                            "segment %u is %" PRIu64 " bytes but its memfd only %lld",
                                             s->id, n.size, (long long) st.st_size);
                 n.ptr = mmap(NULL, (size_t) n.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                 if (n.ptr == MAP_FAILED)
@@ -652,7 +654,8 @@ static int client_connect(tier_client *c, const char *path) {
         while (r < 0 && errno == EINTR);
         if (r < 0) {
                 r = negative_errno();
-                hint = r == -EACCES || r == -EPERM ? "is this user in the socket's group?" : "is tierd running?";
+                hint = r == -EACCES || r == -EPERM ? "is this user in the socket's group?" :
+                                                     "is tierd running?";
                 return client_error(c, r, "cannot connect to %s: %s (%s)", path, tier_strerror(r), hint);
         }
 
@@ -741,12 +744,14 @@ static int client_hello(tier_client *c, const char *job, unsigned rank) {
                         if (r < 0)
                                 goto finish;
                         c->fence_slot = hr->fence_slot;
-                        c->failed_base = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+                        c->failed_base = __atomic_load_n(&c->fence_page->failed[c->fence_slot],
+                                                         __ATOMIC_ACQUIRE);
                 }
                 if (hr->fence_eventfd >= 0) {
                         c->event_fd = packet_take_fd(&p, hr->fence_eventfd);
                         if (c->event_fd < 0) {
-                                r = client_error(c, c->event_fd, "hello names eventfd %d, which the packet lacks",
+                                r = client_error(c, c->event_fd,
+                                                 "hello names eventfd %d, which the packet lacks",
                                                  hr->fence_eventfd);
                                 goto finish;
                         }

@@ -19,6 +19,9 @@ extern "C" {
  *
  * A tier_client is one connection to tierd, i.e. one rank of one job.
  * It is not thread-safe: use one per thread, or lock around it.
+ *
+ * Once tierd announces its shutdown, requests fail with -ESHUTDOWN; once
+ * the connection is lost, with -ECONNRESET (or the error that broke it).
  */
 
 #define TIER_PROTOCOL_VERSION 1
@@ -60,11 +63,24 @@ struct tier_stat {
  * @job:    job name (1..max_name bytes, printable); NULL or "" for a control
  *          connection that may only ask for status
  * @rank:   this process's rank inside the job (informational)
+ *
+ * On failure *@ret is left alone and tier_client_last_error(NULL) says why,
+ * e.g. "cannot connect to /run/tierd/tierd.sock: No such file or directory
+ * (is tierd running?)" or the daemon's reason for refusing the job.
  */
 int tier_client_new(tier_client **ret, const char *socket, const char *job, unsigned rank);
+/*
+ * Close the connection (tierd drops its pins) and unmap everything.  Tensor
+ * handles still open are not freed but invalidated: their operations return
+ * -ENOTCONN, tier_tensor_name()/_size() keep working, and each must still be
+ * released with tier_tensor_close().  Takes NULL; returns NULL.
+ */
 tier_client *tier_client_free(tier_client *c);
 
-/* Daemon's reason text for the last failed request, or "" */
+/*
+ * Reason text for the last failed call on @c (the daemon's when it gave one),
+ * or "".  With @c NULL: why the last tier_client_new() of this thread failed.
+ */
 const char *tier_client_last_error(const tier_client *c);
 /* Name of the VRAM backend ("emulated" or "cuda") */
 const char *tier_client_vram_backend(const tier_client *c);
@@ -77,7 +93,8 @@ int tier_client_fd(const tier_client *c);
 int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret);
 /* Open an existing tensor of the job by name (e.g. made by another rank). */
 int tier_tensor_open(tier_client *c, const char *name, tier_tensor **ret);
-/* Destroy the tensor in tierd (it must not be pinned) and free the handle. */
+/* Destroy the tensor in tierd (it must not be pinned) and free the handle.
+ * On failure the handle stays valid. */
 int tier_tensor_destroy(tier_tensor *t);
 /* Free the local handle only; the tensor stays in tierd. */
 tier_tensor *tier_tensor_close(tier_tensor *t);
@@ -85,7 +102,12 @@ uint64_t tier_tensor_size(const tier_tensor *t);
 const char *tier_tensor_name(const tier_tensor *t);
 int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret);
 
-/* Pin a resident copy in @tier (bringing it there first) and map it. */
+/*
+ * Pin a resident copy in @tier (bringing it there first) and map it.  The
+ * grant's ptr stays valid until the matching tier_unpin().  Device memory of
+ * the cuda VRAM backend is not mapped by this version: ptr is NULL and
+ * device_ptr 0 for such grants.
+ */
 int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret);
 /* Asynchronous pin: the grant is valid at once, the bytes once @ret_fence is done. */
 int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence);
@@ -98,10 +120,17 @@ int tier_evict_async(tier_tensor *t, int tier, tier_fence *ret_fence);
 int tier_prefetch(tier_tensor *t, int tier);
 int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
 
-/* 1 if @f is done, 0 if not, < 0 if it failed.  Never makes a system call
- * when the fence completed without error. */
+/*
+ * Fences are numbered per connection: pass a fence only to the client that
+ * returned it (another is -EINVAL).  Fence 0 is always done.
+ *
+ * 1 if @f is done, 0 if not, < 0 if it failed (the failure's status, e.g.
+ * -EIO; tier_client_last_error() has tierd's reason).  Never makes a system
+ * call when the fence completed without error.
+ */
 int tier_fence_done(tier_client *c, tier_fence f);
-/* Wait for @f; @timeout_ms < 0 waits forever.  -ETIMEDOUT on timeout. */
+/* Wait for @f; @timeout_ms < 0 waits forever.  0 when done, -ETIMEDOUT on
+ * timeout, the fence's status if it failed, -ECONNRESET if tierd went away. */
 int tier_wait(tier_client *c, tier_fence f, int timeout_ms);
 
 /* Status of the whole daemon, formatted (caller frees *ret with free()). */
@@ -111,7 +140,9 @@ enum {
 };
 int tier_status(tier_client *c, int format, char **ret);
 
+/* Text for an error code, given as -errno or errno; thread-safe, never NULL. */
 const char *tier_strerror(int err);
+/* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);
 /* Parse "vram", "host", "nvme"; -EINVAL otherwise. */
 int tier_level_from_name(const char *s);

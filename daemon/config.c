@@ -112,6 +112,23 @@ static const struct {
         { "debug",   LOG_DEBUG },
 };
 
+static const char *const sched_policy_names[_SCHED_POLICY_MAX] = {
+        [SCHED_POLICY_TIMELINE] = "timeline",
+        [SCHED_POLICY_LRU] = "lru",
+        [SCHED_POLICY_ONDEMAND] = "ondemand",
+};
+
+const char *sched_policy_to_string(SchedPolicyKind p) {
+        return p >= 0 && p < _SCHED_POLICY_MAX ? sched_policy_names[p] : NULL;
+}
+
+SchedPolicyKind sched_policy_from_string(const char *s) {
+        for (int i = 0; s && i < _SCHED_POLICY_MAX; i++)
+                if (strcmp(sched_policy_names[i], s) == 0)
+                        return (SchedPolicyKind) i;
+        return _SCHED_POLICY_INVALID;
+}
+
 const char *vram_backend_to_string(VramBackendKind k) {
         if (k < 0 || k >= _VRAM_BACKEND_MAX)
                 return NULL;
@@ -370,6 +387,15 @@ CONFIG_PARSER(parse_vram_backend) {
         return 0;
 }
 
+CONFIG_PARSER(parse_sched_policy) {
+        SchedPolicyKind p = sched_policy_from_string(value);
+
+        if (p < 0)
+                return reason(ret_reason, "invalid policy '%s' (expected timeline, lru or ondemand)", value);
+        *(SchedPolicyKind *) field = p;
+        return 0;
+}
+
 static void config_clear_targets(Config *c) {
         for (size_t i = 0; i < c->n_targets; i++)
                 c->targets[i].path = mfree(c->targets[i].path);
@@ -443,6 +469,9 @@ static const ConfigKey config_keys[] = {
         KEY("nvme",   "queue_depth",             parse_unsigned,      nvme_queue_depth, 1, 4096),
         KEY("nvme",   "job_limit",               parse_size,          nvme_job_limit, 1, UINT64_MAX),
         KEY("nvme",   "bandwidth",               parse_size,          nvme_bandwidth, 0, UINT64_MAX),
+
+        KEY("sched",  "policy",                  parse_sched_policy,  sched_policy, 0, 0),
+        KEY("sched",  "default_weight",          parse_unsigned,      default_weight, 1, 1000),
 };
 
 static bool config_section_known(const char *section) {
@@ -467,6 +496,8 @@ void config_init(Config *c) {
                 .socket_path = strdup("/run/tierd/tierd.sock"),
                 .state_dir = strdup("/var/lib/tierd"),
                 .log_level = LOG_INFO,
+                .sched_policy = SCHED_POLICY_TIMELINE,
+                .default_weight = 1,
                 .linger_usec = 30 * UINT64_C(1000000),
                 .max_connections = 1024,
                 .max_connections_per_uid = 64,

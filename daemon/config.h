@@ -14,6 +14,14 @@ typedef enum VramBackendKind {
         _VRAM_BACKEND_INVALID = -22,
 } VramBackendKind;
 
+typedef enum SchedPolicyKind {
+        SCHED_POLICY_TIMELINE,  /* plan-driven: deadlines, Belady, write-behind, fair share */
+        SCHED_POLICY_LRU,       /* fetch on demand, evict least recently used */
+        SCHED_POLICY_ONDEMAND,  /* fetch on demand, write back and drop right after use */
+        _SCHED_POLICY_MAX,
+        _SCHED_POLICY_INVALID = -22,
+} SchedPolicyKind;
+
 typedef struct ConfigTarget {
         char *path;
         uint64_t size;          /* 0: use the block device's or existing file's size */
@@ -52,6 +60,9 @@ typedef struct Config {
         unsigned nvme_queue_depth;
         uint64_t nvme_job_limit;
         uint64_t nvme_bandwidth;        /* bytes/s per target, 0 unthrottled */
+        /* [sched] */
+        SchedPolicyKind sched_policy;
+        unsigned default_weight;        /* a job's bandwidth weight until a quota sets it */
 } Config;
 
 /* Fill @c with the built-in defaults (no targets). */
@@ -92,4 +103,6 @@ int config_finish(Config *c, char **ret_error);
  * Decimal digits only (no sign, blanks or fraction): -EINVAL, -ERANGE on overflow. */
 int config_parse_size(const char *s, uint64_t *ret);
 const char *vram_backend_to_string(VramBackendKind k);
+const char *sched_policy_to_string(SchedPolicyKind p);
+SchedPolicyKind sched_policy_from_string(const char *s);
 VramBackendKind vram_backend_from_string(const char *s);

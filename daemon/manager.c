@@ -72,7 +72,7 @@ static int host_register_buffer(Segment *seg, void *userdata) {
 }
 
 static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
-        log_notice("SIGHUP received; live reconfiguration is not implemented yet, ignoring");
+        (void) manager_reload(userdata);
         return 0;
 }
 

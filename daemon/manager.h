@@ -83,6 +83,13 @@ Manager *manager_free(Manager *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
 int manager_start(Manager *m);
 int manager_run(Manager *m);
+/*
+ * manager_reload() - re-read the configuration (SIGHUP): validate it into a
+ * new Config, apply what can change live, keep the old one if it is invalid.
+ * Implemented in reload.c.
+ */
+int manager_reload(Manager *m);
+
 /* Stop serving clients and let running transfers end (at most @timeout_usec). */
 void manager_drain(Manager *m, uint64_t timeout_usec);
 /* One line describing the tiers, for STATUS= and the start-up log. */

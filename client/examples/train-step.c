@@ -161,6 +161,19 @@ static int64_t check(const uint8_t *p, uint64_t size, unsigned tensor, unsigned 
         return -1;
 }
 
+/* The byte the pattern puts at @offset. */
+static uint8_t pattern_byte(unsigned tensor, unsigned step, uint64_t offset) {
+        uint64_t w = pattern_word(tensor, step, offset / 8);
+
+        return ((const uint8_t *) &w)[offset % 8];
+}
+
+static void report_mismatch(const uint8_t *p, unsigned tensor, unsigned step, const char *where, int64_t bad) {
+        fprintf(stderr, "train-step: tensor %u, step %u, %s: wrong byte at offset %" PRId64
+                " (expected 0x%02x, found 0x%02x)\n", tensor, step, where, bad,
+                pattern_byte(tensor, step, (uint64_t) bad), p[bad]);
+}
+
 /* Pin @i in @tier, check it holds (i, step), unpin it clean.  1 on a mismatch. */
 static int pin_and_check(unsigned i, int tier, unsigned step) {
         struct tier_grant g;
@@ -171,14 +184,13 @@ static int pin_and_check(unsigned i, int tier, unsigned step) {
         if (r < 0)
                 return fail(r, "pin", i);
         bad = check(g.ptr, g.length, i, step);
+        if (bad >= 0)
+                report_mismatch(g.ptr, i, step, tier_level_name(tier), bad);
         r = tier_unpin(tensors[i], tier, 0);
         if (r < 0)
                 return fail(r, "unpin", i);
-        if (bad >= 0) {
-                fprintf(stderr, "train-step: tensor %u, step %u, %s: wrong byte at offset %" PRId64 "\n",
-                        i, step, tier_level_name(tier), bad);
+        if (bad >= 0)
                 return 1;
-        }
         bytes_verified += g.length;
         return 0;
 }
@@ -315,14 +327,13 @@ static int vram_round_trip(unsigned last_step) {
         if (bad < 0) {
                 bytes_verified += g.length;
                 fill(g.ptr, g.length, 0, VRAM_STEP);
-        }
+        } else
+                report_mismatch(g.ptr, 0, last_step, "vram", bad);
         r = tier_unpin(tensors[0], TIER_VRAM, bad < 0);
         if (r < 0)
                 return fail(r, "unpin vram", 0);
-        if (bad >= 0) {
-                fprintf(stderr, "train-step: tensor 0 in vram: wrong byte at offset %" PRId64 "\n", bad);
+        if (bad >= 0)
                 return 1;
-        }
 
         /* The VRAM copy is dirty: evicting it must carry the new bytes all the way down. */
         r = tier_evict(tensors[0], TIER_NVME);
@@ -381,7 +392,8 @@ static int parse_argv(int argc, char **argv) {
                         break;
                 case ARG_SIZE:
                         if (parse_size(optarg, &arg_size) < 0) {
-                                fprintf(stderr, "train-step: bad --size '%s' (e.g. 4096, 64K, 16M, 1G)\n", optarg);
+                                fprintf(stderr, "train-step: bad --size '%s' (e.g. 4096, 64K, 16M, 1G)\n",
+                                        optarg);
                                 return -EINVAL;
                         }
                         break;

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: MIT */
+/* plan.h: layout of a plan page, shared by tierd and one client connection. */
+#pragma once
+
+#include <stdint.h>
+
+/*
+ * Limits on what a plan may make tierd allocate.
+ */
+#define PLAN_MAX_PHASES 4096
+#define PLAN_MAX_ACCESSES 65536
+#define PLAN_MAX_SLOTS 16384            /* distinct tensors in one plan */
+
+/* Access modes of a plan entry. */
+#define PLAN_READ 1u
+#define PLAN_WRITE 2u
+
+/*
+ * The page is a memfd mapped MAP_SHARED by both sides and writable by both.
+ * The client writes only PlanClientArea; tierd writes everything else and
+ * never trusts what it reads back: every value from the client area is
+ * range-checked, and a client that scribbles elsewhere only confuses itself.
+ *
+ * Marker protocol (tier_phase(k)):
+ *   client: phase = k, mark_ns = now; release-store marker_seq = s + 1;
+ *           write 1 to the marker eventfd (tierd wakes up; no reply)
+ *   client: wait until ready says marker s + 1 may run, i.e.
+ *           ready_seq > s + 1, or ready_seq == s + 1 and ready_phase == k
+ *           (sleeping on the connection's wakeup eventfd), or error != 0
+ *   tierd:  pins what phase k needs before it sets ready for it (as early as
+ *           the policy allows: timeline pins phase k+1 while k runs), and
+ *           unpins what the previous marker's phase used once it sees s + 1.
+ * ready packs seq and phase: ready = seq << 16 | phase (phase < 2^16).
+ */
+typedef struct PlanClientArea {
+        uint64_t marker_seq;    /* number of tier_phase() calls so far */
+        uint64_t mark_ns;       /* CLOCK_MONOTONIC of the latest marker */
+        uint64_t stall_ns;      /* total time spent waiting in tier_phase() */
+        uint32_t phase;         /* phase entered by the latest marker */
+        uint32_t pad0;
+        uint64_t reserved[4];
+} PlanClientArea;
+
+typedef struct PlanDaemonArea {
+        uint64_t ready;         /* seq << 16 | phase: that marker may run */
+        int64_t error;          /* != 0: the plan failed (-errno); markers return it */
+        uint64_t reserved[6];
+} PlanDaemonArea;
+
+/* Where a plan tensor's pinned copy is in one tier (written by tierd before ready). */
+typedef struct PlanSlot {
+        uint32_t segment;
+        uint32_t generation;
+        uint64_t offset;
+} PlanSlot;
+
+typedef struct PlanPage {
+        PlanClientArea client;
+        PlanDaemonArea daemon;
+        /* slots[2 * i + tier] for distinct tensor i (numbered in order of
+         * first appearance in the plan), tier 0 = vram, 1 = host */
+        PlanSlot slots[];
+} PlanPage;
+
+_Static_assert(sizeof(PlanClientArea) == 64, "client area is one cache line");
+_Static_assert(sizeof(PlanDaemonArea) == 64, "daemon area is one cache line");
+
+#define PLAN_READY(seq, phase) (((uint64_t) (seq) << 16) | (uint64_t) (phase))
+#define PLAN_READY_SEQ(r) ((r) >> 16)
+#define PLAN_READY_PHASE(r) ((uint32_t) ((r) & 0xffff))
+
+static inline uint64_t plan_page_size(uint32_t n_slots) {
+        uint64_t b = sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot);
+        return (b + 4095) / 4096 * 4096;
+}
