@@ -7,21 +7,25 @@
  * The program is a client of a running tierd whose NVMe tier is backed by
  * file(s) in --dir (bench/run sets that up).  It creates T tensors, pins each
  * in HOST, fills it with a pattern derived from a per-run seed, and unpins it
- * dirty.  Then, timed:
+ * dirty.  Then, in each of --repeat rounds, timed:
  *
- *   write: tier_evict_async(NVME) for every tensor, then tier_wait on every
- *          fence: the dirty host copies are written to NVMe and dropped.
- *   read:  tier_prefetch_async(HOST) for every tensor, then wait on all.
+ *   write:     tier_evict_async(NVME) for every tensor, then tier_wait on
+ *              every fence: the dirty host copies are written to NVMe and
+ *              dropped.
+ *   read:      tier_prefetch_async(HOST) for every tensor, then wait on all.
+ *   fio write, fio read: the baseline (below).
  *
- * After the read pass it pins each tensor again and checks sample words of
- * every 1 MiB of it (or every word with --verify-all), so a fast but wrong
- * data path shows as "verified":false.
+ * Rounds after the first re-pin and unpin every tensor dirty first, so that
+ * each write pass writes everything again.  After the last round it pins
+ * each tensor and checks sample words of every 1 MiB (every word with
+ * --verify-all), so a fast but wrong data path shows as "verified":false.
  *
- * The baseline is fio, run by this program in the same run on the same
- * directory with the same byte count, 1 MiB blocks, io_uring and O_DIRECT,
- * first --rw=write then --rw=read of the file just written.  The ratios say
- * how much of the raw drive bandwidth tierd delivers.  Nothing is asserted:
- * the figures and the baseline are printed as one JSON line on stdout.
+ * The baseline is fio on the same directory with the same byte count, 1 MiB
+ * blocks, io_uring and O_DIRECT: --rw=write, then --rw=read of the file just
+ * written.  tierd and fio alternate inside each round so that drift of the
+ * device hits both alike; the figures are the medians of the rounds, and the
+ * ratios say how much of the raw drive bandwidth tierd delivers.  Nothing is
+ * asserted: figures and baseline are printed as one JSON line on stdout.
  */
 
 #include <errno.h>
@@ -32,7 +36,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,13 +48,15 @@
 #include "bench/common.h"
 #include "proto/macro.h"
 
-/* Words checked per MiB of a tensor after the read pass: first, last, one inside. */
+/* Verification unit: of each MiB of a tensor, the first, the last and one random word are checked. */
 #define VERIFY_STRIDE (UINT64_C(1) << 20)
-/* fio settings of the baseline: the extent size of the bench config, a deep queue. */
+/* fio settings of the baseline: the extent size of bench/run's config, a deep queue. */
 #define FIO_BS "1M"
 #define FIO_IODEPTH 32
 /* fio's JSON report is a few KiB; anything much larger is not what we asked for. */
 #define FIO_REPORT_MAX (UINT64_C(16) << 20)
+/* Most rounds of --repeat. */
+#define MAX_REPEAT 100
 
 typedef struct Args {
         const char *socket;
@@ -58,6 +66,7 @@ typedef struct Args {
         uint64_t total;
         uint64_t tensor_size;
         uint64_t targets;
+        uint64_t repeat;
         bool verify_all;
         bool no_fio;
 } Args;
@@ -170,7 +179,8 @@ static int read_file(const char *path, char **ret) {
 }
 
 /*
- * run_fio() - one fio pass over @bytes of <dir>/fio-bench.dat; *ret_bps in bytes/s.
+ * run_fio() - one fio pass (@rw: "write" or "read") over a->total bytes of
+ * <dir>/fio-bench.dat; *ret_bps in bytes/s.
  * fio's own messages go to stderr; its JSON report to a file that is removed.
  */
 static int run_fio(const Args *a, const char *rw, uint64_t *ret_bps) {
@@ -202,14 +212,14 @@ static int run_fio(const Args *a, const char *rw, uint64_t *ret_bps) {
         argv[n++] = output;
         argv[n] = NULL;
 
-        bench_log("fio %s of %" PRIu64 " bytes in %s", rw, a->total, a->dir);
         fflush(stderr);
         pid = fork();
         if (pid < 0)
                 return negative_errno();
         if (pid == 0) {
-                /* Keep our stdout for the one JSON line. */
+                /* Keep our stdout for the one JSON line; die with us (bench/run interrupted). */
                 (void) dup2(STDERR_FILENO, STDOUT_FILENO);
+                (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
                 execvp(argv[0], argv);
                 fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
                 _exit(127);
@@ -299,7 +309,7 @@ static int count_present(Run *run, int tier, size_t *ret) {
         return 0;
 }
 
-/* Issue @op for every tensor, then wait for every fence; *ret_ns is the wall time. */
+/* Evict (or prefetch) every tensor, then wait for every fence; *ret_ns is the wall time. */
 static int timed_pass(Run *run, bool evict, uint64_t *ret_ns) {
         uint64_t t0 = bench_now_ns();
         int r;
@@ -400,14 +410,16 @@ static void usage(void) {
                 "  --job NAME          job name (default bench-io-PID)\n"
                 "  --fio PATH          fio binary (default fio)\n"
                 "  --no-fio            skip the fio baseline (its fields are null)\n"
-                "  --verify-all        check every word after the read pass, not a sample\n"
+                "  --repeat N          rounds of tierd write+read and fio write+read (default 3);\n"
+                "                      the figures are medians\n"
+                "  --verify-all        check every word after the last read pass, not a sample\n"
                 "Prints one JSON line on stdout; progress on stderr.\n",
                 program_invocation_short_name);
 }
 
 static int parse_args(int argc, char **argv, Args *a) {
         enum { ARG_SOCKET = 0x100, ARG_DIR, ARG_TOTAL, ARG_TENSOR_SIZE, ARG_TARGETS, ARG_JOB, ARG_FIO,
-               ARG_NO_FIO, ARG_VERIFY_ALL };
+               ARG_NO_FIO, ARG_VERIFY_ALL, ARG_REPEAT };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -419,6 +431,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "fio", required_argument, NULL, ARG_FIO },
                 { "no-fio", no_argument, NULL, ARG_NO_FIO },
                 { "verify-all", no_argument, NULL, ARG_VERIFY_ALL },
+                { "repeat", required_argument, NULL, ARG_REPEAT },
                 {}
         };
         int c, r;
@@ -467,6 +480,13 @@ static int parse_args(int argc, char **argv, Args *a) {
                 case ARG_VERIFY_ALL:
                         a->verify_all = true;
                         break;
+                case ARG_REPEAT:
+                        r = bench_parse_uint(optarg, 1, MAX_REPEAT, &a->repeat);
+                        if (r < 0) {
+                                bench_log("bad --repeat \"%s\" (1..%d)", optarg, MAX_REPEAT);
+                                return -EINVAL;
+                        }
+                        break;
                 default:
                         return -EINVAL;
                 }
@@ -486,24 +506,102 @@ static int parse_args(int argc, char **argv, Args *a) {
         return 0;
 }
 
+/* Mark every tensor's host copy dirty again, so that the next evict writes it. */
+static int dirty_all(Run *run) {
+        for (size_t i = 0; i < run->n; i++) {
+                struct tier_grant g;
+                int r;
+
+                r = tier_pin(run->tensors[i], TIER_HOST, &g);
+                if (r < 0) {
+                        log_tier_error(run->client, r, "pin in host", tier_tensor_name(run->tensors[i]));
+                        return r;
+                }
+                r = tier_unpin(run->tensors[i], TIER_HOST, 1);
+                if (r < 0) {
+                        log_tier_error(run->client, r, "unpin", tier_tensor_name(run->tensors[i]));
+                        return r;
+                }
+        }
+        return 0;
+}
+
+/* One repetition: tierd write and read, then fio write and read; GB/s into the arrays. */
+static int one_round(const Args *a, Run *run, unsigned k, double *tw, double *tr, double *fw, double *fr,
+                     size_t *nvme_before, size_t *host_after) {
+        uint64_t ns, bps;
+        size_t n;
+        int r;
+
+        if (k > 0) {
+                r = dirty_all(run);
+                if (r < 0)
+                        return r;
+        }
+        /* A copy already on NVMe (write-behind) would make the write figure too good. */
+        r = count_present(run, TIER_NVME, &n);
+        if (r < 0)
+                return r;
+        if (n > 0)
+                bench_log("%zu tensors already have an NVMe copy before the write pass", n);
+        *nvme_before = MAX(*nvme_before, n);
+
+        r = timed_pass(run, true, &ns);
+        if (r < 0)
+                return r;
+        tw[k] = gbps(a->total, ns);
+
+        /* A host copy that survived eviction would make the read figure meaningless. */
+        r = count_present(run, TIER_HOST, &n);
+        if (r < 0)
+                return r;
+        if (n > 0)
+                bench_log("%zu tensors still have a host copy after eviction", n);
+        *host_after = MAX(*host_after, n);
+
+        r = timed_pass(run, false, &ns);
+        if (r < 0)
+                return r;
+        tr[k] = gbps(a->total, ns);
+        bench_log("round %u: tierd write %.3f GB/s, read %.3f GB/s", k + 1, tw[k], tr[k]);
+
+        if (a->no_fio)
+                return 0;
+        r = run_fio(a, "write", &bps);
+        if (r < 0)
+                return r;
+        fw[k] = bps / 1e9;
+        r = run_fio(a, "read", &bps);
+        if (r < 0)
+                return r;
+        fr[k] = bps / 1e9;
+        bench_log("round %u: fio   write %.3f GB/s, read %.3f GB/s", k + 1, fw[k], fr[k]);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         Args a = {
                 .fio = "fio",
                 .total = UINT64_C(1) << 30,
                 .tensor_size = UINT64_C(16) << 20,
                 .targets = 1,
+                .repeat = 3,
         };
         Run run = {};
         char job[64], name[32];
-        uint64_t write_ns = 0, read_ns = 0, fio_write_bps = 0, fio_read_bps = 0, verified_words = 0;
+        double tw[MAX_REPEAT], tr[MAX_REPEAT], fw[MAX_REPEAT], fr[MAX_REPEAT];
+        double write_gbps, read_gbps, fio_write_gbps = NAN, fio_read_gbps = NAN;
+        uint64_t verified_words = 0;
         size_t nvme_before = 0, host_after = 0;
         bool verified = false;
+        unsigned rounds;
         BenchJson j;
         int r;
 
         r = parse_args(argc, argv, &a);
         if (r < 0)
                 return 2;
+        rounds = (unsigned) a.repeat;
         if (!a.job) {
                 (void) snprintf(job, sizeof(job), "bench-io-%ld", (long) getpid());
                 a.job = job;
@@ -525,8 +623,8 @@ int main(int argc, char **argv) {
                 return 1;
         }
 
-        bench_log("%zu tensors of %" PRIu64 " bytes, job %s, vram backend %s", run.n, a.tensor_size, a.job,
-                  tier_client_vram_backend(run.client));
+        bench_log("%zu tensors of %" PRIu64 " bytes, job %s, vram backend %s, %u round(s)", run.n,
+                  a.tensor_size, a.job, tier_client_vram_backend(run.client), rounds);
         for (size_t i = 0; i < run.n; i++) {
                 (void) snprintf(name, sizeof(name), "io-%05zu", i);
                 r = tier_tensor_create(run.client, name, a.tensor_size, &run.tensors[i]);
@@ -536,38 +634,21 @@ int main(int argc, char **argv) {
                 }
         }
 
-        bench_log("filling");
         r = fill_all(&run, a.tensor_size);
         if (r < 0)
                 goto finish;
-        /* A copy already on NVMe (write-behind) would make the write figure too good. */
-        r = count_present(&run, TIER_NVME, &nvme_before);
-        if (r < 0)
-                goto finish;
-        if (nvme_before > 0)
-                bench_log("%zu tensors already have an NVMe copy before the write pass", nvme_before);
 
-        bench_log("write pass: evict to nvme");
-        r = timed_pass(&run, true, &write_ns);
-        if (r < 0)
-                goto finish;
-        /* A host copy that survived eviction would make the read figure meaningless. */
-        r = count_present(&run, TIER_HOST, &host_after);
-        if (r < 0)
-                goto finish;
-        if (host_after > 0)
-                bench_log("%zu tensors still have a host copy after eviction", host_after);
-
-        bench_log("read pass: prefetch to host");
-        r = timed_pass(&run, false, &read_ns);
-        if (r < 0)
-                goto finish;
+        /* tierd and fio alternate, so that drift of the device hits both alike. */
+        for (unsigned k = 0; k < rounds; k++) {
+                r = one_round(&a, &run, k, tw, tr, fw, fr, &nvme_before, &host_after);
+                if (r < 0)
+                        goto finish;
+        }
 
         r = verify_tensors(&run, a.tensor_size, a.verify_all, &verified, &verified_words);
         if (r < 0)
                 goto finish;
-        bench_log("tierd: write %.3f GB/s, read %.3f GB/s, verified %s", gbps(a.total, write_ns),
-                  gbps(a.total, read_ns), verified ? "yes" : "NO");
+        bench_log("verified %" PRIu64 " words: %s", verified_words, verified ? "yes" : "NO");
 
 finish:
         for (size_t i = 0; i < run.n; i++)
@@ -579,47 +660,44 @@ finish:
         run.client = tier_client_free(run.client);
         free(run.tensors);
         free(run.fences);
+        if (!a.no_fio) {
+                _cleanup_free_ char *path = NULL;
+
+                if (asprintf(&path, "%s/fio-bench.dat", a.dir) >= 0)
+                        (void) unlink(path);
+        }
         if (r < 0)
                 return 1;
-
-        /* The baseline runs while tierd is idle, after its files are written. */
-        if (!a.no_fio) {
-                char path[4096];
-
-                r = run_fio(&a, "write", &fio_write_bps);
-                if (r >= 0)
-                        r = run_fio(&a, "read", &fio_read_bps);
-                if ((size_t) snprintf(path, sizeof(path), "%s/fio-bench.dat", a.dir) < sizeof(path))
-                        (void) unlink(path);
-                if (r < 0)
-                        return 1;
-                bench_log("fio: write %.3f GB/s, read %.3f GB/s", fio_write_bps / 1e9, fio_read_bps / 1e9);
-        }
 
         bench_json_init(&j, "io");
         bench_json_u64(&j, "bytes", a.total);
         bench_json_u64(&j, "tensors", run.n);
         bench_json_u64(&j, "tensor_size", a.tensor_size);
         bench_json_u64(&j, "targets", a.targets);
-        bench_json_double(&j, "write_gbps", gbps(a.total, write_ns));
-        bench_json_double(&j, "read_gbps", gbps(a.total, read_ns));
-        bench_json_double(&j, "write_s", write_ns / 1e9);
-        bench_json_double(&j, "read_s", read_ns / 1e9);
-        if (a.no_fio) {
-                bench_json_double(&j, "fio_write_gbps", NAN);
-                bench_json_double(&j, "fio_read_gbps", NAN);
-                bench_json_double(&j, "write_ratio", NAN);
-                bench_json_double(&j, "read_ratio", NAN);
-        } else {
-                bench_json_double(&j, "fio_write_gbps", fio_write_bps / 1e9);
-                bench_json_double(&j, "fio_read_gbps", fio_read_bps / 1e9);
-                bench_json_double(&j, "write_ratio", fio_write_bps ? gbps(a.total, write_ns) * 1e9 / fio_write_bps : NAN);
-                bench_json_double(&j, "read_ratio", fio_read_bps ? gbps(a.total, read_ns) * 1e9 / fio_read_bps : NAN);
+        bench_json_u64(&j, "rounds", rounds);
+        /* Medians of the rounds; the rounds themselves follow. */
+        write_gbps = bench_median(tw, rounds);
+        read_gbps = bench_median(tr, rounds);
+        if (!a.no_fio) {
+                fio_write_gbps = bench_median(fw, rounds);
+                fio_read_gbps = bench_median(fr, rounds);
         }
+        bench_json_double(&j, "write_gbps", write_gbps);
+        bench_json_double(&j, "read_gbps", read_gbps);
+        bench_json_double(&j, "fio_write_gbps", fio_write_gbps);
+        bench_json_double(&j, "fio_read_gbps", fio_read_gbps);
+        bench_json_double(&j, "write_ratio", write_gbps / fio_write_gbps);
+        bench_json_double(&j, "read_ratio", read_gbps / fio_read_gbps);
         bench_json_bool(&j, "verified", verified);
         bench_json_u64(&j, "verified_words", verified_words);
         bench_json_u64(&j, "nvme_copies_before_write", nvme_before);
         bench_json_u64(&j, "host_copies_after_evict", host_after);
+        bench_json_double_array(&j, "write_gbps_rounds", tw, rounds);
+        bench_json_double_array(&j, "read_gbps_rounds", tr, rounds);
+        if (!a.no_fio) {
+                bench_json_double_array(&j, "fio_write_gbps_rounds", fw, rounds);
+                bench_json_double_array(&j, "fio_read_gbps_rounds", fr, rounds);
+        }
         bench_json_string(&j, "fio_bs", FIO_BS);
         bench_json_u64(&j, "fio_iodepth", FIO_IODEPTH);
         r = bench_json_print(&j);

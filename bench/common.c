@@ -161,6 +161,25 @@ double bench_percentile_us(uint64_t *ns, size_t n, double p) {
         return (double) ns[rank - 1] / 1e3;
 }
 
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+double bench_median(const double *v, size_t n) {
+        _cleanup_free_ double *s = NULL;
+
+        if (n == 0)
+                return NAN;
+        s = malloc(n * sizeof(*s));
+        if (!s)
+                return NAN;
+        memcpy(s, v, n * sizeof(*s));
+        qsort(s, n, sizeof(*s), cmp_double);
+        return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
 static void json_append(BenchJson *j, const char *fmt, ...) _printf_(2, 3);
 static void json_append(BenchJson *j, const char *fmt, ...) {
         va_list ap;
@@ -223,6 +242,20 @@ void bench_json_double(BenchJson *j, const char *key, double v) {
                 json_append(j, "%.6g", v);
         else
                 json_append(j, "null");
+}
+
+void bench_json_double_array(BenchJson *j, const char *key, const double *v, size_t n) {
+        json_key(j, key);
+        json_append(j, "[");
+        for (size_t i = 0; i < n; i++) {
+                if (i > 0)
+                        json_append(j, ",");
+                if (isfinite(v[i]))
+                        json_append(j, "%.6g", v[i]);
+                else
+                        json_append(j, "null");
+        }
+        json_append(j, "]");
 }
 
 void bench_json_bool(BenchJson *j, const char *key, bool v) {

@@ -41,6 +41,9 @@ int bench_connect(tier_client **ret, const char *socket, const char *job, unsign
  */
 double bench_percentile_us(uint64_t *ns, size_t n, double p);
 
+/* Median of @n values; NAN when @n is 0. */
+double bench_median(const double *v, size_t n);
+
 /* One JSON object on one line, built field by field, printed at the end. */
 typedef struct BenchJson {
         char buf[4096];
@@ -53,6 +56,7 @@ void bench_json_u64(BenchJson *j, const char *key, uint64_t v);
 void bench_json_i64(BenchJson *j, const char *key, int64_t v);
 /* Non-finite values are written as null. */
 void bench_json_double(BenchJson *j, const char *key, double v);
+void bench_json_double_array(BenchJson *j, const char *key, const double *v, size_t n);
 void bench_json_bool(BenchJson *j, const char *key, bool v);
 void bench_json_string(BenchJson *j, const char *key, const char *v);
 /* Print the object and a newline on stdout; -ENOBUFS if it did not fit. */

@@ -195,6 +195,8 @@ static void status_json(FILE *f, const Tier__StatusReply *s) {
         fputs(",\"uptime_s\":", f);
         json_double(f, s->uptime_s);
         fprintf(f, ",\"connections\":%" PRIu32, s->connections);
+        fputs(",\"policy\":", f);
+        json_string(f, s->policy ? s->policy : "");
 
         fputs(",\"tiers\":[", f);
         sep = "";
@@ -253,9 +255,26 @@ static void status_json(FILE *f, const Tier__StatusReply *s) {
                 fprintf(f, ",\"uid\":%" PRIu32 ",\"connections\":%" PRIu32 ",\"tensors\":%" PRIu32
                         ",\"linger_left_s\":", j->uid, j->connections, j->tensors);
                 json_double(f, j->linger_left_s);
-                fputc(',', f);
+                fprintf(f, ",\"weight\":%" PRIu32 ",", j->weight);
                 json_usage(f, j);
-                fputc('}', f);
+                fputs(",\"plans\":[", f);
+                for (size_t k = 0; k < j->n_plans; k++) {
+                        const Tier__PlanStatus *ps = j->plans[k];
+
+                        fprintf(f, "%s{\"phase\":%" PRIu32 ",\"phases\":%" PRIu32 ",\"iterations\":%" PRIu64
+                                ",\"step_s\":", k ? "," : "", ps->phase, ps->phases, ps->iterations);
+                        json_double(f, ps->step_s);
+                        fputs(",\"stall_s\":", f);
+                        json_double(f, ps->stall_s);
+                        fputs(",\"step_bytes\":{", f);
+                        for (size_t l = 0; l < ps->n_step_links; l++) {
+                                fprintf(f, "%s", l ? "," : "");
+                                json_string(f, ps->step_links[l]->name);
+                                fprintf(f, ":%" PRIu64, ps->step_links[l]->bytes);
+                        }
+                        fputs("}}", f);
+                }
+                fputs("]}", f);
         }
         fputs("]}\n", f);
 }
@@ -511,6 +530,41 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 if (t.error < 0)
                         goto finish;
                 table_print(f, &t);
+                table_done(&t);
+
+                /* Plans: where each rank is on the timeline and what a step costs */
+                t = (Table) { .n_cols = 9, .align = "llrrrrrrr" };
+                table_cell(&t, "PLAN OF");
+                table_cell(&t, "PHASE");
+                table_cell(&t, "STEPS");
+                table_cell(&t, "STEP");
+                table_cell(&t, "STALL/STEP");
+                table_cell(&t, "NVME->HOST");
+                table_cell(&t, "HOST->NVME");
+                table_cell(&t, "HOST->VRAM");
+                table_cell(&t, "VRAM->HOST");
+                for (size_t i = 0; i < s->n_jobs; i++) {
+                        const Tier__JobStatus *j = s->jobs[i];
+
+                        for (size_t k = 0; j && k < j->n_plans; k++) {
+                                const Tier__PlanStatus *ps = j->plans[k];
+
+                                table_cell(&t, "%s", j->name ? j->name : "");
+                                table_cell(&t, "%" PRIu32 "/%" PRIu32, ps->phase, ps->phases);
+                                table_cell(&t, "%" PRIu64, ps->iterations);
+                                table_cell(&t, "%.3f s", ps->step_s);
+                                table_cell(&t, "%.3f s", ps->stall_s);
+                                for (size_t l = 0; l < 4; l++)
+                                        table_cell(&t, "%s", l < ps->n_step_links ?
+                                                   format_bytes(a, sizeof(a), ps->step_links[l]->bytes) : "-");
+                        }
+                }
+                if (t.n_cells > t.n_cols) {
+                        fprintf(f, "\nscheduling policy: %s; per step:\n", s->policy ? s->policy : "?");
+                        if (t.error < 0)
+                                goto finish;
+                        table_print(f, &t);
+                }
         }
 
 finish:

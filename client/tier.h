@@ -141,6 +141,58 @@ enum {
 int tier_status(tier_client *c, int format, char **ret);
 
 /* Text for an error code, given as -errno or errno; thread-safe, never NULL. */
+/* ---- iteration plans (the shared scheduling timeline) ---------------------- */
+
+/*
+ * A plan is the cyclic list of phases one training step goes through
+ * (forward of each layer, backward, optimizer...), each naming the tensors
+ * it touches, the tier it needs them in and how.  tierd learns how long
+ * each phase takes and moves data ahead of time so that tier_phase()
+ * rarely waits.  One plan per client (rank).
+ */
+typedef struct tier_plan tier_plan;
+
+enum tier_access {
+        TIER_READ = 1,
+        TIER_WRITE = 2,
+        TIER_READ_WRITE = 3,
+};
+
+int tier_plan_new(tier_client *c, tier_plan **ret);
+/* Free a plan that was not submitted (a submitted plan belongs to its client). */
+tier_plan *tier_plan_free(tier_plan *p);
+/* Phase @phase (counted from 0; phases form a cycle) needs @t in @tier (TIER_VRAM or TIER_HOST). */
+int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tier, int mode);
+/*
+ * Send the plan.  tierd refuses one that cannot run within the job's quota
+ * (-ENOSPC, with the phases and bytes in tier_client_last_error()).  On
+ * success the plan belongs to the client and @p must not be used again.
+ */
+int tier_plan_submit(tier_plan *p);
+/*
+ * Enter phase @phase: what the previous phase used is released (written
+ * tensors as dirty) and what @phase needs is pinned.  Costs a shared-memory
+ * write and one eventfd write; waits only while tierd is still bringing
+ * data.  Returns 0, or the plan's error.
+ */
+int tier_phase(tier_client *c, unsigned phase);
+/* Where @t, pinned in @tier for the current phase, is mapped. */
+int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret);
+/* Seconds this client has waited in tier_phase() so far. */
+double tier_phase_stall(const tier_client *c);
+
+/* ---- quotas ------------------------------------------------------------------ */
+
+struct tier_quota {
+        uint64_t limit[TIER_LEVEL_MAX];         /* bytes per tier; 0 = unchanged on set */
+        unsigned weight;                        /* share of the links; 0 = unchanged on set */
+};
+
+/* Quota of @job (NULL: the client's own job). */
+int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret);
+/* Needs root or membership of group tier-admin. */
+int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *q);
+
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);

@@ -7,18 +7,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/manager.h"
+#include "daemon/reload.h"
 #include "daemon/server.h"
 #include "daemon/vram.h"
 #include "proto/macro.h"
-
-/* How long a stop waits for transfers in flight. */
-#define DRAIN_TIMEOUT_USEC (10ull * 1000000ull)
 
 static const char *arg_config = NULL;
 static const char *arg_socket = NULL;
@@ -111,16 +111,6 @@ static int parse_argv(int argc, char *argv[]) {
         return 0;
 }
 
-static int set_string(char **p, const char *v) {
-        char *s = strdup(v);
-
-        if (!s)
-                return -ENOMEM;
-        free(*p);
-        *p = s;
-        return 0;
-}
-
 static void print_config(const Config *c) {
         printf("[daemon]\nsocket = %s\nstate_dir = %s\nlog_level = %s\nlinger_sec = %" PRIu64 "\n"
                "max_connections = %u\nmax_connections_per_uid = %u\n\n",
@@ -145,13 +135,66 @@ static void print_config(const Config *c) {
                c->nvme_extent_size, c->nvme_queue_depth, c->nvme_job_limit, c->nvme_bandwidth);
 }
 
+/* Sent when run() returns after READY=1, whatever the path; a repeated STOPPING=1 is harmless. */
+static void notify_stopping(const char **p) {
+        if (*p)
+                (void) sd_notify(false, *p);
+}
+
+/*
+ * The listening socket passed by the service manager (LISTEN_FDS), if any:
+ * the first AF_UNIX SOCK_SEQPACKET listener.  Any other fd passed is closed
+ * with a warning, so none leaks into the daemon.  A single fd of the wrong
+ * type is returned anyway, for server_listen() to refuse with its reason.
+ * Returns the fd (owned by the caller), -1 for none, or -errno.
+ */
+static int inherit_listen_fd(void) {
+        char **names = NULL;
+        int n, fd = -1;
+
+        n = sd_listen_fds_with_names(true, &names);
+        if (n < 0)
+                return log_error_errno(n, "Cannot read the sockets passed by the service manager: %m");
+        for (int i = 0; i < n; i++)
+                if (fd < 0 && sd_is_socket_unix(SD_LISTEN_FDS_START + i, SOCK_SEQPACKET, 1, NULL, 0) > 0)
+                        fd = SD_LISTEN_FDS_START + i;
+        if (fd < 0 && n == 1)
+                fd = SD_LISTEN_FDS_START;
+        for (int i = 0; i < n; i++) {
+                if (SD_LISTEN_FDS_START + i != fd) {
+                        log_warning("Closing fd %d (\"%s\") passed by the service manager: not a listening "
+                                    "SOCK_SEQPACKET socket, or not the first one, ignoring",
+                                    SD_LISTEN_FDS_START + i, names && names[i] ? names[i] : "?");
+                        safe_close(SD_LISTEN_FDS_START + i);
+                }
+                if (names)
+                        free(names[i]);
+        }
+        free(names);
+        return fd;
+}
+
+/* The path a listening socket is bound to, for messages. */
+static const char *socket_path_of(int fd, char *buf, size_t size) {
+        struct sockaddr_un sa = {};
+        socklen_t l = sizeof(sa);
+
+        if (getsockname(fd, (struct sockaddr *) &sa, &l) < 0 || l <= offsetof(struct sockaddr_un, sun_path) ||
+            sa.sun_path[0] == '\0')
+                return "an inherited socket";
+        snprintf(buf, size, "%.*s (inherited)", (int) (l - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
+        return buf;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
+        _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
         _cleanup_free_ char *err = NULL;
+        ManagerArgs args;
         Config config;
         sigset_t ss;
-        int inherited = -1, n, r;
-        char status[512];
+        int inherited, r;
+        char status[512], where[sizeof(((struct sockaddr_un *) NULL)->sun_path) + 16];
 
         r = parse_argv(argc, argv);
         if (r != 0)
@@ -159,20 +202,18 @@ static int run(int argc, char *argv[]) {
 
         log_setup(arg_log_target);
 
-        r = config_load_files(&config, arg_config ? arg_config : TIERD_DEFAULT_CONFIG, arg_config != NULL, &err);
-        if (r >= 0 && arg_socket)
-                r = set_string(&config.socket_path, arg_socket);
-        if (r >= 0 && arg_state_dir)
-                r = set_string(&config.state_dir, arg_state_dir);
-        if (r >= 0)
-                r = config_finish(&config, &err);
+        args = (ManagerArgs) {
+                .config_path = arg_config ? arg_config : TIERD_DEFAULT_CONFIG,
+                .config_must_exist = arg_config != NULL,
+                .socket_path = arg_socket,
+                .state_dir = arg_state_dir,
+                .log_level = arg_log_level,
+        };
+        r = manager_config_load(&args, &config, &err);
         if (r < 0) {
                 log_error("%s", err ? err : strerror(-r));
-                config_deinit(&config);         /* harmless after a failed load */
                 return 1;
         }
-        if (arg_log_level >= 0)
-                config.log_level = arg_log_level;
         log_set_level(config.log_level);
 
         if (arg_check_config) {
@@ -181,22 +222,11 @@ static int run(int argc, char *argv[]) {
                 return EXIT_SUCCESS;
         }
 
-        /* socket activation: at most one SOCK_SEQPACKET listener */
-        n = sd_listen_fds(true);
-        if (n < 0) {
-                log_error_errno(n, "Cannot read LISTEN_FDS: %m");
+        inherited = inherit_listen_fd();
+        if (inherited < -1) {
                 config_deinit(&config);
                 return 1;
         }
-        if (n > 1) {
-                log_error("Expected at most one socket from the service manager, got %d", n);
-                for (int i = 0; i < n; i++)
-                        safe_close(SD_LISTEN_FDS_START + i);
-                config_deinit(&config);
-                return 1;
-        }
-        if (n == 1)
-                inherited = SD_LISTEN_FDS_START;
 
         if (mkdir(config.state_dir, 0750) < 0 && errno != EEXIST) {
                 log_error_errno(errno, "Cannot create state directory \"%s\": %m", config.state_dir);
@@ -218,7 +248,16 @@ static int run(int argc, char *argv[]) {
                 safe_close(inherited);
                 return 1;
         }
-        r = server_listen(m->server, inherited, m->config.socket_path);
+        r = manager_set_args(m, &args);
+        if (r < 0) {
+                safe_close(inherited);
+                log_error_errno(r, "Out of memory");
+                return 1;
+        }
+        if (inherited >= 0 && strcmp(m->config.socket_path, TIERD_DEFAULT_SOCKET) != 0)
+                log_info("Serving on the socket passed by the service manager; [daemon] socket \"%s\" is not used",
+                         m->config.socket_path);
+        r = server_listen(m->server, inherited, m->config.socket_path);         /* consumes inherited */
         if (r < 0)
                 return 1;
         r = manager_start(m);
@@ -227,18 +266,17 @@ static int run(int argc, char *argv[]) {
 
         manager_status_line(m, status, sizeof(status));
         log_info("tierd %s ready on %s: %s%s", TIERD_VERSION,
-                 inherited >= 0 ? "an inherited socket" : m->config.socket_path, status,
+                 inherited >= 0 ? socket_path_of(inherited, where, sizeof(where)) : m->config.socket_path, status,
                  m->vram->emulated ? " [VRAM IS EMULATED]" : "");
         (void) sd_notifyf(false, "READY=1\nSTATUS=%s", status);
+        notify_stop = "STOPPING=1";
 
         r = manager_run(m);
-        (void) sd_notify(false, "STOPPING=1\nSTATUS=stopping");
         if (r < 0) {
                 log_error_errno(r, "Event loop failed: %m");
                 return 1;
         }
-        log_info("Stopping");
-        manager_drain(m, DRAIN_TIMEOUT_USEC);
+        log_info("Stopped");
         return EXIT_SUCCESS;
 }
 

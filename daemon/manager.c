@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-daemon.h>
 #include <time.h>
 
 #include "daemon/log.h"
@@ -71,6 +72,8 @@ static int host_register_buffer(Segment *seg, void *userdata) {
         return uring_set_buffer(m->uring, seg->id, seg->map, seg->pool->seg_size);
 }
 
+static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata);
+
 static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
         (void) manager_reload(userdata);
         return 0;
@@ -106,9 +109,9 @@ int manager_new(Manager **ret, Config *config) {
         r = sd_event_new(&m->event);
         if (r < 0)
                 return log_error_errno(r, "Cannot create the event loop: %m");
-        r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, NULL, NULL);
+        r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, on_stop_signal, m);
         if (r >= 0)
-                r = sd_event_add_signal(m->event, &m->sigint, SIGINT, NULL, NULL);
+                r = sd_event_add_signal(m->event, &m->sigint, SIGINT, on_stop_signal, m);
         if (r >= 0)
                 r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_sighup, m);
         if (r < 0)
@@ -201,31 +204,118 @@ int manager_start(Manager *m) {
         return 0;
 }
 
-void manager_drain(Manager *m, uint64_t timeout_usec) {
-        uint64_t until = now_usec() + timeout_usec;
+/* ---- stopping ------------------------------------------------------------------------ */
 
-        m->stopping = true;
-        if (m->server)
-                server_broadcast_shutdown(m->server, "tierd is stopping");
-        /* clients go first: their ops are cancelled, their pins dropped */
-        m->server = server_free(m->server);
-        while (m->n_xfers > 0 && now_usec() < until) {
-                int r = sd_event_run(m->event, 100000);
-                if (r < 0)
-                        break;
+/*
+ * SIGTERM and SIGINT start a drain inside the loop instead of leaving it at
+ * once: after sd_event_exit() the loop dispatches nothing but exit sources
+ * (and sd_event_run() on a finished loop is -ESTALE), so transfers could
+ * not complete and queued packets could not be written any more.
+ */
+
+/* How long a stop waits for running transfers and for clients to read their last packets. */
+#define MANAGER_DRAIN_USEC (10ull * 1000000ull)
+
+static bool drain_done(Manager *m) {
+        return m->n_xfers == 0 && (!m->server || server_n_conns(m->server) == 0);
+}
+
+/* After every loop iteration of the drain. */
+static int on_drain_post(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+
+        if (!drain_done(m))
+                return 0;
+        log_debug("Drained: no transfer in flight, no client left");
+        return sd_event_exit(m->event, 0);
+}
+
+static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+
+        log_warning("Stopping with %u transfer(s) still in flight and %u client(s) not done reading after "
+                    "%" PRIu64 " ms, ignoring", m->n_xfers, m->server ? server_n_conns(m->server) : 0,
+                    m->drain_usec / 1000);
+        return sd_event_exit(m->event, 0);
+}
+
+static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+        const char *sig = si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM";
+
+        if (m->stopping) {
+                log_notice("%s received again, stopping without waiting any longer", sig);
+                return sd_event_exit(m->event, 0);
         }
-        if (m->n_xfers > 0)
-                log_warning("Stopping with %u transfer(s) still in flight after %" PRIu64 " ms",
-                            m->n_xfers, timeout_usec / 1000);
+        log_info("%s received, stopping", sig);
+        manager_drain(m, MANAGER_DRAIN_USEC);
+        return 0;
+}
+
+void manager_drain(Manager *m, uint64_t timeout_usec) {
+        uint64_t now = 0;
+        int r;
+
+        if (m->stopping)
+                return;
+        m->stopping = true;
+        m->drain_usec = timeout_usec;
+        (void) sd_notifyf(false, "STOPPING=1\nSTATUS=Stopping: %u transfer(s) in flight, %u connection(s)",
+                          m->n_xfers, m->server ? server_n_conns(m->server) : 0);
+
+        /*
+         * Persistent state: there is none to write yet.  Quotas set at run
+         * time live only in their Job (they are not kept under state_dir
+         * yet), and tensors do not outlive tierd: their NVMe extents are not
+         * indexed on disk, so the backing targets are scratch space.  When
+         * either changes, the state is written here, before the loop exits.
+         */
+
+        if (m->server) {
+                /* no more accept()s; Event.shutdown queued to every client */
+                server_broadcast_shutdown(m->server, "tierd is stopping");
+                list_for_each_safe(n, tmp, server_conns(m->server)) {
+                        Conn *c = list_entry(n, Conn, link);
+
+                        /*
+                         * Read no more requests; write what is queued (the shutdown
+                         * event last), then close, as after a protocol error: the
+                         * connection's requests are cancelled and its pins dropped.
+                         */
+                        c->closing = true;
+                        if (sd_event_source_set_io_events(c->io, EPOLLOUT) < 0)
+                                conn_close(c);
+                }
+        }
+
+        if (drain_done(m)) {
+                (void) sd_event_exit(m->event, 0);
+                return;
+        }
+        /* floating sources: the loop owns them and frees them with itself */
+        r = sd_event_add_post(m->event, NULL, on_drain_post, m);
+        if (r >= 0)
+                r = sd_event_now(m->event, CLOCK_MONOTONIC, &now);
+        if (r >= 0)
+                r = sd_event_add_time(m->event, NULL, CLOCK_MONOTONIC, now + timeout_usec, 0, on_drain_timeout, m);
+        if (r < 0) {
+                log_warning_errno(r, "Cannot wait for transfers and clients, stopping now: %m");
+                (void) sd_event_exit(m->event, 0);
+        }
 }
 
 int manager_status_line(Manager *m, char *buf, size_t size) {
+        const double mib = 1048576.0;
+
         return snprintf(buf, size,
-                        "vram %.0f MiB (%s), host %.0f MiB%s, nvme %.0f MiB on %u target(s); %u job(s), %u connection(s)",
-                        (double) m->capacity[TIER_VRAM] / 1048576.0, m->vram->ops->name,
-                        (double) m->capacity[TIER_HOST] / 1048576.0, m->host.locked ? " locked" : " NOT locked",
-                        (double) m->capacity[TIER_NVME] / 1048576.0, m->nvme->n_targets,
-                        m->n_jobs, m->server ? server_n_conns(m->server) : 0);
+                        "vram %.0f/%.0f MiB (%s), host %.0f/%.0f MiB%s, nvme %.0f/%.0f MiB on %u target(s); "
+                        "%u job(s), %u connection(s)",
+                        (double) m->used[TIER_VRAM] / mib, (double) m->capacity[TIER_VRAM] / mib,
+                        m->vram->ops->name,
+                        (double) m->used[TIER_HOST] / mib, (double) m->capacity[TIER_HOST] / mib,
+                        m->host.locked ? " locked" : " NOT locked",
+                        (double) m->used[TIER_NVME] / mib, (double) m->capacity[TIER_NVME] / mib,
+                        m->nvme->n_targets, m->n_jobs, m->server ? server_n_conns(m->server) : 0);
 }
 
 int manager_run(Manager *m) {

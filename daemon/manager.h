@@ -67,6 +67,18 @@ struct Manager {
         LinkStats links[_LINK_MAX];
         unsigned n_xfers;       /* transfers in flight */
         bool stopping;
+
+        /* Reload (reload.c): how the running configuration was loaded, so that
+         * SIGHUP reads the same file with the same command-line overrides.
+         * config_path (above) is the file.  The override strings are borrowed
+         * from argv, which outlives the Manager; NULL: not overridden. */
+        bool config_must_exist;
+        const char *arg_socket_path;
+        const char *arg_state_dir;
+        int arg_log_level;              /* -1: from the config */
+        char reload_error[512];         /* why the last reload was refused, "" if it was not */
+        /* Stop (manager_drain()): how long the drain waits at most. */
+        uint64_t drain_usec;
 };
 
 /* Options that come from the command line and override the config file. */
@@ -90,7 +102,14 @@ int manager_run(Manager *m);
  */
 int manager_reload(Manager *m);
 
-/* Stop serving clients and let running transfers end (at most @timeout_usec). */
+/*
+ * manager_drain() - begin a graceful stop (SIGTERM, SIGINT): send STOPPING=1,
+ * accept no more connections, tell every client (Event.shutdown), let each
+ * read what is queued for it and close it (which cancels its requests and
+ * drops its pins), and let the transfers already running end.  Returns at
+ * once; the event loop exits with 0 when all of that is done or after
+ * @timeout_usec, whichever comes first.  Idempotent.
+ */
 void manager_drain(Manager *m, uint64_t timeout_usec);
 /* One line describing the tiers, for STATUS= and the start-up log. */
 int manager_status_line(Manager *m, char *buf, size_t size);

@@ -49,6 +49,7 @@
 #include "daemon/log.h"
 #include "daemon/manager.h"
 #include "daemon/mover.h"
+#include "daemon/timeline.h"
 #include "daemon/tier-nvme.h"
 #include "daemon/uring.h"
 #include "daemon/vram.h"
@@ -85,6 +86,8 @@ struct Xfer {
 };
 
 static List all_ops = LIST_INIT(all_ops);
+
+static void mover_run_queue(Manager *m);
 
 static int op_fail(Op *op, int r, const char *fmt, ...) _printf_(3, 4);
 static int op_fail(Op *op, int r, const char *fmt, ...) {
@@ -147,6 +150,7 @@ void copy_free(Manager *m, Tensor *t, int tier) {
         c->version = 0;
         list_del(&c->lru);
         wake_space_waiters(m);
+        sched_transfer_done(m);         /* space the scheduler may have been waiting for */
 }
 
 /* Free copies that no longer hold the newest data and are not in use. */
@@ -200,12 +204,17 @@ static int seg_tier_alloc(Manager *m, Tensor *t, int tier) {
 }
 
 /* Choose victims in @tier of @t's job; start drains.  Returns ADV_RETRY, ADV_WAIT_SPACE or -ENOSPC. */
-static int make_space(Manager *m, Tensor *want, int tier, uint64_t need) {
+static int make_space(Manager *m, Op *op, Tensor *want, int tier, uint64_t need) {
         Job *j = want->job;
         uint64_t freed = 0, draining = 0;
+        Tensor **cands;
+        size_t n = 0, k;
 
-        list_for_each_safe(n, tmp, &m->lru[tier]) {
-                Copy *c = list_entry(n, Copy, lru);
+        cands = calloc(j->n_tensors + 1, sizeof(Tensor *));
+        if (!cands)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, &m->lru[tier]) {
+                Copy *c = list_entry(node, Copy, lru);
                 Tensor *v = container_of(c, Tensor, copy[tier]);
 
                 if (v->job != j)
@@ -214,10 +223,18 @@ static int make_space(Manager *m, Tensor *want, int tier, uint64_t need) {
                         draining += tier == TIER_NVME ? 0 : v->alloc_size;
                         continue;
                 }
-                if (freed + draining >= need)
-                        break;
                 if (v == want || c->state != COPY_RESIDENT || c->pins > 0 || v->op_refs > 0 || v->xfer)
                         continue;
+                if (n < j->n_tensors)
+                        cands[n++] = v;
+        }
+        /* the policy orders them (LRU as listed, or Belady by next use) */
+        k = sched_victim_order(m, tier, cands, n, op->deadline_ns);
+
+        for (size_t i = 0; i < k && freed + draining < need; i++) {
+                Tensor *v = cands[i];
+                Copy *c = &v->copy[tier];
+
                 if (!copy_is_sole(v, tier)) {
                         freed += v->alloc_size;
                         copy_free(m, v, tier);
@@ -227,20 +244,23 @@ static int make_space(Manager *m, Tensor *want, int tier, uint64_t need) {
                         continue;       /* nothing below NVMe */
                 /* write it down first */
                 {
-                        Op *op;
-                        int r = op_submit(m, OP_DRAIN, v, tier, NULL, NULL, NULL, &op);
+                        Op *d;
+                        int r = op_submit(m, OP_DRAIN, v, tier, NULL, NULL, NULL, &d);
 
-                        if (r < 0)
+                        if (r < 0) {
+                                free(cands);
                                 return r;
+                        }
                         c->state = COPY_DRAINING;
                         draining += v->alloc_size;
                 }
         }
+        free(cands);
         if (freed > 0)
                 return ADV_RETRY;
         if (draining > 0)
                 return ADV_WAIT_SPACE;
-        return -ENOSPC;
+        return op->no_wait ? -EAGAIN : -ENOSPC;
 }
 
 /* Reserve space for @t in @tier.  0, ADV_WAIT_SPACE, or -errno with op->error set. */
@@ -275,11 +295,13 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         if (r != -ENOSPC)
                                 return op_fail(op, r, "cannot allocate %s memory: %s", tname(tier), strerror(-r));
                 }
-                r = make_space(m, t, tier, t->alloc_size);
+                r = make_space(m, op, t, tier, t->alloc_size);
                 if (r == ADV_RETRY && attempt < 64)
                         continue;
                 if (r == ADV_WAIT_SPACE)
                         return ADV_WAIT_SPACE;
+                if (r == -EAGAIN)
+                        return op_fail(op, -EAGAIN, "no %s space to spare before the deadline", tname(tier));
                 return op_fail(op, -ENOSPC,
                                "%s tier full for job '%s': %" PRIu64 " of %" PRIu64 " bytes used, "
                                "the rest pinned or in use (need %" PRIu64 ")",
@@ -340,6 +362,7 @@ static void xfer_finish(Xfer *x) {
                 return;
         }
         free_stale(m, t);
+        sched_transfer_done(m);
         manager_kick(m);
 }
 
@@ -378,6 +401,7 @@ static void xfer_part_done(UringReq *req, int res) {
                 if (x->error >= 0) {
                         m->links[d].bytes += t->alloc_size;
                         m->links[d].ops++;
+                        t->job->link_bytes[d] += t->alloc_size;
                 }
                 xfer_finish(x);
         }
@@ -394,6 +418,7 @@ static void xfer_vram_done(VramCopy *vc) {
         } else {
                 m->links[d].bytes += x->tensor->alloc_size;
                 m->links[d].ops++;
+                x->tensor->job->link_bytes[d] += x->tensor->alloc_size;
         }
         xfer_finish(x);
 }
@@ -412,6 +437,8 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
         x->src = src;
         x->dst = dst;
         x->version = t->copy[src].version;
+        log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, tname(src), tname(dst),
+                  x->version);
 
         if (src == TIER_NVME || dst == TIER_NVME) {
                 Copy *h = &t->copy[TIER_HOST];
@@ -596,6 +623,12 @@ static int advance_drain(Op *op, Tensor *t, int tier) {
         return ADV_DONE;
 }
 
+static int advance_clean(Op *op, Tensor *t, int tier) {
+        if (!copy_is_sole(t, tier) || t->copy[tier].pins > 0)
+                return ADV_DONE;
+        return ensure_copy(op, t, tier + 1);
+}
+
 static int op_advance(Op *op) {
         Tensor *t = op->tensor;
         int r;
@@ -622,6 +655,8 @@ static int op_advance(Op *op) {
                 return advance_evict(op, t, op->tier);
         case OP_DRAIN:
                 return advance_drain(op, t, op->tier);
+        case OP_CLEAN:
+                return advance_clean(op, t, op->tier);
         default:
                 return -EINVAL;
         }
@@ -664,6 +699,13 @@ static void op_end(Op *op, int r) {
 }
 
 void mover_run(Manager *m) {
+        mover_run_queue(m);
+        /* the scheduler looks at the new state and may queue more */
+        sched_run(m);
+        mover_run_queue(m);
+}
+
+static void mover_run_queue(Manager *m) {
         while (!list_empty(&m->run_queue)) {
                 Op *op = list_entry(m->run_queue.next, Op, wait_link);
                 int r;
@@ -771,6 +813,8 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
                 t->version++;
                 c->version = t->version;
         }
+        log_debug("unpin '%s' of job '%s' in %s%s: version %" PRIu64 ", pins left %u", t->name, t->job->name,
+                  tname(tier), dirty ? " (dirty)" : "", t->version, c->pins);
         copy_touch(m, t, tier);
         free_stale(m, t);
         return 0;

@@ -13,6 +13,7 @@ typedef enum OpKind {
         OP_PREFETCH,
         OP_EVICT,
         OP_DRAIN,               /* internal: write a victim down, then drop it */
+        OP_CLEAN,               /* internal: write a sole copy down, keep it (write-behind) */
         _OP_KIND_MAX,
 } OpKind;
 
@@ -34,6 +35,8 @@ struct Op {
         bool pinned;            /* a pin op that already holds its pin */
         bool reserved_sent;     /* the reserved() callback ran */
         int failed;             /* -errno of a transfer this op waited for */
+        uint64_t deadline_ns;   /* when the data is needed (0: now); victims must be needed later */
+        bool no_wait;           /* fail with -EAGAIN instead of failing for lack of space */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */

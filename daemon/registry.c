@@ -104,6 +104,7 @@ int job_new(Manager *m, const char *name, uid_t uid, Job **ret) {
         j->limit[TIER_VRAM] = m->config.vram_job_limit;
         j->limit[TIER_HOST] = m->config.host_job_limit;
         j->limit[TIER_NVME] = m->config.nvme_job_limit;
+        j->weight = m->config.default_weight;
 
         j->name = strdup(name);
         j->by_name = tensormap_new();

@@ -18,6 +18,7 @@ typedef struct Op Op;
 typedef struct Xfer Xfer;
 typedef struct FencePage FencePage;
 typedef struct sd_event_source sd_event_source;
+typedef struct Plan Plan;
 
 #define TIERS TIER_LEVEL_MAX
 
@@ -67,6 +68,12 @@ typedef struct Tensor {
         List waiters;           /* Op.wait_link: ops waiting for the transfer */
         bool doomed;            /* freed by its job while a transfer ran */
         List job_link;
+        Plan *plan;             /* the first plan that names it (for next-use predictions) */
+        uint32_t plan_slot;
+        Op *sched_op;           /* the scheduler's prefetch or write-behind in flight */
+        uint64_t sched_pass;    /* scheduler pass that computed sched_written */
+        uint8_t sched_written;  /* tiers (bits) a held phase writes it in */
+        uint64_t sched_blocked; /* epoch in which a prefetch found no space (retry after it changes) */
 } Tensor;
 
 struct Job {
@@ -93,6 +100,9 @@ struct Job {
         sd_event_source *linger;
         uint64_t linger_until;  /* monotonic usec, 0 while connected */
         bool dying;
+        unsigned weight;        /* bandwidth weight (fair share of the links) */
+        double vtime;           /* fair-share virtual time: bytes served / weight */
+        uint64_t link_bytes[4]; /* bytes moved for this job, per LinkDir */
 };
 
 int job_new(Manager *m, const char *name, uid_t uid, Job **ret);

@@ -17,6 +17,8 @@
  */
 
 #include <errno.h>
+#include <grp.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -33,9 +35,11 @@
 #include "daemon/rpc.h"
 #include "daemon/server.h"
 #include "daemon/status.h"
+#include "daemon/timeline.h"
 #include "daemon/tier-nvme.h"
 #include "daemon/vram.h"
 #include "proto/fence.h"
+#include "proto/plan.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
 #include "tier.pb-c.h"
@@ -153,7 +157,9 @@ static void fence_complete(Conn *c, uint64_t fence, int status, const char *erro
                 ff.error = (char *) (error ? error : "");
                 ev.kind_case = TIER__EVENT__KIND_FENCE_FAILED;
                 ev.fence_failed = &ff;
-                (void) conn_send_event(c, &ev);
+                /* a client that misses this event would wait forever: better closed */
+                if (conn_send_event(c, &ev) < 0)
+                        conn_abort(c);
                 __atomic_add_fetch(&j->fences->failed[c->fence_slot], 1, __ATOMIC_RELEASE);
         }
 
@@ -706,13 +712,115 @@ static int handle_status(Conn *c, uint64_t seq) {
         return r;
 }
 
+static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        Tier__PlanReply pr = TIER__PLAN_REPLY__INIT;
+        char error[256] = "";
+        Plan *p = NULL;
+        int fds[2], r;
+
+        if (c->plan)
+                return reply_status(c, seq, -EBUSY, "this connection already has a plan (one per rank)");
+        r = plan_new(c, sp, &p, error, sizeof(error));
+        if (r < 0)
+                return reply_status(c, seq, r, "%s", error[0] ? error : strerror(-r));
+        c->plan = p;
+        fds[0] = p->page_fd;
+        fds[1] = p->marker_fd;
+        pr.page_fd = 0;
+        pr.page_size = p->page_size;
+        pr.marker_fd = 1;
+        pr.n_slots = p->n_slots;
+        pr.policy = (char *) sched_policy_to_string(c->manager->config.sched_policy);
+        resp.seq = seq;
+        resp.result_case = TIER__RESPONSE__RESULT_PLAN;
+        resp.plan = &pr;
+        log_info("Job '%s': rank connection %" PRIu64 " submitted a plan of %u phases over %u tensors",
+                 c->job->name, c->id, p->n_phases, p->n_slots);
+        return conn_send_response(c, &resp, fds, 2, false);
+}
+
+/* Root, or a member of the group "tier-admin". */
+static bool conn_is_admin(Conn *c) {
+        gid_t groups[256];
+        socklen_t len = sizeof(groups);
+        struct group *g;
+
+        if (c->uid == 0)
+                return true;
+        g = getgrnam("tier-admin");
+        if (!g)
+                return false;
+        if (c->gid == g->gr_gid)
+                return true;
+        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+                return false;
+        for (size_t i = 0; i < len / sizeof(gid_t); i++)
+                if (groups[i] == g->gr_gid)
+                        return true;
+        return false;
+}
+
+static int reply_quota(Conn *c, uint64_t seq, Job *j) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        Tier__QuotaReply qr = TIER__QUOTA_REPLY__INIT;
+        uint64_t limits[TIERS];
+
+        for (int i = 0; i < TIERS; i++)
+                limits[i] = j->limit[i];
+        qr.job = j->name;
+        qr.n_tier_limit = TIERS;
+        qr.tier_limit = limits;
+        qr.weight = j->weight;
+        resp.seq = seq;
+        resp.result_case = TIER__RESPONSE__RESULT_QUOTA;
+        resp.quota = &qr;
+        return conn_send_response(c, &resp, NULL, 0, false);
+}
+
+static int handle_quota_get(Conn *c, uint64_t seq, const Tier__QuotaGet *q) {
+        Job *j = q->job && q->job[0] ? job_find(c->manager, q->job) : c->job;
+
+        if (!j)
+                return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
+        return reply_quota(c, seq, j);
+}
+
+static int handle_quota_set(Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
+        Manager *m = c->manager;
+        Job *j;
+
+        if (!conn_is_admin(c))
+                return reply_status(c, seq, -EPERM, "setting quotas needs root or membership of group tier-admin");
+        j = q->job ? job_find(m, q->job) : NULL;
+        if (!j)
+                return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
+        if (q->n_tier_limit != 0 && q->n_tier_limit != TIERS)
+                return reply_status(c, seq, -EINVAL, "a quota has one limit per tier (%d)", TIERS);
+        if (q->weight > 1000)
+                return reply_status(c, seq, -EINVAL, "weight %u out of range (1..1000)", q->weight);
+        for (size_t i = 0; i < q->n_tier_limit; i++)
+                if (q->tier_limit[i] > 0) {
+                        j->limit[i] = q->tier_limit[i];
+                        log_info("Job '%s': %s limit set to %" PRIu64 " bytes", j->name, tier_to_string((int) i),
+                                 q->tier_limit[i]);
+                }
+        if (q->weight > 0) {
+                j->weight = q->weight;
+                log_info("Job '%s': weight set to %u", j->name, q->weight);
+        }
+        manager_kick(m);
+        return reply_quota(c, seq, j);
+}
+
 int rpc_dispatch(Conn *c, Tier__Request *req) {
         uint64_t seq = req->seq;
 
         if (!c->hello_done && req->op_case != TIER__REQUEST__OP_HELLO)
                 return rpc_protocol_error(c, seq, -EPROTO, "the first request must be Hello");
-        if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS && !c->job)
-                return reply_status(c, seq, -EPERM, "a control connection may only ask for status");
+        if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS &&
+            req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET && !c->job)
+                return reply_status(c, seq, -EPERM, "a control connection may only ask for status and quotas");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
@@ -739,6 +847,12 @@ int rpc_dispatch(Conn *c, Tier__Request *req) {
                 return handle_get_segments(c, seq, req->get_segments);
         case TIER__REQUEST__OP_STATUS:
                 return handle_status(c, seq);
+        case TIER__REQUEST__OP_PLAN:
+                return handle_plan(c, seq, req->plan);
+        case TIER__REQUEST__OP_QUOTA_GET:
+                return handle_quota_get(c, seq, req->quota_get);
+        case TIER__REQUEST__OP_QUOTA_SET:
+                return handle_quota_set(c, seq, req->quota_set);
         default:
                 return reply_status(c, seq, -EOPNOTSUPP, "unknown request (op %d)", (int) req->op_case);
         }
@@ -774,6 +888,10 @@ static void job_linger_start(Job *j) {
 void rpc_conn_gone(Conn *c) {
         Manager *m = c->manager;
         Job *j = c->job;
+
+        /* the plan's pins go with it (as dirty where the plan writes) */
+        plan_free(c->plan);
+        c->plan = NULL;
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);

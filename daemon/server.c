@@ -73,6 +73,7 @@ void conn_close(Conn *c) {
         list_for_each_safe(n, tmp, &c->outq)
                 outq_free(list_entry(n, OutPacket, link));
         c->io = sd_event_source_disable_unref(c->io);
+        c->abort_source = sd_event_source_disable_unref(c->abort_source);
         safe_close(c->fd);
         safe_close(c->efd);
         list_del(&c->link);
@@ -176,6 +177,22 @@ int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_f
         resp->n_new_segments = 0;
         resp->new_segments = NULL;
         return r;
+}
+
+static int on_abort(sd_event_source *s, void *userdata) {
+        Conn *c = userdata;
+
+        log_warning("Connection %" PRIu64 " (pid " PID_FMT ") does not read its replies, closing it", c->id, c->pid);
+        conn_close(c);
+        return 0;
+}
+
+void conn_abort(Conn *c) {
+        if (c->broken)
+                return;
+        c->broken = true;
+        if (sd_event_add_defer(c->manager->event, &c->abort_source, on_abort, c) < 0)
+                c->closing = true;      /* at least stop reading from it */
 }
 
 int conn_send_event(Conn *c, Tier__Event *ev) {

@@ -54,6 +54,10 @@ typedef struct Conn {
         List pending;           /* Pending.link: requests still in the op engine */
         unsigned inflight;
 
+        struct Plan *plan;      /* iteration plan of this rank, or NULL */
+        bool broken;            /* lost an event it must see: closed at the next chance */
+        sd_event_source *abort_source;
+
         PinRec *pins;
         size_t n_pins, cap_pins;
 
@@ -82,5 +86,7 @@ List *server_conns(Server *s);
  */
 int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_fds, bool close_after);
 void conn_close(Conn *c);
+/* Close @c once the current handler returns (safe from any callback). */
+void conn_abort(Conn *c);
 typedef struct Tier__Event Tier__Event;
 int conn_send_event(Conn *c, Tier__Event *ev);

@@ -14,6 +14,7 @@
 #include "daemon/manager.h"
 #include "daemon/server.h"
 #include "daemon/status.h"
+#include "daemon/timeline.h"
 #include "daemon/tier-nvme.h"
 #include "daemon/vram.h"
 #include "proto/macro.h"
@@ -31,12 +32,16 @@ typedef struct StatusBuf {
         Tier__JobStatus **jobp;
         Tier__JobTierUsage *usage;
         Tier__JobTierUsage **usagep;
+        Tier__PlanStatus *plans;
+        Tier__PlanStatus **planp;
+        Tier__LinkStatus *plinks;
+        Tier__LinkStatus **plinkp;
 } StatusBuf;
 
 int status_build(Manager *m, Tier__StatusReply **ret) {
         StatusBuf *b;
         NvmeTier *n = m->nvme;
-        size_t ji = 0;
+        size_t ji = 0, np = 0;
 
         b = calloc(1, sizeof(*b));
         if (!b)
@@ -47,7 +52,16 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
         b->jobp = calloc(m->n_jobs + 1, sizeof(void *));
         b->usage = calloc((m->n_jobs + 1) * TIERS, sizeof(Tier__JobTierUsage));
         b->usagep = calloc((m->n_jobs + 1) * TIERS, sizeof(void *));
-        if (!b->targets || !b->targetp || !b->jobs || !b->jobp || !b->usage || !b->usagep) {
+        {
+                unsigned n_conns = server_n_conns(m->server) + 1;
+
+                b->plans = calloc(n_conns, sizeof(Tier__PlanStatus));
+                b->planp = calloc(n_conns, sizeof(void *));
+                b->plinks = calloc(n_conns * _LINK_MAX, sizeof(Tier__LinkStatus));
+                b->plinkp = calloc(n_conns * _LINK_MAX, sizeof(void *));
+        }
+        if (!b->targets || !b->targetp || !b->jobs || !b->jobp || !b->usage || !b->usagep ||
+            !b->plans || !b->planp || !b->plinks || !b->plinkp) {
                 status_free(&b->sr);
                 return -ENOMEM;
         }
@@ -56,6 +70,7 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
         b->sr.version = (char *) TIERD_VERSION;
         b->sr.uptime_s = (double) (now_usec() - m->start_usec) / 1e6;
         b->sr.connections = server_n_conns(m->server);
+        b->sr.policy = (char *) sched_policy_to_string(m->config.sched_policy);
 
         for (int i = 0; i < TIERS; i++) {
                 Tier__TierStatus *t = &b->tiers[i];
@@ -128,6 +143,33 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
                 }
                 js->n_usage = TIERS;
                 js->usage = &b->usagep[ji * TIERS];
+                js->weight = j->weight;
+                /* the plans of its ranks */
+                                list_for_each_safe(cn, ctmp, server_conns(m->server)) {
+                        Conn *c = list_entry(cn, Conn, link);
+                        Tier__PlanStatus *ps;
+
+                        if (c->job != j || !c->plan || np >= server_n_conns(m->server))
+                                continue;
+                        ps = &b->plans[np];
+                        tier__plan_status__init(ps);
+                        plan_status(c->plan, ps);
+                        for (int l = 0; l < _LINK_MAX; l++) {
+                                Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
+
+                                tier__link_status__init(ls);
+                                ls->name = (char *) link_name((LinkDir) l);
+                                ls->bytes = c->plan->last_step_links[l];
+                                b->plinkp[np * _LINK_MAX + (size_t) l] = ls;
+                        }
+                        ps->n_step_links = _LINK_MAX;
+                        ps->step_links = &b->plinkp[np * _LINK_MAX];
+                        b->planp[np] = ps;
+                        if (js->n_plans == 0)
+                                js->plans = &b->planp[np];
+                        js->n_plans++;
+                        np++;
+                }
                 b->jobp[ji] = js;
                 ji++;
         }
@@ -150,5 +192,9 @@ void status_free(Tier__StatusReply *sr) {
         free(b->jobp);
         free(b->usage);
         free(b->usagep);
+        free(b->plans);
+        free(b->planp);
+        free(b->plinks);
+        free(b->plinkp);
         free(b);
 }

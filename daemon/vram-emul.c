@@ -33,7 +33,7 @@
 typedef struct VramEmul {
         VramBackend base;
         MemfdSegConfig memfd;
-        uint64_t bandwidth;
+        uint64_t bandwidth;     /* atomic: the loop sets it (reload), the thread reads it */
         pthread_t thread;
         bool thread_ok;
         pthread_mutex_t lock;
@@ -74,17 +74,18 @@ static void *emul_thread(void *userdata) {
                         uint64_t n = MIN((uint64_t) EMUL_PIECE, c->len - off);
                         uint8_t *dev = (uint8_t *) c->seg->map + c->offset + off;
                         uint8_t *host = (uint8_t *) c->host + off;
+                        uint64_t bandwidth = __atomic_load_n(&e->bandwidth, __ATOMIC_RELAXED);
 
                         if (c->dir == VRAM_TO_DEVICE)
                                 memcpy(dev, host, n);
                         else
                                 memcpy(host, dev, n);
-                        if (e->bandwidth > 0) {
+                        if (bandwidth > 0) {
                                 uint64_t now = mono_ns();
 
                                 if (link_free_at < now)
                                         link_free_at = now;
-                                link_free_at += n * 1000000000ull / e->bandwidth;
+                                link_free_at += n * 1000000000ull / bandwidth;
                                 if (link_free_at > now) {
                                         struct timespec ts = {
                                                 .tv_sec = (time_t) (link_free_at / 1000000000ull),
@@ -170,6 +171,27 @@ static void emul_free(VramBackend *b) {
         free(e);
 }
 
+static void emul_describe(VramEmul *e) {
+        uint64_t bandwidth = __atomic_load_n(&e->bandwidth, __ATOMIC_RELAXED);
+
+        if (bandwidth > 0)
+                snprintf(e->base.description, sizeof(e->base.description),
+                         "emulated (no GPU; memfd, link throttled to %.2f GB/s)", (double) bandwidth / 1e9);
+        else
+                snprintf(e->base.description, sizeof(e->base.description), "emulated (no GPU; memfd, unthrottled)");
+}
+
+int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth) {
+        VramEmul *e;
+
+        if (!b || !b->emulated)
+                return -EOPNOTSUPP;
+        e = container_of(b, VramEmul, base);
+        __atomic_store_n(&e->bandwidth, bandwidth, __ATOMIC_RELAXED);
+        emul_describe(e);
+        return 0;
+}
+
 static const VramBackendOps emul_ops = {
         .name = "emulated",
         .copy = emul_copy,
@@ -217,11 +239,7 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
                 goto fail;
         e->thread_ok = true;
 
-        if (e->bandwidth > 0)
-                snprintf(e->base.description, sizeof(e->base.description),
-                         "emulated (no GPU; memfd, link throttled to %.2f GB/s)", (double) e->bandwidth / 1e9);
-        else
-                snprintf(e->base.description, sizeof(e->base.description), "emulated (no GPU; memfd, unthrottled)");
+        emul_describe(e);
         *ret = &e->base;
         return 0;
 fail:

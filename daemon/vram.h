@@ -55,5 +55,12 @@ int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char *
 VramBackend *vram_backend_free(VramBackend *b);
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret);
+/*
+ * vram_set_bandwidth() - change the emulated host<->VRAM link's throttle
+ * ([vram] bandwidth, bytes/s, 0 unthrottled) while copies run: the mover
+ * thread paces its next piece at the new rate.  -EOPNOTSUPP for the cuda
+ * backend, whose link is the real one.
+ */
+int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth);
 /* Returns -ENODEV (reason in *ret_error) when no CUDA device can be used. */
 int vram_cuda_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);

@@ -220,7 +220,7 @@ static void test_status_json(void **state) {
         fake_status(&f, "emulated");
         assert_int_equal(status_format(&f.s, TIER_STATUS_JSON, &out), 0);
         assert_string_equal(out,
-                "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,"
+                "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,\"policy\":\"\","
                 "\"tiers\":["
                 "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":8589934592,\"used\":536870912,"
                 "\"pinned\":268435456},"
@@ -235,14 +235,14 @@ static void test_status_json(void **state) {
                 "{\"path\":\"/dev/nvme0n1\",\"capacity\":2199023255552,\"used\":107374182400,"
                 "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2}],"
                 "\"jobs\":["
-                "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,"
+                "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,\"weight\":0,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
                 "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576},"
-                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0}}},"
-                "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0}},\"plans\":[]},"
+                "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,\"weight\":0,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
                 "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0},"
-                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0}}}]}\n");
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0}},\"plans\":[]}]}\n");
         free(out);
 }
 
@@ -251,7 +251,7 @@ static void test_status_json_empty(void **state) {
         char *out = NULL;
 
         assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
-        assert_string_equal(out, "{\"version\":\"\",\"uptime_s\":0,\"connections\":0,"
+        assert_string_equal(out, "{\"version\":\"\",\"uptime_s\":0,\"connections\":0,\"policy\":\"\","
                                  "\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
         free(out);
 }
@@ -269,7 +269,7 @@ static void test_status_json_escaping(void **state) {
         assert_string_equal(out,
                 "{\"version\":\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f\x7f|\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|"
                 "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\","
-                "\"uptime_s\":0,\"connections\":0,\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
+                "\"uptime_s\":0,\"connections\":0,\"policy\":\"\",\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
         free(out);
 }
 

@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+/* test-timeline.c: jobs with iteration plans, through a real tierd. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "tests/helpers/daemon.h"
+
+#define MiB (1024ull * 1024ull)
+#define KiB 1024ull
+
+/*
+ * Each job: L layers; per layer a parameter tensor P (needed in VRAM for
+ * forward and backward, updated in host by the optimizer), a gradient G
+ * (written in VRAM by backward, read in host by the optimizer) and an
+ * optimizer state O (read-write in host).  Per job: 6 x 512 KiB x L bytes;
+ * with L = 6: 18 MiB, against a VRAM limit of 3 MiB and a host limit of 6 MiB.
+ */
+#define LAYERS 6
+#define TSIZE (512 * KiB)
+#define STEPS 6
+
+static const char *const CONFIG =
+        "[daemon]\n"
+        "linger_sec = 1\n"
+        "[host]\n"
+        "capacity = 32M\n"
+        "segment_size = 2M\n"
+        "job_limit = 6M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 8M\n"
+        "chunk_size = 1M\n"
+        "job_limit = 3M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:256M\n"
+        "target = @DIR@/t1.img:256M\n"
+        "extent_size = 256K\n"
+        "[sched]\n"
+        "policy = %s\n";
+
+static const char *policy_name = "timeline";
+
+static TestDaemon daemon_;
+
+static int setup(void **state) {
+        char config[2048];
+
+        snprintf(config, sizeof(config), CONFIG, policy_name);
+        return test_daemon_start(&daemon_, config) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+        return test_daemon_stop(&daemon_) == 0 ? 0 : -1;
+}
+
+static uint8_t pat(unsigned tensor, unsigned version, uint64_t off) {
+        return (uint8_t) (tensor * 37 + version * 101 + off * 7 + (off >> 9));
+}
+
+/* Check @g holds version @v of @tensor; returns the first bad offset or -1. */
+static int64_t check(const struct tier_grant *g, unsigned tensor, unsigned v) {
+        const uint8_t *p = g->ptr;
+
+        for (uint64_t i = 0; i < g->length; i++) {
+                uint8_t want = v == 0 ? 0 : pat(tensor, v, i);
+                if (p[i] != want)
+                        return (int64_t) i;
+        }
+        return -1;
+}
+
+static void fill(const struct tier_grant *g, unsigned tensor, unsigned v) {
+        uint8_t *p = g->ptr;
+
+        for (uint64_t i = 0; i < g->length; i++)
+                p[i] = pat(tensor, v, i);
+}
+
+enum { PH_FWD = 0, PH_BWD = LAYERS, PH_OPT = 2 * LAYERS, N_PHASES = 3 * LAYERS };
+
+/* Run one job: returns 0 when every byte checked out. */
+static int run_job(const char *job, int steps, bool *quota_seen_ok) {
+        tier_client *c = NULL;
+        tier_tensor *P[LAYERS], *G[LAYERS], *O[LAYERS];
+        unsigned vp[LAYERS] = {}, vg[LAYERS] = {}, vo[LAYERS] = {};
+        tier_plan *plan = NULL;
+        struct tier_grant g;
+        char name[16];
+        int r;
+
+        r = tier_client_new(&c, daemon_.socket, job, 0);
+        if (r < 0) {
+                fprintf(stderr, "%s: connect: %s\n", job, tier_client_last_error(NULL));
+                return r;
+        }
+        for (int i = 0; i < LAYERS; i++) {
+                snprintf(name, sizeof(name), "P%d", i);
+                if (tier_tensor_create(c, name, TSIZE, &P[i]) < 0)
+                        return -1;
+                snprintf(name, sizeof(name), "G%d", i);
+                if (tier_tensor_create(c, name, TSIZE, &G[i]) < 0)
+                        return -1;
+                snprintf(name, sizeof(name), "O%d", i);
+                if (tier_tensor_create(c, name, TSIZE, &O[i]) < 0)
+                        return -1;
+        }
+        if (tier_plan_new(c, &plan) < 0)
+                return -1;
+        for (int i = 0; i < LAYERS; i++) {
+                int b = LAYERS - 1 - i;         /* backward runs the layers in reverse */
+
+                tier_plan_add(plan, PH_FWD + i, P[i], TIER_VRAM, TIER_READ);
+                tier_plan_add(plan, PH_BWD + i, P[b], TIER_VRAM, TIER_READ);
+                tier_plan_add(plan, PH_BWD + i, G[b], TIER_VRAM, TIER_WRITE);
+                tier_plan_add(plan, PH_OPT + i, G[i], TIER_HOST, TIER_READ);
+                tier_plan_add(plan, PH_OPT + i, O[i], TIER_HOST, TIER_READ_WRITE);
+                tier_plan_add(plan, PH_OPT + i, P[i], TIER_HOST, TIER_READ_WRITE);
+        }
+        r = tier_plan_submit(plan);
+        if (r < 0) {
+                fprintf(stderr, "%s: plan: %s\n", job, tier_client_last_error(c));
+                tier_plan_free(plan);
+                return r;
+        }
+
+        for (int step = 1; step <= steps; step++) {
+                for (int i = 0; i < LAYERS; i++) {
+                        if (tier_phase(c, PH_FWD + i) < 0 || tier_phase_grant(c, P[i], TIER_VRAM, &g) < 0)
+                                return -1;
+                        if (check(&g, (unsigned) i, vp[i]) >= 0) {
+                                fprintf(stderr, "%s step %d fwd %d: P wrong\n", job, step, i);
+                                return -EIO;
+                        }
+                }
+                for (int i = 0; i < LAYERS; i++) {
+                        int b = LAYERS - 1 - i;
+
+                        if (tier_phase(c, PH_BWD + i) < 0 || tier_phase_grant(c, P[b], TIER_VRAM, &g) < 0)
+                                return -1;
+                        if (check(&g, (unsigned) b, vp[b]) >= 0) {
+                                int64_t off = check(&g, (unsigned) b, vp[b]);
+                                fprintf(stderr, "%s step %d bwd %d: P wrong at %" PRId64 ": %u, want v%u (seg %u off %" PRIu64 ")\n",
+                                        job, step, b, off, ((uint8_t *) g.ptr)[off], vp[b], g.segment, g.offset);
+                                return -EIO;
+                        }
+                        if (tier_phase_grant(c, G[b], TIER_VRAM, &g) < 0)
+                                return -1;
+                        fill(&g, 100 + (unsigned) b, ++vg[b]);
+                }
+                for (int i = 0; i < LAYERS; i++) {
+                        if (tier_phase(c, PH_OPT + i) < 0)
+                                return -1;
+                        if (tier_phase_grant(c, G[i], TIER_HOST, &g) < 0 || check(&g, 100 + (unsigned) i, vg[i]) >= 0) {
+                                int64_t off = check(&g, 100 + (unsigned) i, vg[i]);
+                                fprintf(stderr, "%s step %d opt %d: G wrong at %" PRId64 ": %u, want %u (v%u; v0 would be 0, v-1 %u) seg %u off %" PRIu64 "\n",
+                                        job, step, i, off, ((uint8_t *) g.ptr)[off], pat(100 + (unsigned) i, vg[i], (uint64_t) off), vg[i],
+                                        vg[i] > 1 ? pat(100 + (unsigned) i, vg[i] - 1, (uint64_t) off) : 0, g.segment, g.offset);
+                                return -EIO;
+                        }
+                        if (tier_phase_grant(c, O[i], TIER_HOST, &g) < 0 || check(&g, 200 + (unsigned) i, vo[i]) >= 0) {
+                                fprintf(stderr, "%s step %d opt %d: O wrong\n", job, step, i);
+                                return -EIO;
+                        }
+                        fill(&g, 200 + (unsigned) i, ++vo[i]);
+                        if (tier_phase_grant(c, P[i], TIER_HOST, &g) < 0 || check(&g, (unsigned) i, vp[i]) >= 0) {
+                                fprintf(stderr, "%s step %d opt %d: P (host) wrong\n", job, step, i);
+                                return -EIO;
+                        }
+                        fill(&g, (unsigned) i, ++vp[i]);
+                }
+        }
+        /* the last phase's writes are released by one more marker */
+        if (tier_phase(c, PH_FWD) < 0)
+                return -1;
+        if (quota_seen_ok)
+                *quota_seen_ok = true;
+        tier_client_free(c);
+        for (int i = 0; i < LAYERS; i++) {
+                tier_tensor_close(P[i]);
+                tier_tensor_close(G[i]);
+                tier_tensor_close(O[i]);
+        }
+        return 0;
+}
+
+/* "used" of @tier in job @job from status JSON must not exceed its "limit". */
+static bool within_quota(const char *json) {
+        /* every "used":N,"limit":M pair inside jobs' usage */
+        for (const char *p = json; (p = strstr(p, "{\"used\":")); p++) {
+                unsigned long long used = strtoull(p + 8, NULL, 10);
+                const char *l = strstr(p, "\"limit\":");
+
+                if (!l)
+                        break;
+                if (used > strtoull(l + 8, NULL, 10)) {
+                        fprintf(stderr, "quota exceeded: %.80s\n", p);
+                        return false;
+                }
+        }
+        return true;
+}
+
+static void test_two_jobs_verified(void **state) {
+        pid_t pids[2];
+        int st, samples = 0;
+        bool running = true;
+
+        for (int k = 0; k < 2; k++) {
+                pids[k] = fork();
+                assert_true(pids[k] >= 0);
+                if (pids[k] == 0)
+                        _exit(run_job(k ? "timeline-b" : "timeline-a", STEPS, NULL) == 0 ? 0 : 1);
+        }
+        /* sample status while they run: no quota is ever exceeded */
+        while (running) {
+                char *json = test_tierctl_json(&daemon_);
+
+                assert_non_null(json);
+                assert_true(within_quota(json));
+                free(json);
+                samples++;
+                running = false;
+                for (int k = 0; k < 2; k++)
+                        if (pids[k] > 0) {
+                                if (waitpid(pids[k], &st, WNOHANG) == pids[k]) {
+                                        assert_true(WIFEXITED(st));
+                                        assert_int_equal(WEXITSTATUS(st), 0);
+                                        pids[k] = 0;
+                                } else
+                                        running = true;
+                        }
+                usleep(20000);
+        }
+        assert_true(samples > 0);
+}
+
+static void test_plan_over_quota_refused(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t[8];
+        tier_plan *plan = NULL;
+        char name[8];
+
+        assert_int_equal(tier_client_new(&c, daemon_.socket, "too-big", 0), 0);
+        for (int i = 0; i < 8; i++) {
+                snprintf(name, sizeof(name), "x%d", i);
+                assert_int_equal(tier_tensor_create(c, name, TSIZE, &t[i]), 0);
+        }
+        /* one phase needs 8 x 512 KiB = 4 MiB of VRAM; the job may use 3 MiB */
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        for (int i = 0; i < 8; i++)
+                assert_int_equal(tier_plan_add(plan, 0, t[i], TIER_VRAM, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), -ENOSPC);
+        assert_non_null(strstr(tier_client_last_error(c), "vram"));
+        tier_plan_free(plan);
+
+        /* nor a bad phase or a plan on a tensor of another job */
+        assert_int_equal(tier_phase(c, 0), -EINVAL);
+        for (int i = 0; i < 8; i++)
+                tier_tensor_close(t[i]);
+        tier_client_free(c);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_plan_over_quota_refused),
+                cmocka_unit_test(test_two_jobs_verified),
+        };
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "integration tests need root (locked memory); skipping\n");
+                return 77;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        /* the same job, verified byte for byte, under every policy */
+        {
+                static const char *const policies[] = { "timeline", "lru", "ondemand" };
+                int failed = 0;
+
+                for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
+                        char name[64];
+
+                        policy_name = policies[i];
+                        snprintf(name, sizeof(name), "timeline-policy-%s", policy_name);
+                        failed += cmocka_run_group_tests_name(name, tests, setup, teardown);
+                }
+                return failed;
+        }
+}

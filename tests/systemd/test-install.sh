@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# test-install.sh: "meson install --destdir" lays out every file, and an
+# outside program builds against the installed libtier with pkg-config and
+# talks to the installed tierd.
+#
+# usage: test-install.sh [--have-man=0|1] [--sanitize=none|address,...] [--cc="cc ..."]
+#        (run by meson test; needs $TIER_BUILD and $TIER_SOURCE)
+set -euo pipefail
+
+have_man=1 sanitize=none cc=cc
+for arg in "$@"; do
+        case $arg in
+        --have-man=*) have_man=${arg#*=} ;;
+        --sanitize=*) sanitize=${arg#*=} ;;
+        --cc=*) cc=${arg#*=} ;;
+        esac
+done
+
+build=${TIER_BUILD:?TIER_BUILD is not set (run through meson test)}
+source=${TIER_SOURCE:?TIER_SOURCE is not set (run through meson test)}
+for prog in meson pkg-config; do
+        if ! command -v "$prog" >/dev/null; then
+                echo "$prog not found: skipped"
+                exit 77
+        fi
+done
+
+dest=$(mktemp -d "${TMPDIR:-/tmp}/tierd-install.XXXXXX")
+pid=
+cleanup() {
+        if [[ -n $pid ]]; then
+                kill -KILL "$pid" 2>/dev/null || true
+                wait "$pid" 2>/dev/null || true
+        fi
+        rm -rf "$dest"
+}
+trap cleanup EXIT
+fail=0
+bad() {
+        echo "FAIL: $*" >&2
+        fail=1
+}
+
+meson install -C "$build" --no-rebuild --quiet --destdir "$dest" >/dev/null
+
+# ---- the layout ------------------------------------------------------------------
+# One pattern per file that must land (find -path, below DESTDIR).
+expect=(
+        '*/bin/tierd'
+        '*/bin/tierctl'
+        '*/lib*/libtier.so'
+        '*/lib*/libtier.so.0'
+        '*/include/tier.h'
+        '*/pkgconfig/tier.pc'
+        '*/systemd/system/tierd.service'
+        '*/systemd/system/tierd.socket'
+        '*/sysusers.d/tierd.conf'
+        '*/tmpfiles.d/tierd.conf'
+        '*/etc/tierd/tierd.conf'
+)
+if ((have_man)); then
+        expect+=('*/man8/tierd.8' '*/man1/tierctl.1' '*/man5/tierd.conf.5' '*/man3/libtier.3')
+else
+        echo "no man pages in this build (scdoc missing): not checked"
+fi
+echo "installed:"
+(cd "$dest" && find . \( -type f -o -type l \) | sort | sed 's/^\./    /')
+for pattern in "${expect[@]}"; do
+        [[ -n $(find "$dest" -path "$pattern" \( -type f -o -type l \) | head -n1) ]] || bad "nothing installed as $pattern"
+done
+
+# Everything meson says it installs is there.
+while IFS= read -r path; do
+        [[ -e $dest$path || -L $dest$path ]] || bad "meson lists $path, but it is not in DESTDIR"
+done < <(meson introspect --installed "$build" | python3 -c 'import json,sys; print("\n".join(json.load(sys.stdin).values()))')
+
+# The man pages are roff and name themselves.
+if ((have_man)); then
+        for page in man8/tierd.8 man1/tierctl.1 man5/tierd.conf.5 man3/libtier.3; do
+                f=$(find "$dest" -path "*/$page" | head -n1)
+                [[ -n $f ]] && ! grep -q '^\.TH' "$f" && bad "$page is not a man page"
+        done
+fi
+
+# tierd looks for its configuration where the sample one was installed.
+tierd=$(find "$dest" -path '*/bin/tierd' | head -n1)
+conf_default=$("$tierd" --help | sed -n 's/.*configuration file (default \(.*\)).*/\1/p')
+echo "tierd's default configuration: $conf_default"
+[[ $conf_default == /* ]] || bad "the default configuration path '$conf_default' is not absolute"
+[[ -f $dest$conf_default ]] || bad "the sample configuration is not installed at tierd's default $conf_default"
+
+# ---- pkg-config against the DESTDIR ------------------------------------------------
+pc=$(find "$dest" -name tier.pc | head -n1)
+export PKG_CONFIG_PATH
+PKG_CONFIG_PATH=$(dirname "$pc")
+export PKG_CONFIG_SYSROOT_DIR=$dest
+flags=$(pkg-config --cflags --libs tier)
+echo "pkg-config --cflags --libs tier: $flags"
+pkg-config --modversion tier >/dev/null || bad "pkg-config --modversion tier failed"
+[[ $flags == *"-I$dest/"* && $flags == *"-L$dest/"* && $flags == *-ltier* ]] || bad "pkg-config flags do not point into DESTDIR"
+
+san_flags=()
+if [[ $sanitize != none && -n $sanitize ]]; then
+        # libtier.so of a sanitizer build needs the runtime linked first
+        san_flags=("-fsanitize=$sanitize")
+        export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+fi
+# shellcheck disable=SC2086  # word splitting of $cc and $flags is wanted
+$cc -Wall -Wextra -Werror "${san_flags[@]}" -o "$dest/train-step" \
+        "$source/client/examples/train-step.c" $flags || bad "client/examples/train-step.c does not build against the installed libtier"
+
+# ---- the installed pieces work together ----------------------------------------
+libdir=$(dirname "$(find "$dest" -name 'libtier.so.0' | head -n1)")
+tierctl=$(find "$dest" -path '*/bin/tierctl' | head -n1)
+run=$dest/run
+mkdir -p "$run"
+cat >"$run/tierd.conf" <<EOF
+[host]
+capacity = 32M
+segment_size = 8M
+job_limit = 16M
+[vram]
+backend = emulated
+capacity = 16M
+chunk_size = 4M
+job_limit = 8M
+[nvme]
+target = $run/t0.img:128M
+EOF
+"$tierd" --config "$run/tierd.conf" --socket "$run/tierd.sock" --state-dir "$run" --log-target stderr \
+        >"$run/tierd.log" 2>&1 &
+pid=$!
+for _ in $(seq 200); do
+        LD_LIBRARY_PATH=$libdir "$tierctl" --socket "$run/tierd.sock" status >/dev/null 2>&1 && break
+        sleep 0.05
+done
+if [[ -x $dest/train-step ]]; then
+        if LD_LIBRARY_PATH=$libdir "$dest/train-step" --socket "$run/tierd.sock" --job installed \
+                --tensors 4 --size 1048576 --steps 1 >"$run/train-step.log" 2>&1; then
+                echo "installed train-step against installed tierd: OK ($(tail -n1 "$run/train-step.log"))"
+        else
+                cat "$run/train-step.log" >&2
+                bad "train-step built with pkg-config failed against the installed tierd"
+        fi
+        ldd "$dest/train-step" | grep -q "$libdir/libtier.so.0" 2>/dev/null ||
+                LD_LIBRARY_PATH=$libdir ldd "$dest/train-step" | grep -q "$libdir/libtier.so.0" ||
+                bad "train-step does not load the installed libtier"
+fi
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+pid=
+if ((status != 0)); then
+        cat "$run/tierd.log" >&2
+        bad "the installed tierd exited with status $status after SIGTERM"
+fi
+
+if ((fail)); then
+        exit 1
+fi
+echo "OK"
