@@ -34,6 +34,7 @@
 
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "daemon/tier-nvme.h"
 #include "daemon/manager.h"
 #include "daemon/registry.h"
 #include "daemon/reload.h"
@@ -326,6 +327,7 @@ static unsigned reload_apply(Manager *m, const Config *next, unsigned *ret_resta
                 [TIER_HOST] = m->config.host_job_limit,
                 [TIER_NVME] = m->config.nvme_job_limit,
         });
+        nvme_set_bandwidth(m->nvme, m->config.nvme_bandwidth);
         if (m->config.vram_bandwidth != old_vram_bandwidth && vram_set_bandwidth(m->vram, m->config.vram_bandwidth) < 0)
                 log_tier(LOG_NOTICE, 0, "vram", "Reload: [vram] bandwidth only throttles the emulated backend; "
                          "the %s backend is not throttled, ignoring", m->vram->ops->name);

@@ -155,6 +155,7 @@ int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_erro
                 errorf(ret_error, r, "Cannot register NVMe targets with io_uring: %s", strerror(-r));
                 goto fail;
         }
+        nvme_set_bandwidth(n, c->nvme_bandwidth);
         *ret = n;
         return 0;
 fail:
@@ -173,6 +174,11 @@ NvmeTier *nvme_tier_free(NvmeTier *n) {
         free(n->targets);
         free(n);
         return NULL;
+}
+
+void nvme_set_bandwidth(NvmeTier *n, uint64_t bytes_per_sec) {
+        for (unsigned i = 0; i < n->n_targets; i++)
+                (void) uring_set_throttle(n->uring, i, bytes_per_sec);
 }
 
 int nvme_alloc(NvmeTier *n, uint64_t size, unsigned first, NvmeExtent **ret, uint32_t *ret_n) {

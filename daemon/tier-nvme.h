@@ -41,6 +41,9 @@ struct NvmeTier {
 int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_error);
 NvmeTier *nvme_tier_free(NvmeTier *n);
 
+/* Pace each target to @bytes_per_sec (0: unthrottled), for reproducible benchmarks. */
+void nvme_set_bandwidth(NvmeTier *n, uint64_t bytes_per_sec);
+
 /* Allocate the extents of a @size-byte image, striped round-robin from target @first. */
 int nvme_alloc(NvmeTier *n, uint64_t size, unsigned first, NvmeExtent **ret, uint32_t *ret_n);
 void nvme_free(NvmeTier *n, NvmeExtent *ext, uint32_t n_ext);

@@ -19,12 +19,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 
 #include "daemon/log.h"
 #include "daemon/uring.h"
 #include "proto/macro.h"
 
+/* A throttled file may run this far ahead of its pace, so the device always has work queued. */
+#define THROTTLE_BURST_NS (2000000ull)
+#define URING_MAX_FILES 16
+
 struct Uring {
+        sd_event *event;
+        sd_event_source *throttle_timer;
+        uint64_t bandwidth[URING_MAX_FILES];    /* bytes/s, 0: unthrottled */
+        uint64_t next_ns[URING_MAX_FILES];      /* when the file's paced link is free again */
         struct io_uring ring;
         bool ring_ok;
         int efd;
@@ -100,6 +109,44 @@ static int on_uring_post(sd_event_source *s, void *userdata) {
         return 0;
 }
 
+static int on_throttle_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        uring_flush(userdata);
+        return 0;
+}
+
+static uint64_t clock_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec) {
+        if (file_index >= URING_MAX_FILES)
+                return -EINVAL;
+        u->bandwidth[file_index] = bytes_per_sec;
+        return 0;
+}
+
+/* May @req go now?  If not, *@wake_ns says when it may. */
+static bool throttle_admit(Uring *u, const UringReq *req, uint64_t now, uint64_t *wake_ns) {
+        unsigned f = req->file_index;
+        uint64_t bw, start;
+
+        if (f >= URING_MAX_FILES || (bw = u->bandwidth[f]) == 0)
+                return true;
+        start = MAX(u->next_ns[f], now);
+        if (start > now + THROTTLE_BURST_NS) {
+                uint64_t at = start - THROTTLE_BURST_NS;
+
+                if (*wake_ns == 0 || at < *wake_ns)
+                        *wake_ns = at;
+                return false;
+        }
+        u->next_ns[f] = start + (uint64_t) (req->len - req->done) * 1000000000ull / bw;
+        return true;
+}
+
 int uring_new(sd_event *event, unsigned depth, Uring **ret) {
         Uring *u;
         int r;
@@ -109,6 +156,7 @@ int uring_new(sd_event *event, unsigned depth, Uring **ret) {
                 return -ENOMEM;
         u->efd = -1;
         u->depth = depth;
+        u->event = sd_event_ref(event);
         list_init(&u->pending);
 
         r = io_uring_queue_init(depth, &u->ring, 0);
@@ -147,6 +195,8 @@ Uring *uring_free(Uring *u) {
                 return NULL;
         sd_event_source_disable_unref(u->efd_source);
         sd_event_source_disable_unref(u->post_source);
+        sd_event_source_disable_unref(u->throttle_timer);
+        sd_event_unref(u->event);
         if (u->ring_ok) {
                 /* wait for what is still in flight: its buffers are about to go */
                 while (u->inflight > 0) {
@@ -191,14 +241,28 @@ unsigned uring_inflight(const Uring *u) {
 
 int uring_flush(Uring *u) {
         unsigned queued = 0;
+        uint64_t now = 0, wake_ns = 0;
+        List blocked;
 
+        list_init(&blocked);
         while (!list_empty(&u->pending) && u->inflight < u->depth) {
                 UringReq *req = list_entry(u->pending.next, UringReq, link);
-                struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+                struct io_uring_sqe *sqe;
                 uint8_t *buf = req->buf + req->done;
                 unsigned len = req->len - req->done;
                 uint64_t off = req->offset + req->done;
 
+                if (req->file_index < URING_MAX_FILES && u->bandwidth[req->file_index]) {
+                        if (!now)
+                                now = clock_ns();
+                        if (!throttle_admit(u, req, now, &wake_ns)) {
+                                /* keep order per file: set it aside, others may go */
+                                list_del(&req->link);
+                                list_add_tail(&blocked, &req->link);
+                                continue;
+                        }
+                }
+                sqe = io_uring_get_sqe(&u->ring);
                 if (!sqe)
                         break;
                 list_del(&req->link);
@@ -217,6 +281,20 @@ int uring_flush(Uring *u) {
                 io_uring_sqe_set_data(sqe, req);
                 u->inflight++;
                 queued++;
+        }
+        /* throttled requests go back to the front, in their order */
+        if (!list_empty(&blocked)) {
+                list_splice_tail(&blocked, &u->pending);        /* blocked, then what was not reached */
+                list_splice_tail(&u->pending, &blocked);
+        }
+        if (wake_ns) {
+                uint64_t usec = wake_ns / 1000 + 1;
+
+                /* a fresh one-shot timer each time (accuracy 1 us: pacing needs precision) */
+                u->throttle_timer = sd_event_source_disable_unref(u->throttle_timer);
+                if (sd_event_add_time(u->event, &u->throttle_timer, CLOCK_MONOTONIC, usec, 1,
+                                      on_throttle_timer, u) >= 0)
+                        (void) sd_event_source_set_description(u->throttle_timer, "uring-throttle");
         }
         if (queued == 0)
                 return 0;

@@ -45,6 +45,9 @@ int uring_register_files(Uring *u, const int *fds, unsigned n);
 int uring_register_buffers(Uring *u, unsigned n);
 int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
 
+/* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
+int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
+
 /* Queue a request; it is submitted in a batch by uring_flush() (or when the SQ fills). */
 void uring_queue(Uring *u, UringReq *req);
 /* Submit everything queued; called once per event loop iteration. */
