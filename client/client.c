@@ -236,10 +236,11 @@ static int client_break(tier_client *c, int r, const char *fmt, ...) {
 
 /* Can a request be sent now? */
 static int client_check(tier_client *c) {
-        if (c->broken < 0)
-                return c->broken;
+        /* a connection closed after tierd announced its shutdown reports the shutdown */
         if (c->shutdown)
                 return -ESHUTDOWN;
+        if (c->broken < 0)
+                return c->broken;
         return 0;
 }
 

@@ -326,8 +326,9 @@ static void xfer_finish(Xfer *x) {
         list_splice_tail(&waiters, &t->waiters);
 
         if (x->error < 0) {
-                log_error("Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
-                          t->name, t->job->name, tname(x->src), tname(x->dst), x->errmsg);
+                log_tensor(LOG_ERR, 0, t->job->name, t->name, tname(x->dst),
+                           "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
+                           t->name, t->job->name, tname(x->src), tname(x->dst), x->errmsg);
                 copy_free(m, t, x->dst);
                 /* fail everyone who waited for this transfer */
                 list_for_each_safe(n, tmp, &waiters) {
@@ -470,12 +471,19 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                                 .offset = n->extents[i].unit * es,
                         };
                         list_init(&p->req.link);
-                        if (write)
-                                n->extents[i].crc = crc32c(0, buf, len);
                         uring_queue(m->uring, &p->req);
                 }
                 t->xfer = x;
                 m->n_xfers++;
+                /*
+                 * Submit first, checksum after: the host copy does not change while the
+                 * tensor is in transfer, so the CPU computes the crcs while the device
+                 * is already writing the same bytes.
+                 */
+                (void) uring_flush(m->uring);
+                if (write)
+                        for (uint32_t i = 0; i < n->n_extents; i++)
+                                n->extents[i].crc = crc32c(0, x->parts[i].req.buf, x->parts[i].req.len);
                 return 0;
         }
 
@@ -727,8 +735,9 @@ static void mover_run_queue(Manager *m) {
                         if (r < 0 && op->kind == OP_DRAIN) {
                                 Copy *c = &op->tensor->copy[op->tier];
 
-                                log_warning("Cannot write tensor '%s' of job '%s' down from %s: %s",
-                                            op->tensor->name, op->tensor->job->name, tname(op->tier), op->error);
+                                log_tensor(LOG_WARNING, 0, op->tensor->job->name, op->tensor->name, tname(op->tier),
+                                           "Cannot write tensor '%s' of job '%s' down from %s: %s",
+                                           op->tensor->name, op->tensor->job->name, tname(op->tier), op->error);
                                 if (c->state == COPY_DRAINING)
                                         c->state = COPY_RESIDENT;
                         }

@@ -136,8 +136,9 @@ static void job_free_final(Job *j) {
                         int r = segpool_release(s->pool, s);
 
                         if (r < 0)
-                                log_warning_errno(r, "Cannot renew segment %u after job '%s', it stays out of service: %m",
-                                                  s->id, j->name);
+                                log_object(LOG_WARNING, r, j->name, NULL, tier_to_string(s->pool->tier),
+                                           "Cannot renew segment %u after job '%s', it stays out of service: %m",
+                                           s->id, j->name);
                 }
         }
         list_del(&j->link);
@@ -161,7 +162,8 @@ void job_maybe_finish(Job *j) {
 void job_destroy(Job *j) {
         Manager *m = j->manager;
 
-        log_info("Job '%s' (id %" PRIu64 ") ended, freeing %u tensor(s)", j->name, j->id, j->n_tensors);
+        log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") ended, freeing %u tensor(s)", j->name, j->id,
+                j->n_tensors);
         j->linger = sd_event_source_disable_unref(j->linger);
         mover_cancel_job(m, j);
         list_del(&j->link);

@@ -101,6 +101,7 @@ struct Job {
         uint64_t linger_until;  /* monotonic usec, 0 while connected */
         bool dying;
         unsigned weight;        /* bandwidth weight (fair share of the links) */
+        uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
         double vtime;           /* fair-share virtual time: bytes served / weight */
         uint64_t link_bytes[4]; /* bytes moved for this job, per LinkDir */
 };

@@ -229,7 +229,7 @@ static char *format_value(const ReloadKey *k, const Config *c) {
  * becomes exact.
  */
 static bool job_limit_is_default(const Job *j, int tier, uint64_t old_default) {
-        return j->limit[tier] == old_default;
+        return !(j->limit_set & (1u << tier)) && j->limit[tier] == old_default;
 }
 
 /* Jobs that use the default limit of a tier follow its new value; a job with a quota of its own keeps it. */

@@ -421,7 +421,8 @@ static int handle_hello(Conn *c, uint64_t seq, const Tier__Hello *h) {
                 if (r < 0)
                         return reply_status(c, seq, r, "cannot create job: %s", strerror(-r));
                 created = true;
-                log_info("Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id, (unsigned) c->uid);
+                log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id,
+                        (unsigned) c->uid);
         }
 
         r = job_fence_slot_get(j, &c->fence_slot);
@@ -735,8 +736,8 @@ static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PLAN;
         resp.plan = &pr;
-        log_info("Job '%s': rank connection %" PRIu64 " submitted a plan of %u phases over %u tensors",
-                 c->job->name, c->id, p->n_phases, p->n_slots);
+        log_job(LOG_INFO, 0, c->job->name, "Job '%s': rank connection %" PRIu64 " submitted a plan of %u phases "
+                "over %u tensors", c->job->name, c->id, p->n_phases, p->n_slots);
         return conn_send_response(c, &resp, fds, 2, false);
 }
 
@@ -802,12 +803,13 @@ static int handle_quota_set(Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
         for (size_t i = 0; i < q->n_tier_limit; i++)
                 if (q->tier_limit[i] > 0) {
                         j->limit[i] = q->tier_limit[i];
-                        log_info("Job '%s': %s limit set to %" PRIu64 " bytes", j->name, tier_to_string((int) i),
-                                 q->tier_limit[i]);
+                        j->limit_set |= (uint8_t) (1u << i);
+                        log_job_tier(LOG_INFO, 0, j->name, tier_to_string((int) i), "Job '%s': %s limit set to %"
+                                     PRIu64 " bytes", j->name, tier_to_string((int) i), q->tier_limit[i]);
                 }
         if (q->weight > 0) {
                 j->weight = q->weight;
-                log_info("Job '%s': weight set to %u", j->name, q->weight);
+                log_job(LOG_INFO, 0, j->name, "Job '%s': weight set to %u", j->name, q->weight);
         }
         manager_kick(m);
         return reply_quota(c, seq, j);
@@ -878,7 +880,7 @@ static void job_linger_start(Job *j) {
         j->linger_until = until;
         r = sd_event_add_time(m->event, &j->linger, CLOCK_MONOTONIC, until, 0, on_linger, j);
         if (r < 0) {
-                log_warning_errno(r, "Cannot arm linger timer of job '%s', ending it now: %m", j->name);
+                log_job(LOG_WARNING, r, j->name, "Cannot arm linger timer of job '%s', ending it now: %m", j->name);
                 job_destroy(j);
                 return;
         }
@@ -918,8 +920,8 @@ void rpc_conn_gone(Conn *c) {
                 job_fence_slot_put(j, c->fence_slot);
                 c->job = NULL;
                 if (j->n_conns == 0 && !m->stopping) {
-                        log_info("Job '%s' has no connection left, keeping its tensors for %" PRIu64 " s",
-                                 j->name, m->config.linger_usec / 1000000);
+                        log_job(LOG_INFO, 0, j->name, "Job '%s' has no connection left, keeping its tensors for %"
+                                PRIu64 " s", j->name, m->config.linger_usec / 1000000);
                         job_linger_start(j);
                 }
         }

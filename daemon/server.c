@@ -182,7 +182,8 @@ int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_f
 static int on_abort(sd_event_source *s, void *userdata) {
         Conn *c = userdata;
 
-        log_warning("Connection %" PRIu64 " (pid " PID_FMT ") does not read its replies, closing it", c->id, c->pid);
+        log_job(LOG_WARNING, 0, c->job ? c->job->name : NULL,
+                "Connection %" PRIu64 " (pid " PID_FMT ") does not read its replies, closing it", c->id, c->pid);
         conn_close(c);
         return 0;
 }

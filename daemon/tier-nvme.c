@@ -208,8 +208,20 @@ int nvme_alloc(NvmeTier *n, uint64_t size, unsigned first, NvmeExtent **ret, uin
 }
 
 void nvme_free(NvmeTier *n, NvmeExtent *ext, uint32_t n_ext) {
-        for (uint32_t i = 0; i < n_ext; i++)
-                if (extent_alloc_put(&n->targets[ext[i].target].extents, ext[i].unit, 1) >= 0)
-                        n->used -= n->extent_size;
+        for (uint32_t i = 0; i < n_ext; i++) {
+                ExtentAlloc *a = &n->targets[ext[i].target].extents;
+
+                if (extent_alloc_put(a, ext[i].unit, 1) < 0)
+                        continue;
+                n->used -= n->extent_size;
+                /*
+                 * Reuse the lowest free extents first: the written area of a target
+                 * stays compact, and on a file target never-written regions are
+                 * unwritten extents whose first write costs the filesystem a
+                 * metadata update.
+                 */
+                if (ext[i].unit < a->hint)
+                        a->hint = ext[i].unit;
+        }
         free(ext);
 }

@@ -260,7 +260,7 @@ static void plan_set_error(Plan *p, int error, const char *what) {
 
         if (p->page->daemon.error)
                 return;
-        log_error("Plan of job '%s' failed: %s", p->job->name, what);
+        log_job(LOG_ERR, 0, p->job->name, "Plan of job '%s' failed: %s", p->job->name, what);
         __atomic_store_n(&p->page->daemon.error, (int64_t) error, __ATOMIC_RELEASE);
         if (p->conn && p->conn->efd >= 0)
                 (void) write(p->conn->efd, &one, sizeof(one));

@@ -10,6 +10,9 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +35,12 @@ typedef struct Verb {
 } Verb;
 
 static int verb_status(int argc, char **argv);
+static int verb_quota(int argc, char **argv);
 static int verb_help(int argc, char **argv);
 
 static const Verb verbs[] = {
         { "status", verb_status, "show tiers, links, NVMe targets and jobs" },
+        { "quota",  verb_quota,  "show (get [JOB]) or change (set JOB ...) job quotas" },
         { "help",   verb_help,   "show this help" },
 };
 
@@ -99,6 +104,502 @@ static int verb_status(int argc, char **argv) {
         free(text);
         tier_client_free(c);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+/* ---- quota ------------------------------------------------------------------------------- */
+
+/* Reason of the last failure on @c: tierd's when it gave one. */
+static const char *why(const tier_client *c, int r) {
+        const char *s = c ? tier_client_last_error(c) : "";
+
+        return s && *s ? s : tier_strerror(r);
+}
+
+/*
+ * parse_size() - "123", "16M", "1G", "2TiB", "512KB" (K, M, G, T: powers of
+ * 1024); -EINVAL for anything else, -ERANGE on overflow.
+ */
+static int parse_size(const char *s, uint64_t *ret) {
+        unsigned shift = 0;
+        uint64_t v;
+        char *end;
+
+        if (!s || *s < '0' || *s > '9')
+                return -EINVAL;
+        errno = 0;
+        v = strtoull(s, &end, 10);
+        if (errno != 0)
+                return -ERANGE;
+        switch (*end) {
+        case '\0':
+                break;
+        case 'K': case 'k':
+                shift = 10;
+                break;
+        case 'M': case 'm':
+                shift = 20;
+                break;
+        case 'G': case 'g':
+                shift = 30;
+                break;
+        case 'T': case 't':
+                shift = 40;
+                break;
+        default:
+                return -EINVAL;
+        }
+        if (*end != '\0') {
+                end++;
+                if (*end == 'i')
+                        end++;
+                if (*end == 'B')
+                        end++;
+                if (*end != '\0')
+                        return -EINVAL;
+        }
+        if (shift > 0 && v > (UINT64_MAX >> shift))
+                return -ERANGE;
+        *ret = v << shift;
+        return 0;
+}
+
+/* @bytes in binary units, one decimal ("512.0 MiB"); exact byte counts below 1 KiB. */
+static const char *format_size(char *buf, size_t size, uint64_t bytes) {
+        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+        uint64_t d = 1, whole, tenths;
+        size_t i = 0;
+
+        while (i + 1 < sizeof(units) / sizeof(units[0]) && bytes / d >= 1024) {
+                d *= 1024;
+                i++;
+        }
+        if (i == 0) {
+                (void) snprintf(buf, size, "%" PRIu64 " B", bytes);
+                return buf;
+        }
+        whole = bytes / d;
+        tenths = ((bytes % d) * 10 + d / 2) / d;
+        if (tenths >= 10) {
+                whole++;
+                tenths = 0;
+        }
+        (void) snprintf(buf, size, "%" PRIu64 ".%" PRIu64 " %s", whole, tenths, units[i]);
+        return buf;
+}
+
+static void json_string(FILE *f, const char *s) {
+        fputc('"', f);
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                if (*p == '"' || *p == '\\')
+                        fprintf(f, "\\%c", *p);
+                else if (*p < 0x20 || *p == 0x7f)
+                        fprintf(f, "\\u%04x", *p);
+                else
+                        fputc(*p, f);
+        }
+        fputc('"', f);
+}
+
+static void quota_print_json(FILE *f, const char *job, const struct tier_quota *q) {
+        fputs("{\"job\":", f);
+        json_string(f, job);
+        for (int t = 0; t < TIER_LEVEL_MAX; t++)
+                fprintf(f, ",\"%s\":%" PRIu64, tier_level_name(t), q->limit[t]);
+        fprintf(f, ",\"weight\":%u}", q->weight);
+}
+
+static void quota_print_header(FILE *f, int name_width) {
+        fprintf(f, "%-*s  %10s  %10s  %10s  %6s\n", name_width, "JOB", "VRAM", "HOST", "NVME", "WEIGHT");
+}
+
+static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota *q) {
+        char a[32], b[32], c[32];
+
+        fprintf(f, "%-*s  %10s  %10s  %10s  %6u\n", name_width, job,
+                format_size(a, sizeof(a), q->limit[TIER_VRAM]), format_size(b, sizeof(b), q->limit[TIER_HOST]),
+                format_size(c, sizeof(c), q->limit[TIER_NVME]), q->weight);
+}
+
+/*
+ * json_next_string() - the next JSON string value after key @key at or after
+ * *@pos in @json, unescaped into a malloc'ed string; *@pos moves past it.
+ * NULL at the end (or on a string tierctl cannot decode, which is skipped).
+ * Enough for tierd's own status JSON, which escapes only '"', '\\' and
+ * control characters (\uXXXX below U+0080).
+ */
+static char *json_next_string(const char *json, const char **pos, const char *key) {
+        char pattern[64];
+        const char *p;
+
+        (void) snprintf(pattern, sizeof(pattern), "\"%s\":\"", key);
+        while ((p = strstr(*pos, pattern))) {
+                size_t len = 0;
+                char *out, *o;
+                bool ok = true;
+
+                p += strlen(pattern);
+                out = malloc(strlen(p) + 1);
+                if (!out)
+                        return NULL;
+                o = out;
+                for (; *p && *p != '"'; p++, len++) {
+                        if (*p != '\\') {
+                                *o++ = *p;
+                                continue;
+                        }
+                        p++;
+                        switch (*p) {
+                        case '"': case '\\': case '/':
+                                *o++ = *p;
+                                break;
+                        case 'u': {
+                                unsigned v = 0;
+
+                                if (sscanf(p + 1, "%4x", &v) != 1 || v == 0 || v >= 0x80) {
+                                        ok = false;
+                                        v = '?';
+                                }
+                                *o++ = (char) v;
+                                for (int k = 0; k < 4 && p[1]; k++)
+                                        p++;
+                                break;
+                        }
+                        case '\0':
+                                p--;
+                                ok = false;
+                                break;
+                        default:
+                                ok = false;
+                                *o++ = '?';
+                                break;
+                        }
+                }
+                *o = '\0';
+                *pos = *p ? p + 1 : p;
+                if (ok)
+                        return out;
+                free(out);
+        }
+        return NULL;
+}
+
+/* getopt_long() with opterr = 0 found a problem at argv[optind - 1]: say it like the rest of tierctl. */
+static int bad_option(const char *cmd, int opt, char **argv) {
+        const char *arg = argv[optind - 1];
+
+        if (opt == ':')
+                fprintf(stderr, "tierctl %s: option '%s' needs an argument\n", cmd, arg);
+        else
+                fprintf(stderr, "tierctl %s: unknown option '%s' (try tierctl quota --help)\n", cmd, arg);
+        return EXIT_USAGE;
+}
+
+static void quota_help(FILE *f) {
+        fprintf(f,
+                "Usage: tierctl quota get [--json] [JOB]\n"
+                "       tierctl quota set JOB [--vram SIZE] [--host SIZE] [--nvme SIZE] [--weight N]\n"
+                "\n"
+                "Show the quota of JOB (of every job without JOB), or change it.  SIZE is bytes,\n"
+                "with an optional K, M, G or T suffix (powers of 1024); N is 1..1000.  Options not\n"
+                "given keep their value.  Setting needs root or membership of group tier-admin.\n");
+}
+
+/* The names of the jobs tierd has now (from its status), NULL-terminated. */
+static int list_jobs(tier_client *c, char ***ret) {
+        char *json = NULL, **names = NULL;
+        const char *pos;
+        size_t n = 0;
+        int r;
+
+        r = tier_status(c, TIER_STATUS_JSON, &json);
+        if (r < 0)
+                return r;
+        pos = strstr(json, "\"jobs\":[");
+        if (!pos) {
+                free(json);
+                return -EBADMSG;
+        }
+        for (;;) {
+                char *name = json_next_string(json, &pos, "name"), **x;
+
+                x = realloc(names, (n + 2) * sizeof(char *));
+                if (!x) {
+                        free(name);
+                        r = -ENOMEM;
+                        break;
+                }
+                names = x;
+                names[n] = name;
+                if (!name)
+                        break;
+                names[++n] = NULL;
+        }
+        free(json);
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        free(names[i]);
+                free(names);
+                return r;
+        }
+        *ret = names;
+        return 0;
+}
+
+static int quota_get(int argc, char **argv) {
+        enum { ARG_JSON = 0x100 };
+        static const struct option options[] = {
+                { "json", no_argument, NULL, ARG_JSON },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
+        const char *job = NULL;
+        tier_client *c = NULL;
+        struct tier_quota q;
+        int opt, r, ret = EXIT_SUCCESS;
+
+        optind = 0;
+        opterr = 0;
+        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
+                switch (opt) {
+                case ARG_JSON:
+                        arg_json = 1;
+                        break;
+                case 'h':
+                        quota_help(stdout);
+                        return EXIT_SUCCESS;
+                default:
+                        return bad_option("quota get", opt, argv);
+                }
+        if (optind < argc)
+                job = argv[optind++];
+        if (optind < argc) {
+                fprintf(stderr, "tierctl quota get: unexpected argument '%s'\n", argv[optind]);
+                return EXIT_USAGE;
+        }
+        if (job && !*job) {
+                fprintf(stderr, "tierctl quota get: the job name is empty\n");
+                return EXIT_USAGE;
+        }
+
+        if (connect_control(&c) < 0)
+                return EXIT_FAILURE;
+
+        if (job) {
+                r = tier_quota_get(c, job, &q);
+                if (r < 0) {
+                        fprintf(stderr, "tierctl: cannot get the quota of job '%s': %s\n", job, why(c, r));
+                        tier_client_free(c);
+                        return EXIT_FAILURE;
+                }
+                if (arg_json) {
+                        quota_print_json(stdout, job, &q);
+                        fputc('\n', stdout);
+                } else {
+                        int w = (int) strlen(job);
+
+                        quota_print_header(stdout, w < 3 ? 3 : w);
+                        quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
+                }
+        } else {
+                char **names = NULL;
+                struct tier_quota *qs;
+                size_t n = 0;
+                int w = 3;
+                bool first = true;
+
+                r = list_jobs(c, &names);
+                if (r < 0) {
+                        fprintf(stderr, "tierctl: cannot list the jobs: %s\n", why(c, r));
+                        tier_client_free(c);
+                        return EXIT_FAILURE;
+                }
+                while (names[n])
+                        n++;
+                qs = calloc(n + 1, sizeof(*qs));
+                if (!qs) {
+                        fprintf(stderr, "tierctl: out of memory\n");
+                        for (size_t i = 0; i < n; i++)
+                                free(names[i]);
+                        free(names);
+                        tier_client_free(c);
+                        return EXIT_FAILURE;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        r = tier_quota_get(c, names[i], &qs[i]);
+                        if (r == -ENOENT) {             /* gone since the listing */
+                                free(names[i]);
+                                names[i] = NULL;
+                                continue;
+                        }
+                        if (r < 0) {
+                                fprintf(stderr, "tierctl: cannot get the quota of job '%s': %s\n", names[i],
+                                        why(c, r));
+                                ret = EXIT_FAILURE;
+                                free(names[i]);
+                                names[i] = NULL;
+                                continue;
+                        }
+                        if ((int) strlen(names[i]) > w)
+                                w = (int) strlen(names[i]);
+                }
+                if (arg_json)
+                        fputs("{\"jobs\":[", stdout);
+                else if (n == 0 && ret == EXIT_SUCCESS)
+                        puts("no jobs");
+                for (size_t i = 0; i < n; i++) {
+                        if (!names[i])
+                                continue;
+                        if (arg_json) {
+                                if (!first)
+                                        fputc(',', stdout);
+                                quota_print_json(stdout, names[i], &qs[i]);
+                        } else {
+                                if (first)
+                                        quota_print_header(stdout, w);
+                                quota_print_row(stdout, w, names[i], &qs[i]);
+                        }
+                        first = false;
+                }
+                if (arg_json)
+                        fputs("]}\n", stdout);
+                for (size_t i = 0; i < n; i++)
+                        free(names[i]);
+                free(names);
+                free(qs);
+        }
+        tier_client_free(c);
+        if (fflush(stdout) != 0)
+                return EXIT_FAILURE;
+        return ret;
+}
+
+static int quota_set(int argc, char **argv) {
+        enum { ARG_VRAM = 0x100, ARG_HOST, ARG_NVME, ARG_WEIGHT, ARG_JSON };
+        static const struct option options[] = {
+                { "vram",   required_argument, NULL, ARG_VRAM },
+                { "host",   required_argument, NULL, ARG_HOST },
+                { "nvme",   required_argument, NULL, ARG_NVME },
+                { "weight", required_argument, NULL, ARG_WEIGHT },
+                { "json",   no_argument,       NULL, ARG_JSON },
+                { "help",   no_argument,       NULL, 'h' },
+                {}
+        };
+        struct tier_quota q = {};
+        const char *job;
+        tier_client *c = NULL;
+        bool any = false;
+        int opt, r;
+
+        optind = 0;
+        opterr = 0;
+        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0) {
+                int tier = -1;
+
+                switch (opt) {
+                case ARG_VRAM:
+                        tier = TIER_VRAM;
+                        break;
+                case ARG_HOST:
+                        tier = TIER_HOST;
+                        break;
+                case ARG_NVME:
+                        tier = TIER_NVME;
+                        break;
+                case ARG_WEIGHT: {
+                        char *end;
+                        unsigned long v;
+
+                        errno = 0;
+                        v = strtoul(optarg, &end, 10);
+                        if (optarg[0] < '0' || optarg[0] > '9' || *end || errno || v < 1 || v > 1000) {
+                                fprintf(stderr, "tierctl quota set: --weight must be a number from 1 to 1000, "
+                                        "not '%s'\n", optarg);
+                                return EXIT_USAGE;
+                        }
+                        q.weight = (unsigned) v;
+                        any = true;
+                        continue;
+                }
+                case ARG_JSON:
+                        arg_json = 1;
+                        continue;
+                case 'h':
+                        quota_help(stdout);
+                        return EXIT_SUCCESS;
+                default:
+                        return bad_option("quota set", opt, argv);
+                }
+                r = parse_size(optarg, &q.limit[tier]);
+                if (r < 0 || q.limit[tier] == 0) {
+                        fprintf(stderr, "tierctl quota set: --%s must be a %s like 512M, 8G or 1T, not '%s'\n",
+                                tier_level_name(tier), r == -ERANGE ? "size below 16 EiB" : "positive size",
+                                optarg);
+                        return EXIT_USAGE;
+                }
+                any = true;
+        }
+        if (optind >= argc) {
+                fprintf(stderr, "tierctl quota set: no job given (tierctl quota set JOB [--vram SIZE] "
+                        "[--host SIZE] [--nvme SIZE] [--weight N])\n");
+                return EXIT_USAGE;
+        }
+        job = argv[optind++];
+        if (optind < argc) {
+                fprintf(stderr, "tierctl quota set: unexpected argument '%s'\n", argv[optind]);
+                return EXIT_USAGE;
+        }
+        if (!*job) {
+                fprintf(stderr, "tierctl quota set: the job name is empty\n");
+                return EXIT_USAGE;
+        }
+        if (!any) {
+                fprintf(stderr, "tierctl quota set: nothing to set (give --vram, --host, --nvme or --weight)\n");
+                return EXIT_USAGE;
+        }
+
+        if (connect_control(&c) < 0)
+                return EXIT_FAILURE;
+        r = tier_quota_set(c, job, &q);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: cannot set the quota of job '%s': %s\n", job, why(c, r));
+                tier_client_free(c);
+                return EXIT_FAILURE;
+        }
+        /* show what holds now */
+        r = tier_quota_get(c, job, &q);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: quota of job '%s' set, but reading it back failed: %s\n", job, why(c, r));
+                tier_client_free(c);
+                return EXIT_FAILURE;
+        }
+        if (arg_json) {
+                quota_print_json(stdout, job, &q);
+                fputc('\n', stdout);
+        } else {
+                int w = (int) strlen(job);
+
+                quota_print_header(stdout, w < 3 ? 3 : w);
+                quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
+        }
+        tier_client_free(c);
+        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+static int verb_quota(int argc, char **argv) {
+        if (argc < 2) {
+                fprintf(stderr, "tierctl quota: say get or set (try tierctl quota --help)\n");
+                return EXIT_USAGE;
+        }
+        if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+                quota_help(stdout);
+                return EXIT_SUCCESS;
+        }
+        if (strcmp(argv[1], "get") == 0)
+                return quota_get(argc - 1, argv + 1);
+        if (strcmp(argv[1], "set") == 0)
+                return quota_set(argc - 1, argv + 1);
+        fprintf(stderr, "tierctl quota: unknown subcommand '%s' (get or set)\n", argv[1]);
+        return EXIT_USAGE;
 }
 
 static int verb_help(int argc, char **argv) {
