@@ -82,7 +82,11 @@
 /* Weight of a new sample in a phase's moving average (1/4). */
 #define EMA_SHIFT 2
 
-enum { SLINK_NVME, SLINK_PCIE, _SLINK_MAX };
+#define SLINK_NVME SCHED_LINK_NVME
+#define SLINK_PCIE SCHED_LINK_PCIE
+#define _SLINK_MAX _SCHED_LINK_MAX
+
+static const unsigned link_limit[_SCHED_LINK_MAX] = { NVME_INFLIGHT, PCIE_INFLIGHT };
 
 typedef struct PinCtx {
         Plan *plan;
@@ -91,15 +95,7 @@ typedef struct PinCtx {
         int link;
 } PinCtx;
 
-typedef struct Cand {
-        Plan *plan;
-        Tensor *tensor;
-        int tier;
-        int hold;               /* -1: a prefetch */
-        uint32_t idx;
-        uint64_t deadline;
-        int link;
-} Cand;
+typedef SchedCand Cand;
 
 /* Per-hold bookkeeping, sized by the plan's largest phase. */
 typedef struct HoldState {
@@ -114,6 +110,8 @@ typedef struct PlanPriv {
         uint32_t max_acc;
         uint64_t *pred;         /* predicted start of phase cur+n, n = 0..P */
 } PlanPriv;
+
+void (*sched_trace)(const char *what, const Tensor *t, int tier, uint64_t deadline_ns) = NULL;
 
 static List plans = LIST_INIT(plans);
 static unsigned inflight[_SLINK_MAX];
@@ -375,7 +373,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, Cand **cands, size_t *n
                         *cap = nc;
                 }
                 (*cands)[(*n)++] = (Cand) {
-                        .plan = p, .tensor = t, .tier = a->tier, .hold = h, .idx = i,
+                        .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = h, .idx = i,
                         .deadline = deadline, .link = access_link(t, a->tier),
                 };
         }
@@ -517,6 +515,39 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
                 manager_kick(op->manager);
 }
 
+/*
+ * sched_pick() - the next candidate to start: earliest deadline first among
+ * those whose link has a free slot (the current phase's pins never wait for
+ * one); among candidates whose deadlines collide with that earliest one
+ * (within COLLIDE_NS of it, or of now when it is overdue) the job with the
+ * smallest fair-share virtual time wins.  @c is sorted by deadline.
+ */
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned busy[], const unsigned limit[]) {
+        size_t first = SIZE_MAX, pick = SIZE_MAX;
+        uint64_t horizon;
+
+        for (size_t i = 0; i < n; i++) {
+                if (c[i].taken || (c[i].hold != 0 && busy[c[i].link] >= limit[c[i].link]))
+                        continue;
+                first = i;
+                break;
+        }
+        if (first == SIZE_MAX)
+                return SIZE_MAX;
+        horizon = MAX(c[first].deadline, now) + COLLIDE_NS;
+        for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
+                if (c[i].taken || (c[i].hold != 0 && busy[c[i].link] >= limit[c[i].link]))
+                        continue;
+                if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
+                        pick = i;
+        }
+        return pick == SIZE_MAX ? first : pick;
+}
+
+void sched_charge(Job *j, uint64_t bytes) {
+        j->vtime += (double) bytes / (double) MAX(j->weight, 1u);
+}
+
 static bool cand_pending(const Cand *c, Cand *all, size_t n) {
         /* a prefetch for a tensor that already has a candidate earlier in the list is a duplicate */
         for (size_t i = 0; i < n && &all[i] != c; i++)
@@ -553,7 +584,9 @@ static void issue(Manager *m, Cand *c) {
                 c->tensor->sched_op = op;
         }
         inflight[c->link]++;
-        j->vtime += (double) c->tensor->alloc_size / (double) MAX(j->weight, 1u);
+        sched_charge(j, c->tensor->alloc_size);
+        if (sched_trace)
+                sched_trace(c->hold >= 0 ? "pin" : "prefetch", c->tensor, c->tier, c->deadline);
         log_debug("sched: job '%s' %s '%s' -> %s (hold %d, deadline in %.3f ms, link %s)", j->name,
                   c->hold >= 0 ? "pin" : "prefetch", c->tensor->name, tier_to_string(c->tier), c->hold,
                   ((double) c->deadline - (double) mono_ns()) / 1e6, c->link == SLINK_NVME ? "nvme" : "pcie");
@@ -590,7 +623,7 @@ static void collect_prefetch(Manager *m, Plan *p, Cand **cands, size_t *n, size_
                         if (t->version == 0 && tensor_valid_tier(t, TIERS - 1) < 0)
                                 continue;       /* zeros: nothing to move */
                         add_cand(cands, n, cap, (Cand) {
-                                .plan = p, .tensor = t, .tier = a->tier, .hold = -1, .idx = i,
+                                .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = -1, .idx = i,
                                 .deadline = pp->pred[k], .link = access_link(t, a->tier),
                         });
                 }
@@ -651,6 +684,8 @@ static void write_behind(Manager *m, Plan *p) {
                                               (void *) (intptr_t) link, &op) >= 0) {
                                         t->sched_op = op;
                                         inflight[link]++;
+                                        if (sched_trace)
+                                                sched_trace("clean", t, tier, 0);
                                 }
                         }
                 }
@@ -699,7 +734,8 @@ void sched_run(Manager *m) {
                 }
         }
 
-        qsort(cands, n, sizeof(Cand), cand_cmp);
+        if (n > 1)
+                qsort(cands, n, sizeof(Cand), cand_cmp);
 
         /* fair share: jobs that come back to the queue start at the current minimum virtual time */
         for (size_t i = 0; i < n; i++) {
@@ -710,39 +746,13 @@ void sched_run(Manager *m) {
         }
 
         for (;;) {
-                size_t first = SIZE_MAX, pick = SIZE_MAX;
-                uint64_t horizon;
+                size_t pick = sched_pick(cands, n, now, inflight, link_limit);
 
-                for (size_t i = 0; i < n; i++) {
-                        Cand *c = &cands[i];
-                        unsigned limit = c->link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT;
-
-                        if (!c->tensor)
-                                continue;       /* issued or dropped */
-                        /* demand pins of the current phase never wait for a link slot */
-                        if (c->hold != 0 && inflight[c->link] >= limit)
-                                continue;
-                        first = i;
-                        break;
-                }
-                if (first == SIZE_MAX)
-                        break;
-                horizon = MAX(cands[first].deadline, now) + COLLIDE_NS;
-                for (size_t i = first; i < n && cands[i].deadline <= horizon; i++) {
-                        Cand *c = &cands[i];
-                        unsigned limit = c->link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT;
-
-                        if (!c->tensor || (c->hold != 0 && inflight[c->link] >= limit))
-                                continue;
-                        if (pick == SIZE_MAX || c->plan->job->vtime < cands[pick].plan->job->vtime)
-                                pick = i;
-                }
                 if (pick == SIZE_MAX)
-                        pick = first;
-                if (cands[pick].hold < 0 && (cand_pending(&cands[pick], cands, n) || cands[pick].tensor->sched_op)) {
-                        cands[pick].tensor = NULL;
+                        break;
+                cands[pick].taken = true;
+                if (cands[pick].hold < 0 && (cand_pending(&cands[pick], cands, n) || cands[pick].tensor->sched_op))
                         continue;
-                }
                 if (cands[pick].plan->job->vtime < min_vt)
                         cands[pick].plan->job->vtime = min_vt;
                 /* far prefetch into full VRAM: stage it in host memory instead */
@@ -750,15 +760,12 @@ void sched_run(Manager *m) {
                         Job *j = cands[pick].plan->job;
 
                         if (j->used[TIER_VRAM] + cands[pick].tensor->alloc_size > j->limit[TIER_VRAM]) {
-                                if (copy_valid(cands[pick].tensor, TIER_HOST)) {
-                                        cands[pick].tensor = NULL;
+                                if (copy_valid(cands[pick].tensor, TIER_HOST))
                                         continue;
-                                }
                                 cands[pick].tier = TIER_HOST;
                         }
                 }
                 issue(m, &cands[pick]);
-                cands[pick].tensor = NULL;
         }
 
         if (policy(m) == SCHED_POLICY_TIMELINE)

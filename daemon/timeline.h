@@ -76,6 +76,29 @@ struct Plan {
         double last_step_s;
 };
 
+/* Links the scheduler keeps a few transfers in flight on. */
+enum { SCHED_LINK_NVME, SCHED_LINK_PCIE, _SCHED_LINK_MAX };
+
+/* A transfer the scheduler could start in this pass. */
+typedef struct SchedCand {
+        Plan *plan;
+        Job *job;
+        Tensor *tensor;
+        int tier;
+        int hold;               /* 0: the current phase, 1: the next one, -1: a prefetch */
+        uint32_t idx;
+        uint64_t deadline;      /* CLOCK_MONOTONIC ns */
+        int link;               /* SCHED_LINK_* */
+        bool taken;
+} SchedCand;
+
+/* The selection rule (EDF, then fair share among colliding deadlines); see timeline.c. */
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned inflight[], const unsigned limit[]);
+/* Charge @j for @bytes of link time (its virtual time advances by bytes / weight). */
+void sched_charge(Job *j, uint64_t bytes);
+/* Called for every transfer the scheduler starts ("pin", "prefetch", "clean"); for tests and tracing. */
+extern void (*sched_trace)(const char *what, const Tensor *t, int tier, uint64_t deadline_ns);
+
 int sched_init(Manager *m);
 void sched_deinit(Manager *m);
 

@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: MIT */
+/* test-timeline.c: the planner's decisions on hand-built timelines, checked exactly. */
+
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/config.h"
+#include "daemon/manager.h"
+#include "daemon/mover.h"
+#include "daemon/registry.h"
+#include "daemon/server.h"
+#include "daemon/timeline.h"
+#include "proto/plan.h"
+#include "tier.pb-c.h"
+
+#define MiB (1024ull * 1024ull)
+#define MS (1000000ull)
+
+static char dir[] = "/var/tmp/tierd-timeline.XXXXXX";
+
+/* ---- what the scheduler started, in order ---------------------------------------------- */
+
+static char trace[64][48];
+static unsigned n_trace;
+
+static void record(const char *what, const Tensor *t, int tier, uint64_t deadline) {
+        if (n_trace < 64)
+                snprintf(trace[n_trace++], sizeof(trace[0]), "%s %s %s", what, t->name, tier_to_string(tier));
+}
+
+/* ---- fixtures ---------------------------------------------------------------------------- */
+
+static Manager *new_manager(SchedPolicyKind policy, uint64_t host_limit) {
+        Manager *m = NULL;
+        Config c;
+        char *err = NULL;
+        char path[128];
+
+        config_init(&c);
+        c.host_capacity = 16 * MiB;
+        c.host_segment_size = 4 * MiB;
+        c.host_job_limit = host_limit;
+        c.vram_backend = VRAM_BACKEND_EMULATED;
+        c.vram_capacity = 4 * MiB;
+        c.vram_chunk_size = 2 * MiB;
+        c.vram_job_limit = 2 * MiB;
+        c.nvme_job_limit = 64 * MiB;
+        c.sched_policy = policy;
+        snprintf(path, sizeof(path), "%s/t0.img", dir);
+        free(c.state_dir);
+        c.state_dir = strdup(dir);
+        c.targets[0].path = strdup(path);
+        c.targets[0].size = 64 * MiB;
+        c.n_targets = 1;
+        assert_int_equal(config_finish(&c, &err), 0);
+        assert_int_equal(manager_new(&m, &c), 0);
+        config_deinit(&c);
+        n_trace = 0;
+        sched_trace = record;
+        return m;
+}
+
+static void run_loop(Manager *m, unsigned rounds) {
+        for (unsigned i = 0; i < rounds; i++)
+                assert_true(sd_event_run(m->event, 2000) >= 0);
+}
+
+typedef struct Done {
+        int done;
+        int status;
+} Done;
+
+static void on_done(Op *op, int status, const char *error) {
+        Done *d = op->userdata;
+
+        d->done++;
+        d->status = status;
+}
+
+/* Give @t data (version 1) and leave it only on NVMe. */
+static void make_on_nvme(Manager *m, Tensor *t) {
+        Done d = {};
+
+        assert_int_equal(op_submit(m, OP_PIN, t, TIER_HOST, on_done, NULL, &d, NULL), 0);
+        while (!d.done)
+                run_loop(m, 1);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        d = (Done) {};
+        assert_int_equal(op_submit(m, OP_EVICT, t, TIER_NVME, on_done, NULL, &d, NULL), 0);
+        while (!d.done)
+                run_loop(m, 1);
+        assert_int_equal(d.status, 0);
+        assert_true(copy_valid(t, TIER_NVME));
+        assert_false(copy_valid(t, TIER_HOST));
+}
+
+typedef struct Acc {
+        unsigned phase;
+        Tensor *t;
+        int tier;
+        unsigned mode;
+} Acc;
+
+static Conn *fake_conn(Manager *m, Job *j) {
+        Conn *c = calloc(1, sizeof(Conn));
+
+        assert_non_null(c);
+        c->manager = m;
+        c->job = j;
+        c->efd = -1;
+        return c;
+}
+
+static int submit_plan(Conn *c, const Acc *acc, size_t n, unsigned n_phases, Plan **ret, char *err, size_t esize) {
+        Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
+        Tier__PlanPhase phases[16], *php[16];
+        Tier__PlanAccess a[32], *ap[32];
+        size_t k = 0;
+
+        assert_true(n_phases <= 16 && n <= 32);
+        for (unsigned ph = 0; ph < n_phases; ph++) {
+                tier__plan_phase__init(&phases[ph]);
+                php[ph] = &phases[ph];
+                phases[ph].accesses = &ap[k];
+                for (size_t i = 0; i < n; i++)
+                        if (acc[i].phase == ph) {
+                                tier__plan_access__init(&a[k]);
+                                a[k].tensor = acc[i].t->id;
+                                a[k].tier = (Tier__Tier) acc[i].tier;
+                                a[k].mode = acc[i].mode;
+                                ap[k] = &a[k];
+                                phases[ph].n_accesses++;
+                                k++;
+                        }
+        }
+        sp.n_phases = n_phases;
+        sp.phases = php;
+        return plan_new(c, &sp, ret, err, esize);
+}
+
+/* Every phase takes @ms (as if learned), so predictions are far apart and stable. */
+static void set_durations(Plan *p, uint64_t ms) {
+        for (uint32_t k = 0; k < p->n_phases; k++) {
+                p->phases[k].ema_ns = ms * MS;
+                p->phases[k].samples = 1;
+        }
+}
+
+/* What a client's tier_phase() writes, without waiting. */
+static void marker(Manager *m, Plan *p, unsigned phase) {
+        uint64_t one = 1, seq = p->page->client.marker_seq + 1;
+
+        p->page->client.phase = phase;
+        p->page->client.mark_ns = mono_ns();
+        __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
+        assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
+        for (int i = 0; i < 200 && p->seq != seq; i++)
+                run_loop(m, 1);
+        assert_int_equal(p->seq, seq);
+}
+
+static Tensor *tensor(Job *j, const char *name, uint64_t size) {
+        Tensor *t;
+
+        assert_int_equal(tensor_new(j, name, size, &t), 0);
+        return t;
+}
+
+static void finish(Manager *m, Job *j, Conn *c, Plan *p) {
+        plan_free(p);
+        job_destroy(j);
+        manager_free(m);
+        free(c);
+        sched_trace = NULL;
+}
+
+/* ---- Belady: the copy used farthest in the future goes first ------------------------------ */
+
+static void test_belady_choice(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Job *j;
+        Conn *c;
+        Plan *p;
+        Tensor *a, *b, *cc, *d, *x, *v[5];
+        char err[256];
+        uint64_t deadline;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        d = tensor(j, "D", MiB);
+        x = tensor(j, "X", MiB);        /* in no plan: no known next use */
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        deadline = mono_ns() + 150 * MS;
+        sched_run(m);   /* predictions: A in ~100 ms, B ~200, C ~300, D ~400 (before the first marker) */
+
+        v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
+        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 5, 0), 5);
+        assert_ptr_equal(v[0], x);
+        assert_ptr_equal(v[1], d);
+        assert_ptr_equal(v[2], cc);
+        assert_ptr_equal(v[3], b);
+        assert_ptr_equal(v[4], a);
+
+        /* a request due in ~150 ms may only take copies needed after it: never A */
+        v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
+        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 5, deadline), 4);
+        assert_ptr_equal(v[0], x);
+        assert_ptr_equal(v[1], d);
+        assert_ptr_equal(v[2], cc);
+        assert_ptr_equal(v[3], b);
+
+        /* after the marker of phase 1, A (phase 0) is the farthest away, B the nearest */
+        marker(m, p, 0);
+        marker(m, p, 1);
+        set_durations(p, 100);
+        sched_run(m);
+        v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
+        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 4, 0), 4);
+        assert_ptr_equal(v[0], b);      /* in use now: its next use is a whole cycle away */
+        assert_ptr_equal(v[1], a);
+        assert_ptr_equal(v[2], d);
+        assert_ptr_equal(v[3], cc);
+
+        /* lru keeps the order it is given */
+        m->config.sched_policy = SCHED_POLICY_LRU;
+        v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
+        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 4, deadline), 4);
+        assert_ptr_equal(v[0], a);
+        assert_ptr_equal(v[3], d);
+        finish(m, j, c, p);
+}
+
+/* ---- deadline order: earliest first, a few per link ------------------------------------------ */
+
+static void test_deadline_order(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *t[6];
+        Job *j;
+        Conn *c;
+        Plan *p;
+        char err[256], name[8];
+        Acc acc[6];
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        for (int i = 0; i < 6; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = tensor(j, name, MiB);
+                make_on_nvme(m, t[i]);
+                acc[i] = (Acc) { (unsigned) i, t[i], TIER_HOST, PLAN_READ };
+        }
+        n_trace = 0;
+        assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        sched_run(m);
+        /* phase 0 is pinned ahead, then phases 1 and 2 prefetched: three on the NVMe link, no more */
+        assert_int_equal(n_trace, 3);
+        assert_string_equal(trace[0], "pin t0 host");
+        assert_string_equal(trace[1], "prefetch t1 host");
+        assert_string_equal(trace[2], "prefetch t2 host");
+        /* as they land, the next deadlines follow, in order (one cycle ahead: up to phase 4,
+         * as phase 5 is the one before the first marker) */
+        for (int i = 0; i < 200 && n_trace < 5; i++)
+                run_loop(m, 1);
+        run_loop(m, 10);
+        assert_int_equal(n_trace, 5);
+        assert_string_equal(trace[3], "prefetch t3 host");
+        assert_string_equal(trace[4], "prefetch t4 host");
+        /* phase 0 became ready for the first marker */
+        assert_int_equal(PLAN_READY_SEQ(p->page->daemon.ready), 1);
+        assert_int_equal(PLAN_READY_PHASE(p->page->daemon.ready), 0);
+        finish(m, j, c, p);
+}
+
+/* ---- write-behind: what will be evicted is written down early; what stays is not ---------- */
+
+static void test_write_behind(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
+        Tensor *a, *b, *cc;
+        Job *j;
+        Conn *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        make_on_nvme(m, b);
+        make_on_nvme(m, cc);
+        {
+                /* 3 MiB per cycle against a 2 MiB host limit */
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 3, 3, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);        /* A pinned for writing */
+        run_loop(m, 20);
+        n_trace = 0;
+        marker(m, p, 1);        /* A released dirty: its sole copy is in host */
+        for (int i = 0; i < 100 && !copy_valid(cc, TIER_HOST); i++)
+                run_loop(m, 1);
+        /* C needs room before A is used again: A is written down early, then dropped for free */
+        {
+                bool clean = false, pin_c = false;
+
+                for (unsigned i = 0; i < n_trace; i++) {
+                        clean |= strcmp(trace[i], "clean A host") == 0;
+                        pin_c |= strcmp(trace[i], "pin C host") == 0;
+                }
+                assert_true(clean);
+                assert_true(pin_c);
+        }
+        assert_true(copy_valid(a, TIER_NVME));
+        assert_true(copy_valid(cc, TIER_HOST));
+        assert_true(j->used[TIER_HOST] <= j->limit[TIER_HOST]);
+        finish(m, j, c, p);
+
+        /* with room for everything, nothing is written early */
+        m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        make_on_nvme(m, b);
+        make_on_nvme(m, cc);
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 3, 3, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        n_trace = 0;
+        marker(m, p, 1);
+        run_loop(m, 30);
+        for (unsigned i = 0; i < n_trace; i++)
+                assert_null(strstr(trace[i], "clean"));
+        assert_false(copy_valid(a, TIER_NVME));
+        finish(m, j, c, p);
+}
+
+/* ---- quotas: a plan that cannot run within them is refused up front ------------------------- */
+
+static void test_quota_respect(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
+        Tensor *a, *b, *cc;
+        Job *j;
+        Conn *c;
+        Plan *p = NULL;
+        char err[256];
+        Acc pair[] = { { 0, NULL, TIER_HOST, PLAN_READ }, { 1, NULL, TIER_HOST, PLAN_READ },
+                       { 1, NULL, TIER_HOST, PLAN_READ } };
+        Acc big[] = { { 0, NULL, TIER_VRAM, PLAN_READ }, { 0, NULL, TIER_VRAM, PLAN_READ },
+                      { 0, NULL, TIER_VRAM, PLAN_READ } };
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        pair[0].t = a;
+        pair[1].t = b;
+        pair[2].t = cc;
+        /* each phase fits 2 MiB, two consecutive ones (pinned together by timeline) do not */
+        assert_int_equal(submit_plan(c, pair, 3, 2, &p, err, sizeof(err)), -ENOSPC);
+        assert_non_null(strstr(err, "phases 0 and 1 together pin 3145728 bytes of host"));
+        assert_null(p);
+        /* under lru one phase at a time is pinned: accepted */
+        m->config.sched_policy = SCHED_POLICY_LRU;
+        assert_int_equal(submit_plan(c, pair, 3, 2, &p, err, sizeof(err)), 0);
+        plan_free(p);
+        p = NULL;
+        /* one phase needing more VRAM than the job may use: refused whatever the policy */
+        big[0].t = a;
+        big[1].t = b;
+        big[2].t = cc;
+        assert_int_equal(submit_plan(c, big, 3, 1, &p, err, sizeof(err)), -ENOSPC);
+        assert_non_null(strstr(err, "phase 0 pins 3145728 bytes of vram"));
+        /* names a tensor the job lacks; a bad mode */
+        {
+                Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
+                Tier__PlanPhase ph = TIER__PLAN_PHASE__INIT, *php = &ph;
+                Tier__PlanAccess acc = TIER__PLAN_ACCESS__INIT, *ap = &acc;
+
+                ph.n_accesses = 1;
+                ph.accesses = &ap;
+                sp.n_phases = 1;
+                sp.phases = &php;
+                acc.tensor = 0xffffffffull;
+                acc.tier = TIER__TIER__TIER_HOST;
+                acc.mode = PLAN_READ;
+                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -ENOENT);
+                acc.tensor = a->id;
+                acc.mode = 9;
+                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+                acc.mode = PLAN_READ;
+                acc.tier = TIER__TIER__TIER_NVME;
+                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+                sp.n_phases = 0;
+                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+        }
+        finish(m, j, c, NULL);
+}
+
+/* ---- fair share: colliding deadlines are served by weight ------------------------------------ */
+
+static void test_weighted_sharing(void **state) {
+        Job j1 = { .weight = 1 }, j2 = { .weight = 3 };
+        SchedCand c[40];
+        unsigned busy[_SCHED_LINK_MAX] = { 0, 0 }, limit[_SCHED_LINK_MAX] = { 100, 100 };
+        uint64_t now = 1000 * MS;
+        char order[9] = "";
+
+        /* overdue work of both jobs, interleaved, deadlines a microsecond apart: all collide */
+        for (int i = 0; i < 40; i++)
+                c[i] = (SchedCand) { .job = i % 2 ? &j2 : &j1, .hold = -1, .deadline = now - 10 * MS + (uint64_t) i * 1000,
+                                     .link = SCHED_LINK_NVME };
+        for (int k = 0; k < 8; k++) {
+                size_t i = sched_pick(c, 40, now, busy, limit);
+
+                assert_true(i != SIZE_MAX);
+                c[i].taken = true;
+                order[k] = c[i].job == &j1 ? '1' : '2';
+                sched_charge(c[i].job, MiB);
+        }
+        assert_string_equal(order, "12221222");        /* 1:3, as the weights say */
+
+        /* a deadline clearly earlier than the rest wins whatever the virtual times */
+        j1.vtime = 1000;
+        j2.vtime = 0;
+        c[0] = (SchedCand) { .job = &j1, .hold = -1, .deadline = now + 1 * MS, .link = SCHED_LINK_NVME };
+        c[1] = (SchedCand) { .job = &j2, .hold = -1, .deadline = now + 50 * MS, .link = SCHED_LINK_NVME };
+        assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
+
+        /* a full link holds back prefetches but never the current phase's pins */
+        busy[SCHED_LINK_NVME] = 100;
+        c[1].link = SCHED_LINK_PCIE;
+        assert_int_equal(sched_pick(c, 2, now, busy, limit), 1);
+        c[1].taken = true;
+        assert_int_equal(sched_pick(c, 2, now, busy, limit), SIZE_MAX);
+        c[0].hold = 0;
+        assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_belady_choice),
+                cmocka_unit_test(test_deadline_order),
+                cmocka_unit_test(test_write_behind),
+                cmocka_unit_test(test_quota_respect),
+                cmocka_unit_test(test_weighted_sharing),
+        };
+        char cmd[128];
+        sigset_t ss;
+        int r;
+
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        if (!mkdtemp(dir))
+                return 1;
+        r = cmocka_run_group_tests_name("timeline", tests, NULL, NULL);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        if (system(cmd) != 0)
+                fprintf(stderr, "cannot remove %s\n", dir);
+        return r;
+}
