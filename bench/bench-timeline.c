@@ -95,6 +95,7 @@ typedef struct Args {
         unsigned weights[MAX_JOBS];
         size_t n_weights;               /* --fair: > 0 */
         const char *config;             /* a name for the JSON line */
+        const char *trace;              /* single job: write every timed phase's marker and ready times here */
 } Args;
 
 /* Link counters from tierd's status (bytes). */
@@ -114,6 +115,9 @@ typedef struct Job {
         uint64_t phases;                /* phases completed */
         uint64_t compute_ns;            /* time between tier_phase() returning and the next call */
         unsigned n_phases;
+        /* --trace: per timed phase, when tier_phase() was called and when it returned */
+        uint64_t (*trace)[3];
+        size_t n_trace, cap_trace;
 } Job;
 
 /* Per-process result of one --fair job, sent to the parent through a pipe. */
@@ -300,10 +304,17 @@ static int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
         uint64_t t0;
         int r;
 
+        t0 = bench_now_ns();
         r = tier_phase(j->c, ph);
         if (r < 0) {
                 log_tier_error(j->c, r, "tier_phase");
                 return r;
+        }
+        if (j->n_trace < j->cap_trace) {
+                j->trace[j->n_trace][0] = ph;
+                j->trace[j->n_trace][1] = t0;
+                j->trace[j->n_trace][2] = bench_now_ns();
+                j->n_trace++;
         }
         t0 = bench_now_ns();
         if (ph < L) {
@@ -396,6 +407,7 @@ static Job *job_free(Job *j) {
         free(j->vp);
         free(j->vg);
         free(j->vo);
+        free(j->trace);
         free(j);
         return NULL;
 }
@@ -545,6 +557,12 @@ static int run_single(const Args *a) {
         stall0 = tier_phase_stall(j->c);
         compute0 = j->compute_ns;
         words0 = j->words_checked;
+        if (a->trace) {
+                j->cap_trace = a->steps * j->n_phases + 1;
+                j->trace = calloc(j->cap_trace, sizeof(*j->trace));
+                if (!j->trace)
+                        j->cap_trace = 0;
+        }
         t0 = bench_now_ns();
         for (uint64_t s = 0; s < a->steps; s++) {
                 uint64_t ts = bench_now_ns();
@@ -564,6 +582,19 @@ static int run_single(const Args *a) {
         r = read_counters(j->c, &c1, NULL, 0);
         if (r < 0)
                 goto finish;
+        if (a->trace) {
+                FILE *f = fopen(a->trace, "we");
+
+                if (!f)
+                        bench_log("cannot write %s: %m", a->trace);
+                else {
+                        /* phase, marker time, ready time (CLOCK_MONOTONIC ns) */
+                        for (size_t k = 0; k < j->n_trace; k++)
+                                fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", j->trace[k][0], j->trace[k][1],
+                                        j->trace[k][2]);
+                        fclose(f);
+                }
+        }
         stall_s = (tier_phase_stall(j->c) - stall0) / (double) a->steps;
         compute_s = (double) (j->compute_ns - compute0) / 1e9 / (double) a->steps;
 
@@ -956,7 +987,9 @@ static void usage(FILE *f) {
                 "  --weight N           set the job's weight first (needs root or tier-admin)\n"
                 "  --fair W1,W2,...     fair-share run: one job alone, then one job per weight at once\n"
                 "  --duration SEC       length of each --fair run (default 15)\n"
-                "  --config NAME        a label for the JSON line\n");
+                "  --config NAME        a label for the JSON line\n"
+                "  --trace FILE         single job: write \"phase marker_ns ready_ns\" (CLOCK_MONOTONIC) of\n"
+                "                       every timed phase to FILE, to line up with tierd's debug log\n");
 }
 
 static int parse_weights(const char *s, Args *a) {
@@ -980,7 +1013,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         enum {
                 ARG_SOCKET = 0x100, ARG_JOB, ARG_LAYERS, ARG_TSIZE, ARG_PSIZE, ARG_GSIZE, ARG_OSIZE, ARG_FWD,
                 ARG_BWD, ARG_OPT, ARG_WARMUP, ARG_STEPS, ARG_NVME_BW, ARG_TARGETS, ARG_LINK_BW, ARG_WEIGHT,
-                ARG_FAIR, ARG_DURATION, ARG_CONFIG,
+                ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE,
         };
         static const struct option options[] = {
                 { "socket",      required_argument, NULL, ARG_SOCKET },
@@ -1002,6 +1035,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "fair",        required_argument, NULL, ARG_FAIR },
                 { "duration",    required_argument, NULL, ARG_DURATION },
                 { "config",      required_argument, NULL, ARG_CONFIG },
+                { "trace",       required_argument, NULL, ARG_TRACE },
                 { "help",        no_argument,       NULL, 'h' },
                 {}
         };
@@ -1066,6 +1100,9 @@ static int parse_args(int argc, char **argv, Args *a) {
                         break;
                 case ARG_CONFIG:
                         a->config = optarg;
+                        break;
+                case ARG_TRACE:
+                        a->trace = optarg;
                         break;
                 case 'h':
                         usage(stdout);

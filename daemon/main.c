@@ -174,6 +174,20 @@ static int inherit_listen_fd(void) {
         return fd;
 }
 
+/*
+ * Nothing that the parent left open (without CLOEXEC) stays with the daemon:
+ * it would pin files, sockets or pipes of whoever started us.  Runs first
+ * thing, before anything of ours (the journal connection) holds an fd.
+ */
+static void close_inherited_fds(void) {
+        int n = sd_listen_fds(false);
+        unsigned first = n > 0 ? (unsigned) (SD_LISTEN_FDS_START + n) : 3u;
+
+        if (close_range(first, ~0u, 0) < 0)
+                for (unsigned i = first; i < 4096; i++)
+                        (void) close((int) i);
+}
+
 /* The path a listening socket is bound to, for messages. */
 static const char *socket_path_of(int fd, char *buf, size_t size) {
         struct sockaddr_un sa = {};
@@ -281,5 +295,6 @@ static int run(int argc, char *argv[]) {
 }
 
 int main(int argc, char *argv[]) {
+        close_inherited_fds();
         return run(argc, argv);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -512,8 +513,59 @@ static void test_limits_and_errors(void **state) {
         tier_client_free(c);
 }
 
+/* ---- every fd tierd holds is close-on-exec ------------------------------------------------ */
+
+static void test_fds_cloexec(void **state) {
+        tier_client *c = connect_job("fds");
+        tier_tensor *t;
+        struct tier_grant g;
+        char path[64], line[256];
+        unsigned checked = 0;
+        DIR *d;
+        struct dirent *de;
+
+        /* some of everything: a segment, a transfer, the fence page, a status memfd */
+        assert_int_equal(tier_tensor_create(c, "x", 1 * MiB, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+
+        snprintf(path, sizeof(path), "/proc/%d/fdinfo", (int) daemon_.pid);
+        d = opendir(path);
+        assert_non_null(d);
+        while ((de = readdir(d))) {
+                char fi[400];
+                FILE *f;
+
+                if (de->d_name[0] == '.')
+                        continue;
+                snprintf(fi, sizeof(fi), "%s/%s", path, de->d_name);
+                f = fopen(fi, "re");
+                if (!f)
+                        continue;
+                while (fgets(line, sizeof(line), f))
+                        if (strncmp(line, "flags:", 6) == 0) {
+                                unsigned long flags = strtoul(line + 6, NULL, 8);
+                                int fd = atoi(de->d_name);
+
+                                /* 0, 1, 2 are inherited stdio: everything else is ours */
+                                if (fd > 2 && !(flags & 02000000)) {
+                                        fprintf(stderr, "tierd fd %d lacks O_CLOEXEC (flags %lo)\n", fd, flags);
+                                        fail();
+                                }
+                                checked++;
+                        }
+                fclose(f);
+        }
+        closedir(d);
+        assert_true(checked > 8);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_fds_cloexec),
                 cmocka_unit_test(test_integrity_striped),
                 cmocka_unit_test(test_async_fences),
                 cmocka_unit_test(test_jobs_isolated),
