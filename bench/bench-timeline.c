@@ -389,18 +389,23 @@ static int set_own_weight(const Args *a, const char *job, unsigned weight) {
         return r;
 }
 
+/*
+ * The connection goes first, and its plan with it; the tensors are only
+ * closed, and tierd frees them when the job's linger time ends.  (Destroying
+ * a tensor that a live plan names is not safe in tierd: see bench/README.md.)
+ */
 static Job *job_free(Job *j) {
         if (!j)
                 return NULL;
+        j->c = tier_client_free(j->c);
         for (uint64_t i = 0; i < j->a->layers; i++) {
                 if (j->P && j->P[i])
-                        (void) tier_tensor_destroy(j->P[i]);
+                        tier_tensor_close(j->P[i]);
                 if (j->G && j->G[i])
-                        (void) tier_tensor_destroy(j->G[i]);
+                        tier_tensor_close(j->G[i]);
                 if (j->O && j->O[i])
-                        (void) tier_tensor_destroy(j->O[i]);
+                        tier_tensor_close(j->O[i]);
         }
-        tier_client_free(j->c);
         free(j->P);
         free(j->G);
         free(j->O);

@@ -53,7 +53,7 @@ int wire_send(int sock, const void *buf, size_t len, const int *fds, size_t n_fd
         };
         ssize_t n;
 
-        if (len == 0 || n_fds > WIRE_MAX_FDS)
+        if (len == 0 || n_fds > WIRE_MAX_FDS || (n_fds > 0 && !fds))
                 return -EINVAL;
 
         if (n_fds > 0) {

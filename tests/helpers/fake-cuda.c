@@ -1,0 +1,756 @@
+/* SPDX-License-Identifier: MIT */
+/* fake-cuda.c: a fake CUDA driver on memfds, loaded in place of libcuda.so.1 by tests. */
+
+/*
+ * Theory of operation: "device memory" is host memory the test can see.
+ * A physical allocation (cuMemCreate) is a memfd; exporting it gives a dup
+ * of that fd, importing one keeps a dup of the fd it is given, reserving
+ * address space maps PROT_NONE anonymous memory, cuMemMap maps the memfd
+ * MAP_FIXED over the reservation and cuMemSetAccess makes it read/write.
+ * So a device address is a host address in the process that mapped it, two
+ * processes mapping the same exported chunk share its bytes exactly as two
+ * GPU contexts would, and tests can check data with memcmp().
+ *
+ * Streams run everything at once (copies are memcpy, memset is memset).
+ * Events complete when recorded unless a test holds them (fake_cuda_hold)
+ * to see what waits for them.  Interprocess event handles name the event
+ * by pid and serial number; opening one in the process that made it gives
+ * an event that follows the original, in any other process one that is
+ * complete.  Everything is counted (fake_cuda_stats) so tests can check
+ * which calls the code under test made.  All state is behind one mutex:
+ * tierd calls in from its loop thread and its copy-completion thread.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "tests/helpers/fake-cuda.h"
+
+#define FAKE_GRANULARITY (2u << 20)
+#define FAKE_DEFAULT_MEM (1ull << 30)
+#define FAKE_MAX_DEVICES 8
+#define FAKE_MAX_REGS 4096
+#define FAKE_IPC_MAGIC "fakecuda-ipcev"
+
+/* Exported: the project builds with -fvisibility=hidden. */
+#define FAKE_API __attribute__((visibility("default")))
+
+typedef struct FakeAlloc {
+        int fd;
+        size_t size;
+        bool counted;           /* created here (counts against the device memory) */
+} FakeAlloc;
+
+typedef struct FakeEvent {
+        unsigned flags;
+        uint64_t serial;        /* of this event, or of the one it follows */
+        uint64_t epoch;         /* pending while > released_epoch */
+        struct FakeEvent *next; /* all events of this process */
+        bool alias;             /* opened from a handle of this process */
+} FakeEvent;
+
+typedef struct FakeStream {
+        int unused;
+} FakeStream;
+
+typedef struct FakeIpcHandle {
+        char magic[16];
+        int32_t pid;
+        int32_t pad;
+        uint64_t serial;
+} FakeIpcHandle;
+
+typedef struct FakeFail {
+        char function[48];
+        CUresult result;
+        unsigned count;
+} FakeFail;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
+static bool initialized;
+static uint64_t total_mem = FAKE_DEFAULT_MEM;
+static int n_devices = 1;
+static bool no_fd;
+static FakeCudaStats stats;
+static FakeEvent *events;
+static uint64_t next_serial = 1;
+static bool holding;
+static uint64_t hold_epoch, released_epoch;
+static FakeFail fails[8];
+static struct { void *p; size_t size; } regs[FAKE_MAX_REGS];
+static int ctx_dummy;
+
+FAKE_API void fake_cuda_stats(FakeCudaStats *ret);
+FAKE_API void fake_cuda_hold(void);
+FAKE_API void fake_cuda_release(void);
+FAKE_API void fake_cuda_fail(const char *function, int result, unsigned count);
+
+FAKE_API void fake_cuda_stats(FakeCudaStats *ret) {
+        pthread_mutex_lock(&lock);
+        *ret = stats;
+        pthread_mutex_unlock(&lock);
+}
+
+FAKE_API void fake_cuda_hold(void) {
+        pthread_mutex_lock(&lock);
+        holding = true;
+        hold_epoch = released_epoch + 1;
+        pthread_mutex_unlock(&lock);
+}
+
+FAKE_API void fake_cuda_release(void) {
+        pthread_mutex_lock(&lock);
+        holding = false;
+        released_epoch = hold_epoch;
+        pthread_cond_broadcast(&released);
+        pthread_mutex_unlock(&lock);
+}
+
+FAKE_API void fake_cuda_fail(const char *function, int result, unsigned count) {
+        pthread_mutex_lock(&lock);
+        for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
+                if (fails[i].count == 0 || strcmp(fails[i].function, function) == 0) {
+                        snprintf(fails[i].function, sizeof(fails[i].function), "%s", function);
+                        fails[i].result = (CUresult) result;
+                        fails[i].count = count;
+                        break;
+                }
+        pthread_mutex_unlock(&lock);
+}
+
+/* Called with the lock held: an injected failure of @function, or CUDA_SUCCESS. */
+static CUresult injected(const char *function) {
+        for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
+                if (fails[i].count > 0 && strcmp(fails[i].function, function) == 0) {
+                        fails[i].count--;
+                        return fails[i].result;
+                }
+        return CUDA_SUCCESS;
+}
+
+#define ENTER(name)                                     \
+        CUresult _r;                                    \
+        pthread_mutex_lock(&lock);                      \
+        _r = injected(name);                            \
+        if (_r == CUDA_SUCCESS && !initialized)         \
+                _r = CUDA_ERROR_NOT_INITIALIZED;        \
+        if (_r != CUDA_SUCCESS) {                       \
+                pthread_mutex_unlock(&lock);            \
+                return _r;                              \
+        }
+#define LEAVE(r)                                        \
+        do {                                            \
+                pthread_mutex_unlock(&lock);            \
+                return (r);                             \
+        } while (0)
+
+/* ---- driver, errors, devices, contexts ------------------------------------------------- */
+
+CUresult CUDAAPI cuInit(unsigned int flags) {
+        const char *e;
+
+        pthread_mutex_lock(&lock);
+        e = getenv("FAKE_CUDA_INIT_ERROR");
+        if (e && *e) {
+                pthread_mutex_unlock(&lock);
+                return (CUresult) atoi(e);
+        }
+        e = getenv("FAKE_CUDA_MEM");
+        if (e && *e)
+                total_mem = strtoull(e, NULL, 0);
+        e = getenv("FAKE_CUDA_DEVICES");
+        if (e && *e)
+                n_devices = atoi(e);
+        if (n_devices < 0 || n_devices > FAKE_MAX_DEVICES)
+                n_devices = 1;
+        no_fd = getenv("FAKE_CUDA_NO_FD") != NULL;
+        initialized = true;
+        pthread_mutex_unlock(&lock);
+        return n_devices > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int *v) {
+        *v = 13000;
+        return CUDA_SUCCESS;
+}
+
+static const struct {
+        CUresult r;
+        const char *name, *text;
+} error_table[] = {
+        { CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
+        { CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
+        { CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
+        { CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
+        { CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected" },
+        { CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
+        { CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
+        { CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
+        { CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+        { CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+          "part or all of the requested memory range is already mapped" },
+        { CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+          "pointer does not correspond to a registered memory region" },
+        { CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered" },
+};
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **s) {
+        for (size_t i = 0; i < sizeof(error_table) / sizeof(error_table[0]); i++)
+                if (error_table[i].r == error) {
+                        *s = error_table[i].name;
+                        return CUDA_SUCCESS;
+                }
+        *s = NULL;
+        return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **s) {
+        for (size_t i = 0; i < sizeof(error_table) / sizeof(error_table[0]); i++)
+                if (error_table[i].r == error) {
+                        *s = error_table[i].text;
+                        return CUDA_SUCCESS;
+                }
+        *s = NULL;
+        return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count) {
+        ENTER("cuDeviceGetCount");
+        *count = n_devices;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *dev, int ordinal) {
+        ENTER("cuDeviceGet");
+        if (ordinal < 0 || ordinal >= n_devices)
+                LEAVE(CUDA_ERROR_INVALID_DEVICE);
+        *dev = ordinal;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+        ENTER("cuDeviceGetAttribute");
+        if (dev < 0 || dev >= n_devices)
+                LEAVE(CUDA_ERROR_INVALID_DEVICE);
+        switch (attrib) {
+        case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+                *pi = 1;
+                break;
+        case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+                *pi = !no_fd;
+                break;
+        case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED:
+                *pi = 1;
+                break;
+        default:
+                *pi = 0;
+                break;
+        }
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+        ENTER("cuDeviceGetName");
+        snprintf(name, (size_t) len, "Fake CUDA Device %d", dev);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev) {
+        ENTER("cuDeviceGetPCIBusId");
+        if (dev < 0 || dev >= n_devices)
+                LEAVE(CUDA_ERROR_INVALID_DEVICE);
+        /* device 0 is FAKE_CUDA_PCI_BUS_ID, the next ones follow on the bus */
+        snprintf(bus_id, (size_t) len, "0000:%02X:00.0", 0x3b + dev);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id) {
+        char want[32];
+
+        ENTER("cuDeviceGetByPCIBusId");
+        for (int i = 0; i < n_devices; i++) {
+                snprintf(want, sizeof(want), "0000:%02X:00.0", 0x3b + i);
+                if (strcasecmp(want, bus_id) == 0) {
+                        *dev = i;
+                        LEAVE(CUDA_SUCCESS);
+                }
+        }
+        LEAVE(CUDA_ERROR_INVALID_DEVICE);
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+        ENTER("cuDevicePrimaryCtxRetain");
+        if (dev < 0 || dev >= n_devices)
+                LEAVE(CUDA_ERROR_INVALID_DEVICE);
+        *ctx = (CUcontext) &ctx_dummy;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx) {
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *ctx) {
+        if (ctx)
+                *ctx = (CUcontext) &ctx_dummy;
+        return CUDA_SUCCESS;
+}
+
+/* ---- virtual memory management ------------------------------------------------------------- */
+
+CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total) {
+        ENTER("cuMemGetInfo");
+        *total = (size_t) total_mem;
+        *free_bytes = (size_t) (total_mem - stats.live_bytes);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                               CUmemAllocationGranularity_flags option) {
+        ENTER("cuMemGetAllocationGranularity");
+        *granularity = FAKE_GRANULARITY;
+        LEAVE(CUDA_SUCCESS);
+}
+
+static CUmemGenericAllocationHandle alloc_handle(FakeAlloc *a) {
+        return (CUmemGenericAllocationHandle) (uintptr_t) a;
+}
+
+static FakeAlloc *handle_alloc(CUmemGenericAllocationHandle h) {
+        return (FakeAlloc *) (uintptr_t) h;
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                             unsigned long long flags) {
+        FakeAlloc *a;
+
+        ENTER("cuMemCreate");
+        if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            prop->location.id < 0 || prop->location.id >= n_devices || size == 0 || size % FAKE_GRANULARITY != 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) && no_fd)
+                LEAVE(CUDA_ERROR_NOT_SUPPORTED);
+        if (stats.live_bytes + size > total_mem)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        a = calloc(1, sizeof(*a));
+        if (!a)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        a->fd = memfd_create("fake-cuda-vram", MFD_CLOEXEC);
+        if (a->fd < 0 || ftruncate(a->fd, (off_t) size) < 0) {
+                if (a->fd >= 0)
+                        close(a->fd);
+                free(a);
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        a->size = size;
+        a->counted = true;
+        stats.creates++;
+        stats.live_allocs++;
+        stats.live_bytes += size;
+        *handle = alloc_handle(a);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+        FakeAlloc *a = handle_alloc(handle);
+
+        ENTER("cuMemRelease");
+        if (!a)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        if (a->counted) {
+                stats.live_allocs--;
+                stats.live_bytes -= a->size;
+        }
+        stats.releases++;
+        close(a->fd);
+        free(a);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                              CUmemAllocationHandleType type, unsigned long long flags) {
+        FakeAlloc *a = handle_alloc(handle);
+        int fd;
+
+        ENTER("cuMemExportToShareableHandle");
+        if (!a || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || no_fd)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        /* like the driver's, the exported fd is not close-on-exec: the caller decides */
+        fd = dup(a->fd);
+        if (fd < 0)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        *(int *) shareable = fd;
+        stats.exports++;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                                CUmemAllocationHandleType type) {
+        int fd = (int) (intptr_t) os_handle;
+        struct stat st;
+        FakeAlloc *a;
+
+        ENTER("cuMemImportFromShareableHandle");
+        if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &st) < 0 || st.st_size <= 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        a = calloc(1, sizeof(*a));
+        if (!a)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (a->fd < 0) {
+                free(a);
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        }
+        a->size = (size_t) st.st_size;
+        stats.imports++;
+        *handle = alloc_handle(a);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                     unsigned long long flags) {
+        void *p;
+
+        ENTER("cuMemAddressReserve");
+        p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        stats.reserved++;
+        *ptr = (CUdeviceptr) (uintptr_t) p;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+        ENTER("cuMemAddressFree");
+        if (munmap((void *) (uintptr_t) ptr, size) < 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        stats.reserved--;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+        FakeAlloc *a = handle_alloc(handle);
+        void *p;
+
+        ENTER("cuMemMap");
+        if (!a || offset + size > a->size)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t) offset);
+        if (p == MAP_FAILED)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        stats.maps++;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+        void *p;
+
+        ENTER("cuMemUnmap");
+        /* back to a bare reservation */
+        p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                 -1, 0);
+        if (p == MAP_FAILED)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        stats.unmaps++;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+        ENTER("cuMemSetAccess");
+        if (count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        if (mprotect((void *) (uintptr_t) ptr, size, PROT_READ | PROT_WRITE) < 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        LEAVE(CUDA_SUCCESS);
+}
+
+/* ---- plain allocations, host memory ------------------------------------------------------- */
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size) {
+        void *p;
+
+        ENTER("cuMemAlloc");
+        p = malloc(size ? size : 1);
+        if (!p)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        *dptr = (CUdeviceptr) (uintptr_t) p;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) {
+        free((void *) (uintptr_t) dptr);
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+        ENTER("cuMemHostAlloc");
+        *pp = malloc(size ? size : 1);
+        LEAVE(*pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY);
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p) {
+        free(p);
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags) {
+        size_t free_slot = FAKE_MAX_REGS;
+
+        ENTER("cuMemHostRegister");
+        if (!p || size == 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        for (size_t i = 0; i < FAKE_MAX_REGS; i++) {
+                uint8_t *a = regs[i].p, *b = p;
+
+                if (!a) {
+                        if (free_slot == FAKE_MAX_REGS)
+                                free_slot = i;
+                        continue;
+                }
+                if (b < a + regs[i].size && a < b + size)
+                        LEAVE(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        if (free_slot == FAKE_MAX_REGS)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        regs[free_slot].p = p;
+        regs[free_slot].size = size;
+        stats.host_registered++;
+        stats.host_registered_bytes += size;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p) {
+        ENTER("cuMemHostUnregister");
+        for (size_t i = 0; i < FAKE_MAX_REGS; i++)
+                if (p && regs[i].p == p) {
+                        stats.host_registered--;
+                        stats.host_registered_bytes -= regs[i].size;
+                        regs[i].p = NULL;
+                        LEAVE(CUDA_SUCCESS);
+                }
+        LEAVE(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+/* ---- copies --------------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
+        ENTER("cuMemcpyHtoD");
+        memcpy((void *) (uintptr_t) dst, src, n);
+        stats.htod_calls++;
+        stats.htod_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
+        ENTER("cuMemcpyDtoH");
+        memcpy(dst, (const void *) (uintptr_t) src, n);
+        stats.dtoh_calls++;
+        stats.dtoh_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
+        ENTER("cuMemcpyHtoDAsync");
+        memcpy((void *) (uintptr_t) dst, src, n);
+        stats.htod_calls++;
+        stats.htod_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+        ENTER("cuMemcpyDtoHAsync");
+        memcpy(dst, (const void *) (uintptr_t) src, n);
+        stats.dtoh_calls++;
+        stats.dtoh_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
+        ENTER("cuMemsetD8");
+        memset((void *) (uintptr_t) dst, v, n);
+        stats.memsets++;
+        stats.memset_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
+        ENTER("cuMemsetD8Async");
+        memset((void *) (uintptr_t) dst, v, n);
+        stats.memsets++;
+        stats.memset_bytes += n;
+        LEAVE(CUDA_SUCCESS);
+}
+
+/* ---- streams and events ---------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
+        FakeStream *s;
+
+        ENTER("cuStreamCreate");
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        stats.streams++;
+        *stream = (CUstream) s;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
+        ENTER("cuStreamDestroy");
+        free(stream);
+        stats.streams--;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+        ENTER("cuStreamSynchronize");
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *userdata) {
+        ENTER("cuLaunchHostFunc");
+        pthread_mutex_unlock(&lock);
+        fn(userdata);
+        return CUDA_SUCCESS;
+}
+
+/* Called with the lock held. */
+static FakeEvent *event_by_serial(uint64_t serial) {
+        for (FakeEvent *e = events; e; e = e->next)
+                if (!e->alias && e->serial == serial)
+                        return e;
+        return NULL;
+}
+
+/* Called with the lock held: the event whose state @e shows (itself, or the one it follows). */
+static bool event_pending(const FakeEvent *e) {
+        if (e->alias) {
+                e = event_by_serial(e->serial);
+                if (!e)
+                        return false;
+        }
+        return e->epoch > released_epoch;
+}
+
+static CUresult event_new(unsigned flags, uint64_t serial, bool alias, CUevent *ret) {
+        FakeEvent *e = calloc(1, sizeof(*e));
+
+        if (!e)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        e->flags = flags;
+        e->serial = serial;
+        e->alias = alias;
+        e->next = events;
+        events = e;
+        stats.events++;
+        *ret = (CUevent) e;
+        return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags) {
+        CUresult r;
+
+        ENTER("cuEventCreate");
+        if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        r = event_new(flags, next_serial++, false, event);
+        LEAVE(r);
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent event) {
+        ENTER("cuEventDestroy");
+        for (FakeEvent **p = &events; *p; p = &(*p)->next)
+                if (*p == (FakeEvent *) event) {
+                        *p = (*p)->next;
+                        free(event);
+                        stats.events--;
+                        LEAVE(CUDA_SUCCESS);
+                }
+        LEAVE(CUDA_ERROR_INVALID_HANDLE);
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
+        FakeEvent *e = (FakeEvent *) event;
+
+        ENTER("cuEventRecord");
+        if (e->alias)
+                LEAVE(CUDA_ERROR_INVALID_HANDLE);       /* like the driver: only the owner records */
+        e->epoch = holding ? hold_epoch : 0;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent event) {
+        ENTER("cuEventQuery");
+        LEAVE(event_pending((FakeEvent *) event) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent event) {
+        ENTER("cuEventSynchronize");
+        while (event_pending((FakeEvent *) event))
+                pthread_cond_wait(&released, &lock);
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+        ENTER("cuStreamWaitEvent");
+        /* the fake runs work at once: what a stream waits for must already be there */
+        while (event_pending((FakeEvent *) event))
+                pthread_cond_wait(&released, &lock);
+        stats.stream_waits++;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event) {
+        FakeEvent *e = (FakeEvent *) event;
+        FakeIpcHandle h = { .magic = FAKE_IPC_MAGIC };
+
+        ENTER("cuIpcGetEventHandle");
+        if (!(e->flags & CU_EVENT_INTERPROCESS) || e->alias)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        h.pid = (int32_t) getpid();
+        h.serial = e->serial;
+        memset(handle, 0, sizeof(*handle));
+        memcpy(handle->reserved, &h, sizeof(h));
+        stats.ipc_gets++;
+        LEAVE(CUDA_SUCCESS);
+}
+
+CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle) {
+        FakeIpcHandle h;
+        CUresult r;
+
+        ENTER("cuIpcOpenEventHandle");
+        memcpy(&h, handle.reserved, sizeof(h));
+        if (memcmp(h.magic, FAKE_IPC_MAGIC, sizeof(FAKE_IPC_MAGIC)) != 0)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        /* an event of another process is complete by the time the fake could see it */
+        if (h.pid == (int32_t) getpid())
+                r = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, h.serial, true, event);
+        else
+                r = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, 0, false, event);
+        if (r == CUDA_SUCCESS)
+                stats.ipc_opens++;
+        LEAVE(r);
+}
