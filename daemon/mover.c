@@ -774,6 +774,8 @@ int op_submit(Manager *m, OpKind kind, Tensor *t, int tier,
 }
 
 void op_cancel(Op *op) {
+        if (op->cancelled)
+                op->cancelled(op);
         if (op->kind == OP_PIN && op->pinned && op->tier >= 0) {
                 op->tensor->copy[op->tier].pins--;
                 op->pinned = false;

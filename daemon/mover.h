@@ -41,6 +41,8 @@ struct Op {
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */
         void (*reserved)(Op *op);
+        /* Called instead of complete() when the op is cancelled (its owner's bookkeeping). */
+        void (*cancelled)(Op *op);
         void *userdata;
         char error[160];        /* reason text for a failure */
 };

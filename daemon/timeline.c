@@ -291,11 +291,8 @@ static void hold_release(Plan *p, int h, bool unpin) {
         for (uint32_t i = 0; i < ph->n_acc; i++) {
                 PlanAcc *a = &ph->acc[i];
 
-                if (hs->ops[i]) {
-                        inflight[hs->ctx[i].link]--;
-                        op_cancel(hs->ops[i]);
-                        hs->ops[i] = NULL;
-                }
+                if (hs->ops[i])
+                        op_cancel(hs->ops[i]);  /* on_pin_cancelled() does the books */
                 if (hs->pinned[i]) {
                         if (unpin)
                                 (void) tensor_unpin(a->tensor, a->tier, (a->mode & PLAN_WRITE) != 0);
@@ -330,6 +327,18 @@ static void on_pin_done(Op *op, int status, const char *error) {
         /* no space now: retried when something is freed or moves, not in a busy loop */
         if (status >= 0)
                 manager_kick(p->manager);
+}
+
+static void on_pin_cancelled(Op *op) {
+        PinCtx *ctx = op->userdata;
+
+        priv(ctx->plan)->hs[ctx->hold].ops[ctx->idx] = NULL;
+        inflight[ctx->link]--;
+}
+
+static void on_prefetch_cancelled(Op *op) {
+        op->tensor->sched_op = NULL;
+        inflight[(int) (intptr_t) op->userdata]--;
 }
 
 static int access_link(Tensor *t, int tier) {
@@ -573,6 +582,7 @@ static void issue(Manager *m, Cand *c) {
                 if (r < 0)
                         return;
                 op->deadline_ns = c->deadline;
+                op->cancelled = on_pin_cancelled;
                 hs->ops[c->idx] = op;
         } else {
                 r = op_submit(m, OP_PREFETCH, c->tensor, c->tier, on_prefetch_done, NULL,
@@ -581,6 +591,7 @@ static void issue(Manager *m, Cand *c) {
                         return;
                 op->deadline_ns = c->deadline;
                 op->no_wait = true;
+                op->cancelled = on_prefetch_cancelled;
                 c->tensor->sched_op = op;
         }
         inflight[c->link]++;
@@ -682,6 +693,7 @@ static void write_behind(Manager *m, Plan *p) {
 
                                 if (op_submit(m, OP_CLEAN, t, tier, on_prefetch_done, NULL,
                                               (void *) (intptr_t) link, &op) >= 0) {
+                                        op->cancelled = on_prefetch_cancelled;
                                         t->sched_op = op;
                                         inflight[link]++;
                                         if (sched_trace)

@@ -50,7 +50,7 @@ static const char *const CONFIG =
         "target = @DIR@/t1.img:256M\n"
         "extent_size = 256K\n"
         "[sched]\n"
-        "policy = %s\n";
+        "policy = ";
 
 static const char *policy_name = "timeline";
 
@@ -59,7 +59,7 @@ static TestDaemon daemon_;
 static int setup(void **state) {
         char config[2048];
 
-        snprintf(config, sizeof(config), CONFIG, policy_name);
+        snprintf(config, sizeof(config), "%s%s\n", CONFIG, policy_name);
         return test_daemon_start(&daemon_, config) < 0 ? -1 : 0;
 }
 

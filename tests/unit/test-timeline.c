@@ -177,6 +177,9 @@ static Tensor *tensor(Job *j, const char *name, uint64_t size) {
 
 static void finish(Manager *m, Job *j, Conn *c, Plan *p) {
         plan_free(p);
+        /* transfers still running finish first, as tierd's stop does */
+        for (int i = 0; i < 500 && m->n_xfers > 0; i++)
+                run_loop(m, 1);
         job_destroy(j);
         manager_free(m);
         free(c);
