@@ -31,7 +31,7 @@
  */
 #define LAYERS 6
 #define TSIZE (512 * KiB)
-#define STEPS 6
+#define STEPS 10
 
 static const char *const CONFIG =
         "[daemon]\n"
