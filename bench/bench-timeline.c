@@ -76,6 +76,8 @@
 #define MAX_LAYERS 256
 #define MAX_JOBS 16
 #define MAX_STEPS 10000
+/* A phase that is not ready after this long means tierd is stuck: fail instead of hanging (--phase-timeout). */
+#define PHASE_TIMEOUT_S 60
 /* Tensor ids in the pattern. */
 #define ID_P 0u
 #define ID_G 1000u
@@ -96,6 +98,7 @@ typedef struct Args {
         size_t n_weights;               /* --fair: > 0 */
         const char *config;             /* a name for the JSON line */
         const char *trace;              /* single job: write every timed phase's marker and ready times here */
+        uint64_t phase_timeout;         /* seconds; 0: wait forever */
 } Args;
 
 /* Link counters from tierd's status (bytes). */
@@ -130,6 +133,15 @@ typedef struct FairResult {
         double seconds;                 /* from the barrier to its last phase */
         double stall_s;
 } FairResult;
+
+/* What the SIGALRM handler says when a phase never becomes ready; written before each tier_phase(). */
+static char stuck_msg[256];
+static size_t stuck_len;
+
+static void on_alarm(int sig) {
+        (void) write(STDERR_FILENO, stuck_msg, stuck_len);
+        _exit(3);
+}
 
 static uint64_t splitmix64(uint64_t x) {
         x += UINT64_C(0x9e3779b97f4a7c15);
@@ -304,8 +316,18 @@ static int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
         uint64_t t0;
         int r;
 
+        if (j->a->phase_timeout > 0) {
+                int k = snprintf(stuck_msg, sizeof(stuck_msg), "%s: pid %ld: phase %u not ready after %" PRIu64
+                                 " s: tierd is stuck (see its log)\n", program_invocation_short_name,
+                                 (long) getpid(), ph, j->a->phase_timeout);
+
+                stuck_len = k > 0 ? MIN((size_t) k, sizeof(stuck_msg) - 1) : 0;
+                alarm((unsigned) j->a->phase_timeout);
+        }
         t0 = bench_now_ns();
         r = tier_phase(j->c, ph);
+        if (j->a->phase_timeout > 0)
+                alarm(0);
         if (r < 0) {
                 log_tier_error(j->c, r, "tier_phase");
                 return r;
@@ -994,7 +1016,8 @@ static void usage(FILE *f) {
                 "  --duration SEC       length of each --fair run (default 15)\n"
                 "  --config NAME        a label for the JSON line\n"
                 "  --trace FILE         single job: write \"phase marker_ns ready_ns\" (CLOCK_MONOTONIC) of\n"
-                "                       every timed phase to FILE, to line up with tierd's debug log\n");
+                "                       every timed phase to FILE, to line up with tierd's debug log\n"
+                "  --phase-timeout SEC  fail when a phase is not ready after SEC seconds (default 60; 0: never)\n");
 }
 
 static int parse_weights(const char *s, Args *a) {
@@ -1018,7 +1041,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         enum {
                 ARG_SOCKET = 0x100, ARG_JOB, ARG_LAYERS, ARG_TSIZE, ARG_PSIZE, ARG_GSIZE, ARG_OSIZE, ARG_FWD,
                 ARG_BWD, ARG_OPT, ARG_WARMUP, ARG_STEPS, ARG_NVME_BW, ARG_TARGETS, ARG_LINK_BW, ARG_WEIGHT,
-                ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE,
+                ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE, ARG_PHASE_TIMEOUT,
         };
         static const struct option options[] = {
                 { "socket",      required_argument, NULL, ARG_SOCKET },
@@ -1041,6 +1064,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "duration",    required_argument, NULL, ARG_DURATION },
                 { "config",      required_argument, NULL, ARG_CONFIG },
                 { "trace",       required_argument, NULL, ARG_TRACE },
+                { "phase-timeout", required_argument, NULL, ARG_PHASE_TIMEOUT },
                 { "help",        no_argument,       NULL, 'h' },
                 {}
         };
@@ -1109,6 +1133,9 @@ static int parse_args(int argc, char **argv, Args *a) {
                 case ARG_TRACE:
                         a->trace = optarg;
                         break;
+                case ARG_PHASE_TIMEOUT:
+                        r = bench_parse_uint(optarg, 0, 86400, &a->phase_timeout);
+                        break;
                 case 'h':
                         usage(stdout);
                         exit(EXIT_SUCCESS);
@@ -1149,6 +1176,7 @@ int main(int argc, char **argv) {
                 .steps = 10,
                 .targets = 1,
                 .duration = 15,
+                .phase_timeout = PHASE_TIMEOUT_S,
         };
         int r;
 
@@ -1156,6 +1184,7 @@ int main(int argc, char **argv) {
                 return 2;
         a.socket = bench_socket_path(a.socket);
         signal(SIGPIPE, SIG_IGN);
+        signal(SIGALRM, on_alarm);
         r = a.n_weights > 0 ? run_fair(&a) : run_single(&a);
         return r < 0 ? 1 : 0;
 }

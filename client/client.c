@@ -22,7 +22,13 @@
  * segments are mapped MAP_SHARED once and cached by id; a new generation
  * for a known id replaces the old mapping.  A grant {segment, generation,
  * offset, length} becomes a pointer into that mapping.  If a grant names a
- * segment we do not hold, GetSegments fetches it.
+ * segment we do not hold, GetSegments fetches it.  "cuda" segments (VMM
+ * chunks of tierd's GPU, sent as exported fds) are kept as fds until a
+ * grant first names them; then libtier loads the CUDA driver (dlopen, once
+ * per client: client-cuda.c), imports, maps and caches the chunk by (id,
+ * generation), and the grant's device_ptr is that mapping plus the offset.
+ * Event.revoke asks for a segment back: its mapping goes and an Ack (a
+ * request without a Response) tells tierd so.
  *
  * Fences: the job's fence page holds, per connection slot, a "done"
  * watermark and a "failed" counter.  tier_fence_done() reads both with
@@ -60,6 +66,7 @@
 
 #include <tier.h>
 
+#include "client/client-cuda.h"
 #include "client/tier-private.h"
 #include "proto/fence.h"
 #include "proto/plan.h"
@@ -81,6 +88,8 @@
 #define CLIENT_ERROR_MAX 512
 /* Without an eventfd tier_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
+/* Fences whose PinReply carried tierd's copy event, remembered for tier_stream_wait(). */
+#define CLIENT_FENCE_EVENTS 64
 
 typedef enum SegmentKind {
         SEGMENT_NONE = 0,       /* slot unused */
@@ -94,8 +103,15 @@ typedef struct ClientSegment {
         int tier;
         uint64_t size;
         void *ptr;              /* memfd: MAP_SHARED mapping of @size bytes; cuda: NULL */
-        int fd;                 /* cuda: the exported handle, kept for the import; else -1 */
+        int fd;                 /* cuda: the exported handle until it is imported; else -1 */
+        uint64_t device_ptr;    /* cuda: where it is mapped once imported, else 0 */
+        bool host_registered;   /* memfd of the host tier registered with CUDA */
 } ClientSegment;
+
+typedef struct FenceEvent {
+        tier_fence fence;
+        uint8_t handle[CLIENT_CUDA_EVENT_SIZE];
+} FenceEvent;
 
 typedef struct FenceFailure {
         tier_fence fence;
@@ -122,7 +138,15 @@ struct tier_client {
         uint32_t max_name;
         uint64_t limit[TIER_LEVEL_MAX];
         char *vram_backend;
+        char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
         char *socket_path;
+
+        ClientCuda *cuda;               /* the CUDA driver, once needed */
+        int cuda_failed;                /* < 0 once loading it failed (not tried again) */
+        char cuda_why[CLIENT_ERROR_MAX / 2];
+        bool register_host;             /* register host-tier segments with CUDA as they come */
+        FenceEvent fence_events[CLIENT_FENCE_EVENTS];   /* ring */
+        uint64_t n_fence_events;
 
         ClientSegment *segments;        /* indexed by segment id */
         size_t n_segments;
@@ -258,9 +282,29 @@ static int fd_wait(int fd, short events, int timeout_ms) {
 
 /* ---- segments ---------------------------------------------------------------- */
 
-static void segment_clear(ClientSegment *s) {
+/* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
+static ClientCuda *client_cuda(tier_client *c) {
+        int r;
+
+        if (c->cuda)
+                return c->cuda;
+        if (c->cuda_failed == 0) {
+                r = client_cuda_new(&c->cuda, c->vram_device, c->cuda_why, sizeof(c->cuda_why));
+                if (r < 0)
+                        c->cuda_failed = r;
+        }
+        if (!c->cuda)
+                (void) client_error(c, c->cuda_failed, "CUDA cannot be used in this process: %s", c->cuda_why);
+        return c->cuda;
+}
+
+static void segment_clear(tier_client *c, ClientSegment *s) {
+        if (s->host_registered)
+                client_cuda_host_unregister(c->cuda, s->ptr);
         if (s->ptr)
                 (void) munmap(s->ptr, (size_t) s->size);
+        if (s->device_ptr)
+                client_cuda_unmap(c->cuda, s->device_ptr, s->size);
         s->fd = safe_close(s->fd);
         *s = (ClientSegment) { .kind = SEGMENT_NONE, .fd = -1 };
 }
@@ -332,15 +376,13 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
                 n.ptr = mmap(NULL, (size_t) n.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
                 if (n.ptr == MAP_FAILED)
                         return client_error(c, negative_errno(), "cannot map segment %u: %m", s->id);
+                /* best effort: unregistered memory still works, only slower for cudaMemcpyAsync */
+                if (c->register_host && n.tier == TIER_HOST && c->cuda &&
+                    client_cuda_host_register(c->cuda, n.ptr, n.size) >= 0)
+                        n.host_registered = true;
                 break;
         case SEGMENT_CUDA:
-                /*
-                 * The cuda VRAM backend exports cuMemCreate chunks as POSIX fds.
-                 * Importing them (cuMemImportFromShareableHandle, cuMemAddressReserve,
-                 * cuMemMap, cuMemSetAccess) is a later issue.  Until then the fd is kept
-                 * here and grants into this segment carry ptr NULL and device_ptr 0: no
-                 * address is made up.
-                 */
+                /* imported when a grant first names it (client_resolve_grant()): that loads CUDA */
                 n.fd = TAKE_FD(fd);
                 break;
         case SEGMENT_NONE:
@@ -348,7 +390,7 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
         }
 
         /* A new generation replaces the old mapping: tierd reuses an id only once it is unpinned. */
-        segment_clear(slot);
+        segment_clear(c, slot);
         *slot = n;
         return 0;
 }
@@ -449,6 +491,37 @@ static int client_lookup_failure(const tier_client *c, tier_fence fence) {
         return 0;
 }
 
+/* Tell tierd a revoked segment is unmapped.  Ack has no Response, so this never waits for one. */
+static int client_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Ack ack = TIER__ACK__INIT;
+        uint8_t buf[64];
+        size_t len;
+        int r;
+
+        ack.segment = segment;
+        ack.generation = generation;
+        req.op_case = TIER__REQUEST__OP_ACK;
+        req.ack = &ack;
+        len = tier__request__get_packed_size(&req);
+        if (len > sizeof(buf))
+                return -EMSGSIZE;
+        (void) tier__request__pack(&req, buf);
+        r = client_send(c, buf, len);
+        if (r < 0)
+                return client_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                    tier_strerror(r));
+        return 0;
+}
+
+/* tierd takes @id back: drop our mapping of that generation (nothing of ours points into it), then ack. */
+static void client_revoke(tier_client *c, const Tier__Revoke *rv) {
+        if (rv->segment < c->n_segments && c->segments[rv->segment].kind != SEGMENT_NONE &&
+            c->segments[rv->segment].generation == rv->generation)
+                segment_clear(c, &c->segments[rv->segment]);
+        (void) client_send_ack(c, rv->segment, rv->generation);
+}
+
 static void client_handle_event(tier_client *c, const Tier__Event *e) {
         switch (e->kind_case) {
         case TIER__EVENT__KIND_FENCE_FAILED: {
@@ -471,6 +544,10 @@ static void client_handle_event(tier_client *c, const Tier__Event *e) {
                                 e->shutdown && e->shutdown->reason ? e->shutdown->reason : "");
                 (void) client_error(c, -ESHUTDOWN, "tierd is shutting down%s%s",
                                     *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+                break;
+        case TIER__EVENT__KIND_REVOKE:
+                if (e->revoke)
+                        client_revoke(c, e->revoke);
                 break;
         default:
                 break;          /* an event of a newer protocol: ignored */
@@ -632,8 +709,9 @@ _public_ tier_client *tier_client_free(tier_client *c) {
                 t->prev = t->next = NULL;
         }
         for (size_t i = 0; i < c->n_segments; i++)
-                segment_clear(&c->segments[i]);
+                segment_clear(c, &c->segments[i]);
         free(c->segments);
+        c->cuda = client_cuda_free(c->cuda);
         if (c->fence_page)
                 (void) munmap((void *) c->fence_page, sizeof(FencePage));
         if (c->plan_page)
@@ -642,6 +720,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         safe_close(c->event_fd);
         safe_close(c->fd);
         free(c->vram_backend);
+        free(c->vram_device);
         free(c->socket_path);
         free(c->rbuf);
         free(c);
@@ -735,7 +814,8 @@ static int client_hello(tier_client *c, const char *job, unsigned rank) {
         }
 
         c->vram_backend = strdup(hr->vram_backend ? hr->vram_backend : "");
-        if (!c->vram_backend) {
+        c->vram_device = strdup(hr->vram_device ? hr->vram_device : "");
+        if (!c->vram_backend || !c->vram_device) {
                 r = -ENOMEM;
                 goto finish;
         }
@@ -828,6 +908,10 @@ _public_ const char *tier_client_last_error(const tier_client *c) {
 
 _public_ const char *tier_client_vram_backend(const tier_client *c) {
         return c && c->vram_backend ? c->vram_backend : "";
+}
+
+_public_ const char *tier_client_vram_device(const tier_client *c) {
+        return c && c->vram_device ? c->vram_device : "";
 }
 
 _public_ uint64_t tier_client_limit(const tier_client *c, int tier) {
@@ -1087,10 +1171,20 @@ static int client_resolve_grant(tier_client *c, const Tier__Grant *g, struct tie
         if (g->offset > s->size || g->length > s->size - g->offset)
                 return client_error(c, -EPROTO, "grant [%" PRIu64 ", +%" PRIu64 ") lies outside segment %u "
                                     "of %" PRIu64 " bytes", g->offset, g->length, g->segment, s->size);
+        if (s->kind == SEGMENT_CUDA && !s->device_ptr) {
+                ClientCuda *cc = client_cuda(c);
+
+                if (!cc)
+                        return c->cuda_failed;
+                r = client_cuda_map(cc, s->fd, s->size, &s->device_ptr);
+                if (r < 0)
+                        return client_error(c, r, "segment %u: %s", g->segment, client_cuda_error(cc));
+                s->fd = safe_close(s->fd);      /* the mapping holds the memory now */
+        }
 
         *ret = (struct tier_grant) {
                 .ptr = s->ptr ? (uint8_t *) s->ptr + g->offset : NULL,
-                .device_ptr = 0,        /* cuda segments are not imported yet: see client_add_segment() */
+                .device_ptr = s->device_ptr ? s->device_ptr + g->offset : 0,
                 .length = g->length,
                 .segment = g->segment,
                 .offset = g->offset,
@@ -1103,7 +1197,8 @@ static void client_saw_fence(tier_client *c, tier_fence f) {
         c->fence_max = MAX(c->fence_max, f);
 }
 
-static int tensor_unpin(tier_tensor *t, int tier, int dirty) {
+/* @event: NULL, or an interprocess event handle tierd's copies of the tensor wait for. */
+static int tensor_unpin(tier_tensor *t, int tier, int dirty, const uint8_t *event) {
         Tier__Unpin op = TIER__UNPIN__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
@@ -1112,6 +1207,8 @@ static int tensor_unpin(tier_tensor *t, int tier, int dirty) {
         op.tensor = t->id;
         op.tier = (Tier__Tier) tier;
         op.dirty = !!dirty;
+        if (event)
+                op.ipc_event = (ProtobufCBinaryData) { .len = CLIENT_CUDA_EVENT_SIZE, .data = (uint8_t *) event };
         req.op_case = TIER__REQUEST__OP_UNPIN;
         req.unpin = &op;
         r = client_call(t->client, &req, &p);
@@ -1156,6 +1253,12 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
         }
         grant = *p.reply->response->pin->grant;
         fence = p.reply->response->pin->fence;
+        if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE) {
+                FenceEvent *fe = &c->fence_events[c->n_fence_events++ % CLIENT_FENCE_EVENTS];
+
+                fe->fence = fence;
+                memcpy(fe->handle, p.reply->response->pin->ipc_event.data, CLIENT_CUDA_EVENT_SIZE);
+        }
         packet_done(&p);
         client_saw_fence(c, fence);
 
@@ -1181,7 +1284,7 @@ unpin: {
         char saved[CLIENT_ERROR_MAX];
 
         memcpy(saved, c->last_error, sizeof(saved));
-        (void) tensor_unpin(t, tier, 0);
+        (void) tensor_unpin(t, tier, 0, NULL);
         memcpy(c->last_error, saved, sizeof(saved));
         return r;
 }
@@ -1203,7 +1306,29 @@ _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
                 return r;
         if (!tier_valid(tier))
                 return -EINVAL;
-        return tensor_unpin(t, tier, dirty);
+        return tensor_unpin(t, tier, dirty, NULL);
+}
+
+_public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream) {
+        uint8_t event[CLIENT_CUDA_EVENT_SIZE];
+        ClientCuda *cc;
+        int r;
+
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (tier != TIER_VRAM)
+                return client_error(t->client, -EINVAL, "only VRAM pins can be released after GPU work");
+        if (strcmp(t->client->vram_backend, "cuda") != 0)
+                return client_error(t->client, -EOPNOTSUPP, "tierd's VRAM backend is \"%s\", not cuda",
+                                    t->client->vram_backend);
+        cc = client_cuda(t->client);
+        if (!cc)
+                return t->client->cuda_failed;
+        r = client_cuda_record(cc, stream, event);
+        if (r < 0)
+                return client_error(t->client, r, "%s", client_cuda_error(cc));
+        return tensor_unpin(t, tier, dirty, event);
 }
 
 /* Evict and prefetch share a shape: {tensor, tier, async} -> FenceReply. */
@@ -1364,6 +1489,68 @@ _public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 if (r != 0)
                         return r > 0 ? 0 : r;
         }
+}
+
+_public_ int tier_client_process(tier_client *c) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = client_drain(c);
+        return r < 0 ? r : client_check(c);
+}
+
+/* ---- CUDA ------------------------------------------------------------------------- */
+
+_public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
+        ClientCuda *cc;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = tier_fence_done(c, f);
+        if (r != 0)
+                return r > 0 ? 0 : r;
+        /* newest first: a fence is in the ring once, unless it wrapped */
+        for (uint64_t i = 0; i < MIN(c->n_fence_events, (uint64_t) CLIENT_FENCE_EVENTS); i++) {
+                const FenceEvent *fe = &c->fence_events[(c->n_fence_events - 1 - i) % CLIENT_FENCE_EVENTS];
+
+                if (fe->fence != f)
+                        continue;
+                cc = client_cuda(c);
+                if (!cc)
+                        break;
+                r = client_cuda_stream_wait(cc, fe->handle, stream);
+                if (r >= 0)
+                        return 0;
+                break;          /* the fence still tells when it is done */
+        }
+        /* no event for it (its copy was not queued when tierd answered): wait here */
+        return tier_wait(c, f, -1);
+}
+
+_public_ int tier_client_cuda_register_host(tier_client *c) {
+        ClientCuda *cc;
+        int r, n = 0;
+
+        if (!c)
+                return -EINVAL;
+        cc = client_cuda(c);
+        if (!cc)
+                return c->cuda_failed;
+        c->register_host = true;
+        for (size_t i = 0; i < c->n_segments; i++) {
+                ClientSegment *s = &c->segments[i];
+
+                if (s->kind != SEGMENT_MEMFD || s->tier != TIER_HOST || s->host_registered)
+                        continue;
+                r = client_cuda_host_register(cc, s->ptr, s->size);
+                if (r < 0)
+                        return client_error(c, r, "segment %zu: %s", i, client_cuda_error(cc));
+                s->host_registered = true;
+                n++;
+        }
+        return n;
 }
 
 /* ---- status ------------------------------------------------------------------------ */

@@ -41,7 +41,8 @@ typedef uint64_t tier_fence;
 /* A grant: a pinned copy of a tensor, mapped into this process. */
 struct tier_grant {
         void *ptr;              /* host address (memfd tiers); NULL for device memory */
-        uint64_t device_ptr;    /* device address (cuda VRAM tier); 0 otherwise */
+        uint64_t device_ptr;    /* device address (cuda VRAM tier, a CUdeviceptr in the primary
+                                 * context of tierd's GPU); 0 otherwise */
         uint64_t length;        /* bytes, equal to the tensor's size */
         uint32_t segment;       /* segment id inside the job */
         uint64_t offset;        /* offset inside the segment */
@@ -84,6 +85,8 @@ tier_client *tier_client_free(tier_client *c);
 const char *tier_client_last_error(const tier_client *c);
 /* Name of the VRAM backend ("emulated" or "cuda") */
 const char *tier_client_vram_backend(const tier_client *c);
+/* PCI bus id of tierd's GPU ("0000:3b:00.0") with the cuda backend, else "": where device_ptrs live */
+const char *tier_client_vram_device(const tier_client *c);
 /* The job's byte limit in @tier, or 0 when unknown */
 uint64_t tier_client_limit(const tier_client *c, int tier);
 /* The connection's socket fd (to poll for events); borrowed */
@@ -104,9 +107,11 @@ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret);
 
 /*
  * Pin a resident copy in @tier (bringing it there first) and map it.  The
- * grant's ptr stays valid until the matching tier_unpin().  Device memory of
- * the cuda VRAM backend is not mapped by this version: ptr is NULL and
- * device_ptr 0 for such grants.
+ * grant's ptr (or device_ptr) stays valid until the matching tier_unpin().
+ * With the cuda VRAM backend a VRAM grant has ptr NULL and device_ptr set:
+ * the first one loads the CUDA driver (libcuda.so.1, never linked) and maps
+ * tierd's chunk on tierd's GPU; without a usable CUDA in this process it
+ * fails with -ENODEV and the reason in tier_client_last_error().
  */
 int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret);
 /* Asynchronous pin: the grant is valid at once, the bytes once @ret_fence is done. */
@@ -132,6 +137,45 @@ int tier_fence_done(tier_client *c, tier_fence f);
 /* Wait for @f; @timeout_ms < 0 waits forever.  0 when done, -ETIMEDOUT on
  * timeout, the fence's status if it failed, -ECONNRESET if tierd went away. */
 int tier_wait(tier_client *c, tier_fence f, int timeout_ms);
+
+/*
+ * Handle whatever tierd sent that no call has read yet, without blocking:
+ * failed fences, a shutdown, and revokes (tierd takes back an empty VRAM
+ * chunk of the job; libtier unmaps it and acknowledges).  A client that
+ * talks to tierd seldom should call this when tier_client_fd() is readable:
+ * a revoke not answered within its timeout (5 s) costs the connection.
+ */
+int tier_client_process(tier_client *c);
+
+/* ---- CUDA (the cuda VRAM backend) ------------------------------------------- */
+
+/*
+ * Stream-ordered completion: make @stream (a CUstream or cudaStream_t of
+ * tierd's GPU, in the primary context; NULL: the legacy default stream)
+ * wait for fence @f of an async pin into VRAM, so that kernels queued
+ * after it see the data, without blocking this thread.  When tierd sent no
+ * event for @f (its copy was not yet queued when it answered, or the fence
+ * is not a VRAM pin's) this waits for @f on the host like tier_wait().
+ * Returns 0, or the fence's error.
+ */
+int tier_stream_wait(tier_client *c, tier_fence f, void *stream);
+
+/*
+ * tier_unpin() for a VRAM pin whose tensor kernels queued on @stream still
+ * write: records an interprocess event on @stream and passes it with the
+ * unpin, so tierd copies the tensor out (evict, write-back) only after that
+ * work.  Needs the cuda backend (-EOPNOTSUPP otherwise).
+ */
+int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream);
+
+/*
+ * Register this client's host-tier segments with CUDA (cuMemHostRegister),
+ * those mapped now and those that come later, so cudaMemcpyAsync from and
+ * to host grants runs at full speed without staging.  Opt-in because it
+ * loads the CUDA driver and pins the pages in this process too.  Returns
+ * the number of segments registered now, or -errno (-ENODEV: no CUDA here).
+ */
+int tier_client_cuda_register_host(tier_client *c);
 
 /* Status of the whole daemon, formatted (caller frees *ret with free()). */
 enum {

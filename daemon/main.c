@@ -133,6 +133,8 @@ static void print_config(const Config *c) {
                 printf("target = %s:%" PRIu64 "\n", c->targets[i].path, c->targets[i].size);
         printf("extent_size = %" PRIu64 "\nqueue_depth = %u\njob_limit = %" PRIu64 "\nbandwidth = %" PRIu64 "\n",
                c->nvme_extent_size, c->nvme_queue_depth, c->nvme_job_limit, c->nvme_bandwidth);
+        printf("\n[sched]\npolicy = %s\ndefault_weight = %u\n", sched_policy_to_string(c->sched_policy),
+               c->default_weight);
 }
 
 /* Sent when run() returns after READY=1, whatever the path; a repeated STOPPING=1 is harmless. */

@@ -4,10 +4,12 @@
 /*
  * Theory of operation: the Manager owns the one sd_event loop and builds the
  * subsystems in dependency order: the io_uring (so the host pool can
- * register its segments as fixed buffers as it makes them), the host pool,
- * the VRAM backend, the NVMe targets (registered as fixed files), then the
- * server.  Everything runs on the loop thread; the only other thread is the
- * emulated VRAM mover, which talks back through an eventfd.
+ * register its segments as fixed buffers as it makes them), the VRAM
+ * backend (so the host pool is placed on the GPU's NUMA node and registered
+ * with CUDA as it is made), the host pool, the NVMe targets (registered as
+ * fixed files), then the server.  Everything runs on the loop thread; the
+ * only other thread is the VRAM backend's (the emulated mover, or the CUDA
+ * copy completion thread), which talks back through an eventfd.
  *
  * The op engine runs from a defer source that manager_kick() arms, so ops
  * queued while handling one packet are advanced once that handler returns,
@@ -28,6 +30,7 @@
 #include "daemon/manager.h"
 #include "daemon/memfd-seg.h"
 #include "daemon/mover.h"
+#include "daemon/revoke.h"
 #include "daemon/server.h"
 #include "daemon/tier-nvme.h"
 #include "daemon/uring.h"
@@ -69,7 +72,15 @@ void manager_kick(Manager *m) {
 static int host_register_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
 
+        /* DMA registration with the GPU is best effort: without it copies are slower, not wrong */
+        (void) vram_host_register(m->vram, seg);
         return uring_set_buffer(m->uring, seg->id, seg->map, seg->pool->seg_size);
+}
+
+static void host_unregister_buffer(Segment *seg, void *userdata) {
+        Manager *m = userdata;
+
+        vram_host_unregister(m->vram, seg);
 }
 
 static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata);
@@ -79,13 +90,13 @@ static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void
         return 0;
 }
 
-static int pick_numa_node(const Config *c) {
+static int pick_numa_node(const Config *c, const VramBackend *vram) {
         if (numa_available() < 0)
                 return -1;
         if (c->numa_node >= 0)
                 return c->numa_node;
-        /* auto: the GPU's node once the CUDA backend reads it; node 0 meanwhile */
-        return 0;
+        /* auto: the GPU's node (from its PCI sysfs entry), node 0 without one */
+        return MAX(vram_numa_node(vram), 0);
 }
 
 int manager_new(Manager **ret, Config *config) {
@@ -129,16 +140,29 @@ int manager_new(Manager **ret, Config *config) {
         if (r < 0)
                 return r;
 
+        /* the VRAM backend first: the host pool goes on its GPU's NUMA node and is registered with it */
+        r = vram_backend_new(&m->config, m->event, &m->vram, &err);
+        if (r < 0)
+                return log_error_errno(r, "%s", err ? err : "Cannot set up the VRAM tier: %m");
+        m->vram->pool.tier = TIER_VRAM;
+        m->vram->pool.id_base = 1u << 16;
+        if (!m->vram->emulated) {
+                /* device memory stays allocated while a client maps it: take chunks back cooperatively */
+                m->vram->pool.revoke = revoke_segment;
+                m->vram->pool.revoke_userdata = m;
+        }
+
         /* host tier: one memfd per segment, NUMA-bound, locked, registered as a fixed buffer */
         r = uring_register_buffers(m->uring, (unsigned) (m->config.host_capacity / m->config.host_segment_size));
         if (r < 0)
                 return log_error_errno(r, "Cannot register io_uring buffers: %m");
-        m->host.numa_node = pick_numa_node(&m->config);
+        m->host.numa_node = pick_numa_node(&m->config, m->vram);
         host_memfd = (MemfdSegConfig) {
                 .name = "tierd-host",
                 .numa_node = m->host.numa_node,
                 .lock = true,
                 .on_make = host_register_buffer,
+                .on_drop = host_unregister_buffer,
                 .userdata = m,
         };
         r = segpool_init(&m->host.pool, "memfd", &memfd_seg_ops, &host_memfd,
@@ -150,12 +174,6 @@ int manager_new(Manager **ret, Config *config) {
         m->host.pool.tier = TIER_HOST;
         m->host.pool.id_base = 0;
         m->host.locked = !host_memfd.lock_failed;
-
-        r = vram_backend_new(&m->config, m->event, &m->vram, &err);
-        if (r < 0)
-                return log_error_errno(r, "%s", err ? err : "Cannot set up the VRAM tier: %m");
-        m->vram->pool.tier = TIER_VRAM;
-        m->vram->pool.id_base = 1u << 16;
 
         r = nvme_tier_new(&m->config, m->uring, &m->nvme, &err);
         if (r < 0)
@@ -186,9 +204,9 @@ Manager *manager_free(Manager *m) {
         if (m->n_xfers > 0)
                 log_warning("%u transfer(s) still running at exit; their memory is not freed", m->n_xfers);
         m->uring = uring_free(m->uring);
+        segpool_deinit(&m->host.pool);         /* before the VRAM backend: it unregisters from it */
         m->vram = vram_backend_free(m->vram);
         m->nvme = nvme_tier_free(m->nvme);
-        segpool_deinit(&m->host.pool);
         sd_event_source_disable_unref(m->run_source);
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);

@@ -81,6 +81,10 @@ fail:
 }
 
 static void memfd_seg_drop(SegPool *p, Segment *seg) {
+        MemfdSegConfig *mc = p->userdata;
+
+        if (seg->map && mc->on_drop)
+                mc->on_drop(seg, mc->userdata);
         if (seg->map)
                 munmap(seg->map, p->seg_size);
         seg->map = NULL;

@@ -129,6 +129,10 @@ static void wake_space_waiters(Manager *m) {
         manager_kick(m);
 }
 
+void mover_wake_space_waiters(Manager *m) {
+        wake_space_waiters(m);
+}
+
 void copy_free(Manager *m, Tensor *t, int tier) {
         Copy *c = &t->copy[tier];
 
@@ -300,6 +304,8 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         continue;
                 if (r == ADV_WAIT_SPACE)
                         return ADV_WAIT_SPACE;
+                if (tier == TIER_VRAM && m->vram->pool.n_revoking > 0 && !op->no_wait)
+                        return ADV_WAIT_SPACE;  /* chunks come back once their old clients let go (revoke.c) */
                 if (r == -EAGAIN)
                         return op_fail(op, -EAGAIN, "no %s space to spare before the deadline", tname(tier));
                 return op_fail(op, -ENOSPC,

@@ -58,6 +58,9 @@ void op_cancel(Op *op);
 /* Cancel every op on a tensor of @j. */
 void mover_cancel_job(Manager *m, Job *j);
 
+/* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */
+void mover_wake_space_waiters(Manager *m);
+
 /* Run queued ops until none is runnable (the run source calls this). */
 void mover_run(Manager *m);
 

@@ -173,9 +173,10 @@ void job_destroy(Job *j) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                /* no connection is left to hold a pin: whatever remains goes */
+                /* no connection is left to hold a pin or a plan: whatever remains goes */
                 for (int i = 0; i < TIERS; i++)
                         t->copy[i].pins = 0;
+                t->plan_refs = 0;
                 (void) tensor_free(t);
         }
         /* only now: a tensor freed above must not free the job under this loop */
@@ -304,7 +305,7 @@ int tensor_free(Tensor *t) {
         for (int i = 0; i < TIERS; i++)
                 if (t->copy[i].pins > 0)
                         return -EBUSY;
-        if (t->op_refs > 0)
+        if (t->op_refs > 0 || t->plan_refs > 0)
                 return -EBUSY;
 
         tensormap_remove(j->by_name, t->name);

@@ -69,6 +69,7 @@ typedef struct Tensor {
         bool doomed;            /* freed by its job while a transfer ran */
         List job_link;
         Plan *plan;             /* the first plan that names it (for next-use predictions) */
+        unsigned plan_refs;     /* plans that name it: it cannot be freed meanwhile */
         uint32_t plan_slot;
         Op *sched_op;           /* the scheduler's prefetch or write-behind in flight */
         uint64_t sched_pass;    /* scheduler pass that computed sched_written */

@@ -50,6 +50,7 @@ typedef enum ReloadType {
         RELOAD_NUMA_NODE,       /* int, -1 auto */
         RELOAD_LOG_LEVEL,       /* int, syslog level */
         RELOAD_BACKEND,         /* VramBackendKind */
+        RELOAD_POLICY,          /* SchedPolicyKind */
         RELOAD_TARGETS,         /* targets[] and n_targets */
 } ReloadType;
 
@@ -96,8 +97,10 @@ static const ReloadKey reload_keys[] = {
         RKEY("nvme",   "extent_size",             nvme_extent_size,        RELOAD_SIZE,          false),
         RKEY("nvme",   "queue_depth",             nvme_queue_depth,        RELOAD_UNSIGNED,      false),
         RKEY("nvme",   "job_limit",               nvme_job_limit,          RELOAD_SIZE,          true),
-        /* stored; this version does not throttle NVMe I/O */
         RKEY("nvme",   "bandwidth",               nvme_bandwidth,          RELOAD_SIZE,          true),
+        /* plans in flight keep the holds their policy built: a new policy needs a restart */
+        RKEY("sched",  "policy",                  sched_policy,            RELOAD_POLICY,        false),
+        RKEY("sched",  "default_weight",          default_weight,          RELOAD_UNSIGNED,      true),
 };
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -197,6 +200,11 @@ static char *format_value(const ReloadKey *k, const Config *c) {
                 return strdup(log_level_to_string(*(const int *) field));
         case RELOAD_BACKEND: {
                 const char *b = vram_backend_to_string(*(const VramBackendKind *) field);
+
+                return strdup(b ? b : "?");
+        }
+        case RELOAD_POLICY: {
+                const char *b = sched_policy_to_string(*(const SchedPolicyKind *) field);
 
                 return strdup(b ? b : "?");
         }

@@ -32,6 +32,7 @@
 #include "daemon/manager.h"
 #include "daemon/mover.h"
 #include "daemon/registry.h"
+#include "daemon/revoke.h"
 #include "daemon/rpc.h"
 #include "daemon/server.h"
 #include "daemon/status.h"
@@ -241,10 +242,15 @@ static int reply_pin(Conn *c, uint64_t seq, Tensor *t, int tier, uint64_t fence)
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PinReply pr = TIER__PIN_REPLY__INIT;
         Tier__Grant g = TIER__GRANT__INIT;
+        uint8_t ev[VRAM_IPC_EVENT_SIZE];
 
         fill_grant(&g, t, tier);
         pr.grant = &g;
         pr.fence = fence;
+        /* the copy into VRAM is queued: the client's stream may wait for it on the device */
+        if (fence && tier == TIER_VRAM &&
+            vram_copy_event(c->manager->vram, t->copy[tier].seg, t->copy[tier].offset, ev) > 0)
+                pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PIN;
         resp.pin = &pr;
@@ -382,8 +388,23 @@ static int handle_hello(Conn *c, uint64_t seq, const Tier__Hello *h) {
         hr.version = TIER_PROTOCOL_VERSION;
         hr.limits = &lim;
         hr.vram_backend = (char *) m->vram->ops->name;
+        hr.vram_device = m->vram->device;
         hr.fence_page_fd = -1;
         hr.fence_eventfd = -1;
+
+        /* connections per uid */
+        {
+                unsigned n = 0;
+
+                list_for_each_safe(node, tmp, server_conns(m->server)) {
+                        Conn *o = list_entry(node, Conn, link);
+                        if (o != c && o->uid == c->uid && o->hello_done)
+                                n++;
+                }
+                if (n >= m->config.max_connections_per_uid)
+                        return rpc_protocol_error(c, seq, -EUSERS, "too many connections for this uid "
+                                                  "(max_connections_per_uid)");
+        }
 
         if (!h->job || h->job[0] == 0) {
                 /* control connection: status only */
@@ -398,25 +419,20 @@ static int handle_hello(Conn *c, uint64_t seq, const Tier__Hello *h) {
         if (r < 0)
                 return 0;
 
-        /* connections per uid */
-        {
-                unsigned n = 0;
-
-                list_for_each_safe(node, tmp, server_conns(m->server)) {
-                        Conn *o = list_entry(node, Conn, link);
-                        if (o->uid == c->uid && o->job)
-                                n++;
-                }
-                if (n >= m->config.max_connections_per_uid)
-                        return rpc_protocol_error(c, seq, -EUSERS, "too many connections for this uid "
-                                                  "(max_connections_per_uid)");
-        }
-
         j = job_find(m, h->job);
         if (j) {
                 if (j->uid != c->uid && c->uid != 0)
                         return reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u", j->name, (unsigned) j->uid);
         } else {
+                unsigned n = 0;
+
+                /* jobs outlive their connections (linger): bound them per uid too */
+                list_for_each_safe(node, tmp, &m->jobs)
+                        if (list_entry(node, Job, link)->uid == c->uid)
+                                n++;
+                if (n >= m->config.max_connections_per_uid)
+                        return reply_status(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
+                                            (unsigned) c->uid, n);
                 r = job_new(m, h->job, c->uid, &j);
                 if (r < 0)
                         return reply_status(c, seq, r, "cannot create job: %s", strerror(-r));
@@ -523,7 +539,8 @@ static int handle_free(Conn *c, uint64_t seq, const Tier__Free *f) {
                 return 0;
         r = tensor_free(t);
         if (r == -EBUSY)
-                return reply_status(c, seq, r, "tensor '%s' is pinned or has requests in flight", t->name);
+                return reply_status(c, seq, r, "tensor '%s' is pinned, has requests in flight or is named by a plan",
+                                    t->name);
         if (r < 0)
                 return reply_status(c, seq, r, "cannot free tensor: %s", strerror(-r));
         return reply_status(c, seq, 0, NULL);
@@ -565,6 +582,14 @@ static int handle_unpin(Conn *c, uint64_t seq, const Tier__Unpin *u) {
                 return 0;
         if (!tier_ok(tier))
                 return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
+        if (u->ipc_event.len > 0) {
+                int r = tier == TIER_VRAM && t->copy[tier].pins > 0 ?
+                        vram_wait_event(c->manager->vram, t->copy[tier].seg, t->copy[tier].offset, t->alloc_size,
+                                        u->ipc_event.data, u->ipc_event.len) : -EINVAL;
+                if (r < 0)
+                        return reply_status(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
+                                            t->name, tier_to_string(tier), strerror(-r));
+        }
         if (pin_forget(c, t, tier) < 0)
                 return reply_status(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
                                     t->name, tier_to_string(tier));
@@ -633,6 +658,14 @@ static int handle_move(Conn *c, uint64_t seq, int kind, uint64_t id, int tier, b
         if (c->inflight >= m->config.max_inflight)
                 return reply_status(c, seq, -EBUSY, "too many requests in flight on this connection "
                                     "(max_inflight = %u)", m->config.max_inflight);
+        /* fences complete in any order; tierd remembers at most max_inflight ahead of the oldest */
+        if (async && c->next_fence - 1 - c->fence_done >= m->config.max_inflight)
+                return reply_status(c, seq, -EBUSY, "too many fences outstanding on this connection (max_inflight "
+                                    "= %u): wait for fence %" PRIu64 " first", m->config.max_inflight,
+                                    c->fence_done + 1);
+        if (kind == TIER__REQUEST__OP_PIN && c->n_pins + c->inflight >= 2 * (size_t) m->config.max_tensors)
+                return reply_status(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
+                                    2 * m->config.max_tensors);
         switch (kind) {
         case TIER__REQUEST__OP_PIN:
                 if (tier == TIER_NVME)
@@ -855,6 +888,9 @@ int rpc_dispatch(Conn *c, Tier__Request *req) {
                 return handle_quota_get(c, seq, req->quota_get);
         case TIER__REQUEST__OP_QUOTA_SET:
                 return handle_quota_set(c, seq, req->quota_set);
+        case TIER__REQUEST__OP_ACK:
+                revoke_ack(c, req->ack);        /* no Response: see tier.proto */
+                return 0;
         default:
                 return reply_status(c, seq, -EOPNOTSUPP, "unknown request (op %d)", (int) req->op_case);
         }
@@ -894,6 +930,7 @@ void rpc_conn_gone(Conn *c) {
         /* the plan's pins go with it (as dirty where the plan writes) */
         plan_free(c->plan);
         c->plan = NULL;
+        revoke_conn_gone(c);
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);

@@ -12,7 +12,9 @@
  * capacity is reserved, locked and registered once).  When a job gives a
  * segment back, the memory is dropped and made anew rather than zeroed in
  * place: the old job's clients may still have the old pages mapped, and new
- * pages from the kernel are zero by construction.
+ * pages from the kernel are zero by construction.  A pool may first ask
+ * the old job's clients to let go (the revoke hook): the segment then waits
+ * out of service until segpool_revoked().
  */
 
 #include <errno.h>
@@ -80,7 +82,7 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
         for (uint32_t i = 0; i < p->n_segs; i++) {
                 Segment *s = &p->segs[i];
 
-                if (s->owner || (s->fd < 0 && !s->device_ptr))
+                if (s->owner || s->revoking || (s->fd < 0 && !s->device_ptr))
                         continue;
                 s->owner = job;
                 list_add_tail(owner_list, &s->owner_link);
@@ -91,13 +93,9 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
         return -ENOSPC;
 }
 
-int segpool_release(SegPool *p, Segment *s) {
+/* Replace the memory of a segment nobody owns, and put it back in service. */
+static int segment_renew(SegPool *p, Segment *s) {
         int r;
-
-        if (!s->owner)
-                return -EINVAL;
-        list_del(&s->owner_link);
-        s->owner = NULL;
 
         p->ops->drop(p, s);
         s->generation++;
@@ -111,6 +109,31 @@ int segpool_release(SegPool *p, Segment *s) {
                 return r;       /* the segment stays out of service */
         p->n_free++;
         return 0;
+}
+
+int segpool_release(SegPool *p, Segment *s) {
+        int r = 0;
+
+        if (!s->owner)
+                return -EINVAL;
+        if (p->revoke)
+                r = p->revoke(p, s, p->revoke_userdata);
+        list_del(&s->owner_link);
+        s->owner = NULL;
+        if (r > 0) {
+                s->revoking = true;
+                p->n_revoking++;
+                return 0;
+        }
+        return segment_renew(p, s);
+}
+
+int segpool_revoked(SegPool *p, Segment *s) {
+        if (!s->revoking)
+                return -EINVAL;
+        s->revoking = false;
+        p->n_revoking--;
+        return segment_renew(p, s);
 }
 
 int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset) {

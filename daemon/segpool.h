@@ -25,6 +25,7 @@ typedef struct Segment {
         List owner_link;        /* in Job.segments[tier] */
         ExtentAlloc units;      /* SEG_UNIT-sized units */
         uint64_t used;          /* bytes allocated */
+        bool revoking;          /* released, waiting for the old job's clients to let go */
 } Segment;
 
 /* What a backend provides to make and drop the memory behind a segment. */
@@ -43,7 +44,17 @@ struct SegPool {
         uint64_t seg_size;
         uint32_t n_segs;
         uint32_t n_free;
+        uint32_t n_revoking;    /* segments waiting for segpool_revoked() */
         Segment *segs;
+        /*
+         * Optional: called by segpool_release() while seg->owner is still set.
+         * Returns 0 to drop the memory at once, > 0 when it has asked the
+         * owner's clients to unmap it first and will call segpool_revoked()
+         * once they have (daemon/revoke.c, for device memory that stays
+         * allocated while any process maps it).
+         */
+        int (*revoke)(SegPool *p, Segment *seg, void *userdata);
+        void *revoke_userdata;
 };
 
 int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *userdata,
@@ -55,9 +66,13 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret);
 /*
  * Take a segment back from its job.  Its memory is replaced by fresh, zeroed
  * memory (a departed client may still map the old pages, so they are never
- * handed to another job).  Everything in it must have been freed.
+ * handed to another job).  Everything in it must have been freed.  With a
+ * revoke hook the segment may instead wait, out of service, for
+ * segpool_revoked().
  */
 int segpool_release(SegPool *p, Segment *seg);
+/* The clients let go of a revoking segment: replace its memory and put it back in service. */
+int segpool_revoked(SegPool *p, Segment *seg);
 
 /* Allocate @size bytes inside @seg; returns the byte offset or -ENOSPC. */
 int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset);

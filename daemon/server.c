@@ -36,8 +36,9 @@
 #include "proto/wire.h"
 #include "tier.pb-c.h"
 
-/* A client that leaves this many replies unread is disconnected. */
+/* A client that leaves this many replies (or bytes of them) unread is disconnected. */
 #define OUTQ_MAX 4096
+#define OUTQ_BYTES_MAX (64u << 20)
 
 struct Server {
         Manager *manager;
@@ -96,6 +97,7 @@ static int conn_flush(Conn *c) {
                         return r;
                 if (p->close_after)
                         return -ECONNRESET;
+                c->outq_bytes -= p->len;
                 outq_free(p);
                 c->n_outq--;
         }
@@ -118,7 +120,7 @@ static int conn_send_packet(Conn *c, const uint8_t *buf, size_t len, const int *
                 if (r != -EAGAIN)
                         return r;
         }
-        if (c->n_outq >= OUTQ_MAX)
+        if (c->n_outq >= OUTQ_MAX || c->outq_bytes + len > OUTQ_BYTES_MAX)
                 return -ENOBUFS;
         p = malloc(sizeof(*p) + len);
         if (!p)
@@ -140,6 +142,7 @@ static int conn_send_packet(Conn *c, const uint8_t *buf, size_t len, const int *
         }
         list_add_tail(&c->outq, &p->link);
         c->n_outq++;
+        c->outq_bytes += len;
         if (close_after)
                 c->closing = true;
         return sd_event_source_set_io_events(c->io, EPOLLIN | EPOLLOUT);

@@ -1046,11 +1046,14 @@ int plan_new(Conn *c, const Tier__SubmitPlan *req, Plan **ret, char *error, size
                 goto fail;
         (void) sd_event_source_set_description(p->marker_source, "plan-marker");
 
-        for (uint32_t s = 0; s < p->n_slots; s++)
+        for (uint32_t s = 0; s < p->n_slots; s++) {
+                p->slots[s]->plan_refs++;
                 if (!p->slots[s]->plan) {
                         p->slots[s]->plan = p;
                         p->slots[s]->plan_slot = s;
                 }
+        }
+        p->slots_counted = true;
         list_add_tail(&plans, &p->link);
         tensormap_free(seen);
         manager_kick(m);
@@ -1073,9 +1076,14 @@ void plan_free(Plan *p) {
                 hold_release(p, 1, true);
         }
         list_del(&p->link);
-        for (uint32_t s = 0; s < p->n_slots; s++)
-                if (p->slots[s] && p->slots[s]->plan == p)
+        for (uint32_t s = 0; s < p->n_slots; s++) {
+                if (!p->slots[s])
+                        continue;
+                if (p->slots_counted && p->slots[s]->plan_refs > 0)
+                        p->slots[s]->plan_refs--;
+                if (p->slots[s]->plan == p)
                         p->slots[s]->plan = NULL;
+        }
         sd_event_source_disable_unref(p->marker_source);
         safe_close(p->marker_fd);
         if (p->page)

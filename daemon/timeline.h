@@ -74,6 +74,7 @@ struct Plan {
         double last_stall_s;
         uint64_t last_step_links[4];
         double last_step_s;
+        bool slots_counted;     /* the slot tensors' plan_refs include this plan */
 };
 
 /* Links the scheduler keeps a few transfers in flight on. */

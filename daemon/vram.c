@@ -36,3 +36,32 @@ VramBackend *vram_backend_free(VramBackend *b) {
                 b->ops->free(b);
         return NULL;
 }
+
+int vram_numa_node(const VramBackend *b) {
+        return b ? b->numa_node : -1;
+}
+
+int vram_host_register(VramBackend *b, Segment *seg) {
+        if (!b || !b->ops->host_register)
+                return 0;
+        return b->ops->host_register(b, seg->map, seg->pool->seg_size);
+}
+
+void vram_host_unregister(VramBackend *b, Segment *seg) {
+        if (b && b->ops->host_unregister && seg->map)
+                b->ops->host_unregister(b, seg->map);
+}
+
+int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
+        if (!b || !seg || !b->ops->copy_event)
+                return 0;
+        return b->ops->copy_event(b, seg, offset, ret);
+}
+
+int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size) {
+        if (!b->ops->wait_event)
+                return -EOPNOTSUPP;
+        if (!seg || offset + len > seg->pool->seg_size)
+                return -EINVAL;
+        return b->ops->wait_event(b, seg, offset, len, handle, size);
+}

@@ -54,7 +54,7 @@ struct VramBackend {
         bool emulated;
         int numa_node;          /* NUMA node of the device, -1: unknown or none */
         char device[32];        /* PCI bus id of the device ("" when emulated), told to clients */
-        char description[128];  /* for status and logs */
+        char description[192];  /* for status and logs */
 };
 
 /*

@@ -74,6 +74,7 @@ typedef struct FakeIpcHandle {
 typedef struct FakeFail {
         char function[48];
         CUresult result;
+        unsigned skip;          /* calls that still succeed first */
         unsigned count;
 } FakeFail;
 
@@ -90,12 +91,23 @@ static bool holding;
 static uint64_t hold_epoch, released_epoch;
 static FakeFail fails[8];
 static struct { void *p; size_t size; } regs[FAKE_MAX_REGS];
+/* address reservations, so that a bad unmap or free is an error rather than a MAP_FIXED over anything */
+#define FAKE_MAX_RANGES 4096
+static struct { uintptr_t p; size_t size; bool mapped; } ranges[FAKE_MAX_RANGES];
+
+/* Called with the lock held: the reservation [p, p + size) lies in, or -1. */
+static int range_find(uintptr_t p, size_t size) {
+        for (int i = 0; i < FAKE_MAX_RANGES; i++)
+                if (ranges[i].p && p >= ranges[i].p && p + size <= ranges[i].p + ranges[i].size)
+                        return i;
+        return -1;
+}
 static int ctx_dummy;
 
 FAKE_API void fake_cuda_stats(FakeCudaStats *ret);
 FAKE_API void fake_cuda_hold(void);
 FAKE_API void fake_cuda_release(void);
-FAKE_API void fake_cuda_fail(const char *function, int result, unsigned count);
+FAKE_API void fake_cuda_fail(const char *function, int result, unsigned skip, unsigned count);
 
 FAKE_API void fake_cuda_stats(FakeCudaStats *ret) {
         pthread_mutex_lock(&lock);
@@ -118,12 +130,13 @@ FAKE_API void fake_cuda_release(void) {
         pthread_mutex_unlock(&lock);
 }
 
-FAKE_API void fake_cuda_fail(const char *function, int result, unsigned count) {
+FAKE_API void fake_cuda_fail(const char *function, int result, unsigned skip, unsigned count) {
         pthread_mutex_lock(&lock);
         for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
                 if (fails[i].count == 0 || strcmp(fails[i].function, function) == 0) {
                         snprintf(fails[i].function, sizeof(fails[i].function), "%s", function);
                         fails[i].result = (CUresult) result;
+                        fails[i].skip = skip;
                         fails[i].count = count;
                         break;
                 }
@@ -134,6 +147,10 @@ FAKE_API void fake_cuda_fail(const char *function, int result, unsigned count) {
 static CUresult injected(const char *function) {
         for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
                 if (fails[i].count > 0 && strcmp(fails[i].function, function) == 0) {
+                        if (fails[i].skip > 0) {
+                                fails[i].skip--;
+                                return CUDA_SUCCESS;
+                        }
                         fails[i].count--;
                         return fails[i].result;
                 }
@@ -168,11 +185,9 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
                 return (CUresult) atoi(e);
         }
         e = getenv("FAKE_CUDA_MEM");
-        if (e && *e)
-                total_mem = strtoull(e, NULL, 0);
+        total_mem = e && *e ? strtoull(e, NULL, 0) : FAKE_DEFAULT_MEM;
         e = getenv("FAKE_CUDA_DEVICES");
-        if (e && *e)
-                n_devices = atoi(e);
+        n_devices = e && *e ? atoi(e) : 1;
         if (n_devices < 0 || n_devices > FAKE_MAX_DEVICES)
                 n_devices = 1;
         no_fd = getenv("FAKE_CUDA_NO_FD") != NULL;
@@ -435,15 +450,29 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
         p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED)
                 LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-        stats.reserved++;
-        *ptr = (CUdeviceptr) (uintptr_t) p;
-        LEAVE(CUDA_SUCCESS);
+        for (int i = 0; i < FAKE_MAX_RANGES; i++)
+                if (!ranges[i].p) {
+                        ranges[i].p = (uintptr_t) p;
+                        ranges[i].size = size;
+                        ranges[i].mapped = false;
+                        stats.reserved++;
+                        *ptr = (CUdeviceptr) (uintptr_t) p;
+                        LEAVE(CUDA_SUCCESS);
+                }
+        munmap(p, size);
+        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
 }
 
 CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+        int i;
+
         ENTER("cuMemAddressFree");
+        i = range_find(ptr, size);
+        if (i < 0 || ranges[i].p != ptr || ranges[i].size != size || ranges[i].mapped)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);        /* the driver wants it unmapped first */
         if (munmap((void *) (uintptr_t) ptr, size) < 0)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
+        ranges[i].p = 0;
         stats.reserved--;
         LEAVE(CUDA_SUCCESS);
 }
@@ -453,12 +482,17 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         FakeAlloc *a = handle_alloc(handle);
         void *p;
 
+        int i;
+
         ENTER("cuMemMap");
-        if (!a || offset + size > a->size)
+        i = range_find(ptr, size);
+        if (!a || offset + size > a->size || i < 0 || ranges[i].p != ptr || ranges[i].size != size ||
+            ranges[i].mapped)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t) offset);
         if (p == MAP_FAILED)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
+        ranges[i].mapped = true;
         stats.maps++;
         LEAVE(CUDA_SUCCESS);
 }
@@ -466,7 +500,13 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         void *p;
 
+        int i;
+
         ENTER("cuMemUnmap");
+        i = range_find(ptr, size);
+        if (i < 0 || ranges[i].p != ptr || ranges[i].size != size || !ranges[i].mapped)
+                LEAVE(CUDA_ERROR_INVALID_VALUE);
+        ranges[i].mapped = false;
         /* back to a bare reservation */
         p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                  -1, 0);
@@ -477,8 +517,11 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
 }
 
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+        int i;
+
         ENTER("cuMemSetAccess");
-        if (count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        i = range_find(ptr, size);
+        if (i < 0 || !ranges[i].mapped || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
             desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         if (mprotect((void *) (uintptr_t) ptr, size, PROT_READ | PROT_WRITE) < 0)

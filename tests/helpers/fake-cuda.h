@@ -40,5 +40,6 @@ typedef void (*fake_cuda_stats_t)(FakeCudaStats *ret);
 typedef void (*fake_cuda_hold_t)(void);
 /* ...until this completes them all. */
 typedef void (*fake_cuda_release_t)(void);
-/* The next @count calls of @function (its cuda.h name, e.g. "cuMemCreate") return @result. */
-typedef void (*fake_cuda_fail_t)(const char *function, int result, unsigned count);
+/* After @skip more successful calls, the next @count calls of @function (its cuda.h name, e.g.
+ * "cuMemCreate") return @result. */
+typedef void (*fake_cuda_fail_t)(const char *function, int result, unsigned skip, unsigned count);

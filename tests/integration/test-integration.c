@@ -33,6 +33,7 @@ static const char *const CONFIG =
         "linger_sec = 30\n"
         "[limits]\n"
         "max_inflight = 64\n"
+        "max_tensors = 64\n"
         "[host]\n"
         "capacity = 96M\n"
         "segment_size = 16M\n"
@@ -509,6 +510,22 @@ static void test_limits_and_errors(void **state) {
         assert_int_equal(tier_unpin(p[2], TIER_HOST, 0), 0);
         for (int i = 0; i < 3; i++)
                 assert_int_equal(tier_tensor_destroy(p[i]), 0);
+
+        /* pins per connection are bounded (twice max_tensors = 128 here) */
+        {
+                int k, last = 0;
+
+                for (k = 0; k < 200; k++) {
+                        last = tier_pin(t, TIER_HOST, &g);
+                        if (last < 0)
+                                break;
+                }
+                assert_int_equal(k, 128);
+                assert_int_equal(last, -EMFILE);
+                assert_non_null(strstr(tier_client_last_error(c), "too many pins"));
+                for (int i = 0; i < k; i++)
+                        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        }
         assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(c);
 }

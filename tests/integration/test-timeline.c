@@ -267,8 +267,17 @@ static void test_plan_over_quota_refused(void **state) {
         assert_non_null(strstr(tier_client_last_error(c), "vram"));
         tier_plan_free(plan);
 
-        /* nor a bad phase or a plan on a tensor of another job */
+        /* no plan: markers are refused */
         assert_int_equal(tier_phase(c, 0), -EINVAL);
+
+        /* a tensor named by a running plan cannot be destroyed */
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        assert_int_equal(tier_plan_add(plan, 0, t[0], TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        assert_int_equal(tier_tensor_destroy(t[1]), 0);
+        assert_int_equal(tier_tensor_destroy(t[0]), -EBUSY);
+        assert_non_null(strstr(tier_client_last_error(c), "plan"));
+        t[1] = NULL;
         for (int i = 0; i < 8; i++)
                 tier_tensor_close(t[i]);
         tier_client_free(c);
