@@ -144,6 +144,8 @@ int tier_wait(tier_client *c, tier_fence f, int timeout_ms);
  * chunk of the job; libtier unmaps it and acknowledges).  A client that
  * talks to tierd seldom should call this when tier_client_fd() is readable:
  * a revoke not answered within its timeout (5 s) costs the connection.
+ * Returns 0, -ESHUTDOWN once tierd announced its shutdown, or the error
+ * that broke the connection.
  */
 int tier_client_process(tier_client *c);
 
@@ -156,7 +158,9 @@ int tier_client_process(tier_client *c);
  * after it see the data, without blocking this thread.  When tierd sent no
  * event for @f (its copy was not yet queued when it answered, or the fence
  * is not a VRAM pin's) this waits for @f on the host like tier_wait().
- * Returns 0, or the fence's error.
+ * Returns 0, or the fence's error if it is known to have failed already;
+ * a copy that fails later still completes the stream's wait, so check the
+ * fence (tier_fence_done()) before trusting the data.
  */
 int tier_stream_wait(tier_client *c, tier_fence f, void *stream);
 
@@ -164,7 +168,8 @@ int tier_stream_wait(tier_client *c, tier_fence f, void *stream);
  * tier_unpin() for a VRAM pin whose tensor kernels queued on @stream still
  * write: records an interprocess event on @stream and passes it with the
  * unpin, so tierd copies the tensor out (evict, write-back) only after that
- * work.  Needs the cuda backend (-EOPNOTSUPP otherwise).
+ * work.  Needs the cuda backend (-EOPNOTSUPP otherwise).  On failure the
+ * pin is kept.
  */
 int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream);
 

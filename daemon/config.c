@@ -459,7 +459,7 @@ static const ConfigKey config_keys[] = {
         KEY("host",   "job_limit",               parse_size,          host_job_limit, 1, UINT64_MAX),
 
         KEY("vram",   "backend",                 parse_vram_backend,  vram_backend, 0, 0),
-        KEY("vram",   "capacity",                parse_size,          vram_capacity, 1, UINT64_MAX),
+        KEY("vram",   "capacity",                parse_size,          vram_capacity, 0, UINT64_MAX),
         KEY("vram",   "chunk_size",              parse_size,          vram_chunk_size, CONFIG_ALIGN, UINT64_MAX),
         KEY("vram",   "job_limit",               parse_size,          vram_job_limit, 1, UINT64_MAX),
         KEY("vram",   "bandwidth",               parse_size,          vram_bandwidth, 0, UINT64_MAX),
@@ -930,7 +930,7 @@ int config_finish(Config *c, char **ret_error) {
                 format_size(a, sizeof(a), c->vram_chunk_size);
                 return finish_error(ret_error, "[vram] chunk_size: %s is not a positive multiple of 4K", a);
         }
-        if (c->vram_chunk_size > c->vram_capacity) {
+        if (c->vram_capacity != 0 && c->vram_chunk_size > c->vram_capacity) {      /* 0: as the device allows */
                 format_size(a, sizeof(a), c->vram_chunk_size);
                 format_size(b, sizeof(b), c->vram_capacity);
                 return finish_error(ret_error, "[vram] chunk_size: %s is larger than capacity %s", a, b);

@@ -49,7 +49,7 @@ typedef struct Config {
         uint64_t host_job_limit;
         /* [vram] */
         VramBackendKind vram_backend;
-        uint64_t vram_capacity;
+        uint64_t vram_capacity;         /* 0: cuda: 90% of the free device memory; emulated: 1G */
         uint64_t vram_chunk_size;
         uint64_t vram_job_limit;
         uint64_t vram_bandwidth;        /* bytes/s, 0 unthrottled */

@@ -176,11 +176,3 @@ void revoke_conn_gone(Conn *c) {
                         wait_done(w);
         }
 }
-
-unsigned revoke_pending(void) {
-        unsigned n = 0;
-
-        list_for_each_safe(node, tmp, &revoke_waits)
-                n++;
-        return n;
-}

@@ -23,5 +23,3 @@ int revoke_segment(SegPool *p, Segment *seg, void *userdata);
 void revoke_ack(Conn *c, const Tier__Ack *ack);
 /* @c is closing (rpc_conn_gone()): it holds no mapping tierd waits for any more. */
 void revoke_conn_gone(Conn *c);
-/* Revokes waiting for clients now, all pools together (status, tests). */
-unsigned revoke_pending(void);

@@ -16,8 +16,8 @@
  * made at start-up like the host pool's memfds.  Chunk size: [vram]
  * chunk_size rounded up to the device's recommended granularity.
  * Capacity: [vram] capacity, cut to VRAM_CUDA_FREE_PERCENT of the device
- * memory free at start-up when it asks for more (a notice says so), in
- * whole chunks.  Each chunk is
+ * memory free at start-up when it asks for more (a notice says so), or that
+ * share when it is 0, in whole chunks.  Each chunk is
  *   - exported once (cuMemExportToShareableHandle) to an fd that tierd
  *     keeps, CLOEXEC, in Segment.fd: rpc.c sends that fd (SCM_RIGHTS) to the
  *     connections of the one job that owns the chunk, like a memfd.  One fd
@@ -77,6 +77,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -114,8 +115,8 @@ int vram_cuda_arena(uint64_t chunk_size, uint64_t capacity, uint64_t granularity
         chunk = ALIGN_UP(chunk_size, granularity);
         limit = free_bytes * VRAM_CUDA_FREE_PERCENT / 100;  /* no overflow below 2^57 bytes */
         *ret_clamped = capacity > limit;
-        if (capacity > limit)
-                capacity = limit;
+        if (capacity == 0 || capacity > limit)
+                capacity = limit;       /* 0: as much as the device has */
         capacity = capacity / chunk * chunk;
         if (capacity < chunk)
                 return -ENOMEM;
@@ -156,6 +157,8 @@ int vram_cuda_numa_node_of(const char *sysfs_root, const char *bus_id) {
 #define CUDA_OPENED_MAX 256
 /* How long freeing the backend waits for copies still on the device. */
 #define CUDA_STOP_TIMEOUT_SEC 5
+/* Descriptors kept free for everything but the chunks' exported fds (connections, targets, ...). */
+#define CUDA_NOFILE_SPARE 1024
 
 typedef struct CudaOp {
         VramCopy *copy;
@@ -206,6 +209,8 @@ typedef struct VramCuda {
         CudaWait waits[CUDA_WAITS_MAX];
         size_t n_waits;
         uint64_t use_clock;
+
+        bool host_register_failed;      /* warned about it once */
 
         List inflight;          /* CudaOp.link, on the loop thread only */
         CudaOp *free_ops;       /* loop thread only */
@@ -618,9 +623,10 @@ static int cuda_host_register(VramBackend *b, void *p, uint64_t size) {
         CUresult r;
 
         r = v->drv->cuMemHostRegister(p, size, CU_MEMHOSTREGISTER_PORTABLE);
-        if (r != CUDA_SUCCESS)
-                log_warning("Cannot register %" PRIu64 " bytes of host memory with CUDA "
-                            "(copies from it will be slow): %s", size, cu_err(v, r));
+        if (r != CUDA_SUCCESS && !v->host_register_failed)
+                log_warning("Cannot register %" PRIu64 " bytes of host memory with CUDA, copies from and to it "
+                            "will be staged and slower (logged once): %s", size, cu_err(v, r));
+        v->host_register_failed |= r != CUDA_SUCCESS;
         return cudrv_errno(r);
 }
 
@@ -816,6 +822,19 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
         v->thread_ok = true;
 
         v->n_handles = (uint32_t) (capacity / chunk);
+        /* one exported fd per chunk, kept: raise the soft limit (systemd's default is 1024) if need be */
+        {
+                struct rlimit rl;
+                rlim_t want = (rlim_t) v->n_handles + CUDA_NOFILE_SPARE;
+
+                if (getrlimit(RLIMIT_NOFILE, &rl) >= 0 && rl.rlim_cur < want) {
+                        rl.rlim_cur = MIN(want, rl.rlim_max);
+                        if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+                                log_warning("%u VRAM chunks need %llu file descriptors, RLIMIT_NOFILE allows %llu "
+                                            "(raise LimitNOFILE= or [vram] chunk_size), continuing",
+                                            v->n_handles, (unsigned long long) want, (unsigned long long) rl.rlim_cur);
+                }
+        }
         v->handles = calloc(v->n_handles, sizeof(*v->handles));
         if (!v->handles)
                 return -ENOMEM;

@@ -18,7 +18,7 @@
  * @free_bytes:  free device memory now
  * Chunks are @chunk_size rounded up to @granularity; the capacity is
  * @capacity, cut to VRAM_CUDA_FREE_PERCENT of @free_bytes when it asks for
- * more, rounded down to whole chunks.  -ENOMEM when not one chunk fits,
+ * more or is 0, rounded down to whole chunks.  -ENOMEM when not one chunk fits,
  * -EINVAL for a zero granularity or chunk size.  *@ret_clamped tells
  * whether the capacity was cut.
  */

@@ -29,6 +29,8 @@
 
 /* Copies are done in pieces this big so the throttle is smooth. */
 #define EMUL_PIECE (4u << 20)
+/* [vram] capacity = 0 asks for what the device can give: here, the built-in default. */
+#define EMUL_DEFAULT_CAPACITY (1ull << 30)
 
 typedef struct VramEmul {
         VramBackend base;
@@ -221,7 +223,9 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
                 .lock = false,  /* emulated device memory need not be locked */
         };
 
-        r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd, c->vram_capacity, c->vram_chunk_size);
+        r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd,
+                         c->vram_capacity ? c->vram_capacity : MAX(EMUL_DEFAULT_CAPACITY, c->vram_chunk_size),
+                         c->vram_chunk_size);
         if (r < 0)
                 goto fail;
 

@@ -19,8 +19,10 @@ int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char *
                 return vram_emul_new(c, event, ret);
 
         r = vram_cuda_new(c, event, ret, &why);
-        if (r >= 0)
+        if (r >= 0) {
+                log_info("VRAM backend: %s", (*ret)->description);
                 return r;
+        }
         if (c->vram_backend == VRAM_BACKEND_CUDA) {
                 if (asprintf(ret_error, "[vram] backend = cuda, but no CUDA device: %s",
                              why ? why : strerror(-r)) < 0)

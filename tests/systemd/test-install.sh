@@ -143,9 +143,13 @@ if [[ -x $dest/train-step ]]; then
                 cat "$run/train-step.log" >&2
                 bad "train-step built with pkg-config failed against the installed tierd"
         fi
-        ldd "$dest/train-step" | grep -q "$libdir/libtier.so.0" 2>/dev/null ||
-                LD_LIBRARY_PATH=$libdir ldd "$dest/train-step" | grep -q "$libdir/libtier.so.0" ||
-                bad "train-step does not load the installed libtier"
+        # capture first: "ldd | grep -q" fails under pipefail when grep exits early
+        libs=$(ldd "$dest/train-step" 2>/dev/null || true)
+        libs_ld=$(LD_LIBRARY_PATH=$libdir ldd "$dest/train-step" 2>/dev/null || true)
+        case "$libs$libs_ld" in
+        *"$libdir/libtier.so.0"*) ;;
+        *) bad "train-step does not load the installed libtier" ;;
+        esac
 fi
 kill -TERM "$pid"
 status=0

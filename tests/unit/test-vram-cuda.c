@@ -180,6 +180,33 @@ static void test_fallback(void **state) {
 
 /* ---- pure helpers ---------------------------------------------------------------------------- */
 
+/* [vram] capacity = 0 is accepted: "as much as the device has" (emulated: 1G). */
+static void test_capacity_zero(void **state) {
+        _cleanup_free_ char *why = NULL;
+        VramBackend *b = NULL;
+        sd_event *e = NULL;
+        Config c;
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c, "[vram]\ncapacity = 0\nchunk_size = 64M\n", "t.conf", &why), 0);
+        assert_int_equal(config_finish(&c, &why), 0);
+        assert_int_equal(c.vram_capacity, 0);
+
+        assert_int_equal(sd_event_new(&e), 0);
+        c.vram_backend = VRAM_BACKEND_EMULATED;
+        assert_int_equal(vram_backend_new(&c, e, &b, &why), 0);
+        assert_int_equal((uint64_t) b->pool.n_segs * b->pool.seg_size, 1ull << 30);
+        b = vram_backend_free(b);
+
+        setenv("FAKE_CUDA_MEM", "209715200", 1);       /* 200 MiB: 90% is 180 MiB, two chunks */
+        c.vram_backend = VRAM_BACKEND_CUDA;
+        assert_int_equal(vram_backend_new(&c, e, &b, &why), 0);
+        assert_int_equal(b->pool.n_segs, 2);
+        b = vram_backend_free(b);
+        config_deinit(&c);
+        sd_event_unref(e);
+}
+
 static void test_arena(void **state) {
         uint64_t chunk, cap;
         int clamped;
@@ -197,6 +224,11 @@ static void test_arena(void **state) {
         assert_int_equal(vram_cuda_arena(4 * MiB, 1ull << 40, 2 * MiB, 100 * MiB, &chunk, &cap, &clamped), 0);
         assert_true(clamped);
         assert_int_equal(cap, 88 * MiB);        /* 90 MiB, in 4 MiB chunks */
+
+        /* 0: as much as the device has */
+        assert_int_equal(vram_cuda_arena(4 * MiB, 0, 2 * MiB, 100 * MiB, &chunk, &cap, &clamped), 0);
+        assert_false(clamped);
+        assert_int_equal(cap, 88 * MiB);
 
         assert_int_equal(vram_cuda_arena(64 * MiB, 1ull << 40, 2 * MiB, 64 * MiB, &chunk, &cap, &clamped), -ENOMEM);
         assert_int_equal(vram_cuda_arena(64 * MiB, 64 * MiB, 0, 1ull << 30, &chunk, &cap, &clamped), -EINVAL);
@@ -772,6 +804,7 @@ int main(void) {
                 cmocka_unit_test_setup(test_no_device, reset),
                 cmocka_unit_test_setup(test_fallback, reset),
                 cmocka_unit_test(test_arena),
+                cmocka_unit_test_setup(test_capacity_zero, reset),
                 cmocka_unit_test(test_pci_numa),
                 cmocka_unit_test_setup(test_arena_chunks, reset),
                 cmocka_unit_test_setup(test_copies, reset),
