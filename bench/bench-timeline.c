@@ -413,8 +413,8 @@ static int set_own_weight(const Args *a, const char *job, unsigned weight) {
 
 /*
  * The connection goes first, and its plan with it; the tensors are only
- * closed, and tierd frees them when the job's linger time ends.  (Destroying
- * a tensor that a live plan names is not safe in tierd: see bench/README.md.)
+ * closed, and tierd frees them when the job's linger time ends (it refuses
+ * to destroy a tensor that a live plan names).
  */
 static Job *job_free(Job *j) {
         if (!j)
