@@ -255,6 +255,11 @@ static int make_space(Manager *m, Op *op, Tensor *want, int tier, uint64_t need)
                                 free(cands);
                                 return r;
                         }
+                        /*
+                         * A drain is forced (the requester was chosen by deadline already), so
+                         * it may take any room below; it is charged to its job's fair share.
+                         */
+                        sched_charge(v->job, v->alloc_size);
                         c->state = COPY_DRAINING;
                         draining += v->alloc_size;
                 }
@@ -549,10 +554,27 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
 
         if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING)
                 c->state = COPY_FILLING;        /* stale: refill in place */
+        /*
+         * A scheduler prefetch into VRAM stages the host copy before it takes
+         * VRAM: when staging finds no room it gives up holding nothing.
+         */
+        if (tier == TIER_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
+            !(t->version == 0 && tensor_valid_tier(t, TIERS - 1) < 0)) {
+                r = ensure_copy(op, t, TIER_HOST);
+                if (r != ADV_DONE)
+                        return r;
+        }
         if (c->state == COPY_ABSENT) {
                 r = copy_reserve(op, t, tier);
                 if (r != 0)
                         return r;
+        }
+
+        /* the phase overwrites the whole tensor: the old bytes need not be brought */
+        if (op->discard && tier != TIER_NVME && op->tensor == t && op->tier == tier) {
+                c->state = COPY_RESIDENT;
+                c->version = t->version;
+                return ADV_DONE;
         }
 
         /* c is reserved (FILLING); find a source */
@@ -683,9 +705,9 @@ static void op_free(Op *op) {
                 Tensor *t = op->tensor;
 
                 t->op_refs--;
-                /* a reservation nobody will fill any more */
-                if (op->kind == OP_PIN && op->tier >= 0 && t->copy[op->tier].state == COPY_FILLING &&
-                    !t->xfer && t->copy[op->tier].pins == 0)
+                /* a reservation nobody will fill any more (whatever the op's kind) */
+                if (op->tier >= 0 && t->copy[op->tier].state == COPY_FILLING && !t->xfer &&
+                    t->copy[op->tier].pins == 0)
                         copy_free(op->manager, t, op->tier);
         }
         free(op);

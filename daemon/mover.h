@@ -37,6 +37,7 @@ struct Op {
         int failed;             /* -errno of a transfer this op waited for */
         uint64_t deadline_ns;   /* when the data is needed (0: now); victims must be needed later */
         bool no_wait;           /* fail with -EAGAIN instead of failing for lack of space */
+        bool discard;           /* pin for a write-only access: reserve, do not bring the old bytes */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */

@@ -315,6 +315,19 @@ int tensor_free(Tensor *t) {
         return 0;
 }
 
+void tensor_pin_account(Tensor *t, int tier, int delta) {
+        Manager *m = t->job->manager;
+        uint64_t bytes = t->alloc_size;
+
+        if (delta > 0) {
+                t->job->pinned[tier] += bytes;
+                m->pinned[tier] += bytes;
+        } else {
+                t->job->pinned[tier] -= bytes;
+                m->pinned[tier] -= bytes;
+        }
+}
+
 const char *tier_to_string(int tier) {
         static const char *const names[TIERS] = { "vram", "host", "nvme" };
 

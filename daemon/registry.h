@@ -134,3 +134,5 @@ int tensor_valid_tier(const Tensor *t, int below_or_at);
 
 const char *copy_state_to_string(CopyState s);
 const char *tier_to_string(int tier);
+/* Count (delta > 0) or uncount a pin of @t in @tier in the job's and the daemon's "pinned" bytes. */
+void tensor_pin_account(Tensor *t, int tier, int delta);

@@ -214,17 +214,6 @@ static int pin_forget(Conn *c, Tensor *t, int tier) {
         return -ENOENT;
 }
 
-static void pin_accounting(Manager *m, Tensor *t, int tier, int delta) {
-        uint64_t bytes = t->alloc_size;
-
-        if (delta > 0) {
-                t->job->pinned[tier] += bytes;
-                m->pinned[tier] += bytes;
-        } else {
-                t->job->pinned[tier] -= bytes;
-                m->pinned[tier] -= bytes;
-        }
-}
 
 static void fill_grant(Tier__Grant *g, const Tensor *t, int tier) {
         uint32_t seg, gen;
@@ -286,7 +275,7 @@ static void on_op_reserved(Op *op) {
                         /* cannot track it: refuse rather than leak a pin */
                         return;
                 }
-                pin_accounting(c->manager, op->tensor, op->tier, +1);
+                tensor_pin_account(op->tensor, op->tier, +1);
                 p->replied = true;
                 (void) reply_pin(c, p->seq, op->tensor, op->tier, p->fence);
         }
@@ -304,11 +293,11 @@ static void on_op_complete(Op *op, int status, const char *error) {
                                 status = -ENOMEM;
                                 error = "out of memory recording the pin";
                         } else
-                                pin_accounting(c->manager, t, op->tier, +1);
+                                tensor_pin_account(t, op->tier, +1);
                 } else if (status < 0 && p->replied) {
                         /* async pin whose data never came: the pin the op held is gone */
                         if (pin_forget(c, t, op->tier) >= 0)
-                                pin_accounting(c->manager, t, op->tier, -1);
+                                tensor_pin_account(t, op->tier, -1);
                 }
         }
 
@@ -593,7 +582,7 @@ static int handle_unpin(Conn *c, uint64_t seq, const Tier__Unpin *u) {
         if (pin_forget(c, t, tier) < 0)
                 return reply_status(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
                                     t->name, tier_to_string(tier));
-        pin_accounting(c->manager, t, tier, -1);
+        tensor_pin_account(t, tier, -1);
         (void) tensor_unpin(t, tier, u->dirty);
         return reply_status(c, seq, 0, NULL);
 }
@@ -616,7 +605,7 @@ static int submit(Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool asy
                 if (r < 0)
                         return reply_status(c, seq, r, "out of memory");
                 cp->pins++;
-                pin_accounting(m, t, tier, +1);
+                tensor_pin_account(t, tier, +1);
                 r = reply_pin(c, seq, t, tier, fence);
                 if (fence)
                         fence_complete(c, fence, 0, NULL);
@@ -937,7 +926,7 @@ void rpc_conn_gone(Conn *c) {
 
                 if (p->op && p->kind == TIER__REQUEST__OP_PIN && p->replied && p->op->pinned &&
                     pin_forget(c, p->op->tensor, p->op->tier) >= 0)
-                        pin_accounting(m, p->op->tensor, p->op->tier, -1);
+                        tensor_pin_account(p->op->tensor, p->op->tier, -1);
                 if (p->op)
                         op_cancel(p->op);   /* drops the pin the op held */
                 /* an async pin that was granted already holds a pin record: dropped below */
@@ -946,7 +935,7 @@ void rpc_conn_gone(Conn *c) {
         for (size_t i = 0; i < c->n_pins; i++) {
                 PinRec *pr = &c->pins[i];
 
-                pin_accounting(m, pr->tensor, pr->tier, -1);
+                tensor_pin_account(pr->tensor, pr->tier, -1);
                 (void) tensor_unpin(pr->tensor, pr->tier, true);
         }
         c->n_pins = 0;

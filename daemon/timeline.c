@@ -205,6 +205,15 @@ static uint64_t next_use(Plan *p, Tensor *t, int tier) {
         return priv(p)->pred[best];
 }
 
+uint64_t sched_next_use_ns(Tensor *t, int tier) {
+        uint64_t nu;
+
+        if (!t->plan || t->plan->manager->config.sched_policy != SCHED_POLICY_TIMELINE)
+                return 0;
+        nu = next_use(t->plan, t, tier > TIER_HOST ? TIER_HOST : tier);
+        return nu == UINT64_MAX ? 0 : nu;
+}
+
 typedef struct Victim {
         Tensor *t;
         uint64_t next;
@@ -294,6 +303,7 @@ static void hold_release(Plan *p, int h, bool unpin) {
                 if (hs->ops[i])
                         op_cancel(hs->ops[i]);  /* on_pin_cancelled() does the books */
                 if (hs->pinned[i]) {
+                        tensor_pin_account(a->tensor, a->tier, -1);
                         if (unpin)
                                 (void) tensor_unpin(a->tensor, a->tier, (a->mode & PLAN_WRITE) != 0);
                         hs->pinned[i] = false;
@@ -314,6 +324,7 @@ static void on_pin_done(Op *op, int status, const char *error) {
         if (status >= 0) {
                 hs->pinned[ctx->idx] = true;
                 hold->n_pinned++;
+                tensor_pin_account(a->tensor, a->tier, +1);
                 slot_publish(p, a->tensor, a->tier);
         } else if (status == -ENOSPC || status == -EAGAIN) {
                 hs->blocked[ctx->idx] = epoch;
@@ -369,6 +380,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, Cand **cands, size_t *n
                         c->pins++;
                         hs->pinned[i] = true;
                         hold->n_pinned++;
+                        tensor_pin_account(t, a->tier, +1);
                         slot_publish(p, t, a->tier);
                         continue;
                 }
@@ -526,8 +538,9 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
 
 /*
  * sched_pick() - the next candidate to start: earliest deadline first among
- * those whose link has a free slot (the current phase's pins never wait for
- * one); among candidates whose deadlines collide with that earliest one
+ * those whose link has a free slot (the current phase's pins too: their
+ * deadline is now, so they come first, but they are weighed like the rest
+ * when jobs collide); among candidates whose deadlines collide with that earliest one
  * (within COLLIDE_NS of it, or of now when it is overdue) the job with the
  * smallest fair-share virtual time wins.  @c is sorted by deadline.
  */
@@ -536,7 +549,7 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned bus
         uint64_t horizon;
 
         for (size_t i = 0; i < n; i++) {
-                if (c[i].taken || (c[i].hold != 0 && busy[c[i].link] >= limit[c[i].link]))
+                if (c[i].taken || busy[c[i].link] >= limit[c[i].link])
                         continue;
                 first = i;
                 break;
@@ -545,7 +558,7 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned bus
                 return SIZE_MAX;
         horizon = MAX(c[first].deadline, now) + COLLIDE_NS;
         for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
-                if (c[i].taken || (c[i].hold != 0 && busy[c[i].link] >= limit[c[i].link]))
+                if (c[i].taken || busy[c[i].link] >= limit[c[i].link])
                         continue;
                 if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
                         pick = i;
@@ -565,6 +578,12 @@ static bool cand_pending(const Cand *c, Cand *all, size_t n) {
         return false;
 }
 
+static uint8_t p_acc_mode(const Cand *c) {
+        const PlanHold *h = &c->plan->hold[c->hold];
+
+        return c->plan->phases[h->phase].acc[c->idx].mode;
+}
+
 static void issue(Manager *m, Cand *c) {
         Job *j = c->plan->job;
         Op *op = NULL;
@@ -582,6 +601,8 @@ static void issue(Manager *m, Cand *c) {
                 if (r < 0)
                         return;
                 op->deadline_ns = c->deadline;
+                /* a write-only access overwrites the tensor: no need to bring its old bytes */
+                op->discard = p_acc_mode(c) == PLAN_WRITE;
                 op->cancelled = on_pin_cancelled;
                 hs->ops[c->idx] = op;
         } else {
@@ -684,7 +705,7 @@ static void write_behind(Manager *m, Plan *p) {
                         Tensor *t = v[i];
 
                         got += t->alloc_size;
-                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0)
+                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == epoch)
                                 continue;
                         if (inflight[link] >= (link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT))
                                 break;
@@ -694,6 +715,9 @@ static void write_behind(Manager *m, Plan *p) {
                                 if (op_submit(m, OP_CLEAN, t, tier, on_prefetch_done, NULL,
                                               (void *) (intptr_t) link, &op) >= 0) {
                                         op->cancelled = on_prefetch_cancelled;
+                                        op->deadline_ns = sched_next_use_ns(t, tier + 1);
+                                        op->no_wait = true;     /* opportunistic: never waits for room */
+                                        sched_charge(j, t->alloc_size);
                                         t->sched_op = op;
                                         inflight[link]++;
                                         if (sched_trace)

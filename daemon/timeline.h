@@ -95,6 +95,8 @@ typedef struct SchedCand {
 
 /* The selection rule (EDF, then fair share among colliding deadlines); see timeline.c. */
 size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned inflight[], const unsigned limit[]);
+/* Predicted time of @t's next planned use in @tier or above (0: none known). */
+uint64_t sched_next_use_ns(Tensor *t, int tier);
 /* Charge @j for @bytes of link time (its virtual time advances by bytes / weight). */
 void sched_charge(Job *j, uint64_t bytes);
 /* Called for every transfer the scheduler starts ("pin", "prefetch", "clean"); for tests and tracing. */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -115,6 +116,8 @@ int test_daemon_start(TestDaemon *d, const char *config_body) {
                         dup2(lfd, STDOUT_FILENO);
                         dup2(lfd, STDERR_FILENO);
                 }
+                /* if the test dies (a timeout), its daemon goes with it */
+                (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
                 setenv("NOTIFY_SOCKET", notify_path, 1);
                 unsetenv("LISTEN_FDS");
                 unsetenv("LISTEN_PID");

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -196,6 +197,7 @@ int sd_daemon_start(SdDaemon *d, const SdStart *o) {
                         dup2(lfd, STDOUT_FILENO);
                         dup2(lfd, STDERR_FILENO);
                 }
+                (void) prctl(PR_SET_PDEATHSIG, SIGTERM);        /* dies with a timed-out test */
                 unsetenv("LISTEN_FDS");
                 unsetenv("LISTEN_PID");
                 unsetenv("LISTEN_FDNAMES");

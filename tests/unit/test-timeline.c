@@ -465,13 +465,13 @@ static void test_weighted_sharing(void **state) {
         c[1] = (SchedCand) { .job = &j2, .hold = -1, .deadline = now + 50 * MS, .link = SCHED_LINK_NVME };
         assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
 
-        /* a full link holds back prefetches but never the current phase's pins */
+        /* a full link holds its work back; another link's goes first */
         busy[SCHED_LINK_NVME] = 100;
         c[1].link = SCHED_LINK_PCIE;
         assert_int_equal(sched_pick(c, 2, now, busy, limit), 1);
         c[1].taken = true;
         assert_int_equal(sched_pick(c, 2, now, busy, limit), SIZE_MAX);
-        c[0].hold = 0;
+        busy[SCHED_LINK_NVME] = 99;
         assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
 }
 
