@@ -244,6 +244,13 @@ static int make_space(Manager *m, Op *op, Tensor *want, int tier, uint64_t need)
                         copy_free(m, v, tier);
                         continue;
                 }
+                if (sched_next_access_overwrites(v)) {
+                        /* its plan overwrites it before reading it: nothing to write back */
+                        v->dead = true;
+                        freed += v->alloc_size;
+                        copy_free(m, v, tier);
+                        continue;
+                }
                 if (tier == TIER_NVME)
                         continue;       /* nothing below NVMe */
                 /* write it down first */
@@ -549,8 +556,8 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_DONE;
         if (t->xfer)
                 return ADV_WAIT_TENSOR;
-        if (tier == TIER_NVME && t->version == 0)
-                return ADV_DONE;        /* zeros need no image */
+        if (tier == TIER_NVME && (t->version == 0 || t->dead))
+                return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
         if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING)
                 c->state = COPY_FILLING;        /* stale: refill in place */
@@ -559,7 +566,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
          * VRAM: when staging finds no room it gives up holding nothing.
          */
         if (tier == TIER_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
-            !(t->version == 0 && tensor_valid_tier(t, TIERS - 1) < 0)) {
+            !tensor_is_blank(t)) {
                 r = ensure_copy(op, t, TIER_HOST);
                 if (r != ADV_DONE)
                         return r;
@@ -578,7 +585,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         }
 
         /* c is reserved (FILLING); find a source */
-        if (t->version == 0 && tensor_valid_tier(t, TIERS - 1) < 0) {
+        if (tensor_is_blank(t)) {
                 if (tier == TIER_NVME)
                         return ADV_DONE;
                 return zero_fill(op, t, tier);
@@ -626,7 +633,7 @@ static int advance_evict(Op *op, Tensor *t, int tier) {
 
         /* is there already a valid copy at or below @tier? */
         {
-                bool below = t->version == 0;
+                bool below = t->version == 0 || t->dead;
 
                 for (int i = tier; i < TIERS; i++)
                         if (copy_valid(t, i))
@@ -851,6 +858,7 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         if (dirty) {
                 t->version++;
                 c->version = t->version;
+                t->dead = false;
         }
         log_debug("unpin '%s' of job '%s' in %s%s: version %" PRIu64 ", pins left %u", t->name, t->job->name,
                   tname(tier), dirty ? " (dirty)" : "", t->version, c->pins);

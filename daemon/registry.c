@@ -42,7 +42,7 @@ const char *copy_state_to_string(CopyState s) {
 }
 
 bool copy_is_sole(const Tensor *t, int tier) {
-        if (t->version == 0 || !copy_valid(t, tier))
+        if (t->version == 0 || t->dead || !copy_valid(t, tier))
                 return false;
         for (int i = 0; i < TIERS; i++)
                 if (i != tier && copy_valid(t, i))

@@ -62,6 +62,7 @@ typedef struct Tensor {
         uint64_t size;
         uint64_t alloc_size;    /* size rounded up to SEG_UNIT */
         uint64_t version;       /* 0: never written, contents are zeros */
+        bool dead;              /* contents will be overwritten before they are read: no copy need keep them */
         Copy copy[TIERS];
         Xfer *xfer;             /* transfer in progress, at most one */
         unsigned op_refs;       /* ops working on it: not a victim meanwhile */
@@ -127,10 +128,22 @@ static inline bool copy_valid(const Tensor *t, int tier) {
         return (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) && c->version == t->version;
 }
 
+/* No copy needs to hold anything: never written (zeros), or dead (to be overwritten). */
+static inline bool tensor_is_blank(const Tensor *t);
+
 /* Nothing but this copy holds the newest data (it must be written down before it is dropped). */
 bool copy_is_sole(const Tensor *t, int tier);
 /* Lowest-numbered-tier valid copy, or -1. */
 int tensor_valid_tier(const Tensor *t, int below_or_at);
+
+static inline bool tensor_is_blank(const Tensor *t) {
+        if (t->version != 0 && !t->dead)
+                return false;
+        for (int i = 0; i < TIERS; i++)
+                if (copy_valid(t, i))
+                        return false;
+        return true;
+}
 
 const char *copy_state_to_string(CopyState s);
 const char *tier_to_string(int tier);

@@ -205,6 +205,29 @@ static uint64_t next_use(Plan *p, Tensor *t, int tier) {
         return priv(p)->pred[best];
 }
 
+bool sched_next_access_overwrites(Tensor *t) {
+        Plan *p = t->plan;
+        uint32_t s, cur, best = UINT32_MAX;
+        uint8_t mode = 0;
+
+        if (!p || p->manager->config.sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX)
+                return false;
+        s = t->plan_slot;
+        cur = p->cur;
+        /* the first phase after the current one that touches it, in any tier */
+        for (uint32_t i = p->acc_off[s]; i < p->acc_off[s + 1]; i++) {
+                uint32_t n = (p->acc_phase[i] + p->n_phases - cur) % p->n_phases;
+
+                if (n == 0)
+                        n = p->n_phases;
+                if (n < best) {
+                        best = n;
+                        mode = p->acc_mode[i];
+                }
+        }
+        return best != UINT32_MAX && mode == PLAN_WRITE;
+}
+
 uint64_t sched_next_use_ns(Tensor *t, int tier) {
         uint64_t nu;
 
@@ -652,8 +675,8 @@ static void collect_prefetch(Manager *m, Plan *p, Cand **cands, size_t *n, size_
                         if (t->sched_op || t->xfer || copy_valid(t, a->tier) || stale_soon(t, a->tier) ||
                             t->sched_blocked == epoch)
                                 continue;
-                        if (t->version == 0 && tensor_valid_tier(t, TIERS - 1) < 0)
-                                continue;       /* zeros: nothing to move */
+                        if (tensor_is_blank(t))
+                                continue;       /* zeros or dead bytes: nothing to move */
                         add_cand(cands, n, cap, (Cand) {
                                 .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = -1, .idx = i,
                                 .deadline = pp->pred[k], .link = access_link(t, a->tier),
@@ -705,7 +728,8 @@ static void write_behind(Manager *m, Plan *p) {
                         Tensor *t = v[i];
 
                         got += t->alloc_size;
-                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == epoch)
+                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == epoch ||
+                            sched_next_access_overwrites(t))
                                 continue;
                         if (inflight[link] >= (link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT))
                                 break;
@@ -844,6 +868,59 @@ static uint64_t phases_bytes(Plan *p, uint32_t a, uint32_t b, int tier, uint8_t 
                         mark[ph->acc[i].slot] = 0;
         }
         return bytes;
+}
+
+/* For each slot, the phases that touch it (any tier) with the union of their modes. */
+static int build_access_index(Plan *p) {
+        uint32_t *last;
+
+        p->acc_off = calloc(p->n_slots + 1, sizeof(uint32_t));
+        last = malloc(p->n_slots * sizeof(uint32_t) + 1);
+        if (!p->acc_off || !last) {
+                free(last);
+                return -ENOMEM;
+        }
+        memset(last, 0xff, p->n_slots * sizeof(uint32_t));
+        for (uint32_t k = 0; k < p->n_phases; k++)
+                for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
+                        uint32_t sl = p->phases[k].acc[i].slot;
+
+                        if (last[sl] != k) {
+                                last[sl] = k;
+                                p->acc_off[sl + 1]++;
+                        }
+                }
+        for (uint32_t sl = 0; sl < p->n_slots; sl++)
+                p->acc_off[sl + 1] += p->acc_off[sl];
+        p->acc_phase = malloc((p->acc_off[p->n_slots] + 1) * sizeof(uint32_t));
+        p->acc_mode = calloc(p->acc_off[p->n_slots] + 1, 1);
+        if (!p->acc_phase || !p->acc_mode) {
+                free(last);
+                return -ENOMEM;
+        }
+        {
+                uint32_t *pos = malloc((p->n_slots + 1) * sizeof(uint32_t));
+
+                if (!pos) {
+                        free(last);
+                        return -ENOMEM;
+                }
+                memcpy(pos, p->acc_off, (p->n_slots + 1) * sizeof(uint32_t));
+                memset(last, 0xff, p->n_slots * sizeof(uint32_t));
+                for (uint32_t k = 0; k < p->n_phases; k++)
+                        for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
+                                PlanAcc *a = &p->phases[k].acc[i];
+
+                                if (last[a->slot] != k) {
+                                        last[a->slot] = k;
+                                        p->acc_phase[pos[a->slot]++] = k;
+                                }
+                                p->acc_mode[pos[a->slot] - 1] |= a->mode;
+                        }
+                free(pos);
+        }
+        free(last);
+        return 0;
 }
 
 static int build_use_index(Plan *p) {
@@ -1043,6 +1120,8 @@ int plan_new(Conn *c, const Tier__SubmitPlan *req, Plan **ret, char *error, size
         }
 
         r = build_use_index(p);
+        if (r >= 0)
+                r = build_access_index(p);
         if (r < 0)
                 goto fail;
 
@@ -1123,6 +1202,9 @@ void plan_free(Plan *p) {
                 free(p->use_off[c]);
                 free(p->use_phase[c]);
         }
+        free(p->acc_off);
+        free(p->acc_phase);
+        free(p->acc_mode);
         free(pp->pred);
         free(p->phases);
         free(p->acc_storage);

@@ -55,6 +55,10 @@ struct Plan {
          * the phases that use it are use_phase[c][use_off[c][s] .. use_off[c][s+1]) */
         uint32_t *use_off[2];
         uint32_t *use_phase[2];
+        /* every phase touching slot s, any tier: acc_phase/acc_mode[acc_off[s] .. acc_off[s+1]) */
+        uint32_t *acc_off;
+        uint32_t *acc_phase;
+        uint8_t *acc_mode;
 
         int page_fd;
         PlanPage *page;
@@ -95,6 +99,8 @@ typedef struct SchedCand {
 
 /* The selection rule (EDF, then fair share among colliding deadlines); see timeline.c. */
 size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned inflight[], const unsigned limit[]);
+/* Under the timeline policy: is @t's next planned access (after the current phase) write-only? */
+bool sched_next_access_overwrites(Tensor *t);
 /* Predicted time of @t's next planned use in @tier or above (0: none known). */
 uint64_t sched_next_use_ns(Tensor *t, int tier);
 /* Charge @j for @bytes of link time (its virtual time advances by bytes / weight). */
