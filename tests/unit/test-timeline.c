@@ -372,6 +372,62 @@ static void test_write_behind(void **state) {
         finish(m, j, c, p);
 }
 
+/* ---- dead bytes: what the plan overwrites before reading is dropped without write-back ------- */
+
+static void test_dead_bytes(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
+        Tensor *a, *b, *cc;
+        Job *j;
+        Conn *c;
+        Plan *p;
+        char err[256];
+        uint64_t written;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        make_on_nvme(m, b);
+        make_on_nvme(m, cc);
+        {
+                /* A is produced in phase 0, read in phase 1, and overwritten in phase 0 of the next step */
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_WRITE },
+                        { 1, a, TIER_HOST, PLAN_READ },
+                        { 2, b, TIER_HOST, PLAN_READ },
+                        { 3, cc, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        marker(m, p, 1);        /* A released dirty: its sole copy is in host */
+        run_loop(m, 20);
+        assert_true(copy_is_sole(a, TIER_HOST));
+        /* phase 1 (running) reads it, so it is pinned; after it, the next access overwrites */
+        assert_true(sched_next_access_overwrites(a));
+        assert_true(a->copy[TIER_HOST].pins > 0);
+        written = m->links[LINK_HOST_TO_NVME].bytes;
+        marker(m, p, 2);        /* now A's next access (phase 0) overwrites it; C (phase 3) needs room */
+        assert_true(sched_next_access_overwrites(a));
+        for (int i = 0; i < 100 && !copy_valid(cc, TIER_HOST); i++)
+                run_loop(m, 1);
+        /* C needed the room: A went without a byte written */
+        assert_true(copy_valid(cc, TIER_HOST));
+        assert_false(copy_valid(a, TIER_HOST));
+        assert_false(copy_valid(a, TIER_NVME));
+        assert_true(a->dead);
+        assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, written);
+        /* and phase 0 gets its (write-only) A without any read */
+        marker(m, p, 0);
+        for (int i = 0; i < 100 && !copy_valid(a, TIER_HOST); i++)
+                run_loop(m, 1);
+        assert_true(copy_valid(a, TIER_HOST));
+        finish(m, j, c, p);
+}
+
 /* ---- quotas: a plan that cannot run within them is refused up front ------------------------- */
 
 static void test_quota_respect(void **state) {
@@ -480,6 +536,7 @@ int main(void) {
                 cmocka_unit_test(test_belady_choice),
                 cmocka_unit_test(test_deadline_order),
                 cmocka_unit_test(test_write_behind),
+                cmocka_unit_test(test_dead_bytes),
                 cmocka_unit_test(test_quota_respect),
                 cmocka_unit_test(test_weighted_sharing),
         };
