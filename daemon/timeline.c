@@ -109,6 +109,9 @@ typedef struct PlanPriv {
         HoldState hs[2];
         uint32_t max_acc;
         uint64_t *pred;         /* predicted start of phase cur+n, n = 0..P */
+        uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) window */
+        uint32_t window[2];     /* phases ahead whose working set fits vram / host (plan_window) */
+        uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
 } PlanPriv;
 
 void (*sched_trace)(const char *what, const Tensor *t, int tier, uint64_t deadline_ns) = NULL;
@@ -476,10 +479,37 @@ static void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_p
         }
 }
 
+/*
+ * After @done_phase (the phase just released), drop every copy of the
+ * tensors it used whose next planned access overwrites them whole: they are
+ * dead, and keeping them would only take room (and Belady would rank them by
+ * that overwrite as if it were a read).  Only tensors this plan alone names,
+ * and nothing pinned, moving or in use by an op.
+ */
+static void plan_drop_dead(Plan *p, uint32_t done_phase) {
+        Manager *m = p->manager;
+        PlanPhase *d = &p->phases[done_phase];
+
+        for (uint32_t i = 0; i < d->n_acc; i++) {
+                Tensor *t = d->acc[i].tensor;
+                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1;
+
+                for (int tier = 0; tier < TIERS && !busy; tier++)
+                        busy = t->copy[tier].pins > 0;
+                if (busy || t->dead || !sched_next_access_overwrites(t))
+                        continue;
+                t->dead = true;
+                for (int tier = 0; tier < TIERS; tier++)
+                        copy_free(m, t, tier);
+                log_debug("sched: '%s' of job '%s' is dead until its next write: copies dropped", t->name,
+                          p->job->name);
+        }
+}
+
 static int on_marker(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Plan *p = userdata;
         uint64_t v, seq, mark, now = mono_ns();
-        uint32_t phase, prev = p->cur;
+        uint32_t phase, prev = p->cur, done;
 
         (void) read(p->marker_fd, &v, sizeof(v));
         seq = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
@@ -508,8 +538,12 @@ static int on_marker(sd_event_source *s, int fd, uint32_t revents, void *userdat
         if (prev == UINT32_MAX || phase <= prev)
                 plan_iteration(p, mark);
 
+        log_debug("sched: job '%s' marker %" PRIu64 ": phase %u", p->job->name, seq, phase);
         /* the previous marker's phase is over: its pins go (written accesses dirty) */
+        done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
         hold_release(p, 0, true);
+        if (done != UINT32_MAX && policy(p->manager) == SCHED_POLICY_TIMELINE)
+                plan_drop_dead(p, done);
         if (prev != UINT32_MAX && policy(p->manager) == SCHED_POLICY_ONDEMAND)
                 plan_release_after_use(p, prev, phase);
 
@@ -660,45 +694,84 @@ static void add_cand(Cand **cands, size_t *n, size_t *cap, Cand c) {
         (*cands)[(*n)++] = c;
 }
 
+/*
+ * plan_window() - how far ahead prefetching may reach: for vram and host,
+ * the largest n such that every tensor phases cur..cur+n touch there fits
+ * the job's limit at once.  A copy brought in for a phase beyond that would
+ * be evicted again before its use by something needed earlier (Belady evicts
+ * the farthest next use first), so it would be read twice.  A tensor needed
+ * in vram that is not there now counts in host too: it is staged there.
+ */
+static void plan_window(Plan *p) {
+        PlanPriv *pp = priv(p);
+        Job *j = p->job;
+        uint32_t cur = p->cur == UINT32_MAX ? p->n_phases - 1 : p->cur, k;
+        uint64_t bytes[2] = { 0, 0 };
+        bool open[2] = { true, true };
+
+        memset(pp->wmark, 0, p->n_slots);
+        pp->window[0] = pp->window[1] = 0;
+        pp->need[0] = pp->need[1] = 0;
+        for (k = 0; k < p->n_phases && (open[0] || open[1]); k++) {
+                PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
+
+                for (uint32_t i = 0; i < ph->n_acc; i++) {
+                        PlanAcc *a = &ph->acc[i];
+                        uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
+
+                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM))
+                                bits |= 2;
+                        for (int c = 0; c < 2; c++)
+                                if (open[c] && ((bits & ~pp->wmark[a->slot]) & (1u << c))) {
+                                        pp->wmark[a->slot] |= (uint8_t) (1u << c);
+                                        bytes[c] += a->tensor->alloc_size;
+                                        if (!copy_valid(a->tensor, c))
+                                                pp->need[c] += a->tensor->alloc_size;
+                                }
+                }
+                /* the phase that overflows still counts in need: write-behind makes room for it */
+                for (int c = 0; c < 2; c++) {
+                        if (open[c] && bytes[c] > j->limit[c])
+                                open[c] = false;
+                        else if (open[c])
+                                pp->window[c] = k;
+                }
+        }
+}
+
 static void collect_prefetch(Manager *m, Plan *p, Cand **cands, size_t *n, size_t *cap) {
         PlanPriv *pp = priv(p);
         uint32_t cur = p->cur == UINT32_MAX ? p->n_phases - 1 : p->cur;
 
-        /* phases after the one pinned ahead, one cycle */
-        for (uint32_t k = 2; k < p->n_phases; k++) {
+        plan_window(p);
+        /* phases after the one pinned ahead, as far as the windows reach */
+        for (uint32_t k = 2; k <= MAX(pp->window[0], pp->window[1]) && k < p->n_phases; k++) {
                 PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
 
                 for (uint32_t i = 0; i < ph->n_acc; i++) {
                         PlanAcc *a = &ph->acc[i];
                         Tensor *t = a->tensor;
+                        int tier = a->tier;
 
-                        if (t->sched_op || t->xfer || copy_valid(t, a->tier) || stale_soon(t, a->tier) ||
+                        if (a->mode == PLAN_WRITE)
+                                continue;       /* overwritten whole: nothing to bring, room is taken by the pin */
+                        if (tier == TIER_VRAM && k > pp->window[0]) {
+                                if (k > pp->window[1])
+                                        continue;
+                                tier = TIER_HOST;       /* beyond the vram window: stage it in host memory */
+                        } else if (tier == TIER_HOST && k > pp->window[1])
+                                continue;
+                        if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(t, tier) ||
                             t->sched_blocked == epoch)
                                 continue;
                         if (tensor_is_blank(t))
                                 continue;       /* zeros or dead bytes: nothing to move */
                         add_cand(cands, n, cap, (Cand) {
-                                .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = -1, .idx = i,
-                                .deadline = pp->pred[k], .link = access_link(t, a->tier),
+                                .plan = p, .job = p->job, .tensor = t, .tier = tier, .hold = -1, .idx = i,
+                                .deadline = pp->pred[k], .link = access_link(t, tier),
                         });
                 }
         }
-}
-
-/* Bytes the next cycle of @p brings into @tier that are not there now. */
-static uint64_t cycle_demand(Plan *p, int tier) {
-        uint64_t need = 0;
-
-        for (uint32_t s = 0; s < p->n_slots; s++) {
-                Tensor *t = p->slots[s];
-                int c = tier == TIER_VRAM ? 0 : 1;
-
-                if (t->plan != p || p->use_off[c][s] == p->use_off[c][s + 1])
-                        continue;
-                if (!copy_valid(t, tier))
-                        need += t->alloc_size;
-        }
-        return need;
 }
 
 static void write_behind(Manager *m, Plan *p) {
@@ -706,7 +779,7 @@ static void write_behind(Manager *m, Plan *p) {
 
         for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
                 int link = tier == TIER_VRAM ? SLINK_PCIE : SLINK_NVME;
-                uint64_t need = cycle_demand(p, tier), free_bytes, got = 0;
+                uint64_t need = priv(p)->need[tier], free_bytes, got = 0;
                 Tensor **v;
                 size_t n = 0, k;
 
@@ -1012,6 +1085,7 @@ int plan_new(Conn *c, const Tier__SubmitPlan *req, Plan **ret, char *error, size
         p->acc_storage = calloc(MAX(n_acc, 1u), sizeof(PlanAcc));
         p->slots = calloc(MAX(n_acc, 1u), sizeof(Tensor *));
         pp->pred = calloc(p->n_phases + 1, sizeof(uint64_t));
+        pp->wmark = calloc(MAX(n_acc, 1u), 1);
         seen = tensormap_new();
         r = 0;
         for (int h = 0; h < 2; h++) {
@@ -1022,7 +1096,7 @@ int plan_new(Conn *c, const Tier__SubmitPlan *req, Plan **ret, char *error, size
                 if (!pp->hs[h].pinned || !pp->hs[h].ops || !pp->hs[h].ctx || !pp->hs[h].blocked)
                         r = -ENOMEM;
         }
-        if (r < 0 || !p->phases || !p->acc_storage || !p->slots || !pp->pred || !seen) {
+        if (r < 0 || !p->phases || !p->acc_storage || !p->slots || !pp->pred || !pp->wmark || !seen) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -1206,6 +1280,7 @@ void plan_free(Plan *p) {
         free(p->acc_phase);
         free(p->acc_mode);
         free(pp->pred);
+        free(pp->wmark);
         free(p->phases);
         free(p->acc_storage);
         free(p->slots);
