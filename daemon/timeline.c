@@ -53,6 +53,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,7 @@
 #include "daemon/timeline.h"
 #include "daemon/server.h"
 #include "daemon/tensormap.h"
+#include "daemon/uring.h"
 #include "daemon/vram.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
@@ -190,9 +192,11 @@ static void plan_predict(Plan *p) {
         }
 }
 
-/* Predicted time of the next use of @t in @tier by plan @p, after its current phase. */
-static uint64_t next_use(Plan *p, Tensor *t, int tier) {
-        int c = tier == TIER_VRAM ? 0 : 1;
+/* Classes of the next-use index: accesses in vram, in vram or host (a vram access stages through host), in host. */
+enum { USE_VRAM, USE_ANY, USE_HOST, _USE_MAX };
+
+/* Predicted time of the next use of @t in class @c (USE_*) by plan @p, after its current phase. */
+static uint64_t next_use_class(Plan *p, Tensor *t, int c) {
         uint32_t s = t->plan_slot, lo = p->use_off[c][s], hi = p->use_off[c][s + 1];
         uint32_t cur = p->cur == UINT32_MAX ? p->n_phases - 1 : p->cur, best = UINT32_MAX;
 
@@ -206,6 +210,11 @@ static uint64_t next_use(Plan *p, Tensor *t, int tier) {
                 best = MIN(best, n);
         }
         return priv(p)->pred[best];
+}
+
+/* Predicted time of the next use of @t's copy in @tier (vram, or host and what stages through it). */
+static uint64_t next_use(Plan *p, Tensor *t, int tier) {
+        return next_use_class(p, t, tier == TIER_VRAM ? USE_VRAM : USE_ANY);
 }
 
 bool sched_next_access_overwrites(Tensor *t) {
@@ -243,33 +252,63 @@ uint64_t sched_next_use_ns(Tensor *t, int tier) {
 typedef struct Victim {
         Tensor *t;
         uint64_t next;
+        double score;           /* time to the next use / cost of dropping: higher goes first */
         uint64_t last_use;
 } Victim;
 
 static int victim_cmp(const void *a, const void *b) {
         const Victim *x = a, *y = b;
 
-        if (x->next != y->next)
-                return x->next > y->next ? -1 : 1;
+        if (x->score != y->score)
+                return x->score > y->score ? -1 : 1;
         return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+}
+
+/*
+ * When @t's copy in @tier is next needed.  A host copy of a tensor that is
+ * valid in vram is needed only by the next host access: the vram accesses
+ * before it are served from vram, so such copies go first (for free: they
+ * are not the sole copy).  A tensor whose plan overwrites it next is never
+ * needed again.
+ */
+static uint64_t victim_next_use(Tensor *t, int tier) {
+        if (!t->plan)
+                return UINT64_MAX;
+        if (sched_next_access_overwrites(t))
+                return UINT64_MAX;
+        if (tier == TIER_HOST && copy_valid(t, TIER_VRAM))
+                return next_use_class(t->plan, t, USE_HOST);
+        return next_use(t->plan, t, tier);
 }
 
 size_t sched_victim_order(Manager *m, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
         Victim *v;
         size_t k = 0;
+        uint64_t now;
 
         if (policy(m) != SCHED_POLICY_TIMELINE || n == 0)
                 return n;       /* already least recently used first */
         v = calloc(n, sizeof(*v));
         if (!v)
                 return n;
+        now = mono_ns();
         for (size_t i = 0; i < n; i++) {
                 Tensor *t = cands[i];
-                uint64_t nu = t->plan ? next_use(t->plan, t, tier) : UINT64_MAX;
+                uint64_t nu = victim_next_use(t, tier);
+                double score;
 
                 if (deadline_ns > 0 && nu <= deadline_ns)
                         continue;       /* needed before the requester: keep it */
-                v[k++] = (Victim) { t, nu, t->copy[tier].last_use };
+                /*
+                 * Belady's farthest next use, weighed by what dropping costs: a sole
+                 * copy is written down and read back (two transfers), another only
+                 * read back (one), so a clean copy goes before a dirty one needed
+                 * up to twice as late.
+                 */
+                score = nu == UINT64_MAX ? INFINITY : (double) (nu > now ? nu - now : 0);
+                if (copy_is_sole(t, tier))
+                        score /= 2;
+                v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
         }
         qsort(v, k, sizeof(*v), victim_cmp);
         for (size_t i = 0; i < k; i++)
@@ -378,7 +417,9 @@ static void on_prefetch_cancelled(Op *op) {
         inflight[(int) (intptr_t) op->userdata]--;
 }
 
-static int access_link(Tensor *t, int tier) {
+static int access_link(Tensor *t, int tier, uint8_t mode) {
+        if (mode == PLAN_WRITE)         /* nothing to bring: only making room uses a link, the one below */
+                return tier == TIER_VRAM ? SLINK_PCIE : SLINK_NVME;
         if (tier == TIER_HOST)
                 return copy_valid(t, TIER_VRAM) ? SLINK_PCIE : SLINK_NVME;
         return copy_valid(t, TIER_HOST) ? SLINK_PCIE : SLINK_NVME;
@@ -421,7 +462,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, Cand **cands, size_t *n
                 }
                 (*cands)[(*n)++] = (Cand) {
                         .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = h, .idx = i,
-                        .deadline = deadline, .link = access_link(t, a->tier),
+                        .deadline = deadline, .link = access_link(t, a->tier, a->mode),
                 };
         }
 }
@@ -706,7 +747,7 @@ static void plan_window(Plan *p) {
         PlanPriv *pp = priv(p);
         Job *j = p->job;
         uint32_t cur = p->cur == UINT32_MAX ? p->n_phases - 1 : p->cur, k;
-        uint64_t bytes[2] = { 0, 0 };
+        uint64_t bytes[2] = { 0, 0 }, mem = 0;
         bool open[2] = { true, true };
 
         memset(pp->wmark, 0, p->n_slots);
@@ -715,7 +756,8 @@ static void plan_window(Plan *p) {
         for (k = 0; k < p->n_phases && (open[0] || open[1]); k++) {
                 PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
 
-                for (uint32_t i = 0; i < ph->n_acc; i++) {
+                /* before the first marker no phase runs: phase 0 is the next one */
+                for (uint32_t i = 0; i < ph->n_acc && !(k == 0 && p->cur == UINT32_MAX); i++) {
                         PlanAcc *a = &ph->acc[i];
                         uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
 
@@ -728,10 +770,16 @@ static void plan_window(Plan *p) {
                                         if (!copy_valid(a->tensor, c))
                                                 pp->need[c] += a->tensor->alloc_size;
                                 }
+                        /* every tensor touched, whatever the tier: vram and host hold them together */
+                        if (!(pp->wmark[a->slot] & 4)) {
+                                pp->wmark[a->slot] |= 4;
+                                mem += a->tensor->alloc_size;
+                        }
                 }
                 /* the phase that overflows still counts in need: write-behind makes room for it */
                 for (int c = 0; c < 2; c++) {
-                        if (open[c] && bytes[c] > j->limit[c])
+                        if (open[c] && (bytes[c] > j->limit[c] ||
+                                        (c == TIER_HOST && mem > j->limit[TIER_VRAM] + j->limit[TIER_HOST])))
                                 open[c] = false;
                         else if (open[c])
                                 pp->window[c] = k;
@@ -753,8 +801,8 @@ static void collect_prefetch(Manager *m, Plan *p, Cand **cands, size_t *n, size_
                         Tensor *t = a->tensor;
                         int tier = a->tier;
 
-                        if (a->mode == PLAN_WRITE)
-                                continue;       /* overwritten whole: nothing to bring, room is taken by the pin */
+                        if (a->mode == PLAN_WRITE || copy_valid(t, tier))
+                                continue;       /* overwritten whole (the pin takes the room), or there already */
                         if (tier == TIER_VRAM && k > pp->window[0]) {
                                 if (k > pp->window[1])
                                         continue;
@@ -768,7 +816,7 @@ static void collect_prefetch(Manager *m, Plan *p, Cand **cands, size_t *n, size_
                                 continue;       /* zeros or dead bytes: nothing to move */
                         add_cand(cands, n, cap, (Cand) {
                                 .plan = p, .job = p->job, .tensor = t, .tier = tier, .hold = -1, .idx = i,
-                                .deadline = pp->pred[k], .link = access_link(t, tier),
+                                .deadline = pp->pred[k], .link = access_link(t, tier, PLAN_READ),
                         });
                 }
         }
@@ -785,6 +833,13 @@ static void write_behind(Manager *m, Plan *p) {
 
                 free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
                 if (need <= free_bytes || inflight[link] >= (link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT))
+                        continue;
+                /*
+                 * Writes to NVMe only while it is idle: a write in its way would delay a
+                 * read with a deadline by a whole transfer, and a copy cleaned early may
+                 * stay after all (the prediction of victims is not exact).
+                 */
+                if (tier == TIER_HOST && (inflight[link] > 0 || uring_busy(m->uring)))
                         continue;
                 v = calloc(j->n_tensors + 1, sizeof(Tensor *));
                 if (!v)
@@ -996,8 +1051,12 @@ static int build_access_index(Plan *p) {
         return 0;
 }
 
+static bool use_in_class(const PlanAcc *a, int c) {
+        return c == USE_ANY || (c == USE_VRAM ? a->tier == TIER_VRAM : a->tier == TIER_HOST);
+}
+
 static int build_use_index(Plan *p) {
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < _USE_MAX; c++) {
                 uint32_t *cnt = calloc(p->n_slots + 1, sizeof(uint32_t));
                 uint32_t *last = malloc(p->n_slots * sizeof(uint32_t));
 
@@ -1011,7 +1070,7 @@ static int build_use_index(Plan *p) {
                         for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
                                 PlanAcc *a = &p->phases[k].acc[i];
 
-                                if ((c == 0 && a->tier != TIER_VRAM) || last[a->slot] == k)
+                                if (!use_in_class(a, c) || last[a->slot] == k)
                                         continue;
                                 last[a->slot] = k;
                                 cnt[a->slot + 1]++;
@@ -1036,7 +1095,7 @@ static int build_use_index(Plan *p) {
                                 for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
                                         PlanAcc *a = &p->phases[k].acc[i];
 
-                                        if ((c == 0 && a->tier != TIER_VRAM) || last[a->slot] == k)
+                                        if (!use_in_class(a, c) || last[a->slot] == k)
                                                 continue;
                                         last[a->slot] = k;
                                         p->use_phase[c][pos[a->slot]++] = k;
@@ -1272,7 +1331,7 @@ void plan_free(Plan *p) {
                 free(pp->hs[h].ctx);
                 free(pp->hs[h].blocked);
         }
-        for (int c = 0; c < 2; c++) {
+        for (int c = 0; c < _USE_MAX; c++) {
                 free(p->use_off[c]);
                 free(p->use_phase[c]);
         }

@@ -51,10 +51,10 @@ struct Plan {
         uint32_t n_acc;
         Tensor **slots;         /* distinct tensors, by slot */
         uint32_t n_slots;
-        /* next-use index (CSR): for slot s and tier class c (0: vram, 1: vram or host),
-         * the phases that use it are use_phase[c][use_off[c][s] .. use_off[c][s+1]) */
-        uint32_t *use_off[2];
-        uint32_t *use_phase[2];
+        /* next-use index (CSR): for slot s and tier class c (USE_*), the phases
+         * that use it are use_phase[c][use_off[c][s] .. use_off[c][s+1]) */
+        uint32_t *use_off[3];
+        uint32_t *use_phase[3];
         /* every phase touching slot s, any tier: acc_phase/acc_mode[acc_off[s] .. acc_off[s+1]) */
         uint32_t *acc_off;
         uint32_t *acc_phase;

@@ -235,8 +235,8 @@ void uring_queue(Uring *u, UringReq *req) {
         list_add_tail(&u->pending, &req->link);
 }
 
-unsigned uring_inflight(const Uring *u) {
-        return u->inflight;
+bool uring_busy(const Uring *u) {
+        return u->inflight > 0 || !list_empty(&u->pending);
 }
 
 int uring_flush(Uring *u) {

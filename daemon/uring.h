@@ -2,6 +2,7 @@
 /* uring.h: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include <systemd/sd-event.h>
@@ -52,4 +53,5 @@ int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
 void uring_queue(Uring *u, UringReq *req);
 /* Submit everything queued; called once per event loop iteration. */
 int uring_flush(Uring *u);
-unsigned uring_inflight(const Uring *u);
+/* Is anything queued or in flight? */
+bool uring_busy(const Uring *u);

@@ -252,6 +252,67 @@ static void test_belady_choice(void **state) {
         finish(m, j, c, p);
 }
 
+/* ---- victims weighed by cost: a sole copy costs a write and a read, another copy a read ------ */
+
+/* Bring @t into @tier (pinned, then unpinned; @dirty: as written). */
+static void touch(Manager *m, Tensor *t, int tier, bool dirty) {
+        Done d = {};
+
+        assert_int_equal(op_submit(m, OP_PIN, t, tier, on_done, NULL, &d, NULL), 0);
+        while (!d.done)
+                run_loop(m, 1);
+        assert_int_equal(d.status, 0);
+        assert_int_equal(tensor_unpin(t, tier, dirty), 0);
+}
+
+static void test_victim_cost(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *a, *b, *v, *cand[3];
+        Job *j;
+        Conn *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        v = tensor(j, "V", MiB);
+        make_on_nvme(m, a);
+        touch(m, a, TIER_HOST, false);          /* A: host copy, also on NVMe (clean) */
+        touch(m, b, TIER_HOST, true);           /* B: its only copy is in host (dirty) */
+        make_on_nvme(m, v);
+        touch(m, v, TIER_VRAM, false);          /* V: in vram and host (staged), and NVMe */
+        assert_true(copy_valid(v, TIER_HOST) && copy_valid(v, TIER_VRAM));
+        assert_true(copy_is_sole(b, TIER_HOST));
+        assert_false(copy_is_sole(a, TIER_HOST));
+        {
+                Acc acc[] = {
+                        { 0, x, TIER_HOST, PLAN_READ }, { 1, v, TIER_VRAM, PLAN_READ },
+                        { 2, a, TIER_HOST, PLAN_READ }, { 3, b, TIER_HOST, PLAN_READ },
+                        { 5, v, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 5, 6, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        set_durations(p, 100);
+        sched_run(m);   /* predictions from now */
+        /*
+         * Next uses: V in vram in ~100 ms, A ~200, B ~300, V in host ~500.  Pure Belady
+         * would take B before A; B costs a write and a read, A only a read, so A goes
+         * first (200 > 300 / 2).  V's host copy is first of all: the vram access is
+         * served from vram, and the host copy is next needed at phase 5.
+         */
+        cand[0] = a; cand[1] = b; cand[2] = v;
+        assert_int_equal(sched_victim_order(m, TIER_HOST, cand, 3, 0), 3);
+        assert_ptr_equal(cand[0], v);
+        assert_ptr_equal(cand[1], a);
+        assert_ptr_equal(cand[2], b);
+        finish(m, j, c, p);
+}
+
 /* ---- deadline order: earliest first, a few per link ------------------------------------------ */
 
 static void test_deadline_order(void **state) {
@@ -294,11 +355,55 @@ static void test_deadline_order(void **state) {
         finish(m, j, c, p);
 }
 
+/* ---- the prefetch window: nothing is brought in that would be evicted before its use ------- */
+
+static void test_prefetch_window(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 3 * MiB);
+        Tensor *t[6];
+        Job *j;
+        Conn *c;
+        Plan *p;
+        char err[256], name[8];
+        Acc acc[6];
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        for (int i = 0; i < 6; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = tensor(j, name, MiB);
+                make_on_nvme(m, t[i]);
+                acc[i] = (Acc) { (unsigned) i, t[i], TIER_HOST, PLAN_READ };
+        }
+        n_trace = 0;
+        assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        sched_run(m);
+        for (int i = 0; i < 200 && !copy_valid(t[2], TIER_HOST); i++)
+                run_loop(m, 1);
+        run_loop(m, 20);
+        /* 3 MiB hold phases 0..2; t3 would have to evict one of them: it waits */
+        assert_int_equal(n_trace, 3);
+        assert_string_equal(trace[0], "pin t0 host");
+        assert_string_equal(trace[1], "prefetch t1 host");
+        assert_string_equal(trace[2], "prefetch t2 host");
+        assert_false(copy_valid(t[3], TIER_HOST));
+        /* phase 0 over: its copy is the farthest use now, and t3 comes into the window */
+        marker(m, p, 0);
+        marker(m, p, 1);
+        for (int i = 0; i < 200 && !copy_valid(t[3], TIER_HOST); i++)
+                run_loop(m, 1);
+        assert_true(copy_valid(t[3], TIER_HOST));
+        assert_false(copy_valid(t[0], TIER_HOST));
+        assert_true(copy_valid(t[2], TIER_HOST));
+        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 4);   /* t0..t3, each read once */
+        finish(m, j, c, p);
+}
+
 /* ---- write-behind: what will be evicted is written down early; what stays is not ---------- */
 
 static void test_write_behind(void **state) {
-        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
-        Tensor *a, *b, *cc;
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 3 * MiB);
+        Tensor *a, *b, *d, *e, *cc;
         Job *j;
         Conn *c;
         Plan *p;
@@ -308,38 +413,51 @@ static void test_write_behind(void **state) {
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
+        d = tensor(j, "D", MiB);
+        e = tensor(j, "E", MiB);
         cc = tensor(j, "C", MiB);
-        make_on_nvme(m, b);
         make_on_nvme(m, cc);
         {
-                /* 3 MiB per cycle against a 2 MiB host limit */
+                /*
+                 * 5 MiB per cycle against a 3 MiB host limit.  B, D and E are new (zeros:
+                 * nothing to read), so the only NVMe transfer the window asks for is C's.
+                 */
                 Acc acc[] = {
                         { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ },
+                        { 1, b, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 2, d, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 3, e, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 4, cc, TIER_HOST, PLAN_READ },
                 };
-                assert_int_equal(submit_plan(c, acc, 3, 3, &p, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
         }
         set_durations(p, 100);
-        marker(m, p, 0);        /* A pinned for writing */
+        marker(m, p, 0);        /* A pinned for writing, B pinned ahead */
         run_loop(m, 20);
         n_trace = 0;
-        marker(m, p, 1);        /* A released dirty: its sole copy is in host */
-        for (int i = 0; i < 100 && !copy_valid(cc, TIER_HOST); i++)
+        /*
+         * A released dirty, its sole copy in host; D pinned ahead.  B, D and E fill the
+         * limit, C (phase 4) lies beyond: room must be made for it, and A (next used a
+         * cycle later) is Belady's victim.  NVMe is idle: A is written down now.
+         */
+        marker(m, p, 1);
+        for (int i = 0; i < 100 && !copy_valid(a, TIER_NVME); i++)
                 run_loop(m, 1);
-        /* C needs room before A is used again: A is written down early, then dropped for free */
-        {
-                bool clean = false, pin_c = false;
-
-                for (unsigned i = 0; i < n_trace; i++) {
-                        clean |= strcmp(trace[i], "clean A host") == 0;
-                        pin_c |= strcmp(trace[i], "pin C host") == 0;
-                }
-                assert_true(clean);
-                assert_true(pin_c);
-        }
+        assert_int_equal(n_trace, 2);
+        assert_string_equal(trace[0], "pin D host");    /* zeros: no transfer */
+        assert_string_equal(trace[1], "clean A host");
         assert_true(copy_valid(a, TIER_NVME));
-        assert_true(copy_valid(cc, TIER_HOST));
+        assert_true(copy_valid(a, TIER_HOST));
+        /* E is pinned ahead: A's host copy goes for free, nothing more is written */
+        marker(m, p, 2);
+        run_loop(m, 20);
+        assert_false(copy_valid(a, TIER_HOST));
+        assert_true(copy_valid(e, TIER_HOST));
+        assert_true(copy_valid(a, TIER_NVME));
+        /* then C, now inside the window, is prefetched (B, just released dirty, makes room) */
+        assert_int_equal(n_trace, 4);
+        assert_string_equal(trace[2], "pin E host");
+        assert_string_equal(trace[3], "prefetch C host");
         assert_true(j->used[TIER_HOST] <= j->limit[TIER_HOST]);
         finish(m, j, c, p);
 
@@ -412,6 +530,9 @@ static void test_dead_bytes(void **state) {
         written = m->links[LINK_HOST_TO_NVME].bytes;
         marker(m, p, 2);        /* now A's next access (phase 0) overwrites it; C (phase 3) needs room */
         assert_true(sched_next_access_overwrites(a));
+        /* dropped as soon as phase 1 let it go, before anything asked for room */
+        assert_true(a->dead);
+        assert_false(copy_valid(a, TIER_HOST));
         for (int i = 0; i < 100 && !copy_valid(cc, TIER_HOST); i++)
                 run_loop(m, 1);
         /* C needed the room: A went without a byte written */
@@ -534,7 +655,9 @@ static void test_weighted_sharing(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_belady_choice),
+                cmocka_unit_test(test_victim_cost),
                 cmocka_unit_test(test_deadline_order),
+                cmocka_unit_test(test_prefetch_window),
                 cmocka_unit_test(test_write_behind),
                 cmocka_unit_test(test_dead_bytes),
                 cmocka_unit_test(test_quota_respect),
