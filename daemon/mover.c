@@ -481,6 +481,8 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                         p->index = i;
                         p->req = (UringReq) {
                                 .cb = xfer_part_done,
+                                .flow = &t->job->io_flow,
+                                .weight = t->job->weight,
                                 .op = write ? URING_WRITE : URING_READ,
                                 .file_index = n->extents[i].target,
                                 .buf_index = (int) h->seg->id,

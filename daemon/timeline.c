@@ -119,7 +119,6 @@ typedef struct PlanPriv {
 void (*sched_trace)(const char *what, const Tensor *t, int tier, uint64_t deadline_ns) = NULL;
 
 static List plans = LIST_INIT(plans);
-static unsigned inflight[_SLINK_MAX];
 static bool in_run;
 static uint64_t pass_no;
 /* Bumped whenever space may have been freed or data moved: blocked prefetches retry then. */
@@ -385,7 +384,7 @@ static void on_pin_done(Op *op, int status, const char *error) {
         PlanAcc *a = &p->phases[hold->phase].acc[ctx->idx];
 
         hs->ops[ctx->idx] = NULL;
-        inflight[ctx->link]--;
+        p->job->sched_inflight[ctx->link]--;
         if (status >= 0) {
                 hs->pinned[ctx->idx] = true;
                 hold->n_pinned++;
@@ -409,12 +408,12 @@ static void on_pin_cancelled(Op *op) {
         PinCtx *ctx = op->userdata;
 
         priv(ctx->plan)->hs[ctx->hold].ops[ctx->idx] = NULL;
-        inflight[ctx->link]--;
+        ctx->plan->job->sched_inflight[ctx->link]--;
 }
 
 static void on_prefetch_cancelled(Op *op) {
         op->tensor->sched_op = NULL;
-        inflight[(int) (intptr_t) op->userdata]--;
+        op->tensor->job->sched_inflight[(int) (intptr_t) op->userdata]--;
 }
 
 static int access_link(Tensor *t, int tier, uint8_t mode) {
@@ -496,6 +495,11 @@ static void plan_iteration(Plan *p, uint64_t now) {
                 p->last_stall_s = stall >= p->iter_stall_ns ? (double) (stall - p->iter_stall_ns) / 1e9 : 0;
                 for (int i = 0; i < 4; i++)
                         p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
+                log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64
+                          " write %" PRIu64 ", vram link %" PRIu64 " bytes", j->name, j->weight, p->iterations,
+                          p->last_step_s, p->last_stall_s, p->last_step_links[LINK_NVME_TO_HOST],
+                          p->last_step_links[LINK_HOST_TO_NVME],
+                          p->last_step_links[LINK_HOST_TO_VRAM] + p->last_step_links[LINK_VRAM_TO_HOST]);
         }
         p->iter_start_ns = now;
         p->iter_stall_ns = stall;
@@ -625,7 +629,7 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
         int link = (int) (intptr_t) op->userdata;
 
         t->sched_op = NULL;
-        inflight[link]--;
+        t->job->sched_inflight[link]--;
         if (status == -EAGAIN || status == -ENOSPC)
                 t->sched_blocked = epoch;
         log_debug("sched: '%s' %s done: %d (%s)", t->name, op->kind == OP_CLEAN ? "clean" : "prefetch", status,
@@ -636,18 +640,24 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
 
 /*
  * sched_pick() - the next candidate to start: earliest deadline first among
- * those whose link has a free slot (the current phase's pins too: their
- * deadline is now, so they come first, but they are weighed like the rest
- * when jobs collide); among candidates whose deadlines collide with that earliest one
- * (within COLLIDE_NS of it, or of now when it is overdue) the job with the
- * smallest fair-share virtual time wins.  @c is sorted by deadline.
+ * those whose job has a free slot on their link (the current phase's pins
+ * too: their deadline is now, so they come first, but they are weighed like
+ * the rest when jobs collide); among candidates whose deadlines collide with
+ * that earliest one (within COLLIDE_NS of it, or of now when it is overdue)
+ * the job with the smallest fair-share virtual time wins.  @c is sorted by
+ * deadline.  The slots are per job, so that every job has its next transfers
+ * queued at the link, where the fair queue (uring.c) shares it by weight.
  */
-size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned busy[], const unsigned limit[]) {
+static bool cand_blocked(const SchedCand *c, const unsigned limit[]) {
+        return c->taken || c->job->sched_inflight[c->link] >= limit[c->link];
+}
+
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]) {
         size_t first = SIZE_MAX, pick = SIZE_MAX;
         uint64_t horizon;
 
         for (size_t i = 0; i < n; i++) {
-                if (c[i].taken || busy[c[i].link] >= limit[c[i].link])
+                if (cand_blocked(&c[i], limit))
                         continue;
                 first = i;
                 break;
@@ -656,7 +666,7 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned bus
                 return SIZE_MAX;
         horizon = MAX(c[first].deadline, now) + COLLIDE_NS;
         for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
-                if (c[i].taken || busy[c[i].link] >= limit[c[i].link])
+                if (cand_blocked(&c[i], limit))
                         continue;
                 if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
                         pick = i;
@@ -713,7 +723,7 @@ static void issue(Manager *m, Cand *c) {
                 op->cancelled = on_prefetch_cancelled;
                 c->tensor->sched_op = op;
         }
-        inflight[c->link]++;
+        j->sched_inflight[c->link]++;
         sched_charge(j, c->tensor->alloc_size);
         if (sched_trace)
                 sched_trace(c->hold >= 0 ? "pin" : "prefetch", c->tensor, c->tier, c->deadline);
@@ -832,14 +842,14 @@ static void write_behind(Manager *m, Plan *p) {
                 size_t n = 0, k;
 
                 free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
-                if (need <= free_bytes || inflight[link] >= (link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT))
+                if (need <= free_bytes || j->sched_inflight[link] >= link_limit[link])
                         continue;
                 /*
                  * Writes to NVMe only while it is idle: a write in its way would delay a
                  * read with a deadline by a whole transfer, and a copy cleaned early may
                  * stay after all (the prediction of victims is not exact).
                  */
-                if (tier == TIER_HOST && (inflight[link] > 0 || uring_busy(m->uring)))
+                if (tier == TIER_HOST && (j->sched_inflight[link] > 0 || uring_busy(m->uring)))
                         continue;
                 v = calloc(j->n_tensors + 1, sizeof(Tensor *));
                 if (!v)
@@ -859,7 +869,7 @@ static void write_behind(Manager *m, Plan *p) {
                         if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == epoch ||
                             sched_next_access_overwrites(t))
                                 continue;
-                        if (inflight[link] >= (link == SLINK_NVME ? NVME_INFLIGHT : PCIE_INFLIGHT))
+                        if (j->sched_inflight[link] >= link_limit[link])
                                 break;
                         {
                                 Op *op = NULL;
@@ -871,7 +881,7 @@ static void write_behind(Manager *m, Plan *p) {
                                         op->no_wait = true;     /* opportunistic: never waits for room */
                                         sched_charge(j, t->alloc_size);
                                         t->sched_op = op;
-                                        inflight[link]++;
+                                        j->sched_inflight[link]++;
                                         if (sched_trace)
                                                 sched_trace("clean", t, tier, 0);
                                 }
@@ -934,7 +944,7 @@ void sched_run(Manager *m) {
         }
 
         for (;;) {
-                size_t pick = sched_pick(cands, n, now, inflight, link_limit);
+                size_t pick = sched_pick(cands, n, now, link_limit);
 
                 if (pick == SIZE_MAX)
                         break;
@@ -1353,7 +1363,6 @@ void sched_transfer_done(Manager *m) {
 }
 
 int sched_init(Manager *m) {
-        memset(inflight, 0, sizeof(inflight));
         return 0;
 }
 

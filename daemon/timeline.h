@@ -98,7 +98,7 @@ typedef struct SchedCand {
 } SchedCand;
 
 /* The selection rule (EDF, then fair share among colliding deadlines); see timeline.c. */
-size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned inflight[], const unsigned limit[]);
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]);
 /* Under the timeline policy: is @t's next planned access (after the current phase) write-only? */
 bool sched_next_access_overwrites(Tensor *t);
 /* Predicted time of @t's next planned use in @tier or above (0: none known). */

@@ -4,7 +4,10 @@
 /*
  * Theory of operation: one ring serves every NVMe target.  Requests are
  * UringReq structs owned by the caller; the pointer travels in user_data.
- * uring_queue() puts a request on a pending list; uring_flush(), run from a
+ * uring_queue() puts a request on a pending list, ordered by virtual start
+ * time (start-time fair queuing over the callers' flows, one per job, by
+ * weight: what decides who goes first when a paced file is the bottleneck);
+ * uring_flush(), run from a
  * post source once per loop iteration, turns as many pending requests into
  * SQEs as the ring has room for (at most @depth in flight) and submits them
  * in one io_uring_enter().  Completion wakes the eventfd registered with the
@@ -28,6 +31,15 @@
 /* A throttled file may run this far ahead of its pace, so the device always has work queued. */
 #define THROTTLE_BURST_NS (2000000ull)
 #define URING_MAX_FILES 16
+/*
+ * Plain start-time fair queuing gives a flow back nothing for the time it
+ * had nothing queued: a job that computes, then reads in bursts, gets only
+ * its weight's share during each burst and less than it over a step.  A
+ * flow returning from idleness may start this many bytes of service behind
+ * the virtual time: enough for a training step's burst, bounded so that a
+ * long-idle job cannot take the link from the others for long.
+ */
+#define FAIR_CREDIT (64ull << 20)
 
 struct Uring {
         sd_event *event;
@@ -41,17 +53,29 @@ struct Uring {
         sd_event_source *post_source;
         unsigned depth;
         unsigned inflight;
-        List pending;
+        List pending;           /* by tag, then first come first served */
+        double vtime;           /* virtual time: the tag of the request submitted last */
 };
 
+/* Put @req into the pending list by its tag, after those with the same or a smaller one. */
+static void pending_insert(Uring *u, UringReq *req) {
+        List *pos = &u->pending;
+
+        /* usually the last: walk from the tail */
+        while (pos->prev != &u->pending && list_entry(pos->prev, UringReq, link)->tag > req->tag)
+                pos = pos->prev;
+        list_add_tail(pos, &req->link);
+}
+
 static void uring_complete(Uring *u, UringReq *req, int res) {
+        /* a request resumed or retried keeps its tag: it goes before later arrivals */
         if (res == -EAGAIN || res == -EINTR) {
-                list_add_tail(&u->pending, &req->link);
+                pending_insert(u, req);
                 return;
         }
         if (res < 0) {
                 if (req->retries++ < 1) {
-                        list_add_tail(&u->pending, &req->link);
+                        pending_insert(u, req);
                         return;
                 }
                 req->cb(req, res);
@@ -60,7 +84,7 @@ static void uring_complete(Uring *u, UringReq *req, int res) {
         if (res == 0) {
                 /* no progress: end of file or device */
                 if (req->retries++ < 1) {
-                        list_add_tail(&u->pending, &req->link);
+                        pending_insert(u, req);
                         return;
                 }
                 req->cb(req, -EIO);
@@ -68,7 +92,7 @@ static void uring_complete(Uring *u, UringReq *req, int res) {
         }
         req->done += (uint32_t) res;
         if (req->done < req->len) {
-                list_add_tail(&u->pending, &req->link);
+                pending_insert(u, req);
                 return;
         }
         req->cb(req, (int) req->done);
@@ -232,7 +256,20 @@ int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len) {
 }
 
 void uring_queue(Uring *u, UringReq *req) {
-        list_add_tail(&u->pending, &req->link);
+        if (!req->tagged) {
+                UringFlow *f = req->flow;
+
+                req->tag = u->vtime;
+                if (f) {
+                        /* an idle flow keeps up to FAIR_CREDIT bytes of the service it left unused */
+                        double credit = (double) FAIR_CREDIT / (double) MAX(req->weight, 1u);
+
+                        req->tag = MAX(f->finish, u->vtime - credit);
+                        f->finish = req->tag + (double) req->len / (double) MAX(req->weight, 1u);
+                }
+                req->tagged = true;
+        }
+        pending_insert(u, req);
 }
 
 bool uring_busy(const Uring *u) {
@@ -279,6 +316,7 @@ int uring_flush(Uring *u) {
                 }
                 sqe->flags |= IOSQE_FIXED_FILE;
                 io_uring_sqe_set_data(sqe, req);
+                u->vtime = MAX(u->vtime, req->tag);
                 u->inflight++;
                 queued++;
         }

@@ -20,8 +20,22 @@ typedef enum UringOp {
         URING_WRITE,
 } UringOp;
 
+/*
+ * A flow: whose requests these are (one per job).  Requests waiting for a
+ * throttled file go in order of their virtual start times (start-time fair
+ * queuing): a flow of weight w is served len / w of virtual time per request,
+ * so backlogged flows share the file's bandwidth by weight.
+ */
+typedef struct UringFlow {
+        double finish;          /* virtual finish time of the flow's last request */
+} UringFlow;
+
 struct UringReq {
         uring_cb_t cb;
+        UringFlow *flow;        /* NULL: served at the current virtual time (no share) */
+        unsigned weight;        /* the flow's weight (0 counts as 1) */
+        double tag;             /* virtual start time, set by uring_queue() */
+        bool tagged;
         UringOp op;
         unsigned file_index;    /* registered file */
         int buf_index;          /* registered buffer, or -1 for a plain buffer */
@@ -49,7 +63,11 @@ int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
 /* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
 int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
 
-/* Queue a request; it is submitted in a batch by uring_flush() (or when the SQ fills). */
+/*
+ * Queue a request; it is submitted in a batch by uring_flush() (or when the
+ * SQ fills), in order of virtual start time (see UringFlow).  The flow is
+ * read here only: it may go away while the request is in flight.
+ */
 void uring_queue(Uring *u, UringReq *req);
 /* Submit everything queued; called once per event loop iteration. */
 int uring_flush(Uring *u);

@@ -617,7 +617,7 @@ static void test_quota_respect(void **state) {
 static void test_weighted_sharing(void **state) {
         Job j1 = { .weight = 1 }, j2 = { .weight = 3 };
         SchedCand c[40];
-        unsigned busy[_SCHED_LINK_MAX] = { 0, 0 }, limit[_SCHED_LINK_MAX] = { 100, 100 };
+        unsigned limit[_SCHED_LINK_MAX] = { 100, 100 };
         uint64_t now = 1000 * MS;
         char order[9] = "";
 
@@ -626,7 +626,7 @@ static void test_weighted_sharing(void **state) {
                 c[i] = (SchedCand) { .job = i % 2 ? &j2 : &j1, .hold = -1, .deadline = now - 10 * MS + (uint64_t) i * 1000,
                                      .link = SCHED_LINK_NVME };
         for (int k = 0; k < 8; k++) {
-                size_t i = sched_pick(c, 40, now, busy, limit);
+                size_t i = sched_pick(c, 40, now, limit);
 
                 assert_true(i != SIZE_MAX);
                 c[i].taken = true;
@@ -640,16 +640,21 @@ static void test_weighted_sharing(void **state) {
         j2.vtime = 0;
         c[0] = (SchedCand) { .job = &j1, .hold = -1, .deadline = now + 1 * MS, .link = SCHED_LINK_NVME };
         c[1] = (SchedCand) { .job = &j2, .hold = -1, .deadline = now + 50 * MS, .link = SCHED_LINK_NVME };
-        assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
+        assert_int_equal(sched_pick(c, 2, now, limit), 0);
 
-        /* a full link holds its work back; another link's goes first */
-        busy[SCHED_LINK_NVME] = 100;
+        /* a job whose link is full holds its work back; another link's goes first */
+        j1.sched_inflight[SCHED_LINK_NVME] = 100;
         c[1].link = SCHED_LINK_PCIE;
-        assert_int_equal(sched_pick(c, 2, now, busy, limit), 1);
+        assert_int_equal(sched_pick(c, 2, now, limit), 1);
         c[1].taken = true;
-        assert_int_equal(sched_pick(c, 2, now, busy, limit), SIZE_MAX);
-        busy[SCHED_LINK_NVME] = 99;
-        assert_int_equal(sched_pick(c, 2, now, busy, limit), 0);
+        assert_int_equal(sched_pick(c, 2, now, limit), SIZE_MAX);
+        j1.sched_inflight[SCHED_LINK_NVME] = 99;
+        assert_int_equal(sched_pick(c, 2, now, limit), 0);
+        /* slots are per job: another job's full link does not hold j1 back */
+        c[0] = (SchedCand) { .job = &j2, .hold = -1, .deadline = now, .link = SCHED_LINK_NVME };
+        c[1] = (SchedCand) { .job = &j1, .hold = -1, .deadline = now + 1 * MS, .link = SCHED_LINK_NVME };
+        j2.sched_inflight[SCHED_LINK_NVME] = 100;
+        assert_int_equal(sched_pick(c, 2, now, limit), 1);
 }
 
 int main(void) {
