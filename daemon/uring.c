@@ -39,7 +39,7 @@
  * the virtual time: enough for a training step's burst, bounded so that a
  * long-idle job cannot take the link from the others for long.
  */
-#define FAIR_CREDIT (64ull << 20)
+#define FAIR_CREDIT_DEFAULT (64ull << 20)
 
 struct Uring {
         sd_event *event;
@@ -55,6 +55,7 @@ struct Uring {
         unsigned inflight;
         List pending;           /* by tag, then first come first served */
         double vtime;           /* virtual time: the tag of the request submitted last */
+        uint64_t credit;        /* FAIR_CREDIT_DEFAULT, or uring_set_fair_credit() */
 };
 
 /* Put @req into the pending list by its tag, after those with the same or a smaller one. */
@@ -180,6 +181,7 @@ int uring_new(sd_event *event, unsigned depth, Uring **ret) {
                 return -ENOMEM;
         u->efd = -1;
         u->depth = depth;
+        u->credit = FAIR_CREDIT_DEFAULT;
         u->event = sd_event_ref(event);
         list_init(&u->pending);
 
@@ -255,14 +257,18 @@ int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len) {
         return r < 0 ? r : 0;
 }
 
+void uring_set_fair_credit(Uring *u, uint64_t bytes) {
+        u->credit = bytes;
+}
+
 void uring_queue(Uring *u, UringReq *req) {
         if (!req->tagged) {
                 UringFlow *f = req->flow;
 
                 req->tag = u->vtime;
                 if (f) {
-                        /* an idle flow keeps up to FAIR_CREDIT bytes of the service it left unused */
-                        double credit = (double) FAIR_CREDIT / (double) MAX(req->weight, 1u);
+                        /* an idle flow keeps up to u->credit bytes of the service it left unused */
+                        double credit = (double) u->credit / (double) MAX(req->weight, 1u);
 
                         req->tag = MAX(f->finish, u->vtime - credit);
                         f->finish = req->tag + (double) req->len / (double) MAX(req->weight, 1u);

@@ -60,6 +60,9 @@ int uring_register_files(Uring *u, const int *fds, unsigned n);
 int uring_register_buffers(Uring *u, unsigned n);
 int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
 
+/* How far (bytes of service) a flow back from idleness may start behind the others (default 64 MiB). */
+void uring_set_fair_credit(Uring *u, uint64_t bytes);
+
 /* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
 int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
 
