@@ -216,27 +216,31 @@ static uint64_t next_use(Plan *p, Tensor *t, int tier) {
         return next_use_class(p, t, tier == TIER_VRAM ? USE_VRAM : USE_ANY);
 }
 
-bool sched_next_access_overwrites(Tensor *t) {
-        Plan *p = t->plan;
-        uint32_t s, cur, best = UINT32_MAX;
+/* Mode of the first access of @t by @p in the phases after @from (and in @from too if @inclusive); 0: none. */
+static uint8_t next_access_mode(Plan *p, Tensor *t, uint32_t from, bool inclusive) {
+        uint32_t s = t->plan_slot, best = UINT32_MAX;
         uint8_t mode = 0;
 
-        if (!p || p->manager->config.sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX)
-                return false;
-        s = t->plan_slot;
-        cur = p->cur;
-        /* the first phase after the current one that touches it, in any tier */
         for (uint32_t i = p->acc_off[s]; i < p->acc_off[s + 1]; i++) {
-                uint32_t n = (p->acc_phase[i] + p->n_phases - cur) % p->n_phases;
+                uint32_t n = (p->acc_phase[i] + p->n_phases - from) % p->n_phases;
 
-                if (n == 0)
+                if (n == 0 && !inclusive)
                         n = p->n_phases;
                 if (n < best) {
                         best = n;
                         mode = p->acc_mode[i];
                 }
         }
-        return best != UINT32_MAX && mode == PLAN_WRITE;
+        return mode;
+}
+
+bool sched_next_access_overwrites(Tensor *t) {
+        Plan *p = t->plan;
+
+        if (!p || p->manager->config.sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX)
+                return false;
+        /* the first phase after the current one that touches it, in any tier */
+        return next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
 }
 
 uint64_t sched_next_use_ns(Tensor *t, int tier) {
@@ -541,7 +545,8 @@ static void plan_drop_dead(Plan *p, uint32_t done_phase) {
 
                 for (int tier = 0; tier < TIERS && !busy; tier++)
                         busy = t->copy[tier].pins > 0;
-                if (busy || t->dead || !sched_next_access_overwrites(t))
+                /* from the phase the client is in now (it may have skipped some), that one included */
+                if (busy || t->dead || next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
                         continue;
                 t->dead = true;
                 for (int tier = 0; tier < TIERS; tier++)
@@ -587,8 +592,6 @@ static int on_marker(sd_event_source *s, int fd, uint32_t revents, void *userdat
         /* the previous marker's phase is over: its pins go (written accesses dirty) */
         done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
         hold_release(p, 0, true);
-        if (done != UINT32_MAX && policy(p->manager) == SCHED_POLICY_TIMELINE)
-                plan_drop_dead(p, done);
         if (prev != UINT32_MAX && policy(p->manager) == SCHED_POLICY_ONDEMAND)
                 plan_release_after_use(p, prev, phase);
 
@@ -611,6 +614,8 @@ static int on_marker(sd_event_source *s, int fd, uint32_t revents, void *userdat
         p->seq = seq;
         p->cur = phase;
         p->cur_mark_ns = mark;
+        if (done != UINT32_MAX && policy(p->manager) == SCHED_POLICY_TIMELINE)
+                plan_drop_dead(p, done);
         epoch++;
         manager_kick(p->manager);
         return 0;
