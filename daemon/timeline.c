@@ -757,6 +757,9 @@ static void add_cand(Cand **cands, size_t *n, size_t *cap, Cand c) {
  * be evicted again before its use by something needed earlier (Belady evicts
  * the farthest next use first), so it would be read twice.  A tensor needed
  * in vram that is not there now counts in host too: it is staged there.
+ * For host, every tensor touched in any tier must also fit vram and host
+ * together: what is not in one must be in the other.  Also sets need[]: the
+ * bytes these phases, and the first one that does not fit, bring in.
  */
 static void plan_window(Plan *p) {
         PlanPriv *pp = priv(p);
