@@ -114,6 +114,7 @@ int manager_new(Manager **ret, Config *config) {
         list_init(&m->dying_jobs);
         list_init(&m->run_queue);
         list_init(&m->space_waiters);
+        list_init(&m->vram_waiting);
         for (int i = 0; i < TIERS; i++)
                 list_init(&m->lru[i]);
 

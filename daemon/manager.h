@@ -65,7 +65,10 @@ struct Manager {
         List space_waiters;     /* Op.wait_link: ops waiting for space */
 
         LinkStats links[_LINK_MAX];
-        unsigned n_xfers;       /* transfers in flight */
+        unsigned n_xfers;       /* transfers in flight (or waiting for the VRAM link) */
+        List vram_waiting;      /* Xfer.vlink: copies waiting for the VRAM link, by fair tag (mover.c) */
+        unsigned vram_active;   /* copies with the VRAM backend */
+        double vram_vtime;      /* the VRAM link's virtual time */
         bool stopping;
 
         /* Reload (reload.c): how the running configuration was loaded, so that

@@ -81,6 +81,8 @@ struct Xfer {
         int error;
         char errmsg[160];
         VramCopy vcopy;
+        List vlink;             /* Manager.vram_waiting, while it waits for the VRAM link */
+        double vtag;            /* its virtual start time there (fairq.h) */
         XferPart *parts;
         uint32_t n_parts;
 };
@@ -426,6 +428,43 @@ static void xfer_part_done(UringReq *req, int res) {
         }
 }
 
+/*
+ * The VRAM link.  At most VRAM_LINK_DEPTH copies are with the backend at a
+ * time (the emulated one copies one at a time, the cuda one has a stream per
+ * direction); the others wait in Manager.vram_waiting ordered by fair tags
+ * (fairq.h, per-job flows by weight, the same credit as the NVMe queue), so
+ * that the link is shared by weight whatever asked for the copy: a pin, a
+ * prefetch, a drain.
+ */
+#define VRAM_LINK_DEPTH 2
+#define VRAM_FAIR_CREDIT (64ull << 20)
+
+static int vram_link_start(Manager *m, Xfer *x) {
+        int r = m->vram->ops->copy(m->vram, &x->vcopy);
+
+        if (r < 0)
+                return r;
+        m->vram_active++;
+        m->vram_vtime = MAX(m->vram_vtime, x->vtag);
+        return 0;
+}
+
+/* Start waiting copies while the link has room; one that cannot start fails its transfer. */
+static void vram_link_dispatch(Manager *m) {
+        while (m->vram_active < VRAM_LINK_DEPTH && !list_empty(&m->vram_waiting)) {
+                Xfer *x = list_entry(m->vram_waiting.next, Xfer, vlink);
+                int r;
+
+                list_del(&x->vlink);
+                r = vram_link_start(m, x);
+                if (r < 0) {
+                        x->error = r;
+                        snprintf(x->errmsg, sizeof(x->errmsg), "cannot start VRAM copy: %s", strerror(-r));
+                        xfer_finish(x);
+                }
+        }
+}
+
 static void xfer_vram_done(VramCopy *vc) {
         Xfer *x = container_of(vc, Xfer, vcopy);
         Manager *m = x->manager;
@@ -439,7 +478,9 @@ static void xfer_vram_done(VramCopy *vc) {
                 m->links[d].ops++;
                 x->tensor->job->link_bytes[d] += x->tensor->alloc_size;
         }
+        m->vram_active--;
         xfer_finish(x);
+        vram_link_dispatch(m);
 }
 
 /* Start moving @t's valid copy in @src into the reserved copy in @dst. */
@@ -481,7 +522,7 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                         p->index = i;
                         p->req = (UringReq) {
                                 .cb = xfer_part_done,
-                                .flow = &t->job->io_flow,
+                                .flow = &t->job->nvme_flow,
                                 .weight = t->job->weight,
                                 .op = write ? URING_WRITE : URING_READ,
                                 .file_index = n->extents[i].target,
@@ -520,10 +561,22 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                         .len = t->alloc_size,
                         .done = xfer_vram_done,
                 };
-                r = m->vram->ops->copy(m->vram, &x->vcopy);
-                if (r < 0) {
-                        free(x);
-                        return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
+                list_init(&x->vlink);
+                x->vtag = fair_tag(&t->job->vram_flow, m->vram_vtime, t->alloc_size, t->job->weight,
+                                   VRAM_FAIR_CREDIT);
+                if (m->vram_active < VRAM_LINK_DEPTH && list_empty(&m->vram_waiting)) {
+                        r = vram_link_start(m, x);
+                        if (r < 0) {
+                                free(x);
+                                return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
+                        }
+                } else {
+                        /* by tag, after those with the same or a smaller one */
+                        List *pos = &m->vram_waiting;
+
+                        while (pos->prev != &m->vram_waiting && list_entry(pos->prev, Xfer, vlink)->vtag > x->vtag)
+                                pos = pos->prev;
+                        list_add_tail(pos, &x->vlink);
                 }
                 t->xfer = x;
                 m->n_xfers++;

@@ -8,8 +8,8 @@
 
 #include <tier.h>
 
+#include "daemon/fairq.h"
 #include "daemon/list.h"
-#include "daemon/uring.h"
 
 typedef struct Conn Conn;
 typedef struct Job Job;
@@ -106,7 +106,8 @@ struct Job {
         unsigned weight;        /* bandwidth weight (fair share of the links) */
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
         double vtime;           /* fair-share virtual time: bytes served / weight */
-        UringFlow io_flow;      /* its NVMe requests' place in the fair queue (uring.c) */
+        FairFlow nvme_flow;     /* its place in the NVMe queue (uring.c) */
+        FairFlow vram_flow;     /* and in the VRAM link's (mover.c) */
         unsigned sched_inflight[2]; /* transfers the scheduler started for it, per SCHED_LINK_* */
         uint64_t link_bytes[4]; /* bytes moved for this job, per LinkDir */
 };

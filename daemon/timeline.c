@@ -89,6 +89,22 @@
 #define _SLINK_MAX _SCHED_LINK_MAX
 
 static const unsigned link_limit[_SCHED_LINK_MAX] = { NVME_INFLIGHT, PCIE_INFLIGHT };
+/*
+ * The scheduler's slots are per job: each job keeps its next transfers
+ * queued at each link, where a fair queue by weight (uring.c for NVMe,
+ * mover.c for the VRAM link) decides who goes first.
+ */
+static void slot_take(Job *j, int link) {
+        j->sched_inflight[link]++;
+}
+
+static void slot_put(Job *j, int link) {
+        j->sched_inflight[link]--;
+}
+
+static bool slot_free(const Job *j, int link, const unsigned limit[]) {
+        return j->sched_inflight[link] < limit[link];
+}
 
 typedef struct PinCtx {
         Plan *plan;
@@ -388,7 +404,7 @@ static void on_pin_done(Op *op, int status, const char *error) {
         PlanAcc *a = &p->phases[hold->phase].acc[ctx->idx];
 
         hs->ops[ctx->idx] = NULL;
-        p->job->sched_inflight[ctx->link]--;
+        slot_put(p->job, ctx->link);
         if (status >= 0) {
                 hs->pinned[ctx->idx] = true;
                 hold->n_pinned++;
@@ -412,12 +428,12 @@ static void on_pin_cancelled(Op *op) {
         PinCtx *ctx = op->userdata;
 
         priv(ctx->plan)->hs[ctx->hold].ops[ctx->idx] = NULL;
-        ctx->plan->job->sched_inflight[ctx->link]--;
+        slot_put(ctx->plan->job, ctx->link);
 }
 
 static void on_prefetch_cancelled(Op *op) {
         op->tensor->sched_op = NULL;
-        op->tensor->job->sched_inflight[(int) (intptr_t) op->userdata]--;
+        slot_put(op->tensor->job, (int) (intptr_t) op->userdata);
 }
 
 static int access_link(Tensor *t, int tier, uint8_t mode) {
@@ -634,7 +650,7 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
         int link = (int) (intptr_t) op->userdata;
 
         t->sched_op = NULL;
-        t->job->sched_inflight[link]--;
+        slot_put(t->job, link);
         if (status == -EAGAIN || status == -ENOSPC)
                 t->sched_blocked = epoch;
         log_debug("sched: '%s' %s done: %d (%s)", t->name, op->kind == OP_CLEAN ? "clean" : "prefetch", status,
@@ -650,11 +666,10 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
  * the rest when jobs collide); among candidates whose deadlines collide with
  * that earliest one (within COLLIDE_NS of it, or of now when it is overdue)
  * the job with the smallest fair-share virtual time wins.  @c is sorted by
- * deadline.  The slots are per job, so that every job has its next transfers
- * queued at the link, where the fair queue (uring.c) shares it by weight.
+ * deadline.  Slots are per job (see slot_take()).
  */
 static bool cand_blocked(const SchedCand *c, const unsigned limit[]) {
-        return c->taken || c->job->sched_inflight[c->link] >= limit[c->link];
+        return c->taken || !slot_free(c->job, c->link, limit);
 }
 
 size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]) {
@@ -728,7 +743,7 @@ static void issue(Manager *m, Cand *c) {
                 op->cancelled = on_prefetch_cancelled;
                 c->tensor->sched_op = op;
         }
-        j->sched_inflight[c->link]++;
+        slot_take(j, c->link);
         sched_charge(j, c->tensor->alloc_size);
         if (sched_trace)
                 sched_trace(c->hold >= 0 ? "pin" : "prefetch", c->tensor, c->tier, c->deadline);
@@ -850,7 +865,7 @@ static void write_behind(Manager *m, Plan *p) {
                 size_t n = 0, k;
 
                 free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
-                if (need <= free_bytes || j->sched_inflight[link] >= link_limit[link])
+                if (need <= free_bytes || !slot_free(j, link, link_limit))
                         continue;
                 /*
                  * Writes to NVMe only while it is idle: a write in its way would delay a
@@ -877,7 +892,7 @@ static void write_behind(Manager *m, Plan *p) {
                         if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == epoch ||
                             sched_next_access_overwrites(t))
                                 continue;
-                        if (j->sched_inflight[link] >= link_limit[link])
+                        if (!slot_free(j, link, link_limit))
                                 break;
                         {
                                 Op *op = NULL;
@@ -889,7 +904,7 @@ static void write_behind(Manager *m, Plan *p) {
                                         op->no_wait = true;     /* opportunistic: never waits for room */
                                         sched_charge(j, t->alloc_size);
                                         t->sched_op = op;
-                                        j->sched_inflight[link]++;
+                                        slot_take(j, link);
                                         if (sched_trace)
                                                 sched_trace("clean", t, tier, 0);
                                 }

@@ -34,10 +34,8 @@
 /*
  * Plain start-time fair queuing gives a flow back nothing for the time it
  * had nothing queued: a job that computes, then reads in bursts, gets only
- * its weight's share during each burst and less than it over a step.  A
- * flow returning from idleness may start this many bytes of service behind
- * the virtual time: enough for a training step's burst, bounded so that a
- * long-idle job cannot take the link from the others for long.
+ * its weight's share during each burst and less than it over a step.  So a
+ * flow back from idleness may start this many bytes of service behind.
  */
 #define FAIR_CREDIT_DEFAULT (64ull << 20)
 
@@ -263,16 +261,7 @@ void uring_set_fair_credit(Uring *u, uint64_t bytes) {
 
 void uring_queue(Uring *u, UringReq *req) {
         if (!req->tagged) {
-                UringFlow *f = req->flow;
-
-                req->tag = u->vtime;
-                if (f) {
-                        /* an idle flow keeps up to u->credit bytes of the service it left unused */
-                        double credit = (double) u->credit / (double) MAX(req->weight, 1u);
-
-                        req->tag = MAX(f->finish, u->vtime - credit);
-                        f->finish = req->tag + (double) req->len / (double) MAX(req->weight, 1u);
-                }
+                req->tag = req->flow ? fair_tag(req->flow, u->vtime, req->len, req->weight, u->credit) : u->vtime;
                 req->tagged = true;
         }
         pending_insert(u, req);

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <systemd/sd-event.h>
 
+#include "daemon/fairq.h"
 #include "daemon/list.h"
 
 typedef struct Uring Uring;
@@ -21,18 +22,12 @@ typedef enum UringOp {
 } UringOp;
 
 /*
- * A flow: whose requests these are (one per job).  Requests waiting for a
- * throttled file go in order of their virtual start times (start-time fair
- * queuing): a flow of weight w is served len / w of virtual time per request,
- * so backlogged flows share the file's bandwidth by weight.
+ * Requests waiting for a file go in order of their virtual start times
+ * (fairq.h): flows of backlogged jobs share a throttled file by weight.
  */
-typedef struct UringFlow {
-        double finish;          /* virtual finish time of the flow's last request */
-} UringFlow;
-
 struct UringReq {
         uring_cb_t cb;
-        UringFlow *flow;        /* NULL: served at the current virtual time (no share) */
+        FairFlow *flow;         /* NULL: served at the current virtual time (no share) */
         unsigned weight;        /* the flow's weight (0 counts as 1) */
         double tag;             /* virtual start time, set by uring_queue() */
         bool tagged;
@@ -68,7 +63,7 @@ int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
 
 /*
  * Queue a request; it is submitted in a batch by uring_flush() (or when the
- * SQ fills), in order of virtual start time (see UringFlow).  The flow is
+ * SQ fills), in order of virtual start time (fairq.h).  The flow is
  * read here only: it may go away while the request is in flight.
  */
 void uring_queue(Uring *u, UringReq *req);

@@ -320,6 +320,66 @@ static void test_vram_chain_and_async_reserve(void **state) {
         manager_free(m);
 }
 
+/* ---- the VRAM link: copies of jobs wait in fair order, by weight ------------------------- */
+
+static char vram_order[32];
+static unsigned n_vram_done;
+
+static void on_vram_pinned(Op *op, int status, const char *error) {
+        assert_int_equal(status, 0);
+        if (n_vram_done < sizeof(vram_order) - 1)
+                vram_order[n_vram_done++] = *(const char *) op->userdata;
+}
+
+static void test_vram_link_fair_order(void **state) {
+        static const char name_a = 'A', name_b = 'B';
+        Manager *m = new_manager();
+        Tensor *ta[6], *tb[12];
+        Job *a, *b;
+        Result r;
+        char name[16];
+
+        memset(vram_order, 0, sizeof(vram_order));
+        n_vram_done = 0;
+        assert_int_equal(job_new(m, "a", 0, &a), 0);
+        assert_int_equal(job_new(m, "b", 0, &b), 0);
+        a->weight = 1;
+        b->weight = 4;
+        /* 64 KiB tensors with data in host memory */
+        for (int i = 0; i < 18; i++) {
+                Tensor **t = i < 6 ? &ta[i] : &tb[i - 6];
+
+                snprintf(name, sizeof(name), "t%d", i);
+                assert_int_equal(tensor_new(i < 6 ? a : b, name, 64 * 1024, t), 0);
+                assert_int_equal(submit(m, OP_PIN, *t, TIER_HOST, &r), 0);
+                run_until(m, &r);
+                write_host(*t, (uint8_t) i);
+                assert_int_equal(tensor_unpin(*t, TIER_HOST, true), 0);
+        }
+        /* all at once: A's six, then B's twelve */
+        for (int i = 0; i < 6; i++)
+                assert_int_equal(op_submit(m, OP_PIN, ta[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(op_submit(m, OP_PIN, tb[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
+        for (int i = 0; i < 2000 && n_vram_done < 18; i++)
+                assert_true(sd_event_run(m->event, 1000) >= 0);
+        /*
+         * A0 and A1 go to the backend at once (two at a time); the rest wait by
+         * virtual start time: A's advance by 64 KiB, B's by 16 KiB (weight 4),
+         * ties first come, first served.
+         */
+        assert_string_equal(vram_order, "AABBBBBBBBABBBBAAA");
+        assert_int_equal(m->vram_active, 0);
+        assert_true(list_empty(&m->vram_waiting));
+        for (int i = 0; i < 6; i++)
+                assert_int_equal(tensor_unpin(ta[i], TIER_VRAM, false), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(tensor_unpin(tb[i], TIER_VRAM, false), 0);
+        job_destroy(a);
+        job_destroy(b);
+        manager_free(m);
+}
+
 static void test_crc_mismatch_is_an_error(void **state) {
         Manager *m = new_manager();
         Result r;
@@ -353,6 +413,7 @@ int main(void) {
                 cmocka_unit_test(test_zero_then_dirty_then_evict),
                 cmocka_unit_test(test_lru_victim_and_drain),
                 cmocka_unit_test(test_vram_chain_and_async_reserve),
+                cmocka_unit_test(test_vram_link_fair_order),
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
         };
         char cmd[128];

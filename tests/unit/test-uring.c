@@ -83,7 +83,7 @@ static int teardown(void **state) {
         return 0;
 }
 
-static void queue(Fixture *f, char name, UringFlow *flow, unsigned weight) {
+static void queue(Fixture *f, char name, FairFlow *flow, unsigned weight) {
         Req *q;
 
         assert_true(f->n_reqs < MAX_REQS);
@@ -109,7 +109,7 @@ static void wait_done(Fixture *f, unsigned n) {
 /* Two backlogged flows of weights 1 and 4 are served 1:4 (ties: first come, first served). */
 static void test_weighted_order(void **state) {
         Fixture *f = *state;
-        UringFlow a = {}, b = {};
+        FairFlow a = {}, b = {};
 
         for (int i = 0; i < 8; i++)
                 queue(f, 'A', &a, 1);
@@ -127,7 +127,7 @@ static void test_weighted_order(void **state) {
  */
 static void test_bounded_credit(void **state) {
         Fixture *f = *state;
-        UringFlow a = {}, c = {};
+        FairFlow a = {}, c = {};
 
         uring_set_fair_credit(f->u, 128 * KiB);
         for (int i = 0; i < 8; i++)
@@ -143,7 +143,7 @@ static void test_bounded_credit(void **state) {
         /* no credit: a newcomer starts at the virtual time and alternates at once */
         uring_set_fair_credit(f->u, 0);
         {
-                UringFlow d = {};
+                FairFlow d = {};
 
                 n_done = 0;
                 memset(order, 0, sizeof(order));
