@@ -114,7 +114,8 @@ int manager_new(Manager **ret, Config *config) {
         list_init(&m->dying_jobs);
         list_init(&m->run_queue);
         list_init(&m->space_waiters);
-        list_init(&m->vram_waiting);
+        list_init(&m->vram_waiting[0]);
+        list_init(&m->vram_waiting[1]);
         for (int i = 0; i < TIERS; i++)
                 list_init(&m->lru[i]);
 

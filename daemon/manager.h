@@ -66,9 +66,10 @@ struct Manager {
 
         LinkStats links[_LINK_MAX];
         unsigned n_xfers;       /* transfers in flight (or waiting for the VRAM link) */
-        List vram_waiting;      /* Xfer.vlink: copies waiting for the VRAM link, by fair tag (mover.c) */
-        unsigned vram_active;   /* copies with the VRAM backend */
-        double vram_vtime;      /* the VRAM link's virtual time */
+        /* the VRAM link, per VramDir (mover.c) */
+        List vram_waiting[2];   /* Xfer.vlink: copies waiting for the backend, by fair tag */
+        unsigned vram_active[2];/* copies with the backend */
+        double vram_vtime[2];   /* virtual time */
         bool stopping;
 
         /* Reload (reload.c): how the running configuration was loaded, so that

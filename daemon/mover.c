@@ -429,30 +429,33 @@ static void xfer_part_done(UringReq *req, int res) {
 }
 
 /*
- * The VRAM link.  At most VRAM_LINK_DEPTH copies are with the backend at a
- * time (the emulated one copies one at a time, the cuda one has a stream per
- * direction); the others wait in Manager.vram_waiting ordered by fair tags
- * (fairq.h, per-job flows by weight, the same credit as the NVMe queue), so
- * that the link is shared by weight whatever asked for the copy: a pin, a
- * prefetch, a drain.
+ * The VRAM link.  Per direction, at most as many copies as the backend runs
+ * at once (VramBackend.depth) are with it; the others wait in
+ * Manager.vram_waiting ordered by fair tags (fairq.h, per-job flows by
+ * weight, the same credit as the NVMe queue), so that the link is shared by
+ * weight whatever asked for the copy: a pin, a prefetch, a drain.
  */
-#define VRAM_LINK_DEPTH 2
 #define VRAM_FAIR_CREDIT (64ull << 20)
 
+static unsigned vram_depth(const Manager *m) {
+        return MAX(m->vram->depth, 1u);
+}
+
 static int vram_link_start(Manager *m, Xfer *x) {
+        int d = (int) x->vcopy.dir;
         int r = m->vram->ops->copy(m->vram, &x->vcopy);
 
         if (r < 0)
                 return r;
-        m->vram_active++;
-        m->vram_vtime = MAX(m->vram_vtime, x->vtag);
+        m->vram_active[d]++;
+        m->vram_vtime[d] = MAX(m->vram_vtime[d], x->vtag);
         return 0;
 }
 
-/* Start waiting copies while the link has room; one that cannot start fails its transfer. */
-static void vram_link_dispatch(Manager *m) {
-        while (m->vram_active < VRAM_LINK_DEPTH && !list_empty(&m->vram_waiting)) {
-                Xfer *x = list_entry(m->vram_waiting.next, Xfer, vlink);
+/* Start waiting copies while direction @d has room; one that cannot start fails its transfer. */
+static void vram_link_dispatch(Manager *m, int d) {
+        while (m->vram_active[d] < vram_depth(m) && !list_empty(&m->vram_waiting[d])) {
+                Xfer *x = list_entry(m->vram_waiting[d].next, Xfer, vlink);
                 int r;
 
                 list_del(&x->vlink);
@@ -469,6 +472,7 @@ static void xfer_vram_done(VramCopy *vc) {
         Xfer *x = container_of(vc, Xfer, vcopy);
         Manager *m = x->manager;
         LinkDir d = x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
+        int dir = (int) vc->dir;        /* xfer_finish() frees vc */
 
         if (vc->result < 0) {
                 x->error = vc->result;
@@ -478,9 +482,9 @@ static void xfer_vram_done(VramCopy *vc) {
                 m->links[d].ops++;
                 x->tensor->job->link_bytes[d] += x->tensor->alloc_size;
         }
-        m->vram_active--;
+        m->vram_active[dir]--;
         xfer_finish(x);
-        vram_link_dispatch(m);
+        vram_link_dispatch(m, dir);
 }
 
 /* Start moving @t's valid copy in @src into the reserved copy in @dst. */
@@ -561,20 +565,23 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                         .len = t->alloc_size,
                         .done = xfer_vram_done,
                 };
+                int d = (int) x->vcopy.dir;
+                FairFlow *flow = &t->job->vram_flow[d], before = *flow;
+
                 list_init(&x->vlink);
-                x->vtag = fair_tag(&t->job->vram_flow, m->vram_vtime, t->alloc_size, t->job->weight,
-                                   VRAM_FAIR_CREDIT);
-                if (m->vram_active < VRAM_LINK_DEPTH && list_empty(&m->vram_waiting)) {
+                x->vtag = fair_tag(flow, m->vram_vtime[d], t->alloc_size, t->job->weight, VRAM_FAIR_CREDIT);
+                if (m->vram_active[d] < vram_depth(m) && list_empty(&m->vram_waiting[d])) {
                         r = vram_link_start(m, x);
                         if (r < 0) {
+                                *flow = before;         /* nothing moved: nothing to charge */
                                 free(x);
                                 return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
                         }
                 } else {
                         /* by tag, after those with the same or a smaller one */
-                        List *pos = &m->vram_waiting;
+                        List *pos = &m->vram_waiting[d];
 
-                        while (pos->prev != &m->vram_waiting && list_entry(pos->prev, Xfer, vlink)->vtag > x->vtag)
+                        while (pos->prev != &m->vram_waiting[d] && list_entry(pos->prev, Xfer, vlink)->vtag > x->vtag)
                                 pos = pos->prev;
                         list_add_tail(pos, &x->vlink);
                 }

@@ -107,7 +107,7 @@ struct Job {
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
         double vtime;           /* fair-share virtual time: bytes served / weight */
         FairFlow nvme_flow;     /* its place in the NVMe queue (uring.c) */
-        FairFlow vram_flow;     /* and in the VRAM link's (mover.c) */
+        FairFlow vram_flow[2];  /* and in the VRAM link's, per VramDir (mover.c) */
         unsigned sched_inflight[2]; /* transfers the scheduler started for it, per SCHED_LINK_* */
         uint64_t link_bytes[4]; /* bytes moved for this job, per LinkDir */
 };

@@ -22,27 +22,33 @@
  *
  * Transfers (timeline).  Every pass collects candidates: the accesses of
  * the next phase not pinned yet, and the accesses of the phases after it
- * (one cycle ahead) whose tensor is not in the needed tier.  Each gets the
- * predicted start of its phase as a deadline.  Candidates are issued
- * earliest deadline first, at most a few per link at a time (so that the
- * link's bandwidth goes to the earliest deadline instead of being split);
- * when deadlines collide (all within a short window, as when a link is
- * saturated) the job with the smallest virtual time wins and is charged
- * bytes / weight: start-time fair queuing by the weights of the quotas.
- * A prefetch only evicts copies whose next use is later than its own
- * deadline (Belady's rule, exact here because the future is known); when
- * no such victim exists it is not issued now and is retried on the next
- * pass.  When VRAM is full for a far access, the tensor is staged in host
- * memory instead, so the NVMe hop of the chain happens early and the
- * host->VRAM hop later.
+ * whose tensor is not in the needed tier, as far ahead as the job's
+ * working set fits its limits (plan_window(): further would only be
+ * evicted again before its use).  Each gets the predicted start of its
+ * phase as a deadline.  Candidates are issued earliest deadline first, at
+ * most a few per job and link at a time (so that the link's bandwidth goes
+ * to the earliest deadline instead of being split); when deadlines collide
+ * (all within a short window, as when a link is saturated) the job with the
+ * smallest virtual time wins and is charged bytes / weight.  Below, each
+ * link has a fair queue by weight (uring.c, mover.c), so that drains and
+ * demand transfers are shared by weight too.  A prefetch only evicts copies
+ * whose next use is later than its own deadline (Belady's rule, exact here
+ * because the future is known), farthest first, weighed by the cost of
+ * dropping (a sole copy costs a write and a read back); when no such victim
+ * exists it is not issued now and is retried when something moves.  When
+ * VRAM is full for a far access, the tensor is staged in host memory
+ * instead, so the NVMe hop of the chain happens early and the host->VRAM
+ * hop later.  What a plan overwrites next without reading is dead: its
+ * copies are dropped when its last reader is done (plan_drop_dead()).
  *
- * Write-behind (timeline).  For each tier, the bytes the next cycle will
- * bring in beyond the free space are matched against the copies Belady
- * would evict for them; those that are the sole copy (dirty) are written
- * down now, in the background, so that their eviction later is a free
- * drop.  Clean copies are always dropped without I/O.  Copies that will be
- * used again before they would be evicted are never written early, so the
- * timeline never writes more than LRU does.
+ * Write-behind (timeline).  For each tier, the bytes the prefetch window
+ * (and the phase after it) will bring in beyond the free space are matched
+ * against the copies Belady would evict for them; those that are the sole
+ * copy (dirty) are written down now, in the background, so that their
+ * eviction later is a free drop: towards NVMe only while it is idle, one at
+ * a time, since a write in front of a read with a deadline costs a whole
+ * transfer.  Clean copies are always dropped without I/O.  Copies that will
+ * be used again before they would be evicted are never written early.
  *
  * ondemand drops (writing down when dirty) everything a phase used as soon
  * as the next marker arrives; lru keeps copies until space is needed and
@@ -127,7 +133,7 @@ typedef struct PlanPriv {
         HoldState hs[2];
         uint32_t max_acc;
         uint64_t *pred;         /* predicted start of phase cur+n, n = 0..P */
-        uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) window */
+        uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) / both together (bit 2) window */
         uint32_t window[2];     /* phases ahead whose working set fits vram / host (plan_window) */
         uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
 } PlanPriv;
@@ -253,7 +259,9 @@ static uint8_t next_access_mode(Plan *p, Tensor *t, uint32_t from, bool inclusiv
 bool sched_next_access_overwrites(Tensor *t) {
         Plan *p = t->plan;
 
-        if (!p || p->manager->config.sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX)
+        /* only what one plan alone names: another plan may read it meanwhile */
+        if (!p || p->manager->config.sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX ||
+            t->plan_refs != 1)
                 return false;
         /* the first phase after the current one that touches it, in any tier */
         return next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
@@ -794,8 +802,9 @@ static void plan_window(Plan *p) {
                         PlanAcc *a = &ph->acc[i];
                         uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
 
-                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM))
-                                bits |= 2;
+                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM) &&
+                            !tensor_is_blank(a->tensor))
+                                bits |= 2;      /* staged through host (zeros are filled in place) */
                         for (int c = 0; c < 2; c++)
                                 if (open[c] && ((bits & ~pp->wmark[a->slot]) & (1u << c))) {
                                         pp->wmark[a->slot] |= (uint8_t) (1u << c);
@@ -907,6 +916,8 @@ static void write_behind(Manager *m, Plan *p) {
                                         slot_take(j, link);
                                         if (sched_trace)
                                                 sched_trace("clean", t, tier, 0);
+                                        if (tier == TIER_HOST)
+                                                break;  /* one at a time: a read arriving waits for one write at most */
                                 }
                         }
                 }
@@ -990,8 +1001,12 @@ void sched_run(Manager *m) {
         }
 
         if (policy(m) == SCHED_POLICY_TIMELINE)
-                list_for_each_safe(node, tmp, &plans)
-                        write_behind(m, list_entry(node, Plan, link));
+                list_for_each_safe(node, tmp, &plans) {
+                        Plan *p = list_entry(node, Plan, link);
+
+                        if (!p->page->daemon.error)
+                                write_behind(m, p);
+                }
         free(cands);
         in_run = false;
 }

@@ -857,6 +857,7 @@ int vram_cuda_new(const Config *c, sd_event *event, VramBackend **ret, char **re
         if (!v)
                 return -ENOMEM;
         v->base.ops = &cuda_ops;
+        v->base.depth = CUDA_STREAMS_PER_DIR;
         v->base.numa_node = -1;
         v->efd = -1;
         v->todo_tail = &v->todo_head;

@@ -210,6 +210,7 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
                 return -ENOMEM;
         e->base.ops = &emul_ops;
         e->base.emulated = true;
+        e->base.depth = 1;      /* one mover thread */
         e->base.numa_node = -1;
         e->bandwidth = c->vram_bandwidth;
         e->efd = -1;

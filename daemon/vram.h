@@ -52,6 +52,7 @@ struct VramBackend {
         const VramBackendOps *ops;
         SegPool pool;           /* chunks handed to jobs */
         bool emulated;
+        unsigned depth;         /* copies per direction it runs at once (more only queue behind them) */
         int numa_node;          /* NUMA node of the device, -1: unknown or none */
         char device[32];        /* PCI bus id of the device ("" when emulated), told to clients */
         char description[192];  /* for status and logs */

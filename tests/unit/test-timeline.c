@@ -549,6 +549,44 @@ static void test_dead_bytes(void **state) {
         finish(m, j, c, p);
 }
 
+/* ---- a tensor two plans name is never dead: the other plan may read it --------------------- */
+
+static void test_shared_not_dead(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *a, *sh;
+        Job *j;
+        Conn *c1, *c2;
+        Plan *p1, *p2;
+        char err[256];
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        sh = tensor(j, "S", MiB);
+        make_on_nvme(m, sh);
+        {
+                /* rank 1 overwrites S in its phase 1; rank 2 reads it */
+                Acc acc1[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, sh, TIER_HOST, PLAN_WRITE } };
+                Acc acc2[] = { { 0, sh, TIER_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc1, 2, 2, &p1, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, acc2, 1, 1, &p2, err, sizeof(err)), 0);
+        }
+        assert_int_equal(sh->plan_refs, 2);
+        set_durations(p1, 100);
+        marker(m, p1, 0);
+        /* rank 1's next access writes S, but rank 2 reads it: it is not dead */
+        assert_false(sched_next_access_overwrites(sh));
+        marker(m, p1, 1);
+        marker(m, p1, 0);       /* S released by rank 1's phase 1 */
+        assert_false(sh->dead);
+        assert_true(tensor_valid_tier(sh, TIER_NVME) >= 0);
+        plan_free(p2);
+        free(c2);
+        finish(m, j, c1, p1);
+}
+
 /* ---- quotas: a plan that cannot run within them is refused up front ------------------------- */
 
 static void test_quota_respect(void **state) {
@@ -665,6 +703,7 @@ int main(void) {
                 cmocka_unit_test(test_prefetch_window),
                 cmocka_unit_test(test_write_behind),
                 cmocka_unit_test(test_dead_bytes),
+                cmocka_unit_test(test_shared_not_dead),
                 cmocka_unit_test(test_quota_respect),
                 cmocka_unit_test(test_weighted_sharing),
         };
