@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "daemon/list.h"
 #include "proto/macro.h"
 
 /*
@@ -25,4 +26,17 @@ static inline double fair_tag(FairFlow *f, double vtime, uint64_t len, unsigned 
 
         f->finish = tag + (double) len / w;
         return tag;
+}
+
+/*
+ * Put @node (tag @tag) into @head, a list ordered by tag: after those with the
+ * same or a smaller tag (first come, first served among equals).  @tag_of
+ * reads a queued node's tag.  The newest usually goes last: walk from the tail.
+ */
+static inline void fair_insert(List *head, List *node, double tag, double (*tag_of)(const List *n)) {
+        List *pos = head;
+
+        while (pos->prev != head && tag_of(pos->prev) > tag)
+                pos = pos->prev;
+        list_add_tail(pos, node);
 }

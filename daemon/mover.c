@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/fairq.h"
 #include "daemon/log.h"
 #include "daemon/manager.h"
 #include "daemon/mover.h"
@@ -437,6 +438,10 @@ static void xfer_part_done(UringReq *req, int res) {
  */
 #define VRAM_FAIR_CREDIT (64ull << 20)
 
+static double xfer_vtag(const List *n) {
+        return list_entry(n, const Xfer, vlink)->vtag;
+}
+
 static unsigned vram_depth(const Manager *m) {
         return MAX(m->vram->depth, 1u);
 }
@@ -577,14 +582,8 @@ static int xfer_start(Op *op, Tensor *t, int src, int dst) {
                                 free(x);
                                 return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
                         }
-                } else {
-                        /* by tag, after those with the same or a smaller one */
-                        List *pos = &m->vram_waiting[d];
-
-                        while (pos->prev != &m->vram_waiting[d] && list_entry(pos->prev, Xfer, vlink)->vtag > x->vtag)
-                                pos = pos->prev;
-                        list_add_tail(pos, &x->vlink);
-                }
+                } else
+                        fair_insert(&m->vram_waiting[d], &x->vlink, x->vtag, xfer_vtag);
                 t->xfer = x;
                 m->n_xfers++;
         }

@@ -56,14 +56,12 @@ struct Uring {
         uint64_t credit;        /* FAIR_CREDIT_DEFAULT, or uring_set_fair_credit() */
 };
 
-/* Put @req into the pending list by its tag, after those with the same or a smaller one. */
-static void pending_insert(Uring *u, UringReq *req) {
-        List *pos = &u->pending;
+static double req_tag(const List *n) {
+        return list_entry(n, const UringReq, link)->tag;
+}
 
-        /* usually the last: walk from the tail */
-        while (pos->prev != &u->pending && list_entry(pos->prev, UringReq, link)->tag > req->tag)
-                pos = pos->prev;
-        list_add_tail(pos, &req->link);
+static void pending_insert(Uring *u, UringReq *req) {
+        fair_insert(&u->pending, &req->link, req->tag, req_tag);
 }
 
 static void uring_complete(Uring *u, UringReq *req, int res) {
