@@ -382,6 +382,89 @@ static void test_vram_link_fair_order(void **state) {
         manager_free(m);
 }
 
+/* ---- a queued VRAM copy that cannot start fails its op, and the link's books stay right ------ */
+
+static const VramBackendOps *real_ops;
+static unsigned copies_allowed;
+
+static int copy_or_fail(VramBackend *b, VramCopy *c) {
+        if (copies_allowed == 0)
+                return -EIO;
+        copies_allowed--;
+        return real_ops->copy(b, c);
+}
+
+typedef struct Outcome {
+        int done, status;
+        char error[128];
+} Outcome;
+
+static void on_outcome(Op *op, int status, const char *error) {
+        Outcome *o = op->userdata;
+
+        o->done++;
+        o->status = status;
+        snprintf(o->error, sizeof(o->error), "%s", error ? error : "");
+}
+
+static void test_vram_link_start_failure(void **state) {
+        Manager *m = new_manager();
+        VramBackendOps ops;
+        Outcome out[4] = {};
+        Tensor *t[4];
+        Job *j;
+        Result r;
+        char name[16];
+        int done = 0;
+
+        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        for (int i = 0; i < 4; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                assert_int_equal(tensor_new(j, name, 64 * 1024, &t[i]), 0);
+                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
+                run_until(m, &r);
+                write_host(t[i], (uint8_t) (i + 1));
+                assert_int_equal(tensor_unpin(t[i], TIER_HOST, true), 0);
+        }
+        /* the first copy starts; the backend refuses the three that waited behind it */
+        real_ops = m->vram->ops;
+        ops = *real_ops;
+        ops.copy = copy_or_fail;
+        m->vram->ops = &ops;
+        copies_allowed = 1;
+        for (int i = 0; i < 4; i++)
+                assert_int_equal(op_submit(m, OP_PIN, t[i], TIER_VRAM, on_outcome, NULL, &out[i], NULL), 0);
+        for (int i = 0; i < 2000 && done < 4; i++) {
+                assert_true(sd_event_run(m->event, 1000) >= 0);
+                done = out[0].done + out[1].done + out[2].done + out[3].done;
+        }
+        assert_int_equal(done, 4);
+        assert_int_equal(out[0].status, 0);
+        for (int i = 1; i < 4; i++) {
+                assert_int_equal(out[i].status, -EIO);
+                assert_non_null(strstr(out[i].error, "cannot start VRAM copy"));
+                assert_false(copy_valid(t[i], TIER_VRAM));
+                assert_true(copy_valid(t[i], TIER_HOST));       /* the data is still there */
+        }
+        assert_int_equal(m->vram_active[VRAM_TO_DEVICE], 0);
+        assert_true(list_empty(&m->vram_waiting[VRAM_TO_DEVICE]));
+        assert_int_equal(m->n_xfers, 0);
+        /* the VRAM the failed copies had reserved is free again: they go through now */
+        copies_allowed = 3;
+        for (int i = 1; i < 4; i++) {
+                assert_int_equal(submit(m, OP_PIN, t[i], TIER_VRAM, &r), 0);
+                run_until(m, &r);
+                assert_int_equal(r.status, 0);
+                assert_int_equal(((uint8_t *) t[i]->copy[TIER_VRAM].seg->map + t[i]->copy[TIER_VRAM].offset)[7],
+                                 i + 1);
+        }
+        m->vram->ops = real_ops;
+        for (int i = 0; i < 4; i++)
+                assert_int_equal(tensor_unpin(t[i], TIER_VRAM, false), 0);
+        job_destroy(j);
+        manager_free(m);
+}
+
 static void test_crc_mismatch_is_an_error(void **state) {
         Manager *m = new_manager();
         Result r;
@@ -416,6 +499,7 @@ int main(void) {
                 cmocka_unit_test(test_lru_victim_and_drain),
                 cmocka_unit_test(test_vram_chain_and_async_reserve),
                 cmocka_unit_test(test_vram_link_fair_order),
+                cmocka_unit_test(test_vram_link_start_failure),
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
         };
         char cmd[128];
