@@ -30,7 +30,7 @@ struct UringReq {
         FairFlow *flow;         /* NULL: served at the current virtual time (no share) */
         unsigned weight;        /* the flow's weight (0 counts as 1) */
         double tag;             /* virtual start time, set by uring_queue() */
-        bool tagged;
+        bool tagged;            /* tag set: a new request starts with this false (zeroed struct) */
         UringOp op;
         unsigned file_index;    /* registered file */
         int buf_index;          /* registered buffer, or -1 for a plain buffer */
