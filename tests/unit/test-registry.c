@@ -89,6 +89,17 @@ static void write_host(Tensor *t, uint8_t v) {
         memset((uint8_t *) c->seg->map + c->offset, v, t->size);
 }
 
+/* Give @t data: pinned in host, every byte set to @v, unpinned dirty (its sole copy is in host). */
+static void host_data(Manager *m, Tensor *t, uint8_t v) {
+        Result r;
+
+        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        write_host(t, v);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+}
+
 static uint8_t read_host(Tensor *t, uint64_t off) {
         Copy *c = &t->copy[TIER_HOST];
 
@@ -283,10 +294,7 @@ static void test_vram_chain_and_async_reserve(void **state) {
 
         assert_int_equal(job_new(m, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
-        run_until(m, &r);
-        write_host(t, 0x77);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        host_data(m, t, 0x77);
         assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
         run_until(m, &r);
 
@@ -337,7 +345,6 @@ static void test_vram_link_fair_order(void **state) {
         Manager *m = new_manager();
         Tensor *ta[6], *tb[12];
         Job *a, *b;
-        Result r;
         char name[16];
 
         memset(vram_order, 0, sizeof(vram_order));
@@ -352,10 +359,7 @@ static void test_vram_link_fair_order(void **state) {
 
                 snprintf(name, sizeof(name), "t%d", i);
                 assert_int_equal(tensor_new(i < 6 ? a : b, name, 64 * 1024, t), 0);
-                assert_int_equal(submit(m, OP_PIN, *t, TIER_HOST, &r), 0);
-                run_until(m, &r);
-                write_host(*t, (uint8_t) i);
-                assert_int_equal(tensor_unpin(*t, TIER_HOST, true), 0);
+                host_data(m, *t, (uint8_t) i);
         }
         /* all at once: A's six, then B's twelve */
         for (int i = 0; i < 6; i++)
@@ -421,10 +425,7 @@ static void test_vram_link_start_failure(void **state) {
         for (int i = 0; i < 4; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
                 assert_int_equal(tensor_new(j, name, 64 * 1024, &t[i]), 0);
-                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
-                run_until(m, &r);
-                write_host(t[i], (uint8_t) (i + 1));
-                assert_int_equal(tensor_unpin(t[i], TIER_HOST, true), 0);
+                host_data(m, t[i], (uint8_t) (i + 1));
         }
         /* the first copy starts; the backend refuses the three that waited behind it */
         real_ops = m->vram->ops;
@@ -473,10 +474,7 @@ static void test_crc_mismatch_is_an_error(void **state) {
 
         assert_int_equal(job_new(m, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
-        run_until(m, &r);
-        write_host(t, 0x33);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        host_data(m, t, 0x33);
         assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
         run_until(m, &r);
 
