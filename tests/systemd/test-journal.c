@@ -216,7 +216,7 @@ static void test_journal_fields(void **state) {
         printf("---- start-up entry ----\n%s", e);
         assert_true(has_field(e, "PRIORITY=6"));
         assert_true(has_field(e, "SYSLOG_IDENTIFIER=tierd"));
-        assert_true(has_field(e, "CODE_FILE=daemon/main.c"));
+        assert_true(has_field(e, "CODE_FILE=daemon/core/main.c"));
         assert_true(has_field(e, "CODE_LINE=*"));
         assert_true(has_field(e, "CODE_FUNC=run"));
         /* the caller's location only, not also log.c's */
@@ -241,7 +241,7 @@ static void test_journal_fields(void **state) {
         assert_true(has_field(e, "TIERD_TIER=host"));
         assert_false(has_field(e, "TIERD_TENSOR=*"));
         assert_true(has_field(e, "PRIORITY=6"));
-        assert_true(has_field(e, "CODE_FILE=daemon/reload.c"));
+        assert_true(has_field(e, "CODE_FILE=daemon/core/reload.c"));
         assert_int_equal(count_key(e, "CODE_FILE"), 1);
 
         /* a refused reload is an error (PRIORITY=3) */

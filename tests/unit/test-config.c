@@ -14,7 +14,7 @@
 #include <syslog.h>
 #include <cmocka.h>
 
-#include "daemon/config.h"
+#include "daemon/base/config.h"
 #include "proto/macro.h"
 
 #define KIB UINT64_C(1024)

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "daemon/extent.h"
+#include "daemon/tiers/extent.h"
 #include "proto/macro.h"
 
 static void extent_alloc_deinitp(ExtentAlloc *a) {

@@ -13,12 +13,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "daemon/config.h"
-#include "daemon/manager.h"
-#include "daemon/mover.h"
-#include "daemon/registry.h"
-#include "daemon/vram.h"
-#include "daemon/tier-nvme.h"
+#include "daemon/base/config.h"
+#include "daemon/core/manager.h"
+#include "daemon/engine/mover.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/vram.h"
+#include "daemon/tiers/tier-nvme.h"
 #include "proto/fence.h"
 
 #define MiB (1024ull * 1024ull)

@@ -13,12 +13,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "daemon/config.h"
-#include "daemon/manager.h"
-#include "daemon/mover.h"
-#include "daemon/registry.h"
-#include "daemon/server.h"
-#include "daemon/timeline.h"
+#include "daemon/base/config.h"
+#include "daemon/core/manager.h"
+#include "daemon/engine/mover.h"
+#include "daemon/state/registry.h"
+#include "daemon/ipc/server.h"
+#include "daemon/sched/timeline.h"
 #include "proto/plan.h"
 #include "tier.pb-c.h"
 

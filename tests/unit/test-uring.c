@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/uring.h"
+#include "daemon/tiers/uring.h"
 
 #define KiB 1024u
 #define REQ (64u * KiB)

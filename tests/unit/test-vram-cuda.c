@@ -29,11 +29,11 @@
 #include <cmocka.h>
 
 #include "client/client-cuda.h"
-#include "daemon/config.h"
-#include "daemon/memfd-seg.h"
-#include "daemon/segpool.h"
-#include "daemon/vram-cuda.h"
-#include "daemon/vram.h"
+#include "daemon/base/config.h"
+#include "daemon/tiers/memfd-seg.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/vram-cuda.h"
+#include "daemon/tiers/vram.h"
 #include "proto/cudrv.h"
 #include "proto/macro.h"
 #include "tests/helpers/fake-cuda.h"

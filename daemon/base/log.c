@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/* log.c: logging to the journal (structured fields) or to stderr. */
+
+/*
+ * Theory of operation: one process-wide sink chosen at start-up.  Under
+ * systemd (standard error connected to the journal, see log_setup(), or
+ * --log-target=journal) messages go to the journal as native entries with
+ * PRIORITY=, CODE_FILE=, CODE_LINE=, CODE_FUNC=, SYSLOG_IDENTIFIER=, ERRNO=
+ * and any TIERD_* fields the caller passes (log_fields() with a constant
+ * list, log_job()/log_tensor()/log_tier() with names known at run time).
+ * Otherwise one line per message goes to standard error.  When the journal
+ * cannot be reached the message goes to standard error instead of being
+ * lost.  Logging never changes errno and never fails the caller.
+ *
+ * Everything runs on the event loop thread except messages of the emulated
+ * VRAM mover thread; the sink and the level are plain ints set before that
+ * thread starts (the level may change on reload, a benign race).
+ */
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+/* sd_journal_sendv() would add CODE_FILE= etc. of this file: we send the caller's */
+#define SD_JOURNAL_SUPPRESS_LOCATION
+#include <systemd/sd-journal.h>
+
+#include "daemon/base/log.h"
+
+static int log_max_level = LOG_INFO;
+static LogTarget log_target = LOG_TARGET_STDERR;
+
+static const char *const level_names[] = {
+        [LOG_EMERG] = "emerg", [LOG_ALERT] = "alert", [LOG_CRIT] = "crit",
+        [LOG_ERR] = "err", [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
+        [LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+};
+
+/*
+ * Is standard error the journal stream systemd set up?  $JOURNAL_STREAM is
+ * "DEVICE:INODE" of that stream; a child whose stderr was redirected still
+ * inherits the variable, hence the comparison (as systemd's own log.c does).
+ */
+static bool stderr_is_journal(void) {
+        const char *e = getenv("JOURNAL_STREAM");
+        uintmax_t dev, ino;
+        struct stat st;
+
+        if (!e || sscanf(e, "%ju:%ju", &dev, &ino) != 2)
+                return false;
+        if (fstat(STDERR_FILENO, &st) < 0)
+                return false;
+        return (uintmax_t) st.st_dev == dev && (uintmax_t) st.st_ino == ino;
+}
+
+void log_setup(LogTarget target) {
+        if (target == LOG_TARGET_AUTO)
+                target = stderr_is_journal() ? LOG_TARGET_JOURNAL : LOG_TARGET_STDERR;
+        log_target = target;
+}
+
+void log_set_level(int level) {
+        log_max_level = level;
+}
+
+int log_get_level(void) {
+        return log_max_level;
+}
+
+LogTarget log_target_from_string(const char *s) {
+        if (!s)
+                return _LOG_TARGET_INVALID;
+        if (strcmp(s, "auto") == 0)
+                return LOG_TARGET_AUTO;
+        if (strcmp(s, "journal") == 0)
+                return LOG_TARGET_JOURNAL;
+        if (strcmp(s, "stderr") == 0)
+                return LOG_TARGET_STDERR;
+        return _LOG_TARGET_INVALID;
+}
+
+int log_level_from_string(const char *s) {
+        if (!s)
+                return -EINVAL;
+        for (size_t i = 0; i < ELEMENTSOF(level_names); i++)
+                if (level_names[i] && strcmp(level_names[i], s) == 0)
+                        return (int) i;
+        if (strcmp(s, "error") == 0)
+                return LOG_ERR;
+        return -EINVAL;
+}
+
+const char *log_level_to_string(int level) {
+        if (level < 0 || (size_t) level >= ELEMENTSOF(level_names))
+                return "?";
+        return level_names[level];
+}
+
+/*
+ * CODE_FILE= relative to the source tree ("daemon/mover.c"), whatever path
+ * the build passed to the compiler ("../daemon/mover.c" from a build
+ * directory inside the tree, or longer from one outside it).
+ */
+static const char *code_file(const char *file) {
+        const char *best = file;
+
+        for (const char *p = file; (p = strstr(p, "daemon/")); p++)
+                if (p == file || p[-1] == '/')
+                        best = p;
+        return best;
+}
+
+/* Most iovecs of one journal entry: the fixed fields plus the caller's. */
+#define LOG_IOV_MAX 24
+
+static int log_fullv(int level, int error, const char *file, int line, const char *func,
+                     const char *fields, const char *fmt, va_list ap) _printf_(7, 0);
+
+static int log_fullv(int level, int error, const char *file, int line, const char *func,
+                     const char *fields, const char *fmt, va_list ap) {
+        int saved = errno;
+        char msg[2048];
+
+        errno = error;  /* so %m prints the caller's error */
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+
+        if (log_target == LOG_TARGET_JOURNAL) {
+                struct iovec iov[LOG_IOV_MAX];
+                char prio[32], cfile[256], cline[32], cfunc[128], cerr[32];
+                char msgfield[sizeof(msg) + 8];
+                size_t n = 0;
+
+                snprintf(msgfield, sizeof(msgfield), "MESSAGE=%s", msg);
+                snprintf(prio, sizeof(prio), "PRIORITY=%d", level);
+                snprintf(cfile, sizeof(cfile), "CODE_FILE=%s", code_file(file));
+                snprintf(cline, sizeof(cline), "CODE_LINE=%d", line);
+                snprintf(cfunc, sizeof(cfunc), "CODE_FUNC=%s", func);
+                iov[n++] = (struct iovec) { msgfield, strlen(msgfield) };
+                iov[n++] = (struct iovec) { prio, strlen(prio) };
+                iov[n++] = (struct iovec) { cfile, strlen(cfile) };
+                iov[n++] = (struct iovec) { cline, strlen(cline) };
+                iov[n++] = (struct iovec) { cfunc, strlen(cfunc) };
+                iov[n++] = (struct iovec) { (void *) "SYSLOG_IDENTIFIER=tierd", 23 };
+                if (error > 0) {
+                        snprintf(cerr, sizeof(cerr), "ERRNO=%d", error);
+                        iov[n++] = (struct iovec) { cerr, strlen(cerr) };
+                }
+                for (const char *f = fields; f && *f && n < ELEMENTSOF(iov); f += strlen(f) + 1)
+                        iov[n++] = (struct iovec) { (void *) f, strlen(f) };
+                if (sd_journal_sendv(iov, (int) n) >= 0)
+                        goto out;
+                /* journal unreachable: fall through to stderr */
+        }
+
+        fprintf(stderr, "tierd[%s]: %s\n", log_level_to_string(level), msg);
+out:
+        errno = saved;
+        return -error;
+}
+
+int log_full(int level, int error, const char *file, int line, const char *func,
+             const char *fields, const char *fmt, ...) {
+        va_list ap;
+        int r;
+
+        if (level > log_max_level)
+                return -error;
+        va_start(ap, fmt);
+        r = log_fullv(level, error, file, line, func, fields, fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* Append "KEY=VALUE\0" to @buf (NUL-separated list) if @value is set; truncates long values. */
+static size_t field_append(char *buf, size_t size, size_t used, const char *key, const char *value) {
+        int n;
+
+        if (!value || used + 1 >= size)
+                return used;
+        n = snprintf(buf + used, size - used - 1, "%s=%s", key, value);
+        if (n < 0)
+                return used;
+        used += MIN((size_t) n, size - used - 2) + 1;
+        buf[used - 1] = '\0';
+        return used;
+}
+
+int log_object_full(int level, int error, const char *file, int line, const char *func,
+                    const char *job, const char *tensor, const char *tier, const char *fmt, ...) {
+        /* names are limited by [limits] max_name (at most 4096): room for three and the keys */
+        char fields[3 * 1024];
+        size_t used = 0;
+        va_list ap;
+        int r;
+
+        if (level > log_max_level)
+                return -error;
+        if (log_target == LOG_TARGET_JOURNAL) {
+                used = field_append(fields, sizeof(fields), used, "TIERD_JOB", job);
+                used = field_append(fields, sizeof(fields), used, "TIERD_TENSOR", tensor);
+                used = field_append(fields, sizeof(fields), used, "TIERD_TIER", tier);
+        }
+        fields[used] = '\0';   /* the list ends with an empty string */
+        va_start(ap, fmt);
+        r = log_fullv(level, error, file, line, func, fields, fmt, ap);
+        va_end(ap);
+        return r;
+}

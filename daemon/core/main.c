@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+/* main.c: tierd's entry point: arguments, config, inherited fds, the loop. */
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/core/manager.h"
+#include "daemon/core/reload.h"
+#include "daemon/ipc/server.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+
+static const char *arg_config = NULL;
+static const char *arg_socket = NULL;
+static const char *arg_state_dir = NULL;
+static LogTarget arg_log_target = LOG_TARGET_AUTO;
+static int arg_log_level = -1;
+static bool arg_check_config = false;
+
+static void help(void) {
+        printf("Usage: tierd [OPTIONS]\n\n"
+               "Manage GPU memory, pinned host memory and NVMe as one memory hierarchy\n"
+               "for training jobs, shared between jobs.  See tierd(8).\n\n"
+               "  -c --config FILE        configuration file (default %s)\n"
+               "  -s --socket PATH        listening socket (overrides [daemon] socket)\n"
+               "  -S --state-dir DIR      state directory (overrides [daemon] state_dir)\n"
+               "     --log-target TARGET  auto, journal or stderr\n"
+               "     --log-level LEVEL    err, warning, notice, info or debug\n"
+               "     --check-config       validate the configuration, print it and exit\n"
+               "  -h --help               show this help\n"
+               "     --version            show the version\n",
+               TIERD_DEFAULT_CONFIG);
+}
+
+enum {
+        ARG_VERSION = 0x100,
+        ARG_LOG_TARGET,
+        ARG_LOG_LEVEL,
+        ARG_CHECK_CONFIG,
+};
+
+/* 0 to go on, > 0 to exit successfully, < 0 on a usage error (message printed). */
+static int parse_argv(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "config", required_argument, NULL, 'c' },
+                { "socket", required_argument, NULL, 's' },
+                { "state-dir", required_argument, NULL, 'S' },
+                { "log-target", required_argument, NULL, ARG_LOG_TARGET },
+                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                { "check-config", no_argument, NULL, ARG_CHECK_CONFIG },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                {}
+        };
+        int c;
+
+        while ((c = getopt_long(argc, argv, "c:s:S:h", options, NULL)) >= 0) {
+                switch (c) {
+                case 'c':
+                        arg_config = optarg;
+                        break;
+                case 's':
+                        arg_socket = optarg;
+                        break;
+                case 'S':
+                        arg_state_dir = optarg;
+                        break;
+                case ARG_LOG_TARGET:
+                        arg_log_target = log_target_from_string(optarg);
+                        if (arg_log_target < 0) {
+                                fprintf(stderr, "tierd: invalid --log-target '%s' (auto, journal, stderr)\n", optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_LOG_LEVEL:
+                        arg_log_level = log_level_from_string(optarg);
+                        if (arg_log_level < 0) {
+                                fprintf(stderr, "tierd: invalid --log-level '%s' (err, warning, notice, info, debug)\n",
+                                        optarg);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_CHECK_CONFIG:
+                        arg_check_config = true;
+                        break;
+                case 'h':
+                        help();
+                        return 1;
+                case ARG_VERSION:
+                        printf("tierd %s\n", TIERD_VERSION);
+                        return 1;
+                default:
+                        fprintf(stderr, "Try 'tierd --help'.\n");
+                        return -EINVAL;
+                }
+        }
+        if (optind < argc) {
+                fprintf(stderr, "tierd: unexpected argument '%s' (try --help)\n", argv[optind]);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static void print_config(const Config *c) {
+        printf("[daemon]\nsocket = %s\nstate_dir = %s\nlog_level = %s\nlinger_sec = %" PRIu64 "\n"
+               "max_connections = %u\nmax_connections_per_uid = %u\n\n",
+               c->socket_path, c->state_dir, log_level_to_string(c->log_level), c->linger_usec / 1000000,
+               c->max_connections, c->max_connections_per_uid);
+        printf("[limits]\nmax_message = %u\nmax_tensors = %u\nmax_inflight = %u\nmax_name = %u\n\n",
+               c->max_message, c->max_tensors, c->max_inflight, c->max_name);
+        printf("[host]\ncapacity = %" PRIu64 "\nsegment_size = %" PRIu64 "\n", c->host_capacity, c->host_segment_size);
+        if (c->numa_node < 0)
+                printf("numa_node = auto\n");
+        else
+                printf("numa_node = %d\n", c->numa_node);
+        printf("job_limit = %" PRIu64 "\n\n", c->host_job_limit);
+        printf("[vram]\nbackend = %s\ncapacity = %" PRIu64 "\nchunk_size = %" PRIu64 "\njob_limit = %" PRIu64
+               "\nbandwidth = %" PRIu64 "\n\n",
+               vram_backend_to_string(c->vram_backend), c->vram_capacity, c->vram_chunk_size, c->vram_job_limit,
+               c->vram_bandwidth);
+        printf("[nvme]\n");
+        for (size_t i = 0; i < c->n_targets; i++)
+                printf("target = %s:%" PRIu64 "\n", c->targets[i].path, c->targets[i].size);
+        printf("extent_size = %" PRIu64 "\nqueue_depth = %u\njob_limit = %" PRIu64 "\nbandwidth = %" PRIu64 "\n",
+               c->nvme_extent_size, c->nvme_queue_depth, c->nvme_job_limit, c->nvme_bandwidth);
+        printf("\n[sched]\npolicy = %s\ndefault_weight = %u\n", sched_policy_to_string(c->sched_policy),
+               c->default_weight);
+}
+
+/* Sent when run() returns after READY=1, whatever the path; a repeated STOPPING=1 is harmless. */
+static void notify_stopping(const char **p) {
+        if (*p)
+                (void) sd_notify(false, *p);
+}
+
+/*
+ * The listening socket passed by the service manager (LISTEN_FDS), if any:
+ * the first AF_UNIX SOCK_SEQPACKET listener.  Any other fd passed is closed
+ * with a warning, so none leaks into the daemon.  A single fd of the wrong
+ * type is returned anyway, for server_listen() to refuse with its reason.
+ * Returns the fd (owned by the caller), -1 for none, or -errno.
+ */
+static int inherit_listen_fd(void) {
+        char **names = NULL;
+        int n, fd = -1;
+
+        n = sd_listen_fds_with_names(true, &names);
+        if (n < 0)
+                return log_error_errno(n, "Cannot read the sockets passed by the service manager: %m");
+        for (int i = 0; i < n; i++)
+                if (fd < 0 && sd_is_socket_unix(SD_LISTEN_FDS_START + i, SOCK_SEQPACKET, 1, NULL, 0) > 0)
+                        fd = SD_LISTEN_FDS_START + i;
+        if (fd < 0 && n == 1)
+                fd = SD_LISTEN_FDS_START;
+        for (int i = 0; i < n; i++) {
+                if (SD_LISTEN_FDS_START + i != fd) {
+                        log_warning("Closing fd %d (\"%s\") passed by the service manager: not a listening "
+                                    "SOCK_SEQPACKET socket, or not the first one, ignoring",
+                                    SD_LISTEN_FDS_START + i, names && names[i] ? names[i] : "?");
+                        safe_close(SD_LISTEN_FDS_START + i);
+                }
+                if (names)
+                        free(names[i]);
+        }
+        free(names);
+        return fd;
+}
+
+/*
+ * Nothing that the parent left open (without CLOEXEC) stays with the daemon:
+ * it would pin files, sockets or pipes of whoever started us.  Runs first
+ * thing, before anything of ours (the journal connection) holds an fd.
+ */
+static void close_inherited_fds(void) {
+        int n = sd_listen_fds(false);
+        unsigned first = n > 0 ? (unsigned) (SD_LISTEN_FDS_START + n) : 3u;
+
+        if (close_range(first, ~0u, 0) < 0)
+                for (unsigned i = first; i < 4096; i++)
+                        (void) close((int) i);
+}
+
+/* The path a listening socket is bound to, for messages. */
+static const char *socket_path_of(int fd, char *buf, size_t size) {
+        struct sockaddr_un sa = {};
+        socklen_t l = sizeof(sa);
+
+        if (getsockname(fd, (struct sockaddr *) &sa, &l) < 0 || l <= offsetof(struct sockaddr_un, sun_path) ||
+            sa.sun_path[0] == '\0')
+                return "an inherited socket";
+        snprintf(buf, size, "%.*s (inherited)", (int) (l - offsetof(struct sockaddr_un, sun_path)), sa.sun_path);
+        return buf;
+}
+
+static int run(int argc, char *argv[]) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
+        _cleanup_free_ char *err = NULL;
+        ManagerArgs args;
+        Config config;
+        sigset_t ss;
+        int inherited, r;
+        char status[512], where[sizeof(((struct sockaddr_un *) NULL)->sun_path) + 16];
+
+        r = parse_argv(argc, argv);
+        if (r != 0)
+                return r > 0 ? EXIT_SUCCESS : 2;
+
+        log_setup(arg_log_target);
+
+        args = (ManagerArgs) {
+                .config_path = arg_config ? arg_config : TIERD_DEFAULT_CONFIG,
+                .config_must_exist = arg_config != NULL,
+                .socket_path = arg_socket,
+                .state_dir = arg_state_dir,
+                .log_level = arg_log_level,
+        };
+        r = manager_config_load(&args, &config, &err);
+        if (r < 0) {
+                log_error("%s", err ? err : strerror(-r));
+                return 1;
+        }
+        log_set_level(config.log_level);
+
+        if (arg_check_config) {
+                print_config(&config);
+                config_deinit(&config);
+                return EXIT_SUCCESS;
+        }
+
+        inherited = inherit_listen_fd();
+        if (inherited < -1) {
+                config_deinit(&config);
+                return 1;
+        }
+
+        if (mkdir(config.state_dir, 0750) < 0 && errno != EEXIST) {
+                log_error_errno(errno, "Cannot create state directory \"%s\": %m", config.state_dir);
+                safe_close(inherited);
+                config_deinit(&config);
+                return 1;
+        }
+
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        signal(SIGPIPE, SIG_IGN);
+
+        r = manager_new(&m, &config);
+        config_deinit(&config);
+        if (r < 0) {
+                safe_close(inherited);
+                return 1;
+        }
+        r = manager_set_args(m, &args);
+        if (r < 0) {
+                safe_close(inherited);
+                log_error_errno(r, "Out of memory");
+                return 1;
+        }
+        if (inherited >= 0 && strcmp(m->config.socket_path, TIERD_DEFAULT_SOCKET) != 0)
+                log_info("Serving on the socket passed by the service manager; [daemon] socket \"%s\" is not used",
+                         m->config.socket_path);
+        r = server_listen(m->server, inherited, m->config.socket_path);         /* consumes inherited */
+        if (r < 0)
+                return 1;
+        r = manager_start(m);
+        if (r < 0)
+                return 1;
+
+        manager_status_line(m, status, sizeof(status));
+        log_info("tierd %s ready on %s: %s%s", TIERD_VERSION,
+                 inherited >= 0 ? socket_path_of(inherited, where, sizeof(where)) : m->config.socket_path, status,
+                 m->vram->emulated ? " [VRAM IS EMULATED]" : "");
+        (void) sd_notifyf(false, "READY=1\nSTATUS=%s", status);
+        notify_stop = "STOPPING=1";
+
+        r = manager_run(m);
+        if (r < 0) {
+                log_error_errno(r, "Event loop failed: %m");
+                return 1;
+        }
+        log_info("Stopped");
+        return EXIT_SUCCESS;
+}
+
+int main(int argc, char *argv[]) {
+        close_inherited_fds();
+        return run(argc, argv);
+}

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* memfd-seg.c: segments backed by sealed memfds (host tier, emulated VRAM). */
+
+/*
+ * Theory of operation: a segment is one memfd of exactly seg_size bytes,
+ * sealed against shrinking and growing (so a client's mapping can never hit
+ * SIGBUS and the daemon's I/O never races a resize), mapped once by the
+ * daemon, bound to a NUMA node (mbind before first touch), populated and
+ * mlocked.  Clients receive the fd and map it MAP_SHARED.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/base/log.h"
+#include "daemon/tiers/memfd-seg.h"
+#include "proto/macro.h"
+
+static int memfd_seg_make(SegPool *p, Segment *seg, uint64_t size) {
+        MemfdSegConfig *mc = p->userdata;
+        void *map = MAP_FAILED;
+        int fd = -1, r;
+
+        fd = memfd_create(mc->name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return negative_errno();
+        if (ftruncate(fd, (off_t) size) < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) {
+                r = negative_errno();
+                goto fail;
+        }
+        if (mc->numa_node >= 0 && numa_available() >= 0) {
+                unsigned long mask[16] = {};
+
+                if (mc->numa_node < (int) (sizeof(mask) * 8)) {
+                        mask[mc->numa_node / (8 * sizeof(long))] |= 1UL << (mc->numa_node % (8 * sizeof(long)));
+                        if (mbind(map, size, MPOL_BIND, mask, sizeof(mask) * 8, 0) < 0)
+                                log_debug_errno(errno, "mbind to node %d failed, ignoring: %m", mc->numa_node);
+                }
+        }
+        if (mc->lock) {
+                if (mlock(map, size) < 0) {
+                        if (!mc->lock_failed)
+                                log_warning_errno(errno, "Cannot lock %s memory (needs CAP_IPC_LOCK or "
+                                                  "LimitMEMLOCK=infinity), continuing unlocked: %m", mc->name);
+                        mc->lock_failed = true;
+                }
+        }
+        /* fault the pages in now, not on the first transfer */
+        (void) madvise(map, size, MADV_POPULATE_WRITE);
+
+        seg->fd = fd;
+        seg->map = map;
+        if (mc->on_make) {
+                r = mc->on_make(seg, mc->userdata);
+                if (r < 0) {
+                        seg->fd = -1;
+                        seg->map = NULL;
+                        goto fail;
+                }
+        }
+        return 0;
+fail:
+        if (map != MAP_FAILED)
+                munmap(map, size);
+        safe_close(fd);
+        return r;
+}
+
+static void memfd_seg_drop(SegPool *p, Segment *seg) {
+        MemfdSegConfig *mc = p->userdata;
+
+        if (seg->map && mc->on_drop)
+                mc->on_drop(seg, mc->userdata);
+        if (seg->map)
+                munmap(seg->map, p->seg_size);
+        seg->map = NULL;
+        seg->fd = safe_close(seg->fd);
+}
+
+const SegPoolOps memfd_seg_ops = {
+        .make = memfd_seg_make,
+        .drop = memfd_seg_drop,
+};

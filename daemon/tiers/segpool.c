@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/* segpool.c: a pool of equal-sized memory segments, each owned by at most one job. */
+
+/*
+ * Theory of operation: the host tier and the VRAM tier both hand memory to
+ * jobs in segments: fixed-size blocks that a client maps whole (a memfd, or a
+ * CUDA VMM chunk exported as an fd).  A segment belongs to one job at a time,
+ * so a client only ever receives fds of its own job's memory.  Inside a
+ * segment tensors get SEG_UNIT-aligned ranges from an ExtentAlloc.
+ *
+ * Memory is created by the backend's ops->make() at start-up (so the pool's
+ * capacity is reserved, locked and registered once).  When a job gives a
+ * segment back, the memory is dropped and made anew rather than zeroed in
+ * place: the old job's clients may still have the old pages mapped, and new
+ * pages from the kernel are zero by construction.  A pool may first ask
+ * the old job's clients to let go (the revoke hook): the segment then waits
+ * out of service until segpool_revoked().
+ */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/tiers/segpool.h"
+#include "proto/macro.h"
+
+int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *userdata,
+                 uint64_t capacity, uint64_t seg_size) {
+        int r;
+
+        if (seg_size == 0 || seg_size % SEG_UNIT != 0 || capacity < seg_size)
+                return -EINVAL;
+
+        *p = (SegPool) {
+                .kind = kind,
+                .ops = ops,
+                .userdata = userdata,
+                .seg_size = seg_size,
+        };
+        p->n_segs = (uint32_t) (capacity / seg_size);
+        p->segs = calloc(p->n_segs, sizeof(Segment));
+        if (!p->segs)
+                return -ENOMEM;
+
+        for (uint32_t i = 0; i < p->n_segs; i++) {
+                Segment *s = &p->segs[i];
+
+                s->pool = p;
+                s->id = i;
+                s->fd = -1;
+                list_init(&s->owner_link);
+                r = extent_alloc_init(&s->units, seg_size / SEG_UNIT);
+                if (r < 0)
+                        goto fail;
+                r = ops->make(p, s, seg_size);
+                if (r < 0)
+                        goto fail;
+                p->n_free++;
+        }
+        return 0;
+fail:
+        segpool_deinit(p);
+        return r;
+}
+
+void segpool_deinit(SegPool *p) {
+        if (!p->segs)
+                return;
+        for (uint32_t i = 0; i < p->n_segs; i++) {
+                Segment *s = &p->segs[i];
+
+                if (s->fd >= 0 || s->map || s->device_ptr)
+                        p->ops->drop(p, s);
+                extent_alloc_deinit(&s->units);
+        }
+        free(p->segs);
+        p->segs = NULL;
+        p->n_segs = p->n_free = 0;
+}
+
+int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
+        for (uint32_t i = 0; i < p->n_segs; i++) {
+                Segment *s = &p->segs[i];
+
+                if (s->owner || s->revoking || (s->fd < 0 && !s->device_ptr))
+                        continue;
+                s->owner = job;
+                list_add_tail(owner_list, &s->owner_link);
+                p->n_free--;
+                *ret = s;
+                return 0;
+        }
+        return -ENOSPC;
+}
+
+/* Replace the memory of a segment nobody owns, and put it back in service. */
+static int segment_renew(SegPool *p, Segment *s) {
+        int r;
+
+        p->ops->drop(p, s);
+        s->generation++;
+        extent_alloc_deinit(&s->units);
+        r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+        if (r < 0)
+                return r;
+        s->used = 0;
+        r = p->ops->make(p, s, p->seg_size);
+        if (r < 0)
+                return r;       /* the segment stays out of service */
+        p->n_free++;
+        return 0;
+}
+
+int segpool_release(SegPool *p, Segment *s) {
+        int r = 0;
+
+        if (!s->owner)
+                return -EINVAL;
+        if (p->revoke)
+                r = p->revoke(p, s, p->revoke_userdata);
+        list_del(&s->owner_link);
+        s->owner = NULL;
+        if (r > 0) {
+                s->revoking = true;
+                p->n_revoking++;
+                return 0;
+        }
+        return segment_renew(p, s);
+}
+
+int segpool_revoked(SegPool *p, Segment *s) {
+        if (!s->revoking)
+                return -EINVAL;
+        s->revoking = false;
+        p->n_revoking--;
+        return segment_renew(p, s);
+}
+
+int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset) {
+        uint64_t unit;
+        int r;
+
+        r = extent_alloc_get(&seg->units, DIV_ROUND_UP(size, SEG_UNIT), &unit);
+        if (r < 0)
+                return r;
+        seg->used += ALIGN_UP(size, SEG_UNIT);
+        *ret_offset = unit * SEG_UNIT;
+        return 0;
+}
+
+void segment_free(Segment *seg, uint64_t offset, uint64_t size) {
+        if (extent_alloc_put(&seg->units, offset / SEG_UNIT, DIV_ROUND_UP(size, SEG_UNIT)) >= 0)
+                seg->used -= ALIGN_UP(size, SEG_UNIT);
+}

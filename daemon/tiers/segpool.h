@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/* segpool.h: a pool of equal-sized memory segments, each owned by at most one job. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/tiers/extent.h"
+#include "daemon/base/list.h"
+
+typedef struct Job Job;
+typedef struct SegPool SegPool;
+
+/* Sub-allocation unit inside a segment: O_DIRECT needs 4 KiB alignment. */
+#define SEG_UNIT 4096u
+
+typedef struct Segment {
+        SegPool *pool;
+        uint32_t id;            /* global, stable: index in the pool */
+        uint32_t generation;    /* bumped each time the memory is replaced */
+        int fd;                 /* memfd (or exported handle), CLOEXEC */
+        void *map;              /* daemon's mapping (NULL for device memory) */
+        uint64_t device_ptr;    /* device address for cuda segments */
+        Job *owner;
+        List owner_link;        /* in Job.segments[tier] */
+        ExtentAlloc units;      /* SEG_UNIT-sized units */
+        uint64_t used;          /* bytes allocated */
+        bool revoking;          /* released, waiting for the old job's clients to let go */
+} Segment;
+
+/* What a backend provides to make and drop the memory behind a segment. */
+typedef struct SegPoolOps {
+        /* Fill seg->fd / seg->map / seg->device_ptr with @size fresh zeroed bytes. */
+        int (*make)(SegPool *p, Segment *seg, uint64_t size);
+        void (*drop)(SegPool *p, Segment *seg);
+} SegPoolOps;
+
+struct SegPool {
+        const char *kind;       /* "memfd" or "cuda": what a client must do to map */
+        const SegPoolOps *ops;
+        void *userdata;
+        uint32_t id_base;       /* added to segment ids on the wire (unique across pools) */
+        int tier;               /* enum tier_level this pool serves */
+        uint64_t seg_size;
+        uint32_t n_segs;
+        uint32_t n_free;
+        uint32_t n_revoking;    /* segments waiting for segpool_revoked() */
+        Segment *segs;
+        /*
+         * Optional: called by segpool_release() while seg->owner is still set.
+         * Returns 0 to drop the memory at once, > 0 when it has asked the
+         * owner's clients to unmap it first and will call segpool_revoked()
+         * once they have (daemon/revoke.c, for device memory that stays
+         * allocated while any process maps it).
+         */
+        int (*revoke)(SegPool *p, Segment *seg, void *userdata);
+        void *revoke_userdata;
+};
+
+int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *userdata,
+                 uint64_t capacity, uint64_t seg_size);
+void segpool_deinit(SegPool *p);
+
+/* Hand a free segment to @job (appended to @owner_list).  -ENOSPC when none is free. */
+int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret);
+/*
+ * Take a segment back from its job.  Its memory is replaced by fresh, zeroed
+ * memory (a departed client may still map the old pages, so they are never
+ * handed to another job).  Everything in it must have been freed.  With a
+ * revoke hook the segment may instead wait, out of service, for
+ * segpool_revoked().
+ */
+int segpool_release(SegPool *p, Segment *seg);
+/* The clients let go of a revoking segment: replace its memory and put it back in service. */
+int segpool_revoked(SegPool *p, Segment *seg);
+
+/* Allocate @size bytes inside @seg; returns the byte offset or -ENOSPC. */
+int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset);
+void segment_free(Segment *seg, uint64_t offset, uint64_t size);

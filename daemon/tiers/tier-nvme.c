@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: MIT */
+/* tier-nvme.c: NVMe backing targets, extent allocation, striped O_DIRECT I/O. */
+
+/*
+ * Theory of operation: each target is a block device or a preallocated
+ * file, opened O_DIRECT and registered with the ring as a fixed file (index
+ * = target number).  Space is cut into extents of extent_size bytes, each
+ * tracked by one bit of the target's ExtentAlloc.  A tensor's image is a
+ * list of extents: extent i lives on target (first + i) mod n, so a large
+ * tensor is striped over every target and k drives give about k times the
+ * bandwidth.  Extents need not be contiguous on a target.  The I/O itself
+ * (one UringReq per extent, crc32c per extent) is driven by mover.c; this
+ * module owns the targets and the space.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/uring.h"
+#include "proto/macro.h"
+
+static int errorf(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
+static int errorf(char **ret_error, int r, const char *fmt, ...) {
+        va_list ap;
+        char *s = NULL;
+
+        va_start(ap, fmt);
+        if (vasprintf(&s, fmt, ap) < 0)
+                s = NULL;
+        va_end(ap);
+        free(*ret_error);
+        *ret_error = s;
+        return r;
+}
+
+static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, char **ret_error) {
+        struct stat st;
+        int fd, r;
+
+        t->fd = -1;
+        t->path = strdup(ct->path);
+        if (!t->path)
+                return -ENOMEM;
+
+        fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT);
+        if (fd < 0 && errno == ENOENT) {
+                if (ct->size == 0)
+                        return errorf(ret_error, -ENOENT,
+                                      "NVMe target %s does not exist and has no size to create it with (use PATH:SIZE)",
+                                      ct->path);
+                fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT | O_CREAT | O_EXCL, 0600);
+        }
+        if (fd < 0) {
+                r = negative_errno();
+                if (r == -EINVAL)
+                        return errorf(ret_error, r,
+                                      "NVMe target %s: the filesystem does not support O_DIRECT (tmpfs?); "
+                                      "put the target on a local disk filesystem or use a block device",
+                                      ct->path);
+                return errorf(ret_error, r, "Cannot open NVMe target %s: %s", ct->path, strerror(-r));
+        }
+        t->fd = fd;
+
+        if (fstat(fd, &st) < 0)
+                return errorf(ret_error, negative_errno(), "Cannot stat %s: %m", ct->path);
+
+        if (S_ISBLK(st.st_mode)) {
+                uint64_t bytes = 0;
+
+                if (ioctl(fd, BLKGETSIZE64, &bytes) < 0)
+                        return errorf(ret_error, negative_errno(), "Cannot get the size of %s: %m", ct->path);
+                t->blockdev = true;
+                t->size = ct->size > 0 ? MIN(ct->size, bytes) : bytes;
+        } else if (S_ISREG(st.st_mode)) {
+                uint64_t want = ct->size > 0 ? ct->size : (uint64_t) st.st_size;
+
+                if (want == 0)
+                        return errorf(ret_error, -EINVAL, "NVMe target %s is empty; give a size (PATH:SIZE)", ct->path);
+                if ((uint64_t) st.st_size < want) {
+                        r = fallocate(fd, 0, 0, (off_t) want);
+                        if (r < 0)
+                                return errorf(ret_error, negative_errno(),
+                                              "Cannot preallocate %" PRIu64 " bytes for NVMe target %s: %m",
+                                              want, ct->path);
+                }
+                t->size = want;
+        } else
+                return errorf(ret_error, -EINVAL, "NVMe target %s is neither a regular file nor a block device",
+                              ct->path);
+
+        t->size = t->size / extent_size * extent_size;
+        if (t->size == 0)
+                return errorf(ret_error, -EINVAL, "NVMe target %s is smaller than one extent (%" PRIu64 " bytes)",
+                              ct->path, extent_size);
+
+        /* Prove O_DIRECT works here: an aligned read of the first 4 KiB. */
+        {
+                void *probe;
+
+                if (posix_memalign(&probe, 4096, 4096) != 0)
+                        return -ENOMEM;
+                r = (int) pread(fd, probe, 4096, 0);
+                if (r < 0)
+                        r = negative_errno();
+                free(probe);
+                if (r < 0)
+                        return errorf(ret_error, r, "NVMe target %s refuses O_DIRECT reads: %s", ct->path, strerror(-r));
+        }
+
+        r = extent_alloc_init(&t->extents, t->size / extent_size);
+        if (r < 0)
+                return r;
+        return 0;
+}
+
+int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_error) {
+        _cleanup_free_ int *fds = NULL;
+        NvmeTier *n;
+        int r;
+
+        n = calloc(1, sizeof(*n));
+        if (!n)
+                return -ENOMEM;
+        n->extent_size = c->nvme_extent_size;
+        n->uring = uring;
+        n->targets = calloc(c->n_targets, sizeof(NvmeTarget));
+        fds = calloc(c->n_targets, sizeof(int));
+        if (!n->targets || !fds) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        for (size_t i = 0; i < c->n_targets; i++) {
+                n->n_targets++;
+                r = target_open(&n->targets[i], &c->targets[i], n->extent_size, ret_error);
+                if (r < 0)
+                        goto fail;
+                fds[i] = n->targets[i].fd;
+                n->capacity += n->targets[i].size;
+        }
+        r = uring_register_files(uring, fds, n->n_targets);
+        if (r < 0) {
+                errorf(ret_error, r, "Cannot register NVMe targets with io_uring: %s", strerror(-r));
+                goto fail;
+        }
+        nvme_set_bandwidth(n, c->nvme_bandwidth);
+        *ret = n;
+        return 0;
+fail:
+        nvme_tier_free(n);
+        return r;
+}
+
+NvmeTier *nvme_tier_free(NvmeTier *n) {
+        if (!n)
+                return NULL;
+        for (unsigned i = 0; i < n->n_targets; i++) {
+                safe_close(n->targets[i].fd);
+                free(n->targets[i].path);
+                extent_alloc_deinit(&n->targets[i].extents);
+        }
+        free(n->targets);
+        free(n);
+        return NULL;
+}
+
+void nvme_set_bandwidth(NvmeTier *n, uint64_t bytes_per_sec) {
+        for (unsigned i = 0; i < n->n_targets; i++)
+                (void) uring_set_throttle(n->uring, i, bytes_per_sec);
+}
+
+int nvme_alloc(NvmeTier *n, uint64_t size, unsigned first, NvmeExtent **ret, uint32_t *ret_n) {
+        uint64_t count = DIV_ROUND_UP(size, n->extent_size);
+        NvmeExtent *ext;
+        int r;
+
+        if (count == 0 || count > UINT32_MAX)
+                return -EINVAL;
+        ext = calloc(count, sizeof(*ext));
+        if (!ext)
+                return -ENOMEM;
+        for (uint64_t i = 0; i < count; i++) {
+                unsigned ti = (unsigned) ((first + i) % n->n_targets);
+
+                r = extent_alloc_get(&n->targets[ti].extents, 1, &ext[i].unit);
+                if (r < 0) {
+                        nvme_free(n, ext, (uint32_t) i);
+                        return r;
+                }
+                ext[i].target = ti;
+        }
+        n->used += count * n->extent_size;
+        *ret = ext;
+        *ret_n = (uint32_t) count;
+        return 0;
+}
+
+void nvme_free(NvmeTier *n, NvmeExtent *ext, uint32_t n_ext) {
+        for (uint32_t i = 0; i < n_ext; i++) {
+                ExtentAlloc *a = &n->targets[ext[i].target].extents;
+
+                if (extent_alloc_put(a, ext[i].unit, 1) < 0)
+                        continue;
+                n->used -= n->extent_size;
+                /*
+                 * Reuse the lowest free extents first: the written area of a target
+                 * stays compact, and on a file target never-written regions are
+                 * unwritten extents whose first write costs the filesystem a
+                 * metadata update.
+                 */
+                if (ext[i].unit < a->hint)
+                        a->hint = ext[i].unit;
+        }
+        free(ext);
+}

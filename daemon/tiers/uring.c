@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: MIT */
+/* uring.c: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
+
+/*
+ * Theory of operation: one ring serves every NVMe target.  Requests are
+ * UringReq structs owned by the caller; the pointer travels in user_data.
+ * uring_queue() puts a request on a pending list, ordered by virtual start
+ * time (start-time fair queuing over the callers' flows, one per job, by
+ * weight: what decides who goes first when a paced file is the bottleneck);
+ * uring_flush(), run from a
+ * post source once per loop iteration, turns as many pending requests into
+ * SQEs as the ring has room for (at most @depth in flight) and submits them
+ * in one io_uring_enter().  Completion wakes the eventfd registered with the
+ * ring; its sd-event handler drains the CQ in batches (the wakeup is a
+ * hint: the CQ is drained until empty).  Short transfers are resumed and
+ * -EAGAIN / -EINTR requeued; any other error is retried once, then handed to
+ * the request's callback.
+ */
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+
+#include "daemon/base/log.h"
+#include "daemon/tiers/uring.h"
+#include "proto/macro.h"
+
+/* A throttled file may run this far ahead of its pace, so the device always has work queued. */
+#define THROTTLE_BURST_NS (2000000ull)
+#define URING_MAX_FILES 16
+/*
+ * Plain start-time fair queuing gives a flow back nothing for the time it
+ * had nothing queued: a job that computes, then reads in bursts, gets only
+ * its weight's share during each burst and less than it over a step.  So a
+ * flow back from idleness may start this many bytes of service behind.
+ */
+#define FAIR_CREDIT_DEFAULT (64ull << 20)
+
+struct Uring {
+        sd_event *event;
+        sd_event_source *throttle_timer;
+        uint64_t bandwidth[URING_MAX_FILES];    /* bytes/s, 0: unthrottled */
+        uint64_t next_ns[URING_MAX_FILES];      /* when the file's paced link is free again */
+        struct io_uring ring;
+        bool ring_ok;
+        int efd;
+        sd_event_source *efd_source;
+        sd_event_source *post_source;
+        unsigned depth;
+        unsigned inflight;
+        List pending;           /* by tag, then first come first served */
+        double vtime;           /* virtual time: the tag of the request submitted last */
+        uint64_t credit;        /* FAIR_CREDIT_DEFAULT, or uring_set_fair_credit() */
+};
+
+static double req_tag(const List *n) {
+        return list_entry(n, const UringReq, link)->tag;
+}
+
+static void pending_insert(Uring *u, UringReq *req) {
+        fair_insert(&u->pending, &req->link, req->tag, req_tag);
+}
+
+static void uring_complete(Uring *u, UringReq *req, int res) {
+        /* a request resumed or retried keeps its tag: it goes before later arrivals */
+        if (res == -EAGAIN || res == -EINTR) {
+                pending_insert(u, req);
+                return;
+        }
+        if (res < 0) {
+                if (req->retries++ < 1) {
+                        pending_insert(u, req);
+                        return;
+                }
+                req->cb(req, res);
+                return;
+        }
+        if (res == 0) {
+                /* no progress: end of file or device */
+                if (req->retries++ < 1) {
+                        pending_insert(u, req);
+                        return;
+                }
+                req->cb(req, -EIO);
+                return;
+        }
+        req->done += (uint32_t) res;
+        if (req->done < req->len) {
+                pending_insert(u, req);
+                return;
+        }
+        req->cb(req, (int) req->done);
+}
+
+static int uring_drain(Uring *u) {
+        struct io_uring_cqe *cqe;
+        unsigned head, n;
+
+        for (;;) {
+                n = 0;
+                io_uring_for_each_cqe(&u->ring, head, cqe) {
+                        UringReq *req = io_uring_cqe_get_data(cqe);
+
+                        n++;
+                        u->inflight--;
+                        uring_complete(u, req, cqe->res);
+                }
+                if (n == 0)
+                        break;
+                io_uring_cq_advance(&u->ring, n);
+        }
+        return 0;
+}
+
+static int on_uring_event(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Uring *u = userdata;
+        uint64_t v;
+
+        (void) read(u->efd, &v, sizeof(v));
+        uring_drain(u);
+        uring_flush(u);
+        return 0;
+}
+
+static int on_uring_post(sd_event_source *s, void *userdata) {
+        uring_flush(userdata);
+        return 0;
+}
+
+static int on_throttle_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        uring_flush(userdata);
+        return 0;
+}
+
+static uint64_t clock_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec) {
+        if (file_index >= URING_MAX_FILES)
+                return -EINVAL;
+        u->bandwidth[file_index] = bytes_per_sec;
+        return 0;
+}
+
+/* May @req go now?  If not, *@wake_ns says when it may. */
+static bool throttle_admit(Uring *u, const UringReq *req, uint64_t now, uint64_t *wake_ns) {
+        unsigned f = req->file_index;
+        uint64_t bw, start;
+
+        if (f >= URING_MAX_FILES || (bw = u->bandwidth[f]) == 0)
+                return true;
+        start = MAX(u->next_ns[f], now);
+        if (start > now + THROTTLE_BURST_NS) {
+                uint64_t at = start - THROTTLE_BURST_NS;
+
+                if (*wake_ns == 0 || at < *wake_ns)
+                        *wake_ns = at;
+                return false;
+        }
+        u->next_ns[f] = start + (uint64_t) (req->len - req->done) * 1000000000ull / bw;
+        return true;
+}
+
+int uring_new(sd_event *event, unsigned depth, Uring **ret) {
+        Uring *u;
+        int r;
+
+        u = calloc(1, sizeof(*u));
+        if (!u)
+                return -ENOMEM;
+        u->efd = -1;
+        u->depth = depth;
+        u->credit = FAIR_CREDIT_DEFAULT;
+        u->event = sd_event_ref(event);
+        list_init(&u->pending);
+
+        r = io_uring_queue_init(depth, &u->ring, 0);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up io_uring with %u entries: %m", depth);
+                goto fail;
+        }
+        u->ring_ok = true;
+
+        u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (u->efd < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        r = io_uring_register_eventfd(&u->ring, u->efd);
+        if (r < 0)
+                goto fail;
+        r = sd_event_add_io(event, &u->efd_source, u->efd, EPOLLIN, on_uring_event, u);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_description(u->efd_source, "uring-completion");
+        r = sd_event_add_post(event, &u->post_source, on_uring_post, u);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_description(u->post_source, "uring-submit");
+
+        *ret = u;
+        return 0;
+fail:
+        uring_free(u);
+        return r;
+}
+
+Uring *uring_free(Uring *u) {
+        if (!u)
+                return NULL;
+        sd_event_source_disable_unref(u->efd_source);
+        sd_event_source_disable_unref(u->post_source);
+        sd_event_source_disable_unref(u->throttle_timer);
+        sd_event_unref(u->event);
+        if (u->ring_ok) {
+                /* wait for what is still in flight: its buffers are about to go */
+                while (u->inflight > 0) {
+                        struct io_uring_cqe *cqe;
+
+                        if (io_uring_wait_cqe(&u->ring, &cqe) < 0)
+                                break;
+                        io_uring_cqe_seen(&u->ring, cqe);
+                        u->inflight--;
+                }
+                io_uring_queue_exit(&u->ring);
+        }
+        safe_close(u->efd);
+        free(u);
+        return NULL;
+}
+
+int uring_register_files(Uring *u, const int *fds, unsigned n) {
+        return io_uring_register_files(&u->ring, fds, n);
+}
+
+int uring_register_buffers(Uring *u, unsigned n) {
+        return io_uring_register_buffers_sparse(&u->ring, n);
+}
+
+int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len) {
+        struct iovec iov = { .iov_base = base, .iov_len = len };
+        __u64 tag = 0;
+        int r;
+
+        r = io_uring_register_buffers_update_tag(&u->ring, index, &iov, &tag, 1);
+        return r < 0 ? r : 0;
+}
+
+void uring_set_fair_credit(Uring *u, uint64_t bytes) {
+        u->credit = bytes;
+}
+
+void uring_queue(Uring *u, UringReq *req) {
+        if (!req->tagged) {
+                req->tag = req->flow ? fair_tag(req->flow, u->vtime, req->len, req->weight, u->credit) : u->vtime;
+                req->tagged = true;
+        }
+        pending_insert(u, req);
+}
+
+bool uring_busy(const Uring *u) {
+        return u->inflight > 0 || !list_empty(&u->pending);
+}
+
+int uring_flush(Uring *u) {
+        unsigned queued = 0;
+        uint64_t now = 0, wake_ns = 0;
+        List blocked;
+
+        list_init(&blocked);
+        while (!list_empty(&u->pending) && u->inflight < u->depth) {
+                UringReq *req = list_entry(u->pending.next, UringReq, link);
+                struct io_uring_sqe *sqe;
+                uint8_t *buf = req->buf + req->done;
+                unsigned len = req->len - req->done;
+                uint64_t off = req->offset + req->done;
+
+                if (req->file_index < URING_MAX_FILES && u->bandwidth[req->file_index]) {
+                        if (!now)
+                                now = clock_ns();
+                        if (!throttle_admit(u, req, now, &wake_ns)) {
+                                /* keep order per file: set it aside, others may go */
+                                list_del(&req->link);
+                                list_add_tail(&blocked, &req->link);
+                                continue;
+                        }
+                }
+                sqe = io_uring_get_sqe(&u->ring);
+                if (!sqe)
+                        break;
+                list_del(&req->link);
+                if (req->buf_index >= 0) {
+                        if (req->op == URING_READ)
+                                io_uring_prep_read_fixed(sqe, (int) req->file_index, buf, len, off, req->buf_index);
+                        else
+                                io_uring_prep_write_fixed(sqe, (int) req->file_index, buf, len, off, req->buf_index);
+                } else {
+                        if (req->op == URING_READ)
+                                io_uring_prep_read(sqe, (int) req->file_index, buf, len, off);
+                        else
+                                io_uring_prep_write(sqe, (int) req->file_index, buf, len, off);
+                }
+                sqe->flags |= IOSQE_FIXED_FILE;
+                io_uring_sqe_set_data(sqe, req);
+                u->vtime = MAX(u->vtime, req->tag);
+                u->inflight++;
+                queued++;
+        }
+        /* throttled requests go back to the front, in their order */
+        if (!list_empty(&blocked)) {
+                list_splice_tail(&blocked, &u->pending);        /* blocked, then what was not reached */
+                list_splice_tail(&u->pending, &blocked);
+        }
+        if (wake_ns) {
+                uint64_t usec = wake_ns / 1000 + 1;
+
+                /* a fresh one-shot timer each time (accuracy 1 us: pacing needs precision) */
+                u->throttle_timer = sd_event_source_disable_unref(u->throttle_timer);
+                if (sd_event_add_time(u->event, &u->throttle_timer, CLOCK_MONOTONIC, usec, 1,
+                                      on_throttle_timer, u) >= 0)
+                        (void) sd_event_source_set_description(u->throttle_timer, "uring-throttle");
+        }
+        if (queued == 0)
+                return 0;
+        return io_uring_submit(&u->ring);
+}

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/* uring.h: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <systemd/sd-event.h>
+
+#include "daemon/tiers/fairq.h"
+#include "daemon/base/list.h"
+
+typedef struct Uring Uring;
+typedef struct UringReq UringReq;
+
+/* Called on the event loop with the final result: bytes done (== len) or -errno. */
+typedef void (*uring_cb_t)(UringReq *req, int res);
+
+typedef enum UringOp {
+        URING_READ,
+        URING_WRITE,
+} UringOp;
+
+/*
+ * Requests waiting for a file go in order of their virtual start times
+ * (fairq.h): flows of backlogged jobs share a throttled file by weight.
+ */
+struct UringReq {
+        uring_cb_t cb;
+        FairFlow *flow;         /* NULL: served at the current virtual time (no share) */
+        unsigned weight;        /* the flow's weight (0 counts as 1) */
+        double tag;             /* virtual start time, set by uring_queue() */
+        bool tagged;            /* tag set: a new request starts with this false (zeroed struct) */
+        UringOp op;
+        unsigned file_index;    /* registered file */
+        int buf_index;          /* registered buffer, or -1 for a plain buffer */
+        uint8_t *buf;
+        uint32_t len;
+        uint64_t offset;        /* file offset */
+        uint32_t done;          /* bytes transferred so far (short I/O is resumed) */
+        unsigned retries;
+        List link;              /* Uring.pending while waiting for an SQE */
+};
+
+/**
+ * uring_new() - set up a ring of @depth entries and hook its completions
+ * into @event through an eventfd source.
+ */
+int uring_new(sd_event *event, unsigned depth, Uring **ret);
+Uring *uring_free(Uring *u);
+
+/* Register @n files (fds borrowed) as fixed files. */
+int uring_register_files(Uring *u, const int *fds, unsigned n);
+/* Register a sparse table of @n fixed buffers, filled with uring_set_buffer(). */
+int uring_register_buffers(Uring *u, unsigned n);
+int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
+
+/* How far (bytes of service) a flow back from idleness may start behind the others (default 64 MiB). */
+void uring_set_fair_credit(Uring *u, uint64_t bytes);
+
+/* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
+int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);
+
+/*
+ * Queue a request; it is submitted in a batch by uring_flush() (or when the
+ * SQ fills), in order of virtual start time (fairq.h).  The flow is
+ * read here only: it may go away while the request is in flight.
+ */
+void uring_queue(Uring *u, UringReq *req);
+/* Submit everything queued; called once per event loop iteration. */
+int uring_flush(Uring *u);
+/* Is anything queued or in flight? */
+bool uring_busy(const Uring *u);

@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: MIT */
+/* vram-emul.c: emulated VRAM backend: memfd "device memory", copies on a mover thread. */
+
+/*
+ * Theory of operation: for machines without a GPU (CI, laptops).  VRAM is a
+ * pool of memfd chunks exactly like the host tier (so clients map it the
+ * same way), and every host<->VRAM copy is a memcpy done by one mover
+ * thread, optionally throttled to [vram] bandwidth bytes/s so benchmarks can
+ * model a PCIe link.  The event loop hands copies to the thread through a
+ * mutex-protected queue; finished copies come back through a second queue
+ * and an eventfd watched by sd-event, so done() callbacks run on the loop
+ * thread and never need locks.  It is labelled "emulated" wherever it shows.
+ */
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/tiers/memfd-seg.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+
+/* Copies are done in pieces this big so the throttle is smooth. */
+#define EMUL_PIECE (4u << 20)
+/* [vram] capacity = 0 asks for what the device can give: here, the built-in default. */
+#define EMUL_DEFAULT_CAPACITY (1ull << 30)
+
+typedef struct VramEmul {
+        VramBackend base;
+        MemfdSegConfig memfd;
+        uint64_t bandwidth;     /* atomic: the loop sets it (reload), the thread reads it */
+        pthread_t thread;
+        bool thread_ok;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        VramCopy *todo_head, **todo_tail;
+        VramCopy *done_head, **done_tail;
+        bool stop;
+        int efd;
+        sd_event_source *efd_source;
+} VramEmul;
+
+static uint64_t mono_ns(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+}
+
+static void *emul_thread(void *userdata) {
+        VramEmul *e = userdata;
+        uint64_t link_free_at = 0;      /* throttle: when the emulated link is idle again */
+
+        pthread_mutex_lock(&e->lock);
+        for (;;) {
+                VramCopy *c;
+
+                while (!e->todo_head && !e->stop)
+                        pthread_cond_wait(&e->cond, &e->lock);
+                if (e->stop)
+                        break;
+                c = e->todo_head;
+                e->todo_head = c->next;
+                if (!e->todo_head)
+                        e->todo_tail = &e->todo_head;
+                pthread_mutex_unlock(&e->lock);
+
+                for (uint64_t off = 0; off < c->len; off += EMUL_PIECE) {
+                        uint64_t n = MIN((uint64_t) EMUL_PIECE, c->len - off);
+                        uint8_t *dev = (uint8_t *) c->seg->map + c->offset + off;
+                        uint8_t *host = (uint8_t *) c->host + off;
+                        uint64_t bandwidth = __atomic_load_n(&e->bandwidth, __ATOMIC_RELAXED);
+
+                        if (c->dir == VRAM_TO_DEVICE)
+                                memcpy(dev, host, n);
+                        else
+                                memcpy(host, dev, n);
+                        if (bandwidth > 0) {
+                                uint64_t now = mono_ns();
+
+                                if (link_free_at < now)
+                                        link_free_at = now;
+                                link_free_at += n * 1000000000ull / bandwidth;
+                                if (link_free_at > now) {
+                                        struct timespec ts = {
+                                                .tv_sec = (time_t) (link_free_at / 1000000000ull),
+                                                .tv_nsec = (long) (link_free_at % 1000000000ull),
+                                        };
+                                        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+                                }
+                        }
+                }
+                c->result = 0;
+
+                pthread_mutex_lock(&e->lock);
+                c->next = NULL;
+                *e->done_tail = c;
+                e->done_tail = &c->next;
+                {
+                        uint64_t one = 1;
+                        (void) write(e->efd, &one, sizeof(one));
+                }
+        }
+        pthread_mutex_unlock(&e->lock);
+        return NULL;
+}
+
+static int on_emul_done(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        VramEmul *e = userdata;
+        VramCopy *list;
+        uint64_t v;
+
+        (void) read(e->efd, &v, sizeof(v));
+        pthread_mutex_lock(&e->lock);
+        list = e->done_head;
+        e->done_head = NULL;
+        e->done_tail = &e->done_head;
+        pthread_mutex_unlock(&e->lock);
+
+        while (list) {
+                VramCopy *c = list;
+
+                list = c->next;
+                c->next = NULL;
+                c->done(c);
+        }
+        return 0;
+}
+
+static int emul_copy(VramBackend *b, VramCopy *c) {
+        VramEmul *e = container_of(b, VramEmul, base);
+
+        if (!c->seg || !c->seg->map || c->offset + c->len > c->seg->pool->seg_size)
+                return -EINVAL;
+        c->next = NULL;
+        pthread_mutex_lock(&e->lock);
+        *e->todo_tail = c;
+        e->todo_tail = &c->next;
+        pthread_cond_signal(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+        return 0;
+}
+
+static int emul_zero(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len) {
+        if (!seg->map || offset + len > seg->pool->seg_size)
+                return -EINVAL;
+        memset((uint8_t *) seg->map + offset, 0, len);
+        return 0;
+}
+
+static void emul_free(VramBackend *b) {
+        VramEmul *e = container_of(b, VramEmul, base);
+
+        if (e->thread_ok) {
+                pthread_mutex_lock(&e->lock);
+                e->stop = true;
+                pthread_cond_signal(&e->cond);
+                pthread_mutex_unlock(&e->lock);
+                pthread_join(e->thread, NULL);
+        }
+        sd_event_source_disable_unref(e->efd_source);
+        safe_close(e->efd);
+        segpool_deinit(&e->base.pool);
+        pthread_mutex_destroy(&e->lock);
+        pthread_cond_destroy(&e->cond);
+        free(e);
+}
+
+static void emul_describe(VramEmul *e) {
+        uint64_t bandwidth = __atomic_load_n(&e->bandwidth, __ATOMIC_RELAXED);
+
+        if (bandwidth > 0)
+                snprintf(e->base.description, sizeof(e->base.description),
+                         "emulated (no GPU; memfd, link throttled to %.2f GB/s)", (double) bandwidth / 1e9);
+        else
+                snprintf(e->base.description, sizeof(e->base.description), "emulated (no GPU; memfd, unthrottled)");
+}
+
+int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth) {
+        VramEmul *e;
+
+        if (!b || !b->emulated)
+                return -EOPNOTSUPP;
+        e = container_of(b, VramEmul, base);
+        __atomic_store_n(&e->bandwidth, bandwidth, __ATOMIC_RELAXED);
+        emul_describe(e);
+        return 0;
+}
+
+static const VramBackendOps emul_ops = {
+        .name = "emulated",
+        .copy = emul_copy,
+        .zero = emul_zero,
+        .free = emul_free,
+};
+
+int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
+        VramEmul *e;
+        int r;
+
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return -ENOMEM;
+        e->base.ops = &emul_ops;
+        e->base.emulated = true;
+        e->base.depth = 1;      /* one mover thread */
+        e->base.numa_node = -1;
+        e->bandwidth = c->vram_bandwidth;
+        e->efd = -1;
+        e->todo_tail = &e->todo_head;
+        e->done_tail = &e->done_head;
+        pthread_mutex_init(&e->lock, NULL);
+        pthread_cond_init(&e->cond, NULL);
+        e->memfd = (MemfdSegConfig) {
+                .name = "tierd-vram-emulated",
+                .numa_node = -1,
+                .lock = false,  /* emulated device memory need not be locked */
+        };
+
+        r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd,
+                         c->vram_capacity ? c->vram_capacity : MAX(EMUL_DEFAULT_CAPACITY, c->vram_chunk_size),
+                         c->vram_chunk_size);
+        if (r < 0)
+                goto fail;
+
+        e->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (e->efd < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        r = sd_event_add_io(event, &e->efd_source, e->efd, EPOLLIN, on_emul_done, e);
+        if (r < 0)
+                goto fail;
+        (void) sd_event_source_set_description(e->efd_source, "vram-emul-done");
+
+        r = -pthread_create(&e->thread, NULL, emul_thread, e);
+        if (r < 0)
+                goto fail;
+        e->thread_ok = true;
+
+        emul_describe(e);
+        *ret = &e->base;
+        return 0;
+fail:
+        emul_free(&e->base);
+        return r;
+}

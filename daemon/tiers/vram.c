@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/* vram.c: choosing the VRAM backend. */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+
+int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error) {
+        _cleanup_free_ char *why = NULL;
+        int r;
+
+        if (c->vram_backend == VRAM_BACKEND_EMULATED)
+                return vram_emul_new(c, event, ret);
+
+        r = vram_cuda_new(c, event, ret, &why);
+        if (r >= 0) {
+                log_info("VRAM backend: %s", (*ret)->description);
+                return r;
+        }
+        if (c->vram_backend == VRAM_BACKEND_CUDA) {
+                if (asprintf(ret_error, "[vram] backend = cuda, but no CUDA device: %s",
+                             why ? why : strerror(-r)) < 0)
+                        *ret_error = NULL;
+                return r;
+        }
+        log_notice("no CUDA device: %s; using the emulated VRAM backend", why ? why : strerror(-r));
+        return vram_emul_new(c, event, ret);
+}
+
+VramBackend *vram_backend_free(VramBackend *b) {
+        if (b)
+                b->ops->free(b);
+        return NULL;
+}
+
+int vram_numa_node(const VramBackend *b) {
+        return b ? b->numa_node : -1;
+}
+
+int vram_host_register(VramBackend *b, Segment *seg) {
+        if (!b || !b->ops->host_register)
+                return 0;
+        return b->ops->host_register(b, seg->map, seg->pool->seg_size);
+}
+
+void vram_host_unregister(VramBackend *b, Segment *seg) {
+        if (b && b->ops->host_unregister && seg->map)
+                b->ops->host_unregister(b, seg->map);
+}
+
+int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
+        if (!b || !seg || !b->ops->copy_event)
+                return 0;
+        return b->ops->copy_event(b, seg, offset, ret);
+}
+
+int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size) {
+        if (!b->ops->wait_event)
+                return -EOPNOTSUPP;
+        if (!seg || offset + len > seg->pool->seg_size)
+                return -EINVAL;
+        return b->ops->wait_event(b, seg, offset, len, handle, size);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/* vram.h: the VRAM tier's backend interface (emulated or CUDA). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <systemd/sd-event.h>
+
+#include "daemon/tiers/segpool.h"
+
+typedef struct Config Config;
+typedef struct VramBackend VramBackend;
+typedef struct VramCopy VramCopy;
+
+/* Bytes of an interprocess CUDA event handle (CU_IPC_HANDLE_SIZE) on the wire. */
+#define VRAM_IPC_EVENT_SIZE 64
+
+typedef enum VramDir {
+        VRAM_TO_DEVICE,         /* host -> vram */
+        VRAM_TO_HOST,           /* vram -> host */
+} VramDir;
+
+/* One asynchronous copy between a host address and a VRAM segment range. */
+struct VramCopy {
+        VramDir dir;
+        void *host;
+        Segment *seg;
+        uint64_t offset;
+        uint64_t len;
+        int result;             /* 0 or -errno, set before @done runs */
+        void (*done)(VramCopy *c);      /* called on the event loop thread */
+        VramCopy *next;         /* backend's queues */
+};
+
+typedef struct VramBackendOps {
+        const char *name;       /* "emulated" or "cuda" */
+        /* Start an asynchronous copy; @c stays owned by the caller until done() runs. */
+        int (*copy)(VramBackend *b, VramCopy *c);
+        /* Zero a range synchronously (fresh tensors). */
+        int (*zero)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len);
+        void (*free)(VramBackend *b);
+
+        /* Optional (cuda only); the vram_*() wrappers below say what NULL means. */
+        int (*host_register)(VramBackend *b, void *p, uint64_t size);
+        void (*host_unregister)(VramBackend *b, void *p);
+        int (*copy_event)(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]);
+        int (*wait_event)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle,
+                          size_t size);
+} VramBackendOps;
+
+struct VramBackend {
+        const VramBackendOps *ops;
+        SegPool pool;           /* chunks handed to jobs */
+        bool emulated;
+        unsigned depth;         /* copies per direction it runs at once (more only queue behind them) */
+        int numa_node;          /* NUMA node of the device, -1: unknown or none */
+        char device[32];        /* PCI bus id of the device ("" when emulated), told to clients */
+        char description[192];  /* for status and logs */
+};
+
+/*
+ * vram_backend_new() - pick and start the backend the config asks for.
+ * backend=auto: cuda when a device works, else emulated (the reason is
+ * logged once); backend=cuda without a device: -ENODEV with the reason in
+ * *ret_error.
+ */
+int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
+VramBackend *vram_backend_free(VramBackend *b);
+
+int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret);
+/*
+ * vram_set_bandwidth() - change the emulated host<->VRAM link's throttle
+ * ([vram] bandwidth, bytes/s, 0 unthrottled) while copies run: the mover
+ * thread paces its next piece at the new rate.  -EOPNOTSUPP for the cuda
+ * backend, whose link is the real one.
+ */
+int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth);
+/* Returns -ENODEV (reason in *ret_error) when no CUDA device can be used. */
+int vram_cuda_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
+
+/* NUMA node of the backend's device, or -1 (emulated, unknown, not a NUMA machine). */
+int vram_numa_node(const VramBackend *b);
+
+/*
+ * vram_host_register() - make a host-tier segment DMA-capable for the device
+ * (cuMemHostRegister), so that copies from and to it run asynchronously at
+ * full speed.  0 when the backend needs nothing (emulated).  The host pool's
+ * make hook calls it after mapping a segment, and vram_host_unregister()
+ * before the mapping goes.
+ */
+int vram_host_register(VramBackend *b, Segment *seg);
+void vram_host_unregister(VramBackend *b, Segment *seg);
+
+/*
+ * vram_copy_event() - the interprocess CUDA event that completes with the
+ * copy into [@seg, @offset) now queued on the device, for a client's stream
+ * to wait on (PinReply.ipc_event).  Returns 1 with @ret filled, 0 when no
+ * such copy is queued (or the backend has no events): the fence is the only
+ * completion signal then.
+ */
+int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]);
+
+/*
+ * vram_wait_event() - a client unpinned [@offset, +@len) of @seg with work
+ * still queued on its own stream that writes it, and recorded the
+ * interprocess event @handle after that work (Unpin.ipc_event): every later
+ * copy or fill of that range waits for the event on the device first.
+ * -EOPNOTSUPP for the emulated backend, -EINVAL for a handle that cannot be
+ * opened, -ENOBUFS when too many such events are pending.
+ */
+int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size);
