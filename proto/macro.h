@@ -59,6 +59,12 @@ static inline void freep(void *p) {
 #define _cleanup_free_ _cleanup_(freep)
 #define _cleanup_close_ _cleanup_(closep)
 
+/* free() that returns NULL, for "p = mfree(p)". */
+static inline void *mfree(void *p) {
+        free(p);
+        return NULL;
+}
+
 /* Return -errno from the last failed libc call, never 0. */
 static inline int negative_errno(void) {
         return errno > 0 ? -errno : -EIO;

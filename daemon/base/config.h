@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef enum VramBackendKind {
         VRAM_BACKEND_AUTO,
@@ -102,7 +103,58 @@ int config_finish(Config *c, char **ret_error);
 /* "1G" -> 1073741824; accepts K, M, G, T (1024-based) and an optional B/iB.
  * Decimal digits only (no sign, blanks or fraction): -EINVAL, -ERANGE on overflow. */
 int config_parse_size(const char *s, uint64_t *ret);
+/* "64M" for exact multiples of a power of 1024, else plain bytes: how tierd.conf writes sizes. */
+void config_format_size(char *buf, size_t n, uint64_t v);
 const char *vram_backend_to_string(VramBackendKind k);
 const char *sched_policy_to_string(SchedPolicyKind p);
 SchedPolicyKind sched_policy_from_string(const char *s);
 VramBackendKind vram_backend_from_string(const char *s);
+
+/* ---- the keys -------------------------------------------------------------------- */
+
+/* How a key's value is held, spelt and compared. */
+typedef enum ConfigType {
+        CONFIG_STRING,          /* char * */
+        CONFIG_UNSIGNED,        /* unsigned, a count */
+        CONFIG_UNSIGNED_SIZE,   /* unsigned, bytes */
+        CONFIG_SIZE,            /* uint64_t, bytes */
+        CONFIG_SECONDS,         /* uint64_t, microseconds written as seconds */
+        CONFIG_NUMA_NODE,       /* int, -1: auto */
+        CONFIG_LOG_LEVEL,       /* int, syslog level */
+        CONFIG_BACKEND,         /* VramBackendKind */
+        CONFIG_POLICY,          /* SchedPolicyKind */
+        CONFIG_TARGETS,         /* targets[] and n_targets */
+        _CONFIG_TYPE_MAX,
+        _CONFIG_TYPE_INVALID = -22,
+} ConfigType;
+
+typedef struct ConfigKey ConfigKey;
+
+/*
+ * Parse @value into the field at @field.  On failure return -EINVAL (or
+ * -ENOMEM) and, for -EINVAL, a malloc'ed reason in *ret_reason.
+ */
+typedef int (*ConfigParser)(Config *c, const ConfigKey *k, const char *value, void *field, char **ret_reason);
+
+/* One key of tierd.conf(5): one row of config.c's table. */
+struct ConfigKey {
+        const char *section;
+        const char *name;
+        ConfigParser parse;
+        ConfigType type;
+        size_t offset;          /* of its field in Config */
+        size_t size;            /* of that field */
+        uint64_t min, max;      /* inclusive range for numbers and sizes */
+        bool live;              /* a reload applies it; else it keeps its value until a restart */
+};
+
+/* The @i-th key in the order of tierd.conf(5); NULL past the last. */
+const ConfigKey *config_key_at(size_t i);
+/* Does @k have the same value in @a and @b? */
+bool config_value_equal(const ConfigKey *k, const Config *a, const Config *b);
+/* Copy a scalar key's value from @from to @to; -EOPNOTSUPP for strings and targets. */
+int config_value_copy(const ConfigKey *k, Config *to, const Config *from);
+/* @k's value in @c as tierd.conf spells it ("64M", "auto", "a.img:4G, b.img"), malloc'ed; NULL: -ENOMEM. */
+char *config_value_format(const ConfigKey *k, const Config *c);
+/* The whole configuration as a tierd.conf file (tierd --check-config). */
+int config_print(FILE *f, const Config *c);

@@ -111,32 +111,6 @@ static int parse_argv(int argc, char *argv[]) {
         return 0;
 }
 
-static void print_config(const Config *c) {
-        printf("[daemon]\nsocket = %s\nstate_dir = %s\nlog_level = %s\nlinger_sec = %" PRIu64 "\n"
-               "max_connections = %u\nmax_connections_per_uid = %u\n\n",
-               c->socket_path, c->state_dir, log_level_to_string(c->log_level), c->linger_usec / 1000000,
-               c->max_connections, c->max_connections_per_uid);
-        printf("[limits]\nmax_message = %u\nmax_tensors = %u\nmax_inflight = %u\nmax_name = %u\n\n",
-               c->max_message, c->max_tensors, c->max_inflight, c->max_name);
-        printf("[host]\ncapacity = %" PRIu64 "\nsegment_size = %" PRIu64 "\n", c->host_capacity, c->host_segment_size);
-        if (c->numa_node < 0)
-                printf("numa_node = auto\n");
-        else
-                printf("numa_node = %d\n", c->numa_node);
-        printf("job_limit = %" PRIu64 "\n\n", c->host_job_limit);
-        printf("[vram]\nbackend = %s\ncapacity = %" PRIu64 "\nchunk_size = %" PRIu64 "\njob_limit = %" PRIu64
-               "\nbandwidth = %" PRIu64 "\n\n",
-               vram_backend_to_string(c->vram_backend), c->vram_capacity, c->vram_chunk_size, c->vram_job_limit,
-               c->vram_bandwidth);
-        printf("[nvme]\n");
-        for (size_t i = 0; i < c->n_targets; i++)
-                printf("target = %s:%" PRIu64 "\n", c->targets[i].path, c->targets[i].size);
-        printf("extent_size = %" PRIu64 "\nqueue_depth = %u\njob_limit = %" PRIu64 "\nbandwidth = %" PRIu64 "\n",
-               c->nvme_extent_size, c->nvme_queue_depth, c->nvme_job_limit, c->nvme_bandwidth);
-        printf("\n[sched]\npolicy = %s\ndefault_weight = %u\n", sched_policy_to_string(c->sched_policy),
-               c->default_weight);
-}
-
 /* Sent when run() returns after READY=1, whatever the path; a repeated STOPPING=1 is harmless. */
 static void notify_stopping(const char **p) {
         if (*p)
@@ -206,7 +180,7 @@ static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
         _cleanup_free_ char *err = NULL;
-        ManagerArgs args;
+        ConfigArgs args;
         Config config;
         sigset_t ss;
         int inherited, r;
@@ -218,14 +192,14 @@ static int run(int argc, char *argv[]) {
 
         log_setup(arg_log_target);
 
-        args = (ManagerArgs) {
-                .config_path = arg_config ? arg_config : TIERD_DEFAULT_CONFIG,
+        args = (ConfigArgs) {
+                .config_path = (char *) (arg_config ? arg_config : TIERD_DEFAULT_CONFIG),
                 .config_must_exist = arg_config != NULL,
                 .socket_path = arg_socket,
                 .state_dir = arg_state_dir,
                 .log_level = arg_log_level,
         };
-        r = manager_config_load(&args, &config, &err);
+        r = reload_config_load(&args, &config, &err);
         if (r < 0) {
                 log_error("%s", err ? err : strerror(-r));
                 return 1;
@@ -233,8 +207,12 @@ static int run(int argc, char *argv[]) {
         log_set_level(config.log_level);
 
         if (arg_check_config) {
-                print_config(&config);
+                r = config_print(stdout, &config);
                 config_deinit(&config);
+                if (r < 0) {
+                        log_error_errno(r, "Cannot print the configuration: %m");
+                        return 1;
+                }
                 return EXIT_SUCCESS;
         }
 
@@ -258,25 +236,15 @@ static int run(int argc, char *argv[]) {
         sigprocmask(SIG_BLOCK, &ss, NULL);
         signal(SIGPIPE, SIG_IGN);
 
-        r = manager_new(&m, &config);
-        config_deinit(&config);
+        r = manager_new(&m, &config, &args);            /* consumes config */
         if (r < 0) {
                 safe_close(inherited);
-                return 1;
-        }
-        r = manager_set_args(m, &args);
-        if (r < 0) {
-                safe_close(inherited);
-                log_error_errno(r, "Out of memory");
                 return 1;
         }
         if (inherited >= 0 && strcmp(m->config.socket_path, TIERD_DEFAULT_SOCKET) != 0)
                 log_info("Serving on the socket passed by the service manager; [daemon] socket \"%s\" is not used",
                          m->config.socket_path);
         r = server_listen(m->server, inherited, m->config.socket_path);         /* consumes inherited */
-        if (r < 0)
-                return 1;
-        r = manager_start(m);
         if (r < 0)
                 return 1;
 

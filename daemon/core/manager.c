@@ -1,20 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* manager.c: the daemon's root object: event loop, config and every subsystem. */
+/* manager.c: the daemon's root object: the event loop, the config, and every subsystem, in order. */
 
 /*
- * Theory of operation: the Manager owns the one sd_event loop and builds the
- * subsystems in dependency order: the io_uring (so the host pool can
- * register its segments as fixed buffers as it makes them), the VRAM
- * backend (so the host pool is placed on the GPU's NUMA node and registered
- * with CUDA as it is made), the host pool, the NVMe targets (registered as
- * fixed files), then the server.  Everything runs on the loop thread; the
- * only other thread is the VRAM backend's (the emulated mover, or the CUDA
- * copy completion thread), which talks back through an eventfd.
+ * Theory of operation: the Manager owns the one sd_event loop and builds
+ * the rooms from the bottom up, each from the ones below it: the io_uring
+ * (so the host pool can register its segments as fixed buffers as it makes
+ * them), the VRAM backend (so the host pool is placed on the GPU's NUMA
+ * node and registered with CUDA as it is made), the host pool, the NVMe
+ * targets (registered as fixed files); then the books (registry), the op
+ * engine, the scheduler (which registers its ops with the engine), the
+ * revoker (the cuda pool's hook), the request layer and the server.  It
+ * frees them top down.  Everything runs on the loop thread; the only other
+ * thread is the VRAM backend's (the emulated mover, or the CUDA copy
+ * completion thread), which talks back through an eventfd.
  *
- * The op engine runs from a defer source that manager_kick() arms, so ops
- * queued while handling one packet are advanced once that handler returns,
- * and io_uring submissions made by them are flushed by uring's post source
- * in the same iteration (one io_uring_enter for the whole batch).
+ * The manager also owns the signals: SIGHUP reloads the configuration
+ * (reload.c), SIGTERM and SIGINT drain (below).
  */
 
 #include <errno.h>
@@ -24,50 +25,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
-#include <time.h>
+#include <systemd/sd-event.h>
 
 #include "daemon/base/log.h"
 #include "daemon/core/manager.h"
-#include "daemon/tiers/memfd-seg.h"
-#include "daemon/engine/mover.h"
+#include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
+#include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
+#include "daemon/sched/sched.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
-
-static const char *const link_names[_LINK_MAX] = {
-        [LINK_NVME_TO_HOST] = "nvme->host",
-        [LINK_HOST_TO_NVME] = "host->nvme",
-        [LINK_HOST_TO_VRAM] = "host->vram",
-        [LINK_VRAM_TO_HOST] = "vram->host",
-};
-
-static MemfdSegConfig host_memfd;       /* userdata of the host pool */
-
-const char *link_name(LinkDir d) {
-        return d < _LINK_MAX ? link_names[d] : "?";
-}
-
-uint64_t now_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000ull + (uint64_t) ts.tv_nsec / 1000;
-}
-
-static int on_run(sd_event_source *s, void *userdata) {
-        Manager *m = userdata;
-
-        mover_run(m);
-        return 0;
-}
-
-void manager_kick(Manager *m) {
-        if (m->run_source)
-                (void) sd_event_source_set_enabled(m->run_source, SD_EVENT_ONESHOT);
-}
+#include "util/time-util.h"
 
 static int host_register_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
@@ -83,10 +56,27 @@ static void host_unregister_buffer(Segment *seg, void *userdata) {
         vram_host_unregister(m->vram, seg);
 }
 
+static void manager_notify_ready(Manager *m) {
+        char status[512];
+
+        (void) manager_status_line(m, status, sizeof(status));
+        if (m->reload_error[0])
+                (void) sd_notifyf(false, "READY=1\nSTATUS=%s; last reload refused: %s", status, m->reload_error);
+        else
+                (void) sd_notifyf(false, "READY=1\nSTATUS=%s", status);
+}
+
 static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata);
 
 static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
-        (void) manager_reload(userdata);
+        Manager *m = userdata;
+
+        if (m->stopping) {
+                log_notice("SIGHUP received while stopping, ignoring");
+                return 0;
+        }
+        (void) reload_run(m);
+        manager_notify_ready(m);
         return 0;
 }
 
@@ -99,25 +89,8 @@ static int pick_numa_node(const Config *c, const VramBackend *vram) {
         return MAX(vram_numa_node(vram), 0);
 }
 
-int manager_new(Manager **ret, Config *config) {
-        _cleanup_(manager_freep) Manager *m = NULL;
-        _cleanup_free_ char *err = NULL;
+static int manager_setup_loop(Manager *m) {
         int r;
-
-        m = calloc(1, sizeof(*m));
-        if (!m)
-                return log_error_errno(ENOMEM, "Out of memory");
-        m->config = *config;
-        *config = (Config) {};          /* consumed */
-        m->start_usec = now_usec();
-        list_init(&m->jobs);
-        list_init(&m->dying_jobs);
-        list_init(&m->run_queue);
-        list_init(&m->space_waiters);
-        list_init(&m->vram_waiting[0]);
-        list_init(&m->vram_waiting[1]);
-        for (int i = 0; i < TIERS; i++)
-                list_init(&m->lru[i]);
 
         r = sd_event_new(&m->event);
         if (r < 0)
@@ -132,11 +105,13 @@ int manager_new(Manager **ret, Config *config) {
         r = sd_event_set_watchdog(m->event, true);
         if (r < 0)
                 log_warning_errno(r, "Cannot enable the watchdog, ignoring: %m");
-        r = sd_event_add_defer(m->event, &m->run_source, on_run, m);
-        if (r < 0)
-                return log_error_errno(r, "Cannot add the op engine source: %m");
-        (void) sd_event_source_set_enabled(m->run_source, SD_EVENT_OFF);
-        (void) sd_event_source_set_description(m->run_source, "op-engine");
+        return 0;
+}
+
+/* The tiers: io_uring, the VRAM backend, the host pool, the NVMe targets. */
+static int manager_setup_tiers(Manager *m) {
+        _cleanup_free_ char *err = NULL;
+        int r;
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)
@@ -148,18 +123,13 @@ int manager_new(Manager **ret, Config *config) {
                 return log_error_errno(r, "%s", err ? err : "Cannot set up the VRAM tier: %m");
         m->vram->pool.tier = TIER_VRAM;
         m->vram->pool.id_base = 1u << 16;
-        if (!m->vram->emulated) {
-                /* device memory stays allocated while a client maps it: take chunks back cooperatively */
-                m->vram->pool.revoke = revoke_segment;
-                m->vram->pool.revoke_userdata = m;
-        }
 
         /* host tier: one memfd per segment, NUMA-bound, locked, registered as a fixed buffer */
         r = uring_register_buffers(m->uring, (unsigned) (m->config.host_capacity / m->config.host_segment_size));
         if (r < 0)
                 return log_error_errno(r, "Cannot register io_uring buffers: %m");
         m->host.numa_node = pick_numa_node(&m->config, m->vram);
-        host_memfd = (MemfdSegConfig) {
+        m->host.memfd = (MemfdSegConfig) {
                 .name = "tierd-host",
                 .numa_node = m->host.numa_node,
                 .lock = true,
@@ -167,7 +137,7 @@ int manager_new(Manager **ret, Config *config) {
                 .on_drop = host_unregister_buffer,
                 .userdata = m,
         };
-        r = segpool_init(&m->host.pool, "memfd", &memfd_seg_ops, &host_memfd,
+        r = segpool_init(&m->host.pool, "memfd", &memfd_seg_ops, &m->host.memfd,
                          m->config.host_capacity, m->config.host_segment_size);
         if (r < 0)
                 return log_error_errno(r, "Cannot set up the host pool of %" PRIu64 " bytes: %m "
@@ -175,22 +145,67 @@ int manager_new(Manager **ret, Config *config) {
                                        m->config.host_capacity);
         m->host.pool.tier = TIER_HOST;
         m->host.pool.id_base = 0;
-        m->host.locked = !host_memfd.lock_failed;
+        m->host.locked = !m->host.memfd.lock_failed;
 
+        err = mfree(err);
         r = nvme_tier_new(&m->config, m->uring, &m->nvme, &err);
         if (r < 0)
                 return log_error_errno(r, "%s", err ? err : "Cannot set up the NVMe tier: %m");
+        return 0;
+}
 
-        m->capacity[TIER_VRAM] = (uint64_t) m->vram->pool.n_segs * m->vram->pool.seg_size;
-        m->capacity[TIER_HOST] = (uint64_t) m->host.pool.n_segs * m->host.pool.seg_size;
-        m->capacity[TIER_NVME] = m->nvme->capacity;
+int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        int r;
 
-        r = mover_init(m);
+        m = calloc(1, sizeof(*m));
+        if (!m) {
+                config_deinit(config);
+                return log_error_errno(ENOMEM, "Out of memory");
+        }
+        m->config = *config;
+        *config = (Config) {};          /* consumed */
+        m->start_usec = now_usec();
+        if (args && config_args_copy(&m->args, args) < 0)
+                return log_error_errno(ENOMEM, "Out of memory");
+
+        r = manager_setup_loop(m);
         if (r < 0)
                 return r;
-        r = server_new(m, &m->server);
+        r = manager_setup_tiers(m);
+        if (r < 0)
+                return r;
+
+        r = registry_new(&m->config, m->event, &m->host.pool, &m->vram->pool, m->nvme, &m->registry);
+        if (r >= 0)
+                r = engine_new(m->event, m->registry, m->uring, m->nvme, m->vram, &m->engine);
+        if (r >= 0)
+                r = sched_new(m->event, &m->config, m->registry, m->engine, m->uring, m->vram, &m->sched);
+        if (r >= 0)
+                r = revoke_new(m->event, m->engine, &m->revoke);
+        if (r < 0)
+                return log_error_errno(r, "Cannot set up the daemon's state: %m");
+        if (!m->vram->emulated) {
+                /* device memory stays allocated while a client maps it: take chunks back cooperatively */
+                m->vram->pool.revoke = revoke_segment;
+                m->vram->pool.revoke_userdata = m->revoke;
+        }
+
+        m->rpc = (Rpc) {
+                .config = &m->config,
+                .registry = m->registry,
+                .engine = m->engine,
+                .sched = m->sched,
+                .vram = m->vram,
+                .nvme = m->nvme,
+                .revoke = m->revoke,
+                .start_usec = m->start_usec,
+        };
+        rpc_resolve_admin_group(&m->rpc);
+        r = server_new(m->event, &m->config, &rpc_server_ops, &m->rpc, &m->server);
         if (r < 0)
                 return log_error_errno(r, "Out of memory");
+        m->rpc.server = m->server;
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -199,29 +214,26 @@ int manager_new(Manager **ret, Config *config) {
 Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
+        /* top down: the connections (their plans, requests and pins), the jobs, then the rooms below */
         m->server = server_free(m->server);
-        list_for_each_safe(n, tmp, &m->jobs)
-                job_destroy(list_entry(n, Job, link));
-        mover_deinit(m);
-        if (m->n_xfers > 0)
-                log_warning("%u transfer(s) still running at exit; their memory is not freed", m->n_xfers);
+        m->registry = registry_free(m->registry);
+        m->sched = sched_free(m->sched);
+        if (m->vram)
+                m->vram->pool.revoke = NULL;
+        m->revoke = revoke_free(m->revoke);
+        m->engine = engine_free(m->engine);
         m->uring = uring_free(m->uring);
         segpool_deinit(&m->host.pool);         /* before the VRAM backend: it unregisters from it */
         m->vram = vram_backend_free(m->vram);
         m->nvme = nvme_tier_free(m->nvme);
-        sd_event_source_disable_unref(m->run_source);
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);
         sd_event_unref(m->event);
         config_deinit(&m->config);
-        free(m->config_path);
+        config_args_done(&m->args);
         free(m);
         return NULL;
-}
-
-int manager_start(Manager *m) {
-        return 0;
 }
 
 /* ---- stopping ------------------------------------------------------------------------ */
@@ -236,8 +248,16 @@ int manager_start(Manager *m) {
 /* How long a stop waits for running transfers and for clients to read their last packets. */
 #define MANAGER_DRAIN_USEC (10ull * 1000000ull)
 
+static unsigned n_xfers(const Manager *m) {
+        return m->engine ? m->engine->n_xfers : 0;
+}
+
+static unsigned n_conns(const Manager *m) {
+        return m->server ? server_n_conns(m->server) : 0;
+}
+
 static bool drain_done(Manager *m) {
-        return m->n_xfers == 0 && (!m->server || server_n_conns(m->server) == 0);
+        return n_xfers(m) == 0 && n_conns(m) == 0;
 }
 
 /* After every loop iteration of the drain. */
@@ -254,7 +274,7 @@ static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
         log_warning("Stopping with %u transfer(s) still in flight and %u client(s) not done reading after "
-                    "%" PRIu64 " ms, ignoring", m->n_xfers, m->server ? server_n_conns(m->server) : 0,
+                    "%" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
                     m->drain_usec / 1000);
         return sd_event_exit(m->event, 0);
 }
@@ -279,9 +299,10 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
         if (m->stopping)
                 return;
         m->stopping = true;
+        m->registry->stopping = true;  /* jobs no longer linger */
         m->drain_usec = timeout_usec;
         (void) sd_notifyf(false, "STOPPING=1\nSTATUS=Stopping: %u transfer(s) in flight, %u connection(s)",
-                          m->n_xfers, m->server ? server_n_conns(m->server) : 0);
+                          n_xfers(m), n_conns(m));
 
         /*
          * Persistent state: there is none to write yet.  Quotas set at run
@@ -291,22 +312,9 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
          * either changes, the state is written here, before the loop exits.
          */
 
-        if (m->server) {
-                /* no more accept()s; Event.shutdown queued to every client */
-                server_broadcast_shutdown(m->server, "tierd is stopping");
-                list_for_each_safe(n, tmp, server_conns(m->server)) {
-                        Conn *c = list_entry(n, Conn, link);
-
-                        /*
-                         * Read no more requests; write what is queued (the shutdown
-                         * event last), then close, as after a protocol error: the
-                         * connection's requests are cancelled and its pins dropped.
-                         */
-                        c->closing = true;
-                        if (sd_event_source_set_io_events(c->io, EPOLLOUT) < 0)
-                                conn_close(c);
-                }
-        }
+        /* no more accept()s; Event.shutdown to every client, which is closed once it has read it */
+        if (m->server)
+                server_stop(m->server, "tierd is stopping");
 
         if (drain_done(m)) {
                 (void) sd_event_exit(m->event, 0);
@@ -326,16 +334,17 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
 
 int manager_status_line(Manager *m, char *buf, size_t size) {
         const double mib = 1048576.0;
+        const Registry *r = m->registry;
 
         return snprintf(buf, size,
                         "vram %.0f/%.0f MiB (%s), host %.0f/%.0f MiB%s, nvme %.0f/%.0f MiB on %u target(s); "
                         "%u job(s), %u connection(s)",
-                        (double) m->used[TIER_VRAM] / mib, (double) m->capacity[TIER_VRAM] / mib,
+                        (double) r->used[TIER_VRAM] / mib, (double) r->capacity[TIER_VRAM] / mib,
                         m->vram->ops->name,
-                        (double) m->used[TIER_HOST] / mib, (double) m->capacity[TIER_HOST] / mib,
+                        (double) r->used[TIER_HOST] / mib, (double) r->capacity[TIER_HOST] / mib,
                         m->host.locked ? " locked" : " NOT locked",
-                        (double) m->used[TIER_NVME] / mib, (double) m->capacity[TIER_NVME] / mib,
-                        m->nvme->n_targets, m->n_jobs, m->server ? server_n_conns(m->server) : 0);
+                        (double) r->used[TIER_NVME] / mib, (double) r->capacity[TIER_NVME] / mib,
+                        m->nvme->n_targets, r->n_jobs, n_conns(m));
 }
 
 int manager_run(Manager *m) {

@@ -21,7 +21,7 @@
  * memory until its process lets go; making the new chunk may then fail,
  * and the segment stays out of service (logged).
  *
- * Only the grant-less state is revoked: the mover takes back segments with
+ * Only the grant-less state is revoked: the engine takes back segments with
  * nothing allocated in them, so no tensor of the client points into it.
  */
 
@@ -29,18 +29,26 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include <systemd/sd-event.h>
+
 #include "daemon/base/log.h"
-#include "daemon/core/manager.h"
-#include "daemon/engine/mover.h"
+#include "daemon/engine/engine.h"
+#include "daemon/ipc/conn.h"
 #include "daemon/ipc/revoke.h"
+#include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
-#include "daemon/ipc/server.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 
+struct Revoke {
+        sd_event *event;
+        Engine *engine;         /* its space waiters run again when a segment is back */
+        List waits;             /* RevokeWait.link */
+};
+
 typedef struct RevokeWait {
-        List link;              /* revoke_waits */
-        Manager *manager;
+        List link;              /* Revoke.waits */
+        Revoke *revoke;
         Conn *conn;
         SegPool *pool;
         Segment *seg;
@@ -49,10 +57,36 @@ typedef struct RevokeWait {
         sd_event_source *timer;
 } RevokeWait;
 
-static List revoke_waits = LIST_INIT(revoke_waits);
+int revoke_new(sd_event *event, Engine *engine, Revoke **ret) {
+        Revoke *v = calloc(1, sizeof(*v));
 
-static bool seg_waited_for(const Segment *seg) {
-        list_for_each_safe(n, tmp, &revoke_waits)
+        if (!v)
+                return -ENOMEM;
+        v->event = event;
+        v->engine = engine;
+        list_init(&v->waits);
+        *ret = v;
+        return 0;
+}
+
+static void wait_free(RevokeWait *w) {
+        list_del(&w->link);
+        sd_event_source_disable_unref(w->timer);
+        free(w);
+}
+
+Revoke *revoke_free(Revoke *v) {
+        if (!v)
+                return NULL;
+        /* tierd is going: the segments waited for go with their pools */
+        list_for_each_safe(n, tmp, &v->waits)
+                wait_free(list_entry(n, RevokeWait, link));
+        free(v);
+        return NULL;
+}
+
+static bool seg_waited_for(const Revoke *v, const Segment *seg) {
+        list_for_each_safe(n, tmp, &v->waits)
                 if (list_entry(n, RevokeWait, link)->seg == seg)
                         return true;
         return false;
@@ -60,24 +94,22 @@ static bool seg_waited_for(const Segment *seg) {
 
 /* Forget @w; when it was the segment's last one, put the segment back in service. */
 static void wait_done(RevokeWait *w) {
-        Manager *m = w->manager;
+        Revoke *v = w->revoke;
         SegPool *p = w->pool;
         Segment *seg = w->seg;
         int r;
 
-        list_del(&w->link);
-        sd_event_source_disable_unref(w->timer);
-        free(w);
-        if (seg_waited_for(seg))
+        wait_free(w);
+        if (seg_waited_for(v, seg))
                 return;
         r = segpool_revoked(p, seg);
         if (r < 0)
-                log_tier(LOG_WARNING, r, tier_to_string(p->tier), "Cannot renew %s segment %u after its revoke, "
+                log_tier(LOG_WARNING, r, level_to_string(p->tier), "Cannot renew %s segment %u after its revoke, "
                          "it stays out of service (an old client may still map its memory): %m",
-                         tier_to_string(p->tier), seg->id);
+                         level_to_string(p->tier), seg->id);
         else
-                log_debug("%s segment %u is back in service after its revoke", tier_to_string(p->tier), seg->id);
-        mover_wake_space_waiters(m);
+                log_debug("%s segment %u is back in service after its revoke", level_to_string(p->tier), seg->id);
+        engine_wake_space_waiters(v->engine);
 }
 
 static int on_revoke_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -86,7 +118,7 @@ static int on_revoke_timeout(sd_event_source *s, uint64_t usec, void *userdata) 
 
         log_job(LOG_WARNING, 0, c->job ? c->job->name : NULL,
                 "Connection %" PRIu64 " (pid " PID_FMT ") did not give back %s segment %u within %llu ms, "
-                "closing it", c->id, c->pid, tier_to_string(w->pool->tier), w->wire_id, REVOKE_TIMEOUT_USEC / 1000);
+                "closing it", c->id, c->pid, level_to_string(w->pool->tier), w->wire_id, REVOKE_TIMEOUT_USEC / 1000);
         wait_done(w);
         conn_abort(c);
         return 0;
@@ -105,36 +137,36 @@ static int send_revoke(Conn *c, uint32_t wire_id, uint32_t generation) {
 }
 
 int revoke_segment(SegPool *p, Segment *seg, void *userdata) {
-        Manager *m = userdata;
+        Revoke *v = userdata;
         uint32_t wire_id = p->id_base + seg->id;
         Job *j = seg->owner;
         unsigned n = 0;
         uint64_t now;
 
-        if (!j || sd_event_now(m->event, CLOCK_MONOTONIC, &now) < 0)
+        if (!j || sd_event_now(v->event, CLOCK_MONOTONIC, &now) < 0)
                 return 0;
         list_for_each_safe(node, tmp, &j->conns) {
                 Conn *c = list_entry(node, Conn, job_link);
                 RevokeWait *w;
                 int r;
 
-                if (c->broken || c->closing || wire_id >= c->n_seg_sent || c->seg_sent[wire_id] != seg->generation + 1)
+                if (c->broken || c->closing || !conn_segment_known(c, wire_id, seg->generation))
                         continue;       /* never had it, or is on its way out */
-                c->seg_sent[wire_id] = 0;
+                conn_segment_forget(c, wire_id);
                 w = calloc(1, sizeof(*w));
                 if (!w) {
                         conn_abort(c);
                         continue;
                 }
                 *w = (RevokeWait) {
-                        .manager = m,
+                        .revoke = v,
                         .conn = c,
                         .pool = p,
                         .seg = seg,
                         .wire_id = wire_id,
                         .generation = seg->generation,
                 };
-                r = sd_event_add_time(m->event, &w->timer, CLOCK_MONOTONIC, now + REVOKE_TIMEOUT_USEC, 0,
+                r = sd_event_add_time(v->event, &w->timer, CLOCK_MONOTONIC, now + REVOKE_TIMEOUT_USEC, 0,
                                       on_revoke_timeout, w);
                 if (r >= 0)
                         r = send_revoke(c, wire_id, seg->generation);
@@ -146,19 +178,19 @@ int revoke_segment(SegPool *p, Segment *seg, void *userdata) {
                         continue;
                 }
                 (void) sd_event_source_set_description(w->timer, "revoke-timeout");
-                list_add_tail(&revoke_waits, &w->link);
+                list_add_tail(&v->waits, &w->link);
                 n++;
         }
         if (n > 0)
                 log_job(LOG_INFO, 0, j->name, "Taking %s segment %u back from job '%s': waiting for %u client(s) "
-                        "to unmap it", tier_to_string(p->tier), wire_id, j->name, n);
+                        "to unmap it", level_to_string(p->tier), wire_id, j->name, n);
         return n > 0;
 }
 
-void revoke_ack(Conn *c, const Tier__Ack *ack) {
+void revoke_ack(Revoke *v, Conn *c, const Tier__Ack *ack) {
         if (!ack)
                 return;
-        list_for_each_safe(n, tmp, &revoke_waits) {
+        list_for_each_safe(n, tmp, &v->waits) {
                 RevokeWait *w = list_entry(n, RevokeWait, link);
 
                 if (w->conn == c && w->wire_id == ack->segment && w->generation == ack->generation) {
@@ -168,8 +200,8 @@ void revoke_ack(Conn *c, const Tier__Ack *ack) {
         }
 }
 
-void revoke_conn_gone(Conn *c) {
-        list_for_each_safe(n, tmp, &revoke_waits) {
+void revoke_conn_gone(Revoke *v, Conn *c) {
+        list_for_each_safe(n, tmp, &v->waits) {
                 RevokeWait *w = list_entry(n, RevokeWait, link);
 
                 if (w->conn == c)

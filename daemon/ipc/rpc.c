@@ -1,26 +1,26 @@
 /* SPDX-License-Identifier: MIT */
-/* rpc.c: decoded requests -> registry and op-engine calls -> responses. */
+/* rpc.c: the request layer: decoded requests -> registry, engine and scheduler calls -> replies. */
 
 /*
  * Theory of operation: rpc_dispatch() validates one decoded Request against
  * the connection's state and the limits (names, sizes, tiers, in-flight
  * count), then either answers at once (create, open, stat, unpin, status,
- * a pin of a copy that is already resident) or hands an Op to the mover.
+ * a pin of a copy that is already resident) or hands an Op to the engine.
  * An op carries a Pending record that remembers who asked: sync requests are
  * answered when the op completes, async ones at once with a fence (pin: as
  * soon as the destination is reserved, so the grant is known) and their
- * fence is completed on the job's fence page when the op ends.
+ * fence is completed on the job's fence page when the op ends (fence.c).
  *
- * Pins are recorded per connection so that a vanished client's pins are
- * dropped (as dirty: the client may have written before it died, and
- * keeping its bytes is the safe choice).
+ * This layer does no socket I/O of its own: replies go through conn.c, so
+ * a test or a fuzzer can drive it in-process over a socketpair.  Nothing
+ * here blocks: the admin group is looked up at start and reload
+ * (rpc_resolve_admin_group()), not per request.
  */
 
 #include <errno.h>
-#include <grp.h>
-#include <sys/socket.h>
-#include <stdarg.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,29 +28,30 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "daemon/base/config.h"
 #include "daemon/base/log.h"
-#include "daemon/core/manager.h"
-#include "daemon/engine/mover.h"
-#include "daemon/state/registry.h"
+#include "daemon/engine/engine.h"
+#include "daemon/ipc/conn.h"
+#include "daemon/ipc/fence.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
 #include "daemon/ipc/status.h"
-#include "daemon/sched/timeline.h"
-#include "daemon/tiers/tier-nvme.h"
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
 #include "daemon/tiers/vram.h"
 #include "proto/fence.h"
-#include "proto/plan.h"
 #include "proto/macro.h"
-#include "proto/wire.h"
+#include "proto/plan.h"
 #include "tier.pb-c.h"
 
 /* Largest tensor we accept at all (the host segment size bounds it further). */
 #define TENSOR_SIZE_MAX (1ull << 40)
-/* A status reply bigger than this goes through a memfd. */
-#define STATUS_INLINE_MAX (48u << 10)
 
 typedef struct Pending {
+        Rpc *rpc;
         Conn *conn;
         uint64_t seq;
         uint64_t fence;         /* 0 for sync requests */
@@ -80,140 +81,7 @@ static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...)
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-int rpc_protocol_error(Conn *c, uint64_t seq, int status, const char *msg) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        int r;
-
-        resp.seq = seq;
-        resp.status = status;
-        resp.error = (char *) msg;
-        r = conn_send_response(c, &resp, NULL, 0, true);
-        return r < 0 ? r : 0;
-}
-
-/* ---- segments ---------------------------------------------------------------------- */
-
-static uint32_t seg_wire_id(const Segment *s) {
-        return s->pool->id_base + s->id;
-}
-
-size_t rpc_collect_segments(Conn *c, Tier__Segment *segs, Tier__Segment **segp, int *fds, size_t *n_fds, size_t max) {
-        Job *j = c->job;
-        size_t n = 0;
-
-        for (int tier = 0; tier < TIERS; tier++) {
-                list_for_each_safe(node, tmp, &j->segments[tier]) {
-                        Segment *s = list_entry(node, Segment, owner_link);
-                        uint32_t wid = seg_wire_id(s);
-
-                        if (*n_fds >= max)
-                                return n;
-                        if (wid < c->n_seg_sent && c->seg_sent[wid] == s->generation + 1)
-                                continue;
-                        tier__segment__init(&segs[n]);
-                        segs[n].id = wid;
-                        segs[n].generation = s->generation;
-                        segs[n].tier = (Tier__Tier) tier;
-                        segs[n].size = s->pool->seg_size;
-                        segs[n].fd_index = (int32_t) *n_fds;
-                        segs[n].kind = (char *) s->pool->kind;
-                        fds[(*n_fds)++] = s->fd;
-                        segp[n] = &segs[n];
-                        n++;
-                }
-        }
-        return n;
-}
-
-void rpc_segments_sent(Conn *c, const Tier__Segment *segs, size_t n) {
-        for (size_t i = 0; i < n; i++) {
-                uint32_t wid = segs[i].id;
-
-                if (wid >= c->n_seg_sent) {
-                        uint32_t cap = MAX(wid + 1, c->n_seg_sent * 2);
-                        uint32_t *p = realloc(c->seg_sent, cap * sizeof(uint32_t));
-
-                        if (!p)
-                                continue;       /* will be sent again: harmless */
-                        memset(p + c->n_seg_sent, 0, (cap - c->n_seg_sent) * sizeof(uint32_t));
-                        c->seg_sent = p;
-                        c->n_seg_sent = cap;
-                }
-                c->seg_sent[wid] = segs[i].generation + 1;
-        }
-}
-
-/* ---- fences --------------------------------------------------------------------------- */
-
-static void fence_complete(Conn *c, uint64_t fence, int status, const char *error) {
-        Job *j = c->job;
-        bool advanced = false;
-
-        if (status < 0) {
-                Tier__Event ev = TIER__EVENT__INIT;
-                Tier__FenceFailed ff = TIER__FENCE_FAILED__INIT;
-
-                ff.fence = fence;
-                ff.status = status;
-                ff.error = (char *) (error ? error : "");
-                ev.kind_case = TIER__EVENT__KIND_FENCE_FAILED;
-                ev.fence_failed = &ff;
-                /* a client that misses this event would wait forever: better closed */
-                if (conn_send_event(c, &ev) < 0)
-                        conn_abort(c);
-                __atomic_add_fetch(&j->fences->failed[c->fence_slot], 1, __ATOMIC_RELEASE);
-        }
-
-        if (fence == c->fence_done + 1) {
-                c->fence_done = fence;
-                advanced = true;
-                /* absorb fences that completed out of order */
-                for (bool again = true; again;) {
-                        again = false;
-                        for (size_t i = 0; i < c->n_fence_completed; i++)
-                                if (c->fence_completed[i] == c->fence_done + 1) {
-                                        c->fence_done++;
-                                        c->fence_completed[i] = c->fence_completed[--c->n_fence_completed];
-                                        again = true;
-                                        break;
-                                }
-                }
-        } else if (c->n_fence_completed < c->manager->config.max_inflight)
-                c->fence_completed[c->n_fence_completed++] = fence;
-
-        if (advanced || status < 0) {
-                uint64_t one = 1;
-
-                __atomic_store_n(&j->fences->done[c->fence_slot], c->fence_done, __ATOMIC_RELEASE);
-                (void) write(c->efd, &one, sizeof(one));
-        }
-}
-
 /* ---- pins ------------------------------------------------------------------------------ */
-
-static int pin_record(Conn *c, Tensor *t, int tier) {
-        if (c->n_pins == c->cap_pins) {
-                size_t cap = c->cap_pins ? c->cap_pins * 2 : 16;
-                PinRec *p = realloc(c->pins, cap * sizeof(PinRec));
-
-                if (!p)
-                        return -ENOMEM;
-                c->pins = p;
-                c->cap_pins = cap;
-        }
-        c->pins[c->n_pins++] = (PinRec) { t, tier };
-        return 0;
-}
-
-static int pin_forget(Conn *c, Tensor *t, int tier) {
-        for (size_t i = c->n_pins; i > 0; i--)
-                if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
-                        c->pins[i - 1] = c->pins[--c->n_pins];
-                        return 0;
-                }
-        return -ENOENT;
-}
-
 
 static void fill_grant(Tier__Grant *g, const Tensor *t, int tier) {
         uint32_t seg, gen;
@@ -227,7 +95,7 @@ static void fill_grant(Tier__Grant *g, const Tensor *t, int tier) {
         g->tier = (Tier__Tier) tier;
 }
 
-static int reply_pin(Conn *c, uint64_t seq, Tensor *t, int tier, uint64_t fence) {
+static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_t fence) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PinReply pr = TIER__PIN_REPLY__INIT;
         Tier__Grant g = TIER__GRANT__INIT;
@@ -238,7 +106,7 @@ static int reply_pin(Conn *c, uint64_t seq, Tensor *t, int tier, uint64_t fence)
         pr.fence = fence;
         /* the copy into VRAM is queued: the client's stream may wait for it on the device */
         if (fence && tier == TIER_VRAM &&
-            vram_copy_event(c->manager->vram, t->copy[tier].seg, t->copy[tier].offset, ev) > 0)
+            vram_copy_event(r->vram, t->copy[tier].seg, t->copy[tier].offset, ev) > 0)
                 pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PIN;
@@ -277,7 +145,7 @@ static void on_op_reserved(Op *op) {
                 }
                 tensor_pin_account(op->tensor, op->tier, +1);
                 p->replied = true;
-                (void) reply_pin(c, p->seq, op->tensor, op->tier, p->fence);
+                (void) reply_pin(p->rpc, c, p->seq, op->tensor, op->tier, p->fence);
         }
 }
 
@@ -305,26 +173,26 @@ static void on_op_complete(Op *op, int status, const char *error) {
                 if (status < 0)
                         (void) reply_status(c, p->seq, status, "%s", error ? error : strerror(-status));
                 else if (p->kind == TIER__REQUEST__OP_PIN)
-                        (void) reply_pin(c, p->seq, t, op->tier, p->fence);
+                        (void) reply_pin(p->rpc, c, p->seq, t, op->tier, p->fence);
                 else
                         (void) reply_fence(c, p->seq, p->fence);
                 p->replied = true;
         }
         if (p->fence)
-                fence_complete(c, p->fence, status, error);
+                fence_complete(c, p->fence, status, error, p->rpc->config->max_inflight);
         pending_free(p);
 }
 
 /* ---- validation ------------------------------------------------------------------------------- */
 
-static int check_name(Conn *c, uint64_t seq, const char *what, const char *name) {
+static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const char *name) {
         size_t len = name ? strlen(name) : 0;
 
         if (len == 0)
                 return reply_status(c, seq, -EINVAL, "%s name is empty", what), -EINVAL;
-        if (len > c->manager->config.max_name)
+        if (len > r->config->max_name)
                 return reply_status(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
-                                    c->manager->config.max_name), -ENAMETOOLONG;
+                                    r->config->max_name), -ENAMETOOLONG;
         for (const unsigned char *s = (const unsigned char *) name; *s; s++)
                 if (*s < 0x20 || *s == 0x7f)
                         return reply_status(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
@@ -345,112 +213,120 @@ static bool tier_ok(int tier) {
 
 /* ---- handlers --------------------------------------------------------------------------------- */
 
-static void job_linger_start(Job *j);
+/* Hello on a connection that gets no job: a control connection (status and quotas only). */
+static int hello_control(Conn *c, uint64_t seq, Tier__HelloReply *hr) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
 
-static int handle_hello(Conn *c, uint64_t seq, const Tier__Hello *h) {
-        Manager *m = c->manager;
+        c->hello_done = true;
+        resp.seq = seq;
+        resp.result_case = TIER__RESPONSE__RESULT_HELLO;
+        resp.hello = hr;
+        return conn_send_response(c, &resp, NULL, 0, false);
+}
+
+/* The job named in a Hello: found (and @c's uid may use it) or created.  NULL after a reply saying why. */
+static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
+        Job *j;
+        unsigned n = 0;
+        int q;
+
+        j = job_find(r->registry, name);
+        if (j) {
+                if (j->uid != c->uid && c->uid != 0) {
+                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u", j->name, (unsigned) j->uid);
+                        return NULL;
+                }
+                *ret_created = false;
+                return j;
+        }
+        /* jobs outlive their connections (linger): bound them per uid too */
+        list_for_each_safe(node, tmp, &r->registry->jobs)
+                if (list_entry(node, Job, link)->uid == c->uid)
+                        n++;
+        if (n >= r->config->max_connections_per_uid) {
+                (void) reply_status(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
+                                    (unsigned) c->uid, n);
+                return NULL;
+        }
+        q = job_new(r->registry, name, c->uid, &j);
+        if (q < 0) {
+                (void) reply_status(c, seq, q, "cannot create job: %s", strerror(-q));
+                return NULL;
+        }
+        log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id, (unsigned) c->uid);
+        *ret_created = true;
+        return j;
+}
+
+static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
         Tier__Limits lim = TIER__LIMITS__INIT;
         uint64_t limits[TIERS] = {};
+        _cleanup_close_ int efd = -1;
+        _cleanup_free_ uint64_t *completed = NULL;
+        unsigned slot;
         int fds[2];
-        size_t n_fds = 0;
         bool created = false;
         Job *j;
-        int r;
+        int q;
 
         if (c->hello_done)
-                return rpc_protocol_error(c, seq, -EPROTO, "Hello sent twice");
+                return conn_protocol_error(c, seq, -EPROTO, "Hello sent twice");
         if (h->version != TIER_PROTOCOL_VERSION) {
                 char msg[128];
 
                 snprintf(msg, sizeof(msg), "protocol version %u not supported (tierd speaks version %u)",
                          h->version, TIER_PROTOCOL_VERSION);
                 log_info("Connection %" PRIu64 " (pid " PID_FMT "): %s", c->id, c->pid, msg);
-                return rpc_protocol_error(c, seq, -EPROTONOSUPPORT, msg);
+                return conn_protocol_error(c, seq, -EPROTONOSUPPORT, msg);
         }
 
-        lim.max_message = m->config.max_message;
-        lim.max_tensors = m->config.max_tensors;
-        lim.max_inflight = m->config.max_inflight;
-        lim.max_name = m->config.max_name;
+        lim.max_message = r->config->max_message;
+        lim.max_tensors = r->config->max_tensors;
+        lim.max_inflight = r->config->max_inflight;
+        lim.max_name = r->config->max_name;
         hr.version = TIER_PROTOCOL_VERSION;
         hr.limits = &lim;
-        hr.vram_backend = (char *) m->vram->ops->name;
-        hr.vram_device = m->vram->device;
+        hr.vram_backend = (char *) r->vram->ops->name;
+        hr.vram_device = r->vram->device;
         hr.fence_page_fd = -1;
         hr.fence_eventfd = -1;
 
-        /* connections per uid */
-        {
-                unsigned n = 0;
-
-                list_for_each_safe(node, tmp, server_conns(m->server)) {
-                        Conn *o = list_entry(node, Conn, link);
-                        if (o != c && o->uid == c->uid && o->hello_done)
-                                n++;
-                }
-                if (n >= m->config.max_connections_per_uid)
-                        return rpc_protocol_error(c, seq, -EUSERS, "too many connections for this uid "
-                                                  "(max_connections_per_uid)");
-        }
-
-        if (!h->job || h->job[0] == 0) {
-                /* control connection: status only */
-                c->hello_done = true;
-                resp.seq = seq;
-                resp.result_case = TIER__RESPONSE__RESULT_HELLO;
-                resp.hello = &hr;
-                return conn_send_response(c, &resp, NULL, 0, false);
-        }
-
-        r = check_name(c, seq, "job", h->job);
-        if (r < 0)
+        if (server_count_uid(r->server, c->uid, c) >= r->config->max_connections_per_uid)
+                return conn_protocol_error(c, seq, -EUSERS, "too many connections for this uid "
+                                           "(max_connections_per_uid)");
+        if (!h->job || h->job[0] == 0)
+                return hello_control(c, seq, &hr);
+        if (check_name(r, c, seq, "job", h->job) < 0)
                 return 0;
 
-        j = job_find(m, h->job);
-        if (j) {
-                if (j->uid != c->uid && c->uid != 0)
-                        return reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u", j->name, (unsigned) j->uid);
-        } else {
-                unsigned n = 0;
-
-                /* jobs outlive their connections (linger): bound them per uid too */
-                list_for_each_safe(node, tmp, &m->jobs)
-                        if (list_entry(node, Job, link)->uid == c->uid)
-                                n++;
-                if (n >= m->config.max_connections_per_uid)
-                        return reply_status(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
-                                            (unsigned) c->uid, n);
-                r = job_new(m, h->job, c->uid, &j);
-                if (r < 0)
-                        return reply_status(c, seq, r, "cannot create job: %s", strerror(-r));
-                created = true;
-                log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id,
-                        (unsigned) c->uid);
-        }
-
-        r = job_fence_slot_get(j, &c->fence_slot);
-        if (r < 0) {
-                if (created)
-                        job_linger_start(j);
-                return reply_status(c, seq, r, "job '%s' has too many connections (%d)", j->name, FENCE_SLOTS);
-        }
-        c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        c->fence_completed = calloc(m->config.max_inflight, sizeof(uint64_t));
-        if (c->efd < 0 || !c->fence_completed) {
-                job_fence_slot_put(j, c->fence_slot);
-                if (created)
-                        job_linger_start(j);
+        /*
+         * All or nothing: what a failed Hello took is given back, so that the
+         * client may send another one (nothing is left to leak or overwrite).
+         */
+        efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        completed = calloc(r->config->max_inflight, sizeof(uint64_t));
+        if (efd < 0 || !completed)
                 return reply_status(c, seq, -ENOMEM, "out of resources");
+        j = hello_job(r, c, seq, h->job, &created);
+        if (!j)
+                return 0;
+        q = job_fence_slot_get(j, &slot);
+        if (q < 0) {
+                if (created)
+                        job_linger_start(j);
+                return reply_status(c, seq, q, "job '%s' has too many connections (%d)", j->name, FENCE_SLOTS);
         }
 
         c->job = j;
+        c->fence_slot = slot;
+        c->efd = TAKE_FD(efd);
+        c->fence_completed = TAKE_PTR(completed);
         c->hello_done = true;
         list_add_tail(&j->conns, &c->job_link);
         j->n_conns++;
-        j->linger = sd_event_source_disable_unref(j->linger);
-        j->linger_until = 0;
+        job_linger_stop(j);
 
         for (int i = 0; i < TIERS; i++)
                 limits[i] = j->limit[i];
@@ -459,36 +335,36 @@ static int handle_hello(Conn *c, uint64_t seq, const Tier__Hello *h) {
         hr.job_id = j->id;
         hr.fence_slot = c->fence_slot;
         hr.created = created;
-        fds[n_fds] = j->fence_fd;
-        hr.fence_page_fd = (int32_t) n_fds++;
-        fds[n_fds] = c->efd;
-        hr.fence_eventfd = (int32_t) n_fds++;
+        fds[0] = j->fence_fd;
+        hr.fence_page_fd = 0;
+        fds[1] = c->efd;
+        hr.fence_eventfd = 1;
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_HELLO;
         resp.hello = &hr;
-        return conn_send_response(c, &resp, fds, n_fds, false);
+        return conn_send_response(c, &resp, fds, 2, false);
 }
 
-static int handle_create(Conn *c, uint64_t seq, const Tier__Create *cr) {
-        Manager *m = c->manager;
+static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
+        SegPool *host = rpc->registry->pools[TIER_HOST];
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
         Tensor *t;
         int r;
 
-        if (check_name(c, seq, "tensor", cr->name) < 0)
+        if (check_name(rpc, c, seq, "tensor", cr->name) < 0)
                 return 0;
         if (cr->size == 0 || cr->size > TENSOR_SIZE_MAX)
                 return reply_status(c, seq, -EINVAL, "tensor size %" PRIu64 " out of range (1..2^40)", cr->size);
-        if (ALIGN_UP(cr->size, SEG_UNIT) > m->host.pool.seg_size)
+        if (ALIGN_UP(cr->size, SEG_UNIT) > host->seg_size)
                 return reply_status(c, seq, -EFBIG, "tensor of %" PRIu64 " bytes does not fit a host segment "
-                                    "([host] segment_size = %" PRIu64 ")", cr->size, m->host.pool.seg_size);
+                                    "([host] segment_size = %" PRIu64 ")", cr->size, host->seg_size);
         r = tensor_new(c->job, cr->name, cr->size, &t);
         if (r == -EEXIST)
                 return reply_status(c, seq, r, "tensor '%s' already exists in job '%s'", cr->name, c->job->name);
         if (r == -EMFILE)
                 return reply_status(c, seq, r, "job '%s' has max_tensors (%u) tensors", c->job->name,
-                                    m->config.max_tensors);
+                                    rpc->config->max_tensors);
         if (r < 0)
                 return reply_status(c, seq, r, "cannot create tensor: %s", strerror(-r));
 
@@ -501,12 +377,12 @@ static int handle_create(Conn *c, uint64_t seq, const Tier__Create *cr) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-static int handle_open(Conn *c, uint64_t seq, const Tier__Open *o) {
+static int handle_open(Rpc *r, Conn *c, uint64_t seq, const Tier__Open *o) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
         Tensor *t;
 
-        if (check_name(c, seq, "tensor", o->name) < 0)
+        if (check_name(r, c, seq, "tensor", o->name) < 0)
                 return 0;
         t = tensor_find_name(c->job, o->name);
         if (!t)
@@ -563,7 +439,7 @@ static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-static int handle_unpin(Conn *c, uint64_t seq, const Tier__Unpin *u) {
+static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         Tensor *t = lookup(c, seq, u->tensor);
         int tier = (int) u->tier;
 
@@ -573,22 +449,21 @@ static int handle_unpin(Conn *c, uint64_t seq, const Tier__Unpin *u) {
                 return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
         if (u->ipc_event.len > 0) {
                 int r = tier == TIER_VRAM && t->copy[tier].pins > 0 ?
-                        vram_wait_event(c->manager->vram, t->copy[tier].seg, t->copy[tier].offset, t->alloc_size,
+                        vram_wait_event(rpc->vram, t->copy[tier].seg, t->copy[tier].offset, t->alloc_size,
                                         u->ipc_event.data, u->ipc_event.len) : -EINVAL;
                 if (r < 0)
                         return reply_status(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
-                                            t->name, tier_to_string(tier), strerror(-r));
+                                            t->name, level_to_string(tier), strerror(-r));
         }
         if (pin_forget(c, t, tier) < 0)
                 return reply_status(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
-                                    t->name, tier_to_string(tier));
+                                    t->name, level_to_string(tier));
         tensor_pin_account(t, tier, -1);
         (void) tensor_unpin(t, tier, u->dirty);
         return reply_status(c, seq, 0, NULL);
 }
 
-static int submit(Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async) {
-        Manager *m = c->manager;
+static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async) {
         OpKind ok = kind == TIER__REQUEST__OP_PIN ? OP_PIN :
                     kind == TIER__REQUEST__OP_EVICT ? OP_EVICT : OP_PREFETCH;
         Pending *p;
@@ -606,15 +481,16 @@ static int submit(Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool asy
                         return reply_status(c, seq, r, "out of memory");
                 cp->pins++;
                 tensor_pin_account(t, tier, +1);
-                r = reply_pin(c, seq, t, tier, fence);
+                r = reply_pin(rpc, c, seq, t, tier, fence);
                 if (fence)
-                        fence_complete(c, fence, 0, NULL);
+                        fence_complete(c, fence, 0, NULL, rpc->config->max_inflight);
                 return r;
         }
 
         p = calloc(1, sizeof(*p));
         if (!p)
                 return reply_status(c, seq, -ENOMEM, "out of memory");
+        p->rpc = rpc;
         p->conn = c;
         p->seq = seq;
         p->kind = kind;
@@ -622,10 +498,11 @@ static int submit(Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool asy
         list_add_tail(&c->pending, &p->link);
         c->inflight++;
 
-        r = op_submit(m, ok, t, tier, on_op_complete, ok == OP_PIN && async ? on_op_reserved : NULL, p, &p->op);
+        r = op_submit(rpc->engine, ok, t, tier, on_op_complete, ok == OP_PIN && async ? on_op_reserved : NULL, p,
+                      &p->op);
         if (r < 0) {
                 if (p->fence)
-                        fence_complete(c, p->fence, r, "out of memory");
+                        fence_complete(c, p->fence, r, "out of memory", rpc->config->max_inflight);
                 pending_free(p);
                 return reply_status(c, seq, r, "out of memory");
         }
@@ -636,39 +513,40 @@ static int submit(Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool asy
         return 0;
 }
 
-static int handle_move(Conn *c, uint64_t seq, int kind, uint64_t id, int tier, bool async) {
+static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, int tier, bool async) {
+        const Config *cf = rpc->config;
+        uint64_t chunk = rpc->vram->pool.seg_size;
         Tensor *t = lookup(c, seq, id);
-        Manager *m = c->manager;
 
         if (!t)
                 return 0;
         if (!tier_ok(tier))
                 return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
-        if (c->inflight >= m->config.max_inflight)
+        if (c->inflight >= cf->max_inflight)
                 return reply_status(c, seq, -EBUSY, "too many requests in flight on this connection "
-                                    "(max_inflight = %u)", m->config.max_inflight);
+                                    "(max_inflight = %u)", cf->max_inflight);
         /* fences complete in any order; tierd remembers at most max_inflight ahead of the oldest */
-        if (async && c->next_fence - 1 - c->fence_done >= m->config.max_inflight)
+        if (async && c->next_fence - 1 - c->fence_done >= cf->max_inflight)
                 return reply_status(c, seq, -EBUSY, "too many fences outstanding on this connection (max_inflight "
-                                    "= %u): wait for fence %" PRIu64 " first", m->config.max_inflight,
+                                    "= %u): wait for fence %" PRIu64 " first", cf->max_inflight,
                                     c->fence_done + 1);
-        if (kind == TIER__REQUEST__OP_PIN && c->n_pins + c->inflight >= 2 * (size_t) m->config.max_tensors)
+        if (kind == TIER__REQUEST__OP_PIN && c->n_pins + c->inflight >= 2 * (size_t) cf->max_tensors)
                 return reply_status(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
-                                    2 * m->config.max_tensors);
+                                    2 * cf->max_tensors);
         switch (kind) {
         case TIER__REQUEST__OP_PIN:
                 if (tier == TIER_NVME)
                         return reply_status(c, seq, -EINVAL, "tensors are pinned in vram or host, not nvme");
-                if (tier == TIER_VRAM && t->alloc_size > m->vram->pool.seg_size)
+                if (tier == TIER_VRAM && t->alloc_size > chunk)
                         return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
-                                            "([vram] chunk_size = %" PRIu64 ")", t->name, m->vram->pool.seg_size);
+                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
                 break;
         case TIER__REQUEST__OP_PREFETCH:
                 if (tier == TIER_NVME)
                         return reply_status(c, seq, -EINVAL, "prefetch goes up to vram or host, not nvme");
-                if (tier == TIER_VRAM && t->alloc_size > m->vram->pool.seg_size)
+                if (tier == TIER_VRAM && t->alloc_size > chunk)
                         return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
-                                            "([vram] chunk_size = %" PRIu64 ")", t->name, m->vram->pool.seg_size);
+                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
                 break;
         case TIER__REQUEST__OP_EVICT:
                 if (tier == TIER_VRAM)
@@ -677,65 +555,35 @@ static int handle_move(Conn *c, uint64_t seq, int kind, uint64_t id, int tier, b
         default:
                 break;
         }
-        return submit(c, seq, kind, t, tier, async);
+        return submit(rpc, c, seq, kind, t, tier, async);
 }
 
 static int handle_get_segments(Conn *c, uint64_t seq, const Tier__GetSegments *g) {
         Tier__Response resp = TIER__RESPONSE__INIT;
+        Tier__SegmentsReply sr = TIER__SEGMENTS_REPLY__INIT;
 
         /* forget what the client says it lacks, so it is sent again */
         for (size_t i = 0; i < g->n_ids; i++)
-                if (g->ids[i] < c->n_seg_sent)
-                        c->seg_sent[g->ids[i]] = 0;
+                conn_segment_forget(c, g->ids[i]);
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_SEGMENTS;
-        {
-                Tier__SegmentsReply sr = TIER__SEGMENTS_REPLY__INIT;
-                resp.segments = &sr;
-                return conn_send_response(c, &resp, NULL, 0, false);
-        }
+        resp.segments = &sr;
+        return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-static int handle_status(Conn *c, uint64_t seq) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
+static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
         Tier__StatusReply *sr = NULL;
-        _cleanup_free_ uint8_t *buf = NULL;
-        size_t len;
         int r;
 
-        r = status_build(c->manager, &sr);
+        r = status_build(rpc, &sr);
         if (r < 0)
                 return reply_status(c, seq, r, "cannot build status: %s", strerror(-r));
-        len = tier__status_reply__get_packed_size(sr);
-        resp.seq = seq;
-        if (len <= STATUS_INLINE_MAX) {
-                resp.result_case = TIER__RESPONSE__RESULT_STATUS_REPLY;
-                resp.status_reply = sr;
-                r = conn_send_response(c, &resp, NULL, 0, false);
-        } else {
-                /* large dumps travel as a sealed memfd */
-                _cleanup_close_ int fd = memfd_create("tierd-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-                buf = malloc(len);
-                if (fd < 0 || !buf || write(fd, buf, 0) < 0) {
-                        status_free(sr);
-                        return reply_status(c, seq, -ENOMEM, "cannot build status");
-                }
-                tier__status_reply__pack(sr, buf);
-                if (write(fd, buf, len) != (ssize_t) len ||
-                    fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-                        status_free(sr);
-                        return reply_status(c, seq, -EIO, "cannot write status memfd");
-                }
-                resp.result_case = TIER__RESPONSE__RESULT_STATUS_FD;
-                resp.status_fd = 0;
-                r = conn_send_response(c, &resp, &fd, 1, false);
-        }
+        r = status_send(c, seq, sr);
         status_free(sr);
         return r;
 }
 
-static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
+static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PlanReply pr = TIER__PLAN_REPLY__INIT;
         char error[256] = "";
@@ -744,7 +592,7 @@ static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
 
         if (c->plan)
                 return reply_status(c, seq, -EBUSY, "this connection already has a plan (one per rank)");
-        r = plan_new(c, sp, &p, error, sizeof(error));
+        r = sched_plan_new(rpc->sched, c->job, c->efd, sp, &p, error, sizeof(error));
         if (r < 0)
                 return reply_status(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;
@@ -754,7 +602,7 @@ static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         pr.page_size = p->page_size;
         pr.marker_fd = 1;
         pr.n_slots = p->n_slots;
-        pr.policy = (char *) sched_policy_to_string(c->manager->config.sched_policy);
+        pr.policy = (char *) sched_policy_to_string(rpc->config->sched_policy);
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PLAN;
         resp.plan = &pr;
@@ -763,25 +611,21 @@ static int handle_plan(Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         return conn_send_response(c, &resp, fds, 2, false);
 }
 
-/* Root, or a member of the group "tier-admin". */
-static bool conn_is_admin(Conn *c) {
-        gid_t groups[256];
-        socklen_t len = sizeof(groups);
-        struct group *g;
+/* Group whose members may set quotas (besides root). */
+#define ADMIN_GROUP "tier-admin"
 
-        if (c->uid == 0)
-                return true;
-        g = getgrnam("tier-admin");
+void rpc_resolve_admin_group(Rpc *rpc) {
+        struct group *g = getgrnam(ADMIN_GROUP);
+
+        rpc->have_admin_gid = g != NULL;
+        rpc->admin_gid = g ? g->gr_gid : (gid_t) -1;
         if (!g)
-                return false;
-        if (c->gid == g->gr_gid)
-                return true;
-        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
-                return false;
-        for (size_t i = 0; i < len / sizeof(gid_t); i++)
-                if (groups[i] == g->gr_gid)
-                        return true;
-        return false;
+                log_debug("No group '" ADMIN_GROUP "': only root may set quotas");
+}
+
+/* Root, or a member of the admin group (looked up at start and reload). */
+static bool conn_is_admin(const Rpc *rpc, const Conn *c) {
+        return c->uid == 0 || (rpc->have_admin_gid && conn_peer_in_group(c, rpc->admin_gid));
 }
 
 static int reply_quota(Conn *c, uint64_t seq, Job *j) {
@@ -801,21 +645,21 @@ static int reply_quota(Conn *c, uint64_t seq, Job *j) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-static int handle_quota_get(Conn *c, uint64_t seq, const Tier__QuotaGet *q) {
-        Job *j = q->job && q->job[0] ? job_find(c->manager, q->job) : c->job;
+static int handle_quota_get(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaGet *q) {
+        Job *j = q->job && q->job[0] ? job_find(rpc->registry, q->job) : c->job;
 
         if (!j)
                 return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
         return reply_quota(c, seq, j);
 }
 
-static int handle_quota_set(Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
-        Manager *m = c->manager;
+static int handle_quota_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
         Job *j;
 
-        if (!conn_is_admin(c))
-                return reply_status(c, seq, -EPERM, "setting quotas needs root or membership of group tier-admin");
-        j = q->job ? job_find(m, q->job) : NULL;
+        if (!conn_is_admin(rpc, c))
+                return reply_status(c, seq, -EPERM, "setting quotas needs root or membership of group "
+                                    ADMIN_GROUP);
+        j = q->job ? job_find(rpc->registry, q->job) : NULL;
         if (!j)
                 return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
         if (q->n_tier_limit != 0 && q->n_tier_limit != TIERS)
@@ -826,100 +670,76 @@ static int handle_quota_set(Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
                 if (q->tier_limit[i] > 0) {
                         j->limit[i] = q->tier_limit[i];
                         j->limit_set |= (uint8_t) (1u << i);
-                        log_job_tier(LOG_INFO, 0, j->name, tier_to_string((int) i), "Job '%s': %s limit set to %"
-                                     PRIu64 " bytes", j->name, tier_to_string((int) i), q->tier_limit[i]);
+                        log_job_tier(LOG_INFO, 0, j->name, level_to_string((int) i), "Job '%s': %s limit set to %"
+                                     PRIu64 " bytes", j->name, level_to_string((int) i), q->tier_limit[i]);
                 }
         if (q->weight > 0) {
                 j->weight = q->weight;
                 log_job(LOG_INFO, 0, j->name, "Job '%s': weight set to %u", j->name, q->weight);
         }
-        manager_kick(m);
+        engine_kick(rpc->engine);       /* ops waiting for space may fit now */
         return reply_quota(c, seq, j);
 }
 
-int rpc_dispatch(Conn *c, Tier__Request *req) {
+int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         uint64_t seq = req->seq;
 
         if (!c->hello_done && req->op_case != TIER__REQUEST__OP_HELLO)
-                return rpc_protocol_error(c, seq, -EPROTO, "the first request must be Hello");
+                return conn_protocol_error(c, seq, -EPROTO, "the first request must be Hello");
         if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS &&
             req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET && !c->job)
                 return reply_status(c, seq, -EPERM, "a control connection may only ask for status and quotas");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
-                return handle_hello(c, seq, req->hello);
+                return handle_hello(rpc, c, seq, req->hello);
         case TIER__REQUEST__OP_CREATE:
-                return handle_create(c, seq, req->create);
+                return handle_create(rpc, c, seq, req->create);
         case TIER__REQUEST__OP_OPEN:
-                return handle_open(c, seq, req->open);
+                return handle_open(rpc, c, seq, req->open);
         case TIER__REQUEST__OP_FREE:
                 return handle_free(c, seq, req->free);
         case TIER__REQUEST__OP_STAT:
                 return handle_stat(c, seq, req->stat);
         case TIER__REQUEST__OP_PIN:
-                return handle_move(c, seq, req->op_case, req->pin->tensor, (int) req->pin->tier, req->pin->async);
+                return handle_move(rpc, c, seq, req->op_case, req->pin->tensor, (int) req->pin->tier,
+                                   req->pin->async);
         case TIER__REQUEST__OP_UNPIN:
-                return handle_unpin(c, seq, req->unpin);
+                return handle_unpin(rpc, c, seq, req->unpin);
         case TIER__REQUEST__OP_EVICT:
-                return handle_move(c, seq, req->op_case, req->evict->tensor, (int) req->evict->tier,
+                return handle_move(rpc, c, seq, req->op_case, req->evict->tensor, (int) req->evict->tier,
                                    req->evict->async);
         case TIER__REQUEST__OP_PREFETCH:
-                return handle_move(c, seq, req->op_case, req->prefetch->tensor, (int) req->prefetch->tier,
+                return handle_move(rpc, c, seq, req->op_case, req->prefetch->tensor, (int) req->prefetch->tier,
                                    req->prefetch->async);
         case TIER__REQUEST__OP_GET_SEGMENTS:
                 return handle_get_segments(c, seq, req->get_segments);
         case TIER__REQUEST__OP_STATUS:
-                return handle_status(c, seq);
+                return handle_status(rpc, c, seq);
         case TIER__REQUEST__OP_PLAN:
-                return handle_plan(c, seq, req->plan);
+                return handle_plan(rpc, c, seq, req->plan);
         case TIER__REQUEST__OP_QUOTA_GET:
-                return handle_quota_get(c, seq, req->quota_get);
+                return handle_quota_get(rpc, c, seq, req->quota_get);
         case TIER__REQUEST__OP_QUOTA_SET:
-                return handle_quota_set(c, seq, req->quota_set);
+                return handle_quota_set(rpc, c, seq, req->quota_set);
         case TIER__REQUEST__OP_ACK:
-                revoke_ack(c, req->ack);        /* no Response: see tier.proto */
+                revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;
         default:
                 return reply_status(c, seq, -EOPNOTSUPP, "unknown request (op %d)", (int) req->op_case);
         }
 }
 
-/* ---- connection end, linger ------------------------------------------------------------------ */
+/* ---- connection end ------------------------------------------------------------------------------ */
 
-static int on_linger(sd_event_source *s, uint64_t usec, void *userdata) {
-        Job *j = userdata;
-
-        job_destroy(j);
-        return 0;
-}
-
-static void job_linger_start(Job *j) {
-        Manager *m = j->manager;
-        uint64_t until = now_usec() + m->config.linger_usec;
-        int r;
-
-        if (j->n_conns > 0)
-                return;
-        j->linger = sd_event_source_disable_unref(j->linger);
-        j->linger_until = until;
-        r = sd_event_add_time(m->event, &j->linger, CLOCK_MONOTONIC, until, 0, on_linger, j);
-        if (r < 0) {
-                log_job(LOG_WARNING, r, j->name, "Cannot arm linger timer of job '%s', ending it now: %m", j->name);
-                job_destroy(j);
-                return;
-        }
-        (void) sd_event_source_set_description(j->linger, "job-linger");
-}
-
-void rpc_conn_gone(Conn *c) {
-        Manager *m = c->manager;
+void rpc_conn_gone(Rpc *rpc, Conn *c) {
         Job *j = c->job;
 
         /* the plan's pins go with it (as dirty where the plan writes) */
-        plan_free(c->plan);
+        sched_plan_free(c->plan);
         c->plan = NULL;
-        revoke_conn_gone(c);
+        if (rpc->revoke)
+                revoke_conn_gone(rpc->revoke, c);
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);
@@ -932,23 +752,32 @@ void rpc_conn_gone(Conn *c) {
                 /* an async pin that was granted already holds a pin record: dropped below */
                 pending_free(p);
         }
-        for (size_t i = 0; i < c->n_pins; i++) {
-                PinRec *pr = &c->pins[i];
+        pin_drop_all(c);
 
-                tensor_pin_account(pr->tensor, pr->tier, -1);
-                (void) tensor_unpin(pr->tensor, pr->tier, true);
-        }
-        c->n_pins = 0;
-
-        if (j) {
-                list_del(&c->job_link);
-                j->n_conns--;
-                job_fence_slot_put(j, c->fence_slot);
-                c->job = NULL;
-                if (j->n_conns == 0 && !m->stopping) {
-                        log_job(LOG_INFO, 0, j->name, "Job '%s' has no connection left, keeping its tensors for %"
-                                PRIu64 " s", j->name, m->config.linger_usec / 1000000);
-                        job_linger_start(j);
-                }
+        if (!j)
+                return;
+        list_del(&c->job_link);
+        j->n_conns--;
+        job_fence_slot_put(j, c->fence_slot);
+        c->job = NULL;
+        if (j->n_conns == 0 && !rpc->registry->stopping) {
+                log_job(LOG_INFO, 0, j->name, "Job '%s' has no connection left, keeping its tensors for %"
+                        PRIu64 " s", j->name, rpc->config->linger_usec / 1000000);
+                job_linger_start(j);
         }
 }
+
+/* ---- the server's ops ------------------------------------------------------------------------------ */
+
+static int ops_dispatch(void *userdata, Conn *c, Tier__Request *req) {
+        return rpc_dispatch(userdata, c, req);
+}
+
+static void ops_conn_gone(void *userdata, Conn *c) {
+        rpc_conn_gone(userdata, c);
+}
+
+const ServerOps rpc_server_ops = {
+        .dispatch = ops_dispatch,
+        .conn_gone = ops_conn_gone,
+};

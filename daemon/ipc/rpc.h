@@ -1,21 +1,51 @@
 /* SPDX-License-Identifier: MIT */
-/* rpc.h: decoded requests -> registry and op-engine calls -> responses. */
+/* rpc.h: the request layer: decoded requests -> registry, engine and scheduler calls -> replies. */
 #pragma once
 
-#include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
+typedef struct Config Config;
 typedef struct Conn Conn;
+typedef struct Engine Engine;
+typedef struct NvmeTier NvmeTier;
+typedef struct Registry Registry;
+typedef struct Revoke Revoke;
+typedef struct Sched Sched;
+typedef struct Server Server;
+typedef struct ServerOps ServerOps;
 typedef struct Tier__Request Tier__Request;
-typedef struct Tier__Segment Tier__Segment;
+typedef struct VramBackend VramBackend;
 
-/* Handle one request.  < 0: close the connection. */
-int rpc_dispatch(Conn *c, Tier__Request *req);
-/* Reply with an error and close the connection once it is sent. */
-int rpc_protocol_error(Conn *c, uint64_t seq, int status, const char *msg);
-/* The connection is going away: cancel its requests, drop its pins, detach from the job. */
-void rpc_conn_gone(Conn *c);
+/*
+ * What the request layer works with, all borrowed (the manager owns them);
+ * embedded in the Manager and given to the server as its ServerOps'
+ * userdata.
+ */
+typedef struct Rpc {
+        const Config *config;
+        Registry *registry;
+        Engine *engine;
+        Sched *sched;
+        VramBackend *vram;
+        NvmeTier *nvme;
+        Server *server;
+        Revoke *revoke;
+        uint64_t start_usec;    /* when tierd started (status uptime) */
+        gid_t admin_gid;        /* of group "tier-admin", when it exists (rpc_resolve_admin_group()) */
+        bool have_admin_gid;
+} Rpc;
 
-/* Fill up to @max - *n_fds Segment messages for segments @c has not been sent. */
-size_t rpc_collect_segments(Conn *c, Tier__Segment *segs, Tier__Segment **segp, int *fds, size_t *n_fds, size_t max);
-void rpc_segments_sent(Conn *c, const Tier__Segment *segs, size_t n);
+/* The server's ops (userdata: an Rpc). */
+extern const ServerOps rpc_server_ops;
+
+/* Handle one request of @c.  < 0: close the connection. */
+int rpc_dispatch(Rpc *r, Conn *c, Tier__Request *req);
+/* @c is going away: end its plan, cancel its requests, drop its pins, detach it from its job. */
+void rpc_conn_gone(Rpc *r, Conn *c);
+/*
+ * rpc_resolve_admin_group() - look up group "tier-admin" (NSS: may block
+ * on a directory service), at start and on reload, never per request.
+ */
+void rpc_resolve_admin_group(Rpc *r);

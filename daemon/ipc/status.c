@@ -2,23 +2,36 @@
 /* status.c: the daemon's state as a StatusReply message (tierctl status). */
 
 /*
- * Theory of operation: a snapshot built on demand from the manager's
- * counters.  Everything is allocated in one arena-like pass and freed with
- * status_free(); strings point into daemon-owned memory that outlives the
- * reply (it is packed before the handler returns).
+ * Theory of operation: a snapshot built on demand from the books (the
+ * registry), the engine's link counters, the NVMe targets and each job's
+ * plans (Job.plans).  Everything is allocated in one arena-like pass and
+ * freed with status_free(); strings point into daemon-owned memory that
+ * outlives the reply (it is packed before the handler returns).  A reply
+ * too large for one packet travels as a sealed memfd (status_reply()).
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-#include "daemon/core/manager.h"
+#include "daemon/base/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/ipc/conn.h"
+#include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
 #include "daemon/ipc/status.h"
-#include "daemon/sched/timeline.h"
+#include "daemon/sched/plan.h"
+#include "daemon/state/registry.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
+#include "util/time-util.h"
+
+/* A status reply bigger than this goes through a memfd. */
+#define STATUS_INLINE_MAX (48u << 10)
 
 typedef struct StatusBuf {
         Tier__StatusReply sr;
@@ -38,28 +51,39 @@ typedef struct StatusBuf {
         Tier__LinkStatus **plinkp;
 } StatusBuf;
 
-int status_build(Manager *m, Tier__StatusReply **ret) {
+/* Plans of all jobs together (each plan is one rank's connection). */
+static size_t count_plans(const Registry *reg) {
+        size_t n = 0;
+
+        list_for_each_safe(node, tmp, &reg->jobs) {
+                Job *j = list_entry(node, Job, link);
+
+                list_for_each_safe(pn, ptmp, &j->plans)
+                        n++;
+        }
+        return n;
+}
+
+int status_build(const Rpc *r, Tier__StatusReply **ret) {
+        const Registry *reg = r->registry;
+        const Engine *e = r->engine;
+        NvmeTier *n = r->nvme;
+        size_t ji = 0, np = 0, n_plans = count_plans(reg);
         StatusBuf *b;
-        NvmeTier *n = m->nvme;
-        size_t ji = 0, np = 0;
 
         b = calloc(1, sizeof(*b));
         if (!b)
                 return -ENOMEM;
         b->targets = calloc(n->n_targets, sizeof(Tier__TargetStatus));
         b->targetp = calloc(n->n_targets, sizeof(void *));
-        b->jobs = calloc(m->n_jobs + 1, sizeof(Tier__JobStatus));
-        b->jobp = calloc(m->n_jobs + 1, sizeof(void *));
-        b->usage = calloc((m->n_jobs + 1) * TIERS, sizeof(Tier__JobTierUsage));
-        b->usagep = calloc((m->n_jobs + 1) * TIERS, sizeof(void *));
-        {
-                unsigned n_conns = server_n_conns(m->server) + 1;
-
-                b->plans = calloc(n_conns, sizeof(Tier__PlanStatus));
-                b->planp = calloc(n_conns, sizeof(void *));
-                b->plinks = calloc(n_conns * _LINK_MAX, sizeof(Tier__LinkStatus));
-                b->plinkp = calloc(n_conns * _LINK_MAX, sizeof(void *));
-        }
+        b->jobs = calloc(reg->n_jobs + 1, sizeof(Tier__JobStatus));
+        b->jobp = calloc(reg->n_jobs + 1, sizeof(void *));
+        b->usage = calloc((reg->n_jobs + 1) * TIERS, sizeof(Tier__JobTierUsage));
+        b->usagep = calloc((reg->n_jobs + 1) * TIERS, sizeof(void *));
+        b->plans = calloc(n_plans + 1, sizeof(Tier__PlanStatus));
+        b->planp = calloc(n_plans + 1, sizeof(void *));
+        b->plinks = calloc((n_plans + 1) * _LINK_MAX, sizeof(Tier__LinkStatus));
+        b->plinkp = calloc((n_plans + 1) * _LINK_MAX, sizeof(void *));
         if (!b->targets || !b->targetp || !b->jobs || !b->jobp || !b->usage || !b->usagep ||
             !b->plans || !b->planp || !b->plinks || !b->plinkp) {
                 status_free(&b->sr);
@@ -68,19 +92,19 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
 
         tier__status_reply__init(&b->sr);
         b->sr.version = (char *) TIERD_VERSION;
-        b->sr.uptime_s = (double) (now_usec() - m->start_usec) / 1e6;
-        b->sr.connections = server_n_conns(m->server);
-        b->sr.policy = (char *) sched_policy_to_string(m->config.sched_policy);
+        b->sr.uptime_s = (double) (now_usec() - r->start_usec) / 1e6;
+        b->sr.connections = server_n_conns(r->server);
+        b->sr.policy = (char *) sched_policy_to_string(r->config->sched_policy);
 
         for (int i = 0; i < TIERS; i++) {
                 Tier__TierStatus *t = &b->tiers[i];
 
                 tier__tier_status__init(t);
                 t->tier = (Tier__Tier) i;
-                t->backend = (char *) (i == TIER_VRAM ? m->vram->ops->name : i == TIER_HOST ? "memfd" : "o_direct");
-                t->capacity = m->capacity[i];
-                t->used = m->used[i];
-                t->pinned = m->pinned[i];
+                t->backend = (char *) (i == TIER_VRAM ? r->vram->ops->name : i == TIER_HOST ? "memfd" : "o_direct");
+                t->capacity = reg->capacity[i];
+                t->used = reg->used[i];
+                t->pinned = reg->pinned[i];
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
@@ -90,9 +114,9 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
                 Tier__LinkStatus *l = &b->links[i];
 
                 tier__link_status__init(l);
-                l->name = (char *) link_name((LinkDir) i);
-                l->bytes = m->links[i].bytes;
-                l->ops = m->links[i].ops;
+                l->name = (char *) link_to_string((LinkDir) i);
+                l->bytes = e->links[i].bytes;
+                l->ops = e->links[i].ops;
                 b->linkp[i] = l;
         }
         b->sr.n_links = _LINK_MAX;
@@ -115,11 +139,11 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
         b->sr.n_targets = n->n_targets;
         b->sr.targets = b->targetp;
 
-        list_for_each_safe(node, tmp, &m->jobs) {
+        list_for_each_safe(node, tmp, &reg->jobs) {
                 Job *j = list_entry(node, Job, link);
                 Tier__JobStatus *js = &b->jobs[ji];
 
-                if (ji >= m->n_jobs)
+                if (ji >= reg->n_jobs)
                         break;
                 tier__job_status__init(js);
                 js->id = j->id;
@@ -145,21 +169,21 @@ int status_build(Manager *m, Tier__StatusReply **ret) {
                 js->usage = &b->usagep[ji * TIERS];
                 js->weight = j->weight;
                 /* the plans of its ranks */
-                                list_for_each_safe(cn, ctmp, server_conns(m->server)) {
-                        Conn *c = list_entry(cn, Conn, link);
+                list_for_each_safe(pn, ptmp, &j->plans) {
+                        Plan *p = list_entry(pn, Plan, job_link);
                         Tier__PlanStatus *ps;
 
-                        if (c->job != j || !c->plan || np >= server_n_conns(m->server))
-                                continue;
+                        if (np >= n_plans)
+                                break;
                         ps = &b->plans[np];
                         tier__plan_status__init(ps);
-                        plan_status(c->plan, ps);
+                        plan_status(p, ps);
                         for (int l = 0; l < _LINK_MAX; l++) {
                                 Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
 
                                 tier__link_status__init(ls);
-                                ls->name = (char *) link_name((LinkDir) l);
-                                ls->bytes = c->plan->last_step_links[l];
+                                ls->name = (char *) link_to_string((LinkDir) l);
+                                ls->bytes = p->last_step_links[l];
                                 b->plinkp[np * _LINK_MAX + (size_t) l] = ls;
                         }
                         ps->n_step_links = _LINK_MAX;
@@ -197,4 +221,45 @@ void status_free(Tier__StatusReply *sr) {
         free(b->plinks);
         free(b->plinkp);
         free(b);
+}
+
+/* @sr packed into a sealed memfd; the fd, or -errno. */
+static int status_to_memfd(const Tier__StatusReply *sr) {
+        _cleanup_close_ int fd = memfd_create("tierd-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        _cleanup_free_ uint8_t *buf = NULL;
+        size_t len = tier__status_reply__get_packed_size(sr);
+
+        if (fd < 0)
+                return negative_errno();
+        buf = malloc(len ? len : 1);
+        if (!buf)
+                return -ENOMEM;
+        tier__status_reply__pack(sr, buf);
+        if (write(fd, buf, len) != (ssize_t) len)
+                return -EIO;
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                return negative_errno();
+        return TAKE_FD(fd);
+}
+
+int status_send(Conn *c, uint64_t seq, Tier__StatusReply *sr) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        _cleanup_close_ int fd = -1;
+
+        resp.seq = seq;
+        if (tier__status_reply__get_packed_size(sr) <= STATUS_INLINE_MAX) {
+                resp.result_case = TIER__RESPONSE__RESULT_STATUS_REPLY;
+                resp.status_reply = sr;
+                return conn_send_response(c, &resp, NULL, 0, false);
+        }
+        /* large dumps travel as a sealed memfd */
+        fd = status_to_memfd(sr);
+        if (fd < 0) {
+                resp.status = fd;
+                resp.error = (char *) "cannot write the status into a memfd";
+                return conn_send_response(c, &resp, NULL, 0, false);
+        }
+        resp.result_case = TIER__RESPONSE__RESULT_STATUS_FD;
+        resp.status_fd = 0;
+        return conn_send_response(c, &resp, &fd, 1, false);
 }

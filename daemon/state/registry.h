@@ -1,27 +1,29 @@
 /* SPDX-License-Identifier: MIT */
-/* registry.h: jobs, tensors, their copies in each tier, pins. */
+/* registry.h: the books: jobs, tensors, their copies in each tier, pins, space used. */
 #pragma once
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
-#include <tier.h>
-
-#include "daemon/tiers/fairq.h"
+#include "daemon/base/level.h"
 #include "daemon/base/list.h"
+#include "daemon/tiers/fairq.h"
+#include "daemon/tiers/tier-nvme.h"
 
-typedef struct Conn Conn;
-typedef struct Job Job;
-typedef struct Manager Manager;
-typedef struct Segment Segment;
-typedef struct Op Op;
-typedef struct Xfer Xfer;
+typedef struct Config Config;
 typedef struct FencePage FencePage;
-typedef struct sd_event_source sd_event_source;
+typedef struct Job Job;
+typedef struct NvmeTier NvmeTier;
+typedef struct Op Op;
 typedef struct Plan Plan;
-
-#define TIERS TIER_LEVEL_MAX
+typedef struct Registry Registry;
+typedef struct SegPool SegPool;
+typedef struct Segment Segment;
+typedef struct TensorMap TensorMap;
+typedef struct Xfer Xfer;
+typedef struct sd_event sd_event;
+typedef struct sd_event_source sd_event_source;
 
 typedef enum CopyState {
         COPY_ABSENT,
@@ -29,13 +31,8 @@ typedef enum CopyState {
         COPY_RESIDENT,
         COPY_DRAINING,          /* resident, being written down to be dropped */
         _COPY_STATE_MAX,
+        _COPY_STATE_INVALID = -22,
 } CopyState;
-
-typedef struct NvmeExtent {
-        uint32_t target;
-        uint32_t crc;           /* crc32c of the extent's bytes as written */
-        uint64_t unit;          /* extent index inside the target */
-} NvmeExtent;
 
 /*
  * One tier's copy of a tensor.  A copy holds data version @version; it is
@@ -47,7 +44,7 @@ typedef struct Copy {
         unsigned pins;
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
-        List lru;               /* in Manager.lru[tier] while allocated */
+        List lru;               /* in Registry.lru[tier] while allocated */
         /* host / vram */
         Segment *seg;
         uint64_t offset;
@@ -56,6 +53,11 @@ typedef struct Copy {
         uint32_t n_extents;
 } Copy;
 
+/*
+ * A tensor.  The fields after "the rooms above" belong to the engine and the
+ * scheduler (daemon/engine, daemon/sched): the registry keeps them with the
+ * tensor and never looks inside.
+ */
 typedef struct Tensor {
         Job *job;
         uint64_t id;
@@ -64,36 +66,38 @@ typedef struct Tensor {
         uint64_t alloc_size;    /* size rounded up to SEG_UNIT */
         uint64_t version;       /* 0: never written, contents are zeros */
         bool dead;              /* contents will be overwritten before they are read: no copy need keep them */
-        Copy copy[TIERS];
-        Xfer *xfer;             /* transfer in progress, at most one */
-        unsigned op_refs;       /* ops working on it: not a victim meanwhile */
-        List waiters;           /* Op.wait_link: ops waiting for the transfer */
         bool doomed;            /* freed by its job while a transfer ran */
-        List job_link;
-        Plan *plan;             /* the first plan that names it (for next-use predictions) */
-        unsigned plan_refs;     /* plans that name it: it cannot be freed meanwhile */
+        Copy copy[TIERS];
+        List job_link;          /* Job.tensors */
+
+        /* the rooms above */
+        Xfer *xfer;             /* engine: transfer in progress, at most one */
+        unsigned op_refs;       /* engine: ops working on it: not a victim meanwhile */
+        List waiters;           /* engine: Op.wait_link, ops waiting for the transfer */
+        Plan *plan;             /* sched: the first plan that names it (for next-use predictions) */
+        unsigned plan_refs;     /* sched: plans that name it: it cannot be freed meanwhile */
         uint32_t plan_slot;
-        Op *sched_op;           /* the scheduler's prefetch or write-behind in flight */
-        uint64_t sched_pass;    /* scheduler pass that computed sched_written */
-        uint8_t sched_written;  /* tiers (bits) a held phase writes it in */
-        uint64_t sched_blocked; /* epoch in which a prefetch found no space (retry after it changes) */
+        Op *sched_op;           /* sched: its prefetch or write-behind in flight */
+        uint64_t sched_pass;    /* sched: pass that computed sched_written */
+        uint8_t sched_written;  /* sched: tiers (bits) a held phase writes it in */
+        uint64_t sched_blocked; /* sched: epoch in which a prefetch found no space (retry after it changes) */
 } Tensor;
 
 struct Job {
-        Manager *manager;
+        Registry *registry;
         uint64_t id;
         char *name;
         uid_t uid;
-        List link;              /* Manager.jobs */
-        List conns;             /* Conn.job_link */
-        unsigned n_conns;
+        List link;              /* Registry.jobs, or Registry.dying_jobs */
         List tensors;           /* Tensor.job_link */
         unsigned n_tensors;
         Tensor **by_id;         /* index: low 32 bits of the id */
         uint32_t by_id_cap;
         uint32_t next_gen;
-        struct TensorMap *by_name;
-        uint64_t limit[TIERS];  /* byte limits; from config defaults for now */
+        TensorMap *by_name;
+        uint64_t limit[TIERS];  /* byte limits: the config's defaults, or a quota */
+        uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
+        unsigned weight;        /* bandwidth weight (fair share of the links) */
         uint64_t used[TIERS];
         uint64_t pinned[TIERS];
         List segments[TIERS];   /* Segment.owner_link (host, vram) */
@@ -103,28 +107,92 @@ struct Job {
         sd_event_source *linger;
         uint64_t linger_until;  /* monotonic usec, 0 while connected */
         bool dying;
-        unsigned weight;        /* bandwidth weight (fair share of the links) */
-        uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
-        double vtime;           /* fair-share virtual time: bytes served / weight */
-        FairFlow nvme_flow;     /* its place in the NVMe queue (uring.c) */
-        FairFlow vram_flow[2];  /* and in the VRAM link's, per VramDir (mover.c) */
-        unsigned sched_inflight[2]; /* transfers the scheduler started for it, per SCHED_LINK_* */
-        uint64_t link_bytes[4]; /* bytes moved for this job, per LinkDir */
+        uint64_t link_bytes[_LINK_MAX]; /* bytes moved for this job, per link */
+
+        /* the rooms above */
+        List conns;             /* ipc: Conn.job_link, its ranks' connections */
+        unsigned n_conns;
+        List plans;             /* sched: Plan.job_link */
+        double vtime;           /* sched: fair-share virtual time, bytes served / weight */
+        unsigned sched_inflight[2]; /* sched: transfers it started for the job, per SCHED_LINK_* */
+        FairFlow nvme_flow;     /* tiers: its place in the NVMe queue (uring.c) */
+        FairFlow vram_flow[2];  /* engine: and in the VRAM link's, per VramDir */
 };
 
-int job_new(Manager *m, const char *name, uid_t uid, Job **ret);
-/* Frees every tensor (those in transfer when it completes) and the job. */
+/*
+ * What the registry tells the room above (the engine registers these), so
+ * that it never calls up: the engine owns ops and transfers, the registry
+ * only the books.
+ */
+typedef struct RegistryOps {
+        /* @j is ending: forget every op on its tensors (nothing may call back into them). */
+        void (*job_ending)(void *userdata, Job *j);
+        /* Space was given back in @tier: whoever waits for space may try again. */
+        void (*space_freed)(void *userdata, int tier);
+} RegistryOps;
+
+struct Registry {
+        const Config *config;   /* borrowed: the running config (limits, defaults, linger) */
+        sd_event *event;        /* linger timers */
+        SegPool *pools[TIERS];  /* host and vram pools; NULL for nvme */
+        NvmeTier *nvme;
+        const RegistryOps *ops;
+        void *ops_userdata;
+
+        List jobs;              /* Job.link */
+        List dying_jobs;        /* ended, waiting for transfers before being freed */
+        uint64_t next_job_id;
+        unsigned n_jobs;
+        bool stopping;          /* tierd is stopping: jobs no longer linger */
+
+        List lru[TIERS];        /* Copy.lru, least recently used first */
+        uint64_t capacity[TIERS];
+        uint64_t used[TIERS];
+        uint64_t pinned[TIERS];
+};
+
+/*
+ * registry_new() - the books over the pools @host and @vram and the NVMe
+ * tier @nvme (all borrowed, outliving the registry); @config is borrowed
+ * too and read at each use, so a reload's changes apply.
+ */
+int registry_new(const Config *config, sd_event *event, SegPool *host, SegPool *vram, NvmeTier *nvme,
+                 Registry **ret);
+/* Frees every job; the ops must not call back into anything freed already. */
+Registry *registry_free(Registry *r);
+void registry_set_ops(Registry *r, const RegistryOps *ops, void *userdata);
+
+/* ---- jobs (registry.c) ---- */
+
+int job_new(Registry *r, const char *name, uid_t uid, Job **ret);
+/* Cancels the job's ops, frees every tensor (those in transfer when it completes) and the job. */
 void job_destroy(Job *j);
-Job *job_find(Manager *m, const char *name);
+Job *job_find(Registry *r, const char *name);
+/* No connection is left: keep the job for [daemon] linger_sec, then job_destroy() it. */
+void job_linger_start(Job *j);
+/* A connection joined: stop the linger timer. */
+void job_linger_stop(Job *j);
+
+/* A dying job goes once its last tensor has (tensor.c calls this after freeing one). */
+void job_maybe_finish(Job *j);
 
 int job_fence_slot_get(Job *j, unsigned *ret);
 void job_fence_slot_put(Job *j, unsigned slot);
 
+/* ---- tensors and copies (tensor.c) ---- */
+
 int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret);
 Tensor *tensor_find(Job *j, uint64_t id);
 Tensor *tensor_find_name(Job *j, const char *name);
-/* -EBUSY when pinned or in use by an op. */
+/* -EBUSY when pinned, in use by an op or named by a plan. */
 int tensor_free(Tensor *t);
+/*
+ * tensor_release_copies() - free a tensor's copies, unless a transfer is
+ * running (t->xfer): the engine calls this again when it ends.  A doomed
+ * tensor (tensor_free()d) is then freed itself, and its job too when that
+ * was the last tensor of a job that ended.
+ */
+void tensor_release_copies(Tensor *t);
 
 /* A copy is valid when it holds the newest data. */
 static inline bool copy_valid(const Tensor *t, int tier) {
@@ -133,13 +201,6 @@ static inline bool copy_valid(const Tensor *t, int tier) {
 }
 
 /* No copy needs to hold anything: never written (zeros), or dead (to be overwritten). */
-static inline bool tensor_is_blank(const Tensor *t);
-
-/* Nothing but this copy holds the newest data (it must be written down before it is dropped). */
-bool copy_is_sole(const Tensor *t, int tier);
-/* Lowest-numbered-tier valid copy, or -1. */
-int tensor_valid_tier(const Tensor *t, int below_or_at);
-
 static inline bool tensor_is_blank(const Tensor *t) {
         if (t->version != 0 && !t->dead)
                 return false;
@@ -149,7 +210,24 @@ static inline bool tensor_is_blank(const Tensor *t) {
         return true;
 }
 
+/* Nothing but this copy holds the newest data (it must be written down before it is dropped). */
+bool copy_is_sole(const Tensor *t, int tier);
+/* Lowest-numbered-tier valid copy at or below @below_or_at, or -1. */
+int tensor_valid_tier(const Tensor *t, int below_or_at);
 const char *copy_state_to_string(CopyState s);
-const char *tier_to_string(int tier);
+
+/* Count space the copy of @t in @tier takes (@delta > 0) or gives back, for its job and in all. */
+void copy_account(Tensor *t, int tier, int64_t delta);
+/* The copy was used now: most recently used in its tier's LRU list. */
+void copy_touch(Tensor *t, int tier);
+/* Release a copy's space (no I/O); tells the ops' space_freed(). */
+void copy_free(Tensor *t, int tier);
+/* Free the copies that no longer hold the newest data and are not in use. */
+void tensor_free_stale(Tensor *t);
+/* The grant of a pinned or reserved copy (segment id within its pool, generation, offset). */
+void copy_grant(const Tensor *t, int tier, uint32_t *ret_segment, uint32_t *ret_generation, uint64_t *ret_offset);
+
+/* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
+int tensor_unpin(Tensor *t, int tier, bool dirty);
 /* Count (delta > 0) or uncount a pin of @t in @tier in the job's and the daemon's "pinned" bytes. */
 void tensor_pin_account(Tensor *t, int tier, int delta);

@@ -4,10 +4,13 @@
 
 #include <stddef.h>
 
+#include "proto/macro.h"
+
 typedef struct TensorMap TensorMap;
 
 TensorMap *tensormap_new(void);
 TensorMap *tensormap_free(TensorMap *m);
+DEFINE_TRIVIAL_CLEANUP_FUNC(TensorMap *, tensormap_free);
 /* -EEXIST if present; the key is borrowed and must outlive the entry. */
 int tensormap_put(TensorMap *m, const char *key, void *value);
 void *tensormap_get(const TensorMap *m, const char *key);

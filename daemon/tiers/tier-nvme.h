@@ -6,11 +6,17 @@
 #include <stdint.h>
 
 #include "daemon/tiers/extent.h"
-#include "daemon/state/registry.h"
 
 typedef struct Config Config;
 typedef struct Uring Uring;
 typedef struct NvmeTier NvmeTier;
+
+/* One extent of a tensor's NVMe image. */
+typedef struct NvmeExtent {
+        uint32_t target;
+        uint32_t crc;           /* crc32c of the extent's bytes as written */
+        uint64_t unit;          /* extent index inside the target */
+} NvmeExtent;
 
 typedef struct NvmeTarget {
         char *path;

@@ -183,12 +183,9 @@ static void emul_describe(VramEmul *e) {
                 snprintf(e->base.description, sizeof(e->base.description), "emulated (no GPU; memfd, unthrottled)");
 }
 
-int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth) {
-        VramEmul *e;
+static int emul_set_bandwidth(VramBackend *b, uint64_t bandwidth) {
+        VramEmul *e = container_of(b, VramEmul, base);
 
-        if (!b || !b->emulated)
-                return -EOPNOTSUPP;
-        e = container_of(b, VramEmul, base);
         __atomic_store_n(&e->bandwidth, bandwidth, __ATOMIC_RELAXED);
         emul_describe(e);
         return 0;
@@ -199,6 +196,7 @@ static const VramBackendOps emul_ops = {
         .copy = emul_copy,
         .zero = emul_zero,
         .free = emul_free,
+        .set_bandwidth = emul_set_bandwidth,
 };
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {

@@ -43,6 +43,12 @@ int vram_numa_node(const VramBackend *b) {
         return b ? b->numa_node : -1;
 }
 
+int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth) {
+        if (!b || !b->ops->set_bandwidth)
+                return -EOPNOTSUPP;
+        return b->ops->set_bandwidth(b, bandwidth);
+}
+
 int vram_host_register(VramBackend *b, Segment *seg) {
         if (!b || !b->ops->host_register)
                 return 0;

@@ -40,7 +40,8 @@ typedef struct VramBackendOps {
         int (*zero)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len);
         void (*free)(VramBackend *b);
 
-        /* Optional (cuda only); the vram_*() wrappers below say what NULL means. */
+        /* Optional; the vram_*() wrappers below say what NULL means. */
+        int (*set_bandwidth)(VramBackend *b, uint64_t bandwidth);       /* emulated only */
         int (*host_register)(VramBackend *b, void *p, uint64_t size);
         void (*host_unregister)(VramBackend *b, void *p);
         int (*copy_event)(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]);

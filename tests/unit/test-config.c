@@ -21,11 +21,6 @@
 #define MIB (KIB * 1024)
 #define GIB (MIB * 1024)
 
-static void *mfree(void *p) {
-        free(p);
-        return NULL;
-}
-
 static void config_deinitp(Config *c) {
         config_deinit(c);
 }

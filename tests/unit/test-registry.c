@@ -15,15 +15,12 @@
 
 #include "daemon/base/config.h"
 #include "daemon/core/manager.h"
-#include "daemon/engine/mover.h"
+#include "daemon/engine/engine.h"
 #include "daemon/state/registry.h"
-#include "daemon/tiers/vram.h"
 #include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/vram.h"
 #include "proto/fence.h"
-
-#define MiB (1024ull * 1024ull)
-
-static char dir[] = "/var/tmp/tierd-unit.XXXXXX";
+#include "tests/unit/fixture.h"
 
 typedef struct Result {
         int done;
@@ -45,30 +42,7 @@ static void on_reserved(Op *op) {
 }
 
 static Manager *new_manager(void) {
-        Manager *m = NULL;
-        Config c;
-        char *err = NULL;
-        char path[128];
-
-        config_init(&c);
-        c.host_capacity = 8 * MiB;
-        c.host_segment_size = 4 * MiB;
-        c.host_job_limit = 4 * MiB;
-        c.vram_backend = VRAM_BACKEND_EMULATED;
-        c.vram_capacity = 4 * MiB;
-        c.vram_chunk_size = 2 * MiB;
-        c.vram_job_limit = 2 * MiB;
-        c.nvme_job_limit = 16 * MiB;
-        snprintf(path, sizeof(path), "%s/t0.img", dir);
-        free(c.state_dir);
-        c.state_dir = strdup(dir);
-        c.targets[0].path = strdup(path);
-        c.targets[0].size = 32 * MiB;
-        c.n_targets = 1;
-        assert_int_equal(config_finish(&c, &err), 0);
-        assert_int_equal(manager_new(&m, &c), 0);
-        config_deinit(&c);
-        return m;
+        return fixture_new(32 * MiB, NULL, NULL);
 }
 
 /* Run the loop until @r completed (or a second passed). */
@@ -80,7 +54,7 @@ static void run_until(Manager *m, Result *r) {
 
 static int submit(Manager *m, OpKind k, Tensor *t, int tier, Result *r) {
         memset(r, 0, sizeof(*r));
-        return op_submit(m, k, t, tier, on_complete, k == OP_PIN ? on_reserved : NULL, r, NULL);
+        return op_submit(m->engine, k, t, tier, on_complete, k == OP_PIN ? on_reserved : NULL, r, NULL);
 }
 
 static void write_host(Tensor *t, uint8_t v) {
@@ -89,21 +63,8 @@ static void write_host(Tensor *t, uint8_t v) {
         memset((uint8_t *) c->seg->map + c->offset, v, t->size);
 }
 
-/* Give @t data: pinned in host, every byte set to @v, unpinned dirty (its sole copy is in host). */
-static void host_data(Manager *m, Tensor *t, uint8_t v) {
-        Result r;
-
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
-        run_until(m, &r);
-        assert_int_equal(r.status, 0);
-        write_host(t, v);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
-}
-
 static uint8_t read_host(Tensor *t, uint64_t off) {
-        Copy *c = &t->copy[TIER_HOST];
-
-        return ((uint8_t *) c->seg->map + c->offset)[off];
+        return fixture_byte(t, TIER_HOST, off);
 }
 
 static void test_ids_names_slots(void **state) {
@@ -113,9 +74,9 @@ static void test_ids_names_slots(void **state) {
         unsigned s1, s2;
         uint64_t old;
 
-        assert_int_equal(job_new(m, "j", 1000, &j), 0);
-        assert_ptr_equal(job_find(m, "j"), j);
-        assert_null(job_find(m, "k"));
+        assert_int_equal(job_new(m->registry, "j", 1000, &j), 0);
+        assert_ptr_equal(job_find(m->registry, "j"), j);
+        assert_null(job_find(m->registry, "k"));
         assert_int_equal(j->limit[TIER_HOST], 4 * MiB);
 
         assert_int_equal(tensor_new(j, "a", 100, &a), 0);
@@ -146,7 +107,7 @@ static void test_ids_names_slots(void **state) {
         assert_int_equal(job_fence_slot_get(j, &s2), -EUSERS);
 
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 static void test_zero_then_dirty_then_evict(void **state) {
@@ -155,7 +116,7 @@ static void test_zero_then_dirty_then_evict(void **state) {
         Job *j;
         Tensor *t;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
 
         /* a fresh tensor: zero-filled on first pin, no I/O, version 0 */
@@ -165,7 +126,7 @@ static void test_zero_then_dirty_then_evict(void **state) {
         assert_int_equal(t->copy[TIER_HOST].state, COPY_RESIDENT);
         assert_int_equal(t->copy[TIER_HOST].pins, 1);
         assert_int_equal(read_host(t, 12345), 0);
-        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 0);
+        assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 0);
 
         /* evicting a pinned copy is refused */
         assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
@@ -185,7 +146,7 @@ static void test_zero_then_dirty_then_evict(void **state) {
         assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
         assert_int_equal(t->copy[TIER_NVME].state, COPY_RESIDENT);
         assert_int_equal(t->copy[TIER_NVME].version, 1);
-        assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, 1 * MiB);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, 1 * MiB);
         assert_int_equal(j->used[TIER_HOST], 0);
 
         /* prefetch back: read, crc checked, same bytes; NVMe copy stays (clean) */
@@ -210,15 +171,15 @@ static void test_zero_then_dirty_then_evict(void **state) {
         assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
         run_until(m, &r);
         {
-                uint64_t written = m->links[LINK_HOST_TO_NVME].bytes;
+                uint64_t written = m->engine->links[LINK_HOST_TO_NVME].bytes;
 
                 assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
                 run_until(m, &r);
-                assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, written);
+                assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);
         }
 
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 static void test_lru_victim_and_drain(void **state) {
@@ -229,7 +190,7 @@ static void test_lru_victim_and_drain(void **state) {
         char name[8];
 
         /* host limit 4 MiB = one segment: four 1 MiB tensors fill it */
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         for (int i = 0; i < 5; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
                 assert_int_equal(tensor_new(j, name, 1 * MiB, &t[i]), 0);
@@ -283,7 +244,7 @@ static void test_lru_victim_and_drain(void **state) {
         assert_int_equal(r.status, -ENOSPC);
 
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 static void test_vram_chain_and_async_reserve(void **state) {
@@ -292,9 +253,9 @@ static void test_vram_chain_and_async_reserve(void **state) {
         Job *j;
         Tensor *t;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
-        host_data(m, t, 0x77);
+        fixture_host_data(m, t, 0x77);
         assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
         run_until(m, &r);
 
@@ -305,8 +266,8 @@ static void test_vram_chain_and_async_reserve(void **state) {
         assert_int_equal(r.reserved, 1);
         assert_int_equal(t->copy[TIER_VRAM].pins, 1);
         assert_int_equal(((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100], 0x77);
-        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 1);
-        assert_int_equal(m->links[LINK_HOST_TO_VRAM].ops, 1);
+        assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 1);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].ops, 1);
 
         /* dirty in VRAM: host and NVMe copies become stale and are freed */
         ((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100] = 0x78;
@@ -320,13 +281,13 @@ static void test_vram_chain_and_async_reserve(void **state) {
         assert_int_equal(r.status, 0);
         assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
         assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(m->links[LINK_VRAM_TO_HOST].ops, 1);
+        assert_int_equal(m->engine->links[LINK_VRAM_TO_HOST].ops, 1);
         assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(read_host(t, 100), 0x78);
 
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 /* ---- the VRAM link: copies of jobs wait in fair order, by weight ------------------------- */
@@ -349,8 +310,8 @@ static void test_vram_link_fair_order(void **state) {
 
         memset(vram_order, 0, sizeof(vram_order));
         n_vram_done = 0;
-        assert_int_equal(job_new(m, "a", 0, &a), 0);
-        assert_int_equal(job_new(m, "b", 0, &b), 0);
+        assert_int_equal(job_new(m->registry, "a", 0, &a), 0);
+        assert_int_equal(job_new(m->registry, "b", 0, &b), 0);
         a->weight = 1;
         b->weight = 4;
         /* 64 KiB tensors with data in host memory */
@@ -359,13 +320,13 @@ static void test_vram_link_fair_order(void **state) {
 
                 snprintf(name, sizeof(name), "t%d", i);
                 assert_int_equal(tensor_new(i < 6 ? a : b, name, 64 * 1024, t), 0);
-                host_data(m, *t, (uint8_t) i);
+                fixture_host_data(m, *t, (uint8_t) i);
         }
         /* all at once: A's six, then B's twelve */
         for (int i = 0; i < 6; i++)
-                assert_int_equal(op_submit(m, OP_PIN, ta[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, ta[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
         for (int i = 0; i < 12; i++)
-                assert_int_equal(op_submit(m, OP_PIN, tb[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, tb[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
         for (int i = 0; i < 2000 && n_vram_done < 18; i++)
                 assert_true(sd_event_run(m->event, 1000) >= 0);
         /*
@@ -375,15 +336,15 @@ static void test_vram_link_fair_order(void **state) {
          */
         assert_int_equal(m->vram->depth, 1);
         assert_string_equal(vram_order, "ABBBBABBBBABBBBAAA");
-        assert_int_equal(m->vram_active[VRAM_TO_DEVICE], 0);
-        assert_true(list_empty(&m->vram_waiting[VRAM_TO_DEVICE]));
+        assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
+        assert_true(list_empty(&m->engine->vlink.waiting[VRAM_TO_DEVICE]));
         for (int i = 0; i < 6; i++)
                 assert_int_equal(tensor_unpin(ta[i], TIER_VRAM, false), 0);
         for (int i = 0; i < 12; i++)
                 assert_int_equal(tensor_unpin(tb[i], TIER_VRAM, false), 0);
         job_destroy(a);
         job_destroy(b);
-        manager_free(m);
+        fixture_free(m);
 }
 
 /* ---- a queued VRAM copy that cannot start fails its op, and the link's books stay right ------ */
@@ -421,11 +382,11 @@ static void test_vram_link_start_failure(void **state) {
         char name[16];
         int done = 0;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         for (int i = 0; i < 4; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
                 assert_int_equal(tensor_new(j, name, 64 * 1024, &t[i]), 0);
-                host_data(m, t[i], (uint8_t) (i + 1));
+                fixture_host_data(m, t[i], (uint8_t) (i + 1));
         }
         /* the first copy starts; the backend refuses the three that waited behind it */
         real_ops = m->vram->ops;
@@ -434,7 +395,7 @@ static void test_vram_link_start_failure(void **state) {
         m->vram->ops = &ops;
         copies_allowed = 1;
         for (int i = 0; i < 4; i++)
-                assert_int_equal(op_submit(m, OP_PIN, t[i], TIER_VRAM, on_outcome, NULL, &out[i], NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, t[i], TIER_VRAM, on_outcome, NULL, &out[i], NULL), 0);
         for (int i = 0; i < 2000 && done < 4; i++) {
                 assert_true(sd_event_run(m->event, 1000) >= 0);
                 done = out[0].done + out[1].done + out[2].done + out[3].done;
@@ -447,9 +408,9 @@ static void test_vram_link_start_failure(void **state) {
                 assert_false(copy_valid(t[i], TIER_VRAM));
                 assert_true(copy_valid(t[i], TIER_HOST));       /* the data is still there */
         }
-        assert_int_equal(m->vram_active[VRAM_TO_DEVICE], 0);
-        assert_true(list_empty(&m->vram_waiting[VRAM_TO_DEVICE]));
-        assert_int_equal(m->n_xfers, 0);
+        assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
+        assert_true(list_empty(&m->engine->vlink.waiting[VRAM_TO_DEVICE]));
+        assert_int_equal(m->engine->n_xfers, 0);
         /* the VRAM the failed copies had reserved is free again: they go through now */
         copies_allowed = 3;
         for (int i = 1; i < 4; i++) {
@@ -463,7 +424,7 @@ static void test_vram_link_start_failure(void **state) {
         for (int i = 0; i < 4; i++)
                 assert_int_equal(tensor_unpin(t[i], TIER_VRAM, false), 0);
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 static void test_crc_mismatch_is_an_error(void **state) {
@@ -472,9 +433,9 @@ static void test_crc_mismatch_is_an_error(void **state) {
         Job *j;
         Tensor *t;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
-        host_data(m, t, 0x33);
+        fixture_host_data(m, t, 0x33);
         assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
         run_until(m, &r);
 
@@ -487,7 +448,7 @@ static void test_crc_mismatch_is_an_error(void **state) {
         assert_int_equal(m->nvme->targets[0].crc_errors, 1);
 
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
 }
 
 int main(void) {
@@ -500,22 +461,5 @@ int main(void) {
                 cmocka_unit_test(test_vram_link_start_failure),
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
         };
-        char cmd[128];
-        int r;
-
-        sigset_t ss;
-
-        /* the manager watches these through signalfd, which needs them blocked */
-        sigemptyset(&ss);
-        sigaddset(&ss, SIGTERM);
-        sigaddset(&ss, SIGINT);
-        sigaddset(&ss, SIGHUP);
-        sigprocmask(SIG_BLOCK, &ss, NULL);
-        if (!mkdtemp(dir))
-                return 1;
-        r = cmocka_run_group_tests_name("registry", tests, NULL, NULL);
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        if (system(cmd) != 0)
-                fprintf(stderr, "cannot remove %s\n", dir);
-        return r;
+        return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -15,92 +15,58 @@
 
 #include "daemon/base/config.h"
 #include "daemon/core/manager.h"
-#include "daemon/engine/mover.h"
+#include "daemon/engine/engine.h"
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
-#include "daemon/ipc/server.h"
-#include "daemon/sched/timeline.h"
 #include "proto/plan.h"
+#include "tests/unit/fixture.h"
 #include "tier.pb-c.h"
+#include "util/time-util.h"
 
-#define MiB (1024ull * 1024ull)
 #define MS (1000000ull)
-
-static char dir[] = "/var/tmp/tierd-timeline.XXXXXX";
 
 /* ---- what the scheduler started, in order ---------------------------------------------- */
 
 static char trace[64][48];
 static unsigned n_trace;
 
-static void record(const char *what, const Tensor *t, int tier, uint64_t deadline) {
+static void record(void *userdata, const char *what, const Tensor *t, int tier, uint64_t deadline) {
         if (n_trace < 64)
-                snprintf(trace[n_trace++], sizeof(trace[0]), "%s %s %s", what, t->name, tier_to_string(tier));
+                snprintf(trace[n_trace++], sizeof(trace[0]), "%s %s %s", what, t->name, level_to_string(tier));
 }
 
 /* ---- fixtures ---------------------------------------------------------------------------- */
 
-static Manager *new_manager(SchedPolicyKind policy, uint64_t host_limit) {
-        Manager *m = NULL;
-        Config c;
-        char *err = NULL;
-        char path[128];
+typedef struct Setup {
+        SchedPolicyKind policy;
+        uint64_t host_limit;
+} Setup;
 
-        config_init(&c);
-        c.host_capacity = 16 * MiB;
-        c.host_segment_size = 4 * MiB;
-        c.host_job_limit = host_limit;
-        c.vram_backend = VRAM_BACKEND_EMULATED;
-        c.vram_capacity = 4 * MiB;
-        c.vram_chunk_size = 2 * MiB;
-        c.vram_job_limit = 2 * MiB;
-        c.nvme_job_limit = 64 * MiB;
-        c.sched_policy = policy;
-        snprintf(path, sizeof(path), "%s/t0.img", dir);
-        free(c.state_dir);
-        c.state_dir = strdup(dir);
-        c.targets[0].path = strdup(path);
-        c.targets[0].size = 64 * MiB;
-        c.n_targets = 1;
-        assert_int_equal(config_finish(&c, &err), 0);
-        assert_int_equal(manager_new(&m, &c), 0);
-        config_deinit(&c);
+static void setup(Config *c, void *userdata) {
+        const Setup *s = userdata;
+
+        c->host_capacity = 16 * MiB;
+        c->host_job_limit = s->host_limit;
+        c->nvme_job_limit = 64 * MiB;
+        c->sched_policy = s->policy;
+}
+
+static Manager *new_manager(SchedPolicyKind policy, uint64_t host_limit) {
+        Setup s = { policy, host_limit };
+        Manager *m = fixture_new(64 * MiB, setup, &s);
+
         n_trace = 0;
-        sched_trace = record;
+        sched_set_trace(m->sched, record, NULL);
         return m;
 }
 
 static void run_loop(Manager *m, unsigned rounds) {
-        for (unsigned i = 0; i < rounds; i++)
-                assert_true(sd_event_run(m->event, 2000) >= 0);
+        fixture_run(m, rounds);
 }
 
-typedef struct Done {
-        int done;
-        int status;
-} Done;
-
-static void on_done(Op *op, int status, const char *error) {
-        Done *d = op->userdata;
-
-        d->done++;
-        d->status = status;
-}
-
-/* Give @t data (version 1) and leave it only on NVMe. */
 static void make_on_nvme(Manager *m, Tensor *t) {
-        Done d = {};
-
-        assert_int_equal(op_submit(m, OP_PIN, t, TIER_HOST, on_done, NULL, &d, NULL), 0);
-        while (!d.done)
-                run_loop(m, 1);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
-        d = (Done) {};
-        assert_int_equal(op_submit(m, OP_EVICT, t, TIER_NVME, on_done, NULL, &d, NULL), 0);
-        while (!d.done)
-                run_loop(m, 1);
-        assert_int_equal(d.status, 0);
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_false(copy_valid(t, TIER_HOST));
+        fixture_on_nvme(m, t);
 }
 
 typedef struct Acc {
@@ -110,17 +76,22 @@ typedef struct Acc {
         unsigned mode;
 } Acc;
 
-static Conn *fake_conn(Manager *m, Job *j) {
-        Conn *c = calloc(1, sizeof(Conn));
+/* One rank of a job, as far as plans are concerned. */
+typedef struct Rank {
+        Manager *m;
+        Job *job;
+} Rank;
+
+static Rank *fake_conn(Manager *m, Job *j) {
+        Rank *c = calloc(1, sizeof(Rank));
 
         assert_non_null(c);
-        c->manager = m;
+        c->m = m;
         c->job = j;
-        c->efd = -1;
         return c;
 }
 
-static int submit_plan(Conn *c, const Acc *acc, size_t n, unsigned n_phases, Plan **ret, char *err, size_t esize) {
+static int submit_plan(Rank *c, const Acc *acc, size_t n, unsigned n_phases, Plan **ret, char *err, size_t esize) {
         Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
         Tier__PlanPhase phases[16], *php[16];
         Tier__PlanAccess a[32], *ap[32];
@@ -144,7 +115,7 @@ static int submit_plan(Conn *c, const Acc *acc, size_t n, unsigned n_phases, Pla
         }
         sp.n_phases = n_phases;
         sp.phases = php;
-        return plan_new(c, &sp, ret, err, esize);
+        return sched_plan_new(c->m->sched, c->job, -1, &sp, ret, err, esize);
 }
 
 /* Every phase takes @ms (as if learned), so predictions are far apart and stable. */
@@ -160,7 +131,7 @@ static void marker(Manager *m, Plan *p, unsigned phase) {
         uint64_t one = 1, seq = p->page->client.marker_seq + 1;
 
         p->page->client.phase = phase;
-        p->page->client.mark_ns = mono_ns();
+        p->page->client.mark_ns = now_ns();
         __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
         assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
         for (int i = 0; i < 200 && p->seq != seq; i++)
@@ -169,21 +140,17 @@ static void marker(Manager *m, Plan *p, unsigned phase) {
 }
 
 static Tensor *tensor(Job *j, const char *name, uint64_t size) {
-        Tensor *t;
-
-        assert_int_equal(tensor_new(j, name, size, &t), 0);
-        return t;
+        return fixture_tensor(j, name, size);
 }
 
-static void finish(Manager *m, Job *j, Conn *c, Plan *p) {
-        plan_free(p);
+static void finish(Manager *m, Job *j, Rank *c, Plan *p) {
+        sched_plan_free(p);
         /* transfers still running finish first, as tierd's stop does */
-        for (int i = 0; i < 500 && m->n_xfers > 0; i++)
+        for (int i = 0; i < 500 && m->engine->n_xfers > 0; i++)
                 run_loop(m, 1);
         job_destroy(j);
-        manager_free(m);
+        fixture_free(m);
         free(c);
-        sched_trace = NULL;
 }
 
 /* ---- Belady: the copy used farthest in the future goes first ------------------------------ */
@@ -191,13 +158,13 @@ static void finish(Manager *m, Job *j, Conn *c, Plan *p) {
 static void test_belady_choice(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         Tensor *a, *b, *cc, *d, *x, *v[5];
         char err[256];
         uint64_t deadline;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
@@ -212,11 +179,11 @@ static void test_belady_choice(void **state) {
                 assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
         }
         set_durations(p, 100);
-        deadline = mono_ns() + 150 * MS;
-        sched_run(m);   /* predictions: A in ~100 ms, B ~200, C ~300, D ~400 (before the first marker) */
+        deadline = now_ns() + 150 * MS;
+        sched_run(m->sched);   /* predictions: A in ~100 ms, B ~200, C ~300, D ~400 (before the first marker) */
 
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
-        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 5, 0), 5);
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, 0), 5);
         assert_ptr_equal(v[0], x);
         assert_ptr_equal(v[1], d);
         assert_ptr_equal(v[2], cc);
@@ -225,7 +192,7 @@ static void test_belady_choice(void **state) {
 
         /* a request due in ~150 ms may only take copies needed after it: never A */
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
-        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 5, deadline), 4);
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, deadline), 4);
         assert_ptr_equal(v[0], x);
         assert_ptr_equal(v[1], d);
         assert_ptr_equal(v[2], cc);
@@ -235,9 +202,9 @@ static void test_belady_choice(void **state) {
         marker(m, p, 0);
         marker(m, p, 1);
         set_durations(p, 100);
-        sched_run(m);
+        sched_run(m->sched);
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
-        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 4, 0), 4);
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 4, 0), 4);
         assert_ptr_equal(v[0], b);      /* in use now: its next use is a whole cycle away */
         assert_ptr_equal(v[1], a);
         assert_ptr_equal(v[2], d);
@@ -246,7 +213,7 @@ static void test_belady_choice(void **state) {
         /* lru keeps the order it is given */
         m->config.sched_policy = SCHED_POLICY_LRU;
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
-        assert_int_equal(sched_victim_order(m, TIER_HOST, v, 4, deadline), 4);
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 4, deadline), 4);
         assert_ptr_equal(v[0], a);
         assert_ptr_equal(v[3], d);
         finish(m, j, c, p);
@@ -254,26 +221,19 @@ static void test_belady_choice(void **state) {
 
 /* ---- victims weighed by cost: a sole copy costs a write and a read, another copy a read ------ */
 
-/* Bring @t into @tier (pinned, then unpinned; @dirty: as written). */
 static void touch(Manager *m, Tensor *t, int tier, bool dirty) {
-        Done d = {};
-
-        assert_int_equal(op_submit(m, OP_PIN, t, tier, on_done, NULL, &d, NULL), 0);
-        while (!d.done)
-                run_loop(m, 1);
-        assert_int_equal(d.status, 0);
-        assert_int_equal(tensor_unpin(t, tier, dirty), 0);
+        fixture_touch(m, t, tier, dirty);
 }
 
 static void test_victim_cost(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
         Tensor *x, *a, *b, *v, *cand[3];
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         char err[256];
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         x = tensor(j, "X", MiB);
         a = tensor(j, "A", MiB);
@@ -298,7 +258,7 @@ static void test_victim_cost(void **state) {
         set_durations(p, 100);
         marker(m, p, 0);
         set_durations(p, 100);
-        sched_run(m);   /* predictions from now */
+        sched_run(m->sched);   /* predictions from now */
         /*
          * Next uses: V in vram in ~100 ms, A ~200, B ~300, V in host ~500.  Pure Belady
          * would take B before A; B costs a write and a read, A only a read, so A goes
@@ -306,7 +266,7 @@ static void test_victim_cost(void **state) {
          * served from vram, and the host copy is next needed at phase 5.
          */
         cand[0] = a; cand[1] = b; cand[2] = v;
-        assert_int_equal(sched_victim_order(m, TIER_HOST, cand, 3, 0), 3);
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, cand, 3, 0), 3);
         assert_ptr_equal(cand[0], v);
         assert_ptr_equal(cand[1], a);
         assert_ptr_equal(cand[2], b);
@@ -319,12 +279,12 @@ static void test_deadline_order(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
         Tensor *t[6];
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         char err[256], name[8];
         Acc acc[6];
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         for (int i = 0; i < 6; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
@@ -335,7 +295,7 @@ static void test_deadline_order(void **state) {
         n_trace = 0;
         assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
         set_durations(p, 100);
-        sched_run(m);
+        sched_run(m->sched);
         /* phase 0 is pinned ahead, then phases 1 and 2 prefetched: three on the NVMe link, no more */
         assert_int_equal(n_trace, 3);
         assert_string_equal(trace[0], "pin t0 host");
@@ -361,12 +321,12 @@ static void test_prefetch_window(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 3 * MiB);
         Tensor *t[6];
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         char err[256], name[8];
         Acc acc[6];
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         for (int i = 0; i < 6; i++) {
                 snprintf(name, sizeof(name), "t%d", i);
@@ -377,7 +337,7 @@ static void test_prefetch_window(void **state) {
         n_trace = 0;
         assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
         set_durations(p, 100);
-        sched_run(m);
+        sched_run(m->sched);
         for (int i = 0; i < 200 && !copy_valid(t[2], TIER_HOST); i++)
                 run_loop(m, 1);
         run_loop(m, 20);
@@ -395,7 +355,7 @@ static void test_prefetch_window(void **state) {
         assert_true(copy_valid(t[3], TIER_HOST));
         assert_false(copy_valid(t[0], TIER_HOST));
         assert_true(copy_valid(t[2], TIER_HOST));
-        assert_int_equal(m->links[LINK_NVME_TO_HOST].ops, 4);   /* t0..t3, each read once */
+        assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 4);   /* t0..t3, each read once */
         finish(m, j, c, p);
 }
 
@@ -405,11 +365,11 @@ static void test_write_behind(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 3 * MiB);
         Tensor *a, *b, *d, *e, *cc;
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         char err[256];
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
@@ -463,7 +423,7 @@ static void test_write_behind(void **state) {
 
         /* with room for everything, nothing is written early */
         m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
@@ -496,12 +456,12 @@ static void test_dead_bytes(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
         Tensor *a, *b, *cc;
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p;
         char err[256];
         uint64_t written;
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
@@ -527,7 +487,7 @@ static void test_dead_bytes(void **state) {
         /* phase 1 (running) reads it, so it is pinned; after it, the next access overwrites */
         assert_true(sched_next_access_overwrites(a));
         assert_true(a->copy[TIER_HOST].pins > 0);
-        written = m->links[LINK_HOST_TO_NVME].bytes;
+        written = m->engine->links[LINK_HOST_TO_NVME].bytes;
         marker(m, p, 2);        /* now A's next access (phase 0) overwrites it; C (phase 3) needs room */
         assert_true(sched_next_access_overwrites(a));
         /* dropped as soon as phase 1 let it go, before anything asked for room */
@@ -540,7 +500,7 @@ static void test_dead_bytes(void **state) {
         assert_false(copy_valid(a, TIER_HOST));
         assert_false(copy_valid(a, TIER_NVME));
         assert_true(a->dead);
-        assert_int_equal(m->links[LINK_HOST_TO_NVME].bytes, written);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);
         /* and phase 0 gets its (write-only) A without any read */
         marker(m, p, 0);
         for (int i = 0; i < 100 && !copy_valid(a, TIER_HOST); i++)
@@ -555,11 +515,11 @@ static void test_shared_not_dead(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
         Tensor *a, *sh;
         Job *j;
-        Conn *c1, *c2;
+        Rank *c1, *c2;
         Plan *p1, *p2;
         char err[256];
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c1 = fake_conn(m, j);
         c2 = fake_conn(m, j);
         a = tensor(j, "A", MiB);
@@ -582,7 +542,7 @@ static void test_shared_not_dead(void **state) {
         marker(m, p1, 0);       /* S released by rank 1's phase 1 */
         assert_false(sh->dead);
         assert_true(tensor_valid_tier(sh, TIER_NVME) >= 0);
-        plan_free(p2);
+        sched_plan_free(p2);
         free(c2);
         finish(m, j, c1, p1);
 }
@@ -593,7 +553,7 @@ static void test_quota_respect(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
         Tensor *a, *b, *cc;
         Job *j;
-        Conn *c;
+        Rank *c;
         Plan *p = NULL;
         char err[256];
         Acc pair[] = { { 0, NULL, TIER_HOST, PLAN_READ }, { 1, NULL, TIER_HOST, PLAN_READ },
@@ -601,7 +561,7 @@ static void test_quota_respect(void **state) {
         Acc big[] = { { 0, NULL, TIER_VRAM, PLAN_READ }, { 0, NULL, TIER_VRAM, PLAN_READ },
                       { 0, NULL, TIER_VRAM, PLAN_READ } };
 
-        assert_int_equal(job_new(m, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
         a = tensor(j, "A", MiB);
         b = tensor(j, "B", MiB);
@@ -616,7 +576,7 @@ static void test_quota_respect(void **state) {
         /* under lru one phase at a time is pinned: accepted */
         m->config.sched_policy = SCHED_POLICY_LRU;
         assert_int_equal(submit_plan(c, pair, 3, 2, &p, err, sizeof(err)), 0);
-        plan_free(p);
+        sched_plan_free(p);
         p = NULL;
         /* one phase needing more VRAM than the job may use: refused whatever the policy */
         big[0].t = a;
@@ -637,15 +597,15 @@ static void test_quota_respect(void **state) {
                 acc.tensor = 0xffffffffull;
                 acc.tier = TIER__TIER__TIER_HOST;
                 acc.mode = PLAN_READ;
-                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -ENOENT);
+                assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -ENOENT);
                 acc.tensor = a->id;
                 acc.mode = 9;
-                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+                assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 acc.mode = PLAN_READ;
                 acc.tier = TIER__TIER__TIER_NVME;
-                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+                assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 sp.n_phases = 0;
-                assert_int_equal(plan_new(c, &sp, &p, err, sizeof(err)), -EINVAL);
+                assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
         }
         finish(m, j, c, NULL);
 }
@@ -707,20 +667,5 @@ int main(void) {
                 cmocka_unit_test(test_quota_respect),
                 cmocka_unit_test(test_weighted_sharing),
         };
-        char cmd[128];
-        sigset_t ss;
-        int r;
-
-        sigemptyset(&ss);
-        sigaddset(&ss, SIGTERM);
-        sigaddset(&ss, SIGINT);
-        sigaddset(&ss, SIGHUP);
-        sigprocmask(SIG_BLOCK, &ss, NULL);
-        if (!mkdtemp(dir))
-                return 1;
-        r = cmocka_run_group_tests_name("timeline", tests, NULL, NULL);
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        if (system(cmd) != 0)
-                fprintf(stderr, "cannot remove %s\n", dir);
-        return r;
+        return fixture_main("timeline", tests, sizeof(tests) / sizeof(tests[0]));
 }

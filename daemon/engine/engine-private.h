@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* engine-private.h: what op.c and xfer.c share inside the engine (never used outside daemon/engine). */
+#pragma once
+
+#include <stdint.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+
+typedef struct XferPart XferPart;
+
+/*
+ * A transfer: one tensor's valid copy in @src copied into its reserved copy
+ * in @dst.  It belongs to the tensor (Tensor.xfer), not to an op: ops only
+ * wait for it (Tensor.waiters), so cancelling an op never touches I/O.
+ */
+typedef struct Xfer {
+        Engine *engine;
+        Tensor *tensor;
+        int src, dst;
+        uint64_t version;
+        unsigned pending;       /* NVMe parts not completed yet */
+        int error;
+        char errmsg[160];
+        VramCopy vcopy;
+        List vlink;             /* VramLink.waiting, while it waits for the VRAM link */
+        double vtag;            /* its virtual start time there (fairq.h) */
+        XferPart *parts;
+        uint32_t n_parts;
+} Xfer;
+
+/* Record why @op fails in op->error; returns @r. */
+int op_fail(Op *op, int r, const char *fmt, ...) _printf_(3, 4);
+
+/* Start moving @t's valid copy in @src into the reserved copy in @dst (xfer.c).  0 or -errno (op->error set). */
+int xfer_start(Op *op, Tensor *t, int src, int dst);
+
+/*
+ * engine_xfer_ended() - the transfer of @t ended (t->xfer is NULL again):
+ * the ops that waited for it run again, failing with @error (< 0, reason
+ * @errmsg) if it failed.  Called by xfer.c.
+ */
+void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const char *errmsg);

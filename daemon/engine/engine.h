@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/* engine.h: the op engine: bringing copies up, writing them down, making space, the transfers. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base/level.h"
+#include "daemon/base/list.h"
+
+typedef struct Engine Engine;
+typedef struct Job Job;
+typedef struct NvmeTier NvmeTier;
+typedef struct Registry Registry;
+typedef struct Tensor Tensor;
+typedef struct Uring Uring;
+typedef struct VramBackend VramBackend;
+typedef struct sd_event sd_event;
+typedef struct sd_event_source sd_event_source;
+
+typedef enum OpKind {
+        OP_PIN,
+        OP_PREFETCH,
+        OP_EVICT,
+        OP_DRAIN,               /* internal: write a victim down, then drop it */
+        OP_CLEAN,               /* internal: write a sole copy down, keep it (write-behind) */
+        _OP_KIND_MAX,
+        _OP_KIND_INVALID = -22,
+} OpKind;
+
+typedef enum OpWait {
+        OP_WAIT_NONE,
+        OP_WAIT_RUN,            /* in Engine.run_queue */
+        OP_WAIT_TENSOR,         /* in Tensor.waiters */
+        OP_WAIT_SPACE,          /* in Engine.space_waiters */
+        _OP_WAIT_MAX,
+        _OP_WAIT_INVALID = -22,
+} OpWait;
+
+typedef struct Op Op;
+struct Op {
+        Engine *engine;
+        OpKind kind;
+        Tensor *tensor;
+        int tier;
+        OpWait wait;
+        List wait_link;
+        List all_link;          /* Engine.ops, for cancellation */
+        bool pinned;            /* a pin op that already holds its pin */
+        bool reserved_sent;     /* the reserved() callback ran */
+        int failed;             /* -errno of a transfer this op waited for */
+        uint64_t deadline_ns;   /* when the data is needed (0: now); victims must be needed later */
+        bool no_wait;           /* fail with -EAGAIN instead of waiting for space */
+        bool discard;           /* pin for a write-only access: reserve, do not bring the old bytes */
+        /* Called once when the op ends (status 0 or -errno); the op is freed after. */
+        void (*complete)(Op *op, int status, const char *error);
+        /* Pin ops only: called once the destination is reserved (the grant is known). */
+        void (*reserved)(Op *op);
+        /* Called instead of complete() when the op is cancelled (its owner's bookkeeping). */
+        void (*cancelled)(Op *op);
+        void *userdata;
+        char error[160];        /* reason text for a failure */
+};
+
+typedef struct LinkStats {
+        uint64_t bytes;
+        uint64_t ops;
+} LinkStats;
+
+/*
+ * What the engine asks the scheduler (daemon/sched registers these with
+ * engine_set_sched(), so the engine never calls up).  Every member may be
+ * NULL: then victims stay least recently used first, nothing is "dead",
+ * nothing is charged, and there is no pass.
+ */
+typedef struct EngineSchedOps {
+        /*
+         * Order the victim candidates @cands (least recently used first) in
+         * @tier for eviction; only those needed later than @deadline_ns
+         * (0: any) may stay.  Returns how many remain, best victim first.
+         */
+        size_t (*victim_order)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+        /* Is @t's next planned access write-only (its bytes need not be kept)? */
+        bool (*overwrites_next)(void *userdata, Tensor *t);
+        /* Charge @j's fair share for @bytes of link time the engine spends for it (drains). */
+        void (*charge)(void *userdata, Job *j, uint64_t bytes);
+        /* Data moved or space was freed: what the scheduler waited for may be possible now. */
+        void (*changed)(void *userdata);
+        /* One scheduling pass; runs after the run queue, whenever the engine runs. */
+        void (*pass)(void *userdata);
+} EngineSchedOps;
+
+/* The VRAM link, per VramDir: at most VramBackend.depth copies with the backend, the rest queued by fair tag. */
+typedef struct VramLink {
+        List waiting[2];        /* Xfer.vlink, by fair tag */
+        unsigned active[2];     /* copies with the backend */
+        double vtime[2];        /* virtual time */
+} VramLink;
+
+struct Engine {
+        sd_event *event;
+        sd_event_source *run_source;    /* defer: runs queued ops once the current handler returns */
+        Registry *registry;             /* borrowed, like the tiers below */
+        Uring *uring;
+        NvmeTier *nvme;
+        VramBackend *vram;
+        const EngineSchedOps *sched;
+        void *sched_userdata;
+
+        List ops;               /* Op.all_link: every op, for cancellation */
+        List run_queue;         /* Op.wait_link: ops to advance */
+        List space_waiters;     /* Op.wait_link: ops waiting for space */
+        unsigned n_xfers;       /* transfers in flight (or waiting for the VRAM link) */
+        LinkStats links[_LINK_MAX];
+        VramLink vlink;
+};
+
+/*
+ * engine_new() - the op engine over @registry and the tiers (all borrowed:
+ * they outlive it); it registers itself as the registry's ops.
+ */
+int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme, VramBackend *vram, Engine **ret);
+/*
+ * engine_free() - cancel every op (no callback but cancelled() runs) and
+ * free the engine; transfers still in flight are leaked, and logged.  The
+ * registry, whose ops the engine is, must be freed first.
+ */
+Engine *engine_free(Engine *e);
+void engine_set_sched(Engine *e, const EngineSchedOps *ops, void *userdata);
+
+/* Run the engine (and the scheduler's pass) once the current event handler returns. */
+void engine_kick(Engine *e);
+/* Advance queued ops until none is runnable, run the scheduler's pass, and again (the run source). */
+void engine_run(Engine *e);
+
+/* Create and queue an op.  It holds a reference on @t until it completes. */
+int op_submit(Engine *e, OpKind kind, Tensor *t, int tier,
+              void (*complete)(Op *, int, const char *), void (*reserved)(Op *), void *userdata, Op **ret);
+/* Forget an op (its client is gone): complete() does not run, cancelled() does; a pin it took is dropped. */
+void op_cancel(Op *op);
+/* Cancel every op on a tensor of @j. */
+void engine_cancel_job(Engine *e, Job *j);
+/* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */
+void engine_wake_space_waiters(Engine *e);

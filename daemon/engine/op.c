@@ -1,0 +1,658 @@
+/* SPDX-License-Identifier: MIT */
+/* op.c: the op engine: ops and their state machine, making space. */
+
+/*
+ * Theory of operation.
+ *
+ * Every request that may move data becomes an Op: pin, prefetch or evict
+ * of one tensor to one tier (from a client, or from the scheduler), and,
+ * internally, drain (write a victim down, then drop it) and clean (write a
+ * sole copy down, keep it: write-behind).  An op never owns a transfer; it
+ * only waits.  op_advance() looks at the tensor as it is now and takes the
+ * next step towards the op's goal, returning DONE, an error, or a reason
+ * to wait:
+ *
+ *   WAIT_TENSOR   a transfer of this tensor is running (Tensor.xfer); the op
+ *                 sits in Tensor.waiters and runs again when it ends.
+ *   WAIT_SPACE    the tier is full and victims are being written down; the
+ *                 op sits in Engine.space_waiters and runs again whenever
+ *                 space is freed or a drain ends.
+ *
+ * Because ops hold no I/O, cancelling one (its client vanished) is always
+ * immediate and safe: transfers in flight (xfer.c) finish on their own and
+ * leave a resident, unpinned copy behind.
+ *
+ * A copy may be dropped only if it is not the sole valid copy (copy_is_sole)
+ * — otherwise it is first written to the tier below (NVMe writes always come
+ * from the host copy).  Making space: the unpinned copies of the same job in
+ * that tier, in the order the scheduler gives (EngineSchedOps.victim_order:
+ * least recently used first without one, Belady's next use under the
+ * timeline policy); those with a valid copy elsewhere (or dead bytes) are
+ * dropped at once, sole copies are drained and the op waits.  Nothing
+ * pinned or in use by an op is ever chosen.  When nothing can be freed the
+ * op fails with -ENOSPC and a message naming the tier and the limit.
+ *
+ * The engine runs from a defer source that engine_kick() arms, so ops
+ * queued while handling one packet are advanced once that handler returns,
+ * together; then the scheduler's pass (EngineSchedOps.pass) looks at the
+ * new state and may queue more, which run in the same go.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-event.h>
+
+#include "daemon/base/log.h"
+#include "daemon/engine/engine-private.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+
+enum {
+        ADV_DONE = 0,
+        ADV_WAIT_TENSOR = 1,
+        ADV_WAIT_SPACE = 2,
+        ADV_RETRY = 3,          /* internal to space handling */
+};
+
+/* make_space() calls while one reservation still finds no room after freeing copies. */
+#define RESERVE_ATTEMPTS_MAX 64
+
+int op_fail(Op *op, int r, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(op->error, sizeof(op->error), fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* ---- space ------------------------------------------------------------------------------ */
+
+static void wake_space_waiters(Engine *e) {
+        if (list_empty(&e->space_waiters))
+                return;
+        list_for_each_safe(n, tmp, &e->space_waiters)
+                list_entry(n, Op, wait_link)->wait = OP_WAIT_RUN;
+        list_splice_tail(&e->run_queue, &e->space_waiters);
+        engine_kick(e);
+}
+
+void engine_wake_space_waiters(Engine *e) {
+        wake_space_waiters(e);
+}
+
+static void sched_changed(Engine *e) {
+        if (e->sched && e->sched->changed)
+                e->sched->changed(e->sched_userdata);
+}
+
+static int seg_tier_alloc(Engine *e, Tensor *t, int tier) {
+        SegPool *pool = e->registry->pools[tier];
+        Job *j = t->job;
+        Copy *c = &t->copy[tier];
+        unsigned n_segs = 0;
+        Segment *s;
+        int r;
+
+        list_for_each_safe(n, tmp, &j->segments[tier]) {
+                s = list_entry(n, Segment, owner_link);
+                n_segs++;
+                if (segment_alloc(s, t->alloc_size, &c->offset) >= 0) {
+                        c->seg = s;
+                        return 0;
+                }
+        }
+        /* a new segment, if the job's limit leaves room for one */
+        if ((uint64_t) (n_segs + 1) * pool->seg_size > ALIGN_UP(j->limit[tier], pool->seg_size))
+                return -ENOSPC;
+        r = segpool_assign(pool, j, &j->segments[tier], &s);
+        if (r == -ENOSPC) {
+                /* pool exhausted: take back segments that jobs hold but do not use */
+                for (uint32_t i = 0; i < pool->n_segs; i++) {
+                        Segment *x = &pool->segs[i];
+
+                        if (x->owner && x->used == 0)
+                                (void) segpool_release(pool, x);
+                }
+                r = segpool_assign(pool, j, &j->segments[tier], &s);
+        }
+        if (r < 0)
+                return r;
+        r = segment_alloc(s, t->alloc_size, &c->offset);
+        if (r < 0)
+                return r;
+        c->seg = s;
+        return 0;
+}
+
+/*
+ * Choose victims in @tier of @want's job and free or drain them.  Returns
+ * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started), -EAGAIN
+ * (@op does not wait), -ENOSPC (nothing can go) or another -errno.
+ */
+static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need) {
+        Job *j = want->job;
+        uint64_t freed = 0, draining = 0;
+        _cleanup_free_ Tensor **cands = NULL;
+        size_t n = 0, k;
+
+        cands = calloc(j->n_tensors + 1, sizeof(Tensor *));
+        if (!cands)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
+                Copy *c = list_entry(node, Copy, lru);
+                Tensor *v = container_of(c, Tensor, copy[tier]);
+
+                if (v->job != j)
+                        continue;
+                if (c->state == COPY_DRAINING) {
+                        draining += tier == TIER_NVME ? 0 : v->alloc_size;
+                        continue;
+                }
+                if (v == want || c->state != COPY_RESIDENT || c->pins > 0 || v->op_refs > 0 || v->xfer)
+                        continue;
+                if (n < j->n_tensors)
+                        cands[n++] = v;
+        }
+        /* the policy orders them (LRU as listed, or Belady by next use) */
+        k = e->sched && e->sched->victim_order ?
+                e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
+
+        for (size_t i = 0; i < k && freed + draining < need; i++) {
+                Tensor *v = cands[i];
+                Op *d;
+                int r;
+
+                if (!copy_is_sole(v, tier)) {
+                        freed += v->alloc_size;
+                        copy_free(v, tier);
+                        continue;
+                }
+                if (e->sched && e->sched->overwrites_next && e->sched->overwrites_next(e->sched_userdata, v)) {
+                        /* its plan overwrites it before reading it: nothing to write back */
+                        v->dead = true;
+                        freed += v->alloc_size;
+                        copy_free(v, tier);
+                        continue;
+                }
+                if (tier == TIER_NVME)
+                        continue;       /* nothing below NVMe */
+                /* write it down first */
+                r = op_submit(e, OP_DRAIN, v, tier, NULL, NULL, NULL, &d);
+                if (r < 0)
+                        return r;
+                /*
+                 * A drain is forced (the requester was chosen by deadline already), so
+                 * it may take any room below; it is charged to its job's fair share.
+                 */
+                if (e->sched && e->sched->charge)
+                        e->sched->charge(e->sched_userdata, v->job, v->alloc_size);
+                v->copy[tier].state = COPY_DRAINING;
+                draining += v->alloc_size;
+        }
+        if (freed > 0)
+                return ADV_RETRY;
+        if (draining > 0)
+                return ADV_WAIT_SPACE;
+        return op->no_wait ? -EAGAIN : -ENOSPC;
+}
+
+/* Reserve space for @t in @tier.  0, ADV_WAIT_SPACE, or -errno with op->error set. */
+static int copy_reserve(Op *op, Tensor *t, int tier) {
+        Engine *e = op->engine;
+        Job *j = t->job;
+        Copy *c = &t->copy[tier];
+        int r;
+
+        for (unsigned attempt = 0;; attempt++) {
+                if (tier == TIER_NVME) {
+                        uint64_t bytes = ALIGN_UP(t->alloc_size, e->nvme->extent_size);
+
+                        if (j->used[tier] + bytes > j->limit[tier])
+                                return op_fail(op, -ENOSPC, "job '%s' would exceed its nvme limit (%" PRIu64 " bytes)",
+                                               j->name, j->limit[tier]);
+                        r = nvme_alloc(e->nvme, t->alloc_size, (unsigned) (t->id % e->nvme->n_targets),
+                                       &c->extents, &c->n_extents);
+                        if (r < 0)
+                                return op_fail(op, r, "no space left on the NVMe targets for %" PRIu64 " bytes",
+                                               t->alloc_size);
+                        copy_account(t, tier, (int64_t) ((uint64_t) c->n_extents * e->nvme->extent_size));
+                        break;
+                }
+
+                if (j->used[tier] + t->alloc_size <= j->limit[tier]) {
+                        r = seg_tier_alloc(e, t, tier);
+                        if (r >= 0) {
+                                copy_account(t, tier, (int64_t) t->alloc_size);
+                                break;
+                        }
+                        if (r != -ENOSPC)
+                                return op_fail(op, r, "cannot allocate %s memory: %s", level_to_string(tier),
+                                               strerror(-r));
+                }
+                r = make_space(e, op, t, tier, t->alloc_size);
+                if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
+                        continue;
+                if (r == ADV_WAIT_SPACE)
+                        return ADV_WAIT_SPACE;
+                if (tier == TIER_VRAM && e->vram->pool.n_revoking > 0 && !op->no_wait)
+                        return ADV_WAIT_SPACE;  /* chunks come back once their old clients let go (revoke.c) */
+                if (r == -EAGAIN)
+                        return op_fail(op, -EAGAIN, "no %s space to spare before the deadline", level_to_string(tier));
+                if (r < 0 && r != -ENOSPC)
+                        return op_fail(op, r, "cannot make room in %s for job '%s': %s", level_to_string(tier),
+                                       j->name, strerror(-r));
+                return op_fail(op, -ENOSPC,
+                               "%s tier full for job '%s': %" PRIu64 " of %" PRIu64 " bytes used, "
+                               "the rest pinned or in use (need %" PRIu64 ")",
+                               level_to_string(tier), j->name, j->used[tier], j->limit[tier], t->alloc_size);
+        }
+        c->state = COPY_FILLING;
+        c->pins = 0;
+        copy_touch(t, tier);
+        return 0;
+}
+
+/* ---- the state machine -------------------------------------------------------- */
+
+static int zero_fill(Op *op, Tensor *t, int tier) {
+        Engine *e = op->engine;
+        Copy *c = &t->copy[tier];
+
+        if (tier == TIER_HOST)
+                memset((uint8_t *) c->seg->map + c->offset, 0, t->alloc_size);
+        else {
+                int r = e->vram->ops->zero(e->vram, c->seg, c->offset, t->alloc_size);
+                if (r < 0)
+                        return op_fail(op, r, "cannot zero VRAM: %s", strerror(-r));
+        }
+        c->state = COPY_RESIDENT;
+        c->version = t->version;
+        return ADV_DONE;
+}
+
+/* Make @tier hold a valid copy of @t.  ADV_DONE, ADV_WAIT_*, or -errno. */
+static int ensure_copy(Op *op, Tensor *t, int tier) {
+        Copy *c = &t->copy[tier];
+        int r, src;
+
+        if (copy_valid(t, tier))
+                return ADV_DONE;
+        if (t->xfer)
+                return ADV_WAIT_TENSOR;
+        if (tier == TIER_NVME && (t->version == 0 || t->dead))
+                return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
+
+        if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING)
+                c->state = COPY_FILLING;        /* stale: refill in place */
+        /*
+         * A scheduler prefetch into VRAM stages the host copy before it takes
+         * VRAM: when staging finds no room it gives up holding nothing.
+         */
+        if (tier == TIER_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
+            !tensor_is_blank(t)) {
+                r = ensure_copy(op, t, TIER_HOST);
+                if (r != ADV_DONE)
+                        return r;
+        }
+        if (c->state == COPY_ABSENT) {
+                r = copy_reserve(op, t, tier);
+                if (r != 0)
+                        return r;
+        }
+
+        /* the phase overwrites the whole tensor: the old bytes need not be brought */
+        if (op->discard && tier != TIER_NVME && op->tensor == t && op->tier == tier) {
+                c->state = COPY_RESIDENT;
+                c->version = t->version;
+                return ADV_DONE;
+        }
+
+        /* c is reserved (FILLING); find a source */
+        if (tensor_is_blank(t)) {
+                if (tier == TIER_NVME)
+                        return ADV_DONE;
+                return zero_fill(op, t, tier);
+        }
+
+        switch (tier) {
+        case TIER_VRAM:
+        case TIER_NVME:
+                /* both come from host: the VRAM copy over PCIe, the NVMe image by O_DIRECT writes */
+                r = ensure_copy(op, t, TIER_HOST);
+                if (r != ADV_DONE)
+                        return r;
+                src = TIER_HOST;
+                break;
+        case TIER_HOST:
+                if (copy_valid(t, TIER_VRAM))
+                        src = TIER_VRAM;
+                else if (copy_valid(t, TIER_NVME))
+                        src = TIER_NVME;
+                else
+                        return op_fail(op, -EIO, "tensor '%s' has no valid copy (internal error)", t->name);
+                break;
+        default:
+                return -EINVAL;
+        }
+        r = xfer_start(op, t, src, tier);
+        if (r < 0)
+                return r;
+        return ADV_WAIT_TENSOR;
+}
+
+static int advance_evict(Op *op, Tensor *t, int tier) {
+        bool below = t->version == 0 || t->dead;
+        int r;
+
+        for (int i = 0; i < tier; i++)
+                if (t->copy[i].pins > 0)
+                        return op_fail(op, -EBUSY, "tensor '%s' is pinned in %s", t->name, level_to_string(i));
+        if (t->xfer)
+                return ADV_WAIT_TENSOR;
+
+        /* is there already a valid copy at or below @tier? */
+        for (int i = tier; i < TIERS; i++)
+                if (copy_valid(t, i))
+                        below = true;
+        if (!below) {
+                r = ensure_copy(op, t, tier);
+                if (r != ADV_DONE)
+                        return r;
+        }
+        for (int i = 0; i < tier; i++)
+                copy_free(t, i);
+        return ADV_DONE;
+}
+
+static int advance_drain(Op *op, Tensor *t, int tier) {
+        Copy *c = &t->copy[tier];
+        int r;
+
+        if (c->state != COPY_DRAINING)
+                return ADV_DONE;        /* pinned again meanwhile: keep it */
+        if (copy_is_sole(t, tier)) {
+                r = ensure_copy(op, t, tier + 1);
+                if (r != ADV_DONE)
+                        return r;
+        }
+        if (c->state == COPY_DRAINING && c->pins == 0)
+                copy_free(t, tier);
+        return ADV_DONE;
+}
+
+static int advance_clean(Op *op, Tensor *t, int tier) {
+        if (!copy_is_sole(t, tier) || t->copy[tier].pins > 0)
+                return ADV_DONE;
+        return ensure_copy(op, t, tier + 1);
+}
+
+static int op_advance(Op *op) {
+        Tensor *t = op->tensor;
+        int r;
+
+        if (op->failed < 0)             /* a transfer we waited for failed */
+                return op->failed;
+
+        switch (op->kind) {
+        case OP_PIN:
+                if (t->copy[op->tier].state == COPY_DRAINING)
+                        t->copy[op->tier].state = COPY_RESIDENT;        /* cancel the drain */
+                r = ensure_copy(op, t, op->tier);
+                if (r > 0 && op->reserved && !op->reserved_sent && t->copy[op->tier].state == COPY_FILLING) {
+                        /* async pin: the destination is known, the client may go on */
+                        t->copy[op->tier].pins++;
+                        op->pinned = true;
+                        op->reserved_sent = true;
+                        op->reserved(op);
+                }
+                return r;
+        case OP_PREFETCH:
+                return ensure_copy(op, t, op->tier);
+        case OP_EVICT:
+                return advance_evict(op, t, op->tier);
+        case OP_DRAIN:
+                return advance_drain(op, t, op->tier);
+        case OP_CLEAN:
+                return advance_clean(op, t, op->tier);
+        default:
+                return -EINVAL;
+        }
+}
+
+/* ---- op lifecycle ------------------------------------------------------------------------ */
+
+static void op_free(Op *op) {
+        Tensor *t = op->tensor;
+
+        list_del(&op->wait_link);
+        list_del(&op->all_link);
+        t->op_refs--;
+        /* a reservation nobody will fill any more (whatever the op's kind) */
+        if (op->tier >= 0 && t->copy[op->tier].state == COPY_FILLING && !t->xfer && t->copy[op->tier].pins == 0)
+                copy_free(t, op->tier);
+        free(op);
+}
+
+static void op_end(Op *op, int r) {
+        Tensor *t = op->tensor;
+
+        if (op->kind == OP_PIN && op->tier >= 0) {
+                Copy *c = &t->copy[op->tier];
+
+                if (r >= 0) {
+                        if (!op->pinned)
+                                c->pins++;
+                        op->pinned = true;
+                        copy_touch(t, op->tier);
+                } else if (op->pinned) {
+                        c->pins--;
+                        op->pinned = false;
+                }
+        }
+        if (op->complete)
+                op->complete(op, r, r < 0 ? op->error : NULL);
+        op_free(op);
+}
+
+/* A drain that failed keeps its copy: it stays resident (and sole), and the failure is logged. */
+static void drain_failed(Op *op) {
+        Copy *c = &op->tensor->copy[op->tier];
+
+        log_tensor(LOG_WARNING, 0, op->tensor->job->name, op->tensor->name, level_to_string(op->tier),
+                   "Cannot write tensor '%s' of job '%s' down from %s: %s",
+                   op->tensor->name, op->tensor->job->name, level_to_string(op->tier), op->error);
+        if (c->state == COPY_DRAINING)
+                c->state = COPY_RESIDENT;
+}
+
+static void engine_run_queue(Engine *e) {
+        while (!list_empty(&e->run_queue)) {
+                Op *op = list_entry(e->run_queue.next, Op, wait_link);
+                int r;
+
+                list_del(&op->wait_link);
+                op->wait = OP_WAIT_NONE;
+                r = op_advance(op);
+                if (r == ADV_WAIT_TENSOR) {
+                        list_add_tail(&op->tensor->waiters, &op->wait_link);
+                        op->wait = OP_WAIT_TENSOR;
+                        continue;
+                }
+                if (r == ADV_WAIT_SPACE) {
+                        list_add_tail(&e->space_waiters, &op->wait_link);
+                        op->wait = OP_WAIT_SPACE;
+                        continue;
+                }
+                if (op->kind == OP_DRAIN)
+                        wake_space_waiters(e);  /* success or not, let them re-check */
+                if (r < 0 && op->error[0] == 0)
+                        snprintf(op->error, sizeof(op->error), "%s", strerror(-r));
+                if (r < 0 && op->kind == OP_DRAIN)
+                        drain_failed(op);
+                op_end(op, r < 0 ? r : 0);
+        }
+}
+
+void engine_run(Engine *e) {
+        engine_run_queue(e);
+        /* the scheduler looks at the new state and may queue more */
+        if (e->sched && e->sched->pass) {
+                e->sched->pass(e->sched_userdata);
+                engine_run_queue(e);
+        }
+}
+
+void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const char *errmsg) {
+        list_for_each_safe(n, tmp, waiters) {
+                Op *op = list_entry(n, Op, wait_link);
+
+                list_del(&op->wait_link);
+                if (error < 0) {
+                        /* it completes through the run queue with the error recorded */
+                        snprintf(op->error, sizeof(op->error), "%s", errmsg);
+                        op->failed = error;
+                }
+                list_add_tail(&e->run_queue, &op->wait_link);
+                op->wait = OP_WAIT_RUN;
+        }
+        if (t->doomed) {
+                tensor_release_copies(t);       /* frees it */
+                return;
+        }
+        tensor_free_stale(t);
+        sched_changed(e);
+        engine_kick(e);
+}
+
+int op_submit(Engine *e, OpKind kind, Tensor *t, int tier,
+              void (*complete)(Op *, int, const char *), void (*reserved)(Op *), void *userdata, Op **ret) {
+        Op *op;
+
+        op = calloc(1, sizeof(*op));
+        if (!op)
+                return -ENOMEM;
+        *op = (Op) {
+                .engine = e,
+                .kind = kind,
+                .tensor = t,
+                .tier = tier,
+                .complete = complete,
+                .reserved = reserved,
+                .userdata = userdata,
+                .wait = OP_WAIT_RUN,
+        };
+        t->op_refs++;
+        list_add_tail(&e->ops, &op->all_link);
+        list_add_tail(&e->run_queue, &op->wait_link);
+        engine_kick(e);
+        if (ret)
+                *ret = op;
+        return 0;
+}
+
+void op_cancel(Op *op) {
+        if (op->cancelled)
+                op->cancelled(op);
+        if (op->kind == OP_PIN && op->pinned && op->tier >= 0) {
+                op->tensor->copy[op->tier].pins--;
+                op->pinned = false;
+        }
+        op->complete = NULL;
+        op_free(op);
+}
+
+void engine_cancel_job(Engine *e, Job *j) {
+        list_for_each_safe(n, tmp, &e->ops) {
+                Op *op = list_entry(n, Op, all_link);
+
+                if (op->tensor->job != j)
+                        continue;
+                if (op->kind == OP_DRAIN && op->tensor->copy[op->tier].state == COPY_DRAINING)
+                        op->tensor->copy[op->tier].state = COPY_RESIDENT;
+                op_cancel(op);
+        }
+}
+
+/* ---- the engine ----------------------------------------------------------------------------- */
+
+static int on_run(sd_event_source *s, void *userdata) {
+        engine_run(userdata);
+        return 0;
+}
+
+void engine_kick(Engine *e) {
+        if (e->run_source)
+                (void) sd_event_source_set_enabled(e->run_source, SD_EVENT_ONESHOT);
+}
+
+static void on_job_ending(void *userdata, Job *j) {
+        engine_cancel_job(userdata, j);
+}
+
+static void on_space_freed(void *userdata, int tier) {
+        Engine *e = userdata;
+
+        wake_space_waiters(e);
+        sched_changed(e);       /* space the scheduler may have been waiting for */
+}
+
+static const RegistryOps engine_registry_ops = {
+        .job_ending = on_job_ending,
+        .space_freed = on_space_freed,
+};
+
+int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme, VramBackend *vram, Engine **ret) {
+        Engine *e;
+        int r;
+
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return -ENOMEM;
+        e->event = sd_event_ref(event);
+        e->registry = registry;
+        e->uring = uring;
+        e->nvme = nvme;
+        e->vram = vram;
+        list_init(&e->ops);
+        list_init(&e->run_queue);
+        list_init(&e->space_waiters);
+        for (int d = 0; d < 2; d++)
+                list_init(&e->vlink.waiting[d]);
+
+        r = sd_event_add_defer(event, &e->run_source, on_run, e);
+        if (r < 0) {
+                engine_free(e);
+                return r;
+        }
+        (void) sd_event_source_set_enabled(e->run_source, SD_EVENT_OFF);
+        (void) sd_event_source_set_description(e->run_source, "op-engine");
+        registry_set_ops(registry, &engine_registry_ops, e);
+        *ret = e;
+        return 0;
+}
+
+void engine_set_sched(Engine *e, const EngineSchedOps *ops, void *userdata) {
+        e->sched = ops;
+        e->sched_userdata = userdata;
+}
+
+Engine *engine_free(Engine *e) {
+        if (!e)
+                return NULL;
+        list_for_each_safe(n, tmp, &e->ops)
+                op_cancel(list_entry(n, Op, all_link));
+        if (e->n_xfers > 0)
+                log_warning("%u transfer(s) still running at exit; their memory is not freed", e->n_xfers);
+        sd_event_source_disable_unref(e->run_source);
+        sd_event_unref(e->event);
+        free(e);
+        return NULL;
+}

@@ -1,0 +1,283 @@
+/* SPDX-License-Identifier: MIT */
+/* xfer.c: transfers: NVMe <-> host in extents with crc32c, host <-> VRAM over the fair VRAM link. */
+
+/*
+ * Theory of operation: a transfer (Xfer) copies a tensor's valid copy into
+ * its reserved copy in another tier; it belongs to the tensor (one at a
+ * time, Tensor.xfer) and ends on its own, whatever happens to the ops that
+ * wait for it.
+ *
+ * NVMe <-> host: one io_uring request per extent (registered file +
+ * registered buffer) in the job's flow of the NVMe fair queue (uring.c).
+ * Writes are submitted first and checksummed after: the host copy does not
+ * change while the tensor is in transfer, so the CPU computes each extent's
+ * crc32c while the device writes the same bytes.  Reads are checked against
+ * it; a mismatch fails the transfer with -EBADMSG and is never data.
+ *
+ * Host <-> VRAM through the VRAM backend.  Per direction, at most as many
+ * copies as the backend runs at once (VramBackend.depth) are with it; the
+ * others wait in VramLink.waiting ordered by fair tags (fairq.h, per-job
+ * flows by weight, the same credit as the NVMe queue), so the link is
+ * shared by weight whatever asked for the copy: a pin, a prefetch, a drain.
+ *
+ * When a transfer ends, the destination becomes resident (or is freed if
+ * the transfer failed), its bytes are counted on the link, and the engine
+ * runs the ops that waited for it (engine_xfer_ended()).
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/log.h"
+#include "daemon/engine/engine-private.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/fairq.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/uring.h"
+#include "daemon/tiers/vram.h"
+#include "proto/crc32c.h"
+#include "proto/macro.h"
+
+/* How far (bytes of service) a job back from idleness may start behind the others on the VRAM link. */
+#define VRAM_FAIR_CREDIT (64ull << 20)
+
+struct XferPart {
+        UringReq req;
+        Xfer *xfer;
+        uint32_t index;         /* extent index */
+};
+
+static void xfer_finish(Xfer *x) {
+        Engine *e = x->engine;
+        Tensor *t = x->tensor;
+        Copy *d = &t->copy[x->dst];
+        List waiters;
+
+        t->xfer = NULL;
+        list_init(&waiters);
+        list_splice_tail(&waiters, &t->waiters);
+
+        if (x->error < 0) {
+                log_tensor(LOG_ERR, 0, t->job->name, t->name, level_to_string(x->dst),
+                           "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
+                           t->name, t->job->name, level_to_string(x->src), level_to_string(x->dst), x->errmsg);
+                copy_free(t, x->dst);
+        } else {
+                d->state = COPY_RESIDENT;
+                d->version = x->version;
+                copy_touch(t, x->dst);
+        }
+        e->n_xfers--;
+        engine_xfer_ended(e, t, &waiters, x->error, x->errmsg);
+        free(x->parts);
+        free(x);
+}
+
+static void link_count(Engine *e, Tensor *t, LinkDir d) {
+        e->links[d].bytes += t->alloc_size;
+        e->links[d].ops++;
+        t->job->link_bytes[d] += t->alloc_size;
+}
+
+/* ---- NVMe <-> host ------------------------------------------------------------------------ */
+
+static void xfer_part_done(UringReq *req, int res) {
+        XferPart *p = container_of(req, XferPart, req);
+        Xfer *x = p->xfer;
+        Engine *e = x->engine;
+        Tensor *t = x->tensor;
+        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
+        NvmeTarget *tg = &e->nvme->targets[ext->target];
+
+        if (res < 0) {
+                tg->io_errors++;
+                if (x->error >= 0) {
+                        x->error = res;
+                        snprintf(x->errmsg, sizeof(x->errmsg), "I/O error on %s at offset %" PRIu64 ": %s",
+                                 tg->path, req->offset, strerror(-res));
+                }
+        } else if (req->op == URING_READ) {
+                tg->bytes_read += req->len;
+                if (crc32c(0, req->buf, req->len) != ext->crc) {
+                        tg->crc_errors++;
+                        if (x->error >= 0) {
+                                x->error = -EBADMSG;
+                                snprintf(x->errmsg, sizeof(x->errmsg),
+                                         "crc32c mismatch in extent %u of tensor '%s' (%s offset %" PRIu64 ")",
+                                         p->index, t->name, tg->path, req->offset);
+                        }
+                }
+        } else
+                tg->bytes_written += req->len;
+
+        if (--x->pending > 0)
+                return;
+        if (x->error >= 0)
+                link_count(e, t, x->dst == TIER_NVME ? LINK_HOST_TO_NVME : LINK_NVME_TO_HOST);
+        xfer_finish(x);
+}
+
+static int xfer_start_nvme(Op *op, Xfer *x) {
+        Engine *e = x->engine;
+        Tensor *t = x->tensor;
+        Copy *h = &t->copy[TIER_HOST];
+        Copy *n = &t->copy[TIER_NVME];
+        uint64_t es = e->nvme->extent_size;
+        bool write = x->dst == TIER_NVME;
+
+        x->parts = calloc(n->n_extents, sizeof(XferPart));
+        if (!x->parts)
+                return op_fail(op, -ENOMEM, "out of memory");
+        x->n_parts = n->n_extents;
+        x->pending = n->n_extents;
+        for (uint32_t i = 0; i < n->n_extents; i++) {
+                XferPart *p = &x->parts[i];
+                uint8_t *buf = (uint8_t *) h->seg->map + h->offset + (uint64_t) i * es;
+                uint32_t len = (uint32_t) MIN(es, t->alloc_size - (uint64_t) i * es);
+
+                p->xfer = x;
+                p->index = i;
+                p->req = (UringReq) {
+                        .cb = xfer_part_done,
+                        .flow = &t->job->nvme_flow,
+                        .weight = t->job->weight,
+                        .op = write ? URING_WRITE : URING_READ,
+                        .file_index = n->extents[i].target,
+                        .buf_index = (int) h->seg->id,
+                        .buf = buf,
+                        .len = len,
+                        .offset = n->extents[i].unit * es,
+                };
+                list_init(&p->req.link);
+                uring_queue(e->uring, &p->req);
+        }
+        t->xfer = x;
+        e->n_xfers++;
+        /*
+         * Submit first, checksum after: the host copy does not change while the
+         * tensor is in transfer, so the CPU computes the crcs while the device
+         * is already writing the same bytes.
+         */
+        (void) uring_flush(e->uring);
+        if (write)
+                for (uint32_t i = 0; i < n->n_extents; i++)
+                        n->extents[i].crc = crc32c(0, x->parts[i].req.buf, x->parts[i].req.len);
+        return 0;
+}
+
+/* ---- host <-> VRAM ------------------------------------------------------------------------ */
+
+static double xfer_vtag(const List *n) {
+        return list_entry(n, const Xfer, vlink)->vtag;
+}
+
+static unsigned vram_depth(const Engine *e) {
+        return MAX(e->vram->depth, 1u);
+}
+
+static int vram_link_start(Engine *e, Xfer *x) {
+        int d = (int) x->vcopy.dir;
+        int r = e->vram->ops->copy(e->vram, &x->vcopy);
+
+        if (r < 0)
+                return r;
+        e->vlink.active[d]++;
+        e->vlink.vtime[d] = MAX(e->vlink.vtime[d], x->vtag);
+        return 0;
+}
+
+/* Start waiting copies while direction @d has room; one that cannot start fails its transfer. */
+static void vram_link_dispatch(Engine *e, int d) {
+        while (e->vlink.active[d] < vram_depth(e) && !list_empty(&e->vlink.waiting[d])) {
+                Xfer *x = list_entry(e->vlink.waiting[d].next, Xfer, vlink);
+                int r;
+
+                list_del(&x->vlink);
+                r = vram_link_start(e, x);
+                if (r < 0) {
+                        x->error = r;
+                        snprintf(x->errmsg, sizeof(x->errmsg), "cannot start VRAM copy: %s", strerror(-r));
+                        xfer_finish(x);
+                }
+        }
+}
+
+static void xfer_vram_done(VramCopy *vc) {
+        Xfer *x = container_of(vc, Xfer, vcopy);
+        Engine *e = x->engine;
+        int dir = (int) vc->dir;        /* xfer_finish() frees vc */
+
+        if (vc->result < 0) {
+                x->error = vc->result;
+                snprintf(x->errmsg, sizeof(x->errmsg), "VRAM copy failed: %s", strerror(-vc->result));
+        } else
+                link_count(e, x->tensor, x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST);
+        e->vlink.active[dir]--;
+        xfer_finish(x);
+        vram_link_dispatch(e, dir);
+}
+
+static int xfer_start_vram(Op *op, Xfer *x) {
+        Engine *e = x->engine;
+        Tensor *t = x->tensor;
+        Copy *h = &t->copy[TIER_HOST];
+        Copy *v = &t->copy[TIER_VRAM];
+        FairFlow *flow, before;
+        int d, r;
+
+        x->vcopy = (VramCopy) {
+                .dir = x->dst == TIER_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST,
+                .host = (uint8_t *) h->seg->map + h->offset,
+                .seg = v->seg,
+                .offset = v->offset,
+                .len = t->alloc_size,
+                .done = xfer_vram_done,
+        };
+        d = (int) x->vcopy.dir;
+        flow = &t->job->vram_flow[d];
+        before = *flow;
+        list_init(&x->vlink);
+        x->vtag = fair_tag(flow, e->vlink.vtime[d], t->alloc_size, t->job->weight, VRAM_FAIR_CREDIT);
+        if (e->vlink.active[d] < vram_depth(e) && list_empty(&e->vlink.waiting[d])) {
+                r = vram_link_start(e, x);
+                if (r < 0) {
+                        *flow = before;         /* nothing moved: nothing to charge */
+                        return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
+                }
+        } else
+                fair_insert(&e->vlink.waiting[d], &x->vlink, x->vtag, xfer_vtag);
+        t->xfer = x;
+        e->n_xfers++;
+        return 0;
+}
+
+int xfer_start(Op *op, Tensor *t, int src, int dst) {
+        Engine *e = op->engine;
+        Xfer *x;
+        int r;
+
+        x = calloc(1, sizeof(*x));
+        if (!x)
+                return op_fail(op, -ENOMEM, "out of memory");
+        x->engine = e;
+        x->tensor = t;
+        x->src = src;
+        x->dst = dst;
+        x->version = t->copy[src].version;
+        log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, level_to_string(src),
+                  level_to_string(dst), x->version);
+
+        if (src == TIER_NVME || dst == TIER_NVME)
+                r = xfer_start_nvme(op, x);
+        else
+                r = xfer_start_vram(op, x);
+        if (r < 0) {
+                free(x->parts);
+                free(x);
+        }
+        return r;
+}

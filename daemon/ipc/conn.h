@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/* conn.h: one client connection: reading packets, the out-queue, replies with the job's new segments. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "daemon/base/list.h"
+#include "proto/wire.h"
+
+typedef struct Job Job;
+typedef struct Plan Plan;
+typedef struct Server Server;
+typedef struct Tensor Tensor;
+typedef struct Tier__Event Tier__Event;
+typedef struct Tier__Response Tier__Response;
+typedef struct sd_event_source sd_event_source;
+
+/* A pin this connection holds (fence.c): dropped, as dirty, when the connection goes. */
+typedef struct PinRec {
+        Tensor *tensor;
+        int tier;
+} PinRec;
+
+typedef struct OutPacket {
+        List link;
+        size_t len;
+        int fds[WIRE_MAX_FDS];
+        size_t n_fds;
+        bool close_after;
+        uint8_t data[];
+} OutPacket;
+
+typedef struct Conn {
+        Server *server;
+        List link;              /* Server.conns */
+        int fd;
+        sd_event_source *io;
+        uid_t uid;
+        gid_t gid;
+        pid_t pid;
+        uint64_t id;
+        bool hello_done;
+        bool closing;           /* flush the queue, then close */
+        bool broken;            /* lost an event it must see: closed at the next chance */
+        sd_event_source *abort_source;
+
+        /* what the request layer (rpc.c, fence.c) keeps per connection */
+        Job *job;               /* NULL for a control connection */
+        List job_link;          /* Job.conns */
+        unsigned fence_slot;
+        int efd;                /* wakeup eventfd, shared with the client */
+        uint64_t next_fence;
+        uint64_t fence_done;
+        uint64_t *fence_completed;      /* completed fences above fence_done */
+        size_t n_fence_completed;
+        List pending;           /* rpc.c Pending.link: requests still in the op engine */
+        unsigned inflight;
+        Plan *plan;             /* iteration plan of this rank, or NULL */
+        PinRec *pins;
+        size_t n_pins, cap_pins;
+
+        uint32_t *seg_sent;     /* per wire segment id: generation+1 already sent */
+        uint32_t n_seg_sent;
+
+        List outq;              /* OutPacket.link */
+        unsigned n_outq;
+        size_t outq_bytes;
+        uint8_t *rbuf;
+        size_t rbuf_size;
+} Conn;
+
+/*
+ * conn_new() - a connection on the accepted socket @fd (consumed, also on
+ * failure) from the peer @uid/@gid/@pid, watched for requests.
+ */
+int conn_new(Server *s, int fd, uid_t uid, gid_t gid, pid_t pid, Conn **ret);
+/* Close at once: the request layer forgets it (ServerOps.conn_gone), then the socket goes. */
+void conn_close(Conn *c);
+/* Close @c once the current handler returns (safe from any callback). */
+void conn_abort(Conn *c);
+/* Read no more requests; write what is queued, then close. */
+void conn_shutdown(Conn *c);
+
+/*
+ * conn_send_response() - pack and send @resp, or queue it when the socket
+ * is full; @fds are borrowed (dup'ed into the queue).  A successful reply
+ * on a job connection also carries the job's segments the client has not
+ * been sent (Response.new_segments, their fds beside).  @close_after:
+ * close once sent (protocol errors).
+ */
+int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_fds, bool close_after);
+int conn_send_event(Conn *c, Tier__Event *ev);
+/* Reply with an error and close the connection once it is sent. */
+int conn_protocol_error(Conn *c, uint64_t seq, int status, const char *msg);
+
+/* Was @c sent this generation of the segment known to clients as @wire_id? */
+bool conn_segment_known(const Conn *c, uint32_t wire_id, uint32_t generation);
+/* Forget that @c was sent segment @wire_id: the next reply sends it again. */
+void conn_segment_forget(Conn *c, uint32_t wire_id);
+/* Is the peer a member of group @gid (its primary group or a supplementary one, SO_PEERGROUPS)? */
+bool conn_peer_in_group(const Conn *c, gid_t gid);

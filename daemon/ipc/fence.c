@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: MIT */
+/* fence.c: a connection's fences (the job's fence page, its eventfd) and the pins it holds. */
+
+/*
+ * Theory of operation: each connection of a job owns one slot of the job's
+ * fence page (proto/fence.h), which its client maps read-only.  Async
+ * requests get fence numbers 1, 2, ... in the order they were accepted;
+ * done[slot] is a watermark, so fences that complete out of order are
+ * remembered (Conn.fence_completed, bounded by max_inflight, which bounds
+ * the fences outstanding too) until the ones before them have completed.
+ * A failed fence also counts in failed[slot] and is told by
+ * Event.fence_failed; a client that cannot be sent that event would wait
+ * forever, so its connection is closed instead.  After the page changes
+ * the connection's eventfd is written, for a client sleeping on it.
+ *
+ * Pins are recorded per connection so that a vanished client's pins are
+ * dropped (as dirty: the client may have written before it died, and
+ * keeping its bytes is the safe choice).
+ */
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "daemon/ipc/conn.h"
+#include "daemon/ipc/fence.h"
+#include "daemon/state/registry.h"
+#include "proto/fence.h"
+#include "tier.pb-c.h"
+
+static void fence_send_failed(Conn *c, uint64_t fence, int status, const char *error) {
+        Tier__Event ev = TIER__EVENT__INIT;
+        Tier__FenceFailed ff = TIER__FENCE_FAILED__INIT;
+
+        ff.fence = fence;
+        ff.status = status;
+        ff.error = (char *) (error ? error : "");
+        ev.kind_case = TIER__EVENT__KIND_FENCE_FAILED;
+        ev.fence_failed = &ff;
+        /* a client that misses this event would wait forever: better closed */
+        if (conn_send_event(c, &ev) < 0)
+                conn_abort(c);
+        __atomic_add_fetch(&c->job->fences->failed[c->fence_slot], 1, __ATOMIC_RELEASE);
+}
+
+void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsigned max_pending) {
+        bool advanced = false;
+
+        if (status < 0)
+                fence_send_failed(c, fence, status, error);
+
+        if (fence == c->fence_done + 1) {
+                c->fence_done = fence;
+                advanced = true;
+                /* absorb fences that completed out of order */
+                for (bool again = true; again;) {
+                        again = false;
+                        for (size_t i = 0; i < c->n_fence_completed; i++)
+                                if (c->fence_completed[i] == c->fence_done + 1) {
+                                        c->fence_done++;
+                                        c->fence_completed[i] = c->fence_completed[--c->n_fence_completed];
+                                        again = true;
+                                        break;
+                                }
+                }
+        } else if (c->n_fence_completed < max_pending)
+                c->fence_completed[c->n_fence_completed++] = fence;
+
+        if (advanced || status < 0) {
+                uint64_t one = 1;
+
+                __atomic_store_n(&c->job->fences->done[c->fence_slot], c->fence_done, __ATOMIC_RELEASE);
+                (void) write(c->efd, &one, sizeof(one));
+        }
+}
+
+int pin_record(Conn *c, Tensor *t, int tier) {
+        if (c->n_pins == c->cap_pins) {
+                size_t cap = c->cap_pins ? c->cap_pins * 2 : 16;
+                PinRec *p = realloc(c->pins, cap * sizeof(PinRec));
+
+                if (!p)
+                        return -ENOMEM;
+                c->pins = p;
+                c->cap_pins = cap;
+        }
+        c->pins[c->n_pins++] = (PinRec) { t, tier };
+        return 0;
+}
+
+int pin_forget(Conn *c, Tensor *t, int tier) {
+        for (size_t i = c->n_pins; i > 0; i--)
+                if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
+                        c->pins[i - 1] = c->pins[--c->n_pins];
+                        return 0;
+                }
+        return -ENOENT;
+}
+
+void pin_drop_all(Conn *c) {
+        for (size_t i = 0; i < c->n_pins; i++) {
+                PinRec *pr = &c->pins[i];
+
+                tensor_pin_account(pr->tensor, pr->tier, -1);
+                (void) tensor_unpin(pr->tensor, pr->tier, true);
+        }
+        c->n_pins = 0;
+}

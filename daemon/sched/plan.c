@@ -1,0 +1,534 @@
+/* SPDX-License-Identifier: MIT */
+/* plan.c: a rank's iteration plan: validation, indexes, the shared page, markers and predictions. */
+
+/*
+ * Theory of operation.
+ *
+ * A connection (one rank) may submit an iteration plan: a cyclic list of
+ * phases, each naming the tensors it touches, the tier it needs them in
+ * and how (read, write).  plan_new() checks it against the job and numbers
+ * the distinct tensors ("slots") in order of first appearance, as the
+ * client does.  Everything it does is linear in the size of the request,
+ * which [limits] and PLAN_MAX_* bound: duplicate accesses within a phase
+ * are merged through a per-slot stamp, not by searching the phase.
+ *
+ * Two indexes make the scheduler's questions cheap: per slot and tier
+ * class, the phases that use it (next use: Belady's rule, predictions),
+ * and per slot every phase that touches it with its access modes (is the
+ * next access a write-only one?).
+ *
+ * The rank marks phase boundaries through a shared page (proto/plan.h):
+ * it writes the marker and kicks an eventfd, which costs no round trip,
+ * and waits only when tierd has not yet said that the phase may run
+ * (plan_set_ready()).  From the marker timestamps tierd learns each
+ * phase's duration (an exponential moving average), which turns every
+ * plan into a prediction of when each future access happens
+ * (plan_predict()): the shared timeline the scheduler (sched.c) plans on.
+ * The client's area of the page is untrusted: sequence numbers that do not
+ * advance are ignored, a phase the plan does not have fails the plan, and
+ * timestamps are clamped between the last marker and now.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <systemd/sd-event.h>
+#include <unistd.h>
+
+#include "daemon/base/log.h"
+#include "daemon/sched/plan.h"
+#include "daemon/state/registry.h"
+#include "daemon/state/tensormap.h"
+#include "daemon/tiers/segpool.h"
+#include "proto/macro.h"
+#include "proto/plan.h"
+#include "tier.pb-c.h"
+
+/* A phase whose duration is not known yet is assumed to take this long. */
+#define DEFAULT_PHASE_NS (1000000ull)
+/* Weight of a new sample in a phase's moving average (1/4). */
+#define EMA_SHIFT 2
+
+static int errf(char *error, size_t size, int r, const char *fmt, ...) _printf_(4, 5);
+static int errf(char *error, size_t size, int r, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(error, size, fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* ---- indexes ---------------------------------------------------------------------------- */
+
+/* Bytes the union of phases @a and @b pins in @tier (uses @mark, one byte per slot, left zeroed). */
+static uint64_t phases_bytes(const Plan *p, uint32_t a, uint32_t b, int tier, uint8_t *mark) {
+        uint32_t list[2] = { a, b };
+        int n = a == b ? 1 : 2;
+        uint64_t bytes = 0;
+
+        for (int k = 0; k < n; k++) {
+                const PlanPhase *ph = &p->phases[list[k]];
+
+                for (uint32_t i = 0; i < ph->n_acc; i++)
+                        if (ph->acc[i].tier == tier && !mark[ph->acc[i].slot]) {
+                                mark[ph->acc[i].slot] = 1;
+                                bytes += ph->acc[i].tensor->alloc_size;
+                        }
+        }
+        for (int k = 0; k < n; k++) {
+                const PlanPhase *ph = &p->phases[list[k]];
+
+                for (uint32_t i = 0; i < ph->n_acc; i++)
+                        mark[ph->acc[i].slot] = 0;
+        }
+        return bytes;
+}
+
+static bool use_in_class(const PlanAcc *a, int c) {
+        return c == USE_ANY || (c == USE_VRAM ? a->tier == TIER_VRAM : a->tier == TIER_HOST);
+}
+
+/*
+ * Build a CSR index over the slots: for each slot, the phases (ascending,
+ * each once) with an access in class @c (-1: any access), and with @modes
+ * the union of their access modes.  @last is scratch of n_slots entries.
+ */
+static int build_index(Plan *p, int c, uint32_t *last, uint32_t **ret_off, uint32_t **ret_phase, uint8_t **ret_modes) {
+        _cleanup_free_ uint32_t *pos = NULL;
+        uint32_t *off, *phase;
+        uint8_t *modes = NULL;
+
+        off = calloc(p->n_slots + 1, sizeof(uint32_t));
+        *ret_off = off;
+        if (!off)
+                return -ENOMEM;
+        memset(last, 0xff, p->n_slots * sizeof(uint32_t));
+        for (uint32_t k = 0; k < p->n_phases; k++)
+                for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
+                        PlanAcc *a = &p->phases[k].acc[i];
+
+                        if ((c >= 0 && !use_in_class(a, c)) || last[a->slot] == k)
+                                continue;
+                        last[a->slot] = k;
+                        off[a->slot + 1]++;
+                }
+        for (uint32_t s = 0; s < p->n_slots; s++)
+                off[s + 1] += off[s];
+
+        phase = malloc((off[p->n_slots] + 1) * sizeof(uint32_t));
+        *ret_phase = phase;
+        if (ret_modes) {
+                modes = calloc(off[p->n_slots] + 1, 1);
+                *ret_modes = modes;
+        }
+        pos = malloc((p->n_slots + 1) * sizeof(uint32_t));
+        if (!phase || !pos || (ret_modes && !modes))
+                return -ENOMEM;
+        memcpy(pos, off, (p->n_slots + 1) * sizeof(uint32_t));
+        memset(last, 0xff, p->n_slots * sizeof(uint32_t));
+        for (uint32_t k = 0; k < p->n_phases; k++)
+                for (uint32_t i = 0; i < p->phases[k].n_acc; i++) {
+                        PlanAcc *a = &p->phases[k].acc[i];
+
+                        if (c >= 0 && !use_in_class(a, c))
+                                continue;
+                        if (last[a->slot] != k) {
+                                last[a->slot] = k;
+                                phase[pos[a->slot]++] = k;
+                        }
+                        if (modes)
+                                modes[pos[a->slot] - 1] |= a->mode;
+                }
+        return 0;
+}
+
+static int build_indexes(Plan *p) {
+        _cleanup_free_ uint32_t *last = malloc((p->n_slots + 1) * sizeof(uint32_t));
+        int r;
+
+        if (!last)
+                return -ENOMEM;
+        for (int c = 0; c < _USE_MAX; c++) {
+                r = build_index(p, c, last, &p->use_off[c], &p->use_phase[c], NULL);
+                if (r < 0)
+                        return r;
+        }
+        return build_index(p, -1, last, &p->acc_off, &p->acc_phase, &p->acc_mode);
+}
+
+/* ---- creation and end ------------------------------------------------------------------------ */
+
+/*
+ * Read the phases of @req into @p: look up each tensor, check tier, mode
+ * and size, number the distinct tensors, merge duplicate accesses (same
+ * tensor and tier in one phase).  Linear: slots come from a hash map and
+ * duplicates are found through a per (slot, tier) stamp.
+ */
+static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, uint64_t vram_chunk, char *error, size_t esize) {
+        _cleanup_(tensormap_freep) TensorMap *seen = tensormap_new();
+        /* per (slot, tier): the phase (+1) that has an access to it, and that access's index */
+        _cleanup_free_ uint32_t *stamp = calloc(2 * (size_t) MAX(p->n_acc, 1u), sizeof(uint32_t));
+        _cleanup_free_ uint32_t *where = calloc(2 * (size_t) MAX(p->n_acc, 1u), sizeof(uint32_t));
+        Job *j = p->job;
+        uint32_t n_acc = 0;
+        int r;
+
+        if (!seen || !stamp || !where)
+                return -ENOMEM;
+        for (uint32_t k = 0; k < p->n_phases; k++) {
+                const Tier__PlanPhase *rp = req->phases[k];
+                PlanPhase *ph = &p->phases[k];
+
+                ph->acc = &p->acc_storage[n_acc];
+                for (size_t i = 0; i < rp->n_accesses; i++) {
+                        const Tier__PlanAccess *ra = rp->accesses[i];
+                        Tensor *t = tensor_find(j, ra->tensor);
+                        uintptr_t slot;
+                        size_t key;
+
+                        if (!t)
+                                return errf(error, esize, -ENOENT, "phase %u names tensor id %" PRIu64
+                                            " that job '%s' does not have", k, ra->tensor, j->name);
+                        if (ra->tier != TIER__TIER__TIER_VRAM && ra->tier != TIER__TIER__TIER_HOST)
+                                return errf(error, esize, -EINVAL, "phase %u: tensor '%s' must be needed in vram or "
+                                            "host", k, t->name);
+                        if (ra->mode == 0 || (ra->mode & ~(PLAN_READ | PLAN_WRITE)))
+                                return errf(error, esize, -EINVAL, "phase %u: tensor '%s': invalid access mode %u",
+                                            k, t->name, ra->mode);
+                        if (ra->tier == TIER__TIER__TIER_VRAM && t->alloc_size > vram_chunk)
+                                return errf(error, esize, -EFBIG, "phase %u: tensor '%s' does not fit a VRAM chunk",
+                                            k, t->name);
+                        slot = (uintptr_t) tensormap_get(seen, t->name);
+                        if (slot == 0) {
+                                if (p->n_slots >= PLAN_MAX_SLOTS)
+                                        return errf(error, esize, -E2BIG, "plan names more than %d tensors",
+                                                    PLAN_MAX_SLOTS);
+                                p->slots[p->n_slots] = t;
+                                slot = ++p->n_slots;
+                                r = tensormap_put(seen, t->name, (void *) slot);
+                                if (r < 0)
+                                        return r;
+                        }
+                        key = 2 * (slot - 1) + (ra->tier == TIER__TIER__TIER_HOST);
+                        if (stamp[key] == k + 1) {
+                                ph->acc[where[key]].mode |= (uint8_t) ra->mode;
+                                continue;
+                        }
+                        stamp[key] = k + 1;
+                        where[key] = ph->n_acc;
+                        ph->acc[ph->n_acc++] = (PlanAcc) {
+                                .tensor = t, .slot = (uint32_t) slot - 1, .tier = (uint8_t) ra->tier,
+                                .mode = (uint8_t) ra->mode,
+                        };
+                        n_acc++;
+                }
+        }
+        return 0;
+}
+
+/* Does one phase (two consecutive ones when @pairs) fit the job's limits in each tier? */
+static int plan_check_quota(Plan *p, bool pairs, char *error, size_t esize) {
+        _cleanup_free_ uint8_t *mark = calloc(p->n_slots + 1, 1);
+        Job *j = p->job;
+
+        if (!mark)
+                return -ENOMEM;
+        pairs = pairs && p->n_phases > 1;
+        for (uint32_t k = 0; k < p->n_phases; k++)
+                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                        uint32_t k2 = pairs ? (k + 1) % p->n_phases : k;
+                        uint64_t b = phases_bytes(p, k, k2, tier, mark);
+
+                        if (b <= j->limit[tier])
+                                continue;
+                        if (pairs)
+                                return errf(error, esize, -ENOSPC,
+                                            "phases %u and %u together pin %" PRIu64 " bytes of %s, more than "
+                                            "job '%s' may use there (%" PRIu64 "; the timeline policy pins "
+                                            "the next phase while one runs)",
+                                            k, k2, b, level_to_string(tier), j->name, j->limit[tier]);
+                        return errf(error, esize, -ENOSPC,
+                                    "phase %u pins %" PRIu64 " bytes of %s, more than job '%s' may "
+                                    "use there (%" PRIu64 ")", k, b, level_to_string(tier), j->name, j->limit[tier]);
+                }
+        return 0;
+}
+
+/* The shared page (memfd, size sealed) and the marker eventfd. */
+static int plan_make_page(Plan *p) {
+        p->page_size = plan_page_size(p->n_slots);
+        p->page_fd = memfd_create("tierd-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (p->page_fd < 0 || ftruncate(p->page_fd, (off_t) p->page_size) < 0 ||
+            fcntl(p->page_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                return negative_errno();
+        p->page = mmap(NULL, p->page_size, PROT_READ | PROT_WRITE, MAP_SHARED, p->page_fd, 0);
+        if (p->page == MAP_FAILED) {
+                p->page = NULL;
+                return negative_errno();
+        }
+        p->marker_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (p->marker_fd < 0)
+                return negative_errno();
+        return 0;
+}
+
+int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, uint64_t vram_chunk,
+             Plan **ret, char *error, size_t esize) {
+        uint32_t n_acc = 0, max_acc = 0;
+        Plan *p;
+        int r;
+
+        if (req->n_phases == 0)
+                return errf(error, esize, -EINVAL, "a plan needs at least one phase");
+        if (req->n_phases > PLAN_MAX_PHASES)
+                return errf(error, esize, -E2BIG, "plan has %zu phases (at most %d)", req->n_phases, PLAN_MAX_PHASES);
+        for (size_t k = 0; k < req->n_phases; k++) {
+                if (req->phases[k]->n_accesses > PLAN_MAX_ACCESSES ||
+                    n_acc + req->phases[k]->n_accesses > PLAN_MAX_ACCESSES)
+                        return errf(error, esize, -E2BIG, "plan has more than %d accesses", PLAN_MAX_ACCESSES);
+                n_acc += (uint32_t) req->phases[k]->n_accesses;
+                max_acc = MAX(max_acc, (uint32_t) req->phases[k]->n_accesses);
+        }
+
+        p = calloc(1, sizeof(Plan));
+        if (!p)
+                return -ENOMEM;
+        p->sched = s;
+        p->job = j;
+        p->efd = efd;
+        p->page_fd = p->marker_fd = -1;
+        p->cur = UINT32_MAX;
+        list_init(&p->link);
+        list_init(&p->job_link);
+        p->n_phases = (uint32_t) req->n_phases;
+        p->n_acc = n_acc;
+        p->max_acc = MAX(max_acc, 1u);
+        p->phases = calloc(p->n_phases, sizeof(PlanPhase));
+        p->acc_storage = calloc(MAX(n_acc, 1u), sizeof(PlanAcc));
+        p->slots = calloc(MAX(n_acc, 1u), sizeof(Tensor *));
+        p->pred = calloc(p->n_phases + 1, sizeof(uint64_t));
+        p->wmark = calloc(MAX(n_acc, 1u), 1);
+        r = p->phases && p->acc_storage && p->slots && p->pred && p->wmark ? 0 : -ENOMEM;
+        for (int h = 0; h < 2; h++) {
+                p->hs[h].pinned = calloc(p->max_acc, sizeof(bool));
+                p->hs[h].ops = calloc(p->max_acc, sizeof(Op *));
+                p->hs[h].ctx = calloc(p->max_acc, sizeof(PinCtx));
+                p->hs[h].blocked = calloc(p->max_acc, sizeof(uint64_t));
+                if (!p->hs[h].pinned || !p->hs[h].ops || !p->hs[h].ctx || !p->hs[h].blocked)
+                        r = -ENOMEM;
+        }
+        if (r >= 0)
+                r = plan_read_phases(p, req, vram_chunk, error, esize);
+        if (r >= 0)
+                r = plan_check_quota(p, pairs, error, esize);
+        if (r >= 0)
+                r = build_indexes(p);
+        if (r >= 0)
+                r = plan_make_page(p);
+        if (r < 0) {
+                plan_free(p);
+                return r;
+        }
+        *ret = p;
+        return 0;
+}
+
+void plan_free(Plan *p) {
+        if (!p)
+                return;
+        sd_event_source_disable_unref(p->marker_source);
+        safe_close(p->marker_fd);
+        if (p->page)
+                munmap(p->page, p->page_size);
+        safe_close(p->page_fd);
+        for (int h = 0; h < 2; h++) {
+                free(p->hs[h].pinned);
+                free(p->hs[h].ops);
+                free(p->hs[h].ctx);
+                free(p->hs[h].blocked);
+        }
+        for (int c = 0; c < _USE_MAX; c++) {
+                free(p->use_off[c]);
+                free(p->use_phase[c]);
+        }
+        free(p->acc_off);
+        free(p->acc_phase);
+        free(p->acc_mode);
+        free(p->pred);
+        free(p->wmark);
+        free(p->phases);
+        free(p->acc_storage);
+        free(p->slots);
+        free(p);
+}
+
+/* ---- predictions -------------------------------------------------------------------------- */
+
+uint64_t plan_phase_ns(const Plan *p, uint32_t ph) {
+        return p->phases[ph].samples ? p->phases[ph].ema_ns : DEFAULT_PHASE_NS;
+}
+
+void plan_predict(Plan *p, uint64_t now) {
+        uint32_t cur = plan_cur(p);
+        uint64_t t;
+
+        t = p->cur == UINT32_MAX ? now : MAX(p->cur_mark_ns, now - MIN(now, plan_phase_ns(p, cur)));
+        p->pred[0] = t;
+        for (uint32_t n = 1; n <= p->n_phases; n++) {
+                t += plan_phase_ns(p, (cur + n - 1) % p->n_phases);
+                p->pred[n] = MAX(t, now);
+        }
+}
+
+uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c) {
+        uint32_t s = t->plan_slot, lo = p->use_off[c][s], hi = p->use_off[c][s + 1];
+        uint32_t cur = plan_cur(p), best = UINT32_MAX;
+
+        if (lo == hi)
+                return UINT64_MAX;
+        for (uint32_t i = lo; i < hi; i++) {
+                uint32_t n = (p->use_phase[c][i] + p->n_phases - cur) % p->n_phases;
+
+                if (n == 0)
+                        n = p->n_phases;
+                best = MIN(best, n);
+        }
+        return p->pred[best];
+}
+
+uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier) {
+        return plan_next_use_class(p, t, tier == TIER_VRAM ? USE_VRAM : USE_ANY);
+}
+
+uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive) {
+        uint32_t s = t->plan_slot, best = UINT32_MAX;
+        uint8_t mode = 0;
+
+        for (uint32_t i = p->acc_off[s]; i < p->acc_off[s + 1]; i++) {
+                uint32_t n = (p->acc_phase[i] + p->n_phases - from) % p->n_phases;
+
+                if (n == 0 && !inclusive)
+                        n = p->n_phases;
+                if (n < best) {
+                        best = n;
+                        mode = p->acc_mode[i];
+                }
+        }
+        return mode;
+}
+
+/* ---- the page ---------------------------------------------------------------------------------- */
+
+static void plan_wake(Plan *p) {
+        uint64_t one = 1;
+
+        if (p->efd >= 0)
+                (void) write(p->efd, &one, sizeof(one));
+}
+
+void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase) {
+        __atomic_store_n(&p->page->daemon.ready, PLAN_READY(seq, phase), __ATOMIC_RELEASE);
+        plan_wake(p);
+}
+
+void plan_set_error(Plan *p, int error, const char *what) {
+        if (p->page->daemon.error)
+                return;
+        log_job(LOG_ERR, 0, p->job->name, "Plan of job '%s' failed: %s", p->job->name, what);
+        __atomic_store_n(&p->page->daemon.error, (int64_t) error, __ATOMIC_RELEASE);
+        plan_wake(p);
+}
+
+void plan_slot_publish(Plan *p, Tensor *t, int tier) {
+        PlanSlot *s;
+        uint32_t seg, gen;
+        uint64_t off;
+
+        if (t->plan != p || tier > TIER_HOST)
+                return;
+        copy_grant(t, tier, &seg, &gen, &off);
+        s = &p->page->slots[2 * t->plan_slot + (uint32_t) tier];
+        s->segment = seg + t->copy[tier].seg->pool->id_base;
+        s->generation = gen;
+        s->offset = off;
+}
+
+int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark) {
+        uint64_t v, seq, mark;
+        uint32_t phase;
+
+        (void) read(p->marker_fd, &v, sizeof(v));
+        seq = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
+        if (seq <= p->seq)
+                return -EAGAIN;
+        phase = __atomic_load_n(&p->page->client.phase, __ATOMIC_RELAXED);
+        mark = __atomic_load_n(&p->page->client.mark_ns, __ATOMIC_RELAXED);
+        if (phase >= p->n_phases)
+                return -EINVAL;
+        /* the client's clock reading is only a hint: keep it between the last marker and now */
+        if (mark > now || mark < p->cur_mark_ns)
+                mark = now;
+        *ret_seq = seq;
+        *ret_phase = phase;
+        *ret_mark = mark;
+        return 0;
+}
+
+/* A new iteration starts at @now: the figures of the one that ended. */
+static void plan_iteration(Plan *p, uint64_t now) {
+        Job *j = p->job;
+        uint64_t stall = __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE);
+
+        if (p->iter_start_ns) {
+                p->iterations++;
+                p->last_step_s = (double) (now - p->iter_start_ns) / 1e9;
+                p->last_stall_s = stall >= p->iter_stall_ns ? (double) (stall - p->iter_stall_ns) / 1e9 : 0;
+                for (int i = 0; i < _LINK_MAX; i++)
+                        p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
+                log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64
+                          " write %" PRIu64 ", vram link %" PRIu64 " bytes", j->name, j->weight, p->iterations,
+                          p->last_step_s, p->last_stall_s, p->last_step_links[LINK_NVME_TO_HOST],
+                          p->last_step_links[LINK_HOST_TO_NVME],
+                          p->last_step_links[LINK_HOST_TO_VRAM] + p->last_step_links[LINK_VRAM_TO_HOST]);
+        }
+        p->iter_start_ns = now;
+        p->iter_stall_ns = stall;
+        for (int i = 0; i < _LINK_MAX; i++)
+                p->iter_links[i] = j->link_bytes[i];
+}
+
+void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark) {
+        uint32_t prev = p->cur;
+
+        /* the duration of the phase that just ended, when the markers were consecutive */
+        if (prev != UINT32_MAX && seq == p->seq + 1) {
+                PlanPhase *ph = &p->phases[prev];
+                uint64_t d = mark - p->cur_mark_ns;
+
+                if (ph->samples++ == 0)
+                        ph->ema_ns = d;
+                else
+                        ph->ema_ns = ph->ema_ns - (ph->ema_ns >> EMA_SHIFT) + (d >> EMA_SHIFT);
+        }
+        if (prev == UINT32_MAX || phase <= prev)
+                plan_iteration(p, mark);
+}
+
+void plan_status(const Plan *p, Tier__PlanStatus *ps) {
+        uint64_t step = 0;
+
+        for (uint32_t k = 0; k < p->n_phases; k++)
+                step += plan_phase_ns(p, k);
+        ps->phase = p->cur == UINT32_MAX ? 0 : p->cur;
+        ps->phases = p->n_phases;
+        ps->iterations = p->iterations;
+        ps->step_s = (double) step / 1e9;
+        ps->stall_s = p->last_stall_s;
+}

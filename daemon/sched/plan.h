@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/* plan.h: a rank's iteration plan: phases, accesses, next-use indexes, the shared page, predictions. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base/level.h"
+#include "daemon/base/list.h"
+
+typedef struct Job Job;
+typedef struct Op Op;
+typedef struct Plan Plan;
+typedef struct PlanPage PlanPage;
+typedef struct Sched Sched;
+typedef struct Tensor Tensor;
+typedef struct Tier__PlanStatus Tier__PlanStatus;
+typedef struct Tier__SubmitPlan Tier__SubmitPlan;
+typedef struct sd_event_source sd_event_source;
+
+typedef struct PlanAcc {
+        Tensor *tensor;
+        uint32_t slot;          /* distinct-tensor index */
+        uint8_t tier;
+        uint8_t mode;           /* PLAN_READ | PLAN_WRITE */
+} PlanAcc;
+
+typedef struct PlanPhase {
+        PlanAcc *acc;
+        uint32_t n_acc;
+        uint64_t ema_ns;        /* learned duration */
+        uint32_t samples;
+} PlanPhase;
+
+/* A set of phase pins: what one marker's phase holds. */
+typedef struct PlanHold {
+        bool active;
+        uint64_t seq;           /* the marker this hold is for */
+        uint32_t phase;
+        uint32_t n_pinned;
+        bool ready_sent;
+} PlanHold;
+
+/* Who a hold's pin op is for (its userdata). */
+typedef struct PinCtx {
+        Plan *plan;
+        int hold;
+        uint32_t idx;
+        int link;
+} PinCtx;
+
+/* Per-hold bookkeeping, one entry per access of the held phase (sized by the plan's largest phase). */
+typedef struct HoldState {
+        bool *pinned;
+        Op **ops;
+        PinCtx *ctx;
+        uint64_t *blocked;      /* epoch in which the pin found no space */
+} HoldState;
+
+/* Classes of the next-use index: accesses in vram, in vram or host (a vram access stages through host), in host. */
+enum { USE_VRAM, USE_ANY, USE_HOST, _USE_MAX };
+
+struct Plan {
+        Sched *sched;
+        Job *job;
+        int efd;                /* the rank's wakeup eventfd; borrowed: its connection frees the plan first */
+        List link;              /* Sched.plans */
+        List job_link;          /* Job.plans */
+        PlanPhase *phases;
+        uint32_t n_phases;
+        PlanAcc *acc_storage;
+        uint32_t n_acc;
+        Tensor **slots;         /* distinct tensors, by slot */
+        uint32_t n_slots;
+        /* next-use index (CSR): for slot s and tier class c (USE_*), the phases
+         * that use it are use_phase[c][use_off[c][s] .. use_off[c][s+1]) */
+        uint32_t *use_off[_USE_MAX];
+        uint32_t *use_phase[_USE_MAX];
+        /* every phase touching slot s, any tier: acc_phase/acc_mode[acc_off[s] .. acc_off[s+1]) */
+        uint32_t *acc_off;
+        uint32_t *acc_phase;
+        uint8_t *acc_mode;
+
+        int page_fd;
+        PlanPage *page;
+        uint64_t page_size;
+        int marker_fd;
+        sd_event_source *marker_source;
+
+        uint64_t seq;           /* latest marker seen */
+        uint32_t cur;           /* its phase (UINT32_MAX before the first marker) */
+        uint64_t cur_mark_ns;
+        PlanHold hold[2];       /* [0]: the current marker's phase, [1]: pinned ahead */
+        HoldState hs[2];
+        uint32_t max_acc;       /* accesses of the largest phase (HoldState sizes) */
+        uint64_t *pred;         /* predicted start of phase cur+n, n = 0..n_phases */
+        uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) / both together (bit 2) window */
+        uint32_t window[2];     /* phases ahead whose working set fits vram / host (sched.c plan_window()) */
+        uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
+
+        uint64_t iterations;
+        uint64_t iter_stall_ns; /* client's stall counter at the last iteration start */
+        uint64_t iter_start_ns;
+        uint64_t iter_links[_LINK_MAX]; /* job link counters at the last iteration start */
+        double last_stall_s;
+        uint64_t last_step_links[_LINK_MAX];
+        double last_step_s;
+        bool attached;          /* counted in the slots' plan_refs, in Sched.plans and Job.plans */
+};
+
+/*
+ * plan_new() - validate @req against job @j (tensors exist, tiers, modes,
+ * sizes, limits, and that the phases fit the job's quota: one phase at a
+ * time, two consecutive ones when @pairs, as the timeline policy pins the
+ * next phase while the current one runs), build its indexes, its shared
+ * page and its marker eventfd.  Linear in the size of @req.  On failure
+ * @error says why.  The plan is not attached to anything yet (sched.c
+ * does that).
+ * @vram_chunk: the largest tensor that fits VRAM
+ */
+int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, uint64_t vram_chunk,
+             Plan **ret, char *error, size_t error_size);
+/* Free a plan that is detached (sched_plan_free() detaches first). */
+void plan_free(Plan *p);
+
+/* The phase of the latest marker, or the last one before the first marker (so that phase 0 is next). */
+static inline uint32_t plan_cur(const Plan *p) {
+        return p->cur == UINT32_MAX ? p->n_phases - 1 : p->cur;
+}
+/* Learned duration of phase @ph (a default until it has been timed). */
+uint64_t plan_phase_ns(const Plan *p, uint32_t ph);
+/* Fill pred[]: the predicted start of each phase from the current one on. */
+void plan_predict(Plan *p, uint64_t now);
+/* Predicted time of the next use of @t in class @c (USE_*) by @p after its current phase; UINT64_MAX: none. */
+uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c);
+/* Predicted next use of @t's copy in @tier (vram, or host and what stages through it). */
+uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
+/* Mode of the first access of @t in the phases after @from (and in @from too if @inclusive); 0: none. */
+uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive);
+
+/* The page: tell the rank that marker @seq's phase may run, that the plan failed, where a slot's copy is. */
+void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase);
+void plan_set_error(Plan *p, int error, const char *what);
+void plan_slot_publish(Plan *p, Tensor *t, int tier);
+/* Read the client area after a marker: 0 with the new marker, -EAGAIN for nothing new, -EINVAL for a bad one. */
+int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark);
+/* A marker of @phase arrived at @mark: learn the duration of the phase that ended, count iterations. */
+void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark);
+
+void plan_status(const Plan *p, Tier__PlanStatus *ps);

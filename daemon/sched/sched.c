@@ -1,0 +1,937 @@
+/* SPDX-License-Identifier: MIT */
+/* sched.c: the shared scheduling timeline: holds, deadlines (EDF), prefetch, write-behind, victims, fair share. */
+
+/*
+ * Theory of operation.
+ *
+ * Plans (plan.c) turn every rank's phases into predicted times: the shared
+ * timeline.  This file acts on it.  It registers with the op engine
+ * (EngineSchedOps) and so is asked, without the engine calling up, for the
+ * order of victims, whether a tensor's bytes are dead, and to charge a
+ * job's fair share; the engine runs its pass after every run of ops.
+ *
+ * Pins.  Each marker's phase is held by a PlanHold: one pin per access.
+ * When marker s+1 arrives, the hold of marker s is released (written
+ * accesses unpin dirty).  Under the timeline policy the hold for marker
+ * s+1 is built while marker s runs, so in the steady state a marker finds
+ * its phase ready and does not wait; under lru and ondemand it is built
+ * when the marker arrives.
+ *
+ * Transfers (timeline).  Every pass collects candidates: the accesses of
+ * the next phase not pinned yet, and the accesses of the phases after it
+ * whose tensor is not in the needed tier, as far ahead as the job's
+ * working set fits its limits (plan_window(): further would only be
+ * evicted again before its use).  Each gets the predicted start of its
+ * phase as a deadline.  Candidates are issued earliest deadline first, at
+ * most a few per job and link at a time (so that the link's bandwidth goes
+ * to the earliest deadline instead of being split); when deadlines collide
+ * (all within a short window, as when a link is saturated) the job with the
+ * smallest virtual time wins and is charged bytes / weight.  Below, each
+ * link has a fair queue by weight (uring.c, the engine's VRAM link), so
+ * that drains and demand transfers are shared by weight too.  A prefetch
+ * only evicts copies whose next use is later than its own deadline
+ * (Belady's rule, exact here because the future is known), farthest first,
+ * weighed by the cost of dropping (a sole copy costs a write and a read
+ * back); when no such victim exists it is not issued now and is retried
+ * when something moves (Sched.epoch).  When VRAM is full for a far access,
+ * the tensor is staged in host memory instead, so the NVMe hop of the chain
+ * happens early and the host->VRAM hop later.  What a plan overwrites next
+ * without reading is dead: its copies are dropped when its last reader is
+ * done (plan_drop_dead()).
+ *
+ * Write-behind (timeline).  For each tier, the bytes the prefetch window
+ * (and the phase after it) will bring in beyond the free space are matched
+ * against the copies Belady would evict for them; those that are the sole
+ * copy (dirty) are written down now, in the background, so that their
+ * eviction later is a free drop: towards NVMe only while it is idle, one at
+ * a time, since a write in front of a read with a deadline costs a whole
+ * transfer.  Clean copies are always dropped without I/O.  Copies that will
+ * be used again before they would be evicted are never written early.
+ *
+ * ondemand drops (writing down when dirty) everything a phase used as soon
+ * as the next marker arrives; lru keeps copies until space is needed and
+ * then evicts the least recently used.  Neither prefetches.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-event.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/uring.h"
+#include "daemon/tiers/vram.h"
+#include "proto/macro.h"
+#include "proto/plan.h"
+#include "util/time-util.h"
+
+/* Transfers the scheduler keeps in flight per job and link: enough to keep it busy, few enough to stay EDF. */
+#define NVME_INFLIGHT 3
+#define PCIE_INFLIGHT 2
+/* Deadlines this close together count as colliding: fair share decides. */
+#define COLLIDE_NS (1000000ull)
+
+static const unsigned link_limit[_SCHED_LINK_MAX] = { NVME_INFLIGHT, PCIE_INFLIGHT };
+
+typedef SchedCand Cand;
+
+static SchedPolicyKind policy(const Sched *s) {
+        return s->config->sched_policy;
+}
+
+/*
+ * The scheduler's slots are per job: each job keeps its next transfers
+ * queued at each link, where a fair queue by weight (uring.c for NVMe,
+ * the engine for the VRAM link) decides who goes first.
+ */
+static void slot_take(Job *j, int link) {
+        j->sched_inflight[link]++;
+}
+
+static void slot_put(Job *j, int link) {
+        j->sched_inflight[link]--;
+}
+
+static bool slot_free(const Job *j, int link, const unsigned limit[]) {
+        return j->sched_inflight[link] < limit[link];
+}
+
+/* Tiers in which a held phase (current or next) writes @t, as of this pass. */
+static uint8_t written_in(const Sched *s, const Tensor *t) {
+        return t->sched_pass == s->pass_no ? t->sched_written : 0;
+}
+
+/*
+ * Another tier's copy of @t would go stale when a held phase's write lands:
+ * it must not be brought in before that phase ends.
+ */
+static bool stale_soon(const Sched *s, const Tensor *t, int tier) {
+        return (written_in(s, t) & ~(1u << tier)) != 0;
+}
+
+static void mark_writes(Plan *p, int h) {
+        Sched *s = p->sched;
+        PlanPhase *ph;
+
+        if (!p->hold[h].active)
+                return;
+        ph = &p->phases[p->hold[h].phase];
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                PlanAcc *a = &ph->acc[i];
+
+                if (!(a->mode & PLAN_WRITE))
+                        continue;
+                if (a->tensor->sched_pass != s->pass_no) {
+                        a->tensor->sched_pass = s->pass_no;
+                        a->tensor->sched_written = 0;
+                }
+                a->tensor->sched_written |= (uint8_t) (1u << a->tier);
+        }
+}
+
+bool sched_next_access_overwrites(Tensor *t) {
+        Plan *p = t->plan;
+
+        /* only what one plan alone names: another plan may read it meanwhile */
+        if (!p || policy(p->sched) != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX || t->plan_refs != 1)
+                return false;
+        /* the first phase after the current one that touches it, in any tier */
+        return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
+}
+
+uint64_t sched_next_use_ns(Tensor *t, int tier) {
+        uint64_t nu;
+
+        if (!t->plan || policy(t->plan->sched) != SCHED_POLICY_TIMELINE)
+                return 0;
+        nu = plan_next_use(t->plan, t, tier > TIER_HOST ? TIER_HOST : tier);
+        return nu == UINT64_MAX ? 0 : nu;
+}
+
+void sched_charge(Job *j, uint64_t bytes) {
+        j->vtime += (double) bytes / (double) MAX(j->weight, 1u);
+}
+
+/* ---- victims ---------------------------------------------------------------------------------- */
+
+typedef struct Victim {
+        Tensor *t;
+        uint64_t next;
+        double score;           /* time to the next use / cost of dropping: higher goes first */
+        uint64_t last_use;
+} Victim;
+
+static int victim_cmp(const void *a, const void *b) {
+        const Victim *x = a, *y = b;
+
+        if (x->score != y->score)
+                return x->score > y->score ? -1 : 1;
+        return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+}
+
+/*
+ * When @t's copy in @tier is next needed.  A host copy of a tensor that is
+ * valid in vram is needed only by the next host access: the vram accesses
+ * before it are served from vram, so such copies go first (for free: they
+ * are not the sole copy).  A tensor whose plan overwrites it next is never
+ * needed again.
+ */
+static uint64_t victim_next_use(Tensor *t, int tier) {
+        if (!t->plan)
+                return UINT64_MAX;
+        if (sched_next_access_overwrites(t))
+                return UINT64_MAX;
+        if (tier == TIER_HOST && copy_valid(t, TIER_VRAM))
+                return plan_next_use_class(t->plan, t, USE_HOST);
+        return plan_next_use(t->plan, t, tier);
+}
+
+size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
+        _cleanup_free_ Victim *v = NULL;
+        size_t k = 0;
+        uint64_t now;
+
+        if (policy(s) != SCHED_POLICY_TIMELINE || n == 0)
+                return n;       /* already least recently used first */
+        v = calloc(n, sizeof(*v));
+        if (!v)
+                return n;
+        now = now_ns();
+        for (size_t i = 0; i < n; i++) {
+                Tensor *t = cands[i];
+                uint64_t nu = victim_next_use(t, tier);
+                double score;
+
+                if (deadline_ns > 0 && nu <= deadline_ns)
+                        continue;       /* needed before the requester: keep it */
+                /*
+                 * Belady's farthest next use, weighed by what dropping costs: a sole
+                 * copy is written down and read back (two transfers), another only
+                 * read back (one), so a clean copy goes before a dirty one needed
+                 * up to twice as late.
+                 */
+                score = nu == UINT64_MAX ? INFINITY : (double) (nu > now ? nu - now : 0);
+                if (copy_is_sole(t, tier))
+                        score /= 2;
+                v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
+        }
+        qsort(v, k, sizeof(*v), victim_cmp);
+        for (size_t i = 0; i < k; i++)
+                cands[i] = v[i].t;
+        return k;
+}
+
+/* ---- holds ---------------------------------------------------------------------------------------- */
+
+static void hold_release(Plan *p, int h, bool unpin) {
+        PlanHold *hold = &p->hold[h];
+        HoldState *hs = &p->hs[h];
+        PlanPhase *ph;
+
+        if (!hold->active)
+                return;
+        ph = &p->phases[hold->phase];
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                PlanAcc *a = &ph->acc[i];
+
+                if (hs->ops[i])
+                        op_cancel(hs->ops[i]);  /* on_pin_cancelled() does the books */
+                if (hs->pinned[i]) {
+                        tensor_pin_account(a->tensor, a->tier, -1);
+                        if (unpin)
+                                (void) tensor_unpin(a->tensor, a->tier, (a->mode & PLAN_WRITE) != 0);
+                        hs->pinned[i] = false;
+                }
+        }
+        *hold = (PlanHold) {};
+}
+
+static void on_pin_done(Op *op, int status, const char *error) {
+        PinCtx *ctx = op->userdata;
+        Plan *p = ctx->plan;
+        HoldState *hs = &p->hs[ctx->hold];
+        PlanHold *hold = &p->hold[ctx->hold];
+        PlanAcc *a = &p->phases[hold->phase].acc[ctx->idx];
+
+        hs->ops[ctx->idx] = NULL;
+        slot_put(p->job, ctx->link);
+        if (status >= 0) {
+                hs->pinned[ctx->idx] = true;
+                hold->n_pinned++;
+                tensor_pin_account(a->tensor, a->tier, +1);
+                plan_slot_publish(p, a->tensor, a->tier);
+                engine_kick(p->sched->engine);
+        } else if (status == -ENOSPC || status == -EAGAIN) {
+                /* no space now: retried when something is freed or moves, not in a busy loop */
+                hs->blocked[ctx->idx] = p->sched->epoch;
+        } else {
+                char what[256];
+
+                snprintf(what, sizeof(what), "cannot bring tensor '%s' to %s: %s", a->tensor->name,
+                         level_to_string(a->tier), error ? error : strerror(-status));
+                plan_set_error(p, status, what);
+        }
+}
+
+static void on_pin_cancelled(Op *op) {
+        PinCtx *ctx = op->userdata;
+
+        ctx->plan->hs[ctx->hold].ops[ctx->idx] = NULL;
+        slot_put(ctx->plan->job, ctx->link);
+}
+
+static void on_prefetch_cancelled(Op *op) {
+        op->tensor->sched_op = NULL;
+        slot_put(op->tensor->job, (int) (intptr_t) op->userdata);
+}
+
+static int access_link(Tensor *t, int tier, uint8_t mode) {
+        if (mode == PLAN_WRITE)         /* nothing to bring: only making room uses a link, the one below */
+                return tier == TIER_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+        if (tier == TIER_HOST)
+                return copy_valid(t, TIER_VRAM) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+        return copy_valid(t, TIER_HOST) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+}
+
+/* Candidates of one pass: a growing array, dropped silently when memory runs out (the next pass retries). */
+typedef struct CandList {
+        Cand *c;
+        size_t n, cap;
+} CandList;
+
+static void add_cand(CandList *l, Cand c) {
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 64;
+                Cand *x = realloc(l->c, nc * sizeof(Cand));
+
+                if (!x)
+                        return;
+                l->c = x;
+                l->cap = nc;
+        }
+        l->c[l->n++] = c;
+}
+
+/* Pin what is already resident; collect the rest as candidates. */
+static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
+        PlanHold *hold = &p->hold[h];
+        HoldState *hs = &p->hs[h];
+        PlanPhase *ph = &p->phases[hold->phase];
+
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                PlanAcc *a = &ph->acc[i];
+                Tensor *t = a->tensor;
+                Copy *c = &t->copy[a->tier];
+
+                if (hs->pinned[i] || hs->ops[i] || hs->blocked[i] == p->sched->epoch)
+                        continue;
+                /* the next phase reads what the current one writes in another tier: only after it */
+                if (h == 1 && p->hold[0].active && stale_soon(p->sched, t, a->tier))
+                        continue;
+                if (copy_valid(t, a->tier) && !t->xfer) {
+                        if (c->state == COPY_DRAINING)
+                                c->state = COPY_RESIDENT;       /* wanted: cancel the drain */
+                        c->pins++;
+                        hs->pinned[i] = true;
+                        hold->n_pinned++;
+                        tensor_pin_account(t, a->tier, +1);
+                        plan_slot_publish(p, t, a->tier);
+                        continue;
+                }
+                add_cand(cands, (Cand) {
+                        .plan = p, .job = p->job, .tensor = t, .tier = a->tier, .hold = h, .idx = i,
+                        .deadline = deadline, .link = access_link(t, a->tier, a->mode),
+                });
+        }
+}
+
+static void hold_check_ready(Plan *p, int h) {
+        PlanHold *hold = &p->hold[h];
+
+        /* ready is a watermark: the next marker's phase only after the current one's */
+        if (h == 1 && p->hold[0].active && !p->hold[0].ready_sent)
+                return;
+        if (hold->active && !hold->ready_sent && hold->n_pinned == p->phases[hold->phase].n_acc) {
+                hold->ready_sent = true;
+                plan_set_ready(p, hold->seq, hold->phase);
+        }
+}
+
+static void hold_start(Plan *p, int h, uint64_t seq, uint32_t phase) {
+        p->hold[h] = (PlanHold) { .active = true, .seq = seq, .phase = phase };
+        memset(p->hs[h].blocked, 0, p->max_acc * sizeof(uint64_t));
+}
+
+/* The next marker's hold (timeline), for the phase after the current one. */
+static void hold_start_next(Plan *p) {
+        hold_start(p, 1, p->seq + 1, p->cur == UINT32_MAX ? 0 : (p->cur + 1) % p->n_phases);
+}
+
+/* ---- markers ------------------------------------------------------------------------------------------ */
+
+static void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
+        PlanPhase *d = &p->phases[done_phase], *nx = &p->phases[next_phase];
+
+        /* ondemand: nothing is cached; what the finished phase used goes back down */
+        for (uint32_t i = 0; i < d->n_acc; i++) {
+                Tensor *t = d->acc[i].tensor;
+                bool again = false;
+
+                for (uint32_t k = 0; k < nx->n_acc; k++)
+                        if (nx->acc[k].tensor == t)
+                                again = true;
+                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0)
+                        (void) op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, NULL);
+        }
+}
+
+/*
+ * After @done_phase (the phase just released), drop every copy of the
+ * tensors it used whose next planned access overwrites them whole: they are
+ * dead, and keeping them would only take room (and Belady would rank them by
+ * that overwrite as if it were a read).  Only tensors this plan alone names,
+ * and nothing pinned, moving or in use by an op.
+ */
+static void plan_drop_dead(Plan *p, uint32_t done_phase) {
+        PlanPhase *d = &p->phases[done_phase];
+
+        for (uint32_t i = 0; i < d->n_acc; i++) {
+                Tensor *t = d->acc[i].tensor;
+                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1;
+
+                for (int tier = 0; tier < TIERS && !busy; tier++)
+                        busy = t->copy[tier].pins > 0;
+                /* from the phase the client is in now (it may have skipped some), that one included */
+                if (busy || t->dead || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
+                        continue;
+                t->dead = true;
+                for (int tier = 0; tier < TIERS; tier++)
+                        copy_free(t, tier);
+                log_debug("sched: '%s' of job '%s' is dead until its next write: copies dropped", t->name,
+                          p->job->name);
+        }
+}
+
+static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        Plan *p = userdata;
+        Sched *s = p->sched;
+        uint64_t seq, mark;
+        uint32_t phase, prev = p->cur, done;
+        int r;
+
+        r = plan_read_marker(p, now_ns(), &seq, &phase, &mark);
+        if (r == -EINVAL)
+                plan_set_error(p, -EINVAL, "marker names a phase the plan does not have");
+        if (r < 0)
+                return 0;
+        plan_learn(p, seq, phase, mark);
+
+        log_debug("sched: job '%s' marker %" PRIu64 ": phase %u", p->job->name, seq, phase);
+        /* the previous marker's phase is over: its pins go (written accesses dirty) */
+        done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
+        hold_release(p, 0, true);
+        if (prev != UINT32_MAX && policy(s) == SCHED_POLICY_ONDEMAND)
+                plan_release_after_use(p, prev, phase);
+
+        if (p->hold[1].active && p->hold[1].seq == seq && p->hold[1].phase == phase) {
+                /* pinned ahead: it becomes the current hold */
+                HoldState tmp = p->hs[0];
+
+                p->hold[0] = p->hold[1];
+                p->hs[0] = p->hs[1];
+                p->hs[1] = tmp;
+                for (uint32_t i = 0; i < p->max_acc; i++) {
+                        p->hs[0].ctx[i].hold = 0;
+                        p->hs[1].ctx[i].hold = 1;
+                }
+                p->hold[1] = (PlanHold) {};
+        } else {
+                hold_release(p, 1, true);       /* the client went elsewhere */
+                hold_start(p, 0, seq, phase);
+        }
+        p->seq = seq;
+        p->cur = phase;
+        p->cur_mark_ns = mark;
+        if (done != UINT32_MAX && policy(s) == SCHED_POLICY_TIMELINE)
+                plan_drop_dead(p, done);
+        s->epoch++;
+        engine_kick(s->engine);
+        return 0;
+}
+
+/* ---- the pass ---------------------------------------------------------------------------------------- */
+
+static int cand_cmp(const void *a, const void *b) {
+        const Cand *x = a, *y = b;
+
+        return x->deadline < y->deadline ? -1 : x->deadline > y->deadline;
+}
+
+static void on_prefetch_done(Op *op, int status, const char *error) {
+        Tensor *t = op->tensor;
+        Sched *s = op->engine->sched_userdata;         /* the engine's scheduler: us */
+        int link = (int) (intptr_t) op->userdata;
+
+        t->sched_op = NULL;
+        slot_put(t->job, link);
+        if (status == -EAGAIN || status == -ENOSPC)
+                t->sched_blocked = s->epoch;
+        log_debug("sched: '%s' %s done: %d (%s)", t->name, op->kind == OP_CLEAN ? "clean" : "prefetch", status,
+                  error ? error : "");
+        if (status >= 0)
+                engine_kick(op->engine);
+}
+
+/*
+ * sched_pick() - the next candidate to start: earliest deadline first among
+ * those whose job has a free slot on their link (the current phase's pins
+ * too: their deadline is now, so they come first, but they are weighed like
+ * the rest when jobs collide); among candidates whose deadlines collide with
+ * that earliest one (within COLLIDE_NS of it, or of now when it is overdue)
+ * the job with the smallest fair-share virtual time wins.  @c is sorted by
+ * deadline.  Slots are per job (see slot_take()).
+ */
+static bool cand_blocked(const SchedCand *c, const unsigned limit[]) {
+        return c->taken || !slot_free(c->job, c->link, limit);
+}
+
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]) {
+        size_t first = SIZE_MAX, pick = SIZE_MAX;
+        uint64_t horizon;
+
+        for (size_t i = 0; i < n; i++) {
+                if (cand_blocked(&c[i], limit))
+                        continue;
+                first = i;
+                break;
+        }
+        if (first == SIZE_MAX)
+                return SIZE_MAX;
+        horizon = MAX(c[first].deadline, now) + COLLIDE_NS;
+        for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
+                if (cand_blocked(&c[i], limit))
+                        continue;
+                if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
+                        pick = i;
+        }
+        return pick == SIZE_MAX ? first : pick;
+}
+
+static bool cand_pending(const Cand *c, const Cand *all, size_t n) {
+        /* a prefetch for a tensor that already has a candidate earlier in the list is a duplicate */
+        for (size_t i = 0; i < n && &all[i] != c; i++)
+                if (all[i].tensor == c->tensor && all[i].tier <= c->tier)
+                        return true;
+        return false;
+}
+
+static uint8_t cand_mode(const Cand *c) {
+        const PlanHold *h = &c->plan->hold[c->hold];
+
+        return c->plan->phases[h->phase].acc[c->idx].mode;
+}
+
+static void issue(Sched *s, Cand *c) {
+        Job *j = c->plan->job;
+        Op *op = NULL;
+        int r;
+
+        if (c->hold >= 0) {
+                HoldState *hs = &c->plan->hs[c->hold];
+                PinCtx *ctx = &hs->ctx[c->idx];
+
+                *ctx = (PinCtx) { .plan = c->plan, .hold = c->hold, .idx = c->idx, .link = c->link };
+                r = op_submit(s->engine, OP_PIN, c->tensor, c->tier, on_pin_done, NULL, ctx, &op);
+                if (r < 0)
+                        return;
+                op->deadline_ns = c->deadline;
+                /* a write-only access overwrites the tensor: no need to bring its old bytes */
+                op->discard = cand_mode(c) == PLAN_WRITE;
+                op->cancelled = on_pin_cancelled;
+                hs->ops[c->idx] = op;
+        } else {
+                r = op_submit(s->engine, OP_PREFETCH, c->tensor, c->tier, on_prefetch_done, NULL,
+                              (void *) (intptr_t) c->link, &op);
+                if (r < 0)
+                        return;
+                op->deadline_ns = c->deadline;
+                op->no_wait = true;
+                op->cancelled = on_prefetch_cancelled;
+                c->tensor->sched_op = op;
+        }
+        slot_take(j, c->link);
+        sched_charge(j, c->tensor->alloc_size);
+        if (s->trace)
+                s->trace(s->trace_userdata, c->hold >= 0 ? "pin" : "prefetch", c->tensor, c->tier, c->deadline);
+        log_debug("sched: job '%s' %s '%s' -> %s (hold %d, deadline in %.3f ms, link %s)", j->name,
+                  c->hold >= 0 ? "pin" : "prefetch", c->tensor->name, level_to_string(c->tier), c->hold,
+                  ((double) c->deadline - (double) now_ns()) / 1e6, c->link == SCHED_LINK_NVME ? "nvme" : "pcie");
+}
+
+/*
+ * plan_window() - how far ahead prefetching may reach: for vram and host,
+ * the largest n such that every tensor phases cur..cur+n touch there fits
+ * the job's limit at once.  A copy brought in for a phase beyond that would
+ * be evicted again before its use by something needed earlier (Belady evicts
+ * the farthest next use first), so it would be read twice.  A tensor needed
+ * in vram that is not there now counts in host too: it is staged there.
+ * For host, every tensor touched in any tier must also fit vram and host
+ * together: what is not in one must be in the other.  Also sets need[]: the
+ * bytes these phases, and the first one that does not fit, bring in.
+ */
+static void plan_window(Plan *p) {
+        Job *j = p->job;
+        uint32_t cur = plan_cur(p);
+        uint64_t bytes[2] = { 0, 0 }, mem = 0;
+        bool open[2] = { true, true };
+
+        memset(p->wmark, 0, p->n_slots);
+        p->window[0] = p->window[1] = 0;
+        p->need[0] = p->need[1] = 0;
+        for (uint32_t k = 0; k < p->n_phases && (open[0] || open[1]); k++) {
+                PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
+
+                /* before the first marker no phase runs: phase 0 is the next one */
+                for (uint32_t i = 0; i < ph->n_acc && !(k == 0 && p->cur == UINT32_MAX); i++) {
+                        PlanAcc *a = &ph->acc[i];
+                        uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
+
+                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM) &&
+                            !tensor_is_blank(a->tensor))
+                                bits |= 2;      /* staged through host (zeros are filled in place) */
+                        for (int c = 0; c < 2; c++)
+                                if (open[c] && ((bits & ~p->wmark[a->slot]) & (1u << c))) {
+                                        p->wmark[a->slot] |= (uint8_t) (1u << c);
+                                        bytes[c] += a->tensor->alloc_size;
+                                        if (!copy_valid(a->tensor, c))
+                                                p->need[c] += a->tensor->alloc_size;
+                                }
+                        /* every tensor touched, whatever the tier: vram and host hold them together */
+                        if (!(p->wmark[a->slot] & 4)) {
+                                p->wmark[a->slot] |= 4;
+                                mem += a->tensor->alloc_size;
+                        }
+                }
+                /* the phase that overflows still counts in need: write-behind makes room for it */
+                for (int c = 0; c < 2; c++) {
+                        if (open[c] && (bytes[c] > j->limit[c] ||
+                                        (c == TIER_HOST && mem > j->limit[TIER_VRAM] + j->limit[TIER_HOST])))
+                                open[c] = false;
+                        else if (open[c])
+                                p->window[c] = k;
+                }
+        }
+}
+
+static void collect_prefetch(Plan *p, CandList *cands) {
+        Sched *s = p->sched;
+        uint32_t cur = plan_cur(p);
+
+        plan_window(p);
+        /* phases after the one pinned ahead, as far as the windows reach */
+        for (uint32_t k = 2; k <= MAX(p->window[0], p->window[1]) && k < p->n_phases; k++) {
+                PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
+
+                for (uint32_t i = 0; i < ph->n_acc; i++) {
+                        PlanAcc *a = &ph->acc[i];
+                        Tensor *t = a->tensor;
+                        int tier = a->tier;
+
+                        if (a->mode == PLAN_WRITE || copy_valid(t, tier))
+                                continue;       /* overwritten whole (the pin takes the room), or there already */
+                        if (tier == TIER_VRAM && k > p->window[0]) {
+                                if (k > p->window[1])
+                                        continue;
+                                tier = TIER_HOST;       /* beyond the vram window: stage it in host memory */
+                        } else if (tier == TIER_HOST && k > p->window[1])
+                                continue;
+                        if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(s, t, tier) ||
+                            t->sched_blocked == s->epoch)
+                                continue;
+                        if (tensor_is_blank(t))
+                                continue;       /* zeros or dead bytes: nothing to move */
+                        add_cand(cands, (Cand) {
+                                .plan = p, .job = p->job, .tensor = t, .tier = tier, .hold = -1, .idx = i,
+                                .deadline = p->pred[k], .link = access_link(t, tier, PLAN_READ),
+                        });
+                }
+        }
+}
+
+/* Start write-behind of @t's sole copy in @tier (op OP_CLEAN, opportunistic).  true when started. */
+static bool clean_start(Sched *s, Tensor *t, int tier, int link) {
+        Op *op = NULL;
+
+        if (op_submit(s->engine, OP_CLEAN, t, tier, on_prefetch_done, NULL, (void *) (intptr_t) link, &op) < 0)
+                return false;
+        op->cancelled = on_prefetch_cancelled;
+        op->deadline_ns = sched_next_use_ns(t, tier + 1);
+        op->no_wait = true;     /* opportunistic: never waits for room */
+        sched_charge(t->job, t->alloc_size);
+        t->sched_op = op;
+        slot_take(t->job, link);
+        if (s->trace)
+                s->trace(s->trace_userdata, "clean", t, tier, 0);
+        return true;
+}
+
+static void write_behind(Sched *s, Plan *p) {
+        Registry *reg = s->registry;
+        Job *j = p->job;
+
+        for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                int link = tier == TIER_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+                uint64_t need = p->need[tier], free_bytes, got = 0;
+                _cleanup_free_ Tensor **v = NULL;
+                size_t n = 0, k;
+
+                free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
+                if (need <= free_bytes || !slot_free(j, link, link_limit))
+                        continue;
+                /*
+                 * Writes to NVMe only while it is idle: a write in its way would delay a
+                 * read with a deadline by a whole transfer, and a copy cleaned early may
+                 * stay after all (the prediction of victims is not exact).
+                 */
+                if (tier == TIER_HOST && (j->sched_inflight[link] > 0 || uring_busy(s->uring)))
+                        continue;
+                v = calloc(j->n_tensors + 1, sizeof(Tensor *));
+                if (!v)
+                        return;
+                list_for_each_safe(node, tmp, &reg->lru[tier]) {
+                        Copy *c = list_entry(node, Copy, lru);
+                        Tensor *t = container_of(c, Tensor, copy[tier]);
+
+                        if (t->job == j && c->state == COPY_RESIDENT && c->pins == 0 && !t->xfer && n < j->n_tensors)
+                                v[n++] = t;
+                }
+                k = sched_victim_order(s, tier, v, n, 0);
+                for (size_t i = 0; i < k && got < need - free_bytes; i++) {
+                        Tensor *t = v[i];
+
+                        got += t->alloc_size;
+                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == s->epoch ||
+                            sched_next_access_overwrites(t))
+                                continue;
+                        if (!slot_free(j, link, link_limit))
+                                break;
+                        /* towards NVMe one at a time: a read arriving waits for one write at most */
+                        if (clean_start(s, t, tier, link) && tier == TIER_HOST)
+                                break;
+                }
+        }
+}
+
+void sched_run(Sched *s) {
+        CandList cands = {};
+        uint64_t now = now_ns();
+        double min_vt = -1;
+
+        if (list_empty(&s->plans) || s->in_run)
+                return;
+        s->in_run = true;
+        s->pass_no++;
+
+        /* what the held phases write, so nothing is fetched that their writes would make stale */
+        list_for_each_safe(node, tmp, &s->plans) {
+                Plan *p = list_entry(node, Plan, link);
+
+                if (policy(s) == SCHED_POLICY_TIMELINE && !p->hold[1].active && !p->page->daemon.error)
+                        hold_start_next(p);
+                mark_writes(p, 0);
+                mark_writes(p, 1);
+        }
+
+        list_for_each_safe(node, tmp, &s->plans) {
+                Plan *p = list_entry(node, Plan, link);
+
+                if (p->page->daemon.error)
+                        continue;
+                plan_predict(p, now);
+                /* the current marker's phase (demand: deadline now) */
+                if (p->hold[0].active) {
+                        hold_fill(p, 0, now, &cands);
+                        hold_check_ready(p, 0);
+                }
+                if (policy(s) == SCHED_POLICY_TIMELINE) {
+                        if (!p->hold[1].active)
+                                hold_start_next(p);
+                        hold_fill(p, 1, p->pred[1], &cands);
+                        hold_check_ready(p, 1);
+                        collect_prefetch(p, &cands);
+                }
+        }
+
+        if (cands.n > 1)
+                qsort(cands.c, cands.n, sizeof(Cand), cand_cmp);
+
+        /* fair share: jobs that come back to the queue start at the current minimum virtual time */
+        for (size_t i = 0; i < cands.n; i++)
+                if (min_vt < 0 || cands.c[i].job->vtime < min_vt)
+                        min_vt = cands.c[i].job->vtime;
+
+        for (;;) {
+                size_t pick = sched_pick(cands.c, cands.n, now, link_limit);
+                Cand *c;
+
+                if (pick == SIZE_MAX)
+                        break;
+                c = &cands.c[pick];
+                c->taken = true;
+                if (c->hold < 0 && (cand_pending(c, cands.c, cands.n) || c->tensor->sched_op))
+                        continue;
+                if (c->job->vtime < min_vt)
+                        c->job->vtime = min_vt;
+                /* far prefetch into full VRAM: stage it in host memory instead */
+                if (c->hold < 0 && c->tier == TIER_VRAM &&
+                    c->job->used[TIER_VRAM] + c->tensor->alloc_size > c->job->limit[TIER_VRAM]) {
+                        if (copy_valid(c->tensor, TIER_HOST))
+                                continue;
+                        c->tier = TIER_HOST;
+                }
+                issue(s, c);
+        }
+
+        if (policy(s) == SCHED_POLICY_TIMELINE)
+                list_for_each_safe(node, tmp, &s->plans) {
+                        Plan *p = list_entry(node, Plan, link);
+
+                        if (!p->page->daemon.error)
+                                write_behind(s, p);
+                }
+        free(cands.c);
+        s->in_run = false;
+}
+
+/* ---- plans: start and end ------------------------------------------------------------------------------- */
+
+int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t esize) {
+        Plan *p;
+        int r;
+
+        r = plan_new(s, j, efd, req, policy(s) == SCHED_POLICY_TIMELINE, s->vram->pool.seg_size, &p, error, esize);
+        if (r < 0)
+                return r;
+        r = sd_event_add_io(s->event, &p->marker_source, p->marker_fd, EPOLLIN, on_marker, p);
+        if (r < 0) {
+                plan_free(p);
+                return r;
+        }
+        (void) sd_event_source_set_description(p->marker_source, "plan-marker");
+
+        for (uint32_t i = 0; i < p->n_slots; i++) {
+                Tensor *t = p->slots[i];
+
+                t->plan_refs++;
+                if (!t->plan) {
+                        t->plan = p;
+                        t->plan_slot = i;
+                }
+        }
+        p->attached = true;
+        list_add_tail(&s->plans, &p->link);
+        list_add_tail(&j->plans, &p->job_link);
+        engine_kick(s->engine);
+        *ret = p;
+        return 0;
+}
+
+void sched_plan_free(Plan *p) {
+        if (!p)
+                return;
+        hold_release(p, 0, true);
+        hold_release(p, 1, true);
+        if (p->attached) {
+                for (uint32_t i = 0; i < p->n_slots; i++) {
+                        Tensor *t = p->slots[i];
+
+                        if (t->plan_refs > 0)
+                                t->plan_refs--;
+                        if (t->plan == p)
+                                t->plan = NULL;
+                }
+                list_del(&p->link);
+                list_del(&p->job_link);
+        }
+        plan_free(p);
+}
+
+/* ---- the scheduler ---------------------------------------------------------------------------------------- */
+
+static size_t ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
+        return sched_victim_order(userdata, tier, cands, n, deadline_ns);
+}
+
+static bool ops_overwrites_next(void *userdata, Tensor *t) {
+        return sched_next_access_overwrites(t);
+}
+
+static void ops_charge(void *userdata, Job *j, uint64_t bytes) {
+        sched_charge(j, bytes);
+}
+
+static void ops_changed(void *userdata) {
+        Sched *s = userdata;
+
+        s->epoch++;
+        if (!list_empty(&s->plans))
+                engine_kick(s->engine);
+}
+
+static void ops_pass(void *userdata) {
+        sched_run(userdata);
+}
+
+static const EngineSchedOps sched_engine_ops = {
+        .victim_order = ops_victim_order,
+        .overwrites_next = ops_overwrites_next,
+        .charge = ops_charge,
+        .changed = ops_changed,
+        .pass = ops_pass,
+};
+
+int sched_new(sd_event *event, const Config *config, Registry *registry, Engine *engine, Uring *uring,
+              VramBackend *vram, Sched **ret) {
+        Sched *s = calloc(1, sizeof(*s));
+
+        if (!s)
+                return -ENOMEM;
+        *s = (Sched) {
+                .event = event,
+                .config = config,
+                .registry = registry,
+                .engine = engine,
+                .uring = uring,
+                .vram = vram,
+                .epoch = 1,
+        };
+        list_init(&s->plans);
+        engine_set_sched(engine, &sched_engine_ops, s);
+        *ret = s;
+        return 0;
+}
+
+void sched_set_trace(Sched *s, SchedTrace trace, void *userdata) {
+        s->trace = trace;
+        s->trace_userdata = userdata;
+}
+
+Sched *sched_free(Sched *s) {
+        if (!s)
+                return NULL;
+        list_for_each_safe(node, tmp, &s->plans)
+                sched_plan_free(list_entry(node, Plan, link));
+        if (s->engine && s->engine->sched == &sched_engine_ops)
+                engine_set_sched(s->engine, NULL, NULL);
+        free(s);
+        return NULL;
+}

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* sched.h: the shared scheduling timeline: holds, deadlines (EDF), prefetch, write-behind, victims, fair share. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/base/list.h"
+#include "proto/macro.h"
+
+typedef struct Config Config;
+typedef struct Engine Engine;
+typedef struct Job Job;
+typedef struct Plan Plan;
+typedef struct Registry Registry;
+typedef struct Sched Sched;
+typedef struct Tensor Tensor;
+typedef struct Tier__SubmitPlan Tier__SubmitPlan;
+typedef struct Uring Uring;
+typedef struct VramBackend VramBackend;
+typedef struct sd_event sd_event;
+
+/* Links the scheduler keeps a few transfers in flight on, per job. */
+enum { SCHED_LINK_NVME, SCHED_LINK_PCIE, _SCHED_LINK_MAX };
+
+/* Called for every transfer the scheduler starts ("pin", "prefetch", "clean"); for tests and tracing. */
+typedef void (*SchedTrace)(void *userdata, const char *what, const Tensor *t, int tier, uint64_t deadline_ns);
+
+struct Sched {
+        sd_event *event;
+        const Config *config;   /* borrowed: [sched] policy */
+        Registry *registry;     /* borrowed, like the rooms below */
+        Engine *engine;
+        Uring *uring;
+        VramBackend *vram;
+
+        List plans;             /* Plan.link */
+        bool in_run;
+        uint64_t pass_no;
+        uint64_t epoch;         /* bumped whenever space may have been freed or data moved */
+        SchedTrace trace;
+        void *trace_userdata;
+};
+
+/* The scheduler over @engine (registered as its EngineSchedOps); everything is borrowed. */
+int sched_new(sd_event *event, const Config *config, Registry *registry, Engine *engine, Uring *uring,
+              VramBackend *vram, Sched **ret);
+/* Frees every plan (their pins go, dirty where they write). */
+Sched *sched_free(Sched *s);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Sched *, sched_free);
+void sched_set_trace(Sched *s, SchedTrace trace, void *userdata);
+
+/*
+ * sched_plan_new() - validate and start a plan of job @j's rank: see
+ * plan_new() for the checks (under the timeline policy two consecutive
+ * phases must fit the job's limits, since the next phase is pinned while
+ * one runs).  @efd: the rank's wakeup eventfd, borrowed until
+ * sched_plan_free().  On failure @error says why.
+ */
+int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t error_size);
+/* End a plan: its pins go (written accesses dirty), its tensors may be freed again. */
+void sched_plan_free(Plan *p);
+
+/* Run the scheduler: pins for the next markers, prefetch, write-behind.  Cheap when idle. */
+void sched_run(Sched *s);
+
+/* A transfer the scheduler could start in this pass. */
+typedef struct SchedCand {
+        Plan *plan;
+        Job *job;
+        Tensor *tensor;
+        int tier;
+        int hold;               /* 0: the current phase, 1: the next one, -1: a prefetch */
+        uint32_t idx;
+        uint64_t deadline;      /* CLOCK_MONOTONIC ns */
+        int link;               /* SCHED_LINK_* */
+        bool taken;
+} SchedCand;
+
+/* The selection rule (EDF, then fair share among colliding deadlines); see sched.c. */
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]);
+
+/*
+ * sched_victim_order() - order the candidate copies in @tier for eviction.
+ * @cands: tensors whose copy in @tier may be dropped or drained, least recently used first
+ * @deadline_ns: when the requester needs its data; under the timeline policy
+ *   only copies whose next use is later than that are returned
+ * Returns how many of @cands remain, best victim first.
+ */
+size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+/* Under the timeline policy: is @t's next planned access (after the current phase) write-only? */
+bool sched_next_access_overwrites(Tensor *t);
+/* Predicted time of @t's next planned use in @tier or above (0: none known). */
+uint64_t sched_next_use_ns(Tensor *t, int tier);
+/* Charge @j for @bytes of link time (its virtual time advances by bytes / weight). */
+void sched_charge(Job *j, uint64_t bytes);

@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: MIT */
+/* tensor.c: the books of tensors and their copies: ids, names, versions, space, pins. */
+
+/*
+ * Theory of operation: tensors are found by id (job-local: slot index in
+ * the low 32 bits, a generation in the high 32 bits so a stale id never
+ * reaches a reused slot) or by name.  Each tensor has one Copy per tier
+ * with a state and a data version; a copy is valid while its version is the
+ * tensor's.  A client's dirty unpin bumps the version, which makes the
+ * other copies stale; stale copies are freed as soon as nothing pins them.
+ * Version 0 means "never written": all zeros, so no copy is needed to keep
+ * it.
+ *
+ * The space a copy takes is counted here, per job and in all, and given
+ * back by copy_free(), which tells the registry's ops (the engine: ops
+ * waiting for space may retry).  A tensor freed while a transfer of it runs
+ * is "doomed": it is no longer found, and tensor_release_copies(), called
+ * again by the engine when the transfer ends, frees it.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/state/registry.h"
+#include "daemon/state/tensormap.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "proto/macro.h"
+#include "util/time-util.h"
+
+const char *copy_state_to_string(CopyState s) {
+        static const char *const names[_COPY_STATE_MAX] = {
+                [COPY_ABSENT] = "absent",
+                [COPY_FILLING] = "filling",
+                [COPY_RESIDENT] = "resident",
+                [COPY_DRAINING] = "draining",
+        };
+
+        return s >= 0 && s < _COPY_STATE_MAX ? names[s] : "?";
+}
+
+bool copy_is_sole(const Tensor *t, int tier) {
+        if (t->version == 0 || t->dead || !copy_valid(t, tier))
+                return false;
+        for (int i = 0; i < TIERS; i++)
+                if (i != tier && copy_valid(t, i))
+                        return false;
+        return true;
+}
+
+int tensor_valid_tier(const Tensor *t, int below_or_at) {
+        for (int i = 0; i <= below_or_at && i < TIERS; i++)
+                if (copy_valid(t, i))
+                        return i;
+        return -1;
+}
+
+/* ---- ids and names ------------------------------------------------------------------ */
+
+int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret) {
+        Tensor *t;
+        uint32_t slot;
+        int r;
+
+        if (j->n_tensors >= j->registry->config->max_tensors)
+                return -EMFILE;
+        if (tensormap_get(j->by_name, name))
+                return -EEXIST;
+
+        /* find a free id slot */
+        for (slot = 0; slot < j->by_id_cap; slot++)
+                if (!j->by_id[slot])
+                        break;
+        if (slot == j->by_id_cap) {
+                uint32_t cap = j->by_id_cap ? j->by_id_cap * 2 : 64;
+                Tensor **n = realloc(j->by_id, cap * sizeof(Tensor *));
+
+                if (!n)
+                        return -ENOMEM;
+                memset(n + j->by_id_cap, 0, (cap - j->by_id_cap) * sizeof(Tensor *));
+                j->by_id = n;
+                j->by_id_cap = cap;
+        }
+
+        t = calloc(1, sizeof(*t));
+        if (!t)
+                return -ENOMEM;
+        t->job = j;
+        t->size = size;
+        t->alloc_size = ALIGN_UP(size, SEG_UNIT);
+        t->id = ((uint64_t) ++j->next_gen << 32) | slot;
+        list_init(&t->waiters);
+        for (int i = 0; i < TIERS; i++)
+                list_init(&t->copy[i].lru);
+        t->name = strdup(name);
+        if (!t->name) {
+                free(t);
+                return -ENOMEM;
+        }
+        r = tensormap_put(j->by_name, t->name, t);
+        if (r < 0) {
+                free(t->name);
+                free(t);
+                return r;
+        }
+        j->by_id[slot] = t;
+        list_add_tail(&j->tensors, &t->job_link);
+        j->n_tensors++;
+        *ret = t;
+        return 0;
+}
+
+Tensor *tensor_find(Job *j, uint64_t id) {
+        uint32_t slot = (uint32_t) id;
+        Tensor *t;
+
+        if (slot >= j->by_id_cap)
+                return NULL;
+        t = j->by_id[slot];
+        if (!t || t->id != id || t->doomed)
+                return NULL;
+        return t;
+}
+
+Tensor *tensor_find_name(Job *j, const char *name) {
+        Tensor *t = tensormap_get(j->by_name, name);
+
+        return t && !t->doomed ? t : NULL;
+}
+
+/* Final free, once no transfer references the tensor. */
+static void tensor_destroy_final(Tensor *t) {
+        Job *j = t->job;
+
+        list_del(&t->job_link);
+        j->n_tensors--;
+        free(t->name);
+        free(t);
+        job_maybe_finish(j);
+}
+
+int tensor_free(Tensor *t) {
+        Job *j = t->job;
+
+        if (t->doomed)
+                return -ENOENT;
+        for (int i = 0; i < TIERS; i++)
+                if (t->copy[i].pins > 0)
+                        return -EBUSY;
+        if (t->op_refs > 0 || t->plan_refs > 0)
+                return -EBUSY;
+
+        tensormap_remove(j->by_name, t->name);
+        j->by_id[(uint32_t) t->id] = NULL;
+        t->doomed = true;
+        tensor_release_copies(t);       /* frees it now, or when its transfer ends */
+        return 0;
+}
+
+void tensor_release_copies(Tensor *t) {
+        if (t->xfer)
+                return;         /* the engine comes back here when the transfer ends */
+        for (int i = 0; i < TIERS; i++)
+                copy_free(t, i);
+        if (t->doomed)
+                tensor_destroy_final(t);
+}
+
+/* ---- space ------------------------------------------------------------------------------ */
+
+void copy_account(Tensor *t, int tier, int64_t delta) {
+        t->job->used[tier] += (uint64_t) delta;
+        t->job->registry->used[tier] += (uint64_t) delta;
+}
+
+void copy_touch(Tensor *t, int tier) {
+        Copy *c = &t->copy[tier];
+
+        c->last_use = now_usec();
+        list_del(&c->lru);
+        list_add_tail(&t->job->registry->lru[tier], &c->lru);
+}
+
+void copy_free(Tensor *t, int tier) {
+        Registry *r = t->job->registry;
+        Copy *c = &t->copy[tier];
+
+        if (c->state == COPY_ABSENT)
+                return;
+        if (tier == TIER_NVME) {
+                copy_account(t, tier, -(int64_t) ((uint64_t) c->n_extents * r->nvme->extent_size));
+                nvme_free(r->nvme, c->extents, c->n_extents);
+                c->extents = NULL;
+                c->n_extents = 0;
+        } else {
+                segment_free(c->seg, c->offset, t->alloc_size);
+                copy_account(t, tier, -(int64_t) t->alloc_size);
+                c->seg = NULL;
+        }
+        c->state = COPY_ABSENT;
+        c->version = 0;
+        list_del(&c->lru);
+        if (r->ops && r->ops->space_freed)
+                r->ops->space_freed(r->ops_userdata, tier);
+}
+
+void tensor_free_stale(Tensor *t) {
+        for (int i = 0; i < TIERS; i++) {
+                Copy *c = &t->copy[i];
+
+                if ((c->state == COPY_RESIDENT || c->state == COPY_DRAINING) &&
+                    c->version != t->version && c->pins == 0 && !t->xfer)
+                        copy_free(t, i);
+        }
+}
+
+void copy_grant(const Tensor *t, int tier, uint32_t *ret_segment, uint32_t *ret_generation, uint64_t *ret_offset) {
+        const Copy *c = &t->copy[tier];
+
+        *ret_segment = c->seg ? c->seg->id : 0;
+        *ret_generation = c->seg ? c->seg->generation : 0;
+        *ret_offset = c->offset;
+}
+
+/* ---- pins ------------------------------------------------------------------------------- */
+
+int tensor_unpin(Tensor *t, int tier, bool dirty) {
+        Copy *c = &t->copy[tier];
+
+        if (c->pins == 0)
+                return -ENOENT;
+        c->pins--;
+        if (dirty) {
+                t->version++;
+                c->version = t->version;
+                t->dead = false;
+        }
+        log_debug("unpin '%s' of job '%s' in %s%s: version %" PRIu64 ", pins left %u", t->name, t->job->name,
+                  level_to_string(tier), dirty ? " (dirty)" : "", t->version, c->pins);
+        copy_touch(t, tier);
+        tensor_free_stale(t);
+        return 0;
+}
+
+void tensor_pin_account(Tensor *t, int tier, int delta) {
+        Registry *r = t->job->registry;
+        uint64_t bytes = t->alloc_size;
+
+        if (delta > 0) {
+                t->job->pinned[tier] += bytes;
+                r->pinned[tier] += bytes;
+        } else {
+                t->job->pinned[tier] -= bytes;
+                r->pinned[tier] -= bytes;
+        }
+}

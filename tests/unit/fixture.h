@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: MIT */
+/* fixture.h: an in-process tierd core (Manager without a socket) for the unit tests of the rooms. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/base/config.h"
+#include "daemon/core/manager.h"
+#include "daemon/engine/engine.h"
+#include "daemon/state/registry.h"
+
+#define MiB (1024ull * 1024ull)
+
+struct CMUnitTest;
+
+/*
+ * fixture_new() - a Manager on the emulated VRAM backend with one NVMe
+ * target file of @target_size bytes in the test's temporary directory.
+ * @setup changes the configuration first (NULL: the defaults below).
+ * Defaults: host 8M in 4M segments, 4M per job; vram 4M in 2M chunks, 2M
+ * per job; nvme 16M per job; policy timeline.
+ */
+Manager *fixture_new(uint64_t target_size, void (*setup)(Config *c, void *userdata), void *userdata);
+/* Let running transfers end (at most a second), then free everything. */
+void fixture_free(Manager *m);
+
+/* Run @rounds iterations of the event loop (each waits up to 2 s). */
+void fixture_run(Manager *m, unsigned rounds);
+
+/* Submit an op and run the loop until it completes; returns its status. */
+int fixture_op(Manager *m, OpKind kind, Tensor *t, int tier);
+/* Give @t data: pinned in host, every byte set to @v, unpinned dirty (its sole copy is in host). */
+void fixture_host_data(Manager *m, Tensor *t, uint8_t v);
+/* Give @t data (version 1) and leave it only on NVMe. */
+void fixture_on_nvme(Manager *m, Tensor *t);
+/* Bring @t into @tier (pinned, then unpinned; @dirty: as written). */
+void fixture_touch(Manager *m, Tensor *t, int tier, bool dirty);
+/* A new tensor of @j. */
+Tensor *fixture_tensor(Job *j, const char *name, uint64_t size);
+/* The byte at @off of @t's copy in @tier (host or vram). */
+uint8_t fixture_byte(const Tensor *t, int tier, uint64_t off);
+
+/*
+ * fixture_main() - run @tests as cmocka group @name with the signals the
+ * Manager watches blocked, in a fresh temporary directory (removed after).
+ */
+int fixture_main(const char *name, const struct CMUnitTest *tests, size_t n);
