@@ -32,7 +32,7 @@
 
 #include "proto/plan.h"
 #include "proto/wire.h"
-#include "tests/helpers/daemon.h"
+#include "tests/helpers/harness.h"
 #include "tier.pb-c.h"
 
 #define ROUNDS 2000

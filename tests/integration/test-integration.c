@@ -22,7 +22,8 @@
 #include <tier.h>
 
 #include "proto/wire.h"
-#include "tests/helpers/daemon.h"
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
 #include "tier.pb-c.h"
 
 #define MiB (1024ull * 1024ull)
@@ -109,11 +110,13 @@ static void verify(tier_tensor *t, uint64_t idx, int tier) {
 }
 
 /* Count the targets whose "bytes_written" is non-zero. */
-static unsigned targets_written(const char *json) {
+static unsigned targets_written(const json_t *status) {
         unsigned n = 0;
+        json_t *t;
+        size_t i;
 
-        for (const char *p = json; (p = strstr(p, "\"bytes_written\":")); p += 16)
-                if (strtoull(p + 16, NULL, 10) > 0)
+        json_array_foreach(json_object_get(status, "targets"), i, t)
+                if (json_integer_value(json_object_get(t, "bytes_written")) > 0)
                         n++;
         return n;
 }
@@ -127,7 +130,8 @@ static void test_integrity_striped(void **state) {
         tier_client *c = connect_job("integrity");
         tier_tensor *t[N];
         struct tier_stat st;
-        char name[32], *json;
+        char name[32];
+        json_t *status;
 
         /* 55 MiB of tensors against a 32 MiB host limit: tierd must spill by itself */
         for (unsigned i = 0; i < N; i++) {
@@ -151,11 +155,12 @@ static void test_integrity_striped(void **state) {
         assert_int_equal(tier_evict(t[6], TIER_NVME), 0);
         verify(t[6], 60, TIER_HOST);
 
-        json = test_tierctl_json(&daemon_);
-        assert_non_null(json);
-        assert_int_equal(targets_written(json), 2);     /* striped over both */
-        assert_int_equal(test_json_sum(json, "crc_errors"), 0);
-        free(json);
+        status = test_daemon_status(&daemon_);
+        assert_non_null(status);
+        assert_int_equal(json_array_size(json_object_get(status, "targets")), 2);
+        assert_int_equal(targets_written(status), 2);   /* striped over both */
+        assert_int_equal(test_json_sum(status, "crc_errors"), 0);
+        json_decref(status);
 
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_tensor_destroy(t[i]), 0);
@@ -261,7 +266,8 @@ static void test_jobs_isolated(void **state) {
 static void test_sigkill_releases_pins(void **state) {
         int ready[2];
         pid_t pid;
-        char c, *json;
+        char c;
+        json_t *status;
         unsigned long long pinned = 1;
 
         assert_int_equal(pipe(ready), 0);
@@ -299,24 +305,30 @@ static void test_sigkill_releases_pins(void **state) {
         assert_int_equal(read(ready[0], &c, 1), 1);
         close(ready[0]);
 
-        json = test_tierctl_json(&daemon_);
-        assert_non_null(json);
-        assert_true(test_json_sum(json, "pinned") > 0);
-        free(json);
+        status = test_daemon_status(&daemon_);
+        assert_non_null(status);
+        assert_true(test_json_sum(status, "pinned") > 0);
+        assert_true(test_json_job_tier(status, "victim", "host", "pinned") > 0);
+        assert_true(test_json_job_tier(status, "victim", "vram", "pinned") > 0);
+        json_decref(status);
 
         assert_int_equal(kill(pid, SIGKILL), 0);
         assert_int_equal(waitpid(pid, NULL, 0), pid);
 
         for (int i = 0; i < 100 && pinned > 0; i++) {
                 usleep(50000);
-                json = test_tierctl_json(&daemon_);
-                assert_non_null(json);
-                pinned = test_json_sum(json, "pinned");
+                status = test_daemon_status(&daemon_);
+                assert_non_null(status);
+                pinned = test_json_sum(status, "pinned");
                 if (pinned == 0) {
                         /* the job lingers with its tensors, no connection */
-                        assert_non_null(strstr(json, "\"name\":\"victim\""));
+                        json_t *victim = test_json_job(status, "victim");
+
+                        assert_non_null(victim);
+                        assert_int_equal(json_integer_value(json_object_get(victim, "connections")), 0);
+                        assert_int_equal(json_integer_value(json_object_get(victim, "tensors")), 6);
                 }
-                free(json);
+                json_decref(status);
         }
         assert_int_equal(pinned, 0);
 }
