@@ -28,6 +28,9 @@
 
 #define MiB (1024ull * 1024ull)
 
+/* [host] capacity below: locked and registered with io_uring by tierd. */
+#define HOST_CAPACITY (96 * MiB)
+
 /* Small pools: two striped targets; the job's host limit is below what the tests create. */
 static const char *const CONFIG =
         "[daemon]\n"
@@ -214,8 +217,6 @@ static void test_jobs_isolated(void **state) {
         tier_client *a = connect_job("job-a"), *b = connect_job("job-b");
         tier_tensor *ta, *tb, *tx = NULL;
         struct tier_grant ga, gb;
-        pid_t pid;
-        int st;
 
         assert_int_equal(tier_tensor_create(a, "secret", 1 * MiB, &ta), 0);
         assert_int_equal(tier_pin(ta, TIER_HOST, &ga), 0);
@@ -234,7 +235,27 @@ static void test_jobs_isolated(void **state) {
         assert_int_equal(tier_unpin(tb, TIER_HOST, 0), 0);
         assert_int_equal(tier_unpin(ta, TIER_HOST, 1), 0);
 
-        /* another uid may not join a's job */
+        assert_int_equal(tier_tensor_destroy(ta), 0);
+        assert_int_equal(tier_tensor_destroy(tb), 0);
+        tier_client_free(a);
+        tier_client_free(b);
+}
+
+/* ---- another uid may not join a job (root only: the child changes its uid) ------------------ */
+
+static void test_other_uid_refused(void **state) {
+        tier_client *a;
+        tier_tensor *t;
+        pid_t pid;
+        int st;
+
+        if (geteuid() != 0) {
+                printf("joining a job as another uid needs root (setresuid): skipped\n");
+                skip();
+        }
+        a = connect_job("job-owned");
+        assert_int_equal(tier_tensor_create(a, "secret", 1 * MiB, &t), 0);
+
         assert_int_equal(chmod(daemon_.dir, 0711), 0);
         assert_int_equal(chmod(daemon_.socket, 0666), 0);
         pid = fork();
@@ -245,20 +266,18 @@ static void test_jobs_isolated(void **state) {
 
                 if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                         _exit(3);
-                r = tier_client_new(&x, daemon_.socket, "job-a", 1);
+                r = tier_client_new(&x, daemon_.socket, "job-owned", 1);
                 if (r == -EACCES && strstr(tier_client_last_error(x), "belongs to uid"))
                         _exit(0);
-                fprintf(stderr, "other uid joining job-a: %d %s\n", r, tier_client_last_error(x));
+                fprintf(stderr, "other uid joining job-owned: %d %s\n", r, tier_client_last_error(x));
                 _exit(1);
         }
         assert_int_equal(waitpid(pid, &st, 0), pid);
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
 
-        assert_int_equal(tier_tensor_destroy(ta), 0);
-        assert_int_equal(tier_tensor_destroy(tb), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(a);
-        tier_client_free(b);
 }
 
 /* ---- a SIGKILLed client leaves no pins -------------------------------------------------------- */
@@ -598,15 +617,14 @@ int main(void) {
                 cmocka_unit_test(test_integrity_striped),
                 cmocka_unit_test(test_async_fences),
                 cmocka_unit_test(test_jobs_isolated),
+                cmocka_unit_test(test_other_uid_refused),
                 cmocka_unit_test(test_sigkill_releases_pins),
                 cmocka_unit_test(test_bad_input),
                 cmocka_unit_test(test_limits_and_errors),
         };
 
-        if (geteuid() != 0) {
-                fprintf(stderr, "integration tests need root (locked memory); skipping\n");
-                return 77;
-        }
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         signal(SIGPIPE, SIG_IGN);
         return cmocka_run_group_tests_name("integration", tests, setup, teardown);
 }

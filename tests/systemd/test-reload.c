@@ -19,6 +19,8 @@
 #include "tests/helpers/json.h"
 
 #define MiB (1024ll * 1024ll)
+/* [host] capacity of CONFIG_BEFORE, which stays (capacity takes effect only at a restart). */
+#define HOST_CAPACITY (64 * MiB)
 
 static const char *const CONFIG_BEFORE =
         "[daemon]\n"
@@ -229,5 +231,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_reload_keeps_overrides, teardown),
         };
 
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         return cmocka_run_group_tests_name("reload", tests, NULL, NULL);
 }
