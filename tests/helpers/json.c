@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/macro.h"
 #include "tests/helpers/harness.h"
 #include "tests/helpers/json.h"
 

@@ -4,12 +4,7 @@
 
 #include <jansson.h>
 
-#include "proto/macro.h"
-
 typedef struct TestDaemon TestDaemon;
-
-/* json_decrefp() is jansson's own (2.11 and later). */
-#define _cleanup_json_ _cleanup_(json_decrefp)
 
 /* @text parsed, or NULL after printing where and why it is not JSON. */
 json_t *test_json_parse(const char *text);

@@ -15,6 +15,7 @@
 
 #include <tier.h>
 
+#include "proto/macro.h"
 #include "tests/helpers/harness.h"
 #include "tests/helpers/json.h"
 
