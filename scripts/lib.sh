@@ -27,11 +27,13 @@ TIER_BUILD_PACKAGES=(
         libsystemd-dev libcmocka-dev scdoc
 )
 # shellcheck disable=SC2034
-# What the test suites need on top: fio (baselines), valgrind, python3,
-# systemd (systemd-analyze, systemd-socket-activate), util-linux.
+# What the test suites need on top: jansson (the tests read tierd's status
+# JSON with it; tierd, libtier and tierctl do not use it), fio (baselines),
+# valgrind, python3, systemd (systemd-analyze, systemd-socket-activate),
+# util-linux (setpriv).
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
-        fio valgrind python3 systemd util-linux
+        libjansson-dev fio valgrind python3 systemd util-linux
 )
 
 if [[ -t 1 ]]; then

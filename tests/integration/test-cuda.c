@@ -43,8 +43,9 @@
 
 #include "proto/cudrv.h"
 #include "proto/macro.h"
-#include "tests/helpers/daemon.h"
 #include "tests/helpers/fake-cuda.h"
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
 
 #define MiB ((uint64_t) 1 << 20)
 
@@ -141,21 +142,32 @@ static struct tier_grant pin_vram(tier_tensor *t) {
         return g;
 }
 
+/* The number of jobs in tierd's status. */
+static size_t n_jobs(const json_t *status) {
+        const json_t *jobs = json_object_get(status, "jobs");
+
+        assert_true(json_is_array(jobs));
+        return json_array_size(jobs);
+}
+
 /* Jobs of earlier tests linger a second (linger_sec = 1) and hold chunks meanwhile: wait them out. */
 static void wait_no_jobs(void) {
-        char *json = NULL;
+        json_t *status = NULL;
 
         for (int i = 0; i < 100; i++) {
-                free(json);
-                json = test_tierctl_json(&daemon_);
-                assert_non_null(json);
-                if (strstr(json, "\"jobs\":[]"))
+                json_decref(status);
+                status = test_daemon_status(&daemon_);
+                assert_non_null(status);
+                if (n_jobs(status) == 0)
                         break;
                 usleep(100 * 1000);
         }
-        if (!strstr(json, "\"jobs\":[]"))
-                fail_msg("jobs still there: %s", json);
-        free(json);
+        if (n_jobs(status) != 0) {
+                _cleanup_free_ char *text = json_dumps(status, JSON_COMPACT);
+
+                fail_msg("jobs still there: %s", text);
+        }
+        json_decref(status);
 }
 
 /* Run this program again as @role; returns its pid. */
@@ -447,7 +459,8 @@ static void test_revoke_timeout(void **state) {
 static void test_sigkill(void **state) {
         tier_client *c;
         tier_tensor *t[16];
-        char line[16] = "", *json = NULL;
+        char line[16] = "";
+        json_t *status = NULL;
         int fds[2];
         pid_t pid;
         FILE *f;
@@ -466,15 +479,15 @@ static void test_sigkill(void **state) {
 
         /* linger_sec = 1: the job goes, and its chunks with it */
         for (int i = 0; i < 100; i++) {
-                free(json);
-                json = test_tierctl_json(&daemon_);
-                assert_non_null(json);
-                if (!strstr(json, "\"doomed\""))
+                json_decref(status);
+                status = test_daemon_status(&daemon_);
+                assert_non_null(status);
+                if (!test_json_job(status, "doomed"))
                         break;
                 usleep(100 * 1000);
         }
-        assert_null(strstr(json, "\"doomed\""));
-        free(json);
+        assert_null(test_json_job(status, "doomed"));
+        json_decref(status);
 
         wait_no_jobs();
         c = connect_job("after-kill");
@@ -673,13 +686,11 @@ int main(int argc, char *argv[]) {
 
         if (cudrv_open(&probe, &why) < 0) {
                 printf("no CUDA device: %s\n", why ? why : "?");
-                return 77;
+                return TEST_SKIP;
         }
         cudrv_close(probe);
-        if (geteuid() != 0) {
-                fprintf(stderr, "these tests need root (locked memory); skipping\n");
-                return 77;
-        }
+        if (!test_can_lock_memory(chunk * n_chunks * 4))      /* [host] capacity in setup() */
+                return TEST_SKIP;
         signal(SIGPIPE, SIG_IGN);
         fprintf(stderr, "test-cuda: %s driver, chunks of %" PRIu64 " MiB\n", fake ? "fake" : "real", chunk / MiB);
         return cmocka_run_group_tests_name("cuda", tests, setup, teardown);

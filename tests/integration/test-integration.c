@@ -22,10 +22,14 @@
 #include <tier.h>
 
 #include "proto/wire.h"
-#include "tests/helpers/daemon.h"
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
 #include "tier.pb-c.h"
 
 #define MiB (1024ull * 1024ull)
+
+/* [host] capacity below: locked and registered with io_uring by tierd. */
+#define HOST_CAPACITY (96 * MiB)
 
 /* Small pools: two striped targets; the job's host limit is below what the tests create. */
 static const char *const CONFIG =
@@ -109,11 +113,13 @@ static void verify(tier_tensor *t, uint64_t idx, int tier) {
 }
 
 /* Count the targets whose "bytes_written" is non-zero. */
-static unsigned targets_written(const char *json) {
+static unsigned targets_written(const json_t *status) {
         unsigned n = 0;
+        json_t *t;
+        size_t i;
 
-        for (const char *p = json; (p = strstr(p, "\"bytes_written\":")); p += 16)
-                if (strtoull(p + 16, NULL, 10) > 0)
+        json_array_foreach(json_object_get(status, "targets"), i, t)
+                if (json_integer_value(json_object_get(t, "bytes_written")) > 0)
                         n++;
         return n;
 }
@@ -127,7 +133,8 @@ static void test_integrity_striped(void **state) {
         tier_client *c = connect_job("integrity");
         tier_tensor *t[N];
         struct tier_stat st;
-        char name[32], *json;
+        char name[32];
+        json_t *status;
 
         /* 55 MiB of tensors against a 32 MiB host limit: tierd must spill by itself */
         for (unsigned i = 0; i < N; i++) {
@@ -151,11 +158,12 @@ static void test_integrity_striped(void **state) {
         assert_int_equal(tier_evict(t[6], TIER_NVME), 0);
         verify(t[6], 60, TIER_HOST);
 
-        json = test_tierctl_json(&daemon_);
-        assert_non_null(json);
-        assert_int_equal(targets_written(json), 2);     /* striped over both */
-        assert_int_equal(test_json_sum(json, "crc_errors"), 0);
-        free(json);
+        status = test_daemon_status(&daemon_);
+        assert_non_null(status);
+        assert_int_equal(json_array_size(json_object_get(status, "targets")), 2);
+        assert_int_equal(targets_written(status), 2);   /* striped over both */
+        assert_int_equal(test_json_sum(status, "crc_errors"), 0);
+        json_decref(status);
 
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_tensor_destroy(t[i]), 0);
@@ -209,8 +217,6 @@ static void test_jobs_isolated(void **state) {
         tier_client *a = connect_job("job-a"), *b = connect_job("job-b");
         tier_tensor *ta, *tb, *tx = NULL;
         struct tier_grant ga, gb;
-        pid_t pid;
-        int st;
 
         assert_int_equal(tier_tensor_create(a, "secret", 1 * MiB, &ta), 0);
         assert_int_equal(tier_pin(ta, TIER_HOST, &ga), 0);
@@ -229,7 +235,27 @@ static void test_jobs_isolated(void **state) {
         assert_int_equal(tier_unpin(tb, TIER_HOST, 0), 0);
         assert_int_equal(tier_unpin(ta, TIER_HOST, 1), 0);
 
-        /* another uid may not join a's job */
+        assert_int_equal(tier_tensor_destroy(ta), 0);
+        assert_int_equal(tier_tensor_destroy(tb), 0);
+        tier_client_free(a);
+        tier_client_free(b);
+}
+
+/* ---- another uid may not join a job (root only: the child changes its uid) ------------------ */
+
+static void test_other_uid_refused(void **state) {
+        tier_client *a;
+        tier_tensor *t;
+        pid_t pid;
+        int st;
+
+        if (geteuid() != 0) {
+                printf("joining a job as another uid needs root (setresuid): skipped\n");
+                skip();
+        }
+        a = connect_job("job-owned");
+        assert_int_equal(tier_tensor_create(a, "secret", 1 * MiB, &t), 0);
+
         assert_int_equal(chmod(daemon_.dir, 0711), 0);
         assert_int_equal(chmod(daemon_.socket, 0666), 0);
         pid = fork();
@@ -240,20 +266,18 @@ static void test_jobs_isolated(void **state) {
 
                 if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                         _exit(3);
-                r = tier_client_new(&x, daemon_.socket, "job-a", 1);
+                r = tier_client_new(&x, daemon_.socket, "job-owned", 1);
                 if (r == -EACCES && strstr(tier_client_last_error(x), "belongs to uid"))
                         _exit(0);
-                fprintf(stderr, "other uid joining job-a: %d %s\n", r, tier_client_last_error(x));
+                fprintf(stderr, "other uid joining job-owned: %d %s\n", r, tier_client_last_error(x));
                 _exit(1);
         }
         assert_int_equal(waitpid(pid, &st, 0), pid);
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
 
-        assert_int_equal(tier_tensor_destroy(ta), 0);
-        assert_int_equal(tier_tensor_destroy(tb), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(a);
-        tier_client_free(b);
 }
 
 /* ---- a SIGKILLed client leaves no pins -------------------------------------------------------- */
@@ -261,7 +285,8 @@ static void test_jobs_isolated(void **state) {
 static void test_sigkill_releases_pins(void **state) {
         int ready[2];
         pid_t pid;
-        char c, *json;
+        char c;
+        json_t *status;
         unsigned long long pinned = 1;
 
         assert_int_equal(pipe(ready), 0);
@@ -299,24 +324,30 @@ static void test_sigkill_releases_pins(void **state) {
         assert_int_equal(read(ready[0], &c, 1), 1);
         close(ready[0]);
 
-        json = test_tierctl_json(&daemon_);
-        assert_non_null(json);
-        assert_true(test_json_sum(json, "pinned") > 0);
-        free(json);
+        status = test_daemon_status(&daemon_);
+        assert_non_null(status);
+        assert_true(test_json_sum(status, "pinned") > 0);
+        assert_true(test_json_job_tier(status, "victim", "host", "pinned") > 0);
+        assert_true(test_json_job_tier(status, "victim", "vram", "pinned") > 0);
+        json_decref(status);
 
         assert_int_equal(kill(pid, SIGKILL), 0);
         assert_int_equal(waitpid(pid, NULL, 0), pid);
 
         for (int i = 0; i < 100 && pinned > 0; i++) {
                 usleep(50000);
-                json = test_tierctl_json(&daemon_);
-                assert_non_null(json);
-                pinned = test_json_sum(json, "pinned");
+                status = test_daemon_status(&daemon_);
+                assert_non_null(status);
+                pinned = test_json_sum(status, "pinned");
                 if (pinned == 0) {
                         /* the job lingers with its tensors, no connection */
-                        assert_non_null(strstr(json, "\"name\":\"victim\""));
+                        json_t *victim = test_json_job(status, "victim");
+
+                        assert_non_null(victim);
+                        assert_int_equal(json_integer_value(json_object_get(victim, "connections")), 0);
+                        assert_int_equal(json_integer_value(json_object_get(victim, "tensors")), 6);
                 }
-                free(json);
+                json_decref(status);
         }
         assert_int_equal(pinned, 0);
 }
@@ -586,15 +617,14 @@ int main(void) {
                 cmocka_unit_test(test_integrity_striped),
                 cmocka_unit_test(test_async_fences),
                 cmocka_unit_test(test_jobs_isolated),
+                cmocka_unit_test(test_other_uid_refused),
                 cmocka_unit_test(test_sigkill_releases_pins),
                 cmocka_unit_test(test_bad_input),
                 cmocka_unit_test(test_limits_and_errors),
         };
 
-        if (geteuid() != 0) {
-                fprintf(stderr, "integration tests need root (locked memory); skipping\n");
-                return 77;
-        }
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         signal(SIGPIPE, SIG_IGN);
         return cmocka_run_group_tests_name("integration", tests, setup, teardown);
 }

@@ -30,9 +30,12 @@
 
 #include <tier.h>
 
-#include "tests/systemd/sd-helper.h"
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
 
 #define MiB (1024u * 1024u)
+/* [host] capacity below: locked and registered with io_uring by tierd. */
+#define HOST_CAPACITY (32 * MiB)
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* The Flags column of /proc/net/unix: __SO_ACCEPTCON, a listening socket. */
@@ -53,18 +56,18 @@ static const char *const CONFIG =
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n";
 
-static SdDaemon d;
+static TestDaemon d;
 
 static int setup(void **state) {
-        if (!sd_have_program("systemd-socket-activate")) {
+        if (!test_have_program("systemd-socket-activate")) {
                 printf("systemd-socket-activate not found: skipped\n");
-                exit(77);
+                exit(TEST_SKIP);
         }
         return 0;
 }
 
 static int teardown(void **state) {
-        sd_daemon_cleanup(&d);
+        test_daemon_cleanup(&d);
         return 0;
 }
 
@@ -149,19 +152,19 @@ static unsigned listening_sockets(pid_t pid, char *paths, size_t size, int *ret_
 
 static void test_activation(void **state) {
         char exe[256], paths[2048], config_sock[400];
-        SdStart o = { .activate = true, .watchdog_usec = 1000000 };
+        TestDaemonOptions o = { .activate = true, .watchdog_usec = 1000000, .log_level = "debug" };
         struct tier_grant g;
         struct stat before, after;
         tier_tensor *t = NULL;
         tier_client *c = NULL;
-        char *json = NULL;
+        char *text = NULL;
+        json_t *status;
         int fd = -1, r;
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
         snprintf(config_sock, sizeof(config_sock), "%s/config.sock", d.dir);
-        /* no --socket: the configuration names config.sock, which must never appear */
-        o.args = (const char *const[]) { "--state-dir", d.dir, "--log-level", "debug", NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
+        /* no --socket (.activate): the configuration names config.sock, which must never appear */
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
 
         /* systemd-socket-activate has bound the socket; tierd is not running yet */
         for (int i = 0; i < 200 && stat(d.socket, &before) < 0; i++)
@@ -171,21 +174,21 @@ static void test_activation(void **state) {
         exe_of(d.pid, exe, sizeof(exe));
         printf("before the first connection pid %d runs %s\n", (int) d.pid, exe);
         assert_string_equal(exe, "systemd-socket-activate");
-        assert_true(sd_daemon_wait_notify(&d, "READY=1", 300) < 0);
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 300) < 0);
 
         /* the first connection starts tierd, which answers it */
         r = tier_client_new(&c, d.socket, "activated", 0);
         if (r < 0) {
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
-                sd_daemon_dump_log(&d);
+                test_daemon_dump_log(&d);
         }
         assert_int_equal(r, 0);
-        assert_true(sd_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
         exe_of(d.pid, exe, sizeof(exe));
         printf("after it, pid %d runs %s\n", (int) d.pid, exe);
         assert_string_equal(exe, "tierd");
-        assert_true(sd_daemon_log_contains(&d, "(inherited)"));
-        assert_true(sd_daemon_log_contains(&d, "is not used"));
+        assert_true(test_daemon_log_contains(&d, "(inherited)"));
+        assert_true(test_daemon_log_contains(&d, "is not used"));
 
         /* it works: a tensor through host, NVMe and back */
         assert_int_equal(tier_tensor_create(c, "t", 2 * MiB, &t), 0);
@@ -196,15 +199,19 @@ static void test_activation(void **state) {
         assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
         assert_int_equal(((uint8_t *) g.ptr)[g.length - 1], 0x3c);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
-        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &json), 0);
-        assert_non_null(strstr(json, "\"name\":\"activated\""));
-        free(json);
+        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &text), 0);
+        status = test_json_parse(text);
+        free(text);
+        assert_non_null(status);
+        assert_non_null(test_json_job(status, "activated"));
+        assert_int_equal(json_integer_value(json_object_get(test_json_job(status, "activated"), "tensors")), 1);
+        json_decref(status);
 
         /* and tierctl, a second client */
         {
                 char tierctl[512], cmd[1500];
 
-                sd_build_path("client/tierctl", tierctl, sizeof(tierctl));
+                test_tierctl_path(tierctl, sizeof(tierctl));
                 snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' status >/dev/null", tierctl, d.socket);
                 assert_int_equal(system(cmd), 0);
         }
@@ -219,14 +226,14 @@ static void test_activation(void **state) {
         /* the socket file is the one systemd-socket-activate made: never unlinked and re-bound */
         assert_int_equal(stat(d.socket, &after), 0);
         assert_true(before.st_ino == after.st_ino && before.st_dev == after.st_dev);
-        assert_false(sd_daemon_log_contains(&d, "Cannot bind"));
+        assert_false(test_daemon_log_contains(&d, "Cannot bind"));
 
         /* the watchdog works through activation too (WATCHDOG_USEC=1 s, no WATCHDOG_PID) */
-        assert_true(sd_daemon_wait_notify(&d, "WATCHDOG=1", 2000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "WATCHDOG=1", 2000) >= 0);
 
         tier_tensor_close(t);
         tier_client_free(c);
-        r = sd_daemon_stop(&d, SIGTERM, 15000);
+        r = test_daemon_kill(&d, SIGTERM, 15000);
         assert_int_equal(r, 0);
         /* the socket is not ours to remove: it stays for the next activation */
         assert_int_equal(stat(d.socket, &after), 0);
@@ -235,13 +242,12 @@ static void test_activation(void **state) {
 
 /* A socket of the wrong type (ListenStream=): tierd refuses it with a reason and exits 1. */
 static void test_activation_wrong_type(void **state) {
-        SdStart o = { .activate = true, .stream = true };
+        TestDaemonOptions o = { .activate = true, .stream = true };
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         int fd, r;
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG), 0);
-        o.args = (const char *const[]) { "--state-dir", d.dir, NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
         for (int i = 0; i < 200 && access(d.socket, F_OK) < 0; i++)
                 usleep(25000);
 
@@ -250,12 +256,12 @@ static void test_activation_wrong_type(void **state) {
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         assert_true(fd >= 0);
         assert_int_equal(connect(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
-        r = sd_daemon_stop(&d, 0, 15000);       /* signal 0: only wait for it to exit */
+        r = test_daemon_kill(&d, 0, 15000);       /* signal 0: only wait for it to exit */
         close(fd);
         printf("tierd with a stream socket exited with status %d\n", r);
         assert_int_equal(r, 1);
-        assert_true(sd_daemon_log_contains(&d, "is not SOCK_SEQPACKET"));
-        assert_true(sd_daemon_wait_notify(&d, "READY=1", 0) < 0);
+        assert_true(test_daemon_log_contains(&d, "is not SOCK_SEQPACKET"));
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 0) < 0);
 }
 
 int main(void) {
@@ -264,5 +270,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_activation_wrong_type, teardown),
         };
 
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         return cmocka_run_group_tests_name("activation", tests, setup, NULL);
 }

@@ -31,7 +31,7 @@
 
 #include <tier.h>
 
-#include "tests/systemd/sd-helper.h"
+#include "tests/helpers/harness.h"
 
 #define JOURNAL_SOCKET "/run/systemd/journal/socket"
 #define ENTRIES_MAX 4096
@@ -49,7 +49,7 @@ static const char *const CONFIG =
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n";
 
-static SdDaemon d;
+static TestDaemon d;
 static int journal_fd = -1;
 /* Each entry: its fields as "KEY=VALUE\n" lines (binary-encoded fields decoded). */
 static char *entries[ENTRIES_MAX];
@@ -62,12 +62,12 @@ static int setup(void **state) {
         if (geteuid() != 0 || unshare(CLONE_NEWNS) < 0) {
                 printf("cannot make a private mount namespace (%s): skipped\n",
                        geteuid() != 0 ? "not root" : strerror(errno));
-                exit(77);
+                exit(TEST_SKIP);
         }
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
             mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") < 0) {
                 printf("cannot mount a tmpfs on /run in the namespace (%s): skipped\n", strerror(errno));
-                exit(77);
+                exit(TEST_SKIP);
         }
         if (mkdir("/run/systemd", 0755) < 0 || mkdir("/run/systemd/journal", 0755) < 0)
                 return -1;
@@ -90,7 +90,7 @@ static int group_teardown(void **state) {
 }
 
 static int teardown(void **state) {
-        sd_daemon_cleanup(&d);
+        test_daemon_cleanup(&d);
         return 0;
 }
 
@@ -194,19 +194,18 @@ static const char *find_entry(const char *text) {
 
 static void reload_and_wait(void) {
         kill(d.pid, SIGHUP);
-        assert_true(sd_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
-        assert_true(sd_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
 }
 
 static void test_journal_fields(void **state) {
-        SdStart o = { .wait_ready = true };
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
         const char *e;
         tier_client *c = NULL;
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG), 0);
-        o.args = (const char *const[]) { "--socket", d.socket, "--state-dir", d.dir, "--log-target", "journal",
-                                         "--log-level", "debug", NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        o.args = (const char *const[]) { "--log-target", "journal", NULL };
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
         journal_read(200);
         printf("%zu journal entries after start-up\n", n_entries);
 
@@ -224,11 +223,11 @@ static void test_journal_fields(void **state) {
         assert_int_equal(count_key(e, "CODE_LINE"), 1);
         assert_int_equal(count_key(e, "CODE_FUNC"), 1);
         /* nothing of it went to stderr */
-        assert_false(sd_daemon_log_contains(&d, "ready on"));
+        assert_false(test_daemon_log_contains(&d, "ready on"));
 
         /* a message about one job in one tier carries TIERD_JOB= and TIERD_TIER= */
         assert_int_equal(tier_client_new(&c, d.socket, "journal-job", 0), 0);
-        assert_int_equal(sd_daemon_write_config(&d, NULL,
+        assert_int_equal(test_daemon_write_config(&d, NULL,
                                                 "[host]\ncapacity = 32M\nsegment_size = 8M\njob_limit = 8M\n"
                                                 "[vram]\nbackend = emulated\ncapacity = 16M\nchunk_size = 4M\n"
                                                 "job_limit = 8M\n[nvme]\ntarget = @DIR@/t0.img:64M\n"), 0);
@@ -245,7 +244,7 @@ static void test_journal_fields(void **state) {
         assert_int_equal(count_key(e, "CODE_FILE"), 1);
 
         /* a refused reload is an error (PRIORITY=3) */
-        assert_int_equal(sd_daemon_write_config(&d, "bad.conf", "[host]\nnot_a_key = 1\n"), 0);
+        assert_int_equal(test_daemon_write_config(&d, "bad.conf", "[host]\nnot_a_key = 1\n"), 0);
         reload_and_wait();
         journal_read(200);
         e = find_entry("Invalid configuration, keeping the running one");
@@ -254,7 +253,7 @@ static void test_journal_fields(void **state) {
         assert_non_null(strstr(e, "bad.conf:2: [host] not_a_key: unknown key"));
 
         tier_client_free(c);
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
         journal_read(100);
         assert_non_null(find_entry("SIGTERM received, stopping"));
 }

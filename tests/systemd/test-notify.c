@@ -14,10 +14,12 @@
 #include <time.h>
 #include <cmocka.h>
 
-#include "tests/systemd/sd-helper.h"
+#include "tests/helpers/harness.h"
 
 /* What systemd would set for WatchdogSec=0.5s. */
 #define WATCHDOG_USEC 500000u
+/* [host] capacity below: locked and registered with io_uring by tierd. */
+#define HOST_CAPACITY (32u << 20)
 
 static const char *const CONFIG =
         "[host]\n"
@@ -32,7 +34,7 @@ static const char *const CONFIG =
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n";
 
-static SdDaemon d;
+static TestDaemon d;
 
 static uint64_t mono_usec(void) {
         struct timespec ts;
@@ -41,25 +43,16 @@ static uint64_t mono_usec(void) {
         return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
 }
 
-/* Index of the first message in d.notes[] containing @needle, or -1. */
-static int find_note(const char *needle) {
-        for (size_t i = 0; i < d.n_notes; i++)
-                if (strstr(d.notes[i].text, needle))
-                        return (int) i;
-        return -1;
-}
-
 /* Start tierd on d with our notify socket; @watchdog_usec as systemd would set it. */
 static void start(uint64_t watchdog_usec) {
-        const char *args[] = { "--socket", d.socket, "--state-dir", d.dir, NULL };
-        SdStart o = { .watchdog_usec = watchdog_usec, .args = args, .wait_ready = true };
+        TestDaemonOptions o = { .watchdog_usec = watchdog_usec, .wait_ready = true };
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG), 0);
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
 }
 
 static int teardown(void **state) {
-        sd_daemon_cleanup(&d);
+        test_daemon_cleanup(&d);
         return 0;
 }
 
@@ -69,9 +62,9 @@ static void test_ready_status(void **state) {
         int i;
 
         start(0);
-        i = find_note("READY=1");
+        i = test_daemon_find_notify(&d, "READY=1");
         assert_true(i >= 0);
-        assert_non_null(sd_notify_field(d.notes[i].text, "STATUS", status, sizeof(status)));
+        assert_non_null(test_notify_field(d.notes[i].text, "STATUS", status, sizeof(status)));
         printf("READY=1 with STATUS=%s\n", status);
         assert_non_null(strstr(status, "vram"));
         assert_non_null(strstr(status, "(emulated)"));
@@ -79,10 +72,10 @@ static void test_ready_status(void **state) {
         assert_non_null(strstr(status, "nvme"));
         assert_non_null(strstr(status, "1 target(s)"));
         /* no watchdog asked for: none sent */
-        sd_daemon_collect(&d, 700);
+        test_daemon_collect(&d, 700);
         for (size_t k = 0; k < d.n_notes; k++)
                 assert_null(strstr(d.notes[k].text, "WATCHDOG=1"));
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 /* WATCHDOG_USEC=500000: WATCHDOG=1 from the event loop well within every 0.5 s. */
@@ -92,11 +85,11 @@ static void test_watchdog(void **state) {
         int i;
 
         start(WATCHDOG_USEC);
-        i = find_note("READY=1");
+        i = test_daemon_find_notify(&d, "READY=1");
         assert_true(i >= 0);
         ready_at = last = d.notes[i].usec;
 
-        sd_daemon_collect(&d, 2500);
+        test_daemon_collect(&d, 2500);
         for (size_t k = (size_t) i + 1; k < d.n_notes; k++) {
                 if (strcmp(d.notes[k].text, "WATCHDOG=1") != 0)
                         continue;
@@ -110,20 +103,19 @@ static void test_watchdog(void **state) {
         /* sd-event pings at about half the interval */
         assert_true(n >= 4);
         assert_true(max_gap < WATCHDOG_USEC);
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 /* WATCHDOG_PID naming another process: the watchdog is not ours, nothing is sent (sd_watchdog_enabled(3)). */
 static void test_watchdog_other_pid(void **state) {
-        SdStart o = { .watchdog_usec = WATCHDOG_USEC, .watchdog_pid = 1, .wait_ready = true };
+        TestDaemonOptions o = { .watchdog_usec = WATCHDOG_USEC, .watchdog_pid = 1, .wait_ready = true };
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG), 0);
-        o.args = (const char *const[]) { "--socket", d.socket, "--state-dir", d.dir, NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
-        sd_daemon_collect(&d, 1200);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        test_daemon_collect(&d, 1200);
         for (size_t k = 0; k < d.n_notes; k++)
                 assert_null(strstr(d.notes[k].text, "WATCHDOG=1"));
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 /* SIGHUP: RELOADING=1 with MONOTONIC_USEC= of the moment, then READY=1 with STATUS=. */
@@ -135,26 +127,26 @@ static void test_reload(void **state) {
         start(WATCHDOG_USEC);
         before = mono_usec();
         kill(d.pid, SIGHUP);
-        i = sd_daemon_wait_notify(&d, "RELOADING=1", 10000);
+        i = test_daemon_wait_notify(&d, "RELOADING=1", 10000);
         assert_true(i >= 0);
         after = mono_usec();
-        assert_non_null(sd_notify_field(d.notes[i].text, "MONOTONIC_USEC", v, sizeof(v)));
+        assert_non_null(test_notify_field(d.notes[i].text, "MONOTONIC_USEC", v, sizeof(v)));
         mono = strtoull(v, NULL, 10);
         printf("RELOADING=1 MONOTONIC_USEC=%" PRIu64 " (sent between %" PRIu64 " and %" PRIu64 ")\n",
                mono, before, after);
         assert_true(mono >= before && mono <= after);
-        j = sd_daemon_wait_notify(&d, "READY=1", 10000);
+        j = test_daemon_wait_notify(&d, "READY=1", 10000);
         assert_true(j > i);
-        assert_non_null(sd_notify_field(d.notes[j].text, "STATUS", v, sizeof(v)));
+        assert_non_null(test_notify_field(d.notes[j].text, "STATUS", v, sizeof(v)));
         assert_null(strstr(v, "refused"));
 
         /* a second reload works the same */
         kill(d.pid, SIGHUP);
-        assert_true(sd_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
-        assert_true(sd_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 10000) >= 0);
         /* and the watchdog goes on */
-        assert_true(sd_daemon_wait_notify(&d, "WATCHDOG=1", 2000) >= 0);
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_true(test_daemon_wait_notify(&d, "WATCHDOG=1", 2000) >= 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 /* SIGTERM and SIGINT: STOPPING=1, then exit status 0. */
@@ -165,13 +157,13 @@ static void test_stopping(void **state) {
                 int st;
 
                 start(WATCHDOG_USEC);
-                st = sd_daemon_stop(&d, sigs[k], 15000);
+                st = test_daemon_kill(&d, sigs[k], 15000);
                 if (st != 0)
-                        sd_daemon_dump_log(&d);
+                        test_daemon_dump_log(&d);
                 assert_int_equal(st, 0);
-                assert_true(find_note("STOPPING=1") >= 0);
-                assert_true(sd_daemon_log_contains(&d, k == 0 ? "SIGTERM received" : "SIGINT received"));
-                sd_daemon_cleanup(&d);
+                assert_true(test_daemon_find_notify(&d, "STOPPING=1") >= 0);
+                assert_true(test_daemon_log_contains(&d, k == 0 ? "SIGTERM received" : "SIGINT received"));
+                test_daemon_cleanup(&d);
         }
 }
 
@@ -184,5 +176,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_stopping, teardown),
         };
 
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         return cmocka_run_group_tests_name("notify", tests, NULL, NULL);
 }

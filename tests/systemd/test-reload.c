@@ -15,9 +15,13 @@
 
 #include <tier.h>
 
-#include "tests/systemd/sd-helper.h"
+#include "proto/macro.h"
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
 
 #define MiB (1024ll * 1024ll)
+/* [host] capacity of CONFIG_BEFORE, which stays (capacity takes effect only at a restart). */
+#define HOST_CAPACITY (64 * MiB)
 
 static const char *const CONFIG_BEFORE =
         "[daemon]\n"
@@ -51,10 +55,10 @@ static const char *const CONFIG_AFTER =
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n";
 
-static SdDaemon d;
+static TestDaemon d;
 
 static int teardown(void **state) {
-        sd_daemon_cleanup(&d);
+        test_daemon_cleanup(&d);
         return 0;
 }
 
@@ -68,11 +72,15 @@ static tier_client *connect_job(const char *job) {
         return c;
 }
 
-static char *status_json(tier_client *c) {
-        char *json = NULL;
+/* tier_status() in JSON, parsed. */
+static json_t *status_json(tier_client *c) {
+        _cleanup_free_ char *text = NULL;
+        json_t *status;
 
-        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &json), 0);
-        return json;
+        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &text), 0);
+        status = test_json_parse(text);
+        assert_non_null(status);
+        return status;
 }
 
 /* Write a pattern into @t through a host pin. */
@@ -102,35 +110,35 @@ static const char *reload(char *status, size_t size) {
         int i;
 
         kill(d.pid, SIGHUP);
-        assert_true(sd_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
-        i = sd_daemon_wait_notify(&d, "READY=1", 10000);
+        assert_true(test_daemon_wait_notify(&d, "RELOADING=1", 10000) >= 0);
+        i = test_daemon_wait_notify(&d, "READY=1", 10000);
         assert_true(i >= 0);
         status[0] = 0;
-        (void) sd_notify_field(d.notes[i].text, "STATUS", status, size);
+        (void) test_notify_field(d.notes[i].text, "STATUS", status, size);
         return status;
 }
 
 static void test_reload(void **state) {
         tier_client *a, *b, *c;
         tier_tensor *t1 = NULL, *t2 = NULL;
-        char status[1024], *json;
-        SdStart o = { .wait_ready = true };
+        char status[1024], *text;
+        TestDaemonOptions o = { .wait_ready = true };
+        json_t *json;
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG_BEFORE), 0);
-        o.args = (const char *const[]) { "--socket", d.socket, "--state-dir", d.dir, NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG_BEFORE), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
 
         /* a job from before the reload, connected throughout */
         a = connect_job("before");
         assert_int_equal(tier_tensor_create(a, "t1", 4 * MiB, &t1), 0);
         fill(t1, 0x11);
         json = status_json(a);
-        assert_int_equal(sd_json_job_tier(json, "before", "host", "limit"), 32 * MiB);
-        free(json);
-        assert_false(sd_daemon_log_contains(&d, "[debug]"));
+        assert_int_equal(test_json_job_tier(json, "before", "host", "limit"), 32 * MiB);
+        json_decref(json);
+        assert_false(test_daemon_log_contains(&d, "[debug]"));
 
         /* ---- a valid change ---- */
-        assert_int_equal(sd_daemon_write_config(&d, NULL, CONFIG_AFTER), 0);
+        assert_int_equal(test_daemon_write_config(&d, NULL, CONFIG_AFTER), 0);
         printf("valid reload: STATUS=%s\n", reload(status, sizeof(status)));
         assert_null(strstr(status, "refused"));
 
@@ -142,78 +150,80 @@ static void test_reload(void **state) {
 
         /* a job created now gets the new default; the running job followed it (it used the default) */
         b = connect_job("after");
-        json = status_json(b);
-        printf("%s", json);
-        assert_int_equal(sd_json_job_tier(json, "after", "host", "limit"), 16 * MiB);
-        assert_int_equal(sd_json_job_tier(json, "before", "host", "limit"), 16 * MiB);
-        assert_int_equal(sd_json_job_tier(json, "after", "vram", "limit"), 8 * MiB);
+        assert_int_equal(tier_status(b, TIER_STATUS_JSON, &text), 0);
+        printf("%s", text);
+        json = test_json_parse(text);
+        free(text);
+        assert_non_null(json);
+        assert_int_equal(test_json_job_tier(json, "after", "host", "limit"), 16 * MiB);
+        assert_int_equal(test_json_job_tier(json, "before", "host", "limit"), 16 * MiB);
+        assert_int_equal(test_json_job_tier(json, "after", "vram", "limit"), 8 * MiB);
         /* a restart key keeps its running value */
-        assert_int_equal(sd_json_tier(json, "host", "capacity"), 64 * MiB);
-        free(json);
-        assert_true(sd_daemon_log_contains(&d, "[host] capacity = 128M takes effect only after a restart"));
-        assert_true(sd_daemon_log_contains(&d, "[host] job_limit = 16M (was 32M)"));
-        assert_true(sd_daemon_log_contains(&d, "[vram] bandwidth = 1G (was 0)"));
-        assert_true(sd_daemon_log_contains(&d, "Job 'before': host limit 32M -> 16M"));
+        assert_int_equal(test_json_tier(json, "host", "capacity"), 64 * MiB);
+        json_decref(json);
+        assert_true(test_daemon_log_contains(&d, "[host] capacity = 128M takes effect only after a restart"));
+        assert_true(test_daemon_log_contains(&d, "[host] job_limit = 16M (was 32M)"));
+        assert_true(test_daemon_log_contains(&d, "[vram] bandwidth = 1G (was 0)"));
+        assert_true(test_daemon_log_contains(&d, "Job 'before': host limit 32M -> 16M"));
         /* log_level = debug took effect: the new connection was logged at debug level */
-        assert_true(sd_daemon_log_contains(&d, "[debug]"));
+        assert_true(test_daemon_log_contains(&d, "[debug]"));
 
         /* ---- an invalid drop-in: refused, everything stays ---- */
-        assert_int_equal(sd_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 8M\n[vram]\njob_limit = lots\n"), 0);
+        assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 8M\n[vram]\njob_limit = lots\n"), 0);
         printf("invalid reload: STATUS=%s\n", reload(status, sizeof(status)));
         assert_non_null(strstr(status, "last reload refused"));
         assert_non_null(strstr(status, "50-bad.conf:4: [vram] job_limit"));
-        assert_true(sd_daemon_log_contains(&d, "Invalid configuration, keeping the running one: "));
-        assert_true(sd_daemon_log_contains(&d, "tierd.conf.d/50-bad.conf:4: [vram] job_limit: invalid size 'lots'"));
+        assert_true(test_daemon_log_contains(&d, "Invalid configuration, keeping the running one: "));
+        assert_true(test_daemon_log_contains(&d, "tierd.conf.d/50-bad.conf:4: [vram] job_limit: invalid size 'lots'"));
 
         c = connect_job("after-bad");
         json = status_json(c);
         /* not 8M: the valid line before the bad one was not applied either */
-        assert_int_equal(sd_json_job_tier(json, "after-bad", "host", "limit"), 16 * MiB);
-        assert_int_equal(sd_json_job_tier(json, "after-bad", "vram", "limit"), 8 * MiB);
-        free(json);
+        assert_int_equal(test_json_job_tier(json, "after-bad", "host", "limit"), 16 * MiB);
+        assert_int_equal(test_json_job_tier(json, "after-bad", "vram", "limit"), 8 * MiB);
+        json_decref(json);
         check(t1, 0x11);
 
         /* a cross-key error (no line to name) is refused the same way */
-        assert_int_equal(sd_daemon_write_config(&d, "50-bad.conf", "[host]\nsegment_size = 5000\n"), 0);
+        assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\nsegment_size = 5000\n"), 0);
         printf("invalid reload: STATUS=%s\n", reload(status, sizeof(status)));
         assert_non_null(strstr(status, "[host] segment_size"));
 
         /* fixed: the next reload is clean again, and applies the drop-in */
-        assert_int_equal(sd_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 24M\n"), 0);
+        assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 24M\n"), 0);
         printf("fixed reload: STATUS=%s\n", reload(status, sizeof(status)));
         assert_null(strstr(status, "refused"));
         json = status_json(c);
-        assert_int_equal(sd_json_job_tier(json, "after-bad", "host", "limit"), 24 * MiB);
-        free(json);
+        assert_int_equal(test_json_job_tier(json, "after-bad", "host", "limit"), 24 * MiB);
+        json_decref(json);
 
         tier_tensor_close(t1);
         tier_tensor_close(t2);
         tier_client_free(a);
         tier_client_free(b);
         tier_client_free(c);
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 /* The command line's overrides hold across reloads, as at start. */
 static void test_reload_keeps_overrides(void **state) {
         char status[1024];
-        SdStart o = { .wait_ready = true };
+        TestDaemonOptions o = { .log_level = "notice", .wait_ready = true };
         tier_client *c;
 
-        assert_int_equal(sd_daemon_init(&d, CONFIG_BEFORE), 0);
-        /* --log-level beats log_level = ...; --socket beats [daemon] socket */
-        o.args = (const char *const[]) { "--socket", d.socket, "--state-dir", d.dir, "--log-level", "notice", NULL };
-        assert_int_equal(sd_daemon_start(&d, &o), 0);
-        assert_int_equal(sd_daemon_write_config(&d, "10-socket.conf",
+        assert_int_equal(test_daemon_init(&d, CONFIG_BEFORE), 0);
+        /* --log-level beats log_level = ...; --socket (the harness gives it) beats [daemon] socket */
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        assert_int_equal(test_daemon_write_config(&d, "10-socket.conf",
                                                 "[daemon]\nsocket = @DIR@/elsewhere.sock\nlog_level = debug\n"), 0);
         reload(status, sizeof(status));
         assert_null(strstr(status, "refused"));
         c = connect_job("overrides");   /* still on d.socket */
         tier_client_free(c);
-        assert_false(sd_daemon_log_contains(&d, "takes effect only after a restart"));
-        assert_false(sd_daemon_log_contains(&d, "[debug]"));
-        assert_false(sd_daemon_log_contains(&d, "[info]"));
-        assert_int_equal(sd_daemon_stop(&d, SIGTERM, 15000), 0);
+        assert_false(test_daemon_log_contains(&d, "takes effect only after a restart"));
+        assert_false(test_daemon_log_contains(&d, "[debug]"));
+        assert_false(test_daemon_log_contains(&d, "[info]"));
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
 int main(void) {
@@ -222,5 +232,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_reload_keeps_overrides, teardown),
         };
 
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
         return cmocka_run_group_tests_name("reload", tests, NULL, NULL);
 }
