@@ -11,7 +11,7 @@
  * that packet's fd array; whatever fd a packet carries that no message
  * claims is closed when the packet is done with (packet_done()).
  *
- * The client is synchronous: client_call() sends one request and reads
+ * The client is synchronous: transport_call() sends one request and reads
  * packets until the Response with that seq arrives.  Events that arrive in
  * between are handled on the way: FenceFailed goes into a small ring of
  * remembered failures, Shutdown makes later requests fail with -ESHUTDOWN.
@@ -246,7 +246,7 @@ static int client_error(tier_client *c, int r, const char *fmt, ...) {
 
 /* The connection is unusable from now on; every later request returns @r. */
 _printf_(3, 4)
-static int client_break(tier_client *c, int r, const char *fmt, ...) {
+static int transport_break(tier_client *c, int r, const char *fmt, ...) {
         va_list ap;
 
         if (c->broken < 0)
@@ -259,7 +259,7 @@ static int client_break(tier_client *c, int r, const char *fmt, ...) {
 }
 
 /* Can a request be sent now? */
-static int client_check(tier_client *c) {
+static int transport_check(tier_client *c) {
         /* a connection closed after tierd announced its shutdown reports the shutdown */
         if (c->shutdown)
                 return -ESHUTDOWN;
@@ -283,7 +283,7 @@ static int fd_wait(int fd, short events, int timeout_ms) {
 /* ---- segments ---------------------------------------------------------------- */
 
 /* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
-static ClientCuda *client_cuda(tier_client *c) {
+static ClientCuda *client_get_cuda(tier_client *c) {
         int r;
 
         if (c->cuda)
@@ -309,7 +309,7 @@ static void segment_clear(tier_client *c, ClientSegment *s) {
         *s = (ClientSegment) { .kind = SEGMENT_NONE, .fd = -1 };
 }
 
-static int client_reserve_segments(tier_client *c, size_t n) {
+static int segment_reserve(tier_client *c, size_t n) {
         ClientSegment *a;
         size_t m;
 
@@ -328,10 +328,10 @@ static int client_reserve_segments(tier_client *c, size_t n) {
 }
 
 /**
- * client_add_segment() - map (or keep) a segment tierd sent.
+ * segment_add() - map (or keep) a segment tierd sent.
  * @p: the packet the segment came in; its fd is claimed (and, for memfd, closed)
  */
-static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p) {
+static int segment_add(tier_client *c, const Tier__Segment *s, Packet *p) {
         _cleanup_close_ int fd = -EBADF;
         ClientSegment n = { .fd = -1 }, *slot;
         struct stat st;
@@ -355,7 +355,7 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
         n.tier = (int) s->tier;
         n.size = s->size;
 
-        r = client_reserve_segments(c, (size_t) s->id + 1);
+        r = segment_reserve(c, (size_t) s->id + 1);
         if (r < 0)
                 return r;
         slot = &c->segments[s->id];
@@ -382,7 +382,7 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
                         n.host_registered = true;
                 break;
         case SEGMENT_CUDA:
-                /* imported when a grant first names it (client_resolve_grant()): that loads CUDA */
+                /* imported when a grant first names it (segment_resolve_grant()): that loads CUDA */
                 n.fd = TAKE_FD(fd);
                 break;
         case SEGMENT_NONE:
@@ -396,13 +396,13 @@ static int client_add_segment(tier_client *c, const Tier__Segment *s, Packet *p)
 }
 
 /* Map every segment in @segs; a segment that fails stays unmapped and surfaces when a grant names it. */
-static void client_add_segments(tier_client *c, Tier__Segment **segs, size_t n, Packet *p) {
+static void segment_add_all(tier_client *c, Tier__Segment **segs, size_t n, Packet *p) {
         for (size_t i = 0; i < n; i++)
                 if (segs[i])
-                        (void) client_add_segment(c, segs[i], p);
+                        (void) segment_add(c, segs[i], p);
 }
 
-static ClientSegment *client_find_segment(tier_client *c, uint32_t id, uint32_t generation) {
+static ClientSegment *segment_find(tier_client *c, uint32_t id, uint32_t generation) {
         if (id >= c->n_segments)
                 return NULL;
         if (c->segments[id].kind == SEGMENT_NONE || c->segments[id].generation != generation)
@@ -412,7 +412,7 @@ static ClientSegment *client_find_segment(tier_client *c, uint32_t id, uint32_t 
 
 /* ---- packets ------------------------------------------------------------------- */
 
-static int client_send(tier_client *c, const void *buf, size_t len) {
+static int transport_send(tier_client *c, const void *buf, size_t len) {
         for (;;) {
                 int r = wire_send(c->fd, buf, len, NULL, 0);
                 if (r == -EINTR)
@@ -428,12 +428,12 @@ static int client_send(tier_client *c, const void *buf, size_t len) {
 }
 
 /**
- * client_recv() - receive one packet.
+ * transport_recv() - receive one packet.
  * @block: wait for one; else return 0 at once when none is queued
  * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), or < 0
  * after breaking the connection.
  */
-static int client_recv(tier_client *c, bool block, Packet *ret) {
+static int transport_recv(tier_client *c, bool block, Packet *ret) {
         int fds[WIRE_MAX_FDS];
         size_t len = 0, n_fds = 0;
         Tier__Reply *reply;
@@ -450,21 +450,22 @@ static int client_recv(tier_client *c, bool block, Packet *ret) {
                                 return 0;
                         r = fd_wait(c->fd, POLLIN, -1);
                         if (r < 0)
-                                return client_break(c, r, "waiting for tierd failed: %s", tier_strerror(r));
+                                return transport_break(c, r, "waiting for tierd failed: %s",
+                                                       tier_strerror(r));
                         continue;
                 }
                 break;
         }
         if (r == -ECONNRESET)
-                return client_break(c, r, "tierd closed the connection");
+                return transport_break(c, r, "tierd closed the connection");
         if (r < 0)
-                return client_break(c, r, "receiving from tierd failed: %s", tier_strerror(r));
+                return transport_break(c, r, "receiving from tierd failed: %s", tier_strerror(r));
 
         reply = tier__reply__unpack(NULL, len, c->rbuf);
         if (!reply) {
                 for (size_t i = 0; i < n_fds; i++)
                         safe_close(fds[i]);
-                return client_break(c, -EBADMSG, "tierd sent a malformed packet (%zu bytes)", len);
+                return transport_break(c, -EBADMSG, "tierd sent a malformed packet (%zu bytes)", len);
         }
         ret->reply = reply;
         memcpy(ret->fds, fds, n_fds * sizeof(int));
@@ -472,7 +473,7 @@ static int client_recv(tier_client *c, bool block, Packet *ret) {
         return 1;
 }
 
-static void client_record_failure(tier_client *c, tier_fence fence, int status) {
+static void fence_record_failure(tier_client *c, tier_fence fence, int status) {
         c->failures[c->n_failures % CLIENT_FAILURES_MAX] = (FenceFailure) {
                 .fence = fence,
                 .status = status,
@@ -480,7 +481,7 @@ static void client_record_failure(tier_client *c, tier_fence fence, int status) 
         c->n_failures++;
 }
 
-static int client_lookup_failure(const tier_client *c, tier_fence fence) {
+static int fence_lookup_failure(const tier_client *c, tier_fence fence) {
         uint64_t n = MIN(c->n_failures, (uint64_t) CLIENT_FAILURES_MAX);
 
         for (uint64_t i = 0; i < n; i++) {
@@ -492,7 +493,7 @@ static int client_lookup_failure(const tier_client *c, tier_fence fence) {
 }
 
 /* Tell tierd a revoked segment is unmapped.  Ack has no Response, so this never waits for one. */
-static int client_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
+static int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__Ack ack = TIER__ACK__INIT;
         uint8_t buf[64];
@@ -507,22 +508,22 @@ static int client_send_ack(tier_client *c, uint32_t segment, uint32_t generation
         if (len > sizeof(buf))
                 return -EMSGSIZE;
         (void) tier__request__pack(&req, buf);
-        r = client_send(c, buf, len);
+        r = transport_send(c, buf, len);
         if (r < 0)
-                return client_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
-                                    tier_strerror(r));
+                return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                       tier_strerror(r));
         return 0;
 }
 
 /* tierd takes @id back: drop our mapping of that generation (nothing of ours points into it), then ack. */
-static void client_revoke(tier_client *c, const Tier__Revoke *rv) {
+static void segment_revoke(tier_client *c, const Tier__Revoke *rv) {
         if (rv->segment < c->n_segments && c->segments[rv->segment].kind != SEGMENT_NONE &&
             c->segments[rv->segment].generation == rv->generation)
                 segment_clear(c, &c->segments[rv->segment]);
-        (void) client_send_ack(c, rv->segment, rv->generation);
+        (void) transport_send_ack(c, rv->segment, rv->generation);
 }
 
-static void client_handle_event(tier_client *c, const Tier__Event *e) {
+static void transport_handle_event(tier_client *c, const Tier__Event *e) {
         switch (e->kind_case) {
         case TIER__EVENT__KIND_FENCE_FAILED: {
                 const Tier__FenceFailed *ff = e->fence_failed;
@@ -532,7 +533,7 @@ static void client_handle_event(tier_client *c, const Tier__Event *e) {
                         break;
                 /* A failure must fail: a daemon that sends status >= 0 still means an error. */
                 status = ff->status < 0 ? ff->status : -EIO;
-                client_record_failure(c, ff->fence, status);
+                fence_record_failure(c, ff->fence, status);
                 c->failed_events++;
                 (void) client_error(c, status, "fence %" PRIu64 " failed: %s", ff->fence,
                                     ff->error && *ff->error ? ff->error : tier_strerror(status));
@@ -547,7 +548,7 @@ static void client_handle_event(tier_client *c, const Tier__Event *e) {
                 break;
         case TIER__EVENT__KIND_REVOKE:
                 if (e->revoke)
-                        client_revoke(c, e->revoke);
+                        segment_revoke(c, e->revoke);
                 break;
         default:
                 break;          /* an event of a newer protocol: ignored */
@@ -555,19 +556,19 @@ static void client_handle_event(tier_client *c, const Tier__Event *e) {
 }
 
 /**
- * client_process() - handle one packet.
+ * transport_process() - handle one packet.
  * @seq: the request in flight, or 0 when none is
  * Returns 1 when @p is the Response to @seq (left in @p for the caller, its
  * new segments mapped), 0 when @p was consumed, < 0 on a protocol error.
  */
-static int client_process(tier_client *c, Packet *p, uint64_t seq) {
+static int transport_process(tier_client *c, Packet *p, uint64_t seq) {
         Tier__Reply *reply = p->reply;
         Tier__Response *resp;
 
         switch (reply->kind_case) {
         case TIER__REPLY__KIND_EVENT:
                 if (reply->event)
-                        client_handle_event(c, reply->event);
+                        transport_handle_event(c, reply->event);
                 packet_done(p);
                 return 0;
         case TIER__REPLY__KIND_RESPONSE:
@@ -576,10 +577,10 @@ static int client_process(tier_client *c, Packet *p, uint64_t seq) {
                         uint64_t got = resp ? resp->seq : 0;
 
                         packet_done(p);
-                        return client_break(c, -EPROTO, "tierd answered request %" PRIu64
-                                            " while request %" PRIu64 " was in flight", got, seq);
+                        return transport_break(c, -EPROTO, "tierd answered request %" PRIu64
+                                               " while request %" PRIu64 " was in flight", got, seq);
                 }
-                client_add_segments(c, resp->new_segments, resp->n_new_segments, p);
+                segment_add_all(c, resp->new_segments, resp->n_new_segments, p);
                 return 1;
         default:
                 packet_done(p);
@@ -588,37 +589,37 @@ static int client_process(tier_client *c, Packet *p, uint64_t seq) {
 }
 
 /* Handle every packet already queued on the socket, without blocking. */
-static int client_drain(tier_client *c) {
+static int transport_drain(tier_client *c) {
         for (;;) {
                 Packet p = PACKET_NULL;
                 int r;
 
-                r = client_recv(c, false, &p);
+                r = transport_recv(c, false, &p);
                 if (r <= 0)
                         return r;
-                r = client_process(c, &p, 0);
+                r = transport_process(c, &p, 0);
                 if (r < 0)
                         return r;
         }
 }
 
 /**
- * client_call() - send @req and wait for its Response.
+ * transport_call() - send @req and wait for its Response.
  * @req: its seq is assigned here
  * @ret: on success, the packet holding the Response (status >= 0); the caller
  *       claims fds from it and must packet_done() it
  * A Response with status < 0 is returned as that status, its error text kept
  * in last_error.
  */
-static int client_call(tier_client *c, Tier__Request *req, Packet *ret) {
+static int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
         _cleanup_free_ uint8_t *buf = NULL;
         Tier__Response *resp;
         size_t len;
         int r;
 
         /* Events already queued (a shutdown, failed fences) count before this request. */
-        (void) client_drain(c);
-        r = client_check(c);
+        (void) transport_drain(c);
+        r = transport_check(c);
         if (r == -ESHUTDOWN)
                 return client_error(c, r, "tierd is shutting down%s%s",
                                     *c->shutdown_reason ? ": " : "", c->shutdown_reason);
@@ -637,18 +638,18 @@ static int client_call(tier_client *c, Tier__Request *req, Packet *ret) {
                 return -ENOMEM;
         (void) tier__request__pack(req, buf);
 
-        r = client_send(c, buf, len);
+        r = transport_send(c, buf, len);
         if (r < 0)
-                return client_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
-                                    tier_strerror(r));
+                return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                       tier_strerror(r));
 
         for (;;) {
                 Packet p = PACKET_NULL;
 
-                r = client_recv(c, true, &p);
+                r = transport_recv(c, true, &p);
                 if (r < 0)
                         return r;
-                r = client_process(c, &p, req->seq);
+                r = transport_process(c, &p, req->seq);
                 if (r < 0)
                         return r;
                 if (r > 0) {
@@ -668,7 +669,7 @@ static int client_call(tier_client *c, Tier__Request *req, Packet *ret) {
 }
 
 /* A Response must carry the result its request asks for. */
-static int client_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what) {
+static int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what) {
         const Tier__Response *resp = p->reply->response;
         const void *body = NULL;
 
@@ -729,7 +730,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(tier_client *, tier_client_free);
 
-static int client_connect(tier_client *c, const char *path) {
+static int transport_connect(tier_client *c, const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         const char *hint;
         int r;
@@ -789,10 +790,10 @@ static int client_hello(tier_client *c, const char *job, unsigned rank) {
         req.op_case = TIER__REQUEST__OP_HELLO;
         req.hello = &hello;
 
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
-        r = client_expect(c, &p, TIER__RESPONSE__RESULT_HELLO, "hello");
+        r = transport_expect(c, &p, TIER__RESPONSE__RESULT_HELLO, "hello");
         if (r < 0)
                 return r;
         hr = p.reply->response->hello;
@@ -889,7 +890,7 @@ _public_ int tier_client_new(tier_client **ret, const char *socket_path, const c
         if (!c->socket_path || !c->rbuf)
                 return -ENOMEM;
 
-        r = client_connect(c, path);
+        r = transport_connect(c, path);
         if (r >= 0)
                 r = client_hello(c, job, rank);
         if (r < 0) {
@@ -934,7 +935,7 @@ static int tensor_check(const tier_tensor *t) {
         return 0;
 }
 
-static int client_check_name(tier_client *c, const char *name) {
+static int tensor_check_name(tier_client *c, const char *name) {
         size_t len;
 
         if (!name_valid(name))
@@ -947,12 +948,12 @@ static int client_check_name(tier_client *c, const char *name) {
 }
 
 /* Turn a TensorInfo answer into a handle. */
-static int client_new_tensor(tier_client *c, Packet *p, const char *name, tier_tensor **ret) {
+static int tensor_from_reply(tier_client *c, Packet *p, const char *name, tier_tensor **ret) {
         const Tier__TensorInfo *ti;
         tier_tensor *t;
         int r;
 
-        r = client_expect(c, p, TIER__RESPONSE__RESULT_TENSOR, "a tensor request");
+        r = transport_expect(c, p, TIER__RESPONSE__RESULT_TENSOR, "a tensor request");
         if (r < 0)
                 return r;
         ti = p->reply->response->tensor;
@@ -989,7 +990,7 @@ _public_ int tier_tensor_create(tier_client *c, const char *name, uint64_t size,
 
         if (!c || !ret)
                 return -EINVAL;
-        r = client_check_name(c, name);
+        r = tensor_check_name(c, name);
         if (r < 0)
                 return r;
         if (size == 0)
@@ -999,10 +1000,10 @@ _public_ int tier_tensor_create(tier_client *c, const char *name, uint64_t size,
         op.size = size;
         req.op_case = TIER__REQUEST__OP_CREATE;
         req.create = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
-        return client_new_tensor(c, &p, name, ret);
+        return tensor_from_reply(c, &p, name, ret);
 }
 
 _public_ int tier_tensor_open(tier_client *c, const char *name, tier_tensor **ret) {
@@ -1013,17 +1014,17 @@ _public_ int tier_tensor_open(tier_client *c, const char *name, tier_tensor **re
 
         if (!c || !ret)
                 return -EINVAL;
-        r = client_check_name(c, name);
+        r = tensor_check_name(c, name);
         if (r < 0)
                 return r;
 
         op.name = (char *) name;
         req.op_case = TIER__REQUEST__OP_OPEN;
         req.open = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
-        return client_new_tensor(c, &p, name, ret);
+        return tensor_from_reply(c, &p, name, ret);
 }
 
 _public_ tier_tensor *tier_tensor_close(tier_tensor *t) {
@@ -1054,7 +1055,7 @@ _public_ int tier_tensor_destroy(tier_tensor *t) {
         op.tensor = t->id;
         req.op_case = TIER__REQUEST__OP_FREE;
         req.free = &op;
-        r = client_call(t->client, &req, &p);
+        r = transport_call(t->client, &req, &p);
         if (r < 0)
                 return r;       /* the handle stays valid */
         packet_done(&p);
@@ -1098,10 +1099,10 @@ _public_ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret) {
         op.tensor = t->id;
         req.op_case = TIER__REQUEST__OP_STAT;
         req.stat = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
-        r = client_expect(c, &p, TIER__RESPONSE__RESULT_STAT, "stat");
+        r = transport_expect(c, &p, TIER__RESPONSE__RESULT_STAT, "stat");
         if (r < 0)
                 return r;
         sr = p.reply->response->stat;
@@ -1131,7 +1132,7 @@ _public_ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret) {
 
 /* ---- pins, evictions, prefetches ---------------------------------------------------- */
 
-static int client_get_segment(tier_client *c, uint32_t id) {
+static int segment_fetch(tier_client *c, uint32_t id) {
         Tier__GetSegments op = TIER__GET_SEGMENTS__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
@@ -1143,27 +1144,27 @@ static int client_get_segment(tier_client *c, uint32_t id) {
         op.ids = ids;
         req.op_case = TIER__REQUEST__OP_GET_SEGMENTS;
         req.get_segments = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
         resp = p.reply->response;
         if (resp->result_case == TIER__RESPONSE__RESULT_SEGMENTS && resp->segments)
-                client_add_segments(c, resp->segments->segments, resp->segments->n_segments, &p);
+                segment_add_all(c, resp->segments->segments, resp->segments->n_segments, &p);
         packet_done(&p);
         return 0;
 }
 
 /* Turn a wire grant into an address, fetching its segment when we lack it. */
-static int client_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret) {
+static int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret) {
         ClientSegment *s;
         int r;
 
-        s = client_find_segment(c, g->segment, g->generation);
+        s = segment_find(c, g->segment, g->generation);
         if (!s) {
-                r = client_get_segment(c, g->segment);
+                r = segment_fetch(c, g->segment);
                 if (r < 0)
                         return r;
-                s = client_find_segment(c, g->segment, g->generation);
+                s = segment_find(c, g->segment, g->generation);
                 if (!s)
                         return client_error(c, -EPROTO, "tierd granted segment %u generation %u, "
                                             "which it did not send", g->segment, g->generation);
@@ -1172,7 +1173,7 @@ static int client_resolve_grant(tier_client *c, const Tier__Grant *g, struct tie
                 return client_error(c, -EPROTO, "grant [%" PRIu64 ", +%" PRIu64 ") lies outside segment %u "
                                     "of %" PRIu64 " bytes", g->offset, g->length, g->segment, s->size);
         if (s->kind == SEGMENT_CUDA && !s->device_ptr) {
-                ClientCuda *cc = client_cuda(c);
+                ClientCuda *cc = client_get_cuda(c);
 
                 if (!cc)
                         return c->cuda_failed;
@@ -1193,7 +1194,7 @@ static int client_resolve_grant(tier_client *c, const Tier__Grant *g, struct tie
         return 0;
 }
 
-static void client_saw_fence(tier_client *c, tier_fence f) {
+static void fence_saw(tier_client *c, tier_fence f) {
         c->fence_max = MAX(c->fence_max, f);
 }
 
@@ -1211,7 +1212,7 @@ static int tensor_unpin(tier_tensor *t, int tier, int dirty, const uint8_t *even
                 op.ipc_event = (ProtobufCBinaryData) { .len = CLIENT_CUDA_EVENT_SIZE, .data = (uint8_t *) event };
         req.op_case = TIER__REQUEST__OP_UNPIN;
         req.unpin = &op;
-        r = client_call(t->client, &req, &p);
+        r = transport_call(t->client, &req, &p);
         if (r < 0)
                 return r;
         packet_done(&p);
@@ -1240,10 +1241,10 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
         op.async = async;
         req.op_case = TIER__REQUEST__OP_PIN;
         req.pin = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
-        r = client_expect(c, &p, TIER__RESPONSE__RESULT_PIN, "pin");
+        r = transport_expect(c, &p, TIER__RESPONSE__RESULT_PIN, "pin");
         if (r < 0)
                 return r;
         if (!p.reply->response->pin->grant) {
@@ -1260,9 +1261,9 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
                 memcpy(fe->handle, p.reply->response->pin->ipc_event.data, CLIENT_CUDA_EVENT_SIZE);
         }
         packet_done(&p);
-        client_saw_fence(c, fence);
+        fence_saw(c, fence);
 
-        r = client_resolve_grant(c, &grant, &g);
+        r = segment_resolve_grant(c, &grant, &g);
         if (r < 0)
                 goto unpin;
 
@@ -1322,7 +1323,7 @@ _public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream)
         if (strcmp(t->client->vram_backend, "cuda") != 0)
                 return client_error(t->client, -EOPNOTSUPP, "tierd's VRAM backend is \"%s\", not cuda",
                                     t->client->vram_backend);
-        cc = client_cuda(t->client);
+        cc = client_get_cuda(t->client);
         if (!cc)
                 return t->client->cuda_failed;
         r = client_cuda_record(cc, stream, event);
@@ -1361,14 +1362,14 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
                 req.op_case = TIER__REQUEST__OP_PREFETCH;
                 req.prefetch = &pf;
         }
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
         /* A fence of 0 needs no body: accept a Response without a result as "done". */
         fence = p.reply->response->result_case == TIER__RESPONSE__RESULT_FENCE && p.reply->response->fence ?
                 p.reply->response->fence->fence : 0;
         packet_done(&p);
-        client_saw_fence(c, fence);
+        fence_saw(c, fence);
 
         if (!async) {
                 return fence != 0 ? tier_wait(c, fence, -1) : 0;
@@ -1406,7 +1407,7 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
         if (f > c->fence_max)
                 return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
         if (c->n_failures > 0) {
-                r = client_lookup_failure(c, f);
+                r = fence_lookup_failure(c, f);
                 if (r < 0)
                         return r;
         }
@@ -1426,8 +1427,8 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
                 return 1;
 
         /* A failure's event may still be queued: read what is there, without blocking. */
-        (void) client_drain(c);
-        r = client_lookup_failure(c, f);
+        (void) transport_drain(c);
+        r = fence_lookup_failure(c, f);
         if (r < 0)
                 return r;
         if (failed - c->failed_base <= c->failed_events)
@@ -1477,7 +1478,7 @@ _public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
                         (void) !read(c->event_fd, &v, sizeof(v));
                 }
                 if (n > 0 && pfd[1].revents) {
-                        r = client_drain(c);
+                        r = transport_drain(c);
                         if (r < 0) {
                                 /* tierd gone: the fence may still have finished before it went. */
                                 int d = tier_fence_done(c, f);
@@ -1496,8 +1497,8 @@ _public_ int tier_client_process(tier_client *c) {
 
         if (!c)
                 return -EINVAL;
-        r = client_drain(c);
-        return r < 0 ? r : client_check(c);
+        r = transport_drain(c);
+        return r < 0 ? r : transport_check(c);
 }
 
 /* ---- CUDA ------------------------------------------------------------------------- */
@@ -1517,7 +1518,7 @@ _public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
 
                 if (fe->fence != f)
                         continue;
-                cc = client_cuda(c);
+                cc = client_get_cuda(c);
                 if (!cc)
                         break;
                 r = client_cuda_stream_wait(cc, fe->handle, stream);
@@ -1535,7 +1536,7 @@ _public_ int tier_client_cuda_register_host(tier_client *c) {
 
         if (!c)
                 return -EINVAL;
-        cc = client_cuda(c);
+        cc = client_get_cuda(c);
         if (!cc)
                 return c->cuda_failed;
         c->register_host = true;
@@ -1598,7 +1599,7 @@ _public_ int tier_status(tier_client *c, int format, char **ret) {
 
         req.op_case = TIER__REQUEST__OP_STATUS;
         req.status = &op;
-        r = client_call(c, &req, &p);
+        r = transport_call(c, &req, &p);
         if (r < 0)
                 return r;
         resp = p.reply->response;
@@ -1799,7 +1800,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         sp.phases = phasep;
         req.op_case = TIER__REQUEST__OP_PLAN;
         req.plan = &sp;
-        r = client_call(c, &req, &pk);
+        r = transport_call(c, &req, &pk);
         if (r < 0)
                 return r;
         pr = pk.reply->response->result_case == TIER__RESPONSE__RESULT_PLAN ? pk.reply->response->plan : NULL;
@@ -1878,7 +1879,7 @@ _public_ int tier_phase(tier_client *c, unsigned phase) {
         pg->client.mark_ns = now_ns();
         __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
         if (write(c->plan_marker_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-                return client_break(c, -errno, "cannot signal tierd: %s", tier_strerror(-errno));
+                return transport_break(c, -errno, "cannot signal tierd: %s", tier_strerror(-errno));
 
         for (;;) {
                 uint64_t ready = __atomic_load_n(&pg->daemon.ready, __ATOMIC_ACQUIRE);
@@ -1902,10 +1903,10 @@ _public_ int tier_phase(tier_client *c, unsigned phase) {
                         (void) read(c->event_fd, &v, sizeof(v));
                 }
                 if (r > 0 && fds[1].revents) {
-                        r = client_drain(c);
+                        r = transport_drain(c);
                         if (r < 0)
                                 return r;
-                        r = client_check(c);
+                        r = transport_check(c);
                         if (r < 0)
                                 return r;
                 }
@@ -1933,7 +1934,7 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         g.offset = s->offset;
         g.length = t->size;
         g.tier = (Tier__Tier) tier;
-        return client_resolve_grant(c, &g, ret);
+        return segment_resolve_grant(c, &g, ret);
 }
 
 _public_ double tier_phase_stall(const tier_client *c) {
@@ -1970,7 +1971,7 @@ _public_ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *
         q.job = (char *) (job ? job : "");
         req.op_case = TIER__REQUEST__OP_QUOTA_GET;
         req.quota_get = &q;
-        r = client_call(c, &req, &pk);
+        r = transport_call(c, &req, &pk);
         if (r < 0)
                 return r;
         return quota_reply(c, &pk, ret);
@@ -1993,7 +1994,7 @@ _public_ int tier_quota_set(tier_client *c, const char *job, const struct tier_q
         q.weight = quota->weight;
         req.op_case = TIER__REQUEST__OP_QUOTA_SET;
         req.quota_set = &q;
-        r = client_call(c, &req, &pk);
+        r = transport_call(c, &req, &pk);
         if (r < 0)
                 return r;
         return quota_reply(c, &pk, NULL);
