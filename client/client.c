@@ -67,6 +67,7 @@
 #include <tier.h>
 
 #include "client/client-cuda.h"
+#include "client/client-internal.h"
 #include "client/tier-private.h"
 #include "proto/fence.h"
 #include "proto/plan.h"
@@ -74,117 +75,14 @@
 #include "proto/tier.pb-c.h"
 #include "proto/wire.h"
 
-/* Largest packet tierd sends inline; bigger status dumps come as an fd. */
-#define CLIENT_RECV_BUFFER (256u * 1024u)
 /* Request size limit until HelloReply.limits.max_message tells the real one. */
 #define CLIENT_DEFAULT_MAX_MESSAGE (64u * 1024u)
 /* Segment ids are small integers handed out per job; bounds the cache array. */
 #define CLIENT_SEGMENT_ID_MAX (1u << 20)
-/* Failed fences remembered per client; older failures are forgotten. */
-#define CLIENT_FAILURES_MAX 256u
 /* Largest packed StatusReply accepted through status_fd (a few thousand jobs). */
 #define CLIENT_STATUS_FD_MAX (64u * 1024u * 1024u)
-/* Room for one error text: a socket path plus the daemon's reason. */
-#define CLIENT_ERROR_MAX 512
 /* Without an eventfd tier_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
-/* Fences whose PinReply carried tierd's copy event, remembered for tier_stream_wait(). */
-#define CLIENT_FENCE_EVENTS 64
-
-typedef enum SegmentKind {
-        SEGMENT_NONE = 0,       /* slot unused */
-        SEGMENT_MEMFD,
-        SEGMENT_CUDA,
-} SegmentKind;
-
-typedef struct ClientSegment {
-        SegmentKind kind;
-        uint32_t generation;
-        int tier;
-        uint64_t size;
-        void *ptr;              /* memfd: MAP_SHARED mapping of @size bytes; cuda: NULL */
-        int fd;                 /* cuda: the exported handle until it is imported; else -1 */
-        uint64_t device_ptr;    /* cuda: where it is mapped once imported, else 0 */
-        bool host_registered;   /* memfd of the host tier registered with CUDA */
-} ClientSegment;
-
-typedef struct FenceEvent {
-        tier_fence fence;
-        uint8_t handle[CLIENT_CUDA_EVENT_SIZE];
-} FenceEvent;
-
-typedef struct FenceFailure {
-        tier_fence fence;
-        int status;             /* < 0 */
-} FenceFailure;
-
-struct tier_client {
-        int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
-        int event_fd;                   /* fence wakeups from tierd, or -1 */
-        const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
-        uint32_t fence_slot;
-        tier_fence fence_max;           /* highest fence tierd has handed out */
-        uint64_t failed_base;           /* failed[slot] at the handshake */
-        uint64_t failed_events;         /* FenceFailed events received since */
-
-        uint64_t seq;                   /* of the last request sent */
-        int broken;                     /* < 0 once the connection is unusable */
-        bool shutdown;                  /* tierd announced its shutdown */
-        char shutdown_reason[CLIENT_ERROR_MAX / 2];
-        bool control;                   /* no job: status only */
-
-        uint64_t job_id;
-        uint32_t max_message;
-        uint32_t max_name;
-        uint64_t limit[TIER_LEVEL_MAX];
-        char *vram_backend;
-        char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
-        char *socket_path;
-
-        ClientCuda *cuda;               /* the CUDA driver, once needed */
-        int cuda_failed;                /* < 0 once loading it failed (not tried again) */
-        char cuda_why[CLIENT_ERROR_MAX / 2];
-        bool register_host;             /* register host-tier segments with CUDA as they come */
-        FenceEvent fence_events[CLIENT_FENCE_EVENTS];   /* ring */
-        uint64_t n_fence_events;
-
-        ClientSegment *segments;        /* indexed by segment id */
-        size_t n_segments;
-
-        FenceFailure failures[CLIENT_FAILURES_MAX];     /* ring, newest at n_failures - 1 */
-        uint64_t n_failures;
-
-        tier_tensor *tensors;           /* open handles, invalidated by tier_client_free() */
-
-        uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
-        char last_error[CLIENT_ERROR_MAX];
-
-        /* the submitted plan */
-        PlanPage *plan_page;
-        uint64_t plan_page_size;
-        int plan_marker_fd;
-        uint32_t plan_slots;
-        uint32_t plan_phases;
-        uint64_t plan_seq;
-};
-
-struct tier_tensor {
-        int32_t plan_slot;              /* index in the client's plan page, or -1 */
-        tier_client *client;            /* NULL once the client was freed */
-        tier_tensor *prev, *next;       /* in client->tensors */
-        uint64_t id;
-        uint64_t size;
-        char *name;
-};
-
-/* One received packet: the unpacked Reply and the fds that came with it. */
-typedef struct Packet {
-        Tier__Reply *reply;
-        int fds[WIRE_MAX_FDS];
-        size_t n_fds;
-} Packet;
-
-#define PACKET_NULL { .reply = NULL, .n_fds = 0 }
 
 /* Why the last tier_client_new() of this thread failed (there is no client to ask). */
 static _Thread_local char new_error[CLIENT_ERROR_MAX];
@@ -197,25 +95,11 @@ static const char *const level_names[TIER_LEVEL_MAX] = {
 
 /* ---- small helpers ------------------------------------------------------------ */
 
-static bool tier_valid(int tier) {
-        return tier >= 0 && tier < TIER_LEVEL_MAX;
-}
-
 static uint64_t now_ms(void) {
         struct timespec ts;
 
         (void) clock_gettime(CLOCK_MONOTONIC, &ts);
         return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
-}
-
-/* Names of jobs and tensors: non-empty text without control characters. */
-static bool name_valid(const char *s) {
-        if (!s || !*s)
-                return false;
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return true;
 }
 
 static void packet_done(Packet *p) {
