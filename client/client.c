@@ -87,12 +87,6 @@
 /* Why the last tier_client_new() of this thread failed (there is no client to ask). */
 static _Thread_local char new_error[CLIENT_ERROR_MAX];
 
-static const char *const level_names[TIER_LEVEL_MAX] = {
-        [TIER_VRAM] = "vram",
-        [TIER_HOST] = "host",
-        [TIER_NVME] = "nvme",
-};
-
 /* ---- small helpers ------------------------------------------------------------ */
 
 static uint64_t now_ms(void) {
@@ -1506,48 +1500,6 @@ _public_ int tier_status(tier_client *c, int format, char **ret) {
         }
         packet_done(&p);
         return r;
-}
-
-/* ---- names and error texts ----------------------------------------------------------- */
-
-_public_ const char *tier_strerror(int err) {
-        static _Thread_local char buf[48];
-        const char *s = NULL;
-        int e;
-
-        if (err == 0)
-                return "Success";
-        e = err == INT_MIN ? INT_MAX : err < 0 ? -err : err;
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-        s = strerrordesc_np(e);         /* static text: thread-safe, unlike strerror() */
-#else
-        {
-                /* %m formats into our thread-local buffer, so it is thread-safe too. */
-                int saved = errno;
-
-                errno = e;
-                (void) snprintf(buf, sizeof(buf), "%m");
-                errno = saved;
-                s = buf;
-        }
-#endif
-        if (s)
-                return s;
-        (void) snprintf(buf, sizeof(buf), "Unknown error %d", err);
-        return buf;
-}
-
-_public_ const char *tier_level_name(int tier) {
-        return tier_valid(tier) ? level_names[tier] : NULL;
-}
-
-_public_ int tier_level_from_name(const char *s) {
-        if (!s)
-                return -EINVAL;
-        for (int i = 0; i < TIER_LEVEL_MAX; i++)
-                if (strcmp(s, level_names[i]) == 0)
-                        return i;
-        return -EINVAL;
 }
 
 /* ---- iteration plans ---------------------------------------------------------------- */
