@@ -9,6 +9,7 @@
 #include <tier.h>
 
 #include "client/client-cuda.h"
+#include "proto/macro.h"
 #include "proto/tier.pb-c.h"
 #include "proto/wire.h"
 
@@ -132,3 +133,17 @@ static inline bool name_valid(const char *s) {
                         return false;
         return true;
 }
+
+/* ---- client.c ---------------------------------------------------------------------- */
+
+/* Set @c's last_error from @fmt and return @r: "return client_error(c, -EINVAL, ...);". */
+_printf_(3, 4)
+int client_error(tier_client *c, int r, const char *fmt, ...);
+
+/* ---- transport.c ------------------------------------------------------------------- */
+
+void packet_done(Packet *p);
+/* Claim the fd a message names by index; each fd may be claimed once. */
+int packet_take_fd(Packet *p, int32_t index);
+
+int transport_call(tier_client *c, Tier__Request *req, Packet *ret);

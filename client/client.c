@@ -79,8 +79,6 @@
 #define CLIENT_DEFAULT_MAX_MESSAGE (64u * 1024u)
 /* Segment ids are small integers handed out per job; bounds the cache array. */
 #define CLIENT_SEGMENT_ID_MAX (1u << 20)
-/* Largest packed StatusReply accepted through status_fd (a few thousand jobs). */
-#define CLIENT_STATUS_FD_MAX (64u * 1024u * 1024u)
 /* Without an eventfd tier_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
 
@@ -96,7 +94,7 @@ static uint64_t now_ms(void) {
         return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
 }
 
-static void packet_done(Packet *p) {
+void packet_done(Packet *p) {
         for (size_t i = 0; i < p->n_fds; i++)
                 p->fds[i] = safe_close(p->fds[i]);
         p->n_fds = 0;
@@ -106,14 +104,14 @@ static void packet_done(Packet *p) {
 }
 
 /* Claim the fd a message names by index; each fd may be claimed once. */
-static int packet_take_fd(Packet *p, int32_t index) {
+int packet_take_fd(Packet *p, int32_t index) {
         if (index < 0 || (size_t) index >= p->n_fds || p->fds[index] < 0)
                 return -EPROTO;
         return TAKE_FD(p->fds[index]);
 }
 
 _printf_(3, 4)
-static int client_error(tier_client *c, int r, const char *fmt, ...) {
+int client_error(tier_client *c, int r, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);
@@ -489,7 +487,7 @@ static int transport_drain(tier_client *c) {
  * A Response with status < 0 is returned as that status, its error text kept
  * in last_error.
  */
-static int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
+int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
         _cleanup_free_ uint8_t *buf = NULL;
         Tier__Response *resp;
         size_t len;
@@ -1432,76 +1430,6 @@ _public_ int tier_client_cuda_register_host(tier_client *c) {
         return n;
 }
 
-/* ---- status ------------------------------------------------------------------------ */
-
-/* Read a packed StatusReply from a sealed memfd (status too big for one packet). */
-static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
-        _cleanup_free_ uint8_t *buf = NULL;
-        struct stat st;
-        size_t size, done = 0;
-
-        if (fstat(fd, &st) < 0)
-                return negative_errno();
-        if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
-                return client_error(c, -EFBIG, "status dump of %lld bytes is too big", (long long) st.st_size);
-        size = (size_t) st.st_size;
-        buf = malloc(size ? size : 1);
-        if (!buf)
-                return -ENOMEM;
-        while (done < size) {
-                ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        return negative_errno();
-                if (n == 0)
-                        return client_error(c, -EPROTO, "status dump is shorter than its size");
-                done += (size_t) n;
-        }
-        *ret = tier__status_reply__unpack(NULL, size, buf);
-        if (!*ret)
-                return client_error(c, -EBADMSG, "status dump is malformed");
-        return 0;
-}
-
-_public_ int tier_status(tier_client *c, int format, char **ret) {
-        Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
-        Tier__Request req = TIER__REQUEST__INIT;
-        Packet p = PACKET_NULL;
-        const Tier__Response *resp;
-        Tier__StatusReply *sr = NULL;
-        int r;
-
-        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
-                return -EINVAL;
-
-        req.op_case = TIER__REQUEST__OP_STATUS;
-        req.status = &op;
-        r = transport_call(c, &req, &p);
-        if (r < 0)
-                return r;
-        resp = p.reply->response;
-
-        if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_REPLY && resp->status_reply) {
-                r = status_format(resp->status_reply, format, ret);
-        } else if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_FD) {
-                _cleanup_close_ int fd = packet_take_fd(&p, resp->status_fd);
-
-                if (fd < 0)
-                        r = client_error(c, fd, "status names fd %d, which the packet lacks", resp->status_fd);
-                else
-                        r = status_read_fd(c, fd, &sr);
-                if (r >= 0)
-                        r = status_format(sr, format, ret);
-                if (sr)
-                        tier__status_reply__free_unpacked(sr, NULL);
-        } else {
-                r = client_error(c, -EPROTO, "tierd answered status without a result");
-        }
-        packet_done(&p);
-        return r;
-}
-
 /* ---- iteration plans ---------------------------------------------------------------- */
 
 typedef struct PlanEntry {
@@ -1775,63 +1703,4 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
 
 _public_ double tier_phase_stall(const tier_client *c) {
         return c && c->plan_page ? (double) c->plan_page->client.stall_ns / 1e9 : 0.0;
-}
-
-/* ---- quotas ---------------------------------------------------------------------------- */
-
-static int quota_reply(tier_client *c, Packet *pk, struct tier_quota *ret) {
-        const Tier__Response *resp = pk->reply->response;
-
-        if (resp->result_case != TIER__RESPONSE__RESULT_QUOTA || !resp->quota) {
-                packet_done(pk);
-                return client_error(c, -EPROTO, "tierd answered the quota request without a result");
-        }
-        if (ret) {
-                memset(ret, 0, sizeof(*ret));
-                for (size_t i = 0; i < resp->quota->n_tier_limit && i < TIER_LEVEL_MAX; i++)
-                        ret->limit[i] = resp->quota->tier_limit[i];
-                ret->weight = resp->quota->weight;
-        }
-        packet_done(pk);
-        return 0;
-}
-
-_public_ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret) {
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
-        Packet pk = PACKET_NULL;
-        int r;
-
-        if (!c || !ret)
-                return -EINVAL;
-        q.job = (char *) (job ? job : "");
-        req.op_case = TIER__REQUEST__OP_QUOTA_GET;
-        req.quota_get = &q;
-        r = transport_call(c, &req, &pk);
-        if (r < 0)
-                return r;
-        return quota_reply(c, &pk, ret);
-}
-
-_public_ int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *quota) {
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
-        Packet pk = PACKET_NULL;
-        uint64_t limits[TIER_LEVEL_MAX];
-        int r;
-
-        if (!c || !job || !*job || !quota)
-                return -EINVAL;
-        for (int i = 0; i < TIER_LEVEL_MAX; i++)
-                limits[i] = quota->limit[i];
-        q.job = (char *) job;
-        q.n_tier_limit = TIER_LEVEL_MAX;
-        q.tier_limit = limits;
-        q.weight = quota->weight;
-        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
-        req.quota_set = &q;
-        r = transport_call(c, &req, &pk);
-        if (r < 0)
-                return r;
-        return quota_reply(c, &pk, NULL);
 }
