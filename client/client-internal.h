@@ -146,4 +146,21 @@ void packet_done(Packet *p);
 /* Claim the fd a message names by index; each fd may be claimed once. */
 int packet_take_fd(Packet *p, int32_t index);
 
+/* The connection is unusable from now on; every later request returns @r. */
+_printf_(3, 4)
+int transport_break(tier_client *c, int r, const char *fmt, ...);
+/* Can a request be sent now?  0, or why not. */
+int transport_check(tier_client *c);
+/* Handle every packet already queued on the socket, without blocking. */
+int transport_drain(tier_client *c);
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
+
+/* ---- segments.c -------------------------------------------------------------------- */
+
+/* Turn a wire grant into an address, fetching its segment when we lack it. */
+int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret);
+
+/* ---- tensors.c --------------------------------------------------------------------- */
+
+/* 0 when @t is a handle whose client still exists; -EINVAL, -ENOTCONN. */
+int tensor_check(const tier_tensor *t);
