@@ -140,6 +140,20 @@ static inline bool name_valid(const char *s) {
 _printf_(3, 4)
 int client_error(tier_client *c, int r, const char *fmt, ...);
 
+/* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
+ClientCuda *client_get_cuda(tier_client *c);
+
+/* ---- fences.c ---------------------------------------------------------------------- */
+
+/* Map the fence page tierd sent in HelloReply (@fd borrowed). */
+int fence_map_page(tier_client *c, int fd);
+/* tierd handed out @f: tier_fence_done() accepts fences up to the highest seen. */
+void fence_saw(tier_client *c, tier_fence f);
+/* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */
+void fence_record_failure(tier_client *c, tier_fence fence, int status);
+/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_stream_wait(). */
+void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]);
+
 /* ---- transport.c ------------------------------------------------------------------- */
 
 void packet_done(Packet *p);

@@ -79,20 +79,11 @@
 #define CLIENT_DEFAULT_MAX_MESSAGE (64u * 1024u)
 /* Segment ids are small integers handed out per job; bounds the cache array. */
 #define CLIENT_SEGMENT_ID_MAX (1u << 20)
-/* Without an eventfd tier_wait() can only poll the fence page, this often. */
-#define CLIENT_FENCE_POLL_MS 1
 
 /* Why the last tier_client_new() of this thread failed (there is no client to ask). */
 static _Thread_local char new_error[CLIENT_ERROR_MAX];
 
 /* ---- small helpers ------------------------------------------------------------ */
-
-static uint64_t now_ms(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
-}
 
 void packet_done(Packet *p) {
         for (size_t i = 0; i < p->n_fds; i++)
@@ -159,7 +150,7 @@ static int fd_wait(int fd, short events, int timeout_ms) {
 /* ---- segments ---------------------------------------------------------------- */
 
 /* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
-static ClientCuda *client_get_cuda(tier_client *c) {
+ClientCuda *client_get_cuda(tier_client *c) {
         int r;
 
         if (c->cuda)
@@ -347,25 +338,6 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
         memcpy(ret->fds, fds, n_fds * sizeof(int));
         ret->n_fds = n_fds;
         return 1;
-}
-
-static void fence_record_failure(tier_client *c, tier_fence fence, int status) {
-        c->failures[c->n_failures % CLIENT_FAILURES_MAX] = (FenceFailure) {
-                .fence = fence,
-                .status = status,
-        };
-        c->n_failures++;
-}
-
-static int fence_lookup_failure(const tier_client *c, tier_fence fence) {
-        uint64_t n = MIN(c->n_failures, (uint64_t) CLIENT_FAILURES_MAX);
-
-        for (uint64_t i = 0; i < n; i++) {
-                const FenceFailure *f = &c->failures[(c->n_failures - 1 - i) % CLIENT_FAILURES_MAX];
-                if (f->fence == fence)
-                        return f->status;
-        }
-        return 0;
 }
 
 /* Tell tierd a revoked segment is unmapped.  Ack has no Response, so this never waits for one. */
@@ -636,22 +608,6 @@ static int transport_connect(tier_client *c, const char *path) {
         return 0;
 }
 
-static int client_map_fence_page(tier_client *c, int fd) {
-        struct stat st;
-        void *p;
-
-        if (fstat(fd, &st) < 0)
-                return client_error(c, negative_errno(), "cannot stat the fence page: %m");
-        if (st.st_size < (off_t) sizeof(FencePage))
-                return client_error(c, -EPROTO, "fence page is %lld bytes, expected %zu",
-                                    (long long) st.st_size, sizeof(FencePage));
-        p = mmap(NULL, sizeof(FencePage), PROT_READ, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED)
-                return client_error(c, negative_errno(), "cannot map the fence page: %m");
-        c->fence_page = p;
-        return 0;
-}
-
 static int client_hello(tier_client *c, const char *job, unsigned rank) {
         Tier__Hello hello = TIER__HELLO__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
@@ -711,7 +667,7 @@ static int client_hello(tier_client *c, const char *job, unsigned rank) {
                                 r = client_error(c, -EPROTO, "fence slot %u is out of range", hr->fence_slot);
                                 goto finish;
                         }
-                        r = client_map_fence_page(c, fd);
+                        r = fence_map_page(c, fd);
                         if (r < 0)
                                 goto finish;
                         c->fence_slot = hr->fence_slot;
@@ -1070,10 +1026,6 @@ int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_gran
         return 0;
 }
 
-static void fence_saw(tier_client *c, tier_fence f) {
-        c->fence_max = MAX(c->fence_max, f);
-}
-
 /* @event: NULL, or an interprocess event handle tierd's copies of the tensor wait for. */
 static int tensor_unpin(tier_tensor *t, int tier, int dirty, const uint8_t *event) {
         Tier__Unpin op = TIER__UNPIN__INIT;
@@ -1130,12 +1082,8 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
         }
         grant = *p.reply->response->pin->grant;
         fence = p.reply->response->pin->fence;
-        if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE) {
-                FenceEvent *fe = &c->fence_events[c->n_fence_events++ % CLIENT_FENCE_EVENTS];
-
-                fe->fence = fence;
-                memcpy(fe->handle, p.reply->response->pin->ipc_event.data, CLIENT_CUDA_EVENT_SIZE);
-        }
+        if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE)
+                fence_add_event(c, fence, p.reply->response->pin->ipc_event.data);
         packet_done(&p);
         fence_saw(c, fence);
 
@@ -1272,102 +1220,6 @@ _public_ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence
 
 /* ---- fences -------------------------------------------------------------------------- */
 
-_public_ int tier_fence_done(tier_client *c, tier_fence f) {
-        uint64_t done, failed;
-        int r;
-
-        if (!c)
-                return -EINVAL;
-        if (f == 0)
-                return 1;
-        if (f > c->fence_max)
-                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
-        if (c->n_failures > 0) {
-                r = fence_lookup_failure(c, f);
-                if (r < 0)
-                        return r;
-        }
-        if (!c->fence_page)
-                return client_error(c, -EOPNOTSUPP, "tierd gave this connection no fence page");
-
-        done = __atomic_load_n(&c->fence_page->done[c->fence_slot], __ATOMIC_ACQUIRE);
-        if (done < f)
-                return 0;
-
-        /*
-         * Done, but maybe with an error: every failure the page counts comes with
-         * a FenceFailed event.  Fast path: no failure we have not heard of.
-         */
-        failed = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
-        if (failed - c->failed_base <= c->failed_events)
-                return 1;
-
-        /* A failure's event may still be queued: read what is there, without blocking. */
-        (void) transport_drain(c);
-        r = fence_lookup_failure(c, f);
-        if (r < 0)
-                return r;
-        if (failed - c->failed_base <= c->failed_events)
-                return 1;
-        /* The event is still on its way (or never comes: tierd is gone): not known to be good. */
-        return c->broken < 0 ? c->broken : 0;
-}
-
-_public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
-        uint64_t deadline = 0;
-        int r;
-
-        if (!c)
-                return -EINVAL;
-        r = tier_fence_done(c, f);
-        if (r != 0)
-                return r > 0 ? 0 : r;
-        if (timeout_ms >= 0)
-                deadline = now_ms() + (uint64_t) timeout_ms;
-
-        for (;;) {
-                struct pollfd pfd[2] = {
-                        { .fd = c->event_fd, .events = POLLIN },
-                        { .fd = c->fd, .events = POLLIN },
-                };
-                int t = -1, n;
-
-                if (c->broken < 0)
-                        return c->broken;
-                if (timeout_ms >= 0) {
-                        uint64_t now = now_ms();
-                        if (now >= deadline)
-                                return client_error(c, -ETIMEDOUT, "fence %" PRIu64 " not done after %d ms",
-                                                    f, timeout_ms);
-                        t = (int) MIN(deadline - now, (uint64_t) INT_MAX);
-                }
-                if (c->event_fd < 0)
-                        t = t < 0 ? CLIENT_FENCE_POLL_MS : MIN(t, CLIENT_FENCE_POLL_MS);
-
-                /* pfd[0] with fd -1 is ignored by poll(). */
-                n = poll(pfd, 2, t);
-                if (n < 0 && errno != EINTR)
-                        return negative_errno();
-                if (n > 0 && (pfd[0].revents & POLLIN)) {
-                        uint64_t v;
-                        /* Clears the eventfd; readable, so this read does not block. */
-                        (void) !read(c->event_fd, &v, sizeof(v));
-                }
-                if (n > 0 && pfd[1].revents) {
-                        r = transport_drain(c);
-                        if (r < 0) {
-                                /* tierd gone: the fence may still have finished before it went. */
-                                int d = tier_fence_done(c, f);
-                                return d != 0 ? (d > 0 ? 0 : d) : r;
-                        }
-                }
-
-                r = tier_fence_done(c, f);
-                if (r != 0)
-                        return r > 0 ? 0 : r;
-        }
-}
-
 _public_ int tier_client_process(tier_client *c) {
         int r;
 
@@ -1378,33 +1230,6 @@ _public_ int tier_client_process(tier_client *c) {
 }
 
 /* ---- CUDA ------------------------------------------------------------------------- */
-
-_public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
-        ClientCuda *cc;
-        int r;
-
-        if (!c)
-                return -EINVAL;
-        r = tier_fence_done(c, f);
-        if (r != 0)
-                return r > 0 ? 0 : r;
-        /* newest first: a fence is in the ring once, unless it wrapped */
-        for (uint64_t i = 0; i < MIN(c->n_fence_events, (uint64_t) CLIENT_FENCE_EVENTS); i++) {
-                const FenceEvent *fe = &c->fence_events[(c->n_fence_events - 1 - i) % CLIENT_FENCE_EVENTS];
-
-                if (fe->fence != f)
-                        continue;
-                cc = client_get_cuda(c);
-                if (!cc)
-                        break;
-                r = client_cuda_stream_wait(cc, fe->handle, stream);
-                if (r >= 0)
-                        return 0;
-                break;          /* the fence still tells when it is done */
-        }
-        /* no event for it (its copy was not queued when tierd answered): wait here */
-        return tier_wait(c, f, -1);
-}
 
 _public_ int tier_client_cuda_register_host(tier_client *c) {
         ClientCuda *cc;
