@@ -168,6 +168,8 @@ int transport_check(tier_client *c);
 /* Handle every packet already queued on the socket, without blocking. */
 int transport_drain(tier_client *c);
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
+/* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
+int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
 
 /* ---- segments.c -------------------------------------------------------------------- */
 
