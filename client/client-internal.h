@@ -167,12 +167,20 @@ int transport_break(tier_client *c, int r, const char *fmt, ...);
 int transport_check(tier_client *c);
 /* Handle every packet already queued on the socket, without blocking. */
 int transport_drain(tier_client *c);
+/* Tell tierd a revoked segment is unmapped (an Ack: no Response, so this never waits). */
+int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation);
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
 /* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
 int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
 
 /* ---- segments.c -------------------------------------------------------------------- */
 
+/* Unmap @s (or close its fd) and mark its slot unused. */
+void segment_clear(tier_client *c, ClientSegment *s);
+/* Map every segment in @segs, claiming their fds from @p. */
+void segment_add_all(tier_client *c, Tier__Segment **segs, size_t n, Packet *p);
+/* tierd takes a segment back: drop our mapping, then ack. */
+void segment_revoke(tier_client *c, const Tier__Revoke *rv);
 /* Turn a wire grant into an address, fetching its segment when we lack it. */
 int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret);
 
