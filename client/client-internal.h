@@ -2,6 +2,16 @@
 /* client-internal.h: libtier's own types and what its files share with each other (never installed). */
 #pragma once
 
+/*
+ * libtier is split by concern: client.c (tier_client_new/free and the
+ * handshake), transport.c (packets, calls, events), segments.c (the
+ * segment cache, grants), tensors.c (handles, pins, evictions,
+ * prefetches), fences.c (the fence page, waiting), plans.c, control.c
+ * (status and quotas), names.c (error texts, tier names), client-cuda.c
+ * (the CUDA driver) and status.c (rendering a status reply).  The last two
+ * declare their functions in client-cuda.h and tier-private.h.
+ */
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -143,23 +153,15 @@ int client_error(tier_client *c, int r, const char *fmt, ...);
 /* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
 ClientCuda *client_get_cuda(tier_client *c);
 
-/* ---- fences.c ---------------------------------------------------------------------- */
-
-/* Map the fence page tierd sent in HelloReply (@fd borrowed). */
-int fence_map_page(tier_client *c, int fd);
-/* tierd handed out @f: tier_fence_done() accepts fences up to the highest seen. */
-void fence_saw(tier_client *c, tier_fence f);
-/* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */
-void fence_record_failure(tier_client *c, tier_fence fence, int status);
-/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_stream_wait(). */
-void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]);
-
 /* ---- transport.c ------------------------------------------------------------------- */
 
+/* Close the fds of @p that no message claimed and free its Reply. */
 void packet_done(Packet *p);
 /* Claim the fd a message names by index; each fd may be claimed once. */
 int packet_take_fd(Packet *p, int32_t index);
 
+/* Connect @c->fd to the socket at @path, non-blocking from then on. */
+int transport_connect(tier_client *c, const char *path);
 /* The connection is unusable from now on; every later request returns @r. */
 _printf_(3, 4)
 int transport_break(tier_client *c, int r, const char *fmt, ...);
@@ -169,6 +171,7 @@ int transport_check(tier_client *c);
 int transport_drain(tier_client *c);
 /* Tell tierd a revoked segment is unmapped (an Ack: no Response, so this never waits). */
 int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation);
+/* Send @req (its seq is set here) and wait for its Response, in @ret on success. */
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
 /* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
 int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
@@ -188,3 +191,14 @@ int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_gran
 
 /* 0 when @t is a handle whose client still exists; -EINVAL, -ENOTCONN. */
 int tensor_check(const tier_tensor *t);
+
+/* ---- fences.c ---------------------------------------------------------------------- */
+
+/* Map the fence page tierd sent in HelloReply (@fd borrowed). */
+int fence_map_page(tier_client *c, int fd);
+/* tierd handed out @f: tier_fence_done() accepts fences up to the highest seen. */
+void fence_saw(tier_client *c, tier_fence f);
+/* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */
+void fence_record_failure(tier_client *c, tier_fence fence, int status);
+/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_stream_wait(). */
+void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]);
