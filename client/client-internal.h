@@ -83,7 +83,6 @@ struct tier_client {
         uint64_t limit[TIER_LEVEL_MAX];
         char *vram_backend;
         char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
-        char *socket_path;
 
         ClientCuda *cuda;               /* the CUDA driver, once needed */
         int cuda_failed;                /* < 0 once loading it failed (not tried again) */

@@ -97,7 +97,6 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         safe_close(c->fd);
         free(c->vram_backend);
         free(c->vram_device);
-        free(c->socket_path);
         free(c->rbuf);
         free(c);
         return NULL;
@@ -214,9 +213,8 @@ _public_ int tier_client_new(tier_client **ret, const char *socket_path, const c
         c->plan_marker_fd = -1;
         c->max_message = CLIENT_DEFAULT_MAX_MESSAGE;
         c->control = !*job;
-        c->socket_path = strdup(path);
         c->rbuf = malloc(CLIENT_RECV_BUFFER);
-        if (!c->socket_path || !c->rbuf)
+        if (!c->rbuf)
                 return -ENOMEM;
 
         r = transport_connect(c, path);
