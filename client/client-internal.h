@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: MIT */
+/* client-internal.h: libtier's own types and what its files share with each other (never installed). */
+#pragma once
+
+/*
+ * libtier is split by concern: client.c (tier_client_new/free and the
+ * handshake), transport.c (packets, calls, events), segments.c (the
+ * segment cache, grants), tensors.c (handles, pins, evictions,
+ * prefetches), fences.c (the fence page, waiting), plans.c, control.c
+ * (status and quotas), names.c (error texts, tier names), client-cuda.c
+ * (the CUDA driver) and status.c (rendering a status reply).  The last two
+ * declare their functions in client-cuda.h and tier-private.h.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tier.h>
+
+#include "client/client-cuda.h"
+#include "proto/macro.h"
+#include "proto/tier.pb-c.h"
+#include "proto/wire.h"
+
+typedef struct FencePage FencePage;
+typedef struct PlanPage PlanPage;
+
+/* Largest packet tierd sends inline; bigger status dumps come as an fd. */
+#define CLIENT_RECV_BUFFER (256u * 1024u)
+/* Failed fences remembered per client; older failures are forgotten. */
+#define CLIENT_FAILURES_MAX 256u
+/* Room for one error text: a socket path plus the daemon's reason. */
+#define CLIENT_ERROR_MAX 512
+/* Fences whose PinReply carried tierd's copy event, remembered for tier_stream_wait(). */
+#define CLIENT_FENCE_EVENTS 64
+
+typedef enum SegmentKind {
+        SEGMENT_NONE = 0,       /* slot unused */
+        SEGMENT_MEMFD,
+        SEGMENT_CUDA,
+} SegmentKind;
+
+typedef struct ClientSegment {
+        SegmentKind kind;
+        uint32_t generation;
+        int tier;
+        uint64_t size;
+        void *ptr;              /* memfd: MAP_SHARED mapping of @size bytes; cuda: NULL */
+        int fd;                 /* cuda: the exported handle until it is imported; else -1 */
+        uint64_t device_ptr;    /* cuda: where it is mapped once imported, else 0 */
+        bool host_registered;   /* memfd of the host tier registered with CUDA */
+} ClientSegment;
+
+typedef struct FenceEvent {
+        tier_fence fence;
+        uint8_t handle[CLIENT_CUDA_EVENT_SIZE];
+} FenceEvent;
+
+typedef struct FenceFailure {
+        tier_fence fence;
+        int status;             /* < 0 */
+} FenceFailure;
+
+struct tier_client {
+        int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
+        int event_fd;                   /* fence wakeups from tierd, or -1 */
+        const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
+        uint32_t fence_slot;
+        tier_fence fence_max;           /* highest fence tierd has handed out */
+        uint64_t failed_base;           /* failed[slot] at the handshake */
+        uint64_t failed_events;         /* FenceFailed events received since */
+
+        uint64_t seq;                   /* of the last request sent */
+        int broken;                     /* < 0 once the connection is unusable */
+        bool shutdown;                  /* tierd announced its shutdown */
+        char shutdown_reason[CLIENT_ERROR_MAX / 2];
+        bool control;                   /* no job: status only */
+
+        uint64_t job_id;
+        uint32_t max_message;
+        uint32_t max_name;
+        uint64_t limit[TIER_LEVEL_MAX];
+        char *vram_backend;
+        char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
+
+        ClientCuda *cuda;               /* the CUDA driver, once needed */
+        int cuda_failed;                /* < 0 once loading it failed (not tried again) */
+        char cuda_why[CLIENT_ERROR_MAX / 2];
+        bool register_host;             /* register host-tier segments with CUDA as they come */
+        FenceEvent fence_events[CLIENT_FENCE_EVENTS];   /* ring */
+        uint64_t n_fence_events;
+
+        ClientSegment *segments;        /* indexed by segment id */
+        size_t n_segments;
+
+        FenceFailure failures[CLIENT_FAILURES_MAX];     /* ring, newest at n_failures - 1 */
+        uint64_t n_failures;
+
+        tier_tensor *tensors;           /* open handles, invalidated by tier_client_free() */
+
+        uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
+        char last_error[CLIENT_ERROR_MAX];
+
+        /* the submitted plan */
+        PlanPage *plan_page;
+        uint64_t plan_page_size;
+        int plan_marker_fd;
+        uint32_t plan_slots;
+        uint32_t plan_phases;
+        uint64_t plan_seq;
+};
+
+struct tier_tensor {
+        int32_t plan_slot;              /* index in the client's plan page, or -1 */
+        tier_client *client;            /* NULL once the client was freed */
+        tier_tensor *prev, *next;       /* in client->tensors */
+        uint64_t id;
+        uint64_t size;
+        char *name;
+};
+
+/* One received packet: the unpacked Reply and the fds that came with it. */
+typedef struct Packet {
+        Tier__Reply *reply;
+        int fds[WIRE_MAX_FDS];
+        size_t n_fds;
+} Packet;
+
+#define PACKET_NULL { .reply = NULL, .n_fds = 0 }
+
+static inline bool tier_valid(int tier) {
+        return tier >= 0 && tier < TIER_LEVEL_MAX;
+}
+
+/* Names of jobs and tensors: non-empty text without control characters. */
+static inline bool name_valid(const char *s) {
+        if (!s || !*s)
+                return false;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
+                if (*p < 0x20 || *p == 0x7f)
+                        return false;
+        return true;
+}
+
+/* ---- client.c ---------------------------------------------------------------------- */
+
+/* Set @c's last_error from @fmt and return @r: "return client_error(c, -EINVAL, ...);". */
+_printf_(3, 4)
+int client_error(tier_client *c, int r, const char *fmt, ...);
+
+/* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
+ClientCuda *client_get_cuda(tier_client *c);
+
+/* ---- transport.c ------------------------------------------------------------------- */
+
+/* Close the fds of @p that no message claimed and free its Reply. */
+void packet_done(Packet *p);
+/* Claim the fd a message names by index; each fd may be claimed once. */
+int packet_take_fd(Packet *p, int32_t index);
+
+/* Connect @c->fd to the socket at @path, non-blocking from then on. */
+int transport_connect(tier_client *c, const char *path);
+/* The connection is unusable from now on; every later request returns @r. */
+_printf_(3, 4)
+int transport_break(tier_client *c, int r, const char *fmt, ...);
+/* Can a request be sent now?  0, or why not. */
+int transport_check(tier_client *c);
+/* Handle every packet already queued on the socket, without blocking. */
+int transport_drain(tier_client *c);
+/* Tell tierd a revoked segment is unmapped (an Ack: no Response, so this never waits). */
+int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation);
+/* Send @req (its seq is set here) and wait for its Response, in @ret on success. */
+int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
+/* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
+int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
+
+/* ---- segments.c -------------------------------------------------------------------- */
+
+/* Unmap @s (or close its fd) and mark its slot unused. */
+void segment_clear(tier_client *c, ClientSegment *s);
+/* Map every segment in @segs, claiming their fds from @p. */
+void segment_add_all(tier_client *c, Tier__Segment **segs, size_t n, Packet *p);
+/* tierd takes a segment back: drop our mapping, then ack. */
+void segment_revoke(tier_client *c, const Tier__Revoke *rv);
+/* Turn a wire grant into an address, fetching its segment when we lack it. */
+int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret);
+
+/* ---- tensors.c --------------------------------------------------------------------- */
+
+/* 0 when @t is a handle whose client still exists; -EINVAL, -ENOTCONN. */
+int tensor_check(const tier_tensor *t);
+
+/* ---- fences.c ---------------------------------------------------------------------- */
+
+/* Map the fence page tierd sent in HelloReply (@fd borrowed). */
+int fence_map_page(tier_client *c, int fd);
+/* tierd handed out @f: tier_fence_done() accepts fences up to the highest seen. */
+void fence_saw(tier_client *c, tier_fence f);
+/* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */
+void fence_record_failure(tier_client *c, tier_fence fence, int status);
+/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_stream_wait(). */
+void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]);

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/* control.c: the requests of tierctl: the daemon's status and the jobs' quotas. */
+
+/*
+ * Theory of operation
+ *
+ * These are the requests tierd accepts on a control connection (one made
+ * with an empty job name), as well as on a job's; each is one
+ * transport_call().
+ *
+ * tier_status() asks for a StatusReply and hands it to status_format()
+ * (status.c).  A reply too big for one packet comes as a sealed memfd
+ * (Response.status_fd) holding the packed message, read here with a bound
+ * on its size.
+ *
+ * tierd answers both QuotaGet and QuotaSet with the job's quota as a
+ * QuotaReply, checked by quota_reply(); tier_quota_set() ignores its values.
+ */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/client-internal.h"
+#include "client/tier-private.h"
+#include "proto/macro.h"
+#include "proto/tier.pb-c.h"
+
+/* Largest packed StatusReply accepted through status_fd (a few thousand jobs). */
+#define CLIENT_STATUS_FD_MAX (64u * 1024u * 1024u)
+
+/* Read a packed StatusReply from a sealed memfd (status too big for one packet). */
+static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        struct stat st;
+        size_t size, done = 0;
+
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
+                return client_error(c, -EFBIG, "status dump of %lld bytes is too big", (long long) st.st_size);
+        size = (size_t) st.st_size;
+        buf = malloc(size ? size : 1);
+        if (!buf)
+                return -ENOMEM;
+        while (done < size) {
+                ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return negative_errno();
+                if (n == 0)
+                        return client_error(c, -EPROTO, "status dump is shorter than its size");
+                done += (size_t) n;
+        }
+        *ret = tier__status_reply__unpack(NULL, size, buf);
+        if (!*ret)
+                return client_error(c, -EBADMSG, "status dump is malformed");
+        return 0;
+}
+
+_public_ int tier_status(tier_client *c, int format, char **ret) {
+        Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__Response *resp;
+        Tier__StatusReply *sr = NULL;
+        int r;
+
+        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
+                return -EINVAL;
+
+        req.op_case = TIER__REQUEST__OP_STATUS;
+        req.status = &op;
+        r = transport_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        resp = p.reply->response;
+
+        if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_REPLY && resp->status_reply) {
+                r = status_format(resp->status_reply, format, ret);
+        } else if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_FD) {
+                _cleanup_close_ int fd = packet_take_fd(&p, resp->status_fd);
+
+                if (fd < 0)
+                        r = client_error(c, fd, "status names fd %d, which the packet lacks", resp->status_fd);
+                else
+                        r = status_read_fd(c, fd, &sr);
+                if (r >= 0)
+                        r = status_format(sr, format, ret);
+                if (sr)
+                        tier__status_reply__free_unpacked(sr, NULL);
+        } else {
+                r = client_error(c, -EPROTO, "tierd answered status without a result");
+        }
+        packet_done(&p);
+        return r;
+}
+
+static int quota_reply(tier_client *c, Packet *pk, struct tier_quota *ret) {
+        const Tier__Response *resp = pk->reply->response;
+
+        if (resp->result_case != TIER__RESPONSE__RESULT_QUOTA || !resp->quota) {
+                packet_done(pk);
+                return client_error(c, -EPROTO, "tierd answered the quota request without a result");
+        }
+        if (ret) {
+                memset(ret, 0, sizeof(*ret));
+                for (size_t i = 0; i < resp->quota->n_tier_limit && i < TIER_LEVEL_MAX; i++)
+                        ret->limit[i] = resp->quota->tier_limit[i];
+                ret->weight = resp->quota->weight;
+        }
+        packet_done(pk);
+        return 0;
+}
+
+_public_ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
+        Packet pk = PACKET_NULL;
+        int r;
+
+        if (!c || !ret)
+                return -EINVAL;
+        q.job = (char *) (job ? job : "");
+        req.op_case = TIER__REQUEST__OP_QUOTA_GET;
+        req.quota_get = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_reply(c, &pk, ret);
+}
+
+_public_ int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *quota) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
+        Packet pk = PACKET_NULL;
+        uint64_t limits[TIER_LEVEL_MAX];
+        int r;
+
+        if (!c || !job || !*job || !quota)
+                return -EINVAL;
+        for (int i = 0; i < TIER_LEVEL_MAX; i++)
+                limits[i] = quota->limit[i];
+        q.job = (char *) job;
+        q.n_tier_limit = TIER_LEVEL_MAX;
+        q.tier_limit = limits;
+        q.weight = quota->weight;
+        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
+        req.quota_set = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_reply(c, &pk, NULL);
+}

@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: MIT */
+/* fences.c: fences: the fence page, waiting for fences, failed fences and tierd's copy events. */
+
+/*
+ * Theory of operation
+ *
+ * Fences: the job's fence page holds, per connection slot, a "done"
+ * watermark and a "failed" counter.  tier_fence_done() reads both with
+ * acquire loads and, when every fence up to the one asked about is done and
+ * each counted failure has been matched by a FenceFailed event, answers
+ * without a system call.  Only when the counter runs ahead of the events
+ * does it drain the socket (non-blocking) to learn which fence failed.
+ * tier_wait() sleeps in poll() on the connection's eventfd (tierd writes
+ * it after advancing the slot) and on the socket (events, or tierd gone).
+ *
+ * FenceFailed events (handled by the transport as they arrive) go into a
+ * small ring of remembered failures, newest last; a fence older than the
+ * ring's reach that failed reads as done.
+ *
+ * A PinReply may carry the CUDA interprocess event of tierd's copy along
+ * with its fence; the last few are kept in a second ring, so that
+ * tier_stream_wait() can make a CUDA stream wait for the copy instead of
+ * the host waiting for the fence.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/client-cuda.h"
+#include "client/client-internal.h"
+#include "client/tier-private.h"
+#include "proto/fence.h"
+#include "proto/macro.h"
+
+/* Without an eventfd tier_wait() can only poll the fence page, this often. */
+#define CLIENT_FENCE_POLL_MS 1
+
+static uint64_t now_ms(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+int fence_map_page(tier_client *c, int fd) {
+        struct stat st;
+        void *p;
+
+        if (fstat(fd, &st) < 0)
+                return client_error(c, negative_errno(), "cannot stat the fence page: %m");
+        if (st.st_size < (off_t) sizeof(FencePage))
+                return client_error(c, -EPROTO, "fence page is %lld bytes, expected %zu",
+                                    (long long) st.st_size, sizeof(FencePage));
+        p = mmap(NULL, sizeof(FencePage), PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+                return client_error(c, negative_errno(), "cannot map the fence page: %m");
+        c->fence_page = p;
+        return 0;
+}
+
+void fence_record_failure(tier_client *c, tier_fence fence, int status) {
+        c->failures[c->n_failures % CLIENT_FAILURES_MAX] = (FenceFailure) {
+                .fence = fence,
+                .status = status,
+        };
+        c->n_failures++;
+}
+
+static int fence_lookup_failure(const tier_client *c, tier_fence fence) {
+        uint64_t n = MIN(c->n_failures, (uint64_t) CLIENT_FAILURES_MAX);
+
+        for (uint64_t i = 0; i < n; i++) {
+                const FenceFailure *f = &c->failures[(c->n_failures - 1 - i) % CLIENT_FAILURES_MAX];
+                if (f->fence == fence)
+                        return f->status;
+        }
+        return 0;
+}
+
+void fence_saw(tier_client *c, tier_fence f) {
+        c->fence_max = MAX(c->fence_max, f);
+}
+
+/* Remember tierd's copy event @handle (a PinReply's ipc_event) of @fence for tier_stream_wait(). */
+void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]) {
+        FenceEvent *fe = &c->fence_events[c->n_fence_events++ % CLIENT_FENCE_EVENTS];
+
+        fe->fence = fence;
+        memcpy(fe->handle, handle, CLIENT_CUDA_EVENT_SIZE);
+}
+
+_public_ int tier_fence_done(tier_client *c, tier_fence f) {
+        uint64_t done, failed;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        if (f == 0)
+                return 1;
+        if (f > c->fence_max)
+                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
+        if (c->n_failures > 0) {
+                r = fence_lookup_failure(c, f);
+                if (r < 0)
+                        return r;
+        }
+        if (!c->fence_page)
+                return client_error(c, -EOPNOTSUPP, "tierd gave this connection no fence page");
+
+        done = __atomic_load_n(&c->fence_page->done[c->fence_slot], __ATOMIC_ACQUIRE);
+        if (done < f)
+                return 0;
+
+        /*
+         * Done, but maybe with an error: every failure the page counts comes with
+         * a FenceFailed event.  Fast path: no failure we have not heard of.
+         */
+        failed = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+        if (failed - c->failed_base <= c->failed_events)
+                return 1;
+
+        /* A failure's event may still be queued: read what is there, without blocking. */
+        (void) transport_drain(c);
+        r = fence_lookup_failure(c, f);
+        if (r < 0)
+                return r;
+        if (failed - c->failed_base <= c->failed_events)
+                return 1;
+        /* The event is still on its way (or never comes: tierd is gone): not known to be good. */
+        return c->broken < 0 ? c->broken : 0;
+}
+
+_public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
+        uint64_t deadline = 0;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = tier_fence_done(c, f);
+        if (r != 0)
+                return r > 0 ? 0 : r;
+        if (timeout_ms >= 0)
+                deadline = now_ms() + (uint64_t) timeout_ms;
+
+        for (;;) {
+                struct pollfd pfd[2] = {
+                        { .fd = c->event_fd, .events = POLLIN },
+                        { .fd = c->fd, .events = POLLIN },
+                };
+                int t = -1, n;
+
+                if (c->broken < 0)
+                        return c->broken;
+                if (timeout_ms >= 0) {
+                        uint64_t now = now_ms();
+                        if (now >= deadline)
+                                return client_error(c, -ETIMEDOUT, "fence %" PRIu64 " not done after %d ms",
+                                                    f, timeout_ms);
+                        t = (int) MIN(deadline - now, (uint64_t) INT_MAX);
+                }
+                if (c->event_fd < 0)
+                        t = t < 0 ? CLIENT_FENCE_POLL_MS : MIN(t, CLIENT_FENCE_POLL_MS);
+
+                /* pfd[0] with fd -1 is ignored by poll(). */
+                n = poll(pfd, 2, t);
+                if (n < 0 && errno != EINTR)
+                        return negative_errno();
+                if (n > 0 && (pfd[0].revents & POLLIN)) {
+                        uint64_t v;
+                        /* Clears the eventfd; readable, so this read does not block. */
+                        (void) !read(c->event_fd, &v, sizeof(v));
+                }
+                if (n > 0 && pfd[1].revents) {
+                        r = transport_drain(c);
+                        if (r < 0) {
+                                /* tierd gone: the fence may still have finished before it went. */
+                                int d = tier_fence_done(c, f);
+                                return d != 0 ? (d > 0 ? 0 : d) : r;
+                        }
+                }
+
+                r = tier_fence_done(c, f);
+                if (r != 0)
+                        return r > 0 ? 0 : r;
+        }
+}
+
+_public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
+        ClientCuda *cc;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = tier_fence_done(c, f);
+        if (r != 0)
+                return r > 0 ? 0 : r;
+        /* newest first: a fence is in the ring once, unless it wrapped */
+        for (uint64_t i = 0; i < MIN(c->n_fence_events, (uint64_t) CLIENT_FENCE_EVENTS); i++) {
+                const FenceEvent *fe = &c->fence_events[(c->n_fence_events - 1 - i) % CLIENT_FENCE_EVENTS];
+
+                if (fe->fence != f)
+                        continue;
+                cc = client_get_cuda(c);
+                if (!cc)
+                        break;
+                r = client_cuda_stream_wait(cc, fe->handle, stream);
+                if (r >= 0)
+                        return 0;
+                break;          /* the fence still tells when it is done */
+        }
+        /* no event for it (its copy was not queued when tierd answered): wait here */
+        return tier_wait(c, f, -1);
+}

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: MIT */
+/* names.c: the texts of libtier: error codes and tier names. */
+
+/*
+ * Theory of operation
+ *
+ * Every libtier call returns a negative errno; tier_strerror() is the one
+ * place that turns one into text, for callers and for libtier's own error
+ * messages.  It must be safe from any thread, so it never uses strerror()
+ * (whose buffer is shared): glibc's strerrordesc_np() returns static text,
+ * and elsewhere %m formats into a thread-local buffer.
+ *
+ * Tier names ("vram", "host", "nvme") are what tierctl, tierd's
+ * configuration and its status output spell; the table is indexed by the
+ * TIER_* constants of tier.h.
+ */
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <tier.h>
+
+#include "client/client-internal.h"
+#include "client/tier-private.h"
+
+static const char *const level_names[TIER_LEVEL_MAX] = {
+        [TIER_VRAM] = "vram",
+        [TIER_HOST] = "host",
+        [TIER_NVME] = "nvme",
+};
+
+_public_ const char *tier_strerror(int err) {
+        static _Thread_local char buf[48];
+        const char *s = NULL;
+        int e;
+
+        if (err == 0)
+                return "Success";
+        e = err == INT_MIN ? INT_MAX : err < 0 ? -err : err;
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+        s = strerrordesc_np(e);         /* static text: thread-safe, unlike strerror() */
+#else
+        {
+                /* %m formats into our thread-local buffer, so it is thread-safe too. */
+                int saved = errno;
+
+                errno = e;
+                (void) snprintf(buf, sizeof(buf), "%m");
+                errno = saved;
+                s = buf;
+        }
+#endif
+        if (s)
+                return s;
+        (void) snprintf(buf, sizeof(buf), "Unknown error %d", err);
+        return buf;
+}
+
+_public_ const char *tier_level_name(int tier) {
+        return tier_valid(tier) ? level_names[tier] : NULL;
+}
+
+_public_ int tier_level_from_name(const char *s) {
+        if (!s)
+                return -EINVAL;
+        for (int i = 0; i < TIER_LEVEL_MAX; i++)
+                if (strcmp(s, level_names[i]) == 0)
+                        return i;
+        return -EINVAL;
+}

@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+/* plans.c: iteration plans: tier_plan_*, and tier_phase() against the shared plan page. */
+
+/*
+ * Theory of operation
+ *
+ * A plan is built in the client (tier_plan_add() only collects entries)
+ * and sent once, as SubmitPlan with the entries grouped by phase.  tierd
+ * answers with a plan page (a memfd both sides map, layout and marker
+ * protocol in proto/plan.h) and a marker eventfd; from then on the plan
+ * belongs to the client, one plan per client.
+ *
+ * tier_phase() costs no round trip: it writes the phase and a new marker
+ * seq into the page's client area (release store), kicks the marker
+ * eventfd, and waits only until the daemon area's "ready" says that
+ * marker may run, sleeping in poll() on the connection's eventfd and on
+ * the socket (events, or tierd gone).  Time spent waiting adds up in
+ * stall_ns.
+ *
+ * Plan tensors are numbered by slot, in order of first appearance, as
+ * tierd numbers them; every open handle of a planned tensor carries its
+ * slot.  tier_phase_grant() reads the slot's segment, generation and
+ * offset from the page and resolves that grant through the segment cache,
+ * again without a round trip unless the segment is new to us.
+ */
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/client-internal.h"
+#include "client/tier-private.h"
+#include "proto/macro.h"
+#include "proto/plan.h"
+#include "proto/tier.pb-c.h"
+
+typedef struct PlanEntry {
+        uint32_t phase;
+        uint32_t tier;
+        uint32_t mode;
+        uint64_t tensor;
+        tier_tensor *handle;
+} PlanEntry;
+
+struct tier_plan {
+        tier_client *client;
+        PlanEntry *entries;
+        size_t n, cap;
+        uint32_t n_phases;
+};
+
+_public_ int tier_plan_new(tier_client *c, tier_plan **ret) {
+        tier_plan *p;
+
+        if (!c || !ret)
+                return -EINVAL;
+        if (c->control)
+                return client_error(c, -EPERM, "a control connection has no job to plan for");
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->client = c;
+        *ret = p;
+        return 0;
+}
+
+_public_ tier_plan *tier_plan_free(tier_plan *p) {
+        if (p)
+                free(p->entries);
+        free(p);
+        return NULL;
+}
+
+_public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tier, int mode) {
+        int r;
+
+        if (!p || (tier != TIER_VRAM && tier != TIER_HOST) || mode < TIER_READ || mode > TIER_READ_WRITE)
+                return -EINVAL;
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (t->client != p->client)
+                return -EINVAL;
+        if (phase >= PLAN_MAX_PHASES)
+                return client_error(p->client, -E2BIG, "phase %u: a plan has at most %d phases", phase, PLAN_MAX_PHASES);
+        if (p->n >= PLAN_MAX_ACCESSES)
+                return client_error(p->client, -E2BIG, "a plan has at most %d accesses", PLAN_MAX_ACCESSES);
+        if (p->n == p->cap) {
+                size_t cap = p->cap ? p->cap * 2 : 64;
+                PlanEntry *e = realloc(p->entries, cap * sizeof(PlanEntry));
+
+                if (!e)
+                        return -ENOMEM;
+                p->entries = e;
+                p->cap = cap;
+        }
+        p->entries[p->n++] = (PlanEntry) {
+                .phase = phase, .tier = (uint32_t) tier, .mode = (uint32_t) mode, .tensor = t->id, .handle = t,
+        };
+        p->n_phases = MAX(p->n_phases, phase + 1);
+        return 0;
+}
+
+_public_ int tier_plan_submit(tier_plan *p) {
+        tier_client *c;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
+        _cleanup_free_ Tier__PlanPhase *phases = NULL;
+        _cleanup_free_ Tier__PlanPhase **phasep = NULL;
+        _cleanup_free_ Tier__PlanAccess *acc = NULL;
+        _cleanup_free_ Tier__PlanAccess **accp = NULL;
+        Packet pk = PACKET_NULL;
+        const Tier__PlanReply *pr;
+        int page_fd = -1, marker_fd = -1, r;
+        void *page;
+        uint32_t slots = 0;
+
+        if (!p)
+                return -EINVAL;
+        c = p->client;
+        if (c->plan_page)
+                return client_error(c, -EBUSY, "this client already runs a plan");
+        if (p->n == 0)
+                return client_error(c, -EINVAL, "the plan is empty");
+
+        /* sort entries by phase (stable), so each phase's accesses are contiguous */
+        {
+                PlanEntry *sorted = malloc(p->n * sizeof(PlanEntry));
+                size_t k = 0;
+
+                if (!sorted)
+                        return -ENOMEM;
+                for (uint32_t ph = 0; ph < p->n_phases; ph++)
+                        for (size_t i = 0; i < p->n; i++)
+                                if (p->entries[i].phase == ph)
+                                        sorted[k++] = p->entries[i];
+                free(p->entries);
+                p->entries = sorted;
+                p->cap = p->n;
+        }
+
+        phases = calloc(p->n_phases, sizeof(*phases));
+        phasep = calloc(p->n_phases, sizeof(*phasep));
+        acc = calloc(p->n, sizeof(*acc));
+        accp = calloc(p->n, sizeof(*accp));
+        if (!phases || !phasep || !acc || !accp)
+                return -ENOMEM;
+        for (uint32_t ph = 0; ph < p->n_phases; ph++) {
+                tier__plan_phase__init(&phases[ph]);
+                phasep[ph] = &phases[ph];
+        }
+        for (size_t i = 0; i < p->n; i++) {
+                PlanEntry *e = &p->entries[i];
+                Tier__PlanPhase *ph = &phases[e->phase];
+
+                tier__plan_access__init(&acc[i]);
+                acc[i].tensor = e->tensor;
+                acc[i].tier = (Tier__Tier) e->tier;
+                acc[i].mode = e->mode;
+                accp[i] = &acc[i];
+                if (ph->n_accesses == 0)
+                        ph->accesses = &accp[i];
+                ph->n_accesses++;
+        }
+        sp.n_phases = p->n_phases;
+        sp.phases = phasep;
+        req.op_case = TIER__REQUEST__OP_PLAN;
+        req.plan = &sp;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        pr = pk.reply->response->result_case == TIER__RESPONSE__RESULT_PLAN ? pk.reply->response->plan : NULL;
+        if (!pr) {
+                packet_done(&pk);
+                return client_error(c, -EPROTO, "tierd answered the plan without a result");
+        }
+        page_fd = packet_take_fd(&pk, pr->page_fd);
+        marker_fd = packet_take_fd(&pk, pr->marker_fd);
+        if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots)) {
+                safe_close(page_fd);
+                safe_close(marker_fd);
+                packet_done(&pk);
+                return client_error(c, -EPROTO, "tierd sent a malformed plan reply");
+        }
+        page = mmap(NULL, pr->page_size, PROT_READ | PROT_WRITE, MAP_SHARED, page_fd, 0);
+        safe_close(page_fd);
+        if (page == MAP_FAILED) {
+                r = -errno;
+                safe_close(marker_fd);
+                packet_done(&pk);
+                return client_error(c, r, "cannot map the plan page: %s", tier_strerror(r));
+        }
+        c->plan_page = page;
+        c->plan_page_size = pr->page_size;
+        c->plan_marker_fd = marker_fd;
+        c->plan_phases = p->n_phases;
+        c->plan_seq = 0;
+
+        /* slots: distinct tensors in order of first appearance, as tierd numbers them */
+        for (tier_tensor *t = c->tensors; t; t = t->next)
+                t->plan_slot = -1;
+        for (size_t i = 0; i < p->n; i++) {
+                tier_tensor *h = p->entries[i].handle;
+                int32_t found = -1;
+
+                for (tier_tensor *t = c->tensors; t; t = t->next)
+                        if (t->id == h->id && t->plan_slot >= 0)
+                                found = t->plan_slot;
+                if (found < 0)
+                        found = (int32_t) slots++;
+                for (tier_tensor *t = c->tensors; t; t = t->next)
+                        if (t->id == h->id)
+                                t->plan_slot = found;
+        }
+        c->plan_slots = pr->n_slots;
+        packet_done(&pk);
+        if (slots != c->plan_slots)
+                return client_error(c, -EPROTO, "tierd counts %u plan tensors, the client %u", c->plan_slots, slots);
+        tier_plan_free(p);
+        return 0;
+}
+
+static uint64_t now_ns(void) {
+        struct timespec ts;
+
+        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+_public_ int tier_phase(tier_client *c, unsigned phase) {
+        PlanPage *pg;
+        uint64_t seq, one = 1, t0 = 0;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        pg = c->plan_page;
+        if (!pg)
+                return client_error(c, -EINVAL, "no plan was submitted");
+        if (phase >= c->plan_phases)
+                return client_error(c, -EINVAL, "phase %u is not in the plan (%u phases)", phase, c->plan_phases);
+
+        seq = ++c->plan_seq;
+        pg->client.phase = phase;
+        pg->client.mark_ns = now_ns();
+        __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
+        if (write(c->plan_marker_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+                return transport_break(c, -errno, "cannot signal tierd: %s", tier_strerror(-errno));
+
+        for (;;) {
+                uint64_t ready = __atomic_load_n(&pg->daemon.ready, __ATOMIC_ACQUIRE);
+                int64_t err = __atomic_load_n(&pg->daemon.error, __ATOMIC_ACQUIRE);
+                struct pollfd fds[2];
+
+                if (err)
+                        return client_error(c, (int) err, "the plan failed in tierd (see its log): %s",
+                                            tier_strerror((int) err));
+                if (PLAN_READY_SEQ(ready) > seq || (PLAN_READY_SEQ(ready) == seq && PLAN_READY_PHASE(ready) == phase))
+                        break;
+                if (!t0)
+                        t0 = now_ns();
+                fds[0] = (struct pollfd) { .fd = c->event_fd, .events = POLLIN };
+                fds[1] = (struct pollfd) { .fd = c->fd, .events = POLLIN };
+                r = poll(fds, 2, 1000);
+                if (r < 0 && errno != EINTR)
+                        return -errno;
+                if (r > 0 && (fds[0].revents & POLLIN)) {
+                        uint64_t v;
+                        (void) read(c->event_fd, &v, sizeof(v));
+                }
+                if (r > 0 && fds[1].revents) {
+                        r = transport_drain(c);
+                        if (r < 0)
+                                return r;
+                        r = transport_check(c);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        if (t0)
+                pg->client.stall_ns += now_ns() - t0;
+        return 0;
+}
+
+_public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret) {
+        Tier__Grant g = TIER__GRANT__INIT;
+        const PlanSlot *s;
+        int r;
+
+        if (!c || !ret || (tier != TIER_VRAM && tier != TIER_HOST))
+                return -EINVAL;
+        r = tensor_check(t);
+        if (r < 0)
+                return r;
+        if (!c->plan_page || t->plan_slot < 0 || (uint32_t) t->plan_slot >= c->plan_slots)
+                return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
+        s = &c->plan_page->slots[2 * (uint32_t) t->plan_slot + (uint32_t) tier];
+        g.segment = s->segment;
+        g.generation = s->generation;
+        g.offset = s->offset;
+        g.length = t->size;
+        g.tier = (Tier__Tier) tier;
+        return segment_resolve_grant(c, &g, ret);
+}
+
+_public_ double tier_phase_stall(const tier_client *c) {
+        return c && c->plan_page ? (double) c->plan_page->client.stall_ns / 1e9 : 0.0;
+}

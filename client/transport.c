@@ -1,0 +1,400 @@
+/* SPDX-License-Identifier: MIT */
+/* transport.c: libtier's connection to tierd: packets, synchronous calls, events, breaking. */
+
+/*
+ * Theory of operation
+ *
+ * A tier_client is one SOCK_SEQPACKET connection to tierd.  Every request is
+ * one packed tier.Request; every packet from tierd is one tier.Reply, either
+ * the Response to a request (same seq) or an unsolicited Event.  File
+ * descriptors travel beside a packet and messages name them by index into
+ * that packet's fd array; whatever fd a packet carries that no message
+ * claims is closed when the packet is done with (packet_done()).
+ *
+ * The client is synchronous: transport_call() sends one request and reads
+ * packets until the Response with that seq arrives.  Events that arrive in
+ * between are handled on the way: FenceFailed goes into a small ring of
+ * remembered failures (fences.c), Shutdown makes later requests fail with
+ * -ESHUTDOWN, Revoke unmaps a segment and is acked (segments.c).  Any
+ * Response may carry new_segments, which are mapped (and their fds closed)
+ * before the caller sees the Response.  Between calls, tier_client_process()
+ * handles whatever is queued.
+ *
+ * The socket is O_NONBLOCK so that draining never blocks; synchronous
+ * calls poll() when the socket has nothing queued.
+ *
+ * Once the connection breaks (tierd gone, malformed packet, protocol
+ * error) the client keeps its mappings but every request fails with the
+ * error that broke it.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/client-internal.h"
+#include "client/tier-private.h"
+#include "proto/macro.h"
+#include "proto/tier.pb-c.h"
+#include "proto/wire.h"
+
+void packet_done(Packet *p) {
+        for (size_t i = 0; i < p->n_fds; i++)
+                p->fds[i] = safe_close(p->fds[i]);
+        p->n_fds = 0;
+        if (p->reply)
+                tier__reply__free_unpacked(p->reply, NULL);
+        p->reply = NULL;
+}
+
+/* Claim the fd a message names by index; each fd may be claimed once. */
+int packet_take_fd(Packet *p, int32_t index) {
+        if (index < 0 || (size_t) index >= p->n_fds || p->fds[index] < 0)
+                return -EPROTO;
+        return TAKE_FD(p->fds[index]);
+}
+
+/* The connection is unusable from now on; every later request returns @r. */
+_printf_(3, 4)
+int transport_break(tier_client *c, int r, const char *fmt, ...) {
+        va_list ap;
+
+        if (c->broken < 0)
+                return c->broken;
+        c->broken = r;
+        va_start(ap, fmt);
+        (void) vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+/* Can a request be sent now? */
+int transport_check(tier_client *c) {
+        /* a connection closed after tierd announced its shutdown reports the shutdown */
+        if (c->shutdown)
+                return -ESHUTDOWN;
+        if (c->broken < 0)
+                return c->broken;
+        return 0;
+}
+
+static int fd_wait(int fd, short events, int timeout_ms) {
+        struct pollfd pfd = { .fd = fd, .events = events };
+
+        for (;;) {
+                int n = poll(&pfd, 1, timeout_ms);
+                if (n >= 0)
+                        return n;
+                if (errno != EINTR)
+                        return negative_errno();
+        }
+}
+
+static int transport_send(tier_client *c, const void *buf, size_t len) {
+        for (;;) {
+                int r = wire_send(c->fd, buf, len, NULL, 0);
+                if (r == -EINTR)
+                        continue;
+                if (r == -EAGAIN) {
+                        r = fd_wait(c->fd, POLLOUT, -1);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+                return r;
+        }
+}
+
+/**
+ * transport_recv() - receive one packet.
+ * @block: wait for one; else return 0 at once when none is queued
+ * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), or < 0
+ * after breaking the connection.
+ */
+static int transport_recv(tier_client *c, bool block, Packet *ret) {
+        int fds[WIRE_MAX_FDS];
+        size_t len = 0, n_fds = 0;
+        Tier__Reply *reply;
+        int r;
+
+        if (c->broken < 0)
+                return c->broken;
+        for (;;) {
+                r = wire_recv(c->fd, c->rbuf, CLIENT_RECV_BUFFER, &len, fds, &n_fds);
+                if (r == -EINTR)
+                        continue;
+                if (r == -EAGAIN) {
+                        if (!block)
+                                return 0;
+                        r = fd_wait(c->fd, POLLIN, -1);
+                        if (r < 0)
+                                return transport_break(c, r, "waiting for tierd failed: %s",
+                                                       tier_strerror(r));
+                        continue;
+                }
+                break;
+        }
+        if (r == -ECONNRESET)
+                return transport_break(c, r, "tierd closed the connection");
+        if (r < 0)
+                return transport_break(c, r, "receiving from tierd failed: %s", tier_strerror(r));
+
+        reply = tier__reply__unpack(NULL, len, c->rbuf);
+        if (!reply) {
+                for (size_t i = 0; i < n_fds; i++)
+                        safe_close(fds[i]);
+                return transport_break(c, -EBADMSG, "tierd sent a malformed packet (%zu bytes)", len);
+        }
+        ret->reply = reply;
+        memcpy(ret->fds, fds, n_fds * sizeof(int));
+        ret->n_fds = n_fds;
+        return 1;
+}
+
+/* Tell tierd a revoked segment is unmapped.  Ack has no Response, so this never waits for one. */
+int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Ack ack = TIER__ACK__INIT;
+        uint8_t buf[64];
+        size_t len;
+        int r;
+
+        ack.segment = segment;
+        ack.generation = generation;
+        req.op_case = TIER__REQUEST__OP_ACK;
+        req.ack = &ack;
+        len = tier__request__get_packed_size(&req);
+        if (len > sizeof(buf))
+                return -EMSGSIZE;
+        (void) tier__request__pack(&req, buf);
+        r = transport_send(c, buf, len);
+        if (r < 0)
+                return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                       tier_strerror(r));
+        return 0;
+}
+
+static void transport_handle_event(tier_client *c, const Tier__Event *e) {
+        switch (e->kind_case) {
+        case TIER__EVENT__KIND_FENCE_FAILED: {
+                const Tier__FenceFailed *ff = e->fence_failed;
+                int status;
+
+                if (!ff)
+                        break;
+                /* A failure must fail: a daemon that sends status >= 0 still means an error. */
+                status = ff->status < 0 ? ff->status : -EIO;
+                fence_record_failure(c, ff->fence, status);
+                c->failed_events++;
+                (void) client_error(c, status, "fence %" PRIu64 " failed: %s", ff->fence,
+                                    ff->error && *ff->error ? ff->error : tier_strerror(status));
+                break;
+        }
+        case TIER__EVENT__KIND_SHUTDOWN:
+                c->shutdown = true;
+                (void) snprintf(c->shutdown_reason, sizeof(c->shutdown_reason), "%s",
+                                e->shutdown && e->shutdown->reason ? e->shutdown->reason : "");
+                (void) client_error(c, -ESHUTDOWN, "tierd is shutting down%s%s",
+                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+                break;
+        case TIER__EVENT__KIND_REVOKE:
+                if (e->revoke)
+                        segment_revoke(c, e->revoke);
+                break;
+        default:
+                break;          /* an event of a newer protocol: ignored */
+        }
+}
+
+/**
+ * transport_process() - handle one packet.
+ * @seq: the request in flight, or 0 when none is
+ * Returns 1 when @p is the Response to @seq (left in @p for the caller, its
+ * new segments mapped), 0 when @p was consumed, < 0 on a protocol error.
+ */
+static int transport_process(tier_client *c, Packet *p, uint64_t seq) {
+        Tier__Reply *reply = p->reply;
+        Tier__Response *resp;
+
+        switch (reply->kind_case) {
+        case TIER__REPLY__KIND_EVENT:
+                if (reply->event)
+                        transport_handle_event(c, reply->event);
+                packet_done(p);
+                return 0;
+        case TIER__REPLY__KIND_RESPONSE:
+                resp = reply->response;
+                if (!resp || seq == 0 || resp->seq != seq) {
+                        uint64_t got = resp ? resp->seq : 0;
+
+                        packet_done(p);
+                        return transport_break(c, -EPROTO, "tierd answered request %" PRIu64
+                                               " while request %" PRIu64 " was in flight", got, seq);
+                }
+                segment_add_all(c, resp->new_segments, resp->n_new_segments, p);
+                return 1;
+        default:
+                packet_done(p);
+                return 0;       /* a reply kind of a newer protocol: ignored */
+        }
+}
+
+/* Handle every packet already queued on the socket, without blocking. */
+int transport_drain(tier_client *c) {
+        for (;;) {
+                Packet p = PACKET_NULL;
+                int r;
+
+                r = transport_recv(c, false, &p);
+                if (r <= 0)
+                        return r;
+                r = transport_process(c, &p, 0);
+                if (r < 0)
+                        return r;
+        }
+}
+
+/**
+ * transport_call() - send @req and wait for its Response.
+ * @req: its seq is assigned here
+ * @ret: on success, the packet holding the Response (status >= 0); the caller
+ *       claims fds from it and must packet_done() it
+ * A Response with status < 0 is returned as that status, its error text kept
+ * in last_error.
+ */
+int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        Tier__Response *resp;
+        size_t len;
+        int r;
+
+        /* Events already queued (a shutdown, failed fences) count before this request. */
+        (void) transport_drain(c);
+        r = transport_check(c);
+        if (r == -ESHUTDOWN)
+                return client_error(c, r, "tierd is shutting down%s%s",
+                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+        if (r < 0)
+                return r;
+
+        /* last_error describes this request from now on. */
+        c->last_error[0] = 0;
+        req->seq = ++c->seq;
+        len = tier__request__get_packed_size(req);
+        if (len > c->max_message)
+                return client_error(c, -EMSGSIZE, "request of %zu bytes exceeds tierd's limit of %u bytes",
+                                    len, c->max_message);
+        buf = malloc(len ? len : 1);
+        if (!buf)
+                return -ENOMEM;
+        (void) tier__request__pack(req, buf);
+
+        r = transport_send(c, buf, len);
+        if (r < 0)
+                return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
+                                       tier_strerror(r));
+
+        for (;;) {
+                Packet p = PACKET_NULL;
+
+                r = transport_recv(c, true, &p);
+                if (r < 0)
+                        return r;
+                r = transport_process(c, &p, req->seq);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        *ret = p;
+                        break;
+                }
+        }
+
+        resp = ret->reply->response;
+        if (resp->status < 0) {
+                r = client_error(c, resp->status, "%s",
+                                 resp->error && *resp->error ? resp->error : tier_strerror(resp->status));
+                packet_done(ret);
+                return r;
+        }
+        return 0;
+}
+
+/* A Response must carry the result its request asks for. */
+int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what) {
+        const Tier__Response *resp = p->reply->response;
+        const void *body = NULL;
+
+        if (resp->result_case == want)
+                switch (want) {
+                case TIER__RESPONSE__RESULT_HELLO:
+                        body = resp->hello;
+                        break;
+                case TIER__RESPONSE__RESULT_TENSOR:
+                        body = resp->tensor;
+                        break;
+                case TIER__RESPONSE__RESULT_STAT:
+                        body = resp->stat;
+                        break;
+                case TIER__RESPONSE__RESULT_PIN:
+                        body = resp->pin;
+                        break;
+                default:
+                        body = resp;    /* callers look at the rest themselves */
+                        break;
+                }
+        if (body)
+                return 0;
+        packet_done(p);
+        return client_error(c, -EPROTO, "tierd answered %s without a result", what);
+}
+
+int transport_connect(tier_client *c, const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        const char *hint;
+        int r;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return client_error(c, -ENAMETOOLONG, "cannot connect to %s: socket path too long", path);
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+
+        c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (c->fd < 0)
+                return client_error(c, negative_errno(), "cannot create socket: %m");
+
+        do
+                r = connect(c->fd, (const struct sockaddr *) &sa, sizeof(sa));
+        while (r < 0 && errno == EINTR);
+        if (r < 0) {
+                r = negative_errno();
+                hint = r == -EACCES || r == -EPERM ? "is this user in the socket's group?" :
+                                                     "is tierd running?";
+                return client_error(c, r, "cannot connect to %s: %s (%s)", path, tier_strerror(r), hint);
+        }
+
+        /* Non-blocking from here on, so that draining events never blocks. */
+        r = fcntl(c->fd, F_GETFL);
+        if (r < 0 || fcntl(c->fd, F_SETFL, r | O_NONBLOCK) < 0)
+                return client_error(c, negative_errno(), "cannot set up socket: %m");
+        return 0;
+}
+
+_public_ int tier_client_process(tier_client *c) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = transport_drain(c);
+        return r < 0 ? r : transport_check(c);
+}
