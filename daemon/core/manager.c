@@ -223,7 +223,15 @@ Manager *manager_free(Manager *m) {
         m->revoke = revoke_free(m->revoke);
         m->engine = engine_free(m->engine);
         m->uring = uring_free(m->uring);
-        segpool_deinit(&m->host.pool);         /* before the VRAM backend: it unregisters from it */
+        /*
+         * The VRAM backend's copies read and write the host pool from another
+         * thread (or the device): they stop before the pool is unmapped.  The
+         * pool goes before the backend itself, which it unregisters from.
+         */
+        if (vram_backend_stop(m->vram))
+                segpool_deinit(&m->host.pool);
+        else
+                log_warning("VRAM copies are still running; leaving the host pool mapped");
         m->vram = vram_backend_free(m->vram);
         m->nvme = nvme_tier_free(m->nvme);
         sd_event_source_disable_unref(m->sigterm);

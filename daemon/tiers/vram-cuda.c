@@ -655,6 +655,11 @@ static bool thread_stop(VramCuda *v) {
         return true;
 }
 
+/* The device finishes what it was given (bounded by CUDA_STOP_TIMEOUT_SEC); no done() runs after. */
+static bool cuda_stop(VramBackend *b) {
+        return thread_stop(container_of(b, VramCuda, base));
+}
+
 static void cuda_free(VramBackend *b) {
         VramCuda *v = container_of(b, VramCuda, base);
         const CuDriver *d = v->drv;
@@ -706,6 +711,7 @@ static const VramBackendOps cuda_ops = {
         .copy = cuda_copy,
         .zero = cuda_zero,
         .free = cuda_free,
+        .stop = cuda_stop,
         .host_register = cuda_host_register,
         .host_unregister = cuda_host_unregister,
         .copy_event = cuda_copy_event,

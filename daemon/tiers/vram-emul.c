@@ -26,6 +26,7 @@
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* Copies are done in pieces this big so the throttle is smooth. */
 #define EMUL_PIECE (4u << 20)
@@ -47,11 +48,19 @@ typedef struct VramEmul {
         sd_event_source *efd_source;
 } VramEmul;
 
-static uint64_t mono_ns(void) {
-        struct timespec ts;
+/*
+ * Wait until @until_ns (CLOCK_MONOTONIC), or until the backend stops.  Called
+ * and returns with e->lock held.  Returns false when stopping.
+ */
+static bool throttle_wait(VramEmul *e, uint64_t until_ns) {
+        struct timespec ts = {
+                .tv_sec = (time_t) (until_ns / 1000000000ull),
+                .tv_nsec = (long) (until_ns % 1000000000ull),
+        };
 
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
+        while (!e->stop && now_ns() < until_ns)
+                (void) pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+        return !e->stop;
 }
 
 static void *emul_thread(void *userdata) {
@@ -77,25 +86,26 @@ static void *emul_thread(void *userdata) {
                         uint8_t *dev = (uint8_t *) c->seg->map + c->offset + off;
                         uint8_t *host = (uint8_t *) c->host + off;
                         uint64_t bandwidth = __atomic_load_n(&e->bandwidth, __ATOMIC_RELAXED);
+                        bool go_on = true;
 
                         if (c->dir == VRAM_TO_DEVICE)
                                 memcpy(dev, host, n);
                         else
                                 memcpy(host, dev, n);
+                        pthread_mutex_lock(&e->lock);
                         if (bandwidth > 0) {
-                                uint64_t now = mono_ns();
+                                uint64_t now = now_ns();
 
                                 if (link_free_at < now)
                                         link_free_at = now;
                                 link_free_at += n * 1000000000ull / bandwidth;
-                                if (link_free_at > now) {
-                                        struct timespec ts = {
-                                                .tv_sec = (time_t) (link_free_at / 1000000000ull),
-                                                .tv_nsec = (long) (link_free_at % 1000000000ull),
-                                        };
-                                        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
-                                }
-                        }
+                                go_on = throttle_wait(e, link_free_at);
+                        } else
+                                go_on = !e->stop;
+                        pthread_mutex_unlock(&e->lock);
+                        /* stopping (the host pool is about to go): the rest of the copy is abandoned */
+                        if (!go_on)
+                                return NULL;
                 }
                 c->result = 0;
 
@@ -155,16 +165,25 @@ static int emul_zero(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len
         return 0;
 }
 
+/* Stop the mover thread: at the end of the piece it copies now; copies not done are abandoned. */
+static bool emul_stop(VramBackend *b) {
+        VramEmul *e = container_of(b, VramEmul, base);
+
+        if (!e->thread_ok)
+                return true;
+        pthread_mutex_lock(&e->lock);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->thread, NULL);
+        e->thread_ok = false;
+        return true;
+}
+
 static void emul_free(VramBackend *b) {
         VramEmul *e = container_of(b, VramEmul, base);
 
-        if (e->thread_ok) {
-                pthread_mutex_lock(&e->lock);
-                e->stop = true;
-                pthread_cond_signal(&e->cond);
-                pthread_mutex_unlock(&e->lock);
-                pthread_join(e->thread, NULL);
-        }
+        (void) emul_stop(b);
         sd_event_source_disable_unref(e->efd_source);
         safe_close(e->efd);
         segpool_deinit(&e->base.pool);
@@ -196,6 +215,7 @@ static const VramBackendOps emul_ops = {
         .copy = emul_copy,
         .zero = emul_zero,
         .free = emul_free,
+        .stop = emul_stop,
         .set_bandwidth = emul_set_bandwidth,
 };
 
@@ -215,7 +235,15 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
         e->todo_tail = &e->todo_head;
         e->done_tail = &e->done_head;
         pthread_mutex_init(&e->lock, NULL);
-        pthread_cond_init(&e->cond, NULL);
+        {
+                /* the throttle waits on it with CLOCK_MONOTONIC deadlines */
+                pthread_condattr_t ca;
+
+                pthread_condattr_init(&ca);
+                pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+                pthread_cond_init(&e->cond, &ca);
+                pthread_condattr_destroy(&ca);
+        }
         e->memfd = (MemfdSegConfig) {
                 .name = "tierd-vram-emulated",
                 .numa_node = -1,

@@ -39,6 +39,10 @@ VramBackend *vram_backend_free(VramBackend *b) {
         return NULL;
 }
 
+bool vram_backend_stop(VramBackend *b) {
+        return !b || !b->ops->stop || b->ops->stop(b);
+}
+
 int vram_numa_node(const VramBackend *b) {
         return b ? b->numa_node : -1;
 }

@@ -39,6 +39,12 @@ typedef struct VramBackendOps {
         /* Zero a range synchronously (fresh tensors). */
         int (*zero)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len);
         void (*free)(VramBackend *b);
+        /*
+         * Stop all work (optional): once it returns true, no copy touches host
+         * memory any more and no done() callback runs.  false: the device is
+         * still at it (host memory must stay mapped).
+         */
+        bool (*stop)(VramBackend *b);
 
         /* Optional; the vram_*() wrappers below say what NULL means. */
         int (*set_bandwidth)(VramBackend *b, uint64_t bandwidth);       /* emulated only */
@@ -67,6 +73,14 @@ struct VramBackend {
  */
 int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
 VramBackend *vram_backend_free(VramBackend *b);
+/*
+ * vram_backend_stop() - stop the backend's copies before the host pool
+ * goes (tierd's stop): a copy in flight is abandoned, its done() never
+ * runs.  true when no copy can touch host memory any more; false when one
+ * still may (a device that does not finish): then the host pool must not
+ * be unmapped.
+ */
+bool vram_backend_stop(VramBackend *b);
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret);
 /*

@@ -451,6 +451,42 @@ static void test_crc_mismatch_is_an_error(void **state) {
         fixture_free(m);
 }
 
+/* ---- stopping while copies run: the VRAM backend stops before the host pool goes ----------- */
+
+static void setup_slow_link(Config *c, void *userdata) {
+        c->host_capacity = 16 * MiB;
+        c->host_segment_size = 8 * MiB;
+        c->host_job_limit = 16 * MiB;
+        c->vram_capacity = 16 * MiB;
+        c->vram_chunk_size = 8 * MiB;
+        c->vram_job_limit = 8 * MiB;
+        c->vram_bandwidth = 8 * MiB;    /* a 4 MiB piece every half second */
+}
+
+static void test_stop_while_copying(void **state) {
+        Manager *m = fixture_new(32 * MiB, setup_slow_link, NULL);
+        Result r;
+        Job *j;
+        Tensor *t;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = fixture_tensor(j, "t", 8 * MiB);
+        fixture_host_data(m, t, 0x42);
+        assert_int_equal(submit(m, OP_PIN, t, TIER_VRAM, &r), 0);
+        for (int i = 0; i < 100 && m->engine->vlink.active[VRAM_TO_DEVICE] == 0; i++)
+                fixture_run(m, 1);
+        assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 1);
+        assert_int_equal(r.done, 0);
+        /*
+         * Stop now, as after the drain timeout or a second SIGTERM: the mover
+         * thread is in the middle of the copy (its first piece done, waiting on
+         * the throttle).  The host pool is unmapped only after it stopped, so
+         * its second piece never reads freed memory.
+         */
+        manager_free(m);
+        assert_int_equal(r.done, 0);    /* abandoned: no callback after the stop */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ids_names_slots),
@@ -460,6 +496,7 @@ int main(void) {
                 cmocka_unit_test(test_vram_link_fair_order),
                 cmocka_unit_test(test_vram_link_start_failure),
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
+                cmocka_unit_test(test_stop_while_copying),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
 }
