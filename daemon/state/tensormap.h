@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "proto/macro.h"
 
@@ -16,3 +17,5 @@ int tensormap_put(TensorMap *m, const char *key, void *value);
 void *tensormap_get(const TensorMap *m, const char *key);
 void *tensormap_remove(TensorMap *m, const char *key);
 size_t tensormap_size(const TensorMap *m);
+/* The map's keyed hash of @key (each map has its own random key); for tests. */
+uint64_t tensormap_hash(const TensorMap *m, const char *key);
