@@ -10,7 +10,10 @@
  * uring_flush(), run from a
  * post source once per loop iteration, turns as many pending requests into
  * SQEs as the ring has room for (at most @depth in flight) and submits them
- * in one io_uring_enter().  Completion wakes the eventfd registered with the
+ * in one io_uring_enter().  SQEs the kernel does not take at once (a
+ * failed or short submit) stay in the ring and are offered again at the
+ * next flush, and at the latest after SUBMIT_RETRY_USEC, so no request
+ * waits for unrelated traffic.  Completion wakes the eventfd registered with the
  * ring; its sd-event handler drains the CQ in batches (the wakeup is a
  * hint: the CQ is drained until empty).  Short transfers are resumed and
  * -EAGAIN / -EINTR requeued; any other error is retried once, then handed to
@@ -28,6 +31,8 @@
 #include "daemon/tiers/uring.h"
 #include "proto/macro.h"
 
+/* SQEs io_uring_submit() did not take (-EAGAIN, -EBUSY, short) are offered again after this long at most. */
+#define SUBMIT_RETRY_USEC 1000
 /* A throttled file may run this far ahead of its pace, so the device always has work queued. */
 #define THROTTLE_BURST_NS (2000000ull)
 #define URING_MAX_FILES 16
@@ -42,6 +47,7 @@
 struct Uring {
         sd_event *event;
         sd_event_source *throttle_timer;
+        sd_event_source *retry_timer;   /* SQEs the kernel did not take yet are submitted again */
         uint64_t bandwidth[URING_MAX_FILES];    /* bytes/s, 0: unthrottled */
         uint64_t next_ns[URING_MAX_FILES];      /* when the file's paced link is free again */
         struct io_uring ring;
@@ -135,6 +141,38 @@ static int on_throttle_timer(sd_event_source *s, uint64_t usec, void *userdata) 
         return 0;
 }
 
+static int on_retry_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Uring *u = userdata;
+
+        u->retry_timer = sd_event_source_disable_unref(u->retry_timer);
+        uring_flush(u);
+        return 0;
+}
+
+/*
+ * Give the kernel every SQE made and not yet taken.  What it does not take
+ * now stays in the SQ ring and is retried: at the next flush, and by a timer
+ * in case nothing else comes.  Returns how many it took, or -errno.
+ */
+static int uring_submit_ready(Uring *u) {
+        unsigned ready = io_uring_sq_ready(&u->ring);
+        uint64_t now = 0;
+        int r;
+
+        if (ready == 0)
+                return 0;
+        r = io_uring_submit(&u->ring);
+        if (r >= 0 && (unsigned) r >= ready)
+                return r;
+        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR)
+                log_warning_errno(r, "io_uring_submit() failed with %u request(s) ready, retrying: %m", ready);
+        if (!u->retry_timer && sd_event_now(u->event, CLOCK_MONOTONIC, &now) >= 0 &&
+            sd_event_add_time(u->event, &u->retry_timer, CLOCK_MONOTONIC, now + SUBMIT_RETRY_USEC, 0,
+                              on_retry_timer, u) >= 0)
+                (void) sd_event_source_set_description(u->retry_timer, "uring-submit-retry");
+        return r;
+}
+
 static uint64_t clock_ns(void) {
         struct timespec ts;
 
@@ -218,8 +256,12 @@ Uring *uring_free(Uring *u) {
         sd_event_source_disable_unref(u->efd_source);
         sd_event_source_disable_unref(u->post_source);
         sd_event_source_disable_unref(u->throttle_timer);
+        sd_event_source_disable_unref(u->retry_timer);
         sd_event_unref(u->event);
         if (u->ring_ok) {
+                /* what the kernel never took will not complete: only wait for the rest */
+                if (io_uring_sq_ready(&u->ring) > 0 && io_uring_submit(&u->ring) < 0)
+                        u->inflight -= MIN(u->inflight, io_uring_sq_ready(&u->ring));
                 /* wait for what is still in flight: its buffers are about to go */
                 while (u->inflight > 0) {
                         struct io_uring_cqe *cqe;
@@ -270,7 +312,6 @@ bool uring_busy(const Uring *u) {
 }
 
 int uring_flush(Uring *u) {
-        unsigned queued = 0;
         uint64_t now = 0, wake_ns = 0;
         List blocked;
 
@@ -311,7 +352,6 @@ int uring_flush(Uring *u) {
                 io_uring_sqe_set_data(sqe, req);
                 u->vtime = MAX(u->vtime, req->tag);
                 u->inflight++;
-                queued++;
         }
         /* throttled requests go back to the front, in their order */
         if (!list_empty(&blocked)) {
@@ -327,7 +367,6 @@ int uring_flush(Uring *u) {
                                       on_throttle_timer, u) >= 0)
                         (void) sd_event_source_set_description(u->throttle_timer, "uring-throttle");
         }
-        if (queued == 0)
-                return 0;
-        return io_uring_submit(&u->ring);
+        /* also what an earlier flush could not submit */
+        return uring_submit_ready(u);
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* test-uring.c: the NVMe request queue: fair order by weight, bounded credit, pacing. */
 
+#include <errno.h>
 #include <fcntl.h>
+#include <liburing.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,23 @@
 #include <cmocka.h>
 
 #include "daemon/tiers/uring.h"
+
+/* ---- io_uring_submit() failing on cue: the test links with -Wl,--wrap=io_uring_submit ---------- */
+
+int __real_io_uring_submit(struct io_uring *ring);
+int __wrap_io_uring_submit(struct io_uring *ring);
+
+static unsigned submit_fail;            /* fail this many calls with -EAGAIN, taking nothing */
+static unsigned submit_calls;
+
+int __wrap_io_uring_submit(struct io_uring *ring) {
+        submit_calls++;
+        if (submit_fail > 0) {
+                submit_fail--;
+                return -EAGAIN;
+        }
+        return __real_io_uring_submit(ring);
+}
 
 #define KiB 1024u
 #define REQ (64u * KiB)
@@ -169,11 +188,44 @@ static void test_no_flow(void **state) {
         assert_string_equal(order, "NNNN");
 }
 
+/*
+ * The kernel takes nothing (-EAGAIN, as with too many requests in flight):
+ * the SQE stays in the ring and is offered again by itself, without some
+ * other request coming to flush it.  Before, it waited for the next flush
+ * that had something new to queue: forever, if nothing else came.
+ */
+static void test_submit_retried(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(uring_set_throttle(f->u, 0, 0), 0);
+        submit_calls = 0;
+        submit_fail = 1;
+        queue(f, 'R', NULL, 0);
+        assert_int_equal(uring_flush(f->u), -EAGAIN);
+        assert_int_equal(submit_calls, 1);
+        for (int i = 0; i < 200 && n_done < 1; i++)
+                assert_true(sd_event_run(f->event, 10000) >= 0);
+        assert_int_equal(n_done, 1);
+        assert_int_equal(submit_calls, 2);
+        assert_false(uring_busy(f->u));
+
+        /* and a later flush with nothing new still submits what was left */
+        submit_fail = 1;
+        queue(f, 'S', NULL, 0);
+        assert_int_equal(uring_flush(f->u), -EAGAIN);
+        assert_int_equal(uring_flush(f->u), 1);
+        for (int i = 0; i < 200 && n_done < 2; i++)
+                assert_true(sd_event_run(f->event, 10000) >= 0);
+        assert_string_equal(order, "RS");
+        assert_false(uring_busy(f->u));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_weighted_order, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_bounded_credit, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_no_flow, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_submit_retried, setup, teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
