@@ -77,6 +77,8 @@ def check_prototypes(root):
                     if not m:
                         continue
                     name = m.group(1)
+                    if name.startswith(("__wrap_", "__real_")):
+                        continue        # a test's -Wl,--wrap= pair: the linker provides the other half
                     if re.search(r'^[^\n;]*\b%s\s*\([^;]*\)\s*\{' % re.escape(name), text, re.M):
                         continue        # declared and defined here (a forward declaration)
                     errors.append("%s:%d: declares '%s', defined elsewhere: put it in a header" % (path, n, name))

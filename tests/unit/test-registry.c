@@ -22,17 +22,35 @@
 #include "proto/fence.h"
 #include "tests/unit/fixture.h"
 
+/* ---- calloc() failing on cue: the test links with -Wl,--wrap=calloc -------------------------- */
+
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+
+static int calloc_fail_in = -1;         /* fail the call this many calls from now (0: the next); -1: never */
+
+void *__wrap_calloc(size_t n, size_t size) {
+        if (calloc_fail_in >= 0 && calloc_fail_in-- == 0) {
+                errno = ENOMEM;
+                return NULL;
+        }
+        return __real_calloc(n, size);
+}
+
 typedef struct Result {
         int done;
         int status;
         int reserved;
 } Result;
 
+static char last_error[160];
+
 static void on_complete(Op *op, int status, const char *error) {
         Result *r = op->userdata;
 
         r->done++;
         r->status = status;
+        snprintf(last_error, sizeof(last_error), "%s", error ? error : "");
 }
 
 static void on_reserved(Op *op) {
@@ -451,6 +469,42 @@ static void test_crc_mismatch_is_an_error(void **state) {
         fixture_free(m);
 }
 
+/* ---- out of memory while making space is -ENOMEM, not "tier full" ------------------------------ */
+
+static void test_enomem_is_not_enospc(void **state) {
+        Manager *m = new_manager();
+        Result r;
+        Job *j;
+        Tensor *t[5];
+        char name[8];
+
+        /* host limit 4 MiB: four 1 MiB tensors with data fill it; the fifth needs a victim */
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (int i = 0; i < 5; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = fixture_tensor(j, name, 1 * MiB);
+                if (i < 4)
+                        fixture_host_data(m, t[i], (uint8_t) i);
+        }
+        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        calloc_fail_in = 0;     /* the victims' list of make_space() */
+        run_until(m, &r);
+        calloc_fail_in = -1;
+        assert_int_equal(r.status, -ENOMEM);
+        assert_null(strstr(last_error, "tier full"));
+        assert_non_null(strstr(last_error, "cannot make room in host for job 'j'"));
+        /* nothing was lost or left reserved: with memory back, the same pin goes through */
+        for (int i = 0; i < 4; i++)
+                assert_true(copy_valid(t[i], TIER_HOST));
+        assert_int_equal(t[4]->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(tensor_unpin(t[4], TIER_HOST, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 /* ---- stopping while copies run: the VRAM backend stops before the host pool goes ----------- */
 
 static void setup_slow_link(Config *c, void *userdata) {
@@ -496,6 +550,7 @@ int main(void) {
                 cmocka_unit_test(test_vram_link_fair_order),
                 cmocka_unit_test(test_vram_link_start_failure),
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
+                cmocka_unit_test(test_enomem_is_not_enospc),
                 cmocka_unit_test(test_stop_while_copying),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));

@@ -1,0 +1,314 @@
+/* SPDX-License-Identifier: MIT */
+/* test-ipc.c: the request layer driven in-process over a socketpair; the listener's stale-socket check. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/ipc/conn.h"
+#include "daemon/ipc/rpc.h"
+#include "daemon/ipc/server.h"
+#include "proto/fence.h"
+#include "proto/wire.h"
+#include "tests/unit/fixture.h"
+#include "tier.pb-c.h"
+
+/* ---- getgrnam() counted and answered by the test: it links with -Wl,--wrap=getgrnam ------------ */
+
+struct group *__real_getgrnam(const char *name);
+struct group *__wrap_getgrnam(const char *name);
+
+#define ADMIN_GID 4242
+static unsigned getgrnam_calls;
+
+struct group *__wrap_getgrnam(const char *name) {
+        static char gr_name[] = "tier-admin", gr_passwd[] = "x";
+        static char *members[] = { NULL };
+        static struct group g = { .gr_name = gr_name, .gr_passwd = gr_passwd, .gr_gid = ADMIN_GID,
+                                  .gr_mem = members };
+
+        getgrnam_calls++;
+        return strcmp(name, "tier-admin") == 0 ? &g : __real_getgrnam(name);
+}
+
+/* ---- a connection over a socketpair, its requests dispatched by hand --------------------------- */
+
+typedef struct Peer {
+        Manager *m;
+        Conn *conn;             /* tierd's side */
+        int fd;                 /* the client's side */
+        uint64_t seq;
+} Peer;
+
+static void peer_new(Manager *m, uid_t uid, gid_t gid, Peer *ret) {
+        int sv[2];
+
+        assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+        *ret = (Peer) { .m = m, .fd = sv[1] };
+        assert_int_equal(conn_new(m->server, sv[0], uid, gid, getpid(), &ret->conn), 0);
+}
+
+static void peer_free(Peer *p) {
+        conn_close(p->conn);
+        close(p->fd);
+}
+
+/* Dispatch @req as @p's next request and return the Response (free with tier__reply__free_unpacked). */
+static Tier__Reply *peer_call(Peer *p, Tier__Request *req) {
+        uint8_t buf[65536];
+        int fds[WIRE_MAX_FDS];
+        size_t len = 0, n_fds = 0;
+        Tier__Reply *reply;
+
+        req->seq = ++p->seq;
+        assert_true(rpc_dispatch(&p->m->rpc, p->conn, req) >= 0);
+        assert_int_equal(wire_recv(p->fd, buf, sizeof(buf), &len, fds, &n_fds), 0);
+        wire_close_fds(fds, n_fds);
+        reply = tier__reply__unpack(NULL, len, buf);
+        assert_non_null(reply);
+        assert_int_equal(reply->kind_case, TIER__REPLY__KIND_RESPONSE);
+        assert_int_equal(reply->response->seq, p->seq);
+        return reply;
+}
+
+static int peer_hello(Peer *p, const char *job) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Hello h = TIER__HELLO__INIT;
+        Tier__Reply *reply;
+        int status;
+
+        h.version = TIER_PROTOCOL_VERSION;
+        h.job = (char *) job;
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &h;
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+static int peer_quota_set(Peer *p, const char *job, unsigned weight) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
+        Tier__Reply *reply;
+        int status;
+
+        q.job = (char *) job;
+        q.weight = weight;
+        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
+        req.quota_set = &q;
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+static unsigned slots_taken(const Job *j) {
+        unsigned n = 0;
+
+        for (int i = 0; i < 4; i++)
+                n += (unsigned) __builtin_popcountll(j->fence_slots[i]);
+        return n;
+}
+
+static int open_fds(void) {
+        int n = 0;
+
+        for (int fd = 0; fd < 1024; fd++)
+                if (fcntl(fd, F_GETFD) >= 0)
+                        n++;
+        return n;
+}
+
+/*
+ * A Hello that fails halfway (no fd left for the connection's eventfd) takes
+ * nothing with it: no fence slot, no eventfd, no out-of-order fence table.
+ * Before, the table (and, had the eventfd been made, the eventfd) stayed
+ * with the connection, and the client's next Hello overwrote them: leaked.
+ */
+static void test_hello_all_or_nothing(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        struct rlimit old, low;
+        Peer p, q;
+        Job *j;
+        int fd, before;
+
+        peer_new(m, 0, 0, &q);          /* the job exists already, with one rank */
+        assert_int_equal(peer_hello(&q, "job"), 0);
+        j = job_find(m->registry, "job");
+        assert_non_null(j);
+        assert_int_equal(slots_taken(j), 1);
+
+        peer_new(m, 0, 0, &p);
+        before = open_fds();
+        /* no descriptor to spare: the lowest free one is the limit */
+        assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+        fd = dup(0);
+        assert_true(fd >= 0);
+        close(fd);
+        low = old;
+        low.rlim_cur = (rlim_t) fd;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+        assert_int_equal(peer_hello(&p, "job"), -ENOMEM);
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+
+        assert_false(p.conn->hello_done);
+        assert_null(p.conn->job);
+        assert_int_equal(p.conn->efd, -1);
+        assert_null(p.conn->fence_completed);
+        assert_int_equal(slots_taken(j), 1);
+        assert_int_equal(j->n_conns, 1);
+        assert_int_equal(open_fds(), before);
+
+        /* the client may try again, and gets everything once */
+        assert_int_equal(peer_hello(&p, "job"), 0);
+        assert_ptr_equal(p.conn->job, j);
+        assert_true(p.conn->efd >= 0);
+        assert_non_null(p.conn->fence_completed);
+        assert_int_equal(slots_taken(j), 2);
+        assert_int_equal(j->n_conns, 2);
+        assert_int_equal(open_fds(), before + 1);
+        /* and a third Hello is a protocol error, not a second set */
+        assert_int_equal(peer_hello(&p, "job"), -EPROTO);
+        assert_int_equal(slots_taken(j), 2);
+
+        peer_free(&p);
+        peer_free(&q);
+        fixture_free(m);
+}
+
+/*
+ * Whether a peer may set quotas is decided from the admin group looked up at
+ * start (and reload), never by an NSS lookup per request in the event loop,
+ * which may block on a directory service.
+ */
+static void test_admin_group_resolved_once(void **state) {
+        Manager *m;
+        Peer admin, user, owner;
+        unsigned calls;
+
+        getgrnam_calls = 0;
+        m = fixture_new(32 * MiB, NULL, NULL);
+        assert_int_equal(getgrnam_calls, 1);    /* at start */
+        assert_true(m->rpc.have_admin_gid);
+        assert_int_equal(m->rpc.admin_gid, ADMIN_GID);
+
+        peer_new(m, 1000, 1000, &owner);
+        assert_int_equal(peer_hello(&owner, "j"), 0);
+        peer_new(m, 1001, ADMIN_GID, &admin);
+        peer_new(m, 1002, 1002, &user);
+        assert_int_equal(peer_hello(&admin, NULL), 0);
+        assert_int_equal(peer_hello(&user, NULL), 0);
+
+        calls = getgrnam_calls;
+        for (int i = 0; i < 5; i++) {
+                assert_int_equal(peer_quota_set(&admin, "j", 2 + (unsigned) i), 0);
+                assert_int_equal(peer_quota_set(&user, "j", 3), -EPERM);
+        }
+        assert_int_equal(getgrnam_calls, calls);
+        assert_int_equal(job_find(m->registry, "j")->weight, 6);
+
+        /* a reload looks it up again */
+        rpc_resolve_admin_group(&m->rpc);
+        assert_int_equal(getgrnam_calls, calls + 1);
+
+        peer_free(&admin);
+        peer_free(&user);
+        peer_free(&owner);
+        fixture_free(m);
+}
+
+/* ---- binding: a socket file is removed only when nobody listens on it ------------------------- */
+
+static int listener(const char *path, int backlog) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+        assert_true(fd >= 0);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        assert_int_equal(bind(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+        assert_int_equal(listen(fd, backlog), 0);
+        return fd;
+}
+
+static int connect_to(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+        assert_true(fd >= 0);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
+                int r = -errno;
+
+                close(fd);
+                return r;
+        }
+        return fd;
+}
+
+static void test_stale_socket_only_when_refused(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        char path[108];
+        Server *s;
+        int live, queued, probe;
+
+        snprintf(path, sizeof(path), "/tmp/tierd-ipc-%d.sock", (int) getpid());
+        (void) unlink(path);
+
+        /*
+         * A live daemon whose backlog is full answers connect() with EAGAIN:
+         * its socket must stay.  (Before, any failed connect() removed it.)
+         */
+        live = listener(path, 0);
+        queued = connect_to(path);
+        assert_true(queued >= 0);
+        assert_int_equal(connect_to(path), -EAGAIN);
+        assert_int_equal(server_new(m->event, &m->config, NULL, NULL, &s), 0);
+        assert_int_equal(server_listen(s, -1, path), -EADDRINUSE);
+        s = server_free(s);
+        close(queued);
+        close(accept4(live, NULL, NULL, SOCK_CLOEXEC));  /* the daemon takes the one it had queued */
+        probe = connect_to(path);       /* still the live daemon's socket */
+        assert_true(probe >= 0);
+        close(probe);
+
+        /* a daemon that answers: refused as well */
+        assert_int_equal(server_new(m->event, &m->config, NULL, NULL, &s), 0);
+        assert_int_equal(server_listen(s, -1, path), -EADDRINUSE);
+        s = server_free(s);
+
+        /* a socket file nobody listens on (its daemon crashed): replaced */
+        close(live);
+        assert_int_equal(connect_to(path), -ECONNREFUSED);
+        assert_int_equal(server_new(m->event, &m->config, NULL, NULL, &s), 0);
+        assert_int_equal(server_listen(s, -1, path), 0);
+        probe = connect_to(path);
+        assert_true(probe >= 0);
+        close(probe);
+        s = server_free(s);             /* unlinks what it bound */
+        assert_int_equal(access(path, F_OK), -1);
+        fixture_free(m);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_hello_all_or_nothing),
+                cmocka_unit_test(test_admin_group_resolved_once),
+                cmocka_unit_test(test_stale_socket_only_when_refused),
+        };
+
+        return fixture_main("ipc", tests, sizeof(tests) / sizeof(tests[0]));
+}

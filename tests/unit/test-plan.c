@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: MIT */
+/* test-plan.c: plan submission: duplicates merged, indexes, and work linear in the size of the request. */
+
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
+#include "daemon/tiers/vram.h"
+#include "proto/plan.h"
+#include "tests/unit/fixture.h"
+#include "tier.pb-c.h"
+#include "util/time-util.h"
+
+/* A request of one phase, built from parallel arrays. */
+typedef struct Req {
+        Tier__SubmitPlan sp;
+        Tier__PlanPhase phase, *phasep;
+        Tier__PlanAccess *acc, **accp;
+} Req;
+
+static void req_init(Req *r, size_t n) {
+        tier__submit_plan__init(&r->sp);
+        tier__plan_phase__init(&r->phase);
+        r->acc = calloc(n, sizeof(Tier__PlanAccess));
+        r->accp = calloc(n, sizeof(Tier__PlanAccess *));
+        assert_non_null(r->acc);
+        assert_non_null(r->accp);
+        r->phasep = &r->phase;
+        r->phase.accesses = r->accp;
+        r->sp.n_phases = 1;
+        r->sp.phases = &r->phasep;
+}
+
+static void req_add(Req *r, const Tensor *t, int tier, unsigned mode) {
+        Tier__PlanAccess *a = &r->acc[r->phase.n_accesses];
+
+        tier__plan_access__init(a);
+        a->tensor = t->id;
+        a->tier = (Tier__Tier) tier;
+        a->mode = mode;
+        r->accp[r->phase.n_accesses++] = a;
+}
+
+static void req_done(Req *r) {
+        free(r->acc);
+        free(r->accp);
+}
+
+static void setup_big(Config *c, void *userdata) {
+        c->host_job_limit = 1024 * MiB;
+        c->vram_job_limit = 1024 * MiB;
+}
+
+static void test_duplicates_merged(void **state) {
+        Manager *m = fixture_new(32 * MiB, setup_big, NULL);
+        Tensor *a, *b;
+        Plan *p = NULL;
+        Job *j;
+        Req r;
+        char err[256] = "";
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        a = fixture_tensor(j, "a", 4096);
+        b = fixture_tensor(j, "b", 4096);
+        req_init(&r, 8);
+        req_add(&r, a, TIER_HOST, PLAN_READ);
+        req_add(&r, b, TIER_VRAM, PLAN_READ);
+        req_add(&r, a, TIER_HOST, PLAN_WRITE);  /* merges with the first */
+        req_add(&r, a, TIER_VRAM, PLAN_READ);   /* another tier: an access of its own */
+        req_add(&r, b, TIER_VRAM, PLAN_READ);   /* merges, nothing new */
+        assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, m->vram->pool.seg_size, &p, err, sizeof(err)), 0);
+        assert_int_equal(p->n_slots, 2);
+        assert_int_equal(p->phases[0].n_acc, 3);
+        assert_ptr_equal(p->phases[0].acc[0].tensor, a);
+        assert_int_equal(p->phases[0].acc[0].mode, PLAN_READ | PLAN_WRITE);
+        assert_int_equal(p->phases[0].acc[0].tier, TIER_HOST);
+        assert_ptr_equal(p->phases[0].acc[1].tensor, b);
+        assert_int_equal(p->phases[0].acc[1].mode, PLAN_READ);
+        assert_ptr_equal(p->phases[0].acc[2].tensor, a);
+        assert_int_equal(p->phases[0].acc[2].tier, TIER_VRAM);
+        /* the access index sees a's modes of the phase together */
+        assert_int_equal(plan_next_access_mode(p, a, 0, true), PLAN_READ | PLAN_WRITE);
+        plan_free(p);
+        req_done(&r);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * Seconds plan_new() takes on one phase of @n accesses: @n / 4 tensors, each
+ * named twice in host and twice in vram (so half are duplicates to merge);
+ * the best of three.
+ */
+static double time_plan(Manager *m, Job *j, Tensor **t, size_t n) {
+        double best = 1e9;
+        Req r;
+
+        req_init(&r, n);
+        for (size_t i = 0; i < n; i++)
+                req_add(&r, t[(i / 2) % (n / 4)], (i / (n / 2)) ? TIER_VRAM : TIER_HOST,
+                        i % 2 ? PLAN_WRITE : PLAN_READ);
+        for (int k = 0; k < 3; k++) {
+                char err[256] = "";
+                Plan *p = NULL;
+                uint64_t t0 = now_ns();
+
+                assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, m->vram->pool.seg_size, &p, err,
+                                          sizeof(err)), 0);
+                best = MIN(best, (double) (now_ns() - t0) / 1e9);
+                assert_int_equal(p->n_slots, n / 4);
+                assert_int_equal(p->phases[0].n_acc, n / 2);
+                plan_free(p);
+        }
+        req_done(&r);
+        return best;
+}
+
+/*
+ * A plan is checked in the event loop, so its work must grow with its size
+ * and no faster: merging duplicates by searching the phase (as before) made a
+ * phase of n accesses cost n^2 / 2 comparisons, seconds for the largest
+ * plan [limits] allow.  Four times the accesses must cost about four times
+ * as much, not sixteen.  (A ratio of run times, not a time: the bound holds
+ * under valgrind and on a loaded machine alike.)
+ */
+static void test_work_is_linear(void **state) {
+        enum { SMALL = 8192, LARGE = 32768 };
+        Manager *m = fixture_new(32 * MiB, setup_big, NULL);
+        Tensor **t = calloc(LARGE / 4, sizeof(Tensor *));
+        double small, large;
+        Job *j;
+
+        assert_non_null(t);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (size_t i = 0; i < LARGE / 4; i++) {
+                char name[32];
+
+                snprintf(name, sizeof(name), "t%zu", i);
+                t[i] = fixture_tensor(j, name, 4096);
+        }
+        small = time_plan(m, j, t, SMALL);
+        large = time_plan(m, j, t, LARGE);
+        print_message("plan of %d accesses: %.4f s, of %d: %.4f s (ratio %.1f)\n", SMALL, small, LARGE, large,
+                      large / small);
+        assert_true(large < 9 * small + 0.002);
+        free(t);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_duplicates_merged),
+                cmocka_unit_test(test_work_is_linear),
+        };
+
+        return fixture_main("plan", tests, sizeof(tests) / sizeof(tests[0]));
+}
