@@ -212,26 +212,31 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
 }
 
 Manager *manager_free(Manager *m) {
+        bool quiet;
+
         if (!m)
                 return NULL;
-        /* top down: the connections (their plans, requests and pins), the jobs, then the rooms below */
+        /* top down: the connections (their plans, requests and pins), the plans, the revokes */
         m->server = server_free(m->server);
-        m->registry = registry_free(m->registry);
         m->sched = sched_free(m->sched);
         if (m->vram)
                 m->vram->pool.revoke = NULL;
         m->revoke = revoke_free(m->revoke);
-        m->engine = engine_free(m->engine);
-        m->uring = uring_free(m->uring);
         /*
-         * The VRAM backend's copies read and write the host pool from another
-         * thread (or the device): they stop before the pool is unmapped.  The
-         * pool goes before the backend itself, which it unregisters from.
+         * Then the transfers: the VRAM backend's copies read and write the host
+         * pool from another thread (or the device), the ring's from the kernel.
+         * Once both have stopped nothing completes a transfer any more: the
+         * engine abandons what is left, the books are freed, and then the
+         * pools, the host pool before the backend, which it unregisters from.
          */
-        if (vram_backend_stop(m->vram))
+        quiet = vram_backend_stop(m->vram);
+        m->uring = uring_free(m->uring);
+        if (quiet) {
+                m->engine = engine_free(m->engine);
+                m->registry = registry_free(m->registry);
                 segpool_deinit(&m->host.pool);
-        else
-                log_warning("VRAM copies are still running; leaving the host pool mapped");
+        } else
+                log_warning("VRAM copies are still running; leaving the host pool and the tensors as they are");
         m->vram = vram_backend_free(m->vram);
         m->nvme = nvme_tier_free(m->nvme);
         sd_event_source_disable_unref(m->sigterm);

@@ -28,6 +28,7 @@ typedef struct Xfer {
         double vtag;            /* its virtual start time there (fairq.h) */
         XferPart *parts;
         uint32_t n_parts;
+        List link;              /* Engine.xfers */
 } Xfer;
 
 /* Record why @op fails in op->error; returns @r. */
@@ -35,6 +36,9 @@ int op_fail(Op *op, int r, const char *fmt, ...) _printf_(3, 4);
 
 /* Start moving @t's valid copy in @src into the reserved copy in @dst (xfer.c).  0 or -errno (op->error set). */
 int xfer_start(Op *op, Tensor *t, int src, int dst);
+
+/* Free every transfer still in flight, as if it never started (tierd's exit, nothing will complete them). */
+void xfer_abandon_all(Engine *e);
 
 /*
  * engine_xfer_ended() - the transfer of @t ended (t->xfer is NULL again):

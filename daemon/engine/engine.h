@@ -111,7 +111,8 @@ struct Engine {
         List ops;               /* Op.all_link: every op, for cancellation */
         List run_queue;         /* Op.wait_link: ops to advance */
         List space_waiters;     /* Op.wait_link: ops waiting for space */
-        unsigned n_xfers;       /* transfers in flight (or waiting for the VRAM link) */
+        List xfers;             /* Xfer.link: transfers in flight (or waiting for the VRAM link) */
+        unsigned n_xfers;
         LinkStats links[_LINK_MAX];
         VramLink vlink;
 };
@@ -123,8 +124,9 @@ struct Engine {
 int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme, VramBackend *vram, Engine **ret);
 /*
  * engine_free() - cancel every op (no callback but cancelled() runs) and
- * free the engine; transfers still in flight are leaked, and logged.  The
- * registry, whose ops the engine is, must be freed first.
+ * free the engine.  Transfers still in flight are abandoned (logged) and
+ * freed: call it only once nothing can complete them any more, after
+ * vram_backend_stop() and uring_free(), and before the registry goes.
  */
 Engine *engine_free(Engine *e);
 void engine_set_sched(Engine *e, const EngineSchedOps *ops, void *userdata);

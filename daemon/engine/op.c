@@ -622,6 +622,7 @@ int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme
         e->nvme = nvme;
         e->vram = vram;
         list_init(&e->ops);
+        list_init(&e->xfers);
         list_init(&e->run_queue);
         list_init(&e->space_waiters);
         for (int d = 0; d < 2; d++)
@@ -647,10 +648,13 @@ void engine_set_sched(Engine *e, const EngineSchedOps *ops, void *userdata) {
 Engine *engine_free(Engine *e) {
         if (!e)
                 return NULL;
+        /* nothing of the registry's reaches a freed engine */
+        registry_set_ops(e->registry, NULL, NULL);
         list_for_each_safe(n, tmp, &e->ops)
                 op_cancel(list_entry(n, Op, all_link));
         if (e->n_xfers > 0)
-                log_warning("%u transfer(s) still running at exit; their memory is not freed", e->n_xfers);
+                log_warning("Abandoning %u transfer(s) still in flight at exit", e->n_xfers);
+        xfer_abandon_all(e);
         sd_event_source_disable_unref(e->run_source);
         sd_event_unref(e->event);
         free(e);

@@ -58,6 +58,7 @@ static void xfer_finish(Xfer *x) {
         List waiters;
 
         t->xfer = NULL;
+        list_del(&x->link);
         list_init(&waiters);
         list_splice_tail(&waiters, &t->waiters);
 
@@ -156,6 +157,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                 uring_queue(e->uring, &p->req);
         }
         t->xfer = x;
+        list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
         /*
          * Submit first, checksum after: the host copy does not change while the
@@ -251,8 +253,23 @@ static int xfer_start_vram(Op *op, Xfer *x) {
         } else
                 fair_insert(&e->vlink.waiting[d], &x->vlink, x->vtag, xfer_vtag);
         t->xfer = x;
+        list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
         return 0;
+}
+
+void xfer_abandon_all(Engine *e) {
+        list_for_each_safe(n, tmp, &e->xfers) {
+                Xfer *x = list_entry(n, Xfer, link);
+
+                /* its destination stays reserved and filling: the registry frees it with the tensor */
+                x->tensor->xfer = NULL;
+                list_del(&x->link);
+                list_del(&x->vlink);
+                e->n_xfers--;
+                free(x->parts);
+                free(x);
+        }
 }
 
 int xfer_start(Op *op, Tensor *t, int src, int dst) {

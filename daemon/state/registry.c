@@ -67,9 +67,20 @@ void registry_set_ops(Registry *r, const RegistryOps *ops, void *userdata) {
 Registry *registry_free(Registry *r) {
         if (!r)
                 return NULL;
+        r->freeing = true;
         list_for_each_safe(n, tmp, &r->jobs)
                 job_destroy(list_entry(n, Job, link));
-        /* jobs whose tensors wait for a transfer that will never end now stay allocated (logged by the engine) */
+        /* jobs whose tensors waited for a transfer: the engine is gone, nothing is in flight any more */
+        list_for_each_safe(n, tmp, &r->dying_jobs) {
+                Job *j = list_entry(n, Job, link);
+
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        Tensor *t = list_entry(tn, Tensor, job_link);
+
+                        t->xfer = NULL;
+                        tensor_release_copies(t);       /* doomed: frees it, and the job after its last */
+                }
+        }
         free(r);
         return NULL;
 }
@@ -147,7 +158,13 @@ static void job_free_final(Job *j) {
         for (int i = 0; i < TIERS; i++) {
                 list_for_each_safe(n, tmp, &j->segments[i]) {
                         Segment *s = list_entry(n, Segment, owner_link);
-                        int r = segpool_release(s->pool, s);
+                        int r;
+
+                        if (j->registry->freeing) {
+                                segpool_forget(s->pool, s);     /* the pools go next: nothing to renew */
+                                continue;
+                        }
+                        r = segpool_release(s->pool, s);
 
                         if (r < 0)
                                 log_object(LOG_WARNING, r, j->name, NULL, level_to_string(s->pool->tier),

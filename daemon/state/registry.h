@@ -144,6 +144,7 @@ struct Registry {
         uint64_t next_job_id;
         unsigned n_jobs;
         bool stopping;          /* tierd is stopping: jobs no longer linger */
+        bool freeing;           /* registry_free(): segments are not renewed for the next job */
 
         List lru[TIERS];        /* Copy.lru, least recently used first */
         uint64_t capacity[TIERS];
@@ -158,7 +159,10 @@ struct Registry {
  */
 int registry_new(const Config *config, sd_event *event, SegPool *host, SegPool *vram, NvmeTier *nvme,
                  Registry **ret);
-/* Frees every job; the ops must not call back into anything freed already. */
+/*
+ * registry_free() - free every job and tensor, those waiting for a transfer
+ * too: call it after the engine, once no transfer can complete.
+ */
 Registry *registry_free(Registry *r);
 void registry_set_ops(Registry *r, const RegistryOps *ops, void *userdata);
 

@@ -128,6 +128,13 @@ int segpool_release(SegPool *p, Segment *s) {
         return segment_renew(p, s);
 }
 
+void segpool_forget(SegPool *p, Segment *s) {
+        if (!s->owner)
+                return;
+        list_del(&s->owner_link);
+        s->owner = NULL;
+}
+
 int segpool_revoked(SegPool *p, Segment *s) {
         if (!s->revoking)
                 return -EINVAL;

@@ -71,6 +71,12 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret);
  * segpool_revoked().
  */
 int segpool_release(SegPool *p, Segment *seg);
+/*
+ * segpool_forget() - the owner is going and so is the pool (tierd's exit):
+ * the segment only stops belonging to it; its memory is not replaced
+ * (segpool_deinit() drops it), and it is not put back in service.
+ */
+void segpool_forget(SegPool *p, Segment *seg);
 /* The clients let go of a revoking segment: replace its memory and put it back in service. */
 int segpool_revoked(SegPool *p, Segment *seg);
 
