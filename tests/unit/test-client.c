@@ -45,19 +45,6 @@ static void test_level_names(void **state) {
         assert_int_equal(tier_level_from_name(NULL), -EINVAL);
 }
 
-static void test_format_bytes(void **state) {
-        char buf[FORMAT_BYTES_MAX];
-
-        assert_string_equal(format_bytes(buf, sizeof(buf), 0), "0 B");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1023), "1023 B");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1024), "1.0 KiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1536), "1.5 KiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 512ull << 20), "512.0 MiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), (1ull << 30) - 1), "1.0 GiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 3ull << 40), "3.0 TiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), UINT64_MAX), "16.0 EiB");
-}
-
 /* ---- argument checks ------------------------------------------------------------------ */
 
 static void test_einval(void **state) {
@@ -362,7 +349,6 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_strerror),
                 cmocka_unit_test(test_level_names),
-                cmocka_unit_test(test_format_bytes),
                 cmocka_unit_test(test_einval),
                 cmocka_unit_test(test_connect_fails),
                 cmocka_unit_test(test_status_json),
