@@ -29,9 +29,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <tier.h>
+
+#include "util/size.h"
+#include "util/time-util.h"
 
 /* How long one fence may take before the demo gives up instead of hanging. */
 #define FENCE_TIMEOUT_MS (120 * 1000)
@@ -51,27 +53,9 @@ static uint64_t bytes_verified;
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-static double now(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
-}
-
-static const char *human(uint64_t bytes) {
-        static char buf[4][32];
-        static unsigned next;
-        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-        char *b = buf[next++ % 4];
-        double v = (double) bytes;
-        unsigned u = 0;
-
-        while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
-                v /= 1024;
-                u++;
-        }
-        snprintf(b, sizeof(buf[0]), u ? "%.1f %s" : "%.0f %s", v, units[u]);
-        return b;
+/* Seconds from @t0 to @t1, both from now_ns(). */
+static double seconds(uint64_t t0, uint64_t t1) {
+        return ns_to_sec(t1 - t0);
 }
 
 static double gbps(uint64_t bytes, double seconds) {
@@ -84,31 +68,6 @@ static int fail(int r, const char *what, unsigned tensor) {
 
         fprintf(stderr, "train-step: %s (tensor %u): %s\n", what, tensor, why && *why ? why : tier_strerror(r));
         return r;
-}
-
-static int parse_size(const char *s, uint64_t *ret) {
-        char *end;
-        unsigned long long v;
-        unsigned shift = 0;
-
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno != 0 || end == s)
-                return -EINVAL;
-        switch (*end) {
-        case 'k': case 'K': shift = 10; end++; break;
-        case 'm': case 'M': shift = 20; end++; break;
-        case 'g': case 'G': shift = 30; end++; break;
-        case 't': case 'T': shift = 40; end++; break;
-        }
-        if (shift && (*end == 'i' || *end == 'I'))
-                end++;
-        if (*end == 'b' || *end == 'B')
-                end++;
-        if (*end != 0 || v == 0 || v > (UINT64_MAX >> shift))
-                return -EINVAL;
-        *ret = (uint64_t) v << shift;
-        return 0;
 }
 
 static int parse_unsigned(const char *s, unsigned *ret) {
@@ -271,36 +230,36 @@ static unsigned count_spilled(void) {
 static int run_step(unsigned step, unsigned window, tier_fence *fences) {
         uint64_t total = (uint64_t) n_tensors * arg_size;
         unsigned spilled;
-        double t0, t1, t2, t3;
+        uint64_t t0, t1, t2, t3;
         int r;
 
-        t0 = now();
+        t0 = now_ns();
         r = step_write(step);
         if (r != 0)
                 return r;
-        t1 = now();
+        t1 = now_ns();
         spilled = count_spilled();
 
-        t2 = now();
+        t2 = now_ns();
         r = step_evict(fences);
         if (r != 0)
                 return r;
-        t3 = now();
+        t3 = now_ns();
         printf("step %u/%u\n", step + 1, arg_steps);
         printf("  write     %10s by the CPU into host memory   %7.2f s  %6.2f GB/s"
                "  (tierd spilled %u tensors to NVMe on its own)\n",
-               human(total), t1 - t0, gbps(total, t1 - t0), spilled);
+               FORMAT_SIZE(total), seconds(t0, t1), gbps(total, seconds(t0, t1)), spilled);
         printf("  evict     %10s host -> nvme                   %7.2f s  %6.2f GB/s\n",
-               human((uint64_t) (n_tensors - spilled) * arg_size), t3 - t2,
-               gbps((uint64_t) (n_tensors - spilled) * arg_size, t3 - t2));
+               FORMAT_SIZE((uint64_t) (n_tensors - spilled) * arg_size), seconds(t2, t3),
+               gbps((uint64_t) (n_tensors - spilled) * arg_size, seconds(t2, t3)));
 
-        t0 = now();
+        t0 = now_ns();
         r = step_read(step, window, fences);
         if (r != 0)
                 return r;
-        t1 = now();
+        t1 = now_ns();
         printf("  read      %10s nvme -> host, every byte checked %5.2f s  %6.2f GB/s\n",
-               human(total), t1 - t0, gbps(total, t1 - t0));
+               FORMAT_SIZE(total), seconds(t0, t1), gbps(total, seconds(t0, t1)));
         return 0;
 }
 
@@ -309,7 +268,7 @@ static int run_step(unsigned step, unsigned window, tier_fence *fences) {
 static int vram_round_trip(unsigned last_step) {
         struct tier_grant g;
         int64_t bad;
-        double t0 = now();
+        uint64_t t0 = now_ns();
         int r;
 
         r = tier_pin(tensors[0], TIER_VRAM, &g);
@@ -344,7 +303,7 @@ static int vram_round_trip(unsigned last_step) {
                 return r;
 
         printf("vram      %10s host -> vram -> nvme -> host (%s backend) %5.2f s\n",
-               human(arg_size), tier_client_vram_backend(client), now() - t0);
+               FORMAT_SIZE(arg_size), tier_client_vram_backend(client), seconds(t0, now_ns()));
         return 0;
 }
 
@@ -359,7 +318,7 @@ static void help(void) {
                "  --socket PATH   tierd's socket (default: $TIER_SOCKET, else the built-in path)\n"
                "  --job NAME      job to join (default: demo)\n"
                "  --tensors N     number of tensors (default: enough for 2 x the job's host limit)\n"
-               "  --size BYTES    bytes per tensor, with K, M or G (default: 16M)\n"
+               "  --size BYTES    bytes per tensor, > 0; K, M, G, ... are powers of 1024 (default: 16M)\n"
                "  --steps N       training steps (default: 2)\n");
 }
 
@@ -391,7 +350,7 @@ static int parse_argv(int argc, char **argv) {
                         }
                         break;
                 case ARG_SIZE:
-                        if (parse_size(optarg, &arg_size) < 0) {
+                        if (size_parse(optarg, &arg_size) < 0 || arg_size == 0) {
                                 fprintf(stderr, "train-step: bad --size '%s' (e.g. 4096, 64K, 16M, 1G)\n",
                                         optarg);
                                 return -EINVAL;
@@ -433,7 +392,7 @@ static int create_tensors(void) {
                         return fail(r, "create", i);
                 if (tier_tensor_size(tensors[i]) != arg_size) {
                         fprintf(stderr, "train-step: tensor %s exists with %s, not %s; use another --job\n",
-                                name, human(tier_tensor_size(tensors[i])), human(arg_size));
+                                name, FORMAT_SIZE(tier_tensor_size(tensors[i])), FORMAT_SIZE(arg_size));
                         return -EEXIST;
                 }
         }
@@ -454,7 +413,7 @@ int main(int argc, char **argv) {
         uint64_t host_limit;
         tier_fence *fences = NULL;
         unsigned window;
-        double t0;
+        uint64_t t0;
         int r;
 
         if (parse_argv(argc, argv) < 0)
@@ -479,19 +438,19 @@ int main(int argc, char **argv) {
                 window = 1;
 
         printf("job %s: %u tensors x %s = %s, host limit %s, vram backend %s\n", arg_job, n_tensors,
-               human(arg_size), human((uint64_t) n_tensors * arg_size),
-               host_limit ? human(host_limit) : "unknown", tier_client_vram_backend(client));
+               FORMAT_SIZE(arg_size), FORMAT_SIZE((uint64_t) n_tensors * arg_size),
+               host_limit ? FORMAT_SIZE(host_limit) : "unknown", tier_client_vram_backend(client));
 
         fences = calloc(n_tensors, sizeof(*fences));
         r = fences ? create_tensors() : -ENOMEM;
-        t0 = now();
+        t0 = now_ns();
         for (unsigned step = 0; r == 0 && step < arg_steps; step++)
                 r = run_step(step, window, fences);
         if (r == 0)
                 r = vram_round_trip(arg_steps - 1);
 
         if (r == 0)
-                printf("verified %" PRIu64 " bytes, 0 errors (%.2f s)\n", bytes_verified, now() - t0);
+                printf("verified %" PRIu64 " bytes, 0 errors (%.2f s)\n", bytes_verified, seconds(t0, now_ns()));
         destroy_tensors();
         free(fences);
         tier_client_free(client);
