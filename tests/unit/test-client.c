@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -260,6 +261,32 @@ static void test_status_json_escaping(void **state) {
         free(out);
 }
 
+/* Seconds: at most 3 decimals, in full however large; non-finite (never sent by tierd) is null. */
+static void test_status_json_numbers(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        s.uptime_s = 1e16 + 2;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":10000000000000002,"));
+        free(out);
+
+        s.uptime_s = -0.0004;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":0,"));
+        free(out);
+
+        s.uptime_s = 0.0125;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":0.013,"));
+        free(out);
+
+        s.uptime_s = NAN;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":null,"));
+        free(out);
+}
+
 /* The lines of the block that starts with @header, up to the next empty line. */
 static size_t block_lines(const char *text, const char *header, char lines[][256], size_t max) {
         const char *p = strstr(text, header);
@@ -354,6 +381,7 @@ int main(void) {
                 cmocka_unit_test(test_status_json),
                 cmocka_unit_test(test_status_json_empty),
                 cmocka_unit_test(test_status_json_escaping),
+                cmocka_unit_test(test_status_json_numbers),
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
                 cmocka_unit_test(test_status_format_einval),
