@@ -29,11 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <tier.h>
-
-#include "util/size.h"
-#include "util/time-util.h"
 
 /* How long one fence may take before the demo gives up instead of hanging. */
 #define FENCE_TIMEOUT_MS (120 * 1000)
@@ -53,9 +51,48 @@ static uint64_t bytes_verified;
 
 /* ---- helpers ---------------------------------------------------------------------- */
 
-/* Seconds from @t0 to @t1, both from now_ns(). */
-static double seconds(uint64_t t0, uint64_t t1) {
-        return ns_to_sec(t1 - t0);
+static double now(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+/*
+ * The helpers below read and write sizes exactly as tierd, tierctl and the
+ * benchmarks do (tierd's util/size.h).  They are copies because this program
+ * is also the example of building against the installed libtier alone.
+ */
+
+/* @bytes in binary units, one decimal, rounded to the nearest tenth ("1.0 MiB" for 1048575). */
+static const char *human(uint64_t bytes) {
+        static char buf[4][32];
+        static unsigned next;
+        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+        char *b = buf[next++ % 4];
+        uint64_t d = 1, whole, tenths;
+        unsigned u = 0;
+
+        while (u + 1 < sizeof(units) / sizeof(units[0]) && bytes / d >= 1024) {
+                d *= 1024;
+                u++;
+        }
+        if (u == 0) {
+                snprintf(b, sizeof(buf[0]), "%" PRIu64 " B", bytes);
+                return b;
+        }
+        whole = bytes / d;
+        tenths = ((bytes % d) * 10 + d / 2) / d;
+        if (tenths >= 10) {
+                whole++;
+                tenths = 0;
+        }
+        if (whole >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+                whole /= 1024;          /* 1023.95 KiB and up: 1.0 MiB */
+                u++;
+        }
+        snprintf(b, sizeof(buf[0]), "%" PRIu64 ".%" PRIu64 " %s", whole, tenths, units[u]);
+        return b;
 }
 
 static double gbps(uint64_t bytes, double seconds) {
@@ -68,6 +105,38 @@ static int fail(int r, const char *what, unsigned tensor) {
 
         fprintf(stderr, "train-step: %s (tensor %u): %s\n", what, tensor, why && *why ? why : tier_strerror(r));
         return r;
+}
+
+/* Decimal digits, then optionally K, M, G, T, P or E (either case, powers of 1024) and B or iB, or a bare B. */
+static int parse_size(const char *s, uint64_t *ret) {
+        static const char units[] = "KMGTPE";
+        const char *unit;
+        unsigned shift = 0;
+        uint64_t v = 0;
+
+        if (*s < '0' || *s > '9')
+                return -EINVAL;
+        for (; *s >= '0' && *s <= '9'; s++) {
+                if (v > (UINT64_MAX - (uint64_t) (*s - '0')) / 10)
+                        return -ERANGE;
+                v = v * 10 + (uint64_t) (*s - '0');
+        }
+        unit = *s ? strchr(units, *s >= 'a' && *s <= 'z' ? *s - 'a' + 'A' : *s) : NULL;
+        if (unit) {
+                shift = 10 * (unsigned) (unit - units + 1);
+                s++;
+                if (s[0] == 'i' && s[1] == 'B')
+                        s += 2;
+                else if (s[0] == 'B')
+                        s++;
+        } else if (*s == 'B')
+                s++;
+        if (*s != '\0')
+                return -EINVAL;
+        if (v > (UINT64_MAX >> shift))
+                return -ERANGE;
+        *ret = v << shift;
+        return 0;
 }
 
 static int parse_unsigned(const char *s, unsigned *ret) {
@@ -230,36 +299,36 @@ static unsigned count_spilled(void) {
 static int run_step(unsigned step, unsigned window, tier_fence *fences) {
         uint64_t total = (uint64_t) n_tensors * arg_size;
         unsigned spilled;
-        uint64_t t0, t1, t2, t3;
+        double t0, t1, t2, t3;
         int r;
 
-        t0 = now_ns();
+        t0 = now();
         r = step_write(step);
         if (r != 0)
                 return r;
-        t1 = now_ns();
+        t1 = now();
         spilled = count_spilled();
 
-        t2 = now_ns();
+        t2 = now();
         r = step_evict(fences);
         if (r != 0)
                 return r;
-        t3 = now_ns();
+        t3 = now();
         printf("step %u/%u\n", step + 1, arg_steps);
         printf("  write     %10s by the CPU into host memory   %7.2f s  %6.2f GB/s"
                "  (tierd spilled %u tensors to NVMe on its own)\n",
-               FORMAT_SIZE(total), seconds(t0, t1), gbps(total, seconds(t0, t1)), spilled);
+               human(total), t1 - t0, gbps(total, t1 - t0), spilled);
         printf("  evict     %10s host -> nvme                   %7.2f s  %6.2f GB/s\n",
-               FORMAT_SIZE((uint64_t) (n_tensors - spilled) * arg_size), seconds(t2, t3),
-               gbps((uint64_t) (n_tensors - spilled) * arg_size, seconds(t2, t3)));
+               human((uint64_t) (n_tensors - spilled) * arg_size), t3 - t2,
+               gbps((uint64_t) (n_tensors - spilled) * arg_size, t3 - t2));
 
-        t0 = now_ns();
+        t0 = now();
         r = step_read(step, window, fences);
         if (r != 0)
                 return r;
-        t1 = now_ns();
+        t1 = now();
         printf("  read      %10s nvme -> host, every byte checked %5.2f s  %6.2f GB/s\n",
-               FORMAT_SIZE(total), seconds(t0, t1), gbps(total, seconds(t0, t1)));
+               human(total), t1 - t0, gbps(total, t1 - t0));
         return 0;
 }
 
@@ -268,7 +337,7 @@ static int run_step(unsigned step, unsigned window, tier_fence *fences) {
 static int vram_round_trip(unsigned last_step) {
         struct tier_grant g;
         int64_t bad;
-        uint64_t t0 = now_ns();
+        double t0 = now();
         int r;
 
         r = tier_pin(tensors[0], TIER_VRAM, &g);
@@ -303,7 +372,7 @@ static int vram_round_trip(unsigned last_step) {
                 return r;
 
         printf("vram      %10s host -> vram -> nvme -> host (%s backend) %5.2f s\n",
-               FORMAT_SIZE(arg_size), tier_client_vram_backend(client), seconds(t0, now_ns()));
+               human(arg_size), tier_client_vram_backend(client), now() - t0);
         return 0;
 }
 
@@ -350,7 +419,7 @@ static int parse_argv(int argc, char **argv) {
                         }
                         break;
                 case ARG_SIZE:
-                        if (size_parse(optarg, &arg_size) < 0 || arg_size == 0) {
+                        if (parse_size(optarg, &arg_size) < 0 || arg_size == 0) {
                                 fprintf(stderr, "train-step: bad --size '%s' (e.g. 4096, 64K, 16M, 1G)\n",
                                         optarg);
                                 return -EINVAL;
@@ -392,7 +461,7 @@ static int create_tensors(void) {
                         return fail(r, "create", i);
                 if (tier_tensor_size(tensors[i]) != arg_size) {
                         fprintf(stderr, "train-step: tensor %s exists with %s, not %s; use another --job\n",
-                                name, FORMAT_SIZE(tier_tensor_size(tensors[i])), FORMAT_SIZE(arg_size));
+                                name, human(tier_tensor_size(tensors[i])), human(arg_size));
                         return -EEXIST;
                 }
         }
@@ -413,7 +482,7 @@ int main(int argc, char **argv) {
         uint64_t host_limit;
         tier_fence *fences = NULL;
         unsigned window;
-        uint64_t t0;
+        double t0;
         int r;
 
         if (parse_argv(argc, argv) < 0)
@@ -438,19 +507,19 @@ int main(int argc, char **argv) {
                 window = 1;
 
         printf("job %s: %u tensors x %s = %s, host limit %s, vram backend %s\n", arg_job, n_tensors,
-               FORMAT_SIZE(arg_size), FORMAT_SIZE((uint64_t) n_tensors * arg_size),
-               host_limit ? FORMAT_SIZE(host_limit) : "unknown", tier_client_vram_backend(client));
+               human(arg_size), human((uint64_t) n_tensors * arg_size),
+               host_limit ? human(host_limit) : "unknown", tier_client_vram_backend(client));
 
         fences = calloc(n_tensors, sizeof(*fences));
         r = fences ? create_tensors() : -ENOMEM;
-        t0 = now_ns();
+        t0 = now();
         for (unsigned step = 0; r == 0 && step < arg_steps; step++)
                 r = run_step(step, window, fences);
         if (r == 0)
                 r = vram_round_trip(arg_steps - 1);
 
         if (r == 0)
-                printf("verified %" PRIu64 " bytes, 0 errors (%.2f s)\n", bytes_verified, seconds(t0, now_ns()));
+                printf("verified %" PRIu64 " bytes, 0 errors (%.2f s)\n", bytes_verified, now() - t0);
         destroy_tensors();
         free(fences);
         tier_client_free(client);
