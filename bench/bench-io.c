@@ -47,6 +47,8 @@
 
 #include "bench/common.h"
 #include "proto/macro.h"
+#include "util/size.h"
+#include "util/time-util.h"
 
 /* Verification unit: of each MiB of a tensor, the first, the last and one random word are checked. */
 #define VERIFY_STRIDE (UINT64_C(1) << 20)
@@ -311,7 +313,7 @@ static int count_present(Run *run, int tier, size_t *ret) {
 
 /* Evict (or prefetch) every tensor, then wait for every fence; *ret_ns is the wall time. */
 static int timed_pass(Run *run, bool evict, uint64_t *ret_ns) {
-        uint64_t t0 = bench_now_ns();
+        uint64_t t0 = now_ns();
         int r;
 
         for (size_t i = 0; i < run->n; i++) {
@@ -331,7 +333,7 @@ static int timed_pass(Run *run, bool evict, uint64_t *ret_ns) {
                         return r;
                 }
         }
-        *ret_ns = bench_now_ns() - t0;
+        *ret_ns = now_ns() - t0;
         return 0;
 }
 
@@ -448,14 +450,14 @@ static int parse_args(int argc, char **argv, Args *a) {
                         a->dir = optarg;
                         break;
                 case ARG_TOTAL:
-                        r = bench_parse_size(optarg, &a->total);
+                        r = size_parse(optarg, &a->total);
                         if (r < 0 || a->total == 0) {
                                 bench_log("bad --total \"%s\"", optarg);
                                 return -EINVAL;
                         }
                         break;
                 case ARG_TENSOR_SIZE:
-                        r = bench_parse_size(optarg, &a->tensor_size);
+                        r = size_parse(optarg, &a->tensor_size);
                         if (r < 0 || a->tensor_size == 0 || a->tensor_size % 8 != 0) {
                                 bench_log("bad --tensor-size \"%s\" (a non-zero multiple of 8)", optarg);
                                 return -EINVAL;
@@ -609,7 +611,7 @@ int main(int argc, char **argv) {
         a.socket = bench_socket_path(a.socket);
 
         run.n = (size_t) (a.total / a.tensor_size);
-        run.seed = splitmix64(bench_now_ns() ^ (uint64_t) getpid());
+        run.seed = splitmix64(now_ns() ^ (uint64_t) getpid());
         run.tensors = calloc(run.n, sizeof(*run.tensors));
         run.fences = calloc(run.n, sizeof(*run.fences));
         if (!run.tensors || !run.fences) {

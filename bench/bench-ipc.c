@@ -55,6 +55,7 @@
 #include "proto/macro.h"
 #include "proto/tier.pb-c.h"
 #include "proto/wire.h"
+#include "util/time-util.h"
 
 /* Size of one baseline message: about a small request plus framing. */
 #define RAW_MSG_SIZE 64
@@ -150,7 +151,7 @@ static int raw_baseline(const Args *a, uint64_t *samples, RawResult *ret) {
 
         /* One at a time: warm up, then time each round trip. */
         for (uint64_t i = 0; i < a->warmup + a->iterations; i++) {
-                uint64_t s = bench_now_ns();
+                uint64_t s = now_ns();
 
                 if (write_full(sv[0], msg, sizeof(msg)) != (ssize_t) sizeof(msg) ||
                     read_full(sv[0], buf, sizeof(buf)) != (ssize_t) sizeof(msg)) {
@@ -158,16 +159,16 @@ static int raw_baseline(const Args *a, uint64_t *samples, RawResult *ret) {
                         goto finish;
                 }
                 if (i >= a->warmup)
-                        samples[i - a->warmup] = bench_now_ns() - s;
+                        samples[i - a->warmup] = now_ns() - s;
         }
         ret->rtt_p50_us = bench_percentile_us(samples, a->iterations, 0.50);
         ret->rtt_p99_us = bench_percentile_us(samples, a->iterations, 0.99);
 
         /* Pipelined: at most `window` messages in flight, for the duration. */
-        t0 = bench_now_ns();
+        t0 = now_ns();
         deadline = t0 + (uint64_t) (a->duration * 1e9);
         for (;;) {
-                bool stop = bench_now_ns() >= deadline;
+                bool stop = now_ns() >= deadline;
 
                 while (!stop && inflight < a->window) {
                         if (write_full(sv[0], msg, sizeof(msg)) != (ssize_t) sizeof(msg)) {
@@ -186,7 +187,7 @@ static int raw_baseline(const Args *a, uint64_t *samples, RawResult *ret) {
                 inflight--;
                 done++;
         }
-        end = bench_now_ns();
+        end = now_ns();
         ret->ops_per_s = (double) done / ((double) (end - t0) / 1e9);
 
 finish:
@@ -217,15 +218,15 @@ static int tier_round_trips(const Args *a, tier_client *c, tier_tensor *t, uint6
                 uint64_t t0, t1, t2;
                 int r;
 
-                t0 = bench_now_ns();
+                t0 = now_ns();
                 r = tier_pin(t, TIER_HOST, &g);
-                t1 = bench_now_ns();
+                t1 = now_ns();
                 if (r < 0) {
                         log_tier_error(c, r, "tier_pin");
                         return r;
                 }
                 r = tier_unpin(t, TIER_HOST, 0);
-                t2 = bench_now_ns();
+                t2 = now_ns();
                 if (r < 0) {
                         log_tier_error(c, r, "tier_unpin");
                         return r;
@@ -430,10 +431,10 @@ static int raw_pipelined(const Args *a, const char *socket, const char *job, con
         unpin.dirty = false;
 
         /* Sliding window: refill to `window`, then take one reply.  Stop after an Unpin. */
-        t0 = bench_now_ns();
+        t0 = now_ns();
         deadline = t0 + (uint64_t) (a->duration * 1e9);
         for (;;) {
-                bool stop = (sent % 2 == 0) && bench_now_ns() >= deadline;
+                bool stop = (sent % 2 == 0) && now_ns() >= deadline;
 
                 while (!stop && inflight < window) {
                         if (sent % 2 == 0) {
@@ -450,7 +451,7 @@ static int raw_pipelined(const Args *a, const char *socket, const char *job, con
                         }
                         inflight++;
                         sent++;
-                        if (sent % 2 == 0 && bench_now_ns() >= deadline)
+                        if (sent % 2 == 0 && now_ns() >= deadline)
                                 stop = true;
                 }
                 if (inflight == 0)
@@ -474,7 +475,7 @@ static int raw_pipelined(const Args *a, const char *socket, const char *job, con
                 tier__reply__free_unpacked(reply, NULL);
                 reply = NULL;
         }
-        end = bench_now_ns();
+        end = now_ns();
 
         ret->ops = done;
         ret->errors = errors;

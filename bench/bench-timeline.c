@@ -69,6 +69,8 @@
 
 #include "bench/common.h"
 #include "proto/macro.h"
+#include "util/size.h"
+#include "util/time-util.h"
 
 /* One word in this many bytes of every tensor is checked and stamped: a word in every NVMe extent. */
 #define SAMPLE_STRIDE (UINT64_C(64) << 10)
@@ -164,7 +166,7 @@ static void log_tier_error(tier_client *c, int r, const char *what) {
 }
 
 static void spin_until(uint64_t t) {
-        while (bench_now_ns() < t)
+        while (now_ns() < t)
                 ;
 }
 
@@ -324,7 +326,7 @@ static int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
                 stuck_len = k > 0 ? MIN((size_t) k, sizeof(stuck_msg) - 1) : 0;
                 alarm((unsigned) j->a->phase_timeout);
         }
-        t0 = bench_now_ns();
+        t0 = now_ns();
         r = tier_phase(j->c, ph);
         if (j->a->phase_timeout > 0)
                 alarm(0);
@@ -335,10 +337,10 @@ static int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
         if (j->n_trace < j->cap_trace) {
                 j->trace[j->n_trace][0] = ph;
                 j->trace[j->n_trace][1] = t0;
-                j->trace[j->n_trace][2] = bench_now_ns();
+                j->trace[j->n_trace][2] = now_ns();
                 j->n_trace++;
         }
-        t0 = bench_now_ns();
+        t0 = now_ns();
         if (ph < L) {
                 unsigned i = ph;
 
@@ -373,7 +375,7 @@ static int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
                 stamp(j, &g, ID_P + i, ++j->vp[i]);
         }
         spin_until(t0 + compute_us * 1000);
-        j->compute_ns += bench_now_ns() - t0;
+        j->compute_ns += now_ns() - t0;
         j->phases++;
         return 0;
 }
@@ -452,7 +454,7 @@ static int job_new(const Args *a, const char *name, unsigned weight, Job **ret) 
                 return -ENOMEM;
         j->a = a;
         j->n_phases = 3 * L;
-        j->seed = splitmix64(bench_now_ns() ^ ((uint64_t) getpid() << 32));
+        j->seed = splitmix64(now_ns() ^ ((uint64_t) getpid() << 32));
         j->P = calloc(L, sizeof(*j->P));
         j->G = calloc(L, sizeof(*j->G));
         j->O = calloc(L, sizeof(*j->O));
@@ -570,12 +572,12 @@ static int run_single(const Args *a) {
                   tier_client_limit(j->c, TIER_HOST), a->fwd_us, a->bwd_us, a->opt_us);
 
         for (uint64_t s = 0; s < a->warmup; s++) {
-                uint64_t ts = bench_now_ns();
+                uint64_t ts = now_ns();
 
                 r = job_step(j);
                 if (r < 0)
                         goto finish;
-                bench_log("warm-up step %" PRIu64 ": %.3f s", s + 1, (double) (bench_now_ns() - ts) / 1e9);
+                bench_log("warm-up step %" PRIu64 ": %.3f s", s + 1, (double) (now_ns() - ts) / 1e9);
         }
 
         r = read_counters(j->c, &c0, policy, sizeof(policy));
@@ -590,14 +592,14 @@ static int run_single(const Args *a) {
                 if (!j->trace)
                         j->cap_trace = 0;
         }
-        t0 = bench_now_ns();
+        t0 = now_ns();
         for (uint64_t s = 0; s < a->steps; s++) {
-                uint64_t ts = bench_now_ns();
+                uint64_t ts = now_ns();
 
                 r = job_step(j);
                 if (r < 0)
                         goto finish;
-                step_s[s] = (double) (bench_now_ns() - ts) / 1e9;
+                step_s[s] = (double) (now_ns() - ts) / 1e9;
                 bench_log("step %" PRIu64 ": %.3f s, stall so far %.3f s", s + 1, step_s[s],
                           tier_phase_stall(j->c) - stall0);
         }
@@ -605,7 +607,7 @@ static int run_single(const Args *a) {
         r = job_finish(j);
         if (r < 0)
                 goto finish;
-        t_end = bench_now_ns();
+        t_end = now_ns();
         r = read_counters(j->c, &c1, NULL, 0);
         if (r < 0)
                 goto finish;
@@ -743,10 +745,10 @@ static int fair_child(const Args *a, const char *name, unsigned weight, int up, 
         if (r < 0)
                 goto finish;
 
-        t0 = bench_now_ns();
+        t0 = now_ns();
         stall0 = tier_phase_stall(j->c);
         phases0 = j->phases;
-        while ((last = bench_now_ns()) < deadline) {
+        while ((last = now_ns()) < deadline) {
                 unsigned L = (unsigned) a->layers;
                 uint64_t us = ph < L ? a->fwd_us : ph < 2 * L ? a->bwd_us : a->opt_us;
 
@@ -852,7 +854,7 @@ static int run_group(const Args *a, const char *prefix, const unsigned *w, size_
         r = read_counters(ctl, &c0, NULL, 0);
         if (r < 0)
                 goto out;
-        t0 = bench_now_ns();
+        t0 = now_ns();
         deadline = t0 + (uint64_t) (a->duration * 1e9);
         for (size_t k = 0; k < n; k++) {
                 r = write_all(down[k][1], &deadline, sizeof(deadline));
@@ -860,8 +862,7 @@ static int run_group(const Args *a, const char *prefix, const unsigned *w, size_
                         goto out;
         }
         {
-                struct timespec ts = { .tv_sec = (time_t) (deadline / 1000000000u),
-                                       .tv_nsec = (long) (deadline % 1000000000u) };
+                struct timespec ts = timespec_from_ns(deadline);
 
                 while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
                         ;
@@ -869,7 +870,7 @@ static int run_group(const Args *a, const char *prefix, const unsigned *w, size_
         r = read_counters(ctl, &c1, NULL, 0);
         if (r < 0)
                 goto out;
-        g->seconds = (double) (bench_now_ns() - t0) / 1e9;
+        g->seconds = (double) (now_ns() - t0) / 1e9;
         g->nvme_read = c1.nvme_read - c0.nvme_read;
         g->nvme_write = c1.nvme_write - c0.nvme_write;
         g->nvme_bytes = g->nvme_read + g->nvme_write;
@@ -1084,17 +1085,17 @@ static int parse_args(int argc, char **argv, Args *a) {
                         r = bench_parse_uint(optarg, 1, MAX_LAYERS, &a->layers);
                         break;
                 case ARG_TSIZE:
-                        r = bench_parse_size(optarg, &a->p_size);
+                        r = size_parse(optarg, &a->p_size);
                         a->g_size = a->o_size = a->p_size;
                         break;
                 case ARG_PSIZE:
-                        r = bench_parse_size(optarg, &a->p_size);
+                        r = size_parse(optarg, &a->p_size);
                         break;
                 case ARG_GSIZE:
-                        r = bench_parse_size(optarg, &a->g_size);
+                        r = size_parse(optarg, &a->g_size);
                         break;
                 case ARG_OSIZE:
-                        r = bench_parse_size(optarg, &a->o_size);
+                        r = size_parse(optarg, &a->o_size);
                         break;
                 case ARG_FWD:
                         r = bench_parse_uint(optarg, 0, UINT64_C(60000000), &a->fwd_us);
@@ -1112,13 +1113,13 @@ static int parse_args(int argc, char **argv, Args *a) {
                         r = bench_parse_uint(optarg, 1, MAX_STEPS, &a->steps);
                         break;
                 case ARG_NVME_BW:
-                        r = bench_parse_size(optarg, &a->nvme_bw);
+                        r = size_parse(optarg, &a->nvme_bw);
                         break;
                 case ARG_TARGETS:
                         r = bench_parse_uint(optarg, 1, 16, &a->targets);
                         break;
                 case ARG_LINK_BW:
-                        r = bench_parse_size(optarg, &a->link_bw);
+                        r = size_parse(optarg, &a->link_bw);
                         break;
                 case ARG_WEIGHT:
                         r = bench_parse_uint(optarg, 1, 1000, &a->weight);

@@ -34,6 +34,8 @@
 #include "bench/common.h"
 #include "proto/cudrv.h"
 #include "tests/helpers/daemon.h"
+#include "util/size.h"
+#include "util/time-util.h"
 
 #define MiB ((uint64_t) 1 << 20)
 #define ROUNDS_MAX 20
@@ -163,7 +165,7 @@ static int bench_tierd(Run *r, double *h2d, double *d2h) {
                 k = to_host_only(r, (uint8_t) round);
                 if (k < 0)
                         return k;
-                t0 = bench_now_ns();
+                t0 = now_ns();
                 for (size_t i = 0; i < r->n; i++) {
                         k = tier_prefetch_async(r->t[i], TIER_VRAM, &r->f[i]);
                         if (k < 0)
@@ -172,12 +174,12 @@ static int bench_tierd(Run *r, double *h2d, double *d2h) {
                 k = wait_all(r);
                 if (k < 0)
                         return k;
-                h2d[round] = gbps(bytes, bench_now_ns() - t0);
+                h2d[round] = gbps(bytes, now_ns() - t0);
 
                 k = to_vram_dirty(r);
                 if (k < 0)
                         return k;
-                t0 = bench_now_ns();
+                t0 = now_ns();
                 for (size_t i = 0; i < r->n; i++) {
                         k = tier_evict_async(r->t[i], TIER_HOST, &r->f[i]);
                         if (k < 0)
@@ -186,7 +188,7 @@ static int bench_tierd(Run *r, double *h2d, double *d2h) {
                 k = wait_all(r);
                 if (k < 0)
                         return k;
-                d2h[round] = gbps(bytes, bench_now_ns() - t0);
+                d2h[round] = gbps(bytes, now_ns() - t0);
                 bench_log("round %" PRIu64 ": tierd h2d %.2f GB/s, d2h %.2f GB/s", round, h2d[round], d2h[round]);
         }
 
@@ -224,7 +226,7 @@ static int bench_raw(CuDriver *d, size_t n, double *h2d, double *d2h) {
                 goto finish;
         memset(host, 0x5a, bytes);
         for (uint64_t round = 0; round < arg_rounds; round++) {
-                t0 = bench_now_ns();
+                t0 = now_ns();
                 for (size_t i = 0; i < n; i++)
                         if (cu_check(d, d->cuMemcpyHtoDAsync(dev + i * arg_tensor, (uint8_t *) host + i * arg_tensor,
                                                             arg_tensor, s[i % 2]), "cuMemcpyHtoDAsync") < 0)
@@ -232,9 +234,9 @@ static int bench_raw(CuDriver *d, size_t n, double *h2d, double *d2h) {
                 if (cu_check(d, d->cuStreamSynchronize(s[0]), "sync") < 0 ||
                     cu_check(d, d->cuStreamSynchronize(s[1]), "sync") < 0)
                         goto finish;
-                h2d[round] = gbps(bytes, bench_now_ns() - t0);
+                h2d[round] = gbps(bytes, now_ns() - t0);
 
-                t0 = bench_now_ns();
+                t0 = now_ns();
                 for (size_t i = 0; i < n; i++)
                         if (cu_check(d, d->cuMemcpyDtoHAsync((uint8_t *) host + i * arg_tensor, dev + i * arg_tensor,
                                                             arg_tensor, s[i % 2]), "cuMemcpyDtoHAsync") < 0)
@@ -242,7 +244,7 @@ static int bench_raw(CuDriver *d, size_t n, double *h2d, double *d2h) {
                 if (cu_check(d, d->cuStreamSynchronize(s[0]), "sync") < 0 ||
                     cu_check(d, d->cuStreamSynchronize(s[1]), "sync") < 0)
                         goto finish;
-                d2h[round] = gbps(bytes, bench_now_ns() - t0);
+                d2h[round] = gbps(bytes, now_ns() - t0);
                 bench_log("round %" PRIu64 ": raw h2d %.2f GB/s, d2h %.2f GB/s", round, h2d[round], d2h[round]);
         }
         k = 0;
@@ -285,11 +287,11 @@ int main(int argc, char *argv[]) {
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
                 switch (c) {
                 case 's':
-                        if (bench_parse_size(optarg, &arg_size) < 0)
+                        if (size_parse(optarg, &arg_size) < 0)
                                 return bench_log("bad --size '%s'", optarg), 2;
                         break;
                 case 't':
-                        if (bench_parse_size(optarg, &arg_tensor) < 0 || arg_tensor < MiB || arg_tensor % MiB)
+                        if (size_parse(optarg, &arg_tensor) < 0 || arg_tensor < MiB || arg_tensor % MiB)
                                 return bench_log("bad --tensor '%s' (whole MiB)", optarg), 2;
                         break;
                 case 'r':

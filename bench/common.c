@@ -13,18 +13,12 @@
 #include <tier.h>
 
 #include "bench/common.h"
+#include "util/time-util.h"
 
 /* Used when neither --socket nor $TIER_SOCKET is given and meson did not say. */
 #ifndef TIERD_DEFAULT_SOCKET
 #define TIERD_DEFAULT_SOCKET "/run/tierd/tierd.sock"
 #endif
-
-uint64_t bench_now_ns(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * UINT64_C(1000000000) + (uint64_t) ts.tv_nsec;
-}
 
 void bench_log(const char *fmt, ...) {
         va_list ap;
@@ -34,50 +28,6 @@ void bench_log(const char *fmt, ...) {
         vfprintf(stderr, fmt, ap);
         va_end(ap);
         fputc('\n', stderr);
-}
-
-int bench_parse_size(const char *s, uint64_t *ret) {
-        unsigned shift = 0;
-        uint64_t v;
-        char *end;
-
-        if (!s || *s < '0' || *s > '9')
-                return -EINVAL;
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno != 0)
-                return -ERANGE;
-        switch (*end) {
-        case '\0':
-                break;
-        case 'K': case 'k':
-                shift = 10;
-                break;
-        case 'M': case 'm':
-                shift = 20;
-                break;
-        case 'G': case 'g':
-                shift = 30;
-                break;
-        case 'T': case 't':
-                shift = 40;
-                break;
-        default:
-                return -EINVAL;
-        }
-        if (*end != '\0') {
-                end++;
-                if (*end == 'i')
-                        end++;
-                if (*end == 'B')
-                        end++;
-                if (*end != '\0')
-                        return -EINVAL;
-        }
-        if (shift > 0 && v > (UINT64_MAX >> shift))
-                return -ERANGE;
-        *ret = v << shift;
-        return 0;
 }
 
 int bench_parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
@@ -128,15 +78,15 @@ const char *bench_socket_path(const char *arg) {
 int bench_connect(tier_client **ret, const char *socket, const char *job, unsigned rank, int timeout_ms) {
         /* A daemon that was just started may have bound its socket but not listen yet. */
         const uint64_t retry_ns = UINT64_C(50000000);
-        uint64_t deadline = bench_now_ns() + (uint64_t) (timeout_ms > 0 ? timeout_ms : 0) * UINT64_C(1000000);
+        uint64_t deadline = now_ns() + (uint64_t) (timeout_ms > 0 ? timeout_ms : 0) * NSEC_PER_MSEC;
 
         for (;;) {
                 int r = tier_client_new(ret, socket, job, rank);
                 if (r >= 0)
                         return r;
-                if ((r != -ENOENT && r != -ECONNREFUSED) || bench_now_ns() >= deadline)
+                if ((r != -ENOENT && r != -ECONNREFUSED) || now_ns() >= deadline)
                         return r;
-                struct timespec ts = { .tv_sec = 0, .tv_nsec = (long) retry_ns };
+                struct timespec ts = timespec_from_ns(retry_ns);
                 (void) nanosleep(&ts, NULL);
         }
 }
@@ -180,98 +130,57 @@ double bench_median(const double *v, size_t n) {
         return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-static void json_append(BenchJson *j, const char *fmt, ...) _printf_(2, 3);
-static void json_append(BenchJson *j, const char *fmt, ...) {
-        va_list ap;
-        int n;
-
-        if (j->truncated)
-                return;
-        va_start(ap, fmt);
-        n = vsnprintf(j->buf + j->len, sizeof(j->buf) - j->len, fmt, ap);
-        va_end(ap);
-        if (n < 0 || (size_t) n >= sizeof(j->buf) - j->len) {
-                j->truncated = true;
-                return;
-        }
-        j->len += (size_t) n;
-}
-
-/* Keys and values are ours or short names; escape what JSON requires anyway. */
-static void json_append_string(BenchJson *j, const char *s) {
-        json_append(j, "\"");
-        for (; s && *s; s++) {
-                unsigned char ch = (unsigned char) *s;
-
-                if (ch == '"' || ch == '\\')
-                        json_append(j, "\\%c", ch);
-                else if (ch < 0x20)
-                        json_append(j, "\\u%04x", ch);
-                else
-                        json_append(j, "%c", ch);
-        }
-        json_append(j, "\"");
-}
-
-static void json_key(BenchJson *j, const char *key) {
-        json_append(j, ",");
-        json_append_string(j, key);
-        json_append(j, ":");
-}
+/* ---- result line ---------------------------------------------------------------------- */
 
 void bench_json_init(BenchJson *j, const char *bench) {
-        j->len = 0;
-        j->truncated = false;
-        json_append(j, "{\"bench\":");
-        json_append_string(j, bench);
+        json_writer_init(&j->w);
+        json_object_begin(&j->w);
+        bench_json_string(j, "bench", bench);
 }
 
 void bench_json_u64(BenchJson *j, const char *key, uint64_t v) {
-        json_key(j, key);
-        json_append(j, "%" PRIu64, v);
+        json_key(&j->w, key);
+        json_uint(&j->w, v);
 }
 
 void bench_json_i64(BenchJson *j, const char *key, int64_t v) {
-        json_key(j, key);
-        json_append(j, "%" PRId64, v);
+        json_key(&j->w, key);
+        json_int(&j->w, v);
 }
 
 void bench_json_double(BenchJson *j, const char *key, double v) {
-        json_key(j, key);
-        if (isfinite(v))
-                json_append(j, "%.6g", v);
-        else
-                json_append(j, "null");
+        json_key(&j->w, key);
+        json_double(&j->w, v);
 }
 
 void bench_json_double_array(BenchJson *j, const char *key, const double *v, size_t n) {
-        json_key(j, key);
-        json_append(j, "[");
-        for (size_t i = 0; i < n; i++) {
-                if (i > 0)
-                        json_append(j, ",");
-                if (isfinite(v[i]))
-                        json_append(j, "%.6g", v[i]);
-                else
-                        json_append(j, "null");
-        }
-        json_append(j, "]");
+        json_key(&j->w, key);
+        json_array_begin(&j->w);
+        for (size_t i = 0; i < n; i++)
+                json_double(&j->w, v[i]);
+        json_array_end(&j->w);
 }
 
 void bench_json_bool(BenchJson *j, const char *key, bool v) {
-        json_key(j, key);
-        json_append(j, "%s", v ? "true" : "false");
+        json_key(&j->w, key);
+        json_bool(&j->w, v);
 }
 
 void bench_json_string(BenchJson *j, const char *key, const char *v) {
-        json_key(j, key);
-        json_append_string(j, v);
+        json_key(&j->w, key);
+        json_string(&j->w, v ? v : "");
 }
 
 int bench_json_print(BenchJson *j) {
-        if (j->truncated)
-                return -ENOBUFS;
-        printf("%s}\n", j->buf);
+        _cleanup_free_ char *text = NULL;
+        int r;
+
+        json_object_end(&j->w);
+        r = json_writer_finish(&j->w, &text, NULL);
+        json_writer_deinit(&j->w);
+        if (r < 0)
+                return r;
+        printf("%s\n", text);
         if (fflush(stdout) != 0)
                 return negative_errno();
         return 0;

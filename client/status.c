@@ -11,11 +11,13 @@
  *
  * JSON: one object whose keys are an interface (scripts and tests read
  * them); every job lists usage for all three tiers, zero when tierd sent
- * none.  Strings are escaped per RFC 8259 and bytes that are not valid
- * UTF-8 become U+FFFD, so the output is always valid JSON.  Numbers never
- * go through printf's %f: its decimal point follows the caller's locale.
+ * none.  util/json.c writes it: strings are escaped per RFC 8259 and bytes
+ * that are not valid UTF-8 become U+FFFD, so the output is always valid
+ * JSON; seconds have at most 3 decimals and a '.' whatever the caller's
+ * locale; a non-finite value (which tierd does not send) is null.
  *
- * Table: aligned columns with binary-unit sizes; an emulated VRAM backend
+ * Table: aligned columns with binary-unit sizes (util/size.c's size_format(),
+ * the same text tierctl writes); an emulated VRAM backend
  * is marked in its row and called out under the table, because numbers
  * from an emulated GPU must never be mistaken for real ones.
  */
@@ -33,250 +35,177 @@
 #include "client/tier-private.h"
 #include "proto/macro.h"
 #include "proto/tier.pb-c.h"
-
-/* ---- numbers ---------------------------------------------------------------------- */
-
-char *format_bytes(char *buf, size_t size, uint64_t bytes) {
-        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-        uint64_t d = 1, whole, tenths;
-        size_t i = 0;
-
-        while (i + 1 < ELEMENTSOF(units) && bytes / d >= 1024) {
-                d *= 1024;
-                i++;
-        }
-        if (i == 0) {
-                (void) snprintf(buf, size, "%" PRIu64 " B", bytes);
-                return buf;
-        }
-        /* Integer arithmetic: exact, and no locale decimal point. rem * 10 < 10 * 2^60 fits. */
-        whole = bytes / d;
-        tenths = ((bytes % d) * 10 + d / 2) / d;
-        if (tenths >= 10) {
-                whole++;
-                tenths = 0;
-        }
-        if (whole >= 1024 && i + 1 < ELEMENTSOF(units)) {
-                whole /= 1024;
-                i++;
-        }
-        (void) snprintf(buf, size, "%" PRIu64 ".%" PRIu64 " %s", whole, tenths, units[i]);
-        return buf;
-}
-
-/* A double as a JSON number with at most 3 decimals, whatever LC_NUMERIC says. */
-static void json_double(FILE *f, double v) {
-        uint64_t milli, whole, frac;
-        bool neg = v < 0;
-        char digits[4];
-        int n;
-
-        if (v != v || v > 1e15 || v < -1e15) {          /* NaN, or too big for milli-units */
-                fputs(v != v ? "0" : neg ? "-1e15" : "1e15", f);
-                return;
-        }
-        milli = (uint64_t) ((neg ? -v : v) * 1000.0 + 0.5);
-        if (milli == 0) {
-                fputs("0", f);
-                return;
-        }
-        whole = milli / 1000;
-        frac = milli % 1000;
-        fprintf(f, "%s%" PRIu64, neg ? "-" : "", whole);
-        if (frac == 0)
-                return;
-        n = snprintf(digits, sizeof(digits), "%03" PRIu64, frac);
-        while (n > 0 && digits[n - 1] == '0')
-                digits[--n] = 0;
-        fprintf(f, ".%s", digits);
-}
-
-/* Length of the valid UTF-8 sequence at @s (1..4), or 0 if it is not one. */
-static size_t utf8_sequence(const unsigned char *s) {
-        uint32_t cp;
-        size_t n;
-
-        if (s[0] < 0x80)
-                return 1;
-        if (s[0] >= 0xc2 && s[0] <= 0xdf)
-                n = 2, cp = s[0] & 0x1f;
-        else if (s[0] >= 0xe0 && s[0] <= 0xef)
-                n = 3, cp = s[0] & 0x0f;
-        else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-                n = 4, cp = s[0] & 0x07;
-        else
-                return 0;
-        for (size_t i = 1; i < n; i++) {
-                if ((s[i] & 0xc0) != 0x80)      /* also stops at the NUL */
-                        return 0;
-                cp = (cp << 6) | (s[i] & 0x3f);
-        }
-        if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-                return 0;                       /* overlong, out of range, or a surrogate */
-        return n;
-}
-
-static void json_string(FILE *f, const char *s) {
-        const unsigned char *p = (const unsigned char *) (s ? s : "");
-
-        fputc('"', f);
-        while (*p) {
-                size_t n;
-
-                switch (*p) {
-                case '"':
-                        fputs("\\\"", f);
-                        break;
-                case '\\':
-                        fputs("\\\\", f);
-                        break;
-                case '\n':
-                        fputs("\\n", f);
-                        break;
-                case '\r':
-                        fputs("\\r", f);
-                        break;
-                case '\t':
-                        fputs("\\t", f);
-                        break;
-                case '\b':
-                        fputs("\\b", f);
-                        break;
-                case '\f':
-                        fputs("\\f", f);
-                        break;
-                default:
-                        if (*p < 0x20) {
-                                fprintf(f, "\\u%04x", *p);
-                                break;
-                        }
-                        n = utf8_sequence(p);
-                        if (n == 0) {
-                                fputs("\\ufffd", f);
-                                break;
-                        }
-                        fwrite(p, 1, n, f);
-                        p += n;
-                        continue;
-                }
-                p++;
-        }
-        fputc('"', f);
-}
+#include "util/json.h"
+#include "util/size.h"
 
 static const char *level_name_or(int tier, const char *fallback) {
         const char *s = tier_level_name(tier);
         return s ? s : fallback;
 }
 
+/* protobuf-c leaves unset strings at "", hand-built replies may use NULL: both are "". */
+static const char *strempty(const char *s) {
+        return s ? s : "";
+}
+
 /* ---- JSON ------------------------------------------------------------------------- */
 
-static void json_usage(FILE *f, const Tier__JobStatus *j) {
-        fputs("\"usage\":{", f);
+/* Seconds with millisecond resolution: "3723.25", "0". */
+#define STATUS_SECONDS_DECIMALS 3
+
+static void json_key_uint(JsonWriter *w, const char *key, uint64_t v) {
+        json_key(w, key);
+        json_uint(w, v);
+}
+
+static void json_key_string(JsonWriter *w, const char *key, const char *v) {
+        json_key(w, key);
+        json_string(w, strempty(v));
+}
+
+static void json_key_seconds(JsonWriter *w, const char *key, double v) {
+        json_key(w, key);
+        json_double_fixed(w, v, STATUS_SECONDS_DECIMALS);
+}
+
+static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
+        json_key(w, "usage");
+        json_object_begin(w);
         for (int t = 0; t < TIER_LEVEL_MAX; t++) {
                 const Tier__JobTierUsage *u = NULL;
 
                 for (size_t i = 0; i < j->n_usage; i++)
                         if (j->usage[i] && (int) j->usage[i]->tier == t)
                                 u = j->usage[i];
-                fprintf(f, "%s\"%s\":{\"used\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"pinned\":%" PRIu64 "}",
-                        t ? "," : "", tier_level_name(t),
-                        u ? u->used : 0, u ? u->limit : 0, u ? u->pinned : 0);
+                json_key(w, tier_level_name(t));
+                json_object_begin(w);
+                json_key_uint(w, "used", u ? u->used : 0);
+                json_key_uint(w, "limit", u ? u->limit : 0);
+                json_key_uint(w, "pinned", u ? u->pinned : 0);
+                json_object_end(w);
         }
-        fputc('}', f);
+        json_object_end(w);
 }
 
-static void status_json(FILE *f, const Tier__StatusReply *s) {
-        const char *sep;
+static void json_plan(JsonWriter *w, const Tier__PlanStatus *ps) {
+        json_object_begin(w);
+        json_key_uint(w, "phase", ps->phase);
+        json_key_uint(w, "phases", ps->phases);
+        json_key_uint(w, "iterations", ps->iterations);
+        json_key_seconds(w, "step_s", ps->step_s);
+        json_key_seconds(w, "stall_s", ps->stall_s);
+        json_key(w, "step_bytes");
+        json_object_begin(w);
+        for (size_t l = 0; l < ps->n_step_links; l++)
+                json_key_uint(w, strempty(ps->step_links[l]->name), ps->step_links[l]->bytes);
+        json_object_end(w);
+        json_object_end(w);
+}
 
-        fputs("{\"version\":", f);
-        json_string(f, s->version);
-        fputs(",\"uptime_s\":", f);
-        json_double(f, s->uptime_s);
-        fprintf(f, ",\"connections\":%" PRIu32, s->connections);
-        fputs(",\"policy\":", f);
-        json_string(f, s->policy ? s->policy : "");
+static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
+        json_object_begin(w);
+        json_key_uint(w, "id", j->id);
+        json_key_string(w, "name", j->name);
+        json_key_uint(w, "uid", j->uid);
+        json_key_uint(w, "connections", j->connections);
+        json_key_uint(w, "tensors", j->tensors);
+        json_key_seconds(w, "linger_left_s", j->linger_left_s);
+        json_key_uint(w, "weight", j->weight);
+        json_usage(w, j);
+        json_key(w, "plans");
+        json_array_begin(w);
+        for (size_t k = 0; k < j->n_plans; k++)
+                json_plan(w, j->plans[k]);
+        json_array_end(w);
+        json_object_end(w);
+}
 
-        fputs(",\"tiers\":[", f);
-        sep = "";
+/* The whole reply as one JSON object and a newline, malloc()ed into *@ret. */
+static int status_json(const Tier__StatusReply *s, char **ret) {
+        _cleanup_(json_writer_deinit) JsonWriter w = JSON_WRITER_NULL;
+        _cleanup_free_ char *text = NULL;
+        size_t len = 0;
+        char *t;
+        int r;
+
+        json_object_begin(&w);
+        json_key_string(&w, "version", s->version);
+        json_key_seconds(&w, "uptime_s", s->uptime_s);
+        json_key_uint(&w, "connections", s->connections);
+        json_key_string(&w, "policy", s->policy);
+
+        json_key(&w, "tiers");
+        json_array_begin(&w);
         for (size_t i = 0; i < s->n_tiers; i++) {
-                const Tier__TierStatus *t = s->tiers[i];
+                const Tier__TierStatus *ts = s->tiers[i];
 
-                if (!t)
+                if (!ts)
                         continue;
-                fprintf(f, "%s{\"tier\":", sep);
-                sep = ",";
-                json_string(f, level_name_or((int) t->tier, "unknown"));
-                fputs(",\"backend\":", f);
-                json_string(f, t->backend);
-                fprintf(f, ",\"capacity\":%" PRIu64 ",\"used\":%" PRIu64 ",\"pinned\":%" PRIu64 "}",
-                        t->capacity, t->used, t->pinned);
+                json_object_begin(&w);
+                json_key_string(&w, "tier", level_name_or((int) ts->tier, "unknown"));
+                json_key_string(&w, "backend", ts->backend);
+                json_key_uint(&w, "capacity", ts->capacity);
+                json_key_uint(&w, "used", ts->used);
+                json_key_uint(&w, "pinned", ts->pinned);
+                json_object_end(&w);
         }
+        json_array_end(&w);
 
-        fputs("],\"links\":[", f);
-        sep = "";
+        json_key(&w, "links");
+        json_array_begin(&w);
         for (size_t i = 0; i < s->n_links; i++) {
                 const Tier__LinkStatus *l = s->links[i];
 
                 if (!l)
                         continue;
-                fprintf(f, "%s{\"name\":", sep);
-                sep = ",";
-                json_string(f, l->name);
-                fprintf(f, ",\"bytes\":%" PRIu64 ",\"ops\":%" PRIu64 "}", l->bytes, l->ops);
+                json_object_begin(&w);
+                json_key_string(&w, "name", l->name);
+                json_key_uint(&w, "bytes", l->bytes);
+                json_key_uint(&w, "ops", l->ops);
+                json_object_end(&w);
         }
+        json_array_end(&w);
 
-        fputs("],\"targets\":[", f);
-        sep = "";
+        json_key(&w, "targets");
+        json_array_begin(&w);
         for (size_t i = 0; i < s->n_targets; i++) {
-                const Tier__TargetStatus *t = s->targets[i];
+                const Tier__TargetStatus *ts = s->targets[i];
 
-                if (!t)
+                if (!ts)
                         continue;
-                fprintf(f, "%s{\"path\":", sep);
-                sep = ",";
-                json_string(f, t->path);
-                fprintf(f, ",\"capacity\":%" PRIu64 ",\"used\":%" PRIu64 ",\"bytes_written\":%" PRIu64
-                        ",\"bytes_read\":%" PRIu64 ",\"crc_errors\":%" PRIu64 ",\"io_errors\":%" PRIu64 "}",
-                        t->capacity, t->used, t->bytes_written, t->bytes_read, t->crc_errors, t->io_errors);
+                json_object_begin(&w);
+                json_key_string(&w, "path", ts->path);
+                json_key_uint(&w, "capacity", ts->capacity);
+                json_key_uint(&w, "used", ts->used);
+                json_key_uint(&w, "bytes_written", ts->bytes_written);
+                json_key_uint(&w, "bytes_read", ts->bytes_read);
+                json_key_uint(&w, "crc_errors", ts->crc_errors);
+                json_key_uint(&w, "io_errors", ts->io_errors);
+                json_object_end(&w);
         }
+        json_array_end(&w);
 
-        fputs("],\"jobs\":[", f);
-        sep = "";
-        for (size_t i = 0; i < s->n_jobs; i++) {
-                const Tier__JobStatus *j = s->jobs[i];
+        json_key(&w, "jobs");
+        json_array_begin(&w);
+        for (size_t i = 0; i < s->n_jobs; i++)
+                if (s->jobs[i])
+                        json_job(&w, s->jobs[i]);
+        json_array_end(&w);
+        json_object_end(&w);
 
-                if (!j)
-                        continue;
-                fprintf(f, "%s{\"id\":%" PRIu64 ",\"name\":", sep, j->id);
-                sep = ",";
-                json_string(f, j->name);
-                fprintf(f, ",\"uid\":%" PRIu32 ",\"connections\":%" PRIu32 ",\"tensors\":%" PRIu32
-                        ",\"linger_left_s\":", j->uid, j->connections, j->tensors);
-                json_double(f, j->linger_left_s);
-                fprintf(f, ",\"weight\":%" PRIu32 ",", j->weight);
-                json_usage(f, j);
-                fputs(",\"plans\":[", f);
-                for (size_t k = 0; k < j->n_plans; k++) {
-                        const Tier__PlanStatus *ps = j->plans[k];
+        r = json_writer_finish(&w, &text, &len);
+        if (r < 0)
+                return r;
 
-                        fprintf(f, "%s{\"phase\":%" PRIu32 ",\"phases\":%" PRIu32 ",\"iterations\":%" PRIu64
-                                ",\"step_s\":", k ? "," : "", ps->phase, ps->phases, ps->iterations);
-                        json_double(f, ps->step_s);
-                        fputs(",\"stall_s\":", f);
-                        json_double(f, ps->stall_s);
-                        fputs(",\"step_bytes\":{", f);
-                        for (size_t l = 0; l < ps->n_step_links; l++) {
-                                fprintf(f, "%s", l ? "," : "");
-                                json_string(f, ps->step_links[l]->name);
-                                fprintf(f, ":%" PRIu64, ps->step_links[l]->bytes);
-                        }
-                        fputs("}}", f);
-                }
-                fputs("]}", f);
-        }
-        fputs("]}\n", f);
+        /* one line, like the table ends in one */
+        t = realloc(text, len + 2);
+        if (!t)
+                return -ENOMEM;
+        text = t;
+        text[len] = '\n';
+        text[len + 1] = '\0';
+        *ret = TAKE_PTR(text);
+        return 0;
 }
 
 /* ---- table ------------------------------------------------------------------------ */
@@ -381,7 +310,7 @@ static bool backend_emulated(const char *backend) {
 }
 
 static int status_table(FILE *f, const Tier__StatusReply *s) {
-        char a[FORMAT_BYTES_MAX], b[FORMAT_BYTES_MAX], c[FORMAT_BYTES_MAX], d[FORMAT_BYTES_MAX];
+        char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX], c[SIZE_FORMAT_MAX], d[SIZE_FORMAT_MAX];
         char up[32];
         bool emulated = false;
         Table t = {};
@@ -412,9 +341,9 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 } else {
                         table_cell(&t, "%s", ts->backend && *ts->backend ? ts->backend : "-");
                 }
-                table_cell(&t, "%s", format_bytes(a, sizeof(a), ts->capacity));
-                table_cell(&t, "%s", format_bytes(b, sizeof(b), ts->used));
-                table_cell(&t, "%s", format_bytes(c, sizeof(c), ts->pinned));
+                table_cell(&t, "%s", size_format(a, sizeof(a), ts->capacity));
+                table_cell(&t, "%s", size_format(b, sizeof(b), ts->used));
+                table_cell(&t, "%s", size_format(c, sizeof(c), ts->pinned));
                 format_percent(d, sizeof(d), ts->used, ts->capacity);
                 table_cell(&t, "%s", d);
         }
@@ -441,7 +370,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                         if (!l)
                                 continue;
                         table_cell(&t, "%s", l->name ? l->name : "");
-                        table_cell(&t, "%s", format_bytes(a, sizeof(a), l->bytes));
+                        table_cell(&t, "%s", size_format(a, sizeof(a), l->bytes));
                         table_cell(&t, "%" PRIu64, l->ops);
                 }
                 if (t.error < 0)
@@ -469,10 +398,10 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                         if (!ts)
                                 continue;
                         table_cell(&t, "%s", ts->path ? ts->path : "");
-                        table_cell(&t, "%s", format_bytes(a, sizeof(a), ts->capacity));
-                        table_cell(&t, "%s", format_bytes(b, sizeof(b), ts->used));
-                        table_cell(&t, "%s", format_bytes(c, sizeof(c), ts->bytes_written));
-                        table_cell(&t, "%s", format_bytes(d, sizeof(d), ts->bytes_read));
+                        table_cell(&t, "%s", size_format(a, sizeof(a), ts->capacity));
+                        table_cell(&t, "%s", size_format(b, sizeof(b), ts->used));
+                        table_cell(&t, "%s", size_format(c, sizeof(c), ts->bytes_written));
+                        table_cell(&t, "%s", size_format(d, sizeof(d), ts->bytes_read));
                         table_cell(&t, "%" PRIu64, ts->crc_errors);
                         table_cell(&t, "%" PRIu64, ts->io_errors);
                 }
@@ -516,10 +445,10 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                 if (!u)
                                         table_cell(&t, "-");
                                 else if (u->limit == 0)
-                                        table_cell(&t, "%s / -", format_bytes(a, sizeof(a), u->used));
+                                        table_cell(&t, "%s / -", size_format(a, sizeof(a), u->used));
                                 else
-                                        table_cell(&t, "%s / %s", format_bytes(a, sizeof(a), u->used),
-                                                   format_bytes(b, sizeof(b), u->limit));
+                                        table_cell(&t, "%s / %s", size_format(a, sizeof(a), u->used),
+                                                   size_format(b, sizeof(b), u->limit));
                         }
                         if (j->linger_left_s > 0) {
                                 format_duration(up, sizeof(up), j->linger_left_s);
@@ -556,7 +485,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                 table_cell(&t, "%.3f s", ps->stall_s);
                                 for (size_t l = 0; l < 4; l++)
                                         table_cell(&t, "%s", l < ps->n_step_links ?
-                                                   format_bytes(a, sizeof(a), ps->step_links[l]->bytes) : "-");
+                                                   size_format(a, sizeof(a), ps->step_links[l]->bytes) : "-");
                         }
                 }
                 if (t.n_cells > t.n_cols) {
@@ -579,18 +508,17 @@ int status_format(const Tier__StatusReply *s, int format, char **ret) {
         _cleanup_free_ char *buf = NULL;
         size_t size = 0;
         FILE *f;
-        int r = 0;
+        int r;
 
         if (!s || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
                 return -EINVAL;
+        if (format == TIER_STATUS_JSON)
+                return status_json(s, ret);
 
         f = open_memstream(&buf, &size);
         if (!f)
                 return -ENOMEM;
-        if (format == TIER_STATUS_JSON)
-                status_json(f, s);
-        else
-                r = status_table(f, s);
+        r = status_table(f, s);
         if (ferror(f) && r >= 0)
                 r = -ENOMEM;
         if (fclose(f) != 0 && r >= 0)

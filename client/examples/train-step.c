@@ -58,19 +58,40 @@ static double now(void) {
         return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
+/*
+ * The helpers below read and write sizes exactly as tierd, tierctl and the
+ * benchmarks do (tierd's util/size.h).  They are copies because this program
+ * is also the example of building against the installed libtier alone.
+ */
+
+/* @bytes in binary units, one decimal, rounded to the nearest tenth ("1.0 MiB" for 1048575). */
 static const char *human(uint64_t bytes) {
         static char buf[4][32];
         static unsigned next;
-        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
         char *b = buf[next++ % 4];
-        double v = (double) bytes;
+        uint64_t d = 1, whole, tenths;
         unsigned u = 0;
 
-        while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
-                v /= 1024;
+        while (u + 1 < sizeof(units) / sizeof(units[0]) && bytes / d >= 1024) {
+                d *= 1024;
                 u++;
         }
-        snprintf(b, sizeof(buf[0]), u ? "%.1f %s" : "%.0f %s", v, units[u]);
+        if (u == 0) {
+                snprintf(b, sizeof(buf[0]), "%" PRIu64 " B", bytes);
+                return b;
+        }
+        whole = bytes / d;
+        tenths = ((bytes % d) * 10 + d / 2) / d;
+        if (tenths >= 10) {
+                whole++;
+                tenths = 0;
+        }
+        if (whole >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+                whole /= 1024;          /* 1023.95 KiB and up: 1.0 MiB */
+                u++;
+        }
+        snprintf(b, sizeof(buf[0]), "%" PRIu64 ".%" PRIu64 " %s", whole, tenths, units[u]);
         return b;
 }
 
@@ -86,28 +107,35 @@ static int fail(int r, const char *what, unsigned tensor) {
         return r;
 }
 
+/* Decimal digits, then optionally K, M, G, T, P or E (either case, powers of 1024) and B or iB, or a bare B. */
 static int parse_size(const char *s, uint64_t *ret) {
-        char *end;
-        unsigned long long v;
+        static const char units[] = "KMGTPE";
+        const char *unit;
         unsigned shift = 0;
+        uint64_t v = 0;
 
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno != 0 || end == s)
+        if (*s < '0' || *s > '9')
                 return -EINVAL;
-        switch (*end) {
-        case 'k': case 'K': shift = 10; end++; break;
-        case 'm': case 'M': shift = 20; end++; break;
-        case 'g': case 'G': shift = 30; end++; break;
-        case 't': case 'T': shift = 40; end++; break;
+        for (; *s >= '0' && *s <= '9'; s++) {
+                if (v > (UINT64_MAX - (uint64_t) (*s - '0')) / 10)
+                        return -ERANGE;
+                v = v * 10 + (uint64_t) (*s - '0');
         }
-        if (shift && (*end == 'i' || *end == 'I'))
-                end++;
-        if (*end == 'b' || *end == 'B')
-                end++;
-        if (*end != 0 || v == 0 || v > (UINT64_MAX >> shift))
+        unit = *s ? strchr(units, *s >= 'a' && *s <= 'z' ? *s - 'a' + 'A' : *s) : NULL;
+        if (unit) {
+                shift = 10 * (unsigned) (unit - units + 1);
+                s++;
+                if (s[0] == 'i' && s[1] == 'B')
+                        s += 2;
+                else if (s[0] == 'B')
+                        s++;
+        } else if (*s == 'B')
+                s++;
+        if (*s != '\0')
                 return -EINVAL;
-        *ret = (uint64_t) v << shift;
+        if (v > (UINT64_MAX >> shift))
+                return -ERANGE;
+        *ret = v << shift;
         return 0;
 }
 
@@ -359,7 +387,7 @@ static void help(void) {
                "  --socket PATH   tierd's socket (default: $TIER_SOCKET, else the built-in path)\n"
                "  --job NAME      job to join (default: demo)\n"
                "  --tensors N     number of tensors (default: enough for 2 x the job's host limit)\n"
-               "  --size BYTES    bytes per tensor, with K, M or G (default: 16M)\n"
+               "  --size BYTES    bytes per tensor, > 0; K, M, G, ... are powers of 1024 (default: 16M)\n"
                "  --steps N       training steps (default: 2)\n");
 }
 
@@ -391,7 +419,7 @@ static int parse_argv(int argc, char **argv) {
                         }
                         break;
                 case ARG_SIZE:
-                        if (parse_size(optarg, &arg_size) < 0) {
+                        if (parse_size(optarg, &arg_size) < 0 || arg_size == 0) {
                                 fprintf(stderr, "train-step: bad --size '%s' (e.g. 4096, 64K, 16M, 1G)\n",
                                         optarg);
                                 return -EINVAL;

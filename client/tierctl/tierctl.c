@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* tierctl: command-line control of tierd, built on libtier only. */
+/* tierctl: command-line control of tierd, built on libtier only (and util/ for sizes and JSON). */
 
 /*
  * Every command is one row of the verb table below: adding a command is a
@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include <tier.h>
+
+#include "util/json.h"
+#include "util/size.h"
 
 #ifndef TIERD_VERSION
 #define TIERD_VERSION "unknown"
@@ -115,97 +118,34 @@ static const char *why(const tier_client *c, int r) {
         return s && *s ? s : tier_strerror(r);
 }
 
-/*
- * parse_size() - "123", "16M", "1G", "2TiB", "512KB" (K, M, G, T: powers of
- * 1024); -EINVAL for anything else, -ERANGE on overflow.
- */
-static int parse_size(const char *s, uint64_t *ret) {
-        unsigned shift = 0;
-        uint64_t v;
-        char *end;
+/* One quota as {"job":NAME,"vram":BYTES,"host":BYTES,"nvme":BYTES,"weight":N}. */
+static void quota_json(JsonWriter *w, const char *job, const struct tier_quota *q) {
+        json_object_begin(w);
+        json_key(w, "job");
+        json_string(w, job);
+        for (int t = 0; t < TIER_LEVEL_MAX; t++) {
+                json_key(w, tier_level_name(t));
+                json_uint(w, q->limit[t]);
+        }
+        json_key(w, "weight");
+        json_uint(w, q->weight);
+        json_object_end(w);
+}
 
-        if (!s || *s < '0' || *s > '9')
-                return -EINVAL;
-        errno = 0;
-        v = strtoull(s, &end, 10);
-        if (errno != 0)
-                return -ERANGE;
-        switch (*end) {
-        case '\0':
-                break;
-        case 'K': case 'k':
-                shift = 10;
-                break;
-        case 'M': case 'm':
-                shift = 20;
-                break;
-        case 'G': case 'g':
-                shift = 30;
-                break;
-        case 'T': case 't':
-                shift = 40;
-                break;
-        default:
-                return -EINVAL;
+/* Print the document in @w and a newline; the writer is emptied either way. */
+static int json_print(JsonWriter *w) {
+        char *text = NULL;
+        int r;
+
+        r = json_writer_finish(w, &text, NULL);
+        json_writer_deinit(w);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: cannot write JSON: %s\n", tier_strerror(r));
+                return r;
         }
-        if (*end != '\0') {
-                end++;
-                if (*end == 'i')
-                        end++;
-                if (*end == 'B')
-                        end++;
-                if (*end != '\0')
-                        return -EINVAL;
-        }
-        if (shift > 0 && v > (UINT64_MAX >> shift))
-                return -ERANGE;
-        *ret = v << shift;
+        puts(text);
+        free(text);
         return 0;
-}
-
-/* @bytes in binary units, one decimal ("512.0 MiB"); exact byte counts below 1 KiB. */
-static const char *format_size(char *buf, size_t size, uint64_t bytes) {
-        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-        uint64_t d = 1, whole, tenths;
-        size_t i = 0;
-
-        while (i + 1 < sizeof(units) / sizeof(units[0]) && bytes / d >= 1024) {
-                d *= 1024;
-                i++;
-        }
-        if (i == 0) {
-                (void) snprintf(buf, size, "%" PRIu64 " B", bytes);
-                return buf;
-        }
-        whole = bytes / d;
-        tenths = ((bytes % d) * 10 + d / 2) / d;
-        if (tenths >= 10) {
-                whole++;
-                tenths = 0;
-        }
-        (void) snprintf(buf, size, "%" PRIu64 ".%" PRIu64 " %s", whole, tenths, units[i]);
-        return buf;
-}
-
-static void json_string(FILE *f, const char *s) {
-        fputc('"', f);
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-                if (*p == '"' || *p == '\\')
-                        fprintf(f, "\\%c", *p);
-                else if (*p < 0x20 || *p == 0x7f)
-                        fprintf(f, "\\u%04x", *p);
-                else
-                        fputc(*p, f);
-        }
-        fputc('"', f);
-}
-
-static void quota_print_json(FILE *f, const char *job, const struct tier_quota *q) {
-        fputs("{\"job\":", f);
-        json_string(f, job);
-        for (int t = 0; t < TIER_LEVEL_MAX; t++)
-                fprintf(f, ",\"%s\":%" PRIu64, tier_level_name(t), q->limit[t]);
-        fprintf(f, ",\"weight\":%u}", q->weight);
 }
 
 static void quota_print_header(FILE *f, int name_width) {
@@ -213,11 +153,9 @@ static void quota_print_header(FILE *f, int name_width) {
 }
 
 static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota *q) {
-        char a[32], b[32], c[32];
-
         fprintf(f, "%-*s  %10s  %10s  %10s  %6u\n", name_width, job,
-                format_size(a, sizeof(a), q->limit[TIER_VRAM]), format_size(b, sizeof(b), q->limit[TIER_HOST]),
-                format_size(c, sizeof(c), q->limit[TIER_NVME]), q->weight);
+                FORMAT_SIZE(q->limit[TIER_VRAM]), FORMAT_SIZE(q->limit[TIER_HOST]),
+                FORMAT_SIZE(q->limit[TIER_NVME]), q->weight);
 }
 
 /*
@@ -300,8 +238,9 @@ static void quota_help(FILE *f) {
                 "       tierctl quota set JOB [--vram SIZE] [--host SIZE] [--nvme SIZE] [--weight N]\n"
                 "\n"
                 "Show the quota of JOB (of every job without JOB), or change it.  SIZE is bytes,\n"
-                "with an optional K, M, G or T suffix (powers of 1024); N is 1..1000.  Options not\n"
-                "given keep their value.  Setting needs root or membership of group tier-admin.\n");
+                "with an optional K, M, G, T, P or E suffix (powers of 1024, either case, B or iB\n"
+                "may follow: 8G = 8GB = 8GiB); N is 1..1000.  Options not given keep their value.\n"
+                "Setting needs root or membership of group tier-admin.\n");
 }
 
 /* The names of the jobs tierd has now (from its status), NULL-terminated. */
@@ -392,8 +331,11 @@ static int quota_get(int argc, char **argv) {
                         return EXIT_FAILURE;
                 }
                 if (arg_json) {
-                        quota_print_json(stdout, job, &q);
-                        fputc('\n', stdout);
+                        JsonWriter w = JSON_WRITER_NULL;
+
+                        quota_json(&w, job, &q);
+                        if (json_print(&w) < 0)
+                                ret = EXIT_FAILURE;
                 } else {
                         int w = (int) strlen(job);
 
@@ -401,6 +343,7 @@ static int quota_get(int argc, char **argv) {
                         quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
                 }
         } else {
+                JsonWriter jw = JSON_WRITER_NULL;
                 char **names = NULL;
                 struct tier_quota *qs;
                 size_t n = 0;
@@ -442,26 +385,30 @@ static int quota_get(int argc, char **argv) {
                         if ((int) strlen(names[i]) > w)
                                 w = (int) strlen(names[i]);
                 }
-                if (arg_json)
-                        fputs("{\"jobs\":[", stdout);
-                else if (n == 0 && ret == EXIT_SUCCESS)
+                if (arg_json) {
+                        json_object_begin(&jw);
+                        json_key(&jw, "jobs");
+                        json_array_begin(&jw);
+                } else if (n == 0 && ret == EXIT_SUCCESS)
                         puts("no jobs");
                 for (size_t i = 0; i < n; i++) {
                         if (!names[i])
                                 continue;
-                        if (arg_json) {
-                                if (!first)
-                                        fputc(',', stdout);
-                                quota_print_json(stdout, names[i], &qs[i]);
-                        } else {
+                        if (arg_json)
+                                quota_json(&jw, names[i], &qs[i]);
+                        else {
                                 if (first)
                                         quota_print_header(stdout, w);
                                 quota_print_row(stdout, w, names[i], &qs[i]);
                         }
                         first = false;
                 }
-                if (arg_json)
-                        fputs("]}\n", stdout);
+                if (arg_json) {
+                        json_array_end(&jw);
+                        json_object_end(&jw);
+                        if (json_print(&jw) < 0)
+                                ret = EXIT_FAILURE;
+                }
                 for (size_t i = 0; i < n; i++)
                         free(names[i]);
                 free(names);
@@ -529,7 +476,7 @@ static int quota_set(int argc, char **argv) {
                 default:
                         return bad_option("quota set", opt, argv);
                 }
-                r = parse_size(optarg, &q.limit[tier]);
+                r = size_parse(optarg, &q.limit[tier]);
                 if (r < 0 || q.limit[tier] == 0) {
                         fprintf(stderr, "tierctl quota set: --%s must be a %s like 512M, 8G or 1T, not '%s'\n",
                                 tier_level_name(tier), r == -ERANGE ? "size below 16 EiB" : "positive size",
@@ -572,16 +519,19 @@ static int quota_set(int argc, char **argv) {
                 tier_client_free(c);
                 return EXIT_FAILURE;
         }
+        tier_client_free(c);
         if (arg_json) {
-                quota_print_json(stdout, job, &q);
-                fputc('\n', stdout);
+                JsonWriter w = JSON_WRITER_NULL;
+
+                quota_json(&w, job, &q);
+                if (json_print(&w) < 0)
+                        return EXIT_FAILURE;
         } else {
                 int w = (int) strlen(job);
 
                 quota_print_header(stdout, w < 3 ? 3 : w);
                 quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
         }
-        tier_client_free(c);
         return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,19 +44,6 @@ static void test_level_names(void **state) {
         assert_int_equal(tier_level_from_name(""), -EINVAL);
         assert_int_equal(tier_level_from_name("hostx"), -EINVAL);
         assert_int_equal(tier_level_from_name(NULL), -EINVAL);
-}
-
-static void test_format_bytes(void **state) {
-        char buf[FORMAT_BYTES_MAX];
-
-        assert_string_equal(format_bytes(buf, sizeof(buf), 0), "0 B");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1023), "1023 B");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1024), "1.0 KiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 1536), "1.5 KiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 512ull << 20), "512.0 MiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), (1ull << 30) - 1), "1.0 GiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), 3ull << 40), "3.0 TiB");
-        assert_string_equal(format_bytes(buf, sizeof(buf), UINT64_MAX), "16.0 EiB");
 }
 
 /* ---- argument checks ------------------------------------------------------------------ */
@@ -273,6 +261,32 @@ static void test_status_json_escaping(void **state) {
         free(out);
 }
 
+/* Seconds: at most 3 decimals, in full however large; non-finite (never sent by tierd) is null. */
+static void test_status_json_numbers(void **state) {
+        Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
+        char *out = NULL;
+
+        s.uptime_s = 1e16 + 2;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":10000000000000002,"));
+        free(out);
+
+        s.uptime_s = -0.0004;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":0,"));
+        free(out);
+
+        s.uptime_s = 0.0125;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":0.013,"));
+        free(out);
+
+        s.uptime_s = NAN;
+        assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"uptime_s\":null,"));
+        free(out);
+}
+
 /* The lines of the block that starts with @header, up to the next empty line. */
 static size_t block_lines(const char *text, const char *header, char lines[][256], size_t max) {
         const char *p = strstr(text, header);
@@ -362,12 +376,12 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_strerror),
                 cmocka_unit_test(test_level_names),
-                cmocka_unit_test(test_format_bytes),
                 cmocka_unit_test(test_einval),
                 cmocka_unit_test(test_connect_fails),
                 cmocka_unit_test(test_status_json),
                 cmocka_unit_test(test_status_json_empty),
                 cmocka_unit_test(test_status_json_escaping),
+                cmocka_unit_test(test_status_json_numbers),
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
                 cmocka_unit_test(test_status_format_einval),
