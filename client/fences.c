@@ -41,16 +41,10 @@
 #include "client/tier-private.h"
 #include "proto/fence.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* Without an eventfd tier_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
-
-static uint64_t now_ms(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
-}
 
 int fence_map_page(tier_client *c, int fd) {
         struct stat st;

@@ -39,6 +39,7 @@
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "proto/tier.pb-c.h"
+#include "util/time-util.h"
 
 typedef struct PlanEntry {
         uint32_t phase;
@@ -224,13 +225,6 @@ _public_ int tier_plan_submit(tier_plan *p) {
                 return client_error(c, -EPROTO, "tierd counts %u plan tensors, the client %u", c->plan_slots, slots);
         tier_plan_free(p);
         return 0;
-}
-
-static uint64_t now_ns(void) {
-        struct timespec ts;
-
-        (void) clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
 }
 
 _public_ int tier_phase(tier_client *c, unsigned phase) {

@@ -24,6 +24,7 @@
 #include "daemon/base/config-private.h"
 #include "daemon/base/config.h"
 #include "proto/macro.h"
+#include "util/size.h"
 
 /* Define a ConfigParser; not every parser needs every argument. */
 #define CONFIG_PARSER(name)                                                                     \
@@ -115,59 +116,7 @@ static int parse_uint64(const char *s, uint64_t *ret) {
         return 0;
 }
 
-int config_parse_size(const char *s, uint64_t *ret) {
-        static const struct {
-                char suffix;
-                unsigned shift;
-        } units[] = {
-                { 'K', 10 }, { 'M', 20 }, { 'G', 30 }, { 'T', 40 },
-        };
-        const char *end;
-        unsigned shift = 0;
-        uint64_t v = 0;
-        int r;
 
-        if (!s)
-                return -EINVAL;
-        r = parse_digits(s, &v, &end);
-        if (r < 0)
-                return r;
-
-        for (size_t i = 0; i < ELEMENTSOF(units); i++)
-                if (*end == units[i].suffix) {
-                        shift = units[i].shift;
-                        end++;
-                        /* "1G", "1GB", "1GiB" are all 2^30. */
-                        if (end[0] == 'i' && end[1] == 'B')
-                                end += 2;
-                        else if (end[0] == 'B')
-                                end++;
-                        break;
-                }
-        if (shift == 0 && *end == 'B')
-                end++;          /* "4096B" */
-        if (*end != '\0')
-                return -EINVAL;
-
-        if (shift > 0 && v > (UINT64_MAX >> shift))
-                return -ERANGE;
-        *ret = v << shift;
-        return 0;
-}
-
-void config_format_size(char *buf, size_t n, uint64_t v) {
-        static const char suffix[] = "KMGT";
-
-        for (int i = (int) sizeof(suffix) - 2; i >= 0; i--) {
-                unsigned shift = 10 * (unsigned) (i + 1);
-
-                if (v != 0 && (v & ((UINT64_C(1) << shift) - 1)) == 0) {
-                        (void) snprintf(buf, n, "%" PRIu64 "%c", v >> shift, suffix[i]);
-                        return;
-                }
-        }
-        (void) snprintf(buf, n, "%" PRIu64, v);
-}
 
 /* A parser's reason for rejecting a value. */
 #define reason(ret_reason, ...) config_error_printf(ret_reason, -EINVAL, __VA_ARGS__)
@@ -249,11 +198,11 @@ static int parse_size_ranged(const ConfigKey *k, const char *value, uint64_t *re
         char lo[32], hi[32];
         uint64_t v = 0;
 
-        if (config_parse_size(value, &v) < 0)
+        if (size_parse(value, &v) < 0)
                 return reason(ret_reason, "invalid size '%s'", value);
         if (v < k->min || v > k->max) {
-                config_format_size(lo, sizeof(lo), k->min);
-                config_format_size(hi, sizeof(hi), k->max);
+                size_format_exact(lo, sizeof(lo), k->min);
+                size_format_exact(hi, sizeof(hi), k->max);
                 if (k->max == UINT64_MAX)
                         return reason(ret_reason, "size '%s' is too small (at least %s)", value, lo);
                 return reason(ret_reason, "size '%s' is out of range (%s..%s)", value, lo, hi);
@@ -327,7 +276,7 @@ CONFIG_PARSER(parse_target) {
                 return 0;
         }
 
-        if (colon && config_parse_size(colon + 1, &size) == 0)
+        if (colon && size_parse(colon + 1, &size) == 0)
                 path = strndup(value, (size_t) (colon - value));
         else {
                 size = 0;
@@ -458,7 +407,7 @@ static char *format_targets(const Config *c, const char *separator) {
                 return NULL;
         *p = '\0';
         for (size_t i = 0; i < c->n_targets; i++) {
-                config_format_size(buf, sizeof(buf), c->targets[i].size);
+                size_format_exact(buf, sizeof(buf), c->targets[i].size);
                 p += sprintf(p, "%s%s%s%s", i ? separator : "", c->targets[i].path,
                              c->targets[i].size ? ":" : "", c->targets[i].size ? buf : "");
         }
@@ -477,10 +426,10 @@ char *config_value_format(const ConfigKey *k, const Config *c) {
                 (void) snprintf(buf, sizeof(buf), "%u", *(const unsigned *) field);
                 break;
         case CONFIG_UNSIGNED_SIZE:
-                config_format_size(buf, sizeof(buf), *(const unsigned *) field);
+                size_format_exact(buf, sizeof(buf), *(const unsigned *) field);
                 break;
         case CONFIG_SIZE:
-                config_format_size(buf, sizeof(buf), *(const uint64_t *) field);
+                size_format_exact(buf, sizeof(buf), *(const uint64_t *) field);
                 break;
         case CONFIG_SECONDS:
                 (void) snprintf(buf, sizeof(buf), "%" PRIu64, *(const uint64_t *) field / 1000000);

@@ -49,6 +49,7 @@
 #include "daemon/base/config-private.h"
 #include "daemon/base/config.h"
 #include "proto/macro.h"
+#include "util/size.h"
 
 /* Largest config file read; anything bigger is surely not a config file. */
 #define CONFIG_FILE_MAX (1024 * 1024)
@@ -452,8 +453,8 @@ static int config_finish_targets(Config *c, char **ret_error) {
                 }
 
                 if (t->size != 0 && t->size < c->nvme_extent_size) {
-                        config_format_size(s, sizeof(s), t->size);
-                        config_format_size(e, sizeof(e), c->nvme_extent_size);
+                        size_format_exact(s, sizeof(s), t->size);
+                        size_format_exact(e, sizeof(e), c->nvme_extent_size);
                         return finish_error(ret_error,
                                             "[nvme] target: '%s' size %s is smaller than one extent (%s)",
                                             t->path, s, e);
@@ -478,23 +479,23 @@ int config_finish(Config *c, char **ret_error) {
 
         /* [host] */
         if (c->host_segment_size == 0 || c->host_segment_size % CONFIG_ALIGN != 0) {
-                config_format_size(a, sizeof(a), c->host_segment_size);
+                size_format_exact(a, sizeof(a), c->host_segment_size);
                 return finish_error(ret_error, "[host] segment_size: %s is not a positive multiple of 4K",
                                     a);
         }
         if (c->host_segment_size > CONFIG_SEGMENT_MAX) {
-                config_format_size(a, sizeof(a), c->host_segment_size);
+                size_format_exact(a, sizeof(a), c->host_segment_size);
                 return finish_error(ret_error,
                                     "[host] segment_size: %s exceeds 1G (io_uring fixed buffer limit)", a);
         }
         if (c->host_segment_size > c->host_capacity) {
-                config_format_size(a, sizeof(a), c->host_segment_size);
-                config_format_size(b, sizeof(b), c->host_capacity);
+                size_format_exact(a, sizeof(a), c->host_segment_size);
+                size_format_exact(b, sizeof(b), c->host_capacity);
                 return finish_error(ret_error, "[host] segment_size: %s is larger than capacity %s", a, b);
         }
         if (c->host_capacity % c->host_segment_size != 0) {
-                config_format_size(a, sizeof(a), c->host_capacity);
-                config_format_size(b, sizeof(b), c->host_segment_size);
+                size_format_exact(a, sizeof(a), c->host_capacity);
+                size_format_exact(b, sizeof(b), c->host_segment_size);
                 return finish_error(ret_error,
                                     "[host] capacity: %s is not a multiple of segment_size %s", a, b);
         }
@@ -508,12 +509,12 @@ int config_finish(Config *c, char **ret_error) {
         if (c->vram_backend < 0 || c->vram_backend >= _VRAM_BACKEND_MAX)
                 return finish_error(ret_error, "[vram] backend: invalid backend %d", (int) c->vram_backend);
         if (c->vram_chunk_size == 0 || c->vram_chunk_size % CONFIG_ALIGN != 0) {
-                config_format_size(a, sizeof(a), c->vram_chunk_size);
+                size_format_exact(a, sizeof(a), c->vram_chunk_size);
                 return finish_error(ret_error, "[vram] chunk_size: %s is not a positive multiple of 4K", a);
         }
         if (c->vram_capacity != 0 && c->vram_chunk_size > c->vram_capacity) {      /* 0: as the device allows */
-                config_format_size(a, sizeof(a), c->vram_chunk_size);
-                config_format_size(b, sizeof(b), c->vram_capacity);
+                size_format_exact(a, sizeof(a), c->vram_chunk_size);
+                size_format_exact(b, sizeof(b), c->vram_capacity);
                 return finish_error(ret_error, "[vram] chunk_size: %s is larger than capacity %s", a, b);
         }
         if (c->vram_job_limit == 0)
@@ -522,7 +523,7 @@ int config_finish(Config *c, char **ret_error) {
         /* [nvme] */
         if (!is_power_of_2(c->nvme_extent_size) || c->nvme_extent_size < CONFIG_ALIGN ||
             c->nvme_extent_size > CONFIG_EXTENT_MAX) {
-                config_format_size(a, sizeof(a), c->nvme_extent_size);
+                size_format_exact(a, sizeof(a), c->nvme_extent_size);
                 return finish_error(ret_error, "[nvme] extent_size: %s is not a power of two in 4K..64M", a);
         }
         if (c->nvme_queue_depth < 1 || c->nvme_queue_depth > 4096)

@@ -100,11 +100,6 @@ int config_load_files(Config *c, const char *path, bool must_exist, char **ret_e
  */
 int config_finish(Config *c, char **ret_error);
 
-/* "1G" -> 1073741824; accepts K, M, G, T (1024-based) and an optional B/iB.
- * Decimal digits only (no sign, blanks or fraction): -EINVAL, -ERANGE on overflow. */
-int config_parse_size(const char *s, uint64_t *ret);
-/* "64M" for exact multiples of a power of 1024, else plain bytes: how tierd.conf writes sizes. */
-void config_format_size(char *buf, size_t n, uint64_t v);
 const char *vram_backend_to_string(VramBackendKind k);
 const char *sched_policy_to_string(SchedPolicyKind p);
 SchedPolicyKind sched_policy_from_string(const char *s);

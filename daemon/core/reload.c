@@ -44,6 +44,7 @@
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
+#include "util/size.h"
 #include "util/time-util.h"
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -123,10 +124,10 @@ static void reload_job_limits(Manager *m, const uint64_t old_default[TIERS], con
                                 continue;
                         j->limit[t] = new_default[t];
                         changed = true;
-                        config_format_size(a, sizeof(a), old_default[t]);
-                        config_format_size(b, sizeof(b), new_default[t]);
+                        size_format_exact(a, sizeof(a), old_default[t]);
+                        size_format_exact(b, sizeof(b), new_default[t]);
                         if (j->used[t] > new_default[t]) {
-                                config_format_size(u, sizeof(u), j->used[t]);
+                                size_format_exact(u, sizeof(u), j->used[t]);
                                 log_job_tier(LOG_NOTICE, 0, j->name, level_to_string(t),
                                              "Job '%s': %s limit %s -> %s (the default); it uses %s, so its "
                                              "own unpinned copies make way as it allocates more",

@@ -30,6 +30,7 @@
 #include "daemon/base/log.h"
 #include "daemon/tiers/uring.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* SQEs io_uring_submit() did not take (-EAGAIN, -EBUSY, short) are offered again after this long at most. */
 #define SUBMIT_RETRY_USEC 1000
@@ -171,13 +172,6 @@ static int uring_submit_ready(Uring *u) {
                               on_retry_timer, u) >= 0)
                 (void) sd_event_source_set_description(u->retry_timer, "uring-submit-retry");
         return r;
-}
-
-static uint64_t clock_ns(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000000ull + (uint64_t) ts.tv_nsec;
 }
 
 int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec) {
@@ -325,7 +319,7 @@ int uring_flush(Uring *u) {
 
                 if (req->file_index < URING_MAX_FILES && u->bandwidth[req->file_index]) {
                         if (!now)
-                                now = clock_ns();
+                                now = now_ns();
                         if (!throttle_admit(u, req, now, &wake_ns)) {
                                 /* keep order per file: set it aside, others may go */
                                 list_del(&req->link);

@@ -46,6 +46,7 @@
 
 #include "proto/macro.h"
 #include "tests/helpers/harness.h"
+#include "util/time-util.h"
 
 /* Where the programs are, relative to $TIER_BUILD: the only place tests name them. */
 #define TIERD_PATH "daemon/tierd"
@@ -57,13 +58,6 @@
 #define STOP_TIMEOUT_MS 10000
 
 #define CAP_IPC_LOCK_BIT 14
-
-static uint64_t mono_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
 
 static const char *build_path(const char *rel, char *buf, size_t size) {
         const char *b = getenv("TIER_BUILD");
@@ -359,7 +353,7 @@ static void notify_drain(TestDaemon *d) {
                                 continue;
                         d->notes = a;
                 }
-                d->notes[d->n_notes].usec = mono_usec();
+                d->notes[d->n_notes].usec = now_usec();
                 d->notes[d->n_notes].text = strdup(buf);
                 if (d->notes[d->n_notes].text)
                         d->n_notes++;
@@ -367,9 +361,9 @@ static void notify_drain(TestDaemon *d) {
 }
 
 void test_daemon_collect(TestDaemon *d, int ms) {
-        uint64_t until = mono_usec() + (uint64_t) ms * 1000u;
+        uint64_t until = now_usec() + (uint64_t) ms * 1000u;
 
-        for (uint64_t now = mono_usec(); now < until; now = mono_usec()) {
+        for (uint64_t now = now_usec(); now < until; now = now_usec()) {
                 struct pollfd p = { .fd = d->notify_fd, .events = POLLIN };
 
                 (void) poll(&p, 1, (int) ((until - now) / 1000u) + 1);
@@ -378,7 +372,7 @@ void test_daemon_collect(TestDaemon *d, int ms) {
 }
 
 int test_daemon_wait_notify(TestDaemon *d, const char *needle, int timeout_ms) {
-        uint64_t until = mono_usec() + (uint64_t) timeout_ms * 1000u;
+        uint64_t until = now_usec() + (uint64_t) timeout_ms * 1000u;
 
         for (;;) {
                 struct pollfd p = { .fd = d->notify_fd, .events = POLLIN };
@@ -389,7 +383,7 @@ int test_daemon_wait_notify(TestDaemon *d, const char *needle, int timeout_ms) {
                 for (; d->seen < d->n_notes; d->seen++)
                         if (strstr(d->notes[d->seen].text, needle))
                                 return (int) d->seen++;
-                now = mono_usec();
+                now = now_usec();
                 if (now >= until)
                         return -ETIMEDOUT;
                 if (d->pid > 0 && waitpid(d->pid, &st, WNOHANG) == d->pid) {

@@ -46,6 +46,7 @@
 #include "tests/helpers/fake-cuda.h"
 #include "tests/helpers/harness.h"
 #include "tests/helpers/json.h"
+#include "util/time-util.h"
 
 #define MiB ((uint64_t) 1 << 20)
 
@@ -119,13 +120,6 @@ static tier_client *connect_job(const char *job) {
         if (r < 0)
                 fail_msg("connect as '%s': %s (%s)", job, tier_strerror(r), tier_client_last_error(NULL));
         return c;
-}
-
-static uint64_t now_ms(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
 }
 
 /* Pin @t in VRAM and check what a cuda grant looks like. */

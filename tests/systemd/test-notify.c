@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "tests/helpers/harness.h"
+#include "util/time-util.h"
 
 /* What systemd would set for WatchdogSec=0.5s. */
 #define WATCHDOG_USEC 500000u
@@ -35,13 +36,6 @@ static const char *const CONFIG =
         "target = @DIR@/t0.img:64M\n";
 
 static TestDaemon d;
-
-static uint64_t mono_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
 
 /* Start tierd on d with our notify socket; @watchdog_usec as systemd would set it. */
 static void start(uint64_t watchdog_usec) {
@@ -99,7 +93,7 @@ static void test_watchdog(void **state) {
                 last = d.notes[k].usec;
         }
         printf("%u WATCHDOG=1 in %.1f s after READY=1, longest gap %.0f ms (WATCHDOG_USEC=%u)\n", n,
-               (double) (mono_usec() - ready_at) / 1e6, (double) max_gap / 1e3, WATCHDOG_USEC);
+               (double) (now_usec() - ready_at) / 1e6, (double) max_gap / 1e3, WATCHDOG_USEC);
         /* sd-event pings at about half the interval */
         assert_true(n >= 4);
         assert_true(max_gap < WATCHDOG_USEC);
@@ -125,11 +119,11 @@ static void test_reload(void **state) {
         int i, j;
 
         start(WATCHDOG_USEC);
-        before = mono_usec();
+        before = now_usec();
         kill(d.pid, SIGHUP);
         i = test_daemon_wait_notify(&d, "RELOADING=1", 10000);
         assert_true(i >= 0);
-        after = mono_usec();
+        after = now_usec();
         assert_non_null(test_notify_field(d.notes[i].text, "MONOTONIC_USEC", v, sizeof(v)));
         mono = strtoull(v, NULL, 10);
         printf("RELOADING=1 MONOTONIC_USEC=%" PRIu64 " (sent between %" PRIu64 " and %" PRIu64 ")\n",

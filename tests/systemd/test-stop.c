@@ -20,6 +20,7 @@
 
 #include "tests/helpers/harness.h"
 #include "tier.pb-c.h"
+#include "util/time-util.h"
 
 #define MiB (1024u * 1024u)
 /* [host] capacity below: locked and registered with io_uring by tierd. */
@@ -47,10 +48,7 @@ static const char *const CONFIG =
 static TestDaemon d;
 
 static double now_s(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+        return ns_to_sec(now_ns());
 }
 
 static void start(void) {

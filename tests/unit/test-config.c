@@ -68,45 +68,40 @@ static void finish_fails(const char *text, const char *needle) {
                 fail_msg("message '%s' lacks '%s'", error, needle);
 }
 
+/*
+ * Sizes in tierd.conf are util's one size syntax (util/size.h, tested in
+ * test-size): K..E in either case, an optional B or iB; what config adds is
+ * the per-key range and the message.
+ */
 static void test_parse_size(_unused_ void **state) {
         static const struct {
                 const char *s;
                 uint64_t v;
         } good[] = {
-                { "0", 0 },
-                { "4096", 4096 },
-                { "4096B", 4096 },
-                { "64K", 64 * KIB },
-                { "512M", 512 * MIB },
-                { "1G", GIB },
-                { "1GiB", GIB },
-                { "1GB", GIB },
-                { "2T", 2048 * GIB },
-                { "007K", 7 * KIB },
-                { "18446744073709551615", UINT64_MAX },
-                { "16777215T", UINT64_C(16777215) << 40 },
+                { "4096", 4096 }, { "4096B", 4096 }, { "64K", 64 * KIB }, { "512m", 512 * MIB },
+                { "1G", GIB }, { "1GiB", GIB }, { "1giB", GIB }, { "2T", 2048 * GIB }, { "1P", 1024 * 1024 * GIB },
         };
-        static const char *const bad[] = {
-                "", "-1", "-0", "+1", " 1G", "1G ", "1 G", "abc", "1.5G", "1Q", "1GiBx", "1iB",
-                "1g", "1Gi", "K", "0x10", "1KK", "18446744073709551616", "16777216T", "99999999999999999999",
-        };
-        uint64_t v;
+        static const char *const bad[] = { "-1", "1.5G", "1Q", "1 G", "0x10", "1Gb", "1gb", "99999999999999999999" };
 
         for (size_t i = 0; i < ELEMENTSOF(good); i++) {
-                v = 1;
-                if (config_parse_size(good[i].s, &v) != 0)
-                        fail_msg("'%s' rejected", good[i].s);
-                assert_int_equal(v, good[i].v);
+                _cleanup_config_ Config c;
+                char text[64];
+
+                config_init(&c);
+                snprintf(text, sizeof(text), "[host]\njob_limit = %s\n", good[i].s);
+                parse_ok(&c, text);
+                assert_int_equal(c.host_job_limit, good[i].v);
         }
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
-                v = 12345;
-                if (config_parse_size(bad[i], &v) >= 0)
-                        fail_msg("'%s' accepted", bad[i]);
-                assert_int_equal(v, 12345);
+                _cleanup_config_ Config c;
+                _cleanup_free_ char *err = NULL;
+                char text[64];
+
+                config_init(&c);
+                snprintf(text, sizeof(text), "[host]\njob_limit = %s\n", bad[i]);
+                assert_int_equal(config_parse_text(&c, text, "test.conf", &err), -EINVAL);
+                assert_non_null(strstr(err, "test.conf:2: [host] job_limit: invalid size"));
         }
-        assert_int_equal(config_parse_size("18446744073709551616", &v), -ERANGE);
-        assert_int_equal(config_parse_size("16777216T", &v), -ERANGE);
-        assert_int_equal(config_parse_size(NULL, &v), -EINVAL);
 }
 
 static void test_vram_backend_strings(_unused_ void **state) {
