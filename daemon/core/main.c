@@ -1,6 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* main.c: tierd's entry point: arguments, config, inherited fds, the loop. */
 
+/*
+ * Theory of operation: nothing but the order of start-up (STYLE.md, after
+ * systemd-oomd): close what the parent left open, parse the arguments, load
+ * and validate the configuration (--check-config stops here), take the
+ * socket systemd passed, create the state directory, block the signals the
+ * loop will read, build the Manager, listen, send READY=1 with STATUS=, run
+ * the loop; STOPPING=1 is sent on the way out whatever the path.
+ */
+
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>

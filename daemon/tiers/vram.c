@@ -1,5 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* vram.c: choosing the VRAM backend. */
+/* vram.c: choosing the VRAM backend, and the calls every backend answers (optional ones included). */
+
+/*
+ * Theory of operation: a VRAM backend is a segment pool plus VramBackendOps.
+ * vram_backend_new() picks one from [vram] backend (auto: cuda when a device
+ * works, else emulated, the reason logged once).  The vram_*() wrappers here
+ * give each optional op its meaning when a backend lacks it: no host
+ * registration or copy events (emulated), no throttle (cuda), nothing to
+ * stop.  The engine, the host pool and the request layer call only these.
+ */
 
 #include <errno.h>
 #include <stdio.h>
