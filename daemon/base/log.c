@@ -100,8 +100,8 @@ const char *log_level_to_string(int level) {
 }
 
 /*
- * CODE_FILE= relative to the source tree ("daemon/mover.c"), whatever path
- * the build passed to the compiler ("../daemon/mover.c" from a build
+ * CODE_FILE= relative to the source tree ("daemon/engine/op.c"), whatever path
+ * the build passed to the compiler ("../daemon/engine/op.c" from a build
  * directory inside the tree, or longer from one outside it).
  */
 static const char *code_file(const char *file) {

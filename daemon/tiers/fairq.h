@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fairq.h: start-time fair queuing tags, shared by the NVMe queue (uring.c) and the VRAM link (mover.c). */
+/* fairq.h: start-time fair queuing tags, shared by the NVMe queue (uring.c) and the VRAM link (engine/xfer.c). */
 #pragma once
 
 #include <stdint.h>

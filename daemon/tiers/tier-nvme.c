@@ -9,7 +9,7 @@
  * list of extents: extent i lives on target (first + i) mod n, so a large
  * tensor is striped over every target and k drives give about k times the
  * bandwidth.  Extents need not be contiguous on a target.  The I/O itself
- * (one UringReq per extent, crc32c per extent) is driven by mover.c; this
+ * (one UringReq per extent, crc32c per extent) is driven by the engine (daemon/engine/xfer.c); this
  * module owns the targets and the space.
  */
 

@@ -19,7 +19,7 @@
  * memory free at start-up when it asks for more (a notice says so), or that
  * share when it is 0, in whole chunks.  Each chunk is
  *   - exported once (cuMemExportToShareableHandle) to an fd that tierd
- *     keeps, CLOEXEC, in Segment.fd: rpc.c sends that fd (SCM_RIGHTS) to the
+ *     keeps, CLOEXEC, in Segment.fd: conn.c sends that fd (SCM_RIGHTS) to the
  *     connections of the one job that owns the chunk, like a memfd.  One fd
  *     per chunk for the chunk's life costs one descriptor each (LimitNOFILE
  *     must exceed the chunk count) and no export per send;
