@@ -123,7 +123,7 @@ static int parse_uint64(const char *s, uint64_t *ret) {
 
 /* ---- key parsers ------------------------------------------------------ */
 
-static int set_string(char **field, const char *value) {
+int config_set_string(char **field, const char *value) {
         char *s = strdup(value);
 
         if (!s)
@@ -136,7 +136,7 @@ static int set_string(char **field, const char *value) {
 CONFIG_PARSER(parse_abs_path) {
         if (value[0] != '/')
                 return reason(ret_reason, "'%s' is not an absolute path", value);
-        return set_string(field, value);
+        return config_set_string(field, value);
 }
 
 CONFIG_PARSER(parse_socket_path) {

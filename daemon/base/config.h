@@ -143,6 +143,8 @@ struct ConfigKey {
         bool live;              /* a reload applies it; else it keeps its value until a restart */
 };
 
+/* Replace the string at @field by a copy of @value (-ENOMEM: @field unchanged). */
+int config_set_string(char **field, const char *value);
 /* The @i-th key in the order of tierd.conf(5); NULL past the last. */
 const ConfigKey *config_key_at(size_t i);
 /* Does @k have the same value in @a and @b? */

@@ -49,16 +49,6 @@
 
 /* ---- loading ---------------------------------------------------------------------- */
 
-static int set_string(char **p, const char *v) {
-        char *s = strdup(v);
-
-        if (!s)
-                return -ENOMEM;
-        free(*p);
-        *p = s;
-        return 0;
-}
-
 int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
         Config c;
         int r;
@@ -69,9 +59,9 @@ int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
         if (r < 0)
                 return r;
         if (args->socket_path)
-                r = set_string(&c.socket_path, args->socket_path);
+                r = config_set_string(&c.socket_path, args->socket_path);
         if (r >= 0 && args->state_dir)
-                r = set_string(&c.state_dir, args->state_dir);
+                r = config_set_string(&c.state_dir, args->state_dir);
         if (r >= 0)
                 r = config_finish(&c, ret_error);
         if (r < 0) {

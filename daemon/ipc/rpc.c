@@ -533,27 +533,18 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
         if (kind == TIER__REQUEST__OP_PIN && c->n_pins + c->inflight >= 2 * (size_t) cf->max_tensors)
                 return reply_status(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
                                     2 * cf->max_tensors);
-        switch (kind) {
-        case TIER__REQUEST__OP_PIN:
-                if (tier == TIER_NVME)
-                        return reply_status(c, seq, -EINVAL, "tensors are pinned in vram or host, not nvme");
-                if (tier == TIER_VRAM && t->alloc_size > chunk)
-                        return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
-                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
-                break;
-        case TIER__REQUEST__OP_PREFETCH:
-                if (tier == TIER_NVME)
-                        return reply_status(c, seq, -EINVAL, "prefetch goes up to vram or host, not nvme");
-                if (tier == TIER_VRAM && t->alloc_size > chunk)
-                        return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
-                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
-                break;
-        case TIER__REQUEST__OP_EVICT:
+        if (kind == TIER__REQUEST__OP_EVICT) {
                 if (tier == TIER_VRAM)
                         return reply_status(c, seq, -EINVAL, "evict goes down to host or nvme, not vram");
-                break;
-        default:
-                break;
+        } else {
+                /* pin and prefetch bring a copy up */
+                if (tier == TIER_NVME)
+                        return reply_status(c, seq, -EINVAL, kind == TIER__REQUEST__OP_PIN ?
+                                            "tensors are pinned in vram or host, not nvme" :
+                                            "prefetch goes up to vram or host, not nvme");
+                if (tier == TIER_VRAM && t->alloc_size > chunk)
+                        return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
+                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
         }
         return submit(rpc, c, seq, kind, t, tier, async);
 }
