@@ -345,10 +345,21 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         return conn_send_response(c, &resp, fds, 2, false);
 }
 
-static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
-        SegPool *host = rpc->registry->pools[TIER_HOST];
+static int reply_tensor(Conn *c, uint64_t seq, const Tensor *t) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
+
+        ti.tensor = t->id;
+        ti.size = t->size;
+        ti.name = t->name;
+        resp.seq = seq;
+        resp.result_case = TIER__RESPONSE__RESULT_TENSOR;
+        resp.tensor = &ti;
+        return conn_send_response(c, &resp, NULL, 0, false);
+}
+
+static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
+        SegPool *host = rpc->registry->pools[TIER_HOST];
         Tensor *t;
         int r;
 
@@ -368,18 +379,10 @@ static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr
         if (r < 0)
                 return reply_status(c, seq, r, "cannot create tensor: %s", strerror(-r));
 
-        ti.tensor = t->id;
-        ti.size = t->size;
-        ti.name = t->name;
-        resp.seq = seq;
-        resp.result_case = TIER__RESPONSE__RESULT_TENSOR;
-        resp.tensor = &ti;
-        return conn_send_response(c, &resp, NULL, 0, false);
+        return reply_tensor(c, seq, t);
 }
 
 static int handle_open(Rpc *r, Conn *c, uint64_t seq, const Tier__Open *o) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
         Tensor *t;
 
         if (check_name(r, c, seq, "tensor", o->name) < 0)
@@ -387,13 +390,7 @@ static int handle_open(Rpc *r, Conn *c, uint64_t seq, const Tier__Open *o) {
         t = tensor_find_name(c->job, o->name);
         if (!t)
                 return reply_status(c, seq, -ENOENT, "no tensor '%s' in job '%s'", o->name, c->job->name);
-        ti.tensor = t->id;
-        ti.size = t->size;
-        ti.name = t->name;
-        resp.seq = seq;
-        resp.result_case = TIER__RESPONSE__RESULT_TENSOR;
-        resp.tensor = &ti;
-        return conn_send_response(c, &resp, NULL, 0, false);
+        return reply_tensor(c, seq, t);
 }
 
 static int handle_free(Conn *c, uint64_t seq, const Tier__Free *f) {
