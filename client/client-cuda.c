@@ -165,7 +165,7 @@ ClientCuda *client_cuda_free(ClientCuda *cc) {
         return NULL;
 }
 
-int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va) {
+int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va, uint64_t *ret_handle) {
         CUmemGenericAllocationHandle h = 0;
         CUdeviceptr va = 0;
         CUresult r;
@@ -182,19 +182,83 @@ int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va) {
                 return cc_fail(cc, cudrv_errno(r), "cannot import a VRAM chunk: %s", cu_err(cc, r));
         }
         r = cudrv_map(cc->drv, h, size, cc->granularity, cc->dev, &va);
-        /* the mapping holds the memory from here on */
-        (void) cc->drv->cuMemRelease(h);
-        pop(cc);
-        if (r != CUDA_SUCCESS)
+        if (r != CUDA_SUCCESS) {
+                (void) cc->drv->cuMemRelease(h);
+                pop(cc);
                 return cc_fail(cc, cudrv_errno(r), "cannot map a VRAM chunk: %s", cu_err(cc, r));
+        }
+        pop(cc);
+        /* the handle is kept: pieces of the chunk are mapped again into views of tensors that span chunks */
         *ret_va = va;
+        *ret_handle = (uint64_t) h;
         return 0;
 }
 
-void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size) {
+void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size, uint64_t handle) {
+        if (!cc || push(cc) != CUDA_SUCCESS)
+                return;
+        if (va)
+                cudrv_unmap(cc->drv, va, size);
+        if (handle)
+                (void) cc->drv->cuMemRelease((CUmemGenericAllocationHandle) handle);
+        pop(cc);
+}
+
+int client_cuda_view_new(ClientCuda *cc, uint64_t size, uint64_t *ret_va, uint64_t *ret_size) {
+        CUdeviceptr va = 0;
+        uint64_t total = ALIGN_UP(size, (uint64_t) cc->granularity);
+        CUresult r;
+
+        r = push(cc);
+        if (r == CUDA_SUCCESS) {
+                r = cc->drv->cuMemAddressReserve(&va, total, cc->granularity, 0, 0);
+                pop(cc);
+        }
+        if (r != CUDA_SUCCESS)
+                return cc_fail(cc, cudrv_errno(r), "cannot reserve %llu bytes of device address space: %s",
+                               (unsigned long long) total, cu_err(cc, r));
+        *ret_va = va;
+        *ret_size = total;
+        return 0;
+}
+
+int client_cuda_view_map(ClientCuda *cc, uint64_t va, uint64_t handle, uint64_t offset, uint64_t len) {
+        CUmemAccessDesc access = {
+                .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = cc->dev },
+                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        uint64_t size = ALIGN_UP(len, (uint64_t) cc->granularity);
+        CUresult r;
+
+        if (offset % cc->granularity != 0 || va % cc->granularity != 0)
+                return cc_fail(cc, -EPROTO, "a piece at %llu of a chunk is not on the GPU's granularity %zu",
+                               (unsigned long long) offset, cc->granularity);
+        r = push(cc);
+        if (r != CUDA_SUCCESS)
+                return cc_fail(cc, cudrv_errno(r), "cannot make tierd's GPU current: %s", cu_err(cc, r));
+        r = cc->drv->cuMemMap(va, size, offset, (CUmemGenericAllocationHandle) handle, 0);
+        if (r == CUDA_SUCCESS) {
+                r = cc->drv->cuMemSetAccess(va, size, &access, 1);
+                if (r != CUDA_SUCCESS)
+                        (void) cc->drv->cuMemUnmap(va, size);
+        }
+        pop(cc);
+        if (r != CUDA_SUCCESS)
+                return cc_fail(cc, cudrv_errno(r), "cannot map a piece of a VRAM chunk: %s", cu_err(cc, r));
+        return 0;
+}
+
+void client_cuda_view_unmap(ClientCuda *cc, uint64_t va, uint64_t len) {
+        if (!cc || push(cc) != CUDA_SUCCESS)
+                return;
+        (void) cc->drv->cuMemUnmap(va, ALIGN_UP(len, (uint64_t) cc->granularity));
+        pop(cc);
+}
+
+void client_cuda_view_free(ClientCuda *cc, uint64_t va, uint64_t size) {
         if (!cc || !va || push(cc) != CUDA_SUCCESS)
                 return;
-        cudrv_unmap(cc->drv, va, size);
+        (void) cc->drv->cuMemAddressFree(va, size);
         pop(cc);
 }
 
@@ -332,11 +396,25 @@ const char *client_cuda_error(const ClientCuda *cc) {
         return NO_CUDA;
 }
 
-int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va) {
+int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va, uint64_t *ret_handle) {
         return -ENODEV;
 }
 
-void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size) {
+void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size, uint64_t handle) {
+}
+
+int client_cuda_view_new(ClientCuda *cc, uint64_t size, uint64_t *ret_va, uint64_t *ret_size) {
+        return -ENODEV;
+}
+
+int client_cuda_view_map(ClientCuda *cc, uint64_t va, uint64_t handle, uint64_t offset, uint64_t len) {
+        return -ENODEV;
+}
+
+void client_cuda_view_unmap(ClientCuda *cc, uint64_t va, uint64_t len) {
+}
+
+void client_cuda_view_free(ClientCuda *cc, uint64_t va, uint64_t size) {
 }
 
 int client_cuda_host_register(ClientCuda *cc, void *p, uint64_t size) {

@@ -24,10 +24,23 @@ const char *client_cuda_error(const ClientCuda *cc);
 /*
  * client_cuda_map() - import a chunk tierd exported (@fd, borrowed: the
  * caller may close it afterwards), reserve address space, map it and allow
- * access from the device.  *@ret_va is the device address of its first byte.
+ * access from the device.  *@ret_va is the device address of its first byte;
+ * *@ret_handle the imported allocation, kept for client_cuda_view_map().
  */
-int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va);
-void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size);
+int client_cuda_map(ClientCuda *cc, int fd, uint64_t size, uint64_t *ret_va, uint64_t *ret_handle);
+/* Unmap a chunk and release its handle. */
+void client_cuda_unmap(ClientCuda *cc, uint64_t va, uint64_t size, uint64_t handle);
+
+/*
+ * Views: a tensor that spans chunks, as one device range.  view_new
+ * reserves @size (rounded up to the granularity); view_map maps @len bytes
+ * (rounded up) of the chunk @handle from @offset (on the granularity) at
+ * @va; view_unmap undoes one view_map; view_free releases the range.
+ */
+int client_cuda_view_new(ClientCuda *cc, uint64_t size, uint64_t *ret_va, uint64_t *ret_size);
+int client_cuda_view_map(ClientCuda *cc, uint64_t va, uint64_t handle, uint64_t offset, uint64_t len);
+void client_cuda_view_unmap(ClientCuda *cc, uint64_t va, uint64_t len);
+void client_cuda_view_free(ClientCuda *cc, uint64_t va, uint64_t size);
 
 /* cuMemHostRegister / cuMemHostUnregister of a host-tier segment mapping. */
 int client_cuda_host_register(ClientCuda *cc, void *p, uint64_t size);

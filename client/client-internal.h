@@ -27,7 +27,7 @@ typedef struct FencePage FencePage;
 typedef struct PlanPage PlanPage;
 
 /* Largest packet tierd sends inline; bigger status dumps come as an fd. */
-#define CLIENT_RECV_BUFFER (256u * 1024u)
+#define CLIENT_RECV_BUFFER (1024u * 1024u)
 /* Failed fences remembered per client; older failures are forgotten. */
 #define CLIENT_FAILURES_MAX 256u
 /* Room for one error text: a socket path plus the daemon's reason. */
@@ -50,7 +50,32 @@ typedef struct ClientSegment {
         int fd;                 /* cuda: the exported handle until it is imported; else -1 */
         uint64_t device_ptr;    /* cuda: where it is mapped once imported, else 0 */
         bool host_registered;   /* memfd of the host tier registered with CUDA */
+        uint64_t cu_handle;     /* cuda: the imported allocation, kept to map pieces of it into views */
 } ClientSegment;
+
+/* One piece of a copy that spans segments, as a grant or a plan slot names it. */
+typedef struct ViewPiece {
+        uint32_t segment;
+        uint32_t generation;
+        uint64_t offset;
+        uint64_t length;
+} ViewPiece;
+
+/*
+ * A tensor's copy in one tier that spans segments, seen as one range: an
+ * address range reserved for the tensor, with each piece mapped in place
+ * (memfd pieces by mremap() of our mapping of their segment, cuda pieces by
+ * cuMemMap() of their chunk).  Kept per tensor handle and tier, and mapped
+ * anew only when the pieces change.
+ */
+typedef struct ClientView {
+        void *base;             /* memfd: the reserved range, or NULL */
+        uint64_t device_base;   /* cuda: the reserved device range, or 0 */
+        uint64_t size;          /* bytes reserved */
+        ViewPiece *pieces;      /* what is mapped there now, in order */
+        uint32_t n_pieces;
+        uint32_t n_mapped;      /* cuda: pieces mapped so far (each is unmapped on its own) */
+} ClientView;
 
 typedef struct FenceEvent {
         tier_fence fence;
@@ -81,6 +106,8 @@ struct tier_client {
         uint32_t max_message;
         uint32_t max_name;
         uint64_t limit[TIER_LEVEL_MAX];
+        uint64_t tensor_max[TIER_LEVEL_MAX];    /* largest tensor the job may have there */
+        uint64_t segment_size[TIER_LEVEL_MAX];  /* segment, chunk, extent */
         char *vram_backend;
         char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
 
@@ -118,6 +145,7 @@ struct tier_tensor {
         uint64_t id;
         uint64_t size;
         char *name;
+        ClientView views[2];            /* per tier (vram, host): a copy that spans segments */
 };
 
 /* One received packet: the unpacked Reply and the fds that came with it. */
@@ -183,8 +211,18 @@ void segment_clear(tier_client *c, ClientSegment *s);
 void segment_add_all(tier_client *c, Tier__Segment **segs, size_t n, Packet *p);
 /* tierd takes a segment back: drop our mapping, then ack. */
 void segment_revoke(tier_client *c, const Tier__Revoke *rv);
-/* Turn a wire grant into an address, fetching its segment when we lack it. */
-int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret);
+/*
+ * segment_resolve() - turn a copy of @t in @tier (@pieces, in order: one for
+ * a copy in one segment) into an address, fetching segments we lack; a copy
+ * that spans segments is mapped as one range (@t's view of the tier).
+ * @length: the tensor's size
+ */
+int segment_resolve(tier_client *c, tier_tensor *t, int tier, uint64_t length, const ViewPiece *pieces, size_t n,
+                    struct tier_grant *ret);
+/* The same for a wire grant. */
+int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, struct tier_grant *ret);
+/* Unmap a view (tensor closed, client freed, a piece's segment revoked). */
+void view_clear(tier_client *c, ClientView *v);
 
 /* ---- tensors.c --------------------------------------------------------------------- */
 

@@ -81,6 +81,8 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         /* Handles outlive the client: they are invalidated, and the user still closes them. */
         for (tier_tensor *t = c->tensors, *next; t; t = next) {
                 next = t->next;
+                for (int tier = 0; tier < 2; tier++)
+                        view_clear(c, &t->views[tier]);
                 t->client = NULL;
                 t->prev = t->next = NULL;
         }
@@ -140,6 +142,10 @@ static int client_hello(tier_client *c, const char *job, unsigned rank) {
                 c->max_name = lim->max_name;
                 for (size_t i = 0; i < MIN(lim->n_tier_limit, (size_t) TIER_LEVEL_MAX); i++)
                         c->limit[i] = lim->tier_limit[i];
+                for (size_t i = 0; i < MIN(lim->n_tensor_max, (size_t) TIER_LEVEL_MAX); i++)
+                        c->tensor_max[i] = lim->tensor_max[i];
+                for (size_t i = 0; i < MIN(lim->n_segment_size, (size_t) TIER_LEVEL_MAX); i++)
+                        c->segment_size[i] = lim->segment_size[i];
         }
 
         c->vram_backend = strdup(hr->vram_backend ? hr->vram_backend : "");
@@ -246,6 +252,14 @@ _public_ uint64_t tier_client_limit(const tier_client *c, int tier) {
         if (!c || !tier_valid(tier))
                 return 0;
         return c->limit[tier];
+}
+
+_public_ uint64_t tier_client_tensor_max(const tier_client *c, int tier) {
+        return c && tier_valid(tier) ? c->tensor_max[tier] : 0;
+}
+
+_public_ uint64_t tier_client_segment_size(const tier_client *c, int tier) {
+        return c && tier_valid(tier) ? c->segment_size[tier] : 0;
 }
 
 _public_ int tier_client_fd(const tier_client *c) {

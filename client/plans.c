@@ -183,7 +183,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         }
         page_fd = packet_take_fd(&pk, pr->page_fd);
         marker_fd = packet_take_fd(&pk, pr->marker_fd);
-        if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots)) {
+        if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots, 0)) {
                 safe_close(page_fd);
                 safe_close(marker_fd);
                 packet_done(&pk);
@@ -295,12 +295,33 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         if (!c->plan_page || t->plan_slot < 0 || (uint32_t) t->plan_slot >= c->plan_slots)
                 return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
         s = &c->plan_page->slots[2 * (uint32_t) t->plan_slot + (uint32_t) tier];
+        if (s->n_pieces > 1) {
+                /* a copy that spans segments: its pieces, past the slots, where tierd put them */
+                const PlanPiece *pp = plan_pieces(c->plan_page, c->plan_slots);
+                uint64_t room = (c->plan_page_size - (uint64_t) ((const uint8_t *) pp - (const uint8_t *) c->plan_page)) /
+                                sizeof(PlanPiece);
+                _cleanup_free_ ViewPiece *pieces = NULL;
+
+                if ((uint64_t) s->first_piece + s->n_pieces > room)
+                        return client_error(c, -EPROTO, "plan slot of '%s' names pieces past its page", t->name);
+                pieces = calloc(s->n_pieces, sizeof(ViewPiece));
+                if (!pieces)
+                        return -ENOMEM;
+                for (uint32_t i = 0; i < s->n_pieces; i++)
+                        pieces[i] = (ViewPiece) {
+                                .segment = pp[s->first_piece + i].segment,
+                                .generation = pp[s->first_piece + i].generation,
+                                .offset = pp[s->first_piece + i].offset,
+                                .length = pp[s->first_piece + i].length,
+                        };
+                return segment_resolve(c, t, tier, t->size, pieces, s->n_pieces, ret);
+        }
         g.segment = s->segment;
         g.generation = s->generation;
         g.offset = s->offset;
         g.length = t->size;
         g.tier = (Tier__Tier) tier;
-        return segment_resolve_grant(c, &g, ret);
+        return segment_resolve_grant(c, t, &g, ret);
 }
 
 _public_ double tier_phase_stall(const tier_client *c) {

@@ -16,6 +16,16 @@
  * Event.revoke asks for a segment back: its mapping goes and an Ack (a
  * request without a Response) tells tierd so.
  *
+ * A copy larger than a segment comes in pieces (whole segments and a tail),
+ * and the caller sees it as one range all the same: libtier reserves an
+ * address range per tensor handle and tier (its ClientView) and maps each
+ * piece in place, memfd pieces by mremap() of our MAP_SHARED mapping of
+ * their segment (old size 0: a second mapping of the same pages, no fd
+ * needed), cuda pieces by cuMemMap() of their imported chunk.  The view is
+ * mapped anew only when the pieces change (a pin after the tensor moved),
+ * and goes when its tensor is closed, the client freed, or a piece's
+ * segment revoked.
+ *
  * Segments come in any Response (new_segments, mapped by the transport
  * before the caller sees the Response) and in the answer to GetSegments.
  * A segment that cannot be mapped is left out; it surfaces as an error
@@ -32,6 +42,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <tier.h>
 
@@ -50,7 +61,7 @@ void segment_clear(tier_client *c, ClientSegment *s) {
         if (s->ptr)
                 (void) munmap(s->ptr, (size_t) s->size);
         if (s->device_ptr)
-                client_cuda_unmap(c->cuda, s->device_ptr, s->size);
+                client_cuda_unmap(c->cuda, s->device_ptr, s->size, s->cu_handle);
         s->fd = safe_close(s->fd);
         *s = (ClientSegment) { .kind = SEGMENT_NONE, .fd = -1 };
 }
@@ -158,6 +169,17 @@ static ClientSegment *segment_find(tier_client *c, uint32_t id, uint32_t generat
 
 /* tierd takes @id back: drop our mapping of that generation (nothing of ours points into it), then ack. */
 void segment_revoke(tier_client *c, const Tier__Revoke *rv) {
+        /* views that map a piece of it go first: they hold its memory too */
+        for (tier_tensor *t = c->tensors; t; t = t->next)
+                for (int tier = 0; tier < 2; tier++) {
+                        ClientView *v = &t->views[tier];
+
+                        for (uint32_t i = 0; i < v->n_pieces; i++)
+                                if (v->pieces[i].segment == rv->segment && v->pieces[i].generation == rv->generation) {
+                                        view_clear(c, v);
+                                        break;
+                                }
+                }
         if (rv->segment < c->n_segments && c->segments[rv->segment].kind != SEGMENT_NONE &&
             c->segments[rv->segment].generation == rv->generation)
                 segment_clear(c, &c->segments[rv->segment]);
@@ -186,44 +208,200 @@ static int segment_fetch(tier_client *c, uint32_t id) {
         return 0;
 }
 
-/* Turn a wire grant into an address, fetching its segment when we lack it. */
-int segment_resolve_grant(tier_client *c, const Tier__Grant *g, struct tier_grant *ret) {
+/* The segment a piece names, fetched when we lack it, and checked to hold the piece. */
+static int piece_segment(tier_client *c, const ViewPiece *p, ClientSegment **ret) {
         ClientSegment *s;
         int r;
 
-        s = segment_find(c, g->segment, g->generation);
+        s = segment_find(c, p->segment, p->generation);
         if (!s) {
-                r = segment_fetch(c, g->segment);
+                r = segment_fetch(c, p->segment);
                 if (r < 0)
                         return r;
-                s = segment_find(c, g->segment, g->generation);
+                s = segment_find(c, p->segment, p->generation);
                 if (!s)
                         return client_error(c, -EPROTO, "tierd granted segment %u generation %u, "
-                                            "which it did not send", g->segment, g->generation);
+                                            "which it did not send", p->segment, p->generation);
         }
-        if (g->offset > s->size || g->length > s->size - g->offset)
+        if (p->offset > s->size || p->length > s->size - p->offset)
                 return client_error(c, -EPROTO, "grant [%" PRIu64 ", +%" PRIu64 ") lies outside segment %u "
-                                    "of %" PRIu64 " bytes", g->offset, g->length, g->segment, s->size);
+                                    "of %" PRIu64 " bytes", p->offset, p->length, p->segment, s->size);
         if (s->kind == SEGMENT_CUDA && !s->device_ptr) {
                 ClientCuda *cc = client_get_cuda(c);
 
                 if (!cc)
                         return c->cuda_failed;
-                r = client_cuda_map(cc, s->fd, s->size, &s->device_ptr);
+                r = client_cuda_map(cc, s->fd, s->size, &s->device_ptr, &s->cu_handle);
                 if (r < 0)
-                        return client_error(c, r, "segment %u: %s", g->segment, client_cuda_error(cc));
-                s->fd = safe_close(s->fd);      /* the mapping holds the memory now */
+                        return client_error(c, r, "segment %u: %s", p->segment, client_cuda_error(cc));
+                s->fd = safe_close(s->fd);      /* the handle holds the memory now */
         }
+        *ret = s;
+        return 0;
+}
 
+void view_clear(tier_client *c, ClientView *v) {
+        if (v->base)
+                (void) munmap(v->base, (size_t) v->size);
+        if (v->device_base && c && c->cuda) {
+                uint64_t pos = 0;
+
+                for (uint32_t i = 0; i < v->n_mapped; i++) {
+                        client_cuda_view_unmap(c->cuda, v->device_base + pos, v->pieces[i].length);
+                        pos += v->pieces[i].length;
+                }
+                client_cuda_view_free(c->cuda, v->device_base, v->size);
+        }
+        free(v->pieces);
+        *v = (ClientView) {};
+}
+
+static bool view_is(const ClientView *v, const ViewPiece *pieces, size_t n) {
+        return v->n_pieces == n && v->pieces && memcmp(v->pieces, pieces, n * sizeof(ViewPiece)) == 0 &&
+                (v->base || v->device_base);
+}
+
+/* Map @pieces one after the other into @v (the view of one tensor's copy in one tier). */
+static int view_map(tier_client *c, ClientView *v, const ViewPiece *pieces, size_t n, ClientSegment **segs) {
+        uint64_t total = 0, pos = 0;
+        bool cuda = segs[0]->kind == SEGMENT_CUDA;
+        int r;
+
+        for (size_t i = 0; i < n; i++) {
+                if (segs[i]->kind != segs[0]->kind || (!cuda && (pieces[i].offset % 4096 || pieces[i].length % 4096)))
+                        return client_error(c, -EPROTO, "piece %zu of a grant (segment %u) cannot be mapped after "
+                                            "the others", i, pieces[i].segment);
+                total += pieces[i].length;
+        }
+        view_clear(c, v);
+        v->pieces = calloc(n, sizeof(ViewPiece));
+        if (!v->pieces)
+                return -ENOMEM;
+        if (cuda) {
+                ClientCuda *cc = client_get_cuda(c);
+
+                if (!cc)
+                        return c->cuda_failed;
+                r = client_cuda_view_new(cc, total, &v->device_base, &v->size);
+                if (r < 0)
+                        goto fail_cuda;
+                for (size_t i = 0; i < n; i++) {
+                        r = client_cuda_view_map(cc, v->device_base + pos, segs[i]->cu_handle, pieces[i].offset,
+                                                 pieces[i].length);
+                        if (r < 0)
+                                goto fail_cuda;
+                        v->pieces[i] = pieces[i];
+                        v->n_mapped++;
+                        pos += pieces[i].length;
+                }
+        } else {
+                v->size = total;
+                v->base = mmap(NULL, (size_t) total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (v->base == MAP_FAILED) {
+                        v->base = NULL;
+                        r = client_error(c, negative_errno(), "cannot reserve %" PRIu64 " bytes of address space: %m",
+                                         total);
+                        goto fail;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        void *at = mremap((uint8_t *) segs[i]->ptr + pieces[i].offset, 0, (size_t) pieces[i].length,
+                                          MREMAP_MAYMOVE | MREMAP_FIXED, (uint8_t *) v->base + pos);
+
+                        if (at == MAP_FAILED) {
+                                r = client_error(c, negative_errno(), "cannot map piece %zu of segment %u in place: %m",
+                                                 i, pieces[i].segment);
+                                goto fail;
+                        }
+                        pos += pieces[i].length;
+                }
+        }
+        memcpy(v->pieces, pieces, n * sizeof(ViewPiece));
+        v->n_pieces = (uint32_t) n;
+        return 0;
+fail_cuda:
+        if (r < 0 && c->cuda)
+                r = client_error(c, r, "%s", client_cuda_error(c->cuda));
+fail:
+        view_clear(c, v);
+        return r;
+}
+
+int segment_resolve(tier_client *c, tier_tensor *t, int tier, uint64_t length, const ViewPiece *pieces, size_t n,
+                    struct tier_grant *ret) {
+        _cleanup_free_ ClientSegment **segs = NULL;
+        ClientView *v;
+        int r;
+
+        if (n == 0)
+                return client_error(c, -EPROTO, "tierd granted a copy of no pieces");
+        segs = calloc(n, sizeof(ClientSegment *));
+        if (!segs)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                r = piece_segment(c, &pieces[i], &segs[i]);
+                if (r < 0)
+                        return r;
+        }
+        if (n == 1) {
+                if (pieces[0].length < length)
+                        return client_error(c, -EPROTO, "a grant of %" PRIu64 " bytes for a tensor of %" PRIu64,
+                                            pieces[0].length, length);
+                *ret = (struct tier_grant) {
+                        .ptr = segs[0]->ptr ? (uint8_t *) segs[0]->ptr + pieces[0].offset : NULL,
+                        .device_ptr = segs[0]->device_ptr ? segs[0]->device_ptr + pieces[0].offset : 0,
+                        .length = length,
+                        .segment = pieces[0].segment,
+                        .offset = pieces[0].offset,
+                        .tier = segs[0]->tier,
+                };
+                return 0;
+        }
+        if (!t || (tier != TIER_VRAM && tier != TIER_HOST))
+                return client_error(c, -EPROTO, "a copy in %zu pieces outside vram and host", n);
+        v = &t->views[tier];
+        if (!view_is(v, pieces, n)) {
+                r = view_map(c, v, pieces, n, segs);
+                if (r < 0)
+                        return r;
+        }
         *ret = (struct tier_grant) {
-                .ptr = s->ptr ? (uint8_t *) s->ptr + g->offset : NULL,
-                .device_ptr = s->device_ptr ? s->device_ptr + g->offset : 0,
-                .length = g->length,
-                .segment = g->segment,
-                .offset = g->offset,
-                .tier = s->tier,
+                .ptr = v->base,
+                .device_ptr = v->device_base,
+                .length = length,
+                .segment = pieces[0].segment,
+                .offset = pieces[0].offset,
+                .tier = segs[0]->tier,
         };
         return 0;
+}
+
+int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, struct tier_grant *ret) {
+        _cleanup_free_ ViewPiece *pieces = NULL;
+        uint64_t total = 0;
+
+        if (g->n_pieces <= 1) {
+                ViewPiece one = {
+                        .segment = g->segment, .generation = g->generation, .offset = g->offset, .length = g->length,
+                };
+
+                return segment_resolve(c, t, (int) g->tier, g->length, &one, 1, ret);
+        }
+        pieces = calloc(g->n_pieces, sizeof(ViewPiece));
+        if (!pieces)
+                return -ENOMEM;
+        for (size_t i = 0; i < g->n_pieces; i++) {
+                pieces[i] = (ViewPiece) {
+                        .segment = g->pieces[i]->segment,
+                        .generation = g->pieces[i]->generation,
+                        .offset = g->pieces[i]->offset,
+                        .length = g->pieces[i]->length,
+                };
+                total += pieces[i].length;
+        }
+        if (total < g->length)
+                return client_error(c, -EPROTO, "a grant of %" PRIu64 " bytes in pieces for a tensor of %" PRIu64,
+                                    total, g->length);
+        return segment_resolve(c, t, (int) g->tier, g->length, pieces, g->n_pieces, ret);
 }
 
 _public_ int tier_client_cuda_register_host(tier_client *c) {

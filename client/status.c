@@ -82,6 +82,7 @@ static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
                 json_key_uint(w, "used", u ? u->used : 0);
                 json_key_uint(w, "limit", u ? u->limit : 0);
                 json_key_uint(w, "pinned", u ? u->pinned : 0);
+                json_key_uint(w, "tensor_max", u ? u->tensor_max : 0);
                 json_object_end(w);
         }
         json_object_end(w);
@@ -147,6 +148,8 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
                 json_key_uint(&w, "capacity", ts->capacity);
                 json_key_uint(&w, "used", ts->used);
                 json_key_uint(&w, "pinned", ts->pinned);
+                json_key_uint(&w, "segment_size", ts->segment_size);
+                json_key_uint(&w, "held", ts->held);
                 json_object_end(&w);
         }
         json_array_end(&w);

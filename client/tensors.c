@@ -144,6 +144,8 @@ _public_ int tier_tensor_open(tier_client *c, const char *name, tier_tensor **re
 _public_ tier_tensor *tier_tensor_close(tier_tensor *t) {
         if (!t)
                 return NULL;
+        for (int tier = 0; tier < 2; tier++)
+                view_clear(t->client, &t->views[tier]);
         if (t->client) {
                 if (t->prev)
                         t->prev->next = t->next;
@@ -265,11 +267,11 @@ static int tensor_unpin(tier_tensor *t, int tier, int dirty, const uint8_t *even
         return 0;
 }
 
-static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *ret, tier_fence *ret_fence) {
+static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tier_grant *ret,
+                      tier_fence *ret_fence) {
         Tier__Pin op = TIER__PIN__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
-        Tier__Grant grant;
         struct tier_grant g;
         tier_client *c;
         tier_fence fence;
@@ -278,13 +280,14 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
         r = tensor_check(t);
         if (r < 0)
                 return r;
-        if (!tier_valid(tier) || !ret || (async && !ret_fence))
+        if (!tier_valid(tier) || !ret || (async && !ret_fence) || mode < TIER_READ || mode > TIER_READ_WRITE)
                 return -EINVAL;
         c = t->client;
 
         op.tensor = t->id;
         op.tier = (Tier__Tier) tier;
         op.async = async;
+        op.mode = (uint32_t) mode;
         req.op_case = TIER__REQUEST__OP_PIN;
         req.pin = &op;
         r = transport_call(c, &req, &p);
@@ -298,14 +301,13 @@ static int tensor_pin(tier_tensor *t, int tier, bool async, struct tier_grant *r
                 r = client_error(c, -EPROTO, "tierd answered pin without a grant");
                 goto unpin;
         }
-        grant = *p.reply->response->pin->grant;
         fence = p.reply->response->pin->fence;
         if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE)
                 fence_add_event(c, fence, p.reply->response->pin->ipc_event.data);
-        packet_done(&p);
         fence_saw(c, fence);
-
-        r = segment_resolve_grant(c, &grant, &g);
+        /* the grant's pieces live in the packet: resolved before it goes */
+        r = segment_resolve_grant(c, t, p.reply->response->pin->grant, &g);
+        packet_done(&p);
         if (r < 0)
                 goto unpin;
 
@@ -334,11 +336,19 @@ unpin: {
 }
 
 _public_ int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret) {
-        return tensor_pin(t, tier, false, ret, NULL);
+        return tensor_pin(t, tier, TIER_READ_WRITE, false, ret, NULL);
+}
+
+_public_ int tier_pin_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret) {
+        return tensor_pin(t, tier, mode, false, ret, NULL);
+}
+
+_public_ int tier_pin_async_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence) {
+        return tensor_pin(t, tier, mode, true, ret, ret_fence);
 }
 
 _public_ int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence) {
-        return tensor_pin(t, tier, true, ret, ret_fence);
+        return tensor_pin(t, tier, TIER_READ_WRITE, true, ret, ret_fence);
 }
 
 _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {

@@ -24,7 +24,7 @@ extern "C" {
  * the connection is lost, with -ECONNRESET (or the error that broke it).
  */
 
-#define TIER_PROTOCOL_VERSION 1
+#define TIER_PROTOCOL_VERSION 2
 
 /* Where tensors live.  Lower numbers are closer to the GPU. */
 enum tier_level {
@@ -89,6 +89,15 @@ const char *tier_client_vram_backend(const tier_client *c);
 const char *tier_client_vram_device(const tier_client *c);
 /* The job's byte limit in @tier, or 0 when unknown */
 uint64_t tier_client_limit(const tier_client *c, int tier);
+/*
+ * The largest tensor the job may have in @tier: its limit there, or the
+ * tier's capacity when that is smaller (0 when unknown).  A tensor may be of
+ * any size up to that: one larger than a segment spans several and is still
+ * mapped as one range.
+ */
+uint64_t tier_client_tensor_max(const tier_client *c, int tier);
+/* The unit tierd hands memory out in, in @tier: host segment, VRAM chunk, NVMe extent (0 when unknown). */
+uint64_t tier_client_segment_size(const tier_client *c, int tier);
 /* The connection's socket fd (to poll for events); borrowed */
 int tier_client_fd(const tier_client *c);
 
@@ -116,6 +125,16 @@ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret);
 int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret);
 /* Asynchronous pin: the grant is valid at once, the bytes once @ret_fence is done. */
 int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence);
+/*
+ * tier_pin() and tier_pin_async() saying what the caller will do with the
+ * bytes: TIER_READ, TIER_WRITE or TIER_READ_WRITE (what tier_pin() means).
+ * TIER_WRITE alone promises to overwrite the whole tensor before reading
+ * it: tierd reserves the copy and does not bring the old bytes (no NVMe
+ * read for a tensor that lives there); until written, they read as anything.
+ * Unpin such a pin dirty.
+ */
+int tier_pin_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret);
+int tier_pin_async_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence);
 /* Drop one pin; @dirty says the client wrote the copy. */
 int tier_unpin(tier_tensor *t, int tier, int dirty);
 /* Make @tier (or a lower tier) hold the only copy: copies above it are dropped. */

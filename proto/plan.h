@@ -47,18 +47,34 @@ typedef struct PlanDaemonArea {
         uint64_t reserved[6];
 } PlanDaemonArea;
 
-/* Where a plan tensor's pinned copy is in one tier (written by tierd before ready). */
+/*
+ * Where a plan tensor's pinned copy is in one tier (written by tierd before
+ * ready).  A copy in one segment: segment, generation, offset.  A copy that
+ * spans segments: n_pieces > 1 pieces at pieces[first_piece ..], in the
+ * tensor's order; first_piece is fixed for the (slot, tier) when the plan is
+ * made (room for as many pieces as the tensor can have there).
+ */
 typedef struct PlanSlot {
         uint32_t segment;
         uint32_t generation;
         uint64_t offset;
+        uint32_t n_pieces;      /* 0 or 1: the fields above say it all */
+        uint32_t first_piece;
 } PlanSlot;
+
+typedef struct PlanPiece {
+        uint32_t segment;
+        uint32_t generation;
+        uint64_t offset;
+        uint64_t length;
+} PlanPiece;
 
 typedef struct PlanPage {
         PlanClientArea client;
         PlanDaemonArea daemon;
         /* slots[2 * i + tier] for distinct tensor i (numbered in order of
-         * first appearance in the plan), tier 0 = vram, 1 = host */
+         * first appearance in the plan), tier 0 = vram, 1 = host; then the
+         * pieces (plan_pieces()) */
         PlanSlot slots[];
 } PlanPage;
 
@@ -69,7 +85,15 @@ _Static_assert(sizeof(PlanDaemonArea) == 64, "daemon area is one cache line");
 #define PLAN_READY_SEQ(r) ((r) >> 16)
 #define PLAN_READY_PHASE(r) ((uint32_t) ((r) & 0xffff))
 
-static inline uint64_t plan_page_size(uint32_t n_slots) {
-        uint64_t b = sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot);
+_Static_assert(sizeof(PlanSlot) == 24 && sizeof(PlanPiece) == 24, "slots and pieces are 24 bytes");
+
+/* The page's pieces, after the slots of @n_slots tensors. */
+static inline PlanPiece *plan_pieces(const PlanPage *page, uint32_t n_slots) {
+        return (PlanPiece *) ((uint8_t *) page + sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot));
+}
+
+/* Bytes of a page for @n_slots tensors and @n_pieces pieces, in whole pages. */
+static inline uint64_t plan_page_size(uint32_t n_slots, uint64_t n_pieces) {
+        uint64_t b = sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot) + n_pieces * sizeof(PlanPiece);
         return (b + 4095) / 4096 * 4096;
 }

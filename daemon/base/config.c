@@ -499,6 +499,13 @@ int config_finish(Config *c, char **ret_error) {
                 return finish_error(ret_error,
                                     "[host] capacity: %s is not a multiple of segment_size %s", a, b);
         }
+        if (c->nvme_extent_size != 0 && c->host_segment_size % c->nvme_extent_size != 0) {
+                /* an extent is read into, or written from, one place of one segment */
+                size_format_exact(a, sizeof(a), c->host_segment_size);
+                size_format_exact(b, sizeof(b), c->nvme_extent_size);
+                return finish_error(ret_error, "[host] segment_size: %s is not a multiple of [nvme] extent_size %s",
+                                    a, b);
+        }
         if (c->host_job_limit == 0)
                 return finish_error(ret_error, "[host] job_limit: must be positive");
         if (c->numa_node < -1 || c->numa_node > 1023)

@@ -9,6 +9,7 @@
 #include "proto/macro.h"
 
 typedef struct XferPart XferPart;
+typedef struct XferCopy XferCopy;
 
 /*
  * A transfer: one tensor's valid copy in @src copied into its reserved copy
@@ -23,7 +24,10 @@ typedef struct Xfer {
         unsigned pending;       /* NVMe parts not completed yet */
         int error;
         char errmsg[160];
-        VramCopy vcopy;
+        VramDir vdir;
+        XferCopy *vcopies;      /* host <-> VRAM: one copy per stretch within one host and one VRAM piece */
+        uint32_t n_vcopies;
+        uint32_t vpending;      /* of them with the backend, not done yet */
         List vlink;             /* VramLink.waiting, while it waits for the VRAM link */
         double vtag;            /* its virtual start time there (fairq.h) */
         XferPart *parts;

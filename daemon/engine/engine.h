@@ -60,7 +60,7 @@ struct Op {
         /* Called instead of complete() when the op is cancelled (its owner's bookkeeping). */
         void (*cancelled)(Op *op);
         void *userdata;
-        char error[160];        /* reason text for a failure */
+        char error[512];        /* reason text for a failure */
 };
 
 typedef struct LinkStats {

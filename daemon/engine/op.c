@@ -93,45 +93,6 @@ static void sched_changed(Engine *e) {
                 e->sched->changed(e->sched_userdata);
 }
 
-static int seg_tier_alloc(Engine *e, Tensor *t, int tier) {
-        SegPool *pool = e->registry->pools[tier];
-        Job *j = t->job;
-        Copy *c = &t->copy[tier];
-        unsigned n_segs = 0;
-        Segment *s;
-        int r;
-
-        list_for_each_safe(n, tmp, &j->segments[tier]) {
-                s = list_entry(n, Segment, owner_link);
-                n_segs++;
-                if (segment_alloc(s, t->alloc_size, &c->offset) >= 0) {
-                        c->seg = s;
-                        return 0;
-                }
-        }
-        /* a new segment, if the job's limit leaves room for one */
-        if ((uint64_t) (n_segs + 1) * pool->seg_size > ALIGN_UP(j->limit[tier], pool->seg_size))
-                return -ENOSPC;
-        r = segpool_assign(pool, j, &j->segments[tier], &s);
-        if (r == -ENOSPC) {
-                /* pool exhausted: take back segments that jobs hold but do not use */
-                for (uint32_t i = 0; i < pool->n_segs; i++) {
-                        Segment *x = &pool->segs[i];
-
-                        if (x->owner && x->used == 0)
-                                (void) segpool_release(pool, x);
-                }
-                r = segpool_assign(pool, j, &j->segments[tier], &s);
-        }
-        if (r < 0)
-                return r;
-        r = segment_alloc(s, t->alloc_size, &c->offset);
-        if (r < 0)
-                return r;
-        c->seg = s;
-        return 0;
-}
-
 /*
  * Choose victims in @tier of @want's job and free or drain them.  Returns
  * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started), -EAGAIN
@@ -204,39 +165,26 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need) 
         return op->no_wait ? -EAGAIN : -ENOSPC;
 }
 
-/* Reserve space for @t in @tier.  0, ADV_WAIT_SPACE, or -errno with op->error set. */
+/*
+ * Reserve space for @t in @tier: its pieces (copy_alloc()), after making room
+ * among the job's own copies when it is at its limit or short of room.
+ * 0, ADV_WAIT_SPACE, or -errno with op->error set (space_explain()).
+ */
 static int copy_reserve(Op *op, Tensor *t, int tier) {
         Engine *e = op->engine;
-        Job *j = t->job;
         Copy *c = &t->copy[tier];
+        SpaceShort why = SPACE_OK;
         int r;
 
         for (unsigned attempt = 0;; attempt++) {
-                if (tier == TIER_NVME) {
-                        uint64_t bytes = ALIGN_UP(t->alloc_size, e->nvme->extent_size);
-
-                        if (j->used[tier] + bytes > j->limit[tier])
-                                return op_fail(op, -ENOSPC, "job '%s' would exceed its nvme limit (%" PRIu64 " bytes)",
-                                               j->name, j->limit[tier]);
-                        r = nvme_alloc(e->nvme, t->alloc_size, (unsigned) (t->id % e->nvme->n_targets),
-                                       &c->extents, &c->n_extents);
-                        if (r < 0)
-                                return op_fail(op, r, "no space left on the NVMe targets for %" PRIu64 " bytes",
-                                               t->alloc_size);
-                        copy_account(t, tier, (int64_t) ((uint64_t) c->n_extents * e->nvme->extent_size));
+                r = copy_alloc(t, tier, &why);
+                if (r >= 0)
                         break;
-                }
-
-                if (j->used[tier] + t->alloc_size <= j->limit[tier]) {
-                        r = seg_tier_alloc(e, t, tier);
-                        if (r >= 0) {
-                                copy_account(t, tier, (int64_t) t->alloc_size);
-                                break;
-                        }
-                        if (r != -ENOSPC)
-                                return op_fail(op, r, "cannot allocate %s memory: %s", level_to_string(tier),
-                                               strerror(-r));
-                }
+                if (r != -ENOSPC)
+                        return op_fail(op, r, "cannot allocate %s space for tensor '%s': %s", level_to_string(tier),
+                                       t->name, strerror(-r));
+                if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS)
+                        break;          /* making room among the job's copies cannot help */
                 r = make_space(e, op, t, tier, t->alloc_size);
                 if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
                         continue;
@@ -248,12 +196,12 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         return op_fail(op, -EAGAIN, "no %s space to spare before the deadline", level_to_string(tier));
                 if (r < 0 && r != -ENOSPC)
                         return op_fail(op, r, "cannot make room in %s for job '%s': %s", level_to_string(tier),
-                                       j->name, strerror(-r));
-                return op_fail(op, -ENOSPC,
-                               "%s tier full for job '%s': %" PRIu64 " of %" PRIu64 " bytes used, "
-                               "the rest pinned or in use (need %" PRIu64 ")",
-                               level_to_string(tier), j->name, j->used[tier], j->limit[tier], t->alloc_size);
+                                       t->job->name, strerror(-r));
+                r = -ENOSPC;
+                break;
         }
+        if (r < 0)
+                return space_explain(t, tier, why, op->error, sizeof(op->error));
         c->state = COPY_FILLING;
         c->pins = 0;
         copy_touch(t, tier);
@@ -266,12 +214,16 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
         Engine *e = op->engine;
         Copy *c = &t->copy[tier];
 
-        if (tier == TIER_HOST)
-                memset((uint8_t *) c->seg->map + c->offset, 0, t->alloc_size);
-        else {
-                int r = e->vram->ops->zero(e->vram, c->seg, c->offset, t->alloc_size);
-                if (r < 0)
-                        return op_fail(op, r, "cannot zero VRAM: %s", strerror(-r));
+        for (uint32_t i = 0; i < c->n_pieces; i++) {
+                const CopyPiece *p = &c->pieces[i];
+
+                if (tier == TIER_HOST)
+                        memset((uint8_t *) p->seg->map + p->offset, 0, p->len);
+                else {
+                        int r = e->vram->ops->zero(e->vram, p->seg, p->offset, p->len);
+                        if (r < 0)
+                                return op_fail(op, r, "cannot zero VRAM: %s", strerror(-r));
+                }
         }
         c->state = COPY_RESIDENT;
         c->version = t->version;

@@ -51,6 +51,17 @@ struct XferPart {
         uint32_t index;         /* extent index */
 };
 
+struct XferCopy {
+        VramCopy vc;
+        Xfer *xfer;
+};
+
+static void xfer_free(Xfer *x) {
+        free(x->parts);
+        free(x->vcopies);
+        free(x);
+}
+
 static void xfer_finish(Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
@@ -74,8 +85,7 @@ static void xfer_finish(Xfer *x) {
         }
         e->n_xfers--;
         engine_xfer_ended(e, t, &waiters, x->error, x->errmsg);
-        free(x->parts);
-        free(x);
+        xfer_free(x);
 }
 
 static void link_count(Engine *e, Tensor *t, LinkDir d) {
@@ -135,10 +145,19 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                 return op_fail(op, -ENOMEM, "out of memory");
         x->n_parts = n->n_extents;
         x->pending = n->n_extents;
+        /* an extent lies in one host piece: pieces hold whole segments, and segments whole extents */
+        for (uint32_t i = 0; i < n->n_extents; i++) {
+                uint64_t pos = (uint64_t) i * es, len = MIN(es, t->alloc_size - pos), off, run = 0;
+                const CopyPiece *hp = copy_locate(h, pos, &off, &run);
+
+                if (!hp || run < len)
+                        return op_fail(op, -EINVAL, "extent %u of tensor '%s' straddles host pieces (internal error)",
+                                       i, t->name);
+        }
         for (uint32_t i = 0; i < n->n_extents; i++) {
                 XferPart *p = &x->parts[i];
-                uint8_t *buf = (uint8_t *) h->seg->map + h->offset + (uint64_t) i * es;
-                uint32_t len = (uint32_t) MIN(es, t->alloc_size - (uint64_t) i * es);
+                uint64_t pos = (uint64_t) i * es, off;
+                const CopyPiece *hp = copy_locate(h, pos, &off, NULL);
 
                 p->xfer = x;
                 p->index = i;
@@ -148,9 +167,9 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                         .weight = t->job->weight,
                         .op = write ? URING_WRITE : URING_READ,
                         .file_index = n->extents[i].target,
-                        .buf_index = (int) h->seg->id,
-                        .buf = buf,
-                        .len = len,
+                        .buf_index = (int) hp->seg->id,
+                        .buf = (uint8_t *) hp->seg->map + off,
+                        .len = (uint32_t) MIN(es, t->alloc_size - pos),
                         .offset = n->extents[i].unit * es,
                 };
                 list_init(&p->req.link);
@@ -181,18 +200,33 @@ static unsigned vram_depth(const Engine *e) {
         return MAX(e->vram->depth, 1u);
 }
 
+/*
+ * Hand @x's copies to the backend.  When one is refused, those already given
+ * still complete: the transfer fails once they have (x->error).  Returns the
+ * error when none was given.
+ */
 static int vram_link_start(Engine *e, Xfer *x) {
-        int d = (int) x->vcopy.dir;
-        int r = e->vram->ops->copy(e->vram, &x->vcopy);
+        int d = (int) x->vdir, r = 0;
 
-        if (r < 0)
+        x->vpending = 0;
+        for (uint32_t i = 0; i < x->n_vcopies; i++) {
+                r = e->vram->ops->copy(e->vram, &x->vcopies[i].vc);
+                if (r < 0)
+                        break;
+                x->vpending++;
+        }
+        if (x->vpending == 0)
                 return r;
+        if (r < 0 && x->error >= 0) {
+                x->error = r;
+                snprintf(x->errmsg, sizeof(x->errmsg), "cannot start VRAM copy: %s", strerror(-r));
+        }
         e->vlink.active[d]++;
         e->vlink.vtime[d] = MAX(e->vlink.vtime[d], x->vtag);
         return 0;
 }
 
-/* Start waiting copies while direction @d has room; one that cannot start fails its transfer. */
+/* Start waiting transfers while direction @d has room; one that cannot start at all fails. */
 static void vram_link_dispatch(Engine *e, int d) {
         while (e->vlink.active[d] < vram_depth(e) && !list_empty(&e->vlink.waiting[d])) {
                 Xfer *x = list_entry(e->vlink.waiting[d].next, Xfer, vlink);
@@ -209,37 +243,69 @@ static void vram_link_dispatch(Engine *e, int d) {
 }
 
 static void xfer_vram_done(VramCopy *vc) {
-        Xfer *x = container_of(vc, Xfer, vcopy);
+        Xfer *x = container_of(vc, XferCopy, vc)->xfer;
         Engine *e = x->engine;
-        int dir = (int) vc->dir;        /* xfer_finish() frees vc */
+        int dir = (int) x->vdir;
 
-        if (vc->result < 0) {
+        if (vc->result < 0 && x->error >= 0) {
                 x->error = vc->result;
                 snprintf(x->errmsg, sizeof(x->errmsg), "VRAM copy failed: %s", strerror(-vc->result));
-        } else
+        }
+        if (--x->vpending > 0)
+                return;
+        if (x->error >= 0)
                 link_count(e, x->tensor, x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST);
         e->vlink.active[dir]--;
-        xfer_finish(x);
+        xfer_finish(x);         /* frees x */
         vram_link_dispatch(e, dir);
+}
+
+/* One copy per stretch of the tensor that lies within one host piece and one VRAM piece. */
+static int xfer_plan_vram(Op *op, Xfer *x) {
+        Tensor *t = x->tensor;
+        const Copy *h = &t->copy[TIER_HOST], *v = &t->copy[TIER_VRAM];
+        uint32_t n = 0;
+
+        x->vcopies = calloc(h->n_pieces + v->n_pieces, sizeof(XferCopy));
+        if (!x->vcopies)
+                return op_fail(op, -ENOMEM, "out of memory");
+        for (uint64_t pos = 0; pos < t->alloc_size;) {
+                uint64_t hoff, hrun, voff, vrun, len;
+                const CopyPiece *hp = copy_locate(h, pos, &hoff, &hrun);
+                const CopyPiece *vp = copy_locate(v, pos, &voff, &vrun);
+
+                if (!hp || !vp || n == h->n_pieces + v->n_pieces)
+                        return op_fail(op, -EINVAL, "tensor '%s' has no piece at byte %" PRIu64 " (internal error)",
+                                       t->name, pos);
+                len = MIN(hrun, vrun);
+                x->vcopies[n++] = (XferCopy) {
+                        .vc = {
+                                .dir = x->vdir,
+                                .host = (uint8_t *) hp->seg->map + hoff,
+                                .seg = vp->seg,
+                                .offset = voff,
+                                .len = len,
+                                .done = xfer_vram_done,
+                        },
+                        .xfer = x,
+                };
+                pos += len;
+        }
+        x->n_vcopies = n;
+        return 0;
 }
 
 static int xfer_start_vram(Op *op, Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
-        Copy *h = &t->copy[TIER_HOST];
-        Copy *v = &t->copy[TIER_VRAM];
         FairFlow *flow, before;
         int d, r;
 
-        x->vcopy = (VramCopy) {
-                .dir = x->dst == TIER_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST,
-                .host = (uint8_t *) h->seg->map + h->offset,
-                .seg = v->seg,
-                .offset = v->offset,
-                .len = t->alloc_size,
-                .done = xfer_vram_done,
-        };
-        d = (int) x->vcopy.dir;
+        x->vdir = x->dst == TIER_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST;
+        r = xfer_plan_vram(op, x);
+        if (r < 0)
+                return r;
+        d = (int) x->vdir;
         flow = &t->job->vram_flow[d];
         before = *flow;
         list_init(&x->vlink);
@@ -267,8 +333,7 @@ void xfer_abandon_all(Engine *e) {
                 list_del(&x->link);
                 list_del(&x->vlink);
                 e->n_xfers--;
-                free(x->parts);
-                free(x);
+                xfer_free(x);
         }
 }
 
@@ -292,9 +357,7 @@ int xfer_start(Op *op, Tensor *t, int src, int dst) {
                 r = xfer_start_nvme(op, x);
         else
                 r = xfer_start_vram(op, x);
-        if (r < 0) {
-                free(x->parts);
-                free(x);
-        }
+        if (r < 0)
+                xfer_free(x);
         return r;
 }

@@ -22,6 +22,7 @@ typedef struct sd_event_source sd_event_source;
 typedef struct PinRec {
         Tensor *tensor;
         int tier;
+        bool write_only;        /* a write-only pin: its unpin is dirty whatever the client says */
 } PinRec;
 
 typedef struct OutPacket {

@@ -75,7 +75,7 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
         }
 }
 
-int pin_record(Conn *c, Tensor *t, int tier) {
+int pin_record(Conn *c, Tensor *t, int tier, bool write_only) {
         if (c->n_pins == c->cap_pins) {
                 size_t cap = c->cap_pins ? c->cap_pins * 2 : 16;
                 PinRec *p = realloc(c->pins, cap * sizeof(PinRec));
@@ -85,15 +85,17 @@ int pin_record(Conn *c, Tensor *t, int tier) {
                 c->pins = p;
                 c->cap_pins = cap;
         }
-        c->pins[c->n_pins++] = (PinRec) { t, tier };
+        c->pins[c->n_pins++] = (PinRec) { t, tier, write_only };
         return 0;
 }
 
 int pin_forget(Conn *c, Tensor *t, int tier) {
         for (size_t i = c->n_pins; i > 0; i--)
                 if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
+                        bool write_only = c->pins[i - 1].write_only;
+
                         c->pins[i - 1] = c->pins[--c->n_pins];
-                        return 0;
+                        return write_only;
                 }
         return -ENOENT;
 }

@@ -16,9 +16,11 @@ typedef struct Tensor Tensor;
  */
 void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsigned max_pending);
 
-/* Remember that @c holds a pin of @t in @tier.  -ENOMEM. */
-int pin_record(Conn *c, Tensor *t, int tier);
-/* Forget one such pin.  -ENOENT when @c holds none. */
+#include <stdbool.h>
+
+/* Remember that @c holds a pin of @t in @tier (@write_only: see PinRec).  -ENOMEM. */
+int pin_record(Conn *c, Tensor *t, int tier, bool write_only);
+/* Forget one such pin: 1 when it was write-only, 0 when not, -ENOENT when @c holds none. */
 int pin_forget(Conn *c, Tensor *t, int tier);
 /* Drop every pin @c holds, as dirty: it may have written before it went. */
 void pin_drop_all(Conn *c);

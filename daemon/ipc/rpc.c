@@ -56,6 +56,7 @@ typedef struct Pending {
         uint64_t seq;
         uint64_t fence;         /* 0 for sync requests */
         int kind;               /* Request op case */
+        bool write_only;        /* a write-only pin */
         bool replied;
         Op *op;
         List link;              /* Conn.pending */
@@ -83,30 +84,59 @@ static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...)
 
 /* ---- pins ------------------------------------------------------------------------------ */
 
-static void fill_grant(Tier__Grant *g, const Tensor *t, int tier) {
-        uint32_t seg, gen;
-        uint64_t off;
+static uint32_t piece_wire_id(const CopyPiece *p) {
+        return p->seg->pool->id_base + p->seg->id;
+}
 
-        copy_grant(t, tier, &seg, &gen, &off);
-        g->segment = seg + t->copy[tier].seg->pool->id_base;
-        g->generation = gen;
-        g->offset = off;
+/* The grant of @t's copy in @tier; a copy that spans segments lists its pieces (@pieces: room for them). */
+static void fill_grant(Tier__Grant *g, Tier__GrantPiece *pieces, Tier__GrantPiece **piecep, const Tensor *t,
+                       int tier) {
+        const Copy *c = &t->copy[tier];
+
+        g->segment = piece_wire_id(&c->pieces[0]);
+        g->generation = c->pieces[0].seg->generation;
+        g->offset = c->pieces[0].offset;
         g->length = t->size;
         g->tier = (Tier__Tier) tier;
+        if (c->n_pieces <= 1)
+                return;
+        for (uint32_t i = 0; i < c->n_pieces; i++) {
+                tier__grant_piece__init(&pieces[i]);
+                pieces[i].segment = piece_wire_id(&c->pieces[i]);
+                pieces[i].generation = c->pieces[i].seg->generation;
+                pieces[i].offset = c->pieces[i].offset;
+                pieces[i].length = c->pieces[i].len;
+                piecep[i] = &pieces[i];
+        }
+        g->n_pieces = c->n_pieces;
+        g->pieces = piecep;
 }
 
 static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_t fence) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PinReply pr = TIER__PIN_REPLY__INIT;
         Tier__Grant g = TIER__GRANT__INIT;
+        _cleanup_free_ Tier__GrantPiece *pieces = NULL;
+        _cleanup_free_ Tier__GrantPiece **piecep = NULL;
+        const Copy *cp = &t->copy[tier];
         uint8_t ev[VRAM_IPC_EVENT_SIZE];
 
-        fill_grant(&g, t, tier);
+        if (cp->n_pieces > 1) {
+                pieces = calloc(cp->n_pieces, sizeof(*pieces));
+                piecep = calloc(cp->n_pieces, sizeof(*piecep));
+                if (!pieces || !piecep)
+                        return reply_status(c, seq, -ENOMEM, "out of memory");
+        }
+        fill_grant(&g, pieces, piecep, t, tier);
         pr.grant = &g;
         pr.fence = fence;
-        /* the copy into VRAM is queued: the client's stream may wait for it on the device */
-        if (fence && tier == TIER_VRAM &&
-            vram_copy_event(r->vram, t->copy[tier].seg, t->copy[tier].offset, ev) > 0)
+        /*
+         * The copy into VRAM is queued: the client's stream may wait for it on
+         * the device.  Only for a copy in one piece: the pieces of a larger one
+         * go on several streams, and the fence is what says all are done.
+         */
+        if (fence && tier == TIER_VRAM && cp->n_pieces == 1 &&
+            vram_copy_event(r->vram, cp->pieces[0].seg, cp->pieces[0].offset, ev) > 0)
                 pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PIN;
@@ -139,7 +169,7 @@ static void on_op_reserved(Op *op) {
 
         /* async pin: the client gets its grant now and waits on the fence for the bytes */
         if (p->fence && !p->replied) {
-                if (pin_record(c, op->tensor, op->tier) < 0) {
+                if (pin_record(c, op->tensor, op->tier, p->write_only) < 0) {
                         /* cannot track it: refuse rather than leak a pin */
                         return;
                 }
@@ -156,7 +186,7 @@ static void on_op_complete(Op *op, int status, const char *error) {
 
         if (p->kind == TIER__REQUEST__OP_PIN) {
                 if (status >= 0 && !p->replied) {
-                        if (pin_record(c, t, op->tier) < 0) {
+                        if (pin_record(c, t, op->tier, p->write_only) < 0) {
                                 (void) tensor_unpin(t, op->tier, false);
                                 status = -ENOMEM;
                                 error = "out of memory recording the pin";
@@ -262,7 +292,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
         Tier__Limits lim = TIER__LIMITS__INIT;
-        uint64_t limits[TIERS] = {};
+        uint64_t limits[TIERS] = {}, tensor_max[TIERS] = {}, segment_size[TIERS] = {};
         _cleanup_close_ int efd = -1;
         _cleanup_free_ uint64_t *completed = NULL;
         unsigned slot;
@@ -286,6 +316,11 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         lim.max_tensors = r->config->max_tensors;
         lim.max_inflight = r->config->max_inflight;
         lim.max_name = r->config->max_name;
+        segment_size[TIER_VRAM] = r->registry->pools[TIER_VRAM]->seg_size;
+        segment_size[TIER_HOST] = r->registry->pools[TIER_HOST]->seg_size;
+        segment_size[TIER_NVME] = r->nvme->extent_size;
+        lim.n_segment_size = TIERS;
+        lim.segment_size = segment_size;
         hr.version = TIER_PROTOCOL_VERSION;
         hr.limits = &lim;
         hr.vram_backend = (char *) r->vram->ops->name;
@@ -328,10 +363,14 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         j->n_conns++;
         job_linger_stop(j);
 
-        for (int i = 0; i < TIERS; i++)
+        for (int i = 0; i < TIERS; i++) {
                 limits[i] = j->limit[i];
+                tensor_max[i] = job_tensor_max(j, i);
+        }
         lim.n_tier_limit = TIERS;
         lim.tier_limit = limits;
+        lim.n_tensor_max = TIERS;
+        lim.tensor_max = tensor_max;
         hr.job_id = j->id;
         hr.fence_slot = c->fence_slot;
         hr.created = created;
@@ -359,7 +398,7 @@ static int reply_tensor(Conn *c, uint64_t seq, const Tensor *t) {
 }
 
 static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
-        SegPool *host = rpc->registry->pools[TIER_HOST];
+        uint64_t vmax = job_tensor_max(c->job, TIER_VRAM), hmax = job_tensor_max(c->job, TIER_HOST);
         Tensor *t;
         int r;
 
@@ -367,9 +406,11 @@ static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr
                 return 0;
         if (cr->size == 0 || cr->size > TENSOR_SIZE_MAX)
                 return reply_status(c, seq, -EINVAL, "tensor size %" PRIu64 " out of range (1..2^40)", cr->size);
-        if (ALIGN_UP(cr->size, SEG_UNIT) > host->seg_size)
-                return reply_status(c, seq, -EFBIG, "tensor of %" PRIu64 " bytes does not fit a host segment "
-                                    "([host] segment_size = %" PRIu64 ")", cr->size, host->seg_size);
+        /* any size, as long as it can be somewhere it is used: host (every transfer passes it) or vram */
+        if (ALIGN_UP(cr->size, SEG_UNIT) > MAX(vmax, hmax))
+                return reply_status(c, seq, -EFBIG, "a tensor of %" PRIu64 " bytes can never be held for job '%s': "
+                                    "the largest it may have is %" PRIu64 " bytes in host and %" PRIu64 " in vram "
+                                    "(its limits, or the tiers' capacities)", cr->size, c->job->name, hmax, vmax);
         r = tensor_new(c->job, cr->name, cr->size, &t);
         if (r == -EEXIST)
                 return reply_status(c, seq, r, "tensor '%s' already exists in job '%s'", cr->name, c->job->name);
@@ -438,29 +479,35 @@ static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
 
 static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         Tensor *t = lookup(c, seq, u->tensor);
-        int tier = (int) u->tier;
+        int tier = (int) u->tier, r;
 
         if (!t)
                 return 0;
         if (!tier_ok(tier))
                 return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
         if (u->ipc_event.len > 0) {
-                int r = tier == TIER_VRAM && t->copy[tier].pins > 0 ?
-                        vram_wait_event(rpc->vram, t->copy[tier].seg, t->copy[tier].offset, t->alloc_size,
-                                        u->ipc_event.data, u->ipc_event.len) : -EINVAL;
+                const Copy *cp = &t->copy[tier];
+
+                r = tier == TIER_VRAM && cp->pins > 0 ? 0 : -EINVAL;
+                /* every piece waits for the client's work */
+                for (uint32_t i = 0; r >= 0 && i < cp->n_pieces; i++)
+                        r = vram_wait_event(rpc->vram, cp->pieces[i].seg, cp->pieces[i].offset, cp->pieces[i].len,
+                                            u->ipc_event.data, u->ipc_event.len);
                 if (r < 0)
                         return reply_status(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
                                             t->name, level_to_string(tier), strerror(-r));
         }
-        if (pin_forget(c, t, tier) < 0)
+        r = pin_forget(c, t, tier);
+        if (r < 0)
                 return reply_status(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
                                     t->name, level_to_string(tier));
         tensor_pin_account(t, tier, -1);
-        (void) tensor_unpin(t, tier, u->dirty);
+        /* a write-only pin's old bytes were not brought: what is there now is what the client wrote */
+        (void) tensor_unpin(t, tier, u->dirty || r > 0);
         return reply_status(c, seq, 0, NULL);
 }
 
-static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async) {
+static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async, bool write_only) {
         OpKind ok = kind == TIER__REQUEST__OP_PIN ? OP_PIN :
                     kind == TIER__REQUEST__OP_EVICT ? OP_EVICT : OP_PREFETCH;
         Pending *p;
@@ -473,7 +520,7 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
 
                 if (cp->state == COPY_DRAINING)
                         cp->state = COPY_RESIDENT;      /* wanted again: keep it */
-                r = pin_record(c, t, tier);
+                r = pin_record(c, t, tier, write_only);
                 if (r < 0)
                         return reply_status(c, seq, r, "out of memory");
                 cp->pins++;
@@ -491,12 +538,15 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
         p->conn = c;
         p->seq = seq;
         p->kind = kind;
+        p->write_only = write_only;
         p->fence = async ? c->next_fence++ : 0;
         list_add_tail(&c->pending, &p->link);
         c->inflight++;
 
         r = op_submit(rpc->engine, ok, t, tier, on_op_complete, ok == OP_PIN && async ? on_op_reserved : NULL, p,
                       &p->op);
+        if (r >= 0)
+                p->op->discard = write_only;    /* the client overwrites it all: the old bytes need not come */
         if (r < 0) {
                 if (p->fence)
                         fence_complete(c, p->fence, r, "out of memory", rpc->config->max_inflight);
@@ -510,9 +560,9 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
         return 0;
 }
 
-static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, int tier, bool async) {
+static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, int tier, bool async,
+                       unsigned mode) {
         const Config *cf = rpc->config;
-        uint64_t chunk = rpc->vram->pool.seg_size;
         Tensor *t = lookup(c, seq, id);
 
         if (!t)
@@ -539,11 +589,10 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
                         return reply_status(c, seq, -EINVAL, kind == TIER__REQUEST__OP_PIN ?
                                             "tensors are pinned in vram or host, not nvme" :
                                             "prefetch goes up to vram or host, not nvme");
-                if (tier == TIER_VRAM && t->alloc_size > chunk)
-                        return reply_status(c, seq, -EFBIG, "tensor '%s' does not fit a VRAM chunk "
-                                            "([vram] chunk_size = %" PRIu64 ")", t->name, chunk);
         }
-        return submit(rpc, c, seq, kind, t, tier, async);
+        if (mode & ~(PLAN_READ | PLAN_WRITE))
+                return reply_status(c, seq, -EINVAL, "invalid pin mode %u", mode);
+        return submit(rpc, c, seq, kind, t, tier, async, kind == TIER__REQUEST__OP_PIN && mode == PLAN_WRITE);
 }
 
 static int handle_get_segments(Conn *c, uint64_t seq, const Tier__GetSegments *g) {
@@ -691,15 +740,15 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return handle_stat(c, seq, req->stat);
         case TIER__REQUEST__OP_PIN:
                 return handle_move(rpc, c, seq, req->op_case, req->pin->tensor, (int) req->pin->tier,
-                                   req->pin->async);
+                                   req->pin->async, req->pin->mode);
         case TIER__REQUEST__OP_UNPIN:
                 return handle_unpin(rpc, c, seq, req->unpin);
         case TIER__REQUEST__OP_EVICT:
                 return handle_move(rpc, c, seq, req->op_case, req->evict->tensor, (int) req->evict->tier,
-                                   req->evict->async);
+                                   req->evict->async, 0);
         case TIER__REQUEST__OP_PREFETCH:
                 return handle_move(rpc, c, seq, req->op_case, req->prefetch->tensor, (int) req->prefetch->tier,
-                                   req->prefetch->async);
+                                   req->prefetch->async, 0);
         case TIER__REQUEST__OP_GET_SEGMENTS:
                 return handle_get_segments(c, seq, req->get_segments);
         case TIER__REQUEST__OP_STATUS:

@@ -24,6 +24,7 @@
 #include "daemon/ipc/status.h"
 #include "daemon/sched/plan.h"
 #include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
@@ -50,6 +51,16 @@ typedef struct StatusBuf {
         Tier__LinkStatus *plinks;
         Tier__LinkStatus **plinkp;
 } StatusBuf;
+
+/* Bytes of the pool's segments that jobs hold (their tensors take `used` of it). */
+static uint64_t held_bytes(const SegPool *p) {
+        uint64_t n = 0;
+
+        for (uint32_t i = 0; i < p->n_segs; i++)
+                if (p->segs[i].owner)
+                        n += p->seg_size;
+        return n;
+}
 
 /* Plans of all jobs together (each plan is one rank's connection). */
 static size_t count_plans(const Registry *reg) {
@@ -105,6 +116,8 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 t->capacity = reg->capacity[i];
                 t->used = reg->used[i];
                 t->pinned = reg->pinned[i];
+                t->segment_size = i == TIER_NVME ? n->extent_size : reg->pools[i]->seg_size;
+                t->held = i == TIER_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
@@ -163,6 +176,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->used = j->used[i];
                         u->limit = j->limit[i];
                         u->pinned = j->pinned[i];
+                        u->tensor_max = job_tensor_max(j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }
                 js->n_usage = TIERS;

@@ -43,6 +43,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/tensormap.h"
 #include "daemon/tiers/segpool.h"
@@ -171,7 +172,7 @@ static int build_indexes(Plan *p) {
  * tensor and tier in one phase).  Linear: slots come from a hash map and
  * duplicates are found through a per (slot, tier) stamp.
  */
-static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, uint64_t vram_chunk, char *error, size_t esize) {
+static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, char *error, size_t esize) {
         _cleanup_(tensormap_freep) TensorMap *seen = tensormap_new();
         /* per (slot, tier): the phase (+1) that has an access to it, and that access's index */
         _cleanup_free_ uint32_t *stamp = calloc(2 * (size_t) MAX(p->n_acc, 1u), sizeof(uint32_t));
@@ -202,9 +203,6 @@ static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, uint64_t vram_
                         if (ra->mode == 0 || (ra->mode & ~(PLAN_READ | PLAN_WRITE)))
                                 return errf(error, esize, -EINVAL, "phase %u: tensor '%s': invalid access mode %u",
                                             k, t->name, ra->mode);
-                        if (ra->tier == TIER__TIER__TIER_VRAM && t->alloc_size > vram_chunk)
-                                return errf(error, esize, -EFBIG, "phase %u: tensor '%s' does not fit a VRAM chunk",
-                                            k, t->name);
                         slot = (uintptr_t) tensormap_get(seen, t->name);
                         if (slot == 0) {
                                 if (p->n_slots >= PLAN_MAX_SLOTS)
@@ -261,9 +259,20 @@ static int plan_check_quota(Plan *p, bool pairs, char *error, size_t esize) {
         return 0;
 }
 
-/* The shared page (memfd, size sealed) and the marker eventfd. */
+/* Pieces a copy of @t can have in a tier of @seg_size segments: 0 when it fits one (the slot says it all). */
+static uint32_t pieces_cap(const Tensor *t, uint64_t seg_size) {
+        return t->alloc_size > seg_size ? (uint32_t) (t->alloc_size / seg_size) + 1 : 0;
+}
+
+/* The shared page (memfd, size sealed), with room for every slot's pieces, and the marker eventfd. */
 static int plan_make_page(Plan *p) {
-        p->page_size = plan_page_size(p->n_slots);
+        SegPool **pools = p->sched->registry->pools;
+        uint64_t n_pieces = 0;
+
+        for (uint32_t i = 0; i < p->n_slots; i++)
+                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++)
+                        n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
+        p->page_size = plan_page_size(p->n_slots, n_pieces);
         p->page_fd = memfd_create("tierd-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (p->page_fd < 0 || ftruncate(p->page_fd, (off_t) p->page_size) < 0 ||
             fcntl(p->page_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
@@ -276,11 +285,18 @@ static int plan_make_page(Plan *p) {
         p->marker_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->marker_fd < 0)
                 return negative_errno();
+        /* each (slot, tier) gets its own stretch of the pieces */
+        n_pieces = 0;
+        for (uint32_t i = 0; i < p->n_slots; i++)
+                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                        p->page->slots[2 * i + (uint32_t) tier].first_piece = (uint32_t) n_pieces;
+                        n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
+                }
         return 0;
 }
 
-int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, uint64_t vram_chunk,
-             Plan **ret, char *error, size_t esize) {
+int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, Plan **ret, char *error,
+             size_t esize) {
         uint32_t n_acc = 0, max_acc = 0;
         Plan *p;
         int r;
@@ -325,7 +341,7 @@ int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs,
                         r = -ENOMEM;
         }
         if (r >= 0)
-                r = plan_read_phases(p, req, vram_chunk, error, esize);
+                r = plan_read_phases(p, req, error, esize);
         if (r >= 0)
                 r = plan_check_quota(p, pairs, error, esize);
         if (r >= 0)
@@ -447,17 +463,28 @@ void plan_set_error(Plan *p, int error, const char *what) {
 }
 
 void plan_slot_publish(Plan *p, Tensor *t, int tier) {
+        const Copy *c = &t->copy[tier];
         PlanSlot *s;
-        uint32_t seg, gen;
-        uint64_t off;
+        PlanPiece *pieces;
 
-        if (t->plan != p || tier > TIER_HOST)
+        if (t->plan != p || tier > TIER_HOST || c->n_pieces == 0)
                 return;
-        copy_grant(t, tier, &seg, &gen, &off);
         s = &p->page->slots[2 * t->plan_slot + (uint32_t) tier];
-        s->segment = seg + t->copy[tier].seg->pool->id_base;
-        s->generation = gen;
-        s->offset = off;
+        s->segment = c->pieces[0].seg->pool->id_base + c->pieces[0].seg->id;
+        s->generation = c->pieces[0].seg->generation;
+        s->offset = c->pieces[0].offset;
+        s->n_pieces = c->n_pieces > 1 ? c->n_pieces : 0;
+        if (c->n_pieces <= 1)
+                return;
+        /* a copy has at most alloc_size / seg_size + 1 pieces, the room plan_make_page() left */
+        pieces = plan_pieces(p->page, p->n_slots) + s->first_piece;
+        for (uint32_t i = 0; i < c->n_pieces; i++)
+                pieces[i] = (PlanPiece) {
+                        .segment = c->pieces[i].seg->pool->id_base + c->pieces[i].seg->id,
+                        .generation = c->pieces[i].seg->generation,
+                        .offset = c->pieces[i].offset,
+                        .length = c->pieces[i].len,
+                };
 }
 
 int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark) {

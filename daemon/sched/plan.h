@@ -117,10 +117,9 @@ struct Plan {
  * page and its marker eventfd.  Linear in the size of @req.  On failure
  * @error says why.  The plan is not attached to anything yet (sched.c
  * does that).
- * @vram_chunk: the largest tensor that fits VRAM
  */
-int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, uint64_t vram_chunk,
-             Plan **ret, char *error, size_t error_size);
+int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, Plan **ret, char *error,
+             size_t error_size);
 /* Free a plan that is detached (sched_plan_free() detaches first). */
 void plan_free(Plan *p);
 

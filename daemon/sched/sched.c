@@ -818,7 +818,7 @@ int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan 
         Plan *p;
         int r;
 
-        r = plan_new(s, j, efd, req, policy(s) == SCHED_POLICY_TIMELINE, s->vram->pool.seg_size, &p, error, esize);
+        r = plan_new(s, j, efd, req, policy(s) == SCHED_POLICY_TIMELINE, &p, error, esize);
         if (r < 0)
                 return r;
         r = sd_event_add_io(s->event, &p->marker_source, p->marker_fd, EPOLLIN, on_marker, p);

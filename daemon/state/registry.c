@@ -213,6 +213,10 @@ void job_destroy(Job *j) {
         job_maybe_finish(j);
 }
 
+uint64_t job_tensor_max(const Job *j, int tier) {
+        return MIN(j->limit[tier], j->registry->capacity[tier]);
+}
+
 Job *job_find(Registry *r, const char *name) {
         list_for_each_safe(n, tmp, &r->jobs) {
                 Job *j = list_entry(n, Job, link);

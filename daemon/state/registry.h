@@ -35,6 +35,20 @@ typedef enum CopyState {
 } CopyState;
 
 /*
+ * Where part of a host or VRAM copy lies: a range of one segment.  A tensor
+ * that fits a segment has one piece; a larger one has whole segments and a
+ * tail, in the tensor's order.  Pieces start on SEG_UNIT boundaries (the
+ * pool's piece_align when there are several) and hold whole pages, so that
+ * a client can map them one after the other into one contiguous range.
+ */
+typedef struct CopyPiece {
+        Segment *seg;
+        uint64_t offset;        /* in the segment */
+        uint64_t len;           /* bytes of the tensor (of its alloc_size) this piece holds */
+        uint64_t span;          /* bytes taken in the segment: len rounded up to the pool's piece_align */
+} CopyPiece;
+
+/*
  * One tier's copy of a tensor.  A copy holds data version @version; it is
  * valid while that equals the tensor's version.  Stale copies are freed as
  * soon as nothing pins them.
@@ -46,8 +60,9 @@ typedef struct Copy {
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
         /* host / vram */
-        Segment *seg;
-        uint64_t offset;
+        CopyPiece *pieces;      /* &one, or an array for a tensor that spans segments; NULL while absent */
+        uint32_t n_pieces;
+        CopyPiece one;
         /* nvme */
         NvmeExtent *extents;
         uint32_t n_extents;
@@ -177,6 +192,9 @@ void job_linger_start(Job *j);
 /* A connection joined: stop the linger timer. */
 void job_linger_stop(Job *j);
 
+/* The largest tensor @j may have in @tier: its limit there, or the tier's capacity when smaller. */
+uint64_t job_tensor_max(const Job *j, int tier);
+
 /* A dying job goes once its last tensor has (tensor.c calls this after freeing one). */
 void job_maybe_finish(Job *j);
 
@@ -220,6 +238,37 @@ bool copy_is_sole(const Tensor *t, int tier);
 int tensor_valid_tier(const Tensor *t, int below_or_at);
 const char *copy_state_to_string(CopyState s);
 
+/* ---- space (space.c) ---- */
+
+/* Why a copy got no space (copy_alloc()); space_explain() says it to the client. */
+typedef enum SpaceShort {
+        SPACE_OK,
+        SPACE_TOO_LARGE,        /* larger than the tier's whole capacity: never fits */
+        SPACE_OVER_QUOTA,       /* larger than the job's limit in the tier */
+        SPACE_LIMIT,            /* the job's limit is reached (what is left of it is pinned or in use) */
+        SPACE_FRAGMENTED,       /* the job's segments have the room, not in one run, and it may take no more */
+        SPACE_POOL,             /* the pool has no free segment: other jobs hold them */
+        SPACE_TARGETS,          /* the NVMe targets are full */
+        _SPACE_SHORT_MAX,
+        _SPACE_SHORT_INVALID = -22,
+} SpaceShort;
+
+/*
+ * copy_alloc() - give @t's copy in @tier its space (pieces of the job's
+ * segments, or NVMe extents) and count it.  -ENOSPC with *@ret_why set
+ * when it does not fit; the caller may make room and try again.
+ */
+int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why);
+/* Give the space back (no I/O, no state change). */
+void copy_release(Tensor *t, int tier);
+/*
+ * space_explain() - the sentence for @why, with the figures, in @buf, and
+ * the status the client gets: -EFBIG (never fits), -EDQUOT (over the job's
+ * limit: raise it), -ENOSPC (the job's own space: free or unpin), -EAGAIN
+ * (held by other jobs: retry later).
+ */
+int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t size);
+
 /* Count space the copy of @t in @tier takes (@delta > 0) or gives back, for its job and in all. */
 void copy_account(Tensor *t, int tier, int64_t delta);
 /* The copy was used now: most recently used in its tier's LRU list. */
@@ -228,8 +277,14 @@ void copy_touch(Tensor *t, int tier);
 void copy_free(Tensor *t, int tier);
 /* Free the copies that no longer hold the newest data and are not in use. */
 void tensor_free_stale(Tensor *t);
-/* The grant of a pinned or reserved copy (segment id within its pool, generation, offset). */
-void copy_grant(const Tensor *t, int tier, uint32_t *ret_segment, uint32_t *ret_generation, uint64_t *ret_offset);
+/*
+ * copy_locate() - the piece of @c that holds byte @pos of the tensor, and
+ * in *@ret_off the offset of that byte in the piece's segment; *@ret_len:
+ * how many bytes from there on lie in the same piece.
+ */
+const CopyPiece *copy_locate(const Copy *c, uint64_t pos, uint64_t *ret_off, uint64_t *ret_len);
+/* Address of byte @pos of a host (or emulated VRAM) copy in tierd's own mapping of its segment. */
+uint8_t *copy_addr(const Copy *c, uint64_t pos);
 
 /* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
 int tensor_unpin(Tensor *t, int tier, bool dirty);

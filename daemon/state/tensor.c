@@ -191,16 +191,7 @@ void copy_free(Tensor *t, int tier) {
 
         if (c->state == COPY_ABSENT)
                 return;
-        if (tier == TIER_NVME) {
-                copy_account(t, tier, -(int64_t) ((uint64_t) c->n_extents * r->nvme->extent_size));
-                nvme_free(r->nvme, c->extents, c->n_extents);
-                c->extents = NULL;
-                c->n_extents = 0;
-        } else {
-                segment_free(c->seg, c->offset, t->alloc_size);
-                copy_account(t, tier, -(int64_t) t->alloc_size);
-                c->seg = NULL;
-        }
+        copy_release(t, tier);
         c->state = COPY_ABSENT;
         c->version = 0;
         list_del(&c->lru);
@@ -216,14 +207,6 @@ void tensor_free_stale(Tensor *t) {
                     c->version != t->version && c->pins == 0 && !t->xfer)
                         copy_free(t, i);
         }
-}
-
-void copy_grant(const Tensor *t, int tier, uint32_t *ret_segment, uint32_t *ret_generation, uint64_t *ret_offset) {
-        const Copy *c = &t->copy[tier];
-
-        *ret_segment = c->seg ? c->seg->id : 0;
-        *ret_generation = c->seg ? c->seg->generation : 0;
-        *ret_offset = c->offset;
 }
 
 /* ---- pins ------------------------------------------------------------------------------- */

@@ -187,6 +187,32 @@ int extent_alloc_get(ExtentAlloc *a, uint64_t count, uint64_t *ret_unit) {
         return 0;
 }
 
+int extent_alloc_get_low(ExtentAlloc *a, uint64_t count, uint64_t align, uint64_t *ret_unit) {
+        uint64_t pos;
+
+        if (count == 0 || align == 0)
+                return -EINVAL;
+        if (count > a->n_free)
+                return -ENOSPC;
+
+        pos = find_free(a, 0);
+        while (pos < a->n_units) {
+                uint64_t start = (pos + align - 1) / align * align, end;
+
+                if (start >= a->n_units || count > a->n_units - start)
+                        return -ENOSPC;         /* every later start overruns too */
+                end = find_used(a, start, start + count);
+                if (end - start == count) {
+                        range_write(a, start, count, true);
+                        a->n_free -= count;
+                        *ret_unit = start;
+                        return 0;
+                }
+                pos = find_free(a, end);
+        }
+        return -ENOSPC;
+}
+
 int extent_alloc_put(ExtentAlloc *a, uint64_t unit, uint64_t count) {
         if (!range_valid(a, unit, count))
                 return -EINVAL;

@@ -27,6 +27,15 @@ void extent_alloc_deinit(ExtentAlloc *a);
  */
 int extent_alloc_get(ExtentAlloc *a, uint64_t count, uint64_t *ret_unit);
 
+/**
+ * extent_alloc_get_low() - allocate @count contiguous units starting at a
+ * multiple of @align, at the lowest address where they fit (first fit from
+ * the start: small runs pack at the low end and leave the largest run whole
+ * at the high end).  -ENOSPC when no such run exists, -EINVAL for count or
+ * align 0.
+ */
+int extent_alloc_get_low(ExtentAlloc *a, uint64_t count, uint64_t align, uint64_t *ret_unit);
+
 /* Release a run; -EINVAL if out of range or any unit is not allocated (nothing changes then). */
 int extent_alloc_put(ExtentAlloc *a, uint64_t unit, uint64_t count);
 

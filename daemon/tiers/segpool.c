@@ -36,6 +36,7 @@ int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *user
                 .ops = ops,
                 .userdata = userdata,
                 .seg_size = seg_size,
+                .piece_align = SEG_UNIT,
         };
         p->n_segs = (uint32_t) (capacity / seg_size);
         p->segs = calloc(p->n_segs, sizeof(Segment));
@@ -143,16 +144,20 @@ int segpool_revoked(SegPool *p, Segment *s) {
         return segment_renew(p, s);
 }
 
-int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset) {
+int segment_alloc(Segment *seg, uint64_t size, uint64_t align, uint64_t *ret_offset) {
         uint64_t unit;
         int r;
 
-        r = extent_alloc_get(&seg->units, DIV_ROUND_UP(size, SEG_UNIT), &unit);
+        r = extent_alloc_get_low(&seg->units, DIV_ROUND_UP(size, SEG_UNIT), MAX(align / SEG_UNIT, 1u), &unit);
         if (r < 0)
                 return r;
         seg->used += ALIGN_UP(size, SEG_UNIT);
         *ret_offset = unit * SEG_UNIT;
         return 0;
+}
+
+uint64_t segment_largest_free(const Segment *seg) {
+        return extent_alloc_largest_free(&seg->units) * SEG_UNIT;
 }
 
 void segment_free(Segment *seg, uint64_t offset, uint64_t size) {

@@ -42,6 +42,7 @@ struct SegPool {
         uint32_t id_base;       /* added to segment ids on the wire (unique across pools) */
         int tier;               /* enum tier_level this pool serves */
         uint64_t seg_size;
+        uint64_t piece_align;   /* alignment (bytes) of the pieces of a tensor that spans segments */
         uint32_t n_segs;
         uint32_t n_free;
         uint32_t n_revoking;    /* segments waiting for segpool_revoked() */
@@ -80,6 +81,11 @@ void segpool_forget(SegPool *p, Segment *seg);
 /* The clients let go of a revoking segment: replace its memory and put it back in service. */
 int segpool_revoked(SegPool *p, Segment *seg);
 
-/* Allocate @size bytes inside @seg; returns the byte offset or -ENOSPC. */
-int segment_alloc(Segment *seg, uint64_t size, uint64_t *ret_offset);
+/*
+ * Allocate @size bytes inside @seg at an offset that is a multiple of
+ * @align (a multiple of SEG_UNIT), as low as they fit; -ENOSPC.
+ */
+int segment_alloc(Segment *seg, uint64_t size, uint64_t align, uint64_t *ret_offset);
+/* The longest free run of @seg, in bytes. */
+uint64_t segment_largest_free(const Segment *seg);
 void segment_free(Segment *seg, uint64_t offset, uint64_t size);

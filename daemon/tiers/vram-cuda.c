@@ -848,6 +848,8 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
         if (r < 0)
                 return fail(ret_error, r, "cannot allocate %" PRIu64 " bytes of VRAM on %s in chunks of %" PRIu64
                             " bytes: %s", capacity, name, chunk, strerror(-r));
+        /* a tensor spanning chunks is cuMemMap'ed piece by piece: pieces on the device's granularity */
+        v->base.pool.piece_align = MAX((uint64_t) v->granularity, (uint64_t) SEG_UNIT);
 
         snprintf(v->base.description, sizeof(v->base.description),
                  "cuda (%.64s at %s, NUMA node %d; %u chunks of %" PRIu64 " MiB)", name, v->base.device,

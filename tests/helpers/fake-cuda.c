@@ -93,7 +93,39 @@ static FakeFail fails[8];
 static struct { void *p; size_t size; } regs[FAKE_MAX_REGS];
 /* address reservations, so that a bad unmap or free is an error rather than a MAP_FIXED over anything */
 #define FAKE_MAX_RANGES 4096
-static struct { uintptr_t p; size_t size; bool mapped; } ranges[FAKE_MAX_RANGES];
+/* Address reservations, and what is mapped inside each (pieces of allocations, on the granularity). */
+#define FAKE_MAX_MAPS 64
+static struct {
+        uintptr_t p;
+        size_t size;
+        unsigned n_maps;
+        struct { uintptr_t p; size_t size; } maps[FAKE_MAX_MAPS];
+} ranges[FAKE_MAX_RANGES];
+
+/* The mapping of reservation @i that is exactly [p, p + size), or -1. */
+static int map_find(int i, uintptr_t p, size_t size) {
+        for (unsigned k = 0; k < ranges[i].n_maps; k++)
+                if (ranges[i].maps[k].p == p && ranges[i].maps[k].size == size)
+                        return (int) k;
+        return -1;
+}
+
+/* Does [p, p + size) meet a mapping of reservation @i?  Or, with @all: is every byte of it mapped? */
+static bool maps_cover(int i, uintptr_t p, size_t size, bool all) {
+        size_t covered = 0;
+
+        for (unsigned k = 0; k < ranges[i].n_maps; k++) {
+                uintptr_t a = ranges[i].maps[k].p, b = a + ranges[i].maps[k].size;
+                uintptr_t lo = a > p ? a : p, hi = b < p + size ? b : p + size;
+
+                if (lo < hi) {
+                        if (!all)
+                                return true;
+                        covered += hi - lo;
+                }
+        }
+        return all && covered == size;
+}
 
 /* Called with the lock held: the reservation [p, p + size) lies in, or -1. */
 static int range_find(uintptr_t p, size_t size) {
@@ -454,7 +486,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
                 if (!ranges[i].p) {
                         ranges[i].p = (uintptr_t) p;
                         ranges[i].size = size;
-                        ranges[i].mapped = false;
+                        ranges[i].n_maps = 0;
                         stats.reserved++;
                         *ptr = (CUdeviceptr) (uintptr_t) p;
                         LEAVE(CUDA_SUCCESS);
@@ -468,7 +500,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
         ENTER("cuMemAddressFree");
         i = range_find(ptr, size);
-        if (i < 0 || ranges[i].p != ptr || ranges[i].size != size || ranges[i].mapped)
+        if (i < 0 || ranges[i].p != ptr || ranges[i].size != size || ranges[i].n_maps > 0)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);        /* the driver wants it unmapped first */
         if (munmap((void *) (uintptr_t) ptr, size) < 0)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
@@ -485,14 +517,18 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         int i;
 
         ENTER("cuMemMap");
+        /* any part of a reservation, on the granularity, not mapped yet, from any part of an allocation */
         i = range_find(ptr, size);
-        if (!a || offset + size > a->size || i < 0 || ranges[i].p != ptr || ranges[i].size != size ||
-            ranges[i].mapped)
+        if (!a || offset + size > a->size || i < 0 || size == 0 || ptr % FAKE_GRANULARITY != 0 ||
+            size % FAKE_GRANULARITY != 0 || offset % FAKE_GRANULARITY != 0 || maps_cover(i, ptr, size, false) ||
+            ranges[i].n_maps == FAKE_MAX_MAPS)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t) offset);
         if (p == MAP_FAILED)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
-        ranges[i].mapped = true;
+        ranges[i].maps[ranges[i].n_maps].p = ptr;
+        ranges[i].maps[ranges[i].n_maps].size = size;
+        ranges[i].n_maps++;
         stats.maps++;
         LEAVE(CUDA_SUCCESS);
 }
@@ -500,13 +536,15 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
         void *p;
 
-        int i;
+        int i, k;
 
         ENTER("cuMemUnmap");
+        /* as the driver: exactly what one cuMemMap() mapped */
         i = range_find(ptr, size);
-        if (i < 0 || ranges[i].p != ptr || ranges[i].size != size || !ranges[i].mapped)
+        k = i < 0 ? -1 : map_find(i, ptr, size);
+        if (k < 0)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
-        ranges[i].mapped = false;
+        ranges[i].maps[k] = ranges[i].maps[--ranges[i].n_maps];
         /* back to a bare reservation */
         p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                  -1, 0);
@@ -521,7 +559,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
 
         ENTER("cuMemSetAccess");
         i = range_find(ptr, size);
-        if (i < 0 || !ranges[i].mapped || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        if (i < 0 || !maps_cover(i, ptr, size, true) || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
             desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         if (mprotect((void *) (uintptr_t) ptr, size, PROT_READ | PROT_WRITE) < 0)

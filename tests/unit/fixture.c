@@ -80,19 +80,20 @@ int fixture_op(Manager *m, OpKind kind, Tensor *t, int tier) {
         return d.status;
 }
 
-static uint8_t *copy_bytes(const Tensor *t, int tier) {
-        const Copy *c = &t->copy[tier];
-
-        return (uint8_t *) c->seg->map + c->offset;
+uint8_t fixture_byte(const Tensor *t, int tier, uint64_t off) {
+        return *copy_addr(&t->copy[tier], off);
 }
 
-uint8_t fixture_byte(const Tensor *t, int tier, uint64_t off) {
-        return copy_bytes(t, tier)[off];
+void fixture_fill(Tensor *t, int tier, uint8_t v) {
+        const Copy *c = &t->copy[tier];
+
+        for (uint32_t i = 0; i < c->n_pieces; i++)
+                memset((uint8_t *) c->pieces[i].seg->map + c->pieces[i].offset, v, c->pieces[i].len);
 }
 
 void fixture_host_data(Manager *m, Tensor *t, uint8_t v) {
         assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
-        memset(copy_bytes(t, TIER_HOST), v, t->size);
+        fixture_fill(t, TIER_HOST, v);
         assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
 }
 

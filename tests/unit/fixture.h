@@ -38,6 +38,8 @@ void fixture_on_nvme(Manager *m, Tensor *t);
 void fixture_touch(Manager *m, Tensor *t, int tier, bool dirty);
 /* A new tensor of @j. */
 Tensor *fixture_tensor(Job *j, const char *name, uint64_t size);
+/* Set every byte of @t's copy in @tier (host or vram), all its pieces, to @v. */
+void fixture_fill(Tensor *t, int tier, uint8_t v);
 /* The byte at @off of @t's copy in @tier (host or vram). */
 uint8_t fixture_byte(const Tensor *t, int tier, uint64_t off);
 

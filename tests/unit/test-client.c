@@ -211,11 +211,11 @@ static void test_status_json(void **state) {
                 "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,\"policy\":\"\","
                 "\"tiers\":["
                 "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":8589934592,\"used\":536870912,"
-                "\"pinned\":268435456},"
+                "\"pinned\":268435456,\"segment_size\":0,\"held\":0},"
                 "{\"tier\":\"host\",\"backend\":\"memfd\",\"capacity\":68719476736,\"used\":17179869184,"
-                "\"pinned\":0},"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0},"
                 "{\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":2199023255552,\"used\":107374182400,"
-                "\"pinned\":0}],"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0}],"
                 "\"links\":["
                 "{\"name\":\"host->nvme\",\"bytes\":1073741824,\"ops\":64},"
                 "{\"name\":\"nvme->host\",\"bytes\":1610612736,\"ops\":96}],"
@@ -224,13 +224,13 @@ static void test_status_json(void **state) {
                 "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2}],"
                 "\"jobs\":["
                 "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
-                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576},"
-                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0}},\"plans\":[]},"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
+                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0},"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},\"plans\":[]},"
                 "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0},"
-                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0},"
-                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0}},\"plans\":[]}]}\n");
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
+                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},\"plans\":[]}]}\n");
         free(out);
 }
 

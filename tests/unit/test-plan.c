@@ -76,7 +76,7 @@ static void test_duplicates_merged(void **state) {
         req_add(&r, a, TIER_HOST, PLAN_WRITE);  /* merges with the first */
         req_add(&r, a, TIER_VRAM, PLAN_READ);   /* another tier: an access of its own */
         req_add(&r, b, TIER_VRAM, PLAN_READ);   /* merges, nothing new */
-        assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, m->vram->pool.seg_size, &p, err, sizeof(err)), 0);
+        assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, &p, err, sizeof(err)), 0);
         assert_int_equal(p->n_slots, 2);
         assert_int_equal(p->phases[0].n_acc, 3);
         assert_ptr_equal(p->phases[0].acc[0].tensor, a);
@@ -112,7 +112,7 @@ static double time_plan(Manager *m, Job *j, Tensor **t, size_t n) {
                 Plan *p = NULL;
                 uint64_t t0 = now_ns();
 
-                assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, m->vram->pool.seg_size, &p, err,
+                assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, &p, err,
                                           sizeof(err)), 0);
                 best = MIN(best, (double) (now_ns() - t0) / 1e9);
                 assert_int_equal(p->n_slots, n / 4);

@@ -78,7 +78,7 @@ static int submit(Manager *m, OpKind k, Tensor *t, int tier, Result *r) {
 static void write_host(Tensor *t, uint8_t v) {
         Copy *c = &t->copy[TIER_HOST];
 
-        memset((uint8_t *) c->seg->map + c->offset, v, t->size);
+        memset(copy_addr(c, 0), v, t->size);
 }
 
 static uint8_t read_host(Tensor *t, uint64_t off) {
@@ -283,12 +283,12 @@ static void test_vram_chain_and_async_reserve(void **state) {
         assert_int_equal(r.status, 0);
         assert_int_equal(r.reserved, 1);
         assert_int_equal(t->copy[TIER_VRAM].pins, 1);
-        assert_int_equal(((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100], 0x77);
+        assert_int_equal(copy_addr(&t->copy[TIER_VRAM], 0)[100], 0x77);
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 1);
         assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].ops, 1);
 
         /* dirty in VRAM: host and NVMe copies become stale and are freed */
-        ((uint8_t *) t->copy[TIER_VRAM].seg->map + t->copy[TIER_VRAM].offset)[100] = 0x78;
+        copy_addr(&t->copy[TIER_VRAM], 0)[100] = 0x78;
         assert_int_equal(tensor_unpin(t, TIER_VRAM, true), 0);
         assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
         assert_int_equal(t->copy[TIER_NVME].state, COPY_ABSENT);
@@ -435,7 +435,7 @@ static void test_vram_link_start_failure(void **state) {
                 assert_int_equal(submit(m, OP_PIN, t[i], TIER_VRAM, &r), 0);
                 run_until(m, &r);
                 assert_int_equal(r.status, 0);
-                assert_int_equal(((uint8_t *) t[i]->copy[TIER_VRAM].seg->map + t[i]->copy[TIER_VRAM].offset)[7],
+                assert_int_equal(copy_addr(&t[i]->copy[TIER_VRAM], 0)[7],
                                  i + 1);
         }
         m->vram->ops = real_ops;

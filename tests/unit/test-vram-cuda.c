@@ -726,7 +726,7 @@ static void test_client_import(void **state) {
         sd_event *e = NULL;
         VramBackend *b;
         Segment *seg;
-        uint64_t va = 0, va2 = 0;
+        uint64_t va = 0, va2 = 0, h = 0, h2 = 0, view = 0, view_size = 0;
         uint8_t *host;
         Done d;
 
@@ -745,16 +745,31 @@ static void test_client_import(void **state) {
 
         /* import the fd tierd would send: a second mapping of the same memory */
         s0 = stats();
-        assert_int_equal(client_cuda_map(cc, seg->fd, b->pool.seg_size, &va), 0);
+        assert_int_equal(client_cuda_map(cc, seg->fd, b->pool.seg_size, &va, &h), 0);
         s1 = stats();
         assert_int_equal(s1.imports - s0.imports, 1);
-        assert_int_equal(s1.releases - s0.releases, 1);         /* the handle goes, the mapping stays */
-        assert_true(va != 0 && va != seg->device_ptr);
+        assert_int_equal(s1.releases - s0.releases, 0);         /* the handle is kept, for views */
+        assert_true(va != 0 && va != seg->device_ptr && h != 0);
         memset((void *) (uintptr_t) (va + 4096), 0xc3, 4096);
         assert_true(all_bytes((void *) (uintptr_t) (seg->device_ptr + 4096), 0xc3, 4096));
-        assert_int_equal(client_cuda_map(cc, seg->fd, 4096, &va2), -EPROTO);   /* not whole granules */
-        assert_int_equal(client_cuda_map(cc, -1, b->pool.seg_size, &va2), -EINVAL);
+        assert_int_equal(client_cuda_map(cc, seg->fd, 4096, &va2, &h2), -EPROTO);   /* not whole granules */
+        assert_int_equal(client_cuda_map(cc, -1, b->pool.seg_size, &va2, &h2), -EINVAL);
+
         assert_non_null(strstr(client_cuda_error(cc), "cannot import"));
+
+        /* a view: the chunk's two 2 MiB granules in reverse order, one range (a tensor that spans chunks) */
+        assert_int_equal(client_cuda_view_new(cc, 3 * MiB, &view, &view_size), 0);
+        assert_int_equal(view_size, 4 * MiB);                  /* whole granules */
+        assert_int_equal(client_cuda_view_map(cc, view, h, 2 * MiB, 2 * MiB), 0);
+        assert_int_equal(client_cuda_view_map(cc, view + 2 * MiB, h, 0, 1 * MiB), 0);  /* a tail: rounded up */
+        assert_int_equal(client_cuda_view_map(cc, view, h, 4096, 4096), -EPROTO);      /* off the granularity */
+        memset((void *) (uintptr_t) (seg->device_ptr + 2 * MiB), 0x5e, 4096);
+        memset((void *) (uintptr_t) (seg->device_ptr), 0x6f, 4096);
+        assert_true(all_bytes((void *) (uintptr_t) view, 0x5e, 4096));
+        assert_true(all_bytes((void *) (uintptr_t) (view + 2 * MiB), 0x6f, 4096));
+        client_cuda_view_unmap(cc, view, 2 * MiB);
+        client_cuda_view_unmap(cc, view + 2 * MiB, 1 * MiB);
+        client_cuda_view_free(cc, view, view_size);
 
         /* stream-ordered wait on tierd's copy event */
         host = calloc(1, 4096);
@@ -791,8 +806,9 @@ static void test_client_import(void **state) {
         assert_int_equal(stats().host_registered, s0.host_registered);
 
         s0 = stats();
-        client_cuda_unmap(cc, va, b->pool.seg_size);
+        client_cuda_unmap(cc, va, b->pool.seg_size, h);
         assert_int_equal(stats().unmaps - s0.unmaps, 1);
+        assert_int_equal(stats().releases - s0.releases, 1);
         cc = client_cuda_free(cc);
         free(host);
         vram_backend_free(b);
