@@ -102,6 +102,9 @@ static int manager_setup_loop(Manager *m) {
                 r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_sighup, m);
         if (r < 0)
                 return log_error_errno(r, "Cannot watch signals: %m");
+        /* a stop request goes before queued work, however busy the engine is */
+        (void) sd_event_source_set_priority(m->sigterm, SD_EVENT_PRIORITY_IMPORTANT);
+        (void) sd_event_source_set_priority(m->sigint, SD_EVENT_PRIORITY_IMPORTANT);
         r = sd_event_set_watchdog(m->event, true);
         if (r < 0)
                 log_warning_errno(r, "Cannot enable the watchdog, ignoring: %m");

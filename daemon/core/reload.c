@@ -129,7 +129,7 @@ static void reload_job_limits(Manager *m, const uint64_t old_default[TIERS], con
                 }
         }
         if (changed)
-                engine_kick(m->engine);        /* ops waiting for space may fit now */
+                engine_limits_changed(m->engine);      /* ops waiting for space may fit now */
 }
 
 /*

@@ -115,6 +115,13 @@ struct Engine {
         unsigned n_xfers;
         LinkStats links[_LINK_MAX];
         VramLink vlink;
+        /*
+         * Bumped whenever room may have appeared in a tier (a copy freed, a
+         * limit changed): a victim whose drain found no room below is not
+         * drained again before the tier below changes (Tensor.drain_blocked).
+         */
+        uint64_t space_gen[TIERS];
+        char drain_error[TIERS][512];   /* why the last drain out of each tier failed */
 };
 
 /*
@@ -143,5 +150,13 @@ int op_submit(Engine *e, OpKind kind, Tensor *t, int tier,
 void op_cancel(Op *op);
 /* Cancel every op on a tensor of @j. */
 void engine_cancel_job(Engine *e, Job *j);
+/*
+ * Free @t for its job (tensor_free()): the engine's own write-downs of it
+ * (drains, write-behind) are cancelled first; -EBUSY while it is pinned, a
+ * client's request on it is in flight or a plan names it.
+ */
+int engine_tensor_free(Engine *e, Tensor *t);
 /* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */
 void engine_wake_space_waiters(Engine *e);
+/* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */
+void engine_limits_changed(Engine *e);

@@ -88,17 +88,31 @@ void engine_wake_space_waiters(Engine *e) {
         wake_space_waiters(e);
 }
 
+
 static void sched_changed(Engine *e) {
         if (e->sched && e->sched->changed)
                 e->sched->changed(e->sched_userdata);
 }
 
+void engine_limits_changed(Engine *e) {
+        for (int i = 0; i < TIERS; i++)
+                e->space_gen[i]++;
+        wake_space_waiters(e);
+        sched_changed(e);
+}
+
+/* Did @v's drain out of @tier fail, with nothing changed below since? */
+static bool drain_blocked(Engine *e, const Tensor *v, int tier) {
+        return tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
+}
+
 /*
  * Choose victims in @tier of @want's job and free or drain them.  Returns
  * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started), -EAGAIN
- * (@op does not wait), -ENOSPC (nothing can go) or another -errno.
+ * (@op does not wait), -ENOSPC (nothing can go) or another -errno.  *@blocked
+ * counts the victims passed over because writing them down failed already.
  */
-static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need) {
+static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, unsigned *blocked) {
         Job *j = want->job;
         uint64_t freed = 0, draining = 0;
         _cleanup_free_ Tensor **cands = NULL;
@@ -145,6 +159,10 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need) 
                 }
                 if (tier == TIER_NVME)
                         continue;       /* nothing below NVMe */
+                if (drain_blocked(e, v, tier)) {
+                        (*blocked)++;   /* draining it again would fail the same way, and again */
+                        continue;
+                }
                 /* write it down first */
                 r = op_submit(e, OP_DRAIN, v, tier, NULL, NULL, NULL, &d);
                 if (r < 0)
@@ -174,6 +192,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
         Engine *e = op->engine;
         Copy *c = &t->copy[tier];
         SpaceShort why = SPACE_OK;
+        unsigned blocked = 0;
         int r;
 
         for (unsigned attempt = 0;; attempt++) {
@@ -185,7 +204,8 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                                        t->name, strerror(-r));
                 if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS)
                         break;          /* making room among the job's copies cannot help */
-                r = make_space(e, op, t, tier, t->alloc_size);
+                blocked = 0;
+                r = make_space(e, op, t, tier, t->alloc_size, &blocked);
                 if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
                         continue;
                 if (r == ADV_WAIT_SPACE)
@@ -200,8 +220,17 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                 r = -ENOSPC;
                 break;
         }
-        if (r < 0)
-                return space_explain(t, tier, why, op->error, sizeof(op->error));
+        if (r < 0) {
+                r = space_explain(t, tier, why, op->error, sizeof(op->error));
+                if (blocked > 0 && tier + 1 < TIERS) {
+                        size_t len = strlen(op->error);
+
+                        (void) snprintf(op->error + len, sizeof(op->error) - len, "; %u of its tensors there cannot "
+                                        "be written down to %s: %s", blocked, level_to_string(tier + 1),
+                                        e->drain_error[tier]);
+                }
+                return r;
+        }
         c->state = COPY_FILLING;
         c->pins = 0;
         copy_touch(t, tier);
@@ -414,9 +443,20 @@ static void op_end(Op *op, int r) {
         op_free(op);
 }
 
-/* A drain that failed keeps its copy: it stays resident (and sole), and the failure is logged. */
+/*
+ * A drain that failed keeps its copy: it stays resident (and sole), and the
+ * failure is logged.  The copy is not chosen for a drain again until room
+ * appears below: the ops waiting for space then fail instead of draining it
+ * over and over.
+ */
 static void drain_failed(Op *op) {
+        Engine *e = op->engine;
         Copy *c = &op->tensor->copy[op->tier];
+
+        if (op->tier + 1 < TIERS) {
+                op->tensor->drain_blocked[op->tier] = e->space_gen[op->tier + 1] + 1;
+                (void) snprintf(e->drain_error[op->tier], sizeof(e->drain_error[op->tier]), "%s", op->error);
+        }
 
         log_tensor(LOG_WARNING, 0, op->tensor->job->name, op->tensor->name, level_to_string(op->tier),
                    "Cannot write tensor '%s' of job '%s' down from %s: %s",
@@ -533,6 +573,20 @@ void engine_cancel_job(Engine *e, Job *j) {
         }
 }
 
+int engine_tensor_free(Engine *e, Tensor *t) {
+        list_for_each_safe(n, tmp, &e->ops) {
+                Op *op = list_entry(n, Op, all_link);
+
+                if (op->tensor != t || (op->kind != OP_DRAIN && op->kind != OP_CLEAN))
+                        continue;
+                /* the engine's own write-downs: its bytes are not wanted any more */
+                if (op->kind == OP_DRAIN && t->copy[op->tier].state == COPY_DRAINING)
+                        t->copy[op->tier].state = COPY_RESIDENT;
+                op_cancel(op);
+        }
+        return tensor_free(t);
+}
+
 /* ---- the engine ----------------------------------------------------------------------------- */
 
 static int on_run(sd_event_source *s, void *userdata) {
@@ -552,6 +606,8 @@ static void on_job_ending(void *userdata, Job *j) {
 static void on_space_freed(void *userdata, int tier) {
         Engine *e = userdata;
 
+        if (tier >= 0 && tier < TIERS)
+                e->space_gen[tier]++;
         wake_space_waiters(e);
         sched_changed(e);       /* space the scheduler may have been waiting for */
 }

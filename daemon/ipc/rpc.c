@@ -67,7 +67,7 @@ typedef struct Pending {
 static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
 static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
         Tier__Response resp = TIER__RESPONSE__INIT;
-        char msg[256] = "";
+        char msg[512] = "";
 
         if (fmt) {
                 va_list ap;
@@ -434,13 +434,13 @@ static int handle_open(Rpc *r, Conn *c, uint64_t seq, const Tier__Open *o) {
         return reply_tensor(c, seq, t);
 }
 
-static int handle_free(Conn *c, uint64_t seq, const Tier__Free *f) {
+static int handle_free(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Free *f) {
         Tensor *t = lookup(c, seq, f->tensor);
         int r;
 
         if (!t)
                 return 0;
-        r = tensor_free(t);
+        r = engine_tensor_free(rpc->engine, t);
         if (r == -EBUSY)
                 return reply_status(c, seq, r, "tensor '%s' is pinned, has requests in flight or is named by a plan",
                                     t->name);
@@ -714,7 +714,7 @@ static int handle_quota_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSe
                 j->weight = q->weight;
                 log_job(LOG_INFO, 0, j->name, "Job '%s': weight set to %u", j->name, q->weight);
         }
-        engine_kick(rpc->engine);       /* ops waiting for space may fit now */
+        engine_limits_changed(rpc->engine);     /* ops waiting for space may fit now */
         return reply_quota(c, seq, j);
 }
 
@@ -735,7 +735,7 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         case TIER__REQUEST__OP_OPEN:
                 return handle_open(rpc, c, seq, req->open);
         case TIER__REQUEST__OP_FREE:
-                return handle_free(c, seq, req->free);
+                return handle_free(rpc, c, seq, req->free);
         case TIER__REQUEST__OP_STAT:
                 return handle_stat(c, seq, req->stat);
         case TIER__REQUEST__OP_PIN:
