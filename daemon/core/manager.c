@@ -14,11 +14,12 @@
  * thread is the VRAM backend's (the emulated mover, or the CUDA copy
  * completion thread), which talks back through an eventfd.
  *
- * Before the first pool is made, capacity.c checks that the machine has
- * what the configuration asks for, and the manager refuses to start if it
- * has not: pools asked beyond it would get tierd OOM-killed half-way.  The
- * check waits for the VRAM backend to be picked (the emulated one's pool is
- * host memory), so for backend = auto the cuda backend is tried first.
+ * Before any pool of host memory or target space is made, capacity.c
+ * checks that the machine has what the configuration asks for, and the
+ * manager refuses to start if it has not: pools asked beyond it would get
+ * tierd OOM-killed half-way.  The check needs to know whether the VRAM
+ * backend is emulated (its pool is host memory), so the cuda backend, whose
+ * pool is device memory, is tried first.
  *
  * The manager also owns the signals: SIGHUP reloads the configuration
  * (reload.c), SIGTERM and SIGINT drain (below).
