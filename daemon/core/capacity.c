@@ -509,60 +509,60 @@ static void read_meminfo(CapacityFacts *f) {
                 }
 }
 
-/*
- * The tightest memory limit over tierd's cgroup and its parents, by what
- * each leaves unused.  cgroup v1 (the memory controller's own hierarchy,
- * at /sys/fs/cgroup/memory) if it has one, else v2 (/sys/fs/cgroup).
- */
-static void read_cgroup(CapacityFacts *f) {
+void capacity_read_cgroup(const char *proc_cgroup, const char *root, CapacityFacts *f) {
         _cleanup_fclose_ FILE *p = NULL;
-        const char *base = NULL, *limit_file = NULL, *usage_file = NULL, *inactive_key = NULL;
-        char line[1024], path[512] = "", dir[768], file[1024];
+        const char *path, *limit_file, *usage_file, *inactive_key;
+        char line[1024], v1[512] = "", v2[512] = "", base[512], dir[1100], file[1200];
+        bool have_v1 = false, have_v2 = false;
         uint64_t best = UINT64_MAX;
-        size_t base_len;
 
-        p = fopen("/proc/self/cgroup", "re");
+        p = fopen(proc_cgroup, "re");
         if (!p)
                 return;
+        /* "ID:CONTROLLERS:PATH": v1 has a line per hierarchy, v2 the one "0::PATH" */
         while (fgets(line, sizeof(line), p)) {
                 char *ctrl = strchr(line, ':'), *cpath;
 
                 if (!ctrl || !(cpath = strchr(ctrl + 1, ':')))
                         continue;
+                *ctrl++ = '\0';
                 *cpath++ = '\0';
                 cpath[strcspn(cpath, "\n")] = '\0';
-                ctrl++;
-                if (strcmp(ctrl, "") == 0 && strncmp(line, "0", 2) == 0 && !base) {
-                        base = "/sys/fs/cgroup";
-                        limit_file = "memory.max";
-                        usage_file = "memory.current";
-                        inactive_key = "inactive_file";
-                        (void) snprintf(path, sizeof(path), "%s", cpath);
+                if (strcmp(line, "0") == 0 && ctrl[0] == '\0') {
+                        (void) snprintf(v2, sizeof(v2), "%s", cpath);
+                        have_v2 = true;
                         continue;
                 }
                 for (char *w = ctrl, *save = NULL; (w = strtok_r(w, ",", &save)); w = NULL)
                         if (strcmp(w, "memory") == 0) {
-                                base = "/sys/fs/cgroup/memory";
-                                limit_file = "memory.limit_in_bytes";
-                                usage_file = "memory.usage_in_bytes";
-                                inactive_key = "total_inactive_file";
-                                (void) snprintf(path, sizeof(path), "%s", cpath);
-                                goto found;
+                                (void) snprintf(v1, sizeof(v1), "%s", cpath);
+                                have_v1 = true;
                         }
         }
-        if (!base)
+        if (have_v1) {
+                (void) snprintf(base, sizeof(base), "%s/memory", root);
+                path = v1;
+                limit_file = "memory.limit_in_bytes";
+                usage_file = "memory.usage_in_bytes";
+                inactive_key = "total_inactive_file";
+        } else if (have_v2) {
+                (void) snprintf(base, sizeof(base), "%s", root);
+                path = v2;
+                limit_file = "memory.max";
+                usage_file = "memory.current";
+                inactive_key = "inactive_file";
+        } else
                 return;
-found:
+
+        /* from tierd's own cgroup up to the root of the hierarchy */
         (void) snprintf(dir, sizeof(dir), "%s%s", base, strcmp(path, "/") == 0 ? "" : path);
-        base_len = strlen(base);
         for (;;) {
-                uint64_t limit, usage = 0;
+                uint64_t limit, usage = 0, inactive = 0;
                 char *slash;
 
                 (void) snprintf(file, sizeof(file), "%s/%s", dir, limit_file);
                 if (read_u64_file(file, &limit) >= 0 && limit < CGROUP_NO_LIMIT) {
-                        char other[1024];
-                        uint64_t inactive = 0;
+                        char other[1200];
 
                         (void) snprintf(other, sizeof(other), "%s/%s", dir, usage_file);
                         (void) read_u64_file(other, &usage);
@@ -577,10 +577,8 @@ found:
                                 (void) snprintf(f->cgroup_file, sizeof(f->cgroup_file), "%s", file);
                         }
                 }
-                if (strlen(dir) <= base_len)
-                        break;
                 slash = strrchr(dir, '/');
-                if (!slash || (size_t) (slash - dir) < base_len)
+                if (strlen(dir) <= strlen(base) || !slash || (size_t) (slash - dir) < strlen(base))
                         break;
                 *slash = '\0';
         }
@@ -664,7 +662,7 @@ int capacity_facts_read(const Config *c, int vram_emulated, CapacityFacts *ret) 
                 .memlock_limit = UINT64_MAX,
         };
         read_meminfo(ret);
-        read_cgroup(ret);
+        capacity_read_cgroup("/proc/self/cgroup", "/sys/fs/cgroup", ret);
         if (getrlimit(RLIMIT_MEMLOCK, &rl) >= 0 && rl.rlim_cur != RLIM_INFINITY)
                 ret->memlock_limit = (uint64_t) rl.rlim_cur;
         ret->cap_ipc_lock = have_cap_ipc_lock();

@@ -49,7 +49,7 @@ typedef struct CapacityFacts {
         uint64_t mem_available;         /* MemAvailable; 0: unknown (the rule is skipped) */
         uint64_t cgroup_limit;          /* the tightest memory limit over tierd's cgroup and its parents; UINT64_MAX: none */
         uint64_t cgroup_usage;          /* what that cgroup uses now */
-        char cgroup_file[1024];         /* the file that sets the limit, for messages */
+        char cgroup_file[1280];         /* the file that sets the limit, for messages */
         uint64_t memlock_limit;         /* RLIMIT_MEMLOCK (soft), bytes; UINT64_MAX: unlimited */
         bool cap_ipc_lock;              /* CAP_IPC_LOCK is effective: neither mlock nor io_uring is limited */
         bool vram_emulated;             /* the VRAM tier is host memory (memfd, populated, not locked) */
@@ -72,6 +72,17 @@ typedef struct CapacityFacts {
  * @ret:           filled; .held is 0.
  */
 int capacity_facts_read(const Config *c, int vram_emulated, CapacityFacts *ret);
+
+/*
+ * capacity_read_cgroup() - capacity_facts_read()'s memory cgroup part:
+ * where @proc_cgroup (/proc/self/cgroup) puts this process, under the
+ * cgroup file systems at @root (/sys/fs/cgroup): cgroup v1's memory
+ * hierarchy (@root/memory) when it has one, else v2 (@root).  Sets
+ * cgroup_limit, cgroup_usage (inactive page cache aside) and cgroup_file of
+ * the cgroup, its own or a parent, whose limit leaves least unused; leaves
+ * them be when there is no limit.  Separate so tests can give other paths.
+ */
+void capacity_read_cgroup(const char *proc_cgroup, const char *root, CapacityFacts *f);
 
 /*
  * capacity_check() - does the machine described by @f have what @c (a

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -375,6 +376,88 @@ static void test_first_refusal_only(void **state) {
         assert_null(strstr(msg, "[nvme]"));
 }
 
+/* ---- the memory cgroup, on a made-up /sys/fs/cgroup ---------------------------------------- */
+
+static char cgdir[] = "/var/tmp/tierd-capacity-cg.XXXXXX";
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+        return remove(path);
+}
+
+static int cgdir_setup(void **state) {
+        return mkdtemp(cgdir) ? 0 : -1;
+}
+
+static int cgdir_teardown(void **state) {
+        return nftw(cgdir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Write @text to @cgdir/@rel, making the directories on the way. */
+static void put(const char *rel, const char *text) {
+        char path[512];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/%s", cgdir, rel);
+        for (char *p = path + strlen(cgdir) + 1; (p = strchr(p, '/')); p++) {
+                *p = '\0';
+                assert_true(mkdir(path, 0755) == 0 || errno == EEXIST);
+                *p = '/';
+        }
+        f = fopen(path, "we");
+        assert_non_null(f);
+        fputs(text, f);
+        assert_int_equal(fclose(f), 0);
+}
+
+static CapacityFacts read_cgroup_facts(const char *proc) {
+        CapacityFacts f = machine(AVAIL, TOTAL);
+        char path[512];
+
+        snprintf(path, sizeof(path), "%s/%s", cgdir, proc);
+        capacity_read_cgroup(path, cgdir, &f);
+        return f;
+}
+
+static void test_read_cgroup(void **state) {
+        CapacityFacts f;
+        char want[512];
+
+        /* v1: the tightest of the cgroup and its parents, by what each leaves; v2 is ignored then */
+        put("proc-v1", "9:pids:/a/b\n4:memory,foo:/a/b\n0::/elsewhere\n");
+        put("memory/memory.limit_in_bytes", "9223372036854771712\n");     /* the root: no limit */
+        put("memory/a/memory.limit_in_bytes", "4294967296\n");
+        put("memory/a/memory.usage_in_bytes", "1073741824\n");
+        put("memory/a/memory.stat", "cache 1\ntotal_inactive_file 536870912\n");
+        put("memory/a/b/memory.limit_in_bytes", "6442450944\n");
+        put("memory/a/b/memory.usage_in_bytes", "104857600\n");
+        f = read_cgroup_facts("proc-v1");
+        assert_int_equal(f.cgroup_limit, 4 * GIB);
+        assert_int_equal(f.cgroup_usage, 512 * MIB);
+        snprintf(want, sizeof(want), "%s/memory/a/memory.limit_in_bytes", cgdir);
+        assert_string_equal(f.cgroup_file, want);
+
+        /* v2: memory.max, "max" for none */
+        put("proc-v2", "0::/s/t\n");
+        put("s/t/memory.max", "max\n");
+        put("s/t/memory.current", "4096\n");
+        put("s/memory.max", "2147483648\n");
+        put("s/memory.current", "1073741824\n");
+        put("s/memory.stat", "anon 1\ninactive_file 0\n");
+        f = read_cgroup_facts("proc-v2");
+        assert_int_equal(f.cgroup_limit, 2 * GIB);
+        assert_int_equal(f.cgroup_usage, GIB);
+        snprintf(want, sizeof(want), "%s/s/memory.max", cgdir);
+        assert_string_equal(f.cgroup_file, want);
+
+        /* no limit anywhere, or nothing to read: left as it was */
+        put("proc-root", "0::/\n");
+        f = read_cgroup_facts("proc-root");
+        assert_int_equal(f.cgroup_limit, UINT64_MAX);
+        f = read_cgroup_facts("no-such-file");
+        assert_int_equal(f.cgroup_limit, UINT64_MAX);
+        assert_string_equal(f.cgroup_file, "");
+}
+
 /* ---- this machine ------------------------------------------------------------------------ */
 
 static char dir[] = "/var/tmp/tierd-capacity.XXXXXX";
@@ -454,6 +537,7 @@ int main(void) {
                 cmocka_unit_test(test_targets_share_filesystem),
                 cmocka_unit_test(test_target_block_device),
                 cmocka_unit_test(test_first_refusal_only),
+                cmocka_unit_test_setup_teardown(test_read_cgroup, cgdir_setup, cgdir_teardown),
                 cmocka_unit_test_setup_teardown(test_facts_read, tempdir_setup, tempdir_teardown),
         };
 
