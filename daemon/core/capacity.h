@@ -18,7 +18,11 @@
  */
 #define CAPACITY_MEMORY_PERCENT 90u
 
-/* Fixed buffers one io_uring takes at most: the kernel's IORING_MAX_REG_BUFFERS (1 << 14) since 5.13. */
+/*
+ * Fixed buffers one io_uring takes at most: the kernel's IORING_MAX_REG_BUFFERS
+ * (1 << 14), in every kernel that has the sparse registration tierd uses
+ * (io_uring_register_buffers_sparse(), 5.19); one more is -EINVAL.
+ */
 #define CAPACITY_URING_MAX_BUFFERS 16384u
 
 /* capacity_check()'s outcome besides 0 and -errno: the machine cannot give it; the message says what to set. */
