@@ -4,7 +4,8 @@
 /*
  * Theory of operation: nothing but the order of start-up (STYLE.md, after
  * systemd-oomd): close what the parent left open, parse the arguments, load
- * and validate the configuration (--check-config stops here), take the
+ * and validate the configuration (--check-config stops here, after the
+ * capacity check the manager runs before it makes its pools), take the
  * socket systemd passed, create the state directory, block the signals the
  * loop will read, build the Manager, listen, send READY=1 with STATUS=, run
  * the loop; STOPPING=1 is sent on the way out whatever the path.
@@ -23,6 +24,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/core/capacity.h"
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/ipc/server.h"
@@ -185,6 +187,26 @@ static const char *socket_path_of(int fd, char *buf, size_t size) {
         return buf;
 }
 
+/*
+ * --check-config: the capacity check a start would run before making its
+ * pools (capacity.c), with backend = auto guessed from the CUDA driver.
+ * 0 when it passes; else logged, the same line a start would log.
+ */
+static int check_capacity(const Config *c) {
+        _cleanup_free_ char *why = NULL;
+        CapacityFacts facts;
+        int r;
+
+        r = capacity_facts_read(c, -1, &facts);
+        if (r >= 0)
+                r = capacity_check(c, &facts, &why);
+        if (r < 0)
+                return log_error_errno(r, "Cannot check the capacities: %m");
+        if (r > 0)
+                log_error("%s", why);
+        return r;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
@@ -216,6 +238,11 @@ static int run(int argc, char *argv[]) {
         log_set_level(config.log_level);
 
         if (arg_check_config) {
+                r = check_capacity(&config);
+                if (r != 0) {
+                        config_deinit(&config);
+                        return 1;
+                }
                 r = config_print(stdout, &config);
                 config_deinit(&config);
                 if (r < 0) {

@@ -14,6 +14,13 @@
  * thread is the VRAM backend's (the emulated mover, or the CUDA copy
  * completion thread), which talks back through an eventfd.
  *
+ * Before any pool of host memory or target space is made, capacity.c
+ * checks that the machine has what the configuration asks for, and the
+ * manager refuses to start if it has not: pools asked beyond it would get
+ * tierd OOM-killed half-way.  The check needs to know whether the VRAM
+ * backend is emulated (its pool is host memory), so the cuda backend, whose
+ * pool is device memory, is tried first.
+ *
  * The manager also owns the signals: SIGHUP reloads the configuration
  * (reload.c), SIGTERM and SIGINT drain (below).
  */
@@ -28,6 +35,7 @@
 #include <systemd/sd-event.h>
 
 #include "daemon/base/log.h"
+#include "daemon/core/capacity.h"
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
@@ -114,16 +122,39 @@ static int manager_setup_loop(Manager *m) {
 /* The tiers: io_uring, the VRAM backend, the host pool, the NVMe targets. */
 static int manager_setup_tiers(Manager *m) {
         _cleanup_free_ char *err = NULL;
+        CapacityFacts facts;
         int r;
+
+        /* what the machine has, read before any pool takes from it (capacity.c) */
+        r = capacity_facts_read(&m->config, 0, &facts);       /* .vram_emulated: set below */
+        if (r < 0)
+                return log_error_errno(r, "Cannot read what this machine has: %m");
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)
                 return r;
 
-        /* the VRAM backend first: the host pool goes on its GPU's NUMA node and is registered with it */
-        r = vram_backend_new(&m->config, m->event, &m->vram, &err);
+        /*
+         * The VRAM backend first: the host pool goes on its GPU's NUMA node and
+         * is registered with it.  The emulated backend's pool is host memory:
+         * the capacities are checked once it is known whether it is the one.
+         */
+        r = vram_backend_device_new(&m->config, m->event, &m->vram, &err);
         if (r < 0)
                 return log_error_errno(r, "%s", err ? err : "Cannot set up the VRAM tier: %m");
+        facts.vram_emulated = r == 0;
+        r = capacity_check(&m->config, &facts, &err);
+        if (r < 0)
+                return log_error_errno(r, "Cannot check the capacities: %m");
+        if (r > 0) {
+                log_error("%s", err);
+                return -E2BIG;
+        }
+        if (!m->vram) {
+                r = vram_emul_new(&m->config, m->event, &m->vram);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
+        }
         m->vram->pool.tier = TIER_VRAM;
         m->vram->pool.id_base = 1u << 16;
 

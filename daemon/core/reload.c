@@ -17,7 +17,9 @@
  *   - restart keys (capacities, segment and chunk sizes, targets, extent
  *     size, queue depth, socket, state directory, backend, protocol limits
  *     told to clients at their handshake) keep their running value: each
- *     change is logged as needing a restart.
+ *     change is logged as needing a restart, and when the machine could not
+ *     give what the file now asks (capacity.c, the check a start runs),
+ *     a warning says so.
  *
  * An invalid file changes nothing at all: the reason (FILE:LINE: [section]
  * key: why) is logged, kept for STATUS=, and the running Config stays
@@ -37,6 +39,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/core/capacity.h"
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/engine/engine.h"
@@ -177,6 +180,32 @@ static unsigned reload_apply(Manager *m, const Config *next, unsigned *ret_resta
         return n_live + n_restart;
 }
 
+/*
+ * A restart checks the capacities of the new file against the machine
+ * (capacity.c) and refuses what it cannot give; a reload keeps the running
+ * pools, so it only warns.  What the running pools hold counts as there:
+ * a restart gives it back before it makes the new ones.
+ */
+static void reload_check_capacity(Manager *m, const Config *next) {
+        _cleanup_free_ char *why = NULL;
+        CapacityFacts facts;
+        int emulated = -1, r;
+
+        /* backend = auto then and now: a restart would pick what this start picked */
+        if (next->vram_backend == VRAM_BACKEND_AUTO && m->config.vram_backend == VRAM_BACKEND_AUTO)
+                emulated = m->vram->emulated;
+        r = capacity_facts_read(next, emulated, &facts);
+        if (r >= 0) {
+                facts.held = capacity_host_bytes(&m->config, m->vram->emulated);
+                r = capacity_check(next, &facts, &why);
+        }
+        if (r < 0)
+                log_warning_errno(r, "Reload: cannot check the capacities, ignoring: %m");
+        else if (r > 0)
+                log_warning("Reload: %s; this takes effect only after a restart, which would refuse it, ignoring",
+                            why);
+}
+
 /* ---- SIGHUP ----------------------------------------------------------------------- */
 
 int reload_run(Manager *m) {
@@ -207,6 +236,7 @@ int reload_run(Manager *m) {
         }
 
         n_changed = reload_apply(m, &next, &n_restart);
+        reload_check_capacity(m, &next);
         config_deinit(&next);
         m->reload_error[0] = '\0';
         if (n_changed == 0)

@@ -219,6 +219,10 @@ static const VramBackendOps emul_ops = {
         .set_bandwidth = emul_set_bandwidth,
 };
 
+uint64_t vram_emul_capacity(const Config *c) {
+        return c->vram_capacity ? c->vram_capacity : MAX(EMUL_DEFAULT_CAPACITY, c->vram_chunk_size);
+}
+
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
         VramEmul *e;
         int r;
@@ -250,8 +254,7 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
                 .lock = false,  /* emulated device memory need not be locked */
         };
 
-        r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd,
-                         c->vram_capacity ? c->vram_capacity : MAX(EMUL_DEFAULT_CAPACITY, c->vram_chunk_size),
+        r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd, vram_emul_capacity(c),
                          c->vram_chunk_size);
         if (r < 0)
                 goto fail;

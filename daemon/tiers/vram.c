@@ -20,17 +20,18 @@
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
-int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error) {
+int vram_backend_device_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error) {
         _cleanup_free_ char *why = NULL;
         int r;
 
+        *ret = NULL;
         if (c->vram_backend == VRAM_BACKEND_EMULATED)
-                return vram_emul_new(c, event, ret);
+                return 0;
 
         r = vram_cuda_new(c, event, ret, &why);
         if (r >= 0) {
                 log_info("VRAM backend: %s", (*ret)->description);
-                return r;
+                return 1;
         }
         if (c->vram_backend == VRAM_BACKEND_CUDA) {
                 if (asprintf(ret_error, "[vram] backend = cuda, but no CUDA device: %s",
@@ -39,6 +40,15 @@ int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char *
                 return r;
         }
         log_notice("no CUDA device: %s; using the emulated VRAM backend", why ? why : strerror(-r));
+        return 0;
+}
+
+int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error) {
+        int r;
+
+        r = vram_backend_device_new(c, event, ret, ret_error);
+        if (r != 0)
+                return MIN(r, 0);
         return vram_emul_new(c, event, ret);
 }
 

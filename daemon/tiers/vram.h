@@ -72,6 +72,15 @@ struct VramBackend {
  * *ret_error.
  */
 int vram_backend_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
+/*
+ * vram_backend_device_new() - vram_backend_new() up to the emulated
+ * backend: 1 with the cuda backend in *@ret; 0 with *@ret NULL when the
+ * backend is to be emulated (backend = emulated, or auto without a usable
+ * device: the reason is logged), nothing made yet; -errno as
+ * vram_backend_new().  Whoever gets 0 calls vram_emul_new(), and can check
+ * first that the emulated pool, which is host memory, fits (the manager).
+ */
+int vram_backend_device_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
 VramBackend *vram_backend_free(VramBackend *b);
 /*
  * vram_backend_stop() - stop the backend's copies before the host pool
@@ -83,6 +92,8 @@ VramBackend *vram_backend_free(VramBackend *b);
 bool vram_backend_stop(VramBackend *b);
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret);
+/* The capacity vram_emul_new() makes for @c: [vram] capacity, 0 meaning the built-in default (1G). */
+uint64_t vram_emul_capacity(const Config *c);
 /*
  * vram_set_bandwidth() - change the emulated host<->VRAM link's throttle
  * ([vram] bandwidth, bytes/s, 0 unthrottled) while copies run: the mover
