@@ -18,6 +18,7 @@
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -63,16 +64,17 @@ static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
         return 0;
 }
 
-_public_ int tier_status(tier_client *c, int format, char **ret) {
+/*
+ * Ask tierd for its status and hand the reply to @use(@userdata) (inline in
+ * the packet, or read from the memfd tierd sent for a big one).
+ */
+static int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata) {
         Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
         const Tier__Response *resp;
         Tier__StatusReply *sr = NULL;
         int r;
-
-        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
-                return -EINVAL;
 
         req.op_case = TIER__REQUEST__OP_STATUS;
         req.status = &op;
@@ -82,7 +84,7 @@ _public_ int tier_status(tier_client *c, int format, char **ret) {
         resp = p.reply->response;
 
         if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_REPLY && resp->status_reply) {
-                r = status_format(resp->status_reply, format, ret);
+                r = use(resp->status_reply, userdata);
         } else if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_FD) {
                 _cleanup_close_ int fd = packet_take_fd(&p, resp->status_fd);
 
@@ -91,7 +93,7 @@ _public_ int tier_status(tier_client *c, int format, char **ret) {
                 else
                         r = status_read_fd(c, fd, &sr);
                 if (r >= 0)
-                        r = status_format(sr, format, ret);
+                        r = use(sr, userdata);
                 if (sr)
                         tier__status_reply__free_unpacked(sr, NULL);
         } else {
@@ -99,6 +101,59 @@ _public_ int tier_status(tier_client *c, int format, char **ret) {
         }
         packet_done(&p);
         return r;
+}
+
+typedef struct StatusFormat {
+        int format;
+        char **ret;
+} StatusFormat;
+
+static int use_format(const Tier__StatusReply *sr, void *userdata) {
+        StatusFormat *f = userdata;
+
+        return status_format(sr, f->format, f->ret);
+}
+
+_public_ int tier_status(tier_client *c, int format, char **ret) {
+        StatusFormat f = { format, ret };
+
+        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
+                return -EINVAL;
+        return status_fetch(c, use_format, &f);
+}
+
+typedef struct Moved {
+        tier_client *client;
+        uint64_t *bytes;
+} Moved;
+
+static int use_moved(const Tier__StatusReply *sr, void *userdata) {
+        Moved *m = userdata;
+
+        for (size_t i = 0; i < sr->n_jobs; i++) {
+                const Tier__JobStatus *j = sr->jobs[i];
+
+                if (!j || j->id != m->client->job_id)
+                        continue;
+                for (size_t l = 0; l < j->n_moved; l++) {
+                        const Tier__LinkStatus *ls = j->moved[l];
+
+                        for (int k = 0; ls && ls->name && k < TIER_LINKS; k++)
+                                if (strcmp(ls->name, tier_link_name(k)) == 0)
+                                        m->bytes[k] = ls->bytes;
+                }
+                return 0;
+        }
+        return client_error(m->client, -ENOENT, "tierd's status has no job %" PRIu64, m->client->job_id);
+}
+
+_public_ int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINKS]) {
+        Moved m = { c, bytes };
+
+        if (!c || !bytes)
+                return -EINVAL;
+        memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
+        return status_fetch(c, use_moved, &m);
 }
 
 static int quota_reply(tier_client *c, Packet *pk, struct tier_quota *ret) {

@@ -12,7 +12,8 @@
  *
  * Tier names ("vram", "host", "nvme") are what tierctl, tierd's
  * configuration and its status output spell; the table is indexed by the
- * TIER_* constants of tier.h.
+ * TIER_* constants of tier.h.  Link names ("nvme->host", ...) are those of
+ * the status's link counters, indexed by TIER_LINK_*.
  */
 
 #include <errno.h>
@@ -60,6 +61,17 @@ _public_ const char *tier_strerror(int err) {
 
 _public_ const char *tier_level_name(int tier) {
         return tier_valid(tier) ? level_names[tier] : NULL;
+}
+
+static const char *const link_names[TIER_LINKS] = {
+        [TIER_LINK_NVME_TO_HOST] = "nvme->host",
+        [TIER_LINK_HOST_TO_NVME] = "host->nvme",
+        [TIER_LINK_HOST_TO_VRAM] = "host->vram",
+        [TIER_LINK_VRAM_TO_HOST] = "vram->host",
+};
+
+_public_ const char *tier_link_name(int link) {
+        return link >= 0 && link < TIER_LINKS ? link_names[link] : NULL;
 }
 
 _public_ int tier_level_from_name(const char *s) {

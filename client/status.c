@@ -113,6 +113,11 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_seconds(w, "linger_left_s", j->linger_left_s);
         json_key_uint(w, "weight", j->weight);
         json_usage(w, j);
+        json_key(w, "moved");
+        json_object_begin(w);
+        for (size_t l = 0; l < j->n_moved; l++)
+                json_key_uint(w, strempty(j->moved[l]->name), j->moved[l]->bytes);
+        json_object_end(w);
         json_key(w, "plans");
         json_array_begin(w);
         for (size_t k = 0; k < j->n_plans; k++)

@@ -101,6 +101,22 @@ uint64_t tier_client_segment_size(const tier_client *c, int tier);
 /* The connection's socket fd (to poll for events); borrowed */
 int tier_client_fd(const tier_client *c);
 
+/* The links tierd moves bytes over, as its status counts them. */
+enum {
+        TIER_LINK_NVME_TO_HOST = 0,
+        TIER_LINK_HOST_TO_NVME = 1,
+        TIER_LINK_HOST_TO_VRAM = 2,
+        TIER_LINK_VRAM_TO_HOST = 3,
+        TIER_LINKS = 4,
+};
+/*
+ * Bytes tierd has moved for this client's job over each link since the job
+ * began (@bytes[TIER_LINK_*]), as tierd counts them: what a pass of a
+ * training step really cost is the difference of two calls.  One status
+ * request; 0 or -errno.
+ */
+int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINKS]);
+
 /* Create a tensor of @size bytes (contents start as zeros). */
 int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret);
 /* Open an existing tensor of the job by name (e.g. made by another rank). */
@@ -264,6 +280,8 @@ int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *q);
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);
+/* "nvme->host", "host->nvme", "host->vram", "vram->host" (TIER_LINK_*); NULL for anything else. */
+const char *tier_link_name(int link);
 /* Parse "vram", "host", "nvme"; -EINVAL otherwise. */
 int tier_level_from_name(const char *s);
 

@@ -4,10 +4,12 @@
 /*
  * Read this as an example of libtier.  A "training step" here is:
  *
- *   1. write:    for each tensor, pin it in HOST memory (tier_pin gives a pointer
- *                into memory shared with tierd), write it, unpin it dirty.  The
- *                tensors add up to twice the job's host limit, so tierd writes the
- *                older ones to NVMe by itself to make room.
+ *   1. write:    for each tensor, pin it in HOST memory write-only (tier_pin_mode
+ *                with TIER_WRITE gives a pointer into memory shared with tierd and
+ *                does not bring the old bytes back from NVMe: they are about to be
+ *                overwritten), write it whole, unpin it dirty.  The tensors add up
+ *                to twice the job's host limit, so tierd writes the older ones to
+ *                NVMe by itself to make room.
  *   2. evict:    push every tensor down to NVMe, asynchronously: each
  *                tier_evict_async() returns a fence, tier_wait() waits for it.
  *   3. read:     prefetch tensors back to HOST a window ahead of use (async), then
@@ -18,6 +20,8 @@
  *
  * Every byte written is a function of (tensor, step), so every read can be
  * checked.  The program exits 1 at the first wrong byte and says where.
+ * After each pass it prints the bytes tierd moved for the job over each link
+ * in that pass, as tierd counted them (tier_client_moved()).
  *
  *   train-step [--socket PATH] [--job NAME] [--tensors N] [--size BYTES] [--steps N]
  */
@@ -230,8 +234,11 @@ static int step_write(unsigned step) {
                 struct tier_grant g;
                 int r;
 
-                /* A synchronous pin returns once the bytes are in host memory. */
-                r = tier_pin(tensors[i], TIER_HOST, &g);
+                /*
+                 * A synchronous pin returns once host memory is reserved; write-only, so
+                 * the tensor's old bytes on NVMe are not read back first.
+                 */
+                r = tier_pin_mode(tensors[i], TIER_HOST, TIER_WRITE, &g);
                 if (r < 0)
                         return fail(r, "pin in host", i);
                 fill(g.ptr, g.length, i, step);
@@ -296,31 +303,56 @@ static unsigned count_spilled(void) {
         return n;
 }
 
+/* The bytes tierd has moved for the job so far, per link (TIER_LINK_*); zeros if it cannot say. */
+static void moved_now(uint64_t bytes[TIER_LINKS]) {
+        if (tier_client_moved(client, bytes) < 0)
+                memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
+}
+
+/* What tierd moved between @before and now, link by link ("nothing" when nothing moved); @before becomes now. */
+static void print_moved(uint64_t before[TIER_LINKS]) {
+        uint64_t after[TIER_LINKS];
+        bool any = false;
+
+        moved_now(after);
+        printf("            tierd moved:");
+        for (int l = 0; l < TIER_LINKS; l++)
+                if (after[l] > before[l]) {
+                        printf("%s %s %s", any ? "," : "", tier_link_name(l), human(after[l] - before[l]));
+                        any = true;
+                }
+        printf("%s\n", any ? "" : " nothing");
+        memcpy(before, after, sizeof(after));
+}
+
 static int run_step(unsigned step, unsigned window, tier_fence *fences) {
-        uint64_t total = (uint64_t) n_tensors * arg_size;
+        uint64_t total = (uint64_t) n_tensors * arg_size, moved[TIER_LINKS];
         unsigned spilled;
         double t0, t1, t2, t3;
         int r;
 
+        moved_now(moved);
         t0 = now();
         r = step_write(step);
         if (r != 0)
                 return r;
         t1 = now();
         spilled = count_spilled();
+        printf("step %u/%u\n", step + 1, arg_steps);
+        printf("  write     %10s by the CPU into host memory   %7.2f s  %6.2f GB/s"
+               "  (tierd spilled %u tensors to NVMe on its own)\n",
+               human(total), t1 - t0, gbps(total, t1 - t0), spilled);
+        print_moved(moved);
 
         t2 = now();
         r = step_evict(fences);
         if (r != 0)
                 return r;
         t3 = now();
-        printf("step %u/%u\n", step + 1, arg_steps);
-        printf("  write     %10s by the CPU into host memory   %7.2f s  %6.2f GB/s"
-               "  (tierd spilled %u tensors to NVMe on its own)\n",
-               human(total), t1 - t0, gbps(total, t1 - t0), spilled);
         printf("  evict     %10s host -> nvme                   %7.2f s  %6.2f GB/s\n",
                human((uint64_t) (n_tensors - spilled) * arg_size), t3 - t2,
                gbps((uint64_t) (n_tensors - spilled) * arg_size, t3 - t2));
+        print_moved(moved);
 
         t0 = now();
         r = step_read(step, window, fences);
@@ -329,6 +361,7 @@ static int run_step(unsigned step, unsigned window, tier_fence *fences) {
         t1 = now();
         printf("  read      %10s nvme -> host, every byte checked %5.2f s  %6.2f GB/s\n",
                human(total), t1 - t0, gbps(total, t1 - t0));
+        print_moved(moved);
         return 0;
 }
 

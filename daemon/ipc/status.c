@@ -50,6 +50,8 @@ typedef struct StatusBuf {
         Tier__PlanStatus **planp;
         Tier__LinkStatus *plinks;
         Tier__LinkStatus **plinkp;
+        Tier__LinkStatus *jlinks;
+        Tier__LinkStatus **jlinkp;
 } StatusBuf;
 
 /* Bytes of the pool's segments that jobs hold (their tensors take `used` of it). */
@@ -95,8 +97,10 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
         b->planp = calloc(n_plans + 1, sizeof(void *));
         b->plinks = calloc((n_plans + 1) * _LINK_MAX, sizeof(Tier__LinkStatus));
         b->plinkp = calloc((n_plans + 1) * _LINK_MAX, sizeof(void *));
+        b->jlinks = calloc((reg->n_jobs + 1) * _LINK_MAX, sizeof(Tier__LinkStatus));
+        b->jlinkp = calloc((reg->n_jobs + 1) * _LINK_MAX, sizeof(void *));
         if (!b->targets || !b->targetp || !b->jobs || !b->jobp || !b->usage || !b->usagep ||
-            !b->plans || !b->planp || !b->plinks || !b->plinkp) {
+            !b->plans || !b->planp || !b->plinks || !b->plinkp || !b->jlinks || !b->jlinkp) {
                 status_free(&b->sr);
                 return -ENOMEM;
         }
@@ -182,6 +186,16 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->n_usage = TIERS;
                 js->usage = &b->usagep[ji * TIERS];
                 js->weight = j->weight;
+                for (int l = 0; l < _LINK_MAX; l++) {
+                        Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];
+
+                        tier__link_status__init(ls);
+                        ls->name = (char *) link_to_string((LinkDir) l);
+                        ls->bytes = j->link_bytes[l];
+                        b->jlinkp[ji * _LINK_MAX + (size_t) l] = ls;
+                }
+                js->n_moved = _LINK_MAX;
+                js->moved = &b->jlinkp[ji * _LINK_MAX];
                 /* the plans of its ranks */
                 list_for_each_safe(pn, ptmp, &j->plans) {
                         Plan *p = list_entry(pn, Plan, job_link);
@@ -234,6 +248,8 @@ void status_free(Tier__StatusReply *sr) {
         free(b->planp);
         free(b->plinks);
         free(b->plinkp);
+        free(b->jlinks);
+        free(b->jlinkp);
         free(b);
 }
 

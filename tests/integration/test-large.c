@@ -306,6 +306,7 @@ static void test_write_only_pin(void **state) {
         tier_tensor *t;
         struct tier_grant g;
         long long before;
+        uint64_t moved[TIER_LINKS], moved2[TIER_LINKS];
         json_t *st;
 
         start(SMALL_CONFIG);
@@ -317,13 +318,20 @@ static void test_write_only_pin(void **state) {
         before = link_bytes(st, "nvme->host");
         json_decref(st);
 
-        /* overwritten whole: nothing is read from NVMe */
+        /* overwritten whole: nothing is read from NVMe (tierd's counters, and the job's own) */
+        assert_int_equal(tier_client_moved(c, moved), 0);
+        assert_int_equal(moved[TIER_LINK_HOST_TO_NVME], 8 * MiB);
         assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
         memset(g.ptr, 0x77, 8 * MiB);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);      /* dirty all the same: it was write-only */
         st = test_daemon_status(&daemon_);
         assert_int_equal(link_bytes(st, "nvme->host"), before);
         json_decref(st);
+        assert_int_equal(tier_client_moved(c, moved2), 0);
+        assert_memory_equal(moved, moved2, sizeof(moved));
+        assert_string_equal(tier_link_name(TIER_LINK_NVME_TO_HOST), "nvme->host");
+        assert_null(tier_link_name(TIER_LINKS));
+        assert_int_equal(tier_client_moved(c, NULL), -EINVAL);
 
         /* what was written is what the tensor holds, on NVMe and back */
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
