@@ -9,10 +9,12 @@
  *
  * NVMe <-> host: one io_uring request per extent (registered file +
  * registered buffer) in the job's flow of the NVMe fair queue (uring.c).
- * Writes are submitted first and checksummed after: the host copy does not
- * change while the tensor is in transfer, so the CPU computes each extent's
- * crc32c while the device writes the same bytes.  Reads are checked against
- * it; a mismatch fails the transfer with -EBADMSG and is never data.
+ * Each extent is checksummed when its own request completes, a write's
+ * crc32c computed then (the host copy does not change while the tensor is
+ * in transfer), a read checked against it; uring.c refills the ring before
+ * it runs a batch's callbacks, so the CPU's checksums overlap the device's
+ * next extents and a tensor of any size streams through in extents.  A read
+ * whose crc32c mismatches fails the transfer with -EBADMSG and is never data.
  *
  * Host <-> VRAM through the VRAM backend.  Per direction, at most as many
  * copies as the backend runs at once (VramBackend.depth) are with it; the
@@ -122,8 +124,10 @@ static void xfer_part_done(UringReq *req, int res) {
                                          p->index, t->name, tg->path, req->offset);
                         }
                 }
-        } else
+        } else {
                 tg->bytes_written += req->len;
+                ext->crc = crc32c(0, req->buf, req->len);
+        }
 
         if (--x->pending > 0)
                 return;
@@ -178,15 +182,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
         t->xfer = x;
         list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
-        /*
-         * Submit first, checksum after: the host copy does not change while the
-         * tensor is in transfer, so the CPU computes the crcs while the device
-         * is already writing the same bytes.
-         */
-        (void) uring_flush(e->uring);
-        if (write)
-                for (uint32_t i = 0; i < n->n_extents; i++)
-                        n->extents[i].crc = crc32c(0, x->parts[i].req.buf, x->parts[i].req.len);
+        (void) uring_flush(e->uring);  /* each write's crc32c is computed as it completes */
         return 0;
 }
 

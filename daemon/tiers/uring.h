@@ -39,7 +39,8 @@ struct UringReq {
         uint64_t offset;        /* file offset */
         uint32_t done;          /* bytes transferred so far (short I/O is resumed) */
         unsigned retries;
-        List link;              /* Uring.pending while waiting for an SQE */
+        int result;             /* the final result, until the callback runs */
+        List link;              /* Uring.pending while waiting for an SQE; then the batch of completed ones */
 };
 
 /**
