@@ -479,9 +479,21 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
         void *p;
 
         ENTER("cuMemAddressReserve");
-        p = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+        /* as the driver: on the granularity (or @alignment, if larger), whatever mmap() gives */
+        {
+                size_t align = alignment > FAKE_GRANULARITY ? alignment : FAKE_GRANULARITY;
+                uintptr_t raw, start;
+                void *q = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+                if (q == MAP_FAILED)
+                        LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+                raw = (uintptr_t) q;
+                start = (raw + align - 1) / align * align;
+                if (start > raw)
+                        (void) munmap(q, start - raw);
+                (void) munmap((void *) (start + size), raw + align - start);
+                p = (void *) start;
+        }
         for (int i = 0; i < FAKE_MAX_RANGES; i++)
                 if (!ranges[i].p) {
                         ranges[i].p = (uintptr_t) p;

@@ -286,7 +286,9 @@ static void test_no_space_causes(void **state) {
         a = connect_job("a");
         for (int i = 0; i < 3; i++) {
                 snprintf(name, sizeof(name), "a%d", i);
-                write_pattern(create(a, name, 16 * MiB), (uint64_t) i, TIER_HOST);
+                t[i] = create(a, name, 16 * MiB);
+                write_pattern(t[i], (uint64_t) i, TIER_HOST);
+                tier_tensor_close(t[i]);        /* the tensor stays, held by job 'a' */
         }
         tier_client_free(a);
         b = connect_job("b");
@@ -297,6 +299,8 @@ static void test_no_space_causes(void **state) {
         assert_non_null(strstr(tier_client_last_error(b), "'a' 48.0 MiB in 3 segment(s) (idle, lingering"));
         assert_int_equal(tier_unpin(t[0], TIER_HOST, 0), 0);
         tier_client_free(b);
+        tier_tensor_close(t[0]);
+        tier_tensor_close(t[1]);
 }
 
 /* ---- a write-only pin brings no old bytes ------------------------------------------------------------ */
