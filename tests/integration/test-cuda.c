@@ -328,6 +328,35 @@ static void test_mapping_cache(void **state) {
                 assert_int_equal(stats().unmaps - s0.unmaps, 1);
 }
 
+/* A tensor over two chunks and a bit: one device range, written by the GPU, down to NVMe, back, the same bytes. */
+static void test_spanning(void **state) {
+        tier_client *c = connect_job("span");
+        uint64_t size = 2 * chunk + chunk / 2 + 4097;
+        struct tier_grant g;
+        tier_tensor *t;
+
+        assert_true(tier_client_tensor_max(c, TIER_VRAM) >= size);
+        assert_int_equal(tier_client_segment_size(c, TIER_VRAM), chunk);
+        assert_int_equal(tier_tensor_create(c, "big", size, &t), 0);
+        g = pin_vram(t);                /* one range over three chunks' pieces */
+        gpu_fill(c, g.device_ptr, 0x5a, size);
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+
+        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        for (uint64_t i = 0; i < size; i++)
+                if (((uint8_t *) g.ptr)[i] != 0x5a)
+                        fail_msg("host byte %" PRIu64 " of %" PRIu64 " is 0x%02x", i, size, ((uint8_t *) g.ptr)[i]);
+        memset(g.ptr, 0xa5, size);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+
+        g = pin_vram(t);
+        assert_true(gpu_check(c, g.device_ptr, 0xa5, size));
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 static void CUDA_CB sleep_on_stream(void *userdata) {
         usleep(*(unsigned *) userdata);
 }
@@ -646,6 +675,7 @@ int main(int argc, char *argv[]) {
                 cmocka_unit_test(test_backend),
                 cmocka_unit_test(test_two_jobs),
                 cmocka_unit_test(test_mapping_cache),
+                cmocka_unit_test(test_spanning),
                 cmocka_unit_test(test_unpin_after),
                 cmocka_unit_test(test_revoke_cooperative),
                 cmocka_unit_test(test_revoke_timeout),
