@@ -4,8 +4,10 @@
 /*
  * Each test starts its own tierd: the large tensors need a large pool, the
  * "no space" causes a small one whose state the test controls.  Under
- * valgrind (which makes the client's loops over a gigabyte take minutes) the
- * largest tensor is smaller; everything else is the same.
+ * valgrind, which does not emulate mremap() with an old size of 0 (how
+ * libtier maps a piece of a segment it holds a second time, in place), no
+ * tensor may span segments: test_large_tensors is skipped and the churn's
+ * tensors stop at one segment; the plain and ASan passes run all of it.
  */
 
 #include <errno.h>
@@ -45,7 +47,11 @@ static void start(const char *config) {
 }
 
 static int stop(void **state) {
-        int r = test_daemon_stop(&daemon_);
+        int r;
+
+        if (daemon_.pid == 0)
+                return 0;               /* the test was skipped before it started one */
+        r = test_daemon_stop(&daemon_);
 
         if (r != 0) {
                 fprintf(stderr, "tierd did not exit cleanly (status %d)\n", r);
@@ -138,11 +144,16 @@ static const char LARGE_CONFIG[] =
         "extent_size = 1M\n";
 
 static void test_large_tensors(void **state) {
-        const uint64_t big_size = under_valgrind() ? 192 * MiB : 1 * GiB, odd_size = 3 * 64 * MiB + 1;
+        const uint64_t big_size = 1 * GiB, odd_size = 3 * 64 * MiB + 1;
         tier_client *c;
         tier_tensor *big, *odd;
         struct tier_grant g;
         json_t *st;
+
+        if (under_valgrind()) {
+                print_message("skipped: valgrind cannot map a tensor that spans segments (mremap, old size 0)\n");
+                skip();
+        }
 
         start(LARGE_CONFIG);
         c = connect_job("large");
@@ -440,13 +451,16 @@ static uint64_t rng(void) {
         return rng_state;
 }
 
-/* 4 KiB .. 512 MiB, evenly spread over the powers of two, not a multiple of a page for a third of them */
+/*
+ * 4 KiB .. 512 MiB, evenly spread over the powers of two, not a multiple of a
+ * page for a third of them (under valgrind at most one segment, 64 MiB).
+ */
 static uint64_t churn_size(void) {
-        uint64_t size = 4 * KiB << (rng() % 18);
+        uint64_t size = 4 * KiB << (rng() % 18), max = under_valgrind() ? 64 * MiB : 512 * MiB;
 
         if (rng() % 3 == 0)
                 size += rng() % size;
-        return size < 512 * MiB ? size : 512 * MiB;
+        return size < max ? size : max;
 }
 
 /* Bytes @t takes in @tier by its stat (4 KiB pages in host, 1 MiB extents on NVMe); 0 when absent. */
