@@ -332,6 +332,7 @@ static void test_mapping_cache(void **state) {
 static void test_spanning(void **state) {
         tier_client *c = connect_job("span");
         uint64_t size = 2 * chunk + chunk / 2 + 4097;
+        uint8_t expect = 0x5a;
         struct tier_grant g;
         tier_tensor *t;
 
@@ -343,15 +344,24 @@ static void test_spanning(void **state) {
         assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
 
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
-        for (uint64_t i = 0; i < size; i++)
-                if (((uint8_t *) g.ptr)[i] != 0x5a)
-                        fail_msg("host byte %" PRIu64 " of %" PRIu64 " is 0x%02x", i, size, ((uint8_t *) g.ptr)[i]);
-        memset(g.ptr, 0xa5, size);
-        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        /*
+         * Through host memory too, where it spans segments as well; valgrind
+         * cannot map that range (it does not emulate mremap() with an old size
+         * of 0), so under valgrind the bytes come back to VRAM unseen.
+         */
+        if (!(getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "vgpreload"))) {
+                assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+                for (uint64_t i = 0; i < size; i++)
+                        if (((uint8_t *) g.ptr)[i] != 0x5a)
+                                fail_msg("host byte %" PRIu64 " of %" PRIu64 " is 0x%02x", i, size,
+                                         ((uint8_t *) g.ptr)[i]);
+                memset(g.ptr, 0xa5, size);
+                assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+                expect = 0xa5;
+        }
 
         g = pin_vram(t);
-        assert_true(gpu_check(c, g.device_ptr, 0xa5, size));
+        assert_true(gpu_check(c, g.device_ptr, expect, size));
         assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
         assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(c);
