@@ -9,12 +9,14 @@
  *
  * NVMe <-> host: one io_uring request per extent (registered file +
  * registered buffer) in the job's flow of the NVMe fair queue (uring.c).
- * Each extent is checksummed when its own request completes, a write's
- * crc32c computed then (the host copy does not change while the tensor is
- * in transfer), a read checked against it; uring.c refills the ring before
- * it runs a batch's callbacks, so the CPU's checksums overlap the device's
- * next extents and a tensor of any size streams through in extents.  A read
- * whose crc32c mismatches fails the transfer with -EBADMSG and is never data.
+ * Each extent is checksummed on its own: a write's crc32c just before its
+ * request goes to the ring (UringReq.prep; the host copy does not change
+ * while the tensor is in transfer, and its bytes are in the CPU's cache when
+ * the device reads them), a read's when it completes (uring.c refills the
+ * ring before it runs a batch's callbacks).  So the checksums overlap the
+ * device's work on the other extents in flight, and a tensor of any size
+ * streams through in extents.  A read whose crc32c mismatches fails the
+ * transfer with -EBADMSG and is never data.
  *
  * Host <-> VRAM through the VRAM backend.  Per direction, at most as many
  * copies as the backend runs at once (VramBackend.depth) are with it; the
@@ -124,16 +126,21 @@ static void xfer_part_done(UringReq *req, int res) {
                                          p->index, t->name, tg->path, req->offset);
                         }
                 }
-        } else {
+        } else
                 tg->bytes_written += req->len;
-                ext->crc = crc32c(0, req->buf, req->len);
-        }
 
         if (--x->pending > 0)
                 return;
         if (x->error >= 0)
                 link_count(e, t, x->dst == TIER_NVME ? LINK_HOST_TO_NVME : LINK_NVME_TO_HOST);
         xfer_finish(x);
+}
+
+/* A write's extent is checksummed just before it goes to the device: its bytes are in the cache then. */
+static void xfer_part_prep(UringReq *req) {
+        XferPart *p = container_of(req, XferPart, req);
+
+        p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = crc32c(0, req->buf, req->len);
 }
 
 static int xfer_start_nvme(Op *op, Xfer *x) {
@@ -167,6 +174,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                 p->index = i;
                 p->req = (UringReq) {
                         .cb = xfer_part_done,
+                        .prep = write ? xfer_part_prep : NULL,
                         .flow = &t->job->nvme_flow,
                         .weight = t->job->weight,
                         .op = write ? URING_WRITE : URING_READ,
@@ -182,7 +190,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
         t->xfer = x;
         list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
-        (void) uring_flush(e->uring);  /* each write's crc32c is computed as it completes */
+        (void) uring_flush(e->uring);  /* each write's crc32c is computed as it goes (xfer_part_prep()) */
         return 0;
 }
 

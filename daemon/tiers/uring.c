@@ -349,6 +349,10 @@ int uring_flush(Uring *u) {
                 if (!sqe)
                         break;
                 list_del(&req->link);
+                if (req->prep) {
+                        req->prep(req);
+                        req->prep = NULL;
+                }
                 if (req->buf_index >= 0) {
                         if (req->op == URING_READ)
                                 io_uring_prep_read_fixed(sqe, (int) req->file_index, buf, len, off, req->buf_index);

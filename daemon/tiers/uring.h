@@ -27,6 +27,7 @@ typedef enum UringOp {
  */
 struct UringReq {
         uring_cb_t cb;
+        void (*prep)(UringReq *req);    /* optional: runs once, just before the request first goes to the ring */
         FairFlow *flow;         /* NULL: served at the current virtual time (no share) */
         unsigned weight;        /* the flow's weight (0 counts as 1) */
         double tag;             /* virtual start time, set by uring_queue() */
