@@ -220,12 +220,53 @@ static void test_submit_retried(void **state) {
         assert_false(uring_busy(f->u));
 }
 
+/* ---- prep runs once, before the request goes; callbacks run after the ring is refilled ---------- */
+
+static unsigned n_prepped, prepped_at_first_done;
+
+static void on_prep(UringReq *r) {
+        assert_int_equal(r->done, 0);           /* before the device saw it */
+        n_prepped++;
+}
+
+static void on_done_refilled(UringReq *r, int res) {
+        assert_int_equal(res, (int) REQ);
+        if (n_done++ == 0)
+                prepped_at_first_done = n_prepped;
+}
+
+static void test_prep_and_refill(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(uring_set_throttle(f->u, 0, 0), 0);
+        n_prepped = prepped_at_first_done = 0;
+        for (unsigned i = 0; i < 16; i++) {
+                Req *q = &f->reqs[f->n_reqs++];
+
+                *q = (Req) {
+                        .req = { .cb = on_done_refilled, .prep = on_prep, .op = URING_WRITE, .buf_index = -1,
+                                 .buf = f->buf, .len = REQ, .offset = (uint64_t) i * REQ },
+                };
+                uring_queue(f->u, &q->req);
+        }
+        assert_true(uring_flush(f->u) >= 0);
+        assert_int_equal(n_prepped, 8);         /* the ring's depth: the others wait, unprepared */
+        for (int i = 0; i < 200 && n_done < 16; i++)
+                assert_true(sd_event_run(f->event, 100000) >= 0);
+        assert_int_equal(n_done, 16);
+        assert_int_equal(n_prepped, 16);        /* once each */
+        /* the first callback ran once the ring had taken the next requests */
+        assert_true(prepped_at_first_done > 8);
+        assert_false(uring_busy(f->u));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_weighted_order, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_bounded_credit, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_no_flow, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_submit_retried, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_prep_and_refill, setup, teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
