@@ -227,6 +227,42 @@ _public_ int tier_plan_submit(tier_plan *p) {
         return 0;
 }
 
+/* Forget the submitted plan here: its page, its marker, the tensors' slots. */
+static void plan_forget(tier_client *c) {
+        if (c->plan_page)
+                (void) munmap(c->plan_page, c->plan_page_size);
+        c->plan_page = NULL;
+        c->plan_page_size = 0;
+        c->plan_marker_fd = safe_close(c->plan_marker_fd);
+        c->plan_slots = 0;
+        c->plan_phases = 0;
+        c->plan_seq = 0;
+        for (tier_tensor *t = c->tensors; t; t = t->next)
+                t->plan_slot = -1;
+}
+
+_public_ int tier_plan_end(tier_client *c) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__EndPlan op = TIER__END_PLAN__INIT;
+        Packet pk = PACKET_NULL;
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        if (!c->plan_page)
+                return client_error(c, -ENOENT, "this client runs no plan");
+        req.op_case = TIER__REQUEST__OP_END_PLAN;
+        req.end_plan = &op;
+        r = transport_call(c, &req, &pk);
+        if (r == -ENOENT)
+                plan_forget(c);         /* tierd had none: neither have we now */
+        if (r < 0)
+                return r;
+        packet_done(&pk);
+        plan_forget(c);
+        return 0;
+}
+
 _public_ int tier_phase(tier_client *c, unsigned phase) {
         PlanPage *pg;
         uint64_t seq, one = 1, t0 = 0;

@@ -260,6 +260,12 @@ int tier_plan_submit(tier_plan *p);
  * data.  Returns 0, or the plan's error.
  */
 int tier_phase(tier_client *c, unsigned phase);
+/*
+ * End the plan: what its current phase pinned is released (as dirty where
+ * the plan writes), its tensors may be freed again, and the client may
+ * submit another.  -ENOENT if it runs none.
+ */
+int tier_plan_end(tier_client *c);
 /* Where @t, pinned in @tier for the current phase, is mapped. */
 int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret);
 /* Seconds this client has waited in tier_phase() so far. */

@@ -648,6 +648,16 @@ static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *
         return conn_send_response(c, &resp, fds, 2, false);
 }
 
+static int handle_end_plan(Conn *c, uint64_t seq) {
+        if (!c->plan)
+                return reply_status(c, seq, -ENOENT, "this connection has no plan");
+        /* its pins go as when the connection closes: as dirty where the plan writes */
+        sched_plan_free(c->plan);
+        c->plan = NULL;
+        log_job(LOG_INFO, 0, c->job->name, "Job '%s': a rank connection ended its plan", c->job->name);
+        return reply_status(c, seq, 0, NULL);
+}
+
 /* Group whose members may set quotas (besides root). */
 #define ADMIN_GROUP "tier-admin"
 
@@ -755,6 +765,8 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return handle_status(rpc, c, seq);
         case TIER__REQUEST__OP_PLAN:
                 return handle_plan(rpc, c, seq, req->plan);
+        case TIER__REQUEST__OP_END_PLAN:
+                return handle_end_plan(c, seq);
         case TIER__REQUEST__OP_QUOTA_GET:
                 return handle_quota_get(rpc, c, seq, req->quota_get);
         case TIER__REQUEST__OP_QUOTA_SET:
@@ -768,6 +780,7 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
 }
 
 /* ---- connection end ------------------------------------------------------------------------------ */
+
 
 void rpc_conn_gone(Rpc *rpc, Conn *c) {
         Job *j = c->job;

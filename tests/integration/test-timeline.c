@@ -289,6 +289,22 @@ static void test_plan_over_quota_refused(void **state) {
         assert_int_equal(tier_tensor_destroy(t[0]), -EBUSY);
         assert_non_null(strstr(tier_client_last_error(c), "plan"));
         t[1] = NULL;
+
+        /* ended: its pins go, its tensors may go, another plan may come */
+        assert_int_equal(tier_phase(c, 0), 0);
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_plan_end(c), -ENOENT);
+        assert_int_equal(tier_phase(c, 0), -EINVAL);
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        assert_int_equal(tier_plan_add(plan, 0, t[2], TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_add(plan, 1, t[2], TIER_VRAM, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        assert_int_equal(tier_phase(c, 0), 0);
+        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_tensor_destroy(t[0]), 0);
+        assert_int_equal(tier_tensor_destroy(t[2]), 0);
+        t[0] = t[2] = NULL;
         for (int i = 0; i < 8; i++)
                 tier_tensor_close(t[i]);
         tier_client_free(c);
