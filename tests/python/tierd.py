@@ -71,12 +71,14 @@ HOST_CAPACITY = 64 * MiB
 _CAP_IPC_LOCK = 14
 
 
-def build_dir() -> str:
-    return os.environ.get("TIER_BUILD") or "build"
-
-
 def source_dir() -> str:
+    """$TIER_SOURCE, else the checkout this file lies in."""
     return os.environ.get("TIER_SOURCE") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_dir() -> str:
+    """$TIER_BUILD (meson sets it), else the checkout's build/."""
+    return os.environ.get("TIER_BUILD") or os.path.join(source_dir(), "build")
 
 
 def _cap_set(name: str) -> int:
