@@ -328,14 +328,14 @@ class Client:
         raise error_class(errno.EAGAIN)(errno.EAGAIN, f"tensor '{name}' keeps appearing and going", f"tensor '{name}'")
 
     # -- fences and events
-    def wait(self, fences: Fence | Iterable[Fence], timeout: float | None = None) -> None:
+    def wait(self, fence_or_list: Fence | Iterable[Fence], timeout: float | None = None) -> None:
         """Wait for a fence, or for every fence of a list (``tier_wait()``).
 
         @timeout: seconds for all of them together, None: forever.
         TimedOutError when it runs out (the requests go on); a failed
         request raises its error.
         """
-        fl = [fences] if isinstance(fences, Fence) else list(fences)
+        fl = [fence_or_list] if isinstance(fence_or_list, Fence) else list(fence_or_list)
         for f in fl:
             if not isinstance(f, Fence):
                 raise TypeError(f"wait() takes tier.Fence objects, not {type(f).__name__}")
