@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: MIT
+"""The constants, argument checks and result types of the tier package (private).
+
+``tier.client`` re-exports what is public here.  The checks raise ValueError
+or TypeError for a bad Python argument before anything reaches libtier.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import errno
+import math
+from ctypes import c_void_p
+from dataclasses import dataclass
+from typing import Any, Union
+
+from . import _lib
+from .errors import TierError
+
+class Level(enum.IntEnum):
+    """Where a tensor lives (``enum tier_level``); lower is closer to the GPU."""
+
+    VRAM = 0
+    HOST = 1
+    NVME = 2
+
+    @property
+    def label(self) -> str:
+        """The name tierd spells: "vram", "host", "nvme"."""
+        return _LEVEL_NAMES[self.value]
+
+    def __str__(self) -> str:
+        return self.label
+
+    def __format__(self, spec: str) -> str:
+        return self.label if not spec else format(int(self), spec)
+
+
+class Mode(enum.IntFlag):
+    """What a pin (or a plan access) will do with the bytes (``enum tier_access``)."""
+
+    READ = 1
+    WRITE = 2
+    READ_WRITE = 3
+
+
+VRAM = Level.VRAM
+HOST = Level.HOST
+NVME = Level.NVME
+READ = Mode.READ
+WRITE = Mode.WRITE
+READ_WRITE = Mode.READ_WRITE
+
+_L = _lib.lib()
+_LEVEL_NAMES: tuple[str, ...] = tuple(_L.tier_level_name(i).decode() for i in range(_lib.TIER_LEVEL_MAX))
+#: The link names of ``tier_link_name()``, indexed by TIER_LINK_*: the keys of ``Client.moved()``.
+LINKS: tuple[str, ...] = tuple(_L.tier_link_name(i).decode() for i in range(_lib.TIER_LINKS))
+_STATES = ("absent", "filling", "resident", "draining")
+_SIZE_MAX = 1 << 40  # tier_tensor_create(): 1 to 2^40 bytes
+_UINT_MAX = (1 << 32) - 1
+_INT_MAX = (1 << 31) - 1
+
+TierLike = Union[Level, int, str]
+ModeLike = Union[Mode, int]
+
+
+def strerror(err: int) -> str:
+    """``tier_strerror()``: the text of an errno value (positive or negative)."""
+    if not isinstance(err, int) or isinstance(err, bool):
+        raise TypeError(f"an errno must be an int, not {type(err).__name__}")
+    if not -_INT_MAX <= err <= _INT_MAX:
+        raise ValueError(f"errno {err} out of range")
+    return _L.tier_strerror(err).decode()
+
+
+def level_name(tier: TierLike) -> str:
+    """"vram", "host" or "nvme" (``tier_level_name()``)."""
+    return _LEVEL_NAMES[_level(tier)]
+
+
+def link_name(link: int) -> str:
+    """``tier_link_name()``: "nvme->host", "host->nvme", "host->vram", "vram->host"."""
+    if not isinstance(link, int) or isinstance(link, bool):
+        raise TypeError(f"a link must be an int, not {type(link).__name__}")
+    if not 0 <= link < len(LINKS):
+        raise ValueError(f"no link {link} (0..{len(LINKS) - 1})")
+    return LINKS[link]
+
+
+# ---- argument checks (before anything reaches C) ------------------------------------
+
+
+def _level(tier: TierLike) -> Level:
+    if isinstance(tier, str):
+        try:
+            return Level(_LEVEL_NAMES.index(tier.lower()))
+        except ValueError:
+            raise ValueError(f"unknown tier {tier!r} (vram, host, nvme)") from None
+    if isinstance(tier, bool) or not isinstance(tier, int):
+        raise TypeError(f"a tier is a tier.Level, an int or a name, not {type(tier).__name__}")
+    try:
+        return Level(tier)
+    except ValueError:
+        raise ValueError(f"unknown tier {tier} (0..{len(_LEVEL_NAMES) - 1})") from None
+
+
+def _mode(mode: ModeLike) -> Mode:
+    if isinstance(mode, bool) or not isinstance(mode, int):
+        raise TypeError(f"a mode is a tier.Mode, not {type(mode).__name__}")
+    if mode not in (1, 2, 3):
+        raise ValueError(f"mode {int(mode)} is none of READ, WRITE, READ_WRITE")
+    return Mode(mode)
+
+
+def _name(name: str, what: str) -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"a {what} name is a str, not {type(name).__name__}")
+    b = name.encode("utf-8", "surrogateescape")
+    if not b:
+        raise ValueError(f"a {what} name must not be empty")
+    if any(c < 0x20 or c == 0x7F for c in b):
+        raise ValueError(f"{what} name {name!r} contains control characters")
+    return b
+
+
+def _uint(value: int, what: str, lo: int = 0, hi: int = _UINT_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} {value} out of range ({lo}..{hi})")
+    return int(value)
+
+
+def _timeout_ms(timeout: float | None) -> int:
+    if timeout is None:
+        return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"a timeout is seconds (a number) or None, not {type(timeout).__name__}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(f"timeout {timeout} must be >= 0 (None waits forever)")
+    return min(math.ceil(timeout * 1000), _INT_MAX)
+
+
+def _stream(stream: Any) -> int | None:
+    """A CUDA stream as the void * libtier takes: None (the legacy default
+    stream), an int, a ctypes pointer, or an object with ``.cuda_stream``
+    (``torch.cuda.Stream``)."""
+    if stream is None:
+        return None
+    if hasattr(stream, "cuda_stream"):
+        stream = stream.cuda_stream
+    if isinstance(stream, bool):
+        raise TypeError("a stream is not a bool")
+    if isinstance(stream, int):
+        if not 0 <= stream < 1 << 64:
+            raise ValueError(f"stream {stream:#x} is not an address")
+        return stream or None
+    if isinstance(stream, c_void_p):
+        return stream.value
+    if isinstance(stream, (ctypes._Pointer, ctypes._SimpleCData)):  # type: ignore[attr-defined]
+        return ctypes.cast(stream, c_void_p).value
+    raise TypeError(f"a stream is an int, a ctypes pointer or has .cuda_stream, not {type(stream).__name__}")
+
+
+def _closed(what: str, operation: str) -> TierError:
+    return TierError(errno.EBADF, f"the {what} is closed", operation)
+
+
+# ---- results ------------------------------------------------------------------------------
+
+
+class PerTier(dict):
+    """A dict keyed by tier name ("vram", "host", "nvme") that also takes
+    ``tier.Level`` (or int) keys: ``stat.state[tier.HOST] == stat.state["host"]``."""
+
+    def __getitem__(self, key: TierLike) -> Any:
+        return super().__getitem__(_LEVEL_NAMES[_level(key)])
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            return super().__contains__(_LEVEL_NAMES[_level(key)])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+
+    def get(self, key: TierLike, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[key]
+        except (KeyError, TypeError, ValueError):
+            return default
+
+
+@dataclass(frozen=True)
+class Stat:
+    """``tier_tensor_stat()``: a tensor's state in tierd.
+
+    Attributes:
+        size: bytes.
+        state: per tier, "absent", "filling", "resident" or "draining".
+        dirty: per tier, whether that copy is newer than those below it.
+        pins: per tier, the number of pins (of all clients).
+    """
+
+    size: int
+    state: PerTier
+    dirty: PerTier
+    pins: PerTier
+
+
+@dataclass(frozen=True)
+class Quota:
+    """``tier_quota_get()``: a job's byte limit per tier and its link weight.
+
+    Attributes:
+        limits: {"vram": bytes, "host": bytes, "nvme": bytes} (also keyed by tier.Level).
+        weight: its share of the links (1..1000).
+    """
+
+    limits: PerTier
+    weight: int

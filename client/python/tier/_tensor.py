@@ -1,0 +1,541 @@
+# SPDX-License-Identifier: MIT
+"""Fence, Grant, Tensor and Plan (private module; ``tier.client`` re-exports them).
+
+See ``tier.client`` for the theory of operation: who frees what, and how
+long each kind of view stays valid.
+"""
+
+from __future__ import annotations
+
+import errno
+from ctypes import byref, c_uint64, c_void_p
+from typing import TYPE_CHECKING, Any
+
+from . import _lib
+from ._base import (
+    _L,
+    _LEVEL_NAMES,
+    _STATES,
+    Level,
+    Mode,
+    ModeLike,
+    PerTier,
+    Stat,
+    TierLike,
+    _closed,
+    _level,
+    _mode,
+    _stream,
+    _uint,
+)
+from .errors import TierError
+
+if TYPE_CHECKING:  # only for annotations: never imported at run time here
+    import numpy as _np
+    import torch as _torch
+
+    from .client import Client
+
+# ---- fences ---------------------------------------------------------------------------------
+
+
+class Fence:
+    """The completion of an asynchronous request (a ``tier_fence``).
+
+    A fence belongs to the client that issued it.  Fence 0 is always done.
+    """
+
+    __slots__ = ("client", "value", "__weakref__")
+
+    def __init__(self, client: Client, value: int) -> None:
+        self.client = client
+        self.value = value
+
+    def done(self) -> bool:
+        """True if the request is done, False if not; raises its error if it failed.
+
+        Makes no system call for a fence that completed without error.
+        """
+        c = self.client._handle("check fence")
+        r = _L.tier_fence_done(c, self.value)
+        self.client._check(r, f"fence {self.value}")
+        return r > 0
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until done (``tier_wait()``); TimedOutError after @timeout seconds (None: forever)."""
+        self.client.wait(self, timeout)
+
+    def stream_wait(self, stream: Any = None) -> None:
+        """``tier_stream_wait()``: make CUDA @stream wait for this fence (an async pin into VRAM).
+
+        @stream: an int (CUstream / cudaStream_t), a ctypes pointer, an
+        object with ``.cuda_stream`` (``torch.cuda.Stream``), or None for the
+        legacy default stream.  Without a device-side event this waits on the host.
+        """
+        s = _stream(stream)
+        c = self.client._handle("stream wait")
+        self.client._check(_L.tier_stream_wait(c, self.value, s), f"stream wait for fence {self.value}")
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<tier.Fence {self.value}>"
+
+
+# ---- grants -----------------------------------------------------------------------------------
+
+
+class Grant:
+    """A pinned copy of a tensor, mapped into this process (``struct tier_grant``).
+
+    Attributes:
+        tensor: the Tensor.
+        tier: where (a tier.Level).
+        length: bytes, the tensor's size.
+        segment, offset: where the first piece lies in the job's segments.
+        ptr: the host address (host and emulated-VRAM grants), else None.
+        device_ptr: the device address (cuda VRAM grants), else None.
+        mode: what the pin said it does (READ, WRITE, READ_WRITE).
+        dirty: what the unpin of ``with`` / ``unpin()`` tells tierd; starts
+            as ``bool(mode & WRITE)``; set it to False to unpin clean.
+
+    Used as a context manager it unpins on exit.  Views (``memoryview()``,
+    ``numpy()``, ``torch()``) are zero-copy; see the module's notes on how
+    long each stays valid.
+    """
+
+    def __init__(self, tensor: Tensor, raw: _lib.TierGrant, mode: Mode, *, phase: bool = False) -> None:
+        self.tensor = tensor
+        self.tier = Level(raw.tier)
+        self.length: int = raw.length
+        self.segment: int = raw.segment
+        self.offset: int = raw.offset
+        self.ptr: int | None = raw.ptr or None
+        self.device_ptr: int | None = raw.device_ptr or None
+        self.mode = mode
+        self.dirty = bool(mode & Mode.WRITE)
+        self._phase = phase
+        self._pinned = True
+        self._views: list[memoryview] = []
+
+    @property
+    def pinned(self) -> bool:
+        """False once unpinned: views may no longer be made."""
+        return self._pinned
+
+    @property
+    def phase(self) -> bool:
+        """True for a grant from ``Client.phase_grant()`` (the plan releases it, not ``unpin()``)."""
+        return self._phase
+
+    def _invalidate(self) -> None:
+        """The pin goes: release the memoryviews handed out, refuse new views."""
+        self._pinned = False
+        views, self._views = self._views, []
+        for v in views:
+            try:
+                v.release()
+            except BufferError:
+                pass  # exported further (e.g. to an array): cannot be revoked, as documented
+
+    def _live(self, what: str) -> None:
+        if not self._pinned:
+            raise TierError(errno.EBADF, "the grant was unpinned", f"{what} of '{self.tensor.name}' in {self.tier}")
+
+    def _host(self, what: str) -> int:
+        self._live(what)
+        if self.ptr is None:
+            raise TypeError(
+                f"the {self.tier} grant of '{self.tensor.name}' is device memory (cuda backend): "
+                "use torch() or __cuda_array_interface__"
+            )
+        return self.ptr
+
+    def memoryview(self) -> memoryview:
+        """A writable memoryview (format "B", ``length`` bytes) over the mapping, without a copy.
+
+        Released when the pin is dropped: using it afterwards raises
+        ValueError.  (Slices or casts made from it are not released.)
+        """
+        ptr = self._host("memoryview")
+        mv = _lib.memory_view(ptr, self.length)
+        self._views.append(mv)
+        return mv
+
+    def numpy(self, dtype: Any = "uint8", shape: int | tuple[int, ...] | None = None) -> _np.ndarray:
+        """A numpy array over the mapping (``np.frombuffer``), without a copy.
+
+        @dtype: any numpy dtype whose item size divides ``length``;
+        @shape: reshape to this (None: one dimension).  The array cannot be
+        invalidated: do not use it after the unpin.
+        """
+        import numpy as np
+
+        ptr = self._host("numpy view")
+        dt = np.dtype(dtype)
+        if self.length % dt.itemsize:
+            raise ValueError(f"{self.length} bytes are not a whole number of {dt} ({dt.itemsize} bytes)")
+        # a memoryview of its own, never released: the array holds it
+        arr = np.frombuffer(_lib.memory_view(ptr, self.length), dtype=dt)
+        return arr if shape is None else arr.reshape(shape)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface (version 3) of a cuda VRAM grant: ``length`` bytes (typestr "|u1").
+
+        Only grants with a ``device_ptr`` have it (AttributeError otherwise).
+        """
+        if self.device_ptr is None:
+            raise AttributeError("__cuda_array_interface__: not a device grant (ptr is a host address)")
+        self._live("__cuda_array_interface__")
+        return {
+            "shape": (self.length,),
+            "typestr": "|u1",
+            "data": (self.device_ptr, False),
+            "strides": None,
+            "version": 3,
+        }
+
+    def torch(self, dtype: _torch.dtype | str | None = None, shape: int | tuple[int, ...] | None = None) -> _torch.Tensor:
+        """A torch tensor over the mapping, without a copy.
+
+        @dtype: a torch.dtype (or its name, "float16"); None is torch.uint8.
+        @shape: view as this (None: one dimension).  Host and emulated-VRAM
+        grants give a CPU tensor (``torch.frombuffer``); a cuda VRAM grant a
+        CUDA tensor through ``__cuda_array_interface__`` on the current CUDA
+        device, which must be tierd's GPU (``Client.vram_device``).  The
+        tensor cannot be invalidated: do not use it after the unpin.
+        """
+        import torch
+
+        if dtype is None:
+            dt = torch.uint8
+        elif isinstance(dtype, str):
+            dt = getattr(torch, dtype, None)
+            if not isinstance(dt, torch.dtype):
+                raise ValueError(f"no torch dtype {dtype!r}")
+        elif isinstance(dtype, torch.dtype):
+            dt = dtype
+        else:
+            raise TypeError(f"dtype is a torch.dtype or its name, not {type(dtype).__name__}")
+        item = torch.empty((), dtype=dt).element_size()
+        if self.length % item:
+            raise ValueError(f"{self.length} bytes are not a whole number of {dt} ({item} bytes)")
+        self._live("torch view")
+        if self.ptr is not None:
+            # a memoryview of its own, never released: the tensor holds it
+            t = torch.frombuffer(_lib.memory_view(self.ptr, self.length), dtype=torch.uint8, count=self.length)
+        elif self.device_ptr is not None:
+            t = torch.as_tensor(self, device="cuda")
+        else:
+            raise TypeError(f"the grant of '{self.tensor.name}' has no address")
+        if dt != torch.uint8:
+            t = t.view(dt)
+        return t if shape is None else t.view(shape)
+
+    def unpin(self, dirty: bool | None = None) -> None:
+        """Drop this pin (``tier_unpin()``); @dirty None: ``self.dirty``.
+
+        Does nothing if already unpinned.  A phase grant is only invalidated
+        here: the plan's next ``Client.phase()`` releases its pin.
+        """
+        if not self._pinned:
+            return
+        if self._phase:
+            self._invalidate()
+            return
+        self.tensor._unpin(self.tier, self.dirty if dirty is None else bool(dirty), self)
+
+    def __enter__(self) -> Grant:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unpin()
+
+    def __repr__(self) -> str:
+        where = f"ptr={self.ptr:#x}" if self.ptr else f"device_ptr={self.device_ptr:#x}" if self.device_ptr else "no address"
+        state = "phase" if self._phase else "pinned" if self._pinned else "unpinned"
+        return (
+            f"<tier.Grant '{self.tensor.name}' in {self.tier}, {self.length} bytes, {where}, "
+            f"{self.mode.name}, {state}>"
+        )
+
+
+# ---- tensors ------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """A handle on one of the job's tensors (``tier_tensor *``).
+
+    Made by ``Client.create()``, ``open()`` or ``tensor()``.  Used as a
+    context manager it closes the handle (the tensor stays in tierd).
+    Pins belong to the connection: closing the handle does not unpin, and
+    its grants' views are invalidated.
+    """
+
+    def __init__(self, client: Client, handle: int) -> None:
+        self.client = client
+        self._t: int | None = handle
+        self.name: str = _L.tier_tensor_name(handle).decode("utf-8", "surrogateescape")
+        self.size: int = _L.tier_tensor_size(handle)
+        self._grants: dict[Level, list[Grant]] = {}
+
+    # -- plumbing
+    def _handle(self, operation: str) -> int:
+        if self._t is None:
+            raise _closed(f"handle of tensor '{self.name}'", operation)
+        return self._t
+
+    def _check(self, r: int, operation: str) -> int:
+        return self.client._check(r, operation)
+
+    def _op(self, verb: str, tier: Level) -> str:
+        return f"{verb} '{self.name}' in {tier}"
+
+    def _release_grants(self) -> None:
+        for grants in self._grants.values():
+            for g in grants:
+                g._invalidate()
+        self._grants.clear()
+        self.client._invalidate_phase_grants(self)
+
+    @property
+    def closed(self) -> bool:
+        """True once closed or destroyed (or its client closed)."""
+        return self._t is None
+
+    # -- state
+    def stat(self) -> Stat:
+        """``tier_tensor_stat()``: the tensor's copies as tierd sees them."""
+        h = self._handle("stat")
+        st = _lib.TierStat()
+        self._check(_L.tier_tensor_stat(h, byref(st)), f"stat '{self.name}'")
+        n = _lib.TIER_LEVEL_MAX
+        return Stat(
+            size=st.size,
+            state=PerTier((_LEVEL_NAMES[i], _STATES[st.state[i]] if 0 <= st.state[i] < 4 else str(st.state[i])) for i in range(n)),
+            dirty=PerTier((_LEVEL_NAMES[i], bool(st.dirty[i])) for i in range(n)),
+            pins=PerTier((_LEVEL_NAMES[i], int(st.pins[i])) for i in range(n)),
+        )
+
+    # -- pins
+    def _grant(self, raw: _lib.TierGrant, mode: Mode) -> Grant:
+        g = Grant(self, raw, mode)
+        self._grants.setdefault(g.tier, []).append(g)
+        return g
+
+    def pin(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> Grant:
+        """Pin a resident copy in @tier, bringing it there first (``tier_pin_mode()``).
+
+        @mode WRITE alone promises to overwrite the whole tensor: tierd
+        brings no old bytes (they read as anything) and the unpin is dirty.
+        """
+        lv, md = _level(tier), _mode(mode)
+        h = self._handle(self._op("pin", lv))
+        raw = _lib.TierGrant()
+        self._check(_L.tier_pin_mode(h, lv, md, byref(raw)), self._op("pin", lv))
+        return self._grant(raw, md)
+
+    def pin_async(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> tuple[Grant, Fence]:
+        """``tier_pin_async_mode()``: the grant is valid at once, its bytes once the fence is done."""
+        lv, md = _level(tier), _mode(mode)
+        h = self._handle(self._op("pin", lv))
+        raw = _lib.TierGrant()
+        f = c_uint64()
+        self._check(_L.tier_pin_async_mode(h, lv, md, byref(raw), byref(f)), self._op("pin", lv))
+        return self._grant(raw, md), Fence(self.client, f.value)
+
+    def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:
+        grants = self._grants.get(tier, [])
+        if grant is None:
+            return grants.pop() if grants else None
+        grants.remove(grant)
+        return grant
+
+    def _unpin(self, tier: Level, dirty: bool, grant: Grant | None, stream: Any = None, after: bool = False) -> None:
+        op = self._op("unpin", tier)
+        h = self._handle(op)
+        g = self._take_grant(tier, grant)
+        if g is not None:
+            g._invalidate()
+        if after:
+            r = _L.tier_unpin_after(h, tier, int(dirty), stream)
+        else:
+            r = _L.tier_unpin(h, tier, int(dirty))
+        if r < 0 and g is not None:  # the pin stays: so does its grant (its memoryviews are gone)
+            g._pinned = True
+            self._grants.setdefault(tier, []).append(g)
+        self._check(r, op)
+
+    def unpin(self, tier: TierLike, dirty: bool = False) -> None:
+        """Drop one pin in @tier (``tier_unpin()``); @dirty: this process wrote the copy.
+
+        Invalidates the most recent Grant of that tier still pinned.
+        """
+        self._unpin(_level(tier), bool(dirty), None)
+
+    def unpin_after(self, tier: TierLike, dirty: bool, stream: Any) -> None:
+        """``tier_unpin_after()``: unpin a VRAM pin once the work queued on CUDA @stream is done.
+
+        @stream: an int, a ctypes pointer, an object with ``.cuda_stream``,
+        or None (legacy default stream).  Needs the cuda backend.
+        """
+        lv = _level(tier)
+        if lv != Level.VRAM:
+            raise ValueError(f"only VRAM pins can be released after GPU work, not {lv}")
+        self._unpin(lv, bool(dirty), None, _stream(stream), after=True)
+
+    # -- moves
+    def evict(self, tier: TierLike) -> None:
+        """Make @tier (or a lower one) hold the only copy (``tier_evict()``)."""
+        lv = _level(tier)
+        h = self._handle(self._op("evict", lv))
+        self._check(_L.tier_evict(h, lv), self._op("evict", lv))
+
+    def evict_async(self, tier: TierLike) -> Fence:
+        """``tier_evict_async()``."""
+        lv = _level(tier)
+        h = self._handle(self._op("evict", lv))
+        f = c_uint64()
+        self._check(_L.tier_evict_async(h, lv, byref(f)), self._op("evict", lv))
+        return Fence(self.client, f.value)
+
+    def prefetch(self, tier: TierLike) -> None:
+        """Bring a copy up to @tier without pinning it (``tier_prefetch()``)."""
+        lv = _level(tier)
+        h = self._handle(self._op("prefetch", lv))
+        self._check(_L.tier_prefetch(h, lv), self._op("prefetch", lv))
+
+    def prefetch_async(self, tier: TierLike) -> Fence:
+        """``tier_prefetch_async()``."""
+        lv = _level(tier)
+        h = self._handle(self._op("prefetch", lv))
+        f = c_uint64()
+        self._check(_L.tier_prefetch_async(h, lv, byref(f)), self._op("prefetch", lv))
+        return Fence(self.client, f.value)
+
+    # -- lifetime
+    def destroy(self) -> None:
+        """Remove the tensor from tierd and free the handle (``tier_tensor_destroy()``).
+
+        BusyError while it is pinned, in use or planned; the handle then stays open.
+        """
+        h = self._handle(f"destroy '{self.name}'")
+        self._check(_L.tier_tensor_destroy(h), f"destroy '{self.name}'")
+        self._t = None  # libtier freed the handle
+        self._release_grants()
+        self.client._tensors.discard(self)
+
+    def close(self) -> None:
+        """Free the handle only (``tier_tensor_close()``); idempotent.
+
+        The tensor stays in tierd, and so do pins taken through it (they
+        belong to the connection): the grants' views are invalidated, and
+        numpy/torch views of a tensor spanning segments lose their mapping.
+        """
+        if self._t is None:
+            return
+        self._release_grants()
+        h, self._t = self._t, None
+        _L.tier_tensor_close(h)
+        self.client._tensors.discard(self)
+
+    def __enter__(self) -> Tensor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._t is not None:
+                h, self._t = self._t, None
+                _L.tier_tensor_close(h)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<tier.Tensor '{self.name}' {self.size} bytes{' (closed)' if self._t is None else ''}>"
+
+
+# ---- plans ------------------------------------------------------------------------------------
+
+
+class Plan:
+    """An iteration plan (``tier_plan *``): which tensors each phase needs, where, how.
+
+    Build with ``add()``, send with ``submit()``; the submitted plan belongs
+    to the client.  As a context manager it frees a plan not submitted.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._p: int | None = None
+        p = c_void_p()
+        c = client._handle("new plan")
+        client._check(_L.tier_plan_new(c, byref(p)), "new plan")
+        self._p = p.value
+        self._entries: list[tuple[int, Tensor, Level, Mode]] = []
+        self._submitted = False
+        client._plans.add(self)
+
+    @property
+    def submitted(self) -> bool:
+        return self._submitted
+
+    def _handle(self, operation: str) -> int:
+        if self._p is None:
+            raise _closed("plan" if not self._submitted else "plan (submitted already)", operation)
+        self.client._handle(operation)
+        return self._p
+
+    def add(self, phase: int, tensor: Tensor, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> Plan:
+        """Phase @phase (from 0; phases form a cycle) needs @tensor in @tier (VRAM or HOST)."""
+        ph = _uint(phase, "phase")
+        lv, md = _level(tier), _mode(mode)
+        if lv not in (Level.VRAM, Level.HOST):
+            raise ValueError(f"a plan places tensors in vram or host, not {lv}")
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"a plan entry names a tier.Tensor, not {type(tensor).__name__}")
+        if tensor.client is not self.client:
+            raise ValueError(f"tensor '{tensor.name}' belongs to another client")
+        op = f"plan phase {ph}: '{tensor.name}' in {lv}"
+        p = self._handle(op)
+        self.client._check(_L.tier_plan_add(p, ph, tensor._handle(op), lv, md), op)
+        self._entries.append((ph, tensor, lv, md))
+        return self
+
+    def submit(self) -> None:
+        """Send the plan (``tier_plan_submit()``): NoSpaceError if it cannot run within the quota."""
+        p = self._handle("submit plan")
+        self.client._check(_L.tier_plan_submit(p), "submit plan")
+        self._p = None
+        self._submitted = True
+        self.client._plans.discard(self)
+        self.client._planned = list(self._entries)
+
+    def close(self) -> None:
+        """Free the plan if not submitted (``tier_plan_free()``); idempotent."""
+        if self._p is not None:
+            p, self._p = self._p, None
+            _L.tier_plan_free(p)
+            self.client._plans.discard(self)
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._p is not None:
+                p, self._p = self._p, None
+                _L.tier_plan_free(p)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "submitted" if self._submitted else "open" if self._p is not None else "freed"
+        return f"<tier.Plan {len(self._entries)} entries, {state}>"

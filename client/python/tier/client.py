@@ -1,0 +1,445 @@
+# SPDX-License-Identifier: MIT
+"""Client, Tensor, Grant, Fence, Plan: libtier through ctypes.
+
+Theory of operation
+
+Each Python object owns one libtier object and frees it exactly once:
+``Client`` a ``tier_client *`` (``close()``), ``Tensor`` a ``tier_tensor *``
+(``close()``, or ``destroy()``, which frees the handle on success), ``Plan``
+a ``tier_plan *`` until it is submitted (then libtier owns it).  A Tensor
+keeps its Client alive; the Client knows its open Tensors (weakly) and
+closes them before ``tier_client_free()``, so no handle is left to a freed
+client.  Objects dropped without ``close()`` are closed by ``__del__``; a
+Grant is not: a pin belongs to the connection, as in C.
+
+A ``Grant`` is one pin (or, from ``Client.phase_grant()``, the pin a plan
+phase holds).  Its memory is reached through views built from the address
+libtier returned, without a copy:
+
+* ``memoryview()``: the Grant keeps each one it hands out and releases it
+  when the pin is dropped (``Grant.unpin()``, ``Tensor.unpin()``, leaving a
+  ``with`` block, the next ``Client.phase()`` for a phase grant, closing the
+  tensor or the client); using it afterwards raises ValueError.  Slices and
+  casts made from it are views of their own and are not released.
+* ``numpy()`` and ``torch()``: arrays over a separate memoryview that is
+  never released (a released buffer cannot be revoked from an array, and an
+  export would make the release fail).  They stay valid only as long as the
+  pin; using one after that reads or writes whatever the memory holds then,
+  or crashes the process once libtier has unmapped it (closed tensor or
+  client).  The Grant refuses to make new views once unpinned (TierError).
+
+Errors: every negative return becomes a TierError subclass
+(``tier.errors``) carrying tierd's reason.  Arguments are checked in Python
+first (ValueError, TypeError).
+
+A Client, and everything made from it, must be used by one thread at a
+time (libtier's rule): one Client per thread, or a lock around a shared one.
+ctypes releases the GIL during each libtier call, so other threads run
+while one waits.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import math
+import os
+import time
+import weakref
+from ctypes import byref, c_uint64, c_void_p
+from typing import Any, Iterable
+
+from . import _lib
+from ._base import (
+    _L,
+    _LEVEL_NAMES,
+    _SIZE_MAX,
+    HOST,
+    LINKS,
+    NVME,
+    READ,
+    READ_WRITE,
+    VRAM,
+    WRITE,
+    Level,
+    Mode,
+    PerTier,
+    Quota,
+    Stat,
+    TierLike,
+    _level,
+    _name,
+    _timeout_ms,
+    _uint,
+    _closed,
+    level_name,
+    link_name,
+    strerror,
+)
+from ._tensor import Fence, Grant, Plan, Tensor
+from .errors import TierError, error_class
+
+__all__ = [
+    "Level",
+    "Mode",
+    "VRAM",
+    "HOST",
+    "NVME",
+    "READ",
+    "WRITE",
+    "READ_WRITE",
+    "LINKS",
+    "Client",
+    "Tensor",
+    "Grant",
+    "Fence",
+    "Plan",
+    "Quota",
+    "Stat",
+    "PerTier",
+    "strerror",
+    "level_name",
+    "link_name",
+]
+
+
+# ---- clients ------------------------------------------------------------------------------------
+
+
+class Client:
+    """One connection to tierd: one rank of one job (``tier_client *``).
+
+    @job: the job to join (created by its first connection); "" makes a
+    control connection (status and quotas only).  @rank: informational.
+    @socket: tierd's socket; None: $TIER_SOCKET, else /run/tierd/tierd.sock.
+
+    Not thread-safe: use one Client per thread, or a lock around a shared one.
+    """
+
+    def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None) -> None:
+        self._c: int | None = None
+        if not isinstance(job, str):
+            raise TypeError(f"a job name is a str, not {type(job).__name__}")
+        jb = _name(job, "job") if job else b""
+        rk = _uint(rank, "rank")
+        sock = os.fsencode(socket) if socket is not None else None
+        if sock is not None and (not sock or b"\0" in sock):
+            raise ValueError(f"bad socket path {socket!r}")
+        self._job = job
+        self._rank = rk
+        self._tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        self._plans: weakref.WeakSet[Plan] = weakref.WeakSet()
+        self._planned: list[tuple[int, Tensor, Level, Mode]] = []  # the submitted plan's entries
+        self._phase_grants: list[Grant] = []
+        self._phase: int | None = None
+        c = c_void_p()
+        r = _L.tier_client_new(byref(c), sock, jb, rk)
+        if r < 0:
+            text = (_L.tier_client_last_error(None) or b"").decode("utf-8", "replace") or strerror(r)
+            where = os.fsdecode(sock) if sock else "tierd"
+            raise error_class(r)(-r, text, f"connect to {where} as job {job!r}")
+        self._c = c.value
+
+    # -- plumbing
+    def _handle(self, operation: str) -> int:
+        if self._c is None:
+            raise _closed("client", operation)
+        return self._c
+
+    def _check(self, r: int, operation: str) -> int:
+        if r >= 0:
+            return r
+        text = ""
+        if self._c is not None:
+            text = (_L.tier_client_last_error(self._c) or b"").decode("utf-8", "replace")
+        raise error_class(r)(-r, text or strerror(r), operation)
+
+    def _invalidate_phase_grants(self, tensor: Tensor | None = None) -> None:
+        keep = []
+        for g in self._phase_grants:
+            if tensor is None or g.tensor is tensor:
+                g._invalidate()
+            else:
+                keep.append(g)
+        self._phase_grants = keep
+
+    # -- what the handshake told
+    @property
+    def closed(self) -> bool:
+        return self._c is None
+
+    @property
+    def job(self) -> str:
+        """The job's name ("" for a control connection)."""
+        return self._job
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def vram_backend(self) -> str:
+        """tierd's VRAM backend: "cuda" or "emulated"."""
+        return _L.tier_client_vram_backend(self._handle("vram backend")).decode()
+
+    @property
+    def vram_device(self) -> str:
+        """PCI bus id of tierd's GPU with the cuda backend ("0000:3b:00.0"), else ""."""
+        return _L.tier_client_vram_device(self._handle("vram device")).decode()
+
+    def limit(self, tier: TierLike) -> int:
+        """The job's byte limit in @tier (0 when unknown), as of the handshake."""
+        lv = _level(tier)
+        return _L.tier_client_limit(self._handle("limit"), lv)
+
+    def tensor_max(self, tier: TierLike) -> int:
+        """The largest tensor the job may have in @tier (0 when unknown)."""
+        lv = _level(tier)
+        return _L.tier_client_tensor_max(self._handle("tensor max"), lv)
+
+    def segment_size(self, tier: TierLike) -> int:
+        """The unit tierd hands out in @tier: host segment, VRAM chunk, NVMe extent."""
+        lv = _level(tier)
+        return _L.tier_client_segment_size(self._handle("segment size"), lv)
+
+    def fileno(self) -> int:
+        """The connection's socket (to poll; call ``process()`` when readable). Borrowed."""
+        return _L.tier_client_fd(self._handle("fileno"))
+
+    @property
+    def last_error(self) -> str:
+        """``tier_client_last_error()``: the reason of the last failed call, or ""."""
+        if self._c is None:
+            return ""
+        return (_L.tier_client_last_error(self._c) or b"").decode("utf-8", "replace")
+
+    # -- requests
+    def moved(self) -> dict[str, int]:
+        """Bytes tierd moved for the job on each link since it began: {"nvme->host": n, ...}.
+
+        One status request; the difference of two calls is what a pass cost.
+        """
+        arr = (c_uint64 * _lib.TIER_LINKS)()
+        self._check(_L.tier_client_moved(self._handle("moved"), arr), "moved")
+        return {LINKS[i]: int(arr[i]) for i in range(_lib.TIER_LINKS)}
+
+    def _status(self, fmt: int) -> str:
+        p = c_void_p()
+        self._check(_L.tier_status(self._handle("status"), fmt, byref(p)), "status")
+        try:
+            return ctypes.string_at(p.value).decode("utf-8", "replace")
+        finally:
+            _lib.libc_free(p.value)
+
+    def status(self) -> dict[str, Any]:
+        """tierd's whole status (``tier_status()`` JSON, parsed): tiers, links, targets, jobs."""
+        return json.loads(self._status(_lib.TIER_STATUS_JSON))
+
+    def status_table(self) -> str:
+        """tierd's status as the table ``tierctl status`` prints."""
+        return self._status(_lib.TIER_STATUS_TABLE)
+
+    def quota(self, job: str | None = None) -> Quota:
+        """``tier_quota_get()``: the quota of @job (None: this client's job)."""
+        jb = _name(job, "job") if job is not None else None
+        q = _lib.TierQuota()
+        op = f"quota of job {job if job is not None else self._job!r}"
+        self._check(_L.tier_quota_get(self._handle(op), jb, byref(q)), op)
+        return Quota(
+            limits=PerTier((_LEVEL_NAMES[i], int(q.limit[i])) for i in range(_lib.TIER_LEVEL_MAX)),
+            weight=int(q.weight),
+        )
+
+    def set_quota(
+        self,
+        job: str | None = None,
+        *,
+        vram: int | None = None,
+        host: int | None = None,
+        nvme: int | None = None,
+        weight: int | None = None,
+    ) -> None:
+        """``tier_quota_set()``: change the limits (bytes) and weight of @job (None: this client's).
+
+        None leaves a value unchanged.  Needs root or group tier-admin
+        (PermissionDeniedError otherwise).
+        """
+        if job is None:
+            if not self._job:
+                raise ValueError("a control connection has no job of its own: name one")
+            job = self._job
+        jb = _name(job, "job")
+        q = _lib.TierQuota()
+        for i, v in enumerate((vram, host, nvme)):
+            if v is not None:
+                q.limit[i] = _uint(v, f"the {_LEVEL_NAMES[i]} limit", 1, (1 << 64) - 1)
+        if weight is not None:
+            q.weight = _uint(weight, "weight", 1, 1000)
+        op = f"set quota of job {job!r}"
+        self._check(_L.tier_quota_set(self._handle(op), jb, byref(q)), op)
+
+    # -- tensors
+    def _register(self, handle: int) -> Tensor:
+        t = Tensor(self, handle)
+        self._tensors.add(t)
+        return t
+
+    def create(self, name: str, size: int) -> Tensor:
+        """Create tensor @name of @size bytes (zeros): ExistsError if it exists, TooLargeError if too big."""
+        nb = _name(name, "tensor")
+        sz = _uint(size, "tensor size", 1, _SIZE_MAX)
+        h = c_void_p()
+        op = f"create '{name}' ({sz} bytes)"
+        self._check(_L.tier_tensor_create(self._handle(op), nb, sz, byref(h)), op)
+        return self._register(h.value)  # type: ignore[arg-type]
+
+    def open(self, name: str) -> Tensor:
+        """Open the job's tensor @name (e.g. made by another rank): NotFoundError if there is none."""
+        nb = _name(name, "tensor")
+        h = c_void_p()
+        op = f"open '{name}'"
+        self._check(_L.tier_tensor_open(self._handle(op), nb, byref(h)), op)
+        return self._register(h.value)  # type: ignore[arg-type]
+
+    def tensor(self, name: str, size: int) -> Tensor:
+        """Open tensor @name, or create it with @size bytes if there is none.
+
+        ExistsError if it exists with another size.
+        """
+        sz = _uint(size, "tensor size", 1, _SIZE_MAX)
+        for _ in range(3):  # another rank may create or destroy it meanwhile
+            try:
+                t = self.open(name)
+            except TierError as e:
+                if e.errno != errno.ENOENT:
+                    raise
+            else:
+                if t.size != sz:
+                    t.close()
+                    raise error_class(errno.EEXIST)(
+                        errno.EEXIST, f"tensor '{name}' exists with {t.size} bytes, not {sz}", f"tensor '{name}'"
+                    )
+                return t
+            try:
+                return self.create(name, sz)
+            except TierError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+        raise error_class(errno.EAGAIN)(errno.EAGAIN, f"tensor '{name}' keeps appearing and going", f"tensor '{name}'")
+
+    # -- fences and events
+    def wait(self, fence_or_list: Fence | Iterable[Fence], timeout: float | None = None) -> None:
+        """Wait for a fence, or for every fence of a list (``tier_wait()``).
+
+        @timeout: seconds for all of them together, None: forever.
+        TimedOutError when it runs out (the requests go on); a failed
+        request raises its error.
+        """
+        fl = [fence_or_list] if isinstance(fence_or_list, Fence) else list(fence_or_list)
+        for f in fl:
+            if not isinstance(f, Fence):
+                raise TypeError(f"wait() takes tier.Fence objects, not {type(f).__name__}")
+            if f.client is not self:
+                raise ValueError(f"fence {f.value} belongs to another client")
+        ms = _timeout_ms(timeout)
+        deadline = None if ms < 0 else time.monotonic() + ms / 1000
+        c = self._handle("wait")
+        for f in fl:
+            left = -1
+            if deadline is not None:
+                left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            self._check(_L.tier_wait(c, f.value, left), f"wait for fence {f.value}")
+
+    def process(self) -> None:
+        """Handle what tierd sent without blocking (``tier_client_process()``).
+
+        Call it when ``fileno()`` is readable if the client talks to tierd
+        seldom.  ShutdownError once tierd announced its shutdown.
+        """
+        self._check(_L.tier_client_process(self._handle("process")), "process events")
+
+    # -- plans
+    def plan(self) -> Plan:
+        """A new, empty plan (``tier_plan_new()``)."""
+        return Plan(self)
+
+    def phase(self, k: int) -> None:
+        """Enter phase @k of the submitted plan (``tier_phase()``).
+
+        The previous phase's pins go (and the views of its phase grants).
+        """
+        ph = _uint(k, "phase")
+        c = self._handle(f"phase {ph}")
+        self._invalidate_phase_grants()
+        self._phase = None
+        self._check(_L.tier_phase(c, ph), f"phase {ph}")
+        self._phase = ph
+
+    def phase_grant(self, tensor: Tensor, tier: TierLike) -> Grant:
+        """Where @tensor, pinned in @tier (VRAM or HOST) for the current phase, is mapped.
+
+        The grant (a phase grant) is valid until the next ``phase()``; its
+        ``unpin()`` and ``with`` only invalidate its views.
+        """
+        lv = _level(tier)
+        if lv not in (Level.VRAM, Level.HOST):
+            raise ValueError(f"a plan places tensors in vram or host, not {lv}")
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"phase_grant() takes a tier.Tensor, not {type(tensor).__name__}")
+        if tensor.client is not self:
+            raise ValueError(f"tensor '{tensor.name}' belongs to another client")
+        op = f"phase grant of '{tensor.name}' in {lv}"
+        raw = _lib.TierGrant()
+        self._check(_L.tier_phase_grant(self._handle(op), tensor._handle(op), lv, byref(raw)), op)
+        mode = Mode(0)
+        for ph, t, tl, md in self._planned:
+            if ph == self._phase and tl == lv and t.name == tensor.name:
+                mode |= md
+        g = Grant(tensor, raw, mode or Mode.READ_WRITE, phase=True)
+        self._phase_grants.append(g)
+        return g
+
+    @property
+    def phase_stall(self) -> float:
+        """Seconds this client has waited in ``phase()`` so far."""
+        return float(_L.tier_phase_stall(self._handle("phase stall")))
+
+    def register_cuda_host(self) -> int:
+        """``tier_client_cuda_register_host()``: register the host segments with CUDA.
+
+        Returns the number registered now; raises (ENODEV) without CUDA here.
+        """
+        return self._check(_L.tier_client_cuda_register_host(self._handle("register host")), "register host segments")
+
+    # -- lifetime
+    def close(self) -> None:
+        """Close the open Tensor handles, then the connection (``tier_client_free()``).
+
+        tierd drops the pins; views are invalidated (numpy/torch views lose
+        their mapping).  Idempotent.
+        """
+        if self._c is None:
+            return
+        self._invalidate_phase_grants()
+        for t in list(self._tensors):
+            t.close()
+        for p in list(self._plans):
+            p.close()
+        c, self._c = self._c, None
+        _L.tier_client_free(c)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._c is None else "open"
+        return f"<tier.Client job={self._job!r} rank={self._rank} {state}>"

@@ -1,0 +1,216 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""The tier package without a daemon: prototypes, loading, constants, errors, versions."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import tierd
+
+import tier
+from tier import _lib
+
+
+def header_functions(path: str) -> set[str]:
+    """Every function tier.h declares (comments dropped)."""
+    with open(path) as f:
+        text = f.read()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return set(re.findall(r"\b(tier_\w+)\s*\(", text))
+
+
+class TestPrototypes(unittest.TestCase):
+    def test_every_function_of_tier_h(self) -> None:
+        declared = header_functions(os.path.join(tierd.source_dir(), "client", "tier.h"))
+        self.assertGreater(len(declared), 40)
+        self.assertEqual(declared - set(_lib.PROTOTYPES), set(), "tier.h functions without a prototype")
+        self.assertEqual(set(_lib.PROTOTYPES) - declared, set(), "prototypes of functions tier.h lacks")
+        lib = _lib.lib()
+        for name, (restype, argtypes) in _lib.PROTOTYPES.items():
+            fn = getattr(lib, name)
+            self.assertIs(fn.restype, restype, name)
+            self.assertEqual(list(fn.argtypes), list(argtypes), name)
+
+    def test_structures(self) -> None:
+        # the sizes of the C structures on x86-64 / aarch64 (LP64)
+        self.assertEqual(ctypes.sizeof(_lib.TierGrant), 48)
+        self.assertEqual(_lib.TierGrant.tier.offset, 40)
+        self.assertEqual(ctypes.sizeof(_lib.TierStat), 8 + 3 * 4 * 3 + 4)
+        self.assertEqual(ctypes.sizeof(_lib.TierQuota), 32)
+
+    def test_constants_match_header(self) -> None:
+        with open(os.path.join(tierd.source_dir(), "client", "tier.h")) as f:
+            h = f.read()
+        consts = dict(re.findall(r"\b(TIER_[A-Z_]+)\s*=\s*(\d+)", h))
+        self.assertEqual(int(consts["TIER_VRAM"]), tier.VRAM)
+        self.assertEqual(int(consts["TIER_HOST"]), tier.HOST)
+        self.assertEqual(int(consts["TIER_NVME"]), tier.NVME)
+        self.assertEqual(int(consts["TIER_READ"]), tier.READ)
+        self.assertEqual(int(consts["TIER_WRITE"]), tier.WRITE)
+        self.assertEqual(int(consts["TIER_READ_WRITE"]), tier.READ_WRITE)
+        self.assertEqual(int(consts["TIER_LINKS"]), _lib.TIER_LINKS)
+        self.assertEqual(int(consts["TIER_STATUS_JSON"]), _lib.TIER_STATUS_JSON)
+        m = re.search(r"#define TIER_PROTOCOL_VERSION (\d+)", h)
+        assert m
+        self.assertEqual(int(m.group(1)), _lib.TIER_PROTOCOL_VERSION)
+
+
+class TestNames(unittest.TestCase):
+    def test_levels_and_links(self) -> None:
+        self.assertEqual([str(x) for x in tier.Level], ["vram", "host", "nvme"])
+        self.assertEqual(f"{tier.NVME}", "nvme")
+        self.assertEqual(tier.level_name("HOST"), "host")
+        self.assertEqual(tier.level_name(0), "vram")
+        self.assertEqual(tier.LINKS, ("nvme->host", "host->nvme", "host->vram", "vram->host"))
+        self.assertEqual(tier.link_name(2), "host->vram")
+        with self.assertRaises(ValueError):
+            tier.level_name("disk")
+        with self.assertRaises(ValueError):
+            tier.level_name(3)
+        with self.assertRaises(TypeError):
+            tier.level_name(True)  # type: ignore[arg-type]
+        with self.assertRaises(TypeError):
+            tier.level_name(1.0)  # type: ignore[arg-type]
+        with self.assertRaises(ValueError):
+            tier.link_name(4)
+        self.assertEqual(tier.READ | tier.WRITE, tier.READ_WRITE)
+
+    def test_strerror(self) -> None:
+        self.assertEqual(tier.strerror(-errno.ENOSPC), os.strerror(errno.ENOSPC))
+        self.assertEqual(tier.strerror(errno.EDQUOT), os.strerror(errno.EDQUOT))
+
+
+class TestErrors(unittest.TestCase):
+    def test_classes(self) -> None:
+        cases = {
+            errno.ENOSPC: tier.NoSpaceError,
+            errno.EDQUOT: tier.QuotaError,
+            errno.EFBIG: tier.TooLargeError,
+            errno.EAGAIN: tier.RetryLaterError,
+            errno.ENOENT: tier.NotFoundError,
+            errno.EEXIST: tier.ExistsError,
+            errno.EPERM: tier.PermissionDeniedError,
+            errno.EACCES: tier.PermissionDeniedError,
+            errno.EBUSY: tier.BusyError,
+            errno.ESHUTDOWN: tier.ShutdownError,
+            errno.ECONNRESET: tier.ShutdownError,
+            errno.ENOTCONN: tier.ShutdownError,
+            errno.EPIPE: tier.ShutdownError,
+            errno.ETIMEDOUT: tier.TimedOutError,
+            errno.EIO: tier.TierError,
+        }
+        for e, cls in cases.items():
+            self.assertIs(tier.errors.error_class(-e), cls)
+            self.assertIs(tier.errors.error_class(e), cls)
+            x = cls(e, "why", "what")
+            self.assertIsInstance(x, tier.TierError)
+            self.assertIsInstance(x, OSError)
+            self.assertEqual((x.errno, x.strerror, x.operation), (e, "why", "what"))
+            self.assertEqual(str(x), f"what: why [{errno.errorcode[e]}]")
+
+    def test_pickle(self) -> None:
+        import pickle
+
+        x = pickle.loads(pickle.dumps(tier.NoSpaceError(errno.ENOSPC, "full", "pin")))
+        self.assertIsInstance(x, tier.NoSpaceError)
+        self.assertEqual((x.errno, x.strerror, x.operation), (errno.ENOSPC, "full", "pin"))
+
+
+def run_python(code: str, env: dict[str, str], cwd: str = "/") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+class TestLoading(unittest.TestCase):
+    """The lookup order: $TIER_LIBTIER, $TIER_BUILD, the checkout's build/, the system."""
+
+    def env(self, **kw: str | None) -> dict[str, str]:
+        e = {k: v for k, v in os.environ.items() if k not in ("TIER_LIBTIER", "TIER_BUILD")}
+        e["PYTHONPATH"] = os.path.join(tierd.source_dir(), "client", "python")
+        for k, v in kw.items():
+            if v is not None:
+                e[k] = v
+        return e
+
+    def test_import_is_lazy_about_numpy_and_torch(self) -> None:
+        p = run_python("import sys, tier; print('numpy' in sys.modules, 'torch' in sys.modules)", self.env(
+            TIER_LIBTIER=os.environ["TIER_LIBTIER"]))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["False", "False"])
+
+    def test_tier_libtier(self) -> None:
+        lib = os.environ["TIER_LIBTIER"]
+        p = run_python("import tier; print(tier.library_path())", self.env(TIER_LIBTIER=lib, TIER_BUILD="/nonexistent"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), lib)
+
+    def test_tier_build(self) -> None:
+        p = run_python("import tier; print(tier.library_path())", self.env(TIER_BUILD=tierd.build_dir()))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), os.path.join(tierd.build_dir(), "client", "libtier.so"))
+
+    def test_missing_library_names_the_places(self) -> None:
+        code = (
+            "import tier\n"
+        )
+        p = run_python(code, self.env(TIER_LIBTIER="/nonexistent/libtier.so"))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("TierError", p.stderr)
+        self.assertIn("cannot load libtier; tried: /nonexistent/libtier.so", p.stderr)
+        p = run_python(code, self.env(TIER_BUILD="/nonexistent"))
+        self.assertIn("/nonexistent/client/libtier.so", p.stderr)
+
+    def test_checkout_build_dir(self) -> None:
+        # running from the checkout: <package>/../../../build/client/libtier.so, when it exists
+        src_build = os.path.join(tierd.source_dir(), "build", "client", "libtier.so")
+        p = run_python("import tier; print(tier.library_path())", self.env())
+        if os.path.exists(src_build):
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout.strip(), src_build)
+        elif p.returncode != 0:  # no ./build and no system libtier
+            self.assertIn("not built", p.stderr)
+            self.assertIn("libtier.so.0", p.stderr)
+
+
+class TestVersion(unittest.TestCase):
+    def test_versions_agree(self) -> None:
+        src = tierd.source_dir()
+        with open(os.path.join(src, "meson.build")) as f:
+            m = re.search(r"version\s*:\s*'([^']+)'", f.read())
+        assert m
+        with open(os.path.join(src, "client", "python", "pyproject.toml")) as f:
+            p = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+        assert p
+        self.assertEqual(p.group(1), m.group(1))
+        self.assertEqual(tier.__version__, m.group(1))
+
+
+class TestArguments(unittest.TestCase):
+    """Bad Python arguments are refused before any C call (no daemon needed)."""
+
+    def test_client_arguments(self) -> None:
+        with self.assertRaises(TypeError):
+            tier.Client(None)  # type: ignore[arg-type]
+        with self.assertRaises(ValueError):
+            tier.Client("bad\njob")
+        with self.assertRaises(ValueError):
+            tier.Client("j", rank=-1)
+        with self.assertRaises(TypeError):
+            tier.Client("j", rank="0")  # type: ignore[arg-type]
+
+    def test_connect_failure(self) -> None:
+        with self.assertRaises(tier.TierError) as cm:
+            tier.Client("j", socket="/nonexistent/tierd.sock")
+        self.assertIsInstance(cm.exception, tier.NotFoundError)
+        self.assertIn("/nonexistent/tierd.sock", cm.exception.strerror)
+        self.assertIn("is tierd running?", cm.exception.strerror)
+
+
+if __name__ == "__main__":
+    tierd.main()

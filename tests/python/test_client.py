@@ -1,0 +1,473 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""tier.Client, Tensor, Grant, Fence against a real tierd: every call, and its errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import time
+
+import tierd
+from tierd import MiB
+
+import tier
+
+
+def pattern(n: int, seed: int) -> bytes:
+    """@n bytes that differ between seeds and offsets."""
+    block = bytes((i * 31 + seed * 7) & 0xFF for i in range(4096))
+    return (block * (n // 4096 + 1))[:n]
+
+
+class TestClient(tierd.DaemonTestCase):
+    def test_properties(self) -> None:
+        c = self.client("props", rank=3)
+        self.assertEqual(c.job, "props")
+        self.assertEqual(c.rank, 3)
+        self.assertEqual(c.vram_backend, "emulated")
+        self.assertEqual(c.vram_device, "")
+        self.assertEqual(c.limit(tier.HOST), 48 * MiB)
+        self.assertEqual(c.limit("vram"), 16 * MiB)
+        self.assertEqual(c.tensor_max(tier.HOST), 48 * MiB)
+        self.assertEqual(c.tensor_max(tier.VRAM), 16 * MiB)
+        self.assertEqual(c.segment_size(tier.HOST), 16 * MiB)
+        self.assertEqual(c.segment_size(tier.VRAM), 8 * MiB)
+        self.assertEqual(c.segment_size(tier.NVME), 1 * MiB)
+        fd = c.fileno()
+        self.assertGreaterEqual(fd, 0)
+        os.fstat(fd)
+        self.assertEqual(c.last_error, "")
+        self.assertEqual(c.phase_stall, 0.0)
+        self.assertIn("props", repr(c))
+
+    def test_context_manager_and_close(self) -> None:
+        with tier.Client("cm", socket=self.socket) as c:
+            t = c.create("t", 4096)
+            u = c.create("u", 4096)
+            g = t.pin(tier.HOST)
+            mv = g.memoryview()
+            self.assertFalse(c.closed)
+        self.assertTrue(c.closed)
+        self.assertTrue(t.closed and u.closed)  # its handles were closed first
+        self.assertFalse(g.pinned)
+        with self.assertRaises(ValueError):
+            mv[0]
+        c.close()  # idempotent
+        t.close()
+        with self.assertRaises(tier.TierError) as cm:
+            c.create("x", 1)
+        self.assertEqual(cm.exception.errno, errno.EBADF)
+        with self.assertRaises(tier.TierError):
+            t.pin(tier.HOST)
+        with self.assertRaises(tier.TierError):
+            g.memoryview()
+
+    def test_create_open_tensor(self) -> None:
+        c = self.client()
+        t = c.create("w0", 3 * 4096)
+        self.assertEqual((t.name, t.size, t.client), ("w0", 3 * 4096, c))
+        other = self.client(c.job, rank=1)  # another rank of the job
+        u = other.open("w0")
+        self.assertEqual(u.size, t.size)
+        with t.pin(tier.HOST) as g:
+            g.memoryview()[:5] = b"hello"
+        with u.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:5]), b"hello")
+            self.assertFalse(g.dirty)
+        # tensor(): open when there, create when not
+        v = c.tensor("w0", 3 * 4096)
+        self.assertEqual(v.size, t.size)
+        w = c.tensor("w1", 8192)
+        self.assertEqual(w.stat().size, 8192)
+        with self.assertRaises(tier.ExistsError) as cm:
+            c.tensor("w1", 4096)
+        self.assertIn("8192", str(cm.exception))
+        with u:
+            pass
+        self.assertTrue(u.closed)
+        for x in (t, w):
+            x.destroy()
+            self.assertTrue(x.closed)
+        v.close()
+        with self.assertRaises(tier.NotFoundError):
+            c.open("w0")
+
+    def test_argument_errors(self) -> None:
+        c = self.client()
+        t = c.create("t", 4096)
+        with self.assertRaises(ValueError):
+            c.create("", 1)
+        with self.assertRaises(ValueError):
+            c.create("x", 0)
+        with self.assertRaises(ValueError):
+            c.create("x", (1 << 40) + 1)
+        with self.assertRaises(TypeError):
+            c.create("x", 1.5)  # type: ignore[arg-type]
+        with self.assertRaises(TypeError):
+            c.open(b"t")  # type: ignore[arg-type]
+        with self.assertRaises(ValueError):
+            t.pin("disk")
+        with self.assertRaises(ValueError):
+            t.pin(tier.HOST, 0)
+        with self.assertRaises(ValueError):
+            t.pin(tier.HOST, 4)
+        with self.assertRaises(TypeError):
+            t.evict(None)  # type: ignore[arg-type]
+        with self.assertRaises(ValueError):
+            t.unpin_after(tier.HOST, True, None)
+        f = t.prefetch_async(tier.HOST)
+        with self.assertRaises(ValueError):
+            c.wait(f, timeout=-1)
+        with self.assertRaises(TypeError):
+            c.wait([1])  # type: ignore[list-item]
+        with self.assertRaises(ValueError):
+            c.set_quota(vram=0)
+        with self.assertRaises(ValueError):
+            c.set_quota(weight=1001)
+        with self.assertRaises(ValueError):
+            c.phase(-1)
+        other = self.client("other-args")
+        with self.assertRaises(ValueError):
+            other.wait(f)
+        with self.assertRaises(ValueError):
+            other.phase_grant(t, tier.HOST)
+        with self.assertRaises(ValueError):
+            c.phase_grant(t, tier.NVME)
+        c.wait(f)  # (a tensor with a request in flight cannot be destroyed)
+        t.destroy()
+
+    def test_stat_and_pins(self) -> None:
+        c = self.client()
+        t = c.create("t", 1 * MiB)
+        st = t.stat()
+        self.assertEqual(st.size, 1 * MiB)
+        self.assertEqual(dict(st.state), {"vram": "absent", "host": "absent", "nvme": "absent"})
+        g = t.pin(tier.HOST)
+        self.assertEqual((g.tier, g.length, g.mode), (tier.HOST, 1 * MiB, tier.READ_WRITE))
+        self.assertIsNotNone(g.ptr)
+        self.assertIsNone(g.device_ptr)
+        self.assertTrue(g.dirty)
+        self.assertGreaterEqual(g.offset, 0)
+        self.assertGreaterEqual(g.segment, 0)
+        st = t.stat()
+        self.assertEqual(st.state[tier.HOST], "resident")
+        self.assertEqual(st.state["host"], "resident")
+        self.assertEqual(st.pins[tier.HOST], 1)
+        self.assertIn(tier.HOST, st.pins)
+        g2 = t.pin(tier.HOST, tier.READ)
+        self.assertEqual(t.stat().pins["host"], 2)
+        mv1, mv2 = g.memoryview(), g2.memoryview()
+        t.unpin(tier.HOST)  # drops the newest grant's pin: g2's
+        self.assertFalse(g2.pinned)
+        self.assertTrue(g.pinned)
+        with self.assertRaises(ValueError):
+            mv2[0]
+        mv1[0] = 1
+        g.unpin()
+        g.unpin()  # idempotent
+        st = t.stat()
+        self.assertEqual(st.pins[tier.HOST], 0)
+        self.assertTrue(st.dirty[tier.HOST])
+        with self.assertRaises(tier.TierError):
+            t.unpin(tier.HOST)  # no pin left: tierd says so
+        self.assertNotEqual(c.last_error, "")
+        t.destroy()
+
+    def test_memoryview_lifetime(self) -> None:
+        c = self.client()
+        t = c.create("t", 64 * 1024)
+        with t.pin(tier.HOST) as g:
+            mv = g.memoryview()
+            self.assertEqual((mv.format, mv.itemsize, mv.nbytes, mv.readonly), ("B", 1, 64 * 1024, False))
+            mv[:] = pattern(64 * 1024, 1)
+            again = g.memoryview()
+            self.assertEqual(again.tobytes(), pattern(64 * 1024, 1))  # same memory, no copy
+            self.assertEqual(g.ptr, g.ptr)
+        self.assertFalse(g.pinned)
+        for v in (mv, again):
+            with self.assertRaises(ValueError):
+                v[0]
+            with self.assertRaises(ValueError):
+                bytes(v)
+        with self.assertRaises(tier.TierError) as cm:
+            g.memoryview()
+        self.assertIn("unpinned", str(cm.exception))
+        with self.assertRaises(tier.TierError):
+            g.numpy()
+        with self.assertRaises(tier.TierError):
+            g.torch()
+        # the with block unpinned dirty: the data is the tensor's
+        t.evict(tier.NVME)
+        with t.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(g.memoryview().tobytes(), pattern(64 * 1024, 1))
+        t.destroy()
+
+    def test_clean_unpin_override(self) -> None:
+        c = self.client()
+        t = c.create("t", 4096)
+        with t.pin(tier.HOST) as g:
+            g.dirty = False
+        self.assertFalse(t.stat().dirty["host"])
+        t.destroy()
+
+    def test_write_only_pin_moves_nothing(self) -> None:
+        c = self.client()
+        t = c.create("t", 8 * MiB)
+        with t.pin(tier.HOST) as g:
+            g.memoryview()[:] = pattern(8 * MiB, 5)
+        t.evict(tier.NVME)
+        st = t.stat()
+        self.assertEqual((st.state["host"], st.state["nvme"]), ("absent", "resident"))
+        before = c.moved()
+        self.assertEqual(set(before), set(tier.LINKS))
+        self.assertEqual(before["host->nvme"], 8 * MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            self.assertTrue(g.dirty)
+            g.memoryview()[:] = b"\x77" * (8 * MiB)
+        after = c.moved()
+        self.assertEqual(after["nvme->host"] - before["nvme->host"], 0)
+        self.assertEqual(after, before)
+        t.evict(tier.NVME)
+        with t.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(g.memoryview().tobytes(), b"\x77" * (8 * MiB))
+        self.assertEqual(c.moved()["nvme->host"] - before["nvme->host"], 8 * MiB)
+        t.destroy()
+
+    def test_async_pin_evict_prefetch(self) -> None:
+        c = self.client()
+        t = c.create("t", 2 * MiB)
+        g, f = t.pin_async(tier.HOST)
+        self.assertIsInstance(f, tier.Fence)
+        f.wait()
+        self.assertTrue(f.done())
+        g.memoryview()[:] = pattern(2 * MiB, 9)
+        g.unpin()
+        f = t.evict_async(tier.NVME)
+        c.wait(f)
+        self.assertEqual(t.stat().state["host"], "absent")
+        f = t.prefetch_async(tier.HOST)
+        c.wait([f], timeout=10)
+        self.assertEqual(t.stat().state["host"], "resident")
+        t.evict(tier.NVME)
+        t.prefetch(tier.VRAM)  # nvme -> host -> vram
+        st = t.stat()
+        self.assertEqual(st.state["vram"], "resident")
+        with t.pin(tier.VRAM, tier.READ) as g:  # emulated VRAM: host memory, a ptr
+            self.assertEqual(g.tier, tier.VRAM)
+            self.assertIsNotNone(g.ptr)
+            self.assertEqual(g.memoryview().tobytes(), pattern(2 * MiB, 9))
+        self.assertEqual(int(tier.Fence(c, 0)), 0)
+        self.assertTrue(tier.Fence(c, 0).done())
+        t.destroy()
+
+    def test_fence_timeouts(self) -> None:
+        # the emulated host<->VRAM link is throttled to 32M/s: 16M takes half a second
+        c = self.client()
+        t = c.create("t", 16 * MiB)
+        u = c.create("u", 8 * MiB)
+        t.prefetch(tier.HOST)
+        u.prefetch(tier.HOST)
+        f = t.prefetch_async(tier.VRAM)
+        self.assertFalse(f.done())
+        t0 = time.monotonic()
+        with self.assertRaises(tier.TimedOutError) as cm:
+            f.wait(timeout=0.05)
+        self.assertLess(time.monotonic() - t0, 0.4)
+        self.assertEqual(cm.exception.errno, errno.ETIMEDOUT)
+        self.assertIn("not done after", cm.exception.strerror)
+        with self.assertRaises(tier.TimedOutError):
+            c.wait([f], timeout=0)
+        f.wait(timeout=10)
+        self.assertTrue(f.done())
+        # several at once: one deadline for all
+        t.evict(tier.HOST)
+        fs = [t.prefetch_async(tier.VRAM), u.evict_async(tier.NVME)]
+        with self.assertRaises(tier.TimedOutError):
+            c.wait(fs, timeout=0.02)
+        c.wait(fs, timeout=10)
+        self.assertTrue(all(x.done() for x in fs))
+        # tier_stream_wait() without a device event waits on the host
+        g, f = t.pin_async(tier.HOST)
+        f.stream_wait(None)
+        self.assertTrue(f.done())
+        g.unpin()
+        for x in (t, u):
+            x.destroy()
+
+    def test_process_and_fileno(self) -> None:
+        c = self.client()
+        c.process()  # nothing pending
+        t = c.create("t", 4096)
+        f = t.prefetch_async(tier.HOST)
+        r, _, _ = select.select([c.fileno()], [], [], 0)
+        c.process()
+        f.wait(5)
+        t.destroy()
+
+    def test_status(self) -> None:
+        c = self.client()
+        t = c.create("t", 1 * MiB)
+        s = c.status()
+        self.assertEqual(
+            set(s), {"version", "uptime_s", "connections", "policy", "tiers", "links", "targets", "jobs"}
+        )
+        jobs = {j["name"]: j for j in s["jobs"]}
+        self.assertIn(c.job, jobs)
+        self.assertEqual(jobs[c.job]["tensors"], 1)
+        self.assertEqual(set(jobs[c.job]["moved"]), set(tier.LINKS))
+        table = c.status_table()
+        self.assertIn("VRAM is EMULATED", table)
+        self.assertIn(c.job, table)
+        t.destroy()
+
+    def test_control_connection(self) -> None:
+        c = self.client("")
+        self.assertEqual(c.job, "")
+        self.assertIn("jobs", c.status())
+        with self.assertRaises(tier.PermissionDeniedError) as cm:
+            c.create("t", 4096)
+        self.assertIn("control connection", cm.exception.strerror)
+        with self.assertRaises(ValueError):
+            c.set_quota(host=1 * MiB)
+        with self.assertRaises(tier.PermissionDeniedError):
+            c.plan()
+
+    def test_quota(self) -> None:
+        c = self.client("quota-job")
+        q = c.quota()
+        self.assertEqual(dict(q.limits), {"vram": 16 * MiB, "host": 48 * MiB, "nvme": 2 << 30})
+        self.assertEqual(q.limits[tier.HOST], 48 * MiB)
+        self.assertEqual(q.weight, 1)
+        self.assertEqual(c.quota("quota-job"), q)
+        with self.assertRaises(tier.NotFoundError):
+            c.quota("no-such-job")
+        admin = os.geteuid() == 0  # (or group tier-admin, which test machines lack)
+        if admin:
+            c.set_quota(host=32 * MiB, weight=5)
+            q = c.quota()
+            self.assertEqual((q.limits["host"], q.limits["vram"], q.weight), (32 * MiB, 16 * MiB, 5))
+            ctl = self.client("")
+            ctl.set_quota("quota-job", vram=8 * MiB)
+            self.assertEqual(c.quota().limits["vram"], 8 * MiB)
+            with self.assertRaises(tier.NotFoundError):
+                ctl.set_quota("no-such-job", vram=8 * MiB)
+        else:
+            with self.assertRaises(tier.PermissionDeniedError) as cm:
+                c.set_quota(host=32 * MiB)
+            self.assertIn("tier-admin", cm.exception.strerror)
+
+
+class TestErrors(tierd.DaemonTestCase):
+    """Each failure as its exception class, with tierd's text."""
+
+    def test_not_found_exists_busy(self) -> None:
+        c = self.client()
+        with self.assertRaises(tier.NotFoundError) as cm:
+            c.open("nope")
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+        self.assertIn("no tensor 'nope'", cm.exception.strerror)
+        self.assertEqual(cm.exception.operation, "open 'nope'")
+        t = c.create("t", 4096)
+        with self.assertRaises(tier.ExistsError) as cm:
+            c.create("t", 4096)
+        self.assertEqual(cm.exception.errno, errno.EEXIST)
+        g = t.pin(tier.HOST)
+        with self.assertRaises(tier.BusyError) as cm:
+            t.destroy()
+        self.assertEqual(cm.exception.errno, errno.EBUSY)
+        self.assertFalse(t.closed)  # the handle stays on failure
+        g.unpin()
+        t.destroy()
+
+    def test_too_large_and_quota(self) -> None:
+        c = self.client()
+        with self.assertRaises(tier.TooLargeError) as cm:
+            c.create("huge", 49 * MiB)  # above both host (48M) and VRAM (16M) tensor_max
+        self.assertEqual(cm.exception.errno, errno.EFBIG)
+        big = c.create("big", 40 * MiB)
+        with self.assertRaises(tier.TooLargeError) as cm:
+            big.pin(tier.VRAM)  # the whole VRAM tier is 32M
+        self.assertIn("larger than the whole vram tier", cm.exception.strerror)
+        big.destroy()
+        over = c.create("over", 20 * MiB)
+        with self.assertRaises(tier.QuotaError) as cm:
+            over.pin(tier.VRAM)  # the job may have 16M there
+        self.assertEqual(cm.exception.errno, errno.EDQUOT)
+        self.assertIn("may use in vram", cm.exception.strerror)
+        over.destroy()
+
+    def test_no_space_and_retry_later(self) -> None:
+        c = self.client("space-a")
+        ts = [c.create(f"s{i}", 16 * MiB) for i in range(3)]
+        gs = [t.pin(tier.HOST) for t in ts]
+        more = c.create("more", 4 * MiB)
+        with self.assertRaises(tier.NoSpaceError) as cm:
+            more.pin(tier.HOST)
+        self.assertEqual(cm.exception.errno, errno.ENOSPC)
+        self.assertIn("is at its host limit", cm.exception.strerror)
+        self.assertIn("pinned", str(cm.exception))
+        # job a holds 3 of the pool's 4 segments; b gets the last one, then no more
+        b = self.client("space-b")
+        b0, b1 = b.create("b0", 16 * MiB), b.create("b1", 16 * MiB)
+        gb = b0.pin(tier.HOST)
+        with self.assertRaises(tier.RetryLaterError) as cm:
+            b1.pin(tier.HOST)
+        self.assertEqual(cm.exception.errno, errno.EAGAIN)
+        self.assertIn("has no segment left for job 'space-b'", cm.exception.strerror)
+        self.assertIn("'space-a'", cm.exception.strerror)
+        gb.unpin()
+        for g in gs:
+            g.unpin()
+        for t in ts + [more, b0, b1]:
+            t.destroy()
+
+    def test_cuda_calls_without_cuda(self) -> None:
+        c = self.client()
+        t = c.create("t", 4096)
+        g = t.pin(tier.VRAM)
+        with self.assertRaises(tier.TierError) as cm:
+            t.unpin_after(tier.VRAM, True, 0)
+        self.assertEqual(cm.exception.errno, errno.EOPNOTSUPP)
+        self.assertIn("not cuda", cm.exception.strerror)
+        self.assertTrue(g.pinned)  # the pin is kept on failure
+        with self.assertRaises(AttributeError):
+            g.__cuda_array_interface__
+        self.assertFalse(hasattr(g, "__cuda_array_interface__"))
+        t.unpin(tier.VRAM)
+        self.assertFalse(g.pinned)
+        if not os.environ.get("TIER_LIBCUDA"):
+            try:
+                n = c.register_cuda_host()
+            except tier.TierError as e:  # no CUDA driver in this process
+                self.assertEqual(e.errno, errno.ENODEV)
+            else:  # a machine with a CUDA driver
+                self.assertGreaterEqual(n, 0)
+        t.destroy()
+
+
+class TestLargeTensor(tierd.DaemonTestCase):
+    def test_spanning_segments_is_one_range(self) -> None:
+        c = self.client()
+        seg = c.segment_size(tier.HOST)
+        size = seg + seg // 2  # 24M over 16M segments: a whole segment and a tail
+        t = c.create("large", size)
+        data = pattern(size, 3)
+        with t.pin(tier.HOST) as g:
+            self.assertEqual(g.length, size)
+            mv = g.memoryview()
+            self.assertEqual(len(mv), size)
+            mv[:] = data
+            mv[size - 1] = 0xAB  # the last byte, in the second segment
+        t.evict(tier.NVME)
+        self.assertEqual(t.stat().state["host"], "absent")
+        with t.pin(tier.HOST, tier.READ) as g:
+            got = g.memoryview()
+            self.assertEqual(got[size - 1], 0xAB)
+            self.assertEqual(got[: size - 1].tobytes(), data[: size - 1])
+        t.destroy()
+
+
+if __name__ == "__main__":
+    tierd.main()

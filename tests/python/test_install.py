@@ -1,0 +1,71 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""pip install ./client/python works offline into a venv, and the installed package imports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import tierd
+
+
+class TestInstall(unittest.TestCase):
+    def run_cmd(self, argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=120, **kw)
+        if p.returncode != 0:
+            print(f"$ {' '.join(argv)}\n{p.stdout}{p.stderr}", file=sys.stderr)
+        return p
+
+    def test_pip_install_offline(self) -> None:
+        for mod in ("venv", "ensurepip", "setuptools"):
+            p = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True)
+            if p.returncode != 0:
+                self.skipTest(f"{sys.executable} lacks {mod} (python3-venv, python3-setuptools)")
+        tmp = tempfile.mkdtemp(prefix="tier-pip.")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        # a copy of the package, so that the build writes nothing into the source tree
+        src = os.path.join(tmp, "src")
+        shutil.copytree(os.path.join(tierd.source_dir(), "client", "python"), src,
+                        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+        venv = os.path.join(tmp, "venv")
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONPATH", "TIER_BUILD", "TIER_SOURCE", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
+        env.update(PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", HOME=tmp)
+        self.assertEqual(self.run_cmd([sys.executable, "-m", "venv", "--system-site-packages", venv], env=env).returncode, 0)
+        py = os.path.join(venv, "bin", "python")
+        p = self.run_cmd([py, "-m", "pip", "install", "--no-index", "--no-build-isolation", src], env=env, cwd=tmp)
+        self.assertEqual(p.returncode, 0, "pip install failed")
+
+        code = (
+            "import os, sys, tier\n"
+            "assert tier.__file__.startswith(sys.prefix), tier.__file__\n"
+            "assert os.path.exists(os.path.join(os.path.dirname(tier.__file__), 'py.typed'))\n"
+            "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+            "print(tier.__version__, tier.library_path(), tier.strerror(-28))\n"
+        )
+        env_lib = dict(env, TIER_LIBTIER=os.environ["TIER_LIBTIER"])
+        p = self.run_cmd([py, "-c", code], env=env_lib, cwd=tmp)
+        self.assertEqual(p.returncode, 0)
+        version, path, text = p.stdout.split(maxsplit=2)
+        self.assertEqual(path, os.environ["TIER_LIBTIER"])
+        self.assertEqual(text.strip(), "No space left on device")
+        p = self.run_cmd([py, "-m", "pip", "show", "tier"], env=env, cwd=tmp)
+        self.assertIn(f"Version: {version}", p.stdout)
+
+        # installed, outside any checkout and without the variables: the system's libtier.so.0 or a clear error
+        p = subprocess.run([py, "-c", "import tier; print(tier.library_path())"], env=env, cwd=tmp,
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            self.assertIn("TierError", p.stderr)
+            self.assertIn("$TIER_LIBTIER and $TIER_BUILD (not set)", p.stderr)
+            self.assertIn("libtier.so.0", p.stderr)
+            self.assertNotIn("not built", p.stderr)
+
+
+if __name__ == "__main__":
+    tierd.main()

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Iteration plans through tier.Plan: submit, phase, phase_grant, phase_stall; refusals."""
+
+from __future__ import annotations
+
+import errno
+
+import tierd
+from tierd import MiB
+
+import tier
+
+SIZE = 1 * MiB
+PH_FWD, PH_BWD, PH_OPT = 0, 1, 2
+
+
+class TestPlan(tierd.DaemonTestCase):
+    def test_training_steps(self) -> None:
+        c = self.client()
+        w = c.create("w", SIZE)
+        grad = c.create("grad", SIZE)
+        with c.plan() as p:
+            p.add(PH_FWD, w, tier.VRAM, tier.READ)
+            p.add(PH_BWD, w, "vram", tier.READ)
+            p.add(PH_BWD, grad, tier.VRAM, tier.WRITE)
+            p.add(PH_OPT, grad, tier.HOST, tier.READ)
+            p.add(PH_OPT, w, tier.HOST)  # READ_WRITE
+            self.assertFalse(p.submitted)
+            p.submit()
+            self.assertTrue(p.submitted)
+            self.assertIn("submitted", repr(p))
+            with self.assertRaises(tier.TierError) as cm:
+                p.add(PH_FWD, w, tier.VRAM)
+            self.assertEqual(cm.exception.errno, errno.EBADF)
+
+        for step in range(3):
+            c.phase(PH_FWD)
+            g = c.phase_grant(w, tier.VRAM)
+            self.assertTrue(g.phase)
+            self.assertEqual((g.tier, g.length, g.mode), (tier.VRAM, SIZE, tier.READ))
+            fwd_view = g.memoryview()
+            self.assertEqual(fwd_view.tobytes(), bytes([step]) * SIZE, f"step {step}: w in VRAM")
+
+            c.phase(PH_BWD)
+            with self.assertRaises(ValueError):
+                fwd_view[0]  # the phase is over: its grants' views are released
+            self.assertFalse(g.pinned)
+            with self.assertRaises(tier.TierError):
+                g.memoryview()
+            with c.phase_grant(grad, tier.VRAM) as gg:
+                self.assertEqual(gg.mode, tier.WRITE)
+                gg.memoryview()[:] = bytes([100 + step]) * SIZE
+            self.assertFalse(gg.pinned)  # the with block only invalidates a phase grant
+
+            c.phase(PH_OPT)
+            gh = c.phase_grant(grad, tier.HOST)
+            self.assertEqual(gh.mode, tier.READ)
+            self.assertEqual(gh.memoryview().tobytes(), bytes([100 + step]) * SIZE)
+            wh = c.phase_grant(w, tier.HOST)
+            self.assertEqual(wh.mode, tier.READ_WRITE)
+            wh.memoryview()[:] = bytes([step + 1]) * SIZE
+            self.assertEqual(w.stat().pins["host"], 1)
+
+        c.phase(PH_FWD)
+        self.assertEqual(c.phase_grant(w, tier.VRAM).memoryview()[SIZE - 1], 3)
+        stall = c.phase_stall
+        self.assertIsInstance(stall, float)
+        self.assertGreaterEqual(stall, 0.0)
+        # the job's books: what moved for the plan
+        moved = c.moved()
+        self.assertGreater(moved["host->vram"], 0)
+        self.assertGreater(moved["vram->host"], 0)
+        plans = [j["plans"] for j in c.status()["jobs"] if j["name"] == c.job][0]
+        self.assertEqual(len(plans), 1)
+        # a planned tensor cannot be destroyed
+        with self.assertRaises(tier.BusyError) as cm:
+            w.destroy()
+        self.assertIn("plan", cm.exception.strerror)
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase(7)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("not in the plan", cm.exception.strerror)
+
+    def test_refused_plans(self) -> None:
+        c = self.client()
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase(0)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("no plan was submitted", cm.exception.strerror)
+        ts = [c.create(f"x{i}", 8 * MiB) for i in range(3)]
+        with self.assertRaises(ValueError):
+            c.plan().add(0, ts[0], tier.NVME)
+        with self.assertRaises(TypeError):
+            c.plan().add(0, "x0", tier.HOST)  # type: ignore[arg-type]
+        # one phase needs 24M of VRAM; the job may use 16M
+        with c.plan() as p:
+            for t in ts:
+                p.add(0, t, tier.VRAM, tier.READ)
+            with self.assertRaises(tier.NoSpaceError) as cm:
+                p.submit()
+            self.assertIn("vram", cm.exception.strerror)
+            self.assertFalse(p.submitted)
+        self.assertIn("freed", repr(p))
+        with self.assertRaises(tier.TierError):
+            p.submit()
+        # tensors of another client are refused in Python
+        other = self.client("plan-other")
+        with self.assertRaises(ValueError):
+            other.plan().add(0, ts[0], tier.HOST)
+        with self.assertRaises(tier.NotFoundError):
+            c.phase_grant(ts[0], tier.HOST)  # not planned
+        for t in ts:
+            t.destroy()
+
+    def test_plan_freed_with_its_client(self) -> None:
+        c = tier.Client("plan-free", socket=self.socket)
+        t = c.create("t", 4096)
+        p = c.plan()
+        p.add(0, t, tier.HOST)
+        c.close()
+        self.assertIn("freed", repr(p))
+        with self.assertRaises(tier.TierError):
+            p.add(0, t, tier.HOST)
+
+
+if __name__ == "__main__":
+    tierd.main()
