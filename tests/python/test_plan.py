@@ -82,6 +82,21 @@ class TestPlan(tierd.DaemonTestCase):
         self.assertEqual(cm.exception.errno, errno.EINVAL)
         self.assertIn("not in the plan", cm.exception.strerror)
 
+        # ended: the tensors may go, another plan may come
+        c.end_plan()
+        with self.assertRaises(tier.NotFoundError):
+            c.end_plan()
+        with self.assertRaises(tier.TierError):
+            c.phase(PH_FWD)
+        with c.plan() as p:
+            p.add(0, w, tier.HOST, tier.READ)
+            p.submit()
+        c.phase(0)
+        self.assertEqual(c.phase_grant(w, tier.HOST).memoryview()[0], 3)
+        c.end_plan()
+        w.destroy()
+        grad.destroy()
+
     def test_refused_plans(self) -> None:
         c = self.client()
         with self.assertRaises(tier.TierError) as cm:

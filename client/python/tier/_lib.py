@@ -158,6 +158,7 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_plan_add": (c_int, [_plan_p, c_uint, _tensor_p, c_int, c_int]),
     "tier_plan_submit": (c_int, [_plan_p]),
     "tier_phase": (c_int, [_client_p, c_uint]),
+    "tier_plan_end": (c_int, [_client_p]),
     "tier_phase_grant": (c_int, [_client_p, _tensor_p, c_int, POINTER(TierGrant)]),
     "tier_phase_stall": (c_double, [_client_p]),
     # quotas

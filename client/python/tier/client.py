@@ -375,6 +375,17 @@ class Client:
         self._check(_L.tier_phase(c, ph), f"phase {ph}")
         self._phase = ph
 
+    def end_plan(self) -> None:
+        """End the submitted plan (``tier_plan_end()``): its current phase's pins go (as dirty where
+        the plan writes), its tensors may be destroyed again and another plan may be submitted.
+
+        Raises NotFoundError if this client runs no plan.
+        """
+        c = self._handle("end plan")
+        self._invalidate_phase_grants()
+        self._phase = None
+        self._check(_L.tier_plan_end(c), "end plan")
+
     def phase_grant(self, tensor: Tensor, tier: TierLike) -> Grant:
         """Where @tensor, pinned in @tier (VRAM or HOST) for the current phase, is mapped.
 
