@@ -53,6 +53,7 @@ struct Op {
         uint64_t deadline_ns;   /* when the data is needed (0: now); victims must be needed later */
         bool no_wait;           /* fail with -EAGAIN instead of waiting for space */
         bool discard;           /* pin for a write-only access: reserve, do not bring the old bytes */
+        bool internal;          /* tierd's own (drain, write-behind, a scheduler's prefetch): no client waits */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */
@@ -151,9 +152,9 @@ void op_cancel(Op *op);
 /* Cancel every op on a tensor of @j. */
 void engine_cancel_job(Engine *e, Job *j);
 /*
- * Free @t for its job (tensor_free()): the engine's own write-downs of it
- * (drains, write-behind) are cancelled first; -EBUSY while it is pinned, a
- * client's request on it is in flight or a plan names it.
+ * Free @t for its job (tensor_free()): tierd's own ops on it (Op.internal:
+ * drains, write-behind, a scheduler's prefetch) are cancelled first; -EBUSY
+ * while it is pinned, a client's request on it is in flight or a plan names it.
  */
 int engine_tensor_free(Engine *e, Tensor *t);
 /* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */

@@ -540,6 +540,7 @@ int op_submit(Engine *e, OpKind kind, Tensor *t, int tier,
                 .reserved = reserved,
                 .userdata = userdata,
                 .wait = OP_WAIT_RUN,
+                .internal = kind == OP_DRAIN || kind == OP_CLEAN,
         };
         t->op_refs++;
         list_add_tail(&e->ops, &op->all_link);
@@ -577,9 +578,9 @@ int engine_tensor_free(Engine *e, Tensor *t) {
         list_for_each_safe(n, tmp, &e->ops) {
                 Op *op = list_entry(n, Op, all_link);
 
-                if (op->tensor != t || (op->kind != OP_DRAIN && op->kind != OP_CLEAN))
+                if (op->tensor != t || !op->internal)
                         continue;
-                /* the engine's own write-downs: its bytes are not wanted any more */
+                /* tierd's own work on it: its bytes are not wanted any more */
                 if (op->kind == OP_DRAIN && t->copy[op->tier].state == COPY_DRAINING)
                         t->copy[op->tier].state = COPY_RESIDENT;
                 op_cancel(op);

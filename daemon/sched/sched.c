@@ -565,6 +565,7 @@ static void issue(Sched *s, Cand *c) {
                         return;
                 op->deadline_ns = c->deadline;
                 op->no_wait = true;
+                op->internal = true;    /* no client waits: freeing the tensor cancels it */
                 op->cancelled = on_prefetch_cancelled;
                 c->tensor->sched_op = op;
         }
