@@ -27,6 +27,9 @@
 #           cache, stream-ordered pins, unpin after a pending GPU task, revoke
 #           with and without the client's help, SIGKILLed client, host registration)
 #   bench   bench/bench-vram-cuda: H2D/D2H GB/s through tierd vs the raw driver
+#   train   client/python/examples/train_lm.py with tier.torch on the GPU (placement C,
+#           budgets below its state), next to the same model in plain PyTorch on the GPU:
+#           losses per step of both (python3 with torch, on that machine; skipped without)
 # Exit status: 0 all passed, 77 no CUDA device (skipped), 1 anything failed.
 # OUTDIR/gpu-results.json is written whatever happens, with "error" fields.
 set -uo pipefail
@@ -45,6 +48,7 @@ limit_build=240
 limit_probe=60
 limit_tests=200
 limit_bench=150
+limit_train=150
 
 mkdir -p "$out" || exit 1
 json=$out/gpu-results.json
@@ -57,6 +61,7 @@ errors=()
 skipped=false
 device_json=null
 bench_json=null
+train_json=null
 tests_passed=()
 tests_failed=()
 
@@ -138,6 +143,7 @@ write_json() {
                         "$(bench_field raw_d2h_gbps)"
                 printf '"h2d_ratio":%s,"d2h_ratio":%s,"goal_met":%s,' "$(bench_field h2d_ratio)" \
                         "$(bench_field d2h_ratio)" "$(bench_field goal_met)"
+                printf '"train":%s,' "$train_json"
                 printf '"bench":%s}\n' "$bench_json"
         } >"$json.tmp" && mv "$json.tmp" "$json"
 }
@@ -268,5 +274,18 @@ bench_json=$(grep -m 1 '^{"bench":"vram-cuda",' "$out/bench.log") || bench_json=
 if ((rc != 0)) || [[ $bench_json == null ]]; then
         errors+=("bench: exit status $rc${step_note[bench]:+ (${step_note[bench]})} (see bench.log)")
         bench_json=null
+fi
+
+# ---- train ---------------------------------------------------------------------------------------
+if command -v python3 >/dev/null 2>&1 && python3 -c 'import torch' 2>/dev/null; then
+        run_step train "$limit_train" "$root/tests/gpu/train.sh" "$build" "$tmp/train" "$out"
+        rc=${step_rc[train]}
+        train_json=$(tail -n 1 "$out/train.log" | grep '^{"rc"') || train_json=null
+        if ((rc != 0)) || [[ $train_json == null ]]; then
+                errors+=("train: exit status $rc${step_note[train]:+ (${step_note[train]})} (see train.log)")
+        fi
+else
+        log "no python3 with torch here: train step skipped"
+        train_json='{"skipped":"no python3 with torch"}'
 fi
 ((${#errors[@]} == 0))

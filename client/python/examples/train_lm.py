@@ -133,6 +133,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vram-limit", type=size, help="set the job's VRAM limit likewise")
     p.add_argument("--plain", action="store_true", help="plain PyTorch, without tierd")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model computes: auto is the GPU when tierd's VRAM is a GPU's (or, with "
+                   "--plain, when torch sees one), else the CPU")
     return p.parse_args(argv)
 
 
@@ -155,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = torch.nn.functional.cross_entropy
 
     client = engine = None
+    device = torch.device("cpu")
     if args.plain:
+        if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()):
+            device = torch.device("cuda")
+        model.to(device)
         if world > 1:
             model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -164,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         import tier.torch
 
         client = tier.Client(args.job, rank=rank, socket=args.socket)
+        if args.device == "cuda" or (args.device == "auto" and client.vram_backend == "cuda"):
+            if client.vram_backend != "cuda":
+                raise SystemExit(f"train_lm: --device cuda, but tierd's VRAM is {client.vram_backend}")
+            device = torch.device("cuda")
+            model.to(device)
         if (args.host_limit or args.vram_limit) and rank == 0:
             # the budgets: smaller than the state, they make tierd use the NVMe tier
             client.set_quota(host=args.host_limit, vram=args.vram_limit)
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         t0 = time.monotonic()
         x, y = next(data)
+        x, y = x.to(device), y.to(device)
         logits = model(x)
         loss = loss_fn(logits.reshape(-1, 256), y.reshape(-1))
         loss.backward()

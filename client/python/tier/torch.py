@@ -259,6 +259,10 @@ class Offload:
         key = (kind, b.index)
         for blk in self._blocks:
             blk.maps.clear()
+        if self.device.type == "cuda":
+            # kernels queued on the stream still read (and write) the phase's VRAM: they finish
+            # before tierd may move it
+            torch.cuda.current_stream().synchronize()
         if self._planned:
             k = self._index.get(key)
             if k is None:
