@@ -159,6 +159,9 @@ class TestProcesses(tierd.DaemonTestCase):
             job = [j for j in admin.status()["jobs"] if j["name"] == h.job][0]
             self.assertGreater(job["moved"]["nvme->host"], 0, job)
 
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "under a preloaded ASan runtime, libtorch's C++ exceptions (gloo's, at the ranks' exit) "
+                     "abort in ASan's __cxa_throw interceptor, which finds no real __cxa_throw")
     def test_torchrun_two_ranks(self) -> None:
         one = self.losses(self.run_lm(job="lm-1"))
         env = dict(os.environ, PYTHONPATH=os.path.join(tierd.source_dir(), "client", "python"))

@@ -1,0 +1,562 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""bench_torch.py: tier.torch on one model, against plain PyTorch and the physical bound, in one run.
+
+``bench/run torch`` starts a private tierd (its config sized by ``--sizes``,
+below) and runs this program, which prints exactly one JSON line on stdout
+(the table and progress go to stderr).  In one run it measures:
+
+* baselines: fio read and write on the directory of tierd's target file
+  (``--bs=1M --iodepth=32 --ioengine=io_uring --direct=1``, as bench-io), and
+  the host<->VRAM link: a one-thread memcpy (torch ``copy_`` of 256 MiB,
+  best of 5) for emulated VRAM, whose copies are memcpys on one thread of
+  tierd, or host<->device copies for the cuda backend;
+* ``plain``: the model under plain PyTorch (``torch.optim.AdamW``);
+* ``fit``: tier.torch, placement A, budgets above the whole state;
+* placements A, B and C under the same tight budgets (a few blocks' worth),
+  C being ``offload``, compared with its lower bound.
+
+Every configuration runs in a child process of its own (``--child``), so that
+its peak RSS is its own, on the same seed and batches; the tier.torch ones
+run as jobs whose quotas were set before they connected (a holder client
+makes the job, an admin connection sets the quota).  Their losses must equal
+plain PyTorch's bit for bit (``verified``); the benchmark reports, never
+asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EXAMPLES = os.path.join(ROOT, "client", "python", "examples")
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, EXAMPLES)
+
+GB = 1e9
+MIB = 1 << 20
+CONFIGS = ("plain", "fit", "A", "B", "C")
+FIO_BS = "1M"
+FIO_IODEPTH = 32
+
+
+def log(msg: str) -> None:
+    print(f"bench_torch: {msg}", file=sys.stderr, flush=True)
+
+
+def size(text: str) -> int:
+    """'8M', '512K', '1G' or bytes (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        return int(t[:-1]) * units[t[-1]] if t and t[-1] in units else int(t)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8M)") from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="tier.torch vs plain PyTorch and the offload bound (bench/run torch)")
+    p.add_argument("--socket", help="tierd's socket")
+    p.add_argument("--dir", help="directory of tierd's target file: fio runs there")
+    p.add_argument("--tierd-pid", type=int, help="tierd's pid, for its VmHWM and RssShmem")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8, help="measured steps (after --warmup)")
+    p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (>= 1: tier.torch traces "
+                   "the first step)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--text", default="/usr/lib/python3*/**/*.py")
+    p.add_argument("--text-bytes", type=int, default=4 << 20)
+    p.add_argument("--host-limit", type=size, help="tight host budget (default: 6 x the largest block's "
+                   "parameter bytes)")
+    p.add_argument("--vram-limit", type=size, help="tight VRAM budget (default: 4 x the largest block's "
+                   "parameter bytes)")
+    p.add_argument("--fio-size", type=size, default=1 << 30, help="bytes per fio pass (default 1G)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="subset of plain,fit,A,B,C (plain is always run)")
+    p.add_argument("--sizes", action="store_true", help="print 'state_bytes largest_block_bytes' and exit "
+                   "(bench/run sizes tierd's config with it)")
+    # internal: one configuration in this process
+    p.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--job", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.warmup < 1 or a.steps < 1:
+        p.error("--warmup and --steps must be at least 1")
+    return a
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+def make_model(a: argparse.Namespace):
+    import torch
+    import train_lm
+
+    torch.manual_seed(a.seed)
+    return train_lm.ByteLM(a.dim, a.layers, a.heads, a.context)
+
+
+def model_sizes(model) -> dict:
+    """Parameters, and bytes as tier.torch lays them out (four tensors per block: p, g, m, v)."""
+    import tier.torch as tt
+
+    blocks = [sum(tt._align(p.numel() * p.element_size()) for p in m.parameters())
+              for m in tt.auto_blocks(model)]
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "blocks": len(blocks),
+        "block_bytes_max": max(blocks),
+        "param_bytes": sum(blocks),
+        "state_bytes": 4 * sum(blocks),
+    }
+
+
+# ---- one configuration (child process) -------------------------------------------------------------
+
+def child(a: argparse.Namespace) -> int:
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model = make_model(a)
+    data = torch.load(a.data)
+    loss_fn = torch.nn.functional.cross_entropy
+    out: dict = {"config": a.child, "fits": True, "error": None}
+    client = engine = None
+    try:
+        if a.child == "plain":
+            opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
+        else:
+            import tier
+            import tier.torch
+
+            client = tier.Client(a.job, socket=a.socket)
+            placement = "A" if a.child == "fit" else a.child
+            engine = tier.torch.Offload(model, client, lr=a.lr, placement=placement)
+        times: list[float] = []
+        losses: list[float] = []
+        moved0: dict = {}
+        stall0 = 0.0
+        for i, (x, y) in enumerate(data):
+            if i == a.warmup and client is not None:
+                moved0, stall0 = client.moved(), engine.stall
+            t0 = time.perf_counter()
+            loss = loss_fn(model(x).reshape(-1, 256), y.reshape(-1))
+            loss.backward()
+            if engine is not None:
+                engine.step()
+            else:
+                opt.step()
+                opt.zero_grad()
+            dt = time.perf_counter() - t0
+            losses.append(loss.item())
+            times.append(dt)
+            log(f"{a.child}: step {i + 1}/{len(data)} loss {losses[-1]:.6f} {dt * 1e3:.0f} ms")
+        out["step_s_all"] = times[a.warmup:]
+        out["losses"] = losses
+        if engine is not None:
+            now = client.moved()
+            out["moved_per_step"] = {k: (now[k] - moved0.get(k, 0)) / a.steps for k in now}
+            out["stall_s"] = engine.stall - stall0
+            out["kept_up"] = engine.kept_up
+            engine.close()              # the parameters come back into the model
+            engine = None
+        h = hashlib.sha256()
+        for _, p in sorted(model.named_parameters()):
+            h.update(p.detach().contiguous().numpy().tobytes())
+        out["params_sha256"] = h.hexdigest()
+    except Exception as e:  # noqa: BLE001 - a refused plan or no space: reported, not a crash
+        import tier
+
+        if not isinstance(e, tier.TierError):
+            raise
+        out["fits"] = False
+        out["error"] = f"{type(e).__name__}: {e}"
+        log(f"{a.child}: does not fit: {out['error']}")
+    finally:
+        if engine is not None:
+            try:
+                engine.close(restore=False)
+            except Exception as e:  # noqa: BLE001
+                log(f"{a.child}: closing the engine: {e}")
+        if client is not None:
+            client.close()
+    out["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+# ---- baselines --------------------------------------------------------------------------------
+
+def run_fio(directory: str, rw: str, nbytes: int) -> float:
+    """fio's bytes/s for one pass of @rw over @nbytes in @directory (bench-io's settings)."""
+    cmd = ["fio", "--name=w", f"--directory={directory}", "--filename=fio-torch.dat", f"--size={nbytes}",
+           f"--bs={FIO_BS}", f"--iodepth={FIO_IODEPTH}", "--ioengine=io_uring", "--direct=1", f"--rw={rw}",
+           "--output-format=json"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench_torch: fio --rw={rw} failed (status {r.returncode})")
+    return float(json.loads(r.stdout)["jobs"][0][rw]["bw_bytes"])
+
+
+def link_baseline(backend: str) -> tuple[str, float | None]:
+    """(what was measured, bytes/s) of the host<->VRAM link."""
+    import torch
+
+    n = 256 * MIB
+    if backend == "cuda":
+        if not torch.cuda.is_available():
+            log("cuda VRAM backend but this torch has no CUDA: no link baseline")
+            return "cuda", None
+        h = torch.empty(n, dtype=torch.uint8).pin_memory()
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        best = math.inf
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            d.copy_(h, non_blocking=True)
+            h.copy_(d, non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return "cuda", 2 * n / best              # both directions, one after the other, as the bytes are summed
+    # emulated: tierd's mover thread memcpys every copy, one at a time, so one thread here
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(n, dtype=torch.uint8)
+        dst = torch.zeros(n, dtype=torch.uint8)
+        dst.copy_(src)
+        best = math.inf
+        for _ in range(5):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return "memcpy (emulated vram)", n / best
+
+
+# ---- tierd's memory ------------------------------------------------------------------------------
+
+def proc_status(pid: int | None) -> dict[str, int]:
+    """VmHWM, VmRSS, RssAnon, RssShmem of @pid in bytes (empty without a pid)."""
+    out: dict[str, int] = {}
+    if not pid:
+        return out
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmHWM", "VmRSS", "RssAnon", "RssShmem"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError as e:
+        log(f"reading /proc/{pid}/status: {e}")
+    return out
+
+
+def reset_hwm(pid: int | None) -> bool:
+    """Reset @pid's VmHWM to its current RSS (clear_refs 5; needs root or the same user)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class Sampler(threading.Thread):
+    """Polls tierd's status for a job's peak use of each tier while its child runs."""
+
+    def __init__(self, admin, job: str, lock: threading.Lock) -> None:
+        super().__init__(daemon=True)
+        self.admin, self.job, self.lock = admin, job, lock
+        self.peak = {"vram": 0, "host": 0, "nvme": 0}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            with self.lock:
+                try:
+                    st = self.admin.status()
+                except Exception:  # noqa: BLE001 - best effort
+                    continue
+            for j in st.get("jobs", []):
+                if j["name"] == self.job:
+                    for t in self.peak:
+                        self.peak[t] = max(self.peak[t], j["usage"][t]["used"])
+
+
+# ---- the parent --------------------------------------------------------------------------------
+
+def run_child(a: argparse.Namespace, config: str, data_path: str, job: str | None) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data_path,
+           "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context", str(a.context),
+           "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", repr(a.lr),
+           "--seed", str(a.seed), "--threads", str(a.threads)]
+    if job:
+        cmd += ["--socket", a.socket, "--job", job]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise SystemExit(f"bench_torch: configuration {config} failed (exit status {r.returncode})")
+    return json.loads(lines[-1])
+
+
+def first_difference(x: list[float], y: list[float]) -> int | None:
+    """1-based step of the first difference (or of the shorter list's end), None if equal."""
+    for i, (u, v) in enumerate(zip(x, y)):
+        if u != v:
+            return i + 1
+    return None if len(x) == len(y) else min(len(x), len(y)) + 1
+
+
+def r(x: float | None, n: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, n)
+
+
+def parent(a: argparse.Namespace) -> int:
+    import torch
+    import train_lm
+
+    import tier
+
+    if not a.socket or not a.dir:
+        raise SystemExit("bench_torch: --socket and --dir are required (bench/run torch passes them)")
+    configs = [c.strip() for c in a.configs.split(",") if c.strip()]
+    for c in configs:
+        if c not in CONFIGS:
+            raise SystemExit(f"bench_torch: --configs: unknown configuration {c!r} (plain, fit, A, B, C)")
+    if "plain" not in configs:
+        configs.insert(0, "plain")
+    t_start = time.monotonic()
+
+    model = make_model(a)
+    sz = model_sizes(model)
+    del model
+    host_tight = a.host_limit or 6 * sz["block_bytes_max"]
+    vram_tight = a.vram_limit or 4 * sz["block_bytes_max"]
+    host_tight = (host_tight + MIB - 1) // MIB * MIB
+    vram_tight = (vram_tight + MIB - 1) // MIB * MIB
+    # "fit": every tier holds the whole state, whatever tier.torch puts there
+    fit_limit = (sz["state_bytes"] * 5 // 4 + MIB - 1) // MIB * MIB
+    log(f"ByteLM dim {a.dim}, {a.layers} layers, context {a.context}, batch {a.batch}: {sz['params'] / 1e6:.2f} M "
+        f"parameters, {sz['blocks']} blocks, state {sz['state_bytes'] / MIB:.1f} MiB (largest block's parameters "
+        f"{sz['block_bytes_max'] / MIB:.2f} MiB); tight budgets host {host_tight / MIB:.0f} MiB, "
+        f"vram {vram_tight / MIB:.0f} MiB")
+
+    # the same batches for every configuration
+    text = train_lm.load_text(a.text, a.text_bytes)
+    gen = train_lm.batches(text, a.batch, a.context, a.seed, 0, 1)
+    data = [next(gen) for _ in range(a.warmup + a.steps)]
+    tmp = tempfile.mkdtemp(prefix="bench-torch.", dir=a.dir)
+    data_path = os.path.join(tmp, "batches.pt")
+    torch.save(data, data_path)
+
+    # baselines
+    log(f"fio write and read, {a.fio_size / MIB:.0f} MiB each, in {a.dir}")
+    try:
+        fio_w = run_fio(a.dir, "write", a.fio_size)
+        fio_r = run_fio(a.dir, "read", a.fio_size)
+    finally:
+        try:
+            os.unlink(os.path.join(a.dir, "fio-torch.dat"))
+        except OSError:
+            pass
+    admin = tier.Client("", socket=a.socket)
+    backend = admin.vram_backend
+    link_kind, link_bw = link_baseline(backend)
+    log(f"baselines: fio write {fio_w / GB:.3f} GB/s, read {fio_r / GB:.3f} GB/s; link ({link_kind}) "
+        + (f"{link_bw / GB:.3f} GB/s" if link_bw else "unmeasured"))
+
+    results: dict[str, dict] = {}
+    lock = threading.Lock()
+    hwm_reset = True
+    for c in configs:
+        job = None if c == "plain" else f"bench-torch-{c}"
+        holder = None
+        sampler = None
+        if job:
+            budget = (fit_limit, fit_limit) if c == "fit" else (host_tight, vram_tight)
+            holder = tier.Client(job, socket=a.socket)       # the job exists while this holds it
+            try:
+                admin.set_quota(job, host=budget[0], vram=budget[1])
+            except tier.PermissionDeniedError as e:
+                raise SystemExit(f"bench_torch: tierd refused to set job {job}'s quota ({e}): run as root or "
+                                 "as a member of tierd's admin group") from None
+            q = admin.quota(job).limits
+            if q["host"] != budget[0] or q["vram"] != budget[1]:
+                raise SystemExit(f"bench_torch: job {job}'s quota is host {q['host']}, vram {q['vram']}, "
+                                 f"not the {budget} set")
+            sampler = Sampler(admin, job, lock)
+            sampler.start()
+        hwm_reset = reset_hwm(a.tierd_pid) and hwm_reset
+        log(f"--- {c}" + (f" (job {job}, host limit {budget[0] / MIB:.0f} MiB, vram limit {budget[1] / MIB:.0f} MiB)"
+                          if job else ""))
+        t0 = time.monotonic()
+        res = run_child(a, c, data_path, job)
+        res["wall_s"] = time.monotonic() - t0
+        if sampler:
+            sampler.stop.set()
+            sampler.join()
+            res["job_peak_bytes"] = sampler.peak
+        if holder:
+            holder.close()
+        res["tierd"] = proc_status(a.tierd_pid)
+        results[c] = res
+    admin.close()
+    try:
+        os.unlink(data_path)
+        os.rmdir(tmp)
+    except OSError:
+        pass
+
+    # ---- figures
+    tokens = a.batch * a.context
+    plain = results["plain"]
+    plain_step = statistics.median(plain["step_s_all"])
+
+    def summary(res: dict) -> dict:
+        if not res["fits"]:
+            return {"fits": False, "error": res["error"], "step_s": None, "tokens_per_s": None, "busy": None,
+                    "rss_peak_bytes": res["rss_peak_bytes"],
+                    "tierd_hwm_bytes": res["tierd"].get("VmHWM"), "tierd_shmem_bytes": res["tierd"].get("RssShmem"),
+                    "nvme_read_gb_per_step": None, "nvme_write_gb_per_step": None}
+        step = statistics.median(res["step_s_all"])
+        window = sum(res["step_s_all"])
+        mv = res.get("moved_per_step", {})
+        s = {"fits": True, "step_s": r(step), "tokens_per_s": r(tokens / step, 1),
+             "busy": r(1 - res["stall_s"] / window, 3) if "stall_s" in res else None,
+             "stall_s_per_step": r(res["stall_s"] / a.steps) if "stall_s" in res else None,
+             "rss_peak_bytes": res["rss_peak_bytes"],
+             "tierd_hwm_bytes": res["tierd"].get("VmHWM"), "tierd_shmem_bytes": res["tierd"].get("RssShmem"),
+             "nvme_read_gb_per_step": r(mv.get("nvme->host", 0) / GB),
+             "nvme_write_gb_per_step": r(mv.get("host->nvme", 0) / GB),
+             "link_gb_per_step": r((mv.get("host->vram", 0) + mv.get("vram->host", 0)) / GB),
+             }
+        if "job_peak_bytes" in res:
+            s["job_peak_bytes"] = res["job_peak_bytes"]
+        if "kept_up" in res:
+            s["kept_up"] = res["kept_up"]
+        return s
+
+    summaries = {c: summary(results[c]) for c in configs}
+
+    # bit for bit: every tier.torch configuration that ran against plain PyTorch
+    verified = True
+    verify: dict[str, dict] = {}
+    for c in configs:
+        if c == "plain" or not results[c]["fits"]:
+            continue
+        d = first_difference(results[c]["losses"], plain["losses"])
+        same_params = results[c].get("params_sha256") == plain.get("params_sha256")
+        verify[c] = {"losses_equal": d is None, "first_differing_step": d, "params_equal": same_params}
+        verified = verified and d is None and same_params
+
+    def step_of(c: str) -> float | None:
+        s = summaries.get(c)
+        return s["step_s"] if s and s["fits"] else None
+
+    fit_step = step_of("fit")
+    off_step = step_of("C")
+    bound = nvme_s = link_s = None
+    if off_step is not None:
+        mv = results["C"]["moved_per_step"]
+        nvme_s = mv["nvme->host"] / fio_r + mv["host->nvme"] / fio_w
+        link_s = (mv["host->vram"] + mv["vram->host"]) / link_bw if link_bw else 0.0
+        bound = max(plain_step, nvme_s, link_s)
+
+    out = {
+        "bench": "torch",
+        "plain_step_s": r(plain_step), "fit_step_s": fit_step, "offload_step_s": off_step,
+        "offload_lower_bound_s": r(bound),
+        "fit_vs_plain": r(fit_step / plain_step, 3) if fit_step else None,
+        "offload_vs_bound": r(off_step / bound, 3) if off_step and bound else None,
+        "verified": verified,
+        "plain_tokens_per_s": r(tokens / plain_step, 1),
+        "fit_tokens_per_s": summaries["fit"]["tokens_per_s"] if "fit" in summaries else None,
+        "offload_tokens_per_s": summaries["C"]["tokens_per_s"] if "C" in summaries else None,
+        "bound_parts_s": {"compute": r(plain_step), "nvme": r(nvme_s), "link": r(link_s)},
+        "model": {"name": "ByteLM", "dim": a.dim, "layers": a.layers, "heads": a.heads, "context": a.context,
+                  "batch": a.batch, "params": sz["params"], "blocks": sz["blocks"],
+                  "param_bytes": sz["param_bytes"], "state_bytes": sz["state_bytes"],
+                  "block_bytes_max": sz["block_bytes_max"], "tokens_per_step": tokens},
+        "budgets": {"fit": {"host": fit_limit, "vram": fit_limit}, "tight": {"host": host_tight, "vram": vram_tight}},
+        "fio_read_gbps": r(fio_r / GB), "fio_write_gbps": r(fio_w / GB),
+        "link_baseline": link_kind, "link_gbps": r(link_bw / GB) if link_bw else None,
+        "vram_backend": backend,
+        "placements": {c: summaries[c] for c in ("A", "B", "C") if c in summaries},
+        "fit": summaries.get("fit"), "plain": summaries["plain"],
+        "verify": verify,
+        "tierd_hwm_per_config": hwm_reset,
+        "steps": a.steps, "warmup": a.warmup, "threads": torch.get_num_threads() if not a.threads else a.threads,
+        "runtime_s": r(time.monotonic() - t_start, 1),
+    }
+    print_table(out, summaries, configs)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
+    m = out["model"]
+    lines = [
+        f"ByteLM {m['params'] / 1e6:.2f} M parameters, state {m['state_bytes'] / MIB:.1f} MiB; "
+        f"{out['steps']} measured steps after {out['warmup']}; budgets fit host=vram "
+        f"{out['budgets']['fit']['host'] / MIB:.0f} MiB, tight host {out['budgets']['tight']['host'] / MIB:.0f} MiB "
+        f"vram {out['budgets']['tight']['vram'] / MIB:.0f} MiB",
+        f"baselines: fio read {out['fio_read_gbps']} GB/s, write {out['fio_write_gbps']} GB/s; "
+        f"link {out['link_gbps']} GB/s ({out['link_baseline']})",
+        f"{'config':<10}{'fits':>5}{'step s':>9}{'tok/s':>9}{'busy':>7}{'rss MiB':>9}{'tierd hwm':>11}"
+        f"{'shmem':>8}{'rd GB/st':>10}{'wr GB/st':>10}",
+    ]
+    names = {"plain": "plain", "fit": "fit (A)", "A": "A tight", "B": "B tight", "C": "C tight"}
+    for c in configs:
+        s = summaries[c]
+
+        def f(v, fmt):
+            return format(v, fmt) if v is not None else "-"
+
+        lines.append(f"{names[c]:<10}{'yes' if s['fits'] else 'NO':>5}{f(s['step_s'], '.3f'):>9}"
+                     f"{f(s['tokens_per_s'], '.0f'):>9}{f(s.get('busy'), '.3f'):>7}"
+                     f"{s['rss_peak_bytes'] / MIB:>9.0f}"
+                     f"{f(s['tierd_hwm_bytes'] and s['tierd_hwm_bytes'] / MIB, '.0f'):>11}"
+                     f"{f(s['tierd_shmem_bytes'] and s['tierd_shmem_bytes'] / MIB, '.0f'):>8}"
+                     f"{f(s['nvme_read_gb_per_step'], '.4f'):>10}{f(s['nvme_write_gb_per_step'], '.4f'):>10}")
+        if not s["fits"]:
+            lines.append(f"    {s['error']}")
+    lines.append(f"fit/plain {out['fit_vs_plain']} (goal <= 1.10); offload/bound {out['offload_vs_bound']} "
+                 f"(goal <= 1.25; bound {out['offload_lower_bound_s']} s = max{out['bound_parts_s']}); "
+                 f"verified {out['verified']}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.sizes:
+        sz = model_sizes(make_model(a))
+        print(sz["state_bytes"], sz["block_bytes_max"])
+        return 0
+    if a.child:
+        return child(a)
+    return parent(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
