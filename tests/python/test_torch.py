@@ -121,6 +121,23 @@ class TestOffload(tierd.DaemonTestCase):
             tier.torch.Offload(shared, c, blocks=[shared[0], shared[2]])
         with self.assertRaises(ValueError):
             tier.torch.Offload(torch.nn.Linear(4, 4), c, placement="D")
+        nested = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        with self.assertRaises(ValueError):
+            tier.torch.Offload(nested, c, blocks=[nested[0], nested[0][0]])
+
+        class Twice(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+
+            def forward(self, x):
+                return self.lin(self.lin(x))
+
+        m = Twice()
+        eng = tier.torch.Offload(m, c, blocks=[m.lin])
+        with self.assertRaises(RuntimeError) as cm:
+            m(torch.ones(2, 4))
+        self.assertIn("twice", str(cm.exception))
 
 
 @unittest.skipIf(torch is None, "no torch (python3-torch)")

@@ -194,8 +194,14 @@ class Offload:
 
     def _layout(self, modules: list[torch.nn.Module]) -> list[_Block]:
         names = {id(p): n for n, p in self.model.named_parameters()}
+        mnames = {id(m): n or "the model" for n, m in self.model.named_modules()}
         owner: dict[int, int] = {}
         blocks: list[_Block] = []
+        for m in modules:
+            for inner in modules:
+                if inner is not m and any(inner is x for x in m.modules()):
+                    raise ValueError(f"block {mnames.get(id(inner), '?')} lies inside block "
+                                     f"{mnames.get(id(m), '?')}: blocks must not nest")
         for i, m in enumerate(modules):
             slots: list[_Slot] = []
             off = 0
@@ -274,6 +280,11 @@ class Offload:
         else:
             self._release()
             if self.steps == 0:
+                if key in self._seq:
+                    raise RuntimeError(f"block {b.index} ({b.name}) ran its {'forward' if kind == 'f' else 'backward'}"
+                                       " twice in one step: a block that runs more than once per step (weights "
+                                       "shared across time) is not supported; make the repeated part one block's "
+                                       "inside")
                 self._seq.append(key)
             for tk, tier, mode in self._needs(kind, b):
                 t = b.tensors[tk]
@@ -318,6 +329,10 @@ class Offload:
         if self._closed:
             raise RuntimeError("this Offload engine is closed")
         self._collect_fences()
+        if self._saved_ctx is not None:
+            # a forward that raised left it entered
+            self._saved_ctx.__exit__(None, None, None)
+            self._saved_ctx = None
         if torch.is_grad_enabled():
             self._saved_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self._saved_ctx.__enter__()
