@@ -90,8 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "parameter bytes)")
     p.add_argument("--fio-size", type=size, default=1 << 30, help="bytes per fio pass (default 1G)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="subset of plain,fit,A,B,C (plain is always run)")
-    p.add_argument("--sizes", action="store_true", help="print 'state_bytes largest_block_bytes' and exit "
-                   "(bench/run sizes tierd's config with it)")
+    p.add_argument("--sizes", action="store_true", help="print 'state_bytes largest_block_bytes host_tight "
+                   "vram_tight fit' (bytes) and exit (bench/run sizes tierd's config with it)")
     # internal: one configuration in this process
     p.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)
@@ -125,6 +125,17 @@ def model_sizes(model) -> dict:
         "param_bytes": sum(blocks),
         "state_bytes": 4 * sum(blocks),
     }
+
+
+def budgets(a: argparse.Namespace, sz: dict) -> tuple[int, int, int]:
+    """(tight host, tight VRAM, fit) budgets in bytes, whole MiB."""
+    def mib(n: int) -> int:
+        return (n + MIB - 1) // MIB * MIB
+
+    host = mib(a.host_limit or 6 * sz["block_bytes_max"])
+    vram = mib(a.vram_limit or 4 * sz["block_bytes_max"])
+    fit = mib(sz["state_bytes"] * 5 // 4)       # every tier holds the whole state, and a quarter more
+    return host, vram, fit
 
 
 # ---- one configuration (child process) -------------------------------------------------------------
@@ -351,12 +362,7 @@ def parent(a: argparse.Namespace) -> int:
     model = make_model(a)
     sz = model_sizes(model)
     del model
-    host_tight = a.host_limit or 6 * sz["block_bytes_max"]
-    vram_tight = a.vram_limit or 4 * sz["block_bytes_max"]
-    host_tight = (host_tight + MIB - 1) // MIB * MIB
-    vram_tight = (vram_tight + MIB - 1) // MIB * MIB
-    # "fit": every tier holds the whole state, whatever tier.torch puts there
-    fit_limit = (sz["state_bytes"] * 5 // 4 + MIB - 1) // MIB * MIB
+    host_tight, vram_tight, fit_limit = budgets(a, sz)
     log(f"ByteLM dim {a.dim}, {a.layers} layers, context {a.context}, batch {a.batch}: {sz['params'] / 1e6:.2f} M "
         f"parameters, {sz['blocks']} blocks, state {sz['state_bytes'] / MIB:.1f} MiB (largest block's parameters "
         f"{sz['block_bytes_max'] / MIB:.2f} MiB); tight budgets host {host_tight / MIB:.0f} MiB, "
@@ -551,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.sizes:
         sz = model_sizes(make_model(a))
-        print(sz["state_bytes"], sz["block_bytes_max"])
+        print(sz["state_bytes"], sz["block_bytes_max"], *budgets(a, sz))
         return 0
     if a.child:
         return child(a)

@@ -108,11 +108,47 @@ class TestOffload(tierd.DaemonTestCase):
         nbytes = sum(p.numel() * 4 for p in self.reference.parameters())
         self.assertGreaterEqual(per_step[-1]["host->nvme"], 2 * nbytes)
 
+    def test_bfloat16_with_float32_master_weights(self) -> None:
+        """Against the mixed-precision recipe in plain PyTorch: float32 master weights, AdamW on them."""
+        import tier.torch
+
+        ref = copy.deepcopy(self.model).to(torch.bfloat16)
+        model = copy.deepcopy(self.model).to(torch.bfloat16)
+        master = [p.detach().float().clone().requires_grad_() for p in ref.parameters()]
+        opt = torch.optim.AdamW(master, lr=1e-3)
+        ref_losses = []
+        for x, y in self.batches:
+            loss = torch.nn.functional.cross_entropy(ref(x).reshape(-1, 256).float(), y.reshape(-1))
+            loss.backward()
+            for w, p in zip(master, ref.parameters()):
+                w.grad = p.grad.float()
+                p.grad = None
+            opt.step()
+            for w, p in zip(master, ref.parameters()):
+                p.data.copy_(w.detach())
+            ref_losses.append(loss.item())
+
+        c = self.client()
+        eng = tier.torch.Offload(model, c, lr=1e-3, placement="C")
+        losses = []
+        for x, y in self.batches:
+            loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256).float(), y.reshape(-1))
+            loss.backward()
+            eng.step()
+            losses.append(loss.item())
+        state = eng.state_dict()
+        eng.close()
+        self.assertEqual(losses, ref_losses)
+        for n, p in ref.named_parameters():
+            self.assertEqual(state[n].dtype, torch.bfloat16)
+            self.assertTrue(torch.equal(state[n], p.detach()), f"{n} differs")
+            self.assertEqual(dict(model.named_parameters())[n].dtype, torch.bfloat16)
+
     def test_refusals(self) -> None:
         import tier.torch
 
         c = self.client()
-        m = torch.nn.Sequential(torch.nn.Linear(4, 4).half())
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4).double())
         with self.assertRaises(TypeError):
             tier.torch.Offload(m, c)
         lin = torch.nn.Linear(4, 4)

@@ -19,7 +19,15 @@ allocator's alignment, so kernels see the same alignment as without tierd):
  g      their gradients              VRAM (written) in its backward phase,
                                      host (read) in its optimizer phase
  m, v   AdamW's two moments          host in its optimizer phase
+ w      float32 master weights       host in its optimizer phase
 =====  ===========================  =====================================
+
+``p`` and ``g`` hold each parameter in its own dtype; ``m``, ``v`` and
+``w`` in float32.  ``w`` exists only for a block with a parameter in
+reduced precision (bfloat16, float16): the optimizer then updates the
+float32 master weights with the gradients made float32, and writes the
+parameters as the master weights rounded to their dtype (the usual
+mixed-precision recipe); for float32 parameters ``p`` is its own master.
 
 Outside its phases a parameter's ``.data`` is an empty placeholder, so the
 model holds nothing: a block's parameters are mapped only while it runs.
@@ -89,11 +97,16 @@ __all__ = ["Offload", "auto_blocks"]
 
 ALIGN = 64                       # bytes: torch's CPU allocator aligns to this
 PLACEMENTS = ("A", "B", "C")
-KINDS = ("p", "g", "m", "v")
+KINDS = ("p", "g", "m", "v", "w")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _esize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
 
 
 def auto_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -115,10 +128,19 @@ def auto_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 class _Slot:
     param: torch.nn.Parameter
     name: str
-    offset: int                   # bytes, in each of the block's tensors
+    off: int                      # bytes, in the block's p and g (the parameter's dtype)
+    off32: int                    # bytes, in its m, v and w (float32)
     numel: int
     shape: torch.Size
+    dtype: torch.dtype
     trainable: bool
+
+    def view(self, flat: torch.Tensor, kind: str) -> torch.Tensor:
+        """This parameter's part of ``flat``, the uint8 mapping of the block's tensor ``kind``."""
+        if kind in ("p", "g"):
+            n = self.numel * _esize(self.dtype)
+            return flat[self.off:self.off + n].view(self.dtype).view(self.shape)
+        return flat[self.off32:self.off32 + self.numel * 4].view(torch.float32).view(self.shape)
 
 
 @dataclass
@@ -127,7 +149,9 @@ class _Block:
     name: str
     module: torch.nn.Module
     slots: list[_Slot]
-    nbytes: int
+    nbytes: int                   # of p and g
+    nbytes32: int                 # of m, v and w
+    mixed: bool                   # has a parameter in reduced precision: float32 master weights in w
     tensors: dict[str, Any] = field(default_factory=dict)      # kind -> tier.Tensor
     maps: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (kind, tier) -> flat view
     step_hooked: int = -1          # the step whose outputs carry our gradient hook
@@ -204,19 +228,21 @@ class Offload:
                                      f"{mnames.get(id(m), '?')}: blocks must not nest")
         for i, m in enumerate(modules):
             slots: list[_Slot] = []
-            off = 0
+            off = off32 = 0
             for p in m.parameters():
                 if id(p) in owner:
                     raise ValueError(f"parameter {names.get(id(p), '?')} is in blocks {owner[id(p)]} and {i}: "
                                      "parameters shared between blocks are not supported")
-                if p.dtype != torch.float32:
+                if p.dtype not in DTYPES:
                     raise TypeError(f"parameter {names.get(id(p), '?')} is {p.dtype}: tier.torch trains "
-                                    "float32 parameters (reduced precision with float32 master weights is "
-                                    "not implemented yet)")
+                                    "float32, bfloat16 and float16 parameters")
                 owner[id(p)] = i
-                slots.append(_Slot(p, names.get(id(p), f"{i}.?"), off, p.numel(), p.shape, p.requires_grad))
+                slots.append(_Slot(p, names.get(id(p), f"{i}.?"), off, off32, p.numel(), p.shape, p.dtype,
+                                   p.requires_grad))
                 off += _align(p.numel() * p.element_size())
-            blocks.append(_Block(i, type(m).__name__, m, slots, max(off, ALIGN)))
+                off32 += _align(p.numel() * 4)
+            mixed = any(sl.dtype != torch.float32 for sl in slots)
+            blocks.append(_Block(i, type(m).__name__, m, slots, max(off, ALIGN), max(off32, ALIGN), mixed))
         for n, p in self.model.named_parameters():
             if p.requires_grad and id(p) not in owner:
                 raise ValueError(f"trainable parameter {n} is in no block: pass blocks= that cover it")
@@ -232,19 +258,24 @@ class Offload:
 
         for b in self._blocks:
             for kind in KINDS:
+                if kind == "w" and not b.mixed:
+                    continue
                 name = self._tname(b, kind)
+                size = b.nbytes if kind in ("p", "g") else b.nbytes32
                 try:
-                    t = self.client.create(name, b.nbytes)
+                    t = self.client.create(name, size)
                 except ExistsError:
                     # left by an earlier run of this job: start afresh
                     self.client.open(name).destroy()
-                    t = self.client.create(name, b.nbytes)
+                    t = self.client.create(name, size)
                 b.tensors[kind] = t
-            # the initial parameters go in; g, m and v start as zeros (a new tensor reads as zeros)
-            with b.tensors["p"].pin(HOST, WRITE) as g:
-                flat = g.torch(torch.float32)
-                for s in b.slots:
-                    flat[s.offset // 4: s.offset // 4 + s.numel].copy_(s.param.data.reshape(-1))
+            # the initial parameters go in (and the master weights); g, m and v start as zeros (a new
+            # tensor reads as zeros)
+            for kind in ("p", "w") if b.mixed else ("p",):
+                with b.tensors[kind].pin(HOST, WRITE) as g:
+                    flat = g.torch()
+                    for s in b.slots:
+                        s.view(flat, kind).copy_(s.param.data)
             for s in b.slots:
                 s.param.data = self._placeholder(s.param)
 
@@ -259,7 +290,11 @@ class Offload:
             return [("p", VRAM, READ)]
         if kind == "b":
             return [("p", VRAM, READ), ("g", VRAM, WRITE)]
-        return [("p", HOST, READ_WRITE), ("g", HOST, READ), ("m", HOST, READ_WRITE), ("v", HOST, READ_WRITE)]
+        moments = [("g", HOST, READ), ("m", HOST, READ_WRITE), ("v", HOST, READ_WRITE)]
+        if b.mixed:
+            # p is written whole from the master weights: its old bytes need not come
+            return [("p", HOST, WRITE), ("w", HOST, READ_WRITE)] + moments
+        return [("p", HOST, READ_WRITE)] + moments
 
     def _enter(self, kind: str, b: _Block) -> None:
         key = (kind, b.index)
@@ -276,7 +311,7 @@ class Offload:
                                    "the model's order of blocks changed")
             self.client.phase(k)
             for tk, tier, _ in self._needs(kind, b):
-                b.maps[(tk, tier)] = self.client.phase_grant(b.tensors[tk], tier).torch(torch.float32)
+                b.maps[(tk, tier)] = self.client.phase_grant(b.tensors[tk], tier).torch()
         else:
             self._release()
             if self.steps == 0:
@@ -290,7 +325,7 @@ class Offload:
                 t = b.tensors[tk]
                 g = t.pin(tier, mode)
                 self._held.append((t, tier, bool(mode & WRITE)))
-                b.maps[(tk, tier)] = g.torch(torch.float32)
+                b.maps[(tk, tier)] = g.torch()
         self._phase = key
         self._write_down(b, kind)
 
@@ -314,7 +349,7 @@ class Offload:
             if flat is None:
                 s.param.data = self._placeholder(s.param)
             else:
-                s.param.data = flat[s.offset // 4: s.offset // 4 + s.numel].view(s.shape)
+                s.param.data = s.view(flat, "p")
 
     # ---- hooks -------------------------------------------------------------------------------
 
@@ -374,6 +409,9 @@ class Offload:
         ptr = t.data_ptr()
         if not base <= ptr < base + b.nbytes:
             return t
+        if (ptr - base) % t.element_size():
+            raise RuntimeError(f"block {b.index} ({b.name}): a tensor saved for the backward aliases its "
+                               "parameters at an offset that is not a multiple of its element size")
         # it aliases a mapped parameter: keep where it lies, not the memory (it moves)
         return _Alias(b.index, (ptr - base) // t.element_size(), t.shape, t.stride(), t.dtype)
 
@@ -400,15 +438,18 @@ class Offload:
         """b's gradients are complete: into its g tensor, then its optimizer phase."""
         gflat = b.maps[("g", VRAM)]
         for s in b.slots:
-            dst = gflat[s.offset // 4: s.offset // 4 + s.numel]
+            dst = s.view(gflat, "g")
             if s.param.grad is None:
                 dst.zero_()
             else:
-                dst.copy_(s.param.grad.reshape(-1))
+                dst.copy_(s.param.grad)
                 s.param.grad = None
         if self._world > 1:
-            torch.distributed.all_reduce(gflat, group=self._group)
-            gflat.div_(self._world)
+            for s in b.slots:
+                if s.trainable:
+                    dst = s.view(gflat, "g")
+                    torch.distributed.all_reduce(dst, group=self._group)
+                    dst.div_(self._world)
         self._point(b, None)
         self._bwd = None
         self._enter("o", b)
@@ -417,7 +458,8 @@ class Offload:
             self._down.append((b, ("m", "v") if self.placement == "B" else ("m", "v", "p")))
 
     def _adamw(self, b: _Block) -> None:
-        p, g, m, v = (b.maps[(k, HOST)] for k in KINDS)
+        maps = {k: b.maps[(k, HOST)] for k in KINDS if (k, HOST) in b.maps}
+        master = "w" if b.mixed else "p"
         ps: list[torch.Tensor] = []
         gs: list[torch.Tensor] = []
         ms: list[torch.Tensor] = []
@@ -425,17 +467,23 @@ class Offload:
         for s in b.slots:
             if not s.trainable:
                 continue
-            sl = slice(s.offset // 4, s.offset // 4 + s.numel)
-            ps.append(p[sl])
-            gs.append(g[sl])
-            ms.append(m[sl])
-            vs.append(v[sl])
-        if not ps:
-            return
+            ps.append(s.view(maps[master], master))
+            gs.append(s.view(maps["g"], "g").float())     # no copy when already float32
+            ms.append(s.view(maps["m"], "m"))
+            vs.append(s.view(maps["v"], "v"))
+        if ps:
+            self._adamw_update(ps, gs, ms, vs)
+        if b.mixed:
+            # the parameters, every one (p is pinned write-only), are the master weights rounded
+            for s in b.slots:
+                s.view(maps["p"], "p").copy_(s.view(maps["w"], "w"))
+
+    def _adamw_update(self, ps: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor],
+                      vs: list[torch.Tensor]) -> None:
         steps = [torch.tensor(float(self.steps)) for _ in ps]     # adamw() counts this step in
         _adamw.adamw(ps, gs, ms, vs, [], steps, foreach=False, capturable=False, amsgrad=False,
-                                beta1=self.betas[0], beta2=self.betas[1], lr=self.lr,
-                                weight_decay=self.weight_decay, eps=self.eps, maximize=False)
+                     beta1=self.betas[0], beta2=self.betas[1], lr=self.lr, weight_decay=self.weight_decay,
+                     eps=self.eps, maximize=False)
 
     def step(self) -> None:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping."""
@@ -486,9 +534,9 @@ class Offload:
         for b in self._blocks:
             t = b.tensors["p"]
             with t.pin(HOST, READ) as g:
-                flat = g.torch(torch.float32)
+                flat = g.torch()
                 for s in b.slots:
-                    out[s.name] = flat[s.offset // 4: s.offset // 4 + s.numel].view(s.shape).clone()
+                    out[s.name] = s.view(flat, "p").clone()
         return out
 
     def _check_idle(self) -> None:
