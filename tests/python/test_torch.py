@@ -60,11 +60,12 @@ class TestOffload(tierd.DaemonTestCase):
         self.reference = copy.deepcopy(self.model)
         self.ref_losses = run_plain(self.reference, self.batches, 1e-3)
 
-    def train(self, placement: str) -> tuple[list[float], dict, dict, list[dict]]:
+    def train(self, placement: str, **kw) -> tuple[list[float], dict, dict, list[dict]]:
         import tier.torch
 
         c = self.client()
-        eng = tier.torch.Offload(self.model, c, lr=1e-3, placement=placement)
+        eng = tier.torch.Offload(self.model, c, lr=1e-3, placement=placement, **kw)
+        self.engine = eng
         losses, per_step = [], []
         before = c.moved()
         for x, y in self.batches:
@@ -95,6 +96,14 @@ class TestOffload(tierd.DaemonTestCase):
             self.assertGreaterEqual(moved["host->nvme"], 2 * nbytes, f"step {i}: {moved}")
             self.assertGreaterEqual(moved["nvme->host"], 2 * nbytes, f"step {i}: {moved}")
             self.assertGreaterEqual(moved["host->vram"], nbytes, f"step {i}: {moved}")
+
+    def test_activations_through_tierd(self) -> None:
+        losses, state, restored, per_step = self.train("C", offload_activations=True,
+                                                       activation_min_bytes=16 << 10)
+        self.check_equal(losses, state, restored)
+        eng = self.engine
+        self.assertGreater(eng.activations_stashed, 0)
+        self.assertEqual(eng.activations_kept, 0)
 
     def test_placement_a_in_host(self) -> None:
         losses, state, restored, per_step = self.train("A")

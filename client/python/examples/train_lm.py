@@ -126,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--placement", choices=("A", "B", "C"), default="C",
                    help="A: state in host memory; B: optimizer state on NVMe; C: parameters too (default)")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="keep the activations autograd saves in tierd between forward and backward")
     p.add_argument("--text", default="/usr/lib/python3*/**/*.py", help="glob of text files to learn from")
     p.add_argument("--text-bytes", type=int, default=4 << 20)
     p.add_argument("--host-limit", type=size, help="set the job's host memory limit (a quota; needs root "
@@ -181,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             client.set_quota(host=args.host_limit, vram=args.vram_limit)
         if world > 1:
             torch.distributed.barrier()             # every rank plans within the new limits
-        engine = tier.torch.Offload(model, client, lr=args.lr, placement=args.placement)
+        engine = tier.torch.Offload(model, client, lr=args.lr, placement=args.placement,
+                                    offload_activations=args.offload_activations)
 
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"train_lm: {n_params / 1e6:.2f} M parameters ({n_params * 16 / 2**20:.1f} MiB with gradients and "

@@ -20,6 +20,8 @@ allocator's alignment, so kernels see the same alignment as without tierd):
                                      host (read) in its optimizer phase
  m, v   AdamW's two moments          host in its optimizer phase
  w      float32 master weights       host in its optimizer phase
+ a      saved activations            host: written in its forward phase,
+                                     read in its backward phase
 =====  ===========================  =====================================
 
 ``p`` and ``g`` hold each parameter in its own dtype; ``m``, ``v`` and
@@ -61,6 +63,15 @@ How the hooks find the phases:
   ``torch.autograd.graph.saved_tensors_hooks`` and rebuilt from the block's
   mapping in its backward phase, wherever tierd mapped it then.
 
+Activations (``offload_activations=True``): the tensors autograd saves
+during a block's forward (contiguous, at least ``activation_min_bytes``)
+are copied into the block's ``a`` tensor instead of being kept, and read
+from its mapping in the block's backward phase.  Between the two, tierd
+may write them to NVMe when the host budget needs the room (the plan says
+when they are read next, and that they are dead after it).  The first step
+measures what each block saves; what a later step saves beyond that stays
+in memory as usual.
+
 Placements (as DeepSpeed's offload devices):
 
 * ``"A"``: optimizer state and parameters stay in host memory; nothing is
@@ -97,7 +108,7 @@ __all__ = ["Offload", "auto_blocks"]
 
 ALIGN = 64                       # bytes: torch's CPU allocator aligns to this
 PLACEMENTS = ("A", "B", "C")
-KINDS = ("p", "g", "m", "v", "w")
+KINDS = ("p", "g", "m", "v", "w", "a")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -152,6 +163,8 @@ class _Block:
     nbytes: int                   # of p and g
     nbytes32: int                 # of m, v and w
     mixed: bool                   # has a parameter in reduced precision: float32 master weights in w
+    act_bytes: int = 0            # saved activations its forward stashes (measured in the first step)
+    act_used: int = 0             # of them, in the current forward
     tensors: dict[str, Any] = field(default_factory=dict)      # kind -> tier.Tensor
     maps: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (kind, tier) -> flat view
     step_hooked: int = -1          # the step whose outputs carry our gradient hook
@@ -177,6 +190,7 @@ class Offload:
     def __init__(self, model: torch.nn.Module, client: Any, *, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  placement: str = "A", blocks: Sequence[torch.nn.Module] | None = None,
+                 offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
                  prefix: str = "torch", process_group: Any = None) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
@@ -187,6 +201,12 @@ class Offload:
         self.eps = eps
         self.weight_decay = weight_decay
         self.placement = placement
+        self.offload_activations = offload_activations
+        self.activation_min_bytes = activation_min_bytes
+        #: bytes of saved activations stashed in tierd, and kept in memory (beyond what the first step
+        #: measured), so far
+        self.activations_stashed = 0
+        self.activations_kept = 0
         self.steps = 0
         #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
         #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
@@ -208,6 +228,7 @@ class Offload:
         self._fences: list[Any] = []
         self._down: list[tuple[_Block, tuple[str, ...]]] = []   # written down once their phase is left
         self._bwd: _Block | None = None               # the block whose backward runs
+        self._in_block: _Block | None = None          # the block whose forward runs
         self._saved_ctx: Any = None
         self._hooks: list[Any] = []
         self._closed = False
@@ -258,7 +279,7 @@ class Offload:
 
         for b in self._blocks:
             for kind in KINDS:
-                if kind == "w" and not b.mixed:
+                if (kind == "w" and not b.mixed) or kind == "a":
                     continue
                 name = self._tname(b, kind)
                 size = b.nbytes if kind in ("p", "g") else b.nbytes32
@@ -286,10 +307,11 @@ class Offload:
 
     def _needs(self, kind: str, b: _Block) -> list[tuple[str, int, int]]:
         """(tensor kind, tier, mode) a phase of ``b`` needs."""
+        act = "a" in b.tensors
         if kind == "f":
-            return [("p", VRAM, READ)]
+            return [("p", VRAM, READ)] + ([("a", HOST, WRITE)] if act else [])
         if kind == "b":
-            return [("p", VRAM, READ), ("g", VRAM, WRITE)]
+            return [("p", VRAM, READ), ("g", VRAM, WRITE)] + ([("a", HOST, READ)] if act else [])
         moments = [("g", HOST, READ), ("m", HOST, READ_WRITE), ("v", HOST, READ_WRITE)]
         if b.mixed:
             # p is written whole from the master weights: its old bytes need not come
@@ -381,9 +403,12 @@ class Offload:
         b = self._by_module[id(module)]
         self._enter("f", b)
         self._point(b, b.maps[("p", VRAM)])
+        self._in_block = b
+        b.act_used = 0
 
     def _block_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         b = self._by_module[id(module)]
+        self._in_block = None
         self._point(b, None)
         if not torch.is_grad_enabled():
             return
@@ -404,18 +429,47 @@ class Offload:
         b = self._blocks[self._phase[1]]
         flat = b.maps.get(("p", VRAM))
         if flat is None or t.device != flat.device:
-            return t
+            return self._stash(b, t)
         base = flat.data_ptr()
         ptr = t.data_ptr()
         if not base <= ptr < base + b.nbytes:
-            return t
+            return self._stash(b, t)
         if (ptr - base) % t.element_size():
             raise RuntimeError(f"block {b.index} ({b.name}): a tensor saved for the backward aliases its "
                                "parameters at an offset that is not a multiple of its element size")
         # it aliases a mapped parameter: keep where it lies, not the memory (it moves)
         return _Alias(b.index, (ptr - base) // t.element_size(), t.shape, t.stride(), t.dtype)
 
+    def _stash(self, b: _Block, t: torch.Tensor) -> Any:
+        """An activation block ``b``'s forward saves: into its a tensor, when it is on and there is room."""
+        if not self.offload_activations or self._in_block is not b or not t.is_contiguous():
+            return t
+        n = t.numel() * t.element_size()
+        if n < self.activation_min_bytes:
+            return t
+        if self.steps == 0:
+            b.act_bytes += _align(n)      # measured: the a tensor is made this big with the plan
+            return t
+        amap = b.maps.get(("a", HOST))
+        if amap is None or b.act_used + n > b.act_bytes:
+            self.activations_kept += n
+            return t
+        off = b.act_used
+        amap[off:off + n].view(t.dtype).view(t.shape).copy_(t)
+        b.act_used += _align(n)
+        self.activations_stashed += n
+        return _Stashed(b.index, off, t.shape, t.dtype, t.device)
+
     def _unpack(self, x: Any) -> torch.Tensor:
+        if isinstance(x, _Stashed):
+            b = self._blocks[x.block]
+            amap = b.maps.get(("a", HOST))
+            if amap is None:
+                raise RuntimeError(f"block {x.block} ({b.name}): its backward needs its saved activations "
+                                   "outside its backward phase (the model's blocks do not run one after another)")
+            n = math.prod(x.shape) * _esize(x.dtype)
+            t = amap[x.offset:x.offset + n].view(x.dtype).view(x.shape)
+            return t if x.device == t.device else t.to(x.device)
         if not isinstance(x, _Alias):
             return x
         b = self._blocks[x.block]
@@ -516,6 +570,16 @@ class Offload:
         self._fences = [f for f in self._fences if not self._fence_done(f, False)]
 
     def _submit_plan(self) -> None:
+        from . import ExistsError
+
+        for b in self._blocks:
+            if self.offload_activations and b.act_bytes:
+                name = self._tname(b, "a")
+                try:
+                    b.tensors["a"] = self.client.create(name, b.act_bytes)
+                except ExistsError:
+                    self.client.open(name).destroy()
+                    b.tensors["a"] = self.client.create(name, b.act_bytes)
         with self.client.plan() as plan:
             for k, (kind, i) in enumerate(self._seq):
                 b = self._blocks[i]
@@ -575,6 +639,15 @@ class Offload:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Stashed:
+    block: int
+    offset: int                   # bytes into the block's a tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
 
 
 @dataclass(frozen=True)
