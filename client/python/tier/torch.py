@@ -336,7 +336,7 @@ class Offload:
                 b.maps[(tk, tier)] = self.client.phase_grant(b.tensors[tk], tier).torch()
         else:
             self._release()
-            if self.steps == 0:
+            if self.steps == 0 and (kind != "f" or torch.is_grad_enabled()):   # an evaluation is no step
                 if key in self._seq:
                     raise RuntimeError(f"block {b.index} ({b.name}) ran its {'forward' if kind == 'f' else 'backward'}"
                                        " twice in one step: a block that runs more than once per step (weights "
