@@ -31,7 +31,9 @@ import hashlib
 import json
 import math
 import os
+import queue
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=8, help="measured steps (after --warmup)")
+    p.add_argument("--steps", type=int, default=12, help="measured steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (>= 1: tier.torch traces "
                    "the first step)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -89,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vram-limit", type=size, help="tight VRAM budget (default: 4 x the largest block's "
                    "parameter bytes)")
     p.add_argument("--fio-size", type=size, default=1 << 30, help="bytes per fio pass (default 1G)")
+    p.add_argument("--step-timeout", type=float, default=120, help="seconds one step (or a configuration's "
+                   "start) may take before its process is killed and reported as not fitting (default 120)")
+    p.add_argument("--sequential", action="store_true", help="run the configurations one after another "
+                   "instead of interleaving their steps")
     p.add_argument("--configs", default=",".join(CONFIGS), help="subset of plain,fit,A,B,C (plain is always run)")
     p.add_argument("--sizes", action="store_true", help="print 'state_bytes largest_block_bytes host_tight "
                    "vram_tight fit' (bytes) and exit (bench/run sizes tierd's config with it)")
@@ -141,6 +147,8 @@ def budgets(a: argparse.Namespace, sz: dict) -> tuple[int, int, int]:
 # ---- one configuration (child process) -------------------------------------------------------------
 
 def child(a: argparse.Namespace) -> int:
+    """One configuration, a step each time a line "go" comes on stdin; JSON lines on stdout:
+    {"ready": true}, then {"step", "dt", "loss"} per step, then {"result": {...}} (also on a failure)."""
     import torch
 
     if a.threads:
@@ -150,6 +158,10 @@ def child(a: argparse.Namespace) -> int:
     loss_fn = torch.nn.functional.cross_entropy
     out: dict = {"config": a.child, "fits": True, "error": None}
     client = engine = None
+
+    def say(obj: dict) -> None:
+        print(json.dumps(obj), flush=True)
+
     try:
         if a.child == "plain":
             opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
@@ -160,13 +172,20 @@ def child(a: argparse.Namespace) -> int:
             client = tier.Client(a.job, socket=a.socket)
             placement = "A" if a.child == "fit" else a.child
             engine = tier.torch.Offload(model, client, lr=a.lr, placement=placement)
+        say({"ready": True})
         times: list[float] = []
         losses: list[float] = []
         moved0: dict = {}
         stall0 = 0.0
+        cpu0 = 0.0
         for i, (x, y) in enumerate(data):
-            if i == a.warmup and client is not None:
-                moved0, stall0 = client.moved(), engine.stall
+            if sys.stdin.readline().strip() != "go":
+                log(f"{a.child}: stopped before step {i + 1}")
+                return 0
+            if i == a.warmup:
+                cpu0 = time.process_time()
+                if client is not None:
+                    moved0, stall0 = client.moved(), engine.stall
             t0 = time.perf_counter()
             loss = loss_fn(model(x).reshape(-1, 256), y.reshape(-1))
             loss.backward()
@@ -178,7 +197,8 @@ def child(a: argparse.Namespace) -> int:
             dt = time.perf_counter() - t0
             losses.append(loss.item())
             times.append(dt)
-            log(f"{a.child}: step {i + 1}/{len(data)} loss {losses[-1]:.6f} {dt * 1e3:.0f} ms")
+            say({"step": i + 1, "dt": dt, "loss": losses[-1]})
+        out["cpu_s_per_step"] = (time.process_time() - cpu0) / a.steps
         out["step_s_all"] = times[a.warmup:]
         out["losses"] = losses
         if engine is not None:
@@ -208,8 +228,12 @@ def child(a: argparse.Namespace) -> int:
                 log(f"{a.child}: closing the engine: {e}")
         if client is not None:
             client.close()
-    out["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps(out), flush=True)
+    # VmHWM, not getrusage()'s ru_maxrss: Linux carries ru_maxrss over fork and exec, so a child's
+    # would be at least the parent's peak (this parent's is the 512 MiB of the memcpy baseline)
+    st = proc_status(os.getpid())
+    out["rss_peak_bytes"] = st.get("VmHWM", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    out["rss_shmem_bytes"] = st.get("RssShmem")
+    say({"result": out})
     return 0
 
 
@@ -293,13 +317,39 @@ def reset_hwm(pid: int | None) -> bool:
         return False
 
 
-class Sampler(threading.Thread):
-    """Polls tierd's status for a job's peak use of each tier while its child runs."""
+def cpu_times(tierd_pid: int | None) -> dict[str, float]:
+    """Seconds of CPU: the machine's busy and steal time (/proc/stat), this process and its
+    waited-for children (getrusage), tierd (/proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"busy": 0.0, "steal": 0.0, "ours": 0.0, "tierd": 0.0}
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal guest guest_nice (guest is in user)
+        out["busy"] = (v[0] + v[1] + v[2] + v[5] + v[6]) / tick
+        out["steal"] = v[7] / tick if len(v) > 7 else 0.0
+    except (OSError, ValueError, IndexError):
+        pass
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        ru = resource.getrusage(who)
+        out["ours"] += ru.ru_utime + ru.ru_stime
+    if tierd_pid:
+        try:
+            with open(f"/proc/{tierd_pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            out["tierd"] = (int(fields[11]) + int(fields[12])) / tick      # utime, stime
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
 
-    def __init__(self, admin, job: str, lock: threading.Lock) -> None:
+
+class Sampler(threading.Thread):
+    """Polls tierd's status for the peak use of each tier by the jobs that run now."""
+
+    def __init__(self, admin, jobs: list[str], lock: threading.Lock) -> None:
         super().__init__(daemon=True)
-        self.admin, self.job, self.lock = admin, job, lock
-        self.peak = {"vram": 0, "host": 0, "nvme": 0}
+        self.admin, self.lock = admin, lock
+        self.peak = {j: {"vram": 0, "host": 0, "nvme": 0} for j in jobs}
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -310,25 +360,123 @@ class Sampler(threading.Thread):
                 except Exception:  # noqa: BLE001 - best effort
                     continue
             for j in st.get("jobs", []):
-                if j["name"] == self.job:
-                    for t in self.peak:
-                        self.peak[t] = max(self.peak[t], j["usage"][t]["used"])
+                peak = self.peak.get(j["name"])
+                if peak is not None:
+                    for t in peak:
+                        peak[t] = max(peak[t], j["usage"][t]["used"])
+
+
+def tierd_answers(socket: str, timeout: float = 10.0) -> bool:
+    """Does tierd answer a status request within @timeout seconds?  (libtier's calls have no timeout.)"""
+    import tier
+
+    ok = threading.Event()
+
+    def ask() -> None:
+        try:
+            with tier.Client("", socket=socket) as c:
+                c.status()
+            ok.set()
+        except Exception:  # noqa: BLE001
+            pass
+
+    threading.Thread(target=ask, daemon=True).start()
+    return ok.wait(timeout)
 
 
 # ---- the parent --------------------------------------------------------------------------------
 
-def run_child(a: argparse.Namespace, config: str, data_path: str, job: str | None) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data_path,
-           "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context", str(a.context),
-           "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup), "--lr", repr(a.lr),
-           "--seed", str(a.seed), "--threads", str(a.threads)]
-    if job:
-        cmd += ["--socket", a.socket, "--job", job]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    if r.returncode != 0 or not lines:
-        raise SystemExit(f"bench_torch: configuration {config} failed (exit status {r.returncode})")
-    return json.loads(lines[-1])
+_children: list[subprocess.Popen] = []       # for the SIGTERM handler
+
+
+def on_term(signum: int, frame) -> None:
+    """bench/run stops us (interrupted): take the configurations' processes along."""
+    for p in _children:
+        if p.poll() is None:
+            p.kill()
+    raise SystemExit(128 + signum)
+
+
+class Run:
+    """One configuration's child process (``--child``): a step per "go", its lines through a queue."""
+
+    def __init__(self, a: argparse.Namespace, config: str, data_path: str, job: str | None) -> None:
+        self.config, self.job = config, job
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data_path,
+               "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context",
+               str(a.context), "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup),
+               "--lr", repr(a.lr), "--seed", str(a.seed), "--threads", str(a.threads)]
+        if job:
+            cmd += ["--socket", a.socket, "--job", job]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr,
+                                     text=True, bufsize=1)
+        _children.append(self.proc)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.result: dict | None = None
+        self.settle: list[float] = []        # seconds tierd went on moving the job's data after its steps
+        self.dt: list[float] = []
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+        self.lines.put(None)
+
+    @property
+    def active(self) -> bool:
+        return self.result is None
+
+    def get(self, timeout: float) -> dict:
+        """The next message; raises queue.Empty after @timeout, SystemExit if the child died."""
+        msg = self.lines.get(timeout=timeout)
+        if msg is None:
+            self.proc.wait()
+            raise SystemExit(f"bench_torch: configuration {self.config} exited (status {self.proc.returncode}) "
+                             "without a result")
+        return msg
+
+    def go(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def kill(self, why: str, timed_out: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.result = {"config": self.config, "fits": False, "timed_out": timed_out, "error": why,
+                       "rss_peak_bytes": None}
+
+    def finish(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def settle(admin, lock: threading.Lock, job: str, cap: float = 0.5) -> float:
+    """Wait until tierd stops moving @job's data (its link counters stay the same for 20 ms), at most
+    @cap seconds; the seconds waited.  Interleaved, a job's leftover transfers then do not run in the
+    next configuration's step."""
+    t0 = time.monotonic()
+    last = None
+    same = 0
+    while time.monotonic() - t0 < cap:
+        with lock:
+            st = admin.status()
+        now = next((sum(j["moved"].values()) for j in st["jobs"] if j["name"] == job), None)
+        same = same + 1 if now == last else 0
+        if same >= 2:
+            break
+        last = now
+        time.sleep(0.01)
+    return time.monotonic() - t0
 
 
 def first_difference(x: list[float], y: list[float]) -> int | None:
@@ -349,6 +497,7 @@ def parent(a: argparse.Namespace) -> int:
 
     import tier
 
+    signal.signal(signal.SIGTERM, on_term)
     if not a.socket or not a.dir:
         raise SystemExit("bench_torch: --socket and --dir are required (bench/run torch passes them)")
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
@@ -395,39 +544,120 @@ def parent(a: argparse.Namespace) -> int:
     results: dict[str, dict] = {}
     lock = threading.Lock()
     hwm_reset = True
-    for c in configs:
-        job = None if c == "plain" else f"bench-torch-{c}"
-        holder = None
-        sampler = None
-        if job:
+    stuck: str | None = None        # the configuration after which tierd stopped answering
+    # interleaved (default): every configuration at once, one step each in turn (the order rotating
+    # each round), so that the machine's drift in speed hits them all alike; --sequential: one
+    # configuration after another, tierd's VmHWM per configuration
+    groups = [[c] for c in configs] if a.sequential else [configs]
+    rounds: dict[str, list[float]] = {c: [] for c in configs}     # step times by round, all steps
+    for group in groups:
+        if stuck:
+            for c in group:
+                results[c] = {"config": c, "fits": False, "skipped": True, "rss_peak_bytes": None,
+                              "error": f"not run: tierd stopped answering during configuration {stuck}",
+                              "tierd": proc_status(a.tierd_pid), "cpu": {}}
+            continue
+        holders = []
+        jobs = {}
+        for c in group:
+            if c == "plain":
+                continue
+            job = jobs[c] = f"bench-torch-{c}"
             budget = (fit_limit, fit_limit) if c == "fit" else (host_tight, vram_tight)
-            holder = tier.Client(job, socket=a.socket)       # the job exists while this holds it
+            holders.append(tier.Client(job, socket=a.socket))      # the job exists while this holds it
             try:
                 admin.set_quota(job, host=budget[0], vram=budget[1])
-            except tier.PermissionDeniedError as e:
-                raise SystemExit(f"bench_torch: tierd refused to set job {job}'s quota ({e}): run as root or "
-                                 "as a member of tierd's admin group") from None
+            except tier.TierError as e:
+                hint = (": run as root or as a member of tierd's admin group"
+                        if isinstance(e, tier.PermissionDeniedError) else "")
+                raise SystemExit(f"bench_torch: tierd refused to set job {job}'s quota ({e}){hint}") from None
             q = admin.quota(job).limits
             if q["host"] != budget[0] or q["vram"] != budget[1]:
                 raise SystemExit(f"bench_torch: job {job}'s quota is host {q['host']}, vram {q['vram']}, "
                                  f"not the {budget} set")
-            sampler = Sampler(admin, job, lock)
-            sampler.start()
+            log(f"{c}: job {job}, host limit {budget[0] / MIB:.0f} MiB, vram limit {budget[1] / MIB:.0f} MiB")
+        sampler = Sampler(admin, list(jobs.values()), lock)
+        sampler.start()
         hwm_reset = reset_hwm(a.tierd_pid) and hwm_reset
-        log(f"--- {c}" + (f" (job {job}, host limit {budget[0] / MIB:.0f} MiB, vram limit {budget[1] / MIB:.0f} MiB)"
-                          if job else ""))
+        log(f"--- {', '.join(group)}" + (" (interleaved)" if len(group) > 1 else ""))
         t0 = time.monotonic()
-        res = run_child(a, c, data_path, job)
-        res["wall_s"] = time.monotonic() - t0
-        if sampler:
-            sampler.stop.set()
-            sampler.join()
-            res["job_peak_bytes"] = sampler.peak
-        if holder:
-            holder.close()
-        res["tierd"] = proc_status(a.tierd_pid)
-        results[c] = res
-    admin.close()
+        cpu0 = cpu_times(a.tierd_pid)
+        runs = [Run(a, c, data_path, jobs.get(c)) for c in group]
+        for run in runs:
+            try:
+                msg = run.get(a.step_timeout)
+            except queue.Empty:
+                run.kill(f"not ready after {a.step_timeout:.0f} s (killed)", timed_out=True)
+                continue
+            if "result" in msg:
+                run.result = msg["result"]
+        for k in range(a.warmup + a.steps):
+            alive = [run for run in runs if run.active]
+            if not alive:
+                break
+            order = alive[k % len(alive):] + alive[:k % len(alive)]
+            for run in order:
+                if not run.active:          # stopped in this round (tierd stopped answering)
+                    continue
+                run.go()
+                try:
+                    msg = run.get(a.step_timeout)
+                except queue.Empty:
+                    # a phase that never becomes ready (tier_phase() has no timeout): reported
+                    run.kill(f"step {k + 1} not done after {a.step_timeout:.0f} s (killed): the trainer waited "
+                             "in a phase tierd never made ready", timed_out=True)
+                    log(f"{run.config}: step {k + 1} not done after {a.step_timeout:.0f} s: killed")
+                    if not tierd_answers(a.socket):
+                        stuck = run.config
+                        log(f"tierd does not answer after {run.config}'s step {k + 1} timed out: the other "
+                            "tier.torch configurations are stopped (plain PyTorch goes on)")
+                        for other in runs:
+                            if other.active and other.job:
+                                other.kill(f"stopped: tierd stopped answering during configuration {stuck}")
+                    continue
+                    continue
+                if "result" in msg:                 # failed in this step
+                    run.result = msg["result"]
+                    continue
+                run.dt.append(msg["dt"])
+                rounds[run.config].append(msg["dt"])
+                log(f"{run.config}: step {msg['step']}/{a.warmup + a.steps} loss {msg['loss']:.6f} "
+                    f"{msg['dt'] * 1e3:.0f} ms")
+                if msg["step"] == a.warmup + a.steps:
+                    try:
+                        run.result = run.get(a.step_timeout)["result"]
+                    except queue.Empty:
+                        run.kill("no result after its last step (killed)", timed_out=True)
+                elif len(group) > 1 and run.job and not stuck:
+                    run.settle.append(settle(admin, lock, run.job))
+        for run in runs:
+            if run.active:                  # cannot happen: every step either reported or killed
+                run.kill("did not report its result")
+            run.finish()
+        cpu1 = cpu_times(a.tierd_pid)
+        wall = time.monotonic() - t0
+        sampler.stop.set()
+        sampler.join(5.0)                   # stuck in a status request if tierd stopped answering
+        for h in holders:
+            h.close()
+        d = {k: cpu1[k] - cpu0[k] for k in cpu0}
+        # CPUs busy with anything but this benchmark and its tierd (another job, a test suite): the
+        # figures of a configuration that ran beside such load are not its own
+        cpu = {"bench": d["ours"] / wall, "tierd": d["tierd"] / wall,
+               "other": max(0.0, d["busy"] - d["ours"] - d["tierd"]) / wall, "steal": d["steal"] / wall}
+        tierd_mem = proc_status(a.tierd_pid)
+        for run in runs:
+            res = run.result
+            res["wall_s"] = wall
+            res["cpu"] = cpu
+            res["tierd"] = tierd_mem
+            if run.job:
+                res["job_peak_bytes"] = sampler.peak[run.job]
+            if run.settle:
+                res["settle_s"] = run.settle
+            results[run.config] = res
+    if not stuck:
+        admin.close()
     try:
         os.unlink(data_path)
         os.rmdir(tmp)
@@ -437,14 +667,17 @@ def parent(a: argparse.Namespace) -> int:
     # ---- figures
     tokens = a.batch * a.context
     plain = results["plain"]
+    if not plain["fits"]:
+        raise SystemExit(f"bench_torch: plain PyTorch did not run to the end: {plain['error']}")
     plain_step = statistics.median(plain["step_s_all"])
 
     def summary(res: dict) -> dict:
         if not res["fits"]:
             return {"fits": False, "error": res["error"], "step_s": None, "tokens_per_s": None, "busy": None,
-                    "rss_peak_bytes": res["rss_peak_bytes"],
+                    "rss_peak_bytes": res["rss_peak_bytes"], "timed_out": res.get("timed_out", False),
                     "tierd_hwm_bytes": res["tierd"].get("VmHWM"), "tierd_shmem_bytes": res["tierd"].get("RssShmem"),
-                    "nvme_read_gb_per_step": None, "nvme_write_gb_per_step": None}
+                    "nvme_read_gb_per_step": None, "nvme_write_gb_per_step": None,
+                    "cpus_busy": {k: r(v, 2) for k, v in res["cpu"].items()}, "skipped": res.get("skipped", False)}
         step = statistics.median(res["step_s_all"])
         window = sum(res["step_s_all"])
         mv = res.get("moved_per_step", {})
@@ -456,17 +689,27 @@ def parent(a: argparse.Namespace) -> int:
              "nvme_read_gb_per_step": r(mv.get("nvme->host", 0) / GB),
              "nvme_write_gb_per_step": r(mv.get("host->nvme", 0) / GB),
              "link_gb_per_step": r((mv.get("host->vram", 0) + mv.get("vram->host", 0)) / GB),
+             "moved_gb_per_step": {k: r(v / GB) for k, v in mv.items()} if mv else None,
+             "cpu_s_per_step": r(res["cpu_s_per_step"]),
+             "step_s_all": [r(t, 3) for t in res["step_s_all"]],
              }
+        s["cpus_busy"] = {k: r(v, 2) for k, v in res["cpu"].items()}
         if "job_peak_bytes" in res:
             s["job_peak_bytes"] = res["job_peak_bytes"]
         if "kept_up" in res:
             s["kept_up"] = res["kept_up"]
+        if res.get("settle_s"):
+            s["settle_s_per_step"] = r(statistics.mean(res["settle_s"]))
+        if not a.sequential and res is not plain:
+            # step of this configuration / plain's step of the same round, median over the measured rounds
+            pairs = [x / y for x, y in zip(rounds[res["config"]][a.warmup:], rounds["plain"][a.warmup:])]
+            s["vs_plain_paired"] = r(statistics.median(pairs), 3) if pairs else None
         return s
 
     summaries = {c: summary(results[c]) for c in configs}
 
     # bit for bit: every tier.torch configuration that ran against plain PyTorch
-    verified = True
+    verified: bool | None = True
     verify: dict[str, dict] = {}
     for c in configs:
         if c == "plain" or not results[c]["fits"]:
@@ -475,6 +718,8 @@ def parent(a: argparse.Namespace) -> int:
         same_params = results[c].get("params_sha256") == plain.get("params_sha256")
         verify[c] = {"losses_equal": d is None, "first_differing_step": d, "params_equal": same_params}
         verified = verified and d is None and same_params
+    if not verify:
+        verified = None             # no tier.torch configuration ran to the end: nothing verified
 
     def step_of(c: str) -> float | None:
         s = summaries.get(c)
@@ -508,11 +753,15 @@ def parent(a: argparse.Namespace) -> int:
         "fio_read_gbps": r(fio_r / GB), "fio_write_gbps": r(fio_w / GB),
         "link_baseline": link_kind, "link_gbps": r(link_bw / GB) if link_bw else None,
         "vram_backend": backend,
+        "mode": "sequential" if a.sequential else "interleaved",
         "placements": {c: summaries[c] for c in ("A", "B", "C") if c in summaries},
         "fit": summaries.get("fit"), "plain": summaries["plain"],
         "verify": verify,
-        "tierd_hwm_per_config": hwm_reset,
+        # VmHWM reset (clear_refs) before each configuration: per configuration in sequential mode only
+        "tierd_hwm_per_config": hwm_reset and a.sequential,
         "steps": a.steps, "warmup": a.warmup, "threads": torch.get_num_threads() if not a.threads else a.threads,
+        "cpus": os.cpu_count(),
+        "tierd_stuck_after": stuck,
         "runtime_s": r(time.monotonic() - t_start, 1),
     }
     print_table(out, summaries, configs)
@@ -524,13 +773,13 @@ def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
     m = out["model"]
     lines = [
         f"ByteLM {m['params'] / 1e6:.2f} M parameters, state {m['state_bytes'] / MIB:.1f} MiB; "
-        f"{out['steps']} measured steps after {out['warmup']}; budgets fit host=vram "
+        f"{out['steps']} measured steps after {out['warmup']}, {out['mode']}; budgets fit host=vram "
         f"{out['budgets']['fit']['host'] / MIB:.0f} MiB, tight host {out['budgets']['tight']['host'] / MIB:.0f} MiB "
         f"vram {out['budgets']['tight']['vram'] / MIB:.0f} MiB",
         f"baselines: fio read {out['fio_read_gbps']} GB/s, write {out['fio_write_gbps']} GB/s; "
         f"link {out['link_gbps']} GB/s ({out['link_baseline']})",
         f"{'config':<10}{'fits':>5}{'step s':>9}{'tok/s':>9}{'busy':>7}{'rss MiB':>9}{'tierd hwm':>11}"
-        f"{'shmem':>8}{'rd GB/st':>10}{'wr GB/st':>10}",
+        f"{'shmem':>8}{'rd GB/st':>10}{'wr GB/st':>10}{'other cpu':>10}",
     ]
     names = {"plain": "plain", "fit": "fit (A)", "A": "A tight", "B": "B tight", "C": "C tight"}
     for c in configs:
@@ -541,12 +790,24 @@ def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
 
         lines.append(f"{names[c]:<10}{'yes' if s['fits'] else 'NO':>5}{f(s['step_s'], '.3f'):>9}"
                      f"{f(s['tokens_per_s'], '.0f'):>9}{f(s.get('busy'), '.3f'):>7}"
-                     f"{s['rss_peak_bytes'] / MIB:>9.0f}"
+                     f"{f(s['rss_peak_bytes'] and s['rss_peak_bytes'] / MIB, '.0f'):>9}"
                      f"{f(s['tierd_hwm_bytes'] and s['tierd_hwm_bytes'] / MIB, '.0f'):>11}"
                      f"{f(s['tierd_shmem_bytes'] and s['tierd_shmem_bytes'] / MIB, '.0f'):>8}"
-                     f"{f(s['nvme_read_gb_per_step'], '.4f'):>10}{f(s['nvme_write_gb_per_step'], '.4f'):>10}")
+                     f"{f(s['nvme_read_gb_per_step'], '.4f'):>10}{f(s['nvme_write_gb_per_step'], '.4f'):>10}"
+                     f"{f(s['cpus_busy'].get('other'), '.2f'):>10}")
         if not s["fits"]:
             lines.append(f"    {s['error']}")
+    busy_other = [c for c in configs if summaries[c]["cpus_busy"].get("other", 0) > 0.2]
+    if busy_other:
+        lines.append(f"note: other processes kept {max(summaries[c]['cpus_busy']['other'] for c in busy_other):.2f} "
+                     f"CPUs busy during {', '.join(busy_other)}: those figures are not the configuration's own")
+    if out["tierd_stuck_after"]:
+        lines.append(f"tierd stopped answering during configuration {out['tierd_stuck_after']}: the tier.torch "
+                     "configurations after it did not run to the end")
+    paired = {c: summaries[c].get("vs_plain_paired") for c in configs if summaries[c].get("vs_plain_paired")}
+    if paired:
+        lines.append("paired with plain's step of the same round (median of the ratios): "
+                     + ", ".join(f"{names[c]} {v}" for c, v in paired.items()))
     lines.append(f"fit/plain {out['fit_vs_plain']} (goal <= 1.10); offload/bound {out['offload_vs_bound']} "
                  f"(goal <= 1.25; bound {out['offload_lower_bound_s']} s = max{out['bound_parts_s']}); "
                  f"verified {out['verified']}")
