@@ -438,6 +438,15 @@ static void op_end(Op *op, int r) {
                         op->pinned = false;
                 }
         }
+        /*
+         * A failed op's reservation nobody will fill goes before the op reports:
+         * what its owner concludes ("no space now") then holds for the space as it
+         * is after, and freeing the reservation does not look like space appearing
+         * later (which would retry the same op at once, forever).
+         */
+        if (r < 0 && op->tier >= 0 && t->copy[op->tier].state == COPY_FILLING && !t->xfer &&
+            t->copy[op->tier].pins == 0)
+                copy_free(t, op->tier);
         if (op->complete)
                 op->complete(op, r, r < 0 ? op->error : NULL);
         op_free(op);

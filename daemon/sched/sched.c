@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* sched.c: the shared scheduling timeline: holds, deadlines (EDF), prefetch, write-behind, victims, fair share. */
+/* sched.c: the shared scheduling timeline: holds, deadlines (EDF), prefetch, write-behind, fair share (victims: victim.c). */
 
 /*
  * Theory of operation.
@@ -55,7 +55,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,101 +137,18 @@ static void mark_writes(Plan *p, int h) {
         }
 }
 
-bool sched_next_access_overwrites(Tensor *t) {
-        Plan *p = t->plan;
-
-        /* only what one plan alone names: another plan may read it meanwhile */
-        if (!p || policy(p->sched) != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX || t->plan_refs != 1)
-                return false;
-        /* the first phase after the current one that touches it, in any tier */
-        return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
-}
-
-uint64_t sched_next_use_ns(Tensor *t, int tier) {
-        uint64_t nu;
-
-        if (!t->plan || policy(t->plan->sched) != SCHED_POLICY_TIMELINE)
-                return 0;
-        nu = plan_next_use(t->plan, t, tier > TIER_HOST ? TIER_HOST : tier);
-        return nu == UINT64_MAX ? 0 : nu;
-}
-
 void sched_charge(Job *j, uint64_t bytes) {
         j->vtime += (double) bytes / (double) MAX(j->weight, 1u);
 }
 
-/* ---- victims ---------------------------------------------------------------------------------- */
-
-typedef struct Victim {
-        Tensor *t;
-        uint64_t next;
-        double score;           /* time to the next use / cost of dropping: higher goes first */
-        uint64_t last_use;
-} Victim;
-
-static int victim_cmp(const void *a, const void *b) {
-        const Victim *x = a, *y = b;
-
-        if (x->score != y->score)
-                return x->score > y->score ? -1 : 1;
-        return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
-}
-
-/*
- * When @t's copy in @tier is next needed.  A host copy of a tensor that is
- * valid in vram is needed only by the next host access: the vram accesses
- * before it are served from vram, so such copies go first (for free: they
- * are not the sole copy).  A tensor whose plan overwrites it next is never
- * needed again.
- */
-static uint64_t victim_next_use(Tensor *t, int tier) {
-        if (!t->plan)
-                return UINT64_MAX;
-        if (sched_next_access_overwrites(t))
-                return UINT64_MAX;
-        if (tier == TIER_HOST && copy_valid(t, TIER_VRAM))
-                return plan_next_use_class(t->plan, t, USE_HOST);
-        return plan_next_use(t->plan, t, tier);
-}
-
-size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
-        _cleanup_free_ Victim *v = NULL;
-        size_t k = 0;
-        uint64_t now;
-
-        if (policy(s) != SCHED_POLICY_TIMELINE || n == 0)
-                return n;       /* already least recently used first */
-        v = calloc(n, sizeof(*v));
-        if (!v)
-                return n;
-        now = now_ns();
-        for (size_t i = 0; i < n; i++) {
-                Tensor *t = cands[i];
-                uint64_t nu = victim_next_use(t, tier);
-                double score;
-
-                if (deadline_ns > 0 && nu <= deadline_ns)
-                        continue;       /* needed before the requester: keep it */
-                /*
-                 * Belady's farthest next use, weighed by what dropping costs: a sole
-                 * copy is written down and read back (two transfers), another only
-                 * read back (one), so a clean copy goes before a dirty one needed
-                 * up to twice as late.
-                 */
-                score = nu == UINT64_MAX ? INFINITY : (double) (nu > now ? nu - now : 0);
-                if (copy_is_sole(t, tier))
-                        score /= 2;
-                v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
-        }
-        qsort(v, k, sizeof(*v), victim_cmp);
-        for (size_t i = 0; i < k; i++)
-                cands[i] = v[i].t;
-        return k;
-}
-
 /* ---- holds ---------------------------------------------------------------------------------------- */
 
-static void hold_release(Plan *p, int h, bool unpin) {
+/*
+ * Release hold @h: cancel its pins in flight and, with @unpin, drop the pins it
+ * holds, dirtying what the phase may write when @written (a hold of a phase the
+ * client has not entered was not written).
+ */
+static void hold_release(Plan *p, int h, bool unpin, bool written) {
         PlanHold *hold = &p->hold[h];
         HoldState *hs = &p->hs[h];
         PlanPhase *ph;
@@ -246,9 +162,19 @@ static void hold_release(Plan *p, int h, bool unpin) {
                 if (hs->ops[i])
                         op_cancel(hs->ops[i]);  /* on_pin_cancelled() does the books */
                 if (hs->pinned[i]) {
-                        tensor_pin_account(a->tensor, a->tier, -1);
-                        if (unpin)
-                                (void) tensor_unpin(a->tensor, a->tier, (a->mode & PLAN_WRITE) != 0);
+                        Tensor *t = a->tensor;
+
+                        tensor_pin_account(t, a->tier, -1);
+                        if (unpin) {
+                                (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
+                                /*
+                                 * A write-only pin may have reserved the copy without bringing the
+                                 * old bytes: unwritten, it holds nothing but where it is no sole copy
+                                 */
+                                if (!written && a->mode == PLAN_WRITE && t->copy[a->tier].pins == 0 &&
+                                    !t->xfer && !copy_is_sole(t, a->tier))
+                                        copy_free(t, a->tier);
+                        }
                         hs->pinned[i] = false;
                 }
         }
@@ -376,6 +302,39 @@ static void hold_start_next(Plan *p) {
         hold_start(p, 1, p->seq + 1, p->cur == UINT32_MAX ? 0 : (p->cur + 1) % p->n_phases);
 }
 
+/*
+ * Does the current phase wait for room (a pin of it found none, and none is in
+ * flight)?  Then the next phase's hold must not keep copies pinned: they may be
+ * the very room it needs (the job's limit holds both phases at most when each
+ * fits alone), and nothing else would change while the client waits.
+ */
+static bool hold_starved(const Plan *p) {
+        const PlanHold *hold = &p->hold[0];
+        const HoldState *hs = &p->hs[0];
+
+        if (!hold->active)
+                return false;
+        for (uint32_t i = 0; i < p->phases[hold->phase].n_acc; i++)
+                if (!hs->pinned[i] && !hs->ops[i] && hs->blocked[i] != 0)
+                        return true;
+        return false;
+}
+
+/* Give the next phase's pins up for the current phase's sake; did any go? */
+static bool hold_yield(Plan *p) {
+        bool any = p->hold[1].n_pinned > 0;
+
+        for (uint32_t i = 0; !any && p->hold[1].active && i < p->phases[p->hold[1].phase].n_acc; i++)
+                any = p->hs[1].ops[i] != NULL;
+        if (!any)
+                return false;
+        log_debug("sched: job '%s' phase %u waits for room: the next phase's pins are given up", p->job->name,
+                  p->hold[0].phase);
+        hold_release(p, 1, true, false);
+        hold_start_next(p);
+        return true;
+}
+
 /* ---- markers ------------------------------------------------------------------------------------------ */
 
 static void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
@@ -389,8 +348,12 @@ static void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_p
                 for (uint32_t k = 0; k < nx->n_acc; k++)
                         if (nx->acc[k].tensor == t)
                                 again = true;
-                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0)
-                        (void) op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, NULL);
+                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0) {
+                        Op *op = NULL;
+
+                        if (op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, &op) >= 0)
+                                op->internal = true;    /* no client waits: freeing the tensor cancels it */
+                }
         }
 }
 
@@ -438,7 +401,7 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
         log_debug("sched: job '%s' marker %" PRIu64 ": phase %u", p->job->name, seq, phase);
         /* the previous marker's phase is over: its pins go (written accesses dirty) */
         done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
-        hold_release(p, 0, true);
+        hold_release(p, 0, true, true);
         if (prev != UINT32_MAX && policy(s) == SCHED_POLICY_ONDEMAND)
                 plan_release_after_use(p, prev, phase);
 
@@ -455,7 +418,12 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
                 }
                 p->hold[1] = (PlanHold) {};
         } else {
-                hold_release(p, 1, true);       /* the client went elsewhere */
+                /*
+                 * The client went elsewhere, or through that phase and on before we
+                 * read its marker (markers can be skipped: that phase was ready, so it
+                 * may have written there)
+                 */
+                hold_release(p, 1, true, true);
                 hold_start(p, 0, seq, phase);
         }
         p->seq = seq;
@@ -485,6 +453,13 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
         slot_put(t->job, link);
         if (status == -EAGAIN || status == -ENOSPC)
                 t->sched_blocked = s->epoch;
+        /*
+         * Write-behind copies a version once per tier: if room below runs short
+         * and its copy there is dropped again (it is no sole copy), cleaning it
+         * anew would copy the same bytes over and over.
+         */
+        if (op->kind == OP_CLEAN && status >= 0 && op->tier >= 0 && op->tier < TIERS)
+                t->sched_cleaned[op->tier] = t->version;
         log_debug("sched: '%s' %s done: %d (%s)", t->name, op->kind == OP_CLEAN ? "clean" : "prefetch", status,
                   error ? error : "");
         if (status >= 0)
@@ -553,7 +528,13 @@ static void issue(Sched *s, Cand *c) {
                 r = op_submit(s->engine, OP_PIN, c->tensor, c->tier, on_pin_done, NULL, ctx, &op);
                 if (r < 0)
                         return;
-                op->deadline_ns = c->deadline;
+                /*
+                 * The current phase's pin is needed now: any copy it does not pin may
+                 * make room for it (a prediction that puts another use "sooner" than
+                 * now is late, and keeping for it would leave the client waiting with
+                 * nothing left to change).
+                 */
+                op->deadline_ns = c->hold == 0 ? 0 : c->deadline;
                 /* a write-only access overwrites the tensor: no need to bring its old bytes */
                 op->discard = cand_mode(c) == PLAN_WRITE;
                 op->cancelled = on_pin_cancelled;
@@ -721,7 +702,7 @@ static void write_behind(Sched *s, Plan *p) {
 
                         got += t->alloc_size;
                         if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == s->epoch ||
-                            sched_next_access_overwrites(t))
+                            t->sched_cleaned[tier] == t->version || sched_next_access_overwrites(t))
                                 continue;
                         if (!slot_free(j, link, link_limit))
                                 break;
@@ -755,9 +736,14 @@ void sched_run(Sched *s) {
         list_for_each_safe(node, tmp, &s->plans) {
                 Plan *p = list_entry(node, Plan, link);
 
+                bool starved;
+
                 if (p->page->daemon.error)
                         continue;
                 plan_predict(p, now);
+                starved = policy(s) == SCHED_POLICY_TIMELINE && hold_starved(p);
+                if (starved && hold_yield(p))
+                        s->epoch++;     /* room may have come free: the blocked pins retry now */
                 /* the current marker's phase (demand: deadline now) */
                 if (p->hold[0].active) {
                         hold_fill(p, 0, now, &cands);
@@ -766,8 +752,10 @@ void sched_run(Sched *s) {
                 if (policy(s) == SCHED_POLICY_TIMELINE) {
                         if (!p->hold[1].active)
                                 hold_start_next(p);
-                        hold_fill(p, 1, p->pred[1], &cands);
-                        hold_check_ready(p, 1);
+                        if (!starved) {
+                                hold_fill(p, 1, p->pred[1], &cands);
+                                hold_check_ready(p, 1);
+                        }
                         collect_prefetch(p, &cands);
                 }
         }
@@ -849,8 +837,8 @@ int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan 
 void sched_plan_free(Plan *p) {
         if (!p)
                 return;
-        hold_release(p, 0, true);
-        hold_release(p, 1, true);
+        hold_release(p, 0, true, true);
+        hold_release(p, 1, true, true);
         if (p->attached) {
                 for (uint32_t i = 0; i < p->n_slots; i++) {
                         Tensor *t = p->slots[i];

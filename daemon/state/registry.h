@@ -96,6 +96,7 @@ typedef struct Tensor {
         uint64_t sched_pass;    /* sched: pass that computed sched_written */
         uint8_t sched_written;  /* sched: tiers (bits) a held phase writes it in */
         uint64_t sched_blocked; /* sched: epoch in which a prefetch found no space (retry after it changes) */
+        uint64_t sched_cleaned[TIERS]; /* sched: the version write-behind last copied down from each tier */
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
 } Tensor;
 

@@ -310,9 +310,80 @@ static void test_plan_over_quota_refused(void **state) {
         tier_client_free(c);
 }
 
+/* CPU seconds tierd has used so far (utime + stime of /proc/PID/stat). */
+static double tierd_cpu_s(void) {
+        char path[64], buf[1024];
+        unsigned long ut = 0, st = 0;
+        const char *q;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int) daemon_.pid);
+        f = fopen(path, "re");
+        assert_non_null(f);
+        assert_non_null(fgets(buf, sizeof(buf), f));
+        fclose(f);
+        q = strrchr(buf, ')');
+        assert_non_null(q);
+        /* after "pid (comm)": state is field 3; utime and stime are fields 14 and 15 */
+        assert_int_equal(sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st), 2);
+        return (double) (ut + st) / (double) sysconf(_SC_CLK_TCK);
+}
+
+/*
+ * The next phase needs a tensor in VRAM that is on NVMe: it must be staged in
+ * host memory, where the current phase holds the job's whole limit.  The pin
+ * for the next phase fails until the phase changes; it used to free its own
+ * VRAM reservation on the way out, which looked like space appearing, which
+ * retried it at once: tierd spun at a full CPU and answered nothing.
+ */
+static void test_staging_waits_quietly(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *a[12], *x;
+        tier_plan *plan = NULL;
+        struct tier_grant g;
+        char name[8];
+        double cpu0, cpu1;
+
+        assert_int_equal(tier_client_new(&c, daemon_.socket, "staging", 0), 0);
+        for (int i = 0; i < 12; i++) {                  /* 12 x 512 KiB = the job's 6 MiB of host */
+                snprintf(name, sizeof(name), "a%d", i);
+                assert_int_equal(tier_tensor_create(c, name, TSIZE, &a[i]), 0);
+        }
+        assert_int_equal(tier_tensor_create(c, "x", TSIZE, &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        fill(&g, 99, 1);
+        assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
+        assert_int_equal(tier_evict(x, TIER_NVME), 0);
+
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(tier_plan_add(plan, 0, a[i], TIER_HOST, TIER_READ_WRITE), 0);
+        assert_int_equal(tier_plan_add(plan, 1, x, TIER_VRAM, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+
+        assert_int_equal(tier_phase(c, 0), 0);
+        cpu0 = tierd_cpu_s();
+        usleep(500 * 1000);
+        cpu1 = tierd_cpu_s();
+        print_message("tierd used %.0f ms of CPU in 500 ms with phase 1's pin waiting for room\n",
+                      (cpu1 - cpu0) * 1e3);
+        assert_true(cpu1 - cpu0 < 0.2);                 /* spinning, it used all 500 */
+
+        /* the phase changes: phase 0's pins go, x comes up through host memory */
+        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, x, TIER_VRAM, &g), 0);
+        assert_int_equal(check(&g, 99, 1), -1);
+        assert_int_equal(tier_plan_end(c), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(tier_tensor_destroy(a[i]), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_over_quota_refused),
+                cmocka_unit_test(test_staging_waits_quietly),
                 cmocka_unit_test(test_two_jobs_verified),
         };
 

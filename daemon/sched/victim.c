@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/* victim.c: which copies go first when room is made (Belady by the plans' next uses), and what a plan overwrites next. */
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "daemon/base/config.h"
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
+#include "daemon/state/registry.h"
+#include "proto/macro.h"
+#include "proto/plan.h"
+#include "util/time-util.h"
+
+bool sched_next_access_overwrites(Tensor *t) {
+        Plan *p = t->plan;
+
+        /* only what one plan alone names: another plan may read it meanwhile */
+        if (!p || p->sched->config->sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX || t->plan_refs != 1)
+                return false;
+        /* the first phase after the current one that touches it, in any tier */
+        return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
+}
+
+uint64_t sched_next_use_ns(Tensor *t, int tier) {
+        uint64_t nu;
+
+        if (!t->plan || t->plan->sched->config->sched_policy != SCHED_POLICY_TIMELINE)
+                return 0;
+        nu = plan_next_use(t->plan, t, tier > TIER_HOST ? TIER_HOST : tier);
+        return nu == UINT64_MAX ? 0 : nu;
+}
+
+/* ---- victims ---------------------------------------------------------------------------------- */
+
+typedef struct Victim {
+        Tensor *t;
+        uint64_t next;
+        double score;           /* time to the next use / cost of dropping: higher goes first */
+        uint64_t last_use;
+} Victim;
+
+static int victim_cmp(const void *a, const void *b) {
+        const Victim *x = a, *y = b;
+
+        if (x->score != y->score)
+                return x->score > y->score ? -1 : 1;
+        return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+}
+
+/*
+ * When @t's copy in @tier is next needed.  A host copy of a tensor that is
+ * valid in vram is needed only by the next host access: the vram accesses
+ * before it are served from vram, so such copies go first (for free: they
+ * are not the sole copy).  A tensor whose plan overwrites it next is never
+ * needed again.
+ */
+static uint64_t victim_next_use(Tensor *t, int tier) {
+        if (!t->plan)
+                return UINT64_MAX;
+        if (sched_next_access_overwrites(t))
+                return UINT64_MAX;
+        if (tier == TIER_HOST && copy_valid(t, TIER_VRAM))
+                return plan_next_use_class(t->plan, t, USE_HOST);
+        return plan_next_use(t->plan, t, tier);
+}
+
+size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
+        _cleanup_free_ Victim *v = NULL;
+        size_t k = 0;
+        uint64_t now;
+
+        if (s->config->sched_policy != SCHED_POLICY_TIMELINE || n == 0)
+                return n;       /* already least recently used first */
+        v = calloc(n, sizeof(*v));
+        if (!v)
+                return n;
+        now = now_ns();
+        for (size_t i = 0; i < n; i++) {
+                Tensor *t = cands[i];
+                uint64_t nu = victim_next_use(t, tier);
+                double score;
+
+                if (deadline_ns > 0 && nu <= deadline_ns)
+                        continue;       /* needed before the requester: keep it */
+                /*
+                 * Belady's farthest next use, weighed by what dropping costs: a sole
+                 * copy is written down and read back (two transfers), another only
+                 * read back (one), so a clean copy goes before a dirty one needed
+                 * up to twice as late.
+                 */
+                score = nu == UINT64_MAX ? INFINITY : (double) (nu > now ? nu - now : 0);
+                if (copy_is_sole(t, tier))
+                        score /= 2;
+                v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
+        }
+        qsort(v, k, sizeof(*v), victim_cmp);
+        for (size_t i = 0; i < k; i++)
+                cands[i] = v[i].t;
+        return k;
+}
