@@ -108,13 +108,14 @@ static bool drain_blocked(Engine *e, const Tensor *v, int tier) {
 
 /*
  * Choose victims in @tier of @want's job and free or drain them.  Returns
- * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started), -EAGAIN
- * (@op does not wait), -ENOSPC (nothing can go) or another -errno.  *@blocked
- * counts the victims passed over because writing them down failed already.
+ * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started, or copies
+ * that could go are in a transfer), -EAGAIN (@op does not wait), -ENOSPC
+ * (nothing can go) or another -errno.  *@blocked counts the victims passed
+ * over because writing them down failed already.
  */
 static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, unsigned *blocked) {
         Job *j = want->job;
-        uint64_t freed = 0, draining = 0;
+        uint64_t freed = 0, draining = 0, moving = 0;
         _cleanup_free_ Tensor **cands = NULL;
         size_t n = 0, k;
 
@@ -131,6 +132,8 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                         draining += tier == TIER_NVME ? 0 : v->alloc_size;
                         continue;
                 }
+                if (v != want && v->xfer && c->pins == 0)
+                        moving += v->alloc_size;        /* in a transfer, which ends on its own */
                 if (v == want || c->state != COPY_RESIDENT || c->pins > 0 || v->op_refs > 0 || v->xfer)
                         continue;
                 if (n < j->n_tensors)
@@ -180,7 +183,10 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 return ADV_RETRY;
         if (draining > 0)
                 return ADV_WAIT_SPACE;
-        return op->no_wait ? -EAGAIN : -ENOSPC;
+        if (op->no_wait)
+                return -EAGAIN;
+        /* copies in a transfer may go once it ends (engine_xfer_ended() wakes the waiters) */
+        return moving > 0 ? ADV_WAIT_SPACE : -ENOSPC;
 }
 
 /*
@@ -529,6 +535,7 @@ void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const cha
                 return;
         }
         tensor_free_stale(t);
+        wake_space_waiters(e);  /* its copies may go now (make_space() passes over copies in a transfer) */
         sched_changed(e);
         engine_kick(e);
 }
