@@ -380,10 +380,51 @@ static void test_staging_waits_quietly(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A pin that finds all its job's room taken by copies in transfers (here
+ * prefetches from NVMe) waits for them to end, then makes room among them;
+ * it used to fail with ENOSPC at once.
+ */
+static void test_pin_waits_for_transfers(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *a[12], *x;
+        tier_fence f[12];
+        struct tier_grant g;
+        char name[8];
+
+        assert_int_equal(tier_client_new(&c, daemon_.socket, "moving", 0), 0);
+        for (int i = 0; i < 12; i++) {                  /* 12 x 512 KiB = the job's 6 MiB of host */
+                snprintf(name, sizeof(name), "a%d", i);
+                assert_int_equal(tier_tensor_create(c, name, TSIZE, &a[i]), 0);
+                assert_int_equal(tier_pin(a[i], TIER_HOST, &g), 0);
+                fill(&g, (unsigned) i, 1);
+                assert_int_equal(tier_unpin(a[i], TIER_HOST, 1), 0);
+                assert_int_equal(tier_evict(a[i], TIER_NVME), 0);
+        }
+        assert_int_equal(tier_tensor_create(c, "x", TSIZE, &x), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(tier_prefetch_async(a[i], TIER_HOST, &f[i]), 0);
+        /* sent behind the prefetches: the job's host room is all in transfers when it runs */
+        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        fill(&g, 99, 1);
+        assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
+        for (int i = 0; i < 12; i++)
+                assert_int_equal(tier_wait(c, f[i], 10000), 0);
+        for (int i = 0; i < 12; i++) {
+                assert_int_equal(tier_pin(a[i], TIER_HOST, &g), 0);
+                assert_int_equal(check(&g, (unsigned) i, 1), -1);
+                assert_int_equal(tier_unpin(a[i], TIER_HOST, 0), 0);
+                assert_int_equal(tier_tensor_destroy(a[i]), 0);
+        }
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),
+                cmocka_unit_test(test_pin_waits_for_transfers),
                 cmocka_unit_test(test_two_jobs_verified),
         };
 
