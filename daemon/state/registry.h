@@ -112,7 +112,8 @@ struct Job {
         uint32_t by_id_cap;
         uint32_t next_gen;
         TensorMap *by_name;
-        uint64_t limit[TIERS];  /* byte limits: the config's defaults, or a quota */
+        uint64_t limit[TIERS];  /* byte limits (maxima): the config's defaults, or a quota */
+        uint64_t guarantee[TIERS]; /* bytes no other job may take from it (a quota's minimum; 0: none) */
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
         unsigned weight;        /* bandwidth weight (fair share of the links) */
         uint64_t used[TIERS];
