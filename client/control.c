@@ -13,12 +13,16 @@
  * (Response.status_fd) holding the packed message, read here with a bound
  * on its size.
  *
- * tierd answers both QuotaGet and QuotaSet with the job's quota as a
+ * tierd answers both QuotaGet and QuotaSet with the target's quota as a
  * QuotaReply, checked by quota_reply(); tier_quota_set() ignores its values.
+ * tier_quota_get2()/tier_quota_set2() (LIBTIER_0.5) are the same requests
+ * with a target kind (job name, uid, group, default), minima and where each
+ * value comes from; struct tier_quota keeps its layout for older callers.
  */
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -211,4 +215,92 @@ _public_ int tier_quota_set(tier_client *c, const char *job, const struct tier_q
         if (r < 0)
                 return r;
         return quota_reply(c, &pk, NULL);
+}
+
+/* Copy @s into the fixed-size @buf, cut short if it must be. */
+static void copy_text(char *buf, size_t size, const char *s) {
+        (void) snprintf(buf, size, "%s", s ? s : "");
+}
+
+static int quota_reply2(tier_client *c, Packet *pk, struct tier_quota2 *ret) {
+        const Tier__Response *resp = pk->reply->response;
+        const Tier__QuotaReply *q = resp->quota;
+
+        if (resp->result_case != TIER__RESPONSE__RESULT_QUOTA || !q) {
+                packet_done(pk);
+                return client_error(c, -EPROTO, "tierd answered the quota request without a result");
+        }
+        if (ret) {
+                memset(ret, 0, sizeof(*ret));
+                for (size_t i = 0; i < TIER_LEVEL_MAX; i++) {
+                        ret->max[i] = i < q->n_tier_limit ? q->tier_limit[i] : 0;
+                        ret->min[i] = i < q->n_tier_min ? q->tier_min[i] : 0;
+                        copy_text(ret->max_from[i], sizeof(ret->max_from[i]), i < q->n_limit_from ? q->limit_from[i] : "");
+                        copy_text(ret->min_from[i], sizeof(ret->min_from[i]), i < q->n_min_from ? q->min_from[i] : "");
+                }
+                ret->min_set = (1u << TIER_LEVEL_MAX) - 1;
+                ret->weight = q->weight;
+                ret->running = q->running;
+                copy_text(ret->weight_from, sizeof(ret->weight_from), q->weight_from);
+                copy_text(ret->warning, sizeof(ret->warning), q->warning);
+        }
+        packet_done(pk);
+        return 0;
+}
+
+static int quota_kind_ok(int kind, bool set) {
+        return kind == TIER_QUOTA_JOB || kind == TIER_QUOTA_UID || kind == TIER_QUOTA_GROUP ||
+               (!set && kind == TIER_QUOTA_DEFAULT);
+}
+
+_public_ int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota2 *ret) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
+        Packet pk = PACKET_NULL;
+        int r;
+
+        if (!c || !ret || !quota_kind_ok(kind, false))
+                return -EINVAL;
+        q.job = (char *) (kind == TIER_QUOTA_JOB && job ? job : "");
+        q.kind = (uint32_t) kind;
+        q.id = kind == TIER_QUOTA_UID || kind == TIER_QUOTA_GROUP ? id : 0;
+        req.op_case = TIER__REQUEST__OP_QUOTA_GET;
+        req.quota_get = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_reply2(c, &pk, ret);
+}
+
+_public_ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *quota,
+                             struct tier_quota2 *ret) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
+        Packet pk = PACKET_NULL;
+        uint64_t limits[TIER_LEVEL_MAX], mins[TIER_LEVEL_MAX];
+        int r;
+
+        if (!c || !quota || !quota_kind_ok(kind, true) || (kind == TIER_QUOTA_JOB && (!job || !*job)) ||
+            (quota->min_set & ~((1u << TIER_LEVEL_MAX) - 1)))
+                return -EINVAL;
+        for (int i = 0; i < TIER_LEVEL_MAX; i++) {
+                limits[i] = quota->max[i];
+                mins[i] = quota->min[i];
+        }
+        q.job = (char *) (kind == TIER_QUOTA_JOB ? job : "");
+        q.kind = (uint32_t) kind;
+        q.id = kind == TIER_QUOTA_JOB ? 0 : id;
+        q.n_tier_limit = TIER_LEVEL_MAX;
+        q.tier_limit = limits;
+        q.n_tier_min = TIER_LEVEL_MAX;
+        q.tier_min = mins;
+        q.min_set = quota->min_set;
+        q.weight = quota->weight;
+        q.clear = quota->clear != 0;
+        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
+        req.quota_set = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_reply2(c, &pk, ret);
 }

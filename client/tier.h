@@ -283,6 +283,52 @@ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret);
 /* Needs root or membership of group tier-admin. */
 int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *q);
 
+/*
+ * Quotas of job names, uids and groups, with guaranteed minima (LIBTIER_0.5).
+ * A job's quota resolves field by field along job name > uid > group >
+ * default; each value says where it comes from ("uid 1000", "job 'x'",
+ * "group 27", "default"; " (tierd.conf)" for a rule of the configuration).
+ */
+enum {
+        TIER_QUOTA_JOB = 0,                     /* a job name, whether a job of that name runs or not */
+        TIER_QUOTA_UID = 1,
+        TIER_QUOTA_GROUP = 2,
+        TIER_QUOTA_DEFAULT = 3,                 /* read only: tierd.conf's job_limit and default_weight */
+};
+
+#define TIER_QUOTA_FROM_MAX 288                 /* room for "job 'NAME' (tierd.conf)" with a 255-byte name */
+
+struct tier_quota2 {
+        uint64_t max[TIER_LEVEL_MAX];           /* bytes per tier; on set: 0 = unchanged */
+        uint64_t min[TIER_LEVEL_MAX];           /* guaranteed bytes per tier; on set: those in min_set apply */
+        unsigned min_set;                       /* on set: bits 1 << tier of min[] to apply (a min of 0 is a value) */
+        unsigned weight;                        /* share of the links, 1..1000; on set: 0 = unchanged */
+        int clear;                              /* on set: first drop what was set at run time for the target */
+        int running;                            /* on get, TIER_QUOTA_JOB: a job of that name runs now */
+        char max_from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX];     /* on get: where each value comes from */
+        char min_from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX];
+        char weight_from[TIER_QUOTA_FROM_MAX];
+        char warning[512];                      /* after a set: tierd's warning (a max below a job's use), or "" */
+};
+
+/*
+ * tier_quota_get2() - the quota of a target: @kind TIER_QUOTA_JOB with
+ * @job (NULL or "": the client's own job), TIER_QUOTA_UID or
+ * TIER_QUOTA_GROUP with @id, or TIER_QUOTA_DEFAULT.  Anyone may read the
+ * default, a job name that does not run, and their own jobs, uid and
+ * groups; the rest needs root or group tier-admin (-EPERM).
+ */
+int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota2 *ret);
+/*
+ * tier_quota_set2() - set the fields of @q (see struct tier_quota2) for a
+ * target as above (not the default), kept by tierd across restarts and
+ * applied at once to the running jobs it governs.  Needs root or group
+ * tier-admin.  @ret (may be NULL): the target's quota afterwards, with
+ * tierd's warning if any.
+ */
+int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *q,
+                    struct tier_quota2 *ret);
+
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);

@@ -482,5 +482,12 @@ int config_print(FILE *f, const Config *c) {
                         return -ENOMEM;
                 fprintf(f, "%s = %s\n", k->name, v);
         }
+        if (c->quotas.n > 0) {
+                _cleanup_free_ char *q = quota_rules_format(&c->quotas);
+
+                if (!q)
+                        return -ENOMEM;
+                fprintf(f, "\n%s", q);
+        }
         return fflush(f) == 0 ? 0 : -EIO;
 }

@@ -31,6 +31,11 @@
  * paths made absolute against state_dir.  Its messages have no line: the
  * offending value may come from any of the files.
  *
+ * [quota] sections are the exception to the table: there may be several,
+ * each one quota rule (daemon/base/quota-rule.c: a target, job, uid, user
+ * or group, and some fields), kept in Config.quotas in the order read.  A
+ * later section of the same target overrides an earlier one field by field.
+ *
  * The caller parses into a fresh Config and swaps it in only on success,
  * so a bad reload keeps the running configuration.
  */
@@ -48,6 +53,7 @@
 
 #include "daemon/base/config-private.h"
 #include "daemon/base/config.h"
+#include "daemon/base/quota-rule.h"
 #include "proto/macro.h"
 #include "util/size.h"
 
@@ -112,6 +118,7 @@ void config_deinit(Config *c) {
         c->socket_path = mfree(c->socket_path);
         c->state_dir = mfree(c->state_dir);
         config_clear_targets(c);
+        quota_rules_clear(&c->quotas);
 }
 
 /* ---- text ------------------------------------------------------------- */
@@ -154,8 +161,36 @@ static int line_error(char **ret_error, const char *filename, unsigned line, con
         return config_error_printf(ret_error, -EINVAL, "%s:%u: %s", filename, line, msg);
 }
 
+/* Where config_parse_text() is: the section, and the [quota] section being read. */
+typedef struct ParseState {
+        char *section;
+        QuotaRule quota;        /* in [quota]: the rule so far */
+        unsigned quota_line;    /* its header's line */
+} ParseState;
+
+/* A [quota] section ends (another section begins, or the file ends): check it and keep it. */
+static int quota_section_end(Config *c, ParseState *st, const char *filename, char **ret_error) {
+        _cleanup_free_ char *why = NULL;
+        int r;
+
+        if (!st->section || strcmp(st->section, "quota") != 0)
+                return 0;
+        r = quota_rule_check(&st->quota, &why);
+        if (r >= 0) {
+                r = quota_rules_add(&c->quotas, &st->quota);
+                if (r == -E2BIG)
+                        return line_error(ret_error, filename, st->quota_line, "quota", "more than %u [quota] sections",
+                                          QUOTA_RULES_MAX);
+                return r;
+        }
+        quota_rule_done(&st->quota);
+        if (r == -EINVAL)
+                return line_error(ret_error, filename, st->quota_line, NULL, "%s", why ? why : "invalid [quota]");
+        return r;
+}
+
 static int config_parse_line(Config *c, char *l, const char *filename, unsigned line,
-                             char **section, char **ret_error) {
+                             ParseState *st, char **ret_error) {
         _cleanup_free_ char *why = NULL;
         const ConfigKey *k;
         char *eq, *name, *value;
@@ -174,45 +209,60 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                                           "invalid section header '%s'", l);
                 l[n - 1] = '\0';
                 s = strstrip(l + 1);
-                if (!config_section_known(s))
+                if (!config_section_known(s) && strcmp(s, "quota") != 0)
                         return line_error(ret_error, filename, line, NULL, "unknown section [%s]", s);
+                r = quota_section_end(c, st, filename, ret_error);
+                if (r < 0)
+                        return r;
                 s = strdup(s);
                 if (!s)
                         return -ENOMEM;
-                free(*section);
-                *section = s;
+                free(st->section);
+                st->section = s;
+                /* each [quota] section is one rule */
+                st->quota = (QuotaRule) { .kind = QUOTA_DEFAULT };
+                st->quota_line = line;
                 return 0;
         }
 
         eq = strchr(l, '=');
         if (!eq)
-                return line_error(ret_error, filename, line, *section,
+                return line_error(ret_error, filename, line, st->section,
                                   "missing '=' in '%s' (expected 'key = value')", l);
         *eq = '\0';
         name = strstrip(l);
         value = strstrip(eq + 1);
 
         if (name[0] == '\0')
-                return line_error(ret_error, filename, line, *section, "missing key before '='");
-        if (!*section)
+                return line_error(ret_error, filename, line, st->section, "missing key before '='");
+        if (!st->section)
                 return line_error(ret_error, filename, line, NULL, "%s: key outside of any [section]", name);
 
-        k = config_key_find(*section, name);
+        if (strcmp(st->section, "quota") == 0) {
+                r = quota_rule_set_key(&st->quota, name, value, &why);
+                if (r == -EINVAL)
+                        return line_error(ret_error, filename, line, st->section, "%s: %s", name,
+                                          why ? why : "invalid value");
+                return r;
+        }
+
+        k = config_key_find(st->section, name);
         if (!k)
-                return line_error(ret_error, filename, line, *section, "%s: unknown key", name);
+                return line_error(ret_error, filename, line, st->section, "%s: unknown key", name);
 
         r = k->parse(c, k, value, (uint8_t *) c + k->offset, &why);
         if (r == -EINVAL)
-                return line_error(ret_error, filename, line, *section, "%s: %s", name,
+                return line_error(ret_error, filename, line, st->section, "%s: %s", name,
                                   why ? why : "invalid value");
         return r;
 }
 
 int config_parse_text(Config *c, const char *text, const char *filename, char **ret_error) {
-        _cleanup_free_ char *copy = NULL, *section = NULL;
+        _cleanup_free_ char *copy = NULL;
+        ParseState st = {};
         char *l, *next;
         unsigned line = 0;
-        int r;
+        int r = 0;
 
         if (ret_error)
                 *ret_error = NULL;
@@ -229,11 +279,16 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
                         *next++ = '\0';
                 line++;
 
-                r = config_parse_line(c, l, filename, line, &section, ret_error);
+                r = config_parse_line(c, l, filename, line, &st, ret_error);
                 if (r < 0)
-                        return r;
+                        break;
         }
-        return 0;
+        if (r >= 0)
+                r = quota_section_end(c, &st, filename, ret_error);
+        else if (st.section && strcmp(st.section, "quota") == 0)
+                quota_rule_done(&st.quota);
+        free(st.section);
+        return r;
 }
 
 /* ---- files ------------------------------------------------------------ */

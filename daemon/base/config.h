@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "daemon/base/quota-rule.h"
+
 typedef enum VramBackendKind {
         VRAM_BACKEND_AUTO,
         VRAM_BACKEND_EMULATED,
@@ -64,6 +66,8 @@ typedef struct Config {
         /* [sched] */
         SchedPolicyKind sched_policy;
         unsigned default_weight;        /* a job's bandwidth weight until a quota sets it */
+        /* [quota] sections, in the order read (several per target: the later one wins, field by field) */
+        QuotaRules quotas;
 } Config;
 
 /* Fill @c with the built-in defaults (no targets). */

@@ -40,6 +40,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
+#include "daemon/state/quota.h"
 #include "daemon/ipc/server.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -188,6 +189,32 @@ static int manager_setup_tiers(Manager *m) {
         return 0;
 }
 
+/*
+ * tierd.conf's quotas must fit the tiers as they are (a start refuses them
+ * otherwise); those set at run time were checked when they were set, and
+ * only a smaller tier makes them not fit: then tierd starts and says so.
+ */
+static int manager_check_quotas(Manager *m) {
+        QuotaRules none = QUOTA_RULES_NULL;
+        char why[1024];
+        int r;
+
+        r = quota_check(m->quotas, &m->config, &none, why, sizeof(why));
+        if (r == -ENOMEM)
+                return log_error_errno(r, "Out of memory");
+        if (r < 0) {
+                log_error("Invalid configuration: [quota]: %s", why);
+                return -EINVAL;
+        }
+        r = quota_check(m->quotas, &m->config, &m->quotas->runtime, why, sizeof(why));
+        if (r == -ENOMEM)
+                return log_error_errno(r, "Out of memory");
+        if (r < 0)
+                log_warning("The quotas set at run time (\"%s\") do not fit the tiers as configured now: %s; "
+                            "lower them with tierctl quota set, ignoring", m->quotas->path, why);
+        return 0;
+}
+
 int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
         _cleanup_(manager_freep) Manager *m = NULL;
         int r;
@@ -217,8 +244,15 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 r = sched_new(m->event, &m->config, m->registry, m->engine, m->uring, m->vram, &m->sched);
         if (r >= 0)
                 r = revoke_new(m->event, m->engine, &m->revoke);
+        if (r >= 0)
+                r = quota_store_new(m->registry, &m->config, &m->quotas);
+        if (r >= 0)
+                r = quota_store_load(m->quotas);
         if (r < 0)
                 return log_error_errno(r, "Cannot set up the daemon's state: %m");
+        r = manager_check_quotas(m);
+        if (r < 0)
+                return r;
         if (!m->vram->emulated) {
                 /* device memory stays allocated while a client maps it: take chunks back cooperatively */
                 m->vram->pool.revoke = revoke_segment;
@@ -233,6 +267,7 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 .vram = m->vram,
                 .nvme = m->nvme,
                 .revoke = m->revoke,
+                .quotas = m->quotas,
                 .start_usec = m->start_usec,
         };
         rpc_resolve_admin_group(&m->rpc);
@@ -271,6 +306,7 @@ Manager *manager_free(Manager *m) {
                 segpool_deinit(&m->host.pool);
         } else
                 log_warning("VRAM copies are still running; leaving the host pool and the tensors as they are");
+        m->quotas = quota_store_free(m->quotas);
         m->vram = vram_backend_free(m->vram);
         m->nvme = nvme_tier_free(m->nvme);
         sd_event_source_disable_unref(m->sigterm);
@@ -352,11 +388,10 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
                           n_xfers(m), n_conns(m));
 
         /*
-         * Persistent state: there is none to write yet.  Quotas set at run
-         * time live only in their Job (they are not kept under state_dir
-         * yet), and tensors do not outlive tierd: their NVMe extents are not
-         * indexed on disk, so the backing targets are scratch space.  When
-         * either changes, the state is written here, before the loop exits.
+         * Persistent state: nothing to write here.  Quotas set at run time
+         * are written to state_dir when they are set (daemon/state/quota.c),
+         * and tensors do not outlive tierd: their NVMe extents are not
+         * indexed on disk, so the backing targets are scratch space.
          */
 
         /* no more accept()s; Event.shutdown to every client, which is closed once it has read it */

@@ -15,6 +15,7 @@
 
 typedef struct Engine Engine;
 typedef struct NvmeTier NvmeTier;
+typedef struct QuotaStore QuotaStore;
 typedef struct Registry Registry;
 typedef struct Revoke Revoke;
 typedef struct Sched Sched;
@@ -43,6 +44,7 @@ typedef struct Manager {
         HostTier host;
         NvmeTier *nvme;
         Registry *registry;
+        QuotaStore *quotas;
         Engine *engine;
         Sched *sched;
         Revoke *revoke;

@@ -11,9 +11,11 @@
  * table of keys (which says of each whether it is live):
  *
  *   - live keys are copied into the running Config and applied: the log
- *     level, the per-job default limits (also to running jobs that still
- *     use the default), the emulated VRAM link's bandwidth, and limits that
- *     are only read when they are needed (linger, connection counts);
+ *     level, the per-job default limits and the [quota] sections (to
+ *     running jobs too, along the quotas' order of precedence: a quota
+ *     set with tierctl for the same target stays), the emulated VRAM
+ *     link's bandwidth, and limits that are only read when they are
+ *     needed (linger, connection counts);
  *   - restart keys (capacities, segment and chunk sizes, targets, extent
  *     size, queue depth, socket, state directory, backend, protocol limits
  *     told to clients at their handshake) keep their running value: each
@@ -21,6 +23,8 @@
  *     give what the file now asks (capacity.c, the check a start runs),
  *     a warning says so.
  *
+ * Quotas that would not fit (guarantees adding up to more than a tier's
+ * capacity, a minimum above a maximum) make the file invalid.
  * An invalid file changes nothing at all: the reason (FILE:LINE: [section]
  * key: why) is logged, kept for STATUS=, and the running Config stays
  * whole.  Either way the manager ends the reload with READY=1 and a fresh
@@ -43,6 +47,7 @@
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/engine/engine.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
@@ -94,45 +99,23 @@ void config_args_done(ConfigArgs *a) {
 
 /* ---- applying ---------------------------------------------------------------------- */
 
-/* The default job limit of each tier in @c. */
-static void default_limits(const Config *c, uint64_t ret[TIERS]) {
-        ret[TIER_VRAM] = c->vram_job_limit;
-        ret[TIER_HOST] = c->host_job_limit;
-        ret[TIER_NVME] = c->nvme_job_limit;
-}
+/*
+ * tierd.conf's [quota] sections as a reload found them: swapped into the
+ * running Config whole (they are rules, not keys), logged when they
+ * changed.  quota_apply_all() then gives every running job what the rules
+ * and the new defaults resolve to.
+ */
+static unsigned reload_quotas(Manager *m, Config *next) {
+        _cleanup_free_ char *was = quota_rules_format(&m->config.quotas), *now = quota_rules_format(&next->quotas);
+        QuotaRules tmp;
 
-/* Jobs that use the default limit of a tier follow its new value; a job with a quota of its own keeps it. */
-static void reload_job_limits(Manager *m, const uint64_t old_default[TIERS], const uint64_t new_default[TIERS]) {
-        bool changed = false;
-
-        list_for_each_safe(n, tmp, &m->registry->jobs) {
-                Job *j = list_entry(n, Job, link);
-
-                for (int t = 0; t < TIERS; t++) {
-                        char a[32], b[32], u[32];
-
-                        /* a limit a quota set stays; so does one the default never gave */
-                        if (old_default[t] == new_default[t] || (j->limit_set & (1u << t)) ||
-                            j->limit[t] != old_default[t])
-                                continue;
-                        j->limit[t] = new_default[t];
-                        changed = true;
-                        size_format_exact(a, sizeof(a), old_default[t]);
-                        size_format_exact(b, sizeof(b), new_default[t]);
-                        if (j->used[t] > new_default[t]) {
-                                size_format_exact(u, sizeof(u), j->used[t]);
-                                log_job_tier(LOG_NOTICE, 0, j->name, level_to_string(t),
-                                             "Job '%s': %s limit %s -> %s (the default); it uses %s, so its "
-                                             "own unpinned copies make way as it allocates more",
-                                             j->name, level_to_string(t), a, b, u);
-                        } else
-                                log_job_tier(LOG_INFO, 0, j->name, level_to_string(t),
-                                             "Job '%s': %s limit %s -> %s (the default)",
-                                             j->name, level_to_string(t), a, b);
-                }
-        }
-        if (changed)
-                engine_limits_changed(m->engine);      /* ops waiting for space may fit now */
+        tmp = m->config.quotas;
+        m->config.quotas = next->quotas;
+        next->quotas = tmp;     /* freed with @next */
+        if (was && now && strcmp(was, now) == 0)
+                return 0;
+        log_info("Reload: [quota] sections: %zu (were %zu)", m->config.quotas.n, next->quotas.n);
+        return 1;
 }
 
 /*
@@ -141,14 +124,12 @@ static void reload_job_limits(Manager *m, const uint64_t old_default[TIERS], con
  * formatted for the log shows as "?").  Returns the number of changed keys,
  * *@ret_restart of them kept until a restart.
  */
-static unsigned reload_apply(Manager *m, const Config *next, unsigned *ret_restart) {
+static unsigned reload_apply(Manager *m, Config *next, unsigned *ret_restart) {
         const int old_log_level = m->config.log_level;
         const uint64_t old_vram_bandwidth = m->config.vram_bandwidth;
-        uint64_t old_limit[TIERS], new_limit[TIERS];
         unsigned n_live = 0, n_restart = 0;
         const ConfigKey *k;
 
-        default_limits(&m->config, old_limit);
         for (size_t i = 0; (k = config_key_at(i)); i++) {
                 _cleanup_free_ char *was = NULL, *now = NULL;
 
@@ -166,10 +147,12 @@ static unsigned reload_apply(Manager *m, const Config *next, unsigned *ret_resta
                 n_live++;
         }
 
+        n_live += reload_quotas(m, next);
         if (m->config.log_level != old_log_level)
                 log_set_level(m->config.log_level);
-        default_limits(&m->config, new_limit);
-        reload_job_limits(m, old_limit, new_limit);
+        /* the default limits and the [quota] rules, to every running job */
+        if (quota_apply_all(m->quotas, NULL, 0))
+                engine_limits_changed(m->engine);      /* ops waiting for space re-check their room */
         nvme_set_bandwidth(m->nvme, m->config.nvme_bandwidth);
         if (m->config.vram_bandwidth != old_vram_bandwidth && vram_set_bandwidth(m->vram, m->config.vram_bandwidth) < 0)
                 log_tier(LOG_NOTICE, 0, "vram", "Reload: [vram] bandwidth only throttles the emulated backend; "
@@ -235,6 +218,20 @@ int reload_run(Manager *m) {
                 return r;
         }
 
+        /* quotas that no longer fit (guarantees over a capacity, min above max) make the file invalid */
+        {
+                char why[1024];
+
+                r = quota_check(m->quotas, &next, &m->quotas->runtime, why, sizeof(why));
+                if (r < 0) {
+                        if (r != -ENOMEM)
+                                r = -EINVAL;
+                        log_error("Invalid configuration, keeping the running one: [quota]: %s", why);
+                        (void) snprintf(m->reload_error, sizeof(m->reload_error), "[quota]: %.480s", why);
+                        config_deinit(&next);
+                        return r;
+                }
+        }
         n_changed = reload_apply(m, &next, &n_restart);
         reload_check_capacity(m, &next);
         config_deinit(&next);

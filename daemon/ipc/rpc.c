@@ -33,6 +33,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/ipc/quota-rpc.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
@@ -256,6 +257,7 @@ static int hello_control(Conn *c, uint64_t seq, Tier__HelloReply *hr) {
 
 /* The job named in a Hello: found (and @c's uid may use it) or created.  NULL after a reply saying why. */
 static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
+        char why[1024] = "";
         Job *j;
         unsigned n = 0;
         int q;
@@ -284,6 +286,14 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
                 return NULL;
         }
         log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id, (unsigned) c->uid);
+        /* its quota: of its name, its uid, its groups or the default (logged with where each value comes from) */
+        q = quota_rpc_job_created(r, c, j, why, sizeof(why));
+        if (q < 0) {
+                log_job(LOG_NOTICE, 0, j->name, "Job '%s' refused: %s", j->name, why[0] ? why : strerror(-q));
+                (void) reply_status(c, seq, q, "cannot create job '%s': %s", j->name, why[0] ? why : strerror(-q));
+                job_destroy(j);
+                return NULL;
+        }
         *ret_created = true;
         return j;
 }
@@ -354,6 +364,10 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
                 return reply_status(c, seq, q, "job '%s' has too many connections (%d)", j->name, FENCE_SLOTS);
         }
 
+        if (!created && j->n_conns == 0 && j->n_tensors > 0)
+                /* a re-run of a lingering job: say so, it finds its tensors (and its quota) as they were */
+                log_job(LOG_INFO, 0, j->name, "Job '%s' resumed: %u tensor(s) kept from its previous run",
+                        j->name, j->n_tensors);
         c->job = j;
         c->fence_slot = slot;
         c->efd = TAKE_FD(efd);
@@ -675,59 +689,6 @@ static bool conn_is_admin(const Rpc *rpc, const Conn *c) {
         return c->uid == 0 || (rpc->have_admin_gid && conn_peer_in_group(c, rpc->admin_gid));
 }
 
-static int reply_quota(Conn *c, uint64_t seq, Job *j) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        Tier__QuotaReply qr = TIER__QUOTA_REPLY__INIT;
-        uint64_t limits[TIERS];
-
-        for (int i = 0; i < TIERS; i++)
-                limits[i] = j->limit[i];
-        qr.job = j->name;
-        qr.n_tier_limit = TIERS;
-        qr.tier_limit = limits;
-        qr.weight = j->weight;
-        resp.seq = seq;
-        resp.result_case = TIER__RESPONSE__RESULT_QUOTA;
-        resp.quota = &qr;
-        return conn_send_response(c, &resp, NULL, 0, false);
-}
-
-static int handle_quota_get(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaGet *q) {
-        Job *j = q->job && q->job[0] ? job_find(rpc->registry, q->job) : c->job;
-
-        if (!j)
-                return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
-        return reply_quota(c, seq, j);
-}
-
-static int handle_quota_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q) {
-        Job *j;
-
-        if (!conn_is_admin(rpc, c))
-                return reply_status(c, seq, -EPERM, "setting quotas needs root or membership of group "
-                                    ADMIN_GROUP);
-        j = q->job ? job_find(rpc->registry, q->job) : NULL;
-        if (!j)
-                return reply_status(c, seq, -ENOENT, "no job '%s'", q->job ? q->job : "");
-        if (q->n_tier_limit != 0 && q->n_tier_limit != TIERS)
-                return reply_status(c, seq, -EINVAL, "a quota has one limit per tier (%d)", TIERS);
-        if (q->weight > 1000)
-                return reply_status(c, seq, -EINVAL, "weight %u out of range (1..1000)", q->weight);
-        for (size_t i = 0; i < q->n_tier_limit; i++)
-                if (q->tier_limit[i] > 0) {
-                        j->limit[i] = q->tier_limit[i];
-                        j->limit_set |= (uint8_t) (1u << i);
-                        log_job_tier(LOG_INFO, 0, j->name, level_to_string((int) i), "Job '%s': %s limit set to %"
-                                     PRIu64 " bytes", j->name, level_to_string((int) i), q->tier_limit[i]);
-                }
-        if (q->weight > 0) {
-                j->weight = q->weight;
-                log_job(LOG_INFO, 0, j->name, "Job '%s': weight set to %u", j->name, q->weight);
-        }
-        engine_limits_changed(rpc->engine);     /* ops waiting for space may fit now */
-        return reply_quota(c, seq, j);
-}
-
 int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         uint64_t seq = req->seq;
 
@@ -768,9 +729,9 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         case TIER__REQUEST__OP_END_PLAN:
                 return handle_end_plan(c, seq);
         case TIER__REQUEST__OP_QUOTA_GET:
-                return handle_quota_get(rpc, c, seq, req->quota_get);
+                return quota_rpc_get(rpc, c, seq, req->quota_get, conn_is_admin(rpc, c));
         case TIER__REQUEST__OP_QUOTA_SET:
-                return handle_quota_set(rpc, c, seq, req->quota_set);
+                return quota_rpc_set(rpc, c, seq, req->quota_set, conn_is_admin(rpc, c));
         case TIER__REQUEST__OP_ACK:
                 revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;

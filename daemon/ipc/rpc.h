@@ -10,6 +10,7 @@ typedef struct Config Config;
 typedef struct Conn Conn;
 typedef struct Engine Engine;
 typedef struct NvmeTier NvmeTier;
+typedef struct QuotaStore QuotaStore;
 typedef struct Registry Registry;
 typedef struct Revoke Revoke;
 typedef struct Sched Sched;
@@ -32,6 +33,7 @@ typedef struct Rpc {
         NvmeTier *nvme;
         Server *server;
         Revoke *revoke;
+        QuotaStore *quotas;     /* quotas of jobs, uids and groups (daemon/state/quota.c) */
         uint64_t start_usec;    /* when tierd started (status uptime) */
         gid_t admin_gid;        /* of group "tier-admin", when it exists (rpc_resolve_admin_group()) */
         bool have_admin_gid;

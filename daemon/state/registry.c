@@ -178,6 +178,7 @@ static void job_free_final(Job *j) {
         safe_close(j->fence_fd);
         tensormap_free(j->by_name);
         free(j->by_id);
+        free(j->gids);
         free(j->name);
         free(j);
 }

@@ -105,6 +105,8 @@ struct Job {
         uint64_t id;
         char *name;
         uid_t uid;
+        gid_t *gids;            /* its creator's groups, primary first (quota.c: group quotas); may be NULL */
+        uint32_t n_gids;
         List link;              /* Registry.jobs, or Registry.dying_jobs */
         List tensors;           /* Tensor.job_link */
         unsigned n_tensors;

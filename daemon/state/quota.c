@@ -1,0 +1,692 @@
+/* SPDX-License-Identifier: MIT */
+/* quota.c: quotas of jobs, uids and groups: precedence, checks against the capacities, the state file. */
+
+/*
+ * Theory of operation: a job's quota is, per tier, a hard maximum (Job.limit)
+ * and a guaranteed minimum no other job may take (Job.guarantee), plus its
+ * bandwidth weight (Job.weight).  Each of these fields is resolved on its
+ * own along the order of precedence
+ *
+ *     job (its name) > uid (its creator's) > group (its creator's primary
+ *     group, then the supplementary ones by gid) > default
+ *
+ * where the default is tierd.conf's [host]/[vram]/[nvme] job_limit and
+ * [sched] default_weight, and no minimum.  Rules come from two places:
+ * tierd.conf's [quota] sections (Config.quotas; a later section of the
+ * same target wins field by field) and tierctl quota set (QuotaStore.
+ * runtime, one rule per target), which wins over tierd.conf for the same
+ * target.  A rule on a job name holds whether a job of that name runs or
+ * not: it is how a quota is set before a job starts, and why a re-run of a
+ * name finds the quota set on its previous run (tierd logs at creation
+ * which quota applies and where each value comes from).
+ *
+ * A job gets its quota when it is created (quota_job_created()) and again
+ * whenever the rules change (quota_apply_all(): a set, a reload); the
+ * caller then tells the engine, whose waiters re-check their room.
+ * Checks: a maximum above the tier's capacity is refused, a minimum above
+ * the maximum too, and so are guarantees that would add up to more than a
+ * tier's capacity over everyone who could run at once (the running jobs
+ * and the job names that have rules); a maximum below what a job uses now
+ * is accepted with a warning.
+ *
+ * The run-time rules are kept in <state_dir>/quotas, in the [quota] syntax
+ * of tierd.conf: written whole on each change (a temporary file, fsync,
+ * rename, fsync of the directory) and read at start.  A corrupt file is
+ * moved aside, never silently dropped.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/state/quota.h"
+#include "daemon/state/registry.h"
+#include "proto/macro.h"
+#include "util/size.h"
+
+int quota_store_new(Registry *r, const Config *config, QuotaStore **ret) {
+        QuotaStore *s = calloc(1, sizeof(*s));
+        size_t n;
+
+        if (!s)
+                return -ENOMEM;
+        n = strlen(config->state_dir);
+        while (n > 1 && config->state_dir[n - 1] == '/')
+                n--;
+        if (asprintf(&s->path, "%.*s/" QUOTA_STATE_FILE, (int) n, config->state_dir) < 0) {
+                free(s);
+                return -ENOMEM;
+        }
+        s->registry = r;
+        s->config = config;
+        *ret = s;
+        return 0;
+}
+
+QuotaStore *quota_store_free(QuotaStore *s) {
+        if (!s)
+                return NULL;
+        quota_rules_clear(&s->runtime);
+        free(s->path);
+        free(s);
+        return NULL;
+}
+
+/* ---- precedence ------------------------------------------------------------------------------ */
+
+static uint64_t default_value(const Config *c, int field) {
+        switch (field) {
+        case QUOTA_MAX(TIER_VRAM):
+                return c->vram_job_limit;
+        case QUOTA_MAX(TIER_HOST):
+                return c->host_job_limit;
+        case QUOTA_MAX(TIER_NVME):
+                return c->nvme_job_limit;
+        case QUOTA_WEIGHT:
+                return c->default_weight;
+        default:
+                return 0;       /* no minimum */
+        }
+}
+
+/* The value of @field for target (@kind, @id, @job): the run-time rule's, else tierd.conf's last one. */
+static bool take(const Config *c, const QuotaRules *runtime, QuotaKind kind, uint32_t id, const char *job,
+                 int field, QuotaResolved *ret) {
+        const QuotaRule *q = runtime ? quota_rules_find(runtime, kind, id, job) : NULL;
+        bool config = false;
+
+        if (!q || !(q->set & (1u << field))) {
+                q = NULL;
+                for (size_t i = c->quotas.n; i-- > 0;)
+                        if (quota_rule_matches(&c->quotas.rules[i], kind, id, job) &&
+                            (c->quotas.rules[i].set & (1u << field))) {
+                                q = &c->quotas.rules[i];
+                                config = true;
+                                break;
+                        }
+        }
+        if (!q)
+                return false;
+        ret->value[field] = q->value[field];
+        ret->from[field] = (QuotaSource) { .kind = kind, .id = id, .job = q->job, .config = config };
+        return true;
+}
+
+void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret) {
+        for (int f = 0; f < QUOTA_FIELDS; f++) {
+                if (who->job && take(c, runtime, QUOTA_JOB, 0, who->job, f, ret))
+                        continue;
+                if (who->has_uid && take(c, runtime, QUOTA_UID, who->uid, NULL, f, ret))
+                        continue;
+                for (size_t g = 0; g < who->n_gids; g++)
+                        if (take(c, runtime, QUOTA_GROUP, (uint32_t) who->gids[g], NULL, f, ret))
+                                goto next;
+                ret->value[f] = default_value(c, f);
+                ret->from[f] = (QuotaSource) { .kind = QUOTA_DEFAULT };
+        next:;
+        }
+}
+
+void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j, QuotaResolved *ret) {
+        QuotaSubject who = {
+                .job = j->name,
+                .has_uid = true,
+                .uid = (uint32_t) j->uid,
+                .gids = j->gids,
+                .n_gids = j->n_gids,
+        };
+
+        quota_resolve(c, runtime, &who, ret);
+}
+
+char *quota_source_format(const QuotaSource *src, char *buf, size_t size) {
+        char t[QUOTA_JOB_NAME_MAX + 16];
+
+        if (src->kind == QUOTA_DEFAULT) {
+                (void) snprintf(buf, size, "default");
+                return buf;
+        }
+        quota_target_format(src->kind, src->id, src->job, t, sizeof(t));
+        (void) snprintf(buf, size, "%s%s", t, src->config ? " (tierd.conf)" : "");
+        return buf;
+}
+
+/* ---- checks -------------------------------------------------------------------------------- */
+
+static uint64_t add_sat(uint64_t a, uint64_t b) {
+        return a + b < a ? UINT64_MAX : a + b;
+}
+
+/* min <= max in every tier for the holder @what; else -EINVAL with the reason. */
+static int check_min_max(const QuotaResolved *q, const char *what, char *why, size_t size) {
+        for (int t = 0; t < TIERS; t++) {
+                char a[256], b[256];
+
+                if (q->value[QUOTA_MIN(t)] <= q->value[QUOTA_MAX(t)])
+                        continue;
+                (void) snprintf(why, size, "%s would get a %s min of %s (from: %s) above its max of %s (from: %s)",
+                                what, level_to_string(t), FORMAT_SIZE(q->value[QUOTA_MIN(t)]),
+                                quota_source_format(&q->from[QUOTA_MIN(t)], a, sizeof(a)),
+                                FORMAT_SIZE(q->value[QUOTA_MAX(t)]),
+                                quota_source_format(&q->from[QUOTA_MAX(t)], b, sizeof(b)));
+                return -EINVAL;
+        }
+        return 0;
+}
+
+/* Per tier: the sum of guarantees and who holds them ("job 'a' 1.0 GiB, ..."). */
+typedef struct GuaranteeSum {
+        uint64_t sum[TIERS];
+        char who[TIERS][512];
+} GuaranteeSum;
+
+static void sum_add(GuaranteeSum *g, const char *name, const QuotaResolved *q) {
+        for (int t = 0; t < TIERS; t++) {
+                uint64_t v = q->value[QUOTA_MIN(t)];
+                size_t n = strlen(g->who[t]);
+
+                if (v == 0)
+                        continue;
+                g->sum[t] = add_sat(g->sum[t], v);
+                if (n + 4 >= sizeof(g->who[t]))
+                        continue;
+                if (n > 0 && strcmp(g->who[t] + n - 3, "...") == 0)
+                        continue;
+                if (snprintf(g->who[t] + n, sizeof(g->who[t]) - n, "%sjob '%s' %s", n ? ", " : "", name,
+                             FORMAT_SIZE(v)) >= (int) (sizeof(g->who[t]) - n))
+                        (void) snprintf(g->who[t] + sizeof(g->who[t]) - 4, 4, "...");
+        }
+}
+
+/* Is @name the job of an earlier job-name rule than @upto in @runtime or tierd.conf? (each name counts once) */
+static bool name_seen(const Config *c, const QuotaRules *runtime, const QuotaRule *upto, const char *name) {
+        const QuotaRules *lists[2] = { runtime, &c->quotas };
+
+        for (int l = 0; l < 2; l++)
+                for (size_t i = 0; lists[l] && i < lists[l]->n; i++) {
+                        const QuotaRule *q = &lists[l]->rules[i];
+
+                        if (q == upto)
+                                return false;
+                        if (q->kind == QUOTA_JOB && strcmp(q->job, name) == 0)
+                                return true;
+                }
+        return false;
+}
+
+int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size) {
+        const QuotaRules *lists[2] = { runtime, &c->quotas };
+        Registry *r = s->registry;
+        _cleanup_free_ GuaranteeSum *g = calloc(1, sizeof(GuaranteeSum));
+        QuotaResolved q;
+        char what[QUOTA_JOB_NAME_MAX + 64], target[QUOTA_JOB_NAME_MAX + 16];
+        int k;
+
+        if (!g)
+                return -ENOMEM;
+        /* the running jobs */
+        list_for_each_safe(n, tmp, &r->jobs) {
+                const Job *j = list_entry(n, Job, link);
+
+                quota_resolve_job(c, runtime, j, &q);
+                (void) snprintf(what, sizeof(what), "job '%s'", j->name);
+                k = check_min_max(&q, what, why, size);
+                if (k < 0)
+                        return k;
+                sum_add(g, j->name, &q);
+        }
+        /* every rule: job names that do not run now count with their guarantees; uid and group rules must make sense */
+        for (int l = 0; l < 2; l++)
+                for (size_t i = 0; lists[l] && i < lists[l]->n; i++) {
+                        const QuotaRule *rule = &lists[l]->rules[i];
+                        gid_t gid = (gid_t) rule->id;
+                        QuotaSubject who = {};
+
+                        if (rule->kind == QUOTA_JOB) {
+                                if (job_find(r, rule->job) || name_seen(c, runtime, rule, rule->job))
+                                        continue;
+                                who.job = rule->job;
+                        } else if (rule->kind == QUOTA_UID) {
+                                who.has_uid = true;
+                                who.uid = rule->id;
+                        } else if (rule->kind == QUOTA_GROUP) {
+                                who.gids = &gid;
+                                who.n_gids = 1;
+                        } else
+                                continue;
+                        quota_resolve(c, runtime, &who, &q);
+                        quota_target_format(rule->kind, rule->id, rule->job, target, sizeof(target));
+                        (void) snprintf(what, sizeof(what), rule->kind == QUOTA_JOB ? "%s" : "a job of %s", target);
+                        k = check_min_max(&q, what, why, size);
+                        if (k < 0)
+                                return k;
+                        if (rule->kind == QUOTA_JOB)
+                                sum_add(g, rule->job, &q);
+                }
+        for (int t = 0; t < TIERS; t++)
+                if (g->sum[t] > r->capacity[t]) {
+                        (void) snprintf(why, size, "%s guarantees would add up to %s of %s capacity: %s",
+                                        level_to_string(t), FORMAT_SIZE(g->sum[t]), FORMAT_SIZE(r->capacity[t]),
+                                        g->who[t]);
+                        return -ENOSPC;
+                }
+        return 0;
+}
+
+/* ---- applying --------------------------------------------------------------------------------- */
+
+/* Give @j the resolved @q; log what changed (unless @quiet) and say in @warn when a max is below its use. */
+static bool job_apply(Job *j, const QuotaResolved *q, bool quiet, char *warn, size_t size) {
+        bool changed = false;
+
+        for (int t = 0; t < TIERS; t++) {
+                uint64_t max = q->value[QUOTA_MAX(t)], min = q->value[QUOTA_MIN(t)];
+                char src[512];
+
+                if (q->from[QUOTA_MAX(t)].kind != QUOTA_DEFAULT)
+                        j->limit_set |= (uint8_t) (1u << t);
+                else
+                        j->limit_set &= (uint8_t) ~(1u << t);
+                if (j->limit[t] != max) {
+                        quota_source_format(&q->from[QUOTA_MAX(t)], src, sizeof(src));
+                        if (!quiet && j->used[t] > max) {
+                                log_job_tier(LOG_NOTICE, 0, j->name, level_to_string(t),
+                                             "Job '%s': %s limit %s -> %s (%s); it uses %s, so its own unpinned "
+                                             "copies make way as it needs room", j->name, level_to_string(t),
+                                             FORMAT_SIZE_EXACT(j->limit[t]), FORMAT_SIZE_EXACT(max), src,
+                                             FORMAT_SIZE_EXACT(j->used[t]));
+                                if (warn) {
+                                        size_t n = strlen(warn);
+
+                                        (void) snprintf(warn + n, size - n, "%sjob '%s' uses %s of %s, above its "
+                                                        "new max of %s: its unpinned copies are evicted as it needs "
+                                                        "room (pinned ones stay until unpinned)", n ? "; " : "",
+                                                        j->name, FORMAT_SIZE(j->used[t]), level_to_string(t),
+                                                        FORMAT_SIZE(max));
+                                }
+                        } else if (!quiet)
+                                log_job_tier(LOG_INFO, 0, j->name, level_to_string(t),
+                                             "Job '%s': %s limit %s -> %s (%s)", j->name, level_to_string(t),
+                                             FORMAT_SIZE_EXACT(j->limit[t]), FORMAT_SIZE_EXACT(max), src);
+                        j->limit[t] = max;
+                        changed = true;
+                }
+                if (j->guarantee[t] != min) {
+                        if (!quiet)
+                                log_job_tier(LOG_INFO, 0, j->name, level_to_string(t),
+                                             "Job '%s': %s guarantee %s -> %s (%s)", j->name, level_to_string(t),
+                                             FORMAT_SIZE_EXACT(j->guarantee[t]), FORMAT_SIZE_EXACT(min),
+                                             quota_source_format(&q->from[QUOTA_MIN(t)], src, sizeof(src)));
+                        j->guarantee[t] = min;
+                        changed = true;
+                }
+        }
+        if (j->weight != q->value[QUOTA_WEIGHT]) {
+                char src[512];
+
+                if (!quiet)
+                        log_job(LOG_INFO, 0, j->name, "Job '%s': weight %u -> %" PRIu64 " (%s)", j->name, j->weight,
+                                q->value[QUOTA_WEIGHT],
+                                quota_source_format(&q->from[QUOTA_WEIGHT], src, sizeof(src)));
+                j->weight = (unsigned) q->value[QUOTA_WEIGHT];
+                changed = true;
+        }
+        return changed;
+}
+
+bool quota_apply_all(QuotaStore *s, char *warn, size_t size) {
+        bool changed = false;
+
+        if (warn && size)
+                warn[0] = '\0';
+        list_for_each_safe(n, tmp, &s->registry->jobs) {
+                Job *j = list_entry(n, Job, link);
+                QuotaResolved q;
+
+                quota_resolve_job(s->config, &s->runtime, j, &q);
+                changed |= job_apply(j, &q, false, warn, size);
+        }
+        return changed;
+}
+
+static int gid_compare(const void *a, const void *b) {
+        gid_t x = *(const gid_t *) a, y = *(const gid_t *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, char *why, size_t size) {
+        char line[2048], src[2][512];
+        size_t len = 0;
+        QuotaResolved q;
+        bool any_min = false;
+        gid_t *g;
+        int r;
+
+        g = calloc(MIN(n, (size_t) QUOTA_GROUPS_MAX) + 1, sizeof(gid_t));
+        if (!g)
+                return -ENOMEM;
+        g[0] = gid;
+        j->n_gids = 1;
+        for (size_t i = 0; i < n && j->n_gids < QUOTA_GROUPS_MAX + 1; i++)
+                if (groups[i] != gid)
+                        g[j->n_gids++] = groups[i];
+        qsort(g + 1, j->n_gids - 1, sizeof(gid_t), gid_compare);
+        free(j->gids);
+        j->gids = g;
+
+        quota_resolve_job(s->config, &s->runtime, j, &q);
+        for (int t = 0; t < TIERS; t++)
+                any_min |= q.value[QUOTA_MIN(t)] > 0;
+        /* the job is in the registry already: the check counts it */
+        if (any_min) {
+                r = quota_check(s, s->config, &s->runtime, why, size);
+                if (r < 0) {
+                        if (r != -ENOMEM)
+                                r = -ENOSPC;
+                        return r;
+                }
+        }
+        (void) job_apply(j, &q, true, NULL, 0);
+
+        for (int t = 0; t < TIERS; t++)
+                len += (size_t) snprintf(line + len, sizeof(line) - MIN(len, sizeof(line)),
+                                         "%s max %s (from: %s) min %s (from: %s); ", level_to_string(t),
+                                         FORMAT_SIZE(q.value[QUOTA_MAX(t)]),
+                                         quota_source_format(&q.from[QUOTA_MAX(t)], src[0], sizeof(src[0])),
+                                         FORMAT_SIZE(q.value[QUOTA_MIN(t)]),
+                                         quota_source_format(&q.from[QUOTA_MIN(t)], src[1], sizeof(src[1])));
+        (void) snprintf(line + MIN(len, sizeof(line) - 1), sizeof(line) - MIN(len, sizeof(line) - 1),
+                        "weight %" PRIu64 " (from: %s)", q.value[QUOTA_WEIGHT],
+                        quota_source_format(&q.from[QUOTA_WEIGHT], src[0], sizeof(src[0])));
+        log_job(LOG_INFO, 0, j->name, "Job '%s' quota: %s", j->name, line);
+        return 0;
+}
+
+/* ---- setting --------------------------------------------------------------------------------- */
+
+int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *why, size_t why_size, char *warn,
+                    size_t warn_size) {
+        Registry *r = s->registry;
+        _cleanup_(quota_rules_clear) QuotaRules next = QUOTA_RULES_NULL;
+        char target[QUOTA_JOB_NAME_MAX + 16];
+        QuotaRule *q;
+        QuotaResolved res;
+        int k;
+
+        if (warn_size)
+                warn[0] = '\0';
+        quota_target_format(change->kind, change->id, change->job, target, sizeof(target));
+        if (change->kind == QUOTA_DEFAULT || change->kind < 0 || change->kind >= _QUOTA_KIND_MAX) {
+                (void) snprintf(why, why_size, "the default quota is tierd.conf's [host], [vram] and [nvme] job_limit "
+                                "and [sched] default_weight: change it there and reload tierd");
+                return -EINVAL;
+        }
+        if (change->kind == QUOTA_JOB) {
+                _cleanup_free_ char *reason = NULL;
+                QuotaRule probe = { .kind = QUOTA_DEFAULT };
+
+                k = quota_rule_set_key(&probe, "job", change->job ? change->job : "", &reason);
+                quota_rule_done(&probe);
+                if (k < 0) {
+                        (void) snprintf(why, why_size, "%s", reason ? reason : "invalid job name");
+                        return k;
+                }
+        }
+        if (!clear && change->set == 0) {
+                (void) snprintf(why, why_size, "nothing to set for %s", target);
+                return -EINVAL;
+        }
+        if ((change->set & (1u << QUOTA_WEIGHT)) &&
+            (change->value[QUOTA_WEIGHT] < 1 || change->value[QUOTA_WEIGHT] > QUOTA_WEIGHT_MAX)) {
+                (void) snprintf(why, why_size, "weight %" PRIu64 " out of range (1..%u)", change->value[QUOTA_WEIGHT],
+                                QUOTA_WEIGHT_MAX);
+                return -EINVAL;
+        }
+        for (int t = 0; t < TIERS; t++) {
+                for (int f = QUOTA_MAX(t); f <= QUOTA_MIN(t); f += TIERS) {
+                        if (!(change->set & (1u << f)))
+                                continue;
+                        if (f == QUOTA_MAX(t) && change->value[f] == 0) {
+                                (void) snprintf(why, why_size, "a %s max must be positive", level_to_string(t));
+                                return -EINVAL;
+                        }
+                        if (change->value[f] > r->capacity[t]) {
+                                (void) snprintf(why, why_size, "%s %s %s is above the %s tier's capacity of %s",
+                                                level_to_string(t), f == QUOTA_MAX(t) ? "max" : "min",
+                                                FORMAT_SIZE(change->value[f]), level_to_string(t),
+                                                FORMAT_SIZE(r->capacity[t]));
+                                return -EINVAL;
+                        }
+                }
+        }
+
+        k = quota_rules_copy(&next, &s->runtime);
+        if (k < 0)
+                return k;
+        q = quota_rules_find(&next, change->kind, change->id, change->job);
+        if (clear && q) {
+                quota_rules_remove(&next, (size_t) (q - next.rules));
+                q = NULL;
+        }
+        if (change->set && !q) {
+                QuotaRule n = {};
+
+                k = quota_rule_copy(&n, change);
+                if (k < 0)
+                        return k;
+                n.set = 0;
+                k = quota_rules_add(&next, &n);
+                if (k == -E2BIG) {
+                        (void) snprintf(why, why_size, "tierd holds %u quotas set at run time already", QUOTA_RULES_MAX);
+                        return -ENOSPC;
+                }
+                if (k < 0)
+                        return k;
+                q = &next.rules[next.n - 1];
+        }
+        for (int f = 0; q && f < QUOTA_FIELDS; f++)
+                if (change->set & (1u << f)) {
+                        q->value[f] = change->value[f];
+                        q->set |= 1u << f;
+                }
+
+        /* the target itself (as a job of that uid or group would see it), then everyone */
+        if (change->kind != QUOTA_JOB || !job_find(r, change->job)) {
+                gid_t gid = (gid_t) change->id;
+                QuotaSubject who = {
+                        .job = change->kind == QUOTA_JOB ? change->job : NULL,
+                        .has_uid = change->kind == QUOTA_UID,
+                        .uid = change->id,
+                        .gids = change->kind == QUOTA_GROUP ? &gid : NULL,
+                        .n_gids = change->kind == QUOTA_GROUP,
+                };
+                char what[QUOTA_JOB_NAME_MAX + 64];
+
+                quota_resolve(s->config, &next, &who, &res);
+                (void) snprintf(what, sizeof(what), change->kind == QUOTA_JOB ? "%s" : "a job of %s", target);
+                k = check_min_max(&res, what, why, why_size);
+                if (k < 0)
+                        return k;
+        }
+        k = quota_check(s, s->config, &next, why, why_size);
+        if (k < 0)
+                return k;
+
+        if (s->read_only) {
+                (void) snprintf(why, why_size, "the quota state file \"%s\" could not be read when tierd started; "
+                                "tierd does not overwrite it (see its log, fix the file and restart tierd)", s->path);
+                return -EIO;
+        }
+        k = quota_store_save(s, &next, why, why_size);
+        if (k < 0)
+                return k;
+        quota_rules_clear(&s->runtime);
+        s->runtime = next;
+        next = QUOTA_RULES_NULL;
+        log_info("Quota of %s %s by tierctl quota set", target, clear && !change->set ? "cleared" : "set");
+        return quota_apply_all(s, warn, warn_size) ? 1 : 0;
+}
+
+/* ---- the state file ----------------------------------------------------------------------------- */
+
+static int fsync_dir_of(const char *path) {
+        _cleanup_free_ char *dir = strdup(path);
+        _cleanup_close_ int fd = -1;
+        char *slash;
+
+        if (!dir)
+                return -ENOMEM;
+        slash = strrchr(dir, '/');
+        if (slash == dir)
+                slash[1] = '\0';
+        else if (slash)
+                *slash = '\0';
+        else
+                strcpy(dir, ".");
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || fsync(fd) < 0)
+                return negative_errno();
+        return 0;
+}
+
+int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, size_t size) {
+        static const char header[] =
+                "# Quotas set with tierctl quota set, kept by tierd across restarts.\n"
+                "# tierd rewrites this file: change quotas with tierctl (or in tierd.conf's [quota] sections).\n\n";
+        _cleanup_free_ char *text = quota_rules_format(rules), *tmp = NULL;
+        _cleanup_close_ int fd = -1;
+        const char *p;
+        size_t left;
+        int r;
+
+        if (!text || asprintf(&tmp, "%s.tmp", s->path) < 0)
+                return -ENOMEM;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+        if (fd < 0) {
+                r = negative_errno();
+                goto fail;
+        }
+        for (int part = 0; part < 2; part++) {
+                p = part == 0 ? header : text;
+                left = strlen(p);
+                while (left > 0) {
+                        ssize_t n = write(fd, p, left);
+
+                        if (n < 0 && errno == EINTR)
+                                continue;
+                        if (n < 0) {
+                                r = negative_errno();
+                                goto fail_unlink;
+                        }
+                        p += n;
+                        left -= (size_t) n;
+                }
+        }
+        if (fsync(fd) < 0) {
+                r = negative_errno();
+                goto fail_unlink;
+        }
+        fd = safe_close(fd);
+        if (rename(tmp, s->path) < 0) {
+                r = negative_errno();
+                goto fail_unlink;
+        }
+        r = fsync_dir_of(s->path);
+        if (r < 0) {
+                (void) snprintf(why, size, "cannot save the quotas: fsync of the directory of \"%s\": %s", s->path,
+                                strerror(-r));
+                return -EIO;
+        }
+        return 0;
+fail_unlink:
+        (void) unlink(tmp);
+fail:
+        (void) snprintf(why, size, "cannot save the quotas to \"%s\": %s", s->path, strerror(-r));
+        return -EIO;
+}
+
+/* All of @path (at most QUOTA_STATE_FILE_MAX bytes, no NUL byte) as a string. */
+static int read_state_file(const char *path, char **ret) {
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        _cleanup_free_ char *buf = NULL;
+        size_t len = 0;
+        struct stat st;
+
+        if (fd < 0)
+                return negative_errno();
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (!S_ISREG(st.st_mode))
+                return -EBADF;
+        if ((uint64_t) st.st_size > QUOTA_STATE_FILE_MAX)
+                return -EFBIG;
+        buf = malloc((size_t) st.st_size + 1);
+        if (!buf)
+                return -ENOMEM;
+        while (len < (size_t) st.st_size) {
+                ssize_t n = read(fd, buf + len, (size_t) st.st_size - len);
+
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return negative_errno();
+                if (n == 0)
+                        break;
+                len += (size_t) n;
+        }
+        buf[len] = '\0';
+        if (strlen(buf) != len)
+                return -EBADMSG;
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
+int quota_store_load(QuotaStore *s) {
+        _cleanup_free_ char *text = NULL, *err = NULL, *aside = NULL;
+        int r;
+
+        r = read_state_file(s->path, &text);
+        if (r == -ENOENT)
+                return 0;
+        if (r == -ENOMEM)
+                return r;
+        if (r >= 0) {
+                r = quota_rules_parse_text(&s->runtime, text, s->path, &err);
+                if (r >= 0) {
+                        log_info("Loaded %zu quota(s) set at run time from \"%s\"", s->runtime.n, s->path);
+                        return 0;
+                }
+                if (r == -ENOMEM)
+                        return r;
+        } else if (r != -EFBIG && r != -EBADMSG) {
+                /* cannot read it (permissions, I/O): leave it alone */
+                log_error_errno(r, "Cannot read the quota state file \"%s\": %m; starting with tierd.conf's quotas "
+                                "only, and tierctl quota set will not overwrite the file until it can be read",
+                                s->path);
+                s->read_only = true;
+                return 0;
+        }
+
+        if (asprintf(&aside, "%s.corrupt-%lld", s->path, (long long) time(NULL)) < 0)
+                return -ENOMEM;
+        if (rename(s->path, aside) < 0) {
+                log_error_errno(errno, "The quota state file \"%s\" is corrupt (%s) and cannot be moved aside: %m; "
+                                "starting with tierd.conf's quotas only, and tierctl quota set will not overwrite it",
+                                s->path, err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte");
+                s->read_only = true;
+                return 0;
+        }
+        log_error("The quota state file \"%s\" is corrupt (%s); moved it aside to \"%s\" and starting with "
+                  "tierd.conf's quotas only: set the others again with tierctl quota set", s->path,
+                  err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte", aside);
+        return 0;
+}

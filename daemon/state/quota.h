@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/* quota.h: quotas of jobs, uids and groups: precedence, checks against the capacities, the state file. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "daemon/base/quota-rule.h"
+
+typedef struct Config Config;
+typedef struct Job Job;
+typedef struct Registry Registry;
+
+/* Name of the state file under [daemon] state_dir. */
+#define QUOTA_STATE_FILE "quotas"
+/* Largest state file read (QUOTA_RULES_MAX rules fit many times). */
+#define QUOTA_STATE_FILE_MAX (4u * 1024 * 1024)
+/* Most groups of a job that quotas look at (its creator's primary group and supplementary ones). */
+#define QUOTA_GROUPS_MAX 64u
+
+/* Where a resolved field comes from: a rule (of tierd.conf or set at run time), or the default. */
+typedef struct QuotaSource {
+        QuotaKind kind;         /* QUOTA_DEFAULT: no rule */
+        uint32_t id;
+        const char *job;        /* borrowed from the rule: valid until the rules change */
+        bool config;            /* from tierd.conf (else set at run time) */
+} QuotaSource;
+
+typedef struct QuotaResolved {
+        uint64_t value[QUOTA_FIELDS];
+        QuotaSource from[QUOTA_FIELDS];
+} QuotaResolved;
+
+/* Whom to resolve a quota for. */
+typedef struct QuotaSubject {
+        const char *job;        /* NULL: no job (the quota of a uid or a group) */
+        bool has_uid;
+        uint32_t uid;
+        const gid_t *gids;      /* primary group first, then ascending */
+        size_t n_gids;
+} QuotaSubject;
+
+typedef struct QuotaStore {
+        Registry *registry;     /* borrowed: jobs and capacities */
+        const Config *config;   /* borrowed: its rules ([quota]) and defaults, read at each use */
+        QuotaRules runtime;     /* set with tierctl quota set, kept in the state file */
+        char *path;             /* <state_dir>/quotas */
+        bool read_only;         /* the state file could not be read at start: never overwrite it */
+} QuotaStore;
+
+int quota_store_new(Registry *r, const Config *config, QuotaStore **ret);
+QuotaStore *quota_store_free(QuotaStore *s);
+
+/*
+ * quota_store_load() - read the state file.  A missing file is no quota;
+ * a corrupt one is logged in words and moved aside (PATH.corrupt-SECONDS),
+ * and tierd starts with tierd.conf's quotas only; one that cannot be read
+ * is logged and never overwritten (quota set then fails, saying why).
+ * Returns 0, or -ENOMEM.
+ */
+int quota_store_load(QuotaStore *s);
+/* Write the state file: a temporary file, fsync, rename, fsync of the directory. */
+int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, size_t size);
+
+/* Resolve @who's quota field by field: job > uid > groups (in @who's order) > default; tierd.conf's rules and @runtime's. */
+void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret);
+/* The same for running job @j (its name, its creator's uid and groups). */
+void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j, QuotaResolved *ret);
+/* "uid 1000", "job 'x' (tierd.conf)", "default", into @buf. */
+char *quota_source_format(const QuotaSource *src, char *buf, size_t size);
+
+/*
+ * quota_check() - would tierd.conf's rules of @c and @runtime be sound
+ * with the jobs running now?  For every running job and every job-name
+ * rule: min <= max; per tier, the guarantees (min) of the running jobs and
+ * of the job names that have rules add up to at most the tier's capacity.
+ * -EINVAL with the reason in @why.
+ */
+int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);
+
+/*
+ * quota_job_created() - @j was just created by a peer of @gid with
+ * supplementary @groups (@n of them, at most QUOTA_GROUPS_MAX kept): give
+ * it its quota and log which applies and from where.  -ENOSPC (@why says
+ * it) when its guarantees do not fit beside the others': the caller ends
+ * the job.  -ENOMEM.
+ */
+int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, char *why, size_t size);
+
+/*
+ * quota_apply_all() - give every running job the quota the rules now
+ * resolve to, logging each change ("Job 'x': host limit 32M -> 16M
+ * (uid 1000)"); a max below what a job uses now is logged at notice and
+ * described in @warn (when not NULL).  Returns whether anything changed:
+ * the caller then tells the engine (engine_limits_changed()).
+ */
+bool quota_apply_all(QuotaStore *s, char *warn, size_t size);
+
+/*
+ * quota_store_set() - set (merge into) or clear the run-time rule of
+ * @change's target, checked (maxima within the capacities, min <= max,
+ * guarantees that fit, weight 1..1000), saved and applied to the running
+ * jobs.  @clear: drop the target's run-time rule first.  -EINVAL, -ENOSPC
+ * (guarantees) or -EIO (state file) with @why; @warn gets a warning (a
+ * max below what a job uses) or "".  Returns 1 when running jobs' quotas
+ * changed (tell the engine), else 0.
+ */
+int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *why, size_t why_size, char *warn,
+                    size_t warn_size);
