@@ -1,0 +1,455 @@
+/* SPDX-License-Identifier: MIT */
+/* test-quota.c: quotas of job names, uids and groups against a real tierd, through libtier and tierctl. */
+
+/*
+ * Each test starts its own tierd on a temporary directory with tierd.conf
+ * [quota] sections for this test's uid and group and for a job name.
+ * Setting quotas needs root (or group tier-admin, which test machines
+ * lack): those tests skip in the unprivileged pass, saying why.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <jansson.h>
+
+#include <tier.h>
+
+#include "proto/macro.h"
+#include "tests/helpers/harness.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+static TestDaemon daemon_;
+static char config_[2048];
+
+static int setup(void **state) {
+        if (!test_can_lock_memory(64 * MiB))
+                return -1;
+        (void) snprintf(config_, sizeof(config_),
+                        "[daemon]\n"
+                        "linger_sec = 60\n"
+                        "[host]\n"
+                        "capacity = 64M\n"
+                        "segment_size = 4M\n"
+                        "job_limit = 32M\n"
+                        "[vram]\n"
+                        "backend = emulated\n"
+                        "capacity = 32M\n"
+                        "chunk_size = 4M\n"
+                        "job_limit = 16M\n"
+                        "[nvme]\n"
+                        "target = @DIR@/t0.img:256M\n"
+                        "[quota]\n"
+                        "uid = %u\n"
+                        "host = 24M\n"
+                        "weight = 3\n"
+                        "[quota]\n"
+                        "group = %u\n"
+                        "vram = 8M\n"
+                        "host = 30M\n"
+                        "[quota]\n"
+                        "job = named\n"
+                        "nvme = 100M\n"
+                        "host_min = 4M\n",
+                        (unsigned) getuid(), (unsigned) getgid());
+        return test_daemon_start(&daemon_, config_) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+        return test_daemon_stop(&daemon_) == 0 ? 0 : -1;
+}
+
+static bool is_root(const char *what) {
+        if (geteuid() == 0)
+                return true;
+        printf("%s needs root (setting quotas needs root or group tier-admin): skipped\n", what);
+        return false;
+}
+
+static tier_client *connect_job(const char *job) {
+        tier_client *c = NULL;
+        int r = tier_client_new(&c, daemon_.socket, job, 0);
+
+        if (r < 0)
+                fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(c));
+        assert_int_equal(r, 0);
+        return c;
+}
+
+/*
+ * Run "tierctl --socket SOCK ARGS": its exit status; its stdout and stderr
+ * in *@out and *@err (malloc'ed, may be NULL arguments).
+ */
+static int tierctl(char **out, char **err, const char *fmt, ...) _printf_(3, 4);
+static int tierctl(char **out, char **err, const char *fmt, ...) {
+        char path[512], args[1024], cmd[2048], errpath[400], buf[4096];
+        size_t len = 0;
+        char *o = NULL;
+        va_list ap;
+        FILE *f;
+        int st;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(args, sizeof(args), fmt, ap);
+        va_end(ap);
+        (void) snprintf(errpath, sizeof(errpath), "%s/tierctl.err", daemon_.dir);
+        (void) snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>%s", test_tierctl_path(path, sizeof(path)),
+                        daemon_.socket, args, errpath);
+        f = popen(cmd, "r");
+        assert_non_null(f);
+        for (;;) {
+                size_t n = fread(buf, 1, sizeof(buf), f);
+
+                if (n == 0)
+                        break;
+                o = realloc(o, len + n + 1);
+                assert_non_null(o);
+                memcpy(o + len, buf, n);
+                len += n;
+        }
+        if (!o)
+                o = strdup("");
+        o[len] = '\0';
+        st = pclose(f);
+        if (out)
+                *out = o;
+        else
+                free(o);
+        if (err) {
+                f = fopen(errpath, "r");
+                assert_non_null(f);
+                len = fread(buf, 1, sizeof(buf) - 1, f);
+                buf[len] = '\0';
+                fclose(f);
+                *err = strdup(buf);
+        }
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void assert_contains(const char *haystack, const char *needle) {
+        if (!strstr(haystack, needle))
+                fail_msg("'%s' lacks '%s'", haystack, needle);
+}
+
+/* ---- a per-uid (and per-group) default applies to a new job ------------------------------------- */
+
+static void test_uid_default_applies(void **state) {
+        tier_client *c = connect_job("fresh");
+        struct tier_quota2 q;
+        char uid_from[64], gid_from[64];
+
+        (void) snprintf(uid_from, sizeof(uid_from), "uid %u (tierd.conf)", (unsigned) getuid());
+        (void) snprintf(gid_from, sizeof(gid_from), "group %u (tierd.conf)", (unsigned) getgid());
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_true(q.running);
+        assert_int_equal(q.max[TIER_HOST], 24 * MiB);           /* uid over group's 30M */
+        assert_string_equal(q.max_from[TIER_HOST], uid_from);
+        assert_int_equal(q.max[TIER_VRAM], 8 * MiB);            /* group */
+        assert_string_equal(q.max_from[TIER_VRAM], gid_from);
+        assert_int_equal(q.max[TIER_NVME], 2048 * MiB);         /* default */
+        assert_string_equal(q.max_from[TIER_NVME], "default");
+        assert_int_equal(q.weight, 3);
+        assert_int_equal(q.min[TIER_HOST], 0);
+        /* the handshake told the client the same limits */
+        assert_int_equal(tier_client_limit(c, TIER_HOST), 24 * MiB);
+        assert_int_equal(tier_client_limit(c, TIER_VRAM), 8 * MiB);
+        /* and tierd said at creation which quota applies and from where */
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'fresh' quota: vram max 8.0 MiB (from: group"));
+        assert_true(test_daemon_log_contains(&daemon_, "host max 24.0 MiB (from: uid"));
+        tier_client_free(c);
+}
+
+/* ---- precedence, field by field, through tierctl's JSON --------------------------------------------- */
+
+static void test_precedence(void **state) {
+        _cleanup_free_ char *out = NULL, *err = NULL;
+        json_t *j, *from;
+        json_error_t je;
+        tier_client *c;
+        char uid_from[64];
+
+        if (!is_root("test_precedence"))
+                skip();
+        /* run time over tierd.conf for the uid; the job name over both */
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid %u --vram 12M", (unsigned) getuid()), 0);
+        assert_int_equal(tierctl(NULL, NULL, "quota set prec --host 20M"), 0);
+        c = connect_job("prec");
+        assert_int_equal(tierctl(&out, &err, "--json quota get prec"), 0);
+        j = json_loads(out, 0, &je);
+        assert_non_null(j);
+        from = json_object_get(j, "from");
+        assert_non_null(from);
+        assert_int_equal(json_integer_value(json_object_get(j, "host")), 20 * MiB);
+        assert_string_equal(json_string_value(json_object_get(from, "host")), "job 'prec'");
+        assert_int_equal(json_integer_value(json_object_get(j, "vram")), 12 * MiB);
+        (void) snprintf(uid_from, sizeof(uid_from), "uid %u", (unsigned) getuid());
+        assert_string_equal(json_string_value(json_object_get(from, "vram")), uid_from);
+        assert_int_equal(json_integer_value(json_object_get(j, "weight")), 3);
+        (void) snprintf(uid_from, sizeof(uid_from), "uid %u (tierd.conf)", (unsigned) getuid());
+        assert_string_equal(json_string_value(json_object_get(from, "weight")), uid_from);
+        assert_string_equal(json_string_value(json_object_get(from, "nvme")), "default");
+        assert_true(json_is_true(json_object_get(j, "running")));
+        json_decref(j);
+        /* the text form says it in words */
+        free(out);
+        assert_int_equal(tierctl(&out, NULL, "quota get prec"), 0);
+        assert_contains(out, "host   max 20.0 MiB (from: job 'prec')");
+        /* the group's quota, as a job of a member sees it */
+        free(out);
+        assert_int_equal(tierctl(&out, NULL, "quota get --group %u", (unsigned) getgid()), 0);
+        assert_contains(out, "host   max 30.0 MiB (from: group");
+        tier_client_free(c);
+}
+
+/* ---- a change applies live ------------------------------------------------------------------------- */
+
+static void test_live_change(void **state) {
+        _cleanup_free_ char *err = NULL;
+        struct tier_grant g;
+        tier_tensor *a, *b;
+        tier_client *c;
+
+        if (!is_root("test_live_change"))
+                skip();
+        c = connect_job("live");
+        assert_int_equal(tier_tensor_create(c, "a", 8 * MiB, &a), 0);
+        assert_int_equal(tier_tensor_create(c, "b", 8 * MiB, &b), 0);
+        assert_int_equal(tier_pin(a, TIER_HOST, &g), 0);
+        assert_int_equal(tier_unpin(a, TIER_HOST, 1), 0);
+
+        /* below what it uses: accepted, with a warning in the reply and the log */
+        assert_int_equal(tierctl(NULL, &err, "quota set live --host 4M"), 0);
+        assert_contains(err, "warning: job 'live' uses 8.0 MiB of host, above its new max of 4.0 MiB");
+        assert_true(test_daemon_log_contains(&daemon_, "Quota of job 'live' set with a warning"));
+        /* a pin now fails: over the job's limit */
+        assert_int_equal(tier_pin(b, TIER_HOST, &g), -EDQUOT);
+        /* raised again: the same pin succeeds */
+        assert_int_equal(tierctl(NULL, NULL, "quota set live --host 24M"), 0);
+        assert_int_equal(tier_pin(b, TIER_HOST, &g), 0);
+        assert_int_equal(tier_unpin(b, TIER_HOST, 0), 0);
+        tier_client_free(c);
+}
+
+/* ---- refused and warned, each in words ------------------------------------------------------------- */
+
+static void test_refused(void **state) {
+        _cleanup_free_ char *err = NULL;
+        struct tier_quota2 q = {}, now;
+        tier_client *c;
+
+        if (!is_root("test_refused"))
+                skip();
+        assert_int_equal(tierctl(NULL, &err, "quota set jobA --host 10T"), 1);
+        assert_contains(err, "host max 10.0 TiB is above the host tier's capacity of 64.0 MiB");
+        free(err);
+        assert_int_equal(tierctl(NULL, &err, "quota set jobA --host-min 40M"), 1);   /* max 32M (default) */
+        assert_contains(err, "job 'jobA' would get a host min of 40.0 MiB (from: job 'jobA') above its max of 32.0 MiB");
+        free(err);
+        assert_int_equal(tierctl(NULL, &err, "quota set jobA --host-min 30M"), 0);
+        free(err);
+        /* 30M (jobA) + 4M (named, tierd.conf) + 31M > 64M */
+        assert_int_equal(tierctl(NULL, &err, "quota set jobB --host-min 31M"), 1);
+        assert_contains(err, "host guarantees would add up to 65.0 MiB of 64.0 MiB capacity: ");
+        assert_contains(err, "job 'jobA' 30.0 MiB");
+        assert_contains(err, "job 'named' 4.0 MiB");
+        free(err);
+        assert_int_equal(tierctl(NULL, &err, "quota set jobA --weight 1001"), 2);
+        assert_contains(err, "--weight must be a number from 1 to 1000");
+        free(err);
+        assert_int_equal(tierctl(NULL, &err, "quota set jobA --host lots"), 2);
+        assert_contains(err, "--host must be a positive size like 512M");
+        /* the daemon checks as well, whatever the client */
+        c = connect_job("");
+        q.weight = 1001;
+        assert_int_equal(tier_quota_set2(c, TIER_QUOTA_JOB, 0, "jobA", &q, &now), -EINVAL);
+        assert_contains(tier_client_last_error(c), "weight 1001 out of range (1..1000)");
+        q.weight = 0;
+        assert_int_equal(tier_quota_set2(c, TIER_QUOTA_DEFAULT, 0, NULL, &q, &now), -EINVAL);
+        assert_true(test_daemon_log_contains(&daemon_, "Quota of job 'jobB' not set"));
+        tier_client_free(c);
+}
+
+/* ---- kept across a restart; a corrupt file is set aside ----------------------------------------------- */
+
+static void restart(void) {
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
+
+        assert_int_equal(test_daemon_kill(&daemon_, SIGTERM, 10000), 0);
+        assert_int_equal(test_daemon_spawn(&daemon_, &o), 0);
+}
+
+static void test_restart(void **state) {
+        char path[400];
+        tier_client *c;
+        struct tier_quota2 q;
+        FILE *f;
+
+        if (!is_root("test_restart"))
+                skip();
+        assert_int_equal(tierctl(NULL, NULL, "quota set later --host 6M --host-min 2M --weight 9"), 0);
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid 4242 --vram 4M"), 0);
+        restart();
+        assert_true(test_daemon_log_contains(&daemon_, "Loaded 2 quota(s) set at run time"));
+        c = connect_job("later");
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_HOST], 6 * MiB);
+        assert_int_equal(q.min[TIER_HOST], 2 * MiB);
+        assert_int_equal(q.weight, 9);
+        assert_string_equal(q.min_from[TIER_HOST], "job 'later'");
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_UID, 4242, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_VRAM], 4 * MiB);
+        tier_client_free(c);
+
+        /* a corrupt state file: said in words, kept aside, and tierd starts */
+        (void) snprintf(path, sizeof(path), "%s/quotas", daemon_.dir);
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("[quota]\njob = x\nhost = a lot\n", f);
+        fclose(f);
+        restart();
+        assert_true(test_daemon_log_contains(&daemon_, "is corrupt ("));
+        assert_true(test_daemon_log_contains(&daemon_, "quotas:3: host: invalid size 'a lot'"));
+        assert_true(test_daemon_log_contains(&daemon_, "moved it aside to"));
+        assert_int_equal(access(path, F_OK), -1);
+}
+
+/* ---- a reload re-applies tierd.conf's quotas ---------------------------------------------------- */
+
+static void test_reload(void **state) {
+        char body[2300];
+        tier_client *c = connect_job("reloaded");
+        struct tier_quota2 q;
+
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_HOST], 24 * MiB);
+        (void) snprintf(body, sizeof(body), "[quota]\njob = reloaded\nhost = 12M\nweight = 5\n");
+        assert_int_equal(test_daemon_write_config(&daemon_, "50-quota.conf", body), 0);
+        assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+        assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_HOST], 12 * MiB);
+        assert_int_equal(q.weight, 5);
+        assert_string_equal(q.max_from[TIER_HOST], "job 'reloaded' (tierd.conf)");
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'reloaded': host limit 24M -> 12M (job 'reloaded' "
+                                                       "(tierd.conf))"));
+        /* guarantees over the capacity: the reload is refused, the running quotas stay */
+        assert_int_equal(test_daemon_write_config(&daemon_, "50-quota.conf",
+                                                  "[quota]\njob = reloaded\nhost_min = 70M\nhost = 12M\n"), 0);
+        assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+        assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
+        assert_true(test_daemon_log_contains(&daemon_, "Invalid configuration, keeping the running one"));
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_HOST], 12 * MiB);
+        tier_client_free(c);
+}
+
+/* ---- a quota set during linger carries into the re-run, and says so -------------------------------- */
+
+static void test_linger_rerun(void **state) {
+        tier_client *c = connect_job("rerun");
+        struct tier_quota2 q;
+        tier_tensor *t;
+
+        if (geteuid() != 0) {
+                tier_client_free(c);
+                is_root("test_linger_rerun");
+                skip();
+        }
+        assert_int_equal(tier_tensor_create(c, "kept", 1 * MiB, &t), 0);
+        tier_tensor_close(t);
+        tier_client_free(c);
+        /* lingering now (linger_sec = 60): set a quota on its name */
+        assert_int_equal(tierctl(NULL, NULL, "quota set rerun --host 16M"), 0);
+        c = connect_job("rerun");
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'rerun' resumed: 1 tensor(s) kept from its previous run"));
+        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(q.max[TIER_HOST], 16 * MiB);
+        assert_string_equal(q.max_from[TIER_HOST], "job 'rerun'");
+        tier_client_free(c);
+}
+
+/* ---- only admins set; anyone reads their own ------------------------------------------------------- */
+
+static void test_non_admin(void **state) {
+        tier_client *a;
+        pid_t pid;
+        int st;
+
+        if (geteuid() != 0) {
+                /* we are the non-admin: setting is refused, reading our own works */
+                struct tier_quota2 q = { .weight = 2 }, now;
+
+                a = connect_job("mine");
+                assert_int_equal(tier_quota_set2(a, TIER_QUOTA_JOB, 0, "mine", &q, &now), -EPERM);
+                assert_contains(tier_client_last_error(a), "may not set the quota of job 'mine'");
+                assert_int_equal(tier_quota_get2(a, TIER_QUOTA_UID, (uint32_t) getuid(), NULL, &now), 0);
+                assert_int_equal(tier_quota_get2(a, TIER_QUOTA_UID, 0, NULL, &now), -EPERM);
+                tier_client_free(a);
+                return;
+        }
+        a = connect_job("roots");
+        assert_int_equal(chmod(daemon_.dir, 0711), 0);
+        assert_int_equal(chmod(daemon_.socket, 0666), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                struct tier_quota2 q = { .weight = 2 }, now;
+                tier_client *x = NULL;
+
+                if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+                        _exit(3);
+                if (tier_client_new(&x, daemon_.socket, "", 0) < 0)
+                        _exit(4);
+                if (tier_quota_set2(x, TIER_QUOTA_JOB, 0, "roots", &q, &now) != -EPERM ||
+                    !strstr(tier_client_last_error(x), "uid 65534 (pid "))
+                        _exit(5);
+                if (tier_quota_set2(x, TIER_QUOTA_UID, 65534, NULL, &q, &now) != -EPERM)
+                        _exit(6);
+                if (tier_quota_get2(x, TIER_QUOTA_JOB, 0, "roots", &now) != -EPERM ||
+                    !strstr(tier_client_last_error(x), "read the quota of job 'roots'"))
+                        _exit(7);
+                if (tier_quota_get2(x, TIER_QUOTA_UID, 0, NULL, &now) != -EPERM)
+                        _exit(8);
+                if (tier_quota_get2(x, TIER_QUOTA_UID, 65534, NULL, &now) != 0)
+                        _exit(9);
+                if (tier_quota_get2(x, TIER_QUOTA_DEFAULT, 0, NULL, &now) != 0)
+                        _exit(10);
+                tier_client_free(x);
+                _exit(0);
+        }
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        assert_true(test_daemon_log_contains(&daemon_, "(uid 65534, pid "));
+        assert_true(test_daemon_log_contains(&daemon_, "denied: set the quota of job 'roots' needs root or membership "
+                                                       "of group tier-admin"));
+        tier_client_free(a);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_uid_default_applies, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_precedence, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_live_change, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_linger_rerun, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_non_admin, setup, teardown),
+        };
+
+        return cmocka_run_group_tests_name("quota", tests, NULL, NULL);
+}

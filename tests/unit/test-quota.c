@@ -1,0 +1,366 @@
+/* SPDX-License-Identifier: MIT */
+/* test-quota.c: quota rules ([quota] sections, the state file), precedence, checks, saving and loading. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/quota-rule.h"
+#include "daemon/state/quota.h"
+#include "daemon/state/registry.h"
+#include "proto/macro.h"
+
+#define MIB (UINT64_C(1) << 20)
+#define GIB (UINT64_C(1) << 30)
+
+static void config_deinitp(Config *c) {
+        config_deinit(c);
+}
+
+/* Parse @text as a state file and expect -EINVAL with @needle in the message; @rs stays as it was. */
+static void rules_fail(const char *text, const char *needle) {
+        _cleanup_(quota_rules_clear) QuotaRules rs = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL;
+
+        assert_int_equal(quota_rules_parse_text(&rs, text, "quotas", &err), -EINVAL);
+        assert_non_null(err);
+        if (!strstr(err, needle))
+                fail_msg("message '%s' lacks '%s'", err, needle);
+        assert_int_equal(rs.n, 0);
+}
+
+static void test_rules_parse_format(void **state) {
+        _cleanup_(quota_rules_clear) QuotaRules rs = QUOTA_RULES_NULL, again = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL, *text = NULL, *text2 = NULL;
+        const QuotaRule *q;
+
+        assert_int_equal(quota_rules_parse_text(&rs,
+                                                "# comment\n"
+                                                "[quota]\n"
+                                                "job = train lm\n"
+                                                "host = 8G\n"
+                                                "host_min = 2GiB\n"
+                                                "\n"
+                                                "[quota]\n"
+                                                "uid = 1000\n"
+                                                "vram = 512M\n"
+                                                "vram_min = 0\n"
+                                                "weight = 7\n"
+                                                "[quota]\n"
+                                                "group = 27\n"
+                                                "nvme = 1T\n"
+                                                "nvme_min = 4K\n",
+                                                "quotas", &err), 0);
+        assert_null(err);
+        assert_int_equal(rs.n, 3);
+        q = quota_rules_find(&rs, QUOTA_JOB, 0, "train lm");
+        assert_non_null(q);
+        assert_int_equal(q->value[QUOTA_MAX(TIER_HOST)], 8 * GIB);
+        assert_int_equal(q->value[QUOTA_MIN(TIER_HOST)], 2 * GIB);
+        assert_int_equal(q->set, (1u << QUOTA_MAX(TIER_HOST)) | (1u << QUOTA_MIN(TIER_HOST)));
+        q = quota_rules_find(&rs, QUOTA_UID, 1000, NULL);
+        assert_non_null(q);
+        assert_true(q->set & (1u << QUOTA_MIN(TIER_VRAM)));     /* a min of 0 is a value */
+        assert_int_equal(q->value[QUOTA_WEIGHT], 7);
+        assert_null(quota_rules_find(&rs, QUOTA_UID, 1001, NULL));
+        assert_non_null(quota_rules_find(&rs, QUOTA_GROUP, 27, NULL));
+
+        /* what the writer writes, the reader reads back the same */
+        text = quota_rules_format(&rs);
+        assert_non_null(text);
+        assert_int_equal(quota_rules_parse_text(&again, text, "quotas", &err), 0);
+        text2 = quota_rules_format(&again);
+        assert_string_equal(text, text2);
+        assert_int_equal(again.n, 3);
+        assert_memory_equal(again.rules[0].value, rs.rules[0].value, sizeof(rs.rules[0].value));
+}
+
+static void test_rules_errors(void **state) {
+        rules_fail("[quota]\nuid = 1\nhost = 8X\n", "quotas:3: host: invalid size '8X'");
+        rules_fail("[quota]\nuid = 1\nhost = 0\n", "a maximum must be positive");
+        rules_fail("[quota]\nuid = 1\nweight = 1001\n", "weight from 1 to 1000");
+        rules_fail("[quota]\nuid = 1\nweight = 0\n", "weight from 1 to 1000");
+        rules_fail("[quota]\nuid = 1\nspeed = 3\n", "speed: unknown key");
+        rules_fail("[quota]\nhost = 8G\n", "quotas:1: [quota] section names no job, uid, user or group");
+        rules_fail("[quota]\nuid = 1\njob = x\n", "has a target already");
+        rules_fail("[quota]\nuid = 1\n[quota]\nuid = 1\nhost = 1G\n", "quotas:3: a second [quota] section for uid 1");
+        rules_fail("host = 8G\n", "outside of any [quota] section");
+        rules_fail("[host]\ncapacity = 1G\n", "only [quota] sections");
+        rules_fail("[quota]\nuid = 1\nhost 8G\n", "missing '='");
+        rules_fail("[quota]\nuid = -1\n", "not a uid");
+        rules_fail("[quota]\nuid = 1\nhost = 1G\nhost_min = 2G\n", "host_min 2G is above host 1G");
+        rules_fail("[quota]\nuser = no-such-user-here\n", "no user 'no-such-user-here'");
+        rules_fail("[quota]\ngroup = no-such-group-here\n", "no group 'no-such-group-here'");
+}
+
+static void test_config_sections(void **state) {
+        _cleanup_(config_deinitp) Config c;
+        _cleanup_free_ char *err = NULL;
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c,
+                                           "[host]\njob_limit = 64M\n"
+                                           "[quota]\nuser = root\nhost = 8M\n"
+                                           "[sched]\ndefault_weight = 2\n"
+                                           "[quota]\ngroup = root\nvram = 4M\n"
+                                           "[quota]\nuid = 0\nweight = 9\n",
+                                           "test.conf", &err), 0);
+        assert_null(err);
+        assert_int_equal(c.quotas.n, 3);
+        assert_int_equal(c.quotas.rules[0].kind, QUOTA_UID);
+        assert_int_equal(c.quotas.rules[0].id, 0);      /* user root */
+        assert_int_equal(c.quotas.rules[1].kind, QUOTA_GROUP);
+        assert_int_equal(c.default_weight, 2);
+
+        /* errors name the file, the line and the section */
+        assert_int_equal(config_parse_text(&c, "[quota]\nuid = 5\nhost = lots\n", "x.conf", &err), -EINVAL);
+        assert_non_null(strstr(err, "x.conf:3: [quota] host: invalid size 'lots'"));
+        err = mfree(err);
+        assert_int_equal(config_parse_text(&c, "[quota]\nhost = 1G\n[host]\njob_limit = 1G\n", "x.conf", &err),
+                         -EINVAL);
+        assert_non_null(strstr(err, "x.conf:1: [quota] section names no job"));
+        err = mfree(err);
+        /* a [quota] section at the end of a file is complete too */
+        assert_int_equal(config_parse_text(&c, "[quota]\nweight = 3\n", "y.conf", &err), -EINVAL);
+        assert_non_null(strstr(err, "y.conf:1:"));
+}
+
+/* Precedence: job > uid > group (primary first) > default, field by field; run time over tierd.conf. */
+static void test_precedence(void **state) {
+        _cleanup_(config_deinitp) Config c;
+        _cleanup_(quota_rules_clear) QuotaRules rt = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL;
+        gid_t gids[] = { 100, 27, 30 };
+        QuotaSubject who = { .job = "j", .has_uid = true, .uid = 1000, .gids = gids, .n_gids = 3 };
+        QuotaResolved q;
+        char buf[128];
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c,
+                                           "[host]\njob_limit = 64M\n"
+                                           "[vram]\njob_limit = 32M\n"
+                                           "[quota]\njob = j\nhost = 10M\n"
+                                           "[quota]\nuid = 1000\nhost = 20M\nvram = 20M\nhost_min = 1M\n"
+                                           "[quota]\ngroup = 27\nvram = 30M\nnvme = 30M\nweight = 4\nvram_min = 2M\n"
+                                           "[quota]\ngroup = 100\nnvme = 40M\n"
+                                           "[quota]\ngroup = 30\nweight = 6\nnvme_min = 3M\n"
+                                           "[quota]\njob = j\nhost = 11M\n",    /* a later section wins */
+                                           "test.conf", &err), 0);
+
+        quota_resolve(&c, &rt, &who, &q);
+        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 11 * MIB);             /* job */
+        assert_int_equal(q.from[QUOTA_MAX(TIER_HOST)].kind, QUOTA_JOB);
+        assert_true(q.from[QUOTA_MAX(TIER_HOST)].config);
+        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 20 * MIB);             /* uid over group */
+        assert_int_equal(q.from[QUOTA_MAX(TIER_VRAM)].kind, QUOTA_UID);
+        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 1 * MIB);              /* uid */
+        assert_int_equal(q.value[QUOTA_MAX(TIER_NVME)], 40 * MIB);             /* primary group 100 first */
+        assert_int_equal(q.from[QUOTA_MAX(TIER_NVME)].id, 100);
+        assert_int_equal(q.value[QUOTA_WEIGHT], 4);                            /* group 27 before 30 */
+        assert_int_equal(q.value[QUOTA_MIN(TIER_VRAM)], 2 * MIB);
+        assert_int_equal(q.value[QUOTA_MIN(TIER_NVME)], 3 * MIB);              /* only group 30 sets it */
+        assert_int_equal(q.from[QUOTA_MIN(TIER_NVME)].id, 30);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(TIER_VRAM)], buf, sizeof(buf)),
+                            "uid 1000 (tierd.conf)");
+
+        /* nothing for this subject: the default */
+        who = (QuotaSubject) { .job = "other", .has_uid = true, .uid = 5 };
+        quota_resolve(&c, &rt, &who, &q);
+        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 64 * MIB);
+        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 32 * MIB);
+        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 0);
+        assert_int_equal(q.value[QUOTA_WEIGHT], 1);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_WEIGHT], buf, sizeof(buf)), "default");
+
+        /* a rule set at run time wins over tierd.conf's for the same target, field by field */
+        assert_int_equal(quota_rules_parse_text(&rt, "[quota]\nuid = 1000\nvram = 25M\n", "quotas", &err), 0);
+        who = (QuotaSubject) { .job = "j", .has_uid = true, .uid = 1000, .gids = gids, .n_gids = 3 };
+        quota_resolve(&c, &rt, &who, &q);
+        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 25 * MIB);
+        assert_false(q.from[QUOTA_MAX(TIER_VRAM)].config);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(TIER_VRAM)], buf, sizeof(buf)), "uid 1000");
+        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 1 * MIB);              /* still tierd.conf's */
+        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 11 * MIB);             /* job over uid still */
+}
+
+/* A registry with no pools: jobs and capacities are all quota.c looks at. */
+typedef struct Books {
+        Registry r;
+        Config c;
+        QuotaStore *s;
+        char dir[64];
+} Books;
+
+static int books_setup(void **state) {
+        Books *b = calloc(1, sizeof(*b));
+
+        assert_non_null(b);
+        config_init(&b->c);
+        strcpy(b->dir, "/tmp/test-quota-XXXXXX");
+        assert_non_null(mkdtemp(b->dir));
+        free(b->c.state_dir);
+        b->c.state_dir = strdup(b->dir);
+        b->c.host_job_limit = 64 * MIB;
+        list_init(&b->r.jobs);
+        list_init(&b->r.dying_jobs);
+        b->r.config = &b->c;
+        b->r.capacity[TIER_VRAM] = 32 * MIB;
+        b->r.capacity[TIER_HOST] = 64 * MIB;
+        b->r.capacity[TIER_NVME] = GIB;
+        assert_int_equal(quota_store_new(&b->r, &b->c, &b->s), 0);
+        *state = b;
+        return 0;
+}
+
+static int books_teardown(void **state) {
+        Books *b = *state;
+        char cmd[128];
+
+        quota_store_free(b->s);
+        config_deinit(&b->c);
+        (void) snprintf(cmd, sizeof(cmd), "rm -rf '%s'", b->dir);
+        assert_int_equal(system(cmd), 0);
+        free(b);
+        return 0;
+}
+
+static int set(Books *b, const char *text, char *why, size_t size, char *warn) {
+        _cleanup_(quota_rules_clear) QuotaRules one = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL;
+
+        assert_int_equal(quota_rules_parse_text(&one, text, "change", &err), 0);
+        assert_int_equal(one.n, 1);
+        why[0] = '\0';
+        return quota_store_set(b->s, &one.rules[0], false, why, size, warn, 512);
+}
+
+static void test_store_checks_and_file(void **state) {
+        Books *b = *state;
+        char why[1024], warn[512], path[128];
+        _cleanup_(quota_rules_clear) QuotaRules one = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL;
+        QuotaStore *s2;
+        struct stat st;
+        Job j = { .name = (char *) "running", .uid = 1000, .weight = 1 };
+
+        /* a running job, using 40M of host */
+        list_add_tail(&b->r.jobs, &j.link);
+        j.used[TIER_HOST] = 40 * MIB;
+        assert_true(quota_apply_all(b->s, NULL, 0));    /* the defaults */
+        assert_int_equal(j.limit[TIER_HOST], 64 * MIB);
+        assert_false(quota_apply_all(b->s, NULL, 0));
+
+        assert_int_equal(set(b, "[quota]\nuid = 1000\nhost = 1T\n", why, sizeof(why), warn), -EINVAL);
+        assert_non_null(strstr(why, "host max 1.0 TiB is above the host tier's capacity of 64.0 MiB"));
+        /* min above max, each from another set */
+        assert_int_equal(set(b, "[quota]\njob = zz\nnvme_min = 50M\n", why, sizeof(why), warn), 0);
+        assert_int_equal(set(b, "[quota]\njob = zz\nnvme = 40M\n", why, sizeof(why), warn), -EINVAL);
+        assert_non_null(strstr(why, "job 'zz' would get a nvme min of 50.0 MiB (from: job 'zz') above its max of "
+                                    "40.0 MiB (from: job 'zz')"));
+        assert_int_equal(set(b, "[quota]\njob = a\nhost_min = 40M\n", why, sizeof(why), warn), 0);
+        assert_int_equal(set(b, "[quota]\njob = b\nhost_min = 30M\n", why, sizeof(why), warn), -ENOSPC);
+        assert_non_null(strstr(why, "host guarantees would add up to 70.0 MiB of 64.0 MiB capacity: job 'a' 40.0 MiB, "
+                                    "job 'b' 30.0 MiB"));
+        /* the running job's guarantee counts too */
+        assert_int_equal(set(b, "[quota]\nuid = 1000\nhost_min = 30M\n", why, sizeof(why), warn), -ENOSPC);
+        assert_non_null(strstr(why, "job 'running' 30.0 MiB"));
+
+        /* a max below the job's use: accepted, with a warning; the job gets it at once */
+        assert_int_equal(set(b, "[quota]\nuid = 1000\nhost = 16M\nweight = 3\n", why, sizeof(why), warn), 1);
+        assert_non_null(strstr(warn, "job 'running' uses 40.0 MiB of host, above its new max of 16.0 MiB"));
+        assert_int_equal(j.limit[TIER_HOST], 16 * MIB);
+        assert_int_equal(j.weight, 3);
+        assert_true(j.limit_set & (1u << TIER_HOST));
+        /* the job's own name wins over its uid */
+        assert_int_equal(set(b, "[quota]\njob = running\nhost = 20M\n", why, sizeof(why), warn), 1);
+        assert_int_equal(j.limit[TIER_HOST], 20 * MIB);
+
+        /* the state file holds what was set; a second store reads it back */
+        (void) snprintf(path, sizeof(path), "%s/quotas", b->dir);
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(quota_store_new(&b->r, &b->c, &s2), 0);
+        assert_int_equal(quota_store_load(s2), 0);
+        assert_int_equal(s2->runtime.n, 4);
+        assert_non_null(quota_rules_find(&s2->runtime, QUOTA_JOB, 0, "a"));
+        assert_int_equal(quota_rules_find(&s2->runtime, QUOTA_UID, 1000, NULL)->value[QUOTA_MAX(TIER_HOST)], 16 * MIB);
+        quota_store_free(s2);
+
+        /* clearing drops the run-time rule: back to the default */
+        assert_int_equal(quota_rules_parse_text(&one, "[quota]\njob = running\nweight = 1\n", "x", &err), 0);
+        one.rules[0].set = 0;
+        assert_int_equal(quota_store_set(b->s, &one.rules[0], true, why, sizeof(why), warn, sizeof(warn)), 1);
+        assert_int_equal(j.limit[TIER_HOST], 16 * MIB);         /* uid 1000's again */
+
+        list_del(&j.link);
+}
+
+static void test_store_corrupt_file(void **state) {
+        Books *b = *state;
+        char path[128], cmd[256];
+        char why[256], warn[256];
+        FILE *f;
+
+        (void) snprintf(path, sizeof(path), "%s/quotas", b->dir);
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("[quota]\nuid = 1000\nhost = 8 gigabytes\n", f);
+        fclose(f);
+        assert_int_equal(quota_store_load(b->s), 0);
+        assert_int_equal(b->s->runtime.n, 0);
+        assert_false(b->s->read_only);
+        /* the bad file is kept aside, not lost */
+        assert_int_equal(access(path, F_OK), -1);
+        (void) snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q '^quotas.corrupt-'", b->dir);
+        assert_int_equal(system(cmd), 0);
+        /* and a new set writes a fresh one */
+        assert_int_equal(set(b, "[quota]\ngroup = 5\nweight = 2\n", why, sizeof(why), warn), 0);
+        assert_int_equal(access(path, F_OK), 0);
+}
+
+static void test_store_refuses(void **state) {
+        Books *b = *state;
+        QuotaRule def = { .kind = QUOTA_DEFAULT, .set = 1u << QUOTA_WEIGHT, .value[QUOTA_WEIGHT] = 2 };
+        QuotaRule none = { .kind = QUOTA_UID, .id = 3 };
+        QuotaRule blank = { .kind = QUOTA_JOB, .job = (char *) " x", .set = 1u << QUOTA_WEIGHT, .value[QUOTA_WEIGHT] = 2 };
+        QuotaRule heavy = { .kind = QUOTA_UID, .id = 3, .set = 1u << QUOTA_WEIGHT, .value[QUOTA_WEIGHT] = 1001 };
+        char why[512], warn[256];
+
+        assert_int_equal(quota_store_set(b->s, &def, false, why, sizeof(why), warn, sizeof(warn)), -EINVAL);
+        assert_non_null(strstr(why, "the default quota is tierd.conf's"));
+        assert_int_equal(quota_store_set(b->s, &none, false, why, sizeof(why), warn, sizeof(warn)), -EINVAL);
+        assert_non_null(strstr(why, "nothing to set"));
+        assert_int_equal(quota_store_set(b->s, &blank, false, why, sizeof(why), warn, sizeof(warn)), -EINVAL);
+        assert_non_null(strstr(why, "not a job name"));
+        assert_int_equal(quota_store_set(b->s, &heavy, false, why, sizeof(why), warn, sizeof(warn)), -EINVAL);
+        assert_non_null(strstr(why, "weight 1001 out of range"));
+        /* an unreadable state file at start: never overwritten */
+        b->s->read_only = true;
+        heavy.value[QUOTA_WEIGHT] = 5;
+        assert_int_equal(quota_store_set(b->s, &heavy, false, why, sizeof(why), warn, sizeof(warn)), -EIO);
+        assert_non_null(strstr(why, "does not overwrite it"));
+        assert_int_equal(b->s->runtime.n, 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_rules_parse_format),
+                cmocka_unit_test(test_rules_errors),
+                cmocka_unit_test(test_config_sections),
+                cmocka_unit_test(test_precedence),
+                cmocka_unit_test_setup_teardown(test_store_checks_and_file, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_store_corrupt_file, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_store_refuses, books_setup, books_teardown),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
