@@ -351,8 +351,30 @@ class TestClient(tierd.DaemonTestCase):
             ctl = self.client("")
             ctl.set_quota("quota-job", vram=8 * MiB)
             self.assertEqual(c.quota().limits["vram"], 8 * MiB)
+            # a job name that does not run gets a quota of its own, for when it starts
+            q = ctl.set_quota("not-yet", vram=8 * MiB, host_min=2 * MiB)
+            self.assertFalse(q.running)
+            self.assertEqual((q.limits["vram"], q.minimums["host"]), (8 * MiB, 2 * MiB))
+            self.assertEqual(q.sources["vram"], "job 'not-yet'")
+            self.assertEqual(q.sources["host"], "default")
+            self.assertEqual(ctl.get_quota("not-yet"), q)
+            # a uid's quota, and where a job's values come from
+            q = ctl.set_quota(uid=os.geteuid(), nvme=64 * MiB, weight=2)
+            self.assertEqual(q.sources["nvme"], f"uid {os.geteuid()}")
+            q = c.get_quota()
+            self.assertTrue(q.running)
+            self.assertEqual(q.limits["nvme"], 64 * MiB)
+            self.assertEqual(q.weight, 5)  # the job's own (set above) wins over its uid's
+            self.assertEqual(q.sources["weight"], "job 'quota-job'")
+            self.assertEqual(q.minimums["vram"], 0)
+            with self.assertRaises(tier.TierError) as cm:
+                ctl.set_quota("not-yet", host=1 << 50)
+            self.assertIn("above the host tier's capacity", cm.exception.strerror)
+            q = ctl.set_quota("not-yet", clear=True)
             with self.assertRaises(tier.NotFoundError):
-                ctl.set_quota("no-such-job", vram=8 * MiB)
+                ctl.get_quota("not-yet")
+            with self.assertRaises(ValueError):
+                ctl.set_quota("x", uid=0, weight=1)
         else:
             with self.assertRaises(tier.PermissionDeniedError) as cm:
                 c.set_quota(host=32 * MiB)

@@ -209,12 +209,26 @@ class Stat:
 
 @dataclass(frozen=True)
 class Quota:
-    """``tier_quota_get()``: a job's byte limit per tier and its link weight.
+    """A quota: per tier a maximum and a guaranteed minimum, and a link weight.
+
+    ``Client.quota()`` (``tier_quota_get()``) fills limits and weight;
+    ``Client.get_quota()`` and ``Client.set_quota()`` (``tier_quota_get2()``,
+    ``tier_quota_set2()``) fill the rest too.
 
     Attributes:
-        limits: {"vram": bytes, "host": bytes, "nvme": bytes} (also keyed by tier.Level).
+        limits: maxima, {"vram": bytes, "host": bytes, "nvme": bytes} (also keyed by tier.Level).
         weight: its share of the links (1..1000).
+        minimums: guaranteed bytes per tier, keyed like limits (None from quota()).
+        sources: where each value comes from, keyed "vram", "vram_min", ..., "weight":
+            "job 'x'", "uid 1000", "group 27", "default", with " (tierd.conf)" for a
+            rule of the configuration (None from quota()).
+        running: a job of that name runs now (job targets).
+        warning: after set_quota(), tierd's warning (a max below a job's use), or "".
     """
 
     limits: PerTier
     weight: int
+    minimums: PerTier | None = None
+    sources: dict[str, str] | None = None
+    running: bool = False
+    warning: str = ""

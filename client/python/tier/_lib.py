@@ -44,6 +44,7 @@ __all__ = [
     "TierGrant",
     "TierStat",
     "TierQuota",
+    "TierQuota2",
     "TIER_LEVEL_MAX",
     "TIER_LINKS",
     "TIER_PROTOCOL_VERSION",
@@ -102,6 +103,27 @@ class TierQuota(Structure):
     _fields_ = [
         ("limit", c_uint64 * TIER_LEVEL_MAX),
         ("weight", c_uint),
+    ]
+
+
+TIER_QUOTA_JOB, TIER_QUOTA_UID, TIER_QUOTA_GROUP, TIER_QUOTA_DEFAULT = 0, 1, 2, 3
+TIER_QUOTA_FROM_MAX = 288
+
+
+class TierQuota2(Structure):
+    """``struct tier_quota2`` (LIBTIER_0.5)."""
+
+    _fields_ = [
+        ("max", c_uint64 * TIER_LEVEL_MAX),
+        ("min", c_uint64 * TIER_LEVEL_MAX),
+        ("min_set", c_uint),
+        ("weight", c_uint),
+        ("clear", c_int),
+        ("running", c_int),
+        ("max_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
+        ("min_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
+        ("weight_from", ctypes.c_char * TIER_QUOTA_FROM_MAX),
+        ("warning", ctypes.c_char * 512),
     ]
 
 
@@ -164,6 +186,8 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # quotas
     "tier_quota_get": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
     "tier_quota_set": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
+    "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
+    "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
     # names
     "tier_strerror": (c_char_p, [c_int]),
     "tier_level_name": (c_char_p, [c_int]),

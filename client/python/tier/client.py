@@ -250,33 +250,125 @@ class Client:
             weight=int(q.weight),
         )
 
+    @staticmethod
+    def _quota_target(
+        job: str | None, uid: int | None, user: str | None, group: int | str | None, default: bool = False
+    ) -> tuple[int, int, bytes | None, str]:
+        """(kind, id, job bytes, words) of one target; ValueError for none or several."""
+        given = [x is not None for x in (job, uid, user, group)] + [default]
+        if sum(given) > 1:
+            raise ValueError("name one target: a job, uid, user, group (or default)")
+        if uid is not None:
+            u = _uint(uid, "uid", 0, (1 << 32) - 2)
+            return _lib.TIER_QUOTA_UID, u, None, f"uid {u}"
+        if user is not None:
+            import pwd
+
+            try:
+                u = pwd.getpwnam(user).pw_uid
+            except KeyError:
+                raise ValueError(f"no user {user!r}") from None
+            return _lib.TIER_QUOTA_UID, u, None, f"uid {u}"
+        if group is not None:
+            if isinstance(group, str):
+                import grp
+
+                try:
+                    g = grp.getgrnam(group).gr_gid
+                except KeyError:
+                    raise ValueError(f"no group {group!r}") from None
+            else:
+                g = _uint(group, "gid", 0, (1 << 32) - 2)
+            return _lib.TIER_QUOTA_GROUP, g, None, f"group {g}"
+        if default:
+            return _lib.TIER_QUOTA_DEFAULT, 0, None, "the default"
+        return _lib.TIER_QUOTA_JOB, 0, _name(job, "job") if job is not None else None, f"job {job!r}"
+
+    @staticmethod
+    def _quota2(q: _lib.TierQuota2) -> Quota:
+        n = _lib.TIER_LEVEL_MAX
+        sources: dict[str, str] = {}
+        for i in range(n):
+            sources[_LEVEL_NAMES[i]] = q.max_from[i].value.decode("utf-8", "replace")
+            sources[_LEVEL_NAMES[i] + "_min"] = q.min_from[i].value.decode("utf-8", "replace")
+        sources["weight"] = q.weight_from.decode("utf-8", "replace")
+        return Quota(
+            limits=PerTier((_LEVEL_NAMES[i], int(q.max[i])) for i in range(n)),
+            weight=int(q.weight),
+            minimums=PerTier((_LEVEL_NAMES[i], int(q.min[i])) for i in range(n)),
+            sources=sources,
+            running=bool(q.running),
+            warning=q.warning.decode("utf-8", "replace"),
+        )
+
+    def get_quota(
+        self,
+        job: str | None = None,
+        *,
+        uid: int | None = None,
+        user: str | None = None,
+        group: int | str | None = None,
+        default: bool = False,
+    ) -> Quota:
+        """``tier_quota_get2()``: the quota of a job name (None: this client's job),
+        a uid, a user, a group (gid or name) or the default, with minimums and
+        where each value comes from (Quota.sources).
+
+        Anyone may read the default, their own jobs, uid and groups, and a job name
+        that does not run; the rest needs root or group tier-admin.
+        """
+        kind, ident, jb, words = self._quota_target(job, uid, user, group, default)
+        q = _lib.TierQuota2()
+        op = f"quota of {words}" if kind != _lib.TIER_QUOTA_JOB or job is not None else f"quota of job {self._job!r}"
+        self._check(_L.tier_quota_get2(self._handle(op), kind, ident, jb, byref(q)), op)
+        return self._quota2(q)
+
     def set_quota(
         self,
         job: str | None = None,
         *,
+        uid: int | None = None,
+        user: str | None = None,
+        group: int | str | None = None,
         vram: int | None = None,
         host: int | None = None,
         nvme: int | None = None,
+        vram_min: int | None = None,
+        host_min: int | None = None,
+        nvme_min: int | None = None,
         weight: int | None = None,
-    ) -> None:
-        """``tier_quota_set()``: change the limits (bytes) and weight of @job (None: this client's).
+        clear: bool = False,
+    ) -> Quota:
+        """``tier_quota_set2()``: set maxima (vram, host, nvme: bytes), guaranteed
+        minimums (vram_min, ...: bytes, 0 for none) and the weight of a job name
+        (None: this client's job), a uid, a user or a group.
 
-        None leaves a value unchanged.  Needs root or group tier-admin
-        (PermissionDeniedError otherwise).
+        None leaves a value unchanged; clear=True first drops what was set for the
+        target at run time.  A job name's quota holds before the job starts and for
+        every later run of that name; tierd keeps it across restarts.  Returns the
+        target's quota afterwards (Quota.warning: a max below a job's use).  Needs
+        root or group tier-admin (PermissionDeniedError otherwise).
         """
-        if job is None:
+        if job is None and uid is None and user is None and group is None:
             if not self._job:
                 raise ValueError("a control connection has no job of its own: name one")
             job = self._job
-        jb = _name(job, "job")
-        q = _lib.TierQuota()
+        kind, ident, jb, words = self._quota_target(job, uid, user, group)
+        q = _lib.TierQuota2()
         for i, v in enumerate((vram, host, nvme)):
             if v is not None:
-                q.limit[i] = _uint(v, f"the {_LEVEL_NAMES[i]} limit", 1, (1 << 64) - 1)
+                q.max[i] = _uint(v, f"the {_LEVEL_NAMES[i]} limit", 1, (1 << 64) - 1)
+        for i, v in enumerate((vram_min, host_min, nvme_min)):
+            if v is not None:
+                q.min[i] = _uint(v, f"the {_LEVEL_NAMES[i]} minimum", 0, (1 << 64) - 1)
+                q.min_set |= 1 << i
         if weight is not None:
             q.weight = _uint(weight, "weight", 1, 1000)
-        op = f"set quota of job {job!r}"
-        self._check(_L.tier_quota_set(self._handle(op), jb, byref(q)), op)
+        q.clear = 1 if clear else 0
+        now = _lib.TierQuota2()
+        op = f"set quota of {words}"
+        self._check(_L.tier_quota_set2(self._handle(op), kind, ident, jb, byref(q), byref(now)), op)
+        return self._quota2(now)
 
     # -- tensors
     def _register(self, handle: int) -> Tensor:
