@@ -240,7 +240,7 @@ static void test_journal_fields(void **state) {
         assert_true(has_field(e, "TIERD_TIER=host"));
         assert_false(has_field(e, "TIERD_TENSOR=*"));
         assert_true(has_field(e, "PRIORITY=6"));
-        assert_true(has_field(e, "CODE_FILE=daemon/core/reload.c"));
+        assert_true(has_field(e, "CODE_FILE=daemon/state/quota.c"));
         assert_int_equal(count_key(e, "CODE_FILE"), 1);
 
         /* a refused reload is an error (PRIORITY=3) */
