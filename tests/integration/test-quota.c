@@ -240,6 +240,8 @@ static void test_live_change(void **state) {
         assert_int_equal(tierctl(NULL, NULL, "quota set live --host 24M"), 0);
         assert_int_equal(tier_pin(b, TIER_HOST, &g), 0);
         assert_int_equal(tier_unpin(b, TIER_HOST, 0), 0);
+        tier_tensor_close(a);
+        tier_tensor_close(b);
         tier_client_free(c);
 }
 
