@@ -284,6 +284,29 @@ static void test_refused(void **state) {
         tier_client_free(c);
 }
 
+/* ---- a new job whose guarantees do not fit beside the others' is refused ------------------------------ */
+
+static void test_admission(void **state) {
+        tier_client *c[3] = {}, *x = NULL;
+        char name[32];
+
+        if (!is_root("test_admission"))
+                skip();
+        /* every job of this uid is guaranteed 20M of host; 'named' (tierd.conf) 4M */
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid %u --host-min 20M", (unsigned) getuid()), 0);
+        for (int i = 0; i < 3; i++) {
+                (void) snprintf(name, sizeof(name), "adm%d", i);
+                c[i] = connect_job(name);       /* 3 x 20M + 4M = 64M: fits */
+        }
+        assert_int_equal(tier_client_new(&x, daemon_.socket, "adm3", 0), -ENOSPC);
+        assert_contains(tier_client_last_error(x), "cannot create job 'adm3': host guarantees would add up to "
+                                                   "84.0 MiB of 64.0 MiB capacity");
+        tier_client_free(x);
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'adm3' refused: host guarantees"));
+        for (int i = 0; i < 3; i++)
+                tier_client_free(c[i]);
+}
+
 /* ---- kept across a restart; a corrupt file is set aside ----------------------------------------------- */
 
 static void restart(void) {
@@ -447,6 +470,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_precedence, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_live_change, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_admission, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_linger_rerun, setup, teardown),
