@@ -398,7 +398,7 @@ int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, siz
         (void) job_apply(j, &q, true, NULL, 0);
 
         for (int t = 0; t < TIERS; t++)
-                len += (size_t) snprintf(line + len, sizeof(line) - MIN(len, sizeof(line)),
+                len += (size_t) snprintf(line + MIN(len, sizeof(line) - 1), sizeof(line) - MIN(len, sizeof(line) - 1),
                                          "%s max %s (from: %s) min %s (from: %s); ", level_to_string(t),
                                          FORMAT_SIZE(q.value[QUOTA_MAX(t)]),
                                          quota_source_format(&q.from[QUOTA_MAX(t)], src[0], sizeof(src[0])),
