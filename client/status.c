@@ -83,6 +83,8 @@ static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
                 json_key_uint(w, "limit", u ? u->limit : 0);
                 json_key_uint(w, "pinned", u ? u->pinned : 0);
                 json_key_uint(w, "tensor_max", u ? u->tensor_max : 0);
+                json_key_uint(w, "guarantee", u ? u->guarantee : 0);
+                json_key_uint(w, "share", u ? u->share : 0);
                 json_object_end(w);
         }
         json_object_end(w);

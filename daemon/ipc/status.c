@@ -181,6 +181,8 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->limit = j->limit[i];
                         u->pinned = j->pinned[i];
                         u->tensor_max = job_tensor_max(j, i);
+                        u->guarantee = j->guarantee[i];
+                        u->share = i == TIER_NVME ? j->limit[i] : engine_job_share(e, j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }
                 js->n_usage = TIERS;

@@ -119,8 +119,8 @@ static void create_all(tier_client *c, tier_tensor **t, const char *prefix) {
         }
 }
 
-/* The host bytes job @name uses now, from tierd's status. */
-static uint64_t host_used(const char *name) {
+/* Key @key of job @name's host usage in tierd's status ("used", "share", ...). */
+static uint64_t host_usage(const char *name, const char *key) {
         json_t *st = test_daemon_status(&daemon_), *job;
         uint64_t used = UINT64_MAX;
         size_t i;
@@ -129,9 +129,13 @@ static uint64_t host_used(const char *name) {
         json_array_foreach(json_object_get(st, "jobs"), i, job)
                 if (strcmp(json_string_value(json_object_get(job, "name")), name) == 0)
                         used = (uint64_t) json_integer_value(json_object_get(
-                                json_object_get(json_object_get(job, "usage"), "host"), "used"));
+                                json_object_get(json_object_get(job, "usage"), "host"), key));
         json_decref(st);
         return used;
+}
+
+static uint64_t host_used(const char *name) {
+        return host_usage(name, "used");
 }
 
 /*
@@ -168,6 +172,7 @@ static void test_lingering_job_yields(void **state) {
         for (unsigned i = 0; i < N_TENSORS; i++)
                 tier_tensor_close(tl[i]);
         tier_client_free(l);            /* its rank exits: the job lingers with 200 MiB of dirty host data */
+        assert_int_equal(host_usage("lingering", "share"), 0);
 
         /* half of the live job's tensors by explicit pins: 56 MiB are free, the rest must come from it */
         n = connect_job("live");
@@ -254,6 +259,8 @@ static void test_live_jobs_share(void **state) {
                       host_used("grows") / MiB, host_used("arrives") / MiB);
         assert_int_equal(host_used("arrives"), 32 * TSIZE);
         assert_true(host_used("grows") <= 256 * MiB - 32 * TSIZE);
+        assert_int_equal(host_usage("arrives", "share"), 128 * MiB);       /* equal weights: half each */
+        assert_int_equal(host_usage("grows", "share"), 128 * MiB);
 
         /* the first job (now above its share) makes room among its own copies to read everything back */
         for (unsigned i = 0; i < N_TENSORS; i++)

@@ -226,14 +226,14 @@ static void test_status_json(void **state) {
                 "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2}],"
                 "\"jobs\":["
                 "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0},"
-                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},"
                 "\"moved\":{\"host->nvme\":1073741824,\"nvme->host\":1610612736},\"plans\":[]},"
                 "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},\"moved\":{},\"plans\":[]}]}\n");
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},\"moved\":{},\"plans\":[]}]}\n");
         free(out);
 }
 
