@@ -115,7 +115,7 @@ static int subsystem_controller(const char *dir, char *ret, size_t size) {
 
 int smart_locate(const char *sysfs, dev_t dev, char *ret_ctrl, size_t ctrl_size, char *ret_why, size_t why_size) {
         char link[PATH_MAX], real[PATH_MAX], part[PATH_MAX + 16], disk[NAME_MAX + 1] = "", subsys[PATH_MAX];
-        const char *what = NULL;
+        const char *what = NULL, *note = "";
         struct stat st;
         char *comp, *save = NULL, *last;
 
@@ -172,11 +172,13 @@ int smart_locate(const char *sysfs, dev_t dev, char *ret_ctrl, size_t ctrl_size,
                         what = "MMC card";
         }
         if (!what) {
-                if (strncmp(disk, "dm-", 3) == 0)
-                        what = "device-mapper device (LVM, dm-crypt; the disks under it are not looked at)";
-                else if (strncmp(disk, "md", 2) == 0)
-                        what = "software RAID device (the disks under it are not looked at)";
-                else if (strncmp(disk, "loop", 4) == 0)
+                if (strncmp(disk, "dm-", 3) == 0) {
+                        what = "device-mapper device";
+                        note = " (LVM, dm-crypt: the disks under it are not looked at)";
+                } else if (strncmp(disk, "md", 2) == 0) {
+                        what = "software RAID device";
+                        note = " (the disks under it are not looked at)";
+                } else if (strncmp(disk, "loop", 4) == 0)
                         what = "loop device";
                 else if (strncmp(disk, "zram", 4) == 0)
                         what = "compressed RAM disk";
@@ -185,7 +187,7 @@ int smart_locate(const char *sysfs, dev_t dev, char *ret_ctrl, size_t ctrl_size,
                 else
                         what = "disk";
         }
-        (void) snprintf(ret_why, why_size, "%s %s is not NVMe", what, disk);
+        (void) snprintf(ret_why, why_size, "%s %s is not NVMe%s", what, disk, note);
         return 0;
 }
 
