@@ -150,14 +150,14 @@ static void json_smart(JsonWriter *w, const Tier__TargetStatus *ts) {
 static void json_sched(JsonWriter *w, const Tier__SchedStatus *s) {
         json_key(w, "sched");
         json_object_begin(w);
-        json_key_uint(w, "transfers", s ? s->transfers : 0);
-        json_key_uint(w, "ops", s ? s->ops : 0);
-        json_key_uint(w, "run_queue", s ? s->run_queue : 0);
-        json_key_uint(w, "space_waiters", s ? s->space_waiters : 0);
-        json_key_uint(w, "nvme_queued", s ? s->nvme_queued : 0);
-        json_key_uint(w, "nvme_in_flight", s ? s->nvme_in_flight : 0);
-        json_key_uint(w, "vram_queued", s ? s->vram_queued : 0);
-        json_key_uint(w, "vram_in_flight", s ? s->vram_in_flight : 0);
+        json_key_uint(w, "transfers", s->transfers);
+        json_key_uint(w, "ops", s->ops);
+        json_key_uint(w, "run_queue", s->run_queue);
+        json_key_uint(w, "space_waiters", s->space_waiters);
+        json_key_uint(w, "nvme_queued", s->nvme_queued);
+        json_key_uint(w, "nvme_in_flight", s->nvme_in_flight);
+        json_key_uint(w, "vram_queued", s->vram_queued);
+        json_key_uint(w, "vram_in_flight", s->vram_in_flight);
         json_object_end(w);
 }
 
@@ -230,7 +230,8 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
         }
         json_array_end(&w);
 
-        json_sched(&w, s->sched);
+        if (s->sched)           /* tierd sends it; replies made by hand may not */
+                json_sched(&w, s->sched);
 
         json_key(&w, "jobs");
         json_array_begin(&w);
