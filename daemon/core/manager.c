@@ -360,7 +360,8 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
                           n_xfers(m), n_conns(m));
 
         /*
-         * Persistent state: there is none to write yet.  Quotas set at run
+         * Persistent state: the drive wear book is written by manager_free()
+         * (core/monitor.c), once no transfer can complete.  Quotas set at run
          * time live only in their Job (they are not kept under state_dir
          * yet), and tensors do not outlive tierd: their NVMe extents are not
          * indexed on disk, so the backing targets are scratch space.  When

@@ -10,7 +10,8 @@
  * tensor is striped over every target and k drives give about k times the
  * bandwidth.  Extents need not be contiguous on a target.  The I/O itself
  * (one UringReq per extent, crc32c per extent) is driven by the engine (daemon/engine/xfer.c); this
- * module owns the targets and the space.
+ * module owns the targets and the space, and finds the NVMe controller under
+ * each target for its SMART figures (smart.c, read by nvme_smart_refresh()).
  */
 
 #include <errno.h>
