@@ -221,6 +221,7 @@ int tier_client_cuda_register_host(tier_client *c);
 enum {
         TIER_STATUS_TABLE = 0,  /* human-readable table */
         TIER_STATUS_JSON = 1,   /* one JSON object */
+        TIER_STATUS_PROMETHEUS = 2, /* Prometheus text exposition format 0.0.4, rendered by tierd */
 };
 int tier_status(tier_client *c, int format, char **ret);
 

@@ -80,13 +80,18 @@ static int connect_control(tier_client **ret) {
 static int verb_status(int argc, char **argv) {
         tier_client *c = NULL;
         char *text = NULL;
+        int prometheus = 0;
         int r;
 
         for (int i = 1; i < argc; i++) {
                 if (strcmp(argv[i], "--json") == 0)
                         arg_json = 1;
+                else if (strcmp(argv[i], "--prometheus") == 0)
+                        prometheus = 1;
                 else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-                        printf("Usage: tierctl status [--json]\n\n%s\n", verbs[0].help);
+                        printf("Usage: tierctl status [--json | --prometheus]\n\n%s\n"
+                               "  --prometheus  the Prometheus text exposition format (as [metrics] textfile)\n",
+                               verbs[0].help);
                         return EXIT_SUCCESS;
                 } else {
                         fprintf(stderr, "tierctl status: unexpected argument '%s'\n", argv[i]);
@@ -94,9 +99,14 @@ static int verb_status(int argc, char **argv) {
                 }
         }
 
+        if (prometheus && arg_json) {
+                fprintf(stderr, "tierctl status: --json and --prometheus exclude each other\n");
+                return EXIT_USAGE;
+        }
         if (connect_control(&c) < 0)
                 return EXIT_FAILURE;
-        r = tier_status(c, arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE, &text);
+        r = tier_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
+                        &text);
         if (r < 0) {
                 fprintf(stderr, "tierctl: status failed: %s\n",
                         *tier_client_last_error(c) ? tier_client_last_error(c) : tier_strerror(r));

@@ -14,6 +14,7 @@
 #include "proto/macro.h"
 
 typedef struct Engine Engine;
+typedef struct Monitor Monitor;
 typedef struct NvmeTier NvmeTier;
 typedef struct Registry Registry;
 typedef struct Revoke Revoke;
@@ -48,6 +49,7 @@ typedef struct Manager {
         Revoke *revoke;
         Rpc rpc;
         Server *server;
+        Monitor *monitor;       /* the metrics text file and the drive wear book */
 
         /* reload (reload.c): how the running configuration was loaded */
         ConfigArgs args;

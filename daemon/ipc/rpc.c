@@ -33,6 +33,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/ipc/metrics.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
@@ -762,6 +763,8 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         case TIER__REQUEST__OP_GET_SEGMENTS:
                 return handle_get_segments(c, seq, req->get_segments);
         case TIER__REQUEST__OP_STATUS:
+                if (req->status && req->status->prometheus)
+                        return metrics_reply(rpc, c, seq);
                 return handle_status(rpc, c, seq);
         case TIER__REQUEST__OP_PLAN:
                 return handle_plan(rpc, c, seq, req->plan);

@@ -49,6 +49,7 @@ __all__ = [
     "TIER_PROTOCOL_VERSION",
     "TIER_STATUS_TABLE",
     "TIER_STATUS_JSON",
+    "TIER_STATUS_PROMETHEUS",
     "SONAME",
     "PROTOTYPES",
     "lib",
@@ -64,6 +65,7 @@ TIER_LEVEL_MAX = 3
 TIER_LINKS = 4
 TIER_STATUS_TABLE = 0
 TIER_STATUS_JSON = 1
+TIER_STATUS_PROMETHEUS = 2
 
 #: The soname of libtier (client/meson.build: soversion 0).
 SONAME = "libtier.so.0"
