@@ -322,12 +322,16 @@ class TestTierctl(tierd.DaemonTestCase):
         t = c.create("t", 1 * MiB)
         with t.pin(tier.HOST) as g:
             g.dirty = True
+        def host_used() -> int:
+            return [x for x in self.ctl_json("status")["tiers"] if x["tier"] == "host"][0]["used"]
+        used = host_used()
         doc = self.ctl_json("detach", "det")
         self.assertEqual(doc["job"], "det")
         self.assertEqual(doc["connections"], 1)
         self.assertEqual(doc["tensors"], 1)
         self.assertGreaterEqual(doc["freed"]["host"], 1 * MiB)
         self.assertIsNone(self.job_entry("det"))
+        self.assertLessEqual(host_used(), used - 1 * MiB)  # its usage is gone with it
         # the job's process is told why
         with self.assertRaises(tier.TierError) as cm:
             t.pin(tier.HOST)
