@@ -70,7 +70,7 @@ static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
  * Ask tierd for its status and hand the reply to @use(@userdata) (inline in
  * the packet, or read from the memfd tierd sent for a big one).
  */
-static int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata) {
+int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata) {
         Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;

@@ -114,6 +114,8 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_uint(w, "uid", j->uid);
         json_key_uint(w, "connections", j->connections);
         json_key_uint(w, "tensors", j->tensors);
+        json_key(w, "lingering");
+        json_bool(w, j->lingering);
         json_key_seconds(w, "linger_left_s", j->linger_left_s);
         json_key_uint(w, "weight", j->weight);
         json_key_uint(w, "nvme_written", j->nvme_written);
@@ -500,7 +502,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
         if (s->n_jobs == 0)
                 fputs("no jobs\n", f);
         else {
-                t = (Table) { .n_cols = 9, .align = "rlrrrrrrr" };
+                t = (Table) { .n_cols = 10, .align = "rlrrrrrrrr" };
                 table_cell(&t, "JOB");
                 table_cell(&t, "NAME");
                 table_cell(&t, "UID");
@@ -509,6 +511,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 table_cell(&t, "VRAM USED/LIMIT");
                 table_cell(&t, "HOST USED/LIMIT");
                 table_cell(&t, "NVME USED/LIMIT");
+                table_cell(&t, "WEIGHT");
                 table_cell(&t, "LINGER");
                 for (size_t i = 0; i < s->n_jobs; i++) {
                         const Tier__JobStatus *j = s->jobs[i];
@@ -534,9 +537,10 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                         table_cell(&t, "%s / %s", size_format(a, sizeof(a), u->used),
                                                    size_format(b, sizeof(b), u->limit));
                         }
-                        if (j->linger_left_s > 0) {
+                        table_cell(&t, "%" PRIu32, j->weight);
+                        if (j->lingering || j->linger_left_s > 0) {
                                 format_duration(up, sizeof(up), j->linger_left_s);
-                                table_cell(&t, "%s", up);
+                                table_cell(&t, "%s left", up);
                         } else
                                 table_cell(&t, "-");
                 }

@@ -3,147 +3,130 @@
 
 /*
  * Every command is one row of the verb table below: adding a command is a
- * function plus one line.  Global options come before the verb; each verb
- * parses its own arguments.  Exit status: 0 ok, 1 failure talking to
- * tierd, 2 bad usage.
+ * function, its help and one line.  Global options come before the verb;
+ * each verb parses its own arguments, and every verb takes --help and
+ * --json (one JSON document on stdout).  Exit status: 0 ok, 1 failure
+ * (tierd refused or could not be reached), 2 bad usage.  The verbs live in
+ * status.c (status, jobs), job.c (tensors, evict, detach) and quota.c.
  */
 
 #include <errno.h>
 #include <getopt.h>
-#include <inttypes.h>
-#include <stdbool.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <tier.h>
 
+#include "client/tierctl/tierctl.h"
 #include "util/json.h"
-#include "util/size.h"
 
 #ifndef TIERD_VERSION
 #define TIERD_VERSION "unknown"
 #endif
+#ifndef TIERD_DEFAULT_SOCKET
+#define TIERD_DEFAULT_SOCKET "/run/tierd/tierd.sock"
+#endif
 
-#define EXIT_USAGE 2
+const char *arg_socket = NULL;
+int arg_json = 0;
 
-static const char *arg_socket = NULL;
-static int arg_json = 0;
-
-typedef struct Verb {
-        const char *name;
-        int (*fn)(int argc, char **argv);
-        const char *help;
-} Verb;
-
-static int verb_status(int argc, char **argv);
-static int verb_quota(int argc, char **argv);
 static int verb_help(int argc, char **argv);
+static void help_help(FILE *f);
 
 static const Verb verbs[] = {
-        { "status", verb_status, "show tiers, links, NVMe targets and jobs" },
-        { "quota",  verb_quota,  "show (get [JOB]) or change (set JOB ...) job quotas" },
-        { "help",   verb_help,   "show this help" },
+        { "status",  verb_status,  status_help,  "show tiers, links, NVMe targets and jobs (--watch: refresh)" },
+        { "jobs",    verb_jobs,    jobs_help,    "list the jobs: owner, connections, linger, usage, weight" },
+        { "tensors", verb_tensors, tensors_help, "list a job's tensors: where each copy is, pins, dirty, last use" },
+        { "evict",   verb_evict,   evict_help,   "write a job's unpinned copies down to nvme (or host)" },
+        { "detach",  verb_detach,  detach_help,  "end a job now: close its connections, free everything" },
+        { "quota",   verb_quota,   quota_help,   "show (get [JOB]) or change (set JOB ...) job quotas" },
+        { "help",    verb_help,    help_help,    "show this help, or a command's (help COMMAND)" },
 };
 
+static const Verb *verb_find(const char *name) {
+        for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+                if (strcmp(name, verbs[i].name) == 0)
+                        return &verbs[i];
+        return NULL;
+}
+
 static void help(FILE *f) {
+        const char *env = getenv("TIER_SOCKET");
+
         fprintf(f,
                 "Usage: tierctl [OPTIONS] COMMAND [ARGS]\n"
                 "\n"
                 "Control tierd, the GPU/host/NVMe memory tier daemon.\n"
                 "\n"
                 "Options:\n"
-                "  --socket PATH   talk to tierd at PATH (default: $TIER_SOCKET, else the built-in path)\n"
-                "  --json          print machine-readable JSON\n"
+                "  --socket PATH   talk to tierd at PATH (default: $TIER_SOCKET, else %s)\n"
+                "  --json          print one JSON document (every command takes --json too)\n"
                 "  -h, --help      show this help\n"
                 "      --version   show the version\n"
                 "\n"
-                "Commands:\n");
+                "$TIER_SOCKET is %s%s%s.\n"
+                "\n"
+                "Commands:\n", TIERD_DEFAULT_SOCKET, env && *env ? "'" : "", env && *env ? env : "not set",
+                env && *env ? "'" : "");
         for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
-                fprintf(f, "  %-14s  %s\n", verbs[i].name, verbs[i].help);
+                fprintf(f, "  %-8s  %s\n", verbs[i].name, verbs[i].summary);
+        fprintf(f,
+                "\n"
+                "tierctl COMMAND --help (or tierctl help COMMAND) shows a command's options.\n"
+                "Exit status: 0 ok, 1 failure (tierd refused or is unreachable), 2 bad usage.\n");
 }
 
-/* Open a control connection (no job), or say why not. */
-static int connect_control(tier_client **ret) {
+static void help_help(FILE *f) {
+        fprintf(f,
+                "Usage: tierctl help [COMMAND]\n"
+                "\n"
+                "Show tierctl's help, or that of COMMAND.\n");
+}
+
+static int verb_help(int argc, char **argv) {
+        const Verb *v;
+
+        if (argc < 2) {
+                help(stdout);
+                return EXIT_SUCCESS;
+        }
+        if (argc > 2) {
+                fprintf(stderr, "tierctl help: unexpected argument '%s' (tierctl help COMMAND)\n", argv[2]);
+                return EXIT_USAGE;
+        }
+        if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+                help_help(stdout);
+                return EXIT_SUCCESS;
+        }
+        v = verb_find(argv[1]);
+        if (!v) {
+                fprintf(stderr, "tierctl help: unknown command '%s' (try tierctl --help)\n", argv[1]);
+                return EXIT_USAGE;
+        }
+        v->help(stdout);
+        return EXIT_SUCCESS;
+}
+
+int connect_control(tier_client **ret) {
         int r;
 
         r = tier_client_new(ret, arg_socket, NULL, 0);
         if (r < 0) {
-                const char *why = tier_client_last_error(NULL);
-                fprintf(stderr, "tierctl: %s\n", why && *why ? why : tier_strerror(r));
+                const char *w = tier_client_last_error(NULL);
+                fprintf(stderr, "tierctl: %s\n", w && *w ? w : tier_strerror(r));
                 return r;
         }
         return 0;
 }
 
-static int verb_status(int argc, char **argv) {
-        tier_client *c = NULL;
-        char *text = NULL;
-        int prometheus = 0;
-        int r;
-
-        for (int i = 1; i < argc; i++) {
-                if (strcmp(argv[i], "--json") == 0)
-                        arg_json = 1;
-                else if (strcmp(argv[i], "--prometheus") == 0)
-                        prometheus = 1;
-                else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-                        printf("Usage: tierctl status [--json | --prometheus]\n\n%s\n"
-                               "  --prometheus  the Prometheus text exposition format (as [metrics] textfile)\n",
-                               verbs[0].help);
-                        return EXIT_SUCCESS;
-                } else {
-                        fprintf(stderr, "tierctl status: unexpected argument '%s'\n", argv[i]);
-                        return EXIT_USAGE;
-                }
-        }
-
-        if (prometheus && arg_json) {
-                fprintf(stderr, "tierctl status: --json and --prometheus exclude each other\n");
-                return EXIT_USAGE;
-        }
-        if (connect_control(&c) < 0)
-                return EXIT_FAILURE;
-        r = tier_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
-                        &text);
-        if (r < 0) {
-                fprintf(stderr, "tierctl: status failed: %s\n",
-                        *tier_client_last_error(c) ? tier_client_last_error(c) : tier_strerror(r));
-                tier_client_free(c);
-                return EXIT_FAILURE;
-        }
-        fputs(text, stdout);
-        free(text);
-        tier_client_free(c);
-        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
-
-/* ---- quota ------------------------------------------------------------------------------- */
-
-/* Reason of the last failure on @c: tierd's when it gave one. */
-static const char *why(const tier_client *c, int r) {
+const char *why(const tier_client *c, int r) {
         const char *s = c ? tier_client_last_error(c) : "";
 
         return s && *s ? s : tier_strerror(r);
 }
 
-/* One quota as {"job":NAME,"vram":BYTES,"host":BYTES,"nvme":BYTES,"weight":N}. */
-static void quota_json(JsonWriter *w, const char *job, const struct tier_quota *q) {
-        json_object_begin(w);
-        json_key(w, "job");
-        json_string(w, job);
-        for (int t = 0; t < TIER_LEVEL_MAX; t++) {
-                json_key(w, tier_level_name(t));
-                json_uint(w, q->limit[t]);
-        }
-        json_key(w, "weight");
-        json_uint(w, q->weight);
-        json_object_end(w);
-}
-
-/* Print the document in @w and a newline; the writer is emptied either way. */
-static int json_print(JsonWriter *w) {
+int json_print(JsonWriter *w) {
         char *text = NULL;
         int r;
 
@@ -158,413 +141,14 @@ static int json_print(JsonWriter *w) {
         return 0;
 }
 
-static void quota_print_header(FILE *f, int name_width) {
-        fprintf(f, "%-*s  %10s  %10s  %10s  %6s\n", name_width, "JOB", "VRAM", "HOST", "NVME", "WEIGHT");
-}
-
-static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota *q) {
-        fprintf(f, "%-*s  %10s  %10s  %10s  %6u\n", name_width, job,
-                FORMAT_SIZE(q->limit[TIER_VRAM]), FORMAT_SIZE(q->limit[TIER_HOST]),
-                FORMAT_SIZE(q->limit[TIER_NVME]), q->weight);
-}
-
-/*
- * json_next_string() - the next JSON string value after key @key at or after
- * *@pos in @json, unescaped into a malloc'ed string; *@pos moves past it.
- * NULL at the end (or on a string tierctl cannot decode, which is skipped).
- * Enough for tierd's own status JSON, which escapes only '"', '\\' and
- * control characters (\uXXXX below U+0080).
- */
-static char *json_next_string(const char *json, const char **pos, const char *key) {
-        char pattern[64];
-        const char *p;
-
-        (void) snprintf(pattern, sizeof(pattern), "\"%s\":\"", key);
-        while ((p = strstr(*pos, pattern))) {
-                size_t len = 0;
-                char *out, *o;
-                bool ok = true;
-
-                p += strlen(pattern);
-                out = malloc(strlen(p) + 1);
-                if (!out)
-                        return NULL;
-                o = out;
-                for (; *p && *p != '"'; p++, len++) {
-                        if (*p != '\\') {
-                                *o++ = *p;
-                                continue;
-                        }
-                        p++;
-                        switch (*p) {
-                        case '"': case '\\': case '/':
-                                *o++ = *p;
-                                break;
-                        case 'u': {
-                                unsigned v = 0;
-
-                                if (sscanf(p + 1, "%4x", &v) != 1 || v == 0 || v >= 0x80) {
-                                        ok = false;
-                                        v = '?';
-                                }
-                                *o++ = (char) v;
-                                for (int k = 0; k < 4 && p[1]; k++)
-                                        p++;
-                                break;
-                        }
-                        case '\0':
-                                p--;
-                                ok = false;
-                                break;
-                        default:
-                                ok = false;
-                                *o++ = '?';
-                                break;
-                        }
-                }
-                *o = '\0';
-                *pos = *p ? p + 1 : p;
-                if (ok)
-                        return out;
-                free(out);
-        }
-        return NULL;
-}
-
-/* getopt_long() with opterr = 0 found a problem at argv[optind - 1]: say it like the rest of tierctl. */
-static int bad_option(const char *cmd, int opt, char **argv) {
+int verb_bad_option(const char *verb, int opt, char **argv) {
         const char *arg = argv[optind - 1];
 
         if (opt == ':')
-                fprintf(stderr, "tierctl %s: option '%s' needs an argument\n", cmd, arg);
+                fprintf(stderr, "tierctl %s: option '%s' needs an argument\n", verb, arg);
         else
-                fprintf(stderr, "tierctl %s: unknown option '%s' (try tierctl quota --help)\n", cmd, arg);
+                fprintf(stderr, "tierctl %s: unknown option '%s' (try tierctl %s --help)\n", verb, arg, verb);
         return EXIT_USAGE;
-}
-
-static void quota_help(FILE *f) {
-        fprintf(f,
-                "Usage: tierctl quota get [--json] [JOB]\n"
-                "       tierctl quota set JOB [--vram SIZE] [--host SIZE] [--nvme SIZE] [--weight N]\n"
-                "\n"
-                "Show the quota of JOB (of every job without JOB), or change it.  SIZE is bytes,\n"
-                "with an optional K, M, G, T, P or E suffix (powers of 1024, either case, B or iB\n"
-                "may follow: 8G = 8GB = 8GiB); N is 1..1000.  Options not given keep their value.\n"
-                "Setting needs root or membership of group tier-admin.\n");
-}
-
-/* The names of the jobs tierd has now (from its status), NULL-terminated. */
-static int list_jobs(tier_client *c, char ***ret) {
-        char *json = NULL, **names = NULL;
-        const char *pos;
-        size_t n = 0;
-        int r;
-
-        r = tier_status(c, TIER_STATUS_JSON, &json);
-        if (r < 0)
-                return r;
-        pos = strstr(json, "\"jobs\":[");
-        if (!pos) {
-                free(json);
-                return -EBADMSG;
-        }
-        for (;;) {
-                char *name = json_next_string(json, &pos, "name"), **x;
-
-                x = realloc(names, (n + 2) * sizeof(char *));
-                if (!x) {
-                        free(name);
-                        r = -ENOMEM;
-                        break;
-                }
-                names = x;
-                names[n] = name;
-                if (!name)
-                        break;
-                names[++n] = NULL;
-        }
-        free(json);
-        if (r < 0) {
-                for (size_t i = 0; i < n; i++)
-                        free(names[i]);
-                free(names);
-                return r;
-        }
-        *ret = names;
-        return 0;
-}
-
-static int quota_get(int argc, char **argv) {
-        enum { ARG_JSON = 0x100 };
-        static const struct option options[] = {
-                { "json", no_argument, NULL, ARG_JSON },
-                { "help", no_argument, NULL, 'h' },
-                {}
-        };
-        const char *job = NULL;
-        tier_client *c = NULL;
-        struct tier_quota q;
-        int opt, r, ret = EXIT_SUCCESS;
-
-        optind = 0;
-        opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
-                switch (opt) {
-                case ARG_JSON:
-                        arg_json = 1;
-                        break;
-                case 'h':
-                        quota_help(stdout);
-                        return EXIT_SUCCESS;
-                default:
-                        return bad_option("quota get", opt, argv);
-                }
-        if (optind < argc)
-                job = argv[optind++];
-        if (optind < argc) {
-                fprintf(stderr, "tierctl quota get: unexpected argument '%s'\n", argv[optind]);
-                return EXIT_USAGE;
-        }
-        if (job && !*job) {
-                fprintf(stderr, "tierctl quota get: the job name is empty\n");
-                return EXIT_USAGE;
-        }
-
-        if (connect_control(&c) < 0)
-                return EXIT_FAILURE;
-
-        if (job) {
-                r = tier_quota_get(c, job, &q);
-                if (r < 0) {
-                        fprintf(stderr, "tierctl: cannot get the quota of job '%s': %s\n", job, why(c, r));
-                        tier_client_free(c);
-                        return EXIT_FAILURE;
-                }
-                if (arg_json) {
-                        JsonWriter w = JSON_WRITER_NULL;
-
-                        quota_json(&w, job, &q);
-                        if (json_print(&w) < 0)
-                                ret = EXIT_FAILURE;
-                } else {
-                        int w = (int) strlen(job);
-
-                        quota_print_header(stdout, w < 3 ? 3 : w);
-                        quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
-                }
-        } else {
-                JsonWriter jw = JSON_WRITER_NULL;
-                char **names = NULL;
-                struct tier_quota *qs;
-                size_t n = 0;
-                int w = 3;
-                bool first = true;
-
-                r = list_jobs(c, &names);
-                if (r < 0) {
-                        fprintf(stderr, "tierctl: cannot list the jobs: %s\n", why(c, r));
-                        tier_client_free(c);
-                        return EXIT_FAILURE;
-                }
-                while (names[n])
-                        n++;
-                qs = calloc(n + 1, sizeof(*qs));
-                if (!qs) {
-                        fprintf(stderr, "tierctl: out of memory\n");
-                        for (size_t i = 0; i < n; i++)
-                                free(names[i]);
-                        free(names);
-                        tier_client_free(c);
-                        return EXIT_FAILURE;
-                }
-                for (size_t i = 0; i < n; i++) {
-                        r = tier_quota_get(c, names[i], &qs[i]);
-                        if (r == -ENOENT) {             /* gone since the listing */
-                                free(names[i]);
-                                names[i] = NULL;
-                                continue;
-                        }
-                        if (r < 0) {
-                                fprintf(stderr, "tierctl: cannot get the quota of job '%s': %s\n", names[i],
-                                        why(c, r));
-                                ret = EXIT_FAILURE;
-                                free(names[i]);
-                                names[i] = NULL;
-                                continue;
-                        }
-                        if ((int) strlen(names[i]) > w)
-                                w = (int) strlen(names[i]);
-                }
-                if (arg_json) {
-                        json_object_begin(&jw);
-                        json_key(&jw, "jobs");
-                        json_array_begin(&jw);
-                } else if (n == 0 && ret == EXIT_SUCCESS)
-                        puts("no jobs");
-                for (size_t i = 0; i < n; i++) {
-                        if (!names[i])
-                                continue;
-                        if (arg_json)
-                                quota_json(&jw, names[i], &qs[i]);
-                        else {
-                                if (first)
-                                        quota_print_header(stdout, w);
-                                quota_print_row(stdout, w, names[i], &qs[i]);
-                        }
-                        first = false;
-                }
-                if (arg_json) {
-                        json_array_end(&jw);
-                        json_object_end(&jw);
-                        if (json_print(&jw) < 0)
-                                ret = EXIT_FAILURE;
-                }
-                for (size_t i = 0; i < n; i++)
-                        free(names[i]);
-                free(names);
-                free(qs);
-        }
-        tier_client_free(c);
-        if (fflush(stdout) != 0)
-                return EXIT_FAILURE;
-        return ret;
-}
-
-static int quota_set(int argc, char **argv) {
-        enum { ARG_VRAM = 0x100, ARG_HOST, ARG_NVME, ARG_WEIGHT, ARG_JSON };
-        static const struct option options[] = {
-                { "vram",   required_argument, NULL, ARG_VRAM },
-                { "host",   required_argument, NULL, ARG_HOST },
-                { "nvme",   required_argument, NULL, ARG_NVME },
-                { "weight", required_argument, NULL, ARG_WEIGHT },
-                { "json",   no_argument,       NULL, ARG_JSON },
-                { "help",   no_argument,       NULL, 'h' },
-                {}
-        };
-        struct tier_quota q = {};
-        const char *job;
-        tier_client *c = NULL;
-        bool any = false;
-        int opt, r;
-
-        optind = 0;
-        opterr = 0;
-        while ((opt = getopt_long(argc, argv, ":h", options, NULL)) >= 0) {
-                int tier = -1;
-
-                switch (opt) {
-                case ARG_VRAM:
-                        tier = TIER_VRAM;
-                        break;
-                case ARG_HOST:
-                        tier = TIER_HOST;
-                        break;
-                case ARG_NVME:
-                        tier = TIER_NVME;
-                        break;
-                case ARG_WEIGHT: {
-                        char *end;
-                        unsigned long v;
-
-                        errno = 0;
-                        v = strtoul(optarg, &end, 10);
-                        if (optarg[0] < '0' || optarg[0] > '9' || *end || errno || v < 1 || v > 1000) {
-                                fprintf(stderr, "tierctl quota set: --weight must be a number from 1 to 1000, "
-                                        "not '%s'\n", optarg);
-                                return EXIT_USAGE;
-                        }
-                        q.weight = (unsigned) v;
-                        any = true;
-                        continue;
-                }
-                case ARG_JSON:
-                        arg_json = 1;
-                        continue;
-                case 'h':
-                        quota_help(stdout);
-                        return EXIT_SUCCESS;
-                default:
-                        return bad_option("quota set", opt, argv);
-                }
-                r = size_parse(optarg, &q.limit[tier]);
-                if (r < 0 || q.limit[tier] == 0) {
-                        fprintf(stderr, "tierctl quota set: --%s must be a %s like 512M, 8G or 1T, not '%s'\n",
-                                tier_level_name(tier), r == -ERANGE ? "size below 16 EiB" : "positive size",
-                                optarg);
-                        return EXIT_USAGE;
-                }
-                any = true;
-        }
-        if (optind >= argc) {
-                fprintf(stderr, "tierctl quota set: no job given (tierctl quota set JOB [--vram SIZE] "
-                        "[--host SIZE] [--nvme SIZE] [--weight N])\n");
-                return EXIT_USAGE;
-        }
-        job = argv[optind++];
-        if (optind < argc) {
-                fprintf(stderr, "tierctl quota set: unexpected argument '%s'\n", argv[optind]);
-                return EXIT_USAGE;
-        }
-        if (!*job) {
-                fprintf(stderr, "tierctl quota set: the job name is empty\n");
-                return EXIT_USAGE;
-        }
-        if (!any) {
-                fprintf(stderr, "tierctl quota set: nothing to set (give --vram, --host, --nvme or --weight)\n");
-                return EXIT_USAGE;
-        }
-
-        if (connect_control(&c) < 0)
-                return EXIT_FAILURE;
-        r = tier_quota_set(c, job, &q);
-        if (r < 0) {
-                fprintf(stderr, "tierctl: cannot set the quota of job '%s': %s\n", job, why(c, r));
-                tier_client_free(c);
-                return EXIT_FAILURE;
-        }
-        /* show what holds now */
-        r = tier_quota_get(c, job, &q);
-        if (r < 0) {
-                fprintf(stderr, "tierctl: quota of job '%s' set, but reading it back failed: %s\n", job, why(c, r));
-                tier_client_free(c);
-                return EXIT_FAILURE;
-        }
-        tier_client_free(c);
-        if (arg_json) {
-                JsonWriter w = JSON_WRITER_NULL;
-
-                quota_json(&w, job, &q);
-                if (json_print(&w) < 0)
-                        return EXIT_FAILURE;
-        } else {
-                int w = (int) strlen(job);
-
-                quota_print_header(stdout, w < 3 ? 3 : w);
-                quota_print_row(stdout, w < 3 ? 3 : w, job, &q);
-        }
-        return fflush(stdout) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
-
-static int verb_quota(int argc, char **argv) {
-        if (argc < 2) {
-                fprintf(stderr, "tierctl quota: say get or set (try tierctl quota --help)\n");
-                return EXIT_USAGE;
-        }
-        if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-                quota_help(stdout);
-                return EXIT_SUCCESS;
-        }
-        if (strcmp(argv[1], "get") == 0)
-                return quota_get(argc - 1, argv + 1);
-        if (strcmp(argv[1], "set") == 0)
-                return quota_set(argc - 1, argv + 1);
-        fprintf(stderr, "tierctl quota: unknown subcommand '%s' (get or set)\n", argv[1]);
-        return EXIT_USAGE;
-}
-
-static int verb_help(int argc, char **argv) {
-        help(stdout);
-        return EXIT_SUCCESS;
 }
 
 int main(int argc, char **argv) {
@@ -576,6 +160,7 @@ int main(int argc, char **argv) {
                 { "version", no_argument,       NULL, ARG_VERSION },
                 {}
         };
+        const Verb *v;
         int c;
 
         /* "+": stop at the verb, whose own arguments are its business. */
@@ -604,10 +189,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tierctl: no command given (try --help)\n");
                 return EXIT_USAGE;
         }
-        for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
-                if (strcmp(argv[optind], verbs[i].name) == 0)
-                        return verbs[i].fn(argc - optind, argv + optind);
-
-        fprintf(stderr, "tierctl: unknown command '%s' (try --help)\n", argv[optind]);
-        return EXIT_USAGE;
+        v = verb_find(argv[optind]);
+        if (!v) {
+                fprintf(stderr, "tierctl: unknown command '%s' (try --help)\n", argv[optind]);
+                return EXIT_USAGE;
+        }
+        return v->fn(argc - optind, argv + optind);
 }

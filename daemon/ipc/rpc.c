@@ -33,6 +33,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/ipc/jobctl.h"
 #include "daemon/ipc/metrics.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
@@ -616,6 +617,9 @@ static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
         r = status_build(rpc, &sr);
         if (r < 0)
                 return reply_status(c, seq, r, "cannot build status: %s", strerror(-r));
+        /* the asker does not count itself (tierctl status would always show one connection more) */
+        if (sr->connections > 0)
+                sr->connections--;
         r = status_send(c, seq, sr);
         status_free(sr);
         return r;
@@ -674,6 +678,10 @@ void rpc_resolve_admin_group(Rpc *rpc) {
 /* Root, or a member of the admin group (looked up at start and reload). */
 static bool conn_is_admin(const Rpc *rpc, const Conn *c) {
         return c->uid == 0 || (rpc->have_admin_gid && conn_peer_in_group(c, rpc->admin_gid));
+}
+
+bool rpc_conn_is_admin(const Rpc *rpc, const Conn *c) {
+        return conn_is_admin(rpc, c);
 }
 
 static int reply_quota(Conn *c, uint64_t seq, Job *j) {
@@ -735,8 +743,11 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         if (!c->hello_done && req->op_case != TIER__REQUEST__OP_HELLO)
                 return conn_protocol_error(c, seq, -EPROTO, "the first request must be Hello");
         if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS &&
-            req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET && !c->job)
-                return reply_status(c, seq, -EPERM, "a control connection may only ask for status and quotas");
+            req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET &&
+            req->op_case != TIER__REQUEST__OP_JOB_TENSORS && req->op_case != TIER__REQUEST__OP_JOB_EVICT &&
+            req->op_case != TIER__REQUEST__OP_JOB_DETACH && !c->job)
+                return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas and "
+                                    "job control (tensors, evict, detach)");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
@@ -774,6 +785,12 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return handle_quota_get(rpc, c, seq, req->quota_get);
         case TIER__REQUEST__OP_QUOTA_SET:
                 return handle_quota_set(rpc, c, seq, req->quota_set);
+        case TIER__REQUEST__OP_JOB_TENSORS:
+                return jobctl_tensors(rpc, c, seq, req->job_tensors);
+        case TIER__REQUEST__OP_JOB_EVICT:
+                return jobctl_evict(rpc, c, seq, req->job_evict);
+        case TIER__REQUEST__OP_JOB_DETACH:
+                return jobctl_detach(rpc, c, seq, req->job_detach);
         case TIER__REQUEST__OP_ACK:
                 revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;
@@ -793,6 +810,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
         c->plan = NULL;
         if (rpc->revoke)
                 revoke_conn_gone(rpc->revoke, c);
+        jobctl_conn_gone(c);    /* its evict of a job runs on, unanswered */
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);

@@ -219,6 +219,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->name = j->name;
                 js->uid = (uint32_t) j->uid;
                 js->connections = j->n_conns;
+                js->lingering = j->n_conns == 0 && j->linger_until > 0;
                 js->tensors = j->n_tensors;
                 if (j->linger_until > 0) {
                         uint64_t now = now_usec();

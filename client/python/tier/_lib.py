@@ -29,6 +29,7 @@ from ctypes import (
     c_char_p,
     c_double,
     c_int,
+    c_size_t,
     c_ssize_t,
     c_uint,
     c_uint32,
@@ -166,6 +167,11 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # quotas
     "tier_quota_get": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
     "tier_quota_set": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
+    # job control (tierctl; the result structs are not wrapped in Python)
+    "tier_jobs": (c_int, [_client_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "tier_job_tensors": (c_int, [_client_p, c_char_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "tier_job_evict": (c_int, [_client_p, c_char_p, c_int, c_void_p]),
+    "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
     # names
     "tier_strerror": (c_char_p, [c_int]),
     "tier_level_name": (c_char_p, [c_int]),
