@@ -256,6 +256,8 @@ static int hello_control(Conn *c, uint64_t seq, Tier__HelloReply *hr) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
+static bool conn_is_admin(const Rpc *rpc, const Conn *c);
+
 /* The job named in a Hello: found (and @c's uid may use it) or created.  NULL after a reply saying why. */
 static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
         Job *j;
@@ -264,8 +266,12 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
 
         j = job_find(r->registry, name);
         if (j) {
-                if (j->uid != c->uid && c->uid != 0) {
-                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u", j->name, (unsigned) j->uid);
+                if (j->uid != c->uid && !conn_is_admin(r, c)) {
+                        log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not attach to job "
+                                "'%s' of uid %u", (unsigned) c->uid, c->pid, j->name, (unsigned) j->uid);
+                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
+                                            ") may not attach to it (only its owner, root and group tier-admin may)",
+                                            j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
                         return NULL;
                 }
                 *ret_created = false;
