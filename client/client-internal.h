@@ -203,6 +203,14 @@ int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
 /* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
 int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
 
+/* ---- control.c --------------------------------------------------------------------- */
+
+/*
+ * Ask tierd for its status and hand the reply to @use(@userdata) (inline in
+ * the packet, or read from the memfd tierd sent for a big one).
+ */
+int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata);
+
 /* ---- segments.c -------------------------------------------------------------------- */
 
 /* Unmap @s (or close its fd) and mark its slot unused. */

@@ -11,11 +11,13 @@
  * tier_status() asks for a StatusReply and hands it to status_format()
  * (status.c).  A reply too big for one packet comes as a sealed memfd
  * (Response.status_fd) holding the packed message, read here with a bound
- * on its size.
+ * on its size.  TIER_STATUS_PROMETHEUS is the exception: tierd renders the
+ * text itself (daemon/ipc/metrics.c, the same text its [metrics] textfile
+ * holds), inline or in a sealed memfd likewise.
  *
  * tierd answers both QuotaGet and QuotaSet with the target's quota as a
  * QuotaReply, checked by quota_reply(); tier_quota_set() ignores its values.
- * tier_quota_get2()/tier_quota_set2() (LIBTIER_0.5) are the same requests
+ * tier_quota_get2()/tier_quota_set2() (LIBTIER_0.6) are the same requests
  * with a target kind (job name, uid, group, default), minima and where each
  * value comes from; struct tier_quota keeps its layout for older callers.
  */
@@ -72,7 +74,7 @@ static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
  * Ask tierd for its status and hand the reply to @use(@userdata) (inline in
  * the packet, or read from the memfd tierd sent for a big one).
  */
-static int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata) {
+int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), void *userdata) {
         Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
@@ -107,6 +109,71 @@ static int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, vo
         return r;
 }
 
+/* Read @fd, a sealed memfd of Prometheus text, into a NUL-terminated buffer. */
+static int metrics_read_fd(tier_client *c, int fd, char **ret) {
+        _cleanup_free_ char *buf = NULL;
+        struct stat st;
+        size_t size, done = 0;
+
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
+                return client_error(c, -EFBIG, "metrics text of %lld bytes is too big", (long long) st.st_size);
+        size = (size_t) st.st_size;
+        buf = malloc(size + 1);
+        if (!buf)
+                return -ENOMEM;
+        while (done < size) {
+                ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return negative_errno();
+                if (n == 0)
+                        return client_error(c, -EPROTO, "metrics text is shorter than its size");
+                done += (size_t) n;
+        }
+        buf[size] = '\0';
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
+/* The status as Prometheus text, rendered by tierd (StatusRequest.prometheus). */
+static int metrics_fetch(tier_client *c, char **ret) {
+        Tier__StatusRequest op = TIER__STATUS_REQUEST__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        const Tier__Response *resp;
+        int r;
+
+        op.prometheus = 1;
+        req.op_case = TIER__REQUEST__OP_STATUS;
+        req.status = &op;
+        r = transport_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        resp = p.reply->response;
+        if (resp->result_case == TIER__RESPONSE__RESULT_METRICS_TEXT && resp->metrics_text) {
+                *ret = strdup(resp->metrics_text);
+                r = *ret ? 0 : -ENOMEM;
+        } else if (resp->result_case == TIER__RESPONSE__RESULT_METRICS_FD) {
+                _cleanup_close_ int fd = packet_take_fd(&p, resp->metrics_fd);
+
+                if (fd < 0)
+                        r = client_error(c, fd, "metrics name fd %d, which the packet lacks", resp->metrics_fd);
+                else
+                        r = metrics_read_fd(c, fd, ret);
+        } else if (resp->result_case == TIER__RESPONSE__RESULT_STATUS_REPLY ||
+                   resp->result_case == TIER__RESPONSE__RESULT_STATUS_FD) {
+                r = client_error(c, -EOPNOTSUPP, "this tierd is too old to give Prometheus metrics "
+                                 "(it answered with its plain status); upgrade and restart it");
+        } else {
+                r = client_error(c, -EPROTO, "tierd answered a metrics request without a result");
+        }
+        packet_done(&p);
+        return r;
+}
+
 typedef struct StatusFormat {
         int format;
         char **ret;
@@ -121,7 +188,11 @@ static int use_format(const Tier__StatusReply *sr, void *userdata) {
 _public_ int tier_status(tier_client *c, int format, char **ret) {
         StatusFormat f = { format, ret };
 
-        if (!c || !ret || (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON))
+        if (!c || !ret)
+                return -EINVAL;
+        if (format == TIER_STATUS_PROMETHEUS)
+                return metrics_fetch(c, ret);
+        if (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON)
                 return -EINVAL;
         return status_fetch(c, use_format, &f);
 }

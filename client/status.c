@@ -83,6 +83,8 @@ static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
                 json_key_uint(w, "limit", u ? u->limit : 0);
                 json_key_uint(w, "pinned", u ? u->pinned : 0);
                 json_key_uint(w, "tensor_max", u ? u->tensor_max : 0);
+                json_key_uint(w, "guarantee", u ? u->guarantee : 0);
+                json_key_uint(w, "share", u ? u->share : 0);
                 json_object_end(w);
         }
         json_object_end(w);
@@ -95,6 +97,8 @@ static void json_plan(JsonWriter *w, const Tier__PlanStatus *ps) {
         json_key_uint(w, "iterations", ps->iterations);
         json_key_seconds(w, "step_s", ps->step_s);
         json_key_seconds(w, "stall_s", ps->stall_s);
+        json_key_seconds(w, "last_step_s", ps->last_step_s);
+        json_key_seconds(w, "stall_total_s", ps->stall_total_s);
         json_key(w, "step_bytes");
         json_object_begin(w);
         for (size_t l = 0; l < ps->n_step_links; l++)
@@ -110,8 +114,12 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_uint(w, "uid", j->uid);
         json_key_uint(w, "connections", j->connections);
         json_key_uint(w, "tensors", j->tensors);
+        json_key(w, "lingering");
+        json_bool(w, j->lingering);
         json_key_seconds(w, "linger_left_s", j->linger_left_s);
         json_key_uint(w, "weight", j->weight);
+        json_key_uint(w, "nvme_written", j->nvme_written);
+        json_key_uint(w, "wear_written", j->wear_written);
         json_usage(w, j);
         json_key(w, "moved");
         json_object_begin(w);
@@ -123,6 +131,37 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         for (size_t k = 0; k < j->n_plans; k++)
                 json_plan(w, j->plans[k]);
         json_array_end(w);
+        json_object_end(w);
+}
+
+/* "smart": {"device", "data_units_written", ...}, or {"device", "na": REASON} without figures. */
+static void json_smart(JsonWriter *w, const Tier__TargetStatus *ts) {
+        json_key(w, "smart");
+        json_object_begin(w);
+        json_key_string(w, "device", ts->smart_device);
+        if (!ts->smart) {
+                json_key_string(w, "na", ts->smart_na && *ts->smart_na ? ts->smart_na : "not read yet");
+        } else {
+                json_key_uint(w, "data_units_written", ts->smart->data_units_written);
+                json_key_uint(w, "percentage_used", ts->smart->percentage_used);
+                json_key_uint(w, "critical_warning", ts->smart->critical_warning);
+                json_key_uint(w, "temperature_k", ts->smart->temperature_k);
+                json_key_seconds(w, "age_s", ts->smart->age_s);
+        }
+        json_object_end(w);
+}
+
+static void json_sched(JsonWriter *w, const Tier__SchedStatus *s) {
+        json_key(w, "sched");
+        json_object_begin(w);
+        json_key_uint(w, "transfers", s->transfers);
+        json_key_uint(w, "ops", s->ops);
+        json_key_uint(w, "run_queue", s->run_queue);
+        json_key_uint(w, "space_waiters", s->space_waiters);
+        json_key_uint(w, "nvme_queued", s->nvme_queued);
+        json_key_uint(w, "nvme_in_flight", s->nvme_in_flight);
+        json_key_uint(w, "vram_queued", s->vram_queued);
+        json_key_uint(w, "vram_in_flight", s->vram_in_flight);
         json_object_end(w);
 }
 
@@ -189,9 +228,14 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
                 json_key_uint(&w, "bytes_read", ts->bytes_read);
                 json_key_uint(&w, "crc_errors", ts->crc_errors);
                 json_key_uint(&w, "io_errors", ts->io_errors);
+                json_key_uint(&w, "wear_written", ts->wear_written);
+                json_smart(&w, ts);
                 json_object_end(&w);
         }
         json_array_end(&w);
+
+        if (s->sched)           /* tierd sends it; replies made by hand may not */
+                json_sched(&w, s->sched);
 
         json_key(&w, "jobs");
         json_array_begin(&w);
@@ -317,6 +361,39 @@ static bool backend_emulated(const char *backend) {
         return backend && strcmp(backend, "emulated") == 0;
 }
 
+/* Drive wear under the targets: what tierd wrote over restarts, and the drive's own SMART figures. */
+static void table_wear(FILE *f, const Tier__StatusReply *s) {
+        char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX];
+
+        fputs("wear:\n", f);
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *ts = s->targets[i];
+
+                if (!ts)
+                        continue;
+                fprintf(f, "  %s: tierd wrote %s in all; SMART: ", strempty(ts->path),
+                        size_format(a, sizeof(a), ts->wear_written));
+                if (!ts->smart)
+                        fprintf(f, "n/a (%s)\n", ts->smart_na && *ts->smart_na ? ts->smart_na : "not read yet");
+                else {
+                        unsigned __int128 bytes = (unsigned __int128) ts->smart->data_units_written * 512000u;
+
+                        fprintf(f, "%s written to %s, %u%% of its endurance used, %d C%s\n",
+                                size_format(b, sizeof(b), bytes > UINT64_MAX ? UINT64_MAX : (uint64_t) bytes),
+                                strempty(ts->smart_device), ts->smart->percentage_used,
+                                (int) ts->smart->temperature_k - 273,
+                                ts->smart->critical_warning ? ", CRITICAL WARNING" : "");
+                }
+        }
+        for (size_t i = 0; i < s->n_jobs; i++) {
+                const Tier__JobStatus *j = s->jobs[i];
+
+                if (j && j->wear_written > 0)
+                        fprintf(f, "  job %s: wrote %s to NVMe in all, %s since it began\n", strempty(j->name),
+                                size_format(a, sizeof(a), j->wear_written), size_format(b, sizeof(b), j->nvme_written));
+        }
+}
+
 static int status_table(FILE *f, const Tier__StatusReply *s) {
         char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX], c[SIZE_FORMAT_MAX], d[SIZE_FORMAT_MAX];
         char up[32];
@@ -417,6 +494,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                         goto finish;
                 table_print(f, &t);
                 table_done(&t);
+                table_wear(f, s);
         }
 
         /* Jobs: usage per tier as "used / limit" */
@@ -424,7 +502,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
         if (s->n_jobs == 0)
                 fputs("no jobs\n", f);
         else {
-                t = (Table) { .n_cols = 9, .align = "rlrrrrrrr" };
+                t = (Table) { .n_cols = 10, .align = "rlrrrrrrrr" };
                 table_cell(&t, "JOB");
                 table_cell(&t, "NAME");
                 table_cell(&t, "UID");
@@ -433,6 +511,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 table_cell(&t, "VRAM USED/LIMIT");
                 table_cell(&t, "HOST USED/LIMIT");
                 table_cell(&t, "NVME USED/LIMIT");
+                table_cell(&t, "WEIGHT");
                 table_cell(&t, "LINGER");
                 for (size_t i = 0; i < s->n_jobs; i++) {
                         const Tier__JobStatus *j = s->jobs[i];
@@ -458,9 +537,10 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                         table_cell(&t, "%s / %s", size_format(a, sizeof(a), u->used),
                                                    size_format(b, sizeof(b), u->limit));
                         }
-                        if (j->linger_left_s > 0) {
+                        table_cell(&t, "%" PRIu32, j->weight);
+                        if (j->lingering || j->linger_left_s > 0) {
                                 format_duration(up, sizeof(up), j->linger_left_s);
-                                table_cell(&t, "%s", up);
+                                table_cell(&t, "%s left", up);
                         } else
                                 table_cell(&t, "-");
                 }

@@ -221,6 +221,7 @@ int tier_client_cuda_register_host(tier_client *c);
 enum {
         TIER_STATUS_TABLE = 0,  /* human-readable table */
         TIER_STATUS_JSON = 1,   /* one JSON object */
+        TIER_STATUS_PROMETHEUS = 2, /* Prometheus text exposition format 0.0.4, rendered by tierd */
 };
 int tier_status(tier_client *c, int format, char **ret);
 
@@ -284,7 +285,7 @@ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret);
 int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *q);
 
 /*
- * Quotas of job names, uids and groups, with guaranteed minima (LIBTIER_0.5).
+ * Quotas of job names, uids and groups, with guaranteed minima (LIBTIER_0.6).
  * A job's quota resolves field by field along job name > uid > group >
  * default; each value says where it comes from ("uid 1000", "job 'x'",
  * "group 27", "default"; " (tierd.conf)" for a rule of the configuration).
@@ -328,6 +329,88 @@ int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, stru
  */
 int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *q,
                     struct tier_quota2 *ret);
+
+/* ---- job control (tierctl) ----------------------------------------------------------- */
+
+/*
+ * These act on any job by name, from any connection (a control one too).
+ * tier_jobs() lists every job; the others are allowed to the job's uid,
+ * root and members of group tier-admin (-EACCES otherwise, with the reason
+ * in tier_client_last_error()); -ENOENT when there is no such job.
+ */
+
+enum tier_copy_state {
+        TIER_COPY_ABSENT = 0,
+        TIER_COPY_FILLING = 1,          /* space reserved, data on its way */
+        TIER_COPY_RESIDENT = 2,
+        TIER_COPY_DRAINING = 3,         /* being written down, then dropped */
+};
+
+struct tier_job_info {
+        uint64_t id;
+        const char *name;               /* inside the block tier_jobs() returned */
+        unsigned uid;                   /* of the process that created it: its owner */
+        unsigned connections;
+        unsigned tensors;
+        unsigned weight;
+        int lingering;                  /* no connection: it ends in linger_left_s */
+        double linger_left_s;
+        uint64_t used[TIER_LEVEL_MAX];
+        uint64_t limit[TIER_LEVEL_MAX];
+        uint64_t pinned[TIER_LEVEL_MAX];
+};
+
+/* Every job: *@ret is one malloc()ed block (free() it) of *@ret_n entries.  One round trip. */
+int tier_jobs(tier_client *c, struct tier_job_info **ret, size_t *ret_n);
+
+struct tier_copy_info {
+        int state;                      /* enum tier_copy_state */
+        int valid;                      /* holds the newest data; a resident copy that is not is stale */
+        int dirty;                      /* the only copy of the newest data above NVMe */
+        unsigned pins;
+};
+
+struct tier_tensor_info {
+        uint64_t id;
+        const char *name;               /* inside the block tier_job_tensors() returned */
+        uint64_t size;
+        struct tier_copy_info copy[TIER_LEVEL_MAX];
+        int used;                       /* 0: no copy was ever used */
+        double idle_s;                  /* seconds since a copy was last used */
+};
+
+/*
+ * The tensors of @job: *@ret is one malloc()ed block (free() it) of *@ret_n
+ * entries.  One round trip per page of up to 1024 tensors; a job that
+ * changes meanwhile may list a tensor twice or not at all.
+ */
+int tier_job_tensors(tier_client *c, const char *job, struct tier_tensor_info **ret, size_t *ret_n);
+
+struct tier_evict_result {
+        unsigned evicted;               /* tensors whose copies above the tier were dropped */
+        unsigned pinned;                /* tensors skipped: pinned above the tier */
+        unsigned failed;                /* the first failure's reason is in tier_client_last_error() */
+        uint64_t bytes_written;         /* written down first (copies that were the only valid one) */
+        uint64_t bytes_dropped;         /* of the copies dropped */
+        uint64_t pinned_bytes;
+};
+
+/*
+ * Write every unpinned copy of @job above @tier (TIER_HOST or TIER_NVME)
+ * down to it and drop them; waits until that is done.  Returns 0 also when
+ * some tensors failed (@ret->failed).
+ */
+int tier_job_evict(tier_client *c, const char *job, int tier, struct tier_evict_result *ret);
+
+struct tier_detach_result {
+        uint64_t job_id;
+        unsigned connections;           /* connections tierd closed */
+        unsigned tensors;               /* tensors freed */
+        uint64_t freed[TIER_LEVEL_MAX]; /* bytes the job held per tier */
+};
+
+/* End @job now: tierd closes its connections (saying why) and frees all it holds. */
+int tier_job_detach(tier_client *c, const char *job, struct tier_detach_result *ret);
 
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */

@@ -139,6 +139,13 @@ CONFIG_PARSER(parse_abs_path) {
         return config_set_string(field, value);
 }
 
+/* An absolute path, or "" for none. */
+CONFIG_PARSER(parse_opt_abs_path) {
+        if (value[0] == '\0')
+                return config_set_string(field, value);
+        return parse_abs_path(c, k, value, field, ret_reason);
+}
+
 CONFIG_PARSER(parse_socket_path) {
         const size_t max = sizeof(((struct sockaddr_un *) NULL)->sun_path) - 1;
 
@@ -347,6 +354,9 @@ static const ConfigKey config_keys[] = {
 
         KEY("sched",  "policy",                  parse_sched_policy,  CONFIG_POLICY,        sched_policy, 0, 0, false),
         KEY("sched",  "default_weight",          parse_unsigned,      CONFIG_UNSIGNED,      default_weight, 1, 1000, true),
+
+        KEY("metrics", "textfile",               parse_opt_abs_path,  CONFIG_STRING,        metrics_textfile, 0, 0, false),
+        KEY("metrics", "interval_sec",           parse_linger,        CONFIG_SECONDS,       metrics_interval_usec, 1, 86400, false),
 };
 
 const ConfigKey *config_key_at(size_t i) {

@@ -111,12 +111,16 @@ void config_init(Config *c) {
                 .nvme_queue_depth = 64,
                 .nvme_job_limit = 2 * GIB,
                 .nvme_bandwidth = 0,
+
+                .metrics_textfile = strdup(""),
+                .metrics_interval_usec = 15 * UINT64_C(1000000),
         };
 }
 
 void config_deinit(Config *c) {
         c->socket_path = mfree(c->socket_path);
         c->state_dir = mfree(c->state_dir);
+        c->metrics_textfile = mfree(c->metrics_textfile);
         config_clear_targets(c);
         quota_rules_clear(&c->quotas);
 }
@@ -529,7 +533,7 @@ int config_finish(Config *c, char **ret_error) {
         if (ret_error)
                 *ret_error = NULL;
 
-        if (!c->socket_path || !c->state_dir)
+        if (!c->socket_path || !c->state_dir || !c->metrics_textfile)
                 return -ENOMEM;
 
         /* [host] */

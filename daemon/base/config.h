@@ -66,6 +66,9 @@ typedef struct Config {
         /* [sched] */
         SchedPolicyKind sched_policy;
         unsigned default_weight;        /* a job's bandwidth weight until a quota sets it */
+        /* [metrics] */
+        char *metrics_textfile;         /* "": none; else where tierd writes its metrics for node_exporter */
+        uint64_t metrics_interval_usec; /* how often it rewrites that file */
         /* [quota] sections, in the order read (several per target: the later one wins, field by field) */
         QuotaRules quotas;
 } Config;

@@ -37,6 +37,7 @@
 #include "daemon/base/log.h"
 #include "daemon/core/capacity.h"
 #include "daemon/core/manager.h"
+#include "daemon/core/monitor.h"
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
@@ -276,6 +277,10 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 return log_error_errno(r, "Out of memory");
         m->rpc.server = m->server;
 
+        r = monitor_new(m->event, &m->config, &m->rpc, m->nvme, m->registry, &m->monitor);
+        if (r < 0)
+                return log_error_errno(r, "Cannot set up monitoring (metrics, drive wear): %m");
+
         *ret = TAKE_PTR(m);
         return 0;
 }
@@ -300,6 +305,8 @@ Manager *manager_free(Manager *m) {
          */
         quiet = vram_backend_stop(m->vram);
         m->uring = uring_free(m->uring);
+        if (m->monitor)
+                (void) monitor_save_wear(m->monitor, true);     /* no NVMe write completes any more */
         if (quiet) {
                 m->engine = engine_free(m->engine);
                 m->registry = registry_free(m->registry);
@@ -308,6 +315,7 @@ Manager *manager_free(Manager *m) {
                 log_warning("VRAM copies are still running; leaving the host pool and the tensors as they are");
         m->quotas = quota_store_free(m->quotas);
         m->vram = vram_backend_free(m->vram);
+        m->monitor = monitor_free(m->monitor);  /* after the registry: ending jobs add to its book */
         m->nvme = nvme_tier_free(m->nvme);
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
@@ -388,9 +396,10 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
                           n_xfers(m), n_conns(m));
 
         /*
-         * Persistent state: nothing to write here.  Quotas set at run time
-         * are written to state_dir when they are set (daemon/state/quota.c),
-         * and tensors do not outlive tierd: their NVMe extents are not
+         * Persistent state: the drive wear book is written by manager_free()
+         * (core/monitor.c), once no transfer can complete.  Quotas set at run
+         * time are written to state_dir when they are set (daemon/state/
+         * quota.c).  Tensors do not outlive tierd: their NVMe extents are not
          * indexed on disk, so the backing targets are scratch space.
          */
 

@@ -14,6 +14,7 @@
 #include "proto/macro.h"
 
 typedef struct Engine Engine;
+typedef struct Monitor Monitor;
 typedef struct NvmeTier NvmeTier;
 typedef struct QuotaStore QuotaStore;
 typedef struct Registry Registry;
@@ -50,6 +51,7 @@ typedef struct Manager {
         Revoke *revoke;
         Rpc rpc;
         Server *server;
+        Monitor *monitor;       /* the metrics text file and the drive wear book */
 
         /* reload (reload.c): how the running configuration was loaded */
         ConfigArgs args;

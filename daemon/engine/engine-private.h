@@ -35,6 +35,14 @@ typedef struct Xfer {
         List link;              /* Engine.xfers */
 } Xfer;
 
+/* What a step of an op (op_advance() and the space handling under it) comes to, besides -errno. */
+enum {
+        ADV_DONE = 0,
+        ADV_WAIT_TENSOR = 1,
+        ADV_WAIT_SPACE = 2,
+        ADV_RETRY = 3,          /* internal to space handling: something was freed, try again */
+};
+
 /* Record why @op fails in op->error; returns @r. */
 int op_fail(Op *op, int r, const char *fmt, ...) _printf_(3, 4);
 
@@ -50,3 +58,22 @@ void xfer_abandon_all(Engine *e);
  * @errmsg) if it failed.  Called by xfer.c.
  */
 void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const char *errmsg);
+
+/*
+ * victim_evict() - make @v's copy in @tier go: dropped at once (adding to
+ * *@freed) when another copy is valid or its bytes are dead, else written
+ * down first by a drain (adding to *@draining; the copy is DRAINING).
+ * *@blocked counts a copy passed over because its last drain failed and
+ * nothing changed below since.  0 or -errno.
+ */
+int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *draining, unsigned *blocked);
+
+/*
+ * reclaim() - the pool of @tier has no segment for @want (SPACE_POOL): take
+ * room back from other jobs, lingering ones first, then those above their
+ * share (reclaim.c).  ADV_RETRY (copies were dropped: a segment may be
+ * empty now), ADV_WAIT_SPACE (drains started or running), -ENOSPC (no job
+ * owes the requester anything: it makes room among its own copies), or
+ * another -errno.
+ */
+int reclaim(Engine *e, Op *op, Tensor *want, int tier);

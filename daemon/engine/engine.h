@@ -161,3 +161,11 @@ int engine_tensor_free(Engine *e, Tensor *t);
 void engine_wake_space_waiters(Engine *e);
 /* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */
 void engine_limits_changed(Engine *e);
+
+/*
+ * engine_job_share() - @j's share of @tier now (reclaim.c): its weighted part
+ * of the capacity among the jobs with a connection, at least its guarantee,
+ * at most its limit; 0 for a lingering job.  Above it, its copies may be
+ * taken back for a job below its own.
+ */
+uint64_t engine_job_share(const Engine *e, const Job *j, int tier);

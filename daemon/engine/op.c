@@ -54,13 +54,6 @@
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
-enum {
-        ADV_DONE = 0,
-        ADV_WAIT_TENSOR = 1,
-        ADV_WAIT_SPACE = 2,
-        ADV_RETRY = 3,          /* internal to space handling */
-};
-
 /* make_space() calls while one reservation still finds no room after freeing copies. */
 #define RESERVE_ATTEMPTS_MAX 64
 
@@ -106,6 +99,43 @@ static bool drain_blocked(Engine *e, const Tensor *v, int tier) {
         return tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
 }
 
+int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *draining, unsigned *blocked) {
+        Op *d;
+        int r;
+
+        if (!copy_is_sole(v, tier)) {
+                *freed += v->alloc_size;
+                copy_free(v, tier);
+                return 0;
+        }
+        if (e->sched && e->sched->overwrites_next && e->sched->overwrites_next(e->sched_userdata, v)) {
+                /* its plan overwrites it before reading it: nothing to write back */
+                v->dead = true;
+                *freed += v->alloc_size;
+                copy_free(v, tier);
+                return 0;
+        }
+        if (tier == TIER_NVME)
+                return 0;       /* nothing below NVMe */
+        if (drain_blocked(e, v, tier)) {
+                (*blocked)++;   /* draining it again would fail the same way, and again */
+                return 0;
+        }
+        /* write it down first */
+        r = op_submit(e, OP_DRAIN, v, tier, NULL, NULL, NULL, &d);
+        if (r < 0)
+                return r;
+        /*
+         * A drain is forced (the requester was chosen by deadline already), so
+         * it may take any room below; it is charged to its job's fair share.
+         */
+        if (e->sched && e->sched->charge)
+                e->sched->charge(e->sched_userdata, v->job, v->alloc_size);
+        v->copy[tier].state = COPY_DRAINING;
+        *draining += v->alloc_size;
+        return 0;
+}
+
 /*
  * Choose victims in @tier of @want's job and free or drain them.  Returns
  * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started, or copies
@@ -144,40 +174,10 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
 
         for (size_t i = 0; i < k && freed + draining < need; i++) {
-                Tensor *v = cands[i];
-                Op *d;
-                int r;
+                int r = victim_evict(e, cands[i], tier, &freed, &draining, blocked);
 
-                if (!copy_is_sole(v, tier)) {
-                        freed += v->alloc_size;
-                        copy_free(v, tier);
-                        continue;
-                }
-                if (e->sched && e->sched->overwrites_next && e->sched->overwrites_next(e->sched_userdata, v)) {
-                        /* its plan overwrites it before reading it: nothing to write back */
-                        v->dead = true;
-                        freed += v->alloc_size;
-                        copy_free(v, tier);
-                        continue;
-                }
-                if (tier == TIER_NVME)
-                        continue;       /* nothing below NVMe */
-                if (drain_blocked(e, v, tier)) {
-                        (*blocked)++;   /* draining it again would fail the same way, and again */
-                        continue;
-                }
-                /* write it down first */
-                r = op_submit(e, OP_DRAIN, v, tier, NULL, NULL, NULL, &d);
                 if (r < 0)
                         return r;
-                /*
-                 * A drain is forced (the requester was chosen by deadline already), so
-                 * it may take any room below; it is charged to its job's fair share.
-                 */
-                if (e->sched && e->sched->charge)
-                        e->sched->charge(e->sched_userdata, v->job, v->alloc_size);
-                v->copy[tier].state = COPY_DRAINING;
-                draining += v->alloc_size;
         }
         if (freed > 0)
                 return ADV_RETRY;
@@ -210,6 +210,17 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                                        t->name, strerror(-r));
                 if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS)
                         break;          /* making room among the job's copies cannot help */
+                if (why == SPACE_POOL) {
+                        /* the pool is dry: room may be owed by lingering jobs or jobs above their share */
+                        r = reclaim(e, op, t, tier);
+                        if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
+                                continue;
+                        if (r == ADV_WAIT_SPACE)
+                                return ADV_WAIT_SPACE;
+                        if (r < 0 && r != -ENOSPC)
+                                return op_fail(op, r, "cannot take %s room back for job '%s': %s",
+                                               level_to_string(tier), t->job->name, strerror(-r));
+                }
                 blocked = 0;
                 r = make_space(e, op, t, tier, t->alloc_size, &blocked);
                 if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)

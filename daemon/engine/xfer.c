@@ -126,8 +126,10 @@ static void xfer_part_done(UringReq *req, int res) {
                                          p->index, t->name, tg->path, req->offset);
                         }
                 }
-        } else
+        } else {
                 tg->bytes_written += req->len;
+                t->job->nvme_written += req->len;
+        }
 
         if (--x->pending > 0)
                 return;

@@ -11,6 +11,7 @@
 #include "proto/wire.h"
 
 typedef struct Job Job;
+typedef struct JobEvict JobEvict;
 typedef struct Plan Plan;
 typedef struct Server Server;
 typedef struct Tensor Tensor;
@@ -60,6 +61,7 @@ typedef struct Conn {
         List pending;           /* rpc.c Pending.link: requests still in the op engine */
         unsigned inflight;
         Plan *plan;             /* iteration plan of this rank, or NULL */
+        JobEvict *evict;        /* jobctl.c: its evict of a job, running, or NULL */
         PinRec *pins;
         size_t n_pins, cap_pins;
 

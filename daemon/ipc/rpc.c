@@ -33,6 +33,8 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/ipc/jobctl.h"
+#include "daemon/ipc/metrics.h"
 #include "daemon/ipc/quota-rpc.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
@@ -255,6 +257,8 @@ static int hello_control(Conn *c, uint64_t seq, Tier__HelloReply *hr) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
+static bool conn_is_admin(const Rpc *rpc, const Conn *c);
+
 /* The job named in a Hello: found (and @c's uid may use it) or created.  NULL after a reply saying why. */
 static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
         char why[1024] = "";
@@ -264,8 +268,12 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
 
         j = job_find(r->registry, name);
         if (j) {
-                if (j->uid != c->uid && c->uid != 0) {
-                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u", j->name, (unsigned) j->uid);
+                if (j->uid != c->uid && !conn_is_admin(r, c)) {
+                        log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not attach to job "
+                                "'%s' of uid %u", (unsigned) c->uid, c->pid, j->name, (unsigned) j->uid);
+                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
+                                            ") may not attach to it (only its owner, root and group tier-admin may)",
+                                            j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
                         return NULL;
                 }
                 *ret_created = false;
@@ -629,6 +637,9 @@ static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
         r = status_build(rpc, &sr);
         if (r < 0)
                 return reply_status(c, seq, r, "cannot build status: %s", strerror(-r));
+        /* the asker does not count itself (tierctl status would always show one connection more) */
+        if (sr->connections > 0)
+                sr->connections--;
         r = status_send(c, seq, sr);
         status_free(sr);
         return r;
@@ -689,14 +700,21 @@ static bool conn_is_admin(const Rpc *rpc, const Conn *c) {
         return c->uid == 0 || (rpc->have_admin_gid && conn_peer_in_group(c, rpc->admin_gid));
 }
 
+bool rpc_conn_is_admin(const Rpc *rpc, const Conn *c) {
+        return conn_is_admin(rpc, c);
+}
+
 int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         uint64_t seq = req->seq;
 
         if (!c->hello_done && req->op_case != TIER__REQUEST__OP_HELLO)
                 return conn_protocol_error(c, seq, -EPROTO, "the first request must be Hello");
         if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS &&
-            req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET && !c->job)
-                return reply_status(c, seq, -EPERM, "a control connection may only ask for status and quotas");
+            req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET &&
+            req->op_case != TIER__REQUEST__OP_JOB_TENSORS && req->op_case != TIER__REQUEST__OP_JOB_EVICT &&
+            req->op_case != TIER__REQUEST__OP_JOB_DETACH && !c->job)
+                return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas and "
+                                    "job control (tensors, evict, detach)");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
@@ -723,6 +741,8 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         case TIER__REQUEST__OP_GET_SEGMENTS:
                 return handle_get_segments(c, seq, req->get_segments);
         case TIER__REQUEST__OP_STATUS:
+                if (req->status && req->status->prometheus)
+                        return metrics_reply(rpc, c, seq);
                 return handle_status(rpc, c, seq);
         case TIER__REQUEST__OP_PLAN:
                 return handle_plan(rpc, c, seq, req->plan);
@@ -732,6 +752,12 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return quota_rpc_get(rpc, c, seq, req->quota_get, conn_is_admin(rpc, c));
         case TIER__REQUEST__OP_QUOTA_SET:
                 return quota_rpc_set(rpc, c, seq, req->quota_set, conn_is_admin(rpc, c));
+        case TIER__REQUEST__OP_JOB_TENSORS:
+                return jobctl_tensors(rpc, c, seq, req->job_tensors);
+        case TIER__REQUEST__OP_JOB_EVICT:
+                return jobctl_evict(rpc, c, seq, req->job_evict);
+        case TIER__REQUEST__OP_JOB_DETACH:
+                return jobctl_detach(rpc, c, seq, req->job_detach);
         case TIER__REQUEST__OP_ACK:
                 revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;
@@ -751,6 +777,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
         c->plan = NULL;
         if (rpc->revoke)
                 revoke_conn_gone(rpc->revoke, c);
+        jobctl_conn_gone(c);    /* its evict of a job runs on, unanswered */
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);

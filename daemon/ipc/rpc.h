@@ -51,3 +51,5 @@ void rpc_conn_gone(Rpc *r, Conn *c);
  * on a directory service), at start and on reload, never per request.
  */
 void rpc_resolve_admin_group(Rpc *r);
+/* Is the peer of @c root or a member of group tier-admin? */
+bool rpc_conn_is_admin(const Rpc *r, const Conn *c);

@@ -26,6 +26,7 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
@@ -52,7 +53,40 @@ typedef struct StatusBuf {
         Tier__LinkStatus **plinkp;
         Tier__LinkStatus *jlinks;
         Tier__LinkStatus **jlinkp;
+        Tier__SmartStatus *smart;
+        Tier__SchedStatus sched;
 } StatusBuf;
+
+/* How old a target's SMART figures may be before a status reads them again (an ioctl per drive). */
+#define STATUS_SMART_MAX_AGE_USEC (10ull * 1000000ull)
+
+static unsigned list_length(const List *l) {
+        unsigned n = 0;
+
+        list_for_each_safe(node, tmp, l)
+                n++;
+        return n;
+}
+
+/* The transfer engine and its queues now. */
+static void sched_status(const Rpc *r, Tier__SchedStatus *s) {
+        const Engine *e = r->engine;
+        unsigned queued = 0, inflight = 0;
+
+        tier__sched_status__init(s);
+        s->transfers = e->n_xfers;
+        s->ops = list_length(&e->ops);
+        s->run_queue = list_length(&e->run_queue);
+        s->space_waiters = list_length(&e->space_waiters);
+        if (e->uring)
+                uring_counts(e->uring, &queued, &inflight);
+        s->nvme_queued = queued;
+        s->nvme_in_flight = inflight;
+        for (int d = 0; d < 2; d++) {
+                s->vram_queued += list_length(&e->vlink.waiting[d]);
+                s->vram_in_flight += e->vlink.active[d];
+        }
+}
 
 /* Bytes of the pool's segments that jobs hold (their tensors take `used` of it). */
 static uint64_t held_bytes(const SegPool *p) {
@@ -89,6 +123,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 return -ENOMEM;
         b->targets = calloc(n->n_targets, sizeof(Tier__TargetStatus));
         b->targetp = calloc(n->n_targets, sizeof(void *));
+        b->smart = calloc(n->n_targets, sizeof(Tier__SmartStatus));
         b->jobs = calloc(reg->n_jobs + 1, sizeof(Tier__JobStatus));
         b->jobp = calloc(reg->n_jobs + 1, sizeof(void *));
         b->usage = calloc((reg->n_jobs + 1) * TIERS, sizeof(Tier__JobTierUsage));
@@ -99,7 +134,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
         b->plinkp = calloc((n_plans + 1) * _LINK_MAX, sizeof(void *));
         b->jlinks = calloc((reg->n_jobs + 1) * _LINK_MAX, sizeof(Tier__LinkStatus));
         b->jlinkp = calloc((reg->n_jobs + 1) * _LINK_MAX, sizeof(void *));
-        if (!b->targets || !b->targetp || !b->jobs || !b->jobp || !b->usage || !b->usagep ||
+        if (!b->targets || !b->targetp || !b->smart || !b->jobs || !b->jobp || !b->usage || !b->usagep ||
             !b->plans || !b->planp || !b->plinks || !b->plinkp || !b->jlinks || !b->jlinkp) {
                 status_free(&b->sr);
                 return -ENOMEM;
@@ -151,10 +186,27 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 t->bytes_read = tg->bytes_read;
                 t->crc_errors = tg->crc_errors;
                 t->io_errors = tg->io_errors;
+                t->wear_written = tg->wear_base + tg->bytes_written;
+                nvme_smart_refresh(tg, now_usec(), STATUS_SMART_MAX_AGE_USEC);
+                t->smart_device = tg->smart_ctrl;
+                t->smart_na = tg->smart_na;
+                if (!tg->smart_na[0]) {
+                        Tier__SmartStatus *s = &b->smart[i];
+
+                        tier__smart_status__init(s);
+                        s->data_units_written = tg->smart.data_units_written;
+                        s->percentage_used = tg->smart.percentage_used;
+                        s->critical_warning = tg->smart.critical_warning;
+                        s->temperature_k = tg->smart.temperature_k;
+                        s->age_s = (double) (now_usec() - tg->smart_usec) / 1e6;
+                        t->smart = s;
+                }
                 b->targetp[i] = t;
         }
         b->sr.n_targets = n->n_targets;
         b->sr.targets = b->targetp;
+        sched_status(r, &b->sched);
+        b->sr.sched = &b->sched;
 
         list_for_each_safe(node, tmp, &reg->jobs) {
                 Job *j = list_entry(node, Job, link);
@@ -167,6 +219,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->name = j->name;
                 js->uid = (uint32_t) j->uid;
                 js->connections = j->n_conns;
+                js->lingering = j->n_conns == 0 && j->linger_until > 0;
                 js->tensors = j->n_tensors;
                 if (j->linger_until > 0) {
                         uint64_t now = now_usec();
@@ -181,11 +234,15 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->limit = j->limit[i];
                         u->pinned = j->pinned[i];
                         u->tensor_max = job_tensor_max(j, i);
+                        u->guarantee = j->guarantee[i];
+                        u->share = i == TIER_NVME ? j->limit[i] : engine_job_share(e, j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }
                 js->n_usage = TIERS;
                 js->usage = &b->usagep[ji * TIERS];
                 js->weight = j->weight;
+                js->nvme_written = j->nvme_written;
+                js->wear_written = j->wear_base + j->nvme_written;
                 for (int l = 0; l < _LINK_MAX; l++) {
                         Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];
 
@@ -240,6 +297,7 @@ void status_free(Tier__StatusReply *sr) {
         b = container_of(sr, StatusBuf, sr);
         free(b->targets);
         free(b->targetp);
+        free(b->smart);
         free(b->jobs);
         free(b->jobp);
         free(b->usage);

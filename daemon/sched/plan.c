@@ -558,4 +558,7 @@ void plan_status(const Plan *p, Tier__PlanStatus *ps) {
         ps->iterations = p->iterations;
         ps->step_s = (double) step / 1e9;
         ps->stall_s = p->last_stall_s;
+        ps->last_step_s = p->last_step_s;
+        /* the client's own counter (its page): a number to show, never trusted for anything else */
+        ps->stall_total_s = (double) __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE) / 1e9;
 }

@@ -31,22 +31,22 @@
  *
  * The run-time rules are kept in <state_dir>/quotas, in the [quota] syntax
  * of tierd.conf: written whole on each change (a temporary file, fsync,
- * rename, fsync of the directory) and read at start.  A corrupt file is
- * moved aside, never silently dropped.
+ * rename, fsync of the directory: base/statefile.c) and read at start.
+ * A corrupt file is moved aside (PATH.corrupt), never silently dropped.
  */
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/base/statefile.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "proto/macro.h"
@@ -538,127 +538,39 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
 
 /* ---- the state file ----------------------------------------------------------------------------- */
 
-static int fsync_dir_of(const char *path) {
-        _cleanup_free_ char *dir = strdup(path);
-        _cleanup_close_ int fd = -1;
-        char *slash;
-
-        if (!dir)
-                return -ENOMEM;
-        slash = strrchr(dir, '/');
-        if (slash == dir)
-                slash[1] = '\0';
-        else if (slash)
-                *slash = '\0';
-        else
-                strcpy(dir, ".");
-        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0 || fsync(fd) < 0)
-                return negative_errno();
-        return 0;
-}
-
 int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, size_t size) {
         static const char header[] =
                 "# Quotas set with tierctl quota set, kept by tierd across restarts.\n"
                 "# tierd rewrites this file: change quotas with tierctl (or in tierd.conf's [quota] sections).\n\n";
-        _cleanup_free_ char *text = quota_rules_format(rules), *tmp = NULL;
-        _cleanup_close_ int fd = -1;
-        const char *p;
-        size_t left;
+        _cleanup_free_ char *text = quota_rules_format(rules), *all = NULL;
         int r;
 
-        if (!text || asprintf(&tmp, "%s.tmp", s->path) < 0)
+        if (!text || asprintf(&all, "%s%s", header, text) < 0)
                 return -ENOMEM;
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-        if (fd < 0) {
-                r = negative_errno();
-                goto fail;
-        }
-        for (int part = 0; part < 2; part++) {
-                p = part == 0 ? header : text;
-                left = strlen(p);
-                while (left > 0) {
-                        ssize_t n = write(fd, p, left);
-
-                        if (n < 0 && errno == EINTR)
-                                continue;
-                        if (n < 0) {
-                                r = negative_errno();
-                                goto fail_unlink;
-                        }
-                        p += n;
-                        left -= (size_t) n;
-                }
-        }
-        if (fsync(fd) < 0) {
-                r = negative_errno();
-                goto fail_unlink;
-        }
-        fd = safe_close(fd);
-        if (rename(tmp, s->path) < 0) {
-                r = negative_errno();
-                goto fail_unlink;
-        }
-        r = fsync_dir_of(s->path);
+        r = statefile_write(s->path, all, strlen(all), 0640);
+        if (r == -ENOMEM)
+                return r;
         if (r < 0) {
-                (void) snprintf(why, size, "cannot save the quotas: fsync of the directory of \"%s\": %s", s->path,
-                                strerror(-r));
+                (void) snprintf(why, size, "cannot save the quotas to \"%s\": %s", s->path, strerror(-r));
                 return -EIO;
         }
-        return 0;
-fail_unlink:
-        (void) unlink(tmp);
-fail:
-        (void) snprintf(why, size, "cannot save the quotas to \"%s\": %s", s->path, strerror(-r));
-        return -EIO;
-}
-
-/* All of @path (at most QUOTA_STATE_FILE_MAX bytes, no NUL byte) as a string. */
-static int read_state_file(const char *path, char **ret) {
-        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        _cleanup_free_ char *buf = NULL;
-        size_t len = 0;
-        struct stat st;
-
-        if (fd < 0)
-                return negative_errno();
-        if (fstat(fd, &st) < 0)
-                return negative_errno();
-        if (!S_ISREG(st.st_mode))
-                return -EBADF;
-        if ((uint64_t) st.st_size > QUOTA_STATE_FILE_MAX)
-                return -EFBIG;
-        buf = malloc((size_t) st.st_size + 1);
-        if (!buf)
-                return -ENOMEM;
-        while (len < (size_t) st.st_size) {
-                ssize_t n = read(fd, buf + len, (size_t) st.st_size - len);
-
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        return negative_errno();
-                if (n == 0)
-                        break;
-                len += (size_t) n;
-        }
-        buf[len] = '\0';
-        if (strlen(buf) != len)
-                return -EBADMSG;
-        *ret = TAKE_PTR(buf);
         return 0;
 }
 
 int quota_store_load(QuotaStore *s) {
-        _cleanup_free_ char *text = NULL, *err = NULL, *aside = NULL;
+        _cleanup_free_ char *text = NULL, *err = NULL;
+        char aside[PATH_MAX];
+        const char *what;
+        size_t len = 0;
         int r;
 
-        r = read_state_file(s->path, &text);
+        r = statefile_read(s->path, QUOTA_STATE_FILE_MAX, &text, &len);
         if (r == -ENOENT)
                 return 0;
         if (r == -ENOMEM)
                 return r;
+        if (r >= 0 && strlen(text) != len)
+                r = -EBADMSG;
         if (r >= 0) {
                 r = quota_rules_parse_text(&s->runtime, text, s->path, &err);
                 if (r >= 0) {
@@ -676,17 +588,16 @@ int quota_store_load(QuotaStore *s) {
                 return 0;
         }
 
-        if (asprintf(&aside, "%s.corrupt-%lld", s->path, (long long) time(NULL)) < 0)
-                return -ENOMEM;
-        if (rename(s->path, aside) < 0) {
-                log_error_errno(errno, "The quota state file \"%s\" is corrupt (%s) and cannot be moved aside: %m; "
+        what = err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte";
+        r = statefile_set_aside(s->path, aside, sizeof(aside));
+        if (r < 0) {
+                log_error_errno(r, "The quota state file \"%s\" is corrupt (%s) and cannot be moved aside: %m; "
                                 "starting with tierd.conf's quotas only, and tierctl quota set will not overwrite it",
-                                s->path, err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte");
+                                s->path, what);
                 s->read_only = true;
                 return 0;
         }
         log_error("The quota state file \"%s\" is corrupt (%s); moved it aside to \"%s\" and starting with "
-                  "tierd.conf's quotas only: set the others again with tierctl quota set", s->path,
-                  err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte", aside);
+                  "tierd.conf's quotas only: set the others again with tierctl quota set", s->path, what, aside);
         return 0;
 }

@@ -55,7 +55,7 @@ QuotaStore *quota_store_free(QuotaStore *s);
 
 /*
  * quota_store_load() - read the state file.  A missing file is no quota;
- * a corrupt one is logged in words and moved aside (PATH.corrupt-SECONDS),
+ * a corrupt one is logged in words and moved aside (PATH.corrupt, replacing an older one),
  * and tierd starts with tierd.conf's quotas only; one that cannot be read
  * is logged and never overwritten (quota set then fails, saying why).
  * Returns 0, or -ENOMEM.

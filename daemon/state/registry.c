@@ -32,6 +32,7 @@
 #include "daemon/base/log.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/tensormap.h"
+#include "daemon/state/wear.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/fence.h"
 #include "proto/macro.h"
@@ -132,6 +133,7 @@ int job_new(Registry *r, const char *name, uid_t uid, Job **ret) {
         j->limit[TIER_HOST] = r->config->host_job_limit;
         j->limit[TIER_NVME] = r->config->nvme_job_limit;
         j->weight = r->config->default_weight;
+        j->wear_base = wear_job_base(r->wear, name);
 
         j->name = strdup(name);
         j->by_name = tensormap_new();
@@ -155,6 +157,7 @@ fail:
 }
 
 static void job_free_final(Job *j) {
+        wear_job_end(j->registry->wear, j);
         for (int i = 0; i < TIERS; i++) {
                 list_for_each_safe(n, tmp, &j->segments[i]) {
                         Segment *s = list_entry(n, Segment, owner_link);

@@ -21,6 +21,7 @@ typedef struct Registry Registry;
 typedef struct SegPool SegPool;
 typedef struct Segment Segment;
 typedef struct TensorMap TensorMap;
+typedef struct Wear Wear;
 typedef struct Xfer Xfer;
 typedef struct sd_event sd_event;
 typedef struct sd_event_source sd_event_source;
@@ -128,6 +129,8 @@ struct Job {
         uint64_t linger_until;  /* monotonic usec, 0 while connected */
         bool dying;
         uint64_t link_bytes[_LINK_MAX]; /* bytes moved for this job, per link */
+        uint64_t nvme_written;  /* bytes written to NVMe for it (every completed write, wear.c) */
+        uint64_t wear_base;     /* bytes earlier jobs of its name wrote (wear.c), when it was made */
 
         /* the rooms above */
         List conns;             /* ipc: Conn.job_link, its ranks' connections */
@@ -158,6 +161,7 @@ struct Registry {
         NvmeTier *nvme;
         const RegistryOps *ops;
         void *ops_userdata;
+        Wear *wear;             /* borrowed, may be NULL: the drive wear book (wear.c) */
 
         List jobs;              /* Job.link */
         List dying_jobs;        /* ended, waiting for transfers before being freed */

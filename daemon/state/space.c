@@ -395,8 +395,9 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
         case SPACE_POOL:
                 holders(r, j, tier, who, sizeof(who));
                 snprintf(buf, size, "the %s pool (%s) has no segment left for job '%s' (tensor '%s' needs %s): they "
-                         "are held by %s; retry later, or end idle jobs", tn, cap, j->name, t->name, need,
-                         who[0] ? who : "jobs being freed");
+                         "are held by %s, none of it free to take back now (pinned, in use, or within its "
+                         "holder's share while job '%s' is at or above its own); retry later, or end idle jobs",
+                         tn, cap, j->name, t->name, need, who[0] ? who : "jobs being freed", j->name);
                 return -EAGAIN;
         case SPACE_TARGETS:
                 snprintf(buf, size, "the NVMe targets (%s) have no room left for tensor '%s' (%s)", cap, t->name, need);

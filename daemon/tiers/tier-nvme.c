@@ -10,7 +10,8 @@
  * tensor is striped over every target and k drives give about k times the
  * bandwidth.  Extents need not be contiguous on a target.  The I/O itself
  * (one UringReq per extent, crc32c per extent) is driven by the engine (daemon/engine/xfer.c); this
- * module owns the targets and the space.
+ * module owns the targets and the space, and finds the NVMe controller under
+ * each target for its SMART figures (smart.c, read by nvme_smart_refresh()).
  */
 
 #include <errno.h>
@@ -123,7 +124,31 @@ static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_si
         r = extent_alloc_init(&t->extents, t->size / extent_size);
         if (r < 0)
                 return r;
+
+        /* the drive under it, for its wear (SMART): read later, by nvme_smart_refresh() */
+        if (smart_locate("/sys", S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev, t->smart_ctrl,
+                         sizeof(t->smart_ctrl), t->smart_na, sizeof(t->smart_na)) > 0)
+                t->smart_na[0] = '\0';
         return 0;
+}
+
+void nvme_smart_refresh(NvmeTarget *t, uint64_t now_usec, uint64_t max_age_usec) {
+        char why[sizeof(t->smart_na)] = "";
+        SmartLog log;
+
+        if (!t->smart_ctrl[0])
+                return;                 /* not NVMe: smart_na says why */
+        if (t->smart_usec && now_usec - t->smart_usec < max_age_usec)
+                return;
+        t->smart_usec = now_usec;       /* a failure is not retried before max_age either */
+        if (smart_read(t->smart_ctrl, &log, why, sizeof(why)) < 0) {
+                if (strcmp(why, t->smart_na) != 0)
+                        log_warning("NVMe target %s: no drive wear figures: %s, ignoring", t->path, why);
+                (void) snprintf(t->smart_na, sizeof(t->smart_na), "%s", why);
+                return;
+        }
+        t->smart = log;
+        t->smart_na[0] = '\0';
 }
 
 int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_error) {

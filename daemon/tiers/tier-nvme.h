@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "daemon/tiers/extent.h"
+#include "daemon/tiers/smart.h"
 
 typedef struct Config Config;
 typedef struct Uring Uring;
@@ -28,6 +29,12 @@ typedef struct NvmeTarget {
         uint64_t bytes_read;
         uint64_t crc_errors;
         uint64_t io_errors;
+        uint64_t wear_base;     /* bytes written before this start (daemon/state/wear.c) */
+        /* SMART (smart.c): where it comes from, or why there is none */
+        char smart_ctrl[64];    /* "/dev/nvme0"; "" when the target is not on NVMe */
+        char smart_na[256];     /* why there is no SMART data; "" while there is */
+        SmartLog smart;
+        uint64_t smart_usec;    /* monotonic time of the last read; 0: never read */
 } NvmeTarget;
 
 struct NvmeTier {
@@ -46,6 +53,13 @@ struct NvmeTier {
  */
 int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_error);
 NvmeTier *nvme_tier_free(NvmeTier *n);
+
+/*
+ * nvme_smart_refresh() - read the SMART log of the NVMe drive under @t
+ * (smart.c) unless it was read less than @max_age_usec before @now_usec.
+ * A failure is kept in @t->smart_na (and logged when the reason changes).
+ */
+void nvme_smart_refresh(NvmeTarget *t, uint64_t now_usec, uint64_t max_age_usec);
 
 /* Pace each target to @bytes_per_sec (0: unthrottled), for reproducible benchmarks. */
 void nvme_set_bandwidth(NvmeTier *n, uint64_t bytes_per_sec);

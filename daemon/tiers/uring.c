@@ -323,6 +323,15 @@ bool uring_busy(const Uring *u) {
         return u->inflight > 0 || !list_empty(&u->pending);
 }
 
+void uring_counts(const Uring *u, unsigned *ret_queued, unsigned *ret_inflight) {
+        unsigned n = 0;
+
+        list_for_each_safe(node, tmp, &u->pending)
+                n++;
+        *ret_queued = n;
+        *ret_inflight = u->inflight;
+}
+
 int uring_flush(Uring *u) {
         uint64_t now = 0, wake_ns = 0;
         List blocked;

@@ -73,3 +73,5 @@ void uring_queue(Uring *u, UringReq *req);
 int uring_flush(Uring *u);
 /* Is anything queued or in flight? */
 bool uring_busy(const Uring *u);
+/* Requests waiting for the ring, and with the kernel (for status and metrics; linear in the queue). */
+void uring_counts(const Uring *u, unsigned *ret_queued, unsigned *ret_inflight);

@@ -267,7 +267,7 @@ static void test_other_uid_refused(void **state) {
                 if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                         _exit(3);
                 r = tier_client_new(&x, daemon_.socket, "job-owned", 1);
-                if (r == -EACCES && strstr(tier_client_last_error(x), "belongs to uid"))
+                if (r == -EACCES && strstr(tier_client_last_error(x), "belongs to uid 0: uid 65534 (pid "))
                         _exit(0);
                 fprintf(stderr, "other uid joining job-owned: %d %s\n", r, tier_client_last_error(x));
                 _exit(1);
@@ -275,6 +275,15 @@ static void test_other_uid_refused(void **state) {
         assert_int_equal(waitpid(pid, &st, 0), pid);
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
+        {
+                char needle[96];
+
+                /* the denial is in tierd's log with the peer's uid and pid */
+                snprintf(needle, sizeof(needle), "Denied: uid 65534 (pid %d) may not attach to job 'job-owned'",
+                         (int) pid);
+                test_daemon_collect(&daemon_, 200);
+                assert_true(test_daemon_log_contains(&daemon_, needle));
+        }
 
         assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(a);

@@ -311,12 +311,15 @@ class TestClient(tierd.DaemonTestCase):
         t = c.create("t", 1 * MiB)
         s = c.status()
         self.assertEqual(
-            set(s), {"version", "uptime_s", "connections", "policy", "tiers", "links", "targets", "jobs"}
+            set(s), {"version", "uptime_s", "connections", "policy", "tiers", "links", "targets", "sched", "jobs"}
         )
         jobs = {j["name"]: j for j in s["jobs"]}
         self.assertIn(c.job, jobs)
         self.assertEqual(jobs[c.job]["tensors"], 1)
         self.assertEqual(set(jobs[c.job]["moved"]), set(tier.LINKS))
+        prom = c.status_prometheus()
+        self.assertIn("# TYPE tierd_job_used_bytes gauge\n", prom)
+        self.assertIn('tierd_job_tensors{job_name="%s"} 1\n' % c.job, prom)
         table = c.status_table()
         self.assertIn("VRAM is EMULATED", table)
         self.assertIn(c.job, table)

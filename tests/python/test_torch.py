@@ -73,6 +73,7 @@ class TestOffload(tierd.DaemonTestCase):
             loss.backward()
             eng.step()
             losses.append(loss.item())
+            eng.flush()                 # the last blocks' write-downs count in this step
             now = c.moved()
             per_step.append({k: now[k] - before[k] for k in now})
             before = now

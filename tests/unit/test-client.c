@@ -197,6 +197,7 @@ static void fake_status(FakeStatus *f, const char *vram_backend) {
         f->jobs[1].name = (char *) "idle";
         f->jobs[1].uid = 0;
         f->jobs[1].linger_left_s = 12.5;
+        f->jobs[1].lingering = 1;
         f->jobs_p[0] = &f->jobs[0];
         f->jobs_p[1] = &f->jobs[1];
         f->s.n_jobs = 2;
@@ -223,17 +224,20 @@ static void test_status_json(void **state) {
                 "{\"name\":\"nvme->host\",\"bytes\":1610612736,\"ops\":96}],"
                 "\"targets\":["
                 "{\"path\":\"/dev/nvme0n1\",\"capacity\":2199023255552,\"used\":107374182400,"
-                "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2}],"
+                "\"bytes_written\":5368709120,\"bytes_read\":7516192768,\"crc_errors\":1,\"io_errors\":2,"
+                "\"wear_written\":0,\"smart\":{\"device\":\"\",\"na\":\"not read yet\"}}],"
                 "\"jobs\":["
-                "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"linger_left_s\":0,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0},"
-                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},"
+                "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"lingering\":false,\"linger_left_s\":0,\"weight\":0,"
+                "\"nvme_written\":0,\"wear_written\":0,"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},"
                 "\"moved\":{\"host->nvme\":1073741824,\"nvme->host\":1610612736},\"plans\":[]},"
-                "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"linger_left_s\":12.5,\"weight\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0},"
-                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0}},\"moved\":{},\"plans\":[]}]}\n");
+                "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"lingering\":true,\"linger_left_s\":12.5,\"weight\":0,"
+                "\"nvme_written\":0,\"wear_written\":0,"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},\"moved\":{},\"plans\":[]}]}\n");
         free(out);
 }
 
@@ -325,7 +329,8 @@ static void test_status_table(void **state) {
         assert_non_null(strstr(out, "/dev/nvme0n1"));
         assert_non_null(strstr(out, "1.0 GiB / 4.0 GiB"));
         assert_non_null(strstr(out, "3.0 GiB / -"));
-        assert_non_null(strstr(out, "12s"));
+        assert_non_null(strstr(out, "12s left"));      /* the lingering job */
+        assert_non_null(strstr(out, " WEIGHT "));
 
         /* Tier rows end in a right-aligned column: aligned rows have equal length. */
         n = block_lines(out, "TIER ", lines, 8);

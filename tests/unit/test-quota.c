@@ -320,7 +320,7 @@ static void test_store_corrupt_file(void **state) {
         assert_false(b->s->read_only);
         /* the bad file is kept aside, not lost */
         assert_int_equal(access(path, F_OK), -1);
-        (void) snprintf(cmd, sizeof(cmd), "ls '%s' | grep -q '^quotas.corrupt-'", b->dir);
+        (void) snprintf(cmd, sizeof(cmd), "ls '%s' | grep -qx 'quotas.corrupt'", b->dir);
         assert_int_equal(system(cmd), 0);
         /* and a new set writes a fresh one */
         assert_int_equal(set(b, "[quota]\ngroup = 5\nweight = 2\n", why, sizeof(why), warn), 0);

@@ -76,7 +76,7 @@ static void test_parse_rejects(void **state) {
                 "-1", "+1", "-0", " 1", "1 ", "1 K", "1\t", "\n1",
                 "1.5G", "1,5G", ".5K", "1.", "0x10", "0X10", "1e3", "1E3B",
                 "1Kb", "1kb", "1b", "1Mbit", "1KIB", "1kIB", "1Ki", "1KiBB", "1KBB", "1BB", "1iB", "1i",
-                "1X", "1KK", "1KM", "1k1", "1Z", "1Y", "1KB ", "one", "1\xc2\xa0K",
+                "1X", "10X", "1KK", "1KM", "1k1", "1Z", "1Y", "1KB ", "one", "1\xc2\xa0K",
         };
 
         for (size_t i = 0; i < ELEMENTSOF(bad); i++)

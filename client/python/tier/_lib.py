@@ -29,6 +29,7 @@ from ctypes import (
     c_char_p,
     c_double,
     c_int,
+    c_size_t,
     c_ssize_t,
     c_uint,
     c_uint32,
@@ -50,6 +51,7 @@ __all__ = [
     "TIER_PROTOCOL_VERSION",
     "TIER_STATUS_TABLE",
     "TIER_STATUS_JSON",
+    "TIER_STATUS_PROMETHEUS",
     "SONAME",
     "PROTOTYPES",
     "lib",
@@ -65,6 +67,7 @@ TIER_LEVEL_MAX = 3
 TIER_LINKS = 4
 TIER_STATUS_TABLE = 0
 TIER_STATUS_JSON = 1
+TIER_STATUS_PROMETHEUS = 2
 
 #: The soname of libtier (client/meson.build: soversion 0).
 SONAME = "libtier.so.0"
@@ -111,7 +114,7 @@ TIER_QUOTA_FROM_MAX = 288
 
 
 class TierQuota2(Structure):
-    """``struct tier_quota2`` (LIBTIER_0.5)."""
+    """``struct tier_quota2`` (LIBTIER_0.6)."""
 
     _fields_ = [
         ("max", c_uint64 * TIER_LEVEL_MAX),
@@ -186,6 +189,11 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # quotas
     "tier_quota_get": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
     "tier_quota_set": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
+    # job control (tierctl; the result structs are not wrapped in Python)
+    "tier_jobs": (c_int, [_client_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "tier_job_tensors": (c_int, [_client_p, c_char_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "tier_job_evict": (c_int, [_client_p, c_char_p, c_int, c_void_p]),
+    "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
     "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
     "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
     # names

@@ -239,6 +239,10 @@ class Client:
         """tierd's status as the table ``tierctl status`` prints."""
         return self._status(_lib.TIER_STATUS_TABLE)
 
+    def status_prometheus(self) -> str:
+        """tierd's status in the Prometheus text format, as ``tierctl status --prometheus`` prints (one round trip)."""
+        return self._status(_lib.TIER_STATUS_PROMETHEUS)
+
     def quota(self, job: str | None = None) -> Quota:
         """``tier_quota_get()``: the quota of @job (None: this client's job)."""
         jb = _name(job, "job") if job is not None else None

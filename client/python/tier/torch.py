@@ -553,6 +553,14 @@ class Offload:
                 self._submit_plan()
         self.steps += 1
 
+    def flush(self) -> None:
+        """Wait until the write-downs to NVMe in flight have ended (placements B and C evict each
+        block's state after its optimizer phase without waiting): afterwards tierd's byte counters
+        include them, and the state is on NVMe.  Not needed for correctness."""
+        for f in self._fences:
+            self._fence_done(f, True)
+        self._fences = []
+
     def _fence_done(self, f: Any, wait: bool) -> bool:
         """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done."""
         from . import BusyError
@@ -616,9 +624,7 @@ class Offload:
         """Give the parameters back to the model (``restore``), drop the hooks and tierd's tensors."""
         if self._closed:
             return
-        for f in self._fences:
-            self._fence_done(f, True)
-        self._fences = []
+        self.flush()
         state = self.state_dict() if restore else None
         if self._planned:
             self.client.end_plan()          # its tensors may go now

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* tierctl.h: what tierctl's verbs share: global options, the connection, errors, JSON output. */
+#pragma once
+
+#include <stdio.h>
+
+#include <tier.h>
+
+#include "util/json.h"
+
+#define EXIT_USAGE 2
+
+/* Global options (before the verb); a verb's own --json sets arg_json too. */
+extern const char *arg_socket;
+extern int arg_json;
+
+/* One verb: its function gets argv[0] = the verb's name; @help prints its usage. */
+typedef struct Verb {
+        const char *name;
+        int (*fn)(int argc, char **argv);
+        void (*help)(FILE *f);
+        const char *summary;
+} Verb;
+
+/* Open a control connection (no job), or say why not on stderr. */
+int connect_control(tier_client **ret);
+/* Reason of the last failure on @c: tierd's when it gave one. */
+const char *why(const tier_client *c, int r);
+/* Print the document in @w and a newline; the writer is emptied either way. */
+int json_print(JsonWriter *w);
+/*
+ * getopt_long() with opterr = 0 found a problem at argv[optind - 1]: say
+ * so (naming "tierctl @verb --help") and return EXIT_USAGE.
+ */
+int verb_bad_option(const char *verb, int opt, char **argv);
+
+/* status.c */
+int verb_status(int argc, char **argv);
+void status_help(FILE *f);
+int verb_jobs(int argc, char **argv);
+void jobs_help(FILE *f);
+
+/* job.c */
+int verb_tensors(int argc, char **argv);
+void tensors_help(FILE *f);
+int verb_evict(int argc, char **argv);
+void evict_help(FILE *f);
+int verb_detach(int argc, char **argv);
+void detach_help(FILE *f);
+
+/* quota.c */
+int verb_quota(int argc, char **argv);
+void quota_help(FILE *f);

@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+/* statefile.h: write a file atomically (temp file, fsync, rename), read a small one whole. */
+#pragma once
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/*
+ * statefile_write() - replace @path by @len bytes at @data, atomically:
+ * readers see the old file or the new one, never part of one.  The bytes go
+ * to a temporary file "PATH.XXXXXX" in the same directory, which is
+ * fsync()ed, given @mode and
+ * renamed over @path; then the directory is fsync()ed.  0 or -errno; on
+ * failure @path is unchanged and no temporary file is left.
+ */
+int statefile_write(const char *path, const void *data, size_t len, mode_t mode);
+
+/*
+ * statefile_read() - the whole of @path (at most @max bytes) into a
+ * malloc()ed, NUL-terminated buffer.  -ENOENT if it does not exist,
+ * -EFBIG if it is larger than @max.
+ */
+int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len);
+
+/*
+ * statefile_set_aside() - rename @path to "PATH.corrupt" (replacing an older
+ * one) so that a file that cannot be read is kept for a person to look at.
+ * The new name is written to @ret_name.
+ */
+int statefile_set_aside(const char *path, char *ret_name, size_t size);

@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: MIT */
+/* reclaim.c: capacity that flows between jobs: room taken back from lingering jobs and jobs above their share. */
+
+/*
+ * Theory of operation.
+ *
+ * Each job has, per tier, a guaranteed minimum (Job.guarantee) and a hard
+ * maximum (Job.limit).  Between them, free segments go to whoever asks
+ * (copy_alloc() takes them from the pool up to the job's maximum).  When the
+ * pool has none left (SPACE_POOL), the requester may take room back:
+ *
+ *   share(j)   for a job with a connection: its weighted part of the tier,
+ *              capacity * weight / (sum of the weights of the jobs with a
+ *              connection), at least its guarantee and at most its maximum;
+ *              for a lingering job (no connection left): 0, so that its
+ *              copies are the first to go when a live job needs room.
+ *
+ * A requester still below its share after this copy takes from the others:
+ * lingering jobs first, then the jobs furthest above their share (bytes
+ * over it / weight), never below their share (so never below a guarantee).
+ * A requester at or above its share makes room among its own copies, as
+ * always (make_space() in op.c).
+ *
+ * Memory reaches jobs in whole segments, so room comes back a segment at a
+ * time: of the victim job's segments, the one whose most valuable copy is
+ * least valuable goes (the rank of each copy in the scheduler's victim
+ * order: Belady's next use under the timeline policy, LRU otherwise; a
+ * segment holding anything pinned, in a transfer or used by an op is not
+ * chosen).  Its copies are dropped when another copy is valid, or drained
+ * (written down first) when sole; once the segment is empty, take_segment()
+ * (state/space.c) hands it to the requester.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "daemon/base/log.h"
+#include "daemon/engine/engine-private.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
+#include "proto/macro.h"
+#include "util/size.h"
+
+static bool job_live(const Job *j) {
+        return j->n_conns > 0 && !j->dying;
+}
+
+uint64_t engine_job_share(const Engine *e, const Job *j, int tier) {
+        const Registry *r = e->registry;
+        uint64_t wsum = 0, share;
+
+        if (tier < 0 || tier >= TIERS || !job_live(j))
+                return 0;
+        list_for_each_safe(node, tmp, &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+
+                if (job_live(o))
+                        wsum += MAX(o->weight, 1u);
+        }
+        if (wsum == 0)
+                return 0;
+        share = (uint64_t) ((double) r->capacity[tier] * (double) MAX(j->weight, 1u) / (double) wsum);
+        share = MAX(share, j->guarantee[tier]);
+        return MIN(share, j->limit[tier]);
+}
+
+/* Can @v's copy in @tier go now (nothing pins it, moves it or works on it)? */
+static bool evictable(const Tensor *v, int tier) {
+        const Copy *c = &v->copy[tier];
+
+        return c->state == COPY_RESIDENT && c->pins == 0 && v->op_refs == 0 && !v->xfer;
+}
+
+static bool copy_in_segment(const Copy *c, const Segment *s) {
+        for (uint32_t i = 0; i < c->n_pieces; i++)
+                if (c->pieces[i].seg == s)
+                        return true;
+        return false;
+}
+
+/*
+ * The segment of @v's in @tier to empty: the one whose most valuable copy
+ * ranks lowest in the victim order (ties: the least used).  NULL if every
+ * segment holds something that cannot go now.
+ */
+static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier) {
+        SegPool *pool = e->registry->pools[tier];
+        _cleanup_free_ Tensor **cands = NULL;
+        _cleanup_free_ size_t *worst = NULL;    /* per segment id: highest rank + 1, SIZE_MAX: cannot go */
+        Segment *best = NULL;
+        size_t n = 0, k;
+
+        cands = calloc(v->n_tensors + 1, sizeof(Tensor *));
+        worst = calloc(pool->n_segs, sizeof(size_t));
+        if (!cands || !worst)
+                return NULL;
+        list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
+                Copy *c = list_entry(node, Copy, lru);
+                Tensor *t = container_of(c, Tensor, copy[tier]);
+
+                if (t->job != v)
+                        continue;
+                if (evictable(t, tier) && n < v->n_tensors) {
+                        cands[n++] = t;
+                        continue;
+                }
+                for (uint32_t i = 0; i < c->n_pieces; i++)
+                        worst[c->pieces[i].seg->id] = SIZE_MAX;
+        }
+        /* the order the requester's own victims would go in; those needed before its deadline are not candidates */
+        k = e->sched && e->sched->victim_order ?
+                e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
+        for (size_t i = k; i < n; i++)          /* filtered out: needed sooner than the requester */
+                for (uint32_t p = 0; p < cands[i]->copy[tier].n_pieces; p++)
+                        worst[cands[i]->copy[tier].pieces[p].seg->id] = SIZE_MAX;
+        for (size_t i = 0; i < k; i++) {
+                const Copy *c = &cands[i]->copy[tier];
+
+                for (uint32_t p = 0; p < c->n_pieces; p++) {
+                        size_t *w = &worst[c->pieces[p].seg->id];
+
+                        if (*w != SIZE_MAX)
+                                *w = MAX(*w, i + 1);
+                }
+        }
+        list_for_each_safe(node, tmp, &v->segments[tier]) {
+                Segment *s = list_entry(node, Segment, owner_link);
+
+                if (s->used == 0 || s->revoking || worst[s->id] == SIZE_MAX)
+                        continue;
+                if (!best || worst[s->id] < worst[best->id] ||
+                    (worst[s->id] == worst[best->id] && s->used < best->used))
+                        best = s;
+        }
+        return best;
+}
+
+typedef struct Victim {
+        Job *job;
+        double over;            /* bytes above its share / weight; lingering jobs: infinite */
+} Victim;
+
+static int victim_cmp(const void *a, const void *b) {
+        const Victim *x = a, *y = b;
+
+        return x->over > y->over ? -1 : x->over < y->over;
+}
+
+int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
+        Registry *r = e->registry;
+        Job *j = want->job;
+        _cleanup_free_ Victim *vs = NULL;
+        _cleanup_free_ uint64_t *inflight = NULL;     /* per segment id: bytes of copies being drained */
+        uint64_t need = want->alloc_size, mine, coming = 0;
+        size_t n = 0;
+
+        if (tier == TIER_NVME || !r->pools[tier])
+                return -ENOSPC;
+        mine = engine_job_share(e, j, tier);
+        vs = calloc(r->n_jobs + 1, sizeof(Victim));
+        if (!vs)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, &r->jobs) {
+                Job *o = list_entry(node, Job, link);
+                uint64_t share;
+
+                if (o == j || o->used[tier] == 0 || n >= r->n_jobs)
+                        continue;
+                if (!job_live(o)) {
+                        vs[n++] = (Victim) { o, INFINITY };
+                        continue;
+                }
+                /* live jobs give back only to a requester below its share, and only what is above theirs */
+                share = engine_job_share(e, o, tier);
+                if (j->used[tier] + need > mine || o->used[tier] <= share)
+                        continue;
+                vs[n++] = (Victim) { o, (double) (o->used[tier] - share) / (double) MAX(o->weight, 1u) };
+        }
+        if (n == 0)
+                return -ENOSPC;
+        qsort(vs, n, sizeof(Victim), victim_cmp);
+
+        /*
+         * Segments of the victims being emptied already (all that is left in them
+         * is being written down): wait for them rather than empty more.
+         */
+        inflight = calloc(r->pools[tier]->n_segs, sizeof(uint64_t));
+        if (!inflight)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, &r->lru[tier]) {
+                Copy *c = list_entry(node, Copy, lru);
+
+                if (c->state == COPY_DRAINING)
+                        for (uint32_t p = 0; p < c->n_pieces; p++)
+                                inflight[c->pieces[p].seg->id] += ALIGN_UP(c->pieces[p].span, SEG_UNIT);
+        }
+        for (size_t i = 0; i < n; i++)
+                list_for_each_safe(node, tmp, &vs[i].job->segments[tier]) {
+                        Segment *s = list_entry(node, Segment, owner_link);
+
+                        if (s->used > 0 && inflight[s->id] == s->used)
+                                coming += s->pool->seg_size;
+                }
+        if (coming >= need)
+                return ADV_WAIT_SPACE;
+
+        for (size_t i = 0; i < n; i++) {
+                Job *v = vs[i].job;
+                Segment *s = choose_segment(e, op, v, tier);
+                uint64_t freed = 0, started = 0;
+                unsigned blocked = 0;
+                char used[SIZE_FORMAT_MAX], size[SIZE_FORMAT_MAX];
+
+                if (!s)
+                        continue;
+                size_format(used, sizeof(used), s->used);
+                size_format(size, sizeof(size), s->pool->seg_size);
+                log_debug("Job '%s' needs room in %s: a %s segment of job '%s' (%s in use) is emptied for it (%s)",
+                          j->name, level_to_string(tier), size, v->name, used,
+                          job_live(v) ? "above its share" : "lingering");
+                list_for_each_safe(node, tmp, &r->lru[tier]) {
+                        Copy *c = list_entry(node, Copy, lru);
+                        Tensor *t = container_of(c, Tensor, copy[tier]);
+                        int q;
+
+                        if (t->job != v || !copy_in_segment(c, s) || !evictable(t, tier))
+                                continue;
+                        q = victim_evict(e, t, tier, &freed, &started, &blocked);
+                        if (q < 0)
+                                return q;
+                }
+                if (freed > 0)
+                        return ADV_RETRY;
+                if (started > 0)
+                        return ADV_WAIT_SPACE;
+        }
+        return coming > 0 ? ADV_WAIT_SPACE : -ENOSPC;
+}

@@ -1,0 +1,452 @@
+/* SPDX-License-Identifier: MIT */
+/* metrics.c: the daemon's status in the Prometheus text exposition format. */
+
+/*
+ * Theory of operation: the metrics are the status (status.c's StatusReply,
+ * the same snapshot `tierctl status --json` shows) written as the
+ * Prometheus text exposition format, version 0.0.4: for each metric family
+ * a "# HELP" and a "# TYPE" line, then its samples, one a line, families
+ * never interleaved.  Names start with "tierd_", carry their base unit
+ * (_bytes, _seconds, _ratio, _celsius) and counters end in "_total"; label
+ * values are escaped (backslash, double quote, newline), so any job name or
+ * path is safe.  A job is labelled job_name, not job: "job" and "instance"
+ * are the labels Prometheus itself sets on every scraped series.
+ *
+ * Two ways out: a client asks with StatusRequest.prometheus (tierctl status
+ * --prometheus; metrics_reply()), or tierd writes the text to a file for
+ * node_exporter's textfile collector ([metrics] textfile, core/monitor.c).
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/ipc/conn.h"
+#include "daemon/ipc/metrics.h"
+#include "daemon/ipc/status.h"
+#include "proto/macro.h"
+#include "tier.pb-c.h"
+
+/* Text larger than this goes through a memfd (a packet holds max_message, at least 1 KiB... 64 KiB by default). */
+#define METRICS_INLINE_MAX (48u << 10)
+
+static const char *const tier_names[] = { "vram", "host", "nvme" };
+
+static const char *tier_name(Tier__Tier t) {
+        return (unsigned) t < ELEMENTSOF(tier_names) ? tier_names[t] : "unknown";
+}
+
+static const char *str(const char *s) {
+        return s ? s : "";
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value between double quotes, escaped as the format requires. */
+static void label_value(FILE *f, const char *v) {
+        fputc('"', f);
+        for (; *v; v++)
+                if (*v == '\\')
+                        fputs("\\\\", f);
+                else if (*v == '"')
+                        fputs("\\\"", f);
+                else if (*v == '\n')
+                        fputs("\\n", f);
+                else
+                        fputc(*v, f);
+        fputc('"', f);
+}
+
+/* NAME{k="v",...}: @labels are key, value pairs ending with NULL. */
+static void series(FILE *f, const char *name, const char *const *labels) {
+        fputs(name, f);
+        if (labels && labels[0]) {
+                fputc('{', f);
+                for (size_t i = 0; labels[i]; i += 2) {
+                        fprintf(f, "%s%s=", i ? "," : "", labels[i]);
+                        label_value(f, str(labels[i + 1]));
+                }
+                fputc('}', f);
+        }
+}
+
+static void sample_u64(FILE *f, const char *name, const char *const *labels, uint64_t v) {
+        series(f, name, labels);
+        fprintf(f, " %" PRIu64 "\n", v);
+}
+
+static void sample_double(FILE *f, const char *name, const char *const *labels, double v) {
+        series(f, name, labels);
+        if (isnan(v))
+                fputs(" NaN\n", f);
+        else if (isinf(v))
+                fputs(v > 0 ? " +Inf\n" : " -Inf\n", f);
+        else
+                fprintf(f, " %.9g\n", v);
+}
+
+#define LABELS(...) ((const char *const[]) { __VA_ARGS__, NULL })
+
+static void render_daemon(FILE *f, const Tier__StatusReply *s) {
+        family(f, "tierd_build_info", "gauge", "tierd's version and scheduling policy (always 1).");
+        sample_u64(f, "tierd_build_info", LABELS("version", str(s->version), "policy", str(s->policy)), 1);
+        family(f, "tierd_uptime_seconds", "gauge", "Seconds since tierd started.");
+        sample_double(f, "tierd_uptime_seconds", NULL, s->uptime_s);
+        family(f, "tierd_connections", "gauge", "Client connections, tierctl's own included.");
+        sample_u64(f, "tierd_connections", NULL, s->connections);
+}
+
+static void render_tiers(FILE *f, const Tier__StatusReply *s) {
+        static const struct {
+                const char *name, *help;
+                size_t offset;
+        } fields[] = {
+                { "tierd_tier_capacity_bytes", "Bytes the tier holds.", offsetof(Tier__TierStatus, capacity) },
+                { "tierd_tier_used_bytes", "Bytes of the tier that tensors take.", offsetof(Tier__TierStatus, used) },
+                { "tierd_tier_pinned_bytes", "Bytes of the tier that pinned tensors take.",
+                  offsetof(Tier__TierStatus, pinned) },
+                { "tierd_tier_held_bytes", "Bytes of the tier's segments that jobs hold.",
+                  offsetof(Tier__TierStatus, held) },
+                { "tierd_tier_segment_size_bytes", "The unit jobs get the tier's memory in.",
+                  offsetof(Tier__TierStatus, segment_size) },
+        };
+
+        family(f, "tierd_tier_info", "gauge", "The backend of each tier (always 1).");
+        for (size_t i = 0; i < s->n_tiers; i++)
+                if (s->tiers[i])
+                        sample_u64(f, "tierd_tier_info",
+                                   LABELS("tier", tier_name(s->tiers[i]->tier), "backend", str(s->tiers[i]->backend)), 1);
+        for (size_t k = 0; k < ELEMENTSOF(fields); k++) {
+                family(f, fields[k].name, "gauge", fields[k].help);
+                for (size_t i = 0; i < s->n_tiers; i++)
+                        if (s->tiers[i])
+                                sample_u64(f, fields[k].name, LABELS("tier", tier_name(s->tiers[i]->tier)),
+                                           *(const uint64_t *) ((const uint8_t *) s->tiers[i] + fields[k].offset));
+        }
+}
+
+static void render_links(FILE *f, const Tier__StatusReply *s) {
+        family(f, "tierd_link_moved_bytes_total", "counter", "Bytes moved over each link since tierd started.");
+        for (size_t i = 0; i < s->n_links; i++)
+                if (s->links[i])
+                        sample_u64(f, "tierd_link_moved_bytes_total", LABELS("link", str(s->links[i]->name)),
+                                   s->links[i]->bytes);
+        family(f, "tierd_link_transfers_total", "counter", "Transfers over each link since tierd started.");
+        for (size_t i = 0; i < s->n_links; i++)
+                if (s->links[i])
+                        sample_u64(f, "tierd_link_transfers_total", LABELS("link", str(s->links[i]->name)),
+                                   s->links[i]->ops);
+}
+
+static void render_targets(FILE *f, const Tier__StatusReply *s) {
+        static const struct {
+                const char *name, *type, *help;
+                size_t offset;
+        } fields[] = {
+                { "tierd_target_capacity_bytes", "gauge", "Usable bytes of the NVMe target.",
+                  offsetof(Tier__TargetStatus, capacity) },
+                { "tierd_target_used_bytes", "gauge", "Bytes of the NVMe target that tensors take.",
+                  offsetof(Tier__TargetStatus, used) },
+                { "tierd_target_read_bytes_total", "counter", "Bytes read from the NVMe target since tierd started.",
+                  offsetof(Tier__TargetStatus, bytes_read) },
+                { "tierd_target_written_bytes_total", "counter",
+                  "Bytes written to the NVMe target since tierd started.", offsetof(Tier__TargetStatus, bytes_written) },
+                { "tierd_target_crc_errors_total", "counter",
+                  "Extents read back from the NVMe target whose crc32c did not match.",
+                  offsetof(Tier__TargetStatus, crc_errors) },
+                { "tierd_target_io_errors_total", "counter", "I/O requests to the NVMe target that failed.",
+                  offsetof(Tier__TargetStatus, io_errors) },
+                { "tierd_target_wear_written_bytes_total", "counter",
+                  "Bytes tierd wrote to the NVMe target, kept across restarts (the state directory's wear file).",
+                  offsetof(Tier__TargetStatus, wear_written) },
+        };
+
+        for (size_t k = 0; k < ELEMENTSOF(fields); k++) {
+                family(f, fields[k].name, fields[k].type, fields[k].help);
+                for (size_t i = 0; i < s->n_targets; i++)
+                        if (s->targets[i])
+                                sample_u64(f, fields[k].name, LABELS("target", str(s->targets[i]->path)),
+                                           *(const uint64_t *) ((const uint8_t *) s->targets[i] + fields[k].offset));
+        }
+
+        family(f, "tierd_target_smart_available", "gauge",
+               "1 if the drive under the target gave its SMART log; 0 and the reason if not.");
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *t = s->targets[i];
+
+                if (t)
+                        sample_u64(f, "tierd_target_smart_available",
+                                   LABELS("target", str(t->path), "device", str(t->smart_device),
+                                          "reason", str(t->smart_na)), t->smart ? 1 : 0);
+        }
+        family(f, "tierd_target_smart_written_bytes_total", "counter",
+               "The drive's Data Units Written (SMART) in bytes: everything written to it, by anyone.");
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *t = s->targets[i];
+                uint64_t units = t && t->smart ? t->smart->data_units_written : 0;
+
+                if (t && t->smart)
+                        sample_u64(f, "tierd_target_smart_written_bytes_total",
+                                   LABELS("target", str(t->path), "device", str(t->smart_device)),
+                                   units > UINT64_MAX / 512000 ? UINT64_MAX : units * 512000);
+        }
+        family(f, "tierd_target_smart_endurance_used_ratio", "gauge",
+               "The drive's Percentage Used (SMART) / 100: its rated endurance used; may exceed 1.");
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *t = s->targets[i];
+
+                if (t && t->smart)
+                        sample_double(f, "tierd_target_smart_endurance_used_ratio",
+                                      LABELS("target", str(t->path), "device", str(t->smart_device)),
+                                      t->smart->percentage_used / 100.0);
+        }
+        family(f, "tierd_target_smart_critical_warning", "gauge", "The drive's Critical Warning bits (SMART); 0: none.");
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *t = s->targets[i];
+
+                if (t && t->smart)
+                        sample_u64(f, "tierd_target_smart_critical_warning",
+                                   LABELS("target", str(t->path), "device", str(t->smart_device)),
+                                   t->smart->critical_warning);
+        }
+        family(f, "tierd_target_smart_temperature_celsius", "gauge", "The drive's composite temperature (SMART).");
+        for (size_t i = 0; i < s->n_targets; i++) {
+                const Tier__TargetStatus *t = s->targets[i];
+
+                if (t && t->smart)
+                        sample_double(f, "tierd_target_smart_temperature_celsius",
+                                      LABELS("target", str(t->path), "device", str(t->smart_device)),
+                                      (double) t->smart->temperature_k - 273.15);
+        }
+}
+
+static const Tier__JobTierUsage *job_usage(const Tier__JobStatus *j, size_t tier) {
+        for (size_t i = 0; i < j->n_usage; i++)
+                if (j->usage[i] && (size_t) j->usage[i]->tier == tier)
+                        return j->usage[i];
+        return NULL;
+}
+
+static void render_jobs(FILE *f, const Tier__StatusReply *s) {
+        static const struct {
+                const char *name, *help;
+                size_t offset;
+        } usage[] = {
+                { "tierd_job_used_bytes", "Bytes the job's tensors take in the tier.", offsetof(Tier__JobTierUsage, used) },
+                { "tierd_job_limit_bytes", "The job's limit in the tier.", offsetof(Tier__JobTierUsage, limit) },
+                { "tierd_job_pinned_bytes", "Bytes of the job's pinned tensors in the tier.",
+                  offsetof(Tier__JobTierUsage, pinned) },
+        };
+        char id[32], uid[16];
+
+        family(f, "tierd_job_info", "gauge", "A job tierd has now: its id and owner (always 1).");
+        for (size_t i = 0; i < s->n_jobs; i++) {
+                const Tier__JobStatus *j = s->jobs[i];
+
+                if (!j)
+                        continue;
+                (void) snprintf(id, sizeof(id), "%" PRIu64, j->id);
+                (void) snprintf(uid, sizeof(uid), "%" PRIu32, j->uid);
+                sample_u64(f, "tierd_job_info", LABELS("job_name", str(j->name), "job_id", id, "uid", uid), 1);
+        }
+#define JOB_SCALAR(NAME, TYPE, HELP, EXPR, SAMPLE)                                              \
+        family(f, NAME, TYPE, HELP);                                                            \
+        for (size_t i = 0; i < s->n_jobs; i++) {                                                \
+                const Tier__JobStatus *j = s->jobs[i];                                          \
+                if (j)                                                                          \
+                        SAMPLE(f, NAME, LABELS("job_name", str(j->name)), EXPR);                \
+        }
+        JOB_SCALAR("tierd_job_connections", "gauge", "The job's connections (ranks).", j->connections, sample_u64)
+        JOB_SCALAR("tierd_job_tensors", "gauge", "The job's tensors.", j->tensors, sample_u64)
+        JOB_SCALAR("tierd_job_weight", "gauge", "The job's bandwidth weight.", j->weight, sample_u64)
+        JOB_SCALAR("tierd_job_linger_remaining_seconds", "gauge",
+                   "Seconds a job without connections is kept before it ends; 0 while connected.",
+                   j->linger_left_s, sample_double)
+        JOB_SCALAR("tierd_job_nvme_written_bytes_total", "counter",
+                   "Bytes written to NVMe for the job since it began.", j->nvme_written, sample_u64)
+        JOB_SCALAR("tierd_job_wear_written_bytes_total", "counter",
+                   "Bytes written to NVMe under the job's name, earlier runs and restarts of tierd included.",
+                   j->wear_written, sample_u64)
+#undef JOB_SCALAR
+
+        for (size_t k = 0; k < ELEMENTSOF(usage); k++) {
+                family(f, usage[k].name, "gauge", usage[k].help);
+                for (size_t i = 0; i < s->n_jobs; i++)
+                        for (size_t t = 0; s->jobs[i] && t < ELEMENTSOF(tier_names); t++) {
+                                const Tier__JobTierUsage *u = job_usage(s->jobs[i], t);
+
+                                sample_u64(f, usage[k].name, LABELS("job_name", str(s->jobs[i]->name), "tier", tier_names[t]),
+                                           u ? *(const uint64_t *) ((const uint8_t *) u + usage[k].offset) : 0);
+                        }
+        }
+        family(f, "tierd_job_moved_bytes_total", "counter", "Bytes moved for the job over each link since it began.");
+        for (size_t i = 0; i < s->n_jobs; i++)
+                for (size_t l = 0; s->jobs[i] && l < s->jobs[i]->n_moved; l++)
+                        sample_u64(f, "tierd_job_moved_bytes_total",
+                                   LABELS("job_name", str(s->jobs[i]->name), "link", str(s->jobs[i]->moved[l]->name)),
+                                   s->jobs[i]->moved[l]->bytes);
+}
+
+/* Plans: one per rank, labelled with the job and its index among the job's plans now. */
+static void render_plans(FILE *f, const Tier__StatusReply *s) {
+        static const struct {
+                const char *name, *type, *help;
+                int what;
+        } fields[] = {
+                { "tierd_plan_phase", "gauge", "The phase the rank is in.", 0 },
+                { "tierd_plan_phases", "gauge", "Phases in the rank's plan (one training step).", 1 },
+                { "tierd_plan_iterations_total", "counter", "Steps the rank completed.", 2 },
+                { "tierd_plan_step_seconds", "gauge", "Learned step time: the sum of the phases' averages.", 3 },
+                { "tierd_plan_last_step_seconds", "gauge", "How long the rank's last step took.", 4 },
+                { "tierd_plan_last_stall_seconds", "gauge", "Time the rank waited for data in its last step.", 5 },
+                { "tierd_plan_stall_seconds_total", "counter", "Time the rank waited for data since its plan began.", 6 },
+        };
+        char idx[24];
+
+        for (size_t k = 0; k < ELEMENTSOF(fields); k++) {
+                family(f, fields[k].name, fields[k].type, fields[k].help);
+                for (size_t i = 0; i < s->n_jobs; i++)
+                        for (size_t p = 0; s->jobs[i] && p < s->jobs[i]->n_plans; p++) {
+                                const Tier__PlanStatus *ps = s->jobs[i]->plans[p];
+                                const char *const *labels;
+
+                                (void) snprintf(idx, sizeof(idx), "%zu", p);
+                                labels = LABELS("job_name", str(s->jobs[i]->name), "plan", idx);
+                                switch (fields[k].what) {
+                                case 0: sample_u64(f, fields[k].name, labels, ps->phase); break;
+                                case 1: sample_u64(f, fields[k].name, labels, ps->phases); break;
+                                case 2: sample_u64(f, fields[k].name, labels, ps->iterations); break;
+                                case 3: sample_double(f, fields[k].name, labels, ps->step_s); break;
+                                case 4: sample_double(f, fields[k].name, labels, ps->last_step_s); break;
+                                case 5: sample_double(f, fields[k].name, labels, ps->stall_s); break;
+                                default: sample_double(f, fields[k].name, labels, ps->stall_total_s); break;
+                                }
+                        }
+        }
+        family(f, "tierd_plan_last_step_moved_bytes", "gauge", "Bytes moved for the rank's job over each link in its last step.");
+        for (size_t i = 0; i < s->n_jobs; i++)
+                for (size_t p = 0; s->jobs[i] && p < s->jobs[i]->n_plans; p++) {
+                        const Tier__PlanStatus *ps = s->jobs[i]->plans[p];
+
+                        (void) snprintf(idx, sizeof(idx), "%zu", p);
+                        for (size_t l = 0; l < ps->n_step_links; l++)
+                                sample_u64(f, "tierd_plan_last_step_moved_bytes",
+                                           LABELS("job_name", str(s->jobs[i]->name), "plan", idx,
+                                                  "link", str(ps->step_links[l]->name)),
+                                           ps->step_links[l]->bytes);
+                }
+}
+
+static void render_sched(FILE *f, const Tier__StatusReply *s) {
+        const Tier__SchedStatus *q = s->sched;
+
+        if (!q)
+                return;         /* a reply built without it (tests) */
+        family(f, "tierd_sched_transfers_in_flight", "gauge",
+               "Transfers between tiers in flight (or waiting for the VRAM link).");
+        sample_u64(f, "tierd_sched_transfers_in_flight", NULL, q->transfers);
+        family(f, "tierd_sched_ops", "gauge", "Requests being served: pins, evictions, prefetches, write-backs.");
+        sample_u64(f, "tierd_sched_ops", NULL, q->ops);
+        family(f, "tierd_sched_queue_length", "gauge", "Entries waiting in each queue.");
+        sample_u64(f, "tierd_sched_queue_length", LABELS("queue", "run"), q->run_queue);
+        sample_u64(f, "tierd_sched_queue_length", LABELS("queue", "space"), q->space_waiters);
+        sample_u64(f, "tierd_sched_queue_length", LABELS("queue", "nvme"), q->nvme_queued);
+        sample_u64(f, "tierd_sched_queue_length", LABELS("queue", "vram"), q->vram_queued);
+        family(f, "tierd_sched_requests_in_flight", "gauge", "Requests with the kernel (NVMe) or the VRAM backend.");
+        sample_u64(f, "tierd_sched_requests_in_flight", LABELS("link", "nvme"), q->nvme_in_flight);
+        sample_u64(f, "tierd_sched_requests_in_flight", LABELS("link", "vram"), q->vram_in_flight);
+}
+
+int metrics_render(const Tier__StatusReply *sr, char **ret, size_t *ret_len) {
+        _cleanup_free_ char *buf = NULL;
+        size_t size = 0;
+        FILE *f;
+        int r = 0;
+
+        if (!sr || !ret)
+                return -EINVAL;
+        f = open_memstream(&buf, &size);
+        if (!f)
+                return -ENOMEM;
+        render_daemon(f, sr);
+        render_tiers(f, sr);
+        render_links(f, sr);
+        render_targets(f, sr);
+        render_jobs(f, sr);
+        render_plans(f, sr);
+        render_sched(f, sr);
+        if (ferror(f))
+                r = -ENOMEM;
+        if (fclose(f) != 0 && r >= 0)
+                r = -ENOMEM;
+        if (r < 0)
+                return r;
+        if (ret_len)
+                *ret_len = size;
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
+int metrics_build(const Rpc *r, char **ret, size_t *ret_len) {
+        Tier__StatusReply *sr = NULL;
+        int q;
+
+        q = status_build(r, &sr);
+        if (q < 0)
+                return q;
+        q = metrics_render(sr, ret, ret_len);
+        status_free(sr);
+        return q;
+}
+
+/* @len bytes of @text in a sealed memfd; the fd, or -errno. */
+static int text_to_memfd(const char *text, size_t len) {
+        _cleanup_close_ int fd = memfd_create("tierd-metrics", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+        if (fd < 0)
+                return negative_errno();
+        if (write(fd, text, len) != (ssize_t) len)
+                return -EIO;
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                return negative_errno();
+        return TAKE_FD(fd);
+}
+
+int metrics_reply(const Rpc *r, Conn *c, uint64_t seq) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        _cleanup_free_ char *text = NULL;
+        _cleanup_close_ int fd = -1;
+        size_t len = 0;
+        int q;
+
+        resp.seq = seq;
+        q = metrics_build(r, &text, &len);
+        if (q < 0) {
+                resp.status = q;
+                resp.error = (char *) "cannot build the metrics";
+                return conn_send_response(c, &resp, NULL, 0, false);
+        }
+        if (len <= METRICS_INLINE_MAX) {
+                resp.result_case = TIER__RESPONSE__RESULT_METRICS_TEXT;
+                resp.metrics_text = text;
+                return conn_send_response(c, &resp, NULL, 0, false);
+        }
+        fd = text_to_memfd(text, len);
+        if (fd < 0) {
+                resp.status = fd;
+                resp.error = (char *) "cannot write the metrics into a memfd";
+                return conn_send_response(c, &resp, NULL, 0, false);
+        }
+        resp.result_case = TIER__RESPONSE__RESULT_METRICS_FD;
+        resp.metrics_fd = 0;
+        return conn_send_response(c, &resp, &fd, 1, false);
+}

@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: MIT */
+/* test-share.c: capacity that flows between jobs: lingering jobs yield, jobs above their share give back. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
+
+#define MiB ((uint64_t) 1024 * 1024)
+#define TSIZE (4 * MiB)
+/* 50 x 4 MiB = 200 MiB per job, against a 256 MiB host pool that every job may use whole */
+#define N_TENSORS 50
+
+static const char *const CONFIG =
+        "[daemon]\n"
+        "linger_sec = 300\n"
+        "[limits]\n"
+        "max_tensors = 256\n"
+        "[host]\n"
+        "capacity = 256M\n"
+        "segment_size = 4M\n"
+        "job_limit = 256M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 16M\n"
+        "chunk_size = 4M\n"
+        "job_limit = 16M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:1G\n"
+        "target = @DIR@/t1.img:1G\n"
+        "extent_size = 1M\n";
+
+static TestDaemon daemon_;
+
+static int setup(void **state) {
+        int r = test_daemon_start(&daemon_, CONFIG);
+
+        if (r < 0) {
+                fprintf(stderr, "cannot start tierd: %s\n", strerror(-r));
+                return -1;
+        }
+        return 0;
+}
+
+static int teardown(void **state) {
+        return test_daemon_stop(&daemon_) == 0 ? 0 : -1;
+}
+
+static double now_s(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
+}
+
+static tier_client *connect_job(const char *job) {
+        tier_client *c = NULL;
+        int r = tier_client_new(&c, daemon_.socket, job, 0);
+
+        if (r < 0)
+                fprintf(stderr, "connect %s: %s (%s)\n", job, tier_strerror(r), tier_client_last_error(c));
+        assert_int_equal(r, 0);
+        return c;
+}
+
+static uint8_t pattern(unsigned job, unsigned idx, uint64_t off) {
+        return (uint8_t) (off * 13 + idx * 7 + job * 101 + (off >> 12));
+}
+
+static void fill(tier_client *c, tier_tensor *t, unsigned job, unsigned idx) {
+        struct tier_grant g;
+        int r = tier_pin(t, TIER_HOST, &g);
+
+        if (r < 0)
+                fprintf(stderr, "pin tensor %u of job %u: %s (%s)\n", idx, job, tier_strerror(r),
+                        tier_client_last_error(c));
+        assert_int_equal(r, 0);
+        for (uint64_t i = 0; i < g.length; i += 512)
+                ((uint8_t *) g.ptr)[i] = pattern(job, idx, i);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+}
+
+static void verify(tier_client *c, tier_tensor *t, unsigned job, unsigned idx) {
+        struct tier_grant g;
+        int r = tier_pin(t, TIER_HOST, &g);
+
+        if (r < 0)
+                fprintf(stderr, "pin tensor %u of job %u: %s (%s)\n", idx, job, tier_strerror(r),
+                        tier_client_last_error(c));
+        assert_int_equal(r, 0);
+        for (uint64_t i = 0; i < g.length; i += 512)
+                if (((uint8_t *) g.ptr)[i] != pattern(job, idx, i)) {
+                        fprintf(stderr, "job %u tensor %u byte %" PRIu64 ": %u, want %u\n", job, idx, i,
+                                ((uint8_t *) g.ptr)[i], pattern(job, idx, i));
+                        fail();
+                }
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+}
+
+static void create_all(tier_client *c, tier_tensor **t, const char *prefix) {
+        char name[32];
+
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                snprintf(name, sizeof(name), "%s%u", prefix, i);
+                assert_int_equal(tier_tensor_create(c, name, TSIZE, &t[i]), 0);
+        }
+}
+
+/* Key @key of job @name's host usage in tierd's status ("used", "share", ...). */
+static uint64_t host_usage(const char *name, const char *key) {
+        json_t *st = test_daemon_status(&daemon_), *job;
+        uint64_t used = UINT64_MAX;
+        size_t i;
+
+        assert_non_null(st);
+        json_array_foreach(json_object_get(st, "jobs"), i, job)
+                if (strcmp(json_string_value(json_object_get(job, "name")), name) == 0)
+                        used = (uint64_t) json_integer_value(json_object_get(
+                                json_object_get(json_object_get(job, "usage"), "host"), key));
+        json_decref(st);
+        return used;
+}
+
+static uint64_t host_used(const char *name) {
+        return host_usage(name, "used");
+}
+
+/* The yardstick, in the same run: seconds tierd takes to write 200 MiB of dirty host data down. */
+static double writeback_yardstick(void) {
+        tier_client *w = connect_job("yardstick");
+        tier_tensor *tw[N_TENSORS];
+        double t0, s;
+
+        create_all(w, tw, "w");
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                fill(w, tw[i], 9, i);
+        t0 = now_s();
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                assert_int_equal(tier_evict(tw[i], TIER_NVME), 0);
+        s = now_s() - t0;
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                assert_int_equal(tier_tensor_destroy(tw[i]), 0);
+        tier_client_free(w);
+        return s;
+}
+
+/*
+ * A job whose rank exited keeps its 200 MiB of dirty host data while it
+ * lingers, but not its claim on the host pool: a live job that needs the
+ * room gets it, by the time it takes to write the lingering job's bytes to
+ * NVMe, both by explicit pins and through a plan; when the lingering job's
+ * rank comes back, its data is all there.
+ */
+static void test_lingering_job_yields(void **state) {
+        tier_client *l, *n;
+        tier_tensor *tl[N_TENSORS], *tn[N_TENSORS];
+        tier_plan *plan = NULL;
+        double t0, wb_s, pins_s, plan_s, stall_s;
+
+        wb_s = writeback_yardstick();
+
+        l = connect_job("lingering");
+        create_all(l, tl, "l");
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                fill(l, tl[i], 1, i);
+        assert_int_equal(host_used("lingering"), N_TENSORS * TSIZE);
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                tier_tensor_close(tl[i]);
+        tier_client_free(l);            /* its rank exits: the job lingers with 200 MiB of dirty host data */
+        assert_int_equal(host_usage("lingering", "share"), 0);
+
+        /* half of the live job's tensors by explicit pins: 56 MiB are free, the rest must come from it */
+        n = connect_job("live");
+        create_all(n, tn, "n");
+        t0 = now_s();
+        for (unsigned i = 0; i < N_TENSORS / 2; i++)
+                fill(n, tn[i], 2, i);
+        pins_s = now_s() - t0;
+
+        /* the other half through a plan: five phases of five tensors each, read and written in host */
+        t0 = now_s();
+        assert_int_equal(tier_plan_new(n, &plan), 0);
+        for (unsigned i = N_TENSORS / 2; i < N_TENSORS; i++)
+                assert_int_equal(tier_plan_add(plan, (i - N_TENSORS / 2) / 5, tn[i], TIER_HOST, TIER_READ_WRITE), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        for (unsigned ph = 0; ph < 5; ph++) {
+                struct tier_grant g;
+
+                assert_int_equal(tier_phase(n, ph), 0);
+                for (unsigned i = N_TENSORS / 2 + ph * 5; i < N_TENSORS / 2 + ph * 5 + 5; i++) {
+                        assert_int_equal(tier_phase_grant(n, tn[i], TIER_HOST, &g), 0);
+                        for (uint64_t o = 0; o < g.length; o += 512)
+                                ((uint8_t *) g.ptr)[o] = pattern(2, i, o);
+                }
+        }
+        stall_s = tier_phase_stall(n);         /* the plan's page goes with it */
+        assert_int_equal(tier_plan_end(n), 0);
+        plan_s = now_s() - t0;
+        print_message("write-back of 200 MiB alone %.3f s; the live job's 25 pins took %.3f s, its plan %.3f s "
+                      "(stalled %.3f s); the lingering job kept %" PRIu64 " MiB of host\n", wb_s, pins_s, plan_s, stall_s,
+                      host_used("lingering") / MiB);
+        assert_true(host_used("live") == N_TENSORS * TSIZE);
+        assert_true(host_used("lingering") <= 256 * MiB - N_TENSORS * TSIZE);
+        /* bounded by the write-back (with room for the VM's noise), not by the 300 s linger */
+        assert_true(pins_s + plan_s < 4 * wb_s + 2.0);
+
+        /* the lingering job's rank comes back: every byte is there */
+        l = connect_job("lingering");
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                char name[32];
+
+                snprintf(name, sizeof(name), "l%u", i);
+                assert_int_equal(tier_tensor_open(l, name, &tl[i]), 0);
+                verify(l, tl[i], 1, i);
+        }
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                verify(n, tn[i], 2, i);
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                assert_int_equal(tier_tensor_destroy(tl[i]), 0);
+                assert_int_equal(tier_tensor_destroy(tn[i]), 0);
+        }
+        tier_client_free(l);
+        tier_client_free(n);
+}
+
+/*
+ * A job alone grows past its share up to its maximum, with no NVMe traffic
+ * once its data fits; a second job that needs its share gets it from the
+ * first one's excess, and the first one's data stays intact.
+ */
+static void test_live_jobs_share(void **state) {
+        tier_client *a, *b;
+        tier_tensor *ta[N_TENSORS], *tb[N_TENSORS];
+        uint64_t moved[TIER_LINKS] = {}, moved2[TIER_LINKS] = {};
+        double wb_s = writeback_yardstick(), t0, b_s;
+
+        a = connect_job("grows");
+        create_all(a, ta, "a");
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                fill(a, ta[i], 3, i);
+        assert_int_equal(host_used("grows"), N_TENSORS * TSIZE);   /* 200 MiB: past its share (alone: all) */
+        assert_int_equal(tier_client_moved(a, moved), 0);
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                verify(a, ta[i], 3, i);
+        assert_int_equal(tier_client_moved(a, moved2), 0);
+        assert_int_equal(moved2[TIER_LINK_NVME_TO_HOST], moved[TIER_LINK_NVME_TO_HOST]);
+        assert_int_equal(moved2[TIER_LINK_HOST_TO_NVME], 0);
+
+        /* the second job needs 128 MiB, its share of 256 with equal weights: 72 of them are the first's */
+        b = connect_job("arrives");
+        create_all(b, tb, "b");
+        t0 = now_s();
+        for (unsigned i = 0; i < 32; i++)
+                fill(b, tb[i], 4, i);
+        b_s = now_s() - t0;
+        print_message("shares: 'grows' %" PRIu64 " MiB, 'arrives' %" PRIu64 " MiB of host; the second job's "
+                      "128 MiB took %.3f s (writing 200 MiB down alone: %.3f s)\n", host_used("grows") / MiB,
+                      host_used("arrives") / MiB, b_s, wb_s);
+        assert_true(b_s < 4 * wb_s + 2.0);
+        assert_int_equal(host_used("arrives"), 32 * TSIZE);
+        assert_true(host_used("grows") <= 256 * MiB - 32 * TSIZE);
+        assert_int_equal(host_usage("arrives", "share"), 128 * MiB);       /* equal weights: half each */
+        assert_int_equal(host_usage("grows", "share"), 128 * MiB);
+
+        /* the first job (now above its share) makes room among its own copies to read everything back */
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                verify(a, ta[i], 3, i);
+        for (unsigned i = 0; i < 32; i++)
+                verify(b, tb[i], 4, i);
+        /* and the second one does not lose its share to it */
+        assert_int_equal(host_used("arrives"), 32 * TSIZE);
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                assert_int_equal(tier_tensor_destroy(ta[i]), 0);
+                assert_int_equal(tier_tensor_destroy(tb[i]), 0);
+        }
+        tier_client_free(a);
+        tier_client_free(b);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_lingering_job_yields),
+                cmocka_unit_test(test_live_jobs_share),
+        };
+
+        return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,396 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""tierctl, the built binary, against a real tierd: every verb's --json, errors and exit codes.
+
+Jobs are made with the tier package (this build's libtier); tierctl runs as
+a subprocess with --socket.  The results of tensors and evict are checked
+against the job's real state (Tensor.stat() and the bytes read back).  The
+permission tests run tierctl as uid/gid 65534 (nobody) and need root: they
+skip otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import unittest
+
+import tierd
+from tierd import MiB
+
+import tier
+
+# Jobs linger (a minute) so that a job without connections can be seen lingering;
+# every test detaches its jobs at the end, so they do not hold segments for the next.
+CONFIG = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 60")
+
+NOBODY = 65534
+
+
+def tierctl_path() -> str:
+    return os.path.join(tierd.build_dir(), "client", "tierctl")
+
+
+def as_nobody() -> None:  # in the child, before exec
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+
+
+class TestTierctl(tierd.DaemonTestCase):
+    config = CONFIG
+
+    # -- helpers
+    def ctl(self, *args: str, expect: int | None = 0, nobody: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run tierctl --socket SOCKET ARGS; check its exit status when @expect is not None."""
+        p = subprocess.run([tierctl_path(), "--socket", self.socket, *args], capture_output=True, text=True,
+                           timeout=60, preexec_fn=as_nobody if nobody else None, env=env)
+        if expect is not None:
+            self.assertEqual(p.returncode, expect, f"tierctl {' '.join(args)}: stdout {p.stdout!r} stderr {p.stderr!r}")
+        return p
+
+    def ctl_json(self, *args: str) -> dict:
+        return json.loads(self.ctl(*args, "--json").stdout)
+
+    def detach_at_end(self, job: str) -> None:
+        def detach() -> None:
+            self.ctl("detach", job, expect=None)
+        self.addCleanup(detach)
+
+    def job_entry(self, name: str) -> dict | None:
+        for j in self.ctl_json("jobs")["jobs"]:
+            if j["name"] == name:
+                return j
+        return None
+
+    def tensors(self, job: str) -> dict[str, dict]:
+        doc = self.ctl_json("tensors", job)
+        self.assertEqual(doc["job"], job)
+        return {t["name"]: t for t in doc["tensors"]}
+
+    # -- help and usage
+    def test_help(self) -> None:
+        p = self.ctl("--help", env=dict(os.environ, TIER_SOCKET="/x/y.sock"))
+        self.assertIn("$TIER_SOCKET", p.stdout)
+        self.assertIn("/x/y.sock", p.stdout)
+        self.assertRegex(p.stdout, r"else /\S+\.sock")  # the built-in path
+        for verb in ("status", "jobs", "tensors", "evict", "detach", "quota", "help"):
+            self.assertRegex(p.stdout, rf"\n  {verb} ")
+            own = self.ctl(verb, "--help").stdout
+            self.assertTrue(own.startswith(f"Usage: tierctl {verb}"), own)
+            self.assertEqual(self.ctl("help", verb).stdout, own)
+        self.assertIn("quota set", self.ctl("help", "quota").stdout)
+        self.assertIn("unknown command 'nosuch'", self.ctl("help", "nosuch", expect=2).stderr)
+        self.ctl("nosuch", expect=2)
+        self.ctl(expect=2)
+
+    def test_usage_errors(self) -> None:
+        cases = [
+            (["status", "extra"], "unexpected argument"),
+            (["status", "--watch=0"], "--watch takes seconds"),
+            (["jobs", "--bogus"], "unknown option '--bogus'"),
+            (["tensors"], "no job given"),
+            (["tensors", "a", "b"], "unexpected argument 'b'"),
+            (["tensors", "--min-size", "10X", "j"], "'10X'"),
+            (["tensors", "--min-size", "", "j"], "--min-size"),
+            (["tensors", "--min-size", "-1", "j"], "'-1'"),
+            (["tensors", "--min-size", "99999999999999999999", "j"], "below 16 EiB"),
+            (["tensors", "--min-size"], "needs an argument"),
+            (["evict", "--to", "vram", "j"], "--to takes nvme or host"),
+            (["evict"], "no job given"),
+            (["detach", ""], "job name is empty"),
+            (["detach", "a", "b"], "unexpected argument"),
+            (["quota", "set", "j", "--host", "10X"], "'10X'"),
+            (["quota", "set", "j", "--host", "-1"], "'-1'"),
+            (["quota", "get", "a", "b"], "unexpected argument"),
+            (["quota"], "say get or set"),
+        ]
+        for args, msg in cases:
+            with self.subTest(args=args):
+                p = self.ctl(*args, expect=2)
+                self.assertIn(msg, p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    def test_unreachable(self) -> None:
+        for verb in (["status"], ["jobs"], ["tensors", "j"], ["evict", "j"], ["detach", "j"], ["quota", "get"]):
+            p = subprocess.run([tierctl_path(), "--socket", "/nonexistent/tierd.sock", *verb], capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(p.returncode, 1, verb)
+            self.assertIn("/nonexistent/tierd.sock", p.stderr)
+
+    def test_unknown_job(self) -> None:
+        for args in (["tensors", "nojob"], ["evict", "nojob"], ["evict", "--to", "host", "nojob"],
+                     ["detach", "nojob"], ["quota", "get", "nojob"]):
+            with self.subTest(args=args):
+                p = self.ctl(*args, "--json", expect=1)
+                self.assertIn("no job 'nojob'", p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    # -- status, jobs
+    def test_status_does_not_count_itself(self) -> None:
+        base = self.ctl_json("status")["connections"]
+        c = self.client("st-self")
+        self.detach_at_end("st-self")
+        c.create("t", 4096)
+        doc = self.ctl_json("status")
+        self.assertEqual(doc["connections"], base + 1)
+        job = [j for j in doc["jobs"] if j["name"] == "st-self"][0]
+        self.assertEqual(job["connections"], 1)
+        self.assertIs(job["lingering"], False)
+        self.assertIn("weight", job)
+        table = self.ctl("status").stdout
+        self.assertIn(f"{base + 1} connection", table)
+        self.assertIn("WEIGHT", table)
+
+    def test_jobs_and_linger(self) -> None:
+        c = self.client("jobs-a")
+        self.detach_at_end("jobs-a")
+        t = c.create("t", 1 * MiB)
+        with t.pin(tier.HOST) as g:
+            g.memoryview()[:4] = b"abcd"
+            g.dirty = True
+        j = self.job_entry("jobs-a")
+        self.assertIsNotNone(j)
+        self.assertEqual(j["uid"], os.getuid())
+        self.assertEqual(j["connections"], 1)
+        self.assertIs(j["lingering"], False)
+        self.assertEqual(j["tensors"], 1)
+        self.assertGreaterEqual(j["usage"]["host"]["used"], 1 * MiB)
+        self.assertGreaterEqual(j["weight"], 1)
+        self.assertIn("jobs-a", self.ctl("jobs").stdout)
+        self.assertIn("WEIGHT", self.ctl("jobs").stdout)
+
+        c.close()
+        j = self.job_entry("jobs-a")
+        self.assertIs(j["lingering"], True)
+        self.assertEqual(j["connections"], 0)
+        self.assertGreater(j["linger_left_s"], 0)
+        self.assertLessEqual(j["linger_left_s"], 60)
+        self.assertRegex(self.ctl("jobs").stdout, r"jobs-a .* \d+\.\ds left")
+        self.assertRegex(self.ctl("status").stdout, r"jobs-a .* left")
+        st = [x for x in self.ctl_json("status")["jobs"] if x["name"] == "jobs-a"][0]
+        self.assertIs(st["lingering"], True)
+        self.assertGreater(st["linger_left_s"], 0)
+
+        # a rank that comes back finds its data
+        c2 = self.client("jobs-a")
+        with c2.open("t").pin(tier.HOST) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"abcd")
+        self.assertIs(self.job_entry("jobs-a")["lingering"], False)
+
+    def test_watch(self) -> None:
+        p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "status", "--json", "--watch", "0.1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            docs: list[dict] = []
+            buf = ""
+            while len(docs) < 3:
+                line = p.stdout.readline()
+                self.assertTrue(line, "tierctl status --watch ended by itself")
+                if line == "\n":  # not a tty: a blank line between outputs
+                    continue
+                buf += line
+                docs.append(json.loads(buf))
+                buf = ""
+            for d in docs:
+                self.assertIn("tiers", d)
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(30), 0, p.stderr.read())
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+
+    # -- tensors
+    def test_tensors(self) -> None:
+        c = self.client("tens")
+        self.detach_at_end("tens")
+        a = c.create("a", 1 * MiB)
+        b = c.create("b", 2 * MiB)
+        c.create("never", 4096)
+        with a.pin(tier.HOST) as g:
+            g.memoryview()[:3] = b"xyz"
+            g.dirty = True
+        gb = b.pin(tier.HOST)
+        self.addCleanup(gb.unpin)
+
+        ts = self.tensors("tens")
+        self.assertEqual(set(ts), {"a", "b", "never"})
+        ta = ts["a"]
+        self.assertEqual(ta["size"], 1 * MiB)
+        self.assertEqual(ta["copies"]["host"], {"state": "resident", "valid": True, "dirty": True, "pins": 0})
+        self.assertEqual(ta["copies"]["nvme"]["state"], "absent")
+        self.assertIs(ta["dirty"], True)
+        self.assertIsInstance(ta["idle_s"], float)
+        self.assertGreaterEqual(ta["idle_s"], 0)
+        self.assertEqual(ts["b"]["pins"], 1)
+        self.assertEqual(ts["b"]["copies"]["host"]["pins"], 1)
+        self.assertIsNone(ts["never"]["idle_s"])
+        self.assertEqual({k: v["state"] for k, v in ts["never"]["copies"].items()},
+                         {"vram": "absent", "host": "absent", "nvme": "absent"})
+        # what tierd says per tensor agrees with the tensor's own stat
+        st = a.stat()
+        for lvl in ("vram", "host", "nvme"):
+            self.assertEqual(ta["copies"][lvl]["state"], st.state[lvl])
+            self.assertEqual(ta["copies"][lvl]["pins"], st.pins[lvl])
+
+        only = self.ctl_json("tensors", "--min-size", "2MiB", "tens")["tensors"]
+        self.assertEqual([t["name"] for t in only], ["b"])
+        table = self.ctl("tensors", "tens").stdout
+        self.assertRegex(table, r"\na +1\.0 MiB +- +resident +- +0 +host ")
+        self.assertRegex(table, r"\nnever .* never\n")
+        self.assertIn("no tensors of that size", self.ctl("tensors", "--min-size", "1T", "tens").stdout)
+
+    def test_tensors_many_pages(self) -> None:
+        """More tensors than one reply holds (1024 a page): all are listed, once."""
+        c = self.client("tens-many")
+        self.detach_at_end("tens-many")
+        names = {f"tensor-{i:05d}-" + "n" * 100 for i in range(1500)}
+        for n in sorted(names):
+            c.create(n, 4096)
+        listed = [t["name"] for t in self.ctl_json("tensors", "tens-many")["tensors"]]
+        self.assertEqual(len(listed), len(names))
+        self.assertEqual(set(listed), names)
+
+    # -- evict
+    def test_evict_to_nvme(self) -> None:
+        c = self.client("ev")
+        self.detach_at_end("ev")
+        a = c.create("a", 1 * MiB)
+        p = c.create("p", 1 * MiB)
+        pattern = bytes(range(256)) * 4096
+        with a.pin(tier.HOST) as g:
+            g.memoryview()[:] = pattern
+            g.dirty = True
+        gp = p.pin(tier.HOST)
+        self.addCleanup(gp.unpin)
+
+        doc = self.ctl_json("evict", "ev")
+        self.assertEqual(doc["to"], "nvme")
+        self.assertEqual(doc["evicted"], 1)
+        self.assertEqual(doc["bytes_written"], 1 * MiB)
+        self.assertEqual(doc["bytes_dropped"], 1 * MiB)
+        self.assertEqual(doc["pinned"], 1)
+        self.assertEqual(doc["pinned_bytes"], 1 * MiB)
+        self.assertEqual(doc["failed"], 0)
+
+        st = a.stat()
+        self.assertEqual(st.state["host"], "absent")
+        self.assertEqual(st.state["vram"], "absent")
+        self.assertEqual(st.state["nvme"], "resident")
+        ta = self.tensors("ev")["a"]
+        self.assertEqual(ta["copies"]["nvme"], {"state": "resident", "valid": True, "dirty": False, "pins": 0})
+        self.assertEqual(ta["copies"]["host"]["state"], "absent")
+        self.assertIs(ta["dirty"], False)
+        self.assertEqual(p.stat().state["host"], "resident")  # pinned: left alone
+        with a.pin(tier.HOST) as g:
+            self.assertEqual(bytes(g.memoryview()), pattern)
+            g.dirty = False  # read only: the NVMe copy stays valid
+
+        # again: a's host copy is clean now (its NVMe copy is valid): nothing is written
+        doc = self.ctl_json("evict", "ev")
+        self.assertEqual(doc["evicted"], 1)
+        self.assertEqual(doc["bytes_written"], 0)
+        self.assertEqual(doc["bytes_dropped"], 1 * MiB)
+        out = self.ctl("evict", "ev").stdout
+        self.assertIn("0 tensor(s) evicted to nvme", out)
+        self.assertIn("skipped 1 pinned", out)
+
+    def test_evict_to_host(self) -> None:
+        c = self.client("ev-host")
+        self.detach_at_end("ev-host")
+        v = c.create("v", 1 * MiB)
+        with v.pin(tier.VRAM) as g:
+            g.dirty = True
+        self.assertEqual(v.stat().state["vram"], "resident")
+        doc = self.ctl_json("evict", "--to", "host", "ev-host")
+        self.assertEqual((doc["to"], doc["evicted"], doc["bytes_written"]), ("host", 1, 1 * MiB))
+        st = v.stat()
+        self.assertEqual((st.state["vram"], st.state["host"]), ("absent", "resident"))
+        self.assertTrue(st.dirty["host"])  # the only copy now: dirty until it reaches NVMe
+
+    # -- detach
+    def test_detach(self) -> None:
+        c = self.client("det")
+        t = c.create("t", 1 * MiB)
+        with t.pin(tier.HOST) as g:
+            g.dirty = True
+        def host_used() -> int:
+            return [x for x in self.ctl_json("status")["tiers"] if x["tier"] == "host"][0]["used"]
+        used = host_used()
+        doc = self.ctl_json("detach", "det")
+        self.assertEqual(doc["job"], "det")
+        self.assertEqual(doc["connections"], 1)
+        self.assertEqual(doc["tensors"], 1)
+        self.assertGreaterEqual(doc["freed"]["host"], 1 * MiB)
+        self.assertIsNone(self.job_entry("det"))
+        self.assertLessEqual(host_used(), used - 1 * MiB)  # its usage is gone with it
+        # the job's process is told why
+        with self.assertRaises(tier.TierError) as cm:
+            t.pin(tier.HOST)
+        self.assertIn("detached", str(cm.exception))
+        self.assertIn("det", self.d.log_text())
+        self.ctl("detach", "det", expect=1)
+
+        # a lingering job (no connection) goes too, with its usage
+        c2 = self.client("det2")
+        c2.create("t", 1 * MiB).pin(tier.HOST).unpin(True)
+        c2.close()
+        self.assertIs(self.job_entry("det2")["lingering"], True)
+        out = self.ctl("detach", "det2").stdout
+        self.assertIn("0 connection(s) closed, 1 tensor(s) freed", out)
+        self.assertIsNone(self.job_entry("det2"))
+
+    # -- permissions
+    def test_permissions(self) -> None:
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run tierctl as uid 65534")
+        # let nobody reach the socket
+        os.chmod(self.d.dir, 0o755)
+        os.chmod(self.socket, 0o666)
+        c = self.client("perm")
+        self.detach_at_end("perm")
+        c.create("t", 4096)
+        for args, what in ((["tensors", "perm"], "list the tensors of"), (["evict", "perm"], "evict"),
+                           (["detach", "perm"], "detach")):
+            with self.subTest(args=args):
+                p = self.ctl(*args, nobody=True, expect=1)
+                self.assertIn(f"uid {NOBODY} (pid ", p.stderr)
+                self.assertIn(f"may not {what} job 'perm'", p.stderr)
+                m = re.search(r"pid (\d+)", p.stderr)
+                self.assertIsNotNone(m)
+                self.assertIn(f"Denied: uid {NOBODY} (pid {m.group(1)}) may not {what} job 'perm'",
+                              self.d.log_text())
+                p = self.ctl(*args, "--json", nobody=True, expect=1)
+                self.assertEqual(p.stdout, "")
+        p = self.ctl("quota", "set", "perm", "--host", "1M", nobody=True, expect=1)
+        self.assertIn("tier-admin", p.stderr)
+        # nobody may still look
+        self.assertIsNotNone([j for j in json.loads(self.ctl("jobs", "--json", nobody=True).stdout)["jobs"]
+                              if j["name"] == "perm"])
+        # the job is intact, and root may
+        self.assertIsNotNone(self.job_entry("perm"))
+        self.assertIn("t", self.tensors("perm"))
+
+    # -- quota keeps working inside the verb table
+    def test_quota_json(self) -> None:
+        c = self.client("qj")
+        self.detach_at_end("qj")
+        c.create("t", 4096)
+        q = json.loads(self.ctl("quota", "get", "--json", "qj").stdout)
+        self.assertEqual(q["job"], "qj")
+        for k in ("vram", "host", "nvme", "weight"):
+            self.assertIn(k, q)
+        doc = json.loads(self.ctl("--json", "quota", "get").stdout)
+        self.assertIn("qj", [j["job"] for j in doc["jobs"]])
+
+
+if __name__ == "__main__":
+    tierd.main()

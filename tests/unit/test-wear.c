@@ -1,0 +1,286 @@
+/* SPDX-License-Identifier: MIT */
+/* test-wear.c: the drive wear book's file, atomic state files, and the metrics text. */
+
+/*
+ * wear: the file round-trips (names with blanks, newlines, '%' and non-ASCII
+ * bytes too), a corrupt file is refused with the line and the reason, set
+ * aside as wear.corrupt and the book starts empty; jobs that end add to
+ * their name's entry; the book is bounded.  statefile: the file is replaced
+ * whole and no temporary is left.  metrics: the text of a hand-made status
+ * has HELP and TYPE lines before its samples and escapes label values.
+ */
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/base/statefile.h"
+#include "daemon/ipc/metrics.h"
+#include "daemon/state/registry.h"
+#include "daemon/state/wear.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "tier.pb-c.h"
+
+static char dir[PATH_MAX];
+
+static int setup(void **state) {
+        (void) snprintf(dir, sizeof(dir), "/tmp/test-wear-XXXXXX");
+        return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+        char cmd[PATH_MAX + 16];
+
+        (void) snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *name, const char *text) {
+        char path[PATH_MAX + 64];
+
+        (void) snprintf(path, sizeof(path), "%s/%s", dir, name);
+        assert_int_equal(statefile_write(path, text, strlen(text), 0644), 0);
+}
+
+static bool exists(const char *name) {
+        char path[PATH_MAX + 64];
+
+        (void) snprintf(path, sizeof(path), "%s/%s", dir, name);
+        return access(path, F_OK) == 0;
+}
+
+/* Files in dir (temporaries left behind would show). */
+static unsigned n_files(void) {
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        unsigned n = 0;
+
+        assert_non_null(d);
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+static void test_roundtrip(void **state) {
+        Wear *w = NULL, *back = NULL;
+        NvmeTarget targets[2] = { { .path = (char *) "/srv/a b.img", .wear_base = 100, .bytes_written = 23 },
+                                  { .path = (char *) "/dev/nvme0n1", .bytes_written = 7 } };
+        NvmeTier nvme = { .targets = targets, .n_targets = 2 };
+        char *text = NULL, why[256] = "";
+        Job j = { .name = (char *) "job\n%x \xc3\xa9", .nvme_written = 4096 };
+
+        assert_int_equal(wear_new(dir, &w), 0);
+        wear_job_end(w, &j);
+        wear_job_end(w, &j);
+        assert_int_equal(wear_job_base(w, "job\n%x \xc3\xa9"), 8192);
+        assert_int_equal(wear_job_base(w, "other"), 0);
+        assert_int_equal(wear_format(w, &nvme, NULL, &text), 0);
+        assert_string_equal(text, "tierd-wear 1\n"
+                            "target /srv/a%20b.img 123\n"
+                            "target /dev/nvme0n1 7\n"
+                            "job job%0A%25x%20%C3%A9 8192\n");
+        assert_int_equal(wear_new(dir, &back), 0);
+        assert_int_equal(wear_parse(back, text, why, sizeof(why)), 0);
+        assert_int_equal(back->n_targets, 2);
+        assert_string_equal(back->targets[0].name, "/srv/a b.img");
+        assert_int_equal(back->targets[0].bytes, 123);
+        assert_int_equal(wear_job_base(back, "job\n%x \xc3\xa9"), 8192);
+        free(text);
+        wear_free(back);
+        wear_free(w);
+}
+
+/* wear_save() then wear_load(): the targets' bases are set, the file is replaced whole. */
+static void test_save_load(void **state) {
+        NvmeTarget t = { .path = (char *) "/srv/t0.img", .bytes_written = 5 << 20 };
+        NvmeTier nvme = { .targets = &t, .n_targets = 1 };
+        Wear *w = NULL;
+        char why[512] = "";
+
+        assert_int_equal(wear_new(dir, &w), 0);
+        assert_int_equal(wear_load(w, &nvme, why, sizeof(why)), 1);    /* no file yet */
+        assert_int_equal(wear_save(w, &nvme, NULL), 0);
+        assert_int_equal(wear_save(w, &nvme, NULL), 0);
+        assert_true(exists("wear"));
+        assert_int_equal(n_files(), 1);         /* no temporary left */
+        wear_free(w);
+
+        t.bytes_written = 0;
+        assert_int_equal(wear_new(dir, &w), 0);
+        assert_int_equal(wear_load(w, &nvme, why, sizeof(why)), 0);
+        assert_int_equal(t.wear_base, 5 << 20);
+        wear_free(w);
+}
+
+static void expect_corrupt(const char *text, const char *reason) {
+        NvmeTarget t = { .path = (char *) "/srv/t0.img", .wear_base = 99 };
+        NvmeTier nvme = { .targets = &t, .n_targets = 1 };
+        Wear *w = NULL;
+        char why[512] = "";
+
+        write_file("wear", text);
+        assert_int_equal(wear_new(dir, &w), 0);
+        assert_int_equal(wear_load(w, &nvme, why, sizeof(why)), 2);
+        if (!strstr(why, reason) || !strstr(why, "it was kept as"))
+                fail_msg("reason '%s' lacks '%s'", why, reason);
+        assert_int_equal(w->n_targets, 0);
+        assert_int_equal(w->n_jobs, 0);
+        assert_false(exists("wear"));
+        assert_true(exists("wear.corrupt"));
+        wear_free(w);
+}
+
+static void test_corrupt(void **state) {
+        expect_corrupt("", "it does not end with a newline");
+        expect_corrupt("tierd-wear 1\ntarget /a 12", "does not end with a newline");
+        expect_corrupt("tierd-wear 2\n", "line 1 is not \"tierd-wear 1\"");
+        expect_corrupt("tierd-wear 1\ntarget /a\n", "line 2 is not \"target|job NAME BYTES\"");
+        expect_corrupt("tierd-wear 1\ntarget /a 1 2\n", "line 2 is not");
+        expect_corrupt("tierd-wear 1\njob a -1\n", "line 2: '-1' is not a byte count");
+        expect_corrupt("tierd-wear 1\njob a 99999999999999999999\n", "is not a byte count");
+        expect_corrupt("tierd-wear 1\njob a%0 1\n", "line 2 has a bad name");
+        expect_corrupt("tierd-wear 1\njob a%00b 1\n", "line 2 has a bad name");
+        expect_corrupt("tierd-wear 1\ndisk /a 1\n", "line 2: unknown kind 'disk'");
+        expect_corrupt("\x01\x02garbage\n", "line 1 is not");
+}
+
+/* Past WEAR_JOBS_MAX names, the one with the fewest bytes goes. */
+static void test_bounded(void **state) {
+        Wear *w = NULL;
+        char name[32];
+
+        assert_int_equal(wear_new(dir, &w), 0);
+        for (unsigned i = 0; i < WEAR_JOBS_MAX; i++) {
+                Job j = { .name = name, .nvme_written = 1000 + i };
+
+                (void) snprintf(name, sizeof(name), "job%u", i);
+                wear_job_end(w, &j);
+        }
+        assert_false(w->forgot);
+        {
+                Job j = { .name = (char *) "big", .nvme_written = 1 << 30 };
+                Job small = { .name = (char *) "tiny", .nvme_written = 1 };
+
+                wear_job_end(w, &j);
+                assert_true(w->forgot);
+                assert_int_equal(w->n_jobs, WEAR_JOBS_MAX);
+                assert_int_equal(wear_job_base(w, "big"), 1 << 30);
+                assert_int_equal(wear_job_base(w, "job0"), 0);          /* the fewest bytes: gone */
+                wear_job_end(w, &small);                                /* fewer than any: not kept */
+                assert_int_equal(wear_job_base(w, "tiny"), 0);
+                assert_int_equal(wear_job_base(w, "job1"), 1001);
+        }
+        wear_free(w);
+}
+
+static void test_statefile(void **state) {
+        char path[PATH_MAX + 64], *text = NULL, aside[PATH_MAX + 64];
+        struct stat a, b;
+        size_t len = 0;
+
+        (void) snprintf(path, sizeof(path), "%s/f", dir);
+        assert_int_equal(statefile_write(path, "one\n", 4, 0600), 0);
+        assert_int_equal(stat(path, &a), 0);
+        assert_int_equal(a.st_mode & 0777, 0600);
+        assert_int_equal(statefile_write(path, "two!\n", 5, 0644), 0);
+        assert_int_equal(stat(path, &b), 0);
+        assert_int_equal(b.st_mode & 0777, 0644);
+        assert_true(a.st_ino != b.st_ino);      /* replaced, not rewritten in place */
+        assert_int_equal(statefile_read(path, 100, &text, &len), 0);
+        assert_string_equal(text, "two!\n");
+        assert_int_equal(len, 5);
+        free(text);
+        assert_int_equal(statefile_read(path, 4, &text, &len), -EFBIG);
+        assert_int_equal(statefile_set_aside(path, aside, sizeof(aside)), 0);
+        assert_non_null(strstr(aside, "/f.corrupt"));
+        assert_int_equal(statefile_read(path, 100, &text, &len), -ENOENT);
+        /* a directory that is not there: an error, nothing left behind */
+        (void) snprintf(path, sizeof(path), "%s/nodir/f", dir);
+        assert_int_equal(statefile_write(path, "x", 1, 0644), -ENOENT);
+}
+
+/* ---- metrics text ---- */
+
+static void test_metrics_text(void **state) {
+        Tier__StatusReply sr = TIER__STATUS_REPLY__INIT;
+        Tier__JobStatus job = TIER__JOB_STATUS__INIT, *jobs[] = { &job };
+        Tier__TargetStatus tg = TIER__TARGET_STATUS__INIT, *tgs[] = { &tg };
+        Tier__SmartStatus smart = TIER__SMART_STATUS__INIT;
+        Tier__LinkStatus moved = TIER__LINK_STATUS__INIT, *movedp[] = { &moved };
+        char *text = NULL;
+        size_t len = 0;
+
+        sr.version = (char *) "1.0";
+        sr.policy = (char *) "timeline";
+        job.name = (char *) "a \"quoted\"\\job\nx";
+        job.wear_written = 77;
+        job.n_moved = 1;
+        job.moved = movedp;
+        moved.name = (char *) "host->nvme";
+        moved.bytes = 4096;
+        sr.n_jobs = 1;
+        sr.jobs = jobs;
+        tg.path = (char *) "/srv/t.img";
+        tg.smart_device = (char *) "/dev/nvme0";
+        tg.smart_na = (char *) "";
+        tg.smart = &smart;
+        smart.data_units_written = 2;
+        smart.percentage_used = 150;
+        smart.temperature_k = 300;
+        sr.n_targets = 1;
+        sr.targets = tgs;
+
+        assert_int_equal(metrics_render(&sr, &text, &len), 0);
+        assert_int_equal(len, strlen(text));
+        assert_true(len > 0 && text[len - 1] == '\n');
+        assert_non_null(strstr(text, "# HELP tierd_job_wear_written_bytes_total "));
+        assert_non_null(strstr(text, "# TYPE tierd_job_wear_written_bytes_total counter\n"
+                                     "tierd_job_wear_written_bytes_total{job_name=\"a \\\"quoted\\\"\\\\job\\nx\"} 77\n"));
+        assert_non_null(strstr(text, "tierd_job_moved_bytes_total{job_name=\"a \\\"quoted\\\"\\\\job\\nx\",link=\"host->nvme\"} 4096\n"));
+        assert_non_null(strstr(text, "tierd_target_smart_available{target=\"/srv/t.img\",device=\"/dev/nvme0\",reason=\"\"} 1\n"));
+        assert_non_null(strstr(text, "tierd_target_smart_written_bytes_total{target=\"/srv/t.img\",device=\"/dev/nvme0\"} 1024000\n"));
+        assert_non_null(strstr(text, "tierd_target_smart_endurance_used_ratio{target=\"/srv/t.img\",device=\"/dev/nvme0\"} 1.5\n"));
+        assert_non_null(strstr(text, "tierd_target_smart_temperature_celsius{target=\"/srv/t.img\",device=\"/dev/nvme0\"} 26.85\n"));
+        /* no sched part in this reply: no family for it */
+        assert_null(strstr(text, "tierd_sched_"));
+        /* every sample's family was announced before it, once */
+        for (char *line = text; *line; line = strchr(line, '\n') + 1) {
+                char name[128], type_line[160];
+                size_t n = strcspn(line, "{ ");
+
+                if (line[0] == '#')
+                        continue;
+                assert_true(n < sizeof(name));
+                (void) snprintf(name, sizeof(name), "%.*s", (int) n, line);
+                (void) snprintf(type_line, sizeof(type_line), "# TYPE %s ", name);
+                assert_non_null(strstr(text, type_line));
+                assert_true(strstr(text, type_line) < line);
+        }
+        free(text);
+        assert_int_equal(metrics_render(NULL, &text, &len), -EINVAL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_save_load, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_statefile, setup, teardown),
+                cmocka_unit_test(test_metrics_text),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
