@@ -26,8 +26,9 @@
  * Checks: a maximum above the tier's capacity is refused, a minimum above
  * the maximum too, and so are guarantees that would add up to more than a
  * tier's capacity over everyone who could run at once (the running jobs
- * and the job names that have rules); a maximum below what a job uses now
- * is accepted with a warning.
+ * and the job names that have rules; a lingering job yields its claim, as
+ * the engine gives it no share, and counts only by its name's rule); a
+ * maximum below what a job uses now is accepted with a warning.
  *
  * The run-time rules are kept in <state_dir>/quotas, in the [quota] syntax
  * of tierd.conf: written whole on each change (a temporary file, fsync,
@@ -182,6 +183,11 @@ static int check_min_max(const QuotaResolved *q, const char *what, char *why, si
         return 0;
 }
 
+/* No connection left, waiting for linger_sec to end (a job just created has none yet, and does not linger). */
+static bool job_lingers(const Job *j) {
+        return j->linger_until != 0;
+}
+
 /* Per tier: the sum of guarantees and who holds them ("job 'a' 1.0 GiB, ..."). */
 typedef struct GuaranteeSum {
         uint64_t sum[TIERS];
@@ -241,7 +247,9 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                 k = check_min_max(&q, what, why, size);
                 if (k < 0)
                         return k;
-                sum_add(g, j->name, &q);
+                /* a lingering job yields its claim (the engine gives it no share): it counts only by its name's rule */
+                if (!job_lingers(j))
+                        sum_add(g, j->name, &q);
         }
         /* every rule: job names that do not run now count with their guarantees; uid and group rules must make sense */
         for (int l = 0; l < 2; l++)
@@ -251,7 +259,9 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                         QuotaSubject who = {};
 
                         if (rule->kind == QUOTA_JOB) {
-                                if (job_find(r, rule->job) || name_seen(c, runtime, rule, rule->job))
+                                const Job *rj = job_find(r, rule->job);
+
+                                if ((rj && !job_lingers(rj)) || name_seen(c, runtime, rule, rule->job))
                                         continue;
                                 who.job = rule->job;
                         } else if (rule->kind == QUOTA_UID) {

@@ -74,8 +74,9 @@ char *quota_source_format(const QuotaSource *src, char *buf, size_t size);
 /*
  * quota_check() - would tierd.conf's rules of @c and @runtime be sound
  * with the jobs running now?  For every running job and every job-name
- * rule: min <= max; per tier, the guarantees (min) of the running jobs and
- * of the job names that have rules add up to at most the tier's capacity.
+ * rule: min <= max; per tier, the guarantees (min) of the running jobs
+ * (not lingering ones) and of the job names that have rules add up to at
+ * most the tier's capacity.
  * -EINVAL with the reason in @why.
  */
 int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);

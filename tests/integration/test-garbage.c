@@ -91,8 +91,8 @@ static size_t seeds(Blob *out) {
         Tier__Prefetch pf = TIER__PREFETCH__INIT;
         Tier__Stat st = TIER__STAT__INIT;
         Tier__StatusRequest sr = TIER__STATUS_REQUEST__INIT;
-        Tier__QuotaGet qg = TIER__QUOTA_GET__INIT;
-        Tier__QuotaSet qs = TIER__QUOTA_SET__INIT;
+        Tier__QuotaGet qg = TIER__QUOTA_GET__INIT, qg2 = TIER__QUOTA_GET__INIT;
+        Tier__QuotaSet qs = TIER__QUOTA_SET__INIT, qs2 = TIER__QUOTA_SET__INIT;
         Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
         Tier__PlanPhase ph = TIER__PLAN_PHASE__INIT, *php = &ph;
         Tier__PlanAccess pa = TIER__PLAN_ACCESS__INIT, *pap = &pa;
@@ -141,6 +141,17 @@ static size_t seeds(Blob *out) {
         qs.tier_limit = limits;
         qs.weight = 2;
         SEED(quota_set, &qs, TIER__REQUEST__OP_QUOTA_SET);
+        /* the quota targets and minima: a uid's quota with a guarantee, a group's read */
+        qs2.kind = 1;
+        qs2.id = 4242;
+        qs2.n_tier_min = 3;
+        qs2.tier_min = limits;
+        qs2.min_set = 2;
+        qs2.clear = 1;
+        SEED(quota_set, &qs2, TIER__REQUEST__OP_QUOTA_SET);
+        qg2.kind = 2;
+        qg2.id = 0;
+        SEED(quota_get, &qg2, TIER__REQUEST__OP_QUOTA_GET);
         pa.tensor = 1ull << 32;
         pa.tier = TIER__TIER__TIER_VRAM;
         pa.mode = PLAN_READ;

@@ -304,6 +304,23 @@ static void test_store_checks_and_file(void **state) {
         list_del(&j.link);
 }
 
+/* A lingering job yields its claim: its guarantee does not count against the others' (it does once it is back). */
+static void test_lingering_yields(void **state) {
+        Books *b = *state;
+        char why[1024], warn[512];
+        Job j = { .name = (char *) "lingers", .uid = 7, .weight = 1, .linger_until = 1 };
+
+        list_add_tail(&b->r.jobs, &j.link);
+        assert_int_equal(set(b, "[quota]\nuid = 7\nhost_min = 40M\n", why, sizeof(why), warn), 1);
+        assert_int_equal(j.guarantee[TIER_HOST], 40 * MIB);
+        assert_int_equal(set(b, "[quota]\njob = other\nhost_min = 30M\n", why, sizeof(why), warn), 0);
+        /* back: 40M + 30M + 1M > 64M */
+        j.linger_until = 0;
+        assert_int_equal(set(b, "[quota]\njob = third\nhost_min = 1M\n", why, sizeof(why), warn), -ENOSPC);
+        assert_non_null(strstr(why, "job 'lingers' 40.0 MiB"));
+        list_del(&j.link);
+}
+
 static void test_store_corrupt_file(void **state) {
         Books *b = *state;
         char path[128], cmd[256];
@@ -358,6 +375,7 @@ int main(void) {
                 cmocka_unit_test(test_config_sections),
                 cmocka_unit_test(test_precedence),
                 cmocka_unit_test_setup_teardown(test_store_checks_and_file, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_lingering_yields, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_corrupt_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_refuses, books_setup, books_teardown),
         };
