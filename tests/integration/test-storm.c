@@ -1,0 +1,533 @@
+/* SPDX-License-Identifier: MIT */
+/* test-storm.c: client processes SIGKILLed in every phase; tierd SIGKILLed under its clients. */
+
+/*
+ * The kill storm: STORM_CLIENTS client processes (STORM_CLIENTS_LONG with
+ * TIER_TEST_LONG=1), STORM_PARALLEL at a time spread over STORM_JOBS jobs,
+ * each looping over create / pin / async prefetch / evict / plan phases.
+ * The parent picks a phase for each child, waits until the child reports
+ * (in a shared page) that it entered that phase, waits a random 0..3 ms
+ * more and SIGKILLs it, then starts the next child in its place.
+ * Afterwards tierd's pinned bytes, operations, connections and open fds
+ * are back at their baseline, its RSS within RSS_SLACK of it, and a
+ * well-behaved job that stored its bytes before the storm reads them all
+ * back.
+ *
+ * Daemon death: tierd SIGKILLed under a client that is pinned, waiting on
+ * a fence and idle: every call returns an error within a bound (no hang,
+ * no SIGPIPE: this program does not ignore SIGPIPE), and a new tierd on the
+ * same socket path takes a new tier_client_new() (the reconnect pattern of
+ * libtier(3)).
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+
+/* [host] capacity below: locked and registered with io_uring by tierd. */
+#define HOST_CAPACITY (64 * MiB)
+
+#define STORM_CLIENTS 200
+#define STORM_CLIENTS_LONG 1000
+#define STORM_PARALLEL 8
+#define STORM_JOBS 4
+#define STORM_TENSORS 3
+/* The most tierd's RSS may grow over the storm; see check_baseline(). */
+#define RSS_SLACK_KIB (16 * 1024)
+
+#define KEEPER_TENSORS 6
+#define KEEPER_SIZE (1 * MiB)
+
+/* linger_sec = 0: a storm job ends with its last connection, so nothing of it stays. */
+static const char *const CONFIG =
+        "[daemon]\n"
+        "linger_sec = 0\n"
+        "[limits]\n"
+        "max_inflight = 64\n"
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 4M\n"
+        "job_limit = 16M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 32M\n"
+        "chunk_size = 2M\n"
+        "job_limit = 8M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:128M\n"
+        "target = @DIR@/t1.img:128M\n"
+        "extent_size = 1M\n";
+
+enum phase {
+        PHASE_CREATE = 1,
+        PHASE_PIN,
+        PHASE_PREFETCH,
+        PHASE_EVICT,
+        PHASE_PLAN,
+        PHASES_END,
+};
+
+static const char *const phase_names[PHASES_END] = {
+        [PHASE_CREATE] = "create", [PHASE_PIN] = "pin", [PHASE_PREFETCH] = "prefetch",
+        [PHASE_EVICT] = "evict", [PHASE_PLAN] = "plan",
+};
+
+/* One per parallel slot, shared with the child that runs in it. */
+typedef struct Slot {
+        _Atomic unsigned phase;         /* the phase the child entered last (0: not started) */
+        _Atomic unsigned rounds;        /* full rounds of the phases done */
+        pid_t pid;
+        unsigned target;                /* the phase to kill it in */
+        uint64_t kill_at;               /* CLOCK_MONOTONIC µs, once the phase was reached */
+        uint64_t started;
+} Slot;
+
+static TestDaemon daemon_;
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint64_t rnd(void) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+}
+
+static uint64_t now_us(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+static int setup(void **state) {
+        int r = test_daemon_start(&daemon_, CONFIG);
+
+        if (r < 0) {
+                fprintf(stderr, "cannot start tierd: %s\n", strerror(-r));
+                return -1;
+        }
+        return 0;
+}
+
+static int teardown(void **state) {
+        int r;
+
+        if (daemon_.pid == 0) {
+                test_daemon_cleanup(&daemon_);
+                return 0;
+        }
+        r = test_daemon_stop(&daemon_);
+        if (r != 0) {
+                fprintf(stderr, "tierd did not exit cleanly (status %d)\n", r);
+                return -1;
+        }
+        return 0;
+}
+
+static uint8_t pattern(uint64_t tensor, uint64_t off) {
+        return (uint8_t) ((off * 131 + tensor * 17 + (off >> 11)) ^ (tensor << 5));
+}
+
+/* ---- the storm's children ------------------------------------------------------------------- */
+
+/* An error a storm child expects under pressure from the others; anything else ends it. */
+static bool tolerated(int r) {
+        return r >= 0 || r == -ENOSPC || r == -EBUSY || r == -EEXIST || r == -ENOENT || r == -EAGAIN ||
+               r == -ETIMEDOUT || r == -ENOMEM || r == -EDQUOT;
+}
+
+#define CHILD_CHECK(expr, code)                                                                         \
+        do {                                                                                            \
+                int r_ = (expr);                                                                        \
+                if (!tolerated(r_)) {                                                                   \
+                        fprintf(stderr, "storm child %d: %s: %s (%s)\n", (int) getpid(), #expr,         \
+                                tier_strerror(r_), tier_client_last_error(cl));                         \
+                        _exit(code);                                                                    \
+                }                                                                                       \
+        } while (0)
+
+/* Open the slot's tensor @name, or create it: a killed predecessor may have left it. */
+static tier_tensor *child_tensor(tier_client *cl, const char *name, uint64_t size) {
+        tier_tensor *t = NULL;
+        int r = tier_tensor_open(cl, name, &t);
+
+        if (r == 0) {
+                /* may be busy: the dead predecessor's pins go with its connection */
+                r = tier_tensor_destroy(t);
+                CHILD_CHECK(r, 10);
+                if (r < 0)
+                        return t;
+        } else
+                CHILD_CHECK(r, 11);
+        r = tier_tensor_create(cl, name, size, &t);
+        if (r == -EEXIST)
+                r = tier_tensor_open(cl, name, &t);
+        CHILD_CHECK(r, 12);
+        return r < 0 ? NULL : t;
+}
+
+static _Noreturn void storm_child(Slot *slot, unsigned index) {
+        tier_client *cl = NULL;
+        tier_tensor *t[STORM_TENSORS] = { 0 };
+        char job[32], name[32];
+        int r;
+
+        snprintf(job, sizeof(job), "storm%u", index % STORM_JOBS);
+        r = tier_client_new(&cl, daemon_.socket, job, index);
+        if (r < 0) {
+                fprintf(stderr, "storm child: connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
+                _exit(2);
+        }
+        for (;;) {
+                struct tier_grant g;
+                tier_fence f[STORM_TENSORS];
+                tier_plan *p = NULL;
+
+                atomic_store(&slot->phase, PHASE_CREATE);
+                for (unsigned i = 0; i < STORM_TENSORS; i++) {
+                        if (t[i] && tier_tensor_destroy(t[i]) == 0)
+                                t[i] = NULL;
+                        if (t[i])
+                                t[i] = tier_tensor_close(t[i]);
+                        snprintf(name, sizeof(name), "s%u-%u", index, i);
+                        t[i] = child_tensor(cl, name, 256 * KiB * (1 + i));
+                }
+
+                atomic_store(&slot->phase, PHASE_PIN);
+                for (unsigned i = 0; i < STORM_TENSORS; i++) {
+                        if (!t[i])
+                                continue;
+                        r = tier_pin(t[i], i == 0 ? TIER_VRAM : TIER_HOST, &g);
+                        CHILD_CHECK(r, 20);
+                        if (r < 0)
+                                continue;
+                        if (g.ptr)
+                                memset(g.ptr, (int) i + 1, g.length);
+                        CHILD_CHECK(tier_unpin(t[i], i == 0 ? TIER_VRAM : TIER_HOST, 1), 21);
+                }
+
+                atomic_store(&slot->phase, PHASE_PREFETCH);
+                for (unsigned i = 0; i < STORM_TENSORS; i++) {
+                        f[i] = 0;
+                        if (t[i])
+                                CHILD_CHECK(tier_prefetch_async(t[i], TIER_VRAM, &f[i]), 30);
+                }
+                /* the last stays in flight into the next phase */
+                for (unsigned i = 0; i + 1 < STORM_TENSORS; i++)
+                        if (f[i])
+                                CHILD_CHECK(tier_wait(cl, f[i], 10000), 31);
+
+                atomic_store(&slot->phase, PHASE_EVICT);
+                for (unsigned i = 0; i < STORM_TENSORS; i++) {
+                        if (!t[i])
+                                continue;
+                        if (i % 2)
+                                CHILD_CHECK(tier_evict(t[i], TIER_NVME), 40);
+                        else if (tier_evict_async(t[i], TIER_NVME, &f[i]) >= 0 && i == 0)
+                                CHILD_CHECK(tier_wait(cl, f[i], 10000), 41);
+                }
+
+                atomic_store(&slot->phase, PHASE_PLAN);
+                if (t[0] && t[1] && tier_plan_new(cl, &p) == 0) {
+                        CHILD_CHECK(tier_plan_add(p, 0, t[0], TIER_VRAM, TIER_READ_WRITE), 50);
+                        CHILD_CHECK(tier_plan_add(p, 1, t[1], TIER_HOST, TIER_READ), 51);
+                        r = tier_plan_submit(p);
+                        if (r < 0)
+                                tier_plan_free(p);
+                        CHILD_CHECK(r, 52);
+                        if (r == 0) {
+                                for (unsigned k = 0; k < 4; k++)
+                                        CHILD_CHECK(tier_phase(cl, k % 2), 53);
+                                CHILD_CHECK(tier_plan_end(cl), 54);
+                        }
+                }
+                atomic_fetch_add(&slot->rounds, 1);
+        }
+}
+
+/* ---- tierd's resources ---------------------------------------------------------------------- */
+
+static unsigned count_fds(pid_t pid) {
+        char path[64];
+        unsigned n = 0;
+        DIR *d;
+        struct dirent *de;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        d = opendir(path);
+        assert_non_null(d);
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+static unsigned long rss_kib(pid_t pid) {
+        char path[64], line[256];
+        unsigned long kib = 0;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int) pid);
+        f = fopen(path, "re");
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "VmRSS: %lu kB", &kib) == 1)
+                        break;
+        fclose(f);
+        return kib;
+}
+
+typedef struct Snapshot {
+        long long pinned;               /* all tiers, all jobs */
+        long long ops;                  /* sched transfers + ops + queues + in flight */
+        long long connections;
+        long long jobs;
+        unsigned fds;
+        unsigned long rss_kib;
+} Snapshot;
+
+static Snapshot snapshot(void) {
+        Snapshot s = { 0 };
+        json_t *st = test_daemon_status(&daemon_), *sched;
+        static const char *const busy[] = { "transfers", "ops", "run_queue", "space_waiters",
+                                            "nvme_queued", "nvme_in_flight", "vram_queued", "vram_in_flight" };
+
+        assert_non_null(st);
+        s.pinned = 0;
+        for (unsigned i = 0; i < 3; i++)
+                s.pinned += test_json_tier(st, (const char *[]) { "vram", "host", "nvme" }[i], "pinned");
+        sched = json_object_get(st, "sched");
+        assert_non_null(sched);
+        for (size_t i = 0; i < sizeof(busy) / sizeof(busy[0]); i++) {
+                json_t *v = json_object_get(sched, busy[i]);
+
+                assert_true(json_is_integer(v));
+                s.ops += json_integer_value(v);
+        }
+        s.connections = json_integer_value(json_object_get(st, "connections"));
+        s.jobs = (long long) json_array_size(json_object_get(st, "jobs"));
+        json_decref(st);
+        s.fds = count_fds(daemon_.pid);
+        s.rss_kib = rss_kib(daemon_.pid);
+        return s;
+}
+
+static void print_snapshot(const char *what, const Snapshot *s) {
+        fprintf(stderr, "%s: pinned %lld, ops %lld, connections %lld, jobs %lld, fds %u, rss %lu KiB\n", what,
+                s->pinned, s->ops, s->connections, s->jobs, s->fds, s->rss_kib);
+}
+
+/* ---- the well-behaved job ------------------------------------------------------------------- */
+
+static tier_tensor *keeper_t[KEEPER_TENSORS];
+
+static void keeper_store(tier_client *c) {
+        char name[16];
+        struct tier_grant g;
+
+        for (unsigned i = 0; i < KEEPER_TENSORS; i++) {
+                snprintf(name, sizeof(name), "k%u", i);
+                assert_int_equal(tier_tensor_create(c, name, KEEPER_SIZE, &keeper_t[i]), 0);
+                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, &g), 0);
+                for (uint64_t o = 0; o < g.length; o++)
+                        ((uint8_t *) g.ptr)[o] = pattern(i, o);
+                assert_int_equal(tier_unpin(keeper_t[i], TIER_HOST, 1), 0);
+                /* some on NVMe only, some in VRAM, some in host memory */
+                if (i % 3 == 0)
+                        assert_int_equal(tier_evict(keeper_t[i], TIER_NVME), 0);
+                else if (i % 3 == 1)
+                        assert_int_equal(tier_prefetch(keeper_t[i], TIER_VRAM), 0);
+        }
+}
+
+static void keeper_verify(void) {
+        struct tier_grant g;
+
+        for (unsigned i = 0; i < KEEPER_TENSORS; i++) {
+                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, &g), 0);
+                for (uint64_t o = 0; o < g.length; o++)
+                        if (((uint8_t *) g.ptr)[o] != pattern(i, o)) {
+                                fprintf(stderr, "keeper tensor %u byte %" PRIu64 ": %u, not %u\n", i, o,
+                                        ((uint8_t *) g.ptr)[o], pattern(i, o));
+                                fail();
+                        }
+                assert_int_equal(tier_unpin(keeper_t[i], TIER_HOST, 0), 0);
+        }
+}
+
+/* ---- the storm ------------------------------------------------------------------------------ */
+
+static void slot_start(Slot *slots, unsigned s, unsigned n) {
+        Slot *slot = &slots[s];
+        pid_t pid;
+
+        atomic_store(&slot->phase, 0);
+        atomic_store(&slot->rounds, 0);
+        slot->target = 1 + n % (PHASES_END - 1);
+        slot->kill_at = 0;
+        slot->started = now_us();
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+                storm_child(slot, s);
+        slot->pid = pid;
+}
+
+static void test_kill_storm(void **state) {
+        const char *lng = getenv("TIER_TEST_LONG");
+        unsigned total = lng && *lng && strcmp(lng, "0") ? STORM_CLIENTS_LONG : STORM_CLIENTS;
+        unsigned started = 0, killed = 0, per_phase[PHASES_END] = { 0 };
+        Slot *slots;
+        tier_client *keeper = NULL;
+        Snapshot base, after;
+        uint64_t t0;
+
+        slots = mmap(NULL, sizeof(Slot) * STORM_PARALLEL, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+                     0);
+        assert_true(slots != MAP_FAILED);
+        memset(slots, 0, sizeof(Slot) * STORM_PARALLEL);
+
+        assert_int_equal(tier_client_new(&keeper, daemon_.socket, "keeper", 0), 0);
+        keeper_store(keeper);
+
+        /* warm up: one child of each kind runs a full round and is killed, so that what tierd
+         * allocates once (its allocator's arenas, a first job's tables) is in the baseline */
+        for (unsigned s = 0; s < STORM_PARALLEL; s++) {
+                slot_start(slots, s, s);
+                while (atomic_load(&slots[s].rounds) < 1) {
+                        int st;
+
+                        assert_int_equal(waitpid(slots[s].pid, &st, WNOHANG), 0);
+                        usleep(1000);
+                }
+        }
+        for (unsigned s = 0; s < STORM_PARALLEL; s++) {
+                assert_int_equal(kill(slots[s].pid, SIGKILL), 0);
+                assert_int_equal(waitpid(slots[s].pid, NULL, 0), slots[s].pid);
+        }
+        for (unsigned i = 0; i < 200; i++) {
+                base = snapshot();
+                if (base.jobs == 1 && base.ops == 0 && base.pinned == 0)
+                        break;
+                usleep(50000);
+        }
+        print_snapshot("baseline", &base);
+        assert_int_equal(base.jobs, 1);
+
+        t0 = now_us();
+        for (unsigned s = 0; s < STORM_PARALLEL; s++)
+                slot_start(slots, s, started++);
+        while (killed < total) {
+                for (unsigned s = 0; s < STORM_PARALLEL; s++) {
+                        Slot *slot = &slots[s];
+                        int st;
+                        pid_t w;
+
+                        if (slot->pid == 0)
+                                continue;
+                        w = waitpid(slot->pid, &st, WNOHANG);
+                        assert_true(w >= 0);
+                        if (w == slot->pid) {
+                                fprintf(stderr, "storm child %d exited by itself (status %d) in phase %u\n",
+                                        (int) w, WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st),
+                                        atomic_load(&slot->phase));
+                                test_daemon_dump_log(&daemon_);
+                                fail();
+                        }
+                        if (slot->kill_at == 0) {
+                                unsigned ph = atomic_load(&slot->phase);
+
+                                /* the target phase, or any once it ran a few rounds without seeing it */
+                                if (ph == slot->target || (ph && atomic_load(&slot->rounds) > 3))
+                                        slot->kill_at = now_us() + rnd() % 3000;
+                                else if (now_us() - slot->started > 30000000u) {
+                                        fprintf(stderr, "storm child %d stuck before phase %u (in %u)\n",
+                                                (int) slot->pid, slot->target, ph);
+                                        test_daemon_dump_log(&daemon_);
+                                        fail();
+                                }
+                                continue;
+                        }
+                        if (now_us() < slot->kill_at)
+                                continue;
+                        per_phase[atomic_load(&slot->phase)]++;
+                        assert_int_equal(kill(slot->pid, SIGKILL), 0);
+                        assert_int_equal(waitpid(slot->pid, &st, 0), slot->pid);
+                        if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+                                fprintf(stderr, "storm child %d ended with status %d before its SIGKILL\n",
+                                        (int) slot->pid, st);
+                                fail();
+                        }
+                        slot->pid = 0;
+                        killed++;
+                        if (started < total)
+                                slot_start(slots, s, started++);
+                }
+                usleep(200);
+        }
+        fprintf(stderr, "storm: %u clients SIGKILLed in %.1f s; in phase", killed, (double) (now_us() - t0) / 1e6);
+        for (unsigned p = 1; p < PHASES_END; p++)
+                fprintf(stderr, " %s %u", phase_names[p], per_phase[p]);
+        fprintf(stderr, "\n");
+
+        /* tierd notices each hangup by itself; give it a bounded while to finish the dead's copies */
+        for (unsigned i = 0; i < 400; i++) {
+                after = snapshot();
+                if (after.jobs == base.jobs && after.ops == 0 && after.pinned == 0 &&
+                    after.connections == base.connections && after.fds == base.fds)
+                        break;
+                usleep(50000);
+        }
+        print_snapshot("after", &after);
+        assert_int_equal(after.pinned, 0);
+        assert_int_equal(after.ops, 0);
+        assert_int_equal(after.jobs, base.jobs);
+        assert_int_equal(after.connections, base.connections);
+        assert_int_equal(after.fds, base.fds);
+        if (after.rss_kib > base.rss_kib + RSS_SLACK_KIB) {
+                fprintf(stderr, "tierd's RSS grew by %lu KiB over the storm (slack %llu KiB)\n",
+                        after.rss_kib - base.rss_kib, (unsigned long long) RSS_SLACK_KIB);
+                fail();
+        }
+
+        keeper_verify();
+        for (unsigned i = 0; i < KEEPER_TENSORS; i++)
+                assert_int_equal(tier_tensor_destroy(keeper_t[i]), 0);
+        tier_client_free(keeper);
+        munmap(slots, sizeof(Slot) * STORM_PARALLEL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_kill_storm, setup, teardown),
+        };
+
+        if (!test_can_lock_memory(HOST_CAPACITY))
+                return TEST_SKIP;
+        /* SIGPIPE is not ignored here on purpose: libtier must never raise it */
+        return cmocka_run_group_tests_name("storm", tests, NULL, NULL);
+}
