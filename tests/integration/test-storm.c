@@ -521,9 +521,87 @@ static void test_kill_storm(void **state) {
         munmap(slots, sizeof(Slot) * STORM_PARALLEL);
 }
 
+/* ---- tierd SIGKILLed under its clients; a new tierd on the same socket -------------------- */
+
+/* Bound on every call after tierd's death: SIGALRM's default action ends this program. */
+#define DEATH_BOUND_S 20
+
+static void test_daemon_death(void **state) {
+        tier_client *busy = NULL, *idle = NULL, *again = NULL;
+        tier_tensor *t[4], *u = NULL;
+        struct tier_grant g, g2;
+        tier_fence f = 0;
+        char name[16];
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
+        int r, k;
+
+        assert_int_equal(tier_client_new(&busy, daemon_.socket, "mortal", 0), 0);
+        assert_int_equal(tier_client_new(&idle, daemon_.socket, "mortal", 1), 0);
+        for (unsigned i = 0; i < 4; i++) {
+                snprintf(name, sizeof(name), "m%u", i);
+                assert_int_equal(tier_tensor_create(busy, name, 2 * MiB, &t[i]), 0);
+        }
+        assert_int_equal(tier_pin(t[0], TIER_HOST, &g), 0);
+        memset(g.ptr, 0x5a, g.length);
+        for (unsigned i = 1; i < 4; i++)
+                assert_int_equal(tier_evict(t[i], TIER_NVME), 0);
+        /* a fence that may still be open when the axe falls */
+        assert_int_equal(tier_prefetch_async(t[3], TIER_VRAM, &f), 0);
+
+        k = test_daemon_kill(&daemon_, SIGKILL, 10000);
+        assert_int_equal(k, 128 + SIGKILL);
+
+        alarm(DEATH_BOUND_S);
+        /* the mapping of a pinned copy stays readable: nothing is unmapped under the program */
+        for (uint64_t o2 = 0; o2 < g.length; o2 += 4096)
+                assert_int_equal(((uint8_t *) g.ptr)[o2], 0x5a);
+        r = tier_wait(busy, f, -1);
+        /* done before the kill (0) or failed; never a hang */
+        assert_true(r == 0 || r == -ECONNRESET || r == -EPIPE || r == -ESHUTDOWN);
+        r = tier_pin(t[1], TIER_HOST, &g2);
+        fprintf(stderr, "after tierd's death: pin: %s (%s)\n", tier_strerror(r), tier_client_last_error(busy));
+        assert_true(r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN);
+        r = tier_unpin(t[0], TIER_HOST, 1);
+        assert_true(r < 0);
+        r = tier_tensor_create(idle, "late", MiB, &u);
+        fprintf(stderr, "after tierd's death: create on an idle client: %s (%s)\n", tier_strerror(r),
+                tier_client_last_error(idle));
+        assert_true(r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN);
+        r = tier_client_process(idle);
+        assert_true(r < 0);
+        r = tier_status(idle, TIER_STATUS_JSON, &(char *) { NULL });
+        assert_true(r < 0);
+        r = tier_client_new(&again, daemon_.socket, "mortal", 0);
+        fprintf(stderr, "after tierd's death: connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
+        assert_true(r < 0);
+        alarm(0);
+
+        /* the documented pattern: free the dead client, connect again once a tierd runs */
+        for (unsigned i = 0; i < 4; i++)
+                tier_tensor_close(t[i]);
+        tier_client_free(busy);
+        tier_client_free(idle);
+        assert_int_equal(test_daemon_spawn(&daemon_, &o), 0);
+        assert_int_equal(tier_client_new(&again, daemon_.socket, "mortal", 0), 0);
+        /* nothing of the old job survived the restart */
+        assert_int_equal(tier_tensor_open(again, "m1", &u), -ENOENT);
+        assert_int_equal(tier_tensor_create(again, "m1", 2 * MiB, &u), 0);
+        assert_int_equal(tier_pin(u, TIER_VRAM, &g2), 0);
+        memset(g2.ptr, 0x33, g2.length);
+        assert_int_equal(tier_unpin(u, TIER_VRAM, 1), 0);
+        assert_int_equal(tier_evict(u, TIER_NVME), 0);
+        assert_int_equal(tier_pin(u, TIER_HOST, &g2), 0);
+        for (uint64_t o2 = 0; o2 < g2.length; o2++)
+                assert_int_equal(((uint8_t *) g2.ptr)[o2], 0x33);
+        assert_int_equal(tier_unpin(u, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(u), 0);
+        tier_client_free(again);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_kill_storm, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_daemon_death, setup, teardown),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
