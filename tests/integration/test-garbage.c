@@ -23,8 +23,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -301,6 +307,343 @@ static void test_mutations(void **state) {
                 free(s[i].data);
 }
 
+/* ---- a hostile neighbour: fds of the wrong type, other jobs' ids, another uid ------------ */
+
+static unsigned count_fds(pid_t pid) {
+        char path[64];
+        unsigned n = 0;
+        DIR *d;
+        struct dirent *de;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int) pid);
+        d = opendir(path);
+        if (!d)
+                return 0;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+/* The next response's status (1: the connection closed, 2: no answer within 5 s). */
+static int reply_status(int fd) {
+        uint8_t buf[65536];
+        int fds[WIRE_MAX_FDS];
+        size_t len, n_fds;
+
+        for (;;) {
+                struct pollfd p = { .fd = fd, .events = POLLIN };
+                Tier__Reply *rep;
+                int r;
+
+                if (poll(&p, 1, 5000) <= 0)
+                        return 2;
+                r = wire_recv(fd, buf, sizeof(buf), &len, fds, &n_fds);
+                if (r < 0)
+                        return 1;
+                wire_close_fds(fds, n_fds);
+                rep = tier__reply__unpack(NULL, len, buf);
+                if (!rep)
+                        return 3;
+                if (rep->kind_case != TIER__REPLY__KIND_RESPONSE) {
+                        tier__reply__free_unpacked(rep, NULL);
+                        continue;       /* an event */
+                }
+                r = rep->response->status;
+                tier__reply__free_unpacked(rep, NULL);
+                return r;
+        }
+}
+
+static int send_req(int fd, Tier__Request *req, const int *fds, size_t n_fds) {
+        Blob b = pack(req);
+        int r = wire_send(fd, b.data, b.len, fds, n_fds);
+
+        free(b.data);
+        return r;
+}
+
+/* Hello as job @job on a new raw connection: the connection, or -1 if refused. */
+static int hostile_connect(const char *job) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Hello h = TIER__HELLO__INIT;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+        /* no cmocka assertion here: a forked child of another uid calls this too */
+        if (fd < 0)
+                return -1;
+        strcpy(sa.sun_path, daemon_.socket);
+        if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
+                fprintf(stderr, "cannot connect to %s: %s\n", daemon_.socket, strerror(errno));
+                close(fd);
+                return -1;
+        }
+        h.version = TIER_PROTOCOL_VERSION;
+        h.job = (char *) job;
+        req.seq = 1;
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &h;
+        if (send_req(fd, &req, NULL, 0) < 0 || reply_status(fd) != 0) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/*
+ * Requests that name @ids (the bystander's tensors) or the bystander's job from
+ * connection @fd.  Returns how many of them tierd granted (0 is right: none is
+ * the connection's to touch), or -1 if tierd stopped answering.  @may_control:
+ * the sender is the bystander's uid, whom job control is allowed.
+ */
+static int poke_others(int fd, const uint64_t *ids, size_t n_ids, bool may_control) {
+        int granted = 0, r;
+        uint64_t seq = 100;
+
+        for (size_t i = 0; i < n_ids; i++) {
+                Tier__Request req = TIER__REQUEST__INIT;
+                Tier__Pin pin = TIER__PIN__INIT;
+                Tier__Unpin un = TIER__UNPIN__INIT;
+                Tier__Evict ev = TIER__EVICT__INIT;
+                Tier__Prefetch pf = TIER__PREFETCH__INIT;
+                Tier__Stat st = TIER__STAT__INIT;
+                Tier__Free fr = TIER__FREE__INIT;
+
+                for (int op = 0; op < 6; op++) {
+                        tier__request__init(&req);
+                        req.seq = seq++;
+                        switch (op) {
+                        case 0: pin.tensor = ids[i]; pin.tier = TIER__TIER__TIER_HOST;
+                                req.op_case = TIER__REQUEST__OP_PIN; req.pin = &pin; break;
+                        case 1: un.tensor = ids[i]; un.tier = TIER__TIER__TIER_HOST; un.dirty = 1;
+                                req.op_case = TIER__REQUEST__OP_UNPIN; req.unpin = &un; break;
+                        case 2: ev.tensor = ids[i]; ev.tier = TIER__TIER__TIER_NVME;
+                                req.op_case = TIER__REQUEST__OP_EVICT; req.evict = &ev; break;
+                        case 3: pf.tensor = ids[i]; pf.tier = TIER__TIER__TIER_VRAM;
+                                req.op_case = TIER__REQUEST__OP_PREFETCH; req.prefetch = &pf; break;
+                        case 4: st.tensor = ids[i];
+                                req.op_case = TIER__REQUEST__OP_STAT; req.stat = &st; break;
+                        default: fr.tensor = ids[i];
+                                req.op_case = TIER__REQUEST__OP_FREE; req.free = &fr; break;
+                        }
+                        if (send_req(fd, &req, NULL, 0) < 0)
+                                return -1;
+                        r = reply_status(fd);
+                        if (r == 1 || r == 2 || r == 3)
+                                return -1;
+                        if (r == 0) {
+                                fprintf(stderr, "request %d on another job's tensor %#" PRIx64 " was granted\n", op,
+                                        ids[i]);
+                                granted++;
+                        }
+                }
+        }
+        /* segments that are not the connection's, a page of tensors past the end, an ack of nothing */
+        {
+                Tier__Request req = TIER__REQUEST__INIT;
+                Tier__GetSegments gs = TIER__GET_SEGMENTS__INIT;
+                Tier__JobTensors jt = TIER__JOB_TENSORS__INIT;
+                Tier__Ack ack = TIER__ACK__INIT;
+                Tier__JobEvict je = TIER__JOB_EVICT__INIT;
+                uint32_t seg[8] = { 0, 1, 2, 3, 4, 5, 0x7fffffff, 0xffffffff };
+                uint8_t big[80 * 1024];
+
+                gs.n_ids = 8;
+                gs.ids = seg;
+                req.seq = seq++;
+                req.op_case = TIER__REQUEST__OP_GET_SEGMENTS;
+                req.get_segments = &gs;
+                if (send_req(fd, &req, NULL, 0) < 0 || (r = reply_status(fd)) >= 1)
+                        return -1;
+                jt.job = (char *) "bystander";
+                jt.offset = 0xfffffff0u;
+                jt.limit = 0xffffffffu;
+                tier__request__init(&req);
+                req.seq = seq++;
+                req.op_case = TIER__REQUEST__OP_JOB_TENSORS;
+                req.job_tensors = &jt;
+                if (send_req(fd, &req, NULL, 0) < 0 || reply_status(fd) >= 1)
+                        return -1;
+                ack.segment = 3;
+                ack.generation = 99;
+                tier__request__init(&req);
+                req.seq = seq++;
+                req.op_case = TIER__REQUEST__OP_ACK;
+                req.ack = &ack;
+                if (send_req(fd, &req, NULL, 0) < 0)
+                        return -1;
+                if (!may_control) {
+                        je.job = (char *) "bystander";
+                        je.tier = TIER__TIER__TIER_NVME;
+                        tier__request__init(&req);
+                        req.seq = seq++;
+                        req.op_case = TIER__REQUEST__OP_JOB_EVICT;
+                        req.job_evict = &je;
+                        if (send_req(fd, &req, NULL, 0) < 0 || (r = reply_status(fd)) >= 1)
+                                return -1;
+                        if (r == 0) {
+                                fprintf(stderr, "another uid's job evict of the bystander was granted\n");
+                                granted++;
+                        }
+                }
+                /* last: a packet over max_message (64K) and a truncated one cost this connection only */
+                memset(big, 0x0a, sizeof(big));
+                if (wire_send(fd, big, sizeof(big), NULL, 0) == 0)
+                        (void) reply_status(fd);
+        }
+        return granted;
+}
+
+static void fill_pattern(tier_tensor *t, unsigned idx, bool check) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        for (uint64_t o = 0; o < g.length; o++) {
+                uint8_t v = (uint8_t) (o * 7 + idx * 13 + (o >> 9));
+
+                if (!check)
+                        ((uint8_t *) g.ptr)[o] = v;
+                else if (((uint8_t *) g.ptr)[o] != v) {
+                        fprintf(stderr, "bystander tensor %u byte %" PRIu64 " changed\n", idx, o);
+                        fail();
+                }
+        }
+        assert_int_equal(tier_unpin(t, TIER_HOST, !check), 0);
+}
+
+static void test_hostile_neighbour(void **state) {
+        tier_client *bystander = NULL;
+        tier_tensor *t[3];
+        struct tier_tensor_info *info = NULL;
+        size_t n_info = 0;
+        uint64_t ids[3];
+        unsigned fds_before, fds_after = 0;
+        int wrong[6], sp[2], fd, r;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__StatusRequest sr = TIER__STATUS_REQUEST__INIT;
+        Tier__Create cr = TIER__CREATE__INIT;
+
+        assert_int_equal(tier_client_new(&bystander, daemon_.socket, "bystander", 0), 0);
+        for (unsigned i = 0; i < 3; i++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "v%u", i);
+                assert_int_equal(tier_tensor_create(bystander, name, 1 << 20, &t[i]), 0);
+                fill_pattern(t[i], i, false);
+        }
+        assert_int_equal(tier_evict(t[1], TIER_NVME), 0);
+        assert_int_equal(tier_prefetch(t[2], TIER_VRAM), 0);
+        assert_int_equal(tier_job_tensors(bystander, "bystander", &info, &n_info), 0);
+        assert_int_equal(n_info, 3);
+        for (size_t i = 0; i < n_info; i++)
+                ids[i] = info[i].id;
+        free(info);
+        fds_before = count_fds(daemon_.pid);
+
+        /* fds of every wrong type on requests that carry none: tierd must close them all */
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+        wrong[0] = sp[0];
+        wrong[1] = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        wrong[2] = open("/", O_PATH | O_CLOEXEC);
+        wrong[3] = memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        assert_true(wrong[1] >= 0 && wrong[2] >= 0 && wrong[3] >= 0);
+        assert_int_equal(ftruncate(wrong[3], 4096), 0);
+        assert_int_equal(fcntl(wrong[3], F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL), 0);
+        wrong[4] = eventfd(0, EFD_CLOEXEC);
+        assert_true(wrong[4] >= 0);
+        fd = hostile_connect("hostile");
+        assert_true(fd >= 0);
+        wrong[5] = fd;  /* its own socket */
+        for (unsigned round = 0; round < 64; round++) {
+                int pass[WIRE_MAX_FDS];
+                size_t n = 1 + round % WIRE_MAX_FDS;
+
+                for (size_t i = 0; i < n; i++)
+                        pass[i] = wrong[(round + i) % 6];
+                tier__request__init(&req);
+                req.seq = 10 + round;
+                if (round % 2) {
+                        char name[16];
+
+                        snprintf(name, sizeof(name), "h%u", round);
+                        cr.name = name;
+                        cr.size = 4096;
+                        req.op_case = TIER__REQUEST__OP_CREATE;
+                        req.create = &cr;
+                } else {
+                        req.op_case = TIER__REQUEST__OP_STATUS;
+                        req.status = &sr;
+                }
+                assert_int_equal(send_req(fd, &req, pass, n), 0);
+                /* the fds are dropped, the request is served as if they were not there */
+                assert_int_equal(reply_status(fd), 0);
+        }
+        close(fd);
+        /* the ids of another job's tensors (ids are per job: in a job that has none, they must
+         * name nothing), segments that are not its own, a page past the end, oversized packets */
+        fd = hostile_connect("prober");
+        assert_true(fd >= 0);
+        r = poke_others(fd, ids, 3, true);
+        assert_int_equal(r, 0);
+        close(fd);
+
+        /* the same from another uid, when we may become one */
+        if (geteuid() == 0) {
+                pid_t pid;
+                int st;
+
+                assert_int_equal(chmod(daemon_.dir, 0711), 0);
+                assert_int_equal(chmod(daemon_.socket, 0666), 0);
+                pid = fork();
+
+                assert_true(pid >= 0);
+                if (pid == 0) {
+                        int c, g = 0;
+
+                        if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+                                _exit(10);
+                        /* the bystander's job is not this uid's to join */
+                        if (hostile_connect("bystander") >= 0)
+                                _exit(11);
+                        c = hostile_connect("nobody");
+                        if (c < 0)
+                                _exit(12);
+                        g = poke_others(c, ids, 3, false);
+                        _exit(g < 0 ? 13 : g > 0 ? 14 : 0);
+                }
+                assert_int_equal(waitpid(pid, &st, 0), pid);
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                        fprintf(stderr, "the other uid's child ended with status %d\n", st);
+                assert_true(WIFEXITED(st));
+                assert_int_equal(WEXITSTATUS(st), 0);
+        } else
+                fprintf(stderr, "not root: the other uid's part is skipped\n");
+
+        for (unsigned i = 0; i < 6; i++)
+                if (i != 5)
+                        close(wrong[i]);
+        close(sp[1]);
+
+        /* every fd passed was closed again; the bystander's bytes are as written */
+        for (unsigned i = 0; i < 100; i++) {
+                fds_after = count_fds(daemon_.pid);
+                if (fds_after == fds_before)
+                        break;
+                usleep(20000);
+        }
+        if (fds_after != fds_before)
+                fprintf(stderr, "tierd had %u fds before the hostile client, %u after\n", fds_before, fds_after);
+        assert_int_equal(fds_after, fds_before);
+        assert_int_equal(kill(daemon_.pid, 0), 0);
+        for (unsigned i = 0; i < 3; i++) {
+                fill_pattern(t[i], i, true);
+                assert_int_equal(tier_tensor_destroy(t[i]), 0);
+        }
+        tier_client_free(bystander);
+}
+
 static int setup(void **state) {
         return test_daemon_start(&daemon_, CONFIG) < 0 ? -1 : 0;
 }
@@ -312,6 +655,7 @@ static int teardown(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_mutations),
+                cmocka_unit_test(test_hostile_neighbour),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
