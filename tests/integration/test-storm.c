@@ -55,7 +55,13 @@
 #define STORM_PARALLEL 8
 #define STORM_JOBS 4
 #define STORM_TENSORS 3
-/* The most tierd's RSS may grow over the storm; see check_baseline(). */
+/*
+ * The most tierd's RSS may grow over the storm.  Measured on a 2-core VM: +0.1..3.3
+ * MiB after 200 clients, +3.6 MiB after 1000 (the allocator's free lists and arenas
+ * reached under the storm's peak, not growth per client); 16 MiB leaves room for
+ * another allocator or machine, while a leak of 16 KiB per client fails the long
+ * run (1000 clients).  Not checked under ASan.
+ */
 #define RSS_SLACK_KIB (16 * 1024)
 
 #define KEEPER_TENSORS 6
@@ -159,9 +165,15 @@ static bool tolerated(int r) {
                r == -ETIMEDOUT || r == -ENOMEM || r == -EDQUOT;
 }
 
+/* Set in the children of the shutdown test: tierd's stop ends them with status 0. */
+static bool exit_on_shutdown;
+
 #define CHILD_CHECK(expr, code)                                                                         \
         do {                                                                                            \
                 int r_ = (expr);                                                                        \
+                if (exit_on_shutdown && (r_ == -ESHUTDOWN || r_ == -ECONNRESET || r_ == -EPIPE ||      \
+                                         r_ == -ENOTCONN))                                              \
+                        _exit(0);                                                                       \
                 if (!tolerated(r_)) {                                                                   \
                         fprintf(stderr, "storm child %d: %s: %s (%s)\n", (int) getpid(), #expr,         \
                                 tier_strerror(r_), tier_client_last_error(cl));                         \
@@ -197,6 +209,8 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
 
         snprintf(job, sizeof(job), "storm%u", index % STORM_JOBS);
         r = tier_client_new(&cl, daemon_.socket, job, index);
+        if (r < 0 && exit_on_shutdown && atomic_load(&slot->rounds) == 0 && r == -ECONNREFUSED)
+                _exit(0);
         if (r < 0) {
                 fprintf(stderr, "storm child: connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
                 _exit(2);
@@ -299,6 +313,21 @@ static unsigned long rss_kib(pid_t pid) {
                         break;
         fclose(f);
         return kib;
+}
+
+/* Is @pid built with AddressSanitizer (libasan mapped)?  Its quarantine holds up to 256 MiB of freed memory. */
+static bool sanitized(pid_t pid) {
+        char path[64], line[512];
+        bool asan = false;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/maps", (int) pid);
+        f = fopen(path, "re");
+        assert_non_null(f);
+        while (!asan && fgets(line, sizeof(line), f))
+                asan = strstr(line, "libasan") != NULL;
+        fclose(f);
+        return asan;
 }
 
 typedef struct Snapshot {
@@ -508,7 +537,10 @@ static void test_kill_storm(void **state) {
         assert_int_equal(after.jobs, base.jobs);
         assert_int_equal(after.connections, base.connections);
         assert_int_equal(after.fds, base.fds);
-        if (after.rss_kib > base.rss_kib + RSS_SLACK_KIB) {
+        if (sanitized(daemon_.pid))
+                fprintf(stderr, "tierd runs with AddressSanitizer, whose quarantine keeps freed memory: "
+                                "its RSS is not checked\n");
+        else if (after.rss_kib > base.rss_kib + RSS_SLACK_KIB) {
                 fprintf(stderr, "tierd's RSS grew by %lu KiB over the storm (slack %llu KiB)\n",
                         after.rss_kib - base.rss_kib, (unsigned long long) RSS_SLACK_KIB);
                 fail();
@@ -598,10 +630,102 @@ static void test_daemon_death(void **state) {
         tier_client_free(again);
 }
 
+/* ---- SIGTERM (once or twice) while copies run on every link and plans are active ------------ */
+
+static long long link_ops(const json_t *st, const char *name) {
+        json_t *l;
+        size_t i;
+
+        json_array_foreach(json_object_get(st, "links"), i, l)
+                if (strcmp(json_string_value(json_object_get(l, "name")), name) == 0)
+                        return json_integer_value(json_object_get(l, "ops"));
+        return -1;
+}
+
+static void shutdown_under_load(unsigned sigterms) {
+        static const char *const links[] = { "nvme->host", "host->nvme", "host->vram", "vram->host" };
+        long long start[4];
+        Slot *slots;
+        json_t *st;
+        int status;
+        bool all = false;
+
+        slots = mmap(NULL, sizeof(Slot) * STORM_PARALLEL, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+                     0);
+        assert_true(slots != MAP_FAILED);
+        memset(slots, 0, sizeof(Slot) * STORM_PARALLEL);
+        st = test_daemon_status(&daemon_);
+        assert_non_null(st);
+        for (unsigned l = 0; l < 4; l++)
+                start[l] = link_ops(st, links[l]);
+        json_decref(st);
+
+        exit_on_shutdown = true;
+        for (unsigned s = 0; s < STORM_PARALLEL; s++)
+                slot_start(slots, s, s);
+        exit_on_shutdown = false;
+        /* until every link has moved something and every child ran a round (plans included) */
+        for (unsigned i = 0; i < 600 && !all; i++) {
+                usleep(50000);
+                all = true;
+                for (unsigned s = 0; s < STORM_PARALLEL; s++)
+                        all = all && atomic_load(&slots[s].rounds) > 0;
+                st = test_daemon_status(&daemon_);
+                assert_non_null(st);
+                for (unsigned l = 0; l < 4; l++)
+                        all = all && link_ops(st, links[l]) > start[l];
+                json_decref(st);
+        }
+        assert_true(all);
+
+        for (unsigned k = 1; k < sigterms; k++)
+                assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+        status = test_daemon_kill(&daemon_, SIGTERM, 20000);
+        if (status != 0)
+                test_daemon_dump_log(&daemon_);
+        assert_int_equal(status, 0);
+        if (sigterms == 1)
+                assert_true(test_daemon_log_contains(&daemon_, "STOPPING") ||
+                            test_daemon_find_notify(&daemon_, "STOPPING=1") >= 0);
+
+        /* each client learnt of the stop and ended by itself, none hung */
+        for (unsigned s = 0; s < STORM_PARALLEL; s++) {
+                int st2 = 0;
+                pid_t w = 0;
+
+                for (unsigned i = 0; i < 400 && w == 0; i++) {
+                        w = waitpid(slots[s].pid, &st2, WNOHANG);
+                        if (w == 0)
+                                usleep(50000);
+                }
+                if (w == 0) {
+                        fprintf(stderr, "client %d still runs 20 s after tierd's stop\n", (int) slots[s].pid);
+                        kill(slots[s].pid, SIGKILL);
+                        waitpid(slots[s].pid, NULL, 0);
+                        fail();
+                }
+                if (!WIFEXITED(st2) || WEXITSTATUS(st2) != 0)
+                        fprintf(stderr, "client %d ended with status %#x after tierd's stop\n", (int) w, st2);
+                assert_true(WIFEXITED(st2));
+                assert_int_equal(WEXITSTATUS(st2), 0);
+        }
+        munmap(slots, sizeof(Slot) * STORM_PARALLEL);
+}
+
+static void test_sigterm_under_load(void **state) {
+        shutdown_under_load(1);
+}
+
+static void test_double_sigterm_under_load(void **state) {
+        shutdown_under_load(2);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_kill_storm, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_daemon_death, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_sigterm_under_load, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_double_sigterm_under_load, setup, teardown),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
