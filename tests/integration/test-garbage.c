@@ -559,14 +559,13 @@ static void test_hostile_neighbour(void **state) {
         for (unsigned round = 0; round < 64; round++) {
                 int pass[WIRE_MAX_FDS];
                 size_t n = 1 + round % WIRE_MAX_FDS;
+                char name[16];
 
                 for (size_t i = 0; i < n; i++)
                         pass[i] = wrong[(round + i) % 6];
                 tier__request__init(&req);
                 req.seq = 10 + round;
                 if (round % 2) {
-                        char name[16];
-
                         snprintf(name, sizeof(name), "h%u", round);
                         cr.name = name;
                         cr.size = 4096;
