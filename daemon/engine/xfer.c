@@ -178,6 +178,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                         .cb = xfer_part_done,
                         .prep = write ? xfer_part_prep : NULL,
                         .flow = &t->job->nvme_flow,
+                        .job = t->job->name,
                         .weight = t->job->weight,
                         .op = write ? URING_WRITE : URING_READ,
                         .file_index = n->extents[i].target,
