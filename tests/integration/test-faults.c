@@ -187,6 +187,39 @@ static void test_read_eio_fails(void **state) {
         world_stop(&w);
 }
 
+/* A plan's read fails: that plan alone fails with the error, the bystander's plan runs on. */
+static void test_read_eio_plan(void **state) {
+        tier_plan *vp = NULL, *bp = NULL;
+        struct tier_grant g;
+        World w;
+
+        world_start(&w, "nvme-read-eio:job=victim,count=2", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(tier_plan_new(w.vc, &vp), 0);
+        assert_int_equal(tier_plan_add(vp, 0, w.v, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(vp), 0);
+        assert_int_equal(tier_plan_new(w.bc, &bp), 0);
+        assert_int_equal(tier_plan_add(bp, 0, w.b, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(bp), 0);
+
+        assert_int_equal(tier_phase(w.vc, 0), -EIO);
+        assert_error_contains(w.vc, "the plan failed");
+        assert_true(test_daemon_log_contains(&w.d, "Plan of job 'victim' failed: cannot bring tensor 'v' to host: "
+                                                   "I/O error on"));
+        assert_int_equal(target_counter(&w, "io_errors"), 1);
+
+        assert_int_equal(tier_phase(w.bc, 0), 0);
+        assert_int_equal(tier_phase_grant(w.bc, w.b, TIER_HOST, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                assert_int_equal(((uint8_t *) g.ptr)[i], pattern(2, i));
+        assert_int_equal(tier_plan_end(w.bc), 0);
+        assert_int_equal(tier_plan_end(w.vc), 0);
+        /* the victim's NVMe copy stayed valid */
+        assert_int_equal(state_of(w.v, TIER_NVME), 2);
+        assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
 /* ---- writes --------------------------------------------------------------------------------- */
 
 /* A drain that fails twice: the evict fails, nothing is on NVMe, the host copy stays and is right. */
@@ -295,6 +328,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_read_eio_retried),
                 cmocka_unit_test(test_read_eio_fails),
+                cmocka_unit_test(test_read_eio_plan),
                 cmocka_unit_test(test_write_eio),
                 cmocka_unit_test(test_write_enospc),
                 cmocka_unit_test(test_short_io),
