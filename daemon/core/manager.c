@@ -141,8 +141,9 @@ static int manager_setup_faults(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Invalid TIERD_TEST_FAULTS='%s': %s. Unset it: it is for tests only.",
                                        spec, err);
-        log_warning("*** TIERD_TEST_FAULTS is set: %u injected fault rule(s) (%s) WILL make NVMe I/O fail. "
-                    "This is for tests only; never run a production tierd with it. ***", m->faults->n_rules, spec);
+        log_warning("*** TIERD_TEST_FAULTS is set: %u injected fault rule(s) (%s) WILL make NVMe I/O "
+                    "(and emulated VRAM copies) fail. This is for tests only; never run a production tierd "
+                    "with it. ***", m->faults->n_rules, spec);
         uring_set_faults(m->uring, m->faults);
         return 0;
 }
@@ -186,6 +187,7 @@ static int manager_setup_tiers(Manager *m) {
                 if (r < 0)
                         return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
         }
+        m->vram->faults = m->faults;   /* the emulated backend injects them; cuda ignores them */
         m->vram->pool.tier = TIER_VRAM;
         m->vram->pool.id_base = 1u << 16;
 

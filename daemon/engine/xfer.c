@@ -292,6 +292,7 @@ static int xfer_plan_vram(Op *op, Xfer *x) {
                                 .seg = vp->seg,
                                 .offset = voff,
                                 .len = len,
+                                .job = t->job->name,
                                 .done = xfer_vram_done,
                         },
                         .xfer = x,

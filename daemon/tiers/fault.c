@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* fault.c: injected NVMe faults for tests (TIERD_TEST_FAULTS), compiled in, off unless that variable is set. */
+/* fault.c: injected NVMe and VRAM link faults for tests (TIERD_TEST_FAULTS), off unless it is set. */
 
 /*
  * Theory of operation: tierd's tests must show what happens when a drive
- * fails, and real drives do not fail on request.  So the I/O path (uring.c)
- * asks a FaultSet, parsed once at start from the environment variable
- * TIERD_TEST_FAULTS (core/main.c; the service unit unsets it), whether an
- * attempt should fail, be cut short, be corrupted on the medium, come back
+ * fails, and real drives do not fail on request.  So the I/O path (uring.c,
+ * and the emulated VRAM backend for its copies: vram-emul.c) asks a
+ * FaultSet, parsed once at start from the environment variable
+ * TIERD_TEST_FAULTS (core/manager.c; the service unit unsets it), whether
+ * an attempt should fail, be cut short, be corrupted on the medium, come back
  * late, or find its target gone.  Each rule counts the attempts it matches
  * (kind, target, job) and fires on every @every-th one after the first
  * @after, at most @count times.  Without the variable the set is empty and
@@ -32,6 +33,8 @@ static const char *const kind_names[_FAULT_KIND_MAX] = {
         [FAULT_BITFLIP] = "nvme-bitflip",
         [FAULT_DELAY] = "nvme-delay",
         [FAULT_VANISH] = "nvme-vanish",
+        [FAULT_VRAM_H2D_EIO] = "vram-h2d-eio",
+        [FAULT_VRAM_D2H_EIO] = "vram-d2h-eio",
 };
 
 const char *fault_kind_to_string(FaultKind k) {
@@ -121,6 +124,10 @@ static int parse_rule(FaultSet *f, char *text, char *err, size_t err_size) {
 
                 if (e < 0)
                         return e;
+        }
+        if (r->target != FAULT_TARGET_ANY && (r->kind == FAULT_VRAM_H2D_EIO || r->kind == FAULT_VRAM_D2H_EIO)) {
+                snprintf(err, err_size, "'%s' takes no target= (the VRAM link has none)", text);
+                return -EINVAL;
         }
         f->n_rules++;
         return 0;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fault.h: injected NVMe faults for tests (TIERD_TEST_FAULTS), compiled in, off unless that variable is set. */
+/* fault.h: injected NVMe and VRAM link faults for tests (TIERD_TEST_FAULTS), off unless it is set. */
 #pragma once
 
 #include <stdbool.h>
@@ -14,6 +14,8 @@ typedef enum FaultKind {
         FAULT_BITFLIP,          /* after a write completed, one bit of what it wrote is flipped in the file */
         FAULT_DELAY,            /* a completion is handed on @ms milliseconds late */
         FAULT_VANISH,           /* the target is gone: this and every later request to it fails with -ENODEV */
+        FAULT_VRAM_H2D_EIO,     /* an emulated host -> VRAM copy is reported failed (-EIO) */
+        FAULT_VRAM_D2H_EIO,     /* an emulated VRAM -> host copy is reported failed (-EIO) */
         _FAULT_KIND_MAX,
 } FaultKind;
 
@@ -42,8 +44,8 @@ typedef struct FaultSet {
  * fault_set_parse() - parse @spec: rules separated by ';', each
  * "KIND[:key=value,...]" with KIND one of nvme-read-eio, nvme-write-eio,
  * nvme-read-short, nvme-write-short, nvme-write-enospc, nvme-bitflip,
- * nvme-delay, nvme-vanish and keys every=N, after=N, count=N, target=N,
- * job=NAME, ms=N.  Returns 0, or -EINVAL with a message in @err.
+ * nvme-delay, nvme-vanish, vram-h2d-eio, vram-d2h-eio and keys every=N, after=N, count=N, target=N,
+ * job=NAME, ms=N (target= only for nvme-* kinds).  Returns 0, or -EINVAL with a message in @err.
  */
 int fault_set_parse(const char *spec, FaultSet *ret, char *err, size_t err_size);
 

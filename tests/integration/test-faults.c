@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-faults.c: injected NVMe faults (TIERD_TEST_FAULTS): the affected request fails clearly or is retried, nothing else. */
+/* test-faults.c: injected faults (TIERD_TEST_FAULTS): the affected request fails or is retried, nothing else. */
 
 /*
  * Each test starts its own tierd with one set of fault rules, selected by
@@ -308,6 +308,62 @@ static void test_vanish(void **state) {
         world_stop(&w);
 }
 
+/* ---- the VRAM link (emulated backend) -------------------------------------------------------- */
+
+static void pin_write_vram(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_non_null(g.ptr);
+        for (uint64_t i = 0; i < g.length; i++)
+                ((uint8_t *) g.ptr)[i] = pattern(idx, i);
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
+}
+
+static void verify_vram(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                assert_int_equal(((uint8_t *) g.ptr)[i], pattern(idx, i));
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
+}
+
+/* host -> VRAM fails (no retry on the link): the pin fails, the host copy stays; the bystander's copy goes through. */
+static void test_vram_h2d_eio(void **state) {
+        struct tier_grant g;
+        World w;
+
+        world_start(&w, "vram-h2d-eio:job=victim,count=1", false);
+        assert_int_equal(tier_pin(w.v, TIER_VRAM, &g), -EIO);
+        assert_error_contains(w.vc, "VRAM copy failed: Input/output error");
+        assert_int_equal(state_of(w.v, TIER_VRAM), 0);
+        assert_int_equal(state_of(w.v, TIER_HOST), 2);
+        assert_int_equal(verify(w.v, 1), 0);
+        verify_vram(w.b, 2);
+        /* the rule is spent */
+        verify_vram(w.v, 1);
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault vram-h2d-eio"));
+        world_stop(&w);
+}
+
+/* VRAM -> host fails: the evict fails, the VRAM copy (the only valid one) stays and is right. */
+static void test_vram_d2h_eio(void **state) {
+        World w;
+
+        world_start(&w, "vram-d2h-eio:job=victim,count=1", false);
+        pin_write_vram(w.v, 3);
+        assert_int_equal(tier_evict(w.v, TIER_HOST), -EIO);
+        assert_error_contains(w.vc, "VRAM copy failed");
+        assert_int_equal(state_of(w.v, TIER_VRAM), 2);
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        verify_vram(w.v, 3);
+        assert_int_equal(tier_evict(w.v, TIER_HOST), 0);
+        assert_int_equal(state_of(w.v, TIER_VRAM), 0);
+        assert_int_equal(verify(w.v, 3), 0);
+        world_stop(&w);
+}
+
 /* ---- a bad value stops tierd at start, saying why --------------------------------------------- */
 
 static void test_invalid_spec(void **state) {
@@ -335,6 +391,8 @@ int main(void) {
                 cmocka_unit_test(test_delay),
                 cmocka_unit_test(test_bitflip),
                 cmocka_unit_test(test_vanish),
+                cmocka_unit_test(test_vram_h2d_eio),
+                cmocka_unit_test(test_vram_d2h_eio),
                 cmocka_unit_test(test_invalid_spec),
         };
 

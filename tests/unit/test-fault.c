@@ -28,13 +28,17 @@ static void test_parse(void **state) {
         assert_int_equal(f.rules[1].ms, 5);
         assert_int_equal(f.rules[1].target, FAULT_TARGET_ANY);
         assert_int_equal(f.rules[1].every, 1);
+        assert_int_equal(fault_set_parse("vram-h2d-eio:job=a;vram-d2h-eio", &f, err, sizeof(err)), 0);
+        assert_int_equal(f.rules[0].kind, FAULT_VRAM_H2D_EIO);
+        assert_int_equal(f.rules[1].kind, FAULT_VRAM_D2H_EIO);
+        assert_string_equal(fault_kind_to_string(FAULT_VRAM_D2H_EIO), "vram-d2h-eio");
 }
 
 static void test_refused(void **state) {
         static const char *const bad[] = {
                 "nvme-read-eoi", "nvme-read-eio:every=0", "nvme-read-eio:every", "nvme-read-eio:count=-1",
                 "nvme-read-eio:count=1x", "nvme-read-eio:target=64", "nvme-delay:ms=60001", "nvme-read-eio:job=",
-                "nvme-read-eio:color=red",
+                "nvme-read-eio:color=red", "vram-h2d-eio:target=0",
                 "nvme-read-eio:job=0123456789012345678901234567890123456789012345678901234567890123456789",
                 "a;b;c;d;e;f;g;h;i;j;k;l;m;n;o;p;q",
         };
