@@ -81,7 +81,15 @@ static void xfer_finish(Xfer *x) {
                 log_tensor(LOG_ERR, 0, t->job->name, t->name, level_to_string(x->dst),
                            "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
                            t->name, t->job->name, level_to_string(x->src), level_to_string(x->dst), x->errmsg);
+                /*
+                 * The room it reserved goes back: that is no new room in the
+                 * tier, so drains that failed stay blocked (Engine.space_gen);
+                 * else failing drains would unblock each other, forever.
+                 */
+                uint64_t gen = e->space_gen[x->dst];
+
                 copy_free(t, x->dst);
+                e->space_gen[x->dst] = gen;
         } else {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;

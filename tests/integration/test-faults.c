@@ -147,6 +147,20 @@ static long long target_counter(World *w, const char *key) {
         return n;
 }
 
+/* How often @needle occurs in tierd's log so far. */
+static unsigned log_count(const World *w, const char *needle) {
+        FILE *f = fopen(w->d.log, "re");
+        char line[1024];
+        unsigned n = 0;
+
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f))
+                if (strstr(line, needle))
+                        n++;
+        fclose(f);
+        return n;
+}
+
 static void assert_error_contains(tier_client *c, const char *needle) {
         const char *e = tier_client_last_error(c);
 
@@ -237,6 +251,49 @@ static void write_fails(const char *faults, int err, const char *message) {
         assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
         assert_int_equal(state_of(w.v, TIER_HOST), 0);
         assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/*
+ * Drains tierd starts by itself to make room (the victim at its host limit)
+ * all fail: the pin that needed the room fails and says why; every copy
+ * that was to be written down is still resident and right.
+ */
+static void test_write_eio_spill(void **state) {
+        enum { N = 8 };
+        tier_tensor *t[N];
+        struct tier_grant g;
+        char name[16];
+        World w;
+        int r;
+
+        world_start(&w, "nvme-write-eio:job=victim", false);
+        /* 1 + 7 x 4 MiB = 29 MiB of the victim's 32 MiB host limit, all sole copies */
+        for (unsigned i = 0; i < N - 1; i++) {
+                snprintf(name, sizeof(name), "s%u", i);
+                assert_int_equal(tier_tensor_create(w.vc, name, 4 * MiB, &t[i]), 0);
+                fill(t[i], 10 + i);
+        }
+        assert_int_equal(tier_tensor_create(w.vc, "s7", 4 * MiB, &t[N - 1]), 0);
+        r = tier_pin(t[N - 1], TIER_HOST, &g);
+        assert_true(r < 0);
+        assert_error_contains(w.vc, "Input/output error");
+        assert_true(target_counter(&w, "io_errors") >= 1);
+        for (unsigned i = 0; i < N - 1; i++) {
+                assert_int_equal(state_of(t[i], TIER_HOST), 2);
+                assert_int_equal(state_of(t[i], TIER_NVME), 0);
+                assert_int_equal(verify(t[i], 10 + i), 0);
+        }
+        assert_int_equal(verify(w.v, 1), 0);
+        /*
+         * Each failed drain is tried once: the room a failed one gives back
+         * must not unblock the others (before the fix in xfer_finish() they
+         * drained each other in a loop, millions of log lines a minute).
+         */
+        assert_int_equal(log_count(&w, "Cannot write tensor 's0' of job 'victim'"), 1);
+        assert_int_equal(log_count(&w, "Cannot write tensor 's1' of job 'victim'"), 1);
+        for (unsigned i = 0; i < N; i++)
+                assert_int_equal(tier_tensor_destroy(t[i]), 0);
         world_stop(&w);
 }
 
@@ -386,6 +443,7 @@ int main(void) {
                 cmocka_unit_test(test_read_eio_fails),
                 cmocka_unit_test(test_read_eio_plan),
                 cmocka_unit_test(test_write_eio),
+                cmocka_unit_test(test_write_eio_spill),
                 cmocka_unit_test(test_write_enospc),
                 cmocka_unit_test(test_short_io),
                 cmocka_unit_test(test_delay),
