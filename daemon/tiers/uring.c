@@ -465,10 +465,18 @@ static bool fault_on_cqe(Uring *u, UringReq *req, int res) {
                     req->op == URING_READ ? "read" : "write", req->offset + req->done, req->file_index, rule->ms);
         req->result = res;
         req->delay_until = now_ns() + rule->ms * 1000000ull;
-        /* all delays of a rule are equal: the list stays ordered when appended to */
-        list_add_tail(&u->delayed, &req->link);
-        if (!u->delay_timer)
-                arm_delay_timer(u);
+        /* in order of delay_until: before the first that is due later */
+        {
+                List *pos = &u->delayed;
+
+                list_for_each_safe(n, tmp, &u->delayed)
+                        if (list_entry(n, UringReq, link)->delay_until > req->delay_until) {
+                                pos = n;
+                                break;
+                        }
+                list_add_tail(pos, &req->link);         /* inserts before @pos */
+        }
+        arm_delay_timer(u);
         return true;
 }
 
