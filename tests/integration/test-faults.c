@@ -44,6 +44,22 @@ static const char *const CONFIG =
         "target = @DIR@/t0.img:256M\n"
         "extent_size = 1M\n";
 
+/* the same with a second target: extents go round-robin over both */
+static const char *const CONFIG2 =
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 4M\n"
+        "job_limit = 32M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 8M\n"
+        "chunk_size = 4M\n"
+        "job_limit = 8M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:256M\n"
+        "target = @DIR@/t1.img:256M\n"
+        "extent_size = 1M\n";
+
 typedef struct World {
         TestDaemon d;
         tier_client *vc, *bc;   /* the victim's and the bystander's jobs */
@@ -101,14 +117,14 @@ static tier_client *connect_job(World *w, const char *job) {
  * Start tierd with TIERD_TEST_FAULTS=@faults, make both jobs' tensors and
  * fill them; the bystander's goes down to NVMe unless @bystander_on_host.
  */
-static void world_start(World *w, const char *faults, bool bystander_on_host) {
+static void world_start_config(World *w, const char *config, const char *faults, bool bystander_on_host) {
         int r;
 
         if (!test_can_lock_memory(64 * MiB))
                 skip();
         memset(w, 0, sizeof(*w));
         assert_int_equal(setenv("TIERD_TEST_FAULTS", faults, 1), 0);
-        r = test_daemon_start(&w->d, CONFIG);
+        r = test_daemon_start(&w->d, config);
         unsetenv("TIERD_TEST_FAULTS");
         if (r < 0)
                 fprintf(stderr, "cannot start tierd: %s\n", strerror(-r));
@@ -125,6 +141,10 @@ static void world_start(World *w, const char *faults, bool bystander_on_host) {
                 assert_int_equal(tier_evict(w->b, TIER_NVME), 0);
                 assert_int_equal(state_of(w->b, TIER_HOST), 0);
         }
+}
+
+static void world_start(World *w, const char *faults, bool bystander_on_host) {
+        world_start_config(w, CONFIG, faults, bystander_on_host);
 }
 
 /* The bystander's bytes are intact (read back from NVMe when they were there), then tierd stops cleanly. */
@@ -231,6 +251,38 @@ static void test_read_eio_plan(void **state) {
         /* the victim's NVMe copy stayed valid */
         assert_int_equal(state_of(w.v, TIER_NVME), 2);
         assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/* io_errors of target @i. */
+static long long target_errors(World *w, size_t i) {
+        json_t *status = test_daemon_status(&w->d);
+        long long n;
+
+        assert_non_null(status);
+        n = (long long) json_integer_value(json_object_get(json_array_get(json_object_get(status, "targets"), i),
+                                                           "io_errors"));
+        json_decref(status);
+        return n;
+}
+
+/* A rule for one target: only the extent there fails, and only that target counts it. */
+static void test_read_eio_one_target(void **state) {
+        tier_tensor *t;
+        World w;
+
+        world_start_config(&w, CONFIG2, "nvme-read-eio:job=victim,target=1,count=2", false);
+        /* two extents: one on each target */
+        assert_int_equal(tier_tensor_create(w.vc, "two", 2 * MiB, &t), 0);
+        fill(t, 5);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(verify(t, 5), -EIO);
+        assert_error_contains(w.vc, "t1.img");
+        assert_int_equal(target_errors(&w, 0), 0);
+        assert_int_equal(target_errors(&w, 1), 1);
+        assert_int_equal(state_of(t, TIER_NVME), 2);
+        assert_int_equal(verify(t, 5), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
         world_stop(&w);
 }
 
@@ -442,6 +494,7 @@ int main(void) {
                 cmocka_unit_test(test_read_eio_retried),
                 cmocka_unit_test(test_read_eio_fails),
                 cmocka_unit_test(test_read_eio_plan),
+                cmocka_unit_test(test_read_eio_one_target),
                 cmocka_unit_test(test_write_eio),
                 cmocka_unit_test(test_write_eio_spill),
                 cmocka_unit_test(test_write_enospc),
