@@ -47,6 +47,7 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/tier-nvme.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
@@ -121,6 +122,32 @@ static int manager_setup_loop(Manager *m) {
         return 0;
 }
 
+/*
+ * Tests only: TIERD_TEST_FAULTS injects faults into NVMe I/O (daemon/tiers/fault.h).
+ * The service unit unsets it (UnsetEnvironment=), so only a tierd started by hand
+ * or by the test harness sees it; an invalid value stops tierd at start.
+ */
+static int manager_setup_faults(Manager *m) {
+        const char *spec = getenv("TIERD_TEST_FAULTS");
+        char err[256] = "";
+        int r;
+
+        if (!spec || !*spec)
+                return 0;
+        m->faults = calloc(1, sizeof(*m->faults));
+        if (!m->faults)
+                return log_error_errno(-ENOMEM, "Out of memory.");
+        r = fault_set_parse(spec, m->faults, err, sizeof(err));
+        if (r < 0)
+                return log_error_errno(r, "Invalid TIERD_TEST_FAULTS='%s': %s. Unset it: it is for tests only.",
+                                       spec, err);
+        log_warning("*** TIERD_TEST_FAULTS is set: %u injected fault rule(s) (%s) WILL make NVMe I/O "
+                    "(and emulated VRAM copies) fail. This is for tests only; never run a production tierd "
+                    "with it. ***", m->faults->n_rules, spec);
+        uring_set_faults(m->uring, m->faults);
+        return 0;
+}
+
 /* The tiers: io_uring, the VRAM backend, the host pool, the NVMe targets. */
 static int manager_setup_tiers(Manager *m) {
         _cleanup_free_ char *err = NULL;
@@ -133,6 +160,9 @@ static int manager_setup_tiers(Manager *m) {
                 return log_error_errno(r, "Cannot read what this machine has: %m");
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
+        if (r < 0)
+                return r;
+        r = manager_setup_faults(m);
         if (r < 0)
                 return r;
 
@@ -157,6 +187,7 @@ static int manager_setup_tiers(Manager *m) {
                 if (r < 0)
                         return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
         }
+        m->vram->faults = m->faults;   /* the emulated backend injects them; cuda ignores them */
         m->vram->pool.tier = TIER_VRAM;
         m->vram->pool.id_base = 1u << 16;
 
@@ -305,6 +336,7 @@ Manager *manager_free(Manager *m) {
          */
         quiet = vram_backend_stop(m->vram);
         m->uring = uring_free(m->uring);
+        free(m->faults);
         if (m->monitor)
                 (void) monitor_save_wear(m->monitor, true);     /* no NVMe write completes any more */
         if (quiet) {

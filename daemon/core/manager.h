@@ -21,6 +21,7 @@ typedef struct Registry Registry;
 typedef struct Revoke Revoke;
 typedef struct Sched Sched;
 typedef struct Server Server;
+typedef struct FaultSet FaultSet;
 typedef struct Uring Uring;
 typedef struct VramBackend VramBackend;
 typedef struct sd_event sd_event;
@@ -41,6 +42,7 @@ typedef struct Manager {
 
         /* the rooms, from the bottom up (built in this order, freed in reverse) */
         Uring *uring;
+        FaultSet *faults;       /* injected faults (TIERD_TEST_FAULTS, tests only); NULL: none */
         VramBackend *vram;
         HostTier host;
         NvmeTier *nvme;

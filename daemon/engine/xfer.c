@@ -81,7 +81,15 @@ static void xfer_finish(Xfer *x) {
                 log_tensor(LOG_ERR, 0, t->job->name, t->name, level_to_string(x->dst),
                            "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
                            t->name, t->job->name, level_to_string(x->src), level_to_string(x->dst), x->errmsg);
+                /*
+                 * The room it reserved goes back: that is no new room in the
+                 * tier, so drains that failed stay blocked (Engine.space_gen);
+                 * else failing drains would unblock each other, forever.
+                 */
+                uint64_t gen = e->space_gen[x->dst];
+
                 copy_free(t, x->dst);
+                e->space_gen[x->dst] = gen;
         } else {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;
@@ -178,6 +186,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                         .cb = xfer_part_done,
                         .prep = write ? xfer_part_prep : NULL,
                         .flow = &t->job->nvme_flow,
+                        .job = t->job->name,
                         .weight = t->job->weight,
                         .op = write ? URING_WRITE : URING_READ,
                         .file_index = n->extents[i].target,
@@ -291,6 +300,7 @@ static int xfer_plan_vram(Op *op, Xfer *x) {
                                 .seg = vp->seg,
                                 .offset = voff,
                                 .len = len,
+                                .job = t->job->name,
                                 .done = xfer_vram_done,
                         },
                         .xfer = x,

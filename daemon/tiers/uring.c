@@ -20,16 +20,27 @@
  * the request's callback.  The ring is refilled from the pending list before
  * the callbacks of a drained batch run, so the work they do (a write's
  * crc32c, a read's check) overlaps the device's.
+ *
+ * Injected faults (tests only, fault.h): before a request goes to the ring
+ * its attempt may be failed (put on the injected list, which the eventfd
+ * handler completes like a CQE, so callbacks never run inside
+ * uring_flush()), cut short, or refused because its target vanished; when
+ * its CQE comes, a write may get a bit flipped on the medium behind it, and
+ * any completion may be held back on the delayed list for some ms.  Retries
+ * and callbacks are the same as for real faults.
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/base/log.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/uring.h"
 #include "proto/macro.h"
 #include "util/time-util.h"
@@ -63,6 +74,13 @@ struct Uring {
         List pending;           /* by tag, then first come first served */
         double vtime;           /* virtual time: the tag of the request submitted last */
         uint64_t credit;        /* FAIR_CREDIT_DEFAULT, or uring_set_fair_credit() */
+        /* injected faults (tests only) */
+        FaultSet *faults;       /* borrowed; NULL: none */
+        int fds[URING_MAX_FILES];       /* the registered files (borrowed), for a bit flip on the medium */
+        unsigned n_fds;
+        List injected;          /* attempts failed without the kernel: completed by the eventfd handler */
+        List delayed;           /* completions held back, by delay_until */
+        sd_event_source *delay_timer;
 };
 
 static double req_tag(const List *n) {
@@ -110,24 +128,36 @@ static void uring_complete(Uring *u, UringReq *req, int res, List *done) {
         uring_done(done, req, (int) req->done);
 }
 
+static bool fault_on_cqe(Uring *u, UringReq *req, int res);
+
 static int uring_drain(Uring *u) {
         struct io_uring_cqe *cqe;
-        unsigned head, n;
+        unsigned head, n, n_inj;
         List done;
 
         for (;;) {
                 list_init(&done);
-                n = 0;
+                n = n_inj = 0;
+                while (!list_empty(&u->injected)) {
+                        UringReq *req = list_entry(u->injected.next, UringReq, link);
+
+                        list_del(&req->link);
+                        n_inj++;
+                        uring_complete(u, req, req->result, &done);
+                }
                 io_uring_for_each_cqe(&u->ring, head, cqe) {
                         UringReq *req = io_uring_cqe_get_data(cqe);
 
                         n++;
                         u->inflight--;
+                        if (u->faults && fault_on_cqe(u, req, cqe->res))
+                                continue;
                         uring_complete(u, req, cqe->res, &done);
                 }
-                if (n == 0)
+                if (n == 0 && n_inj == 0)
                         break;
-                io_uring_cq_advance(&u->ring, n);
+                if (n > 0)
+                        io_uring_cq_advance(&u->ring, n);
                 /* the device gets its next requests before the callbacks' CPU work */
                 (void) uring_flush(u);
                 while (!list_empty(&done)) {
@@ -230,6 +260,8 @@ int uring_new(sd_event *event, unsigned depth, Uring **ret) {
         u->credit = FAIR_CREDIT_DEFAULT;
         u->event = sd_event_ref(event);
         list_init(&u->pending);
+        list_init(&u->injected);
+        list_init(&u->delayed);
 
         r = io_uring_queue_init(depth, &u->ring, 0);
         if (r < 0) {
@@ -269,6 +301,7 @@ Uring *uring_free(Uring *u) {
         sd_event_source_disable_unref(u->post_source);
         sd_event_source_disable_unref(u->throttle_timer);
         sd_event_source_disable_unref(u->retry_timer);
+        sd_event_source_disable_unref(u->delay_timer);
         sd_event_unref(u->event);
         if (u->ring_ok) {
                 /* what the kernel never took will not complete: only wait for the rest */
@@ -291,6 +324,8 @@ Uring *uring_free(Uring *u) {
 }
 
 int uring_register_files(Uring *u, const int *fds, unsigned n) {
+        u->n_fds = MIN(n, (unsigned) URING_MAX_FILES);
+        memcpy(u->fds, fds, u->n_fds * sizeof(int));
         return io_uring_register_files(&u->ring, fds, n);
 }
 
@@ -315,12 +350,13 @@ void uring_queue(Uring *u, UringReq *req) {
         if (!req->tagged) {
                 req->tag = req->flow ? fair_tag(req->flow, u->vtime, req->len, req->weight, u->credit) : u->vtime;
                 req->tagged = true;
+                req->fault_mask = u->faults ? fault_job_mask(u->faults, req->job) : 0;
         }
         pending_insert(u, req);
 }
 
 bool uring_busy(const Uring *u) {
-        return u->inflight > 0 || !list_empty(&u->pending);
+        return u->inflight > 0 || !list_empty(&u->pending) || !list_empty(&u->injected) || !list_empty(&u->delayed);
 }
 
 void uring_counts(const Uring *u, unsigned *ret_queued, unsigned *ret_inflight) {
@@ -330,6 +366,136 @@ void uring_counts(const Uring *u, unsigned *ret_queued, unsigned *ret_inflight) 
                 n++;
         *ret_queued = n;
         *ret_inflight = u->inflight;
+}
+
+/* ---- injected faults (tests only, fault.h) ------------------------------------------------ */
+
+void uring_set_faults(Uring *u, FaultSet *f) {
+        u->faults = f;
+}
+
+static void fault_inject(Uring *u, UringReq *req, int res, const FaultRule *rule) {
+        log_warning("Injected fault %s: %s of %u bytes at offset %" PRIu64 " of target %u fails with %s.",
+                    rule ? fault_kind_to_string(rule->kind) : "nvme-vanish (target gone)",
+                    req->op == URING_READ ? "read" : "write", req->len - req->done, req->offset + req->done,
+                    req->file_index, strerror(-res));
+        list_del(&req->link);
+        req->result = res;
+        list_add_tail(&u->injected, &req->link);
+        (void) eventfd_write(u->efd, 1);        /* the completion handler picks it up */
+}
+
+/* Before @req (still on the pending list) goes to the ring: fail this attempt instead? */
+static bool fault_on_submit(Uring *u, UringReq *req) {
+        bool rd = req->op == URING_READ;
+        FaultRule *rule;
+
+        if (fault_target_gone(u->faults, req->file_index)) {
+                fault_inject(u, req, -ENODEV, NULL);
+                return true;
+        }
+        if ((rule = fault_fire(u->faults, FAULT_VANISH, req->fault_mask, req->file_index))) {
+                fault_inject(u, req, -ENODEV, rule);
+                return true;
+        }
+        if ((rule = fault_fire(u->faults, rd ? FAULT_READ_EIO : FAULT_WRITE_EIO, req->fault_mask, req->file_index))) {
+                fault_inject(u, req, -EIO, rule);
+                return true;
+        }
+        if (!rd && (rule = fault_fire(u->faults, FAULT_WRITE_ENOSPC, req->fault_mask, req->file_index))) {
+                fault_inject(u, req, -ENOSPC, rule);
+                return true;
+        }
+        return false;
+}
+
+/* The length to submit for @req's attempt of @len bytes: half of it (O_DIRECT aligned) when cut short. */
+static unsigned fault_short(Uring *u, UringReq *req, unsigned len) {
+        FaultKind k = req->op == URING_READ ? FAULT_READ_SHORT : FAULT_WRITE_SHORT;
+
+        if (len < 8192 || !fault_fire(u->faults, k, req->fault_mask, req->file_index))
+                return len;
+        log_warning("Injected fault %s: %u of %u bytes at offset %" PRIu64 " of target %u submitted.",
+                    fault_kind_to_string(k), (len / 2) & ~4095u, len, req->offset + req->done, req->file_index);
+        return (len / 2) & ~4095u;
+}
+
+/* Flip one bit of the first block the write of @req just put at @off: the crc32c was taken before. */
+static void fault_flip_bit(Uring *u, const UringReq *req, uint64_t off) {
+        uint64_t blk = off & ~(uint64_t) 4095;
+        void *buf = NULL;
+
+        if (req->file_index >= u->n_fds || posix_memalign(&buf, 4096, 4096) != 0)
+                return;
+        if (pread(u->fds[req->file_index], buf, 4096, (off_t) blk) == 4096) {
+                ((uint8_t *) buf)[off - blk] ^= 0x10;
+                if (pwrite(u->fds[req->file_index], buf, 4096, (off_t) blk) == 4096)
+                        log_warning("Injected fault nvme-bitflip: flipped bit 4 of the byte at offset %" PRIu64
+                                    " of target %u after the write completed.", off, req->file_index);
+        }
+        free(buf);
+}
+
+static int on_delay_timer(sd_event_source *s, uint64_t usec, void *userdata);
+
+static void arm_delay_timer(Uring *u) {
+        UringReq *first;
+
+        u->delay_timer = sd_event_source_disable_unref(u->delay_timer);
+        if (list_empty(&u->delayed))
+                return;
+        first = list_entry(u->delayed.next, UringReq, link);
+        if (sd_event_add_time(u->event, &u->delay_timer, CLOCK_MONOTONIC, first->delay_until / 1000 + 1, 1000,
+                              on_delay_timer, u) >= 0)
+                (void) sd_event_source_set_description(u->delay_timer, "uring-fault-delay");
+}
+
+/* The CQE of @req's attempt came with @res: corrupt what it wrote, or hold it back?  True: held back. */
+static bool fault_on_cqe(Uring *u, UringReq *req, int res) {
+        FaultRule *rule;
+
+        if (req->op == URING_WRITE && res > 0 &&
+            fault_fire(u->faults, FAULT_BITFLIP, req->fault_mask, req->file_index))
+                fault_flip_bit(u, req, req->offset + req->done);
+        rule = fault_fire(u->faults, FAULT_DELAY, req->fault_mask, req->file_index);
+        if (!rule)
+                return false;
+        log_warning("Injected fault nvme-delay: the completion of a %s at offset %" PRIu64
+                    " of target %u is handed on %" PRIu64 " ms late.",
+                    req->op == URING_READ ? "read" : "write", req->offset + req->done, req->file_index, rule->ms);
+        req->result = res;
+        req->delay_until = now_ns() + rule->ms * 1000000ull;
+        /* in order of delay_until: before the first that is due later */
+        {
+                List *pos = &u->delayed;
+
+                list_for_each_safe(n, tmp, &u->delayed)
+                        if (list_entry(n, UringReq, link)->delay_until > req->delay_until) {
+                                pos = n;
+                                break;
+                        }
+                list_add_tail(pos, &req->link);         /* inserts before @pos */
+        }
+        arm_delay_timer(u);
+        return true;
+}
+
+static int on_delay_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Uring *u = userdata;
+        uint64_t now = now_ns();
+
+        while (!list_empty(&u->delayed)) {
+                UringReq *req = list_entry(u->delayed.next, UringReq, link);
+
+                if (req->delay_until > now)
+                        break;
+                list_del(&req->link);
+                list_add_tail(&u->injected, &req->link);
+        }
+        arm_delay_timer(u);
+        uring_drain(u);
+        uring_flush(u);
+        return 0;
 }
 
 int uring_flush(Uring *u) {
@@ -354,10 +520,14 @@ int uring_flush(Uring *u) {
                                 continue;
                         }
                 }
+                if (u->faults && fault_on_submit(u, req))
+                        continue;
                 sqe = io_uring_get_sqe(&u->ring);
                 if (!sqe)
                         break;
                 list_del(&req->link);
+                if (u->faults)
+                        len = fault_short(u, req, len);
                 if (req->prep) {
                         req->prep(req);
                         req->prep = NULL;

@@ -10,6 +10,7 @@
 #include "daemon/tiers/fairq.h"
 #include "daemon/base/list.h"
 
+typedef struct FaultSet FaultSet;
 typedef struct Uring Uring;
 typedef struct UringReq UringReq;
 
@@ -40,7 +41,10 @@ struct UringReq {
         uint64_t offset;        /* file offset */
         uint32_t done;          /* bytes transferred so far (short I/O is resumed) */
         unsigned retries;
-        int result;             /* the final result, until the callback runs */
+        int result;             /* the final result, until the callback runs (or an injected fault's) */
+        const char *job;        /* whose request (injected faults select by it); read by uring_queue() only */
+        uint32_t fault_mask;    /* the fault rules that may fire for it (fault.h), set by uring_queue() */
+        uint64_t delay_until;   /* an injected FAULT_DELAY: CLOCK_MONOTONIC ns its completion is handed on */
         List link;              /* Uring.pending while waiting for an SQE; then the batch of completed ones */
 };
 
@@ -59,6 +63,12 @@ int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
 
 /* How far (bytes of service) a flow back from idleness may start behind the others (default 64 MiB). */
 void uring_set_fair_credit(Uring *u, uint64_t bytes);
+
+/*
+ * Test only: inject the faults of @f (borrowed; NULL: none) into the
+ * requests queued from now on (fault.h, TIERD_TEST_FAULTS).
+ */
+void uring_set_faults(Uring *u, FaultSet *f);
 
 /* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
 int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);

@@ -13,6 +13,7 @@
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
@@ -139,6 +141,16 @@ static int on_emul_done(sd_event_source *s, int fd, uint32_t revents, void *user
 
                 list = c->next;
                 c->next = NULL;
+                if (e->base.faults && c->result == 0) {
+                        FaultKind k = c->dir == VRAM_TO_DEVICE ? FAULT_VRAM_H2D_EIO : FAULT_VRAM_D2H_EIO;
+
+                        if (fault_fire(e->base.faults, k, c->fault_mask, FAULT_TARGET_ANY)) {
+                                log_warning("Injected fault %s: a copy of %" PRIu64 " bytes %s is reported failed "
+                                            "with %s.", fault_kind_to_string(k), c->len,
+                                            c->dir == VRAM_TO_DEVICE ? "to VRAM" : "to host", strerror(EIO));
+                                c->result = -EIO;
+                        }
+                }
                 c->done(c);
         }
         return 0;
@@ -150,6 +162,7 @@ static int emul_copy(VramBackend *b, VramCopy *c) {
         if (!c->seg || !c->seg->map || c->offset + c->len > c->seg->pool->seg_size)
                 return -EINVAL;
         c->next = NULL;
+        c->fault_mask = e->base.faults ? fault_job_mask(e->base.faults, c->job) : 0;
         pthread_mutex_lock(&e->lock);
         *e->todo_tail = c;
         e->todo_tail = &c->next;

@@ -8,6 +8,8 @@
 
 #include "daemon/tiers/segpool.h"
 
+typedef struct FaultSet FaultSet;
+
 typedef struct Config Config;
 typedef struct VramBackend VramBackend;
 typedef struct VramCopy VramCopy;
@@ -28,6 +30,8 @@ struct VramCopy {
         uint64_t offset;
         uint64_t len;
         int result;             /* 0 or -errno, set before @done runs */
+        const char *job;        /* whose copy (injected faults select by it); read when it is started only */
+        uint32_t fault_mask;    /* the fault rules that may fire for it (fault.h), set when it is started */
         void (*done)(VramCopy *c);      /* called on the event loop thread */
         VramCopy *next;         /* backend's queues */
 };
@@ -63,6 +67,7 @@ struct VramBackend {
         int numa_node;          /* NUMA node of the device, -1: unknown or none */
         char device[32];        /* PCI bus id of the device ("" when emulated), told to clients */
         char description[192];  /* for status and logs */
+        FaultSet *faults;       /* injected faults (tests only, fault.h; the emulated backend only); NULL: none */
 };
 
 /*

@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: MIT */
+/* test-faults.c: injected faults (TIERD_TEST_FAULTS): the affected request fails or is retried, nothing else. */
+
+/*
+ * Each test starts its own tierd with one set of fault rules, selected by
+ * job ("victim"), so a second job ("bystander") on the same target shows
+ * that a fault reaches only the request it hit.  Each checks: the victim's
+ * request fails with a clear message (or succeeds after a retry, where
+ * tierd retries), the copy that failed to fill is not reported valid, the
+ * copy it came from is still valid (read back), the bystander's bytes are
+ * intact, and the target's counters in the status count the failure.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
+
+#define MiB ((uint64_t) 1024 * 1024)
+
+/* one target, so the bystander's extents lie on the same file as the victim's */
+static const char *const CONFIG =
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 4M\n"
+        "job_limit = 32M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 8M\n"
+        "chunk_size = 4M\n"
+        "job_limit = 8M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:256M\n"
+        "extent_size = 1M\n";
+
+/* the same with a second target: extents go round-robin over both */
+static const char *const CONFIG2 =
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 4M\n"
+        "job_limit = 32M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 8M\n"
+        "chunk_size = 4M\n"
+        "job_limit = 8M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:256M\n"
+        "target = @DIR@/t1.img:256M\n"
+        "extent_size = 1M\n";
+
+typedef struct World {
+        TestDaemon d;
+        tier_client *vc, *bc;   /* the victim's and the bystander's jobs */
+        tier_tensor *v, *b;     /* victim: 1 MiB (one extent); bystander: 4 MiB */
+} World;
+
+static uint8_t pattern(uint64_t tensor, uint64_t off) {
+        return (uint8_t) ((off * 31 + tensor * 7 + (off >> 12)) ^ (tensor << 3));
+}
+
+static void fill(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                ((uint8_t *) g.ptr)[i] = pattern(idx, i);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+}
+
+/* Pin @t in host memory and compare; returns the pin's result (0: pinned and every byte right). */
+static int verify(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+        int r = tier_pin(t, TIER_HOST, &g);
+
+        if (r < 0)
+                return r;
+        for (uint64_t i = 0; i < g.length; i++)
+                if (((uint8_t *) g.ptr)[i] != pattern(idx, i)) {
+                        fprintf(stderr, "tensor %" PRIu64 " byte %" PRIu64 ": %u != %u\n", idx, i,
+                                ((uint8_t *) g.ptr)[i], pattern(idx, i));
+                        fail();
+                }
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        return 0;
+}
+
+static int state_of(tier_tensor *t, int tier) {
+        struct tier_stat st;
+
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        return st.state[tier];
+}
+
+static tier_client *connect_job(World *w, const char *job) {
+        tier_client *c = NULL;
+        int r = tier_client_new(&c, w->d.socket, job, 0);
+
+        if (r < 0)
+                fprintf(stderr, "connect %s: %s (%s)\n", job, tier_strerror(r), tier_client_last_error(c));
+        assert_int_equal(r, 0);
+        return c;
+}
+
+/*
+ * Start tierd with TIERD_TEST_FAULTS=@faults, make both jobs' tensors and
+ * fill them; the bystander's goes down to NVMe unless @bystander_on_host.
+ */
+static void world_start_config(World *w, const char *config, const char *faults, bool bystander_on_host) {
+        int r;
+
+        if (!test_can_lock_memory(64 * MiB))
+                skip();
+        memset(w, 0, sizeof(*w));
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", faults, 1), 0);
+        r = test_daemon_start(&w->d, config);
+        unsetenv("TIERD_TEST_FAULTS");
+        if (r < 0)
+                fprintf(stderr, "cannot start tierd: %s\n", strerror(-r));
+        assert_int_equal(r, 0);
+        assert_true(test_daemon_log_contains(&w->d, "TIERD_TEST_FAULTS is set"));
+
+        w->vc = connect_job(w, "victim");
+        w->bc = connect_job(w, "bystander");
+        assert_int_equal(tier_tensor_create(w->vc, "v", 1 * MiB, &w->v), 0);
+        assert_int_equal(tier_tensor_create(w->bc, "b", 4 * MiB, &w->b), 0);
+        fill(w->v, 1);
+        fill(w->b, 2);
+        if (!bystander_on_host) {
+                assert_int_equal(tier_evict(w->b, TIER_NVME), 0);
+                assert_int_equal(state_of(w->b, TIER_HOST), 0);
+        }
+}
+
+static void world_start(World *w, const char *faults, bool bystander_on_host) {
+        world_start_config(w, CONFIG, faults, bystander_on_host);
+}
+
+/* The bystander's bytes are intact (read back from NVMe when they were there), then tierd stops cleanly. */
+static void world_stop(World *w) {
+        assert_int_equal(verify(w->b, 2), 0);
+        assert_int_equal(tier_tensor_destroy(w->b), 0);
+        tier_client_free(w->bc);
+        tier_tensor_close(w->v);
+        tier_client_free(w->vc);
+        assert_int_equal(test_daemon_stop(&w->d), 0);
+}
+
+static long long target_counter(World *w, const char *key) {
+        json_t *status = test_daemon_status(&w->d);
+        long long n;
+
+        assert_non_null(status);
+        n = (long long) test_json_sum(json_object_get(status, "targets"), key);
+        json_decref(status);
+        return n;
+}
+
+/* How often @needle occurs in tierd's log so far. */
+static unsigned log_count(const World *w, const char *needle) {
+        FILE *f = fopen(w->d.log, "re");
+        char line[1024];
+        unsigned n = 0;
+
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f))
+                if (strstr(line, needle))
+                        n++;
+        fclose(f);
+        return n;
+}
+
+static void assert_error_contains(tier_client *c, const char *needle) {
+        const char *e = tier_client_last_error(c);
+
+        if (!e || !strstr(e, needle)) {
+                fprintf(stderr, "error message '%s' does not contain '%s'\n", e ? e : "(none)", needle);
+                fail();
+        }
+}
+
+/* ---- reads ---------------------------------------------------------------------------------- */
+
+/* One failed attempt: tierd retries it, the pin succeeds with the right bytes. */
+static void test_read_eio_retried(void **state) {
+        World w;
+
+        world_start(&w, "nvme-read-eio:job=victim,count=1", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault nvme-read-eio"));
+        assert_int_equal(target_counter(&w, "io_errors"), 0);
+        world_stop(&w);
+}
+
+/* The attempt and its retry fail: the pin fails, the host copy is not valid, the NVMe copy still is. */
+static void test_read_eio_fails(void **state) {
+        World w;
+
+        world_start(&w, "nvme-read-eio:job=victim,count=2", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), -EIO);
+        assert_error_contains(w.vc, "I/O error");
+        assert_error_contains(w.vc, "Input/output error");
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        assert_int_equal(state_of(w.v, TIER_NVME), 2);
+        assert_int_equal(target_counter(&w, "io_errors"), 1);
+        /* the rule is spent: the NVMe copy reads back whole */
+        assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/* A plan's read fails: that plan alone fails with the error, the bystander's plan runs on. */
+static void test_read_eio_plan(void **state) {
+        tier_plan *vp = NULL, *bp = NULL;
+        struct tier_grant g;
+        World w;
+
+        world_start(&w, "nvme-read-eio:job=victim,count=2", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(tier_plan_new(w.vc, &vp), 0);
+        assert_int_equal(tier_plan_add(vp, 0, w.v, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(vp), 0);
+        assert_int_equal(tier_plan_new(w.bc, &bp), 0);
+        assert_int_equal(tier_plan_add(bp, 0, w.b, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(bp), 0);
+
+        assert_int_equal(tier_phase(w.vc, 0), -EIO);
+        assert_error_contains(w.vc, "the plan failed");
+        assert_true(test_daemon_log_contains(&w.d, "Plan of job 'victim' failed: cannot bring tensor 'v' to host: "
+                                                   "I/O error on"));
+        assert_int_equal(target_counter(&w, "io_errors"), 1);
+
+        assert_int_equal(tier_phase(w.bc, 0), 0);
+        assert_int_equal(tier_phase_grant(w.bc, w.b, TIER_HOST, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                assert_int_equal(((uint8_t *) g.ptr)[i], pattern(2, i));
+        assert_int_equal(tier_plan_end(w.bc), 0);
+        assert_int_equal(tier_plan_end(w.vc), 0);
+        /* the victim's NVMe copy stayed valid */
+        assert_int_equal(state_of(w.v, TIER_NVME), 2);
+        assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/* io_errors of target @i. */
+static long long target_errors(World *w, size_t i) {
+        json_t *status = test_daemon_status(&w->d);
+        long long n;
+
+        assert_non_null(status);
+        n = (long long) json_integer_value(json_object_get(json_array_get(json_object_get(status, "targets"), i),
+                                                           "io_errors"));
+        json_decref(status);
+        return n;
+}
+
+/* A rule for one target: only the extent there fails, and only that target counts it. */
+static void test_read_eio_one_target(void **state) {
+        tier_tensor *t;
+        World w;
+
+        world_start_config(&w, CONFIG2, "nvme-read-eio:job=victim,target=1,count=2", false);
+        /* two extents: one on each target */
+        assert_int_equal(tier_tensor_create(w.vc, "two", 2 * MiB, &t), 0);
+        fill(t, 5);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(verify(t, 5), -EIO);
+        assert_error_contains(w.vc, "t1.img");
+        assert_int_equal(target_errors(&w, 0), 0);
+        assert_int_equal(target_errors(&w, 1), 1);
+        assert_int_equal(state_of(t, TIER_NVME), 2);
+        assert_int_equal(verify(t, 5), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        world_stop(&w);
+}
+
+/* ---- writes --------------------------------------------------------------------------------- */
+
+/* A drain that fails twice: the evict fails, nothing is on NVMe, the host copy stays and is right. */
+static void write_fails(const char *faults, int err, const char *message) {
+        World w;
+
+        world_start(&w, faults, false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), err);
+        assert_error_contains(w.vc, message);
+        assert_int_equal(state_of(w.v, TIER_NVME), 0);
+        assert_int_equal(state_of(w.v, TIER_HOST), 2);
+        assert_int_equal(verify(w.v, 1), 0);
+        assert_int_equal(target_counter(&w, "io_errors"), 1);
+        /* the rule is spent: the next drain writes it, and it reads back from NVMe */
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/*
+ * Drains tierd starts by itself to make room (the victim at its host limit)
+ * all fail: the pin that needed the room fails and says why; every copy
+ * that was to be written down is still resident and right.
+ */
+static void test_write_eio_spill(void **state) {
+        enum { N = 8 };
+        tier_tensor *t[N];
+        struct tier_grant g;
+        char name[16];
+        World w;
+        int r;
+
+        world_start(&w, "nvme-write-eio:job=victim", false);
+        /* 1 + 7 x 4 MiB = 29 MiB of the victim's 32 MiB host limit, all sole copies */
+        for (unsigned i = 0; i < N - 1; i++) {
+                snprintf(name, sizeof(name), "s%u", i);
+                assert_int_equal(tier_tensor_create(w.vc, name, 4 * MiB, &t[i]), 0);
+                fill(t[i], 10 + i);
+        }
+        assert_int_equal(tier_tensor_create(w.vc, "s7", 4 * MiB, &t[N - 1]), 0);
+        r = tier_pin(t[N - 1], TIER_HOST, &g);
+        assert_true(r < 0);
+        assert_error_contains(w.vc, "Input/output error");
+        assert_true(target_counter(&w, "io_errors") >= 1);
+        for (unsigned i = 0; i < N - 1; i++) {
+                assert_int_equal(state_of(t[i], TIER_HOST), 2);
+                assert_int_equal(state_of(t[i], TIER_NVME), 0);
+                assert_int_equal(verify(t[i], 10 + i), 0);
+        }
+        assert_int_equal(verify(w.v, 1), 0);
+        /*
+         * Each failed drain is tried once: the room a failed one gives back
+         * must not unblock the others (before the fix in xfer_finish() they
+         * drained each other in a loop, millions of log lines a minute).
+         */
+        assert_int_equal(log_count(&w, "Cannot write tensor 's0' of job 'victim'"), 1);
+        assert_int_equal(log_count(&w, "Cannot write tensor 's1' of job 'victim'"), 1);
+        for (unsigned i = 0; i < N; i++)
+                assert_int_equal(tier_tensor_destroy(t[i]), 0);
+        world_stop(&w);
+}
+
+static void test_write_eio(void **state) {
+        write_fails("nvme-write-eio:job=victim,count=2", -EIO, "Input/output error");
+}
+
+static void test_write_enospc(void **state) {
+        write_fails("nvme-write-enospc:job=victim,count=2", -ENOSPC, "No space left on device");
+}
+
+/* ---- short transfers, late completions: resumed and waited for, no error ------------------- */
+
+static void test_short_io(void **state) {
+        World w;
+
+        world_start(&w, "nvme-read-short:job=victim;nvme-write-short:job=victim", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault nvme-write-short"));
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault nvme-read-short"));
+        assert_int_equal(target_counter(&w, "io_errors"), 0);
+        assert_int_equal(target_counter(&w, "crc_errors"), 0);
+        world_stop(&w);
+}
+
+static void test_delay(void **state) {
+        World w;
+
+        world_start(&w, "nvme-delay:job=victim,ms=200", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault nvme-delay"));
+        assert_int_equal(target_counter(&w, "io_errors"), 0);
+        world_stop(&w);
+}
+
+/* ---- the medium ----------------------------------------------------------------------------- */
+
+/* A bit flipped on the medium after the write: the crc32c catches it on every read, no bad byte is served. */
+static void test_bitflip(void **state) {
+        World w;
+
+        world_start(&w, "nvme-bitflip:job=victim,count=1", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), -EBADMSG);
+        assert_error_contains(w.vc, "crc32c mismatch");
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        assert_int_equal(target_counter(&w, "crc_errors"), 1);
+        assert_int_equal(verify(w.v, 1), -EBADMSG);
+        assert_int_equal(target_counter(&w, "crc_errors"), 2);
+        assert_int_equal(target_counter(&w, "io_errors"), 0);
+        world_stop(&w);
+}
+
+/* The target disappears: every request to it fails from then on; host copies stay valid, every job's. */
+static void test_vanish(void **state) {
+        World w;
+
+        world_start(&w, "nvme-vanish:job=victim", true);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), -ENODEV);
+        assert_error_contains(w.vc, "No such device");
+        assert_int_equal(state_of(w.v, TIER_NVME), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        assert_true(target_counter(&w, "io_errors") >= 1);
+        /* the drive is gone for the bystander too, but its request fails alone and its bytes stay */
+        assert_int_equal(tier_evict(w.b, TIER_NVME), -ENODEV);
+        assert_int_equal(state_of(w.b, TIER_HOST), 2);
+        world_stop(&w);
+}
+
+/* ---- the VRAM link (emulated backend) -------------------------------------------------------- */
+
+static void pin_write_vram(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_non_null(g.ptr);
+        for (uint64_t i = 0; i < g.length; i++)
+                ((uint8_t *) g.ptr)[i] = pattern(idx, i);
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
+}
+
+static void verify_vram(tier_tensor *t, uint64_t idx) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                assert_int_equal(((uint8_t *) g.ptr)[i], pattern(idx, i));
+        assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
+}
+
+/* host -> VRAM fails (no retry on the link): the pin fails, the host copy stays; the bystander's copy goes through. */
+static void test_vram_h2d_eio(void **state) {
+        struct tier_grant g;
+        World w;
+
+        world_start(&w, "vram-h2d-eio:job=victim,count=1", false);
+        assert_int_equal(tier_pin(w.v, TIER_VRAM, &g), -EIO);
+        assert_error_contains(w.vc, "VRAM copy failed: Input/output error");
+        assert_int_equal(state_of(w.v, TIER_VRAM), 0);
+        assert_int_equal(state_of(w.v, TIER_HOST), 2);
+        assert_int_equal(verify(w.v, 1), 0);
+        verify_vram(w.b, 2);
+        /* the rule is spent */
+        verify_vram(w.v, 1);
+        assert_true(test_daemon_log_contains(&w.d, "Injected fault vram-h2d-eio"));
+        world_stop(&w);
+}
+
+/* VRAM -> host fails: the evict fails, the VRAM copy (the only valid one) stays and is right. */
+static void test_vram_d2h_eio(void **state) {
+        World w;
+
+        world_start(&w, "vram-d2h-eio:job=victim,count=1", false);
+        pin_write_vram(w.v, 3);
+        assert_int_equal(tier_evict(w.v, TIER_HOST), -EIO);
+        assert_error_contains(w.vc, "VRAM copy failed");
+        assert_int_equal(state_of(w.v, TIER_VRAM), 2);
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        verify_vram(w.v, 3);
+        assert_int_equal(tier_evict(w.v, TIER_HOST), 0);
+        assert_int_equal(state_of(w.v, TIER_VRAM), 0);
+        assert_int_equal(verify(w.v, 3), 0);
+        world_stop(&w);
+}
+
+/* ---- a bad value stops tierd at start, saying why --------------------------------------------- */
+
+static void test_invalid_spec(void **state) {
+        TestDaemon d;
+        TestDaemonOptions o = { .wait_ready = true };
+        int r;
+
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", "nvme-read-eio:every=0", 1), 0);
+        r = test_daemon_spawn(&d, &o);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_true(r < 0);
+        assert_true(test_daemon_log_contains(&d, "Invalid TIERD_TEST_FAULTS"));
+        test_daemon_cleanup(&d);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_read_eio_retried),
+                cmocka_unit_test(test_read_eio_fails),
+                cmocka_unit_test(test_read_eio_plan),
+                cmocka_unit_test(test_read_eio_one_target),
+                cmocka_unit_test(test_write_eio),
+                cmocka_unit_test(test_write_eio_spill),
+                cmocka_unit_test(test_write_enospc),
+                cmocka_unit_test(test_short_io),
+                cmocka_unit_test(test_delay),
+                cmocka_unit_test(test_bitflip),
+                cmocka_unit_test(test_vanish),
+                cmocka_unit_test(test_vram_h2d_eio),
+                cmocka_unit_test(test_vram_d2h_eio),
+                cmocka_unit_test(test_invalid_spec),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
