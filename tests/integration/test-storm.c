@@ -273,8 +273,24 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
                                 tier_plan_free(p);
                         CHILD_CHECK(r, 52);
                         if (r == 0) {
-                                for (unsigned k = 0; k < 4; k++)
-                                        CHILD_CHECK(tier_phase(cl, k % 2), 53);
+                                for (unsigned k = 0; k < 4; k++) {
+                                        unsigned i = k % 2;
+
+                                        r = tier_phase(cl, i);
+                                        CHILD_CHECK(r, 53);
+                                        /* the bytes the pin phase wrote are still there */
+                                        if (r == 0 && tier_phase_grant(cl, t[i], i == 0 ? TIER_VRAM : TIER_HOST,
+                                                                       &g) == 0 && g.ptr) {
+                                                const uint8_t *b = g.ptr;
+
+                                                if (b[0] != i + 1 || b[g.length / 2] != i + 1 ||
+                                                    b[g.length - 1] != i + 1) {
+                                                        fprintf(stderr, "storm child %u: tensor %u lost its bytes\n",
+                                                                index, i);
+                                                        _exit(60);
+                                                }
+                                        }
+                                }
                                 CHILD_CHECK(tier_plan_end(cl), 54);
                         }
                 }
@@ -720,12 +736,113 @@ static void test_double_sigterm_under_load(void **state) {
         shutdown_under_load(2);
 }
 
+/*
+ * SIGTERM while a transfer cannot end (every NVMe completion held back a
+ * minute by TIERD_TEST_FAULTS): tierd waits its drain timeout (10 s), says
+ * so, and exits 0 as documented, without touching the request it gave up on.
+ */
+static void test_drain_timeout(void **state) {
+        TestDaemon d = { 0 };
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        tier_fence f;
+        uint64_t t0;
+        double waited;
+        int r, status;
+
+        r = test_daemon_init(&d, CONFIG);
+        assert_int_equal(r, 0);
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", "nvme-delay:ms=60000", 1), 0);
+        r = test_daemon_spawn(&d, &(TestDaemonOptions) { .log_level = "info", .wait_ready = true });
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_int_equal(r, 0);
+        assert_int_equal(tier_client_new(&c, d.socket, "stuck", 0), 0);
+        assert_int_equal(tier_tensor_create(c, "t", 1 * MiB, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        memset(g.ptr, 7, g.length);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
+        for (unsigned i = 0; i < 100 && !test_daemon_log_contains(&d, "Injected fault nvme-delay"); i++) {
+                test_daemon_collect(&d, 50);
+        }
+        assert_true(test_daemon_log_contains(&d, "Injected fault nvme-delay"));
+
+        t0 = now_us();
+        status = test_daemon_kill(&d, SIGTERM, 30000);
+        waited = (double) (now_us() - t0) / 1e6;
+        fprintf(stderr, "tierd stopped %.1f s after SIGTERM with a transfer that could not end\n", waited);
+        if (status != 0)
+                test_daemon_dump_log(&d);
+        assert_int_equal(status, 0);
+        assert_true(test_daemon_log_contains(&d, "Stopping with 1 transfer(s) still in flight"));
+        /* the client learns of it: the fence fails instead of hanging */
+        r = tier_wait(c, f, 20000);
+        assert_true(r < 0);
+        tier_tensor_close(t);
+        tier_client_free(c);
+        test_daemon_cleanup(&d);
+}
+
+/*
+ * Soak (TIER_TEST_LONG=1 only; minutes from TIER_TEST_SOAK_MIN, default 5):
+ * four jobs of mixed load (the storm's clients, never killed, each doing
+ * every phase over and over and checking in its plan phases that its bytes
+ * are still there) while the keeper's bytes stay put; every
+ * minute tierd's fds and RSS are sampled: after the first minute they may
+ * not grow beyond the storm's slack, and at the end the keeper verifies.
+ */
+static void test_soak(void **state) {
+        const char *lng = getenv("TIER_TEST_LONG"), *mins_env = getenv("TIER_TEST_SOAK_MIN");
+        unsigned minutes = mins_env && atoi(mins_env) > 0 ? (unsigned) atoi(mins_env) : 5;
+        tier_client *keeper;
+        Slot *slots;
+        Snapshot base, now;
+
+        if (!lng || strcmp(lng, "1") != 0) {
+                print_message("the soak runs with TIER_TEST_LONG=1: skipped\n");
+                skip();
+        }
+        assert_int_equal(tier_client_new(&keeper, daemon_.socket, "keeper", 0), 0);
+        keeper_store(keeper);
+        slots = mmap(NULL, sizeof(Slot) * STORM_JOBS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(slots != MAP_FAILED);
+        memset(slots, 0, sizeof(Slot) * STORM_JOBS);
+        for (unsigned s = 0; s < STORM_JOBS; s++)
+                slot_start(slots, s, s);
+        sleep(60);
+        base = snapshot();
+        print_snapshot("soak after 1 min", &base);
+        for (unsigned m = 1; m < minutes; m++) {
+                sleep(60);
+                now = snapshot();
+                print_snapshot("soak", &now);
+                assert_true(now.fds <= base.fds + STORM_JOBS);  /* a request in flight may hold one */
+                if (!sanitized(daemon_.pid))
+                        assert_true(now.rss_kib <= base.rss_kib + RSS_SLACK_KIB);
+        }
+        for (unsigned s = 0; s < STORM_JOBS; s++) {
+                int st = 0;
+
+                assert_true(atomic_load(&slots[s].rounds) > 0);
+                /* still running: none found its bytes changed (it would have exited 60) */
+                assert_int_equal(waitpid(slots[s].pid, &st, WNOHANG), 0);
+                kill(slots[s].pid, SIGKILL);
+                waitpid(slots[s].pid, NULL, 0);
+        }
+        munmap(slots, sizeof(Slot) * STORM_JOBS);
+        keeper_verify();
+        tier_client_free(keeper);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_kill_storm, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_daemon_death, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_sigterm_under_load, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_double_sigterm_under_load, setup, teardown),
+                cmocka_unit_test(test_drain_timeout),
+                cmocka_unit_test_setup_teardown(test_soak, setup, teardown),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
