@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/* core.c: an in-process tierd core for the fuzz targets, and fds of every kind a client could pass. */
+
+/*
+ * Theory of operation: the Manager is built as tierd builds it, from a
+ * Config, but without a listener (manager_new() with no ConfigArgs), as
+ * the unit tests' fixture does; a fuzz target makes its connections with
+ * conn_new() over socketpairs and runs the loop itself.  The pools are
+ * small so that each input starts from a fresh daemon quickly; the
+ * temporary directory holding the NVMe target file is made once per
+ * process and removed at exit.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <syslog.h>
+#include <systemd/sd-event.h>
+#include <unistd.h>
+
+#include "daemon/base/config.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
+#include "tests/fuzz/core.h"
+#include "tests/fuzz/fuzz.h"
+
+#define MiB (1024ull * 1024ull)
+
+static char dir[] = "/var/tmp/tierd-fuzz.XXXXXX";
+static char target[sizeof(dir) + 16];
+
+static void core_cleanup(void) {
+        (void) unlink(target);
+        (void) rmdir(dir);
+}
+
+static void core_once(void) {
+        static int done;
+        sigset_t ss;
+
+        if (done)
+                return;
+        done = 1;
+        /* the manager watches these through signalfd, which needs them blocked */
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        signal(SIGPIPE, SIG_IGN);
+        FUZZ_CHECK(mkdtemp(dir));
+        snprintf(target, sizeof(target), "%s/t0.img", dir);
+        atexit(core_cleanup);
+        log_set_level(getenv("TIER_FUZZ_LOG") ? LOG_DEBUG : LOG_EMERG);
+}
+
+Manager *core_new(int policy) {
+        Manager *m = NULL;
+        char *err = NULL;
+        Config c;
+        int r;
+
+        core_once();
+        config_init(&c);
+        c.host_capacity = 8 * MiB;
+        c.host_segment_size = 2 * MiB;
+        c.host_job_limit = 6 * MiB;
+        c.vram_backend = VRAM_BACKEND_EMULATED;
+        c.vram_capacity = 4 * MiB;
+        c.vram_chunk_size = 1 * MiB;
+        c.vram_job_limit = 3 * MiB;
+        c.nvme_extent_size = 1 * MiB;
+        c.nvme_job_limit = 12 * MiB;
+        c.linger_usec = 0;
+        c.max_inflight = 16;
+        c.max_tensors = 64;
+        c.sched_policy = policy;
+        free(c.state_dir);
+        c.state_dir = strdup(dir);
+        c.targets[0].path = strdup(target);
+        c.targets[0].size = 16 * MiB;
+        c.n_targets = 1;
+        FUZZ_CHECK(c.state_dir && c.targets[0].path);
+        if (config_finish(&c, &err) < 0) {
+                fprintf(stderr, "config_finish: %s\n", err ? err : "?");
+                abort();
+        }
+        r = manager_new(&m, &c, NULL);
+        if (r < 0) {
+                fprintf(stderr, "manager_new: %s\n", strerror(-r));
+                abort();
+        }
+        return m;
+}
+
+void core_run(Manager *m, uint64_t timeout_usec) {
+        FUZZ_CHECK(sd_event_run(m->event, timeout_usec) >= 0);
+}
+
+void core_settle(Manager *m) {
+        for (int i = 0; i < 200 && m->engine->n_xfers > 0; i++)
+                core_run(m, 10000);
+        core_run(m, 0);
+}
+
+void core_free(Manager *m) {
+        core_settle(m);
+        manager_free(m);
+}
+
+int core_make_fd(int kind) {
+        int fd = -1, sv[2], p[2];
+
+        switch (kind) {
+        case FD_MEMFD:
+        case FD_SEALED_MEMFD:
+                fd = memfd_create("fuzz", MFD_CLOEXEC | (kind == FD_SEALED_MEMFD ? MFD_ALLOW_SEALING : 0));
+                FUZZ_CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
+                if (kind == FD_SEALED_MEMFD)
+                        FUZZ_CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0);
+                break;
+        case FD_EVENTFD:
+                fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                break;
+        case FD_DEVNULL:
+                fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+                break;
+        case FD_DIR_PATH:
+                fd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                break;
+        case FD_SOCKET:
+                FUZZ_CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
+                close(sv[1]);
+                fd = sv[0];
+                break;
+        case FD_PIPE:
+                FUZZ_CHECK(pipe2(p, O_CLOEXEC) == 0);
+                close(p[1]);
+                fd = p[0];
+                break;
+        case FD_DIR:
+        default:
+                fd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                break;
+        }
+        FUZZ_CHECK(fd >= 0);
+        return fd;
+}

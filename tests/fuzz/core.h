@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/* core.h: an in-process tierd core for the fuzz targets, and fds of every kind a client could pass. */
+#pragma once
+
+#include <stdint.h>
+
+#include "daemon/core/manager.h"
+
+/*
+ * core_new() - a Manager without a listening socket: emulated VRAM (4M in
+ * 1M chunks), a host pool of 8M in 2M segments (memfds), one 16M NVMe
+ * target file in a temporary directory made once per process, policy
+ * @policy (SchedPolicyKind), no linger, logging off.  Aborts on failure.
+ */
+Manager *core_new(int policy);
+/* Let transfers in flight finish (bounded), then free everything. */
+void core_free(Manager *m);
+/* One pass of the event loop, waiting at most @timeout_usec. */
+void core_run(Manager *m, uint64_t timeout_usec);
+/* Run the loop until no transfer is in flight (at most about a second). */
+void core_settle(Manager *m);
+
+/* The kinds of fd core_make_fd() makes; a bit mask of them selects the fds one packet carries. */
+enum {
+        FD_MEMFD,               /* 4K, writable */
+        FD_EVENTFD,
+        FD_DEVNULL,
+        FD_DIR_PATH,            /* a directory, O_PATH */
+        FD_SOCKET,              /* one end of a socketpair whose other end is closed */
+        FD_SEALED_MEMFD,        /* 4K, every seal set */
+        FD_PIPE,                /* the read end of a pipe */
+        FD_DIR,                 /* a directory, O_RDONLY */
+        _FD_KIND_MAX,
+};
+/* A new fd of @kind (CLOEXEC); aborts on failure. */
+int core_make_fd(int kind);
