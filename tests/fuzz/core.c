@@ -17,9 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <syslog.h>
 #include <systemd/sd-event.h>
 #include <unistd.h>
@@ -112,43 +109,4 @@ void core_settle(Manager *m) {
 void core_free(Manager *m) {
         core_settle(m);
         manager_free(m);
-}
-
-int core_make_fd(int kind) {
-        int fd = -1, sv[2], p[2];
-
-        switch (kind) {
-        case FD_MEMFD:
-        case FD_SEALED_MEMFD:
-                fd = memfd_create("fuzz", MFD_CLOEXEC | (kind == FD_SEALED_MEMFD ? MFD_ALLOW_SEALING : 0));
-                FUZZ_CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
-                if (kind == FD_SEALED_MEMFD)
-                        FUZZ_CHECK(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0);
-                break;
-        case FD_EVENTFD:
-                fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-                break;
-        case FD_DEVNULL:
-                fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-                break;
-        case FD_DIR_PATH:
-                fd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
-                break;
-        case FD_SOCKET:
-                FUZZ_CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) == 0);
-                close(sv[1]);
-                fd = sv[0];
-                break;
-        case FD_PIPE:
-                FUZZ_CHECK(pipe2(p, O_CLOEXEC) == 0);
-                close(p[1]);
-                fd = p[0];
-                break;
-        case FD_DIR:
-        default:
-                fd = open("/tmp", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                break;
-        }
-        FUZZ_CHECK(fd >= 0);
-        return fd;
 }

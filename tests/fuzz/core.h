@@ -19,18 +19,3 @@ void core_free(Manager *m);
 void core_run(Manager *m, uint64_t timeout_usec);
 /* Run the loop until no transfer is in flight (at most about a second). */
 void core_settle(Manager *m);
-
-/* The kinds of fd core_make_fd() makes; a bit mask of them selects the fds one packet carries. */
-enum {
-        FD_MEMFD,               /* 4K, writable */
-        FD_EVENTFD,
-        FD_DEVNULL,
-        FD_DIR_PATH,            /* a directory, O_PATH */
-        FD_SOCKET,              /* one end of a socketpair whose other end is closed */
-        FD_SEALED_MEMFD,        /* 4K, every seal set */
-        FD_PIPE,                /* the read end of a pipe */
-        FD_DIR,                 /* a directory, O_RDONLY */
-        _FD_KIND_MAX,
-};
-/* A new fd of @kind (CLOEXEC); aborts on failure. */
-int core_make_fd(int kind);

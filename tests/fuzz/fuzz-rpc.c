@@ -11,7 +11,7 @@
  *
  *   op % 8 = 0..2  a packet on client (op >> 3) & 1: u16 length (at most
  *                  8K), the payload, then a u8 mask of fds to pass beside it
- *                  (bit k: core_make_fd(k): memfd, eventfd, /dev/null,
+ *                  (bit k: fuzz_make_fd(k): memfd, eventfd, /dev/null,
  *                  O_PATH directory, socket, sealed memfd, pipe, directory)
  *            3     run the loop ((op >> 3) & 7) + 1 times without waiting
  *            4     read every reply queued for client (op >> 3) & 1
@@ -137,7 +137,7 @@ static void send_packet(Fuzz *f, int i, const uint8_t *p, size_t len, uint8_t ma
                 return;
         for (int k = 0; k < _FD_KIND_MAX; k++)
                 if (mask & (1u << k))
-                        fds[n_fds++] = core_make_fd(k);
+                        fds[n_fds++] = fuzz_make_fd(k);
         r = wire_send(f->client[i], p, len, fds, n_fds);
         if (r == -EAGAIN) {
                 /* the socket is full: let tierd read, read its replies, try once more */

@@ -95,6 +95,23 @@ static inline void fout_u64(FuzzOut *o, uint64_t v) {
         fout_u32(o, (uint32_t) (v >> 32));
 }
 
+
+/* The kinds of fd fuzz_make_fd() makes; a bit mask of them selects the fds one packet carries. */
+enum {
+        FD_MEMFD,               /* 4K, writable */
+        FD_EVENTFD,
+        FD_DEVNULL,
+        FD_DIR_PATH,            /* a directory, O_PATH */
+        FD_SOCKET,              /* one end of a socketpair whose other end is closed */
+        FD_SEALED_MEMFD,        /* 4K, every seal set */
+        FD_PIPE,                /* the read end of a pipe */
+        FD_DIR,                 /* a directory, O_RDONLY */
+        FD_MEMFD_BIG,           /* 1M, writable: room for a segment or a plan page */
+        _FD_KIND_MAX,
+};
+/* A new fd of @kind (CLOEXEC); aborts on failure. */
+int fuzz_make_fd(int kind);
+
 /* The number of open fds of this process (a target checks it comes back to where it started). */
 int fuzz_count_fds(void);
 
