@@ -29,7 +29,7 @@ int fuzz_write_file(const char *dir, const char *name, const void *data, size_t 
 int fuzz_count_fds(void) {
         int n = 0;
 
-        for (int fd = 0; fd < 4096; fd++)
+        for (int fd = 0; fd < 1024; fd++)
                 if (fcntl(fd, F_GETFD) >= 0)
                         n++;
         return n;

@@ -27,6 +27,7 @@
 #include "tests/fuzz/core.h"
 #include "tests/fuzz/fuzz.h"
 
+#define KiB 1024ull
 #define MiB (1024ull * 1024ull)
 
 static char dir[] = "/var/tmp/tierd-fuzz.XXXXXX";
@@ -65,15 +66,15 @@ Manager *core_new(int policy) {
 
         core_once();
         config_init(&c);
-        c.host_capacity = 8 * MiB;
-        c.host_segment_size = 2 * MiB;
-        c.host_job_limit = 6 * MiB;
+        c.host_capacity = 2 * MiB;
+        c.host_segment_size = 256 * KiB;
+        c.host_job_limit = 1536 * KiB;
         c.vram_backend = VRAM_BACKEND_EMULATED;
-        c.vram_capacity = 4 * MiB;
-        c.vram_chunk_size = 1 * MiB;
-        c.vram_job_limit = 3 * MiB;
-        c.nvme_extent_size = 1 * MiB;
-        c.nvme_job_limit = 12 * MiB;
+        c.vram_capacity = 1 * MiB;
+        c.vram_chunk_size = 256 * KiB;
+        c.vram_job_limit = 768 * KiB;
+        c.nvme_extent_size = 64 * KiB;
+        c.nvme_job_limit = 3 * MiB;
         c.linger_usec = 0;
         c.max_inflight = 16;
         c.max_tensors = 64;
@@ -81,7 +82,7 @@ Manager *core_new(int policy) {
         free(c.state_dir);
         c.state_dir = strdup(dir);
         c.targets[0].path = strdup(target);
-        c.targets[0].size = 16 * MiB;
+        c.targets[0].size = 4 * MiB;
         c.n_targets = 1;
         FUZZ_CHECK(c.state_dir && c.targets[0].path);
         if (config_finish(&c, &err) < 0) {

@@ -7,10 +7,12 @@
 #include "daemon/core/manager.h"
 
 /*
- * core_new() - a Manager without a listening socket: emulated VRAM (4M in
- * 1M chunks), a host pool of 8M in 2M segments (memfds), one 16M NVMe
- * target file in a temporary directory made once per process, policy
- * @policy (SchedPolicyKind), no linger, logging off.  Aborts on failure.
+ * core_new() - a Manager without a listening socket: emulated VRAM (1M in
+ * 256K chunks, 768K per job), a host pool of 2M in 256K segments (memfds,
+ * 1.5M per job), one 4M NVMe target file (64K extents, 3M per job) in a
+ * temporary directory made once per process, policy @policy
+ * (SchedPolicyKind), no linger, logging off.  Aborts on failure.  Small,
+ * so that a fresh core per input is quick to make.
  */
 Manager *core_new(int policy);
 /* Let transfers in flight finish (bounded), then free everything. */

@@ -447,7 +447,7 @@ int fuzz_write_seeds(const char *dir) {
 
         /* the life of one tensor: create, pin, write, unpin, evict to NVMe, prefetch back, stat, free */
         put_hello(o, 0, "job", 0, 1);
-        put_create(o, 0, "a", 1 << 20, 2);
+        put_create(o, 0, "a", 256 << 10, 2);
         put_create(o, 0, "b", 300000, 3);
         put_pin(o, 0, TID(1), TIER_HOST, false, 0, 4);
         put_op(o, 7);
@@ -470,7 +470,7 @@ int fuzz_write_seeds(const char *dir) {
         o->n = 0;
         put_hello(o, 0, "job", 0, 1);
         put_hello(o, 1, "job", 1, 1);
-        put_create(o, 0, "a", 2 << 20, 2);
+        put_create(o, 0, "a", 700000, 2);
         put_simple(o, 1, TIER__REQUEST__OP_OPEN, 0, 2);
         put_pin(o, 1, TID(1), TIER_HOST, true, PLAN_READ, 3);
         put_pin(o, 0, TID(1), TIER_VRAM, true, 0, 3);
@@ -486,8 +486,8 @@ int fuzz_write_seeds(const char *dir) {
         /* a plan, its markers through the page and the marker eventfd, then its end */
         o->n = 0;
         put_hello(o, 0, "job", 0, 1);                   /* kept fds 0, 1: fence page, eventfd */
-        put_create(o, 0, "a", 1 << 20, 2);
-        put_create(o, 0, "b", 1 << 20, 3);
+        put_create(o, 0, "a", 200000, 2);
+        put_create(o, 0, "b", 128 << 10, 3);
         put_op(o, 4);
         put_plan(o, 0, 2, 4);
         put_op(o, 4);                                   /* kept fds 2, 3: plan page, marker eventfd */
