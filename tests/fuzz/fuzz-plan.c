@@ -18,7 +18,7 @@
  *   1  a scribble: u16 offset, u8 length, bytes, anywhere in the page
  *      (the daemon area and the slots too: tierd must not trust any of it)
  *   2  let transfers finish
- *   3  plan_status() and the next-use queries of every tensor
+ *   3  plan_status() and the next-use queries of every tensor of the plan
  *
  * The plan is freed (sched_plan_free()), the core too, and no fd may leak.
  */
@@ -112,8 +112,9 @@ static void query(Plan *p, Tensor **t, unsigned n_t) {
 
         plan_status(p, &ps);
         free(ps.step_links);
+        /* the queries are for tensors of this plan (t->plan, t->plan_slot), as the scheduler asks them */
         for (unsigned i = 0; i < n_t; i++)
-                for (int tier = 0; tier < 2; tier++) {
+                for (int tier = 0; tier < 2 && t[i]->plan == p; tier++) {
                         (void) plan_next_use(p, t[i], tier);
                         (void) plan_next_access_mode(p, t[i], plan_cur(p), tier);
                 }
