@@ -102,7 +102,7 @@ void core_run(Manager *m, uint64_t timeout_usec) {
 }
 
 void core_settle(Manager *m) {
-        for (int i = 0; i < 200 && m->engine->n_xfers > 0; i++)
+        for (int i = 0; i < 2000 && m->engine->n_xfers > 0; i++)      /* one event source per pass */
                 core_run(m, 10000);
         core_run(m, 0);
 }

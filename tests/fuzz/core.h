@@ -19,5 +19,5 @@ Manager *core_new(int policy);
 void core_free(Manager *m);
 /* One pass of the event loop, waiting at most @timeout_usec. */
 void core_run(Manager *m, uint64_t timeout_usec);
-/* Run the loop until no transfer is in flight (at most about a second). */
+/* Run the loop until no transfer is in flight (at most 2000 passes of up to 10 ms). */
 void core_settle(Manager *m);

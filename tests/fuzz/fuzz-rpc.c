@@ -24,9 +24,10 @@
  *
  * Replies are read and must each unpack as a tier.Reply; the fds they carry
  * are kept (the last 16) for command 6, as a client scribbling on its plan
- * page would.  After the input both clients hang up, transfers settle,
- * the core is freed, and the process must hold exactly the fds it held
- * before (no fd a client passed, or tierd made, may leak).
+ * page would.  After the input both clients hang up and transfers settle:
+ * tierd must then hold no connection, job, used or pinned byte (jobs do
+ * not linger here).  The core is freed, and the process must hold exactly
+ * the fds it held before (no fd a client passed, or tierd made, may leak).
  */
 
 #include <errno.h>
@@ -40,6 +41,7 @@
 
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/server.h"
+#include "daemon/state/registry.h"
 #include "proto/plan.h"
 #include "proto/wire.h"
 #include "tests/fuzz/core.h"
@@ -165,6 +167,36 @@ static void poke(Fuzz *f, FuzzIn *in) {
         core_run(f->m, 0);
 }
 
+static bool all_released(Manager *m) {
+        Registry *r = m->registry;
+
+        if (server_n_conns(m->server) > 0 || r->n_jobs > 0 || !list_empty(&r->dying_jobs))
+                return false;
+        for (int t = 0; t < TIERS; t++)
+                if (r->used[t] > 0 || r->pinned[t] > 0)
+                        return false;
+        return true;
+}
+
+/*
+ * Every client has hung up and jobs do not linger: once the transfers in
+ * flight are done, tierd must hold nothing for anyone (no connection, job,
+ * used or pinned byte), whatever the clients did before.
+ */
+static void check_released(Manager *m) {
+        Registry *r = m->registry;
+
+        for (int i = 0; i < 2000 && !all_released(m); i++)     /* one event source per pass */
+                core_run(m, 10000);
+        if (!all_released(m)) {
+                fprintf(stderr, "after every client left: %u connections, %u jobs (%s dying), used %" PRIu64 "/%" PRIu64
+                        "/%" PRIu64 ", pinned %" PRIu64 "/%" PRIu64 "/%" PRIu64 " (vram/host/nvme)\n",
+                        server_n_conns(m->server), r->n_jobs, list_empty(&r->dying_jobs) ? "none" : "some",
+                        r->used[0], r->used[1], r->used[2], r->pinned[0], r->pinned[1], r->pinned[2]);
+                abort();
+        }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FuzzIn in = { data, size };
         Fuzz *f = &F;
@@ -219,7 +251,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int k = 0; k < KEEP_FDS; k++)
                 if (f->kept[k] >= 0)
                         close(f->kept[k]);
-        core_run(f->m, 0);
+        check_released(f->m);
         core_free(f->m);
         f->m = NULL;
         if (fuzz_count_fds() != fds_before) {
@@ -513,6 +545,21 @@ int fuzz_write_seeds(const char *dir) {
         put_op(o, 4);
         put_op(o, 4 | 1 << 3);
         r = r ?: write_seed(dir, "seed-quota", o);
+
+        /* two jobs of two uids: the second names the first one's tensor ids, and quotas it may not set */
+        o->n = 0;
+        put_hello(o, 0, "a", 0, 1);
+        put_create(o, 0, "x", 65536, 2);
+        put_op(o, 5 | 1 << 3 | 1 << 4);                 /* client 1 as uid 1000 */
+        put_hello(o, 1, "b", 0, 1);
+        put_create(o, 1, "x", 4096, 2);
+        put_pin(o, 1, TID(2), TIER_HOST, false, 0, 3);
+        put_simple(o, 1, TIER__REQUEST__OP_FREE, TID(1) + 1, 4);
+        put_quota(o, 1, "a", 7, 5);
+        put_pin(o, 0, TID(1), TIER_HOST, false, 0, 3);
+        put_op(o, 4);
+        put_op(o, 4 | 1 << 3);
+        r = r ?: write_seed(dir, "seed-two-jobs", o);
 
         /* what a client must not do: fds beside requests, garbage, a request before hello, a second hello */
         o->n = 0;
