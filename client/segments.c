@@ -379,6 +379,14 @@ int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, 
         _cleanup_free_ ViewPiece *pieces = NULL;
         uint64_t total = 0;
 
+        /*
+         * The job will touch the tensor's size from the grant's address (tier.h: length is the
+         * tensor's size): a grant of any other length from a buggy tierd would send it past the
+         * mapping, or over another tensor's bytes.
+         */
+        if (t && g->length != t->size)
+                return client_error(c, -EPROTO, "tierd granted %" PRIu64 " bytes for tensor '%s' of %" PRIu64 " bytes",
+                                    g->length, t->name, t->size);
         if (g->n_pieces <= 1) {
                 ViewPiece one = {
                         .segment = g->segment, .generation = g->generation, .offset = g->offset, .length = g->length,

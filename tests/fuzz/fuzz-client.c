@@ -579,6 +579,15 @@ int fuzz_write_seeds(const char *dir_out) {
         put_status(o, -EPERM, "needs root");
         r = r ?: fuzz_write_file(dir_out, "seed-bad-grants", o->buf, o->n);
 
+        /* a grant shorter than the tensor, at the end of its segment: the job would write past the mapping */
+        o->n = 0;
+        put_ops(o, ops3, sizeof(ops3) / 2);
+        put_hello_reply(o);
+        put_tensor_reply(o, 1ull << 32, 4096, "t0");
+        put_pin_reply(o, TIER_HOST, (1 << 20) - 100, 100, 0, true);
+        put_pin_reply(o, TIER_HOST, (1 << 20) - 4096, 4096, 0, false);
+        r = r ?: fuzz_write_file(dir_out, "seed-short-grant", o->buf, o->n);
+
         o->n = 0;
         put_ops(o, ops1, sizeof(ops1) / 2);
         {
