@@ -7,7 +7,9 @@
  * Segments are tierd's blocks of tier memory for this job.  "memfd"
  * segments are mapped MAP_SHARED once and cached by id; a new generation
  * for a known id replaces the old mapping.  A grant {segment, generation,
- * offset, length} becomes a pointer into that mapping.  If a grant names a
+ * offset, length} becomes a pointer into that mapping, once it is checked to
+ * lie inside the segment and to be as long as the tensor (a buggy tierd
+ * must not send the job's writes elsewhere).  If a grant names a
  * segment we do not hold, GetSegments fetches it.  "cuda" segments (VMM
  * chunks of tierd's GPU, sent as exported fds) are kept as fds until a
  * grant first names them; then libtier loads the CUDA driver (dlopen, once
