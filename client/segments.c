@@ -7,7 +7,9 @@
  * Segments are tierd's blocks of tier memory for this job.  "memfd"
  * segments are mapped MAP_SHARED once and cached by id; a new generation
  * for a known id replaces the old mapping.  A grant {segment, generation,
- * offset, length} becomes a pointer into that mapping.  If a grant names a
+ * offset, length} becomes a pointer into that mapping, once it is checked to
+ * lie inside the segment and to be as long as the tensor (a buggy tierd
+ * must not send the job's writes elsewhere).  If a grant names a
  * segment we do not hold, GetSegments fetches it.  "cuda" segments (VMM
  * chunks of tierd's GPU, sent as exported fds) are kept as fds until a
  * grant first names them; then libtier loads the CUDA driver (dlopen, once
@@ -379,6 +381,14 @@ int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, 
         _cleanup_free_ ViewPiece *pieces = NULL;
         uint64_t total = 0;
 
+        /*
+         * The job will touch the tensor's size from the grant's address (tier.h: length is the
+         * tensor's size): a grant of any other length from a buggy tierd would send it past the
+         * mapping, or over another tensor's bytes.
+         */
+        if (t && g->length != t->size)
+                return client_error(c, -EPROTO, "tierd granted %" PRIu64 " bytes for tensor '%s' of %" PRIu64 " bytes",
+                                    g->length, t->name, t->size);
         if (g->n_pieces <= 1) {
                 ViewPiece one = {
                         .segment = g->segment, .generation = g->generation, .offset = g->offset, .length = g->length,

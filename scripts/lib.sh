@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # SPDX-License-Identifier: MIT
-# scripts/lib.sh: helpers shared by scripts/demo and scripts/test (sourced, not run).
+# scripts/lib.sh: helpers shared by scripts/demo, scripts/test and scripts/fuzz (sourced, not run).
 #
 #   ensure_packages PKG...          install the Debian packages that are missing
 #   build_dir_setup DIR [ARGS...]   meson setup (or --reconfigure) DIR, then ninja -C DIR
@@ -46,6 +46,16 @@ TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
         libjansson-dev fio valgrind python3 systemd util-linux prometheus
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
+)
+
+# shellcheck disable=SC2034
+# What scripts/fuzz needs on top of building: clang and its runtime libraries
+# (libclang-rt-14-dev holds libFuzzer, ASan and UBSan for Debian 12's clang),
+# and what the test tree's meson.build looks for (jansson).  ./scripts/test
+# does not need them: it replays the fuzz corpora with gcc.
+TIER_FUZZ_PACKAGES=(
+        "${TIER_BUILD_PACKAGES[@]}"
+        libjansson-dev clang libclang-rt-14-dev
 )
 
 if [[ -t 1 ]]; then

@@ -131,7 +131,11 @@ static inline uint32_t plan_cur(const Plan *p) {
 uint64_t plan_phase_ns(const Plan *p, uint32_t ph);
 /* Fill pred[]: the predicted start of each phase from the current one on. */
 void plan_predict(Plan *p, uint64_t now);
-/* Predicted time of the next use of @t in class @c (USE_*) by @p after its current phase; UINT64_MAX: none. */
+/*
+ * The queries below are about a tensor of @p's own (t->plan == p: t->plan_slot is its slot there);
+ * any other tensor reads past the indexes.
+ * Predicted time of the next use of @t in class @c (USE_*) by @p after its current phase; UINT64_MAX: none.
+ */
 uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c);
 /* Predicted next use of @t's copy in @tier (vram, or host and what stages through it). */
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
