@@ -7,7 +7,8 @@
  * each verb parses its own arguments, and every verb takes --help and
  * --json (one JSON document on stdout).  Exit status: 0 ok, 1 failure
  * (tierd refused or could not be reached), 2 bad usage.  The verbs live in
- * status.c (status, jobs), job.c (tensors, evict, detach) and quota.c.
+ * status.c (status, jobs), job.c (tensors, evict, detach), quota.c and
+ * plan.c (no tierd: the arithmetic of planner.c).
  */
 
 #include <errno.h>
@@ -41,6 +42,7 @@ static const Verb verbs[] = {
         { "evict",   verb_evict,   evict_help,   "write a job's unpinned copies down to nvme (or host)" },
         { "detach",  verb_detach,  detach_help,  "end a job now: close its connections, free everything" },
         { "quota",   verb_quota,   quota_help,   "show (get) or change (set) the quotas of jobs, uids and groups" },
+        { "plan",    verb_plan,    plan_help,    "predict placement, traffic and step time of a training job" },
         { "help",    verb_help,    help_help,    "show this help, or a command's (help COMMAND)" },
 };
 

@@ -51,3 +51,7 @@ void detach_help(FILE *f);
 /* quota.c */
 int verb_quota(int argc, char **argv);
 void quota_help(FILE *f);
+
+/* plan.c (no tierd needed) */
+int verb_plan(int argc, char **argv);
+void plan_help(FILE *f);

@@ -1,0 +1,50 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# test-plan-cli.sh TIERCTL: tierctl plan's options: exit 2 with a reason for impossible
+# inputs, --help, and --json with model_state_bytes (no tierd needed).
+set -u
+T=$1
+HW="--vram 16G --host-ram 64G --link 25 --tflops 100"
+fails=0
+
+# usage_error EXPECTED_TEXT ARGS...: exit status 2 and EXPECTED_TEXT on stderr
+usage_error() {
+        want=$1; shift
+        err=$("$T" plan "$@" 2>&1 >/dev/null); rc=$?
+        if [ "$rc" -ne 2 ] || ! printf '%s' "$err" | grep -qF -- "$want"; then
+                echo "FAIL: tierctl plan $*: exit $rc, '$err' (wanted 2 and '$want')"
+                fails=$((fails + 1))
+        fi
+}
+
+usage_error "--params '-1'" --params -1 $HW
+usage_error "--params '13X'" --params 13X $HW
+usage_error "no model" $HW
+usage_error "not both" --params 13B --layers 2 $HW
+usage_error "all of --layers" --layers 2 --hidden 4 $HW
+usage_error "--drives is 0" --params 13B $HW --placement B
+usage_error "--drive-read and --drive-write" --params 13B $HW --drives 1
+usage_error "--tflops must be above 0" --params 13B --vram 16G --host-ram 64G --link 25
+usage_error "--vram '-16G'" --params 13B --vram -16G
+usage_error "--drive-read '-3'" --params 13B $HW --drives 1 --drive-read -3
+usage_error "--placement 'D'" --params 13B $HW --placement D
+usage_error "unknown option '--bogus'" --bogus
+usage_error "unexpected argument 'extra'" --params 13B $HW extra
+
+if ! "$T" plan --help | grep -q "Usage: tierctl plan"; then
+        echo "FAIL: tierctl plan --help"; fails=$((fails + 1))
+fi
+out=$("$T" plan --json --params 13B $HW --drives 1 --drive-read 3.5 --drive-write 3 --micro-batch 4)
+if ! printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["model_state_bytes"] == 208000000000, d["model_state_bytes"]
+assert d["verdict"] == "placement" and d["placement"] == "B", d
+b = d["placements"]["B"]
+assert b["nvme_read_bytes"] == 156000000000 and b["drives_needed"] == 16, b
+assert d["placements"]["A"]["fits_host"] is False
+'; then
+        echo "FAIL: tierctl plan --json: $out"; fails=$((fails + 1))
+fi
+[ "$fails" -eq 0 ] && echo "ok" 
+exit $((fails != 0))

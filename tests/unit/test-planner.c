@@ -1,0 +1,381 @@
+/* SPDX-License-Identifier: MIT */
+/* test-planner.c: tierctl plan's arithmetic (client/tierctl/planner.c) against hand-computed cases. */
+
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "client/tierctl/planner.h"
+
+#define GIB (UINT64_C(1) << 30)
+
+/* @a equals @b to a relative 1e-9. */
+#define assert_near(a, b) do {                                                          \
+                double _a = (a), _b = (b);                                              \
+                if (!(fabs(_a - _b) <= 1e-9 * fmax(1.0, fabs(_b))))                     \
+                        fail_msg("%s = %.12g, expected %.12g", #a, _a, _b);            \
+        } while (0)
+
+/* 13B on a 16G card, 64G of host RAM, one 3.5/3.0 GB/s drive, PCIe 4.0 x16, 100 TFLOP/s. */
+static void input_13b(PlanInput *in) {
+        plan_input_init(in);
+        in->params = 13e9;
+        in->vram = 16 * GIB;
+        in->host_ram = 64 * GIB;
+        in->drives = 1;
+        in->drive_read_gbs = 3.5;
+        in->drive_write_gbs = 3.0;
+        in->link_gbs = 25;
+        in->tflops = 100;
+}
+
+static void compute_ok(const PlanInput *in, PlanResult *r) {
+        char err[256] = "";
+
+        if (plan_validate(in, err, sizeof(err)) != 0)
+                fail_msg("plan_validate: %s", err);
+        plan_compute(in, r);
+}
+
+static void test_state_13b(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        input_13b(&in);
+        compute_ok(&in, &r);
+        assert_near(r.model_state_bytes, 208e9);
+        assert_near(r.class_bytes[PLAN_CLASS_WEIGHTS], 26e9);
+        assert_near(r.class_bytes[PLAN_CLASS_GRADS], 26e9);
+        assert_near(r.class_bytes[PLAN_CLASS_MASTER], 52e9);
+        assert_near(r.class_bytes[PLAN_CLASS_MOMENTS], 104e9);
+        assert_false(r.fits_vram);
+        assert_false(r.activations_known);
+}
+
+static void test_state_1t(void **state) {
+        PlanInput in;
+        PlanResult r;
+        double p;
+
+        input_13b(&in);
+        assert_int_equal(plan_parse_count("1T", &p), 0);
+        in.params = p;
+        compute_ok(&in, &r);
+        assert_near(r.model_state_bytes, 16e12);
+}
+
+/* Per-class bytes are configurable: bf16 everything with 8-bit moments = 2 + 2 + 2 + 2. */
+static void test_state_configurable(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        input_13b(&in);
+        in.bytes[PLAN_CLASS_MASTER] = 2;
+        in.bytes[PLAN_CLASS_MOMENTS] = 2;
+        compute_ok(&in, &r);
+        assert_near(r.model_state_bytes, 104e9);
+}
+
+/* 200 GB per step at 25 GB/s is 8 s, on the link and on the drives. */
+static void test_200gb_at_25(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        /* link: 2 * weights * P down = 2 * 1 * 100e9 = 200 GB; no grads up */
+        input_13b(&in);
+        in.params = 100e9;
+        in.bytes[PLAN_CLASS_WEIGHTS] = 1;
+        in.bytes[PLAN_CLASS_GRADS] = 0;
+        compute_ok(&in, &r);
+        assert_near(r.placements[PLAN_PLACEMENT_A].link_down_bytes, 200e9);
+        assert_near(r.placements[PLAN_PLACEMENT_A].t_link, 8.0);
+
+        /* NVMe (B): 100 GB read + 100 GB written, one drive at 25 GB/s each way */
+        input_13b(&in);
+        in.params = 10e9;
+        in.bytes[PLAN_CLASS_MASTER] = 4;
+        in.bytes[PLAN_CLASS_MOMENTS] = 6;
+        in.drive_read_gbs = 25;
+        in.drive_write_gbs = 25;
+        compute_ok(&in, &r);
+        assert_near(r.placements[PLAN_PLACEMENT_B].nvme_read_bytes + r.placements[PLAN_PLACEMENT_B].nvme_write_bytes,
+                    200e9);
+        assert_near(r.placements[PLAN_PLACEMENT_B].t_nvme, 8.0);
+        /* two drives striped: half */
+        in.drives = 2;
+        compute_ok(&in, &r);
+        assert_near(r.placements[PLAN_PLACEMENT_B].t_nvme, 4.0);
+}
+
+static void test_compute(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        input_13b(&in);
+        in.accumulation = 8;
+        compute_ok(&in, &r);
+        assert_near(r.tokens_per_step, 16384);
+        assert_near(r.flops_per_step, 6.0 * 13e9 * 16384);
+        assert_near(r.t_compute, 12.77952);
+        in.checkpointing = true;
+        compute_ok(&in, &r);
+        assert_near(r.t_compute, 12.77952 * 8.0 / 6.0);
+}
+
+/* L = 2, h = 4, ffn = 16, vocab = 10, a = 2, s = 8, b = 1. */
+static void test_shape(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        input_13b(&in);
+        in.params = 0;
+        in.layers = 2;
+        in.hidden = 4;
+        in.ffn = 16;
+        in.vocab = 10;
+        in.heads = 2;
+        in.seq = 8;
+        compute_ok(&in, &r);
+        /* 2 * (4*16 + 2*4*16) + 10*4 = 2 * 192 + 40 */
+        assert_near(r.params, 424);
+        assert_near(r.model_state_bytes, 424 * 16);
+        assert_true(r.activations_known);
+        /* per layer 8*1*4*(34 + 5*2*8/4) = 32 * 54 = 1728 */
+        assert_near(r.activation_bytes, 2 * 1728);
+        in.checkpointing = true;
+        compute_ok(&in, &r);
+        assert_near(r.activation_bytes, 2 * 2 * 8 * 4 + 1728);
+        assert_int_equal(r.verdict, PLAN_VERDICT_GPU);
+}
+
+/* The case: 13B full fine-tune on a 16 GB card with one NVMe drive. */
+static void test_13b_one_drive(void **state) {
+        PlanInput in;
+        PlanResult r;
+        const PlanPlacementResult *b;
+        double t_nvme = 156e9 / 3.5e9 + 156e9 / 3.0e9;
+        double per_day;
+
+        input_13b(&in);
+        in.micro_batch = 4;
+        in.tbw = 600;
+        compute_ok(&in, &r);
+        b = &r.placements[PLAN_PLACEMENT_B];
+        assert_false(r.placements[PLAN_PLACEMENT_A].fits_host);        /* 208 GB > 64 GiB */
+        assert_true(b->fits_host);                                      /* 52 GB of weights and grads */
+        assert_int_equal(r.verdict, PLAN_VERDICT_PLACEMENT);
+        assert_int_equal(r.chosen, PLAN_PLACEMENT_B);
+        assert_int_equal(b->tier[PLAN_CLASS_WEIGHTS], PLAN_TIER_HOST);
+        assert_int_equal(b->tier[PLAN_CLASS_MASTER], PLAN_TIER_NVME);
+        assert_int_equal(b->tier[PLAN_CLASS_MOMENTS], PLAN_TIER_NVME);
+        assert_near(b->host_bytes, 52e9);
+        assert_near(b->nvme_bytes, 156e9);
+        assert_near(b->link_down_bytes, 52e9);
+        assert_near(b->link_up_bytes, 26e9);
+        assert_near(b->nvme_read_bytes, 156e9);
+        assert_near(b->nvme_write_bytes, 156e9);
+        assert_near(r.t_compute, 6.0 * 13e9 * 8192 / 1e14);          /* 6.38976 s */
+        assert_near(b->t_link, 52e9 / 25e9);                           /* 2.08 s */
+        assert_near(b->t_nvme, t_nvme);                                 /* 96.57 s */
+        assert_near(b->step_overlapped, t_nvme);
+        assert_near(b->step_serial, r.t_compute + 2.08 + t_nvme);
+        assert_int_equal(b->bottleneck, PLAN_BOTTLENECK_NVME);
+        assert_false(b->io_hidden);
+        assert_near(b->gpu_busy, r.t_compute / t_nvme);
+        assert_near(b->tokens_per_s, 8192 / t_nvme);
+        /* ceil(96.57 / 6.39) = ceil(15.11) */
+        assert_int_equal(b->drives_needed, 16);
+        assert_int_equal(b->accumulation_needed, 16);
+        per_day = 156e9 * 86400 / t_nvme;
+        assert_near(b->write_bytes_per_day_per_drive, per_day);
+        assert_near(b->days_to_tbw, 600e12 / per_day);
+
+        /* C adds the weights: read twice per micro-batch, written once */
+        assert_near(r.placements[PLAN_PLACEMENT_C].nvme_read_bytes, 156e9 + 52e9);
+        assert_near(r.placements[PLAN_PLACEMENT_C].nvme_write_bytes, 156e9 + 26e9);
+        assert_near(r.placements[PLAN_PLACEMENT_C].host_bytes, 26e9);
+
+        /* micro-batch 1: the link (2.08 s) is slower than compute (1.6 s): drives cannot help */
+        in.micro_batch = 1;
+        compute_ok(&in, &r);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_B].drives_needed, -1);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_B].accumulation_needed, -1);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_A].bottleneck, PLAN_BOTTLENECK_LINK);
+}
+
+static void test_decision_tree(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        input_13b(&in);
+        in.params = 100e6;      /* 1.6 GB */
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_GPU);
+
+        in.params = 2e9;        /* 32 GB: host */
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_PLACEMENT);
+        assert_int_equal(r.chosen, PLAN_PLACEMENT_A);
+        /* t_compute 6 * 2e9 * 2048 / 1e14 = 0.246 s < t_link 8 GB / 25 GB/s = 0.32 s, per micro-batch */
+        assert_near(r.placements[PLAN_PLACEMENT_A].t_link, 0.32);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_A].bottleneck, PLAN_BOTTLENECK_LINK);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_A].accumulation_needed, -1);
+        assert_near(r.placements[PLAN_PLACEMENT_A].t_nvme, 0);
+        assert_int_equal(r.placements[PLAN_PLACEMENT_A].drives_needed, 0);
+
+        in.params = 13e9;       /* weights + grads 52 GB fit, the rest does not */
+        compute_ok(&in, &r);
+        assert_int_equal(r.chosen, PLAN_PLACEMENT_B);
+
+        in.host_ram = 40 * GIB; /* 52 GB does not fit, 26 GB does */
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_PLACEMENT);
+        assert_int_equal(r.chosen, PLAN_PLACEMENT_C);
+
+        in.host_ram = 8 * GIB;
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_NO_FIT_HOST);
+
+        in.host_ram = 64 * GIB;
+        in.drives = 0;
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_NO_DRIVES);
+        assert_false(r.placements[PLAN_PLACEMENT_B].possible);
+        assert_true(isinf(r.placements[PLAN_PLACEMENT_B].t_nvme));
+        assert_int_equal(r.placements[PLAN_PLACEMENT_B].drives_needed, -1);
+
+        /* forced placement */
+        in.drives = 1;
+        in.placement = PLAN_PLACEMENT_C;
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_PLACEMENT);
+        assert_int_equal(r.chosen, PLAN_PLACEMENT_C);
+        in.placement = PLAN_PLACEMENT_A;
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_NO_FIT_HOST);
+
+        /* activations larger than the card */
+        in.placement = -1;
+        in.params = 0;
+        in.layers = 80;
+        in.hidden = 8192;
+        in.ffn = 28672;
+        in.vocab = 128000;
+        in.heads = 64;
+        in.seq = 8192;
+        in.micro_batch = 8;
+        compute_ok(&in, &r);
+        assert_int_equal(r.verdict, PLAN_VERDICT_NO_FIT_VRAM);
+}
+
+static void validate_fails(const PlanInput *in, const char *needle) {
+        char err[256] = "";
+
+        assert_int_equal(plan_validate(in, err, sizeof(err)), -EINVAL);
+        if (!strstr(err, needle))
+                fail_msg("error '%s' does not mention '%s'", err, needle);
+}
+
+static void test_validate(void **state) {
+        PlanInput in;
+
+        input_13b(&in);
+        in.params = 0;
+        validate_fails(&in, "--params");
+        in.params = -1;
+        validate_fails(&in, "--params");
+        in.params = 13e9;
+        in.layers = 2;
+        validate_fails(&in, "not both");
+        in.params = 0;
+        validate_fails(&in, "all of --layers");
+        in.hidden = 6;
+        in.ffn = in.vocab = 1;
+        in.heads = 4;
+        validate_fails(&in, "multiple of --heads");
+
+        input_13b(&in);
+        in.bytes[PLAN_CLASS_GRADS] = -2;
+        validate_fails(&in, "grads");
+        input_13b(&in);
+        for (unsigned c = 0; c < _PLAN_CLASS_MAX; c++)
+                in.bytes[c] = 0;
+        validate_fails(&in, "0 bytes per parameter");
+
+        input_13b(&in);
+        in.seq = 0;
+        validate_fails(&in, "--seq");
+        input_13b(&in);
+        in.vram = 0;
+        validate_fails(&in, "--vram");
+        input_13b(&in);
+        in.host_ram = 0;
+        validate_fails(&in, "--host-ram");
+        input_13b(&in);
+        in.link_gbs = 0;
+        validate_fails(&in, "--link");
+        input_13b(&in);
+        in.tflops = NAN;
+        validate_fails(&in, "--tflops");
+        input_13b(&in);
+        in.drive_write_gbs = 0;
+        validate_fails(&in, "--drive-write");
+        input_13b(&in);
+        in.tbw = -1;
+        validate_fails(&in, "--tbw");
+        input_13b(&in);
+        in.drives = 0;
+        in.placement = PLAN_PLACEMENT_B;
+        validate_fails(&in, "--drives is 0");
+        in.placement = PLAN_PLACEMENT_A;
+        assert_int_equal(plan_validate(&in, (char[64]) {}, 64), 0);
+}
+
+static void test_parse(void **state) {
+        static const struct { const char *s; double v; } ok[] = {
+                { "13B", 13e9 }, { "13b", 13e9 }, { "13G", 13e9 }, { "1T", 1e12 }, { "350M", 350e6 },
+                { "1.5B", 1.5e9 }, { "6.7e9", 6.7e9 }, { "7000000000", 7e9 }, { "64K", 64e3 }, { "0", 0 },
+        };
+        static const char *const bad[] = {
+                "", "-1", "+1", "13X", "13BB", "B", "inf", "nan", "0x10", "1e400", " 1", "1 ", "1.5.5",
+        };
+        double v;
+
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+                v = -1;
+                if (plan_parse_count(ok[i].s, &v) != 0)
+                        fail_msg("plan_parse_count(\"%s\") failed", ok[i].s);
+                assert_near(v, ok[i].v);
+        }
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+                if (plan_parse_count(bad[i], &v) != -EINVAL)
+                        fail_msg("plan_parse_count(\"%s\") accepted", bad[i]);
+        assert_int_equal(plan_parse_number("3.5", &v), 0);
+        assert_near(v, 3.5);
+        assert_int_equal(plan_parse_number("3.5G", &v), -EINVAL);
+        assert_int_equal(plan_parse_number("-3", &v), -EINVAL);
+        assert_int_equal(plan_parse_count(NULL, &v), -EINVAL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_state_13b),
+                cmocka_unit_test(test_state_1t),
+                cmocka_unit_test(test_state_configurable),
+                cmocka_unit_test(test_200gb_at_25),
+                cmocka_unit_test(test_compute),
+                cmocka_unit_test(test_shape),
+                cmocka_unit_test(test_13b_one_drive),
+                cmocka_unit_test(test_decision_tree),
+                cmocka_unit_test(test_validate),
+                cmocka_unit_test(test_parse),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
