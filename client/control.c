@@ -40,18 +40,21 @@
 /* Largest packed StatusReply accepted through status_fd (a few thousand jobs). */
 #define CLIENT_STATUS_FD_MAX (64u * 1024u * 1024u)
 
-/* Read a packed StatusReply from a sealed memfd (status too big for one packet). */
-static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
-        _cleanup_free_ uint8_t *buf = NULL;
+/*
+ * Read all of @fd, a sealed memfd tierd sent (@what: for messages), into a
+ * new buffer with a NUL after its *@ret_size bytes.
+ */
+static int memfd_read_all(tier_client *c, int fd, const char *what, char **ret, size_t *ret_size) {
+        _cleanup_free_ char *buf = NULL;
         struct stat st;
         size_t size, done = 0;
 
         if (fstat(fd, &st) < 0)
                 return negative_errno();
         if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
-                return client_error(c, -EFBIG, "status dump of %lld bytes is too big", (long long) st.st_size);
+                return client_error(c, -EFBIG, "%s of %lld bytes is too big", what, (long long) st.st_size);
         size = (size_t) st.st_size;
-        buf = malloc(size ? size : 1);
+        buf = malloc(size + 1);
         if (!buf)
                 return -ENOMEM;
         while (done < size) {
@@ -61,10 +64,25 @@ static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
                 if (n < 0)
                         return negative_errno();
                 if (n == 0)
-                        return client_error(c, -EPROTO, "status dump is shorter than its size");
+                        return client_error(c, -EPROTO, "%s is shorter than its size", what);
                 done += (size_t) n;
         }
-        *ret = tier__status_reply__unpack(NULL, size, buf);
+        buf[size] = '\0';
+        *ret_size = size;
+        *ret = TAKE_PTR(buf);
+        return 0;
+}
+
+/* Read a packed StatusReply from a sealed memfd (status too big for one packet). */
+static int status_read_fd(tier_client *c, int fd, Tier__StatusReply **ret) {
+        _cleanup_free_ char *buf = NULL;
+        size_t size;
+        int r;
+
+        r = memfd_read_all(c, fd, "status dump", &buf, &size);
+        if (r < 0)
+                return r;
+        *ret = tier__status_reply__unpack(NULL, size, (const uint8_t *) buf);
         if (!*ret)
                 return client_error(c, -EBADMSG, "status dump is malformed");
         return 0;
@@ -111,31 +129,9 @@ int status_fetch(tier_client *c, int (*use)(const Tier__StatusReply *, void *), 
 
 /* Read @fd, a sealed memfd of Prometheus text, into a NUL-terminated buffer. */
 static int metrics_read_fd(tier_client *c, int fd, char **ret) {
-        _cleanup_free_ char *buf = NULL;
-        struct stat st;
-        size_t size, done = 0;
+        size_t size;
 
-        if (fstat(fd, &st) < 0)
-                return negative_errno();
-        if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
-                return client_error(c, -EFBIG, "metrics text of %lld bytes is too big", (long long) st.st_size);
-        size = (size_t) st.st_size;
-        buf = malloc(size + 1);
-        if (!buf)
-                return -ENOMEM;
-        while (done < size) {
-                ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n < 0)
-                        return negative_errno();
-                if (n == 0)
-                        return client_error(c, -EPROTO, "metrics text is shorter than its size");
-                done += (size_t) n;
-        }
-        buf[size] = '\0';
-        *ret = TAKE_PTR(buf);
-        return 0;
+        return memfd_read_all(c, fd, "metrics text", ret, &size);
 }
 
 /* The status as Prometheus text, rendered by tierd (StatusRequest.prometheus). */

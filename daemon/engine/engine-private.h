@@ -2,9 +2,11 @@
 /* engine-private.h: what op.c and xfer.c share inside the engine (never used outside daemon/engine). */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/state/registry.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
@@ -58,6 +60,13 @@ void xfer_abandon_all(Engine *e);
  * @errmsg) if it failed.  Called by xfer.c.
  */
 void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const char *errmsg);
+
+/* Can @v's copy in @tier go now (resident, and nothing pins it, moves it or works on it)? */
+static inline bool copy_evictable(const Tensor *v, int tier) {
+        const Copy *c = &v->copy[tier];
+
+        return c->state == COPY_RESIDENT && c->pins == 0 && v->op_refs == 0 && !v->xfer;
+}
 
 /*
  * victim_evict() - make @v's copy in @tier go: dropped at once (adding to

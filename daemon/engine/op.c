@@ -164,7 +164,7 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 }
                 if (v != want && v->xfer && c->pins == 0)
                         moving += v->alloc_size;        /* in a transfer, which ends on its own */
-                if (v == want || c->state != COPY_RESIDENT || c->pins > 0 || v->op_refs > 0 || v->xfer)
+                if (v == want || !copy_evictable(v, tier))
                         continue;
                 if (n < j->n_tensors)
                         cands[n++] = v;

@@ -66,13 +66,6 @@ uint64_t engine_job_share(const Engine *e, const Job *j, int tier) {
         return MIN(share, j->limit[tier]);
 }
 
-/* Can @v's copy in @tier go now (nothing pins it, moves it or works on it)? */
-static bool evictable(const Tensor *v, int tier) {
-        const Copy *c = &v->copy[tier];
-
-        return c->state == COPY_RESIDENT && c->pins == 0 && v->op_refs == 0 && !v->xfer;
-}
-
 static bool copy_in_segment(const Copy *c, const Segment *s) {
         for (uint32_t i = 0; i < c->n_pieces; i++)
                 if (c->pieces[i].seg == s)
@@ -102,7 +95,7 @@ static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier) {
 
                 if (t->job != v)
                         continue;
-                if (evictable(t, tier) && n < v->n_tensors) {
+                if (copy_evictable(t, tier) && n < v->n_tensors) {
                         cands[n++] = t;
                         continue;
                 }
@@ -225,7 +218,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
                         Tensor *t = container_of(c, Tensor, copy[tier]);
                         int q;
 
-                        if (t->job != v || !copy_in_segment(c, s) || !evictable(t, tier))
+                        if (t->job != v || !copy_in_segment(c, s) || !copy_evictable(t, tier))
                                 continue;
                         q = victim_evict(e, t, tier, &freed, &started, &blocked);
                         if (q < 0)
