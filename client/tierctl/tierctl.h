@@ -55,3 +55,7 @@ void quota_help(FILE *f);
 /* plan.c (no tierd needed) */
 int verb_plan(int argc, char **argv);
 void plan_help(FILE *f);
+
+/* bench.c (tierd only for its targets' paths) */
+int verb_bench(int argc, char **argv);
+void bench_help(FILE *f);
