@@ -149,6 +149,11 @@ static void json_cells(JsonWriter *w, const Bench *b) {
         json_array_end(w);
 }
 
+/* The last whole interval of a sustained write (the last one if it is the only one). */
+static size_t last_full(const BenchResult *r) {
+        return r->n_intervals - 1 - (r->last_partial && r->n_intervals > 1);
+}
+
 static void json_sustained(JsonWriter *w, const Bench *b) {
         const BenchResult *r = &b->sustained.res;
 
@@ -178,7 +183,9 @@ static void json_sustained(JsonWriter *w, const Bench *b) {
         json_key(w, "gbps_first");
         json_double(w, r->n_intervals ? r->interval_gbps[0] : 0);
         json_key(w, "gbps_last");
-        json_double(w, r->n_intervals ? r->interval_gbps[r->n_intervals - 1] : 0);
+        json_double(w, r->n_intervals ? r->interval_gbps[last_full(r)] : 0);
+        json_key(w, "last_partial");
+        json_bool(w, r->last_partial);
         json_key(w, "cliff_at_bytes");
         if (b->sustained.cliff >= 0)
                 json_uint(w, b->sustained.cliff_bytes);
@@ -297,7 +304,7 @@ static void print_table(const Bench *b, FILE *f, int target, BenchOp op) {
                 fprintf(f, " %7u", b->qd[j]);
         fputc('\n', f);
         for (size_t i = 0; i < b->n_bs; i++) {
-                fprintf(f, "  %8s", FORMAT_SIZE(b->bs[i]));
+                fprintf(f, "  %8s", FORMAT_SIZE_EXACT(b->bs[i]));
                 for (size_t j = 0; j < b->n_qd; j++) {
                         const BenchCell *c = cell_find(b, target, op, b->bs[i], b->qd[j]);
 
@@ -309,14 +316,14 @@ static void print_table(const Bench *b, FILE *f, int target, BenchOp op) {
 
 static void print_best(const Bench *b, FILE *f, const char *what, const BenchBest *best) {
         fprintf(f, "best %-5s  %6.2f GB/s  %s, %s x %u\n", what, best->gbps, bench_target_name(b, best->target),
-                FORMAT_SIZE(best->bs), best->qd);
+                FORMAT_SIZE_EXACT(best->bs), best->qd);
 }
 
 void bench_print(const Bench *b, FILE *f) {
         bool suspect = false;
 
         fprintf(f, "Storage bench %s: cold O_DIRECT through tierd's io_uring code, %s scratch per target, %s buffer\n",
-                b->time, FORMAT_SIZE(b->size), b->registered ? "registered" : "plain (memlock limit)");
+                b->time, FORMAT_SIZE_EXACT(b->size), b->registered ? "registered" : "plain (memlock limit)");
         for (unsigned i = 0; i < b->n_targets; i++) {
                 const BenchTarget *t = &b->targets[i];
 
@@ -339,9 +346,9 @@ void bench_print(const Bench *b, FILE *f) {
         print_best(b, f, "write", &b->best[BENCH_WRITE]);
         if (b->fio_result.ran)
                 fprintf(f, "fio         %6.2f GB/s read (%s x %u), %.2f GB/s write (%s x %u), on %s\n",
-                        b->fio_result.gbps[BENCH_READ], FORMAT_SIZE(b->fio_result.bs[BENCH_READ]),
+                        b->fio_result.gbps[BENCH_READ], FORMAT_SIZE_EXACT(b->fio_result.bs[BENCH_READ]),
                         b->fio_result.qd[BENCH_READ], b->fio_result.gbps[BENCH_WRITE],
-                        FORMAT_SIZE(b->fio_result.bs[BENCH_WRITE]), b->fio_result.qd[BENCH_WRITE],
+                        FORMAT_SIZE_EXACT(b->fio_result.bs[BENCH_WRITE]), b->fio_result.qd[BENCH_WRITE],
                         bench_target_name(b, b->fio_result.target));
         else
                 fprintf(f, "fio         none: %s\n", b->fio_result.reason ? b->fio_result.reason : "not run");
@@ -350,9 +357,9 @@ void bench_print(const Bench *b, FILE *f) {
 
                 fprintf(f, "sustained   %s in %.1f s (%s, %s x %u): %.2f GB/s overall, first %.2f, last %.2f GB/s; ",
                         FORMAT_SIZE(r->bytes), r->seconds, bench_target_name(b, b->sustained.target),
-                        FORMAT_SIZE(b->sustained.bs), b->sustained.qd, r->gbps,
+                        FORMAT_SIZE_EXACT(b->sustained.bs), b->sustained.qd, r->gbps,
                         r->n_intervals ? r->interval_gbps[0] : 0.0,
-                        r->n_intervals ? r->interval_gbps[r->n_intervals - 1] : 0.0);
+                        r->n_intervals ? r->interval_gbps[last_full(r)] : 0.0);
                 if (b->sustained.cliff >= 0)
                         fprintf(f, "cliff after %s\n", FORMAT_SIZE(b->sustained.cliff_bytes));
                 else
@@ -442,12 +449,12 @@ int bench_write_config(const Bench *b, const char *path, char **ret_error) {
                 return -ENOMEM;
         fprintf(f, "# tierd.conf drop-in written by tierctl bench at %s (see tierctl(1)).\n", b->time);
         fprintf(f, "# Measured: cold O_DIRECT writes and reads through tierd's io_uring code,\n"
-                "# %s scratch per target, on:\n", FORMAT_SIZE(b->size));
+                "# %s scratch per target, on:\n", FORMAT_SIZE_EXACT(b->size));
         for (unsigned i = 0; i < b->n_targets; i++)
                 fprintf(f, "#   %s %s (scratch %s)\n", b->targets[i].name, b->targets[i].path, b->targets[i].scratch);
         for (int op = BENCH_READ; op < _BENCH_OP_MAX; op++)
                 fprintf(f, "# Best %s: %.2f GB/s (%s, %s blocks at depth %u).\n", op_names[op], b->best[op].gbps,
-                        bench_target_name(b, b->best[op].target), FORMAT_SIZE(b->best[op].bs), b->best[op].qd);
+                        bench_target_name(b, b->best[op].target), FORMAT_SIZE_EXACT(b->best[op].bs), b->best[op].qd);
         fprintf(f, "# Chosen on %s: the smallest block size, then depth, within 5%% of the best\n"
                 "# mean of read and write: read %.2f GB/s, write %.2f GB/s.\n"
                 "# [host] segment_size must stay a multiple of extent_size.\n",

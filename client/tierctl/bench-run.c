@@ -196,7 +196,8 @@ int bench_run(sd_event *event, const BenchRunSpec *spec, uint8_t *pool, size_t p
                 return -EINVAL;
         per_file = spec->area / spec->bs;
         r.next_block = spec->first_block % (per_file * spec->n_fds);
-        r.max_io = MAX(DIV_ROUND_UP(spec->max_bytes, spec->bs), (uint64_t) spec->qd);
+        /* not DIV_ROUND_UP(): max_bytes may be UINT64_MAX (no bound) */
+        r.max_io = MAX(spec->max_bytes / spec->bs + (spec->max_bytes % spec->bs != 0), (uint64_t) spec->qd);
         r.interval_ns = spec->interval_s > 0 ? (uint64_t) (spec->interval_s * 1e9) : 0;
         r.slots = calloc(spec->qd, sizeof(Slot));
         if (!r.slots)
@@ -269,6 +270,7 @@ int bench_run(sd_event *event, const BenchRunSpec *spec, uint8_t *pool, size_t p
                         res.interval_gbps[i] = i < r.n_ibytes && len > 0 ? (double) r.ibytes[i] / (double) len : 0;
                 }
                 res.n_intervals = n;
+                res.last_partial = (r.t_end - r.t0) % r.interval_ns != 0;
         }
         *ret = res;
         k = 0;

@@ -309,7 +309,7 @@ fail:
 /* ---- the cliff of a sustained write --------------------------------------------------------- */
 
 ssize_t bench_cliff(const double *gbps, size_t n) {
-        for (size_t i = 2; i < n; i++) {
+        for (size_t i = 2; i + 1 < n; i++) {
                 double before = 0, after = 0;
 
                 for (size_t j = 0; j < i; j++)

@@ -290,13 +290,13 @@ static int target_setup(Bench *b, unsigned i, const char *path, bool given, bool
 
                 if (ioctl(fd, BLKGETSIZE64, &bytes) < 0 || bytes < b->size) {
                         fprintf(stderr, "tierctl bench: block device '%s' is smaller than --size %s\n", t->scratch,
-                                FORMAT_SIZE(b->size));
+                                FORMAT_SIZE_EXACT(b->size));
                         return -ENOSPC;
                 }
         } else if ((uint64_t) st.st_size < b->size && fallocate(fd, 0, 0, (off_t) b->size) < 0) {
                 int r = -errno;
 
-                fprintf(stderr, "tierctl bench: cannot allocate %s for '%s': %s%s\n", FORMAT_SIZE(b->size),
+                fprintf(stderr, "tierctl bench: cannot allocate %s for '%s': %s%s\n", FORMAT_SIZE_EXACT(b->size),
                         t->scratch, strerror(-r), r == -ENOSPC ? " (give a smaller --size)" : "");
                 return r;
         }
@@ -374,7 +374,7 @@ static int run_one(Bench *b, sd_event *event, uint8_t *pool, int target, BenchOp
         r = bench_run(event, &spec, pool, BENCH_POOL_BYTES, &arg_stop, ret, &err);
         if (r < 0) {
                 fprintf(stderr, "%stierctl bench: %s %s, %s blocks at depth %u: %s\n", isatty(STDERR_FILENO) ? "\n" : "",
-                        bench_target_name(b, target), op == BENCH_READ ? "read" : "write", FORMAT_SIZE(bs), qd,
+                        bench_target_name(b, target), op == BENCH_READ ? "read" : "write", FORMAT_SIZE_EXACT(bs), qd,
                         err ? err : strerror(-r));
                 return r;
         }
@@ -399,7 +399,7 @@ static int sweep(Bench *b, sd_event *event, uint8_t *pool) {
         for (unsigned i = 0; i < b->n_targets; i++) {
                 uint64_t c = 0;
 
-                progress("%s: writing the scratch file once (%s)", b->targets[i].name, FORMAT_SIZE(b->size));
+                progress("%s: writing the scratch file once (%s)", b->targets[i].name, FORMAT_SIZE_EXACT(b->size));
                 r = run_one(b, event, pool, (int) i, BENCH_WRITE, PREFILL_BS, PREFILL_QD, b->size, 0, 0, &c,
                             &b->prefill[i]);
                 if (r < 0 || arg_stop)
@@ -421,7 +421,7 @@ static int sweep(Bench *b, sd_event *event, uint8_t *pool) {
                                                 .qd = b->qd[j],
                                         };
                                         progress("%s: %s %s x %u", bench_target_name(b, target),
-                                                 op == BENCH_READ ? "read" : "write", FORMAT_SIZE(b->bs[i]), b->qd[j]);
+                                                 op == BENCH_READ ? "read" : "write", FORMAT_SIZE_EXACT(b->bs[i]), b->qd[j]);
                                         r = run_one(b, event, pool, target, (BenchOp) op, b->bs[i], b->qd[j],
                                                     b->bytes_per_cell, b->seconds_per_cell, 0, &cursor[s], &cell->res);
                                         if (r < 0 || arg_stop)
@@ -465,7 +465,7 @@ static void run_fio(Bench *b) {
                 char *err = NULL;
                 int r;
 
-                progress("fio: %s %s x %u", op == BENCH_READ ? "read" : "write", FORMAT_SIZE(best->bs), best->qd);
+                progress("fio: %s %s x %u", op == BENCH_READ ? "read" : "write", FORMAT_SIZE_EXACT(best->bs), best->qd);
                 r = bench_fio(files, n, (BenchOp) op, best->bs, best->qd, area_for(b, best->bs), b->bytes_per_cell,
                               b->seconds_per_cell, b->registered, &b->fio_result.gbps[op], &err);
                 if (r < 0) {
@@ -488,7 +488,7 @@ static int run_sustained(Bench *b, sd_event *event, uint8_t *pool) {
         uint64_t cursor = 0, done = 0;
         int r;
 
-        progress("sustained write: %s x %u on %s", FORMAT_SIZE(best->bs), best->qd, bench_target_name(b, best->target));
+        progress("sustained write: %s x %u on %s", FORMAT_SIZE_EXACT(best->bs), best->qd, bench_target_name(b, best->target));
         b->sustained.target = best->target;
         b->sustained.bs = best->bs;
         b->sustained.qd = best->qd;
@@ -499,7 +499,9 @@ static int run_sustained(Bench *b, sd_event *event, uint8_t *pool) {
         if (r < 0)
                 return r;
         b->sustained.ran = true;
-        b->sustained.cliff = bench_cliff(b->sustained.res.interval_gbps, b->sustained.res.n_intervals);
+        /* a last, shorter interval holds the drain of the queue: no evidence of a cliff */
+        b->sustained.cliff = bench_cliff(b->sustained.res.interval_gbps,
+                                         b->sustained.res.n_intervals - b->sustained.res.last_partial);
         for (ssize_t i = 0; i < b->sustained.cliff; i++)
                 done += (uint64_t) llround(b->sustained.res.interval_gbps[i] * b->interval_s * 1e9);
         b->sustained.cliff_bytes = done;
@@ -626,7 +628,7 @@ static int parse_options(Bench *b, int argc, char **argv, const char **save, con
         for (size_t i = 0; i < b->n_bs; i++)
                 if (b->bs[i] > b->size) {
                         fprintf(stderr, "tierctl bench: block size %s is larger than --size %s\n",
-                                FORMAT_SIZE(b->bs[i]), FORMAT_SIZE(b->size));
+                                FORMAT_SIZE_EXACT(b->bs[i]), FORMAT_SIZE_EXACT(b->size));
                         return EXIT_USAGE;
                 }
         if (argc - optind > BENCH_TARGETS_MAX) {
@@ -744,7 +746,7 @@ int verb_bench(int argc, char **argv) {
         }
 
         if (posix_memalign((void **) &pool, 4096, BENCH_POOL_BYTES) != 0) {
-                fprintf(stderr, "tierctl bench: out of memory for the %s I/O buffer\n", FORMAT_SIZE(BENCH_POOL_BYTES));
+                fprintf(stderr, "tierctl bench: out of memory for the %s I/O buffer\n", FORMAT_SIZE_EXACT(BENCH_POOL_BYTES));
                 pool = NULL;
                 goto out;
         }

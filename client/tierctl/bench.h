@@ -56,6 +56,7 @@ typedef struct BenchResult {
         /* per interval (sustained phase), when asked for */
         double *interval_gbps;  /* malloc()ed */
         size_t n_intervals;
+        bool last_partial;      /* the last interval is shorter (the run ended in it) */
 } BenchResult;
 
 /* One run: requests of @bs bytes, @qd in flight, over blocks striped round-robin over @fds. */
@@ -108,9 +109,9 @@ int bench_status_targets(const char *json, char ***ret, size_t *ret_n);
 
 /*
  * bench_cliff() - where a sustained write's throughput fell: the first
- * interval (past the second) whose throughput, and the mean of every one
- * from it on, are below 60% of the mean of those before it.  Returns its
- * index, or -1 for none.
+ * interval (past the second, and not the last: one slow interval is no
+ * cliff) whose throughput, and the mean of every one from it on, are below
+ * 60% of the mean of those before it.  Returns its index, or -1 for none.
  */
 ssize_t bench_cliff(const double *gbps, size_t n);
 
