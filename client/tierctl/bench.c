@@ -30,6 +30,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -268,9 +269,12 @@ static int target_setup(Bench *b, unsigned i, const char *path, bool given, bool
 
                 if (slash)
                         slash[slash == dir ? 1 : 0] = '\0';
-                if (r == -EINVAL && statfs(slash ? dir : ".", &sf) >= 0)
-                        fprintf(stderr, "tierctl bench: '%s' refuses O_DIRECT (a tmpfs or similar filesystem, type "
-                                "0x%lx): tierd could not use it either; bench a directory on a disk filesystem\n",
+                if (r == -EINVAL && statfs(slash ? dir : ".", &sf) >= 0 && sf.f_type == TMPFS_MAGIC)
+                        fprintf(stderr, "tierctl bench: '%s' refuses O_DIRECT (it is on a tmpfs): tierd could not "
+                                "use it either; bench a directory on a disk filesystem\n", t->scratch);
+                else if (r == -EINVAL && statfs(slash ? dir : ".", &sf) >= 0)
+                        fprintf(stderr, "tierctl bench: '%s' refuses O_DIRECT (filesystem type 0x%lx): tierd could "
+                                "not use it either; bench a directory on a disk filesystem\n",
                                 t->scratch, (unsigned long) sf.f_type);
                 else if (r == -EINVAL)
                         fprintf(stderr, "tierctl bench: '%s' refuses O_DIRECT: bench a directory on a disk "
@@ -766,9 +770,11 @@ int verb_bench(int argc, char **argv) {
         if (r < 0)
                 goto out;
         find_best(&b);
-        if (b.fio)
+        if (b.fio) {
                 run_fio(&b);
-        else
+                /* a Ctrl-C meant for fio too: serve the signal, blocked while fio ran */
+                (void) sd_event_run(event, 0);
+        } else
                 b.fio_result.reason = strdup("not run (--no-fio)");
         if (arg_stop)
                 goto out;
