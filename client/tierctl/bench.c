@@ -206,15 +206,16 @@ static int target_setup(Bench *b, unsigned i, const char *path, bool given, bool
         struct statfs sf;
         int fd, flags = O_RDWR | O_CLOEXEC | O_DIRECT;
         bool exists = stat(path, &st) >= 0;
+        int stat_errno = exists ? 0 : errno;
 
         (void) snprintf(t->name, sizeof(t->name), "t%u", i);
         t->fd = -1;
         t->path = strdup(path);
         if (!t->path)
                 return -ENOMEM;
-        if (!exists && errno != ENOENT) {
-                fprintf(stderr, "tierctl bench: cannot look at '%s': %m\n", path);
-                return -errno;
+        if (!exists && stat_errno != ENOENT) {
+                fprintf(stderr, "tierctl bench: cannot look at '%s': %s\n", path, strerror(stat_errno));
+                return -stat_errno;
         }
         if (given && exists && S_ISDIR(st.st_mode)) {
                 t->scratch = scratch_in(path, i);
@@ -736,8 +737,9 @@ int verb_bench(int argc, char **argv) {
                 if (tierd_targets(&tierd_paths, &n_paths) < 0)
                         goto out;
         }
-        b.n_targets = optind < argc ? (unsigned) (argc - optind) : (unsigned) n_paths;
-        for (unsigned i = 0; i < b.n_targets; i++) {
+        /* one at a time: the clean-up sees only targets that were set up (or half) */
+        for (unsigned i = 0, n = optind < argc ? (unsigned) (argc - optind) : (unsigned) n_paths; i < n; i++) {
+                b.n_targets = i + 1;
                 r = target_setup(&b, i, optind < argc ? argv[optind + i] : tierd_paths[i], optind < argc, overwrite);
                 if (r < 0)
                         goto out;

@@ -230,6 +230,10 @@ class TestBench(BenchCase):
         p = self.bench(*SMALL, os.path.join(self.dirs[0], "no", "such", "file"), expect=1)
         self.assertIn("cannot create", p.stderr)
         self.assertIn("No such file or directory", p.stderr)
+        # the second target fails: the first one's scratch, already made, goes
+        p = self.bench(*SMALL, self.dirs[0], os.path.join(self.dirs[1], "no", "file"), expect=1)
+        self.assertIn("cannot create", p.stderr)
+        self.assert_no_scratch()
         # an existing file is not written over without --overwrite
         victim = os.path.join(self.dirs[0], "data")
         with open(victim, "wb") as f:
