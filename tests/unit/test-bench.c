@@ -141,6 +141,9 @@ static void test_cliff(void **state) {
         assert_int_equal(bench_cliff(blip, 7), -1);
         assert_int_equal(bench_cliff(cliff, 2), -1);
         assert_int_equal(bench_cliff(NULL, 0), -1);
+        /* the last interval alone is no cliff */
+        assert_int_equal(bench_cliff(cliff, 5), -1);
+        assert_int_equal(bench_cliff(cliff, 6), 4);
 }
 
 static void test_fio_parse(void **state) {
@@ -156,6 +159,75 @@ static void test_fio_parse(void **state) {
         assert_float_equal(bw, 0, 0);
         assert_int_equal(bench_fio_parse("{}", BENCH_READ, &bw), -EBADMSG);
         assert_int_equal(bench_fio_parse("\"write\" : 3", BENCH_WRITE, &bw), -EBADMSG);
+}
+
+/* A one-target Bench with read and write cells of the given GB/s, bs x qd (row-major). */
+static Bench *bench_of(const uint64_t *bs, size_t n_bs, const unsigned *qd, size_t n_qd, const double *rd,
+                       const double *wr) {
+        Bench *b = calloc(1, sizeof(Bench));
+        size_t k = 0;
+
+        assert_non_null(b);
+        b->n_targets = 1;
+        strcpy(b->targets[0].name, "t0");
+        memcpy(b->bs, bs, n_bs * sizeof(*bs));
+        b->n_bs = n_bs;
+        memcpy(b->qd, qd, n_qd * sizeof(*qd));
+        b->n_qd = n_qd;
+        b->n_cells = 2 * n_bs * n_qd;
+        b->cells = calloc(b->n_cells, sizeof(BenchCell));
+        assert_non_null(b->cells);
+        for (int op = 0; op < 2; op++)
+                for (size_t i = 0; i < n_bs; i++)
+                        for (size_t j = 0; j < n_qd; j++)
+                                b->cells[k++] = (BenchCell) {
+                                        .target = 0, .op = (BenchOp) op, .bs = bs[i], .qd = qd[j],
+                                        .res.gbps = (op == BENCH_READ ? rd : wr)[i * n_qd + j],
+                                };
+        return b;
+}
+
+static void bench_free(Bench *b) {
+        free(b->cells);
+        free(b);
+}
+
+static void test_choose_config(void **state) {
+        const uint64_t bs[] = { 128 << 10, 1 << 20, 3 << 20, 4 << 20 };
+        const unsigned qd[] = { 1, 8, 32 };
+        /* best mean: 3M x 32 (not a power of two: never chosen), then 4M x 32 (2.0); 1M x 8 is within 5% */
+        const double rd[] = { 0.5, 0.9, 1.0,   1.0, 1.95, 2.0,   3.0, 3.0, 3.0,   1.0, 1.5, 2.0 };
+        const double wr[] = { 0.5, 0.9, 1.0,   1.0, 1.95, 2.0,   3.0, 3.0, 3.0,   1.0, 1.5, 2.0 };
+        const uint64_t bs_odd[] = { 3 << 20 };
+        Bench *b = bench_of(bs, 4, qd, 3, rd, wr);
+        char *json = NULL;
+
+        bench_choose_config(b);
+        assert_true(b->config.set);
+        assert_int_equal(b->config.extent_size, 1 << 20);
+        assert_int_equal(b->config.queue_depth, 8);
+        assert_float_equal(b->config.read_gbps, 1.95, 1e-9);
+        assert_int_equal(b->config.target, 0);
+        assert_int_equal(bench_json(b, &json), 0);
+        assert_non_null(strstr(json, "\"config\":{\"extent_size\":1048576,\"queue_depth\":8,\"target\":\"t0\"}"));
+        assert_non_null(strstr(json, "\"fio\":null,\"fio_reason\":\"not run\""));
+        assert_non_null(strstr(json, "\"sustained\":null"));
+        free(json);
+        bench_free(b);
+
+        /* no power of two among the block sizes: nothing to write, and why */
+        b = bench_of(bs_odd, 1, qd, 1, rd, wr);
+        bench_choose_config(b);
+        assert_false(b->config.set);
+        assert_non_null(strstr(b->config.why, "power of two"));
+        {
+                char *err = NULL;
+
+                assert_int_equal(bench_write_config(b, "/nonexistent/x.conf", &err), -EINVAL);
+                assert_non_null(strstr(err, "power of two"));
+                free(err);
+        }
+        bench_free(b);
 }
 
 /*
@@ -231,6 +303,7 @@ static void test_run(void **state) {
         assert_int_equal(res.n_io, 4);
         assert_int_equal(res.bytes, 4 * bs);
         assert_int_equal(res.n_intervals, 1);
+        assert_true(res.last_partial);
         assert_true(res.interval_gbps[0] > 0);
         assert_float_equal(res.lat_us_p50, 0, 0);      /* no latencies kept with intervals */
         bench_result_deinit(&res);
@@ -278,6 +351,7 @@ int main(void) {
                 cmocka_unit_test(test_status_targets),
                 cmocka_unit_test(test_cliff),
                 cmocka_unit_test(test_fio_parse),
+                cmocka_unit_test(test_choose_config),
                 cmocka_unit_test(test_run),
         };
 
