@@ -179,6 +179,16 @@ class TestBench(BenchCase):
         doc = json.loads(self.bench("--json", "--link-gbps", "100000", *SMALL, self.dirs[0]).stdout)
         self.assertFalse(any(c["suspect"] for c in doc["cells"]))
 
+    def test_bytes_per_cell(self) -> None:
+        # every cell stops at its byte bound, but not before qd requests went (one queue's worth)
+        args = [a for a in SMALL]
+        args[args.index("--seconds-per-cell") + 1] = "60"
+        doc = json.loads(self.bench("--json", "--bytes-per-cell", "1M", *args, self.dirs[0]).stdout)
+        for c in doc["cells"]:
+            n_io = max(-(-(1 << 20) // c["bs"]), c["qd"])
+            self.assertEqual(c["bytes"], n_io * c["bs"], c)
+            self.assertAlmostEqual(c["iops"], n_io / c["seconds"], delta=c["iops"] * 1e-3)
+
     def test_sustained(self) -> None:
         args = [a for a in SMALL]
         args[args.index("--sustain") + 1] = "16M"
@@ -334,6 +344,34 @@ class TestBenchTierd(tierd.DaemonTestCase, BenchCase):
         self.assertEqual(st.returncode, 0, st.stderr)
         ts = json.loads(st.stdout)["targets"][0]
         self.assertEqual((ts["io_errors"], ts["crc_errors"]), (0, 0))
+
+
+class TestBenchTierdBlockdev(BenchCase):
+    """A tierd whose target is a block device (a loop device): no room for a scratch beside it."""
+
+    def test_refused(self) -> None:
+        if os.geteuid() != 0:
+            self.skipTest("needs root (losetup, and benching tierd's targets)")
+        why = tierd.can_lock_memory(tierd.HOST_CAPACITY)
+        if why:
+            self.skipTest(why)
+        if shutil.which("losetup") is None:
+            self.skipTest("no losetup (util-linux)")
+        img = os.path.join(self.dirs[1], "disk.img")
+        with open(img, "wb") as f:
+            f.truncate(64 << 20)
+        p = subprocess.run(["losetup", "--find", "--show", img], capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            self.skipTest(f"no loop device here: {p.stderr.strip()}")
+        loop = p.stdout.strip()
+        self.addCleanup(subprocess.run, ["losetup", "-d", loop], timeout=60)
+        config = tierd.CONFIG.replace("target = @DIR@/t0.img:256M", f"target = {loop}")
+        with tierd.Tierd(config) as d:
+            before = sha256(loop)
+            p = self.bench(*SMALL, socket=d.socket, expect=1)
+            self.assertIn(f"tierd's target '{loop}' is a block device", p.stderr)
+            self.assertIn("give a scratch PATH", p.stderr)
+            self.assertEqual(sha256(loop), before)
 
 
 if __name__ == "__main__":
