@@ -45,6 +45,7 @@
 #include "daemon/tiers/vram.h"
 #include "proto/crc32c.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* How far (bytes of service) a job back from idleness may start behind the others on the VRAM link. */
 #define VRAM_FAIR_CREDIT (64ull << 20)
@@ -100,10 +101,28 @@ static void xfer_finish(Xfer *x) {
         xfer_free(x);
 }
 
-static void link_count(Engine *e, Tensor *t, LinkDir d) {
-        e->links[d].bytes += t->alloc_size;
-        e->links[d].ops++;
-        t->job->link_bytes[d] += t->alloc_size;
+/* The transfer's link (what it is counted on). */
+static LinkDir xfer_link(const Xfer *x) {
+        if (x->dst == TIER_NVME)
+                return LINK_HOST_TO_NVME;
+        if (x->src == TIER_NVME)
+                return LINK_NVME_TO_HOST;
+        return x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
+}
+
+/* @x ended: its bytes count on its link when it succeeded; the trace records it either way, with those bytes. */
+static void link_count(Engine *e, Xfer *x) {
+        Tensor *t = x->tensor;
+        LinkDir d = xfer_link(x);
+        uint64_t bytes = x->error >= 0 ? t->alloc_size : 0;
+
+        if (x->error >= 0) {
+                e->links[d].bytes += bytes;
+                e->links[d].ops++;
+                t->job->link_bytes[d] += bytes;
+        }
+        if (trace_on(&e->trace))
+                trace_xfer(&e->trace, t, d, x->queued_ns, x->start_ns, now_ns(), bytes, x->error);
 }
 
 /* ---- NVMe <-> host ------------------------------------------------------------------------ */
@@ -141,8 +160,7 @@ static void xfer_part_done(UringReq *req, int res) {
 
         if (--x->pending > 0)
                 return;
-        if (x->error >= 0)
-                link_count(e, t, x->dst == TIER_NVME ? LINK_HOST_TO_NVME : LINK_NVME_TO_HOST);
+        link_count(e, x);
         xfer_finish(x);
 }
 
@@ -238,6 +256,8 @@ static int vram_link_start(Engine *e, Xfer *x) {
         }
         e->vlink.active[d]++;
         e->vlink.vtime[d] = MAX(e->vlink.vtime[d], x->vtag);
+        if (trace_on(&e->trace))
+                x->start_ns = now_ns();
         return 0;
 }
 
@@ -268,8 +288,7 @@ static void xfer_vram_done(VramCopy *vc) {
         }
         if (--x->vpending > 0)
                 return;
-        if (x->error >= 0)
-                link_count(e, x->tensor, x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST);
+        link_count(e, x);
         e->vlink.active[dir]--;
         xfer_finish(x);         /* frees x */
         vram_link_dispatch(e, dir);
@@ -366,6 +385,12 @@ int xfer_start(Op *op, Tensor *t, int src, int dst) {
         x->src = src;
         x->dst = dst;
         x->version = t->copy[src].version;
+        if (trace_on(&e->trace)) {
+                x->queued_ns = now_ns();
+                /* NVMe: its extents go to the ring's fair queue at once; VRAM: vram_link_start() */
+                if (src == TIER_NVME || dst == TIER_NVME)
+                        x->start_ns = x->queued_ns;
+        }
         log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, level_to_string(src),
                   level_to_string(dst), x->version);
 
