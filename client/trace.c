@@ -18,9 +18,11 @@
  *     its link free at its start, so that transfers in flight together
  *     never overlap on one track (Perfetto wants slices nested);
  *   pid 100 + k, one per job ("job NAME"): thread 1 "decisions" (instant
- *     events, "i", args.why), and per plan (a rank) one thread of phases
- *     (an "X" from each marker to the next, the last one to the trace's end)
- *     and one of stalls (an "X" per phase made ready after its marker);
+ *     events, "i", args.why), per plan (a rank) one thread of phases (an
+ *     "X" from each marker to the next, the last one to the trace's end)
+ *     and one of stalls (an "X" per phase made ready after its marker),
+ *     and the job's transfers again, in lanes of their own (cat "job-io",
+ *     where the links' are cat "transfer"), under its phases;
  *   metadata events ("M": process_name, thread_name, thread_sort_index).
  * Times are microseconds since the trace started.  Events are written
  * sorted by (pid, tid, ts), so each track's timestamps are monotonic.
@@ -30,6 +32,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +54,15 @@
 /* Lanes per link: transfers in flight together on one link beyond this share the last lane. */
 #define TRACE_LANES 64u
 
+/* Lanes of a job's I/O track. */
+#define JOB_IO_LANES 16u
+
 #define PID_LINKS 1
 #define PID_JOB0 100
+/* A job's tracks: decisions, then per plan phases and stalls, then its transfers' lanes. */
+#define TID_DECISIONS 1
+#define TID_PLAN0 10
+#define TID_IO0 1000
 
 struct tier_trace {
         TraceRecord *rec;
@@ -208,6 +218,7 @@ typedef struct Ev {
         uint32_t pid, tid;
         uint64_t ts, end;       /* ns */
         const TraceRecord *r;
+        bool job_io;            /* a transfer's copy on its job's I/O track */
 } Ev;
 
 typedef struct JobTrack {
@@ -215,6 +226,8 @@ typedef struct JobTrack {
         const char *name;
         uint32_t plans[64];     /* plan numbers seen, by index; more plans share the last tracks */
         unsigned n_plans;
+        uint64_t lane_end[JOB_IO_LANES];        /* its I/O track's lanes: busy until */
+        unsigned n_lanes;
 } JobTrack;
 
 static int ev_cmp(const void *a, const void *b) {
@@ -252,6 +265,17 @@ static const char *const why_short[_TRACE_WHY_MAX] = {
         [TRACE_WHY_DRAIN] = "victim: drain",
         [TRACE_WHY_BLOCKED] = "victim: blocked",
 };
+
+/* The first of @lane_end[0 .. @max) free at @ts (the last if none), taken until @end; *@used grows to cover it. */
+static unsigned lane_take(uint64_t *lane_end, unsigned max, unsigned *used, uint64_t ts, uint64_t end) {
+        unsigned lane = 0;
+
+        while (lane < max - 1 && lane_end[lane] > ts)
+                lane++;
+        lane_end[lane] = MAX(lane_end[lane], end);
+        *used = MAX(*used, lane + 1);
+        return lane;
+}
 
 static unsigned job_index(JobTrack *jobs, unsigned *n, const TraceRecord *r) {
         for (unsigned i = 0; i < *n; i++)
@@ -319,7 +343,7 @@ static void write_event(JsonWriter *w, const tier_trace *t, const Ev *e) {
                 json_key(w, "name");
                 json_string(w, r->name);
                 json_key(w, "cat");
-                json_string(w, "transfer");
+                json_string(w, e->job_io ? "job-io" : "transfer");
                 json_key(w, "args");
                 json_object_begin(w);
                 json_key(w, "job");
@@ -424,12 +448,12 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
         uint64_t lane_end[TIER_LINKS][TRACE_LANES] = {};
         unsigned lanes_used[TIER_LINKS] = {}, n_jobs = 0;
         uint64_t end = t ? (t->stop_ns ? t->stop_ns : t->start_ns) : 0;
-        size_t n = 0, len;
+        size_t n = 0, n_x, len;
         int r;
 
         if (!t || fd < 0)
                 return -EINVAL;
-        ev = calloc(t->n + 1, sizeof(Ev));
+        ev = calloc(2 * t->n + 1, sizeof(Ev));
         jobs = calloc(t->n + 1, sizeof(JobTrack));
         if (!ev || !jobs)
                 return -ENOMEM;
@@ -452,14 +476,17 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
                 n++;
         }
         qsort(ev, n, sizeof(Ev), ev_cmp);
-        for (size_t i = 0; i < n; i++) {
-                unsigned link = ev[i].r->link, lane = 0;
+        n_x = n;
+        for (size_t i = 0; i < n_x; i++) {
+                unsigned link = ev[i].r->link;
+                unsigned lane = lane_take(lane_end[link], TRACE_LANES, &lanes_used[link], ev[i].ts, ev[i].end);
+                unsigned k = job_index(jobs, &n_jobs, ev[i].r);
 
-                while (lane < TRACE_LANES - 1 && lane_end[link][lane] > ev[i].ts)
-                        lane++;
-                lane_end[link][lane] = MAX(lane_end[link][lane], ev[i].end);
-                lanes_used[link] = MAX(lanes_used[link], lane + 1);
                 ev[i].tid = 1 + link * TRACE_LANES + lane;
+                /* and a copy on its job's I/O track, beside the job's phases */
+                lane = lane_take(jobs[k].lane_end, JOB_IO_LANES, &jobs[k].n_lanes, ev[i].ts, ev[i].end);
+                ev[n++] = (Ev) { .pid = PID_JOB0 + k, .tid = TID_IO0 + lane, .ts = ev[i].ts, .end = ev[i].end,
+                                 .r = ev[i].r, .job_io = true };
         }
 
         /* phases (to the plan's next marker), stalls and decisions on their job's tracks */
@@ -472,10 +499,10 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
                 k = job_index(jobs, &n_jobs, x);
                 ev[n] = (Ev) { .pid = PID_JOB0 + k, .r = x, .ts = x->ts, .end = x->ts };
                 if (x->kind == TRACE_DECISION) {
-                        ev[n].tid = 1;
+                        ev[n].tid = TID_DECISIONS;
                 } else {
                         p = plan_index(&jobs[k], x->plan);
-                        ev[n].tid = 10 + 2 * p + (x->kind == TRACE_STALL);
+                        ev[n].tid = TID_PLAN0 + 2 * p + (x->kind == TRACE_STALL);
                         if (x->kind == TRACE_STALL)
                                 ev[n].ts = MAX(x->t0, t->start_ns);
                         if (ev[n].ts > ev[n].end)
@@ -513,12 +540,21 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
                 snprintf(name, sizeof(name), "job %s (id %" PRIu64 ")", jobs[k].name, jobs[k].id);
                 meta(&w, PID_JOB0 + k, 0, "process_name", name, 0);
                 meta(&w, PID_JOB0 + k, 0, "process_sort_index", NULL, 1 + k);
-                meta(&w, PID_JOB0 + k, 1, "thread_name", "decisions", 0);
+                meta(&w, PID_JOB0 + k, TID_DECISIONS, "thread_name", "decisions", 0);
+                meta(&w, PID_JOB0 + k, TID_DECISIONS, "thread_sort_index", NULL, TID_DECISIONS);
                 for (unsigned p = 0; p < jobs[k].n_plans; p++) {
                         snprintf(name, sizeof(name), "plan %" PRIu32 " phases", jobs[k].plans[p]);
-                        meta(&w, PID_JOB0 + k, 10 + 2 * p, "thread_name", name, 0);
+                        meta(&w, PID_JOB0 + k, TID_PLAN0 + 2 * p, "thread_name", name, 0);
+                        meta(&w, PID_JOB0 + k, TID_PLAN0 + 2 * p, "thread_sort_index", NULL, TID_PLAN0 + 2 * p);
                         snprintf(name, sizeof(name), "plan %" PRIu32 " stalls", jobs[k].plans[p]);
-                        meta(&w, PID_JOB0 + k, 11 + 2 * p, "thread_name", name, 0);
+                        meta(&w, PID_JOB0 + k, TID_PLAN0 + 2 * p + 1, "thread_name", name, 0);
+                        meta(&w, PID_JOB0 + k, TID_PLAN0 + 2 * p + 1, "thread_sort_index", NULL,
+                             TID_PLAN0 + 2 * p + 1);
+                }
+                for (unsigned l = 0; l < jobs[k].n_lanes; l++) {
+                        snprintf(name, sizeof(name), "transfers #%u", l);
+                        meta(&w, PID_JOB0 + k, TID_IO0 + l, "thread_name", name, 0);
+                        meta(&w, PID_JOB0 + k, TID_IO0 + l, "thread_sort_index", NULL, TID_IO0 + l);
                 }
         }
         for (size_t i = 0; i < n; i++)

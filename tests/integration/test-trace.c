@@ -231,6 +231,7 @@ static json_t *trace_json(const tier_trace *t, const char *name) {
 typedef struct Track {
         json_int_t pid, tid;
         double last_ts;
+        double last_end;        /* of its transfers: those on one track never overlap (lanes) */
 } Track;
 
 /*
@@ -238,7 +239,8 @@ typedef struct Track {
  * "X" a dur >= 0, and each track's timestamps never go back.  Adds up the
  * bytes of the transfer events per link into @bytes.
  */
-static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], size_t *ret_phases, size_t *ret_decisions) {
+static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], uint64_t job_io[TIER_LINKS], size_t *ret_phases,
+                         size_t *ret_decisions) {
         json_t *events = json_object_get(j, "traceEvents"), *e;
         Track *tracks;
         size_t i, n_tracks = 0, phases = 0, decisions = 0;
@@ -249,6 +251,7 @@ static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], size_t *re
         tracks = calloc(json_array_size(events) + 1, sizeof(Track));
         assert_non_null(tracks);
         memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
+        memset(job_io, 0, TIER_LINKS * sizeof(uint64_t));
         json_array_foreach(events, i, e) {
                 const char *ph = json_string_value(json_object_get(e, "ph"));
                 json_t *ts = json_object_get(e, "ts"), *pid = json_object_get(e, "pid"), *tid = json_object_get(e, "tid");
@@ -276,7 +279,7 @@ static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], size_t *re
                 json_t *args = json_object_get(e, "args");
 
                 assert_non_null(cat);
-                if (strcmp(cat, "transfer") == 0) {
+                if (strcmp(cat, "transfer") == 0 || strcmp(cat, "job-io") == 0) {
                         const char *link = json_string_value(json_object_get(args, "link"));
                         int l;
 
@@ -286,7 +289,12 @@ static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], size_t *re
                         assert_true(l < TIER_LINKS);
                         assert_true(json_is_string(json_object_get(args, "job")));
                         assert_true(json_is_string(json_object_get(args, "tensor")));
-                        bytes[l] += (uint64_t) json_integer_value(json_object_get(args, "bytes"));
+                        /* the links' tracks, and the same transfers again on their jobs' */
+                        (strcmp(cat, "transfer") == 0 ? bytes : job_io)[l] +=
+                                (uint64_t) json_integer_value(json_object_get(args, "bytes"));
+                        /* (times have ns precision in 3 decimals: allow for the rounding of their sum) */
+                        assert_true(json_number_value(ts) >= tracks[k].last_end - 0.002);
+                        tracks[k].last_end = json_number_value(ts) + json_number_value(json_object_get(e, "dur"));
                 } else if (strcmp(cat, "phase") == 0) {
                         phases++;
                 } else if (strcmp(cat, "decision") == 0) {
@@ -317,7 +325,7 @@ static bool has_job_track(const json_t *j, const char *job) {
 }
 
 static void test_two_jobs_add_up(void **state) {
-        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS];
+        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS];
         size_t phases, decisions;
         tier_client *c;
         tier_trace *t = NULL;
@@ -336,12 +344,13 @@ static void test_two_jobs_add_up(void **state) {
         assert_int_equal(tier_trace_dropped(t), 0);
         assert_true(tier_trace_records(t) > 0);
         j = trace_json(t, "two-jobs.json");
-        check_chrome(j, traced, &phases, &decisions);
+        check_chrome(j, traced, job_io, &phases, &decisions);
         for (int l = 0; l < TIER_LINKS; l++) {
                 printf("%-10s  status delta %" PRIu64 ", traced %" PRIu64 "\n", LINKS[l], after[l] - before[l],
                        traced[l]);
                 assert_true(after[l] > before[l]);      /* the plans move data on every link */
                 assert_int_equal(traced[l], after[l] - before[l]);
+                assert_int_equal(job_io[l], traced[l]);
                 assert_int_equal(tier_trace_traced_bytes(t, l), traced[l]);
                 assert_int_equal(tier_trace_link_bytes(t, l), after[l] - before[l]);
         }
