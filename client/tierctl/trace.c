@@ -171,8 +171,8 @@ int verb_trace(int argc, char **argv) {
                 fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
                 goto restore;
         }
-        if (!arg_json)
-                fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
+        /* on stderr even with --json-summary: it says when the recording runs */
+        fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
         wait_or_signal(&set, (unsigned) seconds);
         r = tier_trace_stop(c, &t);
         if (r < 0) {
