@@ -54,6 +54,8 @@
 /* Lanes per link: transfers in flight together on one link beyond this share the last lane. */
 #define TRACE_LANES 64u
 
+/* The JSON is written out in pieces of about this size. */
+#define JSON_DRAIN_BYTES (64u * 1024u)
 /* Lanes of a job's I/O track. */
 #define JOB_IO_LANES 16u
 
@@ -440,6 +442,24 @@ static int write_all(int fd, const char *buf, size_t len) {
         return 0;
 }
 
+/*
+ * Write what @w holds so far to @fd once it is @min bytes or more, and empty
+ * it: the writer only appends, its state (nesting, commas) is kept apart from
+ * the text, so a large trace never sits in memory as one string.
+ */
+static int json_drain(JsonWriter *w, int fd, size_t min) {
+        int r;
+
+        if (w->error < 0)
+                return w->error;
+        if (!w->buf || w->len < min)
+                return 0;
+        r = write_all(fd, w->buf, w->len);
+        w->len = 0;
+        w->buf[0] = '\0';
+        return r;
+}
+
 _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
         _cleanup_(json_writer_deinit) JsonWriter w = JSON_WRITER_NULL;
         _cleanup_free_ Ev *ev = NULL;
@@ -557,8 +577,12 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
                         meta(&w, PID_JOB0 + k, TID_IO0 + l, "thread_sort_index", NULL, TID_IO0 + l);
                 }
         }
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
                 write_event(&w, t, &ev[i]);
+                r = json_drain(&w, fd, JSON_DRAIN_BYTES);
+                if (r < 0)
+                        return r;
+        }
         json_array_end(&w);
 
         json_key(&w, "otherData");

@@ -12,11 +12,12 @@
  * one when two names share their first bytes).
  *
  * TRACE_XFER: one transfer, recorded when it ended (where tierd counts
- * its bytes on the link, engine/xfer.c): @t0 queued, @t1 started (given to
- * the ring or the VRAM backend), @ts ended; @link a LinkDir (level.h);
+ * its bytes on the link, engine/xfer.c): @t0 queued, @t1 started (its first
+ * extent went to the device, or the VRAM backend got its copies), @ts ended; @link a LinkDir (level.h);
  * @bytes what the link counter counted (the tensor's allocated size, 0 for
  * a failed transfer, @error < 0 then), @size the tensor's allocated size.
- * A transfer queued before the trace began has @t0 = @t1 = 0 (unknown).
+ * A transfer queued before the trace began has @t0 = 0 (and @t1 = 0 when
+ * it started before too): unknown.
  *
  * TRACE_PHASE: a marker of a plan arrived: @phase entered at @ts (the
  * client's clock reading, clamped), @seq the marker's number, @plan the

@@ -164,11 +164,23 @@ static void xfer_part_done(UringReq *req, int res) {
         xfer_finish(x);
 }
 
+/* The first of @x's extents goes to the device: for the trace, the transfer starts (it was queued before). */
+static void xfer_part_started(Xfer *x) {
+        if (trace_on(&x->engine->trace) && x->start_ns == 0)
+                x->start_ns = now_ns();
+}
+
 /* A write's extent is checksummed just before it goes to the device: its bytes are in the cache then. */
 static void xfer_part_prep(UringReq *req) {
         XferPart *p = container_of(req, XferPart, req);
 
         p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = crc32c(0, req->buf, req->len);
+        xfer_part_started(p->xfer);
+}
+
+/* A read's extent goes to the device (set only while a trace runs). */
+static void xfer_part_prep_read(UringReq *req) {
+        xfer_part_started(container_of(req, XferPart, req)->xfer);
 }
 
 static int xfer_start_nvme(Op *op, Xfer *x) {
@@ -202,7 +214,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                 p->index = i;
                 p->req = (UringReq) {
                         .cb = xfer_part_done,
-                        .prep = write ? xfer_part_prep : NULL,
+                        .prep = write ? xfer_part_prep : trace_on(&e->trace) ? xfer_part_prep_read : NULL,
                         .flow = &t->job->nvme_flow,
                         .job = t->job->name,
                         .weight = t->job->weight,
@@ -385,12 +397,9 @@ int xfer_start(Op *op, Tensor *t, int src, int dst) {
         x->src = src;
         x->dst = dst;
         x->version = t->copy[src].version;
-        if (trace_on(&e->trace)) {
+        /* started: when its first extent goes to the device (xfer_part_started()), or the VRAM backend gets it */
+        if (trace_on(&e->trace))
                 x->queued_ns = now_ns();
-                /* NVMe: its extents go to the ring's fair queue at once; VRAM: vram_link_start() */
-                if (src == TIER_NVME || dst == TIER_NVME)
-                        x->start_ns = x->queued_ns;
-        }
         log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, level_to_string(src),
                   level_to_string(dst), x->version);
 
