@@ -117,6 +117,8 @@ static const char *find(const char *doc, const char *path, int *err) {
                                 if (!(p = skip_value(p, 1)))
                                         goto bad;
                                 p = ws(p);
+                                if (*p == ']')
+                                        return NULL;    /* fewer elements */
                                 if (*p++ != ',')
                                         goto bad;
                                 p = ws(p);

@@ -67,12 +67,16 @@ int planhw_bench(const char *doc, PlanBenchFigures *ret, char *err, size_t err_s
         if (rd <= 0 || wr <= 0)
                 return fail(err, err_size, "has no read and write cell that is not suspect");
         *ret = (PlanBenchFigures) { .targets = (unsigned) targets };
-        if (jget_number(doc, "sustained.gbps_last", &last) == 0 && last > 0) {
-                wr = last;
-                ret->write_sustained = true;
-        }
         ret->read_gbs = rd / (double) targets;
         ret->write_gbs = wr / (double) targets;
+        /* the sustained phase ran on one target, or striped over all */
+        if (jget_number(doc, "sustained.gbps_last", &last) == 0 && last > 0) {
+                char where[64] = "";
+
+                (void) jget_string(doc, "sustained.target", where, sizeof(where));
+                ret->write_gbs = !strcmp(where, "striped") ? last / (double) targets : last;
+                ret->write_sustained = true;
+        }
         return 0;
 }
 

@@ -10,7 +10,7 @@
 typedef struct PlanBenchFigures {
         unsigned targets;               /* targets the bench measured */
         double read_gbs, write_gbs;     /* per drive: the best striped (or lone-target) non-suspect cell / targets */
-        bool write_sustained;           /* write_gbs is the sustained phase's last rate */
+        bool write_sustained;           /* write_gbs is the sustained phase's last rate (/ targets when striped) */
 } PlanBenchFigures;
 
 /* From tier_status() JSON. */

@@ -38,7 +38,6 @@ typedef struct Sim {
         unsigned long long now;         /* global phase counter */
         PlanSimResult count;
         unsigned long long stamp;
-        bool prefetch;
 } Sim;
 
 static int fail(char *err, size_t err_size, const char *fmt, ...) {
@@ -321,14 +320,13 @@ static void run_phase(Sim *s) {
                                         s->used[j] -= j == N ? 0 : t->size;
                                 }
         }
-        if (s->prefetch)
-                prefetch(s);
+        prefetch(s);
         s->now++;
 }
 
 int plan_simulate(const PlanSimInput *in, PlanSimResult *ret, char *err, size_t err_size) {
         double w = in->weights, g = in->grads, o = in->opt;
-        Sim s = { .in = in, .L = in->layers, .prefetch = true };
+        Sim s = { .in = in, .L = in->layers };
         bool timed = in->fwd_s > 0 || in->bwd_s > 0 || in->opt_s > 0;
 
         if (in->layers < 1 || in->layers > PLAN_SIM_MAX_LAYERS)

@@ -16,23 +16,33 @@
  *   bwd_i  (b = L-1-i)                W_b in VRAM, read; G_b in VRAM, write only
  *   opt_i  (i = 0 .. L-1)             G_i in host, read; O_i and W_i in host, read-write
  *
- * with tierd's rules (docs/ARCHITECTURE.md, sched/):
+ * with rules taken from tierd's timeline policy (docs/ARCHITECTURE.md, sched/):
  *   - a copy is brought to the tier of its access: VRAM from host over the
  *     link; from NVMe through host (NVMe read, then the link); a write-only
  *     access reserves room and moves nothing; a write makes the other copies stale;
  *   - the current phase and the next one are held (never evicted);
+ *   - after each phase, copies are prefetched for the phases ahead as far as
+ *     their distinct tensors fit (plan_window(): VRAM counts what is touched
+ *     there; host what is touched there or staged through it, and everything
+ *     touched must fit VRAM and host together), each making room only from
+ *     copies needed after it;
  *   - when a tier is over the job's limit, the victim is the unheld copy with
  *     the largest time to next use / cost of dropping it (2 for a sole copy,
  *     1 otherwise); a host copy of a tensor valid in VRAM is next used at its
- *     next host access (VRAM and host act as one exclusive cache);
+ *     next host access (VRAM and host act as one exclusive cache), and a copy
+ *     that another tier's write makes stale before it is read is not used again;
  *   - a victim that is the only copy is written down one tier (VRAM -> host
- *     over the link, host -> NVMe), any other is dropped;
+ *     over the link, host -> NVMe), any other is dropped; a copy drained from
+ *     VRAM makes room in host only from copies needed after it;
  *   - a tensor whose next access is write-only is dead: its copies are dropped
  *     when the phase that used it last ends, and never written back.
  * The time of a phase is its compute (fwd, bwd, opt seconds per layer).
  * Left out: write-behind (tierd also writes dirty copies down ahead of need
- * while NVMe is idle; a copy written that way and then written again costs
- * an extra NVMe write) and prefetch beyond the next phase.
+ * while NVMe is idle, which changes which copies are cheap to drop), the
+ * links' speeds and queue limits (which decide what lands first), and the
+ * learned phase times.  Against tierd (docs/PLANNING.md) the replay's link
+ * bytes and NVMe writes came within 0-21%, its NVMe reads 5-25% of tierd's
+ * counts over four budget pairs; it is a model of the policy, not tierd.
  *
  * Bytes are counted over one step after enough warm-up steps that the
  * pattern repeats.

@@ -4,6 +4,10 @@
 # inputs, --help, and --json with model_state_bytes (no tierd needed).
 set -u
 T=$1
+# no bench results of this machine's user: only --bench FILE below
+XDG_CACHE_HOME=$(mktemp -d) || exit 1
+export XDG_CACHE_HOME
+trap 'rmdir "$XDG_CACHE_HOME"' EXIT
 HW="--vram 16G --host-ram 64G --link 25 --tflops 100"
 fails=0
 

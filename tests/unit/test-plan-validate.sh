@@ -32,9 +32,31 @@ def cmp(case, name, pred, meas, tol=0.15):
     fails += not ok
 PYEOF
 
+# The step times are compared only when the machine was otherwise idle: other processes' CPU
+# time (the machine's busy time from /proc/stat less this script's children, per second of the
+# run) above 0.5 CPUs makes a step time the load's, not tierd's (bench/README.md flags 0.2 for
+# bench/run torch); the bytes are compared always.
+hz=$(getconf CLK_TCK)
+# mark FILE: the machine's busy CPU seconds, this shell's children's CPU seconds (times, run in
+# this shell: a command substitution would be a subshell without them) and the uptime
+mark() {
+        { awk -v hz="$hz" '/^cpu /{print ($2 + $3 + $4 + $7 + $8 + $9) / hz}' /proc/stat; times
+          awk '{print $1}' /proc/uptime; } > "$1"
+}
+# other_cpus BEFORE AFTER: other processes' CPUs between the two marks
+other_cpus() {
+        cat "$1" "$2" | awk '{ gsub(/[ms]/, " ") }
+                NR == 1 { b0 = $1 } NR == 3 { c0 = $1 * 60 + $2 + $3 * 60 + $4 } NR == 4 { u0 = $1 }
+                NR == 5 { b1 = $1 } NR == 7 { c1 = $1 * 60 + $2 + $3 * 60 + $4 } NR == 8 { u1 = $1 }
+                END { w = u1 - u0; o = ((b1 - b0) - (c1 - c0)) / (w > 0 ? w : 1); print (o > 0 ? o : 0) }'
+}
+
 # ---- the timeline benchmark (bench/README.md): 8 layers of P, G, O at 4 MiB -------------------
+mark "$tmp/m0"
 "$ROOT/bench/run" timeline --configs timeline --steps 8 --warmup 3 > "$tmp/tl.json" 2> "$tmp/tl.err" || {
         cat "$tmp/tl.err"; echo "FAIL: bench/run timeline"; exit 1; }
+mark "$tmp/m1"
+other_cpus "$tmp/m0" "$tmp/m1" > "$tmp/tl.other"
 tl=$(cat "$tmp/tl.json")
 cs=$(printf '%s' "$tl" | $PY -c 'import json,sys; print(json.load(sys.stdin)["compute_s"])')
 # P = 1 Mi fp32 values per layer (4 MiB): weights 4, grads 4, optimizer 4 bytes per parameter;
@@ -45,9 +67,12 @@ cs=$(printf '%s' "$tl" | $PY -c 'import json,sys; print(json.load(sys.stdin)["co
         --drive-read 0.4 --drive-write 0.4 --link 1 --link-shared --compute-s "$cs" \
         --phase-times 16,34,16 > "$tmp/tl-plan.json" || { echo "FAIL: tierctl plan (timeline)"; exit 1; }
 
-# ---- bench/run torch, placement C (ByteLM dim 256, 8 layers, fp32 AdamW) ----------------------
+# ---- bench/run torch, placement C (its model: ByteLM dim 256, 8 layers, fp32 AdamW) ------------
+mark "$tmp/m0"
 "$ROOT/bench/run" torch --configs C --steps 3 --warmup 1 --fio-size 64M > "$tmp/torch.json" 2> "$tmp/torch.err"
 rc=$?
+mark "$tmp/m1"
+other_cpus "$tmp/m0" "$tmp/m1" > "$tmp/torch.other"
 if [ $rc -eq 77 ]; then
         echo "torch: skipped (no torch for /usr/bin/python3)"
         : > "$tmp/torch-plan.json"
@@ -79,7 +104,14 @@ cmp("timeline", "NVMe write bytes/step", p["nvme_write_bytes"], tl["nvme_write_g
 # the replay reads back from NVMe 16-25% more than tierd does (docs/PLANNING.md, a known gap):
 # 30% allowed here, not the 15% the issue asks
 cmp("timeline", "NVMe read bytes/step", p["nvme_read_bytes"], tl["nvme_read_gb"] * 1e9, 0.30)
-cmp("timeline", "step s", p["step_overlapped"], tl["step_s"])
+def timed(case, name, pred, meas, other_file):
+    other = float(open(os.path.join(tmp, other_file)).read())
+    if other > 0.5:
+        print(f"{case}: {name}: predicted {pred:.4g}, measured {meas:.4g}: not compared, other processes "
+              f"kept {other:.2f} CPUs busy during the run")
+    else:
+        cmp(case, name, pred, meas)
+timed("timeline", "step s", p["step_overlapped"], tl["step_s"], "tl.other")
 if os.path.getsize(os.path.join(tmp, "torch-plan.json")):
     d = json.load(open(os.path.join(tmp, "torch.json")))
     c = d["placements"]["C"]
@@ -88,6 +120,12 @@ if os.path.getsize(os.path.join(tmp, "torch-plan.json")):
     cmp("torch C", "NVMe read bytes/step", p["nvme_read_bytes"], c["nvme_read_gb_per_step"] * 1e9)
     cmp("torch C", "NVMe write bytes/step", p["nvme_write_bytes"], c["nvme_write_gb_per_step"] * 1e9)
     cmp("torch C", "link bytes/step", p["link_down_bytes"] + p["link_up_bytes"], c["link_gb_per_step"] * 1e9)
-    cmp("torch C", "step s", p["step_overlapped"], c["step_s"])
+    # step time: the compute is plain PyTorch's step of the same run; the machine's speed drifts
+    # between rounds (bench/README.md), so the step is compared as C's step / plain's step of the
+    # same round (vs_plain_paired, the median) against the plan's overlapped step / compute
+    print(f"torch C: step s: predicted {p['step_overlapped']:.4g}, measured {c['step_s']:.4g} (medians; "
+          f"not compared: drift between rounds)")
+    t_compute = d["plain_step_s"]
+    timed("torch C", "step / compute", p["step_overlapped"] / t_compute, c["vs_plain_paired"], "torch.other")
 sys.exit(1 if fails else 0)
 PYEOF
