@@ -120,7 +120,7 @@ def run_all(args):
         if rc != 0 or not lines:
             results["failed"]["matrix"] = f"bench/run timeline --matrix exited with status {rc}" if rc else "no JSON line"
     if "storage" in args.kinds:
-        tierctl = os.path.join(build_dir(), "client", "tierctl", "tierctl")
+        tierctl = os.path.join(build_dir(), "client", "tierctl")
         scratch = tempfile.mkdtemp(prefix="tierd-storage-", dir=args.dir)
         try:
             size = "32M" if args.quick else args.storage_size
