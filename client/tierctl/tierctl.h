@@ -56,6 +56,10 @@ void quota_help(FILE *f);
 int verb_plan(int argc, char **argv);
 void plan_help(FILE *f);
 
+/* trace.c */
+int verb_trace(int argc, char **argv);
+void trace_help(FILE *f);
+
 /* bench.c (tierd only for its targets' paths) */
 int verb_bench(int argc, char **argv);
 void bench_help(FILE *f);
