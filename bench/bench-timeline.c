@@ -13,7 +13,7 @@
  * The job itself (its tensors and plan, the pattern it checks and stamps in
  * every phase, the link counters read from tierd's status) is
  * timeline-job.c; the fair-share run (--fair) is timeline-fair.c.  This file
- * reads the arguments and runs the single job.
+ * reads the arguments, builds the plan and runs the single job.
  *
  * Single job (the default): --warmup steps, then --steps timed steps.  A
  * step is the time between two tier_phase(c, 0) calls.  Around the timed
@@ -23,7 +23,15 @@
  * run: max(compute, NVMe bytes / NVMe bandwidth, host<->VRAM bytes / link
  * bandwidth), with the bytes this run actually moved per step (reads and
  * writes share a throttled NVMe target, and both directions share the
- * emulated VRAM link).  ratio = step_s / lower_bound_s.
+ * emulated VRAM link).  ratio = step_s / lower_bound_s.  The capacity-aware
+ * bound has the same form with the fewest bytes any schedule of the plan
+ * needs under the job's limits (capbound.c) instead of the bytes moved:
+ * ratio_capacity = step_s / capacity_bound_s.
+ *
+ * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
+ * the plan at once (same_run() in timeline-fair.c) and reports them as one
+ * line, the bytes of all and the slowest job's step; --capbound prints the
+ * fewest bytes alone.
  *
  * One JSON line on stdout per run; progress on stderr.  Nothing is asserted.
  */
@@ -79,9 +87,10 @@ static int run_capbound(const Args *a) {
         bench_json_u64(&js, "plan_bytes", tl_plan_bytes(a->plan));
         bench_json_u64(&js, "vram_limit", a->cb_vram);
         bench_json_u64(&js, "host_limit", a->cb_host);
-        bench_json_double(&js, "min_nvme_read_bytes", n.nvme_read);
-        bench_json_double(&js, "min_nvme_write_bytes", n.nvme_write);
-        bench_json_double(&js, "min_link_bytes", l.link_up + l.link_down);
+        /* whole bytes (a mean over a cycle of several steps is rounded) */
+        bench_json_u64(&js, "min_nvme_read_bytes", (uint64_t) llround(n.nvme_read));
+        bench_json_u64(&js, "min_nvme_write_bytes", (uint64_t) llround(n.nvme_write));
+        bench_json_u64(&js, "min_link_bytes", (uint64_t) llround(l.link_up + l.link_down));
         return bench_json_print(&js);
 }
 
