@@ -46,7 +46,7 @@
  * exactly the steady state of this schedule.
  *
  * capbound_min() is the smallest over rules (Belady's farthest next use,
- * next use over cost, free drops first), once weighting only NVMe bytes and
+ * next use over cost, free drops first, cheapest first), once weighting only NVMe bytes and
  * once only link bytes: each minimum separately, since
  * max(compute, N/bw_n, L/bw_l) is a lower bound when N and L are each the
  * least any schedule needs.  Each figure is the cost of a schedule the model
@@ -240,6 +240,10 @@ static bool better(CbRule rule, double da, double xa, double ba, double db, doub
                 if ((xa == 0) != (xb == 0))
                         return xa == 0;
                 break;
+        case CB_RULE_CHEAPEST:
+                if (xa + ba != xb + bb)
+                        return xa + ba < xb + bb;
+                break;
         default:
                 break;
         }
@@ -309,17 +313,16 @@ static void place(Sim *s, uint32_t t, unsigned tier) {
         s->used[tier] += s->p->size[t];
 }
 
-/* Make access @a of the current phase satisfied. */
-static int ensure(Sim *s, const CbAccess *a) {
+/* Make access @a of the current phase satisfied; the tiers may be over capacity until the phase's enforce(). */
+static void ensure(Sim *s, const CbAccess *a) {
         uint32_t t = a->tensor;
         double size = (double) s->p->size[t];
-        int r;
 
         if (s->st[t] & tier_bit(a->tier))
-                return 0;
+                return;
         if (a->mode == CB_WRITE) {
                 place(s, t, a->tier);   /* a place, no bytes */
-                return enforce(s, a->tier);
+                return;
         }
         if (a->tier == CB_HOST) {
                 if (s->st[t] & B_VRAM)
@@ -328,11 +331,11 @@ static int ensure(Sim *s, const CbAccess *a) {
                         s->acc->nvme_read += size;
                 /* else never written: zeros, no bytes */
                 place(s, t, CB_HOST);
-                return enforce(s, CB_HOST);
+                return;
         }
         if (!(s->st[t] & (B_HOST | B_NVME))) {
                 place(s, t, CB_VRAM);   /* zeros */
-                return enforce(s, CB_VRAM);
+                return;
         }
         if (!(s->st[t] & B_HOST)) {
                 /* staged through host */
@@ -341,10 +344,7 @@ static int ensure(Sim *s, const CbAccess *a) {
         }
         s->acc->link_up += size;
         place(s, t, CB_VRAM);
-        r = enforce(s, CB_VRAM);
-        if (r < 0)
-                return r;
-        return enforce(s, CB_HOST);
+        return;
 }
 
 static int run_phase(Sim *s, size_t k) {
@@ -355,11 +355,19 @@ static int run_phase(Sim *s, size_t k) {
         s->serial++;
         for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
                 s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
-        for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
-                r = ensure(s, &p->acc[i]);
-                if (r < 0)
-                        return r;
-        }
+        /*
+         * Every copy the phase needs first (a staged copy or a host source
+         * is still there), then each tier back within its capacity: VRAM
+         * first, since what it drains takes host room.
+         */
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                ensure(s, &p->acc[i]);
+        r = enforce(s, CB_VRAM);
+        if (r < 0)
+                return r;
+        r = enforce(s, CB_HOST);
+        if (r < 0)
+                return r;
         /* the phase's writes: the written copy is the only current one */
         for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
                 const CbAccess *a = &p->acc[i];
@@ -519,47 +527,56 @@ int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes 
  * turn copy set a into a superset of b (extra copies are dropped for free),
  * per byte of the tensor; INFINITY when b cannot be reached (no copy to
  * start from).  Edges: host from VRAM (link) or NVMe (NVMe), VRAM from host
- * (link), NVMe from host (NVMe).
+ * (link), NVMe from host (NVMe), as tierd moves them: host reads VRAM's
+ * copy when there is one, NVMe gets only a host copy that VRAM does not
+ * also hold (a drain or clean of a sole copy), and without @host_access
+ * (the phase does not read the tensor in host) host gets a copy from VRAM
+ * only when it is the sole one (a drain: tierd drops a clean VRAM copy, it
+ * never demotes it).
  */
-static void exact_costs(int what, double cost[8][8]) {
+static void exact_costs(int what, bool host_access, double cost[8][8]) {
         double lk = what == 1 ? 1 : 0, nv = what == 0 ? 1 : 0;
 
-        for (unsigned a = 0; a < 8; a++) {
-                double dist[8];
-                bool done[8] = {};
-
-                for (unsigned x = 0; x < 8; x++)
-                        dist[x] = INFINITY;
-                dist[a] = 0;
-                for (;;) {
-                        int u = -1;
+        for (unsigned a = 0; a < 8; a++)
+                for (unsigned b = 0; b < 8; b++) {
+                        /* the VRAM copy goes in this move: host and NVMe may take it as the sole one */
+                        bool leaving = !(b & B_VRAM);
+                        double dist[8];
+                        bool done[8] = {};
 
                         for (unsigned x = 0; x < 8; x++)
-                                if (!done[x] && isfinite(dist[x]) && (u < 0 || dist[x] < dist[u]))
-                                        u = (int) x;
-                        if (u < 0)
-                                break;
-                        done[u] = true;
-                        if (u & B_VRAM)
-                                dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + lk);
-                        if (u & B_NVME)
-                                dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + nv);
-                        if (u & B_HOST) {
-                                dist[u | B_VRAM] = fmin(dist[u | B_VRAM], dist[u] + lk);
-                                dist[u | B_NVME] = fmin(dist[u | B_NVME], dist[u] + nv);
+                                dist[x] = INFINITY;
+                        dist[a] = 0;
+                        for (;;) {
+                                int u = -1;
+
+                                for (unsigned x = 0; x < 8; x++)
+                                        if (!done[x] && isfinite(dist[x]) && (u < 0 || dist[x] < dist[u]))
+                                                u = (int) x;
+                                if (u < 0)
+                                        break;
+                                done[u] = true;
+                                if ((u & B_VRAM) && (host_access || !(u & B_NVME)))
+                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + lk);
+                                /* tierd reads VRAM's copy when there is one */
+                                if ((u & B_NVME) && !(u & B_VRAM))
+                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + nv);
+                                if (u & B_HOST) {
+                                        dist[u | B_VRAM] = fmin(dist[u | B_VRAM], dist[u] + lk);
+                                        /* tierd writes down only a sole copy */
+                                        if (!(u & B_VRAM) || leaving)
+                                                dist[u | B_NVME] = fmin(dist[u | B_NVME], dist[u] + nv);
+                                }
                         }
-                }
-                for (unsigned b = 0; b < 8; b++) {
                         cost[a][b] = INFINITY;
                         for (unsigned x = 0; x < 8; x++)
                                 if ((x & b) == b)
                                         cost[a][b] = fmin(cost[a][b], dist[x]);
                 }
-        }
 }
 
 int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int what, unsigned steps, double *ret) {
-        double cost[8][8];
+        double cost[2][8][8];
         _cleanup_free_ double *d = NULL, *nd = NULL, *total = NULL;
         size_t n, n_states;
         int r;
@@ -573,7 +590,8 @@ int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int wh
                 return -E2BIG;
         n = p->n_tensors;
         n_states = (size_t) 1 << (3 * n);
-        exact_costs(what, cost);
+        exact_costs(what, false, cost[0]);
+        exact_costs(what, true, cost[1]);
         d = malloc(n_states * sizeof(double));
         nd = malloc(n_states * sizeof(double));
         total = calloc(steps + 1, sizeof(double));
@@ -619,17 +637,24 @@ int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int wh
                                                 continue;
                                         for (size_t t = 0; t < n && isfinite(c); t++) {
                                                 unsigned a = (x >> (3 * t)) & 7, b = (y >> (3 * t)) & 7;
-                                                uint8_t wonly = 0, need = 0, vram_use = 0;
+                                                uint8_t wonly = 0, need = 0, vram_use = 0, host_use = 0;
 
                                                 for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
                                                         if (p->acc[i].tensor == t) {
                                                                 if (p->acc[i].tier == CB_VRAM)
                                                                         vram_use = 1;
+                                                                else if (p->acc[i].mode & CB_READ)
+                                                                        host_use = 1;
                                                                 if (p->acc[i].mode == CB_WRITE)
                                                                         wonly |= tier_bit(p->acc[i].tier);
                                                                 else
                                                                         need |= tier_bit(p->acc[i].tier);
                                                         }
+                                                /* a current NVMe copy stays (tierd frees it only when stale) */
+                                                if ((a & B_NVME) && !(b & B_NVME)) {
+                                                        c = INFINITY;
+                                                        break;
+                                                }
                                                 /* tierd brings a copy to VRAM only for a VRAM access */
                                                 if ((b & B_VRAM) && !(a & B_VRAM) && !vram_use) {
                                                         c = INFINITY;
@@ -639,7 +664,7 @@ int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int wh
                                                 wonly &= (uint8_t) ~need;
                                                 b &= ~(unsigned) wonly;
                                                 if (b)
-                                                        c += cost[a][b] * (double) p->size[t];
+                                                        c += cost[host_use][a][b] * (double) p->size[t];
                                         }
                                         if (c < nd[y])
                                                 nd[y] = c;

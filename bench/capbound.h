@@ -46,6 +46,7 @@ typedef enum CbRule {
         CB_RULE_FARTHEST,       /* Belady: the farthest next use; cheaper drop on a tie */
         CB_RULE_COST,           /* next use / (cost of dropping + cost of bringing back) */
         CB_RULE_FREE_FIRST,     /* any copy that is free to drop first (farthest), then Belady */
+        CB_RULE_CHEAPEST,       /* the least cost of dropping and bringing back; farthest on a tie */
         CB_RULES,
         /*
          * or'ed in: a host copy's next use counts a VRAM read even while VRAM

@@ -67,17 +67,14 @@ static void test_three_in_two(void **state) {
         exact2(&t.p, 2, 8, &en, &el);
         assert_true(en == 0 && el == 2);
         /*
-         * host 1: the exhaustive search keeps all three (B in VRAM, A or C in
-         * VRAM, the other in host) by copying the clean VRAM copy of C down
-         * to host, a move tierd never makes (a clean copy is dropped, not
-         * demoted): 0 NVMe bytes.  The simulation follows tierd: C is read
-         * from NVMe each step.  Link: 2 either way.
+         * host 1: A or C must come from NVMe each step (tierd never demotes the
+         * clean VRAM copy to host, nor frees a current NVMe copy): 1 read.
          */
         assert_int_equal(capbound_min(&t.p, 2, 1, &n, &l), 0);
         assert_true(l.link_up + l.link_down == 2);
         assert_true(n.nvme_read == 1 && n.nvme_write == 0);
         exact2(&t.p, 2, 1, &en, &el);
-        assert_true(en == 0 && el == 2);
+        assert_true(en == 1 && el == 2);
 }
 
 /* VRAM 1: A written in VRAM, then B read there: A drains (link down) every step. */
@@ -193,22 +190,26 @@ static void test_training_plan(void **state) {
         assert_true(n.nvme_read + n.nvme_write == 2);
 }
 
-/* Random tiny plans: the rules' best is never below the exhaustive minimum, and mostly equal to it. */
+/*
+ * Random tiny plans (2 or 3 tensors of 1 or 2 bytes, 2 to 6 phases): the
+ * rules' best is never below the exhaustive minimum (the two implement one
+ * model), and equal to it on nearly all.
+ */
 static void test_random_vs_exact(void **state) {
         unsigned seed = 12345, equal = 0, total = 0;
 
-        for (int iter = 0; iter < 150; iter++) {
+        for (int iter = 0; iter < 300; iter++) {
                 int rows[6][13];
                 size_t n_phases = 2 + (size_t) (rand_r(&seed) % 5), n_tensors = 2 + (size_t) (rand_r(&seed) % 2);
                 uint64_t size[3];
-                uint64_t vc = (uint64_t) (rand_r(&seed) % 3), hc = 1 + (uint64_t) (rand_r(&seed) % 3);
+                uint64_t vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
                 TPlan t;
                 CbBytes n, l;
                 double en, el;
                 int r;
 
                 for (size_t i = 0; i < n_tensors; i++)
-                        size[i] = 1;
+                        size[i] = 1 + (uint64_t) (rand_r(&seed) % 2);
                 for (size_t k = 0; k < n_phases; k++) {
                         size_t m = 0, n_acc = 1 + (size_t) (rand_r(&seed) % 2);
 
@@ -233,13 +234,13 @@ static void test_random_vs_exact(void **state) {
                 }
                 assert_int_equal(r, 0);
                 exact2(&t.p, vc, hc, &en, &el);
-                if (n.nvme_read + n.nvme_write < en - 1e-9 || l.link_up + l.link_down < el - 1e-9) {
+                if (fabs(n.nvme_read + n.nvme_write - en) > 1e-9 || fabs(l.link_up + l.link_down - el) > 1e-9) {
                         for (size_t k = 0; k < n_phases; k++) {
                                 for (size_t x = 0; rows[k][x] >= 0; x += 3)
                                         print_message("t%d %s %d  ", rows[k][x], rows[k][x + 1] == V ? "V" : "H", rows[k][x + 2]);
                                 print_message("\n");
                         }
-                        print_message("caps %" PRIu64 " %" PRIu64 "\n", vc, hc);
+                        print_message("caps %" PRIu64 " %" PRIu64 " sizes %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", vc, hc, size[0], size[1], size[2]);
                 }
                 if (n.nvme_read + n.nvme_write < en - 1e-9 || l.link_up + l.link_down < el - 1e-9)
                         fail_msg("plan %d: the simulation found fewer bytes (%g, %g) than the exhaustive minimum "
@@ -253,7 +254,9 @@ static void test_random_vs_exact(void **state) {
                                       n.nvme_read + n.nvme_write, l.link_up + l.link_down, en, el);
         }
         print_message("%u of %u random plans: the simulation's minimum equals the exhaustive one\n", equal, total);
-        assert_true(total > 50);
+        /* 111 of 114 when written: the rules must not get worse */
+        assert_true(total > 100);
+        assert_true(equal * 100 >= total * 95);
 }
 
 int main(void) {
