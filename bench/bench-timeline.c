@@ -101,7 +101,11 @@ static double per_step_gb(uint64_t bytes, uint64_t steps) {
 }
 
 /*
- * Both bounds and the JSON line of a timed run of @res->jobs jobs.  With
+ * Both bounds and the JSON line of a timed run of @res->jobs jobs.  The
+ * capacity-aware bound takes the compute asked for (the busy loops), not
+ * compute_s as measured: that adds the phase grants (a round trip to a busy
+ * tierd when a segment is new to the job), checks and stamps, time the
+ * system costs and a bound must not grant it.  With
  * several jobs (each its own limits, the links shared) a "step" is every
  * job doing one step: the bytes are the window's over --steps, the bound is
  * max(compute of one job, all jobs' least NVMe bytes / NVMe bandwidth, all
@@ -110,19 +114,23 @@ static double per_step_gb(uint64_t bytes, uint64_t steps) {
  */
 static int report(const Args *a, const StepResult *res) {
         CbBytes min_n = {}, min_l = {};
-        double n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN;
+        double n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
         uint64_t nvme_r = res->nvme_read, nvme_w = res->nvme_write, link_b = res->link;
         BenchJson js;
         int r;
 
         for (size_t k = 0; k < res->jobs; k++)
                 step_med = MAX(step_med, res->step_s[k]);
+        /* the busy loops of a step: the compute asked for (compute_s adds the grants, checks and stamps) */
+        for (size_t k = 0; k < a->plan->n_phases; k++)
+                asked += (double) (a->plan->kind[k] == TL_FWD ? a->fwd_us : a->plan->kind[k] == TL_BWD ? a->bwd_us :
+                                   a->opt_us) / 1e6;
         nvme_s = a->nvme_bw ? (double) (nvme_r + nvme_w) / (double) a->steps / ((double) a->nvme_bw * (double) a->targets)
                             : 0;
         link_s = a->link_bw ? (double) link_b / (double) a->steps / (double) a->link_bw : 0;
         bound = MAX(res->compute_s, MAX(nvme_s, link_s));
         if (plan_min_bytes(a, res->vram_limit, res->host_limit, &min_n, &min_l) >= 0)
-                cap_bound = MAX(res->compute_s,
+                cap_bound = MAX(asked,
                                 MAX(a->nvme_bw ? n_jobs * (min_n.nvme_read + min_n.nvme_write) /
                                                  ((double) a->nvme_bw * (double) a->targets) : 0,
                                     a->link_bw ? n_jobs * (min_l.link_up + min_l.link_down) / (double) a->link_bw : 0));
@@ -170,6 +178,7 @@ static int report(const Args *a, const StepResult *res) {
         bench_json_double(&js, "min_nvme_read_gb", n_jobs * min_n.nvme_read / 1e9);
         bench_json_double(&js, "min_nvme_write_gb", n_jobs * min_n.nvme_write / 1e9);
         bench_json_double(&js, "min_link_gb", n_jobs * (min_l.link_up + min_l.link_down) / 1e9);
+        bench_json_double(&js, "compute_asked_s", asked);
         bench_json_u64(&js, "jobs", res->jobs);
         bench_json_string(&js, "plan", a->plan->name);
         if (res->jobs > 1)
