@@ -26,7 +26,8 @@
  * emulated VRAM link).  ratio = step_s / lower_bound_s.  The capacity-aware
  * bound has the same form with the fewest bytes any schedule of the plan
  * needs under the job's limits (capbound.c) instead of the bytes moved:
- * ratio_capacity = step_s / capacity_bound_s.
+ * ratio_capacity = step_s / capacity_bound_s; capacity_floor_s is the same
+ * from capbound_floor()'s proven bytes, never above the best possible.
  *
  * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
  * the plan at once (same_run() in timeline-fair.c) and reports them as one
@@ -62,10 +63,13 @@
 /* ---- the capacity-aware bound ------------------------------------------------------ */
 
 /* Fewest bytes per step of @a's plan under these limits (capbound_min()); logs why not. */
-static int plan_min_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *nvme, CbBytes *link) {
+static int plan_min_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *nvme, CbBytes *link,
+                          CbBytes *floor) {
         CbPlan cb = tl_plan_cb(a->plan);
         int r = capbound_min(&cb, vram, host, nvme, link);
 
+        if (r >= 0)
+                r = capbound_floor(&cb, vram, host, floor);
         if (r < 0)
                 bench_log("no capacity-aware bound: %s", r == -E2BIG ?
                           "one phase needs more than the job's limits hold" : strerror(-r));
@@ -74,9 +78,9 @@ static int plan_min_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *
 
 /* --capbound VRAM,HOST: the fewest bytes per step alone, no tierd needed (bench/run --matrix scales compute by it). */
 static int run_capbound(const Args *a) {
-        CbBytes n, l;
+        CbBytes n, l, f;
         BenchJson js;
-        int r = plan_min_bytes(a, a->cb_vram, a->cb_host, &n, &l);
+        int r = plan_min_bytes(a, a->cb_vram, a->cb_host, &n, &l, &f);
 
         if (r < 0)
                 return r;
@@ -91,6 +95,8 @@ static int run_capbound(const Args *a) {
         bench_json_u64(&js, "min_nvme_read_bytes", (uint64_t) llround(n.nvme_read));
         bench_json_u64(&js, "min_nvme_write_bytes", (uint64_t) llround(n.nvme_write));
         bench_json_u64(&js, "min_link_bytes", (uint64_t) llround(l.link_up + l.link_down));
+        bench_json_u64(&js, "floor_nvme_bytes", (uint64_t) llround(f.nvme_read + f.nvme_write));
+        bench_json_u64(&js, "floor_link_bytes", (uint64_t) llround(f.link_up + f.link_down));
         return bench_json_print(&js);
 }
 
@@ -113,8 +119,8 @@ static double per_step_gb(uint64_t bytes, uint64_t steps) {
  * median step.
  */
 static int report(const Args *a, const StepResult *res) {
-        CbBytes min_n = {}, min_l = {};
-        double n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
+        CbBytes min_n = {}, min_l = {}, fl = {};
+        double floor_s = NAN, n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
         uint64_t nvme_r = res->nvme_read, nvme_w = res->nvme_write, link_b = res->link;
         BenchJson js;
         int r;
@@ -129,11 +135,15 @@ static int report(const Args *a, const StepResult *res) {
                             : 0;
         link_s = a->link_bw ? (double) link_b / (double) a->steps / (double) a->link_bw : 0;
         bound = MAX(res->compute_s, MAX(nvme_s, link_s));
-        if (plan_min_bytes(a, res->vram_limit, res->host_limit, &min_n, &min_l) >= 0)
+        if (plan_min_bytes(a, res->vram_limit, res->host_limit, &min_n, &min_l, &fl) >= 0) {
                 cap_bound = MAX(asked,
                                 MAX(a->nvme_bw ? n_jobs * (min_n.nvme_read + min_n.nvme_write) /
                                                  ((double) a->nvme_bw * (double) a->targets) : 0,
                                     a->link_bw ? n_jobs * (min_l.link_up + min_l.link_down) / (double) a->link_bw : 0));
+                floor_s = MAX(asked, MAX(a->nvme_bw ? n_jobs * (fl.nvme_read + fl.nvme_write) /
+                                                      ((double) a->nvme_bw * (double) a->targets) : 0,
+                                         a->link_bw ? n_jobs * (fl.link_up + fl.link_down) / (double) a->link_bw : 0));
+        }
         bench_log("policy %s: step %.3f s (mean %.3f), bound %.3f s (compute %.3f, nvme %.3f, link %.3f), "
                   "capacity-aware bound %.3f s (at least %.3f GB NVMe, %.3f GB link a step), stall %.3f s/step, "
                   "verified %s", res->policy, step_med, res->step_mean, bound, res->compute_s, nvme_s, link_s,
@@ -179,6 +189,9 @@ static int report(const Args *a, const StepResult *res) {
         bench_json_double(&js, "min_nvme_write_gb", n_jobs * min_n.nvme_write / 1e9);
         bench_json_double(&js, "min_link_gb", n_jobs * (min_l.link_up + min_l.link_down) / 1e9);
         bench_json_double(&js, "compute_asked_s", asked);
+        bench_json_double(&js, "capacity_floor_s", floor_s);
+        bench_json_double(&js, "floor_nvme_gb", n_jobs * (fl.nvme_read + fl.nvme_write) / 1e9);
+        bench_json_double(&js, "floor_link_gb", n_jobs * (fl.link_up + fl.link_down) / 1e9);
         bench_json_u64(&js, "jobs", res->jobs);
         bench_json_string(&js, "plan", a->plan->name);
         if (res->jobs > 1)

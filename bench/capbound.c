@@ -54,7 +54,9 @@
  * rule is optimal for misses alone, not with write-backs and mixed sizes
  * (both NP-hard in general).  capbound_exact() finds the true minimum by
  * exhaustive search for plans of at most three tensors; the unit tests
- * compare the two there.
+ * compare the two there.  capbound_floor() is the other side: bytes every
+ * schedule needs, by counting (what cannot fit at some phase, what is
+ * written in one tier and read in the other), at or below the true minimum.
  */
 
 #include <errno.h>
@@ -518,6 +520,130 @@ int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes 
                         }
                 }
         return 0;
+}
+
+/* ---- the proven floor ----------------------------------------------------------- */
+
+/* The first access of @t after phase @k (cyclic; at most one step on), or NULL when it has none. */
+static const Occ *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1];
+
+        if (lo == hi)
+                return NULL;
+        for (size_t i = lo; i < hi; i++)
+                if (s->occ[i].phase > k) {
+                        *ret_dist = s->occ[i].phase - k;
+                        return &s->occ[i];
+                }
+        *ret_dist = s->occ[lo].phase + s->p->n_phases - k;
+        return &s->occ[lo];
+}
+
+int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret) {
+        Sim s = { .p = p };
+        _cleanup_free_ uint8_t *pinned = NULL, *written = NULL;
+        double best_nvme = 0, best_read = 0, best_write = 0, cap_vram = 0, up = 0, down = 0;
+        int r;
+
+        if (!ret)
+                return -EINVAL;
+        r = plan_check(p);
+        if (r < 0)
+                return r;
+        r = occ_build(&s);
+        pinned = calloc(p->n_tensors, 1);
+        written = calloc(p->n_tensors, 1);
+        if (r < 0 || !pinned || !written) {
+                r = -ENOMEM;
+                goto finish;
+        }
+        for (size_t i = 0; i < p->start[p->n_phases]; i++)
+                if (p->acc[i].mode & CB_WRITE)
+                        written[p->acc[i].tensor] = 1;
+
+        /* compulsory crossings: a read in one tier of a version written in the other */
+        for (uint32_t t = 0; t < p->n_tensors; t++) {
+                size_t lo = s.occ_start[t], n = s.occ_start[t + 1] - lo;
+
+                for (size_t w = 0; w < n; w++) {
+                        const Occ *ow = &s.occ[lo + w];
+                        bool crosses = false;
+
+                        if (!(ow->mode & CB_WRITE))
+                                continue;
+                        /* the reads of this version: until the next write (the same phase's other tier first) */
+                        for (size_t k = 1; k <= n; k++) {
+                                const Occ *o = &s.occ[lo + (w + k) % n];
+
+                                if (k < n && o->phase == ow->phase && o->tier != ow->tier)
+                                        continue;       /* same phase: not after the write */
+                                if ((o->mode & CB_READ) && o->tier != ow->tier)
+                                        crosses = true;
+                                if (o->mode & CB_WRITE)
+                                        break;
+                        }
+                        if (crosses) {
+                                if (ow->tier == CB_VRAM)
+                                        down += (double) p->size[t];
+                                else
+                                        up += (double) p->size[t];
+                        }
+                }
+        }
+
+        for (size_t k = 0; k < p->n_phases; k++) {
+                double live = 0, never_written = 0, in_vram = 0;
+
+                memset(pinned, 0, p->n_tensors);
+                for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                        uint32_t t = p->acc[i].tensor;
+
+                        if (!pinned[t])
+                                live += (double) p->size[t];
+                        if (p->acc[i].tier == CB_VRAM && !(pinned[t] & 2))
+                                in_vram += (double) p->size[t];
+                        pinned[t] |= p->acc[i].tier == CB_VRAM ? 2 : 1;
+                }
+                for (uint32_t t = 0; t < p->n_tensors; t++) {
+                        size_t d;
+                        const Occ *o;
+
+                        if (pinned[t] || !(o = next_after(&s, t, k, &d)) || !(o->mode & CB_READ))
+                                continue;
+                        live += (double) p->size[t];
+                        if (!written[t])
+                                never_written += (double) p->size[t];
+                        /* read in VRAM next, and no write in another tier of the same phase first */
+                        if (o->tier == CB_VRAM) {
+                                bool clobbered = false;
+
+                                for (size_t i = s.occ_start[t]; i < s.occ_start[t + 1]; i++)
+                                        if (s.occ[i].phase == o->phase && s.occ[i].tier != CB_VRAM &&
+                                            (s.occ[i].mode & CB_WRITE))
+                                                clobbered = true;
+                                if (!clobbered)
+                                        in_vram += (double) p->size[t];
+                        }
+                }
+                {
+                        double excess = live - (double) vram_cap - (double) host_cap;
+                        double wr = excess - never_written;
+
+                        if (excess > 0 && excess + MAX(wr, 0) > best_nvme) {
+                                best_nvme = excess + MAX(wr, 0);
+                                best_read = excess;
+                                best_write = MAX(wr, 0);
+                        }
+                }
+                cap_vram = MAX(cap_vram, in_vram - (double) vram_cap);
+        }
+        *ret = (CbBytes) { .nvme_read = best_read, .nvme_write = best_write, .link_up = MAX(up, cap_vram),
+                           .link_down = down };
+        r = 0;
+finish:
+        free(s.occ);
+        free(s.occ_start);
+        return r;
 }
 
 /* ---- exhaustive search (tiny plans) ----------------------------------------------- */

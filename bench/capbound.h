@@ -79,6 +79,23 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
 int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *nvme, CbBytes *link);
 
 /*
+ * capbound_floor() - bytes per step that every schedule of the model needs,
+ * proven, not simulated (so at or below capbound_min()'s, often well
+ * below):
+ *   NVMe: at any phase the tensors it pins, and those not pinned whose
+ *   next access reads them, that do not fit VRAM and host together are on
+ *   NVMe only and are read back within a step (nvme_read); of them, all but
+ *   those never written must have been written there within the step
+ *   (nvme_write); the phase with the most such bytes counts;
+ *   link: a read in one tier of a version written in the other crosses
+ *   the link once (host -> VRAM: link_up, VRAM -> host: link_down), and at
+ *   any phase the tensors pinned in VRAM or read there next (no write in
+ *   between) beyond VRAM's room come up again (link_up when more).
+ * -EINVAL for a malformed plan, -ENOMEM.
+ */
+int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret);
+
+/*
  * capbound_exact() - the true minimum per step by exhaustive search over the
  * same model, for tiny plans only (@p->n_tensors <= 3): minimises
  * resource @what (0: NVMe bytes, 1: link bytes) over @steps steps and

@@ -66,6 +66,9 @@ static void test_three_in_two(void **state) {
         assert_true(n.nvme_read == 0 && n.nvme_write == 0);
         exact2(&t.p, 2, 8, &en, &el);
         assert_true(en == 0 && el == 2);
+        /* the proven floor: at C's phase A, B and C all want VRAM's 2 places: 1 comes up again */
+        assert_int_equal(capbound_floor(&t.p, 2, 8, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 0 && n.nvme_read == 0 && n.nvme_write == 0);
         /*
          * host 1: A or C must come from NVMe each step (tierd never demotes the
          * clean VRAM copy to host, nor frees a current NVMe copy): 1 read.
@@ -90,6 +93,9 @@ static void test_write_back_link(void **state) {
         assert_true(n.nvme_read + n.nvme_write == 0);
         exact2(&t.p, 1, 4, &en, &el);
         assert_true(el == 3 && en == 0);
+        /* floor: no crossing of tiers, one of the two out of VRAM's one place */
+        assert_int_equal(capbound_floor(&t.p, 1, 4, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 0);
 }
 
 /* Host 1, no VRAM use: A read-write, B read: A is written to NVMe and read back, B read. */
@@ -104,6 +110,13 @@ static void test_write_back_nvme(void **state) {
         assert_true(n.nvme_read == 2 && n.nvme_write == 1);
         exact2(&t.p, 0, 1, &en, &el);
         assert_true(en == 3 && el == 0);
+        /*
+         * floor: one of the two is on NVMe only at each phase; at B's phase it
+         * is A, written each step, so it was written there too (B, never
+         * written, needs no write)
+         */
+        assert_int_equal(capbound_floor(&t.p, 0, 1, &n), 0);
+        assert_true(n.nvme_read == 1 && n.nvme_write == 1);
 }
 
 /*
@@ -141,6 +154,9 @@ static void test_all_fits(void **state) {
         assert_true(n.nvme_read + n.nvme_write == 0);
         /* P written in host goes up once, G written in VRAM comes down once */
         assert_true(l.link_up == 1 && l.link_down == 1);
+        /* and the floor sees exactly these crossings */
+        assert_int_equal(capbound_floor(&t.p, 100, 100, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 1 && n.nvme_read + n.nvme_write == 0);
         /* a plan that never changes tiers moves nothing at all */
         static const int rows2[2][13] = { { 0, V, RW, 1, V, R, -1 }, { 2, H, RW, -1 } };
         tplan(&t, 3, NULL, 2, rows2);
@@ -197,6 +213,7 @@ static void test_training_plan(void **state) {
  */
 static void test_random_vs_exact(void **state) {
         unsigned seed = 12345, equal = 0, total = 0;
+        double floor_sum = 0, exact_sum = 0;
 
         for (int iter = 0; iter < 300; iter++) {
                 int rows[6][13];
@@ -234,6 +251,17 @@ static void test_random_vs_exact(void **state) {
                 }
                 assert_int_equal(r, 0);
                 exact2(&t.p, vc, hc, &en, &el);
+                {
+                        CbBytes f;
+
+                        /* the floor is proven: never above the exhaustive minimum */
+                        assert_int_equal(capbound_floor(&t.p, vc, hc, &f), 0);
+                        if (f.nvme_read + f.nvme_write > en + 1e-9 || f.link_up + f.link_down > el + 1e-9)
+                                fail_msg("plan %d: the floor (%g, %g) is above the exhaustive minimum (%g, %g)", iter,
+                                         f.nvme_read + f.nvme_write, f.link_up + f.link_down, en, el);
+                        floor_sum += f.nvme_read + f.nvme_write + f.link_up + f.link_down;
+                        exact_sum += en + el;
+                }
                 if (fabs(n.nvme_read + n.nvme_write - en) > 1e-9 || fabs(l.link_up + l.link_down - el) > 1e-9) {
                         for (size_t k = 0; k < n_phases; k++) {
                                 for (size_t x = 0; rows[k][x] >= 0; x += 3)
@@ -253,7 +281,8 @@ static void test_random_vs_exact(void **state) {
                         print_message("plan %d: simulated nvme %g link %g, exact %g %g\n", iter,
                                       n.nvme_read + n.nvme_write, l.link_up + l.link_down, en, el);
         }
-        print_message("%u of %u random plans: the simulation's minimum equals the exhaustive one\n", equal, total);
+        print_message("%u of %u random plans: the simulation's minimum equals the exhaustive one; the floor "
+                      "reaches %.0f%% of the exhaustive bytes\n", equal, total, 100 * floor_sum / exact_sum);
         /* 111 of 114 when written: the rules must not get worse */
         assert_true(total > 100);
         assert_true(equal * 100 >= total * 95);
