@@ -20,7 +20,7 @@ def main() -> int:
             rows.setdefault(d["case"], {})[d["policy"]] = d
     print(f"Measured by `bench/run timeline --matrix` in {seconds} s; load average at the end {load} on "
           f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs).\n")
-    print("| case | jobs | compute asked / measured | capacity bound | timeline step | x cap | lru step | x cap "
+    print("| case | jobs | compute asked / measured | capacity bound (floor) | timeline step | x cap | lru step | x cap "
           "| ondemand step | x cap | NVMe GB timeline / lru / ondemand / least | stall timeline "
           "| lower_bound_s timeline | verified |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -30,7 +30,7 @@ def main() -> int:
         # the compute asked for (the busy loops), as bench-timeline reports it
         asked = t.get("compute_asked_s") if t else None
         cells = [case, str(any_d.get("jobs", 1)), f(asked) + " / " + f(t and t["compute_s"]),
-                 f(any_d.get("capacity_bound_s"))]
+                 f(any_d.get("capacity_bound_s")) + " (" + f(any_d.get("capacity_floor_s")) + ")"]
         nv = []
         for pol in ("timeline", "lru", "ondemand"):
             d = pols.get(pol)
