@@ -194,6 +194,7 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
                 json_key_uint(&w, "pinned", ts->pinned);
                 json_key_uint(&w, "segment_size", ts->segment_size);
                 json_key_uint(&w, "held", ts->held);
+                json_key_uint(&w, "bandwidth", ts->bandwidth);
                 json_object_end(&w);
         }
         json_array_end(&w);

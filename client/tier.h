@@ -412,6 +412,30 @@ struct tier_detach_result {
 /* End @job now: tierd closes its connections (saying why) and frees all it holds. */
 int tier_job_detach(tier_client *c, const char *job, struct tier_detach_result *ret);
 
+/*
+ * Tracing (root or group tier-admin; one trace at a time in tierd).
+ * tier_trace_start() makes tierd record every transfer, plan phase, stall
+ * and scheduler decision for @seconds (0: 3600, the most) into a buffer of
+ * @buffer records (0: tierd.conf's [trace] buffer); -EBUSY while another
+ * trace exists.  The trace belongs to @c: it ends when @c closes.
+ * tier_trace_stop() stops it and returns the records in *@ret (free with
+ * tier_trace_free()).  tier_trace_write_json() writes them to @fd as Chrome
+ * Trace Event Format JSON (ui.perfetto.dev, chrome://tracing).
+ */
+typedef struct tier_trace tier_trace;
+
+int tier_trace_start(tier_client *c, unsigned seconds, unsigned buffer);
+int tier_trace_stop(tier_client *c, tier_trace **ret);
+/* Records kept, and records tierd dropped because its buffer was full. */
+size_t tier_trace_records(const tier_trace *t);
+uint64_t tier_trace_dropped(const tier_trace *t);
+/* Bytes moved over @link (TIER_LINK_*) while it recorded: as tierd's counters say, as the transfer records add up. */
+uint64_t tier_trace_link_bytes(const tier_trace *t, int link);
+uint64_t tier_trace_traced_bytes(const tier_trace *t, int link);
+/* Write the trace as Chrome Trace Event Format JSON to @fd (borrowed); 0 or -errno. */
+int tier_trace_write_json(const tier_trace *t, int fd);
+tier_trace *tier_trace_free(tier_trace *t);
+
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);

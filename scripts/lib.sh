@@ -38,13 +38,13 @@ TIER_TORCH_PACKAGES=(
 # What the test suites need on top: jansson (the tests read tierd's status
 # JSON with it; tierd, libtier and tierctl do not use it), fio (baselines),
 # valgrind, python3, systemd (systemd-analyze, systemd-socket-activate),
-# util-linux (setpriv), prometheus (promtool checks tierd's metrics text).  The python suite (tests/python/, the tier package of
+# util-linux (setpriv), prometheus (promtool checks tierd's metrics text), gnuplot-nox (bench/run all's plots).  The python suite (tests/python/, the tier package of
 # client/python/) needs numpy and torch for its views (skipped without them),
 # and setuptools, wheel, venv and pip to check "pip install ./client/python"
 # offline; all through Debian, for /usr/bin/python3.
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
-        libjansson-dev fio valgrind python3 systemd util-linux prometheus
+        libjansson-dev fio valgrind python3 systemd util-linux prometheus gnuplot-nox
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
 )
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "client/tierctl/planner.h"
+#include "client/tierctl/plansim.h"
 
 #define GB 1e9
 
@@ -70,8 +71,17 @@ int plan_validate(const PlanInput *in, char *err, size_t err_size) {
                 return fail(err, err_size, "--host-ram must be above 0 (the host memory for the job, e.g. 64G)");
         if (!positive(in->link_gbs))
                 return fail(err, err_size, "--link must be above 0 GB/s (host<->GPU, e.g. 25 for PCIe 4.0 x16)");
-        if (!positive(in->tflops))
-                return fail(err, err_size, "--tflops must be above 0 (the achieved TFLOP/s, not the peak)");
+        if (!positive(in->tflops) && !positive(in->compute_s))
+                return fail(err, err_size, "give --tflops (the achieved TFLOP/s, not the peak) or --compute-s "
+                            "(the measured compute time of a step), above 0");
+        if ((in->vram_limit > 0) != (in->host_limit > 0))
+                return fail(err, err_size, "give both --vram-limit and --host-limit (the job's budgets) or neither");
+        if (in->vram_limit > 0 && !in->blocks && !in->layers)
+                return fail(err, err_size, "a replay under --vram-limit and --host-limit needs the layers: "
+                            "give the shape or --blocks N");
+        if (in->vram_limit > 0 && in->drives == 0)
+                return fail(err, err_size, "a replay under --vram-limit and --host-limit needs the drives "
+                            "(--drives N --drive-read GB/s --drive-write GB/s): what does not fit goes there");
         if (in->drives > 0 && (!positive(in->drive_read_gbs) || !positive(in->drive_write_gbs)))
                 return fail(err, err_size, "with --drives %u, --drive-read and --drive-write must be above 0 GB/s",
                             in->drives);
@@ -128,7 +138,7 @@ static void placement(const PlanInput *in, const PlanResult *r, PlanPlacement p,
 
         x.link_down_bytes = A * 2.0 * w;
         x.link_up_bytes = A * g;
-        link_per = fmax(2.0 * w, g) / (in->link_gbs * GB);
+        link_per = (in->link_shared ? 2.0 * w + g : fmax(2.0 * w, g)) / (in->link_gbs * GB);
         x.t_link = A * link_per;
         if (p != PLAN_PLACEMENT_A) {
                 x.nvme_read_bytes = opt;
@@ -204,7 +214,7 @@ void plan_compute(const PlanInput *in, PlanResult *ret) {
         }
         r.tokens_per_step = (double) in->seq * (double) in->micro_batch * (double) in->accumulation;
         r.flops_per_step = factor * r.params * r.tokens_per_step;
-        r.t_compute = r.flops_per_step / (in->tflops * 1e12);
+        r.t_compute = in->compute_s > 0 ? in->compute_s : r.flops_per_step / (in->tflops * 1e12);
         r.fits_vram = r.model_state_bytes + r.activation_bytes <= (double) in->vram;
         for (unsigned p = 0; p < _PLAN_PLACEMENT_MAX; p++)
                 placement(in, &r, p, &r.placements[p]);
@@ -231,6 +241,47 @@ void plan_compute(const PlanInput *in, PlanResult *ret) {
         } else
                 r.verdict = PLAN_VERDICT_NO_FIT_HOST;
         *ret = r;
+}
+
+int plan_compute_limits(const PlanInput *in, PlanResult *r, char *err, size_t err_size) {
+        PlanLimitsResult *x = &r->limits;
+        double L = (double) (in->blocks ? in->blocks : in->layers);
+        double fs = in->fwd_share, bs = in->bwd_share, os = in->opt_share;
+        PlanSimInput si;
+        PlanSimResult sr;
+        int k;
+
+        if (!in->vram_limit)
+                return 0;
+        if (fs == 0 && bs == 0 && os == 0) {
+                fs = os = 1;
+                bs = 2;                 /* the backward pass is about twice the forward */
+        }
+        si = (PlanSimInput) {
+                .layers = (unsigned) (L > PLAN_SIM_MAX_LAYERS ? PLAN_SIM_MAX_LAYERS + 1 : L),
+                .weights = r->class_bytes[PLAN_CLASS_WEIGHTS] / L,
+                .grads = r->class_bytes[PLAN_CLASS_GRADS] / L,
+                .opt = (r->class_bytes[PLAN_CLASS_MASTER] + r->class_bytes[PLAN_CLASS_MOMENTS]) / L,
+                .vram_limit = (double) in->vram_limit, .host_limit = (double) in->host_limit,
+                .fwd_s = fs, .bwd_s = bs, .opt_s = os,
+        };
+        k = plan_simulate(&si, &sr, err, err_size);
+        if (k < 0)
+                return k;
+        x->given = true;
+        x->link_down_bytes = sr.link_down;
+        x->link_up_bytes = sr.link_up;
+        x->nvme_read_bytes = sr.nvme_read;
+        x->nvme_write_bytes = sr.nvme_write;
+        x->t_link = (in->link_shared ? sr.link_down + sr.link_up : fmax(sr.link_down, sr.link_up)) /
+                    (in->link_gbs * GB);
+        x->t_nvme = sr.nvme_read / (in->drives * in->drive_read_gbs * GB) +
+                    sr.nvme_write / (in->drives * in->drive_write_gbs * GB);
+        x->step_overlapped = fmax(r->t_compute, fmax(x->t_link, x->t_nvme));
+        x->step_serial = r->t_compute + x->t_link + x->t_nvme;
+        x->bottleneck = x->step_overlapped == r->t_compute ? PLAN_BOTTLENECK_COMPUTE :
+                        x->step_overlapped == x->t_link ? PLAN_BOTTLENECK_LINK : PLAN_BOTTLENECK_NVME;
+        return 0;
 }
 
 static int parse_decimal(const char *s, double *ret, const char **rest) {

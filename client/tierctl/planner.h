@@ -82,6 +82,12 @@ typedef struct PlanInput {
         double drive_read_gbs, drive_write_gbs;  /* per drive, GB/s (10^9) */
         double link_gbs;
         double tflops;                  /* achieved, 10^12 FLOP/s */
+        double compute_s;               /* > 0: compute per step given, tflops not needed */
+        bool link_shared;               /* both directions share the link (tierd's emulated [vram] bandwidth) */
+        /* the job's budgets: both > 0 replays the step under them (plansim.h) */
+        uint64_t vram_limit, host_limit;
+        uint64_t blocks;                /* layers the state is split into for the replay; 0: --layers */
+        double fwd_share, bwd_share, opt_share;   /* phase times per layer, relative; all 0: 1, 2, 1 */
         double tbw;                     /* endurance per drive, TB (10^12) written; 0: not given */
         int placement;                  /* -1: choose by the decision tree, else a PlanPlacement */
 } PlanInput;
@@ -105,6 +111,14 @@ typedef struct PlanPlacementResult {
         double days_to_tbw;             /* 0 when no TBW or no writes */
 } PlanPlacementResult;
 
+/* Under the job's budgets (PlanInput.vram_limit, host_limit): what tierd moves, by replay. */
+typedef struct PlanLimitsResult {
+        bool given;
+        double link_down_bytes, link_up_bytes, nvme_read_bytes, nvme_write_bytes;
+        double t_link, t_nvme, step_overlapped, step_serial;
+        PlanBottleneck bottleneck;
+} PlanLimitsResult;
+
 typedef struct PlanResult {
         double params;
         double model_state_bytes;
@@ -118,6 +132,7 @@ typedef struct PlanResult {
         PlanPlacementResult placements[_PLAN_PLACEMENT_MAX];
         PlanVerdict verdict;
         PlanPlacement chosen;           /* with PLAN_VERDICT_PLACEMENT */
+        PlanLimitsResult limits;
 } PlanResult;
 
 /* Defaults: mixed-precision AdamW, seq 2048, micro-batch 1, accumulation 1, no drives, placement -1. */
@@ -131,6 +146,9 @@ int plan_validate(const PlanInput *in, char *err, size_t err_size);
 
 /* Compute everything; @in must have passed plan_validate(). */
 void plan_compute(const PlanInput *in, PlanResult *ret);
+
+/* The replay under limits (plansim.c); plan_validate() checks its inputs too. */
+int plan_compute_limits(const PlanInput *in, PlanResult *r, char *err, size_t err_size);
 
 /*
  * A count of parameters or tokens as people write it: "13B", "1T", "350M",

@@ -43,6 +43,7 @@ static const Verb verbs[] = {
         { "detach",  verb_detach,  detach_help,  "end a job now: close its connections, free everything" },
         { "quota",   verb_quota,   quota_help,   "show (get) or change (set) the quotas of jobs, uids and groups" },
         { "plan",    verb_plan,    plan_help,    "predict placement, traffic and step time of a training job" },
+        { "trace",   verb_trace,   trace_help,   "record transfers, phases, stalls, decisions as Chrome trace JSON" },
         { "help",    verb_help,    help_help,    "show this help, or a command's (help COMMAND)" },
 };
 

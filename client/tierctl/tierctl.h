@@ -55,3 +55,7 @@ void quota_help(FILE *f);
 /* plan.c (no tierd needed) */
 int verb_plan(int argc, char **argv);
 void plan_help(FILE *f);
+
+/* trace.c */
+int verb_trace(int argc, char **argv);
+void trace_help(FILE *f);

@@ -357,6 +357,9 @@ static const ConfigKey config_keys[] = {
 
         KEY("metrics", "textfile",               parse_opt_abs_path,  CONFIG_STRING,        metrics_textfile, 0, 0, false),
         KEY("metrics", "interval_sec",           parse_linger,        CONFIG_SECONDS,       metrics_interval_usec, 1, 86400, false),
+
+        /* records a trace holds (160 bytes each); the maximum is TRACE_BUFFER_MAX (engine/trace.h) */
+        KEY("trace",  "buffer",                  parse_unsigned,      CONFIG_UNSIGNED,      trace_buffer, 1, 1024 * 1024, true),
 };
 
 const ConfigKey *config_key_at(size_t i) {

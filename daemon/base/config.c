@@ -114,6 +114,7 @@ void config_init(Config *c) {
 
                 .metrics_textfile = strdup(""),
                 .metrics_interval_usec = 15 * UINT64_C(1000000),
+                .trace_buffer = 64 * 1024,
         };
 }
 

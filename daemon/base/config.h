@@ -69,6 +69,8 @@ typedef struct Config {
         /* [metrics] */
         char *metrics_textfile;         /* "": none; else where tierd writes its metrics for node_exporter */
         uint64_t metrics_interval_usec; /* how often it rewrites that file */
+        /* [trace] */
+        unsigned trace_buffer;          /* records a trace holds unless TraceStart asks for another size */
         /* [quota] sections, in the order read (several per target: the later one wins, field by field) */
         QuotaRules quotas;
 } Config;

@@ -34,6 +34,7 @@ typedef struct Xfer {
         double vtag;            /* its virtual start time there (fairq.h) */
         XferPart *parts;
         uint32_t n_parts;
+        uint64_t queued_ns, start_ns;   /* set only while a trace runs (0: unknown) */
         List link;              /* Engine.xfers */
 } Xfer;
 
@@ -73,9 +74,11 @@ static inline bool copy_evictable(const Tensor *v, int tier) {
  * *@freed) when another copy is valid or its bytes are dead, else written
  * down first by a drain (adding to *@draining; the copy is DRAINING).
  * *@blocked counts a copy passed over because its last drain failed and
- * nothing changed below since.  0 or -errno.
+ * nothing changed below since.  @flags: TRACE_F_* for the trace (reclaim or
+ * not).  0 or -errno.
  */
-int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *draining, unsigned *blocked);
+int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed, uint64_t *draining,
+                 unsigned *blocked);
 
 /*
  * reclaim() - the pool of @tier has no segment for @want (SPACE_POOL): take

@@ -8,6 +8,7 @@
 
 #include "daemon/base/level.h"
 #include "daemon/base/list.h"
+#include "daemon/engine/trace.h"
 
 typedef struct Engine Engine;
 typedef struct Job Job;
@@ -90,6 +91,8 @@ typedef struct EngineSchedOps {
         void (*changed)(void *userdata);
         /* One scheduling pass; runs after the run queue, whenever the engine runs. */
         void (*pass)(void *userdata);
+        /* Predicted time of @t's next planned use in @tier or above (0: none known); for the trace. */
+        uint64_t (*next_use)(void *userdata, Tensor *t, int tier);
 } EngineSchedOps;
 
 /* The VRAM link, per VramDir: at most VramBackend.depth copies with the backend, the rest queued by fair tag. */
@@ -123,6 +126,7 @@ struct Engine {
          */
         uint64_t space_gen[TIERS];
         char drain_error[TIERS][512];   /* why the last drain out of each tier failed */
+        Trace trace;            /* tierctl trace: recorded here and by the scheduler (trace.c) */
 };
 
 /*

@@ -53,6 +53,7 @@
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* make_space() calls while one reservation still finds no room after freeing copies. */
 #define RESERVE_ATTEMPTS_MAX 64
@@ -99,17 +100,29 @@ static bool drain_blocked(Engine *e, const Tensor *v, int tier) {
         return tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
 }
 
-int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *draining, unsigned *blocked) {
+/* Record the choice of victim @v in @tier (@why TRACE_WHY_*), with its next planned use. */
+static void victim_trace(Engine *e, const Tensor *v, int tier, int why, uint32_t flags) {
+        uint64_t next = e->sched && e->sched->next_use ? e->sched->next_use(e->sched_userdata, (Tensor *) v, tier) : 0;
+
+        trace_decision(&e->trace, v, tier, why, next, flags, now_ns());
+}
+
+int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed, uint64_t *draining,
+                 unsigned *blocked) {
         Op *d;
         int r;
 
         if (!copy_is_sole(v, tier)) {
+                if (trace_on(&e->trace))
+                        victim_trace(e, v, tier, TRACE_WHY_DROP_CLEAN, flags);
                 *freed += v->alloc_size;
                 copy_free(v, tier);
                 return 0;
         }
         if (e->sched && e->sched->overwrites_next && e->sched->overwrites_next(e->sched_userdata, v)) {
                 /* its plan overwrites it before reading it: nothing to write back */
+                if (trace_on(&e->trace))
+                        victim_trace(e, v, tier, TRACE_WHY_DROP_DEAD, flags);
                 v->dead = true;
                 *freed += v->alloc_size;
                 copy_free(v, tier);
@@ -118,6 +131,8 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *drai
         if (tier == TIER_NVME)
                 return 0;       /* nothing below NVMe */
         if (drain_blocked(e, v, tier)) {
+                if (trace_on(&e->trace))
+                        victim_trace(e, v, tier, TRACE_WHY_BLOCKED, flags);
                 (*blocked)++;   /* draining it again would fail the same way, and again */
                 return 0;
         }
@@ -133,6 +148,8 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint64_t *freed, uint64_t *drai
                 e->sched->charge(e->sched_userdata, v->job, v->alloc_size);
         v->copy[tier].state = COPY_DRAINING;
         *draining += v->alloc_size;
+        if (trace_on(&e->trace))
+                victim_trace(e, v, tier, TRACE_WHY_DRAIN, flags);
         return 0;
 }
 
@@ -174,7 +191,7 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
 
         for (size_t i = 0; i < k && freed + draining < need; i++) {
-                int r = victim_evict(e, cands[i], tier, &freed, &draining, blocked);
+                int r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
 
                 if (r < 0)
                         return r;
@@ -691,6 +708,7 @@ Engine *engine_free(Engine *e) {
         if (e->n_xfers > 0)
                 log_warning("Abandoning %u transfer(s) still in flight at exit", e->n_xfers);
         xfer_abandon_all(e);
+        trace_reset(&e->trace);
         sd_event_source_disable_unref(e->run_source);
         sd_event_unref(e->event);
         free(e);

@@ -220,7 +220,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
 
                         if (t->job != v || !copy_in_segment(c, s) || !copy_evictable(t, tier))
                                 continue;
-                        q = victim_evict(e, t, tier, &freed, &started, &blocked);
+                        q = victim_evict(e, t, tier, TRACE_F_RECLAIM, &freed, &started, &blocked);
                         if (q < 0)
                                 return q;
                 }

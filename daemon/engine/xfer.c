@@ -45,6 +45,7 @@
 #include "daemon/tiers/vram.h"
 #include "proto/crc32c.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 /* How far (bytes of service) a job back from idleness may start behind the others on the VRAM link. */
 #define VRAM_FAIR_CREDIT (64ull << 20)
@@ -100,10 +101,28 @@ static void xfer_finish(Xfer *x) {
         xfer_free(x);
 }
 
-static void link_count(Engine *e, Tensor *t, LinkDir d) {
-        e->links[d].bytes += t->alloc_size;
-        e->links[d].ops++;
-        t->job->link_bytes[d] += t->alloc_size;
+/* The transfer's link (what it is counted on). */
+static LinkDir xfer_link(const Xfer *x) {
+        if (x->dst == TIER_NVME)
+                return LINK_HOST_TO_NVME;
+        if (x->src == TIER_NVME)
+                return LINK_NVME_TO_HOST;
+        return x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
+}
+
+/* @x ended: its bytes count on its link when it succeeded; the trace records it either way, with those bytes. */
+static void link_count(Engine *e, Xfer *x) {
+        Tensor *t = x->tensor;
+        LinkDir d = xfer_link(x);
+        uint64_t bytes = x->error >= 0 ? t->alloc_size : 0;
+
+        if (x->error >= 0) {
+                e->links[d].bytes += bytes;
+                e->links[d].ops++;
+                t->job->link_bytes[d] += bytes;
+        }
+        if (trace_on(&e->trace))
+                trace_xfer(&e->trace, t, d, x->queued_ns, x->start_ns, now_ns(), bytes, x->error);
 }
 
 /* ---- NVMe <-> host ------------------------------------------------------------------------ */
@@ -141,9 +160,14 @@ static void xfer_part_done(UringReq *req, int res) {
 
         if (--x->pending > 0)
                 return;
-        if (x->error >= 0)
-                link_count(e, t, x->dst == TIER_NVME ? LINK_HOST_TO_NVME : LINK_NVME_TO_HOST);
+        link_count(e, x);
         xfer_finish(x);
+}
+
+/* The first of @x's extents goes to the device: for the trace, the transfer starts (it was queued before). */
+static void xfer_part_started(Xfer *x) {
+        if (trace_on(&x->engine->trace) && x->start_ns == 0)
+                x->start_ns = now_ns();
 }
 
 /* A write's extent is checksummed just before it goes to the device: its bytes are in the cache then. */
@@ -151,6 +175,12 @@ static void xfer_part_prep(UringReq *req) {
         XferPart *p = container_of(req, XferPart, req);
 
         p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = crc32c(0, req->buf, req->len);
+        xfer_part_started(p->xfer);
+}
+
+/* A read's extent goes to the device (set only while a trace runs). */
+static void xfer_part_prep_read(UringReq *req) {
+        xfer_part_started(container_of(req, XferPart, req)->xfer);
 }
 
 static int xfer_start_nvme(Op *op, Xfer *x) {
@@ -184,7 +214,7 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                 p->index = i;
                 p->req = (UringReq) {
                         .cb = xfer_part_done,
-                        .prep = write ? xfer_part_prep : NULL,
+                        .prep = write ? xfer_part_prep : trace_on(&e->trace) ? xfer_part_prep_read : NULL,
                         .flow = &t->job->nvme_flow,
                         .job = t->job->name,
                         .weight = t->job->weight,
@@ -238,6 +268,8 @@ static int vram_link_start(Engine *e, Xfer *x) {
         }
         e->vlink.active[d]++;
         e->vlink.vtime[d] = MAX(e->vlink.vtime[d], x->vtag);
+        if (trace_on(&e->trace))
+                x->start_ns = now_ns();
         return 0;
 }
 
@@ -268,8 +300,7 @@ static void xfer_vram_done(VramCopy *vc) {
         }
         if (--x->vpending > 0)
                 return;
-        if (x->error >= 0)
-                link_count(e, x->tensor, x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST);
+        link_count(e, x);
         e->vlink.active[dir]--;
         xfer_finish(x);         /* frees x */
         vram_link_dispatch(e, dir);
@@ -366,6 +397,9 @@ int xfer_start(Op *op, Tensor *t, int src, int dst) {
         x->src = src;
         x->dst = dst;
         x->version = t->copy[src].version;
+        /* started: when its first extent goes to the device (xfer_part_started()), or the VRAM backend gets it */
+        if (trace_on(&e->trace))
+                x->queued_ns = now_ns();
         log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, level_to_string(src),
                   level_to_string(dst), x->version);
 

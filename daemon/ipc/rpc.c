@@ -40,6 +40,7 @@
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
 #include "daemon/ipc/status.h"
+#include "daemon/ipc/trace-rpc.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -712,9 +713,10 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         if (req->op_case != TIER__REQUEST__OP_HELLO && req->op_case != TIER__REQUEST__OP_STATUS &&
             req->op_case != TIER__REQUEST__OP_QUOTA_GET && req->op_case != TIER__REQUEST__OP_QUOTA_SET &&
             req->op_case != TIER__REQUEST__OP_JOB_TENSORS && req->op_case != TIER__REQUEST__OP_JOB_EVICT &&
-            req->op_case != TIER__REQUEST__OP_JOB_DETACH && !c->job)
-                return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas and "
-                                    "job control (tensors, evict, detach)");
+            req->op_case != TIER__REQUEST__OP_JOB_DETACH && req->op_case != TIER__REQUEST__OP_TRACE_START &&
+            req->op_case != TIER__REQUEST__OP_TRACE_STOP && !c->job)
+                return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas, "
+                                    "job control (tensors, evict, detach) and traces");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
@@ -758,6 +760,10 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return jobctl_evict(rpc, c, seq, req->job_evict);
         case TIER__REQUEST__OP_JOB_DETACH:
                 return jobctl_detach(rpc, c, seq, req->job_detach);
+        case TIER__REQUEST__OP_TRACE_START:
+                return trace_rpc_start(rpc, c, seq, req->trace_start);
+        case TIER__REQUEST__OP_TRACE_STOP:
+                return trace_rpc_stop(rpc, c, seq);
         case TIER__REQUEST__OP_ACK:
                 revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;
@@ -778,6 +784,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
         if (rpc->revoke)
                 revoke_conn_gone(rpc->revoke, c);
         jobctl_conn_gone(c);    /* its evict of a job runs on, unanswered */
+        trace_rpc_conn_gone(rpc, c);
 
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);

@@ -157,6 +157,8 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 t->pinned = reg->pinned[i];
                 t->segment_size = i == TIER_NVME ? n->extent_size : reg->pools[i]->seg_size;
                 t->held = i == TIER_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
+                t->bandwidth = i == TIER_VRAM ? r->config->vram_bandwidth :
+                               i == TIER_NVME ? r->config->nvme_bandwidth : 0;
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;

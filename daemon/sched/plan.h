@@ -107,6 +107,7 @@ struct Plan {
         uint64_t last_step_links[_LINK_MAX];
         double last_step_s;
         bool attached;          /* counted in the slots' plan_refs, in Sched.plans and Job.plans */
+        uint32_t trace_id;      /* its number in traces (Trace.next_plan) */
 };
 
 /*

@@ -289,6 +289,10 @@ static void hold_check_ready(Plan *p, int h) {
         if (hold->active && !hold->ready_sent && hold->n_pinned == p->phases[hold->phase].n_acc) {
                 hold->ready_sent = true;
                 plan_set_ready(p, hold->seq, hold->phase);
+                /* its marker came first: the rank waited for it */
+                if (trace_on(&p->sched->engine->trace) && hold->seq == p->seq)
+                        trace_stall(&p->sched->engine->trace, p->job, p->trace_id, hold->seq, hold->phase,
+                                    p->cur_mark_ns, now_ns());
         }
 }
 
@@ -397,6 +401,8 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
         if (r < 0)
                 return 0;
         plan_learn(p, seq, phase, mark);
+        if (trace_on(&s->engine->trace))
+                trace_phase(&s->engine->trace, p->job, p->trace_id, seq, phase, mark);
 
         log_debug("sched: job '%s' marker %" PRIu64 ": phase %u", p->job->name, seq, phase);
         /* the previous marker's phase is over: its pins go (written accesses dirty) */
@@ -554,6 +560,9 @@ static void issue(Sched *s, Cand *c) {
         sched_charge(j, c->tensor->alloc_size);
         if (s->trace)
                 s->trace(s->trace_userdata, c->hold >= 0 ? "pin" : "prefetch", c->tensor, c->tier, c->deadline);
+        if (trace_on(&s->engine->trace))
+                trace_decision(&s->engine->trace, c->tensor, c->tier, c->hold == 0 ? TRACE_WHY_PIN_NOW :
+                               c->hold == 1 ? TRACE_WHY_PIN_NEXT : TRACE_WHY_PREFETCH, c->deadline, 0, now_ns());
         log_debug("sched: job '%s' %s '%s' -> %s (hold %d, deadline in %.3f ms, link %s)", j->name,
                   c->hold >= 0 ? "pin" : "prefetch", c->tensor->name, level_to_string(c->tier), c->hold,
                   ((double) c->deadline - (double) now_ns()) / 1e6, c->link == SCHED_LINK_NVME ? "nvme" : "pcie");
@@ -663,6 +672,8 @@ static bool clean_start(Sched *s, Tensor *t, int tier, int link) {
         slot_take(t->job, link);
         if (s->trace)
                 s->trace(s->trace_userdata, "clean", t, tier, 0);
+        if (trace_on(&s->engine->trace))
+                trace_decision(&s->engine->trace, t, tier, TRACE_WHY_CLEAN, op->deadline_ns, 0, now_ns());
         return true;
 }
 
@@ -827,6 +838,7 @@ int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan 
                 }
         }
         p->attached = true;
+        p->trace_id = ++s->engine->trace.next_plan;    /* numbered whether a trace runs or not */
         list_add_tail(&s->plans, &p->link);
         list_add_tail(&j->plans, &p->job_link);
         engine_kick(s->engine);
@@ -880,12 +892,17 @@ static void ops_pass(void *userdata) {
         sched_run(userdata);
 }
 
+static uint64_t ops_next_use(void *userdata, Tensor *t, int tier) {
+        return sched_next_use_ns(t, tier);
+}
+
 static const EngineSchedOps sched_engine_ops = {
         .victim_order = ops_victim_order,
         .overwrites_next = ops_overwrites_next,
         .charge = ops_charge,
         .changed = ops_changed,
         .pass = ops_pass,
+        .next_use = ops_next_use,
 };
 
 int sched_new(sd_event *event, const Config *config, Registry *registry, Engine *engine, Uring *uring,

@@ -384,6 +384,47 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertIsNotNone(self.job_entry("perm"))
         self.assertIn("t", self.tensors("perm"))
 
+    # -- trace: Ctrl-C stops early and still writes the file
+    def test_trace_ctrl_c(self) -> None:
+        if os.geteuid() != 0:
+            p = self.ctl("trace", "--seconds", "1", "-o", os.path.join(self.d.dir, "t.json"), expect=1)
+            self.assertIn("permission denied", p.stderr)
+            self.skipTest("tracing needs root or group tier-admin: only the refusal was checked")
+        c = self.client("tr")
+        self.detach_at_end("tr")
+        a = c.create("a", 1 * MiB)
+        out = os.path.join(self.d.dir, "trace.json")
+        p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out,
+                              "--json-summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # its first line says the trace runs (or why not)
+            self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
+            with a.pin(tier.HOST) as g:
+                g.memoryview()[:] = b"\x5a" * MiB
+                g.dirty = True
+            self.assertEqual(self.ctl_json("evict", "tr")["bytes_written"], 1 * MiB)
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(60), 0, p.stderr.read())
+            summary = json.loads(p.stdout.read())
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        with open(out) as f:
+            doc = json.load(f)
+        self.assertEqual(summary["file"], out)
+        self.assertEqual(summary["dropped"], 0)
+        link = summary["links"]["host->nvme"]
+        self.assertEqual(link["counted"], link["traced"])
+        self.assertGreaterEqual(link["traced"], 1 * MiB)
+        xfers = [e for e in doc["traceEvents"] if e.get("cat") == "transfer" and e["args"]["job"] == "tr"]
+        self.assertIn(("a", "host->nvme", 1 * MiB), [(e["name"], e["args"]["link"], e["args"]["bytes"]) for e in xfers])
+        self.assertEqual(doc["otherData"]["link_bytes_traced"]["host->nvme"], link["traced"])
+        # tracing stopped with the verb: another trace may start at once
+        self.ctl("trace", "--seconds", "1", "-o", out)
+
     # -- quota keeps working inside the verb table
     def test_quota_json(self) -> None:
         c = self.client("qj")

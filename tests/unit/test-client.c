@@ -138,6 +138,7 @@ static void fake_status(FakeStatus *f, const char *vram_backend) {
         f->tiers[0].capacity = 8ull << 30;
         f->tiers[0].used = 512ull << 20;
         f->tiers[0].pinned = 256ull << 20;
+        f->tiers[0].bandwidth = 1000000000;    /* [vram] bandwidth */
         f->tiers[1].capacity = 64ull << 30;
         f->tiers[1].used = 16ull << 30;
         f->tiers[2].capacity = 2ull << 40;
@@ -214,11 +215,11 @@ static void test_status_json(void **state) {
                 "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,\"policy\":\"\","
                 "\"tiers\":["
                 "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":8589934592,\"used\":536870912,"
-                "\"pinned\":268435456,\"segment_size\":0,\"held\":0},"
+                "\"pinned\":268435456,\"segment_size\":0,\"held\":0,\"bandwidth\":1000000000},"
                 "{\"tier\":\"host\",\"backend\":\"memfd\",\"capacity\":68719476736,\"used\":17179869184,"
-                "\"pinned\":0,\"segment_size\":0,\"held\":0},"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0},"
                 "{\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":2199023255552,\"used\":107374182400,"
-                "\"pinned\":0,\"segment_size\":0,\"held\":0}],"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0}],"
                 "\"links\":["
                 "{\"name\":\"host->nvme\",\"bytes\":1073741824,\"ops\":64},"
                 "{\"name\":\"nvme->host\",\"bytes\":1610612736,\"ops\":96}],"

@@ -4,6 +4,9 @@
 # inputs, --help, and --json with model_state_bytes (no tierd needed).
 set -u
 T=$1
+# no bench results of this machine's user: only --bench FILE below
+XDG_CACHE_HOME=/nonexistent/tierd-plan-test
+export XDG_CACHE_HOME
 HW="--vram 16G --host-ram 64G --link 25 --tflops 100"
 fails=0
 
@@ -24,7 +27,7 @@ usage_error "not both" --params 13B --layers 2 $HW
 usage_error "all of --layers" --layers 2 --hidden 4 $HW
 usage_error "--drives is 0" --params 13B $HW --placement B
 usage_error "--drive-read and --drive-write" --params 13B $HW --drives 1
-usage_error "--tflops must be above 0" --params 13B --vram 16G --host-ram 64G --link 25
+usage_error "give --tflops" --params 13B --vram 16G --host-ram 64G --link 25
 usage_error "--vram '-16G'" --params 13B --vram -16G
 usage_error "--drive-read '-3'" --params 13B $HW --drives 1 --drive-read -3
 usage_error "--placement 'D'" --params 13B $HW --placement D
@@ -46,5 +49,25 @@ assert d["placements"]["A"]["fits_host"] is False
 '; then
         echo "FAIL: tierctl plan --json: $out"; fails=$((fails + 1))
 fi
+# hardware from `tierctl bench` results: best striped non-suspect read 6.0 over 2 targets -> 3.0 per
+# drive, write the sustained 2.0 -> 1.0 per drive; a flag wins over the file; sources say which
+FIX=$(dirname "$0")/data/bench-fixture.json
+out=$("$T" plan --json --no-tierd --bench "$FIX" --params 13B --vram 16G --host-ram 64G --tflops 100 --drives 2 --drive-read 7)
+if ! printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+h, s = d["hardware"], d["sources"]
+assert h["drive_read_gbps"] == 7 and s["drive_read_gbps"] == "flag", d
+assert h["drive_write_gbps"] == 1.0 and s["drive_write_gbps"].startswith("bench:"), d
+assert s["link_gbps"] == "default" and h["link_gbps"] == 25, d
+assert any("sustained" in n for n in d["notes"]), d
+'; then
+        echo "FAIL: tierctl plan --bench: $out"; fails=$((fails + 1))
+fi
+usage_error "cannot read --bench" --no-tierd --bench /nonexistent/bench.json --params 13B $HW
+usage_error "both --vram-limit and --host-limit" --no-tierd --no-bench --params 13B $HW --vram-limit 1G
+usage_error "--phase-times '1,2'" --no-tierd --params 13B $HW --phase-times 1,2
+usage_error "cannot hold two backward phases" --no-tierd --no-bench --params 8M --blocks 8 --vram-limit 1M \
+        --host-limit 64M --drives 1 --drive-read 1 --drive-write 1 --link 1 --tflops 1
 [ "$fails" -eq 0 ] && echo "ok" 
 exit $((fails != 0))

@@ -11,9 +11,13 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "client/tierctl/jsonget.h"
+#include "client/tierctl/planhw.h"
 #include "client/tierctl/planner.h"
+#include "client/tierctl/plansim.h"
 
 #define GIB (UINT64_C(1) << 30)
+#define MIB (UINT64_C(1) << 20)
 
 /* @a equals @b to a relative 1e-9. */
 #define assert_near(a, b) do {                                                          \
@@ -363,6 +367,212 @@ static void test_parse(void **state) {
         assert_int_equal(plan_parse_count(NULL, &v), -EINVAL);
 }
 
+/* --compute-s replaces the FLOP count; --link-shared adds the directions: 52 + 26 GB at 25 GB/s = 3.12 s. */
+static void test_compute_s_shared_link(void **state) {
+        PlanInput in;
+        PlanResult r;
+
+        (void) state;
+        input_13b(&in);
+        in.tflops = 0;
+        in.compute_s = 10;
+        in.link_shared = true;
+        compute_ok(&in, &r);
+        assert_near(r.t_compute, 10);
+        assert_near(r.placements[PLAN_PLACEMENT_B].t_link, 78e9 / 25e9);
+        in.link_shared = false;
+        compute_ok(&in, &r);
+        assert_near(r.placements[PLAN_PLACEMENT_B].t_link, 52e9 / 25e9);
+}
+
+/*
+ * Replay under budgets that hold everything: after warm-up nothing goes to
+ * NVMe; the optimizer rewrites the weights in host, so each step they go
+ * down once (the backward pass finds them still in VRAM) and the gradients
+ * come up once: 4 layers of 1 MiB each way.
+ */
+static void test_replay_fits(void **state) {
+        PlanSimInput in = { .layers = 4, .weights = MIB, .grads = MIB, .opt = MIB,
+                            .vram_limit = 64 * MIB, .host_limit = 64 * MIB };
+        PlanSimResult r;
+        char err[256];
+
+        (void) state;
+        assert_int_equal(plan_simulate(&in, &r, err, sizeof(err)), 0);
+        assert_near(r.link_down, 4.0 * MIB);
+        assert_near(r.link_up, 4.0 * MIB);
+        assert_near(r.nvme_read, 0);
+        assert_near(r.nvme_write, 0);
+}
+
+/*
+ * The timeline benchmark's budgets (8 layers of 4 MiB P, G, O; VRAM 24 MiB,
+ * host 48 MiB): every tensor is rewritten each step and at most 72 MiB fit
+ * above NVMe, so at least 24 MiB go down and come back per step; and no more
+ * than streaming all 96 MiB.  The link moves at least the weights down and
+ * the gradients up (64 MiB).  Lower budgets never move less.
+ */
+static void test_replay_timeline(void **state) {
+        PlanSimInput in = { .layers = 8, .weights = 4.0 * MIB, .grads = 4.0 * MIB, .opt = 4.0 * MIB,
+                            .vram_limit = 24 * MIB, .host_limit = 48 * MIB,
+                            .fwd_s = 0.016, .bwd_s = 0.034, .opt_s = 0.016 };
+        PlanSimResult r, lower;
+        char err[256];
+
+        (void) state;
+        assert_int_equal(plan_simulate(&in, &r, err, sizeof(err)), 0);
+        assert_true(r.nvme_read >= 24.0 * MIB && r.nvme_read <= 96.0 * MIB);
+        assert_true(r.nvme_write >= 24.0 * MIB && r.nvme_write <= 96.0 * MIB);
+        assert_true(r.link_down + r.link_up >= 64.0 * MIB);
+        in.host_limit = 32 * MIB;
+        assert_int_equal(plan_simulate(&in, &lower, err, sizeof(err)), 0);
+        assert_true(lower.nvme_read >= r.nvme_read && lower.nvme_write >= r.nvme_write);
+}
+
+static void test_replay_refused(void **state) {
+        PlanSimInput in = { .layers = 8, .weights = 4.0 * MIB, .grads = 4.0 * MIB, .opt = 4.0 * MIB,
+                            .vram_limit = 8 * MIB, .host_limit = 48 * MIB };
+        PlanSimResult r;
+        char err[256] = "";
+
+        (void) state;
+        assert_int_equal(plan_simulate(&in, &r, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--vram-limit"));
+        in.vram_limit = 24 * MIB;
+        in.host_limit = 16 * MIB;
+        assert_int_equal(plan_simulate(&in, &r, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--host-limit"));
+        in.host_limit = 48 * MIB;
+        in.layers = 0;
+        assert_int_equal(plan_simulate(&in, &r, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--layers"));
+}
+
+/* Budgets through plan_validate(): both or neither, layers and drives needed. */
+static void test_validate_limits(void **state) {
+        PlanInput in;
+        char err[256];
+
+        (void) state;
+        input_13b(&in);
+        in.vram_limit = GIB;
+        assert_int_equal(plan_validate(&in, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "both --vram-limit and --host-limit"));
+        in.host_limit = 4 * GIB;
+        assert_int_equal(plan_validate(&in, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--blocks"));
+        in.blocks = 40;
+        assert_int_equal(plan_validate(&in, err, sizeof(err)), 0);
+        in.drives = 0;
+        assert_int_equal(plan_validate(&in, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "needs the drives"));
+        in.drives = 1;
+        in.tflops = 0;
+        assert_int_equal(plan_validate(&in, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--compute-s"));
+}
+
+static void test_jsonget(void **state) {
+        const char *doc = " {\"a\": [1, {\"b\": \"x\\\"y\"}, null], \"c\": {\"d\": -2.5e3, \"e\": true},"
+                          " \"s\": \"}]\", \"n\": null}";
+        double v;
+        size_t n;
+        int b;
+        char buf[8];
+
+        (void) state;
+        assert_int_equal(jget_number(doc, "a.0", &v), 0);
+        assert_near(v, 1);
+        assert_int_equal(jget_number(doc, "c.d", &v), 0);
+        assert_near(v, -2500);
+        assert_int_equal(jget_string(doc, "a.1.b", buf, sizeof(buf)), 0);
+        assert_string_equal(buf, "x\"y");
+        assert_int_equal(jget_string(doc, "s", buf, sizeof(buf)), 0);
+        assert_string_equal(buf, "}]");
+        assert_int_equal(jget_string(doc, "a.1.b", buf, 3), -ENOSPC);
+        assert_int_equal(jget_length(doc, "a", &n), 0);
+        assert_int_equal(n, 3);
+        assert_int_equal(jget_length(doc, "c", &n), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(jget_bool(doc, "c.e", &b), 0);
+        assert_int_equal(b, 1);
+        assert_int_equal(jget_number(doc, "n", &v), -ENODATA);
+        assert_int_equal(jget_number(doc, "a.2", &v), -ENODATA);
+        assert_int_equal(jget_number(doc, "a.3", &v), -ENOENT);
+        assert_int_equal(jget_number(doc, "x", &v), -ENOENT);
+        assert_int_equal(jget_number(doc, "s", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": [1, 2", "b", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\" 1}", "a", &v), -EINVAL);
+        assert_int_equal(jget_length("[[[[", "", &n), -EINVAL);
+}
+
+/* tests/unit/data/bench-fixture.json, inline */
+static const char bench_doc[] =
+        "{\"bench\":\"storage\",\"version\":1,\"time\":\"2026-12-01T20:00:00Z\",\"size\":1073741824,"
+        "\"targets\":[{\"name\":\"t0\",\"path\":\"/a\",\"scratch\":\"/a/s\",\"link_gbps\":4.0},"
+        "{\"name\":\"t1\",\"path\":\"/b\",\"scratch\":\"/b/s\",\"link_gbps\":null}],"
+        "\"cells\":[{\"target\":\"t0\",\"op\":\"read\",\"bs\":131072,\"qd\":1,\"gbps\":1.5,\"suspect\":false},"
+        "{\"target\":\"striped\",\"op\":\"read\",\"bs\":1048576,\"qd\":32,\"gbps\":6.0,\"suspect\":false},"
+        "{\"target\":\"striped\",\"op\":\"read\",\"bs\":8388608,\"qd\":64,\"gbps\":12.0,\"suspect\":true},"
+        "{\"target\":\"striped\",\"op\":\"write\",\"bs\":1048576,\"qd\":32,\"gbps\":5.0,\"suspect\":false}],"
+        "\"best\":{},\"per_target_best\":[],\"fio\":null,\"sustained\":%s}";
+
+/* The best striped non-suspect cell over the targets; the sustained write rate when there is one. */
+static void test_bench_results(void **state) {
+        char doc[sizeof(bench_doc) + 64], err[256];
+        PlanBenchFigures f;
+
+        (void) state;
+        (void) snprintf(doc, sizeof(doc), bench_doc, "{\"target\":\"striped\",\"gbps_last\":2.0}");
+        assert_int_equal(planhw_bench(doc, &f, err, sizeof(err)), 0);
+        assert_int_equal(f.targets, 2);
+        assert_near(f.read_gbs, 3.0);           /* 6.0 striped / 2; 12.0 is suspect */
+        assert_near(f.write_gbs, 1.0);          /* sustained 2.0 striped / 2 */
+        assert_true(f.write_sustained);
+        (void) snprintf(doc, sizeof(doc), bench_doc, "{\"target\":\"t0\",\"gbps_last\":2.0}");
+        assert_int_equal(planhw_bench(doc, &f, err, sizeof(err)), 0);
+        assert_near(f.write_gbs, 2.0);          /* sustained on one drive */
+        (void) snprintf(doc, sizeof(doc), bench_doc, "null");
+        assert_int_equal(planhw_bench(doc, &f, err, sizeof(err)), 0);
+        assert_near(f.write_gbs, 2.5);
+        assert_false(f.write_sustained);
+        assert_int_equal(planhw_bench("{\"bench\":\"io\"}", &f, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "not `tierctl bench` results"));
+        assert_int_equal(planhw_bench("{\"bench\":\"storage\",\"version\":2}", &f, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "version"));
+        /* one target, no striped cells: its own best */
+        assert_int_equal(planhw_bench("{\"bench\":\"storage\",\"version\":1,\"targets\":[{}],\"cells\":["
+                                      "{\"target\":\"t0\",\"op\":\"read\",\"gbps\":3.5,\"suspect\":false},"
+                                      "{\"target\":\"t0\",\"op\":\"write\",\"gbps\":3.0}]}", &f, err, sizeof(err)), 0);
+        assert_int_equal(f.targets, 1);
+        assert_near(f.read_gbs, 3.5);
+        assert_near(f.write_gbs, 3.0);
+        assert_int_equal(planhw_bench("{\"bench\":\"storage\",\"version\":1,\"targets\":[{}],\"cells\":["
+                                      "{\"target\":\"t0\",\"op\":\"read\",\"gbps\":3.5,\"suspect\":true}]}",
+                                      &f, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "not suspect"));
+}
+
+static void test_tierd_status(void **state) {
+        const char *doc = "{\"version\":\"0.1.0\",\"tiers\":["
+                "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":25165824,\"bandwidth\":1000000000},"
+                "{\"tier\":\"host\",\"backend\":\"memfd\",\"capacity\":50331648,\"bandwidth\":0},"
+                "{\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":1073741824,\"bandwidth\":400000000}],"
+                "\"links\":[],\"targets\":[{\"path\":\"/t0\"},{\"path\":\"/t1\"}]}";
+        PlanTierdFigures f;
+        char err[256];
+
+        (void) state;
+        assert_int_equal(planhw_tierd(doc, &f, err, sizeof(err)), 0);
+        assert_int_equal(f.vram_bytes, 24 * MIB);
+        assert_int_equal(f.host_bytes, 48 * MIB);
+        assert_int_equal(f.targets, 2);
+        assert_int_equal(f.nvme_bandwidth, 400000000);
+        assert_int_equal(f.vram_bandwidth, 1000000000);
+        assert_true(f.vram_emulated);
+        assert_int_equal(planhw_tierd("{\"version\":\"x\"}", &f, err, sizeof(err)), -EINVAL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_state_13b),
@@ -375,6 +585,14 @@ int main(void) {
                 cmocka_unit_test(test_decision_tree),
                 cmocka_unit_test(test_validate),
                 cmocka_unit_test(test_parse),
+                cmocka_unit_test(test_compute_s_shared_link),
+                cmocka_unit_test(test_replay_fits),
+                cmocka_unit_test(test_replay_timeline),
+                cmocka_unit_test(test_replay_refused),
+                cmocka_unit_test(test_validate_limits),
+                cmocka_unit_test(test_jsonget),
+                cmocka_unit_test(test_bench_results),
+                cmocka_unit_test(test_tierd_status),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);

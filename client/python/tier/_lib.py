@@ -196,6 +196,15 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
     "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
     "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
+    # tracing (tierctl trace; not wrapped in Python)
+    "tier_trace_start": (c_int, [_client_p, c_uint, c_uint]),
+    "tier_trace_stop": (c_int, [_client_p, POINTER(c_void_p)]),
+    "tier_trace_records": (c_size_t, [c_void_p]),
+    "tier_trace_dropped": (c_uint64, [c_void_p]),
+    "tier_trace_link_bytes": (c_uint64, [c_void_p, c_int]),
+    "tier_trace_traced_bytes": (c_uint64, [c_void_p, c_int]),
+    "tier_trace_write_json": (c_int, [c_void_p, c_int]),
+    "tier_trace_free": (c_void_p, [c_void_p]),
     # names
     "tier_strerror": (c_char_p, [c_int]),
     "tier_level_name": (c_char_p, [c_int]),

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/* trace.c: tierctl trace: record what tierd does for N seconds and write it as Chrome Trace Event JSON. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tier.h>
+
+#include "client/tierctl/tierctl.h"
+#include "util/json.h"
+#include "util/time-util.h"
+
+void trace_help(FILE *f) {
+        fprintf(f,
+                "Usage: tierctl trace [--seconds N] -o FILE [--buffer RECORDS] [--json-summary]\n"
+                "\n"
+                "Record every transfer (link, job, tensor, bytes, queued/start/end), every plan's\n"
+                "phases and stalls and the scheduler's decisions (prefetches, victims and why) for\n"
+                "N seconds, and write them to FILE (\"-\": standard output) as Chrome Trace Event\n"
+                "JSON: open it in https://ui.perfetto.dev or chrome://tracing.  Ctrl-C stops early\n"
+                "and still writes the file.  Root or group tier-admin only; one trace at a time.\n"
+                "\n"
+                "  --seconds N          how long to record (1..3600, default 10)\n"
+                "  -o, --output FILE    where to write the JSON (required)\n"
+                "  --buffer RECORDS     records tierd keeps (default: tierd.conf's [trace] buffer);\n"
+                "                       beyond it records are dropped and counted\n"
+                "  --json-summary       print a JSON summary (records, dropped, bytes per link)\n");
+}
+
+/* Wait @seconds, or until SIGINT/SIGTERM (blocked by the caller). */
+static void wait_or_signal(const sigset_t *set, unsigned seconds) {
+        uint64_t until = now_ns() + (uint64_t) seconds * NSEC_PER_SEC;
+
+        for (;;) {
+                uint64_t now = now_ns();
+                struct timespec ts;
+
+                if (now >= until)
+                        return;
+                ts.tv_sec = (time_t) ((until - now) / NSEC_PER_SEC);
+                ts.tv_nsec = (long) ((until - now) % NSEC_PER_SEC);
+                if (sigtimedwait(set, NULL, &ts) >= 0)
+                        return;         /* Ctrl-C: stop early */
+                if (errno != EINTR)
+                        return;         /* EAGAIN: the time is up */
+        }
+}
+
+static void print_summary(const char *file, const tier_trace *t) {
+        if (arg_json && strcmp(file, "-") != 0) {       /* on stdout, the trace itself goes there */
+                JsonWriter w = JSON_WRITER_NULL;
+
+                json_object_begin(&w);
+                json_key(&w, "file");
+                json_string(&w, file);
+                json_key(&w, "records");
+                json_uint(&w, tier_trace_records(t));
+                json_key(&w, "dropped");
+                json_uint(&w, tier_trace_dropped(t));
+                json_key(&w, "links");
+                json_object_begin(&w);
+                for (int l = 0; l < TIER_LINKS; l++) {
+                        json_key(&w, tier_link_name(l));
+                        json_object_begin(&w);
+                        json_key(&w, "counted");
+                        json_uint(&w, tier_trace_link_bytes(t, l));
+                        json_key(&w, "traced");
+                        json_uint(&w, tier_trace_traced_bytes(t, l));
+                        json_object_end(&w);
+                }
+                json_object_end(&w);
+                json_object_end(&w);
+                (void) json_print(&w);
+                return;
+        }
+        fprintf(stderr, "Wrote %s: %zu record(s), %" PRIu64 " dropped%s\n", file, tier_trace_records(t),
+                tier_trace_dropped(t), tier_trace_dropped(t) ? " (the buffer was full: try a larger --buffer)" : "");
+        for (int l = 0; l < TIER_LINKS; l++)
+                fprintf(stderr, "  %-10s  %" PRIu64 " bytes traced, %" PRIu64 " counted by tierd\n", tier_link_name(l),
+                        tier_trace_traced_bytes(t, l), tier_trace_link_bytes(t, l));
+}
+
+int verb_trace(int argc, char **argv) {
+        enum { ARG_SECONDS = 0x100, ARG_BUFFER, ARG_JSON_SUMMARY };
+        static const struct option options[] = {
+                { "seconds",      required_argument, NULL, ARG_SECONDS },
+                { "output",       required_argument, NULL, 'o' },
+                { "buffer",       required_argument, NULL, ARG_BUFFER },
+                { "json-summary", no_argument,       NULL, ARG_JSON_SUMMARY },
+                { "json",         no_argument,       NULL, ARG_JSON_SUMMARY },
+                { "help",         no_argument,       NULL, 'h' },
+                {}
+        };
+        unsigned long seconds = 10, buffer = 0;
+        const char *out = NULL;
+        tier_client *c = NULL;
+        tier_trace *t = NULL;
+        sigset_t set, old;
+        int opt, fd = -1, r, ret = EXIT_FAILURE;
+        char *end;
+
+        optind = 0;
+        opterr = 0;
+        while ((opt = getopt_long(argc, argv, ":ho:", options, NULL)) >= 0)
+                switch (opt) {
+                case ARG_SECONDS:
+                        errno = 0;
+                        seconds = strtoul(optarg, &end, 10);
+                        if (errno || *end || end == optarg || seconds < 1 || seconds > 3600) {
+                                fprintf(stderr, "tierctl trace: --seconds '%s' is not a number of seconds from 1 "
+                                        "to 3600\n", optarg);
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case ARG_BUFFER:
+                        errno = 0;
+                        buffer = strtoul(optarg, &end, 10);
+                        if (errno || *end || end == optarg || buffer < 1 || buffer > 1024 * 1024) {
+                                fprintf(stderr, "tierctl trace: --buffer '%s' is not a number of records from 1 "
+                                        "to 1048576\n", optarg);
+                                return EXIT_USAGE;
+                        }
+                        break;
+                case 'o':
+                        out = optarg;
+                        break;
+                case ARG_JSON_SUMMARY:
+                        arg_json = 1;
+                        break;
+                case 'h':
+                        trace_help(stdout);
+                        return EXIT_SUCCESS;
+                default:
+                        return verb_bad_option("trace", opt, argv);
+                }
+        if (optind < argc) {
+                fprintf(stderr, "tierctl trace: unexpected argument '%s'\n", argv[optind]);
+                return EXIT_USAGE;
+        }
+        if (!out || !*out) {
+                fprintf(stderr, "tierctl trace: no output file given (tierctl trace -o trace.json)\n");
+                return EXIT_USAGE;
+        }
+        if (strcmp(out, "-") == 0) {
+                fd = STDOUT_FILENO;
+        } else {
+                fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (fd < 0) {
+                        fprintf(stderr, "tierctl trace: cannot open '%s' for writing: %m\n", out);
+                        return EXIT_FAILURE;
+                }
+        }
+        if (connect_control(&c) < 0)
+                goto finish;
+
+        /* Ctrl-C (or a TERM) ends the wait, not tierctl: the trace is still read and written */
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigprocmask(SIG_BLOCK, &set, &old);
+        r = tier_trace_start(c, (unsigned) seconds, (unsigned) buffer);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
+                goto restore;
+        }
+        /* on stderr even with --json-summary: it says when the recording runs */
+        fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
+        wait_or_signal(&set, (unsigned) seconds);
+        r = tier_trace_stop(c, &t);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: reading the trace failed: %s\n", why(c, r));
+                goto restore;
+        }
+        r = tier_trace_write_json(t, fd);
+        if (r < 0) {
+                fprintf(stderr, "tierctl trace: cannot write '%s': %s\n", out, strerror(-r));
+                goto restore;
+        }
+        if (fd != STDOUT_FILENO && fsync(fd) < 0 && errno != EINVAL) {
+                fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
+                goto restore;
+        }
+        print_summary(out, t);
+        ret = EXIT_SUCCESS;
+restore:
+        sigprocmask(SIG_SETMASK, &old, NULL);
+finish:
+        tier_trace_free(t);
+        tier_client_free(c);
+        if (fd > STDOUT_FILENO && close(fd) < 0 && ret == EXIT_SUCCESS) {
+                fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
+                ret = EXIT_FAILURE;
+        }
+        if (ret != EXIT_SUCCESS && fd > STDOUT_FILENO)
+                (void) unlink(out);
+        return ret;
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""bench/run all (bench/report.py): results JSON, markdown summary, gnuplot PNGs; a real quick run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import tierd
+
+SOURCE = os.environ.get("TIER_SOURCE", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+RUN = os.path.join(SOURCE, "bench", "run")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fixture() -> dict:
+    cells = []
+    for op in ("read", "write"):
+        for bs in (131072, 1048576):
+            for qd in (1, 4, 16):
+                cells.append({"target": "striped", "op": op, "bs": bs, "qd": qd,
+                              "gbps": 0.1 * qd * (bs / 131072) ** 0.5, "iops": 1000.0, "lat_us_p50": 100.0,
+                              "suspect": op == "read" and qd == 16 and bs == 1048576})
+    tl = [{"bench": "timeline", "config": "balanced", "policy": p, "step_s": s, "lower_bound_s": b,
+           "capacity_bound_s": c, "ratio": s / b, "nvme_read_gb": 0.1, "nvme_write_gb": 0.05, "stall_s": 0.01,
+           "verified": True}
+          for p, s, b, c in (("timeline", 0.58, 0.54, 0.53), ("lru", 1.02, 0.6, 0.53))]
+    return {"kind": "tierd-bench-results", "version": 1, "time": "2026-12-01T00:00:00+00:00",
+            "host": {"cpus": 2, "kernel": "6.1", "commit": "abc1234"}, "options": {},
+            "results": {"timeline": tl,
+                        "storage": {"bench": "storage", "version": 1, "cells": cells,
+                                    "best": {"read": {"target": "striped", "bs": 1048576, "qd": 16, "gbps": 0.8},
+                                             "write": {"target": "striped", "bs": 1048576, "qd": 16,
+                                                       "gbps": 0.6}},
+                                    "fio": {"read_gbps": 0.82, "write_gbps": 0.61, "bs": 1048576, "qd": 16}},
+                        "ipc": [{"bench": "ipc", "pin_rtt_us_p50": 30.0, "raw_rtt_us_p50": 10.0, "pin_vs_raw": 3.0,
+                                 "ops_per_s": 90000.0, "raw_ops_per_s": 300000.0, "ops_vs_raw": 0.3}]},
+            "failed": {"torch": "bench/run torch exited with status 1"}}
+
+
+def run_all(*args: str, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    p = subprocess.run([RUN, "all", *args], capture_output=True, text=True, check=False, timeout=300)
+    if check_rc is not None and p.returncode != check_rc:
+        raise AssertionError(f"bench/run all {' '.join(args)}: exit {p.returncode}, expected {check_rc}\n"
+                             f"stdout: {p.stdout}\nstderr: {p.stderr}")
+    return p
+
+
+class TestReport(unittest.TestCase):
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tier-report-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_render_from_results(self) -> None:
+        """--from: the summary has every benchmark's table and the failure; the plots are PNGs."""
+        path = os.path.join(self.dir, "results.json")
+        with open(path, "w") as f:
+            json.dump(fixture(), f)
+        # the results had a failed benchmark: exit 1, everything still written
+        run_all("--from", path, check_rc=1)
+        with open(os.path.join(self.dir, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("**torch failed:** bench/run torch exited with status 1", md)
+        self.assertIn("## Storage sweep (tierctl bench)", md)
+        self.assertIn("12 cells, 1 above the link speed (suspect)", md)
+        self.assertIn("| read | striped | 1048576 | 16 | 0.800 | 0.820 |", md)
+        self.assertIn("| lru | 1.020 | 0.600 | 0.530 |", md)
+        self.assertIn("| round trip p50 (µs) | 30.000 | 10.000 | 3.000 |", md)
+        if shutil.which("gnuplot") is None:
+            self.skipTest("gnuplot is not installed (./scripts/test installs gnuplot-nox)")
+        for png in ("storage-sweep.png", "timeline.png"):
+            with open(os.path.join(self.dir, png), "rb") as f:
+                self.assertEqual(f.read(8), PNG_MAGIC, png)
+            self.assertIn(f"]({png})", md)
+        with open(path) as f:
+            self.assertEqual(json.load(f)["plots"], ["storage-sweep.png", "timeline.png"])
+        # two series per panel: one line per block size in the data file
+        with open(os.path.join(self.dir, "storage-sweep.dat")) as f:
+            self.assertEqual(f.read().count("# "), 4)
+
+    def test_errors(self) -> None:
+        p = run_all("--kinds", "io,disk", check_rc=2)
+        self.assertIn('unknown benchmark "disk"', p.stderr)
+        p = run_all("--from", os.path.join(self.dir, "missing.json"), check_rc=2)
+        self.assertIn("cannot read", p.stderr)
+        other = os.path.join(self.dir, "other.json")
+        with open(other, "w") as f:
+            json.dump({"bench": "io"}, f)
+        p = run_all("--from", other, check_rc=2)
+        self.assertIn("is not a results file of bench/run all", p.stderr)
+
+    @unittest.skipUnless(os.geteuid() == 0, "bench/run needs root (it mlocks tierd's host pool)")
+    def test_quick_run(self) -> None:
+        """A real run of one benchmark through bench/run, collected into the results."""
+        out = os.path.join(self.dir, "out")
+        env_dir = tempfile.mkdtemp(prefix="tier-report-run-", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, env_dir, True)
+        run_all("--kinds", "ipc", "--quick", "--no-plots", "--dir", env_dir, "--out", out)
+        with open(os.path.join(out, "results.json")) as f:
+            res = json.load(f)
+        self.assertEqual(res["failed"], {})
+        (ipc,) = res["results"]["ipc"]
+        self.assertEqual(ipc["bench"], "ipc")
+        self.assertGreater(ipc["raw_ops_per_s"], 0)
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("## Requests vs a raw socket (bench-ipc)", f.read())
+
+
+if __name__ == "__main__":
+    tierd.main()
