@@ -13,7 +13,7 @@
  * The job itself (its tensors and plan, the pattern it checks and stamps in
  * every phase, the link counters read from tierd's status) is
  * timeline-job.c; the fair-share run (--fair) is timeline-fair.c.  This file
- * reads the arguments and runs the single job.
+ * reads the arguments, builds the plan and runs the single job.
  *
  * Single job (the default): --warmup steps, then --steps timed steps.  A
  * step is the time between two tier_phase(c, 0) calls.  Around the timed
@@ -23,7 +23,16 @@
  * run: max(compute, NVMe bytes / NVMe bandwidth, host<->VRAM bytes / link
  * bandwidth), with the bytes this run actually moved per step (reads and
  * writes share a throttled NVMe target, and both directions share the
- * emulated VRAM link).  ratio = step_s / lower_bound_s.
+ * emulated VRAM link).  ratio = step_s / lower_bound_s.  The capacity-aware
+ * bound has the same form with the fewest bytes any schedule of the plan
+ * needs under the job's limits (capbound.c) instead of the bytes moved:
+ * ratio_capacity = step_s / capacity_bound_s; capacity_floor_s is the same
+ * from capbound_floor()'s proven bytes, never above the best possible.
+ *
+ * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
+ * the plan at once (same_run() in timeline-fair.c) and reports them as one
+ * line, the bytes of all and the slowest job's step; --capbound prints the
+ * fewest bytes alone.
  *
  * One JSON line on stdout per run; progress on stderr.  Nothing is asserted.
  */
@@ -31,6 +40,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,30 +49,172 @@
 
 #include <tier.h>
 
+#include "bench/capbound.h"
 #include "bench/common.h"
 #include "bench/timeline-fair.h"
 #include "bench/timeline-job.h"
+#include "bench/timeline-plan.h"
 #include "bench/timeline-status.h"
 #include "bench/timeline.h"
 #include "proto/macro.h"
 #include "util/size.h"
 #include "util/time-util.h"
 
-/* ---- single job ------------------------------------------------------------------ */
+/* ---- the capacity-aware bound ------------------------------------------------------ */
+
+/* Fewest bytes per step of @a's plan under these limits (capbound_min()); logs why not. */
+static int plan_min_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *nvme, CbBytes *link,
+                          CbBytes *floor) {
+        CbPlan cb = tl_plan_cb(a->plan);
+        int r = capbound_min(&cb, vram, host, nvme, link);
+
+        if (r >= 0)
+                r = capbound_floor(&cb, vram, host, floor);
+        if (r < 0)
+                bench_log("no capacity-aware bound: %s", r == -E2BIG ?
+                          "one phase needs more than the job's limits hold" : strerror(-r));
+        return r;
+}
+
+/* --capbound VRAM,HOST: the fewest bytes per step alone, no tierd needed (bench/run --matrix scales compute by it). */
+static int run_capbound(const Args *a) {
+        CbBytes n, l, f;
+        BenchJson js;
+        int r = plan_min_bytes(a, a->cb_vram, a->cb_host, &n, &l, &f);
+
+        if (r < 0)
+                return r;
+        bench_json_init(&js, "capbound");
+        bench_json_string(&js, "plan", a->plan->name);
+        bench_json_u64(&js, "phases", a->plan->n_phases);
+        bench_json_u64(&js, "tensors", a->plan->n_tensors);
+        bench_json_u64(&js, "plan_bytes", tl_plan_bytes(a->plan));
+        bench_json_u64(&js, "vram_limit", a->cb_vram);
+        bench_json_u64(&js, "host_limit", a->cb_host);
+        /* whole bytes (a mean over a cycle of several steps is rounded) */
+        bench_json_u64(&js, "min_nvme_read_bytes", (uint64_t) llround(n.nvme_read));
+        bench_json_u64(&js, "min_nvme_write_bytes", (uint64_t) llround(n.nvme_write));
+        bench_json_u64(&js, "min_link_bytes", (uint64_t) llround(l.link_up + l.link_down));
+        bench_json_u64(&js, "floor_nvme_bytes", (uint64_t) llround(f.nvme_read + f.nvme_write));
+        bench_json_u64(&js, "floor_link_bytes", (uint64_t) llround(f.link_up + f.link_down));
+        return bench_json_print(&js);
+}
+
+/* ---- the result line --------------------------------------------------------------- */
 
 static double per_step_gb(uint64_t bytes, uint64_t steps) {
         return (double) bytes / (double) steps / 1e9;
 }
 
+/*
+ * Both bounds and the JSON line of a timed run of @res->jobs jobs.  The
+ * capacity-aware bound takes the compute asked for (the busy loops), not
+ * compute_s as measured: that adds the phase grants (a round trip to a busy
+ * tierd when a segment is new to the job), checks and stamps, time the
+ * system costs and a bound must not grant it.  With
+ * several jobs (each its own limits, the links shared) a "step" is every
+ * job doing one step: the bytes are the window's over --steps, the bound is
+ * max(compute of one job, all jobs' least NVMe bytes / NVMe bandwidth, all
+ * jobs' least link bytes / link bandwidth), and step_s the slowest job's
+ * median step.
+ */
+static int report(const Args *a, const StepResult *res) {
+        CbBytes min_n = {}, min_l = {}, fl = {};
+        double floor_s = NAN, n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
+        uint64_t nvme_r = res->nvme_read, nvme_w = res->nvme_write, link_b = res->link;
+        BenchJson js;
+        int r;
+
+        for (size_t k = 0; k < res->jobs; k++)
+                step_med = MAX(step_med, res->step_s[k]);
+        /* the busy loops of a step: the compute asked for (compute_s adds the grants, checks and stamps) */
+        for (size_t k = 0; k < a->plan->n_phases; k++)
+                asked += (double) (a->plan->kind[k] == TL_FWD ? a->fwd_us : a->plan->kind[k] == TL_BWD ? a->bwd_us :
+                                   a->opt_us) / 1e6;
+        nvme_s = a->nvme_bw ? (double) (nvme_r + nvme_w) / (double) a->steps / ((double) a->nvme_bw * (double) a->targets)
+                            : 0;
+        link_s = a->link_bw ? (double) link_b / (double) a->steps / (double) a->link_bw : 0;
+        bound = MAX(res->compute_s, MAX(nvme_s, link_s));
+        if (plan_min_bytes(a, res->vram_limit, res->host_limit, &min_n, &min_l, &fl) >= 0) {
+                cap_bound = MAX(asked,
+                                MAX(a->nvme_bw ? n_jobs * (min_n.nvme_read + min_n.nvme_write) /
+                                                 ((double) a->nvme_bw * (double) a->targets) : 0,
+                                    a->link_bw ? n_jobs * (min_l.link_up + min_l.link_down) / (double) a->link_bw : 0));
+                floor_s = MAX(asked, MAX(a->nvme_bw ? n_jobs * (fl.nvme_read + fl.nvme_write) /
+                                                      ((double) a->nvme_bw * (double) a->targets) : 0,
+                                         a->link_bw ? n_jobs * (fl.link_up + fl.link_down) / (double) a->link_bw : 0));
+        }
+        bench_log("policy %s: step %.3f s (mean %.3f), bound %.3f s (compute %.3f, nvme %.3f, link %.3f), "
+                  "capacity-aware bound %.3f s (at least %.3f GB NVMe, %.3f GB link a step), stall %.3f s/step, "
+                  "verified %s", res->policy, step_med, res->step_mean, bound, res->compute_s, nvme_s, link_s,
+                  cap_bound, n_jobs * (min_n.nvme_read + min_n.nvme_write) / 1e9,
+                  n_jobs * (min_l.link_up + min_l.link_down) / 1e9, res->stall_s, res->verified ? "yes" : "NO");
+
+        bench_json_init(&js, "timeline");
+        if (a->config)
+                bench_json_string(&js, "config", a->config);
+        bench_json_string(&js, "policy", res->policy);
+        bench_json_double(&js, "step_s", step_med);
+        bench_json_double(&js, "lower_bound_s", bound);
+        bench_json_double(&js, "ratio", step_med / bound);
+        bench_json_double(&js, "step_s_mean", res->step_mean);
+        bench_json_double(&js, "stall_s", res->stall_s);
+        bench_json_double(&js, "compute_s", res->compute_s);
+        bench_json_double(&js, "nvme_s", nvme_s);
+        bench_json_double(&js, "link_s", link_s);
+        bench_json_double(&js, "nvme_read_gb", per_step_gb(nvme_r, a->steps));
+        bench_json_double(&js, "nvme_write_gb", per_step_gb(nvme_w, a->steps));
+        bench_json_double(&js, "link_gb", per_step_gb(link_b, a->steps));
+        bench_json_double(&js, "target_read_gb", per_step_gb(res->target_read, a->steps));
+        bench_json_double(&js, "target_write_gb", per_step_gb(res->target_write, a->steps));
+        bench_json_bool(&js, "verified", res->verified);
+        bench_json_u64(&js, "words_checked", res->words_checked);
+        bench_json_u64(&js, "steps", a->steps);
+        bench_json_u64(&js, "warmup", a->warmup);
+        bench_json_u64(&js, "layers", a->layers);
+        bench_json_u64(&js, "param_bytes", a->p_size);
+        bench_json_u64(&js, "grad_bytes", a->g_size);
+        bench_json_u64(&js, "opt_bytes", a->o_size);
+        bench_json_u64(&js, "vram_limit", res->vram_limit);
+        bench_json_u64(&js, "host_limit", res->host_limit);
+        bench_json_u64(&js, "nvme_bw", a->nvme_bw);
+        bench_json_u64(&js, "nvme_targets", a->targets);
+        bench_json_u64(&js, "link_bw", a->link_bw);
+        bench_json_u64(&js, "fwd_us", a->fwd_us);
+        bench_json_u64(&js, "bwd_us", a->bwd_us);
+        bench_json_u64(&js, "opt_us", a->opt_us);
+        bench_json_double(&js, "capacity_bound_s", cap_bound);
+        bench_json_double(&js, "ratio_capacity", step_med / cap_bound);
+        bench_json_double(&js, "min_nvme_read_gb", n_jobs * min_n.nvme_read / 1e9);
+        bench_json_double(&js, "min_nvme_write_gb", n_jobs * min_n.nvme_write / 1e9);
+        bench_json_double(&js, "min_link_gb", n_jobs * (min_l.link_up + min_l.link_down) / 1e9);
+        bench_json_double(&js, "compute_asked_s", asked);
+        bench_json_double(&js, "capacity_floor_s", floor_s);
+        bench_json_double(&js, "floor_nvme_gb", n_jobs * (fl.nvme_read + fl.nvme_write) / 1e9);
+        bench_json_double(&js, "floor_link_gb", n_jobs * (fl.link_up + fl.link_down) / 1e9);
+        bench_json_u64(&js, "jobs", res->jobs);
+        bench_json_string(&js, "plan", a->plan->name);
+        if (res->jobs > 1)
+                bench_json_double_array(&js, "step_s_jobs", res->step_s, res->jobs);
+        /* every step while the line stays short */
+        if (a->steps <= 64 && res->step_s_all)
+                bench_json_double_array(&js, "step_s_all", res->step_s_all, a->steps);
+        r = bench_json_print(&js);
+        if (r < 0)
+                bench_log("printing the result: %s", strerror(-r));
+        return r;
+}
+
+/* ---- single job ------------------------------------------------------------------ */
+
 static int run_single(const Args *a) {
         _cleanup_free_ double *step_s = NULL;
+        StepResult res = { .jobs = 1 };
         Job *j = NULL;
         Counters c0, c1;
-        char policy[32] = "", job[64];
+        char job[64];
         uint64_t t0, t_end, compute0, words0;
-        double stall0, stall_s, compute_s, nvme_s, link_s, bound, step_med, step_mean;
-        uint64_t nvme_r, nvme_w, link_b, tgt_r, tgt_w;
-        BenchJson js;
+        double stall0;
         int r;
 
         step_s = calloc(a->steps, sizeof(double));
@@ -73,10 +225,12 @@ static int run_single(const Args *a) {
         r = job_new(a, a->job ? a->job : job, (unsigned) a->weight, &j);
         if (r < 0)
                 return r;
-        bench_log("job %s: %" PRIu64 " layers, P %" PRIu64 " G %" PRIu64 " O %" PRIu64 " bytes; limits vram %" PRIu64
-                  " host %" PRIu64 "; compute fwd %" PRIu64 " bwd %" PRIu64 " opt %" PRIu64 " us", a->job ? a->job : job,
-                  a->layers, a->p_size, a->g_size, a->o_size, tier_client_limit(j->c, TIER_VRAM),
-                  tier_client_limit(j->c, TIER_HOST), a->fwd_us, a->bwd_us, a->opt_us);
+        res.vram_limit = tier_client_limit(j->c, TIER_VRAM);
+        res.host_limit = tier_client_limit(j->c, TIER_HOST);
+        bench_log("job %s: plan %s, %zu phases, %zu tensors, %" PRIu64 " bytes; limits vram %" PRIu64
+                  " host %" PRIu64 "; compute fwd %" PRIu64 " bwd %" PRIu64 " opt %" PRIu64 " us",
+                  a->job ? a->job : job, a->plan->name, a->plan->n_phases, a->plan->n_tensors,
+                  tl_plan_bytes(a->plan), res.vram_limit, res.host_limit, a->fwd_us, a->bwd_us, a->opt_us);
 
         for (uint64_t s = 0; s < a->warmup; s++) {
                 uint64_t ts = now_ns();
@@ -87,7 +241,7 @@ static int run_single(const Args *a) {
                 bench_log("warm-up step %" PRIu64 ": %.3f s", s + 1, (double) (now_ns() - ts) / 1e9);
         }
 
-        r = counters_read(j->c, &c0, policy, sizeof(policy));
+        r = counters_read(j->c, &c0, res.policy, sizeof(res.policy));
         if (r < 0)
                 goto finish;
         stall0 = tier_phase_stall(j->c);
@@ -131,63 +285,19 @@ static int run_single(const Args *a) {
                         fclose(f);
                 }
         }
-        stall_s = (tier_phase_stall(j->c) - stall0) / (double) a->steps;
-        compute_s = (double) (j->compute_ns - compute0) / 1e9 / (double) a->steps;
-
-        nvme_r = c1.nvme_read - c0.nvme_read;
-        nvme_w = c1.nvme_write - c0.nvme_write;
-        link_b = (c1.to_vram - c0.to_vram) + (c1.from_vram - c0.from_vram);
-        tgt_r = c1.target_read - c0.target_read;
-        tgt_w = c1.target_written - c0.target_written;
-        nvme_s = a->nvme_bw ? (double) (nvme_r + nvme_w) / (double) a->steps / ((double) a->nvme_bw * (double) a->targets)
-                            : 0;
-        link_s = a->link_bw ? (double) link_b / (double) a->steps / (double) a->link_bw : 0;
-        bound = MAX(compute_s, MAX(nvme_s, link_s));
-        step_med = bench_median(step_s, a->steps);
-        step_mean = (double) (t_end - t0) / 1e9 / (double) a->steps;
-        bench_log("policy %s: step %.3f s (mean %.3f), bound %.3f s (compute %.3f, nvme %.3f, link %.3f), "
-                  "stall %.3f s/step, verified %s", policy, step_med, step_mean, bound, compute_s, nvme_s, link_s,
-                  stall_s, j->mismatches == 0 ? "yes" : "NO");
-
-        bench_json_init(&js, "timeline");
-        if (a->config)
-                bench_json_string(&js, "config", a->config);
-        bench_json_string(&js, "policy", policy);
-        bench_json_double(&js, "step_s", step_med);
-        bench_json_double(&js, "lower_bound_s", bound);
-        bench_json_double(&js, "ratio", step_med / bound);
-        bench_json_double(&js, "step_s_mean", step_mean);
-        bench_json_double(&js, "stall_s", stall_s);
-        bench_json_double(&js, "compute_s", compute_s);
-        bench_json_double(&js, "nvme_s", nvme_s);
-        bench_json_double(&js, "link_s", link_s);
-        bench_json_double(&js, "nvme_read_gb", per_step_gb(nvme_r, a->steps));
-        bench_json_double(&js, "nvme_write_gb", per_step_gb(nvme_w, a->steps));
-        bench_json_double(&js, "link_gb", per_step_gb(link_b, a->steps));
-        bench_json_double(&js, "target_read_gb", per_step_gb(tgt_r, a->steps));
-        bench_json_double(&js, "target_write_gb", per_step_gb(tgt_w, a->steps));
-        bench_json_bool(&js, "verified", j->mismatches == 0);
-        bench_json_u64(&js, "words_checked", j->words_checked - words0);
-        bench_json_u64(&js, "steps", a->steps);
-        bench_json_u64(&js, "warmup", a->warmup);
-        bench_json_u64(&js, "layers", a->layers);
-        bench_json_u64(&js, "param_bytes", a->p_size);
-        bench_json_u64(&js, "grad_bytes", a->g_size);
-        bench_json_u64(&js, "opt_bytes", a->o_size);
-        bench_json_u64(&js, "vram_limit", tier_client_limit(j->c, TIER_VRAM));
-        bench_json_u64(&js, "host_limit", tier_client_limit(j->c, TIER_HOST));
-        bench_json_u64(&js, "nvme_bw", a->nvme_bw);
-        bench_json_u64(&js, "nvme_targets", a->targets);
-        bench_json_u64(&js, "link_bw", a->link_bw);
-        bench_json_u64(&js, "fwd_us", a->fwd_us);
-        bench_json_u64(&js, "bwd_us", a->bwd_us);
-        bench_json_u64(&js, "opt_us", a->opt_us);
-        /* every step while the line stays short */
-        if (a->steps <= 64)
-                bench_json_double_array(&js, "step_s_all", step_s, a->steps);
-        r = bench_json_print(&js);
-        if (r < 0)
-                bench_log("printing the result: %s", strerror(-r));
+        res.stall_s = (tier_phase_stall(j->c) - stall0) / (double) a->steps;
+        res.compute_s = (double) (j->compute_ns - compute0) / 1e9 / (double) a->steps;
+        res.nvme_read = c1.nvme_read - c0.nvme_read;
+        res.nvme_write = c1.nvme_write - c0.nvme_write;
+        res.link = (c1.to_vram - c0.to_vram) + (c1.from_vram - c0.from_vram);
+        res.target_read = c1.target_read - c0.target_read;
+        res.target_write = c1.target_written - c0.target_written;
+        res.step_s[0] = bench_median(step_s, a->steps);
+        res.step_mean = (double) (t_end - t0) / 1e9 / (double) a->steps;
+        res.verified = j->mismatches == 0;
+        res.words_checked = j->words_checked - words0;
+        res.step_s_all = step_s;
+        r = report(a, &res);
 finish:
         job_free(j);
         return r;
@@ -215,7 +325,12 @@ static void usage(FILE *f) {
                 "  --config NAME        a label for the JSON line\n"
                 "  --trace FILE         single job: write \"phase marker_ns ready_ns\" (CLOCK_MONOTONIC) of\n"
                 "                       every timed phase to FILE, to line up with tierd's debug log\n"
-                "  --phase-timeout SEC  fail when a phase is not ready after SEC seconds (default 60; 0: never)\n");
+                "  --phase-timeout SEC  fail when a phase is not ready after SEC seconds (default 60; 0: never)\n"
+                "  --plan FILE          run the plan in FILE (JSON, written by bench/torch_plan.py) instead of\n"
+                "                       the synthetic one; --layers and the sizes are then unused\n"
+                "  --jobs N             N jobs of the plan at once, each with its own limits (default 1)\n"
+                "  --capbound VRAM,HOST print the fewest NVMe and link bytes per step of the plan under these\n"
+                "                       limits (bench/capbound.c) and exit; needs no tierd\n");
 }
 
 static int parse_weights(const char *s, Args *a) {
@@ -239,7 +354,7 @@ static int parse_args(int argc, char **argv, Args *a) {
         enum {
                 ARG_SOCKET = 0x100, ARG_JOB, ARG_LAYERS, ARG_TSIZE, ARG_PSIZE, ARG_GSIZE, ARG_OSIZE, ARG_FWD,
                 ARG_BWD, ARG_OPT, ARG_WARMUP, ARG_STEPS, ARG_NVME_BW, ARG_TARGETS, ARG_LINK_BW, ARG_WEIGHT,
-                ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE, ARG_PHASE_TIMEOUT,
+                ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE, ARG_PHASE_TIMEOUT, ARG_CAPBOUND, ARG_PLAN, ARG_JOBS,
         };
         static const struct option options[] = {
                 { "socket",      required_argument, NULL, ARG_SOCKET },
@@ -263,6 +378,9 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "config",      required_argument, NULL, ARG_CONFIG },
                 { "trace",       required_argument, NULL, ARG_TRACE },
                 { "phase-timeout", required_argument, NULL, ARG_PHASE_TIMEOUT },
+                { "capbound",    required_argument, NULL, ARG_CAPBOUND },
+                { "plan",        required_argument, NULL, ARG_PLAN },
+                { "jobs",        required_argument, NULL, ARG_JOBS },
                 { "help",        no_argument,       NULL, 'h' },
                 {}
         };
@@ -334,6 +452,26 @@ static int parse_args(int argc, char **argv, Args *a) {
                 case ARG_PHASE_TIMEOUT:
                         r = bench_parse_uint(optarg, 0, 86400, &a->phase_timeout);
                         break;
+                case ARG_PLAN:
+                        a->plan_file = optarg;
+                        break;
+                case ARG_JOBS:
+                        r = bench_parse_uint(optarg, 1, MAX_JOBS, &a->jobs);
+                        break;
+                case ARG_CAPBOUND: {
+                        _cleanup_free_ char *v = strdup(optarg);
+                        char *comma = v ? strchr(v, ',') : NULL;
+
+                        r = -EINVAL;
+                        if (comma) {
+                                *comma = 0;
+                                r = size_parse(v, &a->cb_vram);
+                                if (r >= 0)
+                                        r = size_parse(comma + 1, &a->cb_host);
+                        }
+                        a->capbound = r >= 0;
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         exit(EXIT_SUCCESS);
@@ -352,6 +490,10 @@ static int parse_args(int argc, char **argv, Args *a) {
         }
         if (a->p_size < 8 || a->g_size < 8 || a->o_size < 8 || a->p_size % 8 || a->g_size % 8 || a->o_size % 8) {
                 bench_log("tensor sizes must be positive multiples of 8 bytes");
+                return -EINVAL;
+        }
+        if (a->jobs > 1 && (a->job || a->n_weights > 0 || a->trace)) {
+                bench_log("--jobs names its jobs itself and goes with neither --fair nor --trace");
                 return -EINVAL;
         }
         if (a->n_weights > 0 && a->job) {
@@ -375,14 +517,36 @@ int main(int argc, char **argv) {
                 .targets = 1,
                 .duration = 15,
                 .phase_timeout = PHASE_TIMEOUT_S,
+                .jobs = 1,
         };
+        TlPlan *plan = NULL;
+        char err[512] = "";
         int r;
 
         if (parse_args(argc, argv, &a) < 0)
                 return 2;
+        r = a.plan_file ? tl_plan_load(a.plan_file, &plan, err, sizeof(err)) :
+                          tl_plan_synthetic(a.layers, a.p_size, a.g_size, a.o_size, &plan);
+        if (r < 0) {
+                bench_log("%s", *err ? err : strerror(-r));
+                return r == -EBADMSG ? 2 : 1;
+        }
+        a.plan = plan;
         a.socket = bench_socket_path(a.socket);
         signal(SIGPIPE, SIG_IGN);
         signal(SIGALRM, job_on_alarm);
-        r = a.n_weights > 0 ? fair_run(&a) : run_single(&a);
+        if (a.capbound)
+                r = run_capbound(&a);
+        else if (a.n_weights > 0)
+                r = fair_run(&a);
+        else if (a.jobs > 1) {
+                StepResult res;
+
+                r = same_run(&a, &res);
+                if (r >= 0)
+                        r = report(&a, &res);
+        } else
+                r = run_single(&a);
+        tl_plan_free(plan);
         return r < 0 ? 1 : 0;
 }

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -42,6 +43,7 @@
 #include "bench/common.h"
 #include "bench/timeline-fair.h"
 #include "bench/timeline-job.h"
+#include "bench/timeline-plan.h"
 #include "bench/timeline-status.h"
 #include "bench/timeline.h"
 #include "proto/macro.h"
@@ -119,10 +121,7 @@ static int fair_child(const Args *a, const char *name, unsigned weight, int up, 
         stall0 = tier_phase_stall(j->c);
         phases0 = j->phases;
         while ((last = now_ns()) < deadline) {
-                unsigned L = (unsigned) a->layers;
-                uint64_t us = ph < L ? a->fwd_us : ph < 2 * L ? a->bwd_us : a->opt_us;
-
-                r = job_phase(j, ph, us);
+                r = job_phase(j, ph, job_compute_us(j, ph));
                 if (r < 0)
                         break;
                 ph = (ph + 1) % j->n_phases;
@@ -136,9 +135,7 @@ static int fair_child(const Args *a, const char *name, unsigned weight, int up, 
         res.stall_s = tier_phase_stall(j->c) - stall0;
         /* finish the step so that every tensor's last version is released */
         while (r >= 0 && ph != 0) {
-                unsigned L = (unsigned) a->layers;
-
-                r = job_phase(j, ph, ph < L ? a->fwd_us : ph < 2 * L ? a->bwd_us : a->opt_us);
+                r = job_phase(j, ph, job_compute_us(j, ph));
                 ph = (ph + 1) % j->n_phases;
         }
         if (r >= 0)
@@ -319,7 +316,7 @@ int fair_run(const Args *a) {
                 sum2 += x[k] * x[k];
                 wsum += a->weights[k];
                 tsum += thr;
-                steps_per_s[k] = thr / (3.0 * (double) a->layers);
+                steps_per_s[k] = thr / (double) a->plan->n_phases;
                 stall[k] = grp.res[k].stall_s;
                 bench_log("job %zu (weight %u): %" PRIu64 " phases, %.3f steps/s, stall %.2f s", k, a->weights[k],
                           grp.res[k].phases, steps_per_s[k], stall[k]);
@@ -351,7 +348,7 @@ int fair_run(const Args *a) {
         bench_json_double(&js, "solo_nvme_gbps", solo_gbps);
         bench_json_double(&js, "aggregate_vs_solo", agg_gbps / solo_gbps);
         bench_json_double(&js, "solo_steps_per_s",
-                          (double) solo.res[0].phases / solo.seconds / (3.0 * (double) a->layers));
+                          (double) solo.res[0].phases / solo.seconds / (double) a->plan->n_phases);
         bench_json_double(&js, "nvme_read_gbps", (double) grp.nvme_read / grp.seconds / 1e9);
         bench_json_double(&js, "nvme_write_gbps", (double) grp.nvme_write / grp.seconds / 1e9);
         bench_json_double(&js, "duration_s", grp.seconds);
@@ -365,5 +362,179 @@ int fair_run(const Args *a) {
         r = bench_json_print(&js);
         if (r < 0)
                 bench_log("printing the result: %s", strerror(-r));
+        return r;
+}
+
+/* ---- --jobs N: the same plan N times at once ------------------------------------------- */
+
+typedef struct SameResult {
+        int status;
+        double step_med, window_s, stall_s, compute_s;
+        uint64_t mismatches, words_checked;
+        uint64_t vram_limit, host_limit;
+} SameResult;
+
+static int same_child(const Args *a, const char *name, int up, int down) {
+        _cleanup_free_ double *step_s = calloc(a->steps, sizeof(double));
+        SameResult res = {};
+        Job *j = NULL;
+        uint64_t go, t0, compute0, words0;
+        double stall0;
+        int r = step_s ? 0 : -ENOMEM;
+
+        if (r >= 0)
+                r = job_new(a, name, 0, &j);
+        for (uint64_t s = 0; r >= 0 && s < a->warmup; s++)
+                r = job_step(j);
+        res.status = r;
+        if (write_all(up, &res, sizeof(res)) < 0 || r < 0)
+                goto finish;
+        r = read_all(down, &go, sizeof(go));
+        if (r < 0)
+                goto finish;
+        stall0 = tier_phase_stall(j->c);
+        compute0 = j->compute_ns;
+        words0 = j->words_checked;
+        t0 = now_ns();
+        for (uint64_t s = 0; r >= 0 && s < a->steps; s++) {
+                uint64_t ts = now_ns();
+
+                r = job_step(j);
+                step_s[s] = (double) (now_ns() - ts) / 1e9;
+        }
+        if (r >= 0)
+                r = job_finish(j);
+        res.status = r;
+        res.window_s = (double) (now_ns() - t0) / 1e9;
+        res.step_med = bench_median(step_s, a->steps);
+        res.stall_s = (tier_phase_stall(j->c) - stall0) / (double) a->steps;
+        res.compute_s = (double) (j->compute_ns - compute0) / 1e9 / (double) a->steps;
+        res.mismatches = j->mismatches;
+        res.words_checked = j->words_checked - words0;
+        res.vram_limit = tier_client_limit(j->c, TIER_VRAM);
+        res.host_limit = tier_client_limit(j->c, TIER_HOST);
+        (void) write_all(up, &res, sizeof(res));
+finish:
+        job_free(j);
+        return r < 0 ? 1 : 0;
+}
+
+int same_run(const Args *a, StepResult *ret) {
+        size_t n = a->jobs;
+        pid_t pids[MAX_JOBS] = {};
+        int up[MAX_JOBS][2], down[MAX_JOBS][2];
+        SameResult res[MAX_JOBS];
+        tier_client *ctl = NULL;
+        Counters c0, c1;
+        uint64_t go = 1;
+        int r = 0;
+
+        *ret = (StepResult) { .jobs = n, .verified = true };
+        for (size_t k = 0; k < n; k++)
+                up[k][0] = up[k][1] = down[k][0] = down[k][1] = -1;
+        r = bench_connect(&ctl, a->socket, NULL, 0, 10000);
+        if (r < 0) {
+                bench_log("control connection: %s", tier_strerror(r));
+                return r;
+        }
+        r = counters_read(ctl, &c0, ret->policy, sizeof(ret->policy));
+        if (r < 0)
+                goto out;
+        fflush(stdout);
+        fflush(stderr);
+        for (size_t k = 0; k < n; k++) {
+                char name[64];
+
+                if (pipe2(up[k], O_CLOEXEC) < 0 || pipe2(down[k], O_CLOEXEC) < 0) {
+                        r = negative_errno();
+                        goto out;
+                }
+                (void) snprintf(name, sizeof(name), "bench-timeline-%ld-%zu", (long) getpid(), k);
+                pids[k] = fork();
+                if (pids[k] < 0) {
+                        r = negative_errno();
+                        goto out;
+                }
+                if (pids[k] == 0) {
+                        (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
+                        for (size_t x = 0; x <= k; x++) {
+                                if (x != k) {
+                                        close(up[x][1]);
+                                        close(down[x][0]);
+                                }
+                                close(up[x][0]);
+                                close(down[x][1]);
+                        }
+                        _exit(same_child(a, name, up[k][1], down[k][0]));
+                }
+                close(up[k][1]);
+                close(down[k][0]);
+                up[k][1] = down[k][0] = -1;
+        }
+        for (size_t k = 0; k < n; k++) {
+                r = read_all(up[k][0], &res[k], sizeof(res[k]));
+                if (r < 0 || res[k].status < 0) {
+                        bench_log("job %zu did not start (%s)", k, tier_strerror(r < 0 ? r : res[k].status));
+                        r = r < 0 ? r : res[k].status;
+                        goto out;
+                }
+        }
+        bench_log("%zu jobs warm: %" PRIu64 " timed steps each", n, a->steps);
+        r = counters_read(ctl, &c0, NULL, 0);
+        if (r < 0)
+                goto out;
+        for (size_t k = 0; k < n; k++) {
+                r = write_all(down[k][1], &go, sizeof(go));
+                if (r < 0)
+                        goto out;
+        }
+        for (size_t k = 0; k < n; k++) {
+                r = read_all(up[k][0], &res[k], sizeof(res[k]));
+                if (r < 0 || res[k].status < 0) {
+                        bench_log("job %zu failed (%s)", k, tier_strerror(r < 0 ? r : res[k].status));
+                        r = r < 0 ? r : res[k].status;
+                        goto out;
+                }
+        }
+        r = counters_read(ctl, &c1, NULL, 0);
+        if (r < 0)
+                goto out;
+        for (size_t k = 0; k < n; k++) {
+                ret->step_s[k] = res[k].step_med;
+                ret->step_mean = MAX(ret->step_mean, res[k].window_s / (double) a->steps);
+                ret->stall_s += res[k].stall_s / (double) n;
+                ret->compute_s += res[k].compute_s / (double) n;
+                ret->words_checked += res[k].words_checked;
+                if (res[k].mismatches > 0)
+                        ret->verified = false;
+                ret->vram_limit = res[k].vram_limit;
+                ret->host_limit = res[k].host_limit;
+                bench_log("job %zu: median step %.3f s, stall %.3f s/step", k, res[k].step_med, res[k].stall_s);
+        }
+        ret->nvme_read = c1.nvme_read - c0.nvme_read;
+        ret->nvme_write = c1.nvme_write - c0.nvme_write;
+        ret->link = (c1.to_vram - c0.to_vram) + (c1.from_vram - c0.from_vram);
+        ret->target_read = c1.target_read - c0.target_read;
+        ret->target_write = c1.target_written - c0.target_written;
+out:
+        for (size_t k = 0; k < n; k++) {
+                int st;
+
+                safe_close(up[k][0]);
+                safe_close(up[k][1]);
+                safe_close(down[k][0]);
+                safe_close(down[k][1]);
+                if (pids[k] > 0) {
+                        if (r < 0)
+                                (void) kill(pids[k], SIGTERM);
+                        while (waitpid(pids[k], &st, 0) < 0 && errno == EINTR)
+                                ;
+                        if (r >= 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+                                bench_log("job %zu exited with status 0x%x", k, (unsigned) st);
+                                r = -EIO;
+                        }
+                }
+        }
+        tier_client_free(ctl);
         return r;
 }

@@ -10,3 +10,13 @@ typedef struct Args Args;
  * (Jain's index, shares, NVMe throughput against the lone job's).
  */
 int fair_run(const Args *a);
+
+typedef struct StepResult StepResult;
+
+/*
+ * same_run() - @a->jobs jobs of the same plan at once (child processes,
+ * names bench-timeline-PID-k): each warms up, all meet at a barrier, each
+ * runs --steps steps; tierd's link counters are read around the window
+ * (from the barrier until every job is done).  Fills *@ret; prints nothing.
+ */
+int same_run(const Args *a, StepResult *ret);

@@ -4,8 +4,9 @@
 /*
  * Theory of operation
  *
- * A job is one client of tierd.  It has L layers; layer i has parameters
- * P_i, gradients G_i and optimizer state O_i.  Its plan is the one of
+ * A job is one client of tierd running one plan (timeline-plan.c): by
+ * default the synthetic one, L layers; layer i has parameters P_i,
+ * gradients G_i and optimizer state O_i, the plan of
  * tests/integration/test-timeline.c:
  *
  *   fwd_i  (i = 0..L-1):          P_i in VRAM, read
@@ -13,6 +14,7 @@
  *           b = L-1-i):           P_b in VRAM, read; G_b in VRAM, write
  *   opt_i  (i = 0..L-1):          G_i in host, read; O_i and P_i in host, read-write
  *
+ * (--plan FILE: any plan, such as the one tier.torch derives for a model.)
  * Each phase is entered with tier_phase(); then the job checks sample words
  * (one per 64 KiB and the last) of every tensor it reads against the
  * version it last wrote, stamps the next version into the same words of
@@ -39,6 +41,7 @@
 
 #include "bench/common.h"
 #include "bench/timeline-job.h"
+#include "bench/timeline-plan.h"
 #include "bench/timeline-status.h"
 #include "bench/timeline.h"
 #include "proto/macro.h"
@@ -46,10 +49,6 @@
 
 /* One word in this many bytes of every tensor is checked and stamped: a word in every NVMe extent. */
 #define SAMPLE_STRIDE (UINT64_C(64) << 10)
-/* Tensor ids in the pattern. */
-#define ID_P 0u
-#define ID_G 1000u
-#define ID_O 2000u
 
 /* What job_on_alarm() says when a phase never becomes ready; written before each tier_phase(). */
 static char stuck_msg[256];
@@ -104,18 +103,6 @@ int counters_read(tier_client *c, Counters *ret, char *policy, size_t policy_siz
 
 /* ---- the job ------------------------------------------------------------------ */
 
-static unsigned ph_fwd(const Job *j, unsigned i) {
-        return i;
-}
-
-static unsigned ph_bwd(const Job *j, unsigned i) {
-        return (unsigned) j->a->layers + i;
-}
-
-static unsigned ph_opt(const Job *j, unsigned i) {
-        return 2 * (unsigned) j->a->layers + i;
-}
-
 /* Check the sample words of @g against version @v of tensor @id. */
 static void check(Job *j, const struct tier_grant *g, unsigned id, unsigned v, const char *where) {
         const uint64_t *w = g->ptr;
@@ -163,10 +150,21 @@ static int grant(Job *j, tier_tensor *t, int tier, struct tier_grant *g) {
         return r;
 }
 
+uint64_t job_compute_us(const Job *j, unsigned ph) {
+        switch (j->a->plan->kind[ph]) {
+        case TL_FWD:
+                return j->a->fwd_us;
+        case TL_BWD:
+                return j->a->bwd_us;
+        default:
+                return j->a->opt_us;
+        }
+}
+
 int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
-        unsigned L = (unsigned) j->a->layers;
+        const TlPlan *pl = j->a->plan;
         struct tier_grant g;
-        char where[48];
+        char where[256];
         uint64_t t0;
         int r;
 
@@ -193,38 +191,17 @@ int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
                 j->n_trace++;
         }
         t0 = now_ns();
-        if (ph < L) {
-                unsigned i = ph;
+        for (size_t i = pl->start[ph]; i < pl->start[ph + 1]; i++) {
+                const CbAccess *a = &pl->acc[i];
+                unsigned id = a->tensor;
 
-                (void) snprintf(where, sizeof(where), "fwd %u", i);
-                if ((r = grant(j, j->P[i], TIER_VRAM, &g)) < 0)
+                (void) snprintf(where, sizeof(where), "phase %u, %s", ph, pl->names[id]);
+                if ((r = grant(j, j->t[id], a->tier, &g)) < 0)
                         return r;
-                check(j, &g, ID_P + i, j->vp[i], where);
-        } else if (ph < 2 * L) {
-                unsigned b = L - 1 - (ph - L);
-
-                (void) snprintf(where, sizeof(where), "bwd %u", b);
-                if ((r = grant(j, j->P[b], TIER_VRAM, &g)) < 0)
-                        return r;
-                check(j, &g, ID_P + b, j->vp[b], where);
-                if ((r = grant(j, j->G[b], TIER_VRAM, &g)) < 0)
-                        return r;
-                stamp(j, &g, ID_G + b, ++j->vg[b]);
-        } else {
-                unsigned i = ph - 2 * L;
-
-                (void) snprintf(where, sizeof(where), "opt %u", i);
-                if ((r = grant(j, j->G[i], TIER_HOST, &g)) < 0)
-                        return r;
-                check(j, &g, ID_G + i, j->vg[i], where);
-                if ((r = grant(j, j->O[i], TIER_HOST, &g)) < 0)
-                        return r;
-                check(j, &g, ID_O + i, j->vo[i], where);
-                stamp(j, &g, ID_O + i, ++j->vo[i]);
-                if ((r = grant(j, j->P[i], TIER_HOST, &g)) < 0)
-                        return r;
-                check(j, &g, ID_P + i, j->vp[i], where);
-                stamp(j, &g, ID_P + i, ++j->vp[i]);
+                if (a->mode & TIER_READ)
+                        check(j, &g, id, j->ver[id], where);
+                if (a->mode & TIER_WRITE)
+                        stamp(j, &g, id, ++j->ver[id]);
         }
         spin_until(t0 + compute_us * 1000);
         j->compute_ns += now_ns() - t0;
@@ -233,17 +210,10 @@ int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
 }
 
 int job_step(Job *j) {
-        unsigned L = (unsigned) j->a->layers;
         int r;
 
-        for (unsigned i = 0; i < L; i++)
-                if ((r = job_phase(j, ph_fwd(j, i), j->a->fwd_us)) < 0)
-                        return r;
-        for (unsigned i = 0; i < L; i++)
-                if ((r = job_phase(j, ph_bwd(j, i), j->a->bwd_us)) < 0)
-                        return r;
-        for (unsigned i = 0; i < L; i++)
-                if ((r = job_phase(j, ph_opt(j, i), j->a->opt_us)) < 0)
+        for (unsigned ph = 0; ph < j->n_phases; ph++)
+                if ((r = job_phase(j, ph, job_compute_us(j, ph))) < 0)
                         return r;
         return 0;
 }
@@ -274,45 +244,31 @@ Job *job_free(Job *j) {
         if (!j)
                 return NULL;
         j->c = tier_client_free(j->c);
-        for (uint64_t i = 0; i < j->a->layers; i++) {
-                if (j->P && j->P[i])
-                        tier_tensor_close(j->P[i]);
-                if (j->G && j->G[i])
-                        tier_tensor_close(j->G[i]);
-                if (j->O && j->O[i])
-                        tier_tensor_close(j->O[i]);
-        }
-        free(j->P);
-        free(j->G);
-        free(j->O);
-        free(j->vp);
-        free(j->vg);
-        free(j->vo);
+        for (size_t i = 0; j->t && i < j->a->plan->n_tensors; i++)
+                if (j->t[i])
+                        tier_tensor_close(j->t[i]);
+        free(j->t);
+        free(j->ver);
         free(j->trace);
         free(j);
         return NULL;
 }
 
 int job_new(const Args *a, const char *name, unsigned weight, Job **ret) {
-        unsigned L = (unsigned) a->layers;
+        const TlPlan *pl = a->plan;
         tier_plan *plan = NULL;
         Job *j;
-        char tn[32];
         int r;
 
         j = calloc(1, sizeof(*j));
         if (!j)
                 return -ENOMEM;
         j->a = a;
-        j->n_phases = 3 * L;
+        j->n_phases = (unsigned) pl->n_phases;
         j->seed = splitmix64(now_ns() ^ ((uint64_t) getpid() << 32));
-        j->P = calloc(L, sizeof(*j->P));
-        j->G = calloc(L, sizeof(*j->G));
-        j->O = calloc(L, sizeof(*j->O));
-        j->vp = calloc(L, sizeof(*j->vp));
-        j->vg = calloc(L, sizeof(*j->vg));
-        j->vo = calloc(L, sizeof(*j->vo));
-        if (!j->P || !j->G || !j->O || !j->vp || !j->vg || !j->vo) {
+        j->t = calloc(pl->n_tensors, sizeof(*j->t));
+        j->ver = calloc(pl->n_tensors, sizeof(*j->ver));
+        if (!j->t || !j->ver) {
                 job_free(j);
                 return -ENOMEM;
         }
@@ -332,17 +288,8 @@ int job_new(const Args *a, const char *name, unsigned weight, Job **ret) {
                         return r;
                 }
         }
-        for (unsigned i = 0; i < L; i++) {
-                (void) snprintf(tn, sizeof(tn), "P%u", i);
-                r = tier_tensor_create(j->c, tn, a->p_size, &j->P[i]);
-                if (r >= 0) {
-                        (void) snprintf(tn, sizeof(tn), "G%u", i);
-                        r = tier_tensor_create(j->c, tn, a->g_size, &j->G[i]);
-                }
-                if (r >= 0) {
-                        (void) snprintf(tn, sizeof(tn), "O%u", i);
-                        r = tier_tensor_create(j->c, tn, a->o_size, &j->O[i]);
-                }
+        for (size_t i = 0; i < pl->n_tensors; i++) {
+                r = tier_tensor_create(j->c, pl->names[i], pl->size[i], &j->t[i]);
                 if (r < 0) {
                         log_tier_error(j->c, r, "creating a tensor");
                         job_free(j);
@@ -355,22 +302,10 @@ int job_new(const Args *a, const char *name, unsigned weight, Job **ret) {
                 job_free(j);
                 return r;
         }
-        for (unsigned i = 0; i < L && r >= 0; i++) {
-                unsigned b = L - 1 - i;         /* backward runs the layers in reverse */
-
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_fwd(j, i), j->P[i], TIER_VRAM, TIER_READ);
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_bwd(j, i), j->P[b], TIER_VRAM, TIER_READ);
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_bwd(j, i), j->G[b], TIER_VRAM, TIER_WRITE);
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_opt(j, i), j->G[i], TIER_HOST, TIER_READ);
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_opt(j, i), j->O[i], TIER_HOST, TIER_READ_WRITE);
-                if (r >= 0)
-                        r = tier_plan_add(plan, ph_opt(j, i), j->P[i], TIER_HOST, TIER_READ_WRITE);
-        }
+        for (size_t k = 0; k < pl->n_phases && r >= 0; k++)
+                for (size_t i = pl->start[k]; i < pl->start[k + 1] && r >= 0; i++)
+                        r = tier_plan_add(plan, (unsigned) k, j->t[pl->acc[i].tensor], pl->acc[i].tier,
+                                          pl->acc[i].mode);
         if (r >= 0)
                 r = tier_plan_submit(plan);
         if (r < 0) {

@@ -13,8 +13,8 @@ typedef struct tier_tensor tier_tensor;
 typedef struct Job {
         tier_client *c;
         const Args *a;
-        tier_tensor **P, **G, **O;
-        unsigned *vp, *vg, *vo;         /* version last written; 0: never (zeros) */
+        tier_tensor **t;                /* the plan's tensors */
+        unsigned *ver;                  /* version last written; 0: never (zeros) */
         uint64_t seed;
         uint64_t words_checked;
         uint64_t mismatches;
@@ -36,6 +36,8 @@ Job *job_free(Job *j);
  * what it writes, spin until @compute_us have passed since it was ready.
  */
 int job_phase(Job *j, unsigned ph, uint64_t compute_us);
+/* Phase @ph's compute time: --fwd-us, --bwd-us or --opt-us by its kind. */
+uint64_t job_compute_us(const Job *j, unsigned ph);
 /* One step: every phase of the plan in order, each with its compute time. */
 int job_step(Job *j);
 /* The last phase's writes are released by one more marker. */

@@ -1,0 +1,840 @@
+/* SPDX-License-Identifier: MIT */
+/* capbound.c: the fewest NVMe and link bytes per step a cyclic iteration plan needs under VRAM and host capacities. */
+
+/*
+ * Theory of operation
+ *
+ * The model is tierd's data path (daemon/engine/op.c ensure_copy(),
+ * victim_evict(), advance_drain()), with the job's VRAM and host limits as
+ * the capacities and NVMe unbounded.  Per tensor the state is which tiers
+ * hold its current version: VRAM, host, NVMe.  A resident VRAM or host copy
+ * is always the current version (a write frees the stale copies elsewhere,
+ * as tierd does), so occupancy is the sum of the resident tensors' sizes.
+ *
+ *   - an access in tier X pins the tensor there for its phase; a read (or
+ *     read-write) needs the current version in X, a write-only access just
+ *     a place (tierd's discard pin: no bytes brought);
+ *   - host gets a copy from VRAM (link, VRAM -> host) when VRAM holds it,
+ *     else from NVMe (NVMe read);
+ *   - VRAM gets a copy only from host (link, host -> VRAM), and only for a
+ *     VRAM access (tierd never parks a tensor in VRAM); a tensor that is
+ *     only on NVMe is staged: NVMe -> host, then host -> VRAM, and the
+ *     staged host copy may be dropped at once (it is not the sole copy);
+ *   - NVMe gets a copy only from host (NVMe write);
+ *   - a copy that is not the only current one is dropped for free (VRAM and
+ *     host are an exclusive cache: a VRAM copy needs no host copy);
+ *   - dropping the sole VRAM copy drains it to host (link bytes, and it
+ *     then takes host room); dropping the sole host copy writes it to NVMe;
+ *   - a tensor whose next access is write-only is dead: its copies go for
+ *     free and it is never brought back before that write;
+ *   - after a phase, every tensor it wrote is valid only where it was written.
+ *
+ * Relaxation: capacity holds *during* each phase (with everything the phase
+ * pins in place) and after every eviction, but data in transit between two
+ * phases (a staged copy, a drain passing through host) is not charged room,
+ * and phases take no time (the bound is about bytes, not when they move).
+ * A real schedule also obeys both, so it needs at least the bytes of the
+ * best schedule of this model.
+ *
+ * capbound_simulate() runs one schedule of the model: accesses in plan
+ * order, and when a tier is over its capacity an eviction rule picks the
+ * victim among the unpinned copies, by the distance to the copy's next use
+ * in that tier (cyclic: the step repeats; a copy that will be stale or dead
+ * before its next use there has none) and the weighted cost of dropping it
+ * and of bringing it back.  It simulates steps until the state at a step's
+ * start repeats: the bytes per step are then the mean over that cycle,
+ * exactly the steady state of this schedule.
+ *
+ * capbound_min() is the smallest over rules (Belady's farthest next use,
+ * next use over cost, free drops first, cheapest first), once weighting only NVMe bytes and
+ * once only link bytes: each minimum separately, since
+ * max(compute, N/bw_n, L/bw_l) is a lower bound when N and L are each the
+ * least any schedule needs.  Each figure is the cost of a schedule the model
+ * allows, so it can only be at or above the model's true minimum: Belady's
+ * rule is optimal for misses alone, not with write-backs and mixed sizes
+ * (both NP-hard in general).  capbound_exact() finds the true minimum by
+ * exhaustive search for plans of at most three tensors; the unit tests
+ * compare the two there.  capbound_floor() is the other side: bytes every
+ * schedule needs, by counting (what cannot fit at some phase, what is
+ * written in one tier and read in the other), at or below the true minimum.
+ */
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/capbound.h"
+#include "proto/macro.h"
+
+/* Copy bits of a tensor's state. */
+#define B_VRAM 1u
+#define B_HOST 2u
+#define B_NVME 4u
+
+typedef struct Occ {
+        size_t phase;
+        uint8_t tier, mode;
+} Occ;
+
+typedef struct Sim {
+        const CbPlan *p;
+        uint64_t cap[2], used[2];
+        CbRule rule;
+        bool inclusive;                 /* CB_RULE_INCLUSIVE */
+        double w_nvme, w_link;
+        uint8_t *st;                    /* B_* per tensor */
+        uint8_t *seen;                  /* scratch, per tensor */
+        size_t *pin[2];                 /* phase serial + 1 when pinned there */
+        size_t serial;                  /* of the phase being run, + 1 */
+        size_t phase;
+        Occ *occ;                       /* every tensor's accesses in step order */
+        size_t *occ_start;              /* n_tensors + 1 */
+        CbBytes *acc;                   /* the step's bytes */
+} Sim;
+
+static int plan_check(const CbPlan *p) {
+        if (!p || !p->size || !p->start || (!p->acc && p->n_phases > 0) || p->n_phases == 0)
+                return -EINVAL;
+        if (p->n_tensors == 0 || p->n_tensors > CB_MAX_TENSORS || p->start[0] != 0)
+                return -EINVAL;
+        for (size_t k = 0; k < p->n_phases; k++)
+                if (p->start[k + 1] < p->start[k] || p->start[k + 1] > CB_MAX_ACCESSES)
+                        return -EINVAL;
+        for (size_t i = 0; i < p->start[p->n_phases]; i++)
+                if (p->acc[i].tensor >= p->n_tensors || p->acc[i].tier > CB_HOST ||
+                    !(p->acc[i].mode & (CB_READ | CB_WRITE)) || (p->acc[i].mode & ~(CB_READ | CB_WRITE)))
+                        return -EINVAL;
+        return 0;
+}
+
+/* -E2BIG when one phase alone pins more than a tier holds (each tensor counted once per tier). */
+static int plan_fits(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap) {
+        for (size_t k = 0; k < p->n_phases; k++) {
+                uint64_t need[2] = { 0, 0 };
+
+                for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                        bool seen = false;
+
+                        for (size_t x = p->start[k]; x < i; x++)
+                                if (p->acc[x].tensor == p->acc[i].tensor && p->acc[x].tier == p->acc[i].tier)
+                                        seen = true;
+                        if (!seen)
+                                need[p->acc[i].tier] += p->size[p->acc[i].tensor];
+                }
+                if (need[CB_VRAM] > vram_cap || need[CB_HOST] > host_cap)
+                        return -E2BIG;
+        }
+        return 0;
+}
+
+static uint8_t tier_bit(unsigned tier) {
+        return tier == CB_VRAM ? B_VRAM : B_HOST;
+}
+
+/*
+ * Does @t's VRAM copy have to go before its VRAM read @d phases from now,
+ * under any schedule?  Yes when the other tensors the phases in between
+ * pin in VRAM add up to more than its room (their stack distance).
+ */
+static bool vram_reuse_misses(Sim *s, uint32_t t, double d) {
+        const CbPlan *p = s->p;
+        uint64_t sum = s->p->size[t];
+        size_t n = (size_t) d;
+
+        memset(s->seen, 0, p->n_tensors);
+        for (size_t k = 1; k < n; k++) {
+                size_t ph = (s->phase + k) % p->n_phases;
+
+                for (size_t i = p->start[ph]; i < p->start[ph + 1]; i++) {
+                        uint32_t u = p->acc[i].tensor;
+
+                        if (p->acc[i].tier != CB_VRAM || u == t || s->seen[u])
+                                continue;
+                        s->seen[u] = 1;
+                        sum += p->size[u];
+                        if (sum > s->cap[CB_VRAM])
+                                return true;
+                }
+        }
+        return false;
+}
+
+/*
+ * The next use of @t's copy in @tier seen from the current phase: its
+ * distance in phases (INFINITY: none before the copy goes stale or the
+ * tensor dead) and whether the tensor is dead (next access write-only).
+ * Accesses of the current phase in the other tier count at distance 0.
+ */
+static double next_use(Sim *s, uint32_t t, unsigned tier, bool *ret_dead) {
+        const CbPlan *p = s->p;
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], n = hi - lo, first = lo;
+        bool in_vram = s->st[t] & B_VRAM, seen_read = false;
+
+        *ret_dead = false;
+        /* the first access at or after the current phase */
+        while (first < hi && s->occ[first].phase < s->phase)
+                first++;
+        for (size_t k = 0; k < 2 * n; k++) {
+                size_t idx = lo + (first - lo + k) % n;
+                const Occ *o = &s->occ[idx];
+                bool wrap = (first - lo + k) >= n;
+                double d = (double) o->phase + (wrap ? (double) p->n_phases : 0) - (double) s->phase;
+
+                if (d == 0 && o->tier == tier)
+                        continue;       /* pinned now: not a candidate anyway */
+                if (o->mode == CB_WRITE) {
+                        /* overwritten: dead from here if nothing reads it before */
+                        *ret_dead = !seen_read;
+                        return INFINITY;
+                }
+                seen_read = true;
+                if (o->tier == tier)
+                        return d;
+                if (tier == CB_VRAM) {
+                        /* a host access: the VRAM copy stays current unless it writes */
+                        if (o->mode & CB_WRITE)
+                                return INFINITY;
+                } else {
+                        /* a VRAM access: served from VRAM if there, else staged from this host copy */
+                        if (!in_vram)
+                                return d;
+                        if (s->inclusive && (o->mode & CB_READ) && vram_reuse_misses(s, t, d))
+                                return d;       /* the VRAM copy cannot last until then */
+                        if (o->mode & CB_WRITE)
+                                return INFINITY;
+                }
+        }
+        return INFINITY;
+}
+
+/* Weighted cost of dropping @t's copy in @tier now, and of bringing it back for its next use. */
+static void costs(const Sim *s, uint32_t t, unsigned tier, bool dead, double d, double *ret_drop,
+                  double *ret_back) {
+        double size = (double) s->p->size[t];
+        uint8_t other = tier == CB_VRAM ? (B_HOST | B_NVME) : (B_VRAM | B_NVME);
+
+        *ret_drop = 0;
+        if (!dead && !(s->st[t] & other))
+                *ret_drop = size * (tier == CB_VRAM ? s->w_link : s->w_nvme);
+        *ret_back = 0;
+        if (isfinite(d)) {
+                if (tier == CB_VRAM)
+                        *ret_back = size * s->w_link;
+                else
+                        *ret_back = size * ((s->st[t] & B_VRAM) ? s->w_link : s->w_nvme);
+        }
+}
+
+/* Is candidate a (distance @da, drop @xa, back @ba) a better victim than b? */
+static bool better(CbRule rule, double da, double xa, double ba, double db, double xb, double bb) {
+        switch (rule) {
+        case CB_RULE_COST: {
+                double sa = xa + ba > 0 ? da / (xa + ba) : INFINITY;
+                double sb = xb + bb > 0 ? db / (xb + bb) : INFINITY;
+
+                if (sa != sb)
+                        return sa > sb;
+                break;
+        }
+        case CB_RULE_FREE_FIRST:
+                if ((xa == 0) != (xb == 0))
+                        return xa == 0;
+                break;
+        case CB_RULE_CHEAPEST:
+                if (xa + ba != xb + bb)
+                        return xa + ba < xb + bb;
+                break;
+        default:
+                break;
+        }
+        if (da != db)
+                return da > db;
+        return xa < xb;
+}
+
+static int enforce(Sim *s, unsigned tier);
+
+/* Drop @t's copy in @tier, writing it down first when it is the sole current one and not dead. */
+static int evict(Sim *s, uint32_t t, unsigned tier, bool dead) {
+        uint64_t size = s->p->size[t];
+        uint8_t other = tier == CB_VRAM ? (B_HOST | B_NVME) : (B_VRAM | B_NVME);
+        bool sole = !dead && !(s->st[t] & other);
+
+        s->st[t] &= (uint8_t) ~tier_bit(tier);
+        s->used[tier] -= size;
+        if (!sole)
+                return 0;
+        if (tier == CB_HOST) {
+                s->acc->nvme_write += (double) size;
+                s->st[t] |= B_NVME;
+                return 0;
+        }
+        /* drained to host (tierd has no other way down), which may push something out there */
+        s->acc->link_down += (double) size;
+        s->st[t] |= B_HOST;
+        s->used[CB_HOST] += size;
+        return enforce(s, CB_HOST);
+}
+
+/* Evict until @tier is within its capacity; -E2BIG when everything left there is pinned. */
+static int enforce(Sim *s, unsigned tier) {
+        while (s->used[tier] > s->cap[tier]) {
+                long best = -1;
+                double bd = 0, bx = 0, bb = 0;
+                bool bdead = false;
+
+                for (uint32_t t = 0; t < s->p->n_tensors; t++) {
+                        double d, x, b;
+                        bool dead;
+
+                        if (!(s->st[t] & tier_bit(tier)) || s->pin[tier][t] == s->serial)
+                                continue;
+                        d = next_use(s, t, tier, &dead);
+                        costs(s, t, tier, dead, d, &x, &b);
+                        if (best < 0 || better(s->rule, d, x, b, bd, bx, bb)) {
+                                best = t;
+                                bd = d;
+                                bx = x;
+                                bb = b;
+                                bdead = dead;
+                        }
+                }
+                if (best < 0)
+                        return -E2BIG;
+                int r = evict(s, (uint32_t) best, tier, bdead);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void place(Sim *s, uint32_t t, unsigned tier) {
+        s->st[t] |= tier_bit(tier);
+        s->used[tier] += s->p->size[t];
+}
+
+/* Make access @a of the current phase satisfied; the tiers may be over capacity until the phase's enforce(). */
+static void ensure(Sim *s, const CbAccess *a) {
+        uint32_t t = a->tensor;
+        double size = (double) s->p->size[t];
+
+        if (s->st[t] & tier_bit(a->tier))
+                return;
+        if (a->mode == CB_WRITE) {
+                place(s, t, a->tier);   /* a place, no bytes */
+                return;
+        }
+        if (a->tier == CB_HOST) {
+                if (s->st[t] & B_VRAM)
+                        s->acc->link_down += size;
+                else if (s->st[t] & B_NVME)
+                        s->acc->nvme_read += size;
+                /* else never written: zeros, no bytes */
+                place(s, t, CB_HOST);
+                return;
+        }
+        if (!(s->st[t] & (B_HOST | B_NVME))) {
+                place(s, t, CB_VRAM);   /* zeros */
+                return;
+        }
+        if (!(s->st[t] & B_HOST)) {
+                /* staged through host */
+                s->acc->nvme_read += size;
+                place(s, t, CB_HOST);
+        }
+        s->acc->link_up += size;
+        place(s, t, CB_VRAM);
+        return;
+}
+
+static int run_phase(Sim *s, size_t k) {
+        const CbPlan *p = s->p;
+        int r;
+
+        s->phase = k;
+        s->serial++;
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
+        /*
+         * Every copy the phase needs first (a staged copy or a host source
+         * is still there), then each tier back within its capacity: VRAM
+         * first, since what it drains takes host room.
+         */
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                ensure(s, &p->acc[i]);
+        r = enforce(s, CB_VRAM);
+        if (r < 0)
+                return r;
+        r = enforce(s, CB_HOST);
+        if (r < 0)
+                return r;
+        /* the phase's writes: the written copy is the only current one */
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                const CbAccess *a = &p->acc[i];
+                uint8_t keep = tier_bit(a->tier);
+
+                if (!(a->mode & CB_WRITE))
+                        continue;
+                for (unsigned x = CB_VRAM; x <= CB_HOST; x++)
+                        if (!(keep & tier_bit(x)) && (s->st[a->tensor] & tier_bit(x))) {
+                                s->st[a->tensor] &= (uint8_t) ~tier_bit(x);
+                                s->used[x] -= p->size[a->tensor];
+                        }
+                s->st[a->tensor] = keep;
+        }
+        return 0;
+}
+
+static int occ_build(Sim *s) {
+        const CbPlan *p = s->p;
+        size_t n_acc = p->start[p->n_phases], *fill;
+
+        s->occ = calloc(n_acc ? n_acc : 1, sizeof(Occ));
+        s->occ_start = calloc(p->n_tensors + 1, sizeof(size_t));
+        fill = calloc(p->n_tensors, sizeof(size_t));
+        if (!s->occ || !s->occ_start || !fill) {
+                free(fill);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n_acc; i++)
+                s->occ_start[p->acc[i].tensor + 1]++;
+        for (size_t t = 0; t < p->n_tensors; t++)
+                s->occ_start[t + 1] += s->occ_start[t];
+        for (size_t k = 0; k < p->n_phases; k++)
+                for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                        uint32_t t = p->acc[i].tensor;
+
+                        s->occ[s->occ_start[t] + fill[t]++] = (Occ) { k, p->acc[i].tier, p->acc[i].mode };
+                }
+        free(fill);
+        return 0;
+}
+
+int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
+                      double w_link, unsigned max_steps, CbBytes *ret) {
+        Sim s = { .p = p, .cap = { vram_cap, host_cap }, .rule = rule & ~CB_RULE_INCLUSIVE,
+                  .inclusive = rule & CB_RULE_INCLUSIVE, .w_nvme = w_nvme, .w_link = w_link };
+        _cleanup_free_ uint8_t *hist = NULL;
+        _cleanup_free_ CbBytes *steps = NULL;
+        size_t n;
+        int r;
+
+        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | 0xf)) || max_steps < 2 || !(w_nvme >= 0) || !(w_link >= 0))
+                return -EINVAL;
+        r = plan_check(p);
+        if (r < 0)
+                return r;
+        r = plan_fits(p, vram_cap, host_cap);
+        if (r < 0)
+                return r;
+        n = p->n_tensors;
+        hist = calloc((size_t) (max_steps + 1) * n, 1);
+        steps = calloc(max_steps, sizeof(CbBytes));
+        s.st = malloc(n);
+        s.seen = malloc(n);
+        s.pin[0] = calloc(n, sizeof(size_t));
+        s.pin[1] = calloc(n, sizeof(size_t));
+        if (!hist || !steps || !s.st || !s.seen || !s.pin[0] || !s.pin[1]) {
+                r = -ENOMEM;
+                goto finish;
+        }
+        r = occ_build(&s);
+        if (r < 0)
+                goto finish;
+        /* every tensor starts on NVMe (its first read costs a read: only the warm-up sees it) */
+        memset(s.st, B_NVME, n);
+        memcpy(hist, s.st, n);
+        for (unsigned k = 0; k < max_steps; k++) {
+                s.acc = &steps[k];
+                for (size_t ph = 0; ph < p->n_phases; ph++) {
+                        r = run_phase(&s, ph);
+                        if (r < 0)
+                                goto finish;
+                }
+                memcpy(hist + (size_t) (k + 1) * n, s.st, n);
+                for (unsigned j = 0; j <= k; j++) {
+                        if (memcmp(hist + (size_t) j * n, s.st, n) != 0)
+                                continue;
+                        /* the state at the start of step j comes back after step k: a cycle */
+                        *ret = (CbBytes) {};
+                        for (unsigned x = j; x <= k; x++) {
+                                ret->nvme_read += steps[x].nvme_read;
+                                ret->nvme_write += steps[x].nvme_write;
+                                ret->link_up += steps[x].link_up;
+                                ret->link_down += steps[x].link_down;
+                        }
+                        ret->nvme_read /= (double) (k + 1 - j);
+                        ret->nvme_write /= (double) (k + 1 - j);
+                        ret->link_up /= (double) (k + 1 - j);
+                        ret->link_down /= (double) (k + 1 - j);
+                        r = 0;
+                        goto finish;
+                }
+        }
+        /* no cycle: the mean of the last half */
+        *ret = (CbBytes) {};
+        for (unsigned x = max_steps / 2; x < max_steps; x++) {
+                ret->nvme_read += steps[x].nvme_read / (double) (max_steps - max_steps / 2);
+                ret->nvme_write += steps[x].nvme_write / (double) (max_steps - max_steps / 2);
+                ret->link_up += steps[x].link_up / (double) (max_steps - max_steps / 2);
+                ret->link_down += steps[x].link_down / (double) (max_steps - max_steps / 2);
+        }
+        r = -ETIME;
+finish:
+        free(s.st);
+        free(s.seen);
+        free(s.pin[0]);
+        free(s.pin[1]);
+        free(s.occ);
+        free(s.occ_start);
+        return r;
+}
+
+/* Steps simulated at most before a schedule is taken as settled (its state repeats long before). */
+#define SIM_MAX_STEPS 256u
+
+int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *nvme, CbBytes *link) {
+        static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
+        double best_n = INFINITY, best_l = INFINITY;
+
+        for (unsigned rule = 0; rule < 2 * CB_RULES; rule++)
+                for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
+                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule >= CB_RULES ? CB_RULE_INCLUSIVE : 0));
+                        CbBytes b;
+                        int r = capbound_simulate(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1],
+                                                  SIM_MAX_STEPS, &b);
+
+                        if (r < 0 && r != -ETIME)
+                                return r;
+                        if (b.nvme_read + b.nvme_write < best_n) {
+                                best_n = b.nvme_read + b.nvme_write;
+                                if (nvme)
+                                        *nvme = b;
+                        }
+                        if (b.link_up + b.link_down < best_l) {
+                                best_l = b.link_up + b.link_down;
+                                if (link)
+                                        *link = b;
+                        }
+                }
+        return 0;
+}
+
+/* ---- the proven floor ----------------------------------------------------------- */
+
+/* The first access of @t after phase @k (cyclic; at most one step on), or NULL when it has none. */
+static const Occ *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1];
+
+        if (lo == hi)
+                return NULL;
+        for (size_t i = lo; i < hi; i++)
+                if (s->occ[i].phase > k) {
+                        *ret_dist = s->occ[i].phase - k;
+                        return &s->occ[i];
+                }
+        *ret_dist = s->occ[lo].phase + s->p->n_phases - k;
+        return &s->occ[lo];
+}
+
+int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret) {
+        Sim s = { .p = p };
+        _cleanup_free_ uint8_t *pinned = NULL, *written = NULL;
+        double best_nvme = 0, best_read = 0, best_write = 0, cap_vram = 0, up = 0, down = 0;
+        int r;
+
+        if (!ret)
+                return -EINVAL;
+        r = plan_check(p);
+        if (r < 0)
+                return r;
+        r = occ_build(&s);
+        pinned = calloc(p->n_tensors, 1);
+        written = calloc(p->n_tensors, 1);
+        if (r < 0 || !pinned || !written) {
+                r = -ENOMEM;
+                goto finish;
+        }
+        for (size_t i = 0; i < p->start[p->n_phases]; i++)
+                if (p->acc[i].mode & CB_WRITE)
+                        written[p->acc[i].tensor] = 1;
+
+        /* compulsory crossings: a read in one tier of a version written in the other */
+        for (uint32_t t = 0; t < p->n_tensors; t++) {
+                size_t lo = s.occ_start[t], n = s.occ_start[t + 1] - lo;
+
+                for (size_t w = 0; w < n; w++) {
+                        const Occ *ow = &s.occ[lo + w];
+                        bool crosses = false;
+
+                        if (!(ow->mode & CB_WRITE))
+                                continue;
+                        /* the reads of this version: until the next write (the same phase's other tier first) */
+                        for (size_t k = 1; k <= n; k++) {
+                                const Occ *o = &s.occ[lo + (w + k) % n];
+
+                                if (k < n && o->phase == ow->phase && o->tier != ow->tier)
+                                        continue;       /* same phase: not after the write */
+                                if ((o->mode & CB_READ) && o->tier != ow->tier)
+                                        crosses = true;
+                                if (o->mode & CB_WRITE)
+                                        break;
+                        }
+                        if (crosses) {
+                                if (ow->tier == CB_VRAM)
+                                        down += (double) p->size[t];
+                                else
+                                        up += (double) p->size[t];
+                        }
+                }
+        }
+
+        for (size_t k = 0; k < p->n_phases; k++) {
+                double live = 0, never_written = 0, in_vram = 0;
+
+                memset(pinned, 0, p->n_tensors);
+                for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                        uint32_t t = p->acc[i].tensor;
+
+                        if (!pinned[t])
+                                live += (double) p->size[t];
+                        if (p->acc[i].tier == CB_VRAM && !(pinned[t] & 2))
+                                in_vram += (double) p->size[t];
+                        pinned[t] |= p->acc[i].tier == CB_VRAM ? 2 : 1;
+                }
+                for (uint32_t t = 0; t < p->n_tensors; t++) {
+                        size_t d;
+                        const Occ *o;
+
+                        if (pinned[t] || !(o = next_after(&s, t, k, &d)) || !(o->mode & CB_READ))
+                                continue;
+                        live += (double) p->size[t];
+                        if (!written[t])
+                                never_written += (double) p->size[t];
+                        /* read in VRAM next, and no write in another tier of the same phase first */
+                        if (o->tier == CB_VRAM) {
+                                bool clobbered = false;
+
+                                for (size_t i = s.occ_start[t]; i < s.occ_start[t + 1]; i++)
+                                        if (s.occ[i].phase == o->phase && s.occ[i].tier != CB_VRAM &&
+                                            (s.occ[i].mode & CB_WRITE))
+                                                clobbered = true;
+                                if (!clobbered)
+                                        in_vram += (double) p->size[t];
+                        }
+                }
+                {
+                        double excess = live - (double) vram_cap - (double) host_cap;
+                        double wr = excess - never_written;
+
+                        if (excess > 0 && excess + MAX(wr, 0) > best_nvme) {
+                                best_nvme = excess + MAX(wr, 0);
+                                best_read = excess;
+                                best_write = MAX(wr, 0);
+                        }
+                }
+                cap_vram = MAX(cap_vram, in_vram - (double) vram_cap);
+        }
+        *ret = (CbBytes) { .nvme_read = best_read, .nvme_write = best_write, .link_up = MAX(up, cap_vram),
+                           .link_down = down };
+        r = 0;
+finish:
+        free(s.occ);
+        free(s.occ_start);
+        return r;
+}
+
+/* ---- exhaustive search (tiny plans) ----------------------------------------------- */
+
+/*
+ * cost[a][b]: the least bytes of the resource counted (link or NVMe) that
+ * turn copy set a into a superset of b (extra copies are dropped for free),
+ * per byte of the tensor; INFINITY when b cannot be reached (no copy to
+ * start from).  Edges: host from VRAM (link) or NVMe (NVMe), VRAM from host
+ * (link), NVMe from host (NVMe), as tierd moves them: host reads VRAM's
+ * copy when there is one, NVMe gets only a host copy that VRAM does not
+ * also hold (a drain or clean of a sole copy), and without @host_access
+ * (the phase does not read the tensor in host) host gets a copy from VRAM
+ * only when it is the sole one (a drain: tierd drops a clean VRAM copy, it
+ * never demotes it).
+ */
+static void exact_costs(int what, bool host_access, double cost[8][8]) {
+        double lk = what == 1 ? 1 : 0, nv = what == 0 ? 1 : 0;
+
+        for (unsigned a = 0; a < 8; a++)
+                for (unsigned b = 0; b < 8; b++) {
+                        /* the VRAM copy goes in this move: host and NVMe may take it as the sole one */
+                        bool leaving = !(b & B_VRAM);
+                        double dist[8];
+                        bool done[8] = {};
+
+                        for (unsigned x = 0; x < 8; x++)
+                                dist[x] = INFINITY;
+                        dist[a] = 0;
+                        for (;;) {
+                                int u = -1;
+
+                                for (unsigned x = 0; x < 8; x++)
+                                        if (!done[x] && isfinite(dist[x]) && (u < 0 || dist[x] < dist[u]))
+                                                u = (int) x;
+                                if (u < 0)
+                                        break;
+                                done[u] = true;
+                                if ((u & B_VRAM) && (host_access || !(u & B_NVME)))
+                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + lk);
+                                /* tierd reads VRAM's copy when there is one */
+                                if ((u & B_NVME) && !(u & B_VRAM))
+                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + nv);
+                                if (u & B_HOST) {
+                                        dist[u | B_VRAM] = fmin(dist[u | B_VRAM], dist[u] + lk);
+                                        /* tierd writes down only a sole copy */
+                                        if (!(u & B_VRAM) || leaving)
+                                                dist[u | B_NVME] = fmin(dist[u | B_NVME], dist[u] + nv);
+                                }
+                        }
+                        cost[a][b] = INFINITY;
+                        for (unsigned x = 0; x < 8; x++)
+                                if ((x & b) == b)
+                                        cost[a][b] = fmin(cost[a][b], dist[x]);
+                }
+}
+
+int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int what, unsigned steps, double *ret) {
+        double cost[2][8][8];
+        _cleanup_free_ double *d = NULL, *nd = NULL, *total = NULL;
+        size_t n, n_states;
+        int r;
+
+        if (!ret || (what != 0 && what != 1) || steps < 4)
+                return -EINVAL;
+        r = plan_check(p);
+        if (r < 0)
+                return r;
+        if (p->n_tensors > 3)
+                return -E2BIG;
+        n = p->n_tensors;
+        n_states = (size_t) 1 << (3 * n);
+        exact_costs(what, false, cost[0]);
+        exact_costs(what, true, cost[1]);
+        d = malloc(n_states * sizeof(double));
+        nd = malloc(n_states * sizeof(double));
+        total = calloc(steps + 1, sizeof(double));
+        if (!d || !nd || !total)
+                return -ENOMEM;
+        for (size_t x = 0; x < n_states; x++)
+                d[x] = INFINITY;
+        {
+                size_t init = 0;
+
+                for (size_t t = 0; t < n; t++)
+                        init |= (size_t) B_NVME << (3 * t);
+                d[init] = 0;
+        }
+        for (unsigned step = 0; step < steps; step++) {
+                for (size_t k = 0; k < p->n_phases; k++) {
+                        for (size_t y = 0; y < n_states; y++)
+                                nd[y] = INFINITY;
+                        for (size_t y = 0; y < n_states; y++) {
+                                uint64_t use[2] = { 0, 0 };
+                                bool ok = true;
+
+                                /* y: the copies during phase k; within capacity, and holding what it needs */
+                                for (size_t t = 0; t < n; t++) {
+                                        unsigned bits = (y >> (3 * t)) & 7;
+
+                                        if (bits & B_VRAM)
+                                                use[0] += p->size[t];
+                                        if (bits & B_HOST)
+                                                use[1] += p->size[t];
+                                }
+                                if (use[0] > vram_cap || use[1] > host_cap)
+                                        continue;
+                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                                        if (!(((y >> (3 * p->acc[i].tensor)) & 7) & tier_bit(p->acc[i].tier)))
+                                                ok = false;
+                                if (!ok)
+                                        continue;
+                                for (size_t x = 0; x < n_states; x++) {
+                                        double c = d[x];
+
+                                        if (!isfinite(c))
+                                                continue;
+                                        for (size_t t = 0; t < n && isfinite(c); t++) {
+                                                unsigned a = (x >> (3 * t)) & 7, b = (y >> (3 * t)) & 7;
+                                                uint8_t wonly = 0, need = 0, vram_use = 0, host_use = 0;
+
+                                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                                                        if (p->acc[i].tensor == t) {
+                                                                if (p->acc[i].tier == CB_VRAM)
+                                                                        vram_use = 1;
+                                                                else if (p->acc[i].mode & CB_READ)
+                                                                        host_use = 1;
+                                                                if (p->acc[i].mode == CB_WRITE)
+                                                                        wonly |= tier_bit(p->acc[i].tier);
+                                                                else
+                                                                        need |= tier_bit(p->acc[i].tier);
+                                                        }
+                                                /* a current NVMe copy stays (tierd frees it only when stale) */
+                                                if ((a & B_NVME) && !(b & B_NVME)) {
+                                                        c = INFINITY;
+                                                        break;
+                                                }
+                                                /* tierd brings a copy to VRAM only for a VRAM access */
+                                                if ((b & B_VRAM) && !(a & B_VRAM) && !vram_use) {
+                                                        c = INFINITY;
+                                                        break;
+                                                }
+                                                /* a write-only place costs nothing and needs no bytes */
+                                                wonly &= (uint8_t) ~need;
+                                                b &= ~(unsigned) wonly;
+                                                if (b)
+                                                        c += cost[host_use][a][b] * (double) p->size[t];
+                                        }
+                                        if (c < nd[y])
+                                                nd[y] = c;
+                                }
+                        }
+                        /* the phase's writes */
+                        for (size_t y = 0; y < n_states; y++)
+                                d[y] = INFINITY;
+                        for (size_t y = 0; y < n_states; y++) {
+                                size_t z = y;
+
+                                if (!isfinite(nd[y]))
+                                        continue;
+                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                                        if (p->acc[i].mode & CB_WRITE) {
+                                                size_t sh = 3 * p->acc[i].tensor;
+
+                                                z = (z & ~((size_t) 7 << sh)) | ((size_t) tier_bit(p->acc[i].tier) << sh);
+                                        }
+                                if (nd[y] < d[z])
+                                        d[z] = nd[y];
+                        }
+                }
+                total[step + 1] = INFINITY;
+                for (size_t y = 0; y < n_states; y++)
+                        total[step + 1] = fmin(total[step + 1], d[y]);
+                if (!isfinite(total[step + 1]))
+                        return -E2BIG;
+        }
+        /* the increments settle into a cycle: its mean, else the mean of the second half */
+        for (unsigned per = 1; per <= steps / 4; per++) {
+                bool same = true;
+
+                for (unsigned k = steps - per; k > steps - 2 * per; k--)
+                        if (total[k + 1] - total[k] != total[k + 1 - per] - total[k - per])
+                                same = false;
+                for (unsigned k = steps; k > steps / 2 + per; k--)
+                        if (total[k] - total[k - 1] != total[k - per] - total[k - per - 1])
+                                same = false;
+                if (same) {
+                        *ret = (total[steps] - total[steps - per]) / (double) per;
+                        return 0;
+                }
+        }
+        *ret = (total[steps] - total[steps / 2]) / (double) (steps - steps / 2);
+        return 0;
+}

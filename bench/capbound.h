@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/* capbound.h: the fewest NVMe and link bytes per step a cyclic iteration plan needs under VRAM and host capacities. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Tiers and modes of an access, as in the plan (VRAM above host; NVMe below both, unbounded). */
+#define CB_VRAM 0u
+#define CB_HOST 1u
+#define CB_READ 1u
+#define CB_WRITE 2u
+
+/* Most tensors and accesses per phase a plan may have here: bounded work and memory. */
+#define CB_MAX_TENSORS 4096u
+#define CB_MAX_ACCESSES 65536u
+
+typedef struct CbAccess {
+        uint32_t tensor;                /* index into CbPlan.size */
+        uint8_t tier;                   /* CB_VRAM or CB_HOST */
+        uint8_t mode;                   /* CB_READ, CB_WRITE or both */
+} CbAccess;
+
+/*
+ * One step of the plan: phase k's accesses are acc[start[k]] up to
+ * acc[start[k + 1]]; the step repeats for ever.
+ */
+typedef struct CbPlan {
+        size_t n_tensors;
+        const uint64_t *size;           /* bytes of each tensor */
+        size_t n_phases;
+        const size_t *start;            /* n_phases + 1 entries */
+        const CbAccess *acc;
+} CbPlan;
+
+/* Bytes per step in steady state (a mean over the cycle the simulation settles in). */
+typedef struct CbBytes {
+        double nvme_read;               /* NVMe -> host */
+        double nvme_write;              /* host -> NVMe */
+        double link_up;                 /* host -> VRAM */
+        double link_down;               /* VRAM -> host */
+} CbBytes;
+
+/* Eviction rules of one simulated schedule (capbound_min() tries them all). */
+typedef enum CbRule {
+        CB_RULE_FARTHEST,       /* Belady: the farthest next use; cheaper drop on a tie */
+        CB_RULE_COST,           /* next use / (cost of dropping + cost of bringing back) */
+        CB_RULE_FREE_FIRST,     /* any copy that is free to drop first (farthest), then Belady */
+        CB_RULE_CHEAPEST,       /* the least cost of dropping and bringing back; farthest on a tie */
+        CB_RULES,
+        /*
+         * or'ed in: a host copy's next use counts a VRAM read even while VRAM
+         * holds the tensor when the VRAM copy cannot last until then (the
+         * other tensors pinned in VRAM in between exceed its room)
+         */
+        CB_RULE_INCLUSIVE = 0x10,
+} CbRule;
+
+/*
+ * capbound_simulate() - one schedule for @p under capacities @vram_cap and
+ * @host_cap (bytes; NVMe unbounded): tierd's data path with eviction rule
+ * @rule, whose costs weigh an NVMe byte @w_nvme and a link byte @w_link.
+ * Simulates steps until the state at a step's start repeats (at most
+ * @max_steps) and stores the bytes per step of that cycle in *@ret.
+ * -EINVAL for a malformed plan, -E2BIG when one phase's accesses in a tier
+ * exceed its capacity (no schedule exists), -ENOMEM, -ETIME when no cycle
+ * was found in @max_steps steps (*@ret then holds the mean of the last half).
+ */
+int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
+                      double w_link, unsigned max_steps, CbBytes *ret);
+
+/*
+ * capbound_min() - the fewest bytes per step found: every rule, once
+ * minimising NVMe bytes and once link bytes.  *@nvme gets the NVMe-minimising
+ * schedule's bytes (nvme_read + nvme_write smallest), *@link the
+ * link-minimising one's (link_up + link_down smallest); each may be NULL.
+ * Errors as capbound_simulate() (-ETIME is not an error here: the mean is used).
+ */
+int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *nvme, CbBytes *link);
+
+/*
+ * capbound_floor() - bytes per step that every schedule of the model needs,
+ * proven, not simulated (so at or below capbound_min()'s, often well
+ * below):
+ *   NVMe: at any phase the tensors it pins, and those not pinned whose
+ *   next access reads them, that do not fit VRAM and host together are on
+ *   NVMe only and are read back within a step (nvme_read); of them, all but
+ *   those never written must have been written there within the step
+ *   (nvme_write); the phase with the most such bytes counts;
+ *   link: a read in one tier of a version written in the other crosses
+ *   the link once (host -> VRAM: link_up, VRAM -> host: link_down), and at
+ *   any phase the tensors pinned in VRAM or read there next (no write in
+ *   between) beyond VRAM's room come up again (link_up when more).
+ * -EINVAL for a malformed plan, -ENOMEM.
+ */
+int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret);
+
+/*
+ * capbound_exact() - the true minimum per step by exhaustive search over the
+ * same model, for tiny plans only (@p->n_tensors <= 3): minimises
+ * resource @what (0: NVMe bytes, 1: link bytes) over @steps steps and
+ * returns the mean of the second half in *@ret.  Exponential: for tests.
+ * -E2BIG for a larger plan, -EINVAL, -ENOMEM.
+ */
+int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int what, unsigned steps, double *ret);

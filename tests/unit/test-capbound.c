@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: MIT */
+/* test-capbound.c: bench/capbound.c's bytes per step on hand-computed plans, and against exhaustive search. */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "bench/capbound.h"
+
+#define V CB_VRAM
+#define H CB_HOST
+#define R CB_READ
+#define W CB_WRITE
+#define RW (CB_READ | CB_WRITE)
+
+/* A plan of up to 16 phases of up to 4 accesses, written as a table. */
+typedef struct TPlan {
+        uint64_t size[8];
+        size_t start[17];
+        CbAccess acc[64];
+        CbPlan p;
+} TPlan;
+
+/* @phases rows of {tensor, tier, mode} triples, -1 ending a row. */
+static void tplan(TPlan *t, size_t n_tensors, const uint64_t *size, size_t n_phases, const int (*rows)[13]) {
+        size_t n = 0;
+
+        memset(t, 0, sizeof(*t));
+        for (size_t i = 0; i < n_tensors; i++)
+                t->size[i] = size ? size[i] : 1;
+        for (size_t k = 0; k < n_phases; k++) {
+                t->start[k] = n;
+                for (size_t j = 0; rows[k][j] >= 0; j += 3)
+                        t->acc[n++] = (CbAccess) { (uint32_t) rows[k][j], (uint8_t) rows[k][j + 1],
+                                                   (uint8_t) rows[k][j + 2] };
+        }
+        t->start[n_phases] = n;
+        t->p = (CbPlan) { n_tensors, t->size, n_phases, t->start, t->acc };
+}
+
+static void exact2(const CbPlan *p, uint64_t vc, uint64_t hc, double *nvme, double *link) {
+        assert_int_equal(capbound_exact(p, vc, hc, 0, 24, nvme), 0);
+        assert_int_equal(capbound_exact(p, vc, hc, 1, 24, link), 0);
+}
+
+/* 3 tensors, VRAM 2, A B C B in VRAM: B stays, A and C take turns: 2 loads a step; host holds all. */
+static void test_three_in_two(void **state) {
+        static const int rows[4][13] = {
+                { 0, V, R, -1 }, { 1, V, R, -1 }, { 2, V, R, -1 }, { 1, V, R, -1 },
+        };
+        TPlan t;
+        CbBytes n, l;
+        double en, el;
+
+        tplan(&t, 3, NULL, 4, rows);
+        assert_int_equal(capbound_min(&t.p, 2, 8, &n, &l), 0);
+        assert_true(l.link_up == 2 && l.link_down == 0);
+        assert_true(n.nvme_read == 0 && n.nvme_write == 0);
+        exact2(&t.p, 2, 8, &en, &el);
+        assert_true(en == 0 && el == 2);
+        /* the proven floor: at C's phase A, B and C all want VRAM's 2 places: 1 comes up again */
+        assert_int_equal(capbound_floor(&t.p, 2, 8, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 0 && n.nvme_read == 0 && n.nvme_write == 0);
+        /*
+         * host 1: A or C must come from NVMe each step (tierd never demotes the
+         * clean VRAM copy to host, nor frees a current NVMe copy): 1 read.
+         */
+        assert_int_equal(capbound_min(&t.p, 2, 1, &n, &l), 0);
+        assert_true(l.link_up + l.link_down == 2);
+        assert_true(n.nvme_read == 1 && n.nvme_write == 0);
+        exact2(&t.p, 2, 1, &en, &el);
+        assert_true(en == 1 && el == 2);
+}
+
+/* VRAM 1: A written in VRAM, then B read there: A drains (link down) every step. */
+static void test_write_back_link(void **state) {
+        static const int rows[2][13] = { { 0, V, RW, -1 }, { 1, V, R, -1 } };
+        TPlan t;
+        CbBytes n, l;
+        double en, el;
+
+        tplan(&t, 2, NULL, 2, rows);
+        assert_int_equal(capbound_min(&t.p, 1, 4, &n, &l), 0);
+        assert_true(l.link_up == 2 && l.link_down == 1);
+        assert_true(n.nvme_read + n.nvme_write == 0);
+        exact2(&t.p, 1, 4, &en, &el);
+        assert_true(el == 3 && en == 0);
+        /* floor: no crossing of tiers, one of the two out of VRAM's one place */
+        assert_int_equal(capbound_floor(&t.p, 1, 4, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 0);
+}
+
+/* Host 1, no VRAM use: A read-write, B read: A is written to NVMe and read back, B read. */
+static void test_write_back_nvme(void **state) {
+        static const int rows[2][13] = { { 0, H, RW, -1 }, { 1, H, R, -1 } };
+        TPlan t;
+        CbBytes n;
+        double en, el;
+
+        tplan(&t, 2, NULL, 2, rows);
+        assert_int_equal(capbound_min(&t.p, 0, 1, &n, NULL), 0);
+        assert_true(n.nvme_read == 2 && n.nvme_write == 1);
+        exact2(&t.p, 0, 1, &en, &el);
+        assert_true(en == 3 && el == 0);
+        /*
+         * floor: one of the two is on NVMe only at each phase; at B's phase it
+         * is A, written each step, so it was written there too (B, never
+         * written, needs no write)
+         */
+        assert_int_equal(capbound_floor(&t.p, 0, 1, &n), 0);
+        assert_true(n.nvme_read == 1 && n.nvme_write == 1);
+}
+
+/*
+ * Write-back decides the victim: host 2 holds A (dirty: written every step)
+ * and B (clean), C comes in: dropping B is free, dropping A costs a write.
+ * Phases: A rw, B r, C r, A rw, B r.  Belady alone would evict the one used
+ * farthest away; the least bytes keep A and re-read B and C.
+ */
+static void test_dirty_victim(void **state) {
+        static const int rows[5][13] = {
+                { 0, H, RW, -1 }, { 1, H, R, -1 }, { 2, H, R, -1 }, { 0, H, RW, -1 }, { 1, H, R, -1 },
+        };
+        TPlan t;
+        CbBytes n;
+        double en, el;
+
+        tplan(&t, 3, NULL, 5, rows);
+        exact2(&t.p, 0, 2, &en, &el);
+        assert_int_equal(capbound_min(&t.p, 0, 2, &n, NULL), 0);
+        assert_true(n.nvme_read + n.nvme_write == en);
+        assert_true(en == 2);
+}
+
+/* Everything fits: nothing moves in steady state. */
+static void test_all_fits(void **state) {
+        static const int rows[4][13] = {
+                { 0, V, R, -1 }, { 0, V, R, 1, V, W, -1 }, { 1, H, R, 2, H, RW, 0, H, RW, -1 }, { 2, H, R, -1 },
+        };
+        TPlan t;
+        CbBytes n, l;
+
+        tplan(&t, 3, NULL, 4, rows);
+        /* VRAM must hold P and G, host G, O and P: P and G cross the link each step */
+        assert_int_equal(capbound_min(&t.p, 100, 100, &n, &l), 0);
+        assert_true(n.nvme_read + n.nvme_write == 0);
+        /* P written in host goes up once, G written in VRAM comes down once */
+        assert_true(l.link_up == 1 && l.link_down == 1);
+        /* and the floor sees exactly these crossings */
+        assert_int_equal(capbound_floor(&t.p, 100, 100, &n), 0);
+        assert_true(n.link_up == 1 && n.link_down == 1 && n.nvme_read + n.nvme_write == 0);
+        /* a plan that never changes tiers moves nothing at all */
+        static const int rows2[2][13] = { { 0, V, RW, 1, V, R, -1 }, { 2, H, RW, -1 } };
+        tplan(&t, 3, NULL, 2, rows2);
+        assert_int_equal(capbound_min(&t.p, 2, 1, &n, &l), 0);
+        assert_true(n.nvme_read + n.nvme_write + l.link_up + l.link_down == 0);
+}
+
+/* A phase that pins more than the tier holds has no schedule. */
+static void test_too_big(void **state) {
+        static const int rows[1][13] = { { 0, V, R, 1, V, R, -1 } };
+        TPlan t;
+        CbBytes n;
+        double e;
+
+        tplan(&t, 2, NULL, 1, rows);
+        assert_int_equal(capbound_min(&t.p, 1, 8, &n, NULL), -E2BIG);
+        assert_int_equal(capbound_exact(&t.p, 1, 8, 0, 8, &e), -E2BIG);
+        t.acc[0].tensor = 7;
+        assert_int_equal(capbound_min(&t.p, 4, 8, &n, NULL), -EINVAL);
+        t.acc[0].tensor = 0;
+        t.acc[0].mode = 0;
+        assert_int_equal(capbound_min(&t.p, 4, 8, &n, NULL), -EINVAL);
+}
+
+/* The synthetic training plan of bench-timeline (2 layers: P, G, O each), sizes 1. */
+static void test_training_plan(void **state) {
+        /* tensors: P0 P1 G0 G1 O0 O1 -- more than 3, so no exhaustive search: hand-computed */
+        static const int rows[6][13] = {
+                { 0, V, R, -1 }, { 1, V, R, -1 },                               /* fwd */
+                { 1, V, R, 3, V, W, -1 }, { 0, V, R, 2, V, W, -1 },             /* bwd, reverse */
+                { 2, H, R, 4, H, RW, 0, H, RW, -1 }, { 3, H, R, 5, H, RW, 1, H, RW, -1 },   /* opt */
+        };
+        TPlan t;
+        CbBytes n, l;
+
+        tplan(&t, 6, NULL, 6, rows);
+        /* room for everything: P up and G down once each per layer */
+        assert_int_equal(capbound_min(&t.p, 4, 6, &n, &l), 0);
+        assert_true(n.nvme_read + n.nvme_write == 0);
+        assert_true(l.link_up == 2 && l.link_down == 2);
+        /*
+         * host 4: opt_0 pins G0 O0 P0 and G1 arrived from VRAM: P1 or O1 is out.
+         * O1 (used once a step, dirty) costs a write and a read; P1 (dirty after
+         * opt_1 too) the same: 2 NVMe bytes a step at least, and the model finds 2.
+         */
+        assert_int_equal(capbound_min(&t.p, 4, 4, &n, &l), 0);
+        assert_true(n.nvme_read + n.nvme_write == 2);
+}
+
+/*
+ * Random tiny plans (2 or 3 tensors of 1 or 2 bytes, 2 to 6 phases): the
+ * rules' best is never below the exhaustive minimum (the two implement one
+ * model), and equal to it on nearly all.
+ */
+static void test_random_vs_exact(void **state) {
+        unsigned seed = 12345, equal = 0, total = 0;
+        double floor_sum = 0, exact_sum = 0;
+
+        for (int iter = 0; iter < 300; iter++) {
+                int rows[6][13];
+                size_t n_phases = 2 + (size_t) (rand_r(&seed) % 5), n_tensors = 2 + (size_t) (rand_r(&seed) % 2);
+                uint64_t size[3];
+                uint64_t vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
+                TPlan t;
+                CbBytes n, l;
+                double en, el;
+                int r;
+
+                for (size_t i = 0; i < n_tensors; i++)
+                        size[i] = 1 + (uint64_t) (rand_r(&seed) % 2);
+                for (size_t k = 0; k < n_phases; k++) {
+                        size_t m = 0, n_acc = 1 + (size_t) (rand_r(&seed) % 2);
+
+                        for (size_t a = 0; a < n_acc; a++) {
+                                int tn = rand_r(&seed) % (int) n_tensors, dup = 0;
+
+                                for (size_t x = 0; x < m; x += 3)
+                                        dup |= rows[k][x] == tn;
+                                if (dup)
+                                        continue;
+                                rows[k][m++] = tn;
+                                rows[k][m++] = rand_r(&seed) % 2 ? V : H;
+                                rows[k][m++] = 1 + rand_r(&seed) % 3;
+                        }
+                        rows[k][m] = -1;
+                }
+                tplan(&t, n_tensors, size, n_phases, (const int (*)[13]) rows);
+                r = capbound_min(&t.p, vc, hc, &n, &l);
+                if (r == -E2BIG) {
+                        assert_int_equal(capbound_exact(&t.p, vc, hc, 0, 24, &en), -E2BIG);
+                        continue;
+                }
+                assert_int_equal(r, 0);
+                exact2(&t.p, vc, hc, &en, &el);
+                {
+                        CbBytes f;
+
+                        /* the floor is proven: never above the exhaustive minimum */
+                        assert_int_equal(capbound_floor(&t.p, vc, hc, &f), 0);
+                        if (f.nvme_read + f.nvme_write > en + 1e-9 || f.link_up + f.link_down > el + 1e-9)
+                                fail_msg("plan %d: the floor (%g, %g) is above the exhaustive minimum (%g, %g)", iter,
+                                         f.nvme_read + f.nvme_write, f.link_up + f.link_down, en, el);
+                        floor_sum += f.nvme_read + f.nvme_write + f.link_up + f.link_down;
+                        exact_sum += en + el;
+                }
+                if (fabs(n.nvme_read + n.nvme_write - en) > 1e-9 || fabs(l.link_up + l.link_down - el) > 1e-9) {
+                        for (size_t k = 0; k < n_phases; k++) {
+                                for (size_t x = 0; rows[k][x] >= 0; x += 3)
+                                        print_message("t%d %s %d  ", rows[k][x], rows[k][x + 1] == V ? "V" : "H", rows[k][x + 2]);
+                                print_message("\n");
+                        }
+                        print_message("caps %" PRIu64 " %" PRIu64 " sizes %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", vc, hc, size[0], size[1], size[2]);
+                }
+                if (n.nvme_read + n.nvme_write < en - 1e-9 || l.link_up + l.link_down < el - 1e-9)
+                        fail_msg("plan %d: the simulation found fewer bytes (%g, %g) than the exhaustive minimum "
+                                 "(%g, %g): the two models differ", iter, n.nvme_read + n.nvme_write,
+                                 l.link_up + l.link_down, en, el);
+                total++;
+                if (fabs(n.nvme_read + n.nvme_write - en) < 1e-9 && fabs(l.link_up + l.link_down - el) < 1e-9)
+                        equal++;
+                else
+                        print_message("plan %d: simulated nvme %g link %g, exact %g %g\n", iter,
+                                      n.nvme_read + n.nvme_write, l.link_up + l.link_down, en, el);
+        }
+        print_message("%u of %u random plans: the simulation's minimum equals the exhaustive one; the floor "
+                      "reaches %.0f%% of the exhaustive bytes\n", equal, total, 100 * floor_sum / exact_sum);
+        /* 111 of 114 when written: the rules must not get worse */
+        assert_true(total > 100);
+        assert_true(equal * 100 >= total * 95);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_three_in_two),
+                cmocka_unit_test(test_write_back_link),
+                cmocka_unit_test(test_write_back_nvme),
+                cmocka_unit_test(test_dirty_victim),
+                cmocka_unit_test(test_all_fits),
+                cmocka_unit_test(test_too_big),
+                cmocka_unit_test(test_training_plan),
+                cmocka_unit_test(test_random_vs_exact),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
