@@ -21,7 +21,10 @@
  * the next phase not pinned yet, and the accesses of the phases after it
  * whose tensor is not in the needed tier, as far ahead as the job's
  * working set fits its limits (plan_window(): further would only be
- * evicted again before its use).  Each gets the predicted start of its
+ * evicted again before its use) or farther where reads must start early
+ * (admit_horizon()); each prefetch is issued only if a simulation of the
+ * tier's occupancy up to its phase says it survives until then
+ * (sched_admit(), admit.c).  Each gets the predicted start of its
  * phase as a deadline.  Candidates are issued earliest deadline first, at
  * most a few per job and link at a time (so that the link's bandwidth goes
  * to the earliest deadline instead of being split); when deadlines collide
