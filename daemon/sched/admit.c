@@ -28,9 +28,11 @@
  * step (Plan.iter_start_ns) it happened in.  Another move of the same
  * tensor into the same tier in the same step needs a reason, which the
  * debug log shows: a pin (the phase needs it now) or a use in between
- * (the copy served, then was evicted for room).  A prefetch whose copy of
- * this step was evicted before its use is not repeated: the admission's
- * prediction was wrong once, the pin brings it if it must.
+ * (the copy served, then was evicted for room), or a prefetch whose copy of
+ * this step was evicted before its use (the admission's prediction missed:
+ * counted in Plan.moves_refetched).  Refusing that one instead was tried:
+ * it saved host <-> VRAM copies but cost more NVMe bytes a step (the pin
+ * brought the tensor later, at a worse moment for what it evicted).
  */
 
 #include <inttypes.h>
@@ -356,19 +358,11 @@ uint64_t admit_nvme_bw(const Sched *s) {
 bool sched_admit(Sched *s, SchedCand *c) {
         Plan *p = c->plan;
         Tensor *t = c->tensor;
-        MoveWhy why = moves_check(p, t, c->tier, false);
         char reason[160] = "";
 
-        if (why == MOVE_REFUSED) {
-                p->moves_refused++;
-                t->sched_blocked = s->epoch;
-                log_debug("sched: job '%s' prefetch '%s' -> %s not issued: %s", p->job->name, t->name,
-                          level_to_string(c->tier), move_why_to_string(why));
-                return false;
-        }
         if (admit_survives(p, t, c->tier, c->ahead, reason, sizeof(reason)))
                 return true;
-        if (c->tier == TIER_VRAM && !copy_valid(t, TIER_HOST) && moves_check(p, t, TIER_HOST, false) != MOVE_REFUSED &&
+        if (c->tier == TIER_VRAM && !copy_valid(t, TIER_HOST) &&
             admit_survives(p, t, TIER_HOST, c->ahead, reason, sizeof(reason))) {
                 c->tier = TIER_HOST;    /* vram would not keep it: stage it in host memory */
                 c->link = SCHED_LINK_NVME;
@@ -397,7 +391,7 @@ MoveWhy moves_check(Plan *p, const Tensor *t, int tier, bool pin) {
                 return MOVE_FIRST;
         if (pin)
                 return MOVE_DEMAND;
-        return p->move_used[i] ? MOVE_REUSE : MOVE_REFUSED;
+        return p->move_used[i] ? MOVE_REUSE : MOVE_REFETCH;
 }
 
 void moves_note(Plan *p, const Tensor *t, int tier, bool used) {
@@ -412,6 +406,8 @@ void moves_note(Plan *p, const Tensor *t, int tier, bool used) {
 void moves_landed(Plan *p, const Tensor *t, int tier) {
         MoveWhy why = moves_check(p, t, tier, false);
 
+        if (why == MOVE_REFETCH)
+                p->moves_refetched++;
         if (why != MOVE_FIRST) {
                 p->moves_repeated++;
                 log_debug("sched: job '%s' moved '%s' to %s %s", p->job->name, t->name, level_to_string(tier),
@@ -432,8 +428,8 @@ const char *move_why_to_string(MoveWhy w) {
                 [MOVE_FIRST] = "first move this step",
                 [MOVE_DEMAND] = "again this step: its phase needs it now",
                 [MOVE_REUSE] = "again this step: evicted after its use, needed again",
-                [MOVE_REFUSED] = "again this step: its prefetch was evicted before use",
+                [MOVE_REFETCH] = "again this step: its prefetch was evicted before use",
         };
 
-        return w <= MOVE_REFUSED ? names[w] : "?";
+        return w <= MOVE_REFETCH ? names[w] : "?";
 }

@@ -22,9 +22,8 @@ void plan_window(Plan *p);
 /* NVMe read bandwidth the lookahead counts on: [nvme] bandwidth x targets, else a typical drive's. */
 uint64_t admit_nvme_bw(const Sched *s);
 /*
- * sched_admit() - may prefetch @c be issued now?  Not when its copy of this
- * step was evicted before use already (moves_check()), and only if it
- * survives until its use (admit_survives(); a vram one that would not may
+ * sched_admit() - may prefetch @c be issued now?  Only if it survives
+ * until its use (admit_survives(); a vram one that would not may
  * be staged in host instead: @c->tier changes).  A refusal is logged and
  * marks the tensor blocked until something moves (Sched.epoch).
  */
@@ -66,7 +65,7 @@ typedef enum MoveWhy {
         MOVE_FIRST,             /* its first move into that tier this step */
         MOVE_DEMAND,            /* a pin: the phase needs it now */
         MOVE_REUSE,             /* its last move there served a use, and it was evicted after it */
-        MOVE_REFUSED,           /* a prefetch whose copy of this step was evicted before its use: not again */
+        MOVE_REFETCH,           /* a prefetch whose copy of this step was evicted before its use (counted) */
 } MoveWhy;
 
 /* Classify a move of @t into @tier (@pin: a hold's pin, else a prefetch) against the step's moves so far. */

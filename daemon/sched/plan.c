@@ -530,11 +530,11 @@ static void plan_iteration(Plan *p, uint64_t now) {
                         p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
                 log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64
                           " write %" PRIu64 ", vram link %" PRIu64 " bytes; so far: moves repeated in a step %" PRIu64
-                          ", prefetches not repeated %" PRIu64 ", not admitted %" PRIu64, j->name, j->weight,
+                          " (evicted before use %" PRIu64 "), prefetches not admitted %" PRIu64, j->name, j->weight,
                           p->iterations, p->last_step_s, p->last_stall_s, p->last_step_links[LINK_NVME_TO_HOST],
                           p->last_step_links[LINK_HOST_TO_NVME],
                           p->last_step_links[LINK_HOST_TO_VRAM] + p->last_step_links[LINK_VRAM_TO_HOST],
-                          p->moves_repeated, p->moves_refused, p->admit_refused);
+                          p->moves_repeated, p->moves_refetched, p->admit_refused);
         }
         p->iter_start_ns = now;
         p->iter_stall_ns = stall;
