@@ -331,7 +331,12 @@ int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs,
         p->slots = calloc(MAX(n_acc, 1u), sizeof(Tensor *));
         p->pred = calloc(p->n_phases + 1, sizeof(uint64_t));
         p->wmark = calloc(MAX(n_acc, 1u), 1);
-        r = p->phases && p->acc_storage && p->slots && p->pred && p->wmark ? 0 : -ENOMEM;
+        p->sim_avail = calloc(p->n_phases + 1, sizeof(uint64_t));
+        p->sim_stamp = calloc(MAX(n_acc, 1u), sizeof(uint32_t));
+        p->move_step = calloc(2 * (size_t) MAX(n_acc, 1u), sizeof(uint64_t));
+        p->move_used = calloc(2 * (size_t) MAX(n_acc, 1u), sizeof(bool));
+        r = p->phases && p->acc_storage && p->slots && p->pred && p->wmark && p->sim_avail && p->sim_stamp &&
+            p->move_step && p->move_used ? 0 : -ENOMEM;
         for (int h = 0; h < 2; h++) {
                 p->hs[h].pinned = calloc(p->max_acc, sizeof(bool));
                 p->hs[h].ops = calloc(p->max_acc, sizeof(Op *));
@@ -379,6 +384,10 @@ void plan_free(Plan *p) {
         free(p->acc_mode);
         free(p->pred);
         free(p->wmark);
+        free(p->sim_avail);
+        free(p->sim_stamp);
+        free(p->move_step);
+        free(p->move_used);
         free(p->phases);
         free(p->acc_storage);
         free(p->slots);
@@ -520,10 +529,12 @@ static void plan_iteration(Plan *p, uint64_t now) {
                 for (int i = 0; i < _LINK_MAX; i++)
                         p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
                 log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64
-                          " write %" PRIu64 ", vram link %" PRIu64 " bytes", j->name, j->weight, p->iterations,
-                          p->last_step_s, p->last_stall_s, p->last_step_links[LINK_NVME_TO_HOST],
+                          " write %" PRIu64 ", vram link %" PRIu64 " bytes; so far: moves repeated in a step %" PRIu64
+                          " (evicted before use %" PRIu64 "), prefetches not admitted %" PRIu64, j->name, j->weight,
+                          p->iterations, p->last_step_s, p->last_stall_s, p->last_step_links[LINK_NVME_TO_HOST],
                           p->last_step_links[LINK_HOST_TO_NVME],
-                          p->last_step_links[LINK_HOST_TO_VRAM] + p->last_step_links[LINK_VRAM_TO_HOST]);
+                          p->last_step_links[LINK_HOST_TO_VRAM] + p->last_step_links[LINK_VRAM_TO_HOST],
+                          p->moves_repeated, p->moves_refetched, p->admit_refused);
         }
         p->iter_start_ns = now;
         p->iter_stall_ns = stall;

@@ -98,6 +98,19 @@ struct Plan {
         uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) / both together (bit 2) window */
         uint32_t window[2];     /* phases ahead whose working set fits vram / host (sched.c plan_window()) */
         uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
+        /* admission (admit.c): scratch of one simulation */
+        uint64_t *sim_avail;    /* per relative phase: bytes that become victims before the candidate */
+        uint32_t *sim_stamp;    /* per slot: counted in simulation sim_gen */
+        uint32_t sim_gen;
+        uint64_t sim_now_pass[2];       /* per tier: the pass in which a prefetch found no room now, */
+        uint32_t sim_now_ahead[2];      /* for a use this many phases ahead */
+        uint64_t sim_now_size[2];       /* and of this size */
+        /* moves per step (admit.c), per slot and tier (2 * slot + tier) */
+        uint64_t *move_step;    /* iter_start_ns + 1 of the step it last moved there in */
+        bool *move_used;        /* that copy served a pin since */
+        uint64_t moves_repeated; /* moves again in one step, with their reason (a pin, a use between) */
+        uint64_t moves_refetched; /* of them, prefetches whose copy of the step was evicted before use */
+        uint64_t admit_refused; /* prefetches the occupancy simulation did not admit */
 
         uint64_t iterations;
         uint64_t iter_stall_ns; /* client's stall counter at the last iteration start */

@@ -21,7 +21,10 @@
  * the next phase not pinned yet, and the accesses of the phases after it
  * whose tensor is not in the needed tier, as far ahead as the job's
  * working set fits its limits (plan_window(): further would only be
- * evicted again before its use).  Each gets the predicted start of its
+ * evicted again before its use) or farther where reads must start early
+ * (admit_horizon()); each prefetch is issued only if a simulation of the
+ * tier's occupancy up to its phase says it survives until then
+ * (sched_admit(), admit.c).  Each gets the predicted start of its
  * phase as a deadline.  Candidates are issued earliest deadline first, at
  * most a few per job and link at a time (so that the link's bandwidth goes
  * to the earliest deadline instead of being split); when deadlines collide
@@ -63,6 +66,7 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
+#include "daemon/sched/admit.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -271,6 +275,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                         hold->n_pinned++;
                         tensor_pin_account(t, a->tier, +1);
                         plan_slot_publish(p, t, a->tier);
+                        moves_used(p, t, a->tier);
                         continue;
                 }
                 add_cand(cands, (Cand) {
@@ -466,6 +471,8 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
          */
         if (op->kind == OP_CLEAN && status >= 0 && op->tier >= 0 && op->tier < TIERS)
                 t->sched_cleaned[op->tier] = t->version;
+        if (op->kind == OP_PREFETCH && status >= 0 && t->plan)
+                moves_landed(t->plan, t, op->tier);
         log_debug("sched: '%s' %s done: %d (%s)", t->name, op->kind == OP_CLEAN ? "clean" : "prefetch", status,
                   error ? error : "");
         if (status >= 0)
@@ -524,6 +531,7 @@ static uint8_t cand_mode(const Cand *c) {
 static void issue(Sched *s, Cand *c) {
         Job *j = c->plan->job;
         Op *op = NULL;
+        MoveWhy why;
         int r;
 
         if (c->hold >= 0) {
@@ -556,6 +564,17 @@ static void issue(Sched *s, Cand *c) {
                 op->cancelled = on_prefetch_cancelled;
                 c->tensor->sched_op = op;
         }
+        /* a pin joining a transfer in flight moves nothing; a prefetch is noted when its copy lands */
+        if (c->hold >= 0 && c->tensor->copy[c->tier].state == COPY_ABSENT) {
+                why = moves_check(c->plan, c->tensor, c->tier, true);
+                if (why != MOVE_FIRST) {
+                        c->plan->moves_repeated++;
+                        log_debug("sched: job '%s' moves '%s' to %s %s", j->name, c->tensor->name,
+                                  level_to_string(c->tier), move_why_to_string(why));
+                }
+                moves_note(c->plan, c->tensor, c->tier, true);
+        } else if (c->hold >= 0)
+                moves_used(c->plan, c->tensor, c->tier);
         slot_take(j, c->link);
         sched_charge(j, c->tensor->alloc_size);
         if (s->trace)
@@ -568,68 +587,18 @@ static void issue(Sched *s, Cand *c) {
                   ((double) c->deadline - (double) now_ns()) / 1e6, c->link == SCHED_LINK_NVME ? "nvme" : "pcie");
 }
 
-/*
- * plan_window() - how far ahead prefetching may reach: for vram and host,
- * the largest n such that every tensor phases cur..cur+n touch there fits
- * the job's limit at once.  A copy brought in for a phase beyond that would
- * be evicted again before its use by something needed earlier (Belady evicts
- * the farthest next use first), so it would be read twice.  A tensor needed
- * in vram that is not there now counts in host too: it is staged there.
- * For host, every tensor touched in any tier must also fit vram and host
- * together: what is not in one must be in the other.  Also sets need[]: the
- * bytes these phases, and the first one that does not fit, bring in.
- */
-static void plan_window(Plan *p) {
-        Job *j = p->job;
-        uint32_t cur = plan_cur(p);
-        uint64_t bytes[2] = { 0, 0 }, mem = 0;
-        bool open[2] = { true, true };
-
-        memset(p->wmark, 0, p->n_slots);
-        p->window[0] = p->window[1] = 0;
-        p->need[0] = p->need[1] = 0;
-        for (uint32_t k = 0; k < p->n_phases && (open[0] || open[1]); k++) {
-                PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
-
-                /* before the first marker no phase runs: phase 0 is the next one */
-                for (uint32_t i = 0; i < ph->n_acc && !(k == 0 && p->cur == UINT32_MAX); i++) {
-                        PlanAcc *a = &ph->acc[i];
-                        uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
-
-                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM) &&
-                            !tensor_is_blank(a->tensor))
-                                bits |= 2;      /* staged through host (zeros are filled in place) */
-                        for (int c = 0; c < 2; c++)
-                                if (open[c] && ((bits & ~p->wmark[a->slot]) & (1u << c))) {
-                                        p->wmark[a->slot] |= (uint8_t) (1u << c);
-                                        bytes[c] += a->tensor->alloc_size;
-                                        if (!copy_valid(a->tensor, c))
-                                                p->need[c] += a->tensor->alloc_size;
-                                }
-                        /* every tensor touched, whatever the tier: vram and host hold them together */
-                        if (!(p->wmark[a->slot] & 4)) {
-                                p->wmark[a->slot] |= 4;
-                                mem += a->tensor->alloc_size;
-                        }
-                }
-                /* the phase that overflows still counts in need: write-behind makes room for it */
-                for (int c = 0; c < 2; c++) {
-                        if (open[c] && (bytes[c] > j->limit[c] ||
-                                        (c == TIER_HOST && mem > j->limit[TIER_VRAM] + j->limit[TIER_HOST])))
-                                open[c] = false;
-                        else if (open[c])
-                                p->window[c] = k;
-                }
-        }
-}
-
-static void collect_prefetch(Plan *p, CandList *cands) {
+static void collect_prefetch(Plan *p, CandList *cands, uint64_t now) {
         Sched *s = p->sched;
-        uint32_t cur = plan_cur(p);
+        uint32_t cur = plan_cur(p), horizon;
 
         plan_window(p);
-        /* phases after the one pinned ahead, as far as the windows reach */
-        for (uint32_t k = 2; k <= MAX(p->window[0], p->window[1]) && k < p->n_phases; k++) {
+        /*
+         * Phases after the one pinned ahead, as far as the windows reach, or
+         * farther where reads must start early (admit_horizon()); beyond the
+         * windows the occupancy simulation alone admits them (admit()).
+         */
+        horizon = MAX(MAX(p->window[0], p->window[1]), admit_horizon(p, now, admit_nvme_bw(s)));
+        for (uint32_t k = 2; k <= horizon && k < p->n_phases; k++) {
                 PlanPhase *ph = &p->phases[(cur + k) % p->n_phases];
 
                 for (uint32_t i = 0; i < ph->n_acc; i++) {
@@ -639,12 +608,8 @@ static void collect_prefetch(Plan *p, CandList *cands) {
 
                         if (a->mode == PLAN_WRITE || copy_valid(t, tier))
                                 continue;       /* overwritten whole (the pin takes the room), or there already */
-                        if (tier == TIER_VRAM && k > p->window[0]) {
-                                if (k > p->window[1])
-                                        continue;
+                        if (tier == TIER_VRAM && k > p->window[0])
                                 tier = TIER_HOST;       /* beyond the vram window: stage it in host memory */
-                        } else if (tier == TIER_HOST && k > p->window[1])
-                                continue;
                         if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(s, t, tier) ||
                             t->sched_blocked == s->epoch)
                                 continue;
@@ -652,7 +617,7 @@ static void collect_prefetch(Plan *p, CandList *cands) {
                                 continue;       /* zeros or dead bytes: nothing to move */
                         add_cand(cands, (Cand) {
                                 .plan = p, .job = p->job, .tensor = t, .tier = tier, .hold = -1, .idx = i,
-                                .deadline = p->pred[k], .link = access_link(t, tier, PLAN_READ),
+                                .deadline = p->pred[k], .ahead = k, .link = access_link(t, tier, PLAN_READ),
                         });
                 }
         }
@@ -688,7 +653,8 @@ static void write_behind(Sched *s, Plan *p) {
                 size_t n = 0, k;
 
                 free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
-                if (need <= free_bytes || !slot_free(j, link, link_limit))
+                /* towards NVMe the occupancy simulation finds the rest (admit_evicted()) */
+                if ((need <= free_bytes && tier != TIER_HOST) || !slot_free(j, link, link_limit))
                         continue;
                 /*
                  * Writes to NVMe only while it is idle: a write in its way would delay a
@@ -708,12 +674,20 @@ static void write_behind(Sched *s, Plan *p) {
                                 v[n++] = t;
                 }
                 k = sched_victim_order(s, tier, v, n, 0);
-                for (size_t i = 0; i < k && got < need - free_bytes; i++) {
+                for (size_t i = 0; i < k && (got + free_bytes < need || tier == TIER_HOST); i++) {
                         Tensor *t = v[i];
+                        bool for_window = got + free_bytes < need;
 
                         got += t->alloc_size;
                         if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == s->epoch ||
                             t->sched_cleaned[tier] == t->version || sched_next_access_overwrites(t))
+                                continue;
+                        /*
+                         * Beyond the window's need: a dirty host copy that the plan's
+                         * future will evict before its next use anyway is written now,
+                         * while NVMe is idle, instead of as a drain in a read's way.
+                         */
+                        if (!for_window && (!t->plan || !admit_evicted(t->plan, t, tier)))
                                 continue;
                         if (!slot_free(j, link, link_limit))
                                 break;
@@ -767,7 +741,7 @@ void sched_run(Sched *s) {
                                 hold_fill(p, 1, p->pred[1], &cands);
                                 hold_check_ready(p, 1);
                         }
-                        collect_prefetch(p, &cands);
+                        collect_prefetch(p, &cands, now);
                 }
         }
 
@@ -798,6 +772,8 @@ void sched_run(Sched *s) {
                                 continue;
                         c->tier = TIER_HOST;
                 }
+                if (c->hold < 0 && !sched_admit(s, c))
+                        continue;
                 issue(s, c);
         }
 

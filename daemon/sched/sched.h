@@ -74,6 +74,7 @@ typedef struct SchedCand {
         int hold;               /* 0: the current phase, 1: the next one, -1: a prefetch */
         uint32_t idx;
         uint64_t deadline;      /* CLOCK_MONOTONIC ns */
+        uint32_t ahead;         /* a prefetch: phases from the current one to its use (admit.c) */
         int link;               /* SCHED_LINK_* */
         bool taken;
 } SchedCand;
