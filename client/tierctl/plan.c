@@ -12,6 +12,7 @@
 #include "client/tierctl/planner.h"
 #include "client/tierctl/tierctl.h"
 #include "util/json.h"
+#include "client/tierctl/planfile.h"
 #include "util/size.h"
 
 void plan_help(FILE *f) {
@@ -54,6 +55,8 @@ void plan_help(FILE *f) {
                 "  --blocks N           layers the state is split into (default: --layers)\n"
                 "  --phase-times F,B,O  relative compute of a layer's forward, backward and\n"
                 "                       optimizer phases (default 1,2,1)\n"
+                "  --plan FILE          replay this iteration plan (bench/torch_plan.py writes\n"
+                "                       tier.torch's) instead of the layer-by-layer one\n"
                 "Sources:\n"
                 "  --bench FILE         `tierctl bench` results (default: $XDG_CACHE_HOME/tierd/\n"
                 "                       bench.json or ~/.cache/tierd/bench.json, when there)\n"
@@ -507,7 +510,7 @@ int verb_plan(int argc, char **argv) {
                 ARG_BW, ARG_BG, ARG_BM, ARG_BO, ARG_SEQ, ARG_MB, ARG_ACC, ARG_CKPT, ARG_VRAM, ARG_HOST,
                 ARG_DRIVES, ARG_DR, ARG_DW, ARG_LINK, ARG_TFLOPS, ARG_TBW, ARG_PLACEMENT,
                 ARG_COMPUTE, ARG_SHARED, ARG_VLIM, ARG_HLIM, ARG_BLOCKS, ARG_PHASES, ARG_BENCH, ARG_NO_BENCH,
-                ARG_SOCKET, ARG_NO_TIERD,
+                ARG_SOCKET, ARG_NO_TIERD, ARG_PLAN,
         };
         static const struct option options[] = {
                 { "json", no_argument, NULL, ARG_JSON },
@@ -540,6 +543,7 @@ int verb_plan(int argc, char **argv) {
                 { "host-limit", required_argument, NULL, ARG_HLIM },
                 { "blocks", required_argument, NULL, ARG_BLOCKS },
                 { "phase-times", required_argument, NULL, ARG_PHASES },
+                { "plan", required_argument, NULL, ARG_PLAN },
                 { "bench", required_argument, NULL, ARG_BENCH },
                 { "no-bench", no_argument, NULL, ARG_NO_BENCH },
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -549,7 +553,8 @@ int verb_plan(int argc, char **argv) {
         };
         PlanInput in;
         PlanResult r;
-        const char *bench = NULL, *socket = arg_socket;
+        const char *bench = NULL, *socket = arg_socket, *plan_path = NULL;
+        PlanFile plan_file = {};
         bool no_bench = false, no_tierd = false;
         char err[256];
         uint64_t u;
@@ -587,6 +592,9 @@ int verb_plan(int argc, char **argv) {
                         continue;
                 case ARG_BENCH:
                         bench = optarg;
+                        continue;
+                case ARG_PLAN:
+                        plan_path = optarg;
                         continue;
                 case ARG_SOCKET:
                         socket = optarg;
@@ -662,17 +670,31 @@ int verb_plan(int argc, char **argv) {
         c = hardware(&in, bench, no_bench, socket, no_tierd);
         if (c != EXIT_SUCCESS)
                 return c;
+        if (plan_path) {
+                if (!in.vram_limit || !in.host_limit) {
+                        fprintf(stderr, "tierctl plan: --plan replays the plan under the job's budgets: give "
+                                "--vram-limit and --host-limit too\n");
+                        return EXIT_USAGE;
+                }
+                if (plan_file_load(plan_path, &plan_file, err, sizeof(err)) < 0) {
+                        fprintf(stderr, "tierctl plan: %s\n", err);
+                        return EXIT_USAGE;
+                }
+                in.plan = &plan_file.plan;
+                in.plan_kind = plan_file.kind;
+        }
         if (plan_validate(&in, err, sizeof(err)) < 0) {
                 fprintf(stderr, "tierctl plan: %s\n", err);
+                plan_file_done(&plan_file);
                 return EXIT_USAGE;
         }
         plan_compute(&in, &r);
         if (plan_compute_limits(&in, &r, err, sizeof(err)) < 0) {
                 fprintf(stderr, "tierctl plan: %s\n", err);
+                plan_file_done(&plan_file);
                 return EXIT_USAGE;
         }
-        if (arg_json)
-                return print_json(&in, &r);
-        print_text(&in, &r);
-        return EXIT_SUCCESS;
+        c = arg_json ? print_json(&in, &r) : (print_text(&in, &r), EXIT_SUCCESS);
+        plan_file_done(&plan_file);
+        return c;
 }

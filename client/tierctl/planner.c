@@ -76,9 +76,9 @@ int plan_validate(const PlanInput *in, char *err, size_t err_size) {
                             "(the measured compute time of a step), above 0");
         if ((in->vram_limit > 0) != (in->host_limit > 0))
                 return fail(err, err_size, "give both --vram-limit and --host-limit (the job's budgets) or neither");
-        if (in->vram_limit > 0 && !in->blocks && !in->layers)
+        if (in->vram_limit > 0 && !in->blocks && !in->layers && !in->plan)
                 return fail(err, err_size, "a replay under --vram-limit and --host-limit needs the layers: "
-                            "give the shape or --blocks N");
+                            "give the shape, --blocks N or --plan FILE");
         if (in->vram_limit > 0 && in->drives == 0)
                 return fail(err, err_size, "a replay under --vram-limit and --host-limit needs the drives "
                             "(--drives N --drive-read GB/s --drive-write GB/s): what does not fit goes there");
@@ -265,7 +265,19 @@ int plan_compute_limits(const PlanInput *in, PlanResult *r, char *err, size_t er
                 .vram_limit = (double) in->vram_limit, .host_limit = (double) in->host_limit,
                 .fwd_s = fs, .bwd_s = bs, .opt_s = os,
         };
-        k = plan_simulate(&si, &sr, err, err_size);
+        if (in->plan) {
+                double *phase_s = calloc(in->plan->n_phases, sizeof(*phase_s));
+                PlanSimPlan plan = *in->plan;
+
+                if (!phase_s)
+                        return -ENOMEM;
+                for (size_t p = 0; p < plan.n_phases; p++)
+                        phase_s[p] = in->plan_kind[p] == 0 ? fs : in->plan_kind[p] == 1 ? bs : os;
+                plan.phase_s = phase_s;
+                k = plan_simulate_plan(&plan, si.vram_limit, si.host_limit, &sr, err, err_size);
+                free(phase_s);
+        } else
+                k = plan_simulate(&si, &sr, err, err_size);
         if (k < 0)
                 return k;
         x->given = true;

@@ -87,6 +87,8 @@ typedef struct PlanInput {
         /* the job's budgets: both > 0 replays the step under them (plansim.h) */
         uint64_t vram_limit, host_limit;
         uint64_t blocks;                /* layers the state is split into for the replay; 0: --layers */
+        const struct PlanSimPlan *plan; /* --plan FILE: replay this plan instead of the layer-by-layer one */
+        const uint8_t *plan_kind;       /* its phases' kinds (planfile.h: fwd, bwd, opt) */
         double fwd_share, bwd_share, opt_share;   /* phase times per layer, relative; all 0: 1, 2, 1 */
         double tbw;                     /* endurance per drive, TB (10^12) written; 0: not given */
         int placement;                  /* -1: choose by the decision tree, else a PlanPlacement */

@@ -11,7 +11,7 @@
 #include "client/tierctl/plansim.h"
 
 enum { V, H, N, TIERS };                /* VRAM, host, NVMe */
-enum { R = 1, W = 2 };                  /* access modes */
+enum { R = PLAN_SIM_READ, W = PLAN_SIM_WRITE };
 enum { WARMUP_STEPS = 4, MEASURED_STEPS = 2 };
 
 typedef struct Access {
@@ -23,15 +23,17 @@ typedef struct Access {
 typedef struct Tensor {
         double size;
         bool valid[TIERS];
-        Access acc[3];                  /* W: fwd, bwd, opt; G: bwd, opt; O: opt */
+        Access *acc;                    /* its accesses in phase order */
         unsigned n_acc;
         unsigned long long stamp;
 } Tensor;
 
 typedef struct Sim {
-        const PlanSimInput *in;
-        unsigned L, phases;             /* phases per step: 3 L */
-        Tensor *t;                      /* W_0.., G_0.., O_0.. */
+        const PlanSimPlan *plan;
+        unsigned phases;
+        size_t n_tensors;
+        Tensor *t;
+        Access *acc_all;                /* backing store of every Tensor.acc */
         double *start;                  /* start time of each phase within a step */
         double step_time;
         double used[TIERS], limit[TIERS];
@@ -49,31 +51,10 @@ static int fail(char *err, size_t err_size, const char *fmt, ...) {
         return -EINVAL;
 }
 
-/* The accesses of phase p (within a step): up to 3, tensor indexes in @tensor. */
-static unsigned phase_accesses(unsigned L, unsigned p, unsigned tensor[3], Access acc[3]) {
-        unsigned i = p % L;
-
-        if (p < L) {
-                tensor[0] = i;
-                acc[0] = (Access) { p, V, R };
-                return 1;
-        }
-        if (p < 2 * L) {
-                unsigned b = L - 1 - i;
-
-                tensor[0] = b;
-                acc[0] = (Access) { p, V, R };
-                tensor[1] = L + b;
-                acc[1] = (Access) { p, V, W };
-                return 2;
-        }
-        tensor[0] = L + i;
-        acc[0] = (Access) { p, H, R };
-        tensor[1] = 2 * L + i;
-        acc[1] = (Access) { p, H, R | W };
-        tensor[2] = i;
-        acc[2] = (Access) { p, H, R | W };
-        return 3;
+/* The accesses of phase @p (within a step). */
+static const PlanSimAccess *phase_acc(const Sim *s, unsigned p, size_t *n) {
+        *n = s->plan->start[p + 1] - s->plan->start[p];
+        return s->plan->acc + s->plan->start[p];
 }
 
 /* Phases from now to the tensor's next access after the current phase, and that access. */
@@ -104,7 +85,7 @@ static double until(const Sim *s, unsigned phase) {
         return phase > cur ? d : d + s->step_time;
 }
 
-static bool held(const Sim *s, unsigned ti) {
+static bool held(const Sim *s, size_t ti) {
         unsigned cur = (unsigned) (s->now % s->phases);
 
         for (unsigned k = 0; k < s->t[ti].n_acc; k++) {
@@ -138,7 +119,7 @@ static double next_use(const Sim *s, const Tensor *t, unsigned tier) {
 static bool make_room_by(Sim *s, unsigned tier, double size, double deadline);
 #define make_room(s, tier, size) ((void) make_room_by(s, tier, size, -1))
 
-static void evict(Sim *s, unsigned ti, unsigned tier) {
+static void evict(Sim *s, size_t ti, unsigned tier) {
         Tensor *t = &s->t[ti];
         bool sole = true, dead;
         const Access *a = next_access(s, t, NULL);
@@ -167,9 +148,9 @@ static void evict(Sim *s, unsigned ti, unsigned tier) {
 static bool make_room_by(Sim *s, unsigned tier, double size, double deadline) {
         while (s->used[tier] + size > s->limit[tier] * (1 + 1e-12)) {
                 double best = -1;
-                unsigned victim = 0;
+                size_t victim = 0;
 
-                for (unsigned ti = 0; ti < 3 * s->L; ti++) {
+                for (size_t ti = 0; ti < s->n_tensors; ti++) {
                         const Tensor *t = &s->t[ti];
                         double score, cost = 1;
 
@@ -194,7 +175,7 @@ static bool make_room_by(Sim *s, unsigned tier, double size, double deadline) {
         return true;
 }
 
-static void bring(Sim *s, unsigned ti, const Access *a) {
+static void bring(Sim *s, size_t ti, const Access *a) {
         Tensor *t = &s->t[ti];
 
         if (!t->valid[a->tier]) {
@@ -225,7 +206,7 @@ static void bring(Sim *s, unsigned ti, const Access *a) {
 }
 
 /* Copy tensor @ti into @tier for its access at @phase, making room only from copies needed later. */
-static bool prefetch_one(Sim *s, unsigned ti, unsigned tier, unsigned phase) {
+static bool prefetch_one(Sim *s, size_t ti, unsigned tier, unsigned phase) {
         Tensor *t = &s->t[ti];
         double deadline = until(s, phase);
 
@@ -266,13 +247,13 @@ static void prefetch(Sim *s) {
 
                 s->stamp++;
                 for (unsigned d = 1; d < s->phases; d++) {
-                        unsigned q = (cur + d) % s->phases, tensor[3];
-                        Access acc[3];
-                        unsigned n = phase_accesses(s->L, q, tensor, acc);
+                        unsigned q = (cur + d) % s->phases;
+                        size_t n;
+                        const PlanSimAccess *acc = phase_acc(s, q, &n);
                         bool full = false;
 
-                        for (unsigned k = 0; k < n && !full; k++) {
-                                Tensor *t = &s->t[tensor[k]];
+                        for (size_t k = 0; k < n && !full; k++) {
+                                Tensor *t = &s->t[acc[k].tensor];
                                 const Access *next = next_access(s, t, NULL);
 
                                 if (tier == V && acc[k].tier != V)
@@ -291,9 +272,9 @@ static void prefetch(Sim *s) {
                                 if (!(acc[k].mode & R) || !next || next->phase != q)
                                         continue;       /* write-only, or written before this access */
                                 if (tier == V || acc[k].tier == H)
-                                        (void) prefetch_one(s, tensor[k], tier, q);
+                                        (void) prefetch_one(s, acc[k].tensor, tier, q);
                                 else if (!t->valid[V])
-                                        (void) prefetch_one(s, tensor[k], H, q);        /* staged */
+                                        (void) prefetch_one(s, acc[k].tensor, H, q);    /* staged */
                         }
                         if (full)
                                 break;
@@ -302,15 +283,18 @@ static void prefetch(Sim *s) {
 }
 
 static void run_phase(Sim *s) {
-        unsigned p = (unsigned) (s->now % s->phases), tensor[3];
-        Access acc[3];
-        unsigned n = phase_accesses(s->L, p, tensor, acc);
+        unsigned p = (unsigned) (s->now % s->phases);
+        size_t n;
+        const PlanSimAccess *acc = phase_acc(s, p, &n);
 
-        for (unsigned k = 0; k < n; k++)
-                bring(s, tensor[k], &acc[k]);
+        for (size_t k = 0; k < n; k++) {
+                Access a = { p, acc[k].tier, acc[k].mode };
+
+                bring(s, acc[k].tensor, &a);
+        }
         /* dead copies go when the phase that used them last ends */
-        for (unsigned k = 0; k < n; k++) {
-                Tensor *t = &s->t[tensor[k]];
+        for (size_t k = 0; k < n; k++) {
+                Tensor *t = &s->t[acc[k].tensor];
                 const Access *a = next_access(s, t, NULL);
 
                 if (a && a->mode == W)
@@ -324,10 +308,147 @@ static void run_phase(Sim *s) {
         s->now++;
 }
 
+static void sim_free(Sim *s) {
+        free(s->t);
+        free(s->acc_all);
+        free(s->start);
+}
+
+/* Two consecutive phases (the current one and the next, both held) must fit each tier's budget. */
+static int check_pairs(const Sim *s, char *err, size_t err_size) {
+        static const char *const opt[] = { "--vram-limit", "--host-limit" };
+        static const char *const name[] = { "vram", "host" };
+
+        for (unsigned tier = V; tier <= H; tier++)
+                for (unsigned p = 0; p < s->phases; p++) {
+                        unsigned q = (p + 1) % s->phases;
+                        double need = 0;
+                        size_t n;
+                        const PlanSimAccess *acc;
+
+                        for (size_t ti = 0; ti < s->n_tensors; ti++)
+                                s->t[ti].stamp = 0;
+                        for (unsigned h = 0; h < (s->phases > 1 ? 2u : 1u); h++) {
+                                acc = phase_acc(s, h ? q : p, &n);
+                                for (size_t k = 0; k < n; k++)
+                                        if (acc[k].tier == tier && !s->t[acc[k].tensor].stamp) {
+                                                s->t[acc[k].tensor].stamp = 1;
+                                                need += s->t[acc[k].tensor].size;
+                                        }
+                        }
+                        if (need > s->limit[tier] * (1 + 1e-12))
+                                return fail(err, err_size, "%s %.0f bytes cannot hold phases %u and %u of the plan "
+                                            "(%.0f bytes in %s; tierd holds the next phase while one runs): raise it",
+                                            opt[tier], s->limit[tier], p, q, need, name[tier]);
+                }
+        return 0;
+}
+
+int plan_simulate_plan(const PlanSimPlan *plan, double vram_limit, double host_limit, PlanSimResult *ret, char *err,
+                       size_t err_size) {
+        Sim s = { .plan = plan };
+        size_t total = 0, *fill = NULL;
+        int r;
+
+        if (plan->n_phases < 1 || plan->n_phases > PLAN_SIM_MAX_PHASES)
+                return fail(err, err_size, "a plan to replay has 1 to %u phases, not %zu", PLAN_SIM_MAX_PHASES,
+                            plan->n_phases);
+        if (plan->n_tensors < 1 || plan->n_tensors > PLAN_SIM_MAX_TENSORS)
+                return fail(err, err_size, "a plan to replay has 1 to %u tensors, not %zu", PLAN_SIM_MAX_TENSORS,
+                            plan->n_tensors);
+        if (!(isfinite(vram_limit) && vram_limit > 0 && isfinite(host_limit) && host_limit > 0))
+                return fail(err, err_size, "the budgets to replay under must be above 0 bytes");
+        s.phases = (unsigned) plan->n_phases;
+        s.n_tensors = plan->n_tensors;
+        total = plan->start[plan->n_phases];
+        s.t = calloc(s.n_tensors, sizeof(*s.t));
+        s.acc_all = calloc(total ? total : 1, sizeof(*s.acc_all));
+        s.start = calloc(s.phases, sizeof(*s.start));
+        fill = calloc(s.n_tensors, sizeof(*fill));
+        if (!s.t || !s.acc_all || !s.start || !fill) {
+                free(fill);
+                sim_free(&s);
+                return fail(err, err_size, "out of memory");
+        }
+        for (size_t ti = 0; ti < s.n_tensors; ti++) {
+                if (!(isfinite(plan->size[ti]) && plan->size[ti] >= 0)) {
+                        free(fill);
+                        sim_free(&s);
+                        return fail(err, err_size, "tensor %zu of the plan has no size (0 bytes or more)", ti);
+                }
+                s.t[ti].size = plan->size[ti];
+                s.t[ti].valid[N] = true;        /* the state starts on NVMe; warm-up settles it */
+        }
+        for (size_t i = 0; i < total; i++) {
+                const PlanSimAccess *a = &plan->acc[i];
+
+                if (a->tensor >= s.n_tensors || a->tier > H || !(a->mode & (R | W)) || (a->mode & ~(R | W))) {
+                        free(fill);
+                        sim_free(&s);
+                        return fail(err, err_size, "access %zu of the plan names no tensor, tier or mode", i);
+                }
+                s.t[a->tensor].n_acc++;
+        }
+        for (size_t ti = 0, off = 0; ti < s.n_tensors; ti++) {
+                s.t[ti].acc = s.acc_all + off;
+                off += s.t[ti].n_acc;
+        }
+        for (unsigned p = 0; p < s.phases; p++) {
+                double d = plan->phase_s ? plan->phase_s[p] : 1;
+
+                if (!(isfinite(d) && d >= 0)) {
+                        free(fill);
+                        sim_free(&s);
+                        return fail(err, err_size, "phase %u of the plan has no time", p);
+                }
+                for (size_t i = plan->start[p]; i < plan->start[p + 1]; i++) {
+                        Tensor *t = &s.t[plan->acc[i].tensor];
+
+                        t->acc[fill[plan->acc[i].tensor]++] = (Access) { p, plan->acc[i].tier, plan->acc[i].mode };
+                }
+                s.start[p] = s.step_time;
+                s.step_time += d;
+        }
+        free(fill);
+        if (s.step_time <= 0)
+                s.step_time = 1;
+        s.limit[V] = vram_limit;
+        s.limit[H] = host_limit;
+        s.limit[N] = INFINITY;
+        r = check_pairs(&s, err, err_size);
+        if (r < 0) {
+                sim_free(&s);
+                return r;
+        }
+        for (size_t ti = 0; ti < s.n_tensors; ti++)
+                s.t[ti].stamp = 0;
+        for (unsigned k = 0; k < WARMUP_STEPS * s.phases; k++)
+                run_phase(&s);
+        s.count = (PlanSimResult) {};
+        for (unsigned k = 0; k < MEASURED_STEPS * s.phases; k++)
+                run_phase(&s);
+        ret->link_down = s.count.link_down / MEASURED_STEPS;
+        ret->link_up = s.count.link_up / MEASURED_STEPS;
+        ret->nvme_read = s.count.nvme_read / MEASURED_STEPS;
+        ret->nvme_write = s.count.nvme_write / MEASURED_STEPS;
+        sim_free(&s);
+        return 0;
+}
+
+/*
+ * The synthetic plan (plansim.h): tensors W_i = i, G_i = L + i, O_i = 2 L + i;
+ * phases fwd_i, bwd (reverse), opt_i.
+ */
 int plan_simulate(const PlanSimInput *in, PlanSimResult *ret, char *err, size_t err_size) {
         double w = in->weights, g = in->grads, o = in->opt;
-        Sim s = { .in = in, .L = in->layers };
         bool timed = in->fwd_s > 0 || in->bwd_s > 0 || in->opt_s > 0;
+        unsigned L = in->layers;
+        PlanSimPlan plan = {};
+        double *size = NULL, *phase_s = NULL;
+        size_t *start = NULL;
+        PlanSimAccess *acc = NULL;
+        size_t n = 0;
+        int r;
 
         if (in->layers < 1 || in->layers > PLAN_SIM_MAX_LAYERS)
                 return fail(err, err_size, "--layers must be from 1 to %u to replay a step under limits",
@@ -347,44 +468,47 @@ int plan_simulate(const PlanSimInput *in, PlanSimResult *ret, char *err, size_t 
                             "layer each (2 x (weights + gradients + optimizer) = %.0f bytes): raise it or use "
                             "more layers", in->host_limit, 2 * (w + g + o));
 
-        s.phases = 3 * s.L;
-        s.t = calloc(3 * (size_t) s.L, sizeof(*s.t));
-        s.start = calloc(s.phases, sizeof(*s.start));
-        if (!s.t || !s.start) {
-                free(s.t);
-                free(s.start);
-                return fail(err, err_size, "out of memory");
+        size = calloc(3 * (size_t) L, sizeof(*size));
+        phase_s = calloc(3 * (size_t) L, sizeof(*phase_s));
+        start = calloc(3 * (size_t) L + 1, sizeof(*start));
+        acc = calloc(6 * (size_t) L, sizeof(*acc));
+        if (!size || !phase_s || !start || !acc) {
+                r = fail(err, err_size, "out of memory");
+                goto out;
         }
-        for (unsigned p = 0; p < s.phases; p++) {
-                unsigned tensor[3];
-                Access acc[3];
-                unsigned n = phase_accesses(s.L, p, tensor, acc);
-                double d = !timed ? 1 : p < s.L ? in->fwd_s : p < 2 * s.L ? in->bwd_s : in->opt_s;
+        for (unsigned i = 0; i < L; i++) {
+                size[i] = w;
+                size[L + i] = g;
+                size[2 * L + i] = o;
+        }
+        for (unsigned p = 0; p < 3 * L; p++) {
+                unsigned i = p % L;
 
-                for (unsigned k = 0; k < n; k++)
-                        s.t[tensor[k]].acc[s.t[tensor[k]].n_acc++] = acc[k];
-                s.start[p] = s.step_time;
-                s.step_time += d;
+                start[p] = n;
+                if (p < L) {
+                        acc[n++] = (PlanSimAccess) { i, V, R };
+                        phase_s[p] = timed ? in->fwd_s : 1;
+                } else if (p < 2 * L) {
+                        unsigned b = L - 1 - i;
+
+                        acc[n++] = (PlanSimAccess) { b, V, R };
+                        acc[n++] = (PlanSimAccess) { L + b, V, W };
+                        phase_s[p] = timed ? in->bwd_s : 1;
+                } else {
+                        acc[n++] = (PlanSimAccess) { L + i, H, R };
+                        acc[n++] = (PlanSimAccess) { 2 * L + i, H, R | W };
+                        acc[n++] = (PlanSimAccess) { i, H, R | W };
+                        phase_s[p] = timed ? in->opt_s : 1;
+                }
         }
-        if (s.step_time <= 0)
-                s.step_time = 1;
-        for (unsigned i = 0; i < 3 * s.L; i++) {
-                s.t[i].size = i < s.L ? w : i < 2 * s.L ? g : o;
-                s.t[i].valid[N] = true;         /* the state starts on NVMe; warm-up settles it */
-        }
-        s.limit[V] = in->vram_limit;
-        s.limit[H] = in->host_limit;
-        s.limit[N] = INFINITY;
-        for (unsigned k = 0; k < WARMUP_STEPS * s.phases; k++)
-                run_phase(&s);
-        s.count = (PlanSimResult) {};
-        for (unsigned k = 0; k < MEASURED_STEPS * s.phases; k++)
-                run_phase(&s);
-        ret->link_down = s.count.link_down / MEASURED_STEPS;
-        ret->link_up = s.count.link_up / MEASURED_STEPS;
-        ret->nvme_read = s.count.nvme_read / MEASURED_STEPS;
-        ret->nvme_write = s.count.nvme_write / MEASURED_STEPS;
-        free(s.t);
-        free(s.start);
-        return 0;
+        start[3 * L] = n;
+        plan = (PlanSimPlan) { .n_tensors = 3 * (size_t) L, .size = size, .n_phases = 3 * (size_t) L,
+                               .start = start, .acc = acc, .phase_s = phase_s };
+        r = plan_simulate_plan(&plan, in->vram_limit, in->host_limit, ret, err, err_size);
+out:
+        free(size);
+        free(phase_s);
+        free(start);
+        free(acc);
+        return r;
 }

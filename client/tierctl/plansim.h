@@ -61,9 +61,37 @@ typedef struct PlanSimResult {
 } PlanSimResult;
 
 #define PLAN_SIM_MAX_LAYERS 4096
+#define PLAN_SIM_MAX_PHASES (3 * PLAN_SIM_MAX_LAYERS)
+#define PLAN_SIM_MAX_TENSORS (3 * PLAN_SIM_MAX_LAYERS)
+
+/* Any plan, as tierd is given one (tier_plan_add()): per phase, which tensors, where, how. */
+enum { PLAN_SIM_READ = 1, PLAN_SIM_WRITE = 2 };
+typedef struct PlanSimAccess {
+        uint32_t tensor;                /* index into PlanSimPlan.size */
+        uint8_t tier;                   /* 0: VRAM, 1: host */
+        uint8_t mode;                   /* PLAN_SIM_READ | PLAN_SIM_WRITE */
+} PlanSimAccess;
+
+typedef struct PlanSimPlan {
+        size_t n_tensors;
+        const double *size;             /* bytes of each tensor */
+        size_t n_phases;
+        const size_t *start;            /* n_phases + 1: phase p's accesses are acc[start[p] .. start[p + 1]) */
+        const PlanSimAccess *acc;
+        const double *phase_s;          /* compute of each phase (NULL: all equal) */
+} PlanSimPlan;
 
 /*
  * Replay; -EINVAL with a sentence in @err when @in cannot be replayed (no
  * layers, too many, a budget that cannot hold two consecutive phases).
  */
 int plan_simulate(const PlanSimInput *in, PlanSimResult *ret, char *err, size_t err_size);
+
+/*
+ * plan_simulate_plan() - the same replay of any plan (the rules above, over
+ * its own phases) under a VRAM and a host budget; -EINVAL with a sentence in
+ * @err for a malformed plan or budgets that cannot hold two consecutive
+ * phases (tierd holds the next phase while one runs).
+ */
+int plan_simulate_plan(const PlanSimPlan *plan, double vram_limit, double host_limit, PlanSimResult *ret, char *err,
+                       size_t err_size);

@@ -69,5 +69,22 @@ usage_error "both --vram-limit and --host-limit" --no-tierd --no-bench --params 
 usage_error "--phase-times '1,2'" --no-tierd --params 13B $HW --phase-times 1,2
 usage_error "cannot hold two backward phases" --no-tierd --no-bench --params 8M --blocks 8 --vram-limit 1M \
         --host-limit 64M --drives 1 --drive-read 1 --drive-write 1 --link 1 --tflops 1
+LIM="--no-tierd --no-bench --params 8M --vram 16G --host-ram 64G --drives 1 --drive-read 1 --drive-write 1 --link 1 --tflops 1"
+usage_error "give --vram-limit and --host-limit too" $LIM --plan /nonexistent/plan.json
+usage_error "cannot read --plan /nonexistent/plan.json" $LIM --vram-limit 1G --host-limit 1G \
+        --plan /nonexistent/plan.json
+plan=$(mktemp) || exit 1
+printf '{"tensors":[{"name":"w","size":1048576}],"phases":[{"kind":"f","access":[[0,"vram","r"]]},' > "$plan"
+printf '{"kind":"o","access":[[0,"host","rw"]]}]}' >> "$plan"
+usage_error "cannot hold phases 0 and 1" $LIM --vram-limit 512K --host-limit 1G --plan "$plan"
+printf '{"tensors":[{"name":"w","size":1048576}],"phases":[{"kind":"q","access":[]}]}' > "$plan.bad"
+usage_error "phases.0.kind" $LIM --vram-limit 1G --host-limit 1G --plan "$plan.bad"
+# a plan that fits: W goes to VRAM once a step and comes back rewritten, nothing touches NVMe
+out=$("$T" plan --json $LIM --vram-limit 4M --host-limit 4M --plan "$plan") || { echo "FAIL: --plan"; fails=$((fails + 1)); }
+case $out in
+*'"link_down_bytes":1048576,"link_up_bytes":0,"nvme_read_bytes":0,'*) ;;
+*) echo "FAIL: --plan replay: $out" | head -c 2000; fails=$((fails + 1)) ;;
+esac
+rm -f "$plan" "$plan.bad"
 [ "$fails" -eq 0 ] && echo "ok" 
 exit $((fails != 0))

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "client/tierctl/jsonget.h"
+#include "client/tierctl/planfile.h"
 #include "client/tierctl/planhw.h"
 #include "client/tierctl/planner.h"
 #include "client/tierctl/plansim.h"
@@ -449,6 +450,86 @@ static void test_replay_refused(void **state) {
 }
 
 /* Budgets through plan_validate(): both or neither, layers and drives needed. */
+/*
+ * A plan file (bench/torch_plan.py's format) replays like the layer-by-layer
+ * plan: W read in VRAM forward and backward, G written in VRAM and read in
+ * host, W rewritten in host.  Under budgets that hold all, W goes down once
+ * and G comes up once per step, nothing touches NVMe; the synthetic plan of
+ * one layer with the same sizes moves the same bytes.
+ */
+static const char plan_doc[] =
+        "{\"name\":\"tiny\",\"tensors\":[{\"name\":\"w\",\"size\":1048576},{\"name\":\"g\",\"size\":1048576},"
+        "{\"name\":\"o\",\"size\":1048576}],\"phases\":["
+        "{\"kind\":\"f\",\"access\":[[0,\"vram\",\"r\"]]},"
+        "{\"kind\":\"b\",\"access\":[[0,\"vram\",\"r\"],[1,\"vram\",\"w\"]]},"
+        "{\"kind\":\"o\",\"access\":[[1,\"host\",\"r\"],[2,\"host\",\"rw\"],[0,\"host\",\"rw\"]]}]}";
+
+static void test_plan_file(void **state) {
+        PlanSimInput in = { .layers = 1, .weights = MIB, .grads = MIB, .opt = MIB,
+                            .vram_limit = 64 * MIB, .host_limit = 64 * MIB };
+        PlanSimResult a, b;
+        PlanFile f;
+        char err[256];
+
+        (void) state;
+        assert_int_equal(plan_file_parse(plan_doc, &f, err, sizeof(err)), 0);
+        assert_string_equal(f.name, "tiny");
+        assert_int_equal(f.plan.n_tensors, 3);
+        assert_int_equal(f.plan.n_phases, 3);
+        assert_int_equal(f.plan.start[3], 6);
+        assert_int_equal(f.kind[1], PLAN_FILE_BWD);
+        assert_int_equal(f.plan.acc[4].tensor, 2);
+        assert_int_equal(f.plan.acc[4].mode, PLAN_SIM_READ | PLAN_SIM_WRITE);
+        assert_int_equal(plan_simulate_plan(&f.plan, 64 * MIB, 64 * MIB, &a, err, sizeof(err)), 0);
+        assert_near(a.link_down, MIB);
+        assert_near(a.link_up, MIB);
+        assert_near(a.nvme_read, 0);
+        assert_near(a.nvme_write, 0);
+        assert_int_equal(plan_simulate(&in, &b, err, sizeof(err)), 0);
+        assert_near(a.link_down, b.link_down);
+        assert_near(a.link_up, b.link_up);
+        /* two phases must fit: backward and optimizer need 2 MiB of VRAM, then 3 MiB of host */
+        assert_int_equal(plan_simulate_plan(&f.plan, 1 * MIB, 64 * MIB, &a, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--vram-limit"));
+        assert_int_equal(plan_simulate_plan(&f.plan, 64 * MIB, 2 * MIB, &a, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "--host-limit"));
+        plan_file_done(&f);
+}
+
+static void test_plan_file_bad(void **state) {
+        static const struct {
+                const char *doc, *what;
+        } bad[] = {
+                { "{}", "\"tensors\" is missing" },
+                { "{\"tensors\":[],\"phases\":[]}", "\"tensors\" has 0 entries" },
+                { "{\"tensors\":[{\"size\":-1}],\"phases\":[{\"kind\":\"f\",\"access\":[]}]}",
+                  "\"tensors.0.size\" is not a size" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"x\",\"access\":[]}]}",
+                  "\"phases.0.kind\" is not" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":[[1,\"vram\",\"r\"]]}]}",
+                  "\"phases.0.access.0.0\" is not a tensor index (0 to 0)" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":[[0,\"nvme\",\"r\"]]}]}",
+                  "\"phases.0.access.0.1\" is not \"vram\" or \"host\"" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":[[0,\"host\",\"x\"]]}]}",
+                  "\"phases.0.access.0.2\" is not" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":7}]}",
+                  "\"phases.0.access\" is not a list" },
+        };
+        char err[256];
+
+        (void) state;
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                PlanFile f;
+
+                err[0] = 0;
+                assert_int_equal(plan_file_parse(bad[i].doc, &f, err, sizeof(err)), -EINVAL);
+                if (!strstr(err, bad[i].what))
+                        fail_msg("plan %zu: '%s' does not say '%s'", i, err, bad[i].what);
+        }
+        assert_true(plan_file_load("/nonexistent/plan.json", &(PlanFile) {}, err, sizeof(err)) == -ENOENT);
+        assert_non_null(strstr(err, "cannot read --plan /nonexistent/plan.json"));
+}
+
 static void test_validate_limits(void **state) {
         PlanInput in;
         char err[256];
@@ -589,6 +670,8 @@ int main(void) {
                 cmocka_unit_test(test_replay_fits),
                 cmocka_unit_test(test_replay_timeline),
                 cmocka_unit_test(test_replay_refused),
+                cmocka_unit_test(test_plan_file),
+                cmocka_unit_test(test_plan_file_bad),
                 cmocka_unit_test(test_validate_limits),
                 cmocka_unit_test(test_jsonget),
                 cmocka_unit_test(test_bench_results),

@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: MIT */
+/* planfile.c: reading an iteration plan file for tierctl plan's replay (the format is in planfile.h). */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/tierctl/jsonget.h"
+#include "client/tierctl/planfile.h"
+
+static int fail(char *err, size_t err_size, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t err_size, int r, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(err, err_size, fmt, ap);
+        va_end(ap);
+        return r;
+}
+
+void plan_file_done(PlanFile *f) {
+        free((void *) f->plan.size);
+        free((void *) f->plan.start);
+        free((void *) f->plan.acc);
+        free(f->kind);
+        *f = (PlanFile) {};
+}
+
+static int get_count(const char *doc, const char *path, size_t max, size_t *ret, char *err, size_t err_size) {
+        int r = jget_length(doc, path, ret);
+
+        if (r < 0)
+                return fail(err, err_size, -EINVAL, "\"%s\" is %s", path,
+                            r == -ENOENT ? "missing" : "not an array");
+        if (*ret < 1 || *ret > max)
+                return fail(err, err_size, -EINVAL, "\"%s\" has %zu entries, not 1 to %zu", path, *ret, max);
+        return 0;
+}
+
+int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) {
+        PlanFile f = {};
+        double *size = NULL;
+        size_t *start = NULL, n_acc = 0, n_t, n_p;
+        PlanSimAccess *acc = NULL;
+        char path[96], s[16];
+        int r;
+
+        if ((r = get_count(doc, "tensors", PLAN_SIM_MAX_TENSORS, &n_t, err, err_size)) < 0 ||
+            (r = get_count(doc, "phases", PLAN_SIM_MAX_PHASES, &n_p, err, err_size)) < 0)
+                return r;
+        if (jget_string(doc, "name", f.name, sizeof(f.name)) < 0)
+                snprintf(f.name, sizeof(f.name), "unnamed");
+        size = calloc(n_t, sizeof(*size));
+        start = calloc(n_p + 1, sizeof(*start));
+        f.kind = calloc(n_p, sizeof(*f.kind));
+        if (!size || !start || !f.kind) {
+                r = fail(err, err_size, -ENOMEM, "out of memory");
+                goto out;
+        }
+        for (size_t i = 0; i < n_t; i++) {
+                snprintf(path, sizeof(path), "tensors.%zu.size", i);
+                if (jget_number(doc, path, &size[i]) < 0 || !(size[i] >= 0 && size[i] <= 0x1p50)) {
+                        r = fail(err, err_size, -EINVAL, "\"%s\" is not a size in bytes", path);
+                        goto out;
+                }
+        }
+        for (size_t p = 0; p < n_p; p++) {
+                size_t n;
+
+                snprintf(path, sizeof(path), "phases.%zu.access", p);
+                r = jget_length(doc, path, &n);
+                if (r < 0 || n > 3 * (size_t) PLAN_SIM_MAX_TENSORS) {
+                        r = fail(err, err_size, -EINVAL, "\"%s\" is not a list of accesses", path);
+                        goto out;
+                }
+                n_acc += n;
+        }
+        if (n_acc > 3 * (size_t) PLAN_SIM_MAX_TENSORS) {
+                r = fail(err, err_size, -EINVAL, "the plan has %zu accesses, more than %u", n_acc,
+                         3 * PLAN_SIM_MAX_TENSORS);
+                goto out;
+        }
+        acc = calloc(n_acc ? n_acc : 1, sizeof(*acc));
+        if (!acc) {
+                r = fail(err, err_size, -ENOMEM, "out of memory");
+                goto out;
+        }
+        n_acc = 0;
+        for (size_t p = 0; p < n_p; p++) {
+                size_t n = 0;
+
+                start[p] = n_acc;
+                snprintf(path, sizeof(path), "phases.%zu.kind", p);
+                if (jget_string(doc, path, s, sizeof(s)) < 0 || strlen(s) != 1 || !strchr("fbo", s[0])) {
+                        r = fail(err, err_size, -EINVAL, "\"%s\" is not \"f\", \"b\" or \"o\"", path);
+                        goto out;
+                }
+                f.kind[p] = s[0] == 'f' ? PLAN_FILE_FWD : s[0] == 'b' ? PLAN_FILE_BWD : PLAN_FILE_OPT;
+                snprintf(path, sizeof(path), "phases.%zu.access", p);
+                (void) jget_length(doc, path, &n);
+                for (size_t k = 0; k < n; k++) {
+                        PlanSimAccess *a = &acc[n_acc++];
+                        double t;
+
+                        snprintf(path, sizeof(path), "phases.%zu.access.%zu.0", p, k);
+                        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t)) {
+                                r = fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path,
+                                         n_t - 1);
+                                goto out;
+                        }
+                        a->tensor = (uint32_t) t;
+                        snprintf(path, sizeof(path), "phases.%zu.access.%zu.1", p, k);
+                        if (jget_string(doc, path, s, sizeof(s)) < 0 || (strcmp(s, "vram") && strcmp(s, "host"))) {
+                                r = fail(err, err_size, -EINVAL, "\"%s\" is not \"vram\" or \"host\"", path);
+                                goto out;
+                        }
+                        a->tier = s[0] == 'v' ? 0 : 1;
+                        snprintf(path, sizeof(path), "phases.%zu.access.%zu.2", p, k);
+                        if (jget_string(doc, path, s, sizeof(s)) < 0 ||
+                            (strcmp(s, "r") && strcmp(s, "w") && strcmp(s, "rw"))) {
+                                r = fail(err, err_size, -EINVAL, "\"%s\" is not \"r\", \"w\" or \"rw\"", path);
+                                goto out;
+                        }
+                        a->mode = (uint8_t) ((strchr(s, 'r') ? PLAN_SIM_READ : 0) | (strchr(s, 'w') ? PLAN_SIM_WRITE : 0));
+                }
+        }
+        start[n_p] = n_acc;
+        f.plan = (PlanSimPlan) { .n_tensors = n_t, .size = size, .n_phases = n_p, .start = start, .acc = acc };
+        *ret = f;
+        return 0;
+out:
+        free(size);
+        free(start);
+        free(acc);
+        free(f.kind);
+        return r;
+}
+
+int plan_file_load(const char *path, PlanFile *ret, char *err, size_t err_size) {
+        char *doc = NULL, sub[200];
+        size_t len = 0;
+        int fd, r;
+
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return fail(err, err_size, -errno, "cannot read --plan %s: %s", path, strerror(errno));
+        doc = malloc(PLAN_FILE_MAX_BYTES + 1);
+        if (!doc) {
+                close(fd);
+                return fail(err, err_size, -ENOMEM, "out of memory");
+        }
+        for (;;) {
+                ssize_t n = read(fd, doc + len, PLAN_FILE_MAX_BYTES + 1 - len);
+
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        r = fail(err, err_size, -errno, "cannot read --plan %s: %s", path, strerror(errno));
+                        goto out;
+                }
+                if (n == 0)
+                        break;
+                len += (size_t) n;
+                if (len > PLAN_FILE_MAX_BYTES) {
+                        r = fail(err, err_size, -EFBIG, "--plan %s is larger than %u MiB", path,
+                                 PLAN_FILE_MAX_BYTES >> 20);
+                        goto out;
+                }
+        }
+        doc[len] = 0;
+        r = plan_file_parse(doc, ret, sub, sizeof(sub));
+        if (r < 0)
+                (void) fail(err, err_size, r, "--plan %s: %s (the format is bench/torch_plan.py's)", path, sub);
+out:
+        free(doc);
+        close(fd);
+        return r;
+}
