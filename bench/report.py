@@ -300,7 +300,7 @@ def plot_storage(st, out):
               "set terminal png size 1200,450 noenhanced",
               f"set output '{png}'", "set multiplot layout 1,2",
               "set logscale x 2", "set xlabel 'queue depth'", "set ylabel 'GB/s'", "set grid",
-              "set key left top"]
+              "set key outside right top title 'block'"]
     for op in ("read", "write"):
         if plots[op]:
             script += [f"set title 'tierctl bench {op}, {target} (O_DIRECT, io_uring)'",
