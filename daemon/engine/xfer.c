@@ -137,7 +137,7 @@ static void xfer_finish(Xfer *x) {
         if (x->chain) {
                 Copy *v = &t->copy[TIER_VRAM];
 
-                if (error >= 0) {
+                if (error >= 0 && v->state == COPY_FILLING) {
                         v->state = COPY_RESIDENT;
                         v->version = x->version;
                         copy_touch(t, TIER_VRAM);

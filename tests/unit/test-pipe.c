@@ -100,6 +100,22 @@ static void on_nvme_with_pattern(Manager *m, Tensor *t) {
         n_events = 0;
 }
 
+/* Only the VRAM starts, named by tensor: "A0" is A's piece 0 going to the link. */
+static void observe_named(void *userdata, const Tensor *t, LinkDir link, uint32_t piece, bool done) {
+        (void) userdata;
+        if (link != LINK_HOST_TO_VRAM || done || n_events >= 64)
+                return;
+        snprintf(events[n_events++], sizeof(events[0]), "%s%u", t->name, piece);
+}
+
+/* NVMe unthrottled, the emulated link slow (4 MB/s: ~130 ms a piece): the pieces wait for the link. */
+static void setup_slow_link(Config *c, void *userdata) {
+        (void) userdata;
+        c->nvme_extent_size = PIECE;
+        c->nvme_bandwidth = 0;
+        c->vram_bandwidth = 4000000;
+}
+
 /* ---- the interleaving ---------------------------------------------------------------------- */
 
 static void test_piece_order(void **state) {
@@ -170,6 +186,52 @@ static void test_piece_order(void **state) {
 
         assert_int_equal(tensor_unpin(t, TIER_VRAM, false), 0);
         job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * Two jobs of equal weight each pin a tensor from NVMe into VRAM: each
+ * piece waits on the link by its own fair tag, so the jobs' pieces take
+ * turns (A0 B0 A1 B1 ...) instead of A's whole tensor going first.
+ */
+static void test_fair_pieces(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup_slow_link, NULL);
+        Result ra = {}, rb = {};
+        Job *ja, *jb;
+        Tensor *a, *b;
+
+        (void) state;
+        assert_int_equal(job_new(m->registry, "ja", 0, &ja), 0);
+        assert_int_equal(job_new(m->registry, "jb", 0, &jb), 0);
+        assert_int_equal(ja->weight, jb->weight);
+        a = fixture_tensor(ja, "A", PIECES * PIECE);
+        b = fixture_tensor(jb, "B", PIECES * PIECE);
+        on_nvme_with_pattern(m, a);
+        on_nvme_with_pattern(m, b);
+        m->engine->piece_observer = observe_named;
+        n_events = 0;
+
+        assert_int_equal(op_submit(m->engine, OP_PIN, a, TIER_VRAM, on_complete, NULL, &ra, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, b, TIER_VRAM, on_complete, NULL, &rb, NULL), 0);
+        run_until(m, &ra);
+        run_until(m, &rb);
+        assert_int_equal(ra.status, 0);
+        assert_int_equal(rb.status, 0);
+        {
+                static const char *want[] = { "A0", "B0", "A1", "B1", "A2", "B2", "A3", "B3" };
+
+                assert_int_equal(n_events, 8);
+                for (unsigned i = 0; i < 8; i++)
+                        assert_string_equal(events[i], want[i]);
+        }
+        assert_int_equal(ja->link_bytes[LINK_HOST_TO_VRAM], a->alloc_size);
+        assert_int_equal(jb->link_bytes[LINK_HOST_TO_VRAM], b->alloc_size);
+        assert_int_equal(fixture_byte(b, TIER_VRAM, 3 * PIECE + 77), pattern(3 * PIECE + 77));
+
+        assert_int_equal(tensor_unpin(a, TIER_VRAM, false), 0);
+        assert_int_equal(tensor_unpin(b, TIER_VRAM, false), 0);
+        job_destroy(ja);
+        job_destroy(jb);
         fixture_free(m);
 }
 
@@ -360,6 +422,7 @@ static void test_vram_piece_fails(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_piece_order),
+                cmocka_unit_test(test_fair_pieces),
                 cmocka_unit_test(test_prefetch_chained),
                 cmocka_unit_test(test_prefetch_no_vram_room_stages),
                 cmocka_unit_test(test_bad_extent_mid_tensor),
