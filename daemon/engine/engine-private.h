@@ -14,9 +14,32 @@ typedef struct XferPart XferPart;
 typedef struct XferCopy XferCopy;
 
 /*
+ * A step on the VRAM link: a run of a transfer's copies that waits in
+ * VramLink.waiting by its own fair tag and then takes one of the link's
+ * slots until its copies are done.  A plain host <-> VRAM transfer is one
+ * step; a chained transfer has one per extent (its pieces).
+ */
+typedef struct XferStep {
+        struct Xfer *xfer;
+        List vlink;             /* VramLink.waiting, while it waits for the VRAM link */
+        double vtag;            /* its virtual start time there (fairq.h) */
+        uint32_t first, n;      /* its copies: Xfer.vcopies[first, first + n) */
+        uint32_t pending;       /* of them with the backend, not done yet */
+        uint32_t piece;         /* its index (the extent, in a chained transfer) */
+        uint64_t bytes;
+        bool queued;            /* in VramLink.waiting */
+} XferStep;
+
+/*
  * A transfer: one tensor's valid copy in @src copied into its reserved copy
  * in @dst.  It belongs to the tensor (Tensor.xfer), not to an op: ops only
  * wait for it (Tensor.waiters), so cancelling an op never touches I/O.
+ *
+ * A chained transfer (@chain) reads NVMe into host and, piece by piece, host
+ * into the reserved VRAM copy: an extent's VRAM copy goes to the link as soon
+ * as the extent is read and its checksum holds, while the later extents are
+ * still being read.  Both copies become resident when all is done; the host
+ * copy goes if the read failed, the VRAM copy (not pinned) if anything failed.
  */
 typedef struct Xfer {
         Engine *engine;
@@ -24,17 +47,23 @@ typedef struct Xfer {
         int src, dst;
         uint64_t version;
         unsigned pending;       /* NVMe parts not completed yet */
-        int error;
+        int error;              /* the first hop's (NVMe <-> host, or the only one) */
         char errmsg[160];
         VramDir vdir;
-        XferCopy *vcopies;      /* host <-> VRAM: one copy per stretch within one host and one VRAM piece */
+        XferCopy *vcopies;      /* host <-> VRAM: one copy per stretch within one host and one VRAM piece (and extent, chained) */
         uint32_t n_vcopies;
-        uint32_t vpending;      /* of them with the backend, not done yet */
-        List vlink;             /* VramLink.waiting, while it waits for the VRAM link */
-        double vtag;            /* its virtual start time there (fairq.h) */
+        XferStep *steps;        /* host <-> VRAM steps: 1, or one per extent (chained) */
+        uint32_t n_steps;
+        uint32_t steps_out;     /* chained: steps queued or with the backend */
+        uint32_t next_step;     /* chained: the next step to queue, once its extent is read */
+        bool chain;
+        bool *read_ok;          /* chained: per extent, read and checksummed */
+        int verror;             /* chained: the VRAM hop's error */
+        char verrmsg[160];
         XferPart *parts;
         uint32_t n_parts;
         uint64_t queued_ns, start_ns;   /* set only while a trace runs (0: unknown) */
+        uint64_t vqueued_ns, vstart_ns; /* chained, the VRAM hop: likewise */
         List link;              /* Engine.xfers */
 } Xfer;
 
@@ -51,6 +80,12 @@ int op_fail(Op *op, int r, const char *fmt, ...) _printf_(3, 4);
 
 /* Start moving @t's valid copy in @src into the reserved copy in @dst (xfer.c).  0 or -errno (op->error set). */
 int xfer_start(Op *op, Tensor *t, int src, int dst);
+/*
+ * xfer_start_chain() - start moving @t's valid NVMe copy into its reserved
+ * host copy and, piece by piece as the extents arrive, on into its reserved
+ * VRAM copy (a chained transfer, see Xfer).  0 or -errno (op->error set).
+ */
+int xfer_start_chain(Op *op, Tensor *t);
 
 /* Free every transfer still in flight, as if it never started (tierd's exit, nothing will complete them). */
 void xfer_abandon_all(Engine *e);

@@ -97,8 +97,8 @@ typedef struct EngineSchedOps {
 
 /* The VRAM link, per VramDir: at most VramBackend.depth copies with the backend, the rest queued by fair tag. */
 typedef struct VramLink {
-        List waiting[2];        /* Xfer.vlink, by fair tag */
-        unsigned active[2];     /* copies with the backend */
+        List waiting[2];        /* XferStep.vlink, by fair tag */
+        unsigned active[2];     /* steps with the backend */
         double vtime[2];        /* virtual time */
 } VramLink;
 
@@ -127,6 +127,14 @@ struct Engine {
         uint64_t space_gen[TIERS];
         char drain_error[TIERS][512];   /* why the last drain out of each tier failed */
         Trace trace;            /* tierctl trace: recorded here and by the scheduler (trace.c) */
+        /*
+         * Tests only (NULL in tierd): told of each piece of a chained
+         * NVMe -> host -> VRAM transfer: @link LINK_NVME_TO_HOST when extent
+         * @piece is read and checksummed (@done true), LINK_HOST_TO_VRAM when
+         * its VRAM copy starts (@done false) and ends (@done true).
+         */
+        void (*piece_observer)(void *userdata, const Tensor *t, LinkDir link, uint32_t piece, bool done);
+        void *piece_observer_userdata;
 };
 
 /*

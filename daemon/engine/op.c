@@ -293,6 +293,41 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
         return ADV_DONE;
 }
 
+/*
+ * ensure_chained() - @t is wanted in VRAM and its only valid copy is on
+ * NVMe: reserve host (and, @staging_first, VRAM after it: a scheduler's
+ * prefetch takes VRAM only once host has room) and start a chained transfer
+ * that reads NVMe into host and copies each piece on to VRAM as it arrives
+ * (xfer.c).  A prefetch that finds no VRAM room yet stages into host alone,
+ * as it always did, and tries VRAM again once that is done.  ADV_WAIT_*, or
+ * -errno.
+ */
+static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
+        Copy *h = &t->copy[TIER_HOST];
+        bool reserved = false;
+        int r;
+
+        if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING)
+                h->state = COPY_FILLING;        /* stale: refill in place */
+        if (h->state == COPY_ABSENT) {
+                r = copy_reserve(op, t, TIER_HOST);
+                if (r != 0)
+                        return r;       /* a prefetch gives up holding nothing */
+                reserved = true;
+        }
+        if (staging_first && t->copy[TIER_VRAM].state == COPY_ABSENT &&
+            copy_reserve(op, t, TIER_VRAM) != 0)
+                r = xfer_start(op, t, TIER_NVME, TIER_HOST);    /* VRAM is tried again once host holds it */
+        else
+                r = xfer_start_chain(op, t);
+        if (r < 0) {
+                if (reserved)
+                        copy_free(t, TIER_HOST);        /* nothing will fill it */
+                return r;
+        }
+        return ADV_WAIT_TENSOR;
+}
+
 /* Make @tier hold a valid copy of @t.  ADV_DONE, ADV_WAIT_*, or -errno. */
 static int ensure_copy(Op *op, Tensor *t, int tier) {
         Copy *c = &t->copy[tier];
@@ -313,6 +348,8 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
          */
         if (tier == TIER_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
             !tensor_is_blank(t)) {
+                if (!copy_valid(t, TIER_HOST) && copy_valid(t, TIER_NVME))
+                        return ensure_chained(op, t, true);
                 r = ensure_copy(op, t, TIER_HOST);
                 if (r != ADV_DONE)
                         return r;
@@ -339,6 +376,9 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
 
         switch (tier) {
         case TIER_VRAM:
+                if (!copy_valid(t, TIER_HOST) && copy_valid(t, TIER_NVME))
+                        return ensure_chained(op, t, false);
+                /* fall through */
         case TIER_NVME:
                 /* both come from host: the VRAM copy over PCIe, the NVMe image by O_DIRECT writes */
                 r = ensure_copy(op, t, TIER_HOST);

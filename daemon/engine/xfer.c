@@ -24,6 +24,24 @@
  * flows by weight, the same credit as the NVMe queue), so the link is
  * shared by weight whatever asked for the copy: a pin, a prefetch, a drain.
  *
+ * A copy goes over the link in steps (XferStep): a plain transfer is one
+ * step, with one fair tag for all its bytes, holding one slot of the link.
+ *
+ * Chained (NVMe -> host -> VRAM, xfer_start_chain()): when VRAM needs a
+ * copy whose only valid one is on NVMe, both hops run piece by piece, a
+ * piece being an extent.  The extents are read as above; each VRAM step is
+ * one extent's stretch, queued on the link with its own fair tag once that
+ * extent and every one before it are read and checksummed (so steps go in
+ * order), while the later extents are still on their way.  The reads stop
+ * feeding the link at the first error: the steps still waiting leave the
+ * link, those with the backend finish, and the transfer ends once nothing of
+ * it is in flight.  Each hop is counted (and traced) as one transfer of the
+ * whole tensor, the NVMe hop when its last extent is read, the VRAM hop at
+ * the end; a failed hop counts no bytes.  Only then do the copies change:
+ * both resident on success; a failed read frees the host copy, and any
+ * failure frees the VRAM copy unless a pin holds it (its op frees it then),
+ * so no half-written copy is ever valid.
+ *
  * When a transfer ends, the destination becomes resident (or is freed if
  * the transfer failed), its bytes are counted on the link, and the engine
  * runs the ops that waited for it (engine_xfer_ended()).
@@ -58,19 +76,39 @@ struct XferPart {
 
 struct XferCopy {
         VramCopy vc;
-        Xfer *xfer;
+        XferStep *step;
 };
 
 static void xfer_free(Xfer *x) {
         free(x->parts);
         free(x->vcopies);
+        free(x->steps);
+        free(x->read_ok);
         free(x);
+}
+
+/* Tests only: tell the observer about a piece of a chained transfer. */
+static void piece_observe(const Xfer *x, LinkDir link, uint32_t piece, bool done) {
+        Engine *e = x->engine;
+
+        if (e->piece_observer)
+                e->piece_observer(e->piece_observer_userdata, x->tensor, link, piece, done);
+}
+
+/* Free copy @tier of @t after a failed transfer: no new room in the tier (see xfer_finish()). */
+static void copy_free_failed(Engine *e, Tensor *t, int tier) {
+        uint64_t gen = e->space_gen[tier];
+
+        copy_free(t, tier);
+        e->space_gen[tier] = gen;
 }
 
 static void xfer_finish(Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
         Copy *d = &t->copy[x->dst];
+        int error = x->error < 0 ? x->error : x->chain ? x->verror : 0;
+        const char *errmsg = x->error < 0 ? x->errmsg : x->verrmsg;
         List waiters;
 
         t->xfer = NULL;
@@ -78,26 +116,36 @@ static void xfer_finish(Xfer *x) {
         list_init(&waiters);
         list_splice_tail(&waiters, &t->waiters);
 
-        if (x->error < 0) {
+        if (error < 0) {
                 log_tensor(LOG_ERR, 0, t->job->name, t->name, level_to_string(x->dst),
                            "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
-                           t->name, t->job->name, level_to_string(x->src), level_to_string(x->dst), x->errmsg);
+                           t->name, t->job->name, level_to_string(x->src),
+                           level_to_string(x->chain ? TIER_VRAM : x->dst), errmsg);
+        }
+        if (x->error < 0)
                 /*
                  * The room it reserved goes back: that is no new room in the
                  * tier, so drains that failed stay blocked (Engine.space_gen);
                  * else failing drains would unblock each other, forever.
                  */
-                uint64_t gen = e->space_gen[x->dst];
-
-                copy_free(t, x->dst);
-                e->space_gen[x->dst] = gen;
-        } else {
+                copy_free_failed(e, t, x->dst);
+        else {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;
                 copy_touch(t, x->dst);
         }
+        if (x->chain) {
+                Copy *v = &t->copy[TIER_VRAM];
+
+                if (error >= 0 && v->state == COPY_FILLING) {
+                        v->state = COPY_RESIDENT;
+                        v->version = x->version;
+                        copy_touch(t, TIER_VRAM);
+                } else if (v->state == COPY_FILLING && v->pins == 0)
+                        copy_free_failed(e, t, TIER_VRAM);      /* a pinned one goes with its op */
+        }
         e->n_xfers--;
-        engine_xfer_ended(e, t, &waiters, x->error, x->errmsg);
+        engine_xfer_ended(e, t, &waiters, error, errmsg);
         xfer_free(x);
 }
 
@@ -110,20 +158,27 @@ static LinkDir xfer_link(const Xfer *x) {
         return x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
 }
 
-/* @x ended: its bytes count on its link when it succeeded; the trace records it either way, with those bytes. */
-static void link_count(Engine *e, Xfer *x) {
+/* A hop of @x over @d ended: its bytes count on the link when it succeeded; the trace records it either way, with those bytes. */
+static void link_count_hop(Engine *e, Xfer *x, LinkDir d, uint64_t queued, uint64_t started, int error) {
         Tensor *t = x->tensor;
-        LinkDir d = xfer_link(x);
-        uint64_t bytes = x->error >= 0 ? t->alloc_size : 0;
+        uint64_t bytes = error >= 0 ? t->alloc_size : 0;
 
-        if (x->error >= 0) {
+        if (error >= 0) {
                 e->links[d].bytes += bytes;
                 e->links[d].ops++;
                 t->job->link_bytes[d] += bytes;
         }
         if (trace_on(&e->trace))
-                trace_xfer(&e->trace, t, d, x->queued_ns, x->start_ns, now_ns(), bytes, x->error);
+                trace_xfer(&e->trace, t, d, queued, started, now_ns(), bytes, error);
 }
+
+/* @x ended (its only hop, or a chained transfer's first one). */
+static void link_count(Engine *e, Xfer *x) {
+        link_count_hop(e, x, xfer_link(x), x->queued_ns, x->start_ns, x->error);
+}
+
+static void chain_feed(Xfer *x);
+static void chain_check(Xfer *x);
 
 /* ---- NVMe <-> host ------------------------------------------------------------------------ */
 
@@ -152,12 +207,22 @@ static void xfer_part_done(UringReq *req, int res) {
                                          "crc32c mismatch in extent %u of tensor '%s' (%s offset %" PRIu64 ")",
                                          p->index, t->name, tg->path, req->offset);
                         }
+                } else if (x->chain) {
+                        x->read_ok[p->index] = true;
+                        piece_observe(x, LINK_NVME_TO_HOST, p->index, true);
                 }
         } else {
                 tg->bytes_written += req->len;
                 t->job->nvme_written += req->len;
         }
 
+        if (x->chain) {
+                if (--x->pending == 0)
+                        link_count(e, x);       /* the NVMe hop is over */
+                chain_feed(x);
+                chain_check(x);         /* may free x */
+                return;
+        }
         if (--x->pending > 0)
                 return;
         link_count(e, x);
@@ -183,7 +248,8 @@ static void xfer_part_prep_read(UringReq *req) {
         xfer_part_started(container_of(req, XferPart, req)->xfer);
 }
 
-static int xfer_start_nvme(Op *op, Xfer *x) {
+/* One request per extent, each within one host piece. */
+static int xfer_plan_nvme(Op *op, Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
         Copy *h = &t->copy[TIER_HOST];
@@ -226,104 +292,172 @@ static int xfer_start_nvme(Op *op, Xfer *x) {
                         .offset = n->extents[i].unit * es,
                 };
                 list_init(&p->req.link);
-                uring_queue(e->uring, &p->req);
         }
-        t->xfer = x;
+        return 0;
+}
+
+/* Hand the planned requests to the ring: the transfer is in flight. */
+static void xfer_queue_nvme(Xfer *x) {
+        Engine *e = x->engine;
+
+        for (uint32_t i = 0; i < x->n_parts; i++)
+                uring_queue(e->uring, &x->parts[i].req);
+        x->tensor->xfer = x;
         list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
         (void) uring_flush(e->uring);  /* each write's crc32c is computed as it goes (xfer_part_prep()) */
+}
+
+static int xfer_start_nvme(Op *op, Xfer *x) {
+        int r = xfer_plan_nvme(op, x);
+
+        if (r < 0)
+                return r;
+        xfer_queue_nvme(x);
         return 0;
 }
 
 /* ---- host <-> VRAM ------------------------------------------------------------------------ */
 
-static double xfer_vtag(const List *n) {
-        return list_entry(n, const Xfer, vlink)->vtag;
+static double step_vtag(const List *n) {
+        return list_entry(n, const XferStep, vlink)->vtag;
 }
 
 static unsigned vram_depth(const Engine *e) {
         return MAX(e->vram->depth, 1u);
 }
 
+/* Record the VRAM hop's error @r (the first one counts). */
+static void xfer_vfail(Xfer *x, int r, const char *what) {
+        int *err = x->chain ? &x->verror : &x->error;
+        char *msg = x->chain ? x->verrmsg : x->errmsg;
+
+        if (*err >= 0) {
+                *err = r;
+                snprintf(msg, sizeof(x->errmsg), "%s: %s", what, strerror(-r));
+        }
+}
+
 /*
- * Hand @x's copies to the backend.  When one is refused, those already given
- * still complete: the transfer fails once they have (x->error).  Returns the
- * error when none was given.
+ * Hand step @s's copies to the backend.  When one is refused, those already
+ * given still complete: the transfer fails once they have.  Returns the error
+ * when none was given.
  */
-static int vram_link_start(Engine *e, Xfer *x) {
+static int vram_link_start(Engine *e, XferStep *s) {
+        Xfer *x = s->xfer;
         int d = (int) x->vdir, r = 0;
 
-        x->vpending = 0;
-        for (uint32_t i = 0; i < x->n_vcopies; i++) {
+        s->pending = 0;
+        for (uint32_t i = s->first; i < s->first + s->n; i++) {
                 r = e->vram->ops->copy(e->vram, &x->vcopies[i].vc);
                 if (r < 0)
                         break;
-                x->vpending++;
+                s->pending++;
         }
-        if (x->vpending == 0)
+        if (s->pending == 0)
                 return r;
-        if (r < 0 && x->error >= 0) {
-                x->error = r;
-                snprintf(x->errmsg, sizeof(x->errmsg), "cannot start VRAM copy: %s", strerror(-r));
-        }
+        if (r < 0)
+                xfer_vfail(x, r, "cannot start VRAM copy");
         e->vlink.active[d]++;
-        e->vlink.vtime[d] = MAX(e->vlink.vtime[d], x->vtag);
-        if (trace_on(&e->trace))
-                x->start_ns = now_ns();
+        e->vlink.vtime[d] = MAX(e->vlink.vtime[d], s->vtag);
+        if (trace_on(&e->trace)) {
+                uint64_t *start = x->chain ? &x->vstart_ns : &x->start_ns;
+
+                if (*start == 0)
+                        *start = now_ns();
+        }
+        if (x->chain)
+                piece_observe(x, LINK_HOST_TO_VRAM, s->piece, false);
         return 0;
 }
 
-/* Start waiting transfers while direction @d has room; one that cannot start at all fails. */
+/* Step @s could not start at all: its transfer fails (a chained one once nothing else of it is in flight). */
+static void vram_step_refused(Engine *e, XferStep *s, int r) {
+        Xfer *x = s->xfer;
+
+        (void) e;
+        xfer_vfail(x, r, "cannot start VRAM copy");
+        if (!x->chain) {
+                xfer_finish(x);
+                return;
+        }
+        x->steps_out--;
+        chain_check(x);
+}
+
+/* Start waiting steps while direction @d has room; a transfer that cannot start at all fails. */
 static void vram_link_dispatch(Engine *e, int d) {
         while (e->vlink.active[d] < vram_depth(e) && !list_empty(&e->vlink.waiting[d])) {
-                Xfer *x = list_entry(e->vlink.waiting[d].next, Xfer, vlink);
+                XferStep *s = list_entry(e->vlink.waiting[d].next, XferStep, vlink);
                 int r;
 
-                list_del(&x->vlink);
-                r = vram_link_start(e, x);
-                if (r < 0) {
-                        x->error = r;
-                        snprintf(x->errmsg, sizeof(x->errmsg), "cannot start VRAM copy: %s", strerror(-r));
-                        xfer_finish(x);
-                }
+                list_del(&s->vlink);
+                s->queued = false;
+                r = vram_link_start(e, s);
+                if (r < 0)
+                        vram_step_refused(e, s, r);
         }
 }
 
 static void xfer_vram_done(VramCopy *vc) {
-        Xfer *x = container_of(vc, XferCopy, vc)->xfer;
+        XferStep *s = container_of(vc, XferCopy, vc)->step;
+        Xfer *x = s->xfer;
         Engine *e = x->engine;
         int dir = (int) x->vdir;
 
-        if (vc->result < 0 && x->error >= 0) {
-                x->error = vc->result;
-                snprintf(x->errmsg, sizeof(x->errmsg), "VRAM copy failed: %s", strerror(-vc->result));
-        }
-        if (--x->vpending > 0)
+        if (vc->result < 0)
+                xfer_vfail(x, vc->result, "VRAM copy failed");
+        if (--s->pending > 0)
                 return;
-        link_count(e, x);
         e->vlink.active[dir]--;
-        xfer_finish(x);         /* frees x */
+        if (x->chain) {
+                piece_observe(x, LINK_HOST_TO_VRAM, s->piece, true);
+                x->steps_out--;
+                chain_check(x);         /* may free x */
+        } else {
+                link_count(e, x);
+                xfer_finish(x);         /* frees x */
+        }
         vram_link_dispatch(e, dir);
 }
 
-/* One copy per stretch of the tensor that lies within one host piece and one VRAM piece. */
+/*
+ * One copy per stretch of the tensor that lies within one host piece and one
+ * VRAM piece, and (chained) one extent; one step for all of them, or
+ * (chained) one per extent.
+ */
 static int xfer_plan_vram(Op *op, Xfer *x) {
+        Engine *e = x->engine;
         Tensor *t = x->tensor;
         const Copy *h = &t->copy[TIER_HOST], *v = &t->copy[TIER_VRAM];
-        uint32_t n = 0;
+        uint64_t es = x->chain ? e->nvme->extent_size : t->alloc_size;
+        uint32_t n_steps = x->chain ? t->copy[TIER_NVME].n_extents : 1;
+        uint32_t max = h->n_pieces + v->n_pieces + n_steps, n = 0;
 
-        x->vcopies = calloc(h->n_pieces + v->n_pieces, sizeof(XferCopy));
-        if (!x->vcopies)
+        x->vcopies = calloc(max, sizeof(XferCopy));
+        x->steps = calloc(n_steps, sizeof(XferStep));
+        if (!x->vcopies || !x->steps)
                 return op_fail(op, -ENOMEM, "out of memory");
+        x->n_steps = n_steps;
+        for (uint32_t i = 0; i < n_steps; i++) {
+                x->steps[i] = (XferStep) { .xfer = x, .piece = i };
+                list_init(&x->steps[i].vlink);
+        }
         for (uint64_t pos = 0; pos < t->alloc_size;) {
                 uint64_t hoff, hrun, voff, vrun, len;
                 const CopyPiece *hp = copy_locate(h, pos, &hoff, &hrun);
                 const CopyPiece *vp = copy_locate(v, pos, &voff, &vrun);
+                uint32_t k = (uint32_t) (pos / es);
+                XferStep *s = &x->steps[k];
 
-                if (!hp || !vp || n == h->n_pieces + v->n_pieces)
+                if (!hp || !vp || n == max || k >= n_steps)
                         return op_fail(op, -EINVAL, "tensor '%s' has no piece at byte %" PRIu64 " (internal error)",
                                        t->name, pos);
-                len = MIN(hrun, vrun);
+                len = MIN(MIN(hrun, vrun), (uint64_t) (k + 1) * es - pos);
+                if (s->n == 0)
+                        s->first = n;
+                s->n++;
+                s->bytes += len;
                 x->vcopies[n++] = (XferCopy) {
                         .vc = {
                                 .dir = x->vdir,
@@ -334,7 +468,7 @@ static int xfer_plan_vram(Op *op, Xfer *x) {
                                 .job = t->job->name,
                                 .done = xfer_vram_done,
                         },
-                        .xfer = x,
+                        .step = s,
                 };
                 pos += len;
         }
@@ -342,32 +476,122 @@ static int xfer_plan_vram(Op *op, Xfer *x) {
         return 0;
 }
 
-static int xfer_start_vram(Op *op, Xfer *x) {
-        Engine *e = x->engine;
+/*
+ * Put step @s on the VRAM link: started now when the link has room and no
+ * one waits, else queued by its fair tag.  0, or the error when it could not
+ * start (nothing charged then).
+ */
+static int vram_step_submit(Engine *e, XferStep *s) {
+        Xfer *x = s->xfer;
         Tensor *t = x->tensor;
-        FairFlow *flow, before;
-        int d, r;
+        int d = (int) x->vdir, r;
+        FairFlow *flow = &t->job->vram_flow[d], before = *flow;
+
+        s->vtag = fair_tag(flow, e->vlink.vtime[d], s->bytes, t->job->weight, VRAM_FAIR_CREDIT);
+        if (e->vlink.active[d] < vram_depth(e) && list_empty(&e->vlink.waiting[d])) {
+                r = vram_link_start(e, s);
+                if (r < 0)
+                        *flow = before;         /* nothing moved: nothing to charge */
+                return r;
+        }
+        fair_insert(&e->vlink.waiting[d], &s->vlink, s->vtag, step_vtag);
+        s->queued = true;
+        return 0;
+}
+
+static int xfer_start_vram(Op *op, Xfer *x) {
+        int r;
 
         x->vdir = x->dst == TIER_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST;
         r = xfer_plan_vram(op, x);
         if (r < 0)
                 return r;
-        d = (int) x->vdir;
-        flow = &t->job->vram_flow[d];
-        before = *flow;
-        list_init(&x->vlink);
-        x->vtag = fair_tag(flow, e->vlink.vtime[d], t->alloc_size, t->job->weight, VRAM_FAIR_CREDIT);
-        if (e->vlink.active[d] < vram_depth(e) && list_empty(&e->vlink.waiting[d])) {
-                r = vram_link_start(e, x);
+        r = vram_step_submit(x->engine, &x->steps[0]);
+        if (r < 0)
+                return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
+        x->tensor->xfer = x;
+        list_add_tail(&x->engine->xfers, &x->link);
+        x->engine->n_xfers++;
+        return 0;
+}
+
+/* ---- chained: NVMe -> host -> VRAM, piece by piece ------------------------------------------ */
+
+/* Queue the VRAM steps whose extents (and all before) are read, in order; none after an error. */
+static void chain_feed(Xfer *x) {
+        Engine *e = x->engine;
+
+        while (x->error >= 0 && x->verror >= 0 && x->next_step < x->n_steps && x->read_ok[x->next_step]) {
+                XferStep *s = &x->steps[x->next_step++];
+                int r;
+
+                if (trace_on(&e->trace) && x->vqueued_ns == 0)
+                        x->vqueued_ns = now_ns();
+                x->steps_out++;
+                r = vram_step_submit(e, s);
                 if (r < 0) {
-                        *flow = before;         /* nothing moved: nothing to charge */
-                        return op_fail(op, r, "cannot start VRAM copy: %s", strerror(-r));
+                        xfer_vfail(x, r, "cannot start VRAM copy");
+                        x->steps_out--;
                 }
-        } else
-                fair_insert(&e->vlink.waiting[d], &x->vlink, x->vtag, xfer_vtag);
-        t->xfer = x;
-        list_add_tail(&e->xfers, &x->link);
-        e->n_xfers++;
+        }
+}
+
+/*
+ * After an error, the steps still waiting for the link leave it; once no
+ * read and no step is in flight, and every step went (or an error stopped
+ * them), the chained transfer ends: the VRAM hop is counted, the copies set.
+ */
+static void chain_check(Xfer *x) {
+        Engine *e = x->engine;
+        int error;
+
+        if (x->error < 0 || x->verror < 0)
+                for (uint32_t i = 0; i < x->n_steps; i++)
+                        if (x->steps[i].queued) {
+                                list_del(&x->steps[i].vlink);
+                                x->steps[i].queued = false;
+                                x->steps_out--;
+                        }
+        if (x->pending > 0 || x->steps_out > 0)
+                return;
+        error = x->error < 0 ? x->error : x->verror;
+        if (error >= 0 && x->next_step < x->n_steps)
+                return;         /* cannot be: every extent read feeds its step */
+        link_count_hop(e, x, LINK_HOST_TO_VRAM, x->vqueued_ns ? x->vqueued_ns : x->queued_ns, x->vstart_ns, error);
+        xfer_finish(x);
+}
+
+int xfer_start_chain(Op *op, Tensor *t) {
+        Engine *e = op->engine;
+        Xfer *x;
+        int r;
+
+        x = calloc(1, sizeof(*x));
+        if (!x)
+                return op_fail(op, -ENOMEM, "out of memory");
+        x->engine = e;
+        x->tensor = t;
+        x->src = TIER_NVME;
+        x->dst = TIER_HOST;
+        x->chain = true;
+        x->vdir = VRAM_TO_DEVICE;
+        x->version = t->copy[TIER_NVME].version;
+        if (trace_on(&e->trace))
+                x->queued_ns = now_ns();
+        log_debug("xfer '%s' of job '%s': nvme -> host -> vram piecewise, version %" PRIu64, t->name, t->job->name,
+                  x->version);
+        x->read_ok = calloc(MAX(t->copy[TIER_NVME].n_extents, 1u), sizeof(bool));
+        if (!x->read_ok)
+                r = op_fail(op, -ENOMEM, "out of memory");
+        else
+                r = xfer_plan_nvme(op, x);
+        if (r >= 0)
+                r = xfer_plan_vram(op, x);
+        if (r < 0) {
+                xfer_free(x);
+                return r;
+        }
+        xfer_queue_nvme(x);
         return 0;
 }
 
@@ -378,7 +602,8 @@ void xfer_abandon_all(Engine *e) {
                 /* its destination stays reserved and filling: the registry frees it with the tensor */
                 x->tensor->xfer = NULL;
                 list_del(&x->link);
-                list_del(&x->vlink);
+                for (uint32_t i = 0; i < x->n_steps; i++)
+                        list_del(&x->steps[i].vlink);
                 e->n_xfers--;
                 xfer_free(x);
         }

@@ -456,6 +456,46 @@ static void test_vram_h2d_eio(void **state) {
         world_stop(&w);
 }
 
+/* @job's use of @tier now, by tierd's status. */
+static long long job_used(World *w, const char *job, const char *tier) {
+        json_t *status = test_daemon_status(&w->d);
+        long long n;
+
+        assert_non_null(status);
+        n = test_json_job_tier(status, job, tier, "used");
+        json_decref(status);
+        return n;
+}
+
+/*
+ * NVMe -> VRAM goes piece by piece (chained): extents 0 and 1 of the
+ * bystander's 4 MiB are read and copied on, the reads of extents 2 and 3
+ * fail (and their retries): the pin fails, neither host nor VRAM holds a copy, all their room
+ * is back, and the NVMe copy still reads back whole, straight into VRAM.
+ */
+static void test_read_eio_mid_tensor_to_vram(void **state) {
+        struct tier_grant g;
+        World w;
+
+        world_start(&w, "nvme-read-eio:job=bystander,after=2,count=4", false);
+        assert_int_equal(job_used(&w, "bystander", "vram"), 0);
+        assert_int_equal(job_used(&w, "bystander", "host"), 0);
+        assert_int_equal(tier_pin(w.b, TIER_VRAM, &g), -EIO);
+        assert_error_contains(w.bc, "I/O error");
+        assert_int_equal(state_of(w.b, TIER_VRAM), 0);
+        assert_int_equal(state_of(w.b, TIER_HOST), 0);
+        assert_int_equal(state_of(w.b, TIER_NVME), 2);
+        assert_int_equal(job_used(&w, "bystander", "vram"), 0);
+        assert_int_equal(job_used(&w, "bystander", "host"), 0);
+        assert_int_equal(target_counter(&w, "io_errors"), 2);
+        /* one chained transfer failed, not a read into host followed by a copy */
+        assert_true(test_daemon_log_contains(&w.d, "Transfer of tensor 'b' of job 'bystander' nvme->vram failed"));
+        /* the rule is spent */
+        verify_vram(w.b, 2);
+        assert_int_equal(state_of(w.b, TIER_HOST), 2);
+        world_stop(&w);
+}
+
 /* VRAM -> host fails: the evict fails, the VRAM copy (the only valid one) stays and is right. */
 static void test_vram_d2h_eio(void **state) {
         World w;
@@ -504,6 +544,7 @@ int main(void) {
                 cmocka_unit_test(test_vanish),
                 cmocka_unit_test(test_vram_h2d_eio),
                 cmocka_unit_test(test_vram_d2h_eio),
+                cmocka_unit_test(test_read_eio_mid_tensor_to_vram),
                 cmocka_unit_test(test_invalid_spec),
         };
 

@@ -374,6 +374,62 @@ static void test_two_jobs_add_up(void **state) {
         tier_trace_free(t);
 }
 
+/*
+ * A tensor wanted in VRAM whose only copy is on NVMe moves in one chained
+ * transfer, piece by piece (4 extents here): still one record per hop, and
+ * the records add up to the counters.  Runs first: no job lingers yet, so
+ * the counters move by this tensor alone.
+ */
+static void test_chained_adds_up(void **state) {
+        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS];
+        const uint64_t size = 1024 * KiB;      /* one VRAM chunk (several are mapped in place: not under valgrind) */
+        size_t phases, decisions;
+        tier_client *c, *job = NULL;
+        tier_tensor *x = NULL;
+        tier_trace *t = NULL;
+        struct tier_grant g;
+        json_t *j;
+        int r;
+
+        if (!need_root("tracing a chained transfer"))
+                skip();
+        assert_int_equal(tier_client_new(&job, daemon_.socket, "chained", 0), 0);
+        assert_int_equal(tier_tensor_create(job, "x", size, &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        for (uint64_t i = 0; i < g.length; i++)
+                ((uint8_t *) g.ptr)[i] = (uint8_t) (i * 13 + (i >> 10));
+        assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
+        assert_int_equal(tier_evict(x, TIER_NVME), 0);
+        link_counters_settled(before);
+
+        c = connect_control();
+        assert_int_equal(tier_trace_start(c, 600, 0), 0);
+        r = tier_pin(x, TIER_VRAM, &g);
+        if (r < 0)
+                fail_msg("pin in VRAM: %s (%s)", tier_strerror(r), tier_client_last_error(job));
+        for (uint64_t i = 0; i < g.length; i++)
+                if (((uint8_t *) g.ptr)[i] != (uint8_t) (i * 13 + (i >> 10)))
+                        fail_msg("byte %" PRIu64 " of the VRAM copy is wrong", i);
+        assert_int_equal(tier_unpin(x, TIER_VRAM, 0), 0);
+        link_counters_settled(after);
+        assert_int_equal(tier_trace_stop(c, &t), 0);
+        tier_client_free(c);
+
+        assert_int_equal(after[TIER_LINK_NVME_TO_HOST] - before[TIER_LINK_NVME_TO_HOST], size);
+        assert_int_equal(after[TIER_LINK_HOST_TO_VRAM] - before[TIER_LINK_HOST_TO_VRAM], size);
+        j = trace_json(t, "chained.json");
+        check_chrome(j, traced, job_io, &phases, &decisions);
+        for (int l = 0; l < TIER_LINKS; l++) {
+                assert_int_equal(traced[l], after[l] - before[l]);
+                assert_int_equal(job_io[l], traced[l]);
+                assert_int_equal(tier_trace_link_bytes(t, l), after[l] - before[l]);
+        }
+        json_decref(j);
+        tier_trace_free(t);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(job);
+}
+
 static void test_one_at_a_time(void **state) {
         tier_client *a, *b;
         tier_trace *t = NULL;
@@ -520,6 +576,7 @@ static void test_denied(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_chained_adds_up),
                 cmocka_unit_test(test_two_jobs_add_up),
                 cmocka_unit_test(test_one_at_a_time),
                 cmocka_unit_test(test_overflow_counted),
