@@ -749,6 +749,124 @@ static void test_admit_evicted(void **state) {
         }
 }
 
+/* ---- early reads take only cheap room: not a copy read again before the reads ahead are done -- */
+
+static void test_early_room(void **state) {
+        Manager *m = quiet_manager(3);
+        Tensor *a, *b, *x, *y;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256], why[160];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        make_on_nvme(m, a);
+        make_on_nvme(m, b);
+        make_on_nvme(m, x);
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, x, TIER_HOST, PLAN_READ }, { 3, y, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        touch(m, b, TIER_HOST, false);
+        b->copy[TIER_HOST].pins = 1;            /* as if pinned ahead */
+        touch(m, y, TIER_HOST, true);           /* Y: dirty, its only copy in host, read in phase 3 */
+        set_durations(p, 100);
+        plan_predict(p, now_ns());
+        assert_int_equal(j->used[TIER_HOST], 3 * MiB);
+        /*
+         * An early read of X (phase 2) must take Y's room (A is pinned, B is needed
+         * first).  When the reads ahead reach phase 3, Y would be read back within
+         * them: X's read only trades places with Y's, plus a write.  Refused.
+         */
+        p->horizon_ns = p->pred[3];
+        assert_false(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        assert_non_null(strstr(why, "an early read would evict 'Y', read again in "));
+        /* when the reads ahead end before Y's use, its room may go (it is read back later) */
+        p->horizon_ns = p->pred[2];
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        /* no horizon: the rule does not apply; free room: nothing is evicted */
+        p->horizon_ns = 0;
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        p->horizon_ns = p->pred[3];
+        touch(m, y, TIER_VRAM, true);
+        copy_free(y, TIER_HOST);                /* Y only in vram now: host room is free */
+        assert_int_equal(j->used[TIER_HOST], 2 * MiB);
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        b->copy[TIER_HOST].pins = 0;
+        finish(m, j, c, p);
+}
+
+/* ---- write-behind from vram only into free host room --------------------------------------- */
+
+static void setup_vram3(Config *c, void *userdata) {
+        setup(c, userdata);
+        c->vram_job_limit = 3 * MiB;
+}
+
+static void test_write_behind_vram_room(void **state) {
+        for (uint64_t host = 2; host <= 3; host++) {
+                Setup s = { SCHED_POLICY_TIMELINE, host * MiB };
+                Manager *m = fixture_new(64 * MiB, setup_vram3, &s);
+                Tensor *a, *b, *cc, *d, *h1, *h2;
+                bool cleaned = false;
+                Job *j;
+                Rank *c;
+                Plan *p;
+                char err[256];
+
+                n_trace = 0;
+                sched_set_trace(m->sched, record, NULL);
+                assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+                c = fake_conn(m, j);
+                a = tensor(j, "A", MiB);
+                b = tensor(j, "B", MiB);
+                cc = tensor(j, "C", MiB);
+                d = tensor(j, "D", MiB);
+                h1 = tensor(j, "H1", MiB);
+                h2 = tensor(j, "H2", MiB);
+                touch(m, h1, TIER_HOST, true);  /* host holds 2 MiB of dirty copies */
+                touch(m, h2, TIER_HOST, true);
+                {
+                        Acc acc[] = {
+                                { 0, a, TIER_VRAM, PLAN_READ | PLAN_WRITE }, { 1, b, TIER_VRAM, PLAN_READ | PLAN_WRITE },
+                                { 2, cc, TIER_VRAM, PLAN_READ }, { 3, d, TIER_VRAM, PLAN_READ },
+                                { 4, h1, TIER_HOST, PLAN_READ }, { 5, h2, TIER_HOST, PLAN_READ },
+                        };
+                        assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
+                }
+                set_durations(p, 100);
+                marker(m, p, 0);
+                run_loop(m, 20);
+                n_trace = 0;
+                /*
+                 * A released dirty, its only copy in vram; B pinned, C pinned ahead: vram
+                 * is full and D's phase comes.  Belady's victim there is A, a sole copy:
+                 * write-behind would copy it to host.  With host full of dirty copies
+                 * that would evict one of them to NVMe for a copy host does not need
+                 * yet: not done.  With a free MiB in host, A is written behind.
+                 */
+                marker(m, p, 1);
+                run_loop(m, 30);
+                for (unsigned i = 0; i < n_trace; i++)
+                        cleaned |= strcmp(trace[i], "clean A vram") == 0;
+                assert_int_equal(cleaned, host == 3);
+                assert_true(copy_valid(h1, TIER_HOST) && copy_valid(h2, TIER_HOST));
+                assert_false(copy_valid(h1, TIER_NVME) || copy_valid(h2, TIER_NVME));
+                finish(m, j, c, p);
+        }
+}
+
 /* ---- cross-phase lookahead: reads that take longer than the phases before them start early -- */
 
 static void test_lookahead_horizon(void **state) {
@@ -787,8 +905,11 @@ static void test_lookahead_horizon(void **state) {
          * ahead.  Phases 4 and 5 (350 and 375 ms of reads, 400 and 500 ms away) can wait.
          */
         assert_int_equal(admit_horizon(p, now, 40 * MiB), 3);
+        assert_int_equal(p->horizon, 3);
+        assert_true(p->horizon_ns == p->pred[3]);       /* what early reads may not take room from (admit.c) */
         /* twice as fast, nothing is late: the byte windows alone say how far */
         assert_int_equal(admit_horizon(p, now, 80 * MiB), 0);
+        assert_true(p->horizon_ns == 0);
         finish(m, j, c, p);
 }
 
@@ -907,6 +1028,8 @@ int main(void) {
                 cmocka_unit_test(test_admit_occupancy),
                 cmocka_unit_test(test_admit_evicted),
                 cmocka_unit_test(test_lookahead_horizon),
+                cmocka_unit_test(test_early_room),
+                cmocka_unit_test(test_write_behind_vram_room),
                 cmocka_unit_test(test_moves_per_step),
         };
         return fixture_main("timeline", tests, sizeof(tests) / sizeof(tests[0]));
