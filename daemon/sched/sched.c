@@ -49,9 +49,7 @@
  * eviction later is a free drop: towards NVMe only while it is idle, one at
  * a time, since a write in front of a read with a deadline costs a whole
  * transfer.  Clean copies are always dropped without I/O.  Copies that will
- * be used again before they would be evicted are never written early.  From
- * vram it goes only into free host room: evicting host copies for it would
- * write dirty ones to NVMe for a copy host does not need yet.
+ * be used again before they would be evicted are never written early.
  *
  * ondemand drops (writing down when dirty) everything a phase used as soon
  * as the next marker arrives; lru keeps copies until space is needed and
@@ -644,10 +642,6 @@ static bool clean_start(Sched *s, Tensor *t, int tier, int link) {
         return true;
 }
 
-static bool host_room_free(const Job *j, uint64_t bytes) {
-        return j->limit[TIER_HOST] >= j->used[TIER_HOST] + bytes;
-}
-
 static void write_behind(Sched *s, Plan *p) {
         Registry *reg = s->registry;
         Job *j = p->job;
@@ -697,13 +691,6 @@ static void write_behind(Sched *s, Plan *p) {
                                 continue;
                         if (!slot_free(j, link, link_limit))
                                 break;
-                        /*
-                         * From VRAM only into free host room: making room there would
-                         * evict host copies (writing the dirty ones to NVMe) for a copy
-                         * that is not needed in host yet.
-                         */
-                        if (tier == TIER_VRAM && !host_room_free(j, t->alloc_size))
-                                continue;
                         /* towards NVMe one at a time: a read arriving waits for one write at most */
                         if (clean_start(s, t, tier, link) && tier == TIER_HOST)
                                 break;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-timeline-admit.c: the planner's admission decisions (occupancy, early reads, write-behind, lookahead, moves per step), checked exactly. */
+/* test-timeline-admit.c: the planner's admission decisions (occupancy, early reads, write-behind by occupancy, lookahead, moves per step), checked exactly. */
 
 #include <errno.h>
 #include <signal.h>
@@ -197,66 +197,6 @@ static void test_early_room(void **state) {
         finish(m, j, c, p);
 }
 
-/* ---- write-behind from vram only into free host room --------------------------------------- */
-
-static void setup_vram3(Config *c, void *userdata) {
-        setup(c, userdata);
-        c->vram_job_limit = 3 * MiB;
-}
-
-static void test_write_behind_vram_room(void **state) {
-        for (uint64_t host = 2; host <= 3; host++) {
-                Setup s = { SCHED_POLICY_TIMELINE, host * MiB };
-                Manager *m = fixture_new(64 * MiB, setup_vram3, &s);
-                Tensor *a, *b, *cc, *d, *h1, *h2;
-                bool cleaned = false;
-                Job *j;
-                Rank *c;
-                Plan *p;
-                char err[256];
-
-                n_trace = 0;
-                sched_set_trace(m->sched, record, NULL);
-                assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
-                c = fake_conn(m, j);
-                a = tensor(j, "A", MiB);
-                b = tensor(j, "B", MiB);
-                cc = tensor(j, "C", MiB);
-                d = tensor(j, "D", MiB);
-                h1 = tensor(j, "H1", MiB);
-                h2 = tensor(j, "H2", MiB);
-                touch(m, h1, TIER_HOST, true);  /* host holds 2 MiB of dirty copies */
-                touch(m, h2, TIER_HOST, true);
-                {
-                        Acc acc[] = {
-                                { 0, a, TIER_VRAM, PLAN_READ | PLAN_WRITE }, { 1, b, TIER_VRAM, PLAN_READ | PLAN_WRITE },
-                                { 2, cc, TIER_VRAM, PLAN_READ }, { 3, d, TIER_VRAM, PLAN_READ },
-                                { 4, h1, TIER_HOST, PLAN_READ }, { 5, h2, TIER_HOST, PLAN_READ },
-                        };
-                        assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
-                }
-                set_durations(p, 100);
-                marker(m, p, 0);
-                run_loop(m, 20);
-                n_trace = 0;
-                /*
-                 * A released dirty, its only copy in vram; B pinned, C pinned ahead: vram
-                 * is full and D's phase comes.  Belady's victim there is A, a sole copy:
-                 * write-behind would copy it to host.  With host full of dirty copies
-                 * that would evict one of them to NVMe for a copy host does not need
-                 * yet: not done.  With a free MiB in host, A is written behind.
-                 */
-                marker(m, p, 1);
-                run_loop(m, 30);
-                for (unsigned i = 0; i < n_trace; i++)
-                        cleaned |= strcmp(trace[i], "clean A vram") == 0;
-                assert_int_equal(cleaned, host == 3);
-                assert_true(copy_valid(h1, TIER_HOST) && copy_valid(h2, TIER_HOST));
-                assert_false(copy_valid(h1, TIER_NVME) || copy_valid(h2, TIER_NVME));
-                finish(m, j, c, p);
-        }
-}
-
 /* ---- cross-phase lookahead: reads that take longer than the phases before them start early -- */
 
 static void test_lookahead_horizon(void **state) {
@@ -365,7 +305,6 @@ int main(void) {
                 cmocka_unit_test(test_admit_evicted),
                 cmocka_unit_test(test_lookahead_horizon),
                 cmocka_unit_test(test_early_room),
-                cmocka_unit_test(test_write_behind_vram_room),
                 cmocka_unit_test(test_moves_per_step),
         };
         return fixture_main("timeline-admit", tests, sizeof(tests) / sizeof(tests[0]));
