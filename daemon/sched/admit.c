@@ -22,7 +22,10 @@
  * (admit_horizon()): the reads of the phases to come, read back to back
  * from now, must be done by each phase's predicted start; the farthest
  * phase that would be late so is the horizon, even when that crosses from
- * backward into the optimizer's phases.
+ * backward into the optimizer's phases.  Such an early read takes only
+ * cheap room (admit_early_room()): evicting a copy that must be read back
+ * before those reads are done would trade one read of the burst for
+ * another, plus a write.
  *
  * Moves per step: every move of a tensor into a tier is noted with the
  * step (Plan.iter_start_ns) it happened in.  Another move of the same
@@ -37,6 +40,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/base/config.h"
@@ -252,6 +256,8 @@ uint32_t admit_horizon(Plan *p, uint64_t now, uint64_t bw) {
         uint64_t bytes = 0, at_window = 0, at_horizon = 0;
         uint32_t horizon = 0;
 
+        p->horizon = 0;
+        p->horizon_ns = 0;
         if (bw == 0)
                 return 0;
         p->sim_gen++;
@@ -276,6 +282,8 @@ uint32_t admit_horizon(Plan *p, uint64_t now, uint64_t bw) {
                         at_horizon = bytes;
                 }
         }
+        p->horizon = horizon;
+        p->horizon_ns = horizon > 0 ? p->pred[horizon] : 0;
         /* write-behind makes room for those reads too (they come into host) */
         if (horizon > p->window[TIER_HOST] && at_horizon > at_window)
                 p->need[TIER_HOST] += at_horizon - at_window;
@@ -349,6 +357,59 @@ uint64_t admit_nvme_bw(const Sched *s) {
 /* ---- admission --------------------------------------------------------------------------- */
 
 /*
+ * Would an early read of @t into host (a horizon read: beyond the host
+ * window, there only because the reads ahead would be late) make its room
+ * by evicting a copy that must itself be read back from NVMe before those
+ * reads are done?  Then it moves a read within the same burst instead of
+ * out of it, and adds a write: not worth it.  Walks the victims in the
+ * engine's order for the candidate's deadline until the room is found;
+ * free room, dead copies, host duplicates of valid VRAM copies and copies
+ * next used after the horizon's phase are cheap.  false (with @why) when a
+ * dear one would go first.
+ */
+bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t why_size) {
+        Sched *s = p->sched;
+        Job *j = p->job;
+        _cleanup_free_ Tensor **v = NULL;
+        uint64_t room, need = t->alloc_size, now = now_ns();
+        size_t n = 0, k;
+
+        room = j->limit[TIER_HOST] > j->used[TIER_HOST] ? j->limit[TIER_HOST] - j->used[TIER_HOST] : 0;
+        if (room >= need || p->horizon_ns == 0)
+                return true;
+        v = calloc(j->n_tensors + 1, sizeof(Tensor *));
+        if (!v)
+                return true;    /* (the engine decides as before) */
+        list_for_each_safe(node, tmp, &s->registry->lru[TIER_HOST]) {
+                Copy *c = list_entry(node, Copy, lru);
+                Tensor *x = container_of(c, Tensor, copy[TIER_HOST]);
+
+                if (x->job == j && x != t && c->state == COPY_RESIDENT && c->pins == 0 && x->op_refs == 0 &&
+                    !x->xfer && n < j->n_tensors)
+                        v[n++] = x;
+        }
+        k = sched_victim_order(s, TIER_HOST, v, n, deadline);
+        for (size_t i = 0; i < k && room < need; i++) {
+                Tensor *x = v[i];
+                uint64_t nu = sched_victim_next_use(x, TIER_HOST);
+
+                if (!(nu == UINT64_MAX || nu > p->horizon_ns || copy_valid(x, TIER_VRAM) ||
+                      sched_next_access_overwrites(x))) {
+                        snprintf(why, why_size, "an early read would evict '%s', read again in %.1f ms, before the "
+                                 "reads ahead are done (%.1f ms)", x->name, ((double) nu - (double) now) / 1e6,
+                                 ((double) p->horizon_ns - (double) now) / 1e6);
+                        return false;
+                }
+                room += x->alloc_size;
+        }
+        if (room < need) {
+                snprintf(why, why_size, "no room in host for an early read");
+                return false;
+        }
+        return true;
+}
+
+/*
  * May prefetch @c go now?  Not a second time in this step when its copy of
  * this step was evicted before its use; only if the occupancy simulation
  * says it stays until its phase (admit_survives()).  A vram prefetch that
@@ -360,6 +421,14 @@ bool sched_admit(Sched *s, SchedCand *c) {
         Tensor *t = c->tensor;
         char reason[160] = "";
 
+        if (c->tier == TIER_HOST && c->ahead > p->window[TIER_HOST] &&
+            !admit_early_room(p, t, c->deadline, reason, sizeof(reason))) {
+                p->admit_refused++;
+                t->sched_blocked = s->epoch;
+                log_debug("sched: job '%s' prefetch '%s' -> host (%u phases ahead) not admitted: %s", p->job->name,
+                          t->name, c->ahead, reason);
+                return false;
+        }
         if (admit_survives(p, t, c->tier, c->ahead, reason, sizeof(reason)))
                 return true;
         if (c->tier == TIER_VRAM && !copy_valid(t, TIER_HOST) &&

@@ -42,6 +42,17 @@ bool sched_admit(Sched *s, SchedCand *c);
 bool admit_survives(Plan *p, Tensor *t, int tier, uint32_t ahead, char *why, size_t why_size);
 
 /*
+ * admit_early_room() - may an early read of @t into host (beyond the host
+ * window, for deadline @deadline) take its room?  Not when the engine's
+ * victims for it (sched_victim_order()) would include a copy that must be
+ * read back from NVMe before the horizon's phase (Plan.horizon_ns): that
+ * only moves a read within the burst and adds a write.  Free room, dead
+ * copies, host duplicates of valid VRAM copies and copies next used after
+ * the horizon are taken.  false with @why.
+ */
+bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t why_size);
+
+/*
  * admit_evicted() - will @t's copy in @tier (there now) be evicted before
  * its next use, by the same simulation?  Then a dirty one is worth writing
  * down early, while NVMe is idle (write-behind), since it goes anyway.

@@ -98,6 +98,8 @@ struct Plan {
         uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) / both together (bit 2) window */
         uint32_t window[2];     /* phases ahead whose working set fits vram / host (sched.c plan_window()) */
         uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
+        uint32_t horizon;       /* phases ahead the reads must reach (admit_horizon()) */
+        uint64_t horizon_ns;    /* predicted start of that phase (0: none) */
         /* admission (admit.c): scratch of one simulation */
         uint64_t *sim_avail;    /* per relative phase: bytes that become victims before the candidate */
         uint32_t *sim_stamp;    /* per slot: counted in simulation sim_gen */

@@ -66,6 +66,10 @@ static uint64_t victim_next_use(Tensor *t, int tier) {
         return plan_next_use(t->plan, t, tier);
 }
 
+uint64_t sched_victim_next_use(Tensor *t, int tier) {
+        return victim_next_use(t, tier);
+}
+
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
         _cleanup_free_ Victim *v = NULL;
         size_t k = 0;

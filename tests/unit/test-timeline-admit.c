@@ -1,0 +1,311 @@
+/* SPDX-License-Identifier: MIT */
+/* test-timeline-admit.c: the planner's admission decisions (occupancy, early reads, write-behind by occupancy, lookahead, moves per step), checked exactly. */
+
+#include <errno.h>
+#include <signal.h>
+
+#include "daemon/sched/admit.h"
+#include "tests/unit/timeline-fixture.h"
+/* ---- admission by occupancy: a prefetch only if its copy stays until its use ----------------- */
+
+/* A manager under lru (no prefetch: the state stays as the test makes it), host limit @host MiB. */
+static Manager *quiet_manager(uint64_t host) {
+        return new_manager(SCHED_POLICY_LRU, host * MiB);
+}
+
+static void test_admit_occupancy(void **state) {
+        Manager *m = quiet_manager(3);
+        Tensor *a, *b, *cc, *d, *x;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256], why[160];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        cc = tensor(j, "C", MiB);
+        x = tensor(j, "X", MiB);
+        make_on_nvme(m, a);
+        make_on_nvme(m, b);
+        make_on_nvme(m, cc);
+        make_on_nvme(m, x);
+        {
+                /* A is read again in phase 3; X, in phase 4, is the farthest */
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ },
+                        { 4, x, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        set_durations(p, 100);
+        plan_predict(p, now_ns());
+        assert_true(copy_valid(a, TIER_HOST) && a->copy[TIER_HOST].pins == 1);
+        assert_int_equal(j->used[TIER_HOST], MiB);
+        /*
+         * X now: 2 MiB free, X takes one.  B comes for phase 1 (the last MiB), C for
+         * phase 2: A is kept for phase 3, B is pinned while C is pinned ahead, so
+         * Belady would evict X, needed last.  Brought now, it would be read twice.
+         */
+        assert_false(admit_survives(p, x, TIER_HOST, 4, why, sizeof(why)));
+        assert_string_equal(why, "phase 2 (2 ahead) would be 1048576 bytes short in host without evicting it");
+        /* C itself, two phases ahead: only B comes before it, and there is room for both */
+        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        /* in vram (no limit set: the fixture's default) there is room for all of it */
+        assert_true(admit_survives(p, x, TIER_VRAM, 4, why, sizeof(why)));
+        sched_plan_free(p);
+
+        /*
+         * The window counts every tensor of the phases ahead at once; the simulation
+         * knows that A, read only in phase 0, may go once phase 0 is over: D, three
+         * phases ahead, is beyond the window but survives (A makes room for C).
+         */
+        d = x;
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        set_durations(p, 100);
+        plan_predict(p, now_ns());
+        plan_window(p);
+        assert_int_equal(p->window[TIER_HOST], 2);
+        assert_true(admit_survives(p, d, TIER_HOST, 3, why, sizeof(why)));
+        /* with B and C there as well, there is no room now: A is still in use */
+        touch(m, b, TIER_HOST, false);
+        touch(m, cc, TIER_HOST, false);
+        assert_false(admit_survives(p, d, TIER_HOST, 3, why, sizeof(why)));
+        assert_string_equal(why, "no room in host now without evicting a copy needed sooner");
+        finish(m, j, c, p);
+}
+
+/* ---- write-behind by occupancy: a dirty copy the plan will evict anyway is written early ------ */
+
+static void test_admit_evicted(void **state) {
+        Tensor *a, *b, *cc, *d, *v;
+        Manager *m;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        for (uint64_t host = 2; host <= 3; host++) {
+                m = quiet_manager(host);
+                assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+                c = fake_conn(m, j);
+                a = tensor(j, "A", MiB);
+                b = tensor(j, "B", MiB);
+                cc = tensor(j, "C", MiB);
+                d = tensor(j, "D", MiB);
+                v = tensor(j, "V", MiB);
+                make_on_nvme(m, a);
+                make_on_nvme(m, b);
+                make_on_nvme(m, cc);
+                make_on_nvme(m, d);
+                touch(m, v, TIER_HOST, true);   /* V: dirty, its only copy is in host */
+                {
+                        Acc acc[] = {
+                                { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                                { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
+                                { 4, v, TIER_HOST, PLAN_READ },
+                        };
+                        assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+                }
+                set_durations(p, 100);
+                marker(m, p, 0);
+                run_loop(m, 20);
+                set_durations(p, 100);
+                plan_predict(p, now_ns());
+                assert_true(copy_is_sole(v, TIER_HOST));
+                /*
+                 * 3 MiB: A goes after phase 0 and B after phase 1, each making room for
+                 * the next (they are clean, V would cost a write): V stays until phase 4.
+                 * 2 MiB: B finds no room but V's in phase 1 already: it goes.
+                 */
+                assert_int_equal(admit_evicted(p, v, TIER_HOST), host == 2);
+                /* A, pinned now and needed again only a cycle later, is no question of eviction here */
+                assert_false(admit_evicted(p, a, TIER_HOST));
+                finish(m, j, c, p);
+        }
+}
+
+/* ---- early reads take only cheap room: not a copy read again before the reads ahead are done -- */
+
+static void test_early_room(void **state) {
+        Manager *m = quiet_manager(3);
+        Tensor *a, *b, *x, *y;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256], why[160];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        make_on_nvme(m, a);
+        make_on_nvme(m, b);
+        make_on_nvme(m, x);
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, x, TIER_HOST, PLAN_READ }, { 3, y, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        touch(m, b, TIER_HOST, false);
+        b->copy[TIER_HOST].pins = 1;            /* as if pinned ahead */
+        touch(m, y, TIER_HOST, true);           /* Y: dirty, its only copy in host, read in phase 3 */
+        set_durations(p, 100);
+        plan_predict(p, now_ns());
+        assert_int_equal(j->used[TIER_HOST], 3 * MiB);
+        /*
+         * An early read of X (phase 2) must take Y's room (A is pinned, B is needed
+         * first).  When the reads ahead reach phase 3, Y would be read back within
+         * them: X's read only trades places with Y's, plus a write.  Refused.
+         */
+        p->horizon_ns = p->pred[3];
+        assert_false(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        assert_non_null(strstr(why, "an early read would evict 'Y', read again in "));
+        /* when the reads ahead end before Y's use, its room may go (it is read back later) */
+        p->horizon_ns = p->pred[2];
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        /* no horizon: the rule does not apply; free room: nothing is evicted */
+        p->horizon_ns = 0;
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        p->horizon_ns = p->pred[3];
+        touch(m, y, TIER_VRAM, true);
+        copy_free(y, TIER_HOST);                /* Y only in vram now: host room is free */
+        assert_int_equal(j->used[TIER_HOST], 2 * MiB);
+        assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
+        b->copy[TIER_HOST].pins = 0;
+        finish(m, j, c, p);
+}
+
+/* ---- cross-phase lookahead: reads that take longer than the phases before them start early -- */
+
+static void test_lookahead_horizon(void **state) {
+        Manager *m = quiet_manager(14);
+        Tensor *t[16];
+        Acc acc[16];
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256], name[8];
+        uint64_t now;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        /*
+         * Six phases of 100 ms.  Phases 0, 1, 2, 4 and 5 read one tensor of 1 MiB,
+         * phase 3 (an optimizer's, say) reads eleven.
+         */
+        for (unsigned i = 0; i < 16; i++) {
+                snprintf(name, sizeof(name), "t%u", i);
+                t[i] = tensor(j, name, MiB);
+                make_on_nvme(m, t[i]);
+                acc[i] = (Acc) { i < 3 ? i : i < 14 ? 3 : i - 10, t[i], TIER_HOST, PLAN_READ };
+        }
+        assert_int_equal(submit_plan(c, acc, 16, 6, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        set_durations(p, 100);
+        now = p->cur_mark_ns;   /* as if at the marker: phase k starts k x 100 ms from now */
+        plan_predict(p, now);
+        assert_true(copy_valid(t[0], TIER_HOST));
+        /*
+         * At 1 MiB per 25 ms the reads up to phase 3 (1 + 1 + 11 MiB) take 325 ms, but
+         * phase 3 starts in 300: they must all be under way from now on, three phases
+         * ahead.  Phases 4 and 5 (350 and 375 ms of reads, 400 and 500 ms away) can wait.
+         */
+        assert_int_equal(admit_horizon(p, now, 40 * MiB), 3);
+        assert_int_equal(p->horizon, 3);
+        assert_true(p->horizon_ns == p->pred[3]);       /* what early reads may not take room from (admit.c) */
+        /* twice as fast, nothing is late: the byte windows alone say how far */
+        assert_int_equal(admit_horizon(p, now, 80 * MiB), 0);
+        assert_true(p->horizon_ns == 0);
+        finish(m, j, c, p);
+}
+
+/* ---- moves per step: a second move of a tensor into a tier needs a reason ------------------- */
+
+static void test_moves_per_step(void **state) {
+        Manager *m = quiet_manager(8);
+        Tensor *a, *b;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+        SchedCand cand;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        make_on_nvme(m, a);
+        make_on_nvme(m, b);
+        {
+                Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                              { 2, b, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ } };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        /* A's pin brought it this step and the pin is a use */
+        assert_int_equal(moves_check(p, a, TIER_HOST, false), MOVE_REUSE);
+        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
+        /* B's prefetch of this step landed, then was evicted before its use: a repeat, counted */
+        moves_note(p, b, TIER_HOST, false);
+        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REFETCH);
+        assert_string_equal(move_why_to_string(MOVE_REFETCH), "again this step: its prefetch was evicted before use");
+        /* its pin may bring it: the phase needs it now */
+        assert_int_equal(moves_check(p, b, TIER_HOST, true), MOVE_DEMAND);
+        /* the simulation admits it again (8 MiB hold it all); when it lands, the repeat is counted */
+        cand = (SchedCand) { .plan = p, .job = j, .tensor = b, .tier = TIER_HOST, .hold = -1, .ahead = 2,
+                             .deadline = p->pred[2], .link = SCHED_LINK_NVME };
+        assert_true(sched_admit(m->sched, &cand));
+        assert_int_equal(cand.tier, TIER_HOST);
+        moves_landed(p, b, TIER_HOST);
+        assert_int_equal(p->moves_repeated, 1);
+        assert_int_equal(p->moves_refetched, 1);
+        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REFETCH);
+        /* a copy that served a use and was evicted after it may be prefetched again */
+        moves_used(p, b, TIER_HOST);
+        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REUSE);
+        /* other tiers are not affected; a new step starts afresh */
+        assert_int_equal(moves_check(p, b, TIER_VRAM, false), MOVE_FIRST);
+        marker(m, p, 1);
+        marker(m, p, 2);
+        marker(m, p, 3);
+        marker(m, p, 0);
+        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
+        finish(m, j, c, p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_admit_occupancy),
+                cmocka_unit_test(test_admit_evicted),
+                cmocka_unit_test(test_lookahead_horizon),
+                cmocka_unit_test(test_early_room),
+                cmocka_unit_test(test_moves_per_step),
+        };
+        return fixture_main("timeline-admit", tests, sizeof(tests) / sizeof(tests[0]));
+}
