@@ -95,6 +95,60 @@ static int read_all(int fd, void *buf, size_t n) {
 }
 
 /*
+ * Job @k's pipes (up: child -> parent, down: parent -> child) and process.
+ * In the child (returns 0) only its own ends of pair @k are open; in the
+ * parent (returns the pid) the child's ends are closed.  -errno on failure.
+ */
+static pid_t spawn_job(size_t k, int up[][2], int down[][2]) {
+        pid_t pid;
+
+        if (pipe2(up[k], O_CLOEXEC) < 0 || pipe2(down[k], O_CLOEXEC) < 0)
+                return negative_errno();
+        pid = fork();
+        if (pid < 0)
+                return negative_errno();
+        if (pid == 0) {
+                (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
+                for (size_t x = 0; x <= k; x++) {
+                        if (x != k) {
+                                close(up[x][1]);
+                                close(down[x][0]);
+                        }
+                        close(up[x][0]);
+                        close(down[x][1]);
+                }
+                return 0;
+        }
+        close(up[k][1]);
+        close(down[k][0]);
+        up[k][1] = down[k][0] = -1;
+        return pid;
+}
+
+/* Close every job's pipes and wait for it (killing it first when @r < 0); a job that failed makes -EIO. */
+static int reap_jobs(size_t n, int up[][2], int down[][2], const pid_t pids[], int r, const char *what) {
+        for (size_t k = 0; k < n; k++) {
+                int st;
+
+                safe_close(up[k][0]);
+                safe_close(up[k][1]);
+                safe_close(down[k][0]);
+                safe_close(down[k][1]);
+                if (pids[k] > 0) {
+                        if (r < 0)
+                                (void) kill(pids[k], SIGTERM);
+                        while (waitpid(pids[k], &st, 0) < 0 && errno == EINTR)
+                                ;
+                        if (r >= 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+                                bench_log("job %zu of %s exited with status 0x%x", k, what, (unsigned) st);
+                                r = -EIO;
+                        }
+                }
+        }
+        return r;
+}
+
+/*
  * fair_child() - one job of a group: set up and warm up, say "ready" on
  * @up, read the deadline (CLOCK_MONOTONIC ns) from @down, run phases until
  * it, and send a FairResult on @up.
@@ -182,31 +236,14 @@ static int run_group(const Args *a, const char *prefix, const unsigned *w, size_
         for (size_t k = 0; k < n; k++) {
                 char name[64];
 
-                if (pipe2(up[k], O_CLOEXEC) < 0 || pipe2(down[k], O_CLOEXEC) < 0) {
-                        r = negative_errno();
-                        goto out;
-                }
                 (void) snprintf(name, sizeof(name), "%s-%zu-w%u", prefix, k, w[k]);
-                pids[k] = fork();
+                pids[k] = spawn_job(k, up, down);
                 if (pids[k] < 0) {
-                        r = negative_errno();
+                        r = pids[k];
                         goto out;
                 }
-                if (pids[k] == 0) {
-                        (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
-                        for (size_t x = 0; x <= k; x++) {
-                                if (x != k) {
-                                        close(up[x][1]);
-                                        close(down[x][0]);
-                                }
-                                close(up[x][0]);
-                                close(down[x][1]);
-                        }
+                if (pids[k] == 0)
                         _exit(fair_child(a, name, w[k], up[k][1], down[k][0]));
-                }
-                close(up[k][1]);
-                close(down[k][0]);
-                up[k][1] = down[k][0] = -1;
         }
         /* everyone warm */
         for (size_t k = 0; k < n; k++) {
@@ -252,24 +289,7 @@ static int run_group(const Args *a, const char *prefix, const unsigned *w, size_
                         g->verified = false;
         }
 out:
-        for (size_t k = 0; k < n; k++) {
-                int st;
-
-                safe_close(up[k][0]);
-                safe_close(up[k][1]);
-                safe_close(down[k][0]);
-                safe_close(down[k][1]);
-                if (pids[k] > 0) {
-                        if (r < 0)
-                                (void) kill(pids[k], SIGTERM);
-                        while (waitpid(pids[k], &st, 0) < 0 && errno == EINTR)
-                                ;
-                        if (r >= 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
-                                bench_log("job %zu of %s exited with status 0x%x", k, prefix, (unsigned) st);
-                                r = -EIO;
-                        }
-                }
-        }
+        r = reap_jobs(n, up, down, pids, r, prefix);
         tier_client_free(ctl);
         return r;
 }
@@ -445,31 +465,14 @@ int same_run(const Args *a, StepResult *ret) {
         for (size_t k = 0; k < n; k++) {
                 char name[64];
 
-                if (pipe2(up[k], O_CLOEXEC) < 0 || pipe2(down[k], O_CLOEXEC) < 0) {
-                        r = negative_errno();
-                        goto out;
-                }
                 (void) snprintf(name, sizeof(name), "bench-timeline-%ld-%zu", (long) getpid(), k);
-                pids[k] = fork();
+                pids[k] = spawn_job(k, up, down);
                 if (pids[k] < 0) {
-                        r = negative_errno();
+                        r = pids[k];
                         goto out;
                 }
-                if (pids[k] == 0) {
-                        (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
-                        for (size_t x = 0; x <= k; x++) {
-                                if (x != k) {
-                                        close(up[x][1]);
-                                        close(down[x][0]);
-                                }
-                                close(up[x][0]);
-                                close(down[x][1]);
-                        }
+                if (pids[k] == 0)
                         _exit(same_child(a, name, up[k][1], down[k][0]));
-                }
-                close(up[k][1]);
-                close(down[k][0]);
-                up[k][1] = down[k][0] = -1;
         }
         for (size_t k = 0; k < n; k++) {
                 r = read_all(up[k][0], &res[k], sizeof(res[k]));
@@ -517,24 +520,7 @@ int same_run(const Args *a, StepResult *ret) {
         ret->target_read = c1.target_read - c0.target_read;
         ret->target_write = c1.target_written - c0.target_written;
 out:
-        for (size_t k = 0; k < n; k++) {
-                int st;
-
-                safe_close(up[k][0]);
-                safe_close(up[k][1]);
-                safe_close(down[k][0]);
-                safe_close(down[k][1]);
-                if (pids[k] > 0) {
-                        if (r < 0)
-                                (void) kill(pids[k], SIGTERM);
-                        while (waitpid(pids[k], &st, 0) < 0 && errno == EINTR)
-                                ;
-                        if (r >= 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
-                                bench_log("job %zu exited with status 0x%x", k, (unsigned) st);
-                                r = -EIO;
-                        }
-                }
-        }
+        r = reap_jobs(n, up, down, pids, r, "the plan");
         tier_client_free(ctl);
         return r;
 }
