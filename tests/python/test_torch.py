@@ -97,7 +97,9 @@ class TestOffload(tierd.DaemonTestCase):
             # both moments of every block go down and come back up every step, and the parameters
             # as far as the plan does not need them back first (Offload.kept_up)
             self.assertGreaterEqual(moved["host->nvme"], 2 * nbytes, f"step {i}: {moved}")
-            self.assertGreaterEqual(moved["nvme->host"], 2 * nbytes, f"step {i}: {moved}")
+            # coming back up, a block's parameters may be served from a VRAM copy the backward pass
+            # still holds (tierd takes the fastest valid source): from NVMe or VRAM, at least 2x
+            self.assertGreaterEqual(moved["nvme->host"] + moved["vram->host"], 2 * nbytes, f"step {i}: {moved}")
             self.assertGreaterEqual(moved["host->vram"], nbytes, f"step {i}: {moved}")
 
     def test_activations_through_tierd(self) -> None:
