@@ -135,6 +135,27 @@ static bool goes_first(const Plan *p, const Tensor *t, int tier, int64_t last, b
         return score > cand_score;
 }
 
+/*
+ * Bytes the prefetches admitted earlier in this pass will take in @tier: their
+ * ops are queued and reserve their room only when the engine runs them, after
+ * the pass, so without this every admission of a pass would count the same
+ * free room (the trace showed bursts of small prefetches evicted again at once).
+ */
+static uint64_t admitted_now(const Plan *p, int tier) {
+        return p->admitted_pass == p->sched->pass_no ? p->admitted[tier] : 0;
+}
+
+static void admitted_note(Plan *p, const Tensor *t, int tier) {
+        if (p->admitted_pass != p->sched->pass_no) {
+                p->admitted_pass = p->sched->pass_no;
+                p->admitted[TIER_VRAM] = p->admitted[TIER_HOST] = 0;
+        }
+        p->admitted[tier] += t->alloc_size;
+        /* a vram copy from NVMe stages through host (xfer_start_chain()) */
+        if (tier == TIER_VRAM && !copy_valid(t, TIER_HOST))
+                p->admitted[TIER_HOST] += t->alloc_size;
+}
+
 /* Does relative phase @r's access @a need room in @tier that it does not have now? */
 static bool needs_room(const PlanAcc *a, int tier) {
         const Tensor *t = a->tensor;
@@ -168,7 +189,7 @@ bool admit_survives(Plan *p, Tensor *t, int tier, uint32_t ahead, char *why, siz
         cand_score = (double) (pred_at(p, ahead) > now ? pred_at(p, ahead) - now : 0);
         if (present && copy_is_sole(t, tier))
                 cand_score /= 2;        /* a dirty copy already there: dropping it costs a write too */
-        room = (int64_t) j->limit[tier] - (int64_t) j->used[tier];
+        room = (int64_t) j->limit[tier] - (int64_t) j->used[tier] - (int64_t) admitted_now(p, tier);
 
         /* the copies there now: which would go before the candidate, and from when on */
         list_for_each_safe(node, tmp, &j->tensors) {
@@ -374,7 +395,8 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
         uint64_t room, need = t->alloc_size, now = now_ns();
         size_t n = 0, k;
 
-        room = j->limit[TIER_HOST] > j->used[TIER_HOST] ? j->limit[TIER_HOST] - j->used[TIER_HOST] : 0;
+        room = j->limit[TIER_HOST] > j->used[TIER_HOST] + admitted_now(p, TIER_HOST) ?
+                j->limit[TIER_HOST] - j->used[TIER_HOST] - admitted_now(p, TIER_HOST) : 0;
         if (room >= need || p->horizon_ns == 0)
                 return true;
         v = calloc(j->n_tensors + 1, sizeof(Tensor *));
@@ -429,12 +451,15 @@ bool sched_admit(Sched *s, SchedCand *c) {
                           t->name, c->ahead, reason);
                 return false;
         }
-        if (admit_survives(p, t, c->tier, c->ahead, reason, sizeof(reason)))
+        if (admit_survives(p, t, c->tier, c->ahead, reason, sizeof(reason))) {
+                admitted_note(p, t, c->tier);
                 return true;
+        }
         if (c->tier == TIER_VRAM && !copy_valid(t, TIER_HOST) &&
             admit_survives(p, t, TIER_HOST, c->ahead, reason, sizeof(reason))) {
                 c->tier = TIER_HOST;    /* vram would not keep it: stage it in host memory */
                 c->link = SCHED_LINK_NVME;
+                admitted_note(p, t, c->tier);
                 return true;
         }
         p->admit_refused++;

@@ -107,6 +107,8 @@ struct Plan {
         uint64_t sim_now_pass[2];       /* per tier: the pass in which a prefetch found no room now, */
         uint32_t sim_now_ahead[2];      /* for a use this many phases ahead */
         uint64_t sim_now_size[2];       /* and of this size */
+        uint64_t admitted_pass;         /* the pass whose admitted prefetches admitted[] counts: */
+        uint64_t admitted[2];           /* per tier, bytes they will take, not reserved yet (op_submit() queues) */
         /* moves per step (admit.c), per slot and tier (2 * slot + tier) */
         uint64_t *move_step;    /* iter_start_ns + 1 of the step it last moved there in */
         bool *move_used;        /* that copy served a pin since */

@@ -89,6 +89,59 @@ static void test_admit_occupancy(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * Prefetches admitted in one pass reserve their room only when the engine runs
+ * their ops, after the pass: each admission counts the bytes of those before it.
+ */
+static void test_admit_same_pass(void **state) {
+        Manager *m = quiet_manager(3);
+        Tensor *a, *b, *x, *y;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+        SchedCand cx, cy;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        make_on_nvme(m, a);
+        make_on_nvme(m, b);
+        make_on_nvme(m, x);
+        make_on_nvme(m, y);
+        {
+                /* X and Y are read in the same phase, after B */
+                Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                              { 2, x, TIER_HOST, PLAN_READ }, { 2, y, TIER_HOST, PLAN_READ } };
+                assert_int_equal(submit_plan(c, acc, 4, 3, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        set_durations(p, 100);
+        plan_predict(p, now_ns());
+        assert_int_equal(j->used[TIER_HOST], MiB);      /* A, pinned */
+        assert_true(!copy_valid(b, TIER_HOST) && !copy_valid(x, TIER_HOST) && !copy_valid(y, TIER_HOST));
+        cx = (SchedCand) { .plan = p, .job = j, .tensor = x, .tier = TIER_HOST, .hold = -1, .ahead = 2,
+                           .deadline = p->pred[2], .link = SCHED_LINK_NVME };
+        cy = cx;
+        cy.tensor = y;
+        m->sched->pass_no++;
+        /* 2 MiB free: X and then B (phase 1) fit */
+        assert_true(sched_admit(m->sched, &cx));
+        /* Y in the same pass: X's op has not reserved yet, but its MiB is taken: B would find none */
+        assert_false(sched_admit(m->sched, &cy));
+        assert_int_equal(p->admit_refused, 1);
+        /* a later pass counts what is reserved then (X's op failed or never ran here: room again) */
+        m->sched->pass_no++;
+        y->sched_blocked = 0;
+        assert_true(sched_admit(m->sched, &cy));
+        finish(m, j, c, p);
+}
+
 /* ---- write-behind by occupancy: a dirty copy the plan will evict anyway is written early ------ */
 
 static void test_admit_evicted(void **state) {
@@ -304,6 +357,7 @@ int main(void) {
                 cmocka_unit_test(test_admit_occupancy),
                 cmocka_unit_test(test_admit_evicted),
                 cmocka_unit_test(test_lookahead_horizon),
+                cmocka_unit_test(test_admit_same_pass),
                 cmocka_unit_test(test_early_room),
                 cmocka_unit_test(test_moves_per_step),
         };
