@@ -193,6 +193,11 @@ int tl_plan_load(const char *path, TlPlan **ret, char *err, size_t err_size) {
                         goto finish;
                 }
                 p->kind[k] = kind[0] == 'f' ? TL_FWD : kind[0] == 'b' ? TL_BWD : TL_OPT;
+                if (json_array_size(json_object_get(ph, "write_down")) > 0) {
+                        r = bad(err, err_size, "%s: phase %zu has write-downs (tier.torch's placements B and C), "
+                                "which bench-timeline does not run: write the plan with --placement A", path, k);
+                        goto finish;
+                }
                 p->start[k] = n;
                 for (size_t x = 0; x < json_array_size(a); x++) {
                         json_t *e = json_array_get(a, x);

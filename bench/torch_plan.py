@@ -45,9 +45,10 @@ class FakeGrant:
 
 
 class FakeTensor:
-    def __init__(self, name, size):
+    def __init__(self, client, name, size):
         import torch
 
+        self.client = client
         self.name = name
         self.size = size
         self.buf = torch.zeros(size, dtype=torch.uint8)
@@ -62,7 +63,17 @@ class FakeTensor:
         pass
 
     def evict_async(self, tier):
-        raise RuntimeError("torch_plan.py traces placement A only (its plan is the same for B and C)")
+        # placements B and C write state down when the next phase is entered: recorded, done at once
+        self.client.write_downs.append((self.client.phase_now(), self))
+        return FakeFence()
+
+
+class FakeFence:
+    def wait(self):
+        pass
+
+    def done(self):
+        return True
 
 
 class FakePlan:
@@ -91,9 +102,11 @@ class FakeClient:
     def __init__(self):
         self.tensors: list[FakeTensor] = []
         self.submitted: FakePlan | None = None
+        self.write_downs: list[tuple[int, FakeTensor]] = []
+        self.phase_now = lambda: 0
 
     def create(self, name, size):
-        t = FakeTensor(name, size)
+        t = FakeTensor(self, name, size)
         self.tensors.append(t)
         return t
 
@@ -112,6 +125,9 @@ def main() -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--offload-activations", action="store_true")
+    p.add_argument("--placement", choices=("A", "B", "C"), default="A",
+                   help="tier.torch's placement: B and C add the write-downs to NVMe it issues after "
+                        "optimizer phases (\"write_down\" of the phase entered then); the accesses are the same")
     a = p.parse_args()
 
     import torch
@@ -122,7 +138,9 @@ def main() -> int:
     torch.manual_seed(1)
     model = train_lm.ByteLM(a.dim, a.layers, a.heads, a.context)
     client = FakeClient()
-    engine = tt.Offload(model, client, placement="A", offload_activations=a.offload_activations)
+    engine = tt.Offload(model, client, placement=a.placement, offload_activations=a.offload_activations)
+    # the phase just entered (_enter() appends it first); at the step's end (no phase) the next step's first
+    client.phase_now = lambda: len(engine._seq) - (engine._phase is not None)
     x = torch.randint(0, 256, (a.batch, a.context))
     y = torch.randint(0, 256, (a.batch, a.context))
     loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
@@ -138,11 +156,23 @@ def main() -> int:
     tiers = {int(tier.VRAM): "vram", int(tier.HOST): "host"}
     modes = {int(tier.READ): "r", int(tier.WRITE): "w", int(tier.READ_WRITE): "rw"}
     kinds = {k: kind for k, (kind, _) in enumerate(engine._seq)}
+    n_phases = len(plan.phases)
+    # a write-down at the step's end (no phase entered: len(_seq) phases) comes before the next step's phase 0
+    down: dict[int, list[int]] = {}
+    for ph, t in client.write_downs:
+        lst = down.setdefault(ph % n_phases, [])
+        if id(t) in index and index[id(t)] not in lst:
+            lst.append(index[id(t)])
+    phases = []
+    for k in sorted(plan.phases):
+        ph = {"kind": kinds[k], "access": [[index[id(t)], tiers[tr], modes[m]] for t, tr, m in plan.phases[k]]}
+        if down.get(k):
+            ph["write_down"] = down[k]
+        phases.append(ph)
     out = {
-        "name": f"torch-lm-d{a.dim}-l{a.layers}",
+        "name": f"torch-lm-d{a.dim}-l{a.layers}" + ("" if a.placement == "A" else f"-{a.placement}"),
         "tensors": [{"name": t.name, "size": t.size} for t in tensors],
-        "phases": [{"kind": kinds[k], "access": [[index[id(t)], tiers[tr], modes[m]] for t, tr, m in plan.phases[k]]}
-                   for k in sorted(plan.phases)],
+        "phases": phases,
     }
     engine.close(restore=False)
     json.dump(out, sys.stdout)

@@ -27,6 +27,8 @@ void plan_file_done(PlanFile *f) {
         free((void *) f->plan.size);
         free((void *) f->plan.start);
         free((void *) f->plan.acc);
+        free((void *) f->plan.down_start);
+        free((void *) f->plan.down);
         free(f->kind);
         *f = (PlanFile) {};
 }
@@ -45,8 +47,9 @@ static int get_count(const char *doc, const char *path, size_t max, size_t *ret,
 int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) {
         PlanFile f = {};
         double *size = NULL;
-        size_t *start = NULL, n_acc = 0, n_t, n_p;
+        size_t *start = NULL, *down_start = NULL, n_acc = 0, n_down = 0, n_t, n_p;
         PlanSimAccess *acc = NULL;
+        uint32_t *down = NULL;
         char path[96], s[16];
         int r;
 
@@ -79,6 +82,21 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                         goto out;
                 }
                 n_acc += n;
+                /* optional: what the client writes down to NVMe on entering the phase */
+                snprintf(path, sizeof(path), "phases.%zu.write_down", p);
+                r = jget_length(doc, path, &n);
+                if (r == -ENOENT)
+                        continue;
+                if (r < 0 || n > (size_t) PLAN_SIM_MAX_TENSORS) {
+                        r = fail(err, err_size, -EINVAL, "\"%s\" is not a list of tensor indices", path);
+                        goto out;
+                }
+                n_down += n;
+        }
+        if (n_down > 3 * (size_t) PLAN_SIM_MAX_TENSORS) {
+                r = fail(err, err_size, -EINVAL, "the plan has %zu write-downs, more than %u", n_down,
+                         3 * PLAN_SIM_MAX_TENSORS);
+                goto out;
         }
         if (n_acc > 3 * (size_t) PLAN_SIM_MAX_TENSORS) {
                 r = fail(err, err_size, -EINVAL, "the plan has %zu accesses, more than %u", n_acc,
@@ -86,11 +104,14 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 goto out;
         }
         acc = calloc(n_acc ? n_acc : 1, sizeof(*acc));
-        if (!acc) {
+        down_start = n_down ? calloc(n_p + 1, sizeof(*down_start)) : NULL;
+        down = n_down ? calloc(n_down, sizeof(*down)) : NULL;
+        if (!acc || (n_down && (!down_start || !down))) {
                 r = fail(err, err_size, -ENOMEM, "out of memory");
                 goto out;
         }
         n_acc = 0;
+        n_down = 0;
         for (size_t p = 0; p < n_p; p++) {
                 size_t n = 0;
 
@@ -128,15 +149,37 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                         }
                         a->mode = (uint8_t) ((strchr(s, 'r') ? PLAN_SIM_READ : 0) | (strchr(s, 'w') ? PLAN_SIM_WRITE : 0));
                 }
+                if (!down_start)
+                        continue;
+                down_start[p] = n_down;
+                snprintf(path, sizeof(path), "phases.%zu.write_down", p);
+                if (jget_length(doc, path, &n) < 0)
+                        n = 0;
+                for (size_t k = 0; k < n; k++) {
+                        double t;
+
+                        snprintf(path, sizeof(path), "phases.%zu.write_down.%zu", p, k);
+                        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t)) {
+                                r = fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path,
+                                         n_t - 1);
+                                goto out;
+                        }
+                        down[n_down++] = (uint32_t) t;
+                }
         }
         start[n_p] = n_acc;
-        f.plan = (PlanSimPlan) { .n_tensors = n_t, .size = size, .n_phases = n_p, .start = start, .acc = acc };
+        if (down_start)
+                down_start[n_p] = n_down;
+        f.plan = (PlanSimPlan) { .n_tensors = n_t, .size = size, .n_phases = n_p, .start = start, .acc = acc,
+                                 .down_start = down_start, .down = down };
         *ret = f;
         return 0;
 out:
         free(size);
         free(start);
         free(acc);
+        free(down_start);
+        free(down);
         free(f.kind);
         return r;
 }

@@ -22,7 +22,8 @@ typedef struct PlanFile {
 /*
  * plan_file_parse() - @doc (NUL-terminated JSON):
  *   {"name":S, "tensors":[{"name":S,"size":N},...],
- *    "phases":[{"kind":"f"|"b"|"o","access":[[TENSOR,"vram"|"host","r"|"w"|"rw"],...]},...]}
+ *    "phases":[{"kind":"f"|"b"|"o","access":[[TENSOR,"vram"|"host","r"|"w"|"rw"],...],
+ *               "write_down":[TENSOR,...] (optional: evicted to NVMe on entering the phase)},...]}
  * -EINVAL with a sentence in @err naming what is wrong where; -ENOMEM.
  */
 int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size);

@@ -282,10 +282,36 @@ static void prefetch(Sim *s) {
         }
 }
 
+/* The client's write-downs on entering phase @p (PlanSimPlan.down): to NVMe, and out of VRAM and host. */
+static void write_down(Sim *s, unsigned p) {
+        if (!s->plan->down_start)
+                return;
+        for (size_t i = s->plan->down_start[p]; i < s->plan->down_start[p + 1]; i++) {
+                size_t ti = s->plan->down[i];
+                Tensor *t = &s->t[ti];
+
+                if (held(s, ti))
+                        continue;       /* pinned by tierd's holds: the eviction ends with EBUSY */
+                if (!t->valid[N] && (t->valid[V] || t->valid[H])) {
+                        if (!t->valid[H])
+                                s->count.link_up += t->size;    /* through host */
+                        s->count.nvme_write += t->size;
+                        t->valid[N] = true;
+                }
+                for (unsigned k = V; k <= H; k++)
+                        if (t->valid[k]) {
+                                t->valid[k] = false;
+                                s->used[k] -= t->size;
+                        }
+        }
+}
+
 static void run_phase(Sim *s) {
         unsigned p = (unsigned) (s->now % s->phases);
         size_t n;
         const PlanSimAccess *acc = phase_acc(s, p, &n);
+
+        write_down(s, p);
 
         for (size_t k = 0; k < n; k++) {
                 Access a = { p, acc[k].tier, acc[k].mode };
@@ -389,6 +415,14 @@ int plan_simulate_plan(const PlanSimPlan *plan, double vram_limit, double host_l
                 }
                 s.t[a->tensor].n_acc++;
         }
+        for (size_t p = 0; plan->down_start && p < plan->n_phases; p++)
+                for (size_t i = plan->down_start[p]; i < plan->down_start[p + 1]; i++)
+                        if (plan->down_start[p + 1] < plan->down_start[p] || plan->down[i] >= s.n_tensors) {
+                                free(fill);
+                                sim_free(&s);
+                                return fail(err, err_size, "write-down %zu of phase %zu of the plan names no tensor",
+                                            i - plan->down_start[p], p);
+                        }
         for (size_t ti = 0, off = 0; ti < s.n_tensors; ti++) {
                 s.t[ti].acc = s.acc_all + off;
                 off += s.t[ti].n_acc;

@@ -79,6 +79,16 @@ typedef struct PlanSimPlan {
         const size_t *start;            /* n_phases + 1: phase p's accesses are acc[start[p] .. start[p + 1]) */
         const PlanSimAccess *acc;
         const double *phase_s;          /* compute of each phase (NULL: all equal) */
+        /*
+         * Write-downs (NULL: none): the tensors down[down_start[p] .. down_start[p + 1]) the
+         * client evicts to NVMe when it enters phase p (tier.torch's placements B and C, after
+         * an optimizer phase).  The replay writes each one down (NVMe write, and the link when
+         * its only copy is in VRAM) and drops its VRAM and host copies, except where the phase
+         * entered or the next one accesses it: tierd holds those, and such an eviction ends
+         * with EBUSY.
+         */
+        const size_t *down_start;
+        const uint32_t *down;
 } PlanSimPlan;
 
 /*

@@ -60,6 +60,24 @@ class TorchPlan(unittest.TestCase):
                 self.assertEqual(acc, {("p", "host", "rw"), ("g", "host", "r"), ("m", "host", "rw"),
                                        ("v", "host", "rw")})
 
+    def test_placement_write_downs(self) -> None:
+        args = ("--dim", "64", "--layers", "2", "--heads", "2", "--context", "16", "--batch", "2")
+        a = self.plan(*args)
+        self.assertFalse(any("write_down" in ph for ph in a["phases"]))
+        for placement, kinds in (("B", {"m", "v"}), ("C", {"m", "v", "p"})):
+            p = self.plan(*args, "--placement", placement)
+            names = [t["name"] for t in p["tensors"]]
+            # the same accesses; tier.torch writes down each block's state on entering the phase after
+            # its optimizer phase (the last block's, at the step's end: before the next step's first)
+            self.assertEqual([ph["access"] for ph in p["phases"]], [ph["access"] for ph in a["phases"]])
+            downs = {k: ph["write_down"] for k, ph in enumerate(p["phases"]) if "write_down" in ph}
+            expect = {}
+            for k, ph in enumerate(p["phases"]):
+                if ph["kind"] == "o":
+                    block = names[ph["access"][0][0]].split(".")[2]
+                    expect[(k + 1) % len(p["phases"])] = {f"torch.0.{block}.{x}" for x in kinds}
+            self.assertEqual({k: {names[t] for t in v} for k, v in downs.items()}, expect, placement)
+
     def test_capbound_reads_it(self) -> None:
         exe = os.path.join(os.environ["TIER_BUILD"], "bench", "bench-timeline")
         if not os.access(exe, os.X_OK):
@@ -84,6 +102,14 @@ class TorchPlan(unittest.TestCase):
             out = subprocess.run([exe, "--plan", path, "--capbound", f"{4 * big},{4 * big}"], check=True,
                                  stdout=subprocess.PIPE, text=True, timeout=60).stdout
             self.assertGreater(json.loads(out)["min_nvme_read_bytes"], 0)
+            # write-downs (placement C) are tierctl plan's to replay, not bench-timeline's: refused
+            with open(path, "w") as f:
+                json.dump(self.plan("--dim", "64", "--layers", "2", "--heads", "2", "--context", "16", "--batch",
+                                    "2", "--placement", "C"), f)
+            r = subprocess.run([exe, "--plan", path, "--capbound", "1M,1M"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("write-downs", r.stderr)
             # a broken file is refused with a message and exit status 2
             with open(path, "w") as f:
                 f.write('{"tensors": [], "phases": []}')

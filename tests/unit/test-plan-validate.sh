@@ -73,7 +73,7 @@ cs=$(printf '%s' "$tl" | $PY -c 'import json,sys; print(json.load(sys.stdin)["co
 # ---- bench/run torch, placement C (its model: ByteLM dim 256, 8 layers, fp32 AdamW) ------------
 mark "$tmp/m0"
 if [ "$TORCH" = torch ]; then
-        "$ROOT/bench/run" torch --configs C --steps 3 --warmup 1 --fio-size 64M > "$tmp/torch.json" 2> "$tmp/torch.err"
+        "$ROOT/bench/run" torch --configs C --steps 5 --warmup 1 --fio-size 64M > "$tmp/torch.json" 2> "$tmp/torch.err"
         rc=$?
 else
         echo "torch: not run in this build (ASan: Python would need the ASan runtime preloaded)" > "$tmp/torch.err"
@@ -91,10 +91,11 @@ else
 d = json.load(sys.stdin); m = d["model"]; t = d["budgets"]["tight"]
 print(m["layers"], m["dim"], m["heads"], m["context"], m["batch"], d["plain_step_s"], d["fio_read_gbps"],
       d["fio_write_gbps"], d["link_gbps"], t["vram"], t["host"])')
-        # the plan tier.torch submits for this model (its own code, traced without tierd)
+        # the plan tier.torch submits for this model (its own code, traced without tierd), with the
+        # write-downs to NVMe placement C issues after each optimizer phase
         PYTHONPATH="$ROOT/client/python:$ROOT/client/python/examples${PYTHONPATH:+:$PYTHONPATH}" \
                 $PY "$ROOT/bench/torch_plan.py" --layers "$1" --dim "$2" --heads "$3" --context "$4" \
-                --batch "$5" > "$tmp/torch-lm.plan" 2> "$tmp/torch-plan.err" ||
+                --batch "$5" --placement C > "$tmp/torch-lm.plan" 2> "$tmp/torch-plan.err" ||
                 { cat "$tmp/torch-plan.err"; echo "FAIL: bench/torch_plan.py"; exit 1; }
         # ByteLM: ffn 4 x dim, a byte vocabulary (256); fp32 weights and grads (4 + 4), no separate
         # master copy, AdamW moments 8; compute = plain PyTorch's step of the same run; replayed
@@ -143,13 +144,8 @@ if os.path.getsize(os.path.join(tmp, "torch-plan.json")):
     c = d["placements"]["C"]
     assert d["verified"] and c["fits"], d
     p = json.load(open(os.path.join(tmp, "torch-plan.json")))["limits"]
-    # tierd reads 13-16 % more than the replay here, not the 15 % the issue asks: its prefetches of
-    # the small first blocks' state, made ~300 ms ahead, are dropped as victims in the next phase
-    # and fetched again, two or three times a step (tierctl trace; docs/PLANNING.md section 8).
-    # That is tierd's waste (issue 15's "never move a tensor twice"), not the plan's: 25 % allowed
-    # until it is fixed.
     link_cmp("torch C", p, c["nvme_read_gb_per_step"] * 1e9, c["nvme_write_gb_per_step"] * 1e9,
-             c["link_gb_per_step"] * 1e9, 0.25)
+             c["link_gb_per_step"] * 1e9)
     # step time: the compute is plain PyTorch's step of the same run; the machine's speed drifts
     # between rounds (bench/README.md), so the step is compared as C's step / plain's step of the
     # same round (vs_plain_paired, the median) against the plan's overlapped step / compute

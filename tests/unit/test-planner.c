@@ -496,6 +496,44 @@ static void test_plan_file(void **state) {
         plan_file_done(&f);
 }
 
+/*
+ * Write-downs (tier.torch's placement C): on entering phase 0 the client evicts
+ * O and W to NVMe.  W is accessed in phases 0 and 1, held by tierd: that eviction
+ * ends with EBUSY, W stays.  O, dirty from the optimizer, goes down and comes back
+ * for the next optimizer phase: one NVMe write and one read per step, and the
+ * link moves what it moved without them.
+ */
+static void test_plan_file_write_down(void **state) {
+        static const char doc[] =
+                "{\"name\":\"tiny-c\",\"tensors\":[{\"name\":\"w\",\"size\":1048576},{\"name\":\"g\",\"size\":1048576},"
+                "{\"name\":\"o\",\"size\":1048576}],\"phases\":["
+                "{\"kind\":\"f\",\"access\":[[0,\"vram\",\"r\"]],\"write_down\":[2,0]},"
+                "{\"kind\":\"b\",\"access\":[[0,\"vram\",\"r\"],[1,\"vram\",\"w\"]]},"
+                "{\"kind\":\"o\",\"access\":[[1,\"host\",\"r\"],[2,\"host\",\"rw\"],[0,\"host\",\"rw\"]]}]}";
+        PlanSimResult r;
+        PlanFile f;
+        char err[256];
+
+        (void) state;
+        assert_int_equal(plan_file_parse(doc, &f, err, sizeof(err)), 0);
+        assert_non_null(f.plan.down_start);
+        assert_int_equal(f.plan.down_start[0], 0);
+        assert_int_equal(f.plan.down_start[1], 2);
+        assert_int_equal(f.plan.down_start[3], 2);
+        assert_int_equal(f.plan.down[0], 2);
+        assert_int_equal(f.plan.down[1], 0);
+        assert_int_equal(plan_simulate_plan(&f.plan, 64 * MIB, 64 * MIB, &r, err, sizeof(err)), 0);
+        assert_near(r.nvme_write, MIB);
+        assert_near(r.nvme_read, MIB);
+        assert_near(r.link_down, MIB);
+        assert_near(r.link_up, MIB);
+        plan_file_done(&f);
+        /* without them (the same plan as plan_doc): nothing touches NVMe */
+        assert_int_equal(plan_file_parse(plan_doc, &f, err, sizeof(err)), 0);
+        assert_null(f.plan.down_start);
+        plan_file_done(&f);
+}
+
 static void test_plan_file_bad(void **state) {
         static const struct {
                 const char *doc, *what;
@@ -514,6 +552,10 @@ static void test_plan_file_bad(void **state) {
                   "\"phases.0.access.0.2\" is not" },
                 { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":7}]}",
                   "\"phases.0.access\" is not a list" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":[],\"write_down\":7}]}",
+                  "\"phases.0.write_down\" is not a list of tensor indices" },
+                { "{\"tensors\":[{\"size\":1}],\"phases\":[{\"kind\":\"f\",\"access\":[],\"write_down\":[1]}]}",
+                  "\"phases.0.write_down.0\" is not a tensor index (0 to 0)" },
         };
         char err[256];
 
@@ -671,6 +713,7 @@ int main(void) {
                 cmocka_unit_test(test_replay_timeline),
                 cmocka_unit_test(test_replay_refused),
                 cmocka_unit_test(test_plan_file),
+                cmocka_unit_test(test_plan_file_write_down),
                 cmocka_unit_test(test_plan_file_bad),
                 cmocka_unit_test(test_validate_limits),
                 cmocka_unit_test(test_jsonget),
