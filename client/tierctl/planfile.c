@@ -44,6 +44,16 @@ static int get_count(const char *doc, const char *path, size_t max, size_t *ret,
         return 0;
 }
 
+/* The tensor index at @path: 0 to @n_t - 1. */
+static int get_tensor(const char *doc, const char *path, size_t n_t, uint32_t *ret, char *err, size_t err_size) {
+        double t;
+
+        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t))
+                return fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path, n_t - 1);
+        *ret = (uint32_t) t;
+        return 0;
+}
+
 int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) {
         PlanFile f = {};
         double *size = NULL;
@@ -126,15 +136,10 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 (void) jget_length(doc, path, &n);
                 for (size_t k = 0; k < n; k++) {
                         PlanSimAccess *a = &acc[n_acc++];
-                        double t;
 
                         snprintf(path, sizeof(path), "phases.%zu.access.%zu.0", p, k);
-                        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t)) {
-                                r = fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path,
-                                         n_t - 1);
+                        if ((r = get_tensor(doc, path, n_t, &a->tensor, err, err_size)) < 0)
                                 goto out;
-                        }
-                        a->tensor = (uint32_t) t;
                         snprintf(path, sizeof(path), "phases.%zu.access.%zu.1", p, k);
                         if (jget_string(doc, path, s, sizeof(s)) < 0 || (strcmp(s, "vram") && strcmp(s, "host"))) {
                                 r = fail(err, err_size, -EINVAL, "\"%s\" is not \"vram\" or \"host\"", path);
@@ -156,15 +161,9 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 if (jget_length(doc, path, &n) < 0)
                         n = 0;
                 for (size_t k = 0; k < n; k++) {
-                        double t;
-
                         snprintf(path, sizeof(path), "phases.%zu.write_down.%zu", p, k);
-                        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t)) {
-                                r = fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path,
-                                         n_t - 1);
+                        if ((r = get_tensor(doc, path, n_t, &down[n_down++], err, err_size)) < 0)
                                 goto out;
-                        }
-                        down[n_down++] = (uint32_t) t;
                 }
         }
         start[n_p] = n_acc;

@@ -89,6 +89,26 @@ static void test_admit_occupancy(void **state) {
         finish(m, j, c, p);
 }
 
+/* A tensor of 1 MiB whose only copy is on NVMe. */
+static Tensor *nvme_tensor(Manager *m, Job *j, const char *name) {
+        Tensor *t = tensor(j, name, MiB);
+
+        make_on_nvme(m, t);
+        return t;
+}
+
+/* Submit @acc (@n_phases phases of 100 ms) and enter phase 0. */
+static Plan *start_plan(Manager *m, Rank *c, Acc *acc, size_t n_acc, uint32_t n_phases) {
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(submit_plan(c, acc, n_acc, n_phases, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        return p;
+}
+
 /*
  * Prefetches admitted in one pass reserve their room only when the engine runs
  * their ops, after the pass: each admission counts the bytes of those before it.
@@ -99,28 +119,20 @@ static void test_admit_same_pass(void **state) {
         Job *j;
         Rank *c;
         Plan *p;
-        char err[256];
         SchedCand cx, cy;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
-        a = tensor(j, "A", MiB);
-        b = tensor(j, "B", MiB);
-        x = tensor(j, "X", MiB);
-        y = tensor(j, "Y", MiB);
-        make_on_nvme(m, a);
-        make_on_nvme(m, b);
-        make_on_nvme(m, x);
-        make_on_nvme(m, y);
+        a = nvme_tensor(m, j, "A");
+        b = nvme_tensor(m, j, "B");
+        x = nvme_tensor(m, j, "X");
+        y = nvme_tensor(m, j, "Y");
         {
                 /* X and Y are read in the same phase, after B */
                 Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
                               { 2, x, TIER_HOST, PLAN_READ }, { 2, y, TIER_HOST, PLAN_READ } };
-                assert_int_equal(submit_plan(c, acc, 4, 3, &p, err, sizeof(err)), 0);
+                p = start_plan(m, c, acc, 4, 3);
         }
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
         set_durations(p, 100);
         plan_predict(p, now_ns());
         assert_int_equal(j->used[TIER_HOST], MiB);      /* A, pinned */
@@ -304,23 +316,17 @@ static void test_moves_per_step(void **state) {
         Job *j;
         Rank *c;
         Plan *p;
-        char err[256];
         SchedCand cand;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
-        a = tensor(j, "A", MiB);
-        b = tensor(j, "B", MiB);
-        make_on_nvme(m, a);
-        make_on_nvme(m, b);
+        a = nvme_tensor(m, j, "A");
+        b = nvme_tensor(m, j, "B");
         {
                 Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
                               { 2, b, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ } };
-                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+                p = start_plan(m, c, acc, 4, 4);
         }
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
         /* A's pin brought it this step and the pin is a use */
         assert_int_equal(moves_check(p, a, TIER_HOST, false), MOVE_REUSE);
         assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
