@@ -13,24 +13,40 @@ static Manager *quiet_manager(uint64_t host) {
         return new_manager(SCHED_POLICY_LRU, host * MiB);
 }
 
+/* A tensor of 1 MiB whose only copy is on NVMe. */
+static Tensor *nvme_tensor(Manager *m, Job *j, const char *name) {
+        Tensor *t = tensor(j, name, MiB);
+
+        make_on_nvme(m, t);
+        return t;
+}
+
+/* Submit @acc (@n_phases phases of 100 ms) and enter phase 0. */
+static Plan *start_plan(Manager *m, Rank *c, Acc *acc, size_t n_acc, uint32_t n_phases) {
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(submit_plan(c, acc, n_acc, n_phases, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        return p;
+}
+
 static void test_admit_occupancy(void **state) {
         Manager *m = quiet_manager(3);
         Tensor *a, *b, *cc, *d, *x;
         Job *j;
         Rank *c;
         Plan *p;
-        char err[256], why[160];
+        char why[160];
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
-        a = tensor(j, "A", MiB);
-        b = tensor(j, "B", MiB);
-        cc = tensor(j, "C", MiB);
-        x = tensor(j, "X", MiB);
-        make_on_nvme(m, a);
-        make_on_nvme(m, b);
-        make_on_nvme(m, cc);
-        make_on_nvme(m, x);
+        a = nvme_tensor(m, j, "A");
+        b = nvme_tensor(m, j, "B");
+        cc = nvme_tensor(m, j, "C");
+        x = nvme_tensor(m, j, "X");
         {
                 /* A is read again in phase 3; X, in phase 4, is the farthest */
                 Acc acc[] = {
@@ -38,11 +54,8 @@ static void test_admit_occupancy(void **state) {
                         { 2, cc, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ },
                         { 4, x, TIER_HOST, PLAN_READ },
                 };
-                assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+                p = start_plan(m, c, acc, 5, 5);
         }
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
         set_durations(p, 100);
         plan_predict(p, now_ns());
         assert_true(copy_valid(a, TIER_HOST) && a->copy[TIER_HOST].pins == 1);
@@ -71,11 +84,8 @@ static void test_admit_occupancy(void **state) {
                         { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
                         { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
                 };
-                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+                p = start_plan(m, c, acc, 4, 4);
         }
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
         set_durations(p, 100);
         plan_predict(p, now_ns());
         plan_window(p);
@@ -87,26 +97,6 @@ static void test_admit_occupancy(void **state) {
         assert_false(admit_survives(p, d, TIER_HOST, 3, why, sizeof(why)));
         assert_string_equal(why, "no room in host now without evicting a copy needed sooner");
         finish(m, j, c, p);
-}
-
-/* A tensor of 1 MiB whose only copy is on NVMe. */
-static Tensor *nvme_tensor(Manager *m, Job *j, const char *name) {
-        Tensor *t = tensor(j, name, MiB);
-
-        make_on_nvme(m, t);
-        return t;
-}
-
-/* Submit @acc (@n_phases phases of 100 ms) and enter phase 0. */
-static Plan *start_plan(Manager *m, Rank *c, Acc *acc, size_t n_acc, uint32_t n_phases) {
-        Plan *p;
-        char err[256];
-
-        assert_int_equal(submit_plan(c, acc, n_acc, n_phases, &p, err, sizeof(err)), 0);
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
-        return p;
 }
 
 /*
@@ -162,21 +152,16 @@ static void test_admit_evicted(void **state) {
         Job *j;
         Rank *c;
         Plan *p;
-        char err[256];
 
         for (uint64_t host = 2; host <= 3; host++) {
                 m = quiet_manager(host);
                 assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
                 c = fake_conn(m, j);
-                a = tensor(j, "A", MiB);
-                b = tensor(j, "B", MiB);
-                cc = tensor(j, "C", MiB);
-                d = tensor(j, "D", MiB);
+                a = nvme_tensor(m, j, "A");
+                b = nvme_tensor(m, j, "B");
+                cc = nvme_tensor(m, j, "C");
+                d = nvme_tensor(m, j, "D");
                 v = tensor(j, "V", MiB);
-                make_on_nvme(m, a);
-                make_on_nvme(m, b);
-                make_on_nvme(m, cc);
-                make_on_nvme(m, d);
                 touch(m, v, TIER_HOST, true);   /* V: dirty, its only copy is in host */
                 {
                         Acc acc[] = {
@@ -184,11 +169,8 @@ static void test_admit_evicted(void **state) {
                                 { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
                                 { 4, v, TIER_HOST, PLAN_READ },
                         };
-                        assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+                        p = start_plan(m, c, acc, 5, 5);
                 }
-                set_durations(p, 100);
-                marker(m, p, 0);
-                run_loop(m, 20);
                 set_durations(p, 100);
                 plan_predict(p, now_ns());
                 assert_true(copy_is_sole(v, TIER_HOST));
@@ -212,27 +194,21 @@ static void test_early_room(void **state) {
         Job *j;
         Rank *c;
         Plan *p;
-        char err[256], why[160];
+        char why[160];
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
-        a = tensor(j, "A", MiB);
-        b = tensor(j, "B", MiB);
-        x = tensor(j, "X", MiB);
+        a = nvme_tensor(m, j, "A");
+        b = nvme_tensor(m, j, "B");
+        x = nvme_tensor(m, j, "X");
         y = tensor(j, "Y", MiB);
-        make_on_nvme(m, a);
-        make_on_nvme(m, b);
-        make_on_nvme(m, x);
         {
                 Acc acc[] = {
                         { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
                         { 2, x, TIER_HOST, PLAN_READ }, { 3, y, TIER_HOST, PLAN_READ },
                 };
-                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+                p = start_plan(m, c, acc, 4, 4);
         }
-        set_durations(p, 100);
-        marker(m, p, 0);
-        run_loop(m, 20);
         touch(m, b, TIER_HOST, false);
         b->copy[TIER_HOST].pins = 1;            /* as if pinned ahead */
         touch(m, y, TIER_HOST, true);           /* Y: dirty, its only copy in host, read in phase 3 */
