@@ -28,6 +28,10 @@
  * needs under the job's limits (capbound.c) instead of the bytes moved:
  * ratio_capacity = step_s / capacity_bound_s; capacity_floor_s is the same
  * from capbound_floor()'s proven bytes, never above the best possible.
+ * time_bound_s adds when the bytes can move (capbound_time(): the reads a
+ * window of phases needs beyond what memory holds at its start, against the
+ * compute of that window): max(capacity_bound_s, that), ratio_time =
+ * step_s / time_bound_s.
  *
  * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
  * the plan at once (same_run() in timeline-fair.c) and reports them as one
@@ -76,6 +80,37 @@ static int plan_min_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *
         return r;
 }
 
+/* The compute asked for in phase @k: the busy loop of its kind (--fwd-us, --bwd-us, --opt-us), in seconds. */
+static double phase_compute_s(const Args *a, size_t k) {
+        TlKind kind = a->plan->kind[k];
+
+        return (double) (kind == TL_FWD ? a->fwd_us : kind == TL_BWD ? a->bwd_us : a->opt_us) / 1e6;
+}
+
+/*
+ * The time-aware bound of one job's step (capbound_time()) under these limits, with the
+ * compute asked for: NAN (logged) when there is none.  Each job has its own limits and,
+ * at best, the whole NVMe bandwidth during its burst: so it bounds every job's step.
+ */
+static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTime *tb) {
+        CbPlan cb = tl_plan_cb(a->plan);
+        _cleanup_free_ double *compute = calloc(a->plan->n_phases, sizeof(double));
+        int r;
+
+        if (!compute)
+                return NAN;
+        for (size_t k = 0; k < a->plan->n_phases; k++)
+                compute[k] = phase_compute_s(a, k);
+        r = capbound_time(&cb, vram, host, compute, (double) a->nvme_bw * (double) a->targets, (double) a->link_bw,
+                          tb);
+        if (r < 0) {
+                bench_log("no time-aware bound: %s", strerror(-r));
+                *tb = (CbTime) { .from = SIZE_MAX, .to = SIZE_MAX };
+                return NAN;
+        }
+        return tb->step_s;
+}
+
 /* --capbound VRAM,HOST: the fewest bytes per step alone, no tierd needed (bench/run --matrix scales compute by it). */
 static int run_capbound(const Args *a) {
         CbBytes n, l, f;
@@ -121,6 +156,8 @@ static double per_step_gb(uint64_t bytes, uint64_t steps) {
 static int report(const Args *a, const StepResult *res) {
         CbBytes min_n = {}, min_l = {}, fl = {};
         double floor_s = NAN, n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
+        double time_b;
+        CbTime tb = { .from = SIZE_MAX, .to = SIZE_MAX };
         uint64_t nvme_r = res->nvme_read, nvme_w = res->nvme_write, link_b = res->link;
         BenchJson js;
         int r;
@@ -129,8 +166,7 @@ static int report(const Args *a, const StepResult *res) {
                 step_med = MAX(step_med, res->step_s[k]);
         /* the busy loops of a step: the compute asked for (compute_s adds the grants, checks and stamps) */
         for (size_t k = 0; k < a->plan->n_phases; k++)
-                asked += (double) (a->plan->kind[k] == TL_FWD ? a->fwd_us : a->plan->kind[k] == TL_BWD ? a->bwd_us :
-                                   a->opt_us) / 1e6;
+                asked += phase_compute_s(a, k);
         nvme_s = a->nvme_bw ? (double) (nvme_r + nvme_w) / (double) a->steps / ((double) a->nvme_bw * (double) a->targets)
                             : 0;
         link_s = a->link_bw ? (double) link_b / (double) a->steps / (double) a->link_bw : 0;
@@ -144,11 +180,18 @@ static int report(const Args *a, const StepResult *res) {
                                                       ((double) a->nvme_bw * (double) a->targets) : 0,
                                          a->link_bw ? n_jobs * (fl.link_up + fl.link_down) / (double) a->link_bw : 0));
         }
+        time_b = plan_time_bound(a, res->vram_limit, res->host_limit, &tb);
+        if (!isnan(time_b) && !isnan(cap_bound))
+                time_b = MAX(time_b, cap_bound);
         bench_log("policy %s: step %.3f s (mean %.3f), bound %.3f s (compute %.3f, nvme %.3f, link %.3f), "
                   "capacity-aware bound %.3f s (at least %.3f GB NVMe, %.3f GB link a step), stall %.3f s/step, "
                   "verified %s", res->policy, step_med, res->step_mean, bound, res->compute_s, nvme_s, link_s,
                   cap_bound, n_jobs * (min_n.nvme_read + min_n.nvme_write) / 1e9,
                   n_jobs * (min_l.link_up + min_l.link_down) / 1e9, res->stall_s, res->verified ? "yes" : "NO");
+        if (tb.from != SIZE_MAX)
+                bench_log("time-aware bound %.3f s: phases %zu to %zu read %.3f GB beyond memory (%.3f GB up the "
+                          "link beyond VRAM) after phase %zu starts", time_b, tb.from, tb.to, tb.read_bytes / 1e9,
+                          tb.up_bytes / 1e9, tb.from);
 
         bench_json_init(&js, "timeline");
         if (a->config)
@@ -190,6 +233,12 @@ static int report(const Args *a, const StepResult *res) {
         bench_json_double(&js, "min_link_gb", n_jobs * (min_l.link_up + min_l.link_down) / 1e9);
         bench_json_double(&js, "compute_asked_s", asked);
         bench_json_double(&js, "capacity_floor_s", floor_s);
+        bench_json_double(&js, "time_bound_s", time_b);
+        bench_json_double(&js, "ratio_time", step_med / time_b);
+        if (tb.from != SIZE_MAX) {
+                bench_json_u64(&js, "time_window_from", tb.from);
+                bench_json_u64(&js, "time_window_to", tb.to);
+        }
         bench_json_double(&js, "floor_nvme_gb", n_jobs * (fl.nvme_read + fl.nvme_write) / 1e9);
         bench_json_double(&js, "floor_link_gb", n_jobs * (fl.link_up + fl.link_down) / 1e9);
         bench_json_u64(&js, "jobs", res->jobs);

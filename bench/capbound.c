@@ -646,6 +646,72 @@ finish:
         return r;
 }
 
+/* ---- the time bound -------------------------------------------------------------- */
+
+int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                  double link_bw, CbTime *ret) {
+        size_t n = p ? p->n_phases : 0;
+        _cleanup_free_ uint32_t *stamp = NULL;
+        double total = 0, mem = (double) vram_cap + (double) host_cap;
+        int r;
+
+        if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
+                return -EINVAL;
+        r = plan_check(p);
+        if (r < 0)
+                return r;
+        if ((double) n * (double) p->start[n] > 1e8)
+                return -E2BIG;
+        for (size_t k = 0; k < n; k++) {
+                if (!(compute[k] >= 0))
+                        return -EINVAL;
+                total += compute[k];
+        }
+        *ret = (CbTime) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
+        stamp = calloc(p->n_tensors, sizeof(uint32_t));
+        if (!stamp)
+                return -ENOMEM;
+
+        for (size_t a = 0; a < n; a++) {
+                double reads = 0, ups = 0, before = 0;
+                uint32_t gen = (uint32_t) a + 1;
+
+                for (size_t off = 0; off < n; off++) {
+                        size_t k = (a + off) % n;
+                        double wait;
+
+                        /* the tensors whose first access since a is in phase k: what that phase reads of them */
+                        for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                                uint32_t t = p->acc[i].tensor;
+                                uint8_t modes = 0, vram_read = 0;
+
+                                if (stamp[t] == gen)
+                                        continue;
+                                stamp[t] = gen;
+                                for (size_t j = i; j < p->start[k + 1]; j++)
+                                        if (p->acc[j].tensor == t) {
+                                                modes |= p->acc[j].mode;
+                                                if (p->acc[j].tier == CB_VRAM && (p->acc[j].mode & CB_READ))
+                                                        vram_read = 1;
+                                        }
+                                if (modes & CB_READ)
+                                        reads += (double) p->size[t];
+                                if (vram_read)
+                                        ups += (double) p->size[t];
+                        }
+                        wait = MAX(nvme_bw > 0 ? (reads - mem) / nvme_bw : 0,
+                                   link_bw > 0 ? (ups - (double) vram_cap) / link_bw : 0);
+                        if (wait > before && total + wait - before > ret->step_s) {
+                                *ret = (CbTime) { .step_s = total + wait - before, .from = a, .to = k,
+                                                  .read_bytes = MAX(reads - mem, 0),
+                                                  .up_bytes = MAX(ups - (double) vram_cap, 0) };
+                        }
+                        before += compute[k];
+                }
+        }
+        return 0;
+}
+
 /* ---- exhaustive search (tiny plans) ----------------------------------------------- */
 
 /*

@@ -95,6 +95,40 @@ int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes 
  */
 int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret);
 
+/* A lower bound on the step time from when bytes can move, not only how many (capbound_time()). */
+typedef struct CbTime {
+        double step_s;                  /* the bound: at least the compute of a step */
+        size_t from, to;                /* the window that gives it: phases from .. to (cyclic); from == to == SIZE_MAX:
+                                         * none beats the compute */
+        double read_bytes;              /* NVMe bytes that must arrive within it (beyond memory's room at its start) */
+        double up_bytes;                /* host -> VRAM bytes likewise (beyond VRAM's room) */
+} CbTime;
+
+/*
+ * capbound_time() - a lower bound on the time of one step of @p under
+ * capacities @vram_cap and @host_cap, with @compute[k] seconds of compute in
+ * phase k, NVMe reads at @nvme_bw bytes/s and host -> VRAM copies at @link_bw
+ * bytes/s (0: no bound from that link), proven, not simulated:
+ *   at the start of a phase a, VRAM and host hold at most vram_cap +
+ *   host_cap bytes.  Every tensor that some phase from a to k reads before
+ *   writing (its first access in that window reads it) must be in memory at
+ *   its phase, so all of them beyond that room arrive from NVMe after a
+ *   starts and before k starts, one read after another: phase k starts at
+ *   least (bytes - vram_cap - host_cap) / nvme_bw after a, however long the
+ *   compute of a .. k - 1 is.  Likewise the tensors read in VRAM first beyond
+ *   vram_cap cross the link.  The step is then at least its compute plus the
+ *   largest excess of such a wait over the compute of the phases it spans,
+ *   over every window (a, k).
+ * Where the least bytes a step needs (capbound_min(), capbound_floor()) fill
+ * the links only on average, this bound sees a burst: the optimizer's reads
+ * that no memory can take before the backward pass ends.  The bytes bound
+ * and this one are both lower bounds: the larger is the better.
+ * -EINVAL for a malformed plan or a negative compute, -E2BIG for a plan too
+ * large to scan (n_phases x accesses over 10^8), -ENOMEM.
+ */
+int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                  double link_bw, CbTime *ret);
+
 /*
  * capbound_exact() - the true minimum per step by exhaustive search over the
  * same model, for tiny plans only (@p->n_tensors <= 3): minimises

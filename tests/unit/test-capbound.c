@@ -207,6 +207,72 @@ static void test_training_plan(void **state) {
 }
 
 /*
+ * The time bound, by hand: the training plan of 8 layers as bench-timeline
+ * makes it (P, G, O of 1 byte each), VRAM 6 and host 12 bytes, fwd and opt
+ * phases 0.5 s, bwd 2 s, NVMe and link 1 byte/s.  From opt_0 (phase 16) to
+ * opt_7 (phase 23) every P, G and O is read first: 24 bytes, 18 in memory,
+ * so 6 s of reads before opt_7 starts, where the compute of opt_0 .. opt_6 is
+ * 3.5 s: the step is at least its compute, 24 s, plus 2.5 s.  No other window
+ * waits longer (the forward and backward read 8 P, and write G first).
+ */
+static void test_time_bound(void **state) {
+        uint64_t size[24];
+        size_t start[25];
+        CbAccess acc[48];
+        double compute[24];
+        size_t n = 0;
+        CbPlan p;
+        CbTime tb;
+
+        for (size_t i = 0; i < 24; i++)
+                size[i] = 1;
+        for (uint32_t k = 0; k < 24; k++) {
+                uint32_t l = k < 8 ? k : k < 16 ? 15 - k : k - 16;
+
+                start[k] = n;
+                if (k < 8) {
+                        acc[n++] = (CbAccess) { 3 * l, V, R };
+                        compute[k] = 0.5;
+                } else if (k < 16) {
+                        acc[n++] = (CbAccess) { 3 * l, V, R };
+                        acc[n++] = (CbAccess) { 3 * l + 1, V, W };
+                        compute[k] = 2;
+                } else {
+                        acc[n++] = (CbAccess) { 3 * l + 1, H, R };
+                        acc[n++] = (CbAccess) { 3 * l + 2, H, RW };
+                        acc[n++] = (CbAccess) { 3 * l, H, RW };
+                        compute[k] = 0.5;
+                }
+        }
+        start[24] = n;
+        p = (CbPlan) { 24, size, 24, start, acc };
+        assert_int_equal(capbound_time(&p, 6, 12, compute, 1, 1, &tb), 0);
+        assert_true(fabs(tb.step_s - 26.5) < 1e-9);
+        assert_int_equal(tb.from, 16);
+        assert_int_equal(tb.to, 23);
+        assert_true(tb.read_bytes == 6);
+        /* memory for all of it: the compute alone */
+        assert_int_equal(capbound_time(&p, 6, 18, compute, 1, 1, &tb), 0);
+        assert_true(tb.step_s == 24 && tb.from == SIZE_MAX);
+        /* a slower drive: 6 bytes at 1/2 byte/s wait 12 s over the same 3.5 s */
+        assert_int_equal(capbound_time(&p, 6, 12, compute, 0.5, 1, &tb), 0);
+        assert_true(fabs(tb.step_s - 32.5) < 1e-9);
+        /*
+         * no NVMe bound asked, a slow link (0.1 byte/s): the forward reads 8 P in
+         * VRAM, 6 fit: 2 bytes, 20 s, before fwd_7, after 3.5 s of compute
+         */
+        assert_int_equal(capbound_time(&p, 6, 12, compute, 0, 0.1, &tb), 0);
+        assert_true(fabs(tb.step_s - 40.5) < 1e-9);
+        assert_true(tb.from == 0 && tb.to == 7 && tb.up_bytes == 2 && tb.read_bytes == 0);
+        /* bad input */
+        compute[3] = -1;
+        assert_int_equal(capbound_time(&p, 6, 12, compute, 1, 1, &tb), -EINVAL);
+        compute[3] = 0.5;
+        assert_int_equal(capbound_time(&p, 6, 12, NULL, 1, 1, &tb), -EINVAL);
+        assert_int_equal(capbound_time(&p, 6, 12, compute, -1, 1, &tb), -EINVAL);
+}
+
+/*
  * Random tiny plans (2 or 3 tensors of 1 or 2 bytes, 2 to 6 phases): the
  * rules' best is never below the exhaustive minimum (the two implement one
  * model), and equal to it on nearly all.
@@ -297,6 +363,7 @@ int main(void) {
                 cmocka_unit_test(test_all_fits),
                 cmocka_unit_test(test_too_big),
                 cmocka_unit_test(test_training_plan),
+                cmocka_unit_test(test_time_bound),
                 cmocka_unit_test(test_random_vs_exact),
         };
 
