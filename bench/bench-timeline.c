@@ -28,6 +28,10 @@
  * needs under the job's limits (capbound.c) instead of the bytes moved:
  * ratio_capacity = step_s / capacity_bound_s; capacity_floor_s is the same
  * from capbound_floor()'s proven bytes, never above the best possible.
+ * held2_bound_s is the capacity-aware bound with the fewest NVMe bytes found
+ * for schedules that hold two phases at a time, as the timeline policy does
+ * (capbound_min_held()): what that design costs, not a bound on every
+ * schedule.
  * time_bound_s adds when the bytes can move (capbound_time(): the reads a
  * window of phases needs beyond what memory holds at its start, against the
  * compute of that window): max(capacity_bound_s, that), ratio_time =
@@ -111,9 +115,20 @@ static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTim
         return tb->step_s;
 }
 
+/* Fewest NVMe bytes per step when two phases are held at a time, as tierd's timeline policy does. */
+static int plan_held_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *nvme) {
+        CbPlan cb = tl_plan_cb(a->plan);
+        int r = capbound_min_held(&cb, vram, host, 2, nvme, NULL);
+
+        if (r < 0)
+                bench_log("no bytes for two phases held: %s", r == -E2BIG ?
+                          "two phases need more than the job's limits hold" : strerror(-r));
+        return r;
+}
+
 /* --capbound VRAM,HOST: the fewest bytes per step alone, no tierd needed (bench/run --matrix scales compute by it). */
 static int run_capbound(const Args *a) {
-        CbBytes n, l, f;
+        CbBytes n, l, f, h;
         BenchJson js;
         int r = plan_min_bytes(a, a->cb_vram, a->cb_host, &n, &l, &f);
 
@@ -132,6 +147,8 @@ static int run_capbound(const Args *a) {
         bench_json_u64(&js, "min_link_bytes", (uint64_t) llround(l.link_up + l.link_down));
         bench_json_u64(&js, "floor_nvme_bytes", (uint64_t) llround(f.nvme_read + f.nvme_write));
         bench_json_u64(&js, "floor_link_bytes", (uint64_t) llround(f.link_up + f.link_down));
+        if (plan_held_bytes(a, a->cb_vram, a->cb_host, &h) >= 0)
+                bench_json_u64(&js, "min_held2_nvme_bytes", (uint64_t) llround(h.nvme_read + h.nvme_write));
         return bench_json_print(&js);
 }
 
@@ -156,8 +173,9 @@ static double per_step_gb(uint64_t bytes, uint64_t steps) {
 static int report(const Args *a, const StepResult *res) {
         CbBytes min_n = {}, min_l = {}, fl = {};
         double floor_s = NAN, n_jobs = (double) res->jobs, step_med = 0, nvme_s, link_s, bound, cap_bound = NAN, asked = 0;
-        double time_b;
+        double time_b, held_b = NAN;
         CbTime tb = { .from = SIZE_MAX, .to = SIZE_MAX };
+        CbBytes held = { NAN, NAN, NAN, NAN };
         uint64_t nvme_r = res->nvme_read, nvme_w = res->nvme_write, link_b = res->link;
         BenchJson js;
         int r;
@@ -180,6 +198,9 @@ static int report(const Args *a, const StepResult *res) {
                                                       ((double) a->nvme_bw * (double) a->targets) : 0,
                                          a->link_bw ? n_jobs * (fl.link_up + fl.link_down) / (double) a->link_bw : 0));
         }
+        if (!isnan(cap_bound) && plan_held_bytes(a, res->vram_limit, res->host_limit, &held) >= 0)
+                held_b = MAX(cap_bound, a->nvme_bw ? n_jobs * (held.nvme_read + held.nvme_write) /
+                                                     ((double) a->nvme_bw * (double) a->targets) : 0);
         time_b = plan_time_bound(a, res->vram_limit, res->host_limit, &tb);
         if (!isnan(time_b) && !isnan(cap_bound))
                 time_b = MAX(time_b, cap_bound);
@@ -233,6 +254,8 @@ static int report(const Args *a, const StepResult *res) {
         bench_json_double(&js, "min_link_gb", n_jobs * (min_l.link_up + min_l.link_down) / 1e9);
         bench_json_double(&js, "compute_asked_s", asked);
         bench_json_double(&js, "capacity_floor_s", floor_s);
+        bench_json_double(&js, "held2_bound_s", held_b);
+        bench_json_double(&js, "min_held2_nvme_gb", n_jobs * (held.nvme_read + held.nvme_write) / 1e9);
         bench_json_double(&js, "time_bound_s", time_b);
         bench_json_double(&js, "ratio_time", step_med / time_b);
         if (tb.from != SIZE_MAX) {

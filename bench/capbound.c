@@ -83,6 +83,7 @@ typedef struct Sim {
         uint64_t cap[2], used[2];
         CbRule rule;
         bool inclusive;                 /* CB_RULE_INCLUSIVE */
+        bool held2;                     /* CB_RULE_HELD2 */
         double w_nvme, w_link;
         uint8_t *st;                    /* B_* per tensor */
         uint8_t *seen;                  /* scratch, per tensor */
@@ -349,21 +350,43 @@ static void ensure(Sim *s, const CbAccess *a) {
         return;
 }
 
+/* May access @i of phase @nx be held while phase @k runs: not a read in one tier of what @k writes in another. */
+static bool holds_ahead(const CbPlan *p, size_t k, size_t nx, size_t i) {
+        const CbAccess *a = &p->acc[i];
+
+        if (nx == k)
+                return false;
+        for (size_t j = p->start[k]; j < p->start[k + 1]; j++)
+                if (p->acc[j].tensor == a->tensor && (p->acc[j].mode & CB_WRITE) && p->acc[j].tier != a->tier)
+                        return false;
+        return true;
+}
+
 static int run_phase(Sim *s, size_t k) {
         const CbPlan *p = s->p;
+        size_t nx = (k + 1) % p->n_phases;
         int r;
 
         s->phase = k;
         s->serial++;
         for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
                 s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
+        if (s->held2)
+                for (size_t i = p->start[nx]; i < p->start[nx + 1]; i++)
+                        if (holds_ahead(p, k, nx, i))
+                                s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
         /*
          * Every copy the phase needs first (a staged copy or a host source
-         * is still there), then each tier back within its capacity: VRAM
-         * first, since what it drains takes host room.
+         * is still there), and with two phases held the next one's, then
+         * each tier back within its capacity: VRAM first, since what it
+         * drains takes host room.
          */
         for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
                 ensure(s, &p->acc[i]);
+        if (s->held2)
+                for (size_t i = p->start[nx]; i < p->start[nx + 1]; i++)
+                        if (holds_ahead(p, k, nx, i))
+                                ensure(s, &p->acc[i]);
         r = enforce(s, CB_VRAM);
         if (r < 0)
                 return r;
@@ -414,14 +437,16 @@ static int occ_build(Sim *s) {
 
 int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
                       double w_link, unsigned max_steps, CbBytes *ret) {
-        Sim s = { .p = p, .cap = { vram_cap, host_cap }, .rule = rule & ~CB_RULE_INCLUSIVE,
-                  .inclusive = rule & CB_RULE_INCLUSIVE, .w_nvme = w_nvme, .w_link = w_link };
+        Sim s = { .p = p, .cap = { vram_cap, host_cap }, .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2),
+                  .inclusive = rule & CB_RULE_INCLUSIVE, .held2 = rule & CB_RULE_HELD2, .w_nvme = w_nvme,
+                  .w_link = w_link };
         _cleanup_free_ uint8_t *hist = NULL;
         _cleanup_free_ CbBytes *steps = NULL;
         size_t n;
         int r;
 
-        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | 0xf)) || max_steps < 2 || !(w_nvme >= 0) || !(w_link >= 0))
+        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | 0xf)) || max_steps < 2 ||
+            !(w_nvme >= 0) || !(w_link >= 0))
                 return -EINVAL;
         r = plan_check(p);
         if (r < 0)
@@ -496,12 +521,20 @@ finish:
 #define SIM_MAX_STEPS 256u
 
 int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *nvme, CbBytes *link) {
+        return capbound_min_held(p, vram_cap, host_cap, 1, nvme, link);
+}
+
+int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, CbBytes *nvme,
+                      CbBytes *link) {
         static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
         double best_n = INFINITY, best_l = INFINITY;
 
+        if (held != 1 && held != 2)
+                return -EINVAL;
         for (unsigned rule = 0; rule < 2 * CB_RULES; rule++)
                 for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
-                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule >= CB_RULES ? CB_RULE_INCLUSIVE : 0));
+                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule >= CB_RULES ? CB_RULE_INCLUSIVE : 0) |
+                                              (held == 2 ? CB_RULE_HELD2 : 0));
                         CbBytes b;
                         int r = capbound_simulate(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1],
                                                   SIM_MAX_STEPS, &b);

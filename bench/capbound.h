@@ -54,6 +54,12 @@ typedef enum CbRule {
          * other tensors pinned in VRAM in between exceed its room)
          */
         CB_RULE_INCLUSIVE = 0x10,
+        /*
+         * or'ed in: hold two phases at a time, as tierd's timeline policy does:
+         * while phase k runs, phase k + 1's accesses are pinned too (and brought
+         * in), except a read in one tier of what phase k writes in another
+         */
+        CB_RULE_HELD2 = 0x20,
 } CbRule;
 
 /*
@@ -77,6 +83,16 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
  * Errors as capbound_simulate() (-ETIME is not an error here: the mean is used).
  */
 int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *nvme, CbBytes *link);
+
+/*
+ * capbound_min_held() - capbound_min() with @held phases pinned at a time:
+ * 1 is capbound_min(), 2 the schedules that hold the next phase while one
+ * runs (CB_RULE_HELD2), as tierd's timeline policy does.  What the second
+ * costs over the first is the price of that design, not of a schedule.
+ * -EINVAL for another @held; -E2BIG also when two consecutive phases do not fit.
+ */
+int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, CbBytes *nvme,
+                      CbBytes *link);
 
 /*
  * capbound_floor() - bytes per step that every schedule of the model needs,

@@ -20,10 +20,11 @@ def main() -> int:
             rows.setdefault(d["case"], {})[d["policy"]] = d
     print(f"Measured by `bench/run timeline --matrix` in {seconds} s; load average at the end {load} on "
           f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs).\n")
-    print("| case | jobs | compute asked / measured | capacity bound (floor) | time bound | timeline step | x cap "
-          "| x time | lru step | x cap | ondemand step | x cap | NVMe GB timeline / lru / ondemand / least "
-          "| stall timeline | lower_bound_s timeline | verified |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| case | jobs | compute asked / measured | capacity bound (floor) | time bound | held-2 bound | timeline step "
+          "| x cap | x time | x held-2 | lru step | x cap | ondemand step | x cap "
+          "| NVMe GB timeline / lru / ondemand / least / least held-2 | stall timeline | lower_bound_s timeline "
+          "| verified |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case, pols in rows.items():
         any_d = next(iter(pols.values()))
         t = pols.get("timeline")
@@ -31,15 +32,18 @@ def main() -> int:
         asked = t.get("compute_asked_s") if t else None
         cells = [case, str(any_d.get("jobs", 1)), f(asked) + " / " + f(t and t["compute_s"]),
                  f(any_d.get("capacity_bound_s")) + " (" + f(any_d.get("capacity_floor_s")) + ")",
-                 f(any_d.get("time_bound_s"))]
+                 f(any_d.get("time_bound_s")), f(any_d.get("held2_bound_s"))]
         nv = []
         for pol in ("timeline", "lru", "ondemand"):
             d = pols.get(pol)
             cells += [f(d and d["step_s"]), f(d and d.get("ratio_capacity"), "{:.2f}")]
             if pol == "timeline":
                 cells.append(f(d and d.get("ratio_time"), "{:.2f}"))
+                held = d and d.get("held2_bound_s")
+                cells.append(f(d and held and d["step_s"] / held, "{:.2f}"))
             nv.append(f(d and d["nvme_read_gb"] + d["nvme_write_gb"]))
         nv.append(f(any_d.get("min_nvme_read_gb", 0) + any_d.get("min_nvme_write_gb", 0)))
+        nv.append(f(any_d.get("min_held2_nvme_gb")))
         cells += [" / ".join(nv), f(t and t["stall_s"]), f(t and t["lower_bound_s"]),
                   "yes" if all(d["verified"] for d in pols.values()) else "NO"]
         print("| " + " | ".join(cells) + " |")

@@ -215,37 +215,50 @@ static void test_training_plan(void **state) {
  * 3.5 s: the step is at least its compute, 24 s, plus 2.5 s.  No other window
  * waits longer (the forward and backward read 8 P, and write G first).
  */
-static void test_time_bound(void **state) {
+/* bench-timeline's plan of 8 layers (P_i, G_i, O_i are 3i, 3i + 1, 3i + 2; 1 byte each): fwd, bwd in reverse, opt. */
+typedef struct L8Plan {
         uint64_t size[24];
         size_t start[25];
         CbAccess acc[48];
-        double compute[24];
-        size_t n = 0;
+        double compute[24];     /* fwd and opt 0.5 s, bwd 2 s */
         CbPlan p;
-        CbTime tb;
+} L8Plan;
+
+static void l8_plan(L8Plan *t) {
+        size_t n = 0;
 
         for (size_t i = 0; i < 24; i++)
-                size[i] = 1;
+                t->size[i] = 1;
         for (uint32_t k = 0; k < 24; k++) {
                 uint32_t l = k < 8 ? k : k < 16 ? 15 - k : k - 16;
 
-                start[k] = n;
+                t->start[k] = n;
                 if (k < 8) {
-                        acc[n++] = (CbAccess) { 3 * l, V, R };
-                        compute[k] = 0.5;
+                        t->acc[n++] = (CbAccess) { 3 * l, V, R };
+                        t->compute[k] = 0.5;
                 } else if (k < 16) {
-                        acc[n++] = (CbAccess) { 3 * l, V, R };
-                        acc[n++] = (CbAccess) { 3 * l + 1, V, W };
-                        compute[k] = 2;
+                        t->acc[n++] = (CbAccess) { 3 * l, V, R };
+                        t->acc[n++] = (CbAccess) { 3 * l + 1, V, W };
+                        t->compute[k] = 2;
                 } else {
-                        acc[n++] = (CbAccess) { 3 * l + 1, H, R };
-                        acc[n++] = (CbAccess) { 3 * l + 2, H, RW };
-                        acc[n++] = (CbAccess) { 3 * l, H, RW };
-                        compute[k] = 0.5;
+                        t->acc[n++] = (CbAccess) { 3 * l + 1, H, R };
+                        t->acc[n++] = (CbAccess) { 3 * l + 2, H, RW };
+                        t->acc[n++] = (CbAccess) { 3 * l, H, RW };
+                        t->compute[k] = 0.5;
                 }
         }
-        start[24] = n;
-        p = (CbPlan) { 24, size, 24, start, acc };
+        t->start[24] = n;
+        t->p = (CbPlan) { 24, t->size, 24, t->start, t->acc };
+}
+
+static void test_time_bound(void **state) {
+        L8Plan t;
+        double *compute = t.compute;
+        CbPlan p;
+        CbTime tb;
+
+        l8_plan(&t);
+        p = t.p;
         assert_int_equal(capbound_time(&p, 6, 12, compute, 1, 1, &tb), 0);
         assert_true(fabs(tb.step_s - 26.5) < 1e-9);
         assert_int_equal(tb.from, 16);
@@ -270,6 +283,43 @@ static void test_time_bound(void **state) {
         compute[3] = 0.5;
         assert_int_equal(capbound_time(&p, 6, 12, NULL, 1, 1, &tb), -EINVAL);
         assert_int_equal(capbound_time(&p, 6, 12, compute, -1, 1, &tb), -EINVAL);
+}
+
+/*
+ * Two phases held at a time, by hand.  A B C, one per phase, each read and
+ * written in host, host 2: holding one phase, the cycle misses every other
+ * access (1.5 reads and 1.5 writes a step, the exhaustive minimum); holding
+ * two, the phase and the next one fill host, so every phase writes the one
+ * before down and reads the next one: 3 and 3.  The 8-layer training plan
+ * under VRAM 6 and host 12: the least schedule streams the 8 O's (16 bytes
+ * a step); holding two phases, when the backward pass ends VRAM keeps two
+ * older tensors beside its pinned pair and the first two optimizer phases
+ * pin 6 in host, so of the other 12 P and G four go to NVMe and back: 24.
+ */
+static void test_held_pairs(void **state) {
+        static const int rows[3][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 }, { 2, H, RW, -1 } };
+        TPlan t;
+        L8Plan l8;
+        CbBytes n;
+        double en;
+
+        tplan(&t, 3, NULL, 3, rows);
+        assert_int_equal(capbound_min_held(&t.p, 0, 2, 1, &n, NULL), 0);
+        assert_true(n.nvme_read == 1.5 && n.nvme_write == 1.5);
+        assert_int_equal(capbound_exact(&t.p, 0, 2, 0, 24, &en), 0);
+        assert_true(en == 3);
+        assert_int_equal(capbound_min_held(&t.p, 0, 2, 2, &n, NULL), 0);
+        assert_true(n.nvme_read == 3 && n.nvme_write == 3);
+        /* two phases do not fit one place, one does */
+        assert_int_equal(capbound_min_held(&t.p, 0, 1, 2, &n, NULL), -E2BIG);
+        assert_int_equal(capbound_min_held(&t.p, 0, 1, 1, &n, NULL), 0);
+        assert_int_equal(capbound_min_held(&t.p, 0, 2, 3, &n, NULL), -EINVAL);
+
+        l8_plan(&l8);
+        assert_int_equal(capbound_min_held(&l8.p, 6, 12, 1, &n, NULL), 0);
+        assert_true(n.nvme_read + n.nvme_write == 16);
+        assert_int_equal(capbound_min_held(&l8.p, 6, 12, 2, &n, NULL), 0);
+        assert_true(n.nvme_read + n.nvme_write == 24);
 }
 
 /*
@@ -364,6 +414,7 @@ int main(void) {
                 cmocka_unit_test(test_too_big),
                 cmocka_unit_test(test_training_plan),
                 cmocka_unit_test(test_time_bound),
+                cmocka_unit_test(test_held_pairs),
                 cmocka_unit_test(test_random_vs_exact),
         };
 
