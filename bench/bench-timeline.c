@@ -33,8 +33,9 @@
  * (capbound_min_held()): what that design costs, not a bound on every
  * schedule.
  * time_bound_s adds when the bytes can move (capbound_time(): the reads a
- * window of phases needs beyond what memory holds at its start, against the
- * compute of that window): max(capacity_bound_s, that), ratio_time =
+ * window of phases needs beyond what memory holds at its start, and the
+ * writes of what it changes beyond what memory holds at its end, against
+ * the compute of that window): max(capacity_bound_s, that), ratio_time =
  * step_s / time_bound_s.
  *
  * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
@@ -210,9 +211,9 @@ static int report(const Args *a, const StepResult *res) {
                   cap_bound, n_jobs * (min_n.nvme_read + min_n.nvme_write) / 1e9,
                   n_jobs * (min_l.link_up + min_l.link_down) / 1e9, res->stall_s, res->verified ? "yes" : "NO");
         if (tb.from != SIZE_MAX)
-                bench_log("time-aware bound %.3f s: phases %zu to %zu read %.3f GB beyond memory (%.3f GB up the "
-                          "link beyond VRAM) after phase %zu starts", time_b, tb.from, tb.to, tb.read_bytes / 1e9,
-                          tb.up_bytes / 1e9, tb.from);
+                bench_log("time-aware bound %.3f s: from phase %zu to phase %zu, %.3f GB read and %.3f GB written "
+                          "beyond memory (%.3f GB up the link beyond VRAM)", time_b, tb.from, tb.to,
+                          tb.read_bytes / 1e9, tb.write_bytes / 1e9, tb.up_bytes / 1e9);
 
         bench_json_init(&js, "timeline");
         if (a->config)

@@ -681,11 +681,29 @@ finish:
 
 /* ---- the time bound -------------------------------------------------------------- */
 
+/* The modes of @t's first accesses at or after phase @k (cyclic): what it must hold then. */
+static uint8_t next_modes_from(const Sim *s, uint32_t t, size_t k) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], first = SIZE_MAX;
+        uint8_t modes = 0;
+
+        for (size_t i = lo; i < hi && first == SIZE_MAX; i++)
+                if (s->occ[i].phase >= k)
+                        first = s->occ[i].phase;
+        if (first == SIZE_MAX && lo < hi)
+                first = s->occ[lo].phase;
+        for (size_t i = lo; i < hi; i++)
+                if (s->occ[i].phase == first)
+                        modes |= s->occ[i].mode;
+        return modes;
+}
+
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret) {
-        size_t n = p ? p->n_phases : 0;
-        _cleanup_free_ uint32_t *stamp = NULL;
+        size_t n = p ? p->n_phases : 0, n_mod;
+        Sim s = { .p = p };
+        _cleanup_free_ uint32_t *stamp = NULL, *mstamp = NULL, *mod = NULL;
         double total = 0, mem = (double) vram_cap + (double) host_cap;
+        bool writes;
         int r;
 
         if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
@@ -695,6 +713,8 @@ int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const d
                 return r;
         if ((double) n * (double) p->start[n] > 1e8)
                 return -E2BIG;
+        /* the writes' part rescans what a window wrote at every phase: only where that stays small */
+        writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
         for (size_t k = 0; k < n; k++) {
                 if (!(compute[k] >= 0))
                         return -EINVAL;
@@ -702,17 +722,28 @@ int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const d
         }
         *ret = (CbTime) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
         stamp = calloc(p->n_tensors, sizeof(uint32_t));
-        if (!stamp)
-                return -ENOMEM;
+        mstamp = calloc(p->n_tensors, sizeof(uint32_t));
+        mod = calloc(p->n_tensors, sizeof(uint32_t));
+        r = stamp && mstamp && mod ? occ_build(&s) : -ENOMEM;
+        if (r < 0)
+                goto finish;
 
         for (size_t a = 0; a < n; a++) {
                 double reads = 0, ups = 0, before = 0;
                 uint32_t gen = (uint32_t) a + 1;
 
+                n_mod = 0;
                 for (size_t off = 0; off < n; off++) {
                         size_t k = (a + off) % n;
-                        double wait;
+                        double wait, live = 0;
 
+                        /* what phases a .. k - 1 wrote and is still needed when k starts: on NVMe unless held */
+                        for (size_t i = 0; writes && i < n_mod; i++) {
+                                uint8_t m = next_modes_from(&s, mod[i], k);
+
+                                if (m & CB_READ)
+                                        live += (double) p->size[mod[i]];
+                        }
                         /* the tensors whose first access since a is in phase k: what that phase reads of them */
                         for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
                                 uint32_t t = p->acc[i].tensor;
@@ -732,17 +763,32 @@ int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const d
                                 if (vram_read)
                                         ups += (double) p->size[t];
                         }
-                        wait = MAX(nvme_bw > 0 ? (reads - mem) / nvme_bw : 0,
+                        /* reads and writes share the drive: both before k starts */
+                        wait = MAX(nvme_bw > 0 ? (MAX(reads - mem, 0) + MAX(live - mem, 0)) / nvme_bw : 0,
                                    link_bw > 0 ? (ups - (double) vram_cap) / link_bw : 0);
                         if (wait > before && total + wait - before > ret->step_s) {
                                 *ret = (CbTime) { .step_s = total + wait - before, .from = a, .to = k,
                                                   .read_bytes = MAX(reads - mem, 0),
+                                                  .write_bytes = MAX(live - mem, 0),
                                                   .up_bytes = MAX(ups - (double) vram_cap, 0) };
                         }
                         before += compute[k];
+                        /* phase k's writes count from k + 1 on */
+                        for (size_t i = p->start[k]; writes && i < p->start[k + 1]; i++) {
+                                uint32_t t = p->acc[i].tensor;
+
+                                if ((p->acc[i].mode & CB_WRITE) && mstamp[t] != gen) {
+                                        mstamp[t] = gen;
+                                        mod[n_mod++] = t;
+                                }
+                        }
                 }
         }
-        return 0;
+        r = 0;
+finish:
+        free(s.occ);
+        free(s.occ_start);
+        return r;
 }
 
 /* ---- exhaustive search (tiny plans) ----------------------------------------------- */

@@ -117,6 +117,7 @@ typedef struct CbTime {
         size_t from, to;                /* the window that gives it: phases from .. to (cyclic); from == to == SIZE_MAX:
                                          * none beats the compute */
         double read_bytes;              /* NVMe bytes that must arrive within it (beyond memory's room at its start) */
+        double write_bytes;             /* NVMe bytes written in it that must leave within it (beyond room at its end) */
         double up_bytes;                /* host -> VRAM bytes likewise (beyond VRAM's room) */
 } CbTime;
 
@@ -131,7 +132,10 @@ typedef struct CbTime {
  *   its phase, so all of them beyond that room arrive from NVMe after a
  *   starts and before k starts, one read after another: phase k starts at
  *   least (bytes - vram_cap - host_cap) / nvme_bw after a, however long the
- *   compute of a .. k - 1 is.  Likewise the tensors read in VRAM first beyond
+ *   compute of a .. k - 1 is.  And what a .. k - 1 write that is read again
+ *   later (not overwritten first) must be in memory or on NVMe when k
+ *   starts: beyond that room it is written to NVMe within the window too,
+ *   on the same drive.  Likewise the tensors read in VRAM first beyond
  *   vram_cap cross the link.  The step is then at least its compute plus the
  *   largest excess of such a wait over the compute of the phases it spans,
  *   over every window (a, k).

@@ -277,6 +277,25 @@ static void test_time_bound(void **state) {
         assert_int_equal(capbound_time(&p, 6, 12, compute, 0, 0.1, &tb), 0);
         assert_true(fabs(tb.step_s - 40.5) < 1e-9);
         assert_true(tb.from == 0 && tb.to == 7 && tb.up_bytes == 2 && tb.read_bytes == 0);
+        /*
+         * The writes' part: A, B, C read and written in host 1, one a phase, then
+         * a phase of compute alone; 1 s each, 1 byte/s.  From phase 0 to phase 2:
+         * 2 of the 3 bytes read must arrive after phase 0 starts, and of A and B,
+         * written by phases 0 and 1 and read again next step, 1 must be written
+         * down before phase 2 starts: 3 s where phases 0-1 compute 2 s, so the
+         * step is at least 4 + 1 s (phase 3 gives the same: 4 s over 3).  Reads
+         * alone would give 4 s.
+         */
+        {
+                static const int rows[4][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 }, { 2, H, RW, -1 }, { -1 } };
+                double c4[4] = { 1, 1, 1, 1 };
+                TPlan w;
+
+                tplan(&w, 3, NULL, 4, rows);
+                assert_int_equal(capbound_time(&w.p, 0, 1, c4, 1, 0, &tb), 0);
+                assert_true(fabs(tb.step_s - 5) < 1e-9);
+                assert_true(tb.from == 0 && tb.to == 2 && tb.read_bytes == 2 && tb.write_bytes == 1);
+        }
         /* bad input */
         compute[3] = -1;
         assert_int_equal(capbound_time(&p, 6, 12, compute, 1, 1, &tb), -EINVAL);
