@@ -144,7 +144,9 @@ typedef struct CbTime {
  * that no memory can take before the backward pass ends.  The bytes bound
  * and this one are both lower bounds: the larger is the better.
  * -EINVAL for a malformed plan or a negative compute, -E2BIG for a plan too
- * large to scan (n_phases x accesses over 10^8), -ENOMEM.
+ * large to scan (n_phases x accesses over 10^8), -ENOMEM.  Past n_phases^2 x
+ * n_tensors of 10^8 the writes are left out (a weaker bound, still one).
+ * Reads and writes share @nvme_bw, as they share a drive.
  */
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret);
