@@ -3,6 +3,7 @@
 # scripts/lib.sh: helpers shared by scripts/demo, scripts/test and scripts/fuzz (sourced, not run).
 #
 #   ensure_packages PKG...          install the Debian packages that are missing
+#   require_packages PKG...         die, naming them, when any is missing
 #   build_dir_setup DIR [ARGS...]   meson setup (or --reconfigure) DIR, then ninja -C DIR
 #   section TEXT / info TEXT / warn TEXT / die TEXT
 #
@@ -20,11 +21,14 @@ _TIER_LIB_SH=1
 TIER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # shellcheck disable=SC2034  # used by the scripts that source this file
-# What building tierd needs (gcc pulls in libasan/libubsan through libgcc-*-dev).
+# What a plain build of tierd needs (gcc pulls in libasan/libubsan through
+# libgcc-*-dev): every lookup of the top-level meson.build, client/, daemon/
+# and man/ names its package in a "# debian:" comment, and the layout test
+# "packages" (tests/layout/check-packages.py) checks these lists against them.
 TIER_BUILD_PACKAGES=(
         gcc libc6-dev meson ninja-build pkg-config
         liburing-dev libnuma-dev libprotobuf-c-dev protobuf-c-compiler
-        libsystemd-dev libcmocka-dev scdoc
+        libsystemd-dev scdoc
 )
 # shellcheck disable=SC2034
 # What training through tier.torch needs (the demo's second example, the python
@@ -35,16 +39,20 @@ TIER_TORCH_PACKAGES=(
         python3 python3-numpy python3-torch libopenblas0-pthread
 )
 # shellcheck disable=SC2034
-# What the test suites need on top: jansson (the tests read tierd's status
-# JSON with it; tierd, libtier and tierctl do not use it), fio (baselines),
-# valgrind, python3, systemd (systemd-analyze, systemd-socket-activate),
-# util-linux (setpriv), prometheus (promtool checks tierd's metrics text), gnuplot-nox (bench/run all's plots).  The python suite (tests/python/, the tier package of
-# client/python/) needs numpy and torch for its views (skipped without them),
-# and setuptools, wheel, venv and pip to check "pip install ./client/python"
-# offline; all through Debian, for /usr/bin/python3.
+# What the test suites and benchmarks need on top (meson -Dtests=enabled
+# -Dbench=enabled, as scripts/test builds): cmocka (the C suites), jansson
+# (the tests and bench-timeline read tierd's status JSON with it; tierd,
+# libtier and tierctl do not use it), fio (baselines), valgrind, python3,
+# systemd (systemd-analyze, systemd-socket-activate, systemd.pc), util-linux
+# (setpriv), procps (kill(1): the unit's ExecReload=), prometheus (promtool
+# checks tierd's metrics text), gnuplot-nox (bench/run all's plots).  The
+# python suite (tests/python/, the tier package of client/python/) needs numpy
+# and torch for its views (skipped without them), and setuptools, wheel, venv
+# and pip to check "pip install ./client/python" offline; all through Debian,
+# for /usr/bin/python3.
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
-        libjansson-dev fio valgrind python3 systemd util-linux prometheus gnuplot-nox
+        libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps prometheus gnuplot-nox
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
 )
 
@@ -55,7 +63,7 @@ TIER_TEST_PACKAGES=(
 # does not need them: it replays the fuzz corpora with gcc.
 TIER_FUZZ_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
-        libjansson-dev clang libclang-rt-14-dev
+        libcmocka-dev libjansson-dev python3 clang libclang-rt-14-dev
 )
 
 if [[ -t 1 ]]; then
@@ -123,6 +131,24 @@ ensure_packages() {
         apt-get update -q || die "apt-get update failed"
         apt-get install -y -q --no-install-recommends "${missing[@]}" ||
                 die "apt-get install failed for: ${missing[*]}"
+}
+
+# require_packages PKG...: die, naming them, when any of PKG... is not installed
+# (for --no-install: what ensure_packages would have installed).
+require_packages() {
+        local missing=() p
+
+        command -v dpkg-query >/dev/null 2>&1 || {
+                warn "dpkg-query not found: cannot check for the Debian packages $*"
+                return 0
+        }
+        for p in "$@"; do
+                package_installed "$p" || missing+=("$p")
+        done
+        if ((${#missing[@]})); then
+                die "missing Debian packages: ${missing[*]}
+    install them (apt-get install ${missing[*]}), or run without --no-install"
+        fi
 }
 
 # build_dir_setup DIR [MESON_ARGS...]: configure DIR (meson setup, or
