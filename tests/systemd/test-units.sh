@@ -24,9 +24,9 @@ for arg in "$@"; do
 done
 
 build=${TIER_BUILD:?TIER_BUILD is not set (run through meson test)}
-for prog in systemd-analyze meson; do
-        if ! command -v "$prog" >/dev/null; then
-                echo "$prog not found: skipped"
+for prog in systemd-analyze:systemd meson:meson; do
+        if ! command -v "${prog%%:*}" >/dev/null; then
+                echo "${prog%%:*} not found (Debian package ${prog#*:}): skipped"
                 exit 77
         fi
 done
@@ -61,8 +61,13 @@ for dir in /usr/lib/systemd/system /lib/systemd/system; do
 done
 kill_path=$(sed -n 's/^ExecReload=\([^ ]*\).*/\1/p' "$service")
 if [[ $kill_path == /* && ! -e $root$kill_path ]]; then
+        kill_prog=$(type -P kill || true)
+        if [[ -z $kill_prog ]]; then
+                echo "FAIL: no kill(1) program to put at $kill_path (ExecReload=): install Debian's procps" >&2
+                exit 1
+        fi
         mkdir -p "$root$(dirname "$kill_path")"
-        cp "$(type -P kill)" "$root$kill_path"
+        cp "$kill_prog" "$root$kill_path"
 fi
 man_args=()
 if ((have_man)); then
