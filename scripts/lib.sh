@@ -44,7 +44,9 @@ TIER_TORCH_PACKAGES=(
 # (the tests and bench-timeline read tierd's status JSON with it; tierd,
 # libtier and tierctl do not use it), fio (baselines), valgrind, python3,
 # systemd (systemd-analyze, systemd-socket-activate, systemd.pc), util-linux
-# (setpriv), procps (kill(1): the unit's ExecReload=), prometheus (promtool
+# (setpriv), procps (kill(1): the unit's ExecReload=), man-db (man(1):
+# systemd-analyze verify opens the units' Documentation=man: pages, and the
+# installed pages are read with it), prometheus (promtool
 # checks tierd's metrics text), gnuplot-nox (bench/run all's plots).  The
 # python suite (tests/python/, the tier package of client/python/) needs numpy
 # and torch for its views (skipped without them), and setuptools, wheel, venv
@@ -52,7 +54,7 @@ TIER_TORCH_PACKAGES=(
 # for /usr/bin/python3.
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
-        libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps prometheus gnuplot-nox
+        libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps man-db prometheus gnuplot-nox
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
 )
 

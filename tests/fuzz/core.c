@@ -11,6 +11,7 @@
  * process and removed at exit.
  */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -33,8 +34,17 @@
 static char dir[] = "/var/tmp/tierd-fuzz.XXXXXX";
 static char target[sizeof(dir) + 16];
 
+/* The target and whatever tierd keeps in its state directory (wear and quotas books, set-aside copies). */
 static void core_cleanup(void) {
-        (void) unlink(target);
+        DIR *d = opendir(dir);
+        struct dirent *e;
+
+        if (d) {
+                while ((e = readdir(d)))
+                        if (e->d_type == DT_REG)
+                                (void) unlinkat(dirfd(d), e->d_name, 0);
+                closedir(d);
+        }
         (void) rmdir(dir);
 }
 

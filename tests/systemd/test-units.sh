@@ -71,6 +71,10 @@ if [[ $kill_path == /* && ! -e $root$kill_path ]]; then
 fi
 man_args=()
 if ((have_man)); then
+        if ! command -v man >/dev/null; then
+                echo "FAIL: no man(1) to check the units' Documentation=man: pages with: install Debian's man-db" >&2
+                exit 1
+        fi
         mandir=$(dirname "$(dirname "$(find "$root" -name tierd.8 | head -n1)")")
         export MANPATH=$mandir
         echo "man pages: ${mandir#"$root"}"
