@@ -258,7 +258,10 @@ int tier_plan_submit(tier_plan *p);
  * Enter phase @phase: what the previous phase used is released (written
  * tensors as dirty) and what @phase needs is pinned.  Costs a shared-memory
  * write and one eventfd write; waits only while tierd is still bringing
- * data.  Returns 0, or the plan's error.
+ * data.  Returns 0, or the plan's error.  The phase change comes before
+ * every request this client sends after tier_phase() returns: tierd handles
+ * the marker first, so such a request (an evict of what only the previous
+ * phase needed, say) never finds the previous phase's pins.
  */
 int tier_phase(tier_client *c, unsigned phase);
 /*

@@ -718,6 +718,10 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas, "
                                     "job control (tensors, evict, detach) and traces");
 
+        /* a phase marker the client wrote before this request is consumed first (tier.h's order) */
+        if (c->plan)
+                sched_plan_sync(c->plan);
+
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
                 return handle_hello(rpc, c, seq, req->hello);

@@ -393,8 +393,14 @@ static void plan_drop_dead(Plan *p, uint32_t done_phase) {
         }
 }
 
-static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
-        Plan *p = userdata;
+/*
+ * Take the client's newest marker from the plan page, if it wrote one we
+ * have not seen: the previous phase's pins go and the marker's phase is
+ * held.  Runs from the marker eventfd's source and, before each request of
+ * the plan's connection, from sched_plan_sync(): whichever comes first
+ * consumes the marker, the other finds nothing new.
+ */
+static void plan_consume_marker(Plan *p) {
         Sched *s = p->sched;
         uint64_t seq, mark;
         uint32_t phase, prev = p->cur, done;
@@ -404,7 +410,7 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
         if (r == -EINVAL)
                 plan_set_error(p, -EINVAL, "marker names a phase the plan does not have");
         if (r < 0)
-                return 0;
+                return;
         plan_learn(p, seq, phase, mark);
         if (trace_on(&s->engine->trace))
                 trace_phase(&s->engine->trace, p->job, p->trace_id, seq, phase, mark);
@@ -444,7 +450,16 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
                 plan_drop_dead(p, done);
         s->epoch++;
         engine_kick(s->engine);
+}
+
+static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *userdata) {
+        plan_consume_marker(userdata);
         return 0;
+}
+
+void sched_plan_sync(Plan *p) {
+        if (p)
+                plan_consume_marker(p);
 }
 
 /* ---- the pass ---------------------------------------------------------------------------------------- */

@@ -61,6 +61,16 @@ void sched_set_trace(Sched *s, SchedTrace trace, void *userdata);
 int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t error_size);
 /* End a plan: its pins go (written accesses dirty), its tensors may be freed again. */
 void sched_plan_free(Plan *p);
+/*
+ * sched_plan_sync() - consume the marker the client wrote to @p's page
+ * before its current request, if the marker's eventfd has not been read
+ * yet.  tier_phase() returns without a round trip, so the request a client
+ * sends after it may reach tierd before the marker's eventfd wakes the
+ * loop; the request layer calls this before dispatching every request of
+ * a connection that runs a plan, so that a request never sees the previous
+ * phase's pins (tier.h: phases and requests of one client keep their order).
+ */
+void sched_plan_sync(Plan *p);
 
 /* Run the scheduler: pins for the next markers, prefetch, write-behind.  Cheap when idle. */
 void sched_run(Sched *s);

@@ -21,7 +21,9 @@
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
+#include "daemon/sched/plan.h"
 #include "proto/fence.h"
+#include "proto/plan.h"
 #include "proto/wire.h"
 #include "tests/unit/fixture.h"
 #include "tier.pb-c.h"
@@ -231,6 +233,122 @@ static void test_admin_group_resolved_once(void **state) {
         fixture_free(m);
 }
 
+static uint64_t peer_create(Peer *p, const char *name, uint64_t size) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Create cr = TIER__CREATE__INIT;
+        Tier__Reply *reply;
+        uint64_t id;
+
+        cr.name = (char *) name;
+        cr.size = size;
+        req.op_case = TIER__REQUEST__OP_CREATE;
+        req.create = &cr;
+        reply = peer_call(p, &req);
+        assert_int_equal(reply->response->status, 0);
+        assert_int_equal(reply->response->result_case, TIER__RESPONSE__RESULT_TENSOR);
+        id = reply->response->tensor->tensor;
+        tier__reply__free_unpacked(reply, NULL);
+        return id;
+}
+
+/* An asynchronous evict of tensor @id to @tier: the Response's status. */
+static int peer_evict_async(Peer *p, uint64_t id, int tier) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Evict ev = TIER__EVICT__INIT;
+        Tier__Reply *reply;
+        int status;
+
+        ev.tensor = id;
+        ev.tier = (Tier__Tier) tier;
+        ev.async = true;
+        req.op_case = TIER__REQUEST__OP_EVICT;
+        req.evict = &ev;
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+/* Write marker @seq for @phase into the plan page, as tier_phase() does; @kick: and its eventfd. */
+static void page_marker(Conn *c, uint64_t seq, uint32_t phase, bool kick) {
+        PlanPage *pg = c->plan->page;
+        uint64_t one = 1;
+
+        pg->client.phase = phase;
+        pg->client.mark_ns = 0;
+        __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
+        if (kick)
+                assert_int_equal(write(c->plan->marker_fd, &one, sizeof(one)), (ssize_t) sizeof(one));
+}
+
+/*
+ * tier_phase() returns without a round trip, so the request a client sends
+ * right after it can be read before the marker's eventfd wakes the loop.
+ * tierd consumes a connection's pending marker before dispatching its next
+ * request: an evict of a tensor only the previous phase pinned is not
+ * refused as busy.  Before, the evict came first and got -EBUSY (tier.torch
+ * counted that as "kept up": a write-down of placement B skipped).  The
+ * order here is explicit: the loop does not run between the marker and the
+ * request.
+ */
+static void test_marker_before_next_request(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
+        Tier__PlanPhase ph[2] = { TIER__PLAN_PHASE__INIT, TIER__PLAN_PHASE__INIT };
+        Tier__PlanPhase *php[2] = { &ph[0], &ph[1] };
+        Tier__PlanAccess acc[2] = { TIER__PLAN_ACCESS__INIT, TIER__PLAN_ACCESS__INIT };
+        Tier__PlanAccess *accp[2] = { &acc[0], &acc[1] };
+        Tier__Reply *reply;
+        Tensor *a;
+        uint64_t ida, idb;
+        Peer p;
+
+        peer_new(m, 0, 0, &p);
+        assert_int_equal(peer_hello(&p, "job"), 0);
+        ida = peer_create(&p, "a", 1 * MiB);
+        idb = peer_create(&p, "b", 1 * MiB);
+        /* phase 0 writes a in host, phase 1 b */
+        acc[0].tensor = ida;
+        acc[0].tier = TIER__TIER__TIER_HOST;
+        acc[0].mode = PLAN_READ | PLAN_WRITE;
+        acc[1].tensor = idb;
+        acc[1].tier = TIER__TIER__TIER_HOST;
+        acc[1].mode = PLAN_READ | PLAN_WRITE;
+        ph[0].n_accesses = ph[1].n_accesses = 1;
+        ph[0].accesses = &accp[0];
+        ph[1].accesses = &accp[1];
+        sp.n_phases = 2;
+        sp.phases = php;
+        req.op_case = TIER__REQUEST__OP_PLAN;
+        req.plan = &sp;
+        reply = peer_call(&p, &req);
+        assert_int_equal(reply->response->status, 0);
+        tier__reply__free_unpacked(reply, NULL);
+        assert_non_null(p.conn->plan);
+
+        /* phase 0, through the eventfd as usual: a is pinned in host once the loop has run */
+        page_marker(p.conn, 1, 0, true);
+        a = tensor_find(job_find(m->registry, "job"), ida);
+        assert_non_null(a);
+        for (unsigned i = 0; i < 50 && a->copy[TIER_HOST].pins == 0; i++)
+                fixture_run(m, 1);
+        assert_int_equal(a->copy[TIER_HOST].pins, 1);
+
+        /* phase 1 is written (the eventfd not read yet), then the evict of a arrives */
+        page_marker(p.conn, 2, 1, false);
+        assert_int_equal(peer_evict_async(&p, ida, TIER_NVME), 0);
+        assert_int_equal(a->copy[TIER_HOST].pins, 0);
+        assert_int_equal(p.conn->plan->cur, 1);
+        /* and the eviction ends with a written down (the next phase of the cycle, 0, may hold it in host again) */
+        for (unsigned i = 0; i < 50 && !copy_valid(a, TIER_NVME); i++)
+                fixture_run(m, 1);
+        assert_true(copy_valid(a, TIER_NVME));
+
+        peer_free(&p);
+        fixture_free(m);
+}
+
 /* ---- binding: a socket file is removed only when nobody listens on it ------------------------- */
 
 static int listener(const char *path, int backlog) {
@@ -308,6 +426,7 @@ int main(void) {
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_stale_socket_only_when_refused),
+                cmocka_unit_test(test_marker_before_next_request),
         };
 
         return fixture_main("ipc", tests, sizeof(tests) / sizeof(tests[0]));
