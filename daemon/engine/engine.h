@@ -78,9 +78,15 @@ typedef struct LinkStats {
  */
 typedef struct EngineSchedOps {
         /*
-         * Order the victim candidates @cands (least recently used first) in
-         * @tier for eviction; only those needed later than @deadline_ns
-         * (0: any) may stay.  Returns how many remain, best victim first.
+         * Order the victim candidates @cands (engine_victims(): least
+         * recently used first) in @tier for eviction.  The contract every
+         * implementation keeps and every caller relies on: @cands is
+         * reordered in place and k, the count returned, splits it:
+         * cands[0..k) are the copies that may go, best victim first;
+         * cands[k..n) are those needed no later than @deadline_ns (0: none
+         * is), which must stay, in any order.  It cannot fail: short of
+         * memory to rank them, the victims keep their order (still only
+         * those that may go).
          */
         size_t (*victim_order)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
         /* Is @t's next planned access write-only (its bytes need not be kept)? */
@@ -181,3 +187,16 @@ void engine_limits_changed(Engine *e);
  * taken back for a job below its own.
  */
 uint64_t engine_job_share(const Engine *e, const Job *j, int tier);
+
+/* Can @t's copy in @tier go now: resident, and nothing pins it, moves it or works on it (an op)? */
+bool engine_copy_evictable(const Tensor *t, int tier);
+/*
+ * engine_victims() - the candidate victims of job @j in @tier: its copies
+ * there that may go now (engine_copy_evictable()), least recently used
+ * first, @except (NULL: none) left out.  The one candidate set of every
+ * choice of victims: the engine's make_space() and reclaim, the
+ * scheduler's admission and write-behind, which then order it with
+ * EngineSchedOps.victim_order.  Returns how many; *@ret is a new array (to
+ * free()) with room for one more.  -ENOMEM.
+ */
+int engine_victims(const Engine *e, const Job *j, int tier, const Tensor *except, Tensor ***ret, size_t *ret_n);

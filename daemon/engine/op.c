@@ -153,6 +153,29 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
         return 0;
 }
 
+bool engine_copy_evictable(const Tensor *t, int tier) {
+        return copy_evictable(t, tier);
+}
+
+int engine_victims(const Engine *e, const Job *j, int tier, const Tensor *except, Tensor ***ret, size_t *ret_n) {
+        _cleanup_free_ Tensor **cands = NULL;
+        size_t n = 0;
+
+        cands = calloc(j->n_tensors + 1, sizeof(Tensor *));
+        if (!cands)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
+                Copy *c = list_entry(node, Copy, lru);
+                Tensor *v = container_of(c, Tensor, copy[tier]);
+
+                if (v->job == j && v != except && copy_evictable(v, tier) && n < j->n_tensors)
+                        cands[n++] = v;
+        }
+        *ret = TAKE_PTR(cands);
+        *ret_n = n;
+        return 0;
+}
+
 /*
  * Choose victims in @tier of @want's job and free or drain them.  Returns
  * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started, or copies
@@ -165,34 +188,29 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
         uint64_t freed = 0, draining = 0, moving = 0;
         _cleanup_free_ Tensor **cands = NULL;
         size_t n = 0, k;
+        int r;
 
-        cands = calloc(j->n_tensors + 1, sizeof(Tensor *));
-        if (!cands)
-                return -ENOMEM;
+        /* room that comes by itself: copies being drained, or in a transfer (which ends on its own) */
         list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
                 Copy *c = list_entry(node, Copy, lru);
                 Tensor *v = container_of(c, Tensor, copy[tier]);
 
                 if (v->job != j)
                         continue;
-                if (c->state == COPY_DRAINING) {
+                if (c->state == COPY_DRAINING)
                         draining += tier == TIER_NVME ? 0 : v->alloc_size;
-                        continue;
-                }
-                if (v != want && v->xfer && c->pins == 0)
-                        moving += v->alloc_size;        /* in a transfer, which ends on its own */
-                if (v == want || !copy_evictable(v, tier))
-                        continue;
-                if (n < j->n_tensors)
-                        cands[n++] = v;
+                else if (v != want && v->xfer && c->pins == 0)
+                        moving += v->alloc_size;
         }
+        r = engine_victims(e, j, tier, want, &cands, &n);
+        if (r < 0)
+                return r;
         /* the policy orders them (LRU as listed, or Belady by next use) */
         k = e->sched && e->sched->victim_order ?
                 e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
 
         for (size_t i = 0; i < k && freed + draining < need; i++) {
-                int r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
-
+                r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
                 if (r < 0)
                         return r;
         }

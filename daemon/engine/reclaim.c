@@ -85,24 +85,24 @@ static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier) {
         Segment *best = NULL;
         size_t n = 0, k;
 
-        cands = calloc(v->n_tensors + 1, sizeof(Tensor *));
         worst = calloc(pool->n_segs, sizeof(size_t));
-        if (!cands || !worst)
+        if (!worst || engine_victims(e, v, tier, NULL, &cands, &n) < 0)
                 return NULL;
+        /* a segment holding a copy that cannot go now cannot be emptied */
         list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
                 Copy *c = list_entry(node, Copy, lru);
                 Tensor *t = container_of(c, Tensor, copy[tier]);
 
-                if (t->job != v)
+                if (t->job != v || copy_evictable(t, tier))
                         continue;
-                if (copy_evictable(t, tier) && n < v->n_tensors) {
-                        cands[n++] = t;
-                        continue;
-                }
                 for (uint32_t i = 0; i < c->n_pieces; i++)
                         worst[c->pieces[i].seg->id] = SIZE_MAX;
         }
-        /* the order the requester's own victims would go in; those needed before its deadline are not candidates */
+        /*
+         * The order the requester's own victims would go in (EngineSchedOps.victim_order's
+         * contract: cands[0..k) may go, best first; cands[k..n) are needed no later than the
+         * requester's deadline and must stay, and so must their segments).
+         */
         k = e->sched && e->sched->victim_order ?
                 e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
         for (size_t i = k; i < n; i++)          /* filtered out: needed sooner than the requester */

@@ -200,8 +200,12 @@ bool admit_survives(Plan *p, Tensor *t, int tier, uint32_t ahead, char *why, siz
                 if (v == t || c->state == COPY_ABSENT)
                         continue;
                 if (v->plan != p) {
-                        /* no plan names it: the first victim; another plan's: kept (its uses are not ours to judge) */
-                        if (!v->plan && c->pins == 0 && !v->xfer)
+                        /*
+                         * No plan names it: the first victim, if the engine may take it
+                         * now (engine_copy_evictable(): the same rule as its victims);
+                         * another plan's: kept (its uses are not ours to judge).
+                         */
+                        if (!v->plan && engine_copy_evictable(v, tier))
                                 room += (int64_t) v->alloc_size;
                         continue;
                 }
@@ -399,17 +403,9 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
                 j->limit[TIER_HOST] - j->used[TIER_HOST] - admitted_now(p, TIER_HOST) : 0;
         if (room >= need || p->horizon_ns == 0)
                 return true;
-        v = calloc(j->n_tensors + 1, sizeof(Tensor *));
-        if (!v)
+        /* the engine's own candidates, in its own order */
+        if (engine_victims(s->engine, j, TIER_HOST, t, &v, &n) < 0)
                 return true;    /* (the engine decides as before) */
-        list_for_each_safe(node, tmp, &s->registry->lru[TIER_HOST]) {
-                Copy *c = list_entry(node, Copy, lru);
-                Tensor *x = container_of(c, Tensor, copy[TIER_HOST]);
-
-                if (x->job == j && x != t && c->state == COPY_RESIDENT && c->pins == 0 && x->op_refs == 0 &&
-                    !x->xfer && n < j->n_tensors)
-                        v[n++] = x;
-        }
         k = sched_victim_order(s, TIER_HOST, v, n, deadline);
         for (size_t i = 0; i < k && room < need; i++) {
                 Tensor *x = v[i];

@@ -658,7 +658,6 @@ static bool clean_start(Sched *s, Tensor *t, int tier, int link) {
 }
 
 static void write_behind(Sched *s, Plan *p) {
-        Registry *reg = s->registry;
         Job *j = p->job;
 
         for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
@@ -678,23 +677,16 @@ static void write_behind(Sched *s, Plan *p) {
                  */
                 if (tier == TIER_HOST && (j->sched_inflight[link] > 0 || uring_busy(s->uring)))
                         continue;
-                v = calloc(j->n_tensors + 1, sizeof(Tensor *));
-                if (!v)
+                /* the copies the engine would take, in its order: what a drain would write if not we */
+                if (engine_victims(s->engine, j, tier, NULL, &v, &n) < 0)
                         return;
-                list_for_each_safe(node, tmp, &reg->lru[tier]) {
-                        Copy *c = list_entry(node, Copy, lru);
-                        Tensor *t = container_of(c, Tensor, copy[tier]);
-
-                        if (t->job == j && c->state == COPY_RESIDENT && c->pins == 0 && !t->xfer && n < j->n_tensors)
-                                v[n++] = t;
-                }
                 k = sched_victim_order(s, tier, v, n, 0);
                 for (size_t i = 0; i < k && (got + free_bytes < need || tier == TIER_HOST); i++) {
                         Tensor *t = v[i];
                         bool for_window = got + free_bytes < need;
 
                         got += t->alloc_size;
-                        if (!copy_is_sole(t, tier) || t->sched_op || t->op_refs > 0 || t->sched_blocked == s->epoch ||
+                        if (!copy_is_sole(t, tier) || t->sched_op || t->sched_blocked == s->epoch ||
                             t->sched_cleaned[tier] == t->version || sched_next_access_overwrites(t))
                                 continue;
                         /*

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/base/config.h"
 #include "daemon/sched/plan.h"
@@ -70,24 +71,48 @@ uint64_t sched_victim_next_use(Tensor *t, int tier) {
         return victim_next_use(t, tier);
 }
 
+/*
+ * The victims of @cands, in place: those needed later than @deadline_ns
+ * (0: all) to the front, in their order, the others behind them.  For when
+ * there is no memory to rank them: still only what may go, least recently
+ * used first.
+ */
+static size_t victim_filter_tier(Tensor **cands, size_t n, int tier, uint64_t deadline_ns) {
+        size_t k = 0;
+
+        if (deadline_ns == 0)
+                return n;
+        for (size_t i = 0; i < n; i++)
+                if (victim_next_use(cands[i], tier) > deadline_ns) {
+                        Tensor *t = cands[k];
+
+                        cands[k++] = cands[i];
+                        cands[i] = t;
+                }
+        return k;
+}
+
+/* EngineSchedOps.victim_order's contract (daemon/engine/engine.h): cands[0..k) may go, best first; cands[k..n) stay. */
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
         _cleanup_free_ Victim *v = NULL;
-        size_t k = 0;
+        size_t k = 0, w = 0;
         uint64_t now;
 
         if (s->config->sched_policy != SCHED_POLICY_TIMELINE || n == 0)
                 return n;       /* already least recently used first */
         v = calloc(n, sizeof(*v));
         if (!v)
-                return n;
+                return victim_filter_tier(cands, n, tier, deadline_ns);
         now = now_ns();
         for (size_t i = 0; i < n; i++) {
                 Tensor *t = cands[i];
                 uint64_t nu = victim_next_use(t, tier);
                 double score;
 
-                if (deadline_ns > 0 && nu <= deadline_ns)
-                        continue;       /* needed before the requester: keep it */
+                if (deadline_ns > 0 && nu <= deadline_ns) {
+                        cands[w++] = t;         /* needed before the requester: kept (w <= i: read already) */
+                        continue;
+                }
                 /*
                  * Belady's farthest next use, weighed by what dropping costs: a sole
                  * copy is written down and read back (two transfers), another only
@@ -99,6 +124,8 @@ size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t
                         score /= 2;
                 v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
         }
+        /* the kept ones behind the victims, then the victims in front, best first */
+        memmove(cands + k, cands, w * sizeof(*cands));
         qsort(v, k, sizeof(*v), victim_cmp);
         for (size_t i = 0; i < k; i++)
                 cands[i] = v[i].t;

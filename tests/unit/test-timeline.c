@@ -27,6 +27,21 @@
 
 #include "tests/unit/timeline-fixture.h"
 
+/* ---- calloc() failing on cue: the test links with -Wl,--wrap=calloc ---------------------------- */
+
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+
+static int calloc_fail_in = -1;         /* fail the call this many calls from now (0: the next); -1: never */
+
+void *__wrap_calloc(size_t n, size_t size) {
+        if (calloc_fail_in >= 0 && calloc_fail_in-- == 0) {
+                errno = ENOMEM;
+                return NULL;
+        }
+        return __real_calloc(n, size);
+}
+
 /* ---- Belady: the copy used farthest in the future goes first ------------------------------ */
 
 static void test_belady_choice(void **state) {
@@ -71,6 +86,18 @@ static void test_belady_choice(void **state) {
         assert_ptr_equal(v[1], d);
         assert_ptr_equal(v[2], cc);
         assert_ptr_equal(v[3], b);
+        assert_ptr_equal(v[4], a);      /* the contract: what must stay is behind the victims */
+
+        /* short of memory to rank them, still only what may go (in the order given) */
+        v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
+        calloc_fail_in = 0;
+        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, deadline), 4);
+        assert_int_equal(calloc_fail_in, -1);   /* the allocation did fail */
+        assert_ptr_equal(v[0], b);
+        assert_ptr_equal(v[1], cc);
+        assert_ptr_equal(v[2], d);
+        assert_ptr_equal(v[3], x);
+        assert_ptr_equal(v[4], a);
 
         /* after the marker of phase 1, A (phase 0) is the farthest away, B the nearest */
         marker(m, p, 0);
@@ -229,6 +256,69 @@ static void test_prefetch_window(void **state) {
         finish(m, j, c, p);
 }
 
+/* ---- reclaim: a segment whose copy is needed before the requester's deadline stays ---------- */
+
+/*
+ * Job V is above its share of a full host pool and holds N (next used in
+ * ~20 s), F (~50 s) and G (pinned by its plan's holds), one 4 MiB segment
+ * each, N least recently used.  Job R, below its share, pins T with a
+ * deadline 30 s away: the segment to empty for it is F's, never N's (needed
+ * before R's deadline).  Before, reclaim read cands[k..n) after the victim
+ * order as "filtered out" while it held leftovers of the old order: F's
+ * segment was kept and N's emptied.
+ */
+static void test_reclaim_deadline(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *n, *f, *g, *u, *t;
+        Job *v, *r;
+        Rank *cv;
+        Plan *p;
+        Op *op;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "v", 0, &v), 0);
+        assert_int_equal(job_new(m->registry, "r", 0, &r), 0);
+        v->n_conns = r->n_conns = 1;    /* both live: shares of 8 MiB each */
+        cv = fake_conn(m, v);
+        n = tensor(v, "N", 4 * MiB);
+        f = tensor(v, "F", 4 * MiB);
+        g = tensor(v, "G", 4 * MiB);
+        u = tensor(r, "U", 4 * MiB);
+        t = tensor(r, "T", 4 * MiB);
+        /* clean host copies (also on NVMe), least recently used first: N, F, G; then R's U fills the pool */
+        for (Tensor **x = (Tensor *[]) { n, f, g, u, NULL }; *x; x++) {
+                make_on_nvme(m, *x);
+                touch(m, *x, TIER_HOST, false);
+        }
+        assert_int_equal(m->registry->pools[TIER_HOST]->n_free, 0);
+        {
+                Acc acc[] = {
+                        { 0, g, TIER_HOST, PLAN_READ }, { 1, g, TIER_HOST, PLAN_READ },
+                        { 2, n, TIER_HOST, PLAN_READ }, { 5, f, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(cv, acc, 4, 6, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 10000);
+        marker(m, p, 0);
+        set_durations(p, 10000);
+        sched_run(m->sched);            /* N next in ~20 s, F in ~50 s; G held by phases 0 and 1 */
+        assert_true(g->copy[TIER_HOST].pins > 0);
+
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, NULL, NULL, NULL, &op), 0);
+        op->deadline_ns = now_ns() + 30000 * MS;
+        for (int i = 0; i < 100 && !copy_valid(t, TIER_HOST); i++)
+                run_loop(m, 1);
+        assert_true(copy_valid(t, TIER_HOST));
+        assert_true(copy_valid(n, TIER_HOST));          /* needed before the deadline: kept */
+        assert_false(copy_valid(f, TIER_HOST));         /* its segment went to R */
+        assert_true(copy_valid(g, TIER_HOST));
+        assert_true(copy_valid(u, TIER_HOST));
+        t->copy[TIER_HOST].pins--;
+        v->n_conns = r->n_conns = 0;
+        job_destroy(r);
+        finish(m, v, cv, p);
+}
+
 /* ---- write-behind: what will be evicted is written down early; what stays is not ---------- */
 
 static void test_write_behind(void **state) {
@@ -322,6 +412,61 @@ static void test_write_behind(void **state) {
         for (unsigned i = 0; i < n_trace; i++)
                 assert_null(strstr(trace[i], "clean"));
         assert_false(copy_valid(a, TIER_NVME));
+        finish(m, j, c, p);
+}
+
+/*
+ * Write-behind counts the room it can get from the engine's own candidates
+ * (engine_victims()), as make_space(), reclaim and admission do.  X, in no
+ * plan and so the first victim by next use, has a request of its client in
+ * flight (an op on it): the engine cannot take it, so the room C needs must
+ * come from A, which is written down early.  Before, write-behind collected
+ * its own candidates, X among them, counted X's megabyte as room and wrote
+ * nothing: the room then came from a drain in C's way.
+ */
+static void test_write_behind_same_victims(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
+        Tensor *a, *b, *d, *e, *cc, *x;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        d = tensor(j, "D", MiB);
+        e = tensor(j, "E", MiB);
+        cc = tensor(j, "C", MiB);
+        make_on_nvme(m, cc);
+        touch(m, x, TIER_HOST, true);   /* X: 1 MiB of the 4 MiB limit, its sole copy in host */
+        x->op_refs++;                   /* a client's request on it is in flight */
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 2, d, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 3, e, TIER_HOST, PLAN_READ | PLAN_WRITE },
+                        { 4, cc, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        n_trace = 0;
+        marker(m, p, 1);
+        for (int i = 0; i < 100 && !copy_valid(a, TIER_NVME); i++)
+                run_loop(m, 1);
+        assert_true(n_trace >= 2);
+        assert_string_equal(trace[0], "pin D host");
+        assert_string_equal(trace[1], "clean A host");
+        assert_true(copy_valid(a, TIER_NVME));
+        assert_true(copy_valid(x, TIER_HOST));  /* untouched: its request is still in flight */
+        assert_false(copy_valid(x, TIER_NVME));
+        x->op_refs--;
         finish(m, j, c, p);
 }
 
@@ -536,7 +681,9 @@ int main(void) {
                 cmocka_unit_test(test_victim_cost),
                 cmocka_unit_test(test_deadline_order),
                 cmocka_unit_test(test_prefetch_window),
+                cmocka_unit_test(test_reclaim_deadline),
                 cmocka_unit_test(test_write_behind),
+                cmocka_unit_test(test_write_behind_same_victims),
                 cmocka_unit_test(test_dead_bytes),
                 cmocka_unit_test(test_shared_not_dead),
                 cmocka_unit_test(test_quota_respect),
