@@ -81,11 +81,14 @@ Placements (as DeepSpeed's offload devices):
 * ``"C"``: the parameters as well.
 
 A write-down is an eviction (``evict_async(NVME)``) issued once the
-optimizer phase is left; tierd's timeline then brings the tensor back
-before its next use.  When the plan comes round to a tensor before its
-write-down ended (a short step, a slow link), tierd's pin for the plan wins
-and the eviction ends with EBUSY: the engine counts it in ``kept_up`` and
-goes on, the bytes already written stay valid on NVMe.
+optimizer phase is left (the last one's when :meth:`Offload.step` enters
+the next step's first phase, so every write-down is issued, and counted, in
+its own step); tierd's timeline then brings the tensor back before its next
+use.  When the plan comes round to a tensor before its write-down ended (a
+short step, a slow link), tierd's pin for the plan wins and the eviction
+ends with EBUSY: the engine counts it in ``kept_up`` and goes on, the bytes
+already written stay valid on NVMe.  (tierd handles a phase marker before
+the requests sent after it, so the previous phase's pins never cause it.)
 
 With several ranks (``torch.distributed`` initialised), each block's
 gradients are all-reduced (averaged) before its optimizer phase: the
@@ -224,6 +227,7 @@ class Offload:
         self._index: dict[tuple[str, int], int] = {}
         self._planned = False
         self._phase: tuple[str, int] | None = None
+        self._early: tuple[str, int] | None = None     # the next step's first phase, entered by step()
         self._held: list[tuple[Any, int, bool]] = []  # trace mode: (tensor, tier, dirty) pinned now
         self._fences: list[Any] = []
         self._down: list[tuple[_Block, tuple[str, ...]]] = []   # written down once their phase is left
@@ -331,7 +335,9 @@ class Offload:
             if k is None:
                 raise RuntimeError(f"phase {kind}{b.index} ({b.name}) is not in the plan traced at the first step: "
                                    "the model's order of blocks changed")
-            self.client.phase(k)
+            if self._early != key:
+                self.client.phase(k)
+            self._early = None
             for tk, tier, _ in self._needs(kind, b):
                 b.maps[(tk, tier)] = self.client.phase_grant(b.tensors[tk], tier).torch()
         else:
@@ -540,7 +546,13 @@ class Offload:
                      eps=self.eps, maximize=False)
 
     def step(self) -> None:
-        """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping."""
+        """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
+
+        With the plan running (from the second step on), it ends by entering the next step's first
+        phase (one ``tier_phase()``, no round trip): tierd holds the last optimizer phase's pins until
+        the next phase begins, so only then can that phase's write-downs (placements B and C) be
+        issued, and this way they are issued in the step they belong to; :meth:`flush` waits for
+        them."""
         if self._bwd is not None:
             self._finish(self._bwd)
         for b in self._blocks:
@@ -551,6 +563,11 @@ class Offload:
             self._write_down(None, "")      # nothing is pinned now
             if self.steps == 0:
                 self._submit_plan()
+        elif self._seq:
+            kind, i = self._seq[0]
+            self.client.phase(self._index[(kind, i)])
+            self._early = (kind, i)
+            self._write_down(self._blocks[i], kind)
         self.steps += 1
 
     def flush(self) -> None:
