@@ -162,6 +162,7 @@ static void json_sched(JsonWriter *w, const Tier__SchedStatus *s) {
         json_key_uint(w, "nvme_in_flight", s->nvme_in_flight);
         json_key_uint(w, "vram_queued", s->vram_queued);
         json_key_uint(w, "vram_in_flight", s->vram_in_flight);
+        json_key_uint(w, "engine_runs", s->engine_runs);
         json_object_end(w);
 }
 

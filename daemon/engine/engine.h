@@ -123,6 +123,7 @@ struct Engine {
         List space_waiters;     /* Op.wait_link: ops waiting for space */
         List xfers;             /* Xfer.link: transfers in flight (or waiting for the VRAM link) */
         unsigned n_xfers;
+        uint64_t runs;          /* engine_run() calls so far (status: an idle tierd does not spin) */
         LinkStats links[_LINK_MAX];
         VramLink vlink;
         /*

@@ -595,6 +595,7 @@ static void engine_run_queue(Engine *e) {
 }
 
 void engine_run(Engine *e) {
+        e->runs++;
         engine_run_queue(e);
         /* the scheduler looks at the new state and may queue more */
         if (e->sched && e->sched->pass) {

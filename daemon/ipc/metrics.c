@@ -364,6 +364,9 @@ static void render_sched(FILE *f, const Tier__StatusReply *s) {
         family(f, "tierd_sched_requests_in_flight", "gauge", "Requests with the kernel (NVMe) or the VRAM backend.");
         sample_u64(f, "tierd_sched_requests_in_flight", LABELS("link", "nvme"), q->nvme_in_flight);
         sample_u64(f, "tierd_sched_requests_in_flight", LABELS("link", "vram"), q->vram_in_flight);
+        family(f, "tierd_engine_runs_total", "counter",
+               "Runs of the op engine and the scheduler's pass since tierd started (a waiting tierd does not run).");
+        sample_u64(f, "tierd_engine_runs_total", NULL, q->engine_runs);
 }
 
 int metrics_render(const Tier__StatusReply *sr, char **ret, size_t *ret_len) {

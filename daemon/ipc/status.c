@@ -75,6 +75,7 @@ static void sched_status(const Rpc *r, Tier__SchedStatus *s) {
 
         tier__sched_status__init(s);
         s->transfers = e->n_xfers;
+        s->engine_runs = e->runs;
         s->ops = list_length(&e->ops);
         s->run_queue = list_length(&e->run_queue);
         s->space_waiters = list_length(&e->space_waiters);

@@ -378,8 +378,8 @@ class TestTierctl(tierd.DaemonTestCase):
         p = self.ctl("quota", "set", "perm", "--host", "1M", nobody=True, expect=1)
         self.assertIn("tier-admin", p.stderr)
         # nobody may still look
-        self.assertIsNotNone([j for j in json.loads(self.ctl("jobs", "--json", nobody=True).stdout)["jobs"]
-                              if j["name"] == "perm"])
+        self.assertEqual(len([j for j in json.loads(self.ctl("jobs", "--json", nobody=True).stdout)["jobs"]
+                              if j["name"] == "perm"]), 1)
         # the job is intact, and root may
         self.assertIsNotNone(self.job_entry("perm"))
         self.assertIn("t", self.tensors("perm"))
