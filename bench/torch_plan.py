@@ -140,7 +140,7 @@ def main() -> int:
     client = FakeClient()
     engine = tt.Offload(model, client, placement=a.placement, offload_activations=a.offload_activations)
     # the phase just entered (_enter() appends it first); at the step's end (no phase) the next step's first
-    client.phase_now = lambda: len(engine._seq) - (engine._phase is not None)
+    client.phase_now = lambda: len(engine.phases) - (engine._phase is not None)
     x = torch.randint(0, 256, (a.batch, a.context))
     y = torch.randint(0, 256, (a.batch, a.context))
     loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
@@ -155,7 +155,7 @@ def main() -> int:
     index = {id(t): i for i, t in enumerate(tensors)}
     tiers = {int(tier.VRAM): "vram", int(tier.HOST): "host"}
     modes = {int(tier.READ): "r", int(tier.WRITE): "w", int(tier.READ_WRITE): "rw"}
-    kinds = {k: kind for k, (kind, _) in enumerate(engine._seq)}
+    kinds = {k: kind for k, (kind, _) in enumerate(engine.phases)}
     n_phases = len(plan.phases)
     # a write-down at the step's end (no phase entered: len(_seq) phases) comes before the next step's phase 0
     down: dict[int, list[int]] = {}

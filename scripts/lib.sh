@@ -4,6 +4,7 @@
 #
 #   ensure_packages PKG...          install the Debian packages that are missing
 #   require_packages PKG...         die, naming them, when any is missing
+#   ensure_test_venv [--no-install] .venv-tests with tests/python/requirements-models.txt
 #   build_dir_setup DIR [ARGS...]   meson setup (or --reconfigure) DIR, then ninja -C DIR
 #   section TEXT / info TEXT / warn TEXT / die TEXT
 #
@@ -51,11 +52,16 @@ TIER_TORCH_PACKAGES=(
 # python suite (tests/python/, the tier package of client/python/) needs numpy
 # and torch for its views (skipped without them), and setuptools, wheel, venv
 # and pip to check "pip install ./client/python" offline; all through Debian,
-# for /usr/bin/python3.
+# for /usr/bin/python3.  The model suite (tests/python/test_models.py) trains
+# torchvision's resnet18 (python3-torchvision) and Hugging Face transformers
+# models: transformers is not in Debian 12, so it comes from PyPI into a venv
+# over Debian's packages (ensure_test_venv below), whose other dependencies
+# Debian has (python3-requests, python3-yaml).
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
         libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps man-db prometheus gnuplot-nox
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
+        python3-torchvision python3-requests python3-yaml
 )
 
 # shellcheck disable=SC2034
@@ -151,6 +157,34 @@ require_packages() {
                 die "missing Debian packages: ${missing[*]}
     install them (apt-get install ${missing[*]}), or run without --no-install"
         fi
+}
+
+# The venv of test-only Python packages Debian 12 lacks (tests/python/venv.py).
+TIER_TEST_VENV=$TIER_ROOT/.venv-tests
+TIER_TEST_REQUIREMENTS=$TIER_ROOT/tests/python/requirements-models.txt
+
+# ensure_test_venv [--no-install]: $TIER_TEST_VENV, made with Debian's
+# python3 -m venv --system-site-packages (so that Debian's torch, numpy and
+# torchvision are the ones used) and $TIER_TEST_REQUIREMENTS installed into
+# it from PyPI; made again when the requirements file changed.  With
+# --no-install a missing or stale venv is an error.
+ensure_test_venv() {
+        local venv=$TIER_TEST_VENV req=$TIER_TEST_REQUIREMENTS
+
+        if [[ -x $venv/bin/python3 ]] && cmp -s "$req" "$venv/requirements-models.txt"; then
+                return 0
+        fi
+        if [[ ${1:-} == --no-install ]]; then
+                die "the test venv $venv is missing or older than $req: run once without --no-install"
+        fi
+        info "making $venv (python3 -m venv --system-site-packages; pip install -r ${req#"$TIER_ROOT"/})"
+        rm -rf "$venv"
+        /usr/bin/python3 -m venv --system-site-packages "$venv" || die "python3 -m venv $venv failed"
+        if ! "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r "$req"; then
+                rm -rf "$venv"
+                die "pip install -r $req failed (is PyPI reachable?)"
+        fi
+        cp "$req" "$venv/requirements-models.txt"
 }
 
 # build_dir_setup DIR [MESON_ARGS...]: configure DIR (meson setup, or

@@ -46,6 +46,12 @@ class TestInstall(unittest.TestCase):
             "assert tier.__file__.startswith(sys.prefix), tier.__file__\n"
             "assert os.path.exists(os.path.join(os.path.dirname(tier.__file__), 'py.typed'))\n"
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+            "import importlib.util as u\n"
+            "mods = ['tier.torch'] + ['tier.torch.' + m for m in ('engine', 'layout', 'discovery', 'hooks',\n"
+            "                                                     'tracer', 'optim', 'collective', 'placement')]\n"
+            "for m in mods:\n"
+            "    spec = u.find_spec(m)\n"
+            "    assert spec and spec.origin.startswith(sys.prefix), (m, spec)\n"
             "print(tier.__version__, tier.library_path(), tier.strerror(-28))\n"
         )
         env_lib = dict(env, TIER_LIBTIER=os.environ["TIER_LIBTIER"])

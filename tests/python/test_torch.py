@@ -67,7 +67,7 @@ class TestOffload(tierd.DaemonTestCase):
         eng = tier.torch.Offload(self.model, c, lr=1e-3, placement=placement, **kw)
         self.engine = eng
         # bytes NVMe moves for one copy of each kind of every block (whole 4 KiB units)
-        self.nvme_bytes = {k: sum(-(-b.tensors[k].size // 4096) * 4096 for b in eng._blocks) for k in "pmv"}
+        self.nvme_bytes = {k: sum(-(-b.tensors[k].size // 4096) * 4096 for b in eng.blocks) for k in "pmv"}
         self.on_nvme: list[dict[str, bool]] = []
         losses, per_step = [], []
         before = c.moved()
@@ -81,7 +81,7 @@ class TestOffload(tierd.DaemonTestCase):
             per_step.append({k: now[k] - before[k] for k in now})
             before = now
             # which kinds are on NVMe, in every block, after the step's write-downs
-            self.on_nvme.append({k: all(b.tensors[k].stat().state["nvme"] == "resident" for b in eng._blocks)
+            self.on_nvme.append({k: all(b.tensors[k].stat().state["nvme"] == "resident" for b in eng.blocks)
                                  for k in "pmv"})
         state = eng.state_dict()
         eng.close()
@@ -98,7 +98,7 @@ class TestOffload(tierd.DaemonTestCase):
         self.check_equal(losses, state, restored)
         mv, p = self.nvme_bytes["m"] + self.nvme_bytes["v"], self.nvme_bytes["p"]
         print(f"placement C: {self.engine.kept_up} parameter write-downs overtaken by the plan in "
-              f"{STEPS} steps of {len(self.engine._blocks)} blocks; moved per step: {per_step[-1]}")
+              f"{STEPS} steps of {len(self.engine.blocks)} blocks; moved per step: {per_step[-1]}")
         for i, moved in enumerate(per_step, 1):
             # every step writes both moments of every block down, once, and the parameters once, but
             # for those the plan needed back first (a prefetch for the next step: Offload.kept_up):
@@ -107,7 +107,7 @@ class TestOffload(tierd.DaemonTestCase):
             self.assertLessEqual(moved["host->nvme"], mv + p, f"step {i}: {moved}")
             self.assertEqual(self.on_nvme[i - 1]["m"], True, f"step {i}")
             self.assertEqual(self.on_nvme[i - 1]["v"], True, f"step {i}")
-        self.assertLessEqual(self.engine.kept_up, len(self.engine._blocks) * (STEPS - 1))
+        self.assertLessEqual(self.engine.kept_up, len(self.engine.blocks) * (STEPS - 1))
         # the moments of steps 2..N come back up from NVMe (in their step or the tail of the one
         # before: the boundary is a matter of timing, the sum is not)
         self.assertGreaterEqual(sum(m["nvme->host"] for m in per_step), (STEPS - 1) * mv)
@@ -184,8 +184,9 @@ class TestOffload(tierd.DaemonTestCase):
             tier.torch.Offload(m, c)
         lin = torch.nn.Linear(4, 4)
         shared = torch.nn.Sequential(lin, torch.nn.ReLU(), lin)
-        with self.assertRaises(ValueError):
+        with self.assertRaises(ValueError) as cm:
             tier.torch.Offload(shared, c, blocks=[shared[0], shared[2]])
+        self.assertIn("block '0' is given twice", str(cm.exception))     # one module: one block
         with self.assertRaises(ValueError):
             tier.torch.Offload(torch.nn.Linear(4, 4), c, placement="D")
         nested = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4)))

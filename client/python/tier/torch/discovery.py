@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.discovery: which submodules of a model become blocks, and what they cost.
+
+:func:`auto_blocks` walks the model from the top.  A child becomes a block
+when its class is one that must not be split (the model's
+``_no_split_modules``, as Hugging Face transformers models declare them
+for accelerate's device maps, and ``no_split_module_classes=``), or when it
+holds no repeated structure below it (an embedding, a norm, a head, a
+convolution).  Containers are walked into: ``ModuleList``, ``ModuleDict``
+and ``Sequential`` reached on the way down, and any module that has a
+``ModuleList`` of several layers (or a no-split module) somewhere below it,
+such as Hugging Face's ``GPT2Model`` inside ``GPT2LMHeadModel``; a
+``Sequential`` deeper down is taken as part of its module (an MLP).
+A container with parameters of its own (registered
+on itself, not on a child) is not walked into: it is one block.  So
+GPT-2 gives ``wte, wpe, h.0 .. h.N, ln_f, lm_head``; resnet18 gives
+``conv1, bn1, layer1.0 .. layer4.1, fc``.
+
+A block that holds most of the model's state bounds what any budget can
+do (a phase pins it whole): :func:`dominant_blocks` finds those, and the
+engine warns about them with the way to split them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from .layout import Block, fmt_bytes
+
+#: a block above this share of the model's parameter bytes is worth a warning
+DOMINANT_SHARE = 0.5
+
+
+def _has_params(m: torch.nn.Module) -> bool:
+    return any(True for _ in m.parameters())
+
+
+def _own_params(m: torch.nn.Module) -> bool:
+    return any(True for _ in m.parameters(recurse=False))
+
+
+def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] | None = None) -> list[torch.nn.Module]:
+    """The blocks tier.torch makes of ``model`` by default: see the module's description.
+
+    ``no_split_module_classes``: class names (``"GPT2Block"``) whose instances are kept whole, on
+    top of the model's own ``_no_split_modules``.  Every parameter ends up in exactly one block
+    (a parameter two blocks use is the shared block's, see :mod:`tier.torch.layout`)."""
+    no_split = set(no_split_module_classes or ())
+    no_split |= set(getattr(model, "_no_split_modules", None) or ())
+    out: list[torch.nn.Module] = []
+
+    def splittable(m: torch.nn.Module) -> bool:
+        """Is there a list of layers (a ModuleList of several, or a no-split module) below m?  A
+        Sequential below a module is taken as part of it (an MLP), not as its layers."""
+        for sub in m.modules():
+            if sub is m:
+                continue
+            if type(sub).__name__ in no_split and _has_params(sub):
+                return True
+            if isinstance(sub, (torch.nn.ModuleList, torch.nn.ModuleDict)) and \
+                    sum(1 for c in sub.children() if _has_params(c)) > 1:
+                return True
+        return False
+
+    def walk(m: torch.nn.Module) -> None:
+        for child in m.children():
+            if not _has_params(child):
+                continue
+            if type(child).__name__ in no_split:
+                out.append(child)
+            elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+                walk(child)
+            elif not _own_params(child) and splittable(child):
+                walk(child)
+            else:
+                out.append(child)
+
+    if type(model).__name__ in no_split or _own_params(model) or not any(True for _ in model.children()):
+        return [model]
+    walk(model)
+    return out
+
+
+def dominant_blocks(blocks: Sequence[Block]) -> list[tuple[Block, float]]:
+    """Blocks holding more than DOMINANT_SHARE of the model's parameter bytes, with their share."""
+    total = sum(b.nbytes for b in blocks)
+    if total == 0 or len(blocks) == 0:
+        return []
+    return [(b, b.nbytes / total) for b in blocks if b.nbytes / total > DOMINANT_SHARE and b.slots]
+
+
+def split_hint(b: Block) -> str:
+    """How to split block ``b`` (its children with parameters), for messages."""
+    if b.module is None:
+        return ("the shared block holds parameters several blocks use (tied weights): it cannot be split; "
+                "untie them (e.g. tie_word_embeddings=False) if it is too large")
+    kids = [n for n, c in b.module.named_children() if _has_params(c)]
+    prefix = b.path + "." if b.path else ""
+    if kids:
+        shown = ", ".join(prefix + k for k in kids[:4]) + (", ..." if len(kids) > 4 else "")
+        return (f"split it: blocks=[...] naming its parts ({shown}), or let auto_blocks() walk into it by "
+                f"leaving {b.cls} out of no_split_module_classes")
+    return f"it is a single {b.cls} module: it cannot be split further; give the job a larger budget"
+
+
+def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: str,
+             limits: dict[str, int] | None = None) -> str:
+    """A table of the blocks: bytes per kind of state, and what the budgets mean for them."""
+    kinds = ["p", "g", *state_kinds] + (["w"] if any(b.mixed for b in blocks) else [])
+    total_params = sum(b.numel for b in blocks)
+    rows = [["#", "block", "class", "params", *kinds, "share"]]
+    total = sum(b.nbytes for b in blocks) or 1
+    for b in blocks:
+        vals = [fmt_bytes(b.kind_bytes(k)) if (k != "w" or b.mixed) and b.slots else "-" for k in kinds]
+        params = f"{b.numel:,}" + (f" (+{sum(s.numel for s in b.shared):,} shared)" if b.shared else "")
+        rows.append([str(b.index), "(shared)" if b.is_shared else b.path or "(the model)", b.cls,
+                     params, *vals, f"{100 * b.nbytes / total:.0f} %"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i in (0, 3) or i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    state = sum(b.kind_bytes(k) for b in blocks for k in kinds if (k != "w" or b.mixed) and b.slots)
+    lines.append(f"{len(blocks)} blocks, {total_params:,} parameters, {fmt_bytes(state)} of state "
+                 f"({', '.join(kinds)}); placement {placement}")
+    if limits:
+        vram = max((b.nbytes + sum(s.numel * s.param.element_size() for s in b.shared) for b in blocks
+                    if not b.is_shared), default=0)
+        host = max(b.nbytes * 2 + b.nbytes32 * (len(state_kinds) + (1 if b.mixed else 0)) for b in blocks)
+        for tier, need, what in (("vram", vram, "forward phase (its block's p and the shared parameters it uses)"),
+                                 ("host", host, "optimizer phase (its block's p, g and the step rule's state)")):
+            lim = limits.get(tier, 0)
+            if lim:
+                verdict = "fits" if 2 * need <= lim else "does not fit twice (tierd pins the next phase ahead)" \
+                    if need <= lim else "DOES NOT FIT"
+                lines.append(f"{tier} limit {fmt_bytes(lim)}: the largest {what} needs {fmt_bytes(need)}: {verdict}")
+    for b, share in dominant_blocks(blocks):
+        lines.append(f"{b.label} holds {100 * share:.0f} % of the parameters: {split_hint(b)}")
+    return "\n".join(lines)

@@ -1,0 +1,559 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.engine: the Offload engine, tying layout, hooks, tracer, step rule and collective together.
+
+See the package's description (``help(tier.torch)``) for how a step runs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
+from ..errors import TierError
+from . import collective, discovery, layout, placement as placement_mod
+from .hooks import Hooks, Stashed
+from .layout import Block, fmt_bytes
+from .optim import StepRule, rule_from
+from .tracer import Key, Tracer
+
+
+class TierTorchWarning(UserWarning):
+    """A model tier.torch can run, but not well as given (a block holding most of the state)."""
+
+
+class Offload:
+    """Parameters, gradients and optimizer state of ``model`` in tierd; the optimizer runs on the host tier.
+
+    Use it in place of the optimizer::
+
+        engine = tier.torch.Offload(model, client, lr=3e-4, placement="B")
+        for x, y in data:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            engine.step()           # AdamW, block by block; no zero_grad() needed
+
+    ``blocks`` overrides the automatic choice (:func:`tier.torch.auto_blocks`, which honours the
+    model's ``_no_split_modules`` and ``no_split_module_classes``); every trainable parameter must
+    belong to a block, and a parameter several blocks use (tied weights) is stored once.  The
+    model's parameters are empty outside the engine's phases: read them with :meth:`state_dict`,
+    or give them back with :meth:`close`.  :meth:`describe` shows the blocks and what the job's
+    budgets mean for them.
+    """
+
+    def __init__(self, model: torch.nn.Module, client: Any, *, lr: float | None = None,
+                 betas: tuple[float, float] | None = None, eps: float | None = None,
+                 weight_decay: float | None = None, momentum: float | None = None,
+                 optimizer: str | StepRule = "adamw", placement: str = "A",
+                 blocks: Sequence[torch.nn.Module] | None = None,
+                 no_split_module_classes: Iterable[str] | None = None,
+                 offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
+                 prefix: str = "torch", process_group: Any = None) -> None:
+        self.placement = placement_mod.check(placement)
+        hyper = {k: v for k, v in (("lr", lr), ("betas", betas), ("eps", eps), ("weight_decay", weight_decay),
+                                   ("momentum", momentum)) if v is not None}
+        if isinstance(optimizer, str):
+            try:
+                self.rule: StepRule = rule_from(optimizer, **hyper)
+            except TypeError as e:
+                raise ValueError(f"optimizer {optimizer!r} takes {', '.join(rule_from(optimizer).defaults)}, "
+                                 f"not all of {', '.join(hyper)}: {e}") from None
+        else:
+            if hyper:
+                raise ValueError(f"{', '.join(hyper)}= go to the StepRule given as optimizer=, not to Offload")
+            self.rule = optimizer
+        self.group: dict[str, Any] = dict(self.rule.defaults)
+        self.model = model
+        self.client = client
+        self.offload_activations = offload_activations
+        self.activation_min_bytes = activation_min_bytes
+        #: bytes of saved activations stashed in tierd, and kept in memory (beyond what the first step
+        #: measured), so far
+        self.activations_stashed = 0
+        self.activations_kept = 0
+        self.steps = 0
+        #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
+        #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
+        self.kept_up = 0
+        self.vram = VRAM
+        self.device = torch.device("cuda") if client.vram_backend == "cuda" else torch.device("cpu")
+        self._group = process_group
+        self._world = 1
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self._world = torch.distributed.get_world_size(process_group)
+        self._rank = client.rank
+        self._prefix = prefix
+        modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
+        self.blocks: list[Block] = layout.build(model, modules)
+        self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}
+        self._by_tname: dict[str, tuple[Block, str]] = {}
+        self.tracer = Tracer()
+        self._phase: Key | None = None
+        self._early: Key | None = None       # the next step's first phase, entered by step()
+        self._held: list[tuple[Any, int, bool]] = []  # trace mode: (tensor, tier, dirty) pinned now
+        self._fences: list[Any] = []
+        self._down: list[tuple[Block, tuple[str, ...]]] = []   # written down once their phase is left
+        self._bwd: Block | None = None               # the block whose backward runs
+        self._in_block: Block | None = None          # the block whose forward runs
+        self._closed = False
+        for b, share in discovery.dominant_blocks(self.blocks):
+            warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
+                          f"({fmt_bytes(b.nbytes)} of {fmt_bytes(sum(x.nbytes for x in self.blocks))}): every "
+                          f"phase of it pins all of that, so no budget below it fits; {discovery.split_hint(b)}",
+                          TierTorchWarning, stacklevel=2)
+        self._create_tensors()
+        self.hooks = Hooks(self)
+        self.hooks.attach()
+
+    # ---- layout ------------------------------------------------------------------------------
+
+    @property
+    def state_kinds(self) -> tuple[str, ...]:
+        return tuple(self.rule.state_kinds)
+
+    def _kinds(self, b: Block) -> list[str]:
+        """The tensor kinds block ``b`` has (no tensors for a block all of whose parameters are shared)."""
+        if not b.slots:
+            return []
+        return ["p", "g", *self.state_kinds] + (["w"] if b.mixed else [])
+
+    def _tname(self, b: Block, kind: str) -> str:
+        return f"{self._prefix}.{self._rank}.{'shared' if b.is_shared else b.index}.{kind}"
+
+    def _create(self, b: Block, kind: str, size: int) -> None:
+        from .. import ExistsError
+
+        name = self._tname(b, kind)
+        try:
+            t = self.client.create(name, size)
+        except ExistsError:
+            # left by an earlier run of this job: start afresh
+            self.client.open(name).destroy()
+            t = self.client.create(name, size)
+        b.tensors[kind] = t
+        self._by_tname[name] = (b, kind)
+
+    def _create_tensors(self) -> None:
+        for b in self.blocks:
+            for kind in self._kinds(b):
+                self._create(b, kind, b.kind_bytes(kind))
+            if not b.slots:
+                continue
+            # the initial parameters go in (and the master weights); g and the step rule's state start
+            # as zeros (a new tensor reads as zeros)
+            for kind in ("p", "w") if b.mixed else ("p",):
+                with self._explained(b, f"writing its initial {'parameters' if kind == 'p' else 'master weights'}"):
+                    with b.tensors[kind].pin(HOST, WRITE) as g:
+                        flat = g.torch()
+                        for s in b.slots:
+                            s.view(flat, kind).copy_(s.param.data)
+            for s in b.slots:
+                s.param.data = self._placeholder(s.param)
+
+    def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.empty(0, dtype=p.dtype, device=self.device)
+
+    def describe(self) -> str:
+        """The blocks, their bytes per kind of state, and what the job's budgets mean for them."""
+        return discovery.describe(self.blocks, state_kinds=self.state_kinds, placement=self.placement,
+                                  limits=self._limits())
+
+    # ---- errors in the model's words ----------------------------------------------------------
+
+    def _explain_text(self, text: str) -> str:
+        """tierd's text with our tensor names replaced by the blocks they belong to."""
+        for name, (b, kind) in sorted(self._by_tname.items(), key=lambda x: -len(x[0])):
+            if name in text:
+                text = text.replace(f"'{name}'", f"{kind} of {b.label}").replace(name, f"{kind} of {b.label}")
+        return text
+
+    class _Explained:
+        """Re-raise a TierError of ``what`` (for block ``b``) in the model's words, and what to do."""
+
+        def __init__(self, engine: "Offload", b: Block | None, what: str) -> None:
+            self.engine, self.b, self.what = engine, b, what
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+            if e is None or not isinstance(e, TierError) or getattr(e, "_tier_torch", False):
+                return False
+            eng = self.engine
+            op = f"{self.b.label}, {self.what}" if self.b is not None else self.what
+            text = eng._explain_text(e.strerror or "")
+            advice = eng._advice(self.b)
+            new = type(e)(e.errno, text + (f" ({advice})" if advice else ""), op)
+            new._tier_torch = True
+            raise new from e
+
+    def _explained(self, b: Block | None, what: str) -> "_Explained":
+        return Offload._Explained(self, b, what)
+
+    def _limits(self) -> dict[str, int]:
+        """The job's byte limits now (a round trip: on error paths and in describe() only)."""
+        try:
+            q = self.client.quota()
+            return {"vram": int(q.limits["vram"]), "host": int(q.limits["host"])}
+        except Exception:       # a stand-in client, or tierd gone: what the handshake said
+            lim = getattr(self.client, "limit", None)
+            return {"vram": lim(VRAM), "host": lim(HOST)} if callable(lim) else {}
+
+    def _advice(self, b: Block | None) -> str:
+        bits = []
+        if b is not None and b.slots:
+            need_host = b.nbytes * 2 + b.nbytes32 * (len(self.state_kinds) + (1 if b.mixed else 0))
+            bits.append(f"its optimizer phase needs {fmt_bytes(need_host)} in host, its forward "
+                        f"{fmt_bytes(b.nbytes)} in vram")
+            lim = self._limits()
+            if lim:
+                bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
+                            "and tierd holds the next phase while one runs")
+            bits.append(discovery.split_hint(b))
+        job = getattr(self.client, "job", "JOB")
+        bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); "
+                    "Offload.describe() shows every block")
+        return "; ".join(bits)
+
+    # ---- phases ------------------------------------------------------------------------------
+
+    def param_owners(self, b: Block) -> list[Block]:
+        """The blocks whose p holds the parameters block ``b``'s module uses: its own, and the shared one."""
+        out = [b] if b.slots else []
+        if b.shared:
+            out.append(self.blocks[-1])
+        return out
+
+    def _needs(self, key: Key) -> list[tuple[Block, str, int, int]]:
+        """(block holding the tensor, tensor kind, tier, mode) phase ``key`` needs."""
+        kind, i = key
+        b = self.blocks[i]
+        act = "a" in b.tensors
+        shared = [(self.blocks[-1], "p", VRAM, READ)] if b.shared else []
+        if kind == "f":
+            own = [(b, "p", VRAM, READ)] if b.slots else []
+            return own + shared + ([(b, "a", HOST, WRITE)] if act else [])
+        if kind == "b":
+            own = [(b, "p", VRAM, READ), (b, "g", VRAM, WRITE)] if b.slots else []
+            return own + shared + ([(b, "a", HOST, READ)] if act else [])
+        state = [(b, k, HOST, READ_WRITE) for k in self.state_kinds]
+        # the shared block's gradients are written whole from autograd's .grad in its optimizer phase
+        grads = [(b, "g", HOST, WRITE if b.is_shared else READ)]
+        if b.mixed:
+            # p is written whole from the master weights: its old bytes need not come
+            return [(b, "p", HOST, WRITE), (b, "w", HOST, READ_WRITE)] + grads + state
+        return [(b, "p", HOST, READ_WRITE)] + grads + state
+
+    def _plan_needs(self, key: Key) -> list[tuple[Any, int, int]]:
+        return [(blk.tensors[k], tier, mode) for blk, k, tier, mode in self._needs(key)]
+
+    def _enter(self, kind: str, b: Block) -> None:
+        key = (kind, b.index)
+        for blk in self.blocks:
+            blk.maps.clear()
+        if self.device.type == "cuda":
+            # kernels queued on the stream still read (and write) the phase's VRAM: they finish
+            # before tierd may move it
+            torch.cuda.current_stream().synchronize()
+        what = {"f": "its forward phase", "b": "its backward phase", "o": "its optimizer phase"}[kind]
+        if self.tracer.planned:
+            k = self.tracer.lookup(key, b.label)
+            if self._early != key:
+                with self._explained(b, f"entering {what}"):
+                    self.client.phase(k)
+            self._early = None
+            with self._explained(b, f"mapping {what}"):
+                for blk, tk, tier, _ in self._needs(key):
+                    blk.maps[(tk, tier)] = self.client.phase_grant(blk.tensors[tk], tier).torch()
+        else:
+            self._release()
+            if self.steps == 0 and (kind != "f" or torch.is_grad_enabled()):   # an evaluation is no step
+                self.tracer.record(key, b.label, "a block that runs more than once per step (weights shared "
+                                   "across time) is not supported; make the repeated part one block's inside")
+            for blk, tk, tier, mode in self._needs(key):
+                t = blk.tensors[tk]
+                whose = "its" if blk is b else f"{blk.label}'s"
+                with self._explained(b, f"{what}, pinning {whose} {tk} ({fmt_bytes(blk.kind_bytes(tk))}) in "
+                                        f"{'vram' if tier == VRAM else 'host'}"):
+                    g = t.pin(tier, mode)
+                self._held.append((t, tier, bool(mode & WRITE)))
+                blk.maps[(tk, tier)] = g.torch()
+        self._phase = key
+        self._write_down(b, kind)
+
+    def _write_down(self, now: Block | None, kind: str) -> None:
+        """Placements B and C: what optimizer phases left goes down to NVMe, but what the phase just
+        entered (``kind`` of block ``now``; None: no phase) pins itself."""
+        keep = {(blk.index, tk) for blk, tk, _, _ in self._needs((kind, now.index))} if now is not None else set()
+        for b, kinds in self._down:
+            for k in kinds:
+                if (b.index, k) not in keep and k in b.tensors:
+                    self._fences.append(b.tensors[k].evict_async(NVME))
+        self._down.clear()
+
+    def _release(self) -> None:
+        for t, tier, dirty in self._held:
+            t.unpin(tier, dirty)
+        self._held.clear()
+
+    def _point(self, b: Block, on: bool) -> None:
+        """Point ``b``'s module's parameters at their mapped copies (``on``) or at the placeholders."""
+        for owner in self.param_owners(b):
+            flat = owner.maps[("p", VRAM)] if on else None
+            for s in (owner.slots if owner is b else b.shared):
+                s.param.data = s.view(flat, "p") if on else self._placeholder(s.param)
+
+    # ---- what the hooks call ------------------------------------------------------------------
+
+    def forward_begins(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Offload engine is closed")
+        self.tracer.forwards.clear()    # (a forward that raised did not end)
+        self._collect_fences()
+
+    def forward_ends(self) -> None:
+        if self.tracer.planned and torch.is_grad_enabled():
+            self.tracer.forward_ended(lambda i: self.blocks[i].label)
+        else:
+            self.tracer.forwards.clear()
+
+    def block_forward(self, b: Block) -> None:
+        self._enter("f", b)
+        self._point(b, True)
+        self._in_block = b
+        b.act_used = 0
+        if torch.is_grad_enabled():
+            self.tracer.forwards.add(b.index)
+
+    def block_forward_done(self, b: Block) -> None:
+        self._in_block = None
+        self._point(b, False)
+
+    def forward_block(self) -> Block | None:
+        """The block whose forward phase runs (for saved tensors), or None."""
+        if self._phase is None or self._phase[0] != "f":
+            return None
+        return self.blocks[self._phase[1]]
+
+    def block_backward(self, b: Block) -> None:
+        if self._bwd is not None:
+            self._finish(self._bwd)
+        self._enter("b", b)
+        self._point(b, True)
+        self._bwd = b
+
+    def stash(self, b: Block, t: torch.Tensor) -> Any:
+        """An activation block ``b``'s forward saves: into its a tensor, when it is on and there is room."""
+        if not self.offload_activations or self._in_block is not b or not t.is_contiguous():
+            return t
+        n = t.numel() * t.element_size()
+        if n < self.activation_min_bytes:
+            return t
+        if self.steps == 0:
+            b.act_bytes += layout.align(n)      # measured: the a tensor is made this big with the plan
+            return t
+        amap = b.maps.get(("a", HOST))
+        if amap is None or b.act_used + n > b.act_bytes:
+            self.activations_kept += n
+            return t
+        off = b.act_used
+        amap[off:off + n].view(t.dtype).view(t.shape).copy_(t)
+        b.act_used += layout.align(n)
+        self.activations_stashed += n
+        return Stashed(b.index, off, t.shape, t.dtype, t.device)
+
+    def unstash(self, x: Stashed) -> torch.Tensor:
+        b = self.blocks[x.block]
+        amap = b.maps.get(("a", HOST))
+        if amap is None:
+            raise RuntimeError(f"{b.label}: its backward needs its saved activations outside its backward phase "
+                               "(the model's blocks do not run one after another)")
+        n = math.prod(x.shape) * layout.esize(x.dtype)
+        t = amap[x.offset:x.offset + n].view(x.dtype).view(x.shape)
+        return t if x.device == t.device else t.to(x.device)
+
+    # ---- backward and optimizer ------------------------------------------------------------
+
+    def _finish(self, b: Block) -> None:
+        """b's gradients are complete: into its g tensor, then its optimizer phase."""
+        got: set[int] = set()
+        if b.slots:
+            gflat = b.maps[("g", VRAM)]
+            for s in b.slots:
+                dst = s.view(gflat, "g")
+                if s.param.grad is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(s.param.grad)
+                    s.param.grad = None
+                    got.add(id(s))
+            collective.allreduce_mean([s.view(gflat, "g") for s in b.slots if s.trainable], self._world, self._group)
+        self._point(b, False)
+        self._bwd = None
+        if b.slots:
+            self._enter("o", b)
+            self._update(b, got)
+            self._queue_write_down(b)
+
+    def _finish_shared(self) -> None:
+        """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
+        sb = self.blocks[-1]
+        grads = [s.param.grad for s in sb.slots if s.trainable and s.param.grad is not None]
+        collective.allreduce_mean(grads, self._world, self._group)
+        self._enter("o", sb)
+        gflat = sb.maps[("g", HOST)]
+        got: set[int] = set()
+        for s in sb.slots:
+            dst = s.view(gflat, "g")
+            if s.param.grad is None:
+                dst.zero_()
+            else:
+                dst.copy_(s.param.grad)
+                s.param.grad = None
+                got.add(id(s))
+        self._update(sb, got)
+        self._queue_write_down(sb)
+
+    def _queue_write_down(self, b: Block) -> None:
+        kinds = placement_mod.write_down_kinds(self.placement, self.state_kinds, b.mixed)
+        if kinds:
+            self._down.append((b, kinds))
+
+    def _update(self, b: Block, got: set[int]) -> None:
+        """The step rule over b's parameters that got a gradient (torch.optim skips the others)."""
+        maps = {k: b.maps[(k, HOST)] for k in layout.KINDS if (k, HOST) in b.maps}
+        master = "w" if b.mixed else "p"
+        todo = [s for s in b.slots if s.trainable and id(s) in got]
+        if todo:
+            self.rule.update([s.view(maps[master], master) for s in todo],
+                             [s.view(maps["g"], "g").float() for s in todo],     # no copy when already float32
+                             {k: [s.view(maps[k], k) for s in todo] for k in self.state_kinds},
+                             [s.steps for s in todo], self.group)
+            for s in todo:
+                s.steps += 1
+        if b.mixed:
+            # the parameters, every one (p is pinned write-only), are the master weights rounded
+            for s in b.slots:
+                s.view(maps["p"], "p").copy_(s.view(maps["w"], "w"))
+
+    def step(self) -> None:
+        """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
+
+        With the plan running (from the second step on), it ends by entering the next step's first
+        phase (one ``tier_phase()``, no round trip): tierd holds the last optimizer phase's pins until
+        the next phase begins, so only then can that phase's write-downs (placements B and C) be
+        issued, and this way they are issued in the step they belong to; :meth:`flush` waits for
+        them."""
+        if self._bwd is not None:
+            self._finish(self._bwd)
+        if self.blocks[-1].is_shared:
+            self._finish_shared()
+        for b in self.blocks:
+            b.maps.clear()
+        self._phase = None
+        if not self.tracer.planned:
+            self._release()
+            self._write_down(None, "")      # nothing is pinned now
+            if self.steps == 0:
+                self._submit_plan()
+        elif self.tracer.seq:
+            kind, i = self.tracer.seq[0]
+            with self._explained(self.blocks[i], "entering the next step's first phase"):
+                self.client.phase(self.tracer.index[(kind, i)])
+            self._early = (kind, i)
+            self._write_down(self.blocks[i], kind)
+        self.steps += 1
+
+    def flush(self) -> None:
+        """Wait until the write-downs to NVMe in flight have ended (placements B and C evict each
+        block's state after its optimizer phase without waiting): afterwards tierd's byte counters
+        include them, and the state is on NVMe.  Not needed for correctness."""
+        for f in self._fences:
+            self._fence_done(f, True)
+        self._fences = []
+
+    def _fence_done(self, f: Any, wait: bool) -> bool:
+        """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done."""
+        from .. import BusyError
+
+        try:
+            if wait:
+                f.wait()
+                return True
+            return f.done()
+        except BusyError:
+            self.kept_up += 1
+            return True
+
+    def _collect_fences(self) -> None:
+        self._fences = [f for f in self._fences if not self._fence_done(f, False)]
+
+    def _submit_plan(self) -> None:
+        for b in self.blocks:
+            if self.offload_activations and b.act_bytes:
+                self._create(b, "a", b.act_bytes)
+        with self._explained(None, "submitting the plan traced in the first step"):
+            self.tracer.submit(self.client, self._plan_needs)
+
+    # ---- state ------------------------------------------------------------------------------
+
+    @property
+    def phases(self) -> list[Key]:
+        """The step's phases as traced in the first step: (kind, block index), kind f, b or o."""
+        return list(self.tracer.seq)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The parameters as they are now, copied out of tierd (for checkpoints and checks); every
+        name of a parameter that has several (tied weights, aliases) is there."""
+        self._check_idle()
+        out: dict[str, torch.Tensor] = {}
+        for b in self.blocks:
+            if not b.slots:
+                continue
+            t = b.tensors["p"]
+            with self._explained(b, "reading its parameters"):
+                with t.pin(HOST, READ) as g:
+                    flat = g.torch()
+                    for s in b.slots:
+                        v = s.view(flat, "p").clone()
+                        for n in s.names:
+                            out[n] = v
+        return out
+
+    def _check_idle(self) -> None:
+        if self._bwd is not None:
+            raise RuntimeError("the engine is inside a step: call step() first")
+
+    @property
+    def stall(self) -> float:
+        """Seconds spent waiting in phases for tierd to bring data, so far."""
+        return self.client.phase_stall
+
+    def close(self, restore: bool = True) -> None:
+        """Give the parameters back to the model (``restore``), drop the hooks and tierd's tensors."""
+        if self._closed:
+            return
+        self.flush()
+        self._release()                     # a first step that failed holds its phase's pins
+        self._bwd = None
+        state = self.state_dict() if restore else None
+        if self.tracer.planned:
+            self.client.end_plan()          # its tensors may go now
+            self.tracer.planned = False
+        self.hooks.detach()
+        for b in self.blocks:
+            for s in b.slots:
+                s.param.data = state[s.name] if state is not None else self._placeholder(s.param)
+            for t in b.tensors.values():
+                t.destroy()
+            b.tensors.clear()
+        self._closed = True
+
+    def __enter__(self) -> "Offload":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.hooks: how the engine sees the model run, attached and removed cleanly.
+
+In the spirit of accelerate's ``add_hook_to_module``: the engine's hooks
+go on the model and its blocks with torch's own hook API, and
+:meth:`Hooks.detach` takes every one of them off again, leaving the user's
+model as it was.  What they do:
+
+* the model's forward pre-hook opens a ``saved_tensors_hooks`` context
+  (when gradients are on) and its forward hook closes it;
+* a block's forward pre-hook enters its forward phase and points its
+  parameters at the mapped copy; its forward hook points them back at the
+  placeholders and hooks the block's outputs;
+* the first output gradient of a block to be computed enters its backward
+  phase (autograd runs a node's tensor hooks before the node, and the
+  parameters' gradient accumulators of the block before, which run first,
+  having the highest priority in autograd's queue);
+* tensors that autograd saves for the backward and that alias a mapped
+  parameter (the parameter itself, or a view such as ``weight.t()``) are
+  saved as (block, offset, shape, strides) and rebuilt from the block's
+  mapping in its backward phase, wherever tierd mapped it then; other
+  large saved tensors may be stashed in tierd (``offload_activations``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Offload
+
+
+@dataclass(frozen=True)
+class Stashed:
+    """A saved activation copied into its block's ``a`` tensor."""
+    block: int
+    offset: int                   # bytes into the block's a tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A saved tensor that is (a view of) a mapped parameter: where it lies, not the memory."""
+    block: int                    # the block whose p holds it (the shared block for a tied weight)
+    offset: int                   # elements of its dtype from the start of that block's p tensor
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def tensors_of(x: Any) -> Iterable[torch.Tensor]:
+    """The tensors in a module's output (nested tuples, lists, dicts, Hugging Face ModelOutputs)."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from tensors_of(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from tensors_of(y)
+
+
+class Hooks:
+    """The engine's hooks on one model; attach() once, detach() to take them all off."""
+
+    def __init__(self, engine: "Offload") -> None:
+        self.engine = engine
+        self.handles: list[Any] = []
+        self.saved_ctx: Any = None
+
+    def attach(self) -> None:
+        e = self.engine
+        self.handles.append(e.model.register_forward_pre_hook(self.root_pre))
+        self.handles.append(e.model.register_forward_hook(self.root_post))
+        for b in e.blocks:
+            if b.module is not None:
+                self.handles.append(b.module.register_forward_pre_hook(self.block_pre))
+                self.handles.append(b.module.register_forward_hook(self.block_post))
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        self.close_saved()
+
+    def close_saved(self) -> None:
+        if self.saved_ctx is not None:
+            self.saved_ctx.__exit__(None, None, None)
+            self.saved_ctx = None
+
+    # ---- the model ----------------------------------------------------------------------------
+
+    def root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        self.engine.forward_begins()
+        self.close_saved()          # a forward that raised left it open
+        if torch.is_grad_enabled():
+            self.saved_ctx = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+            self.saved_ctx.__enter__()
+
+    def root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        self.close_saved()
+        self.engine.forward_ends()
+
+    # ---- blocks -------------------------------------------------------------------------------
+
+    def block_pre(self, module: torch.nn.Module, args: Any) -> None:
+        self.engine.block_forward(self.engine.by_module[id(module)])
+
+    def block_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        e = self.engine
+        b = e.by_module[id(module)]
+        e.block_forward_done(b)
+        if not torch.is_grad_enabled():
+            return
+        fired = [False]
+
+        def on_grad(grad: torch.Tensor) -> None:
+            if not fired[0]:
+                fired[0] = True
+                e.block_backward(b)
+
+        for t in tensors_of(out):
+            if t.requires_grad:
+                t.register_hook(on_grad)
+
+    # ---- saved tensors ------------------------------------------------------------------------
+
+    def pack(self, t: torch.Tensor) -> Any:
+        e = self.engine
+        b = e.forward_block()
+        if b is None:
+            return t
+        for owner in e.param_owners(b):
+            flat = owner.maps.get(("p", e.vram))
+            if flat is None or t.device != flat.device:
+                continue
+            base, ptr = flat.data_ptr(), t.data_ptr()
+            if base <= ptr < base + owner.nbytes:
+                if (ptr - base) % t.element_size():
+                    raise RuntimeError(f"{b.label}: a tensor saved for the backward aliases its parameters at an "
+                                       "offset that is not a multiple of its element size")
+                return Alias(owner.index, (ptr - base) // t.element_size(), t.shape, t.stride(), t.dtype)
+        return e.stash(b, t)
+
+    def unpack(self, x: Any) -> torch.Tensor:
+        e = self.engine
+        if isinstance(x, Stashed):
+            return e.unstash(x)
+        if not isinstance(x, Alias):
+            return x
+        owner = e.blocks[x.block]
+        flat = owner.maps.get(("p", e.vram))
+        if flat is None:
+            raise RuntimeError(f"{owner.label}: the backward needs its parameters outside a phase that maps them "
+                               "(the model's blocks do not run one after another)")
+        return torch.as_strided(flat.view(x.dtype), x.shape, x.stride, x.offset)

@@ -1,0 +1,206 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.layout: how a block's trainable state is packed into tierd tensors.
+
+A block's parameters are laid out in flat tierd tensors, one per *kind*,
+each parameter at a 64-byte aligned offset (the CPU allocator's alignment,
+so kernels see the same alignment as without tierd):
+
+=====  ===========================  =====================================
+ kind   holds                        needed
+=====  ===========================  =====================================
+ p      the parameters               VRAM in its forward and backward
+                                     phases, host in its optimizer phase
+ g      their gradients              VRAM (written) in its backward phase,
+                                     host (read) in its optimizer phase
+ m, v   the step rule's state        host in its optimizer phase
+        (AdamW's two moments; SGD's
+        momentum is m)
+ w      float32 master weights       host in its optimizer phase
+ a      saved activations            host: written in its forward phase,
+                                     read in its backward phase
+=====  ===========================  =====================================
+
+``p`` and ``g`` hold each parameter in its own dtype; ``m``, ``v`` and
+``w`` in float32.  ``w`` exists only for a block with a parameter in
+reduced precision (bfloat16, float16).
+
+A parameter that several blocks use (tied input and output embeddings, a
+bias registered under two names) is stored once, in the *shared block*:
+a block of no module of its own, whose ``p`` every block that uses it
+maps in its forward and backward phases, and whose optimizer phase comes
+after the whole backward, once autograd has summed every use's gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ALIGN = 64                       # bytes: torch's CPU allocator aligns to this
+KINDS = ("p", "g", "m", "v", "w", "a")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def esize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass
+class Slot:
+    """One parameter's place in its block's tensors."""
+    param: torch.nn.Parameter
+    name: str                     # the first of its names in model.named_parameters()
+    names: list[str]              # every name it has (aliases, tied weights)
+    off: int                      # bytes, in the block's p and g (the parameter's dtype)
+    off32: int                    # bytes, in its m, v and w (float32)
+    numel: int
+    shape: torch.Size
+    dtype: torch.dtype
+    trainable: bool
+    group: int = 0                # its parameter group (the step rule's hyperparameters)
+    steps: int = 0                # optimizer updates it has had (torch.optim's state "step")
+
+    def view(self, flat: torch.Tensor, kind: str) -> torch.Tensor:
+        """This parameter's part of ``flat``, the uint8 mapping of the block's tensor ``kind``."""
+        if kind in ("p", "g"):
+            n = self.numel * esize(self.dtype)
+            return flat[self.off:self.off + n].view(self.dtype).view(self.shape)
+        return flat[self.off32:self.off32 + self.numel * 4].view(torch.float32).view(self.shape)
+
+
+@dataclass
+class Block:
+    """A unit of offload: a module's parameters (or the shared ones), laid out in tierd tensors."""
+    index: int
+    path: str                     # the module's name in model.named_modules() ("" for the model itself)
+    cls: str                      # its class name ("shared" for the shared block)
+    module: torch.nn.Module | None    # None: the shared block
+    slots: list[Slot]
+    nbytes: int                   # of p and g
+    nbytes32: int                 # of m, v and w
+    mixed: bool                   # has a parameter in reduced precision: float32 master weights in w
+    shared: list[Slot] = field(default_factory=list)  # slots of the shared block this block's module uses
+    users: list[int] = field(default_factory=list)    # the shared block: the blocks that use it
+    act_bytes: int = 0            # saved activations its forward stashes (measured in the first step)
+    act_used: int = 0             # of them, in the current forward
+    tensors: dict[str, Any] = field(default_factory=dict)      # kind -> tier.Tensor
+    maps: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)  # (kind, tier) -> flat view
+
+    @property
+    def is_shared(self) -> bool:
+        return self.module is None
+
+    @property
+    def label(self) -> str:
+        """How messages name it: in the model's words."""
+        if self.is_shared:
+            return (f"the shared block (parameters used by several blocks: "
+                    f"{', '.join(' = '.join(s.names) for s in self.slots)})")
+        return f"block {self.index} '{self.path or 'the model'}' ({self.cls})"
+
+    def kind_bytes(self, kind: str) -> int:
+        return self.nbytes if kind in ("p", "g") else self.act_bytes if kind == "a" else self.nbytes32
+
+    @property
+    def numel(self) -> int:
+        return sum(s.numel for s in self.slots)
+
+
+def param_names(model: torch.nn.Module) -> dict[int, list[str]]:
+    """Every name of each parameter of ``model`` (by id), in registration order: aliases included."""
+    names: dict[int, list[str]] = {}
+    # (named_parameters() has no remove_duplicate= before torch 2.0: walk the modules, duplicates kept)
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            if p is not None:
+                n = f"{mname}.{pname}" if mname else pname
+                if n not in names.setdefault(id(p), []):
+                    names[id(p)].append(n)
+    return names
+
+
+def _slots(params: list[torch.nn.Parameter], names: dict[int, list[str]], where: str) -> tuple[list[Slot], int, int]:
+    slots: list[Slot] = []
+    off = off32 = 0
+    for p in params:
+        pn = names.get(id(p), ["?"])
+        if p.dtype not in DTYPES:
+            raise TypeError(f"parameter {pn[0]} ({where}) is {p.dtype}: tier.torch trains float32, bfloat16 "
+                            "and float16 parameters; convert the model (model.float()) or freeze it elsewhere")
+        slots.append(Slot(p, pn[0], pn, off, off32, p.numel(), p.shape, p.dtype, p.requires_grad))
+        off += align(p.numel() * p.element_size())
+        off32 += align(p.numel() * 4)
+    return slots, max(off, ALIGN), max(off32, ALIGN)
+
+
+def build(model: torch.nn.Module, modules: list[torch.nn.Module]) -> list[Block]:
+    """The blocks of ``modules`` (each a submodule of ``model``), and the shared block last if any
+    parameter is used by more than one of them.  Raises ValueError for blocks that nest, trainable
+    parameters in no block, or no parameters at all."""
+    names = param_names(model)
+    mnames: dict[int, str] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        mnames.setdefault(id(m), n)             # a module registered twice: its first name
+    for m in modules:
+        if id(m) not in mnames:
+            raise ValueError(f"blocks= holds a {type(m).__name__} that is not a submodule of the model")
+    seen: set[int] = set()
+    for m in modules:
+        if id(m) in seen:
+            raise ValueError(f"block '{mnames[id(m)] or 'the model'}' is given twice in blocks=")
+        seen.add(id(m))
+    for m in modules:
+        for inner in modules:
+            if inner is not m and any(inner is x for x in m.modules()):
+                raise ValueError(f"block '{mnames[id(inner)]}' lies inside block '{mnames[id(m)] or 'the model'}': "
+                                 "blocks must not nest")
+    # which blocks use each parameter
+    users: dict[int, list[int]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    per_block: list[list[torch.nn.Parameter]] = []
+    for i, m in enumerate(modules):
+        ps = list(m.parameters())          # deduplicated within the module
+        per_block.append(ps)
+        for p in ps:
+            users.setdefault(id(p), []).append(i)
+            params[id(p)] = p
+    shared_ids = {pid for pid, us in users.items() if len(us) > 1}
+
+    blocks: list[Block] = []
+    for i, m in enumerate(modules):
+        own = [p for p in per_block[i] if id(p) not in shared_ids]
+        path = mnames[id(m)]
+        slots, nb, nb32 = _slots(own, names, f"block '{path or 'the model'}'")
+        blocks.append(Block(i, path, type(m).__name__, m, slots, nb, nb32,
+                            any(s.dtype != torch.float32 for s in slots)))
+    if shared_ids:
+        # in the model's order of parameters, so that the layout does not depend on the blocks' order
+        order = [id(p) for p in model.parameters() if id(p) in shared_ids]
+        slots, nb, nb32 = _slots([params[pid] for pid in order], names, "used by several blocks")
+        sb = Block(len(blocks), "", "shared", None, slots, nb, nb32, any(s.dtype != torch.float32 for s in slots))
+        sb.users = sorted({u for pid in shared_ids for u in users[pid]})
+        for u in sb.users:
+            blocks[u].shared = [s for s in slots if u in users[id(s.param)]]
+        blocks.append(sb)
+    owned = {id(s.param) for b in blocks for s in b.slots}
+    for n, p in model.named_parameters():
+        if p.requires_grad and id(p) not in owned:
+            raise ValueError(f"trainable parameter {n} is in no block: pass blocks= that cover it "
+                             "(or leave blocks= out: tier.torch.auto_blocks() covers every parameter)")
+    if not owned:
+        raise ValueError("the model has no parameters to train")
+    return blocks

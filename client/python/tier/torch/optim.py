@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.optim: the optimizer step behind a small interface.
+
+The engine runs a block's optimizer phase on the host tier: the block's
+parameters (its float32 master weights for reduced precision), gradients
+and the rule's state are mapped there, and a :class:`StepRule` updates
+them in place.  A rule names the state it keeps (tensor kinds of the
+layout, float32, one value per parameter element) and does one update of
+a list of parameters of one parameter group with torch's own single-tensor
+code, so that the bits are those ``torch.optim`` computes.
+
+Each parameter counts its own updates (``Slot.steps``), as ``torch.optim``
+keeps a per-parameter "step": a parameter that got no gradient in a step
+is not updated (and its count does not move), as ``torch.optim`` skips a
+parameter whose ``.grad`` is None.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import torch
+import torch.optim.adamw as _adamw
+import torch.optim.sgd as _sgd
+
+
+class StepRule(Protocol):
+    """What the engine asks of an optimizer step."""
+
+    #: a name for messages and state_dict()
+    name: str
+    #: tensor kinds of the layout it keeps per parameter (float32), e.g. ("m", "v")
+    state_kinds: tuple[str, ...]
+    #: hyperparameters a parameter group may set, with their defaults
+    defaults: dict[str, Any]
+
+    def update(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+               state: dict[str, Sequence[torch.Tensor]], steps: Sequence[int], group: dict[str, Any]) -> None:
+        """One update, in place, of ``params`` (float32 masters) with ``grads`` (float32), ``state``
+        (kind -> a tensor per parameter), ``steps`` (each parameter's count of updates before this
+        one) and the group's hyperparameters."""
+        ...
+
+    def state_names(self) -> dict[str, str]:
+        """torch.optim's names of the state kinds ("m" -> "exp_avg"), for state_dict()."""
+        ...
+
+
+class AdamW:
+    """torch.optim.AdamW (amsgrad off), as its single-tensor code on the CPU computes it."""
+
+    name = "AdamW"
+    state_kinds = ("m", "v")
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2) -> None:
+        self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                         "amsgrad": False, "maximize": False, "foreach": None, "capturable": False}
+
+    def update(self, params, grads, state, steps, group) -> None:
+        step_t = [torch.tensor(float(n)) for n in steps]          # adamw() counts this update in itself
+        b1, b2 = group["betas"]
+        _adamw.adamw(list(params), list(grads), list(state["m"]), list(state["v"]), [], step_t, foreach=False,
+                     capturable=False, amsgrad=False, beta1=b1, beta2=b2, lr=group["lr"],
+                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=group.get("maximize", False))
+
+    def state_names(self) -> dict[str, str]:
+        return {"m": "exp_avg", "v": "exp_avg_sq"}
+
+
+class SGD:
+    """torch.optim.SGD with momentum (and dampening, nesterov, weight decay), its single-tensor code.
+
+    torch keeps no momentum buffer before a parameter's first update and starts it as a copy of the
+    gradient: the buffer here (kind m) starts as zeros and is set to the gradient at a parameter's
+    first update, which is the same thing."""
+
+    name = "SGD"
+    state_kinds = ("m",)
+
+    def __init__(self, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False) -> None:
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
+        self.defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                         "nesterov": nesterov, "maximize": False, "foreach": None}
+
+    def update(self, params, grads, state, steps, group) -> None:
+        bufs: list[torch.Tensor | None] = []
+        for m, n in zip(state["m"], steps):
+            bufs.append(m if n > 0 else None)
+        out = list(bufs)
+        _sgd.sgd(list(params), list(grads), out, weight_decay=group["weight_decay"], momentum=group["momentum"],
+                 lr=group["lr"], dampening=group["dampening"], nesterov=group["nesterov"],
+                 maximize=group.get("maximize", False), foreach=False)
+        if group["momentum"] != 0:
+            for m, old, new in zip(state["m"], bufs, out):
+                if old is None and new is not None:
+                    m.copy_(new)    # the first buffer torch made (a clone of the gradient) goes into m
+
+    def state_names(self) -> dict[str, str]:
+        return {"m": "momentum_buffer"}
+
+
+def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
+    """A StepRule from a name ("adamw", "sgd") and hyperparameters, or the rule given."""
+    if not isinstance(optimizer, str):
+        return optimizer
+    name = optimizer.lower()
+    if name == "adamw":
+        return AdamW(**kw)
+    if name == "sgd":
+        return SGD(**kw)
+    raise ValueError(f"optimizer {optimizer!r}: tier.torch has 'adamw' and 'sgd' (or pass a StepRule)")

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.tracer: the first step's order of phases, submitted to tierd as the job's plan.
+
+One training step is a cycle of phases, each named ``(kind, block)``: the
+forward (``"f"``) of each block in the order the model calls them, then, as
+autograd reaches each block, its backward (``"b"``) followed at once by its
+optimizer phase (``"o"``), and last the shared block's optimizer phase.
+The first step is traced: hooks record the order while each phase pins
+what it needs with plain pins.  The engine then submits the cycle as the
+job's iteration plan (every phase's tensors, tiers and modes) and from the
+second step on enters each phase with ``tier_phase()``: tierd knows what
+comes next and moves it while the current phase computes.
+
+Every later step must run the same phases: a block that runs in a later
+step but did not in the first, or the other way round (the experts of a
+mixture-of-experts layer, which run for some inputs only), is refused with
+its name, before the step changes any state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+Key = tuple[str, int]
+PHASE_NAMES = {"f": "forward", "b": "backward", "o": "optimizer"}
+
+
+class Tracer:
+    def __init__(self) -> None:
+        self.seq: list[Key] = []            # the step's phases, as traced
+        self.index: dict[Key, int] = {}
+        self.planned = False
+        self.forwards: set[int] = set()     # blocks whose forward the current step entered
+
+    def record(self, key: Key, label: str, hint: str) -> None:
+        """Trace mode: phase ``key`` begins (``label``: its block in the model's words)."""
+        if key in self.seq:
+            raise RuntimeError(f"{label} ran its {PHASE_NAMES[key[0]]} twice in one step: {hint}")
+        self.seq.append(key)
+
+    def lookup(self, key: Key, label: str) -> int:
+        """Planned mode: the plan's index of phase ``key``."""
+        k = self.index.get(key)
+        if k is None:
+            raise RuntimeError(
+                f"{label} ran its {PHASE_NAMES[key[0]]} in this step but not in the first one, which tier.torch "
+                "traced and planned for every step: a block that runs for some inputs only (an expert of a "
+                "mixture-of-experts layer) is not supported as a block of its own; make the layer that routes "
+                "to it one block (no_split_module_classes=[its class] or blocks=[...]), or let the model call "
+                "its blocks in the same order every step")
+        return k
+
+    def forward_ended(self, labels: Callable[[int], str]) -> None:
+        """Planned mode, end of a forward with gradients: every traced forward ran (else refuse)."""
+        missing = sorted({i for kind, i in self.seq if kind == "f"} - self.forwards)
+        self.forwards.clear()
+        if missing:
+            names = ", ".join(labels(i) for i in missing[:4]) + (" ..." if len(missing) > 4 else "")
+            raise RuntimeError(
+                f"{names} ran in the first step but not in this one: tier.torch plans the first step's blocks "
+                "for every step, and a block that runs for some inputs only (an expert of a mixture-of-experts "
+                "layer) is not supported as a block of its own; make the layer that routes to it one block "
+                "(no_split_module_classes=[its class] or blocks=[...]).  Nothing was changed by this step")
+
+    def submit(self, client: Any, needs: Callable[[Key], Sequence[tuple[Any, int, int]]]) -> None:
+        """Send the traced cycle as the job's plan: phase k needs ``needs(seq[k])`` ((tensor, tier, mode))."""
+        with client.plan() as plan:
+            for k, key in enumerate(self.seq):
+                for t, tier, mode in needs(key):
+                    plan.add(k, t, tier, mode)
+            plan.submit()
+        self.index = {key: k for k, key in enumerate(self.seq)}
+        self.planned = True

@@ -1,0 +1,473 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Models nobody in this project wrote, through tier.torch, bit for bit against plain PyTorch.
+
+Hugging Face transformers' GPT-2 (tied and untied embeddings), Llama and
+BERT-MLM (built from configs: no downloads; transformers from the test
+venv, see venv.py), a torch ``nn.TransformerEncoder`` LM with its head tied
+to its embedding, and torchvision's resnet18 (Debian's python3-torchvision).
+Each is trained a few steps under placements A, B and C, with blocks found
+by tier.torch.auto_blocks() and a host budget below the model's state, so
+that every placement moves blocks through NVMe; losses, parameters (every
+name of a tied one) and the model given back equal plain PyTorch's AdamW
+bit for bit.  Then: a mixture-of-experts layer (experts refused as blocks,
+with their names, before any state changes; the layer as one block exact),
+block discovery on each model, errors in the model's words, and the
+warning for a block holding most of the state.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import unittest
+import warnings
+
+import tierd
+import venv
+
+NO_VENV = venv.enter()
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+try:
+    import transformers
+except ImportError:
+    transformers = None
+try:
+    import torchvision
+except ImportError:
+    torchvision = None
+
+MiB = 1 << 20
+STEPS = 3
+VOCAB = 256
+
+#: pools large enough for resnet18's 187 MB of state at a quarter of it per job; VRAM not throttled
+CONFIG = """\
+[daemon]
+linger_sec = 0
+[host]
+capacity = 320M
+segment_size = 16M
+job_limit = 256M
+[vram]
+backend = emulated
+capacity = 128M
+chunk_size = 16M
+job_limit = 128M
+[nvme]
+target = @DIR@/t0.img:2G
+extent_size = 1M
+"""
+
+
+# ---- the models ----------------------------------------------------------------------------
+
+def gpt2(tied: bool = True):
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=3, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=32, tie_word_embeddings=tied))
+
+
+def llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+        vocab_size=VOCAB, max_position_embeddings=64))
+
+
+def bert():
+    return transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=VOCAB,
+        max_position_embeddings=64))
+
+
+class EncoderLM(torch.nn.Module if torch else object):
+    """torch's own TransformerEncoder as a language model, its head tied to its embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 64)
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(64, VOCAB)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)))
+
+
+def resnet18():
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def lm_batches(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (4, 16), generator=g) for _ in range(STEPS)]
+
+
+def image_batches(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)) for _ in range(STEPS)]
+
+
+def hf_loss(m, x):
+    return m(input_ids=x, labels=x).loss
+
+
+def lm_loss(m, x):
+    """The next token at every place (the model sees the whole window: a test, not a language model)."""
+    return torch.nn.functional.cross_entropy(m(x)[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+
+
+def image_loss(m, xy):
+    return torch.nn.functional.cross_entropy(m(xy[0]), xy[1])
+
+
+#: name: (make the model, its batches, its loss, the blocks auto_blocks() must find (None: not checked))
+CASES = {
+    "gpt2": (lambda: gpt2(True), lm_batches, hf_loss,
+             ["transformer.wte", "transformer.wpe", "transformer.h.0", "transformer.h.1", "transformer.h.2",
+              "transformer.ln_f", "lm_head"]),
+    "gpt2_untied": (lambda: gpt2(False), lm_batches, hf_loss, None),
+    "llama": (llama, lm_batches, hf_loss,
+              ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2", "model.norm", "lm_head"]),
+    "bert_mlm": (bert, lm_batches, hf_loss,
+                 ["bert.embeddings", "bert.encoder.layer.0", "bert.encoder.layer.1", "bert.encoder.layer.2", "cls"]),
+    "encoder_lm": (EncoderLM, lm_batches, lm_loss, ["emb", "enc.layers.0", "enc.layers.1", "enc.layers.2", "head"]),
+    "resnet18": (resnet18, image_batches, image_loss,
+                 ["conv1", "bn1"] + [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)] + ["fc"]),
+}
+
+
+def run_plain(model, batches, loss_fn, lr: float = 1e-3, set_to_none: bool = False):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    torch.manual_seed(11)                   # dropout draws the same masks in both runs
+    for b in batches:
+        loss = loss_fn(model, b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+        losses.append(loss.item())
+    return losses
+
+
+def all_names(model) -> dict[str, "torch.Tensor"]:
+    """Every name of every parameter (tied weights under each of theirs), as state_dict() has them."""
+    from tier.torch.layout import param_names
+
+    sd = model.state_dict()
+    return {n: sd[n] for names in param_names(model).values() for n in names}
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestModels(tierd.DaemonTestCase):
+    config = CONFIG
+
+    def train(self, name: str, placement: str, **kw):
+        """(losses, engine state_dict, model's parameters after close, bytes moved, engine) for case ``name``."""
+        import tier.torch
+
+        make, batches, loss_fn, _ = CASES[name]
+        torch.manual_seed(5)
+        model = make()
+        ref = copy.deepcopy(model)
+        data = batches(7)
+        ref_losses = run_plain(ref, data, loss_fn)
+        c = self.client(f"{name}-{placement}")
+        # a host budget below the state, so that tierd moves blocks through NVMe in every placement:
+        # half the state, or twice the largest optimizer phase (tierd pins the next phase while one
+        # runs) if that is more
+        state = sum(p.numel() * p.element_size() for p in model.parameters()) * 4     # p, g, m, v
+        blocks = tier.torch.layout.build(model, tier.torch.auto_blocks(model))
+        largest = max(b.nbytes * 2 + b.nbytes32 * 2 for b in blocks)
+        limit = max(2 * largest + 256 * 1024, state // 2)
+        self.assertLess(limit, state, f"{name}: a budget that fits its phases holds the whole state")
+        c.set_quota(host=limit)
+        eng = tier.torch.Offload(model, c, lr=1e-3, placement=placement, **kw)
+        before = c.moved()
+        losses = []
+        torch.manual_seed(11)
+        for b in data:
+            loss = loss_fn(model, b)
+            loss.backward()
+            eng.step()
+            losses.append(loss.item())
+        eng.flush()
+        after = c.moved()
+        # which kinds are on NVMe now: the parameters the step's first phase maps excepted (step()
+        # entered it: those stay up for it)
+        first = {o.index for o in eng.param_owners(eng.blocks[eng.phases[0][1]])}
+        self.on_nvme = {b.label: {k: b.tensors[k].stat().state["nvme"] == "resident" for k in "pmv"
+                                  if k != "p" or b.index not in first}
+                        for b in eng.blocks if b.slots}
+        sd = eng.state_dict()
+        eng.close()
+        moved = {k: after[k] - before[k] for k in after}
+        return ref, ref_losses, losses, sd, model, moved, eng
+
+    def check_case(self, name: str) -> None:
+        for placement in "ABC":
+            with self.subTest(placement=placement):
+                ref, ref_losses, losses, sd, model, moved, eng = self.train(name, placement)
+                self.assertEqual(losses, ref_losses, f"{name} {placement}: losses")
+                ref_all = all_names(ref)
+                for n, p in ref_all.items():
+                    self.assertIn(n, sd, f"{name} {placement}: {n} missing from the engine's state_dict()")
+                    self.assertTrue(torch.equal(sd[n], p), f"{name} {placement}: {n} differs from plain PyTorch's")
+                got = all_names(model)
+                self.assertEqual(set(got), set(ref_all))
+                for n, p in ref_all.items():
+                    self.assertTrue(torch.equal(got[n], p), f"{name} {placement}: {n} was not given back")
+                self.assertGreater(moved["host->nvme"], 0, f"{name} {placement}: nothing went through NVMe")
+                self.assertGreater(moved["nvme->host"], 0, f"{name} {placement}: nothing came back from NVMe")
+                if placement == "C":
+                    # every block's parameters and moments are on NVMe after every step
+                    for label, kinds in self.on_nvme.items():
+                        self.assertTrue(all(kinds.values()), f"{name}: {label}: on NVMe {kinds}")
+                print(f"{name} {placement}: {len(eng.blocks)} blocks, losses {losses[0]:.4f}..{losses[-1]:.4f}, "
+                      f"NVMe {moved['host->nvme'] >> 10} KiB written, {moved['nvme->host'] >> 10} KiB read")
+
+    # ---- each model, A, B and C, bit for bit ------------------------------------------------
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_gpt2_tied(self) -> None:
+        self.check_case("gpt2")
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_gpt2_untied(self) -> None:
+        self.check_case("gpt2_untied")
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_llama(self) -> None:
+        self.check_case("llama")
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_bert_mlm(self) -> None:
+        self.check_case("bert_mlm")
+
+    def test_encoder_lm_tied(self) -> None:
+        self.check_case("encoder_lm")
+
+    @unittest.skipIf(torchvision is None, "no torchvision (python3-torchvision)")
+    def test_resnet18(self) -> None:
+        self.check_case("resnet18")
+
+    # ---- block discovery ----------------------------------------------------------------------
+
+    def test_blocks_found(self) -> None:
+        import tier.torch
+
+        for name, (make, _, _, want) in CASES.items():
+            if want is None or (name in ("gpt2", "llama", "bert_mlm") and transformers is None) or \
+                    (name == "resnet18" and torchvision is None):
+                continue
+            with self.subTest(name=name):
+                m = make()
+                names = {id(mod): n for n, mod in m.named_modules()}
+                self.assertEqual([names[id(b)] for b in tier.torch.auto_blocks(m)], want)
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_tied_stored_once(self) -> None:
+        """GPT-2's wte and lm_head are one parameter: one storage (the shared block), both names."""
+        import tier.torch
+
+        m = gpt2(True)
+        numel = sum(p.numel() for p in m.parameters())
+        c = self.client()
+        eng = tier.torch.Offload(m, c)
+        shared = eng.blocks[-1]
+        self.assertTrue(shared.is_shared)
+        self.assertEqual([s.names for s in shared.slots], [["transformer.wte.weight", "lm_head.weight"]])
+        self.assertEqual(sum(s.numel for b in eng.blocks for s in b.slots), numel)
+        table = eng.describe()
+        self.assertIn("transformer.h.0", table)
+        self.assertIn("(shared)", table)
+        self.assertIn("host limit", table)
+        eng.close()
+        self.assertIs(m.lm_head.weight, m.transformer.wte.weight)   # still tied after close
+        self.assertEqual(m.lm_head.weight.shape, (VOCAB, 64))
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_bert_bias_alias(self) -> None:
+        """BERT's decoder bias is also registered as cls.predictions.bias: one slot, both names."""
+        import tier.torch
+
+        m = bert()
+        self.assertIs(m.cls.predictions.decoder.bias, m.cls.predictions.bias)
+        c = self.client()
+        eng = tier.torch.Offload(m, c)
+        sd = eng.state_dict()
+        self.assertTrue(torch.equal(sd["cls.predictions.bias"], sd["cls.predictions.decoder.bias"]))
+        eng.close()
+
+    # ---- what is refused, and how ---------------------------------------------------------------
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_dominant_block_warned(self) -> None:
+        import tier.torch
+
+        m = gpt2(False)
+        c = self.client()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            eng = tier.torch.Offload(m, c, blocks=[m.transformer, m.lm_head])
+        msgs = [str(x.message) for x in w if issubclass(x.category, tier.torch.TierTorchWarning)]
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertIn("block 0 'transformer' (GPT2Model) holds", msgs[0])
+        self.assertIn("blocks=[...]", msgs[0])
+        self.assertIn("transformer.wte", msgs[0])
+        eng.close()
+
+    def test_no_fit_in_the_model_words(self) -> None:
+        """A block whose phase cannot fit the job's budget: the error names the module, bytes and what to do."""
+        import tier
+        import tier.torch
+
+        m = EncoderLM()
+        c = self.client()
+        c.set_quota(host=256 << 10)
+        eng = None
+        with self.assertRaises(tier.TierError) as cm:
+            eng = tier.torch.Offload(m, c)
+            x = lm_batches(1)[0]
+            lm_loss(m, x).backward()
+            eng.step()
+        text = str(cm.exception)
+        self.assertRegex(text, r"block \d+ '(emb|enc\.layers\.\d|head)' \((Embedding|TransformerEncoderLayer|Linear)\)")
+        self.assertIn("in host", text)
+        self.assertIn("tierctl quota set", text)
+        self.assertIn("describe()", text)
+        self.assertNotRegex(text, r"'torch\.\d+\.\d+\.[pgmv]'")      # no internal tensor names
+        if eng is not None:
+            eng.close(restore=False)
+
+
+# ---- mixture of experts ----------------------------------------------------------------------
+
+class Expert(torch.nn.Module if torch else object):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+class MoE(torch.nn.Module if torch else object):
+    """Top-1 routing over 4 experts, by token id (id % 4): an expert runs only for the tokens routed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = torch.nn.ModuleList([Expert() for _ in range(4)])
+
+    def forward(self, x, route):
+        out = torch.zeros_like(x)
+        for e, ex in enumerate(self.experts):
+            sel = route == e
+            if bool(sel.any()):
+                out = out.index_put((sel,), ex(x[sel]))
+        return out
+
+
+class MoEModel(torch.nn.Module if torch else object):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 32)
+        self.moe = MoE()
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, x):
+        h = self.emb(x)
+        return self.head(h + self.moe(h, x % 4))
+
+
+def moe_batch(seed: int, idle: int | None):
+    """A batch of 4 x 8 tokens routed to every expert but ``idle`` (None: to all four)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, VOCAB // 4, (4, 8), generator=g) * 4 + torch.randint(0, 4, (4, 8), generator=g)
+    if idle is not None:
+        x = torch.where(x % 4 == idle, (x + 1) % VOCAB, x)
+    return x
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestMixtureOfExperts(tierd.DaemonTestCase):
+    config = CONFIG
+
+    def test_experts_as_blocks_refused(self) -> None:
+        """auto_blocks() makes each expert a block; one that runs in some steps only is refused, by name,
+        before the step changes any state."""
+        import tier.torch
+
+        torch.manual_seed(2)
+        m = MoEModel()
+        data = [moe_batch(1, 3), moe_batch(2, None)]    # expert 3 idle in step 1, busy in step 2
+        c = self.client()
+        eng = tier.torch.Offload(m, c)
+        names = {id(mod): n for n, mod in m.named_modules()}
+        self.assertIn("moe.experts.3", [names[id(b.module)] for b in eng.blocks if b.module is not None])
+        lm_loss(m, data[0]).backward()
+        eng.step()
+        before = eng.state_dict()
+        with self.assertRaises(RuntimeError) as cm:
+            lm_loss(m, data[1]).backward()
+        text = str(cm.exception)
+        self.assertIn("'moe.experts.3' (Expert)", text)
+        self.assertIn("mixture-of-experts", text)
+        self.assertIn("no_split_module_classes", text)
+        after = eng.state_dict()
+        for n in before:
+            self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")
+        eng.close(restore=False)
+
+        # the other way round: all four in step 1, one idle in step 2: refused at the forward's end
+        torch.manual_seed(2)
+        m = MoEModel()
+        data = [moe_batch(3, None), moe_batch(4, 1)]
+        eng = tier.torch.Offload(m, c)
+        lm_loss(m, data[0]).backward()
+        eng.step()
+        before = eng.state_dict()
+        with self.assertRaises(RuntimeError) as cm:
+            m(data[1])
+        self.assertIn("'moe.experts.1' (Expert) ran in the first step but not in this one", str(cm.exception))
+        self.assertIn("Nothing was changed", str(cm.exception))
+        after = eng.state_dict()
+        for n in before:
+            self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")
+        eng.close(restore=False)
+
+    def test_moe_layer_as_one_block(self) -> None:
+        """The MoE layer as one block (no_split_module_classes): exact against plain PyTorch, whose
+        AdamW skips an idle expert's parameters (grad None, as zero_grad(set_to_none=True) leaves them)."""
+        import tier.torch
+
+        torch.manual_seed(2)
+        m = MoEModel()
+        data = [moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0)]
+        ref = copy.deepcopy(m)
+        ref_losses = run_plain(ref, data, lm_loss, set_to_none=True)
+        c = self.client()
+        eng = tier.torch.Offload(m, c, placement="C", no_split_module_classes=["MoE"])
+        names = {id(mod): n for n, mod in m.named_modules()}
+        self.assertEqual([names[id(b.module)] for b in eng.blocks], ["emb", "moe", "head"])
+        losses = []
+        torch.manual_seed(11)
+        for x in data:
+            loss = lm_loss(m, x)
+            loss.backward()
+            eng.step()
+            losses.append(loss.item())
+        sd = eng.state_dict()
+        eng.close()
+        self.assertEqual(losses, ref_losses)
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
+
+
+if __name__ == "__main__":
+    tierd.main()
