@@ -155,7 +155,7 @@ def main() -> int:
     index = {id(t): i for i, t in enumerate(tensors)}
     tiers = {int(tier.VRAM): "vram", int(tier.HOST): "host"}
     modes = {int(tier.READ): "r", int(tier.WRITE): "w", int(tier.READ_WRITE): "rw"}
-    kinds = {k: kind for k, (kind, _) in enumerate(engine.phases)}
+    kinds = {k: key[0] for k, key in enumerate(engine.phases)}
     n_phases = len(plan.phases)
     # a write-down at the step's end (no phase entered: len(_seq) phases) comes before the next step's phase 0
     down: dict[int, list[int]] = {}

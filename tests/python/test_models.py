@@ -200,18 +200,20 @@ class TestModels(tierd.DaemonTestCase):
         # which kinds are on NVMe now: the parameters the step's first phase maps excepted (step()
         # entered it: those stay up for it)
         first = {o.index for o in eng.param_owners(eng.blocks[eng.phases[0][1]])}
-        self.on_nvme = {b.label: {k: b.tensors[k].stat().state["nvme"] == "resident" for k in "pmv"
-                                  if k != "p" or b.index not in first}
+        self.on_nvme = {b.label: {k: t.stat().state["nvme"] == "resident" for k, t in b.tensors.items()
+                                  if k[0] in "mv" or (k == "p" and b.index not in first)}
                         for b in eng.blocks if b.slots}
         sd = eng.state_dict()
         eng.close()
         moved = {k: after[k] - before[k] for k in after}
         return ref, ref_losses, losses, sd, model, moved, eng
 
-    def check_case(self, name: str) -> None:
+    def check_case(self, name: str, **kw) -> None:
         for placement in "ABC":
             with self.subTest(placement=placement):
-                ref, ref_losses, losses, sd, model, moved, eng = self.train(name, placement)
+                ref, ref_losses, losses, sd, model, moved, eng = self.train(name, placement, **kw)
+                if kw.get("optimizer_part_bytes"):
+                    self.assertTrue(any(len(b.parts) > 1 for b in eng.blocks), "no block in parts")
                 self.assertEqual(losses, ref_losses, f"{name} {placement}: losses")
                 ref_all = all_names(ref)
                 for n, p in ref_all.items():
@@ -250,6 +252,11 @@ class TestModels(tierd.DaemonTestCase):
 
     def test_encoder_lm_tied(self) -> None:
         self.check_case("encoder_lm")
+
+    def test_optimizer_parts(self) -> None:
+        """Optimizer phases in parts of 16 KiB of float32 (parameters cut on aligned elements, the
+        tied embedding's too): the same bits."""
+        self.check_case("encoder_lm", optimizer_part_bytes=16 << 10)
 
     @unittest.skipIf(torchvision is None, "no torchvision (python3-torchvision)")
     def test_resnet18(self) -> None:

@@ -160,7 +160,9 @@ class TestOffload(tierd.DaemonTestCase):
             ref_losses.append(loss.item())
 
         c = self.client()
-        eng = tier.torch.Offload(model, c, lr=1e-3, placement="C")
+        # in parts of 16 KiB of float32: the master weights and p written a part at a time
+        eng = tier.torch.Offload(model, c, lr=1e-3, placement="C", optimizer_part_bytes=16 << 10)
+        self.assertTrue(any(len(b.parts) > 1 for b in eng.blocks))
         losses = []
         for x, y in self.batches:
             loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256).float(), y.reshape(-1))

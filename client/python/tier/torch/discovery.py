@@ -115,7 +115,8 @@ def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: 
     for b in blocks:
         vals = [fmt_bytes(b.kind_bytes(k)) if (k != "w" or b.mixed) and b.slots else "-" for k in kinds]
         params = f"{b.numel:,}" + (f" (+{sum(s.numel for s in b.shared):,} shared)" if b.shared else "")
-        rows.append([str(b.index), "(shared)" if b.is_shared else b.path or "(the model)", b.cls,
+        cls = b.cls + (f" ({len(b.parts)} optimizer parts)" if len(b.parts) > 1 else "")
+        rows.append([str(b.index), "(shared)" if b.is_shared else b.path or "(the model)", cls,
                      params, *vals, f"{100 * b.nbytes / total:.0f} %"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if i in (0, 3) or i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -126,9 +127,9 @@ def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: 
     if limits:
         vram = max((b.nbytes + sum(s.numel * s.param.element_size() for s in b.shared) for b in blocks
                     if not b.is_shared), default=0)
-        host = max(b.nbytes * 2 + b.nbytes32 * (len(state_kinds) + (1 if b.mixed else 0)) for b in blocks)
+        host = max(b.opt_host_bytes(len(state_kinds)) for b in blocks)
         for tier, need, what in (("vram", vram, "forward phase (its block's p and the shared parameters it uses)"),
-                                 ("host", host, "optimizer phase (its block's p, g and the step rule's state)")):
+                                 ("host", host, "optimizer phase (its block's p, and g and the step rule's state of a part)")):
             lim = limits.get(tier, 0)
             if lim:
                 verdict = "fits" if 2 * need <= lim else "does not fit twice (tierd pins the next phase ahead)" \

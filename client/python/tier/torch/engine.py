@@ -21,6 +21,12 @@ from .optim import StepRule, rule_from
 from .tracer import Key, Tracer
 
 
+#: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
+#: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
+#: of host memory at once, in parts of 32 MiB 250 MB)
+DEFAULT_PART_BYTES = 32 << 20
+
+
 class TierTorchWarning(UserWarning):
     """A model tier.torch can run, but not well as given (a block holding most of the state)."""
 
@@ -51,6 +57,7 @@ class Offload:
                  blocks: Sequence[torch.nn.Module] | None = None,
                  no_split_module_classes: Iterable[str] | None = None,
                  offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
+                 optimizer_part_bytes: int | None = DEFAULT_PART_BYTES,
                  prefix: str = "torch", process_group: Any = None) -> None:
         self.placement = placement_mod.check(placement)
         hyper = {k: v for k, v in (("lr", lr), ("betas", betas), ("eps", eps), ("weight_decay", weight_decay),
@@ -87,7 +94,7 @@ class Offload:
         self._rank = client.rank
         self._prefix = prefix
         modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
-        self.blocks: list[Block] = layout.build(model, modules)
+        self.blocks: list[Block] = layout.build(model, modules, optimizer_part_bytes)
         self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}
         self._by_tname: dict[str, tuple[Block, str]] = {}
         self.tracer = Tracer()
@@ -114,11 +121,15 @@ class Offload:
     def state_kinds(self) -> tuple[str, ...]:
         return tuple(self.rule.state_kinds)
 
+    def _part_kinds(self, b: Block) -> tuple[str, ...]:
+        """The kinds each optimizer part of ``b`` has: g, the step rule's state, w for reduced precision."""
+        return ("g", *self.state_kinds) + (("w",) if b.mixed else ())
+
     def _kinds(self, b: Block) -> list[str]:
         """The tensor kinds block ``b`` has (no tensors for a block all of whose parameters are shared)."""
         if not b.slots:
             return []
-        return ["p", "g", *self.state_kinds] + (["w"] if b.mixed else [])
+        return ["p"] + [b.part_kind(k, pt.index) for pt in b.parts for k in self._part_kinds(b)]
 
     def _tname(self, b: Block, kind: str) -> str:
         return f"{self._prefix}.{self._rank}.{'shared' if b.is_shared else b.index}.{kind}"
@@ -142,14 +153,19 @@ class Offload:
                 self._create(b, kind, b.kind_bytes(kind))
             if not b.slots:
                 continue
-            # the initial parameters go in (and the master weights); g and the step rule's state start
-            # as zeros (a new tensor reads as zeros)
-            for kind in ("p", "w") if b.mixed else ("p",):
-                with self._explained(b, f"writing its initial {'parameters' if kind == 'p' else 'master weights'}"):
-                    with b.tensors[kind].pin(HOST, WRITE) as g:
+            # the initial parameters go in (and the master weights, part by part); g and the step
+            # rule's state start as zeros (a new tensor reads as zeros)
+            with self._explained(b, "writing its initial parameters"):
+                with b.tensors["p"].pin(HOST, WRITE) as g:
+                    flat = g.torch()
+                    for s in b.slots:
+                        s.view(flat, "p").copy_(s.param.data)
+            for pt in b.parts if b.mixed else ():
+                with self._explained(b, "writing its initial master weights"):
+                    with b.tensors[b.part_kind("w", pt.index)].pin(HOST, WRITE) as g:
                         flat = g.torch()
-                        for s in b.slots:
-                            s.view(flat, kind).copy_(s.param.data)
+                        for pc in pt.pieces:
+                            pc.view(flat, "w").copy_(pc.of(pc.slot.param.data))
             for s in b.slots:
                 s.param.data = self._placeholder(s.param)
 
@@ -205,9 +221,9 @@ class Offload:
     def _advice(self, b: Block | None) -> str:
         bits = []
         if b is not None and b.slots:
-            need_host = b.nbytes * 2 + b.nbytes32 * (len(self.state_kinds) + (1 if b.mixed else 0))
-            bits.append(f"its optimizer phase needs {fmt_bytes(need_host)} in host, its forward "
-                        f"{fmt_bytes(b.nbytes)} in vram")
+            need_host = b.opt_host_bytes(len(self.state_kinds))
+            bits.append(f"its optimizer phase{'s need' if len(b.parts) > 1 else ' needs'} {fmt_bytes(need_host)} "
+                        f"in host, its forward {fmt_bytes(b.nbytes)} in vram")
             lim = self._limits()
             if lim:
                 bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
@@ -229,7 +245,7 @@ class Offload:
 
     def _needs(self, key: Key) -> list[tuple[Block, str, int, int]]:
         """(block holding the tensor, tensor kind, tier, mode) phase ``key`` needs."""
-        kind, i = key
+        kind, i, k = key
         b = self.blocks[i]
         act = "a" in b.tensors
         shared = [(self.blocks[-1], "p", VRAM, READ)] if b.shared else []
@@ -237,21 +253,24 @@ class Offload:
             own = [(b, "p", VRAM, READ)] if b.slots else []
             return own + shared + ([(b, "a", HOST, WRITE)] if act else [])
         if kind == "b":
-            own = [(b, "p", VRAM, READ), (b, "g", VRAM, WRITE)] if b.slots else []
+            own = [(b, "p", VRAM, READ)] + [(b, b.part_kind("g", pt.index), VRAM, WRITE) for pt in b.parts] \
+                if b.slots else []
             return own + shared + ([(b, "a", HOST, READ)] if act else [])
-        state = [(b, k, HOST, READ_WRITE) for k in self.state_kinds]
+        state = [(b, b.part_kind(sk, k), HOST, READ_WRITE) for sk in self.state_kinds]
         # the shared block's gradients are written whole from autograd's .grad in its optimizer phase
-        grads = [(b, "g", HOST, WRITE if b.is_shared else READ)]
+        grads = [(b, b.part_kind("g", k), HOST, WRITE if b.is_shared else READ)]
         if b.mixed:
-            # p is written whole from the master weights: its old bytes need not come
-            return [(b, "p", HOST, WRITE), (b, "w", HOST, READ_WRITE)] + grads + state
+            # p is written from the master weights: whole in one phase (its old bytes need not come),
+            # a part of it in each of several
+            pmode = WRITE if len(b.parts) == 1 else READ_WRITE
+            return [(b, "p", HOST, pmode), (b, b.part_kind("w", k), HOST, READ_WRITE)] + grads + state
         return [(b, "p", HOST, READ_WRITE)] + grads + state
 
     def _plan_needs(self, key: Key) -> list[tuple[Any, int, int]]:
         return [(blk.tensors[k], tier, mode) for blk, k, tier, mode in self._needs(key)]
 
-    def _enter(self, kind: str, b: Block) -> None:
-        key = (kind, b.index)
+    def _enter(self, kind: str, b: Block, part: int = 0) -> None:
+        key = (kind, b.index, part)
         for blk in self.blocks:
             blk.maps.clear()
         if self.device.type == "cuda":
@@ -259,6 +278,8 @@ class Offload:
             # before tierd may move it
             torch.cuda.current_stream().synchronize()
         what = {"f": "its forward phase", "b": "its backward phase", "o": "its optimizer phase"}[kind]
+        if kind == "o" and len(b.parts) > 1:
+            what += f" (part {part + 1} of {len(b.parts)})"
         if self.tracer.planned:
             k = self.tracer.lookup(key, b.label)
             if self._early != key:
@@ -282,12 +303,12 @@ class Offload:
                 self._held.append((t, tier, bool(mode & WRITE)))
                 blk.maps[(tk, tier)] = g.torch()
         self._phase = key
-        self._write_down(b, kind)
+        self._write_down(key)
 
-    def _write_down(self, now: Block | None, kind: str) -> None:
+    def _write_down(self, now: Key | None) -> None:
         """Placements B and C: what optimizer phases left goes down to NVMe, but what the phase just
-        entered (``kind`` of block ``now``; None: no phase) pins itself."""
-        keep = {(blk.index, tk) for blk, tk, _, _ in self._needs((kind, now.index))} if now is not None else set()
+        entered (``now``; None: no phase) pins itself."""
+        keep = {(blk.index, tk) for blk, tk, _, _ in self._needs(now)} if now is not None else set()
         for b, kinds in self._down:
             for k in kinds:
                 if (b.index, k) not in keep and k in b.tensors:
@@ -377,67 +398,81 @@ class Offload:
 
     # ---- backward and optimizer ------------------------------------------------------------
 
-    def _finish(self, b: Block) -> None:
-        """b's gradients are complete: into its g tensor, then its optimizer phase."""
-        got: set[int] = set()
-        if b.slots:
-            gflat = b.maps[("g", VRAM)]
-            for s in b.slots:
-                dst = s.view(gflat, "g")
-                if s.param.grad is None:
+    def _grads_in(self, b: Block, tier: int, parts: Sequence[int]) -> set[int]:
+        """Autograd's .grad of b's parameters into the g of ``parts`` (mapped in ``tier``); .grad goes.
+        The ids of the slots that had one (the others' g is zeros: they are not updated)."""
+        got = {id(s) for s in b.slots if s.param.grad is not None}
+        last = {}
+        for k in parts:
+            pt = b.parts[k]
+            gflat = b.maps[(b.part_kind("g", k), tier)]
+            for pc in pt.pieces:
+                dst = pc.view(gflat, "g")
+                grad = pc.slot.param.grad
+                if grad is None:
                     dst.zero_()
                 else:
-                    dst.copy_(s.param.grad)
-                    s.param.grad = None
-                    got.add(id(s))
-            collective.allreduce_mean([s.view(gflat, "g") for s in b.slots if s.trainable], self._world, self._group)
+                    dst.copy_(pc.of(grad))
+                last[id(pc.slot)] = pc
+        for s in b.slots:
+            if id(s) in last and last[id(s)].end == s.numel:
+                s.param.grad = None
+        return got
+
+    def _finish(self, b: Block) -> None:
+        """b's gradients are complete: into its g tensors, then its optimizer phases."""
+        got: set[int] = set()
+        if b.slots:
+            got = self._grads_in(b, VRAM, range(len(b.parts)))
+            views = [pc.view(b.maps[(b.part_kind("g", pt.index), VRAM)], "g") for pt in b.parts for pc in pt.pieces
+                     if pc.slot.trainable]
+            collective.allreduce_mean(views, self._world, self._group)
         self._point(b, False)
         self._bwd = None
-        if b.slots:
-            self._enter("o", b)
-            self._update(b, got)
-            self._queue_write_down(b)
+        for pt in b.parts:
+            self._enter("o", b, pt.index)
+            self._update(b, pt.index, got)
+            self._queue_write_down(b, pt.index)
 
     def _finish_shared(self) -> None:
         """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
         sb = self.blocks[-1]
         grads = [s.param.grad for s in sb.slots if s.trainable and s.param.grad is not None]
         collective.allreduce_mean(grads, self._world, self._group)
-        self._enter("o", sb)
-        gflat = sb.maps[("g", HOST)]
-        got: set[int] = set()
-        for s in sb.slots:
-            dst = s.view(gflat, "g")
-            if s.param.grad is None:
-                dst.zero_()
-            else:
-                dst.copy_(s.param.grad)
-                s.param.grad = None
-                got.add(id(s))
-        self._update(sb, got)
-        self._queue_write_down(sb)
+        got = {id(s) for s in sb.slots if s.param.grad is not None}
+        for pt in sb.parts:
+            self._enter("o", sb, pt.index)
+            self._grads_in(sb, HOST, [pt.index])
+            self._update(sb, pt.index, got)
+            self._queue_write_down(sb, pt.index)
 
-    def _queue_write_down(self, b: Block) -> None:
+    def _queue_write_down(self, b: Block, k: int) -> None:
         kinds = placement_mod.write_down_kinds(self.placement, self.state_kinds, b.mixed)
+        last = k == len(b.parts) - 1
+        kinds = tuple(kind if kind == "p" else b.part_kind(kind, k) for kind in kinds if kind != "p" or last)
         if kinds:
             self._down.append((b, kinds))
 
-    def _update(self, b: Block, got: set[int]) -> None:
-        """The step rule over b's parameters that got a gradient (torch.optim skips the others)."""
-        maps = {k: b.maps[(k, HOST)] for k in layout.KINDS if (k, HOST) in b.maps}
-        master = "w" if b.mixed else "p"
-        todo = [s for s in b.slots if s.trainable and id(s) in got]
+    def _update(self, b: Block, k: int, got: set[int]) -> None:
+        """The step rule over part k of b's parameters that got a gradient (torch.optim skips the others)."""
+        pt = b.parts[k]
+        maps = {kind: b.maps[(b.part_kind(kind, k), HOST)] for kind in self._part_kinds(b)}
+        pflat = b.maps[("p", HOST)]
+        todo = [pc for pc in pt.pieces if pc.slot.trainable and id(pc.slot) in got]
         if todo:
-            self.rule.update([s.view(maps[master], master) for s in todo],
-                             [s.view(maps["g"], "g").float() for s in todo],     # no copy when already float32
-                             {k: [s.view(maps[k], k) for s in todo] for k in self.state_kinds},
-                             [s.steps for s in todo], self.group)
-            for s in todo:
-                s.steps += 1
+            masters = [pc.view(maps["w"], "w") if b.mixed else pc.of(pc.slot.view(pflat, "p")) for pc in todo]
+            self.rule.update(masters,
+                             [pc.view(maps["g"], "g").float() for pc in todo],   # no copy when already float32
+                             {sk: [pc.view(maps[sk], sk) for pc in todo] for sk in self.state_kinds},
+                             [pc.slot.steps for pc in todo], self.group)
+            for pc in todo:
+                if pc.end == pc.slot.numel:     # its last piece: the parameter had this step's update
+                    pc.slot.steps += 1
         if b.mixed:
-            # the parameters, every one (p is pinned write-only), are the master weights rounded
-            for s in b.slots:
-                s.view(maps["p"], "p").copy_(s.view(maps["w"], "w"))
+            # the parameters, every one of the part (p is pinned write-only in a single part), are the
+            # master weights rounded
+            for pc in pt.pieces:
+                pc.of(pc.slot.view(pflat, "p")).copy_(pc.view(maps["w"], "w"))
 
     def step(self) -> None:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
@@ -456,15 +491,15 @@ class Offload:
         self._phase = None
         if not self.tracer.planned:
             self._release()
-            self._write_down(None, "")      # nothing is pinned now
+            self._write_down(None)          # nothing is pinned now
             if self.steps == 0:
                 self._submit_plan()
         elif self.tracer.seq:
-            kind, i = self.tracer.seq[0]
-            with self._explained(self.blocks[i], "entering the next step's first phase"):
-                self.client.phase(self.tracer.index[(kind, i)])
-            self._early = (kind, i)
-            self._write_down(self.blocks[i], kind)
+            first = self.tracer.seq[0]
+            with self._explained(self.blocks[first[1]], "entering the next step's first phase"):
+                self.client.phase(self.tracer.index[first])
+            self._early = first
+            self._write_down(first)
         self.steps += 1
 
     def flush(self) -> None:

@@ -83,6 +83,86 @@ class Slot:
 
 
 @dataclass
+class Piece:
+    """Elements [start, end) of a parameter, in one part of its block's g, m, v and w."""
+    slot: Slot
+    start: int
+    end: int
+    off_g: int                    # bytes, in the part's g (the parameter's dtype)
+    off32: int                    # bytes, in the part's m, v and w (float32)
+
+    def view(self, flat: torch.Tensor, kind: str) -> torch.Tensor:
+        """This piece of ``flat``, the mapping of the part's tensor ``kind``: 1-D, or the parameter's
+        shape when the piece is the whole parameter."""
+        s = self.slot
+        n = self.end - self.start
+        if kind == "g":
+            t = flat[self.off_g:self.off_g + n * esize(s.dtype)].view(s.dtype)
+        else:
+            t = flat[self.off32:self.off32 + n * 4].view(torch.float32)
+        return t.view(s.shape) if n == s.numel else t
+
+    def of(self, whole: torch.Tensor) -> torch.Tensor:
+        """The same elements of a tensor shaped as the parameter (its p view, its .grad)."""
+        if self.end - self.start == self.slot.numel:
+            return whole
+        return whole.reshape(-1)[self.start:self.end]
+
+
+@dataclass
+class Part:
+    """One optimizer phase's share of a block: the g, m, v and w of some pieces of its parameters."""
+    index: int
+    pieces: list[Piece]
+    g_bytes: int
+    s_bytes: int                  # of each float32 kind (m, v, w)
+
+
+#: elements a part boundary inside a parameter falls on (16 KiB of float32: the kernels' vector loops
+#: see the same alignment as on the whole tensor)
+PART_ALIGN = 4096
+
+
+def parts_of(slots: list[Slot], part_bytes: int | None) -> list[Part]:
+    """The block's optimizer parts: one holding every parameter whole when the float32 state fits
+    ``part_bytes`` (None: always), else parts of at most that many float32 bytes each."""
+    total32 = sum(align(s.numel * 4) for s in slots)
+    if part_bytes is None or total32 <= part_bytes:
+        return [Part(0, [Piece(s, 0, s.numel, s.off, s.off32) for s in slots],
+                     max(sum(align(s.numel * esize(s.dtype)) for s in slots), ALIGN), max(total32, ALIGN))]
+    cap = max(PART_ALIGN, part_bytes // 4 // PART_ALIGN * PART_ALIGN)      # elements per part
+    parts: list[Part] = []
+    cur: list[Piece] = []
+    room = cap
+    off_g = off32 = 0
+
+    def close() -> None:
+        nonlocal cur, room, off_g, off32
+        if cur:
+            parts.append(Part(len(parts), cur, max(off_g, ALIGN), max(off32, ALIGN)))
+        cur, room, off_g, off32 = [], cap, 0, 0
+
+    for s in slots:
+        start = 0
+        while start < s.numel:
+            left = s.numel - start
+            # the rest of the parameter when it fits, else as much as fits, ending on an aligned element
+            n = left if left <= room else room // PART_ALIGN * PART_ALIGN
+            if n == 0:
+                close()
+                continue
+            cur.append(Piece(s, start, start + n, off_g, off32))
+            off_g += align(n * esize(s.dtype))
+            off32 += align(n * 4)
+            room -= n
+            start += n
+            if room == 0:
+                close()
+    close()
+    return parts
+
+
+@dataclass
 class Block:
     """A unit of offload: a module's parameters (or the shared ones), laid out in tierd tensors."""
     index: int
@@ -95,6 +175,7 @@ class Block:
     mixed: bool                   # has a parameter in reduced precision: float32 master weights in w
     shared: list[Slot] = field(default_factory=list)  # slots of the shared block this block's module uses
     users: list[int] = field(default_factory=list)    # the shared block: the blocks that use it
+    parts: list[Part] = field(default_factory=list)   # its optimizer phases' shares (one, unless it is large)
     act_bytes: int = 0            # saved activations its forward stashes (measured in the first step)
     act_used: int = 0             # of them, in the current forward
     tensors: dict[str, Any] = field(default_factory=dict)      # kind -> tier.Tensor
@@ -113,7 +194,26 @@ class Block:
         return f"block {self.index} '{self.path or 'the model'}' ({self.cls})"
 
     def kind_bytes(self, kind: str) -> int:
-        return self.nbytes if kind in ("p", "g") else self.act_bytes if kind == "a" else self.nbytes32
+        """Bytes of this block's tensor ``kind`` ("g.2": part 2's g), or of every part's together ("g")."""
+        base, _, k = kind.partition(".")
+        if base == "p":
+            return self.nbytes
+        if base == "a":
+            return self.act_bytes
+        parts = [self.parts[int(k)]] if k else self.parts
+        return sum(pt.g_bytes if base == "g" else pt.s_bytes for pt in parts)
+
+    def opt_host_bytes(self, n_state: int) -> int:
+        """Host bytes one optimizer phase of this block pins: p, and the largest part's g and
+        ``n_state`` float32 kinds (and w for reduced precision)."""
+        if not self.parts:
+            return 0
+        n32 = n_state + (1 if self.mixed else 0)
+        return self.nbytes + max(pt.g_bytes + n32 * pt.s_bytes for pt in self.parts)
+
+    def part_kind(self, kind: str, k: int) -> str:
+        """The tensor kind of part ``k``'s ``kind`` (g, m, v, w): "g" for a block of one part, else "g.k"."""
+        return kind if len(self.parts) == 1 else f"{kind}.{k}"
 
     @property
     def numel(self) -> int:
@@ -147,10 +247,11 @@ def _slots(params: list[torch.nn.Parameter], names: dict[int, list[str]], where:
     return slots, max(off, ALIGN), max(off32, ALIGN)
 
 
-def build(model: torch.nn.Module, modules: list[torch.nn.Module]) -> list[Block]:
+def build(model: torch.nn.Module, modules: list[torch.nn.Module], part_bytes: int | None = None) -> list[Block]:
     """The blocks of ``modules`` (each a submodule of ``model``), and the shared block last if any
-    parameter is used by more than one of them.  Raises ValueError for blocks that nest, trainable
-    parameters in no block, or no parameters at all."""
+    parameter is used by more than one of them; a block whose float32 state is larger than
+    ``part_bytes`` has its optimizer phase in parts of at most that.  Raises ValueError for blocks
+    that nest, trainable parameters in no block, or no parameters at all."""
     names = param_names(model)
     mnames: dict[int, str] = {}
     for n, m in model.named_modules(remove_duplicate=False):
@@ -196,6 +297,8 @@ def build(model: torch.nn.Module, modules: list[torch.nn.Module]) -> list[Block]
         for u in sb.users:
             blocks[u].shared = [s for s in slots if u in users[id(s.param)]]
         blocks.append(sb)
+    for b in blocks:
+        b.parts = parts_of(b.slots, part_bytes) if b.slots else []
     owned = {id(s.param) for b in blocks for s in b.slots}
     for n, p in model.named_parameters():
         if p.requires_grad and id(p) not in owned:

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: MIT
 """tier.torch.tracer: the first step's order of phases, submitted to tierd as the job's plan.
 
-One training step is a cycle of phases, each named ``(kind, block)``: the
+One training step is a cycle of phases, each named ``(kind, block, part)``: the
 forward (``"f"``) of each block in the order the model calls them, then, as
 autograd reaches each block, its backward (``"b"``) followed at once by its
-optimizer phase (``"o"``), and last the shared block's optimizer phase.
+optimizer phase (``"o"``; a large block's in parts, one phase each), and
+last the shared block's optimizer phase.
 The first step is traced: hooks record the order while each phase pins
 what it needs with plain pins.  The engine then submits the cycle as the
 job's iteration plan (every phase's tensors, tiers and modes) and from the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-Key = tuple[str, int]
+Key = tuple[str, int, int]        # (kind f/b/o, block index, optimizer part)
 PHASE_NAMES = {"f": "forward", "b": "backward", "o": "optimizer"}
 
 
@@ -52,7 +53,7 @@ class Tracer:
 
     def forward_ended(self, labels: Callable[[int], str]) -> None:
         """Planned mode, end of a forward with gradients: every traced forward ran (else refuse)."""
-        missing = sorted({i for kind, i in self.seq if kind == "f"} - self.forwards)
+        missing = sorted({i for kind, i, _ in self.seq if kind == "f"} - self.forwards)
         self.forwards.clear()
         if missing:
             names = ", ".join(labels(i) for i in missing[:4]) + (" ..." if len(missing) > 4 else "")
