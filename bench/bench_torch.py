@@ -50,6 +50,7 @@ sys.path.insert(0, EXAMPLES)
 GB = 1e9
 MIB = 1 << 20
 CONFIGS = ("plain", "fit", "A", "B", "C")
+MODELS = ("bytelm", "gpt2")
 FIO_BS = "1M"
 FIO_IODEPTH = 32
 
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--socket", help="tierd's socket")
     p.add_argument("--dir", help="directory of tierd's target file: fio runs there")
     p.add_argument("--tierd-pid", type=int, help="tierd's pid, for its VmHWM and RssShmem")
+    p.add_argument("--model", choices=MODELS, default="bytelm",
+                   help="bytelm: the example's ByteLM (--dim, --layers, --heads); gpt2: Hugging Face's GPT-2 small "
+                   "(124 M parameters, tied embeddings; needs transformers: bench/run uses the test venv)")
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=4)
@@ -112,18 +116,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_model(a: argparse.Namespace):
     import torch
-    import train_lm
 
     torch.manual_seed(a.seed)
+    if a.model == "gpt2":
+        try:
+            import transformers
+        except ImportError:
+            raise SystemExit("bench_torch: --model gpt2 needs transformers (Debian 12 has none): run it with the "
+                             "test venv's python (./scripts/test makes .venv-tests; bench/run uses it)") from None
+        transformers.logging.set_verbosity_error()
+        # GPT-2 small: 12 layers of 768, 50257 tokens (the byte batches are valid token ids), tied embeddings
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=max(1024, a.context)))
+    import train_lm
+
     return train_lm.ByteLM(a.dim, a.layers, a.heads, a.context)
 
 
+def model_name(a: argparse.Namespace) -> str:
+    if a.model == "gpt2":
+        return "GPT-2 small (Hugging Face GPT2LMHeadModel, 12 layers of 768, tied embeddings)"
+    return f"ByteLM dim {a.dim}, {a.layers} layers"
+
+
+def logits_of(model, x):
+    out = model(x)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def vocab_of(a: argparse.Namespace) -> int:
+    return 50257 if a.model == "gpt2" else 256
+
+
 def model_sizes(model) -> dict:
-    """Parameters, and bytes as tier.torch lays them out (four tensors per block: p, g, m, v)."""
+    """Parameters, and bytes as tier.torch lays them out (its blocks; four kinds each: p, g, m, v)."""
     import tier.torch as tt
 
-    blocks = [sum(tt._align(p.numel() * p.element_size()) for p in m.parameters())
-              for m in tt.auto_blocks(model)]
+    blocks = [b.nbytes for b in tt.layout.build(model, tt.auto_blocks(model)) if b.slots]
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "blocks": len(blocks),
@@ -138,7 +166,8 @@ def budgets(a: argparse.Namespace, sz: dict) -> tuple[int, int, int]:
     def mib(n: int) -> int:
         return (n + MIB - 1) // MIB * MIB
 
-    host = mib(a.host_limit or 6 * sz["block_bytes_max"])
+    # GPT-2: a quarter of its state in host (its 154 MB embedding is too large for six of it)
+    host = mib(a.host_limit or (sz["state_bytes"] // 4 if a.model == "gpt2" else 6 * sz["block_bytes_max"]))
     vram = mib(a.vram_limit or 4 * sz["block_bytes_max"])
     fit = mib(sz["state_bytes"] * 5 // 4)       # every tier holds the whole state, and a quarter more
     return host, vram, fit
@@ -154,6 +183,7 @@ def child(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     model = make_model(a)
+    vocab = vocab_of(a)
     data = torch.load(a.data)
     loss_fn = torch.nn.functional.cross_entropy
     out: dict = {"config": a.child, "fits": True, "error": None}
@@ -187,7 +217,7 @@ def child(a: argparse.Namespace) -> int:
                 if client is not None:
                     moved0, stall0 = client.moved(), engine.stall
             t0 = time.perf_counter()
-            loss = loss_fn(model(x).reshape(-1, 256), y.reshape(-1))
+            loss = loss_fn(logits_of(model, x).reshape(-1, vocab), y.reshape(-1))
             loss.backward()
             if engine is not None:
                 engine.step()
@@ -403,7 +433,7 @@ class Run:
     def __init__(self, a: argparse.Namespace, config: str, data_path: str, job: str | None) -> None:
         self.config, self.job = config, job
         cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data_path,
-               "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context",
+               "--model", a.model, "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context",
                str(a.context), "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--lr", repr(a.lr), "--seed", str(a.seed), "--threads", str(a.threads)]
         if job:
@@ -512,7 +542,7 @@ def parent(a: argparse.Namespace) -> int:
     sz = model_sizes(model)
     del model
     host_tight, vram_tight, fit_limit = budgets(a, sz)
-    log(f"ByteLM dim {a.dim}, {a.layers} layers, context {a.context}, batch {a.batch}: {sz['params'] / 1e6:.2f} M "
+    log(f"{model_name(a)}, context {a.context}, batch {a.batch}: {sz['params'] / 1e6:.2f} M "
         f"parameters, {sz['blocks']} blocks, state {sz['state_bytes'] / MIB:.1f} MiB (largest block's parameters "
         f"{sz['block_bytes_max'] / MIB:.2f} MiB); tight budgets host {host_tight / MIB:.0f} MiB, "
         f"vram {vram_tight / MIB:.0f} MiB")
@@ -745,7 +775,9 @@ def parent(a: argparse.Namespace) -> int:
         "fit_tokens_per_s": summaries["fit"]["tokens_per_s"] if "fit" in summaries else None,
         "offload_tokens_per_s": summaries["C"]["tokens_per_s"] if "C" in summaries else None,
         "bound_parts_s": {"compute": r(plain_step), "nvme": r(nvme_s), "link": r(link_s)},
-        "model": {"name": "ByteLM", "dim": a.dim, "layers": a.layers, "heads": a.heads, "context": a.context,
+        "model": {"name": "GPT2LMHeadModel" if a.model == "gpt2" else "ByteLM",
+                  "dim": 768 if a.model == "gpt2" else a.dim, "layers": 12 if a.model == "gpt2" else a.layers,
+                  "heads": 12 if a.model == "gpt2" else a.heads, "context": a.context,
                   "batch": a.batch, "params": sz["params"], "blocks": sz["blocks"],
                   "param_bytes": sz["param_bytes"], "state_bytes": sz["state_bytes"],
                   "block_bytes_max": sz["block_bytes_max"], "tokens_per_step": tokens},
@@ -772,7 +804,7 @@ def parent(a: argparse.Namespace) -> int:
 def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
     m = out["model"]
     lines = [
-        f"ByteLM {m['params'] / 1e6:.2f} M parameters, state {m['state_bytes'] / MIB:.1f} MiB; "
+        f"{m['name']} {m['params'] / 1e6:.2f} M parameters, state {m['state_bytes'] / MIB:.1f} MiB; "
         f"{out['steps']} measured steps after {out['warmup']}, {out['mode']}; budgets fit host=vram "
         f"{out['budgets']['fit']['host'] / MIB:.0f} MiB, tight host {out['budgets']['tight']['host'] / MIB:.0f} MiB "
         f"vram {out['budgets']['tight']['vram'] / MIB:.0f} MiB",

@@ -10,6 +10,13 @@ tierd (stall) and the bytes tierd moved for the job over each link.
     /usr/bin/python3 train_lm.py --steps 20                       # through tierd
     /usr/bin/python3 train_lm.py --steps 20 --plain               # plain PyTorch, for comparison
     torchrun --nproc_per_node 2 train_lm.py --steps 20            # two ranks (gloo), one job
+    python3 train_lm.py --model gpt2 --host-limit 500M --steps 5  # GPT-2 small (Hugging Face), 2 GB of state
+
+``--model gpt2`` trains Hugging Face's GPT-2 small (124 M parameters, tied
+embeddings, random init: nothing is downloaded) on the same bytes as token
+ids; it needs transformers, which Debian 12 lacks: use a python that has it
+(``./scripts/test`` makes one, ``.venv-tests/bin/python3``, over Debian's
+torch).
 
 With ``--plain`` nothing touches tierd.  Both runs draw the same batches from
 the same seed and, on the CPU, print the same losses.
@@ -117,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--socket", help="tierd's socket (default: libtier's, or $TIER_SOCKET)")
     p.add_argument("--job", default="train-lm", help="tierd job name (all ranks share it)")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--model", choices=("bytelm", "gpt2"), default="bytelm",
+                   help="bytelm: the model below (--dim, --layers, --heads); gpt2: Hugging Face's GPT-2 small")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -134,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "or tierd's admin group), e.g. 8M")
     p.add_argument("--vram-limit", type=size, help="set the job's VRAM limit likewise")
     p.add_argument("--plain", action="store_true", help="plain PyTorch, without tierd")
+    p.add_argument("--describe", action="store_true", help="print tier.torch's blocks and what the budgets "
+                   "mean for them (Offload.describe()) before training")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model computes: auto is the GPU when tierd's VRAM is a GPU's (or, with "
@@ -153,7 +164,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"train_lm: --batch {args.batch} is not a multiple of the {world} ranks")
 
     torch.manual_seed(args.seed)
-    model = ByteLM(args.dim, args.layers, args.heads, args.context)
+    vocab = 256
+    if args.model == "gpt2":
+        try:
+            import transformers
+        except ImportError:
+            raise SystemExit("train_lm: --model gpt2 needs transformers (pip install transformers==4.36.2 into a "
+                             "venv made with --system-site-packages, or use ./scripts/test's .venv-tests/bin/python3)"
+                             ) from None
+        transformers.logging.set_verbosity_error()
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_positions=max(1024, args.context)))
+        vocab = model.config.vocab_size
+    else:
+        model = ByteLM(args.dim, args.layers, args.heads, args.context)
     n_params = sum(p.numel() for p in model.parameters())
     text = load_text(args.text, args.text_bytes)
     data = batches(text, args.batch // world, args.context, args.seed, rank, world)
@@ -185,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.distributed.barrier()             # every rank plans within the new limits
         engine = tier.torch.Offload(model, client, lr=args.lr, placement=args.placement,
                                     offload_activations=args.offload_activations)
+        if args.describe and rank == 0:
+            print(engine.describe())
 
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"train_lm: {n_params / 1e6:.2f} M parameters ({n_params * 16 / 2**20:.1f} MiB with gradients and "
@@ -203,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         x, y = next(data)
         x, y = x.to(device), y.to(device)
         logits = model(x)
-        loss = loss_fn(logits.reshape(-1, 256), y.reshape(-1))
+        logits = logits.logits if hasattr(logits, "logits") else logits
+        loss = loss_fn(logits.reshape(-1, vocab), y.reshape(-1))
         loss.backward()
         if engine:
             engine.step()

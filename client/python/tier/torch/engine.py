@@ -118,6 +118,15 @@ class Offload:
     # ---- layout ------------------------------------------------------------------------------
 
     @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer phases (settable, as ``torch.optim``'s group["lr"])."""
+        return self.group["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.group["lr"] = float(value)
+
+    @property
     def state_kinds(self) -> tuple[str, ...]:
         return tuple(self.rule.state_kinds)
 
@@ -291,6 +300,10 @@ class Offload:
                     blk.maps[(tk, tier)] = self.client.phase_grant(blk.tensors[tk], tier).torch()
         else:
             self._release()
+            # the first step pins phase by phase, unplanned: the write-downs of the phases before
+            # end first, so that the room they free is free (tierd cannot wait for room a queued
+            # eviction will free: a pin then would fail for want of room that is coming)
+            self.flush()
             if self.steps == 0 and (kind != "f" or torch.is_grad_enabled()):   # an evaluation is no step
                 self.tracer.record(key, b.label, "a block that runs more than once per step (weights shared "
                                    "across time) is not supported; make the repeated part one block's inside")
