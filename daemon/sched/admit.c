@@ -55,6 +55,12 @@
 #include "daemon/tiers/tier-nvme.h"
 #include "util/time-util.h"
 
+/*
+ * Prefetches of one tensor into one tier, per step, whose copy may be evicted before its use before
+ * the next one is refused (one refetch was measured to cost fewer NVMe bytes than none: see the theory).
+ */
+#define ADMIT_REFETCH_MAX 2
+
 /* NVMe bandwidth the lookahead assumes when [nvme] bandwidth does not throttle (bytes/s per target). */
 #define ADMIT_DEFAULT_NVME_BW (2000000000ull)
 
@@ -427,9 +433,15 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
         return true;
 }
 
+static size_t move_idx(const Plan *p, const Tensor *t, int tier) {
+        if (t->plan != p || tier < TIER_VRAM || tier > TIER_HOST)
+                return SIZE_MAX;
+        return 2 * (size_t) t->plan_slot + (size_t) tier;
+}
+
 /*
- * May prefetch @c go now?  Not a second time in this step when its copy of
- * this step was evicted before its use; only if the occupancy simulation
+ * May prefetch @c go now?  Not a third time in this step when its copies of
+ * this step were evicted before their use; only if the occupancy simulation
  * says it stays until its phase (admit_survives()).  A vram prefetch that
  * would not stay is staged in host memory when that copy would.  Refused
  * ones are retried when something moves (Sched.epoch).
@@ -438,6 +450,23 @@ bool sched_admit(Sched *s, SchedCand *c) {
         Plan *p = c->plan;
         Tensor *t = c->tensor;
         char reason[160] = "";
+        size_t mi = move_idx(p, t, c->tier);
+
+        /*
+         * Prefetched and evicted before its use ADMIT_REFETCH_MAX times this step
+         * already: the occupancy simulation keeps admitting what the engine then
+         * evicts for the next prefetch (a loop of cheap host <-> VRAM copies, seen
+         * thousands of times a step with GPT-2 under tight budgets).  Its phase's
+         * pin brings it instead.
+         */
+        if (mi != SIZE_MAX && moves_check(p, t, c->tier, false) == MOVE_REFETCH &&
+            p->move_refetch[mi] >= ADMIT_REFETCH_MAX) {
+                p->admit_refused++;
+                t->sched_blocked = s->epoch;
+                log_debug("sched: job '%s' prefetch '%s' -> %s not admitted: evicted before its use %u times this "
+                          "step already", p->job->name, t->name, level_to_string(c->tier), (unsigned) p->move_refetch[mi]);
+                return false;
+        }
 
         if (c->tier == TIER_HOST && c->ahead > p->window[TIER_HOST] &&
             !admit_early_room(p, t, c->deadline, reason, sizeof(reason))) {
@@ -468,12 +497,6 @@ bool sched_admit(Sched *s, SchedCand *c) {
 
 /* ---- moves per step ---------------------------------------------------------------------- */
 
-static size_t move_idx(const Plan *p, const Tensor *t, int tier) {
-        if (t->plan != p || tier < TIER_VRAM || tier > TIER_HOST)
-                return SIZE_MAX;
-        return 2 * (size_t) t->plan_slot + (size_t) tier;
-}
-
 MoveWhy moves_check(Plan *p, const Tensor *t, int tier, bool pin) {
         size_t i = move_idx(p, t, tier);
 
@@ -489,15 +512,21 @@ void moves_note(Plan *p, const Tensor *t, int tier, bool used) {
 
         if (i == SIZE_MAX)
                 return;
+        if (p->move_step[i] != p->iter_start_ns + 1)
+                p->move_refetch[i] = 0;         /* a new step */
         p->move_step[i] = p->iter_start_ns + 1;
         p->move_used[i] = used;
 }
 
 void moves_landed(Plan *p, const Tensor *t, int tier) {
         MoveWhy why = moves_check(p, t, tier, false);
+        size_t i = move_idx(p, t, tier);
 
-        if (why == MOVE_REFETCH)
+        if (why == MOVE_REFETCH) {
                 p->moves_refetched++;
+                if (p->move_refetch[i] < UINT16_MAX)
+                        p->move_refetch[i]++;
+        }
         if (why != MOVE_FIRST) {
                 p->moves_repeated++;
                 log_debug("sched: job '%s' moved '%s' to %s %s", p->job->name, t->name, level_to_string(tier),

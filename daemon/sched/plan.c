@@ -335,8 +335,9 @@ int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs,
         p->sim_stamp = calloc(MAX(n_acc, 1u), sizeof(uint32_t));
         p->move_step = calloc(2 * (size_t) MAX(n_acc, 1u), sizeof(uint64_t));
         p->move_used = calloc(2 * (size_t) MAX(n_acc, 1u), sizeof(bool));
+        p->move_refetch = calloc(2 * (size_t) MAX(n_acc, 1u), sizeof(uint16_t));
         r = p->phases && p->acc_storage && p->slots && p->pred && p->wmark && p->sim_avail && p->sim_stamp &&
-            p->move_step && p->move_used ? 0 : -ENOMEM;
+            p->move_step && p->move_used && p->move_refetch ? 0 : -ENOMEM;
         for (int h = 0; h < 2; h++) {
                 p->hs[h].pinned = calloc(p->max_acc, sizeof(bool));
                 p->hs[h].ops = calloc(p->max_acc, sizeof(Op *));
@@ -388,6 +389,7 @@ void plan_free(Plan *p) {
         free(p->sim_stamp);
         free(p->move_step);
         free(p->move_used);
+        free(p->move_refetch);
         free(p->phases);
         free(p->acc_storage);
         free(p->slots);

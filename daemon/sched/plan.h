@@ -112,6 +112,7 @@ struct Plan {
         /* moves per step (admit.c), per slot and tier (2 * slot + tier) */
         uint64_t *move_step;    /* iter_start_ns + 1 of the step it last moved there in */
         bool *move_used;        /* that copy served a pin since */
+        uint16_t *move_refetch; /* prefetches of it there this step whose copy went before its use */
         uint64_t moves_repeated; /* moves again in one step, with their reason (a pin, a use between) */
         uint64_t moves_refetched; /* of them, prefetches whose copy of the step was evicted before use */
         uint64_t admit_refused; /* prefetches the occupancy simulation did not admit */

@@ -262,6 +262,53 @@ class TestModels(tierd.DaemonTestCase):
     def test_resnet18(self) -> None:
         self.check_case("resnet18")
 
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_gpt2_generate_frozen_autocast(self) -> None:
+        """What worked before with blocks= keeps working with the blocks found: HF generate() after
+        training, frozen (tied) embeddings, bfloat16 autocast; each equal to plain PyTorch's bits."""
+        import tier.torch
+
+        def run(variant: str, engine: bool):
+            torch.manual_seed(5)
+            m = gpt2(True)
+            if variant == "frozen":
+                m.transformer.wte.weight.requires_grad_(False)      # tied: lm_head's too
+            data = lm_batches(9)
+            c = eng = opt = None
+            if engine:
+                c = self.client(f"gen-{variant}")
+                eng = tier.torch.Offload(m, c, lr=1e-3, placement="C")
+            else:
+                opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+            losses = []
+            torch.manual_seed(11)
+            for x in data:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "autocast"):
+                    loss = hf_loss(m, x)
+                loss.backward()
+                if eng:
+                    eng.step()
+                else:
+                    opt.step()
+                    opt.zero_grad()
+                losses.append(loss.item())
+            m.eval()
+            with torch.no_grad():
+                out = m.generate(data[0][:2, :4], max_new_tokens=6, do_sample=False, pad_token_id=0)
+            sd = eng.state_dict() if eng else {n: p.detach().clone() for n, p in m.named_parameters()}
+            if eng:
+                eng.close()
+            return losses, out, sd
+
+        for variant in ("generate", "frozen", "autocast"):
+            with self.subTest(variant=variant):
+                ref_losses, ref_out, ref_sd = run(variant, False)
+                losses, out, sd = run(variant, True)
+                self.assertEqual(losses, ref_losses)
+                self.assertTrue(torch.equal(out, ref_out), f"{variant}: generate() differs")
+                for n, p in ref_sd.items():
+                    self.assertTrue(torch.equal(sd[n], p), f"{variant}: {n} differs")
+
     # ---- block discovery ----------------------------------------------------------------------
 
     def test_blocks_found(self) -> None:

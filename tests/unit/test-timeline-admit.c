@@ -293,6 +293,7 @@ static void test_moves_per_step(void **state) {
         Rank *c;
         Plan *p;
         SchedCand cand;
+        uint64_t refused;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
@@ -321,8 +322,21 @@ static void test_moves_per_step(void **state) {
         assert_int_equal(p->moves_repeated, 1);
         assert_int_equal(p->moves_refetched, 1);
         assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REFETCH);
+        /*
+         * Evicted before its use once more: admitted a last time.  Two refetches in a step
+         * and the next is refused (the loop GPT-2 ran into: prefetched, evicted for the next
+         * prefetch, prefetched again, thousands of times a step): its pin will bring it.
+         */
+        assert_true(sched_admit(m->sched, &cand));
+        moves_landed(p, b, TIER_HOST);
+        assert_int_equal(p->moves_refetched, 2);
+        refused = p->admit_refused;
+        assert_false(sched_admit(m->sched, &cand));
+        assert_int_equal(p->admit_refused, refused + 1);
+        assert_int_equal(moves_check(p, b, TIER_HOST, true), MOVE_DEMAND);     /* the pin may */
         /* a copy that served a use and was evicted after it may be prefetched again */
         moves_used(p, b, TIER_HOST);
+        assert_true(sched_admit(m->sched, &cand));
         assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REUSE);
         /* other tiers are not affected; a new step starts afresh */
         assert_int_equal(moves_check(p, b, TIER_VRAM, false), MOVE_FIRST);
@@ -331,6 +345,8 @@ static void test_moves_per_step(void **state) {
         marker(m, p, 3);
         marker(m, p, 0);
         assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
+        moves_note(p, b, TIER_HOST, false);
+        assert_int_equal(p->move_refetch[2 * (size_t) b->plan_slot + TIER_HOST], 0);     /* the count too */
         finish(m, j, c, p);
 }
 
