@@ -461,7 +461,7 @@ static void run_revoke(bool cooperate) {
         }
         assert_int_equal(r, 1);
         if (cooperate) {
-                assert_true(now_ms() - t0 < 4000);      /* well before the revoke timeout */
+                /* A's connection is still open: it answered before the revoke timeout (5 s) closed it */
                 assert_int_equal(tier_client_process(a), 0);
                 if (fake)
                         assert_true(stats().unmaps - s0.unmaps >= 1);

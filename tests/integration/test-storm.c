@@ -658,11 +658,45 @@ static long long link_ops(const json_t *st, const char *name) {
         return -1;
 }
 
+/*
+ * With two SIGTERMs, the second must reach tierd while it drains: signals
+ * sent microseconds apart merge into one pending SIGTERM, and a drain that
+ * ends by itself before the second arrives makes it a no-op.  So the test
+ * sends the second only after STOPPING=1 (tierd handled the first), and
+ * holds the drain open with one write of job "stuck" whose completion
+ * TIERD_TEST_FAULTS (setup_stuck()) holds back a minute: only the second
+ * SIGTERM, or the 10 s drain timeout, can end that drain.
+ */
+static const char *const STUCK_FAULTS = "nvme-delay:ms=60000,job=stuck";
+
+static int setup_stuck(void **state) {
+        int r = test_daemon_init(&daemon_, CONFIG);
+
+        if (r < 0) {
+                fprintf(stderr, "cannot set up tierd: %s\n", strerror(-r));
+                return -1;
+        }
+        if (setenv("TIERD_TEST_FAULTS", STUCK_FAULTS, 1) < 0)
+                return -1;
+        r = test_daemon_spawn(&daemon_, &(TestDaemonOptions) { .log_level = "debug", .wait_ready = true });
+        unsetenv("TIERD_TEST_FAULTS");
+        if (r < 0) {
+                fprintf(stderr, "cannot start tierd: %s\n", strerror(-r));
+                test_daemon_cleanup(&daemon_);
+                return -1;
+        }
+        return 0;
+}
+
 static void shutdown_under_load(unsigned sigterms) {
         static const char *const links[] = { "nvme->host", "host->nvme", "host->vram", "vram->host" };
         long long start[4];
         Slot *slots;
         json_t *st;
+        tier_client *stuck = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        tier_fence f = 0;
         int status;
         bool all = false;
 
@@ -694,15 +728,44 @@ static void shutdown_under_load(unsigned sigterms) {
         }
         assert_true(all);
 
-        for (unsigned k = 1; k < sigterms; k++)
-                assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
-        status = test_daemon_kill(&daemon_, SIGTERM, 20000);
-        if (status != 0)
-                test_daemon_dump_log(&daemon_);
-        assert_int_equal(status, 0);
-        if (sigterms == 1)
+        if (sigterms == 1) {
+                status = test_daemon_kill(&daemon_, SIGTERM, 20000);
+                if (status != 0)
+                        test_daemon_dump_log(&daemon_);
+                assert_int_equal(status, 0);
                 assert_true(test_daemon_log_contains(&daemon_, "STOPPING") ||
                             test_daemon_find_notify(&daemon_, "STOPPING=1") >= 0);
+        } else {
+                /* a write that cannot complete for a minute keeps the drain open */
+                assert_int_equal(tier_client_new(&stuck, daemon_.socket, "stuck", 0), 0);
+                assert_int_equal(tier_tensor_create(stuck, "held", 1 * MiB, &t), 0);
+                assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+                memset(g.ptr, 7, g.length);
+                assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+                assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
+                for (unsigned i = 0; i < 600 && !test_daemon_log_contains(&daemon_, "Injected fault nvme-delay");
+                     i++)
+                        test_daemon_collect(&daemon_, 50);
+                assert_true(test_daemon_log_contains(&daemon_, "Injected fault nvme-delay"));
+
+                assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+                /* the first SIGTERM was handled: tierd drains, and the held write keeps it draining */
+                assert_true(test_daemon_wait_notify(&daemon_, "STOPPING=1", 30000) >= 0);
+                assert_true(test_daemon_log_contains(&daemon_, "SIGTERM received, stopping"));
+                assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+                status = test_daemon_kill(&daemon_, 0, 20000);
+                if (status != 0 || !test_daemon_log_contains(&daemon_, "received again"))
+                        test_daemon_dump_log(&daemon_);
+                assert_int_equal(status, 0);
+                /* the second one ended the drain, not the drain timeout */
+                assert_true(test_daemon_log_contains(&daemon_,
+                                                     "SIGTERM received again, stopping without waiting any longer"));
+                assert_false(test_daemon_log_contains(&daemon_, "Stopping with"));
+                /* the held write's fence fails instead of hanging */
+                assert_true(tier_wait(stuck, f, 20000) < 0);
+                tier_tensor_close(t);
+                tier_client_free(stuck);
+        }
 
         /* each client learnt of the stop and ended by itself, none hung */
         for (unsigned s = 0; s < STORM_PARALLEL; s++) {
@@ -840,7 +903,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_kill_storm, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_daemon_death, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_sigterm_under_load, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_double_sigterm_under_load, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_double_sigterm_under_load, setup_stuck, teardown),
                 cmocka_unit_test(test_drain_timeout),
                 cmocka_unit_test_setup_teardown(test_soak, setup, teardown),
         };

@@ -59,11 +59,23 @@ static const char *policy_name = "timeline";
 
 static TestDaemon daemon_;
 
+/*
+ * Job "moving" (test_pin_waits_for_transfers()) writes its 12 tensors down
+ * (24 extents), then reads them back: the completions of those 24 reads are
+ * held back 2 s, so the prefetches are still in flight when its pin comes.
+ */
+static const char *const FAULTS = "nvme-delay:ms=2000,job=moving,after=24,count=24";
+
 static int setup(void **state) {
         char config[2048];
+        int r;
 
         snprintf(config, sizeof(config), "%s%s\n", CONFIG, policy_name);
-        return test_daemon_start(&daemon_, config) < 0 ? -1 : 0;
+        if (setenv("TIERD_TEST_FAULTS", FAULTS, 1) < 0)
+                return -1;
+        r = test_daemon_start(&daemon_, config);
+        unsetenv("TIERD_TEST_FAULTS");
+        return r < 0 ? -1 : 0;
 }
 
 static int teardown(void **state) {
@@ -383,8 +395,8 @@ static void test_staging_waits_quietly(void **state) {
 
 /*
  * A pin that finds all its job's room taken by copies in transfers (here
- * prefetches from NVMe) waits for them to end, then makes room among them;
- * it used to fail with ENOSPC at once.
+ * prefetches from NVMe, held in flight by FAULTS) waits for them to end,
+ * then makes room among them; it used to fail with ENOSPC at once.
  */
 static void test_pin_waits_for_transfers(void **state) {
         tier_client *c = NULL;
@@ -392,6 +404,8 @@ static void test_pin_waits_for_transfers(void **state) {
         tier_fence f[12];
         struct tier_grant g;
         char name[8];
+        json_int_t transfers;
+        json_t *st;
 
         assert_int_equal(tier_client_new(&c, daemon_.socket, "moving", 0), 0);
         for (int i = 0; i < 12; i++) {                  /* 12 x 512 KiB = the job's 6 MiB of host */
@@ -405,6 +419,14 @@ static void test_pin_waits_for_transfers(void **state) {
         assert_int_equal(tier_tensor_create(c, "x", TSIZE, &x), 0);
         for (int i = 0; i < 12; i++)
                 assert_int_equal(tier_prefetch_async(a[i], TIER_HOST, &f[i]), 0);
+        /* their reads are held back: still in flight */
+        st = test_daemon_status(&daemon_);
+        assert_non_null(st);
+        transfers = json_integer_value(json_object_get(json_object_get(st, "sched"), "transfers"));
+        json_decref(st);
+        print_message("%lld transfer(s) in flight before the pin\n", (long long) transfers);
+        assert_true(transfers > 0);
+        assert_int_equal(tier_fence_done(c, f[0]), 0);
         /* sent behind the prefetches: the job's host room is all in transfers when it runs */
         assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
         fill(&g, 99, 1);

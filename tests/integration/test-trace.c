@@ -34,6 +34,7 @@
 
 #include "tests/helpers/harness.h"
 #include "tests/helpers/json.h"
+#include "util/time-util.h"
 
 #define KiB 1024ull
 #define LAYERS 6
@@ -236,18 +237,32 @@ typedef struct Track {
 
 /*
  * Check @j is a valid Chrome trace: every event has ph, ts, pid and tid,
- * "X" a dur >= 0, and each track's timestamps never go back.  Adds up the
- * bytes of the transfer events per link into @bytes.
+ * lies (with its dur, for "X") inside the trace's span, and each track's
+ * timestamps never go back; the span itself lies inside @t0..@t1 (the
+ * test's CLOCK_MONOTONIC, tierd's clock too, read before tier_trace_start()
+ * and after tier_trace_stop()).  Adds up the bytes of the transfer events
+ * per link into @bytes.
  */
-static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], uint64_t job_io[TIER_LINKS], size_t *ret_phases,
-                         size_t *ret_decisions) {
-        json_t *events = json_object_get(j, "traceEvents"), *e;
+static void check_chrome(const json_t *j, uint64_t t0, uint64_t t1, uint64_t bytes[TIER_LINKS],
+                         uint64_t job_io[TIER_LINKS], size_t *ret_phases, size_t *ret_decisions) {
+        json_t *events = json_object_get(j, "traceEvents"), *e, *other = json_object_get(j, "otherData");
         Track *tracks;
         size_t i, n_tracks = 0, phases = 0, decisions = 0;
+        uint64_t start_ns, stop_ns;
+        double span;
 
         assert_true(json_is_array(events));
         assert_true(json_is_string(json_object_get(j, "displayTimeUnit")));
-        assert_true(json_is_object(json_object_get(j, "otherData")));
+        assert_true(json_is_object(other));
+        assert_true(json_is_integer(json_object_get(other, "start_ns")));
+        assert_true(json_is_integer(json_object_get(other, "stop_ns")));
+        start_ns = (uint64_t) json_integer_value(json_object_get(other, "start_ns"));
+        stop_ns = (uint64_t) json_integer_value(json_object_get(other, "stop_ns"));
+        assert_true(t0 <= start_ns);
+        assert_true(start_ns <= stop_ns);
+        assert_true(stop_ns <= t1);
+        /* µs, as ts and dur; these have ns precision in 3 decimals: allow for their rounding */
+        span = (double) (stop_ns - start_ns) / 1000.0 + 0.002;
         tracks = calloc(json_array_size(events) + 1, sizeof(Track));
         assert_non_null(tracks);
         memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
@@ -261,12 +276,15 @@ static void check_chrome(const json_t *j, uint64_t bytes[TIER_LINKS], uint64_t j
                 assert_true(json_is_number(ts));
                 assert_true(json_is_integer(pid));
                 assert_true(json_is_integer(tid));
-                assert_true(json_number_value(ts) >= 0);
                 if (strcmp(ph, "M") == 0)
                         continue;
                 assert_true(strcmp(ph, "X") == 0 || strcmp(ph, "i") == 0);
-                if (strcmp(ph, "X") == 0)
-                        assert_true(json_number_value(json_object_get(e, "dur")) >= 0);
+                /* a time before the start would come out near 2^64 ns (unsigned), so past the stop */
+                assert_true(json_number_value(ts) <= span);
+                if (strcmp(ph, "X") == 0) {
+                        assert_true(json_is_number(json_object_get(e, "dur")));
+                        assert_true(json_number_value(ts) + json_number_value(json_object_get(e, "dur")) <= span);
+                }
                 for (k = 0; k < n_tracks; k++)
                         if (tracks[k].pid == json_integer_value(pid) && tracks[k].tid == json_integer_value(tid))
                                 break;
@@ -325,7 +343,7 @@ static bool has_job_track(const json_t *j, const char *job) {
 }
 
 static void test_two_jobs_add_up(void **state) {
-        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS];
+        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS], t0, t1;
         size_t phases, decisions;
         tier_client *c;
         tier_trace *t = NULL;
@@ -335,16 +353,18 @@ static void test_two_jobs_add_up(void **state) {
                 skip();
         link_counters_settled(before);
         c = connect_control();
+        t0 = now_ns();
         assert_int_equal(tier_trace_start(c, 600, 0), 0);
         run_two_jobs("trace-a", "trace-b", STEPS);
         link_counters_settled(after);
         assert_int_equal(tier_trace_stop(c, &t), 0);
+        t1 = now_ns();
         tier_client_free(c);
 
         assert_int_equal(tier_trace_dropped(t), 0);
         assert_true(tier_trace_records(t) > 0);
         j = trace_json(t, "two-jobs.json");
-        check_chrome(j, traced, job_io, &phases, &decisions);
+        check_chrome(j, t0, t1, traced, job_io, &phases, &decisions);
         for (int l = 0; l < TIER_LINKS; l++) {
                 printf("%-10s  status delta %" PRIu64 ", traced %" PRIu64 "\n", LINKS[l], after[l] - before[l],
                        traced[l]);
@@ -381,7 +401,7 @@ static void test_two_jobs_add_up(void **state) {
  * the counters move by this tensor alone.
  */
 static void test_chained_adds_up(void **state) {
-        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS];
+        uint64_t before[TIER_LINKS], after[TIER_LINKS], traced[TIER_LINKS], job_io[TIER_LINKS], t0, t1;
         const uint64_t size = 1024 * KiB;      /* one VRAM chunk (several are mapped in place: not under valgrind) */
         size_t phases, decisions;
         tier_client *c, *job = NULL;
@@ -403,6 +423,7 @@ static void test_chained_adds_up(void **state) {
         link_counters_settled(before);
 
         c = connect_control();
+        t0 = now_ns();
         assert_int_equal(tier_trace_start(c, 600, 0), 0);
         r = tier_pin(x, TIER_VRAM, &g);
         if (r < 0)
@@ -413,12 +434,13 @@ static void test_chained_adds_up(void **state) {
         assert_int_equal(tier_unpin(x, TIER_VRAM, 0), 0);
         link_counters_settled(after);
         assert_int_equal(tier_trace_stop(c, &t), 0);
+        t1 = now_ns();
         tier_client_free(c);
 
         assert_int_equal(after[TIER_LINK_NVME_TO_HOST] - before[TIER_LINK_NVME_TO_HOST], size);
         assert_int_equal(after[TIER_LINK_HOST_TO_VRAM] - before[TIER_LINK_HOST_TO_VRAM], size);
         j = trace_json(t, "chained.json");
-        check_chrome(j, traced, job_io, &phases, &decisions);
+        check_chrome(j, t0, t1, traced, job_io, &phases, &decisions);
         for (int l = 0; l < TIER_LINKS; l++) {
                 assert_int_equal(traced[l], after[l] - before[l]);
                 assert_int_equal(job_io[l], traced[l]);

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import errno
+import time
 
 import tierd
 from tierd import MiB
@@ -34,8 +35,12 @@ class TestPlan(tierd.DaemonTestCase):
                 p.add(PH_FWD, w, tier.VRAM)
             self.assertEqual(cm.exception.errno, errno.EBADF)
 
+        # tier_phase_stall(): seconds waited in tier_phase() so far, sampled after every phase
+        stalls = [c.phase_stall]
+        t0 = time.monotonic()
         for step in range(3):
             c.phase(PH_FWD)
+            stalls.append(c.phase_stall)
             g = c.phase_grant(w, tier.VRAM)
             self.assertTrue(g.phase)
             self.assertEqual((g.tier, g.length, g.mode), (tier.VRAM, SIZE, tier.READ))
@@ -43,6 +48,7 @@ class TestPlan(tierd.DaemonTestCase):
             self.assertEqual(fwd_view.tobytes(), bytes([step]) * SIZE, f"step {step}: w in VRAM")
 
             c.phase(PH_BWD)
+            stalls.append(c.phase_stall)
             with self.assertRaises(ValueError):
                 fwd_view[0]  # the phase is over: its grants' views are released
             self.assertFalse(g.pinned)
@@ -54,6 +60,7 @@ class TestPlan(tierd.DaemonTestCase):
             self.assertFalse(gg.pinned)  # the with block only invalidates a phase grant
 
             c.phase(PH_OPT)
+            stalls.append(c.phase_stall)
             gh = c.phase_grant(grad, tier.HOST)
             self.assertEqual(gh.mode, tier.READ)
             self.assertEqual(gh.memoryview().tobytes(), bytes([100 + step]) * SIZE)
@@ -63,10 +70,14 @@ class TestPlan(tierd.DaemonTestCase):
             self.assertEqual(w.stat().pins["host"], 1)
 
         c.phase(PH_FWD)
-        self.assertEqual(c.phase_grant(w, tier.VRAM).memoryview()[SIZE - 1], 3)
         stall = c.phase_stall
+        elapsed = time.monotonic() - t0
+        stalls.append(stall)
+        self.assertEqual(c.phase_grant(w, tier.VRAM).memoryview()[SIZE - 1], 3)
         self.assertIsInstance(stall, float)
-        self.assertGreaterEqual(stall, 0.0)
+        # a running total: it never goes back, and it is part of the time the phases took
+        self.assertEqual(stalls, sorted(stalls))
+        self.assertLessEqual(stall, elapsed)
         # the job's books: what moved for the plan
         moved = c.moved()
         self.assertGreater(moved["host->vram"], 0)

@@ -153,7 +153,9 @@ static unsigned listening_sockets(pid_t pid, char *paths, size_t size, int *ret_
 static void test_activation(void **state) {
         char exe[256], paths[2048], config_sock[400];
         TestDaemonOptions o = { .activate = true, .watchdog_usec = 1000000, .log_level = "debug" };
+        uint64_t moved[TIER_LINKS];
         struct tier_grant g;
+        struct tier_stat st;
         struct stat before, after;
         tier_tensor *t = NULL;
         tier_client *c = NULL;
@@ -195,8 +197,18 @@ static void test_activation(void **state) {
         assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
         memset(g.ptr, 0x3c, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
-        assert_int_equal(tier_evict(t, TIER_HOST), 0);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        assert_int_equal(st.state[TIER_HOST], 0);      /* NVMe holds the only copy */
+        assert_int_equal(st.state[TIER_NVME], 2);
+        assert_int_equal(tier_client_moved(c, moved), 0);
+        assert_true(moved[TIER_LINK_HOST_TO_NVME] >= 2 * MiB);
+        assert_int_equal(moved[TIER_LINK_NVME_TO_HOST], 0);
         assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        /* the bytes came back up from NVMe */
+        assert_int_equal(tier_client_moved(c, moved), 0);
+        assert_true(moved[TIER_LINK_NVME_TO_HOST] >= 2 * MiB);
+        assert_int_equal(((uint8_t *) g.ptr)[0], 0x3c);
         assert_int_equal(((uint8_t *) g.ptr)[g.length - 1], 0x3c);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
         assert_int_equal(tier_status(c, TIER_STATUS_JSON, &text), 0);

@@ -131,10 +131,25 @@ EOF
 "$tierd" --config "$run/tierd.conf" --socket "$run/tierd.sock" --state-dir "$run" --log-target stderr \
         >"$run/tierd.log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do
-        LD_LIBRARY_PATH=$libdir "$tierctl" --socket "$run/tierd.sock" status >/dev/null 2>&1 && break
+# until tierd answers, it exits, or 30 s passed (600 naps of 50 ms: a bound for "never", under ASan too)
+answered=0
+for _ in $(seq 600); do
+        if LD_LIBRARY_PATH=$libdir "$tierctl" --socket "$run/tierd.sock" status >/dev/null 2>&1; then
+                answered=1
+                break
+        fi
+        kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
 done
+if ((!answered)); then
+        cat "$run/tierd.log" >&2
+        if kill -0 "$pid" 2>/dev/null; then
+                echo "FAIL: the installed tierd did not answer within 30 s" >&2
+        else
+                echo "FAIL: the installed tierd exited before it answered" >&2
+        fi
+        exit 1
+fi
 if [[ -x $dest/train-step ]]; then
         if LD_LIBRARY_PATH=$libdir "$dest/train-step" --socket "$run/tierd.sock" --job installed \
                 --tensors 4 --size 1048576 --steps 1 >"$run/train-step.log" 2>&1; then

@@ -92,13 +92,23 @@ static void fill(tier_tensor *t, uint8_t v) {
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
 }
 
-/* Check the pattern of @t, after a round trip through NVMe. */
-static void check(tier_tensor *t, uint8_t v) {
+/* Check the pattern of @t (of @c's job), after a round trip through NVMe. */
+static void check(tier_client *c, tier_tensor *t, uint8_t v) {
+        uint64_t before[TIER_LINKS], after[TIER_LINKS];
+        struct tier_stat st;
         struct tier_grant g;
         const uint8_t *p;
 
-        assert_int_equal(tier_evict(t, TIER_HOST), 0);
+        /* NVMe holds the only copy: the host copy is gone */
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        assert_int_equal(st.state[TIER_HOST], 0);
+        assert_int_equal(st.state[TIER_NVME], 2);
+        assert_int_equal(tier_client_moved(c, before), 0);
         assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        /* the bytes came back up from NVMe */
+        assert_int_equal(tier_client_moved(c, after), 0);
+        assert_true(after[TIER_LINK_NVME_TO_HOST] - before[TIER_LINK_NVME_TO_HOST] >= tier_tensor_size(t));
         p = g.ptr;
         for (uint64_t i = 0; i < g.length; i += 4096)
                 assert_int_equal(p[i], v);
@@ -143,10 +153,10 @@ static void test_reload(void **state) {
         assert_null(strstr(status, "refused"));
 
         /* the connection survived and works */
-        check(t1, 0x11);
+        check(a, t1, 0x11);
         assert_int_equal(tier_tensor_create(a, "t2", 4 * MiB, &t2), 0);
         fill(t2, 0x22);
-        check(t2, 0x22);
+        check(a, t2, 0x22);
 
         /* a job created now gets the new default; the running job followed it (it used the default) */
         b = connect_job("after");
@@ -182,7 +192,7 @@ static void test_reload(void **state) {
         assert_int_equal(test_json_job_tier(json, "after-bad", "host", "limit"), 16 * MiB);
         assert_int_equal(test_json_job_tier(json, "after-bad", "vram", "limit"), 8 * MiB);
         json_decref(json);
-        check(t1, 0x11);
+        check(a, t1, 0x11);
 
         /* a cross-key error (no line to name) is refused the same way */
         assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\nsegment_size = 5000\n"), 0);

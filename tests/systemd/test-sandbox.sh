@@ -74,14 +74,24 @@ ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 \
         "$sandbox_run" -- "$build/daemon/tierd" --config "$dir/tierd.conf" --socket "$dir/tierd.sock" \
         --state-dir "$dir" --log-target stderr >"$dir/tierd.log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do
-        "$build/client/tierctl" --socket "$dir/tierd.sock" status >/dev/null 2>&1 && break
+# until tierd answers, it exits, or 30 s passed (600 naps of 50 ms: a bound for "never", under ASan too)
+answered=0
+for _ in $(seq 600); do
+        if "$build/client/tierctl" --socket "$dir/tierd.sock" status >/dev/null 2>&1; then
+                answered=1
+                break
+        fi
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
 done
 if ! kill -0 "$pid" 2>/dev/null; then
         cat "$dir/tierd.log" >&2
         echo "FAIL: tierd did not start in the sandbox" >&2
+        exit 1
+fi
+if ((!answered)); then
+        cat "$dir/tierd.log" >&2
+        echo "FAIL: tierd did not answer within 30 s in the sandbox" >&2
         exit 1
 fi
 

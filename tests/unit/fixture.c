@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/fixture.h"
+#include "util/time-util.h"
 
 static char dir[] = "/var/tmp/tierd-unit.XXXXXX";
 
@@ -48,14 +49,24 @@ Manager *fixture_new(uint64_t target_size, void (*setup)(Config *c, void *userda
 
 void fixture_free(Manager *m) {
         /* transfers still running finish first, as tierd's stop does */
-        for (int i = 0; i < 500 && m->engine->n_xfers > 0; i++)
-                fixture_run(m, 1);
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
         manager_free(m);
 }
 
 void fixture_run(Manager *m, unsigned rounds) {
         for (unsigned i = 0; i < rounds; i++)
                 assert_true(sd_event_run(m->event, 2000) >= 0);
+}
+
+uint64_t fixture_deadline(void) {
+        return now_usec() + FIXTURE_NEVER_USEC;
+}
+
+bool fixture_run_before(Manager *m, uint64_t deadline) {
+        if (now_usec() >= deadline)
+                return false;
+        fixture_run(m, 1);
+        return true;
 }
 
 typedef struct Done {
@@ -74,8 +85,7 @@ int fixture_op(Manager *m, OpKind kind, Tensor *t, int tier) {
         Done d = {};
 
         assert_int_equal(op_submit(m->engine, kind, t, tier, on_done, NULL, &d, NULL), 0);
-        for (int i = 0; i < 1000 && !d.done; i++)
-                fixture_run(m, 1);
+        FIXTURE_RUN_UNTIL(m, d.done);
         assert_int_equal(d.done, 1);
         return d.status;
 }

@@ -22,11 +22,37 @@ struct CMUnitTest;
  * per job; nvme 16M per job; policy timeline.
  */
 Manager *fixture_new(uint64_t target_size, void (*setup)(Config *c, void *userdata), void *userdata);
-/* Let running transfers end (at most a second), then free everything. */
+/* Let running transfers end (FIXTURE_RUN_UNTIL()), then free everything. */
 void fixture_free(Manager *m);
 
-/* Run @rounds iterations of the event loop (each waits up to 2 s). */
+/*
+ * Run @rounds iterations of the event loop: each dispatches one event, or
+ * waits up to 2 ms for one (sd_event_run() takes microseconds).
+ */
 void fixture_run(Manager *m, unsigned rounds);
+
+/*
+ * How long the loop may take to bring about what a test waits for: a bound
+ * for "it never happens", not a measurement.  A count of rounds is none:
+ * how many a transfer takes depends on the machine (ASan, valgrind, load).
+ */
+#define FIXTURE_NEVER_USEC (30ull * 1000000ull)
+
+/* CLOCK_MONOTONIC µs FIXTURE_NEVER_USEC from now. */
+uint64_t fixture_deadline(void);
+/* Run one round of the loop unless @deadline (fixture_deadline()) passed; false once it has. */
+bool fixture_run_before(Manager *m, uint64_t deadline);
+
+/*
+ * FIXTURE_RUN_UNTIL() - run the loop of @m round by round until @cond holds
+ * or FIXTURE_NEVER_USEC passed; the caller asserts @cond afterwards.
+ */
+#define FIXTURE_RUN_UNTIL(m, cond)                                                                      \
+        do {                                                                                            \
+                uint64_t fixture_until_ = fixture_deadline();                                           \
+                while (!(cond) && fixture_run_before((m), fixture_until_))                              \
+                        ;                                                                               \
+        } while (0)
 
 /* Submit an op and run the loop until it completes; returns its status. */
 int fixture_op(Manager *m, OpKind kind, Tensor *t, int tier);

@@ -331,8 +331,7 @@ static void test_marker_before_next_request(void **state) {
         page_marker(p.conn, 1, 0, true);
         a = tensor_find(job_find(m->registry, "job"), ida);
         assert_non_null(a);
-        for (unsigned i = 0; i < 50 && a->copy[TIER_HOST].pins == 0; i++)
-                fixture_run(m, 1);
+        FIXTURE_RUN_UNTIL(m, a->copy[TIER_HOST].pins != 0);
         assert_int_equal(a->copy[TIER_HOST].pins, 1);
 
         /* phase 1 is written (the eventfd not read yet), then the evict of a arrives */
@@ -341,8 +340,7 @@ static void test_marker_before_next_request(void **state) {
         assert_int_equal(a->copy[TIER_HOST].pins, 0);
         assert_int_equal(p.conn->plan->cur, 1);
         /* and the eviction ends with a written down (the next phase of the cycle, 0, may hold it in host again) */
-        for (unsigned i = 0; i < 50 && !copy_valid(a, TIER_NVME); i++)
-                fixture_run(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
         assert_true(copy_valid(a, TIER_NVME));
 
         peer_free(&p);

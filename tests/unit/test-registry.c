@@ -63,10 +63,9 @@ static Manager *new_manager(void) {
         return fixture_new(32 * MiB, NULL, NULL);
 }
 
-/* Run the loop until @r completed (or a second passed). */
+/* Run the loop until @r completed (or FIXTURE_NEVER_USEC passed). */
 static void run_until(Manager *m, Result *r) {
-        for (int i = 0; i < 1000 && !r->done; i++)
-                assert_true(sd_event_run(m->event, 1000) >= 0);
+        FIXTURE_RUN_UNTIL(m, r->done);
         assert_int_equal(r->done, 1);
 }
 
@@ -345,8 +344,7 @@ static void test_vram_link_fair_order(void **state) {
                 assert_int_equal(op_submit(m->engine, OP_PIN, ta[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
         for (int i = 0; i < 12; i++)
                 assert_int_equal(op_submit(m->engine, OP_PIN, tb[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
-        for (int i = 0; i < 2000 && n_vram_done < 18; i++)
-                assert_true(sd_event_run(m->event, 1000) >= 0);
+        FIXTURE_RUN_UNTIL(m, n_vram_done >= 18);
         /*
          * A0 goes to the (emulated: one copy at a time) backend at once; the rest
          * wait by virtual start time: A's advance by 64 KiB, B's by 16 KiB
@@ -414,10 +412,8 @@ static void test_vram_link_start_failure(void **state) {
         copies_allowed = 1;
         for (int i = 0; i < 4; i++)
                 assert_int_equal(op_submit(m->engine, OP_PIN, t[i], TIER_VRAM, on_outcome, NULL, &out[i], NULL), 0);
-        for (int i = 0; i < 2000 && done < 4; i++) {
-                assert_true(sd_event_run(m->event, 1000) >= 0);
-                done = out[0].done + out[1].done + out[2].done + out[3].done;
-        }
+        FIXTURE_RUN_UNTIL(m, out[0].done + out[1].done + out[2].done + out[3].done >= 4);
+        done = out[0].done + out[1].done + out[2].done + out[3].done;
         assert_int_equal(done, 4);
         assert_int_equal(out[0].status, 0);
         for (int i = 1; i < 4; i++) {
@@ -527,8 +523,7 @@ static void test_stop_while_copying(void **state) {
         t = fixture_tensor(j, "t", 8 * MiB);
         fixture_host_data(m, t, 0x42);
         assert_int_equal(submit(m, OP_PIN, t, TIER_VRAM, &r), 0);
-        for (int i = 0; i < 100 && m->engine->vlink.active[VRAM_TO_DEVICE] == 0; i++)
-                fixture_run(m, 1);
+        FIXTURE_RUN_UNTIL(m, m->engine->vlink.active[VRAM_TO_DEVICE] != 0);
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 1);
         assert_int_equal(r.done, 0);
         /*

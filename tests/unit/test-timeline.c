@@ -67,9 +67,12 @@ static void test_belady_choice(void **state) {
                 };
                 assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
         }
-        set_durations(p, 100);
-        deadline = now_ns() + 150 * MS;
-        sched_run(m->sched);   /* predictions: A in ~100 ms, B ~200, C ~300, D ~400 (before the first marker) */
+        /* a second a phase: the order below holds unless this test stalls that long between two calls */
+        set_durations(p, 1000);
+        sched_run(m->sched);   /* predictions: A in ~1 s, B ~2 s, C ~3 s, D ~4 s (before the first marker) */
+        /* a request due between A's next use and B's, however late sched_run() ran */
+        assert_true(sched_next_use_ns(a, TIER_HOST) < sched_next_use_ns(b, TIER_HOST));
+        deadline = sched_next_use_ns(a, TIER_HOST) / 2 + sched_next_use_ns(b, TIER_HOST) / 2;
 
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
         assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, 0), 5);
@@ -79,7 +82,7 @@ static void test_belady_choice(void **state) {
         assert_ptr_equal(v[3], b);
         assert_ptr_equal(v[4], a);
 
-        /* a request due in ~150 ms may only take copies needed after it: never A */
+        /* a request due before B's next use may only take copies needed after it: never A */
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
         assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, deadline), 4);
         assert_ptr_equal(v[0], x);
@@ -102,7 +105,7 @@ static void test_belady_choice(void **state) {
         /* after the marker of phase 1, A (phase 0) is the farthest away, B the nearest */
         marker(m, p, 0);
         marker(m, p, 1);
-        set_durations(p, 100);
+        set_durations(p, 1000);
         sched_run(m->sched);
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
         assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 4, 0), 4);
@@ -200,8 +203,7 @@ static void test_deadline_order(void **state) {
         assert_string_equal(trace[2], "prefetch t2 host");
         /* as they land, the next deadlines follow, in order (one cycle ahead: up to phase 4,
          * as phase 5 is the one before the first marker) */
-        for (int i = 0; i < 200 && n_trace < 5; i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, n_trace >= 5);
         run_loop(m, 10);
         assert_int_equal(n_trace, 5);
         assert_string_equal(trace[3], "prefetch t3 host");
@@ -235,8 +237,7 @@ static void test_prefetch_window(void **state) {
         assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
         set_durations(p, 100);
         sched_run(m->sched);
-        for (int i = 0; i < 200 && !copy_valid(t[2], TIER_HOST); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(t[2], TIER_HOST));
         run_loop(m, 20);
         /* 3 MiB hold phases 0..2; t3 would have to evict one of them: it waits */
         assert_int_equal(n_trace, 3);
@@ -247,8 +248,7 @@ static void test_prefetch_window(void **state) {
         /* phase 0 over: its copy is the farthest use now, and t3 comes into the window */
         marker(m, p, 0);
         marker(m, p, 1);
-        for (int i = 0; i < 200 && !copy_valid(t[3], TIER_HOST); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(t[3], TIER_HOST));
         assert_true(copy_valid(t[3], TIER_HOST));
         assert_false(copy_valid(t[0], TIER_HOST));
         assert_true(copy_valid(t[2], TIER_HOST));
@@ -306,8 +306,7 @@ static void test_reclaim_deadline(void **state) {
 
         assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, NULL, NULL, NULL, &op), 0);
         op->deadline_ns = now_ns() + 30000 * MS;
-        for (int i = 0; i < 100 && !copy_valid(t, TIER_HOST); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(t, TIER_HOST));
         assert_true(copy_valid(t, TIER_HOST));
         assert_true(copy_valid(n, TIER_HOST));          /* needed before the deadline: kept */
         assert_false(copy_valid(f, TIER_HOST));         /* its segment went to R */
@@ -361,8 +360,7 @@ static void test_write_behind(void **state) {
          * cycle later) is Belady's victim.  NVMe is idle: A is written down now.
          */
         marker(m, p, 1);
-        for (int i = 0; i < 100 && !copy_valid(a, TIER_NVME); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
         assert_int_equal(n_trace, 2);
         assert_string_equal(trace[0], "pin D host");    /* zeros: no transfer */
         assert_string_equal(trace[1], "clean A host");
@@ -375,6 +373,7 @@ static void test_write_behind(void **state) {
          * ahead; nothing more is written early.
          */
         marker(m, p, 2);
+        FIXTURE_RUN_UNTIL(m, copy_valid(e, TIER_HOST) && copy_valid(cc, TIER_HOST));
         run_loop(m, 20);
         assert_false(copy_valid(a, TIER_HOST));
         assert_true(copy_valid(e, TIER_HOST));
@@ -458,8 +457,7 @@ static void test_write_behind_same_victims(void **state) {
         run_loop(m, 20);
         n_trace = 0;
         marker(m, p, 1);
-        for (int i = 0; i < 100 && !copy_valid(a, TIER_NVME); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
         assert_true(n_trace >= 2);
         assert_string_equal(trace[0], "pin D host");
         assert_string_equal(trace[1], "clean A host");
@@ -513,8 +511,7 @@ static void test_dead_bytes(void **state) {
         /* dropped as soon as phase 1 let it go, before anything asked for room */
         assert_true(a->dead);
         assert_false(copy_valid(a, TIER_HOST));
-        for (int i = 0; i < 100 && !copy_valid(cc, TIER_HOST); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(cc, TIER_HOST));
         /* C needed the room: A went without a byte written */
         assert_true(copy_valid(cc, TIER_HOST));
         assert_false(copy_valid(a, TIER_HOST));
@@ -523,8 +520,7 @@ static void test_dead_bytes(void **state) {
         assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);
         /* and phase 0 gets its (write-only) A without any read */
         marker(m, p, 0);
-        for (int i = 0; i < 100 && !copy_valid(a, TIER_HOST); i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_HOST));
         assert_true(copy_valid(a, TIER_HOST));
         finish(m, j, c, p);
 }

@@ -132,8 +132,7 @@ static inline void marker(Manager *m, Plan *p, unsigned phase) {
         p->page->client.mark_ns = now_ns();
         __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
         assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
-        for (int i = 0; i < 200 && p->seq != seq; i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, p->seq == seq);
         assert_int_equal(p->seq, seq);
 }
 
@@ -144,8 +143,7 @@ static inline Tensor *tensor(Job *j, const char *name, uint64_t size) {
 static inline void finish(Manager *m, Job *j, Rank *c, Plan *p) {
         sched_plan_free(p);
         /* transfers still running finish first, as tierd's stop does */
-        for (int i = 0; i < 500 && m->engine->n_xfers > 0; i++)
-                run_loop(m, 1);
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
         job_destroy(j);
         fixture_free(m);
         free(c);
