@@ -116,6 +116,13 @@ class FakeClient:
     def end_plan(self):
         pass
 
+    # the second (planned) step: the phase the engine is in is the one it entered last
+    def phase(self, k):
+        self.current = k
+
+    def phase_grant(self, tensor, tier):
+        return FakeGrant(tensor.buf)
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,12 +147,17 @@ def main() -> int:
     client = FakeClient()
     engine = tt.Offload(model, client, placement=a.placement, offload_activations=a.offload_activations)
     # the phase just entered (_enter() appends it first); at the step's end (no phase) the next step's first
-    client.phase_now = lambda: len(engine.phases) - (engine._phase is not None)
+    # the first step is traced (its optimizer phases after the backward); the second runs the plan,
+    # with the write-downs where every later step has them: recorded at the phase entered then
     x = torch.randint(0, 256, (a.batch, a.context))
     y = torch.randint(0, 256, (a.batch, a.context))
-    loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
-    loss.backward()
-    engine.step()
+    for step in range(2):
+        if step == 1:
+            client.write_downs.clear()
+            client.phase_now = lambda: client.current
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        loss.backward()
+        engine.step()
     plan = client.submitted
     if plan is None:
         print("torch_plan.py: tier.torch submitted no plan after the first step", file=sys.stderr)

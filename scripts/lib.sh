@@ -56,12 +56,13 @@ TIER_TORCH_PACKAGES=(
 # torchvision's resnet18 (python3-torchvision) and Hugging Face transformers
 # models: transformers is not in Debian 12, so it comes from PyPI into a venv
 # over Debian's packages (ensure_test_venv below), whose other dependencies
-# Debian has (python3-requests, python3-yaml).
+# Debian has (python3-requests, python3-yaml; python3-psutil for accelerate,
+# which transformers' Trainer needs).
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
         libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps man-db prometheus gnuplot-nox
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
-        python3-torchvision python3-requests python3-yaml
+        python3-torchvision python3-requests python3-yaml python3-psutil
 )
 
 # shellcheck disable=SC2034

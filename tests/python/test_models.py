@@ -203,7 +203,7 @@ class TestModels(tierd.DaemonTestCase):
         self.on_nvme = {b.label: {k: t.stat().state["nvme"] == "resident" for k, t in b.tensors.items()
                                   if k[0] in "mv" or (k == "p" and b.index not in first)}
                         for b in eng.blocks if b.slots}
-        sd = eng.state_dict()
+        sd = eng.parameters_state_dict()
         eng.close()
         moved = {k: after[k] - before[k] for k in after}
         return ref, ref_losses, losses, sd, model, moved, eng
@@ -295,7 +295,7 @@ class TestModels(tierd.DaemonTestCase):
             m.eval()
             with torch.no_grad():
                 out = m.generate(data[0][:2, :4], max_new_tokens=6, do_sample=False, pad_token_id=0)
-            sd = eng.state_dict() if eng else {n: p.detach().clone() for n, p in m.named_parameters()}
+            sd = eng.parameters_state_dict() if eng else {n: p.detach().clone() for n, p in m.named_parameters()}
             if eng:
                 eng.close()
             return losses, out, sd
@@ -353,7 +353,7 @@ class TestModels(tierd.DaemonTestCase):
         self.assertIs(m.cls.predictions.decoder.bias, m.cls.predictions.bias)
         c = self.client()
         eng = tier.torch.Offload(m, c)
-        sd = eng.state_dict()
+        sd = eng.parameters_state_dict()
         self.assertTrue(torch.equal(sd["cls.predictions.bias"], sd["cls.predictions.decoder.bias"]))
         eng.close()
 
@@ -466,14 +466,14 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
         self.assertIn("moe.experts.3", [names[id(b.module)] for b in eng.blocks if b.module is not None])
         lm_loss(m, data[0]).backward()
         eng.step()
-        before = eng.state_dict()
+        before = eng.parameters_state_dict()
         with self.assertRaises(RuntimeError) as cm:
             lm_loss(m, data[1]).backward()
         text = str(cm.exception)
         self.assertIn("'moe.experts.3' (Expert)", text)
         self.assertIn("mixture-of-experts", text)
         self.assertIn("no_split_module_classes", text)
-        after = eng.state_dict()
+        after = eng.parameters_state_dict()
         for n in before:
             self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")
         eng.close(restore=False)
@@ -485,12 +485,12 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
         eng = tier.torch.Offload(m, c)
         lm_loss(m, data[0]).backward()
         eng.step()
-        before = eng.state_dict()
+        before = eng.parameters_state_dict()
         with self.assertRaises(RuntimeError) as cm:
             m(data[1])
         self.assertIn("'moe.experts.1' (Expert) ran in the first step but not in this one", str(cm.exception))
         self.assertIn("Nothing was changed", str(cm.exception))
-        after = eng.state_dict()
+        after = eng.parameters_state_dict()
         for n in before:
             self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")
         eng.close(restore=False)
@@ -516,7 +516,7 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
             loss.backward()
             eng.step()
             losses.append(loss.item())
-        sd = eng.state_dict()
+        sd = eng.parameters_state_dict()
         eng.close()
         self.assertEqual(losses, ref_losses)
         for n, p in ref.named_parameters():

@@ -83,7 +83,7 @@ class TestOffload(tierd.DaemonTestCase):
             # which kinds are on NVMe, in every block, after the step's write-downs
             self.on_nvme.append({k: all(b.tensors[k].stat().state["nvme"] == "resident" for b in eng.blocks)
                                  for k in "pmv"})
-        state = eng.state_dict()
+        state = self.model.state_dict()       # the real values, read from tierd
         eng.close()
         return losses, state, {n: p.detach().clone() for n, p in self.model.named_parameters()}, per_step
 
@@ -169,7 +169,7 @@ class TestOffload(tierd.DaemonTestCase):
             loss.backward()
             eng.step()
             losses.append(loss.item())
-        state = eng.state_dict()
+        state = eng.parameters_state_dict()
         eng.close()
         self.assertEqual(losses, ref_losses)
         for n, p in ref.named_parameters():

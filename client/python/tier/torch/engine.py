@@ -2,24 +2,40 @@
 """tier.torch.engine: the Offload engine, tying layout, hooks, tracer, step rule and collective together.
 
 See the package's description (``help(tier.torch)``) for how a step runs.
+
+The engine is a ``torch.optim.Optimizer``: ``param_groups`` hold the
+model's parameters with their hyperparameters (schedulers change them),
+``step()`` runs what is left of the step, ``zero_grad()`` drops the
+gradients gathered since the last step, ``state_dict()`` and
+``load_state_dict()`` carry the optimizer's state in torch.optim's format
+(tier.torch.state).  Where the optimizer phases run depends on the loop:
+
+* *fused*: each block's optimizer phase right after its backward, during
+  ``loss.backward()``; the fewest moves.  Chosen when the first step ran
+  one forward and backward and called no gradient clipping;
+* *deferred*: the optimizer phases after the whole backward, in ``step()``,
+  once the gradients of every micro-batch are summed in tierd and the
+  global norm is known (``clip_grad_norm_``).  Chosen when the first step
+  accumulated (several forwards and backwards) or clipped;
+  ``optimizer_in_backward=False`` forces it, ``True`` forces fused.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import Any, Iterable, Sequence
 
 import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
 from ..errors import TierError
-from . import collective, discovery, layout, placement as placement_mod
+from . import clip, collective, discovery, layout, placement as placement_mod, state as state_mod
 from .hooks import Hooks, Stashed
-from .layout import Block, fmt_bytes
+from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, rule_from
 from .tracer import Key, Tracer
-
 
 #: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
 #: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
@@ -31,7 +47,7 @@ class TierTorchWarning(UserWarning):
     """A model tier.torch can run, but not well as given (a block holding most of the state)."""
 
 
-class Offload:
+class Offload(torch.optim.Optimizer):
     """Parameters, gradients and optimizer state of ``model`` in tierd; the optimizer runs on the host tier.
 
     Use it in place of the optimizer::
@@ -40,22 +56,27 @@ class Offload:
         for x, y in data:
             loss = loss_fn(model(x), y)
             loss.backward()
-            engine.step()           # AdamW, block by block; no zero_grad() needed
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # optional
+            engine.step()
+            engine.zero_grad()                                          # optional
 
-    ``blocks`` overrides the automatic choice (:func:`tier.torch.auto_blocks`, which honours the
-    model's ``_no_split_modules`` and ``no_split_module_classes``); every trainable parameter must
-    belong to a block, and a parameter several blocks use (tied weights) is stored once.  The
-    model's parameters are empty outside the engine's phases: read them with :meth:`state_dict`,
-    or give them back with :meth:`close`.  :meth:`describe` shows the blocks and what the job's
-    budgets mean for them.
+    ``params`` are torch.optim's: an iterable of the model's parameters or of parameter groups
+    (``[{"params": [...], "weight_decay": 0.0}, ...]``); default, every trainable parameter in one
+    group.  ``blocks`` overrides the automatic choice (:func:`tier.torch.auto_blocks`, which
+    honours the model's ``_no_split_modules`` and ``no_split_module_classes``); a parameter
+    several blocks use (tied weights) is stored once.  The model's parameters are empty outside
+    the engine's phases, but ``model.state_dict()`` and ``model.load_state_dict()`` work on the
+    real values; :meth:`close` gives them back.  :meth:`describe` shows the blocks and what the
+    job's budgets mean for them.
     """
 
-    def __init__(self, model: torch.nn.Module, client: Any, *, lr: float | None = None,
-                 betas: tuple[float, float] | None = None, eps: float | None = None,
+    def __init__(self, model: torch.nn.Module, client: Any, params: Iterable[Any] | None = None, *,
+                 lr: float | None = None, betas: tuple[float, float] | None = None, eps: float | None = None,
                  weight_decay: float | None = None, momentum: float | None = None,
                  optimizer: str | StepRule = "adamw", placement: str = "A",
                  blocks: Sequence[torch.nn.Module] | None = None,
                  no_split_module_classes: Iterable[str] | None = None,
+                 optimizer_in_backward: bool | None = None,
                  offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
                  optimizer_part_bytes: int | None = DEFAULT_PART_BYTES,
                  prefix: str = "torch", process_group: Any = None) -> None:
@@ -72,9 +93,16 @@ class Offload:
             if hyper:
                 raise ValueError(f"{', '.join(hyper)}= go to the StepRule given as optimizer=, not to Offload")
             self.rule = optimizer
-        self.group: dict[str, Any] = dict(self.rule.defaults)
+        if params is None:
+            params = [p for p in model.parameters() if p.requires_grad]
+        self._constructing = True
+        torch.optim.Optimizer.__init__(self, params, dict(self.rule.defaults))
+        self._constructing = False
+        for g in self.param_groups:
+            self.rule.check_group(g)
         self.model = model
         self.client = client
+        self.optimizer_in_backward = optimizer_in_backward
         self.offload_activations = offload_activations
         self.activation_min_bytes = activation_min_bytes
         #: bytes of saved activations stashed in tierd, and kept in memory (beyond what the first step
@@ -96,8 +124,20 @@ class Offload:
         modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
         self.blocks: list[Block] = layout.build(model, modules, optimizer_part_bytes)
         self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}
+        self.slot_of: dict[int, tuple[Block, Slot]] = {id(s.param): (b, s) for b in self.blocks for s in b.slots}
+        for gi, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                if id(p) not in self.slot_of:
+                    raise ValueError(f"param_groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not one "
+                                     "of the model's (tier.torch optimizes the model given it)")
+                self.slot_of[id(p)][1].group = gi
+        for b in self.blocks:
+            for s in b.slots:
+                if not any(s.param is p for g in self.param_groups for p in g["params"]):
+                    s.group = -1            # in no group: not optimized, as torch.optim leaves it
         self._by_tname: dict[str, tuple[Block, str]] = {}
         self.tracer = Tracer()
+        self._mode: str | None = None        # None during the first step, then "fused" or "deferred"
         self._phase: Key | None = None
         self._early: Key | None = None       # the next step's first phase, entered by step()
         self._held: list[tuple[Any, int, bool]] = []  # trace mode: (tensor, tier, dirty) pinned now
@@ -105,6 +145,18 @@ class Offload:
         self._down: list[tuple[Block, tuple[str, ...]]] = []   # written down once their phase is left
         self._bwd: Block | None = None               # the block whose backward runs
         self._in_block: Block | None = None          # the block whose forward runs
+        self._in_backward = False                    # between a backward's first gradient and its end
+        self._training = False                       # the model's forward runs with gradients
+        self._micro = 0                              # forwards with gradients since the last step
+        self._cur = 0                                # the micro-batch of the forward (and backward) now
+        self._backwards = 0                          # backward passes ended since the last step
+        self._got: set[int] = set()                  # slots whose gradient came since the last step
+        self._norms: dict[int, torch.Tensor] = {}    # their gradients' 2-norms (deferred: for clipping)
+        self._maxabs: dict[int, torch.Tensor] = {}   # and largest magnitudes (the inf-norm)
+        self._clip_coef: torch.Tensor | None = None  # this step's clipping factor, if clipped
+        self._clip_ids: set[int] = set()             # the slots it applies to (those named in the call)
+        self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
+        self._clipped = False                        # clip_grad_norm_ was called in the first step
         self._closed = False
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
@@ -114,21 +166,79 @@ class Offload:
         self._create_tensors()
         self.hooks = Hooks(self)
         self.hooks.attach()
+        self.model_hooks = state_mod.ModelStateHooks(self)
+        self.model_hooks.attach()
+        clip.register(self)
+
+    # ---- torch.optim.Optimizer --------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if not getattr(self, "_constructing", False):
+            raise RuntimeError("tier.torch lays out the model's parameters when the engine is made: pass every "
+                               "parameter group to Offload(params=[...]) instead of add_param_group()")
+        super().add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Drop the gradients gathered since the last step (what torch.optim's zero_grad() does to
+        ``.grad``): the next backward starts them afresh.  No round trip."""
+        if self._in_backward:
+            raise RuntimeError("zero_grad() during a backward pass")
+        self._micro = 0
+        self._backwards = 0
+        self._got.clear()
+        self._norms.clear()
+        self._maxabs.clear()
+        self._clip_coef = None
+        self._clip_ids = set()
+        self._shared_reduced = False
+        for b in self.blocks:
+            for s in b.slots:
+                if s.param.grad is not None:   # the shared block's, held by autograd between micro-batches
+                    if set_to_none:
+                        s.param.grad = None
+                    else:
+                        s.param.grad.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state in torch.optim's format (per parameter its step and the step rule's
+        state, read from tierd block by block; the groups' hyperparameters)."""
+        return state_mod.optimizer_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` (or torch.optim's own optimizer of the same kind) saved; checked
+        whole before anything is written."""
+        state_mod.load_optimizer_state_dict(self, state_dict)
+
+    def save(self, path: str) -> None:
+        """Write the parameters and the optimizer state to directory ``path``, one block at a time
+        (a model larger than memory can be saved); :meth:`load` reads it back."""
+        state_mod.save(self, path)
+
+    def load(self, path: str) -> None:
+        """Read what :meth:`save` wrote, one block at a time, checked whole before anything is written."""
+        state_mod.load(self, path)
 
     # ---- layout ------------------------------------------------------------------------------
 
     @property
     def lr(self) -> float:
-        """The learning rate of the next optimizer phases (settable, as ``torch.optim``'s group["lr"])."""
-        return self.group["lr"]
+        """The first group's learning rate (settable; schedulers set each group's ``"lr"``)."""
+        return self.param_groups[0]["lr"]
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self.group["lr"] = float(value)
+        for g in self.param_groups:
+            g["lr"] = float(value)
 
     @property
     def state_kinds(self) -> tuple[str, ...]:
         return tuple(self.rule.state_kinds)
+
+    @property
+    def mode(self) -> str | None:
+        """Where the optimizer phases run: "fused" (in the backward), "deferred" (in step()), or None
+        before the first step's end decided it."""
+        return self._mode
 
     def _part_kinds(self, b: Block) -> tuple[str, ...]:
         """The kinds each optimizer part of ``b`` has: g, the step rule's state, w for reduced precision."""
@@ -164,19 +274,29 @@ class Offload:
                 continue
             # the initial parameters go in (and the master weights, part by part); g and the step
             # rule's state start as zeros (a new tensor reads as zeros)
-            with self._explained(b, "writing its initial parameters"):
-                with b.tensors["p"].pin(HOST, WRITE) as g:
-                    flat = g.torch()
-                    for s in b.slots:
-                        s.view(flat, "p").copy_(s.param.data)
-            for pt in b.parts if b.mixed else ():
-                with self._explained(b, "writing its initial master weights"):
-                    with b.tensors[b.part_kind("w", pt.index)].pin(HOST, WRITE) as g:
-                        flat = g.torch()
-                        for pc in pt.pieces:
-                            pc.view(flat, "w").copy_(pc.of(pc.slot.param.data))
+            self.write_params(b, {id(s): s.param.data for s in b.slots}, "writing its initial parameters")
             for s in b.slots:
                 s.param.data = self._placeholder(s.param)
+
+    def write_params(self, b: Block, values: dict[int, torch.Tensor], what: str) -> None:
+        """Write ``values`` (slot id -> tensor of its shape) into b's parameters, and into its master
+        weights for reduced precision: in host, outside any phase (pins of their own)."""
+        whole = len(values) == len(b.slots)
+        with self._explained(b, what):
+            with b.tensors["p"].pin(HOST, WRITE if whole else READ_WRITE) as g:
+                flat = g.torch()
+                for s in b.slots:
+                    if id(s) in values:
+                        s.view(flat, "p").copy_(values[id(s)])
+            for pt in b.parts if b.mixed else ():
+                pieces = [pc for pc in pt.pieces if id(pc.slot) in values]
+                if not pieces:
+                    continue
+                part_whole = len(pieces) == len(pt.pieces)
+                with b.tensors[b.part_kind("w", pt.index)].pin(HOST, WRITE if part_whole else READ_WRITE) as g:
+                    flat = g.torch()
+                    for pc in pieces:
+                        pc.view(flat, "w").copy_(pc.of(values[id(pc.slot)]))
 
     def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
         return torch.empty(0, dtype=p.dtype, device=self.device)
@@ -254,7 +374,7 @@ class Offload:
 
     def _needs(self, key: Key) -> list[tuple[Block, str, int, int]]:
         """(block holding the tensor, tensor kind, tier, mode) phase ``key`` needs."""
-        kind, i, k = key
+        kind, i, k, micro = key
         b = self.blocks[i]
         act = "a" in b.tensors
         shared = [(self.blocks[-1], "p", VRAM, READ)] if b.shared else []
@@ -262,7 +382,9 @@ class Offload:
             own = [(b, "p", VRAM, READ)] if b.slots else []
             return own + shared + ([(b, "a", HOST, WRITE)] if act else [])
         if kind == "b":
-            own = [(b, "p", VRAM, READ)] + [(b, b.part_kind("g", pt.index), VRAM, WRITE) for pt in b.parts] \
+            # the first micro-batch writes the gradients, the others add to them
+            gmode = WRITE if micro == 0 else READ_WRITE
+            own = [(b, "p", VRAM, READ)] + [(b, b.part_kind("g", pt.index), VRAM, gmode) for pt in b.parts] \
                 if b.slots else []
             return own + shared + ([(b, "a", HOST, READ)] if act else [])
         state = [(b, b.part_kind(sk, k), HOST, READ_WRITE) for sk in self.state_kinds]
@@ -279,7 +401,7 @@ class Offload:
         return [(blk.tensors[k], tier, mode) for blk, k, tier, mode in self._needs(key)]
 
     def _enter(self, kind: str, b: Block, part: int = 0) -> None:
-        key = (kind, b.index, part)
+        key = (kind, b.index, part, self._cur if kind != "o" else 0)
         for blk in self.blocks:
             blk.maps.clear()
         if self.device.type == "cuda":
@@ -289,6 +411,8 @@ class Offload:
         what = {"f": "its forward phase", "b": "its backward phase", "o": "its optimizer phase"}[kind]
         if kind == "o" and len(b.parts) > 1:
             what += f" (part {part + 1} of {len(b.parts)})"
+        if key[3]:
+            what += f" (micro-batch {key[3] + 1})"
         if self.tracer.planned:
             k = self.tracer.lookup(key, b.label)
             if self._early != key:
@@ -304,9 +428,11 @@ class Offload:
             # end first, so that the room they free is free (tierd cannot wait for room a queued
             # eviction will free: a pin then would fail for want of room that is coming)
             self.flush()
-            if self.steps == 0 and (kind != "f" or torch.is_grad_enabled()):   # an evaluation is no step
-                self.tracer.record(key, b.label, "a block that runs more than once per step (weights shared "
-                                   "across time) is not supported; make the repeated part one block's inside")
+            if self.steps == 0 and (kind != "f" or self._training):   # an evaluation is no step
+                self.tracer.record(key, b.label, "a block that runs more than once per micro-batch (weights "
+                                   "shared across time) is not supported; make the repeated part one block's "
+                                   "inside (activation checkpointing, which runs a block's forward again in "
+                                   "its backward, is)")
             for blk, tk, tier, mode in self._needs(key):
                 t = blk.tensors[tk]
                 whose = "its" if blk is b else f"{blk.label}'s"
@@ -345,34 +471,76 @@ class Offload:
     def forward_begins(self) -> None:
         if self._closed:
             raise RuntimeError("this Offload engine is closed")
+        if self._in_backward:
+            raise RuntimeError("the model's forward ran inside a backward pass")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
+        self.model_hooks.forget()
         self._collect_fences()
+        self._training = torch.is_grad_enabled()
+        if not self._training:
+            return
+        if self._mode == "fused" and self._micro > 0:
+            raise RuntimeError(
+                "a second forward with gradients before step(): the first step ran one forward and backward "
+                "and no clip_grad_norm_, so tier.torch runs the optimizer inside the backward, and this "
+                "micro-batch's gradients cannot be added to the last ones (those were applied already); "
+                "accumulate from the first step on, or make the engine with optimizer_in_backward=False")
+        self._cur = self._micro
+        self._micro += 1
 
     def forward_ends(self) -> None:
-        if self.tracer.planned and torch.is_grad_enabled():
+        if self.tracer.planned and self._training:
             self.tracer.forward_ended(lambda i: self.blocks[i].label)
         else:
             self.tracer.forwards.clear()
 
+    def backward_begins(self) -> None:
+        """The first gradient of a backward through the model's output: its end is queued."""
+        if self._in_backward:
+            return
+        self._in_backward = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self) -> None:
+        """autograd's callback at the end of the backward pass: the last block's gradients are complete."""
+        try:
+            if self._bwd is not None:
+                self._finish(self._bwd)
+            if self._mode == "fused" and self.blocks[-1].is_shared:
+                self._finish_shared()
+            self._backwards += 1
+        finally:
+            self._in_backward = False
+
     def block_forward(self, b: Block) -> None:
+        if self._in_backward:
+            # a forward run again in the backward (activation checkpointing): in the block's backward
+            # phase, entered now if autograd has not reached it yet (a reentrant checkpoint)
+            if self._bwd is not b:
+                self.block_backward(b)
+            return
         self._enter("f", b)
         self._point(b, True)
         self._in_block = b
         b.act_used = 0
-        if torch.is_grad_enabled():
+        if self._training:
             self.tracer.forwards.add(b.index)
 
     def block_forward_done(self, b: Block) -> None:
+        if self._in_backward:
+            return                      # a recomputation: the backward phase goes on
         self._in_block = None
         self._point(b, False)
 
     def forward_block(self) -> Block | None:
         """The block whose forward phase runs (for saved tensors), or None."""
-        if self._phase is None or self._phase[0] != "f":
+        if self._phase is None or self._phase[0] != "f" or self._in_backward:
             return None
         return self.blocks[self._phase[1]]
 
     def block_backward(self, b: Block) -> None:
+        if self._bwd is b:
+            return                      # (its recomputed outputs' gradients, a checkpoint's inner backward)
         if self._bwd is not None:
             self._finish(self._bwd)
         self._enter("b", b)
@@ -411,53 +579,90 @@ class Offload:
 
     # ---- backward and optimizer ------------------------------------------------------------
 
-    def _grads_in(self, b: Block, tier: int, parts: Sequence[int]) -> set[int]:
-        """Autograd's .grad of b's parameters into the g of ``parts`` (mapped in ``tier``); .grad goes.
-        The ids of the slots that had one (the others' g is zeros: they are not updated)."""
-        got = {id(s) for s in b.slots if s.param.grad is not None}
-        last = {}
-        for k in parts:
-            pt = b.parts[k]
-            gflat = b.maps[(b.part_kind("g", k), tier)]
-            for pc in pt.pieces:
-                dst = pc.view(gflat, "g")
-                grad = pc.slot.param.grad
-                if grad is None:
-                    dst.zero_()
-                else:
-                    dst.copy_(pc.of(grad))
-                last[id(pc.slot)] = pc
-        for s in b.slots:
-            if id(s) in last and last[id(s)].end == s.numel:
-                s.param.grad = None
-        return got
+    @property
+    def _deferred(self) -> bool:
+        return self._mode != "fused"    # the first step defers, whatever comes after it
 
     def _finish(self, b: Block) -> None:
-        """b's gradients are complete: into its g tensors, then its optimizer phases."""
-        got: set[int] = set()
+        """b's gradients are complete: into its g tensors (added to them after the first micro-batch),
+        then its optimizer phases if they are fused into the backward."""
         if b.slots:
-            got = self._grads_in(b, VRAM, range(len(b.parts)))
-            views = [pc.view(b.maps[(b.part_kind("g", pt.index), VRAM)], "g") for pt in b.parts for pc in pt.pieces
-                     if pc.slot.trainable]
-            collective.allreduce_mean(views, self._world, self._group)
+            grads = [s.param.grad for s in b.slots if s.trainable and s.param.grad is not None]
+            collective.allreduce_mean(grads, self._world, self._group)
+            add = self._cur > 0
+            for pt in b.parts:
+                gflat = b.maps[(b.part_kind("g", pt.index), VRAM)]
+                for pc in pt.pieces:
+                    dst = pc.view(gflat, "g")
+                    grad = pc.slot.param.grad
+                    if grad is not None:
+                        if add and id(pc.slot) in self._got:
+                            dst.add_(pc.of(grad))
+                        else:
+                            dst.copy_(pc.of(grad))
+                    elif not (add and id(pc.slot) in self._got):
+                        dst.zero_()
+            for s in b.slots:
+                if s.param.grad is not None:
+                    self._got.add(id(s))
+                    s.param.grad = None
+            if self._deferred:
+                self._note_norms(b)
         self._point(b, False)
         self._bwd = None
+        if not self._deferred:
+            for pt in b.parts:
+                self._enter("o", b, pt.index)
+                self._update(b, pt.index)
+                self._queue_write_down(b, pt.index)
+
+    def _note_norms(self, b: Block) -> None:
+        """The 2-norm and largest magnitude of each gradient of b as summed so far (mapped in VRAM),
+        computed on the whole tensor as clip_grad_norm_ computes them on .grad."""
+        views: dict[int, list[torch.Tensor]] = {}
         for pt in b.parts:
-            self._enter("o", b, pt.index)
-            self._update(b, pt.index, got)
-            self._queue_write_down(b, pt.index)
+            gflat = b.maps[(b.part_kind("g", pt.index), VRAM)]
+            for pc in pt.pieces:
+                if id(pc.slot) in self._got:
+                    views.setdefault(id(pc.slot), []).append(pc.view(gflat, "g"))
+        for s in b.slots:
+            v = views.get(id(s))
+            if not v:
+                continue
+            g = v[0] if len(v) == 1 else torch.cat([x.reshape(-1) for x in v]).view(s.shape)
+            self._norms[id(s)] = torch.norm(g.detach(), 2.0)
+            self._maxabs[id(s)] = g.detach().abs().max()
 
     def _finish_shared(self) -> None:
         """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
         sb = self.blocks[-1]
-        grads = [s.param.grad for s in sb.slots if s.trainable and s.param.grad is not None]
-        collective.allreduce_mean(grads, self._world, self._group)
-        got = {id(s) for s in sb.slots if s.param.grad is not None}
+        self.reduce_shared()
+        for s in sb.slots:
+            if s.param.grad is not None:
+                self._got.add(id(s))
         for pt in sb.parts:
             self._enter("o", sb, pt.index)
-            self._grads_in(sb, HOST, [pt.index])
-            self._update(sb, pt.index, got)
+            gflat = sb.maps[(sb.part_kind("g", pt.index), HOST)]
+            for pc in pt.pieces:
+                grad = pc.slot.param.grad
+                dst = pc.view(gflat, "g")
+                if grad is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(pc.of(grad))
+            self._update(sb, pt.index, clip_now=False)     # a clip scaled its .grad in place already
             self._queue_write_down(sb, pt.index)
+        for s in sb.slots:
+            s.param.grad = None
+
+    def reduce_shared(self) -> None:
+        """The shared block's gradients (autograd's .grad, summed over the step's micro-batches)
+        averaged over the ranks, once a step: before a clip's norm, or the shared optimizer phase."""
+        if self._shared_reduced or not self.blocks[-1].is_shared:
+            return
+        self._shared_reduced = True
+        collective.allreduce_mean([s.param.grad for s in self.blocks[-1].slots if s.trainable and s.param.grad
+                                   is not None], self._world, self._group)
 
     def _queue_write_down(self, b: Block, k: int) -> None:
         kinds = placement_mod.write_down_kinds(self.placement, self.state_kinds, b.mixed)
@@ -466,18 +671,27 @@ class Offload:
         if kinds:
             self._down.append((b, kinds))
 
-    def _update(self, b: Block, k: int, got: set[int]) -> None:
-        """The step rule over part k of b's parameters that got a gradient (torch.optim skips the others)."""
+    def _update(self, b: Block, k: int, clip_now: bool = True) -> None:
+        """The step rule over part k of b's parameters that got a gradient (torch.optim skips the
+        others), group by group; the gradients scaled by this step's clipping factor first."""
         pt = b.parts[k]
         maps = {kind: b.maps[(b.part_kind(kind, k), HOST)] for kind in self._part_kinds(b)}
         pflat = b.maps[("p", HOST)]
-        todo = [pc for pc in pt.pieces if pc.slot.trainable and id(pc.slot) in got]
-        if todo:
+        coef = self._clip_coef if clip_now else None
+        by_group: dict[int, list[layout.Piece]] = {}
+        for pc in pt.pieces:
+            if pc.slot.trainable and pc.slot.group >= 0 and id(pc.slot) in self._got:
+                by_group.setdefault(pc.slot.group, []).append(pc)
+        for gi, todo in sorted(by_group.items()):
             masters = [pc.view(maps["w"], "w") if b.mixed else pc.of(pc.slot.view(pflat, "p")) for pc in todo]
-            self.rule.update(masters,
-                             [pc.view(maps["g"], "g").float() for pc in todo],   # no copy when already float32
-                             {sk: [pc.view(maps[sk], sk) for pc in todo] for sk in self.state_kinds},
-                             [pc.slot.steps for pc in todo], self.group)
+            grads = []
+            for pc in todo:
+                g = pc.view(maps["g"], "g")
+                if coef is not None and id(pc.slot) in self._clip_ids:
+                    g = g.mul(coef)             # clip_grad_norm_'s g.mul_(clip_coef_clamped), on a copy
+                grads.append(g.float())         # no copy when already float32
+            self.rule.update(masters, grads, {sk: [pc.view(maps[sk], sk) for pc in todo] for sk in self.state_kinds},
+                             [pc.slot.steps for pc in todo], self.param_groups[gi])
             for pc in todo:
                 if pc.end == pc.slot.numel:     # its last piece: the parameter had this step's update
                     pc.slot.steps += 1
@@ -487,25 +701,68 @@ class Offload:
             for pc in pt.pieces:
                 pc.of(pc.slot.view(pflat, "p")).copy_(pc.view(maps["w"], "w"))
 
-    def step(self) -> None:
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the gradients gathered since the last step (that call
+        comes here by itself for the model's parameters): the same total norm, returned, and the same
+        scaling, applied to each gradient in its optimizer phase.  Refused, before anything changes,
+        where the optimizer already ran in the backward (the first step did not clip)."""
+        return clip.clip_grad_norm(self, list(parameters), max_norm, norm_type, error_if_nonfinite)
+
+    def _order(self) -> list[Block]:
+        """The blocks in the order their forwards ran (the optimizer phases' order when deferred)."""
+        seen: list[int] = []
+        for kind, i, _, _ in self.tracer.seq:
+            if kind == "f" and i not in seen:
+                seen.append(i)
+        rest = [b.index for b in self.blocks if b.index not in seen and not b.is_shared]
+        return [self.blocks[i] for i in seen + rest if self.blocks[i].slots and not self.blocks[i].is_shared]
+
+    def step(self, closure: Any = None) -> None:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
 
-        With the plan running (from the second step on), it ends by entering the next step's first
-        phase (one ``tier_phase()``, no round trip): tierd holds the last optimizer phase's pins until
-        the next phase begins, so only then can that phase's write-downs (placements B and C) be
-        issued, and this way they are issued in the step they belong to; :meth:`flush` waits for
-        them."""
-        if self._bwd is not None:
+        Deferred (gradients accumulated or clipped), every block's optimizer phases run here, the
+        clipping factor applied; fused, only the shared block's are left, if the backward's end did
+        not run them.  With the plan running (from the second step on), it ends by entering the
+        next step's first phase (one ``tier_phase()``, no round trip): tierd holds the last
+        optimizer phase's pins until the next phase begins, so only then can that phase's
+        write-downs (placements B and C) be issued, and this way they are issued in the step they
+        belong to; :meth:`flush` waits for them."""
+        self.model_hooks.forget()
+        if closure is not None:
+            raise RuntimeError("tier.torch's step() takes no closure (the backward has run by then): compute "
+                               "the loss and call backward() before step()")
+        if self._in_backward:
+            raise RuntimeError("step() during a backward pass")
+        if self._bwd is not None:       # a backward whose end autograd did not report (not through the model)
             self._finish(self._bwd)
-        if self.blocks[-1].is_shared:
-            self._finish_shared()
+            if self._mode == "fused" and self.blocks[-1].is_shared:
+                self._finish_shared()
+        if self._deferred:
+            for b in self._order():
+                for pt in b.parts:
+                    self._enter("o", b, pt.index)
+                    self._update(b, pt.index)
+                    self._queue_write_down(b, pt.index)
+            if self.blocks[-1].is_shared:
+                self._finish_shared()
         for b in self.blocks:
             b.maps.clear()
         self._phase = None
+        micro, clipped = self._micro, self._clip_coef is not None
+        self._micro = self._backwards = 0
+        self._cur = 0
+        self._got.clear()
+        self._norms.clear()
+        self._maxabs.clear()
+        self._clip_coef = None
+        self._clip_ids = set()
+        self._shared_reduced = False
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
             if self.steps == 0:
+                self._decide_mode(micro, clipped)
                 self._submit_plan()
         elif self.tracer.seq:
             first = self.tracer.seq[0]
@@ -514,6 +771,20 @@ class Offload:
             self._early = first
             self._write_down(first)
         self.steps += 1
+
+    def _decide_mode(self, micro: int, clipped: bool) -> None:
+        """After the first step: fused if it ran one micro-batch and no clipping (and nothing forces
+        deferred), deferred otherwise; the traced phases reordered to match."""
+        want = self.optimizer_in_backward
+        if want is None:
+            want = micro <= 1 and not clipped
+        if want and (micro > 1 or clipped):
+            raise RuntimeError("optimizer_in_backward=True, but the first step "
+                               + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients")
+                               + ": that needs the optimizer after the whole backward (optimizer_in_backward=False)")
+        self._mode = "fused" if want else "deferred"
+        if self._mode == "fused":
+            self.tracer.fuse()
 
     def flush(self) -> None:
         """Wait until the write-downs to NVMe in flight have ended (placements B and C evict each
@@ -550,30 +821,33 @@ class Offload:
 
     @property
     def phases(self) -> list[Key]:
-        """The step's phases as traced in the first step: (kind, block index), kind f, b or o."""
+        """The step's phases as traced in the first step: (kind, block index, part, micro-batch)."""
         return list(self.tracer.seq)
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The parameters as they are now, copied out of tierd (for checkpoints and checks); every
-        name of a parameter that has several (tied weights, aliases) is there."""
-        self._check_idle()
+    def check_idle(self, what: str) -> None:
+        if self._in_backward or self._bwd is not None:
+            raise RuntimeError(f"{what} inside a backward pass: call it before the forward or after step()")
+
+    def parameters_of(self, b: Block) -> dict[str, torch.Tensor]:
+        """b's parameters as they are now, copied out of tierd: every name of each."""
         out: dict[str, torch.Tensor] = {}
-        for b in self.blocks:
-            if not b.slots:
-                continue
-            t = b.tensors["p"]
-            with self._explained(b, "reading its parameters"):
-                with t.pin(HOST, READ) as g:
-                    flat = g.torch()
-                    for s in b.slots:
-                        v = s.view(flat, "p").clone()
-                        for n in s.names:
-                            out[n] = v
+        with self._explained(b, "reading its parameters"):
+            with b.tensors["p"].pin(HOST, READ) as g:
+                flat = g.torch()
+                for s in b.slots:
+                    v = s.view(flat, "p").clone()
+                    for n in s.names:
+                        out[n] = v
         return out
 
-    def _check_idle(self) -> None:
-        if self._bwd is not None:
-            raise RuntimeError("the engine is inside a step: call step() first")
+    def parameters_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter by every name, copied out of tierd (what model.state_dict() holds of them)."""
+        self.check_idle("reading the parameters")
+        out: dict[str, torch.Tensor] = {}
+        for b in self.blocks:
+            if b.slots:
+                out.update(self.parameters_of(b))
+        return out
 
     @property
     def stall(self) -> float:
@@ -587,14 +861,17 @@ class Offload:
         self.flush()
         self._release()                     # a first step that failed holds its phase's pins
         self._bwd = None
-        state = self.state_dict() if restore else None
+        self._in_backward = False
+        values = self.parameters_state_dict() if restore else None
         if self.tracer.planned:
             self.client.end_plan()          # its tensors may go now
             self.tracer.planned = False
         self.hooks.detach()
+        self.model_hooks.detach()
+        clip.unregister(self)
         for b in self.blocks:
             for s in b.slots:
-                s.param.data = state[s.name] if state is not None else self._placeholder(s.param)
+                s.param.data = values[s.name] if values is not None else self._placeholder(s.param)
             for t in b.tensors.values():
                 t.destroy()
             b.tensors.clear()
@@ -605,3 +882,10 @@ class Offload:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        return (f"tier.torch.Offload({self.rule.name}, {len(self.blocks)} blocks, placement {self.placement}, "
+                f"{len(self.param_groups)} parameter group(s), mode {self._mode or 'undecided'})")
+
+
+_ = weakref  # (clip.py keeps the live engines in a WeakSet)

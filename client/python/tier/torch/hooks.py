@@ -105,6 +105,17 @@ class Hooks:
     def root_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         self.close_saved()
         self.engine.forward_ends()
+        if torch.is_grad_enabled():
+            # the first gradient through the model's output opens its backward pass (whose end
+            # autograd then reports to the engine: the last block's gradients are complete)
+            e = self.engine
+
+            def on_out_grad(grad: torch.Tensor) -> None:
+                e.backward_begins()
+
+            for t in tensors_of(out):
+                if t.requires_grad:
+                    t.register_hook(on_out_grad)
 
     # ---- blocks -------------------------------------------------------------------------------
 

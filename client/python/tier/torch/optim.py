@@ -45,6 +45,18 @@ class StepRule(Protocol):
         """torch.optim's names of the state kinds ("m" -> "exp_avg"), for state_dict()."""
         ...
 
+    def check_group(self, group: dict[str, Any]) -> None:
+        """Raise ValueError for hyperparameters it cannot honour (before anything is made)."""
+        ...
+
+    def to_state(self, steps: int, tensors: dict[str, torch.Tensor], group: dict[str, Any]) -> dict[str, Any]:
+        """torch.optim's per-parameter state entry from a count of updates and its state (by torch's names)."""
+        ...
+
+    def from_state(self, entry: dict[str, Any]) -> tuple[int, dict[str, torch.Tensor]]:
+        """The count of updates and the state tensors (by torch's names) of a torch.optim state entry."""
+        ...
+
 
 class AdamW:
     """torch.optim.AdamW (amsgrad off), as its single-tensor code on the CPU computes it."""
@@ -66,6 +78,24 @@ class AdamW:
 
     def state_names(self) -> dict[str, str]:
         return {"m": "exp_avg", "v": "exp_avg_sq"}
+
+    def to_state(self, steps, tensors, group):
+        return {"step": torch.tensor(float(steps)), **tensors}
+
+    def from_state(self, entry):
+        if "step" not in entry:
+            raise ValueError("an AdamW state entry needs 'step'")
+        return int(float(entry["step"])), {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        if group.get("amsgrad"):
+            raise ValueError("amsgrad=True: tier.torch's AdamW keeps no max_exp_avg_sq (use amsgrad=False)")
+        if group.get("capturable"):
+            raise ValueError("capturable=True: tier.torch's optimizer runs on the CPU (use capturable=False)")
+        b1, b2 = group["betas"]
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or group["lr"] < 0 or group["eps"] < 0:
+            raise ValueError(f"invalid AdamW hyperparameters: lr {group['lr']}, betas {group['betas']}, "
+                             f"eps {group['eps']}")
 
 
 class SGD:
@@ -100,6 +130,19 @@ class SGD:
 
     def state_names(self) -> dict[str, str]:
         return {"m": "momentum_buffer"}
+
+    def to_state(self, steps, tensors, group):
+        return {"momentum_buffer": tensors["momentum_buffer"] if group["momentum"] != 0 else None}
+
+    def from_state(self, entry):
+        buf = entry.get("momentum_buffer")
+        return (1, {"momentum_buffer": buf}) if buf is not None else (0, {})
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
+        if group["lr"] < 0 or group["momentum"] < 0 or group["weight_decay"] < 0:
+            raise ValueError(f"invalid SGD hyperparameters: {group}")
 
 
 def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:

@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: MIT
 """tier.torch.tracer: the first step's order of phases, submitted to tierd as the job's plan.
 
-One training step is a cycle of phases, each named ``(kind, block, part)``: the
-forward (``"f"``) of each block in the order the model calls them, then, as
-autograd reaches each block, its backward (``"b"``) followed at once by its
-optimizer phase (``"o"``; a large block's in parts, one phase each), and
-last the shared block's optimizer phase.
+One training step is a cycle of phases, each named ``(kind, block, part,
+micro-batch)``: the forward (``"f"``) of each block in the order the model
+calls them, then, as autograd reaches each block, its backward (``"b"``);
+so for each micro-batch of an accumulated step; and the optimizer phases
+(``"o"``; a large block's in parts, one phase each), either each right after
+its block's backward (fused) or all after the last backward (deferred), the
+shared block's last.
 The first step is traced: hooks record the order while each phase pins
 what it needs with plain pins.  The engine then submits the cycle as the
 job's iteration plan (every phase's tensors, tiers and modes) and from the
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-Key = tuple[str, int, int]        # (kind f/b/o, block index, optimizer part)
+Key = tuple[str, int, int, int]   # (kind f/b/o, block index, optimizer part, micro-batch)
 PHASE_NAMES = {"f": "forward", "b": "backward", "o": "optimizer"}
 
 
@@ -53,7 +55,7 @@ class Tracer:
 
     def forward_ended(self, labels: Callable[[int], str]) -> None:
         """Planned mode, end of a forward with gradients: every traced forward ran (else refuse)."""
-        missing = sorted({i for kind, i, _ in self.seq if kind == "f"} - self.forwards)
+        missing = sorted({i for kind, i, _, _ in self.seq if kind == "f"} - self.forwards)
         self.forwards.clear()
         if missing:
             names = ", ".join(labels(i) for i in missing[:4]) + (" ..." if len(missing) > 4 else "")
@@ -62,6 +64,21 @@ class Tracer:
                 "for every step, and a block that runs for some inputs only (an expert of a mixture-of-experts "
                 "layer) is not supported as a block of its own; make the layer that routes to it one block "
                 "(no_split_module_classes=[its class] or blocks=[...]).  Nothing was changed by this step")
+
+    def fuse(self) -> None:
+        """Reorder the traced phases for optimizer phases inside the backward: each block's right
+        after its backward phase, the shared block's (which has none) at the end.  The first step
+        ran them deferred, in step(); one micro-batch and no clipping make the two orders alike."""
+        opt = [k for k in self.seq if k[0] == "o"]
+        out: list[Key] = []
+        for key in self.seq:
+            if key[0] == "o":
+                continue
+            out.append(key)
+            if key[0] == "b":
+                out.extend(k for k in opt if k[1] == key[1])
+        out.extend(k for k in opt if k not in out)
+        self.seq = out
 
     def submit(self, client: Any, needs: Callable[[Key], Sequence[tuple[Any, int, int]]]) -> None:
         """Send the traced cycle as the job's plan: phase k needs ``needs(seq[k])`` ((tensor, tier, mode))."""

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.clip: gradient clipping over gradients that live in tierd.
+
+``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` reads each
+parameter's ``.grad``; an engine's parameters have none (their gradients
+are in the blocks' ``g`` tensors).  So while an engine is alive, the
+function is wrapped: a call naming an engine's parameters goes to
+:func:`clip_grad_norm`, which computes the same thing from what the engine
+noted when each gradient was complete (its 2-norm and largest magnitude,
+on the whole tensor, as torch computes them on ``.grad``), returns the same
+total norm and scales each gradient by the same factor in its optimizer
+phase (``g * clip_coef_clamped``, what torch's ``g.mul_()`` leaves).  Calls
+that name none go to torch's own function unchanged.
+``clip_grad_value_`` on an engine's parameters is refused: it would see no
+gradients and do nothing.
+
+Clipping needs the optimizer after the whole backward: where the first
+step did not clip, the engine runs each block's optimizer phase inside the
+backward (fused), and a later clip is refused, naming the cure.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Offload
+
+_engines: "weakref.WeakSet[Offload]" = weakref.WeakSet()
+_orig_norm = torch.nn.utils.clip_grad_norm_
+_orig_value = torch.nn.utils.clip_grad_value_
+
+
+def _owner(params: list[torch.Tensor]) -> "Offload | None":
+    owners = {id(e): e for e in list(_engines) for p in params if id(p) in e.slot_of}
+    if len(owners) > 1:
+        raise RuntimeError("clip_grad_norm_ over the parameters of two tier.torch engines: clip each engine's "
+                           "own parameters")
+    return next(iter(owners.values()), None)
+
+
+def _norm_wrapper(parameters: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                  *args: Any, **kw: Any) -> torch.Tensor:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    eng = _owner(params)
+    if eng is None:
+        return _orig_norm(params, max_norm, norm_type, error_if_nonfinite, *args, **kw)
+    if args or kw:
+        raise TypeError(f"clip_grad_norm_: tier.torch takes parameters, max_norm, norm_type and "
+                        f"error_if_nonfinite, not {', '.join(list(kw) or ['more'])}")
+    return clip_grad_norm(eng, params, max_norm, norm_type, error_if_nonfinite)
+
+
+def _value_wrapper(parameters: Any, clip_value: float, *args: Any, **kw: Any) -> None:
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    if _owner(params) is not None:
+        raise RuntimeError("clip_grad_value_ over a tier.torch engine's parameters is not supported (their "
+                           "gradients are in tierd, not in .grad); use clip_grad_norm_, which is")
+    return _orig_value(params, clip_value, *args, **kw)
+
+
+def _install() -> None:
+    for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
+        if getattr(mod, "clip_grad_norm_", None) is _orig_norm:
+            mod.clip_grad_norm_ = _norm_wrapper
+        if getattr(mod, "clip_grad_value_", None) is _orig_value:
+            mod.clip_grad_value_ = _value_wrapper
+
+
+def _uninstall() -> None:
+    for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
+        if getattr(mod, "clip_grad_norm_", None) is _norm_wrapper:
+            mod.clip_grad_norm_ = _orig_norm
+        if getattr(mod, "clip_grad_value_", None) is _value_wrapper:
+            mod.clip_grad_value_ = _orig_value
+
+
+def register(engine: "Offload") -> None:
+    _engines.add(engine)
+    _install()
+
+
+def unregister(engine: "Offload") -> None:
+    _engines.discard(engine)
+    if not len(_engines):
+        _uninstall()
+
+
+def clip_grad_norm(eng: "Offload", params: Iterable[torch.Tensor], max_norm: float, norm_type: float,
+                   error_if_nonfinite: bool) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ (torch 1.13's arithmetic) over engine ``eng``'s gradients."""
+    params = list(params)
+    if eng._mode == "fused":
+        raise RuntimeError(
+            "clip_grad_norm_: tier.torch already applied this step's gradients, in the backward (the first step "
+            "called no clip_grad_norm_ and accumulated nothing, so the optimizer runs inside the backward); call "
+            "it from the first step on, or make the engine with optimizer_in_backward=False")
+    if eng._in_backward or eng._bwd is not None and eng._in_backward:
+        raise RuntimeError("clip_grad_norm_ during a backward pass: call it after backward() and before step()")
+    if eng._clip_coef is not None:
+        raise RuntimeError("clip_grad_norm_ twice in one step: tier.torch scales the gradients once, in their "
+                           "optimizer phase; clip once between the last backward() and step()")
+    max_norm = float(max_norm)
+    norm_type = float(norm_type)
+    if norm_type not in (2.0, math.inf):
+        raise ValueError(f"clip_grad_norm_ with norm_type {norm_type}: tier.torch clips by the 2-norm or the "
+                         "inf-norm of the gradients")
+    eng.reduce_shared()
+    norms: list[torch.Tensor] = []
+    ours: set[int] = set()
+    inplace: list[torch.Tensor] = []        # real .grad tensors: the shared block's, and parameters not ours
+    for p in params:
+        hit = eng.slot_of.get(id(p))
+        if hit is None or hit[0].is_shared:
+            if p.grad is None:
+                continue
+            g = p.grad.detach()
+            norms.append(g.abs().max() if norm_type == math.inf else torch.norm(g, norm_type))
+            inplace.append(g)
+            continue
+        s = hit[1]
+        if id(s) not in eng._got:
+            continue                        # no gradient this step: torch leaves it out too
+        norms.append((eng._maxabs if norm_type == math.inf else eng._norms)[id(s)])
+        ours.add(id(s))
+    if not norms:
+        return torch.tensor(0.)
+    if norm_type == math.inf:
+        total = norms[0] if len(norms) == 1 else torch.max(torch.stack(norms))
+    else:
+        total = torch.norm(torch.stack(norms), norm_type)
+    if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(
+            f'The total norm of order {norm_type} for gradients from '
+            '`parameters` is non-finite, so it cannot be clipped. To disable '
+            'this error and scale the gradients by the non-finite norm anyway, '
+            'set `error_if_nonfinite=False`')
+    clip_coef = max_norm / (total + 1e-6)
+    clamped = torch.clamp(clip_coef, max=1.0)
+    for g in inplace:
+        g.mul_(clamped.to(g.device))
+    eng._clip_coef = clamped
+    eng._clip_ids = ours
+    return total

@@ -1,0 +1,351 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.state: checkpoints of a model whose state lives in tierd.
+
+* ``model.state_dict()`` and ``model.load_state_dict()`` keep working on
+  the real values: a state-dict hook on every module that holds a
+  parameter of the engine's puts the values read from tierd in place of
+  the empty placeholders, a block at a time; a load pre-hook writes the
+  given values into tierd (checked first: the wrong shape is refused, as
+  torch refuses it, and nothing of the engine's is written then) and hands
+  torch empty tensors of the placeholders' shape to copy.
+* The engine's ``state_dict()``/``load_state_dict()`` are torch.optim's
+  format: ``{"state": {index: {"step": tensor, "exp_avg": ..., ...}},
+  "param_groups": [...]}``, parameters numbered across the groups in order;
+  a parameter kept in reduced precision also carries its float32 master
+  weights (``"tier_master"``), which torch's optimizers do not have.
+* ``save(path)`` and ``load(path)`` stream the same to a directory, one
+  block per file (``meta.pt``, ``buffers.pt``, ``block-NNNN.pt``), so that a
+  model larger than memory can be saved and loaded; a load is checked whole
+  against ``meta.pt`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import HOST, READ, READ_WRITE, WRITE
+from .layout import Block, Slot
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Offload
+
+FORMAT = "tier.torch checkpoint"
+VERSION = 1
+MASTER = "tier_master"
+
+
+# ---- the model's own state_dict() and load_state_dict() -------------------------------------
+
+def _keys(module: torch.nn.Module, prefix: str, eng: "Offload") -> list[tuple[str, Block, Slot]]:
+    """Every state-dict key of ``module``'s subtree (under ``prefix``) that names an engine's parameter."""
+    out = []
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for pname, p in m._parameters.items():
+            hit = eng.slot_of.get(id(p)) if p is not None else None
+            if hit is not None:
+                out.append((prefix + (mname + "." if mname else "") + pname, hit[0], hit[1]))
+    return out
+
+
+class ModelStateHooks:
+    """The engine's state-dict hooks on the model, and its zero_grad(); attach() once, detach() all."""
+
+    def __init__(self, engine: "Offload") -> None:
+        self.engine = engine
+        self.handles: list[Any] = []
+        self._cache: tuple[int, dict[int, torch.Tensor]] | None = None
+        self._zero_grad = None
+
+    def attach(self) -> None:
+        e = self.engine
+        for m in e.model.modules():
+            # (the model's own too: its hook runs last in a whole model's state_dict() and ends the cache)
+            if m is e.model or any(p is not None and id(p) in e.slot_of for p in m._parameters.values()):
+                self.handles.append(m._register_state_dict_hook(self.state_dict_hook))
+        for m in e.model.modules():
+            self.handles.append(m._register_load_state_dict_pre_hook(self.load_pre_hook, with_module=True))
+        # model.zero_grad() (what Hugging Face's Trainer calls) drops the engine's gradients too
+        orig = e.model.zero_grad
+        engine = e
+
+        def zero_grad(set_to_none: bool = False) -> None:
+            orig(set_to_none)
+            engine.zero_grad(set_to_none)
+
+        e.model.zero_grad = zero_grad
+        self._zero_grad = zero_grad
+
+    def detach(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        m = self.engine.model
+        if self._zero_grad is not None and m.__dict__.get("zero_grad") is self._zero_grad:
+            del m.__dict__["zero_grad"]
+        self._cache = None
+
+    def forget(self) -> None:
+        """The parameters may change (a forward, a step): what was read for state_dict() is stale."""
+        self._cache = None
+
+    def _values(self, b: Block) -> dict[int, torch.Tensor]:
+        if self._cache is None or self._cache[0] != b.index:
+            e = self.engine
+            vals: dict[int, torch.Tensor] = {}
+            with e._explained(b, "reading its parameters for state_dict()"):
+                with b.tensors["p"].pin(HOST, READ) as g:
+                    flat = g.torch()
+                    for s in b.slots:
+                        vals[id(s)] = s.view(flat, "p").clone()
+            self._cache = (b.index, vals)
+        return self._cache[1]
+
+    def state_dict_hook(self, module: torch.nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+        e = self.engine
+        if e._closed:
+            return
+        e.check_idle("model.state_dict()")
+        for pname, p in module._parameters.items():
+            hit = e.slot_of.get(id(p)) if p is not None else None
+            if hit is not None and prefix + pname in state_dict:
+                state_dict[prefix + pname] = self._values(hit[0])[id(hit[1])]
+        if module is e.model:
+            self._cache = None          # the end of a whole model's state_dict()
+
+    def load_pre_hook(self, module: torch.nn.Module, state_dict: dict, prefix: str, local_metadata: Any,
+                      strict: bool, missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        e = self.engine
+        if e._closed:
+            return
+        todo: dict[int, tuple[Block, dict[int, torch.Tensor]]] = {}
+        errors = []
+        keys = [(k, b, s) for k, b, s in _keys(module, prefix, e) if k in state_dict]
+        for key, b, s in keys:
+            v = state_dict[key]
+            if isinstance(v, torch.Tensor) and v.numel() == 0 and s.numel != 0:
+                continue                # handed on by a module above this one in this same load
+            if not isinstance(v, torch.Tensor):
+                errors.append(f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
+                              f'object from checkpoint but received {type(v)}')
+            elif v.shape != s.shape:
+                errors.append(f"size mismatch for {key}: copying a param with shape {v.shape} from checkpoint, "
+                              f"the shape in current model is {s.shape}.")
+            else:
+                todo.setdefault(b.index, (b, {}))[1][id(s)] = v.detach()
+        for key, b, s in keys:
+            state_dict[key] = e._placeholder(s.param)      # what torch copies: nothing
+        if errors:
+            error_msgs.extend(errors)   # torch raises them; nothing of the engine's was written
+            return
+        if todo:
+            e.check_idle("model.load_state_dict()")
+        for b, vals in todo.values():
+            e.write_params(b, vals, "writing parameters given to load_state_dict()")
+        self._cache = None
+
+
+# ---- the optimizer's state ---------------------------------------------------------------------
+
+def _packed_groups(eng: "Offload") -> tuple[list[dict], dict[int, int]]:
+    index: dict[int, int] = {}
+    groups = []
+    for g in eng.param_groups:
+        packed = {k: v for k, v in g.items() if k != "params"}
+        ids = []
+        for p in g["params"]:
+            index[id(p)] = len(index)
+            ids.append(index[id(p)])
+        packed["params"] = ids
+        groups.append(packed)
+    return groups, index
+
+
+def _read_state(eng: "Offload", b: Block) -> dict[int, dict[str, torch.Tensor]]:
+    """Per slot of b that was updated: each float32 kind of the step rule (and w) as the parameter's shape."""
+    kinds = list(eng.state_kinds) + (["w"] if b.mixed else [])
+    pieces: dict[int, dict[str, list[torch.Tensor]]] = {}
+    for pt in b.parts:
+        for kind in kinds:
+            with eng._explained(b, "reading its optimizer state"):
+                with b.tensors[b.part_kind(kind, pt.index)].pin(HOST, READ) as g:
+                    flat = g.torch()
+                    for pc in pt.pieces:
+                        if pc.slot.steps > 0 or kind == "w":
+                            pieces.setdefault(id(pc.slot), {}).setdefault(kind, []).append(
+                                pc.view(flat, kind).reshape(-1).clone())
+    out = {}
+    for s in b.slots:
+        if id(s) in pieces:
+            out[id(s)] = {k: torch.cat(v).view(s.shape) for k, v in pieces[id(s)].items()}
+    return out
+
+
+def _write_state(eng: "Offload", b: Block, vals: dict[int, dict[str, torch.Tensor]]) -> None:
+    """Write each slot's kinds (zeros for a slot not in ``vals``: it starts afresh)."""
+    kinds = list(eng.state_kinds) + (["w"] if b.mixed else [])
+    for pt in b.parts:
+        for kind in kinds:
+            with eng._explained(b, "writing its optimizer state"):
+                with b.tensors[b.part_kind(kind, pt.index)].pin(HOST, READ_WRITE if kind == "w" else WRITE) as g:
+                    flat = g.torch()
+                    for pc in pt.pieces:
+                        v = vals.get(id(pc.slot), {}).get(kind)
+                        dst = pc.view(flat, kind)
+                        if v is not None:
+                            dst.copy_(pc.of(v.to(torch.float32)))
+                        elif kind != "w":
+                            dst.zero_()
+
+
+def optimizer_state_dict(eng: "Offload") -> dict[str, Any]:
+    eng.check_idle("state_dict()")
+    groups, index = _packed_groups(eng)
+    state: dict[int, dict[str, Any]] = {}
+    names = eng.rule.state_names()
+    for b in eng.blocks:
+        if not b.slots or not any(s.steps > 0 for s in b.slots):
+            continue
+        got = _read_state(eng, b)
+        for s in b.slots:
+            if s.steps == 0 or id(s.param) not in index:
+                continue
+            entry = eng.rule.to_state(s.steps, {names[k]: v for k, v in got[id(s)].items() if k in names},
+                                      eng.param_groups[s.group])
+            if b.mixed:
+                entry[MASTER] = got[id(s)]["w"]
+            state[index[id(s.param)]] = entry
+    return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+
+def _check_groups(eng: "Offload", saved: list[dict]) -> None:
+    if len(saved) != len(eng.param_groups):
+        raise ValueError("loaded state dict has a different number of parameter groups")
+    for g, sg in zip(eng.param_groups, saved):
+        if len(g["params"]) != len(sg["params"]):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                             "optimizer's group")
+
+
+def load_optimizer_state_dict(eng: "Offload", sd: dict[str, Any]) -> None:
+    eng.check_idle("load_state_dict()")
+    if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
+        raise ValueError("not an optimizer state dict (it needs 'state' and 'param_groups')")
+    _check_groups(eng, sd["param_groups"])
+    params = [p for g in eng.param_groups for p in g["params"]]
+    saved_ids = [i for sg in sd["param_groups"] for i in sg["params"]]
+    by_index = dict(zip(saved_ids, params))
+    names = {v: k for k, v in eng.rule.state_names().items()}
+    todo: dict[int, dict[int, tuple[int, dict[str, torch.Tensor]]]] = {}
+    for idx, entry in sd["state"].items():
+        p = by_index.get(int(idx))
+        if p is None:
+            raise ValueError(f"optimizer state for parameter {idx}, which no group holds")
+        b, s = eng.slot_of[id(p)]
+        steps, tensors = eng.rule.from_state(entry)
+        kinds = {names[k]: v for k, v in tensors.items() if k in names}
+        if b.mixed and MASTER in entry:
+            kinds["w"] = entry[MASTER]
+        for k, v in kinds.items():
+            if not isinstance(v, torch.Tensor) or v.numel() != s.numel:
+                raise ValueError(f"optimizer state of {s.name}: {k} has "
+                                 f"{v.numel() if isinstance(v, torch.Tensor) else type(v)} elements, the "
+                                 f"parameter {s.numel}")
+        todo.setdefault(b.index, {})[id(s)] = (steps, {k: v.reshape(s.shape) for k, v in kinds.items()})
+    # checked whole: now written
+    for g, sg in zip(eng.param_groups, sd["param_groups"]):
+        for k, v in sg.items():
+            if k != "params":
+                g[k] = v
+    for b in eng.blocks:
+        if not b.slots:
+            continue
+        vals = todo.get(b.index, {})
+        _write_state(eng, b, {sid: kinds for sid, (_, kinds) in vals.items()})
+        for s in b.slots:
+            s.steps = vals[id(s)][0] if id(s) in vals else 0
+
+
+# ---- streamed checkpoints ------------------------------------------------------------------------
+
+def save(eng: "Offload", path: str) -> None:
+    """meta.pt, buffers.pt and one block-NNNN.pt per block, into a new directory ``path`` (written
+    beside it first and renamed into place: a crash leaves the old one or none)."""
+    eng.check_idle("save()")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FileExistsError(f"{path} exists and is not a directory")
+    tmp = path.rstrip("/") + ".tmp-save"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    groups, index = _packed_groups(eng)
+    meta = {"format": FORMAT, "version": VERSION, "rule": eng.rule.name, "param_groups": groups,
+            "blocks": [[{"names": s.names, "shape": tuple(s.shape), "dtype": str(s.dtype), "steps": s.steps,
+                         "index": index.get(id(s.param))} for s in b.slots] for b in eng.blocks]}
+    torch.save(meta, os.path.join(tmp, "meta.pt"))
+    torch.save({n: t.detach().clone() for n, t in eng.model.named_buffers()}, os.path.join(tmp, "buffers.pt"))
+    for b in eng.blocks:
+        if not b.slots:
+            continue
+        params = eng.parameters_of(b)
+        st = _read_state(eng, b) if any(s.steps > 0 for s in b.slots) or b.mixed else {}
+        torch.save({"params": {s.name: params[s.name] for s in b.slots},
+                    "state": {s.name: st[id(s)] for s in b.slots if id(s) in st}},
+                   os.path.join(tmp, f"block-{b.index:04d}.pt"))
+        del params, st
+    if os.path.isdir(path):
+        old = path.rstrip("/") + ".tmp-old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, path)
+
+
+def load(eng: "Offload", path: str) -> None:
+    eng.check_idle("load()")
+    meta = torch.load(os.path.join(path, "meta.pt"))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a tier.torch checkpoint (no meta.pt of format {FORMAT!r})")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"{path}: tier.torch checkpoint version {meta.get('version')}, this tier.torch reads "
+                         f"version {VERSION}")
+    if meta["rule"] != eng.rule.name:
+        raise ValueError(f"{path}: saved with the {meta['rule']} step rule, this engine runs {eng.rule.name}")
+    if len(meta["blocks"]) != len(eng.blocks):
+        raise ValueError(f"{path}: {len(meta['blocks'])} blocks saved, the engine has {len(eng.blocks)} (the same "
+                         "model and blocks= are needed)")
+    for b, saved in zip(eng.blocks, meta["blocks"]):
+        if len(saved) != len(b.slots):
+            raise ValueError(f"{path}: {b.label} had {len(saved)} parameters, it has {len(b.slots)}")
+        for s, m in zip(b.slots, saved):
+            if m["names"][0] != s.name or tuple(m["shape"]) != tuple(s.shape) or m["dtype"] != str(s.dtype):
+                raise ValueError(f"{path}: {b.label}: parameter {m['names'][0]} {tuple(m['shape'])} {m['dtype']} "
+                                 f"saved, {s.name} {tuple(s.shape)} {s.dtype} here")
+    _check_groups(eng, meta["param_groups"])
+    buffers = torch.load(os.path.join(path, "buffers.pt"))
+    mine = dict(eng.model.named_buffers())
+    if set(buffers) != set(mine):
+        raise ValueError(f"{path}: the model's buffers differ from the saved ones")
+    # checked whole: now written, a block at a time
+    for g, sg in zip(eng.param_groups, meta["param_groups"]):
+        for k, v in sg.items():
+            if k != "params":
+                g[k] = v
+    with torch.no_grad():
+        for n, t in buffers.items():
+            mine[n].copy_(t)
+    for b, saved in zip(eng.blocks, meta["blocks"]):
+        if not b.slots:
+            continue
+        data = torch.load(os.path.join(path, f"block-{b.index:04d}.pt"))
+        eng.write_params(b, {id(s): data["params"][s.name] for s in b.slots}, "writing loaded parameters")
+        _write_state(eng, b, {id(s): data["state"][s.name] for s in b.slots if s.name in data["state"]})
+        for s, m in zip(b.slots, saved):
+            s.steps = m["steps"]
+        del data
+    if hasattr(eng, "model_hooks"):
+        eng.model_hooks._cache = None

@@ -1,0 +1,495 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""Real training loops through tier.torch, bit for bit against the same loop in plain PyTorch.
+
+The parts of a loop beyond ``loss.backward(); step()``: gradient clipping
+(``torch.nn.utils.clip_grad_norm_`` itself, a max norm that clips and one
+that does not, and its return value), gradient accumulation (2 and 4
+micro-batches), two parameter groups with their own weight decay,
+schedulers (LambdaLR, cosine, transformers' linear warm-up), activation
+checkpointing (torch.utils.checkpoint, reentrant and not; Hugging Face's
+gradient_checkpointing_enable()), SGD with momentum, model.state_dict() and
+load_state_dict() on a live engine, save and resume in a new process (the
+torch.optim way and the streamed one), Hugging Face's Trainer, and what is
+refused.  Placement C under a host budget below the state: every block
+goes through NVMe every step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import tierd
+import venv
+
+NO_VENV = venv.enter()
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+try:
+    import transformers
+except ImportError:
+    transformers = None
+
+EXAMPLES = os.path.join(tierd.source_dir(), "client", "python", "examples")
+VOCAB = 256
+CONFIG = """\
+[daemon]
+linger_sec = 0
+[host]
+capacity = 128M
+segment_size = 16M
+job_limit = 96M
+[vram]
+backend = emulated
+capacity = 64M
+chunk_size = 8M
+job_limit = 32M
+[nvme]
+target = @DIR@/t0.img:1G
+extent_size = 1M
+"""
+
+
+def lm():
+    sys.path.insert(0, EXAMPLES)
+    import train_lm
+
+    torch.manual_seed(3)
+    return train_lm.ByteLM(dim=32, layers=3, heads=2, context=16)
+
+
+def batches(n: int, seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (4, 17), generator=g) for _ in range(n)]
+
+
+def lm_loss(m, x):
+    return torch.nn.functional.cross_entropy(m(x[:, :-1]).reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+
+
+class Checkpointed(torch.nn.Module if torch else object):
+    """ByteLM with each transformer block's forward recomputed in the backward."""
+
+    def __init__(self, inner, reentrant: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.reentrant = reentrant
+
+    def forward(self, idx):
+        import torch.utils.checkpoint as cp
+
+        m = self.inner
+        x = m.tok(idx) + m.pos(torch.arange(idx.shape[1]))
+        for b in m.blocks:
+            x = cp.checkpoint(b, x, use_reentrant=self.reentrant)
+        return m.head(m.ln(x))
+
+
+def groups_of(model, decay: float = 0.1):
+    """Hugging Face's two groups: weight decay for matrices, none for biases and norms."""
+    dec = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    nodec = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return [{"params": dec, "weight_decay": decay}, {"params": nodec, "weight_decay": 0.0}]
+
+
+def loop(model, opt, data, *, accumulate: int = 1, clip: float | None = None, sched=None, engine=None):
+    """The same loop for plain PyTorch (opt a torch.optim optimizer) and tier.torch (opt the engine):
+    losses and clip norms per step."""
+    losses, norms = [], []
+    torch.manual_seed(11)
+    for i in range(0, len(data), accumulate):
+        for x in data[i:i + accumulate]:
+            loss = lm_loss(model, x) / accumulate
+            loss.backward()
+            losses.append(loss.item())
+        if clip is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
+        opt.step()
+        if sched is not None:
+            sched.step()
+        opt.zero_grad()
+    return losses, norms
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestLoops(tierd.DaemonTestCase):
+    config = CONFIG
+
+    def engine(self, model, job: str, params=None, **kw):
+        import tier.torch
+
+        c = self.client(job)
+        state = sum(p.numel() * 16 for p in model.parameters())
+        c.set_quota(host=max(state // 2, 1 << 20))          # below the state: through NVMe
+        kw = {"lr": 1e-3, "placement": "C", **kw}
+        return tier.torch.Offload(model, c, params if params is not None else model.parameters(), **kw), c
+
+    def compare(self, name, make, *, steps=4, accumulate=1, clip=None, groups=False, sched=None, rule="adamw",
+                **kw):
+        """Plain vs tier.torch on the same loop; returns the engine (closed) for more checks."""
+        data = batches(steps * accumulate)
+        ref = make()
+        model = copy.deepcopy(ref)
+        if rule == "sgd":
+            opt = torch.optim.SGD(groups_of(ref) if groups else ref.parameters(), lr=1e-2, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(groups_of(ref) if groups else ref.parameters(), lr=1e-3)
+        rs = sched(opt) if sched else None
+        ref_losses, ref_norms = loop(ref, opt, data, accumulate=accumulate, clip=clip, sched=rs)
+        hyper = {"optimizer": "sgd", "lr": 1e-2, "momentum": 0.9} if rule == "sgd" else {}
+        eng, c = self.engine(model, name, groups_of(model) if groups else None, **hyper, **kw)
+        es = sched(eng) if sched else None
+        losses, norms = loop(model, eng, data, accumulate=accumulate, clip=clip, sched=es, engine=eng)
+        self.assertEqual(losses, ref_losses, f"{name}: losses")
+        self.assertEqual(norms, ref_norms, f"{name}: clip_grad_norm_'s return values")
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), f"{name}: {n} differs from plain PyTorch's")
+        if rs is not None:
+            self.assertEqual(es.get_last_lr(), rs.get_last_lr())
+        eng.close()
+        return eng
+
+    # ---- clipping --------------------------------------------------------------------------------
+
+    def test_clip_that_clips(self) -> None:
+        eng = self.compare("clip-small", lm, clip=0.05)
+        self.assertEqual(eng.mode, "deferred")
+
+    def test_clip_that_does_not(self) -> None:
+        self.compare("clip-large", lm, clip=1e6)
+
+    def test_clip_engine_call_and_inf_norm(self) -> None:
+        """engine.clip_grad_norm_() is the same call; the inf-norm too."""
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "clip-inf")
+        for x in data:
+            lm_loss(ref, x).backward()
+            lm_loss(model, x).backward()
+            a = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.01, norm_type=math.inf)
+            b = eng.clip_grad_norm_(model.parameters(), 0.01, norm_type=math.inf)
+            self.assertTrue(torch.equal(a, b))
+            opt.step()
+            opt.zero_grad()
+            eng.step()
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
+    # ---- accumulation, groups, schedulers, SGD ----------------------------------------------------
+
+    def test_accumulate_2(self) -> None:
+        self.compare("acc2", lm, accumulate=2)
+
+    def test_accumulate_4_with_clipping(self) -> None:
+        self.compare("acc4", lm, accumulate=4, clip=0.1, steps=2)
+
+    def test_two_groups(self) -> None:
+        self.compare("groups", lm, groups=True)
+
+    def test_lambda_lr(self) -> None:
+        self.compare("lambda", lm, sched=lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1 / (1 + s)))
+
+    def test_cosine(self) -> None:
+        self.compare("cosine", lm, groups=True, sched=lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 3))
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_linear_warmup(self) -> None:
+        self.compare("warmup", lm, clip=1.0, sched=lambda o: transformers.get_linear_schedule_with_warmup(o, 2, 6))
+
+    def test_sgd_momentum(self) -> None:
+        self.compare("sgd", lm, rule="sgd", groups=True)
+
+    # ---- activation checkpointing -------------------------------------------------------------------
+
+    def test_checkpoint_reentrant(self) -> None:
+        self.compare("ckpt-re", lambda: Checkpointed(lm(), True))
+
+    def test_checkpoint_non_reentrant(self) -> None:
+        self.compare("ckpt-nonre", lambda: Checkpointed(lm(), False), accumulate=2, clip=0.5)
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_hf_gradient_checkpointing(self) -> None:
+        def make():
+            torch.manual_seed(4)
+            m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32))
+            m.gradient_checkpointing_enable()
+            return m
+
+        data = batches(3)
+        ref = make()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        torch.manual_seed(11)
+        rl = []
+        for x in data:
+            loss = ref(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rl.append(loss.item())
+        eng, _ = self.engine(model, "hf-ckpt")
+        torch.manual_seed(11)
+        tl = []
+        for x in data:
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            eng.step()
+            tl.append(loss.item())
+        self.assertEqual(tl, rl)
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
+    # ---- state dicts -----------------------------------------------------------------------------------
+
+    def test_model_state_dict_live_and_load(self) -> None:
+        """model.state_dict() holds the real values while the engine runs, every name; loading into a
+        live engine changes what it trains from, as in plain PyTorch."""
+        data = batches(4)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "sd-live")
+        sd = model.state_dict()
+        self.assertTrue(all(sd[n].numel() == p.numel() for n, p in ref.state_dict().items()))
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        self.assertEqual(model.blocks[0].ln1.state_dict()["weight"].shape, (32,))   # a submodule's too
+        # new values into both, mid-training
+        loop(ref, opt, data[:2])
+        loop(model, eng, data[:2])
+        torch.manual_seed(99)
+        other = lm().state_dict()
+        for k in other:
+            other[k] = other[k] * 0.5
+        ref.load_state_dict(other)
+        model.load_state_dict(other)
+        a, _ = loop(ref, opt, data[2:])
+        b, _ = loop(model, eng, data[2:])
+        self.assertEqual(a, b)
+        # a wrong shape is refused, nothing written
+        bad = dict(other)
+        bad["head.weight"] = torch.zeros(3, 3)
+        before = model.state_dict()
+        with self.assertRaises(RuntimeError) as cm:
+            model.load_state_dict(bad)
+        self.assertIn("size mismatch for head.weight", str(cm.exception))
+        after = model.state_dict()
+        for n in before:
+            self.assertTrue(torch.equal(before[n], after[n]), n)
+        eng.close()
+
+    def test_optimizer_state_dict_format(self) -> None:
+        """engine.state_dict() is torch.optim's, value for value, and loads into a torch AdamW."""
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(groups_of(ref), lr=1e-3)
+        eng, _ = self.engine(model, "sd-opt", groups_of(model))
+        loop(ref, opt, data)
+        loop(model, eng, data)
+        a, b = opt.state_dict(), eng.state_dict()
+        self.assertEqual(sorted(a["state"]), sorted(b["state"]))
+        for k in a["state"]:
+            for f in ("step", "exp_avg", "exp_avg_sq"):
+                self.assertTrue(torch.equal(a["state"][k][f], b["state"][k][f]), (k, f))
+        self.assertEqual([{x: y for x, y in g.items() if x != "initial_lr"} for g in a["param_groups"]],
+                         [{x: y for x, y in g.items() if x != "initial_lr"} for g in b["param_groups"]])
+        fresh = torch.optim.AdamW(groups_of(copy.deepcopy(ref)), lr=1e-3)
+        fresh.load_state_dict(b)
+        eng.close()
+
+    def test_resume_in_a_new_process(self) -> None:
+        """Save after 2 steps, resume in another process, 2 more: the 4 uninterrupted steps' bits; the
+        torch.optim way (torch.save of both state dicts) and the streamed one (engine.save)."""
+        with tempfile.TemporaryDirectory() as d:
+            out = {}
+            for how in ("torch", "stream"):
+                ckpt = os.path.join(d, how)
+                for phase in ("first", "rest"):
+                    p = subprocess.run([sys.executable, __file__, "--child", phase, how, ckpt, self.socket],
+                                       capture_output=True, text=True, timeout=300)
+                    self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                with open(os.path.join(d, how, "result.json")) as f:
+                    out[how] = json.load(f)
+            whole = subprocess.run([sys.executable, __file__, "--child", "whole", "-", os.path.join(d, "w"),
+                                    self.socket], capture_output=True, text=True, timeout=300)
+            self.assertEqual(whole.returncode, 0, whole.stdout + whole.stderr)
+            with open(os.path.join(d, "w", "result.json")) as f:
+                ref = json.load(f)
+            for how in ("torch", "stream"):
+                self.assertEqual(out[how]["losses"], ref["losses"][2:], how)
+                self.assertEqual(out[how]["digest"], ref["digest"], how)
+
+    # ---- refusals ------------------------------------------------------------------------------------
+
+    def test_refusals(self) -> None:
+        model = lm()
+        eng, _ = self.engine(model, "refuse")
+        x = batches(1)[0]
+        lm_loss(model, x).backward()
+        eng.step()                              # one micro-batch, no clip: fused from now on
+        self.assertEqual(eng.mode, "fused")
+        lm_loss(model, x).backward()
+        with self.assertRaises(RuntimeError) as cm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        self.assertIn("optimizer_in_backward=False", str(cm.exception))
+        with self.assertRaises(RuntimeError):
+            torch.nn.utils.clip_grad_value_(model.parameters(), 1.0)
+        with self.assertRaises(RuntimeError) as cm:
+            lm_loss(model, x).backward()        # accumulation after a fused first step
+        self.assertIn("second forward", str(cm.exception))
+        eng.step()
+        with self.assertRaises(RuntimeError):
+            eng.step(lambda: 0.0)
+        with self.assertRaises(RuntimeError):
+            eng.add_param_group({"params": []})
+        # a parameter that is not the model's
+        import tier.torch
+
+        with self.assertRaises(ValueError):
+            tier.torch.Offload(lm(), self.client("refuse2"), [torch.nn.Parameter(torch.zeros(3))])
+        m3 = lm()
+        with self.assertRaises(ValueError) as cm:
+            tier.torch.Offload(m3, self.client("refuse3"), [{"params": list(m3.parameters()), "amsgrad": True}])
+        self.assertIn("amsgrad", str(cm.exception))
+        self.assertNotEqual(m3.head.weight.numel(), 0)         # refused before anything was taken
+        eng.close()
+        # torch's own clip_grad_norm_ is back for models without an engine
+        plain = lm()
+        lm_loss(plain, x).backward()
+        self.assertGreater(torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0).item(), 0)
+
+    # ---- Hugging Face Trainer -------------------------------------------------------------------------
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_hf_trainer(self) -> None:
+        """transformers.Trainer(optimizers=(engine, scheduler)) with max_grad_norm, gradient accumulation
+        and save_steps: the same losses, parameters and checkpoints as the same Trainer run without tierd."""
+        import tier.torch
+
+        class Data(torch.utils.data.Dataset):
+            def __init__(self) -> None:
+                self.x = batches(8, seed=21)
+
+            def __len__(self) -> int:
+                return 32
+
+            def __getitem__(self, i):
+                ids = self.x[i // 4][i % 4]
+                return {"input_ids": ids, "labels": ids}
+
+        def make():
+            torch.manual_seed(6)
+            return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32))
+
+        def run(use_tier: bool, out: str):
+            model = make()
+            if use_tier:
+                c = self.client("trainer")
+                opt = tier.torch.Offload(model, c, groups_of(model, 0.01), lr=5e-4, placement="C")
+            else:
+                opt = torch.optim.AdamW(groups_of(model, 0.01), lr=5e-4)
+            sched = transformers.get_linear_schedule_with_warmup(opt, 2, 4)
+            args = transformers.TrainingArguments(
+                output_dir=out, max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                max_grad_norm=0.5, save_steps=2, logging_steps=1, seed=7, report_to=[], use_cpu=True,
+                dataloader_num_workers=0, disable_tqdm=True, save_safetensors=False)
+            tr = transformers.Trainer(model=model, args=args, train_dataset=Data(), optimizers=(opt, sched))
+            tr.train()
+            losses = [h["loss"] for h in tr.state.log_history if "loss" in h]
+            sd = model.state_dict()
+            if use_tier:
+                opt.close()
+            return losses, sd
+
+        with tempfile.TemporaryDirectory() as d:
+            ref_losses, ref_sd = run(False, os.path.join(d, "plain"))
+            losses, sd = run(True, os.path.join(d, "tier"))
+            self.assertEqual(losses, ref_losses)
+            for n, p in ref_sd.items():
+                self.assertTrue(torch.equal(sd[n], p), n)
+            for step in (2, 4):
+                a = torch.load(os.path.join(d, "plain", f"checkpoint-{step}", "pytorch_model.bin"))
+                b = torch.load(os.path.join(d, "tier", f"checkpoint-{step}", "pytorch_model.bin"))
+                self.assertEqual(sorted(a), sorted(b))
+                for n in a:
+                    self.assertTrue(torch.equal(a[n], b[n]), (step, n))
+                oa = torch.load(os.path.join(d, "plain", f"checkpoint-{step}", "optimizer.pt"))
+                ob = torch.load(os.path.join(d, "tier", f"checkpoint-{step}", "optimizer.pt"))
+                for k in oa["state"]:
+                    self.assertTrue(torch.equal(oa["state"][k]["exp_avg_sq"], ob["state"][k]["exp_avg_sq"]))
+
+
+# ---- the resume test's processes ---------------------------------------------------------------
+
+def child(phase: str, how: str, ckpt: str, socket: str) -> int:
+    """first: 2 steps, save; rest: load, 2 steps; whole: 4 steps.  Writes result.json beside ckpt."""
+    import hashlib
+
+    import tier
+    import tier.torch
+
+    os.makedirs(ckpt, exist_ok=True)
+    data = batches(4)
+    model = lm()
+    c = tier.Client(f"resume-{how}-{phase}", socket=socket)
+    eng = tier.torch.Offload(model, c, groups_of(model), lr=1e-3, placement="C")
+    sched = torch.optim.lr_scheduler.LambdaLR(eng, lambda s: 0.9 ** s)
+    if phase == "rest":
+        if how == "torch":
+            saved = torch.load(os.path.join(ckpt, "both.pt"))
+            model.load_state_dict(saved["model"])
+            eng.load_state_dict(saved["opt"])
+            sched.load_state_dict(saved["sched"])
+        else:
+            eng.load(os.path.join(ckpt, "engine"))
+            sched.load_state_dict(torch.load(os.path.join(ckpt, "sched.pt")))
+        todo = data[2:]
+    else:
+        todo = data[:2] if phase == "first" else data
+    losses, _ = loop(model, eng, todo, clip=0.5, sched=sched)
+    if phase == "first":
+        if how == "torch":
+            torch.save({"model": model.state_dict(), "opt": eng.state_dict(), "sched": sched.state_dict()},
+                       os.path.join(ckpt, "both.pt"))
+        else:
+            eng.save(os.path.join(ckpt, "engine"))
+            torch.save(sched.state_dict(), os.path.join(ckpt, "sched.pt"))
+    h = hashlib.sha256()
+    for n, t in sorted(model.state_dict().items()):
+        h.update(n.encode())
+        h.update(t.contiguous().numpy().tobytes())
+    for k, st in sorted(eng.state_dict()["state"].items()):
+        for f in ("exp_avg", "exp_avg_sq"):
+            h.update(st[f].contiguous().numpy().tobytes())
+        h.update(str(float(st["step"])).encode())
+    with open(os.path.join(ckpt, "result.json"), "w") as f:
+        json.dump({"losses": losses, "digest": h.hexdigest()}, f)
+    eng.close()
+    c.close()
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        sys.exit(child(*sys.argv[2:6]))
+    tierd.main()
