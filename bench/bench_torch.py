@@ -86,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="unmeasured steps first (>= 1: tier.torch traces "
                    "the first step)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (the loss divided by it)")
+    p.add_argument("--clip", type=float, help="clip_grad_norm_(model.parameters(), CLIP) before each step")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--text", default="/usr/lib/python3*/**/*.py")
@@ -107,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.accumulate < 1:
+        p.error("--accumulate must be at least 1")
     if a.warmup < 1 or a.steps < 1:
         p.error("--warmup and --steps must be at least 1")
     return a
@@ -208,7 +212,9 @@ def child(a: argparse.Namespace) -> int:
         moved0: dict = {}
         stall0 = 0.0
         cpu0 = 0.0
-        for i, (x, y) in enumerate(data):
+        acc = a.accumulate
+        for i in range(len(data) // acc):
+            micro = data[i * acc:(i + 1) * acc]
             if sys.stdin.readline().strip() != "go":
                 log(f"{a.child}: stopped before step {i + 1}")
                 return 0
@@ -217,15 +223,20 @@ def child(a: argparse.Namespace) -> int:
                 if client is not None:
                     moved0, stall0 = client.moved(), engine.stall
             t0 = time.perf_counter()
-            loss = loss_fn(logits_of(model, x).reshape(-1, vocab), y.reshape(-1))
-            loss.backward()
+            total = 0.0
+            for x, y in micro:
+                loss = loss_fn(logits_of(model, x).reshape(-1, vocab), y.reshape(-1)) / acc
+                loss.backward()
+                total += loss.item()
+            if a.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             if engine is not None:
                 engine.step()
             else:
                 opt.step()
                 opt.zero_grad()
             dt = time.perf_counter() - t0
-            losses.append(loss.item())
+            losses.append(total)
             times.append(dt)
             say({"step": i + 1, "dt": dt, "loss": losses[-1]})
         out["cpu_s_per_step"] = (time.process_time() - cpu0) / a.steps
@@ -435,7 +446,8 @@ class Run:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", config, "--data", data_path,
                "--model", a.model, "--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads), "--context",
                str(a.context), "--batch", str(a.batch), "--steps", str(a.steps), "--warmup", str(a.warmup),
-               "--lr", repr(a.lr), "--seed", str(a.seed), "--threads", str(a.threads)]
+               "--lr", repr(a.lr), "--seed", str(a.seed), "--threads", str(a.threads),
+               "--accumulate", str(a.accumulate)] + (["--clip", repr(a.clip)] if a.clip is not None else [])
         if job:
             cmd += ["--socket", a.socket, "--job", job]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stderr,
@@ -550,7 +562,7 @@ def parent(a: argparse.Namespace) -> int:
     # the same batches for every configuration
     text = train_lm.load_text(a.text, a.text_bytes)
     gen = train_lm.batches(text, a.batch, a.context, a.seed, 0, 1)
-    data = [next(gen) for _ in range(a.warmup + a.steps)]
+    data = [next(gen) for _ in range((a.warmup + a.steps) * a.accumulate)]
     tmp = tempfile.mkdtemp(prefix="bench-torch.", dir=a.dir)
     data_path = os.path.join(tmp, "batches.pt")
     torch.save(data, data_path)
@@ -695,7 +707,7 @@ def parent(a: argparse.Namespace) -> int:
         pass
 
     # ---- figures
-    tokens = a.batch * a.context
+    tokens = a.batch * a.context * a.accumulate
     plain = results["plain"]
     if not plain["fits"]:
         raise SystemExit(f"bench_torch: plain PyTorch did not run to the end: {plain['error']}")
@@ -791,6 +803,7 @@ def parent(a: argparse.Namespace) -> int:
         "verify": verify,
         # VmHWM reset (clear_refs) before each configuration: per configuration in sequential mode only
         "tierd_hwm_per_config": hwm_reset and a.sequential,
+        "accumulate": a.accumulate, "clip": a.clip,
         "steps": a.steps, "warmup": a.warmup, "threads": torch.get_num_threads() if not a.threads else a.threads,
         "cpus": os.cpu_count(),
         "tierd_stuck_after": stuck,

@@ -132,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=16, help="sequences per step, over all ranks")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    p.add_argument("--clip", type=float, help="clip the gradients' global norm to this before each step")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--placement", choices=("A", "B", "C"), default="C",
                    help="A: state in host memory; B: optimizer state on NVMe; C: parameters too (default)")
@@ -225,23 +227,27 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     for step in range(args.steps):
         t0 = time.monotonic()
-        x, y = next(data)
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        logits = logits.logits if hasattr(logits, "logits") else logits
-        loss = loss_fn(logits.reshape(-1, vocab), y.reshape(-1))
-        loss.backward()
+        value = torch.zeros(())
+        for _ in range(args.accumulate):
+            x, y = next(data)
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            logits = logits.logits if hasattr(logits, "logits") else logits
+            loss = loss_fn(logits.reshape(-1, vocab), y.reshape(-1)) / args.accumulate
+            loss.backward()
+            value += loss.detach().cpu()
+        if args.clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)   # through tierd too
         if engine:
             engine.step()
         else:
             opt.step()
             opt.zero_grad()
         dt = time.monotonic() - t0
-        value = loss.detach()
         if world > 1:
             torch.distributed.all_reduce(value)
             value /= world
-        tokens = args.batch * args.context
+        tokens = args.batch * args.context * args.accumulate
         line = f"step {step + 1:4d}  loss {value.item():.6f}  {tokens / dt:9.0f} tok/s  {dt * 1e3:7.1f} ms"
         if client:
             now = client.moved()
