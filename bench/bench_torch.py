@@ -247,6 +247,7 @@ def child(a: argparse.Namespace) -> int:
             out["moved_per_step"] = {k: (now[k] - moved0.get(k, 0)) / a.steps for k in now}
             out["stall_s"] = engine.stall - stall0
             out["kept_up"] = engine.kept_up
+            out["write_downs_refused"] = engine.write_downs_refused
             engine.close()              # the parameters come back into the model
             engine = None
         h = hashlib.sha256()
@@ -740,6 +741,7 @@ def parent(a: argparse.Namespace) -> int:
             s["job_peak_bytes"] = res["job_peak_bytes"]
         if "kept_up" in res:
             s["kept_up"] = res["kept_up"]
+            s["write_downs_refused"] = res.get("write_downs_refused", 0)
         if res.get("settle_s"):
             s["settle_s_per_step"] = r(statistics.mean(res["settle_s"]))
         if not a.sequential and res is not plain:

@@ -23,6 +23,7 @@ gradients gathered since the last step, ``state_dict()`` and
 from __future__ import annotations
 
 import math
+import re
 import warnings
 import weakref
 from typing import Any, Iterable, Sequence
@@ -113,6 +114,8 @@ class Offload(torch.optim.Optimizer):
         #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
         #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
         self.kept_up = 0
+        #: write-downs tierd refused for want of room (their copies stay valid where they are)
+        self.write_downs_refused = 0
         self.vram = VRAM
         self.device = torch.device("cuda") if client.vram_backend == "cuda" else torch.device("cpu")
         self._group = process_group
@@ -309,11 +312,24 @@ class Offload(torch.optim.Optimizer):
     # ---- errors in the model's words ----------------------------------------------------------
 
     def _explain_text(self, text: str) -> str:
-        """tierd's text with our tensor names replaced by the blocks they belong to."""
+        """tierd's text with our tensor names replaced by the blocks they belong to, and the plan's
+        phase numbers by the phases they are."""
         for name, (b, kind) in sorted(self._by_tname.items(), key=lambda x: -len(x[0])):
             if name in text:
                 text = text.replace(f"'{name}'", f"{kind} of {b.label}").replace(name, f"{kind} of {b.label}")
-        return text
+        seq = self.tracer.seq
+
+        def phase(m: "re.Match[str]") -> str:
+            k = int(m.group(0))
+            if k >= len(seq):
+                return m.group(0)
+            kind, i, part, micro = seq[k]
+            words = {"f": "forward", "b": "backward", "o": "optimizer"}[kind]
+            extra = (f", part {part + 1}" if len(self.blocks[i].parts) > 1 and kind == "o" else "") + \
+                (f", micro-batch {micro + 1}" if micro else "")
+            return f"{k} ({words} of {self.blocks[i].label}{extra})"
+
+        return re.sub(r"(?<=phases )\d+|(?<=phase )\d+|(?<= and )\d+(?= together)", phase, text)
 
     class _Explained:
         """Re-raise a TierError of ``what`` (for block ``b``) in the model's words, and what to do."""
@@ -795,8 +811,10 @@ class Offload(torch.optim.Optimizer):
         self._fences = []
 
     def _fence_done(self, f: Any, wait: bool) -> bool:
-        """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done."""
-        from .. import BusyError
+        """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done;
+        so is one tierd could not make (no room to go through, -ENOSPC/-EAGAIN): a write-down is a move
+        of a valid copy, never the only one, so the tensor stays where it is, counted and said once."""
+        from .. import BusyError, NoSpaceError, RetryLaterError
 
         try:
             if wait:
@@ -805,6 +823,13 @@ class Offload(torch.optim.Optimizer):
             return f.done()
         except BusyError:
             self.kept_up += 1
+            return True
+        except (NoSpaceError, RetryLaterError) as e:
+            self.write_downs_refused += 1
+            if self.write_downs_refused == 1:
+                warnings.warn(f"tier.torch: a write-down to NVMe (placement {self.placement}) was refused by "
+                              f"tierd ({e}); the state stays in host memory until tierd moves it (counted in "
+                              "Offload.write_downs_refused)", TierTorchWarning, stacklevel=3)
             return True
 
     def _collect_fences(self) -> None:
