@@ -377,6 +377,52 @@ class TestLoops(tierd.DaemonTestCase):
         lm_loss(plain, x).backward()
         self.assertGreater(torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0).item(), 0)
 
+    def test_deferred_budget_in_the_model_words(self) -> None:
+        """A host budget one optimizer phase fits, but not the two that clipping pins at once: the plan
+        is refused at the first step's end, naming the phases' blocks, not tierd's phase numbers."""
+        import tier
+
+        model = lm()
+        c = self.client("deferred-budget")
+        import tier.torch
+
+        blocks = tier.torch.layout.build(model, tier.torch.auto_blocks(model))
+        largest = max(b.opt_host_bytes(2) for b in blocks)
+        c.set_quota(host=largest * 3 // 2)
+        eng = tier.torch.Offload(model, c, lr=1e-3, placement="C")
+        lm_loss(model, batches(1)[0]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with self.assertRaises(tier.NoSpaceError) as cm:
+            eng.step()
+        text = str(cm.exception)
+        self.assertRegex(text, r"phases \d+ \(optimizer of block \d+ '[a-z.0-9]+' \(\w+\)\) and \d+ \(optimizer of")
+        self.assertIn("two blocks' optimizer phases are pinned at once", text)
+        eng.close(restore=False)
+
+    def test_write_down_refused_is_counted(self) -> None:
+        """A write-down tierd refuses for want of room is counted and warned about once, not raised: the
+        copy it would have moved stays valid (what the engine does with such a fence's error)."""
+        import errno
+        import warnings
+
+        import tier
+        import tier.torch
+
+        class Refused:
+            def done(self):
+                raise tier.NoSpaceError(errno.ENOSPC, "no room to go through", "evict")
+
+            wait = done
+
+        eng, _ = self.engine(lm(), "refused")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            self.assertTrue(eng._fence_done(Refused(), False))
+            self.assertTrue(eng._fence_done(Refused(), True))
+        self.assertEqual(eng.write_downs_refused, 2)
+        self.assertEqual(len([x for x in w if issubclass(x.category, tier.torch.TierTorchWarning)]), 1)
+        eng.close()
+
     # ---- Hugging Face Trainer -------------------------------------------------------------------------
 
     @unittest.skipIf(transformers is None, NO_VENV or "no transformers")

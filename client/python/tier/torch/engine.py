@@ -374,6 +374,9 @@ class Offload(torch.optim.Optimizer):
                 bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
                             "and tierd holds the next phase while one runs")
             bits.append(discovery.split_hint(b))
+        if self._mode == "deferred":
+            bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
+                        "clipped), so two blocks' optimizer phases are pinned at once")
         job = getattr(self.client, "job", "JOB")
         bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); "
                     "Offload.describe() shows every block")
