@@ -26,7 +26,7 @@ import math
 import re
 import warnings
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
@@ -37,6 +37,9 @@ from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, rule_from
 from .tracer import Key, Tracer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..client import Client
 
 #: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
 #: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
@@ -71,7 +74,7 @@ class Offload(torch.optim.Optimizer):
     job's budgets mean for them.
     """
 
-    def __init__(self, model: torch.nn.Module, client: Any, params: Iterable[Any] | None = None, *,
+    def __init__(self, model: torch.nn.Module, client: "Client", params: Iterable[Any] | None = None, *,
                  lr: float | None = None, betas: tuple[float, float] | None = None, eps: float | None = None,
                  weight_decay: float | None = None, momentum: float | None = None,
                  optimizer: str | StepRule = "adamw", placement: str = "A",
