@@ -46,6 +46,7 @@
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/memfd-seg.h"
+#include "daemon/tiers/renew.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/fault.h"
 #include "daemon/tiers/uring.h"
@@ -65,6 +66,17 @@ static void host_unregister_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
 
         vram_host_unregister(m->vram, seg);
+        /* the ring lets go of the old pages now, not when the new memory is registered in their place */
+        if (m->uring)
+                (void) uring_set_buffer(m->uring, seg->id, NULL, 0);
+}
+
+/* Segments came back from the renewer: ops waiting for room may run. */
+static void on_segments_renewed(SegPool *p, void *userdata) {
+        Manager *m = userdata;
+
+        if (m->engine)
+                engine_wake_space_waiters(m->engine);
 }
 
 static void manager_notify_ready(Manager *m) {
@@ -249,6 +261,7 @@ static int manager_check_quotas(Manager *m) {
 
 int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
         _cleanup_(manager_freep) Manager *m = NULL;
+        SegRenewer *renewer;
         int r;
 
         m = calloc(1, sizeof(*m));
@@ -276,6 +289,14 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 r = sched_new(m->event, &m->config, m->registry, m->engine, m->uring, m->vram, &m->sched);
         if (r >= 0)
                 r = revoke_new(m->event, m->engine, &m->revoke);
+        /*
+         * Segments a job gives back get their new memory on a thread of their own: making and locking
+         * gigabytes would hold every job's requests (the cuda backend's chunks renew as before)
+         */
+        if (r >= 0 && !getenv("TIERD_TEST_RENEW_ON_LOOP"))     /* (bench/bench_churn.py's "before") */
+                r = segrenewer_new(&m->host.pool, m->event, on_segments_renewed, m, &renewer);   /* the pool's */
+        if (r >= 0 && m->vram->pool.ops->make_memory && !getenv("TIERD_TEST_RENEW_ON_LOOP"))
+                r = segrenewer_new(&m->vram->pool, m->event, on_segments_renewed, m, &renewer);
         if (r >= 0)
                 r = quota_store_new(m->registry, &m->config, &m->quotas);
         if (r >= 0)

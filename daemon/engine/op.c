@@ -255,6 +255,9 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         if (r < 0 && r != -ENOSPC)
                                 return op_fail(op, r, "cannot take %s room back for job '%s': %s",
                                                level_to_string(tier), t->job->name, strerror(-r));
+                        /* segments the pool gets back from the renewer (renew.c) before the job's own copies */
+                        if (e->registry->pools[tier]->n_renewing > 0 && !op->no_wait)
+                                return ADV_WAIT_SPACE;
                 }
                 blocked = 0;
                 r = make_space(e, op, t, tier, t->alloc_size, &blocked);
@@ -264,6 +267,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         return ADV_WAIT_SPACE;
                 if (tier == TIER_VRAM && e->vram->pool.n_revoking > 0 && !op->no_wait)
                         return ADV_WAIT_SPACE;  /* chunks come back once their old clients let go (revoke.c) */
+
                 if (r == -EAGAIN)
                         return op_fail(op, -EAGAIN, "no %s space to spare before the deadline", level_to_string(tier));
                 if (r < 0 && r != -ENOSPC)

@@ -21,7 +21,12 @@
 #include "daemon/tiers/memfd-seg.h"
 #include "proto/macro.h"
 
-static int memfd_seg_make(SegPool *p, Segment *seg, uint64_t size) {
+/*
+ * The memory: a sealed memfd of @size, mapped, NUMA-bound, locked and faulted
+ * in.  Runs on the renewer's thread too (renew.c): no logging here (a failed
+ * lock is noted in the config, the caller on the loop says it).
+ */
+static int memfd_seg_make_memory(SegPool *p, Segment *seg, uint64_t size) {
         MemfdSegConfig *mc = p->userdata;
         void *map = MAP_FAILED;
         int fd = -1, r;
@@ -47,31 +52,15 @@ static int memfd_seg_make(SegPool *p, Segment *seg, uint64_t size) {
 
                 if (mc->numa_node < (int) (sizeof(mask) * 8)) {
                         mask[mc->numa_node / (8 * sizeof(long))] |= 1UL << (mc->numa_node % (8 * sizeof(long)));
-                        if (mbind(map, size, MPOL_BIND, mask, sizeof(mask) * 8, 0) < 0)
-                                log_debug_errno(errno, "mbind to node %d failed, ignoring: %m", mc->numa_node);
+                        (void) mbind(map, size, MPOL_BIND, mask, sizeof(mask) * 8, 0);  /* best effort */
                 }
         }
-        if (mc->lock) {
-                if (mlock(map, size) < 0) {
-                        if (!mc->lock_failed)
-                                log_warning_errno(errno, "Cannot lock %s memory (needs CAP_IPC_LOCK or "
-                                                  "LimitMEMLOCK=infinity), continuing unlocked: %m", mc->name);
-                        mc->lock_failed = true;
-                }
-        }
+        if (mc->lock && mlock(map, size) < 0)
+                __atomic_store_n(&mc->lock_errno, errno, __ATOMIC_RELAXED);
         /* fault the pages in now, not on the first transfer */
         (void) madvise(map, size, MADV_POPULATE_WRITE);
-
         seg->fd = fd;
         seg->map = map;
-        if (mc->on_make) {
-                r = mc->on_make(seg, mc->userdata);
-                if (r < 0) {
-                        seg->fd = -1;
-                        seg->map = NULL;
-                        goto fail;
-                }
-        }
         return 0;
 fail:
         if (map != MAP_FAILED)
@@ -80,18 +69,57 @@ fail:
         return r;
 }
 
-static void memfd_seg_drop(SegPool *p, Segment *seg) {
+/* On the loop, after the memory exists: a failed lock said once, the registration (io_uring, DMA). */
+static int memfd_seg_prepare(SegPool *p, Segment *seg) {
+        MemfdSegConfig *mc = p->userdata;
+        int e = __atomic_load_n(&mc->lock_errno, __ATOMIC_RELAXED);
+        int r;
+
+        if (e && !mc->lock_failed) {
+                log_warning_errno(-e, "Cannot lock %s memory (needs CAP_IPC_LOCK or LimitMEMLOCK=infinity), "
+                                  "continuing unlocked: %m", mc->name);
+                mc->lock_failed = true;
+        }
+        if (mc->on_make) {
+                r = mc->on_make(seg, mc->userdata);
+                if (r < 0) {
+                        p->ops->drop_memory(p, seg);
+                        return r;
+                }
+        }
+        return 0;
+}
+
+static int memfd_seg_make(SegPool *p, Segment *seg, uint64_t size) {
+        int r = memfd_seg_make_memory(p, seg, size);
+
+        return r < 0 ? r : memfd_seg_prepare(p, seg);
+}
+
+static void memfd_seg_unprepare(SegPool *p, Segment *seg) {
         MemfdSegConfig *mc = p->userdata;
 
         if (seg->map && mc->on_drop)
                 mc->on_drop(seg, mc->userdata);
+}
+
+static void memfd_seg_drop_memory(SegPool *p, Segment *seg) {
         if (seg->map)
                 munmap(seg->map, p->seg_size);
         seg->map = NULL;
         seg->fd = safe_close(seg->fd);
 }
 
+static void memfd_seg_drop(SegPool *p, Segment *seg) {
+        memfd_seg_unprepare(p, seg);
+        memfd_seg_drop_memory(p, seg);
+}
+
 const SegPoolOps memfd_seg_ops = {
         .make = memfd_seg_make,
         .drop = memfd_seg_drop,
+        .unprepare = memfd_seg_unprepare,
+        .drop_memory = memfd_seg_drop_memory,
+        .make_memory = memfd_seg_make_memory,
+        .prepare = memfd_seg_prepare,
 };

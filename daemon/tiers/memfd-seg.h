@@ -13,6 +13,7 @@ typedef struct MemfdSegConfig {
         void (*on_drop)(Segment *seg, void *userdata);
         void *userdata;
         bool lock_failed;       /* set when mlock failed (logged once) */
+        int lock_errno;         /* the errno of a failed mlock (atomic: set on the renewer's thread too) */
 } MemfdSegConfig;
 
 /* SegPoolOps whose userdata is a MemfdSegConfig. */

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/tiers/renew.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
 
@@ -65,6 +66,7 @@ fail:
 }
 
 void segpool_deinit(SegPool *p) {
+        p->renewer = segrenewer_free(p->renewer);       /* its thread ends first: then the memory goes */
         if (!p->segs)
                 return;
         for (uint32_t i = 0; i < p->n_segs; i++) {
@@ -83,7 +85,7 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
         for (uint32_t i = 0; i < p->n_segs; i++) {
                 Segment *s = &p->segs[i];
 
-                if (s->owner || s->revoking || (s->fd < 0 && !s->device_ptr))
+                if (s->owner || s->revoking || s->renewing || (s->fd < 0 && !s->device_ptr))
                         continue;
                 s->owner = job;
                 list_add_tail(owner_list, &s->owner_link);
@@ -98,6 +100,18 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
 static int segment_renew(SegPool *p, Segment *s) {
         int r;
 
+        if (p->renewer) {
+                /* off the loop: only the registration goes here, the memory on the renewer's thread */
+                if (p->ops->unprepare)
+                        p->ops->unprepare(p, s);
+                s->generation++;
+                extent_alloc_deinit(&s->units);
+                r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+                if (r < 0)
+                        return r;
+                s->used = 0;
+                return segrenewer_queue(p->renewer, s);
+        }
         p->ops->drop(p, s);
         s->generation++;
         extent_alloc_deinit(&s->units);

@@ -10,6 +10,7 @@
 
 typedef struct Job Job;
 typedef struct SegPool SegPool;
+typedef struct SegRenewer SegRenewer;
 
 /* Sub-allocation unit inside a segment: O_DIRECT needs 4 KiB alignment. */
 #define SEG_UNIT 4096u
@@ -26,6 +27,7 @@ typedef struct Segment {
         ExtentAlloc units;      /* SEG_UNIT-sized units */
         uint64_t used;          /* bytes allocated */
         bool revoking;          /* released, waiting for the old job's clients to let go */
+        bool renewing;          /* released, its memory being replaced on the renewer's thread */
 } Segment;
 
 /* What a backend provides to make and drop the memory behind a segment. */
@@ -33,6 +35,18 @@ typedef struct SegPoolOps {
         /* Fill seg->fd / seg->map / seg->device_ptr with @size fresh zeroed bytes. */
         int (*make)(SegPool *p, Segment *seg, uint64_t size);
         void (*drop)(SegPool *p, Segment *seg);
+        /*
+         * Optional, to renew segments off the event loop (renew.c): make and
+         * drop in two halves each.  drop_memory and make_memory run on the
+         * renewer's thread: system calls on the segment's own fd and mapping
+         * only, no logging, nothing of tierd's state; unprepare (before) and
+         * prepare (after) run on the loop: what registers the memory elsewhere.
+         * make = make_memory + prepare, drop = unprepare + drop_memory.
+         */
+        void (*unprepare)(SegPool *p, Segment *seg);
+        void (*drop_memory)(SegPool *p, Segment *seg);
+        int (*make_memory)(SegPool *p, Segment *seg, uint64_t size);
+        int (*prepare)(SegPool *p, Segment *seg);
 } SegPoolOps;
 
 struct SegPool {
@@ -46,6 +60,8 @@ struct SegPool {
         uint32_t n_segs;
         uint32_t n_free;
         uint32_t n_revoking;    /* segments waiting for segpool_revoked() */
+        uint32_t n_renewing;    /* segments with the renewer */
+        SegRenewer *renewer;    /* set by segrenewer_new(): releases renew there (NULL: at once, here) */
         Segment *segs;
         /*
          * Optional: called by segpool_release() while seg->owner is still set.
@@ -67,8 +83,9 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret);
 /*
  * Take a segment back from its job.  Its memory is replaced by fresh, zeroed
  * memory (a departed client may still map the old pages, so they are never
- * handed to another job).  Everything in it must have been freed.  With a
- * revoke hook the segment may instead wait, out of service, for
+ * handed to another job): with a renewer on its thread (the segment out of
+ * service until then), else here.  Everything in it must have been freed.
+ * With a revoke hook the segment may instead wait, out of service, for
  * segpool_revoked().
  */
 int segpool_release(SegPool *p, Segment *seg);
