@@ -118,7 +118,8 @@ def _pdeathsig() -> None:  # in the child, before exec: die with a timed-out tes
 class Tierd:
     """One tierd on a temporary directory.  ``with Tierd() as d:`` starts and stops it."""
 
-    def __init__(self, config: str = CONFIG) -> None:
+    def __init__(self, config: str = CONFIG, log_level: str = "debug") -> None:
+        self.log_level = log_level
         self.dir = tempfile.mkdtemp(prefix="tierd-py.", dir="/var/tmp")
         self.socket = os.path.join(self.dir, "tierd.sock")
         self.config = os.path.join(self.dir, "tierd.conf")
@@ -147,7 +148,7 @@ class Tierd:
             "--state-dir", self.dir,
             "--socket", self.socket,
             "--log-target", "stderr",
-            "--log-level", "debug",
+            "--log-level", self.log_level,
         ]
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
