@@ -349,6 +349,7 @@ static const ConfigKey config_keys[] = {
         KEY("nvme",   "target",                  parse_target,        CONFIG_TARGETS,       targets, 0, 0, false),
         KEY("nvme",   "extent_size",             parse_size,          CONFIG_SIZE,          nvme_extent_size, CONFIG_ALIGN, CONFIG_EXTENT_MAX, false),
         KEY("nvme",   "queue_depth",             parse_unsigned,      CONFIG_UNSIGNED,      nvme_queue_depth, 1, 4096, false),
+        KEY("nvme",   "checksum_threads",        parse_unsigned,      CONFIG_UNSIGNED,      nvme_checksum_threads, 0, 16, false),
         KEY("nvme",   "job_limit",               parse_size,          CONFIG_SIZE,          nvme_job_limit, 1, UINT64_MAX, true),
         KEY("nvme",   "bandwidth",               parse_size,          CONFIG_SIZE,          nvme_bandwidth, 0, UINT64_MAX, true),
 

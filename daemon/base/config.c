@@ -109,6 +109,7 @@ void config_init(Config *c) {
                 .n_targets = 0,
                 .nvme_extent_size = MIB,
                 .nvme_queue_depth = 64,
+                .nvme_checksum_threads = 1,
                 .nvme_job_limit = 2 * GIB,
                 .nvme_bandwidth = 0,
 

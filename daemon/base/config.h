@@ -61,6 +61,7 @@ typedef struct Config {
         size_t n_targets;
         uint64_t nvme_extent_size;
         unsigned nvme_queue_depth;
+        unsigned nvme_checksum_threads; /* 0: the crc32c of extents on the event loop */
         uint64_t nvme_job_limit;
         uint64_t nvme_bandwidth;        /* bytes/s per target, 0 unthrottled */
         /* [sched] */

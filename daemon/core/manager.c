@@ -45,6 +45,7 @@
 #include "daemon/ipc/server.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
+#include "daemon/tiers/csum.h"
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/renew.h"
 #include "daemon/tiers/tier-nvme.h"
@@ -174,6 +175,9 @@ static int manager_setup_tiers(Manager *m) {
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)
                 return r;
+        r = csum_new(m->event, m->config.nvme_checksum_threads, &m->csum);
+        if (r < 0)
+                return log_error_errno(r, "Cannot start %u checksum thread(s): %m", m->config.nvme_checksum_threads);
         r = manager_setup_faults(m);
         if (r < 0)
                 return r;
@@ -286,6 +290,8 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
         if (r >= 0)
                 r = engine_new(m->event, m->registry, m->uring, m->nvme, m->vram, &m->engine);
         if (r >= 0)
+                m->engine->csum = m->csum;
+        if (r >= 0)
                 r = sched_new(m->event, &m->config, m->registry, m->engine, m->uring, m->vram, &m->sched);
         if (r >= 0)
                 r = revoke_new(m->event, m->engine, &m->revoke);
@@ -357,6 +363,7 @@ Manager *manager_free(Manager *m) {
          */
         quiet = vram_backend_stop(m->vram);
         m->uring = uring_free(m->uring);
+        m->csum = csum_free(m->csum);          /* its workers stopped, no callback of it runs any more */
         free(m->faults);
         if (m->monitor)
                 (void) monitor_save_wear(m->monitor, true);     /* no NVMe write completes any more */

@@ -13,6 +13,7 @@
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
 
+typedef struct Csum Csum;
 typedef struct Engine Engine;
 typedef struct Monitor Monitor;
 typedef struct NvmeTier NvmeTier;
@@ -42,6 +43,7 @@ typedef struct Manager {
 
         /* the rooms, from the bottom up (built in this order, freed in reverse) */
         Uring *uring;
+        Csum *csum;             /* the NVMe extents' crc32c, on [nvme] checksum_threads workers */
         FaultSet *faults;       /* injected faults (TIERD_TEST_FAULTS, tests only); NULL: none */
         VramBackend *vram;
         HostTier host;

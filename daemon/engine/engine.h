@@ -12,6 +12,7 @@
 
 typedef struct Engine Engine;
 typedef struct Job Job;
+typedef struct Csum Csum;
 typedef struct NvmeTier NvmeTier;
 typedef struct Registry Registry;
 typedef struct Tensor Tensor;
@@ -113,6 +114,7 @@ struct Engine {
         sd_event_source *run_source;    /* defer: runs queued ops once the current handler returns */
         Registry *registry;             /* borrowed, like the tiers below */
         Uring *uring;
+        Csum *csum;             /* borrowed, set by the manager: NVMe extents' crc32c off the loop; NULL: on it */
         NvmeTier *nvme;
         VramBackend *vram;
         const EngineSchedOps *sched;

@@ -9,14 +9,15 @@
  *
  * NVMe <-> host: one io_uring request per extent (registered file +
  * registered buffer) in the job's flow of the NVMe fair queue (uring.c).
- * Each extent is checksummed on its own: a write's crc32c just before its
- * request goes to the ring (UringReq.prep; the host copy does not change
- * while the tensor is in transfer, and its bytes are in the CPU's cache when
- * the device reads them), a read's when it completes (uring.c refills the
- * ring before it runs a batch's callbacks).  So the checksums overlap the
- * device's work on the other extents in flight, and a tensor of any size
- * streams through in extents.  A read whose crc32c mismatches fails the
- * transfer with -EBADMSG and is never data.
+ * Each extent is checksummed on its own, on the checksum workers
+ * (Engine.csum, tiers/csum.c; computed here at once without them): a
+ * write's request is queued for the ring only once its crc32c is taken (the
+ * host copy does not change while the tensor is in transfer), a read's
+ * extent counts only once its crc32c is checked, after the read completed.
+ * So the checksums overlap the device's work on the other extents in
+ * flight and stay off the event loop, and a tensor of any size streams
+ * through in extents.  A read whose crc32c mismatches fails the transfer
+ * with -EBADMSG and is never data.
  *
  * Host <-> VRAM through the VRAM backend.  Per direction, at most as many
  * copies as the backend runs at once (VramBackend.depth) are with it; the
@@ -56,6 +57,7 @@
 #include "daemon/base/log.h"
 #include "daemon/engine/engine-private.h"
 #include "daemon/state/registry.h"
+#include "daemon/tiers/csum.h"
 #include "daemon/tiers/fairq.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
@@ -70,6 +72,7 @@
 
 struct XferPart {
         UringReq req;
+        CsumJob csum;           /* the extent's crc32c, off the loop (tiers/csum.c) */
         Xfer *xfer;
         uint32_t index;         /* extent index */
 };
@@ -182,39 +185,27 @@ static void chain_check(Xfer *x);
 
 /* ---- NVMe <-> host ------------------------------------------------------------------------ */
 
-static void xfer_part_done(UringReq *req, int res) {
-        XferPart *p = container_of(req, XferPart, req);
+/* Checksum @p's extent (crc32c of its host bytes), then @cb on the loop: on a worker (Engine.csum) or here at once. */
+static void xfer_part_csum(XferPart *p, csum_cb_t cb) {
+        Engine *e = p->xfer->engine;
+
+        p->csum = (CsumJob) {
+                .buf = p->req.buf,
+                .len = p->req.len,
+                .cb = cb,
+        };
+        if (e->csum)
+                csum_queue(e->csum, &p->csum);
+        else {
+                p->csum.crc = crc32c(0, p->csum.buf, p->csum.len);
+                cb(&p->csum);
+        }
+}
+
+/* Part @p is over (its I/O, and for a read its check): the transfer goes on, or ends with its last part. */
+static void xfer_part_next(XferPart *p) {
         Xfer *x = p->xfer;
         Engine *e = x->engine;
-        Tensor *t = x->tensor;
-        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
-        NvmeTarget *tg = &e->nvme->targets[ext->target];
-
-        if (res < 0) {
-                tg->io_errors++;
-                if (x->error >= 0) {
-                        x->error = res;
-                        snprintf(x->errmsg, sizeof(x->errmsg), "I/O error on %s at offset %" PRIu64 ": %s",
-                                 tg->path, req->offset, strerror(-res));
-                }
-        } else if (req->op == URING_READ) {
-                tg->bytes_read += req->len;
-                if (crc32c(0, req->buf, req->len) != ext->crc) {
-                        tg->crc_errors++;
-                        if (x->error >= 0) {
-                                x->error = -EBADMSG;
-                                snprintf(x->errmsg, sizeof(x->errmsg),
-                                         "crc32c mismatch in extent %u of tensor '%s' (%s offset %" PRIu64 ")",
-                                         p->index, t->name, tg->path, req->offset);
-                        }
-                } else if (x->chain) {
-                        x->read_ok[p->index] = true;
-                        piece_observe(x, LINK_NVME_TO_HOST, p->index, true);
-                }
-        } else {
-                tg->bytes_written += req->len;
-                t->job->nvme_written += req->len;
-        }
 
         if (x->chain) {
                 if (--x->pending == 0)
@@ -229,23 +220,72 @@ static void xfer_part_done(UringReq *req, int res) {
         xfer_finish(x);
 }
 
+/* A read extent's crc32c is known: its bytes are data only if it matches the one taken when it was written. */
+static void xfer_part_checked(CsumJob *job) {
+        XferPart *p = container_of(job, XferPart, csum);
+        Xfer *x = p->xfer;
+        Tensor *t = x->tensor;
+        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
+        NvmeTarget *tg = &x->engine->nvme->targets[ext->target];
+
+        if (job->crc != ext->crc) {
+                tg->crc_errors++;
+                if (x->error >= 0) {
+                        x->error = -EBADMSG;
+                        snprintf(x->errmsg, sizeof(x->errmsg),
+                                 "crc32c mismatch in extent %u of tensor '%s' (%s offset %" PRIu64 ")",
+                                 p->index, t->name, tg->path, p->req.offset);
+                }
+        } else if (x->chain) {
+                x->read_ok[p->index] = true;
+                piece_observe(x, LINK_NVME_TO_HOST, p->index, true);
+        }
+        xfer_part_next(p);
+}
+
+static void xfer_part_done(UringReq *req, int res) {
+        XferPart *p = container_of(req, XferPart, req);
+        Xfer *x = p->xfer;
+        Tensor *t = x->tensor;
+        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
+        NvmeTarget *tg = &x->engine->nvme->targets[ext->target];
+
+        if (res < 0) {
+                tg->io_errors++;
+                if (x->error >= 0) {
+                        x->error = res;
+                        snprintf(x->errmsg, sizeof(x->errmsg), "I/O error on %s at offset %" PRIu64 ": %s",
+                                 tg->path, req->offset, strerror(-res));
+                }
+        } else if (req->op == URING_READ) {
+                tg->bytes_read += req->len;
+                xfer_part_csum(p, xfer_part_checked);   /* the transfer goes on from there */
+                return;
+        } else {
+                tg->bytes_written += req->len;
+                t->job->nvme_written += req->len;
+        }
+        xfer_part_next(p);
+}
+
 /* The first of @x's extents goes to the device: for the trace, the transfer starts (it was queued before). */
 static void xfer_part_started(Xfer *x) {
         if (trace_on(&x->engine->trace) && x->start_ns == 0)
                 x->start_ns = now_ns();
 }
 
-/* A write's extent is checksummed just before it goes to the device: its bytes are in the cache then. */
+/* A write's extent goes to the device (set only while a trace runs); its crc32c was taken before it was queued. */
 static void xfer_part_prep(UringReq *req) {
-        XferPart *p = container_of(req, XferPart, req);
-
-        p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = crc32c(0, req->buf, req->len);
-        xfer_part_started(p->xfer);
+        xfer_part_started(container_of(req, XferPart, req)->xfer);
 }
 
-/* A read's extent goes to the device (set only while a trace runs). */
-static void xfer_part_prep_read(UringReq *req) {
-        xfer_part_started(container_of(req, XferPart, req)->xfer);
+/* A write extent's crc32c is taken: now its request may go to the ring (its bytes do not change meanwhile). */
+static void xfer_part_summed(CsumJob *job) {
+        XferPart *p = container_of(job, XferPart, csum);
+        Engine *e = p->xfer->engine;
+
+        p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = job->crc;
+        uring_queue(e->uring, &p->req);         /* submitted by the ring's flush after this loop iteration */
 }
 
 /* One request per extent, each within one host piece. */
@@ -280,7 +320,7 @@ static int xfer_plan_nvme(Op *op, Xfer *x) {
                 p->index = i;
                 p->req = (UringReq) {
                         .cb = xfer_part_done,
-                        .prep = write ? xfer_part_prep : trace_on(&e->trace) ? xfer_part_prep_read : NULL,
+                        .prep = trace_on(&e->trace) ? xfer_part_prep : NULL,
                         .flow = &t->job->nvme_flow,
                         .job = t->job->name,
                         .weight = t->job->weight,
@@ -296,16 +336,22 @@ static int xfer_plan_nvme(Op *op, Xfer *x) {
         return 0;
 }
 
-/* Hand the planned requests to the ring: the transfer is in flight. */
+/* Hand the planned requests to the ring, writes once their extent is checksummed: the transfer is in flight. */
 static void xfer_queue_nvme(Xfer *x) {
         Engine *e = x->engine;
 
-        for (uint32_t i = 0; i < x->n_parts; i++)
-                uring_queue(e->uring, &x->parts[i].req);
         x->tensor->xfer = x;
         list_add_tail(&e->xfers, &x->link);
         e->n_xfers++;
-        (void) uring_flush(e->uring);  /* each write's crc32c is computed as it goes (xfer_part_prep()) */
+        for (uint32_t i = 0; i < x->n_parts; i++) {
+                XferPart *p = &x->parts[i];
+
+                if (p->req.op == URING_WRITE)
+                        xfer_part_csum(p, xfer_part_summed);
+                else
+                        uring_queue(e->uring, &p->req);
+        }
+        (void) uring_flush(e->uring);
 }
 
 static int xfer_start_nvme(Op *op, Xfer *x) {

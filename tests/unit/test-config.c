@@ -141,6 +141,7 @@ static void test_defaults(_unused_ void **state) {
         assert_int_equal(c.n_targets, 0);
         assert_int_equal(c.nvme_extent_size, MIB);
         assert_int_equal(c.nvme_queue_depth, 64);
+        assert_int_equal(c.nvme_checksum_threads, 1);
         assert_int_equal(c.nvme_job_limit, 2 * GIB);
         assert_int_equal(c.nvme_bandwidth, 0);
 
@@ -204,6 +205,7 @@ static const char full_config[] =
         "target = /mnt/c:d:1T\n"
         "extent_size = 4M\n"
         "queue_depth = 4096\n"
+        "checksum_threads = 0\n"
         "job_limit = 100G\n"
         "bandwidth = 500M\n"
         "# trailing comment without newline";
@@ -236,6 +238,7 @@ static void test_full(_unused_ void **state) {
         assert_int_equal(c.vram_bandwidth, 12 * GIB);
         assert_int_equal(c.nvme_extent_size, 4 * MIB);
         assert_int_equal(c.nvme_queue_depth, 4096);
+        assert_int_equal(c.nvme_checksum_threads, 0);
         assert_int_equal(c.nvme_job_limit, 100 * GIB);
         assert_int_equal(c.nvme_bandwidth, 500 * MIB);
 
@@ -338,6 +341,7 @@ static void test_value_errors(_unused_ void **state) {
         parse_fails("[vram]\nbandwidth = fast\n", "bandwidth", NULL);
         parse_fails("[nvme]\nqueue_depth = 0\n", "queue_depth", NULL);
         parse_fails("[nvme]\nqueue_depth = 4097\n", "queue_depth", NULL);
+        parse_fails("[nvme]\nchecksum_threads = 17\n", "checksum_threads", NULL);
         parse_fails("[nvme]\ntarget = :4G\n", "test.conf:2:", "target", "empty path", NULL);
         /* Single-key bounds are checked where the line number is known. */
         parse_fails("[host]\nsegment_size = 2G\n", "test.conf:2:", "segment_size", "out of range (4K..1G)", NULL);
