@@ -385,20 +385,48 @@ def cpu_times(tierd_pid: int | None) -> dict[str, float]:
     return out
 
 
+def tierd_threads_cpu(tierd_pid: int | None) -> dict[str, float]:
+    """Seconds of CPU of tierd's threads by name (/proc/PID/task/TID/stat): "tierd" is its event loop,
+    "tierd-csum" the checksum workers, "tierd-renew" the segment renewers, "tierd-mover" the emulated
+    VRAM's copies."""
+    out: dict[str, float] = {}
+    if not tierd_pid:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{tierd_pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{tierd_pid}/task/{tid}/stat") as f:
+                head, _, rest = f.read().rpartition(")")
+            name = head.partition("(")[2]
+            fields = rest.split()
+            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
 class Sampler(threading.Thread):
-    """Polls tierd's status for the peak use of each tier by the jobs that run now."""
+    """Polls tierd's status for the peak use of each tier by the jobs that run now, timing each
+    round trip (how long tierd's loop takes to answer while the jobs run)."""
 
     def __init__(self, admin, jobs: list[str], lock: threading.Lock) -> None:
         super().__init__(daemon=True)
         self.admin, self.lock = admin, lock
         self.peak = {j: {"vram": 0, "host": 0, "nvme": 0} for j in jobs}
+        self.rtt: list[float] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(0.25):
+        while not self.stop.wait(0.05):
             with self.lock:
                 try:
+                    t0 = time.monotonic()
                     st = self.admin.status()
+                    self.rtt.append(time.monotonic() - t0)
                 except Exception:  # noqa: BLE001 - best effort
                     continue
             for j in st.get("jobs", []):
@@ -458,6 +486,7 @@ class Run:
         threading.Thread(target=self._read, daemon=True).start()
         self.result: dict | None = None
         self.settle: list[float] = []        # seconds tierd went on moving the job's data after its steps
+        self.tierd_cpu: dict[str, float] = {}   # tierd's CPU seconds by thread name in the measured steps
         self.dt: list[float] = []
 
     def _read(self) -> None:
@@ -593,6 +622,7 @@ def parent(a: argparse.Namespace) -> int:
     # configuration after another, tierd's VmHWM per configuration
     groups = [[c] for c in configs] if a.sequential else [configs]
     rounds: dict[str, list[float]] = {c: [] for c in configs}     # step times by round, all steps
+    status_rtt: list[float] = []    # seconds of each status round trip while the configurations ran
     for group in groups:
         if stuck:
             for c in group:
@@ -642,6 +672,7 @@ def parent(a: argparse.Namespace) -> int:
             for run in order:
                 if not run.active:          # stopped in this round (tierd stopped answering)
                     continue
+                cpu_a = tierd_threads_cpu(a.tierd_pid) if run.job else {}
                 run.go()
                 try:
                     msg = run.get(a.step_timeout)
@@ -673,6 +704,11 @@ def parent(a: argparse.Namespace) -> int:
                         run.kill("no result after its last step (killed)", timed_out=True)
                 elif len(group) > 1 and run.job and not stuck:
                     run.settle.append(settle(admin, lock, run.job))
+                if run.job and msg["step"] > a.warmup:
+                    # tierd's CPU in this step, and in what it went on moving for it (settle): in turn,
+                    # nothing of the other configurations runs meanwhile
+                    for name, v in tierd_threads_cpu(a.tierd_pid).items():
+                        run.tierd_cpu[name] = run.tierd_cpu.get(name, 0.0) + v - cpu_a.get(name, 0.0)
         for run in runs:
             if run.active:                  # cannot happen: every step either reported or killed
                 run.kill("did not report its result")
@@ -698,7 +734,10 @@ def parent(a: argparse.Namespace) -> int:
                 res["job_peak_bytes"] = sampler.peak[run.job]
             if run.settle:
                 res["settle_s"] = run.settle
+            if run.tierd_cpu:
+                res["tierd_cpu_s"] = run.tierd_cpu
             results[run.config] = res
+        status_rtt.extend(sampler.rtt)
     if not stuck:
         admin.close()
     try:
@@ -744,6 +783,10 @@ def parent(a: argparse.Namespace) -> int:
             s["write_downs_refused"] = res.get("write_downs_refused", 0)
         if res.get("settle_s"):
             s["settle_s_per_step"] = r(statistics.mean(res["settle_s"]))
+        if res.get("tierd_cpu_s"):
+            tc = res["tierd_cpu_s"]
+            s["tierd_cpu_s_per_step"] = r(sum(tc.values()) / a.steps)
+            s["tierd_cpu_s_per_step_by_thread"] = {k: r(v / a.steps) for k, v in sorted(tc.items()) if v > 0}
         if not a.sequential and res is not plain:
             # step of this configuration / plain's step of the same round, median over the measured rounds
             pairs = [x / y for x, y in zip(rounds[res["config"]][a.warmup:], rounds["plain"][a.warmup:])]
@@ -808,6 +851,11 @@ def parent(a: argparse.Namespace) -> int:
         "accumulate": a.accumulate, "clip": a.clip,
         "steps": a.steps, "warmup": a.warmup, "threads": torch.get_num_threads() if not a.threads else a.threads,
         "cpus": os.cpu_count(),
+        # status round trips every 50 ms while the configurations ran (tierd's loop latency under load)
+        "status_n": len(status_rtt),
+        "status_p99_ms": r(sorted(status_rtt)[max(0, -(-99 * len(status_rtt) // 100) - 1)] * 1e3, 2)
+        if status_rtt else None,
+        "status_max_ms": r(max(status_rtt) * 1e3, 2) if status_rtt else None,
         "tierd_stuck_after": stuck,
         "runtime_s": r(time.monotonic() - t_start, 1),
     }
@@ -826,7 +874,7 @@ def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
         f"baselines: fio read {out['fio_read_gbps']} GB/s, write {out['fio_write_gbps']} GB/s; "
         f"link {out['link_gbps']} GB/s ({out['link_baseline']})",
         f"{'config':<10}{'fits':>5}{'step s':>9}{'tok/s':>9}{'busy':>7}{'rss MiB':>9}{'tierd hwm':>11}"
-        f"{'shmem':>8}{'rd GB/st':>10}{'wr GB/st':>10}{'other cpu':>10}",
+        f"{'shmem':>8}{'rd GB/st':>10}{'wr GB/st':>10}{'other cpu':>10}{'x plain':>9}{'tierd cpu/st':>13}",
     ]
     names = {"plain": "plain", "fit": "fit (A)", "A": "A tight", "B": "B tight", "C": "C tight"}
     for c in configs:
@@ -841,9 +889,13 @@ def print_table(out: dict, summaries: dict, configs: list[str]) -> None:
                      f"{f(s['tierd_hwm_bytes'] and s['tierd_hwm_bytes'] / MIB, '.0f'):>11}"
                      f"{f(s['tierd_shmem_bytes'] and s['tierd_shmem_bytes'] / MIB, '.0f'):>8}"
                      f"{f(s['nvme_read_gb_per_step'], '.4f'):>10}{f(s['nvme_write_gb_per_step'], '.4f'):>10}"
-                     f"{f(s['cpus_busy'].get('other'), '.2f'):>10}")
+                     f"{f(s['cpus_busy'].get('other'), '.2f'):>10}{f(s.get('vs_plain_paired'), '.3f'):>9}"
+                     f"{f(s.get('tierd_cpu_s_per_step'), '.3f'):>13}")
         if not s["fits"]:
             lines.append(f"    {s['error']}")
+    if out.get("status_n"):
+        lines.append(f"tierctl status round trips meanwhile: {out['status_n']}, p99 {out['status_p99_ms']} ms, "
+                     f"max {out['status_max_ms']} ms")
     busy_other = [c for c in configs if summaries[c]["cpus_busy"].get("other", 0) > 0.2]
     if busy_other:
         lines.append(f"note: other processes kept {max(summaries[c]['cpus_busy']['other'] for c in busy_other):.2f} "

@@ -130,6 +130,7 @@ int csum_new(sd_event *event, unsigned threads, Csum **ret) {
                 if (r < 0)
                         goto fail;
                 c->n_threads++;
+                (void) pthread_setname_np(c->threads[i], "tierd-csum");
         }
         *ret = c;
         return 0;

@@ -159,6 +159,7 @@ int segrenewer_new(SegPool *p, sd_event *event, void (*renewed)(SegPool *p, void
         if (q < 0)
                 goto fail;
         r->started = true;
+        (void) pthread_setname_np(r->thread, "tierd-renew");     /* top -H, /proc/PID/task/TID/comm */
         p->renewer = r;
         *ret = r;
         return 0;

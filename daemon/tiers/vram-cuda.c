@@ -826,6 +826,7 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
         if (r < 0)
                 return fail(ret_error, r, "cannot start the copy completion thread: %s", strerror(-r));
         v->thread_ok = true;
+        (void) pthread_setname_np(v->thread, "tierd-cuda");
 
         v->n_handles = (uint32_t) (capacity / chunk);
         /* one exported fd per chunk, kept: raise the soft limit (systemd's default is 1024) if need be */

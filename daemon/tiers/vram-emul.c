@@ -286,6 +286,7 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
         if (r < 0)
                 goto fail;
         e->thread_ok = true;
+        (void) pthread_setname_np(e->thread, "tierd-mover");
 
         emul_describe(e);
         *ret = &e->base;
