@@ -302,8 +302,11 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
 /*
  * Read all of @path (at most CONFIG_FILE_MAX bytes) as a string.  -ENOENT for
  * a missing file (or dangling link), -EISDIR for a directory, -EFBIG when too
- * big, -EBADMSG when it contains a NUL byte.  Character devices are fine, so
- * /dev/null works as "an empty config".
+ * big, -EBADMSG when it contains a NUL byte, -EBADFD for a FIFO, a socket or
+ * a block device.  Character devices are fine, so /dev/null (a drop-in linked
+ * to it, as systemd masks one) works as "an empty config".  Opened
+ * O_NONBLOCK, so neither the open (a FIFO with no writer) nor a read (a
+ * terminal, a FIFO) can block: this runs on the event loop at SIGHUP.
  */
 static int read_config_file(int dir_fd, const char *path, char **ret) {
         _cleanup_close_ int fd = -1;
@@ -311,13 +314,15 @@ static int read_config_file(int dir_fd, const char *path, char **ret) {
         size_t size = 0, alloc = 0;
         struct stat st;
 
-        fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        fd = openat(dir_fd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         if (fd < 0)
                 return negative_errno();
         if (fstat(fd, &st) < 0)
                 return negative_errno();
         if (S_ISDIR(st.st_mode))
                 return -EISDIR;
+        if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+                return -EBADFD;
 
         for (;;) {
                 ssize_t n;
@@ -367,6 +372,10 @@ static const char *read_error_reason(int r) {
                 return "file too large";
         case -EBADMSG:
                 return "file contains a NUL byte";
+        case -EBADFD:
+                return "not a regular file (a FIFO, socket or block device): refused";
+        case -EAGAIN:
+                return "a device with nothing to read (a config must be a regular file or /dev/null)";
         default:
                 return strerror(-r);
         }

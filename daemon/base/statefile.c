@@ -12,6 +12,7 @@
  * "PATH.XXXXXX" (mkostemp), removed on every error path.
  */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon/base/statefile.h"
@@ -85,11 +87,14 @@ int statefile_write(const char *path, const void *data, size_t len, mode_t mode)
 }
 
 int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len) {
-        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        /* O_NONBLOCK: a FIFO planted here must not hang the open; O_NOFOLLOW: nor a link lead elsewhere */
+        _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | O_NOFOLLOW);
         _cleanup_free_ char *buf = NULL;
         struct stat st;
         size_t done = 0;
 
+        if (fd < 0 && errno == ELOOP)
+                return -EINVAL;         /* a symbolic link: not a regular file */
         if (fd < 0)
                 return negative_errno();
         if (fstat(fd, &st) < 0)
@@ -119,8 +124,93 @@ int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len) {
         return 0;
 }
 
+static int aside_compare(const void *a, const void *b) {
+        return strcmp(*(char *const *) a, *(char *const *) b);
+}
+
+/* Remove the oldest "BASE.corrupt.*" in @dir_fd beyond the newest STATEFILE_ASIDE_MAX. */
+static void aside_prune(int dir_fd, const char *base) {
+        char prefix[NAME_MAX + 16];
+        char **names = NULL;
+        size_t n = 0, alloc = 0, plen;
+        DIR *d;
+        int fd;
+
+        if (snprintf(prefix, sizeof(prefix), "%s.corrupt.", base) >= (int) sizeof(prefix))
+                return;
+        plen = strlen(prefix);
+        fd = dup(dir_fd);
+        if (fd < 0)
+                return;
+        d = fdopendir(fd);
+        if (!d) {
+                (void) close(fd);
+                return;
+        }
+        rewinddir(d);
+        for (struct dirent *de; (de = readdir(d));) {
+                if (strncmp(de->d_name, prefix, plen) != 0)
+                        continue;
+                if (n == alloc) {
+                        size_t na = alloc ? alloc * 2 : 16;
+                        char **p = na > 4096 ? NULL : realloc(names, na * sizeof(*names));
+
+                        if (!p)
+                                break;
+                        names = p;
+                        alloc = na;
+                }
+                names[n] = strdup(de->d_name);
+                if (!names[n])
+                        break;
+                n++;
+        }
+        (void) closedir(d);
+        /* the names sort by time: UTC timestamps of fixed width, then ".N" for a second one in a second */
+        qsort(names, n, sizeof(*names), aside_compare);
+        for (size_t i = 0; i < n; i++) {
+                if (i + STATEFILE_ASIDE_MAX < n)
+                        (void) unlinkat(dir_fd, names[i], 0);
+                free(names[i]);
+        }
+        free(names);
+}
+
 int statefile_set_aside(const char *path, char *ret_name, size_t size) {
-        if (snprintf(ret_name, size, "%s.corrupt", path) >= (int) size)
+        char dir[PATH_MAX], stamp[32];
+        const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+        _cleanup_close_ int dir_fd = -1;
+        struct tm tm;
+        time_t now = time(NULL);
+        int r = -EEXIST;
+
+        if (!slash)
+                (void) snprintf(dir, sizeof(dir), ".");
+        else if (slash == path)
+                (void) snprintf(dir, sizeof(dir), "/");
+        else if (snprintf(dir, sizeof(dir), "%.*s", (int) (slash - path), path) >= (int) sizeof(dir))
                 return -ENAMETOOLONG;
-        return rename(path, ret_name) < 0 ? negative_errno() : 0;
+        dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir_fd < 0)
+                return negative_errno();
+        if (!gmtime_r(&now, &tm) || strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm) == 0)
+                return -EINVAL;
+
+        /* never over an older copy: PATH.corrupt.STAMP, else PATH.corrupt.STAMP.1, .2, ... */
+        for (unsigned k = 0; k < 1000 && r == -EEXIST; k++) {
+                char name[NAME_MAX + 1];
+
+                if ((k == 0 ? snprintf(name, sizeof(name), "%s.corrupt.%s", base, stamp) :
+                              snprintf(name, sizeof(name), "%s.corrupt.%s.%u", base, stamp, k)) >= (int) sizeof(name))
+                        return -ENAMETOOLONG;
+                if (snprintf(ret_name, size, "%s%s%s", slash ? dir : "", slash ? (slash == path ? "" : "/") : "",
+                             name) >= (int) size)
+                        return -ENAMETOOLONG;
+                r = renameat2(dir_fd, base, dir_fd, name, RENAME_NOREPLACE) < 0 ? negative_errno() : 0;
+        }
+        if (r < 0)
+                return r;
+        aside_prune(dir_fd, base);
+        (void) fsync(dir_fd);
+        return 0;
 }

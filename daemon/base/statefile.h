@@ -18,13 +18,21 @@ int statefile_write(const char *path, const void *data, size_t len, mode_t mode)
 /*
  * statefile_read() - the whole of @path (at most @max bytes) into a
  * malloc()ed, NUL-terminated buffer.  -ENOENT if it does not exist,
- * -EFBIG if it is larger than @max.
+ * -EFBIG if it is larger than @max, -EINVAL if it is not a regular file (a
+ * FIFO, a socket, a device, a directory or a symbolic link, which is not
+ * followed); opened O_NONBLOCK, so nothing planted there can block it.
  */
 int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len);
 
+/* How many set-aside copies of one file are kept (the oldest beyond it are removed). */
+#define STATEFILE_ASIDE_MAX 8
+
 /*
- * statefile_set_aside() - rename @path to "PATH.corrupt" (replacing an older
- * one) so that a file that cannot be read is kept for a person to look at.
- * The new name is written to @ret_name.
+ * statefile_set_aside() - rename @path to "PATH.corrupt.YYYYMMDDTHHMMSSZ"
+ * (UTC; ".1", ".2", ... after it when that name is taken: never over an
+ * older copy) so that a file that cannot be read is kept for a person to
+ * look at; then remove the oldest copies beyond STATEFILE_ASIDE_MAX.  The
+ * new name (with @path's directory) is written to @ret_name.  0 or -errno;
+ * on failure @path is where it was.
  */
 int statefile_set_aside(const char *path, char *ret_name, size_t size);

@@ -33,7 +33,8 @@
  * The run-time rules are kept in <state_dir>/quotas, in the [quota] syntax
  * of tierd.conf: written whole on each change (a temporary file, fsync,
  * rename, fsync of the directory: base/statefile.c) and read at start.
- * A corrupt file is moved aside (PATH.corrupt), never silently dropped.
+ * A corrupt file is moved aside (PATH.corrupt.TIMESTAMP, base/statefile.c), never silently dropped;
+ * one that is not a regular file (a FIFO, a link) too, and opening it never blocks.
  */
 
 #include <errno.h>
@@ -589,7 +590,7 @@ int quota_store_load(QuotaStore *s) {
                 }
                 if (r == -ENOMEM)
                         return r;
-        } else if (r != -EFBIG && r != -EBADMSG) {
+        } else if (r != -EFBIG && r != -EBADMSG && r != -EINVAL) {
                 /* cannot read it (permissions, I/O): leave it alone */
                 log_error_errno(r, "Cannot read the quota state file \"%s\": %m; starting with tierd.conf's quotas "
                                 "only, and tierctl quota set will not overwrite the file until it can be read",
@@ -598,7 +599,9 @@ int quota_store_load(QuotaStore *s) {
                 return 0;
         }
 
-        what = err ? err : r == -EFBIG ? "larger than 4 MiB" : "it contains a NUL byte";
+        what = err ? err : r == -EFBIG ? "larger than 4 MiB" :
+               r == -EINVAL ? "not a regular file (a FIFO, socket, device, directory or link)" :
+               "it contains a NUL byte";
         r = statefile_set_aside(s->path, aside, sizeof(aside));
         if (r < 0) {
                 log_error_errno(r, "The quota state file \"%s\" is corrupt (%s) and cannot be moved aside: %m; "

@@ -571,6 +571,29 @@ static void test_load_missing(void **state) {
         /* /dev/null is an empty config. */
         assert_int_equal(config_load(&c, "/dev/null", true, &error), 0);
         assert_int_equal(c.max_name, 255);
+        config_deinit(&c);
+
+        /* A FIFO (no writer: a blocking open would never return) is refused, as the file or a
+         * drop-in, and a drop-in linked to /dev/null (systemd's mask) is still an empty one. */
+        {
+                _cleanup_free_ char *fifo = path_join(t->path, "fifo.conf"), *in = path_join(dropins, "50-fifo.conf"),
+                        *mask = path_join(dropins, "60-masked.conf");
+
+                assert_int_equal(mkfifo(fifo, 0644), 0);
+                assert_int_equal(config_load(&c, fifo, true, &error), -EBADFD);
+                assert_non_null(strstr(error, "fifo.conf: not a regular file"));
+                error = mfree(error);
+
+                assert_int_equal(symlink("/dev/null", mask), 0);
+                assert_int_equal(config_load(&c, path, false, &error), 0);
+                assert_int_equal(c.max_name, 100);
+                config_deinit(&c);
+
+                assert_int_equal(mkfifo(in, 0644), 0);
+                assert_int_equal(config_load(&c, path, false, &error), -EBADFD);
+                assert_non_null(strstr(error, "50-fifo.conf: not a regular file"));
+                error = mfree(error);
+        }
 }
 
 /* A NULL ret_error is allowed everywhere. */

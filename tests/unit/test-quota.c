@@ -337,11 +337,37 @@ static void test_store_corrupt_file(void **state) {
         assert_false(b->s->read_only);
         /* the bad file is kept aside, not lost */
         assert_int_equal(access(path, F_OK), -1);
-        (void) snprintf(cmd, sizeof(cmd), "ls '%s' | grep -qx 'quotas.corrupt'", b->dir);
+        (void) snprintf(cmd, sizeof(cmd), "test $(ls '%s' | grep -c '^quotas\\.corrupt\\.') = 1", b->dir);
         assert_int_equal(system(cmd), 0);
         /* and a new set writes a fresh one */
         assert_int_equal(set(b, "[quota]\ngroup = 5\nweight = 2\n", why, sizeof(why), warn), 0);
         assert_int_equal(access(path, F_OK), 0);
+
+        /* a second corrupt file (the same second, likely) is kept beside the first, not over it */
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("[quota]\nbogus = 1\n", f);
+        fclose(f);
+        assert_int_equal(quota_store_load(b->s), 0);
+        assert_int_equal(access(path, F_OK), -1);
+        (void) snprintf(cmd, sizeof(cmd), "test $(ls '%s' | grep -c '^quotas\\.corrupt\\.') = 2", b->dir);
+        assert_int_equal(system(cmd), 0);
+
+        /* a FIFO planted as the file: the load does not block; it is set aside too */
+        assert_int_equal(mkfifo(path, 0600), 0);
+        assert_int_equal(quota_store_load(b->s), 0);
+        assert_false(b->s->read_only);
+        assert_int_equal(access(path, F_OK), -1);
+        (void) snprintf(cmd, sizeof(cmd), "test $(ls '%s' | grep -c '^quotas\\.corrupt\\.') = 3", b->dir);
+        assert_int_equal(system(cmd), 0);
+
+        /* and so is a symbolic link (not followed) */
+        assert_int_equal(symlink("/etc/passwd", path), 0);
+        assert_int_equal(quota_store_load(b->s), 0);
+        assert_false(b->s->read_only);
+        assert_int_equal(access(path, F_OK), -1);
+        (void) snprintf(cmd, sizeof(cmd), "test $(ls '%s' | grep -c '^quotas\\.corrupt\\.') = 4", b->dir);
+        assert_int_equal(system(cmd), 0);
 }
 
 static void test_store_refuses(void **state) {

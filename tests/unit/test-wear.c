@@ -73,6 +73,20 @@ static unsigned n_files(void) {
         return n;
 }
 
+/* Set-aside copies of the book in dir ("wear.corrupt.*"). */
+static unsigned n_aside(void) {
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        unsigned n = 0;
+
+        assert_non_null(d);
+        while ((de = readdir(d)))
+                if (strncmp(de->d_name, "wear.corrupt.", 13) == 0)
+                        n++;
+        closedir(d);
+        return n;
+}
+
 static void test_roundtrip(void **state) {
         Wear *w = NULL, *back = NULL;
         NvmeTarget targets[2] = { { .path = (char *) "/srv/a b.img", .wear_base = 100, .bytes_written = 23 },
@@ -129,8 +143,16 @@ static void expect_corrupt(const char *text, const char *reason) {
         NvmeTier nvme = { .targets = &t, .n_targets = 1 };
         Wear *w = NULL;
         char why[512] = "";
+        unsigned before = n_aside();
 
-        write_file("wear", text);
+        if (text)
+                write_file("wear", text);
+        else {          /* a FIFO: opening it must not block */
+                char path[PATH_MAX + 64];
+
+                (void) snprintf(path, sizeof(path), "%s/wear", dir);
+                assert_int_equal(mkfifo(path, 0600), 0);
+        }
         assert_int_equal(wear_new(dir, &w), 0);
         assert_int_equal(wear_load(w, &nvme, why, sizeof(why)), 2);
         if (!strstr(why, reason) || !strstr(why, "it was kept as"))
@@ -138,7 +160,8 @@ static void expect_corrupt(const char *text, const char *reason) {
         assert_int_equal(w->n_targets, 0);
         assert_int_equal(w->n_jobs, 0);
         assert_false(exists("wear"));
-        assert_true(exists("wear.corrupt"));
+        /* a new copy beside the older ones (never over one), at most STATEFILE_ASIDE_MAX of them */
+        assert_int_equal(n_aside(), before < STATEFILE_ASIDE_MAX ? before + 1 : STATEFILE_ASIDE_MAX);
         wear_free(w);
 }
 
@@ -154,6 +177,8 @@ static void test_corrupt(void **state) {
         expect_corrupt("tierd-wear 1\njob a%00b 1\n", "line 2 has a bad name");
         expect_corrupt("tierd-wear 1\ndisk /a 1\n", "line 2: unknown kind 'disk'");
         expect_corrupt("\x01\x02garbage\n", "line 1 is not");
+        expect_corrupt(NULL, "it is not a regular file");
+        assert_int_equal(n_aside(), STATEFILE_ASIDE_MAX);      /* 12 set aside, the oldest 4 removed */
 }
 
 /* Past WEAR_JOBS_MAX names, the one with the fewest bytes goes. */
