@@ -380,6 +380,22 @@ static void test_reload(void **state) {
         assert_true(test_daemon_log_contains(&daemon_, "Invalid configuration, keeping the running one"));
         assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 12 * MiB);
+
+        /* a FIFO as a drop-in (nobody writes it): the reload is refused, not hung; tierd answers */
+        {
+                char fifo[700];
+
+                assert_int_equal(test_daemon_write_config(&daemon_, "50-quota.conf",
+                                                          "[quota]\njob = reloaded\nhost = 12M\n"), 0);
+                (void) snprintf(fifo, sizeof(fifo), "%s.d/60-fifo.conf", daemon_.config);
+                assert_int_equal(mkfifo(fifo, 0644), 0);
+                assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+                assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
+                assert_true(test_daemon_log_contains(&daemon_, "60-fifo.conf: not a regular file"));
+                assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+                assert_int_equal(q.max[TIER_HOST], 12 * MiB);
+                assert_int_equal(unlink(fifo), 0);
+        }
         tier_client_free(c);
 }
 
