@@ -23,6 +23,10 @@
  *     give what the file now asks (capacity.c, the check a start runs),
  *     a warning says so.
  *
+ * A reload also checks that every file target is still backed by its
+ * filesystem's blocks (nvme_check_backed(): an fstat each) and logs one that
+ * is not.
+ *
  * Quotas that would not fit (guarantees adding up to more than a tier's
  * capacity, a minimum above a maximum) make the file invalid.
  * An invalid file changes nothing at all: the reason (FILE:LINE: [section]
@@ -234,6 +238,7 @@ int reload_run(Manager *m) {
         }
         n_changed = reload_apply(m, &next, &n_restart);
         reload_check_capacity(m, &next);
+        (void) nvme_check_backed(m->nvme);
         config_deinit(&next);
         m->reload_error[0] = '\0';
         if (n_changed == 0)

@@ -19,6 +19,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,8 @@ static int errorf(char **ret_error, int r, const char *fmt, ...) {
         return r;
 }
 
-static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, char **ret_error) {
+static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, bool *created,
+                           char **ret_error) {
         struct stat st;
         int fd, r;
 
@@ -56,16 +58,22 @@ static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_si
         if (!t->path)
                 return -ENOMEM;
 
-        fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT);
+        /* O_NONBLOCK for the open only (a FIFO planted there must not hang tierd): cleared below,
+         * as io_uring would answer -EAGAIN on a block device opened non-blocking */
+        fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOCTTY);
         if (fd < 0 && errno == ENOENT) {
                 if (ct->size == 0)
                         return errorf(ret_error, -ENOENT,
                                       "NVMe target %s does not exist and has no size to create it with (use PATH:SIZE)",
                                       ct->path);
                 fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT | O_CREAT | O_EXCL, 0600);
+                *created = fd >= 0;
         }
         if (fd < 0) {
                 r = negative_errno();
+                if (r == -EINVAL && stat(ct->path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+                        return errorf(ret_error, r, "NVMe target %s is neither a regular file nor a block device",
+                                      ct->path);
                 if (r == -EINVAL)
                         return errorf(ret_error, r,
                                       "NVMe target %s: the filesystem does not support O_DIRECT (tmpfs?); "
@@ -77,6 +85,15 @@ static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_si
 
         if (fstat(fd, &st) < 0)
                 return errorf(ret_error, negative_errno(), "Cannot stat %s: %m", ct->path);
+        if (!S_ISBLK(st.st_mode) && !S_ISREG(st.st_mode))
+                return errorf(ret_error, -EINVAL, "NVMe target %s is neither a regular file nor a block device",
+                              ct->path);
+        {
+                int fl = fcntl(fd, F_GETFL);
+
+                if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+                        return errorf(ret_error, negative_errno(), "Cannot clear O_NONBLOCK on %s: %m", ct->path);
+        }
 
         if (S_ISBLK(st.st_mode)) {
                 uint64_t bytes = 0;
@@ -87,15 +104,38 @@ static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_si
                 t->size = ct->size > 0 ? MIN(ct->size, bytes) : bytes;
         } else if (S_ISREG(st.st_mode)) {
                 uint64_t want = ct->size > 0 ? ct->size : (uint64_t) st.st_size;
+                struct statfs sf;
 
                 if (want == 0)
                         return errorf(ret_error, -EINVAL, "NVMe target %s is empty; give a size (PATH:SIZE)", ct->path);
-                if ((uint64_t) st.st_size < want) {
-                        r = fallocate(fd, 0, 0, (off_t) want);
-                        if (r < 0)
-                                return errorf(ret_error, negative_errno(),
-                                              "Cannot preallocate %" PRIu64 " bytes for NVMe target %s: %m",
-                                              want, ct->path);
+                if (fstatfs(fd, &sf) < 0)
+                        return errorf(ret_error, negative_errno(), "Cannot statfs NVMe target %s: %m", ct->path);
+                if ((uint64_t) sf.f_type == TMPFS_MAGIC || (uint64_t) sf.f_type == RAMFS_MAGIC)
+                        return errorf(ret_error, -EINVAL,
+                                      "NVMe target %s is on a %s: that is memory, not a drive (tierd would count "
+                                      "it twice against RAM, and it is gone at reboot); put the target on a disk "
+                                      "filesystem or use a block device",
+                                      ct->path, (uint64_t) sf.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+                /*
+                 * Back every byte, holes included: a file made with truncate(1), or one whose
+                 * blocks were punched out, would take writes until the filesystem fills and then
+                 * fail every write-down.  fallocate() over blocks already there changes nothing.
+                 */
+                if (fallocate(fd, 0, 0, (off_t) want) < 0) {
+                        r = negative_errno();
+                        if (r != -EOPNOTSUPP)
+                                return errorf(ret_error, r,
+                                              "NVMe target %s: cannot back its %" PRIu64 " bytes (%" PRIu64
+                                              " allocated, %" PRIu64 " free on its filesystem): %s; free space, "
+                                              "or give a smaller size (PATH:SIZE)",
+                                              ct->path, want, (uint64_t) st.st_blocks * 512,
+                                              (uint64_t) sf.f_bavail * (uint64_t) sf.f_bsize, strerror(-r));
+                        if ((uint64_t) st.st_blocks * 512 < want)
+                                return errorf(ret_error, -ENOSPC,
+                                              "NVMe target %s: %" PRIu64 " of its %" PRIu64 " bytes are allocated "
+                                              "and its filesystem cannot preallocate the rest (no fallocate); "
+                                              "write the file whole first (dd) or use a block device",
+                                              ct->path, (uint64_t) st.st_blocks * 512, want);
                 }
                 t->size = want;
         } else
@@ -130,6 +170,39 @@ static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_si
                          sizeof(t->smart_ctrl), t->smart_na, sizeof(t->smart_na)) > 0)
                 t->smart_na[0] = '\0';
         return 0;
+}
+
+unsigned nvme_check_backed(const NvmeTier *n) {
+        unsigned bad = 0;
+
+        for (unsigned i = 0; n && i < n->n_targets; i++) {
+                const NvmeTarget *t = &n->targets[i];
+                struct stat st;
+
+                if (t->blockdev || t->fd < 0)
+                        continue;
+                if (fstat(t->fd, &st) < 0) {
+                        log_error_errno(negative_errno(), "Cannot stat NVMe target %s: %m", t->path);
+                        bad++;
+                } else if ((uint64_t) st.st_blocks * 512 < t->size) {
+                        log_error("NVMe target %s: only %" PRIu64 " of its %" PRIu64 " bytes are allocated on its "
+                                  "filesystem (a hole punched in it?): write-downs may fail when the filesystem "
+                                  "fills; restart tierd to allocate it again",
+                                  t->path, (uint64_t) st.st_blocks * 512, t->size);
+                        bad++;
+                }
+        }
+        return bad;
+}
+
+/* target_open_one(), and a file it made removed again when the target is refused (nothing left behind). */
+static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, char **ret_error) {
+        bool created = false;
+        int r = target_open_one(t, ct, extent_size, &created, ret_error);
+
+        if (r < 0 && created)
+                (void) unlink(ct->path);
+        return r;
 }
 
 void nvme_smart_refresh(NvmeTarget *t, uint64_t now_usec, uint64_t max_age_usec) {

@@ -47,8 +47,12 @@ struct NvmeTier {
 };
 
 /*
- * nvme_tier_new() - open (creating and preallocating files where needed)
- * every configured target with O_DIRECT and register them with @uring.
+ * nvme_tier_new() - open (creating files where needed) every configured
+ * target with O_DIRECT and register them with @uring.  A regular file is
+ * allocated whole (fallocate(), holes included) or refused with the numbers
+ * when its filesystem cannot back it; one on tmpfs or ramfs is refused, and
+ * so is anything but a regular file or a block device (opened without
+ * blocking, so a FIFO cannot hang the start).
  * On failure *ret_error names the target and the reason.
  */
 int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_error);
@@ -60,6 +64,15 @@ NvmeTier *nvme_tier_free(NvmeTier *n);
  * A failure is kept in @t->smart_na (and logged when the reason changes).
  */
 void nvme_smart_refresh(NvmeTarget *t, uint64_t now_usec, uint64_t max_age_usec);
+
+/*
+ * nvme_check_backed() - for each regular-file target whose filesystem blocks
+ * no longer cover its size (a hole punched, the file replaced), log an error
+ * with the numbers; an fstat() each, nothing allocated (a reload runs it on
+ * the event loop; a start allocates in nvme_tier_new()).  The number of such
+ * targets.
+ */
+unsigned nvme_check_backed(const NvmeTier *n);
 
 /* Pace each target to @bytes_per_sec (0: unthrottled), for reproducible benchmarks. */
 void nvme_set_bandwidth(NvmeTier *n, uint64_t bytes_per_sec);

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: MIT
+"""Hostile files and hostile names: what a careless admin or a hostile user leaves where tierd reads.
+
+* NVMe targets: a sparse file made with truncate(1) is allocated whole at start;
+  a FIFO is refused without hanging the start; a target on tmpfs is refused in
+  words, and a file tierd made for a refused target is removed again.
+* State files: a FIFO or a symbolic link as STATE_DIR/quotas or STATE_DIR/wear
+  does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
+  in the log.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tierd import CONFIG, MiB, Tierd, main  # noqa: E402
+
+import tier  # noqa: E402
+
+
+def _start_fails(d: Tierd, timeout: float = 20.0) -> str:
+    """Start @d, which must exit (not hang, not come up) within @timeout s; its log."""
+    t0 = time.monotonic()
+    with open(os.devnull, "w") as null:
+        old = sys.stderr
+        sys.stderr = null  # Tierd.start prints the log on failure: the test reads it instead
+        try:
+            d.start(timeout=timeout)
+        except RuntimeError as e:
+            if "exited" not in str(e):
+                raise
+        else:
+            raise AssertionError("tierd started")
+        finally:
+            sys.stderr = old
+    assert time.monotonic() - t0 < timeout
+    return d.log_text()
+
+
+class Targets(unittest.TestCase):
+    def test_sparse_target_allocated(self) -> None:
+        d = Tierd()
+        path = os.path.join(d.dir, "t0.img")
+        with open(path, "wb") as f:
+            f.truncate(256 * MiB)  # what `truncate -s 256M t0.img` leaves: no blocks
+        self.assertLess(os.stat(path).st_blocks * 512, MiB)
+        with d:
+            self.assertGreaterEqual(os.stat(path).st_blocks * 512, 256 * MiB)
+            c = tier.Client("sparse", socket=d.socket)
+            t = c.create("x", 4 * MiB)
+            t.evict(tier.NVME)
+            c.close()
+
+    def test_fifo_target_refused(self) -> None:
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        os.mkfifo(os.path.join(d.dir, "t0.img"))
+        log = _start_fails(d)
+        self.assertIn("is neither a regular file nor a block device", log)
+
+    def test_tmpfs_target_refused(self) -> None:
+        shm = "/dev/shm"
+        if not os.path.isdir(shm) or os.statvfs(shm).f_bsize == 0:
+            self.skipTest("no /dev/shm")
+        with open("/proc/self/mounts") as f:
+            if not any(line.split()[1] == shm and line.split()[2] == "tmpfs" for line in f):
+                self.skipTest("/dev/shm is not a tmpfs here")
+        target = os.path.join(shm, f"tierd-test-{os.getpid()}.img")
+        self.addCleanup(lambda: os.path.exists(target) and os.unlink(target))
+        d = Tierd(CONFIG.replace("@DIR@/t0.img", target))
+        self.addCleanup(d.cleanup)
+        log = _start_fails(d)
+        self.assertIn("is on a tmpfs: that is memory, not a drive", log)
+        self.assertFalse(os.path.exists(target), "the file tierd made for a refused target is still there")
+
+
+class StateFiles(unittest.TestCase):
+    def test_fifo_and_link_state_files(self) -> None:
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        os.mkfifo(os.path.join(d.dir, "quotas"))
+        os.symlink("/etc/passwd", os.path.join(d.dir, "wear"))
+        with d:
+            c = tier.Client("after", socket=d.socket)
+            c.close()
+            log = d.log_text()
+            self.assertIn("not a regular file", log)
+            quotas = glob.glob(os.path.join(d.dir, "quotas.corrupt.*"))
+            wear = glob.glob(os.path.join(d.dir, "wear.corrupt.*"))
+            self.assertEqual(len(quotas), 1, os.listdir(d.dir))
+            self.assertEqual(len(wear), 1, os.listdir(d.dir))
+            self.assertTrue(stat.S_ISFIFO(os.lstat(quotas[0]).st_mode))
+            self.assertTrue(os.path.islink(wear[0]))
+            self.assertFalse(os.path.exists(os.path.join(d.dir, "quotas")))
+
+if __name__ == "__main__":
+    main()
