@@ -259,7 +259,9 @@ static int manager_check_quotas(Manager *m) {
                 return log_error_errno(r, "Out of memory");
         if (r < 0)
                 log_warning("The quotas set at run time (\"%s\") do not fit the tiers as configured now: %s; "
-                            "lower them with tierctl quota set, ignoring", m->quotas->path, why);
+                            "they are kept, and a job whose guarantee does not fit is refused when it starts "
+                            "until they are lowered with tierctl quota set (tierctl quota get JOB shows where each value comes from)",
+                            m->quotas->path, why);
         return 0;
 }
 

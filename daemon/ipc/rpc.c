@@ -299,7 +299,9 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
         q = quota_rpc_job_created(r, c, j, why, sizeof(why));
         if (q < 0) {
                 log_job(LOG_NOTICE, 0, j->name, "Job '%s' refused: %s", j->name, why[0] ? why : strerror(-q));
-                (void) reply_status(c, seq, q, "cannot create job '%s': %s", j->name, why[0] ? why : strerror(-q));
+                (void) reply_status(c, seq, q, "cannot create job '%s': %s%s", j->name, why[0] ? why : strerror(-q),
+                                    q == -ENOSPC ? "; an admin lowers a guarantee with tierctl quota set "
+                                                   "(tierctl quota get JOB shows where each value comes from)" : "");
                 job_destroy(j);
                 return NULL;
         }

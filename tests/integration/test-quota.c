@@ -351,6 +351,27 @@ static void test_restart(void **state) {
         assert_true(test_daemon_log_contains(&daemon_, "quotas:3: host: invalid size 'a lot'"));
         assert_true(test_daemon_log_contains(&daemon_, "moved it aside to"));
         assert_int_equal(access(path, F_OK), -1);
+
+        /* run-time guarantees that no longer fit: kept, and the log says the job they name is refused (it is) */
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("[quota]\njob = greedy\nhost_min = 200G\nhost = 200G\n", f);
+        fclose(f);
+        restart();
+        assert_true(test_daemon_log_contains(&daemon_, "they are kept, and a job whose guarantee does not fit is "
+                                                       "refused when it starts"));
+        {
+                tier_client *g = NULL;
+
+                assert_int_equal(tier_client_new(&g, daemon_.socket, "greedy", 0), -ENOSPC);
+                assert_non_null(strstr(tier_client_last_error(g), "guarantees would add up to"));
+                assert_non_null(strstr(tier_client_last_error(g), "tierctl quota set"));
+                tier_client_free(g);
+        }
+        assert_int_equal(tierctl(NULL, NULL, "quota set greedy --host-min 1M --host 8M"), 0);
+        c = connect_job("greedy");
+        tier_client_free(c);
+        assert_int_equal(tierctl(NULL, NULL, "quota set greedy --clear"), 0);
 }
 
 /* ---- a reload re-applies tierd.conf's quotas ---------------------------------------------------- */
