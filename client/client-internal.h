@@ -21,6 +21,7 @@
 #include "client/client-cuda.h"
 #include "proto/macro.h"
 #include "proto/tier.pb-c.h"
+#include "proto/utf8.h"
 #include "proto/wire.h"
 
 typedef struct FencePage FencePage;
@@ -161,14 +162,16 @@ static inline bool tier_valid(int tier) {
         return tier >= 0 && tier < TIER_LEVEL_MAX;
 }
 
-/* Names of jobs and tensors: non-empty text without control characters. */
+/* Names of jobs and tensors: non-empty UTF-8 text without control characters. */
 static inline bool name_valid(const char *s) {
+        const unsigned char *p;
+
         if (!s || !*s)
                 return false;
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++)
+        for (p = (const unsigned char *) s; *p; p++)
                 if (*p < 0x20 || *p == 0x7f)
                         return false;
-        return true;
+        return utf8_valid(s, (size_t) (p - (const unsigned char *) s));
 }
 
 /* ---- client.c ---------------------------------------------------------------------- */

@@ -203,7 +203,7 @@ _public_ int tier_client_new(tier_client **ret, const char *socket_path, const c
         if (!job)
                 job = "";
         if (*job && !name_valid(job)) {
-                (void) snprintf(new_error, sizeof(new_error), "job name contains control characters");
+                (void) snprintf(new_error, sizeof(new_error), "job name contains control characters or is not valid UTF-8");
                 return -EINVAL;
         }
 

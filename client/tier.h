@@ -61,7 +61,7 @@ struct tier_stat {
  * tier_client_new() - connect to tierd and join (or create) a job.
  * @ret:    the new client
  * @socket: socket path, or NULL for $TIER_SOCKET, else /run/tierd/tierd.sock
- * @job:    job name (1..max_name bytes, printable); NULL or "" for a control
+ * @job:    job name (1..max_name bytes of UTF-8, no control characters); NULL or "" for a control
  *          connection that may only ask for status
  * @rank:   this process's rank inside the job (informational)
  *

@@ -38,6 +38,7 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
+#include "proto/pbcheck.h"
 #include "proto/wire.h"
 #include "tier.pb-c.h"
 
@@ -288,6 +289,31 @@ static int conn_read(Conn *c) {
                         log_warning("Connection %" PRIu64 " (pid " PID_FMT "): malformed packet of %zu bytes, closing",
                                     c->id, c->pid, len);
                         return conn_protocol_error(c, 0, -EBADMSG, "malformed message");
+                }
+                /* protobuf-c cuts a string at a NUL: "bad\0name" would reach the handlers as "bad" */
+                {
+                        char why[160];
+
+                        r = pb_check_strings(&tier__request__descriptor, c->rbuf, len, why, sizeof(why));
+                        if (r < 0) {
+                                Tier__Response resp = TIER__RESPONSE__INIT;
+                                char msg[200];
+                                uint64_t seq = req->seq;
+
+                                tier__request__free_unpacked(req, NULL);
+                                log_debug("Connection %" PRIu64 " (pid " PID_FMT "): request %" PRIu64 " refused: %s",
+                                          c->id, c->pid, seq, why);
+                                if (r == -EBADMSG)
+                                        return conn_protocol_error(c, seq, r, why);
+                                (void) snprintf(msg, sizeof(msg), "%s: names and other strings are UTF-8 text", why);
+                                resp.seq = seq;
+                                resp.status = r;
+                                resp.error = msg;
+                                r = conn_send_response(c, &resp, NULL, 0, false);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
                 }
                 r = s->ops && s->ops->dispatch ? s->ops->dispatch(s->userdata, c, req) : -EOPNOTSUPP;
                 tier__request__free_unpacked(req, NULL);

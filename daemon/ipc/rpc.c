@@ -48,6 +48,7 @@
 #include "daemon/tiers/vram.h"
 #include "proto/fence.h"
 #include "proto/macro.h"
+#include "proto/utf8.h"
 #include "proto/plan.h"
 #include "tier.pb-c.h"
 
@@ -230,6 +231,8 @@ static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const cha
         for (const unsigned char *s = (const unsigned char *) name; *s; s++)
                 if (*s < 0x20 || *s == 0x7f)
                         return reply_status(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
+        if (!utf8_valid(name, len))
+                return reply_status(c, seq, -EINVAL, "%s name is not valid UTF-8", what), -EINVAL;
         return 0;
 }
 

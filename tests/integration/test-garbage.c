@@ -643,6 +643,86 @@ static void test_hostile_neighbour(void **state) {
         tier_client_free(bystander);
 }
 
+/* A Create of @name (@len bytes, NULs allowed) on raw connection @fd as request @seq: the status. */
+static int create_raw(int fd, uint64_t seq, const char *name, size_t len) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Create cr = TIER__CREATE__INIT;
+        char *stand_in = malloc(len + 1);
+        Blob b;
+        uint8_t *at;
+        int r;
+
+        assert_non_null(stand_in);
+        memset(stand_in, 'Q', len);
+        stand_in[len] = '\0';
+        cr.name = stand_in;
+        cr.size = 4096;
+        req.seq = seq;
+        req.op_case = TIER__REQUEST__OP_CREATE;
+        req.create = &cr;
+        b = pack(&req);
+        at = memmem(b.data, b.len, stand_in, len);
+        assert_non_null(at);
+        memcpy(at, name, len);          /* what protobuf-c would never pack from a C string */
+        r = wire_send(fd, b.data, b.len, NULL, 0);
+        free(b.data);
+        free(stand_in);
+        assert_int_equal(r, 0);
+        return reply_status(fd);
+}
+
+/* Names with a NUL inside, or not UTF-8, are refused with -EINVAL, never cut short; the connection goes on. */
+static void test_names_not_text(void **state) {
+        static const char nul[] = "bad\0name", latin1[] = "caf\xe9", overlong[] = "\xc0\xaf", surrogate[] = "\xed\xa0\x80";
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Hello h = TIER__HELLO__INIT;
+        int fd = hostile_connect("names");
+        char job[] = "jobQname";
+
+        assert_true(fd >= 0);
+        assert_int_equal(create_raw(fd, 2, nul, sizeof(nul) - 1), -EINVAL);
+        assert_int_equal(create_raw(fd, 3, latin1, sizeof(latin1) - 1), -EINVAL);
+        assert_int_equal(create_raw(fd, 4, overlong, sizeof(overlong) - 1), -EINVAL);
+        assert_int_equal(create_raw(fd, 5, surrogate, sizeof(surrogate) - 1), -EINVAL);
+        /* "bad" was not made by the first: it is free to create; UTF-8 is fine */
+        assert_int_equal(create_raw(fd, 6, "bad", 3), 0);
+        assert_int_equal(create_raw(fd, 7, "caf\xc3\xa9 \xf0\x9f\x98\x80", 10), 0);
+        close(fd);
+
+        /* a Hello whose job has a NUL inside: refused, and no job 'job' is made */
+        fd = raw_connect();
+        h.version = TIER_PROTOCOL_VERSION;
+        h.job = job;
+        req.seq = 1;
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &h;
+        {
+                Blob b = pack(&req);
+                uint8_t *at = memmem(b.data, b.len, job, strlen(job));
+
+                assert_non_null(at);
+                at[3] = '\0';
+                assert_int_equal(wire_send(fd, b.data, b.len, NULL, 0), 0);
+                free(b.data);
+        }
+        assert_int_equal(reply_status(fd), -EINVAL);
+        close(fd);
+
+        /* libtier refuses what is not UTF-8 before sending */
+        {
+                tier_client *c = NULL;
+                tier_tensor *t = NULL;
+
+                assert_int_equal(tier_client_new(&c, daemon_.socket, "caf\xe9", 0), -EINVAL);
+                tier_client_free(c);
+                c = NULL;
+                assert_int_equal(tier_client_new(&c, daemon_.socket, "names-c", 0), 0);
+                assert_int_equal(tier_tensor_create(c, "\xff", 4096, &t), -EINVAL);
+                assert_non_null(strstr(tier_client_last_error(c), "not valid UTF-8"));
+                tier_client_free(c);
+        }
+}
+
 static int setup(void **state) {
         return test_daemon_start(&daemon_, CONFIG) < 0 ? -1 : 0;
 }
@@ -655,6 +735,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_mutations),
                 cmocka_unit_test(test_hostile_neighbour),
+                cmocka_unit_test(test_names_not_text),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))

@@ -4,6 +4,8 @@
 * NVMe targets: a sparse file made with truncate(1) is allocated whole at start;
   a FIFO is refused without hanging the start; a target on tmpfs is refused in
   words, and a file tierd made for a refused target is removed again.
+* Names with a NUL inside or not UTF-8 are refused (ValueError) before they reach
+  tierd, which refuses them too (tests/integration/test-garbage.c sends them raw).
 * State files: a FIFO or a symbolic link as STATE_DIR/quotas or STATE_DIR/wear
   does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
   in the log.
@@ -78,6 +80,21 @@ class Targets(unittest.TestCase):
         log = _start_fails(d)
         self.assertIn("is on a tmpfs: that is memory, not a drive", log)
         self.assertFalse(os.path.exists(target), "the file tierd made for a refused target is still there")
+
+
+class Names(unittest.TestCase):
+    def test_not_text_refused_before_tierd(self) -> None:
+        with Tierd() as d:
+            for bad in ("bad\x00name", "caf\udce9", "\udcff"):
+                with self.assertRaises(ValueError):
+                    tier.Client(bad, socket=d.socket)
+            c = tier.Client("names", socket=d.socket)
+            for bad in ("bad\x00name", "caf\udce9"):
+                with self.assertRaises(ValueError):
+                    c.create(bad, 4096)
+            c.create("bad", 4096).destroy()  # not made by the refused "bad\0name"
+            c.create("café 😀", 4096).destroy()
+            c.close()
 
 
 class StateFiles(unittest.TestCase):

@@ -16,6 +16,9 @@
 #include <cmocka.h>
 
 #include "proto/macro.h"
+#include "proto/pbcheck.h"
+#include "proto/tier.pb-c.h"
+#include "proto/utf8.h"
 #include "proto/wire.h"
 
 /* The two ends of a connection: a is the "client", b the "daemon". */
@@ -354,6 +357,55 @@ static void test_nonblocking(void **state) {
         assert_int_equal(wire_recv(p->fd[1], buf, sizeof(buf), &len, fds, &n_fds), -EAGAIN);
 }
 
+static void test_utf8(_unused_ void **state) {
+        static const struct { const char *s; size_t len; bool ok; } cases[] = {
+                { "", 0, true }, { "plain", 5, true }, { "caf\xc3\xa9", 5, true },
+                { "\xe2\x82\xac", 3, true }, { "\xf0\x9f\x98\x80", 4, true }, { "\xf4\x8f\xbf\xbf", 4, true },
+                { "caf\xe9", 4, false },                       /* Latin-1 */
+                { "\xc0\xaf", 2, false }, { "\xe0\x80\xaf", 3, false }, { "\xf0\x80\x80\xaf", 4, false },  /* overlong */
+                { "\xed\xa0\x80", 3, false }, { "\xed\xbf\xbf", 3, false },    /* surrogates */
+                { "\xf4\x90\x80\x80", 4, false }, { "\xf5\x80\x80\x80", 4, false },  /* above U+10FFFF */
+                { "\x80", 1, false }, { "\xc3", 1, false }, { "\xe2\x82", 2, false },  /* stray, truncated */
+                { "\xe2\x28\xa1", 3, false },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++)
+                if (utf8_valid(cases[i].s, cases[i].len) != cases[i].ok)
+                        fail_msg("case %zu: expected %s", i, cases[i].ok ? "valid" : "invalid");
+}
+
+/* Every string field, nested ones too, is checked on the encoded bytes; other fields are not. */
+static void test_pb_check_strings(_unused_ void **state) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaSet qs = TIER__QUOTA_SET__INIT;
+        uint64_t limits[3] = { 0, 0x5151515151ull, 0 };
+        char job[] = "QQQQ", why[160];
+        uint8_t buf[256], *at;
+        size_t len;
+
+        qs.job = job;
+        qs.n_tier_limit = 3;
+        qs.tier_limit = limits;
+        req.seq = 0x51;
+        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
+        req.quota_set = &qs;
+        len = tier__request__pack(&req, buf);
+        assert_int_equal(pb_check_strings(&tier__request__descriptor, buf, len, why, sizeof(why)), 0);
+        assert_string_equal(why, "");
+        at = memmem(buf, len, job, 4);
+        assert_non_null(at);
+        at[1] = 0;
+        assert_int_equal(pb_check_strings(&tier__request__descriptor, buf, len, why, sizeof(why)), -EINVAL);
+        assert_string_equal(why, "QuotaSet.job contains a NUL byte");
+        at[1] = 0xff;
+        assert_int_equal(pb_check_strings(&tier__request__descriptor, buf, len, why, sizeof(why)), -EINVAL);
+        assert_string_equal(why, "QuotaSet.job is not valid UTF-8");
+        /* truncated: left to the unpacker (0 here, NULL there) */
+        at[1] = 'Q';
+        assert_int_equal(pb_check_strings(&tier__request__descriptor, buf, len - 3, NULL, 0), 0);
+        assert_null(tier__request__unpack(NULL, len - 3, buf));
+}
+
 static void test_close_fds(_unused_ void **state) {
         int fds[3] = { -1, -1, -1 };
 
@@ -367,6 +419,8 @@ static void test_close_fds(_unused_ void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_utf8),
+                cmocka_unit_test(test_pb_check_strings),
                 cmocka_unit_test_setup_teardown(test_roundtrip, pair_setup, pair_teardown),
                 cmocka_unit_test_setup_teardown(test_large_payload, pair_setup, pair_teardown),
                 cmocka_unit_test_setup_teardown(test_invalid_send, pair_setup, pair_teardown),

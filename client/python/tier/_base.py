@@ -116,7 +116,10 @@ def _mode(mode: ModeLike) -> Mode:
 def _name(name: str, what: str) -> bytes:
     if not isinstance(name, str):
         raise TypeError(f"a {what} name is a str, not {type(name).__name__}")
-    b = name.encode("utf-8", "surrogateescape")
+    try:
+        b = name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (os.fsdecode's "\udcff"): not text tierd takes
+        raise ValueError(f"{what} name {name!r} is not valid UTF-8") from None
     if not b:
         raise ValueError(f"a {what} name must not be empty")
     if any(c < 0x20 or c == 0x7F for c in b):

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/* utf8.h: is a byte string well-formed UTF-8 (RFC 3629), for names tierd and libtier take. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * utf8_valid() - whether the @len bytes at @s are well-formed UTF-8: no
+ * overlong form, no surrogate (U+D800..U+DFFF), nothing above U+10FFFF, no
+ * truncated sequence.  A NUL byte is valid UTF-8; callers that take names
+ * refuse it (and other control characters) themselves.
+ */
+static inline bool utf8_valid(const char *s, size_t len) {
+        const uint8_t *p = (const uint8_t *) s, *end = p + len;
+
+        while (p < end) {
+                uint8_t c = *p;
+                size_t n;
+                uint32_t cp, min;
+
+                if (c < 0x80) {
+                        p++;
+                        continue;
+                }
+                if (c >= 0xc2 && c <= 0xdf) {
+                        n = 1;
+                        cp = c & 0x1f;
+                        min = 0x80;
+                } else if (c >= 0xe0 && c <= 0xef) {
+                        n = 2;
+                        cp = c & 0x0f;
+                        min = 0x800;
+                } else if (c >= 0xf0 && c <= 0xf4) {
+                        n = 3;
+                        cp = c & 0x07;
+                        min = 0x10000;
+                } else
+                        return false;   /* a continuation byte first, 0xc0/0xc1 (overlong), 0xf5.. */
+                if ((size_t) (end - p) <= n)
+                        return false;
+                for (size_t i = 1; i <= n; i++) {
+                        if ((p[i] & 0xc0) != 0x80)
+                                return false;
+                        cp = cp << 6 | (p[i] & 0x3f);
+                }
+                if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                        return false;
+                p += n + 1;
+        }
+        return true;
+}
