@@ -371,3 +371,69 @@ _public_ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *
                 return r;
         return quota_reply2(c, &pk, ret);
 }
+
+static int quota_total_reply(tier_client *c, Packet *pk, struct tier_quota_total *ret) {
+        const Tier__Response *resp = pk->reply->response;
+        const Tier__QuotaReply *q = resp->quota;
+
+        if (resp->result_case != TIER__RESPONSE__RESULT_QUOTA || !q) {
+                packet_done(pk);
+                return client_error(c, -EPROTO, "tierd answered the quota request without a result");
+        }
+        if (ret) {
+                memset(ret, 0, sizeof(*ret));
+                for (size_t i = 0; i < TIER_LEVEL_MAX; i++) {
+                        ret->total[i] = i < q->n_tier_total ? q->tier_total[i] : 0;
+                        ret->used[i] = i < q->n_total_used ? q->total_used[i] : 0;
+                        copy_text(ret->from[i], sizeof(ret->from[i]), i < q->n_total_from ? q->total_from[i] : "");
+                }
+        }
+        packet_done(pk);
+        return 0;
+}
+
+_public_ int tier_quota_total_get(tier_client *c, int kind, uint32_t id, struct tier_quota_total *ret) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
+        Packet pk = PACKET_NULL;
+        int r;
+
+        if (!c || !ret || (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP))
+                return -EINVAL;
+        q.job = (char *) "";
+        q.kind = (uint32_t) kind;
+        q.id = id;
+        req.op_case = TIER__REQUEST__OP_QUOTA_GET;
+        req.quota_get = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_total_reply(c, &pk, ret);
+}
+
+_public_ int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_MAX],
+                                  unsigned total_set, struct tier_quota_total *ret) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
+        Packet pk = PACKET_NULL;
+        uint64_t totals[TIER_LEVEL_MAX];
+        int r;
+
+        if (!c || !total || total_set == 0 || (total_set & ~((1u << TIER_LEVEL_MAX) - 1)) ||
+            (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP))
+                return -EINVAL;
+        for (int i = 0; i < TIER_LEVEL_MAX; i++)
+                totals[i] = total_set & (1u << i) ? total[i] : 0;
+        q.job = (char *) "";
+        q.kind = (uint32_t) kind;
+        q.id = id;
+        q.n_tier_total = TIER_LEVEL_MAX;
+        q.tier_total = totals;
+        q.total_set = total_set;
+        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
+        req.quota_set = &q;
+        r = transport_call(c, &req, &pk);
+        if (r < 0)
+                return r;
+        return quota_total_reply(c, &pk, ret);
+}

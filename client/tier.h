@@ -333,6 +333,31 @@ int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, stru
 int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *q,
                     struct tier_quota2 *ret);
 
+/*
+ * The totals of a uid or a group: the bytes of each tier that all its jobs
+ * together (lingering ones included) may use, beside each job's own
+ * maximum.  A uid without one of its own gets tierd.conf's [host|vram|nvme]
+ * uid_share of the tier, unless its jobs' creator is root or in group
+ * tier-admin.
+ */
+struct tier_quota_total {
+        uint64_t total[TIER_LEVEL_MAX];         /* bytes per tier; 0: no total */
+        uint64_t used[TIER_LEVEL_MAX];          /* on get: what its jobs use now */
+        char from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX]; /* on get: "uid 1000", "uid_share", "none", ... */
+};
+
+/*
+ * tier_quota_total_get() - the totals of @kind TIER_QUOTA_UID or
+ * TIER_QUOTA_GROUP @id (read as tier_quota_get2() reads).
+ * tier_quota_total_set() - set the totals of the tiers in @total_set (bits
+ * 1 << tier) to @total[tier] (0: none, which also lifts the uid_share),
+ * kept across restarts like every quota; needs root or group tier-admin.
+ * @ret (may be NULL): the totals afterwards.
+ */
+int tier_quota_total_get(tier_client *c, int kind, uint32_t id, struct tier_quota_total *ret);
+int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_MAX],
+                         unsigned total_set, struct tier_quota_total *ret);
+
 /* ---- job control (tierctl) ----------------------------------------------------------- */
 
 /*

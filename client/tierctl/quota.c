@@ -136,7 +136,8 @@ typedef struct QuotaTarget {
  * "vram_min":BYTES,...,"from":{"vram":"uid 1000",...}} ("uid":N, "group":N or
  * "default":true instead of "job" for those targets).
  */
-static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_quota2 *q) {
+static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_quota2 *q,
+                       const struct tier_quota_total *tot) {
         json_object_begin(w);
         switch (t->kind) {
         case TIER_QUOTA_JOB:
@@ -184,6 +185,22 @@ static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_qu
                 json_key(w, "warning");
                 json_string(w, q->warning);
         }
+        if (tot) {
+                json_key(w, "totals");
+                json_object_begin(w);
+                for (int i = 0; i < TIER_LEVEL_MAX; i++) {
+                        json_key(w, tier_level_name(i));
+                        json_object_begin(w);
+                        json_key(w, "total");
+                        json_uint(w, tot->total[i]);
+                        json_key(w, "used");
+                        json_uint(w, tot->used[i]);
+                        json_key(w, "from");
+                        json_string(w, tot->from[i]);
+                        json_object_end(w);
+                }
+                json_object_end(w);
+        }
         json_object_end(w);
 }
 
@@ -200,7 +217,8 @@ static void quota_print_row(FILE *f, int name_width, const char *job, const stru
 }
 
 /* One target's quota, each value with where it comes from. */
-static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota2 *q) {
+static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota2 *q,
+                        const struct tier_quota_total *tot) {
         switch (t->kind) {
         case TIER_QUOTA_JOB:
                 fprintf(f, "job '%s'%s\n", t->job, q->running ? " (running)" : " (not running: its name's quota)");
@@ -220,6 +238,14 @@ static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota2 
                 fprintf(f, ", min %s (from: %s)\n", FORMAT_SIZE(q->min[i]), q->min_from[i]);
         }
         fprintf(f, "  weight %u (from: %s)\n", q->weight, q->weight_from);
+        for (int i = 0; tot && i < TIER_LEVEL_MAX; i++) {
+                if (tot->total[i] == 0)
+                        fprintf(f, "  %-6s total: none (from: %s), its jobs use %s\n", tier_level_name(i), tot->from[i],
+                                FORMAT_SIZE(tot->used[i]));
+                else
+                        fprintf(f, "  %-6s total %s for all its jobs (from: %s), they use %s\n", tier_level_name(i),
+                                FORMAT_SIZE(tot->total[i]), tot->from[i], FORMAT_SIZE(tot->used[i]));
+        }
 }
 
 void quota_help(FILE *f) {
@@ -227,7 +253,8 @@ void quota_help(FILE *f) {
                 "Usage: tierctl quota get [--json] [JOB | --uid UID | --user NAME | --group GROUP | --default]\n"
                 "       tierctl quota set JOB|--uid UID|--user NAME|--group GROUP [--host SIZE] [--host-min SIZE]\n"
                 "                         [--vram SIZE] [--vram-min SIZE] [--nvme SIZE] [--nvme-min SIZE]\n"
-                "                         [--weight N] [--clear] [--json]\n"
+                "                         [--weight N] [--host-total SIZE] [--vram-total SIZE]\n"
+                "                         [--nvme-total SIZE] [--clear] [--json]\n"
                 "\n"
                 "Show the quota of a job name, a uid, a group or the default (of every job without\n"
                 "one), each value with where it comes from; or set it.  A job's quota resolves field\n"
@@ -239,7 +266,11 @@ void quota_help(FILE *f) {
                 "tierctl first (tierd.conf's [quota] stays).  SIZE is bytes with an optional K, M,\n"
                 "G, T, P or E suffix (powers of 1024, either case, B or iB may follow: 8G = 8GiB);\n"
                 "N is 1..1000.  Options not given keep their value.  Setting needs root or group\n"
-                "tier-admin; anyone may read their own jobs', uid's and groups' quotas.\n");
+                "tier-admin; anyone may read their own jobs', uid's and groups' quotas.\n"
+                "A uid's or group's --host-total etc. bound all its jobs together (lingering ones\n"
+                "too; 0: none); a uid without one gets tierd.conf's uid_share of each tier unless\n"
+                "its jobs' creator is root or in tier-admin.  quota get --uid/--group shows them\n"
+                "and what the jobs use now.\n");
 }
 
 /* Parse a uid or gid: a number, or a name looked up with @lookup ("user", "group"). */
@@ -302,15 +333,15 @@ static const char *target_name(const QuotaTarget *t, char *buf, size_t size) {
 }
 
 /* Print one target's quota as text or JSON. */
-static int quota_show(const QuotaTarget *t, const struct tier_quota2 *q) {
+static int quota_show(const QuotaTarget *t, const struct tier_quota2 *q, const struct tier_quota_total *tot) {
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 
-                quota_json(&w, t, q);
+                quota_json(&w, t, q, tot);
                 if (json_print(&w) < 0)
                         return EXIT_FAILURE;
         } else
-                quota_print(stdout, t, q);
+                quota_print(stdout, t, q, tot);
         return EXIT_SUCCESS;
 }
 
@@ -366,7 +397,7 @@ static int quota_get_all(tier_client *c) {
                 if (!names[i])
                         continue;
                 if (arg_json)
-                        quota_json(&jw, &t, &qs[i]);
+                        quota_json(&jw, &t, &qs[i], NULL);
                 else {
                         if (first)
                                 quota_print_header(stdout, w);
@@ -400,6 +431,7 @@ static int quota_get(int argc, char **argv) {
                 {}
         };
         QuotaTarget t = { .kind = TIER_QUOTA_JOB };
+        struct tier_quota_total tot;
         struct tier_quota2 q;
         tier_client *c = NULL;
         bool have = false;
@@ -450,6 +482,8 @@ static int quota_get(int argc, char **argv) {
                 return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
         }
         r = tier_quota_get2(c, t.kind, t.id, t.job, &q);
+        if (r >= 0 && (t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP))
+                r = tier_quota_total_get(c, t.kind, t.id, &tot);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot get the quota of %s: %s\n", target_name(&t, name, sizeof(name)),
                         why(c, r));
@@ -457,7 +491,7 @@ static int quota_get(int argc, char **argv) {
                 return EXIT_FAILURE;
         }
         tier_client_free(c);
-        ret = quota_show(&t, &q);
+        ret = quota_show(&t, &q, t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP ? &tot : NULL);
         return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
 }
 
@@ -465,6 +499,7 @@ static int quota_set(int argc, char **argv) {
         enum {
                 ARG_VRAM = 0x100, ARG_HOST, ARG_NVME, ARG_VRAM_MIN, ARG_HOST_MIN, ARG_NVME_MIN,
                 ARG_WEIGHT, ARG_JSON, ARG_UID, ARG_USER, ARG_GROUP, ARG_CLEAR,
+                ARG_VRAM_TOTAL, ARG_HOST_TOTAL, ARG_NVME_TOTAL,
         };
         static const struct option options[] = {
                 { "vram",     required_argument, NULL, ARG_VRAM },
@@ -478,12 +513,18 @@ static int quota_set(int argc, char **argv) {
                 { "user",     required_argument, NULL, ARG_USER },
                 { "group",    required_argument, NULL, ARG_GROUP },
                 { "clear",    no_argument,       NULL, ARG_CLEAR },
+                { "vram-total", required_argument, NULL, ARG_VRAM_TOTAL },
+                { "host-total", required_argument, NULL, ARG_HOST_TOTAL },
+                { "nvme-total", required_argument, NULL, ARG_NVME_TOTAL },
                 { "json",     no_argument,       NULL, ARG_JSON },
                 { "help",     no_argument,       NULL, 'h' },
                 {}
         };
         QuotaTarget t = { .kind = TIER_QUOTA_JOB };
         struct tier_quota2 q = {}, now;
+        struct tier_quota_total tot_now;
+        uint64_t totals[TIER_LEVEL_MAX] = {};
+        unsigned total_set = 0;
         tier_client *c = NULL;
         bool any = false, have = false;
         char name[300];
@@ -532,6 +573,17 @@ static int quota_set(int argc, char **argv) {
                 case ARG_CLEAR:
                         q.clear = 1;
                         continue;
+                case ARG_VRAM_TOTAL:
+                case ARG_HOST_TOTAL:
+                case ARG_NVME_TOTAL:
+                        tier = opt - ARG_VRAM_TOTAL;
+                        if (size_parse(optarg, &totals[tier]) < 0) {
+                                fprintf(stderr, "tierctl quota set: --%s-total must be a size like 512M or 8G "
+                                        "(0 for none), not '%s'\n", tier_level_name(tier), optarg);
+                                return EXIT_USAGE;
+                        }
+                        total_set |= 1u << tier;
+                        continue;
                 case ARG_JSON:
                         arg_json = 1;
                         continue;
@@ -570,15 +622,28 @@ static int quota_set(int argc, char **argv) {
                 fprintf(stderr, "tierctl quota set: the job name is empty\n");
                 return EXIT_USAGE;
         }
-        if (!any && !q.clear) {
+        if (!any && !q.clear && !total_set) {
                 fprintf(stderr, "tierctl quota set: nothing to set (give --host, --host-min, --vram, --vram-min, "
-                        "--nvme, --nvme-min, --weight or --clear)\n");
+                        "--nvme, --nvme-min, --weight, --host-total, --vram-total, --nvme-total or --clear)\n");
+                return EXIT_USAGE;
+        }
+        if (total_set && t.kind != TIER_QUOTA_UID && t.kind != TIER_QUOTA_GROUP) {
+                fprintf(stderr, "tierctl quota set: --host-total etc. are the total of a uid's or a group's jobs "
+                        "together (--uid, --user, --group); a job name has --host etc.\n");
                 return EXIT_USAGE;
         }
 
         if (connect_control(&c) < 0)
                 return EXIT_FAILURE;
-        r = tier_quota_set2(c, t.kind, t.id, t.job, &q, &now);
+        /* the fields of each job first (and --clear), then the totals: what the second finds is the first's result */
+        if (any || q.clear)
+                r = tier_quota_set2(c, t.kind, t.id, t.job, &q, &now);
+        else
+                r = tier_quota_get2(c, t.kind, t.id, t.job, &now);
+        if (r >= 0 && total_set)
+                r = tier_quota_total_set(c, t.kind, t.id, totals, total_set, &tot_now);
+        else if (r >= 0 && (t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP))
+                r = tier_quota_total_get(c, t.kind, t.id, &tot_now);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot set the quota of %s: %s\n", target_name(&t, name, sizeof(name)),
                         why(c, r));
@@ -588,7 +653,7 @@ static int quota_set(int argc, char **argv) {
         tier_client_free(c);
         if (now.warning[0])
                 fprintf(stderr, "tierctl: warning: %s\n", now.warning);
-        ret = quota_show(&t, &now);
+        ret = quota_show(&t, &now, t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP ? &tot_now : NULL);
         return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
 }
 

@@ -339,11 +339,13 @@ static const ConfigKey config_keys[] = {
         KEY("host",   "segment_size",            parse_size,          CONFIG_SIZE,          host_segment_size, CONFIG_ALIGN, CONFIG_SEGMENT_MAX, false),
         KEY("host",   "numa_node",               parse_numa_node,     CONFIG_NUMA_NODE,     numa_node, 0, 1023, false),
         KEY("host",   "job_limit",               parse_size,          CONFIG_SIZE,          host_job_limit, 1, UINT64_MAX, true),
+        KEY("host",   "uid_share",               parse_unsigned,      CONFIG_UNSIGNED,      host_uid_share, 0, 100, true),
 
         KEY("vram",   "backend",                 parse_vram_backend,  CONFIG_BACKEND,       vram_backend, 0, 0, false),
         KEY("vram",   "capacity",                parse_size,          CONFIG_SIZE,          vram_capacity, 0, UINT64_MAX, false),
         KEY("vram",   "chunk_size",              parse_size,          CONFIG_SIZE,          vram_chunk_size, CONFIG_ALIGN, UINT64_MAX, false),
         KEY("vram",   "job_limit",               parse_size,          CONFIG_SIZE,          vram_job_limit, 1, UINT64_MAX, true),
+        KEY("vram",   "uid_share",               parse_unsigned,      CONFIG_UNSIGNED,      vram_uid_share, 0, 100, true),
         KEY("vram",   "bandwidth",               parse_size,          CONFIG_SIZE,          vram_bandwidth, 0, UINT64_MAX, true),
 
         KEY("nvme",   "target",                  parse_target,        CONFIG_TARGETS,       targets, 0, 0, false),
@@ -351,6 +353,7 @@ static const ConfigKey config_keys[] = {
         KEY("nvme",   "queue_depth",             parse_unsigned,      CONFIG_UNSIGNED,      nvme_queue_depth, 1, 4096, false),
         KEY("nvme",   "checksum_threads",        parse_unsigned,      CONFIG_UNSIGNED,      nvme_checksum_threads, 0, 16, false),
         KEY("nvme",   "job_limit",               parse_size,          CONFIG_SIZE,          nvme_job_limit, 1, UINT64_MAX, true),
+        KEY("nvme",   "uid_share",               parse_unsigned,      CONFIG_UNSIGNED,      nvme_uid_share, 0, 100, true),
         KEY("nvme",   "bandwidth",               parse_size,          CONFIG_SIZE,          nvme_bandwidth, 0, UINT64_MAX, true),
 
         KEY("sched",  "policy",                  parse_sched_policy,  CONFIG_POLICY,        sched_policy, 0, 0, false),

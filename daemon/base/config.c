@@ -99,11 +99,13 @@ void config_init(Config *c) {
                 .host_segment_size = 64 * MIB,
                 .numa_node = -1,
                 .host_job_limit = 512 * MIB,
+                .host_uid_share = CONFIG_UID_SHARE_DEFAULT,
 
                 .vram_backend = VRAM_BACKEND_AUTO,
                 .vram_capacity = GIB,
                 .vram_chunk_size = 64 * MIB,
                 .vram_job_limit = 512 * MIB,
+                .vram_uid_share = CONFIG_UID_SHARE_DEFAULT,
                 .vram_bandwidth = 0,
 
                 .n_targets = 0,
@@ -111,6 +113,7 @@ void config_init(Config *c) {
                 .nvme_queue_depth = 64,
                 .nvme_checksum_threads = 1,
                 .nvme_job_limit = 2 * GIB,
+                .nvme_uid_share = CONFIG_UID_SHARE_DEFAULT,
                 .nvme_bandwidth = 0,
 
                 .metrics_textfile = strdup(""),

@@ -31,6 +31,8 @@ typedef struct ConfigTarget {
 } ConfigTarget;
 
 #define CONFIG_MAX_TARGETS 16
+/* [host|vram|nvme] uid_share: the percent of a tier the jobs of one uid (not root, not tier-admin) may use */
+#define CONFIG_UID_SHARE_DEFAULT 50u
 
 typedef struct Config {
         /* [daemon] */
@@ -50,11 +52,13 @@ typedef struct Config {
         uint64_t host_segment_size;
         int numa_node;                  /* -1: auto */
         uint64_t host_job_limit;
+        unsigned host_uid_share;        /* percent of the capacity a uid's jobs together may use (0: no total) */
         /* [vram] */
         VramBackendKind vram_backend;
         uint64_t vram_capacity;         /* 0: cuda: 90% of the free device memory; emulated: 1G */
         uint64_t vram_chunk_size;
         uint64_t vram_job_limit;
+        unsigned vram_uid_share;        /* as host_uid_share */
         uint64_t vram_bandwidth;        /* bytes/s, 0 unthrottled */
         /* [nvme] */
         ConfigTarget targets[CONFIG_MAX_TARGETS];
@@ -63,6 +67,7 @@ typedef struct Config {
         unsigned nvme_queue_depth;
         unsigned nvme_checksum_threads; /* 0: the crc32c of extents on the event loop */
         uint64_t nvme_job_limit;
+        unsigned nvme_uid_share;        /* as host_uid_share */
         uint64_t nvme_bandwidth;        /* bytes/s per target, 0 unthrottled */
         /* [sched] */
         SchedPolicyKind sched_policy;

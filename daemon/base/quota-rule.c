@@ -35,6 +35,9 @@ static const char *const field_names[QUOTA_FIELDS] = {
         [QUOTA_MIN(TIER_HOST)] = "host_min",
         [QUOTA_MIN(TIER_NVME)] = "nvme_min",
         [QUOTA_WEIGHT] = "weight",
+        [QUOTA_TOTAL(TIER_VRAM)] = "vram_total",
+        [QUOTA_TOTAL(TIER_HOST)] = "host_total",
+        [QUOTA_TOTAL(TIER_NVME)] = "nvme_total",
 };
 
 static const char *const kind_names[_QUOTA_KIND_MAX] = {
@@ -220,12 +223,16 @@ int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **
                 return 0;
         }
         return reason(ret_reason, "unknown key (job, uid, user, group, host, host_min, vram, vram_min, nvme, "
-                      "nvme_min, weight)");
+                      "nvme_min, weight, host_total, vram_total, nvme_total)");
 }
 
 int quota_rule_check(const QuotaRule *q, char **ret_reason) {
         if (q->kind == QUOTA_DEFAULT)
                 return reason(ret_reason, "[quota] section names no job, uid, user or group");
+        for (int t = 0; t < TIERS; t++)
+                if ((q->set & (1u << QUOTA_TOTAL(t))) && q->kind == QUOTA_JOB)
+                        return reason(ret_reason, "%s_total is the total of a uid's or a group's jobs: a job name "
+                                      "has a maximum (%s) instead", level_to_string(t), level_to_string(t));
         for (int t = 0; t < TIERS; t++)
                 if ((q->set & (1u << QUOTA_MIN(t))) && (q->set & (1u << QUOTA_MAX(t))) &&
                     q->value[QUOTA_MIN(t)] > q->value[QUOTA_MAX(t)])

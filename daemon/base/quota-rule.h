@@ -19,11 +19,17 @@ typedef enum QuotaKind {
         _QUOTA_KIND_INVALID = -22,
 } QuotaKind;
 
-/* The fields of a quota: a maximum and a guaranteed minimum per tier, and the bandwidth weight. */
+/*
+ * The fields of a quota: a maximum and a guaranteed minimum per tier (for
+ * each job governed), the bandwidth weight, and for a uid or a group the
+ * total per tier all its jobs together may use (0: no total).
+ */
 #define QUOTA_MAX(tier) (tier)
 #define QUOTA_MIN(tier) (TIERS + (tier))
 #define QUOTA_WEIGHT (2 * TIERS)
-#define QUOTA_FIELDS (2 * TIERS + 1)
+#define QUOTA_TOTAL(tier) (2 * TIERS + 1 + (tier))
+#define QUOTA_FIELDS (3 * TIERS + 1)
+#define QUOTA_IS_TOTAL(field) ((field) >= QUOTA_TOTAL(0) && (field) < QUOTA_TOTAL(TIERS))
 #define QUOTA_WEIGHT_MAX 1000u
 
 /* Most rules one list holds (tierd.conf's, or those set at run time): each costs tierd memory. */
@@ -64,11 +70,12 @@ char *quota_target_format(QuotaKind kind, uint32_t id, const char *job, char *bu
  * a target (job, uid, user, group: a name or a number; user and group
  * names are looked up, which may block on NSS: tierd parses its
  * configuration only at start and reload) or a field (host, host_min,
- * vram, vram_min, nvme, nvme_min: sizes; weight: 1..1000).  -EINVAL with a
+ * vram, vram_min, nvme, nvme_min, and for a uid or a group host_total,
+ * vram_total, nvme_total: sizes, a total 0 for none; weight: 1..1000).  -EINVAL with a
  * malloc'ed reason in *@ret_reason (the key is not repeated in it).
  */
 int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **ret_reason);
-/* A section is complete: it names its target; -EINVAL with a reason otherwise. */
+/* A section is complete: it names its target, totals only for a uid or a group; -EINVAL with a reason otherwise. */
 int quota_rule_check(const QuotaRule *q, char **ret_reason);
 
 void quota_rules_clear(QuotaRules *rs);

@@ -243,7 +243,8 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                 if (r != -ENOSPC)
                         return op_fail(op, r, "cannot allocate %s space for tensor '%s': %s", level_to_string(tier),
                                        t->name, strerror(-r));
-                if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS)
+                if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS ||
+                    why == SPACE_TOTAL_OVER)
                         break;          /* making room among the job's copies cannot help */
                 if (why == SPACE_POOL) {
                         /* the pool is dry: room may be owed by lingering jobs or jobs above their share */

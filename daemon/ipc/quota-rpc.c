@@ -64,16 +64,43 @@ int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
         gid_t groups[QUOTA_PEER_GROUPS];
         size_t n = peer_groups(c, groups, ELEMENTSOF(groups));
 
+        j->admin = rpc_conn_is_admin(rpc, c);  /* an admin's jobs have no uid_share (a [quota] total still holds) */
         return quota_job_created(rpc->quotas, j, c->gid, groups, n, why, size);
 }
 
-static int reply_quota(Conn *c, uint64_t seq, QuotaKind kind, uint32_t id, const char *job, bool running,
-                       const QuotaResolved *q, const char *warning) {
+static int reply_quota(const Rpc *rpc, Conn *c, uint64_t seq, QuotaKind kind, uint32_t id, const char *job,
+                       bool running, const QuotaResolved *q, const char *warning) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__QuotaReply qr = TIER__QUOTA_REPLY__INIT;
-        uint64_t limits[TIERS], mins[TIERS];
-        char from[2 * TIERS + 1][QUOTA_JOB_NAME_MAX + 32];
-        char *limit_from[TIERS], *min_from[TIERS];
+        uint64_t limits[TIERS], mins[TIERS], totals[TIERS], used[TIERS];
+        char from[2 * TIERS + 1][QUOTA_JOB_NAME_MAX + 32], tfrom[TIERS][64];
+        char *limit_from[TIERS], *min_from[TIERS], *total_from[TIERS];
+
+        if (kind == QUOTA_UID || kind == QUOTA_GROUP) {
+                QuotaSource src[TIERS];
+                JobTotal jt;
+
+                /* for a uid: its jobs' share unless it is root (a tier-admin member's jobs have none either) */
+                quota_totals_resolve(rpc->config, rpc->registry, &rpc->quotas->runtime, kind, id,
+                                     kind == QUOTA_UID && id == 0, &jt, src);
+                for (int t = 0; t < TIERS; t++) {
+                        totals[t] = jt.total[t];
+                        used[t] = total_used(rpc->registry, &jt, t, NULL);
+                        if (jt.from_share & (1u << t))
+                                (void) snprintf(tfrom[t], sizeof(tfrom[t]), "uid_share");
+                        else if (src[t].kind == QUOTA_DEFAULT)
+                                (void) snprintf(tfrom[t], sizeof(tfrom[t]), "none");
+                        else
+                                (void) quota_source_format(&src[t], tfrom[t], sizeof(tfrom[t]));
+                        total_from[t] = tfrom[t];
+                }
+                qr.n_tier_total = TIERS;
+                qr.tier_total = totals;
+                qr.n_total_from = TIERS;
+                qr.total_from = total_from;
+                qr.n_total_used = TIERS;
+                qr.total_used = used;
+        }
 
         for (int t = 0; t < TIERS; t++) {
                 limits[t] = q->value[QUOTA_MAX(t)];
@@ -186,8 +213,8 @@ int quota_rpc_get(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaGet *q, bool
                                     "root, group tier-admin or membership of that group");
         }
         resolve_target(rpc, kind, q->id, name, &res, &running);
-        return reply_quota(c, seq, kind, kind == QUOTA_UID || kind == QUOTA_GROUP ? q->id : 0, name, running, &res,
-                           NULL);
+        return reply_quota(rpc, c, seq, kind, kind == QUOTA_UID || kind == QUOTA_GROUP ? q->id : 0, name, running,
+                           &res, NULL);
 }
 
 int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool admin) {
@@ -237,6 +264,20 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
                 change.value[QUOTA_WEIGHT] = q->weight;
                 change.set |= 1u << QUOTA_WEIGHT;
         }
+        if (q->total_set & ~((1u << TIERS) - 1))
+                return reply_error(c, seq, -EINVAL, "total_set 0x%" PRIx32 " names tiers that do not exist",
+                                   q->total_set);
+        if (q->total_set && q->n_tier_total != TIERS)
+                return reply_error(c, seq, -EINVAL, "a quota has one total per tier (%d), not %zu", TIERS,
+                                   q->n_tier_total);
+        if (q->total_set && change.kind != QUOTA_UID && change.kind != QUOTA_GROUP)
+                return reply_error(c, seq, -EINVAL, "a total is of a uid's or a group's jobs together; a job name "
+                                   "has a maximum instead");
+        for (int t = 0; t < TIERS; t++)
+                if (q->total_set & (1u << t)) {
+                        change.value[QUOTA_TOTAL(t)] = q->tier_total[t];
+                        change.set |= 1u << QUOTA_TOTAL(t);
+                }
 
         r = quota_store_set(rpc->quotas, &change, q->clear, why, sizeof(why), warn, sizeof(warn));
         if (r < 0) {
@@ -249,5 +290,5 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
         if (warn[0])
                 log_warning("Quota of %s set with a warning: %s", target, warn);
         resolve_target(rpc, change.kind, change.id, change.job, &res, &running);
-        return reply_quota(c, seq, change.kind, change.id, change.job, running, &res, warn);
+        return reply_quota(rpc, c, seq, change.kind, change.id, change.job, running, &res, warn);
 }

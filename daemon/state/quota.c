@@ -353,6 +353,64 @@ static bool job_apply(Job *j, const QuotaResolved *q, bool quiet, char *warn, si
         return changed;
 }
 
+/* ---- totals of uids and groups --------------------------------------------------------------------- */
+
+uint64_t quota_uid_share(const Config *c, const Registry *r, int tier) {
+        unsigned pct = tier == TIER_HOST ? c->host_uid_share : tier == TIER_VRAM ? c->vram_uid_share : c->nvme_uid_share;
+
+        return pct == 0 ? 0 : MAX((uint64_t) 1, r->capacity[tier] / 100 * pct + r->capacity[tier] % 100 * pct / 100);
+}
+
+void quota_totals_resolve(const Config *c, const Registry *r, const QuotaRules *runtime, QuotaKind kind, uint32_t id,
+                          bool admin, JobTotal *ret, QuotaSource *ret_from) {
+        *ret = (JobTotal) { .kind = kind, .id = id };
+        for (int t = 0; t < TIERS; t++) {
+                QuotaResolved one;
+
+                if (take(c, runtime, kind, id, NULL, QUOTA_TOTAL(t), &one)) {
+                        ret->total[t] = one.value[QUOTA_TOTAL(t)];
+                        if (ret_from)
+                                ret_from[t] = one.from[QUOTA_TOTAL(t)];
+                        continue;
+                }
+                if (ret_from)
+                        ret_from[t] = (QuotaSource) { .kind = QUOTA_DEFAULT };
+                if (kind == QUOTA_UID && !admin) {
+                        ret->total[t] = quota_uid_share(c, r, t);
+                        ret->from_share |= (uint8_t) (1u << t);
+                }
+        }
+}
+
+/* Resolve @j's totals (its uid's; each of its groups' that has one); true if they changed. */
+static bool job_totals(QuotaStore *s, Job *j) {
+        JobTotal *tot = calloc(1 + j->n_gids, sizeof(JobTotal));
+        unsigned n = 0;
+        bool changed;
+
+        if (!tot)
+                return false;   /* the old ones stay: out of memory is no reason to lift a total */
+        quota_totals_resolve(s->config, s->registry, &s->runtime, QUOTA_UID, (uint32_t) j->uid, j->admin, &tot[0],
+                             NULL);
+        if (tot[0].total[TIER_VRAM] | tot[0].total[TIER_HOST] | tot[0].total[TIER_NVME])
+                n++;
+        for (uint32_t g = 0; g < j->n_gids; g++) {
+                quota_totals_resolve(s->config, s->registry, &s->runtime, QUOTA_GROUP, (uint32_t) j->gids[g], true,
+                                     &tot[n], NULL);
+                if (tot[n].total[TIER_VRAM] | tot[n].total[TIER_HOST] | tot[n].total[TIER_NVME])
+                        n++;
+        }
+        changed = n != j->n_totals;
+        for (unsigned i = 0; i < n && !changed; i++)
+                changed = tot[i].kind != j->totals[i].kind || tot[i].id != j->totals[i].id ||
+                          tot[i].from_share != j->totals[i].from_share ||
+                          memcmp(tot[i].total, j->totals[i].total, sizeof(tot[i].total)) != 0;
+        free(j->totals);
+        j->totals = n > 0 ? tot : mfree(tot);
+        j->n_totals = n;
+        return changed;
+}
+
 bool quota_apply_all(QuotaStore *s, char *warn, size_t size) {
         bool changed = false;
 
@@ -364,6 +422,7 @@ bool quota_apply_all(QuotaStore *s, char *warn, size_t size) {
 
                 quota_resolve_job(s->config, &s->runtime, j, &q);
                 changed |= job_apply(j, &q, false, warn, size);
+                changed |= job_totals(s, j);
         }
         return changed;
 }
@@ -407,6 +466,7 @@ int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, siz
                 }
         }
         (void) job_apply(j, &q, true, NULL, 0);
+        (void) job_totals(s, j);
 
         for (int t = 0; t < TIERS; t++)
                 len += (size_t) snprintf(line + MIN(len, sizeof(line) - 1), sizeof(line) - MIN(len, sizeof(line) - 1),

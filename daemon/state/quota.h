@@ -68,6 +68,19 @@ int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, si
 void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret);
 /* The same for running job @j (its name, its creator's uid and groups). */
 void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j, QuotaResolved *ret);
+/*
+ * quota_totals_resolve() - the totals of uid or group @id (@kind): per tier
+ * the [quota] field host_total... (run-time rule first, then tierd.conf's
+ * last), else for a uid whose jobs are not an admin's (@admin false)
+ * quota_uid_share(), else none (0).  @ret_from (may be NULL): per tier
+ * where it comes from (QUOTA_DEFAULT: the share, or none).
+ */
+typedef struct JobTotal JobTotal;
+void quota_totals_resolve(const Config *c, const Registry *r, const QuotaRules *runtime, QuotaKind kind, uint32_t id,
+                          bool admin, JobTotal *ret, QuotaSource *ret_from);
+/* [tier] uid_share of the tier's capacity in bytes; 0: no share. */
+uint64_t quota_uid_share(const Config *c, const Registry *r, int tier);
+
 /* "uid 1000", "job 'x' (tierd.conf)", "default", into @buf. */
 char *quota_source_format(const QuotaSource *src, char *buf, size_t size);
 

@@ -182,6 +182,7 @@ static void job_free_final(Job *j) {
         tensormap_free(j->by_name);
         free(j->by_id);
         free(j->gids);
+        free(j->totals);
         free(j->name);
         free(j);
 }

@@ -8,6 +8,7 @@
 
 #include "daemon/base/level.h"
 #include "daemon/base/list.h"
+#include "daemon/base/quota-rule.h"
 #include "daemon/tiers/fairq.h"
 #include "daemon/tiers/tier-nvme.h"
 
@@ -101,6 +102,20 @@ typedef struct Tensor {
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
 } Tensor;
 
+/*
+ * A total a job is held to together with other jobs: all the jobs of a uid,
+ * or of the members of a group, may use at most total[tier] bytes of a tier
+ * between them (0: no total there).  Resolved by quota.c (a [quota]
+ * section's host_total..., else for a uid [host] uid_share... of the
+ * capacity unless its creator is an admin); checked by copy_alloc().
+ */
+typedef struct JobTotal {
+        QuotaKind kind;         /* QUOTA_UID or QUOTA_GROUP */
+        uint32_t id;
+        uint64_t total[TIERS];
+        uint8_t from_share;     /* tiers (bits) whose total is [tier] uid_share, not a rule */
+} JobTotal;
+
 struct Job {
         Registry *registry;
         uint64_t id;
@@ -118,6 +133,9 @@ struct Job {
         uint64_t limit[TIERS];  /* byte limits (maxima): the config's defaults, or a quota */
         uint64_t guarantee[TIERS]; /* bytes no other job may take from it (a quota's minimum; 0: none) */
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
+        bool admin;             /* its creator is root or in group tier-admin: no uid_share of its own */
+        JobTotal *totals;       /* the totals it is held to with others (quota.c: its uid's, its groups'); owned */
+        unsigned n_totals;
         unsigned weight;        /* bandwidth weight (fair share of the links) */
         uint64_t used[TIERS];
         uint64_t pinned[TIERS];
@@ -258,9 +276,14 @@ typedef enum SpaceShort {
         SPACE_FRAGMENTED,       /* the job's segments have the room, not in one run, and it may take no more */
         SPACE_POOL,             /* the pool has no free segment: other jobs hold them */
         SPACE_TARGETS,          /* the NVMe targets are full */
+        SPACE_TOTAL,            /* a total of the job's uid or group (JobTotal) is reached */
+        SPACE_TOTAL_OVER,       /* larger than a total of the job's uid or group: never fits */
         _SPACE_SHORT_MAX,
         _SPACE_SHORT_INVALID = -22,
 } SpaceShort;
+
+/* Bytes of @tier the jobs under @jt use now, lingering and ending ones too; their number in *@ret_jobs (may be NULL). */
+uint64_t total_used(const Registry *r, const JobTotal *jt, int tier, unsigned *ret_jobs);
 
 /*
  * copy_alloc() - give @t's copy in @tier its space (pieces of the job's

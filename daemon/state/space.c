@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/base/config.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
@@ -248,6 +249,51 @@ static int alloc_pieces(Registry *r, Tensor *t, int tier, SpaceShort *ret_why) {
         return 0;
 }
 
+/* ---- totals of uids and groups ------------------------------------------------------------------ */
+
+/* Is job @o under total @jt (of its uid, or a member's of its group)? */
+static bool total_covers(const JobTotal *jt, const Job *o) {
+        if (jt->kind == QUOTA_UID)
+                return (uint32_t) o->uid == jt->id;
+        for (uint32_t g = 0; g < o->n_gids; g++)
+                if ((uint32_t) o->gids[g] == jt->id)
+                        return true;
+        return false;
+}
+
+uint64_t total_used(const Registry *r, const JobTotal *jt, int tier, unsigned *ret_jobs) {
+        const List *lists[] = { &r->jobs, &r->dying_jobs };
+        uint64_t used = 0;
+        unsigned n = 0;
+
+        for (size_t l = 0; l < ELEMENTSOF(lists); l++)
+                list_for_each_safe(node, tmp, (List *) lists[l]) {
+                        const Job *o = list_entry(node, Job, link);
+
+                        if (total_covers(jt, o)) {
+                                used += o->used[tier];
+                                n++;
+                        }
+                }
+        if (ret_jobs)
+                *ret_jobs = n;
+        return used;
+}
+
+/* The first of @j's totals in @tier that @need more bytes would exceed (*@ret_over: @need alone does), or NULL. */
+static const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64_t need, bool *ret_over) {
+        for (unsigned i = 0; i < j->n_totals; i++) {
+                const JobTotal *jt = &j->totals[i];
+
+                if (jt->total[tier] == 0)
+                        continue;
+                *ret_over = need > jt->total[tier];
+                if (*ret_over || total_used(r, jt, tier, NULL) + need > jt->total[tier])
+                        return jt;
+        }
+        return NULL;
+}
+
 /* ---- a copy's space ------------------------------------------------------------------------ */
 
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
@@ -269,6 +315,14 @@ int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
         if (j->used[tier] + need > j->limit[tier]) {
                 *ret_why = SPACE_LIMIT;
                 return -ENOSPC;
+        }
+        if (j->n_totals > 0) {
+                bool over = false;
+
+                if (total_exceeded(r, j, tier, need, &over)) {
+                        *ret_why = over ? SPACE_TOTAL_OVER : SPACE_TOTAL;
+                        return -ENOSPC;
+                }
         }
         if (tier == TIER_NVME) {
                 q = nvme_alloc(r->nvme, t->alloc_size, (unsigned) (t->id % r->nvme->n_targets), &c->extents,
@@ -402,6 +456,39 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
         case SPACE_TARGETS:
                 snprintf(buf, size, "the NVMe targets (%s) have no room left for tensor '%s' (%s)", cap, t->name, need);
                 return -ENOSPC;
+        case SPACE_TOTAL:
+        case SPACE_TOTAL_OVER: {
+                uint64_t want = tier == TIER_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
+                bool over = false;
+                const JobTotal *jt = total_exceeded(r, j, tier, want, &over);
+                char whom[64], tot[SIZE_FORMAT_MAX], inuse[SIZE_FORMAT_MAX], from[160], set[96];
+                unsigned n_jobs = 0;
+
+                if (!jt) {
+                        snprintf(buf, size, "no %s space for tensor '%s' (%s) within its uid's and groups' totals",
+                                 tn, t->name, need);
+                        return -EDQUOT;
+                }
+                (void) snprintf(whom, sizeof(whom), jt->kind == QUOTA_UID ? "uid %" PRIu32 : "group %" PRIu32, jt->id);
+                size_format(tot, sizeof(tot), jt->total[tier]);
+                size_format(inuse, sizeof(inuse), total_used(r, jt, tier, &n_jobs));
+                if (jt->from_share & (1u << tier))
+                        (void) snprintf(from, sizeof(from), "[%s] uid_share, %u %% of %s", tn,
+                                        tier == TIER_HOST ? r->config->host_uid_share :
+                                        tier == TIER_VRAM ? r->config->vram_uid_share : r->config->nvme_uid_share, cap);
+                else
+                        (void) snprintf(from, sizeof(from), "%s_total of its [quota]", tn);
+                (void) snprintf(set, sizeof(set), "tierctl quota set --%s %" PRIu32 " --%s-total SIZE",
+                                jt->kind == QUOTA_UID ? "uid" : "group", jt->id, tn);
+                if (over)
+                        snprintf(buf, size, "tensor '%s' (%s) is larger than the %s total of %s (%s: %s): it can never "
+                                 "be there; an admin raises it (%s)", t->name, need, tn, whom, tot, from, set);
+                else
+                        snprintf(buf, size, "%s is at its %s total: its %u job(s) use %s of %s (%s); tensor '%s' of "
+                                 "job '%s' needs %s more: unpin or free something in them, or an admin raises the "
+                                 "total (%s)", whom, tn, n_jobs, inuse, tot, from, t->name, j->name, need, set);
+                return -EDQUOT;
+        }
         default:
                 snprintf(buf, size, "no %s space for tensor '%s' (%s)", tn, t->name, need);
                 return -ENOSPC;

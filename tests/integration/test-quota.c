@@ -9,6 +9,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -505,6 +506,160 @@ static void test_non_admin(void **state) {
         roots_ = NULL;
 }
 
+/* ---- a uid's jobs together: at most its total; root's job then gets what it needs ---------------- */
+
+/* In a child of uid 65534: 8 jobs pin 4M tensors in host until refused; what they hold, to @out; then wait on @in. */
+static int hog(int out, int in) {
+        tier_client *c[9] = {};
+        uint64_t held = 0;
+        int r = 0, last = 0;
+        char msg[1024] = "", go;
+
+        if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
+                return 3;
+        for (unsigned i = 0; i < 8; i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "hog-%u", i);
+                if (tier_client_new(&c[i], daemon_.socket, name, 0) < 0)
+                        return 4;
+                for (unsigned k = 0;; k++) {
+                        struct tier_grant g;
+                        tier_tensor *t;
+
+                        (void) snprintf(name, sizeof(name), "t%u", k);
+                        if (tier_tensor_create(c[i], name, 4 * MiB, &t) < 0)
+                                return 5;
+                        last = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+                        if (last < 0) {
+                                (void) snprintf(msg, sizeof(msg), "%s", tier_client_last_error(c[i]));
+                                break;
+                        }
+                        held += 4 * MiB;
+                }
+        }
+        /* four of them end and linger (60 s): what they hold still counts */
+        for (unsigned i = 4; i < 8; i++) {
+                tier_client_free(c[i]);
+                c[i] = NULL;
+        }
+        if (tier_client_new(&c[8], daemon_.socket, "hog-8", 0) < 0)
+                return 6;
+        {
+                struct tier_grant g;
+                tier_tensor *t;
+
+                if (tier_tensor_create(c[8], "t", 4 * MiB, &t) < 0)
+                        return 7;
+                r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+        }
+        if (dprintf(out, "%" PRIu64 " %d %d %s\n", held, last, r, msg) < 0)
+                return 8;
+        if (read(in, &go, 1) != 1)
+                return 9;
+        for (unsigned i = 0; i < 9; i++)
+                tier_client_free(c[i]);
+        return 0;
+}
+
+static void test_uid_total(void **state) {
+        int up[2], down[2], st, last = 0, r = 0;
+        char line[1400] = "", *msg;
+        unsigned long long held = 0;
+        tier_client *root;
+        pid_t pid;
+        FILE *f;
+
+        if (!is_root("test_uid_total"))
+                skip();
+        assert_int_equal(chmod(daemon_.dir, 0711), 0);
+        assert_int_equal(chmod(daemon_.socket, 0666), 0);
+        assert_int_equal(pipe2(up, O_CLOEXEC), 0);
+        assert_int_equal(pipe2(down, O_CLOEXEC), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+                _exit(hog(up[1], down[0]));
+        close(up[1]);
+        close(down[0]);
+        f = fdopen(up[0], "r");
+        assert_non_null(f);
+        if (!fgets(line, sizeof(line), f)) {
+                assert_int_equal(waitpid(pid, &st, 0), pid);
+                fail_msg("the hog said nothing (exit %d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        }
+        assert_int_equal(sscanf(line, "%llu %d %d", &held, &last, &r), 3);
+        msg = strchr(line, ' ');
+        /* [host] uid_share = 50 of 64M: the eight jobs hold 32M between them, and are told why not more */
+        assert_true(held <= 32 * MiB);
+        assert_int_equal(held, 32 * MiB);
+        assert_int_equal(last, -EDQUOT);
+        assert_non_null(strstr(msg, "uid 65534 is at its host total: its 8 job(s) use 32.0 MiB of 32.0 MiB "
+                                    "([host] uid_share, 50 % of 64.0 MiB)"));
+        assert_non_null(strstr(msg, "tierctl quota set --uid 65534 --host-total SIZE"));
+        /* lingering jobs count: a ninth job gets nothing */
+        assert_int_equal(r, -EDQUOT);
+
+        /* root's job (not held to the share) pins what its own limit allows, 24M */
+        root = connect_job("root-needs");
+        for (unsigned k = 0; k < 6; k++) {
+                struct tier_grant g;
+                tier_tensor *t;
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "r%u", k);
+                assert_int_equal(tier_tensor_create(root, name, 4 * MiB, &t), 0);
+                assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+        }
+        tier_client_free(root);
+        assert_int_equal(write(down[1], "x", 1), 1);
+        close(down[1]);
+        fclose(f);
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* A total set at run time holds for root too (configured, not a default), names itself, and 0 lifts it. */
+static void test_total_set(void **state) {
+        tier_client *c;
+        tier_tensor *t[3];
+        struct tier_grant g;
+        char *out = NULL;
+
+        if (!is_root("test_total_set"))
+                skip();
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid 0 --host-total 8M"), 0);
+        assert_int_equal(tierctl(&out, NULL, "quota get --uid 0"), 0);
+        assert_non_null(strstr(out, "host   total 8.0 MiB for all its jobs (from: uid 0)"));
+        free(out);
+        c = connect_job("capped");
+        for (unsigned k = 0; k < 3; k++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "c%u", k);
+                assert_int_equal(tier_tensor_create(c, name, 4 * MiB, &t[k]), 0);
+        }
+        assert_int_equal(tier_pin_mode(t[0], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin_mode(t[1], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_WRITE, &g), -EDQUOT);
+        assert_non_null(strstr(tier_client_last_error(c), "uid 0 is at its host total: its 1 job(s) use 8.0 MiB of "
+                                                          "8.0 MiB (host_total of its [quota])"));
+        /* an unpinned copy of its own makes way (it goes to NVMe) */
+        assert_int_equal(tier_unpin(t[0], TIER_HOST, 1), 0);
+        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_unpin(t[2], TIER_HOST, 1), 0);
+        /* lifted: all three fit */
+        assert_int_equal(tierctl(&out, NULL, "quota set --uid 0 --host-total 0 --json"), 0);
+        assert_non_null(strstr(out, "\"host\":{\"total\":0,"));
+        free(out);
+        assert_int_equal(tier_pin_mode(t[0], TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_READ, &g), 0);
+        /* and refused where it means nothing */
+        assert_int_equal(tierctl(NULL, NULL, "quota set capped --host-total 4M"), 2);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_uid_default_applies, setup, teardown),
@@ -516,6 +671,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_linger_rerun, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_non_admin, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_uid_total, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_total_set, setup, teardown),
         };
 
         return cmocka_run_group_tests_name("quota", tests, NULL, NULL);

@@ -142,6 +142,9 @@ static void test_defaults(_unused_ void **state) {
         assert_int_equal(c.nvme_extent_size, MIB);
         assert_int_equal(c.nvme_queue_depth, 64);
         assert_int_equal(c.nvme_checksum_threads, 1);
+        assert_int_equal(c.host_uid_share, 50);
+        assert_int_equal(c.vram_uid_share, 50);
+        assert_int_equal(c.nvme_uid_share, 50);
         assert_int_equal(c.nvme_job_limit, 2 * GIB);
         assert_int_equal(c.nvme_bandwidth, 0);
 
@@ -342,6 +345,7 @@ static void test_value_errors(_unused_ void **state) {
         parse_fails("[nvme]\nqueue_depth = 0\n", "queue_depth", NULL);
         parse_fails("[nvme]\nqueue_depth = 4097\n", "queue_depth", NULL);
         parse_fails("[nvme]\nchecksum_threads = 17\n", "checksum_threads", NULL);
+        parse_fails("[host]\nuid_share = 101\n", "uid_share", NULL);
         parse_fails("[nvme]\ntarget = :4G\n", "test.conf:2:", "target", "empty path", NULL);
         /* Single-key bounds are checked where the line number is known. */
         parse_fails("[host]\nsegment_size = 2G\n", "test.conf:2:", "segment_size", "out of range (4K..1G)", NULL);

@@ -59,7 +59,9 @@ static void test_rules_parse_format(void **state) {
                                                 "[quota]\n"
                                                 "group = 27\n"
                                                 "nvme = 1T\n"
-                                                "nvme_min = 4K\n",
+                                                "nvme_min = 4K\n"
+                                                "host_total = 64G\n"
+                                                "vram_total = 0\n",
                                                 "quotas", &err), 0);
         assert_null(err);
         assert_int_equal(rs.n, 3);
@@ -73,7 +75,11 @@ static void test_rules_parse_format(void **state) {
         assert_true(q->set & (1u << QUOTA_MIN(TIER_VRAM)));     /* a min of 0 is a value */
         assert_int_equal(q->value[QUOTA_WEIGHT], 7);
         assert_null(quota_rules_find(&rs, QUOTA_UID, 1001, NULL));
-        assert_non_null(quota_rules_find(&rs, QUOTA_GROUP, 27, NULL));
+        q = quota_rules_find(&rs, QUOTA_GROUP, 27, NULL);
+        assert_non_null(q);
+        assert_int_equal(q->value[QUOTA_TOTAL(TIER_HOST)], 64 * GIB);
+        assert_true(q->set & (1u << QUOTA_TOTAL(TIER_VRAM)));   /* a total of 0 (none) is a value */
+        assert_false(q->set & (1u << QUOTA_TOTAL(TIER_NVME)));
 
         /* what the writer writes, the reader reads back the same */
         text = quota_rules_format(&rs);
@@ -83,6 +89,8 @@ static void test_rules_parse_format(void **state) {
         assert_string_equal(text, text2);
         assert_int_equal(again.n, 3);
         assert_memory_equal(again.rules[0].value, rs.rules[0].value, sizeof(rs.rules[0].value));
+        assert_memory_equal(again.rules[2].value, rs.rules[2].value, sizeof(rs.rules[2].value));
+        assert_int_equal(again.rules[2].set, rs.rules[2].set);
 }
 
 static void test_rules_errors(void **state) {
@@ -101,6 +109,8 @@ static void test_rules_errors(void **state) {
         rules_fail("[quota]\nuid = 1\nhost = 1G\nhost_min = 2G\n", "host_min 2G is above host 1G");
         rules_fail("[quota]\nuser = no-such-user-here\n", "no user 'no-such-user-here'");
         rules_fail("[quota]\ngroup = no-such-group-here\n", "no group 'no-such-group-here'");
+        rules_fail("[quota]\njob = x\nhost_total = 1G\n", "host_total is the total of a uid's or a group's jobs");
+        rules_fail("[quota]\nuid = 1\nnvme_total = lots\n", "nvme_total: invalid size 'lots'");
 }
 
 static void test_config_sections(void **state) {
