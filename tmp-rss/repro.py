@@ -109,7 +109,11 @@ def tierd_pid(p):
 
 
 d = tierd.Tierd(config, log_level="info")
-d.start()
+try:
+    d.start()
+except Exception:
+    d.cleanup()
+    raise
 pid = tierd_pid(d.proc.pid)
 try:
     print(f"tierd pid {pid}, rounds {ROUNDS}, batch {BATCH}, env {os.environ.get('TIERD_ENV', '')}")

@@ -97,6 +97,33 @@ class Names(unittest.TestCase):
             c.close()
 
 
+class Totals(unittest.TestCase):
+    def test_uid_total_from_python(self) -> None:
+        if os.geteuid() != 0:
+            self.skipTest("setting a total needs root or tier-admin")
+        with Tierd() as d:
+            c = tier.Client("totals", socket=d.socket)
+            q = c.get_quota_total(uid=65534)
+            self.assertEqual(q.totals["host"], 32 * MiB)  # uid_share 50 of the 64M pool
+            self.assertEqual(q.sources["host"], "uid_share")
+            self.assertEqual(c.get_quota_total(uid=0).sources["host"], "none")  # root: no share
+            q = c.set_quota_total(uid=0, host=8 * MiB)
+            self.assertEqual(q.totals[tier.HOST], 8 * MiB)
+            self.assertEqual(q.sources["host"], "uid 0")
+            ts = [c.create(f"t{i}", 4 * MiB) for i in range(3)]
+            ts[0].pin(tier.HOST, tier.WRITE)
+            ts[1].pin(tier.HOST, tier.WRITE)
+            with self.assertRaises(tier.QuotaError) as e:
+                ts[2].pin(tier.HOST, tier.WRITE)
+            self.assertIn("uid 0 is at its host total", str(e.exception))
+            self.assertEqual(c.get_quota_total(uid=0).used["host"], 8 * MiB)
+            c.set_quota_total(uid=0, host=0)
+            ts[2].pin(tier.HOST, tier.WRITE)
+            with self.assertRaises(ValueError):
+                c.set_quota_total(uid=0)
+            c.close()
+
+
 class StateFiles(unittest.TestCase):
     def test_fifo_and_link_state_files(self) -> None:
         d = Tierd()

@@ -36,6 +36,7 @@ from .client import (
     PerTier,
     Plan,
     Quota,
+    QuotaTotal,
     Stat,
     Tensor,
     level_name,
@@ -80,6 +81,7 @@ __all__ = [
     "Fence",
     "Plan",
     "Quota",
+    "QuotaTotal",
     "Stat",
     "PerTier",
     # functions

@@ -211,6 +211,23 @@ class Stat:
 
 
 @dataclass(frozen=True)
+class QuotaTotal:
+    """The totals of a uid or a group: what all its jobs together may use (``tier_quota_total_get()``).
+
+    Attributes:
+        totals: bytes per tier, keyed like Quota.limits; 0: no total.
+        used: what its jobs use now, per tier.
+        sources: where each total comes from, per tier: "uid 1000", "group 27"
+            (" (tierd.conf)" for a rule of the configuration), "uid_share"
+            (tierd.conf's default share of a uid) or "none".
+    """
+
+    totals: PerTier
+    used: PerTier
+    sources: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Quota:
     """A quota: per tier a maximum and a guaranteed minimum, and a link weight.
 

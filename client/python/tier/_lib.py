@@ -130,6 +130,16 @@ class TierQuota2(Structure):
     ]
 
 
+class TierQuotaTotal(Structure):
+    """``struct tier_quota_total`` (LIBTIER_0.8)."""
+
+    _fields_ = [
+        ("total", c_uint64 * TIER_LEVEL_MAX),
+        ("used", c_uint64 * TIER_LEVEL_MAX),
+        ("from_", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
+    ]
+
+
 _client_p = c_void_p  # tier_client *
 _tensor_p = c_void_p  # tier_tensor *
 _plan_p = c_void_p  # tier_plan *
@@ -196,6 +206,11 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
     "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
     "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
+    "tier_quota_total_get": (c_int, [_client_p, c_int, ctypes.c_uint32, POINTER(TierQuotaTotal)]),
+    "tier_quota_total_set": (
+        c_int,
+        [_client_p, c_int, ctypes.c_uint32, POINTER(c_uint64), ctypes.c_uint, POINTER(TierQuotaTotal)],
+    ),
     # tracing (tierctl trace; not wrapped in Python)
     "tier_trace_start": (c_int, [_client_p, c_uint, c_uint]),
     "tier_trace_stop": (c_int, [_client_p, POINTER(c_void_p)]),

@@ -65,6 +65,7 @@ from ._base import (
     Mode,
     PerTier,
     Quota,
+    QuotaTotal,
     Stat,
     TierLike,
     _level,
@@ -373,6 +374,57 @@ class Client:
         op = f"set quota of {words}"
         self._check(_L.tier_quota_set2(self._handle(op), kind, ident, jb, byref(q), byref(now)), op)
         return self._quota2(now)
+
+    @staticmethod
+    def _quota_total(q: _lib.TierQuotaTotal) -> QuotaTotal:
+        n = _lib.TIER_LEVEL_MAX
+        return QuotaTotal(
+            totals=PerTier((_LEVEL_NAMES[i], int(q.total[i])) for i in range(n)),
+            used=PerTier((_LEVEL_NAMES[i], int(q.used[i])) for i in range(n)),
+            sources={_LEVEL_NAMES[i]: q.from_[i].value.decode("utf-8", "replace") for i in range(n)},
+        )
+
+    def get_quota_total(
+        self, *, uid: int | None = None, user: str | None = None, group: int | str | None = None
+    ) -> QuotaTotal:
+        """``tier_quota_total_get()``: the totals of a uid, a user or a group (what all its jobs
+        together may use per tier, lingering ones too), where they come from and what the jobs use."""
+        if uid is None and user is None and group is None:
+            raise ValueError("name a uid, user or group: totals are of all its jobs together")
+        kind, ident, _, words = self._quota_target(None, uid, user, group)
+        q = _lib.TierQuotaTotal()
+        op = f"totals of {words}"
+        self._check(_L.tier_quota_total_get(self._handle(op), kind, ident, byref(q)), op)
+        return self._quota_total(q)
+
+    def set_quota_total(
+        self,
+        *,
+        uid: int | None = None,
+        user: str | None = None,
+        group: int | str | None = None,
+        vram: int | None = None,
+        host: int | None = None,
+        nvme: int | None = None,
+    ) -> QuotaTotal:
+        """``tier_quota_total_set()``: set the totals (bytes; 0: none, which for a uid also lifts
+        tierd.conf's uid_share) of a uid, a user or a group; None leaves a tier's as it is.  Kept
+        across restarts; needs root or group tier-admin.  Returns the totals afterwards."""
+        if uid is None and user is None and group is None:
+            raise ValueError("name a uid, user or group: totals are of all its jobs together")
+        kind, ident, _, words = self._quota_target(None, uid, user, group)
+        arr = (c_uint64 * _lib.TIER_LEVEL_MAX)()
+        mask = 0
+        for i, v in enumerate((vram, host, nvme)):
+            if v is not None:
+                arr[i] = _uint(v, f"the {_LEVEL_NAMES[i]} total", 0, (1 << 64) - 1)
+                mask |= 1 << i
+        if not mask:
+            raise ValueError("nothing to set: give vram, host or nvme")
+        now = _lib.TierQuotaTotal()
+        op = f"set totals of {words}"
+        self._check(_L.tier_quota_total_set(self._handle(op), kind, ident, arr, mask, byref(now)), op)
+        return self._quota_total(now)
 
     # -- tensors
     def _register(self, handle: int) -> Tensor:
