@@ -3,12 +3,13 @@
 
 /*
  * Theory of operation: each accepted connection is a Conn with an sd-event
- * io source.  One packet is one message: the payload is read into a buffer
- * of [limits] max_message bytes (a larger packet is a protocol error and
- * closes the connection), fds beside it are received CLOEXEC and — since
- * no request carries fds — closed at once.  A decoded request goes to the
- * request layer through ServerOps.dispatch; this file knows nothing of what
- * requests mean.
+ * io source.  One packet is one message: the payload is read into the
+ * server's one buffer of [limits] max_message bytes (Server.rbuf: each
+ * packet is decoded before the next is read, so no connection needs one of
+ * its own); a larger packet is a protocol error and closes the connection.
+ * Fds beside it are received CLOEXEC and — since no request carries fds —
+ * closed at once.  A decoded request goes to the request layer through
+ * ServerOps.dispatch; this file knows nothing of what requests mean.
  *
  * Replies are written straight to the socket; when it is full they are
  * queued (with dup'ed fds) and EPOLLOUT is enabled.  The queue is bounded:
@@ -73,7 +74,6 @@ void conn_close(Conn *c) {
         free(c->fence_completed);
         free(c->pins);
         free(c->seg_sent);
-        free(c->rbuf);
         free(c);
 }
 
@@ -271,12 +271,12 @@ static int conn_read(Conn *c) {
         int r;
 
         for (unsigned i = 0; i < READ_BATCH && !c->closing; i++) {
-                r = wire_recv(c->fd, c->rbuf, c->rbuf_size, &len, fds, &n_fds);
+                r = wire_recv(c->fd, s->rbuf, s->rbuf_size, &len, fds, &n_fds);
                 if (r == -EAGAIN)
                         return 0;
                 if (r == -EMSGSIZE) {
                         log_warning("Connection %" PRIu64 " (pid " PID_FMT "): packet larger than %zu bytes, closing",
-                                    c->id, c->pid, c->rbuf_size);
+                                    c->id, c->pid, s->rbuf_size);
                         return conn_protocol_error(c, 0, -EMSGSIZE, "message larger than max_message");
                 }
                 if (r < 0)
@@ -284,7 +284,7 @@ static int conn_read(Conn *c) {
                 /* no request carries fds: never keep what a client sends */
                 wire_close_fds(fds, n_fds);
 
-                req = tier__request__unpack(NULL, len, c->rbuf);
+                req = tier__request__unpack(NULL, len, s->rbuf);
                 if (!req) {
                         log_warning("Connection %" PRIu64 " (pid " PID_FMT "): malformed packet of %zu bytes, closing",
                                     c->id, c->pid, len);
@@ -294,7 +294,7 @@ static int conn_read(Conn *c) {
                 {
                         char why[160];
 
-                        r = pb_check_strings(&tier__request__descriptor, c->rbuf, len, why, sizeof(why));
+                        r = pb_check_strings(&tier__request__descriptor, s->rbuf, len, why, sizeof(why));
                         if (r < 0) {
                                 Tier__Response resp = TIER__RESPONSE__INIT;
                                 char msg[200];
@@ -390,6 +390,16 @@ int conn_new(Server *s, int fd, uid_t uid, gid_t gid, pid_t pid, Conn **ret) {
         Conn *c;
         int r;
 
+        if (!s->rbuf || s->rbuf_size != s->config->max_message) {
+                uint8_t *b = realloc(s->rbuf, s->config->max_message);
+
+                if (!b) {
+                        safe_close(fd);
+                        return -ENOMEM;
+                }
+                s->rbuf = b;
+                s->rbuf_size = s->config->max_message;
+        }
         c = calloc(1, sizeof(*c));
         if (!c) {
                 safe_close(fd);
@@ -408,12 +418,6 @@ int conn_new(Server *s, int fd, uid_t uid, gid_t gid, pid_t pid, Conn **ret) {
         list_init(&c->outq);
         list_add_tail(&s->conns, &c->link);
         s->n_conns++;
-        c->rbuf_size = s->config->max_message;
-        c->rbuf = malloc(c->rbuf_size);
-        if (!c->rbuf) {
-                conn_close(c);
-                return -ENOMEM;
-        }
         r = sd_event_add_io(s->event, &c->io, fd, EPOLLIN, on_conn_io, c);
         if (r < 0) {
                 conn_close(c);

@@ -71,8 +71,6 @@ typedef struct Conn {
         List outq;              /* OutPacket.link */
         unsigned n_outq;
         size_t outq_bytes;
-        uint8_t *rbuf;
-        size_t rbuf_size;
 } Conn;
 
 /*

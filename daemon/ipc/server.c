@@ -111,6 +111,7 @@ Server *server_free(Server *s) {
                 (void) unlink(s->bound_path);
                 free(s->bound_path);
         }
+        free(s->rbuf);
         free(s);
         return NULL;
 }

@@ -37,6 +37,14 @@ struct Server {
         List conns;             /* Conn.link */
         unsigned n_conns;
         uint64_t next_conn_id;
+        /*
+         * One receive buffer of [limits] max_message bytes for every connection:
+         * a packet is read and decoded (protobuf-c copies what it keeps) before
+         * the next read, so none needs its own (64 KiB each, by default, which
+         * with connection churn left the heap fragmented and its RSS growing).
+         */
+        uint8_t *rbuf;
+        size_t rbuf_size;
 };
 
 int server_new(sd_event *event, const Config *config, const ServerOps *ops, void *userdata, Server **ret);
