@@ -361,14 +361,13 @@ static int check_host(const Config *c, const CapacityFacts *f, char **ret_messag
 
 /* Bytes preallocating target @t will take from its filesystem. */
 static uint64_t target_need(const ConfigTarget *t, const CapacityTarget *ft) {
-        if (t->size == 0)
-                return 0;       /* the file's own size: nothing to allocate */
         switch (ft->kind) {
         case CAPACITY_TARGET_NEW:
                 return t->size;
         case CAPACITY_TARGET_FILE:
-                /* tier-nvme.c fallocate()s [0, size) of a shorter file: what it does not hold yet */
-                return ft->file_size >= t->size ? 0 : sat_sub(t->size, ft->file_allocated);
+                /* tier-nvme.c fallocate()s [0, size) whole, holes included (its own size without one):
+                 * what the file does not hold yet */
+                return sat_sub(t->size > 0 ? t->size : ft->file_size, ft->file_allocated);
         default:
                 return 0;
         }
@@ -418,7 +417,13 @@ static int check_file_target(const Config *c, const CapacityFacts *f, size_t i, 
                 slash[slash == dir] = '\0';     /* "/x" -> "/" */
 
         set = round_for_config(max, c->nvme_extent_size);
-        if (set > 0)
+        if (t->size == 0)       /* an existing file's own size: allocated whole, holes included */
+                r = strf(ret, "[nvme] target = %s (%s, its own size, %s of it allocated) is more than the "
+                         "filesystem can back: %s free on %s%s; tierd allocates a target whole (a sparse file "
+                         "too); set [nvme] target = %s:%s or free space", t->path, FORMAT_SIZE(ft->file_size),
+                         FORMAT_SIZE(ft->file_allocated), size_format(a, sizeof(a), ft->fs_free), dir, before,
+                         t->path, FORMAT_SIZE_EXACT(set));
+        else if (set > 0)
                 r = strf(ret, "[nvme] target = %s:%s is more than the filesystem can hold: %s free on %s%s%s; "
                          "at most about %s; set [nvme] target = %s:%s", t->path, FORMAT_SIZE_EXACT(t->size),
                          size_format(a, sizeof(a), ft->fs_free), dir, before, own, FORMAT_SIZE(max), t->path,
@@ -434,8 +439,8 @@ static int check_targets(const Config *c, const CapacityFacts *f, char **ret_mes
         for (size_t i = 0; i < MIN(c->n_targets, (size_t) CONFIG_MAX_TARGETS); i++) {
                 int r = 0;
 
-                if (c->targets[i].size == 0)
-                        continue;
+                if (c->targets[i].size == 0 && f->targets[i].kind != CAPACITY_TARGET_FILE)
+                        continue;       /* a device's own size; a file's own size is allocated whole (holes too) */
                 if (f->targets[i].kind == CAPACITY_TARGET_BLOCK)
                         r = check_block_target(c, &c->targets[i], &f->targets[i], ret_message);
                 else if (f->targets[i].kind == CAPACITY_TARGET_NEW || f->targets[i].kind == CAPACITY_TARGET_FILE)

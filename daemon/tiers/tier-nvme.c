@@ -120,7 +120,18 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
                  * Back every byte, holes included: a file made with truncate(1), or one whose
                  * blocks were punched out, would take writes until the filesystem fills and then
                  * fail every write-down.  fallocate() over blocks already there changes nothing.
+                 * Not when the free space cannot cover the holes: a failing fallocate() keeps
+                 * what it allocated, and would leave the filesystem full.
                  */
+                if ((uint64_t) st.st_blocks * 512 < want &&
+                    want - (uint64_t) st.st_blocks * 512 > (uint64_t) sf.f_bavail * (uint64_t) sf.f_bsize)
+                        return errorf(ret_error, -ENOSPC,
+                                      "NVMe target %s: cannot back its %" PRIu64 " bytes: %" PRIu64 " are allocated "
+                                      "and its filesystem has %" PRIu64 " free for the other %" PRIu64 "; free "
+                                      "space, or give a smaller size (PATH:SIZE)",
+                                      ct->path, want, (uint64_t) st.st_blocks * 512,
+                                      (uint64_t) sf.f_bavail * (uint64_t) sf.f_bsize,
+                                      want - (uint64_t) st.st_blocks * 512);
                 if (fallocate(fd, 0, 0, (off_t) want) < 0) {
                         r = negative_errno();
                         if (r != -EOPNOTSUPP)

@@ -59,6 +59,22 @@ class Targets(unittest.TestCase):
             t.evict(tier.NVME)
             c.close()
 
+    def test_sparse_target_beyond_free_space_refused(self) -> None:
+        d = Tierd(CONFIG.replace("@DIR@/t0.img:256M", "@DIR@/t0.img"))
+        self.addCleanup(d.cleanup)
+        path = os.path.join(d.dir, "t0.img")
+        vfs = os.statvfs(d.dir)
+        size = vfs.f_bavail * vfs.f_frsize + (64 << 30)
+        try:
+            with open(path, "wb") as f:
+                f.truncate(size)  # sparse: more than the filesystem could ever back
+        except OSError as e:
+            self.skipTest(f"cannot make a sparse file of {size} bytes here: {e}")
+        log = _start_fails(d)
+        self.assertIn("is more than the filesystem can back", log)
+        self.assertIn("tierd allocates a target whole (a sparse file too)", log)
+        self.assertLess(os.stat(path).st_blocks * 512, MiB)  # refused before anything was allocated
+
     def test_fifo_target_refused(self) -> None:
         d = Tierd()
         self.addCleanup(d.cleanup)
