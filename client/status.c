@@ -196,6 +196,7 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
                 json_key_uint(&w, "segment_size", ts->segment_size);
                 json_key_uint(&w, "held", ts->held);
                 json_key_uint(&w, "bandwidth", ts->bandwidth);
+                json_key_uint(&w, "renewing", ts->renewing);
                 json_object_end(&w);
         }
         json_array_end(&w);

@@ -160,6 +160,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 t->held = i == TIER_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
                 t->bandwidth = i == TIER_VRAM ? r->config->vram_bandwidth :
                                i == TIER_NVME ? r->config->nvme_bandwidth : 0;
+                t->renewing = i == TIER_NVME ? 0 : reg->pools[i]->n_renewing;
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
