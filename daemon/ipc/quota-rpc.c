@@ -20,6 +20,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include "daemon/base/config.h"
@@ -64,7 +65,12 @@ int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
         gid_t groups[QUOTA_PEER_GROUPS];
         size_t n = peer_groups(c, groups, ELEMENTSOF(groups));
 
-        j->admin = rpc_conn_is_admin(rpc, c);  /* an admin's jobs have no uid_share (a [quota] total still holds) */
+        /*
+         * An admin's jobs have no uid_share (a [quota] total still holds),
+         * nor have the jobs of tierd's own uid: a tierd a user runs for
+         * itself (the demo, a test suite run as nobody) serves that user alone.
+         */
+        j->admin = rpc_conn_is_admin(rpc, c) || c->uid == geteuid();
         return quota_job_created(rpc->quotas, j, c->gid, groups, n, why, size);
 }
 
@@ -80,9 +86,9 @@ static int reply_quota(const Rpc *rpc, Conn *c, uint64_t seq, QuotaKind kind, ui
                 QuotaSource src[TIERS];
                 JobTotal jt;
 
-                /* for a uid: its jobs' share unless it is root (a tier-admin member's jobs have none either) */
+                /* for a uid: its jobs' share unless it is root or tierd's (a tier-admin member's jobs have none either) */
                 quota_totals_resolve(rpc->config, rpc->registry, &rpc->quotas->runtime, kind, id,
-                                     kind == QUOTA_UID && id == 0, &jt, src);
+                                     kind == QUOTA_UID && (id == 0 || id == (uint32_t) geteuid()), &jt, src);
                 for (int t = 0; t < TIERS; t++) {
                         totals[t] = jt.total[t];
                         used[t] = total_used(rpc->registry, &jt, t, NULL);

@@ -133,7 +133,7 @@ struct Job {
         uint64_t limit[TIERS];  /* byte limits (maxima): the config's defaults, or a quota */
         uint64_t guarantee[TIERS]; /* bytes no other job may take from it (a quota's minimum; 0: none) */
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
-        bool admin;             /* its creator is root or in group tier-admin: no uid_share of its own */
+        bool admin;             /* its creator is root, in group tier-admin or tierd's uid: no uid_share */
         JobTotal *totals;       /* the totals it is held to with others (quota.c: its uid's, its groups'); owned */
         unsigned n_totals;
         unsigned weight;        /* bandwidth weight (fair share of the links) */

@@ -47,6 +47,7 @@ static int setup(void **state) {
                         "capacity = 64M\n"
                         "segment_size = 4M\n"
                         "job_limit = 32M\n"
+                        "uid_share = 50\n"
                         "[vram]\n"
                         "backend = emulated\n"
                         "capacity = 32M\n"

@@ -117,7 +117,7 @@ class Totals(unittest.TestCase):
     def test_uid_total_from_python(self) -> None:
         if os.geteuid() != 0:
             self.skipTest("setting a total needs root or tier-admin")
-        with Tierd() as d:
+        with Tierd(CONFIG.replace("job_limit = 48M\n", "job_limit = 48M\nuid_share = 50\n")) as d:
             c = tier.Client("totals", socket=d.socket)
             q = c.get_quota_total(uid=65534)
             self.assertEqual(q.totals["host"], 32 * MiB)  # uid_share 50 of the 64M pool
