@@ -64,10 +64,13 @@ typedef struct ViewPiece {
 
 /*
  * A tensor's copy in one tier that spans segments, seen as one range: an
- * address range reserved for the tensor, with each piece mapped in place
- * (memfd pieces by mremap() of our mapping of their segment, cuda pieces by
- * cuMemMap() of their chunk).  Kept per tensor handle and tier, and mapped
- * anew only when the pieces change.
+ * address range reserved for the tensor, with each piece mapped in place:
+ * memfd pieces by mremap() of our mapping of their segment; cuda pieces by
+ * cuMemMap() of their whole chunk (the driver maps no part of an
+ * allocation), chunk i at device_base + i * stride, which is why tierd puts
+ * every piece of a spanning VRAM copy at offset 0 of its chunk
+ * (SegPool.map_whole).  Kept per tensor handle and tier, and mapped anew
+ * only when the pieces change.
  */
 typedef struct ClientView {
         void *base;             /* memfd: the reserved range, or NULL */
@@ -76,6 +79,7 @@ typedef struct ClientView {
         ViewPiece *pieces;      /* what is mapped there now, in order */
         uint32_t n_pieces;
         uint32_t n_mapped;      /* cuda: pieces mapped so far (each is unmapped on its own) */
+        uint64_t stride;        /* cuda: the chunk size, each piece's whole chunk is mapped at a multiple */
 } ClientView;
 
 typedef struct FenceEvent {

@@ -249,8 +249,8 @@ void view_clear(tier_client *c, ClientView *v) {
                 uint64_t pos = 0;
 
                 for (uint32_t i = 0; i < v->n_mapped; i++) {
-                        client_cuda_view_unmap(c->cuda, v->device_base + pos, v->pieces[i].length);
-                        pos += v->pieces[i].length;
+                        client_cuda_view_unmap(c->cuda, v->device_base + pos, v->stride);
+                        pos += v->stride;
                 }
                 client_cuda_view_free(c->cuda, v->device_base, v->size);
         }
@@ -284,17 +284,27 @@ static int view_map(tier_client *c, ClientView *v, const ViewPiece *pieces, size
 
                 if (!cc)
                         return c->cuda_failed;
-                r = client_cuda_view_new(cc, total, &v->device_base, &v->size);
+                /* whole chunks side by side: every piece at offset 0, all but the last a whole chunk */
+                for (size_t i = 0; i < n; i++)
+                        if (pieces[i].offset != 0 || segs[i]->size != segs[0]->size ||
+                            (i + 1 < n && pieces[i].length != segs[i]->size)) {
+                                r = client_error(c, -EPROTO, "piece %zu of a VRAM grant (segment %u, [%" PRIu64
+                                                 ", +%" PRIu64 ")) is not at the start of its chunk or leaves "
+                                                 "a gap: the GPU maps only whole chunks", i, pieces[i].segment,
+                                                 pieces[i].offset, pieces[i].length);
+                                goto fail;
+                        }
+                v->stride = segs[0]->size;
+                r = client_cuda_view_new(cc, n * v->stride, &v->device_base, &v->size);
                 if (r < 0)
                         goto fail_cuda;
                 for (size_t i = 0; i < n; i++) {
-                        r = client_cuda_view_map(cc, v->device_base + pos, segs[i]->cu_handle, pieces[i].offset,
-                                                 pieces[i].length);
+                        r = client_cuda_view_map(cc, v->device_base + pos, segs[i]->cu_handle, 0, v->stride);
                         if (r < 0)
                                 goto fail_cuda;
                         v->pieces[i] = pieces[i];
                         v->n_mapped++;
-                        pos += pieces[i].length;
+                        pos += v->stride;
                 }
         } else {
                 v->size = total;

@@ -14,8 +14,10 @@
  *              segment taken from the pool;
  *   A > S      A / S whole segments (empty ones of the job's, else taken from
  *              the pool) and, for the rest, one tail piece placed like a small
- *              tensor, on the pool's piece_align (the cuda pool's granularity:
- *              a client maps the pieces one after the other into one range).
+ *              tensor, on the pool's piece_align (the cuda pool's granularity);
+ *              in a pool whose segments clients map only whole (map_whole:
+ *              cuda, where a client maps the copy's chunks side by side into
+ *              one range), at offset 0 of its segment.
  *
  * So a tensor has at most A / S + 1 pieces, and I/O, copies and grants work
  * per piece.  A job holds at most ceil(limit / S) segments; when the pool has
@@ -118,11 +120,12 @@ static int by_fill(const void *a, const void *b) {
 /*
  * Place one piece of @span bytes (aligned to @align) in the fullest of @j's
  * segments that has a run for it, skipping @busy (segments taken whole for
- * this copy), else in a new segment if @budget allows.  *@ret_pool_empty:
- * the pool had no segment to give.
+ * this copy), else in a new segment if @budget allows; with @at_start only
+ * at offset 0 of a segment.  *@ret_pool_empty: the pool had no segment to give.
  */
-static int place_piece(Registry *r, Job *j, int tier, uint64_t span, uint64_t align, const CopyPiece *busy,
-                       uint32_t n_busy, unsigned *budget, CopyPiece *ret, bool *ret_pool_empty) {
+static int place_piece(Registry *r, Job *j, int tier, uint64_t span, uint64_t align, bool at_start,
+                       const CopyPiece *busy, uint32_t n_busy, unsigned *budget, CopyPiece *ret,
+                       bool *ret_pool_empty) {
         _cleanup_free_ Segment **cand = NULL;
         size_t n = 0;
         Segment *s;
@@ -143,6 +146,11 @@ static int place_piece(Registry *r, Job *j, int tier, uint64_t span, uint64_t al
         qsort(cand, n, sizeof(Segment *), by_fill);
         for (size_t i = 0; i < n; i++)
                 if (segment_alloc(cand[i], span, align, &ret->offset) >= 0) {
+                        /* runs are taken lowest first: not at 0 means [0, span) is not free */
+                        if (at_start && ret->offset != 0) {
+                                segment_free(cand[i], ret->offset, span);
+                                continue;
+                        }
                         ret->seg = cand[i];
                         ret->span = span;
                         return 0;
@@ -227,8 +235,8 @@ static int alloc_pieces(Registry *r, Tensor *t, int tier, SpaceShort *ret_why) {
                 /* alone, a small tensor needs only page alignment; a tail is mapped after whole segments */
                 uint64_t align = whole ? pool->piece_align : SEG_UNIT;
 
-                q = place_piece(r, j, tier, ALIGN_UP(tail, align), align, pieces, got, &budget, &pieces[got],
-                                &pool_empty);
+                q = place_piece(r, j, tier, ALIGN_UP(tail, align), align, whole && pool->map_whole, pieces, got,
+                                &budget, &pieces[got], &pool_empty);
                 pieces[got].len = tail;
                 if (q >= 0)
                         got++;

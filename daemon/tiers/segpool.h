@@ -57,6 +57,7 @@ struct SegPool {
         int tier;               /* enum tier_level this pool serves */
         uint64_t seg_size;
         uint64_t piece_align;   /* alignment (bytes) of the pieces of a tensor that spans segments */
+        bool map_whole;         /* clients map a segment only whole (cuda): a spanning copy's pieces start at 0 */
         uint32_t n_segs;
         uint32_t n_free;
         uint32_t n_revoking;    /* segments waiting for segpool_revoked() */

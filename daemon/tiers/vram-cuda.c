@@ -849,8 +849,14 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
         if (r < 0)
                 return fail(ret_error, r, "cannot allocate %" PRIu64 " bytes of VRAM on %s in chunks of %" PRIu64
                             " bytes: %s", capacity, name, chunk, strerror(-r));
-        /* a tensor spanning chunks is cuMemMap'ed piece by piece: pieces on the device's granularity */
+        /*
+         * A client maps a tensor that spans chunks as its chunks, whole, side
+         * by side (the driver maps no part of an allocation: CUDA 13 on an
+         * H200 answers CUDA_ERROR_NOT_SUPPORTED): so every piece of such a
+         * copy starts at offset 0 of its chunk, the tail too.
+         */
         v->base.pool.piece_align = MAX((uint64_t) v->granularity, (uint64_t) SEG_UNIT);
+        v->base.pool.map_whole = true;
 
         snprintf(v->base.description, sizeof(v->base.description),
                  "cuda (%.64s at %s, NUMA node %d; %u chunks of %" PRIu64 " MiB)", name, v->base.device,

@@ -18,13 +18,13 @@ build=${1:-build-gpu}
 cd "$root"
 
 if [[ ! -f $build/build.ninja ]]; then
-        meson setup "$build" -Dcuda=enabled -Dtests=true -Dbuildtype=debugoptimized -Dwerror=true
+        meson setup "$build" -Dcuda=enabled -Dtests=enabled -Dbench=enabled -Dbuildtype=debugoptimized -Dwerror=true
 else
         meson configure "$build" -Dcuda=enabled >/dev/null
 fi
 ninja -C "$build"
 
-programs=(daemon/tierd client/tierctl client/libtier.so.0 tests/integration/test-cuda bench/bench-vram-cuda)
+programs=(daemon/tierd client/tierctl client/libtier.so.0 tests/integration/test-cuda tests/vmm-probe bench/bench-vram-cuda)
 for p in "${programs[@]}"; do
         [[ -e $build/$p ]] || { echo "prepare.sh: $build/$p was not built" >&2; exit 1; }
 done

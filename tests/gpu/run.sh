@@ -22,6 +22,10 @@
 # process running this build's tierd is killed too):
 #   build   use the carried build; build it only if it is missing and meson is here
 #   probe   a usable CUDA device?  None: "no CUDA device: REASON", exit 77
+#   vmm     tests/vmm-probe: which VMM mappings the driver allows (a chunk
+#           exported by fd, imported in another process, mapped whole and in
+#           pieces the way libtier maps a tensor spanning chunks): a diagnostic
+#           for the tests after it
 #   tests   tests/integration/test-cuda on the real driver (two jobs' processes
 #           writing VRAM through their own mappings, NVMe round trip, mapping
 #           cache, stream-ordered pins, unpin after a pending GPU task, revoke
@@ -195,7 +199,7 @@ setup_libs() {
         export LD_LIBRARY_PATH=$build/client:$tmp/libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         for _ in 1 2 3 4; do
                 local missing=()
-                for p in daemon/tierd client/tierctl tests/integration/test-cuda bench/bench-vram-cuda; do
+                for p in daemon/tierd client/tierctl tests/integration/test-cuda tests/vmm-probe bench/bench-vram-cuda; do
                         [[ -e $build/$p ]] || continue
                         while read -r lib; do
                                 missing+=("$lib")
@@ -255,6 +259,12 @@ device_json=$(grep -m 1 '^{"bench":"vram-cuda-probe"' "$out/probe.log") || devic
 if [[ $(id -u) != 0 ]]; then
         errors+=("not root: tierd cannot lock its host pool")
         exit 1
+fi
+
+# ---- vmm -----------------------------------------------------------------------------------------
+if [[ -x $build/tests/vmm-probe ]]; then
+        run_step vmm "$limit_probe" "$build/tests/vmm-probe" 64 ||
+                errors+=("vmm: exit status ${step_rc[vmm]}${step_note[vmm]:+ (${step_note[vmm]})}: the driver refused a mapping libtier needs (see vmm.log)")
 fi
 
 # ---- tests ---------------------------------------------------------------------------------------

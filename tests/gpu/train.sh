@@ -8,6 +8,8 @@
 # client/python/examples/train_lm.py through it (tier.torch, placement C,
 # host and VRAM budgets below the model's state, so every step goes through
 # NVMe), then the same model, seed and batches in plain PyTorch on the GPU.
+# TIER_GPU_TRAIN_MODEL (train_lm.py's model and step options),
+# TIER_GPU_TRAIN_HOST_LIMIT and TIER_GPU_TRAIN_VRAM_LIMIT change the run.
 # The last line printed is one JSON object: both runs' losses, their largest
 # relative difference, tokens/s.  Exit status: that of the runs (0: both ran).
 set -uo pipefail
@@ -48,9 +50,12 @@ if [[ ! -S $sock ]]; then
         exit 1
 fi
 
-lm=(python3 "$root/client/python/examples/train_lm.py" --steps 10 --dim 256 --layers 6 --context 128 --batch 16)
+# The model and budgets: these defaults unless the environment says otherwise (a larger run by hand).
+read -r -a model <<<"${TIER_GPU_TRAIN_MODEL:---steps 10 --dim 256 --layers 6 --context 128 --batch 16}"
+lm=(python3 "$root/client/python/examples/train_lm.py" "${model[@]}")
 PYTHONPATH=$root/client/python TIER_LIBTIER=$build/client/libtier.so.0 \
-        "${lm[@]}" --socket "$sock" --job train-gpu --placement C --host-limit 48M --vram-limit 24M \
+        "${lm[@]}" --socket "$sock" --job train-gpu --placement C --host-limit "${TIER_GPU_TRAIN_HOST_LIMIT:-48M}" \
+        --vram-limit "${TIER_GPU_TRAIN_VRAM_LIMIT:-24M}" \
         >"$dir/tier.out" 2>&1 || rc=$?
 echo "== tier.torch"
 cat "$dir/tier.out"

@@ -529,12 +529,19 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         int i;
 
         ENTER("cuMemMap");
-        /* any part of a reservation, on the granularity, not mapped yet, from any part of an allocation */
+        /* any part of a reservation, on the granularity, not mapped yet... */
         i = range_find(ptr, size);
         if (!a || offset + size > a->size || i < 0 || size == 0 || ptr % FAKE_GRANULARITY != 0 ||
             size % FAKE_GRANULARITY != 0 || offset % FAKE_GRANULARITY != 0 || maps_cover(i, ptr, size, false) ||
             ranges[i].n_maps == FAKE_MAX_MAPS)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
+        /*
+         * ...of a whole allocation: the real driver (580, CUDA 13, H200)
+         * answers CUDA_ERROR_NOT_SUPPORTED to a mapping of part of one,
+         * whatever the offset (tests/gpu/vmm-probe.c).
+         */
+        if (offset != 0 || size != a->size)
+                LEAVE(CUDA_ERROR_NOT_SUPPORTED);
         p = mmap((void *) (uintptr_t) ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd, (off_t) offset);
         if (p == MAP_FAILED)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);

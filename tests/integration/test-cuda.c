@@ -113,22 +113,54 @@ static FakeCudaStats stats(void) {
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 
+/*
+ * The clients a test has open: a test that fails part-way leaves its job
+ * connected, and the tests after it would fail waiting for it to end, so
+ * the per-test teardown disconnects what is left.
+ */
+static tier_client *live[8];
+
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
         int r = tier_client_new(&c, daemon_.socket, job, 0);
 
         if (r < 0)
                 fail_msg("connect as '%s': %s (%s)", job, tier_strerror(r), tier_client_last_error(NULL));
+        for (size_t i = 0; i < ELEMENTSOF(live); i++)
+                if (!live[i]) {
+                        live[i] = c;
+                        break;
+                }
         return c;
 }
 
+static void disconnect(tier_client *c) {
+        for (size_t i = 0; i < ELEMENTSOF(live); i++)
+                if (live[i] == c)
+                        live[i] = NULL;
+        tier_client_free(c);
+}
+
+static int disconnect_leftovers(void **state) {
+        for (size_t i = 0; i < ELEMENTSOF(live); i++)
+                if (live[i]) {
+                        tier_client_free(live[i]);
+                        live[i] = NULL;
+                }
+        return 0;
+}
+
 /* Pin @t in VRAM and check what a cuda grant looks like. */
-static struct tier_grant pin_vram(tier_tensor *t) {
+static struct tier_grant pin_vram(tier_client *c, tier_tensor *t) {
         struct tier_grant g;
         int r = tier_pin(t, TIER_VRAM, &g);
 
-        if (r < 0)
+        if (r < 0) {
+                fprintf(stderr, "pin '%s' in vram: %s (%s)\n", tier_tensor_name(t), tier_strerror(r),
+                        tier_client_last_error(c));
+                test_daemon_dump_log(&daemon_);
                 fail_msg("pin '%s' in vram: %s", tier_tensor_name(t), tier_strerror(r));
+        }
         assert_null(g.ptr);
         assert_true(g.device_ptr != 0);
         assert_int_equal(g.tier, TIER_VRAM);
@@ -274,7 +306,7 @@ static void test_backend(void **state) {
         assert_true(strlen(tier_client_vram_device(c)) >= 12);
         if (fake)
                 assert_string_equal(tier_client_vram_device(c), FAKE_CUDA_PCI_BUS_ID);
-        tier_client_free(c);
+        disconnect(c);
 }
 
 /* Two processes of two jobs write VRAM through their own mappings; NVMe and back; each sees its own bytes. */
@@ -296,8 +328,8 @@ static void test_mapping_cache(void **state) {
 
         assert_int_equal(tier_tensor_create(c, "t1", chunk / 4, &t1), 0);
         assert_int_equal(tier_tensor_create(c, "t2", chunk / 4, &t2), 0);
-        g1 = pin_vram(t1);
-        g2 = pin_vram(t2);
+        g1 = pin_vram(c, t1);
+        g2 = pin_vram(c, t2);
         /* same chunk: one mapping, the grants differ by their offsets */
         assert_int_equal(g1.segment, g2.segment);
         assert_int_equal(g1.device_ptr - g1.offset, g2.device_ptr - g2.offset);
@@ -323,24 +355,36 @@ static void test_mapping_cache(void **state) {
         assert_int_equal(tier_unpin(t2, TIER_VRAM, 0), 0);
         assert_int_equal(tier_tensor_destroy(t1), 0);
         assert_int_equal(tier_tensor_destroy(t2), 0);
-        tier_client_free(c);
+        disconnect(c);
         if (fake)
                 assert_int_equal(stats().unmaps - s0.unmaps, 1);
 }
 
 /* A tensor over two chunks and a bit: one device range, written by the GPU, down to NVMe, back, the same bytes. */
+/*
+ * A tensor over three chunks, its tail shorter than a chunk, in a job whose
+ * first chunk already holds a small tensor at its start: the GPU maps only
+ * whole chunks, so tierd puts the tail at the start of a chunk of its own
+ * and libtier maps the three chunks side by side.
+ */
 static void test_spanning(void **state) {
         tier_client *c = connect_job("span");
-        uint64_t size = 2 * chunk + chunk / 2 + 4097;
+        uint64_t size = 2 * chunk + MiB + 4097;
+        struct tier_grant g, gs;
         uint8_t expect = 0x5a;
-        struct tier_grant g;
-        tier_tensor *t;
+        tier_tensor *t, *small;
 
+        assert_int_equal(tier_tensor_create(c, "small", MiB, &small), 0);
+        gs = pin_vram(c, small);
+        gpu_fill(c, gs.device_ptr, 0x77, MiB);
         assert_true(tier_client_tensor_max(c, TIER_VRAM) >= size);
         assert_int_equal(tier_client_segment_size(c, TIER_VRAM), chunk);
         assert_int_equal(tier_tensor_create(c, "big", size, &t), 0);
-        g = pin_vram(t);                /* one range over three chunks' pieces */
+        g = pin_vram(c, t);                /* one range over three chunks */
         gpu_fill(c, g.device_ptr, 0x5a, size);
+        assert_true(gpu_check(c, gs.device_ptr, 0x77, MiB));
+        assert_int_equal(tier_unpin(small, TIER_VRAM, 0), 0);
+        assert_int_equal(tier_tensor_destroy(small), 0);
         assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
 
@@ -360,11 +404,11 @@ static void test_spanning(void **state) {
                 expect = 0xa5;
         }
 
-        g = pin_vram(t);
+        g = pin_vram(c, t);
         assert_true(gpu_check(c, g.device_ptr, expect, size));
         assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
         assert_int_equal(tier_tensor_destroy(t), 0);
-        tier_client_free(c);
+        disconnect(c);
 }
 
 static void CUDA_CB sleep_on_stream(void *userdata) {
@@ -383,7 +427,7 @@ static void test_unpin_after(void **state) {
         Gpu *x;
 
         assert_int_equal(tier_tensor_create(c, "t", chunk / 2, &t), 0);
-        g = pin_vram(t);
+        g = pin_vram(c, t);
         x = gpu_get(c);
         gpu_fill(c, g.device_ptr, 0x11, chunk / 2);
         assert_int_equal(x->d->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -411,7 +455,7 @@ static void test_unpin_after(void **state) {
         assert_int_equal(x->d->cuStreamSynchronize(stream), CUDA_SUCCESS);
         assert_int_equal(x->d->cuStreamDestroy(stream), CUDA_SUCCESS);
         assert_int_equal(tier_tensor_destroy(t), 0);
-        tier_client_free(c);
+        disconnect(c);
 }
 
 /*
@@ -433,7 +477,7 @@ static void run_revoke(bool cooperate) {
         a = connect_job(cooperate ? "rev-a" : "rev-a2");
         b = connect_job(cooperate ? "rev-b" : "rev-b2");
         assert_int_equal(tier_tensor_create(a, "a", chunk, &ta), 0);
-        g = pin_vram(ta);
+        g = pin_vram(a, ta);
         assert_int_equal(tier_unpin(ta, TIER_VRAM, 0), 0);
         assert_int_equal(tier_tensor_destroy(ta), 0);   /* A's chunk is empty, still A's, still mapped */
 
@@ -444,7 +488,7 @@ static void run_revoke(bool cooperate) {
                 assert_int_equal(tier_tensor_create(b, name, chunk, &tb[i]), 0);
         }
         for (unsigned i = 0; i + 1 < n_chunks; i++)
-                (void) pin_vram(tb[i]);
+                (void) pin_vram(b, tb[i]);
         /* the last chunk is A's: B waits while A is asked to let go */
         t0 = now_ms();
         assert_int_equal(tier_prefetch_async(tb[n_chunks - 1], TIER_VRAM, &f), 0);
@@ -476,8 +520,8 @@ static void run_revoke(bool cooperate) {
         (void) g;
         for (unsigned i = 0; i < n_chunks; i++)
                 (void) tier_tensor_close(tb[i]);
-        tier_client_free(b);
-        tier_client_free(a);
+        disconnect(b);
+        disconnect(a);
 }
 
 static void test_revoke_cooperative(void **state) {
@@ -530,7 +574,7 @@ static void test_sigkill(void **state) {
 
                 snprintf(name, sizeof(name), "k%u", i);
                 assert_int_equal(tier_tensor_create(c, name, chunk, &t[i]), 0);
-                g = pin_vram(t[i]);
+                g = pin_vram(c, t[i]);
                 /* fresh chunks: zeros, not what the killed client wrote */
                 assert_true(gpu_check(c, g.device_ptr, 0, 4096));
         }
@@ -538,7 +582,7 @@ static void test_sigkill(void **state) {
                 assert_int_equal(tier_unpin(t[i], TIER_VRAM, 0), 0);
                 assert_int_equal(tier_tensor_destroy(t[i]), 0);
         }
-        tier_client_free(c);
+        disconnect(c);
 }
 
 static void test_register_host(void **state) {
@@ -561,7 +605,7 @@ static void test_register_host(void **state) {
                 struct tier_grant gv;
 
                 assert_int_equal(tier_tensor_create(c, "v", MiB, &v), 0);
-                gv = pin_vram(v);
+                gv = pin_vram(c, v);
                 assert_int_equal(gpu_get(c)->d->cuMemcpyHtoDAsync(gv.device_ptr, g.ptr, MiB, NULL), CUDA_SUCCESS);
                 assert_int_equal(gpu_get(c)->d->cuStreamSynchronize(NULL), CUDA_SUCCESS);
                 assert_true(gpu_check(c, gv.device_ptr, 0x33, MiB));
@@ -570,7 +614,7 @@ static void test_register_host(void **state) {
         }
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
         assert_int_equal(tier_tensor_destroy(t), 0);
-        tier_client_free(c);
+        disconnect(c);
         if (fake)
                 assert_int_equal(stats().host_registered, s0.host_registered);
 }
@@ -590,7 +634,7 @@ static void test_fds_cloexec(void **state) {
         DIR *d;
 
         assert_int_equal(tier_tensor_create(c, "x", MiB, &t), 0);
-        (void) pin_vram(t);
+        (void) pin_vram(c, t);
         assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
 
@@ -630,7 +674,7 @@ static void test_fds_cloexec(void **state) {
         closedir(d);
         assert_true(checked > 8);
         assert_int_equal(tier_tensor_destroy(t), 0);
-        tier_client_free(c);
+        disconnect(c);
 }
 
 /* ---- set-up ---------------------------------------------------------------------------------------------- */
@@ -682,16 +726,16 @@ static int teardown(void **state) {
 
 int main(int argc, char *argv[]) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_backend),
-                cmocka_unit_test(test_two_jobs),
-                cmocka_unit_test(test_mapping_cache),
-                cmocka_unit_test(test_spanning),
-                cmocka_unit_test(test_unpin_after),
-                cmocka_unit_test(test_revoke_cooperative),
-                cmocka_unit_test(test_revoke_timeout),
-                cmocka_unit_test(test_sigkill),
-                cmocka_unit_test(test_register_host),
-                cmocka_unit_test(test_fds_cloexec),
+                cmocka_unit_test_teardown(test_backend, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_two_jobs, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_mapping_cache, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_spanning, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_unpin_after, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_revoke_cooperative, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_revoke_timeout, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_sigkill, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_register_host, disconnect_leftovers),
+                cmocka_unit_test_teardown(test_fds_cloexec, disconnect_leftovers),
         };
         const char *fake_path = getenv("TIER_FAKE_CUDA");
         _cleanup_free_ char *why = NULL;

@@ -725,7 +725,7 @@ static void test_client_import(void **state) {
         ClientCuda *cc = NULL;
         sd_event *e = NULL;
         VramBackend *b;
-        Segment *seg;
+        Segment *seg, *seg2;
         uint64_t va = 0, va2 = 0, h = 0, h2 = 0, view = 0, view_size = 0;
         uint8_t *host;
         Done d;
@@ -757,19 +757,31 @@ static void test_client_import(void **state) {
 
         assert_non_null(strstr(client_cuda_error(cc), "cannot import"));
 
-        /* a view: the chunk's two 2 MiB granules in reverse order, one range (a tensor that spans chunks) */
-        assert_int_equal(client_cuda_view_new(cc, 3 * MiB, &view, &view_size), 0);
-        assert_int_equal(view_size, 4 * MiB);                  /* whole granules */
-        assert_int_equal(client_cuda_view_map(cc, view, h, 2 * MiB, 2 * MiB), 0);
-        assert_int_equal(client_cuda_view_map(cc, view + 2 * MiB, h, 0, 1 * MiB), 0);  /* a tail: rounded up */
+        /*
+         * A view (a tensor that spans chunks): two chunks, whole, side by
+         * side.  Part of a chunk is refused, as the real driver does
+         * (CUDA_ERROR_NOT_SUPPORTED, tests/gpu/vmm-probe.c).
+         */
+        seg2 = &b->pool.segs[2];
+        assert_int_equal(client_cuda_map(cc, seg2->fd, b->pool.seg_size, &va2, &h2), 0);
+        assert_int_equal(client_cuda_view_new(cc, 2 * b->pool.seg_size - 4096, &view, &view_size), 0);
+        assert_int_equal(view_size, 2 * b->pool.seg_size);     /* whole granules */
+        assert_int_equal(client_cuda_view_map(cc, view, h, 0, b->pool.seg_size), 0);
+        assert_int_equal(client_cuda_view_map(cc, view + b->pool.seg_size, h2, 0, b->pool.seg_size), 0);
         assert_int_equal(client_cuda_view_map(cc, view, h, 4096, 4096), -EPROTO);      /* off the granularity */
-        memset((void *) (uintptr_t) (seg->device_ptr + 2 * MiB), 0x5e, 4096);
-        memset((void *) (uintptr_t) (seg->device_ptr), 0x6f, 4096);
-        assert_true(all_bytes((void *) (uintptr_t) view, 0x5e, 4096));
-        assert_true(all_bytes((void *) (uintptr_t) (view + 2 * MiB), 0x6f, 4096));
-        client_cuda_view_unmap(cc, view, 2 * MiB);
-        client_cuda_view_unmap(cc, view + 2 * MiB, 1 * MiB);
+        memset((void *) (uintptr_t) (seg->device_ptr + b->pool.seg_size - 4096), 0x5e, 4096);
+        memset((void *) (uintptr_t) (seg2->device_ptr), 0x6f, 4096);
+        assert_true(all_bytes((void *) (uintptr_t) (view + b->pool.seg_size - 4096), 0x5e, 4096));
+        assert_true(all_bytes((void *) (uintptr_t) (view + b->pool.seg_size), 0x6f, 4096));
+        client_cuda_view_unmap(cc, view, b->pool.seg_size);
+        client_cuda_view_unmap(cc, view + b->pool.seg_size, b->pool.seg_size);
         client_cuda_view_free(cc, view, view_size);
+        assert_int_equal(client_cuda_view_new(cc, 2 * MiB, &view, &view_size), 0);
+        assert_int_equal(client_cuda_view_map(cc, view, h, 2 * MiB, 2 * MiB), -EOPNOTSUPP);
+        assert_non_null(strstr(client_cuda_error(cc), "CUDA_ERROR_NOT_SUPPORTED"));
+        client_cuda_view_free(cc, view, view_size);
+        client_cuda_unmap(cc, va2, b->pool.seg_size, h2);
+        va2 = h2 = 0;
 
         /* stream-ordered wait on tierd's copy event */
         host = calloc(1, 4096);
