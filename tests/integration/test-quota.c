@@ -611,6 +611,7 @@ static void test_uid_total(void **state) {
                 (void) snprintf(name, sizeof(name), "r%u", k);
                 assert_int_equal(tier_tensor_create(root, name, 4 * MiB, &t), 0);
                 assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+                tier_tensor_close(t);
         }
         tier_client_free(root);
         assert_int_equal(write(down[1], "x", 1), 1);
@@ -658,6 +659,8 @@ static void test_total_set(void **state) {
         assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_READ, &g), 0);
         /* and refused where it means nothing */
         assert_int_equal(tierctl(NULL, NULL, "quota set capped --host-total 4M"), 2);
+        for (unsigned k = 0; k < 3; k++)
+                tier_tensor_close(t[k]);
         tier_client_free(c);
 }
 

@@ -312,6 +312,7 @@ static void test_store_checks_and_file(void **state) {
         assert_int_equal(j.limit[TIER_HOST], 16 * MIB);         /* uid 1000's again */
 
         list_del(&j.link);
+        free(j.totals);         /* quota_apply_all() resolved its uid's totals */
 }
 
 /* A lingering job yields its claim: its guarantee does not count against the others' (it does once it is back). */
@@ -329,6 +330,7 @@ static void test_lingering_yields(void **state) {
         assert_int_equal(set(b, "[quota]\njob = third\nhost_min = 1M\n", why, sizeof(why), warn), -ENOSPC);
         assert_non_null(strstr(why, "job 'lingers' 40.0 MiB"));
         list_del(&j.link);
+        free(j.totals);
 }
 
 static void test_store_corrupt_file(void **state) {
