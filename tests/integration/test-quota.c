@@ -515,6 +515,8 @@ static int hog(int out, int in) {
         uint64_t held = 0;
         int r = 0, last = 0;
         char msg[1024] = "", go;
+        tier_tensor *handles[64];
+        unsigned n_held = 0;
 
         if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                 return 3;
@@ -529,8 +531,9 @@ static int hog(int out, int in) {
                         tier_tensor *t;
 
                         (void) snprintf(name, sizeof(name), "t%u", k);
-                        if (tier_tensor_create(c[i], name, 4 * MiB, &t) < 0)
+                        if (n_held == ELEMENTSOF(handles) || tier_tensor_create(c[i], name, 4 * MiB, &t) < 0)
                                 return 5;
+                        handles[n_held++] = t;
                         last = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
                         if (last < 0) {
                                 (void) snprintf(msg, sizeof(msg), "%s", tier_client_last_error(c[i]));
@@ -550,14 +553,17 @@ static int hog(int out, int in) {
                 struct tier_grant g;
                 tier_tensor *t;
 
-                if (tier_tensor_create(c[8], "t", 4 * MiB, &t) < 0)
+                if (n_held == ELEMENTSOF(handles) || tier_tensor_create(c[8], "t", 4 * MiB, &t) < 0)
                         return 7;
+                handles[n_held++] = t;
                 r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
         }
         if (dprintf(out, "%" PRIu64 " %d %d %s\n", held, last, r, msg) < 0)
                 return 8;
         if (read(in, &go, 1) != 1)
                 return 9;
+        for (unsigned i = 0; i < n_held; i++)
+                tier_tensor_close(handles[i]);         /* before their clients go (valgrind counts them) */
         for (unsigned i = 0; i < 9; i++)
                 tier_client_free(c[i]);
         return 0;
