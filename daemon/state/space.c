@@ -452,7 +452,10 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
                 snprintf(buf, size, "job '%s' has %s free in its %u %s segment(s) (%s of %s in use), but its longest "
                          "free run is %s and tensor '%s' needs %s%s in one: the space is fragmented, and the job may "
                          "take no more segments; free or move tensors of the job", j->name, freeb, segs, tn, used,
-                         lim, run, t->name, need, t->alloc_size > r->pools[tier]->seg_size ? " (whole segments)" : "");
+                         lim, run, t->name, need,
+                         t->alloc_size <= r->pools[tier]->seg_size ? "" :
+                         r->pools[tier]->map_whole ? " (whole segments, and its tail at the start of one: a GPU "
+                                                     "maps only whole chunks)" : " (whole segments)");
                 return -ENOSPC;
         case SPACE_POOL:
                 holders(r, j, tier, who, sizeof(who));

@@ -383,6 +383,17 @@ static void test_spanning(void **state) {
         g = pin_vram(c, t);                /* one range over three chunks */
         gpu_fill(c, g.device_ptr, 0x5a, size);
         assert_true(gpu_check(c, gs.device_ptr, 0x77, MiB));
+        {
+                /* the job's four chunks are in use: a second one finds no whole chunk, and is told why */
+                tier_tensor *t2;
+                struct tier_grant g2;
+
+                assert_int_equal(tier_tensor_create(c, "big2", chunk + MiB, &t2), 0);
+                assert_int_equal(tier_pin(t2, TIER_VRAM, &g2), -ENOSPC);
+                assert_non_null(strstr(tier_client_last_error(c), "its tail at the start of one: a GPU maps only "
+                                                                    "whole chunks"));
+                assert_int_equal(tier_tensor_destroy(t2), 0);
+        }
         assert_int_equal(tier_unpin(small, TIER_VRAM, 0), 0);
         assert_int_equal(tier_tensor_destroy(small), 0);
         assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
