@@ -473,6 +473,7 @@ class Offload(torch.optim.Optimizer):
         for b, kinds in self._down:
             for k in kinds:
                 if (b.index, k) not in keep and k in b.tensors:
+                    self._bound_write_downs()
                     self._fences.append(b.tensors[k].evict_async(NVME))
         self._down.clear()
 
@@ -837,6 +838,18 @@ class Offload(torch.optim.Optimizer):
                               f"tierd ({e}); the state stays in host memory until tierd moves it (counted in "
                               "Offload.write_downs_refused)", TierTorchWarning, stacklevel=3)
             return True
+
+    # Write-downs in flight at most: tierd refuses a connection's requests beyond [limits] max_inflight
+    # (64 by default) with EBUSY, and the pins and prefetches of the phases need room beside them.
+    WRITE_DOWNS_IN_FLIGHT = 16
+
+    def _bound_write_downs(self) -> None:
+        """Before another write-down: drop the ended ones, and wait for the oldest while at the bound."""
+        if len(self._fences) < self.WRITE_DOWNS_IN_FLIGHT:
+            return
+        self._collect_fences()
+        while len(self._fences) >= self.WRITE_DOWNS_IN_FLIGHT:
+            self._fence_done(self._fences.pop(0), True)
 
     def _collect_fences(self) -> None:
         self._fences = [f for f in self._fences if not self._fence_done(f, False)]
