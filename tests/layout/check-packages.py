@@ -16,8 +16,9 @@
 #   3. PACKAGE really provides it, asked of dpkg: the file meson found (the
 #      .pc file, the library, the program) belongs to PACKAGE or to a package
 #      PACKAGE depends on (python3 -> python3-minimal), when it is installed;
-#   4. the Debian packages meson.build names in its "missing" messages
-#      (tests_missing, bench_missing) are in TIER_TEST_PACKAGES;
+#   4. the Debian packages meson.build names in its "missing" messages are
+#      in the list that installs them: build_missing in TIER_BUILD_PACKAGES,
+#      tests_missing and bench_missing in TIER_TEST_PACKAGES;
 #   5. TIER_TEST_PACKAGES holds every package of TIER_BUILD_PACKAGES.
 # Exits 77 (a skip) on a system without dpkg; prints each violation and
 # exits 1 when there is any.
@@ -31,7 +32,7 @@ import sys
 
 LOOKUP = re.compile(r"\b(dependency|find_library|find_program)\(\s*'([^']*)'(\s*\+)?")
 COMMENT = re.compile(r"#\s*debian:\s*([a-z0-9][a-z0-9+.-]*)\s*(?:\((tests|optional)\))?")
-MISSING = re.compile(r"\b(tests_missing|bench_missing)\s*\+=\s*'([^']+)'")
+MISSING = re.compile(r"\b(build_missing|tests_missing|bench_missing)\s*\+=\s*'([^']+)'")
 
 errors = []
 
@@ -126,8 +127,10 @@ def main():
         for i, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
             for m in MISSING.finditer(code):
-                if m.group(2) not in test:
-                    errors.append(f"{rel}:{i}: {m.group(1)} names {m.group(2)}, which TIER_TEST_PACKAGES lacks")
+                need, need_name = (build, "TIER_BUILD_PACKAGES") if m.group(1) == "build_missing" else \
+                    (test, "TIER_TEST_PACKAGES")
+                if m.group(2) not in need:
+                    errors.append(f"{rel}:{i}: {m.group(1)} names {m.group(2)}, which {need_name} lacks")
             for m in LOOKUP.finditer(code):
                 kind, name, concat = m.groups()
                 if not name:
