@@ -100,6 +100,47 @@ static void test_admit_occupancy(void **state) {
 }
 
 /*
+ * The simulation counts a copy no plan names as room only when the engine
+ * could take it now (engine_copy_evictable(), the rule of its own victims):
+ * one a client's request is working on (op_refs) stays until that ends.
+ */
+static void test_admit_untracked_in_use(void **state) {
+        Manager *m = quiet_manager(3);
+        Tensor *a, *b, *cc, *u;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char why[160];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = nvme_tensor(m, j, "A");
+        b = nvme_tensor(m, j, "B");
+        cc = nvme_tensor(m, j, "C");
+        u = nvme_tensor(m, j, "U");
+        touch(m, u, TIER_HOST, false);  /* U: in host, named by no plan */
+        {
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
+                        { 2, cc, TIER_HOST, PLAN_READ },
+                };
+                p = start_plan(m, c, acc, 3, 3);
+        }
+        plan_predict(p, now_ns());
+        assert_true(copy_valid(a, TIER_HOST) && a->copy[TIER_HOST].pins == 1);
+        assert_true(copy_valid(u, TIER_HOST));
+        assert_int_equal(j->used[TIER_HOST], 2 * MiB);
+        /* A pinned, U in host: B takes the last MiB, and C's room is U's, which may go */
+        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        /* a request on U is in flight: the engine cannot take it, so neither may the simulation */
+        u->op_refs++;
+        assert_false(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        u->op_refs--;
+        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        finish(m, j, c, p);
+}
+
+/*
  * Prefetches admitted in one pass reserve their room only when the engine runs
  * their ops, after the pass: each admission counts the bytes of those before it.
  */
@@ -355,6 +396,7 @@ int main(void) {
                 cmocka_unit_test(test_admit_occupancy),
                 cmocka_unit_test(test_admit_evicted),
                 cmocka_unit_test(test_lookahead_horizon),
+                cmocka_unit_test(test_admit_untracked_in_use),
                 cmocka_unit_test(test_admit_same_pass),
                 cmocka_unit_test(test_early_room),
                 cmocka_unit_test(test_moves_per_step),
