@@ -27,6 +27,7 @@
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -422,13 +423,25 @@ static void test_spanning(void **state) {
         disconnect(c);
 }
 
-static void CUDA_CB sleep_on_stream(void *userdata) {
-        usleep(*(unsigned *) userdata);
+/*
+ * The "kernel" of test_unpin_after: on a GPU it holds the stream until the
+ * test lets it go (the driver runs it on a thread of its own); the fake
+ * driver runs it in the caller's thread, where it can only sleep.
+ */
+static atomic_int stream_gate;
+
+static void CUDA_CB hold_stream(void *userdata) {
+        if (fake) {
+                usleep(*(unsigned *) userdata);
+                return;
+        }
+        while (atomic_load(&stream_gate))
+                usleep(1000);
 }
 
 /* A tensor unpinned with a pending kernel is not copied out before the kernel is done. */
 static void test_unpin_after(void **state) {
-        static unsigned delay_us = 1500 * 1000;
+        static unsigned delay_us = 100 * 1000;  /* the fake's "kernel" */
         tier_client *c = connect_job("after");
         struct tier_grant g;
         tier_tensor *t;
@@ -443,21 +456,25 @@ static void test_unpin_after(void **state) {
         gpu_fill(c, g.device_ptr, 0x11, chunk / 2);
         assert_int_equal(x->d->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 
-        /* the "kernel": busy for a while, then writes the tensor */
-        if (fake)
-                delay_us = 100 * 1000;  /* the fake runs it right here, in this thread */
+        /* the "kernel": holds the stream (on a GPU until released below), then writes the tensor */
+        atomic_store(&stream_gate, 1);
         t0 = now_ms();
-        assert_int_equal(x->d->cuLaunchHostFunc(stream, sleep_on_stream, &delay_us), CUDA_SUCCESS);
+        assert_int_equal(x->d->cuLaunchHostFunc(stream, hold_stream, &delay_us), CUDA_SUCCESS);
         assert_int_equal(x->d->cuMemsetD8Async(g.device_ptr, 0x5a, chunk / 2, stream), CUDA_SUCCESS);
         assert_int_equal(tier_unpin_after(t, TIER_VRAM, 1, stream), 0);
         assert_int_equal(tier_evict_async(t, TIER_HOST, &f), 0);
         if (!fake) {
-                usleep(500 * 1000);
-                /* the copy out waits on tierd's stream for the client's event */
-                assert_int_equal(tier_fence_done(c, f), 0);
+                /*
+                 * The copy out waits on tierd's stream for the client's event: while
+                 * the kernel is held it cannot end, however long this takes (a
+                 * wrong copy would end within the wait, and hold 0x11 below).
+                 */
+                assert_int_equal(tier_wait(c, f, 300), -ETIMEDOUT);
+                atomic_store(&stream_gate, 0);
         }
         assert_int_equal(tier_wait(c, f, 30000), 0);
-        assert_true(now_ms() - t0 >= delay_us / 1000);
+        if (fake)
+                assert_true(now_ms() - t0 >= delay_us / 1000);
         assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
         for (uint64_t i = 0; i < chunk / 2; i += 4093)
                 assert_int_equal(((uint8_t *) g.ptr)[i], 0x5a);
