@@ -49,13 +49,20 @@ write them to NVMe when the host budget needs the room.  The first step
 measures what each block saves; what a later step saves beyond that stays
 in memory as usual.
 
-Limits: a block runs once per step (no weights shared across time in
-separate calls, no gradient accumulation or activation recomputation yet);
-every step runs the same blocks (the experts of a mixture-of-experts layer
-are refused as blocks of their own, with their names, before the step
-changes anything: make the whole layer one block with
-``no_split_module_classes=``); a model whose top module has parameters of
-its own is one block.
+Loops (:class:`Offload` is a ``torch.optim.Optimizer``): parameter groups
+and ``torch.optim.lr_scheduler`` schedulers, gradient accumulation over
+micro-batches, ``clip_grad_norm_`` (exact: it switches the optimizer phases
+to after the whole backward), activation checkpointing, ``state_dict()``
+of the model and of the engine, and :meth:`Offload.save`/:meth:`Offload.load`
+block by block.
+
+Limits: a block runs once per micro-batch (a block called several times in
+one forward, weights shared across time, is refused; make the repeated part
+one block's inside); every step runs the same blocks (the experts of a
+mixture-of-experts layer are refused as blocks of their own, with their
+names, before the step changes anything: make the whole layer one block
+with ``no_split_module_classes=``); a model whose top module has parameters
+of its own is one block.
 """
 
 from __future__ import annotations
