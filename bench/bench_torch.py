@@ -212,6 +212,7 @@ def child(a: argparse.Namespace) -> int:
         moved0: dict = {}
         stall0 = 0.0
         cpu0 = 0.0
+        flt0 = 0
         acc = a.accumulate
         for i in range(len(data) // acc):
             micro = data[i * acc:(i + 1) * acc]
@@ -220,6 +221,7 @@ def child(a: argparse.Namespace) -> int:
                 return 0
             if i == a.warmup:
                 cpu0 = time.process_time()
+                flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 if client is not None:
                     moved0, stall0 = client.moved(), engine.stall
             t0 = time.perf_counter()
@@ -240,6 +242,7 @@ def child(a: argparse.Namespace) -> int:
             times.append(dt)
             say({"step": i + 1, "dt": dt, "loss": losses[-1]})
         out["cpu_s_per_step"] = (time.process_time() - cpu0) / a.steps
+        out["minflt_per_step"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0) / a.steps
         out["step_s_all"] = times[a.warmup:]
         out["losses"] = losses
         if engine is not None:
@@ -773,6 +776,7 @@ def parent(a: argparse.Namespace) -> int:
              "link_gb_per_step": r((mv.get("host->vram", 0) + mv.get("vram->host", 0)) / GB),
              "moved_gb_per_step": {k: r(v / GB) for k, v in mv.items()} if mv else None,
              "cpu_s_per_step": r(res["cpu_s_per_step"]),
+             "minflt_per_step": r(res.get("minflt_per_step")),
              "step_s_all": [r(t, 3) for t in res["step_s_all"]],
              }
         s["cpus_busy"] = {k: r(v, 2) for k, v in res["cpu"].items()}

@@ -79,10 +79,15 @@ static void test_fast_matches_sw_small(_unused_ void **state) {
                 }
 }
 
-/* Lengths around the 3-way block boundaries of the fast path (3 * 256, 3 * 8192). */
+/*
+ * Lengths around the 3-way block boundaries of the crc32q path (3 * 256, 3 *
+ * 8192) and around the folding path's start (2048) and rounds (256 bytes),
+ * with a zero and a random starting CRC.
+ */
 static void test_fast_matches_sw_large(_unused_ void **state) {
         static const size_t lengths[] = {
-                767, 768, 769, 775, 776, 1536, 2048, 4096, 24575, 24576, 24577, 24583,
+                767, 768, 769, 775, 776, 1536, 2047, 2048, 2049, 2055, 2056, 2303, 2304, 2305, 2559, 2560,
+                4096, 4096 + 255, 4096 + 257, 24575, 24576, 24577, 24583,
                 24576 + 768, 24576 + 767, 49152, 65536 + 13, 100000, (1u << 20) + 3,
         };
         const size_t max = (1u << 20) + 3 + 8;
@@ -92,9 +97,14 @@ static void test_fast_matches_sw_large(_unused_ void **state) {
         fill_random(buf, max);
 
         for (size_t i = 0; i < ELEMENTSOF(lengths); i++)
-                for (size_t align = 0; align < 8; align += 3)
+                for (size_t align = 0; align < 8; align += 3) {
+                        uint32_t seed = (uint32_t) rng();
+
                         assert_int_equal(crc32c(0, buf + align, lengths[i]),
                                          crc32c_sw(0, buf + align, lengths[i]));
+                        assert_int_equal(crc32c(seed, buf + align, lengths[i]),
+                                         crc32c_sw(seed, buf + align, lengths[i]));
+                }
 }
 
 /* crc(a || b) == crc(crc(a), b) for every split, in both implementations. */
