@@ -3,7 +3,8 @@
 # test-plan-validate.sh BUILD_DIR [torch|no-torch]: tierctl plan against tierd itself (issue 14): run the timeline
 # benchmark and bench/run torch's placement C with small step counts, give the plan the run's
 # configuration, its measured compute time and its configured (or baseline) bandwidths, and check
-# that the predicted bytes per step (per link) and step time agree with what tierd counted.
+# that the predicted bytes per step (per link) agree with what tierd counted; the step times are
+# printed beside the prediction, not checked (a time depends on the machine's load).
 # docs/PLANNING.md ("Checked against tierd") says what each comparison covers.  Needs root
 # (bench/run mlocks the host pool and sets quotas); skips (77) otherwise.
 set -u
@@ -35,10 +36,9 @@ def cmp(case, name, pred, meas, tol=0.15):
     fails += not ok
 PYEOF
 
-# The step times are compared only when the machine was otherwise idle: other processes' CPU
-# time (the machine's busy time from /proc/stat less this script's children, per second of the
-# run) above 0.5 CPUs makes a step time the load's, not tierd's (bench/README.md flags 0.2 for
-# bench/run torch); the bytes are compared always.
+# The step times are printed (not checked) with how busy other processes kept the machine: other
+# processes' CPU time (the machine's busy time from /proc/stat less this script's children, per
+# second of the run) makes a step time the load's, not tierd's; the bytes are compared always.
 hz=$(getconf CLK_TCK)
 # mark FILE: the machine's busy CPU seconds, this shell's children's CPU seconds (times, run in
 # this shell: a command substitution would be a subshell without them) and the uptime
@@ -129,15 +129,13 @@ def link_cmp(case, p, nvme_r, nvme_w, link, nvme_tol=0.15):
               f"off {100 * abs(pred - meas) / meas:.1f}% (not checked)")
 link_cmp("timeline", p, tl["nvme_read_gb"] * 1e9, tl["nvme_write_gb"] * 1e9, tl["link_gb"] * 1e9)
 def timed(case, name, pred, meas, other_file):
+    # A step time is the machine's load as much as tierd's (tierd's own threads share the cores with
+    # the trainer): printed beside the prediction for a person to read, never a pass or a fail.
     other = float(open(os.path.join(tmp, other_file)).read())
-    if os.environ.get("TIER_PV_TIMED") != "timed":
-        print(f"{case}: {name}: predicted {pred:.4g}, measured {meas:.4g}: not compared in a sanitizer "
-              f"build (it times the instrumentation)")
-    elif other > 0.5:
-        print(f"{case}: {name}: predicted {pred:.4g}, measured {meas:.4g}: not compared, other processes "
-              f"kept {other:.2f} CPUs busy during the run")
-    else:
-        cmp(case, name, pred, meas)
+    why = ("a sanitizer build times the instrumentation" if os.environ.get("TIER_PV_TIMED") != "timed" else
+           f"a time; other processes kept {other:.2f} CPUs busy")
+    print(f"{case}: {name}: predicted {pred:.4g}, measured {meas:.4g}, off {100 * abs(pred - meas) / meas:.1f}% "
+          f"(not checked: {why})")
 timed("timeline", "step s", p["step_overlapped"], tl["step_s"], "tl.other")
 if os.path.getsize(os.path.join(tmp, "torch-plan.json")):
     d = json.load(open(os.path.join(tmp, "torch.json")))
