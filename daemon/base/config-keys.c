@@ -266,6 +266,22 @@ CONFIG_PARSER(parse_sched_policy) {
         return 0;
 }
 
+CONFIG_PARSER(parse_bool) {
+        static const char *const yes[] = { "yes", "true", "on", "1" }, *const no[] = { "no", "false", "off", "0" };
+
+        for (size_t i = 0; i < ELEMENTSOF(yes); i++) {
+                if (strcmp(value, yes[i]) == 0) {
+                        *(bool *) field = true;
+                        return 0;
+                }
+                if (strcmp(value, no[i]) == 0) {
+                        *(bool *) field = false;
+                        return 0;
+                }
+        }
+        return reason(ret_reason, "invalid value '%s' (expected yes or no)", value);
+}
+
 void config_clear_targets(Config *c) {
         for (size_t i = 0; i < c->n_targets; i++)
                 c->targets[i].path = mfree(c->targets[i].path);
@@ -355,6 +371,7 @@ static const ConfigKey config_keys[] = {
         KEY("nvme",   "job_limit",               parse_size,          CONFIG_SIZE,          nvme_job_limit, 1, UINT64_MAX, true),
         KEY("nvme",   "uid_share",               parse_unsigned,      CONFIG_UNSIGNED,      nvme_uid_share, 0, 100, true),
         KEY("nvme",   "bandwidth",               parse_size,          CONFIG_SIZE,          nvme_bandwidth, 0, UINT64_MAX, true),
+        KEY("nvme",   "persist",                 parse_bool,          CONFIG_BOOL,          nvme_persist, 0, 0, false),
 
         KEY("sched",  "policy",                  parse_sched_policy,  CONFIG_POLICY,        sched_policy, 0, 0, false),
         KEY("sched",  "default_weight",          parse_unsigned,      CONFIG_UNSIGNED,      default_weight, 1, 1000, true),
@@ -470,6 +487,8 @@ char *config_value_format(const ConfigKey *k, const Config *c) {
                 return strdup(name ? name : "?");
         case CONFIG_TARGETS:
                 return format_targets(c, ", ");
+        case CONFIG_BOOL:
+                return strdup(*(const bool *) field ? "yes" : "no");
         default:
                 return strdup("?");
         }

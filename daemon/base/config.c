@@ -112,6 +112,7 @@ void config_init(Config *c) {
                 .nvme_extent_size = MIB,
                 .nvme_queue_depth = 64,
                 .nvme_checksum_threads = 1,
+                .nvme_persist = true,
                 .nvme_job_limit = 2 * GIB,
                 .nvme_uid_share = CONFIG_UID_SHARE_DEFAULT,
                 .nvme_bandwidth = 0,

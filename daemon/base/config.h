@@ -69,6 +69,7 @@ typedef struct Config {
         uint64_t nvme_job_limit;
         unsigned nvme_uid_share;        /* as host_uid_share */
         uint64_t nvme_bandwidth;        /* bytes/s per target, 0 unthrottled */
+        bool nvme_persist;              /* the NVMe index (state/book.c): what is on NVMe survives a restart */
         /* [sched] */
         SchedPolicyKind sched_policy;
         unsigned default_weight;        /* a job's bandwidth weight until a quota sets it */
@@ -134,6 +135,7 @@ typedef enum ConfigType {
         CONFIG_BACKEND,         /* VramBackendKind */
         CONFIG_POLICY,          /* SchedPolicyKind */
         CONFIG_TARGETS,         /* targets[] and n_targets */
+        CONFIG_BOOL,            /* bool, yes or no */
         _CONFIG_TYPE_MAX,
         _CONFIG_TYPE_INVALID = -22,
 } ConfigType;

@@ -41,6 +41,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
+#include "daemon/state/book.h"
 #include "daemon/state/quota.h"
 #include "daemon/ipc/server.h"
 #include "daemon/sched/sched.h"
@@ -234,6 +235,50 @@ static int manager_setup_tiers(Manager *m) {
         r = nvme_tier_new(&m->config, m->uring, &m->nvme, &err);
         if (r < 0)
                 return log_error_errno(r, "%s", err ? err : "Cannot set up the NVMe tier: %m");
+
+        /* what is on the targets, from the NVMe index (restored once the books exist) */
+        if (m->config.nvme_persist) {
+                err = mfree(err);
+                r = book_open(m->config.state_dir, m->nvme, m->event, m->faults, &m->book, &err);
+                if (r < 0)
+                        return log_error_errno(r, "%s", err ? err : "Cannot read the NVMe index: %m");
+        } else
+                log_info("[nvme] persist = no: the NVMe targets are scratch space, nothing on them survives a "
+                         "restart");
+        return 0;
+}
+
+/* A job the NVMe index had: its owner's quota, as when it was made (book_restore()'s callback). */
+static int restored_job_made(Job *j, gid_t gid, const gid_t *groups, size_t n, bool admin, void *userdata) {
+        Manager *m = userdata;
+        char why[1024] = "";
+        int r;
+
+        j->admin = admin;
+        r = quota_job_created(m->quotas, j, gid, groups, n, why, sizeof(why));
+        if (r < 0 && why[0])
+                log_warning("Job '%s' from the NVMe index: %s", j->name, why);
+        return r;
+}
+
+static int manager_restore(Manager *m) {
+        BookFound f = {};
+        uint64_t t0 = now_usec();
+        int r;
+
+        if (!m->book)
+                return 0;
+        r = book_restore(m->book, m->registry, restored_job_made, m, &f);
+        if (r < 0)
+                return log_error_errno(r, "Cannot write the NVMe index in %s: %m", m->config.state_dir);
+        if (f.records == 0 && f.jobs == 0)
+                log_info("NVMe index: none yet in %s, starting empty", m->config.state_dir);
+        else
+                log_info("NVMe index (generation %u, %" PRIu64 " records%s%s): %u job(s), %u tensor(s) restored "
+                         "(%" PRIu64 " MiB on NVMe), %u never written, %u lost, in %" PRIu64 " ms",
+                         f.generation, f.records, f.clean ? ", clean stop" : ", after a crash",
+                         f.torn_bytes ? ", a last record cut short" : "", f.jobs, f.tensors,
+                         f.bytes >> 20, f.blank, f.lost, (now_usec() - t0) / 1000);
         return 0;
 }
 
@@ -290,6 +335,8 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
 
         r = registry_new(&m->config, m->event, &m->host.pool, &m->vram->pool, m->nvme, &m->registry);
         if (r >= 0)
+                m->registry->book = m->book;
+        if (r >= 0)
                 r = engine_new(m->event, m->registry, m->uring, m->nvme, m->vram, &m->engine);
         if (r >= 0)
                 m->engine->csum = m->csum;
@@ -341,6 +388,11 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
         if (r < 0)
                 return log_error_errno(r, "Cannot set up monitoring (metrics, drive wear): %m");
 
+        /* the jobs and tensors the NVMe index holds (after the wear book: a job's past comes with its name) */
+        r = manager_restore(m);
+        if (r < 0)
+                return r;
+
         *ret = TAKE_PTR(m);
         return 0;
 }
@@ -366,7 +418,6 @@ Manager *manager_free(Manager *m) {
         quiet = vram_backend_stop(m->vram);
         m->uring = uring_free(m->uring);
         m->csum = csum_free(m->csum);          /* its workers stopped, no callback of it runs any more */
-        free(m->faults);
         if (m->monitor)
                 (void) monitor_save_wear(m->monitor, true);     /* no NVMe write completes any more */
         if (quiet) {
@@ -376,6 +427,9 @@ Manager *manager_free(Manager *m) {
         } else
                 log_warning("VRAM copies are still running; leaving the host pool and the tensors as they are");
         m->quotas = quota_store_free(m->quotas);
+        /* after the engine: no write to NVMe ends any more; a clean stop says so in the index */
+        m->book = book_free(m->book, quiet && m->stopping);
+        free(m->faults);                /* the NVMe index's last record may ask them */
         m->vram = vram_backend_free(m->vram);
         m->monitor = monitor_free(m->monitor);  /* after the registry: ending jobs add to its book */
         m->nvme = nvme_tier_free(m->nvme);
@@ -461,8 +515,8 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
          * Persistent state: the drive wear book is written by manager_free()
          * (core/monitor.c), once no transfer can complete.  Quotas set at run
          * time are written to state_dir when they are set (daemon/state/
-         * quota.c).  Tensors do not outlive tierd: their NVMe extents are not
-         * indexed on disk, so the backing targets are scratch space.
+         * quota.c).  What is on NVMe is in the NVMe index as it is written
+         * (daemon/state/book.c; [nvme] persist = no: scratch).
          */
 
         /* no more accept()s; Event.shutdown to every client, which is closed once it has read it */

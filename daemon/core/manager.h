@@ -35,6 +35,8 @@ typedef struct HostTier {
         bool locked;            /* mlock succeeded */
 } HostTier;
 
+typedef struct Book Book;
+
 typedef struct Manager {
         sd_event *event;
         sd_event_source *sigterm, *sigint, *sighup;
@@ -48,6 +50,7 @@ typedef struct Manager {
         VramBackend *vram;
         HostTier host;
         NvmeTier *nvme;
+        Book *book;             /* the NVMe index ([nvme] persist); NULL: scratch */
         Registry *registry;
         QuotaStore *quotas;
         Engine *engine;

@@ -64,6 +64,7 @@ typedef struct Xfer {
         uint32_t n_parts;
         uint64_t queued_ns, start_ns;   /* set only while a trace runs (0: unknown) */
         uint64_t vqueued_ns, vstart_ns; /* chained, the VRAM hop: likewise */
+        uint64_t book_seq;      /* written to NVMe, waiting for the NVMe index to be durable (0: not) */
         List link;              /* Engine.xfers */
 } Xfer;
 
@@ -89,6 +90,8 @@ int xfer_start_chain(Op *op, Tensor *t);
 
 /* Free every transfer still in flight, as if it never started (tierd's exit, nothing will complete them). */
 void xfer_abandon_all(Engine *e);
+/* The NVMe index made more records durable: end the NVMe writes that waited for it (a BookDurable callback). */
+void engine_book_durable(void *userdata);
 
 /*
  * engine_xfer_ended() - the transfer of @t ended (t->xfer is NULL again):

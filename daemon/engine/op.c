@@ -48,6 +48,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/engine-private.h"
+#include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
@@ -396,6 +397,10 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                         return ADV_DONE;
                 return zero_fill(op, t, tier);
         }
+        if (t->lost)
+                return op_fail(op, -ENODATA, "tensor '%s' of job '%s' is lost: its newest data was in memory, not "
+                               "on NVMe, when tierd stopped; write it whole (a TIER_WRITE pin) or destroy it",
+                               t->name, t->job->name);
 
         switch (tier) {
         case TIER_VRAM:
@@ -753,6 +758,7 @@ int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme
         (void) sd_event_source_set_enabled(e->run_source, SD_EVENT_OFF);
         (void) sd_event_source_set_description(e->run_source, "op-engine");
         registry_set_ops(registry, &engine_registry_ops, e);
+        book_set_durable_cb(registry->book, engine_book_durable, e);
         *ret = e;
         return 0;
 }
@@ -765,8 +771,9 @@ void engine_set_sched(Engine *e, const EngineSchedOps *ops, void *userdata) {
 Engine *engine_free(Engine *e) {
         if (!e)
                 return NULL;
-        /* nothing of the registry's reaches a freed engine */
+        /* nothing of the registry's, nor of the NVMe index, reaches a freed engine */
         registry_set_ops(e->registry, NULL, NULL);
+        book_set_durable_cb(e->registry->book, NULL, NULL);
         list_for_each_safe(n, tmp, &e->ops)
                 op_cancel(list_entry(n, Op, all_link));
         if (e->n_xfers > 0)

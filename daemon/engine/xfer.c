@@ -56,6 +56,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/engine-private.h"
+#include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/csum.h"
 #include "daemon/tiers/fairq.h"
@@ -106,7 +107,7 @@ static void copy_free_failed(Engine *e, Tensor *t, int tier) {
         e->space_gen[tier] = gen;
 }
 
-static void xfer_finish(Xfer *x) {
+static void xfer_finish_now(Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
         Copy *d = &t->copy[x->dst];
@@ -150,6 +151,40 @@ static void xfer_finish(Xfer *x) {
         e->n_xfers--;
         engine_xfer_ended(e, t, &waiters, error, errmsg);
         xfer_free(x);
+}
+
+/*
+ * A transfer's bytes are where they go: end it.  A write to NVMe ends only
+ * once the NVMe index (state/book.c) has it, and it and its data are on the
+ * drive: until then it stays in flight (parked: Xfer.book_seq), nothing
+ * waiting for it runs and no fence says it is written; engine_book_durable()
+ * ends it then.
+ */
+static void xfer_finish(Xfer *x) {
+        Book *book = x->engine->registry->book;
+
+        if (x->dst == TIER_NVME && x->error >= 0 && book) {
+                uint64_t seq = book_nvme(book, x->tensor, x->version);
+
+                if (!book_durable(book, seq)) {
+                        x->book_seq = seq;
+                        book_sync(book);
+                        return;
+                }
+        }
+        xfer_finish_now(x);
+}
+
+void engine_book_durable(void *userdata) {
+        Engine *e = userdata;
+        Book *book = e->registry->book;
+
+        list_for_each_safe(n, tmp, &e->xfers) {
+                Xfer *x = list_entry(n, Xfer, link);
+
+                if (x->book_seq && book_durable(book, x->book_seq))
+                        xfer_finish_now(x);
+        }
 }
 
 /* The transfer's link (what it is counted on). */

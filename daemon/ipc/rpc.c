@@ -43,6 +43,7 @@
 #include "daemon/ipc/trace-rpc.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
+#include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/vram.h"
@@ -308,6 +309,7 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
                 job_destroy(j);
                 return NULL;
         }
+        book_job(r->registry->book, j);         /* in the NVMe index from now on: its tensors survive tierd */
         *ret_created = true;
         return j;
 }

@@ -30,6 +30,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/tensormap.h"
 #include "daemon/state/wear.h"
@@ -69,6 +70,7 @@ Registry *registry_free(Registry *r) {
         if (!r)
                 return NULL;
         r->freeing = true;
+        book_detach(r->book);           /* its jobs stay in the NVMe index: they are forgotten, not ended */
         list_for_each_safe(n, tmp, &r->jobs)
                 job_destroy(list_entry(n, Job, link));
         /* jobs whose tensors waited for a transfer: the engine is gone, nothing is in flight any more */
@@ -198,6 +200,7 @@ void job_destroy(Job *j) {
         log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") ended, freeing %u tensor(s)", j->name, j->id,
                 j->n_tensors);
         j->linger = sd_event_source_disable_unref(j->linger);
+        book_job_gone(r->book, j);      /* (not at tierd's exit: the index keeps it) */
         if (r->ops && r->ops->job_ending)
                 r->ops->job_ending(r->ops_userdata, j);
         list_del(&j->link);

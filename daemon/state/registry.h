@@ -12,6 +12,7 @@
 #include "daemon/tiers/fairq.h"
 #include "daemon/tiers/tier-nvme.h"
 
+typedef struct Book Book;
 typedef struct Config Config;
 typedef struct FencePage FencePage;
 typedef struct Job Job;
@@ -70,6 +71,14 @@ typedef struct Copy {
         uint32_t n_extents;
 } Copy;
 
+/* What the NVMe index (state/book.c) says of a tensor. */
+typedef enum BookTensorState {
+        BOOK_T_NONE,            /* not in it (no index, or not recorded) */
+        BOOK_T_BLANK,           /* never written */
+        BOOK_T_NVME,            /* its newest data is its NVMe copy, version Tensor.book_version */
+        BOOK_T_NEWER,           /* its newest data is not on NVMe */
+} BookTensorState;
+
 /*
  * A tensor.  The fields after "the rooms above" belong to the engine and the
  * scheduler (daemon/engine, daemon/sched): the registry keeps them with the
@@ -83,9 +92,13 @@ typedef struct Tensor {
         uint64_t alloc_size;    /* size rounded up to SEG_UNIT */
         uint64_t version;       /* 0: never written, contents are zeros */
         bool dead;              /* contents will be overwritten before they are read: no copy need keep them */
+        bool lost;              /* its newest data is gone (state/book.c): reads fail until it is written whole */
         bool doomed;            /* freed by its job while a transfer ran */
         Copy copy[TIERS];
         List job_link;          /* Job.tensors */
+        uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
+        uint64_t book_version;  /* the version the index says its NVMe copy holds (book_state BOOK_T_NVME) */
+        uint8_t book_state;     /* BookTensorState: what the index says of it */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */
@@ -148,6 +161,7 @@ struct Job {
         bool dying;
         uint64_t link_bytes[_LINK_MAX]; /* bytes moved for this job, per link */
         uint64_t nvme_written;  /* bytes written to NVMe for it (every completed write, wear.c) */
+        uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
         uint64_t wear_base;     /* bytes earlier jobs of its name wrote (wear.c), when it was made */
 
         /* the rooms above */
@@ -180,6 +194,7 @@ struct Registry {
         const RegistryOps *ops;
         void *ops_userdata;
         Wear *wear;             /* borrowed, may be NULL: the drive wear book (wear.c) */
+        Book *book;             /* borrowed, may be NULL ([nvme] persist = no): the NVMe index (book.c) */
 
         List jobs;              /* Job.link */
         List dying_jobs;        /* ended, waiting for transfers before being freed */
@@ -293,6 +308,12 @@ uint64_t total_used(const Registry *r, const JobTotal *jt, int tier, unsigned *r
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why);
 /* Give the space back (no I/O, no state change). */
 void copy_release(Tensor *t, int tier);
+/*
+ * copy_restore_nvme() - @t's NVMe copy is @ext (@n extents, reserved in
+ * the targets' allocators, crc32c set; taken over), holding t->version:
+ * resident and counted, as the NVMe index found it at start.
+ */
+int copy_restore_nvme(Tensor *t, NvmeExtent *ext, uint32_t n);
 /*
  * space_explain() - the sentence for @why, with the figures, in @buf, and
  * the status the client gets: -EFBIG (never fits), -EDQUOT (over the job's

@@ -365,6 +365,21 @@ void copy_release(Tensor *t, int tier) {
         pieces_free(c);
 }
 
+int copy_restore_nvme(Tensor *t, NvmeExtent *ext, uint32_t n) {
+        Registry *r = t->job->registry;
+        Copy *c = &t->copy[TIER_NVME];
+
+        if (c->state != COPY_ABSENT)
+                return -EEXIST;
+        c->extents = ext;
+        c->n_extents = n;
+        c->state = COPY_RESIDENT;
+        c->version = t->version;
+        copy_account(t, TIER_NVME, (int64_t) ((uint64_t) n * r->nvme->extent_size));
+        copy_touch(t, TIER_NVME);
+        return 0;
+}
+
 /* ---- why not ---------------------------------------------------------------------------------- */
 
 /* The free bytes of @j's segments in @tier and their longest run. */

@@ -25,6 +25,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/tensormap.h"
 #include "daemon/tiers/segpool.h"
@@ -110,6 +111,7 @@ int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret) {
         j->by_id[slot] = t;
         list_add_tail(&j->tensors, &t->job_link);
         j->n_tensors++;
+        book_tensor(j->registry->book, t);
         *ret = t;
         return 0;
 }
@@ -157,6 +159,7 @@ int tensor_free(Tensor *t) {
         tensormap_remove(j->by_name, t->name);
         j->by_id[(uint32_t) t->id] = NULL;
         t->doomed = true;
+        book_tensor_gone(j->registry->book, t);
         tensor_release_copies(t);       /* frees it now, or when its transfer ends */
         return 0;
 }
@@ -195,6 +198,8 @@ void copy_free(Tensor *t, int tier) {
         c->state = COPY_ABSENT;
         c->version = 0;
         list_del(&c->lru);
+        if (tier == TIER_NVME)
+                book_version(r->book, t);       /* its NVMe copy was what the index had of it */
         if (r->ops && r->ops->space_freed)
                 r->ops->space_freed(r->ops_userdata, tier);
 }
@@ -221,11 +226,14 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
                 t->version++;
                 c->version = t->version;
                 t->dead = false;
+                t->lost = false;
         }
         log_debug("unpin '%s' of job '%s' in %s%s: version %" PRIu64 ", pins left %u", t->name, t->job->name,
                   level_to_string(tier), dirty ? " (dirty)" : "", t->version, c->pins);
         copy_touch(t, tier);
         tensor_free_stale(t);
+        if (dirty)
+                book_version(t->job->registry->book, t);        /* the newest is not on NVMe (if it was) */
         return 0;
 }
 

@@ -35,6 +35,8 @@ static const char *const kind_names[_FAULT_KIND_MAX] = {
         [FAULT_VANISH] = "nvme-vanish",
         [FAULT_VRAM_H2D_EIO] = "vram-h2d-eio",
         [FAULT_VRAM_D2H_EIO] = "vram-d2h-eio",
+        [FAULT_INDEX_KILL] = "index-kill",
+        [FAULT_INDEX_TORN] = "index-torn",
 };
 
 const char *fault_kind_to_string(FaultKind k) {
@@ -125,8 +127,9 @@ static int parse_rule(FaultSet *f, char *text, char *err, size_t err_size) {
                 if (e < 0)
                         return e;
         }
-        if (r->target != FAULT_TARGET_ANY && (r->kind == FAULT_VRAM_H2D_EIO || r->kind == FAULT_VRAM_D2H_EIO)) {
-                snprintf(err, err_size, "'%s' takes no target= (the VRAM link has none)", text);
+        if (r->target != FAULT_TARGET_ANY && (r->kind == FAULT_VRAM_H2D_EIO || r->kind == FAULT_VRAM_D2H_EIO ||
+                                              r->kind == FAULT_INDEX_KILL || r->kind == FAULT_INDEX_TORN)) {
+                snprintf(err, err_size, "'%s' takes no target= (only nvme-* faults have one)", text);
                 return -EINVAL;
         }
         f->n_rules++;

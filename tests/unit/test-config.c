@@ -142,6 +142,7 @@ static void test_defaults(_unused_ void **state) {
         assert_int_equal(c.nvme_extent_size, MIB);
         assert_int_equal(c.nvme_queue_depth, 64);
         assert_int_equal(c.nvme_checksum_threads, 1);
+        assert_true(c.nvme_persist);
         assert_int_equal(c.host_uid_share, 50);
         assert_int_equal(c.vram_uid_share, 50);
         assert_int_equal(c.nvme_uid_share, 50);
@@ -211,6 +212,7 @@ static const char full_config[] =
         "checksum_threads = 0\n"
         "job_limit = 100G\n"
         "bandwidth = 500M\n"
+        "persist = no\n"
         "# trailing comment without newline";
 
 static void test_full(_unused_ void **state) {
@@ -244,6 +246,7 @@ static void test_full(_unused_ void **state) {
         assert_int_equal(c.nvme_checksum_threads, 0);
         assert_int_equal(c.nvme_job_limit, 100 * GIB);
         assert_int_equal(c.nvme_bandwidth, 500 * MIB);
+        assert_false(c.nvme_persist);
 
         /* PATH[:SIZE] splits at the last ':' only before a size. */
         assert_int_equal(c.n_targets, 4);
@@ -345,6 +348,7 @@ static void test_value_errors(_unused_ void **state) {
         parse_fails("[nvme]\nqueue_depth = 0\n", "queue_depth", NULL);
         parse_fails("[nvme]\nqueue_depth = 4097\n", "queue_depth", NULL);
         parse_fails("[nvme]\nchecksum_threads = 17\n", "checksum_threads", NULL);
+        parse_fails("[nvme]\npersist = maybe\n", "test.conf:2:", "persist", "expected yes or no", NULL);
         parse_fails("[host]\nuid_share = 101\n", "uid_share", NULL);
         parse_fails("[nvme]\ntarget = :4G\n", "test.conf:2:", "target", "empty path", NULL);
         /* Single-key bounds are checked where the line number is known. */

@@ -32,6 +32,11 @@ static void test_parse(void **state) {
         assert_int_equal(f.rules[0].kind, FAULT_VRAM_H2D_EIO);
         assert_int_equal(f.rules[1].kind, FAULT_VRAM_D2H_EIO);
         assert_string_equal(fault_kind_to_string(FAULT_VRAM_D2H_EIO), "vram-d2h-eio");
+        assert_int_equal(fault_set_parse("index-kill:after=7,count=1;index-torn:after=2", &f, err, sizeof(err)), 0);
+        assert_int_equal(f.rules[0].kind, FAULT_INDEX_KILL);
+        assert_int_equal(f.rules[0].after, 7);
+        assert_int_equal(f.rules[1].kind, FAULT_INDEX_TORN);
+        assert_int_equal(fault_set_parse("index-kill:target=0", &f, err, sizeof(err)), -EINVAL);
 }
 
 static void test_refused(void **state) {

@@ -1,0 +1,616 @@
+/* SPDX-License-Identifier: MIT */
+/* book.c: the NVMe index: which tensor's data lies in which extents, on disk, crash-consistent. */
+
+/*
+ * Theory of operation
+ *
+ * What tierd wrote to its NVMe targets outlives tierd: a restart (an
+ * upgrade, a crash, SIGKILL, a power loss) finds every tensor whose data a
+ * fence reported written to NVMe, and says which tensors it cannot find
+ * (their newest data was in memory only), never handing out anything else.
+ * The book is the index that makes it so: a journal of what changes, in
+ * STATE_DIR/nvme-index.0 and nvme-index.1.
+ *
+ * A file is a header (format, generation, extent size, the targets: path,
+ * size and identity) and records, each {len, type, magic, seq, payload,
+ * crc32c}; the crc covers the whole record, seq grows by one per record.
+ * The records:
+ *
+ *     JOB         key, uid, admin, groups, name      a job came to be
+ *     JOB_GONE    key                                it ended for good
+ *     TENSOR      key, job key, size, name           a tensor came to be
+ *     TENSOR_GONE key                                it was destroyed
+ *     NVME        key, version, extents (+crc32c)    its NVMe copy holds version
+ *     NEWER       key, version                       its newest data is not on NVMe
+ *     SNAPSHOT    (the file's first records are whole: end of them)
+ *     CLEAN       tierd stopped cleanly after the record before it
+ *
+ * Records are written on the event loop with pwrite() at the file's end as
+ * the change happens (a SIGKILL loses none: the page cache keeps them), and
+ * made durable by fdatasync() on the book's thread, together with the NVMe
+ * targets the records name (O_DIRECT writes may sit in a drive's volatile
+ * cache; a file target's unwritten extents are converted by its
+ * filesystem's journal).  An NVMe write-down is reported (its fence) only
+ * once its NVME record and its data are durable: the engine parks the
+ * transfer until book_durable() says so (engine/xfer.c), and every
+ * earlier record is durable with it.  A NEWER record is not waited for: it
+ * follows a client's dirty unpin, whose data was never promised to
+ * survive; until it is synced (normally within milliseconds) a power loss
+ * may bring back the NVMe version it replaced.
+ *
+ * Reading (book_open()): the file of the higher generation whose records
+ * up to its SNAPSHOT are whole is replayed; the first record that is short,
+ * has a bad crc32c, or breaks the sequence ends it (a write cut short by a
+ * crash: what came before is the last consistent state).  Records are
+ * checked against bounds (names, extents within their target, counts)
+ * before anything is allocated for them.  A tensor's NVMe copy is restored
+ * when its last record is NVME and its target still is what it was; its
+ * extents are reserved, and every read still checks their crc32c.  A tensor
+ * whose last record is NEWER is restored as lost: reads fail and say why,
+ * a whole write (TIER_WRITE) makes it whole again.
+ *
+ * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
+ * and four times its snapshot, the live state is written as a snapshot to
+ * the other file (generation + 1, ending in SNAPSHOT) and appending goes on
+ * there.  A crash in the middle leaves the new file without its SNAPSHOT:
+ * the old one is read.  Two files written in turn need no rename, so no
+ * directory sync.
+ *
+ * Writes that fail (a full state filesystem) turn the book off: tierd says
+ * so, keeps running as scratch (nothing of the NVMe tier survives the next
+ * restart) and reports the parked transfers written, as before the book.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <systemd/sd-event.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/base/log.h"
+#include "daemon/base/statefile.h"
+#include "daemon/state/book-private.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/fault.h"
+#include "daemon/tiers/segpool.h"
+#include "daemon/tiers/tier-nvme.h"
+#include "proto/crc32c.h"
+#include "proto/macro.h"
+#include "util/time-util.h"
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+/* A writer into Book.buf. */
+typedef struct Wr {
+        Book *b;
+        size_t len;
+        bool oom;
+} Wr;
+
+static void wr_bytes(Wr *w, const void *p, size_t n) {
+        Book *b = w->b;
+
+        if (w->oom)
+                return;
+        if (w->len + n > b->buf_cap) {
+                size_t cap = MAX(b->buf_cap * 2, w->len + n + 256);
+                char *nb = realloc(b->buf, cap);
+
+                if (!nb) {
+                        w->oom = true;
+                        return;
+                }
+                b->buf = nb;
+                b->buf_cap = cap;
+        }
+        memcpy(b->buf + w->len, p, n);
+        w->len += n;
+}
+
+static void wr_u(Wr *w, uint64_t v, size_t n) {
+        uint8_t x[8];
+
+        for (size_t i = 0; i < n; i++)
+                x[i] = (uint8_t) (v >> (8 * i));
+        wr_bytes(w, x, n);
+}
+
+static void wr_str(Wr *w, const char *s) {
+        size_t n = strlen(s);
+
+        wr_u(w, n, 2);
+        wr_bytes(w, s, n);
+}
+
+/* index-kill: SIGKILL ourselves at this step when a rule says so (tests only). */
+void book_step(Book *b, BookStep step) {
+        if (b->faults && fault_fire(b->faults, FAULT_INDEX_KILL, UINT32_MAX, FAULT_TARGET_ANY)) {
+                log_warning("Injected fault index-kill: SIGKILL at NVMe index step %d (record %" PRIu64 ")",
+                            (int) step, b->seq);
+                (void) raise(SIGKILL);
+        }
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+/* The header of a file of generation @gen: into Book.buf from 0; its length. */
+static size_t header_build(Book *b, uint64_t gen, bool *oom) {
+        Wr w = { b };
+        uint32_t crc;
+
+        wr_bytes(&w, BOOK_MAGIC, 8);
+        wr_u(&w, BOOK_FORMAT, 4);
+        wr_u(&w, gen, 8);
+        wr_u(&w, (uint64_t) time(NULL), 8);    /* when it was made (for a person reading it) */
+        wr_u(&w, b->nvme->extent_size, 8);
+        wr_u(&w, b->nvme->n_targets, 4);
+        for (unsigned i = 0; i < b->nvme->n_targets; i++) {
+                const NvmeTarget *t = &b->nvme->targets[i];
+                struct stat st = {};
+
+                (void) fstat(t->fd, &st);
+                wr_u(&w, t->size, 8);
+                wr_u(&w, t->blockdev ? (uint64_t) st.st_rdev : (uint64_t) st.st_dev, 8);
+                wr_u(&w, t->blockdev ? 0 : (uint64_t) st.st_ino, 8);
+                wr_u(&w, t->blockdev, 1);
+                wr_str(&w, t->path);
+        }
+        crc = crc32c(0, b->buf, w.len);
+        wr_u(&w, crc, 4);
+        *oom = w.oom;
+        return w.len;
+}
+
+/* Write @len bytes at @off of @fd, whole. */
+static int write_at(int fd, const void *p, size_t len, uint64_t off) {
+        while (len > 0) {
+                ssize_t n = pwrite(fd, p, len, (off_t) off);
+
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return negative_errno();
+                if (n == 0)
+                        return -EIO;
+                p = (const uint8_t *) p + n;
+                len -= (size_t) n;
+                off += (uint64_t) n;
+        }
+        return 0;
+}
+
+static void book_off(Book *b, int r, const char *what) {
+        if (b->off_books)
+                return;
+        b->off_books = true;
+        log_error_errno(r, "Cannot write the NVMe index %s (%s): %m. tierd goes on WITHOUT it: what is on NVMe "
+                        "now will not be found after tierd restarts. Free space in the state directory and "
+                        "restart tierd.", b->path[b->cur], what);
+        /* parked write-downs are released: they are as written as they were before the book */
+        if (b->durable_cb)
+                b->durable_cb(b->durable_userdata);
+}
+
+/* Fill in the head and append the crc32c of the record built in Book.buf from @start, numbered @seq. */
+static void rec_seal(Book *b, Wr *w, size_t start, unsigned type, uint64_t seq) {
+        size_t len;
+        uint8_t *h;
+
+        if (w->oom)
+                return;
+        len = w->len - start - BOOK_REC_HEAD;
+        h = (uint8_t *) b->buf + start;
+        for (size_t i = 0; i < 4; i++)
+                h[i] = (uint8_t) (len >> (8 * i));
+        h[4] = (uint8_t) type;
+        h[5] = (uint8_t) (type >> 8);
+        h[6] = (uint8_t) BOOK_REC_MAGIC;
+        h[7] = (uint8_t) (BOOK_REC_MAGIC >> 8);
+        for (size_t i = 0; i < 8; i++)
+                h[8 + i] = (uint8_t) (seq >> (8 * i));
+        wr_u(w, crc32c(0, b->buf + start, w->len - start), 4);
+}
+
+/* The record being built in Book.buf from @start (its head left blank): finish and write it. */
+static uint64_t record_write(Book *b, Wr *w, size_t start, unsigned type) {
+        uint8_t *h;
+        int r;
+
+        rec_seal(b, w, start, type, b->seq + 1);
+        if (w->oom) {
+                book_off(b, -ENOMEM, "out of memory");
+                return 0;
+        }
+        h = (uint8_t *) b->buf + start;
+        b->seq++;
+        book_step(b, STEP_RECORD);
+        if (b->faults && fault_fire(b->faults, FAULT_INDEX_TORN, UINT32_MAX, FAULT_TARGET_ANY)) {
+                log_warning("Injected fault index-torn: half of NVMe index record %" PRIu64 " written, then SIGKILL",
+                            b->seq);
+                (void) write_at(b->fd, h, (w->len - start) / 2, b->off);
+                (void) raise(SIGKILL);
+        }
+        r = write_at(b->fd, h, w->len - start, b->off);
+        if (r < 0) {
+                book_off(b, r, "a record");
+                return 0;
+        }
+        b->off += w->len - start;
+        b->records++;
+        book_step(b, STEP_RECORDED);
+        return b->seq;
+}
+
+static void rec_begin(Wr *w) {
+        static const uint8_t blank[BOOK_REC_HEAD];
+
+        wr_bytes(w, blank, sizeof(blank));
+}
+
+static void put_job(Wr *w, const Job *j) {
+        wr_u(w, j->book_key, 8);
+        wr_u(w, j->uid, 4);
+        wr_u(w, j->admin, 1);
+        wr_u(w, j->n_gids, 4);
+        for (uint32_t i = 0; i < j->n_gids; i++)
+                wr_u(w, j->gids[i], 4);
+        wr_str(w, j->name);
+}
+
+static void put_tensor(Wr *w, const Tensor *t) {
+        wr_u(w, t->book_key, 8);
+        wr_u(w, t->job->book_key, 8);
+        wr_u(w, t->size, 8);
+        wr_str(w, t->name);
+}
+
+static void put_nvme(Wr *w, const Tensor *t, uint64_t version) {
+        const Copy *c = &t->copy[TIER_NVME];
+
+        wr_u(w, t->book_key, 8);
+        wr_u(w, version, 8);
+        wr_u(w, c->n_extents, 4);
+        for (uint32_t i = 0; i < c->n_extents; i++) {
+                wr_u(w, c->extents[i].target, 4);
+                wr_u(w, c->extents[i].crc, 4);
+                wr_u(w, c->extents[i].unit, 8);
+        }
+}
+
+/* Recording: a book that works, restored and not detached (tierd's exit forgets jobs, it does not end them). */
+static bool book_on(const Book *b) {
+        return b && !b->off_books && b->registry;
+}
+
+void book_detach(Book *b) {
+        if (b)
+                b->registry = NULL;
+}
+
+void book_job(Book *b, Job *j) {
+        Wr w = { b };
+
+        if (!book_on(b) || j->book_key)
+                return;
+        j->book_key = ++b->next_key;
+        rec_begin(&w);
+        put_job(&w, j);
+        (void) record_write(b, &w, 0, REC_JOB);
+}
+
+void book_job_gone(Book *b, Job *j) {
+        Wr w = { b };
+
+        if (!book_on(b) || !j->book_key)
+                return;
+        rec_begin(&w);
+        wr_u(&w, j->book_key, 8);
+        (void) record_write(b, &w, 0, REC_JOB_GONE);
+        j->book_key = 0;
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                t->book_key = 0;
+                t->book_state = BOOK_T_NONE;
+        }
+}
+
+void book_tensor(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        if (!book_on(b) || t->book_key || !t->job->book_key)
+                return;
+        t->book_key = ++b->next_key;
+        t->book_state = BOOK_T_BLANK;
+        rec_begin(&w);
+        put_tensor(&w, t);
+        (void) record_write(b, &w, 0, REC_TENSOR);
+}
+
+void book_tensor_gone(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        if (!book_on(b) || !t->book_key)
+                return;
+        rec_begin(&w);
+        wr_u(&w, t->book_key, 8);
+        (void) record_write(b, &w, 0, REC_TENSOR_GONE);
+        t->book_key = 0;
+        t->book_state = BOOK_T_NONE;
+}
+
+static void book_maybe_compact(Book *b);
+
+uint64_t book_nvme(Book *b, Tensor *t, uint64_t version) {
+        const Copy *c = &t->copy[TIER_NVME];
+        Wr w = { b };
+        uint64_t seq;
+
+        if (!book_on(b) || !t->book_key)
+                return 0;
+        rec_begin(&w);
+        put_nvme(&w, t, version);
+        seq = record_write(b, &w, 0, REC_NVME);
+        if (seq == 0)
+                return 0;
+        t->book_state = BOOK_T_NVME;
+        t->book_version = version;
+        for (uint32_t i = 0; i < c->n_extents; i++)
+                b->dirty_targets |= 1ull << (c->extents[i].target % 64);
+        book_maybe_compact(b);
+        return seq;
+}
+
+void book_version(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        if (!book_on(b) || !t->book_key || t->book_state == BOOK_T_NEWER)
+                return;
+        if (t->book_state == BOOK_T_BLANK && t->version == 0)
+                return;         /* still zeros */
+        if (t->book_state == BOOK_T_NVME && t->book_version == t->version &&
+            (t->copy[TIER_NVME].state != COPY_ABSENT || t->xfer))
+                return;         /* what the book says is still the newest (or being written there) */
+        rec_begin(&w);
+        wr_u(&w, t->book_key, 8);
+        wr_u(&w, t->version, 8);
+        if (record_write(b, &w, 0, REC_NEWER))
+                t->book_state = BOOK_T_NEWER;
+}
+
+/* ---- syncing, on the book's thread ------------------------------------------------------------ */
+
+void *book_sync_thread(void *arg) {
+        Book *b = arg;
+
+        pthread_mutex_lock(&b->lock);
+        for (;;) {
+                uint64_t want, targets, one = 1;
+                int fd, err = 0;
+
+                while (!b->stop && b->want_seq <= b->done_seq)
+                        pthread_cond_wait(&b->cond, &b->lock);
+                if (b->want_seq <= b->done_seq)
+                        break;          /* stopping, and nothing asked */
+                want = b->want_seq;
+                targets = b->want_targets;
+                b->want_targets = 0;
+                fd = b->syncing_fd = b->fd;
+                pthread_mutex_unlock(&b->lock);
+
+                /* the data first, then the records that name it */
+                for (unsigned i = 0; i < b->nvme->n_targets && i < 64; i++)
+                        if ((targets & (1ull << i)) && fdatasync(b->nvme->targets[i].fd) < 0 && errno != EINVAL)
+                                err = -errno;
+                if (fdatasync(fd) < 0)
+                        err = -errno;
+
+                pthread_mutex_lock(&b->lock);
+                b->syncing_fd = -1;
+                b->retired_fd = safe_close(b->retired_fd);
+                if (err)
+                        b->sync_error = err;
+                else if (want > b->done_seq)
+                        b->done_seq = want;
+                (void) !write(b->efd, &one, sizeof(one));
+        }
+        pthread_mutex_unlock(&b->lock);
+        return NULL;
+}
+
+int book_on_synced(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Book *b = userdata;
+        uint64_t n;
+        int err;
+
+        (void) !read(fd, &n, sizeof(n));
+        pthread_mutex_lock(&b->lock);
+        b->durable_seq = b->done_seq;
+        err = b->sync_error;
+        b->sync_error = 0;
+        pthread_mutex_unlock(&b->lock);
+        b->syncs++;
+        if (err)
+                book_off(b, err, "fdatasync");
+        book_step(b, STEP_SYNCED);
+        if (b->durable_cb)
+                b->durable_cb(b->durable_userdata);
+        return 0;
+}
+
+void book_sync(Book *b) {
+        if (!book_on(b))
+                return;
+        pthread_mutex_lock(&b->lock);
+        if (b->want_seq < b->seq) {
+                b->want_seq = b->seq;
+                b->want_targets |= b->dirty_targets;
+                b->dirty_targets = 0;
+                pthread_cond_signal(&b->cond);
+        }
+        pthread_mutex_unlock(&b->lock);
+        book_step(b, STEP_SYNC);
+}
+
+bool book_durable(const Book *b, uint64_t seq) {
+        return !book_on(b) || seq == 0 || seq <= b->durable_seq;
+}
+
+void book_set_durable_cb(Book *b, void (*cb)(void *userdata), void *userdata) {
+        if (!b)
+                return;
+        b->durable_cb = cb;
+        b->durable_userdata = userdata;
+}
+
+void book_stats(const Book *b, uint64_t *ret_records, uint64_t *ret_syncs, uint64_t *ret_bytes) {
+        *ret_records = b ? b->records : 0;
+        *ret_syncs = b ? b->syncs : 0;
+        *ret_bytes = b ? b->off : 0;
+}
+
+/* ---- snapshots ---------------------------------------------------------------------------------- */
+
+/*
+ * Everything the registry holds, as records after a header of generation
+ * + 1, written to the other file; appending goes on there.  Built whole in
+ * memory first (bounded by the tensors tierd holds), so a failure changes
+ * nothing: the old file goes on.
+ */
+int book_snapshot(Book *b) {
+        unsigned next = b->cur ^ 1;
+        uint64_t gen = b->generation + 1, seq = b->seq;
+        size_t hlen, len, half;
+        bool oom = false;
+        int fd, old_fd, r;
+        Wr w = { b };
+
+        book_step(b, STEP_SNAPSHOT);
+        hlen = header_build(b, gen, &oom);
+        if (oom)
+                return -ENOMEM;
+        w.len = hlen;
+        /* records numbered on from the book's sequence (committed only once the file is written) */
+#define SNAP_REC(type, body) do {                                                                       size_t start_ = w.len;                                                                  rec_begin(&w);                                                                          body;                                                                                   rec_seal(b, &w, start_, (type), ++seq);                                         } while (0)
+        list_for_each_safe(jn, jtmp, &b->registry->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                if (!j->book_key)
+                        continue;
+                SNAP_REC(REC_JOB, put_job(&w, j));
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        Tensor *t = list_entry(tn, Tensor, job_link);
+
+                        if (!t->book_key)
+                                continue;
+                        SNAP_REC(REC_TENSOR, put_tensor(&w, t));
+                        if (t->book_state == BOOK_T_NVME)
+                                SNAP_REC(REC_NVME, put_nvme(&w, t, t->book_version));
+                        else if (t->book_state == BOOK_T_NEWER)
+                                SNAP_REC(REC_NEWER, { wr_u(&w, t->book_key, 8); wr_u(&w, t->version, 8); });
+                }
+        }
+        SNAP_REC(REC_SNAPSHOT, (void) 0);
+#undef SNAP_REC
+        if (w.oom)
+                return -ENOMEM;
+        len = w.len;
+
+        fd = open(b->path[next], O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+        if (fd < 0)
+                return negative_errno();
+        if (ftruncate(fd, 0) < 0) {
+                r = negative_errno();
+                safe_close(fd);
+                return r;
+        }
+        half = hlen + (len - hlen) / 2;
+        r = write_at(fd, b->buf, half, 0);
+        if (r >= 0) {
+                book_step(b, STEP_SNAPSHOT_HALF);
+                r = write_at(fd, b->buf + half, len - half, half);
+        }
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+        book_step(b, STEP_SNAPSHOT_DONE);
+
+        /* appending moves over; the sync thread lets go of the old file (Book.retired_fd) */
+        pthread_mutex_lock(&b->lock);
+        old_fd = b->fd;
+        b->fd = fd;
+        if (b->syncing_fd == old_fd && old_fd >= 0) {
+                safe_close(b->retired_fd);
+                b->retired_fd = old_fd;
+                old_fd = -1;
+        }
+        pthread_mutex_unlock(&b->lock);
+        safe_close(old_fd);
+        b->cur = next;
+        b->generation = gen;
+        b->records += seq - b->seq;
+        b->seq = seq;
+        b->off = len;
+        b->snapshot_len = len;
+        log_debug("NVMe index: a snapshot of %zu bytes in %s", len, b->path[next]);
+        /* the new file durable with the next sync (what it names is on the drive already) */
+        return 0;
+}
+
+static void book_maybe_compact(Book *b) {
+        int r;
+
+        if (b->off < BOOK_COMPACT_MIN || b->off < 4 * b->snapshot_len)
+                return;
+        r = book_snapshot(b);
+        if (r < 0)
+                log_warning_errno(r, "Cannot compact the NVMe index into %s, going on with %s (it grows): %m",
+                                  b->path[b->cur ^ 1], b->path[b->cur]);
+        else
+                book_sync(b);
+}
+
+Book *book_free(Book *b, bool clean) {
+        if (!b)
+                return NULL;
+        if (b->started) {
+                if (clean && !b->off_books && b->fd >= 0) {
+                        Wr w = { b };
+
+                        rec_begin(&w);
+                        (void) record_write(b, &w, 0, REC_CLEAN);
+                        b->want_targets |= b->dirty_targets;
+                }
+                pthread_mutex_lock(&b->lock);
+                if (clean && !b->off_books && b->want_seq < b->seq) {
+                        b->want_seq = b->seq;
+                        b->want_targets |= b->dirty_targets;
+                }
+                b->stop = true;
+                pthread_cond_signal(&b->cond);
+                pthread_mutex_unlock(&b->lock);
+                pthread_join(b->thread, NULL);
+        }
+        sd_event_source_disable_unref(b->source);
+        safe_close(b->efd);
+        safe_close(b->fd);
+        safe_close(b->retired_fd);
+        bk_forget(b);
+        pthread_mutex_destroy(&b->lock);
+        pthread_cond_destroy(&b->cond);
+        free(b->path[0]);
+        free(b->path[1]);
+        free(b->buf);
+        free(b);
+        return NULL;
+}

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+/* book.h: the NVMe index: which tensor's data lies in which extents, on disk, crash-consistent. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct Book Book;
+typedef struct FaultSet FaultSet;
+typedef struct Job Job;
+typedef struct NvmeTier NvmeTier;
+typedef struct Registry Registry;
+typedef struct Tensor Tensor;
+typedef struct sd_event sd_event;
+
+/* The on-disk format this tierd writes and reads (the header's format field). */
+#define BOOK_FORMAT 1u
+/* The two files, STATE_DIR/nvme-index.0 and .1, written in turn (book.c). */
+#define BOOK_FILE "nvme-index"
+
+/* What book_open() found, for the log and status. */
+typedef struct BookFound {
+        unsigned jobs;          /* jobs with tensors */
+        unsigned tensors;       /* tensors restored with their data on NVMe */
+        unsigned blank;         /* tensors never written (zeros: nothing to restore) */
+        unsigned lost;          /* tensors whose newest data was not on NVMe (or lies on a target that changed) */
+        uint64_t bytes;         /* bytes of NVMe those restored hold */
+        uint64_t records;       /* records replayed */
+        uint64_t torn_bytes;    /* bytes after the last whole record of the file read (a write cut short) */
+        bool clean;             /* the last tierd stopped cleanly (its last record says so) */
+        bool damaged;           /* a damaged record amid whole ones: every tensor was taken as lost */
+        unsigned generation;    /* of the file read */
+} BookFound;
+
+/*
+ * book_open() - read STATE_DIR/nvme-index.{0,1} (the newer whole one) and
+ * keep what it says for book_restore(): the jobs and tensors whose data
+ * lies on NVMe, checked against @nvme's targets (a target whose path,
+ * size, extent size or identity changed loses the tensors with extents on
+ * it).  Extents are not reserved yet.  No file: an empty book.  A file
+ * that does not parse is set aside (statefile_set_aside()) and the book
+ * starts empty, said in the log.  A format this
+ * tierd does not know refuses the start (-EPROTONOSUPPORT), nothing
+ * overwritten.  @faults: TIERD_TEST_FAULTS (index-kill, index-torn), may be
+ * NULL.
+ */
+int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *faults, Book **ret,
+              char **ret_error);
+/* tierd is exiting: the registry is freed next, and that forgets jobs, it does not end them: nothing more is recorded. */
+void book_detach(Book *b);
+/* Writes the clean-stop record (when @clean), waits for the last sync and frees. */
+Book *book_free(Book *b, bool clean);
+
+/*
+ * book_restore() - recreate in @r what the book holds: each job (owner,
+ * groups, admin) through @job_made (which resolves its quota; a negative
+ * return drops the job and its tensors, logged), lingering; each tensor
+ * with its NVMe copy resident (extents reserved, their crc32c kept), or
+ * marked lost.  Then writes a fresh file (the other one) holding just that,
+ * and from then on records every change.  *@ret_found says what there was.
+ */
+int book_restore(Book *b, Registry *r, int (*job_made)(Job *j, gid_t gid, const gid_t *groups, size_t n,
+                                                       bool admin, void *userdata),
+                 void *userdata, BookFound *ret_found);
+
+/* ---- what changes (called where it happens; all no-ops on a NULL book) ---------------------- */
+
+/* A job came to be (after its quota resolved: its owner, groups and admin flag are known). */
+void book_job(Book *b, Job *j);
+/* A job ended for good (not tierd's exit: the registry's freeing skips it). */
+void book_job_gone(Book *b, Job *j);
+void book_tensor(Book *b, Tensor *t);
+void book_tensor_gone(Book *b, Tensor *t);
+/*
+ * book_nvme() - @t's NVMe copy holds @version, written to its extents
+ * (their crc32c set): recorded, and the targets it lies on marked for the
+ * next sync.  Returns the record's sequence number: the copy may be called
+ * written (a fence) only once book_durable() says so.
+ */
+uint64_t book_nvme(Book *b, Tensor *t, uint64_t version);
+/*
+ * book_version() - @t's newest data changed (a dirty unpin: @t->version is
+ * new) or its NVMe copy went: if the book holds an NVMe copy of it, or
+ * thinks it never written, it records that the newest data is no longer on
+ * NVMe (lost if tierd stops before a write-down, unless memory survives).
+ */
+void book_version(Book *b, Tensor *t);
+
+/* Has every record up to @seq reached the drive (and the NVMe data it names)? */
+bool book_durable(const Book *b, uint64_t seq);
+/* Ask for a sync of what is recorded so far (done on the book's thread). */
+void book_sync(Book *b);
+/* Called on the loop whenever book_durable() may say yes to more (the engine's parked writes). */
+void book_set_durable_cb(Book *b, void (*cb)(void *userdata), void *userdata);
+/* For status: records written since start, syncs done, the file's bytes. */
+void book_stats(const Book *b, uint64_t *ret_records, uint64_t *ret_syncs, uint64_t *ret_bytes);

@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: MIT */
+/* test-book.c: the NVMe index (state/book.c): what is on NVMe survives a restart, anything else is lost, never wrong. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "daemon/base/config.h"
+#include "daemon/core/manager.h"
+#include "daemon/engine/engine.h"
+#include "daemon/state/book.h"
+#include "daemon/state/registry.h"
+#include "tests/unit/fixture.h"
+
+/* Each test's own state directory and target (the fixture's is shared by the whole binary). */
+typedef struct Dir {
+        char path[128];
+        uint64_t target_size;
+        bool persist;
+} Dir;
+
+static void setup(Config *c, void *userdata) {
+        const Dir *d = userdata;
+        char t[192];
+
+        free(c->state_dir);
+        c->state_dir = strdup(d->path);
+        snprintf(t, sizeof(t), "%s/t0.img", d->path);
+        free(c->targets[0].path);
+        c->targets[0].path = strdup(t);
+        c->targets[0].size = d->target_size;
+        c->nvme_persist = d->persist;
+        c->host_capacity = 16 * MiB;
+        c->host_job_limit = 16 * MiB;
+        c->host_uid_share = 0;
+        c->nvme_uid_share = 0;
+        c->nvme_job_limit = 32 * MiB;
+}
+
+static Dir dir_new(void) {
+        Dir d = { .target_size = 32 * MiB, .persist = true };
+
+        snprintf(d.path, sizeof(d.path), "/var/tmp/tierd-book.XXXXXX");
+        assert_non_null(mkdtemp(d.path));
+        return d;
+}
+
+static void dir_done(Dir *d) {
+        char cmd[192];
+
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->path);
+        assert_int_equal(system(cmd), 0);
+}
+
+static Manager *start(Dir *d) {
+        return fixture_new(d->target_size, setup, d);
+}
+
+static void on_done(Op *op, int status, const char *error) {
+        int *done = op->userdata;
+
+        assert_int_equal(status, 0);
+        (*done)++;
+}
+
+/* A job as a Hello makes it: in the index from its creation on. */
+static Job *job(Manager *m, const char *name) {
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, name, 0, &j), 0);
+        book_job(m->book, j);
+        return j;
+}
+
+/* @t whole in host as @v, then written to NVMe (the fence: the op's end). */
+static void written(Manager *m, Tensor *t, uint8_t v) {
+        fixture_host_data(m, t, v);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, TIER_NVME), 0);
+        assert_true(copy_valid(t, TIER_NVME));
+}
+
+/* Read @t into host and check every byte is @v. */
+static void check_bytes(Manager *m, Tensor *t, uint8_t v) {
+        assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
+        for (uint64_t off = 0; off < t->size; off += 4093)
+                assert_int_equal(fixture_byte(t, TIER_HOST, off), v);
+        assert_int_equal(fixture_byte(t, TIER_HOST, t->size - 1), v);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, false), 0);
+}
+
+static int read_whole(const char *path, char **ret, size_t *ret_len) {
+        FILE *f = fopen(path, "rb");
+        long n;
+
+        if (!f)
+                return -errno;
+        assert_int_equal(fseek(f, 0, SEEK_END), 0);
+        n = ftell(f);
+        rewind(f);
+        *ret = malloc((size_t) n + 1);
+        assert_non_null(*ret);
+        assert_int_equal(fread(*ret, 1, (size_t) n, f), (size_t) n);
+        fclose(f);
+        *ret_len = (size_t) n;
+        return 0;
+}
+
+static void write_whole(const char *path, const char *data, size_t len) {
+        FILE *f = fopen(path, "wb");
+
+        assert_non_null(f);
+        assert_int_equal(fwrite(data, 1, len, f), len);
+        assert_int_equal(fclose(f), 0);
+}
+
+static Tensor *find(Manager *m, const char *job, const char *name) {
+        Job *j = job_find(m->registry, job);
+
+        assert_non_null(j);
+        return tensor_find_name(j, name);
+}
+
+/* The newer index file's bytes. */
+static char *index_path(const Dir *d, unsigned i, char *buf, size_t size) {
+        snprintf(buf, size, "%s/" BOOK_FILE ".%u", d->path, i);
+        return buf;
+}
+
+static unsigned newer_file(const Dir *d) {
+        char p0[192], p1[192];
+        struct stat s0, s1;
+
+        if (stat(index_path(d, 0, p0, sizeof(p0)), &s0) < 0)
+                return 1;
+        if (stat(index_path(d, 1, p1, sizeof(p1)), &s1) < 0)
+                return 0;
+        return s1.st_mtim.tv_sec > s0.st_mtim.tv_sec ||
+               (s1.st_mtim.tv_sec == s0.st_mtim.tv_sec && s1.st_mtim.tv_nsec > s0.st_mtim.tv_nsec) ? 1 : 0;
+}
+
+/*
+ * What was written to NVMe comes back, with its data and its checksums; a
+ * tensor never written comes back as zeros; one whose newest data was in
+ * host only comes back lost (a read fails with ENODATA, a whole write mends
+ * it); a destroyed tensor and an ended job do not come back.
+ */
+static void test_restart_keeps_nvme(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *a, *b, *c, *n, *x, *t;
+        Job *j, *gone;
+        int r;
+
+        j = job(m, "j");
+        a = fixture_tensor(j, "a", MiB);
+        b = fixture_tensor(j, "b", 3 * MiB + 4096);     /* several extents, a partial last one */
+        c = fixture_tensor(j, "c", MiB);                /* never written */
+        n = fixture_tensor(j, "n", MiB);                /* written to NVMe, then newer in host */
+        x = fixture_tensor(j, "x", MiB);                /* destroyed */
+        written(m, a, 0x11);
+        written(m, b, 0x22);
+        written(m, n, 0x33);
+        fixture_host_data(m, n, 0x34);
+        assert_false(copy_valid(n, TIER_NVME));         /* stale on NVMe: freed */
+        written(m, x, 0x55);
+        assert_int_equal(tensor_free(x), 0);
+        gone = job(m, "gone");
+        written(m, fixture_tensor(gone, "g", MiB), 0x66);
+        job_destroy(gone);
+        fixture_free(m);                                /* as a crash: no clean stop */
+
+        m = start(&d);
+        assert_null(job_find(m->registry, "gone"));
+        j = job_find(m->registry, "j");
+        assert_non_null(j);
+        assert_non_null(j->linger);                     /* no client yet: it lingers */
+        assert_int_equal(j->n_tensors, 4);
+        a = find(m, "j", "a");
+        b = find(m, "j", "b");
+        c = find(m, "j", "c");
+        n = find(m, "j", "n");
+        assert_null(find(m, "j", "x"));
+        assert_true(copy_valid(a, TIER_NVME) && copy_valid(b, TIER_NVME));
+        assert_int_equal(j->used[TIER_NVME], 1 * MiB + 4 * MiB + 0);    /* a: 1 extent, b: 4 */
+        check_bytes(m, a, 0x11);
+        check_bytes(m, b, 0x22);
+        assert_int_equal(c->version, 0);
+        check_bytes(m, c, 0);
+        assert_true(n->lost);
+        r = fixture_op(m, OP_PIN, n, TIER_HOST);
+        assert_int_equal(r, -ENODATA);
+        /* the NVMe space of what was freed is free again, what is restored is not handed out twice */
+        t = fixture_tensor(j, "new", 8 * MiB);
+        written(m, t, 0x77);
+        check_bytes(m, a, 0x11);
+        check_bytes(m, b, 0x22);
+        /* a whole write makes a lost tensor whole */
+        {
+                int done = 0;
+                Op *op;
+
+                assert_int_equal(op_submit(m->engine, OP_PIN, n, TIER_HOST, on_done, NULL, &done, &op), 0);
+                op->discard = true;     /* a TIER_WRITE pin */
+                FIXTURE_RUN_UNTIL(m, done);
+                assert_int_equal(done, 1);
+                fixture_fill(n, TIER_HOST, 0x35);
+                assert_int_equal(tensor_unpin(n, TIER_HOST, true), 0);
+                assert_false(n->lost);
+                check_bytes(m, n, 0x35);
+        }
+        fixture_free(m);
+
+        /* and a second restart finds the state after the first (the index was rewritten at start) */
+        m = start(&d);
+        check_bytes(m, find(m, "j", "a"), 0x11);
+        check_bytes(m, find(m, "j", "new"), 0x77);
+        assert_true(find(m, "j", "n")->lost);  /* 0x35 was in host only */
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* [nvme] persist = no: scratch, as before the index: nothing comes back, no file is written. */
+static void test_scratch(void **state) {
+        Dir d = dir_new();
+        Manager *m;
+        char p[192];
+        Job *j;
+
+        d.persist = false;
+        m = start(&d);
+        assert_null(m->book);
+        j = job(m, "j");
+        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        fixture_free(m);
+        assert_int_equal(access(index_path(&d, 0, p, sizeof(p)), F_OK), -1);
+        m = start(&d);
+        assert_null(job_find(m->registry, "j"));
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/*
+ * A write cut short (the last record torn, at every length) is no record:
+ * the state before it comes back.  Here the last record is b's NVMe copy:
+ * b, written in host before (a NEWER record), comes back lost.
+ */
+static void test_torn_tail(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        char p[192];
+        struct stat st;
+        off_t whole, last;
+        Job *j;
+
+        j = job(m, "j");
+        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        last = 0;
+        {
+                Tensor *b = fixture_tensor(j, "b", MiB);
+
+                fixture_host_data(m, b, 0x22);
+                assert_int_equal(stat(index_path(&d, newer_file(&d), p, sizeof(p)), &st), 0);
+                last = st.st_size;      /* b's NVME record goes after this */
+                assert_int_equal(fixture_op(m, OP_EVICT, b, TIER_NVME), 0);
+        }
+        fixture_free(m);
+        index_path(&d, newer_file(&d), p, sizeof(p));
+        assert_int_equal(stat(p, &st), 0);
+        whole = st.st_size;
+        assert_true(whole > last);
+        {
+                /* both files as they are now: every try starts from them (a start writes the other one) */
+                char p0[192], p1[192], *f0 = NULL, *f1 = NULL;
+                size_t l0 = 0, l1 = 0;
+                unsigned newer = newer_file(&d);
+
+                index_path(&d, 0, p0, sizeof(p0));
+                index_path(&d, 1, p1, sizeof(p1));
+                assert_int_equal(read_whole(p0, &f0, &l0), 0);
+                (void) read_whole(p1, &f1, &l1);
+                for (off_t cut = whole - 1; cut >= last; cut -= (cut - last > 8 ? (cut - last) / 3 : 1)) {
+                        Tensor *a, *b;
+
+                        write_whole(p0, f0, l0);
+                        if (f1)
+                                write_whole(p1, f1, l1);
+                        else
+                                (void) unlink(p1);
+                        assert_int_equal(truncate(newer ? p1 : p0, cut), 0);
+                        m = start(&d);
+                        a = find(m, "j", "a");
+                        b = find(m, "j", "b");
+                        assert_non_null(a);
+                        assert_non_null(b);
+                        check_bytes(m, a, 0x11);
+                        assert_true(b->lost);
+                        assert_false(copy_valid(b, TIER_NVME));
+                        fixture_free(m);
+                        if (cut == last)
+                                break;
+                }
+                free(f0);
+                free(f1);
+        }
+        dir_done(&d);
+}
+
+/* A damaged record with whole ones after it is no torn write: every tensor is taken as lost. */
+static void test_damage_mid_file(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        char p[192];
+        struct stat st;
+        off_t at;
+        int fd;
+        Job *j;
+        unsigned char byte;
+
+        j = job(m, "j");
+        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        assert_int_equal(stat(index_path(&d, newer_file(&d), p, sizeof(p)), &st), 0);
+        at = st.st_size + 20;   /* inside the next record */
+        written(m, fixture_tensor(j, "b", MiB), 0x22);
+        written(m, fixture_tensor(j, "c", MiB), 0x33);
+        fixture_free(m);
+        fd = open(p, O_RDWR);
+        assert_true(fd >= 0);
+        assert_int_equal(pread(fd, &byte, 1, at), 1);
+        byte ^= 0x40;
+        assert_int_equal(pwrite(fd, &byte, 1, at), 1);
+        close(fd);
+        m = start(&d);
+        j = job_find(m->registry, "j");
+        assert_non_null(j);
+        list_for_each_safe(n, tmp, &j->tensors)
+                assert_false(copy_valid(list_entry(n, Tensor, job_link), TIER_NVME));
+        assert_true(find(m, "j", "a")->lost);
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* A format this tierd does not know: the start is refused, nothing is changed. */
+static void test_unknown_format(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        char p[192], cmd[512];
+        unsigned char four[4] = { 99, 0, 0, 0 };
+        Config c;
+        char *err = NULL;
+        int fd;
+
+        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        fixture_free(m);
+        index_path(&d, newer_file(&d), p, sizeof(p));
+        fd = open(p, O_RDWR);
+        assert_true(fd >= 0);
+        assert_int_equal(pwrite(fd, four, 4, 8), 4);   /* the format field, after the magic */
+        close(fd);
+        snprintf(cmd, sizeof(cmd), "cp '%s' '%s.before'", p, p);
+        assert_int_equal(system(cmd), 0);
+
+        config_init(&c);
+        c.n_targets = 1;
+        setup(&c, &d);
+        c.host_capacity = 8 * MiB;
+        c.host_segment_size = 4 * MiB;
+        c.vram_backend = VRAM_BACKEND_EMULATED;
+        c.vram_capacity = 4 * MiB;
+        c.vram_chunk_size = 2 * MiB;
+        c.vram_job_limit = 2 * MiB;
+        assert_int_equal(config_finish(&c, &err), 0);
+        m = NULL;
+        assert_int_equal(manager_new(&m, &c, NULL), -EPROTONOSUPPORT);
+        assert_null(m);
+        snprintf(cmd, sizeof(cmd), "cmp -s '%s' '%s.before'", p, p);
+        assert_int_equal(system(cmd), 0);
+        dir_done(&d);
+}
+
+/* A target that is not the one the index knows (here: its size changed): its tensors are lost. */
+static void test_target_changed(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        char p[192];
+
+        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        fixture_free(m);
+        snprintf(p, sizeof(p), "%s/t0.img", d.path);
+        assert_int_equal(unlink(p), 0);
+        d.target_size = 48 * MiB;
+        m = start(&d);
+        assert_true(find(m, "j", "a")->lost);
+        fixture_free(m);
+        dir_done(&d);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_restart_keeps_nvme),
+                cmocka_unit_test(test_scratch),
+                cmocka_unit_test(test_torn_tail),
+                cmocka_unit_test(test_damage_mid_file),
+                cmocka_unit_test(test_unknown_format),
+                cmocka_unit_test(test_target_changed),
+        };
+
+        return fixture_main("book", tests, sizeof(tests) / sizeof(tests[0]));
+}
