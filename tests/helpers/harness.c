@@ -388,6 +388,7 @@ int test_daemon_wait_notify(TestDaemon *d, const char *needle, int timeout_ms) {
                         return -ETIMEDOUT;
                 if (d->pid > 0 && waitpid(d->pid, &st, WNOHANG) == d->pid) {
                         fprintf(stderr, "tierd exited (wait status %d) while we waited for \"%s\"\n", st, needle);
+                        d->exited = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                         d->pid = 0;
                         notify_drain(d);
                         test_daemon_dump_log(d);
@@ -432,7 +433,8 @@ int test_daemon_kill(TestDaemon *d, int sig, int timeout_ms) {
                 if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
                         d->pid = 0;
                         notify_drain(d);
-                        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                        d->exited = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                        return d->exited;
                 }
                 /* keep reading: STOPPING=1 and the last WATCHDOG=1 come now */
                 notify_drain(d);

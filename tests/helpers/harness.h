@@ -29,6 +29,7 @@ typedef struct TestDaemon {
         TestNotify *notes;      /* every message received, in order */
         size_t n_notes;
         size_t seen;            /* notes[] before this were consumed by test_daemon_wait_notify() */
+        int exited;             /* how tierd last exited, as test_daemon_kill() returns it, when something reaped it */
 } TestDaemon;
 
 typedef struct TestDaemonOptions {

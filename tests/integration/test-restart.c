@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/* test-restart.c: what tierd wrote to NVMe survives its stop, its SIGKILL, and a SIGKILL at every step of an index update. */
+
+/*
+ * A client writes tensors, some of them down to NVMe (tier_evict(): its
+ * return is the fence), some only in host, and writes some again.  tierd
+ * is then stopped cleanly, SIGKILLed, or killed by itself at the N-th step
+ * of an NVMe index update (TIERD_TEST_FAULTS=index-kill / index-torn,
+ * daemon/state/book.c) for every N until the workload runs through.  After
+ * each, a tierd without faults starts on the same directory and a client
+ * re-attaches the job: every tensor must hold exactly what its client was
+ * last told is on NVMe, or be reported lost (ENODATA) where its newest data
+ * was in memory only; a call that tierd's death cut off (no answer) may have
+ * happened or not, and either outcome is allowed.  Never other bytes.
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+
+#define MiB (1024ull * 1024ull)
+#define N_TENSORS 3
+#define ROUNDS 2
+
+static const char config_body[] =
+        "[daemon]\nlinger_sec = 600\n"
+        "[host]\ncapacity = 32M\nsegment_size = 4M\njob_limit = 32M\nuid_share = 0\n"
+        "[vram]\nbackend = emulated\ncapacity = 8M\nchunk_size = 2M\njob_limit = 8M\n"
+        "[nvme]\ntarget = @DIR@/t0.img:64M\ntarget = @DIR@/t1.img:64M\nuid_share = 0\n";
+
+static TestDaemon d;
+
+/* What the client knows of one tensor. */
+typedef struct Known {
+        uint8_t durable;        /* the pattern a finished tier_evict() put on NVMe (0: none) */
+        uint8_t newest;         /* the pattern of its last acknowledged dirty unpin (0: never written) */
+        uint8_t maybe_newer;    /* a dirty unpin that got no answer: this pattern may be the newest (0: none) */
+        bool maybe_durable;     /* a tier_evict() of newest that got no answer: it may have reached NVMe */
+} Known;
+
+static void spawn(void) {
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
+
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+}
+
+static void name_of(unsigned i, char *buf, size_t size) {
+        snprintf(buf, size, "t%u", i);
+}
+
+/* Pin @t in host for a whole write, fill it with @v, unpin it dirty.  0, or the call that failed's status. */
+static int write_host(tier_tensor *t, uint8_t v, bool *ret_unpin_sent) {
+        struct tier_grant g;
+        int r;
+
+        *ret_unpin_sent = false;
+        r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+        if (r < 0)
+                return r;
+        memset(g.ptr, v, tier_tensor_size(t));
+        *ret_unpin_sent = true;
+        return tier_unpin(t, TIER_HOST, 1);
+}
+
+/* A call of the workload failed: say which and why (tierd's death, expected, or a bug). */
+static bool failed(tier_client *c, const char *call, int r) {
+        fprintf(stderr, "workload: %s: %s (%s)\n", call, strerror(-r), c ? tier_client_last_error(c) : "");
+        return false;
+}
+
+/*
+ * The workload: for each round and tensor, write it in host with a new
+ * pattern; every other one goes down to NVMe.  Stops at the first call
+ * tierd's death cuts off.  Returns true when it ran through.
+ */
+static bool workload(Known k[N_TENSORS]) {
+        tier_client *c = NULL;
+        tier_tensor *t[N_TENSORS] = {};
+        bool done = false;
+
+        int r;
+
+        r = tier_client_new(&c, d.socket, "r", 0);
+        if (r < 0)
+                return failed(NULL, "tier_client_new", r);
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                char name[16];
+
+                name_of(i, name, sizeof(name));
+                r = tier_tensor_create(c, name, MiB + 4096 * i, &t[i]);
+                if (r < 0) {
+                        failed(c, "tier_tensor_create", r);
+                        goto out;
+                }
+        }
+        for (unsigned round = 0; round < ROUNDS; round++)
+                for (unsigned i = 0; i < N_TENSORS; i++) {
+                        uint8_t v = (uint8_t) (0x10 * (round + 1) + i + 1);
+                        bool sent;
+
+                        r = write_host(t[i], v, &sent);
+                        if (r < 0) {
+                                failed(c, sent ? "tier_unpin" : "tier_pin_mode", r);
+                                if (sent)
+                                        k[i].maybe_newer = v;
+                                goto out;
+                        }
+                        k[i].newest = v;
+                        if ((round + i) % 2 == 0) {
+                                r = tier_evict(t[i], TIER_NVME);
+                                if (r < 0) {
+                                        failed(c, "tier_evict", r);
+                                        k[i].maybe_durable = true;
+                                        goto out;
+                                }
+                                k[i].durable = v;
+                        }
+                }
+        done = true;
+out:
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                if (t[i])
+                        tier_tensor_close(t[i]);
+        tier_client_free(c);
+        return done;
+}
+
+/* Every byte of @t in host is @v (its size's worth). */
+static bool all(tier_tensor *t, const uint8_t *p, uint8_t v) {
+        uint64_t n = tier_tensor_size(t);
+
+        for (uint64_t off = 0; off < n; off++)
+                if (p[off] != v)
+                        return false;
+        return true;
+}
+
+/* Re-attach and check each tensor against what its client knew (see the file's comment). */
+static void check(const Known k[N_TENSORS], const char *what) {
+        tier_client *c = NULL;
+
+        assert_int_equal(tier_client_new(&c, d.socket, "r", 0), 0);
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                const Known *x = &k[i];
+                char name[16];
+                tier_tensor *t = NULL;
+                struct tier_grant g;
+                int r;
+                /*
+                 * What may be there: what a finished evict put on NVMe, unless a dirty unpin made something
+                 * newer (in memory only: then lost); a cut-off evict of the newest may have put it there; a
+                 * cut-off dirty unpin may have made it lost; never written: zeros.
+                 */
+                bool newer_in_memory = x->newest && x->newest != x->durable;
+                bool may_lost = newer_in_memory || x->maybe_newer;
+                bool may_durable = x->durable && !newer_in_memory;
+                bool may_newest = x->maybe_durable && x->newest;
+                bool may_blank = !x->newest && !x->durable;
+                bool ok;
+
+                name_of(i, name, sizeof(name));
+                r = tier_tensor_open(c, name, &t);
+                if (r == -ENOENT) {
+                        /* never created, or its creation was cut off */
+                        assert_true(!x->newest && !x->durable);
+                        continue;
+                }
+                assert_int_equal(r, 0);
+                r = tier_pin_mode(t, TIER_HOST, TIER_READ, &g);
+                if (r == -ENODATA) {
+                        if (!may_lost)
+                                fail_msg("%s: %s reported lost, but its newest (0x%02x) was on NVMe", what, name,
+                                         x->newest);
+                } else {
+                        assert_int_equal(r, 0);
+                        ok = (may_durable && all(t, g.ptr, x->durable)) || (may_newest && all(t, g.ptr, x->newest)) ||
+                             (may_blank && all(t, g.ptr, 0));
+                        if (!ok)
+                                fail_msg("%s: %s holds 0x%02x..., the client knew durable 0x%02x newest 0x%02x "
+                                         "(maybe newer 0x%02x, maybe durable %d)", what, name,
+                                         ((const uint8_t *) g.ptr)[0], x->durable, x->newest, x->maybe_newer,
+                                         x->maybe_durable);
+                        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+                }
+                tier_tensor_close(t);
+        }
+        tier_client_free(c);
+}
+
+/* The job goes, so that the next run starts from nothing (its tensors are destroyed one by one). */
+static void forget_job(void) {
+        tier_client *c = NULL;
+
+        assert_int_equal(tier_client_new(&c, d.socket, "r", 0), 0);
+        for (unsigned i = 0; i < N_TENSORS; i++) {
+                char name[16];
+                tier_tensor *t = NULL;
+
+                name_of(i, name, sizeof(name));
+                if (tier_tensor_open(c, name, &t) == 0)
+                        assert_int_equal(tier_tensor_destroy(t), 0);
+        }
+        tier_client_free(c);
+}
+
+/* A clean stop and a SIGKILL: everything on NVMe comes back, the rest is lost. */
+static void test_stop_and_kill(void **state) {
+        for (int sig = SIGTERM; ; sig = SIGKILL) {
+                Known k[N_TENSORS] = {};
+                int st;
+
+                assert_true(workload(k));
+                st = test_daemon_kill(&d, sig, 10000);
+                assert_int_equal(st, sig == SIGTERM ? 0 : 128 + SIGKILL);
+                spawn();
+                assert_true(test_daemon_log_contains(&d, "restored from the NVMe index"));
+                check(k, sig == SIGTERM ? "after a clean stop" : "after SIGKILL");
+                forget_job();
+                if (sig == SIGKILL)
+                        break;
+        }
+}
+
+static bool under_valgrind(void) {
+        const char *p = getenv("LD_PRELOAD");
+
+        return p && strstr(p, "vgpreload");
+}
+
+/*
+ * tierd kills itself at the N-th step of an index update (@kind index-kill)
+ * or tears the N-th record it writes (index-torn), for every N until the
+ * workload runs through; after each, the check.
+ */
+static void kill_at_every_step(const char *kind) {
+        unsigned stride = under_valgrind() ? 7 : 1;     /* valgrind: every 7th step (each takes seconds) */
+        unsigned n;
+
+        for (n = 0;; n += stride) {
+                Known k[N_TENSORS] = {};
+                char spec[64], what[96];
+                bool through;
+                int st;
+
+                if (d.pid > 0)
+                        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+                snprintf(spec, sizeof(spec), "%s:after=%u,count=1", kind, n);
+                assert_int_equal(setenv("TIERD_TEST_FAULTS", spec, 1), 0);
+                {
+                        TestDaemonOptions o = { .log_level = "debug", .wait_ready = false };
+
+                        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+                }
+                unsetenv("TIERD_TEST_FAULTS");
+                /* it may die before it is ready (a step of its start-up snapshot): then the socket never answers */
+                st = test_daemon_wait_notify(&d, "READY=1", 30000);
+                through = st >= 0 && workload(k);
+                st = d.pid > 0 ? test_daemon_kill(&d, through ? SIGTERM : 0, 10000) : d.exited;
+                snprintf(what, sizeof(what), "%s at step %u", kind, n);
+                if (through && st == 0)
+                        break;
+                /* (a kill at one of the clean stop's steps comes after the workload ran through) */
+                assert_int_equal(st, 128 + SIGKILL);
+                spawn();
+                check(k, what);
+                forget_job();
+        }
+        print_message("%s: tierd killed at each of the first %u points (every %u) of NVMe index updates, then the "
+                      "workload ran through\n", kind, n, stride);
+        assert_true(n >= 10);  /* (index-kill counts about three steps per record, index-torn one) */
+        spawn();
+        forget_job();           /* the workload's tensors, for the next test */
+}
+
+static void test_kill_at_every_step(void **state) {
+        kill_at_every_step("index-kill");
+}
+
+static void test_torn_record_at_every_write(void **state) {
+        kill_at_every_step("index-torn");
+}
+
+static int setup(void **state) {
+        if (!test_can_lock_memory(32 * MiB))
+                return -1;
+        return test_daemon_start(&d, config_body) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+        return test_daemon_stop(&d) == 0 ? 0 : -1;
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_stop_and_kill),
+                cmocka_unit_test(test_kill_at_every_step),
+                cmocka_unit_test(test_torn_record_at_every_write),
+        };
+
+        if (!test_can_lock_memory(32 * MiB))
+                return TEST_SKIP;
+        return cmocka_run_group_tests_name("restart", tests, setup, teardown);
+}
