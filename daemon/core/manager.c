@@ -463,8 +463,56 @@ static unsigned n_conns(const Manager *m) {
         return m->server ? server_n_conns(m->server) : 0;
 }
 
+static void on_stop_written(Op *op, int status, const char *error) {
+        Manager *m = op->userdata;
+
+        m->stop_writes--;
+        if (status < 0) {
+                m->stop_failed++;
+                log_job(LOG_WARNING, 0, op->tensor->job->name, "Stopping: tensor '%s' of job '%s' could not be "
+                        "written down to NVMe (%s): it is lost when tierd has stopped", op->tensor->name,
+                        op->tensor->job->name, error ? error : strerror(-status));
+        } else
+                m->stop_written++;
+}
+
+/*
+ * With the NVMe index, what is only in memory (host, emulated VRAM) goes to
+ * NVMe before tierd stops, so that the next start finds every tensor: once
+ * the clients are gone (their pins and plans with them).
+ */
+static void manager_write_down(Manager *m) {
+        if (m->stop_writing || !m->book || n_conns(m) > 0)
+                return;
+        m->stop_writing = true;
+        list_for_each_safe(jn, jtmp, &m->registry->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                if (!j->book_key)
+                        continue;
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        Tensor *t = list_entry(tn, Tensor, job_link);
+
+                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, TIER_NVME) ||
+                            (!copy_valid(t, TIER_HOST) && !copy_valid(t, TIER_VRAM)))
+                                continue;
+                        if (op_submit(m->engine, OP_EVICT, t, TIER_NVME, on_stop_written, NULL, m, NULL) < 0) {
+                                m->stop_failed++;
+                                continue;
+                        }
+                        m->stop_writes++;
+                        m->stop_bytes += t->alloc_size;
+                }
+        }
+        if (m->stop_writes)
+                log_info("Stopping: writing %u tensor(s), %" PRIu64 " MiB, held only in memory down to NVMe, so "
+                         "that the next start finds them (waiting up to %" PRIu64 " s)", m->stop_writes,
+                         m->stop_bytes >> 20, m->drain_usec / 1000000);
+}
+
 static bool drain_done(Manager *m) {
-        return n_xfers(m) == 0 && n_conns(m) == 0;
+        manager_write_down(m);
+        return n_xfers(m) == 0 && n_conns(m) == 0 && m->stop_writes == 0;
 }
 
 /* After every loop iteration of the drain. */
@@ -474,6 +522,9 @@ static int on_drain_post(sd_event_source *s, void *userdata) {
         if (!drain_done(m))
                 return 0;
         log_debug("Drained: no transfer in flight, no client left");
+        if (m->stop_written || m->stop_failed)
+                log_info("Stopping: %u tensor(s) written down to NVMe, %u could not be (lost)", m->stop_written,
+                         m->stop_failed);
         return sd_event_exit(m->event, 0);
 }
 
@@ -483,6 +534,9 @@ static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         log_warning("Stopping with %u transfer(s) still in flight and %u client(s) not done reading after "
                     "%" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
                     m->drain_usec / 1000);
+        if (m->stop_writes)
+                log_warning("Stopping: %u tensor(s) held only in memory were not written down to NVMe in time: "
+                            "they are lost (the next start reports them)", m->stop_writes);
         return sd_event_exit(m->event, 0);
 }
 

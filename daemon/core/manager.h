@@ -66,6 +66,11 @@ typedef struct Manager {
 
         bool stopping;
         uint64_t drain_usec;            /* how long manager_drain() waits at most */
+        /* a stop writes what is only in memory down to NVMe (the NVMe index then has it) */
+        bool stop_writing;              /* those write-downs were started */
+        unsigned stop_writes;           /* and so many are in flight */
+        unsigned stop_written, stop_failed;
+        uint64_t stop_bytes;
 } Manager;
 
 /*
