@@ -441,6 +441,30 @@ struct tier_detach_result {
 int tier_job_detach(tier_client *c, const char *job, struct tier_detach_result *ret);
 
 /*
+ * Commits, for a job that must come back as it was after a crash of its
+ * process: tier_job_commit() says that what every tensor of the job holds
+ * now (as of its last dirty unpin) is its committed state; from then on
+ * tierd keeps, for each tensor written again, that version's image on NVMe
+ * until the next commit (writing it there first where it lay in memory
+ * only: the pin that writes it waits for that).  tier_job_rollback(), by
+ * the process that takes the job over, brings every tensor written since
+ * the last commit back to it (zeros for one that was never written then).
+ * @step is the caller's number for the commit; a rollback returns the last
+ * one.  A commit fails with -EBUSY while a tensor of the job is pinned for
+ * reading and writing (commit between the phases that write); a rollback
+ * while one is pinned at all.  Both are a round trip; a commit also frees
+ * the images of the commit before it.
+ */
+struct tier_commit {
+        uint64_t step;          /* the last commit's step */
+        unsigned rolled_back;   /* tensors brought back (tier_job_rollback()) */
+        unsigned lost;          /* tensors with nothing to go back to: reads fail with -ENODATA */
+        int committed;          /* the job has made a commit (0: a rollback found none and changed nothing) */
+};
+int tier_job_commit(tier_client *c, uint64_t step);
+int tier_job_rollback(tier_client *c, struct tier_commit *ret);
+
+/*
  * Tracing (root or group tier-admin; one trace at a time in tierd).
  * tier_trace_start() makes tierd record every transfer, plan phase, stall
  * and scheduler decision for @seconds (0: 3600, the most) into a buffer of

@@ -486,6 +486,12 @@ static int op_advance(Op *op) {
 
         switch (op->kind) {
         case OP_PIN:
+                if (op->write && tensor_needs_image(t)) {
+                        /* its committed data lies in memory only: to NVMe first, so that a rollback finds it */
+                        r = ensure_copy(op, t, TIER_NVME);
+                        if (r != ADV_DONE)
+                                return r;
+                }
                 if (t->copy[op->tier].state == COPY_DRAINING)
                         t->copy[op->tier].state = COPY_RESIDENT;        /* cancel the drain */
                 r = ensure_copy(op, t, op->tier);

@@ -24,6 +24,7 @@ typedef struct PinRec {
         Tensor *tensor;
         int tier;
         bool write_only;        /* a write-only pin: its unpin is dirty whatever the client says */
+        bool rw;                /* a pin that may read and write (counted in Tensor.rw_pins) */
 } PinRec;
 
 typedef struct OutPacket {

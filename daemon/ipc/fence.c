@@ -75,7 +75,7 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
         }
 }
 
-int pin_record(Conn *c, Tensor *t, int tier, bool write_only) {
+int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw) {
         if (c->n_pins == c->cap_pins) {
                 size_t cap = c->cap_pins ? c->cap_pins * 2 : 16;
                 PinRec *p = realloc(c->pins, cap * sizeof(PinRec));
@@ -85,7 +85,9 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only) {
                 c->pins = p;
                 c->cap_pins = cap;
         }
-        c->pins[c->n_pins++] = (PinRec) { t, tier, write_only };
+        c->pins[c->n_pins++] = (PinRec) { t, tier, write_only, rw };
+        if (rw)
+                t->rw_pins++;
         return 0;
 }
 
@@ -94,6 +96,8 @@ int pin_forget(Conn *c, Tensor *t, int tier) {
                 if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
                         bool write_only = c->pins[i - 1].write_only;
 
+                        if (c->pins[i - 1].rw)
+                                t->rw_pins--;
                         c->pins[i - 1] = c->pins[--c->n_pins];
                         return write_only;
                 }
@@ -105,6 +109,8 @@ void pin_drop_all(Conn *c) {
                 PinRec *pr = &c->pins[i];
 
                 tensor_pin_account(pr->tensor, pr->tier, -1);
+                if (pr->rw)
+                        pr->tensor->rw_pins--;
                 (void) tensor_unpin(pr->tensor, pr->tier, true);
         }
         c->n_pins = 0;

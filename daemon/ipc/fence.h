@@ -18,8 +18,8 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
 
 #include <stdbool.h>
 
-/* Remember that @c holds a pin of @t in @tier (@write_only: see PinRec).  -ENOMEM. */
-int pin_record(Conn *c, Tensor *t, int tier, bool write_only);
+/* Remember that @c holds a pin of @t in @tier (@write_only, @rw: see PinRec; @rw counts in Tensor.rw_pins).  -ENOMEM. */
+int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw);
 /* Forget one such pin: 1 when it was write-only, 0 when not, -ENOENT when @c holds none. */
 int pin_forget(Conn *c, Tensor *t, int tier);
 /* Drop every pin @c holds, as dirty: it may have written before it went. */

@@ -63,6 +63,7 @@ typedef struct Pending {
         uint64_t fence;         /* 0 for sync requests */
         int kind;               /* Request op case */
         bool write_only;        /* a write-only pin */
+        bool rw;                /* a pin that may read and write (PinRec.rw) */
         bool replied;
         Op *op;
         List link;              /* Conn.pending */
@@ -175,7 +176,7 @@ static void on_op_reserved(Op *op) {
 
         /* async pin: the client gets its grant now and waits on the fence for the bytes */
         if (p->fence && !p->replied) {
-                if (pin_record(c, op->tensor, op->tier, p->write_only) < 0) {
+                if (pin_record(c, op->tensor, op->tier, p->write_only, p->rw) < 0) {
                         /* cannot track it: refuse rather than leak a pin */
                         return;
                 }
@@ -192,7 +193,7 @@ static void on_op_complete(Op *op, int status, const char *error) {
 
         if (p->kind == TIER__REQUEST__OP_PIN) {
                 if (status >= 0 && !p->replied) {
-                        if (pin_record(c, t, op->tier, p->write_only) < 0) {
+                        if (pin_record(c, t, op->tier, p->write_only, p->rw) < 0) {
                                 (void) tensor_unpin(t, op->tier, false);
                                 status = -ENOMEM;
                                 error = "out of memory recording the pin";
@@ -537,20 +538,21 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         return reply_status(c, seq, 0, NULL);
 }
 
-static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async, bool write_only) {
+static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async, bool write_only,
+                  bool rw) {
         OpKind ok = kind == TIER__REQUEST__OP_PIN ? OP_PIN :
                     kind == TIER__REQUEST__OP_EVICT ? OP_EVICT : OP_PREFETCH;
         Pending *p;
         int r;
 
-        /* fast path: a pin of a resident copy needs no op */
-        if (ok == OP_PIN && copy_valid(t, tier) && !t->xfer) {
+        /* fast path: a pin of a resident copy needs no op (unless its committed data must go to NVMe first) */
+        if (ok == OP_PIN && copy_valid(t, tier) && !t->xfer && !((write_only || rw) && tensor_needs_image(t))) {
                 Copy *cp = &t->copy[tier];
                 uint64_t fence = async ? c->next_fence++ : 0;
 
                 if (cp->state == COPY_DRAINING)
                         cp->state = COPY_RESIDENT;      /* wanted again: keep it */
-                r = pin_record(c, t, tier, write_only);
+                r = pin_record(c, t, tier, write_only, rw);
                 if (r < 0)
                         return reply_status(c, seq, r, "out of memory");
                 cp->pins++;
@@ -569,14 +571,17 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
         p->seq = seq;
         p->kind = kind;
         p->write_only = write_only;
+        p->rw = rw;
         p->fence = async ? c->next_fence++ : 0;
         list_add_tail(&c->pending, &p->link);
         c->inflight++;
 
         r = op_submit(rpc->engine, ok, t, tier, on_op_complete, ok == OP_PIN && async ? on_op_reserved : NULL, p,
                       &p->op);
-        if (r >= 0)
+        if (r >= 0) {
                 p->op->discard = write_only;    /* the client overwrites it all: the old bytes need not come */
+                p->op->write = write_only || rw;
+        }
         if (r < 0) {
                 if (p->fence)
                         fence_complete(c, p->fence, r, "out of memory", rpc->config->max_inflight);
@@ -622,7 +627,8 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
         }
         if (mode & ~(PLAN_READ | PLAN_WRITE))
                 return reply_status(c, seq, -EINVAL, "invalid pin mode %u", mode);
-        return submit(rpc, c, seq, kind, t, tier, async, kind == TIER__REQUEST__OP_PIN && mode == PLAN_WRITE);
+        return submit(rpc, c, seq, kind, t, tier, async, kind == TIER__REQUEST__OP_PIN && mode == PLAN_WRITE,
+                      kind == TIER__REQUEST__OP_PIN && (mode == 0 || mode == (PLAN_READ | PLAN_WRITE)));
 }
 
 static int handle_get_segments(Conn *c, uint64_t seq, const Tier__GetSegments *g) {
@@ -689,6 +695,52 @@ static int handle_end_plan(Conn *c, uint64_t seq) {
         c->plan = NULL;
         log_job(LOG_INFO, 0, c->job->name, "Job '%s': a rank connection ended its plan", c->job->name);
         return reply_status(c, seq, 0, NULL);
+}
+
+static int reply_commit(Conn *c, uint64_t seq, const Job *j, unsigned rolled, unsigned lost) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        Tier__CommitReply cr = TIER__COMMIT_REPLY__INIT;
+
+        cr.step = j->commit_step;
+        cr.rolled_back = rolled;
+        cr.lost = lost;
+        cr.committed = j->committing;
+        resp.seq = seq;
+        resp.result_case = TIER__RESPONSE__RESULT_COMMIT;
+        resp.commit = &cr;
+        return conn_send_response(c, &resp, NULL, 0, false);
+}
+
+static int handle_commit(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
+        Job *j = c->job;
+
+        list_for_each_safe(n, tmp, &j->tensors) {
+                const Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (t->rw_pins > 0)
+                        return reply_status(c, seq, -EBUSY, "tensor '%s' is pinned for reading and writing: a commit "
+                                            "takes what each tensor holds, so none may be in the middle of a write "
+                                            "(unpin it, or commit after the phase that writes it)", t->name);
+        }
+        job_commit(j, jc->step);
+        log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
+        return reply_commit(c, seq, j, 0, 0);
+}
+
+static int handle_rollback(Conn *c, uint64_t seq) {
+        Job *j = c->job;
+        unsigned rolled = 0, lost = 0;
+        char why[256] = "";
+        int r;
+
+        if (!j->committing)
+                return reply_commit(c, seq, j, 0, 0);   /* nothing to go back to: nothing changes */
+        r = job_rollback(j, &rolled, &lost, why, sizeof(why));
+        if (r < 0)
+                return reply_status(c, seq, r, "cannot roll job '%s' back: %s", j->name, why);
+        log_job(LOG_INFO, 0, j->name, "Job '%s' rolled back to its commit %" PRIu64 ": %u tensor(s) brought back, "
+                "%u lost", j->name, j->commit_step, rolled, lost);
+        return reply_commit(c, seq, j, rolled, lost);
 }
 
 /* Group whose members may set quotas (besides root). */
@@ -761,6 +813,10 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 return handle_plan(rpc, c, seq, req->plan);
         case TIER__REQUEST__OP_END_PLAN:
                 return handle_end_plan(c, seq);
+        case TIER__REQUEST__OP_COMMIT:
+                return handle_commit(c, seq, req->commit);
+        case TIER__REQUEST__OP_ROLLBACK:
+                return handle_rollback(c, seq);
         case TIER__REQUEST__OP_QUOTA_GET:
                 return quota_rpc_get(rpc, c, seq, req->quota_get, conn_is_admin(rpc, c));
         case TIER__REQUEST__OP_QUOTA_SET:

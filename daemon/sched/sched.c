@@ -169,6 +169,8 @@ static void hold_release(Plan *p, int h, bool unpin, bool written) {
                         Tensor *t = a->tensor;
 
                         tensor_pin_account(t, a->tier, -1);
+                        if (a->mode == (PLAN_READ | PLAN_WRITE))
+                                t->rw_pins--;
                         if (unpin) {
                                 (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
                                 /*
@@ -198,6 +200,8 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 hs->pinned[ctx->idx] = true;
                 hold->n_pinned++;
                 tensor_pin_account(a->tensor, a->tier, +1);
+                if (a->mode == (PLAN_READ | PLAN_WRITE))
+                        a->tensor->rw_pins++;
                 plan_slot_publish(p, a->tensor, a->tier);
                 engine_kick(p->sched->engine);
         } else if (status == -ENOSPC || status == -EAGAIN) {
@@ -267,13 +271,16 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                 /* the next phase reads what the current one writes in another tier: only after it */
                 if (h == 1 && p->hold[0].active && stale_soon(p->sched, t, a->tier))
                         continue;
-                if (copy_valid(t, a->tier) && !t->xfer) {
+                /* (a write whose committed data lies in memory only goes through an op: to NVMe first) */
+                if (copy_valid(t, a->tier) && !t->xfer && !((a->mode & PLAN_WRITE) && tensor_needs_image(t))) {
                         if (c->state == COPY_DRAINING)
                                 c->state = COPY_RESIDENT;       /* wanted: cancel the drain */
                         c->pins++;
                         hs->pinned[i] = true;
                         hold->n_pinned++;
                         tensor_pin_account(t, a->tier, +1);
+                        if (a->mode == (PLAN_READ | PLAN_WRITE))
+                                t->rw_pins++;
                         plan_slot_publish(p, t, a->tier);
                         moves_used(p, t, a->tier);
                         continue;
@@ -566,6 +573,7 @@ static void issue(Sched *s, Cand *c) {
                 op->deadline_ns = c->hold == 0 ? 0 : c->deadline;
                 /* a write-only access overwrites the tensor: no need to bring its old bytes */
                 op->discard = cand_mode(c) == PLAN_WRITE;
+                op->write = (cand_mode(c) & PLAN_WRITE) != 0;
                 op->cancelled = on_pin_cancelled;
                 hs->ops[c->idx] = op;
         } else {

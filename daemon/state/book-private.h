@@ -35,6 +35,9 @@ enum {
         REC_NEWER,
         REC_SNAPSHOT,
         REC_CLEAN,
+        REC_IMAGE,              /* key, version, extents: its committed version's image */
+        REC_COMMIT,             /* job key, step: its tensors' committed versions are their newest */
+        REC_BLANK,              /* key: rolled back to zeros */
 };
 
 /* Step points of an index update, for the index-kill and index-torn faults. */
@@ -54,6 +57,8 @@ typedef struct BkJob {
         uint64_t key;
         uid_t uid;
         bool admin;
+        bool committing;
+        uint64_t commit_step;
         bool gone;
         gid_t *groups;          /* primary first */
         uint32_t n_groups;
@@ -68,6 +73,9 @@ typedef struct BkTensor {
         uint64_t nvme_version;  /* 0: no NVMe copy */
         NvmeExtent *ext;
         uint32_t n_ext;
+        uint64_t commit_version;
+        NvmeExtent *image;      /* of commit_version */
+        uint32_t n_image;
         bool gone;
         char *name;
 } BkTensor;

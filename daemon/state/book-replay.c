@@ -140,6 +140,7 @@ void bk_forget(Book *b) {
         }
         for (size_t i = 0; i < b->n_tensors; i++) {
                 free(b->tensors[i].ext);
+                free(b->tensors[i].image);
                 free(b->tensors[i].name);
         }
         for (size_t i = 0; i < b->n_targets; i++)
@@ -251,6 +252,8 @@ static bool apply(Book *b, unsigned type, Rd *r) {
 
                 j.uid = (uid_t) rd_u(r, 4);
                 j.admin = rd_u(r, 1);
+                j.committing = rd_u(r, 1);
+                j.commit_step = rd_u(r, 8);
                 j.n_groups = (uint32_t) rd_u(r, 4);
                 if (r->bad || j.n_groups > BOOK_GROUPS_MAX || b->n_jobs >= BOOK_JOBS_MAX || j.key == 0 ||
                     keymap_get(&b->job_map, j.key) >= 0)
@@ -295,6 +298,7 @@ static bool apply(Book *b, unsigned type, Rd *r) {
 
                 t.job_key = rd_u(r, 8);
                 t.size = rd_u(r, 8);
+                t.commit_version = rd_u(r, 8);
                 if (r->bad || t.key == 0 || !bk_job(b, t.job_key) || b->n_tensors >= BOOK_TENSORS_MAX ||
                     keymap_get(&b->tensor_map, t.key) >= 0)
                         return false;
@@ -322,7 +326,8 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 t->gone = true;
                 return true;
         }
-        case REC_NVME: {
+        case REC_NVME:
+        case REC_IMAGE: {
                 BkTensor *t = bk_tensor(b, rd_u(r, 8));
                 uint64_t version = rd_u(r, 8);
                 uint32_t n = (uint32_t) rd_u(r, 4);
@@ -345,11 +350,48 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                                 return false;
                         }
                 }
+                if (type == REC_IMAGE) {
+                        free(t->image);
+                        t->image = e;
+                        t->n_image = n;
+                        t->commit_version = version;
+                        return true;
+                }
                 free(t->ext);
                 t->ext = e;
                 t->n_ext = n;
                 t->nvme_version = version;
                 t->newest = version;
+                return true;
+        }
+        case REC_COMMIT: {
+                BkJob *j = bk_job(b, rd_u(r, 8));
+                uint64_t step = rd_u(r, 8);
+
+                if (r->bad || r->left != 0 || !j)
+                        return false;
+                j->committing = true;
+                j->commit_step = step;
+                for (size_t i = 0; i < b->n_tensors; i++) {
+                        BkTensor *t = &b->tensors[i];
+
+                        if (t->gone || t->job_key != j->key)
+                                continue;
+                        t->image = mfree(t->image);
+                        t->n_image = 0;
+                        t->commit_version = t->newest;
+                }
+                return true;
+        }
+        case REC_BLANK: {
+                BkTensor *t = bk_tensor(b, rd_u(r, 8));
+
+                if (r->bad || r->left != 0 || !t)
+                        return false;
+                t->ext = mfree(t->ext);
+                t->n_ext = 0;
+                t->nvme_version = 0;
+                t->newest = 0;
                 return true;
         }
         case REC_NEWER: {
@@ -605,6 +647,26 @@ fail:
         return r;
 }
 
+/*
+ * Claim @n extents (targets numbered as in the file) in the targets as they
+ * are now, each once, rewriting their target numbers; false (nothing
+ * claimed) when one lies on a target that changed or is claimed already.
+ */
+static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
+        for (uint32_t i = 0; i < n; i++) {
+                int now = b->targets[ext[i].target].now;
+
+                if (now < 0 || extent_alloc_reserve(&b->nvme->targets[now].extents, ext[i].unit, 1) < 0) {
+                        for (uint32_t k = 0; k < i; k++)
+                                (void) extent_alloc_put(&b->nvme->targets[ext[k].target].extents, ext[k].unit, 1);
+                        return false;
+                }
+                ext[i].target = (uint32_t) now;
+        }
+        b->nvme->used += (uint64_t) n * b->nvme->extent_size;
+        return true;
+}
+
 int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, const gid_t *groups, size_t n,
                                                          bool admin, void *userdata),
                  void *userdata, BookFound *ret_found) {
@@ -631,6 +693,8 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         continue;
                 }
                 j->book_key = bj->key;
+                j->committing = bj->committing;
+                j->commit_step = bj->commit_step;
                 for (size_t ti = 0; ti < b->n_tensors; ti++) {
                         BkTensor *bt = &b->tensors[ti];
                         Tensor *t;
@@ -644,22 +708,16 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 continue;
                         }
                         t->book_key = bt->key;
+                        t->commit_version = bt->commit_version;
                         kept++;
-                        /* its extents, on targets that are still the same, each claimed once */
-                        for (uint32_t i = 0; ok && i < bt->n_ext; i++) {
-                                int now = b->targets[bt->ext[i].target].now;
-
-                                if (now < 0 || extent_alloc_reserve(&b->nvme->targets[now].extents,
-                                                                    bt->ext[i].unit, 1) < 0) {
-                                        for (uint32_t k = 0; k < i; k++)
-                                                (void) extent_alloc_put(&b->nvme->targets[bt->ext[k].target].extents,
-                                                                        bt->ext[k].unit, 1);
-                                        ok = false;
-                                } else
-                                        bt->ext[i].target = (uint32_t) now;
+                        /* the committed version's image, when a newer one was written since */
+                        if (bt->image && !f->damaged && reserve_extents(b, bt->image, bt->n_image)) {
+                                t->base = TAKE_PTR(bt->image);
+                                t->n_base = bt->n_image;
+                                copy_account(t, TIER_NVME, (int64_t) ((uint64_t) t->n_base * b->nvme->extent_size));
                         }
+                        ok = ok && reserve_extents(b, bt->ext, bt->n_ext);
                         if (ok) {
-                                b->nvme->used += (uint64_t) bt->n_ext * b->nvme->extent_size;
                                 t->version = bt->nvme_version;
                                 r = copy_restore_nvme(t, TAKE_PTR(bt->ext), bt->n_ext);
                                 if (r < 0) {

@@ -24,6 +24,14 @@
  *     NEWER       key, version                       its newest data is not on NVMe
  *     SNAPSHOT    (the file's first records are whole: end of them)
  *     CLEAN       tierd stopped cleanly after the record before it
+ *     IMAGE       key, version, extents              its committed version's image
+ *     COMMIT      job key, step                      a commit: images go
+ *     BLANK       key                                rolled back to zeros
+ *
+ * JOB carries the job's commit state (committing, step) and TENSOR its
+ * committed version, for snapshots; commits are Job.committing's
+ * (state/tensor.c): a tensor written after a commit keeps the committed
+ * version's NVMe image until the next one, so that a rollback finds it.
  *
  * Records are written on the event loop with pwrite() at the file's end as
  * the change happens (a SIGKILL loses none: the page cache keeps them), and
@@ -260,6 +268,8 @@ static void put_job(Wr *w, const Job *j) {
         wr_u(w, j->book_key, 8);
         wr_u(w, j->uid, 4);
         wr_u(w, j->admin, 1);
+        wr_u(w, j->committing, 1);
+        wr_u(w, j->commit_step, 8);
         wr_u(w, j->n_gids, 4);
         for (uint32_t i = 0; i < j->n_gids; i++)
                 wr_u(w, j->gids[i], 4);
@@ -270,20 +280,23 @@ static void put_tensor(Wr *w, const Tensor *t) {
         wr_u(w, t->book_key, 8);
         wr_u(w, t->job->book_key, 8);
         wr_u(w, t->size, 8);
+        wr_u(w, t->commit_version, 8);
         wr_str(w, t->name);
 }
 
-static void put_nvme(Wr *w, const Tensor *t, uint64_t version) {
-        const Copy *c = &t->copy[TIER_NVME];
-
+static void put_extents(Wr *w, const Tensor *t, uint64_t version, const NvmeExtent *ext, uint32_t n) {
         wr_u(w, t->book_key, 8);
         wr_u(w, version, 8);
-        wr_u(w, c->n_extents, 4);
-        for (uint32_t i = 0; i < c->n_extents; i++) {
-                wr_u(w, c->extents[i].target, 4);
-                wr_u(w, c->extents[i].crc, 4);
-                wr_u(w, c->extents[i].unit, 8);
+        wr_u(w, n, 4);
+        for (uint32_t i = 0; i < n; i++) {
+                wr_u(w, ext[i].target, 4);
+                wr_u(w, ext[i].crc, 4);
+                wr_u(w, ext[i].unit, 8);
         }
+}
+
+static void put_nvme(Wr *w, const Tensor *t, uint64_t version) {
+        put_extents(w, t, version, t->copy[TIER_NVME].extents, t->copy[TIER_NVME].n_extents);
 }
 
 /* Recording: a book that works, restored and not detached (tierd's exit forgets jobs, it does not end them). */
@@ -385,6 +398,43 @@ void book_version(Book *b, Tensor *t) {
         wr_u(&w, t->version, 8);
         if (record_write(b, &w, 0, REC_NEWER))
                 t->book_state = BOOK_T_NEWER;
+}
+
+void book_image(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        if (!book_on(b) || !t->book_key || !t->base)
+                return;
+        rec_begin(&w);
+        put_extents(&w, t, t->commit_version, t->base, t->n_base);
+        (void) record_write(b, &w, 0, REC_IMAGE);
+}
+
+void book_commit(Book *b, Job *j) {
+        Wr w = { b };
+
+        if (!book_on(b) || !j->book_key)
+                return;
+        rec_begin(&w);
+        wr_u(&w, j->book_key, 8);
+        wr_u(&w, j->commit_step, 8);
+        (void) record_write(b, &w, 0, REC_COMMIT);
+        book_sync(b);   /* a commit is what a resumed job comes back to: on the drive soon */
+}
+
+void book_restored(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        if (!book_on(b) || !t->book_key)
+                return;
+        if (t->version > 0 && t->copy[TIER_NVME].state == COPY_RESIDENT) {
+                (void) book_nvme(b, t, t->version);
+                return;
+        }
+        rec_begin(&w);
+        wr_u(&w, t->book_key, 8);
+        if (record_write(b, &w, 0, REC_BLANK))
+                t->book_state = BOOK_T_BLANK;
 }
 
 /* ---- syncing, on the book's thread ------------------------------------------------------------ */
@@ -513,6 +563,8 @@ int book_snapshot(Book *b) {
                         if (!t->book_key)
                                 continue;
                         SNAP_REC(REC_TENSOR, put_tensor(&w, t));
+                        if (t->base)
+                                SNAP_REC(REC_IMAGE, put_extents(&w, t, t->commit_version, t->base, t->n_base));
                         if (t->book_state == BOOK_T_NVME)
                                 SNAP_REC(REC_NVME, put_nvme(&w, t, t->book_version));
                         else if (t->book_state == BOOK_T_NEWER)

@@ -87,6 +87,13 @@ uint64_t book_nvme(Book *b, Tensor *t, uint64_t version);
  */
 void book_version(Book *b, Tensor *t);
 
+/* @t's committed version now lies in its image (Tensor.base): a newer one was written. */
+void book_image(Book *b, Tensor *t);
+/* @j made a commit (job_commit()): every tensor's committed version is its version now, images go. */
+void book_commit(Book *b, Job *j);
+/* @t was rolled back (job_rollback()): to its NVMe copy (its image), or to zeros. */
+void book_restored(Book *b, Tensor *t);
+
 /* Has every record up to @seq reached the drive (and the NVMe data it names)? */
 bool book_durable(const Book *b, uint64_t seq);
 /* Ask for a sync of what is recorded so far (done on the book's thread). */

@@ -99,6 +99,15 @@ typedef struct Tensor {
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
         uint64_t book_version;  /* the version the index says its NVMe copy holds (book_state BOOK_T_NVME) */
         uint8_t book_state;     /* BookTensorState: what the index says of it */
+        /*
+         * Commits (job_commit(), for a job that has made one: Job.committing):
+         * the version its last commit took, and, once a newer one was
+         * written, the NVMe image of that version (kept for job_rollback()).
+         */
+        uint64_t commit_version;
+        NvmeExtent *base;
+        uint32_t n_base;
+        unsigned rw_pins;       /* pins that may read and write it (a commit waits for none) */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */
@@ -162,6 +171,8 @@ struct Job {
         uint64_t link_bytes[_LINK_MAX]; /* bytes moved for this job, per link */
         uint64_t nvme_written;  /* bytes written to NVMe for it (every completed write, wear.c) */
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
+        bool committing;        /* it made a commit: its tensors keep the committed version's image */
+        uint64_t commit_step;   /* the client's number of its last commit */
         uint64_t wear_base;     /* bytes earlier jobs of its name wrote (wear.c), when it was made */
 
         /* the rooms above */
@@ -338,6 +349,27 @@ void tensor_free_stale(Tensor *t);
 const CopyPiece *copy_locate(const Copy *c, uint64_t pos, uint64_t *ret_off, uint64_t *ret_len);
 /* Address of byte @pos of a host (or emulated VRAM) copy in tierd's own mapping of its segment. */
 uint8_t *copy_addr(const Copy *c, uint64_t pos);
+
+/*
+ * A commit (the rooms above check that nothing is pinned for writing):
+ * what each tensor of @j holds now is what job_rollback() brings back,
+ * until the next commit.  The images kept of the last one go.  @step is
+ * the client's number for it (job_commit() keeps it, the NVMe index too).
+ */
+void job_commit(Job *j, uint64_t step);
+/*
+ * job_rollback() - every tensor of @j written since its last commit gets
+ * that commit's data back (its kept NVMe image; zeros for one never
+ * written then); *@ret_rolled: how many; *@ret_lost: how many had none
+ * to go back to (lost).  -EBUSY when one is pinned.
+ */
+int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size);
+/*
+ * Before @t is written (a pin that may write it): true when its committed
+ * data would then be gone, because it lies in memory only; the engine
+ * writes it to NVMe first.
+ */
+bool tensor_needs_image(const Tensor *t);
 
 /* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
 int tensor_unpin(Tensor *t, int tier, bool dirty);

@@ -135,9 +135,22 @@ Tensor *tensor_find_name(Job *j, const char *name) {
 }
 
 /* Final free, once no transfer references the tensor. */
+/* Give back the NVMe image of @t's committed version (a commit made it needless, or @t goes). */
+static void tensor_drop_image(Tensor *t) {
+        Registry *r = t->job->registry;
+
+        if (!t->base)
+                return;
+        copy_account(t, TIER_NVME, -(int64_t) ((uint64_t) t->n_base * r->nvme->extent_size));
+        nvme_free(r->nvme, t->base, t->n_base);
+        t->base = NULL;
+        t->n_base = 0;
+}
+
 static void tensor_destroy_final(Tensor *t) {
         Job *j = t->job;
 
+        tensor_drop_image(t);
         list_del(&t->job_link);
         j->n_tensors--;
         free(t->name);
@@ -194,7 +207,16 @@ void copy_free(Tensor *t, int tier) {
 
         if (c->state == COPY_ABSENT)
                 return;
-        copy_release(t, tier);
+        if (tier == TIER_NVME && t->job->committing && !t->doomed && !t->base && t->version > 0 &&
+            c->state != COPY_FILLING && c->version == t->commit_version) {
+                /* the committed version's image, now that a newer one is written: kept for a rollback */
+                t->base = c->extents;
+                t->n_base = c->n_extents;
+                c->extents = NULL;
+                c->n_extents = 0;
+                book_image(r->book, t);
+        } else
+                copy_release(t, tier);
         c->state = COPY_ABSENT;
         c->version = 0;
         list_del(&c->lru);
@@ -212,6 +234,73 @@ void tensor_free_stale(Tensor *t) {
                     c->version != t->version && c->pins == 0 && !t->xfer)
                         copy_free(t, i);
         }
+}
+
+/* ---- commits ---------------------------------------------------------------------------- */
+
+bool tensor_needs_image(const Tensor *t) {
+        return t->job->committing && !t->base && t->version > 0 && !t->dead && !t->lost &&
+               t->version == t->commit_version && !copy_valid(t, TIER_NVME);
+}
+
+void job_commit(Job *j, uint64_t step) {
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                tensor_drop_image(t);
+                t->commit_version = t->version;
+        }
+        j->committing = true;
+        j->commit_step = step;
+        book_commit(j->registry->book, j);
+}
+
+int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
+        unsigned rolled = 0, lost = 0;
+
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                for (int i = 0; i < TIERS; i++)
+                        if (t->copy[i].pins > 0 || t->xfer || t->op_refs > 0) {
+                                snprintf(why, why_size, "tensor '%s' is pinned or moving", t->name);
+                                return -EBUSY;
+                        }
+        }
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (t->version == t->commit_version && !t->lost)
+                        continue;
+                for (int i = 0; i < TIERS; i++)
+                        copy_free(t, i);
+                t->dead = false;
+                if (t->base) {
+                        NvmeExtent *ext = t->base;
+                        uint32_t n_ext = t->n_base;
+
+                        /* the image is counted already: it becomes the NVMe copy as it is */
+                        t->base = NULL;
+                        t->n_base = 0;
+                        t->version = t->commit_version;
+                        t->lost = false;
+                        copy_account(t, TIER_NVME, -(int64_t) ((uint64_t) n_ext * j->registry->nvme->extent_size));
+                        (void) copy_restore_nvme(t, ext, n_ext);
+                        book_restored(j->registry->book, t);
+                        rolled++;
+                } else if (t->commit_version == 0) {
+                        t->version = 0;         /* it was never written at the commit: zeros */
+                        t->lost = false;
+                        book_restored(j->registry->book, t);
+                        rolled++;
+                } else {
+                        t->lost = true;
+                        lost++;
+                }
+        }
+        *ret_rolled = rolled;
+        *ret_lost = lost;
+        return 0;
 }
 
 /* ---- pins ------------------------------------------------------------------------------- */

@@ -403,6 +403,85 @@ static void test_target_changed(void **state) {
         dir_done(&d);
 }
 
+/* Write @v over @t in host through a pin that may write (an op with .write, as a client's pin). */
+static void write_pin(Manager *m, Tensor *t, uint8_t v) {
+        int done = 0;
+        Op *op;
+
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, on_done, NULL, &done, &op), 0);
+        op->write = true;
+        FIXTURE_RUN_UNTIL(m, done);
+        assert_int_equal(done, 1);
+        fixture_fill(t, TIER_HOST, v);
+        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+}
+
+/*
+ * A commit, then writes, then a rollback: every tensor holds what it held
+ * at the commit, whether its committed data was on NVMe (kept as its
+ * image), in host only (written to NVMe before the write was let through),
+ * or not there (made after the commit: zeros).  The same across a crash of
+ * tierd between the writes and the rollback.
+ */
+static void test_commit_rollback(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *a, *b, *c;
+        unsigned rolled, lost;
+        char why[128];
+        Job *j;
+
+        for (int crash = 0; crash < 2; crash++) {
+                j = job(m, crash ? "j2" : "j");
+                a = fixture_tensor(j, "a", MiB);
+                b = fixture_tensor(j, "b", 2 * MiB);
+                written(m, a, 0x11);                    /* a: on NVMe at the commit */
+                fixture_host_data(m, b, 0x22);          /* b: in host only */
+                job_commit(j, 7);
+                assert_true(j->committing);
+                assert_int_equal(j->commit_step, 7);
+
+                write_pin(m, a, 0x12);
+                assert_non_null(a->base);               /* the committed image, kept */
+                assert_false(copy_valid(a, TIER_NVME));
+                write_pin(m, b, 0x23);                  /* b's committed data went to NVMe first */
+                assert_non_null(b->base);
+                write_pin(m, b, 0x24);                  /* a second write keeps the same image */
+                c = fixture_tensor(j, "c", MiB);
+                fixture_host_data(m, c, 0x33);
+                if (crash) {
+                        fixture_free(m);
+                        m = start(&d);
+                        j = job_find(m->registry, "j2");
+                        assert_non_null(j);
+                        assert_true(j->committing);
+                        assert_int_equal(j->commit_step, 7);
+                        a = find(m, "j2", "a");
+                        b = find(m, "j2", "b");
+                        c = find(m, "j2", "c");
+                        assert_non_null(a->base);
+                        assert_non_null(b->base);
+                        assert_true(a->lost && b->lost && c->lost);     /* their newest was in memory */
+                }
+                assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+                assert_int_equal(rolled, 3);
+                assert_int_equal(lost, 0);
+                check_bytes(m, a, 0x11);
+                check_bytes(m, b, 0x22);
+                check_bytes(m, c, 0);
+                assert_null(a->base);
+                /* a second rollback has nothing to do; a new commit frees nothing it needs */
+                assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+                assert_int_equal(rolled, 0);
+                write_pin(m, a, 0x13);
+                job_commit(j, 8);
+                assert_null(a->base);
+                check_bytes(m, a, 0x13);
+        }
+        fixture_free(m);
+        dir_done(&d);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restart_keeps_nvme),
@@ -411,6 +490,7 @@ int main(void) {
                 cmocka_unit_test(test_damage_mid_file),
                 cmocka_unit_test(test_unknown_format),
                 cmocka_unit_test(test_target_changed),
+                cmocka_unit_test(test_commit_rollback),
         };
 
         return fixture_main("book", tests, sizeof(tests) / sizeof(tests[0]));

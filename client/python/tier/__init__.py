@@ -37,6 +37,7 @@ from .client import (
     Plan,
     Quota,
     QuotaTotal,
+    Commit,
     Stat,
     Tensor,
     level_name,
@@ -46,6 +47,7 @@ from .client import (
 from .errors import (
     BusyError,
     ExistsError,
+    LostError,
     NoSpaceError,
     NotFoundError,
     PermissionDeniedError,
@@ -100,4 +102,6 @@ __all__ = [
     "BusyError",
     "ShutdownError",
     "TimedOutError",
+    "LostError",
+    "Commit",
 ]

@@ -211,6 +211,23 @@ class Stat:
 
 
 @dataclass(frozen=True)
+class Commit:
+    """A job's last commit (``Client.rollback()``, ``tier_job_rollback()``).
+
+    Attributes:
+        step: the number the client gave it.
+        rolled_back: tensors a rollback brought back to it.
+        lost: tensors with nothing to go back to (reads raise LostError).
+        committed: False when the job has made no commit (a rollback changed nothing).
+    """
+
+    step: int
+    rolled_back: int
+    lost: int
+    committed: bool
+
+
+@dataclass(frozen=True)
 class QuotaTotal:
     """The totals of a uid or a group: what all its jobs together may use (``tier_quota_total_get()``).
 

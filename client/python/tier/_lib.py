@@ -140,6 +140,17 @@ class TierQuotaTotal(Structure):
     ]
 
 
+class TierCommit(Structure):
+    """``struct tier_commit`` (LIBTIER_0.9)."""
+
+    _fields_ = [
+        ("step", c_uint64),
+        ("rolled_back", ctypes.c_uint),
+        ("lost", ctypes.c_uint),
+        ("committed", c_int),
+    ]
+
+
 _client_p = c_void_p  # tier_client *
 _tensor_p = c_void_p  # tier_tensor *
 _plan_p = c_void_p  # tier_plan *
@@ -204,6 +215,8 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_job_tensors": (c_int, [_client_p, c_char_p, POINTER(c_void_p), POINTER(c_size_t)]),
     "tier_job_evict": (c_int, [_client_p, c_char_p, c_int, c_void_p]),
     "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
+    "tier_job_commit": (c_int, [_client_p, c_uint64]),
+    "tier_job_rollback": (c_int, [_client_p, POINTER(TierCommit)]),
     "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
     "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
     "tier_quota_total_get": (c_int, [_client_p, c_int, ctypes.c_uint32, POINTER(TierQuotaTotal)]),

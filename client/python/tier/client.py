@@ -66,6 +66,7 @@ from ._base import (
     PerTier,
     Quota,
     QuotaTotal,
+    Commit,
     Stat,
     TierLike,
     _level,
@@ -396,6 +397,23 @@ class Client:
         op = f"totals of {words}"
         self._check(_L.tier_quota_total_get(self._handle(op), kind, ident, byref(q)), op)
         return self._quota_total(q)
+
+    def commit(self, step: int) -> None:
+        """``tier_job_commit()``: what every tensor of the job holds now is its committed state
+        (``step``: the caller's number for it); tierd keeps, for each tensor written after it, that
+        version on NVMe until the next commit, so that :meth:`rollback` finds it.  A round trip;
+        BusyError while a tensor is pinned for reading and writing."""
+        op = f"commit {step}"
+        self._check(_L.tier_job_commit(self._handle(op), _uint(step, "the step", 0, (1 << 64) - 1)), op)
+
+    def rollback(self) -> "Commit":
+        """``tier_job_rollback()``: every tensor of the job written since its last commit gets that
+        commit's data back.  Returns the commit (``committed`` False: the job has none, nothing
+        changed).  A round trip; BusyError while a tensor is pinned."""
+        c = _lib.TierCommit()
+        self._check(_L.tier_job_rollback(self._handle("rollback"), byref(c)), "rollback")
+        return Commit(step=int(c.step), rolled_back=int(c.rolled_back), lost=int(c.lost),
+                      committed=bool(c.committed))
 
     def set_quota_total(
         self,

@@ -107,6 +107,12 @@ class TimedOutError(TierError):
     """ETIMEDOUT: a wait with a timeout ran out; the request goes on."""
 
 
+class LostError(TierError):
+    """ENODATA: the tensor's newest data is gone (it was in memory when tierd
+    stopped, or a rollback had nothing to go back to).  Write it whole (a
+    ``WRITE`` pin) or destroy it."""
+
+
 _BY_ERRNO: dict[int, type[TierError]] = {
     _errno.ENOSPC: NoSpaceError,
     _errno.EDQUOT: QuotaError,
@@ -122,6 +128,7 @@ _BY_ERRNO: dict[int, type[TierError]] = {
     _errno.ENOTCONN: ShutdownError,
     _errno.EPIPE: ShutdownError,
     _errno.ETIMEDOUT: TimedOutError,
+    _errno.ENODATA: LostError,
 }
 
 
