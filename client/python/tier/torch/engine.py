@@ -32,7 +32,7 @@ import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
 from ..errors import TierError
-from . import clip, collective, discovery, layout, placement as placement_mod, state as state_mod
+from . import clip, collective, discovery, layout, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, rule_from
@@ -83,7 +83,7 @@ class Offload(torch.optim.Optimizer):
                  optimizer_in_backward: bool | None = None,
                  offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
                  optimizer_part_bytes: int | None = DEFAULT_PART_BYTES,
-                 prefix: str = "torch", process_group: Any = None) -> None:
+                 prefix: str = "torch", process_group: Any = None, resume: bool = False) -> None:
         self.placement = placement_mod.check(placement)
         hyper = {k: v for k, v in (("lr", lr), ("betas", betas), ("eps", eps), ("weight_decay", weight_decay),
                                    ("momentum", momentum)) if v is not None}
@@ -114,6 +114,13 @@ class Offload(torch.optim.Optimizer):
         self.activations_stashed = 0
         self.activations_kept = 0
         self.steps = 0
+        #: resume=True: the job is committed at every step's end, and an engine made for a job that has
+        #: a commit takes it over (tier.torch.resume); resumed says whether this one did
+        self.resume = resume
+        self.resumed = False
+        self.resumed_from: Any = None      # the tier.Commit it resumed from
+        self._meta: Any = None             # the resume record's tensor
+        self._first_step = True            # the first step of this engine (traced, unplanned)
         #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
         #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
         self.kept_up = 0
@@ -259,20 +266,32 @@ class Offload(torch.optim.Optimizer):
     def _tname(self, b: Block, kind: str) -> str:
         return f"{self._prefix}.{self._rank}.{'shared' if b.is_shared else b.index}.{kind}"
 
-    def _create(self, b: Block, kind: str, size: int) -> None:
+    def _create_named(self, name: str, size: int) -> Any:
         from .. import ExistsError
 
-        name = self._tname(b, kind)
         try:
-            t = self.client.create(name, size)
+            return self.client.create(name, size)
         except ExistsError:
             # left by an earlier run of this job: start afresh
             self.client.open(name).destroy()
-            t = self.client.create(name, size)
-        b.tensors[kind] = t
+            return self.client.create(name, size)
+
+    def _create(self, b: Block, kind: str, size: int) -> None:
+        name = self._tname(b, kind)
+        b.tensors[kind] = self._create_named(name, size)
         self._by_tname[name] = (b, kind)
 
+    def _meta_name(self) -> str:
+        return f"{self._prefix}.{self._rank}.{resume_mod.KIND}"
+
     def _create_tensors(self) -> None:
+        if self.resume and resume_mod.try_resume(self):
+            # the job's tensors hold the model now (its last commit): nothing is written
+            self.resumed = True
+            for b in self.blocks:
+                for s in b.slots:
+                    s.param.data = self._placeholder(s.param)
+            return
         for b in self.blocks:
             for kind in self._kinds(b):
                 self._create(b, kind, b.kind_bytes(kind))
@@ -450,7 +469,7 @@ class Offload(torch.optim.Optimizer):
             # end first, so that the room they free is free (tierd cannot wait for room a queued
             # eviction will free: a pin then would fail for want of room that is coming)
             self.flush()
-            if self.steps == 0 and (kind != "f" or self._training):   # an evaluation is no step
+            if self._first_step and (kind != "f" or self._training):   # an evaluation is no step
                 self.tracer.record(key, b.label, "a block that runs more than once per micro-batch (weights "
                                    "shared across time) is not supported; make the repeated part one block's "
                                    "inside (activation checkpointing, which runs a block's forward again in "
@@ -577,7 +596,7 @@ class Offload(torch.optim.Optimizer):
         n = t.numel() * t.element_size()
         if n < self.activation_min_bytes:
             return t
-        if self.steps == 0:
+        if self._first_step:
             b.act_bytes += layout.align(n)      # measured: the a tensor is made this big with the plan
             return t
         amap = b.maps.get(("a", HOST))
@@ -784,7 +803,7 @@ class Offload(torch.optim.Optimizer):
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
-            if self.steps == 0:
+            if self._first_step:
                 self._decide_mode(micro, clipped)
                 self._submit_plan()
         elif self.tracer.seq:
@@ -794,6 +813,17 @@ class Offload(torch.optim.Optimizer):
             self._early = first
             self._write_down(first)
         self.steps += 1
+        self._first_step = False
+        if self.resume:
+            self._commit()
+
+    def _commit(self) -> None:
+        """The step is over: the job is committed (after the resume record), a round trip and a small
+        write.  tierd refuses a commit while a tensor is pinned for reading and writing: here the
+        optimizer phases' pins went with the next step's first phase."""
+        resume_mod.write_meta(self)
+        with self._explained(None, f"committing step {self.steps}"):
+            self.client.commit(self.steps)
 
     def _decide_mode(self, micro: int, clipped: bool) -> None:
         """After the first step: fused if it ran one micro-batch and no clipping (and nothing forces
@@ -919,6 +949,9 @@ class Offload(torch.optim.Optimizer):
             for t in b.tensors.values():
                 t.destroy()
             b.tensors.clear()
+        if self._meta is not None:
+            self._meta.destroy()
+            self._meta = None
         self._closed = True
 
     def __enter__(self) -> "Offload":

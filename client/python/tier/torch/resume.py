@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.resume: a training process that crashed takes its job over again, without a checkpoint.
+
+With ``Offload(..., resume=True)`` the engine commits the job at the end of
+every step (``tier_job_commit()``): tierd then keeps, for each tensor written
+after the commit, the committed version on NVMe until the next one.  The
+commit goes with a small ``meta`` tensor the engine writes first: the layout
+(every block's parameters: names, shapes, dtypes), the step rule, the
+parameter groups' hyperparameters, each parameter's update count, the
+engine's step count and the model's buffers (BatchNorm's running
+statistics live in the process, not in tierd).
+
+A process that makes the engine again with ``resume=True`` for a job that
+lingers in tierd (``[daemon] linger_sec``; or that tierd found in its NVMe
+index after a restart) rolls the job back to its last commit
+(``tier_job_rollback()``: the blocks the crashed step had already updated
+get their committed state back), reads the meta tensor, checks that the
+model and the stored layout agree, before it changes anything of the
+model's, and takes the tensors over as they are.  ``engine.steps`` is then
+the number of steps committed, ``engine.resumed`` True: the loop goes on from
+there.  A job with no commit (a first run, or a crash before the first
+step's end) starts afresh (``engine.resumed`` False).
+
+What the loop itself must bring back: the batch of each step (start at
+``engine.steps``) and its random numbers (seed each step from its number,
+or save the RNG state), as for any resume; a learning-rate scheduler made
+again with ``last_epoch=engine.steps - 1`` (the groups carry their
+``initial_lr``).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import HOST, READ, WRITE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Offload
+
+FORMAT = "tier.torch resume"
+VERSION = 1
+KIND = "meta"
+#: the meta tensor's room: four times what the first step's meta takes, at least this
+META_MIN = 1 << 20
+_LEN = struct.Struct("<Q")
+
+
+def layout(eng: "Offload") -> list[Any]:
+    """What must agree between the run that committed and the one that resumes."""
+    return [{"label": b.label, "kinds": {k: b.kind_bytes(k) for k in eng._kinds(b)},
+             "slots": [{"names": list(s.names), "shape": list(s.shape), "dtype": str(s.dtype), "group": s.group}
+                       for s in b.slots]}
+            for b in eng.blocks]
+
+
+def meta_bytes(eng: "Offload") -> bytes:
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in eng.param_groups]
+    meta = {"format": FORMAT, "version": VERSION, "rule": eng.rule.name, "placement": eng.placement,
+            "layout": layout(eng), "groups": groups, "steps": eng.steps, "mode": eng._mode,
+            "slot_steps": [[s.steps for s in b.slots] for b in eng.blocks],
+            "buffers": {n: t.detach().cpu().clone() for n, t in eng.model.named_buffers()}}
+    buf = io.BytesIO()
+    torch.save(meta, buf)
+    return buf.getvalue()
+
+
+def write_meta(eng: "Offload") -> None:
+    """The meta tensor, whole (created the first time, at four times its size)."""
+    data = meta_bytes(eng)
+    b = eng.blocks[0]
+    if eng._meta is None:
+        size = max(META_MIN, 4 * (len(data) + _LEN.size))
+        eng._meta = eng._create_named(eng._meta_name(), size)
+    if _LEN.size + len(data) > eng._meta.size:
+        raise RuntimeError(f"tier.torch: the resume record grew to {len(data)} bytes, past the {eng._meta.size} "
+                           "made for it at the first step (the model's buffers or parameter groups grew?)")
+    with eng._explained(b, "writing the resume record"):
+        with eng._meta.pin(HOST, WRITE) as g:
+            flat = g.torch()
+            flat[:_LEN.size].copy_(torch.frombuffer(bytearray(_LEN.pack(len(data))), dtype=torch.uint8))
+            flat[_LEN.size:_LEN.size + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+
+def read_meta(eng: "Offload", t: Any) -> dict[str, Any]:
+    with t.pin(HOST, READ) as g:
+        flat = g.torch()
+        (n,) = _LEN.unpack(bytes(flat[:_LEN.size].tolist()))
+        if n > t.size - _LEN.size:
+            raise ValueError(f"tier.torch: the job's resume record says {n} bytes in a tensor of {t.size}: damaged")
+        data = bytes(flat[_LEN.size:_LEN.size + n].numpy().tobytes())
+    meta = torch.load(io.BytesIO(data))
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError("tier.torch: the job's resume record is not one tier.torch wrote")
+    if meta.get("version") != VERSION:
+        raise ValueError(f"tier.torch: the job's resume record is of version {meta.get('version')}, this "
+                         f"tier.torch reads version {VERSION}")
+    return meta
+
+
+def _first_difference(saved: list[Any], mine: list[Any]) -> str:
+    if len(saved) != len(mine):
+        return f"{len(saved)} blocks then, {len(mine)} now"
+    for a, b in zip(saved, mine):
+        if a["label"] != b["label"]:
+            return f"block {a['label']} then, {b['label']} now"
+        if a["kinds"] != b["kinds"]:
+            return f"{a['label']}: tensors {a['kinds']} then, {b['kinds']} now"
+        if len(a["slots"]) != len(b["slots"]):
+            return f"{a['label']}: {len(a['slots'])} parameters then, {len(b['slots'])} now"
+        for x, y in zip(a["slots"], b["slots"]):
+            if x != y:
+                return (f"{a['label']}: parameter {x['names'][0]} {tuple(x['shape'])} {x['dtype']} (group "
+                        f"{x['group']}) then, {y['names'][0]} {tuple(y['shape'])} {y['dtype']} (group {y['group']}) "
+                        "now")
+    return "?"
+
+
+def try_resume(eng: "Offload") -> bool:
+    """Roll the job back to its last commit and take its tensors over; False when it has none (start
+    afresh).  Everything is checked before anything of the model's or the engine's changes."""
+    from .. import NotFoundError
+
+    with eng._explained(None, "rolling the job back to its last commit"):
+        c = eng.client.rollback()
+    if not c.committed:
+        return False
+    try:
+        t = eng.client.open(eng._meta_name())
+    except NotFoundError:
+        raise ValueError(f"tier.torch: job {eng.client.job!r} has a commit (step {c.step}) but no resume record "
+                         f"({eng._meta_name()!r}): it was not committed by tier.torch with this prefix and rank") \
+            from None
+    meta = read_meta(eng, t)
+    if c.lost:
+        raise RuntimeError(f"tier.torch: {c.lost} tensor(s) of job {eng.client.job!r} have nothing to go back to "
+                           "at its last commit (their data was in memory when tierd stopped): the job cannot be "
+                           "resumed; start it afresh (without resume=True, or destroy the job)")
+    if meta["rule"] != eng.rule.name:
+        raise ValueError(f"tier.torch: the job was trained with the {meta['rule']} step rule, this engine runs "
+                         f"{eng.rule.name}")
+    mine = layout(eng)
+    if meta["layout"] != mine:
+        raise ValueError("tier.torch: the model does not match the job's stored layout (" +
+                         _first_difference(meta["layout"], mine) + "); resume with the same model, blocks= and "
+                         "parameter groups, or start afresh without resume=True")
+    if len(meta["groups"]) != len(eng.param_groups):
+        raise ValueError(f"tier.torch: {len(meta['groups'])} parameter groups then, {len(eng.param_groups)} now")
+    bufs = dict(eng.model.named_buffers())
+    if set(bufs) != set(meta["buffers"]):
+        raise ValueError("tier.torch: the model's buffers differ from the ones the job stored")
+    for n, v in meta["buffers"].items():
+        if tuple(v.shape) != tuple(bufs[n].shape) or v.dtype != bufs[n].dtype:
+            raise ValueError(f"tier.torch: buffer {n} is {tuple(bufs[n].shape)} {bufs[n].dtype}, the job stored "
+                             f"{tuple(v.shape)} {v.dtype}")
+    opened = {}
+    for b in eng.blocks:
+        for kind in eng._kinds(b):
+            name = eng._tname(b, kind)
+            try:
+                x = eng.client.open(name)
+            except NotFoundError:
+                raise ValueError(f"tier.torch: job {eng.client.job!r} lacks tensor {name!r} of {b.label}") from None
+            if x.size != b.kind_bytes(kind):
+                raise ValueError(f"tier.torch: tensor {name!r} of {b.label} is {x.size} bytes, {b.kind_bytes(kind)} "
+                                 "now")
+            opened[(b.index, kind)] = x
+    # checked whole: from here on the engine takes the job over
+    for b in eng.blocks:
+        for kind in eng._kinds(b):
+            b.tensors[kind] = opened[(b.index, kind)]
+            eng._by_tname[eng._tname(b, kind)] = (b, kind)
+        for s, n in zip(b.slots, meta["slot_steps"][b.index]):
+            s.steps = n
+    for g, saved in zip(eng.param_groups, meta["groups"]):
+        for k, v in saved.items():
+            g[k] = v
+    with torch.no_grad():
+        for n, v in meta["buffers"].items():
+            bufs[n].copy_(v)
+    eng._meta = t
+    eng.steps = meta["steps"]
+    eng.resumed_from = c
+    return True

@@ -1,0 +1,187 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""A training process SIGKILLed at random points resumes from tierd, without a checkpoint, bit for bit.
+
+A child process trains the example byte LM through tier.torch (placement C,
+budgets that send every block through NVMe) with ``resume=True``: the job is
+committed at every step's end.  The parent SIGKILLs it at random moments,
+twenty times, and starts it again each time; the new process rolls the job
+back to its last commit, checks the layout and goes on from
+``engine.steps``.  Its final parameters and optimizer state must equal an
+uninterrupted run's (the same script, never killed) with ``==``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import tierd
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+
+KILLS = 20
+STEPS = 24
+
+# The child: python3 test_resume.py --child SOCKET JOB OUT; prints "ready", then "step N" per step.
+CHILD = "--child"
+
+
+def child(socket: str, job: str, out: str) -> int:
+    sys.path.insert(0, os.path.join(tierd.source_dir(), "client", "python", "examples"))
+    import tier
+    import tier.torch
+    import train_lm
+
+    torch.manual_seed(3)
+    model = train_lm.ByteLM(dim=64, layers=3, heads=4, context=32)
+    text = torch.randint(0, 256, (1 << 16,), generator=torch.Generator().manual_seed(11))
+    gen = train_lm.batches(text, batch=8, context=32, seed=5, rank=0, world=1)
+    data = [next(gen) for _ in range(STEPS)]
+    c = tier.Client(job, socket=socket)
+    eng = tier.torch.Offload(model, c, lr=1e-3, weight_decay=0.01, placement="C", resume=True)
+    print(f"ready {eng.steps} {int(eng.resumed)}", flush=True)
+    for step in range(eng.steps, STEPS):
+        x, y = data[step]
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        loss.backward()
+        eng.step()
+        print(f"step {eng.steps}", flush=True)
+    torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
+                "optim": eng.state_dict(), "steps": eng.steps}, out)
+    eng.close()
+    c.close()
+    return 0
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResume(tierd.DaemonTestCase):
+    # jobs linger (a killed process's job waits for its successor); small pools, NVMe for the rest
+    config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
+        "job_limit = 48M", "job_limit = 4M", 1)
+
+    def run_child(self, job: str, out: str, kill_after=None) -> tuple[bool, list[tuple[float, str]]]:
+        """Run the child; SIGKILL it kill_after(N) seconds after it said "ready N" (None: let it finish).
+        Returns whether it finished, and its lines with the time each came."""
+        p = subprocess.Popen([sys.executable, __file__, CHILD, self.socket, job, out], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        lines: list[tuple[float, str]] = []
+        deadline = None
+        try:
+            while True:
+                wait = 120.0 if deadline is None else max(0.0, deadline - time.monotonic())
+                r, _, _ = select.select([p.stdout], [], [], wait)
+                if not r:
+                    if deadline is not None:
+                        p.send_signal(signal.SIGKILL)
+                        p.wait(30)
+                        return False, lines
+                    raise AssertionError(f"the child said nothing for 120 s: {lines}")
+                line = p.stdout.readline()
+                if not line:
+                    break
+                lines.append((time.monotonic(), line.strip()))
+                if line.startswith("ready") and kill_after is not None:
+                    deadline = time.monotonic() + kill_after(int(line.split()[1]))
+            status = p.wait(60)
+            if status != 0:
+                raise AssertionError(f"the child failed ({status}): {p.stderr.read()[-3000:]}")
+            return True, lines
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+
+    def test_killed_twenty_times(self) -> None:
+        tmp = tempfile.mkdtemp(prefix="tier-resume-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
+        ref = os.path.join(tmp, "ref.pt")
+        ok, lines = self.run_child("resume-ref", ref)
+        self.assertTrue(ok)
+        self.assertEqual(lines[0][1], "ready 0 0")
+        # a step's time here, from the uninterrupted run: the kills fall within about two steps of "ready"
+        times = [t for t, line in lines if line.startswith("step")]
+        per_step = sorted(b - a for a, b in zip(times, times[1:]))[len(times) // 2 - 1]
+        rng = random.Random(20261206)
+        out = os.path.join(tmp, "out.pt")
+
+        def kill_after(at: int) -> float:
+            # anywhere in the next two steps, but never past the last one (the run must not end)
+            return min(rng.uniform(0.0, 2 * per_step), (STEPS - at - 0.5) * per_step)
+
+        resumed_at = []
+        for _ in range(KILLS):
+            ok, lines = self.run_child("resume-killed", out, kill_after)
+            self.assertFalse(ok, "the run ended before its kill")
+            if lines:
+                _, at, resumed = lines[0][1].split()
+                resumed_at.append(int(at))
+                self.assertEqual(resumed, "1" if int(at) > 0 else "0")
+        ok, lines = self.run_child("resume-killed", out)
+        self.assertTrue(ok)
+        resumed_at.append(int(lines[0][1].split()[1]))
+        print(f"killed {KILLS} times (a step takes {per_step:.2f} s); each run began at step {resumed_at}",
+              file=sys.stderr)
+        self.assertGreater(len(set(resumed_at)), 3, "the kills did not fall between commits often enough")
+        a, b = torch.load(ref), torch.load(out)
+        self.assertEqual(a["steps"], STEPS)
+        self.assertEqual(b["steps"], STEPS)
+        for n, p in a["params"].items():
+            self.assertTrue(torch.equal(p, b["params"][n]), f"parameter {n} differs from the uninterrupted run's")
+        sa, sb = a["optim"]["state"], b["optim"]["state"]
+        self.assertEqual(sorted(sa), sorted(sb))
+        for i in sa:
+            for k, v in sa[i].items():
+                self.assertTrue(torch.equal(v, sb[i][k]), f"optimizer state {i}.{k} differs")
+        self.assertEqual(a["optim"]["param_groups"], b["optim"]["param_groups"])
+
+    def test_refused_layout(self) -> None:
+        """A model that does not match the stored layout is refused, in words, before anything of it changes;
+        the right one resumes with the parameters as they were committed."""
+        import copy
+
+        import tier
+        import tier.torch
+
+        torch.manual_seed(1)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+        twin = copy.deepcopy(m)
+        c = tier.Client("resume-layout", socket=self.socket)
+        eng = tier.torch.Offload(m, c, lr=1e-3, resume=True)
+        self.assertFalse(eng.resumed)
+        m(torch.randn(2, 8)).sum().backward()
+        eng.step()
+        saved = {n: t.clone() for n, t in eng.parameters_state_dict().items()}
+        c.close()               # the process is gone: its job lingers with its tensors
+        c2 = self.client("resume-layout")
+        other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 5))
+        mine = {n: p.detach().clone() for n, p in other.named_parameters()}
+        with self.assertRaisesRegex(ValueError, r"does not match the job's stored layout"):
+            tier.torch.Offload(other, c2, lr=1e-3, resume=True)
+        for n, p in other.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), mine[n]), f"{n} of the refused model changed")
+        eng2 = tier.torch.Offload(twin, c2, lr=1e-3, resume=True)
+        self.assertTrue(eng2.resumed)
+        self.assertEqual(eng2.steps, 1)
+        now = eng2.parameters_state_dict()
+        for n, t in saved.items():
+            self.assertTrue(torch.equal(t, now[n]), f"{n} is not what was committed")
+        eng2.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        sys.exit(child(*sys.argv[2:5]))
+    tierd.main()
