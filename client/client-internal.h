@@ -7,11 +7,13 @@
  * handshake), transport.c (packets, calls, events), segments.c (the
  * segment cache, grants), tensors.c (handles, pins, evictions,
  * prefetches), fences.c (the fence page, waiting), plans.c, control.c
- * (status and quotas), names.c (error texts, tier names), client-cuda.c
+ * (status and quotas), commits.c, reconnect.c (after tierd restarted),
+ * names.c (error texts, tier names), client-cuda.c
  * (the CUDA driver) and status.c (rendering a status reply).  The last two
  * declare their functions in client-cuda.h and tier-private.h.
  */
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -134,6 +136,25 @@ struct tier_client {
         uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
         char last_error[CLIENT_ERROR_MAX];
 
+        /*
+         * Reconnecting (reconnect.c, tier_client_set_reconnect()): where and as
+         * whom we connected; the mappings of before a restart, kept until the
+         * client is freed (the caller may still read through old grants); the
+         * fences of before are numbered up to fence_floor, and tierd's
+         * fences of this connection are ours less fence_offset.
+         */
+        char *socket_path;
+        char *job;
+        unsigned rank;
+        int reconnect_ms;               /* 0: off */
+        bool reconnecting;
+        unsigned restarts;              /* tierd restarts this client lived through */
+        ClientSegment *retired;
+        size_t n_retired;
+        ClientView *retired_views;
+        size_t n_retired_views;
+        tier_fence fence_offset, fence_floor;
+
         /* the submitted plan */
         PlanPage *plan_page;
         uint64_t plan_page_size;
@@ -145,6 +166,7 @@ struct tier_client {
 
 struct tier_tensor {
         int32_t plan_slot;              /* index in the client's plan page, or -1 */
+        bool gone;                      /* tierd restarted without it: every call fails with -ESTALE */
         tier_client *client;            /* NULL once the client was freed */
         tier_tensor *prev, *next;       /* in client->tensors */
         uint64_t id;
@@ -209,6 +231,29 @@ int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation);
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret);
 /* A Response must carry the result its request asks for; else -EPROTO, @p done with. */
 int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want, const char *what);
+
+/* ---- client.c (more) ---------------------------------------------------------------- */
+
+/* Say Hello as @job, rank @rank on @c's new connection and take what the answer holds. */
+int client_hello(tier_client *c, const char *job, unsigned rank);
+/* Forget the plan (page, marker, slots): tierd has none for this connection. */
+void plan_forget(tier_client *c);
+/* Open tensor @name: its id (and size), without a handle. */
+int tensor_open_raw(tier_client *c, const char *name, uint64_t *ret_id, uint64_t *ret_size);
+
+/* ---- reconnect.c ------------------------------------------------------------------- */
+
+/*
+ * client_reconnect() - the connection broke with @r (tierd went away):
+ * with reconnecting on, connect again, say Hello as before and open every
+ * tensor handle again; -ERESTART when that worked (the caller's request is
+ * not retried: it may or may not have happened), else @r.
+ */
+int client_reconnect(tier_client *c, int r);
+/* Is @r what a connection to a tierd that went away fails with? */
+static inline bool client_gone(int r) {
+        return r == -ECONNRESET || r == -ESHUTDOWN || r == -EPIPE || r == -ENOTCONN;
+}
 
 /* ---- control.c --------------------------------------------------------------------- */
 

@@ -89,6 +89,15 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         for (size_t i = 0; i < c->n_segments; i++)
                 segment_clear(c, &c->segments[i]);
         free(c->segments);
+        /* what a restart left mapped (reconnect.c) */
+        for (size_t i = 0; i < c->n_retired_views; i++)
+                view_clear(c, &c->retired_views[i]);
+        free(c->retired_views);
+        for (size_t i = 0; i < c->n_retired; i++)
+                segment_clear(c, &c->retired[i]);
+        free(c->retired);
+        free(c->socket_path);
+        free(c->job);
         c->cuda = client_cuda_free(c->cuda);
         if (c->fence_page)
                 (void) munmap((void *) c->fence_page, sizeof(FencePage));
@@ -106,7 +115,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(tier_client *, tier_client_free);
 
-static int client_hello(tier_client *c, const char *job, unsigned rank) {
+int client_hello(tier_client *c, const char *job, unsigned rank) {
         Tier__Hello hello = TIER__HELLO__INIT;
         Tier__Request req = TIER__REQUEST__INIT;
         Packet p = PACKET_NULL;
@@ -223,6 +232,11 @@ _public_ int tier_client_new(tier_client **ret, const char *socket_path, const c
         if (!c->rbuf)
                 return -ENOMEM;
 
+        c->socket_path = strdup(path);
+        c->job = strdup(job);
+        c->rank = rank;
+        if (!c->socket_path || !c->job)
+                return -ENOMEM;
         r = transport_connect(c, path);
         if (r >= 0)
                 r = client_hello(c, job, rank);

@@ -103,6 +103,10 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
                 return 1;
         if (f > c->fence_max)
                 return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
+        if (f <= c->fence_floor)
+                return client_error(c, -ERESTART, "fence %" PRIu64 " was handed out before tierd restarted: what it "
+                                    "stood for may or may not have happened", f);
+        f -= c->fence_offset;           /* tierd's number for it (reconnect.c) */
         if (c->n_failures > 0) {
                 r = fence_lookup_failure(c, f);
                 if (r < 0)
@@ -154,7 +158,7 @@ _public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 int t = -1, n;
 
                 if (c->broken < 0)
-                        return c->broken;
+                        return client_reconnect(c, c->broken);
                 if (timeout_ms >= 0) {
                         uint64_t now = now_ms();
                         if (now >= deadline)
@@ -179,7 +183,7 @@ _public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
                         if (r < 0) {
                                 /* tierd gone: the fence may still have finished before it went. */
                                 int d = tier_fence_done(c, f);
-                                return d != 0 ? (d > 0 ? 0 : d) : r;
+                                return d != 0 ? (d > 0 ? 0 : d) : client_reconnect(c, r);
                         }
                 }
 

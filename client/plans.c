@@ -228,7 +228,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
 }
 
 /* Forget the submitted plan here: its page, its marker, the tensors' slots. */
-static void plan_forget(tier_client *c) {
+void plan_forget(tier_client *c) {
         if (c->plan_page)
                 (void) munmap(c->plan_page, c->plan_page_size);
         c->plan_page = NULL;
@@ -276,12 +276,27 @@ _public_ int tier_phase(tier_client *c, unsigned phase) {
         if (phase >= c->plan_phases)
                 return client_error(c, -EINVAL, "phase %u is not in the plan (%u phases)", phase, c->plan_phases);
 
+        /*
+         * Reconnecting: a tierd that announced its stop gets no marker; the
+         * connection goes now (tierd finishes its stop once its clients are
+         * gone), the next tierd is joined (one recvmsg() that finds nothing,
+         * when nothing was announced).
+         */
+        if (c->reconnect_ms > 0) {
+                r = transport_drain(c);
+                if (r >= 0)
+                        r = transport_check(c);
+                if (r < 0)
+                        return client_reconnect(c, r);
+        }
+
         seq = ++c->plan_seq;
         pg->client.phase = phase;
         pg->client.mark_ns = now_ns();
         __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
         if (write(c->plan_marker_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-                return transport_break(c, -errno, "cannot signal tierd: %s", tier_strerror(-errno));
+                return client_reconnect(c, transport_break(c, -errno, "cannot signal tierd: %s",
+                                                           tier_strerror(-errno)));
 
         for (;;) {
                 uint64_t ready = __atomic_load_n(&pg->daemon.ready, __ATOMIC_ACQUIRE);
@@ -306,11 +321,10 @@ _public_ int tier_phase(tier_client *c, unsigned phase) {
                 }
                 if (r > 0 && fds[1].revents) {
                         r = transport_drain(c);
+                        if (r >= 0)
+                                r = transport_check(c);
                         if (r < 0)
-                                return r;
-                        r = transport_check(c);
-                        if (r < 0)
-                                return r;
+                                return client_reconnect(c, r);    /* tierd went away: the next one? */
                 }
         }
         if (t0)

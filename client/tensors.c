@@ -46,6 +46,31 @@ int tensor_check(const tier_tensor *t) {
                 return -EINVAL;
         if (!t->client)
                 return -ENOTCONN;       /* its client was freed */
+        if (t->gone)
+                return client_error(t->client, -ESTALE, "tensor '%s' does not exist in tierd since it restarted",
+                                    t->name);
+        return 0;
+}
+
+int tensor_open_raw(tier_client *c, const char *name, uint64_t *ret_id, uint64_t *ret_size) {
+        Tier__Open op = TIER__OPEN__INIT;
+        Tier__Request req = TIER__REQUEST__INIT;
+        Packet p = PACKET_NULL;
+        int r;
+
+        op.name = (char *) name;
+        req.op_case = TIER__REQUEST__OP_OPEN;
+        req.open = &op;
+        r = transport_call(c, &req, &p);
+        if (r < 0)
+                return r;
+        r = transport_expect(c, &p, TIER__RESPONSE__RESULT_TENSOR, "a tensor request");
+        if (r < 0)
+                return r;
+        *ret_id = p.reply->response->tensor->tensor;
+        if (ret_size)
+                *ret_size = p.reply->response->tensor->size;
+        packet_done(&p);
         return 0;
 }
 
@@ -302,6 +327,8 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
                 goto unpin;
         }
         fence = p.reply->response->pin->fence;
+        if (fence)
+                fence += c->fence_offset;       /* numbered after the fences of before a restart */
         if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE)
                 fence_add_event(c, fence, p.reply->response->pin->ipc_event.data);
         fence_saw(c, fence);
@@ -420,6 +447,8 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
         /* A fence of 0 needs no body: accept a Response without a result as "done". */
         fence = p.reply->response->result_case == TIER__RESPONSE__RESULT_FENCE && p.reply->response->fence ?
                 p.reply->response->fence->fence : 0;
+        if (fence)
+                fence += c->fence_offset;       /* numbered after the fences of before a restart */
         packet_done(&p);
         fence_saw(c, fence);
 

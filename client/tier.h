@@ -83,6 +83,25 @@ tier_client *tier_client_free(tier_client *c);
  * or "".  With @c NULL: why the last tier_client_new() of this thread failed.
  */
 const char *tier_client_last_error(const tier_client *c);
+
+/*
+ * Reconnecting, opt-in (off by default): a call that finds tierd gone (its
+ * connection closed, or tierd announced its stop) waits up to @timeout_ms
+ * for a tierd to answer on the same socket, connects, joins the same job
+ * as the same rank and opens every tensor handle again by name, then fails
+ * with -ERESTART ("tierd restarted, handles re-established"): the call may
+ * or may not have happened before tierd went, and is not repeated.  What
+ * the connection held is gone: pins (pin again), the plan (submit it
+ * again), phases, and fences (tier_wait() on one of before fails with
+ * -ERESTART).  Any call that talks to tierd may return -ERESTART;
+ * tier_phase() and tier_wait() too.  Mappings of old grants stay mapped
+ * until the client is freed.  A handle whose tensor the new tierd lacks
+ * fails with -ESTALE.  tier_client_restarts(): how many restarts this
+ * client lived through.  A control connection does not reconnect (-EINVAL).
+ */
+int tier_client_set_reconnect(tier_client *c, int timeout_ms);
+unsigned tier_client_restarts(const tier_client *c);
+
 /* Name of the VRAM backend ("emulated" or "cuda") */
 const char *tier_client_vram_backend(const tier_client *c);
 /* PCI bus id of tierd's GPU ("0000:3b:00.0") with the cuda backend, else "": where device_ptrs live */

@@ -274,7 +274,18 @@ int transport_drain(tier_client *c) {
  * A Response with status < 0 is returned as that status, its error text kept
  * in last_error.
  */
+static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret);
+
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
+        int r = transport_call_once(c, req, ret);
+
+        /* tierd went away: connect to the next one when the caller asked to (reconnect.c) */
+        if (r < 0 && (c->broken < 0 || c->shutdown))
+                return client_reconnect(c, r);
+        return r;
+}
+
+static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) {
         _cleanup_free_ uint8_t *buf = NULL;
         Tier__Response *resp;
         size_t len;

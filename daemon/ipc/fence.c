@@ -111,7 +111,8 @@ void pin_drop_all(Conn *c) {
                 tensor_pin_account(pr->tensor, pr->tier, -1);
                 if (pr->rw)
                         pr->tensor->rw_pins--;
-                (void) tensor_unpin(pr->tensor, pr->tier, true);
+                /* one that may have written: dirty (the client said nothing); a read-only one: clean */
+                (void) tensor_unpin(pr->tensor, pr->tier, pr->write_only || pr->rw);
         }
         c->n_pins = 0;
 }

@@ -22,5 +22,5 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
 int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw);
 /* Forget one such pin: 1 when it was write-only, 0 when not, -ENOENT when @c holds none. */
 int pin_forget(Conn *c, Tensor *t, int tier);
-/* Drop every pin @c holds, as dirty: it may have written before it went. */
+/* Drop every pin @c holds: dirty where it may have written before it went, clean where it only read. */
 void pin_drop_all(Conn *c);

@@ -636,8 +636,10 @@ static void collect_prefetch(Plan *p, CandList *cands, uint64_t now) {
                         if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(s, t, tier) ||
                             t->sched_blocked == s->epoch)
                                 continue;
-                        if (tensor_is_blank(t))
-                                continue;       /* zeros or dead bytes: nothing to move */
+                        if (tensor_is_blank(t) || t->lost)
+                                continue;       /* zeros or dead bytes: nothing to move; lost: nothing to bring */
+                        if (sched_next_access_overwrites(t))
+                                continue;       /* written whole before this read: the old bytes are not needed */
                         add_cand(cands, (Cand) {
                                 .plan = p, .job = p->job, .tensor = t, .tier = tier, .hold = -1, .idx = i,
                                 .deadline = p->pred[k], .ahead = k, .link = access_link(t, tier, PLAN_READ),

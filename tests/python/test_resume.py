@@ -33,11 +33,15 @@ except ImportError:  # pragma: no cover - the suite skips without torch
 KILLS = 20
 STEPS = 24
 
-# The child: python3 test_resume.py --child SOCKET JOB OUT; prints "ready", then "step N" per step.
+# The child: python3 test_resume.py --child SOCKET JOB OUT [STEPS [reconnect]]; prints "ready N R",
+# then "step N" per step, and "restarts N" at the end.
 CHILD = "--child"
+RESTARTS = 20
+RESTART_STEPS = 60
 
 
-def child(socket: str, job: str, out: str) -> int:
+def child(socket: str, job: str, out: str, steps: str = str(STEPS), mode: str = "resume") -> int:
+    n_steps = int(steps)
     sys.path.insert(0, os.path.join(tierd.source_dir(), "client", "python", "examples"))
     import tier
     import tier.torch
@@ -47,11 +51,11 @@ def child(socket: str, job: str, out: str) -> int:
     model = train_lm.ByteLM(dim=64, layers=3, heads=4, context=32)
     text = torch.randint(0, 256, (1 << 16,), generator=torch.Generator().manual_seed(11))
     gen = train_lm.batches(text, batch=8, context=32, seed=5, rank=0, world=1)
-    data = [next(gen) for _ in range(STEPS)]
-    c = tier.Client(job, socket=socket)
-    eng = tier.torch.Offload(model, c, lr=1e-3, weight_decay=0.01, placement="C", resume=True)
+    data = [next(gen) for _ in range(n_steps)]
+    c = tier.Client(job, socket=socket, reconnect=60 if mode == "reconnect" else None)
+    eng = tier.torch.Offload(model, c, lr=1e-3, weight_decay=0.01, placement="C", resume=mode == "resume")
     print(f"ready {eng.steps} {int(eng.resumed)}", flush=True)
-    for step in range(eng.steps, STEPS):
+    for step in range(eng.steps, n_steps):
         x, y = data[step]
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
@@ -59,6 +63,7 @@ def child(socket: str, job: str, out: str) -> int:
         print(f"step {eng.steps}", flush=True)
     torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "optim": eng.state_dict(), "steps": eng.steps}, out)
+    print(f"restarts {eng.restarts} {c.restarts}", flush=True)
     eng.close()
     c.close()
     return 0
@@ -70,10 +75,10 @@ class TestResume(tierd.DaemonTestCase):
     config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
         "job_limit = 48M", "job_limit = 4M", 1)
 
-    def run_child(self, job: str, out: str, kill_after=None) -> tuple[bool, list[tuple[float, str]]]:
+    def run_child(self, job: str, out: str, kill_after=None, args=(), ready=None) -> tuple[bool, list[tuple[float, str]]]:
         """Run the child; SIGKILL it kill_after(N) seconds after it said "ready N" (None: let it finish).
         Returns whether it finished, and its lines with the time each came."""
-        p = subprocess.Popen([sys.executable, __file__, CHILD, self.socket, job, out], stdout=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, __file__, CHILD, self.socket, job, out, *args], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         lines: list[tuple[float, str]] = []
         deadline = None
@@ -91,6 +96,8 @@ class TestResume(tierd.DaemonTestCase):
                 if not line:
                     break
                 lines.append((time.monotonic(), line.strip()))
+                if line.startswith("step 1") and ready is not None:
+                    ready.set()
                 if line.startswith("ready") and kill_after is not None:
                     deadline = time.monotonic() + kill_after(int(line.split()[1]))
             status = p.wait(60)
@@ -147,6 +154,70 @@ class TestResume(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(v, sb[i][k]), f"optimizer state {i}.{k} differs")
         self.assertEqual(a["optim"]["param_groups"], b["optim"]["param_groups"])
 
+    def same(self, ref: str, out: str, steps: int) -> None:
+        a, b = torch.load(ref), torch.load(out)
+        self.assertEqual(a["steps"], steps)
+        self.assertEqual(b["steps"], steps)
+        for n, p in a["params"].items():
+            self.assertTrue(torch.equal(p, b["params"][n]), f"parameter {n} differs from the uninterrupted run's")
+        sa, sb = a["optim"]["state"], b["optim"]["state"]
+        self.assertEqual(sorted(sa), sorted(sb))
+        for i in sa:
+            for k, v in sa[i].items():
+                self.assertTrue(torch.equal(v, sb[i][k]), f"optimizer state {i}.{k} differs")
+        self.assertEqual(a["optim"]["param_groups"], b["optim"]["param_groups"])
+
+    def test_tierd_restarted_twenty_times(self) -> None:
+        """tierd stopped and started again twenty times under a training process (a Client with
+        reconnect=): the process carries on by itself and ends where an uninterrupted run does."""
+        import threading
+
+        tmp = tempfile.mkdtemp(prefix="tier-restart-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
+        ref, out = os.path.join(tmp, "ref.pt"), os.path.join(tmp, "out.pt")
+        ok, lines = self.run_child("restart-ref", ref, args=(str(RESTART_STEPS), "plain"))
+        self.assertTrue(ok)
+        rng = random.Random(61206)
+        result: dict = {}
+
+        training = threading.Event()
+
+        def train() -> None:
+            try:
+                result["ok"], result["lines"] = self.run_child("restart-run", out, args=(str(RESTART_STEPS), "reconnect"),
+                                                               ready=training)
+            finally:
+                training.set()
+
+        th = threading.Thread(target=train)
+        th.start()
+        times = []
+        training.wait(120)      # its first step is done: the plan runs
+        try:
+            # the first restart once it trains; the rest one after the other, each after a random wait
+            while not os.path.exists(out) and th.is_alive():
+                time.sleep(0.05)
+                if len(times) >= RESTARTS:
+                    break
+                time.sleep(rng.uniform(0.0, 0.25))
+                if not th.is_alive():
+                    break
+                t0 = time.monotonic()
+                self.assertEqual(self.d.restart(), 0)
+                times.append(time.monotonic() - t0)
+        finally:
+            th.join(300)
+        self.assertTrue(result.get("ok"), result)
+        restarts = [line for _, line in result["lines"] if line.startswith("restarts")]
+        steps = [t for t, line in result["lines"] if line.startswith("step")]
+        gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
+        print(f"tierd restarted {len(times)} times under the run (stop and start: "
+              f"{sorted(times)[len(times) // 2]:.2f} s at the median, {max(times):.2f} s at most); the run says "
+              f"{restarts}; its steps took {gaps[len(gaps) // 2]:.3f} s at the median, {gaps[-1]:.3f} s at most "
+              "(a step with a restart in it)", file=sys.stderr)
+        self.assertEqual(len(times), RESTARTS, "the run ended before the restarts did: make it longer")
+        self.same(ref, out, RESTART_STEPS)
+
     def test_refused_layout(self) -> None:
         """A model that does not match the stored layout is refused, in words, before anything of it changes;
         the right one resumes with the parameters as they were committed."""
@@ -183,5 +254,5 @@ class TestResume(tierd.DaemonTestCase):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
-        sys.exit(child(*sys.argv[2:5]))
+        sys.exit(child(*sys.argv[2:]))
     tierd.main()

@@ -155,12 +155,19 @@ class Tierd:
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 preexec_fn=_pdeathsig, close_fds=True,
             )
+        since = len(self.notes)
         try:
-            self.wait_notify("READY=1", timeout)
+            self.wait_notify("READY=1", timeout, since)
         except Exception:
             self.kill()
             raise
         return self
+
+    def restart(self) -> int:
+        """Stop (SIGTERM) and start again on the same directory; the stop's exit status."""
+        status = self.stop()
+        self.start()
+        return status
 
     def _drain(self, timeout: float) -> None:
         self._notify.settimeout(timeout)
@@ -171,10 +178,10 @@ class Tierd:
         except (BlockingIOError, socket.timeout):
             pass
 
-    def wait_notify(self, needle: str, timeout: float) -> str:
-        """The first notify message (since the start) containing @needle, waiting up to @timeout s."""
+    def wait_notify(self, needle: str, timeout: float, since: int = 0) -> str:
+        """The first notify message (from the @since-th on) containing @needle, waiting up to @timeout s."""
         deadline = time.monotonic() + timeout
-        seen = 0
+        seen = since
         while True:
             for m in self.notes[seen:]:
                 if needle in m:

@@ -49,6 +49,7 @@ from .errors import (
     ExistsError,
     LostError,
     NoSpaceError,
+    RestartedError,
     NotFoundError,
     PermissionDeniedError,
     QuotaError,
@@ -103,5 +104,6 @@ __all__ = [
     "ShutdownError",
     "TimedOutError",
     "LostError",
+    "RestartedError",
     "Commit",
 ]

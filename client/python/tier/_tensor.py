@@ -300,6 +300,11 @@ class Tensor:
         self._grants.clear()
         self.client._invalidate_phase_grants(self)
 
+    def _connection_lost(self) -> None:
+        """tierd restarted: its pins of this tensor went with the connection (their grants' memory
+        stays mapped until the client is closed, their unpin() does nothing)."""
+        self._release_grants()
+
     @property
     def closed(self) -> bool:
         """True once closed or destroyed (or its client closed)."""

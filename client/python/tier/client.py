@@ -79,7 +79,7 @@ from ._base import (
     strerror,
 )
 from ._tensor import Fence, Grant, Plan, Tensor
-from .errors import TierError, error_class
+from .errors import NotFoundError, TierError, error_class
 
 __all__ = [
     "Level",
@@ -118,7 +118,8 @@ class Client:
     Not thread-safe: use one Client per thread, or a lock around a shared one.
     """
 
-    def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None, *,
+                 reconnect: float | None = None) -> None:
         self._c: int | None = None
         if not isinstance(job, str):
             raise TypeError(f"a job name is a str, not {type(job).__name__}")
@@ -141,6 +142,35 @@ class Client:
             where = os.fsdecode(sock) if sock else "tierd"
             raise error_class(r)(-r, text, f"connect to {where} as job {job!r}")
         self._c = c.value
+        if reconnect is not None:
+            self.set_reconnect(reconnect)
+
+    def set_reconnect(self, timeout: float) -> None:
+        """``tier_client_set_reconnect()``: a call that finds tierd gone waits up to @timeout seconds
+        for the next tierd, joins the job again and raises RestartedError (0: never, the default).
+        No round trip."""
+        if not isinstance(timeout, (int, float)) or not 0 <= timeout <= 86400:
+            raise ValueError(f"the reconnect timeout is 0..86400 seconds, not {timeout!r}")
+        op = "set reconnect"
+        self._check(_L.tier_client_set_reconnect(self._handle(op), int(timeout * 1000)), op)
+
+    @property
+    def restarts(self) -> int:
+        """How many tierd restarts this client lived through (``tier_client_restarts()``)."""
+        return int(_L.tier_client_restarts(self._handle("restarts")))
+
+    def resubmit_plan(self) -> None:
+        """After a RestartedError: submit the plan that was running again (its entries are kept).
+        A round trip; NotFoundError when none was submitted."""
+        if not self._planned:
+            raise NotFoundError(errno.ENOENT, "no plan was submitted", "resubmit plan")
+        p = Plan(self)
+        try:
+            for ph, t, tl, md in self._planned:
+                p.add(ph, t, tl, md)
+            p.submit()
+        finally:
+            p.close()
 
     # -- plumbing
     def _handle(self, operation: str) -> int:
@@ -154,7 +184,16 @@ class Client:
         text = ""
         if self._c is not None:
             text = (_L.tier_client_last_error(self._c) or b"").decode("utf-8", "replace")
+        if r == -errno.ERESTART:
+            self._restarted()
         raise error_class(r)(-r, text or strerror(r), operation)
+
+    def _restarted(self) -> None:
+        """tierd restarted: what the old connection held is gone (the memory of old grants stays)."""
+        self._invalidate_phase_grants()
+        self._phase = None
+        for t in list(self._tensors):
+            t._connection_lost()
 
     def _invalidate_phase_grants(self, tensor: Tensor | None = None) -> None:
         keep = []

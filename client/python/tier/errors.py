@@ -107,6 +107,13 @@ class TimedOutError(TierError):
     """ETIMEDOUT: a wait with a timeout ran out; the request goes on."""
 
 
+class RestartedError(TierError):
+    """ERESTART: tierd restarted while this call ran (a Client made with ``reconnect=``); the
+    connection, the job and every Tensor handle are back, but pins, the plan, phases and fences
+    of before are gone: pin again, submit the plan again (``Client.resubmit_plan()``), enter the
+    phase again.  The call itself may or may not have happened."""
+
+
 class LostError(TierError):
     """ENODATA: the tensor's newest data is gone (it was in memory when tierd
     stopped, or a rollback had nothing to go back to).  Write it whole (a
@@ -129,6 +136,8 @@ _BY_ERRNO: dict[int, type[TierError]] = {
     _errno.EPIPE: ShutdownError,
     _errno.ETIMEDOUT: TimedOutError,
     _errno.ENODATA: LostError,
+    _errno.ERESTART: RestartedError,
+    _errno.ESTALE: NotFoundError,
 }
 
 

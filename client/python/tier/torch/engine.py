@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
-from ..errors import TierError
+from ..errors import RestartedError, TierError
 from . import clip, collective, discovery, layout, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
@@ -40,6 +40,10 @@ from .tracer import Key, Tracer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..client import Client
+
+#: how often a phase entry (or a commit) is tried again after tierd restarted under it (each try waits
+#: for the next tierd, up to the Client's reconnect timeout)
+RESTART_TRIES = 3
 
 #: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
 #: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
@@ -121,6 +125,8 @@ class Offload(torch.optim.Optimizer):
         self.resumed_from: Any = None      # the tier.Commit it resumed from
         self._meta: Any = None             # the resume record's tensor
         self._first_step = True            # the first step of this engine (traced, unplanned)
+        #: tierd restarts this engine lived through (a Client made with reconnect=)
+        self.restarts = 0
         #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
         #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
         self.kept_up = 0
@@ -442,6 +448,29 @@ class Offload(torch.optim.Optimizer):
         return [(blk.tensors[k], tier, mode) for blk, k, tier, mode in self._needs(key)]
 
     def _enter(self, kind: str, b: Block, part: int = 0) -> None:
+        for attempt in range(RESTART_TRIES + 1):
+            try:
+                self._enter_once(kind, b, part)
+                return
+            except RestartedError:
+                if attempt == RESTART_TRIES:
+                    raise
+                self._restarted()
+
+    def _restarted(self) -> None:
+        """tierd restarted (a Client made with ``reconnect=``): what the connection held is gone,
+        the tensors are back (what a clean stop wrote down, or what its memory kept); the plan goes
+        in again and the phase being entered is entered again.  The phases before wrote through
+        tierd's mappings of before, which tierd wrote down as it stopped."""
+        self.restarts += 1
+        self._held.clear()
+        self._fences = []
+        self._early = None
+        if self.tracer.planned:
+            with self._explained(None, "submitting the plan again after tierd restarted"):
+                self.client.resubmit_plan()
+
+    def _enter_once(self, kind: str, b: Block, part: int = 0) -> None:
         key = (kind, b.index, part, self._cur if kind != "o" else 0)
         for blk in self.blocks:
             blk.maps.clear()
@@ -497,8 +526,11 @@ class Offload(torch.optim.Optimizer):
         self._down.clear()
 
     def _release(self) -> None:
-        for t, tier, dirty in self._held:
-            t.unpin(tier, dirty)
+        try:
+            for t, tier, dirty in self._held:
+                t.unpin(tier, dirty)
+        except RestartedError:
+            self._restarted()           # (its pins went with the connection: tierd wrote them down)
         self._held.clear()
 
     def _point(self, b: Block, on: bool) -> None:
@@ -808,10 +840,17 @@ class Offload(torch.optim.Optimizer):
                 self._submit_plan()
         elif self.tracer.seq:
             first = self.tracer.seq[0]
-            with self._explained(self.blocks[first[1]], "entering the next step's first phase"):
-                self.client.phase(self.tracer.index[first])
-            self._early = first
-            self._write_down(first)
+            for attempt in range(RESTART_TRIES + 1):
+                try:
+                    with self._explained(self.blocks[first[1]], "entering the next step's first phase"):
+                        self.client.phase(self.tracer.index[first])
+                    self._early = first
+                    self._write_down(first)
+                    break
+                except RestartedError:
+                    if attempt == RESTART_TRIES:
+                        raise
+                    self._restarted()
         self.steps += 1
         self._first_step = False
         if self.resume:
@@ -821,9 +860,16 @@ class Offload(torch.optim.Optimizer):
         """The step is over: the job is committed (after the resume record), a round trip and a small
         write.  tierd refuses a commit while a tensor is pinned for reading and writing: here the
         optimizer phases' pins went with the next step's first phase."""
-        resume_mod.write_meta(self)
-        with self._explained(None, f"committing step {self.steps}"):
-            self.client.commit(self.steps)
+        for attempt in range(RESTART_TRIES + 1):
+            try:
+                resume_mod.write_meta(self)
+                with self._explained(None, f"committing step {self.steps}"):
+                    self.client.commit(self.steps)
+                return
+            except RestartedError:
+                if attempt == RESTART_TRIES:
+                    raise
+                self._restarted()
 
     def _decide_mode(self, micro: int, clipped: bool) -> None:
         """After the first step: fused if it ran one micro-batch and no clipping (and nothing forces
@@ -859,6 +905,10 @@ class Offload(torch.optim.Optimizer):
                 return True
             return f.done()
         except BusyError:
+            self.kept_up += 1
+            return True
+        except RestartedError:
+            # a fence of before tierd restarted: the copy stays valid where it is, wherever it was written
             self.kept_up += 1
             return True
         except (NoSpaceError, RetryLaterError) as e:
