@@ -278,14 +278,16 @@ _public_ int tier_phase(tier_client *c, unsigned phase) {
 
         /*
          * Reconnecting: a tierd that announced its stop gets no marker; the
-         * connection goes now (tierd finishes its stop once its clients are
-         * gone), the next tierd is joined (one recvmsg() that finds nothing,
-         * when nothing was announced).
+         * connection goes now, at the phase's end, so that what the phase
+         * wrote counts as written (tierd keeps the connection of a client in
+         * a phase open for this, and writes everything down once its clients
+         * are gone), the next tierd is joined (one recvmsg() that finds
+         * nothing, when nothing was announced).
          */
         if (c->reconnect_ms > 0) {
                 r = transport_drain(c);
                 if (r >= 0)
-                        r = transport_check(c);
+                        r = c->shutdown ? -ESHUTDOWN : transport_check(c);
                 if (r < 0)
                         return client_reconnect(c, r);
         }

@@ -86,7 +86,8 @@ const char *tier_client_last_error(const tier_client *c);
 
 /*
  * Reconnecting, opt-in (off by default): a call that finds tierd gone (its
- * connection closed, or tierd announced its stop) waits up to @timeout_ms
+ * connection closed; after tierd announced its stop, at the next
+ * tier_phase(), or when tierd refuses a request) waits up to @timeout_ms
  * for a tierd to answer on the same socket, connects, joins the same job
  * as the same rank and opens every tensor handle again by name, then fails
  * with -ERESTART ("tierd restarted, handles re-established"): the call may

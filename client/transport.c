@@ -82,8 +82,14 @@ int transport_break(tier_client *c, int r, const char *fmt, ...) {
 
 /* Can a request be sent now? */
 int transport_check(tier_client *c) {
-        /* a connection closed after tierd announced its shutdown reports the shutdown */
-        if (c->shutdown)
+        /*
+         * A connection closed after tierd announced its shutdown reports the
+         * shutdown; so does an open one, but where the client reconnects: tierd
+         * keeps that one open while it holds what the client may still write
+         * through, and the client leaves at its next phase (tier_phase()) or
+         * when tierd refuses a request or closes the connection.
+         */
+        if (c->shutdown && (c->reconnect_ms == 0 || c->broken < 0))
                 return -ESHUTDOWN;
         if (c->broken < 0)
                 return c->broken;
@@ -291,9 +297,16 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
         size_t len;
         int r;
 
-        /* Events already queued (a shutdown, failed fences) count before this request. */
+        /*
+         * Events already queued (a shutdown, failed fences) count before this
+         * request; but what lets go of pins is still sent while the connection
+         * is open, so that tierd writes down what was written through them.
+         */
         (void) transport_drain(c);
         r = transport_check(c);
+        if (r == -ESHUTDOWN && c->broken == 0 &&
+            (req->op_case == TIER__REQUEST__OP_UNPIN || req->op_case == TIER__REQUEST__OP_END_PLAN))
+                r = 0;
         if (r == -ESHUTDOWN)
                 return client_error(c, r, "tierd is shutting down%s%s",
                                     *c->shutdown_reason ? ": " : "", c->shutdown_reason);

@@ -519,6 +519,8 @@ static bool drain_done(Manager *m) {
 static int on_drain_post(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
 
+        if (m->server)
+                server_reap(m->server);
         if (!drain_done(m))
                 return 0;
         log_debug("Drained: no transfer in flight, no client left");
@@ -531,7 +533,8 @@ static int on_drain_post(sd_event_source *s, void *userdata) {
 static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
-        log_warning("Stopping with %u transfer(s) still in flight and %u client(s) not done reading after "
+        log_warning("Stopping with %u transfer(s) still in flight and %u client(s) still holding pins or not done "
+                    "reading after "
                     "%" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
                     m->drain_usec / 1000);
         if (m->stop_writes)
@@ -573,7 +576,14 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
          * (daemon/state/book.c; [nvme] persist = no: scratch).
          */
 
-        /* no more accept()s; Event.shutdown to every client, which is closed once it has read it */
+        /*
+         * No more accept()s; Event.shutdown to every client, which is closed once
+         * it has read it, or, where it holds what it may still be writing through,
+         * once it has let go (at its next phase, at its unpin): what it wrote is
+         * then in memory, and written down below
+         */
+        if (m->sched)
+                sched_stop(m->sched);
         if (m->server)
                 server_stop(m->server, "tierd is stopping");
 

@@ -781,6 +781,17 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         if (c->plan)
                 sched_plan_sync(c->plan);
 
+        /*
+         * Stopping: a connection still open holds what its client may be writing
+         * through (server_reap()); it may let go and look, nothing more.
+         */
+        if (rpc->registry->stopping && req->op_case != TIER__REQUEST__OP_UNPIN &&
+            req->op_case != TIER__REQUEST__OP_END_PLAN && req->op_case != TIER__REQUEST__OP_ACK &&
+            req->op_case != TIER__REQUEST__OP_STATUS && req->op_case != TIER__REQUEST__OP_STAT &&
+            req->op_case != TIER__REQUEST__OP_GET_SEGMENTS)
+                return reply_status(c, seq, -ESHUTDOWN, "tierd is stopping: it only takes pins back now "
+                                    "(reconnect once it has started again)");
+
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
                 return handle_hello(rpc, c, seq, req->hello);
@@ -889,7 +900,18 @@ static void ops_conn_gone(void *userdata, Conn *c) {
         rpc_conn_gone(userdata, c);
 }
 
+/* What its client may still be writing through: a pin that may write, a request in the engine, a plan's phase. */
+static bool ops_holds(void *userdata, const Conn *c) {
+        if (!list_empty(&c->pending) || (c->plan && sched_plan_holds(c->plan)))
+                return true;
+        for (size_t i = 0; i < c->n_pins; i++)
+                if (c->pins[i].write_only || c->pins[i].rw)
+                        return true;
+        return false;
+}
+
 const ServerOps rpc_server_ops = {
         .dispatch = ops_dispatch,
         .conn_gone = ops_conn_gone,
+        .holds = ops_holds,
 };

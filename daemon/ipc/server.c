@@ -211,17 +211,31 @@ void server_stop(Server *s, const char *reason) {
         sh.reason = (char *) reason;
         ev.kind_case = TIER__EVENT__KIND_SHUTDOWN;
         ev.shutdown = &sh;
+        s->stopping = true;
         if (s->listen_source)
                 (void) sd_event_source_set_enabled(s->listen_source, SD_EVENT_OFF);
         list_for_each_safe(n, tmp, &s->conns) {
                 Conn *c = list_entry(n, Conn, link);
 
                 (void) conn_send_event(c, &ev);
+        }
+        server_reap(s);
+}
+
+void server_reap(Server *s) {
+        if (!s->stopping)
+                return;
+        list_for_each_safe(n, tmp, &s->conns) {
+                Conn *c = list_entry(n, Conn, link);
+
                 /*
                  * Read no more requests; write what is queued (the shutdown event
                  * last), then close, as after a protocol error: the connection's
-                 * requests are cancelled and its pins dropped.
+                 * requests are cancelled and its pins dropped.  One that holds
+                 * what its client may be writing through is served on (the
+                 * requests it may make while stopping: rpc.c) until it lets go.
                  */
-                conn_shutdown(c);
+                if (!c->closing && !(s->ops->holds && s->ops->holds(s->userdata, c)))
+                        conn_shutdown(c);
         }
 }

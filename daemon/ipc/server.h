@@ -24,6 +24,12 @@ typedef struct ServerOps {
         int (*dispatch)(void *userdata, Conn *c, Tier__Request *req);
         /* @c is closing: release everything it holds (its socket is still open). */
         void (*conn_gone)(void *userdata, Conn *c);
+        /*
+         * Does @c hold what its client may still be writing through (a pin that
+         * may write, a request in the engine, a phase of its plan)?  A stop
+         * leaves such a connection open until it lets go (server_reap()).
+         */
+        bool (*holds)(void *userdata, const Conn *c);
 } ServerOps;
 
 struct Server {
@@ -35,6 +41,7 @@ struct Server {
         sd_event_source *listen_source;
         char *bound_path;       /* unlinked on exit when we bound it */
         List conns;             /* Conn.link */
+        bool stopping;          /* server_stop() ran */
         unsigned n_conns;
         uint64_t next_conn_id;
         /*
@@ -61,6 +68,11 @@ unsigned server_n_conns(const Server *s);
 unsigned server_count_uid(const Server *s, uid_t uid, const Conn *except);
 /*
  * server_stop() - accept no more connections; send Event.shutdown(@reason)
- * to every client, then let each read what is queued for it and close it.
+ * to every client, then let each read what is queued for it and close it:
+ * at once where it holds nothing (ServerOps.holds), else once it lets go
+ * (server_reap()), so that what it writes through its pins is in memory
+ * before the stop writes it down.
  */
 void server_stop(Server *s, const char *reason);
+/* While stopping: close the connections that hold nothing any more. */
+void server_reap(Server *s);

@@ -443,12 +443,15 @@ static void plan_consume_marker(Plan *p) {
                 p->hold[1] = (PlanHold) {};
         } else {
                 /*
-                 * The client went elsewhere, or through that phase and on before we
-                 * read its marker (markers can be skipped: that phase was ready, so it
-                 * may have written there)
+                 * The client went elsewhere (this marker is the one the hold was
+                 * for: it never entered the held phase, which wrote nothing, and a
+                 * write-only pin there holds no data), or through that phase and
+                 * on before we read its marker (markers can be skipped: that phase
+                 * was ready, so it may have written there)
                  */
-                hold_release(p, 1, true, true);
-                hold_start(p, 0, seq, phase);
+                hold_release(p, 1, true, seq > p->hold[1].seq);
+                if (!s->stopping)
+                        hold_start(p, 0, seq, phase);
         }
         p->seq = seq;
         p->cur = phase;
@@ -467,6 +470,21 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
 void sched_plan_sync(Plan *p) {
         if (p)
                 plan_consume_marker(p);
+}
+
+bool sched_plan_holds(const Plan *p) {
+        return p->hold[0].active || p->hold[1].active;
+}
+
+void sched_stop(Sched *s) {
+        s->stopping = true;
+        list_for_each_safe(node, tmp, &s->plans) {
+                Plan *p = list_entry(node, Plan, link);
+
+                for (int h = 1; h >= 0; h--)
+                        if (p->hold[h].active && !p->hold[h].ready_sent)
+                                hold_release(p, h, true, false);
+        }
 }
 
 /* ---- the pass ---------------------------------------------------------------------------------------- */
@@ -720,7 +738,7 @@ void sched_run(Sched *s) {
         uint64_t now = now_ns();
         double min_vt = -1;
 
-        if (list_empty(&s->plans) || s->in_run)
+        if (list_empty(&s->plans) || s->in_run || s->stopping)
                 return;
         s->in_run = true;
         s->pass_no++;

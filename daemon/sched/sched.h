@@ -36,6 +36,7 @@ struct Sched {
         VramBackend *vram;
 
         List plans;             /* Plan.link */
+        bool stopping;          /* sched_stop(): no phase is held or pinned ahead any more */
         bool in_run;
         uint64_t pass_no;
         uint64_t epoch;         /* bumped whenever space may have been freed or data moved */
@@ -71,6 +72,19 @@ void sched_plan_free(Plan *p);
  * phase's pins (tier.h: phases and requests of one client keep their order).
  */
 void sched_plan_sync(Plan *p);
+/*
+ * Does @p hold a phase its client may be in (one tierd said is ready, or one
+ * whose pins are coming)?  While stopping, only a phase said ready is held.
+ */
+bool sched_plan_holds(const Plan *p);
+/*
+ * sched_stop() - tierd stops: phases not said ready yet are let go (their
+ * clients never wrote there), nothing is pinned ahead or prefetched any
+ * more, and a marker lets the phase before go without holding the next: a
+ * client leaves its plan at its next phase (libtier with reconnecting), or
+ * finds its connection closed there.
+ */
+void sched_stop(Sched *s);
 
 /* Run the scheduler: pins for the next markers, prefetch, write-behind.  Cheap when idle. */
 void sched_run(Sched *s);

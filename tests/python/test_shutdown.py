@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""When tierd stops: every call raises ShutdownError, waits return, the Client still closes."""
+"""When tierd stops: every call raises ShutdownError, waits return, a pin that may write holds the stop
+until it is let go, the Client still closes."""
 
 from __future__ import annotations
 
 import errno
+import signal
 import unittest
 
 import tierd
@@ -33,8 +35,8 @@ class TestShutdown(unittest.TestCase):
         mv = g.memoryview()
         big.prefetch(tier.HOST)
         f = big.prefetch_async(tier.VRAM)  # half a second on the throttled link: in flight
-        self.assertEqual(self.d.stop(), 0, "tierd's exit status")
-        self.assertIn("STOPPING=1", "".join(self.d.notes))
+        self.d.proc.send_signal(signal.SIGTERM)
+        self.d.wait_notify("STOPPING=1", 10)
 
         # the fence: done before tierd went, or failed with it; never a hang
         try:
@@ -46,11 +48,19 @@ class TestShutdown(unittest.TestCase):
             with self.assertRaises(tier.ShutdownError) as cm:
                 call()
             self.assertIn(cm.exception.errno, GONE)
-            # libtier heard Event.shutdown before the end of the connection: it says so, with
-            # tierd's reason (client/transport.c), whichever way the call found the connection gone
-            self.assertEqual(cm.exception.strerror, "tierd is shutting down: tierd is stopping")
-        self.assertTrue(g.pinned)  # nothing unpinned it; its mapping is still ours until close
+            # libtier heard Event.shutdown (client/transport.c), or tierd refused the request itself:
+            # either way it says that tierd is stopping
+            self.assertIn("tierd is stopping", cm.exception.strerror)
+        # the pin may write: tierd waits for it (up to its drain bound), so what is written through it
+        # is in memory when the stop writes it down
+        self.assertIsNone(self.d.proc.poll(), "tierd went while a pin that may write was held")
+        self.assertTrue(g.pinned)
         mv[0] = 1
+        g.unpin(dirty=True)     # letting go is still sent: tierd closes the connection and stops
+        self.assertEqual(self.d.stop(), 0, "tierd's exit status")
+        self.assertIn("STOPPING=1", "".join(self.d.notes))
+        log = self.d.log_text()
+        self.assertNotIn("Stopping with", log)         # not at its bound: when the pin went
         with self.assertRaises(tier.TierError):
             tier.Client("stop", socket=self.d.socket)
         c.close()
@@ -58,6 +68,19 @@ class TestShutdown(unittest.TestCase):
             mv[0]
         self.assertTrue(t.closed and big.closed)
 
+    def test_idle_client_does_not_hold_the_stop(self) -> None:
+        """A client that holds no pin that may write (a read-only one) does not keep tierd: it stops at once."""
+        c = tier.Client("idle", socket=self.d.socket)
+        self.addCleanup(c.close)
+        t = c.create("t", 1 * MiB)
+        g = t.pin(tier.HOST)
+        g.unpin(dirty=True)
+        r = t.pin(tier.HOST, tier.READ)
+        self.assertEqual(self.d.stop(), 0)
+        self.assertNotIn("Stopping with", self.d.log_text())
+        self.assertTrue(r.pinned)
+        with self.assertRaises(tier.ShutdownError):
+            t.stat()
 
 if __name__ == "__main__":
     tierd.main()

@@ -525,6 +525,56 @@ static void test_dead_bytes(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * ---- a phase pinned ahead that the client never entered wrote nothing ----------------------
+ *
+ * The next phase is pinned ahead; a write-only access there reserves its copy
+ * without bringing the old bytes.  A client that goes to another phase instead
+ * (it starts in the middle of its cycle, as after tierd restarted) never
+ * wrote there: the old data stays the newest.
+ */
+static void test_skipped_write_phase(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
+        Tensor *a;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+        uint64_t version;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        make_on_nvme(m, a);
+        version = a->version;
+        {
+                /* phase 0 writes A whole, phase 1 reads it */
+                Acc acc[] = {
+                        { 0, a, TIER_HOST, PLAN_WRITE },
+                        { 1, a, TIER_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 2, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        /* before any marker, phase 0 (the first) is pinned ahead: A reserved in host, not read */
+        FIXTURE_RUN_UNTIL(m, p->hold[1].active && p->hold[1].ready_sent);
+        assert_true(p->hold[1].ready_sent);
+        assert_int_equal(p->hold[1].phase, 0);
+        marker(m, p, 1);        /* the client starts at phase 1: it never wrote A */
+        assert_int_equal(a->version, version);
+        assert_true(copy_valid(a, TIER_NVME));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_HOST));
+        assert_true(copy_valid(a, TIER_HOST));          /* read from NVMe for phase 1 */
+        assert_int_equal(a->version, version);
+        /* phase 0 entered, then left: that wrote A */
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, p->hold[0].ready_sent);
+        assert_true(p->hold[0].ready_sent);
+        marker(m, p, 1);
+        assert_true(a->version > version);
+        finish(m, j, c, p);
+}
+
 /* ---- a tensor two plans name is never dead: the other plan may read it --------------------- */
 
 static void test_shared_not_dead(void **state) {
@@ -681,6 +731,7 @@ int main(void) {
                 cmocka_unit_test(test_write_behind),
                 cmocka_unit_test(test_write_behind_same_victims),
                 cmocka_unit_test(test_dead_bytes),
+                cmocka_unit_test(test_skipped_write_phase),
                 cmocka_unit_test(test_shared_not_dead),
                 cmocka_unit_test(test_quota_respect),
                 cmocka_unit_test(test_weighted_sharing),

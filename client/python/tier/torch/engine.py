@@ -23,7 +23,6 @@ gradients gathered since the last step, ``state_dict()`` and
 from __future__ import annotations
 
 import math
-import re
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -31,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
-from ..errors import RestartedError, TierError
-from . import clip, collective, discovery, layout, placement as placement_mod, resume as resume_mod, state as state_mod
+from ..errors import RestartedError
+from . import clip, collective, discovery, explain, layout, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, rule_from
@@ -127,6 +126,7 @@ class Offload(torch.optim.Optimizer):
         self._first_step = True            # the first step of this engine (traced, unplanned)
         #: tierd restarts this engine lived through (a Client made with reconnect=)
         self.restarts = 0
+        self._client_restarts = getattr(client, "restarts", 0)
         #: write-downs (placements B, C) that tierd did not finish because the plan needed the tensor
         #: back in VRAM or host memory first: its copy there stays, the bytes on NVMe too.
         self.kept_up = 0
@@ -335,80 +335,12 @@ class Offload(torch.optim.Optimizer):
     def describe(self) -> str:
         """The blocks, their bytes per kind of state, and what the job's budgets mean for them."""
         return discovery.describe(self.blocks, state_kinds=self.state_kinds, placement=self.placement,
-                                  limits=self._limits())
+                                  limits=explain.limits(self))
 
-    # ---- errors in the model's words ----------------------------------------------------------
+    # ---- errors in the model's words (explain.py) ----------------------------------------------
 
-    def _explain_text(self, text: str) -> str:
-        """tierd's text with our tensor names replaced by the blocks they belong to, and the plan's
-        phase numbers by the phases they are."""
-        for name, (b, kind) in sorted(self._by_tname.items(), key=lambda x: -len(x[0])):
-            if name in text:
-                text = text.replace(f"'{name}'", f"{kind} of {b.label}").replace(name, f"{kind} of {b.label}")
-        seq = self.tracer.seq
-
-        def phase(m: "re.Match[str]") -> str:
-            k = int(m.group(0))
-            if k >= len(seq):
-                return m.group(0)
-            kind, i, part, micro = seq[k]
-            words = {"f": "forward", "b": "backward", "o": "optimizer"}[kind]
-            extra = (f", part {part + 1}" if len(self.blocks[i].parts) > 1 and kind == "o" else "") + \
-                (f", micro-batch {micro + 1}" if micro else "")
-            return f"{k} ({words} of {self.blocks[i].label}{extra})"
-
-        return re.sub(r"(?<=phases )\d+|(?<=phase )\d+|(?<= and )\d+(?= together)", phase, text)
-
-    class _Explained:
-        """Re-raise a TierError of ``what`` (for block ``b``) in the model's words, and what to do."""
-
-        def __init__(self, engine: "Offload", b: Block | None, what: str) -> None:
-            self.engine, self.b, self.what = engine, b, what
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
-            if e is None or not isinstance(e, TierError) or getattr(e, "_tier_torch", False):
-                return False
-            eng = self.engine
-            op = f"{self.b.label}, {self.what}" if self.b is not None else self.what
-            text = eng._explain_text(e.strerror or "")
-            advice = eng._advice(self.b)
-            new = type(e)(e.errno, text + (f" ({advice})" if advice else ""), op)
-            new._tier_torch = True
-            raise new from e
-
-    def _explained(self, b: Block | None, what: str) -> "_Explained":
-        return Offload._Explained(self, b, what)
-
-    def _limits(self) -> dict[str, int]:
-        """The job's byte limits now (a round trip: on error paths and in describe() only)."""
-        try:
-            q = self.client.quota()
-            return {"vram": int(q.limits["vram"]), "host": int(q.limits["host"])}
-        except Exception:       # a stand-in client, or tierd gone: what the handshake said
-            lim = getattr(self.client, "limit", None)
-            return {"vram": lim(VRAM), "host": lim(HOST)} if callable(lim) else {}
-
-    def _advice(self, b: Block | None) -> str:
-        bits = []
-        if b is not None and b.slots:
-            need_host = b.opt_host_bytes(len(self.state_kinds))
-            bits.append(f"its optimizer phase{'s need' if len(b.parts) > 1 else ' needs'} {fmt_bytes(need_host)} "
-                        f"in host, its forward {fmt_bytes(b.nbytes)} in vram")
-            lim = self._limits()
-            if lim:
-                bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
-                            "and tierd holds the next phase while one runs")
-            bits.append(discovery.split_hint(b))
-        if self._mode == "deferred":
-            bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
-                        "clipped), so two blocks' optimizer phases are pinned at once")
-        job = getattr(self.client, "job", "JOB")
-        bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); "
-                    "Offload.describe() shows every block")
-        return "; ".join(bits)
+    def _explained(self, b: Block | None, what: str) -> "explain.Explained":
+        return explain.Explained(self, b, what)
 
     # ---- phases ------------------------------------------------------------------------------
 
@@ -447,9 +379,15 @@ class Offload(torch.optim.Optimizer):
     def _plan_needs(self, key: Key) -> list[tuple[Any, int, int]]:
         return [(blk.tensors[k], tier, mode) for blk, k, tier, mode in self._needs(key)]
 
+    def _check_restarts(self) -> None:
+        """A restart another call found (the client's count moved): the plan goes in again first."""
+        if getattr(self.client, "restarts", 0) != self._client_restarts:
+            self._restarted()
+
     def _enter(self, kind: str, b: Block, part: int = 0) -> None:
         for attempt in range(RESTART_TRIES + 1):
             try:
+                self._check_restarts()
                 self._enter_once(kind, b, part)
                 return
             except RestartedError:
@@ -463,6 +401,7 @@ class Offload(torch.optim.Optimizer):
         in again and the phase being entered is entered again.  The phases before wrote through
         tierd's mappings of before, which tierd wrote down as it stopped."""
         self.restarts += 1
+        self._client_restarts = self.client.restarts
         self._held.clear()
         self._fences = []
         self._early = None
@@ -842,6 +781,7 @@ class Offload(torch.optim.Optimizer):
             first = self.tracer.seq[0]
             for attempt in range(RESTART_TRIES + 1):
                 try:
+                    self._check_restarts()
                     with self._explained(self.blocks[first[1]], "entering the next step's first phase"):
                         self.client.phase(self.tracer.index[first])
                     self._early = first
@@ -862,6 +802,7 @@ class Offload(torch.optim.Optimizer):
         optimizer phases' pins went with the next step's first phase."""
         for attempt in range(RESTART_TRIES + 1):
             try:
+                self._check_restarts()
                 resume_mod.write_meta(self)
                 with self._explained(None, f"committing step {self.steps}"):
                     self.client.commit(self.steps)

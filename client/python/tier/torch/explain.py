@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: MIT
+"""A TierError of tier.torch's, said in the model's words: tierd's tensor names become the blocks they
+belong to, phase numbers the phases they are, with what to do (the job's limits, how to split a block)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from .. import HOST, VRAM
+from ..errors import TierError
+from . import discovery
+from .layout import Block, fmt_bytes
+
+if TYPE_CHECKING:
+    from .engine import Offload
+
+
+def explain_text(eng: "Offload", text: str) -> str:
+    """tierd's text with our tensor names replaced by the blocks they belong to, and the plan's
+    phase numbers by the phases they are."""
+    for name, (b, kind) in sorted(eng._by_tname.items(), key=lambda x: -len(x[0])):
+        if name in text:
+            text = text.replace(f"'{name}'", f"{kind} of {b.label}").replace(name, f"{kind} of {b.label}")
+    seq = eng.tracer.seq
+
+    def phase(m: "re.Match[str]") -> str:
+        k = int(m.group(0))
+        if k >= len(seq):
+            return m.group(0)
+        kind, i, part, micro = seq[k]
+        words = {"f": "forward", "b": "backward", "o": "optimizer"}[kind]
+        extra = (f", part {part + 1}" if len(eng.blocks[i].parts) > 1 and kind == "o" else "") + \
+            (f", micro-batch {micro + 1}" if micro else "")
+        return f"{k} ({words} of {eng.blocks[i].label}{extra})"
+
+    return re.sub(r"(?<=phases )\d+|(?<=phase )\d+|(?<= and )\d+(?= together)", phase, text)
+
+
+class Explained:
+    """Re-raise a TierError of ``what`` (for block ``b``) in the model's words, and what to do."""
+
+    def __init__(self, engine: "Offload", b: Block | None, what: str) -> None:
+        self.engine, self.b, self.what = engine, b, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+        if e is None or not isinstance(e, TierError) or getattr(e, "_tier_torch", False):
+            return False
+        eng = self.engine
+        op = f"{self.b.label}, {self.what}" if self.b is not None else self.what
+        text = explain_text(eng, e.strerror or "")
+        hint = advice(eng, self.b)
+        new = type(e)(e.errno, text + (f" ({hint})" if hint else ""), op)
+        new._tier_torch = True
+        raise new from e
+
+
+def limits(eng: "Offload") -> dict[str, int]:
+    """The job's byte limits now (a round trip: on error paths and in describe() only)."""
+    try:
+        q = eng.client.quota()
+        return {"vram": int(q.limits["vram"]), "host": int(q.limits["host"])}
+    except Exception:       # a stand-in client, or tierd gone: what the handshake said
+        lim = getattr(eng.client, "limit", None)
+        return {"vram": lim(VRAM), "host": lim(HOST)} if callable(lim) else {}
+
+
+def advice(eng: "Offload", b: Block | None) -> str:
+    bits = []
+    if b is not None and b.slots:
+        need_host = b.opt_host_bytes(len(eng.state_kinds))
+        bits.append(f"its optimizer phase{'s need' if len(b.parts) > 1 else ' needs'} {fmt_bytes(need_host)} "
+                    f"in host, its forward {fmt_bytes(b.nbytes)} in vram")
+        lim = limits(eng)
+        if lim:
+            bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
+                        "and tierd holds the next phase while one runs")
+        bits.append(discovery.split_hint(b))
+    if eng._mode == "deferred":
+        bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
+                    "clipped), so two blocks' optimizer phases are pinned at once")
+    job = getattr(eng.client, "job", "JOB")
+    bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); "
+                "Offload.describe() shows every block")
+    return "; ".join(bits)

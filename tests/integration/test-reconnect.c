@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: MIT */
+/* test-reconnect.c: a client that writes through its pins while tierd stops loses nothing, and lives through the restart. */
+
+/*
+ * tierd stops (SIGTERM) while a client is in the middle of a phase or holds
+ * a pin that may write, and writes on after the stop was announced: tierd
+ * waits for it to let go (its next phase, its unpin) before it writes what
+ * is in memory down to NVMe, so the next tierd has every byte.  A client
+ * with reconnecting (tier_client_set_reconnect()) leaves at that point by
+ * itself and, once the next tierd answers, gets -ERESTART and carries on; one
+ * without still gets its unpin through.  The order is explicit: the client
+ * (a child process) writes only after tierd said STOPPING=1, and the next
+ * tierd starts only after the old one exited.  Also: the reconnect timeout,
+ * -ESTALE for a tensor the next tierd does not have, and a control
+ * connection, which does not reconnect.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+
+#define MiB (1024ull * 1024ull)
+#define RECONNECT_MS 30000
+
+static const char config_body[] =
+        "[daemon]\nlinger_sec = 600\n"
+        "[host]\ncapacity = 16M\nsegment_size = 4M\njob_limit = 16M\nuid_share = 0\n"
+        "[vram]\nbackend = emulated\ncapacity = 8M\nchunk_size = 2M\njob_limit = 8M\n"
+        "[nvme]\ntarget = @DIR@/t0.img:64M\nuid_share = 0\n";
+
+static TestDaemon d;
+
+static void spawn(void) {
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
+
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+}
+
+/* SIGTERM, and wait until tierd began its stop (Event.shutdown follows STOPPING=1 in the same loop turn). */
+static void stop_begins(void) {
+        assert_int_equal(kill(d.pid, SIGTERM), 0);
+        assert_true(test_daemon_wait_notify(&d, "STOPPING=1", 10000) >= 0);
+}
+
+/*
+ * The client of the two tests below runs in a child process, since its
+ * libtier call waits for the next tierd, which this process starts (tierd
+ * dies with the thread that started it: PR_SET_PDEATHSIG).  They take turns
+ * through two pipes; CHECK() ends the child with the line that failed.
+ */
+#define CHECK(x) do { if (!(x)) { fprintf(stderr, "client: %s:%d: %s failed\n", __FILE__, __LINE__, #x); \
+                                  _exit(__LINE__ % 250 + 1); } } while (0)
+
+typedef struct Turns {
+        int to_child[2], to_parent[2];
+        pid_t pid;
+} Turns;
+
+static void turn_give(int fd) {
+        char b = 1;
+
+        if (write(fd, &b, 1) != 1)
+                _exit(255);
+}
+
+static void turn_take(int fd) {
+        char b;
+
+        if (read(fd, &b, 1) != 1)
+                _exit(254);
+}
+
+static void forked(Turns *t, void (*client)(Turns *t)) {
+        assert_int_equal(pipe2(t->to_child, O_CLOEXEC), 0);
+        assert_int_equal(pipe2(t->to_parent, O_CLOEXEC), 0);
+        t->pid = fork();
+        assert_true(t->pid >= 0);
+        if (t->pid == 0) {
+                client(t);
+                fflush(stdout);
+                _exit(0);
+        }
+}
+
+/*
+ * The parent's part: once the client wrote half, SIGTERM; once tierd said
+ * STOPPING=1, the client writes the rest and goes on; tierd must wait for it,
+ * write down, and exit by itself (not at its bound); then the next tierd.
+ */
+static void stop_and_restart(Turns *t) {
+        int status;
+
+        turn_take(t->to_parent[0]);
+        stop_begins();
+        turn_give(t->to_child[1]);
+        assert_int_equal(test_daemon_kill(&d, 0, 20000), 0);   /* signal 0: only wait */
+        assert_true(test_daemon_log_contains(&d, "held only in memory down to NVMe"));
+        assert_false(test_daemon_log_contains(&d, "Stopping with"));
+        spawn();
+        assert_int_equal(waitpid(t->pid, &status, 0), t->pid);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                test_daemon_dump_log(&d);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        for (int i = 0; i < 2; i++) {
+                close(t->to_child[i]);
+                close(t->to_parent[i]);
+        }
+}
+
+static tier_client *connect_job(const char *job, int reconnect_ms) {
+        tier_client *c = NULL;
+
+        assert_int_equal(tier_client_new(&c, d.socket, job, 0), 0);
+        if (reconnect_ms)
+                assert_int_equal(tier_client_set_reconnect(c, reconnect_ms), 0);
+        return c;
+}
+
+static bool all(const uint8_t *p, size_t n, uint8_t v) {
+        for (size_t i = 0; i < n; i++)
+                if (p[i] != v)
+                        return false;
+        return true;
+}
+
+/* Pinned for reading, @t holds @v in every byte. */
+static void expect_bytes(tier_tensor *t, uint8_t v) {
+        struct tier_grant g;
+
+        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(g.ptr, g.length, v));
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+}
+
+static bool all(const uint8_t *p, size_t n, uint8_t v);
+
+static void phase_client(Turns *t) {
+        tier_client *c = NULL;
+        tier_tensor *a = NULL;
+        tier_plan *p = NULL;
+        struct tier_grant g;
+        int r;
+
+        CHECK(tier_client_new(&c, d.socket, "phase", 0) == 0);
+        CHECK(tier_client_set_reconnect(c, RECONNECT_MS) == 0);
+        CHECK(tier_tensor_create(c, "a", MiB, &a) == 0);
+        for (int round = 0; round < 2; round++) {
+                /* phase 0 writes A whole in host; phase 1 reads it */
+                CHECK(tier_plan_new(c, &p) == 0);
+                CHECK(tier_plan_add(p, 0, a, TIER_HOST, TIER_WRITE) == 0);
+                CHECK(tier_plan_add(p, 1, a, TIER_HOST, TIER_READ) == 0);
+                CHECK(tier_plan_submit(p) == 0);
+                if (round == 1)
+                        break;
+                CHECK(tier_phase(c, 0) == 0);
+                CHECK(tier_phase_grant(c, a, TIER_HOST, &g) == 0);
+                memset(g.ptr, 0x11, g.length / 2);
+                turn_give(t->to_parent[1]);
+                turn_take(t->to_child[0]);
+                /* tierd is stopping, and waits for this phase: its memory is still tierd's */
+                memset((uint8_t *) g.ptr + g.length / 2, 0x11, g.length - g.length / 2);
+                r = tier_phase(c, 1);
+                printf("client: tier_phase() after the stop: %s\n", tier_client_last_error(c));
+                CHECK(r == -ERESTART);
+                CHECK(tier_client_restarts(c) == 1);
+                /* the plan went with the old tierd: phases fail until it is submitted again */
+                CHECK(tier_phase(c, 1) == -EINVAL);
+        }
+        CHECK(tier_phase(c, 1) == 0);
+        CHECK(tier_phase_grant(c, a, TIER_HOST, &g) == 0);
+        CHECK(all(g.ptr, g.length, 0x11));
+        CHECK(tier_plan_end(c) == 0);
+        CHECK(tier_tensor_destroy(a) == 0);
+        tier_client_free(c);
+}
+
+/*
+ * In a phase that writes A, tierd is told to stop; half of A is written
+ * after that.  tierd waits: the client leaves at its next tier_phase(), and
+ * what it wrote is on NVMe for the next tierd.
+ */
+static void test_stop_in_a_phase(void **state) {
+        Turns t;
+
+        forked(&t, phase_client);
+        stop_and_restart(&t);
+}
+
+static void pin_client(Turns *t) {
+        tier_client *c = NULL;
+        tier_tensor *a = NULL;
+        struct tier_stat st;
+        struct tier_grant g;
+
+        CHECK(tier_client_new(&c, d.socket, "pin", 0) == 0);
+        CHECK(tier_client_set_reconnect(c, RECONNECT_MS) == 0);
+        CHECK(tier_tensor_create(c, "a", MiB, &a) == 0);
+        CHECK(tier_pin(a, TIER_HOST, &g) == 0);
+        memset(g.ptr, 0x22, g.length / 2);
+        turn_give(t->to_parent[1]);
+        turn_take(t->to_child[0]);
+        memset((uint8_t *) g.ptr + g.length / 2, 0x22, g.length - g.length / 2);
+        CHECK(tier_unpin(a, TIER_HOST, 1) == 0);        /* still sent */
+        /* tierd closed the connection once the pin went; this call waits for the next tierd */
+        CHECK(tier_tensor_stat(a, &st) == -ERESTART);
+        CHECK(tier_tensor_stat(a, &st) == 0);
+        CHECK(tier_pin_mode(a, TIER_HOST, TIER_READ, &g) == 0);
+        CHECK(all(g.ptr, g.length, 0x22));
+        CHECK(tier_unpin(a, TIER_HOST, 0) == 0);
+        CHECK(tier_tensor_destroy(a) == 0);
+        tier_client_free(c);
+}
+
+/*
+ * A pin that may write, outside a plan: written on after the stop began,
+ * unpinned (still sent), and the next call finds the next tierd.
+ */
+static void test_stop_with_a_pin(void **state) {
+        Turns t;
+
+        forked(&t, pin_client);
+        stop_and_restart(&t);
+}
+
+/*
+ * Without reconnecting: requests fail with -ESHUTDOWN once tierd announced
+ * its stop, but the unpin is still sent, and what was written before it is
+ * on NVMe for the next tierd.
+ */
+static void test_stop_without_reconnecting(void **state) {
+        tier_client *c = connect_job("plain", 0);
+        tier_tensor *a = NULL;
+        struct tier_stat st;
+        struct tier_grant g;
+        int status;
+
+        assert_int_equal(tier_tensor_create(c, "a", MiB, &a), 0);
+        assert_int_equal(tier_pin(a, TIER_HOST, &g), 0);
+        stop_begins();
+        memset(g.ptr, 0x33, g.length);
+        /* Event.shutdown may still be on its way: then tierd refuses the request itself */
+        assert_int_equal(tier_tensor_stat(a, &st), -ESHUTDOWN);
+        printf("a request after the stop: %s\n", tier_client_last_error(c));
+        assert_non_null(strstr(tier_client_last_error(c), "stopping"));
+        assert_int_equal(tier_unpin(a, TIER_HOST, 1), 0);
+        status = test_daemon_kill(&d, 0, 20000);
+        assert_int_equal(status, 0);
+        assert_false(test_daemon_log_contains(&d, "Stopping with"));
+        tier_tensor_close(a);
+        tier_client_free(c);
+
+        spawn();
+        c = connect_job("plain", 0);
+        assert_int_equal(tier_tensor_open(c, "a", &a), 0);
+        expect_bytes(a, 0x33);
+        assert_int_equal(tier_tensor_destroy(a), 0);
+        tier_client_free(c);
+}
+
+/*
+ * No tierd within the timeout: the call fails with the error that found it
+ * gone (not -ERESTART); once one runs again, the next call joins it.  A
+ * tensor the next tierd does not have (its NVMe index was removed) fails
+ * with -ESTALE; a control connection does not reconnect.
+ */
+static void test_timeout_and_stale(void **state) {
+        tier_client *c = connect_job("late", 200), *ctl = NULL;
+        tier_tensor *a = NULL;
+        struct tier_stat st;
+        char path[512];
+        int r;
+
+        assert_int_equal(tier_tensor_create(c, "a", MiB, &a), 0);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 20000), 0);
+        r = tier_tensor_stat(a, &st);
+        printf("a call with no tierd to come back to: %s (%s)\n", tier_strerror(r), tier_client_last_error(c));
+        assert_true(r == -ESHUTDOWN || r == -ECONNRESET || r == -EPIPE);
+        assert_non_null(strstr(tier_client_last_error(c), "did not come back within 200 ms"));
+        assert_int_equal(tier_client_restarts(c), 0);
+
+        /* the next tierd starts with nothing: no index, no target */
+        for (int i = 0; i < 2; i++) {
+                snprintf(path, sizeof(path), "%s/nvme-index.%d", d.dir, i);
+                (void) unlink(path);
+        }
+        snprintf(path, sizeof(path), "%s/t0.img", d.dir);
+        (void) unlink(path);
+        spawn();
+        assert_int_equal(tier_tensor_stat(a, &st), -ERESTART);
+        assert_non_null(strstr(tier_client_last_error(c), "ESTALE"));
+        assert_int_equal(tier_tensor_stat(a, &st), -ESTALE);
+        assert_int_equal(tier_client_restarts(c), 1);
+        tier_tensor_close(a);
+        tier_client_free(c);
+
+        assert_int_equal(tier_client_new(&ctl, d.socket, NULL, 0), 0);
+        assert_int_equal(tier_client_set_reconnect(ctl, 1000), -EINVAL);
+        assert_int_equal(tier_client_set_reconnect(NULL, 1000), -EINVAL);
+        tier_client_free(ctl);
+        c = connect_job("late", 0);
+        assert_int_equal(tier_client_set_reconnect(c, -1), -EINVAL);
+        tier_client_free(c);
+}
+
+static int setup(void **state) {
+        if (!test_can_lock_memory(16 * MiB))
+                return -1;
+        return test_daemon_start(&d, config_body) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+        return test_daemon_stop(&d) == 0 ? 0 : -1;
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_stop_in_a_phase),
+                cmocka_unit_test(test_stop_with_a_pin),
+                cmocka_unit_test(test_stop_without_reconnecting),
+                cmocka_unit_test(test_timeout_and_stale),
+        };
+
+        if (!test_can_lock_memory(16 * MiB))
+                return TEST_SKIP;
+        return cmocka_run_group_tests_name("reconnect", tests, setup, teardown);
+}
