@@ -217,8 +217,39 @@ _Noreturn static void exec_child(const TestDaemon *d, const TestDaemonOptions *o
         unsetenv("LISTEN_FDS");
         unsetenv("LISTEN_PID");
         unsetenv("LISTEN_FDNAMES");
+        if (d->fd_store && d->n_stored > 0 && !o->activate) {
+                /* the fd store's fds, as systemd passes them: from fd 3 on, named, for this pid */
+                size_t len = 1;
+                char *names, v[32];
+                int high[TEST_STORE_MAX];
+
+                for (size_t i = 0; i < d->n_stored; i++) {
+                        high[i] = fcntl(d->stored[i].fd, F_DUPFD, 3 + (int) d->n_stored);
+                        len += strlen(d->stored[i].name) + 1;
+                }
+                names = calloc(1, len);
+                for (size_t i = 0; i < d->n_stored; i++) {
+                        dup2(high[i], 3 + (int) i);
+                        close(high[i]);
+                        if (names) {
+                                if (i)
+                                        strcat(names, ":");
+                                strcat(names, d->stored[i].name);
+                        }
+                }
+                snprintf(v, sizeof(v), "%zu", d->n_stored);
+                setenv("LISTEN_FDS", v, 1);
+                snprintf(v, sizeof(v), "%d", (int) getpid());
+                setenv("LISTEN_PID", v, 1);
+                if (names)
+                        setenv("LISTEN_FDNAMES", names, 1);
+        }
         unsetenv("JOURNAL_STREAM");
         setenv("NOTIFY_SOCKET", d->notify_path, 1);
+        if (d->fd_store)
+                setenv("FDSTORE", TEST_STORE_MAX_STR, 1);       /* what systemd >= 254 sets: the store's size */
+        else
+                unsetenv("FDSTORE");
         if (o->watchdog_usec) {
                 char v[32];
 
@@ -335,15 +366,63 @@ int test_daemon_start(TestDaemon *d, const char *config_body) {
         return r;
 }
 
+static void stored_drop(TestDaemon *d, const char *name) {
+        size_t k = 0;
+
+        for (size_t i = 0; i < d->n_stored; i++) {
+                if (strcmp(d->stored[i].name, name) == 0) {
+                        close(d->stored[i].fd);
+                        free(d->stored[i].name);
+                        continue;
+                }
+                d->stored[k++] = d->stored[i];
+        }
+        d->n_stored = k;
+}
+
+/* What a service manager does with a message's FDSTORE= / FDSTOREREMOVE= and the fds that came with it. */
+static void fd_store_message(TestDaemon *d, const char *text, const int *fds, size_t n_fds) {
+        char name[256] = "stored";
+
+        (void) test_notify_field(text, "FDNAME", name, sizeof(name));
+        if (strstr(text, "FDSTOREREMOVE=1"))
+                stored_drop(d, name);
+        for (size_t i = 0; i < n_fds; i++) {
+                if (!d->fd_store || !strstr(text, "FDSTORE=1") || d->n_stored == TEST_STORE_MAX) {
+                        close(fds[i]);
+                        continue;
+                }
+                d->stored[d->n_stored].name = strdup(name);
+                d->stored[d->n_stored++].fd = fds[i];
+        }
+}
+
 /* Read every message waiting on the notify socket. */
 static void notify_drain(TestDaemon *d) {
         for (;;) {
                 char buf[4096];
-                ssize_t n = recv(d->notify_fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+                union {
+                        struct cmsghdr h;
+                        uint8_t buf[CMSG_SPACE(sizeof(int) * 64)];
+                } control;
+                struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) - 1 };
+                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                                     .msg_controllen = sizeof(control.buf) };
+                int fds[64];
+                size_t n_fds = 0;
+                ssize_t n = recvmsg(d->notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 
                 if (n < 0)
                         return;
                 buf[n] = 0;
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+                                for (size_t i = 0; i < k && n_fds < 64; i++)
+                                        memcpy(&fds[n_fds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                        }
+                fd_store_message(d, buf, fds, n_fds);
                 if (d->n_notes >= TEST_NOTIFY_MAX)
                         continue;
                 if (d->n_notes % 64 == 0) {
@@ -358,6 +437,33 @@ static void notify_drain(TestDaemon *d) {
                 if (d->notes[d->n_notes].text)
                         d->n_notes++;
         }
+}
+
+void test_daemon_drain(TestDaemon *d) {
+        notify_drain(d);
+}
+
+int test_daemon_wait_stored(TestDaemon *d, const char *prefix, size_t n, int timeout_ms) {
+        uint64_t end = now_usec() + (uint64_t) timeout_ms * 1000u;
+
+        for (;;) {
+                struct pollfd p = { .fd = d->notify_fd, .events = POLLIN };
+
+                notify_drain(d);
+                if (test_daemon_stored(d, prefix) >= n)
+                        return 0;
+                if (now_usec() >= end)
+                        return -ETIMEDOUT;
+                (void) poll(&p, 1, 100);
+        }
+}
+
+size_t test_daemon_stored(const TestDaemon *d, const char *prefix) {
+        size_t n = 0;
+
+        for (size_t i = 0; i < d->n_stored; i++)
+                n += strncmp(d->stored[i].name, prefix, strlen(prefix)) == 0;
+        return n;
 }
 
 void test_daemon_collect(TestDaemon *d, int ms) {
@@ -469,6 +575,11 @@ void test_daemon_cleanup(TestDaemon *d) {
                 test_daemon_dump_log(d);
         }
         d->notify_fd = safe_close(d->notify_fd);
+        for (size_t i = 0; i < d->n_stored; i++) {
+                close(d->stored[i].fd);
+                free(d->stored[i].name);
+        }
+        d->n_stored = 0;
         for (size_t i = 0; i < d->n_notes; i++)
                 free(d->notes[i].text);
         free(d->notes);

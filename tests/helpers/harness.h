@@ -18,6 +18,15 @@ typedef struct TestNotify {
         char *text;
 } TestNotify;
 
+/* Most fds the harness keeps for tierd as a service manager's fd store would (FDSTORE=1). */
+#define TEST_STORE_MAX 1024
+#define TEST_STORE_MAX_STR "1024"
+
+typedef struct TestStored {
+        char *name;
+        int fd;
+} TestStored;
+
 typedef struct TestDaemon {
         pid_t pid;              /* tierd (or systemd-socket-activate before it execs tierd); 0: none */
         char dir[256];          /* temporary; removed by test_daemon_cleanup() */
@@ -30,6 +39,15 @@ typedef struct TestDaemon {
         size_t n_notes;
         size_t seen;            /* notes[] before this were consumed by test_daemon_wait_notify() */
         int exited;             /* how tierd last exited, as test_daemon_kill() returns it, when something reaped it */
+        /*
+         * The fd store, as systemd's with FileDescriptorStoreMax= (off unless a
+         * test sets @fd_store): fds tierd sends with FDSTORE=1 are kept under
+         * their FDNAME=, FDSTOREREMOVE=1 drops them, and the next spawn passes
+         * them on as LISTEN_FDS with LISTEN_FDNAMES.  Off, they are closed.
+         */
+        bool fd_store;
+        TestStored stored[TEST_STORE_MAX];
+        size_t n_stored;
 } TestDaemon;
 
 typedef struct TestDaemonOptions {
@@ -81,6 +99,12 @@ int test_daemon_write_config(TestDaemon *d, const char *dropin, const char *body
 int test_daemon_wait_notify(TestDaemon *d, const char *needle, int timeout_ms);
 /* Receive whatever arrives during @ms milliseconds. */
 void test_daemon_collect(TestDaemon *d, int ms);
+/* Receive what is queued now, without waiting (the fd store's messages among it). */
+void test_daemon_drain(TestDaemon *d);
+/* How many fds the fd store holds whose name starts with @prefix. */
+size_t test_daemon_stored(const TestDaemon *d, const char *prefix);
+/* Wait up to @timeout_ms until the fd store holds at least @n fds named @prefix...: 0, or -ETIMEDOUT. */
+int test_daemon_wait_stored(TestDaemon *d, const char *prefix, size_t n, int timeout_ms);
 /* Index of the first message received so far (consumed or not) containing @needle, or -1. */
 int test_daemon_find_notify(const TestDaemon *d, const char *needle);
 /* Value of "KEY=" in one notify message, copied to @buf; NULL if absent. */

@@ -11,6 +11,12 @@ when it fails to start, exits while we wait, stops with a non-zero status or
 is still running at clean-up.  The directory goes unless $TIER_TEST_KEEP
 is set.
 
+``Tierd(fd_store=True)`` plays the service manager's fd store as well: a
+thread reads NOTIFY_SOCKET as messages come, keeps the fds tierd sends with
+FDSTORE=1 under their FDNAME= (FDSTOREREMOVE=1 drops them) and the next
+start passes them on from fd 3 with LISTEN_FDS, LISTEN_FDNAMES and
+LISTEN_PID, as systemd does across a restart.
+
 ``main()`` runs a test module with unittest and exits 77 (meson's SKIP)
 when every test skipped, e.g. for want of numpy or torch.
 """
@@ -26,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -118,8 +125,14 @@ def _pdeathsig() -> None:  # in the child, before exec: die with a timed-out tes
 class Tierd:
     """One tierd on a temporary directory.  ``with Tierd() as d:`` starts and stops it."""
 
-    def __init__(self, config: str = CONFIG, log_level: str = "debug") -> None:
+    def __init__(self, config: str = CONFIG, log_level: str = "debug", fd_store: bool = False) -> None:
         self.log_level = log_level
+        self.fd_store = fd_store
+        self.stored: list[tuple[str, int]] = []       # the fd store: (name, fd), in the order they came
+        self._store_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._closing = False
+        self._sync_sent = self._sync_seen = 0
         self.dir = tempfile.mkdtemp(prefix="tierd-py.", dir="/var/tmp")
         self.socket = os.path.join(self.dir, "tierd.sock")
         self.config = os.path.join(self.dir, "tierd.conf")
@@ -131,6 +144,70 @@ class Tierd:
             f.write(config.replace("@DIR@", self.dir))
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._notify.bind(self.notify_path)
+        if fd_store:
+            self._reader = threading.Thread(target=self._read_store, daemon=True)
+            self._reader.start()
+
+    # -- the fd store
+    def _store_message(self, text: str, fds: list[int]) -> None:
+        name = "stored"
+        for line in text.splitlines():
+            if line.startswith("FDNAME="):
+                name = line[len("FDNAME="):]
+        with self._store_lock:
+            if "FDSTOREREMOVE=1" in text:
+                for n, fd in [x for x in self.stored if x[0] == name]:
+                    os.close(fd)
+                self.stored = [x for x in self.stored if x[0] != name]
+            for fd in fds:
+                if "FDSTORE=1" in text:
+                    self.stored.append((name, fd))
+                else:
+                    os.close(fd)
+
+    def _read_store(self) -> None:
+        """The fd store's reader: every message as it comes (tierd's sends never wait on us)."""
+        self._notify.settimeout(0.2)
+        while not self._closing:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self._notify, 4096, 64)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            text = msg.decode("utf-8", "replace")
+            if text.startswith("HARNESS_SYNC="):
+                self._sync_seen = int(text.split("=", 1)[1])
+                continue
+            self._store_message(text, list(fds))
+            self.notes.append(text)
+
+    def sync_store(self) -> None:
+        """Once this returns, the reader has taken every message sent to NOTIFY_SOCKET before the call: a
+        marker of ours goes behind them (datagrams keep their order) and we wait for the reader to see it."""
+        if self._reader is None:
+            return
+        self._sync_sent += 1
+        want = self._sync_sent
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.sendto(f"HARNESS_SYNC={want}".encode(), self.notify_path)
+        deadline = time.monotonic() + 30
+        while self._sync_seen < want:
+            if time.monotonic() > deadline or not self._reader.is_alive():
+                raise RuntimeError("the fd store's reader did not catch up")
+            time.sleep(0.005)
+
+    def stored_names(self, prefix: str = "") -> list[str]:
+        with self._store_lock:
+            return [n for n, _ in self.stored if n.startswith(prefix)]
+
+    def wait_stored(self, prefix: str, n: int, timeout: float = 10.0) -> None:
+        """Wait until the fd store holds @n fds named @prefix... (the reader thread takes them as they come)."""
+        deadline = time.monotonic() + timeout
+        while len(self.stored_names(prefix)) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fd store holds {self.stored_names()} after {timeout} s, not {n} of {prefix}")
+            time.sleep(0.01)
 
     # -- start
     def start(self, timeout: float = READY_TIMEOUT) -> Tierd:
@@ -138,6 +215,9 @@ class Tierd:
         for k in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "JOURNAL_STREAM", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(k, None)
         env["NOTIFY_SOCKET"] = self.notify_path
+        env.pop("FDSTORE", None)
+        if self.fd_store:
+            env["FDSTORE"] = "4096"     # what systemd >= 254 sets: FileDescriptorStoreMax=
         # an ASan build: Python runs with LD_PRELOAD=libasan and detect_leaks=0 (its own
         # leaks at exit are by design); tierd gets the C tests' options back
         if "TIER_TIERD_ASAN_OPTIONS" in env:
@@ -150,10 +230,24 @@ class Tierd:
             "--log-target", "stderr",
             "--log-level", self.log_level,
         ]
+        pass_fds: tuple[int, ...] = ()
+        with self._store_lock:
+            stored = list(self.stored)
+        if stored:
+            # as systemd passes the store: from fd 3 on, named, LISTEN_PID the daemon's (bash's, which execs it)
+            fds = [fd for _, fd in stored]
+            script = [f"exec {200 + i}<&{fd}" for i, fd in enumerate(fds)]
+            script += [f"exec {fd}<&-" for fd in fds]
+            script += [f"exec {3 + i}<&{200 + i} {200 + i}<&-" for i in range(len(fds))]
+            script.append('export LISTEN_PID=$$; exec "$@"')
+            argv = ["/bin/bash", "-c", "; ".join(script), "tierd"] + argv
+            env["LISTEN_FDS"] = str(len(fds))
+            env["LISTEN_FDNAMES"] = ":".join(n for n, _ in stored)
+            pass_fds = tuple(fds)
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                preexec_fn=_pdeathsig, close_fds=True,
+                preexec_fn=_pdeathsig, close_fds=True, pass_fds=pass_fds,
             )
         since = len(self.notes)
         try:
@@ -170,6 +264,9 @@ class Tierd:
         return status
 
     def _drain(self, timeout: float) -> None:
+        if self._reader is not None:
+            time.sleep(timeout)     # the reader thread takes the messages
+            return
         self._notify.settimeout(timeout)
         try:
             while True:
@@ -222,6 +319,18 @@ class Tierd:
             self.proc.wait()
         self.proc = None
 
+    def kill_and_start(self) -> float:
+        """SIGKILL tierd and start it again on the same directory (with the fd store, if kept); the seconds
+        from the kill to READY=1."""
+        t0 = time.monotonic()
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+        self.sync_store()       # what tierd sent before it died is in the store
+        self.start()
+        return time.monotonic() - t0
+
     def cleanup(self) -> None:
         """Kill tierd if it still runs (a test failed half-way: log printed), remove the directory."""
         if self.proc is not None:
@@ -230,7 +339,14 @@ class Tierd:
             if running:
                 print("tierd was still running at clean-up: killed", file=sys.stderr)
                 self.dump_log()
+        self._closing = True
+        if self._reader is not None:
+            self._reader.join(5)
         self._notify.close()
+        with self._store_lock:
+            for _, fd in self.stored:
+                os.close(fd)
+            self.stored = []
         if os.environ.get("TIER_TEST_KEEP"):
             print(f"kept {self.dir}", file=sys.stderr)
         else:
