@@ -28,6 +28,7 @@
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/ipc/server.h"
+#include "daemon/state/memstore.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
@@ -129,35 +130,69 @@ static void notify_stopping(const char **p) {
 }
 
 /*
- * The listening socket passed by the service manager (LISTEN_FDS), if any:
- * the first AF_UNIX SOCK_SEQPACKET listener.  Any other fd passed is closed
- * with a warning, so none leaks into the daemon.  A single fd of the wrong
- * type is returned anyway, for server_listen() to refuse with its reason.
- * Returns the fd (owned by the caller), -1 for none, or -errno.
+ * The fds passed by the service manager (LISTEN_FDS): the listening socket,
+ * the first AF_UNIX SOCK_SEQPACKET listener, returned; the memory store's
+ * (named MEMSTORE_FD_PREFIX..., from its fd store) handed to the manager.
+ * Any other fd passed is closed with a warning, so none leaks into the
+ * daemon.  A single fd of the wrong type is returned anyway, for
+ * server_listen() to refuse with its reason.  Returns the fd (owned by the
+ * caller), -1 for none, or -errno.
  */
 static int inherit_listen_fd(void) {
         char **names = NULL;
-        int n, fd = -1;
+        int n, fd = -1, *mem = NULL;
+        char **mem_names = NULL;
+        size_t n_mem = 0;
 
         n = sd_listen_fds_with_names(true, &names);
         if (n < 0)
                 return log_error_errno(n, "Cannot read the sockets passed by the service manager: %m");
+        if (n > 0) {
+                mem = calloc((size_t) n, sizeof(int));
+                mem_names = calloc((size_t) n, sizeof(char *));
+                if (!mem || !mem_names) {
+                        free(mem);
+                        free(mem_names);
+                        return log_error_errno(ENOMEM, "Out of memory");
+                }
+        }
+        for (int i = 0; i < n; i++)
+                if (names && names[i] && strncmp(names[i], MEMSTORE_FD_PREFIX, strlen(MEMSTORE_FD_PREFIX)) == 0) {
+                        mem_names[n_mem] = names[i];
+                        mem[n_mem++] = SD_LISTEN_FDS_START + i;
+                }
         for (int i = 0; i < n; i++)
                 if (fd < 0 && sd_is_socket_unix(SD_LISTEN_FDS_START + i, SOCK_SEQPACKET, 1, NULL, 0) > 0)
                         fd = SD_LISTEN_FDS_START + i;
-        if (fd < 0 && n == 1)
-                fd = SD_LISTEN_FDS_START;
+        if (fd < 0 && n - (int) n_mem == 1)
+                for (int i = 0; i < n; i++) {
+                        bool stored = false;
+
+                        for (size_t k = 0; k < n_mem; k++)
+                                stored = stored || mem[k] == SD_LISTEN_FDS_START + i;
+                        if (!stored)
+                                fd = SD_LISTEN_FDS_START + i;
+                }
         for (int i = 0; i < n; i++) {
-                if (SD_LISTEN_FDS_START + i != fd) {
+                bool stored = false;
+
+                for (size_t k = 0; k < n_mem; k++)
+                        stored = stored || mem[k] == SD_LISTEN_FDS_START + i;
+                if (!stored && SD_LISTEN_FDS_START + i != fd) {
                         log_warning("Closing fd %d (\"%s\") passed by the service manager: not a listening "
                                     "SOCK_SEQPACKET socket, or not the first one, ignoring",
                                     SD_LISTEN_FDS_START + i, names && names[i] ? names[i] : "?");
                         safe_close(SD_LISTEN_FDS_START + i);
                 }
+        }
+        if (n_mem > 0 && manager_stored_fds(mem_names, mem, n_mem) < 0)
+                log_warning("Out of memory: the memory the service manager kept for tierd is not used");
+        for (int i = 0; i < n; i++)
                 if (names)
                         free(names[i]);
-        }
         free(names);
+        free(mem);
+        free(mem_names);
         return fd;
 }
 

@@ -42,6 +42,7 @@
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/state/book.h"
+#include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
 #include "daemon/ipc/server.h"
 #include "daemon/sched/sched.h"
@@ -71,6 +72,88 @@ static void host_unregister_buffer(Segment *seg, void *userdata) {
         /* the ring lets go of the old pages now, not when the new memory is registered in their place */
         if (m->uring)
                 (void) uring_set_buffer(m->uring, seg->id, NULL, 0);
+}
+
+/*
+ * The memory store (state/memstore.c): the fds the service manager passed
+ * back (main.c hands them over before manager_new()), and the pools' hooks.
+ */
+static struct {
+        char **names;
+        int *fds;
+        size_t n;
+} stored;
+
+int manager_stored_fds(char **names, const int *fds, size_t n) {
+        stored.names = calloc(MAX(n, (size_t) 1), sizeof(char *));
+        stored.fds = calloc(MAX(n, (size_t) 1), sizeof(int));
+        if (!stored.names || !stored.fds) {
+                for (size_t i = 0; i < n; i++)
+                        safe_close(fds[i]);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                stored.names[i] = strdup(names[i] ? names[i] : "");
+                stored.fds[i] = fds[i];
+        }
+        stored.n = n;
+        return 0;
+}
+
+static void stored_forget(void) {
+        for (size_t i = 0; i < stored.n; i++) {
+                safe_close(stored.fds[i]);
+                free(stored.names[i]);
+        }
+        free(stored.names);
+        free(stored.fds);
+        stored.names = NULL;
+        stored.fds = NULL;
+        stored.n = 0;
+}
+
+static int store_adopt_host(Segment *seg, uint64_t size, void *userdata) {
+        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_HOST, seg->id, size);
+}
+
+static int store_adopt_vram(Segment *seg, uint64_t size, void *userdata) {
+        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_VRAM, seg->id, size);
+}
+
+static void store_made_host(Segment *seg, void *userdata) {
+        memstore_segment_made(((Manager *) userdata)->memstore, TIER_HOST, seg);
+}
+
+static void store_made_vram(Segment *seg, void *userdata) {
+        memstore_segment_made(((Manager *) userdata)->memstore, TIER_VRAM, seg);
+}
+
+/* The memory store, before the pools: what the last run left is adopted as they are made. */
+static int manager_setup_memstore(Manager *m, bool vram_emulated) {
+        int r;
+
+        r = memstore_new(m->event, m->config.nvme_persist, m->config.host_segment_size,
+                         (uint32_t) (m->config.host_capacity / m->config.host_segment_size),
+                         m->config.vram_chunk_size,
+                         vram_emulated ? (uint32_t) (vram_emul_capacity(&m->config) / m->config.vram_chunk_size) : 0,
+                         &m->memstore);
+        if (r < 0) {
+                stored_forget();
+                return log_error_errno(r, "Out of memory");
+        }
+        for (size_t i = 0; i < stored.n; i++) {
+                if (memstore_inherit(m->memstore, stored.names[i], stored.fds[i]) == 0) {
+                        log_warning("Closing fd \"%s\" passed by the service manager: not one of tierd's", stored.names[i]);
+                        safe_close(stored.fds[i]);
+                }
+                stored.fds[i] = -1;
+        }
+        stored_forget();
+        if (!m->memstore)
+                log_debug("Memory store: off (%s)", m->config.nvme_persist ? "no service manager ($NOTIFY_SOCKET)" :
+                          "[nvme] persist = no");
+        memstore_load(m->memstore);
+        return 0;
 }
 
 /* Segments came back from the renewer: ops waiting for room may run. */
@@ -199,8 +282,18 @@ static int manager_setup_tiers(Manager *m) {
                 log_error("%s", err);
                 return -E2BIG;
         }
+        r = manager_setup_memstore(m, !m->vram);
+        if (r < 0)
+                return r;
         if (!m->vram) {
-                r = vram_emul_new(&m->config, m->event, &m->vram);
+                MemfdSegConfig store = {
+                        .adopt = store_adopt_vram,
+                        .made = store_made_vram,
+                        .store_userdata = m,
+                        .adopting = m->memstore != NULL,
+                };
+
+                r = vram_emul_new_stored(&m->config, m->event, m->memstore ? &store : NULL, &m->vram);
                 if (r < 0)
                         return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
         }
@@ -220,9 +313,14 @@ static int manager_setup_tiers(Manager *m) {
                 .on_make = host_register_buffer,
                 .on_drop = host_unregister_buffer,
                 .userdata = m,
+                .adopt = m->memstore ? store_adopt_host : NULL,
+                .made = m->memstore ? store_made_host : NULL,
+                .store_userdata = m,
+                .adopting = m->memstore != NULL,
         };
         r = segpool_init(&m->host.pool, "memfd", &memfd_seg_ops, &m->host.memfd,
                          m->config.host_capacity, m->config.host_segment_size);
+        m->host.memfd.adopting = false;
         if (r < 0)
                 return log_error_errno(r, "Cannot set up the host pool of %" PRIu64 " bytes: %m "
                                        "(locked memory needs CAP_IPC_LOCK or a higher RLIMIT_MEMLOCK)",
@@ -275,10 +373,11 @@ static int manager_restore(Manager *m) {
                 log_info("NVMe index: none yet in %s, starting empty", m->config.state_dir);
         else
                 log_info("NVMe index (generation %u, %" PRIu64 " records%s%s): %u job(s), %u tensor(s) restored "
-                         "(%" PRIu64 " MiB on NVMe), %u never written, %u lost, in %" PRIu64 " ms",
+                         "(%" PRIu64 " MiB on NVMe), %u with newer data kept in memory, %u never written, %u dead "
+                         "(written whole next), %u lost, in %" PRIu64 " ms",
                          f.generation, f.records, f.clean ? ", clean stop" : ", after a crash",
                          f.torn_bytes ? ", a last record cut short" : "", f.jobs, f.tensors,
-                         f.bytes >> 20, f.blank, f.lost, (now_usec() - t0) / 1000);
+                         f.bytes >> 20, f.in_memory, f.blank, f.dead, f.lost, (now_usec() - t0) / 1000);
         return 0;
 }
 
@@ -334,8 +433,10 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 return r;
 
         r = registry_new(&m->config, m->event, &m->host.pool, &m->vram->pool, m->nvme, &m->registry);
-        if (r >= 0)
+        if (r >= 0) {
                 m->registry->book = m->book;
+                m->registry->memstore = m->memstore;
+        }
         if (r >= 0)
                 r = engine_new(m->event, m->registry, m->uring, m->nvme, m->vram, &m->engine);
         if (r >= 0)
@@ -392,6 +493,8 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
         r = manager_restore(m);
         if (r < 0)
                 return r;
+        /* what the memory store put back is in its new table; the rest of the last run's memory is renewed */
+        (void) memstore_begin(m->memstore, m->registry);
 
         *ret = TAKE_PTR(m);
         return 0;
@@ -402,6 +505,12 @@ Manager *manager_free(Manager *m) {
 
         if (!m)
                 return NULL;
+        /*
+         * The memory store's table stays as it is now, for the next start: what
+         * the connections held for writing is recorded so (dropping them below
+         * changes nothing there), and so are the copies the pools take with them
+         */
+        memstore_freeze(m->memstore);
         /* top down: the connections (their plans, requests and pins), the plans, the revokes */
         m->server = server_free(m->server);
         m->sched = sched_free(m->sched);
@@ -433,6 +542,7 @@ Manager *manager_free(Manager *m) {
         m->vram = vram_backend_free(m->vram);
         m->monitor = monitor_free(m->monitor);  /* after the registry: ending jobs add to its book */
         m->nvme = nvme_tier_free(m->nvme);
+        m->memstore = memstore_free(m->memstore);
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);

@@ -15,6 +15,7 @@
 
 typedef struct Csum Csum;
 typedef struct Engine Engine;
+typedef struct MemStore MemStore;
 typedef struct Monitor Monitor;
 typedef struct NvmeTier NvmeTier;
 typedef struct QuotaStore QuotaStore;
@@ -51,6 +52,7 @@ typedef struct Manager {
         HostTier host;
         NvmeTier *nvme;
         Book *book;             /* the NVMe index ([nvme] persist); NULL: scratch */
+        MemStore *memstore;     /* host and emulated VRAM memory in the service manager's fd store; NULL: none */
         Registry *registry;
         QuotaStore *quotas;
         Engine *engine;
@@ -79,6 +81,12 @@ typedef struct Manager {
  * reloads).  Logs what failed.
  */
 int manager_new(Manager **ret, Config *config, const ConfigArgs *args);
+/*
+ * The fds the service manager's store passed back (LISTEN_FDNAMES starting
+ * with MEMSTORE_FD_PREFIX), for the next manager_new(): consumed there (or
+ * closed).  @names and @fds are copied / taken.
+ */
+int manager_stored_fds(char **names, const int *fds, size_t n);
 Manager *manager_free(Manager *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Manager *, manager_free);
 int manager_run(Manager *m);

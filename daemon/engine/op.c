@@ -314,6 +314,7 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
         }
         c->state = COPY_RESIDENT;
         c->version = t->version;
+        tensor_note(t);
         return ADV_DONE;
 }
 
@@ -331,8 +332,10 @@ static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
         bool reserved = false;
         int r;
 
-        if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING)
+        if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING) {
                 h->state = COPY_FILLING;        /* stale: refill in place */
+                tensor_note(t);
+        }
         if (h->state == COPY_ABSENT) {
                 r = copy_reserve(op, t, TIER_HOST);
                 if (r != 0)
@@ -364,8 +367,10 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         if (tier == TIER_NVME && (t->version == 0 || t->dead))
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
-        if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING)
+        if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) {
                 c->state = COPY_FILLING;        /* stale: refill in place */
+                tensor_note(t);
+        }
         /*
          * A scheduler prefetch into VRAM stages the host copy before it takes
          * VRAM: when staging finds no room it gives up holding nothing.
@@ -388,6 +393,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         if (op->discard && tier != TIER_NVME && op->tensor == t && op->tier == tier) {
                 c->state = COPY_RESIDENT;
                 c->version = t->version;
+                c->unwritten = true;    /* not the tensor's bytes until its writer wrote them */
                 return ADV_DONE;
         }
 

@@ -137,6 +137,7 @@ static void xfer_finish_now(Xfer *x) {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;
                 copy_touch(t, x->dst);
+                tensor_note(t);         /* the memory store: a valid copy more */
         }
         if (x->chain) {
                 Copy *v = &t->copy[TIER_VRAM];
@@ -145,6 +146,7 @@ static void xfer_finish_now(Xfer *x) {
                         v->state = COPY_RESIDENT;
                         v->version = x->version;
                         copy_touch(t, TIER_VRAM);
+                        tensor_note(t);
                 } else if (v->state == COPY_FILLING && v->pins == 0)
                         copy_free_failed(e, t, TIER_VRAM);      /* a pinned one goes with its op */
         }

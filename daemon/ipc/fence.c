@@ -88,18 +88,21 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw) {
         c->pins[c->n_pins++] = (PinRec) { t, tier, write_only, rw };
         if (rw)
                 t->rw_pins++;
+        if (write_only || rw)
+                copy_writers(t, tier, +1);
         return 0;
 }
 
 int pin_forget(Conn *c, Tensor *t, int tier) {
         for (size_t i = c->n_pins; i > 0; i--)
                 if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
-                        bool write_only = c->pins[i - 1].write_only;
+                        int flags = (c->pins[i - 1].write_only ? PIN_WRITE_ONLY : 0) |
+                                    (c->pins[i - 1].write_only || c->pins[i - 1].rw ? PIN_WRITER : 0);
 
                         if (c->pins[i - 1].rw)
                                 t->rw_pins--;
                         c->pins[i - 1] = c->pins[--c->n_pins];
-                        return write_only;
+                        return flags;
                 }
         return -ENOENT;
 }
@@ -113,6 +116,8 @@ void pin_drop_all(Conn *c) {
                         pr->tensor->rw_pins--;
                 /* one that may have written: dirty (the client said nothing); a read-only one: clean */
                 (void) tensor_unpin(pr->tensor, pr->tier, pr->write_only || pr->rw);
+                if (pr->write_only || pr->rw)
+                        copy_writers(pr->tensor, pr->tier, -1);
         }
         c->n_pins = 0;
 }

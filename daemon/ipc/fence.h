@@ -18,9 +18,20 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
 
 #include <stdbool.h>
 
-/* Remember that @c holds a pin of @t in @tier (@write_only, @rw: see PinRec; @rw counts in Tensor.rw_pins).  -ENOMEM. */
+/*
+ * Remember that @c holds a pin of @t in @tier (@write_only, @rw: see PinRec;
+ * @rw counts in Tensor.rw_pins; either counts in Copy.writers, which the
+ * memory store records before the grant goes out).  -ENOMEM.
+ */
 int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw);
-/* Forget one such pin: 1 when it was write-only, 0 when not, -ENOENT when @c holds none. */
+#define PIN_WRITE_ONLY 1
+#define PIN_WRITER 2
+/*
+ * Forget one such pin: PIN_WRITE_ONLY and PIN_WRITER as it was, -ENOENT when
+ * @c holds none.  A PIN_WRITER's caller calls copy_writers(t, tier, -1)
+ * once the pin is dropped (after a dirty tensor_unpin(): the memory store
+ * must never see the written copy as the old version).
+ */
 int pin_forget(Conn *c, Tensor *t, int tier);
 /* Drop every pin @c holds: dirty where it may have written before it went, clean where it only read. */
 void pin_drop_all(Conn *c);

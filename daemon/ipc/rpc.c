@@ -201,8 +201,12 @@ static void on_op_complete(Op *op, int status, const char *error) {
                                 tensor_pin_account(t, op->tier, +1);
                 } else if (status < 0 && p->replied) {
                         /* async pin whose data never came: the pin the op held is gone */
-                        if (pin_forget(c, t, op->tier) >= 0)
+                        int f = pin_forget(c, t, op->tier);
+
+                        if (f >= 0)
                                 tensor_pin_account(t, op->tier, -1);
+                        if (f > 0 && (f & PIN_WRITER))
+                                copy_writers(t, op->tier, -1);
                 }
         }
 
@@ -393,6 +397,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         list_add_tail(&j->conns, &c->job_link);
         j->n_conns++;
         job_linger_stop(j);
+        job_release_ghosts(j);  /* the memory store's: its clients of before tierd's restart are done writing */
 
         for (int i = 0; i < TIERS; i++) {
                 limits[i] = j->limit[i];
@@ -534,7 +539,9 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
                                     t->name, level_to_string(tier));
         tensor_pin_account(t, tier, -1);
         /* a write-only pin's old bytes were not brought: what is there now is what the client wrote */
-        (void) tensor_unpin(t, tier, u->dirty || r > 0);
+        (void) tensor_unpin(t, tier, u->dirty || (r & PIN_WRITE_ONLY));
+        if (r & PIN_WRITER)
+                copy_writers(t, tier, -1);
         return reply_status(c, seq, 0, NULL);
 }
 
@@ -867,9 +874,13 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
         list_for_each_safe(n, tmp, &c->pending) {
                 Pending *p = list_entry(n, Pending, link);
 
+                int f = -ENOENT;
+
                 if (p->op && p->kind == TIER__REQUEST__OP_PIN && p->replied && p->op->pinned &&
-                    pin_forget(c, p->op->tensor, p->op->tier) >= 0)
+                    (f = pin_forget(c, p->op->tensor, p->op->tier)) >= 0)
                         tensor_pin_account(p->op->tensor, p->op->tier, -1);
+                if (f > 0 && (f & PIN_WRITER))
+                        copy_writers(p->op->tensor, p->op->tier, -1);
                 if (p->op)
                         op_cancel(p->op);   /* drops the pin the op held */
                 /* an async pin that was granted already holds a pin record: dropped below */

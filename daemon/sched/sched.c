@@ -173,6 +173,8 @@ static void hold_release(Plan *p, int h, bool unpin, bool written) {
                                 t->rw_pins--;
                         if (unpin) {
                                 (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
+                                if (a->mode & PLAN_WRITE)
+                                        copy_writers(t, a->tier, -1);   /* after the version the write made */
                                 /*
                                  * A write-only pin may have reserved the copy without bringing the
                                  * old bytes: unwritten, it holds nothing but where it is no sole copy
@@ -202,6 +204,8 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 tensor_pin_account(a->tensor, a->tier, +1);
                 if (a->mode == (PLAN_READ | PLAN_WRITE))
                         a->tensor->rw_pins++;
+                if (a->mode & PLAN_WRITE)
+                        copy_writers(a->tensor, a->tier, +1);   /* before the phase can be said ready */
                 plan_slot_publish(p, a->tensor, a->tier);
                 engine_kick(p->sched->engine);
         } else if (status == -ENOSPC || status == -EAGAIN) {
@@ -281,6 +285,8 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                         tensor_pin_account(t, a->tier, +1);
                         if (a->mode == (PLAN_READ | PLAN_WRITE))
                                 t->rw_pins++;
+                        if (a->mode & PLAN_WRITE)
+                                copy_writers(t, a->tier, +1);
                         plan_slot_publish(p, t, a->tier);
                         moves_used(p, t, a->tier);
                         continue;

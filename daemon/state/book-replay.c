@@ -29,6 +29,7 @@
 #include "daemon/base/log.h"
 #include "daemon/base/statefile.h"
 #include "daemon/state/book-private.h"
+#include "daemon/state/memstore.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/fault.h"
 #include "daemon/tiers/segpool.h"
@@ -729,6 +730,13 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 t->book_version = t->version;
                                 f->tensors++;
                                 f->bytes += t->alloc_size;
+                                /* a memory copy of the same version, or a newer one the index had not heard of */
+                                if (memstore_restore(reg->memstore, reg, t, MAX(bt->newest, t->version)) &&
+                                    t->version != t->book_version)
+                                        f->in_memory++;
+                        } else if (!f->damaged && memstore_restore(reg->memstore, reg, t, bt->newest)) {
+                                /* its newest data was in memory, which the service manager kept */
+                                f->in_memory++;
                         } else if (bt->newest == 0 && !f->damaged) {
                                 t->book_state = BOOK_T_BLANK;
                                 f->blank++;
@@ -737,6 +745,14 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 t->version = bt->newest;
                                 t->lost = true;
                                 t->book_state = BOOK_T_NEWER;
+                                if (!f->damaged && memstore_was_dead(reg->memstore, t, bt->newest)) {
+                                        t->dead = true;         /* still: so the next kill says so too */
+                                        f->dead++;
+                                        log_job(LOG_DEBUG, 0, j->name, "Tensor '%s' of job '%s' was dead when tierd "
+                                                "went (its next access writes it whole): nothing of it to bring "
+                                                "back, its reads fail until that write", t->name, j->name);
+                                        continue;
+                                }
                                 f->lost++;
                                 log_job(LOG_WARNING, 0, j->name, "Tensor '%s' of job '%s' is lost: %s", t->name, j->name,
                                         f->damaged ? "the NVMe index is damaged" :

@@ -25,6 +25,8 @@ typedef struct BookFound {
         unsigned tensors;       /* tensors restored with their data on NVMe */
         unsigned blank;         /* tensors never written (zeros: nothing to restore) */
         unsigned lost;          /* tensors whose newest data was not on NVMe (or lies on a target that changed) */
+        unsigned in_memory;     /* tensors whose newest data the memory store kept (state/memstore.c) */
+        unsigned dead;          /* tensors nothing needed (the next access writes them whole): none of their data kept */
         uint64_t bytes;         /* bytes of NVMe those restored hold */
         uint64_t records;       /* records replayed */
         uint64_t torn_bytes;    /* bytes after the last whole record of the file read (a write cut short) */

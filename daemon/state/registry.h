@@ -16,6 +16,7 @@ typedef struct Book Book;
 typedef struct Config Config;
 typedef struct FencePage FencePage;
 typedef struct Job Job;
+typedef struct MemStore MemStore;
 typedef struct NvmeTier NvmeTier;
 typedef struct Op Op;
 typedef struct Plan Plan;
@@ -59,6 +60,8 @@ typedef struct CopyPiece {
 typedef struct Copy {
         CopyState state;
         unsigned pins;
+        unsigned writers;       /* pins that may write it (a client's, a plan's): the memory store records them */
+        bool unwritten;         /* reserved for a pin that writes it whole: garbage until that pin wrote it */
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
@@ -108,6 +111,8 @@ typedef struct Tensor {
         NvmeExtent *base;
         uint32_t n_base;
         unsigned rw_pins;       /* pins that may read and write it (a commit waits for none) */
+        uint32_t mem_slot;      /* its record in the memory store's table + 1 (0: none; state/memstore.c) */
+        uint8_t ghost;          /* tiers (bits) pinned for the client of before a restart (job_release_ghosts()) */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */
@@ -206,6 +211,7 @@ struct Registry {
         void *ops_userdata;
         Wear *wear;             /* borrowed, may be NULL: the drive wear book (wear.c) */
         Book *book;             /* borrowed, may be NULL ([nvme] persist = no): the NVMe index (book.c) */
+        MemStore *memstore;     /* borrowed, may be NULL: memory kept in the service manager's fd store */
 
         List jobs;              /* Job.link */
         List dying_jobs;        /* ended, waiting for transfers before being freed */
@@ -375,3 +381,9 @@ bool tensor_needs_image(const Tensor *t);
 int tensor_unpin(Tensor *t, int tier, bool dirty);
 /* Count (delta > 0) or uncount a pin of @t in @tier in the job's and the daemon's "pinned" bytes. */
 void tensor_pin_account(Tensor *t, int tier, int delta);
+/* A pin that may write @t's copy in @tier is taken (@delta > 0) or let go: the memory store records it first. */
+void copy_writers(Tensor *t, int tier, int delta);
+/* @t's memory copies changed (state, version, pieces): the memory store's record follows now. */
+void tensor_note(Tensor *t);
+/* A client of @j said Hello: the pins kept for the clients of before tierd's restart go (memstore.c). */
+void job_release_ghosts(Job *j);

@@ -26,6 +26,7 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/state/book.h"
+#include "daemon/state/memstore.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/tensormap.h"
 #include "daemon/tiers/segpool.h"
@@ -219,9 +220,13 @@ void copy_free(Tensor *t, int tier) {
                 copy_release(t, tier);
         c->state = COPY_ABSENT;
         c->version = 0;
+        c->writers = 0;
+        c->unwritten = false;
         list_del(&c->lru);
         if (tier == TIER_NVME)
                 book_version(r->book, t);       /* its NVMe copy was what the index had of it */
+        else
+                memstore_note(r->memstore, t);  /* before the range can be taken again */
         if (r->ops && r->ops->space_freed)
                 r->ops->space_freed(r->ops_userdata, tier);
 }
@@ -314,16 +319,46 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         if (dirty) {
                 t->version++;
                 c->version = t->version;
+                c->unwritten = false;
                 t->dead = false;
                 t->lost = false;
         }
         log_debug("unpin '%s' of job '%s' in %s%s: version %" PRIu64 ", pins left %u", t->name, t->job->name,
                   level_to_string(tier), dirty ? " (dirty)" : "", t->version, c->pins);
         copy_touch(t, tier);
+        if (dirty)
+                tensor_note(t);
         tensor_free_stale(t);
         if (dirty)
                 book_version(t->job->registry->book, t);        /* the newest is not on NVMe (if it was) */
         return 0;
+}
+
+void copy_writers(Tensor *t, int tier, int delta) {
+        Copy *c = &t->copy[tier];
+
+        if (delta > 0)
+                c->writers++;
+        else if (c->writers > 0)
+                c->writers--;
+        tensor_note(t);
+}
+
+void tensor_note(Tensor *t) {
+        memstore_note(t->job->registry->memstore, t);
+}
+
+void job_release_ghosts(Job *j) {
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                for (int tier = 0; tier < TIERS && t->ghost; tier++)
+                        if (t->ghost & (1u << tier)) {
+                                t->ghost &= (uint8_t) ~(1u << tier);
+                                tensor_pin_account(t, tier, -1);
+                                (void) tensor_unpin(t, tier, false);
+                        }
+        }
 }
 
 void tensor_pin_account(Tensor *t, int tier, int delta) {

@@ -6,7 +6,10 @@
  * sealed against shrinking and growing (so a client's mapping can never hit
  * SIGBUS and the daemon's I/O never races a resize), mapped once by the
  * daemon, bound to a NUMA node (mbind before first touch), populated and
- * mlocked.  Clients receive the fd and map it MAP_SHARED.
+ * mlocked.  Clients receive the fd and map it MAP_SHARED.  With the memory
+ * store, a segment made at start may be the last run's memfd instead, its
+ * contents kept (MemfdSegConfig.adopt), and every segment made is handed to
+ * the store (MemfdSegConfig.made).
  */
 
 #include <errno.h>
@@ -31,16 +34,29 @@ static int memfd_seg_make_memory(SegPool *p, Segment *seg, uint64_t size) {
         void *map = MAP_FAILED;
         int fd = -1, r;
 
-        fd = memfd_create(mc->name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd < 0)
-                return negative_errno();
-        if (ftruncate(fd, (off_t) size) < 0) {
-                r = negative_errno();
-                goto fail;
+        if (mc->adopting && mc->adopt)
+                fd = mc->adopt(seg, size, mc->store_userdata);
+        if (fd >= 0) {
+                int seals = fcntl(fd, F_GET_SEALS);
+
+                /* the last run's memory: sealed as ours are, or not used */
+                if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+                        fd = safe_close(fd);
+                else
+                        mc->adopted++;
         }
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-                r = negative_errno();
-                goto fail;
+        if (fd < 0) {
+                fd = memfd_create(mc->name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+                if (fd < 0)
+                        return negative_errno();
+                if (ftruncate(fd, (off_t) size) < 0) {
+                        r = negative_errno();
+                        goto fail;
+                }
+                if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                        r = negative_errno();
+                        goto fail;
+                }
         }
         map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (map == MAP_FAILED) {
@@ -87,6 +103,8 @@ static int memfd_seg_prepare(SegPool *p, Segment *seg) {
                         return r;
                 }
         }
+        if (mc->made)
+                mc->made(seg, mc->store_userdata);
         return 0;
 }
 

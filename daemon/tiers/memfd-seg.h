@@ -12,6 +12,17 @@ typedef struct MemfdSegConfig {
         int (*on_make)(Segment *seg, void *userdata);
         void (*on_drop)(Segment *seg, void *userdata);
         void *userdata;
+        /*
+         * The memory store (state/memstore.c, wired by core/manager.c): while
+         * @adopting (the pool made at start), @adopt returns the memfd the last
+         * run had for the segment (kept, contents and all) or -1 for a fresh
+         * one; @made hears of every segment made or renewed, on the loop.
+         */
+        int (*adopt)(Segment *seg, uint64_t size, void *userdata);
+        void (*made)(Segment *seg, void *userdata);
+        void *store_userdata;
+        bool adopting;
+        unsigned adopted;       /* segments whose memory came from the last run */
         bool lock_failed;       /* set when mlock failed (logged once) */
         int lock_errno;         /* the errno of a failed mlock (atomic: set on the renewer's thread too) */
 } MemfdSegConfig;

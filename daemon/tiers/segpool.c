@@ -96,6 +96,23 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
         return -ENOSPC;
 }
 
+/* Make new memory for @s, whose old memory is dropped already, and put it back in service. */
+static int segment_renew_now(SegPool *p, Segment *s) {
+        int r;
+
+        s->generation++;
+        extent_alloc_deinit(&s->units);
+        r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+        if (r < 0)
+                return r;
+        s->used = 0;
+        r = p->ops->make(p, s, p->seg_size);
+        if (r < 0)
+                return r;       /* the segment stays out of service */
+        p->n_free++;
+        return 0;
+}
+
 /* Replace the memory of a segment nobody owns, and put it back in service. */
 static int segment_renew(SegPool *p, Segment *s) {
         int r;
@@ -113,17 +130,7 @@ static int segment_renew(SegPool *p, Segment *s) {
                 return segrenewer_queue(p->renewer, s);
         }
         p->ops->drop(p, s);
-        s->generation++;
-        extent_alloc_deinit(&s->units);
-        r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
-        if (r < 0)
-                return r;
-        s->used = 0;
-        r = p->ops->make(p, s, p->seg_size);
-        if (r < 0)
-                return r;       /* the segment stays out of service */
-        p->n_free++;
-        return 0;
+        return segment_renew_now(p, s);
 }
 
 int segpool_release(SegPool *p, Segment *s) {
@@ -156,6 +163,37 @@ int segpool_revoked(SegPool *p, Segment *s) {
         s->revoking = false;
         p->n_revoking--;
         return segment_renew(p, s);
+}
+
+int segpool_claim(SegPool *p, Segment *s, Job *job, List *owner_list) {
+        if (s->owner || s->revoking || s->renewing || (s->fd < 0 && !s->device_ptr))
+                return -EBUSY;
+        s->owner = job;
+        list_add_tail(owner_list, &s->owner_link);
+        p->n_free--;
+        return 0;
+}
+
+int segpool_renew_free(SegPool *p, Segment *s) {
+        if (s->owner || s->revoking || s->renewing)
+                return -EBUSY;
+        if (s->fd >= 0 || s->map || s->device_ptr) {
+                p->ops->drop(p, s);
+                p->n_free--;
+        }
+        return segment_renew_now(p, s);
+}
+
+int segment_reserve(Segment *seg, uint64_t offset, uint64_t size) {
+        int r;
+
+        if (offset % SEG_UNIT != 0)
+                return -EINVAL;
+        r = extent_alloc_reserve(&seg->units, offset / SEG_UNIT, DIV_ROUND_UP(size, SEG_UNIT));
+        if (r < 0)
+                return r;
+        seg->used += ALIGN_UP(size, SEG_UNIT);
+        return 0;
 }
 
 int segment_alloc(Segment *seg, uint64_t size, uint64_t align, uint64_t *ret_offset) {

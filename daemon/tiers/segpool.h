@@ -98,12 +98,22 @@ int segpool_release(SegPool *p, Segment *seg);
 void segpool_forget(SegPool *p, Segment *seg);
 /* The clients let go of a revoking segment: replace its memory and put it back in service. */
 int segpool_revoked(SegPool *p, Segment *seg);
+/*
+ * At start, for the memory store (state/memstore.c): hand free segment @seg
+ * itself to @job, as segpool_assign() would (-EBUSY: it is not free); and
+ * replace the memory of a free segment that the last run left (not zeros),
+ * at once.
+ */
+int segpool_claim(SegPool *p, Segment *seg, Job *job, List *owner_list);
+int segpool_renew_free(SegPool *p, Segment *seg);
 
 /*
  * Allocate @size bytes inside @seg at an offset that is a multiple of
  * @align (a multiple of SEG_UNIT), as low as they fit; -ENOSPC.
  */
 int segment_alloc(Segment *seg, uint64_t size, uint64_t align, uint64_t *ret_offset);
+/* Take exactly [@offset, @offset + @size) of @seg (SEG_UNIT-aligned); -EBUSY when part of it is taken. */
+int segment_reserve(Segment *seg, uint64_t offset, uint64_t size);
 /* The longest free run of @seg, in bytes. */
 uint64_t segment_largest_free(const Segment *seg);
 void segment_free(Segment *seg, uint64_t offset, uint64_t size);

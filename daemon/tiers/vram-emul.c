@@ -237,6 +237,10 @@ uint64_t vram_emul_capacity(const Config *c) {
 }
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
+        return vram_emul_new_stored(c, event, NULL, ret);
+}
+
+int vram_emul_new_stored(const Config *c, sd_event *event, const MemfdSegConfig *store, VramBackend **ret) {
         VramEmul *e;
         int r;
 
@@ -266,9 +270,16 @@ int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret) {
                 .numa_node = -1,
                 .lock = false,  /* emulated device memory need not be locked */
         };
+        if (store) {
+                e->memfd.adopt = store->adopt;
+                e->memfd.made = store->made;
+                e->memfd.store_userdata = store->store_userdata;
+                e->memfd.adopting = store->adopting;
+        }
 
         r = segpool_init(&e->base.pool, "memfd", &memfd_seg_ops, &e->memfd, vram_emul_capacity(c),
                          c->vram_chunk_size);
+        e->memfd.adopting = false;
         if (r < 0)
                 goto fail;
 

@@ -8,6 +8,8 @@
 
 #include "daemon/tiers/segpool.h"
 
+typedef struct MemfdSegConfig MemfdSegConfig;
+
 typedef struct FaultSet FaultSet;
 
 typedef struct Config Config;
@@ -97,6 +99,8 @@ VramBackend *vram_backend_free(VramBackend *b);
 bool vram_backend_stop(VramBackend *b);
 
 int vram_emul_new(const Config *c, sd_event *event, VramBackend **ret);
+/* The same, its pool's segments adopted from and handed to the memory store (@store's hooks; NULL: none). */
+int vram_emul_new_stored(const Config *c, sd_event *event, const MemfdSegConfig *store, VramBackend **ret);
 /* The capacity vram_emul_new() makes for @c: [vram] capacity, 0 meaning the built-in default (1G). */
 uint64_t vram_emul_capacity(const Config *c);
 /*

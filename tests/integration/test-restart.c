@@ -302,6 +302,124 @@ static void test_torn_record_at_every_write(void **state) {
         kill_at_every_step("index-torn");
 }
 
+/*
+ * With the service manager's fd store (the harness plays it): tierd SIGKILLed
+ * after the workload brings every tensor back with its newest data, those
+ * held only in memory included; and a client that was writing a tensor when
+ * tierd died, and went on writing, finds every byte it wrote once it has
+ * reconnected (the copy held for writing is the newest, and nothing moves it
+ * until the job's next Hello).
+ */
+static void test_kill_with_fd_store(void **state) {
+        /* the pools of config_body: 32M of host in 4M segments, 8M of VRAM in 2M chunks */
+        const size_t host_segs = 8, vram_segs = 4;
+        Known k[N_TENSORS] = {};
+        tier_client *w = NULL;
+        tier_tensor *wt = NULL;
+        struct tier_grant g;
+        struct tier_stat st;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-host-", host_segs, 10000), 0);
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-vram-", vram_segs, 10000), 0);
+
+        assert_true(workload(k));
+        assert_int_equal(tier_client_new(&w, d.socket, "w", 0), 0);
+        assert_int_equal(tier_client_set_reconnect(w, 30000), 0);
+        assert_int_equal(tier_tensor_create(w, "w", MiB, &wt), 0);
+        assert_int_equal(tier_pin(wt, TIER_HOST, &g), 0);
+        memset(g.ptr, 0x77, g.length / 2);
+
+        /* whatever the store was sent is in (a segment renewed meanwhile is sent again) */
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        memset((uint8_t *) g.ptr + g.length / 2, 0x77, g.length - g.length / 2);     /* after tierd died */
+        print_message("the fd store holds %zu fd(s) for the next start\n", d.n_stored);
+        spawn();
+        assert_true(test_daemon_log_contains(&d, "with newer data kept in memory"));
+        for (unsigned i = 0; i < N_TENSORS; i++)
+                k[i].durable = k[i].newest;     /* nothing lost: what was only in memory is back too */
+        check(k, "after SIGKILL, with the fd store");
+
+        assert_int_equal(tier_tensor_stat(wt, &st), -ERESTART);
+        assert_int_equal(tier_pin_mode(wt, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(wt, g.ptr, 0x77));
+        assert_int_equal(tier_unpin(wt, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(wt), 0);
+        tier_client_free(w);
+        forget_job();
+        d.fd_store = false;
+}
+
+/* Cut short, as a kill in the middle of its write would, every record in use of the tables in the store. */
+static unsigned tear_stored_tables(void) {
+        const size_t records_at = 8192;         /* memstore.c: a page of header, a page of inodes (12 segments) */
+        const size_t rec_size = 512;
+        unsigned torn = 0;
+
+        for (size_t i = 0; i < d.n_stored; i++) {
+                uint32_t n_records = 0;
+                int fd = d.stored[i].fd;
+
+                if (strncmp(d.stored[i].name, "tierd-mem-table-", 16) != 0)
+                        continue;
+                assert_int_equal(pread(fd, &n_records, sizeof(n_records), 16), (ssize_t) sizeof(n_records));
+                for (uint32_t r = 0; r < n_records; r++) {
+                        off_t at = (off_t) (records_at + r * rec_size);
+                        uint8_t zeros[256] = {};
+                        uint64_t seq = 0;
+
+                        assert_int_equal(pread(fd, &seq, sizeof(seq), at), (ssize_t) sizeof(seq));
+                        if (!seq)
+                                continue;
+                        assert_int_equal(pwrite(fd, zeros, sizeof(zeros), at + 256), (ssize_t) sizeof(zeros));
+                        torn++;
+                }
+        }
+        return torn;
+}
+
+/* A table whose records a kill cut short, or pools shaped otherwise: what was only in memory is lost, never wrong. */
+static void test_store_torn_or_reshaped(void **state) {
+        for (int round = 0; round < 2; round++) {
+                Known k[N_TENSORS] = {};
+                char needle[128];
+
+                assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+                d.fd_store = true;
+                spawn();
+                assert_true(workload(k));
+                assert_true(k[0].newest != k[0].durable);       /* something is only in memory */
+                test_daemon_drain(&d);
+                assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+                if (round == 0) {
+                        unsigned torn = tear_stored_tables(), in_memory = 0;
+
+                        for (unsigned i = 0; i < N_TENSORS; i++)
+                                in_memory += k[i].newest != k[i].durable;
+                        assert_true(torn >= in_memory);
+                        snprintf(needle, sizeof(needle), " %u of its records cut short (not used)", torn);
+                } else {
+                        assert_int_equal(test_daemon_write_config(&d, "shape.conf", "[host]\nsegment_size = 2M\n"), 0);
+                        snprintf(needle, sizeof(needle), "Memory store: the host pool was 8 segment(s) of %llu bytes "
+                                 "and is 16 of %llu now", 4 * MiB, 2 * MiB);
+                }
+                spawn();
+                if (!test_daemon_log_contains(&d, needle)) {
+                        test_daemon_dump_log(&d);
+                        fail_msg("the log does not say '%s'", needle);
+                }
+                check(k, round == 0 ? "after SIGKILL, the store's table torn" : "after SIGKILL, pools reshaped");
+                forget_job();
+                if (round == 1)
+                        assert_int_equal(test_daemon_write_config(&d, "shape.conf", NULL), 0);
+        }
+        d.fd_store = false;
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(32 * MiB))
                 return -1;
@@ -315,6 +433,8 @@ static int teardown(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_stop_and_kill),
+                cmocka_unit_test(test_kill_with_fd_store),
+                cmocka_unit_test(test_store_torn_or_reshaped),
                 cmocka_unit_test(test_kill_at_every_step),
                 cmocka_unit_test(test_torn_record_at_every_write),
         };

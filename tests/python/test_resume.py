@@ -75,11 +75,12 @@ class TestResume(tierd.DaemonTestCase):
     config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
         "job_limit = 48M", "job_limit = 4M", 1)
 
-    def run_child(self, job: str, out: str, kill_after=None, args=(), ready=None) -> tuple[bool, list[tuple[float, str]]]:
+    def run_child(self, job: str, out: str, kill_after=None, args=(), ready=None,
+                  socket: str | None = None) -> tuple[bool, list[tuple[float, str]]]:
         """Run the child; SIGKILL it kill_after(N) seconds after it said "ready N" (None: let it finish).
         Returns whether it finished, and its lines with the time each came."""
-        p = subprocess.Popen([sys.executable, __file__, CHILD, self.socket, job, out, *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen([sys.executable, __file__, CHILD, socket or self.socket, job, out, *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: list[tuple[float, str]] = []
         deadline = None
         try:
@@ -217,6 +218,59 @@ class TestResume(tierd.DaemonTestCase):
               "(a step with a restart in it)", file=sys.stderr)
         self.assertEqual(len(times), RESTARTS, "the run ended before the restarts did: make it longer")
         self.same(ref, out, RESTART_STEPS)
+
+    def test_tierd_killed_twenty_times(self) -> None:
+        """tierd SIGKILLed at random points of a step, twenty times, and started again with what the service
+        manager's fd store kept of its memory (the harness plays the store): the training process carries on
+        by itself and ends where an uninterrupted run does."""
+        import threading
+
+        d = tierd.Tierd(self.config, fd_store=True)
+        self.addCleanup(d.cleanup)
+        d.start()
+        tmp = tempfile.mkdtemp(prefix="tier-kill-")
+        self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
+        ref, out = os.path.join(tmp, "ref.pt"), os.path.join(tmp, "out.pt")
+        ok, _ = self.run_child("kill-ref", ref, args=(str(RESTART_STEPS), "plain"), socket=d.socket)
+        self.assertTrue(ok)
+        rng = random.Random(20261207)
+        result: dict = {}
+        training = threading.Event()
+
+        def train() -> None:
+            try:
+                result["ok"], result["lines"] = self.run_child("kill-run", out, args=(str(RESTART_STEPS), "reconnect"),
+                                                               ready=training, socket=d.socket)
+            finally:
+                training.set()
+
+        th = threading.Thread(target=train)
+        th.start()
+        times = []
+        training.wait(120)
+        try:
+            while not os.path.exists(out) and th.is_alive() and len(times) < RESTARTS:
+                time.sleep(0.05 + rng.uniform(0.0, 0.25))
+                if not th.is_alive():
+                    break
+                times.append(d.kill_and_start())
+        finally:
+            th.join(300)
+        self.assertTrue(result.get("ok"), result)
+        log = d.log_text()
+        kept = log.count("with newer data kept in memory")
+        restarts = [line for _, line in result["lines"] if line.startswith("restarts")]
+        steps = [t for t, line in result["lines"] if line.startswith("step")]
+        gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
+        print(f"tierd SIGKILLed and started again {len(times)} times under the run (kill to READY=1: "
+              f"{sorted(times)[len(times) // 2]:.2f} s at the median, {max(times):.2f} s at most); the run says "
+              f"{restarts}; its steps took {gaps[len(gaps) // 2]:.3f} s at the median, {gaps[-1]:.3f} s at most",
+              file=sys.stderr)
+        self.assertEqual(len(times), RESTARTS, "the run ended before the kills did: make it longer")
+        lost = [line for line in log.splitlines() if " is lost" in line]
+        self.same(ref, out, RESTART_STEPS)
+        self.assertEqual(lost, [], "tensors were lost to a kill")
+        self.assertGreater(kept, 0)
 
     def test_refused_layout(self) -> None:
         """A model that does not match the stored layout is refused, in words, before anything of it changes;

@@ -1,0 +1,978 @@
+/* SPDX-License-Identifier: MIT */
+/* memstore.c: host and emulated VRAM memory outlive tierd, in the service manager's fd store. */
+
+/*
+ * Theory of operation: the host pool and the emulated VRAM pool are memfds,
+ * one per segment.  tierd hands each to the service manager's fd store
+ * (FDSTORE=1, FDNAME=tierd-mem-host-ID / tierd-mem-vram-ID), together with
+ * one more memfd, the table (tierd-mem-table-0 or -1), which says where each
+ * tensor's memory copies lie: per tensor (named by its NVMe index keys) and
+ * per tier, the version, whether a client holds it for writing, and the
+ * pieces (segment, offset, length).  When tierd exits, however it exits,
+ * the store keeps the memfds, so their pages and the table survive; the
+ * next tierd gets them back (LISTEN_FDS, LISTEN_FDNAMES), maps the segments
+ * in place of fresh ones and puts each tensor's copies back where they were.
+ *
+ * The table is written in place, on the loop, as copies change and before
+ * anything else happens (memstore_note() runs where a copy is freed, filled,
+ * made stale or pinned for writing): a SIGKILL leaves it as of the last
+ * change.  A record is written with its seq at 0 first and set last, and
+ * carries a crc32c, so a record cut short by a kill counts as absent (its
+ * copies are not put back: a tensor whose newest data they were is reported
+ * lost, never wrong).  A copy is recorded only while it is valid (its
+ * version is the tensor's) or held for writing; a stale or filling one is
+ * not, and the record changes before a freed range can be reused.  A copy
+ * held for writing when tierd died is the newest: the client may have
+ * written it (it keeps writing until its next call finds tierd gone).
+ *
+ * What is not kept: CUDA VRAM (the driver's allocations die with the
+ * process; exporting their fds to the store is not done), tensors in more
+ * than MS_MAX_PIECES pieces, and everything without the NVMe index ([nvme]
+ * persist = no) or without a service manager.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <systemd/sd-event.h>
+
+#include <tier.h>
+
+#include "daemon/base/log.h"
+#include "daemon/state/book.h"
+#include "daemon/state/memstore.h"
+#include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
+#include "proto/crc32c.h"
+#include "proto/macro.h"
+
+#define MS_MAGIC "TIERMST1"
+#define MS_FORMAT 1u
+#define MS_MAX_PIECES 8
+#define MS_REC_SIZE 512u
+#define MS_HEADER_SIZE 4096u    /* the header's page; the inode array follows, then the records */
+#define MS_INITIAL_RECORDS 1024u
+#define MS_MAX_RECORDS 65536u
+
+enum { MS_HOST, MS_VRAM, MS_TIERS };
+enum { MS_NONE, MS_VALID, MS_WRITING };
+enum { MS_F_DEAD = 1 };         /* its next access writes it whole: no copy was worth keeping */
+
+typedef struct MsPiece {
+        uint32_t seg;
+        uint32_t reserved;
+        uint64_t offset;
+        uint64_t len;
+} MsPiece;
+
+typedef struct MsCopy {
+        uint64_t version;
+        uint8_t state;
+        uint8_t n_pieces;
+        uint8_t pad[6];
+        MsPiece pieces[MS_MAX_PIECES];
+} MsCopy;
+
+typedef struct MsRecord {
+        uint64_t seq;           /* 0: free (written first and last) */
+        uint64_t job_key;
+        uint64_t tensor_key;
+        uint64_t alloc_size;
+        uint64_t version;       /* the tensor's */
+        uint64_t flags;         /* MS_F_* */
+        MsCopy copy[MS_TIERS];
+        uint8_t pad[MS_REC_SIZE - 6 * sizeof(uint64_t) - MS_TIERS * sizeof(MsCopy) - sizeof(uint32_t)];
+        uint32_t crc;           /* crc32c of everything after seq and before crc */
+} MsRecord;
+
+/*
+ * The table: this header, then per segment of each pool (host first) the
+ * inode number of the memfd the store holds for it (0: not in the store, or
+ * not current: its memory is not used at the next start), padded to a page,
+ * then the records.
+ */
+typedef struct MsHeader {
+        char magic[8];
+        uint32_t format;
+        uint32_t rec_size;
+        uint32_t n_records;
+        uint32_t n_segs[MS_TIERS];
+        uint32_t pad;
+        uint64_t seg_size[MS_TIERS];
+        uint64_t generation;
+        uint32_t crc;           /* of everything before it */
+} MsHeader;
+
+_Static_assert(sizeof(MsRecord) == MS_REC_SIZE, "a record is MS_REC_SIZE bytes");
+_Static_assert(sizeof(MsHeader) <= MS_HEADER_SIZE, "the header fits its page");
+
+/* Where the records start in a table of these pools. */
+static size_t records_at(const uint32_t n_segs[MS_TIERS]) {
+        size_t inodes = ((size_t) n_segs[0] + n_segs[1]) * sizeof(uint64_t);
+
+        return MS_HEADER_SIZE + ALIGN_UP(inodes, (size_t) 4096);
+}
+
+struct MemStore {
+        bool frozen;
+        bool usable;                    /* the old table was read and matches the pools */
+        uint64_t seg_size[MS_TIERS];
+        uint32_t n_segs[MS_TIERS];
+
+        /* what the service manager passed back */
+        int old_table[2];
+        int *old_seg[MS_TIERS];         /* per segment id, -1: none */
+        bool *adopted[MS_TIERS];        /* per segment id: its memory is the last tierd's */
+        uint64_t *old_ino[MS_TIERS];    /* per segment id: the inode the old table names (0: none) */
+        MsRecord *old;                  /* the old table's sound records, sorted by keys */
+        size_t n_old;
+        unsigned old_no;                /* which table name the old one had */
+        uint64_t old_generation;
+
+        /* segments handed to the store (before the table exists: made at start) */
+        uint64_t *stored_ino[MS_TIERS];
+
+        int notify_fd;                  /* to $NOTIFY_SOCKET: sends never block the loop */
+        sd_event_source *notify_source; /* writable again: the queue goes on */
+        struct MsMsg *queue;            /* what waits for the service manager, in order */
+        size_t n_queue, cap_queue;
+        bool warned_notify;
+
+        /* the table of this run */
+        int fd;
+        uint8_t *map;
+        size_t map_size;
+        size_t rec_at;                  /* where the records start */
+        uint32_t cap;
+        unsigned table_no;
+        uint32_t *free_slots;
+        uint32_t n_free, next_slot;
+        unsigned n_records;
+        unsigned restored;
+        uint64_t seq;
+        bool warned_pieces, warned_full;
+};
+
+/* A message for the service manager that must wait its turn (its socket was full). */
+typedef struct MsMsg {
+        char text[96];
+        int fd;                 /* ours (a dup), or -1 */
+        int seg_k;              /* a segment's FDSTORE: whose inode is current once it is sent; -1: not */
+        uint32_t seg_id;
+        uint64_t ino;
+} MsMsg;
+
+static int ms_tier(int tier) {
+        return tier == TIER_HOST ? MS_HOST : MS_VRAM;
+}
+
+static const char *const tier_names[MS_TIERS] = { "host", "vram" };
+
+static uint64_t *table_ino(MemStore *ms, int k, uint32_t id);
+
+/* One datagram, with @fd (or none: -1), never waiting: 1 sent, 0 the socket is full, -errno. */
+static int send_one(MemStore *ms, const char *text, int fd) {
+        union {
+                struct cmsghdr h;
+                uint8_t buf[CMSG_SPACE(sizeof(int))];
+        } control = {};
+        struct iovec iov = { .iov_base = (void *) text, .iov_len = strlen(text) };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+        if (fd >= 0) {
+                struct cmsghdr *c;
+
+                mh.msg_control = control.buf;
+                mh.msg_controllen = sizeof(control.buf);
+                c = CMSG_FIRSTHDR(&mh);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        if (sendmsg(ms->notify_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
+                return 1;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : negative_errno();
+}
+
+/* A segment's memfd is in the store: the table says so now (the next start may use it). */
+static void segment_stored(MemStore *ms, int k, uint32_t id, uint64_t ino) {
+        ms->stored_ino[k][id] = ino;
+        if (ms->map)
+                __atomic_store_n(table_ino(ms, k, id), ino, __ATOMIC_RELEASE);
+}
+
+/* Send what waits, in order, until the socket is full again. */
+static void queue_flush(MemStore *ms) {
+        size_t done = 0;
+
+        while (done < ms->n_queue) {
+                MsMsg *m = &ms->queue[done];
+                int r = send_one(ms, m->text, m->fd);
+
+                if (r == 0)
+                        break;
+                if (r < 0 && !ms->warned_notify) {
+                        log_warning_errno(r, "Memory store: the service manager did not take a message (%m): "
+                                          "what it concerns is not kept across restarts (logged once)");
+                        ms->warned_notify = true;
+                }
+                if (r > 0 && m->seg_k >= 0)
+                        segment_stored(ms, m->seg_k, m->seg_id, m->ino);
+                safe_close(m->fd);
+                done++;
+        }
+        memmove(ms->queue, ms->queue + done, (ms->n_queue - done) * sizeof(MsMsg));
+        ms->n_queue -= done;
+        if (ms->notify_source)
+                (void) sd_event_source_set_enabled(ms->notify_source, ms->n_queue ? SD_EVENT_ON : SD_EVENT_OFF);
+}
+
+static int on_notify_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        queue_flush(userdata);
+        return 0;
+}
+
+/*
+ * A message to the service manager with @fd (-1: none), in order with those
+ * before it: sent now when nothing waits and the socket takes it, else
+ * queued (the fd duplicated) until the socket is writable again.  @seg_k >= 0:
+ * a segment's FDSTORE, whose inode @ino the table names once it is sent.
+ */
+static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint32_t seg_id, uint64_t ino) {
+        MsMsg *m;
+        int r;
+
+        if (ms->notify_fd < 0)
+                return;
+        if (ms->n_queue == 0) {
+                r = send_one(ms, text, fd);
+                if (r > 0) {
+                        if (seg_k >= 0)
+                                segment_stored(ms, seg_k, seg_id, ino);
+                        return;
+                }
+                if (r < 0) {
+                        if (!ms->warned_notify)
+                                log_warning_errno(r, "Memory store: the service manager did not take a message "
+                                                  "(%m): what it concerns is not kept across restarts (logged once)");
+                        ms->warned_notify = true;
+                        return;
+                }
+        }
+        if (ms->n_queue == ms->cap_queue) {
+                size_t cap = ms->cap_queue ? ms->cap_queue * 2 : 64;
+                MsMsg *q = reallocarray(ms->queue, cap, sizeof(MsMsg));
+
+                if (!q)
+                        return;         /* not kept: the table does not name it */
+                ms->queue = q;
+                ms->cap_queue = cap;
+        }
+        m = &ms->queue[ms->n_queue];
+        *m = (MsMsg) { .fd = -1, .seg_k = seg_k, .seg_id = seg_id, .ino = ino };
+        snprintf(m->text, sizeof(m->text), "%s", text);
+        if (fd >= 0) {
+                m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+                if (m->fd < 0)
+                        return;
+        }
+        ms->n_queue++;
+        if (ms->notify_source)
+                (void) sd_event_source_set_enabled(ms->notify_source, SD_EVENT_ON);
+}
+
+static int notify_open(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        size_t l = strlen(path);
+        int fd;
+
+        if (l == 0 || l >= sizeof(sa.sun_path) || (path[0] != '/' && path[0] != '@'))
+                return -EINVAL;
+        memcpy(sa.sun_path, path, l);
+        if (path[0] == '@')
+                sa.sun_path[0] = 0;     /* abstract */
+        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return negative_errno();
+        if (connect(fd, (struct sockaddr *) &sa, (socklen_t) (offsetof(struct sockaddr_un, sun_path) + l)) < 0) {
+                int r = negative_errno();
+
+                safe_close(fd);
+                return r;
+        }
+        return fd;
+}
+
+int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t host_segs,
+                 uint64_t vram_seg_size, uint32_t vram_segs, MemStore **ret) {
+        const char *path = getenv("NOTIFY_SOCKET"), *max = getenv("FDSTORE");
+        uint64_t need = (uint64_t) host_segs + vram_segs + 3, limit;
+        char *end;
+        MemStore *ms;
+        int fd, r;
+
+        *ret = NULL;
+        if (!persist || !path)
+                return 0;
+        if (!max) {
+                /* systemd >= 254 sets $FDSTORE to FileDescriptorStoreMax=; tierd.service sets it for older ones */
+                log_debug("Memory store: off ($FDSTORE unset: the service manager keeps no fds for tierd)");
+                return 0;
+        }
+        errno = 0;
+        limit = strtoull(max, &end, 10);
+        if (errno != 0 || end == max || *end != 0 || limit < need) {
+                log_warning("Memory store: off: the service manager keeps %s fd(s) for tierd ($FDSTORE), "
+                            "it needs %" PRIu64 " (one per segment, and its tables); "
+                            "raise FileDescriptorStoreMax= and FDSTORE= in tierd.service", max, need);
+                return 0;
+        }
+        fd = notify_open(path);
+        if (fd < 0) {
+                log_warning_errno(fd, "Memory store: cannot reach the service manager at $NOTIFY_SOCKET: %m; "
+                                  "memory is not kept across restarts");
+                return 0;
+        }
+        ms = calloc(1, sizeof(*ms));
+        if (!ms) {
+                safe_close(fd);
+                return -ENOMEM;
+        }
+        ms->notify_fd = fd;
+        ms->fd = -1;
+        ms->old_table[0] = ms->old_table[1] = -1;
+        ms->seg_size[MS_HOST] = host_seg_size;
+        ms->seg_size[MS_VRAM] = vram_seg_size;
+        ms->n_segs[MS_HOST] = host_segs;
+        ms->n_segs[MS_VRAM] = vram_segs;
+        for (int k = 0; k < MS_TIERS; k++) {
+                size_t n = MAX(ms->n_segs[k], 1u);
+
+                ms->old_seg[k] = malloc(n * sizeof(int));
+                ms->adopted[k] = calloc(n, sizeof(bool));
+                ms->old_ino[k] = calloc(n, sizeof(uint64_t));
+                ms->stored_ino[k] = calloc(n, sizeof(uint64_t));
+                if (!ms->old_seg[k] || !ms->adopted[k] || !ms->old_ino[k] || !ms->stored_ino[k]) {
+                        memstore_free(ms);
+                        return -ENOMEM;
+                }
+                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                        ms->old_seg[k][i] = -1;
+        }
+        r = event ? sd_event_add_io(event, &ms->notify_source, fd, EPOLLOUT, on_notify_writable, ms) : 0;
+        if (r < 0) {
+                memstore_free(ms);
+                return r;
+        }
+        if (ms->notify_source) {
+                (void) sd_event_source_set_enabled(ms->notify_source, SD_EVENT_OFF);
+                (void) sd_event_source_set_description(ms->notify_source, "memstore-notify");
+        }
+        *ret = ms;
+        return 0;
+}
+
+MemStore *memstore_free(MemStore *ms) {
+        if (!ms)
+                return NULL;
+        for (int i = 0; i < 2; i++)
+                safe_close(ms->old_table[i]);
+        for (int k = 0; k < MS_TIERS; k++) {
+                for (uint32_t i = 0; ms->old_seg[k] && i < ms->n_segs[k]; i++)
+                        safe_close(ms->old_seg[k][i]);
+                free(ms->old_seg[k]);
+                free(ms->adopted[k]);
+                free(ms->old_ino[k]);
+                free(ms->stored_ino[k]);
+        }
+        free(ms->old);
+        if (ms->map)
+                munmap(ms->map, ms->map_size);
+        safe_close(ms->fd);
+        ms->notify_source = sd_event_source_disable_unref(ms->notify_source);
+        for (size_t i = 0; i < ms->n_queue; i++)
+                safe_close(ms->queue[i].fd);
+        free(ms->queue);
+        safe_close(ms->notify_fd);
+        free(ms->free_slots);
+        free(ms);
+        return NULL;
+}
+
+int memstore_inherit(MemStore *ms, const char *name, int fd) {
+        const char *rest;
+        char *end;
+        unsigned long id;
+
+        if (!name || strncmp(name, MEMSTORE_FD_PREFIX, strlen(MEMSTORE_FD_PREFIX)) != 0)
+                return 0;
+        rest = name + strlen(MEMSTORE_FD_PREFIX);
+        if (!ms) {
+                safe_close(fd);         /* no store this run: the memory is not ours to use */
+                return 1;
+        }
+        if (strcmp(rest, "table-0") == 0 || strcmp(rest, "table-1") == 0) {
+                int k = rest[6] - '0';
+
+                safe_close(ms->old_table[k]);
+                ms->old_table[k] = fd;
+                return 1;
+        }
+        for (int k = 0; k < MS_TIERS; k++) {
+                size_t l = strlen(tier_names[k]);
+
+                if (strncmp(rest, tier_names[k], l) != 0 || rest[l] != '-')
+                        continue;
+                errno = 0;
+                id = strtoul(rest + l + 1, &end, 10);
+                if (errno || *end || end == rest + l + 1 || id >= ms->n_segs[k]) {
+                        log_info("Memory store: '%s' is not a segment of the %s pool as configured now: dropped",
+                                 name, tier_names[k]);
+                        safe_close(fd);
+                        return 1;
+                }
+                safe_close(ms->old_seg[k][id]);
+                ms->old_seg[k][id] = fd;
+                return 1;
+        }
+        log_info("Memory store: an fd named '%s' is not one tierd knows: dropped", name);
+        safe_close(fd);
+        return 1;
+}
+
+static uint32_t header_crc(const MsHeader *h) {
+        return crc32c(0, h, offsetof(MsHeader, crc));
+}
+
+static uint32_t record_crc(const MsRecord *r) {
+        return crc32c(0, (const uint8_t *) r + sizeof(r->seq), offsetof(MsRecord, crc) - sizeof(r->seq));
+}
+
+static int by_keys(const void *a, const void *b) {
+        const MsRecord *x = a, *y = b;
+
+        if (x->job_key != y->job_key)
+                return x->job_key < y->job_key ? -1 : 1;
+        return x->tensor_key < y->tensor_key ? -1 : x->tensor_key > y->tensor_key;
+}
+
+/* Read the table behind @fd (its header @h sound and of these pools): the inodes, the sound records. */
+static int load_table(MemStore *ms, int fd, const MsHeader *h, unsigned *ret_torn) {
+        size_t at = records_at(h->n_segs), size = at + (size_t) h->n_records * MS_REC_SIZE;
+        const uint64_t *ino;
+        struct stat st;
+        uint8_t *map;
+        unsigned torn = 0;
+
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        if ((uint64_t) st.st_size < size)
+                return -EBADMSG;
+        map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED)
+                return negative_errno();
+        ms->old = calloc(MAX(h->n_records, 1u), sizeof(MsRecord));
+        if (!ms->old) {
+                munmap(map, size);
+                return -ENOMEM;
+        }
+        ino = (const uint64_t *) (map + MS_HEADER_SIZE);
+        for (int k = 0; k < MS_TIERS; k++)
+                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                        ms->old_ino[k][i] = ino[(k == MS_HOST ? 0 : ms->n_segs[MS_HOST]) + i];
+        for (uint32_t i = 0; i < h->n_records; i++) {
+                MsRecord r;
+
+                memcpy(&r, map + at + (size_t) i * MS_REC_SIZE, sizeof(r));
+                if (r.seq == 0)
+                        continue;
+                if (r.crc != record_crc(&r) || !r.job_key || !r.tensor_key) {
+                        torn++;
+                        continue;
+                }
+                ms->old[ms->n_old++] = r;
+        }
+        munmap(map, size);
+        qsort(ms->old, ms->n_old, sizeof(MsRecord), by_keys);
+        *ret_torn = torn;
+        return 0;
+}
+
+static bool read_header(int fd, MsHeader *h) {
+        if (fd < 0 || pread(fd, h, sizeof(*h), 0) != (ssize_t) sizeof(*h))
+                return false;
+        return memcmp(h->magic, MS_MAGIC, 8) == 0 && h->crc == header_crc(h);
+}
+
+void memstore_load(MemStore *ms) {
+        MsHeader h[2] = {}, *use = NULL;
+        unsigned torn = 0, segs = 0;
+        bool ok[2];
+        int r;
+
+        if (!ms)
+                return;
+        for (int k = 0; k < MS_TIERS; k++)
+                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                        segs += ms->old_seg[k][i] >= 0;
+        for (int i = 0; i < 2; i++)
+                ok[i] = read_header(ms->old_table[i], &h[i]);
+        if (ok[0] || ok[1]) {
+                ms->old_no = ok[1] && (!ok[0] || h[1].generation > h[0].generation) ? 1 : 0;
+                use = &h[ms->old_no];
+                ms->old_generation = use->generation;
+        }
+        if (!use) {
+                if (segs > 0 || ms->old_table[0] >= 0 || ms->old_table[1] >= 0)
+                        log_warning("Memory store: %u segment(s) handed back, but no sound table of where the "
+                                    "tensors lie: their memory is not used (tensors held only there are lost)", segs);
+                return;
+        }
+        if (use->format != MS_FORMAT || use->rec_size != MS_REC_SIZE) {
+                log_warning("Memory store: a table of format %u (records of %u bytes) from another tierd version: "
+                            "not used, the memory it describes is dropped", use->format, use->rec_size);
+                return;
+        }
+        for (int k = 0; k < MS_TIERS; k++)
+                if (use->seg_size[k] != ms->seg_size[k] || use->n_segs[k] != ms->n_segs[k]) {
+                        log_warning("Memory store: the %s pool was %" PRIu32 " segment(s) of %" PRIu64 " bytes and is "
+                                    "%" PRIu32 " of %" PRIu64 " now: the memory of the last run is not used",
+                                    tier_names[k], use->n_segs[k], use->seg_size[k], ms->n_segs[k], ms->seg_size[k]);
+                        return;
+                }
+        r = load_table(ms, ms->old_table[ms->old_no], use, &torn);
+        if (r < 0) {
+                log_warning_errno(r, "Memory store: cannot read the table of the last run, its memory is not used: %m");
+                return;
+        }
+        ms->usable = true;
+        log_info("Memory store: the last run's table (generation %" PRIu64 ") lists %zu tensor(s) with copies in "
+                 "memory, %u of its records cut short (not used); %u segment(s) handed back",
+                 use->generation, ms->n_old, torn, segs);
+}
+
+int memstore_take_segment(MemStore *ms, int tier, uint32_t id, uint64_t size) {
+        int k = ms_tier(tier), fd;
+        struct stat st;
+
+        if (!ms || !ms->usable || id >= ms->n_segs[k] || ms->old_seg[k][id] < 0)
+                return -1;
+        fd = ms->old_seg[k][id];
+        /* the memfd the table names (not one the store kept from before a renewal), of the pool's size */
+        if (fstat(fd, &st) < 0 || (uint64_t) st.st_size != size || ms->old_ino[k][id] == 0 ||
+            (uint64_t) st.st_ino != ms->old_ino[k][id])
+                return -1;
+        ms->old_seg[k][id] = -1;
+        ms->adopted[k][id] = true;
+        return fd;
+}
+
+static void seg_name(int k, uint32_t id, char *buf, size_t size) {
+        snprintf(buf, size, MEMSTORE_FD_PREFIX "%s-%" PRIu32, tier_names[k], id);
+}
+
+static uint64_t *table_ino(MemStore *ms, int k, uint32_t id) {
+        return (uint64_t *) (ms->map + MS_HEADER_SIZE) + (k == MS_HOST ? 0 : ms->n_segs[MS_HOST]) + id;
+}
+
+void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
+        char name[64], msg[128];
+        int k = ms_tier(tier);
+        struct stat st;
+
+        if (!ms || ms->frozen || seg->fd < 0 || seg->id >= ms->n_segs[k] || fstat(seg->fd, &st) < 0)
+                return;
+        /* not current in the store until it is in: a kill meanwhile leaves the segment unused */
+        segment_stored(ms, k, seg->id, 0);
+        seg_name(k, seg->id, name, sizeof(name));
+        /* what the store had under the name (the memory before a renewal) goes */
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, -1, -1, 0, 0);
+        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, seg->fd, k, seg->id, (uint64_t) st.st_ino);
+}
+
+/* ---- restoring ------------------------------------------------------------------------------------ */
+
+static const MsRecord *find_old(const MemStore *ms, uint64_t job_key, uint64_t tensor_key) {
+        MsRecord key = { .job_key = job_key, .tensor_key = tensor_key };
+
+        return ms->n_old ? bsearch(&key, ms->old, ms->n_old, sizeof(MsRecord), by_keys) : NULL;
+}
+
+static uint64_t effective(const MsCopy *c) {
+        return c->state == MS_WRITING ? c->version + 1 : c->state == MS_VALID ? c->version : 0;
+}
+
+/* Put one copy back: its segments claimed for the job, its ranges reserved.  false: it cannot be. */
+static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const MsCopy *mc, uint64_t version) {
+        int k = ms_tier(tier);
+        SegPool *pool = r->pools[tier];
+        Copy *c = &t->copy[tier];
+        CopyPiece *pieces;
+        uint64_t total = 0;
+        uint32_t got = 0;
+
+        if (!pool || mc->n_pieces == 0 || mc->n_pieces > MS_MAX_PIECES || c->state != COPY_ABSENT)
+                return false;
+        pieces = mc->n_pieces == 1 ? &c->one : calloc(mc->n_pieces, sizeof(CopyPiece));
+        if (!pieces)
+                return false;
+        for (; got < mc->n_pieces; got++) {
+                const MsPiece *p = &mc->pieces[got];
+                uint64_t align = mc->n_pieces > 1 ? pool->piece_align : SEG_UNIT;
+                uint64_t span = p->len == pool->seg_size ? pool->seg_size : ALIGN_UP(p->len, align);
+                Segment *s;
+
+                if (p->seg >= pool->n_segs || !ms->adopted[k][p->seg] || p->offset % SEG_UNIT != 0 ||
+                    p->len == 0 || p->offset + span > pool->seg_size)
+                        break;
+                s = &pool->segs[p->seg];
+                if (s->owner != t->job && segpool_claim(pool, s, t->job, &t->job->segments[tier]) < 0)
+                        break;
+                if (segment_reserve(s, p->offset, span) < 0)
+                        break;
+                pieces[got] = (CopyPiece) { .seg = s, .offset = p->offset, .len = p->len, .span = span };
+                total += p->len;
+        }
+        if (got < mc->n_pieces || total != t->alloc_size) {
+                for (uint32_t i = 0; i < got; i++)
+                        segment_free(pieces[i].seg, pieces[i].offset, pieces[i].span);
+                if (pieces != &c->one)
+                        free(pieces);
+                c->one = (CopyPiece) {};
+                log_warning("Tensor '%s' of job '%s': its %s copy in the memory store does not fit the pool as it "
+                            "is (a piece out of range, claimed twice, or of another size): not put back",
+                            t->name, t->job->name, tier_names[k]);
+                return false;
+        }
+        c->pieces = pieces;
+        c->n_pieces = mc->n_pieces;
+        c->state = COPY_RESIDENT;
+        c->version = version;
+        copy_account(t, tier, (int64_t) t->alloc_size);
+        copy_touch(t, tier);
+        return true;
+}
+
+bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
+        const MsRecord *rec;
+        uint64_t best = 0;
+        int writing = 0;
+        bool any = false;
+
+        if (!ms || !ms->usable || !t->book_key || !t->job->book_key)
+                return false;
+        rec = find_old(ms, t->job->book_key, t->book_key);
+        if (!rec || rec->alloc_size != t->alloc_size)
+                return false;
+        for (int k = 0; k < MS_TIERS; k++) {
+                best = MAX(best, effective(&rec->copy[k]));
+                writing += rec->copy[k].state == MS_WRITING;
+        }
+        if (best == 0 || best < newest)
+                return false;   /* nothing, or older than what the index heard of: not the newest */
+        if (writing > 1) {
+                log_warning("Tensor '%s' of job '%s' was held for writing in host and VRAM at once when tierd went: "
+                            "which holds the newest data is not known, it is lost", t->name, t->job->name);
+                return false;
+        }
+        /* the newest copies only (a valid copy of the version below one being written is stale) */
+        for (int k = 0; k < MS_TIERS; k++) {
+                const MsCopy *mc = &rec->copy[k];
+                int tier = k == MS_HOST ? TIER_HOST : TIER_VRAM;
+
+                if (effective(mc) != best)
+                        continue;
+                if (!restore_copy(ms, r, t, tier, mc, best))
+                        continue;
+                any = true;
+                if (mc->state == MS_WRITING) {
+                        /* the client may still be writing into it: nothing moves it until the job's next Hello */
+                        t->copy[tier].pins++;
+                        tensor_pin_account(t, tier, +1);
+                        t->ghost |= (uint8_t) (1u << tier);
+                }
+        }
+        if (!any)
+                return false;
+        /* an NVMe copy restored from the index is stale when memory holds a newer version */
+        t->version = best;
+        t->lost = false;
+        t->dead = false;
+        if (t->copy[TIER_NVME].state != COPY_ABSENT && t->copy[TIER_NVME].version != best)
+                t->book_state = BOOK_T_NEWER;
+        else if (t->copy[TIER_NVME].state == COPY_ABSENT)
+                t->book_state = BOOK_T_NEWER;
+        ms->restored++;
+        return true;
+}
+
+bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest) {
+        const MsRecord *rec;
+
+        if (!ms || !ms->usable || !t->book_key || !t->job->book_key)
+                return false;
+        rec = find_old(ms, t->job->book_key, t->book_key);
+        return rec && (rec->flags & MS_F_DEAD) && rec->version >= newest;
+}
+
+/* ---- this run's table ----------------------------------------------------------------------------- */
+
+static int table_map(MemStore *ms, uint32_t cap) {
+        size_t size = ms->rec_at + (size_t) cap * MS_REC_SIZE;
+        void *map;
+
+        if (ftruncate(ms->fd, (off_t) size) < 0)
+                return negative_errno();
+        map = ms->map ? mremap(ms->map, ms->map_size, size, MREMAP_MAYMOVE)
+                      : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, ms->fd, 0);
+        if (map == MAP_FAILED)
+                return negative_errno();
+        ms->map = map;
+        ms->map_size = size;
+        ms->cap = cap;
+        return 0;
+}
+
+static void header_write(MemStore *ms, uint64_t generation) {
+        MsHeader h = {
+                .format = MS_FORMAT,
+                .rec_size = MS_REC_SIZE,
+                .n_records = ms->cap,
+                .generation = generation,
+        };
+
+        memcpy(h.magic, MS_MAGIC, 8);
+        for (int k = 0; k < MS_TIERS; k++) {
+                h.n_segs[k] = ms->n_segs[k];
+                h.seg_size[k] = ms->seg_size[k];
+        }
+        h.crc = header_crc(&h);
+        memcpy(ms->map, &h, sizeof(h));
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static MsRecord *slot_at(MemStore *ms, uint32_t slot) {
+        return (MsRecord *) (ms->map + ms->rec_at + (size_t) slot * MS_REC_SIZE);
+}
+
+static int slot_get(MemStore *ms, uint32_t *ret) {
+        if (ms->n_free > 0) {
+                *ret = ms->free_slots[--ms->n_free];
+                return 0;
+        }
+        if (ms->next_slot == ms->cap) {
+                uint32_t cap = ms->cap * 2;
+                uint32_t *f;
+                int r;
+
+                if (ms->cap >= MS_MAX_RECORDS)
+                        return -ENOSPC;
+                r = table_map(ms, cap);
+                if (r < 0)
+                        return r;
+                f = reallocarray(ms->free_slots, cap, sizeof(uint32_t));
+                if (!f)
+                        return -ENOMEM;
+                ms->free_slots = f;
+                header_write(ms, ms->old_generation + 1);
+        }
+        *ret = ms->next_slot++;
+        return 0;
+}
+
+static void slot_put(MemStore *ms, uint32_t slot) {
+        ms->free_slots[ms->n_free++] = slot;
+}
+
+/* What @t's record says now: false when it has no copy worth keeping. */
+static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
+        bool any = false;
+
+        *rec = (MsRecord) {
+                .job_key = t->job->book_key,
+                .tensor_key = t->book_key,
+                .alloc_size = t->alloc_size,
+                .version = t->version,
+        };
+        for (int tier = 0; tier < TIERS; tier++) {
+                const Copy *c = &t->copy[tier];
+                MsCopy *mc;
+
+                if (tier == TIER_NVME || c->n_pieces == 0 || (t->version == 0 && c->writers == 0))
+                        continue;       /* (zeros need no copy, unless a client is writing it) */
+                if (c->state != COPY_RESIDENT && c->state != COPY_DRAINING)
+                        continue;
+                /*
+                 * A copy held for writing holds what its client wrote (a dead or lost
+                 * tensor's too: that write mends it); else only the valid copy of a
+                 * tensor whose bytes count: not a stale one, not one reserved for a
+                 * writer that never wrote, nothing of a lost or dead tensor.
+                 */
+                if (c->writers == 0 && (c->version != t->version || c->unwritten || t->lost || t->dead))
+                        continue;
+                if (c->n_pieces > MS_MAX_PIECES || strcmp(c->pieces[0].seg->pool->kind, "memfd") != 0) {
+                        if (!ms->warned_pieces && c->n_pieces > MS_MAX_PIECES)
+                                log_info("Memory store: tensor '%s' of job '%s' lies in %" PRIu32 " pieces, more than "
+                                         "the %d a record holds: its memory copy is not kept across restarts (nor are "
+                                         "others like it; logged once)", t->name, t->job->name, c->n_pieces,
+                                         MS_MAX_PIECES);
+                        ms->warned_pieces = ms->warned_pieces || c->n_pieces > MS_MAX_PIECES;
+                        continue;
+                }
+                mc = &rec->copy[ms_tier(tier)];
+                mc->version = c->version;
+                mc->state = c->writers > 0 ? MS_WRITING : MS_VALID;
+                mc->n_pieces = (uint8_t) c->n_pieces;
+                for (uint32_t i = 0; i < c->n_pieces; i++)
+                        mc->pieces[i] = (MsPiece) {
+                                .seg = c->pieces[i].seg->id,
+                                .offset = c->pieces[i].offset,
+                                .len = c->pieces[i].len,
+                        };
+                any = true;
+        }
+        if (!any && t->dead && t->version > 0) {
+                rec->flags |= MS_F_DEAD;        /* nothing lost with it: the next start can say so */
+                return true;
+        }
+        return any;
+}
+
+void memstore_note(MemStore *ms, Tensor *t) {
+        MsRecord rec, *slot;
+        bool keep;
+
+        if (!ms || ms->frozen || !ms->map)
+                return;
+        keep = t->book_key && t->job->book_key && !t->doomed && record_build(ms, t, &rec);
+        if (!keep) {
+                if (t->mem_slot) {
+                        slot = slot_at(ms, t->mem_slot - 1);
+                        __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+                        slot_put(ms, t->mem_slot - 1);
+                        t->mem_slot = 0;
+                        ms->n_records--;
+                }
+                return;
+        }
+        if (!t->mem_slot) {
+                uint32_t s;
+                int r = slot_get(ms, &s);
+
+                if (r < 0) {
+                        if (!ms->warned_full)
+                                log_warning_errno(r, "Memory store: no room for more records (%u): memory copies of "
+                                                  "more tensors are not kept across restarts: %m", ms->cap);
+                        ms->warned_full = true;
+                        return;
+                }
+                t->mem_slot = s + 1;
+                ms->n_records++;
+        }
+        slot = slot_at(ms, t->mem_slot - 1);
+        rec.crc = record_crc(&rec);
+        rec.seq = ++ms->seq;
+        /* seq 0 while the rest changes: a kill halfway leaves a free record, never a wrong one */
+        __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+        memcpy((uint8_t *) slot + sizeof(rec.seq), (const uint8_t *) &rec + sizeof(rec.seq),
+               MS_REC_SIZE - sizeof(rec.seq));
+        __atomic_store_n(&slot->seq, rec.seq, __ATOMIC_RELEASE);
+}
+
+int memstore_begin(MemStore *ms, Registry *r) {
+        char name[64], msg[128];
+        unsigned renewed = 0;
+        int fd, q;
+
+        if (!ms)
+                return 0;
+        free(ms->old);
+        ms->old = NULL;
+        ms->n_old = 0;
+
+        /* memory of the last run that holds nothing put back: fresh before any job gets it */
+        for (int tier = 0; tier < TIERS; tier++) {
+                SegPool *pool = tier == TIER_NVME ? NULL : r->pools[tier];
+                int k = ms_tier(tier);
+
+                if (!pool)
+                        continue;
+                for (uint32_t i = 0; i < ms->n_segs[k] && i < pool->n_segs; i++) {
+                        ms->old_seg[k][i] = safe_close(ms->old_seg[k][i]);
+                        if (ms->adopted[k][i] && !pool->segs[i].owner) {
+                                q = segpool_renew_free(pool, &pool->segs[i]);
+                                if (q < 0)
+                                        log_warning_errno(q, "Memory store: cannot renew %s segment %" PRIu32 ": %m",
+                                                          tier_names[k], i);
+                                renewed++;
+                        }
+                }
+        }
+        if (renewed)
+                log_debug("Memory store: %u segment(s) of the last run held nothing put back: renewed", renewed);
+
+        fd = memfd_create("tierd-mem-table", MFD_CLOEXEC);
+        if (fd < 0)
+                return log_warning_errno(errno, "Memory store: cannot make its table, memory is not kept across "
+                                         "restarts: %m");
+        ms->fd = fd;
+        ms->rec_at = records_at(ms->n_segs);
+        q = table_map(ms, MS_INITIAL_RECORDS);
+        if (q >= 0) {
+                ms->free_slots = calloc(ms->cap, sizeof(uint32_t));
+                if (!ms->free_slots)
+                        q = -ENOMEM;
+        }
+        if (q < 0) {
+                if (ms->map)
+                        munmap(ms->map, ms->map_size);
+                ms->map = NULL;
+                ms->fd = safe_close(ms->fd);
+                return log_warning_errno(q, "Memory store: cannot make its table, memory is not kept across "
+                                         "restarts: %m");
+        }
+        header_write(ms, ms->old_generation + 1);
+        /* the segments the store holds now (made at start, before the table) */
+        for (int k = 0; k < MS_TIERS; k++)
+                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                        *table_ino(ms, k, i) = ms->stored_ino[k][i];
+        list_for_each_safe(jn, jtmp, &r->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                list_for_each_safe(tn, ttmp, &j->tensors)
+                        memstore_note(ms, list_entry(tn, Tensor, job_link));
+        }
+
+        /* the new table in, under the other name, then the old one out */
+        ms->table_no = ms->old_no ^ 1;
+        snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->table_no);
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, -1, -1, 0, 0);
+        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, ms->fd, -1, 0, 0);
+        snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->old_no);
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, -1, -1, 0, 0);
+        for (int i = 0; i < 2; i++)
+                ms->old_table[i] = safe_close(ms->old_table[i]);
+        log_info("Memory store: on (host%s memory is kept in the service manager's fd store across restarts); "
+                 "%u tensor(s) put back from the last run's memory", ms->n_segs[MS_VRAM] ? " and emulated VRAM" : "",
+                 ms->restored);
+        return 0;
+}
+
+void memstore_freeze(MemStore *ms) {
+        if (ms)
+                ms->frozen = true;
+}
