@@ -680,9 +680,13 @@ def parent(a: argparse.Namespace) -> int:
                 try:
                     msg = run.get(a.step_timeout)
                 except queue.Empty:
-                    # a phase that never becomes ready (tier_phase() has no timeout): reported
-                    run.kill(f"step {k + 1} not done after {a.step_timeout:.0f} s (killed): the trainer waited "
-                             "in a phase tierd never made ready", timed_out=True)
+                    # a phase that never becomes ready (tier_phase() has no timeout), or plain PyTorch itself
+                    # too slow (the machine short of memory): reported
+                    why = ("the trainer waited in a phase tierd never made ready, or the machine is short of "
+                           "memory (free -m)" if run.job else
+                           "plain PyTorch, without tierd, took that long: the machine is short of memory (free -m: "
+                           "tierd's pools and the trainers together) or the step needs a longer --step-timeout")
+                    run.kill(f"step {k + 1} not done after {a.step_timeout:.0f} s (killed): {why}", timed_out=True)
                     log(f"{run.config}: step {k + 1} not done after {a.step_timeout:.0f} s: killed")
                     if not tierd_answers(a.socket):
                         stuck = run.config
@@ -691,7 +695,6 @@ def parent(a: argparse.Namespace) -> int:
                         for other in runs:
                             if other.active and other.job:
                                 other.kill(f"stopped: tierd stopped answering during configuration {stuck}")
-                    continue
                     continue
                 if "result" in msg:                 # failed in this step
                     run.result = msg["result"]

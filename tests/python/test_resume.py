@@ -271,6 +271,7 @@ class TestResume(tierd.DaemonTestCase):
         self.same(ref, out, RESTART_STEPS)
         self.assertEqual(lost, [], "tensors were lost to a kill")
         self.assertGreater(kept, 0)
+        self.assertEqual(d.stop(), 0)       # and a clean stop after the last start from the store
 
     def test_refused_layout(self) -> None:
         """A model that does not match the stored layout is refused, in words, before anything of it changes;
