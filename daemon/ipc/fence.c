@@ -107,7 +107,7 @@ int pin_forget(Conn *c, Tensor *t, int tier) {
         return -ENOENT;
 }
 
-void pin_drop_all(Conn *c) {
+void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *userdata) {
         for (size_t i = 0; i < c->n_pins; i++) {
                 PinRec *pr = &c->pins[i];
 
@@ -116,8 +116,11 @@ void pin_drop_all(Conn *c) {
                         pr->tensor->rw_pins--;
                 /* one that may have written: dirty (the client said nothing); a read-only one: clean */
                 (void) tensor_unpin(pr->tensor, pr->tier, pr->write_only || pr->rw);
-                if (pr->write_only || pr->rw)
+                if (pr->write_only || pr->rw) {
                         copy_writers(pr->tensor, pr->tier, -1);
+                        if (changed)
+                                changed(pr->tensor, userdata);
+                }
         }
         c->n_pins = 0;
 }

@@ -33,5 +33,9 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw);
  * must never see the written copy as the old version).
  */
 int pin_forget(Conn *c, Tensor *t, int tier);
-/* Drop every pin @c holds: dirty where it may have written before it went, clean where it only read. */
-void pin_drop_all(Conn *c);
+/*
+ * Drop every pin @c holds: dirty where it may have written before it went,
+ * clean where it only read; @changed (may be NULL) hears of each tensor
+ * made dirty.
+ */
+void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *userdata);

@@ -542,6 +542,8 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         (void) tensor_unpin(t, tier, u->dirty || (r & PIN_WRITE_ONLY));
         if (r & PIN_WRITER)
                 copy_writers(t, tier, -1);
+        if ((u->dirty || (r & PIN_WRITE_ONLY)) && rpc->sched)
+                sched_tensor_changed(rpc->sched, t);    /* a held phase's other copy of it is stale now */
         return reply_status(c, seq, 0, NULL);
 }
 
@@ -860,6 +862,10 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
 /* ---- connection end ------------------------------------------------------------------------------ */
 
 
+static void tensor_changed(Tensor *t, void *userdata) {
+        sched_tensor_changed(userdata, t);
+}
+
 void rpc_conn_gone(Rpc *rpc, Conn *c) {
         Job *j = c->job;
 
@@ -886,7 +892,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
                 /* an async pin that was granted already holds a pin record: dropped below */
                 pending_free(p);
         }
-        pin_drop_all(c);
+        pin_drop_all(c, rpc->sched ? tensor_changed : NULL, rpc->sched);
 
         if (!j)
                 return;

@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -574,4 +575,51 @@ void plan_status(const Plan *p, Tier__PlanStatus *ps) {
         ps->last_step_s = p->last_step_s;
         /* the client's own counter (its page): a number to show, never trusted for anything else */
         ps->stall_total_s = (double) __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE) / 1e9;
+}
+
+void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
+        PlanPhase *d = &p->phases[done_phase], *nx = &p->phases[next_phase];
+
+        /* ondemand: nothing is cached; what the finished phase used goes back down */
+        for (uint32_t i = 0; i < d->n_acc; i++) {
+                Tensor *t = d->acc[i].tensor;
+                bool again = false;
+
+                for (uint32_t k = 0; k < nx->n_acc; k++)
+                        if (nx->acc[k].tensor == t)
+                                again = true;
+                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0) {
+                        Op *op = NULL;
+
+                        if (op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, &op) >= 0)
+                                op->internal = true;    /* no client waits: freeing the tensor cancels it */
+                }
+        }
+}
+
+/*
+ * After @done_phase (the phase just released), drop every copy of the
+ * tensors it used whose next planned access overwrites them whole: they are
+ * dead, and keeping them would only take room (and Belady would rank them by
+ * that overwrite as if it were a read).  Only tensors this plan alone names,
+ * and nothing pinned, moving or in use by an op.
+ */
+void plan_drop_dead(Plan *p, uint32_t done_phase) {
+        PlanPhase *d = &p->phases[done_phase];
+
+        for (uint32_t i = 0; i < d->n_acc; i++) {
+                Tensor *t = d->acc[i].tensor;
+                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1;
+
+                for (int tier = 0; tier < TIERS && !busy; tier++)
+                        busy = t->copy[tier].pins > 0;
+                /* from the phase the client is in now (it may have skipped some), that one included */
+                if (busy || t->dead || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
+                        continue;
+                t->dead = true;
+                for (int tier = 0; tier < TIERS; tier++)
+                        copy_free(t, tier);
+                log_debug("sched: '%s' of job '%s' is dead until its next write: copies dropped", t->name,
+                          p->job->name);
+        }
 }

@@ -162,6 +162,10 @@ uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive);
 
 /* The page: tell the rank that marker @seq's phase may run, that the plan failed, where a slot's copy is. */
+/* ondemand: after @done_phase, what it used and @next_phase does not goes back down to NVMe. */
+void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase);
+/* After @done_phase, drop the copies of its tensors whose next planned access overwrites them whole. */
+void plan_drop_dead(Plan *p, uint32_t done_phase);
 void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase);
 void plan_set_error(Plan *p, int error, const char *what);
 void plan_slot_publish(Plan *p, Tensor *t, int tier);

@@ -147,6 +147,27 @@ void sched_charge(Job *j, uint64_t bytes) {
 
 /* ---- holds ---------------------------------------------------------------------------------------- */
 
+/* Let hold @h's pin of access @i go; with @unpin the pin itself, dirty where the phase wrote (@written). */
+static void hold_unpin_one(Plan *p, int h, uint32_t i, bool unpin, bool written) {
+        PlanAcc *a = &p->phases[p->hold[h].phase].acc[i];
+        Tensor *t = a->tensor;
+
+        tensor_pin_account(t, a->tier, -1);
+        if (a->mode == (PLAN_READ | PLAN_WRITE))
+                t->rw_pins--;
+        if (unpin) {
+                (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
+                if (a->mode & PLAN_WRITE)
+                        copy_writers(t, a->tier, -1);   /* after the version the write made */
+                /* a write-only pin may have reserved the copy without the old bytes: unwritten, it holds nothing */
+                if (!written && a->mode == PLAN_WRITE && t->copy[a->tier].pins == 0 && !t->xfer &&
+                    !copy_is_sole(t, a->tier))
+                        copy_free(t, a->tier);
+        }
+        p->hs[h].pinned[i] = false;
+        p->hold[h].n_pinned--;
+}
+
 /*
  * Release hold @h: cancel its pins in flight and, with @unpin, drop the pins it
  * holds, dirtying what the phase may write when @written (a hold of a phase the
@@ -155,36 +176,14 @@ void sched_charge(Job *j, uint64_t bytes) {
 static void hold_release(Plan *p, int h, bool unpin, bool written) {
         PlanHold *hold = &p->hold[h];
         HoldState *hs = &p->hs[h];
-        PlanPhase *ph;
 
         if (!hold->active)
                 return;
-        ph = &p->phases[hold->phase];
-        for (uint32_t i = 0; i < ph->n_acc; i++) {
-                PlanAcc *a = &ph->acc[i];
-
+        for (uint32_t i = 0; i < p->phases[hold->phase].n_acc; i++) {
                 if (hs->ops[i])
                         op_cancel(hs->ops[i]);  /* on_pin_cancelled() does the books */
-                if (hs->pinned[i]) {
-                        Tensor *t = a->tensor;
-
-                        tensor_pin_account(t, a->tier, -1);
-                        if (a->mode == (PLAN_READ | PLAN_WRITE))
-                                t->rw_pins--;
-                        if (unpin) {
-                                (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
-                                if (a->mode & PLAN_WRITE)
-                                        copy_writers(t, a->tier, -1);   /* after the version the write made */
-                                /*
-                                 * A write-only pin may have reserved the copy without bringing the
-                                 * old bytes: unwritten, it holds nothing but where it is no sole copy
-                                 */
-                                if (!written && a->mode == PLAN_WRITE && t->copy[a->tier].pins == 0 &&
-                                    !t->xfer && !copy_is_sole(t, a->tier))
-                                        copy_free(t, a->tier);
-                        }
-                        hs->pinned[i] = false;
-                }
+                if (hs->pinned[i])
+                        hold_unpin_one(p, h, i, unpin, written);
         }
         *hold = (PlanHold) {};
 }
@@ -359,53 +358,6 @@ static bool hold_yield(Plan *p) {
 
 /* ---- markers ------------------------------------------------------------------------------------------ */
 
-static void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
-        PlanPhase *d = &p->phases[done_phase], *nx = &p->phases[next_phase];
-
-        /* ondemand: nothing is cached; what the finished phase used goes back down */
-        for (uint32_t i = 0; i < d->n_acc; i++) {
-                Tensor *t = d->acc[i].tensor;
-                bool again = false;
-
-                for (uint32_t k = 0; k < nx->n_acc; k++)
-                        if (nx->acc[k].tensor == t)
-                                again = true;
-                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0) {
-                        Op *op = NULL;
-
-                        if (op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, &op) >= 0)
-                                op->internal = true;    /* no client waits: freeing the tensor cancels it */
-                }
-        }
-}
-
-/*
- * After @done_phase (the phase just released), drop every copy of the
- * tensors it used whose next planned access overwrites them whole: they are
- * dead, and keeping them would only take room (and Belady would rank them by
- * that overwrite as if it were a read).  Only tensors this plan alone names,
- * and nothing pinned, moving or in use by an op.
- */
-static void plan_drop_dead(Plan *p, uint32_t done_phase) {
-        PlanPhase *d = &p->phases[done_phase];
-
-        for (uint32_t i = 0; i < d->n_acc; i++) {
-                Tensor *t = d->acc[i].tensor;
-                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1;
-
-                for (int tier = 0; tier < TIERS && !busy; tier++)
-                        busy = t->copy[tier].pins > 0;
-                /* from the phase the client is in now (it may have skipped some), that one included */
-                if (busy || t->dead || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
-                        continue;
-                t->dead = true;
-                for (int tier = 0; tier < TIERS; tier++)
-                        copy_free(t, tier);
-                log_debug("sched: '%s' of job '%s' is dead until its next write: copies dropped", t->name,
-                          p->job->name);
-        }
-}
-
 /*
  * Take the client's newest marker from the plan page, if it wrote one we
  * have not seen: the previous phase's pins go and the marker's phase is
@@ -476,6 +428,54 @@ static int on_marker(sd_event_source *source, int fd, uint32_t revents, void *us
 void sched_plan_sync(Plan *p) {
         if (p)
                 plan_consume_marker(p);
+}
+
+/* Does hold @h, of a phase its client has not entered, pin for reading in access @i a copy of @t older than @t? */
+static bool held_stale(const Plan *p, int h, uint32_t i, const Tensor *t) {
+        const PlanAcc *a;
+
+        if (!p->hold[h].active || p->hold[h].seq <= p->seq || i >= p->phases[p->hold[h].phase].n_acc)
+                return false;
+        a = &p->phases[p->hold[h].phase].acc[i];
+        return a->tensor == t && p->hs[h].pinned[i] && (a->mode & PLAN_READ) && t->copy[a->tier].version != t->version;
+}
+
+void sched_tensor_changed(Sched *s, Tensor *t) {
+        list_for_each_safe(node, tmp, &s->plans) {
+                Plan *p = list_entry(node, Plan, link);
+                bool stale = false;
+
+                for (int h = 0; h < 2 && p->job == t->job; h++)
+                        for (uint32_t i = 0; i < p->max_acc; i++)
+                                stale = stale || held_stale(p, h, i, t);
+                if (!stale)
+                        continue;
+                /*
+                 * A ready said for a held phase goes back to the one before (none before the first
+                 * marker), then the client's marker is looked for: tier_phase() stores its marker before
+                 * it reads the ready (a system call between: a barrier), so either the client waits for
+                 * a new ready or its marker is seen here and the hold it entered is left alone.
+                 */
+                for (int h = 1; h >= 0; h--)
+                        if (p->hold[h].active && p->hold[h].seq > p->seq && p->hold[h].ready_sent) {
+                                p->hold[h].ready_sent = false;
+                                plan_set_ready(p, h ? p->hold[0].seq : 0, h ? p->hold[0].phase : 0);
+                                __atomic_thread_fence(__ATOMIC_SEQ_CST);
+                        }
+                plan_consume_marker(p);
+                for (int h = 0; h < 2; h++)
+                        for (uint32_t i = 0; i < p->max_acc; i++)
+                                if (held_stale(p, h, i, t)) {
+                                        log_debug("sched: job '%s' '%s', held for phase %u, went stale (written "
+                                                  "outside the plan): pinned again", p->job->name, t->name,
+                                                  p->hold[h].phase);
+                                        hold_unpin_one(p, h, i, true, false);
+                                }
+                for (int h = 0; h < 2; h++)
+                        hold_check_ready(p, h);         /* what kept its pins, or the marker made current */
+                s->epoch++;
+                engine_kick(s->engine);
+        }
 }
 
 bool sched_plan_holds(const Plan *p) {

@@ -77,12 +77,14 @@ class TestResume(tierd.DaemonTestCase):
 
     def run_child(self, job: str, out: str, kill_after=None, args=(), ready=None,
                   socket: str | None = None) -> tuple[bool, list[tuple[float, str]]]:
-        """Run the child; SIGKILL it kill_after(N) seconds after it said "ready N" (None: let it finish).
-        Returns whether it finished, and its lines with the time each came."""
+        """Run the child; kill_after(N), once it said "ready N", gives (k, s): SIGKILL it s seconds after it
+        said "step N+k" (k = 0: after "ready"), so that the kills follow its progress, not the clock (None:
+        let it finish).  Returns whether it finished, and its lines with the time each came."""
         p = subprocess.Popen([sys.executable, __file__, CHILD, socket or self.socket, job, out, *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: list[tuple[float, str]] = []
         deadline = None
+        kill_step, kill_delay = None, 0.0
         try:
             while True:
                 wait = 120.0 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -100,7 +102,12 @@ class TestResume(tierd.DaemonTestCase):
                 if line.startswith("step 1") and ready is not None:
                     ready.set()
                 if line.startswith("ready") and kill_after is not None:
-                    deadline = time.monotonic() + kill_after(int(line.split()[1]))
+                    at = int(line.split()[1])
+                    k, kill_delay = kill_after(at)
+                    kill_step = at + k
+                if kill_step is not None and deadline is None and line.split()[0] in ("ready", "step") and \
+                        int(line.split()[1]) >= kill_step:
+                    deadline = time.monotonic() + kill_delay
             status = p.wait(60)
             if status != 0:
                 raise AssertionError(f"the child failed ({status}): {p.stderr.read()[-3000:]}")
@@ -125,9 +132,15 @@ class TestResume(tierd.DaemonTestCase):
         rng = random.Random(20261206)
         out = os.path.join(tmp, "out.pt")
 
-        def kill_after(at: int) -> float:
-            # anywhere in the next two steps, but never past the last one (the run must not end)
-            return min(rng.uniform(0.0, 2 * per_step), (STEPS - at - 0.5) * per_step)
+        kills = iter(range(KILLS))
+
+        def kill_after(at: int) -> tuple[int, float]:
+            # every other run once a step of its own is committed, the others from "ready" on; at a random
+            # point of the step after that (or of the start), never near the last step (the run must not end)
+            i = next(kills)
+            if at >= STEPS - 3:
+                return 0, 0.0
+            return i % 2, rng.uniform(0.0, per_step)
 
         resumed_at = []
         for _ in range(KILLS):
