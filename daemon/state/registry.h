@@ -108,6 +108,7 @@ typedef struct Tensor {
          * written, the NVMe image of that version (kept for job_rollback()).
          */
         uint64_t commit_version;
+        bool commit_dead;       /* it was dead at the commit: a rollback makes it dead again, nothing lost */
         NvmeExtent *base;
         uint32_t n_base;
         unsigned rw_pins;       /* pins that may read and write it (a commit waits for none) */

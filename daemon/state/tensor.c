@@ -254,6 +254,7 @@ void job_commit(Job *j, uint64_t step) {
 
                 tensor_drop_image(t);
                 t->commit_version = t->version;
+                t->commit_dead = t->dead;
         }
         j->committing = true;
         j->commit_step = step;
@@ -280,7 +281,19 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                 for (int i = 0; i < TIERS; i++)
                         copy_free(t, i);
                 t->dead = false;
-                if (t->base) {
+                if (t->commit_dead) {
+                        /*
+                         * Dead at the commit (its next access wrote it whole: no copy was kept, so
+                         * no image either): dead again, which is all the commit had of it
+                         */
+                        tensor_drop_image(t);
+                        t->version = t->commit_version;
+                        t->dead = true;
+                        t->lost = false;
+                        tensor_note(t);
+                        book_version(j->registry->book, t);
+                        rolled++;
+                } else if (t->base) {
                         NvmeExtent *ext = t->base;
                         uint32_t n_ext = t->n_base;
 

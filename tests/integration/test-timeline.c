@@ -498,12 +498,59 @@ static void test_write_outside_the_plan(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A tensor dropped as dead (its next planned access writes it whole) when the
+ * job commits, then written: a rollback makes it dead again, nothing lost
+ * (it had no copy, hence no image, at the commit; it came back lost before).
+ */
+static void test_rollback_of_a_dead_tensor(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t, *u;
+        tier_plan *p = NULL;
+        struct tier_commit cm = {};
+        struct tier_grant g;
+        struct tier_stat st = {};
+
+        if (strcmp(policy_name, "timeline") != 0)
+                return;         /* dead copies are dropped under timeline only */
+        assert_int_equal(tier_client_new(&c, daemon_.socket, "dead-commit", 0), 0);
+        assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
+        assert_int_equal(tier_tensor_create(c, "u", TSIZE, &u), 0);
+        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+        fill(&g, 1, 1);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);  /* clean: no write-behind of it in flight later */
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, u, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 2, t, TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase(c, 0), 0);
+        /* t: read, next written whole: dead, its copies dropped (phase 2's hold may reserve host room again) */
+        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        assert_int_equal(st.state[TIER_NVME], 0);
+        assert_int_equal(tier_job_commit(c, 1), 0);
+        assert_int_equal(tier_phase(c, 2), 0);
+        assert_int_equal(tier_phase_grant(c, t, TIER_HOST, &g), 0);
+        fill(&g, 1, 2);
+        assert_int_equal(tier_phase(c, 0), 0);          /* phase 2's write lands: t written since the commit */
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_job_rollback(c, &cm), 0);
+        assert_int_equal(cm.lost, 0);
+        assert_true(cm.rolled_back >= 1);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        assert_int_equal(tier_tensor_destroy(u), 0);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),
                 cmocka_unit_test(test_pin_waits_for_transfers),
                 cmocka_unit_test(test_write_outside_the_plan),
+                cmocka_unit_test(test_rollback_of_a_dead_tensor),
                 cmocka_unit_test(test_two_jobs_verified),
         };
 

@@ -110,7 +110,8 @@ class TestResume(tierd.DaemonTestCase):
                     deadline = time.monotonic() + kill_delay
             status = p.wait(60)
             if status != 0:
-                raise AssertionError(f"the child failed ({status}): {p.stderr.read()[-3000:]}")
+                err = p.stderr.read()
+                raise AssertionError(f"the child failed ({status}): {err[:3000]} ... {err[-3000:]}")
             return True, lines
         finally:
             if p.poll() is None:
