@@ -290,6 +290,22 @@ static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint3
                 (void) sd_event_source_set_enabled(ms->notify_source, SD_EVENT_ON);
 }
 
+/* FDSTOREREMOVE=1 of what the store holds under @name. */
+static void store_remove(MemStore *ms, const char *name) {
+        char msg[128];
+
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, -1, -1, 0, 0);
+}
+
+/* FDSTORE=1 of @fd under @name (a segment's: @seg_k, @seg_id and @ino; -1 otherwise). */
+static void store_put(MemStore *ms, const char *name, int fd, int seg_k, uint32_t seg_id, uint64_t ino) {
+        char msg[128];
+
+        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+        notify_send(ms, msg, fd, seg_k, seg_id, ino);
+}
+
 static int notify_open(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         size_t l = strlen(path);
@@ -585,7 +601,7 @@ static uint64_t *table_ino(MemStore *ms, int k, uint32_t id) {
 }
 
 void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
-        char name[64], msg[128];
+        char name[64];
         int k = ms_tier(tier);
         struct stat st;
 
@@ -595,10 +611,8 @@ void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
         segment_stored(ms, k, seg->id, 0);
         seg_name(k, seg->id, name, sizeof(name));
         /* what the store had under the name (the memory before a renewal) goes */
-        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, -1, -1, 0, 0);
-        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, seg->fd, k, seg->id, (uint64_t) st.st_ino);
+        store_remove(ms, name);
+        store_put(ms, name, seg->fd, k, seg->id, (uint64_t) st.st_ino);
 }
 
 /* ---- restoring ------------------------------------------------------------------------------------ */
@@ -891,7 +905,7 @@ void memstore_note(MemStore *ms, Tensor *t) {
 }
 
 int memstore_begin(MemStore *ms, Registry *r) {
-        char name[64], msg[128];
+        char name[64];
         unsigned renewed = 0;
         int fd, q;
 
@@ -957,13 +971,10 @@ int memstore_begin(MemStore *ms, Registry *r) {
         /* the new table in, under the other name, then the old one out */
         ms->table_no = ms->old_no ^ 1;
         snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->table_no);
-        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, -1, -1, 0, 0);
-        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, ms->fd, -1, 0, 0);
+        store_remove(ms, name);
+        store_put(ms, name, ms->fd, -1, 0, 0);
         snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->old_no);
-        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, -1, -1, 0, 0);
+        store_remove(ms, name);
         for (int i = 0; i < 2; i++)
                 ms->old_table[i] = safe_close(ms->old_table[i]);
         log_info("Memory store: on (host%s memory is kept in the service manager's fd store across restarts); "

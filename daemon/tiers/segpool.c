@@ -96,16 +96,21 @@ int segpool_assign(SegPool *p, Job *job, List *owner_list, Segment **ret) {
         return -ENOSPC;
 }
 
+/* A new generation of @s, its room all free (its memory is renewed next). */
+static int segment_reset(SegPool *p, Segment *s) {
+        s->generation++;
+        extent_alloc_deinit(&s->units);
+        s->used = 0;
+        return extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+}
+
 /* Make new memory for @s, whose old memory is dropped already, and put it back in service. */
 static int segment_renew_now(SegPool *p, Segment *s) {
         int r;
 
-        s->generation++;
-        extent_alloc_deinit(&s->units);
-        r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+        r = segment_reset(p, s);
         if (r < 0)
                 return r;
-        s->used = 0;
         r = p->ops->make(p, s, p->seg_size);
         if (r < 0)
                 return r;       /* the segment stays out of service */
@@ -121,12 +126,9 @@ static int segment_renew(SegPool *p, Segment *s) {
                 /* off the loop: only the registration goes here, the memory on the renewer's thread */
                 if (p->ops->unprepare)
                         p->ops->unprepare(p, s);
-                s->generation++;
-                extent_alloc_deinit(&s->units);
-                r = extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
+                r = segment_reset(p, s);
                 if (r < 0)
                         return r;
-                s->used = 0;
                 return segrenewer_queue(p->renewer, s);
         }
         p->ops->drop(p, s);
