@@ -9,7 +9,7 @@
  * in HOST, fills it with a pattern derived from a per-run seed, and unpins it
  * dirty.  Then, in each of --repeat rounds, timed:
  *
- *   write:     tier_evict_async(NVME) for every tensor, then tier_wait on
+ *   write:     tier_evict_async(NVME) for every tensor, then tier_fence_wait on
  *              every fence: the dirty host copies are written to NVMe and
  *              dropped.
  *   read:      tier_prefetch_async(HOST) for every tensor, then wait on all.
@@ -269,7 +269,7 @@ static int fill_all(Run *run, uint64_t size) {
                 uint64_t *w;
                 int r;
 
-                r = tier_pin(run->tensors[i], TIER_HOST, &g);
+                r = tier_pin(run->tensors[i], TIER_HOST, TIER_READ_WRITE, &g);
                 if (r < 0) {
                         log_tier_error(run->client, r, "pin in host", tier_tensor_name(run->tensors[i]));
                         return r;
@@ -326,7 +326,7 @@ static int timed_pass(Run *run, bool evict, uint64_t *ret_ns) {
                 }
         }
         for (size_t i = 0; i < run->n; i++) {
-                r = tier_wait(run->client, run->fences[i], -1);
+                r = tier_fence_wait(run->client, run->fences[i], -1);
                 if (r < 0) {
                         log_tier_error(run->client, r, evict ? "wait for evict" : "wait for prefetch",
                                        tier_tensor_name(run->tensors[i]));
@@ -346,7 +346,7 @@ static int verify_tensors(Run *run, uint64_t size, bool every_word, bool *ret_ok
                 const uint64_t *w;
                 int r;
 
-                r = tier_pin(run->tensors[i], TIER_HOST, &g);
+                r = tier_pin(run->tensors[i], TIER_HOST, TIER_READ_WRITE, &g);
                 if (r < 0) {
                         log_tier_error(run->client, r, "pin for verify", tier_tensor_name(run->tensors[i]));
                         return r;
@@ -514,7 +514,7 @@ static int dirty_all(Run *run) {
                 struct tier_grant g;
                 int r;
 
-                r = tier_pin(run->tensors[i], TIER_HOST, &g);
+                r = tier_pin(run->tensors[i], TIER_HOST, TIER_READ_WRITE, &g);
                 if (r < 0) {
                         log_tier_error(run->client, r, "pin in host", tier_tensor_name(run->tensors[i]));
                         return r;

@@ -219,7 +219,7 @@ static int tier_round_trips(const Args *a, tier_client *c, tier_tensor *t, uint6
                 int r;
 
                 t0 = now_ns();
-                r = tier_pin(t, TIER_HOST, &g);
+                r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
                 t1 = now_ns();
                 if (r < 0) {
                         log_tier_error(c, r, "tier_pin");
@@ -648,7 +648,7 @@ int main(int argc, char **argv) {
                 goto finish;
         }
         /* Make it resident in HOST, so the timed pins move no data. */
-        r = tier_pin(t, TIER_HOST, &g);
+        r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
         if (r < 0) {
                 log_tier_error(c, r, "first tier_pin");
                 goto finish;

@@ -16,8 +16,8 @@
  * reads the arguments, builds the plan and runs the single job.
  *
  * Single job (the default): --warmup steps, then --steps timed steps.  A
- * step is the time between two tier_phase(c, 0) calls.  Around the timed
- * steps the program reads tierd's status (tier_status, JSON) and takes the
+ * step is the time between two tier_phase_enter(c, 0) calls.  Around the timed
+ * steps the program reads tierd's status (tier_client_status, JSON) and takes the
  * deltas of the global link counters (the job is tierd's only one), and of
  * tier_phase_stall().  The baseline is the step's lower bound in the same
  * run: max(compute, NVMe bytes / NVMe bandwidth, host<->VRAM bytes / link

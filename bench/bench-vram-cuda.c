@@ -111,7 +111,7 @@ typedef struct Run {
 
 static int wait_all(Run *r) {
         for (size_t i = 0; i < r->n; i++) {
-                int k = tier_wait(r->c, r->f[i], 120000);
+                int k = tier_fence_wait(r->c, r->f[i], 120000);
 
                 if (k < 0) {
                         bench_log("fence of tensor %zu: %s (%s)", i, tier_strerror(k), tier_client_last_error(r->c));
@@ -127,7 +127,7 @@ static int to_host_only(Run *r, uint8_t pattern) {
                 struct tier_grant g;
                 int k;
 
-                k = tier_pin(r->t[i], TIER_HOST, &g);
+                k = tier_pin(r->t[i], TIER_HOST, TIER_READ_WRITE, &g);
                 if (k < 0)
                         return k;
                 memset(g.ptr, pattern + (int) i, 4096);
@@ -148,7 +148,7 @@ static int to_vram_dirty(Run *r) {
 
                 k = tier_prefetch(r->t[i], TIER_VRAM);
                 if (k >= 0)
-                        k = tier_pin(r->t[i], TIER_VRAM, &g);
+                        k = tier_pin(r->t[i], TIER_VRAM, TIER_READ_WRITE, &g);
                 if (k >= 0)
                         k = tier_unpin(r->t[i], TIER_VRAM, 1);  /* the host copy is stale now */
                 if (k < 0)
@@ -196,7 +196,7 @@ static int bench_tierd(Run *r, double *h2d, double *d2h) {
         for (size_t i = 0; i < r->n; i++) {
                 struct tier_grant g;
 
-                k = tier_pin(r->t[i], TIER_HOST, &g);
+                k = tier_pin(r->t[i], TIER_HOST, TIER_READ_WRITE, &g);
                 if (k < 0)
                         return k;
                 for (size_t b = 0; b < 4096; b++)

@@ -680,7 +680,7 @@ def parent(a: argparse.Namespace) -> int:
                 try:
                     msg = run.get(a.step_timeout)
                 except queue.Empty:
-                    # a phase that never becomes ready (tier_phase() has no timeout), or plain PyTorch itself
+                    # a phase that never becomes ready (tier_phase_enter() has no timeout), or plain PyTorch itself
                     # too slow (the machine short of memory): reported
                     why = ("the trainer waited in a phase tierd never made ready, or the machine is short of "
                            "memory (free -m)" if run.job else

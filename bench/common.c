@@ -81,7 +81,7 @@ int bench_connect(tier_client **ret, const char *socket, const char *job, unsign
         uint64_t deadline = now_ns() + (uint64_t) (timeout_ms > 0 ? timeout_ms : 0) * NSEC_PER_MSEC;
 
         for (;;) {
-                int r = tier_client_new(ret, socket, job, rank);
+                int r = tier_client_new(socket, job, rank, ret);
                 if (r >= 0)
                         return r;
                 if ((r != -ENOENT && r != -ECONNREFUSED) || now_ns() >= deadline)

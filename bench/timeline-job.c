@@ -15,20 +15,20 @@
  *   opt_i  (i = 0..L-1):          G_i in host, read; O_i and P_i in host, read-write
  *
  * (--plan FILE: any plan, such as the one tier.torch derives for a model.)
- * Each phase is entered with tier_phase(); then the job checks sample words
+ * Each phase is entered with tier_phase_enter(); then the job checks sample words
  * (one per 64 KiB and the last) of every tensor it reads against the
  * version it last wrote, stamps the next version into the same words of
  * every tensor it writes, and spins until the phase's compute time
  * (--fwd-us, --bwd-us, --opt-us: a busy loop standing in for the GPU or
- * the CPU optimizer) has passed since tier_phase() returned.  A wrong word
+ * the CPU optimizer) has passed since tier_phase_enter() returned.  A wrong word
  * anywhere counts as a mismatch, and a run with any is not "verified".
  *
- * With --phase-timeout, tier_phase() runs under alarm(): a phase that never
+ * With --phase-timeout, tier_phase_enter() runs under alarm(): a phase that never
  * becomes ready means tierd is stuck, and job_on_alarm() ends the process
  * with a message saying so instead of letting it hang.
  *
  * The runs measure what tierd moved from its status: counters_read() fetches
- * tier_status() JSON and timeline-status.c reads the counters out of it.
+ * tier_client_status() JSON and timeline-status.c reads the counters out of it.
  */
 
 #include <errno.h>
@@ -50,7 +50,7 @@
 /* One word in this many bytes of every tensor is checked and stamped: a word in every NVMe extent. */
 #define SAMPLE_STRIDE (UINT64_C(64) << 10)
 
-/* What job_on_alarm() says when a phase never becomes ready; written before each tier_phase(). */
+/* What job_on_alarm() says when a phase never becomes ready; written before each tier_phase_enter(). */
 static char stuck_msg[256];
 static size_t stuck_len;
 
@@ -90,7 +90,7 @@ int counters_read(tier_client *c, Counters *ret, char *policy, size_t policy_siz
         _cleanup_free_ char *json = NULL;
         int r;
 
-        r = tier_status(c, TIER_STATUS_JSON, &json);
+        r = tier_client_status(c, TIER_STATUS_JSON, &json);
         if (r < 0) {
                 log_tier_error(c, r, "status");
                 return r;
@@ -177,11 +177,11 @@ int job_phase(Job *j, unsigned ph, uint64_t compute_us) {
                 alarm((unsigned) j->a->phase_timeout);
         }
         t0 = now_ns();
-        r = tier_phase(j->c, ph);
+        r = tier_phase_enter(j->c, ph);
         if (j->a->phase_timeout > 0)
                 alarm(0);
         if (r < 0) {
-                log_tier_error(j->c, r, "tier_phase");
+                log_tier_error(j->c, r, "tier_phase_enter");
                 return r;
         }
         if (j->n_trace < j->cap_trace) {
@@ -228,7 +228,7 @@ static int set_own_weight(const Args *a, const char *job, unsigned weight) {
                 bench_log("control connection: %s", tier_strerror(r));
                 return r;
         }
-        r = tier_quota_set(ctl, job, &q);
+        r = tier_quota_set(ctl, TIER_QUOTA_JOB, 0, job, &q, NULL);
         if (r < 0)
                 log_tier_error(ctl, r, "setting the weight (needs root or group tier-admin)");
         tier_client_free(ctl);
@@ -319,10 +319,10 @@ int job_new(const Args *a, const char *name, unsigned weight, Job **ret) {
 }
 
 int job_finish(Job *j) {
-        int r = tier_phase(j->c, 0);
+        int r = tier_phase_enter(j->c, 0);
 
         if (r < 0)
-                log_tier_error(j->c, r, "the closing tier_phase");
+                log_tier_error(j->c, r, "the closing tier_phase_enter");
         return r;
 }
 

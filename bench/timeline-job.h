@@ -19,9 +19,9 @@ typedef struct Job {
         uint64_t words_checked;
         uint64_t mismatches;
         uint64_t phases;                /* phases completed */
-        uint64_t compute_ns;            /* time between tier_phase() returning and the next call */
+        uint64_t compute_ns;            /* time between tier_phase_enter() returning and the next call */
         unsigned n_phases;
-        /* --trace: per timed phase, when tier_phase() was called and when it returned */
+        /* --trace: per timed phase, when tier_phase_enter() was called and when it returned */
         uint64_t (*trace)[3];
         size_t n_trace, cap_trace;
 } Job;
@@ -45,14 +45,14 @@ int job_finish(Job *j);
 
 /*
  * job_on_alarm() - the SIGALRM handler: job_phase() arms the alarm with
- * --phase-timeout around tier_phase(); when it fires, say which phase never
+ * --phase-timeout around tier_phase_enter(); when it fires, say which phase never
  * became ready and _exit(3).
  */
 void job_on_alarm(int sig);
 
 /*
  * counters_read() - tierd's link counters into *@ret (and with @policy, its
- * policy's name), from tier_status() on @c: see counters_parse() in
+ * policy's name), from tier_client_status() on @c: see counters_parse() in
  * bench/timeline-status.h.  Logs why it failed.
  */
 int counters_read(tier_client *c, Counters *ret, char *policy, size_t policy_size);

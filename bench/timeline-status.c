@@ -4,7 +4,7 @@
 /*
  * Theory of operation
  *
- * The runs measure what tierd moved from its status: tier_status() JSON,
+ * The runs measure what tierd moved from its status: tier_client_status() JSON,
  * whose keys are an interface (client/status.c documents them).  It is read
  * with a real parser and the counters are looked up by name, as the tests
  * do (tests/helpers/json.c), so that a new member, another order or a name

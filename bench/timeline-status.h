@@ -13,7 +13,7 @@ typedef struct Counters {
 
 /*
  * counters_parse() - the global link counters and the sum of the NVMe
- * targets' counters of @text, tier_status(TIER_STATUS_JSON) output, into
+ * targets' counters of @text, tier_client_status(TIER_STATUS_JSON) output, into
  * *@ret; with @policy, also the scheduling policy's name (truncated to
  * @policy_size, "" when there is none).  -EBADMSG when @text is not JSON or
  * lacks a link counter; *@ret is left alone then.  Does not log.

@@ -35,7 +35,7 @@ typedef struct PlanPage PlanPage;
 #define CLIENT_FAILURES_MAX 256u
 /* Room for one error text: a socket path plus the daemon's reason. */
 #define CLIENT_ERROR_MAX 512
-/* Fences whose PinReply carried tierd's copy event, remembered for tier_stream_wait(). */
+/* Fences whose PinReply carried tierd's copy event, remembered for tier_fence_stream_wait(). */
 #define CLIENT_FENCE_EVENTS 64
 
 typedef enum SegmentKind {
@@ -297,5 +297,5 @@ int fence_map_page(tier_client *c, int fd);
 void fence_saw(tier_client *c, tier_fence f);
 /* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */
 void fence_record_failure(tier_client *c, tier_fence fence, int status);
-/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_stream_wait(). */
+/* Keep tierd's copy event of @fence (PinReply.ipc_event) for tier_fence_stream_wait(). */
 void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]);

@@ -17,7 +17,7 @@
  * so its text is kept per thread, for tier_client_last_error(NULL).
  *
  * The CUDA driver is loaded only once something needs it
- * (client_get_cuda()): a grant into a "cuda" segment, tier_stream_wait(),
+ * (client_get_cuda()): a grant into a "cuda" segment, tier_fence_stream_wait(),
  * tier_unpin_after(), host registration.  A failure to load it is
  * remembered and not retried.
  *
@@ -201,7 +201,7 @@ finish:
         return r;
 }
 
-_public_ int tier_client_new(tier_client **ret, const char *socket_path, const char *job, unsigned rank) {
+_public_ int tier_client_new(const char *socket_path, const char *job, unsigned rank, tier_client **ret) {
         _cleanup_(tier_client_freep) tier_client *c = NULL;
         const char *path;
         int r;

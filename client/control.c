@@ -8,7 +8,7 @@
  * with an empty job name), as well as on a job's; each is one
  * transport_call().
  *
- * tier_status() asks for a StatusReply and hands it to status_format()
+ * tier_client_status() asks for a StatusReply and hands it to status_format()
  * (status.c).  A reply too big for one packet comes as a sealed memfd
  * (Response.status_fd) holding the packed message, read here with a bound
  * on its size.  TIER_STATUS_PROMETHEUS is the exception: tierd renders the
@@ -16,10 +16,10 @@
  * holds), inline or in a sealed memfd likewise.
  *
  * tierd answers both QuotaGet and QuotaSet with the target's quota as a
- * QuotaReply, checked by quota_reply(); tier_quota_set() ignores its values.
- * tier_quota_get2()/tier_quota_set2() (LIBTIER_0.6) are the same requests
- * with a target kind (job name, uid, group, default), minima and where each
- * value comes from; struct tier_quota keeps its layout for older callers.
+ * QuotaReply, checked by quota_reply(), with a target kind (job name, uid,
+ * group, default), minima and where each value comes from.  The structs
+ * passed in are checked for reserved space and unused level slots left at
+ * zero (tier.h's ABI rule).
  */
 
 #include <errno.h>
@@ -181,7 +181,7 @@ static int use_format(const Tier__StatusReply *sr, void *userdata) {
         return status_format(sr, f->format, f->ret);
 }
 
-_public_ int tier_status(tier_client *c, int format, char **ret) {
+_public_ int tier_client_status(tier_client *c, int format, char **ret) {
         StatusFormat f = { format, ret };
 
         if (!c || !ret)
@@ -218,70 +218,13 @@ static int use_moved(const Tier__StatusReply *sr, void *userdata) {
         return client_error(m->client, -ENOENT, "tierd's status has no job %" PRIu64, m->client->job_id);
 }
 
-_public_ int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINKS]) {
+_public_ int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINK_SLOTS]) {
         Moved m = { c, bytes };
 
         if (!c || !bytes)
                 return -EINVAL;
-        memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
+        memset(bytes, 0, TIER_LINK_SLOTS * sizeof(uint64_t));
         return status_fetch(c, use_moved, &m);
-}
-
-static int quota_reply(tier_client *c, Packet *pk, struct tier_quota *ret) {
-        const Tier__Response *resp = pk->reply->response;
-
-        if (resp->result_case != TIER__RESPONSE__RESULT_QUOTA || !resp->quota) {
-                packet_done(pk);
-                return client_error(c, -EPROTO, "tierd answered the quota request without a result");
-        }
-        if (ret) {
-                memset(ret, 0, sizeof(*ret));
-                for (size_t i = 0; i < resp->quota->n_tier_limit && i < TIER_LEVEL_MAX; i++)
-                        ret->limit[i] = resp->quota->tier_limit[i];
-                ret->weight = resp->quota->weight;
-        }
-        packet_done(pk);
-        return 0;
-}
-
-_public_ int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret) {
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
-        Packet pk = PACKET_NULL;
-        int r;
-
-        if (!c || !ret)
-                return -EINVAL;
-        q.job = (char *) (job ? job : "");
-        req.op_case = TIER__REQUEST__OP_QUOTA_GET;
-        req.quota_get = &q;
-        r = transport_call(c, &req, &pk);
-        if (r < 0)
-                return r;
-        return quota_reply(c, &pk, ret);
-}
-
-_public_ int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *quota) {
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
-        Packet pk = PACKET_NULL;
-        uint64_t limits[TIER_LEVEL_MAX];
-        int r;
-
-        if (!c || !job || !*job || !quota)
-                return -EINVAL;
-        for (int i = 0; i < TIER_LEVEL_MAX; i++)
-                limits[i] = quota->limit[i];
-        q.job = (char *) job;
-        q.n_tier_limit = TIER_LEVEL_MAX;
-        q.tier_limit = limits;
-        q.weight = quota->weight;
-        req.op_case = TIER__REQUEST__OP_QUOTA_SET;
-        req.quota_set = &q;
-        r = transport_call(c, &req, &pk);
-        if (r < 0)
-                return r;
-        return quota_reply(c, &pk, NULL);
 }
 
 /* Copy @s into the fixed-size @buf, cut short if it must be. */
@@ -289,7 +232,7 @@ static void copy_text(char *buf, size_t size, const char *s) {
         (void) snprintf(buf, size, "%s", s ? s : "");
 }
 
-static int quota_reply2(tier_client *c, Packet *pk, struct tier_quota2 *ret) {
+static int quota_reply(tier_client *c, Packet *pk, struct tier_quota *ret) {
         const Tier__Response *resp = pk->reply->response;
         const Tier__QuotaReply *q = resp->quota;
 
@@ -320,7 +263,7 @@ static int quota_kind_ok(int kind, bool set) {
                (!set && kind == TIER_QUOTA_DEFAULT);
 }
 
-_public_ int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota2 *ret) {
+_public_ int tier_quota_get(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota *ret) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__QuotaGet q = TIER__QUOTA_GET__INIT;
         Packet pk = PACKET_NULL;
@@ -336,11 +279,21 @@ _public_ int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *
         r = transport_call(c, &req, &pk);
         if (r < 0)
                 return r;
-        return quota_reply2(c, &pk, ret);
+        return quota_reply(c, &pk, ret);
 }
 
-_public_ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *quota,
-                             struct tier_quota2 *ret) {
+/* Whether @zero's @n bytes are all 0: the reserved space and unused slots of a struct passed in. */
+static bool all_zero(const void *zero, size_t n) {
+        const uint8_t *p = zero;
+
+        for (size_t i = 0; i < n; i++)
+                if (p[i])
+                        return false;
+        return true;
+}
+
+_public_ int tier_quota_set(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota *quota,
+                            struct tier_quota *ret) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__QuotaSet q = TIER__QUOTA_SET__INIT;
         Packet pk = PACKET_NULL;
@@ -350,6 +303,11 @@ _public_ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *
         if (!c || !quota || !quota_kind_ok(kind, true) || (kind == TIER_QUOTA_JOB && (!job || !*job)) ||
             (quota->min_set & ~((1u << TIER_LEVEL_MAX) - 1)))
                 return -EINVAL;
+        if (!all_zero(quota->reserved, sizeof(quota->reserved)) ||
+            !all_zero(quota->max + TIER_LEVEL_MAX, sizeof(quota->max) - TIER_LEVEL_MAX * sizeof(quota->max[0])) ||
+            !all_zero(quota->min + TIER_LEVEL_MAX, sizeof(quota->min) - TIER_LEVEL_MAX * sizeof(quota->min[0])))
+                return client_error(c, -EINVAL, "struct tier_quota has reserved space or unused level slots that "
+                                                "are not zero: start from struct tier_quota q = {}");
         for (int i = 0; i < TIER_LEVEL_MAX; i++) {
                 limits[i] = quota->max[i];
                 mins[i] = quota->min[i];
@@ -369,7 +327,7 @@ _public_ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *
         r = transport_call(c, &req, &pk);
         if (r < 0)
                 return r;
-        return quota_reply2(c, &pk, ret);
+        return quota_reply(c, &pk, ret);
 }
 
 static int quota_total_reply(tier_client *c, Packet *pk, struct tier_quota_total *ret) {
@@ -411,7 +369,7 @@ _public_ int tier_quota_total_get(tier_client *c, int kind, uint32_t id, struct 
         return quota_total_reply(c, &pk, ret);
 }
 
-_public_ int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_MAX],
+_public_ int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_SLOTS],
                                   unsigned total_set, struct tier_quota_total *ret) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__QuotaSet q = TIER__QUOTA_SET__INIT;

@@ -10,7 +10,7 @@
  * each counted failure has been matched by a FenceFailed event, answers
  * without a system call.  Only when the counter runs ahead of the events
  * does it drain the socket (non-blocking) to learn which fence failed.
- * tier_wait() sleeps in poll() on the connection's eventfd (tierd writes
+ * tier_fence_wait() sleeps in poll() on the connection's eventfd (tierd writes
  * it after advancing the slot) and on the socket (events, or tierd gone).
  *
  * FenceFailed events (handled by the transport as they arrive) go into a
@@ -19,7 +19,7 @@
  *
  * A PinReply may carry the CUDA interprocess event of tierd's copy along
  * with its fence; the last few are kept in a second ring, so that
- * tier_stream_wait() can make a CUDA stream wait for the copy instead of
+ * tier_fence_stream_wait() can make a CUDA stream wait for the copy instead of
  * the host waiting for the fence.
  */
 
@@ -43,7 +43,7 @@
 #include "proto/macro.h"
 #include "util/time-util.h"
 
-/* Without an eventfd tier_wait() can only poll the fence page, this often. */
+/* Without an eventfd tier_fence_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
 
 int fence_map_page(tier_client *c, int fd) {
@@ -85,7 +85,7 @@ void fence_saw(tier_client *c, tier_fence f) {
         c->fence_max = MAX(c->fence_max, f);
 }
 
-/* Remember tierd's copy event @handle (a PinReply's ipc_event) of @fence for tier_stream_wait(). */
+/* Remember tierd's copy event @handle (a PinReply's ipc_event) of @fence for tier_fence_stream_wait(). */
 void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]) {
         FenceEvent *fe = &c->fence_events[c->n_fence_events++ % CLIENT_FENCE_EVENTS];
 
@@ -138,7 +138,7 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
         return c->broken < 0 ? c->broken : 0;
 }
 
-_public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
+_public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
         uint64_t deadline = 0;
         int r;
 
@@ -193,7 +193,7 @@ _public_ int tier_wait(tier_client *c, tier_fence f, int timeout_ms) {
         }
 }
 
-_public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
+_public_ int tier_fence_stream_wait(tier_client *c, tier_fence f, void *stream) {
         ClientCuda *cc;
         int r;
 
@@ -217,5 +217,5 @@ _public_ int tier_stream_wait(tier_client *c, tier_fence f, void *stream) {
                 break;          /* the fence still tells when it is done */
         }
         /* no event for it (its copy was not queued when tierd answered): wait here */
-        return tier_wait(c, f, -1);
+        return tier_fence_wait(c, f, -1);
 }

@@ -4,7 +4,7 @@
 /*
  * Theory of operation
  *
- * tier_jobs() reads the jobs out of tierd's status (status_fetch()).  The
+ * tier_job_list() reads the jobs out of tierd's status (status_fetch()).  The
  * others are one request each (JobTensors, JobEvict, JobDetach), which
  * tierd answers on a control connection as on a job's; tierd decides who
  * may (the job's uid, root, group tier-admin) and says why not.
@@ -93,7 +93,7 @@ static int use_jobs(const Tier__StatusReply *sr, void *userdata) {
         return 0;
 }
 
-_public_ int tier_jobs(tier_client *c, struct tier_job_info **ret, size_t *ret_n) {
+_public_ int tier_job_list(tier_client *c, struct tier_job_info **ret, size_t *ret_n) {
         JobsOut o = { .client = c };
         int r;
 

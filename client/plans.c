@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* plans.c: iteration plans: tier_plan_*, and tier_phase() against the shared plan page. */
+/* plans.c: iteration plans: tier_plan_*, and tier_phase_enter() against the shared plan page. */
 
 /*
  * Theory of operation
@@ -10,7 +10,7 @@
  * protocol in proto/plan.h) and a marker eventfd; from then on the plan
  * belongs to the client, one plan per client.
  *
- * tier_phase() costs no round trip: it writes the phase and a new marker
+ * tier_phase_enter() costs no round trip: it writes the phase and a new marker
  * seq into the page's client area (release store), kicks the marker
  * eventfd, and waits only until the daemon area's "ready" says that
  * marker may run, sleeping in poll() on the connection's eventfd and on
@@ -263,7 +263,7 @@ _public_ int tier_plan_end(tier_client *c) {
         return 0;
 }
 
-_public_ int tier_phase(tier_client *c, unsigned phase) {
+_public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         PlanPage *pg;
         uint64_t seq, one = 1, t0 = 0;
         int r;

@@ -4,7 +4,7 @@
 /*
  * Theory of operation
  *
- * tier_status() fetches a StatusReply and hands it to status_format(),
+ * tier_client_status() fetches a StatusReply and hands it to status_format(),
  * which writes into an open_memstream() buffer.  Both renderers are pure
  * functions of the message, so the unit tests feed them hand-built
  * replies.

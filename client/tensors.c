@@ -340,7 +340,7 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
 
         /* A synchronous pin is answered when the data is there; wait anyway if tierd gave a fence. */
         if (!async && fence != 0) {
-                r = tier_wait(c, fence, -1);
+                r = tier_fence_wait(c, fence, -1);
                 if (r < 0)
                         goto unpin;
                 fence = 0;
@@ -362,20 +362,12 @@ unpin: {
 }
 }
 
-_public_ int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret) {
-        return tensor_pin(t, tier, TIER_READ_WRITE, false, ret, NULL);
-}
-
-_public_ int tier_pin_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret) {
+_public_ int tier_pin(tier_tensor *t, int tier, int mode, struct tier_grant *ret) {
         return tensor_pin(t, tier, mode, false, ret, NULL);
 }
 
-_public_ int tier_pin_async_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence) {
+_public_ int tier_pin_async(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence) {
         return tensor_pin(t, tier, mode, true, ret, ret_fence);
-}
-
-_public_ int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence) {
-        return tensor_pin(t, tier, TIER_READ_WRITE, true, ret, ret_fence);
 }
 
 _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
@@ -453,7 +445,7 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
         fence_saw(c, fence);
 
         if (!async) {
-                return fence != 0 ? tier_wait(c, fence, -1) : 0;
+                return fence != 0 ? tier_fence_wait(c, fence, -1) : 0;
         }
         *ret_fence = fence;
         return 0;

@@ -12,7 +12,7 @@
 typedef struct Tier__StatusReply Tier__StatusReply;
 
 /**
- * status_format() - render a StatusReply for tier_status().
+ * status_format() - render a StatusReply for tier_client_status().
  * @s:       borrowed
  * @format:  TIER_STATUS_TABLE or TIER_STATUS_JSON
  * @ret:     a NUL-terminated malloc()ed string on success

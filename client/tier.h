@@ -22,8 +22,22 @@ extern "C" {
  *
  * Once tierd announces its shutdown, requests fail with -ESHUTDOWN; once
  * the connection is lost, with -ECONNRESET (or the error that broke it).
+ *
+ * ABI (libtier.so.1, symbol version LIBTIER_1.0): names are
+ * tier_OBJECT_VERB (client, tensor, fence, plan, phase, quota, job, trace,
+ * level, link), except the data path on a tensor, tier_pin(), tier_unpin(),
+ * tier_evict(), tier_prefetch() and their _async forms.  Output parameters
+ * come last.  Every struct that crosses the ABI ends in reserved space and
+ * sizes its per-tier and per-link arrays by TIER_LEVEL_SLOTS and
+ * TIER_LINK_SLOTS, not by the levels and links in use today: a later 1.x
+ * fills reserved space or slots that read as 0 here.  A struct passed in
+ * must have its reserved space and unused slots zeroed (= {} or memset):
+ * libtier refuses anything else with -EINVAL, so a field added later can
+ * never be mistaken for garbage.  A new function comes with a new version
+ * node (LIBTIER_1.1, ...); a changed one means a new soname.
  */
 
+/* The wire protocol spoken with tierd (see libtier(3), COMPATIBILITY). */
 #define TIER_PROTOCOL_VERSION 2
 
 /* Where tensors live.  Lower numbers are closer to the GPU. */
@@ -31,8 +45,12 @@ enum tier_level {
         TIER_VRAM = 0,
         TIER_HOST = 1,
         TIER_NVME = 2,
-        TIER_LEVEL_MAX = 3
+        TIER_LEVEL_MAX = 3      /* levels in use */
 };
+
+/* Room for levels and links in the arrays of the ABI's structs; slots past those in use are 0. */
+#define TIER_LEVEL_SLOTS 8
+#define TIER_LINK_SLOTS 8
 
 typedef struct tier_client tier_client;
 typedef struct tier_tensor tier_tensor;
@@ -47,29 +65,31 @@ struct tier_grant {
         uint32_t segment;       /* segment id inside the job */
         uint64_t offset;        /* offset inside the segment */
         int tier;               /* enum tier_level */
+        uint32_t reserved[7];
 };
 
 struct tier_stat {
         uint64_t size;
         /* per tier (index enum tier_level): 0 absent, 1 filling, 2 resident, 3 draining */
-        int state[TIER_LEVEL_MAX];
-        int dirty[TIER_LEVEL_MAX];
-        unsigned pins[TIER_LEVEL_MAX];
+        int state[TIER_LEVEL_SLOTS];
+        int dirty[TIER_LEVEL_SLOTS];
+        unsigned pins[TIER_LEVEL_SLOTS];
+        uint64_t reserved[4];
 };
 
 /**
  * tier_client_new() - connect to tierd and join (or create) a job.
- * @ret:    the new client
  * @socket: socket path, or NULL for $TIER_SOCKET, else /run/tierd/tierd.sock
  * @job:    job name (1..max_name bytes of UTF-8, no control characters); NULL or "" for a control
  *          connection that may only ask for status
  * @rank:   this process's rank inside the job (informational)
+ * @ret:    the new client
  *
  * On failure *@ret is left alone and tier_client_last_error(NULL) says why,
  * e.g. "cannot connect to /run/tierd/tierd.sock: No such file or directory
  * (is tierd running?)" or the daemon's reason for refusing the job.
  */
-int tier_client_new(tier_client **ret, const char *socket, const char *job, unsigned rank);
+int tier_client_new(const char *socket, const char *job, unsigned rank, tier_client **ret);
 /*
  * Close the connection (tierd drops its pins) and unmap everything.  Tensor
  * handles still open are not freed but invalidated: their operations return
@@ -87,15 +107,15 @@ const char *tier_client_last_error(const tier_client *c);
 /*
  * Reconnecting, opt-in (off by default): a call that finds tierd gone (its
  * connection closed; after tierd announced its stop, at the next
- * tier_phase(), or when tierd refuses a request) waits up to @timeout_ms
+ * tier_phase_enter(), or when tierd refuses a request) waits up to @timeout_ms
  * for a tierd to answer on the same socket, connects, joins the same job
  * as the same rank and opens every tensor handle again by name, then fails
  * with -ERESTART ("tierd restarted, handles re-established"): the call may
  * or may not have happened before tierd went, and is not repeated.  What
  * the connection held is gone: pins (pin again), the plan (submit it
- * again), phases, and fences (tier_wait() on one of before fails with
+ * again), phases, and fences (tier_fence_wait() on one of before fails with
  * -ERESTART).  Any call that talks to tierd may return -ERESTART;
- * tier_phase() and tier_wait() too.  Mappings of old grants stay mapped
+ * tier_phase_enter() and tier_fence_wait() too.  Mappings of old grants stay mapped
  * until the client is freed.  A handle whose tensor the new tierd lacks
  * fails with -ESTALE.  tier_client_restarts(): how many restarts this
  * client lived through.  A control connection does not reconnect (-EINVAL).
@@ -127,15 +147,15 @@ enum {
         TIER_LINK_HOST_TO_NVME = 1,
         TIER_LINK_HOST_TO_VRAM = 2,
         TIER_LINK_VRAM_TO_HOST = 3,
-        TIER_LINKS = 4,
+        TIER_LINKS = 4,         /* links in use */
 };
 /*
  * Bytes tierd has moved for this client's job over each link since the job
- * began (@bytes[TIER_LINK_*]), as tierd counts them: what a pass of a
- * training step really cost is the difference of two calls.  One status
- * request; 0 or -errno.
+ * began (@ret[TIER_LINK_*]; the slots past TIER_LINKS are 0), as tierd
+ * counts them: what a pass of a training step really cost is the
+ * difference of two calls.  One status request; 0 or -errno.
  */
-int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINKS]);
+int tier_client_moved(tier_client *c, uint64_t ret[TIER_LINK_SLOTS]);
 
 /* Create a tensor of @size bytes (contents start as zeros). */
 int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret);
@@ -150,27 +170,29 @@ uint64_t tier_tensor_size(const tier_tensor *t);
 const char *tier_tensor_name(const tier_tensor *t);
 int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret);
 
+/* What a caller will do with a tensor's bytes (tier_pin(), tier_plan_add()). */
+enum tier_access {
+        TIER_READ = 1,
+        TIER_WRITE = 2,
+        TIER_READ_WRITE = 3,
+};
+
 /*
  * Pin a resident copy in @tier (bringing it there first) and map it.  The
  * grant's ptr (or device_ptr) stays valid until the matching tier_unpin().
- * With the cuda VRAM backend a VRAM grant has ptr NULL and device_ptr set:
- * the first one loads the CUDA driver (libcuda.so.1, never linked) and maps
- * tierd's chunk on tierd's GPU; without a usable CUDA in this process it
- * fails with -ENODEV and the reason in tier_client_last_error().
+ * @mode: TIER_READ, TIER_WRITE or TIER_READ_WRITE.  TIER_WRITE alone
+ * promises to overwrite the whole tensor before reading it: tierd reserves
+ * the copy and does not bring the old bytes (no NVMe read for a tensor that
+ * lives there); until written, they read as anything.  Unpin such a pin
+ * dirty.  With the cuda VRAM backend a VRAM grant has ptr NULL and
+ * device_ptr set: the first one loads the CUDA driver (libcuda.so.1, never
+ * linked) and maps tierd's chunk on tierd's GPU; without a usable CUDA in
+ * this process it fails with -ENODEV and the reason in
+ * tier_client_last_error().
  */
-int tier_pin(tier_tensor *t, int tier, struct tier_grant *ret);
+int tier_pin(tier_tensor *t, int tier, int mode, struct tier_grant *ret);
 /* Asynchronous pin: the grant is valid at once, the bytes once @ret_fence is done. */
-int tier_pin_async(tier_tensor *t, int tier, struct tier_grant *ret, tier_fence *ret_fence);
-/*
- * tier_pin() and tier_pin_async() saying what the caller will do with the
- * bytes: TIER_READ, TIER_WRITE or TIER_READ_WRITE (what tier_pin() means).
- * TIER_WRITE alone promises to overwrite the whole tensor before reading
- * it: tierd reserves the copy and does not bring the old bytes (no NVMe
- * read for a tensor that lives there); until written, they read as anything.
- * Unpin such a pin dirty.
- */
-int tier_pin_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret);
-int tier_pin_async_mode(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence);
+int tier_pin_async(tier_tensor *t, int tier, int mode, struct tier_grant *ret, tier_fence *ret_fence);
 /* Drop one pin; @dirty says the client wrote the copy. */
 int tier_unpin(tier_tensor *t, int tier, int dirty);
 /* Make @tier (or a lower tier) hold the only copy: copies above it are dropped. */
@@ -191,7 +213,7 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
 int tier_fence_done(tier_client *c, tier_fence f);
 /* Wait for @f; @timeout_ms < 0 waits forever.  0 when done, -ETIMEDOUT on
  * timeout, the fence's status if it failed, -ECONNRESET if tierd went away. */
-int tier_wait(tier_client *c, tier_fence f, int timeout_ms);
+int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms);
 
 /*
  * Handle whatever tierd sent that no call has read yet, without blocking:
@@ -212,12 +234,12 @@ int tier_client_process(tier_client *c);
  * wait for fence @f of an async pin into VRAM, so that kernels queued
  * after it see the data, without blocking this thread.  When tierd sent no
  * event for @f (its copy was not yet queued when it answered, or the fence
- * is not a VRAM pin's) this waits for @f on the host like tier_wait().
+ * is not a VRAM pin's) this waits for @f on the host like tier_fence_wait().
  * Returns 0, or the fence's error if it is known to have failed already;
  * a copy that fails later still completes the stream's wait, so check the
  * fence (tier_fence_done()) before trusting the data.
  */
-int tier_stream_wait(tier_client *c, tier_fence f, void *stream);
+int tier_fence_stream_wait(tier_client *c, tier_fence f, void *stream);
 
 /*
  * tier_unpin() for a VRAM pin whose tensor kernels queued on @stream still
@@ -243,25 +265,18 @@ enum {
         TIER_STATUS_JSON = 1,   /* one JSON object */
         TIER_STATUS_PROMETHEUS = 2, /* Prometheus text exposition format 0.0.4, rendered by tierd */
 };
-int tier_status(tier_client *c, int format, char **ret);
+int tier_client_status(tier_client *c, int format, char **ret);
 
-/* Text for an error code, given as -errno or errno; thread-safe, never NULL. */
 /* ---- iteration plans (the shared scheduling timeline) ---------------------- */
 
 /*
  * A plan is the cyclic list of phases one training step goes through
  * (forward of each layer, backward, optimizer...), each naming the tensors
  * it touches, the tier it needs them in and how.  tierd learns how long
- * each phase takes and moves data ahead of time so that tier_phase()
+ * each phase takes and moves data ahead of time so that tier_phase_enter()
  * rarely waits.  One plan per client (rank).
  */
 typedef struct tier_plan tier_plan;
-
-enum tier_access {
-        TIER_READ = 1,
-        TIER_WRITE = 2,
-        TIER_READ_WRITE = 3,
-};
 
 int tier_plan_new(tier_client *c, tier_plan **ret);
 /* Free a plan that was not submitted (a submitted plan belongs to its client). */
@@ -279,11 +294,11 @@ int tier_plan_submit(tier_plan *p);
  * tensors as dirty) and what @phase needs is pinned.  Costs a shared-memory
  * write and one eventfd write; waits only while tierd is still bringing
  * data.  Returns 0, or the plan's error.  The phase change comes before
- * every request this client sends after tier_phase() returns: tierd handles
+ * every request this client sends after tier_phase_enter() returns: tierd handles
  * the marker first, so such a request (an evict of what only the previous
  * phase needed, say) never finds the previous phase's pins.
  */
-int tier_phase(tier_client *c, unsigned phase);
+int tier_phase_enter(tier_client *c, unsigned phase);
 /*
  * End the plan: what its current phase pinned is released (as dirty where
  * the plan writes), its tensors may be freed again, and the client may
@@ -292,23 +307,13 @@ int tier_phase(tier_client *c, unsigned phase);
 int tier_plan_end(tier_client *c);
 /* Where @t, pinned in @tier for the current phase, is mapped. */
 int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret);
-/* Seconds this client has waited in tier_phase() so far. */
+/* Seconds this client has waited in tier_phase_enter() so far. */
 double tier_phase_stall(const tier_client *c);
 
 /* ---- quotas ------------------------------------------------------------------ */
 
-struct tier_quota {
-        uint64_t limit[TIER_LEVEL_MAX];         /* bytes per tier; 0 = unchanged on set */
-        unsigned weight;                        /* share of the links; 0 = unchanged on set */
-};
-
-/* Quota of @job (NULL: the client's own job). */
-int tier_quota_get(tier_client *c, const char *job, struct tier_quota *ret);
-/* Needs root or membership of group tier-admin. */
-int tier_quota_set(tier_client *c, const char *job, const struct tier_quota *q);
-
 /*
- * Quotas of job names, uids and groups, with guaranteed minima (LIBTIER_0.6).
+ * Quotas of job names, uids and groups, with guaranteed minima.
  * A job's quota resolves field by field along job name > uid > group >
  * default; each value says where it comes from ("uid 1000", "job 'x'",
  * "group 27", "default"; " (tierd.conf)" for a rule of the configuration).
@@ -322,36 +327,38 @@ enum {
 
 #define TIER_QUOTA_FROM_MAX 288                 /* room for "job 'NAME' (tierd.conf)" with a 255-byte name */
 
-struct tier_quota2 {
-        uint64_t max[TIER_LEVEL_MAX];           /* bytes per tier; on set: 0 = unchanged */
-        uint64_t min[TIER_LEVEL_MAX];           /* guaranteed bytes per tier; on set: those in min_set apply */
+struct tier_quota {
+        uint64_t max[TIER_LEVEL_SLOTS];         /* bytes per tier; on set: 0 = unchanged */
+        uint64_t min[TIER_LEVEL_SLOTS];         /* guaranteed bytes per tier; on set: those in min_set apply */
         unsigned min_set;                       /* on set: bits 1 << tier of min[] to apply (a min of 0 is a value) */
         unsigned weight;                        /* share of the links, 1..1000; on set: 0 = unchanged */
         int clear;                              /* on set: first drop what was set at run time for the target */
         int running;                            /* on get, TIER_QUOTA_JOB: a job of that name runs now */
-        char max_from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX];     /* on get: where each value comes from */
-        char min_from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX];
+        char max_from[TIER_LEVEL_SLOTS][TIER_QUOTA_FROM_MAX];   /* on get: where each value comes from */
+        char min_from[TIER_LEVEL_SLOTS][TIER_QUOTA_FROM_MAX];
         char weight_from[TIER_QUOTA_FROM_MAX];
         char warning[512];                      /* after a set: tierd's warning (a max below a job's use), or "" */
+        uint64_t reserved[8];
 };
 
 /*
- * tier_quota_get2() - the quota of a target: @kind TIER_QUOTA_JOB with
+ * tier_quota_get() - the quota of a target: @kind TIER_QUOTA_JOB with
  * @job (NULL or "": the client's own job), TIER_QUOTA_UID or
  * TIER_QUOTA_GROUP with @id, or TIER_QUOTA_DEFAULT.  Anyone may read the
  * default, a job name that does not run, and their own jobs, uid and
  * groups; the rest needs root or group tier-admin (-EPERM).
  */
-int tier_quota_get2(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota2 *ret);
+int tier_quota_get(tier_client *c, int kind, uint32_t id, const char *job, struct tier_quota *ret);
 /*
- * tier_quota_set2() - set the fields of @q (see struct tier_quota2) for a
+ * tier_quota_set() - set the fields of @q (see struct tier_quota) for a
  * target as above (not the default), kept by tierd across restarts and
  * applied at once to the running jobs it governs.  Needs root or group
  * tier-admin.  @ret (may be NULL): the target's quota afterwards, with
- * tierd's warning if any.
+ * tierd's warning if any.  The fields that are only read on get
+ * (running, *_from, warning) are ignored on set.
  */
-int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota2 *q,
-                    struct tier_quota2 *ret);
+int tier_quota_set(tier_client *c, int kind, uint32_t id, const char *job, const struct tier_quota *q,
+                   struct tier_quota *ret);
 
 /*
  * The totals of a uid or a group: the bytes of each tier that all its jobs
@@ -361,28 +368,29 @@ int tier_quota_set2(tier_client *c, int kind, uint32_t id, const char *job, cons
  * tier-admin.
  */
 struct tier_quota_total {
-        uint64_t total[TIER_LEVEL_MAX];         /* bytes per tier; 0: no total */
-        uint64_t used[TIER_LEVEL_MAX];          /* on get: what its jobs use now */
-        char from[TIER_LEVEL_MAX][TIER_QUOTA_FROM_MAX]; /* on get: "uid 1000", "uid_share", "none", ... */
+        uint64_t total[TIER_LEVEL_SLOTS];       /* bytes per tier; 0: no total */
+        uint64_t used[TIER_LEVEL_SLOTS];        /* on get: what its jobs use now */
+        char from[TIER_LEVEL_SLOTS][TIER_QUOTA_FROM_MAX]; /* on get: "uid 1000", "uid_share", "none", ... */
+        uint64_t reserved[4];
 };
 
 /*
  * tier_quota_total_get() - the totals of @kind TIER_QUOTA_UID or
- * TIER_QUOTA_GROUP @id (read as tier_quota_get2() reads).
+ * TIER_QUOTA_GROUP @id (read as tier_quota_get() reads).
  * tier_quota_total_set() - set the totals of the tiers in @total_set (bits
  * 1 << tier) to @total[tier] (0: none, which also lifts the uid_share),
  * kept across restarts like every quota; needs root or group tier-admin.
  * @ret (may be NULL): the totals afterwards.
  */
 int tier_quota_total_get(tier_client *c, int kind, uint32_t id, struct tier_quota_total *ret);
-int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_MAX],
+int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const uint64_t total[TIER_LEVEL_SLOTS],
                          unsigned total_set, struct tier_quota_total *ret);
 
 /* ---- job control (tierctl) ----------------------------------------------------------- */
 
 /*
  * These act on any job by name, from any connection (a control one too).
- * tier_jobs() lists every job; the others are allowed to the job's uid,
+ * tier_job_list() lists every job; the others are allowed to the job's uid,
  * root and members of group tier-admin (-EACCES otherwise, with the reason
  * in tier_client_last_error()); -ENOENT when there is no such job.
  */
@@ -396,35 +404,38 @@ enum tier_copy_state {
 
 struct tier_job_info {
         uint64_t id;
-        const char *name;               /* inside the block tier_jobs() returned */
+        const char *name;               /* inside the block tier_job_list() returned */
         unsigned uid;                   /* of the process that created it: its owner */
         unsigned connections;
         unsigned tensors;
         unsigned weight;
         int lingering;                  /* no connection: it ends in linger_left_s */
         double linger_left_s;
-        uint64_t used[TIER_LEVEL_MAX];
-        uint64_t limit[TIER_LEVEL_MAX];
-        uint64_t pinned[TIER_LEVEL_MAX];
+        uint64_t used[TIER_LEVEL_SLOTS];
+        uint64_t limit[TIER_LEVEL_SLOTS];
+        uint64_t pinned[TIER_LEVEL_SLOTS];
+        uint64_t reserved[4];
 };
 
 /* Every job: *@ret is one malloc()ed block (free() it) of *@ret_n entries.  One round trip. */
-int tier_jobs(tier_client *c, struct tier_job_info **ret, size_t *ret_n);
+int tier_job_list(tier_client *c, struct tier_job_info **ret, size_t *ret_n);
 
 struct tier_copy_info {
         int state;                      /* enum tier_copy_state */
         int valid;                      /* holds the newest data; a resident copy that is not is stale */
         int dirty;                      /* the only copy of the newest data above NVMe */
         unsigned pins;
+        uint32_t reserved[4];
 };
 
 struct tier_tensor_info {
         uint64_t id;
         const char *name;               /* inside the block tier_job_tensors() returned */
         uint64_t size;
-        struct tier_copy_info copy[TIER_LEVEL_MAX];
+        struct tier_copy_info copy[TIER_LEVEL_SLOTS];
         int used;                       /* 0: no copy was ever used */
         double idle_s;                  /* seconds since a copy was last used */
+        uint64_t reserved[4];
 };
 
 /*
@@ -441,6 +452,7 @@ struct tier_evict_result {
         uint64_t bytes_written;         /* written down first (copies that were the only valid one) */
         uint64_t bytes_dropped;         /* of the copies dropped */
         uint64_t pinned_bytes;
+        uint64_t reserved[4];
 };
 
 /*
@@ -454,7 +466,8 @@ struct tier_detach_result {
         uint64_t job_id;
         unsigned connections;           /* connections tierd closed */
         unsigned tensors;               /* tensors freed */
-        uint64_t freed[TIER_LEVEL_MAX]; /* bytes the job held per tier */
+        uint64_t freed[TIER_LEVEL_SLOTS]; /* bytes the job held per tier */
+        uint64_t reserved[4];
 };
 
 /* End @job now: tierd closes its connections (saying why) and frees all it holds. */
@@ -480,6 +493,7 @@ struct tier_commit {
         unsigned rolled_back;   /* tensors brought back (tier_job_rollback()) */
         unsigned lost;          /* tensors with nothing to go back to: reads fail with -ENODATA */
         int committed;          /* the job has made a commit (0: a rollback found none and changed nothing) */
+        uint32_t reserved[7];
 };
 int tier_job_commit(tier_client *c, uint64_t step);
 int tier_job_rollback(tier_client *c, struct tier_commit *ret);
@@ -508,6 +522,7 @@ uint64_t tier_trace_traced_bytes(const tier_trace *t, int link);
 int tier_trace_write_json(const tier_trace *t, int fd);
 tier_trace *tier_trace_free(tier_trace *t);
 
+/* Text for an error code, given as -errno or errno; thread-safe, never NULL. */
 const char *tier_strerror(int err);
 /* "vram", "host", "nvme"; NULL for anything else. */
 const char *tier_level_name(int tier);

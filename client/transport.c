@@ -86,7 +86,7 @@ int transport_check(tier_client *c) {
          * A connection closed after tierd announced its shutdown reports the
          * shutdown; so does an open one, but where the client reconnects: tierd
          * keeps that one open while it holds what the client may still write
-         * through, and the client leaves at its next phase (tier_phase()) or
+         * through, and the client leaves at its next phase (tier_phase_enter()) or
          * when tierd refuses a request or closes the connection.
          */
         if (c->shutdown && (c->reconnect_ms == 0 || c->broken < 0))

@@ -21,7 +21,7 @@
  * never trusts what it reads back: every value from the client area is
  * range-checked, and a client that scribbles elsewhere only confuses itself.
  *
- * Marker protocol (tier_phase(k)):
+ * Marker protocol (tier_phase_enter(k)):
  *   client: phase = k, mark_ns = now; release-store marker_seq = s + 1;
  *           write 1 to the marker eventfd (tierd wakes up; no reply)
  *   client: wait until ready says marker s + 1 may run, i.e.
@@ -33,9 +33,9 @@
  * ready packs seq and phase: ready = seq << 16 | phase (phase < 2^16).
  */
 typedef struct PlanClientArea {
-        uint64_t marker_seq;    /* number of tier_phase() calls so far */
+        uint64_t marker_seq;    /* number of tier_phase_enter() calls so far */
         uint64_t mark_ns;       /* CLOCK_MONOTONIC of the latest marker */
-        uint64_t stall_ns;      /* total time spent waiting in tier_phase() */
+        uint64_t stall_ns;      /* total time spent waiting in tier_phase_enter() */
         uint32_t phase;         /* phase entered by the latest marker */
         uint32_t pad0;
         uint64_t reserved[4];

@@ -4,14 +4,14 @@
 /*
  * Read this as an example of libtier.  A "training step" here is:
  *
- *   1. write:    for each tensor, pin it in HOST memory write-only (tier_pin_mode
+ *   1. write:    for each tensor, pin it in HOST memory write-only (tier_pin
  *                with TIER_WRITE gives a pointer into memory shared with tierd and
  *                does not bring the old bytes back from NVMe: they are about to be
  *                overwritten), write it whole, unpin it dirty.  The tensors add up
  *                to twice the job's host limit, so tierd writes the older ones to
  *                NVMe by itself to make room.
  *   2. evict:    push every tensor down to NVMe, asynchronously: each
- *                tier_evict_async() returns a fence, tier_wait() waits for it.
+ *                tier_evict_async() returns a fence, tier_fence_wait() waits for it.
  *   3. read:     prefetch tensors back to HOST a window ahead of use (async), then
  *                pin each, check every byte, unpin it clean.
  *
@@ -212,7 +212,7 @@ static int pin_and_check(unsigned i, int tier, unsigned step) {
         int64_t bad;
         int r;
 
-        r = tier_pin(tensors[i], tier, &g);
+        r = tier_pin(tensors[i], tier, TIER_READ_WRITE, &g);
         if (r < 0)
                 return fail(r, "pin", i);
         bad = check(g.ptr, g.length, i, step);
@@ -238,7 +238,7 @@ static int step_write(unsigned step) {
                  * A synchronous pin returns once host memory is reserved; write-only, so
                  * the tensor's old bytes on NVMe are not read back first.
                  */
-                r = tier_pin_mode(tensors[i], TIER_HOST, TIER_WRITE, &g);
+                r = tier_pin(tensors[i], TIER_HOST, TIER_WRITE, &g);
                 if (r < 0)
                         return fail(r, "pin in host", i);
                 fill(g.ptr, g.length, i, step);
@@ -258,7 +258,7 @@ static int step_evict(tier_fence *fences) {
                         return fail(r, "evict to nvme", i);
         }
         for (unsigned i = 0; i < n_tensors; i++) {
-                int r = tier_wait(client, fences[i], FENCE_TIMEOUT_MS);
+                int r = tier_fence_wait(client, fences[i], FENCE_TIMEOUT_MS);
                 if (r < 0)
                         return fail(r, "wait for eviction", i);
         }
@@ -275,7 +275,7 @@ static int step_read(unsigned step, unsigned window, tier_fence *fences) {
         for (unsigned i = 0; i < n_tensors; i++) {
                 int r;
 
-                r = tier_wait(client, fences[i], FENCE_TIMEOUT_MS);
+                r = tier_fence_wait(client, fences[i], FENCE_TIMEOUT_MS);
                 if (r < 0)
                         return fail(r, "wait for prefetch", i);
                 r = pin_and_check(i, TIER_HOST, step);
@@ -304,14 +304,14 @@ static unsigned count_spilled(void) {
 }
 
 /* The bytes tierd has moved for the job so far, per link (TIER_LINK_*); zeros if it cannot say. */
-static void moved_now(uint64_t bytes[TIER_LINKS]) {
+static void moved_now(uint64_t bytes[TIER_LINK_SLOTS]) {
         if (tier_client_moved(client, bytes) < 0)
                 memset(bytes, 0, TIER_LINKS * sizeof(uint64_t));
 }
 
 /* What tierd moved between @before and now, link by link ("nothing" when nothing moved); @before becomes now. */
-static void print_moved(uint64_t before[TIER_LINKS]) {
-        uint64_t after[TIER_LINKS];
+static void print_moved(uint64_t before[TIER_LINK_SLOTS]) {
+        uint64_t after[TIER_LINK_SLOTS];
         bool any = false;
 
         moved_now(after);
@@ -326,7 +326,7 @@ static void print_moved(uint64_t before[TIER_LINKS]) {
 }
 
 static int run_step(unsigned step, unsigned window, tier_fence *fences) {
-        uint64_t total = (uint64_t) n_tensors * arg_size, moved[TIER_LINKS];
+        uint64_t total = (uint64_t) n_tensors * arg_size, moved[TIER_LINK_SLOTS];
         unsigned spilled;
         double t0, t1, t2, t3;
         int r;
@@ -373,7 +373,7 @@ static int vram_round_trip(unsigned last_step) {
         double t0 = now();
         int r;
 
-        r = tier_pin(tensors[0], TIER_VRAM, &g);
+        r = tier_pin(tensors[0], TIER_VRAM, TIER_READ_WRITE, &g);
         if (r < 0)
                 return fail(r, "pin in vram", 0);
         if (!g.ptr) {
@@ -521,7 +521,7 @@ int main(int argc, char **argv) {
         if (parse_argv(argc, argv) < 0)
                 return 2;
 
-        r = tier_client_new(&client, arg_socket, arg_job, 0);
+        r = tier_client_new(arg_socket, arg_job, 0, &client);
         if (r < 0) {
                 fprintf(stderr, "train-step: %s\n", tier_client_last_error(NULL));
                 return 1;

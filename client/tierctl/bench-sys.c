@@ -8,7 +8,7 @@
  * from /sys/dev/block/MAJ:MIN to the first directory with
  * current_link_speed), and only for NVMe: a virtio or SATA disk's PCIe link
  * says nothing about the disk.  tierd's targets come from its status JSON
- * (libtier's tier_status()), read with a scanner that knows just enough
+ * (libtier's tier_client_status()), read with a scanner that knows just enough
  * JSON to find "targets"[i]."path" (tierctl does not link a JSON parser).
  * fio runs as a child with its JSON output on a pipe, of which only the
  * "bw_bytes" of the "read" or "write" part is read.

@@ -169,7 +169,7 @@ static int tierd_targets(char ***ret, size_t *ret_n) {
                         "reached; give a PATH to bench a directory or file\n");
                 return r;
         }
-        r = tier_status(c, TIER_STATUS_JSON, &json);
+        r = tier_client_status(c, TIER_STATUS_JSON, &json);
         if (r < 0)
                 fprintf(stderr, "tierctl bench: cannot read tierd's status: %s\n", why(c, r));
         tier_client_free(c);

@@ -454,10 +454,10 @@ static int hardware(PlanInput *in, const char *bench, bool no_bench, const char 
                 tier_client *cl = NULL;
                 char *st = NULL;
                 PlanTierdFigures tf;
-                int k = tier_client_new(&cl, socket, NULL, 0);
+                int k = tier_client_new(socket, NULL, 0, &cl);
 
                 if (k >= 0)
-                        k = tier_status(cl, TIER_STATUS_JSON, &st);
+                        k = tier_client_status(cl, TIER_STATUS_JSON, &st);
                 if (k < 0 || planhw_tierd(st, &tf, err, sizeof(err)) < 0)
                         (void) snprintf(notes[2], sizeof(notes[2]), "no figures from tierd (%.200s): "
                                         "the built-in defaults or the options stand",

@@ -13,7 +13,7 @@ typedef struct PlanBenchFigures {
         bool write_sustained;           /* write_gbs is the sustained phase's last rate (/ targets when striped) */
 } PlanBenchFigures;
 
-/* From tier_status() JSON. */
+/* From tier_client_status() JSON. */
 typedef struct PlanTierdFigures {
         uint64_t vram_bytes, host_bytes;
         unsigned targets;

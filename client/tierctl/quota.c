@@ -90,7 +90,7 @@ static int list_jobs(tier_client *c, char ***ret) {
         size_t n = 0;
         int r;
 
-        r = tier_status(c, TIER_STATUS_JSON, &json);
+        r = tier_client_status(c, TIER_STATUS_JSON, &json);
         if (r < 0)
                 return r;
         pos = strstr(json, "\"jobs\":[");
@@ -136,7 +136,7 @@ typedef struct QuotaTarget {
  * "vram_min":BYTES,...,"from":{"vram":"uid 1000",...}} ("uid":N, "group":N or
  * "default":true instead of "job" for those targets).
  */
-static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_quota2 *q,
+static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_quota *q,
                        const struct tier_quota_total *tot) {
         json_object_begin(w);
         switch (t->kind) {
@@ -209,7 +209,7 @@ static void quota_print_header(FILE *f, int name_width) {
                 "VRAM-MIN", "HOST-MIN", "NVME-MIN", "WEIGHT");
 }
 
-static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota2 *q) {
+static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota *q) {
         fprintf(f, "%-*s  %10s  %10s  %10s  %10s  %10s  %10s  %6u\n", name_width, job,
                 FORMAT_SIZE(q->max[TIER_VRAM]), FORMAT_SIZE(q->max[TIER_HOST]), FORMAT_SIZE(q->max[TIER_NVME]),
                 FORMAT_SIZE(q->min[TIER_VRAM]), FORMAT_SIZE(q->min[TIER_HOST]), FORMAT_SIZE(q->min[TIER_NVME]),
@@ -217,7 +217,7 @@ static void quota_print_row(FILE *f, int name_width, const char *job, const stru
 }
 
 /* One target's quota, each value with where it comes from. */
-static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota2 *q,
+static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota *q,
                         const struct tier_quota_total *tot) {
         switch (t->kind) {
         case TIER_QUOTA_JOB:
@@ -333,7 +333,7 @@ static const char *target_name(const QuotaTarget *t, char *buf, size_t size) {
 }
 
 /* Print one target's quota as text or JSON. */
-static int quota_show(const QuotaTarget *t, const struct tier_quota2 *q, const struct tier_quota_total *tot) {
+static int quota_show(const QuotaTarget *t, const struct tier_quota *q, const struct tier_quota_total *tot) {
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 
@@ -349,7 +349,7 @@ static int quota_show(const QuotaTarget *t, const struct tier_quota2 *q, const s
 static int quota_get_all(tier_client *c) {
         JsonWriter jw = JSON_WRITER_NULL;
         char **names = NULL;
-        struct tier_quota2 *qs;
+        struct tier_quota *qs;
         size_t n = 0;
         int w = 3, r, ret = EXIT_SUCCESS;
         bool first = true;
@@ -370,7 +370,7 @@ static int quota_get_all(tier_client *c) {
                 return EXIT_FAILURE;
         }
         for (size_t i = 0; i < n; i++) {
-                r = tier_quota_get2(c, TIER_QUOTA_JOB, 0, names[i], &qs[i]);
+                r = tier_quota_get(c, TIER_QUOTA_JOB, 0, names[i], &qs[i]);
                 if (r == -ENOENT || r == -EPERM) {      /* gone since the listing, or another user's */
                         free(names[i]);
                         names[i] = NULL;
@@ -432,7 +432,7 @@ static int quota_get(int argc, char **argv) {
         };
         QuotaTarget t = { .kind = TIER_QUOTA_JOB };
         struct tier_quota_total tot;
-        struct tier_quota2 q;
+        struct tier_quota q;
         tier_client *c = NULL;
         bool have = false;
         char name[300];
@@ -481,7 +481,7 @@ static int quota_get(int argc, char **argv) {
                 tier_client_free(c);
                 return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
         }
-        r = tier_quota_get2(c, t.kind, t.id, t.job, &q);
+        r = tier_quota_get(c, t.kind, t.id, t.job, &q);
         if (r >= 0 && (t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP))
                 r = tier_quota_total_get(c, t.kind, t.id, &tot);
         if (r < 0) {
@@ -521,9 +521,9 @@ static int quota_set(int argc, char **argv) {
                 {}
         };
         QuotaTarget t = { .kind = TIER_QUOTA_JOB };
-        struct tier_quota2 q = {}, now;
+        struct tier_quota q = {}, now;
         struct tier_quota_total tot_now;
-        uint64_t totals[TIER_LEVEL_MAX] = {};
+        uint64_t totals[TIER_LEVEL_SLOTS] = {};
         unsigned total_set = 0;
         tier_client *c = NULL;
         bool any = false, have = false;
@@ -637,9 +637,9 @@ static int quota_set(int argc, char **argv) {
                 return EXIT_FAILURE;
         /* the fields of each job first (and --clear), then the totals: what the second finds is the first's result */
         if (any || q.clear)
-                r = tier_quota_set2(c, t.kind, t.id, t.job, &q, &now);
+                r = tier_quota_set(c, t.kind, t.id, t.job, &q, &now);
         else
-                r = tier_quota_get2(c, t.kind, t.id, t.job, &now);
+                r = tier_quota_get(c, t.kind, t.id, t.job, &now);
         if (r >= 0 && total_set)
                 r = tier_quota_total_set(c, t.kind, t.id, totals, total_set, &tot_now);
         else if (r >= 0 && (t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP))

@@ -133,7 +133,7 @@ int verb_status(int argc, char **argv) {
         do {
                 char *text = NULL;
 
-                r = tier_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
+                r = tier_client_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
                                 &text);
                 if (r < 0) {
                         if (arg_interrupted)
@@ -274,7 +274,7 @@ int verb_jobs(int argc, char **argv) {
 
         if (connect_control(&c) < 0)
                 return EXIT_FAILURE;
-        r = tier_jobs(c, &jobs, &n);
+        r = tier_job_list(c, &jobs, &n);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot list the jobs: %s\n", why(c, r));
                 tier_client_free(c);

@@ -115,7 +115,7 @@ static int verb_help(int argc, char **argv) {
 int connect_control(tier_client **ret) {
         int r;
 
-        r = tier_client_new(ret, arg_socket, NULL, 0);
+        r = tier_client_new(arg_socket, NULL, 0, ret);
         if (r < 0) {
                 const char *w = tier_client_last_error(NULL);
                 fprintf(stderr, "tierctl: %s\n", w && *w ? w : tier_strerror(r));

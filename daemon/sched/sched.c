@@ -452,7 +452,7 @@ void sched_tensor_changed(Sched *s, Tensor *t) {
                         continue;
                 /*
                  * A ready said for a held phase goes back to the one before (none before the first
-                 * marker), then the client's marker is looked for: tier_phase() stores its marker before
+                 * marker), then the client's marker is looked for: tier_phase_enter() stores its marker before
                  * it reads the ready (a system call between: a barrier), so either the client waits for
                  * a new ready or its marker is seen here and the hold it entered is left alone.
                  */

@@ -65,7 +65,7 @@ void sched_plan_free(Plan *p);
 /*
  * sched_plan_sync() - consume the marker the client wrote to @p's page
  * before its current request, if the marker's eventfd has not been read
- * yet.  tier_phase() returns without a round trip, so the request a client
+ * yet.  tier_phase_enter() returns without a round trip, so the request a client
  * sends after it may reach tierd before the marker's eventfd wakes the
  * loop; the request layer calls this before dispatching every request of
  * a connection that runs a plan, so that a request never sees the previous

@@ -191,8 +191,8 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
         int tier = (arg >> 2) % TIER_LEVEL_MAX;
         struct tier_grant g;
         struct tier_stat st;
-        struct tier_quota q = { .limit = { 1 << 20, 0, 0 }, .weight = arg };
-        uint64_t moved[TIER_LINKS];
+        struct tier_quota q = { .max = { 1 << 20, 0, 0 }, .weight = arg };
+        uint64_t moved[TIER_LINK_SLOTS];
         char name[8], *text = NULL;
         tier_plan *plan = NULL;
         int r;
@@ -212,8 +212,8 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
                 if (!*t)
                         break;
                 memset(&g, 0, sizeof(g));
-                r = code % 16 == 2 ? tier_pin_mode(*t, tier, (arg >> 4) & 3, &g)
-                                   : tier_pin_async(*t, tier, &g, &j->fence);
+                r = code % 16 == 2 ? tier_pin(*t, tier, (arg >> 4) & 3, &g)
+                                   : tier_pin_async(*t, tier, TIER_READ_WRITE, &g, &j->fence);
                 if (r >= 0)
                         touch_grant(&g, tier_tensor_size(*t));
                 break;
@@ -234,7 +234,7 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
                         (void) tier_tensor_stat(*t, &st);
                 break;
         case 8:
-                if (tier_status(j->c, arg & 1, &text) >= 0) {
+                if (tier_client_status(j->c, arg & 1, &text) >= 0) {
                         FUZZ_CHECK(text);
                         free(text);
                 }
@@ -245,7 +245,7 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
                 break;
         case 10:
                 (void) tier_fence_done(j->c, j->fence + (arg & 3));
-                (void) tier_wait(j->c, j->fence, 0);
+                (void) tier_fence_wait(j->c, j->fence, 0);
                 break;
         case 11:
                 if (tier_plan_new(j->c, &plan) < 0)
@@ -258,7 +258,7 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
                         tier_plan_free(plan);
                 break;
         case 12:
-                (void) tier_phase(j->c, arg & 3);
+                (void) tier_phase_enter(j->c, arg & 3);
                 (void) tier_phase_stall(j->c);
                 break;
         case 13:
@@ -274,8 +274,8 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
                         *t = tier_tensor_close(*t);
                 break;
         case 15:
-                (void) ((arg & 1) ? tier_quota_set(j->c, (arg & 2) ? "other" : NULL, &q)
-                                  : tier_quota_get(j->c, (arg & 2) ? "other" : NULL, &q));
+                (void) ((arg & 1) ? tier_quota_set(j->c, TIER_QUOTA_JOB, 0, (arg & 2) ? "other" : NULL, &q, NULL)
+                                  : tier_quota_get(j->c, TIER_QUOTA_JOB, 0, (arg & 2) ? "other" : NULL, &q));
                 (void) tier_client_last_error(j->c);
                 (void) tier_client_vram_backend(j->c);
                 (void) tier_client_limit(j->c, tier);
@@ -298,7 +298,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         s.in = in;
         FUZZ_CHECK(pthread_create(&thread, NULL, server_main, &s) == 0);
 
-        r = tier_client_new(&j.c, sock_path, "job", 0);
+        r = tier_client_new(sock_path, "job", 0, &j.c);
         if (verbose)
                 fprintf(stderr, "tier_client_new: %d %s\n", r, r < 0 ? tier_client_last_error(NULL) : "");
         if (r >= 0) {

@@ -24,7 +24,7 @@ else
 fi
 ninja -C "$build"
 
-programs=(daemon/tierd client/tierctl client/libtier.so.0 tests/integration/test-cuda tests/vmm-probe bench/bench-vram-cuda)
+programs=(daemon/tierd client/tierctl client/libtier.so.1 tests/integration/test-cuda tests/vmm-probe bench/bench-vram-cuda)
 for p in "${programs[@]}"; do
         [[ -e $build/$p ]] || { echo "prepare.sh: $build/$p was not built" >&2; exit 1; }
 done

@@ -53,7 +53,7 @@ fi
 # The model and budgets: these defaults unless the environment says otherwise (a larger run by hand).
 read -r -a model <<<"${TIER_GPU_TRAIN_MODEL:---steps 10 --dim 256 --layers 6 --context 128 --batch 16}"
 lm=(python3 "$root/client/python/examples/train_lm.py" "${model[@]}")
-PYTHONPATH=$root/client/python TIER_LIBTIER=$build/client/libtier.so.0 \
+PYTHONPATH=$root/client/python TIER_LIBTIER=$build/client/libtier.so.1 \
         "${lm[@]}" --socket "$sock" --job train-gpu --placement C --host-limit "${TIER_GPU_TRAIN_HOST_LIMIT:-48M}" \
         --vram-limit "${TIER_GPU_TRAIN_VRAM_LIMIT:-24M}" \
         >"$dir/tier.out" 2>&1 || rc=$?

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* json.c: read tierd's JSON status (tierctl --json status, tier_status()) with jansson. */
+/* json.c: read tierd's JSON status (tierctl --json status, tier_client_status()) with jansson. */
 
 /*
  * The status JSON is an interface (client/status.c documents it): tests

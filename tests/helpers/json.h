@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* json.h: read tierd's JSON status (tierctl --json status, tier_status()) with jansson. */
+/* json.h: read tierd's JSON status (tierctl --json status, tier_client_status()) with jansson. */
 #pragma once
 
 #include <jansson.h>

@@ -123,7 +123,7 @@ static tier_client *live[8];
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, daemon_.socket, job, 0);
+        int r = tier_client_new(daemon_.socket, job, 0, &c);
 
         if (r < 0)
                 fail_msg("connect as '%s': %s (%s)", job, tier_strerror(r), tier_client_last_error(NULL));
@@ -154,7 +154,7 @@ static int disconnect_leftovers(void **state) {
 /* Pin @t in VRAM and check what a cuda grant looks like. */
 static struct tier_grant pin_vram(tier_client *c, tier_tensor *t) {
         struct tier_grant g;
-        int r = tier_pin(t, TIER_VRAM, &g);
+        int r = tier_pin(t, TIER_VRAM, TIER_READ_WRITE, &g);
 
         if (r < 0) {
                 fprintf(stderr, "pin '%s' in vram: %s (%s)\n", tier_tensor_name(t), tier_strerror(r),
@@ -231,7 +231,7 @@ static int role_writer(const char *socket_path, const char *job, unsigned patter
         char name[32];
         int r;
 
-        r = tier_client_new(&c, socket_path, job, 0);
+        r = tier_client_new(socket_path, job, 0, &c);
         if (r < 0) {
                 fprintf(stderr, "writer %s: connect: %s\n", job, tier_client_last_error(NULL));
                 return 1;
@@ -240,7 +240,7 @@ static int role_writer(const char *socket_path, const char *job, unsigned patter
                 struct tier_grant g;
 
                 snprintf(name, sizeof(name), "w%d", i);
-                if (tier_tensor_create(c, name, sizes[i], &t[i]) < 0 || tier_pin(t[i], TIER_VRAM, &g) < 0 ||
+                if (tier_tensor_create(c, name, sizes[i], &t[i]) < 0 || tier_pin(t[i], TIER_VRAM, TIER_READ_WRITE, &g) < 0 ||
                     !g.device_ptr) {
                         fprintf(stderr, "writer %s: pin %s: %s\n", job, name, tier_client_last_error(c));
                         return 1;
@@ -259,7 +259,7 @@ static int role_writer(const char *socket_path, const char *job, unsigned patter
                         fprintf(stderr, "writer %s: tensor %d not on NVMe only after evict\n", job, i);
                         return 1;
                 }
-                if (tier_prefetch(t[i], TIER_VRAM) < 0 || tier_pin(t[i], TIER_VRAM, &g) < 0) {
+                if (tier_prefetch(t[i], TIER_VRAM) < 0 || tier_pin(t[i], TIER_VRAM, TIER_READ_WRITE, &g) < 0) {
                         fprintf(stderr, "writer %s: prefetch %d: %s\n", job, i, tier_client_last_error(c));
                         return 1;
                 }
@@ -279,14 +279,14 @@ static int role_holder(const char *socket_path, const char *job, unsigned n) {
         tier_client *c = NULL;
         char name[32];
 
-        if (tier_client_new(&c, socket_path, job, 0) < 0)
+        if (tier_client_new(socket_path, job, 0, &c) < 0)
                 return 1;
         for (unsigned i = 0; i < n; i++) {
                 struct tier_grant g;
                 tier_tensor *t;
 
                 snprintf(name, sizeof(name), "h%u", i);
-                if (tier_tensor_create(c, name, chunk, &t) < 0 || tier_pin(t, TIER_VRAM, &g) < 0) {
+                if (tier_tensor_create(c, name, chunk, &t) < 0 || tier_pin(t, TIER_VRAM, TIER_READ_WRITE, &g) < 0) {
                         fprintf(stderr, "holder: %s\n", tier_client_last_error(c));
                         return 1;
                 }
@@ -343,12 +343,12 @@ static void test_mapping_cache(void **state) {
         assert_int_equal(tier_evict(t1, TIER_HOST), 0);         /* now only in host memory */
 
         /* async pin: the copy up is queued; the stream waits for it on the device */
-        assert_int_equal(tier_pin_async(t1, TIER_VRAM, &g3, &f), 0);
+        assert_int_equal(tier_pin_async(t1, TIER_VRAM, TIER_READ_WRITE, &g3, &f), 0);
         assert_int_equal(g3.device_ptr - g3.offset, g1.device_ptr - g1.offset);
-        assert_int_equal(tier_stream_wait(c, f, NULL), 0);
+        assert_int_equal(tier_fence_stream_wait(c, f, NULL), 0);
         assert_int_equal(gpu_get(c)->d->cuStreamSynchronize(NULL), CUDA_SUCCESS);
         assert_true(gpu_check(c, g3.device_ptr, 0x42, chunk / 4));
-        assert_int_equal(tier_wait(c, f, 10000), 0);
+        assert_int_equal(tier_fence_wait(c, f, 10000), 0);
         if (fake)
                 assert_int_equal(stats().imports - s0.imports, 1);
 
@@ -390,7 +390,7 @@ static void test_spanning(void **state) {
                 struct tier_grant g2;
 
                 assert_int_equal(tier_tensor_create(c, "big2", chunk + MiB, &t2), 0);
-                assert_int_equal(tier_pin(t2, TIER_VRAM, &g2), -ENOSPC);
+                assert_int_equal(tier_pin(t2, TIER_VRAM, TIER_READ_WRITE, &g2), -ENOSPC);
                 assert_non_null(strstr(tier_client_last_error(c), "its tail at the start of one: a GPU maps only "
                                                                     "whole chunks"));
                 assert_int_equal(tier_tensor_destroy(t2), 0);
@@ -406,7 +406,7 @@ static void test_spanning(void **state) {
          * of 0), so under valgrind the bytes come back to VRAM unseen.
          */
         if (!(getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "vgpreload"))) {
-                assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
                 for (uint64_t i = 0; i < size; i++)
                         if (((uint8_t *) g.ptr)[i] != 0x5a)
                                 fail_msg("host byte %" PRIu64 " of %" PRIu64 " is 0x%02x", i, size,
@@ -469,13 +469,13 @@ static void test_unpin_after(void **state) {
                  * the kernel is held it cannot end, however long this takes (a
                  * wrong copy would end within the wait, and hold 0x11 below).
                  */
-                assert_int_equal(tier_wait(c, f, 300), -ETIMEDOUT);
+                assert_int_equal(tier_fence_wait(c, f, 300), -ETIMEDOUT);
                 atomic_store(&stream_gate, 0);
         }
-        assert_int_equal(tier_wait(c, f, 30000), 0);
+        assert_int_equal(tier_fence_wait(c, f, 30000), 0);
         if (fake)
                 assert_true(now_ms() - t0 >= delay_us / 1000);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < chunk / 2; i += 4093)
                 assert_int_equal(((uint8_t *) g.ptr)[i], 0x5a);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
@@ -621,7 +621,7 @@ static void test_register_host(void **state) {
         int n;
 
         assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         n = tier_client_cuda_register_host(c);
         assert_true(n >= 1);
         if (fake)

@@ -73,7 +73,7 @@ static uint8_t pattern(uint64_t tensor, uint64_t off) {
 static void fill(tier_tensor *t, uint64_t idx) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 ((uint8_t *) g.ptr)[i] = pattern(idx, i);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
@@ -82,7 +82,7 @@ static void fill(tier_tensor *t, uint64_t idx) {
 /* Pin @t in host memory and compare; returns the pin's result (0: pinned and every byte right). */
 static int verify(tier_tensor *t, uint64_t idx) {
         struct tier_grant g;
-        int r = tier_pin(t, TIER_HOST, &g);
+        int r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
 
         if (r < 0)
                 return r;
@@ -105,7 +105,7 @@ static int state_of(tier_tensor *t, int tier) {
 
 static tier_client *connect_job(World *w, const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, w->d.socket, job, 0);
+        int r = tier_client_new(w->d.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect %s: %s (%s)\n", job, tier_strerror(r), tier_client_last_error(c));
@@ -236,13 +236,13 @@ static void test_read_eio_plan(void **state) {
         assert_int_equal(tier_plan_add(bp, 0, w.b, TIER_HOST, TIER_READ), 0);
         assert_int_equal(tier_plan_submit(bp), 0);
 
-        assert_int_equal(tier_phase(w.vc, 0), -EIO);
+        assert_int_equal(tier_phase_enter(w.vc, 0), -EIO);
         assert_error_contains(w.vc, "the plan failed");
         assert_true(test_daemon_log_contains(&w.d, "Plan of job 'victim' failed: cannot bring tensor 'v' to host: "
                                                    "I/O error on"));
         assert_int_equal(target_counter(&w, "io_errors"), 1);
 
-        assert_int_equal(tier_phase(w.bc, 0), 0);
+        assert_int_equal(tier_phase_enter(w.bc, 0), 0);
         assert_int_equal(tier_phase_grant(w.bc, w.b, TIER_HOST, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 assert_int_equal(((uint8_t *) g.ptr)[i], pattern(2, i));
@@ -327,7 +327,7 @@ static void test_write_eio_spill(void **state) {
                 fill(t[i], 10 + i);
         }
         assert_int_equal(tier_tensor_create(w.vc, "s7", 4 * MiB, &t[N - 1]), 0);
-        r = tier_pin(t[N - 1], TIER_HOST, &g);
+        r = tier_pin(t[N - 1], TIER_HOST, TIER_READ_WRITE, &g);
         assert_true(r < 0);
         assert_error_contains(w.vc, "Input/output error");
         assert_true(target_counter(&w, "io_errors") >= 1);
@@ -422,7 +422,7 @@ static void test_vanish(void **state) {
 static void pin_write_vram(tier_tensor *t, uint64_t idx) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_VRAM, TIER_READ_WRITE, &g), 0);
         assert_non_null(g.ptr);
         for (uint64_t i = 0; i < g.length; i++)
                 ((uint8_t *) g.ptr)[i] = pattern(idx, i);
@@ -432,7 +432,7 @@ static void pin_write_vram(tier_tensor *t, uint64_t idx) {
 static void verify_vram(tier_tensor *t, uint64_t idx) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_VRAM, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 assert_int_equal(((uint8_t *) g.ptr)[i], pattern(idx, i));
         assert_int_equal(tier_unpin(t, TIER_VRAM, 0), 0);
@@ -444,7 +444,7 @@ static void test_vram_h2d_eio(void **state) {
         World w;
 
         world_start(&w, "vram-h2d-eio:job=victim,count=1", false);
-        assert_int_equal(tier_pin(w.v, TIER_VRAM, &g), -EIO);
+        assert_int_equal(tier_pin(w.v, TIER_VRAM, TIER_READ_WRITE, &g), -EIO);
         assert_error_contains(w.vc, "VRAM copy failed: Input/output error");
         assert_int_equal(state_of(w.v, TIER_VRAM), 0);
         assert_int_equal(state_of(w.v, TIER_HOST), 2);
@@ -480,7 +480,7 @@ static void test_read_eio_mid_tensor_to_vram(void **state) {
         world_start(&w, "nvme-read-eio:job=bystander,after=2,count=4", false);
         assert_int_equal(job_used(&w, "bystander", "vram"), 0);
         assert_int_equal(job_used(&w, "bystander", "host"), 0);
-        assert_int_equal(tier_pin(w.b, TIER_VRAM, &g), -EIO);
+        assert_int_equal(tier_pin(w.b, TIER_VRAM, TIER_READ_WRITE, &g), -EIO);
         assert_error_contains(w.bc, "I/O error");
         assert_int_equal(state_of(w.b, TIER_VRAM), 0);
         assert_int_equal(state_of(w.b, TIER_HOST), 0);

@@ -256,7 +256,7 @@ static void test_mutations(void **state) {
         tier_tensor *t;
         struct tier_grant g;
 
-        assert_int_equal(tier_client_new(&bystander, daemon_.socket, "bystander", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "bystander", 0, &bystander), 0);
         assert_int_equal(tier_tensor_create(bystander, "b", 4096, &t), 0);
 
         for (unsigned round = 0; round < ROUNDS; round++) {
@@ -294,12 +294,12 @@ static void test_mutations(void **state) {
                 if (round % 500 == 0) {
                         /* the daemon lives and still serves others */
                         assert_int_equal(kill(daemon_.pid, 0), 0);
-                        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+                        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
                         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
                 }
         }
         assert_int_equal(kill(daemon_.pid, 0), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
         tier_tensor_close(t);
         tier_client_free(bystander);
@@ -499,7 +499,7 @@ static int poke_others(int fd, const uint64_t *ids, size_t n_ids, bool may_contr
 static void fill_pattern(tier_tensor *t, unsigned idx, bool check) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t o = 0; o < g.length; o++) {
                 uint8_t v = (uint8_t) (o * 7 + idx * 13 + (o >> 9));
 
@@ -525,7 +525,7 @@ static void test_hostile_neighbour(void **state) {
         Tier__StatusRequest sr = TIER__STATUS_REQUEST__INIT;
         Tier__Create cr = TIER__CREATE__INIT;
 
-        assert_int_equal(tier_client_new(&bystander, daemon_.socket, "bystander", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "bystander", 0, &bystander), 0);
         for (unsigned i = 0; i < 3; i++) {
                 char name[8];
 
@@ -713,10 +713,10 @@ static void test_names_not_text(void **state) {
                 tier_client *c = NULL;
                 tier_tensor *t = NULL;
 
-                assert_int_equal(tier_client_new(&c, daemon_.socket, "caf\xe9", 0), -EINVAL);
+                assert_int_equal(tier_client_new(daemon_.socket, "caf\xe9", 0, &c), -EINVAL);
                 tier_client_free(c);
                 c = NULL;
-                assert_int_equal(tier_client_new(&c, daemon_.socket, "names-c", 0), 0);
+                assert_int_equal(tier_client_new(daemon_.socket, "names-c", 0, &c), 0);
                 assert_int_equal(tier_tensor_create(c, "\xff", 4096, &t), -EINVAL);
                 assert_non_null(strstr(tier_client_last_error(c), "not valid UTF-8"));
                 tier_client_free(c);

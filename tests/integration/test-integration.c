@@ -76,7 +76,7 @@ static int teardown(void **state) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, daemon_.socket, job, 0);
+        int r = tier_client_new(daemon_.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(c));
@@ -91,7 +91,7 @@ static uint8_t pattern(uint64_t tensor, uint64_t off) {
 static void fill(tier_tensor *t, uint64_t idx, int tier) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, tier, &g), 0);
+        assert_int_equal(tier_pin(t, tier, TIER_READ_WRITE, &g), 0);
         assert_non_null(g.ptr);
         assert_int_equal(g.length, tier_tensor_size(t));
         for (uint64_t i = 0; i < g.length; i++)
@@ -102,7 +102,7 @@ static void fill(tier_tensor *t, uint64_t idx, int tier) {
 static void verify(tier_tensor *t, uint64_t idx, int tier) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, tier, &g), 0);
+        assert_int_equal(tier_pin(t, tier, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 if (((uint8_t *) g.ptr)[i] != pattern(idx, i)) {
                         fprintf(stderr, "tensor %" PRIu64 " byte %" PRIu64 ": %u != %u\n", idx, i,
@@ -188,11 +188,11 @@ static void test_async_fences(void **state) {
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_evict_async(t[i], TIER_NVME, &f[i]), 0);
         for (unsigned i = 0; i < N; i++)
-                assert_int_equal(tier_wait(c, f[i], 10000), 0);
+                assert_int_equal(tier_fence_wait(c, f[i], 10000), 0);
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_prefetch_async(t[i], TIER_HOST, &f[i]), 0);
         for (unsigned i = N; i-- > 0;)
-                assert_int_equal(tier_wait(c, f[i], 10000), 0);
+                assert_int_equal(tier_fence_wait(c, f[i], 10000), 0);
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_fence_done(c, f[i]), 1);
         for (unsigned i = 0; i < N; i++)
@@ -200,8 +200,8 @@ static void test_async_fences(void **state) {
 
         /* async pin: the grant comes at once, the bytes after the fence */
         assert_int_equal(tier_evict(t[0], TIER_NVME), 0);
-        assert_int_equal(tier_pin_async(t[0], TIER_VRAM, &g, &f[0]), 0);
-        assert_int_equal(tier_wait(c, f[0], 10000), 0);
+        assert_int_equal(tier_pin_async(t[0], TIER_VRAM, TIER_READ_WRITE, &g, &f[0]), 0);
+        assert_int_equal(tier_fence_wait(c, f[0], 10000), 0);
         for (uint64_t i = 0; i < g.length; i += 4093)
                 assert_int_equal(((uint8_t *) g.ptr)[i], pattern(100, i));
         assert_int_equal(tier_unpin(t[0], TIER_VRAM, 0), 0);
@@ -219,7 +219,7 @@ static void test_jobs_isolated(void **state) {
         struct tier_grant ga, gb;
 
         assert_int_equal(tier_tensor_create(a, "secret", 1 * MiB, &ta), 0);
-        assert_int_equal(tier_pin(ta, TIER_HOST, &ga), 0);
+        assert_int_equal(tier_pin(ta, TIER_HOST, TIER_READ_WRITE, &ga), 0);
         memset(ga.ptr, 0xab, ga.length);
 
         /* b cannot name a's tensor */
@@ -227,7 +227,7 @@ static void test_jobs_isolated(void **state) {
         assert_null(tx);
         /* b's memory is its own segment, and fresh memory reads as zeros */
         assert_int_equal(tier_tensor_create(b, "secret", 1 * MiB, &tb), 0);
-        assert_int_equal(tier_pin(tb, TIER_HOST, &gb), 0);
+        assert_int_equal(tier_pin(tb, TIER_HOST, TIER_READ_WRITE, &gb), 0);
         assert_int_not_equal(ga.segment, gb.segment);
         assert_ptr_not_equal(ga.ptr, gb.ptr);
         for (uint64_t i = 0; i < gb.length; i++)
@@ -266,7 +266,7 @@ static void test_other_uid_refused(void **state) {
 
                 if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                         _exit(3);
-                r = tier_client_new(&x, daemon_.socket, "job-owned", 1);
+                r = tier_client_new(daemon_.socket, "job-owned", 1, &x);
                 if (r == -EACCES && strstr(tier_client_last_error(x), "belongs to uid 0: uid 65534 (pid "))
                         _exit(0);
                 fprintf(stderr, "other uid joining job-owned: %d %s\n", r, tier_client_last_error(x));
@@ -309,15 +309,15 @@ static void test_sigkill_releases_pins(void **state) {
                 char name[16];
 
                 close(ready[0]);
-                if (tier_client_new(&cl, daemon_.socket, "victim", 0) < 0)
+                if (tier_client_new(daemon_.socket, "victim", 0, &cl) < 0)
                         _exit(1);
                 for (int i = 0; i < 6; i++) {
                         snprintf(name, sizeof(name), "k%d", i);
                         if (tier_tensor_create(cl, name, 4 * MiB, &t[i]) < 0)
                                 _exit(2);
                 }
-                if (tier_pin(t[0], TIER_HOST, &g) < 0 || tier_pin(t[1], TIER_HOST, &g) < 0 ||
-                    tier_pin(t[2], TIER_VRAM, &g) < 0)
+                if (tier_pin(t[0], TIER_HOST, TIER_READ_WRITE, &g) < 0 || tier_pin(t[1], TIER_HOST, TIER_READ_WRITE, &g) < 0 ||
+                    tier_pin(t[2], TIER_VRAM, TIER_READ_WRITE, &g) < 0)
                         _exit(3);
                 memset(g.ptr, 1, g.length);
                 /* prefetches in flight when the axe falls */
@@ -494,7 +494,7 @@ static void test_bad_input(void **state) {
 
         /* the bystander never noticed */
         verify(t, 7, TIER_HOST);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
         assert_int_equal(kill(daemon_.pid, 0), 0);
         assert_int_equal(tier_tensor_destroy(t), 0);
@@ -520,12 +520,12 @@ static void test_limits_and_errors(void **state) {
 
         assert_int_equal(tier_tensor_create(c, "t", 1 * MiB, &t), 0);
         assert_int_equal(tier_tensor_create(c, "t", 1 * MiB, &u), -EEXIST);
-        assert_int_equal(tier_pin(t, TIER_NVME, &g), -EINVAL);
+        assert_int_equal(tier_pin(t, TIER_NVME, TIER_READ_WRITE, &g), -EINVAL);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), -ENOENT);
         assert_int_equal(tier_evict(t, TIER_VRAM), -EINVAL);
 
         /* a fresh tensor reads as zeros */
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 assert_int_equal(((uint8_t *) g.ptr)[i], 0);
         assert_int_equal(tier_tensor_destroy(t), -EBUSY);
@@ -542,16 +542,16 @@ static void test_limits_and_errors(void **state) {
                 snprintf(name, sizeof(name), "p%d", i);
                 assert_int_equal(tier_tensor_create(c, name, 10 * MiB, &p[i]), 0);
         }
-        assert_int_equal(tier_pin(p[0], TIER_HOST, &g), 0);
-        assert_int_equal(tier_pin(p[1], TIER_HOST, &g), 0);
-        r = tier_pin(p[2], TIER_HOST, &g);
+        assert_int_equal(tier_pin(p[0], TIER_HOST, TIER_READ_WRITE, &g), 0);
+        assert_int_equal(tier_pin(p[1], TIER_HOST, TIER_READ_WRITE, &g), 0);
+        r = tier_pin(p[2], TIER_HOST, TIER_READ_WRITE, &g);
         assert_int_equal(r, -ENOSPC);
         assert_non_null(strstr(tier_client_last_error(c), "the space is fragmented"));
         assert_non_null(strstr(tier_client_last_error(c), "its longest free run is 6.0 MiB"));
         for (int i = 0; i < 2; i++)
                 assert_int_equal(tier_unpin(p[i], TIER_HOST, 0), 0);
         /* once unpinned, the same pin succeeds (an unpinned tensor makes room) */
-        assert_int_equal(tier_pin(p[2], TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(p[2], TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(p[2], TIER_HOST, 0), 0);
         for (int i = 0; i < 3; i++)
                 assert_int_equal(tier_tensor_destroy(p[i]), 0);
@@ -561,7 +561,7 @@ static void test_limits_and_errors(void **state) {
                 int k, last = 0;
 
                 for (k = 0; k < 200; k++) {
-                        last = tier_pin(t, TIER_HOST, &g);
+                        last = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
                         if (last < 0)
                                 break;
                 }
@@ -588,7 +588,7 @@ static void test_fds_cloexec(void **state) {
 
         /* some of everything: a segment, a transfer, the fence page, a status memfd */
         assert_int_equal(tier_tensor_create(c, "x", 1 * MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_VRAM, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_VRAM, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(t, TIER_VRAM, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
 

@@ -62,7 +62,7 @@ static int stop(void **state) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, daemon_.socket, job, 0);
+        int r = tier_client_new(daemon_.socket, job, 0, &c);
 
         if (r < 0)
                 fail_msg("connect: %s (%s)", tier_strerror(r), tier_client_last_error(c));
@@ -89,7 +89,7 @@ static void write_pattern(tier_tensor *t, uint64_t id, int tier) {
         struct tier_grant g;
         uint64_t n = tier_tensor_size(t);
 
-        assert_int_equal(tier_pin_mode(t, tier, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t, tier, TIER_WRITE, &g), 0);
         assert_non_null(g.ptr);
         assert_int_equal(g.length, n);
         for (uint64_t off = 0; off + 8 <= n; off += 8)
@@ -104,7 +104,7 @@ static void check_pattern(tier_tensor *t, uint64_t id, int tier) {
         struct tier_grant g;
         uint64_t n = tier_tensor_size(t);
 
-        assert_int_equal(tier_pin(t, tier, &g), 0);
+        assert_int_equal(tier_pin(t, tier, TIER_READ_WRITE, &g), 0);
         assert_non_null(g.ptr);
         for (uint64_t off = 0; off + 8 <= n; off += 8)
                 if (*(uint64_t *) ((uint8_t *) g.ptr + off) != word(id, off))
@@ -193,7 +193,7 @@ static void test_large_tensors(void **state) {
         check_pattern(big, 1, TIER_HOST);
 
         /* the odd one to (emulated) VRAM from NVMe, and held there while the big one moves */
-        assert_int_equal(tier_pin(odd, TIER_VRAM, &g), 0);
+        assert_int_equal(tier_pin(odd, TIER_VRAM, TIER_READ_WRITE, &g), 0);
         assert_non_null(g.ptr);
         assert_int_equal(tier_evict(big, TIER_NVME), 0);
         assert_int_equal(tier_prefetch(big, TIER_HOST), 0);
@@ -233,7 +233,7 @@ static const char SMALL_CONFIG[] =
 
 static void expect_pin_fails(tier_client *c, tier_tensor *t, int tier, int status, const char *text) {
         struct tier_grant g;
-        int r = tier_pin(t, tier, &g);
+        int r = tier_pin(t, tier, TIER_READ_WRITE, &g);
 
         if (r != status || !strstr(tier_client_last_error(c), text))
                 fail_msg("pin of '%s' in %s: %d (%s), expected %d with \"%s\"", tier_tensor_name(t),
@@ -263,7 +263,7 @@ static void test_no_space_causes(void **state) {
         for (int i = 0; i < 3; i++) {
                 snprintf(name, sizeof(name), "s%d", i);
                 t[i] = create(x, name, 16 * MiB);
-                assert_int_equal(tier_pin(t[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
         }
         u = create(x, "more", 4 * MiB);
         expect_pin_fails(x, u, TIER_HOST, -ENOSPC, "job 'x' is at its host limit: 48.0 MiB of 48.0 MiB in use, "
@@ -280,7 +280,7 @@ static void test_no_space_causes(void **state) {
                 t[i] = create(x, name, 10 * MiB);
         }
         for (int i = 0; i < 3; i++)
-                assert_int_equal(tier_pin(t[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
         expect_pin_fails(x, t[3], TIER_HOST, -ENOSPC, "its longest free run is 6.0 MiB");
         assert_non_null(strstr(tier_client_last_error(x), "the space is fragmented"));
         for (int i = 0; i < 4; i++) {
@@ -299,12 +299,12 @@ static void test_no_space_causes(void **state) {
                 snprintf(name, sizeof(name), "a%d", i);
                 t[i] = create(a, name, 16 * MiB);
                 write_pattern(t[i], (uint64_t) i, TIER_HOST);
-                assert_int_equal(tier_pin(t[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
         }
         b = connect_job("b");
         u = create(b, "b0", 16 * MiB);
         t[3] = create(b, "b1", 16 * MiB);
-        assert_int_equal(tier_pin(u, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(u, TIER_HOST, TIER_READ_WRITE, &g), 0);
         expect_pin_fails(b, t[3], TIER_HOST, -EAGAIN, "the host pool (64.0 MiB) has no segment left for job 'b'");
         assert_non_null(strstr(tier_client_last_error(b), "'a' 48.0 MiB in 3 segment(s)"));
 
@@ -314,7 +314,7 @@ static void test_no_space_causes(void **state) {
                 tier_tensor_close(t[i]);        /* the tensor stays, held by job 'a' */
         }
         tier_client_free(a);
-        assert_int_equal(tier_pin(t[3], TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t[3], TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(t[3], TIER_HOST, 0), 0);
         assert_int_equal(tier_unpin(u, TIER_HOST, 0), 0);
         a = connect_job("a");
@@ -337,7 +337,7 @@ static void test_write_only_pin(void **state) {
         tier_tensor *t;
         struct tier_grant g;
         long long before;
-        uint64_t moved[TIER_LINKS], moved2[TIER_LINKS];
+        uint64_t moved[TIER_LINK_SLOTS], moved2[TIER_LINK_SLOTS];
         json_t *st;
 
         start(SMALL_CONFIG);
@@ -352,7 +352,7 @@ static void test_write_only_pin(void **state) {
         /* overwritten whole: nothing is read from NVMe (tierd's counters, and the job's own) */
         assert_int_equal(tier_client_moved(c, moved), 0);
         assert_int_equal(moved[TIER_LINK_HOST_TO_NVME], 8 * MiB);
-        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
         memset(g.ptr, 0x77, 8 * MiB);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);      /* dirty all the same: it was write-only */
         st = test_daemon_status(&daemon_);
@@ -366,7 +366,7 @@ static void test_write_only_pin(void **state) {
 
         /* what was written is what the tensor holds, on NVMe and back */
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < 8 * MiB; i++)
                 if (((uint8_t *) g.ptr)[i] != 0x77)
                         fail_msg("byte %" PRIu64 " is 0x%02x", i, ((uint8_t *) g.ptr)[i]);
@@ -376,7 +376,7 @@ static void test_write_only_pin(void **state) {
         json_decref(st);
 
         /* a mode that is none of read and write is refused */
-        assert_int_equal(tier_pin_mode(t, TIER_HOST, 0, &g), -EINVAL);
+        assert_int_equal(tier_pin(t, TIER_HOST, 0, &g), -EINVAL);
         assert_int_equal(tier_tensor_destroy(t), 0);
         tier_client_free(c);
 }
@@ -416,14 +416,14 @@ static void test_full_below(void **state) {
          * job's whole limit: the pin fails and says why (it used to write b
          * down over and over, never returning to the event loop).
          */
-        assert_int_equal(tier_pin_mode(d, TIER_HOST, TIER_WRITE, &g), -ENOSPC);
+        assert_int_equal(tier_pin(d, TIER_HOST, TIER_WRITE, &g), -ENOSPC);
         assert_non_null(strstr(tier_client_last_error(c), "cannot be written down to nvme"));
         assert_non_null(strstr(tier_client_last_error(c), "nvme limit"));
-        assert_int_equal(tier_pin_mode(d, TIER_HOST, TIER_WRITE, &g), -ENOSPC);   /* still, and at once */
+        assert_int_equal(tier_pin(d, TIER_HOST, TIER_WRITE, &g), -ENOSPC);   /* still, and at once */
 
         /* room below again (a is gone): b goes down, d fits */
         assert_int_equal(tier_tensor_destroy(a), 0);
-        assert_int_equal(tier_pin_mode(d, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(d, TIER_HOST, TIER_WRITE, &g), 0);
         assert_int_equal(tier_unpin(d, TIER_HOST, 1), 0);
         assert_int_equal(tier_tensor_stat(b, &st), 0);
         assert_int_equal(st.state[TIER_HOST], 0);
@@ -518,7 +518,7 @@ static void test_churn(void **state) {
 
                         snprintf(name, sizeof(name), "c%" PRIu64, id);
                         t = create(c, name, size);
-                        r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+                        r = tier_pin(t, TIER_HOST, TIER_WRITE, &g);
                         if (r < 0) {
                                 refused++;
                                 fragmented += strstr(tier_client_last_error(c), "fragmented") != NULL;
@@ -545,7 +545,7 @@ static void test_churn(void **state) {
                         unsigned i = (unsigned) (rng() % n_live);
                         uint64_t size = tier_tensor_size(live[i].t);
                         struct tier_grant g;
-                        int r = tier_pin(live[i].t, TIER_HOST, &g);
+                        int r = tier_pin(live[i].t, TIER_HOST, TIER_READ_WRITE, &g);
 
                         if (r < 0) {
                                 refused++;

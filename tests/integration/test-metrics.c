@@ -165,7 +165,7 @@ static bool prom_parses(const char *text, size_t len) {
 static void fill(tier_tensor *t, uint8_t byte) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, byte, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
 }
@@ -188,7 +188,7 @@ static void test_prometheus(void **state) {
         const char *na;
         int status;
 
-        assert_int_equal(tier_client_new(&c, d.socket, JOB, 0), 0);
+        assert_int_equal(tier_client_new(d.socket, JOB, 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "a", MiB, &a), 0);
         assert_int_equal(tier_tensor_create(c, "b", MiB, &b), 0);
         fill(a, 0x11);
@@ -211,8 +211,8 @@ static void test_prometheus(void **state) {
         assert_int_equal(tier_plan_add(plan, 1, b, TIER_HOST, TIER_READ), 0);
         assert_int_equal(tier_plan_submit(plan), 0);
         for (int i = 0; i < 4; i++) {
-                assert_int_equal(tier_phase(c, 0), 0);
-                assert_int_equal(tier_phase(c, 1), 0);
+                assert_int_equal(tier_phase_enter(c, 0), 0);
+                assert_int_equal(tier_phase_enter(c, 1), 0);
         }
 
         text = tierctl("status --prometheus", &status);
@@ -410,7 +410,7 @@ static void test_wear_restart(void **state) {
         char path[600], *text;
         int status;
 
-        assert_int_equal(tier_client_new(&c, d.socket, "wearjob", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "wearjob", 0, &c), 0);
         write_down(c, "w0");
         write_down(c, "w1");
         job_total = job_field("wearjob", "wear_written");
@@ -426,7 +426,7 @@ static void test_wear_restart(void **state) {
         assert_int_equal(target_field("wear_written"), target_total);
 
         /* the job name's past comes back with the name */
-        assert_int_equal(tier_client_new(&c, d.socket, "wearjob", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "wearjob", 0, &c), 0);
         assert_int_equal(job_field("wearjob", "nvme_written"), 0);
         assert_int_equal(job_field("wearjob", "wear_written"), job_total);
         write_down(c, "w2");

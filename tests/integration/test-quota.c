@@ -84,7 +84,7 @@ static bool is_root(const char *what) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, daemon_.socket, job, 0);
+        int r = tier_client_new(daemon_.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(c));
@@ -151,12 +151,12 @@ static void assert_contains(const char *haystack, const char *needle) {
 
 static void test_uid_default_applies(void **state) {
         tier_client *c = connect_job("fresh");
-        struct tier_quota2 q;
+        struct tier_quota q;
         char uid_from[64], gid_from[64];
 
         (void) snprintf(uid_from, sizeof(uid_from), "uid %u (tierd.conf)", (unsigned) getuid());
         (void) snprintf(gid_from, sizeof(gid_from), "group %u (tierd.conf)", (unsigned) getgid());
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_true(q.running);
         assert_int_equal(q.max[TIER_HOST], 24 * MiB);           /* uid over group's 30M */
         assert_string_equal(q.max_from[TIER_HOST], uid_from);
@@ -231,7 +231,7 @@ static void test_live_change(void **state) {
         /* one host segment each (4M): one piece, one mapping */
         assert_int_equal(tier_tensor_create(c, "a", 4 * MiB, &a), 0);
         assert_int_equal(tier_tensor_create(c, "b", 4 * MiB, &b), 0);
-        assert_int_equal(tier_pin(a, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(a, TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(a, TIER_HOST, 1), 0);
 
         /* below what it uses: accepted, with a warning in the reply and the log */
@@ -239,10 +239,10 @@ static void test_live_change(void **state) {
         assert_contains(err, "warning: job 'live' uses 4.0 MiB of host, above its new max of 2.0 MiB");
         assert_true(test_daemon_log_contains(&daemon_, "Quota of job 'live' set with a warning"));
         /* a pin now fails: over the job's limit */
-        assert_int_equal(tier_pin(b, TIER_HOST, &g), -EDQUOT);
+        assert_int_equal(tier_pin(b, TIER_HOST, TIER_READ_WRITE, &g), -EDQUOT);
         /* raised again: the same pin succeeds */
         assert_int_equal(tierctl(NULL, NULL, "quota set live --host 24M"), 0);
-        assert_int_equal(tier_pin(b, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(b, TIER_HOST, TIER_READ_WRITE, &g), 0);
         assert_int_equal(tier_unpin(b, TIER_HOST, 0), 0);
         tier_tensor_close(a);
         tier_tensor_close(b);
@@ -253,7 +253,7 @@ static void test_live_change(void **state) {
 
 static void test_refused(void **state) {
         _cleanup_free_ char *err = NULL;
-        struct tier_quota2 q = {}, now;
+        struct tier_quota q = {}, now;
         tier_client *c;
 
         if (!is_root("test_refused"))
@@ -280,10 +280,10 @@ static void test_refused(void **state) {
         /* the daemon checks as well, whatever the client */
         c = connect_job("");
         q.weight = 1001;
-        assert_int_equal(tier_quota_set2(c, TIER_QUOTA_JOB, 0, "jobA", &q, &now), -EINVAL);
+        assert_int_equal(tier_quota_set(c, TIER_QUOTA_JOB, 0, "jobA", &q, &now), -EINVAL);
         assert_contains(tier_client_last_error(c), "weight 1001 out of range (1..1000)");
         q.weight = 0;
-        assert_int_equal(tier_quota_set2(c, TIER_QUOTA_DEFAULT, 0, NULL, &q, &now), -EINVAL);
+        assert_int_equal(tier_quota_set(c, TIER_QUOTA_DEFAULT, 0, NULL, &q, &now), -EINVAL);
         assert_true(test_daemon_log_contains(&daemon_, "Quota of job 'jobB' not set"));
         tier_client_free(c);
 }
@@ -302,7 +302,7 @@ static void test_admission(void **state) {
                 (void) snprintf(name, sizeof(name), "adm%d", i);
                 c[i] = connect_job(name);       /* 3 x 20M + 4M = 64M: fits */
         }
-        assert_int_equal(tier_client_new(&x, daemon_.socket, "adm3", 0), -ENOSPC);
+        assert_int_equal(tier_client_new(daemon_.socket, "adm3", 0, &x), -ENOSPC);
         assert_contains(tier_client_last_error(x), "cannot create job 'adm3': host guarantees would add up to "
                                                    "84.0 MiB of 64.0 MiB capacity");
         tier_client_free(x);
@@ -323,7 +323,7 @@ static void restart(void) {
 static void test_restart(void **state) {
         char path[400];
         tier_client *c;
-        struct tier_quota2 q;
+        struct tier_quota q;
         FILE *f;
 
         if (!is_root("test_restart"))
@@ -333,12 +333,12 @@ static void test_restart(void **state) {
         restart();
         assert_true(test_daemon_log_contains(&daemon_, "Loaded 2 quota(s) set at run time"));
         c = connect_job("later");
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 6 * MiB);
         assert_int_equal(q.min[TIER_HOST], 2 * MiB);
         assert_int_equal(q.weight, 9);
         assert_string_equal(q.min_from[TIER_HOST], "job 'later'");
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_UID, 4242, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_UID, 4242, NULL, &q), 0);
         assert_int_equal(q.max[TIER_VRAM], 4 * MiB);
         tier_client_free(c);
 
@@ -365,7 +365,7 @@ static void test_restart(void **state) {
         {
                 tier_client *g = NULL;
 
-                assert_int_equal(tier_client_new(&g, daemon_.socket, "greedy", 0), -ENOSPC);
+                assert_int_equal(tier_client_new(daemon_.socket, "greedy", 0, &g), -ENOSPC);
                 assert_non_null(strstr(tier_client_last_error(g), "guarantees would add up to"));
                 assert_non_null(strstr(tier_client_last_error(g), "tierctl quota set"));
                 tier_client_free(g);
@@ -381,15 +381,15 @@ static void test_restart(void **state) {
 static void test_reload(void **state) {
         char body[2300];
         tier_client *c = connect_job("reloaded");
-        struct tier_quota2 q;
+        struct tier_quota q;
 
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 24 * MiB);
         (void) snprintf(body, sizeof(body), "[quota]\njob = reloaded\nhost = 12M\nweight = 5\n");
         assert_int_equal(test_daemon_write_config(&daemon_, "50-quota.conf", body), 0);
         assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
         assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 12 * MiB);
         assert_int_equal(q.weight, 5);
         assert_string_equal(q.max_from[TIER_HOST], "job 'reloaded' (tierd.conf)");
@@ -401,7 +401,7 @@ static void test_reload(void **state) {
         assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
         assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
         assert_true(test_daemon_log_contains(&daemon_, "Invalid configuration, keeping the running one"));
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 12 * MiB);
 
         /* a FIFO as a drop-in (nobody writes it): the reload is refused, not hung; tierd answers */
@@ -415,7 +415,7 @@ static void test_reload(void **state) {
                 assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
                 assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
                 assert_true(test_daemon_log_contains(&daemon_, "60-fifo.conf: not a regular file"));
-                assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+                assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
                 assert_int_equal(q.max[TIER_HOST], 12 * MiB);
                 assert_int_equal(unlink(fifo), 0);
         }
@@ -426,7 +426,7 @@ static void test_reload(void **state) {
 
 static void test_linger_rerun(void **state) {
         tier_client *c = connect_job("rerun");
-        struct tier_quota2 q;
+        struct tier_quota q;
         tier_tensor *t;
 
         if (geteuid() != 0) {
@@ -441,7 +441,7 @@ static void test_linger_rerun(void **state) {
         assert_int_equal(tierctl(NULL, NULL, "quota set rerun --host 16M"), 0);
         c = connect_job("rerun");
         assert_true(test_daemon_log_contains(&daemon_, "Job 'rerun' resumed: 1 tensor(s) kept from its previous run"));
-        assert_int_equal(tier_quota_get2(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
+        assert_int_equal(tier_quota_get(c, TIER_QUOTA_JOB, 0, NULL, &q), 0);
         assert_int_equal(q.max[TIER_HOST], 16 * MiB);
         assert_string_equal(q.max_from[TIER_HOST], "job 'rerun'");
         tier_client_free(c);
@@ -456,13 +456,13 @@ static void test_non_admin(void **state) {
 
         if (geteuid() != 0) {
                 /* we are the non-admin: setting is refused, reading our own works */
-                struct tier_quota2 q = { .weight = 2 }, now;
+                struct tier_quota q = { .weight = 2 }, now;
 
                 a = connect_job("mine");
-                assert_int_equal(tier_quota_set2(a, TIER_QUOTA_JOB, 0, "mine", &q, &now), -EPERM);
+                assert_int_equal(tier_quota_set(a, TIER_QUOTA_JOB, 0, "mine", &q, &now), -EPERM);
                 assert_contains(tier_client_last_error(a), "may not set the quota of job 'mine'");
-                assert_int_equal(tier_quota_get2(a, TIER_QUOTA_UID, (uint32_t) getuid(), NULL, &now), 0);
-                assert_int_equal(tier_quota_get2(a, TIER_QUOTA_UID, 0, NULL, &now), -EPERM);
+                assert_int_equal(tier_quota_get(a, TIER_QUOTA_UID, (uint32_t) getuid(), NULL, &now), 0);
+                assert_int_equal(tier_quota_get(a, TIER_QUOTA_UID, 0, NULL, &now), -EPERM);
                 tier_client_free(a);
                 return;
         }
@@ -473,26 +473,26 @@ static void test_non_admin(void **state) {
         pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
-                struct tier_quota2 q = { .weight = 2 }, now;
+                struct tier_quota q = { .weight = 2 }, now;
                 tier_client *x = NULL;
 
                 if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
                         _exit(3);
-                if (tier_client_new(&x, daemon_.socket, "", 0) < 0)
+                if (tier_client_new(daemon_.socket, "", 0, &x) < 0)
                         _exit(4);
-                if (tier_quota_set2(x, TIER_QUOTA_JOB, 0, "roots", &q, &now) != -EPERM ||
+                if (tier_quota_set(x, TIER_QUOTA_JOB, 0, "roots", &q, &now) != -EPERM ||
                     !strstr(tier_client_last_error(x), "uid 65534 (pid "))
                         _exit(5);
-                if (tier_quota_set2(x, TIER_QUOTA_UID, 65534, NULL, &q, &now) != -EPERM)
+                if (tier_quota_set(x, TIER_QUOTA_UID, 65534, NULL, &q, &now) != -EPERM)
                         _exit(6);
-                if (tier_quota_get2(x, TIER_QUOTA_JOB, 0, "roots", &now) != -EPERM ||
+                if (tier_quota_get(x, TIER_QUOTA_JOB, 0, "roots", &now) != -EPERM ||
                     !strstr(tier_client_last_error(x), "read the quota of job 'roots'"))
                         _exit(7);
-                if (tier_quota_get2(x, TIER_QUOTA_UID, 0, NULL, &now) != -EPERM)
+                if (tier_quota_get(x, TIER_QUOTA_UID, 0, NULL, &now) != -EPERM)
                         _exit(8);
-                if (tier_quota_get2(x, TIER_QUOTA_UID, 65534, NULL, &now) != 0)
+                if (tier_quota_get(x, TIER_QUOTA_UID, 65534, NULL, &now) != 0)
                         _exit(9);
-                if (tier_quota_get2(x, TIER_QUOTA_DEFAULT, 0, NULL, &now) != 0)
+                if (tier_quota_get(x, TIER_QUOTA_DEFAULT, 0, NULL, &now) != 0)
                         _exit(10);
                 tier_client_free(x);
                 _exit(0);
@@ -524,7 +524,7 @@ static int hog(int out, int in) {
                 char name[16];
 
                 (void) snprintf(name, sizeof(name), "hog-%u", i);
-                if (tier_client_new(&c[i], daemon_.socket, name, 0) < 0)
+                if (tier_client_new(daemon_.socket, name, 0, &c[i]) < 0)
                         return 4;
                 for (unsigned k = 0;; k++) {
                         struct tier_grant g;
@@ -534,7 +534,7 @@ static int hog(int out, int in) {
                         if (n_held == ELEMENTSOF(handles) || tier_tensor_create(c[i], name, 4 * MiB, &t) < 0)
                                 return 5;
                         handles[n_held++] = t;
-                        last = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+                        last = tier_pin(t, TIER_HOST, TIER_WRITE, &g);
                         if (last < 0) {
                                 (void) snprintf(msg, sizeof(msg), "%s", tier_client_last_error(c[i]));
                                 break;
@@ -547,7 +547,7 @@ static int hog(int out, int in) {
                 tier_client_free(c[i]);
                 c[i] = NULL;
         }
-        if (tier_client_new(&c[8], daemon_.socket, "hog-8", 0) < 0)
+        if (tier_client_new(daemon_.socket, "hog-8", 0, &c[8]) < 0)
                 return 6;
         {
                 struct tier_grant g;
@@ -556,7 +556,7 @@ static int hog(int out, int in) {
                 if (n_held == ELEMENTSOF(handles) || tier_tensor_create(c[8], "t", 4 * MiB, &t) < 0)
                         return 7;
                 handles[n_held++] = t;
-                r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+                r = tier_pin(t, TIER_HOST, TIER_WRITE, &g);
         }
         if (dprintf(out, "%" PRIu64 " %d %d %s\n", held, last, r, msg) < 0)
                 return 8;
@@ -616,7 +616,7 @@ static void test_uid_total(void **state) {
 
                 (void) snprintf(name, sizeof(name), "r%u", k);
                 assert_int_equal(tier_tensor_create(root, name, 4 * MiB, &t), 0);
-                assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+                assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
                 tier_tensor_close(t);
         }
         tier_client_free(root);
@@ -648,21 +648,21 @@ static void test_total_set(void **state) {
                 (void) snprintf(name, sizeof(name), "c%u", k);
                 assert_int_equal(tier_tensor_create(c, name, 4 * MiB, &t[k]), 0);
         }
-        assert_int_equal(tier_pin_mode(t[0], TIER_HOST, TIER_WRITE, &g), 0);
-        assert_int_equal(tier_pin_mode(t[1], TIER_HOST, TIER_WRITE, &g), 0);
-        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_WRITE, &g), -EDQUOT);
+        assert_int_equal(tier_pin(t[0], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t[1], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t[2], TIER_HOST, TIER_WRITE, &g), -EDQUOT);
         assert_non_null(strstr(tier_client_last_error(c), "uid 0 is at its host total: its 1 job(s) use 8.0 MiB of "
                                                           "8.0 MiB (host_total of its [quota])"));
         /* an unpinned copy of its own makes way (it goes to NVMe) */
         assert_int_equal(tier_unpin(t[0], TIER_HOST, 1), 0);
-        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t[2], TIER_HOST, TIER_WRITE, &g), 0);
         assert_int_equal(tier_unpin(t[2], TIER_HOST, 1), 0);
         /* lifted: all three fit */
         assert_int_equal(tierctl(&out, NULL, "quota set --uid 0 --host-total 0 --json"), 0);
         assert_non_null(strstr(out, "\"host\":{\"total\":0,"));
         free(out);
-        assert_int_equal(tier_pin_mode(t[0], TIER_HOST, TIER_READ, &g), 0);
-        assert_int_equal(tier_pin_mode(t[2], TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_pin(t[0], TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_pin(t[2], TIER_HOST, TIER_READ, &g), 0);
         /* and refused where it means nothing */
         assert_int_equal(tierctl(NULL, NULL, "quota set capped --host-total 4M"), 2);
         for (unsigned k = 0; k < 3; k++)

@@ -124,7 +124,7 @@ static void stop_and_restart(Turns *t) {
 static tier_client *connect_job(const char *job, int reconnect_ms) {
         tier_client *c = NULL;
 
-        assert_int_equal(tier_client_new(&c, d.socket, job, 0), 0);
+        assert_int_equal(tier_client_new(d.socket, job, 0, &c), 0);
         if (reconnect_ms)
                 assert_int_equal(tier_client_set_reconnect(c, reconnect_ms), 0);
         return c;
@@ -141,7 +141,7 @@ static bool all(const uint8_t *p, size_t n, uint8_t v) {
 static void expect_bytes(tier_tensor *t, uint8_t v) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ, &g), 0);
         assert_true(all(g.ptr, g.length, v));
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
 }
@@ -155,7 +155,7 @@ static void phase_client(Turns *t) {
         struct tier_grant g;
         int r;
 
-        CHECK(tier_client_new(&c, d.socket, "phase", 0) == 0);
+        CHECK(tier_client_new(d.socket, "phase", 0, &c) == 0);
         CHECK(tier_client_set_reconnect(c, RECONNECT_MS) == 0);
         CHECK(tier_tensor_create(c, "a", MiB, &a) == 0);
         for (int round = 0; round < 2; round++) {
@@ -166,21 +166,21 @@ static void phase_client(Turns *t) {
                 CHECK(tier_plan_submit(p) == 0);
                 if (round == 1)
                         break;
-                CHECK(tier_phase(c, 0) == 0);
+                CHECK(tier_phase_enter(c, 0) == 0);
                 CHECK(tier_phase_grant(c, a, TIER_HOST, &g) == 0);
                 memset(g.ptr, 0x11, g.length / 2);
                 turn_give(t->to_parent[1]);
                 turn_take(t->to_child[0]);
                 /* tierd is stopping, and waits for this phase: its memory is still tierd's */
                 memset((uint8_t *) g.ptr + g.length / 2, 0x11, g.length - g.length / 2);
-                r = tier_phase(c, 1);
-                printf("client: tier_phase() after the stop: %s\n", tier_client_last_error(c));
+                r = tier_phase_enter(c, 1);
+                printf("client: tier_phase_enter() after the stop: %s\n", tier_client_last_error(c));
                 CHECK(r == -ERESTART);
                 CHECK(tier_client_restarts(c) == 1);
                 /* the plan went with the old tierd: phases fail until it is submitted again */
-                CHECK(tier_phase(c, 1) == -EINVAL);
+                CHECK(tier_phase_enter(c, 1) == -EINVAL);
         }
-        CHECK(tier_phase(c, 1) == 0);
+        CHECK(tier_phase_enter(c, 1) == 0);
         CHECK(tier_phase_grant(c, a, TIER_HOST, &g) == 0);
         CHECK(all(g.ptr, g.length, 0x11));
         CHECK(tier_plan_end(c) == 0);
@@ -190,7 +190,7 @@ static void phase_client(Turns *t) {
 
 /*
  * In a phase that writes A, tierd is told to stop; half of A is written
- * after that.  tierd waits: the client leaves at its next tier_phase(), and
+ * after that.  tierd waits: the client leaves at its next tier_phase_enter(), and
  * what it wrote is on NVMe for the next tierd.
  */
 static void test_stop_in_a_phase(void **state) {
@@ -206,10 +206,10 @@ static void pin_client(Turns *t) {
         struct tier_stat st;
         struct tier_grant g;
 
-        CHECK(tier_client_new(&c, d.socket, "pin", 0) == 0);
+        CHECK(tier_client_new(d.socket, "pin", 0, &c) == 0);
         CHECK(tier_client_set_reconnect(c, RECONNECT_MS) == 0);
         CHECK(tier_tensor_create(c, "a", MiB, &a) == 0);
-        CHECK(tier_pin(a, TIER_HOST, &g) == 0);
+        CHECK(tier_pin(a, TIER_HOST, TIER_READ_WRITE, &g) == 0);
         memset(g.ptr, 0x22, g.length / 2);
         turn_give(t->to_parent[1]);
         turn_take(t->to_child[0]);
@@ -218,7 +218,7 @@ static void pin_client(Turns *t) {
         /* tierd closed the connection once the pin went; this call waits for the next tierd */
         CHECK(tier_tensor_stat(a, &st) == -ERESTART);
         CHECK(tier_tensor_stat(a, &st) == 0);
-        CHECK(tier_pin_mode(a, TIER_HOST, TIER_READ, &g) == 0);
+        CHECK(tier_pin(a, TIER_HOST, TIER_READ, &g) == 0);
         CHECK(all(g.ptr, g.length, 0x22));
         CHECK(tier_unpin(a, TIER_HOST, 0) == 0);
         CHECK(tier_tensor_destroy(a) == 0);
@@ -248,7 +248,7 @@ static void test_stop_without_reconnecting(void **state) {
         int status;
 
         assert_int_equal(tier_tensor_create(c, "a", MiB, &a), 0);
-        assert_int_equal(tier_pin(a, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(a, TIER_HOST, TIER_READ_WRITE, &g), 0);
         stop_begins();
         memset(g.ptr, 0x33, g.length);
         /*
@@ -309,7 +309,7 @@ static void test_timeout_and_stale(void **state) {
         tier_tensor_close(a);
         tier_client_free(c);
 
-        assert_int_equal(tier_client_new(&ctl, d.socket, NULL, 0), 0);
+        assert_int_equal(tier_client_new(d.socket, NULL, 0, &ctl), 0);
         assert_int_equal(tier_client_set_reconnect(ctl, 1000), -EINVAL);
         assert_int_equal(tier_client_set_reconnect(NULL, 1000), -EINVAL);
         tier_client_free(ctl);

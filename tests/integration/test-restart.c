@@ -66,7 +66,7 @@ static int write_host(tier_tensor *t, uint8_t v, bool *ret_unpin_sent) {
         int r;
 
         *ret_unpin_sent = false;
-        r = tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g);
+        r = tier_pin(t, TIER_HOST, TIER_WRITE, &g);
         if (r < 0)
                 return r;
         memset(g.ptr, v, tier_tensor_size(t));
@@ -92,7 +92,7 @@ static bool workload(Known k[N_TENSORS]) {
 
         int r;
 
-        r = tier_client_new(&c, d.socket, "r", 0);
+        r = tier_client_new(d.socket, "r", 0, &c);
         if (r < 0)
                 return failed(NULL, "tier_client_new", r);
         for (unsigned i = 0; i < N_TENSORS; i++) {
@@ -112,7 +112,7 @@ static bool workload(Known k[N_TENSORS]) {
 
                         r = write_host(t[i], v, &sent);
                         if (r < 0) {
-                                failed(c, sent ? "tier_unpin" : "tier_pin_mode", r);
+                                failed(c, sent ? "tier_unpin" : "tier_pin", r);
                                 if (sent)
                                         k[i].maybe_newer = v;
                                 goto out;
@@ -151,7 +151,7 @@ static bool all(tier_tensor *t, const uint8_t *p, uint8_t v) {
 static void check(const Known k[N_TENSORS], const char *what) {
         tier_client *c = NULL;
 
-        assert_int_equal(tier_client_new(&c, d.socket, "r", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "r", 0, &c), 0);
         for (unsigned i = 0; i < N_TENSORS; i++) {
                 const Known *x = &k[i];
                 char name[16];
@@ -178,7 +178,7 @@ static void check(const Known k[N_TENSORS], const char *what) {
                         continue;
                 }
                 assert_int_equal(r, 0);
-                r = tier_pin_mode(t, TIER_HOST, TIER_READ, &g);
+                r = tier_pin(t, TIER_HOST, TIER_READ, &g);
                 if (r == -ENODATA) {
                         if (!may_lost)
                                 fail_msg("%s: %s reported lost, but its newest (0x%02x) was on NVMe", what, name,
@@ -203,7 +203,7 @@ static void check(const Known k[N_TENSORS], const char *what) {
 static void forget_job(void) {
         tier_client *c = NULL;
 
-        assert_int_equal(tier_client_new(&c, d.socket, "r", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "r", 0, &c), 0);
         for (unsigned i = 0; i < N_TENSORS; i++) {
                 char name[16];
                 tier_tensor *t = NULL;
@@ -327,10 +327,10 @@ static void test_kill_with_fd_store(void **state) {
         assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-vram-", vram_segs, 10000), 0);
 
         assert_true(workload(k));
-        assert_int_equal(tier_client_new(&w, d.socket, "w", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "w", 0, &w), 0);
         assert_int_equal(tier_client_set_reconnect(w, 30000), 0);
         assert_int_equal(tier_tensor_create(w, "w", MiB, &wt), 0);
-        assert_int_equal(tier_pin(wt, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(wt, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 0x77, g.length / 2);
 
         /* whatever the store was sent is in (a segment renewed meanwhile is sent again) */
@@ -345,7 +345,7 @@ static void test_kill_with_fd_store(void **state) {
         check(k, "after SIGKILL, with the fd store");
 
         assert_int_equal(tier_tensor_stat(wt, &st), -ERESTART);
-        assert_int_equal(tier_pin_mode(wt, TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_pin(wt, TIER_HOST, TIER_READ, &g), 0);
         assert_true(all(wt, g.ptr, 0x77));
         assert_int_equal(tier_unpin(wt, TIER_HOST, 0), 0);
         assert_int_equal(tier_tensor_destroy(wt), 0);

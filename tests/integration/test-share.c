@@ -68,7 +68,7 @@ static double now_s(void) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, daemon_.socket, job, 0);
+        int r = tier_client_new(daemon_.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect %s: %s (%s)\n", job, tier_strerror(r), tier_client_last_error(c));
@@ -82,7 +82,7 @@ static uint8_t pattern(unsigned job, unsigned idx, uint64_t off) {
 
 static void fill(tier_client *c, tier_tensor *t, unsigned job, unsigned idx) {
         struct tier_grant g;
-        int r = tier_pin(t, TIER_HOST, &g);
+        int r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
 
         if (r < 0)
                 fprintf(stderr, "pin tensor %u of job %u: %s (%s)\n", idx, job, tier_strerror(r),
@@ -95,7 +95,7 @@ static void fill(tier_client *c, tier_tensor *t, unsigned job, unsigned idx) {
 
 static void verify(tier_client *c, tier_tensor *t, unsigned job, unsigned idx) {
         struct tier_grant g;
-        int r = tier_pin(t, TIER_HOST, &g);
+        int r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
 
         if (r < 0)
                 fprintf(stderr, "pin tensor %u of job %u: %s (%s)\n", idx, job, tier_strerror(r),
@@ -235,7 +235,7 @@ static void test_lingering_job_yields(void **state) {
         for (unsigned ph = 0; ph < 5; ph++) {
                 struct tier_grant g;
 
-                assert_int_equal(tier_phase(n, ph), 0);
+                assert_int_equal(tier_phase_enter(n, ph), 0);
                 for (unsigned i = N_TENSORS / 2 + ph * 5; i < N_TENSORS / 2 + ph * 5 + 5; i++) {
                         assert_int_equal(tier_phase_grant(n, tn[i], TIER_HOST, &g), 0);
                         for (uint64_t o = 0; o < g.length; o += 512)
@@ -282,7 +282,7 @@ static void test_lingering_job_yields(void **state) {
 static void test_live_jobs_share(void **state) {
         tier_client *a, *b;
         tier_tensor *ta[N_TENSORS], *tb[N_TENSORS];
-        uint64_t moved[TIER_LINKS] = {}, moved2[TIER_LINKS] = {};
+        uint64_t moved[TIER_LINK_SLOTS] = {}, moved2[TIER_LINK_SLOTS] = {};
         double wb_s = writeback_yardstick(), t0, b_s;
 
         a = connect_job("grows");

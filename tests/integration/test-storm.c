@@ -208,7 +208,7 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
         int r;
 
         snprintf(job, sizeof(job), "storm%u", index % STORM_JOBS);
-        r = tier_client_new(&cl, daemon_.socket, job, index);
+        r = tier_client_new(daemon_.socket, job, index, &cl);
         if (r < 0 && exit_on_shutdown && atomic_load(&slot->rounds) == 0 && r == -ECONNREFUSED)
                 _exit(0);
         if (r < 0) {
@@ -234,7 +234,7 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
                 for (unsigned i = 0; i < STORM_TENSORS; i++) {
                         if (!t[i])
                                 continue;
-                        r = tier_pin(t[i], i == 0 ? TIER_VRAM : TIER_HOST, &g);
+                        r = tier_pin(t[i], i == 0 ? TIER_VRAM : TIER_HOST, TIER_READ_WRITE, &g);
                         CHILD_CHECK(r, 20);
                         if (r < 0)
                                 continue;
@@ -252,7 +252,7 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
                 /* the last stays in flight into the next phase */
                 for (unsigned i = 0; i + 1 < STORM_TENSORS; i++)
                         if (f[i])
-                                CHILD_CHECK(tier_wait(cl, f[i], 10000), 31);
+                                CHILD_CHECK(tier_fence_wait(cl, f[i], 10000), 31);
 
                 atomic_store(&slot->phase, PHASE_EVICT);
                 for (unsigned i = 0; i < STORM_TENSORS; i++) {
@@ -261,7 +261,7 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
                         if (i % 2)
                                 CHILD_CHECK(tier_evict(t[i], TIER_NVME), 40);
                         else if (tier_evict_async(t[i], TIER_NVME, &f[i]) >= 0 && i == 0)
-                                CHILD_CHECK(tier_wait(cl, f[i], 10000), 41);
+                                CHILD_CHECK(tier_fence_wait(cl, f[i], 10000), 41);
                 }
 
                 atomic_store(&slot->phase, PHASE_PLAN);
@@ -276,7 +276,7 @@ static _Noreturn void storm_child(Slot *slot, unsigned index) {
                                 for (unsigned k = 0; k < 4; k++) {
                                         unsigned i = k % 2;
 
-                                        r = tier_phase(cl, i);
+                                        r = tier_phase_enter(cl, i);
                                         CHILD_CHECK(r, 53);
                                         /* the bytes the pin phase wrote are still there */
                                         if (r == 0 && tier_phase_grant(cl, t[i], i == 0 ? TIER_VRAM : TIER_HOST,
@@ -400,7 +400,7 @@ static void keeper_store(tier_client *c) {
         for (unsigned i = 0; i < KEEPER_TENSORS; i++) {
                 snprintf(name, sizeof(name), "k%u", i);
                 assert_int_equal(tier_tensor_create(c, name, KEEPER_SIZE, &keeper_t[i]), 0);
-                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
                 for (uint64_t o = 0; o < g.length; o++)
                         ((uint8_t *) g.ptr)[o] = pattern(i, o);
                 assert_int_equal(tier_unpin(keeper_t[i], TIER_HOST, 1), 0);
@@ -416,7 +416,7 @@ static void keeper_verify(void) {
         struct tier_grant g;
 
         for (unsigned i = 0; i < KEEPER_TENSORS; i++) {
-                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(keeper_t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
                 for (uint64_t o = 0; o < g.length; o++)
                         if (((uint8_t *) g.ptr)[o] != pattern(i, o)) {
                                 fprintf(stderr, "keeper tensor %u byte %" PRIu64 ": %u, not %u\n", i, o,
@@ -459,7 +459,7 @@ static void test_kill_storm(void **state) {
         assert_true(slots != MAP_FAILED);
         memset(slots, 0, sizeof(Slot) * STORM_PARALLEL);
 
-        assert_int_equal(tier_client_new(&keeper, daemon_.socket, "keeper", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "keeper", 0, &keeper), 0);
         keeper_store(keeper);
 
         /* warm up: one child of each kind runs a full round and is killed, so that what tierd
@@ -588,13 +588,13 @@ static void test_daemon_death(void **state) {
         TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
         int r, k;
 
-        assert_int_equal(tier_client_new(&busy, daemon_.socket, "mortal", 0), 0);
-        assert_int_equal(tier_client_new(&idle, daemon_.socket, "mortal", 1), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "mortal", 0, &busy), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "mortal", 1, &idle), 0);
         for (unsigned i = 0; i < 4; i++) {
                 snprintf(name, sizeof(name), "m%u", i);
                 assert_int_equal(tier_tensor_create(busy, name, 2 * MiB, &t[i]), 0);
         }
-        assert_int_equal(tier_pin(t[0], TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t[0], TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 0x5a, g.length);
         for (unsigned i = 1; i < 4; i++)
                 assert_int_equal(tier_evict(t[i], TIER_NVME), 0);
@@ -608,10 +608,10 @@ static void test_daemon_death(void **state) {
         /* the mapping of a pinned copy stays readable: nothing is unmapped under the program */
         for (uint64_t o2 = 0; o2 < g.length; o2 += 4096)
                 assert_int_equal(((uint8_t *) g.ptr)[o2], 0x5a);
-        r = tier_wait(busy, f, -1);
+        r = tier_fence_wait(busy, f, -1);
         /* done before the kill (0) or failed; never a hang */
         assert_true(r == 0 || r == -ECONNRESET || r == -EPIPE || r == -ESHUTDOWN);
-        r = tier_pin(t[1], TIER_HOST, &g2);
+        r = tier_pin(t[1], TIER_HOST, TIER_READ_WRITE, &g2);
         fprintf(stderr, "after tierd's death: pin: %s (%s)\n", tier_strerror(r), tier_client_last_error(busy));
         assert_true(r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN);
         r = tier_unpin(t[0], TIER_HOST, 1);
@@ -622,9 +622,9 @@ static void test_daemon_death(void **state) {
         assert_true(r == -ECONNRESET || r == -EPIPE || r == -ENOTCONN);
         r = tier_client_process(idle);
         assert_true(r < 0);
-        r = tier_status(idle, TIER_STATUS_JSON, &(char *) { NULL });
+        r = tier_client_status(idle, TIER_STATUS_JSON, &(char *) { NULL });
         assert_true(r < 0);
-        r = tier_client_new(&again, daemon_.socket, "mortal", 0);
+        r = tier_client_new(daemon_.socket, "mortal", 0, &again);
         fprintf(stderr, "after tierd's death: connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
         assert_true(r < 0);
         alarm(0);
@@ -635,15 +635,15 @@ static void test_daemon_death(void **state) {
         tier_client_free(busy);
         tier_client_free(idle);
         assert_int_equal(test_daemon_spawn(&daemon_, &o), 0);
-        assert_int_equal(tier_client_new(&again, daemon_.socket, "mortal", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "mortal", 0, &again), 0);
         /* nothing of the old job survived the restart */
         assert_int_equal(tier_tensor_open(again, "m1", &u), -ENOENT);
         assert_int_equal(tier_tensor_create(again, "m1", 2 * MiB, &u), 0);
-        assert_int_equal(tier_pin(u, TIER_VRAM, &g2), 0);
+        assert_int_equal(tier_pin(u, TIER_VRAM, TIER_READ_WRITE, &g2), 0);
         memset(g2.ptr, 0x33, g2.length);
         assert_int_equal(tier_unpin(u, TIER_VRAM, 1), 0);
         assert_int_equal(tier_evict(u, TIER_NVME), 0);
-        assert_int_equal(tier_pin(u, TIER_HOST, &g2), 0);
+        assert_int_equal(tier_pin(u, TIER_HOST, TIER_READ_WRITE, &g2), 0);
         for (uint64_t o2 = 0; o2 < g2.length; o2++)
                 assert_int_equal(((uint8_t *) g2.ptr)[o2], 0x33);
         assert_int_equal(tier_unpin(u, TIER_HOST, 0), 0);
@@ -742,9 +742,9 @@ static void shutdown_under_load(unsigned sigterms) {
                             test_daemon_find_notify(&daemon_, "STOPPING=1") >= 0);
         } else {
                 /* a write that cannot complete for a minute keeps the drain open */
-                assert_int_equal(tier_client_new(&stuck, daemon_.socket, "stuck", 0), 0);
+                assert_int_equal(tier_client_new(daemon_.socket, "stuck", 0, &stuck), 0);
                 assert_int_equal(tier_tensor_create(stuck, "held", 1 * MiB, &t), 0);
-                assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
                 memset(g.ptr, 7, g.length);
                 assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
                 assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
@@ -767,7 +767,7 @@ static void shutdown_under_load(unsigned sigterms) {
                                                      "SIGTERM received again, stopping without waiting any longer"));
                 assert_false(test_daemon_log_contains(&daemon_, "Stopping with"));
                 /* the held write's fence fails instead of hanging */
-                assert_true(tier_wait(stuck, f, 20000) < 0);
+                assert_true(tier_fence_wait(stuck, f, 20000) < 0);
                 tier_tensor_close(t);
                 tier_client_free(stuck);
         }
@@ -825,9 +825,9 @@ static void test_drain_timeout(void **state) {
         r = test_daemon_spawn(&d, &(TestDaemonOptions) { .log_level = "info", .wait_ready = true });
         unsetenv("TIERD_TEST_FAULTS");
         assert_int_equal(r, 0);
-        assert_int_equal(tier_client_new(&c, d.socket, "stuck", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "stuck", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "t", 1 * MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 7, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
         assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
@@ -845,7 +845,7 @@ static void test_drain_timeout(void **state) {
         assert_int_equal(status, 0);
         assert_true(test_daemon_log_contains(&d, "Stopping with 1 transfer(s) still in flight"));
         /* the client learns of it: the fence fails instead of hanging */
-        r = tier_wait(c, f, 20000);
+        r = tier_fence_wait(c, f, 20000);
         assert_true(r < 0);
         tier_tensor_close(t);
         tier_client_free(c);
@@ -871,7 +871,7 @@ static void test_soak(void **state) {
                 print_message("the soak runs with TIER_TEST_LONG=1: skipped\n");
                 skip();
         }
-        assert_int_equal(tier_client_new(&keeper, daemon_.socket, "keeper", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "keeper", 0, &keeper), 0);
         keeper_store(keeper);
         slots = mmap(NULL, sizeof(Slot) * STORM_JOBS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         assert_true(slots != MAP_FAILED);

@@ -117,7 +117,7 @@ static int run_job(const char *job, int steps, bool *quota_seen_ok) {
         char name[16];
         int r;
 
-        r = tier_client_new(&c, daemon_.socket, job, 0);
+        r = tier_client_new(daemon_.socket, job, 0, &c);
         if (r < 0) {
                 fprintf(stderr, "%s: connect: %s\n", job, tier_client_last_error(NULL));
                 return r;
@@ -154,7 +154,7 @@ static int run_job(const char *job, int steps, bool *quota_seen_ok) {
 
         for (int step = 1; step <= steps; step++) {
                 for (int i = 0; i < LAYERS; i++) {
-                        if (tier_phase(c, PH_FWD + i) < 0 || tier_phase_grant(c, P[i], TIER_VRAM, &g) < 0)
+                        if (tier_phase_enter(c, PH_FWD + i) < 0 || tier_phase_grant(c, P[i], TIER_VRAM, &g) < 0)
                                 return -1;
                         if (check(&g, (unsigned) i, vp[i]) >= 0) {
                                 fprintf(stderr, "%s step %d fwd %d: P wrong\n", job, step, i);
@@ -164,7 +164,7 @@ static int run_job(const char *job, int steps, bool *quota_seen_ok) {
                 for (int i = 0; i < LAYERS; i++) {
                         int b = LAYERS - 1 - i;
 
-                        if (tier_phase(c, PH_BWD + i) < 0 || tier_phase_grant(c, P[b], TIER_VRAM, &g) < 0)
+                        if (tier_phase_enter(c, PH_BWD + i) < 0 || tier_phase_grant(c, P[b], TIER_VRAM, &g) < 0)
                                 return -1;
                         if (check(&g, (unsigned) b, vp[b]) >= 0) {
                                 int64_t off = check(&g, (unsigned) b, vp[b]);
@@ -177,7 +177,7 @@ static int run_job(const char *job, int steps, bool *quota_seen_ok) {
                         fill(&g, 100 + (unsigned) b, ++vg[b]);
                 }
                 for (int i = 0; i < LAYERS; i++) {
-                        if (tier_phase(c, PH_OPT + i) < 0)
+                        if (tier_phase_enter(c, PH_OPT + i) < 0)
                                 return -1;
                         if (tier_phase_grant(c, G[i], TIER_HOST, &g) < 0 || check(&g, 100 + (unsigned) i, vg[i]) >= 0) {
                                 int64_t off = check(&g, 100 + (unsigned) i, vg[i]);
@@ -199,7 +199,7 @@ static int run_job(const char *job, int steps, bool *quota_seen_ok) {
                 }
         }
         /* the last phase's writes are released by one more marker */
-        if (tier_phase(c, PH_FWD) < 0)
+        if (tier_phase_enter(c, PH_FWD) < 0)
                 return -1;
         if (quota_seen_ok)
                 *quota_seen_ok = true;
@@ -277,7 +277,7 @@ static void test_plan_over_quota_refused(void **state) {
         tier_plan *plan = NULL;
         char name[8];
 
-        assert_int_equal(tier_client_new(&c, daemon_.socket, "too-big", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "too-big", 0, &c), 0);
         for (int i = 0; i < 8; i++) {
                 snprintf(name, sizeof(name), "x%d", i);
                 assert_int_equal(tier_tensor_create(c, name, TSIZE, &t[i]), 0);
@@ -291,7 +291,7 @@ static void test_plan_over_quota_refused(void **state) {
         tier_plan_free(plan);
 
         /* no plan: markers are refused */
-        assert_int_equal(tier_phase(c, 0), -EINVAL);
+        assert_int_equal(tier_phase_enter(c, 0), -EINVAL);
 
         /* a tensor named by a running plan cannot be destroyed */
         assert_int_equal(tier_plan_new(c, &plan), 0);
@@ -303,16 +303,16 @@ static void test_plan_over_quota_refused(void **state) {
         t[1] = NULL;
 
         /* ended: its pins go, its tensors may go, another plan may come */
-        assert_int_equal(tier_phase(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
         assert_int_equal(tier_plan_end(c), 0);
         assert_int_equal(tier_plan_end(c), -ENOENT);
-        assert_int_equal(tier_phase(c, 0), -EINVAL);
+        assert_int_equal(tier_phase_enter(c, 0), -EINVAL);
         assert_int_equal(tier_plan_new(c, &plan), 0);
         assert_int_equal(tier_plan_add(plan, 0, t[2], TIER_HOST, TIER_WRITE), 0);
         assert_int_equal(tier_plan_add(plan, 1, t[2], TIER_VRAM, TIER_READ), 0);
         assert_int_equal(tier_plan_submit(plan), 0);
-        assert_int_equal(tier_phase(c, 0), 0);
-        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
         assert_int_equal(tier_plan_end(c), 0);
         assert_int_equal(tier_tensor_destroy(t[0]), 0);
         assert_int_equal(tier_tensor_destroy(t[2]), 0);
@@ -350,13 +350,13 @@ static void test_staging_waits_quietly(void **state) {
         char name[8];
         uint64_t runs0, runs1;
 
-        assert_int_equal(tier_client_new(&c, daemon_.socket, "staging", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "staging", 0, &c), 0);
         for (int i = 0; i < 12; i++) {                  /* 12 x 512 KiB = the job's 6 MiB of host */
                 snprintf(name, sizeof(name), "a%d", i);
                 assert_int_equal(tier_tensor_create(c, name, TSIZE, &a[i]), 0);
         }
         assert_int_equal(tier_tensor_create(c, "x", TSIZE, &x), 0);
-        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ_WRITE, &g), 0);
         fill(&g, 99, 1);
         assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
         assert_int_equal(tier_evict(x, TIER_NVME), 0);
@@ -367,7 +367,7 @@ static void test_staging_waits_quietly(void **state) {
         assert_int_equal(tier_plan_add(plan, 1, x, TIER_VRAM, TIER_READ), 0);
         assert_int_equal(tier_plan_submit(plan), 0);
 
-        assert_int_equal(tier_phase(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
         /*
          * Phase 1's pin waits for room that nothing will free: tierd must not run
          * its engine over and over meanwhile.  Counted in engine runs (status), not
@@ -383,7 +383,7 @@ static void test_staging_waits_quietly(void **state) {
         assert_true(runs1 - runs0 <= 20);
 
         /* the phase changes: phase 0's pins go, x comes up through host memory */
-        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
         assert_int_equal(tier_phase_grant(c, x, TIER_VRAM, &g), 0);
         assert_int_equal(check(&g, 99, 1), -1);
         assert_int_equal(tier_plan_end(c), 0);
@@ -407,11 +407,11 @@ static void test_pin_waits_for_transfers(void **state) {
         json_int_t transfers;
         json_t *st;
 
-        assert_int_equal(tier_client_new(&c, daemon_.socket, "moving", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "moving", 0, &c), 0);
         for (int i = 0; i < 12; i++) {                  /* 12 x 512 KiB = the job's 6 MiB of host */
                 snprintf(name, sizeof(name), "a%d", i);
                 assert_int_equal(tier_tensor_create(c, name, TSIZE, &a[i]), 0);
-                assert_int_equal(tier_pin(a[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(a[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
                 fill(&g, (unsigned) i, 1);
                 assert_int_equal(tier_unpin(a[i], TIER_HOST, 1), 0);
                 assert_int_equal(tier_evict(a[i], TIER_NVME), 0);
@@ -428,13 +428,13 @@ static void test_pin_waits_for_transfers(void **state) {
         assert_true(transfers > 0);
         assert_int_equal(tier_fence_done(c, f[0]), 0);
         /* sent behind the prefetches: the job's host room is all in transfers when it runs */
-        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ_WRITE, &g), 0);
         fill(&g, 99, 1);
         assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
         for (int i = 0; i < 12; i++)
-                assert_int_equal(tier_wait(c, f[i], 10000), 0);
+                assert_int_equal(tier_fence_wait(c, f[i], 10000), 0);
         for (int i = 0; i < 12; i++) {
-                assert_int_equal(tier_pin(a[i], TIER_HOST, &g), 0);
+                assert_int_equal(tier_pin(a[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
                 assert_int_equal(check(&g, (unsigned) i, 1), -1);
                 assert_int_equal(tier_unpin(a[i], TIER_HOST, 0), 0);
                 assert_int_equal(tier_tensor_destroy(a[i]), 0);
@@ -456,10 +456,10 @@ static void test_write_outside_the_plan(void **state) {
         unsigned v = 1;
         bool ahead = strcmp(policy_name, "timeline") == 0;
 
-        assert_int_equal(tier_client_new(&c, daemon_.socket, "outside", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "outside", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
         assert_int_equal(tier_tensor_create(c, "u", TSIZE, &u), 0);
-        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
         fill(&g, 1, v);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
         assert_int_equal(tier_plan_new(c, &p), 0);
@@ -469,12 +469,12 @@ static void test_write_outside_the_plan(void **state) {
         for (int round = 0; round < 3; round++) {
                 struct tier_stat st = {};
 
-                assert_int_equal(tier_phase(c, 0), 0);
+                assert_int_equal(tier_phase_enter(c, 0), 0);
                 assert_int_equal(tier_phase_grant(c, t, TIER_VRAM, &g), 0);
                 if (check(&g, 1, v) != -1)
                         fail_msg("round %d: phase 0 reads an older version of t than %u (byte %" PRId64 ")",
                                  round, v, check(&g, 1, v));
-                assert_int_equal(tier_phase(c, 1), 0);
+                assert_int_equal(tier_phase_enter(c, 1), 0);
                 /*
                  * tierd holds phase 0 again, ahead: t pinned in VRAM for it (an order, whatever the time);
                  * lru and ondemand pin nothing ahead
@@ -488,7 +488,7 @@ static void test_write_outside_the_plan(void **state) {
                         assert_int_equal(tier_tensor_stat(t, &st), 0);
                 assert_int_equal(st.pins[TIER_VRAM], ahead ? 1 : 0);
                 /* now written in host, outside the plan */
-                assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+                assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
                 fill(&g, 1, ++v);
                 assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
         }
@@ -513,10 +513,10 @@ static void test_rollback_of_a_dead_tensor(void **state) {
 
         if (strcmp(policy_name, "timeline") != 0)
                 return;         /* dead copies are dropped under timeline only */
-        assert_int_equal(tier_client_new(&c, daemon_.socket, "dead-commit", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "dead-commit", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
         assert_int_equal(tier_tensor_create(c, "u", TSIZE, &u), 0);
-        assert_int_equal(tier_pin_mode(t, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
         fill(&g, 1, 1);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);  /* clean: no write-behind of it in flight later */
@@ -525,16 +525,16 @@ static void test_rollback_of_a_dead_tensor(void **state) {
         assert_int_equal(tier_plan_add(p, 1, u, TIER_HOST, TIER_READ), 0);
         assert_int_equal(tier_plan_add(p, 2, t, TIER_HOST, TIER_WRITE), 0);
         assert_int_equal(tier_plan_submit(p), 0);
-        assert_int_equal(tier_phase(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
         /* t: read, next written whole: dead, its copies dropped (phase 2's hold may reserve host room again) */
-        assert_int_equal(tier_phase(c, 1), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
         assert_int_equal(tier_tensor_stat(t, &st), 0);
         assert_int_equal(st.state[TIER_NVME], 0);
         assert_int_equal(tier_job_commit(c, 1), 0);
-        assert_int_equal(tier_phase(c, 2), 0);
+        assert_int_equal(tier_phase_enter(c, 2), 0);
         assert_int_equal(tier_phase_grant(c, t, TIER_HOST, &g), 0);
         fill(&g, 1, 2);
-        assert_int_equal(tier_phase(c, 0), 0);          /* phase 2's write lands: t written since the commit */
+        assert_int_equal(tier_phase_enter(c, 0), 0);          /* phase 2's write lands: t written since the commit */
         assert_int_equal(tier_plan_end(c), 0);
         assert_int_equal(tier_job_rollback(c, &cm), 0);
         assert_int_equal(cm.lost, 0);

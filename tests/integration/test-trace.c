@@ -84,7 +84,7 @@ static bool need_root(const char *what) {
 static tier_client *connect_control(void) {
         tier_client *c = NULL;
 
-        assert_int_equal(tier_client_new(&c, daemon_.socket, NULL, 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, NULL, 0, &c), 0);
         return c;
 }
 
@@ -106,7 +106,7 @@ static int run_job(const char *job, int steps) {
         tier_plan *plan = NULL;
         char name[16];
 
-        if (tier_client_new(&c, daemon_.socket, job, 0) < 0)
+        if (tier_client_new(daemon_.socket, job, 0, &c) < 0)
                 return -1;
         for (int i = 0; i < LAYERS; i++) {
                 snprintf(name, sizeof(name), "P%d", i);
@@ -138,20 +138,20 @@ static int run_job(const char *job, int steps) {
         }
         for (int step = 1; step <= steps; step++) {
                 for (int i = 0; i < LAYERS; i++)
-                        if (tier_phase(c, PH_FWD + i) < 0)
+                        if (tier_phase_enter(c, PH_FWD + i) < 0)
                                 return -1;
                 for (int i = 0; i < LAYERS; i++) {
-                        if (tier_phase(c, PH_BWD + i) < 0 ||
+                        if (tier_phase_enter(c, PH_BWD + i) < 0 ||
                             grant_fill(c, G[LAYERS - 1 - i], TIER_VRAM, (uint8_t) step) < 0)
                                 return -1;
                 }
                 for (int i = 0; i < LAYERS; i++) {
-                        if (tier_phase(c, PH_OPT + i) < 0 || grant_fill(c, O[i], TIER_HOST, (uint8_t) step) < 0 ||
+                        if (tier_phase_enter(c, PH_OPT + i) < 0 || grant_fill(c, O[i], TIER_HOST, (uint8_t) step) < 0 ||
                             grant_fill(c, P[i], TIER_HOST, (uint8_t) step) < 0)
                                 return -1;
                 }
         }
-        if (tier_phase(c, PH_FWD) < 0)
+        if (tier_phase_enter(c, PH_FWD) < 0)
                 return -1;
         tier_client_free(c);
         for (int i = 0; i < LAYERS; i++) {
@@ -413,9 +413,9 @@ static void test_chained_adds_up(void **state) {
 
         if (!need_root("tracing a chained transfer"))
                 skip();
-        assert_int_equal(tier_client_new(&job, daemon_.socket, "chained", 0), 0);
+        assert_int_equal(tier_client_new(daemon_.socket, "chained", 0, &job), 0);
         assert_int_equal(tier_tensor_create(job, "x", size, &x), 0);
-        assert_int_equal(tier_pin(x, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ_WRITE, &g), 0);
         for (uint64_t i = 0; i < g.length; i++)
                 ((uint8_t *) g.ptr)[i] = (uint8_t) (i * 13 + (i >> 10));
         assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
@@ -425,7 +425,7 @@ static void test_chained_adds_up(void **state) {
         c = connect_control();
         t0 = now_ns();
         assert_int_equal(tier_trace_start(c, 600, 0), 0);
-        r = tier_pin(x, TIER_VRAM, &g);
+        r = tier_pin(x, TIER_VRAM, TIER_READ_WRITE, &g);
         if (r < 0)
                 fail_msg("pin in VRAM: %s (%s)", tier_strerror(r), tier_client_last_error(job));
         for (uint64_t i = 0; i < g.length; i++)
@@ -558,7 +558,7 @@ static void test_tierctl_trace(void **state) {
 static int trace_as_nobody(void) {
         tier_client *x = NULL;
 
-        if (tier_client_new(&x, daemon_.socket, NULL, 0) < 0)
+        if (tier_client_new(daemon_.socket, NULL, 0, &x) < 0)
                 return 4;
         if (tier_trace_start(x, 1, 0) != -EACCES || !strstr(tier_client_last_error(x), "uid 65534 (pid "))
                 return 5;

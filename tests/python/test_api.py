@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import tierd
@@ -39,11 +40,33 @@ class TestPrototypes(unittest.TestCase):
             self.assertEqual(list(fn.argtypes), list(argtypes), name)
 
     def test_structures(self) -> None:
-        # the sizes of the C structures on x86-64 / aarch64 (LP64)
-        self.assertEqual(ctypes.sizeof(_lib.TierGrant), 48)
-        self.assertEqual(_lib.TierGrant.tier.offset, 40)
-        self.assertEqual(ctypes.sizeof(_lib.TierStat), 8 + 3 * 4 * 3 + 4)
-        self.assertEqual(ctypes.sizeof(_lib.TierQuota), 32)
+        # every ctypes structure has the C structure's size and field offsets, as the C compiler lays them out
+        structs = {
+            "tier_grant": _lib.TierGrant,
+            "tier_stat": _lib.TierStat,
+            "tier_quota": _lib.TierQuota,
+            "tier_quota_total": _lib.TierQuotaTotal,
+            "tier_commit": _lib.TierCommit,
+        }
+        lines = ["#include <stddef.h>", "#include <stdio.h>", "#include <tier.h>", "int main(void) {"]
+        for cname, cls in structs.items():
+            lines.append(f'printf("{cname} %zu\\n", sizeof(struct {cname}));')
+            for fname, *_ in cls._fields_:
+                cf = fname.rstrip("_")
+                lines.append(f'printf("{cname}.{fname} %zu\\n", offsetof(struct {cname}, {cf}));')
+        lines += ["return 0;", "}"]
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "probe.c"), os.path.join(d, "probe")
+            with open(src, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            inc = os.path.join(tierd.source_dir(), "client")
+            subprocess.run(["cc", "-std=c17", "-I", inc, "-o", exe, src], check=True)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+        c = {k: int(v) for k, v in (line.split() for line in out.splitlines())}
+        for cname, cls in structs.items():
+            self.assertEqual(ctypes.sizeof(cls), c[cname], f"sizeof(struct {cname})")
+            for fname, *_ in cls._fields_:
+                self.assertEqual(getattr(cls, fname).offset, c[f"{cname}.{fname}"], f"struct {cname}.{fname}")
 
     def test_constants_match_header(self) -> None:
         with open(os.path.join(tierd.source_dir(), "client", "tier.h")) as f:
@@ -56,6 +79,10 @@ class TestPrototypes(unittest.TestCase):
         self.assertEqual(int(consts["TIER_WRITE"]), tier.WRITE)
         self.assertEqual(int(consts["TIER_READ_WRITE"]), tier.READ_WRITE)
         self.assertEqual(int(consts["TIER_LINKS"]), _lib.TIER_LINKS)
+        self.assertEqual(int(consts["TIER_LEVEL_MAX"]), _lib.TIER_LEVEL_MAX)
+        slots = dict(re.findall(r"#define (TIER_\w+_SLOTS) (\d+)", h))
+        self.assertEqual(int(slots["TIER_LEVEL_SLOTS"]), _lib.TIER_LEVEL_SLOTS)
+        self.assertEqual(int(slots["TIER_LINK_SLOTS"]), _lib.TIER_LINK_SLOTS)
         self.assertEqual(int(consts["TIER_STATUS_JSON"]), _lib.TIER_STATUS_JSON)
         m = re.search(r"#define TIER_PROTOCOL_VERSION (\d+)", h)
         assert m
@@ -175,7 +202,7 @@ class TestLoading(unittest.TestCase):
             self.assertEqual(p.stdout.strip(), src_build)
         elif p.returncode != 0:  # no ./build and no system libtier
             self.assertIn("not built", p.stderr)
-            self.assertIn("libtier.so.0", p.stderr)
+            self.assertIn("libtier.so.1", p.stderr)
 
 
 class TestVersion(unittest.TestCase):

@@ -304,7 +304,7 @@ class TestClient(tierd.DaemonTestCase):
             c.wait(fs, timeout=0.02)
         c.wait(fs, timeout=10)
         self.assertTrue(all(x.done() for x in fs))
-        # tier_stream_wait() without a device event waits on the host
+        # tier_fence_stream_wait() without a device event waits on the host
         g, f = t.pin_async(tier.HOST)
         f.stream_wait(None)
         self.assertTrue(f.done())

@@ -64,13 +64,13 @@ class TestInstall(unittest.TestCase):
         p = self.run_cmd([py, "-m", "pip", "show", "tier"], env=env, cwd=tmp)
         self.assertIn(f"Version: {version}", p.stdout)
 
-        # installed, outside any checkout and without the variables: the system's libtier.so.0 or a clear error
+        # installed, outside any checkout and without the variables: the system's libtier.so.1 or a clear error
         p = subprocess.run([py, "-c", "import tier; print(tier.library_path())"], env=env, cwd=tmp,
                            capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
             self.assertIn("TierError", p.stderr)
             self.assertIn("$TIER_LIBTIER and $TIER_BUILD (not set)", p.stderr)
-            self.assertIn("libtier.so.0", p.stderr)
+            self.assertIn("libtier.so.1", p.stderr)
             self.assertNotIn("not built", p.stderr)
 
 

@@ -35,7 +35,7 @@ class TestPlan(tierd.DaemonTestCase):
                 p.add(PH_FWD, w, tier.VRAM)
             self.assertEqual(cm.exception.errno, errno.EBADF)
 
-        # tier_phase_stall(): seconds waited in tier_phase() so far, sampled after every phase
+        # tier_phase_stall(): seconds waited in tier_phase_enter() so far, sampled after every phase
         stalls = [c.phase_stall]
         t0 = time.monotonic()
         for step in range(3):

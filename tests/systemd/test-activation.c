@@ -153,7 +153,7 @@ static unsigned listening_sockets(pid_t pid, char *paths, size_t size, int *ret_
 static void test_activation(void **state) {
         char exe[256], paths[2048], config_sock[400];
         TestDaemonOptions o = { .activate = true, .watchdog_usec = 1000000, .log_level = "debug" };
-        uint64_t moved[TIER_LINKS];
+        uint64_t moved[TIER_LINK_SLOTS];
         struct tier_grant g;
         struct tier_stat st;
         struct stat before, after;
@@ -179,7 +179,7 @@ static void test_activation(void **state) {
         assert_true(test_daemon_wait_notify(&d, "READY=1", 300) < 0);
 
         /* the first connection starts tierd, which answers it */
-        r = tier_client_new(&c, d.socket, "activated", 0);
+        r = tier_client_new(d.socket, "activated", 0, &c);
         if (r < 0) {
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
                 test_daemon_dump_log(&d);
@@ -194,7 +194,7 @@ static void test_activation(void **state) {
 
         /* it works: a tensor through host, NVMe and back */
         assert_int_equal(tier_tensor_create(c, "t", 2 * MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 0x3c, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
         assert_int_equal(tier_evict(t, TIER_NVME), 0);
@@ -204,14 +204,14 @@ static void test_activation(void **state) {
         assert_int_equal(tier_client_moved(c, moved), 0);
         assert_true(moved[TIER_LINK_HOST_TO_NVME] >= 2 * MiB);
         assert_int_equal(moved[TIER_LINK_NVME_TO_HOST], 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         /* the bytes came back up from NVMe */
         assert_int_equal(tier_client_moved(c, moved), 0);
         assert_true(moved[TIER_LINK_NVME_TO_HOST] >= 2 * MiB);
         assert_int_equal(((uint8_t *) g.ptr)[0], 0x3c);
         assert_int_equal(((uint8_t *) g.ptr)[g.length - 1], 0x3c);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
-        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &text), 0);
+        assert_int_equal(tier_client_status(c, TIER_STATUS_JSON, &text), 0);
         status = test_json_parse(text);
         free(text);
         assert_non_null(status);

@@ -50,7 +50,7 @@ expect=(
         '*/bin/tierd'
         '*/bin/tierctl'
         '*/lib*/libtier.so'
-        '*/lib*/libtier.so.0'
+        '*/lib*/libtier.so.1'
         '*/include/tier.h'
         '*/pkgconfig/tier.pc'
         '*/systemd/system/tierd.service'
@@ -111,7 +111,7 @@ $cc -Wall -Wextra -Werror "${san_flags[@]}" -o "$dest/train-step" \
         "$source/client/examples/train-step.c" $flags || bad "client/examples/train-step.c does not build against the installed libtier"
 
 # ---- the installed pieces work together ----------------------------------------
-libdir=$(dirname "$(find "$dest" -name 'libtier.so.0' | head -n1)")
+libdir=$(dirname "$(find "$dest" -name 'libtier.so.1' | head -n1)")
 tierctl=$(find "$dest" -path '*/bin/tierctl' | head -n1)
 run=$dest/run
 mkdir -p "$run"
@@ -162,7 +162,7 @@ if [[ -x $dest/train-step ]]; then
         libs=$(ldd "$dest/train-step" 2>/dev/null || true)
         libs_ld=$(LD_LIBRARY_PATH=$libdir ldd "$dest/train-step" 2>/dev/null || true)
         case "$libs$libs_ld" in
-        *"$libdir/libtier.so.0"*) ;;
+        *"$libdir/libtier.so.1"*) ;;
         *) bad "train-step does not load the installed libtier" ;;
         esac
 fi

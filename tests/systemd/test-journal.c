@@ -226,7 +226,7 @@ static void test_journal_fields(void **state) {
         assert_false(test_daemon_log_contains(&d, "ready on"));
 
         /* a message about one job in one tier carries TIERD_JOB= and TIERD_TIER= */
-        assert_int_equal(tier_client_new(&c, d.socket, "journal-job", 0), 0);
+        assert_int_equal(tier_client_new(d.socket, "journal-job", 0, &c), 0);
         assert_int_equal(test_daemon_write_config(&d, NULL,
                                                 "[host]\ncapacity = 32M\nsegment_size = 8M\njob_limit = 8M\n"
                                                 "[vram]\nbackend = emulated\ncapacity = 16M\nchunk_size = 4M\n"

@@ -64,7 +64,7 @@ static int teardown(void **state) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, d.socket, job, 0);
+        int r = tier_client_new(d.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
@@ -72,12 +72,12 @@ static tier_client *connect_job(const char *job) {
         return c;
 }
 
-/* tier_status() in JSON, parsed. */
+/* tier_client_status() in JSON, parsed. */
 static json_t *status_json(tier_client *c) {
         _cleanup_free_ char *text = NULL;
         json_t *status;
 
-        assert_int_equal(tier_status(c, TIER_STATUS_JSON, &text), 0);
+        assert_int_equal(tier_client_status(c, TIER_STATUS_JSON, &text), 0);
         status = test_json_parse(text);
         assert_non_null(status);
         return status;
@@ -87,14 +87,14 @@ static json_t *status_json(tier_client *c) {
 static void fill(tier_tensor *t, uint8_t v) {
         struct tier_grant g;
 
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, v, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
 }
 
 /* Check the pattern of @t (of @c's job), after a round trip through NVMe. */
 static void check(tier_client *c, tier_tensor *t, uint8_t v) {
-        uint64_t before[TIER_LINKS], after[TIER_LINKS];
+        uint64_t before[TIER_LINK_SLOTS], after[TIER_LINK_SLOTS];
         struct tier_stat st;
         struct tier_grant g;
         const uint8_t *p;
@@ -105,7 +105,7 @@ static void check(tier_client *c, tier_tensor *t, uint8_t v) {
         assert_int_equal(st.state[TIER_HOST], 0);
         assert_int_equal(st.state[TIER_NVME], 2);
         assert_int_equal(tier_client_moved(c, before), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         /* the bytes came back up from NVMe */
         assert_int_equal(tier_client_moved(c, after), 0);
         assert_true(after[TIER_LINK_NVME_TO_HOST] - before[TIER_LINK_NVME_TO_HOST] >= tier_tensor_size(t));
@@ -160,7 +160,7 @@ static void test_reload(void **state) {
 
         /* a job created now gets the new default; the running job followed it (it used the default) */
         b = connect_job("after");
-        assert_int_equal(tier_status(b, TIER_STATUS_JSON, &text), 0);
+        assert_int_equal(tier_client_status(b, TIER_STATUS_JSON, &text), 0);
         printf("%s", text);
         json = test_json_parse(text);
         free(text);

@@ -62,7 +62,7 @@ static void start(void) {
 
 static tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
-        int r = tier_client_new(&c, d.socket, job, 0);
+        int r = tier_client_new(d.socket, job, 0, &c);
 
         if (r < 0)
                 fprintf(stderr, "connect: %s (%s)\n", tier_strerror(r), tier_client_last_error(NULL));
@@ -137,13 +137,13 @@ static void test_stop_waits_for_transfer(void **state) {
         start();
         c = connect_job("busy");
         assert_int_equal(tier_tensor_create(c, "w", 4 * MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, &g), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 0x5a, g.length);
         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
 
         /* 4 MiB at 2 MiB/s: the copy cannot end before t_issue + 2 s */
         t_issue = now_s();
-        assert_int_equal(tier_pin_async(t, TIER_VRAM, &g, &f), 0);
+        assert_int_equal(tier_pin_async(t, TIER_VRAM, TIER_READ_WRITE, &g, &f), 0);
         t0 = now_s();
         kill(d.pid, SIGTERM);
         i = test_daemon_wait_notify(&d, "STOPPING=1", 10000);
@@ -154,8 +154,8 @@ static void test_stop_waits_for_transfer(void **state) {
         assert_non_null(strstr(status, "Stopping: 1 transfer(s) in flight"));
 
         /* the client hears of it and does not hang */
-        r = tier_wait(c, f, 10000);
-        printf("tier_wait on the fence during the stop: %s\n", r < 0 ? tier_strerror(r) : "done");
+        r = tier_fence_wait(c, f, 10000);
+        printf("tier_fence_wait on the fence during the stop: %s\n", r < 0 ? tier_strerror(r) : "done");
         assert_true(r != -ETIMEDOUT);
         /*
          * The pin may write: tierd waits for it to go (up to its drain bound), so

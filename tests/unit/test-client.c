@@ -55,7 +55,7 @@ static void test_einval(void **state) {
         tier_fence f;
         char *text;
 
-        assert_int_equal(tier_client_new(NULL, "/nonexistent", "job", 0), -EINVAL);
+        assert_int_equal(tier_client_new("/nonexistent", "job", 0, NULL), -EINVAL);
         assert_null(tier_client_free(NULL));
         assert_string_equal(tier_client_vram_backend(NULL), "");
         assert_int_equal(tier_client_limit(NULL, TIER_HOST), 0);
@@ -69,8 +69,8 @@ static void test_einval(void **state) {
         assert_null(tier_tensor_name(NULL));
         assert_int_equal(tier_tensor_stat(NULL, &st), -EINVAL);
 
-        assert_int_equal(tier_pin(NULL, TIER_HOST, &g), -EINVAL);
-        assert_int_equal(tier_pin_async(NULL, TIER_HOST, &g, &f), -EINVAL);
+        assert_int_equal(tier_pin(NULL, TIER_HOST, TIER_READ_WRITE, &g), -EINVAL);
+        assert_int_equal(tier_pin_async(NULL, TIER_HOST, TIER_READ_WRITE, &g, &f), -EINVAL);
         assert_int_equal(tier_unpin(NULL, TIER_HOST, 0), -EINVAL);
         assert_int_equal(tier_evict(NULL, TIER_NVME), -EINVAL);
         assert_int_equal(tier_evict_async(NULL, TIER_NVME, &f), -EINVAL);
@@ -78,15 +78,15 @@ static void test_einval(void **state) {
         assert_int_equal(tier_prefetch_async(NULL, TIER_HOST, &f), -EINVAL);
 
         assert_int_equal(tier_fence_done(NULL, 1), -EINVAL);
-        assert_int_equal(tier_wait(NULL, 1, 0), -EINVAL);
-        assert_int_equal(tier_status(NULL, TIER_STATUS_JSON, &text), -EINVAL);
+        assert_int_equal(tier_fence_wait(NULL, 1, 0), -EINVAL);
+        assert_int_equal(tier_client_status(NULL, TIER_STATUS_JSON, &text), -EINVAL);
 }
 
 static void test_connect_fails(void **state) {
         tier_client *c = NULL;
         char path[200];
 
-        assert_int_equal(tier_client_new(&c, "/nonexistent/tierd.sock", "job", 0), -ENOENT);
+        assert_int_equal(tier_client_new("/nonexistent/tierd.sock", "job", 0, &c), -ENOENT);
         assert_null(c);
         assert_string_equal(tier_client_last_error(NULL),
                             "cannot connect to /nonexistent/tierd.sock: No such file or directory "
@@ -94,17 +94,17 @@ static void test_connect_fails(void **state) {
 
         /* $TIER_SOCKET is used when no path is given */
         assert_int_equal(setenv("TIER_SOCKET", "/nonexistent/env.sock", 1), 0);
-        assert_int_equal(tier_client_new(&c, NULL, NULL, 0), -ENOENT);
+        assert_int_equal(tier_client_new(NULL, NULL, 0, &c), -ENOENT);
         assert_non_null(strstr(tier_client_last_error(NULL), "/nonexistent/env.sock"));
         assert_int_equal(unsetenv("TIER_SOCKET"), 0);
 
         memset(path, 'x', sizeof(path) - 1);
         path[0] = '/';
         path[sizeof(path) - 1] = 0;
-        assert_int_equal(tier_client_new(&c, path, "job", 0), -ENAMETOOLONG);
+        assert_int_equal(tier_client_new(path, "job", 0, &c), -ENAMETOOLONG);
 
         /* job names are text: checked before connecting */
-        assert_int_equal(tier_client_new(&c, "/nonexistent/tierd.sock", "bad\njob", 0), -EINVAL);
+        assert_int_equal(tier_client_new("/nonexistent/tierd.sock", "bad\njob", 0, &c), -EINVAL);
         assert_non_null(strstr(tier_client_last_error(NULL), "job name"));
         assert_null(c);
 }

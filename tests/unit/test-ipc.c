@@ -269,7 +269,7 @@ static int peer_evict_async(Peer *p, uint64_t id, int tier) {
         return status;
 }
 
-/* Write marker @seq for @phase into the plan page, as tier_phase() does; @kick: and its eventfd. */
+/* Write marker @seq for @phase into the plan page, as tier_phase_enter() does; @kick: and its eventfd. */
 static void page_marker(Conn *c, uint64_t seq, uint32_t phase, bool kick) {
         PlanPage *pg = c->plan->page;
         uint64_t one = 1;
@@ -282,7 +282,7 @@ static void page_marker(Conn *c, uint64_t seq, uint32_t phase, bool kick) {
 }
 
 /*
- * tier_phase() returns without a round trip, so the request a client sends
+ * tier_phase_enter() returns without a round trip, so the request a client sends
  * right after it can be read before the marker's eventfd wakes the loop.
  * tierd consumes a connection's pending marker before dispatching its next
  * request: an evict of a tensor only the previous phase pinned is not

@@ -124,7 +124,7 @@ static inline void set_durations(Plan *p, uint64_t ms) {
         }
 }
 
-/* What a client's tier_phase() writes, without waiting. */
+/* What a client's tier_phase_enter() writes, without waiting. */
 static inline void marker(Manager *m, Plan *p, unsigned phase) {
         uint64_t one = 1, seq = p->page->client.marker_seq + 1;
 

@@ -12,7 +12,7 @@
 
 libtier is found through $TIER_LIBTIER (a file), $TIER_BUILD (a meson build
 directory), the build directory of the checkout this package lies in, or
-the system (libtier.so.0); importing fails with a TierError naming what was
+the system (libtier.so.1); importing fails with a TierError naming what was
 tried when none loads.  numpy and torch are imported only by the views that
 need them.  A Client is not thread-safe: one per thread.  See README.md
 next to this package, and man libtier(3) for the C API underneath.
@@ -61,7 +61,7 @@ from .errors import (
 )
 
 #: The package's version: tierd's (meson.build), which pyproject.toml repeats.
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 __all__ = [
     "__version__",

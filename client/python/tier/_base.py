@@ -248,9 +248,9 @@ class QuotaTotal:
 class Quota:
     """A quota: per tier a maximum and a guaranteed minimum, and a link weight.
 
-    ``Client.quota()`` (``tier_quota_get()``) fills limits and weight;
-    ``Client.get_quota()`` and ``Client.set_quota()`` (``tier_quota_get2()``,
-    ``tier_quota_set2()``) fill the rest too.
+    ``Client.quota()`` fills limits and weight; ``Client.get_quota()`` and
+    ``Client.set_quota()`` fill the rest too (all of them ``tier_quota_get()``
+    and ``tier_quota_set()``).
 
     Attributes:
         limits: maxima, {"vram": bytes, "host": bytes, "nvme": bytes} (also keyed by tier.Level).

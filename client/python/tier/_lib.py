@@ -11,7 +11,7 @@ Where the library comes from, first match wins:
 2. ``$TIER_BUILD``: a meson build directory, ``$TIER_BUILD/client/libtier.so``;
 3. the build directory of the checkout this package lies in, when it runs
    from the source tree (``client/python/tier`` -> ``build/client/libtier.so``);
-4. the system: ``ctypes.util.find_library("tier")``, then ``libtier.so.0``.
+4. the system: ``ctypes.util.find_library("tier")``, then ``libtier.so.1``.
 
 A variable that is set is authoritative: when the file it names cannot be
 loaded, the lookup stops there rather than loading some other libtier.
@@ -45,9 +45,10 @@ __all__ = [
     "TierGrant",
     "TierStat",
     "TierQuota",
-    "TierQuota2",
     "TIER_LEVEL_MAX",
     "TIER_LINKS",
+    "TIER_LEVEL_SLOTS",
+    "TIER_LINK_SLOTS",
     "TIER_PROTOCOL_VERSION",
     "TIER_STATUS_TABLE",
     "TIER_STATUS_JSON",
@@ -65,12 +66,15 @@ __all__ = [
 TIER_PROTOCOL_VERSION = 2
 TIER_LEVEL_MAX = 3
 TIER_LINKS = 4
+TIER_LEVEL_SLOTS = 8
+TIER_LINK_SLOTS = 8
+TIER_READ, TIER_WRITE, TIER_READ_WRITE = 1, 2, 3
 TIER_STATUS_TABLE = 0
 TIER_STATUS_JSON = 1
 TIER_STATUS_PROMETHEUS = 2
 
-#: The soname of libtier (client/meson.build: soversion 0).
-SONAME = "libtier.so.0"
+#: The soname of libtier (client/meson.build: soversion 1).
+SONAME = "libtier.so.1"
 
 
 # ---- structures of tier.h -------------------------------------------------------
@@ -86,6 +90,7 @@ class TierGrant(Structure):
         ("segment", c_uint32),
         ("offset", c_uint64),
         ("tier", c_int),
+        ("reserved", ctypes.c_uint32 * 7),
     ]
 
 
@@ -94,18 +99,10 @@ class TierStat(Structure):
 
     _fields_ = [
         ("size", c_uint64),
-        ("state", c_int * TIER_LEVEL_MAX),
-        ("dirty", c_int * TIER_LEVEL_MAX),
-        ("pins", c_uint * TIER_LEVEL_MAX),
-    ]
-
-
-class TierQuota(Structure):
-    """``struct tier_quota``."""
-
-    _fields_ = [
-        ("limit", c_uint64 * TIER_LEVEL_MAX),
-        ("weight", c_uint),
+        ("state", c_int * TIER_LEVEL_SLOTS),
+        ("dirty", c_int * TIER_LEVEL_SLOTS),
+        ("pins", c_uint * TIER_LEVEL_SLOTS),
+        ("reserved", c_uint64 * 4),
     ]
 
 
@@ -113,41 +110,44 @@ TIER_QUOTA_JOB, TIER_QUOTA_UID, TIER_QUOTA_GROUP, TIER_QUOTA_DEFAULT = 0, 1, 2, 
 TIER_QUOTA_FROM_MAX = 288
 
 
-class TierQuota2(Structure):
-    """``struct tier_quota2`` (LIBTIER_0.6)."""
+class TierQuota(Structure):
+    """``struct tier_quota``."""
 
     _fields_ = [
-        ("max", c_uint64 * TIER_LEVEL_MAX),
-        ("min", c_uint64 * TIER_LEVEL_MAX),
+        ("max", c_uint64 * TIER_LEVEL_SLOTS),
+        ("min", c_uint64 * TIER_LEVEL_SLOTS),
         ("min_set", c_uint),
         ("weight", c_uint),
         ("clear", c_int),
         ("running", c_int),
-        ("max_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
-        ("min_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
+        ("max_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_SLOTS),
+        ("min_from", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_SLOTS),
         ("weight_from", ctypes.c_char * TIER_QUOTA_FROM_MAX),
         ("warning", ctypes.c_char * 512),
+        ("reserved", c_uint64 * 8),
     ]
 
 
 class TierQuotaTotal(Structure):
-    """``struct tier_quota_total`` (LIBTIER_0.8)."""
+    """``struct tier_quota_total``."""
 
     _fields_ = [
-        ("total", c_uint64 * TIER_LEVEL_MAX),
-        ("used", c_uint64 * TIER_LEVEL_MAX),
-        ("from_", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_MAX),
+        ("total", c_uint64 * TIER_LEVEL_SLOTS),
+        ("used", c_uint64 * TIER_LEVEL_SLOTS),
+        ("from_", (ctypes.c_char * TIER_QUOTA_FROM_MAX) * TIER_LEVEL_SLOTS),
+        ("reserved", c_uint64 * 4),
     ]
 
 
 class TierCommit(Structure):
-    """``struct tier_commit`` (LIBTIER_0.9)."""
+    """``struct tier_commit``."""
 
     _fields_ = [
         ("step", c_uint64),
         ("rolled_back", ctypes.c_uint),
         ("lost", ctypes.c_uint),
         ("committed", c_int),
+        ("reserved", ctypes.c_uint32 * 7),
     ]
 
 
@@ -160,7 +160,7 @@ _fence = c_uint64  # tier_fence
 #: that this covers every function the header declares.
 PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # clients
-    "tier_client_new": (c_int, [POINTER(_client_p), c_char_p, c_char_p, c_uint]),
+    "tier_client_new": (c_int, [c_char_p, c_char_p, c_uint, POINTER(_client_p)]),
     "tier_client_free": (c_void_p, [_client_p]),
     "tier_client_last_error": (c_char_p, [_client_p]),
     "tier_client_set_reconnect": (c_int, [_client_p, c_int]),
@@ -182,10 +182,8 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_tensor_name": (c_char_p, [_tensor_p]),
     "tier_tensor_stat": (c_int, [_tensor_p, POINTER(TierStat)]),
     # placement
-    "tier_pin": (c_int, [_tensor_p, c_int, POINTER(TierGrant)]),
-    "tier_pin_async": (c_int, [_tensor_p, c_int, POINTER(TierGrant), POINTER(_fence)]),
-    "tier_pin_mode": (c_int, [_tensor_p, c_int, c_int, POINTER(TierGrant)]),
-    "tier_pin_async_mode": (c_int, [_tensor_p, c_int, c_int, POINTER(TierGrant), POINTER(_fence)]),
+    "tier_pin": (c_int, [_tensor_p, c_int, c_int, POINTER(TierGrant)]),
+    "tier_pin_async": (c_int, [_tensor_p, c_int, c_int, POINTER(TierGrant), POINTER(_fence)]),
     "tier_unpin": (c_int, [_tensor_p, c_int, c_int]),
     "tier_evict": (c_int, [_tensor_p, c_int]),
     "tier_evict_async": (c_int, [_tensor_p, c_int, POINTER(_fence)]),
@@ -193,34 +191,32 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_prefetch_async": (c_int, [_tensor_p, c_int, POINTER(_fence)]),
     # fences
     "tier_fence_done": (c_int, [_client_p, _fence]),
-    "tier_wait": (c_int, [_client_p, _fence, c_int]),
+    "tier_fence_wait": (c_int, [_client_p, _fence, c_int]),
     # CUDA
-    "tier_stream_wait": (c_int, [_client_p, _fence, c_void_p]),
+    "tier_fence_stream_wait": (c_int, [_client_p, _fence, c_void_p]),
     "tier_unpin_after": (c_int, [_tensor_p, c_int, c_int, c_void_p]),
     "tier_client_cuda_register_host": (c_int, [_client_p]),
     # status
-    "tier_status": (c_int, [_client_p, c_int, POINTER(c_void_p)]),
+    "tier_client_status": (c_int, [_client_p, c_int, POINTER(c_void_p)]),
     # plans
     "tier_plan_new": (c_int, [_client_p, POINTER(_plan_p)]),
     "tier_plan_free": (c_void_p, [_plan_p]),
     "tier_plan_add": (c_int, [_plan_p, c_uint, _tensor_p, c_int, c_int]),
     "tier_plan_submit": (c_int, [_plan_p]),
-    "tier_phase": (c_int, [_client_p, c_uint]),
+    "tier_phase_enter": (c_int, [_client_p, c_uint]),
     "tier_plan_end": (c_int, [_client_p]),
     "tier_phase_grant": (c_int, [_client_p, _tensor_p, c_int, POINTER(TierGrant)]),
     "tier_phase_stall": (c_double, [_client_p]),
     # quotas
-    "tier_quota_get": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
-    "tier_quota_set": (c_int, [_client_p, c_char_p, POINTER(TierQuota)]),
     # job control (tierctl; the result structs are not wrapped in Python)
-    "tier_jobs": (c_int, [_client_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "tier_job_list": (c_int, [_client_p, POINTER(c_void_p), POINTER(c_size_t)]),
     "tier_job_tensors": (c_int, [_client_p, c_char_p, POINTER(c_void_p), POINTER(c_size_t)]),
     "tier_job_evict": (c_int, [_client_p, c_char_p, c_int, c_void_p]),
     "tier_job_detach": (c_int, [_client_p, c_char_p, c_void_p]),
     "tier_job_commit": (c_int, [_client_p, c_uint64]),
     "tier_job_rollback": (c_int, [_client_p, POINTER(TierCommit)]),
-    "tier_quota_get2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2)]),
-    "tier_quota_set2": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota2), POINTER(TierQuota2)]),
+    "tier_quota_get": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota)]),
+    "tier_quota_set": (c_int, [_client_p, c_int, ctypes.c_uint32, c_char_p, POINTER(TierQuota), POINTER(TierQuota)]),
     "tier_quota_total_get": (c_int, [_client_p, c_int, ctypes.c_uint32, POINTER(TierQuotaTotal)]),
     "tier_quota_total_set": (
         c_int,
@@ -324,7 +320,7 @@ def library_path() -> str:
     return _path
 
 
-# free(3) of the C library libtier uses (the process's: tier_status() mallocs).
+# free(3) of the C library libtier uses (the process's: tier_client_status() mallocs).
 _libc = ctypes.CDLL(None)
 _libc.free.restype = None
 _libc.free.argtypes = [c_void_p]

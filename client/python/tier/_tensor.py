@@ -62,11 +62,11 @@ class Fence:
         return r > 0
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until done (``tier_wait()``); TimedOutError after @timeout seconds (None: forever)."""
+        """Wait until done (``tier_fence_wait()``); TimedOutError after @timeout seconds (None: forever)."""
         self.client.wait(self, timeout)
 
     def stream_wait(self, stream: Any = None) -> None:
-        """``tier_stream_wait()``: make CUDA @stream wait for this fence (an async pin into VRAM).
+        """``tier_fence_stream_wait()``: make CUDA @stream wait for this fence (an async pin into VRAM).
 
         @stream: an int (CUstream / cudaStream_t), a ctypes pointer, an
         object with ``.cuda_stream`` (``torch.cuda.Stream``), or None for the
@@ -74,7 +74,7 @@ class Fence:
         """
         s = _stream(stream)
         c = self.client._handle("stream wait")
-        self.client._check(_L.tier_stream_wait(c, self.value, s), f"stream wait for fence {self.value}")
+        self.client._check(_L.tier_fence_stream_wait(c, self.value, s), f"stream wait for fence {self.value}")
 
     def __int__(self) -> int:
         return self.value
@@ -331,7 +331,7 @@ class Tensor:
         return g
 
     def pin(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> Grant:
-        """Pin a resident copy in @tier, bringing it there first (``tier_pin_mode()``).
+        """Pin a resident copy in @tier, bringing it there first (``tier_pin()``).
 
         @mode WRITE alone promises to overwrite the whole tensor: tierd
         brings no old bytes (they read as anything) and the unpin is dirty.
@@ -339,16 +339,16 @@ class Tensor:
         lv, md = _level(tier), _mode(mode)
         h = self._handle(self._op("pin", lv))
         raw = _lib.TierGrant()
-        self._check(_L.tier_pin_mode(h, lv, md, byref(raw)), self._op("pin", lv))
+        self._check(_L.tier_pin(h, lv, md, byref(raw)), self._op("pin", lv))
         return self._grant(raw, md)
 
     def pin_async(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> tuple[Grant, Fence]:
-        """``tier_pin_async_mode()``: the grant is valid at once, its bytes once the fence is done."""
+        """``tier_pin_async()``: the grant is valid at once, its bytes once the fence is done."""
         lv, md = _level(tier), _mode(mode)
         h = self._handle(self._op("pin", lv))
         raw = _lib.TierGrant()
         f = c_uint64()
-        self._check(_L.tier_pin_async_mode(h, lv, md, byref(raw), byref(f)), self._op("pin", lv))
+        self._check(_L.tier_pin_async(h, lv, md, byref(raw), byref(f)), self._op("pin", lv))
         return self._grant(raw, md), Fence(self.client, f.value)
 
     def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:

@@ -136,7 +136,7 @@ class Client:
         self._phase_grants: list[Grant] = []
         self._phase: int | None = None
         c = c_void_p()
-        r = _L.tier_client_new(byref(c), sock, jb, rk)
+        r = _L.tier_client_new(sock, jb, rk, byref(c))
         if r < 0:
             text = (_L.tier_client_last_error(None) or b"").decode("utf-8", "replace") or strerror(r)
             where = os.fsdecode(sock) if sock else "tierd"
@@ -260,20 +260,20 @@ class Client:
 
         One status request; the difference of two calls is what a pass cost.
         """
-        arr = (c_uint64 * _lib.TIER_LINKS)()
+        arr = (c_uint64 * _lib.TIER_LINK_SLOTS)()
         self._check(_L.tier_client_moved(self._handle("moved"), arr), "moved")
         return {LINKS[i]: int(arr[i]) for i in range(_lib.TIER_LINKS)}
 
     def _status(self, fmt: int) -> str:
         p = c_void_p()
-        self._check(_L.tier_status(self._handle("status"), fmt, byref(p)), "status")
+        self._check(_L.tier_client_status(self._handle("status"), fmt, byref(p)), "status")
         try:
             return ctypes.string_at(p.value).decode("utf-8", "replace")
         finally:
             _lib.libc_free(p.value)
 
     def status(self) -> dict[str, Any]:
-        """tierd's whole status (``tier_status()`` JSON, parsed): tiers, links, targets, jobs."""
+        """tierd's whole status (``tier_client_status()`` JSON, parsed): tiers, links, targets, jobs."""
         return json.loads(self._status(_lib.TIER_STATUS_JSON))
 
     def status_table(self) -> str:
@@ -289,9 +289,9 @@ class Client:
         jb = _name(job, "job") if job is not None else None
         q = _lib.TierQuota()
         op = f"quota of job {job if job is not None else self._job!r}"
-        self._check(_L.tier_quota_get(self._handle(op), jb, byref(q)), op)
+        self._check(_L.tier_quota_get(self._handle(op), _lib.TIER_QUOTA_JOB, 0, jb, byref(q)), op)
         return Quota(
-            limits=PerTier((_LEVEL_NAMES[i], int(q.limit[i])) for i in range(_lib.TIER_LEVEL_MAX)),
+            limits=PerTier((_LEVEL_NAMES[i], int(q.max[i])) for i in range(_lib.TIER_LEVEL_MAX)),
             weight=int(q.weight),
         )
 
@@ -330,7 +330,7 @@ class Client:
         return _lib.TIER_QUOTA_JOB, 0, _name(job, "job") if job is not None else None, f"job {job!r}"
 
     @staticmethod
-    def _quota2(q: _lib.TierQuota2) -> Quota:
+    def _quota2(q: _lib.TierQuota) -> Quota:
         n = _lib.TIER_LEVEL_MAX
         sources: dict[str, str] = {}
         for i in range(n):
@@ -355,7 +355,7 @@ class Client:
         group: int | str | None = None,
         default: bool = False,
     ) -> Quota:
-        """``tier_quota_get2()``: the quota of a job name (None: this client's job),
+        """``tier_quota_get()``: the quota of a job name (None: this client's job),
         a uid, a user, a group (gid or name) or the default, with minimums and
         where each value comes from (Quota.sources).
 
@@ -363,9 +363,9 @@ class Client:
         that does not run; the rest needs root or group tier-admin.
         """
         kind, ident, jb, words = self._quota_target(job, uid, user, group, default)
-        q = _lib.TierQuota2()
+        q = _lib.TierQuota()
         op = f"quota of {words}" if kind != _lib.TIER_QUOTA_JOB or job is not None else f"quota of job {self._job!r}"
-        self._check(_L.tier_quota_get2(self._handle(op), kind, ident, jb, byref(q)), op)
+        self._check(_L.tier_quota_get(self._handle(op), kind, ident, jb, byref(q)), op)
         return self._quota2(q)
 
     def set_quota(
@@ -384,7 +384,7 @@ class Client:
         weight: int | None = None,
         clear: bool = False,
     ) -> Quota:
-        """``tier_quota_set2()``: set maxima (vram, host, nvme: bytes), guaranteed
+        """``tier_quota_set()``: set maxima (vram, host, nvme: bytes), guaranteed
         minimums (vram_min, ...: bytes, 0 for none) and the weight of a job name
         (None: this client's job), a uid, a user or a group.
 
@@ -399,7 +399,7 @@ class Client:
                 raise ValueError("a control connection has no job of its own: name one")
             job = self._job
         kind, ident, jb, words = self._quota_target(job, uid, user, group)
-        q = _lib.TierQuota2()
+        q = _lib.TierQuota()
         for i, v in enumerate((vram, host, nvme)):
             if v is not None:
                 q.max[i] = _uint(v, f"the {_LEVEL_NAMES[i]} limit", 1, (1 << 64) - 1)
@@ -410,9 +410,9 @@ class Client:
         if weight is not None:
             q.weight = _uint(weight, "weight", 1, 1000)
         q.clear = 1 if clear else 0
-        now = _lib.TierQuota2()
+        now = _lib.TierQuota()
         op = f"set quota of {words}"
-        self._check(_L.tier_quota_set2(self._handle(op), kind, ident, jb, byref(q), byref(now)), op)
+        self._check(_L.tier_quota_set(self._handle(op), kind, ident, jb, byref(q), byref(now)), op)
         return self._quota2(now)
 
     @staticmethod
@@ -470,7 +470,7 @@ class Client:
         if uid is None and user is None and group is None:
             raise ValueError("name a uid, user or group: totals are of all its jobs together")
         kind, ident, _, words = self._quota_target(None, uid, user, group)
-        arr = (c_uint64 * _lib.TIER_LEVEL_MAX)()
+        arr = (c_uint64 * _lib.TIER_LEVEL_SLOTS)()
         mask = 0
         for i, v in enumerate((vram, host, nvme)):
             if v is not None:
@@ -534,7 +534,7 @@ class Client:
 
     # -- fences and events
     def wait(self, fence_or_list: Fence | Iterable[Fence], timeout: float | None = None) -> None:
-        """Wait for a fence, or for every fence of a list (``tier_wait()``).
+        """Wait for a fence, or for every fence of a list (``tier_fence_wait()``).
 
         @timeout: seconds for all of them together, None: forever.
         TimedOutError when it runs out (the requests go on); a failed
@@ -553,7 +553,7 @@ class Client:
             left = -1
             if deadline is not None:
                 left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            self._check(_L.tier_wait(c, f.value, left), f"wait for fence {f.value}")
+            self._check(_L.tier_fence_wait(c, f.value, left), f"wait for fence {f.value}")
 
     def process(self) -> None:
         """Handle what tierd sent without blocking (``tier_client_process()``).
@@ -569,7 +569,7 @@ class Client:
         return Plan(self)
 
     def phase(self, k: int) -> None:
-        """Enter phase @k of the submitted plan (``tier_phase()``).
+        """Enter phase @k of the submitted plan (``tier_phase_enter()``).
 
         The previous phase's pins go (and the views of its phase grants).
         """
@@ -577,7 +577,7 @@ class Client:
         c = self._handle(f"phase {ph}")
         self._invalidate_phase_grants()
         self._phase = None
-        self._check(_L.tier_phase(c, ph), f"phase {ph}")
+        self._check(_L.tier_phase_enter(c, ph), f"phase {ph}")
         self._phase = ph
 
     def end_plan(self) -> None:

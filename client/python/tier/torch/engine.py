@@ -737,7 +737,7 @@ class Offload(torch.optim.Optimizer):
         Deferred (gradients accumulated or clipped), every block's optimizer phases run here, the
         clipping factor applied; fused, only the shared block's are left, if the backward's end did
         not run them.  With the plan running (from the second step on), it ends by entering the
-        next step's first phase (one ``tier_phase()``, no round trip): tierd holds the last
+        next step's first phase (one ``tier_phase_enter()``, no round trip): tierd holds the last
         optimizer phase's pins until the next phase begins, so only then can that phase's
         write-downs (placements B and C) be issued, and this way they are issued in the step they
         belong to; :meth:`flush` waits for them."""

@@ -11,7 +11,7 @@ shared block's last.
 The first step is traced: hooks record the order while each phase pins
 what it needs with plain pins.  The engine then submits the cycle as the
 job's iteration plan (every phase's tensors, tiers and modes) and from the
-second step on enters each phase with ``tier_phase()``: tierd knows what
+second step on enters each phase with ``tier_phase_enter()``: tierd knows what
 comes next and moves it while the current phase computes.
 
 Every later step must run the same phases: a block that runs in a later
