@@ -48,7 +48,8 @@ TIER_TORCH_PACKAGES=(
 # (setpriv), procps (kill(1): the unit's ExecReload=), man-db (man(1):
 # systemd-analyze verify opens the units' Documentation=man: pages, and the
 # installed pages are read with it), prometheus (promtool
-# checks tierd's metrics text), gnuplot-nox (bench/run all's plots).  The
+# checks tierd's metrics text), gnuplot-nox (bench/run all's plots),
+# abigail-tools (abidiff: libtier's ABI against abi/libtier.abi).  The
 # python suite (tests/python/, the tier package of client/python/) needs numpy
 # and torch for its views (skipped without them), and setuptools, wheel, venv
 # and pip to check "pip install ./client/python" offline; all through Debian,
@@ -61,6 +62,7 @@ TIER_TORCH_PACKAGES=(
 TIER_TEST_PACKAGES=(
         "${TIER_BUILD_PACKAGES[@]}"
         libcmocka-dev libjansson-dev fio valgrind python3 systemd util-linux procps man-db prometheus gnuplot-nox
+        abigail-tools
         "${TIER_TORCH_PACKAGES[@]}" python3-setuptools python3-wheel python3-venv python3-pip
         python3-torchvision python3-requests python3-yaml python3-psutil
 )

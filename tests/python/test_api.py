@@ -89,6 +89,25 @@ class TestPrototypes(unittest.TestCase):
         self.assertEqual(int(m.group(1)), _lib.TIER_PROTOCOL_VERSION)
 
 
+    def test_readme_example_compiles(self) -> None:
+        # README's C quick example compiles and links against tier.h and the built libtier, warning-free
+        with open(os.path.join(tierd.source_dir(), "README.md")) as f:
+            blocks = re.findall(r"```c\n(.*?)```", f.read(), flags=re.S)
+        mains = [b for b in blocks if "int main(void)" in b]
+        self.assertEqual(len(mains), 1, "README.md has one complete C example")
+        with tempfile.TemporaryDirectory() as d:
+            src = os.path.join(d, "ex.c")
+            with open(src, "w") as f:
+                f.write(mains[0])
+            lib = os.path.join(tierd.build_dir(), "client")
+            p = subprocess.run(
+                ["cc", "-std=c17", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
+                 "-I", os.path.join(tierd.source_dir(), "client"), "-o", os.path.join(d, "ex"), src,
+                 "-L", lib, "-ltier"],
+                capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+
+
 class TestNames(unittest.TestCase):
     def test_levels_and_links(self) -> None:
         self.assertEqual([str(x) for x in tier.Level], ["vram", "host", "nvme"])
