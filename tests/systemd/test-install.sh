@@ -83,6 +83,27 @@ if ((have_man)); then
         done
 fi
 
+# man(1) finds a page for every function of libtier, a group page's other functions through
+# their aliases (.so man3/tier_pin.3 installed as tier_pin_async.3), and renders them.
+if ((have_man)) && command -v man >/dev/null; then
+        man3=$(find "$dest" -path '*/man3/libtier.3' | head -n1)
+        mandir=$(dirname "$(dirname "$man3")")
+        echo "man -M $mandir:"
+        functions=$(sed -n '/global:/,/local:/p' "$source/client/libtier.sym" | sed -n 's/^[[:space:]]*\(tier_[a-z0-9_]*\);.*/\1/p')
+        [[ $(wc -w <<<"$functions") -ge 60 ]] || bad "found $(wc -w <<<"$functions") functions in client/libtier.sym"
+        for fn in $functions; do
+                found=$(man -M "$mandir" -w "$fn" 2>/dev/null) || true
+                [[ -n $found && -f $found && $found == "$mandir"/* ]] || bad "man -M ... -w $fn finds no installed page ('$found')"
+        done
+        for fn in tier_pin tier_pin_async; do
+                echo "    man -w $fn: $(man -M "$mandir" -w "$fn" 2>&1)"
+                text=$(MANPAGER=cat MANWIDTH=80 man -M "$mandir" "$fn" 2>&1) || bad "man -M ... $fn failed: $text"
+                [[ $text == *tier_pin* && $text == *"$fn"* ]] || bad "man -M ... $fn renders no text naming it: $(head -c 300 <<<"$text")"
+        done
+elif ((have_man)); then
+        echo "man(1) not found: the installed pages are not looked up"
+fi
+
 # tierd looks for its configuration where the sample one was installed.
 tierd=$(find "$dest" -path '*/bin/tierd' | head -n1)
 conf_default=$("$tierd" --help | sed -n 's/.*configuration file (default \(.*\)).*/\1/p')

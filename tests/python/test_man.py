@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""The man pages of libtier against client/tier.h and client/libtier.sym: every exported function
+has a page (its own, or an alias installed under its name), every SYNOPSIS is tier.h's, and no
+page names a function tier.h does not declare."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import unittest
+
+import tierd
+
+MAN = os.path.join(tierd.source_dir(), "man")
+HEADER = os.path.join(tierd.source_dir(), "client", "tier.h")
+SYMBOLS = os.path.join(tierd.source_dir(), "client", "libtier.sym")
+
+
+def strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+
+
+def normalise(decl: str) -> str:
+    """One declaration with whitespace normalised: runs become one space, none around punctuation."""
+    decl = re.sub(r"\s+", " ", decl).strip()
+    return re.sub(r"\s*([(),*\[\];])\s*", r"\1", decl)
+
+
+def declarations(code: str) -> dict[str, str]:
+    """Function name -> normalised declaration, for every function prototype in C @code."""
+    code = strip_comments(code)
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
+    decls: dict[str, str] = {}
+    for m in re.finditer(r"([^;{}]*?\b(tier_\w+)\s*\([^;{}]*\))\s*;", code):
+        decl, name = m.group(1), m.group(2)
+        if decl.lstrip().startswith("typedef"):
+            continue
+        decls[name] = normalise(decl + ";")
+    return decls
+
+
+def exported_symbols() -> set[str]:
+    """The functions of libtier.sym's global lists (every version node)."""
+    with open(SYMBOLS) as f:
+        text = strip_comments(f.read())
+    names: set[str] = set()
+    for block in re.findall(r"global:(.*?)(?:local:|\})", text, flags=re.S):
+        names.update(re.findall(r"\b(tier_\w+)\s*;", block))
+    return names
+
+
+class Page:
+    """A libtier man page: man/NAME.3.scd."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.name = os.path.basename(path)[: -len(".3.scd")]
+        with open(path) as f:
+            self.text = f.read()
+
+    def section(self, title: str) -> str:
+        m = re.search(rf"^# {re.escape(title)}\n(.*?)(?=^# |\Z)", self.text, flags=re.M | re.S)
+        return m.group(1) if m else ""
+
+    def names(self) -> list[str]:
+        """The functions the NAME line lists, before its " - "."""
+        line = self.section("NAME").strip().split("\n")[0]
+        return [n.strip() for n in line.split(" - ")[0].split(",")]
+
+    def synopsis(self) -> dict[str, str]:
+        """The prototypes of the SYNOPSIS's code blocks."""
+        blocks = re.findall(r"^```\n(.*?)^```", self.section("SYNOPSIS"), flags=re.M | re.S)
+        return declarations("\n".join(blocks))
+
+
+def pages() -> list[Page]:
+    return [Page(p) for p in sorted(glob.glob(os.path.join(MAN, "tier_*.3.scd")))]
+
+
+def all_pages() -> list[str]:
+    return sorted(glob.glob(os.path.join(MAN, "*.scd")))
+
+
+class TestManPages(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        with open(HEADER) as f:
+            cls.header = declarations(f.read())
+        cls.symbols = exported_symbols()
+        cls.pages = pages()
+        cls.listed: dict[str, list[str]] = {}
+        for p in cls.pages:
+            for n in p.names():
+                cls.listed.setdefault(n, []).append(p.name)
+
+    def test_inputs(self) -> None:
+        # a parser that finds nothing would let every other test pass
+        self.assertGreaterEqual(len(self.header), 60, "functions found in tier.h")
+        self.assertGreaterEqual(len(self.symbols), 60, "functions found in libtier.sym")
+        self.assertEqual(self.symbols, set(self.header), "libtier.sym and tier.h disagree")
+        self.assertGreater(len(self.pages), 10)
+
+    def test_every_symbol_has_a_page(self) -> None:
+        missing = sorted(self.symbols - set(self.listed))
+        self.assertEqual(missing, [], "exported functions that no page's NAME line lists")
+        twice = {n: p for n, p in self.listed.items() if len(p) > 1}
+        self.assertEqual(twice, {}, "functions listed on the NAME line of several pages")
+
+    def test_page_names_itself_first(self) -> None:
+        for p in self.pages:
+            self.assertEqual(p.names()[0], p.name, f"{p.path}: the NAME line begins with another name")
+            self.assertTrue(p.text.startswith(f"{p.name}(3)\n"), f"{p.path}: no title line {p.name}(3)")
+
+    def test_synopsis_is_tier_h(self) -> None:
+        in_synopsis: dict[str, str] = {}
+        for p in self.pages:
+            syn = p.synopsis()
+            self.assertIn("#include <tier.h>", p.section("SYNOPSIS"), p.path)
+            self.assertEqual(sorted(syn), sorted(p.names()),
+                             f"{p.path}: the SYNOPSIS's prototypes are not the functions of the NAME line")
+            for name, decl in syn.items():
+                self.assertIn(name, self.header, f"{p.path}: SYNOPSIS declares {name}(), which tier.h does not")
+                self.assertEqual(decl, self.header[name], f"{p.path}: the prototype of {name}() is not tier.h's")
+                in_synopsis[name] = p.name
+        self.assertEqual(sorted(set(self.header) - set(in_synopsis)), [],
+                         "functions of tier.h in no page's SYNOPSIS")
+
+    def test_no_stale_names(self) -> None:
+        # libtier's own pages: every tier_* identifier is one of tier.h (a function, type or struct);
+        # the other pages: every tier_*() they call a function is one
+        with open(HEADER) as f:
+            known = set(re.findall(r"\btier_[a-z0-9_]+\b", f.read()))
+        stale: list[str] = []
+        for path in all_pages():
+            with open(path) as f:
+                text = f.read()
+            base = os.path.basename(path)
+            if base.startswith("tier_") or base == "libtier.3.scd":
+                found = re.findall(r"\btier_[a-z0-9_]+\b", text)
+            else:
+                found = re.findall(r"\b(tier_[a-z0-9_]+)\**\s*\(", text)
+            stale += [f"{base}: {n}" for n in sorted(set(found) - known)]
+        self.assertEqual(stale, [], "pages name what tier.h does not declare")
+        for n in set(self.listed):
+            self.assertIn(n, self.header, f"a NAME line lists {n}, which tier.h does not declare")
+
+    def test_installed_under_every_name(self) -> None:
+        info = os.path.join(tierd.build_dir(), "meson-info", "intro-installed.json")
+        if not os.path.exists(info):
+            self.skipTest(f"no {info}")
+        with open(info) as f:
+            installed = json.load(f)        # build path -> install path
+        man3 = {os.path.basename(dest)[: -len(".3")]: src for src, dest in installed.items()
+                if os.path.basename(os.path.dirname(dest)) == "man3" and dest.endswith(".3")}
+        if not man3:
+            self.skipTest("this build has no man pages (-Dman=disabled, or no scdoc)")
+        self.assertTrue("libtier" in man3, "libtier(3) is not installed")
+        for p in self.pages:
+            self.assertIn(p.name, man3, f"{p.path} is not installed")
+        for name in sorted(self.symbols):
+            with self.subTest(function=name):
+                self.assertTrue(name in man3, f"nothing is installed as man3/{name}.3")
+                self.assertIn(name, self.listed, f"no page's NAME line lists {name}")
+                page = self.listed[name][0]
+                with open(man3[name]) as f:
+                    roff = f.read()
+                if name == page:
+                    self.assertRegex(roff, r"(?m)^\.TH ", f"man3/{name}.3 is not a man page")
+                else:
+                    self.assertEqual(roff.strip(), f".so man3/{page}.3", f"man3/{name}.3 is not an alias of {page}(3)")
+
+
+if __name__ == "__main__":
+    tierd.main()
