@@ -113,19 +113,19 @@ static void stored_forget(void) {
 }
 
 static int store_adopt_host(Segment *seg, uint64_t size, void *userdata) {
-        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_HOST, seg->id, size);
+        return memstore_take_segment(((Manager *) userdata)->memstore, LEVEL_HOST, seg->id, size);
 }
 
 static int store_adopt_vram(Segment *seg, uint64_t size, void *userdata) {
-        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_VRAM, seg->id, size);
+        return memstore_take_segment(((Manager *) userdata)->memstore, LEVEL_VRAM, seg->id, size);
 }
 
 static void store_made_host(Segment *seg, void *userdata) {
-        memstore_segment_made(((Manager *) userdata)->memstore, TIER_HOST, seg);
+        memstore_segment_made(((Manager *) userdata)->memstore, LEVEL_HOST, seg);
 }
 
 static void store_made_vram(Segment *seg, void *userdata) {
-        memstore_segment_made(((Manager *) userdata)->memstore, TIER_VRAM, seg);
+        memstore_segment_made(((Manager *) userdata)->memstore, LEVEL_VRAM, seg);
 }
 
 /* The memory store, before the pools: what the last run left is adopted as they are made. */
@@ -298,7 +298,7 @@ static int manager_setup_tiers(Manager *m) {
                         return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
         }
         m->vram->faults = m->faults;   /* the emulated backend injects them; cuda ignores them */
-        m->vram->pool.tier = TIER_VRAM;
+        m->vram->pool.tier = LEVEL_VRAM;
         m->vram->pool.id_base = 1u << 16;
 
         /* host tier: one memfd per segment, NUMA-bound, locked, registered as a fixed buffer */
@@ -325,7 +325,7 @@ static int manager_setup_tiers(Manager *m) {
                 return log_error_errno(r, "Cannot set up the host pool of %" PRIu64 " bytes: %m "
                                        "(locked memory needs CAP_IPC_LOCK or a higher RLIMIT_MEMLOCK)",
                                        m->config.host_capacity);
-        m->host.pool.tier = TIER_HOST;
+        m->host.pool.tier = LEVEL_HOST;
         m->host.pool.id_base = 0;
         m->host.locked = !m->host.memfd.lock_failed;
 
@@ -603,10 +603,10 @@ static void manager_write_down(Manager *m) {
                 list_for_each_safe(tn, ttmp, &j->tensors) {
                         Tensor *t = list_entry(tn, Tensor, job_link);
 
-                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, TIER_NVME) ||
-                            (!copy_valid(t, TIER_HOST) && !copy_valid(t, TIER_VRAM)))
+                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, LEVEL_NVME) ||
+                            (!copy_valid(t, LEVEL_HOST) && !copy_valid(t, LEVEL_VRAM)))
                                 continue;
-                        if (op_submit(m->engine, OP_EVICT, t, TIER_NVME, on_stop_written, NULL, m, NULL) < 0) {
+                        if (op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_stop_written, NULL, m, NULL) < 0) {
                                 m->stop_failed++;
                                 continue;
                         }
@@ -720,11 +720,11 @@ int manager_status_line(Manager *m, char *buf, size_t size) {
         return snprintf(buf, size,
                         "vram %.0f/%.0f MiB (%s), host %.0f/%.0f MiB%s, nvme %.0f/%.0f MiB on %u target(s); "
                         "%u job(s), %u connection(s)",
-                        (double) r->used[TIER_VRAM] / mib, (double) r->capacity[TIER_VRAM] / mib,
+                        (double) r->used[LEVEL_VRAM] / mib, (double) r->capacity[LEVEL_VRAM] / mib,
                         m->vram->ops->name,
-                        (double) r->used[TIER_HOST] / mib, (double) r->capacity[TIER_HOST] / mib,
+                        (double) r->used[LEVEL_HOST] / mib, (double) r->capacity[LEVEL_HOST] / mib,
                         m->host.locked ? " locked" : " NOT locked",
-                        (double) r->used[TIER_NVME] / mib, (double) r->capacity[TIER_NVME] / mib,
+                        (double) r->used[LEVEL_NVME] / mib, (double) r->capacity[LEVEL_NVME] / mib,
                         m->nvme->n_targets, r->n_jobs, n_conns(m));
 }
 

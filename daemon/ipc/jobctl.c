@@ -127,7 +127,7 @@ static void entry_fill(TensorsPage *e, const Tensor *t, uint64_t now) {
                 e->cs[i].tier = (Tier__Tier) i;
                 e->cs[i].state = (char *) copy_state_to_string(cp->state);
                 e->cs[i].valid = copy_valid(t, i);
-                e->cs[i].dirty = i != TIER_NVME && copy_valid(t, i) && copy_is_sole(t, i);
+                e->cs[i].dirty = i != LEVEL_NVME && copy_valid(t, i) && copy_is_sole(t, i);
                 e->cs[i].pins = cp->pins;
                 e->csp[i] = &e->cs[i];
                 if (cp->last_use > last)
@@ -307,9 +307,9 @@ int jobctl_evict(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobEvict *q) {
         j = job_for(rpc, c, seq, q->job, "evict", &r);
         if (!j)
                 return r;
-        if (tier != TIER_HOST && tier != TIER_NVME)
+        if (tier != LEVEL_HOST && tier != LEVEL_NVME)
                 return reply_error(c, seq, -EINVAL, "a job is evicted down to host or nvme, not %s",
-                                   tier == TIER_VRAM ? "vram" : "an unknown tier");
+                                   tier == LEVEL_VRAM ? "vram" : "an unknown tier");
         if (c->evict)
                 return reply_error(c, seq, -EBUSY, "this connection is evicting a job already (one at a time)");
         ev = calloc(1, sizeof(*ev));

@@ -49,8 +49,9 @@
 #include "daemon/tiers/vram.h"
 #include "proto/fence.h"
 #include "proto/macro.h"
-#include "proto/utf8.h"
 #include "proto/plan.h"
+#include "proto/utf8.h"
+#include "proto/wire.h"
 #include "tier.pb-c.h"
 
 /* Largest tensor we accept at all (the host segment size bounds it further). */
@@ -142,7 +143,7 @@ static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_
          * the device.  Only for a copy in one piece: the pieces of a larger one
          * go on several streams, and the fence is what says all are done.
          */
-        if (fence && tier == TIER_VRAM && cp->n_pieces == 1 &&
+        if (fence && tier == LEVEL_VRAM && cp->n_pieces == 1 &&
             vram_copy_event(r->vram, cp->pieces[0].seg, cp->pieces[0].offset, ev) > 0)
                 pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
@@ -334,11 +335,11 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
 
         if (c->hello_done)
                 return conn_protocol_error(c, seq, -EPROTO, "Hello sent twice");
-        if (h->version != TIER_PROTOCOL_VERSION) {
+        if (h->version != WIRE_PROTOCOL_VERSION) {
                 char msg[128];
 
                 snprintf(msg, sizeof(msg), "protocol version %u not supported (tierd speaks version %u)",
-                         h->version, TIER_PROTOCOL_VERSION);
+                         h->version, WIRE_PROTOCOL_VERSION);
                 log_info("Connection %" PRIu64 " (pid " PID_FMT "): %s", c->id, c->pid, msg);
                 return conn_protocol_error(c, seq, -EPROTONOSUPPORT, msg);
         }
@@ -347,12 +348,12 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         lim.max_tensors = r->config->max_tensors;
         lim.max_inflight = r->config->max_inflight;
         lim.max_name = r->config->max_name;
-        segment_size[TIER_VRAM] = r->registry->pools[TIER_VRAM]->seg_size;
-        segment_size[TIER_HOST] = r->registry->pools[TIER_HOST]->seg_size;
-        segment_size[TIER_NVME] = r->nvme->extent_size;
+        segment_size[LEVEL_VRAM] = r->registry->pools[LEVEL_VRAM]->seg_size;
+        segment_size[LEVEL_HOST] = r->registry->pools[LEVEL_HOST]->seg_size;
+        segment_size[LEVEL_NVME] = r->nvme->extent_size;
         lim.n_segment_size = TIERS;
         lim.segment_size = segment_size;
-        hr.version = TIER_PROTOCOL_VERSION;
+        hr.version = WIRE_PROTOCOL_VERSION;
         hr.limits = &lim;
         hr.vram_backend = (char *) r->vram->ops->name;
         hr.vram_device = r->vram->device;
@@ -434,7 +435,7 @@ static int reply_tensor(Conn *c, uint64_t seq, const Tensor *t) {
 }
 
 static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
-        uint64_t vmax = job_tensor_max(c->job, TIER_VRAM), hmax = job_tensor_max(c->job, TIER_HOST);
+        uint64_t vmax = job_tensor_max(c->job, LEVEL_VRAM), hmax = job_tensor_max(c->job, LEVEL_HOST);
         Tensor *t;
         int r;
 
@@ -499,7 +500,7 @@ static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
                 tier__copy_state__init(&cs[i]);
                 cs[i].tier = (Tier__Tier) i;
                 cs[i].state = (char *) copy_state_to_string(cp->state);
-                cs[i].dirty = copy_is_sole(t, i) && i != TIER_NVME;
+                cs[i].dirty = copy_is_sole(t, i) && i != LEVEL_NVME;
                 cs[i].pins = cp->pins;
                 csp[i] = &cs[i];
         }
@@ -524,7 +525,7 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         if (u->ipc_event.len > 0) {
                 const Copy *cp = &t->copy[tier];
 
-                r = tier == TIER_VRAM && cp->pins > 0 ? 0 : -EINVAL;
+                r = tier == LEVEL_VRAM && cp->pins > 0 ? 0 : -EINVAL;
                 /* every piece waits for the client's work */
                 for (uint32_t i = 0; r >= 0 && i < cp->n_pieces; i++)
                         r = vram_wait_event(rpc->vram, cp->pieces[i].seg, cp->pieces[i].offset, cp->pieces[i].len,
@@ -625,11 +626,11 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
                 return reply_status(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
                                     2 * cf->max_tensors);
         if (kind == TIER__REQUEST__OP_EVICT) {
-                if (tier == TIER_VRAM)
+                if (tier == LEVEL_VRAM)
                         return reply_status(c, seq, -EINVAL, "evict goes down to host or nvme, not vram");
         } else {
                 /* pin and prefetch bring a copy up */
-                if (tier == TIER_NVME)
+                if (tier == LEVEL_NVME)
                         return reply_status(c, seq, -EINVAL, kind == TIER__REQUEST__OP_PIN ?
                                             "tensors are pinned in vram or host, not nvme" :
                                             "prefetch goes up to vram or host, not nvme");

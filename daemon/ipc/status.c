@@ -152,15 +152,15 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
 
                 tier__tier_status__init(t);
                 t->tier = (Tier__Tier) i;
-                t->backend = (char *) (i == TIER_VRAM ? r->vram->ops->name : i == TIER_HOST ? "memfd" : "o_direct");
+                t->backend = (char *) (i == LEVEL_VRAM ? r->vram->ops->name : i == LEVEL_HOST ? "memfd" : "o_direct");
                 t->capacity = reg->capacity[i];
                 t->used = reg->used[i];
                 t->pinned = reg->pinned[i];
-                t->segment_size = i == TIER_NVME ? n->extent_size : reg->pools[i]->seg_size;
-                t->held = i == TIER_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
-                t->bandwidth = i == TIER_VRAM ? r->config->vram_bandwidth :
-                               i == TIER_NVME ? r->config->nvme_bandwidth : 0;
-                t->renewing = i == TIER_NVME ? 0 : reg->pools[i]->n_renewing;
+                t->segment_size = i == LEVEL_NVME ? n->extent_size : reg->pools[i]->seg_size;
+                t->held = i == LEVEL_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
+                t->bandwidth = i == LEVEL_VRAM ? r->config->vram_bandwidth :
+                               i == LEVEL_NVME ? r->config->nvme_bandwidth : 0;
+                t->renewing = i == LEVEL_NVME ? 0 : reg->pools[i]->n_renewing;
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
@@ -239,7 +239,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->pinned = j->pinned[i];
                         u->tensor_max = job_tensor_max(j, i);
                         u->guarantee = j->guarantee[i];
-                        u->share = i == TIER_NVME ? j->limit[i] : engine_job_share(e, j, i);
+                        u->share = i == LEVEL_NVME ? j->limit[i] : engine_job_share(e, j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }
                 js->n_usage = TIERS;

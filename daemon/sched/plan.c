@@ -94,7 +94,7 @@ static uint64_t phases_bytes(const Plan *p, uint32_t a, uint32_t b, int tier, ui
 }
 
 static bool use_in_class(const PlanAcc *a, int c) {
-        return c == USE_ANY || (c == USE_VRAM ? a->tier == TIER_VRAM : a->tier == TIER_HOST);
+        return c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
 }
 
 /*
@@ -241,7 +241,7 @@ static int plan_check_quota(Plan *p, bool pairs, char *error, size_t esize) {
                 return -ENOMEM;
         pairs = pairs && p->n_phases > 1;
         for (uint32_t k = 0; k < p->n_phases; k++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
                         uint32_t k2 = pairs ? (k + 1) % p->n_phases : k;
                         uint64_t b = phases_bytes(p, k, k2, tier, mark);
 
@@ -271,7 +271,7 @@ static int plan_make_page(Plan *p) {
         uint64_t n_pieces = 0;
 
         for (uint32_t i = 0; i < p->n_slots; i++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++)
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++)
                         n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
         p->page_size = plan_page_size(p->n_slots, n_pieces);
         p->page_fd = memfd_create("tierd-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -289,7 +289,7 @@ static int plan_make_page(Plan *p) {
         /* each (slot, tier) gets its own stretch of the pieces */
         n_pieces = 0;
         for (uint32_t i = 0; i < p->n_slots; i++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
                         p->page->slots[2 * i + (uint32_t) tier].first_piece = (uint32_t) n_pieces;
                         n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
                 }
@@ -432,7 +432,7 @@ uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c) {
 }
 
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier) {
-        return plan_next_use_class(p, t, tier == TIER_VRAM ? USE_VRAM : USE_ANY);
+        return plan_next_use_class(p, t, tier == LEVEL_VRAM ? USE_VRAM : USE_ANY);
 }
 
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive) {
@@ -479,7 +479,7 @@ void plan_slot_publish(Plan *p, Tensor *t, int tier) {
         PlanSlot *s;
         PlanPiece *pieces;
 
-        if (t->plan != p || tier > TIER_HOST || c->n_pieces == 0)
+        if (t->plan != p || tier > LEVEL_HOST || c->n_pieces == 0)
                 return;
         s = &p->page->slots[2 * t->plan_slot + (uint32_t) tier];
         s->segment = c->pieces[0].seg->pool->id_base + c->pieces[0].seg->id;
@@ -588,10 +588,10 @@ void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
                 for (uint32_t k = 0; k < nx->n_acc; k++)
                         if (nx->acc[k].tensor == t)
                                 again = true;
-                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0) {
+                if (!again && t->op_refs == 0 && t->copy[LEVEL_VRAM].pins == 0 && t->copy[LEVEL_HOST].pins == 0) {
                         Op *op = NULL;
 
-                        if (op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, &op) >= 0)
+                        if (op_submit(p->sched->engine, OP_EVICT, t, LEVEL_NVME, NULL, NULL, NULL, &op) >= 0)
                                 op->internal = true;    /* no client waits: freeing the tensor cancels it */
                 }
         }

@@ -72,21 +72,21 @@ static void test_duplicates_merged(void **state) {
         a = fixture_tensor(j, "a", 4096);
         b = fixture_tensor(j, "b", 4096);
         req_init(&r, 8);
-        req_add(&r, a, TIER_HOST, PLAN_READ);
-        req_add(&r, b, TIER_VRAM, PLAN_READ);
-        req_add(&r, a, TIER_HOST, PLAN_WRITE);  /* merges with the first */
-        req_add(&r, a, TIER_VRAM, PLAN_READ);   /* another tier: an access of its own */
-        req_add(&r, b, TIER_VRAM, PLAN_READ);   /* merges, nothing new */
+        req_add(&r, a, LEVEL_HOST, PLAN_READ);
+        req_add(&r, b, LEVEL_VRAM, PLAN_READ);
+        req_add(&r, a, LEVEL_HOST, PLAN_WRITE);  /* merges with the first */
+        req_add(&r, a, LEVEL_VRAM, PLAN_READ);   /* another tier: an access of its own */
+        req_add(&r, b, LEVEL_VRAM, PLAN_READ);   /* merges, nothing new */
         assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, &p, err, sizeof(err)), 0);
         assert_int_equal(p->n_slots, 2);
         assert_int_equal(p->phases[0].n_acc, 3);
         assert_ptr_equal(p->phases[0].acc[0].tensor, a);
         assert_int_equal(p->phases[0].acc[0].mode, PLAN_READ | PLAN_WRITE);
-        assert_int_equal(p->phases[0].acc[0].tier, TIER_HOST);
+        assert_int_equal(p->phases[0].acc[0].tier, LEVEL_HOST);
         assert_ptr_equal(p->phases[0].acc[1].tensor, b);
         assert_int_equal(p->phases[0].acc[1].mode, PLAN_READ);
         assert_ptr_equal(p->phases[0].acc[2].tensor, a);
-        assert_int_equal(p->phases[0].acc[2].tier, TIER_VRAM);
+        assert_int_equal(p->phases[0].acc[2].tier, LEVEL_VRAM);
         /* the access index sees a's modes of the phase together */
         assert_int_equal(plan_next_access_mode(p, a, 0, true), PLAN_READ | PLAN_WRITE);
         plan_free(p);
@@ -114,7 +114,7 @@ static double time_plan(Manager *m, Job *j, Tensor **t, size_t n) {
 
         req_init(&r, n);
         for (size_t i = 0; i < n; i++)
-                req_add(&r, t[(i / 2) % (n / 4)], (i / (n / 2)) ? TIER_VRAM : TIER_HOST,
+                req_add(&r, t[(i / 2) % (n / 4)], (i / (n / 2)) ? LEVEL_VRAM : LEVEL_HOST,
                         i % 2 ? PLAN_WRITE : PLAN_READ);
         for (int k = 0; k < 5; k++) {
                 char err[256] = "";
