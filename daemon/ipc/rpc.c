@@ -660,16 +660,49 @@ static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
         return r;
 }
 
+/* tier.proto's enum Tier numbers the levels as proto/level.h does */
+_Static_assert((int) TIER__TIER__TIER_VRAM == LEVEL_VRAM && (int) TIER__TIER__TIER_HOST == LEVEL_HOST &&
+               (int) TIER__TIER__TIER_NVME == LEVEL_NVME, "enum Tier and proto/level.h differ");
+
+int rpc_plan_spec(const Tier__SubmitPlan *sp, PlanSpec *ret) {
+        size_t n = 0, i = 0;
+
+        for (size_t k = 0; k < sp->n_phases; k++)
+                n += sp->phases[k]->n_accesses;
+        *ret = (PlanSpec) { .n_phases = sp->n_phases, .n_acc = n };
+        ret->acc = calloc(MAX(n, (size_t) 1), sizeof(PlanSpecAccess));
+        if (!ret->acc)
+                return -ENOMEM;
+        for (size_t k = 0; k < sp->n_phases; k++)
+                for (size_t a = 0; a < sp->phases[k]->n_accesses; a++) {
+                        const Tier__PlanAccess *ra = sp->phases[k]->accesses[a];
+
+                        ret->acc[i++] = (PlanSpecAccess) {
+                                .phase = (uint32_t) k,
+                                .tensor = ra->tensor,
+                                .tier = (int) ra->tier,
+                                .mode = ra->mode,
+                        };
+                }
+        return 0;
+}
+
 static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PlanReply pr = TIER__PLAN_REPLY__INIT;
+        _cleanup_free_ PlanSpecAccess *acc = NULL;
         char error[256] = "";
+        PlanSpec spec;
         Plan *p = NULL;
         int fds[2], r;
 
         if (c->plan)
                 return conn_reply_error(c, seq, -EBUSY, "this connection already has a plan (one per rank)");
-        r = sched_plan_new(rpc->sched, c->job, c->efd, sp, &p, error, sizeof(error));
+        r = rpc_plan_spec(sp, &spec);
+        if (r < 0)
+                return conn_reply_error(c, seq, r, "%s", strerror(-r));
+        acc = spec.acc;
+        r = sched_plan_new(rpc->sched, c->job, c->efd, &spec, &p, error, sizeof(error));
         if (r < 0)
                 return conn_reply_error(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;

@@ -261,12 +261,20 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 list_for_each_safe(pn, ptmp, &j->plans) {
                         Plan *p = list_entry(pn, Plan, job_link);
                         Tier__PlanStatus *ps;
+                        PlanStats st;
 
                         if (np >= n_plans)
                                 break;
                         ps = &b->plans[np];
                         tier__plan_status__init(ps);
-                        plan_status(p, ps);
+                        plan_stats(p, &st);
+                        ps->phase = st.phase;
+                        ps->phases = st.phases;
+                        ps->iterations = st.iterations;
+                        ps->step_s = st.step_s;
+                        ps->stall_s = st.stall_s;
+                        ps->last_step_s = st.last_step_s;
+                        ps->stall_total_s = st.stall_total_s;
                         for (int l = 0; l < _LINK_MAX; l++) {
                                 Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
 

@@ -831,11 +831,11 @@ void sched_run(Sched *s) {
 
 /* ---- plans: start and end ------------------------------------------------------------------------------- */
 
-int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t esize) {
+int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, char *error, size_t esize) {
         Plan *p;
         int r;
 
-        r = plan_new(s, j, efd, req, policy(s) == SCHED_POLICY_TIMELINE, &p, error, esize);
+        r = plan_new(s, j, efd, spec, policy(s) == SCHED_POLICY_TIMELINE, &p, error, esize);
         if (r < 0)
                 return r;
         r = sd_event_add_io(s->event, &p->marker_source, p->marker_fd, EPOLLIN, on_marker, p);

@@ -652,23 +652,15 @@ static void test_quota_respect(void **state) {
         assert_non_null(strstr(err, "phase 0 pins 3145728 bytes of vram"));
         /* names a tensor the job lacks; a bad mode */
         {
-                Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
-                Tier__PlanPhase ph = TIER__PLAN_PHASE__INIT, *php = &ph;
-                Tier__PlanAccess acc = TIER__PLAN_ACCESS__INIT, *ap = &acc;
+                PlanSpecAccess acc = { .phase = 0, .tensor = 0xffffffffull, .tier = LEVEL_HOST, .mode = PLAN_READ };
+                PlanSpec sp = { .n_phases = 1, .acc = &acc, .n_acc = 1 };
 
-                ph.n_accesses = 1;
-                ph.accesses = &ap;
-                sp.n_phases = 1;
-                sp.phases = &php;
-                acc.tensor = 0xffffffffull;
-                acc.tier = TIER__TIER__TIER_HOST;
-                acc.mode = PLAN_READ;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -ENOENT);
                 acc.tensor = a->id;
                 acc.mode = 9;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 acc.mode = PLAN_READ;
-                acc.tier = TIER__TIER__TIER_NVME;
+                acc.tier = LEVEL_NVME;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 sp.n_phases = 0;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
