@@ -41,21 +41,22 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
+#include "daemon/ipc/server.h"
+#include "daemon/sched/sched.h"
 #include "daemon/state/book.h"
 #include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
-#include "daemon/ipc/server.h"
-#include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/csum.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/renew.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/fault.h"
-#include "daemon/tiers/uring.h"
+#include "daemon/tiers/uring-faults.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 static int host_register_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
@@ -241,7 +242,7 @@ static int manager_setup_faults(Manager *m) {
         log_warning("*** TIERD_TEST_FAULTS is set: %u injected fault rule(s) (%s) WILL make NVMe I/O "
                     "(and emulated VRAM copies) fail. This is for tests only; never run a production tierd "
                     "with it. ***", m->faults->n_rules, spec);
-        uring_set_faults(m->uring, m->faults);
+        uring_faults_attach(m->uring, m->faults);
         return 0;
 }
 
@@ -258,7 +259,8 @@ static int manager_setup_tiers(Manager *m) {
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)
-                return r;
+                return log_error_errno(r, "Failed to set up io_uring with %u entries: %m", m->config.nvme_queue_depth);
+        uring_faults_attach(m->uring, NULL);
         r = csum_new(m->event, m->config.nvme_checksum_threads, &m->csum);
         if (r < 0)
                 return log_error_errno(r, "Cannot start %u checksum thread(s): %m", m->config.nvme_checksum_threads);

@@ -59,14 +59,14 @@
 #include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/csum.h"
-#include "daemon/tiers/fairq.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/crc32c.h"
 #include "proto/macro.h"
+#include "util/fairq.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* How far (bytes of service) a job back from idleness may start behind the others on the VRAM link. */
 #define VRAM_FAIR_CREDIT (64ull << 20)

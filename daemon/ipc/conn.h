@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "daemon/base/list.h"
 #include "proto/macro.h"
 #include "proto/wire.h"
+#include "util/list.h"
 
 typedef struct Job Job;
 typedef struct JobEvict JobEvict;

@@ -26,11 +26,11 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* A status reply bigger than this goes through a memfd. */
 #define STATUS_INLINE_MAX (48u << 10)

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "daemon/base/level.h"
-#include "daemon/base/list.h"
+#include "util/list.h"
 
 typedef struct Job Job;
 typedef struct Op Op;

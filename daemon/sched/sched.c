@@ -71,11 +71,11 @@
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* Transfers the scheduler keeps in flight per job and link: enough to keep it busy, few enough to stay EDF. */
 #define NVME_INFLIGHT 3

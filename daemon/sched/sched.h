@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/base/list.h"
 #include "proto/macro.h"
+#include "util/list.h"
 
 typedef struct Config Config;
 typedef struct Engine Engine;
