@@ -449,9 +449,9 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 r = revoke_new(m->event, m->engine, &m->revoke);
         /*
          * Segments a job gives back get their new memory on a thread of their own: making and locking
-         * gigabytes would hold every job's requests (the cuda backend's chunks renew as before)
+         * gigabytes would hold every job's requests (the cuda backend, without make_memory, renews on the loop)
          */
-        if (r >= 0 && !getenv("TIERD_TEST_RENEW_ON_LOOP"))     /* (bench/bench_churn.py's "before") */
+        if (r >= 0 && !getenv("TIERD_TEST_RENEW_ON_LOOP"))     /* set: on the loop (bench/bench_churn.py's "loop") */
                 r = segrenewer_new(&m->host.pool, m->event, on_segments_renewed, m, &renewer);   /* the pool's */
         if (r >= 0 && m->vram->pool.ops->make_memory && !getenv("TIERD_TEST_RENEW_ON_LOOP"))
                 r = segrenewer_new(&m->vram->pool, m->event, on_segments_renewed, m, &renewer);

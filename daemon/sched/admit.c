@@ -33,9 +33,9 @@
  * debug log shows: a pin (the phase needs it now) or a use in between
  * (the copy served, then was evicted for room), or a prefetch whose copy of
  * this step was evicted before its use (the admission's prediction missed:
- * counted in Plan.moves_refetched).  Refusing that one instead was tried:
- * it saved host <-> VRAM copies but cost more NVMe bytes a step (the pin
- * brought the tensor later, at a worse moment for what it evicted).
+ * counted in Plan.moves_refetched).  That one is not refused outright:
+ * refusing it saves host <-> VRAM copies but costs more NVMe bytes a step
+ * (the pin brings the tensor later, at a worse moment for what it evicts).
  */
 
 #include <inttypes.h>
@@ -57,7 +57,7 @@
 
 /*
  * Prefetches of one tensor into one tier, per step, whose copy may be evicted before its use before
- * the next one is refused (one refetch was measured to cost fewer NVMe bytes than none: see the theory).
+ * the next one is refused (allowing a refetch costs fewer NVMe bytes than allowing none: see the theory).
  */
 #define ADMIT_REFETCH_MAX 2
 
@@ -145,7 +145,7 @@ static bool goes_first(const Plan *p, const Tensor *t, int tier, int64_t last, b
  * Bytes the prefetches admitted earlier in this pass will take in @tier: their
  * ops are queued and reserve their room only when the engine runs them, after
  * the pass, so without this every admission of a pass would count the same
- * free room (the trace showed bursts of small prefetches evicted again at once).
+ * free room (and a burst of small prefetches would be admitted, then evicted again at once).
  */
 static uint64_t admitted_now(const Plan *p, int tier) {
         return p->admitted_pass == p->sched->pass_no ? p->admitted[tier] : 0;
@@ -411,7 +411,7 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
                 return true;
         /* the engine's own candidates, in its own order */
         if (engine_victims(s->engine, j, LEVEL_HOST, t, &v, &n) < 0)
-                return true;    /* (the engine decides as before) */
+                return true;    /* (the engine decides, as without this check) */
         k = sched_victim_order(s, LEVEL_HOST, v, n, deadline);
         for (size_t i = 0; i < k && room < need; i++) {
                 Tensor *x = v[i];

@@ -66,7 +66,7 @@
  *
  * Writes that fail (a full state filesystem) turn the book off: tierd says
  * so, keeps running as scratch (nothing of the NVMe tier survives the next
- * restart) and reports the parked transfers written, as before the book.
+ * restart) and reports the parked transfers written, as if there were no book.
  */
 
 #include <errno.h>
@@ -203,7 +203,7 @@ static void book_off(Book *b, int r, const char *what) {
         log_error_errno(r, "Cannot write the NVMe index %s (%s): %m. tierd goes on WITHOUT it: what is on NVMe "
                         "now will not be found after tierd restarts. Free space in the state directory and "
                         "restart tierd.", b->path[b->cur], what);
-        /* parked write-downs are released: they are as written as they were before the book */
+        /* parked write-downs are released: without the book they count as written */
         if (b->durable_cb)
                 b->durable_cb(b->durable_userdata);
 }
