@@ -4,6 +4,12 @@
 
 #include <stddef.h>
 
+/*
+ * The version of tier.proto a Hello carries and a HelloReply answers with
+ * (libtier's TIER_PROTOCOL_VERSION, checked by tests/unit/test-vocab.c).
+ */
+#define WIRE_PROTOCOL_VERSION 2
+
 /* Most fds one packet may carry; more is a protocol error. */
 #define WIRE_MAX_FDS 16
 

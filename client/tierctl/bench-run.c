@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* bench-run.c: one run of tierctl bench's sweep, through tierd's own io_uring code (uring.c). */
+/* bench-run.c: one run of tierctl bench's sweep, through the io_uring queue tierd uses (util/uring.c). */
 
 /*
  * Theory of operation: a run is what tierd's engine does when it moves a
@@ -8,9 +8,9 @@
  * [nvme] queue_depth), the files registered as fixed files and the buffer
  * as a registered buffer (tierd's host segments are), block i of the run on
  * file i mod n (tierd's extents are striped the same way, nvme_alloc()).
- * The Uring is daemon/tiers/uring.c itself, linked in from tierd's static
- * library: the same queueing, batching, eventfd wake-ups and resumption of
- * short transfers.  @qd requests are queued at the start; each completion
+ * The Uring is util/uring.c, the one tierd runs (libtierutil-uring): the
+ * same queueing, batching, eventfd wake-ups and resumption of short
+ * transfers.  @qd requests are queued at the start; each completion
  * queues the next block until the run's byte or time bound, so @qd stay in
  * flight.  The sd-event loop runs until the last completion.
  *
@@ -27,9 +27,9 @@
 #include <systemd/sd-event.h>
 
 #include "client/tierctl/bench.h"
-#include "daemon/tiers/uring.h"
 #include "proto/macro.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 typedef struct Run Run;
 

@@ -74,7 +74,7 @@ typedef struct BenchRunSpec {
 } BenchRunSpec;
 
 /*
- * bench_run() - one run through tierd's io_uring path (daemon/tiers/uring.c:
+ * bench_run() - one run through tierd's io_uring path (util/uring.c:
  * a fresh Uring of depth @qd on @event, the files as fixed files, @pool as
  * a registered buffer when the memlock limit allows, else plain).  @stop,
  * set from a signal handler, ends it early (the requests in flight are

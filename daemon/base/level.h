@@ -2,10 +2,10 @@
 /* level.h: the hierarchy's vocabulary: tier levels (vram, host, nvme) and the links between them. */
 #pragma once
 
-#include <tier.h>
+#include "proto/level.h"
 
-/* Tier levels, numbered as in the public API: TIER_VRAM (0), TIER_HOST, TIER_NVME. */
-#define TIERS TIER_LEVEL_MAX
+/* Tier levels, numbered as on the wire (proto/level.h): LEVEL_VRAM (0), LEVEL_HOST, LEVEL_NVME. */
+#define TIERS _LEVEL_MAX
 
 /* "vram", "host", "nvme"; "?" for anything else.  (tier_level_name() is libtier's.) */
 static inline const char *level_to_string(int level) {
@@ -13,16 +13,6 @@ static inline const char *level_to_string(int level) {
 
         return level >= 0 && level < TIERS ? names[level] : "?";
 }
-
-/* Directions of data movement, for accounting ("links"). */
-typedef enum LinkDir {
-        LINK_NVME_TO_HOST,
-        LINK_HOST_TO_NVME,
-        LINK_HOST_TO_VRAM,
-        LINK_VRAM_TO_HOST,
-        _LINK_MAX,
-        _LINK_INVALID = -22,
-} LinkDir;
 
 /* "nvme->host", ...; "?" for anything else. */
 static inline const char *link_to_string(LinkDir d) {

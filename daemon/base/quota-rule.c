@@ -28,16 +28,16 @@
 #include "util/size.h"
 
 static const char *const field_names[QUOTA_FIELDS] = {
-        [QUOTA_MAX(TIER_VRAM)] = "vram",
-        [QUOTA_MAX(TIER_HOST)] = "host",
-        [QUOTA_MAX(TIER_NVME)] = "nvme",
-        [QUOTA_MIN(TIER_VRAM)] = "vram_min",
-        [QUOTA_MIN(TIER_HOST)] = "host_min",
-        [QUOTA_MIN(TIER_NVME)] = "nvme_min",
+        [QUOTA_MAX(LEVEL_VRAM)] = "vram",
+        [QUOTA_MAX(LEVEL_HOST)] = "host",
+        [QUOTA_MAX(LEVEL_NVME)] = "nvme",
+        [QUOTA_MIN(LEVEL_VRAM)] = "vram_min",
+        [QUOTA_MIN(LEVEL_HOST)] = "host_min",
+        [QUOTA_MIN(LEVEL_NVME)] = "nvme_min",
         [QUOTA_WEIGHT] = "weight",
-        [QUOTA_TOTAL(TIER_VRAM)] = "vram_total",
-        [QUOTA_TOTAL(TIER_HOST)] = "host_total",
-        [QUOTA_TOTAL(TIER_NVME)] = "nvme_total",
+        [QUOTA_TOTAL(LEVEL_VRAM)] = "vram_total",
+        [QUOTA_TOTAL(LEVEL_HOST)] = "host_total",
+        [QUOTA_TOTAL(LEVEL_NVME)] = "nvme_total",
 };
 
 static const char *const kind_names[_QUOTA_KIND_MAX] = {

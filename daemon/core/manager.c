@@ -41,21 +41,22 @@
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
+#include "daemon/ipc/server.h"
+#include "daemon/sched/sched.h"
 #include "daemon/state/book.h"
 #include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
-#include "daemon/ipc/server.h"
-#include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/csum.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/memfd-seg.h"
 #include "daemon/tiers/renew.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/fault.h"
-#include "daemon/tiers/uring.h"
+#include "daemon/tiers/uring-faults.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 static int host_register_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
@@ -113,19 +114,19 @@ static void stored_forget(void) {
 }
 
 static int store_adopt_host(Segment *seg, uint64_t size, void *userdata) {
-        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_HOST, seg->id, size);
+        return memstore_take_segment(((Manager *) userdata)->memstore, LEVEL_HOST, seg->id, size);
 }
 
 static int store_adopt_vram(Segment *seg, uint64_t size, void *userdata) {
-        return memstore_take_segment(((Manager *) userdata)->memstore, TIER_VRAM, seg->id, size);
+        return memstore_take_segment(((Manager *) userdata)->memstore, LEVEL_VRAM, seg->id, size);
 }
 
 static void store_made_host(Segment *seg, void *userdata) {
-        memstore_segment_made(((Manager *) userdata)->memstore, TIER_HOST, seg);
+        memstore_segment_made(((Manager *) userdata)->memstore, LEVEL_HOST, seg);
 }
 
 static void store_made_vram(Segment *seg, void *userdata) {
-        memstore_segment_made(((Manager *) userdata)->memstore, TIER_VRAM, seg);
+        memstore_segment_made(((Manager *) userdata)->memstore, LEVEL_VRAM, seg);
 }
 
 /* The memory store, before the pools: what the last run left is adopted as they are made. */
@@ -241,7 +242,7 @@ static int manager_setup_faults(Manager *m) {
         log_warning("*** TIERD_TEST_FAULTS is set: %u injected fault rule(s) (%s) WILL make NVMe I/O "
                     "(and emulated VRAM copies) fail. This is for tests only; never run a production tierd "
                     "with it. ***", m->faults->n_rules, spec);
-        uring_set_faults(m->uring, m->faults);
+        uring_faults_attach(m->uring, m->faults);
         return 0;
 }
 
@@ -258,7 +259,8 @@ static int manager_setup_tiers(Manager *m) {
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)
-                return r;
+                return log_error_errno(r, "Failed to set up io_uring with %u entries: %m", m->config.nvme_queue_depth);
+        uring_faults_attach(m->uring, NULL);
         r = csum_new(m->event, m->config.nvme_checksum_threads, &m->csum);
         if (r < 0)
                 return log_error_errno(r, "Cannot start %u checksum thread(s): %m", m->config.nvme_checksum_threads);
@@ -298,7 +300,7 @@ static int manager_setup_tiers(Manager *m) {
                         return log_error_errno(r, "Cannot set up the emulated VRAM tier: %m");
         }
         m->vram->faults = m->faults;   /* the emulated backend injects them; cuda ignores them */
-        m->vram->pool.tier = TIER_VRAM;
+        m->vram->pool.tier = LEVEL_VRAM;
         m->vram->pool.id_base = 1u << 16;
 
         /* host tier: one memfd per segment, NUMA-bound, locked, registered as a fixed buffer */
@@ -325,7 +327,7 @@ static int manager_setup_tiers(Manager *m) {
                 return log_error_errno(r, "Cannot set up the host pool of %" PRIu64 " bytes: %m "
                                        "(locked memory needs CAP_IPC_LOCK or a higher RLIMIT_MEMLOCK)",
                                        m->config.host_capacity);
-        m->host.pool.tier = TIER_HOST;
+        m->host.pool.tier = LEVEL_HOST;
         m->host.pool.id_base = 0;
         m->host.locked = !m->host.memfd.lock_failed;
 
@@ -447,9 +449,9 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 r = revoke_new(m->event, m->engine, &m->revoke);
         /*
          * Segments a job gives back get their new memory on a thread of their own: making and locking
-         * gigabytes would hold every job's requests (the cuda backend's chunks renew as before)
+         * gigabytes would hold every job's requests (the cuda backend, without make_memory, renews on the loop)
          */
-        if (r >= 0 && !getenv("TIERD_TEST_RENEW_ON_LOOP"))     /* (bench/bench_churn.py's "before") */
+        if (r >= 0 && !getenv("TIERD_TEST_RENEW_ON_LOOP"))     /* set: on the loop (bench/bench_churn.py's "loop") */
                 r = segrenewer_new(&m->host.pool, m->event, on_segments_renewed, m, &renewer);   /* the pool's */
         if (r >= 0 && m->vram->pool.ops->make_memory && !getenv("TIERD_TEST_RENEW_ON_LOOP"))
                 r = segrenewer_new(&m->vram->pool, m->event, on_segments_renewed, m, &renewer);
@@ -603,10 +605,10 @@ static void manager_write_down(Manager *m) {
                 list_for_each_safe(tn, ttmp, &j->tensors) {
                         Tensor *t = list_entry(tn, Tensor, job_link);
 
-                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, TIER_NVME) ||
-                            (!copy_valid(t, TIER_HOST) && !copy_valid(t, TIER_VRAM)))
+                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, LEVEL_NVME) ||
+                            (!copy_valid(t, LEVEL_HOST) && !copy_valid(t, LEVEL_VRAM)))
                                 continue;
-                        if (op_submit(m->engine, OP_EVICT, t, TIER_NVME, on_stop_written, NULL, m, NULL) < 0) {
+                        if (op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_stop_written, NULL, m, NULL) < 0) {
                                 m->stop_failed++;
                                 continue;
                         }
@@ -720,11 +722,11 @@ int manager_status_line(Manager *m, char *buf, size_t size) {
         return snprintf(buf, size,
                         "vram %.0f/%.0f MiB (%s), host %.0f/%.0f MiB%s, nvme %.0f/%.0f MiB on %u target(s); "
                         "%u job(s), %u connection(s)",
-                        (double) r->used[TIER_VRAM] / mib, (double) r->capacity[TIER_VRAM] / mib,
+                        (double) r->used[LEVEL_VRAM] / mib, (double) r->capacity[LEVEL_VRAM] / mib,
                         m->vram->ops->name,
-                        (double) r->used[TIER_HOST] / mib, (double) r->capacity[TIER_HOST] / mib,
+                        (double) r->used[LEVEL_HOST] / mib, (double) r->capacity[LEVEL_HOST] / mib,
                         m->host.locked ? " locked" : " NOT locked",
-                        (double) r->used[TIER_NVME] / mib, (double) r->capacity[TIER_NVME] / mib,
+                        (double) r->used[LEVEL_NVME] / mib, (double) r->capacity[LEVEL_NVME] / mib,
                         m->nvme->n_targets, r->n_jobs, n_conns(m));
 }
 

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 #include "daemon/base/level.h"
-#include "daemon/base/list.h"
 #include "daemon/engine/trace.h"
+#include "util/list.h"
 
 typedef struct Engine Engine;
 typedef struct Job Job;

@@ -129,7 +129,7 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
                 copy_free(v, tier);
                 return 0;
         }
-        if (tier == TIER_NVME)
+        if (tier == LEVEL_NVME)
                 return 0;       /* nothing below NVMe */
         if (drain_blocked(e, v, tier)) {
                 if (trace_on(&e->trace))
@@ -199,7 +199,7 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 if (v->job != j)
                         continue;
                 if (c->state == COPY_DRAINING)
-                        draining += tier == TIER_NVME ? 0 : v->alloc_size;
+                        draining += tier == LEVEL_NVME ? 0 : v->alloc_size;
                 else if (v != want && v->xfer && c->pins == 0)
                         moving += v->alloc_size;
         }
@@ -267,7 +267,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         continue;
                 if (r == ADV_WAIT_SPACE)
                         return ADV_WAIT_SPACE;
-                if (tier == TIER_VRAM && e->vram->pool.n_revoking > 0 && !op->no_wait)
+                if (tier == LEVEL_VRAM && e->vram->pool.n_revoking > 0 && !op->no_wait)
                         return ADV_WAIT_SPACE;  /* chunks come back once their old clients let go (revoke.c) */
 
                 if (r == -EAGAIN)
@@ -304,7 +304,7 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
         for (uint32_t i = 0; i < c->n_pieces; i++) {
                 const CopyPiece *p = &c->pieces[i];
 
-                if (tier == TIER_HOST)
+                if (tier == LEVEL_HOST)
                         memset((uint8_t *) p->seg->map + p->offset, 0, p->len);
                 else {
                         int r = e->vram->ops->zero(e->vram, p->seg, p->offset, p->len);
@@ -328,7 +328,7 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
  * -errno.
  */
 static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
-        Copy *h = &t->copy[TIER_HOST];
+        Copy *h = &t->copy[LEVEL_HOST];
         bool reserved = false;
         int r;
 
@@ -337,19 +337,19 @@ static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
                 tensor_note(t);
         }
         if (h->state == COPY_ABSENT) {
-                r = copy_reserve(op, t, TIER_HOST);
+                r = copy_reserve(op, t, LEVEL_HOST);
                 if (r != 0)
                         return r;       /* a prefetch gives up holding nothing */
                 reserved = true;
         }
-        if (staging_first && t->copy[TIER_VRAM].state == COPY_ABSENT &&
-            copy_reserve(op, t, TIER_VRAM) != 0)
-                r = xfer_start(op, t, TIER_NVME, TIER_HOST);    /* VRAM is tried again once host holds it */
+        if (staging_first && t->copy[LEVEL_VRAM].state == COPY_ABSENT &&
+            copy_reserve(op, t, LEVEL_VRAM) != 0)
+                r = xfer_start(op, t, LEVEL_NVME, LEVEL_HOST);    /* VRAM is tried again once host holds it */
         else
                 r = xfer_start_chain(op, t);
         if (r < 0) {
                 if (reserved)
-                        copy_free(t, TIER_HOST);        /* nothing will fill it */
+                        copy_free(t, LEVEL_HOST);        /* nothing will fill it */
                 return r;
         }
         return ADV_WAIT_TENSOR;
@@ -364,7 +364,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_DONE;
         if (t->xfer)
                 return ADV_WAIT_TENSOR;
-        if (tier == TIER_NVME && (t->version == 0 || t->dead))
+        if (tier == LEVEL_NVME && (t->version == 0 || t->dead))
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
         if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) {
@@ -375,11 +375,11 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
          * A scheduler prefetch into VRAM stages the host copy before it takes
          * VRAM: when staging finds no room it gives up holding nothing.
          */
-        if (tier == TIER_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
+        if (tier == LEVEL_VRAM && op->no_wait && c->state == COPY_ABSENT && !op->discard &&
             !tensor_is_blank(t)) {
-                if (!copy_valid(t, TIER_HOST) && copy_valid(t, TIER_NVME))
+                if (!copy_valid(t, LEVEL_HOST) && copy_valid(t, LEVEL_NVME))
                         return ensure_chained(op, t, true);
-                r = ensure_copy(op, t, TIER_HOST);
+                r = ensure_copy(op, t, LEVEL_HOST);
                 if (r != ADV_DONE)
                         return r;
         }
@@ -390,7 +390,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         }
 
         /* the phase overwrites the whole tensor: the old bytes need not be brought */
-        if (op->discard && tier != TIER_NVME && op->tensor == t && op->tier == tier) {
+        if (op->discard && tier != LEVEL_NVME && op->tensor == t && op->tier == tier) {
                 c->state = COPY_RESIDENT;
                 c->version = t->version;
                 c->unwritten = true;    /* not the tensor's bytes until its writer wrote them */
@@ -399,7 +399,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
 
         /* c is reserved (FILLING); find a source */
         if (tensor_is_blank(t)) {
-                if (tier == TIER_NVME)
+                if (tier == LEVEL_NVME)
                         return ADV_DONE;
                 return zero_fill(op, t, tier);
         }
@@ -409,22 +409,22 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                                t->name, t->job->name);
 
         switch (tier) {
-        case TIER_VRAM:
-                if (!copy_valid(t, TIER_HOST) && copy_valid(t, TIER_NVME))
+        case LEVEL_VRAM:
+                if (!copy_valid(t, LEVEL_HOST) && copy_valid(t, LEVEL_NVME))
                         return ensure_chained(op, t, false);
                 /* fall through */
-        case TIER_NVME:
+        case LEVEL_NVME:
                 /* both come from host: the VRAM copy over PCIe, the NVMe image by O_DIRECT writes */
-                r = ensure_copy(op, t, TIER_HOST);
+                r = ensure_copy(op, t, LEVEL_HOST);
                 if (r != ADV_DONE)
                         return r;
-                src = TIER_HOST;
+                src = LEVEL_HOST;
                 break;
-        case TIER_HOST:
-                if (copy_valid(t, TIER_VRAM))
-                        src = TIER_VRAM;
-                else if (copy_valid(t, TIER_NVME))
-                        src = TIER_NVME;
+        case LEVEL_HOST:
+                if (copy_valid(t, LEVEL_VRAM))
+                        src = LEVEL_VRAM;
+                else if (copy_valid(t, LEVEL_NVME))
+                        src = LEVEL_NVME;
                 else
                         return op_fail(op, -EIO, "tensor '%s' has no valid copy (internal error)", t->name);
                 break;
@@ -494,7 +494,7 @@ static int op_advance(Op *op) {
         case OP_PIN:
                 if (op->write && tensor_needs_image(t)) {
                         /* its committed data lies in memory only: to NVMe first, so that a rollback finds it */
-                        r = ensure_copy(op, t, TIER_NVME);
+                        r = ensure_copy(op, t, LEVEL_NVME);
                         if (r != ADV_DONE)
                                 return r;
                 }

@@ -149,7 +149,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
         uint64_t need = want->alloc_size, mine, coming = 0;
         size_t n = 0;
 
-        if (tier == TIER_NVME || !r->pools[tier])
+        if (tier == LEVEL_NVME || !r->pools[tier])
                 return -ENOSPC;
         mine = engine_job_share(e, j, tier);
         vs = calloc(r->n_jobs + 1, sizeof(Victim));

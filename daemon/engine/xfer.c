@@ -59,14 +59,14 @@
 #include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/csum.h"
-#include "daemon/tiers/fairq.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/crc32c.h"
 #include "proto/macro.h"
+#include "util/fairq.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* How far (bytes of service) a job back from idleness may start behind the others on the VRAM link. */
 #define VRAM_FAIR_CREDIT (64ull << 20)
@@ -124,7 +124,7 @@ static void xfer_finish_now(Xfer *x) {
                 log_tensor(LOG_ERR, 0, t->job->name, t->name, level_to_string(x->dst),
                            "Transfer of tensor '%s' of job '%s' %s->%s failed: %s",
                            t->name, t->job->name, level_to_string(x->src),
-                           level_to_string(x->chain ? TIER_VRAM : x->dst), errmsg);
+                           level_to_string(x->chain ? LEVEL_VRAM : x->dst), errmsg);
         }
         if (x->error < 0)
                 /*
@@ -140,15 +140,15 @@ static void xfer_finish_now(Xfer *x) {
                 tensor_note(t);         /* the memory store: a valid copy more */
         }
         if (x->chain) {
-                Copy *v = &t->copy[TIER_VRAM];
+                Copy *v = &t->copy[LEVEL_VRAM];
 
                 if (error >= 0 && v->state == COPY_FILLING) {
                         v->state = COPY_RESIDENT;
                         v->version = x->version;
-                        copy_touch(t, TIER_VRAM);
+                        copy_touch(t, LEVEL_VRAM);
                         tensor_note(t);
                 } else if (v->state == COPY_FILLING && v->pins == 0)
-                        copy_free_failed(e, t, TIER_VRAM);      /* a pinned one goes with its op */
+                        copy_free_failed(e, t, LEVEL_VRAM);      /* a pinned one goes with its op */
         }
         e->n_xfers--;
         engine_xfer_ended(e, t, &waiters, error, errmsg);
@@ -165,7 +165,7 @@ static void xfer_finish_now(Xfer *x) {
 static void xfer_finish(Xfer *x) {
         Book *book = x->engine->registry->book;
 
-        if (x->dst == TIER_NVME && x->error >= 0 && book) {
+        if (x->dst == LEVEL_NVME && x->error >= 0 && book) {
                 uint64_t seq = book_nvme(book, x->tensor, x->version);
 
                 if (!book_durable(book, seq)) {
@@ -191,11 +191,11 @@ void engine_book_durable(void *userdata) {
 
 /* The transfer's link (what it is counted on). */
 static LinkDir xfer_link(const Xfer *x) {
-        if (x->dst == TIER_NVME)
+        if (x->dst == LEVEL_NVME)
                 return LINK_HOST_TO_NVME;
-        if (x->src == TIER_NVME)
+        if (x->src == LEVEL_NVME)
                 return LINK_NVME_TO_HOST;
-        return x->dst == TIER_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
+        return x->dst == LEVEL_VRAM ? LINK_HOST_TO_VRAM : LINK_VRAM_TO_HOST;
 }
 
 /* A hop of @x over @d ended: its bytes count on the link when it succeeded; the trace records it either way, with those bytes. */
@@ -262,7 +262,7 @@ static void xfer_part_checked(CsumJob *job) {
         XferPart *p = container_of(job, XferPart, csum);
         Xfer *x = p->xfer;
         Tensor *t = x->tensor;
-        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
+        NvmeExtent *ext = &t->copy[LEVEL_NVME].extents[p->index];
         NvmeTarget *tg = &x->engine->nvme->targets[ext->target];
 
         if (job->crc != ext->crc) {
@@ -284,7 +284,7 @@ static void xfer_part_done(UringReq *req, int res) {
         XferPart *p = container_of(req, XferPart, req);
         Xfer *x = p->xfer;
         Tensor *t = x->tensor;
-        NvmeExtent *ext = &t->copy[TIER_NVME].extents[p->index];
+        NvmeExtent *ext = &t->copy[LEVEL_NVME].extents[p->index];
         NvmeTarget *tg = &x->engine->nvme->targets[ext->target];
 
         if (res < 0) {
@@ -321,7 +321,7 @@ static void xfer_part_summed(CsumJob *job) {
         XferPart *p = container_of(job, XferPart, csum);
         Engine *e = p->xfer->engine;
 
-        p->xfer->tensor->copy[TIER_NVME].extents[p->index].crc = job->crc;
+        p->xfer->tensor->copy[LEVEL_NVME].extents[p->index].crc = job->crc;
         uring_queue(e->uring, &p->req);         /* submitted by the ring's flush after this loop iteration */
 }
 
@@ -329,10 +329,10 @@ static void xfer_part_summed(CsumJob *job) {
 static int xfer_plan_nvme(Op *op, Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
-        Copy *h = &t->copy[TIER_HOST];
-        Copy *n = &t->copy[TIER_NVME];
+        Copy *h = &t->copy[LEVEL_HOST];
+        Copy *n = &t->copy[LEVEL_NVME];
         uint64_t es = e->nvme->extent_size;
-        bool write = x->dst == TIER_NVME;
+        bool write = x->dst == LEVEL_NVME;
 
         x->parts = calloc(n->n_extents, sizeof(XferPart));
         if (!x->parts)
@@ -512,9 +512,9 @@ static void xfer_vram_done(VramCopy *vc) {
 static int xfer_plan_vram(Op *op, Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
-        const Copy *h = &t->copy[TIER_HOST], *v = &t->copy[TIER_VRAM];
+        const Copy *h = &t->copy[LEVEL_HOST], *v = &t->copy[LEVEL_VRAM];
         uint64_t es = x->chain ? e->nvme->extent_size : t->alloc_size;
-        uint32_t n_steps = x->chain ? t->copy[TIER_NVME].n_extents : 1;
+        uint32_t n_steps = x->chain ? t->copy[LEVEL_NVME].n_extents : 1;
         uint32_t max = h->n_pieces + v->n_pieces + n_steps, n = 0;
 
         x->vcopies = calloc(max, sizeof(XferCopy));
@@ -585,7 +585,7 @@ static int vram_step_submit(Engine *e, XferStep *s) {
 static int xfer_start_vram(Op *op, Xfer *x) {
         int r;
 
-        x->vdir = x->dst == TIER_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST;
+        x->vdir = x->dst == LEVEL_VRAM ? VRAM_TO_DEVICE : VRAM_TO_HOST;
         r = xfer_plan_vram(op, x);
         if (r < 0)
                 return r;
@@ -654,16 +654,16 @@ int xfer_start_chain(Op *op, Tensor *t) {
                 return op_fail(op, -ENOMEM, "out of memory");
         x->engine = e;
         x->tensor = t;
-        x->src = TIER_NVME;
-        x->dst = TIER_HOST;
+        x->src = LEVEL_NVME;
+        x->dst = LEVEL_HOST;
         x->chain = true;
         x->vdir = VRAM_TO_DEVICE;
-        x->version = t->copy[TIER_NVME].version;
+        x->version = t->copy[LEVEL_NVME].version;
         if (trace_on(&e->trace))
                 x->queued_ns = now_ns();
         log_debug("xfer '%s' of job '%s': nvme -> host -> vram piecewise, version %" PRIu64, t->name, t->job->name,
                   x->version);
-        x->read_ok = calloc(MAX(t->copy[TIER_NVME].n_extents, 1u), sizeof(bool));
+        x->read_ok = calloc(MAX(t->copy[LEVEL_NVME].n_extents, 1u), sizeof(bool));
         if (!x->read_ok)
                 r = op_fail(op, -ENOMEM, "out of memory");
         else
@@ -711,7 +711,7 @@ int xfer_start(Op *op, Tensor *t, int src, int dst) {
         log_debug("xfer '%s' of job '%s': %s -> %s, version %" PRIu64, t->name, t->job->name, level_to_string(src),
                   level_to_string(dst), x->version);
 
-        if (src == TIER_NVME || dst == TIER_NVME)
+        if (src == LEVEL_NVME || dst == LEVEL_NVME)
                 r = xfer_start_nvme(op, x);
         else
                 r = xfer_start_vram(op, x);

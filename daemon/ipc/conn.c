@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,20 @@ int conn_protocol_error(Conn *c, uint64_t seq, int status, const char *msg) {
         resp.error = (char *) msg;
         r = conn_send_response(c, &resp, NULL, 0, true);
         return r < 0 ? r : 0;
+}
+
+int conn_reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        char msg[CONN_ERROR_MAX];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        resp.seq = seq;
+        resp.status = status;
+        resp.error = msg;
+        return conn_send_response(c, &resp, NULL, 0, false);
 }
 
 /* ---- reading ------------------------------------------------------------------------------------- */

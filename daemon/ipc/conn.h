@@ -7,8 +7,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "daemon/base/list.h"
+#include "proto/macro.h"
 #include "proto/wire.h"
+#include "util/list.h"
 
 typedef struct Job Job;
 typedef struct JobEvict JobEvict;
@@ -97,6 +98,12 @@ int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_f
 int conn_send_event(Conn *c, Tier__Event *ev);
 /* Reply with an error and close the connection once it is sent. */
 int conn_protocol_error(Conn *c, uint64_t seq, int status, const char *msg);
+/*
+ * conn_reply_error() - reply to request @seq with @status (-errno) and the
+ * message @fmt formats, cut at CONN_ERROR_MAX - 1 bytes; the connection stays.
+ */
+#define CONN_ERROR_MAX 1024
+int conn_reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
 
 /* Was @c sent this generation of the segment known to clients as @wire_id? */
 bool conn_segment_known(const Conn *c, uint32_t wire_id, uint32_t generation);

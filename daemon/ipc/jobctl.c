@@ -31,7 +31,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,21 +62,6 @@ typedef struct EvictPart {
         uint64_t write, drop;
 } EvictPart;
 
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        char msg[512];
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        resp.seq = seq;
-        resp.status = status;
-        resp.error = msg;
-        return conn_send_response(c, &resp, NULL, 0, false);
-}
-
 /*
  * The job @name that @c may act on (@what: "list the tensors of", ...), or
  * NULL after a reply saying why (*@ret_r: what the handler returns).
@@ -86,20 +70,20 @@ static Job *job_for(Rpc *rpc, Conn *c, uint64_t seq, const char *name, const cha
         Job *j;
 
         if (!name || !*name) {
-                *ret_r = reply_error(c, seq, -EINVAL, "no job named (give a job name)");
+                *ret_r = conn_reply_error(c, seq, -EINVAL, "no job named (give a job name)");
                 return NULL;
         }
         j = job_find(rpc->registry, name);
         if (!j) {
-                *ret_r = reply_error(c, seq, -ENOENT, "no job '%s' (tierctl jobs lists them)", name);
+                *ret_r = conn_reply_error(c, seq, -ENOENT, "no job '%s' (tierctl jobs lists them)", name);
                 return NULL;
         }
         if (c->uid != j->uid && !rpc_conn_is_admin(rpc, c)) {
                 log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not %s job '%s' of uid %u",
                         (unsigned) c->uid, c->pid, what, j->name, (unsigned) j->uid);
-                *ret_r = reply_error(c, seq, -EACCES, "permission denied: uid %u (pid " PID_FMT ") may not %s job "
-                                     "'%s', which belongs to uid %u (only its owner, root and group tier-admin may)",
-                                     (unsigned) c->uid, c->pid, what, j->name, (unsigned) j->uid);
+                *ret_r = conn_reply_error(c, seq, -EACCES, "permission denied: uid %u (pid " PID_FMT ") may not %s job "
+                                          "'%s', which belongs to uid %u (only its owner, root and group tier-admin may)",
+                                          (unsigned) c->uid, c->pid, what, j->name, (unsigned) j->uid);
                 return NULL;
         }
         return j;
@@ -127,7 +111,7 @@ static void entry_fill(TensorsPage *e, const Tensor *t, uint64_t now) {
                 e->cs[i].tier = (Tier__Tier) i;
                 e->cs[i].state = (char *) copy_state_to_string(cp->state);
                 e->cs[i].valid = copy_valid(t, i);
-                e->cs[i].dirty = i != TIER_NVME && copy_valid(t, i) && copy_is_sole(t, i);
+                e->cs[i].dirty = i != LEVEL_NVME && copy_valid(t, i) && copy_is_sole(t, i);
                 e->cs[i].pins = cp->pins;
                 e->csp[i] = &e->cs[i];
                 if (cp->last_use > last)
@@ -157,7 +141,7 @@ int jobctl_tensors(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobTensors *q) {
         page = calloc(max, sizeof(*page));
         ep = calloc(max, sizeof(*ep));
         if (!page || !ep)
-                return reply_error(c, seq, -ENOMEM, "out of memory");
+                return conn_reply_error(c, seq, -ENOMEM, "out of memory");
 
         list_for_each_safe(node, tmp, &j->tensors) {
                 const Tensor *t = list_entry(node, Tensor, job_link);
@@ -307,17 +291,17 @@ int jobctl_evict(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobEvict *q) {
         j = job_for(rpc, c, seq, q->job, "evict", &r);
         if (!j)
                 return r;
-        if (tier != TIER_HOST && tier != TIER_NVME)
-                return reply_error(c, seq, -EINVAL, "a job is evicted down to host or nvme, not %s",
-                                   tier == TIER_VRAM ? "vram" : "an unknown tier");
+        if (tier != LEVEL_HOST && tier != LEVEL_NVME)
+                return conn_reply_error(c, seq, -EINVAL, "a job is evicted down to host or nvme, not %s",
+                                        tier == LEVEL_VRAM ? "vram" : "an unknown tier");
         if (c->evict)
-                return reply_error(c, seq, -EBUSY, "this connection is evicting a job already (one at a time)");
+                return conn_reply_error(c, seq, -EBUSY, "this connection is evicting a job already (one at a time)");
         ev = calloc(1, sizeof(*ev));
         if (ev)
                 ev->job = strdup(j->name);
         if (!ev || !ev->job) {
                 free(ev);
-                return reply_error(c, seq, -ENOMEM, "out of memory");
+                return conn_reply_error(c, seq, -ENOMEM, "out of memory");
         }
         ev->conn = c;
         ev->seq = seq;
@@ -362,11 +346,11 @@ int jobctl_detach(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobDetach *q) {
         if (!j)
                 return r;
         if (c->job == j)
-                return reply_error(c, seq, -EBUSY, "this connection belongs to job '%s': detach it from another "
-                                   "one (tierctl detach), or close the job's connections", j->name);
+                return conn_reply_error(c, seq, -EBUSY, "this connection belongs to job '%s': detach it from another "
+                                        "one (tierctl detach), or close the job's connections", j->name);
         name = strdup(j->name);
         if (!name)
-                return reply_error(c, seq, -ENOMEM, "out of memory");
+                return conn_reply_error(c, seq, -ENOMEM, "out of memory");
 
         dr.job = name;
         dr.job_id = j->id;

@@ -17,7 +17,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -36,21 +35,6 @@
 
 /* Most supplementary groups of a peer looked at (SO_PEERGROUPS). */
 #define QUOTA_PEER_GROUPS 256
-
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        char msg[1024];
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        resp.seq = seq;
-        resp.status = status;
-        resp.error = msg;
-        return conn_send_response(c, &resp, NULL, 0, false);
-}
 
 /* The peer's supplementary groups (up to @n); 0 when the kernel does not say. */
 static size_t peer_groups(const Conn *c, gid_t *groups, size_t n) {
@@ -165,11 +149,11 @@ static int check_job_name(const Rpc *rpc, Conn *c, uint64_t seq, const char *nam
         size_t len = strlen(name);
 
         if (len > rpc->config->max_name)
-                return reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
-                                   rpc->config->max_name), -ENAMETOOLONG;
+                return conn_reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
+                                        rpc->config->max_name), -ENAMETOOLONG;
         for (const unsigned char *s = (const unsigned char *) name; *s; s++)
                 if (*s < 0x20 || *s == 0x7f)
-                        return reply_error(c, seq, -EINVAL, "job name contains control characters"), -EINVAL;
+                        return conn_reply_error(c, seq, -EINVAL, "job name contains control characters"), -EINVAL;
         return 0;
 }
 
@@ -177,8 +161,8 @@ static int check_job_name(const Rpc *rpc, Conn *c, uint64_t seq, const char *nam
 static int deny(Conn *c, uint64_t seq, const char *action, const char *target, const char *who_may) {
         log_notice("Connection %" PRIu64 " (uid %u, pid " PID_FMT ") denied: %s %s needs %s", c->id, (unsigned) c->uid,
                    c->pid, action, target, who_may);
-        return reply_error(c, seq, -EPERM, "uid %u (pid " PID_FMT ") may not %s %s: that needs %s", (unsigned) c->uid,
-                           c->pid, action, target, who_may);
+        return conn_reply_error(c, seq, -EPERM, "uid %u (pid " PID_FMT ") may not %s %s: that needs %s", (unsigned) c->uid,
+                                c->pid, action, target, who_may);
 }
 
 int quota_rpc_get(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaGet *q, bool admin) {
@@ -190,17 +174,17 @@ int quota_rpc_get(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaGet *q, bool
         Job *j = NULL;
 
         if (q->kind >= _QUOTA_KIND_MAX)
-                return reply_error(c, seq, -EINVAL, "unknown quota target kind %" PRIu32 " (0 job, 1 uid, 2 group, "
-                                   "3 default)", q->kind);
+                return conn_reply_error(c, seq, -EINVAL, "unknown quota target kind %" PRIu32 " (0 job, 1 uid, 2 group, "
+                                        "3 default)", q->kind);
         if (kind == QUOTA_JOB) {
                 name = q->job && q->job[0] ? q->job : c->job ? c->job->name : NULL;
                 if (!name)
-                        return reply_error(c, seq, -EINVAL, "a control connection has no job of its own: name one");
+                        return conn_reply_error(c, seq, -EINVAL, "a control connection has no job of its own: name one");
                 if (check_job_name(rpc, c, seq, name) < 0)
                         return 0;
                 j = job_find(rpc->registry, name);
                 if (!j && !name_has_rule(rpc, name))
-                        return reply_error(c, seq, -ENOENT, "no job '%s', and no quota for that job name", name);
+                        return conn_reply_error(c, seq, -ENOENT, "no job '%s', and no quota for that job name", name);
         }
         quota_target_format(kind, q->id, name, target, sizeof(target));
         if (!admin) {
@@ -231,14 +215,14 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
         int r;
 
         if (q->kind >= _QUOTA_KIND_MAX)
-                return reply_error(c, seq, -EINVAL, "unknown quota target kind %" PRIu32 " (0 job, 1 uid, 2 group)",
-                                   q->kind);
+                return conn_reply_error(c, seq, -EINVAL, "unknown quota target kind %" PRIu32 " (0 job, 1 uid, 2 group)",
+                                        q->kind);
         change.kind = (QuotaKind) q->kind;
         change.id = change.kind == QUOTA_UID || change.kind == QUOTA_GROUP ? q->id : 0;
         if (change.kind == QUOTA_JOB) {
                 if (!q->job || !q->job[0])
-                        return reply_error(c, seq, -EINVAL, "no job named: a quota is set on a job name, a uid or a "
-                                           "group");
+                        return conn_reply_error(c, seq, -EINVAL, "no job named: a quota is set on a job name, a uid or a "
+                                                "group");
                 if (check_job_name(rpc, c, seq, q->job) < 0)
                         return 0;
                 change.job = q->job;    /* borrowed: quota_store_set() copies */
@@ -247,15 +231,15 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
         if (!admin)
                 return deny(c, seq, "set the quota of", target, "root or membership of group tier-admin");
         if (q->n_tier_limit != 0 && q->n_tier_limit != TIERS)
-                return reply_error(c, seq, -EINVAL, "a quota has one max per tier (%d), not %zu", TIERS,
-                                   q->n_tier_limit);
+                return conn_reply_error(c, seq, -EINVAL, "a quota has one max per tier (%d), not %zu", TIERS,
+                                        q->n_tier_limit);
         if (q->n_tier_min != 0 && q->n_tier_min != TIERS)
-                return reply_error(c, seq, -EINVAL, "a quota has one min per tier (%d), not %zu", TIERS,
-                                   q->n_tier_min);
+                return conn_reply_error(c, seq, -EINVAL, "a quota has one min per tier (%d), not %zu", TIERS,
+                                        q->n_tier_min);
         if (q->min_set & ~((1u << TIERS) - 1))
-                return reply_error(c, seq, -EINVAL, "min_set 0x%" PRIx32 " names tiers that do not exist", q->min_set);
+                return conn_reply_error(c, seq, -EINVAL, "min_set 0x%" PRIx32 " names tiers that do not exist", q->min_set);
         if (q->min_set && q->n_tier_min == 0)
-                return reply_error(c, seq, -EINVAL, "min_set names tiers but no minimum is given");
+                return conn_reply_error(c, seq, -EINVAL, "min_set names tiers but no minimum is given");
         for (size_t t = 0; t < q->n_tier_limit; t++)
                 if (q->tier_limit[t] > 0) {
                         change.value[QUOTA_MAX(t)] = q->tier_limit[t];
@@ -271,14 +255,14 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
                 change.set |= 1u << QUOTA_WEIGHT;
         }
         if (q->total_set & ~((1u << TIERS) - 1))
-                return reply_error(c, seq, -EINVAL, "total_set 0x%" PRIx32 " names tiers that do not exist",
-                                   q->total_set);
+                return conn_reply_error(c, seq, -EINVAL, "total_set 0x%" PRIx32 " names tiers that do not exist",
+                                        q->total_set);
         if (q->total_set && q->n_tier_total != TIERS)
-                return reply_error(c, seq, -EINVAL, "a quota has one total per tier (%d), not %zu", TIERS,
-                                   q->n_tier_total);
+                return conn_reply_error(c, seq, -EINVAL, "a quota has one total per tier (%d), not %zu", TIERS,
+                                        q->n_tier_total);
         if (q->total_set && change.kind != QUOTA_UID && change.kind != QUOTA_GROUP)
-                return reply_error(c, seq, -EINVAL, "a total is of a uid's or a group's jobs together; a job name "
-                                   "has a maximum instead");
+                return conn_reply_error(c, seq, -EINVAL, "a total is of a uid's or a group's jobs together; a job name "
+                                        "has a maximum instead");
         for (int t = 0; t < TIERS; t++)
                 if (q->total_set & (1u << t)) {
                         change.value[QUOTA_TOTAL(t)] = q->tier_total[t];
@@ -289,7 +273,7 @@ int quota_rpc_set(Rpc *rpc, Conn *c, uint64_t seq, const Tier__QuotaSet *q, bool
         if (r < 0) {
                 log_notice("Quota of %s not set (uid %u, pid " PID_FMT "): %s", target, (unsigned) c->uid, c->pid,
                            why[0] ? why : strerror(-r));
-                return reply_error(c, seq, r, "%s", why[0] ? why : strerror(-r));
+                return conn_reply_error(c, seq, r, "%s", why[0] ? why : strerror(-r));
         }
         if (r > 0)
                 engine_limits_changed(rpc->engine);     /* ops waiting for space re-check their room */

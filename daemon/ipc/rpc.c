@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +48,9 @@
 #include "daemon/tiers/vram.h"
 #include "proto/fence.h"
 #include "proto/macro.h"
-#include "proto/utf8.h"
 #include "proto/plan.h"
+#include "proto/utf8.h"
+#include "proto/wire.h"
 #include "tier.pb-c.h"
 
 /* Largest tensor we accept at all (the host segment size bounds it further). */
@@ -71,21 +71,13 @@ typedef struct Pending {
 
 /* ---- replies -------------------------------------------------------------------- */
 
-static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
-static int reply_status(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
+/* A request that needs no reply body succeeded (errors: conn_reply_error()). */
+static int reply_ok(Conn *c, uint64_t seq) {
         Tier__Response resp = TIER__RESPONSE__INIT;
-        char msg[512] = "";
 
-        if (fmt) {
-                va_list ap;
-
-                va_start(ap, fmt);
-                vsnprintf(msg, sizeof(msg), fmt, ap);
-                va_end(ap);
-        }
         resp.seq = seq;
-        resp.status = status;
-        resp.error = msg;
+        resp.status = 0;
+        resp.error = (char *) "";
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
@@ -132,7 +124,7 @@ static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_
                 pieces = calloc(cp->n_pieces, sizeof(*pieces));
                 piecep = calloc(cp->n_pieces, sizeof(*piecep));
                 if (!pieces || !piecep)
-                        return reply_status(c, seq, -ENOMEM, "out of memory");
+                        return conn_reply_error(c, seq, -ENOMEM, "out of memory");
         }
         fill_grant(&g, pieces, piecep, t, tier);
         pr.grant = &g;
@@ -142,7 +134,7 @@ static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_
          * the device.  Only for a copy in one piece: the pieces of a larger one
          * go on several streams, and the fence is what says all are done.
          */
-        if (fence && tier == TIER_VRAM && cp->n_pieces == 1 &&
+        if (fence && tier == LEVEL_VRAM && cp->n_pieces == 1 &&
             vram_copy_event(r->vram, cp->pieces[0].seg, cp->pieces[0].offset, ev) > 0)
                 pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
@@ -212,7 +204,7 @@ static void on_op_complete(Op *op, int status, const char *error) {
 
         if (!p->replied) {
                 if (status < 0)
-                        (void) reply_status(c, p->seq, status, "%s", error ? error : strerror(-status));
+                        (void) conn_reply_error(c, p->seq, status, "%s", error ? error : strerror(-status));
                 else if (p->kind == TIER__REQUEST__OP_PIN)
                         (void) reply_pin(p->rpc, c, p->seq, t, op->tier, p->fence);
                 else
@@ -230,15 +222,15 @@ static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const cha
         size_t len = name ? strlen(name) : 0;
 
         if (len == 0)
-                return reply_status(c, seq, -EINVAL, "%s name is empty", what), -EINVAL;
+                return conn_reply_error(c, seq, -EINVAL, "%s name is empty", what), -EINVAL;
         if (len > r->config->max_name)
-                return reply_status(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
-                                    r->config->max_name), -ENAMETOOLONG;
+                return conn_reply_error(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
+                                        r->config->max_name), -ENAMETOOLONG;
         for (const unsigned char *s = (const unsigned char *) name; *s; s++)
                 if (*s < 0x20 || *s == 0x7f)
-                        return reply_status(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
+                        return conn_reply_error(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
         if (!utf8_valid(name, len))
-                return reply_status(c, seq, -EINVAL, "%s name is not valid UTF-8", what), -EINVAL;
+                return conn_reply_error(c, seq, -EINVAL, "%s name is not valid UTF-8", what), -EINVAL;
         return 0;
 }
 
@@ -246,7 +238,7 @@ static Tensor *lookup(Conn *c, uint64_t seq, uint64_t id) {
         Tensor *t = tensor_find(c->job, id);
 
         if (!t)
-                (void) reply_status(c, seq, -ENOENT, "no tensor with id %" PRIu64 " in job '%s'", id, c->job->name);
+                (void) conn_reply_error(c, seq, -ENOENT, "no tensor with id %" PRIu64 " in job '%s'", id, c->job->name);
         return t;
 }
 
@@ -281,9 +273,9 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
                 if (j->uid != c->uid && !conn_is_admin(r, c)) {
                         log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not attach to job "
                                 "'%s' of uid %u", (unsigned) c->uid, c->pid, j->name, (unsigned) j->uid);
-                        (void) reply_status(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
-                                            ") may not attach to it (only its owner, root and group tier-admin may)",
-                                            j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
+                        (void) conn_reply_error(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
+                                                ") may not attach to it (only its owner, root and group tier-admin may)",
+                                                j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
                         return NULL;
                 }
                 *ret_created = false;
@@ -294,13 +286,13 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
                 if (list_entry(node, Job, link)->uid == c->uid)
                         n++;
         if (n >= r->config->max_connections_per_uid) {
-                (void) reply_status(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
-                                    (unsigned) c->uid, n);
+                (void) conn_reply_error(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
+                                        (unsigned) c->uid, n);
                 return NULL;
         }
         q = job_new(r->registry, name, c->uid, &j);
         if (q < 0) {
-                (void) reply_status(c, seq, q, "cannot create job: %s", strerror(-q));
+                (void) conn_reply_error(c, seq, q, "cannot create job: %s", strerror(-q));
                 return NULL;
         }
         log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id, (unsigned) c->uid);
@@ -308,8 +300,8 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
         q = quota_rpc_job_created(r, c, j, why, sizeof(why));
         if (q < 0) {
                 log_job(LOG_NOTICE, 0, j->name, "Job '%s' refused: %s", j->name, why[0] ? why : strerror(-q));
-                (void) reply_status(c, seq, q, "cannot create job '%s': %s%s", j->name, why[0] ? why : strerror(-q),
-                                    q == -ENOSPC ? "; an admin lowers a guarantee with tierctl quota set "
+                (void) conn_reply_error(c, seq, q, "cannot create job '%s': %s%s", j->name, why[0] ? why : strerror(-q),
+                                        q == -ENOSPC ? "; an admin lowers a guarantee with tierctl quota set "
                                                    "(tierctl quota get JOB shows where each value comes from)" : "");
                 job_destroy(j);
                 return NULL;
@@ -334,11 +326,11 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
 
         if (c->hello_done)
                 return conn_protocol_error(c, seq, -EPROTO, "Hello sent twice");
-        if (h->version != TIER_PROTOCOL_VERSION) {
+        if (h->version != WIRE_PROTOCOL_VERSION) {
                 char msg[128];
 
                 snprintf(msg, sizeof(msg), "protocol version %u not supported (tierd speaks version %u)",
-                         h->version, TIER_PROTOCOL_VERSION);
+                         h->version, WIRE_PROTOCOL_VERSION);
                 log_info("Connection %" PRIu64 " (pid " PID_FMT "): %s", c->id, c->pid, msg);
                 return conn_protocol_error(c, seq, -EPROTONOSUPPORT, msg);
         }
@@ -347,12 +339,12 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         lim.max_tensors = r->config->max_tensors;
         lim.max_inflight = r->config->max_inflight;
         lim.max_name = r->config->max_name;
-        segment_size[TIER_VRAM] = r->registry->pools[TIER_VRAM]->seg_size;
-        segment_size[TIER_HOST] = r->registry->pools[TIER_HOST]->seg_size;
-        segment_size[TIER_NVME] = r->nvme->extent_size;
+        segment_size[LEVEL_VRAM] = r->registry->pools[LEVEL_VRAM]->seg_size;
+        segment_size[LEVEL_HOST] = r->registry->pools[LEVEL_HOST]->seg_size;
+        segment_size[LEVEL_NVME] = r->nvme->extent_size;
         lim.n_segment_size = TIERS;
         lim.segment_size = segment_size;
-        hr.version = TIER_PROTOCOL_VERSION;
+        hr.version = WIRE_PROTOCOL_VERSION;
         hr.limits = &lim;
         hr.vram_backend = (char *) r->vram->ops->name;
         hr.vram_device = r->vram->device;
@@ -374,7 +366,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         completed = calloc(r->config->max_inflight, sizeof(uint64_t));
         if (efd < 0 || !completed)
-                return reply_status(c, seq, -ENOMEM, "out of resources");
+                return conn_reply_error(c, seq, -ENOMEM, "out of resources");
         j = hello_job(r, c, seq, h->job, &created);
         if (!j)
                 return 0;
@@ -382,7 +374,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         if (q < 0) {
                 if (created)
                         job_linger_start(j);
-                return reply_status(c, seq, q, "job '%s' has too many connections (%d)", j->name, FENCE_SLOTS);
+                return conn_reply_error(c, seq, q, "job '%s' has too many connections (%d)", j->name, FENCE_SLOTS);
         }
 
         if (!created && j->n_conns == 0 && j->n_tensors > 0)
@@ -434,27 +426,27 @@ static int reply_tensor(Conn *c, uint64_t seq, const Tensor *t) {
 }
 
 static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr) {
-        uint64_t vmax = job_tensor_max(c->job, TIER_VRAM), hmax = job_tensor_max(c->job, TIER_HOST);
+        uint64_t vmax = job_tensor_max(c->job, LEVEL_VRAM), hmax = job_tensor_max(c->job, LEVEL_HOST);
         Tensor *t;
         int r;
 
         if (check_name(rpc, c, seq, "tensor", cr->name) < 0)
                 return 0;
         if (cr->size == 0 || cr->size > TENSOR_SIZE_MAX)
-                return reply_status(c, seq, -EINVAL, "tensor size %" PRIu64 " out of range (1..2^40)", cr->size);
+                return conn_reply_error(c, seq, -EINVAL, "tensor size %" PRIu64 " out of range (1..2^40)", cr->size);
         /* any size, as long as it can be somewhere it is used: host (every transfer passes it) or vram */
         if (ALIGN_UP(cr->size, SEG_UNIT) > MAX(vmax, hmax))
-                return reply_status(c, seq, -EFBIG, "a tensor of %" PRIu64 " bytes can never be held for job '%s': "
-                                    "the largest it may have is %" PRIu64 " bytes in host and %" PRIu64 " in vram "
-                                    "(its limits, or the tiers' capacities)", cr->size, c->job->name, hmax, vmax);
+                return conn_reply_error(c, seq, -EFBIG, "a tensor of %" PRIu64 " bytes can never be held for job '%s': "
+                                        "the largest it may have is %" PRIu64 " bytes in host and %" PRIu64 " in vram "
+                                        "(its limits, or the tiers' capacities)", cr->size, c->job->name, hmax, vmax);
         r = tensor_new(c->job, cr->name, cr->size, &t);
         if (r == -EEXIST)
-                return reply_status(c, seq, r, "tensor '%s' already exists in job '%s'", cr->name, c->job->name);
+                return conn_reply_error(c, seq, r, "tensor '%s' already exists in job '%s'", cr->name, c->job->name);
         if (r == -EMFILE)
-                return reply_status(c, seq, r, "job '%s' has max_tensors (%u) tensors", c->job->name,
-                                    rpc->config->max_tensors);
+                return conn_reply_error(c, seq, r, "job '%s' has max_tensors (%u) tensors", c->job->name,
+                                        rpc->config->max_tensors);
         if (r < 0)
-                return reply_status(c, seq, r, "cannot create tensor: %s", strerror(-r));
+                return conn_reply_error(c, seq, r, "cannot create tensor: %s", strerror(-r));
 
         return reply_tensor(c, seq, t);
 }
@@ -466,7 +458,7 @@ static int handle_open(Rpc *r, Conn *c, uint64_t seq, const Tier__Open *o) {
                 return 0;
         t = tensor_find_name(c->job, o->name);
         if (!t)
-                return reply_status(c, seq, -ENOENT, "no tensor '%s' in job '%s'", o->name, c->job->name);
+                return conn_reply_error(c, seq, -ENOENT, "no tensor '%s' in job '%s'", o->name, c->job->name);
         return reply_tensor(c, seq, t);
 }
 
@@ -478,11 +470,11 @@ static int handle_free(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Free *f) {
                 return 0;
         r = engine_tensor_free(rpc->engine, t);
         if (r == -EBUSY)
-                return reply_status(c, seq, r, "tensor '%s' is pinned, has requests in flight or is named by a plan",
-                                    t->name);
+                return conn_reply_error(c, seq, r, "tensor '%s' is pinned, has requests in flight or is named by a plan",
+                                        t->name);
         if (r < 0)
-                return reply_status(c, seq, r, "cannot free tensor: %s", strerror(-r));
-        return reply_status(c, seq, 0, NULL);
+                return conn_reply_error(c, seq, r, "cannot free tensor: %s", strerror(-r));
+        return reply_ok(c, seq);
 }
 
 static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
@@ -499,7 +491,7 @@ static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
                 tier__copy_state__init(&cs[i]);
                 cs[i].tier = (Tier__Tier) i;
                 cs[i].state = (char *) copy_state_to_string(cp->state);
-                cs[i].dirty = copy_is_sole(t, i) && i != TIER_NVME;
+                cs[i].dirty = copy_is_sole(t, i) && i != LEVEL_NVME;
                 cs[i].pins = cp->pins;
                 csp[i] = &cs[i];
         }
@@ -520,23 +512,23 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         if (!t)
                 return 0;
         if (!tier_ok(tier))
-                return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
+                return conn_reply_error(c, seq, -EINVAL, "invalid tier %d", tier);
         if (u->ipc_event.len > 0) {
                 const Copy *cp = &t->copy[tier];
 
-                r = tier == TIER_VRAM && cp->pins > 0 ? 0 : -EINVAL;
+                r = tier == LEVEL_VRAM && cp->pins > 0 ? 0 : -EINVAL;
                 /* every piece waits for the client's work */
                 for (uint32_t i = 0; r >= 0 && i < cp->n_pieces; i++)
                         r = vram_wait_event(rpc->vram, cp->pieces[i].seg, cp->pieces[i].offset, cp->pieces[i].len,
                                             u->ipc_event.data, u->ipc_event.len);
                 if (r < 0)
-                        return reply_status(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
-                                            t->name, level_to_string(tier), strerror(-r));
+                        return conn_reply_error(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
+                                                t->name, level_to_string(tier), strerror(-r));
         }
         r = pin_forget(c, t, tier);
         if (r < 0)
-                return reply_status(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
-                                    t->name, level_to_string(tier));
+                return conn_reply_error(c, seq, -ENOENT, "tensor '%s' is not pinned in %s by this connection",
+                                        t->name, level_to_string(tier));
         tensor_pin_account(t, tier, -1);
         /* a write-only pin's old bytes were not brought: what is there now is what the client wrote */
         (void) tensor_unpin(t, tier, u->dirty || (r & PIN_WRITE_ONLY));
@@ -544,7 +536,7 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
                 copy_writers(t, tier, -1);
         if ((u->dirty || (r & PIN_WRITE_ONLY)) && rpc->sched)
                 sched_tensor_changed(rpc->sched, t);    /* a held phase's other copy of it is stale now */
-        return reply_status(c, seq, 0, NULL);
+        return reply_ok(c, seq);
 }
 
 static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier, bool async, bool write_only,
@@ -563,7 +555,7 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
                         cp->state = COPY_RESIDENT;      /* wanted again: keep it */
                 r = pin_record(c, t, tier, write_only, rw);
                 if (r < 0)
-                        return reply_status(c, seq, r, "out of memory");
+                        return conn_reply_error(c, seq, r, "out of memory");
                 cp->pins++;
                 tensor_pin_account(t, tier, +1);
                 r = reply_pin(rpc, c, seq, t, tier, fence);
@@ -574,7 +566,7 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
 
         p = calloc(1, sizeof(*p));
         if (!p)
-                return reply_status(c, seq, -ENOMEM, "out of memory");
+                return conn_reply_error(c, seq, -ENOMEM, "out of memory");
         p->rpc = rpc;
         p->conn = c;
         p->seq = seq;
@@ -595,7 +587,7 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
                 if (p->fence)
                         fence_complete(c, p->fence, r, "out of memory", rpc->config->max_inflight);
                 pending_free(p);
-                return reply_status(c, seq, r, "out of memory");
+                return conn_reply_error(c, seq, r, "out of memory");
         }
         if (async && ok != OP_PIN) {
                 p->replied = true;
@@ -612,30 +604,30 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
         if (!t)
                 return 0;
         if (!tier_ok(tier))
-                return reply_status(c, seq, -EINVAL, "invalid tier %d", tier);
+                return conn_reply_error(c, seq, -EINVAL, "invalid tier %d", tier);
         if (c->inflight >= cf->max_inflight)
-                return reply_status(c, seq, -EBUSY, "too many requests in flight on this connection "
-                                    "(max_inflight = %u)", cf->max_inflight);
+                return conn_reply_error(c, seq, -EBUSY, "too many requests in flight on this connection "
+                                        "(max_inflight = %u)", cf->max_inflight);
         /* fences complete in any order; tierd remembers at most max_inflight ahead of the oldest */
         if (async && c->next_fence - 1 - c->fence_done >= cf->max_inflight)
-                return reply_status(c, seq, -EBUSY, "too many fences outstanding on this connection (max_inflight "
-                                    "= %u): wait for fence %" PRIu64 " first", cf->max_inflight,
-                                    c->fence_done + 1);
+                return conn_reply_error(c, seq, -EBUSY, "too many fences outstanding on this connection (max_inflight "
+                                        "= %u): wait for fence %" PRIu64 " first", cf->max_inflight,
+                                        c->fence_done + 1);
         if (kind == TIER__REQUEST__OP_PIN && c->n_pins + c->inflight >= 2 * (size_t) cf->max_tensors)
-                return reply_status(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
-                                    2 * cf->max_tensors);
+                return conn_reply_error(c, seq, -EMFILE, "too many pins on this connection (at most %u, twice max_tensors)",
+                                        2 * cf->max_tensors);
         if (kind == TIER__REQUEST__OP_EVICT) {
-                if (tier == TIER_VRAM)
-                        return reply_status(c, seq, -EINVAL, "evict goes down to host or nvme, not vram");
+                if (tier == LEVEL_VRAM)
+                        return conn_reply_error(c, seq, -EINVAL, "evict goes down to host or nvme, not vram");
         } else {
                 /* pin and prefetch bring a copy up */
-                if (tier == TIER_NVME)
-                        return reply_status(c, seq, -EINVAL, kind == TIER__REQUEST__OP_PIN ?
-                                            "tensors are pinned in vram or host, not nvme" :
-                                            "prefetch goes up to vram or host, not nvme");
+                if (tier == LEVEL_NVME)
+                        return conn_reply_error(c, seq, -EINVAL, kind == TIER__REQUEST__OP_PIN ?
+                                                "tensors are pinned in vram or host, not nvme" :
+                                                "prefetch goes up to vram or host, not nvme");
         }
         if (mode & ~(PLAN_READ | PLAN_WRITE))
-                return reply_status(c, seq, -EINVAL, "invalid pin mode %u", mode);
+                return conn_reply_error(c, seq, -EINVAL, "invalid pin mode %u", mode);
         return submit(rpc, c, seq, kind, t, tier, async, kind == TIER__REQUEST__OP_PIN && mode == PLAN_WRITE,
                       kind == TIER__REQUEST__OP_PIN && (mode == 0 || mode == (PLAN_READ | PLAN_WRITE)));
 }
@@ -659,7 +651,7 @@ static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
 
         r = status_build(rpc, &sr);
         if (r < 0)
-                return reply_status(c, seq, r, "cannot build status: %s", strerror(-r));
+                return conn_reply_error(c, seq, r, "cannot build status: %s", strerror(-r));
         /* the asker does not count itself (tierctl status would always show one connection more) */
         if (sr->connections > 0)
                 sr->connections--;
@@ -668,18 +660,51 @@ static int handle_status(Rpc *rpc, Conn *c, uint64_t seq) {
         return r;
 }
 
+/* tier.proto's enum Tier numbers the levels as proto/level.h does */
+_Static_assert((int) TIER__TIER__TIER_VRAM == LEVEL_VRAM && (int) TIER__TIER__TIER_HOST == LEVEL_HOST &&
+               (int) TIER__TIER__TIER_NVME == LEVEL_NVME, "enum Tier and proto/level.h differ");
+
+int rpc_plan_spec(const Tier__SubmitPlan *sp, PlanSpec *ret) {
+        size_t n = 0, i = 0;
+
+        for (size_t k = 0; k < sp->n_phases; k++)
+                n += sp->phases[k]->n_accesses;
+        *ret = (PlanSpec) { .n_phases = sp->n_phases, .n_acc = n };
+        ret->acc = calloc(MAX(n, (size_t) 1), sizeof(PlanSpecAccess));
+        if (!ret->acc)
+                return -ENOMEM;
+        for (size_t k = 0; k < sp->n_phases; k++)
+                for (size_t a = 0; a < sp->phases[k]->n_accesses; a++) {
+                        const Tier__PlanAccess *ra = sp->phases[k]->accesses[a];
+
+                        ret->acc[i++] = (PlanSpecAccess) {
+                                .phase = (uint32_t) k,
+                                .tensor = ra->tensor,
+                                .tier = (int) ra->tier,
+                                .mode = ra->mode,
+                        };
+                }
+        return 0;
+}
+
 static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *sp) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__PlanReply pr = TIER__PLAN_REPLY__INIT;
+        _cleanup_free_ PlanSpecAccess *acc = NULL;
         char error[256] = "";
+        PlanSpec spec;
         Plan *p = NULL;
         int fds[2], r;
 
         if (c->plan)
-                return reply_status(c, seq, -EBUSY, "this connection already has a plan (one per rank)");
-        r = sched_plan_new(rpc->sched, c->job, c->efd, sp, &p, error, sizeof(error));
+                return conn_reply_error(c, seq, -EBUSY, "this connection already has a plan (one per rank)");
+        r = rpc_plan_spec(sp, &spec);
         if (r < 0)
-                return reply_status(c, seq, r, "%s", error[0] ? error : strerror(-r));
+                return conn_reply_error(c, seq, r, "%s", strerror(-r));
+        acc = spec.acc;
+        r = sched_plan_new(rpc->sched, c->job, c->efd, &spec, &p, error, sizeof(error));
+        if (r < 0)
+                return conn_reply_error(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;
         fds[0] = p->page_fd;
         fds[1] = p->marker_fd;
@@ -698,12 +723,12 @@ static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *
 
 static int handle_end_plan(Conn *c, uint64_t seq) {
         if (!c->plan)
-                return reply_status(c, seq, -ENOENT, "this connection has no plan");
+                return conn_reply_error(c, seq, -ENOENT, "this connection has no plan");
         /* its pins go as when the connection closes: as dirty where the plan writes */
         sched_plan_free(c->plan);
         c->plan = NULL;
         log_job(LOG_INFO, 0, c->job->name, "Job '%s': a rank connection ended its plan", c->job->name);
-        return reply_status(c, seq, 0, NULL);
+        return reply_ok(c, seq);
 }
 
 static int reply_commit(Conn *c, uint64_t seq, const Job *j, unsigned rolled, unsigned lost) {
@@ -727,9 +752,9 @@ static int handle_commit(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
                 const Tensor *t = list_entry(n, Tensor, job_link);
 
                 if (t->rw_pins > 0)
-                        return reply_status(c, seq, -EBUSY, "tensor '%s' is pinned for reading and writing: a commit "
-                                            "takes what each tensor holds, so none may be in the middle of a write "
-                                            "(unpin it, or commit after the phase that writes it)", t->name);
+                        return conn_reply_error(c, seq, -EBUSY, "tensor '%s' is pinned for reading and writing: a commit "
+                                                "takes what each tensor holds, so none may be in the middle of a write "
+                                                "(unpin it, or commit after the phase that writes it)", t->name);
         }
         job_commit(j, jc->step);
         log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
@@ -746,7 +771,7 @@ static int handle_rollback(Conn *c, uint64_t seq) {
                 return reply_commit(c, seq, j, 0, 0);   /* nothing to go back to: nothing changes */
         r = job_rollback(j, &rolled, &lost, why, sizeof(why));
         if (r < 0)
-                return reply_status(c, seq, r, "cannot roll job '%s' back: %s", j->name, why);
+                return conn_reply_error(c, seq, r, "cannot roll job '%s' back: %s", j->name, why);
         log_job(LOG_INFO, 0, j->name, "Job '%s' rolled back to its commit %" PRIu64 ": %u tensor(s) brought back, "
                 "%u lost", j->name, j->commit_step, rolled, lost);
         return reply_commit(c, seq, j, rolled, lost);
@@ -783,8 +808,8 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
             req->op_case != TIER__REQUEST__OP_JOB_TENSORS && req->op_case != TIER__REQUEST__OP_JOB_EVICT &&
             req->op_case != TIER__REQUEST__OP_JOB_DETACH && req->op_case != TIER__REQUEST__OP_TRACE_START &&
             req->op_case != TIER__REQUEST__OP_TRACE_STOP && !c->job)
-                return reply_status(c, seq, -EPERM, "a control connection may only ask for status, quotas, "
-                                    "job control (tensors, evict, detach) and traces");
+                return conn_reply_error(c, seq, -EPERM, "a control connection may only ask for status, quotas, "
+                                        "job control (tensors, evict, detach) and traces");
 
         /* a phase marker the client wrote before this request is consumed first (tier.h's order) */
         if (c->plan)
@@ -798,8 +823,8 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
             req->op_case != TIER__REQUEST__OP_END_PLAN && req->op_case != TIER__REQUEST__OP_ACK &&
             req->op_case != TIER__REQUEST__OP_STATUS && req->op_case != TIER__REQUEST__OP_STAT &&
             req->op_case != TIER__REQUEST__OP_GET_SEGMENTS)
-                return reply_status(c, seq, -ESHUTDOWN, "tierd is stopping: it only takes pins back now "
-                                    "(reconnect once it has started again)");
+                return conn_reply_error(c, seq, -ESHUTDOWN, "tierd is stopping: it only takes pins back now "
+                                        "(reconnect once it has started again)");
 
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO:
@@ -855,7 +880,7 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
                 revoke_ack(rpc->revoke, c, req->ack);  /* no Response: see tier.proto */
                 return 0;
         default:
-                return reply_status(c, seq, -EOPNOTSUPP, "unknown request (op %d)", (int) req->op_case);
+                return conn_reply_error(c, seq, -EOPNOTSUPP, "unknown request (op %d)", (int) req->op_case);
         }
 }
 

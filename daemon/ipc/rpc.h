@@ -10,6 +10,7 @@ typedef struct Config Config;
 typedef struct Conn Conn;
 typedef struct Engine Engine;
 typedef struct NvmeTier NvmeTier;
+typedef struct PlanSpec PlanSpec;
 typedef struct QuotaStore QuotaStore;
 typedef struct Registry Registry;
 typedef struct Revoke Revoke;
@@ -17,6 +18,7 @@ typedef struct Sched Sched;
 typedef struct Server Server;
 typedef struct ServerOps ServerOps;
 typedef struct Tier__Request Tier__Request;
+typedef struct Tier__SubmitPlan Tier__SubmitPlan;
 typedef struct VramBackend VramBackend;
 
 /*
@@ -53,3 +55,10 @@ void rpc_conn_gone(Rpc *r, Conn *c);
 void rpc_resolve_admin_group(Rpc *r);
 /* Is the peer of @c root or a member of group tier-admin? */
 bool rpc_conn_is_admin(const Rpc *r, const Conn *c);
+
+/*
+ * rpc_plan_spec() - the accesses of @sp, phase by phase, as the scheduler
+ * reads them (PlanSpec, daemon/sched/plan.h); plan_new() checks them.
+ * *@ret's array is the caller's to free().  Returns 0 or -ENOMEM.
+ */
+int rpc_plan_spec(const Tier__SubmitPlan *sp, PlanSpec *ret);

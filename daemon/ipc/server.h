@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "daemon/base/list.h"
+#include "util/list.h"
 
 typedef struct Config Config;
 typedef struct Conn Conn;

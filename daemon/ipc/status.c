@@ -26,11 +26,11 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* A status reply bigger than this goes through a memfd. */
 #define STATUS_INLINE_MAX (48u << 10)
@@ -152,15 +152,15 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
 
                 tier__tier_status__init(t);
                 t->tier = (Tier__Tier) i;
-                t->backend = (char *) (i == TIER_VRAM ? r->vram->ops->name : i == TIER_HOST ? "memfd" : "o_direct");
+                t->backend = (char *) (i == LEVEL_VRAM ? r->vram->ops->name : i == LEVEL_HOST ? "memfd" : "o_direct");
                 t->capacity = reg->capacity[i];
                 t->used = reg->used[i];
                 t->pinned = reg->pinned[i];
-                t->segment_size = i == TIER_NVME ? n->extent_size : reg->pools[i]->seg_size;
-                t->held = i == TIER_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
-                t->bandwidth = i == TIER_VRAM ? r->config->vram_bandwidth :
-                               i == TIER_NVME ? r->config->nvme_bandwidth : 0;
-                t->renewing = i == TIER_NVME ? 0 : reg->pools[i]->n_renewing;
+                t->segment_size = i == LEVEL_NVME ? n->extent_size : reg->pools[i]->seg_size;
+                t->held = i == LEVEL_NVME ? reg->used[i] : held_bytes(reg->pools[i]);
+                t->bandwidth = i == LEVEL_VRAM ? r->config->vram_bandwidth :
+                               i == LEVEL_NVME ? r->config->nvme_bandwidth : 0;
+                t->renewing = i == LEVEL_NVME ? 0 : reg->pools[i]->n_renewing;
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
@@ -239,7 +239,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->pinned = j->pinned[i];
                         u->tensor_max = job_tensor_max(j, i);
                         u->guarantee = j->guarantee[i];
-                        u->share = i == TIER_NVME ? j->limit[i] : engine_job_share(e, j, i);
+                        u->share = i == LEVEL_NVME ? j->limit[i] : engine_job_share(e, j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }
                 js->n_usage = TIERS;
@@ -261,12 +261,20 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 list_for_each_safe(pn, ptmp, &j->plans) {
                         Plan *p = list_entry(pn, Plan, job_link);
                         Tier__PlanStatus *ps;
+                        PlanStats st;
 
                         if (np >= n_plans)
                                 break;
                         ps = &b->plans[np];
                         tier__plan_status__init(ps);
-                        plan_status(p, ps);
+                        plan_stats(p, &st);
+                        ps->phase = st.phase;
+                        ps->phases = st.phases;
+                        ps->iterations = st.iterations;
+                        ps->step_s = st.step_s;
+                        ps->stall_s = st.stall_s;
+                        ps->last_step_s = st.last_step_s;
+                        ps->stall_total_s = st.stall_total_s;
                         for (int l = 0; l < _LINK_MAX; l++) {
                                 Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
 

@@ -18,7 +18,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -35,21 +34,6 @@
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 #include "util/time-util.h"
-
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) _printf_(4, 5);
-static int reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        char msg[1024];
-        va_list ap;
-
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        resp.seq = seq;
-        resp.status = status;
-        resp.error = msg;
-        return conn_send_response(c, &resp, NULL, 0, false);
-}
 
 /* Stop recording now, taking the link counters' values of the moment. */
 static void trace_halt(Engine *e) {
@@ -80,29 +64,29 @@ int trace_rpc_start(Rpc *rpc, Conn *c, uint64_t seq, const Tier__TraceStart *q) 
 
         if (!rpc_conn_is_admin(rpc, c)) {
                 log_notice("Denied: uid %u (pid " PID_FMT ") may not trace tierd", (unsigned) c->uid, c->pid);
-                return reply_error(c, seq, -EACCES, "permission denied: uid %u (pid " PID_FMT ") may not trace "
-                                   "tierd (only root and group tier-admin may: a trace shows every job)",
-                                   (unsigned) c->uid, c->pid);
+                return conn_reply_error(c, seq, -EACCES, "permission denied: uid %u (pid " PID_FMT ") may not trace "
+                                        "tierd (only root and group tier-admin may: a trace shows every job)",
+                                        (unsigned) c->uid, c->pid);
         }
         if (tr->rec)
-                return reply_error(c, seq, -EBUSY, "a trace is running already, started by uid %u (pid " PID_FMT
-                                   "); one trace at a time: wait for it to end (it ends with its tierctl)",
-                                   (unsigned) tr->uid, tr->pid);
+                return conn_reply_error(c, seq, -EBUSY, "a trace is running already, started by uid %u (pid " PID_FMT
+                                        "); one trace at a time: wait for it to end (it ends with its tierctl)",
+                                        (unsigned) tr->uid, tr->pid);
         if (q->seconds > TRACE_SECONDS_MAX)
-                return reply_error(c, seq, -EINVAL, "a trace records for at most %u seconds, not %u",
-                                   TRACE_SECONDS_MAX, q->seconds);
+                return conn_reply_error(c, seq, -EINVAL, "a trace records for at most %u seconds, not %u",
+                                        TRACE_SECONDS_MAX, q->seconds);
         if (buffer > TRACE_BUFFER_MAX)
-                return reply_error(c, seq, -EINVAL, "a trace buffer holds at most %u records, not %u",
-                                   TRACE_BUFFER_MAX, buffer);
+                return conn_reply_error(c, seq, -EINVAL, "a trace buffer holds at most %u records, not %u",
+                                        TRACE_BUFFER_MAX, buffer);
         r = trace_start(tr, buffer, now_ns());
         if (r < 0)
-                return reply_error(c, seq, r, "cannot allocate a trace buffer of %u records: %s", buffer,
-                                   strerror(-r));
+                return conn_reply_error(c, seq, r, "cannot allocate a trace buffer of %u records: %s", buffer,
+                                        strerror(-r));
         r = sd_event_add_time_relative(e->event, &tr->timer, CLOCK_MONOTONIC, (uint64_t) seconds * USEC_PER_SEC,
                                        0, on_trace_timer, e);
         if (r < 0) {
                 trace_reset(tr);
-                return reply_error(c, seq, r, "cannot set the trace's timer: %s", strerror(-r));
+                return conn_reply_error(c, seq, r, "cannot set the trace's timer: %s", strerror(-r));
         }
         (void) sd_event_source_set_description(tr->timer, "trace-stop");
         for (int i = 0; i < _LINK_MAX; i++)
@@ -154,15 +138,15 @@ int trace_rpc_stop(Rpc *rpc, Conn *c, uint64_t seq) {
         int r;
 
         if (!tr->rec)
-                return reply_error(c, seq, -ENOENT, "no trace is running (start one first)");
+                return conn_reply_error(c, seq, -ENOENT, "no trace is running (start one first)");
         if (tr->owner != c)
-                return reply_error(c, seq, -EPERM, "the trace running belongs to another connection (uid %u, "
-                                   "pid " PID_FMT "): only it may stop and read it", (unsigned) tr->uid, tr->pid);
+                return conn_reply_error(c, seq, -EPERM, "the trace running belongs to another connection (uid %u, "
+                                        "pid " PID_FMT "): only it may stop and read it", (unsigned) tr->uid, tr->pid);
         trace_halt(e);
         if (tr->n > 0) {
                 fd = trace_to_memfd(tr);
                 if (fd < 0) {
-                        r = reply_error(c, seq, fd, "cannot write the trace into a memfd: %s", strerror(-fd));
+                        r = conn_reply_error(c, seq, fd, "cannot write the trace into a memfd: %s", strerror(-fd));
                         trace_reset(tr);
                         return r;
                 }

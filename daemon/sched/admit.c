@@ -33,9 +33,9 @@
  * debug log shows: a pin (the phase needs it now) or a use in between
  * (the copy served, then was evicted for room), or a prefetch whose copy of
  * this step was evicted before its use (the admission's prediction missed:
- * counted in Plan.moves_refetched).  Refusing that one instead was tried:
- * it saved host <-> VRAM copies but cost more NVMe bytes a step (the pin
- * brought the tensor later, at a worse moment for what it evicted).
+ * counted in Plan.moves_refetched).  That one is not refused outright:
+ * refusing it saves host <-> VRAM copies but costs more NVMe bytes a step
+ * (the pin brings the tensor later, at a worse moment for what it evicts).
  */
 
 #include <inttypes.h>
@@ -57,7 +57,7 @@
 
 /*
  * Prefetches of one tensor into one tier, per step, whose copy may be evicted before its use before
- * the next one is refused (one refetch was measured to cost fewer NVMe bytes than none: see the theory).
+ * the next one is refused (allowing a refetch costs fewer NVMe bytes than allowing none: see the theory).
  */
 #define ADMIT_REFETCH_MAX 2
 
@@ -88,9 +88,9 @@ static uint64_t pred_at(const Plan *p, uint32_t r) {
 
 /* Class of the next-use index that says when @t's copy in @tier is needed (victim.c's rule). */
 static int use_class(const Tensor *t, int tier) {
-        if (tier == TIER_VRAM)
+        if (tier == LEVEL_VRAM)
                 return USE_VRAM;
-        return copy_valid(t, TIER_VRAM) ? USE_HOST : USE_ANY;
+        return copy_valid(t, LEVEL_VRAM) ? USE_HOST : USE_ANY;
 }
 
 /* The last relative phase in [@lo, @hi) that uses slot @s in class @c; -1: none. */
@@ -145,7 +145,7 @@ static bool goes_first(const Plan *p, const Tensor *t, int tier, int64_t last, b
  * Bytes the prefetches admitted earlier in this pass will take in @tier: their
  * ops are queued and reserve their room only when the engine runs them, after
  * the pass, so without this every admission of a pass would count the same
- * free room (the trace showed bursts of small prefetches evicted again at once).
+ * free room (and a burst of small prefetches would be admitted, then evicted again at once).
  */
 static uint64_t admitted_now(const Plan *p, int tier) {
         return p->admitted_pass == p->sched->pass_no ? p->admitted[tier] : 0;
@@ -154,12 +154,12 @@ static uint64_t admitted_now(const Plan *p, int tier) {
 static void admitted_note(Plan *p, const Tensor *t, int tier) {
         if (p->admitted_pass != p->sched->pass_no) {
                 p->admitted_pass = p->sched->pass_no;
-                p->admitted[TIER_VRAM] = p->admitted[TIER_HOST] = 0;
+                p->admitted[LEVEL_VRAM] = p->admitted[LEVEL_HOST] = 0;
         }
         p->admitted[tier] += t->alloc_size;
         /* a vram copy from NVMe stages through host (xfer_start_chain()) */
-        if (tier == TIER_VRAM && !copy_valid(t, TIER_HOST))
-                p->admitted[TIER_HOST] += t->alloc_size;
+        if (tier == LEVEL_VRAM && !copy_valid(t, LEVEL_HOST))
+                p->admitted[LEVEL_HOST] += t->alloc_size;
 }
 
 /* Does relative phase @r's access @a need room in @tier that it does not have now? */
@@ -171,7 +171,7 @@ static bool needs_room(const PlanAcc *a, int tier) {
         if (a->tier == tier)
                 return true;
         /* a vram read of what is not in vram stages through host (zeros are filled in place) */
-        return tier == TIER_HOST && a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(t, TIER_VRAM) &&
+        return tier == LEVEL_HOST && a->tier == LEVEL_VRAM && a->mode != PLAN_WRITE && !copy_valid(t, LEVEL_VRAM) &&
                !tensor_is_blank(t);
 }
 
@@ -300,13 +300,13 @@ uint32_t admit_horizon(Plan *p, uint64_t now, uint64_t bw) {
                         const Tensor *t = a->tensor;
 
                         /* only what must come from NVMe */
-                        if (a->mode == PLAN_WRITE || tensor_is_blank(t) || copy_valid(t, TIER_HOST) ||
-                            copy_valid(t, TIER_VRAM) || p->sim_stamp[a->slot] == p->sim_gen)
+                        if (a->mode == PLAN_WRITE || tensor_is_blank(t) || copy_valid(t, LEVEL_HOST) ||
+                            copy_valid(t, LEVEL_VRAM) || p->sim_stamp[a->slot] == p->sim_gen)
                                 continue;
                         p->sim_stamp[a->slot] = p->sim_gen;
                         bytes += t->alloc_size;
                 }
-                if (r == p->window[TIER_HOST])
+                if (r == p->window[LEVEL_HOST])
                         at_window = bytes;
                 if (r >= 2 && now + (uint64_t) ((double) bytes * 1e9 / (double) bw) > p->pred[r]) {
                         horizon = r;
@@ -316,8 +316,8 @@ uint32_t admit_horizon(Plan *p, uint64_t now, uint64_t bw) {
         p->horizon = horizon;
         p->horizon_ns = horizon > 0 ? p->pred[horizon] : 0;
         /* write-behind makes room for those reads too (they come into host) */
-        if (horizon > p->window[TIER_HOST] && at_horizon > at_window)
-                p->need[TIER_HOST] += at_horizon - at_window;
+        if (horizon > p->window[LEVEL_HOST] && at_horizon > at_window)
+                p->need[LEVEL_HOST] += at_horizon - at_window;
         return horizon;
 }
 
@@ -349,9 +349,9 @@ void plan_window(Plan *p) {
                 /* before the first marker no phase runs: phase 0 is the next one */
                 for (uint32_t i = 0; i < ph->n_acc && !(k == 0 && p->cur == UINT32_MAX); i++) {
                         PlanAcc *a = &ph->acc[i];
-                        uint8_t bits = a->tier == TIER_VRAM ? 1 : 2;
+                        uint8_t bits = a->tier == LEVEL_VRAM ? 1 : 2;
 
-                        if (a->tier == TIER_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, TIER_VRAM) &&
+                        if (a->tier == LEVEL_VRAM && a->mode != PLAN_WRITE && !copy_valid(a->tensor, LEVEL_VRAM) &&
                             !tensor_is_blank(a->tensor))
                                 bits |= 2;      /* staged through host (zeros are filled in place) */
                         for (int c = 0; c < 2; c++)
@@ -370,7 +370,7 @@ void plan_window(Plan *p) {
                 /* the phase that overflows still counts in need: write-behind makes room for it */
                 for (int c = 0; c < 2; c++) {
                         if (open[c] && (bytes[c] > j->limit[c] ||
-                                        (c == TIER_HOST && mem > j->limit[TIER_VRAM] + j->limit[TIER_HOST])))
+                                        (c == LEVEL_HOST && mem > j->limit[LEVEL_VRAM] + j->limit[LEVEL_HOST])))
                                 open[c] = false;
                         else if (open[c])
                                 p->window[c] = k;
@@ -405,19 +405,19 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
         uint64_t room, need = t->alloc_size, now = now_ns();
         size_t n = 0, k;
 
-        room = j->limit[TIER_HOST] > j->used[TIER_HOST] + admitted_now(p, TIER_HOST) ?
-                j->limit[TIER_HOST] - j->used[TIER_HOST] - admitted_now(p, TIER_HOST) : 0;
+        room = j->limit[LEVEL_HOST] > j->used[LEVEL_HOST] + admitted_now(p, LEVEL_HOST) ?
+                j->limit[LEVEL_HOST] - j->used[LEVEL_HOST] - admitted_now(p, LEVEL_HOST) : 0;
         if (room >= need || p->horizon_ns == 0)
                 return true;
         /* the engine's own candidates, in its own order */
-        if (engine_victims(s->engine, j, TIER_HOST, t, &v, &n) < 0)
-                return true;    /* (the engine decides as before) */
-        k = sched_victim_order(s, TIER_HOST, v, n, deadline);
+        if (engine_victims(s->engine, j, LEVEL_HOST, t, &v, &n) < 0)
+                return true;    /* (the engine decides, as without this check) */
+        k = sched_victim_order(s, LEVEL_HOST, v, n, deadline);
         for (size_t i = 0; i < k && room < need; i++) {
                 Tensor *x = v[i];
-                uint64_t nu = sched_victim_next_use(x, TIER_HOST);
+                uint64_t nu = sched_victim_next_use(x, LEVEL_HOST);
 
-                if (!(nu == UINT64_MAX || nu > p->horizon_ns || copy_valid(x, TIER_VRAM) ||
+                if (!(nu == UINT64_MAX || nu > p->horizon_ns || copy_valid(x, LEVEL_VRAM) ||
                       sched_next_access_overwrites(x))) {
                         snprintf(why, why_size, "an early read would evict '%s', read again in %.1f ms, before the "
                                  "reads ahead are done (%.1f ms)", x->name, ((double) nu - (double) now) / 1e6,
@@ -434,7 +434,7 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
 }
 
 static size_t move_idx(const Plan *p, const Tensor *t, int tier) {
-        if (t->plan != p || tier < TIER_VRAM || tier > TIER_HOST)
+        if (t->plan != p || tier < LEVEL_VRAM || tier > LEVEL_HOST)
                 return SIZE_MAX;
         return 2 * (size_t) t->plan_slot + (size_t) tier;
 }
@@ -468,7 +468,7 @@ bool sched_admit(Sched *s, SchedCand *c) {
                 return false;
         }
 
-        if (c->tier == TIER_HOST && c->ahead > p->window[TIER_HOST] &&
+        if (c->tier == LEVEL_HOST && c->ahead > p->window[LEVEL_HOST] &&
             !admit_early_room(p, t, c->deadline, reason, sizeof(reason))) {
                 p->admit_refused++;
                 t->sched_blocked = s->epoch;
@@ -480,9 +480,9 @@ bool sched_admit(Sched *s, SchedCand *c) {
                 admitted_note(p, t, c->tier);
                 return true;
         }
-        if (c->tier == TIER_VRAM && !copy_valid(t, TIER_HOST) &&
-            admit_survives(p, t, TIER_HOST, c->ahead, reason, sizeof(reason))) {
-                c->tier = TIER_HOST;    /* vram would not keep it: stage it in host memory */
+        if (c->tier == LEVEL_VRAM && !copy_valid(t, LEVEL_HOST) &&
+            admit_survives(p, t, LEVEL_HOST, c->ahead, reason, sizeof(reason))) {
+                c->tier = LEVEL_HOST;    /* vram would not keep it: stage it in host memory */
                 c->link = SCHED_LINK_NVME;
                 admitted_note(p, t, c->tier);
                 return true;

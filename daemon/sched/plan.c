@@ -50,7 +50,6 @@
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
-#include "tier.pb-c.h"
 
 /* A phase whose duration is not known yet is assumed to take this long. */
 #define DEFAULT_PHASE_NS (1000000ull)
@@ -94,7 +93,7 @@ static uint64_t phases_bytes(const Plan *p, uint32_t a, uint32_t b, int tier, ui
 }
 
 static bool use_in_class(const PlanAcc *a, int c) {
-        return c == USE_ANY || (c == USE_VRAM ? a->tier == TIER_VRAM : a->tier == TIER_HOST);
+        return c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
 }
 
 /*
@@ -168,29 +167,29 @@ static int build_indexes(Plan *p) {
 /* ---- creation and end ------------------------------------------------------------------------ */
 
 /*
- * Read the phases of @req into @p: look up each tensor, check tier, mode
+ * Read the accesses of @spec into @p: look up each tensor, check tier, mode
  * and size, number the distinct tensors, merge duplicate accesses (same
  * tensor and tier in one phase).  Linear: slots come from a hash map and
  * duplicates are found through a per (slot, tier) stamp.
  */
-static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, char *error, size_t esize) {
+static int plan_read_phases(Plan *p, const PlanSpec *spec, char *error, size_t esize) {
         _cleanup_(tensormap_freep) TensorMap *seen = tensormap_new();
         /* per (slot, tier): the phase (+1) that has an access to it, and that access's index */
         _cleanup_free_ uint32_t *stamp = calloc(2 * (size_t) MAX(p->n_acc, 1u), sizeof(uint32_t));
         _cleanup_free_ uint32_t *where = calloc(2 * (size_t) MAX(p->n_acc, 1u), sizeof(uint32_t));
         Job *j = p->job;
         uint32_t n_acc = 0;
+        size_t i = 0;
         int r;
 
         if (!seen || !stamp || !where)
                 return -ENOMEM;
         for (uint32_t k = 0; k < p->n_phases; k++) {
-                const Tier__PlanPhase *rp = req->phases[k];
                 PlanPhase *ph = &p->phases[k];
 
                 ph->acc = &p->acc_storage[n_acc];
-                for (size_t i = 0; i < rp->n_accesses; i++) {
-                        const Tier__PlanAccess *ra = rp->accesses[i];
+                for (; i < spec->n_acc && spec->acc[i].phase == k; i++) {
+                        const PlanSpecAccess *ra = &spec->acc[i];
                         Tensor *t = tensor_find(j, ra->tensor);
                         uintptr_t slot;
                         size_t key;
@@ -198,7 +197,7 @@ static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, char *error, s
                         if (!t)
                                 return errf(error, esize, -ENOENT, "phase %u names tensor id %" PRIu64
                                             " that job '%s' does not have", k, ra->tensor, j->name);
-                        if (ra->tier != TIER__TIER__TIER_VRAM && ra->tier != TIER__TIER__TIER_HOST)
+                        if (ra->tier != LEVEL_VRAM && ra->tier != LEVEL_HOST)
                                 return errf(error, esize, -EINVAL, "phase %u: tensor '%s' must be needed in vram or "
                                             "host", k, t->name);
                         if (ra->mode == 0 || (ra->mode & ~(PLAN_READ | PLAN_WRITE)))
@@ -215,7 +214,7 @@ static int plan_read_phases(Plan *p, const Tier__SubmitPlan *req, char *error, s
                                 if (r < 0)
                                         return r;
                         }
-                        key = 2 * (slot - 1) + (ra->tier == TIER__TIER__TIER_HOST);
+                        key = 2 * (slot - 1) + (ra->tier == LEVEL_HOST);
                         if (stamp[key] == k + 1) {
                                 ph->acc[where[key]].mode |= (uint8_t) ra->mode;
                                 continue;
@@ -241,7 +240,7 @@ static int plan_check_quota(Plan *p, bool pairs, char *error, size_t esize) {
                 return -ENOMEM;
         pairs = pairs && p->n_phases > 1;
         for (uint32_t k = 0; k < p->n_phases; k++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
                         uint32_t k2 = pairs ? (k + 1) % p->n_phases : k;
                         uint64_t b = phases_bytes(p, k, k2, tier, mark);
 
@@ -271,7 +270,7 @@ static int plan_make_page(Plan *p) {
         uint64_t n_pieces = 0;
 
         for (uint32_t i = 0; i < p->n_slots; i++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++)
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++)
                         n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
         p->page_size = plan_page_size(p->n_slots, n_pieces);
         p->page_fd = memfd_create("tierd-plan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -289,30 +288,34 @@ static int plan_make_page(Plan *p) {
         /* each (slot, tier) gets its own stretch of the pieces */
         n_pieces = 0;
         for (uint32_t i = 0; i < p->n_slots; i++)
-                for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
+                for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
                         p->page->slots[2 * i + (uint32_t) tier].first_piece = (uint32_t) n_pieces;
                         n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
                 }
         return 0;
 }
 
-int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, Plan **ret, char *error,
+int plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, bool pairs, Plan **ret, char *error,
              size_t esize) {
-        uint32_t n_acc = 0, max_acc = 0;
+        uint32_t n_acc = 0, max_acc = 0, run = 0;
         Plan *p;
         int r;
 
-        if (req->n_phases == 0)
+        if (spec->n_phases == 0)
                 return errf(error, esize, -EINVAL, "a plan needs at least one phase");
-        if (req->n_phases > PLAN_MAX_PHASES)
-                return errf(error, esize, -E2BIG, "plan has %zu phases (at most %d)", req->n_phases, PLAN_MAX_PHASES);
-        for (size_t k = 0; k < req->n_phases; k++) {
-                if (req->phases[k]->n_accesses > PLAN_MAX_ACCESSES ||
-                    n_acc + req->phases[k]->n_accesses > PLAN_MAX_ACCESSES)
-                        return errf(error, esize, -E2BIG, "plan has more than %d accesses", PLAN_MAX_ACCESSES);
-                n_acc += (uint32_t) req->phases[k]->n_accesses;
-                max_acc = MAX(max_acc, (uint32_t) req->phases[k]->n_accesses);
+        if (spec->n_phases > PLAN_MAX_PHASES)
+                return errf(error, esize, -E2BIG, "plan has %zu phases (at most %d)", spec->n_phases, PLAN_MAX_PHASES);
+        if (spec->n_acc > PLAN_MAX_ACCESSES)
+                return errf(error, esize, -E2BIG, "plan has more than %d accesses", PLAN_MAX_ACCESSES);
+        /* accesses per phase; the phases in order (the translator's duty, checked all the same) */
+        for (size_t i = 0; i < spec->n_acc; i++) {
+                if (spec->acc[i].phase >= spec->n_phases || (i > 0 && spec->acc[i].phase < spec->acc[i - 1].phase))
+                        return errf(error, esize, -EINVAL, "plan access %zu: phase %u out of order", i,
+                                    spec->acc[i].phase);
+                run = i > 0 && spec->acc[i].phase == spec->acc[i - 1].phase ? run + 1 : 1;
+                max_acc = MAX(max_acc, run);
         }
+        n_acc = (uint32_t) spec->n_acc;
 
         p = calloc(1, sizeof(Plan));
         if (!p)
@@ -324,7 +327,7 @@ int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs,
         p->cur = UINT32_MAX;
         list_init(&p->link);
         list_init(&p->job_link);
-        p->n_phases = (uint32_t) req->n_phases;
+        p->n_phases = (uint32_t) spec->n_phases;
         p->n_acc = n_acc;
         p->max_acc = MAX(max_acc, 1u);
         p->phases = calloc(p->n_phases, sizeof(PlanPhase));
@@ -348,7 +351,7 @@ int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs,
                         r = -ENOMEM;
         }
         if (r >= 0)
-                r = plan_read_phases(p, req, error, esize);
+                r = plan_read_phases(p, spec, error, esize);
         if (r >= 0)
                 r = plan_check_quota(p, pairs, error, esize);
         if (r >= 0)
@@ -432,7 +435,7 @@ uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c) {
 }
 
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier) {
-        return plan_next_use_class(p, t, tier == TIER_VRAM ? USE_VRAM : USE_ANY);
+        return plan_next_use_class(p, t, tier == LEVEL_VRAM ? USE_VRAM : USE_ANY);
 }
 
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive) {
@@ -479,7 +482,7 @@ void plan_slot_publish(Plan *p, Tensor *t, int tier) {
         PlanSlot *s;
         PlanPiece *pieces;
 
-        if (t->plan != p || tier > TIER_HOST || c->n_pieces == 0)
+        if (t->plan != p || tier > LEVEL_HOST || c->n_pieces == 0)
                 return;
         s = &p->page->slots[2 * t->plan_slot + (uint32_t) tier];
         s->segment = c->pieces[0].seg->pool->id_base + c->pieces[0].seg->id;
@@ -562,19 +565,21 @@ void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark) {
                 plan_iteration(p, mark);
 }
 
-void plan_status(const Plan *p, Tier__PlanStatus *ps) {
+void plan_stats(const Plan *p, PlanStats *ret) {
         uint64_t step = 0;
 
         for (uint32_t k = 0; k < p->n_phases; k++)
                 step += plan_phase_ns(p, k);
-        ps->phase = p->cur == UINT32_MAX ? 0 : p->cur;
-        ps->phases = p->n_phases;
-        ps->iterations = p->iterations;
-        ps->step_s = (double) step / 1e9;
-        ps->stall_s = p->last_stall_s;
-        ps->last_step_s = p->last_step_s;
-        /* the client's own counter (its page): a number to show, never trusted for anything else */
-        ps->stall_total_s = (double) __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE) / 1e9;
+        *ret = (PlanStats) {
+                .phase = p->cur == UINT32_MAX ? 0 : p->cur,
+                .phases = p->n_phases,
+                .iterations = p->iterations,
+                .step_s = (double) step / 1e9,
+                .stall_s = p->last_stall_s,
+                .last_step_s = p->last_step_s,
+                /* the client's own counter (its page): a number to show, never trusted for anything else */
+                .stall_total_s = (double) __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE) / 1e9,
+        };
 }
 
 void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
@@ -588,10 +593,10 @@ void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
                 for (uint32_t k = 0; k < nx->n_acc; k++)
                         if (nx->acc[k].tensor == t)
                                 again = true;
-                if (!again && t->op_refs == 0 && t->copy[TIER_VRAM].pins == 0 && t->copy[TIER_HOST].pins == 0) {
+                if (!again && t->op_refs == 0 && t->copy[LEVEL_VRAM].pins == 0 && t->copy[LEVEL_HOST].pins == 0) {
                         Op *op = NULL;
 
-                        if (op_submit(p->sched->engine, OP_EVICT, t, TIER_NVME, NULL, NULL, NULL, &op) >= 0)
+                        if (op_submit(p->sched->engine, OP_EVICT, t, LEVEL_NVME, NULL, NULL, NULL, &op) >= 0)
                                 op->internal = true;    /* no client waits: freeing the tensor cancels it */
                 }
         }

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "daemon/base/level.h"
-#include "daemon/base/list.h"
+#include "util/list.h"
 
 typedef struct Job Job;
 typedef struct Op Op;
@@ -15,9 +15,36 @@ typedef struct Plan Plan;
 typedef struct PlanPage PlanPage;
 typedef struct Sched Sched;
 typedef struct Tensor Tensor;
-typedef struct Tier__PlanStatus Tier__PlanStatus;
-typedef struct Tier__SubmitPlan Tier__SubmitPlan;
 typedef struct sd_event_source sd_event_source;
+
+/*
+ * A plan as a rank asked for it, before plan_new() checks it: the accesses
+ * of phase 0, then of phase 1, ... (daemon/ipc/rpc.c translates the wire's
+ * SubmitPlan into this; the scheduler never sees wire types).
+ */
+typedef struct PlanSpecAccess {
+        uint32_t phase;         /* < PlanSpec.n_phases, never less than the access's before it */
+        uint64_t tensor;        /* the tensor's id in the job */
+        int tier;               /* a Level: plan_new() accepts LEVEL_VRAM and LEVEL_HOST */
+        uint32_t mode;          /* PLAN_READ | PLAN_WRITE */
+} PlanSpecAccess;
+
+typedef struct PlanSpec {
+        size_t n_phases;
+        PlanSpecAccess *acc;
+        size_t n_acc;
+} PlanSpec;
+
+/* What tierctl status shows of a plan. */
+typedef struct PlanStats {
+        uint32_t phase;         /* of the latest marker (0 before the first) */
+        uint32_t phases;
+        uint64_t iterations;
+        double step_s;          /* predicted step: the sum of the phases' averages */
+        double stall_s;         /* the client's stall in the last step */
+        double last_step_s;
+        double stall_total_s;   /* the client's own counter (its page): shown, never trusted */
+} PlanStats;
 
 typedef struct PlanAcc {
         Tensor *tensor;
@@ -129,15 +156,15 @@ struct Plan {
 };
 
 /*
- * plan_new() - validate @req against job @j (tensors exist, tiers, modes,
+ * plan_new() - validate @spec against job @j (tensors exist, tiers, modes,
  * sizes, limits, and that the phases fit the job's quota: one phase at a
  * time, two consecutive ones when @pairs, as the timeline policy pins the
  * next phase while the current one runs), build its indexes, its shared
- * page and its marker eventfd.  Linear in the size of @req.  On failure
+ * page and its marker eventfd.  Linear in the size of @spec.  On failure
  * @error says why.  The plan is not attached to anything yet (sched.c
  * does that).
  */
-int plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, bool pairs, Plan **ret, char *error,
+int plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, bool pairs, Plan **ret, char *error,
              size_t error_size);
 /* Free a plan that is detached (sched_plan_free() detaches first). */
 void plan_free(Plan *p);
@@ -174,4 +201,5 @@ int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_pha
 /* A marker of @phase arrived at @mark: learn the duration of the phase that ended, count iterations. */
 void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark);
 
-void plan_status(const Plan *p, Tier__PlanStatus *ps);
+/* What tierctl status shows of @p. */
+void plan_stats(const Plan *p, PlanStats *ret);

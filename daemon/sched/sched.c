@@ -71,11 +71,11 @@
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
-#include "daemon/tiers/uring.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* Transfers the scheduler keeps in flight per job and link: enough to keep it busy, few enough to stay EDF. */
 #define NVME_INFLIGHT 3
@@ -233,10 +233,10 @@ static void on_prefetch_cancelled(Op *op) {
 
 static int access_link(Tensor *t, int tier, uint8_t mode) {
         if (mode == PLAN_WRITE)         /* nothing to bring: only making room uses a link, the one below */
-                return tier == TIER_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
-        if (tier == TIER_HOST)
-                return copy_valid(t, TIER_VRAM) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
-        return copy_valid(t, TIER_HOST) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+                return tier == LEVEL_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+        if (tier == LEVEL_HOST)
+                return copy_valid(t, LEVEL_VRAM) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+        return copy_valid(t, LEVEL_HOST) ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
 }
 
 /* Candidates of one pass: a growing array, dropped silently when memory runs out (the next pass retries). */
@@ -655,8 +655,8 @@ static void collect_prefetch(Plan *p, CandList *cands, uint64_t now) {
 
                         if (a->mode == PLAN_WRITE || copy_valid(t, tier))
                                 continue;       /* overwritten whole (the pin takes the room), or there already */
-                        if (tier == TIER_VRAM && k > p->window[0])
-                                tier = TIER_HOST;       /* beyond the vram window: stage it in host memory */
+                        if (tier == LEVEL_VRAM && k > p->window[0])
+                                tier = LEVEL_HOST;       /* beyond the vram window: stage it in host memory */
                         if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(s, t, tier) ||
                             t->sched_blocked == s->epoch)
                                 continue;
@@ -694,28 +694,28 @@ static bool clean_start(Sched *s, Tensor *t, int tier, int link) {
 static void write_behind(Sched *s, Plan *p) {
         Job *j = p->job;
 
-        for (int tier = TIER_VRAM; tier <= TIER_HOST; tier++) {
-                int link = tier == TIER_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
+        for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
+                int link = tier == LEVEL_VRAM ? SCHED_LINK_PCIE : SCHED_LINK_NVME;
                 uint64_t need = p->need[tier], free_bytes, got = 0;
                 _cleanup_free_ Tensor **v = NULL;
                 size_t n = 0, k;
 
                 free_bytes = j->limit[tier] > j->used[tier] ? j->limit[tier] - j->used[tier] : 0;
                 /* towards NVMe the occupancy simulation finds the rest (admit_evicted()) */
-                if ((need <= free_bytes && tier != TIER_HOST) || !slot_free(j, link, link_limit))
+                if ((need <= free_bytes && tier != LEVEL_HOST) || !slot_free(j, link, link_limit))
                         continue;
                 /*
                  * Writes to NVMe only while it is idle: a write in its way would delay a
                  * read with a deadline by a whole transfer, and a copy cleaned early may
                  * stay after all (the prediction of victims is not exact).
                  */
-                if (tier == TIER_HOST && (j->sched_inflight[link] > 0 || uring_busy(s->uring)))
+                if (tier == LEVEL_HOST && (j->sched_inflight[link] > 0 || uring_busy(s->uring)))
                         continue;
                 /* the copies the engine would take, in its order: what a drain would write if not we */
                 if (engine_victims(s->engine, j, tier, NULL, &v, &n) < 0)
                         return;
                 k = sched_victim_order(s, tier, v, n, 0);
-                for (size_t i = 0; i < k && (got + free_bytes < need || tier == TIER_HOST); i++) {
+                for (size_t i = 0; i < k && (got + free_bytes < need || tier == LEVEL_HOST); i++) {
                         Tensor *t = v[i];
                         bool for_window = got + free_bytes < need;
 
@@ -733,7 +733,7 @@ static void write_behind(Sched *s, Plan *p) {
                         if (!slot_free(j, link, link_limit))
                                 break;
                         /* towards NVMe one at a time: a read arriving waits for one write at most */
-                        if (clean_start(s, t, tier, link) && tier == TIER_HOST)
+                        if (clean_start(s, t, tier, link) && tier == LEVEL_HOST)
                                 break;
                 }
         }
@@ -807,11 +807,11 @@ void sched_run(Sched *s) {
                 if (c->job->vtime < min_vt)
                         c->job->vtime = min_vt;
                 /* far prefetch into full VRAM: stage it in host memory instead */
-                if (c->hold < 0 && c->tier == TIER_VRAM &&
-                    c->job->used[TIER_VRAM] + c->tensor->alloc_size > c->job->limit[TIER_VRAM]) {
-                        if (copy_valid(c->tensor, TIER_HOST))
+                if (c->hold < 0 && c->tier == LEVEL_VRAM &&
+                    c->job->used[LEVEL_VRAM] + c->tensor->alloc_size > c->job->limit[LEVEL_VRAM]) {
+                        if (copy_valid(c->tensor, LEVEL_HOST))
                                 continue;
-                        c->tier = TIER_HOST;
+                        c->tier = LEVEL_HOST;
                 }
                 if (c->hold < 0 && !sched_admit(s, c))
                         continue;
@@ -831,11 +831,11 @@ void sched_run(Sched *s) {
 
 /* ---- plans: start and end ------------------------------------------------------------------------------- */
 
-int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t esize) {
+int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, char *error, size_t esize) {
         Plan *p;
         int r;
 
-        r = plan_new(s, j, efd, req, policy(s) == SCHED_POLICY_TIMELINE, &p, error, esize);
+        r = plan_new(s, j, efd, spec, policy(s) == SCHED_POLICY_TIMELINE, &p, error, esize);
         if (r < 0)
                 return r;
         r = sd_event_add_io(s->event, &p->marker_source, p->marker_fd, EPOLLIN, on_marker, p);

@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/base/list.h"
 #include "proto/macro.h"
+#include "util/list.h"
 
 typedef struct Config Config;
 typedef struct Engine Engine;
@@ -16,7 +16,7 @@ typedef struct Plan Plan;
 typedef struct Registry Registry;
 typedef struct Sched Sched;
 typedef struct Tensor Tensor;
-typedef struct Tier__SubmitPlan Tier__SubmitPlan;
+typedef struct PlanSpec PlanSpec;
 typedef struct Uring Uring;
 typedef struct VramBackend VramBackend;
 typedef struct sd_event sd_event;
@@ -59,7 +59,7 @@ void sched_set_trace(Sched *s, SchedTrace trace, void *userdata);
  * one runs).  @efd: the rank's wakeup eventfd, borrowed until
  * sched_plan_free().  On failure @error says why.
  */
-int sched_plan_new(Sched *s, Job *j, int efd, const Tier__SubmitPlan *req, Plan **ret, char *error, size_t error_size);
+int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, char *error, size_t error_size);
 /* End a plan: its pins go (written accesses dirty), its tensors may be freed again. */
 void sched_plan_free(Plan *p);
 /*

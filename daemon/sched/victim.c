@@ -29,7 +29,7 @@ uint64_t sched_next_use_ns(Tensor *t, int tier) {
 
         if (!t->plan || t->plan->sched->config->sched_policy != SCHED_POLICY_TIMELINE)
                 return 0;
-        nu = plan_next_use(t->plan, t, tier > TIER_HOST ? TIER_HOST : tier);
+        nu = plan_next_use(t->plan, t, tier > LEVEL_HOST ? LEVEL_HOST : tier);
         return nu == UINT64_MAX ? 0 : nu;
 }
 
@@ -62,7 +62,7 @@ static uint64_t victim_next_use(Tensor *t, int tier) {
                 return UINT64_MAX;
         if (sched_next_access_overwrites(t))
                 return UINT64_MAX;
-        if (tier == TIER_HOST && copy_valid(t, TIER_VRAM))
+        if (tier == LEVEL_HOST && copy_valid(t, LEVEL_VRAM))
                 return plan_next_use_class(t->plan, t, USE_HOST);
         return plan_next_use(t->plan, t, tier);
 }

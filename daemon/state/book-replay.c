@@ -715,7 +715,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         if (bt->image && !f->damaged && reserve_extents(b, bt->image, bt->n_image)) {
                                 t->base = TAKE_PTR(bt->image);
                                 t->n_base = bt->n_image;
-                                copy_account(t, TIER_NVME, (int64_t) ((uint64_t) t->n_base * b->nvme->extent_size));
+                                copy_account(t, LEVEL_NVME, (int64_t) ((uint64_t) t->n_base * b->nvme->extent_size));
                         }
                         ok = ok && reserve_extents(b, bt->ext, bt->n_ext);
                         if (ok) {

@@ -66,7 +66,7 @@
  *
  * Writes that fail (a full state filesystem) turn the book off: tierd says
  * so, keeps running as scratch (nothing of the NVMe tier survives the next
- * restart) and reports the parked transfers written, as before the book.
+ * restart) and reports the parked transfers written, as if there were no book.
  */
 
 #include <errno.h>
@@ -203,7 +203,7 @@ static void book_off(Book *b, int r, const char *what) {
         log_error_errno(r, "Cannot write the NVMe index %s (%s): %m. tierd goes on WITHOUT it: what is on NVMe "
                         "now will not be found after tierd restarts. Free space in the state directory and "
                         "restart tierd.", b->path[b->cur], what);
-        /* parked write-downs are released: they are as written as they were before the book */
+        /* parked write-downs are released: without the book they count as written */
         if (b->durable_cb)
                 b->durable_cb(b->durable_userdata);
 }
@@ -296,7 +296,7 @@ static void put_extents(Wr *w, const Tensor *t, uint64_t version, const NvmeExte
 }
 
 static void put_nvme(Wr *w, const Tensor *t, uint64_t version) {
-        put_extents(w, t, version, t->copy[TIER_NVME].extents, t->copy[TIER_NVME].n_extents);
+        put_extents(w, t, version, t->copy[LEVEL_NVME].extents, t->copy[LEVEL_NVME].n_extents);
 }
 
 /* Recording: a book that works, restored and not detached (tierd's exit forgets jobs, it does not end them). */
@@ -364,7 +364,7 @@ void book_tensor_gone(Book *b, Tensor *t) {
 static void book_maybe_compact(Book *b);
 
 uint64_t book_nvme(Book *b, Tensor *t, uint64_t version) {
-        const Copy *c = &t->copy[TIER_NVME];
+        const Copy *c = &t->copy[LEVEL_NVME];
         Wr w = { b };
         uint64_t seq;
 
@@ -391,7 +391,7 @@ void book_version(Book *b, Tensor *t) {
         if (t->book_state == BOOK_T_BLANK && t->version == 0)
                 return;         /* still zeros */
         if (t->book_state == BOOK_T_NVME && t->book_version == t->version &&
-            (t->copy[TIER_NVME].state != COPY_ABSENT || t->xfer))
+            (t->copy[LEVEL_NVME].state != COPY_ABSENT || t->xfer))
                 return;         /* what the book says is still the newest (or being written there) */
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);
@@ -427,7 +427,7 @@ void book_restored(Book *b, Tensor *t) {
 
         if (!book_on(b) || !t->book_key)
                 return;
-        if (t->version > 0 && t->copy[TIER_NVME].state == COPY_RESIDENT) {
+        if (t->version > 0 && t->copy[LEVEL_NVME].state == COPY_RESIDENT) {
                 (void) book_nvme(b, t, t->version);
                 return;
         }

@@ -44,8 +44,7 @@
 #include <unistd.h>
 #include <systemd/sd-event.h>
 
-#include <tier.h>
-
+#include "daemon/base/level.h"
 #include "daemon/base/log.h"
 #include "daemon/state/book.h"
 #include "daemon/state/memstore.h"
@@ -171,7 +170,7 @@ typedef struct MsMsg {
 } MsMsg;
 
 static int ms_tier(int tier) {
-        return tier == TIER_HOST ? MS_HOST : MS_VRAM;
+        return tier == LEVEL_HOST ? MS_HOST : MS_VRAM;
 }
 
 static const char *const tier_names[MS_TIERS] = { "host", "vram" };
@@ -703,7 +702,7 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
         /* the newest copies only (a valid copy of the version below one being written is stale) */
         for (int k = 0; k < MS_TIERS; k++) {
                 const MsCopy *mc = &rec->copy[k];
-                int tier = k == MS_HOST ? TIER_HOST : TIER_VRAM;
+                int tier = k == MS_HOST ? LEVEL_HOST : LEVEL_VRAM;
 
                 if (effective(mc) != best)
                         continue;
@@ -723,9 +722,9 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
         t->version = best;
         t->lost = false;
         t->dead = false;
-        if (t->copy[TIER_NVME].state != COPY_ABSENT && t->copy[TIER_NVME].version != best)
+        if (t->copy[LEVEL_NVME].state != COPY_ABSENT && t->copy[LEVEL_NVME].version != best)
                 t->book_state = BOOK_T_NEWER;
-        else if (t->copy[TIER_NVME].state == COPY_ABSENT)
+        else if (t->copy[LEVEL_NVME].state == COPY_ABSENT)
                 t->book_state = BOOK_T_NEWER;
         ms->restored++;
         return true;
@@ -823,7 +822,7 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                 const Copy *c = &t->copy[tier];
                 MsCopy *mc;
 
-                if (tier == TIER_NVME || c->n_pieces == 0 || (t->version == 0 && c->writers == 0))
+                if (tier == LEVEL_NVME || c->n_pieces == 0 || (t->version == 0 && c->writers == 0))
                         continue;       /* (zeros need no copy, unless a client is writing it) */
                 if (c->state != COPY_RESIDENT && c->state != COPY_DRAINING)
                         continue;
@@ -917,7 +916,7 @@ int memstore_begin(MemStore *ms, Registry *r) {
 
         /* memory of the last run that holds nothing put back: fresh before any job gets it */
         for (int tier = 0; tier < TIERS; tier++) {
-                SegPool *pool = tier == TIER_NVME ? NULL : r->pools[tier];
+                SegPool *pool = tier == LEVEL_NVME ? NULL : r->pools[tier];
                 int k = ms_tier(tier);
 
                 if (!pool)

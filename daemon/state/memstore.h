@@ -39,7 +39,7 @@ void memstore_load(MemStore *ms);
 
 /*
  * memstore_take_segment() - the memfd the last tierd had for segment @id of
- * @tier's pool (TIER_HOST or TIER_VRAM), when its contents can be used
+ * @tier's pool (LEVEL_HOST or LEVEL_VRAM), when its contents can be used
  * (the table was read and the memfd is the pool's size): returned, owned by
  * the caller; -1 otherwise.  At start only, while the pools are made.
  */

@@ -86,11 +86,11 @@ QuotaStore *quota_store_free(QuotaStore *s) {
 
 static uint64_t default_value(const Config *c, int field) {
         switch (field) {
-        case QUOTA_MAX(TIER_VRAM):
+        case QUOTA_MAX(LEVEL_VRAM):
                 return c->vram_job_limit;
-        case QUOTA_MAX(TIER_HOST):
+        case QUOTA_MAX(LEVEL_HOST):
                 return c->host_job_limit;
-        case QUOTA_MAX(TIER_NVME):
+        case QUOTA_MAX(LEVEL_NVME):
                 return c->nvme_job_limit;
         case QUOTA_WEIGHT:
                 return c->default_weight;
@@ -356,7 +356,7 @@ static bool job_apply(Job *j, const QuotaResolved *q, bool quiet, char *warn, si
 /* ---- totals of uids and groups --------------------------------------------------------------------- */
 
 uint64_t quota_uid_share(const Config *c, const Registry *r, int tier) {
-        unsigned pct = tier == TIER_HOST ? c->host_uid_share : tier == TIER_VRAM ? c->vram_uid_share : c->nvme_uid_share;
+        unsigned pct = tier == LEVEL_HOST ? c->host_uid_share : tier == LEVEL_VRAM ? c->vram_uid_share : c->nvme_uid_share;
 
         return pct == 0 ? 0 : MAX((uint64_t) 1, r->capacity[tier] / 100 * pct + r->capacity[tier] % 100 * pct / 100);
 }
@@ -392,12 +392,12 @@ static bool job_totals(QuotaStore *s, Job *j) {
                 return false;   /* the old ones stay: out of memory is no reason to lift a total */
         quota_totals_resolve(s->config, s->registry, &s->runtime, QUOTA_UID, (uint32_t) j->uid, j->admin, &tot[0],
                              NULL);
-        if (tot[0].total[TIER_VRAM] | tot[0].total[TIER_HOST] | tot[0].total[TIER_NVME])
+        if (tot[0].total[LEVEL_VRAM] | tot[0].total[LEVEL_HOST] | tot[0].total[LEVEL_NVME])
                 n++;
         for (uint32_t g = 0; g < j->n_gids; g++) {
                 quota_totals_resolve(s->config, s->registry, &s->runtime, QUOTA_GROUP, (uint32_t) j->gids[g], true,
                                      &tot[n], NULL);
-                if (tot[n].total[TIER_VRAM] | tot[n].total[TIER_HOST] | tot[n].total[TIER_NVME])
+                if (tot[n].total[LEVEL_VRAM] | tot[n].total[LEVEL_HOST] | tot[n].total[LEVEL_NVME])
                         n++;
         }
         changed = n != j->n_totals;

@@ -47,16 +47,16 @@ int registry_new(const Config *config, sd_event *event, SegPool *host, SegPool *
                 return -ENOMEM;
         r->config = config;
         r->event = event;
-        r->pools[TIER_HOST] = host;
-        r->pools[TIER_VRAM] = vram;
+        r->pools[LEVEL_HOST] = host;
+        r->pools[LEVEL_VRAM] = vram;
         r->nvme = nvme;
         list_init(&r->jobs);
         list_init(&r->dying_jobs);
         for (int i = 0; i < TIERS; i++)
                 list_init(&r->lru[i]);
-        r->capacity[TIER_VRAM] = vram ? (uint64_t) vram->n_segs * vram->seg_size : 0;
-        r->capacity[TIER_HOST] = host ? (uint64_t) host->n_segs * host->seg_size : 0;
-        r->capacity[TIER_NVME] = nvme ? nvme->capacity : 0;
+        r->capacity[LEVEL_VRAM] = vram ? (uint64_t) vram->n_segs * vram->seg_size : 0;
+        r->capacity[LEVEL_HOST] = host ? (uint64_t) host->n_segs * host->seg_size : 0;
+        r->capacity[LEVEL_NVME] = nvme ? nvme->capacity : 0;
         *ret = r;
         return 0;
 }
@@ -131,9 +131,9 @@ int job_new(Registry *r, const char *name, uid_t uid, Job **ret) {
         list_init(&j->tensors);
         for (int i = 0; i < TIERS; i++)
                 list_init(&j->segments[i]);
-        j->limit[TIER_VRAM] = r->config->vram_job_limit;
-        j->limit[TIER_HOST] = r->config->host_job_limit;
-        j->limit[TIER_NVME] = r->config->nvme_job_limit;
+        j->limit[LEVEL_VRAM] = r->config->vram_job_limit;
+        j->limit[LEVEL_HOST] = r->config->host_job_limit;
+        j->limit[LEVEL_NVME] = r->config->nvme_job_limit;
         j->weight = r->config->default_weight;
         j->wear_base = wear_job_base(r->wear, name);
 

@@ -7,10 +7,10 @@
 #include <sys/types.h>
 
 #include "daemon/base/level.h"
-#include "daemon/base/list.h"
 #include "daemon/base/quota-rule.h"
-#include "daemon/tiers/fairq.h"
 #include "daemon/tiers/tier-nvme.h"
+#include "util/fairq.h"
+#include "util/list.h"
 
 typedef struct Book Book;
 typedef struct Config Config;

@@ -308,7 +308,7 @@ int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
         Registry *r = t->job->registry;
         Job *j = t->job;
         Copy *c = &t->copy[tier];
-        uint64_t need = tier == TIER_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
+        uint64_t need = tier == LEVEL_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
         int q;
 
         *ret_why = SPACE_OK;
@@ -332,7 +332,7 @@ int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
                         return -ENOSPC;
                 }
         }
-        if (tier == TIER_NVME) {
+        if (tier == LEVEL_NVME) {
                 q = nvme_alloc(r->nvme, t->alloc_size, (unsigned) (t->id % r->nvme->n_targets), &c->extents,
                                &c->n_extents);
                 if (q == -ENOSPC)
@@ -353,7 +353,7 @@ void copy_release(Tensor *t, int tier) {
         Registry *r = t->job->registry;
         Copy *c = &t->copy[tier];
 
-        if (tier == TIER_NVME) {
+        if (tier == LEVEL_NVME) {
                 copy_account(t, tier, -(int64_t) ((uint64_t) c->n_extents * r->nvme->extent_size));
                 nvme_free(r->nvme, c->extents, c->n_extents);
                 c->extents = NULL;
@@ -367,7 +367,7 @@ void copy_release(Tensor *t, int tier) {
 
 int copy_restore_nvme(Tensor *t, NvmeExtent *ext, uint32_t n) {
         Registry *r = t->job->registry;
-        Copy *c = &t->copy[TIER_NVME];
+        Copy *c = &t->copy[LEVEL_NVME];
 
         if (c->state != COPY_ABSENT)
                 return -EEXIST;
@@ -375,8 +375,8 @@ int copy_restore_nvme(Tensor *t, NvmeExtent *ext, uint32_t n) {
         c->n_extents = n;
         c->state = COPY_RESIDENT;
         c->version = t->version;
-        copy_account(t, TIER_NVME, (int64_t) ((uint64_t) n * r->nvme->extent_size));
-        copy_touch(t, TIER_NVME);
+        copy_account(t, LEVEL_NVME, (int64_t) ((uint64_t) n * r->nvme->extent_size));
+        copy_touch(t, LEVEL_NVME);
         return 0;
 }
 
@@ -484,7 +484,7 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
                 return -ENOSPC;
         case SPACE_TOTAL:
         case SPACE_TOTAL_OVER: {
-                uint64_t want = tier == TIER_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
+                uint64_t want = tier == LEVEL_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
                 bool over = false;
                 const JobTotal *jt = total_exceeded(r, j, tier, want, &over);
                 char whom[64], tot[SIZE_FORMAT_MAX], inuse[SIZE_FORMAT_MAX], from[160], set[96];
@@ -500,8 +500,8 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
                 size_format(inuse, sizeof(inuse), total_used(r, jt, tier, &n_jobs));
                 if (jt->from_share & (1u << tier))
                         (void) snprintf(from, sizeof(from), "[%s] uid_share, %u %% of %s", tn,
-                                        tier == TIER_HOST ? r->config->host_uid_share :
-                                        tier == TIER_VRAM ? r->config->vram_uid_share : r->config->nvme_uid_share, cap);
+                                        tier == LEVEL_HOST ? r->config->host_uid_share :
+                                        tier == LEVEL_VRAM ? r->config->vram_uid_share : r->config->nvme_uid_share, cap);
                 else
                         (void) snprintf(from, sizeof(from), "%s_total of its [quota]", tn);
                 (void) snprintf(set, sizeof(set), "tierctl quota set --%s %" PRIu32 " --%s-total SIZE",

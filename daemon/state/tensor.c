@@ -142,7 +142,7 @@ static void tensor_drop_image(Tensor *t) {
 
         if (!t->base)
                 return;
-        copy_account(t, TIER_NVME, -(int64_t) ((uint64_t) t->n_base * r->nvme->extent_size));
+        copy_account(t, LEVEL_NVME, -(int64_t) ((uint64_t) t->n_base * r->nvme->extent_size));
         nvme_free(r->nvme, t->base, t->n_base);
         t->base = NULL;
         t->n_base = 0;
@@ -208,7 +208,7 @@ void copy_free(Tensor *t, int tier) {
 
         if (c->state == COPY_ABSENT)
                 return;
-        if (tier == TIER_NVME && t->job->committing && !t->doomed && !t->base && t->version > 0 &&
+        if (tier == LEVEL_NVME && t->job->committing && !t->doomed && !t->base && t->version > 0 &&
             c->state != COPY_FILLING && c->version == t->commit_version) {
                 /* the committed version's image, now that a newer one is written: kept for a rollback */
                 t->base = c->extents;
@@ -223,7 +223,7 @@ void copy_free(Tensor *t, int tier) {
         c->writers = 0;
         c->unwritten = false;
         list_del(&c->lru);
-        if (tier == TIER_NVME)
+        if (tier == LEVEL_NVME)
                 book_version(r->book, t);       /* its NVMe copy was what the index had of it */
         else
                 memstore_note(r->memstore, t);  /* before the range can be taken again */
@@ -245,7 +245,7 @@ void tensor_free_stale(Tensor *t) {
 
 bool tensor_needs_image(const Tensor *t) {
         return t->job->committing && !t->base && t->version > 0 && !t->dead && !t->lost &&
-               t->version == t->commit_version && !copy_valid(t, TIER_NVME);
+               t->version == t->commit_version && !copy_valid(t, LEVEL_NVME);
 }
 
 void job_commit(Job *j, uint64_t step) {
@@ -302,7 +302,7 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                         t->n_base = 0;
                         t->version = t->commit_version;
                         t->lost = false;
-                        copy_account(t, TIER_NVME, -(int64_t) ((uint64_t) n_ext * j->registry->nvme->extent_size));
+                        copy_account(t, LEVEL_NVME, -(int64_t) ((uint64_t) n_ext * j->registry->nvme->extent_size));
                         (void) copy_restore_nvme(t, ext, n_ext);
                         book_restored(j->registry->book, t);
                         rolled++;

@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 #include "daemon/tiers/extent.h"
-#include "daemon/base/list.h"
+#include "util/list.h"
 
 typedef struct Job Job;
 typedef struct SegPool SegPool;

@@ -31,8 +31,8 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/tiers/tier-nvme.h"
-#include "daemon/tiers/uring.h"
 #include "proto/macro.h"
+#include "util/uring.h"
 
 static int errorf(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
 static int errorf(char **ret_error, int r, const char *fmt, ...) {

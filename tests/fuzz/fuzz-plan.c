@@ -4,7 +4,7 @@
 /*
  * Theory of operation: each input makes a fresh daemon core (core.c), a
  * job with 1..8 tensors of fuzzed sizes, and a SubmitPlan, then starts it
- * with sched_plan_new() as rpc.c does for a rank.  The plan is either
+ * with rpc_plan_spec() and sched_plan_new() as rpc.c does for a rank.  The plan is either
  * built from the input (a structured decoding, so that the fuzzer reaches
  * the checks behind well-formed plans: tensors by index, or any id;
  * tiers and modes raw) or, when the first byte is odd, unpacked from the
@@ -18,7 +18,7 @@
  *   1  a scribble: u16 offset, u8 length, bytes, anywhere in the page
  *      (the daemon area and the slots too: tierd must not trust any of it)
  *   2  let transfers finish
- *   3  plan_status() and the next-use queries of every tensor of the plan
+ *   3  plan_stats() and the next-use queries of every tensor of the plan
  *
  * The plan is freed (sched_plan_free()), the core too, and no fd may leak.
  */
@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/ipc/rpc.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -108,10 +109,9 @@ static void scribble(Plan *p, FuzzIn *in) {
 }
 
 static void query(Plan *p, Tensor **t, unsigned n_t) {
-        Tier__PlanStatus ps = TIER__PLAN_STATUS__INIT;
+        PlanStats st;
 
-        plan_status(p, &ps);
-        free(ps.step_links);
+        plan_stats(p, &st);
         /* the queries are for tensors of this plan (t->plan, t->plan_slot), as the scheduler asks them */
         for (unsigned i = 0; i < n_t; i++)
                 for (int tier = 0; tier < 2 && t[i]->plan == p; tier++) {
@@ -126,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int fds_before = fuzz_count_fds();
         Tier__SubmitPlan *unpacked = NULL;
         const Tier__SubmitPlan *sp;
+        PlanSpec spec = {};
         Tensor *t[MAX_TENSORS];
         unsigned n_t = 1 + (first >> 1) % MAX_TENSORS;
         char error[512] = "";
@@ -155,7 +156,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         FUZZ_CHECK(efd >= 0);
 
-        if (sp && sched_plan_new(m->sched, j, efd, sp, &p, error, sizeof(error)) >= 0) {
+        /* translated as rpc.c does */
+        if (sp)
+                FUZZ_CHECK(rpc_plan_spec(sp, &spec) == 0);
+        if (sp && sched_plan_new(m->sched, j, efd, &spec, &p, error, sizeof(error)) >= 0) {
                 if (getenv("TIER_FUZZ_LOG"))
                         fprintf(stderr, "plan of %u phases over %u tensors accepted\n", p->n_phases, p->n_slots);
                 FUZZ_CHECK(p && p->page && p->n_phases == sp->n_phases);
@@ -188,6 +192,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         fprintf(stderr, "refused: %s\n", error);
         }
 
+        free(spec.acc);
         if (unpacked)
                 tier__submit_plan__free_unpacked(unpacked, NULL);
         core_free(m);

@@ -42,12 +42,12 @@
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/server.h"
 #include "daemon/state/registry.h"
+#include "proto/level.h"
 #include "proto/plan.h"
 #include "proto/wire.h"
 #include "tests/fuzz/core.h"
 #include "tests/fuzz/fuzz.h"
 #include "tier.pb-c.h"
-#include <tier.h>
 
 #define N_CLIENTS 2
 #define KEEP_FDS 16
@@ -283,7 +283,7 @@ static void put_hello(FuzzOut *o, int client, const char *job, uint32_t rank, ui
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__Hello h = TIER__HELLO__INIT;
 
-        h.version = TIER_PROTOCOL_VERSION;
+        h.version = WIRE_PROTOCOL_VERSION;
         h.job = (char *) job;
         h.rank = rank;
         req.op_case = TIER__REQUEST__OP_HELLO;
@@ -481,16 +481,16 @@ int fuzz_write_seeds(const char *dir) {
         put_hello(o, 0, "job", 0, 1);
         put_create(o, 0, "a", 256 << 10, 2);
         put_create(o, 0, "b", 300000, 3);
-        put_pin(o, 0, TID(1), TIER_HOST, false, 0, 4);
+        put_pin(o, 0, TID(1), LEVEL_HOST, false, 0, 4);
         put_op(o, 7);
-        put_unpin(o, 0, TID(1), TIER_HOST, true, 5);
-        put_move(o, 0, true, TID(1), TIER_NVME, false, 6);
+        put_unpin(o, 0, TID(1), LEVEL_HOST, true, 5);
+        put_move(o, 0, true, TID(1), LEVEL_NVME, false, 6);
         put_op(o, 7);
-        put_move(o, 0, false, TID(1), TIER_VRAM, true, 7);
+        put_move(o, 0, false, TID(1), LEVEL_VRAM, true, 7);
         put_op(o, 7);
-        put_pin(o, 0, TID(2), TIER_VRAM, true, PLAN_WRITE, 8);
+        put_pin(o, 0, TID(2), LEVEL_VRAM, true, PLAN_WRITE, 8);
         put_op(o, 7);
-        put_unpin(o, 0, TID(2), TIER_VRAM, false, 9);
+        put_unpin(o, 0, TID(2), LEVEL_VRAM, false, 9);
         put_simple(o, 0, TIER__REQUEST__OP_STAT, TID(1), 10);
         put_simple(o, 0, TIER__REQUEST__OP_STATUS, 0, 11);
         put_simple(o, 0, TIER__REQUEST__OP_FREE, TID(1), 12);
@@ -504,9 +504,9 @@ int fuzz_write_seeds(const char *dir) {
         put_hello(o, 1, "job", 1, 1);
         put_create(o, 0, "a", 700000, 2);
         put_simple(o, 1, TIER__REQUEST__OP_OPEN, 0, 2);
-        put_pin(o, 1, TID(1), TIER_HOST, true, PLAN_READ, 3);
-        put_pin(o, 0, TID(1), TIER_VRAM, true, 0, 3);
-        put_move(o, 1, true, TID(1), TIER_NVME, true, 4);
+        put_pin(o, 1, TID(1), LEVEL_HOST, true, PLAN_READ, 3);
+        put_pin(o, 0, TID(1), LEVEL_VRAM, true, 0, 3);
+        put_move(o, 1, true, TID(1), LEVEL_NVME, true, 4);
         put_simple(o, 0, TIER__REQUEST__OP_ACK, 0, 4);
         put_op(o, 4);
         put_op(o, 4 | 1 << 3);
@@ -553,10 +553,10 @@ int fuzz_write_seeds(const char *dir) {
         put_op(o, 5 | 1 << 3 | 1 << 4);                 /* client 1 as uid 1000 */
         put_hello(o, 1, "b", 0, 1);
         put_create(o, 1, "x", 4096, 2);
-        put_pin(o, 1, TID(2), TIER_HOST, false, 0, 3);
+        put_pin(o, 1, TID(2), LEVEL_HOST, false, 0, 3);
         put_simple(o, 1, TIER__REQUEST__OP_FREE, TID(1) + 1, 4);
         put_quota(o, 1, "a", 7, 5);
-        put_pin(o, 0, TID(1), TIER_HOST, false, 0, 3);
+        put_pin(o, 0, TID(1), LEVEL_HOST, false, 0, 3);
         put_op(o, 4);
         put_op(o, 4 | 1 << 3);
         r = r ?: write_seed(dir, "seed-two-jobs", o);
@@ -568,7 +568,7 @@ int fuzz_write_seeds(const char *dir) {
         put_req(o, 1, &(Tier__Request) TIER__REQUEST__INIT, 1, 0xff);
         put_hello(o, 0, "job", 0, 2);
         put_create(o, 0, "big", 1ull << 40, 4);
-        put_pin(o, 0, 99, TIER_HOST, false, 0, 5);
+        put_pin(o, 0, 99, LEVEL_HOST, false, 0, 5);
         put_pin(o, 0, TID(1), 7, false, 9, 6);
         fout_u8(o, 0);
         fout_u16(o, sizeof(garbage));

@@ -102,16 +102,16 @@ void fixture_fill(Tensor *t, int tier, uint8_t v) {
 }
 
 void fixture_host_data(Manager *m, Tensor *t, uint8_t v) {
-        assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
-        fixture_fill(t, TIER_HOST, v);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        fixture_fill(t, LEVEL_HOST, v);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
 }
 
 void fixture_on_nvme(Manager *m, Tensor *t) {
-        fixture_touch(m, t, TIER_HOST, true);
-        assert_int_equal(fixture_op(m, OP_EVICT, t, TIER_NVME), 0);
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_false(copy_valid(t, TIER_HOST));
+        fixture_touch(m, t, LEVEL_HOST, true);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_false(copy_valid(t, LEVEL_HOST));
 }
 
 void fixture_touch(Manager *m, Tensor *t, int tier, bool dirty) {

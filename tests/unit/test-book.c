@@ -84,17 +84,17 @@ static Job *job(Manager *m, const char *name) {
 /* @t whole in host as @v, then written to NVMe (the fence: the op's end). */
 static void written(Manager *m, Tensor *t, uint8_t v) {
         fixture_host_data(m, t, v);
-        assert_int_equal(fixture_op(m, OP_EVICT, t, TIER_NVME), 0);
-        assert_true(copy_valid(t, TIER_NVME));
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        assert_true(copy_valid(t, LEVEL_NVME));
 }
 
 /* Read @t into host and check every byte is @v. */
 static void check_bytes(Manager *m, Tensor *t, uint8_t v) {
-        assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
         for (uint64_t off = 0; off < t->size; off += 4093)
-                assert_int_equal(fixture_byte(t, TIER_HOST, off), v);
-        assert_int_equal(fixture_byte(t, TIER_HOST, t->size - 1), v);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, false), 0);
+                assert_int_equal(fixture_byte(t, LEVEL_HOST, off), v);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, t->size - 1), v);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
 }
 
 static int read_whole(const char *path, char **ret, size_t *ret_len) {
@@ -170,7 +170,7 @@ static void test_restart_keeps_nvme(void **state) {
         written(m, b, 0x22);
         written(m, n, 0x33);
         fixture_host_data(m, n, 0x34);
-        assert_false(copy_valid(n, TIER_NVME));         /* stale on NVMe: freed */
+        assert_false(copy_valid(n, LEVEL_NVME));         /* stale on NVMe: freed */
         written(m, x, 0x55);
         assert_int_equal(tensor_free(x), 0);
         gone = job(m, "gone");
@@ -189,14 +189,14 @@ static void test_restart_keeps_nvme(void **state) {
         c = find(m, "j", "c");
         n = find(m, "j", "n");
         assert_null(find(m, "j", "x"));
-        assert_true(copy_valid(a, TIER_NVME) && copy_valid(b, TIER_NVME));
-        assert_int_equal(j->used[TIER_NVME], 1 * MiB + 4 * MiB + 0);    /* a: 1 extent, b: 4 */
+        assert_true(copy_valid(a, LEVEL_NVME) && copy_valid(b, LEVEL_NVME));
+        assert_int_equal(j->used[LEVEL_NVME], 1 * MiB + 4 * MiB + 0);    /* a: 1 extent, b: 4 */
         check_bytes(m, a, 0x11);
         check_bytes(m, b, 0x22);
         assert_int_equal(c->version, 0);
         check_bytes(m, c, 0);
         assert_true(n->lost);
-        r = fixture_op(m, OP_PIN, n, TIER_HOST);
+        r = fixture_op(m, OP_PIN, n, LEVEL_HOST);
         assert_int_equal(r, -ENODATA);
         /* the NVMe space of what was freed is free again, what is restored is not handed out twice */
         t = fixture_tensor(j, "new", 8 * MiB);
@@ -208,12 +208,12 @@ static void test_restart_keeps_nvme(void **state) {
                 int done = 0;
                 Op *op;
 
-                assert_int_equal(op_submit(m->engine, OP_PIN, n, TIER_HOST, on_done, NULL, &done, &op), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, n, LEVEL_HOST, on_done, NULL, &done, &op), 0);
                 op->discard = true;     /* a TIER_WRITE pin */
                 FIXTURE_RUN_UNTIL(m, done);
                 assert_int_equal(done, 1);
-                fixture_fill(n, TIER_HOST, 0x35);
-                assert_int_equal(tensor_unpin(n, TIER_HOST, true), 0);
+                fixture_fill(n, LEVEL_HOST, 0x35);
+                assert_int_equal(tensor_unpin(n, LEVEL_HOST, true), 0);
                 assert_false(n->lost);
                 check_bytes(m, n, 0x35);
         }
@@ -270,7 +270,7 @@ static void test_torn_tail(void **state) {
                 fixture_host_data(m, b, 0x22);
                 assert_int_equal(stat(index_path(&d, newer_file(&d), p, sizeof(p)), &st), 0);
                 last = st.st_size;      /* b's NVME record goes after this */
-                assert_int_equal(fixture_op(m, OP_EVICT, b, TIER_NVME), 0);
+                assert_int_equal(fixture_op(m, OP_EVICT, b, LEVEL_NVME), 0);
         }
         fixture_free(m);
         index_path(&d, newer_file(&d), p, sizeof(p));
@@ -303,7 +303,7 @@ static void test_torn_tail(void **state) {
                         assert_non_null(b);
                         check_bytes(m, a, 0x11);
                         assert_true(b->lost);
-                        assert_false(copy_valid(b, TIER_NVME));
+                        assert_false(copy_valid(b, LEVEL_NVME));
                         fixture_free(m);
                         if (cut == last)
                                 break;
@@ -342,7 +342,7 @@ static void test_damage_mid_file(void **state) {
         j = job_find(m->registry, "j");
         assert_non_null(j);
         list_for_each_safe(n, tmp, &j->tensors)
-                assert_false(copy_valid(list_entry(n, Tensor, job_link), TIER_NVME));
+                assert_false(copy_valid(list_entry(n, Tensor, job_link), LEVEL_NVME));
         assert_true(find(m, "j", "a")->lost);
         fixture_free(m);
         dir_done(&d);
@@ -408,12 +408,12 @@ static void write_pin(Manager *m, Tensor *t, uint8_t v) {
         int done = 0;
         Op *op;
 
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, on_done, NULL, &done, &op), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &done, &op), 0);
         op->write = true;
         FIXTURE_RUN_UNTIL(m, done);
         assert_int_equal(done, 1);
-        fixture_fill(t, TIER_HOST, v);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        fixture_fill(t, LEVEL_HOST, v);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
 }
 
 /*
@@ -443,7 +443,7 @@ static void test_commit_rollback(void **state) {
 
                 write_pin(m, a, 0x12);
                 assert_non_null(a->base);               /* the committed image, kept */
-                assert_false(copy_valid(a, TIER_NVME));
+                assert_false(copy_valid(a, LEVEL_NVME));
                 write_pin(m, b, 0x23);                  /* b's committed data went to NVMe first */
                 assert_non_null(b->base);
                 write_pin(m, b, 0x24);                  /* a second write keeps the same image */

@@ -188,9 +188,9 @@ static void test_engine_checksums_off_the_loop(void **state) {
 
         csum_hold(m->csum, true);
         written = tg->bytes_written;
-        assert_int_equal(op_submit(m->engine, OP_EVICT, t, TIER_NVME, on_done, NULL, &ev, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &ev, NULL), 0);
         other = fixture_tensor(b, "other", 1 * MiB);
-        assert_int_equal(op_submit(m->engine, OP_PIN, other, TIER_HOST, on_done, NULL, &pin, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, other, LEVEL_HOST, on_done, NULL, &pin, NULL), 0);
         FIXTURE_RUN_UNTIL(m, pin.done);
         assert_int_equal(pin.status, 0);
         fixture_run(m, 20);
@@ -201,30 +201,30 @@ static void test_engine_checksums_off_the_loop(void **state) {
         FIXTURE_RUN_UNTIL(m, ev.done);
         assert_int_equal(ev.status, 0);
         assert_int_equal(tg->bytes_written - written, t->alloc_size);
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_false(copy_valid(t, TIER_HOST));
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_false(copy_valid(t, LEVEL_HOST));
 
         csum_hold(m->csum, true);
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, on_done, NULL, &back, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &back, NULL), 0);
         third = fixture_tensor(b, "third", 1 * MiB);
-        assert_int_equal(op_submit(m->engine, OP_PIN, third, TIER_HOST, on_done, NULL, &pin2, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, third, LEVEL_HOST, on_done, NULL, &pin2, NULL), 0);
         FIXTURE_RUN_UNTIL(m, pin2.done && tg->bytes_read >= t->alloc_size);
         assert_int_equal(pin2.status, 0);
         assert_true(tg->bytes_read >= t->alloc_size);  /* the reads are done: their checks are not */
         fixture_run(m, 20);
         assert_int_equal(back.done, 0);
-        assert_false(copy_valid(t, TIER_HOST));
+        assert_false(copy_valid(t, LEVEL_HOST));
         csum_hold(m->csum, false);
         FIXTURE_RUN_UNTIL(m, back.done);
         assert_int_equal(back.status, 0);
         for (uint64_t off = 0; off < t->size; off += 4093)
-                assert_int_equal(fixture_byte(t, TIER_HOST, off), 0x5a);
+                assert_int_equal(fixture_byte(t, LEVEL_HOST, off), 0x5a);
         assert_int_equal(tg->crc_errors, 0);
         assert_true(csum_bytes_off_loop(m->csum) >= 2 * t->alloc_size);
 
-        assert_int_equal(tensor_unpin(t, TIER_HOST, false), 0);
-        assert_int_equal(tensor_unpin(other, TIER_HOST, false), 0);
-        assert_int_equal(tensor_unpin(third, TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        assert_int_equal(tensor_unpin(other, LEVEL_HOST, false), 0);
+        assert_int_equal(tensor_unpin(third, LEVEL_HOST, false), 0);
         fixture_free(m);
 }
 
@@ -244,11 +244,11 @@ static void test_engine_checksums_on_the_loop(void **state) {
         t = fixture_tensor(a, "t", 3 * MiB);
         fixture_host_data(m, t, 0xc3);
         fixture_on_nvme(m, t);
-        assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
         for (uint64_t off = 0; off < t->size; off += 4093)
-                assert_int_equal(fixture_byte(t, TIER_HOST, off), 0xc3);
+                assert_int_equal(fixture_byte(t, LEVEL_HOST, off), 0xc3);
         assert_int_equal(csum_bytes_off_loop(m->csum), 0);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
         fixture_free(m);
 }
 

@@ -92,7 +92,7 @@ static int peer_hello(Peer *p, const char *job) {
         Tier__Reply *reply;
         int status;
 
-        h.version = TIER_PROTOCOL_VERSION;
+        h.version = WIRE_PROTOCOL_VERSION;
         h.job = (char *) job;
         req.op_case = TIER__REQUEST__OP_HELLO;
         req.hello = &h;
@@ -331,17 +331,17 @@ static void test_marker_before_next_request(void **state) {
         page_marker(p.conn, 1, 0, true);
         a = tensor_find(job_find(m->registry, "job"), ida);
         assert_non_null(a);
-        FIXTURE_RUN_UNTIL(m, a->copy[TIER_HOST].pins != 0);
-        assert_int_equal(a->copy[TIER_HOST].pins, 1);
+        FIXTURE_RUN_UNTIL(m, a->copy[LEVEL_HOST].pins != 0);
+        assert_int_equal(a->copy[LEVEL_HOST].pins, 1);
 
         /* phase 1 is written (the eventfd not read yet), then the evict of a arrives */
         page_marker(p.conn, 2, 1, false);
-        assert_int_equal(peer_evict_async(&p, ida, TIER_NVME), 0);
-        assert_int_equal(a->copy[TIER_HOST].pins, 0);
+        assert_int_equal(peer_evict_async(&p, ida, LEVEL_NVME), 0);
+        assert_int_equal(a->copy[LEVEL_HOST].pins, 0);
         assert_int_equal(p.conn->plan->cur, 1);
         /* and the eviction ends with a written down (the next phase of the cycle, 0, may hold it in host again) */
-        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
-        assert_true(copy_valid(a, TIER_NVME));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, LEVEL_NVME));
+        assert_true(copy_valid(a, LEVEL_NVME));
 
         peer_free(&p);
         fixture_free(m);

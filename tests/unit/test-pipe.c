@@ -126,14 +126,14 @@ static uint8_t pattern(uint64_t off) {
 
 /* @t (2 MiB) holds pattern() and lives only on NVMe. */
 static void on_nvme_with_pattern(Manager *m, Tensor *t) {
-        assert_int_equal(fixture_op(m, OP_PIN, t, TIER_HOST), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
         for (uint64_t off = 0; off < t->size; off++)
-                *copy_addr(&t->copy[TIER_HOST], off) = pattern(off);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
-        assert_int_equal(fixture_op(m, OP_EVICT, t, TIER_NVME), 0);
-        assert_false(copy_valid(t, TIER_HOST));
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_int_equal(t->copy[TIER_NVME].n_extents, PIECES);
+                *copy_addr(&t->copy[LEVEL_HOST], off) = pattern(off);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        assert_false(copy_valid(t, LEVEL_HOST));
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(t->copy[LEVEL_NVME].n_extents, PIECES);
         n_events = 0;
 }
 
@@ -168,7 +168,7 @@ static void test_piece_order(void **state) {
         t = fixture_tensor(j, "t", PIECES * PIECE);
         on_nvme_with_pattern(m, t);
 
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, NULL, &r, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, NULL, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
 
@@ -180,20 +180,20 @@ static void test_piece_order(void **state) {
         check_pieces();
 
         /* both copies resident and byte for byte right; each hop counted once, whole */
-        assert_true(copy_valid(t, TIER_HOST));
-        assert_true(copy_valid(t, TIER_VRAM));
-        assert_int_equal(t->copy[TIER_VRAM].pins, 1);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        assert_int_equal(t->copy[LEVEL_VRAM].pins, 1);
         for (uint64_t off = 0; off < t->size; off++)
-                if (fixture_byte(t, TIER_VRAM, off) != pattern(off))
+                if (fixture_byte(t, LEVEL_VRAM, off) != pattern(off))
                         fail_msg("VRAM byte %llu is %u, not %u", (unsigned long long) off,
-                                 fixture_byte(t, TIER_VRAM, off), pattern(off));
+                                 fixture_byte(t, LEVEL_VRAM, off), pattern(off));
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].bytes - nh, t->alloc_size);
         assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].bytes - hv, t->alloc_size);
         assert_int_equal(j->link_bytes[LINK_HOST_TO_VRAM], t->alloc_size);
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
         assert_int_equal(m->engine->n_xfers, 0);
 
-        assert_int_equal(tensor_unpin(t, TIER_VRAM, false), 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -229,8 +229,8 @@ static void test_fair_pieces(void **state) {
         m->engine->piece_observer = observe_named;
         n_events = 0;
 
-        assert_int_equal(op_submit(m->engine, OP_PIN, a, TIER_VRAM, on_complete, NULL, &ra, NULL), 0);
-        assert_int_equal(op_submit(m->engine, OP_PIN, b, TIER_VRAM, on_complete, NULL, &rb, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, a, LEVEL_VRAM, on_complete, NULL, &ra, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, b, LEVEL_VRAM, on_complete, NULL, &rb, NULL), 0);
         run_until(m, &ra);
         run_until(m, &rb);
         assert_int_equal(ra.status, 0);
@@ -271,10 +271,10 @@ static void test_fair_pieces(void **state) {
         }
         assert_int_equal(ja->link_bytes[LINK_HOST_TO_VRAM], a->alloc_size);
         assert_int_equal(jb->link_bytes[LINK_HOST_TO_VRAM], b->alloc_size);
-        assert_int_equal(fixture_byte(b, TIER_VRAM, 3 * PIECE + 77), pattern(3 * PIECE + 77));
+        assert_int_equal(fixture_byte(b, LEVEL_VRAM, 3 * PIECE + 77), pattern(3 * PIECE + 77));
 
-        assert_int_equal(tensor_unpin(a, TIER_VRAM, false), 0);
-        assert_int_equal(tensor_unpin(b, TIER_VRAM, false), 0);
+        assert_int_equal(tensor_unpin(a, LEVEL_VRAM, false), 0);
+        assert_int_equal(tensor_unpin(b, LEVEL_VRAM, false), 0);
         job_destroy(ja);
         job_destroy(jb);
         fixture_free(m);
@@ -293,14 +293,14 @@ static void test_prefetch_chained(void **state) {
         t = fixture_tensor(j, "t", PIECES * PIECE);
         on_nvme_with_pattern(m, t);
 
-        assert_int_equal(op_submit(m->engine, OP_PREFETCH, t, TIER_VRAM, on_complete, NULL, &r, &op), 0);
+        assert_int_equal(op_submit(m->engine, OP_PREFETCH, t, LEVEL_VRAM, on_complete, NULL, &r, &op), 0);
         op->no_wait = true;
         run_until(m, &r);
         assert_int_equal(r.status, 0);
         check_pieces();
-        assert_true(copy_valid(t, TIER_VRAM));
-        assert_true(copy_valid(t, TIER_HOST));
-        assert_int_equal(fixture_byte(t, TIER_VRAM, t->size - 1), pattern(t->size - 1));
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, t->size - 1), pattern(t->size - 1));
 
         job_destroy(j);
         fixture_free(m);
@@ -319,19 +319,19 @@ static void test_prefetch_no_vram_room_stages(void **state) {
         t = fixture_tensor(j, "t", PIECES * PIECE);
         big = fixture_tensor(j, "big", 2 * MiB);
         on_nvme_with_pattern(m, t);
-        assert_int_equal(fixture_op(m, OP_PIN, big, TIER_VRAM), 0);    /* the job's whole VRAM, pinned */
+        assert_int_equal(fixture_op(m, OP_PIN, big, LEVEL_VRAM), 0);    /* the job's whole VRAM, pinned */
         n_events = 0;
 
-        assert_int_equal(op_submit(m->engine, OP_PREFETCH, t, TIER_VRAM, on_complete, NULL, &r, &op), 0);
+        assert_int_equal(op_submit(m->engine, OP_PREFETCH, t, LEVEL_VRAM, on_complete, NULL, &r, &op), 0);
         op->no_wait = true;
         run_until(m, &r);
         assert_true(r.status < 0);
         assert_int_equal(n_events, 0);          /* not chained */
-        assert_true(copy_valid(t, TIER_HOST));  /* staged */
-        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
-        assert_int_equal(fixture_byte(t, TIER_HOST, 12345), pattern(12345));
+        assert_true(copy_valid(t, LEVEL_HOST));  /* staged */
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 12345), pattern(12345));
 
-        assert_int_equal(tensor_unpin(big, TIER_VRAM, false), 0);
+        assert_int_equal(tensor_unpin(big, LEVEL_VRAM, false), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -351,11 +351,11 @@ static void test_bad_extent_mid_tensor(void **state) {
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         t = fixture_tensor(j, "t", PIECES * PIECE);
         on_nvme_with_pattern(m, t);
-        vram_used = j->used[TIER_VRAM];
-        host_used = j->used[TIER_HOST];
+        vram_used = j->used[LEVEL_VRAM];
+        host_used = j->used[LEVEL_HOST];
 
-        t->copy[TIER_NVME].extents[2].crc ^= 1;
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, NULL, &r, NULL), 0);
+        t->copy[LEVEL_NVME].extents[2].crc ^= 1;
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, NULL, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -EBADMSG);
         assert_non_null(strstr(r.error, "crc32c mismatch in extent 2"));
@@ -365,11 +365,11 @@ static void test_bad_extent_mid_tensor(void **state) {
         assert_int_equal(event_at("V2"), -1);
         assert_int_equal(event_at("V3"), -1);
         /* neither copy is valid, both reservations are gone, nothing is counted */
-        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_int_equal(j->used[TIER_VRAM], vram_used);
-        assert_int_equal(j->used[TIER_HOST], host_used);
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(j->used[LEVEL_VRAM], vram_used);
+        assert_int_equal(j->used[LEVEL_HOST], host_used);
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].bytes, nh);
         assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].bytes, hv);
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
@@ -377,13 +377,13 @@ static void test_bad_extent_mid_tensor(void **state) {
         assert_int_equal(m->engine->n_xfers, 0);
 
         /* repaired, the same pin goes through */
-        t->copy[TIER_NVME].extents[2].crc ^= 1;
+        t->copy[LEVEL_NVME].extents[2].crc ^= 1;
         memset(&r, 0, sizeof(r));
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, NULL, &r, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, NULL, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(fixture_byte(t, TIER_VRAM, 2 * PIECE + 5), pattern(2 * PIECE + 5));
-        assert_int_equal(tensor_unpin(t, TIER_VRAM, false), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, 2 * PIECE + 5), pattern(2 * PIECE + 5));
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -404,16 +404,16 @@ static void test_bad_extent_async_pin(void **state) {
         t = fixture_tensor(j, "t", PIECES * PIECE);
         on_nvme_with_pattern(m, t);
 
-        t->copy[TIER_NVME].extents[0].crc ^= 1;
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, on_reserved, &r, NULL), 0);
+        t->copy[LEVEL_NVME].extents[0].crc ^= 1;
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, on_reserved, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -EBADMSG);
         for (unsigned i = 0; i < n_events; i++)
                 assert_int_equal(events[i][0], 'N');    /* later extents were read, none went on */
-        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
-        assert_int_equal(t->copy[TIER_VRAM].pins, 0);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(j->used[TIER_VRAM], 0);
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_VRAM].pins, 0);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(j->used[LEVEL_VRAM], 0);
 
         job_destroy(j);
         fixture_free(m);
@@ -437,16 +437,16 @@ static void test_vram_piece_fails(void **state) {
         t = fixture_tensor(j, "t", PIECES * PIECE);
         on_nvme_with_pattern(m, t);
 
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, NULL, &r, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, NULL, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -EIO);
         assert_non_null(strstr(r.error, "VRAM copy failed"));
         assert_true(event_at("v1") >= 0);
         assert_int_equal(event_at("V2"), -1);  /* nothing more went after the failure */
-        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
-        assert_int_equal(j->used[TIER_VRAM], 0);
-        assert_true(copy_valid(t, TIER_HOST));
-        assert_int_equal(fixture_byte(t, TIER_HOST, 3 * PIECE + 1), pattern(3 * PIECE + 1));
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(j->used[LEVEL_VRAM], 0);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 3 * PIECE + 1), pattern(3 * PIECE + 1));
         /* the NVMe hop counts, the VRAM one does not */
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].bytes - nh, t->alloc_size);
         assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].bytes, hv);
@@ -454,11 +454,11 @@ static void test_vram_piece_fails(void **state) {
 
         /* the fault fired once: again, from host now */
         memset(&r, 0, sizeof(r));
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_VRAM, on_complete, NULL, &r, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_VRAM, on_complete, NULL, &r, NULL), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(fixture_byte(t, TIER_VRAM, PIECE + 9), pattern(PIECE + 9));
-        assert_int_equal(tensor_unpin(t, TIER_VRAM, false), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, PIECE + 9), pattern(PIECE + 9));
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
         job_destroy(j);
         fixture_free(m);
 }

@@ -17,42 +17,24 @@
 #include "daemon/tiers/vram.h"
 #include "proto/plan.h"
 #include "tests/unit/fixture.h"
-#include "tier.pb-c.h"
 #include "util/time-util.h"
 
-/* A request of one phase, built from parallel arrays. */
+/* A request of one phase (what rpc.c makes of a SubmitPlan). */
 typedef struct Req {
-        Tier__SubmitPlan sp;
-        Tier__PlanPhase phase, *phasep;
-        Tier__PlanAccess *acc, **accp;
+        PlanSpec spec;
 } Req;
 
 static void req_init(Req *r, size_t n) {
-        tier__submit_plan__init(&r->sp);
-        tier__plan_phase__init(&r->phase);
-        r->acc = calloc(n, sizeof(Tier__PlanAccess));
-        r->accp = calloc(n, sizeof(Tier__PlanAccess *));
-        assert_non_null(r->acc);
-        assert_non_null(r->accp);
-        r->phasep = &r->phase;
-        r->phase.accesses = r->accp;
-        r->sp.n_phases = 1;
-        r->sp.phases = &r->phasep;
+        r->spec = (PlanSpec) { .n_phases = 1, .acc = calloc(n, sizeof(PlanSpecAccess)) };
+        assert_non_null(r->spec.acc);
 }
 
 static void req_add(Req *r, const Tensor *t, int tier, unsigned mode) {
-        Tier__PlanAccess *a = &r->acc[r->phase.n_accesses];
-
-        tier__plan_access__init(a);
-        a->tensor = t->id;
-        a->tier = (Tier__Tier) tier;
-        a->mode = mode;
-        r->accp[r->phase.n_accesses++] = a;
+        r->spec.acc[r->spec.n_acc++] = (PlanSpecAccess) { .phase = 0, .tensor = t->id, .tier = tier, .mode = mode };
 }
 
 static void req_done(Req *r) {
-        free(r->acc);
-        free(r->accp);
+        free(r->spec.acc);
 }
 
 static void setup_big(Config *c, void *userdata) {
@@ -72,21 +54,21 @@ static void test_duplicates_merged(void **state) {
         a = fixture_tensor(j, "a", 4096);
         b = fixture_tensor(j, "b", 4096);
         req_init(&r, 8);
-        req_add(&r, a, TIER_HOST, PLAN_READ);
-        req_add(&r, b, TIER_VRAM, PLAN_READ);
-        req_add(&r, a, TIER_HOST, PLAN_WRITE);  /* merges with the first */
-        req_add(&r, a, TIER_VRAM, PLAN_READ);   /* another tier: an access of its own */
-        req_add(&r, b, TIER_VRAM, PLAN_READ);   /* merges, nothing new */
-        assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, &p, err, sizeof(err)), 0);
+        req_add(&r, a, LEVEL_HOST, PLAN_READ);
+        req_add(&r, b, LEVEL_VRAM, PLAN_READ);
+        req_add(&r, a, LEVEL_HOST, PLAN_WRITE);  /* merges with the first */
+        req_add(&r, a, LEVEL_VRAM, PLAN_READ);   /* another tier: an access of its own */
+        req_add(&r, b, LEVEL_VRAM, PLAN_READ);   /* merges, nothing new */
+        assert_int_equal(plan_new(m->sched, j, -1, &r.spec, true, &p, err, sizeof(err)), 0);
         assert_int_equal(p->n_slots, 2);
         assert_int_equal(p->phases[0].n_acc, 3);
         assert_ptr_equal(p->phases[0].acc[0].tensor, a);
         assert_int_equal(p->phases[0].acc[0].mode, PLAN_READ | PLAN_WRITE);
-        assert_int_equal(p->phases[0].acc[0].tier, TIER_HOST);
+        assert_int_equal(p->phases[0].acc[0].tier, LEVEL_HOST);
         assert_ptr_equal(p->phases[0].acc[1].tensor, b);
         assert_int_equal(p->phases[0].acc[1].mode, PLAN_READ);
         assert_ptr_equal(p->phases[0].acc[2].tensor, a);
-        assert_int_equal(p->phases[0].acc[2].tier, TIER_VRAM);
+        assert_int_equal(p->phases[0].acc[2].tier, LEVEL_VRAM);
         /* the access index sees a's modes of the phase together */
         assert_int_equal(plan_next_access_mode(p, a, 0, true), PLAN_READ | PLAN_WRITE);
         plan_free(p);
@@ -114,14 +96,14 @@ static double time_plan(Manager *m, Job *j, Tensor **t, size_t n) {
 
         req_init(&r, n);
         for (size_t i = 0; i < n; i++)
-                req_add(&r, t[(i / 2) % (n / 4)], (i / (n / 2)) ? TIER_VRAM : TIER_HOST,
+                req_add(&r, t[(i / 2) % (n / 4)], (i / (n / 2)) ? LEVEL_VRAM : LEVEL_HOST,
                         i % 2 ? PLAN_WRITE : PLAN_READ);
         for (int k = 0; k < 5; k++) {
                 char err[256] = "";
                 Plan *p = NULL;
                 uint64_t t0 = cpu_ns();
 
-                assert_int_equal(plan_new(m->sched, j, -1, &r.sp, true, &p, err,
+                assert_int_equal(plan_new(m->sched, j, -1, &r.spec, true, &p, err,
                                           sizeof(err)), 0);
                 best = MIN(best, (double) (cpu_ns() - t0) / 1e9);
                 assert_int_equal(p->n_slots, n / 4);

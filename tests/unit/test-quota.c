@@ -67,19 +67,19 @@ static void test_rules_parse_format(void **state) {
         assert_int_equal(rs.n, 3);
         q = quota_rules_find(&rs, QUOTA_JOB, 0, "train lm");
         assert_non_null(q);
-        assert_int_equal(q->value[QUOTA_MAX(TIER_HOST)], 8 * GIB);
-        assert_int_equal(q->value[QUOTA_MIN(TIER_HOST)], 2 * GIB);
-        assert_int_equal(q->set, (1u << QUOTA_MAX(TIER_HOST)) | (1u << QUOTA_MIN(TIER_HOST)));
+        assert_int_equal(q->value[QUOTA_MAX(LEVEL_HOST)], 8 * GIB);
+        assert_int_equal(q->value[QUOTA_MIN(LEVEL_HOST)], 2 * GIB);
+        assert_int_equal(q->set, (1u << QUOTA_MAX(LEVEL_HOST)) | (1u << QUOTA_MIN(LEVEL_HOST)));
         q = quota_rules_find(&rs, QUOTA_UID, 1000, NULL);
         assert_non_null(q);
-        assert_true(q->set & (1u << QUOTA_MIN(TIER_VRAM)));     /* a min of 0 is a value */
+        assert_true(q->set & (1u << QUOTA_MIN(LEVEL_VRAM)));     /* a min of 0 is a value */
         assert_int_equal(q->value[QUOTA_WEIGHT], 7);
         assert_null(quota_rules_find(&rs, QUOTA_UID, 1001, NULL));
         q = quota_rules_find(&rs, QUOTA_GROUP, 27, NULL);
         assert_non_null(q);
-        assert_int_equal(q->value[QUOTA_TOTAL(TIER_HOST)], 64 * GIB);
-        assert_true(q->set & (1u << QUOTA_TOTAL(TIER_VRAM)));   /* a total of 0 (none) is a value */
-        assert_false(q->set & (1u << QUOTA_TOTAL(TIER_NVME)));
+        assert_int_equal(q->value[QUOTA_TOTAL(LEVEL_HOST)], 64 * GIB);
+        assert_true(q->set & (1u << QUOTA_TOTAL(LEVEL_VRAM)));   /* a total of 0 (none) is a value */
+        assert_false(q->set & (1u << QUOTA_TOTAL(LEVEL_NVME)));
 
         /* what the writer writes, the reader reads back the same */
         text = quota_rules_format(&rs);
@@ -168,27 +168,27 @@ static void test_precedence(void **state) {
                                            "test.conf", &err), 0);
 
         quota_resolve(&c, &rt, &who, &q);
-        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 11 * MIB);             /* job */
-        assert_int_equal(q.from[QUOTA_MAX(TIER_HOST)].kind, QUOTA_JOB);
-        assert_true(q.from[QUOTA_MAX(TIER_HOST)].config);
-        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 20 * MIB);             /* uid over group */
-        assert_int_equal(q.from[QUOTA_MAX(TIER_VRAM)].kind, QUOTA_UID);
-        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 1 * MIB);              /* uid */
-        assert_int_equal(q.value[QUOTA_MAX(TIER_NVME)], 40 * MIB);             /* primary group 100 first */
-        assert_int_equal(q.from[QUOTA_MAX(TIER_NVME)].id, 100);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 11 * MIB);             /* job */
+        assert_int_equal(q.from[QUOTA_MAX(LEVEL_HOST)].kind, QUOTA_JOB);
+        assert_true(q.from[QUOTA_MAX(LEVEL_HOST)].config);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_VRAM)], 20 * MIB);             /* uid over group */
+        assert_int_equal(q.from[QUOTA_MAX(LEVEL_VRAM)].kind, QUOTA_UID);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 1 * MIB);              /* uid */
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_NVME)], 40 * MIB);             /* primary group 100 first */
+        assert_int_equal(q.from[QUOTA_MAX(LEVEL_NVME)].id, 100);
         assert_int_equal(q.value[QUOTA_WEIGHT], 4);                            /* group 27 before 30 */
-        assert_int_equal(q.value[QUOTA_MIN(TIER_VRAM)], 2 * MIB);
-        assert_int_equal(q.value[QUOTA_MIN(TIER_NVME)], 3 * MIB);              /* only group 30 sets it */
-        assert_int_equal(q.from[QUOTA_MIN(TIER_NVME)].id, 30);
-        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(TIER_VRAM)], buf, sizeof(buf)),
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_VRAM)], 2 * MIB);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_NVME)], 3 * MIB);              /* only group 30 sets it */
+        assert_int_equal(q.from[QUOTA_MIN(LEVEL_NVME)].id, 30);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(LEVEL_VRAM)], buf, sizeof(buf)),
                             "uid 1000 (tierd.conf)");
 
         /* nothing for this subject: the default */
         who = (QuotaSubject) { .job = "other", .has_uid = true, .uid = 5 };
         quota_resolve(&c, &rt, &who, &q);
-        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 64 * MIB);
-        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 32 * MIB);
-        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 0);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 64 * MIB);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_VRAM)], 32 * MIB);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 0);
         assert_int_equal(q.value[QUOTA_WEIGHT], 1);
         assert_string_equal(quota_source_format(&q.from[QUOTA_WEIGHT], buf, sizeof(buf)), "default");
 
@@ -196,11 +196,11 @@ static void test_precedence(void **state) {
         assert_int_equal(quota_rules_parse_text(&rt, "[quota]\nuid = 1000\nvram = 25M\n", "quotas", &err), 0);
         who = (QuotaSubject) { .job = "j", .has_uid = true, .uid = 1000, .gids = gids, .n_gids = 3 };
         quota_resolve(&c, &rt, &who, &q);
-        assert_int_equal(q.value[QUOTA_MAX(TIER_VRAM)], 25 * MIB);
-        assert_false(q.from[QUOTA_MAX(TIER_VRAM)].config);
-        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(TIER_VRAM)], buf, sizeof(buf)), "uid 1000");
-        assert_int_equal(q.value[QUOTA_MIN(TIER_HOST)], 1 * MIB);              /* still tierd.conf's */
-        assert_int_equal(q.value[QUOTA_MAX(TIER_HOST)], 11 * MIB);             /* job over uid still */
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_VRAM)], 25 * MIB);
+        assert_false(q.from[QUOTA_MAX(LEVEL_VRAM)].config);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_MAX(LEVEL_VRAM)], buf, sizeof(buf)), "uid 1000");
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 1 * MIB);              /* still tierd.conf's */
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 11 * MIB);             /* job over uid still */
 }
 
 /* A registry with no pools: jobs and capacities are all quota.c looks at. */
@@ -224,9 +224,9 @@ static int books_setup(void **state) {
         list_init(&b->r.jobs);
         list_init(&b->r.dying_jobs);
         b->r.config = &b->c;
-        b->r.capacity[TIER_VRAM] = 32 * MIB;
-        b->r.capacity[TIER_HOST] = 64 * MIB;
-        b->r.capacity[TIER_NVME] = GIB;
+        b->r.capacity[LEVEL_VRAM] = 32 * MIB;
+        b->r.capacity[LEVEL_HOST] = 64 * MIB;
+        b->r.capacity[LEVEL_NVME] = GIB;
         assert_int_equal(quota_store_new(&b->r, &b->c, &b->s), 0);
         *state = b;
         return 0;
@@ -265,9 +265,9 @@ static void test_store_checks_and_file(void **state) {
 
         /* a running job, using 40M of host */
         list_add_tail(&b->r.jobs, &j.link);
-        j.used[TIER_HOST] = 40 * MIB;
+        j.used[LEVEL_HOST] = 40 * MIB;
         assert_true(quota_apply_all(b->s, NULL, 0));    /* the defaults */
-        assert_int_equal(j.limit[TIER_HOST], 64 * MIB);
+        assert_int_equal(j.limit[LEVEL_HOST], 64 * MIB);
         assert_false(quota_apply_all(b->s, NULL, 0));
 
         assert_int_equal(set(b, "[quota]\nuid = 1000\nhost = 1T\n", why, sizeof(why), warn), -EINVAL);
@@ -288,12 +288,12 @@ static void test_store_checks_and_file(void **state) {
         /* a max below the job's use: accepted, with a warning; the job gets it at once */
         assert_int_equal(set(b, "[quota]\nuid = 1000\nhost = 16M\nweight = 3\n", why, sizeof(why), warn), 1);
         assert_non_null(strstr(warn, "job 'running' uses 40.0 MiB of host, above its new max of 16.0 MiB"));
-        assert_int_equal(j.limit[TIER_HOST], 16 * MIB);
+        assert_int_equal(j.limit[LEVEL_HOST], 16 * MIB);
         assert_int_equal(j.weight, 3);
-        assert_true(j.limit_set & (1u << TIER_HOST));
+        assert_true(j.limit_set & (1u << LEVEL_HOST));
         /* the job's own name wins over its uid */
         assert_int_equal(set(b, "[quota]\njob = running\nhost = 20M\n", why, sizeof(why), warn), 1);
-        assert_int_equal(j.limit[TIER_HOST], 20 * MIB);
+        assert_int_equal(j.limit[LEVEL_HOST], 20 * MIB);
 
         /* the state file holds what was set; a second store reads it back */
         (void) snprintf(path, sizeof(path), "%s/quotas", b->dir);
@@ -302,14 +302,14 @@ static void test_store_checks_and_file(void **state) {
         assert_int_equal(quota_store_load(s2), 0);
         assert_int_equal(s2->runtime.n, 4);
         assert_non_null(quota_rules_find(&s2->runtime, QUOTA_JOB, 0, "a"));
-        assert_int_equal(quota_rules_find(&s2->runtime, QUOTA_UID, 1000, NULL)->value[QUOTA_MAX(TIER_HOST)], 16 * MIB);
+        assert_int_equal(quota_rules_find(&s2->runtime, QUOTA_UID, 1000, NULL)->value[QUOTA_MAX(LEVEL_HOST)], 16 * MIB);
         quota_store_free(s2);
 
         /* clearing drops the run-time rule: back to the default */
         assert_int_equal(quota_rules_parse_text(&one, "[quota]\njob = running\nweight = 1\n", "x", &err), 0);
         one.rules[0].set = 0;
         assert_int_equal(quota_store_set(b->s, &one.rules[0], true, why, sizeof(why), warn, sizeof(warn)), 1);
-        assert_int_equal(j.limit[TIER_HOST], 16 * MIB);         /* uid 1000's again */
+        assert_int_equal(j.limit[LEVEL_HOST], 16 * MIB);         /* uid 1000's again */
 
         list_del(&j.link);
         free(j.totals);         /* quota_apply_all() resolved its uid's totals */
@@ -323,7 +323,7 @@ static void test_lingering_yields(void **state) {
 
         list_add_tail(&b->r.jobs, &j.link);
         assert_int_equal(set(b, "[quota]\nuid = 7\nhost_min = 40M\n", why, sizeof(why), warn), 1);
-        assert_int_equal(j.guarantee[TIER_HOST], 40 * MIB);
+        assert_int_equal(j.guarantee[LEVEL_HOST], 40 * MIB);
         assert_int_equal(set(b, "[quota]\njob = other\nhost_min = 30M\n", why, sizeof(why), warn), 0);
         /* back: 40M + 30M + 1M > 64M */
         j.linger_until = 0;

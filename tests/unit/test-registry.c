@@ -75,13 +75,13 @@ static int submit(Manager *m, OpKind k, Tensor *t, int tier, Result *r) {
 }
 
 static void write_host(Tensor *t, uint8_t v) {
-        Copy *c = &t->copy[TIER_HOST];
+        Copy *c = &t->copy[LEVEL_HOST];
 
         memset(copy_addr(c, 0), v, t->size);
 }
 
 static uint8_t read_host(Tensor *t, uint64_t off) {
-        return fixture_byte(t, TIER_HOST, off);
+        return fixture_byte(t, LEVEL_HOST, off);
 }
 
 static void test_ids_names_slots(void **state) {
@@ -94,7 +94,7 @@ static void test_ids_names_slots(void **state) {
         assert_int_equal(job_new(m->registry, "j", 1000, &j), 0);
         assert_ptr_equal(job_find(m->registry, "j"), j);
         assert_null(job_find(m->registry, "k"));
-        assert_int_equal(j->limit[TIER_HOST], 4 * MiB);
+        assert_int_equal(j->limit[LEVEL_HOST], 4 * MiB);
 
         assert_int_equal(tensor_new(j, "a", 100, &a), 0);
         assert_int_equal(tensor_new(j, "a", 100, &b), -EEXIST);
@@ -137,60 +137,60 @@ static void test_zero_then_dirty_then_evict(void **state) {
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
 
         /* a fresh tensor: zero-filled on first pin, no I/O, version 0 */
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_RESIDENT);
-        assert_int_equal(t->copy[TIER_HOST].pins, 1);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t->copy[LEVEL_HOST].pins, 1);
         assert_int_equal(read_host(t, 12345), 0);
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 0);
 
         /* evicting a pinned copy is refused */
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -EBUSY);
 
         /* write, unpin dirty: the host copy is now the sole copy */
         write_host(t, 0x5a);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
         assert_int_equal(t->version, 1);
-        assert_true(copy_is_sole(t, TIER_HOST));
+        assert_true(copy_is_sole(t, LEVEL_HOST));
 
         /* evict to NVMe: written down, host dropped */
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(t->copy[TIER_NVME].state, COPY_RESIDENT);
-        assert_int_equal(t->copy[TIER_NVME].version, 1);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_NVME].state, COPY_RESIDENT);
+        assert_int_equal(t->copy[LEVEL_NVME].version, 1);
         assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, 1 * MiB);
-        assert_int_equal(j->used[TIER_HOST], 0);
+        assert_int_equal(j->used[LEVEL_HOST], 0);
 
         /* prefetch back: read, crc checked, same bytes; NVMe copy stays (clean) */
-        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PREFETCH, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
         assert_int_equal(read_host(t, 777), 0x5a);
-        assert_true(copy_valid(t, TIER_NVME));
-        assert_false(copy_is_sole(t, TIER_HOST));
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_false(copy_is_sole(t, LEVEL_HOST));
 
         /* a dirty unpin makes the NVMe copy stale: it is freed at once */
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         write_host(t, 0x11);
-        assert_int_equal(tensor_unpin(t, TIER_HOST, true), 0);
-        assert_int_equal(t->copy[TIER_NVME].state, COPY_ABSENT);
-        assert_int_equal(j->used[TIER_NVME], 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        assert_int_equal(t->copy[LEVEL_NVME].state, COPY_ABSENT);
+        assert_int_equal(j->used[LEVEL_NVME], 0);
 
         /* a clean copy is dropped without I/O when evicting */
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
-        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PREFETCH, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         {
                 uint64_t written = m->engine->links[LINK_HOST_TO_NVME].bytes;
 
-                assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+                assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
                 run_until(m, &r);
                 assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);
         }
@@ -213,50 +213,50 @@ static void test_lru_victim_and_drain(void **state) {
                 assert_int_equal(tensor_new(j, name, 1 * MiB, &t[i]), 0);
         }
         for (int i = 0; i < 4; i++) {
-                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
+                assert_int_equal(submit(m, OP_PIN, t[i], LEVEL_HOST, &r), 0);
                 run_until(m, &r);
                 write_host(t[i], (uint8_t) (i + 1));
-                assert_int_equal(tensor_unpin(t[i], TIER_HOST, true), 0);
+                assert_int_equal(tensor_unpin(t[i], LEVEL_HOST, true), 0);
         }
-        assert_int_equal(j->used[TIER_HOST], 4 * MiB);
+        assert_int_equal(j->used[LEVEL_HOST], 4 * MiB);
 
         /* touch t0 so that t1 is the least recently used */
-        assert_int_equal(submit(m, OP_PIN, t[0], TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[0], LEVEL_HOST, &r), 0);
         run_until(m, &r);
-        assert_int_equal(tensor_unpin(t[0], TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(t[0], LEVEL_HOST, false), 0);
         /* pin t2 so it can never be chosen */
-        assert_int_equal(submit(m, OP_PIN, t[2], TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[2], LEVEL_HOST, &r), 0);
         run_until(m, &r);
 
         /* a fifth tensor: t1 (LRU, sole copy) is drained to NVMe, then dropped */
-        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[4], LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(t[1]->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(t[1]->copy[TIER_NVME].state, COPY_RESIDENT);
-        assert_int_equal(t[0]->copy[TIER_HOST].state, COPY_RESIDENT);
-        assert_int_equal(t[2]->copy[TIER_HOST].state, COPY_RESIDENT);
-        assert_int_equal(t[3]->copy[TIER_HOST].state, COPY_RESIDENT);
-        assert_true(j->used[TIER_HOST] <= j->limit[TIER_HOST]);
+        assert_int_equal(t[1]->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(t[1]->copy[LEVEL_NVME].state, COPY_RESIDENT);
+        assert_int_equal(t[0]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t[2]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t[3]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_true(j->used[LEVEL_HOST] <= j->limit[LEVEL_HOST]);
 
         /* t1 comes back intact (another victim goes) */
-        assert_int_equal(tensor_unpin(t[4], TIER_HOST, false), 0);
-        assert_int_equal(submit(m, OP_PIN, t[1], TIER_HOST, &r), 0);
+        assert_int_equal(tensor_unpin(t[4], LEVEL_HOST, false), 0);
+        assert_int_equal(submit(m, OP_PIN, t[1], LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
         assert_int_equal(read_host(t[1], 4096), 2);
-        assert_int_equal(t[2]->copy[TIER_HOST].state, COPY_RESIDENT);   /* still pinned */
-        assert_int_equal(tensor_unpin(t[1], TIER_HOST, false), 0);
+        assert_int_equal(t[2]->copy[LEVEL_HOST].state, COPY_RESIDENT);   /* still pinned */
+        assert_int_equal(tensor_unpin(t[1], LEVEL_HOST, false), 0);
 
         /* everything pinned: a clear -ENOSPC, not a hang */
         for (int i = 0; i < 4; i++) {
                 if (i == 2)
                         continue;
-                assert_int_equal(submit(m, OP_PIN, t[i], TIER_HOST, &r), 0);
+                assert_int_equal(submit(m, OP_PIN, t[i], LEVEL_HOST, &r), 0);
                 run_until(m, &r);
                 assert_int_equal(r.status, 0);
         }
-        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[4], LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -ENOSPC);
 
@@ -273,33 +273,33 @@ static void test_vram_chain_and_async_reserve(void **state) {
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
         fixture_host_data(m, t, 0x77);
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
 
         /* pin in VRAM from NVMe: the destination is reserved first (the async grant), then nvme -> host -> vram */
-        assert_int_equal(submit(m, OP_PIN, t, TIER_VRAM, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t, LEVEL_VRAM, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
         assert_int_equal(r.reserved, 1);
-        assert_int_equal(t->copy[TIER_VRAM].pins, 1);
-        assert_int_equal(copy_addr(&t->copy[TIER_VRAM], 0)[100], 0x77);
+        assert_int_equal(t->copy[LEVEL_VRAM].pins, 1);
+        assert_int_equal(copy_addr(&t->copy[LEVEL_VRAM], 0)[100], 0x77);
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 1);
         assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].ops, 1);
 
         /* dirty in VRAM: host and NVMe copies become stale and are freed */
-        copy_addr(&t->copy[TIER_VRAM], 0)[100] = 0x78;
-        assert_int_equal(tensor_unpin(t, TIER_VRAM, true), 0);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(t->copy[TIER_NVME].state, COPY_ABSENT);
+        copy_addr(&t->copy[LEVEL_VRAM], 0)[100] = 0x78;
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_NVME].state, COPY_ABSENT);
 
         /* evict to NVMe: vram -> host -> nvme */
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(t->copy[TIER_VRAM].state, COPY_ABSENT);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_int_equal(m->engine->links[LINK_VRAM_TO_HOST].ops, 1);
-        assert_int_equal(submit(m, OP_PREFETCH, t, TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PREFETCH, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(read_host(t, 100), 0x78);
 
@@ -341,9 +341,9 @@ static void test_vram_link_fair_order(void **state) {
         }
         /* all at once: A's six, then B's twelve */
         for (int i = 0; i < 6; i++)
-                assert_int_equal(op_submit(m->engine, OP_PIN, ta[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, ta[i], LEVEL_VRAM, on_vram_pinned, NULL, (void *) &name_a, NULL), 0);
         for (int i = 0; i < 12; i++)
-                assert_int_equal(op_submit(m->engine, OP_PIN, tb[i], TIER_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, tb[i], LEVEL_VRAM, on_vram_pinned, NULL, (void *) &name_b, NULL), 0);
         FIXTURE_RUN_UNTIL(m, n_vram_done >= 18);
         /*
          * A0 goes to the (emulated: one copy at a time) backend at once; the rest
@@ -355,9 +355,9 @@ static void test_vram_link_fair_order(void **state) {
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
         assert_true(list_empty(&m->engine->vlink.waiting[VRAM_TO_DEVICE]));
         for (int i = 0; i < 6; i++)
-                assert_int_equal(tensor_unpin(ta[i], TIER_VRAM, false), 0);
+                assert_int_equal(tensor_unpin(ta[i], LEVEL_VRAM, false), 0);
         for (int i = 0; i < 12; i++)
-                assert_int_equal(tensor_unpin(tb[i], TIER_VRAM, false), 0);
+                assert_int_equal(tensor_unpin(tb[i], LEVEL_VRAM, false), 0);
         job_destroy(a);
         job_destroy(b);
         fixture_free(m);
@@ -411,7 +411,7 @@ static void test_vram_link_start_failure(void **state) {
         m->vram->ops = &ops;
         copies_allowed = 1;
         for (int i = 0; i < 4; i++)
-                assert_int_equal(op_submit(m->engine, OP_PIN, t[i], TIER_VRAM, on_outcome, NULL, &out[i], NULL), 0);
+                assert_int_equal(op_submit(m->engine, OP_PIN, t[i], LEVEL_VRAM, on_outcome, NULL, &out[i], NULL), 0);
         FIXTURE_RUN_UNTIL(m, out[0].done + out[1].done + out[2].done + out[3].done >= 4);
         done = out[0].done + out[1].done + out[2].done + out[3].done;
         assert_int_equal(done, 4);
@@ -419,8 +419,8 @@ static void test_vram_link_start_failure(void **state) {
         for (int i = 1; i < 4; i++) {
                 assert_int_equal(out[i].status, -EIO);
                 assert_non_null(strstr(out[i].error, "cannot start VRAM copy"));
-                assert_false(copy_valid(t[i], TIER_VRAM));
-                assert_true(copy_valid(t[i], TIER_HOST));       /* the data is still there */
+                assert_false(copy_valid(t[i], LEVEL_VRAM));
+                assert_true(copy_valid(t[i], LEVEL_HOST));       /* the data is still there */
         }
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
         assert_true(list_empty(&m->engine->vlink.waiting[VRAM_TO_DEVICE]));
@@ -428,15 +428,15 @@ static void test_vram_link_start_failure(void **state) {
         /* the VRAM the failed copies had reserved is free again: they go through now */
         copies_allowed = 3;
         for (int i = 1; i < 4; i++) {
-                assert_int_equal(submit(m, OP_PIN, t[i], TIER_VRAM, &r), 0);
+                assert_int_equal(submit(m, OP_PIN, t[i], LEVEL_VRAM, &r), 0);
                 run_until(m, &r);
                 assert_int_equal(r.status, 0);
-                assert_int_equal(copy_addr(&t[i]->copy[TIER_VRAM], 0)[7],
+                assert_int_equal(copy_addr(&t[i]->copy[LEVEL_VRAM], 0)[7],
                                  i + 1);
         }
         m->vram->ops = real_ops;
         for (int i = 0; i < 4; i++)
-                assert_int_equal(tensor_unpin(t[i], TIER_VRAM, false), 0);
+                assert_int_equal(tensor_unpin(t[i], LEVEL_VRAM, false), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -450,15 +450,15 @@ static void test_crc_mismatch_is_an_error(void **state) {
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
         fixture_host_data(m, t, 0x33);
-        assert_int_equal(submit(m, OP_EVICT, t, TIER_NVME, &r), 0);
+        assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
 
         /* corrupt the stored crc: the read must fail, not hand out the bytes */
-        t->copy[TIER_NVME].extents[0].crc ^= 1;
-        assert_int_equal(submit(m, OP_PIN, t, TIER_HOST, &r), 0);
+        t->copy[LEVEL_NVME].extents[0].crc ^= 1;
+        assert_int_equal(submit(m, OP_PIN, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, -EBADMSG);
-        assert_int_equal(t->copy[TIER_HOST].state, COPY_ABSENT);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_int_equal(m->nvme->targets[0].crc_errors, 1);
 
         job_destroy(j);
@@ -482,7 +482,7 @@ static void test_enomem_is_not_enospc(void **state) {
                 if (i < 4)
                         fixture_host_data(m, t[i], (uint8_t) i);
         }
-        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[4], LEVEL_HOST, &r), 0);
         calloc_fail_in = 0;     /* the victims' list of make_space() */
         run_until(m, &r);
         calloc_fail_in = -1;
@@ -491,12 +491,12 @@ static void test_enomem_is_not_enospc(void **state) {
         assert_non_null(strstr(last_error, "cannot make room in host for job 'j'"));
         /* nothing was lost or left reserved: with memory back, the same pin goes through */
         for (int i = 0; i < 4; i++)
-                assert_true(copy_valid(t[i], TIER_HOST));
-        assert_int_equal(t[4]->copy[TIER_HOST].state, COPY_ABSENT);
-        assert_int_equal(submit(m, OP_PIN, t[4], TIER_HOST, &r), 0);
+                assert_true(copy_valid(t[i], LEVEL_HOST));
+        assert_int_equal(t[4]->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(submit(m, OP_PIN, t[4], LEVEL_HOST, &r), 0);
         run_until(m, &r);
         assert_int_equal(r.status, 0);
-        assert_int_equal(tensor_unpin(t[4], TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(t[4], LEVEL_HOST, false), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -522,7 +522,7 @@ static void test_stop_while_copying(void **state) {
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         t = fixture_tensor(j, "t", 8 * MiB);
         fixture_host_data(m, t, 0x42);
-        assert_int_equal(submit(m, OP_PIN, t, TIER_VRAM, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t, LEVEL_VRAM, &r), 0);
         FIXTURE_RUN_UNTIL(m, m->engine->vlink.active[VRAM_TO_DEVICE] != 0);
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 1);
         assert_int_equal(r.done, 0);

@@ -77,15 +77,15 @@ static void test_renew_off_the_loop(void **state) {
         /* the loop serves another job meanwhile: a pin into one of the two free segments */
         assert_int_equal(job_new(m->registry, "other", 0, &b), 0);
         small = fixture_tensor(b, "small", 4 * MiB);
-        assert_int_equal(op_submit(m->engine, OP_PIN, small, TIER_HOST, on_done, NULL, &d1, NULL), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, small, LEVEL_HOST, on_done, NULL, &d1, NULL), 0);
         FIXTURE_RUN_UNTIL(m, d1.done);
         assert_int_equal(d1.status, 0);
         assert_int_equal(pool->n_renewing, 6);          /* still: the renewal ran nowhere */
-        assert_int_equal(tensor_unpin(small, TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(small, LEVEL_HOST, false), 0);
 
         /* two more whole segments: one is free, the next must wait for the renewer, not fail */
         later = fixture_tensor(b, "later", 8 * MiB);
-        assert_int_equal(op_submit(m->engine, OP_PIN, later, TIER_HOST, on_done, NULL, &d2, &op), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, later, LEVEL_HOST, on_done, NULL, &d2, &op), 0);
         fixture_run(m, 20);
         assert_int_equal(d2.done, 0);
         assert_int_equal(pool->n_renewing, 6);
@@ -110,7 +110,7 @@ static void test_renew_off_the_loop(void **state) {
                 if (i == pool->n_segs - 1)
                         assert_int_equal(renewed, 6);
         }
-        assert_int_equal(tensor_unpin(later, TIER_HOST, false), 0);
+        assert_int_equal(tensor_unpin(later, LEVEL_HOST, false), 0);
         job_destroy(b);
         FIXTURE_RUN_UNTIL(m, pool->n_renewing == 0);
         assert_int_equal(pool->n_free, 8);

@@ -50,27 +50,27 @@ static void test_admit_occupancy(void **state) {
         {
                 /* A is read again in phase 3; X, in phase 4, is the farthest */
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ },
-                        { 4, x, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, cc, LEVEL_HOST, PLAN_READ }, { 3, a, LEVEL_HOST, PLAN_READ },
+                        { 4, x, LEVEL_HOST, PLAN_READ },
                 };
                 p = start_plan(m, c, acc, 5, 5);
         }
         set_durations(p, 100);
         plan_predict(p, now_ns());
-        assert_true(copy_valid(a, TIER_HOST) && a->copy[TIER_HOST].pins == 1);
-        assert_int_equal(j->used[TIER_HOST], MiB);
+        assert_true(copy_valid(a, LEVEL_HOST) && a->copy[LEVEL_HOST].pins == 1);
+        assert_int_equal(j->used[LEVEL_HOST], MiB);
         /*
          * X now: 2 MiB free, X takes one.  B comes for phase 1 (the last MiB), C for
          * phase 2: A is kept for phase 3, B is pinned while C is pinned ahead, so
          * Belady would evict X, needed last.  Brought now, it would be read twice.
          */
-        assert_false(admit_survives(p, x, TIER_HOST, 4, why, sizeof(why)));
+        assert_false(admit_survives(p, x, LEVEL_HOST, 4, why, sizeof(why)));
         assert_string_equal(why, "phase 2 (2 ahead) would be 1048576 bytes short in host without evicting it");
         /* C itself, two phases ahead: only B comes before it, and there is room for both */
-        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        assert_true(admit_survives(p, cc, LEVEL_HOST, 2, why, sizeof(why)));
         /* in vram (no limit set: the fixture's default) there is room for all of it */
-        assert_true(admit_survives(p, x, TIER_VRAM, 4, why, sizeof(why)));
+        assert_true(admit_survives(p, x, LEVEL_VRAM, 4, why, sizeof(why)));
         sched_plan_free(p);
 
         /*
@@ -81,20 +81,20 @@ static void test_admit_occupancy(void **state) {
         d = x;
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, cc, LEVEL_HOST, PLAN_READ }, { 3, d, LEVEL_HOST, PLAN_READ },
                 };
                 p = start_plan(m, c, acc, 4, 4);
         }
         set_durations(p, 100);
         plan_predict(p, now_ns());
         plan_window(p);
-        assert_int_equal(p->window[TIER_HOST], 2);
-        assert_true(admit_survives(p, d, TIER_HOST, 3, why, sizeof(why)));
+        assert_int_equal(p->window[LEVEL_HOST], 2);
+        assert_true(admit_survives(p, d, LEVEL_HOST, 3, why, sizeof(why)));
         /* with B and C there as well, there is no room now: A is still in use */
-        touch(m, b, TIER_HOST, false);
-        touch(m, cc, TIER_HOST, false);
-        assert_false(admit_survives(p, d, TIER_HOST, 3, why, sizeof(why)));
+        touch(m, b, LEVEL_HOST, false);
+        touch(m, cc, LEVEL_HOST, false);
+        assert_false(admit_survives(p, d, LEVEL_HOST, 3, why, sizeof(why)));
         assert_string_equal(why, "no room in host now without evicting a copy needed sooner");
         finish(m, j, c, p);
 }
@@ -118,25 +118,25 @@ static void test_admit_untracked_in_use(void **state) {
         b = nvme_tensor(m, j, "B");
         cc = nvme_tensor(m, j, "C");
         u = nvme_tensor(m, j, "U");
-        touch(m, u, TIER_HOST, false);  /* U: in host, named by no plan */
+        touch(m, u, LEVEL_HOST, false);  /* U: in host, named by no plan */
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, cc, LEVEL_HOST, PLAN_READ },
                 };
                 p = start_plan(m, c, acc, 3, 3);
         }
         plan_predict(p, now_ns());
-        assert_true(copy_valid(a, TIER_HOST) && a->copy[TIER_HOST].pins == 1);
-        assert_true(copy_valid(u, TIER_HOST));
-        assert_int_equal(j->used[TIER_HOST], 2 * MiB);
+        assert_true(copy_valid(a, LEVEL_HOST) && a->copy[LEVEL_HOST].pins == 1);
+        assert_true(copy_valid(u, LEVEL_HOST));
+        assert_int_equal(j->used[LEVEL_HOST], 2 * MiB);
         /* A pinned, U in host: B takes the last MiB, and C's room is U's, which may go */
-        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        assert_true(admit_survives(p, cc, LEVEL_HOST, 2, why, sizeof(why)));
         /* a request on U is in flight: the engine cannot take it, so neither may the simulation */
         u->op_refs++;
-        assert_false(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        assert_false(admit_survives(p, cc, LEVEL_HOST, 2, why, sizeof(why)));
         u->op_refs--;
-        assert_true(admit_survives(p, cc, TIER_HOST, 2, why, sizeof(why)));
+        assert_true(admit_survives(p, cc, LEVEL_HOST, 2, why, sizeof(why)));
         finish(m, j, c, p);
 }
 
@@ -160,15 +160,15 @@ static void test_admit_same_pass(void **state) {
         y = nvme_tensor(m, j, "Y");
         {
                 /* X and Y are read in the same phase, after B */
-                Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                              { 2, x, TIER_HOST, PLAN_READ }, { 2, y, TIER_HOST, PLAN_READ } };
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                              { 2, x, LEVEL_HOST, PLAN_READ }, { 2, y, LEVEL_HOST, PLAN_READ } };
                 p = start_plan(m, c, acc, 4, 3);
         }
         set_durations(p, 100);
         plan_predict(p, now_ns());
-        assert_int_equal(j->used[TIER_HOST], MiB);      /* A, pinned */
-        assert_true(!copy_valid(b, TIER_HOST) && !copy_valid(x, TIER_HOST) && !copy_valid(y, TIER_HOST));
-        cx = (SchedCand) { .plan = p, .job = j, .tensor = x, .tier = TIER_HOST, .hold = -1, .ahead = 2,
+        assert_int_equal(j->used[LEVEL_HOST], MiB);      /* A, pinned */
+        assert_true(!copy_valid(b, LEVEL_HOST) && !copy_valid(x, LEVEL_HOST) && !copy_valid(y, LEVEL_HOST));
+        cx = (SchedCand) { .plan = p, .job = j, .tensor = x, .tier = LEVEL_HOST, .hold = -1, .ahead = 2,
                            .deadline = p->pred[2], .link = SCHED_LINK_NVME };
         cy = cx;
         cy.tensor = y;
@@ -203,26 +203,26 @@ static void test_admit_evicted(void **state) {
                 cc = nvme_tensor(m, j, "C");
                 d = nvme_tensor(m, j, "D");
                 v = tensor(j, "V", MiB);
-                touch(m, v, TIER_HOST, true);   /* V: dirty, its only copy is in host */
+                touch(m, v, LEVEL_HOST, true);   /* V: dirty, its only copy is in host */
                 {
                         Acc acc[] = {
-                                { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                                { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
-                                { 4, v, TIER_HOST, PLAN_READ },
+                                { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                                { 2, cc, LEVEL_HOST, PLAN_READ }, { 3, d, LEVEL_HOST, PLAN_READ },
+                                { 4, v, LEVEL_HOST, PLAN_READ },
                         };
                         p = start_plan(m, c, acc, 5, 5);
                 }
                 set_durations(p, 100);
                 plan_predict(p, now_ns());
-                assert_true(copy_is_sole(v, TIER_HOST));
+                assert_true(copy_is_sole(v, LEVEL_HOST));
                 /*
                  * 3 MiB: A goes after phase 0 and B after phase 1, each making room for
                  * the next (they are clean, V would cost a write): V stays until phase 4.
                  * 2 MiB: B finds no room but V's in phase 1 already: it goes.
                  */
-                assert_int_equal(admit_evicted(p, v, TIER_HOST), host == 2);
+                assert_int_equal(admit_evicted(p, v, LEVEL_HOST), host == 2);
                 /* A, pinned now and needed again only a cycle later, is no question of eviction here */
-                assert_false(admit_evicted(p, a, TIER_HOST));
+                assert_false(admit_evicted(p, a, LEVEL_HOST));
                 finish(m, j, c, p);
         }
 }
@@ -245,17 +245,17 @@ static void test_early_room(void **state) {
         y = tensor(j, "Y", MiB);
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, x, TIER_HOST, PLAN_READ }, { 3, y, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, x, LEVEL_HOST, PLAN_READ }, { 3, y, LEVEL_HOST, PLAN_READ },
                 };
                 p = start_plan(m, c, acc, 4, 4);
         }
-        touch(m, b, TIER_HOST, false);
-        b->copy[TIER_HOST].pins = 1;            /* as if pinned ahead */
-        touch(m, y, TIER_HOST, true);           /* Y: dirty, its only copy in host, read in phase 3 */
+        touch(m, b, LEVEL_HOST, false);
+        b->copy[LEVEL_HOST].pins = 1;            /* as if pinned ahead */
+        touch(m, y, LEVEL_HOST, true);           /* Y: dirty, its only copy in host, read in phase 3 */
         set_durations(p, 100);
         plan_predict(p, now_ns());
-        assert_int_equal(j->used[TIER_HOST], 3 * MiB);
+        assert_int_equal(j->used[LEVEL_HOST], 3 * MiB);
         /*
          * An early read of X (phase 2) must take Y's room (A is pinned, B is needed
          * first).  When the reads ahead reach phase 3, Y would be read back within
@@ -271,11 +271,11 @@ static void test_early_room(void **state) {
         p->horizon_ns = 0;
         assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
         p->horizon_ns = p->pred[3];
-        touch(m, y, TIER_VRAM, true);
-        copy_free(y, TIER_HOST);                /* Y only in vram now: host room is free */
-        assert_int_equal(j->used[TIER_HOST], 2 * MiB);
+        touch(m, y, LEVEL_VRAM, true);
+        copy_free(y, LEVEL_HOST);                /* Y only in vram now: host room is free */
+        assert_int_equal(j->used[LEVEL_HOST], 2 * MiB);
         assert_true(admit_early_room(p, x, p->pred[2], why, sizeof(why)));
-        b->copy[TIER_HOST].pins = 0;
+        b->copy[LEVEL_HOST].pins = 0;
         finish(m, j, c, p);
 }
 
@@ -301,7 +301,7 @@ static void test_lookahead_horizon(void **state) {
                 snprintf(name, sizeof(name), "t%u", i);
                 t[i] = tensor(j, name, MiB);
                 make_on_nvme(m, t[i]);
-                acc[i] = (Acc) { i < 3 ? i : i < 14 ? 3 : i - 10, t[i], TIER_HOST, PLAN_READ };
+                acc[i] = (Acc) { i < 3 ? i : i < 14 ? 3 : i - 10, t[i], LEVEL_HOST, PLAN_READ };
         }
         assert_int_equal(submit_plan(c, acc, 16, 6, &p, err, sizeof(err)), 0);
         set_durations(p, 100);
@@ -310,7 +310,7 @@ static void test_lookahead_horizon(void **state) {
         set_durations(p, 100);
         now = p->cur_mark_ns;   /* as if at the marker: phase k starts k x 100 ms from now */
         plan_predict(p, now);
-        assert_true(copy_valid(t[0], TIER_HOST));
+        assert_true(copy_valid(t[0], LEVEL_HOST));
         /*
          * At 1 MiB per 25 ms the reads up to phase 3 (1 + 1 + 11 MiB) take 325 ms, but
          * phase 3 starts in 300: they must all be under way from now on, three phases
@@ -341,53 +341,53 @@ static void test_moves_per_step(void **state) {
         a = nvme_tensor(m, j, "A");
         b = nvme_tensor(m, j, "B");
         {
-                Acc acc[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                              { 2, b, TIER_HOST, PLAN_READ }, { 3, a, TIER_HOST, PLAN_READ } };
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                              { 2, b, LEVEL_HOST, PLAN_READ }, { 3, a, LEVEL_HOST, PLAN_READ } };
                 p = start_plan(m, c, acc, 4, 4);
         }
         /* A's pin brought it this step and the pin is a use */
-        assert_int_equal(moves_check(p, a, TIER_HOST, false), MOVE_REUSE);
-        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
+        assert_int_equal(moves_check(p, a, LEVEL_HOST, false), MOVE_REUSE);
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, false), MOVE_FIRST);
         /* B's prefetch of this step landed, then was evicted before its use: a repeat, counted */
-        moves_note(p, b, TIER_HOST, false);
-        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REFETCH);
+        moves_note(p, b, LEVEL_HOST, false);
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, false), MOVE_REFETCH);
         assert_string_equal(move_why_to_string(MOVE_REFETCH), "again this step: its prefetch was evicted before use");
         /* its pin may bring it: the phase needs it now */
-        assert_int_equal(moves_check(p, b, TIER_HOST, true), MOVE_DEMAND);
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, true), MOVE_DEMAND);
         /* the simulation admits it again (8 MiB hold it all); when it lands, the repeat is counted */
-        cand = (SchedCand) { .plan = p, .job = j, .tensor = b, .tier = TIER_HOST, .hold = -1, .ahead = 2,
+        cand = (SchedCand) { .plan = p, .job = j, .tensor = b, .tier = LEVEL_HOST, .hold = -1, .ahead = 2,
                              .deadline = p->pred[2], .link = SCHED_LINK_NVME };
         assert_true(sched_admit(m->sched, &cand));
-        assert_int_equal(cand.tier, TIER_HOST);
-        moves_landed(p, b, TIER_HOST);
+        assert_int_equal(cand.tier, LEVEL_HOST);
+        moves_landed(p, b, LEVEL_HOST);
         assert_int_equal(p->moves_repeated, 1);
         assert_int_equal(p->moves_refetched, 1);
-        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REFETCH);
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, false), MOVE_REFETCH);
         /*
          * Evicted before its use once more: admitted a last time.  Two refetches in a step
          * and the next is refused (the loop GPT-2 ran into: prefetched, evicted for the next
          * prefetch, prefetched again, thousands of times a step): its pin will bring it.
          */
         assert_true(sched_admit(m->sched, &cand));
-        moves_landed(p, b, TIER_HOST);
+        moves_landed(p, b, LEVEL_HOST);
         assert_int_equal(p->moves_refetched, 2);
         refused = p->admit_refused;
         assert_false(sched_admit(m->sched, &cand));
         assert_int_equal(p->admit_refused, refused + 1);
-        assert_int_equal(moves_check(p, b, TIER_HOST, true), MOVE_DEMAND);     /* the pin may */
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, true), MOVE_DEMAND);     /* the pin may */
         /* a copy that served a use and was evicted after it may be prefetched again */
-        moves_used(p, b, TIER_HOST);
+        moves_used(p, b, LEVEL_HOST);
         assert_true(sched_admit(m->sched, &cand));
-        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_REUSE);
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, false), MOVE_REUSE);
         /* other tiers are not affected; a new step starts afresh */
-        assert_int_equal(moves_check(p, b, TIER_VRAM, false), MOVE_FIRST);
+        assert_int_equal(moves_check(p, b, LEVEL_VRAM, false), MOVE_FIRST);
         marker(m, p, 1);
         marker(m, p, 2);
         marker(m, p, 3);
         marker(m, p, 0);
-        assert_int_equal(moves_check(p, b, TIER_HOST, false), MOVE_FIRST);
-        moves_note(p, b, TIER_HOST, false);
-        assert_int_equal(p->move_refetch[2 * (size_t) b->plan_slot + TIER_HOST], 0);     /* the count too */
+        assert_int_equal(moves_check(p, b, LEVEL_HOST, false), MOVE_FIRST);
+        moves_note(p, b, LEVEL_HOST, false);
+        assert_int_equal(p->move_refetch[2 * (size_t) b->plan_slot + LEVEL_HOST], 0);     /* the count too */
         finish(m, j, c, p);
 }
 

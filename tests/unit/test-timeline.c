@@ -62,8 +62,8 @@ static void test_belady_choice(void **state) {
         x = tensor(j, "X", MiB);        /* in no plan: no known next use */
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ }, { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ }, { 3, d, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, cc, LEVEL_HOST, PLAN_READ }, { 3, d, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
         }
@@ -71,11 +71,11 @@ static void test_belady_choice(void **state) {
         set_durations(p, 1000);
         sched_run(m->sched);   /* predictions: A in ~1 s, B ~2 s, C ~3 s, D ~4 s (before the first marker) */
         /* a request due between A's next use and B's, however late sched_run() ran */
-        assert_true(sched_next_use_ns(a, TIER_HOST) < sched_next_use_ns(b, TIER_HOST));
-        deadline = sched_next_use_ns(a, TIER_HOST) / 2 + sched_next_use_ns(b, TIER_HOST) / 2;
+        assert_true(sched_next_use_ns(a, LEVEL_HOST) < sched_next_use_ns(b, LEVEL_HOST));
+        deadline = sched_next_use_ns(a, LEVEL_HOST) / 2 + sched_next_use_ns(b, LEVEL_HOST) / 2;
 
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, 0), 5);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, v, 5, 0), 5);
         assert_ptr_equal(v[0], x);
         assert_ptr_equal(v[1], d);
         assert_ptr_equal(v[2], cc);
@@ -84,7 +84,7 @@ static void test_belady_choice(void **state) {
 
         /* a request due before B's next use may only take copies needed after it: never A */
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, deadline), 4);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, v, 5, deadline), 4);
         assert_ptr_equal(v[0], x);
         assert_ptr_equal(v[1], d);
         assert_ptr_equal(v[2], cc);
@@ -94,7 +94,7 @@ static void test_belady_choice(void **state) {
         /* short of memory to rank them, still only what may go (in the order given) */
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d; v[4] = x;
         calloc_fail_in = 0;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 5, deadline), 4);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, v, 5, deadline), 4);
         assert_int_equal(calloc_fail_in, -1);   /* the allocation did fail */
         assert_ptr_equal(v[0], b);
         assert_ptr_equal(v[1], cc);
@@ -108,7 +108,7 @@ static void test_belady_choice(void **state) {
         set_durations(p, 1000);
         sched_run(m->sched);
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 4, 0), 4);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, v, 4, 0), 4);
         assert_ptr_equal(v[0], b);      /* in use now: its next use is a whole cycle away */
         assert_ptr_equal(v[1], a);
         assert_ptr_equal(v[2], d);
@@ -117,7 +117,7 @@ static void test_belady_choice(void **state) {
         /* lru keeps the order it is given */
         m->config.sched_policy = SCHED_POLICY_LRU;
         v[0] = a; v[1] = b; v[2] = cc; v[3] = d;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, v, 4, deadline), 4);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, v, 4, deadline), 4);
         assert_ptr_equal(v[0], a);
         assert_ptr_equal(v[3], d);
         finish(m, j, c, p);
@@ -140,18 +140,18 @@ static void test_victim_cost(void **state) {
         b = tensor(j, "B", MiB);
         v = tensor(j, "V", MiB);
         make_on_nvme(m, a);
-        touch(m, a, TIER_HOST, false);          /* A: host copy, also on NVMe (clean) */
-        touch(m, b, TIER_HOST, true);           /* B: its only copy is in host (dirty) */
+        touch(m, a, LEVEL_HOST, false);          /* A: host copy, also on NVMe (clean) */
+        touch(m, b, LEVEL_HOST, true);           /* B: its only copy is in host (dirty) */
         make_on_nvme(m, v);
-        touch(m, v, TIER_VRAM, false);          /* V: in vram and host (staged), and NVMe */
-        assert_true(copy_valid(v, TIER_HOST) && copy_valid(v, TIER_VRAM));
-        assert_true(copy_is_sole(b, TIER_HOST));
-        assert_false(copy_is_sole(a, TIER_HOST));
+        touch(m, v, LEVEL_VRAM, false);          /* V: in vram and host (staged), and NVMe */
+        assert_true(copy_valid(v, LEVEL_HOST) && copy_valid(v, LEVEL_VRAM));
+        assert_true(copy_is_sole(b, LEVEL_HOST));
+        assert_false(copy_is_sole(a, LEVEL_HOST));
         {
                 Acc acc[] = {
-                        { 0, x, TIER_HOST, PLAN_READ }, { 1, v, TIER_VRAM, PLAN_READ },
-                        { 2, a, TIER_HOST, PLAN_READ }, { 3, b, TIER_HOST, PLAN_READ },
-                        { 5, v, TIER_HOST, PLAN_READ },
+                        { 0, x, LEVEL_HOST, PLAN_READ }, { 1, v, LEVEL_VRAM, PLAN_READ },
+                        { 2, a, LEVEL_HOST, PLAN_READ }, { 3, b, LEVEL_HOST, PLAN_READ },
+                        { 5, v, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 5, 6, &p, err, sizeof(err)), 0);
         }
@@ -166,7 +166,7 @@ static void test_victim_cost(void **state) {
          * served from vram, and the host copy is next needed at phase 5.
          */
         cand[0] = a; cand[1] = b; cand[2] = v;
-        assert_int_equal(sched_victim_order(m->sched, TIER_HOST, cand, 3, 0), 3);
+        assert_int_equal(sched_victim_order(m->sched, LEVEL_HOST, cand, 3, 0), 3);
         assert_ptr_equal(cand[0], v);
         assert_ptr_equal(cand[1], a);
         assert_ptr_equal(cand[2], b);
@@ -190,7 +190,7 @@ static void test_deadline_order(void **state) {
                 snprintf(name, sizeof(name), "t%d", i);
                 t[i] = tensor(j, name, MiB);
                 make_on_nvme(m, t[i]);
-                acc[i] = (Acc) { (unsigned) i, t[i], TIER_HOST, PLAN_READ };
+                acc[i] = (Acc) { (unsigned) i, t[i], LEVEL_HOST, PLAN_READ };
         }
         n_trace = 0;
         assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
@@ -231,27 +231,27 @@ static void test_prefetch_window(void **state) {
                 snprintf(name, sizeof(name), "t%d", i);
                 t[i] = tensor(j, name, MiB);
                 make_on_nvme(m, t[i]);
-                acc[i] = (Acc) { (unsigned) i, t[i], TIER_HOST, PLAN_READ };
+                acc[i] = (Acc) { (unsigned) i, t[i], LEVEL_HOST, PLAN_READ };
         }
         n_trace = 0;
         assert_int_equal(submit_plan(c, acc, 6, 6, &p, err, sizeof(err)), 0);
         set_durations(p, 100);
         sched_run(m->sched);
-        FIXTURE_RUN_UNTIL(m, copy_valid(t[2], TIER_HOST));
+        FIXTURE_RUN_UNTIL(m, copy_valid(t[2], LEVEL_HOST));
         run_loop(m, 20);
         /* 3 MiB hold phases 0..2; t3 would have to evict one of them: it waits */
         assert_int_equal(n_trace, 3);
         assert_string_equal(trace[0], "pin t0 host");
         assert_string_equal(trace[1], "prefetch t1 host");
         assert_string_equal(trace[2], "prefetch t2 host");
-        assert_false(copy_valid(t[3], TIER_HOST));
+        assert_false(copy_valid(t[3], LEVEL_HOST));
         /* phase 0 over: its copy is the farthest use now, and t3 comes into the window */
         marker(m, p, 0);
         marker(m, p, 1);
-        FIXTURE_RUN_UNTIL(m, copy_valid(t[3], TIER_HOST));
-        assert_true(copy_valid(t[3], TIER_HOST));
-        assert_false(copy_valid(t[0], TIER_HOST));
-        assert_true(copy_valid(t[2], TIER_HOST));
+        FIXTURE_RUN_UNTIL(m, copy_valid(t[3], LEVEL_HOST));
+        assert_true(copy_valid(t[3], LEVEL_HOST));
+        assert_false(copy_valid(t[0], LEVEL_HOST));
+        assert_true(copy_valid(t[2], LEVEL_HOST));
         assert_int_equal(m->engine->links[LINK_NVME_TO_HOST].ops, 4);   /* t0..t3, each read once */
         finish(m, j, c, p);
 }
@@ -288,13 +288,13 @@ static void test_reclaim_deadline(void **state) {
         /* clean host copies (also on NVMe), least recently used first: N, F, G; then R's U fills the pool */
         for (Tensor **x = (Tensor *[]) { n, f, g, u, NULL }; *x; x++) {
                 make_on_nvme(m, *x);
-                touch(m, *x, TIER_HOST, false);
+                touch(m, *x, LEVEL_HOST, false);
         }
-        assert_int_equal(m->registry->pools[TIER_HOST]->n_free, 0);
+        assert_int_equal(m->registry->pools[LEVEL_HOST]->n_free, 0);
         {
                 Acc acc[] = {
-                        { 0, g, TIER_HOST, PLAN_READ }, { 1, g, TIER_HOST, PLAN_READ },
-                        { 2, n, TIER_HOST, PLAN_READ }, { 5, f, TIER_HOST, PLAN_READ },
+                        { 0, g, LEVEL_HOST, PLAN_READ }, { 1, g, LEVEL_HOST, PLAN_READ },
+                        { 2, n, LEVEL_HOST, PLAN_READ }, { 5, f, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(cv, acc, 4, 6, &p, err, sizeof(err)), 0);
         }
@@ -302,17 +302,17 @@ static void test_reclaim_deadline(void **state) {
         marker(m, p, 0);
         set_durations(p, 10000);
         sched_run(m->sched);            /* N next in ~20 s, F in ~50 s; G held by phases 0 and 1 */
-        assert_true(g->copy[TIER_HOST].pins > 0);
+        assert_true(g->copy[LEVEL_HOST].pins > 0);
 
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, TIER_HOST, NULL, NULL, NULL, &op), 0);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, NULL, NULL, NULL, &op), 0);
         op->deadline_ns = now_ns() + 30000 * MS;
-        FIXTURE_RUN_UNTIL(m, copy_valid(t, TIER_HOST));
-        assert_true(copy_valid(t, TIER_HOST));
-        assert_true(copy_valid(n, TIER_HOST));          /* needed before the deadline: kept */
-        assert_false(copy_valid(f, TIER_HOST));         /* its segment went to R */
-        assert_true(copy_valid(g, TIER_HOST));
-        assert_true(copy_valid(u, TIER_HOST));
-        t->copy[TIER_HOST].pins--;
+        FIXTURE_RUN_UNTIL(m, copy_valid(t, LEVEL_HOST));
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_true(copy_valid(n, LEVEL_HOST));          /* needed before the deadline: kept */
+        assert_false(copy_valid(f, LEVEL_HOST));         /* its segment went to R */
+        assert_true(copy_valid(g, LEVEL_HOST));
+        assert_true(copy_valid(u, LEVEL_HOST));
+        t->copy[LEVEL_HOST].pins--;
         v->n_conns = r->n_conns = 0;
         job_destroy(r);
         finish(m, v, cv, p);
@@ -342,11 +342,11 @@ static void test_write_behind(void **state) {
                  * nothing to read), so the only NVMe transfer the window asks for is C's.
                  */
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 1, b, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 2, d, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 3, e, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 4, cc, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 2, d, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 3, e, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 4, cc, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
         }
@@ -360,12 +360,12 @@ static void test_write_behind(void **state) {
          * cycle later) is Belady's victim.  NVMe is idle: A is written down now.
          */
         marker(m, p, 1);
-        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, LEVEL_NVME));
         assert_int_equal(n_trace, 2);
         assert_string_equal(trace[0], "pin D host");    /* zeros: no transfer */
         assert_string_equal(trace[1], "clean A host");
-        assert_true(copy_valid(a, TIER_NVME));
-        assert_true(copy_valid(a, TIER_HOST));
+        assert_true(copy_valid(a, LEVEL_NVME));
+        assert_true(copy_valid(a, LEVEL_HOST));
         /*
          * A is clean now: its host copy may go for free, and the occupancy
          * simulation admits C at once (A makes room for it now, B, released
@@ -373,16 +373,16 @@ static void test_write_behind(void **state) {
          * ahead; nothing more is written early.
          */
         marker(m, p, 2);
-        FIXTURE_RUN_UNTIL(m, copy_valid(e, TIER_HOST) && copy_valid(cc, TIER_HOST));
+        FIXTURE_RUN_UNTIL(m, copy_valid(e, LEVEL_HOST) && copy_valid(cc, LEVEL_HOST));
         run_loop(m, 20);
-        assert_false(copy_valid(a, TIER_HOST));
-        assert_true(copy_valid(e, TIER_HOST));
-        assert_true(copy_valid(cc, TIER_HOST));
-        assert_true(copy_valid(a, TIER_NVME));
+        assert_false(copy_valid(a, LEVEL_HOST));
+        assert_true(copy_valid(e, LEVEL_HOST));
+        assert_true(copy_valid(cc, LEVEL_HOST));
+        assert_true(copy_valid(a, LEVEL_NVME));
         assert_int_equal(n_trace, 4);
         assert_string_equal(trace[2], "prefetch C host");
         assert_string_equal(trace[3], "pin E host");
-        assert_true(j->used[TIER_HOST] <= j->limit[TIER_HOST]);
+        assert_true(j->used[LEVEL_HOST] <= j->limit[LEVEL_HOST]);
         finish(m, j, c, p);
 
         /* with room for everything, nothing is written early */
@@ -396,9 +396,9 @@ static void test_write_behind(void **state) {
         make_on_nvme(m, cc);
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 1, b, TIER_HOST, PLAN_READ },
-                        { 2, cc, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, LEVEL_HOST, PLAN_READ },
+                        { 2, cc, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 3, 3, &p, err, sizeof(err)), 0);
         }
@@ -410,7 +410,7 @@ static void test_write_behind(void **state) {
         run_loop(m, 30);
         for (unsigned i = 0; i < n_trace; i++)
                 assert_null(strstr(trace[i], "clean"));
-        assert_false(copy_valid(a, TIER_NVME));
+        assert_false(copy_valid(a, LEVEL_NVME));
         finish(m, j, c, p);
 }
 
@@ -440,15 +440,15 @@ static void test_write_behind_same_victims(void **state) {
         e = tensor(j, "E", MiB);
         cc = tensor(j, "C", MiB);
         make_on_nvme(m, cc);
-        touch(m, x, TIER_HOST, true);   /* X: 1 MiB of the 4 MiB limit, its sole copy in host */
+        touch(m, x, LEVEL_HOST, true);   /* X: 1 MiB of the 4 MiB limit, its sole copy in host */
         x->op_refs++;                   /* a client's request on it is in flight */
         {
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 1, b, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 2, d, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 3, e, TIER_HOST, PLAN_READ | PLAN_WRITE },
-                        { 4, cc, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 2, d, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 3, e, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 4, cc, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
         }
@@ -457,13 +457,13 @@ static void test_write_behind_same_victims(void **state) {
         run_loop(m, 20);
         n_trace = 0;
         marker(m, p, 1);
-        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_NVME));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, LEVEL_NVME));
         assert_true(n_trace >= 2);
         assert_string_equal(trace[0], "pin D host");
         assert_string_equal(trace[1], "clean A host");
-        assert_true(copy_valid(a, TIER_NVME));
-        assert_true(copy_valid(x, TIER_HOST));  /* untouched: its request is still in flight */
-        assert_false(copy_valid(x, TIER_NVME));
+        assert_true(copy_valid(a, LEVEL_NVME));
+        assert_true(copy_valid(x, LEVEL_HOST));  /* untouched: its request is still in flight */
+        assert_false(copy_valid(x, LEVEL_NVME));
         x->op_refs--;
         finish(m, j, c, p);
 }
@@ -489,10 +489,10 @@ static void test_dead_bytes(void **state) {
         {
                 /* A is produced in phase 0, read in phase 1, and overwritten in phase 0 of the next step */
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_WRITE },
-                        { 1, a, TIER_HOST, PLAN_READ },
-                        { 2, b, TIER_HOST, PLAN_READ },
-                        { 3, cc, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_WRITE },
+                        { 1, a, LEVEL_HOST, PLAN_READ },
+                        { 2, b, LEVEL_HOST, PLAN_READ },
+                        { 3, cc, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
         }
@@ -501,27 +501,27 @@ static void test_dead_bytes(void **state) {
         run_loop(m, 20);
         marker(m, p, 1);        /* A released dirty: its sole copy is in host */
         run_loop(m, 20);
-        assert_true(copy_is_sole(a, TIER_HOST));
+        assert_true(copy_is_sole(a, LEVEL_HOST));
         /* phase 1 (running) reads it, so it is pinned; after it, the next access overwrites */
         assert_true(sched_next_access_overwrites(a));
-        assert_true(a->copy[TIER_HOST].pins > 0);
+        assert_true(a->copy[LEVEL_HOST].pins > 0);
         written = m->engine->links[LINK_HOST_TO_NVME].bytes;
         marker(m, p, 2);        /* now A's next access (phase 0) overwrites it; C (phase 3) needs room */
         assert_true(sched_next_access_overwrites(a));
         /* dropped as soon as phase 1 let it go, before anything asked for room */
         assert_true(a->dead);
-        assert_false(copy_valid(a, TIER_HOST));
-        FIXTURE_RUN_UNTIL(m, copy_valid(cc, TIER_HOST));
+        assert_false(copy_valid(a, LEVEL_HOST));
+        FIXTURE_RUN_UNTIL(m, copy_valid(cc, LEVEL_HOST));
         /* C needed the room: A went without a byte written */
-        assert_true(copy_valid(cc, TIER_HOST));
-        assert_false(copy_valid(a, TIER_HOST));
-        assert_false(copy_valid(a, TIER_NVME));
+        assert_true(copy_valid(cc, LEVEL_HOST));
+        assert_false(copy_valid(a, LEVEL_HOST));
+        assert_false(copy_valid(a, LEVEL_NVME));
         assert_true(a->dead);
         assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);
         /* and phase 0 gets its (write-only) A without any read */
         marker(m, p, 0);
-        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_HOST));
-        assert_true(copy_valid(a, TIER_HOST));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, LEVEL_HOST));
+        assert_true(copy_valid(a, LEVEL_HOST));
         finish(m, j, c, p);
 }
 
@@ -550,8 +550,8 @@ static void test_skipped_write_phase(void **state) {
         {
                 /* phase 0 writes A whole, phase 1 reads it */
                 Acc acc[] = {
-                        { 0, a, TIER_HOST, PLAN_WRITE },
-                        { 1, a, TIER_HOST, PLAN_READ },
+                        { 0, a, LEVEL_HOST, PLAN_WRITE },
+                        { 1, a, LEVEL_HOST, PLAN_READ },
                 };
                 assert_int_equal(submit_plan(c, acc, 2, 2, &p, err, sizeof(err)), 0);
         }
@@ -562,9 +562,9 @@ static void test_skipped_write_phase(void **state) {
         assert_int_equal(p->hold[1].phase, 0);
         marker(m, p, 1);        /* the client starts at phase 1: it never wrote A */
         assert_int_equal(a->version, version);
-        assert_true(copy_valid(a, TIER_NVME));
-        FIXTURE_RUN_UNTIL(m, copy_valid(a, TIER_HOST));
-        assert_true(copy_valid(a, TIER_HOST));          /* read from NVMe for phase 1 */
+        assert_true(copy_valid(a, LEVEL_NVME));
+        FIXTURE_RUN_UNTIL(m, copy_valid(a, LEVEL_HOST));
+        assert_true(copy_valid(a, LEVEL_HOST));          /* read from NVMe for phase 1 */
         assert_int_equal(a->version, version);
         /* phase 0 entered, then left: that wrote A */
         marker(m, p, 0);
@@ -593,8 +593,8 @@ static void test_shared_not_dead(void **state) {
         make_on_nvme(m, sh);
         {
                 /* rank 1 overwrites S in its phase 1; rank 2 reads it */
-                Acc acc1[] = { { 0, a, TIER_HOST, PLAN_READ }, { 1, sh, TIER_HOST, PLAN_WRITE } };
-                Acc acc2[] = { { 0, sh, TIER_HOST, PLAN_READ } };
+                Acc acc1[] = { { 0, a, LEVEL_HOST, PLAN_READ }, { 1, sh, LEVEL_HOST, PLAN_WRITE } };
+                Acc acc2[] = { { 0, sh, LEVEL_HOST, PLAN_READ } };
 
                 assert_int_equal(submit_plan(c1, acc1, 2, 2, &p1, err, sizeof(err)), 0);
                 assert_int_equal(submit_plan(c2, acc2, 1, 1, &p2, err, sizeof(err)), 0);
@@ -607,7 +607,7 @@ static void test_shared_not_dead(void **state) {
         marker(m, p1, 1);
         marker(m, p1, 0);       /* S released by rank 1's phase 1 */
         assert_false(sh->dead);
-        assert_true(tensor_valid_tier(sh, TIER_NVME) >= 0);
+        assert_true(tensor_valid_tier(sh, LEVEL_NVME) >= 0);
         sched_plan_free(p2);
         free(c2);
         finish(m, j, c1, p1);
@@ -622,10 +622,10 @@ static void test_quota_respect(void **state) {
         Rank *c;
         Plan *p = NULL;
         char err[256];
-        Acc pair[] = { { 0, NULL, TIER_HOST, PLAN_READ }, { 1, NULL, TIER_HOST, PLAN_READ },
-                       { 1, NULL, TIER_HOST, PLAN_READ } };
-        Acc big[] = { { 0, NULL, TIER_VRAM, PLAN_READ }, { 0, NULL, TIER_VRAM, PLAN_READ },
-                      { 0, NULL, TIER_VRAM, PLAN_READ } };
+        Acc pair[] = { { 0, NULL, LEVEL_HOST, PLAN_READ }, { 1, NULL, LEVEL_HOST, PLAN_READ },
+                       { 1, NULL, LEVEL_HOST, PLAN_READ } };
+        Acc big[] = { { 0, NULL, LEVEL_VRAM, PLAN_READ }, { 0, NULL, LEVEL_VRAM, PLAN_READ },
+                      { 0, NULL, LEVEL_VRAM, PLAN_READ } };
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
@@ -652,23 +652,15 @@ static void test_quota_respect(void **state) {
         assert_non_null(strstr(err, "phase 0 pins 3145728 bytes of vram"));
         /* names a tensor the job lacks; a bad mode */
         {
-                Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
-                Tier__PlanPhase ph = TIER__PLAN_PHASE__INIT, *php = &ph;
-                Tier__PlanAccess acc = TIER__PLAN_ACCESS__INIT, *ap = &acc;
+                PlanSpecAccess acc = { .phase = 0, .tensor = 0xffffffffull, .tier = LEVEL_HOST, .mode = PLAN_READ };
+                PlanSpec sp = { .n_phases = 1, .acc = &acc, .n_acc = 1 };
 
-                ph.n_accesses = 1;
-                ph.accesses = &ap;
-                sp.n_phases = 1;
-                sp.phases = &php;
-                acc.tensor = 0xffffffffull;
-                acc.tier = TIER__TIER__TIER_HOST;
-                acc.mode = PLAN_READ;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -ENOENT);
                 acc.tensor = a->id;
                 acc.mode = 9;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 acc.mode = PLAN_READ;
-                acc.tier = TIER__TIER__TIER_NVME;
+                acc.tier = LEVEL_NVME;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);
                 sp.n_phases = 0;
                 assert_int_equal(sched_plan_new(m->sched, j, -1, &sp, &p, err, sizeof(err)), -EINVAL);

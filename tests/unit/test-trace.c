@@ -76,7 +76,7 @@ static void test_records(void **state) {
         trace_xfer(&tr, &t, LINK_HOST_TO_NVME, 0, 0, 1400, 0, -EIO);
         trace_phase(&tr, &j, 3, 9, 2, 1500);
         trace_stall(&tr, &j, 3, 9, 2, 1500, 1600);
-        trace_decision(&tr, &t, TIER_VRAM, TRACE_WHY_DRAIN, 5000, TRACE_F_RECLAIM, 1700);
+        trace_decision(&tr, &t, LEVEL_VRAM, TRACE_WHY_DRAIN, 5000, TRACE_F_RECLAIM, 1700);
         assert_int_equal(tr.n, 5);
 
         r = &tr.rec[0];
@@ -113,7 +113,7 @@ static void test_records(void **state) {
 
         r = &tr.rec[4];
         assert_int_equal(r->kind, TRACE_DECISION);
-        assert_int_equal(r->tier, TIER_VRAM);
+        assert_int_equal(r->tier, LEVEL_VRAM);
         assert_int_equal(r->why, TRACE_WHY_DRAIN);
         assert_int_equal(r->deadline, 5000);
         assert_int_equal(r->flags, TRACE_F_RECLAIM);

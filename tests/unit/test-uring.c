@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "daemon/tiers/uring.h"
+#include "util/uring.h"
 
 /* ---- io_uring_submit() failing on cue: the test links with -Wl,--wrap=io_uring_submit ---------- */
 

@@ -20,7 +20,6 @@
 #include "daemon/state/registry.h"
 #include "proto/plan.h"
 #include "tests/unit/fixture.h"
-#include "tier.pb-c.h"
 #include "util/time-util.h"
 #define MS (1000000ull)
 
@@ -90,30 +89,17 @@ static inline Rank *fake_conn(Manager *m, Job *j) {
 }
 
 static inline int submit_plan(Rank *c, const Acc *acc, size_t n, unsigned n_phases, Plan **ret, char *err, size_t esize) {
-        Tier__SubmitPlan sp = TIER__SUBMIT_PLAN__INIT;
-        Tier__PlanPhase phases[16], *php[16];
-        Tier__PlanAccess a[32], *ap[32];
-        size_t k = 0;
+        PlanSpecAccess a[32];
+        PlanSpec spec = { .n_phases = n_phases, .acc = a };
 
         assert_true(n_phases <= 16 && n <= 32);
-        for (unsigned ph = 0; ph < n_phases; ph++) {
-                tier__plan_phase__init(&phases[ph]);
-                php[ph] = &phases[ph];
-                phases[ph].accesses = &ap[k];
+        for (unsigned ph = 0; ph < n_phases; ph++)
                 for (size_t i = 0; i < n; i++)
-                        if (acc[i].phase == ph) {
-                                tier__plan_access__init(&a[k]);
-                                a[k].tensor = acc[i].t->id;
-                                a[k].tier = (Tier__Tier) acc[i].tier;
-                                a[k].mode = acc[i].mode;
-                                ap[k] = &a[k];
-                                phases[ph].n_accesses++;
-                                k++;
-                        }
-        }
-        sp.n_phases = n_phases;
-        sp.phases = php;
-        return sched_plan_new(c->m->sched, c->job, -1, &sp, ret, err, esize);
+                        if (acc[i].phase == ph)
+                                a[spec.n_acc++] = (PlanSpecAccess) {
+                                        .phase = ph, .tensor = acc[i].t->id, .tier = acc[i].tier, .mode = acc[i].mode,
+                                };
+        return sched_plan_new(c->m->sched, c->job, -1, &spec, ret, err, esize);
 }
 
 /* Every phase takes @ms (as if learned), so predictions are far apart and stable. */

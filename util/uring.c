@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* uring.c: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
+/* uring.c: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch (tierd's and tierctl bench's). */
 
 /*
  * Theory of operation: one ring serves every NVMe target.  Requests are
@@ -21,17 +21,18 @@
  * the callbacks of a drained batch run, so the work they do (a write's
  * crc32c, a read's check) overlaps the device's.
  *
- * Injected faults (tests only, fault.h): before a request goes to the ring
- * its attempt may be failed (put on the injected list, which the eventfd
- * handler completes like a CQE, so callbacks never run inside
- * uring_flush()), cut short, or refused because its target vanished; when
- * its CQE comes, a write may get a bit flipped on the medium behind it, and
- * any completion may be held back on the delayed list for some ms.  Retries
- * and callbacks are the same as for real faults.
+ * Injected faults (tests only): the owner's UringHooks (tierd's are
+ * daemon/tiers/uring-faults.c) decide; this file carries them out.  Before
+ * a request goes to the ring its attempt may be failed (put on the injected
+ * list, which the eventfd handler completes like a CQE, so callbacks never
+ * run inside uring_flush()) or cut short; when its CQE comes, the hook may
+ * damage what it wrote, and the completion may be held back on the delayed
+ * list for some ms.  Retries and callbacks are the same as for real faults.
+ *
+ * Nothing here logs: what is worth a message goes to the hooks.
  */
 
 #include <errno.h>
-#include <inttypes.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +40,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "daemon/base/log.h"
-#include "daemon/tiers/fault.h"
-#include "daemon/tiers/uring.h"
 #include "proto/macro.h"
 #include "util/time-util.h"
+#include "util/uring.h"
 
 /* SQEs io_uring_submit() did not take (-EAGAIN, -EBUSY, short) are offered again after this long at most. */
 #define SUBMIT_RETRY_USEC 1000
@@ -74,9 +73,10 @@ struct Uring {
         List pending;           /* by tag, then first come first served */
         double vtime;           /* virtual time: the tag of the request submitted last */
         uint64_t credit;        /* FAIR_CREDIT_DEFAULT, or uring_set_fair_credit() */
-        /* injected faults (tests only) */
-        FaultSet *faults;       /* borrowed; NULL: none */
-        int fds[URING_MAX_FILES];       /* the registered files (borrowed), for a bit flip on the medium */
+        const UringHooks *hooks;        /* NULL: none */
+        void *hooks_userdata;
+        bool faults;            /* hooks->fault_submit is set: injected faults (tests only) */
+        int fds[URING_MAX_FILES];       /* the registered files (borrowed): uring_file() */
         unsigned n_fds;
         List injected;          /* attempts failed without the kernel: completed by the eventfd handler */
         List delayed;           /* completions held back, by delay_until */
@@ -213,8 +213,8 @@ static int uring_submit_ready(Uring *u) {
         r = io_uring_submit(&u->ring);
         if (r >= 0 && (unsigned) r >= ready)
                 return r;
-        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR)
-                log_warning_errno(r, "io_uring_submit() failed with %u request(s) ready, retrying: %m", ready);
+        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR && u->hooks && u->hooks->submit_failed)
+                u->hooks->submit_failed(u, r, ready, u->hooks_userdata);
         if (!u->retry_timer && sd_event_now(u->event, CLOCK_MONOTONIC, &now) >= 0 &&
             sd_event_add_time(u->event, &u->retry_timer, CLOCK_MONOTONIC, now + SUBMIT_RETRY_USEC, 0,
                               on_retry_timer, u) >= 0)
@@ -264,10 +264,8 @@ int uring_new(sd_event *event, unsigned depth, Uring **ret) {
         list_init(&u->delayed);
 
         r = io_uring_queue_init(depth, &u->ring, 0);
-        if (r < 0) {
-                log_error_errno(r, "Failed to set up io_uring with %u entries: %m", depth);
+        if (r < 0)
                 goto fail;
-        }
         u->ring_ok = true;
 
         u->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -350,7 +348,8 @@ void uring_queue(Uring *u, UringReq *req) {
         if (!req->tagged) {
                 req->tag = req->flow ? fair_tag(req->flow, u->vtime, req->len, req->weight, u->credit) : u->vtime;
                 req->tagged = true;
-                req->fault_mask = u->faults ? fault_job_mask(u->faults, req->job) : 0;
+                req->fault_mask = u->faults && u->hooks->fault_mask ?
+                        u->hooks->fault_mask(u, req->job, u->hooks_userdata) : 0;
         }
         pending_insert(u, req);
 }
@@ -368,72 +367,34 @@ void uring_counts(const Uring *u, unsigned *ret_queued, unsigned *ret_inflight) 
         *ret_inflight = u->inflight;
 }
 
-/* ---- injected faults (tests only, fault.h) ------------------------------------------------ */
+/* ---- hooks, and injected faults (tests only) ------------------------------------------------------ */
 
-void uring_set_faults(Uring *u, FaultSet *f) {
-        u->faults = f;
+void uring_set_hooks(Uring *u, const UringHooks *hooks, void *userdata) {
+        u->hooks = hooks;
+        u->hooks_userdata = userdata;
+        u->faults = hooks && hooks->fault_submit;
 }
 
-static void fault_inject(Uring *u, UringReq *req, int res, const FaultRule *rule) {
-        log_warning("Injected fault %s: %s of %u bytes at offset %" PRIu64 " of target %u fails with %s.",
-                    rule ? fault_kind_to_string(rule->kind) : "nvme-vanish (target gone)",
-                    req->op == URING_READ ? "read" : "write", req->len - req->done, req->offset + req->done,
-                    req->file_index, strerror(-res));
-        list_del(&req->link);
-        req->result = res;
-        list_add_tail(&u->injected, &req->link);
-        (void) eventfd_write(u->efd, 1);        /* the completion handler picks it up */
+int uring_file(const Uring *u, unsigned index) {
+        return index < u->n_fds ? u->fds[index] : -EBADF;
 }
 
 /* Before @req (still on the pending list) goes to the ring: fail this attempt instead? */
 static bool fault_on_submit(Uring *u, UringReq *req) {
-        bool rd = req->op == URING_READ;
-        FaultRule *rule;
+        int res = u->hooks->fault_submit(u, req, u->hooks_userdata);
 
-        if (fault_target_gone(u->faults, req->file_index)) {
-                fault_inject(u, req, -ENODEV, NULL);
-                return true;
-        }
-        if ((rule = fault_fire(u->faults, FAULT_VANISH, req->fault_mask, req->file_index))) {
-                fault_inject(u, req, -ENODEV, rule);
-                return true;
-        }
-        if ((rule = fault_fire(u->faults, rd ? FAULT_READ_EIO : FAULT_WRITE_EIO, req->fault_mask, req->file_index))) {
-                fault_inject(u, req, -EIO, rule);
-                return true;
-        }
-        if (!rd && (rule = fault_fire(u->faults, FAULT_WRITE_ENOSPC, req->fault_mask, req->file_index))) {
-                fault_inject(u, req, -ENOSPC, rule);
-                return true;
-        }
-        return false;
+        if (res >= 0)
+                return false;
+        list_del(&req->link);
+        req->result = res;
+        list_add_tail(&u->injected, &req->link);
+        (void) eventfd_write(u->efd, 1);        /* the completion handler picks it up */
+        return true;
 }
 
-/* The length to submit for @req's attempt of @len bytes: half of it (O_DIRECT aligned) when cut short. */
+/* The length to submit for @req's attempt of @len bytes. */
 static unsigned fault_short(Uring *u, UringReq *req, unsigned len) {
-        FaultKind k = req->op == URING_READ ? FAULT_READ_SHORT : FAULT_WRITE_SHORT;
-
-        if (len < 8192 || !fault_fire(u->faults, k, req->fault_mask, req->file_index))
-                return len;
-        log_warning("Injected fault %s: %u of %u bytes at offset %" PRIu64 " of target %u submitted.",
-                    fault_kind_to_string(k), (len / 2) & ~4095u, len, req->offset + req->done, req->file_index);
-        return (len / 2) & ~4095u;
-}
-
-/* Flip one bit of the first block the write of @req just put at @off: the crc32c was taken before. */
-static void fault_flip_bit(Uring *u, const UringReq *req, uint64_t off) {
-        uint64_t blk = off & ~(uint64_t) 4095;
-        void *buf = NULL;
-
-        if (req->file_index >= u->n_fds || posix_memalign(&buf, 4096, 4096) != 0)
-                return;
-        if (pread(u->fds[req->file_index], buf, 4096, (off_t) blk) == 4096) {
-                ((uint8_t *) buf)[off - blk] ^= 0x10;
-                if (pwrite(u->fds[req->file_index], buf, 4096, (off_t) blk) == 4096)
-                        log_warning("Injected fault nvme-bitflip: flipped bit 4 of the byte at offset %" PRIu64
-                                    " of target %u after the write completed.", off, req->file_index);
-        }
-        free(buf);
+        return u->hooks->fault_short ? u->hooks->fault_short(u, req, len, u->hooks_userdata) : len;
 }
 
 static int on_delay_timer(sd_event_source *s, uint64_t usec, void *userdata);
@@ -450,21 +411,14 @@ static void arm_delay_timer(Uring *u) {
                 (void) sd_event_source_set_description(u->delay_timer, "uring-fault-delay");
 }
 
-/* The CQE of @req's attempt came with @res: corrupt what it wrote, or hold it back?  True: held back. */
+/* The CQE of @req's attempt came with @res: hold it back?  True: held back. */
 static bool fault_on_cqe(Uring *u, UringReq *req, int res) {
-        FaultRule *rule;
+        uint64_t ms = 0;
 
-        if (req->op == URING_WRITE && res > 0 &&
-            fault_fire(u->faults, FAULT_BITFLIP, req->fault_mask, req->file_index))
-                fault_flip_bit(u, req, req->offset + req->done);
-        rule = fault_fire(u->faults, FAULT_DELAY, req->fault_mask, req->file_index);
-        if (!rule)
+        if (!u->hooks->fault_cqe || !u->hooks->fault_cqe(u, req, res, &ms, u->hooks_userdata))
                 return false;
-        log_warning("Injected fault nvme-delay: the completion of a %s at offset %" PRIu64
-                    " of target %u is handed on %" PRIu64 " ms late.",
-                    req->op == URING_READ ? "read" : "write", req->offset + req->done, req->file_index, rule->ms);
         req->result = res;
-        req->delay_until = now_ns() + rule->ms * 1000000ull;
+        req->delay_until = now_ns() + ms * 1000000ull;
         /* in order of delay_until: before the first that is due later */
         {
                 List *pos = &u->delayed;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* uring.h: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch. */
+/* uring.h: the io_uring instance, its eventfd bridge to sd-event, CQE dispatch (tierd's and tierctl bench's). */
 #pragma once
 
 #include <stdbool.h>
@@ -7,10 +7,9 @@
 #include <sys/uio.h>
 #include <systemd/sd-event.h>
 
-#include "daemon/tiers/fairq.h"
-#include "daemon/base/list.h"
+#include "util/fairq.h"
+#include "util/list.h"
 
-typedef struct FaultSet FaultSet;
 typedef struct Uring Uring;
 typedef struct UringReq UringReq;
 
@@ -43,14 +42,33 @@ struct UringReq {
         unsigned retries;
         int result;             /* the final result, until the callback runs (or an injected fault's) */
         const char *job;        /* whose request (injected faults select by it); read by uring_queue() only */
-        uint32_t fault_mask;    /* the fault rules that may fire for it (fault.h), set by uring_queue() */
+        uint32_t fault_mask;    /* the fault rules that may fire for it (UringHooks.fault_mask), set by uring_queue() */
         uint64_t delay_until;   /* an injected FAULT_DELAY: CLOCK_MONOTONIC ns its completion is handed on */
         List link;              /* Uring.pending while waiting for an SQE; then the batch of completed ones */
 };
 
+/*
+ * What the ring's owner hears of, and (tests only) the faults it injects.
+ * Every member may be NULL; the fault_ ones are asked only when
+ * fault_submit is set.  Each gets the userdata of uring_set_hooks().
+ */
+typedef struct UringHooks {
+        /* io_uring_submit() failed with @error (not -EAGAIN, -EBUSY, -EINTR) with @ready SQEs: they are retried. */
+        void (*submit_failed)(Uring *u, int error, unsigned ready, void *userdata);
+        /* The mask of the rules that may fire for requests of job @job (UringReq.fault_mask). */
+        uint32_t (*fault_mask)(Uring *u, const char *job, void *userdata);
+        /* Before an attempt of @req goes to the ring: -errno fails it (completed as if by a CQE), 0 lets it go. */
+        int (*fault_submit)(Uring *u, const UringReq *req, void *userdata);
+        /* The bytes to submit of an attempt of @len bytes (@len: not cut short). */
+        unsigned (*fault_short)(Uring *u, const UringReq *req, unsigned len, void *userdata);
+        /* The CQE of an attempt came with @res: hold its completion back *@ret_ms ms?  (true: yes) */
+        bool (*fault_cqe)(Uring *u, const UringReq *req, int res, uint64_t *ret_ms, void *userdata);
+} UringHooks;
+
 /**
  * uring_new() - set up a ring of @depth entries and hook its completions
- * into @event through an eventfd source.
+ * into @event through an eventfd source.  Logs nothing: the caller says
+ * what failed.
  */
 int uring_new(sd_event *event, unsigned depth, Uring **ret);
 Uring *uring_free(Uring *u);
@@ -65,10 +83,12 @@ int uring_set_buffer(Uring *u, unsigned index, void *base, size_t len);
 void uring_set_fair_credit(Uring *u, uint64_t bytes);
 
 /*
- * Test only: inject the faults of @f (borrowed; NULL: none) into the
- * requests queued from now on (fault.h, TIERD_TEST_FAULTS).
+ * Hook @hooks (borrowed; NULL: none) into @u, with @userdata: injected
+ * faults apply to the requests queued from then on.
  */
-void uring_set_faults(Uring *u, FaultSet *f);
+void uring_set_hooks(Uring *u, const UringHooks *hooks, void *userdata);
+/* The fd of registered file @index (borrowed), or -EBADF. */
+int uring_file(const Uring *u, unsigned index);
 
 /* Pace submissions to file @file_index at @bytes_per_sec (0: unthrottled). */
 int uring_set_throttle(Uring *u, unsigned file_index, uint64_t bytes_per_sec);

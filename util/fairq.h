@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* fairq.h: start-time fair queuing tags, shared by the NVMe queue (uring.c) and the VRAM link (engine/xfer.c). */
+/* fairq.h: start-time fair queuing tags, for the NVMe queue (util/uring.c) and tierd's VRAM link (engine/xfer.c). */
 #pragma once
 
 #include <stdint.h>
 
-#include "daemon/base/list.h"
 #include "proto/macro.h"
+#include "util/list.h"
 
 /*
  * A flow: one job's requests on one link.  A request of @len bytes from a
