@@ -130,6 +130,14 @@ int client_hello(tier_client *c, const char *job, unsigned rank) {
         req.hello = &hello;
 
         r = transport_call(c, &req, &p);
+        if (r == -EPROTONOSUPPORT) {
+                /* tierd's words say why; a tierd before 1.0 did not say which side is newer */
+                char why[CLIENT_ERROR_MAX];
+
+                (void) snprintf(why, sizeof(why), "%s", c->last_error);
+                return client_error(c, r, "%s (this libtier speaks protocol version %u, libtier.so.%s)", why,
+                                    TIER_PROTOCOL_VERSION, TIERD_SOVERSION);
+        }
         if (r < 0)
                 return r;
         r = transport_expect(c, &p, TIER__RESPONSE__RESULT_HELLO, "hello");
@@ -137,8 +145,16 @@ int client_hello(tier_client *c, const char *job, unsigned rank) {
                 return r;
         hr = p.reply->response->hello;
 
-        if (hr->version != TIER_PROTOCOL_VERSION) {
-                r = client_error(c, -EPROTONOSUPPORT, "tierd speaks protocol version %u, libtier %u",
+        /* tierd answers in the client's version or refuses (libtier(3), COMPATIBILITY) */
+        if (hr->version < TIER_PROTOCOL_VERSION) {
+                r = client_error(c, -EPROTONOSUPPORT, "tierd speaks protocol version %u, older than this "
+                                 "libtier's %u: upgrade tierd, or use the libtier that came with it",
+                                 hr->version, TIER_PROTOCOL_VERSION);
+                goto finish;
+        }
+        if (hr->version > TIER_PROTOCOL_VERSION) {
+                r = client_error(c, -EPROTONOSUPPORT, "tierd answered in protocol version %u, newer than this "
+                                 "libtier's %u, instead of in the client's: upgrade libtier to tierd's",
                                  hr->version, TIER_PROTOCOL_VERSION);
                 goto finish;
         }

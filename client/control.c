@@ -380,6 +380,9 @@ _public_ int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const u
         if (!c || !total || total_set == 0 || (total_set & ~((1u << TIER_LEVEL_MAX) - 1)) ||
             (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP))
                 return -EINVAL;
+        if (!all_zero(total + TIER_LEVEL_MAX, (TIER_LEVEL_SLOTS - TIER_LEVEL_MAX) * sizeof(total[0])))
+                return client_error(c, -EINVAL, "total[] has unused level slots (past TIER_LEVEL_MAX) that "
+                                                "are not zero");
         for (int i = 0; i < TIER_LEVEL_MAX; i++)
                 totals[i] = total_set & (1u << i) ? total[i] : 0;
         q.job = (char *) "";

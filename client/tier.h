@@ -81,7 +81,7 @@ struct tier_stat {
  * tier_client_new() - connect to tierd and join (or create) a job.
  * @socket: socket path, or NULL for $TIER_SOCKET, else /run/tierd/tierd.sock
  * @job:    job name (1..max_name bytes of UTF-8, no control characters); NULL or "" for a control
- *          connection that may only ask for status
+ *          connection: status, quotas, job control and traces, but no tensors of its own
  * @rank:   this process's rank inside the job (informational)
  * @ret:    the new client
  *
@@ -101,6 +101,8 @@ tier_client *tier_client_free(tier_client *c);
 /*
  * Reason text for the last failed call on @c (the daemon's when it gave one),
  * or "".  With @c NULL: why the last tier_client_new() of this thread failed.
+ * A call refused for its own arguments (-EINVAL before any request) leaves
+ * the text as it was.
  */
 const char *tier_client_last_error(const tier_client *c);
 
@@ -161,8 +163,8 @@ int tier_client_moved(tier_client *c, uint64_t ret[TIER_LINK_SLOTS]);
 int tier_tensor_create(tier_client *c, const char *name, uint64_t size, tier_tensor **ret);
 /* Open an existing tensor of the job by name (e.g. made by another rank). */
 int tier_tensor_open(tier_client *c, const char *name, tier_tensor **ret);
-/* Destroy the tensor in tierd (it must not be pinned) and free the handle.
- * On failure the handle stays valid. */
+/* Destroy the tensor in tierd and free the handle; -EBUSY while it is pinned, has
+ * requests in flight or a plan names it.  On failure the handle stays valid. */
 int tier_tensor_destroy(tier_tensor *t);
 /* Free the local handle only; the tensor stays in tierd. */
 tier_tensor *tier_tensor_close(tier_tensor *t);
@@ -183,8 +185,8 @@ enum tier_access {
  * @mode: TIER_READ, TIER_WRITE or TIER_READ_WRITE.  TIER_WRITE alone
  * promises to overwrite the whole tensor before reading it: tierd reserves
  * the copy and does not bring the old bytes (no NVMe read for a tensor that
- * lives there); until written, they read as anything.  Unpin such a pin
- * dirty.  With the cuda VRAM backend a VRAM grant has ptr NULL and
+ * lives there); until written, they read as anything.  tierd counts the
+ * unpin of such a pin as dirty, whatever it says.  With the cuda VRAM backend a VRAM grant has ptr NULL and
  * device_ptr set: the first one loads the CUDA driver (libcuda.so.1, never
  * linked) and maps tierd's chunk on tierd's GPU; without a usable CUDA in
  * this process it fails with -ENODEV and the reason in
@@ -204,7 +206,10 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
 
 /*
  * Fences are numbered per connection: pass a fence only to the client that
- * returned it (another is -EINVAL).  Fence 0 is always done.
+ * returned it.  A number this client never handed out yet is -EINVAL; a
+ * lower one is read as this client's fence of that number (libtier cannot
+ * tell them apart).  Fence 0 is always done.  On a control connection
+ * there are no fences (-EOPNOTSUPP).
  *
  * 1 if @f is done, 0 if not, < 0 if it failed (the failure's status, e.g.
  * -EIO; tier_client_last_error() has tierd's reason).  Never makes a system
@@ -212,7 +217,9 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
  */
 int tier_fence_done(tier_client *c, tier_fence f);
 /* Wait for @f; @timeout_ms < 0 waits forever.  0 when done, -ETIMEDOUT on
- * timeout, the fence's status if it failed, -ECONNRESET if tierd went away. */
+ * timeout, the fence's status if it failed; when tierd goes away, the error
+ * that broke the connection (-ECONNRESET, -EPIPE, -ESHUTDOWN; -ERESTART
+ * with reconnecting on). */
 int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms);
 
 /*
@@ -293,7 +300,8 @@ int tier_plan_submit(tier_plan *p);
  * Enter phase @phase: what the previous phase used is released (written
  * tensors as dirty) and what @phase needs is pinned.  Costs a shared-memory
  * write and one eventfd write; waits only while tierd is still bringing
- * data.  Returns 0, or the plan's error.  The phase change comes before
+ * data.  Returns 0, the plan's error, -EINVAL without a plan or for a
+ * phase it lacks, or the connection's error (-ERESTART included).  The phase change comes before
  * every request this client sends after tier_phase_enter() returns: tierd handles
  * the marker first, so such a request (an evict of what only the previous
  * phase needed, say) never finds the previous phase's pins.
@@ -307,7 +315,7 @@ int tier_phase_enter(tier_client *c, unsigned phase);
 int tier_plan_end(tier_client *c);
 /* Where @t, pinned in @tier for the current phase, is mapped. */
 int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret);
-/* Seconds this client has waited in tier_phase_enter() so far. */
+/* Seconds this client has waited in tier_phase_enter() under its current plan (0 without one). */
 double tier_phase_stall(const tier_client *c);
 
 /* ---- quotas ------------------------------------------------------------------ */
@@ -378,7 +386,8 @@ struct tier_quota_total {
  * tier_quota_total_get() - the totals of @kind TIER_QUOTA_UID or
  * TIER_QUOTA_GROUP @id (read as tier_quota_get() reads).
  * tier_quota_total_set() - set the totals of the tiers in @total_set (bits
- * 1 << tier) to @total[tier] (0: none, which also lifts the uid_share),
+ * 1 << tier) to @total[tier] (0: none, which also lifts the uid_share;
+ * the slots past TIER_LEVEL_MAX must be 0),
  * kept across restarts like every quota; needs root or group tier-admin.
  * @ret (may be NULL): the totals afterwards.
  */

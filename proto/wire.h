@@ -5,10 +5,15 @@
 #include <stddef.h>
 
 /*
- * The version of tier.proto a Hello carries and a HelloReply answers with
- * (libtier's TIER_PROTOCOL_VERSION, checked by tests/unit/test-vocab.c).
+ * The version of tier.proto a Hello carries (libtier's TIER_PROTOCOL_VERSION,
+ * checked by tests/unit/test-vocab.c).  tierd serves every version from
+ * WIRE_PROTOCOL_MIN to WIRE_PROTOCOL_VERSION and answers in the client's;
+ * a new version only adds (fields, requests), and one that must take
+ * something away raises WIRE_PROTOCOL_MIN, which needs a new libtier
+ * soname.  Version 2 is what libtier.so.0 (0.1.0) and libtier.so.1 speak.
  */
 #define WIRE_PROTOCOL_VERSION 2
+#define WIRE_PROTOCOL_MIN 2
 
 /* Most fds one packet may carry; more is a protocol error. */
 #define WIRE_MAX_FDS 16

@@ -326,11 +326,17 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
 
         if (c->hello_done)
                 return conn_protocol_error(c, seq, -EPROTO, "Hello sent twice");
-        if (h->version != WIRE_PROTOCOL_VERSION) {
-                char msg[128];
+        if (h->version < WIRE_PROTOCOL_MIN || h->version > WIRE_PROTOCOL_VERSION) {
+                char msg[256];
 
-                snprintf(msg, sizeof(msg), "protocol version %u not supported (tierd speaks version %u)",
-                         h->version, WIRE_PROTOCOL_VERSION);
+                if (h->version < WIRE_PROTOCOL_MIN)
+                        snprintf(msg, sizeof(msg), "protocol version %u is older than this tierd serves (%u..%u): "
+                                 "rebuild the client against libtier.so.%s", h->version, WIRE_PROTOCOL_MIN,
+                                 WIRE_PROTOCOL_VERSION, TIERD_SOVERSION);
+                else
+                        snprintf(msg, sizeof(msg), "protocol version %u is newer than this tierd (it serves %u..%u, "
+                                 "tierd %s): upgrade tierd, or use the libtier that came with it", h->version,
+                                 WIRE_PROTOCOL_MIN, WIRE_PROTOCOL_VERSION, TIERD_VERSION);
                 log_info("Connection %" PRIu64 " (pid " PID_FMT "): %s", c->id, c->pid, msg);
                 return conn_protocol_error(c, seq, -EPROTONOSUPPORT, msg);
         }
@@ -344,7 +350,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         segment_size[LEVEL_NVME] = r->nvme->extent_size;
         lim.n_segment_size = TIERS;
         lim.segment_size = segment_size;
-        hr.version = WIRE_PROTOCOL_VERSION;
+        hr.version = h->version;       /* the client's: tierd speaks it */
         hr.limits = &lim;
         hr.vram_backend = (char *) r->vram->ops->name;
         hr.vram_device = r->vram->device;
