@@ -25,8 +25,10 @@ extern "C" {
  *
  * ABI (libtier.so.1, symbol version LIBTIER_1.0): names are
  * tier_OBJECT_VERB (client, tensor, fence, plan, phase, quota, job, trace,
- * level, link), except the data path on a tensor, tier_pin(), tier_unpin(),
- * tier_evict(), tier_prefetch() and their _async forms.  Output parameters
+ * level, link; a getter's verb is its noun: tier_tensor_size()), except the
+ * data path on a tensor, tier_pin(), tier_unpin(), tier_evict(),
+ * tier_prefetch() and their _async forms, and tier_strerror() after libc's
+ * strerror().  Output parameters
  * come last.  Every struct that crosses the ABI ends in reserved space and
  * sizes its per-tier and per-link arrays by TIER_LEVEL_SLOTS and
  * TIER_LINK_SLOTS, not by the levels and links in use today: a later 1.x
