@@ -100,6 +100,7 @@ struct tier_client {
         const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
         uint32_t fence_slot;
         tier_fence fence_max;           /* highest fence tierd has handed out */
+        uint64_t fence_tag;             /* in the top bits of every fence the caller sees (fence_out()) */
         uint64_t failed_base;           /* failed[slot] at the handshake */
         uint64_t failed_events;         /* FenceFailed events received since */
 
@@ -293,6 +294,16 @@ int tensor_check(const tier_tensor *t);
 
 /* Map the fence page tierd sent in HelloReply (@fd borrowed). */
 int fence_map_page(tier_client *c, int fd);
+/* Where a fence the caller sees carries its client's tag. */
+#define CLIENT_FENCE_TAG_SHIFT 48
+#define CLIENT_FENCE_TAG_MASK (UINT64_C(0xffff) << CLIENT_FENCE_TAG_SHIFT)
+/* A tag for a new client: 1..0xffff in the top bits, the process's clients in turn. */
+uint64_t fence_new_tag(void);
+/* The fence the caller sees for libtier's fence @f (0 stays 0). */
+tier_fence fence_out(const tier_client *c, tier_fence f);
+/* tier_fence_done() and tier_fence_wait() of an untagged fence. */
+int fence_done(tier_client *c, tier_fence f);
+int fence_wait(tier_client *c, tier_fence f, int timeout_ms);
 /* tierd handed out @f: tier_fence_done() accepts fences up to the highest seen. */
 void fence_saw(tier_client *c, tier_fence f);
 /* Remember that @fence failed with @status (< 0), as a FenceFailed event said. */

@@ -241,6 +241,7 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
                 return -ENOMEM;
         c->fd = -1;
         c->event_fd = -1;
+        c->fence_tag = fence_new_tag();
         c->plan_marker_fd = -1;
         c->max_message = CLIENT_DEFAULT_MAX_MESSAGE;
         c->control = !*job;

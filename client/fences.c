@@ -17,6 +17,12 @@
  * small ring of remembered failures, newest last; a fence older than the
  * ring's reach that failed reads as done.
  *
+ * The fences a caller sees carry the client's tag in their top 16 bits
+ * (fence_out()), unique among the clients of the process: a fence passed
+ * to another client than the one that returned it is refused (-EINVAL)
+ * rather than read as that client's fence of the same number.  Inside
+ * libtier fences are the untagged numbers.
+ *
  * A PinReply may carry the CUDA interprocess event of tierd's copy along
  * with its fence; the last few are kept in a second ring, so that
  * tier_fence_stream_wait() can make a CUDA stream wait for the copy instead of
@@ -28,6 +34,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <stdint.h>
+#include <sys/random.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -85,6 +92,37 @@ void fence_saw(tier_client *c, tier_fence f) {
         c->fence_max = MAX(c->fence_max, f);
 }
 
+uint64_t fence_new_tag(void) {
+        static uint32_t next;   /* the process's clients take tags in turn, from a random start */
+        uint32_t n = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+
+        if (n == 0) {
+                uint16_t seed = 0;
+
+                (void) !getrandom(&seed, sizeof(seed), GRND_NONBLOCK);
+                (void) __atomic_fetch_add(&next, (uint32_t) seed, __ATOMIC_RELAXED);
+                n = seed;
+        }
+        return ((uint64_t) (n % 0xffffu) + 1) << CLIENT_FENCE_TAG_SHIFT;
+}
+
+tier_fence fence_out(const tier_client *c, tier_fence f) {
+        return f ? f | c->fence_tag : 0;
+}
+
+/* The untagged number of the caller's fence @f in *@ret; -EINVAL if another client handed it out. */
+static int fence_in(tier_client *c, tier_fence f, tier_fence *ret) {
+        if (f == 0) {
+                *ret = 0;
+                return 0;
+        }
+        if ((f & CLIENT_FENCE_TAG_MASK) != c->fence_tag)
+                return client_error(c, -EINVAL, "fence %#" PRIx64 " was not handed out by this client "
+                                    "(fences are numbered per tier_client)", f);
+        *ret = f & ~CLIENT_FENCE_TAG_MASK;
+        return 0;
+}
+
 /* Remember tierd's copy event @handle (a PinReply's ipc_event) of @fence for tier_fence_stream_wait(). */
 void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIENT_CUDA_EVENT_SIZE]) {
         FenceEvent *fe = &c->fence_events[c->n_fence_events++ % CLIENT_FENCE_EVENTS];
@@ -93,12 +131,10 @@ void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIE
         memcpy(fe->handle, handle, CLIENT_CUDA_EVENT_SIZE);
 }
 
-_public_ int tier_fence_done(tier_client *c, tier_fence f) {
+int fence_done(tier_client *c, tier_fence f) {
         uint64_t done, failed;
         int r;
 
-        if (!c)
-                return -EINVAL;
         if (f == 0)
                 return 1;
         if (f > c->fence_max)
@@ -138,13 +174,11 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
         return c->broken < 0 ? c->broken : 0;
 }
 
-_public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
+int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
         uint64_t deadline = 0;
         int r;
 
-        if (!c)
-                return -EINVAL;
-        r = tier_fence_done(c, f);
+        r = fence_done(c, f);
         if (r != 0)
                 return r > 0 ? 0 : r;
         if (timeout_ms >= 0)
@@ -182,12 +216,12 @@ _public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                         r = transport_drain(c);
                         if (r < 0) {
                                 /* tierd gone: the fence may still have finished before it went. */
-                                int d = tier_fence_done(c, f);
+                                int d = fence_done(c, f);
                                 return d != 0 ? (d > 0 ? 0 : d) : client_reconnect(c, r);
                         }
                 }
 
-                r = tier_fence_done(c, f);
+                r = fence_done(c, f);
                 if (r != 0)
                         return r > 0 ? 0 : r;
         }
@@ -199,7 +233,10 @@ _public_ int tier_fence_stream_wait(tier_client *c, tier_fence f, void *stream) 
 
         if (!c)
                 return -EINVAL;
-        r = tier_fence_done(c, f);
+        r = fence_in(c, f, &f);
+        if (r < 0)
+                return r;
+        r = fence_done(c, f);
         if (r != 0)
                 return r > 0 ? 0 : r;
         /* newest first: a fence is in the ring once, unless it wrapped */
@@ -217,5 +254,23 @@ _public_ int tier_fence_stream_wait(tier_client *c, tier_fence f, void *stream) 
                 break;          /* the fence still tells when it is done */
         }
         /* no event for it (its copy was not queued when tierd answered): wait here */
-        return tier_fence_wait(c, f, -1);
+        return fence_wait(c, f, -1);
+}
+
+_public_ int tier_fence_done(tier_client *c, tier_fence f) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = fence_in(c, f, &f);
+        return r < 0 ? r : fence_done(c, f);
+}
+
+_public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
+        int r;
+
+        if (!c)
+                return -EINVAL;
+        r = fence_in(c, f, &f);
+        return r < 0 ? r : fence_wait(c, f, timeout_ms);
 }

@@ -340,7 +340,7 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
 
         /* A synchronous pin is answered when the data is there; wait anyway if tierd gave a fence. */
         if (!async && fence != 0) {
-                r = tier_fence_wait(c, fence, -1);
+                r = fence_wait(c, fence, -1);
                 if (r < 0)
                         goto unpin;
                 fence = 0;
@@ -348,7 +348,7 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
 
         *ret = g;
         if (ret_fence)
-                *ret_fence = fence;
+                *ret_fence = fence_out(c, fence);
         return 0;
 
 unpin: {
@@ -445,9 +445,9 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
         fence_saw(c, fence);
 
         if (!async) {
-                return fence != 0 ? tier_fence_wait(c, fence, -1) : 0;
+                return fence != 0 ? fence_wait(c, fence, -1) : 0;
         }
-        *ret_fence = fence;
+        *ret_fence = fence_out(c, fence);
         return 0;
 }
 

@@ -206,6 +206,38 @@ static void test_async_fences(void **state) {
                 assert_int_equal(((uint8_t *) g.ptr)[i], pattern(100, i));
         assert_int_equal(tier_unpin(t[0], TIER_VRAM, 0), 0);
 
+        /*
+         * A fence belongs to the client that handed it out: another client of the
+         * same job, with fences of the same numbers of its own, refuses it, and so
+         * does the client itself for the number without its tag.
+         */
+        {
+                tier_client *other = connect_job("fences");
+                tier_tensor *o;
+                tier_fence mine;
+
+                assert_int_equal(tier_tensor_open(other, "a1", &o), 0);
+                for (unsigned i = 0; i < 2 * N + 1; i++) {
+                        /* moves that must each do something, so that each has a fence */
+                        if (i % 2 == 0)
+                                assert_int_equal(tier_prefetch_async(o, TIER_HOST, &mine), 0);
+                        else
+                                assert_int_equal(tier_evict_async(o, TIER_NVME, &mine), 0);
+                        assert_int_equal(tier_fence_wait(other, mine, 10000), 0);
+                }
+                assert_true(mine != 0);
+                assert_int_equal(tier_fence_done(other, f[1]), -EINVAL);
+                assert_int_equal(tier_fence_wait(other, f[1], 0), -EINVAL);
+                assert_non_null(strstr(tier_client_last_error(other), "not handed out by this client"));
+                assert_int_equal(tier_fence_done(c, mine), -EINVAL);
+                assert_int_equal(tier_fence_done(c, f[1] & UINT64_C(0xffffffffffff)), -EINVAL);
+                assert_int_equal(tier_fence_done(c, f[1]), 1);
+                assert_int_equal(tier_fence_done(other, mine), 1);
+                assert_int_equal(tier_fence_done(other, 0), 1);
+                tier_tensor_close(o);
+                tier_client_free(other);
+        }
+
         for (unsigned i = 0; i < N; i++)
                 assert_int_equal(tier_tensor_destroy(t[i]), 0);
         tier_client_free(c);
