@@ -256,6 +256,8 @@ static pid_t fake_tierd(const char *path, FakeAnswer answer, uint32_t version, c
                 rep.kind_case = TIER__REPLY__KIND_RESPONSE;
                 rep.response = &resp;
                 len = tier__reply__pack(&rep, buf);
+                if (req)
+                        tier__request__free_unpacked(req, NULL);        /* valgrind runs this child too */
                 if (wire_send(fd, buf, len, NULL, 0) < 0)
                         _exit(1);
                 /* until the client closes */
