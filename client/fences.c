@@ -18,7 +18,8 @@
  * ring's reach that failed reads as done.
  *
  * The fences a caller sees carry the client's tag in their top 16 bits
- * (fence_out()), unique among the clients of the process: a fence passed
+ * (fence_out()), distinct among any 65535 clients made one after another
+ * in the process: a fence passed
  * to another client than the one that returned it is refused (-EINVAL)
  * rather than read as that client's fence of the same number.  Inside
  * libtier fences are the untagged numbers.
@@ -93,17 +94,21 @@ void fence_saw(tier_client *c, tier_fence f) {
 }
 
 uint64_t fence_new_tag(void) {
-        static uint32_t next;   /* the process's clients take tags in turn, from a random start */
-        uint32_t n = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        static uint32_t seed;   /* 1 + a random start, set once */
+        static uint32_t next;   /* the process's clients take tags in turn from there */
+        uint32_t s = __atomic_load_n(&seed, __ATOMIC_ACQUIRE), n;
 
-        if (n == 0) {
-                uint16_t seed = 0;
+        if (s == 0) {
+                uint16_t r = 0;
+                uint32_t expected = 0;
 
-                (void) !getrandom(&seed, sizeof(seed), GRND_NONBLOCK);
-                (void) __atomic_fetch_add(&next, (uint32_t) seed, __ATOMIC_RELAXED);
-                n = seed;
+                (void) !getrandom(&r, sizeof(r), GRND_NONBLOCK);
+                s = (uint32_t) r + 1;
+                if (!__atomic_compare_exchange_n(&seed, &expected, s, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                        s = expected;   /* another thread's came first */
         }
-        return ((uint64_t) (n % 0xffffu) + 1) << CLIENT_FENCE_TAG_SHIFT;
+        n = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
+        return ((uint64_t) ((s - 1 + n) % 0xffffu) + 1) << CLIENT_FENCE_TAG_SHIFT;
 }
 
 tier_fence fence_out(const tier_client *c, tier_fence f) {
@@ -138,10 +143,11 @@ int fence_done(tier_client *c, tier_fence f) {
         if (f == 0)
                 return 1;
         if (f > c->fence_max)
-                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection", f);
+                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection",
+                                    fence_out(c, f));
         if (f <= c->fence_floor)
                 return client_error(c, -ERESTART, "fence %" PRIu64 " was handed out before tierd restarted: what it "
-                                    "stood for may or may not have happened", f);
+                                    "stood for may or may not have happened", fence_out(c, f));
         f -= c->fence_offset;           /* tierd's number for it (reconnect.c) */
         if (c->n_failures > 0) {
                 r = fence_lookup_failure(c, f);
@@ -197,7 +203,7 @@ int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                         uint64_t now = now_ms();
                         if (now >= deadline)
                                 return client_error(c, -ETIMEDOUT, "fence %" PRIu64 " not done after %d ms",
-                                                    f, timeout_ms);
+                                                    fence_out(c, f), timeout_ms);
                         t = (int) MIN(deadline - now, (uint64_t) INT_MAX);
                 }
                 if (c->event_fd < 0)

@@ -28,6 +28,7 @@
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -329,6 +330,11 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
         fence = p.reply->response->pin->fence;
         if (fence)
                 fence += c->fence_offset;       /* numbered after the fences of before a restart */
+        if (fence & CLIENT_FENCE_TAG_MASK) {
+                packet_done(&p);
+                r = client_error(c, -EPROTO, "tierd's fence number %" PRIu64 " runs into the client's tag bits", fence);
+                goto unpin;
+        }
         if (fence && p.reply->response->pin->ipc_event.len == CLIENT_CUDA_EVENT_SIZE)
                 fence_add_event(c, fence, p.reply->response->pin->ipc_event.data);
         fence_saw(c, fence);
@@ -442,6 +448,9 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
         if (fence)
                 fence += c->fence_offset;       /* numbered after the fences of before a restart */
         packet_done(&p);
+        if (fence & CLIENT_FENCE_TAG_MASK)
+                return client_error(c, -EPROTO, "tierd's fence number %" PRIu64 " runs into the client's tag bits",
+                                    fence);
         fence_saw(c, fence);
 
         if (!async) {

@@ -209,8 +209,8 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
 /*
  * Fences are numbered per client, and each carries its client's tag in
  * its top 16 bits: one passed to another client than the one that
- * returned it, or never handed out, is -EINVAL.  Fence 0 is always done.
- * On a control connection there are no fences (-EOPNOTSUPP).
+ * returned it, or never handed out (a control connection hands out
+ * none), is -EINVAL.  Fence 0 is always done.
  *
  * 1 if @f is done, 0 if not, < 0 if it failed (the failure's status, e.g.
  * -EIO; tier_client_last_error() has tierd's reason).  Never makes a system

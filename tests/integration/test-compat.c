@@ -242,6 +242,7 @@ static pid_t fake_tierd(const char *path, FakeAnswer answer, uint32_t version, c
 
                 if (fd < 0 || wire_recv(fd, buf, sizeof(buf), &len, fds, &n_fds) < 0)
                         _exit(1);
+                wire_close_fds(fds, n_fds);
                 req = tier__request__unpack(NULL, len, buf);
                 ok = req && req->op_case == TIER__REQUEST__OP_HELLO && req->hello->version == TIER_PROTOCOL_VERSION;
                 resp.seq = req ? req->seq : 0;
