@@ -677,8 +677,6 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
         m->stopping = true;
         m->registry->stopping = true;  /* jobs no longer linger */
         m->drain_usec = timeout_usec;
-        (void) sd_notifyf(false, "STOPPING=1\nSTATUS=Stopping: %u transfer(s) in flight, %u connection(s)",
-                          n_xfers(m), n_conns(m));
 
         /*
          * Persistent state: the drive wear book is written by manager_free()
@@ -698,6 +696,13 @@ void manager_drain(Manager *m, uint64_t timeout_usec) {
                 sched_stop(m->sched);
         if (m->server)
                 server_stop(m->server, "tierd is stopping");
+        /*
+         * STOPPING=1 after the Event.shutdowns went out: whoever waits for it
+         * (the service manager, a test) finds every client told, unless a
+         * client's queue was backed up.
+         */
+        (void) sd_notifyf(false, "STOPPING=1\nSTATUS=Stopping: %u transfer(s) in flight, %u connection(s)",
+                          n_xfers(m), n_conns(m));
 
         if (drain_done(m)) {
                 (void) sd_event_exit(m->event, 0);

@@ -334,6 +334,8 @@ static int conn_read(Conn *c) {
                 tier__request__free_unpacked(req, NULL);
                 if (r < 0)
                         return r;
+                /* stopping, and this request let go of the last pin: no further request is read */
+                server_reap_conn(s, c);
         }
         return 0;
 }

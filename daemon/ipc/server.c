@@ -222,20 +222,21 @@ void server_stop(Server *s, const char *reason) {
         server_reap(s);
 }
 
+void server_reap_conn(Server *s, Conn *c) {
+        /*
+         * Read no more requests; write what is queued (the shutdown event
+         * last), then close, as after a protocol error: the connection's
+         * requests are cancelled and its pins dropped.  One that holds
+         * what its client may be writing through is served on (the
+         * requests it may make while stopping: rpc.c) until it lets go.
+         */
+        if (s->stopping && !c->closing && !(s->ops && s->ops->holds && s->ops->holds(s->userdata, c)))
+                conn_shutdown(c);
+}
+
 void server_reap(Server *s) {
         if (!s->stopping)
                 return;
-        list_for_each_safe(n, tmp, &s->conns) {
-                Conn *c = list_entry(n, Conn, link);
-
-                /*
-                 * Read no more requests; write what is queued (the shutdown event
-                 * last), then close, as after a protocol error: the connection's
-                 * requests are cancelled and its pins dropped.  One that holds
-                 * what its client may be writing through is served on (the
-                 * requests it may make while stopping: rpc.c) until it lets go.
-                 */
-                if (!c->closing && !(s->ops->holds && s->ops->holds(s->userdata, c)))
-                        conn_shutdown(c);
-        }
+        list_for_each_safe(n, tmp, &s->conns)
+                server_reap_conn(s, list_entry(n, Conn, link));
 }

@@ -76,3 +76,9 @@ unsigned server_count_uid(const Server *s, uid_t uid, const Conn *except);
 void server_stop(Server *s, const char *reason);
 /* While stopping: close the connections that hold nothing any more. */
 void server_reap(Server *s);
+/*
+ * server_reap() of one connection: after each request it dispatches while
+ * stopping (conn.c), so that a client that has just let go has the
+ * connection closed before any request it sends next is read.
+ */
+void server_reap_conn(Server *s, Conn *c);

@@ -174,7 +174,7 @@ static void phase_client(Turns *t) {
                 /* tierd is stopping, and waits for this phase: its memory is still tierd's */
                 memset((uint8_t *) g.ptr + g.length / 2, 0x11, g.length - g.length / 2);
                 r = tier_phase_enter(c, 1);
-                printf("client: tier_phase_enter() after the stop: %s\n", tier_client_last_error(c));
+                fprintf(stderr, "client: tier_phase_enter() after the stop: %d: %s\n", r, tier_client_last_error(c));
                 CHECK(r == -ERESTART);
                 CHECK(tier_client_restarts(c) == 1);
                 /* the plan went with the old tierd: phases fail until it is submitted again */
@@ -205,6 +205,7 @@ static void pin_client(Turns *t) {
         tier_tensor *a = NULL;
         struct tier_stat st;
         struct tier_grant g;
+        int r;
 
         CHECK(tier_client_new(d.socket, "pin", 0, &c) == 0);
         CHECK(tier_client_set_reconnect(c, RECONNECT_MS) == 0);
@@ -216,7 +217,10 @@ static void pin_client(Turns *t) {
         memset((uint8_t *) g.ptr + g.length / 2, 0x22, g.length - g.length / 2);
         CHECK(tier_unpin(a, TIER_HOST, 1) == 0);        /* still sent */
         /* tierd closed the connection once the pin went; this call waits for the next tierd */
-        CHECK(tier_tensor_stat(a, &st) == -ERESTART);
+        r = tier_tensor_stat(a, &st);
+        if (r != -ERESTART)
+                fprintf(stderr, "client: stat after the stop: %d %s: %s\n", r, tier_strerror(r), tier_client_last_error(c));
+        CHECK(r == -ERESTART);
         CHECK(tier_tensor_stat(a, &st) == 0);
         CHECK(tier_pin(a, TIER_HOST, TIER_READ, &g) == 0);
         CHECK(all(g.ptr, g.length, 0x22));
