@@ -666,3 +666,22 @@ char *test_daemon_tierctl_json(const TestDaemon *d) {
         out[len] = 0;
         return TAKE_PTR(out);
 }
+
+int test_raw_connect(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        strcpy(sa.sun_path, path);
+        if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0) {
+                int r = -errno;
+
+                close(fd);
+                return r;
+        }
+        return fd;
+}

@@ -116,6 +116,9 @@ const char *test_notify_field(const char *text, const char *key, char *buf, size
  * Returns the exit status, 128 + signal, or -1 (then it was SIGKILLed).
  */
 int test_daemon_kill(TestDaemon *d, int sig, int timeout_ms);
+
+/* A connection to tierd's socket @path that has said nothing yet (raw packets follow): the fd, or -errno. */
+int test_raw_connect(const char *path);
 /*
  * test_daemon_stop() - SIGTERM, wait up to 10 s, print the log unless the
  * exit status is 0, then test_daemon_cleanup().  Returns what
