@@ -17,7 +17,8 @@
  *   - host gets a copy from VRAM (link, VRAM -> host) when VRAM holds it,
  *     else from NVMe (NVMe read);
  *   - VRAM gets a copy only from host (link, host -> VRAM), and only for a
- *     VRAM access (tierd never parks a tensor in VRAM); a tensor that is
+ *     VRAM access or ahead of one (tierd prefetches into VRAM what a VRAM
+ *     access reads next, but never parks a tensor there); a tensor that is
  *     only on NVMe is staged: NVMe -> host, then host -> VRAM, and the
  *     staged host copy may be dropped at once (it is not the sole copy);
  *   - NVMe gets a copy only from host (NVMe write);
@@ -45,8 +46,15 @@
  * start repeats: the bytes per step are then the mean over that cycle,
  * exactly the steady state of this schedule.
  *
+ * With CB_RULE_UPSTAGE a schedule also moves host copies up ahead of
+ * their VRAM reads while VRAM has room: the host room they leave is what
+ * the optimizer phases of a training plan need, when the parameters they
+ * updated wait in host for the forward pass (8 of 24 NVMe transfers a step
+ * of the 8-layer plan held two phases at a time).
+ *
  * capbound_min() is the smallest over rules (Belady's farthest next use,
- * next use over cost, free drops first, cheapest first), once weighting only NVMe bytes and
+ * next use over cost, free drops first, cheapest first; each with and
+ * without upstaging), once weighting only NVMe bytes and
  * once only link bytes: each minimum separately, since
  * max(compute, N/bw_n, L/bw_l) is a lower bound when N and L are each the
  * least any schedule needs.  Each figure is the cost of a schedule the model
@@ -65,13 +73,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench/capbound.h"
+#include "bench/capbound-internal.h"
 #include "proto/macro.h"
-
-/* Copy bits of a tensor's state. */
-#define B_VRAM 1u
-#define B_HOST 2u
-#define B_NVME 4u
 
 typedef struct Occ {
         size_t phase;
@@ -84,6 +87,8 @@ typedef struct Sim {
         CbRule rule;
         bool inclusive;                 /* CB_RULE_INCLUSIVE */
         bool held2;                     /* CB_RULE_HELD2 */
+        bool upstage;                   /* CB_RULE_UPSTAGE */
+        uint8_t *tried;                 /* scratch of upstage(), per tensor */
         double w_nvme, w_link;
         uint8_t *st;                    /* B_* per tensor */
         uint8_t *seen;                  /* scratch, per tensor */
@@ -95,7 +100,7 @@ typedef struct Sim {
         CbBytes *acc;                   /* the step's bytes */
 } Sim;
 
-static int plan_check(const CbPlan *p) {
+int cb_plan_check(const CbPlan *p) {
         if (!p || !p->size || !p->start || (!p->acc && p->n_phases > 0) || p->n_phases == 0)
                 return -EINVAL;
         if (p->n_tensors == 0 || p->n_tensors > CB_MAX_TENSORS || p->start[0] != 0)
@@ -128,10 +133,6 @@ static int plan_fits(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap) {
                         return -E2BIG;
         }
         return 0;
-}
-
-static uint8_t tier_bit(unsigned tier) {
-        return tier == CB_VRAM ? B_VRAM : B_HOST;
 }
 
 /*
@@ -362,6 +363,88 @@ static bool holds_ahead(const CbPlan *p, size_t k, size_t nx, size_t i) {
         return true;
 }
 
+/* The first access of @t at or after the current phase (cyclic), or NULL when it has none. */
+static const Occ *next_access(const Sim *s, uint32_t t) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], first = lo;
+
+        if (lo == hi)
+                return NULL;
+        while (first < hi && s->occ[first].phase < s->phase)
+                first++;
+        return &s->occ[first < hi ? first : lo];
+}
+
+/* Distance in phases from the current one to @o (cyclic, 0 for the current phase). */
+static double occ_distance(const Sim *s, const Occ *o) {
+        return (double) ((o->phase + s->p->n_phases - s->phase) % s->p->n_phases);
+}
+
+/*
+ * CB_RULE_UPSTAGE: move host copies whose next access reads them in VRAM up
+ * now, nearest first, while VRAM has room or copies free to drop that are
+ * needed later; each leaves host.  Nothing pinned moves or goes.
+ */
+static void upstage(Sim *s) {
+        const CbPlan *p = s->p;
+
+        for (;;) {
+                long pick = -1;
+                double pick_d = INFINITY;
+
+                for (uint32_t t = 0; t < p->n_tensors; t++) {
+                        const Occ *o;
+
+                        if ((s->st[t] & (B_HOST | B_VRAM)) != B_HOST || s->pin[CB_HOST][t] == s->serial ||
+                            s->tried[t])
+                                continue;
+                        o = next_access(s, t);
+                        if (!o || o->tier != CB_VRAM || !(o->mode & CB_READ) || occ_distance(s, o) == 0)
+                                continue;
+                        if (occ_distance(s, o) < pick_d) {
+                                pick = t;
+                                pick_d = occ_distance(s, o);
+                        }
+                }
+                if (pick < 0)
+                        return;
+                s->tried[pick] = 1;     /* considered once per phase */
+                /* room: drop free VRAM copies needed later than it, the farthest first */
+                while (s->used[CB_VRAM] + p->size[pick] > s->cap[CB_VRAM]) {
+                        long v = -1;
+                        double vd = 0;
+
+                        for (uint32_t u = 0; u < p->n_tensors; u++) {
+                                bool dead;
+                                double d;
+
+                                if (!(s->st[u] & B_VRAM) || s->pin[CB_VRAM][u] == s->serial)
+                                        continue;
+                                d = next_use(s, u, CB_VRAM, &dead);
+                                if (!dead && !(s->st[u] & (B_HOST | B_NVME)))
+                                        continue;       /* the sole copy: leaving costs a drain */
+                                if (!dead && d <= pick_d)
+                                        continue;
+                                if (dead)
+                                        d = INFINITY;
+                                if (v < 0 || d > vd) {
+                                        v = u;
+                                        vd = d;
+                                }
+                        }
+                        if (v < 0)
+                                break;
+                        s->st[v] &= (uint8_t) ~B_VRAM;
+                        s->used[CB_VRAM] -= p->size[v];
+                }
+                if (s->used[CB_VRAM] + p->size[pick] > s->cap[CB_VRAM])
+                        continue;
+                s->acc->link_up += (double) p->size[pick];
+                s->st[pick] = (uint8_t) ((s->st[pick] & ~B_HOST) | B_VRAM);
+                s->used[CB_HOST] -= p->size[pick];
+                s->used[CB_VRAM] += p->size[pick];
+        }
+}
+
 static int run_phase(Sim *s, size_t k) {
         const CbPlan *p = s->p;
         size_t nx = (k + 1) % p->n_phases;
@@ -375,6 +458,10 @@ static int run_phase(Sim *s, size_t k) {
                 for (size_t i = p->start[nx]; i < p->start[nx + 1]; i++)
                         if (holds_ahead(p, k, nx, i))
                                 s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
+        if (s->upstage) {
+                memset(s->tried, 0, p->n_tensors);
+                upstage(s);
+        }
         /*
          * Every copy the phase needs first (a staged copy or a host source
          * is still there), and with two phases held the next one's, then
@@ -437,18 +524,19 @@ static int occ_build(Sim *s) {
 
 int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
                       double w_link, unsigned max_steps, CbBytes *ret) {
-        Sim s = { .p = p, .cap = { vram_cap, host_cap }, .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2),
-                  .inclusive = rule & CB_RULE_INCLUSIVE, .held2 = rule & CB_RULE_HELD2, .w_nvme = w_nvme,
-                  .w_link = w_link };
+        Sim s = { .p = p, .cap = { vram_cap, host_cap },
+                  .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE),
+                  .inclusive = rule & CB_RULE_INCLUSIVE, .held2 = rule & CB_RULE_HELD2,
+                  .upstage = rule & CB_RULE_UPSTAGE, .w_nvme = w_nvme, .w_link = w_link };
         _cleanup_free_ uint8_t *hist = NULL;
         _cleanup_free_ CbBytes *steps = NULL;
         size_t n;
         int r;
 
-        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | 0xf)) || max_steps < 2 ||
+        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE | 0xf)) || max_steps < 2 ||
             !(w_nvme >= 0) || !(w_link >= 0))
                 return -EINVAL;
-        r = plan_check(p);
+        r = cb_plan_check(p);
         if (r < 0)
                 return r;
         r = plan_fits(p, vram_cap, host_cap);
@@ -459,9 +547,10 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
         steps = calloc(max_steps, sizeof(CbBytes));
         s.st = malloc(n);
         s.seen = malloc(n);
+        s.tried = malloc(n);
         s.pin[0] = calloc(n, sizeof(size_t));
         s.pin[1] = calloc(n, sizeof(size_t));
-        if (!hist || !steps || !s.st || !s.seen || !s.pin[0] || !s.pin[1]) {
+        if (!hist || !steps || !s.st || !s.seen || !s.tried || !s.pin[0] || !s.pin[1]) {
                 r = -ENOMEM;
                 goto finish;
         }
@@ -510,6 +599,7 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
 finish:
         free(s.st);
         free(s.seen);
+        free(s.tried);
         free(s.pin[0]);
         free(s.pin[1]);
         free(s.occ);
@@ -531,9 +621,10 @@ int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, uns
 
         if (held != 1 && held != 2)
                 return -EINVAL;
-        for (unsigned rule = 0; rule < 2 * CB_RULES; rule++)
+        for (unsigned rule = 0; rule < 4 * CB_RULES; rule++)
                 for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
-                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule >= CB_RULES ? CB_RULE_INCLUSIVE : 0) |
+                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule / CB_RULES % 2 ? CB_RULE_INCLUSIVE : 0) |
+                                              (rule / CB_RULES / 2 ? CB_RULE_UPSTAGE : 0) |
                                               (held == 2 ? CB_RULE_HELD2 : 0));
                         CbBytes b;
                         int r = capbound_simulate(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1],
@@ -580,7 +671,7 @@ int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbByte
 
         if (!ret)
                 return -EINVAL;
-        r = plan_check(p);
+        r = cb_plan_check(p);
         if (r < 0)
                 return r;
         r = occ_build(&s);
@@ -708,7 +799,7 @@ int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const d
 
         if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
                 return -EINVAL;
-        r = plan_check(p);
+        r = cb_plan_check(p);
         if (r < 0)
                 return r;
         if ((double) n * (double) p->start[n] > 1e8)
@@ -789,197 +880,4 @@ finish:
         free(s.occ);
         free(s.occ_start);
         return r;
-}
-
-/* ---- exhaustive search (tiny plans) ----------------------------------------------- */
-
-/*
- * cost[a][b]: the least bytes of the resource counted (link or NVMe) that
- * turn copy set a into a superset of b (extra copies are dropped for free),
- * per byte of the tensor; INFINITY when b cannot be reached (no copy to
- * start from).  Edges: host from VRAM (link) or NVMe (NVMe), VRAM from host
- * (link), NVMe from host (NVMe), as tierd moves them: host reads VRAM's
- * copy when there is one, NVMe gets only a host copy that VRAM does not
- * also hold (a drain or clean of a sole copy), and without @host_access
- * (the phase does not read the tensor in host) host gets a copy from VRAM
- * only when it is the sole one (a drain: tierd drops a clean VRAM copy, it
- * never demotes it).
- */
-static void exact_costs(int what, bool host_access, double cost[8][8]) {
-        double lk = what == 1 ? 1 : 0, nv = what == 0 ? 1 : 0;
-
-        for (unsigned a = 0; a < 8; a++)
-                for (unsigned b = 0; b < 8; b++) {
-                        /* the VRAM copy goes in this move: host and NVMe may take it as the sole one */
-                        bool leaving = !(b & B_VRAM);
-                        double dist[8];
-                        bool done[8] = {};
-
-                        for (unsigned x = 0; x < 8; x++)
-                                dist[x] = INFINITY;
-                        dist[a] = 0;
-                        for (;;) {
-                                int u = -1;
-
-                                for (unsigned x = 0; x < 8; x++)
-                                        if (!done[x] && isfinite(dist[x]) && (u < 0 || dist[x] < dist[u]))
-                                                u = (int) x;
-                                if (u < 0)
-                                        break;
-                                done[u] = true;
-                                if ((u & B_VRAM) && (host_access || !(u & B_NVME)))
-                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + lk);
-                                /* tierd reads VRAM's copy when there is one */
-                                if ((u & B_NVME) && !(u & B_VRAM))
-                                        dist[u | B_HOST] = fmin(dist[u | B_HOST], dist[u] + nv);
-                                if (u & B_HOST) {
-                                        dist[u | B_VRAM] = fmin(dist[u | B_VRAM], dist[u] + lk);
-                                        /* tierd writes down only a sole copy */
-                                        if (!(u & B_VRAM) || leaving)
-                                                dist[u | B_NVME] = fmin(dist[u | B_NVME], dist[u] + nv);
-                                }
-                        }
-                        cost[a][b] = INFINITY;
-                        for (unsigned x = 0; x < 8; x++)
-                                if ((x & b) == b)
-                                        cost[a][b] = fmin(cost[a][b], dist[x]);
-                }
-}
-
-int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int what, unsigned steps, double *ret) {
-        double cost[2][8][8];
-        _cleanup_free_ double *d = NULL, *nd = NULL, *total = NULL;
-        size_t n, n_states;
-        int r;
-
-        if (!ret || (what != 0 && what != 1) || steps < 4)
-                return -EINVAL;
-        r = plan_check(p);
-        if (r < 0)
-                return r;
-        if (p->n_tensors > 3)
-                return -E2BIG;
-        n = p->n_tensors;
-        n_states = (size_t) 1 << (3 * n);
-        exact_costs(what, false, cost[0]);
-        exact_costs(what, true, cost[1]);
-        d = malloc(n_states * sizeof(double));
-        nd = malloc(n_states * sizeof(double));
-        total = calloc(steps + 1, sizeof(double));
-        if (!d || !nd || !total)
-                return -ENOMEM;
-        for (size_t x = 0; x < n_states; x++)
-                d[x] = INFINITY;
-        {
-                size_t init = 0;
-
-                for (size_t t = 0; t < n; t++)
-                        init |= (size_t) B_NVME << (3 * t);
-                d[init] = 0;
-        }
-        for (unsigned step = 0; step < steps; step++) {
-                for (size_t k = 0; k < p->n_phases; k++) {
-                        for (size_t y = 0; y < n_states; y++)
-                                nd[y] = INFINITY;
-                        for (size_t y = 0; y < n_states; y++) {
-                                uint64_t use[2] = { 0, 0 };
-                                bool ok = true;
-
-                                /* y: the copies during phase k; within capacity, and holding what it needs */
-                                for (size_t t = 0; t < n; t++) {
-                                        unsigned bits = (y >> (3 * t)) & 7;
-
-                                        if (bits & B_VRAM)
-                                                use[0] += p->size[t];
-                                        if (bits & B_HOST)
-                                                use[1] += p->size[t];
-                                }
-                                if (use[0] > vram_cap || use[1] > host_cap)
-                                        continue;
-                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
-                                        if (!(((y >> (3 * p->acc[i].tensor)) & 7) & tier_bit(p->acc[i].tier)))
-                                                ok = false;
-                                if (!ok)
-                                        continue;
-                                for (size_t x = 0; x < n_states; x++) {
-                                        double c = d[x];
-
-                                        if (!isfinite(c))
-                                                continue;
-                                        for (size_t t = 0; t < n && isfinite(c); t++) {
-                                                unsigned a = (x >> (3 * t)) & 7, b = (y >> (3 * t)) & 7;
-                                                uint8_t wonly = 0, need = 0, vram_use = 0, host_use = 0;
-
-                                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
-                                                        if (p->acc[i].tensor == t) {
-                                                                if (p->acc[i].tier == CB_VRAM)
-                                                                        vram_use = 1;
-                                                                else if (p->acc[i].mode & CB_READ)
-                                                                        host_use = 1;
-                                                                if (p->acc[i].mode == CB_WRITE)
-                                                                        wonly |= tier_bit(p->acc[i].tier);
-                                                                else
-                                                                        need |= tier_bit(p->acc[i].tier);
-                                                        }
-                                                /* a current NVMe copy stays (tierd frees it only when stale) */
-                                                if ((a & B_NVME) && !(b & B_NVME)) {
-                                                        c = INFINITY;
-                                                        break;
-                                                }
-                                                /* tierd brings a copy to VRAM only for a VRAM access */
-                                                if ((b & B_VRAM) && !(a & B_VRAM) && !vram_use) {
-                                                        c = INFINITY;
-                                                        break;
-                                                }
-                                                /* a write-only place costs nothing and needs no bytes */
-                                                wonly &= (uint8_t) ~need;
-                                                b &= ~(unsigned) wonly;
-                                                if (b)
-                                                        c += cost[host_use][a][b] * (double) p->size[t];
-                                        }
-                                        if (c < nd[y])
-                                                nd[y] = c;
-                                }
-                        }
-                        /* the phase's writes */
-                        for (size_t y = 0; y < n_states; y++)
-                                d[y] = INFINITY;
-                        for (size_t y = 0; y < n_states; y++) {
-                                size_t z = y;
-
-                                if (!isfinite(nd[y]))
-                                        continue;
-                                for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
-                                        if (p->acc[i].mode & CB_WRITE) {
-                                                size_t sh = 3 * p->acc[i].tensor;
-
-                                                z = (z & ~((size_t) 7 << sh)) | ((size_t) tier_bit(p->acc[i].tier) << sh);
-                                        }
-                                if (nd[y] < d[z])
-                                        d[z] = nd[y];
-                        }
-                }
-                total[step + 1] = INFINITY;
-                for (size_t y = 0; y < n_states; y++)
-                        total[step + 1] = fmin(total[step + 1], d[y]);
-                if (!isfinite(total[step + 1]))
-                        return -E2BIG;
-        }
-        /* the increments settle into a cycle: its mean, else the mean of the second half */
-        for (unsigned per = 1; per <= steps / 4; per++) {
-                bool same = true;
-
-                for (unsigned k = steps - per; k > steps - 2 * per; k--)
-                        if (total[k + 1] - total[k] != total[k + 1 - per] - total[k - per])
-                                same = false;
-                for (unsigned k = steps; k > steps / 2 + per; k--)
-                        if (total[k] - total[k - 1] != total[k - per] - total[k - per - 1])
-                                same = false;
-                if (same) {
-                        *ret = (total[steps] - total[steps - per]) / (double) per;
-                        return 0;
-                }
-        }
-        *ret = (total[steps] - total[steps / 2]) / (double) (steps - steps / 2);
-        return 0;
 }

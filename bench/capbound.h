@@ -60,6 +60,14 @@ typedef enum CbRule {
          * in), except a read in one tier of what phase k writes in another
          */
         CB_RULE_HELD2 = 0x20,
+        /*
+         * or'ed in: at the start of every phase a host copy whose next access is a
+         * VRAM read moves up (the nearest first) when VRAM has room, after dropping
+         * there what is free to drop (not the sole copy, or dead) and needed later
+         * than it; the host copy goes (tierd's prefetch into VRAM ahead of a VRAM
+         * access; the host copy is then the first victim there)
+         */
+        CB_RULE_UPSTAGE = 0x40,
 } CbRule;
 
 /*
