@@ -41,6 +41,7 @@
 #include <systemd/sd-event.h>
 #include <unistd.h>
 
+#include "daemon/base/level.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
 #include "daemon/sched/plan.h"
@@ -600,6 +601,47 @@ void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
                                 op->internal = true;    /* no client waits: freeing the tensor cancels it */
                 }
         }
+}
+
+/* Append to @buf (@size bytes, *@len used) what fits of @fmt; "..." ends it once it is full. */
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...) _printf_(4, 5);
+static void append(char *buf, size_t size, size_t *len, const char *fmt, ...) {
+        va_list ap;
+        int n;
+
+        if (*len + 4 >= size)
+                return;
+        va_start(ap, fmt);
+        n = vsnprintf(buf + *len, size - 4 - *len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+                return;
+        if ((size_t) n >= size - 4 - *len) {
+                *len = size - 4;
+                memcpy(buf + *len, "...", 4);
+                *len = size - 1;
+                return;
+        }
+        *len += (size_t) n;
+}
+
+void plan_log_residency(const Plan *p) {
+        char buf[1024] = "";
+        size_t len = 0;
+
+        if (log_get_level() < LOG_DEBUG)
+                return;
+        for (int tier = LEVEL_VRAM; tier < TIERS; tier++) {
+                append(buf, sizeof(buf), &len, " %s:", level_to_string(tier));
+                for (uint32_t i = 0; i < p->n_slots; i++) {
+                        const Tensor *t = p->slots[i];
+
+                        if (t && copy_valid(t, tier))
+                                append(buf, sizeof(buf), &len, " %s%s", t->name,
+                                       tier != LEVEL_NVME && copy_is_sole(t, tier) ? "*" : "");
+                }
+        }
+        log_debug("sched: job '%s' phase %u starts with%s", p->job->name, plan_cur(p), buf);
 }
 
 /*

@@ -193,6 +193,12 @@ uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, boo
 void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase);
 /* After @done_phase, drop the copies of its tensors whose next planned access overwrites them whole. */
 void plan_drop_dead(Plan *p, uint32_t done_phase);
+/*
+ * At debug level: which of the plan's tensors have a current copy in each
+ * tier as its phase starts ('*': the only current copy), on one line of at
+ * most 1 KiB.
+ */
+void plan_log_residency(const Plan *p);
 void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase);
 void plan_set_error(Plan *p, int error, const char *what);
 void plan_slot_publish(Plan *p, Tensor *t, int tier);

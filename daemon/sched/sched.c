@@ -416,6 +416,7 @@ static void plan_consume_marker(Plan *p) {
         p->cur_mark_ns = mark;
         if (done != UINT32_MAX && policy(s) == SCHED_POLICY_TIMELINE)
                 plan_drop_dead(p, done);
+        plan_log_residency(p);
         s->epoch++;
         engine_kick(s->engine);
 }
