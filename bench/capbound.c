@@ -363,20 +363,19 @@ static bool holds_ahead(const CbPlan *p, size_t k, size_t nx, size_t i) {
         return true;
 }
 
-/* The first access of @t at or after the current phase (cyclic), or NULL when it has none. */
-static const Occ *next_access(const Sim *s, uint32_t t) {
-        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], first = lo;
+/* The first access of @t after phase @k (cyclic; at most one step on), or NULL when it has none. */
+static const Occ *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1];
 
         if (lo == hi)
                 return NULL;
-        while (first < hi && s->occ[first].phase < s->phase)
-                first++;
-        return &s->occ[first < hi ? first : lo];
-}
-
-/* Distance in phases from the current one to @o (cyclic, 0 for the current phase). */
-static double occ_distance(const Sim *s, const Occ *o) {
-        return (double) ((o->phase + s->p->n_phases - s->phase) % s->p->n_phases);
+        for (size_t i = lo; i < hi; i++)
+                if (s->occ[i].phase > k) {
+                        *ret_dist = s->occ[i].phase - k;
+                        return &s->occ[i];
+                }
+        *ret_dist = s->occ[lo].phase + s->p->n_phases - k;
+        return &s->occ[lo];
 }
 
 /*
@@ -393,16 +392,18 @@ static void upstage(Sim *s) {
 
                 for (uint32_t t = 0; t < p->n_tensors; t++) {
                         const Occ *o;
+                        size_t d;
 
                         if ((s->st[t] & (B_HOST | B_VRAM)) != B_HOST || s->pin[CB_HOST][t] == s->serial ||
                             s->tried[t])
                                 continue;
-                        o = next_access(s, t);
-                        if (!o || o->tier != CB_VRAM || !(o->mode & CB_READ) || occ_distance(s, o) == 0)
+                        /* the first access at or after the current phase, d - 1 phases on */
+                        o = next_after(s, t, (s->phase + p->n_phases - 1) % p->n_phases, &d);
+                        if (!o || o->tier != CB_VRAM || !(o->mode & CB_READ) || d <= 1)
                                 continue;
-                        if (occ_distance(s, o) < pick_d) {
+                        if ((double) (d - 1) < pick_d) {
                                 pick = t;
-                                pick_d = occ_distance(s, o);
+                                pick_d = (double) (d - 1);
                         }
                 }
                 if (pick < 0)
@@ -647,21 +648,6 @@ int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, uns
 }
 
 /* ---- the proven floor ----------------------------------------------------------- */
-
-/* The first access of @t after phase @k (cyclic; at most one step on), or NULL when it has none. */
-static const Occ *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
-        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1];
-
-        if (lo == hi)
-                return NULL;
-        for (size_t i = lo; i < hi; i++)
-                if (s->occ[i].phase > k) {
-                        *ret_dist = s->occ[i].phase - k;
-                        return &s->occ[i];
-                }
-        *ret_dist = s->occ[lo].phase + s->p->n_phases - k;
-        return &s->occ[lo];
-}
 
 int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes *ret) {
         Sim s = { .p = p };

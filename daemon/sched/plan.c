@@ -617,8 +617,7 @@ static void append(char *buf, size_t size, size_t *len, const char *fmt, ...) {
         if (n < 0)
                 return;
         if ((size_t) n >= size - 4 - *len) {
-                *len = size - 4;
-                memcpy(buf + *len, "...", 4);
+                memcpy(buf + size - 4, "...", 4);       /* and full: nothing more is appended */
                 *len = size - 1;
                 return;
         }
