@@ -116,6 +116,30 @@ static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTim
         return tb->step_s;
 }
 
+/*
+ * A step a planned schedule of the model reaches (capbound_planned()), @held phases held at
+ * a time, each of @n_jobs jobs with its share of the NVMe bandwidth: NAN (logged) when none.
+ */
+static double plan_planned(const Args *a, uint64_t vram, uint64_t host, unsigned held, double n_jobs,
+                           CbPlanned *pl) {
+        CbPlan cb = tl_plan_cb(a->plan);
+        _cleanup_free_ double *compute = calloc(a->plan->n_phases, sizeof(double));
+        int r;
+
+        *pl = (CbPlanned) { .step_s = NAN };
+        if (!compute)
+                return NAN;
+        for (size_t k = 0; k < a->plan->n_phases; k++)
+                compute[k] = phase_compute_s(a, k);
+        r = capbound_planned(&cb, vram, host, held, compute, (double) a->nvme_bw * (double) a->targets / n_jobs,
+                             (double) a->link_bw / n_jobs, a->planned_tries, pl);
+        if (r < 0) {
+                bench_log("no planned schedule (%u phases held): %s", held, strerror(-r));
+                *pl = (CbPlanned) { .step_s = NAN };
+        }
+        return pl->step_s;
+}
+
 /* Fewest NVMe bytes per step when two phases are held at a time, as tierd's timeline policy does. */
 static int plan_held_bytes(const Args *a, uint64_t vram, uint64_t host, CbBytes *nvme) {
         CbPlan cb = tl_plan_cb(a->plan);
@@ -150,6 +174,18 @@ static int run_capbound(const Args *a) {
         bench_json_u64(&js, "floor_link_bytes", (uint64_t) llround(f.link_up + f.link_down));
         if (plan_held_bytes(a, a->cb_vram, a->cb_host, &h) >= 0)
                 bench_json_u64(&js, "min_held2_nvme_bytes", (uint64_t) llround(h.nvme_read + h.nvme_write));
+        if (a->nvme_bw > 0) {
+                CbPlanned pl;
+                CbTime tb;
+
+                bench_json_double(&js, "time_bound_s", plan_time_bound(a, a->cb_vram, a->cb_host, &tb));
+                bench_json_double(&js, "planned_s", plan_planned(a, a->cb_vram, a->cb_host, 1, 1, &pl));
+                bench_json_u64(&js, "planned_nvme_bytes", (uint64_t) llround(pl.bytes.nvme_read + pl.bytes.nvme_write));
+                bench_json_u64(&js, "planned_rule", pl.rule);
+                bench_json_double(&js, "planned_held2_s", plan_planned(a, a->cb_vram, a->cb_host, 2, 1, &pl));
+                bench_json_u64(&js, "planned_held2_nvme_bytes",
+                               (uint64_t) llround(pl.bytes.nvme_read + pl.bytes.nvme_write));
+        }
         return bench_json_print(&js);
 }
 
@@ -403,7 +439,9 @@ static void usage(FILE *f) {
                 "                       the synthetic one; --layers and the sizes are then unused\n"
                 "  --jobs N             N jobs of the plan at once, each with its own limits (default 1)\n"
                 "  --capbound VRAM,HOST print the fewest NVMe and link bytes per step of the plan under these\n"
-                "                       limits (bench/capbound.c) and exit; needs no tierd\n");
+                "                       limits (bench/capbound.c) and exit; needs no tierd\n"
+                "  --planned-tries N    perturbed schedules the planned step (capbound_planned()) tries\n"
+                "                       beyond the model's rules (default 0)\n");
 }
 
 static int parse_weights(const char *s, Args *a) {
@@ -428,6 +466,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 ARG_SOCKET = 0x100, ARG_JOB, ARG_LAYERS, ARG_TSIZE, ARG_PSIZE, ARG_GSIZE, ARG_OSIZE, ARG_FWD,
                 ARG_BWD, ARG_OPT, ARG_WARMUP, ARG_STEPS, ARG_NVME_BW, ARG_TARGETS, ARG_LINK_BW, ARG_WEIGHT,
                 ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE, ARG_PHASE_TIMEOUT, ARG_CAPBOUND, ARG_PLAN, ARG_JOBS,
+                ARG_PLANNED_TRIES,
         };
         static const struct option options[] = {
                 { "socket",      required_argument, NULL, ARG_SOCKET },
@@ -454,6 +493,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "capbound",    required_argument, NULL, ARG_CAPBOUND },
                 { "plan",        required_argument, NULL, ARG_PLAN },
                 { "jobs",        required_argument, NULL, ARG_JOBS },
+                { "planned-tries", required_argument, NULL, ARG_PLANNED_TRIES },
                 { "help",        no_argument,       NULL, 'h' },
                 {}
         };
@@ -530,6 +570,9 @@ static int parse_args(int argc, char **argv, Args *a) {
                         break;
                 case ARG_JOBS:
                         r = bench_parse_uint(optarg, 1, MAX_JOBS, &a->jobs);
+                        break;
+                case ARG_PLANNED_TRIES:
+                        r = bench_parse_uint(optarg, 0, 100000, &a->planned_tries);
                         break;
                 case ARG_CAPBOUND: {
                         _cleanup_free_ char *v = strdup(optarg);

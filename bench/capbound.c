@@ -98,7 +98,33 @@ typedef struct Sim {
         Occ *occ;                       /* every tensor's accesses in step order */
         size_t *occ_start;              /* n_tensors + 1 */
         CbBytes *acc;                   /* the step's bytes */
+        uint32_t seed, pct;             /* cb_simulate_log(): pct % of victims by a hash of seed instead */
+        uint32_t n_evicted;             /* in this phase */
+        CbLog *log;                     /* when set, every copy's move is noted (cb_simulate_log()) */
+        size_t log_step;                /* the step being noted, from the log's start */
+        int log_err;
 } Sim;
+
+/* Note a move of @t in the current phase (when a log is kept). */
+static void note(Sim *s, uint32_t t, uint8_t kind, unsigned tier) {
+        CbLog *l = s->log;
+
+        if (!l || s->log_err)
+                return;
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 256;
+                CbEvent *x = nc > SIZE_MAX / sizeof(CbEvent) ? NULL : realloc(l->ev, nc * sizeof(CbEvent));
+
+                if (!x) {
+                        s->log_err = -ENOMEM;
+                        return;
+                }
+                l->ev = x;
+                l->cap = nc;
+        }
+        l->ev[l->n++] = (CbEvent) { .tensor = t, .phase = s->log_step * s->p->n_phases + s->phase, .kind = kind,
+                                    .tier = (uint8_t) tier };
+}
 
 int cb_plan_check(const CbPlan *p) {
         if (!p || !p->size || !p->start || (!p->acc && p->n_phases > 0) || p->n_phases == 0)
@@ -264,6 +290,9 @@ static int evict(Sim *s, uint32_t t, unsigned tier, bool dead) {
         uint8_t other = tier == CB_VRAM ? (B_HOST | B_NVME) : (B_VRAM | B_NVME);
         bool sole = !dead && !(s->st[t] & other);
 
+        if (sole)
+                note(s, t, tier == CB_HOST ? CB_EV_WRITE : CB_EV_DRAIN, CB_HOST);
+        note(s, t, CB_EV_DROP, tier);
         s->st[t] &= (uint8_t) ~tier_bit(tier);
         s->used[tier] -= size;
         if (!sole)
@@ -281,11 +310,23 @@ static int evict(Sim *s, uint32_t t, unsigned tier, bool dead) {
 }
 
 /* Evict until @tier is within its capacity; -E2BIG when everything left there is pinned. */
+/* A hash of three numbers (splitmix64's finaliser): the perturbation's dice, the same for the same phase. */
+static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
+        uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull) * 0xbf58476d1ce4e5b9ull ^ c;
+
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        return x ^ (x >> 31);
+}
+
 static int enforce(Sim *s, unsigned tier) {
         while (s->used[tier] > s->cap[tier]) {
                 long best = -1;
                 double bd = 0, bx = 0, bb = 0;
                 bool bdead = false;
+                /* perturbed: this victim by the dice, from the phase and the count alone (so the schedule settles) */
+                bool dice = s->pct && mix3(s->seed, s->phase, s->n_evicted++) % 100 < s->pct;
+                uint64_t bh = 0;
 
                 for (uint32_t t = 0; t < s->p->n_tensors; t++) {
                         double d, x, b;
@@ -295,6 +336,16 @@ static int enforce(Sim *s, unsigned tier) {
                                 continue;
                         d = next_use(s, t, tier, &dead);
                         costs(s, t, tier, dead, d, &x, &b);
+                        if (dice) {
+                                uint64_t h = mix3(s->seed, s->phase, t);
+
+                                if (best < 0 || h > bh) {
+                                        best = t;
+                                        bh = h;
+                                        bdead = dead;
+                                }
+                                continue;
+                        }
                         if (best < 0 || better(s->rule, d, x, b, bd, bx, bb)) {
                                 best = t;
                                 bd = d;
@@ -325,28 +376,36 @@ static void ensure(Sim *s, const CbAccess *a) {
         if (s->st[t] & tier_bit(a->tier))
                 return;
         if (a->mode == CB_WRITE) {
+                note(s, t, CB_EV_PLACE, a->tier);
                 place(s, t, a->tier);   /* a place, no bytes */
                 return;
         }
         if (a->tier == CB_HOST) {
-                if (s->st[t] & B_VRAM)
+                if (s->st[t] & B_VRAM) {
                         s->acc->link_down += size;
-                else if (s->st[t] & B_NVME)
+                        note(s, t, CB_EV_DOWN, CB_HOST);
+                } else if (s->st[t] & B_NVME) {
                         s->acc->nvme_read += size;
-                /* else never written: zeros, no bytes */
+                        note(s, t, CB_EV_READ, CB_HOST);
+                } else {
+                        note(s, t, CB_EV_PLACE, CB_HOST);       /* never written: zeros, no bytes */
+                }
                 place(s, t, CB_HOST);
                 return;
         }
         if (!(s->st[t] & (B_HOST | B_NVME))) {
+                note(s, t, CB_EV_PLACE, CB_VRAM);
                 place(s, t, CB_VRAM);   /* zeros */
                 return;
         }
         if (!(s->st[t] & B_HOST)) {
                 /* staged through host */
                 s->acc->nvme_read += size;
+                note(s, t, CB_EV_READ, CB_HOST);
                 place(s, t, CB_HOST);
         }
         s->acc->link_up += size;
+        note(s, t, CB_EV_UP, CB_VRAM);
         place(s, t, CB_VRAM);
         return;
 }
@@ -434,12 +493,15 @@ static void upstage(Sim *s) {
                         }
                         if (v < 0)
                                 break;
+                        note(s, (uint32_t) v, CB_EV_DROP, CB_VRAM);
                         s->st[v] &= (uint8_t) ~B_VRAM;
                         s->used[CB_VRAM] -= p->size[v];
                 }
                 if (s->used[CB_VRAM] + p->size[pick] > s->cap[CB_VRAM])
                         continue;
                 s->acc->link_up += (double) p->size[pick];
+                note(s, (uint32_t) pick, CB_EV_UP, CB_VRAM);
+                note(s, (uint32_t) pick, CB_EV_DROP, CB_HOST);
                 s->st[pick] = (uint8_t) ((s->st[pick] & ~B_HOST) | B_VRAM);
                 s->used[CB_HOST] -= p->size[pick];
                 s->used[CB_VRAM] += p->size[pick];
@@ -453,6 +515,7 @@ static int run_phase(Sim *s, size_t k) {
 
         s->phase = k;
         s->serial++;
+        s->n_evicted = 0;
         for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
                 s->pin[p->acc[i].tier][p->acc[i].tensor] = s->serial;
         if (s->held2)
@@ -490,6 +553,7 @@ static int run_phase(Sim *s, size_t k) {
                         continue;
                 for (unsigned x = CB_VRAM; x <= CB_HOST; x++)
                         if (!(keep & tier_bit(x)) && (s->st[a->tensor] & tier_bit(x))) {
+                                note(s, a->tensor, CB_EV_STALE, x);
                                 s->st[a->tensor] &= (uint8_t) ~tier_bit(x);
                                 s->used[x] -= p->size[a->tensor];
                         }
@@ -523,9 +587,34 @@ static int occ_build(Sim *s) {
         return 0;
 }
 
-int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
-                      double w_link, unsigned max_steps, CbBytes *ret) {
-        Sim s = { .p = p, .cap = { vram_cap, host_cap },
+/*
+ * Note one cycle of the settled schedule in @log: the cycle's steps run again
+ * from the state that starts it, with every move noted.
+ */
+static int log_cycle(Sim *s, CbLog *log, unsigned steps) {
+        CbBytes scratch = {};
+        int r;
+
+        log->st0 = malloc(s->p->n_tensors);
+        if (!log->st0)
+                return -ENOMEM;
+        memcpy(log->st0, s->st, s->p->n_tensors);
+        log->steps = steps;
+        s->log = log;
+        s->acc = &scratch;
+        for (s->log_step = 0; s->log_step < steps; s->log_step++)
+                for (size_t ph = 0; ph < s->p->n_phases; ph++) {
+                        r = run_phase(s, ph);
+                        if (r < 0)
+                                return r;
+                }
+        s->log = NULL;
+        return s->log_err;
+}
+
+static int simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
+                    double w_link, uint32_t seed, uint32_t pct, unsigned max_steps, CbBytes *ret, CbLog *log) {
+        Sim s = { .p = p, .seed = seed, .pct = pct, .cap = { vram_cap, host_cap },
                   .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE),
                   .inclusive = rule & CB_RULE_INCLUSIVE, .held2 = rule & CB_RULE_HELD2,
                   .upstage = rule & CB_RULE_UPSTAGE, .w_nvme = w_nvme, .w_link = w_link };
@@ -584,7 +673,7 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
                         ret->nvme_write /= (double) (k + 1 - j);
                         ret->link_up /= (double) (k + 1 - j);
                         ret->link_down /= (double) (k + 1 - j);
-                        r = 0;
+                        r = log ? log_cycle(&s, log, k + 1 - j) : 0;
                         goto finish;
                 }
         }
@@ -606,6 +695,32 @@ finish:
         free(s.occ);
         free(s.occ_start);
         return r;
+}
+
+int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
+                      double w_link, unsigned max_steps, CbBytes *ret) {
+        return simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, 0, 0, max_steps, ret, NULL);
+}
+
+int cb_simulate_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
+                    double w_link, uint32_t seed, uint32_t pct, unsigned max_steps, CbBytes *ret, CbLog *log) {
+        int r;
+
+        if (!log)
+                return -EINVAL;
+        *log = (CbLog) {};
+        if (pct > 100)
+                return -EINVAL;
+        r = simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, seed, pct, max_steps, ret, log);
+        if (r < 0)
+                cb_log_free(log);
+        return r;
+}
+
+void cb_log_free(CbLog *log) {
+        free(log->ev);
+        free(log->st0);
+        *log = (CbLog) {};
 }
 
 /* Steps simulated at most before a schedule is taken as settled (its state repeats long before). */

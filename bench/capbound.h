@@ -159,6 +159,33 @@ typedef struct CbTime {
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret);
 
+/* A step time a schedule of the model reaches (capbound_planned()). */
+typedef struct CbPlanned {
+        double step_s;                  /* the fastest step found */
+        CbBytes bytes;                  /* that schedule's bytes per step */
+        CbRule rule;                    /* and how the model made its placement */
+        double w_nvme, w_link;
+        uint32_t seed, pct;             /* its perturbation (0, 0: none) */
+} CbPlanned;
+
+/*
+ * capbound_planned() - the fastest step found for @p by timing the model's
+ * schedules (every rule of capbound_min_held(@held)) as a planner that knows
+ * the whole cycle would execute them (capbound-timed.c): each copy leaves as
+ * soon as its last use before the model drops it is over, arrives as early
+ * as its tier has room (in the model's order), on links of @nvme_bw and
+ * @link_bw bytes/s (0: instant), one transfer at a time each; a phase runs
+ * @compute[k] seconds once what it needs is in place.  An upper end beside
+ * capbound_time()'s lower one: a schedule this fast exists in the model.
+ * Then @tries perturbed schedules of the best rule (a few victims in a
+ * hundred chosen by a seeded hash instead: cb_simulate_log()), a random
+ * search for placements that time better than the fewest bytes.
+ * -EINVAL, -E2BIG (a phase does not fit), -ENOMEM, -ETIME when no rule's
+ * schedule settles in a cycle.
+ */
+int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const double *compute,
+                     double nvme_bw, double link_bw, unsigned tries, CbPlanned *ret);
+
 /*
  * capbound_exact() - the true minimum per step by exhaustive search over the
  * same model, for tiny plans only (@p->n_tensors <= 3): minimises

@@ -36,6 +36,7 @@ typedef struct Args {
         const char *plan_file;
         bool capbound;                  /* --capbound: print the fewest bytes per step and exit */
         uint64_t cb_vram, cb_host;      /* its limits */
+        uint64_t planned_tries;         /* --planned-tries: capbound_planned()'s random search */
 } Args;
 
 /* A timed run of --steps steps of one or (--jobs) several jobs at once: what the result line reports. */

@@ -452,6 +452,118 @@ static void test_random_vs_exact(void **state) {
         assert_true(equal * 100 >= total * 95);
 }
 
+/*
+ * capbound_planned(), by hand: A and B read and written in host, one place,
+ * 1 s of compute a phase, 1 byte at 2 bytes/s.  When phase 0 ends, A is
+ * written down (0.5 s), then B read into its place (0.5 s): phase 1 starts
+ * at 2 s, and the step is 2 x (1 + 0.5 + 0.5) = 4 s.  With two places
+ * nothing moves: the compute, 2 s; so with an instant drive.  The 8-layer
+ * plan: a schedule is never faster than the time-aware bound, and the
+ * random search only keeps a faster one.
+ */
+static void test_planned(void **state) {
+        static const int rows[2][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 } };
+        double c2[2] = { 1, 1 };
+        CbPlanned pl, more;
+        CbTime tb;
+        L8Plan l8;
+        TPlan t;
+
+        tplan(&t, 2, NULL, 2, rows);
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, 2, 0, 0, &pl), 0);
+        assert_true(fabs(pl.step_s - 4) < 1e-9);
+        assert_true(pl.bytes.nvme_read == 2 && pl.bytes.nvme_write == 2);
+        assert_int_equal(capbound_planned(&t.p, 0, 2, 1, c2, 2, 0, 0, &pl), 0);
+        assert_true(fabs(pl.step_s - 2) < 1e-9);
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, 0, 0, 0, &pl), 0);
+        assert_true(fabs(pl.step_s - 2) < 1e-9);
+        /* two phases held do not fit one place */
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 2, c2, 2, 0, 0, &pl), -E2BIG);
+        /* bad input */
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 3, c2, 2, 0, 0, &pl), -EINVAL);
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 1, NULL, 2, 0, 0, &pl), -EINVAL);
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, -1, 0, 0, &pl), -EINVAL);
+        c2[1] = NAN;
+        assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, 2, 0, 0, &pl), -EINVAL);
+
+        l8_plan(&l8);
+        assert_int_equal(capbound_time(&l8.p, 6, 12, l8.compute, 1, 1, &tb), 0);
+        for (unsigned held = 1; held <= 2; held++) {
+                assert_int_equal(capbound_planned(&l8.p, 6, 12, held, l8.compute, 1, 1, 0, &pl), 0);
+                assert_int_equal(capbound_planned(&l8.p, 6, 12, held, l8.compute, 1, 1, 20, &more), 0);
+                print_message("8 layers, %u held: planned %.2f s (%.0f NVMe bytes), with 20 perturbed %.2f s; "
+                              "time bound %.2f s\n", held, pl.step_s, pl.bytes.nvme_read + pl.bytes.nvme_write,
+                              more.step_s, tb.step_s);
+                assert_true(isfinite(pl.step_s) && pl.step_s >= tb.step_s - 1e-9);
+                assert_true(more.step_s <= pl.step_s);
+        }
+}
+
+/*
+ * Random tiny plans with random compute and bandwidths: every planned
+ * schedule runs (no wait in a cycle) and is never faster than the
+ * time-aware bound, which holds for every schedule.
+ */
+static void test_planned_random(void **state) {
+        unsigned seed = 777, timed = 0;
+
+        for (int iter = 0; iter < 400; iter++) {
+                int rows[6][13];
+                size_t n_phases = 2 + (size_t) (rand_r(&seed) % 5), n_tensors = 2 + (size_t) (rand_r(&seed) % 2);
+                uint64_t size[3];
+                uint64_t vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
+                double compute[6], bw = 0.5 + (double) (rand_r(&seed) % 4), lbw = (double) (rand_r(&seed) % 3);
+                CbPlanned pl;
+                CbTime tb;
+                TPlan t;
+                int r;
+
+                for (size_t i = 0; i < n_tensors; i++)
+                        size[i] = 1 + (uint64_t) (rand_r(&seed) % 2);
+                for (size_t k = 0; k < n_phases; k++) {
+                        size_t m = 0, n_acc = 1 + (size_t) (rand_r(&seed) % 2);
+
+                        compute[k] = (double) (rand_r(&seed) % 4) / 2;
+                        for (size_t a = 0; a < n_acc; a++) {
+                                int tn = rand_r(&seed) % (int) n_tensors, dup = 0;
+
+                                for (size_t x = 0; x < m; x += 3)
+                                        dup |= rows[k][x] == tn;
+                                if (dup)
+                                        continue;
+                                rows[k][m++] = tn;
+                                rows[k][m++] = rand_r(&seed) % 2 ? V : H;
+                                rows[k][m++] = 1 + rand_r(&seed) % 3;
+                        }
+                        rows[k][m] = -1;
+                }
+                tplan(&t, n_tensors, size, n_phases, (const int (*)[13]) rows);
+                for (unsigned held = 1; held <= 2; held++) {
+                        r = capbound_planned(&t.p, vc, hc, held, compute, bw, lbw, 4, &pl);
+                        if (r == -E2BIG)
+                                continue;
+                        if (r != 0) {
+                                for (size_t k = 0; k < n_phases; k++) {
+                                        for (size_t x = 0; rows[k][x] >= 0; x += 3)
+                                                print_message("t%d %s %d  ", rows[k][x], rows[k][x + 1] == V ? "V" : "H",
+                                                              rows[k][x + 2]);
+                                        print_message("(compute %g)\n", compute[k]);
+                                }
+                                print_message("caps %" PRIu64 " %" PRIu64 " sizes %" PRIu64 " %" PRIu64 " %" PRIu64
+                                              ", bandwidths %g %g\n", vc, hc, size[0], size[1], size[2], bw, lbw);
+                                fail_msg("plan %d, %u held: capbound_planned() = %d", iter, held, r);
+                        }
+                        assert_int_equal(capbound_time(&t.p, vc, hc, compute, bw, lbw, &tb), 0);
+                        if (pl.step_s < tb.step_s - 1e-9)
+                                fail_msg("plan %d, %u held: planned %g s below the time-aware bound %g s", iter, held,
+                                         pl.step_s, tb.step_s);
+                        timed++;
+                }
+        }
+        print_message("%u random plans timed\n", timed);
+        assert_true(timed > 250);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_three_in_two),
@@ -464,6 +576,8 @@ int main(void) {
                 cmocka_unit_test(test_time_bound),
                 cmocka_unit_test(test_held_pairs),
                 cmocka_unit_test(test_random_vs_exact),
+                cmocka_unit_test(test_planned),
+                cmocka_unit_test(test_planned_random),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,494 @@
+/* SPDX-License-Identifier: MIT */
+/* capbound-timed.c: how fast the model's schedules run when every move is timed well (capbound_planned()). */
+
+/*
+ * Theory of operation
+ *
+ * capbound_min() counts bytes; capbound_time() bounds the step from below.
+ * This file gives the other side: a step time that a schedule reaches, so
+ * that a gap between tierd and the bound splits into what no placement
+ * can avoid and what tierd's execution adds.
+ *
+ * A placement is one of the model's settled schedules (cb_simulate_log():
+ * which copies arrive and leave at each phase, one cycle).  It is executed
+ * in continuous time, as a planner that knows the whole cycle would:
+ *
+ *   - phase k runs compute[k] seconds; it starts when phase k - 1 has ended
+ *     and every copy that arrives for it (its first access at or after the
+ *     move's phase) is in place;
+ *   - a copy leaves (DROP) as soon as its tensor's last access before the
+ *     move's phase has ended (the model keeps it until its room is wanted;
+ *     nothing uses it meanwhile), a stale one (STALE) when its phase ends;
+ *   - a write to NVMe starts as soon as that access has ended too, when the
+ *     drive has nothing more urgent;
+ *   - copies arrive in the model's order, each as soon as its tier has
+ *     room and its link is free (NVMe for READ, the host link for UP and
+ *     DOWN; one transfer at a time on each, at @nvme_bw and @link_bw):
+ *     early, into memory the cycle does not use then;
+ *   - the moves of one tensor keep the model's order (a staged copy goes up
+ *     before its host copy leaves, a write lands before the copy goes).
+ *
+ * The model charges room only where a phase runs: a copy staged through
+ * host on its way up, or drained through it on its way down, takes none
+ * here either (a bounce buffer), and when two full tiers swap copies (the
+ * arrival first waits for the room the other's departure frees, which
+ * waits for its own arrival), the arrival at the head goes over its room
+ * for the moment, as the model lets it.  Otherwise arrivals in the model's
+ * order cannot wait for each other in a cycle: the room an arrival needs is
+ * freed by moves the model made before it or in its phase, and those wait
+ * only for phases before the arrival's, which wait only for arrivals
+ * earlier in that order; a drain takes host room only up to the head's
+ * phase, so that it never takes what an earlier arrival needs.  Several
+ * cycles run; the step is the mean of the last ones.  Each rule of the model (held one or two phases)
+ * gives one placement; capbound_planned() keeps the fastest.
+ *
+ * What it leaves out: transfers take no CPU, a link's reads and writes
+ * share it one at a time, and two jobs sharing a drive are not simulated
+ * (bench-timeline gives each its share of the bandwidth).
+ */
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/capbound-internal.h"
+#include "proto/macro.h"
+
+/* Cycles of the log run, and the ones measured (the last), for a settled step. */
+#define TIMED_CYCLES 6u
+#define TIMED_MEASURED 3u
+#define TIMED_SIM_STEPS 256u
+
+typedef struct Timed {
+        const CbPlan *p;
+        const CbLog *log;
+        const double *compute;
+        double bw[2];                   /* NVMe, host link: bytes/s (0: instant) */
+        uint64_t cap[2];
+        size_t n_ev, n_all;             /* moves in one cycle, in all cycles */
+        size_t n_ph, n_all_ph;          /* phases in one cycle, in all */
+        ptrdiff_t *prev;                /* per move of one cycle: the tensor's previous move, as an offset back */
+        ptrdiff_t *rel;                 /* per move: the phase (from the move's own) whose end releases it */
+        ptrdiff_t *need;                /* per arrival: the phase (from the move's own) that waits for it */
+        bool *transit;                  /* per READ and its DROP: staged on its way up (the model charges it no room) */
+        double *done;                   /* per move of all cycles: when it was done (NAN: not yet) */
+        double *ph_start, *ph_end;      /* per phase of all cycles */
+        size_t *gate;                   /* per phase of all cycles: arrivals it still waits for */
+} Timed;
+
+static bool is_arrival(uint8_t kind) {
+        return kind == CB_EV_PLACE || kind == CB_EV_READ || kind == CB_EV_UP || kind == CB_EV_DOWN;
+}
+
+static int ev_link(uint8_t kind) {
+        if (kind == CB_EV_READ || kind == CB_EV_WRITE)
+                return 0;
+        return kind == CB_EV_UP || kind == CB_EV_DOWN || kind == CB_EV_DRAIN ? 1 : -1;
+}
+
+/* A move that makes room: after the copy's last use, in any order. */
+static bool is_leaving(uint8_t kind) {
+        return kind == CB_EV_WRITE || kind == CB_EV_DRAIN;
+}
+
+static bool accessed_in(const Timed *tm, uint32_t t, size_t q) {
+        const CbPlan *p = tm->p;
+        size_t k = q % p->n_phases;
+
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                if (p->acc[i].tensor == t)
+                        return true;
+        return false;
+}
+
+/* How many phases before log phase @ph @t was last accessed (1 .. n_ph), SIZE_MAX: never. */
+static size_t since_access(const Timed *tm, uint32_t t, size_t ph) {
+        for (size_t d = 1; d <= tm->n_ph; d++)
+                if (accessed_in(tm, t, (ph + tm->n_ph - d % tm->n_ph) % tm->n_ph))
+                        return d;
+        return SIZE_MAX;
+}
+
+/* How many phases after log phase @ph @t is next accessed (0: in it), SIZE_MAX: never. */
+static size_t until_access(const Timed *tm, uint32_t t, size_t ph) {
+        for (size_t d = 0; d < tm->n_ph; d++)
+                if (accessed_in(tm, t, (ph + d) % tm->n_ph))
+                        return d;
+        return SIZE_MAX;
+}
+
+static int timed_prepare(Timed *tm) {
+        const CbLog *l = tm->log;
+        size_t *last = calloc(tm->p->n_tensors, sizeof(size_t));
+
+        if (!last)
+                return -ENOMEM;
+        for (size_t i = 0; i < l->n; i++)
+                last[l->ev[i].tensor] = i + 1;
+        for (size_t i = 0; i < l->n; i++) {
+                const CbEvent *e = &l->ev[i];
+                size_t d;
+
+                /* the tensor's move before: in this cycle, or its last of the cycle before */
+                tm->prev[i] = (ptrdiff_t) (i + l->n) - (ptrdiff_t) last[e->tensor] + 1;
+                if (tm->prev[i] > (ptrdiff_t) l->n)
+                        tm->prev[i] -= (ptrdiff_t) l->n;
+                last[e->tensor] = i + 1;
+                if (e->kind == CB_EV_STALE) {
+                        tm->rel[i] = 0;
+                } else if (e->kind == CB_EV_DROP || is_leaving(e->kind)) {
+                        /* the last access strictly before the move's phase */
+                        d = since_access(tm, e->tensor, e->phase);
+                        tm->rel[i] = d == SIZE_MAX ? -(ptrdiff_t) tm->n_all_ph : -(ptrdiff_t) d;
+                }
+                /* a copy that comes to host and leaves it in the same phase: staged or drained through */
+                if (e->kind == CB_EV_READ || e->kind == CB_EV_DRAIN || e->kind == CB_EV_DOWN)
+                        for (size_t j = i + 1; j < l->n && l->ev[j].phase == e->phase; j++)
+                                if (l->ev[j].tensor == e->tensor && l->ev[j].kind == CB_EV_DROP &&
+                                    l->ev[j].tier == CB_HOST) {
+                                        tm->transit[i] = tm->transit[j] = true;
+                                        break;
+                                }
+                if (is_arrival(e->kind)) {
+                        d = until_access(tm, e->tensor, e->phase);
+                        tm->need[i] = d == SIZE_MAX ? -1 : (ptrdiff_t) d;
+                }
+        }
+        free(last);
+        return 0;
+}
+
+/* Move @u of all cycles: its log entry and the log phase it belongs to (cycles on). */
+static const CbEvent *ev_of(const Timed *tm, size_t u, size_t *ret_phase) {
+        const CbEvent *e = &tm->log->ev[u % tm->n_ev];
+
+        *ret_phase = u / tm->n_ev * tm->n_ph + e->phase;
+        return e;
+}
+
+static bool prev_done(const Timed *tm, size_t u) {
+        ptrdiff_t back = tm->prev[u % tm->n_ev];
+
+        return (ptrdiff_t) u < back || !isnan(tm->done[u - (size_t) back]);
+}
+
+/* When move @u (DROP, STALE, WRITE, DRAIN) may go: the end of its releasing phase; NAN while that has not ended. */
+static double released(const Timed *tm, size_t u, size_t cur) {
+        size_t ph;
+        ptrdiff_t g;
+
+        (void) ev_of(tm, u, &ph);
+        g = (ptrdiff_t) ph + tm->rel[u % tm->n_ev];
+        if (g < 0)
+                return 0;
+        return (size_t) g < cur ? tm->ph_end[g] : NAN;
+}
+
+/* May leaving move @u (WRITE, DRAIN) start now, room aside: released, its tensor's move before it done, not started? */
+static bool leaving_ready(const Timed *tm, size_t u, size_t cur, double now, double *ret_release) {
+        const CbEvent *e = &tm->log->ev[u % tm->n_ev];
+        double r;
+
+        if (!is_leaving(e->kind) || !isnan(tm->done[u]))
+                return false;
+        r = released(tm, u, cur);
+        if (isnan(r) || r > now || !prev_done(tm, u))
+                return false;
+        *ret_release = r;
+        return true;
+}
+
+static int timed_run(Timed *tm, double *ret_step) {
+        const CbPlan *p = tm->p;
+        double now = 0, busy[2] = { 0, 0 };
+        size_t inflight[2] = { SIZE_MAX, SIZE_MAX }, head = 0, head_ph = 0, cur = 0, lo_pending = 0;
+        uint64_t used[2] = { 0, 0 };
+        bool running = false, force = false, drain_first;
+
+        for (uint32_t t = 0; t < p->n_tensors; t++)
+                for (unsigned x = CB_VRAM; x <= CB_HOST; x++)
+                        if (tm->log->st0[t] & tier_bit(x))
+                                used[x] += p->size[t];
+        for (size_t u = 0; u < tm->n_all; u++) {
+                size_t ph;
+                const CbEvent *e = ev_of(tm, u, &ph);
+
+                tm->done[u] = NAN;
+                if (is_arrival(e->kind) && tm->need[u % tm->n_ev] >= 0 &&
+                    ph + (size_t) tm->need[u % tm->n_ev] < tm->n_all_ph)
+                        tm->gate[ph + (size_t) tm->need[u % tm->n_ev]]++;
+        }
+
+        for (;;) {
+                bool progress = true;
+                double next = INFINITY;
+
+                while (progress) {
+                        progress = false;
+                        /* transfers that have landed */
+                        for (int k = 0; k < 2; k++) {
+                                size_t u = inflight[k], ph;
+                                const CbEvent *e;
+
+                                if (u == SIZE_MAX || busy[k] > now)
+                                        continue;
+                                e = ev_of(tm, u, &ph);
+                                tm->done[u] = busy[k];
+                                inflight[k] = SIZE_MAX;
+                                if (is_arrival(e->kind) && tm->need[u % tm->n_ev] >= 0 &&
+                                    ph + (size_t) tm->need[u % tm->n_ev] < tm->n_all_ph)
+                                        tm->gate[ph + (size_t) tm->need[u % tm->n_ev]]--;
+                                progress = true;
+                        }
+                        /* the phases */
+                        if (running && tm->ph_end[cur] <= now) {
+                                running = false;
+                                cur++;
+                                progress = true;
+                        }
+                        if (!running && cur < tm->n_all_ph && tm->gate[cur] == 0) {
+                                tm->ph_start[cur] = now;
+                                tm->ph_end[cur] = now + tm->compute[cur % p->n_phases];
+                                running = true;
+                                progress = true;
+                        }
+                        /* copies that leave, free */
+                        while (lo_pending < tm->n_all && !isnan(tm->done[lo_pending]))
+                                lo_pending++;
+                        for (size_t u = lo_pending; u < tm->n_all; u++) {
+                                size_t ph;
+                                const CbEvent *e = ev_of(tm, u, &ph);
+                                double r;
+
+                                if (!isnan(tm->done[u]) || (e->kind != CB_EV_DROP && e->kind != CB_EV_STALE))
+                                        continue;
+                                r = released(tm, u, cur);
+                                if (isnan(r) || r > now || !prev_done(tm, u))
+                                        continue;
+                                if (!tm->transit[u % tm->n_ev])
+                                        used[e->tier] -= p->size[e->tensor];
+                                tm->done[u] = now;
+                                progress = true;
+                        }
+                        /*
+                         * a drain of an earlier phase than the head's goes first to host room
+                         * (the model drained it before that arrival came)
+                         */
+                        if (head < tm->n_all)
+                                (void) ev_of(tm, head, &head_ph);
+                        else
+                                head_ph = SIZE_MAX;
+                        drain_first = false;
+                        for (size_t u = lo_pending; u < tm->n_all && !drain_first; u++) {
+                                size_t ph;
+                                const CbEvent *e = ev_of(tm, u, &ph);
+                                double r;
+
+                                if (ph >= head_ph)
+                                        break;
+                                drain_first = e->kind == CB_EV_DRAIN && !tm->transit[u % tm->n_ev] &&
+                                              u != inflight[1] && leaving_ready(tm, u, cur, now, &r);
+                        }
+                        /* arrivals, in the model's order */
+                        while (head < tm->n_all) {
+                                size_t ph;
+                                const CbEvent *e = ev_of(tm, head, &ph);
+                                int k = ev_link(e->kind);
+                                bool transit;
+
+                                if (!is_arrival(e->kind)) {
+                                        head++;
+                                        continue;
+                                }
+                                transit = tm->transit[head % tm->n_ev];
+                                if (!prev_done(tm, head) || (k >= 0 && inflight[k] != SIZE_MAX) ||
+                                    (!transit && e->tier == CB_HOST && drain_first) ||
+                                    (!transit && !force && used[e->tier] + p->size[e->tensor] > tm->cap[e->tier]))
+                                        break;
+                                force = false;
+                                if (!transit)
+                                        used[e->tier] += p->size[e->tensor];
+                                if (k < 0) {
+                                        tm->done[head] = now;
+                                        if (tm->need[head % tm->n_ev] >= 0 &&
+                                            ph + (size_t) tm->need[head % tm->n_ev] < tm->n_all_ph)
+                                                tm->gate[ph + (size_t) tm->need[head % tm->n_ev]]--;
+                                } else {
+                                        inflight[k] = head;
+                                        busy[k] = now + (tm->bw[k] > 0 ? (double) p->size[e->tensor] / tm->bw[k] : 0);
+                                }
+                                head++;
+                                progress = true;
+                        }
+                        /* each link, when no arrival goes: what makes room, released first */
+                        if (head < tm->n_all)
+                                (void) ev_of(tm, head, &head_ph);
+                        else
+                                head_ph = SIZE_MAX;
+                        for (int k = 0; k < 2; k++) {
+                                size_t pick = SIZE_MAX;
+                                double pr = INFINITY;
+
+                                if (inflight[k] != SIZE_MAX)
+                                        continue;
+                                for (size_t u = lo_pending; u < tm->n_all; u++) {
+                                        size_t ph;
+                                        const CbEvent *e = ev_of(tm, u, &ph);
+                                        double r;
+
+                                        if (ev_link(e->kind) != k || !leaving_ready(tm, u, cur, now, &r) || r >= pr)
+                                                continue;
+                                        /*
+                                         * a drain takes host room: only when there is, and not
+                                         * ahead of the phase of the arrivals (that room is theirs)
+                                         */
+                                        if (e->kind == CB_EV_DRAIN && !tm->transit[u % tm->n_ev] &&
+                                            ((!force && used[CB_HOST] + p->size[e->tensor] > tm->cap[CB_HOST]) ||
+                                             ph > head_ph))
+                                                continue;
+                                        pick = u;
+                                        pr = r;
+                                }
+                                if (pick != SIZE_MAX) {
+                                        uint32_t t = tm->log->ev[pick % tm->n_ev].tensor;
+
+                                        if (tm->log->ev[pick % tm->n_ev].kind == CB_EV_DRAIN &&
+                                            !tm->transit[pick % tm->n_ev]) {
+                                                used[CB_HOST] += p->size[t];
+                                                force = false;
+                                        }
+                                        inflight[k] = pick;
+                                        busy[k] = now + (tm->bw[k] > 0 ? (double) p->size[t] / tm->bw[k] : 0);
+                                        progress = true;
+                                }
+                        }
+                }
+                if (cur >= tm->n_all_ph)
+                        break;
+                for (int k = 0; k < 2; k++)
+                        if (inflight[k] != SIZE_MAX)
+                                next = MIN(next, busy[k]);
+                if (running)
+                        next = MIN(next, tm->ph_end[cur]);
+                if (!isfinite(next) && !force) {
+                        /*
+                         * a swap between full tiers: the first move waiting for room
+                         * (an earlier drain, else the head) goes over it, as the model lets it
+                         */
+                        force = true;
+                        continue;
+                }
+                if (!isfinite(next))
+                        return -EDEADLK;        /* cannot happen (see the theory): a bug, not a figure */
+                now = next;
+        }
+        *ret_step = (tm->ph_start[tm->n_all_ph - tm->n_ph] - tm->ph_start[tm->n_all_ph - (TIMED_MEASURED + 1) * tm->n_ph]) /
+                    ((double) TIMED_MEASURED * (double) tm->log->steps);
+        return 0;
+}
+
+/* The step time of the schedule noted in @log, executed as the theory says. */
+static int timed_step(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint64_t host_cap, const double *compute,
+                      double nvme_bw, double link_bw, double *ret) {
+        Timed tm = { .p = p, .log = log, .compute = compute, .bw = { nvme_bw, link_bw }, .cap = { vram_cap, host_cap },
+                     .n_ev = log->n, .n_all = log->n * TIMED_CYCLES, .n_ph = p->n_phases * log->steps,
+                     .n_all_ph = p->n_phases * log->steps * TIMED_CYCLES };
+        int r = -ENOMEM;
+
+        if (log->n == 0) {
+                double s = 0;
+
+                for (size_t k = 0; k < p->n_phases; k++)
+                        s += compute[k];
+                *ret = s;       /* nothing moves: the compute */
+                return 0;
+        }
+        tm.prev = calloc(tm.n_ev, sizeof(ptrdiff_t));
+        tm.rel = calloc(tm.n_ev, sizeof(ptrdiff_t));
+        tm.need = calloc(tm.n_ev, sizeof(ptrdiff_t));
+        tm.transit = calloc(tm.n_ev, sizeof(bool));
+        tm.done = calloc(tm.n_all, sizeof(double));
+        tm.ph_start = calloc(tm.n_all_ph, sizeof(double));
+        tm.ph_end = calloc(tm.n_all_ph, sizeof(double));
+        tm.gate = calloc(tm.n_all_ph, sizeof(size_t));
+        if (tm.prev && tm.rel && tm.need && tm.transit && tm.done && tm.ph_start && tm.ph_end && tm.gate) {
+                r = timed_prepare(&tm);
+                if (r >= 0)
+                        r = timed_run(&tm, ret);
+        }
+        free(tm.prev);
+        free(tm.rel);
+        free(tm.need);
+        free(tm.transit);
+        free(tm.done);
+        free(tm.ph_start);
+        free(tm.ph_end);
+        free(tm.gate);
+        return r;
+}
+
+/* Time the schedule of one rule (perturbed by @seed, @pct); keep it in *@ret when faster.  -ETIME: none. */
+static int try_one(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule ru, double w_nvme, double w_link,
+                   uint32_t seed, uint32_t pct, const double *compute, double nvme_bw, double link_bw,
+                   CbPlanned *ret) {
+        CbBytes b;
+        CbLog log;
+        double step;
+        int r;
+
+        r = cb_simulate_log(p, vram_cap, host_cap, ru, w_nvme, w_link, seed, pct, TIMED_SIM_STEPS, &b, &log);
+        if (r < 0)
+                return r;
+        r = timed_step(p, &log, vram_cap, host_cap, compute, nvme_bw, link_bw, &step);
+        cb_log_free(&log);
+        if (r < 0)
+                return r;
+        if (step < ret->step_s)
+                *ret = (CbPlanned) { .step_s = step, .bytes = b, .rule = ru, .w_nvme = w_nvme, .w_link = w_link,
+                                     .seed = seed, .pct = pct };
+        return 0;
+}
+
+int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const double *compute,
+                     double nvme_bw, double link_bw, unsigned tries, CbPlanned *ret) {
+        static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
+        static const uint32_t pcts[] = { 5, 10, 20, 30 };
+        CbPlanned best;
+        int r;
+
+        if (!ret || !compute || (held != 1 && held != 2) || !(nvme_bw >= 0) || !(link_bw >= 0))
+                return -EINVAL;
+        r = cb_plan_check(p);
+        if (r < 0)
+                return r;
+        for (size_t k = 0; k < p->n_phases; k++)
+                if (!(compute[k] >= 0) || !isfinite(compute[k]))
+                        return -EINVAL;
+        best = (CbPlanned) { .step_s = INFINITY };
+        for (unsigned rule = 0; rule < 4 * CB_RULES; rule++)
+                for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
+                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule / CB_RULES % 2 ? CB_RULE_INCLUSIVE : 0) |
+                                              (rule / CB_RULES / 2 ? CB_RULE_UPSTAGE : 0) |
+                                              (held == 2 ? CB_RULE_HELD2 : 0));
+
+                        r = try_one(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1], 0, 0, compute, nvme_bw,
+                                    link_bw, &best);
+                        if (r < 0 && r != -ETIME)
+                                return r;       /* -ETIME: no cycle to time */
+                }
+        if (!isfinite(best.step_s))
+                return -ETIME;
+        /* perturbed schedules of the best rule */
+        for (unsigned i = 0; i < tries; i++) {
+                CbPlanned base = best;
+
+                r = try_one(p, vram_cap, host_cap, base.rule, base.w_nvme, base.w_link, i + 1,
+                            pcts[i % ELEMENTSOF(pcts)], compute, nvme_bw, link_bw, &best);
+                if (r < 0 && r != -ETIME)
+                        return r;
+        }
+        *ret = best;
+        return 0;
+}
