@@ -156,9 +156,12 @@ int capbound_exact(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, int wh
                                                         c = INFINITY;
                                                         break;
                                                 }
-                                                /* tierd brings a copy to VRAM only for a VRAM access, or ahead of a VRAM read */
+                                                /*
+                                                 * a copy goes up to VRAM for a VRAM access, ahead of a VRAM read,
+                                                 * or parked there (the host copy then goes: CB_RULE_PARK)
+                                                 */
                                                 if ((b & B_VRAM) && !(a & B_VRAM) && !vram_use &&
-                                                    !vram_read_next(p, t, k)) {
+                                                    !vram_read_next(p, t, k) && (b & B_HOST)) {
                                                         c = INFINITY;
                                                         break;
                                                 }

@@ -56,12 +56,47 @@ typedef struct CbLog {
  * > 0, that many in a hundred victims are not the rule's but the one with the
  * highest hash of (@seed, phase, tensor), the dice thrown by (@seed, phase,
  * victims so far in the phase): a perturbed schedule, still a function of the
- * state at a step's start, so it settles too.  -ETIME (no cycle) leaves
+ * state at a step's start, so it settles too.  With @out (per access of
+ * the plan, cb_place_gaps()), a tensor planned to wait on NVMe after its
+ * last access goes before every other victim.  -ETIME (no cycle) leaves
  * *@log empty.
  */
 int cb_simulate_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
-                    double w_link, uint32_t seed, uint32_t pct, unsigned max_steps, CbBytes *ret, CbLog *log);
+                    double w_link, uint32_t seed, uint32_t pct, const uint8_t *out, unsigned max_steps, CbBytes *ret,
+                    CbLog *log);
+
+/*
+ * cb_place_gaps() - for every access of @p, whether its tensor waits on NVMe
+ * until its next access (1) or in memory (0), planned for the whole cycle
+ * under @vram_cap + @host_cap bytes with @held phases pinned at a time
+ * (capbound-place.c); *@ret_out is malloc'ed, one byte per access.  -EINVAL,
+ * -E2BIG (the pinned bytes do not fit), -ENOMEM.
+ */
+int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, uint8_t **ret_out);
 void cb_log_free(CbLog *log);
+
+/* One access of a tensor: cb_occ_build() lists every tensor's in step order. */
+typedef struct CbOcc {
+        size_t phase;
+        size_t acc;                     /* its index in the plan's accesses */
+        uint8_t tier, mode;
+} CbOcc;
+
+/*
+ * cb_occ_build() - every tensor's accesses in step order: tensor t's are
+ * (*@ret_occ)[(*@ret_start)[t] .. (*@ret_start)[t + 1]) (both malloc'ed).
+ * -ENOMEM.
+ */
+int cb_occ_build(const CbPlan *p, CbOcc **ret_occ, size_t **ret_start);
+
+/* Every rule with and without each of its options: the schedules capbound_min_held() and capbound_planned() try. */
+#define CB_RULE_COMBOS (8u * CB_RULES)
+
+static inline CbRule cb_rule_nth(unsigned i, unsigned held) {
+        return (CbRule) ((i % CB_RULES) | (i / CB_RULES % 2 ? CB_RULE_INCLUSIVE : 0) |
+                         (i / CB_RULES / 2 % 2 ? CB_RULE_UPSTAGE : 0) | (i / CB_RULES / 4 % 2 ? CB_RULE_PARK : 0) |
+                         (held == 2 ? CB_RULE_HELD2 : 0));
+}
 
 /* -EINVAL for a malformed plan (bad tensors, tiers, modes or phase bounds), else 0. */
 int cb_plan_check(const CbPlan *p);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* capbound-timed.c: how fast the model's schedules run when every move is timed well (capbound_planned()). */
+/* capbound-timed.c: step times of the model: a lower bound (capbound_time()) and a schedule's (capbound_planned()). */
 
 /*
  * Theory of operation
@@ -431,14 +431,14 @@ static int timed_step(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint
 
 /* Time the schedule of one rule (perturbed by @seed, @pct); keep it in *@ret when faster.  -ETIME: none. */
 static int try_one(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule ru, double w_nvme, double w_link,
-                   uint32_t seed, uint32_t pct, const double *compute, double nvme_bw, double link_bw,
-                   CbPlanned *ret) {
+                   uint32_t seed, uint32_t pct, const uint8_t *out, const double *compute, double nvme_bw,
+                   double link_bw, CbPlanned *ret) {
         CbBytes b;
         CbLog log;
         double step;
         int r;
 
-        r = cb_simulate_log(p, vram_cap, host_cap, ru, w_nvme, w_link, seed, pct, TIMED_SIM_STEPS, &b, &log);
+        r = cb_simulate_log(p, vram_cap, host_cap, ru, w_nvme, w_link, seed, pct, out, TIMED_SIM_STEPS, &b, &log);
         if (r < 0)
                 return r;
         r = timed_step(p, &log, vram_cap, host_cap, compute, nvme_bw, link_bw, &step);
@@ -447,7 +447,7 @@ static int try_one(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule
                 return r;
         if (step < ret->step_s)
                 *ret = (CbPlanned) { .step_s = step, .bytes = b, .rule = ru, .w_nvme = w_nvme, .w_link = w_link,
-                                     .seed = seed, .pct = pct };
+                                     .seed = seed, .pct = pct, .placed = out != NULL };
         return 0;
 }
 
@@ -455,6 +455,7 @@ int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsi
                      double nvme_bw, double link_bw, unsigned tries, CbPlanned *ret) {
         static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
         static const uint32_t pcts[] = { 5, 10, 20, 30 };
+        _cleanup_free_ uint8_t *out = NULL;
         CbPlanned best;
         int r;
 
@@ -467,17 +468,19 @@ int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsi
                 if (!(compute[k] >= 0) || !isfinite(compute[k]))
                         return -EINVAL;
         best = (CbPlanned) { .step_s = INFINITY };
-        for (unsigned rule = 0; rule < 4 * CB_RULES; rule++)
-                for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
-                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule / CB_RULES % 2 ? CB_RULE_INCLUSIVE : 0) |
-                                              (rule / CB_RULES / 2 ? CB_RULE_UPSTAGE : 0) |
-                                              (held == 2 ? CB_RULE_HELD2 : 0));
+        r = cb_place_gaps(p, vram_cap, host_cap, held, &out);
+        if (r < 0)
+                return r;
+        for (unsigned placed = 0; placed < 2; placed++)
+                for (unsigned rule = 0; rule < CB_RULE_COMBOS; rule++)
+                        for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
+                                CbRule ru = cb_rule_nth(rule, held);
 
-                        r = try_one(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1], 0, 0, compute, nvme_bw,
-                                    link_bw, &best);
-                        if (r < 0 && r != -ETIME)
-                                return r;       /* -ETIME: no cycle to time */
-                }
+                                r = try_one(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1], 0, 0,
+                                            placed ? out : NULL, compute, nvme_bw, link_bw, &best);
+                                if (r < 0 && r != -ETIME)
+                                        return r;       /* -ETIME: no cycle to time */
+                        }
         if (!isfinite(best.step_s))
                 return -ETIME;
         /* perturbed schedules of the best rule */
@@ -485,10 +488,127 @@ int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsi
                 CbPlanned base = best;
 
                 r = try_one(p, vram_cap, host_cap, base.rule, base.w_nvme, base.w_link, i + 1,
-                            pcts[i % ELEMENTSOF(pcts)], compute, nvme_bw, link_bw, &best);
+                            pcts[i % ELEMENTSOF(pcts)], base.placed ? out : NULL, compute, nvme_bw, link_bw, &best);
                 if (r < 0 && r != -ETIME)
                         return r;
         }
         *ret = best;
         return 0;
+}
+
+/* ---- the time bound (capbound_time()) ------------------------------------------------ */
+
+typedef struct Occs {
+        CbOcc *occ;                     /* every tensor's accesses in step order (cb_occ_build()) */
+        size_t *occ_start;
+} Occs;
+
+/* The modes of @t's first accesses at or after phase @k (cyclic): what it must hold then. */
+static uint8_t next_modes_from(const Occs *s, uint32_t t, size_t k) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], first = SIZE_MAX;
+        uint8_t modes = 0;
+
+        for (size_t i = lo; i < hi && first == SIZE_MAX; i++)
+                if (s->occ[i].phase >= k)
+                        first = s->occ[i].phase;
+        if (first == SIZE_MAX && lo < hi)
+                first = s->occ[lo].phase;
+        for (size_t i = lo; i < hi; i++)
+                if (s->occ[i].phase == first)
+                        modes |= s->occ[i].mode;
+        return modes;
+}
+
+int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                  double link_bw, CbTime *ret) {
+        size_t n = p ? p->n_phases : 0, n_mod;
+        Occs s = {};
+        _cleanup_free_ uint32_t *stamp = NULL, *mstamp = NULL, *mod = NULL;
+        double total = 0, mem = (double) vram_cap + (double) host_cap;
+        bool writes;
+        int r;
+
+        if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
+                return -EINVAL;
+        r = cb_plan_check(p);
+        if (r < 0)
+                return r;
+        if ((double) n * (double) p->start[n] > 1e8)
+                return -E2BIG;
+        /* the writes' part rescans what a window wrote at every phase: only where that stays small */
+        writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
+        for (size_t k = 0; k < n; k++) {
+                if (!(compute[k] >= 0))
+                        return -EINVAL;
+                total += compute[k];
+        }
+        *ret = (CbTime) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
+        stamp = calloc(p->n_tensors, sizeof(uint32_t));
+        mstamp = calloc(p->n_tensors, sizeof(uint32_t));
+        mod = calloc(p->n_tensors, sizeof(uint32_t));
+        r = stamp && mstamp && mod ? cb_occ_build(p, &s.occ, &s.occ_start) : -ENOMEM;
+        if (r < 0)
+                goto finish;
+
+        for (size_t a = 0; a < n; a++) {
+                double reads = 0, ups = 0, before = 0;
+                uint32_t gen = (uint32_t) a + 1;
+
+                n_mod = 0;
+                for (size_t off = 0; off < n; off++) {
+                        size_t k = (a + off) % n;
+                        double wait, live = 0;
+
+                        /* what phases a .. k - 1 wrote and is still needed when k starts: on NVMe unless held */
+                        for (size_t i = 0; writes && i < n_mod; i++) {
+                                uint8_t m = next_modes_from(&s, mod[i], k);
+
+                                if (m & CB_READ)
+                                        live += (double) p->size[mod[i]];
+                        }
+                        /* the tensors whose first access since a is in phase k: what that phase reads of them */
+                        for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
+                                uint32_t t = p->acc[i].tensor;
+                                uint8_t modes = 0, vram_read = 0;
+
+                                if (stamp[t] == gen)
+                                        continue;
+                                stamp[t] = gen;
+                                for (size_t j = i; j < p->start[k + 1]; j++)
+                                        if (p->acc[j].tensor == t) {
+                                                modes |= p->acc[j].mode;
+                                                if (p->acc[j].tier == CB_VRAM && (p->acc[j].mode & CB_READ))
+                                                        vram_read = 1;
+                                        }
+                                if (modes & CB_READ)
+                                        reads += (double) p->size[t];
+                                if (vram_read)
+                                        ups += (double) p->size[t];
+                        }
+                        /* reads and writes share the drive: both before k starts */
+                        wait = MAX(nvme_bw > 0 ? (MAX(reads - mem, 0) + MAX(live - mem, 0)) / nvme_bw : 0,
+                                   link_bw > 0 ? (ups - (double) vram_cap) / link_bw : 0);
+                        if (wait > before && total + wait - before > ret->step_s) {
+                                *ret = (CbTime) { .step_s = total + wait - before, .from = a, .to = k,
+                                                  .read_bytes = MAX(reads - mem, 0),
+                                                  .write_bytes = MAX(live - mem, 0),
+                                                  .up_bytes = MAX(ups - (double) vram_cap, 0) };
+                        }
+                        before += compute[k];
+                        /* phase k's writes count from k + 1 on */
+                        for (size_t i = p->start[k]; writes && i < p->start[k + 1]; i++) {
+                                uint32_t t = p->acc[i].tensor;
+
+                                if ((p->acc[i].mode & CB_WRITE) && mstamp[t] != gen) {
+                                        mstamp[t] = gen;
+                                        mod[n_mod++] = t;
+                                }
+                        }
+                }
+        }
+        r = 0;
+finish:
+        free(s.occ);
+        free(s.occ_start);
+        return r;
 }

@@ -16,11 +16,13 @@
  *     a place (tierd's discard pin: no bytes brought);
  *   - host gets a copy from VRAM (link, VRAM -> host) when VRAM holds it,
  *     else from NVMe (NVMe read);
- *   - VRAM gets a copy only from host (link, host -> VRAM), and only for a
- *     VRAM access or ahead of one (tierd prefetches into VRAM what a VRAM
- *     access reads next, but never parks a tensor there); a tensor that is
- *     only on NVMe is staged: NVMe -> host, then host -> VRAM, and the
- *     staged host copy may be dropped at once (it is not the sole copy);
+ *   - VRAM gets a copy only from host (link, host -> VRAM), for a VRAM
+ *     access or ahead of one (tierd prefetches into VRAM what a VRAM access
+ *     reads next), or parked there: a sole host copy that must leave host
+ *     may go up instead of down to NVMe (tierd does not park; a schedule
+ *     may); a tensor that is only on NVMe is staged: NVMe -> host, then
+ *     host -> VRAM, and the staged host copy may be dropped at once (it is
+ *     not the sole copy);
  *   - NVMe gets a copy only from host (NVMe write);
  *   - a copy that is not the only current one is dropped for free (VRAM and
  *     host are an exclusive cache: a VRAM copy needs no host copy);
@@ -52,9 +54,16 @@
  * updated wait in host for the forward pass (8 of 24 NVMe transfers a step
  * of the 8-layer plan held two phases at a time).
  *
+ * With CB_RULE_PARK a sole host copy that must leave host goes up to VRAM
+ * instead of to NVMe when VRAM has the room (after dropping copies free to
+ * drop there): as each optimizer phase of a training plan brings its G and
+ * P down from VRAM, the place they leave takes what host must let go (the
+ * 8-layer plan: 12 NVMe transfers a step, its proven floor, where the
+ * other rules move 16).
+ *
  * capbound_min() is the smallest over rules (Belady's farthest next use,
  * next use over cost, free drops first, cheapest first; each with and
- * without upstaging), once weighting only NVMe bytes and
+ * without upstaging and parking), once weighting only NVMe bytes and
  * once only link bytes: each minimum separately, since
  * max(compute, N/bw_n, L/bw_l) is a lower bound when N and L are each the
  * least any schedule needs.  Each figure is the cost of a schedule the model
@@ -76,11 +85,6 @@
 #include "bench/capbound-internal.h"
 #include "proto/macro.h"
 
-typedef struct Occ {
-        size_t phase;
-        uint8_t tier, mode;
-} Occ;
-
 typedef struct Sim {
         const CbPlan *p;
         uint64_t cap[2], used[2];
@@ -88,6 +92,7 @@ typedef struct Sim {
         bool inclusive;                 /* CB_RULE_INCLUSIVE */
         bool held2;                     /* CB_RULE_HELD2 */
         bool upstage;                   /* CB_RULE_UPSTAGE */
+        bool park;                      /* CB_RULE_PARK */
         uint8_t *tried;                 /* scratch of upstage(), per tensor */
         double w_nvme, w_link;
         uint8_t *st;                    /* B_* per tensor */
@@ -95,10 +100,11 @@ typedef struct Sim {
         size_t *pin[2];                 /* phase serial + 1 when pinned there */
         size_t serial;                  /* of the phase being run, + 1 */
         size_t phase;
-        Occ *occ;                       /* every tensor's accesses in step order */
+        CbOcc *occ;                       /* every tensor's accesses in step order */
         size_t *occ_start;              /* n_tensors + 1 */
         CbBytes *acc;                   /* the step's bytes */
         uint32_t seed, pct;             /* cb_simulate_log(): pct % of victims by a hash of seed instead */
+        const uint8_t *out;             /* cb_simulate_log(): per access, its tensor waits on NVMe after it */
         uint32_t n_evicted;             /* in this phase */
         CbLog *log;                     /* when set, every copy's move is noted (cb_simulate_log()) */
         size_t log_step;                /* the step being noted, from the log's start */
@@ -206,7 +212,7 @@ static double next_use(Sim *s, uint32_t t, unsigned tier, bool *ret_dead) {
                 first++;
         for (size_t k = 0; k < 2 * n; k++) {
                 size_t idx = lo + (first - lo + k) % n;
-                const Occ *o = &s->occ[idx];
+                const CbOcc *o = &s->occ[idx];
                 bool wrap = (first - lo + k) >= n;
                 double d = (double) o->phase + (wrap ? (double) p->n_phases : 0) - (double) s->phase;
 
@@ -283,12 +289,62 @@ static bool better(CbRule rule, double da, double xa, double ba, double db, doub
 }
 
 static int enforce(Sim *s, unsigned tier);
+static bool planned_out(const Sim *s, uint32_t t);
+
+/*
+ * CB_RULE_PARK: move host's sole copy of @t up to VRAM instead of writing it
+ * down, when VRAM has the room after dropping copies that are free to drop
+ * (not the sole one, or dead) and not pinned, the farthest needed first.
+ * true when parked.
+ */
+static bool park(Sim *s, uint32_t t) {
+        const CbPlan *p = s->p;
+        uint64_t size = p->size[t], freeable = 0;
+
+        if (s->pin[CB_VRAM][t] == s->serial || planned_out(s, t))
+                return false;
+        for (uint32_t u = 0; u < p->n_tensors; u++)
+                if ((s->st[u] & B_VRAM) && s->pin[CB_VRAM][u] != s->serial && (s->st[u] & (B_HOST | B_NVME)))
+                        freeable += p->size[u];
+        if (s->used[CB_VRAM] + size > s->cap[CB_VRAM] + freeable)
+                return false;
+        while (s->used[CB_VRAM] + size > s->cap[CB_VRAM]) {
+                long v = -1;
+                double vd = 0;
+
+                for (uint32_t u = 0; u < p->n_tensors; u++) {
+                        bool dead;
+                        double d;
+
+                        if (!(s->st[u] & B_VRAM) || s->pin[CB_VRAM][u] == s->serial || !(s->st[u] & (B_HOST | B_NVME)))
+                                continue;
+                        d = next_use(s, u, CB_VRAM, &dead);
+                        if (v < 0 || d > vd) {
+                                v = u;
+                                vd = d;
+                        }
+                }
+                note(s, (uint32_t) v, CB_EV_DROP, CB_VRAM);
+                s->st[v] &= (uint8_t) ~B_VRAM;
+                s->used[CB_VRAM] -= p->size[v];
+        }
+        s->acc->link_up += (double) size;
+        note(s, t, CB_EV_UP, CB_VRAM);
+        note(s, t, CB_EV_DROP, CB_HOST);
+        s->st[t] = (uint8_t) ((s->st[t] & ~B_HOST) | B_VRAM);
+        s->used[CB_HOST] -= size;
+        s->used[CB_VRAM] += size;
+        return true;
+}
 
 /* Drop @t's copy in @tier, writing it down first when it is the sole current one and not dead. */
 static int evict(Sim *s, uint32_t t, unsigned tier, bool dead) {
         uint64_t size = s->p->size[t];
         uint8_t other = tier == CB_VRAM ? (B_HOST | B_NVME) : (B_VRAM | B_NVME);
         bool sole = !dead && !(s->st[t] & other);
+
+        if (sole && tier == CB_HOST && s->park && park(s, t))
+                return 0;
 
         if (sole)
                 note(s, t, tier == CB_HOST ? CB_EV_WRITE : CB_EV_DRAIN, CB_HOST);
@@ -319,17 +375,32 @@ static uint64_t mix3(uint64_t a, uint64_t b, uint64_t c) {
         return x ^ (x >> 31);
 }
 
+/* Is @t, not accessed in the current phase, planned to wait on NVMe now (cb_place_gaps())? */
+static bool planned_out(const Sim *s, uint32_t t) {
+        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], last = SIZE_MAX;
+
+        if (!s->out || lo == hi)
+                return false;
+        for (size_t i = lo; i < hi && s->occ[i].phase < s->phase; i++)
+                last = i;
+        if (last == SIZE_MAX)
+                last = hi - 1;  /* its last access of the step before */
+        return s->out[s->occ[last].acc];
+}
+
 static int enforce(Sim *s, unsigned tier) {
         while (s->used[tier] > s->cap[tier]) {
                 long best = -1;
                 double bd = 0, bx = 0, bb = 0;
                 bool bdead = false;
+                int bout = 0;
                 /* perturbed: this victim by the dice, from the phase and the count alone (so the schedule settles) */
                 bool dice = s->pct && mix3(s->seed, s->phase, s->n_evicted++) % 100 < s->pct;
                 uint64_t bh = 0;
 
                 for (uint32_t t = 0; t < s->p->n_tensors; t++) {
                         double d, x, b;
+                        int po;
                         bool dead;
 
                         if (!(s->st[t] & tier_bit(tier)) || s->pin[tier][t] == s->serial)
@@ -346,7 +417,15 @@ static int enforce(Sim *s, unsigned tier) {
                                 }
                                 continue;
                         }
-                        if (best < 0 || better(s->rule, d, x, b, bd, bx, bb)) {
+                        /* with a plan of waits: what is dead first (free), then what it sends to NVMe */
+                        po = s->out ? (dead ? 2 : planned_out(s, t) ? 1 : 0) : 0;
+                        if (best >= 0 && po != bout) {
+                                if (po < bout)
+                                        continue;
+                        } else if (best >= 0 && !better(s->rule, d, x, b, bd, bx, bb))
+                                continue;
+                        {
+                                bout = po;
                                 best = t;
                                 bd = d;
                                 bx = x;
@@ -423,7 +502,7 @@ static bool holds_ahead(const CbPlan *p, size_t k, size_t nx, size_t i) {
 }
 
 /* The first access of @t after phase @k (cyclic; at most one step on), or NULL when it has none. */
-static const Occ *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
+static const CbOcc *next_after(const Sim *s, uint32_t t, size_t k, size_t *ret_dist) {
         size_t lo = s->occ_start[t], hi = s->occ_start[t + 1];
 
         if (lo == hi)
@@ -450,7 +529,7 @@ static void upstage(Sim *s) {
                 double pick_d = INFINITY;
 
                 for (uint32_t t = 0; t < p->n_tensors; t++) {
-                        const Occ *o;
+                        const CbOcc *o;
                         size_t d;
 
                         if ((s->st[t] & (B_HOST | B_VRAM)) != B_HOST || s->pin[CB_HOST][t] == s->serial ||
@@ -562,29 +641,36 @@ static int run_phase(Sim *s, size_t k) {
         return 0;
 }
 
-static int occ_build(Sim *s) {
-        const CbPlan *p = s->p;
+int cb_occ_build(const CbPlan *p, CbOcc **ret_occ, size_t **ret_start) {
         size_t n_acc = p->start[p->n_phases], *fill;
+        CbOcc *occ = calloc(n_acc ? n_acc : 1, sizeof(CbOcc));
+        size_t *start = calloc(p->n_tensors + 1, sizeof(size_t));
 
-        s->occ = calloc(n_acc ? n_acc : 1, sizeof(Occ));
-        s->occ_start = calloc(p->n_tensors + 1, sizeof(size_t));
         fill = calloc(p->n_tensors, sizeof(size_t));
-        if (!s->occ || !s->occ_start || !fill) {
+        if (!occ || !start || !fill) {
+                free(occ);
+                free(start);
                 free(fill);
                 return -ENOMEM;
         }
         for (size_t i = 0; i < n_acc; i++)
-                s->occ_start[p->acc[i].tensor + 1]++;
+                start[p->acc[i].tensor + 1]++;
         for (size_t t = 0; t < p->n_tensors; t++)
-                s->occ_start[t + 1] += s->occ_start[t];
+                start[t + 1] += start[t];
         for (size_t k = 0; k < p->n_phases; k++)
                 for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
                         uint32_t t = p->acc[i].tensor;
 
-                        s->occ[s->occ_start[t] + fill[t]++] = (Occ) { k, p->acc[i].tier, p->acc[i].mode };
+                        occ[start[t] + fill[t]++] = (CbOcc) { k, i, p->acc[i].tier, p->acc[i].mode };
                 }
         free(fill);
+        *ret_occ = occ;
+        *ret_start = start;
         return 0;
+}
+
+static int occ_build(Sim *s) {
+        return cb_occ_build(s->p, &s->occ, &s->occ_start);
 }
 
 /*
@@ -613,17 +699,18 @@ static int log_cycle(Sim *s, CbLog *log, unsigned steps) {
 }
 
 static int simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
-                    double w_link, uint32_t seed, uint32_t pct, unsigned max_steps, CbBytes *ret, CbLog *log) {
-        Sim s = { .p = p, .seed = seed, .pct = pct, .cap = { vram_cap, host_cap },
-                  .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE),
+                    double w_link, uint32_t seed, uint32_t pct, const uint8_t *out, unsigned max_steps, CbBytes *ret,
+                    CbLog *log) {
+        Sim s = { .p = p, .seed = seed, .pct = pct, .out = out, .cap = { vram_cap, host_cap },
+                  .rule = rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE | CB_RULE_PARK),
                   .inclusive = rule & CB_RULE_INCLUSIVE, .held2 = rule & CB_RULE_HELD2,
-                  .upstage = rule & CB_RULE_UPSTAGE, .w_nvme = w_nvme, .w_link = w_link };
+                  .upstage = rule & CB_RULE_UPSTAGE, .park = rule & CB_RULE_PARK, .w_nvme = w_nvme, .w_link = w_link };
         _cleanup_free_ uint8_t *hist = NULL;
         _cleanup_free_ CbBytes *steps = NULL;
         size_t n;
         int r;
 
-        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE | 0xf)) || max_steps < 2 ||
+        if (!ret || s.rule >= CB_RULES || (rule & ~(CB_RULE_INCLUSIVE | CB_RULE_HELD2 | CB_RULE_UPSTAGE | CB_RULE_PARK | 0xf)) || max_steps < 2 ||
             !(w_nvme >= 0) || !(w_link >= 0))
                 return -EINVAL;
         r = cb_plan_check(p);
@@ -699,11 +786,12 @@ finish:
 
 int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
                       double w_link, unsigned max_steps, CbBytes *ret) {
-        return simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, 0, 0, max_steps, ret, NULL);
+        return simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, 0, 0, NULL, max_steps, ret, NULL);
 }
 
 int cb_simulate_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule rule, double w_nvme,
-                    double w_link, uint32_t seed, uint32_t pct, unsigned max_steps, CbBytes *ret, CbLog *log) {
+                    double w_link, uint32_t seed, uint32_t pct, const uint8_t *out, unsigned max_steps, CbBytes *ret,
+                    CbLog *log) {
         int r;
 
         if (!log)
@@ -711,7 +799,7 @@ int cb_simulate_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRul
         *log = (CbLog) {};
         if (pct > 100)
                 return -EINVAL;
-        r = simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, seed, pct, max_steps, ret, log);
+        r = simulate(p, vram_cap, host_cap, rule, w_nvme, w_link, seed, pct, out, max_steps, ret, log);
         if (r < 0)
                 cb_log_free(log);
         return r;
@@ -737,11 +825,9 @@ int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, uns
 
         if (held != 1 && held != 2)
                 return -EINVAL;
-        for (unsigned rule = 0; rule < 4 * CB_RULES; rule++)
+        for (unsigned rule = 0; rule < CB_RULE_COMBOS; rule++)
                 for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
-                        CbRule ru = (CbRule) ((rule % CB_RULES) | (rule / CB_RULES % 2 ? CB_RULE_INCLUSIVE : 0) |
-                                              (rule / CB_RULES / 2 ? CB_RULE_UPSTAGE : 0) |
-                                              (held == 2 ? CB_RULE_HELD2 : 0));
+                        CbRule ru = cb_rule_nth(rule, held);
                         CbBytes b;
                         int r = capbound_simulate(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1],
                                                   SIM_MAX_STEPS, &b);
@@ -791,14 +877,14 @@ int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbByte
                 size_t lo = s.occ_start[t], n = s.occ_start[t + 1] - lo;
 
                 for (size_t w = 0; w < n; w++) {
-                        const Occ *ow = &s.occ[lo + w];
+                        const CbOcc *ow = &s.occ[lo + w];
                         bool crosses = false;
 
                         if (!(ow->mode & CB_WRITE))
                                 continue;
                         /* the reads of this version: until the next write (the same phase's other tier first) */
                         for (size_t k = 1; k <= n; k++) {
-                                const Occ *o = &s.occ[lo + (w + k) % n];
+                                const CbOcc *o = &s.occ[lo + (w + k) % n];
 
                                 if (k < n && o->phase == ow->phase && o->tier != ow->tier)
                                         continue;       /* same phase: not after the write */
@@ -831,7 +917,7 @@ int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbByte
                 }
                 for (uint32_t t = 0; t < p->n_tensors; t++) {
                         size_t d;
-                        const Occ *o;
+                        const CbOcc *o;
 
                         if (pinned[t] || !(o = next_after(&s, t, k, &d)) || !(o->mode & CB_READ))
                                 continue;
@@ -864,118 +950,6 @@ int capbound_floor(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbByte
         }
         *ret = (CbBytes) { .nvme_read = best_read, .nvme_write = best_write, .link_up = MAX(up, cap_vram),
                            .link_down = down };
-        r = 0;
-finish:
-        free(s.occ);
-        free(s.occ_start);
-        return r;
-}
-
-/* ---- the time bound -------------------------------------------------------------- */
-
-/* The modes of @t's first accesses at or after phase @k (cyclic): what it must hold then. */
-static uint8_t next_modes_from(const Sim *s, uint32_t t, size_t k) {
-        size_t lo = s->occ_start[t], hi = s->occ_start[t + 1], first = SIZE_MAX;
-        uint8_t modes = 0;
-
-        for (size_t i = lo; i < hi && first == SIZE_MAX; i++)
-                if (s->occ[i].phase >= k)
-                        first = s->occ[i].phase;
-        if (first == SIZE_MAX && lo < hi)
-                first = s->occ[lo].phase;
-        for (size_t i = lo; i < hi; i++)
-                if (s->occ[i].phase == first)
-                        modes |= s->occ[i].mode;
-        return modes;
-}
-
-int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
-                  double link_bw, CbTime *ret) {
-        size_t n = p ? p->n_phases : 0, n_mod;
-        Sim s = { .p = p };
-        _cleanup_free_ uint32_t *stamp = NULL, *mstamp = NULL, *mod = NULL;
-        double total = 0, mem = (double) vram_cap + (double) host_cap;
-        bool writes;
-        int r;
-
-        if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
-                return -EINVAL;
-        r = cb_plan_check(p);
-        if (r < 0)
-                return r;
-        if ((double) n * (double) p->start[n] > 1e8)
-                return -E2BIG;
-        /* the writes' part rescans what a window wrote at every phase: only where that stays small */
-        writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
-        for (size_t k = 0; k < n; k++) {
-                if (!(compute[k] >= 0))
-                        return -EINVAL;
-                total += compute[k];
-        }
-        *ret = (CbTime) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
-        stamp = calloc(p->n_tensors, sizeof(uint32_t));
-        mstamp = calloc(p->n_tensors, sizeof(uint32_t));
-        mod = calloc(p->n_tensors, sizeof(uint32_t));
-        r = stamp && mstamp && mod ? occ_build(&s) : -ENOMEM;
-        if (r < 0)
-                goto finish;
-
-        for (size_t a = 0; a < n; a++) {
-                double reads = 0, ups = 0, before = 0;
-                uint32_t gen = (uint32_t) a + 1;
-
-                n_mod = 0;
-                for (size_t off = 0; off < n; off++) {
-                        size_t k = (a + off) % n;
-                        double wait, live = 0;
-
-                        /* what phases a .. k - 1 wrote and is still needed when k starts: on NVMe unless held */
-                        for (size_t i = 0; writes && i < n_mod; i++) {
-                                uint8_t m = next_modes_from(&s, mod[i], k);
-
-                                if (m & CB_READ)
-                                        live += (double) p->size[mod[i]];
-                        }
-                        /* the tensors whose first access since a is in phase k: what that phase reads of them */
-                        for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
-                                uint32_t t = p->acc[i].tensor;
-                                uint8_t modes = 0, vram_read = 0;
-
-                                if (stamp[t] == gen)
-                                        continue;
-                                stamp[t] = gen;
-                                for (size_t j = i; j < p->start[k + 1]; j++)
-                                        if (p->acc[j].tensor == t) {
-                                                modes |= p->acc[j].mode;
-                                                if (p->acc[j].tier == CB_VRAM && (p->acc[j].mode & CB_READ))
-                                                        vram_read = 1;
-                                        }
-                                if (modes & CB_READ)
-                                        reads += (double) p->size[t];
-                                if (vram_read)
-                                        ups += (double) p->size[t];
-                        }
-                        /* reads and writes share the drive: both before k starts */
-                        wait = MAX(nvme_bw > 0 ? (MAX(reads - mem, 0) + MAX(live - mem, 0)) / nvme_bw : 0,
-                                   link_bw > 0 ? (ups - (double) vram_cap) / link_bw : 0);
-                        if (wait > before && total + wait - before > ret->step_s) {
-                                *ret = (CbTime) { .step_s = total + wait - before, .from = a, .to = k,
-                                                  .read_bytes = MAX(reads - mem, 0),
-                                                  .write_bytes = MAX(live - mem, 0),
-                                                  .up_bytes = MAX(ups - (double) vram_cap, 0) };
-                        }
-                        before += compute[k];
-                        /* phase k's writes count from k + 1 on */
-                        for (size_t i = p->start[k]; writes && i < p->start[k + 1]; i++) {
-                                uint32_t t = p->acc[i].tensor;
-
-                                if ((p->acc[i].mode & CB_WRITE) && mstamp[t] != gen) {
-                                        mstamp[t] = gen;
-                                        mod[n_mod++] = t;
-                                }
-                        }
-                }
-        }
         r = 0;
 finish:
         free(s.occ);

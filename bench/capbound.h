@@ -2,6 +2,7 @@
 /* capbound.h: the fewest NVMe and link bytes per step a cyclic iteration plan needs under VRAM and host capacities. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,6 +69,13 @@ typedef enum CbRule {
          * access; the host copy is then the first victim there)
          */
         CB_RULE_UPSTAGE = 0x40,
+        /*
+         * or'ed in: a sole host copy that would be written down to make host
+         * room moves up to VRAM instead (parked) when VRAM has the room after
+         * dropping copies free to drop there; with a plan of waits
+         * (capbound_planned()) only the copies it keeps in memory
+         */
+        CB_RULE_PARK = 0x80,
 } CbRule;
 
 /*
@@ -166,6 +174,7 @@ typedef struct CbPlanned {
         CbRule rule;                    /* and how the model made its placement */
         double w_nvme, w_link;
         uint32_t seed, pct;             /* its perturbation (0, 0: none) */
+        bool placed;                    /* its victims follow the cycle's plan of waits (capbound-place.c) first */
 } CbPlanned;
 
 /*
