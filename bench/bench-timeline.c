@@ -295,6 +295,15 @@ static int report(const Args *a, const StepResult *res) {
         bench_json_double(&js, "min_held2_nvme_gb", n_jobs * (held.nvme_read + held.nvme_write) / 1e9);
         bench_json_double(&js, "time_bound_s", time_b);
         bench_json_double(&js, "ratio_time", step_med / time_b);
+        if (a->planned) {
+                CbPlanned pl;
+                double s1 = plan_planned(a, res->vram_limit, res->host_limit, 1, n_jobs, &pl);
+                double s2 = plan_planned(a, res->vram_limit, res->host_limit, 2, n_jobs, &pl);
+
+                bench_json_double(&js, "planned_s", s1);
+                bench_json_double(&js, "planned_held2_s", s2);
+                bench_json_double(&js, "ratio_planned", step_med / MIN(s1, s2));
+        }
         if (tb.from != SIZE_MAX) {
                 bench_json_u64(&js, "time_window_from", tb.from);
                 bench_json_u64(&js, "time_window_to", tb.to);
@@ -440,8 +449,11 @@ static void usage(FILE *f) {
                 "  --jobs N             N jobs of the plan at once, each with its own limits (default 1)\n"
                 "  --capbound VRAM,HOST print the fewest NVMe and link bytes per step of the plan under these\n"
                 "                       limits (bench/capbound.c) and exit; needs no tierd\n"
-                "  --planned-tries N    perturbed schedules the planned step (capbound_planned()) tries\n"
-                "                       beyond the model's rules (default 0)\n");
+                "  --planned            report planned_s and planned_held2_s: steps a schedule of the model\n"
+                "                       reaches, timed (capbound_planned(); each job with its share of the\n"
+                "                       links), holding one and two phases\n"
+                "  --planned-tries N    perturbed schedules the planned step tries beyond the model's rules\n"
+                "                       (default 0)\n");
 }
 
 static int parse_weights(const char *s, Args *a) {
@@ -466,7 +478,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 ARG_SOCKET = 0x100, ARG_JOB, ARG_LAYERS, ARG_TSIZE, ARG_PSIZE, ARG_GSIZE, ARG_OSIZE, ARG_FWD,
                 ARG_BWD, ARG_OPT, ARG_WARMUP, ARG_STEPS, ARG_NVME_BW, ARG_TARGETS, ARG_LINK_BW, ARG_WEIGHT,
                 ARG_FAIR, ARG_DURATION, ARG_CONFIG, ARG_TRACE, ARG_PHASE_TIMEOUT, ARG_CAPBOUND, ARG_PLAN, ARG_JOBS,
-                ARG_PLANNED_TRIES,
+                ARG_PLANNED_TRIES, ARG_PLANNED,
         };
         static const struct option options[] = {
                 { "socket",      required_argument, NULL, ARG_SOCKET },
@@ -494,6 +506,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "plan",        required_argument, NULL, ARG_PLAN },
                 { "jobs",        required_argument, NULL, ARG_JOBS },
                 { "planned-tries", required_argument, NULL, ARG_PLANNED_TRIES },
+                { "planned",     no_argument,       NULL, ARG_PLANNED },
                 { "help",        no_argument,       NULL, 'h' },
                 {}
         };
@@ -573,6 +586,9 @@ static int parse_args(int argc, char **argv, Args *a) {
                         break;
                 case ARG_PLANNED_TRIES:
                         r = bench_parse_uint(optarg, 0, 100000, &a->planned_tries);
+                        break;
+                case ARG_PLANNED:
+                        a->planned = true;
                         break;
                 case ARG_CAPBOUND: {
                         _cleanup_free_ char *v = strdup(optarg);

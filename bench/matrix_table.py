@@ -20,11 +20,12 @@ def main() -> int:
             rows.setdefault(d["case"], {})[d["policy"]] = d
     print(f"Measured by `bench/run timeline --matrix` in {seconds} s; load average at the end {load} on "
           f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs).\n")
-    print("| case | jobs | compute asked / measured | capacity bound (floor) | time bound | held-2 bound | timeline step "
-          "| x cap | x time | x held-2 | lru step | x cap | ondemand step | x cap "
+    print("| case | jobs | compute asked / measured | capacity bound (floor) | time bound | held-2 bound "
+          "| planned step (held 1 / 2) | timeline step "
+          "| x cap | x time | x held-2 | x planned | lru step | x cap | ondemand step | x cap "
           "| NVMe GB timeline / lru / ondemand / least / least held-2 | stall timeline | lower_bound_s timeline "
           "| verified |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for case, pols in rows.items():
         any_d = next(iter(pols.values()))
         t = pols.get("timeline")
@@ -32,7 +33,8 @@ def main() -> int:
         asked = t.get("compute_asked_s") if t else None
         cells = [case, str(any_d.get("jobs", 1)), f(asked) + " / " + f(t and t["compute_s"]),
                  f(any_d.get("capacity_bound_s")) + " (" + f(any_d.get("capacity_floor_s")) + ")",
-                 f(any_d.get("time_bound_s")), f(any_d.get("held2_bound_s"))]
+                 f(any_d.get("time_bound_s")), f(any_d.get("held2_bound_s")),
+                 f(t and t.get("planned_s")) + " / " + f(t and t.get("planned_held2_s"))]
         nv = []
         for pol in ("timeline", "lru", "ondemand"):
             d = pols.get(pol)
@@ -41,6 +43,7 @@ def main() -> int:
                 cells.append(f(d and d.get("ratio_time"), "{:.2f}"))
                 held = d and d.get("held2_bound_s")
                 cells.append(f(d and held and d["step_s"] / held, "{:.2f}"))
+                cells.append(f(d and d.get("ratio_planned"), "{:.2f}"))
             nv.append(f(d and d["nvme_read_gb"] + d["nvme_write_gb"]))
         nv.append(f(any_d.get("min_nvme_read_gb", 0) + any_d.get("min_nvme_write_gb", 0)))
         nv.append(f(any_d.get("min_held2_nvme_gb")))

@@ -36,6 +36,7 @@ typedef struct Args {
         const char *plan_file;
         bool capbound;                  /* --capbound: print the fewest bytes per step and exit */
         uint64_t cb_vram, cb_host;      /* its limits */
+        bool planned;                   /* --planned: the result line times the model's schedules too */
         uint64_t planned_tries;         /* --planned-tries: capbound_planned()'s random search */
 } Args;
 

@@ -105,6 +105,13 @@ class TorchPlan(unittest.TestCase):
             out = subprocess.run([exe, "--plan", path, "--capbound", f"{4 * big},{4 * big}"], check=True,
                                  stdout=subprocess.PIPE, text=True, timeout=60).stdout
             self.assertGreater(json.loads(out)["min_nvme_read_bytes"], 0)
+            # with bandwidths: a timed schedule of the model, never faster than the time-aware bound
+            out = subprocess.run([exe, "--plan", path, "--nvme-bw", "400M", "--link-bw", "1G", "--capbound",
+                                  f"{4 * big},{4 * big}"], check=True, stdout=subprocess.PIPE, text=True,
+                                 timeout=120).stdout
+            cb = json.loads(out)
+            for key in ("planned_s", "planned_held2_s"):
+                self.assertGreaterEqual(cb[key], cb["time_bound_s"] - 1e-9, key)
             # write-downs (placement C) are tierctl plan's to replay, not bench-timeline's: refused
             with open(path, "w") as f:
                 json.dump(self.plan("--dim", "64", "--layers", "2", "--heads", "2", "--context", "16", "--batch",
