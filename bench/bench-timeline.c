@@ -92,6 +92,15 @@ static double phase_compute_s(const Args *a, size_t k) {
         return (double) (kind == TL_FWD ? a->fwd_us : kind == TL_BWD ? a->bwd_us : a->opt_us) / 1e6;
 }
 
+/* The compute asked for in every phase of @a's plan, in seconds (malloc'ed; NULL when out of memory). */
+static double *plan_compute(const Args *a) {
+        double *compute = calloc(a->plan->n_phases, sizeof(double));
+
+        for (size_t k = 0; compute && k < a->plan->n_phases; k++)
+                compute[k] = phase_compute_s(a, k);
+        return compute;
+}
+
 /*
  * The time-aware bound of one job's step (capbound_time()) under these limits, with the
  * compute asked for: NAN (logged) when there is none.  Each job has its own limits and,
@@ -99,13 +108,11 @@ static double phase_compute_s(const Args *a, size_t k) {
  */
 static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTime *tb) {
         CbPlan cb = tl_plan_cb(a->plan);
-        _cleanup_free_ double *compute = calloc(a->plan->n_phases, sizeof(double));
+        _cleanup_free_ double *compute = plan_compute(a);
         int r;
 
         if (!compute)
                 return NAN;
-        for (size_t k = 0; k < a->plan->n_phases; k++)
-                compute[k] = phase_compute_s(a, k);
         r = capbound_time(&cb, vram, host, compute, (double) a->nvme_bw * (double) a->targets, (double) a->link_bw,
                           tb);
         if (r < 0) {
@@ -123,14 +130,12 @@ static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTim
 static double plan_planned(const Args *a, uint64_t vram, uint64_t host, unsigned held, double n_jobs,
                            CbPlanned *pl) {
         CbPlan cb = tl_plan_cb(a->plan);
-        _cleanup_free_ double *compute = calloc(a->plan->n_phases, sizeof(double));
+        _cleanup_free_ double *compute = plan_compute(a);
         int r;
 
         *pl = (CbPlanned) { .step_s = NAN };
         if (!compute)
                 return NAN;
-        for (size_t k = 0; k < a->plan->n_phases; k++)
-                compute[k] = phase_compute_s(a, k);
         r = capbound_planned(&cb, vram, host, held, compute, (double) a->nvme_bw * (double) a->targets / n_jobs,
                              (double) a->link_bw / n_jobs, a->planned_tries, pl);
         if (r < 0) {

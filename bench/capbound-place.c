@@ -166,11 +166,11 @@ static uint8_t modes_in(const CbPlan *p, uint32_t t, size_t k) {
 }
 
 int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, uint8_t **ret_out) {
-        size_t n = p->n_phases, np = PLACE_CYCLES * n, n_edges = 0;
+        size_t n = p ? p->n_phases : 0, np = PLACE_CYCLES * n;
         uint64_t mem = vram_cap + host_cap;
         _cleanup_free_ uint64_t *pinned = NULL;
         _cleanup_free_ size_t *gap_edge = NULL, *gap_from = NULL;
-        _cleanup_free_ uint8_t *seen = NULL;
+        _cleanup_free_ uint8_t *seen = NULL, *written = NULL;
         uint8_t *out = NULL;
         Graph g = { .n = np + 1 };
         int r;
@@ -182,14 +182,15 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                 return r;
         pinned = calloc(n, sizeof(uint64_t));
         seen = calloc(p->n_tensors, 1);
+        written = calloc(p->n_tensors, 1);
         /* per access of the middle step: its gap's edge (SIZE_MAX: none) in its node's list */
-        gap_edge = malloc(p->start[n] * sizeof(size_t));
-        gap_from = malloc(p->start[n] * sizeof(size_t));
+        gap_edge = malloc((p->start[n] ? p->start[n] : 1) * sizeof(size_t));
+        gap_from = malloc((p->start[n] ? p->start[n] : 1) * sizeof(size_t));
         out = calloc(p->start[n] ? p->start[n] : 1, 1);
         g.e = calloc(g.n, sizeof(Edge *));
         g.ne = calloc(g.n, sizeof(size_t));
         g.ce = calloc(g.n, sizeof(size_t));
-        if (!pinned || !seen || !gap_edge || !gap_from || !out || !g.e || !g.ne || !g.ce) {
+        if (!pinned || !seen || !written || !gap_edge || !gap_from || !out || !g.e || !g.ne || !g.ce) {
                 r = -ENOMEM;
                 goto finish;
         }
@@ -213,6 +214,9 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                         goto finish;
                 }
         }
+        for (size_t i = 0; i < p->start[n]; i++)
+                if (p->acc[i].mode & CB_WRITE)
+                        written[p->acc[i].tensor] = 1;
         /* the chain: the pinned bytes must stay on it, the rest of memory may */
         for (size_t x = 0; x < np; x++) {
                 r = add_edge(&g, (uint32_t) x, (uint32_t) (x + 1), pinned[x % n], -PINNED_COST, NULL);
@@ -229,7 +233,7 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                         for (size_t i = p->start[k]; i < p->start[k + 1]; i++) {
                                 uint32_t t = p->acc[i].tensor;
                                 size_t d, first = i;
-                                uint8_t m, vm = 0;
+                                uint8_t m;
                                 int64_t saved;
                                 ptrdiff_t a, b;
 
@@ -244,15 +248,11 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                 m = modes_in(p, t, (k + d) % n);
                                 if (d == 1 || m == CB_WRITE)
                                         continue;       /* no phase between, or dead: nothing to keep */
-                                /* was the version the gap holds written in the plan (this phase, or before)? */
-                                for (size_t e = 0; e < n && !(vm & CB_WRITE); e++) {
-                                        uint8_t me = modes_in(p, t, (k + n - e) % n);
-
-                                        vm |= me & CB_WRITE;
-                                        if (e > 0 && me == CB_WRITE)
-                                                break;
-                                }
-                                saved = (m & CB_READ ? 1 : 0) + (vm & CB_WRITE ? 1 : 0);
+                                /*
+                                 * the version the gap holds was written in the plan when the tensor is
+                                 * written anywhere in the step (the last write before is in the cycle)
+                                 */
+                                saved = (m & CB_READ ? 1 : 0) + (written[t] ? 1 : 0);
                                 if (saved == 0)
                                         continue;
                                 a = (ptrdiff_t) (c * n + k + 1);
@@ -267,7 +267,6 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                         goto finish;
                                 if (c == 1)
                                         gap_from[i] = (size_t) a;
-                                n_edges++;
                                 /* the first step's gaps that began in the step before */
                                 if (c == 0 && (ptrdiff_t) (k + d) > (ptrdiff_t) n) {
                                         r = add_edge(&g, 0, (uint32_t) (k + d - n), p->size[t],
@@ -292,7 +291,6 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                 continue;
                         out[i] = g.e[gap_from[first]][gap_edge[first]].cap != 0;
                 }
-        (void) n_edges;
         *ret_out = out;
         out = NULL;
         r = 0;

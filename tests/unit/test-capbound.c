@@ -379,6 +379,36 @@ static void test_held_pairs(void **state) {
 }
 
 /*
+ * A random tiny plan of @n_tensors tensors (1 or 2 bytes) and @n_phases
+ * phases of 1 or 2 accesses, drawn from *@seed into @t (@rows and @size hold
+ * it); with @compute, each phase's compute too (0 to 1.5 s).
+ */
+static void random_plan(unsigned *seed, TPlan *t, int rows[6][13], uint64_t size[3], size_t n_tensors,
+                        size_t n_phases, double *compute) {
+        for (size_t i = 0; i < n_tensors; i++)
+                size[i] = 1 + (uint64_t) (rand_r(seed) % 2);
+        for (size_t k = 0; k < n_phases; k++) {
+                size_t m = 0, n_acc = 1 + (size_t) (rand_r(seed) % 2);
+
+                if (compute)
+                        compute[k] = (double) (rand_r(seed) % 4) / 2;
+                for (size_t a = 0; a < n_acc; a++) {
+                        int tn = rand_r(seed) % (int) n_tensors, dup = 0;
+
+                        for (size_t x = 0; x < m; x += 3)
+                                dup |= rows[k][x] == tn;
+                        if (dup)
+                                continue;
+                        rows[k][m++] = tn;
+                        rows[k][m++] = rand_r(seed) % 2 ? V : H;
+                        rows[k][m++] = 1 + rand_r(seed) % 3;
+                }
+                rows[k][m] = -1;
+        }
+        tplan(t, n_tensors, size, n_phases, (const int (*)[13]) rows);
+}
+
+/*
  * Random tiny plans (2 or 3 tensors of 1 or 2 bytes, 2 to 6 phases): the
  * rules' best is never below the exhaustive minimum (the two implement one
  * model), and equal to it on nearly all.
@@ -397,25 +427,7 @@ static void test_random_vs_exact(void **state) {
                 double en, el;
                 int r;
 
-                for (size_t i = 0; i < n_tensors; i++)
-                        size[i] = 1 + (uint64_t) (rand_r(&seed) % 2);
-                for (size_t k = 0; k < n_phases; k++) {
-                        size_t m = 0, n_acc = 1 + (size_t) (rand_r(&seed) % 2);
-
-                        for (size_t a = 0; a < n_acc; a++) {
-                                int tn = rand_r(&seed) % (int) n_tensors, dup = 0;
-
-                                for (size_t x = 0; x < m; x += 3)
-                                        dup |= rows[k][x] == tn;
-                                if (dup)
-                                        continue;
-                                rows[k][m++] = tn;
-                                rows[k][m++] = rand_r(&seed) % 2 ? V : H;
-                                rows[k][m++] = 1 + rand_r(&seed) % 3;
-                        }
-                        rows[k][m] = -1;
-                }
-                tplan(&t, n_tensors, size, n_phases, (const int (*)[13]) rows);
+                random_plan(&seed, &t, rows, size, n_tensors, n_phases, NULL);
                 r = capbound_min(&t.p, vc, hc, &n, &l);
                 if (r == -E2BIG) {
                         assert_int_equal(capbound_exact(&t.p, vc, hc, 0, 24, &en), -E2BIG);
@@ -491,6 +503,7 @@ static void test_place_gaps(void **state) {
         /* bad input; one phase more than memory holds */
         assert_int_equal(cb_place_gaps(&l8.p, 6, 12, 3, &out), -EINVAL);
         assert_int_equal(cb_place_gaps(&l8.p, 6, 12, 1, NULL), -EINVAL);
+        assert_int_equal(cb_place_gaps(NULL, 6, 12, 1, &out), -EINVAL);
         assert_int_equal(cb_place_gaps(&l8.p, 0, 2, 1, &out), -E2BIG);
 }
 
@@ -507,6 +520,7 @@ static void test_planned(void **state) {
         static const int rows[2][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 } };
         double c2[2] = { 1, 1 };
         CbPlanned pl, more;
+        CbLog log;
         CbTime tb;
         L8Plan l8;
         TPlan t;
@@ -525,6 +539,11 @@ static void test_planned(void **state) {
         assert_int_equal(capbound_planned(&t.p, 0, 1, 3, c2, 2, 0, 0, &pl), -EINVAL);
         assert_int_equal(capbound_planned(&t.p, 0, 1, 1, NULL, 2, 0, 0, &pl), -EINVAL);
         assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, -1, 0, 0, &pl), -EINVAL);
+        assert_int_equal(capbound_planned(NULL, 0, 1, 1, c2, 2, 0, 0, &pl), -EINVAL);
+        assert_int_equal(cb_simulate_log(&t.p, 0, 1, CB_RULE_FARTHEST, 1, 0, 0, 0, NULL, 256, &pl.bytes, NULL),
+                         -EINVAL);
+        assert_int_equal(cb_simulate_log(&t.p, 0, 1, CB_RULE_FARTHEST, 1, 0, 1, 101, NULL, 256, &pl.bytes, &log),
+                         -EINVAL);
         c2[1] = NAN;
         assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, 2, 0, 0, &pl), -EINVAL);
 
@@ -560,26 +579,7 @@ static void test_planned_random(void **state) {
                 TPlan t;
                 int r;
 
-                for (size_t i = 0; i < n_tensors; i++)
-                        size[i] = 1 + (uint64_t) (rand_r(&seed) % 2);
-                for (size_t k = 0; k < n_phases; k++) {
-                        size_t m = 0, n_acc = 1 + (size_t) (rand_r(&seed) % 2);
-
-                        compute[k] = (double) (rand_r(&seed) % 4) / 2;
-                        for (size_t a = 0; a < n_acc; a++) {
-                                int tn = rand_r(&seed) % (int) n_tensors, dup = 0;
-
-                                for (size_t x = 0; x < m; x += 3)
-                                        dup |= rows[k][x] == tn;
-                                if (dup)
-                                        continue;
-                                rows[k][m++] = tn;
-                                rows[k][m++] = rand_r(&seed) % 2 ? V : H;
-                                rows[k][m++] = 1 + rand_r(&seed) % 3;
-                        }
-                        rows[k][m] = -1;
-                }
-                tplan(&t, n_tensors, size, n_phases, (const int (*)[13]) rows);
+                random_plan(&seed, &t, rows, size, n_tensors, n_phases, compute);
                 for (unsigned held = 1; held <= 2; held++) {
                         r = capbound_planned(&t.p, vc, hc, held, compute, bw, lbw, 4, &pl);
                         if (r == -E2BIG)
