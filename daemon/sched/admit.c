@@ -6,7 +6,7 @@
  *
  * A prefetch is worth its bytes only if its copy is still there when its
  * phase comes: a copy evicted before its use is read twice.  The prefetch
- * window (sched.c plan_window()) bounds how far ahead the working set fits,
+ * window (plan_window(), below) bounds how far ahead the working set fits,
  * but counts every tensor of those phases at once; what is freed between
  * (a copy whose last use before the deadline has passed, a tensor dropped
  * as dead) and what the engine would pick as a victim are known too, since

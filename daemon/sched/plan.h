@@ -123,7 +123,7 @@ struct Plan {
         uint32_t max_acc;       /* accesses of the largest phase (HoldState sizes) */
         uint64_t *pred;         /* predicted start of phase cur+n, n = 0..n_phases */
         uint8_t *wmark;         /* per slot: counted in the vram (bit 0) / host (bit 1) / both together (bit 2) window */
-        uint32_t window[2];     /* phases ahead whose working set fits vram / host (sched.c plan_window()) */
+        uint32_t window[2];     /* phases ahead whose working set fits vram / host (admit.c plan_window()) */
         uint64_t need[2];       /* bytes those phases and the one after bring into vram / host */
         uint32_t horizon;       /* phases ahead the reads must reach (admit_horizon()) */
         uint64_t horizon_ns;    /* predicted start of that phase (0: none) */
