@@ -89,6 +89,20 @@ typedef struct CbOcc {
  */
 int cb_occ_build(const CbPlan *p, CbOcc **ret_occ, size_t **ret_start);
 
+/* The modes (CB_READ, CB_WRITE) of phase @k's accesses of tensor @t; 0: none. */
+static inline uint8_t cb_modes_in(const CbPlan *p, uint32_t t, size_t k) {
+        uint8_t m = 0;
+
+        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
+                if (p->acc[i].tensor == t)
+                        m |= p->acc[i].mode;
+        return m;
+}
+
+/* The weights of NVMe against link bytes the rules are tried with (capbound_min_held(), capbound_planned()). */
+#define CB_WEIGHTS 4u
+static const double cb_weights[CB_WEIGHTS][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
+
 /* Every rule with and without each of its options: the schedules capbound_min_held() and capbound_planned() try. */
 #define CB_RULE_COMBOS (8u * CB_RULES)
 

@@ -155,16 +155,6 @@ finish:
         return r;
 }
 
-/* The phases' accesses of @t in phase @k: what modes (CB_READ, CB_WRITE). */
-static uint8_t modes_in(const CbPlan *p, uint32_t t, size_t k) {
-        uint8_t m = 0;
-
-        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
-                if (p->acc[i].tensor == t)
-                        m |= p->acc[i].mode;
-        return m;
-}
-
 int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, uint8_t **ret_out) {
         size_t n = p ? p->n_phases : 0, np = PLACE_CYCLES * n;
         uint64_t mem = vram_cap + host_cap;
@@ -243,9 +233,9 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                                 first = j;
                                 if (first != i)
                                         continue;
-                                for (d = 1; d <= n && !modes_in(p, t, (k + d) % n); d++)
+                                for (d = 1; d <= n && !cb_modes_in(p, t, (k + d) % n); d++)
                                         ;
-                                m = modes_in(p, t, (k + d) % n);
+                                m = cb_modes_in(p, t, (k + d) % n);
                                 if (d == 1 || m == CB_WRITE)
                                         continue;       /* no phase between, or dead: nothing to keep */
                                 /*

@@ -72,7 +72,8 @@ typedef struct Timed {
         ptrdiff_t *prev;                /* per move of one cycle: the tensor's previous move, as an offset back */
         ptrdiff_t *rel;                 /* per move: the phase (from the move's own) whose end releases it */
         ptrdiff_t *need;                /* per arrival: the phase (from the move's own) that waits for it */
-        bool *transit;                  /* per READ and its DROP: staged on its way up (the model charges it no room) */
+        bool *transit;                  /* per move into host and its DROP there in the same phase: staged or
+                                         * drained through host (the model charges it no room) */
         double *done;                   /* per move of all cycles: when it was done (NAN: not yet) */
         double *ph_start, *ph_end;      /* per phase of all cycles */
         size_t *gate;                   /* per phase of all cycles: arrivals it still waits for */
@@ -93,20 +94,10 @@ static bool is_leaving(uint8_t kind) {
         return kind == CB_EV_WRITE || kind == CB_EV_DRAIN;
 }
 
-static bool accessed_in(const Timed *tm, uint32_t t, size_t q) {
-        const CbPlan *p = tm->p;
-        size_t k = q % p->n_phases;
-
-        for (size_t i = p->start[k]; i < p->start[k + 1]; i++)
-                if (p->acc[i].tensor == t)
-                        return true;
-        return false;
-}
-
 /* How many phases before log phase @ph @t was last accessed (1 .. n_ph), SIZE_MAX: never. */
 static size_t since_access(const Timed *tm, uint32_t t, size_t ph) {
         for (size_t d = 1; d <= tm->n_ph; d++)
-                if (accessed_in(tm, t, (ph + tm->n_ph - d % tm->n_ph) % tm->n_ph))
+                if (cb_modes_in(tm->p, t, (ph + tm->n_ph - d % tm->n_ph) % tm->n_ph % tm->p->n_phases))
                         return d;
         return SIZE_MAX;
 }
@@ -114,7 +105,7 @@ static size_t since_access(const Timed *tm, uint32_t t, size_t ph) {
 /* How many phases after log phase @ph @t is next accessed (0: in it), SIZE_MAX: never. */
 static size_t until_access(const Timed *tm, uint32_t t, size_t ph) {
         for (size_t d = 0; d < tm->n_ph; d++)
-                if (accessed_in(tm, t, (ph + d) % tm->n_ph))
+                if (cb_modes_in(tm->p, t, (ph + d) % tm->n_ph % tm->p->n_phases))
                         return d;
         return SIZE_MAX;
 }
@@ -168,6 +159,17 @@ static const CbEvent *ev_of(const Timed *tm, size_t u, size_t *ret_phase) {
         return e;
 }
 
+/* The phase (of all cycles) that arrival @u gates, SIZE_MAX: none (not an arrival, or beyond the cycles run). */
+static size_t gated(const Timed *tm, size_t u) {
+        size_t ph;
+        const CbEvent *e = ev_of(tm, u, &ph);
+        ptrdiff_t need = tm->need[u % tm->n_ev];
+
+        if (!is_arrival(e->kind) || need < 0 || ph + (size_t) need >= tm->n_all_ph)
+                return SIZE_MAX;
+        return ph + (size_t) need;
+}
+
 static bool prev_done(const Timed *tm, size_t u) {
         ptrdiff_t back = tm->prev[u % tm->n_ev];
 
@@ -186,12 +188,11 @@ static double released(const Timed *tm, size_t u, size_t cur) {
         return (size_t) g < cur ? tm->ph_end[g] : NAN;
 }
 
-/* May leaving move @u (WRITE, DRAIN) start now, room aside: released, its tensor's move before it done, not started? */
-static bool leaving_ready(const Timed *tm, size_t u, size_t cur, double now, double *ret_release) {
-        const CbEvent *e = &tm->log->ev[u % tm->n_ev];
+/* May move @u (DROP, STALE, WRITE, DRAIN) go now, room aside: released, its tensor's move before it done, not started? */
+static bool release_due(const Timed *tm, size_t u, size_t cur, double now, double *ret_release) {
         double r;
 
-        if (!is_leaving(e->kind) || !isnan(tm->done[u]))
+        if (!isnan(tm->done[u]))
                 return false;
         r = released(tm, u, cur);
         if (isnan(r) || r > now || !prev_done(tm, u))
@@ -212,13 +213,9 @@ static int timed_run(Timed *tm, double *ret_step) {
                         if (tm->log->st0[t] & tier_bit(x))
                                 used[x] += p->size[t];
         for (size_t u = 0; u < tm->n_all; u++) {
-                size_t ph;
-                const CbEvent *e = ev_of(tm, u, &ph);
-
                 tm->done[u] = NAN;
-                if (is_arrival(e->kind) && tm->need[u % tm->n_ev] >= 0 &&
-                    ph + (size_t) tm->need[u % tm->n_ev] < tm->n_all_ph)
-                        tm->gate[ph + (size_t) tm->need[u % tm->n_ev]]++;
+                if (gated(tm, u) != SIZE_MAX)
+                        tm->gate[gated(tm, u)]++;
         }
 
         for (;;) {
@@ -229,17 +226,14 @@ static int timed_run(Timed *tm, double *ret_step) {
                         progress = false;
                         /* transfers that have landed */
                         for (int k = 0; k < 2; k++) {
-                                size_t u = inflight[k], ph;
-                                const CbEvent *e;
+                                size_t u = inflight[k];
 
                                 if (u == SIZE_MAX || busy[k] > now)
                                         continue;
-                                e = ev_of(tm, u, &ph);
                                 tm->done[u] = busy[k];
                                 inflight[k] = SIZE_MAX;
-                                if (is_arrival(e->kind) && tm->need[u % tm->n_ev] >= 0 &&
-                                    ph + (size_t) tm->need[u % tm->n_ev] < tm->n_all_ph)
-                                        tm->gate[ph + (size_t) tm->need[u % tm->n_ev]]--;
+                                if (gated(tm, u) != SIZE_MAX)
+                                        tm->gate[gated(tm, u)]--;
                                 progress = true;
                         }
                         /* the phases */
@@ -262,10 +256,7 @@ static int timed_run(Timed *tm, double *ret_step) {
                                 const CbEvent *e = ev_of(tm, u, &ph);
                                 double r;
 
-                                if (!isnan(tm->done[u]) || (e->kind != CB_EV_DROP && e->kind != CB_EV_STALE))
-                                        continue;
-                                r = released(tm, u, cur);
-                                if (isnan(r) || r > now || !prev_done(tm, u))
+                                if ((e->kind != CB_EV_DROP && e->kind != CB_EV_STALE) || !release_due(tm, u, cur, now, &r))
                                         continue;
                                 if (!tm->transit[u % tm->n_ev])
                                         used[e->tier] -= p->size[e->tensor];
@@ -289,7 +280,7 @@ static int timed_run(Timed *tm, double *ret_step) {
                                 if (ph >= head_ph)
                                         break;
                                 drain_first = e->kind == CB_EV_DRAIN && !tm->transit[u % tm->n_ev] &&
-                                              u != inflight[1] && leaving_ready(tm, u, cur, now, &r);
+                                              u != inflight[1] && release_due(tm, u, cur, now, &r);
                         }
                         /* arrivals, in the model's order */
                         while (head < tm->n_all) {
@@ -312,9 +303,8 @@ static int timed_run(Timed *tm, double *ret_step) {
                                         used[e->tier] += p->size[e->tensor];
                                 if (k < 0) {
                                         tm->done[head] = now;
-                                        if (tm->need[head % tm->n_ev] >= 0 &&
-                                            ph + (size_t) tm->need[head % tm->n_ev] < tm->n_all_ph)
-                                                tm->gate[ph + (size_t) tm->need[head % tm->n_ev]]--;
+                                        if (gated(tm, head) != SIZE_MAX)
+                                                tm->gate[gated(tm, head)]--;
                                 } else {
                                         inflight[k] = head;
                                         busy[k] = now + (tm->bw[k] > 0 ? (double) p->size[e->tensor] / tm->bw[k] : 0);
@@ -338,7 +328,8 @@ static int timed_run(Timed *tm, double *ret_step) {
                                         const CbEvent *e = ev_of(tm, u, &ph);
                                         double r;
 
-                                        if (ev_link(e->kind) != k || !leaving_ready(tm, u, cur, now, &r) || r >= pr)
+                                        if (!is_leaving(e->kind) || ev_link(e->kind) != k ||
+                                            !release_due(tm, u, cur, now, &r) || r >= pr)
                                                 continue;
                                         /*
                                          * a drain takes host room: only when there is, and not
@@ -453,7 +444,6 @@ static int try_one(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule
 
 int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const double *compute,
                      double nvme_bw, double link_bw, unsigned tries, CbPlanned *ret) {
-        static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
         static const uint32_t pcts[] = { 5, 10, 20, 30 };
         _cleanup_free_ uint8_t *out = NULL;
         CbPlanned best;
@@ -473,10 +463,10 @@ int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsi
                 return r;
         for (unsigned placed = 0; placed < 2; placed++)
                 for (unsigned rule = 0; rule < CB_RULE_COMBOS; rule++)
-                        for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
+                        for (size_t w = 0; w < CB_WEIGHTS; w++) {
                                 CbRule ru = cb_rule_nth(rule, held);
 
-                                r = try_one(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1], 0, 0,
+                                r = try_one(p, vram_cap, host_cap, ru, cb_weights[w][0], cb_weights[w][1], 0, 0,
                                             placed ? out : NULL, compute, nvme_bw, link_bw, &best);
                                 if (r < 0 && r != -ETIME)
                                         return r;       /* -ETIME: no cycle to time */

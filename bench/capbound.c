@@ -291,6 +291,18 @@ static bool better(CbRule rule, double da, double xa, double ba, double db, doub
 static int enforce(Sim *s, unsigned tier);
 static bool planned_out(const Sim *s, uint32_t t);
 
+/* Move host's copy of @t up to VRAM, which has the room; the host copy goes. */
+static void move_up(Sim *s, uint32_t t) {
+        uint64_t size = s->p->size[t];
+
+        s->acc->link_up += (double) size;
+        note(s, t, CB_EV_UP, CB_VRAM);
+        note(s, t, CB_EV_DROP, CB_HOST);
+        s->st[t] = (uint8_t) ((s->st[t] & ~B_HOST) | B_VRAM);
+        s->used[CB_HOST] -= size;
+        s->used[CB_VRAM] += size;
+}
+
 /*
  * CB_RULE_PARK: move host's sole copy of @t up to VRAM instead of writing it
  * down, when VRAM has the room after dropping copies that are free to drop
@@ -328,12 +340,7 @@ static bool park(Sim *s, uint32_t t) {
                 s->st[v] &= (uint8_t) ~B_VRAM;
                 s->used[CB_VRAM] -= p->size[v];
         }
-        s->acc->link_up += (double) size;
-        note(s, t, CB_EV_UP, CB_VRAM);
-        note(s, t, CB_EV_DROP, CB_HOST);
-        s->st[t] = (uint8_t) ((s->st[t] & ~B_HOST) | B_VRAM);
-        s->used[CB_HOST] -= size;
-        s->used[CB_VRAM] += size;
+        move_up(s, t);
         return true;
 }
 
@@ -578,12 +585,7 @@ static void upstage(Sim *s) {
                 }
                 if (s->used[CB_VRAM] + p->size[pick] > s->cap[CB_VRAM])
                         continue;
-                s->acc->link_up += (double) p->size[pick];
-                note(s, (uint32_t) pick, CB_EV_UP, CB_VRAM);
-                note(s, (uint32_t) pick, CB_EV_DROP, CB_HOST);
-                s->st[pick] = (uint8_t) ((s->st[pick] & ~B_HOST) | B_VRAM);
-                s->used[CB_HOST] -= p->size[pick];
-                s->used[CB_VRAM] += p->size[pick];
+                move_up(s, (uint32_t) pick);
         }
 }
 
@@ -820,16 +822,15 @@ int capbound_min(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbBytes 
 
 int capbound_min_held(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, CbBytes *nvme,
                       CbBytes *link) {
-        static const double weights[][2] = { { 1, 0 }, { 0, 1 }, { 1, 1 }, { 2.5, 1 } };
         double best_n = INFINITY, best_l = INFINITY;
 
         if (held != 1 && held != 2)
                 return -EINVAL;
         for (unsigned rule = 0; rule < CB_RULE_COMBOS; rule++)
-                for (size_t w = 0; w < ELEMENTSOF(weights); w++) {
+                for (size_t w = 0; w < CB_WEIGHTS; w++) {
                         CbRule ru = cb_rule_nth(rule, held);
                         CbBytes b;
-                        int r = capbound_simulate(p, vram_cap, host_cap, ru, weights[w][0], weights[w][1],
+                        int r = capbound_simulate(p, vram_cap, host_cap, ru, cb_weights[w][0], cb_weights[w][1],
                                                   SIM_MAX_STEPS, &b);
 
                         if (r < 0 && r != -ETIME)
