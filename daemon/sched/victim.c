@@ -20,6 +20,23 @@ bool sched_next_access_overwrites(Tensor *t) {
         /* only what one plan alone names: another plan may read it meanwhile */
         if (!p || p->sched->config->sched_policy != SCHED_POLICY_TIMELINE || p->cur == UINT32_MAX || t->plan_refs != 1)
                 return false;
+        /*
+         * The current phase's accesses are pinned once granted, so what counts
+         * is the first phase after it; but one not pinned yet (a read deferred
+         * because the phase before wrote the tensor in the other tier, or not
+         * granted yet after the marker) is still to come: a read there needs
+         * the bytes.
+         */
+        if (p->cur < p->n_phases)
+                for (uint32_t i = 0; i < p->phases[p->cur].n_acc; i++) {
+                        const PlanAcc *a = &p->phases[p->cur].acc[i];
+
+                        if (a->tensor != t || (p->hold[0].active && p->hold[0].phase == p->cur &&
+                                               i < p->max_acc && p->hs[0].pinned[i]))
+                                continue;
+                        if (a->mode & PLAN_READ)
+                                return false;
+                }
         /* the first phase after the current one that touches it, in any tier */
         return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
 }

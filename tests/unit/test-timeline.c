@@ -526,6 +526,68 @@ static void test_dead_bytes(void **state) {
 }
 
 /*
+ * ---- a read the current phase still has to pin is not "overwritten next" --------------------
+ *
+ * G is written in vram by phase 0 and read in host by phase 1, so phase 1's
+ * pin of G waits for phase 0 to end (it would pin a copy about to go stale).
+ * Once marker 1 is read, the ops already queued run before the pass that pins
+ * phase 1: one of them that makes room in vram must not take G's sole copy
+ * for dead (its next access after phase 1 is a write), or phase 1 reads
+ * zeros.  Found with parking (op.c), whose drains run there.
+ */
+static void test_deferred_read_not_dead(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
+        Tensor *g, *x, *y;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        Op *op;
+        char err[256];
+        uint64_t one = 1, down;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        g = tensor(j, "G", MiB);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        make_on_nvme(m, y);
+        {
+                Acc acc[] = {
+                        { 0, g, LEVEL_VRAM, PLAN_WRITE },
+                        { 0, x, LEVEL_VRAM, PLAN_READ },
+                        { 1, g, LEVEL_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 3, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, g->copy[LEVEL_VRAM].pins > 0 && x->copy[LEVEL_VRAM].pins > 0);
+        assert_int_equal(g->copy[LEVEL_HOST].state, COPY_ABSENT);       /* phase 1's read: not pinned ahead */
+
+        /* marker 1, read before anything else runs: G's phase-0 write lands, its only copy in vram */
+        p->page->client.phase = 1;
+        p->page->client.mark_ns = now_ns();
+        __atomic_store_n(&p->page->client.marker_seq, p->page->client.marker_seq + 1, __ATOMIC_RELEASE);
+        assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
+        sched_plan_sync(p);
+        assert_int_equal(p->cur, 1);
+        assert_true(copy_is_sole(g, LEVEL_VRAM));
+        assert_int_equal(g->copy[LEVEL_VRAM].pins, 0);
+        assert_false(sched_next_access_overwrites(g));
+
+        /* an op queued before the pass (Y is in no plan) makes room in vram, full with G and X */
+        down = m->engine->links[LINK_VRAM_TO_HOST].bytes;
+        assert_int_equal(op_submit(m->engine, OP_PREFETCH, y, LEVEL_VRAM, NULL, NULL, NULL, &op), 0);
+        FIXTURE_RUN_UNTIL(m, copy_valid(g, LEVEL_HOST));
+        assert_true(copy_valid(g, LEVEL_HOST));
+        assert_false(g->dead);
+        assert_int_equal(g->copy[LEVEL_HOST].version, 1);
+        /* its bytes came down from vram: not zeros made up for a dead tensor */
+        assert_true(m->engine->links[LINK_VRAM_TO_HOST].bytes >= down + MiB);
+        finish(m, j, c, p);
+}
+
+/*
  * ---- a phase pinned ahead that the client never entered wrote nothing ----------------------
  *
  * The next phase is pinned ahead; a write-only access there reserves its copy
@@ -723,6 +785,7 @@ int main(void) {
                 cmocka_unit_test(test_write_behind),
                 cmocka_unit_test(test_write_behind_same_victims),
                 cmocka_unit_test(test_dead_bytes),
+                cmocka_unit_test(test_deferred_read_not_dead),
                 cmocka_unit_test(test_skipped_write_phase),
                 cmocka_unit_test(test_shared_not_dead),
                 cmocka_unit_test(test_quota_respect),
