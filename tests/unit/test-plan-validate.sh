@@ -23,6 +23,17 @@ tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 export TIER_BUILD="$B" XDG_CACHE_HOME="$tmp"
 
+# A matrix row that fails leaves nothing of bench/run's under --dir: its files go on every exit.
+mkdir "$tmp/fail" || exit 1
+if "$ROOT/bench/run" timeline --matrix --matrix-cases L8-r1-j1 --configs timeline --dir "$tmp/fail" \
+        -- --no-such-option > /dev/null 2> "$tmp/fail.err"; then
+        echo "FAIL: bench/run --matrix exited 0 though its row failed"; exit 1
+fi
+if [ -n "$(ls -A "$tmp/fail")" ]; then
+        ls -A "$tmp/fail"; echo "FAIL: a failed matrix row left files under --dir"; exit 1
+fi
+echo "bench/run: a failed matrix row left nothing under --dir: ok"
+
 # compare NAME PREDICTED MEASURED TOLERANCE: print both, fail beyond the tolerance (relative)
 cat > "$tmp/cmp.py" <<'PYEOF'
 import json, sys
