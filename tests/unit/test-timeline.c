@@ -533,7 +533,7 @@ static void test_dead_bytes(void **state) {
  * Once marker 1 is read, the ops already queued run before the pass that pins
  * phase 1: one of them that makes room in vram must not take G's sole copy
  * for dead (its next access after phase 1 is a write), or phase 1 reads
- * zeros.  Found with parking (op.c), whose drains run there.
+ * zeros.  Found while trying parking (bench/README.md), whose drains ran there.
  */
 static void test_deferred_read_not_dead(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 4 * MiB);
