@@ -543,7 +543,7 @@ static void test_deferred_read_not_dead(void **state) {
         Plan *p;
         Op *op;
         char err[256];
-        uint64_t one = 1, down;
+        uint64_t down;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         c = fake_conn(m, j);
@@ -565,10 +565,7 @@ static void test_deferred_read_not_dead(void **state) {
         assert_int_equal(g->copy[LEVEL_HOST].state, COPY_ABSENT);       /* phase 1's read: not pinned ahead */
 
         /* marker 1, read before anything else runs: G's phase-0 write lands, its only copy in vram */
-        p->page->client.phase = 1;
-        p->page->client.mark_ns = now_ns();
-        __atomic_store_n(&p->page->client.marker_seq, p->page->client.marker_seq + 1, __ATOMIC_RELEASE);
-        assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
+        (void) marker_write(p, 1);
         sched_plan_sync(p);
         assert_int_equal(p->cur, 1);
         assert_true(copy_is_sole(g, LEVEL_VRAM));

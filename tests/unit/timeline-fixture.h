@@ -111,13 +111,20 @@ static inline void set_durations(Plan *p, uint64_t ms) {
 }
 
 /* What a client's tier_phase_enter() writes, without waiting. */
-static inline void marker(Manager *m, Plan *p, unsigned phase) {
+/* What tier_phase_enter() stores for @phase, and its wakeup; nothing runs.  Returns the marker's seq. */
+static inline uint64_t marker_write(Plan *p, unsigned phase) {
         uint64_t one = 1, seq = p->page->client.marker_seq + 1;
 
         p->page->client.phase = phase;
         p->page->client.mark_ns = now_ns();
         __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
         assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
+        return seq;
+}
+
+static inline void marker(Manager *m, Plan *p, unsigned phase) {
+        uint64_t seq = marker_write(p, phase);
+
         FIXTURE_RUN_UNTIL(m, p->seq == seq);
         assert_int_equal(p->seq, seq);
 }
