@@ -287,6 +287,7 @@ static int manager_setup_tiers(Manager *m) {
         r = manager_setup_memstore(m, !m->vram);
         if (r < 0)
                 return r;
+        memstore_set_faults(m->memstore, m->faults);
         if (!m->vram) {
                 MemfdSegConfig store = {
                         .adopt = store_adopt_vram,

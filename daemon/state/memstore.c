@@ -17,13 +17,25 @@
  * anything else happens (memstore_note() runs where a copy is freed, filled,
  * made stale or pinned for writing): a SIGKILL leaves it as of the last
  * change.  A record is written with its seq at 0 first and set last, and
- * carries a crc32c, so a record cut short by a kill counts as absent (its
- * copies are not put back: a tensor whose newest data they were is reported
- * lost, never wrong).  A copy is recorded only while it is valid (its
- * version is the tensor's) or held for writing; a stale or filling one is
- * not, and the record changes before a freed range can be reused.  A copy
+ * carries a crc32c, so a record cut short by a kill counts as absent; and a
+ * tensor's new record goes into a free slot, the one it replaces freed only
+ * after, so a kill at any point leaves one sound record of it (two: the
+ * higher seq is the current one).  A copy is recorded only while it is valid
+ * (its version is the tensor's) or held for writing; a stale or filling one
+ * is not, and the record changes before a freed range can be reused.  A copy
  * held for writing when tierd died is the newest: the client may have
- * written it (it keeps writing until its next call finds tierd gone).
+ * written it (it keeps writing until its next call finds tierd gone).  The
+ * copy is held for writing from before the grant goes out, so a write-only
+ * pin that tierd's death cut off before the grant reached its client comes
+ * back written, with the bytes the range held (as when a writer's connection
+ * ends without an unpin): tierd cannot tell the two apart.
+ *
+ * At start, what tierd sends the store (segments renewed, the new table) is
+ * with the service manager before READY=1 (memstore_begin() waits for the
+ * socket, 10 s at most), and then the last run's tables are made void in
+ * place: the store holds the same files, so a next start never puts memory
+ * back by a table that no longer describes it, whatever became of their
+ * removal.  Without the new table there, memory only is lost, never wrong.
  *
  * What is not kept: CUDA VRAM (the driver's allocations die with the
  * process; exporting their fds to the store is not done), tensors in more
@@ -34,24 +46,26 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 #include <systemd/sd-event.h>
 
 #include "daemon/base/level.h"
 #include "daemon/base/log.h"
 #include "daemon/state/book.h"
+#include "daemon/state/memstore-private.h"
 #include "daemon/state/memstore.h"
 #include "daemon/state/registry.h"
+#include "daemon/tiers/fault.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/crc32c.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
 
 #define MS_MAGIC "TIERMST1"
 #define MS_FORMAT 1u
@@ -60,8 +74,8 @@
 #define MS_HEADER_SIZE 4096u    /* the header's page; the inode array follows, then the records */
 #define MS_INITIAL_RECORDS 1024u
 #define MS_MAX_RECORDS 65536u
+#define MS_START_WAIT_USEC (10 * USEC_PER_SEC)     /* for the service manager to take the start's messages */
 
-enum { MS_HOST, MS_VRAM, MS_TIERS };
 enum { MS_NONE, MS_VALID, MS_WRITING };
 enum { MS_F_DEAD = 1 };         /* its next access writes it whole: no copy was worth keeping */
 
@@ -120,55 +134,6 @@ static size_t records_at(const uint32_t n_segs[MS_TIERS]) {
         return MS_HEADER_SIZE + ALIGN_UP(inodes, (size_t) 4096);
 }
 
-struct MemStore {
-        bool frozen;
-        bool usable;                    /* the old table was read and matches the pools */
-        uint64_t seg_size[MS_TIERS];
-        uint32_t n_segs[MS_TIERS];
-
-        /* what the service manager passed back */
-        int old_table[2];
-        int *old_seg[MS_TIERS];         /* per segment id, -1: none */
-        bool *adopted[MS_TIERS];        /* per segment id: its memory is the last tierd's */
-        uint64_t *old_ino[MS_TIERS];    /* per segment id: the inode the old table names (0: none) */
-        MsRecord *old;                  /* the old table's sound records, sorted by keys */
-        size_t n_old;
-        unsigned old_no;                /* which table name the old one had */
-        uint64_t old_generation;
-
-        /* segments handed to the store (before the table exists: made at start) */
-        uint64_t *stored_ino[MS_TIERS];
-
-        int notify_fd;                  /* to $NOTIFY_SOCKET: sends never block the loop */
-        sd_event_source *notify_source; /* writable again: the queue goes on */
-        struct MsMsg *queue;            /* what waits for the service manager, in order */
-        size_t n_queue, cap_queue;
-        bool warned_notify;
-
-        /* the table of this run */
-        int fd;
-        uint8_t *map;
-        size_t map_size;
-        size_t rec_at;                  /* where the records start */
-        uint32_t cap;
-        unsigned table_no;
-        uint32_t *free_slots;
-        uint32_t n_free, next_slot;
-        unsigned n_records;
-        unsigned restored;
-        uint64_t seq;
-        bool warned_pieces, warned_full;
-};
-
-/* A message for the service manager that must wait its turn (its socket was full). */
-typedef struct MsMsg {
-        char text[96];
-        int fd;                 /* ours (a dup), or -1 */
-        int seg_k;              /* a segment's FDSTORE: whose inode is current once it is sent; -1: not */
-        uint32_t seg_id;
-        uint64_t ino;
-} MsMsg;
-
 static int ms_tier(int tier) {
         return tier == LEVEL_HOST ? MS_HOST : MS_VRAM;
 }
@@ -177,154 +142,11 @@ static const char *const tier_names[MS_TIERS] = { "host", "vram" };
 
 static uint64_t *table_ino(MemStore *ms, int k, uint32_t id);
 
-/* One datagram, with @fd (or none: -1), never waiting: 1 sent, 0 the socket is full, -errno. */
-static int send_one(MemStore *ms, const char *text, int fd) {
-        union {
-                struct cmsghdr h;
-                uint8_t buf[CMSG_SPACE(sizeof(int))];
-        } control = {};
-        struct iovec iov = { .iov_base = (void *) text, .iov_len = strlen(text) };
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-        if (fd >= 0) {
-                struct cmsghdr *c;
-
-                mh.msg_control = control.buf;
-                mh.msg_controllen = sizeof(control.buf);
-                c = CMSG_FIRSTHDR(&mh);
-                c->cmsg_level = SOL_SOCKET;
-                c->cmsg_type = SCM_RIGHTS;
-                c->cmsg_len = CMSG_LEN(sizeof(int));
-                memcpy(CMSG_DATA(c), &fd, sizeof(int));
-        }
-        if (sendmsg(ms->notify_fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0)
-                return 1;
-        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : negative_errno();
-}
-
 /* A segment's memfd is in the store: the table says so now (the next start may use it). */
-static void segment_stored(MemStore *ms, int k, uint32_t id, uint64_t ino) {
+void ms_segment_stored(MemStore *ms, int k, uint32_t id, uint64_t ino) {
         ms->stored_ino[k][id] = ino;
         if (ms->map)
                 __atomic_store_n(table_ino(ms, k, id), ino, __ATOMIC_RELEASE);
-}
-
-/* Send what waits, in order, until the socket is full again. */
-static void queue_flush(MemStore *ms) {
-        size_t done = 0;
-
-        while (done < ms->n_queue) {
-                MsMsg *m = &ms->queue[done];
-                int r = send_one(ms, m->text, m->fd);
-
-                if (r == 0)
-                        break;
-                if (r < 0 && !ms->warned_notify) {
-                        log_warning_errno(r, "Memory store: the service manager did not take a message (%m): "
-                                          "what it concerns is not kept across restarts (logged once)");
-                        ms->warned_notify = true;
-                }
-                if (r > 0 && m->seg_k >= 0)
-                        segment_stored(ms, m->seg_k, m->seg_id, m->ino);
-                safe_close(m->fd);
-                done++;
-        }
-        memmove(ms->queue, ms->queue + done, (ms->n_queue - done) * sizeof(MsMsg));
-        ms->n_queue -= done;
-        if (ms->notify_source)
-                (void) sd_event_source_set_enabled(ms->notify_source, ms->n_queue ? SD_EVENT_ON : SD_EVENT_OFF);
-}
-
-static int on_notify_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        queue_flush(userdata);
-        return 0;
-}
-
-/*
- * A message to the service manager with @fd (-1: none), in order with those
- * before it: sent now when nothing waits and the socket takes it, else
- * queued (the fd duplicated) until the socket is writable again.  @seg_k >= 0:
- * a segment's FDSTORE, whose inode @ino the table names once it is sent.
- */
-static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint32_t seg_id, uint64_t ino) {
-        MsMsg *m;
-        int r;
-
-        if (ms->notify_fd < 0)
-                return;
-        if (ms->n_queue == 0) {
-                r = send_one(ms, text, fd);
-                if (r > 0) {
-                        if (seg_k >= 0)
-                                segment_stored(ms, seg_k, seg_id, ino);
-                        return;
-                }
-                if (r < 0) {
-                        if (!ms->warned_notify)
-                                log_warning_errno(r, "Memory store: the service manager did not take a message "
-                                                  "(%m): what it concerns is not kept across restarts (logged once)");
-                        ms->warned_notify = true;
-                        return;
-                }
-        }
-        if (ms->n_queue == ms->cap_queue) {
-                size_t cap = ms->cap_queue ? ms->cap_queue * 2 : 64;
-                MsMsg *q = reallocarray(ms->queue, cap, sizeof(MsMsg));
-
-                if (!q)
-                        return;         /* not kept: the table does not name it */
-                ms->queue = q;
-                ms->cap_queue = cap;
-        }
-        m = &ms->queue[ms->n_queue];
-        *m = (MsMsg) { .fd = -1, .seg_k = seg_k, .seg_id = seg_id, .ino = ino };
-        snprintf(m->text, sizeof(m->text), "%s", text);
-        if (fd >= 0) {
-                m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-                if (m->fd < 0)
-                        return;
-        }
-        ms->n_queue++;
-        if (ms->notify_source)
-                (void) sd_event_source_set_enabled(ms->notify_source, SD_EVENT_ON);
-}
-
-/* FDSTOREREMOVE=1 of what the store holds under @name. */
-static void store_remove(MemStore *ms, const char *name) {
-        char msg[128];
-
-        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, -1, -1, 0, 0);
-}
-
-/* FDSTORE=1 of @fd under @name (a segment's: @seg_k, @seg_id and @ino; -1 otherwise). */
-static void store_put(MemStore *ms, const char *name, int fd, int seg_k, uint32_t seg_id, uint64_t ino) {
-        char msg[128];
-
-        snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, fd, seg_k, seg_id, ino);
-}
-
-static int notify_open(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        size_t l = strlen(path);
-        int fd;
-
-        if (l == 0 || l >= sizeof(sa.sun_path) || (path[0] != '/' && path[0] != '@'))
-                return -EINVAL;
-        memcpy(sa.sun_path, path, l);
-        if (path[0] == '@')
-                sa.sun_path[0] = 0;     /* abstract */
-        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-                return negative_errno();
-        if (connect(fd, (struct sockaddr *) &sa, (socklen_t) (offsetof(struct sockaddr_un, sun_path) + l)) < 0) {
-                int r = negative_errno();
-
-                safe_close(fd);
-                return r;
-        }
-        return fd;
 }
 
 int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t host_segs,
@@ -351,7 +173,7 @@ int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t
                             "raise FileDescriptorStoreMax= and FDSTORE= in tierd.service", max, need);
                 return 0;
         }
-        fd = notify_open(path);
+        fd = ms_notify_open(path);
         if (fd < 0) {
                 log_warning_errno(fd, "Memory store: cannot reach the service manager at $NOTIFY_SOCKET: %m; "
                                   "memory is not kept across restarts");
@@ -383,7 +205,7 @@ int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t
                 for (uint32_t i = 0; i < ms->n_segs[k]; i++)
                         ms->old_seg[k][i] = -1;
         }
-        r = event ? sd_event_add_io(event, &ms->notify_source, fd, EPOLLOUT, on_notify_writable, ms) : 0;
+        r = event ? sd_event_add_io(event, &ms->notify_source, fd, EPOLLOUT, ms_on_notify_writable, ms) : 0;
         if (r < 0) {
                 memstore_free(ms);
                 return r;
@@ -480,6 +302,14 @@ static int by_keys(const void *a, const void *b) {
         return x->tensor_key < y->tensor_key ? -1 : x->tensor_key > y->tensor_key;
 }
 
+/* By keys, then by seq: a tensor's newest record last. */
+static int by_keys_seq(const void *a, const void *b) {
+        const MsRecord *x = a, *y = b;
+        int c = by_keys(a, b);
+
+        return c ? c : x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
 /* Read the table behind @fd (its header @h sound and of these pools): the inodes, the sound records. */
 static int load_table(MemStore *ms, int fd, const MsHeader *h, unsigned *ret_torn) {
         size_t at = records_at(h->n_segs), size = at + (size_t) h->n_records * MS_REC_SIZE;
@@ -487,6 +317,7 @@ static int load_table(MemStore *ms, int fd, const MsHeader *h, unsigned *ret_tor
         struct stat st;
         uint8_t *map;
         unsigned torn = 0;
+        size_t kept = 0;
 
         if (fstat(fd, &st) < 0)
                 return negative_errno();
@@ -517,7 +348,18 @@ static int load_table(MemStore *ms, int fd, const MsHeader *h, unsigned *ret_tor
                 ms->old[ms->n_old++] = r;
         }
         munmap(map, size);
-        qsort(ms->old, ms->n_old, sizeof(MsRecord), by_keys);
+        /*
+         * Two sound records of one tensor: a kill came after its new record was
+         * written and before the old one was freed (memstore_note()): the newer
+         * (higher seq) is what was current.
+         */
+        qsort(ms->old, ms->n_old, sizeof(MsRecord), by_keys_seq);
+        for (size_t i = 0; i < ms->n_old; i++)
+                if (kept > 0 && by_keys(&ms->old[kept - 1], &ms->old[i]) == 0)
+                        ms->old[kept - 1] = ms->old[i];
+                else
+                        ms->old[kept++] = ms->old[i];
+        ms->n_old = kept;
         *ret_torn = torn;
         return 0;
 }
@@ -607,11 +449,11 @@ void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
         if (!ms || ms->frozen || seg->fd < 0 || seg->id >= ms->n_segs[k] || fstat(seg->fd, &st) < 0)
                 return;
         /* not current in the store until it is in: a kill meanwhile leaves the segment unused */
-        segment_stored(ms, k, seg->id, 0);
+        ms_segment_stored(ms, k, seg->id, 0);
         seg_name(k, seg->id, name, sizeof(name));
         /* what the store had under the name (the memory before a renewal) goes */
-        store_remove(ms, name);
-        store_put(ms, name, seg->fd, k, seg->id, (uint64_t) st.st_ino);
+        ms_store_remove(ms, name);
+        ms_store_put(ms, name, seg->fd, k, seg->id, (uint64_t) st.st_ino);
 }
 
 /* ---- restoring ------------------------------------------------------------------------------------ */
@@ -862,9 +704,35 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
         return any;
 }
 
+/* store-kill: SIGKILL ourselves at this point of a record write when a rule says so (tests only). */
+static bool store_kill(MemStore *ms, const char *where) {
+        if (!ms->faults || !fault_fire(ms->faults, FAULT_STORE_KILL, UINT32_MAX, FAULT_TARGET_ANY))
+                return false;
+        log_warning("Injected fault store-kill: SIGKILL %s a memory-store record write", where);
+        return true;
+}
+
+/* Write @rec into slot @s: its seq 0 while the rest changes and set last, so a kill halfway leaves the slot free. */
+static void slot_write(MemStore *ms, uint32_t s, MsRecord *rec) {
+        MsRecord *slot = slot_at(ms, s);
+        const size_t body = MS_REC_SIZE - sizeof(rec->seq);
+
+        rec->crc = record_crc(rec);
+        rec->seq = ++ms->seq;
+        __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+        if (store_kill(ms, "halfway through")) {
+                memcpy((uint8_t *) slot + sizeof(rec->seq), (const uint8_t *) rec + sizeof(rec->seq), body / 2);
+                (void) raise(SIGKILL);
+        }
+        memcpy((uint8_t *) slot + sizeof(rec->seq), (const uint8_t *) rec + sizeof(rec->seq), body);
+        __atomic_store_n(&slot->seq, rec->seq, __ATOMIC_RELEASE);
+}
+
 void memstore_note(MemStore *ms, Tensor *t) {
         MsRecord rec, *slot;
+        uint32_t s;
         bool keep;
+        int r;
 
         if (!ms || ms->frozen || !ms->map)
                 return;
@@ -879,28 +747,40 @@ void memstore_note(MemStore *ms, Tensor *t) {
                 }
                 return;
         }
-        if (!t->mem_slot) {
-                uint32_t s;
-                int r = slot_get(ms, &s);
-
-                if (r < 0) {
-                        if (!ms->warned_full)
-                                log_warning_errno(r, "Memory store: no room for more records (%u): memory copies of "
-                                                  "more tensors are not kept across restarts: %m", ms->cap);
-                        ms->warned_full = true;
+        /*
+         * Into a free slot, and only then the record it replaces freed: a kill at
+         * any point leaves one sound record of the tensor, the old or the new (both
+         * sound: the higher seq is the newer, load_table() keeps that one).
+         */
+        r = slot_get(ms, &s);
+        if (r < 0) {
+                if (!ms->warned_full)
+                        log_warning_errno(r, "Memory store: no room for more records (%u): memory copies of "
+                                          "more tensors are not kept across restarts, and a kill halfway "
+                                          "through a record's update loses that tensor's: %m", ms->cap);
+                ms->warned_full = true;
+                if (!t->mem_slot)
                         return;
-                }
-                t->mem_slot = s + 1;
-                ms->n_records++;
+                slot_write(ms, t->mem_slot - 1, &rec);  /* in place: the table is full */
+                return;
         }
-        slot = slot_at(ms, t->mem_slot - 1);
-        rec.crc = record_crc(&rec);
-        rec.seq = ++ms->seq;
-        /* seq 0 while the rest changes: a kill halfway leaves a free record, never a wrong one */
-        __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
-        memcpy((uint8_t *) slot + sizeof(rec.seq), (const uint8_t *) &rec + sizeof(rec.seq),
-               MS_REC_SIZE - sizeof(rec.seq));
-        __atomic_store_n(&slot->seq, rec.seq, __ATOMIC_RELEASE);
+        slot_write(ms, s, &rec);
+        if (store_kill(ms, "after the new record and before the old one is freed in"))
+                (void) raise(SIGKILL);
+        if (t->mem_slot) {
+                slot = slot_at(ms, t->mem_slot - 1);
+                __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+                slot_put(ms, t->mem_slot - 1);
+        } else
+                ms->n_records++;
+        t->mem_slot = s + 1;
+}
+
+/* A table of a last run made void in place: its header no longer reads as sound.  0, or -1 with errno. */
+static int table_void(int fd) {
+        static const char zeros[sizeof(((MsHeader *) NULL)->magic)];
+
+        return pwrite(fd, zeros, sizeof(zeros), offsetof(MsHeader, magic)) == (ssize_t) sizeof(zeros) ? 0 : -1;
 }
 
 int memstore_begin(MemStore *ms, Registry *r) {
@@ -970,16 +850,40 @@ int memstore_begin(MemStore *ms, Registry *r) {
         /* the new table in, under the other name, then the old one out */
         ms->table_no = ms->old_no ^ 1;
         snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->table_no);
-        store_remove(ms, name);
-        store_put(ms, name, ms->fd, -1, 0, 0);
+        ms_store_remove(ms, name);
+        ms_store_put(ms, name, ms->fd, -1, 0, 0);
+        /*
+         * Before READY=1 and before any client is served: the segments renewed
+         * above and the new table with the service manager, or a kill soon after
+         * the start would find the old table there.  It waits on the service
+         * manager reading its socket, which it does at once (or on nothing).
+         */
+        if (!ms_queue_wait(ms, MS_START_WAIT_USEC))
+                log_warning("Memory store: the service manager has not taken %zu message(s) in %u s (the new "
+                            "table among them): until it has, a kill of tierd loses what is only in memory",
+                            ms->n_queue, (unsigned) (MS_START_WAIT_USEC / USEC_PER_SEC));
+        /*
+         * From now on this run changes the memory the old tables describe: they are
+         * made void in place (the store holds the same files, so whether it has
+         * taken their removal yet does not matter), and a next start that finds no
+         * newer table loses what was only in memory, never reads it wrong.
+         */
+        for (int i = 0; i < 2; i++)
+                if (ms->old_table[i] >= 0 && table_void(ms->old_table[i]) < 0)
+                        log_warning_errno(errno, "Memory store: cannot make the last run's table %d void: %m", i);
         snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->old_no);
-        store_remove(ms, name);
+        ms_store_remove(ms, name);
         for (int i = 0; i < 2; i++)
                 ms->old_table[i] = safe_close(ms->old_table[i]);
         log_info("Memory store: on (host%s memory is kept in the service manager's fd store across restarts); "
                  "%u tensor(s) put back from the last run's memory", ms->n_segs[MS_VRAM] ? " and emulated VRAM" : "",
                  ms->restored);
         return 0;
+}
+
+void memstore_set_faults(MemStore *ms, FaultSet *faults) {
+        if (ms)
+                ms->faults = faults;
 }
 
 void memstore_freeze(MemStore *ms) {

@@ -11,6 +11,7 @@ typedef struct Registry Registry;
 typedef struct Segment Segment;
 typedef struct Tensor Tensor;
 typedef struct Job Job;
+typedef struct FaultSet FaultSet;
 
 /* The names tierd gives its fds in the store (FDNAME=): a prefix no socket unit uses. */
 #define MEMSTORE_FD_PREFIX "tierd-mem-"
@@ -73,5 +74,7 @@ int memstore_begin(MemStore *ms, Registry *r);
 
 /* @t's memory copies changed (state, version, pieces, writers): its record follows, before anything else happens. */
 void memstore_note(MemStore *ms, Tensor *t);
+/* Tests only: TIERD_TEST_FAULTS's store-kill rules (daemon/tiers/fault.h), or NULL. */
+void memstore_set_faults(MemStore *ms, FaultSet *faults);
 /* tierd exits: the table stays as it is, for the next start (nothing is noted any more). */
 void memstore_freeze(MemStore *ms);

@@ -37,6 +37,7 @@ static const char *const kind_names[_FAULT_KIND_MAX] = {
         [FAULT_VRAM_D2H_EIO] = "vram-d2h-eio",
         [FAULT_INDEX_KILL] = "index-kill",
         [FAULT_INDEX_TORN] = "index-torn",
+        [FAULT_STORE_KILL] = "store-kill",
 };
 
 const char *fault_kind_to_string(FaultKind k) {
@@ -128,7 +129,8 @@ static int parse_rule(FaultSet *f, char *text, char *err, size_t err_size) {
                         return e;
         }
         if (r->target != FAULT_TARGET_ANY && (r->kind == FAULT_VRAM_H2D_EIO || r->kind == FAULT_VRAM_D2H_EIO ||
-                                              r->kind == FAULT_INDEX_KILL || r->kind == FAULT_INDEX_TORN)) {
+                                              r->kind == FAULT_INDEX_KILL || r->kind == FAULT_INDEX_TORN ||
+                                              r->kind == FAULT_STORE_KILL)) {
                 snprintf(err, err_size, "'%s' takes no target= (only nvme-* faults have one)", text);
                 return -EINVAL;
         }

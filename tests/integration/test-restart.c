@@ -48,6 +48,14 @@ typedef struct Known {
         uint8_t newest;         /* the pattern of its last acknowledged dirty unpin (0: never written) */
         uint8_t maybe_newer;    /* a dirty unpin that got no answer: this pattern may be the newest (0: none) */
         bool maybe_durable;     /* a tier_evict() of newest that got no answer: it may have reached NVMe */
+        /*
+         * A write-only pin that got no answer.  Where the memory store kept tierd's
+         * memory, the copy tierd reserved for it may come back held for writing,
+         * and so as written, its bytes unspecified (what a writer whose connection
+         * ends without an unpin leaves too): tierd cannot know the grant never
+         * reached the client.  Noted in docs/ARCHITECTURE.md (the memory store).
+         */
+        bool pin_cut;
 } Known;
 
 static void spawn(void) {
@@ -115,6 +123,8 @@ static bool workload(Known k[N_TENSORS]) {
                                 failed(c, sent ? "tier_unpin" : "tier_pin", r);
                                 if (sent)
                                         k[i].maybe_newer = v;
+                                else
+                                        k[i].pin_cut = true;
                                 goto out;
                         }
                         k[i].newest = v;
@@ -147,8 +157,12 @@ static bool all(tier_tensor *t, const uint8_t *p, uint8_t v) {
         return true;
 }
 
-/* Re-attach and check each tensor against what its client knew (see the file's comment). */
-static void check(const Known k[N_TENSORS], const char *what) {
+/*
+ * Re-attach and check each tensor against what its client knew (see the
+ * file's comment).  @kept: the fd store kept tierd's memory, so nothing may
+ * be lost: each holds its newest pattern (or a cut-off dirty unpin's).
+ */
+static void check(const Known k[N_TENSORS], bool kept, const char *what) {
         tier_client *c = NULL;
 
         assert_int_equal(tier_client_new(d.socket, "r", 0, &c), 0);
@@ -161,12 +175,14 @@ static void check(const Known k[N_TENSORS], const char *what) {
                 /*
                  * What may be there: what a finished evict put on NVMe, unless a dirty unpin made something
                  * newer (in memory only: then lost); a cut-off evict of the newest may have put it there; a
-                 * cut-off dirty unpin may have made it lost; never written: zeros.
+                 * cut-off dirty unpin may have made it lost; never written: zeros.  With the memory kept: the
+                 * newest, or what a cut-off dirty unpin wrote.
                  */
                 bool newer_in_memory = x->newest && x->newest != x->durable;
-                bool may_lost = newer_in_memory || x->maybe_newer;
+                bool may_lost = !kept && (newer_in_memory || x->maybe_newer);
                 bool may_durable = x->durable && !newer_in_memory;
-                bool may_newest = x->maybe_durable && x->newest;
+                bool may_newest = (x->maybe_durable || kept) && x->newest;
+                bool may_newer = kept && x->maybe_newer;
                 bool may_blank = !x->newest && !x->durable;
                 bool ok;
 
@@ -181,12 +197,12 @@ static void check(const Known k[N_TENSORS], const char *what) {
                 r = tier_pin(t, TIER_HOST, TIER_READ, &g);
                 if (r == -ENODATA) {
                         if (!may_lost)
-                                fail_msg("%s: %s reported lost, but its newest (0x%02x) was on NVMe", what, name,
-                                         x->newest);
+                                fail_msg("%s: %s reported lost, but its newest (0x%02x) was %s", what, name,
+                                         x->newest, kept ? "kept in memory" : "on NVMe");
                 } else {
                         assert_int_equal(r, 0);
-                        ok = (may_durable && all(t, g.ptr, x->durable)) || (may_newest && all(t, g.ptr, x->newest)) ||
-                             (may_blank && all(t, g.ptr, 0));
+                        ok = (kept && x->pin_cut) || (may_durable && all(t, g.ptr, x->durable)) || (may_newest && all(t, g.ptr, x->newest)) ||
+                             (may_newer && all(t, g.ptr, x->maybe_newer)) || (may_blank && all(t, g.ptr, 0));
                         if (!ok)
                                 fail_msg("%s: %s holds 0x%02x..., the client knew durable 0x%02x newest 0x%02x "
                                          "(maybe newer 0x%02x, maybe durable %d)", what, name,
@@ -234,7 +250,7 @@ static void test_stop_and_kill(void **state) {
                 }
                 spawn();
                 assert_true(test_daemon_log_contains(&d, "restored from the NVMe index"));
-                check(k, sig == SIGTERM ? "after a clean stop" : "after SIGKILL");
+                check(k, false, sig == SIGTERM ? "after a clean stop" : "after SIGKILL");
                 forget_job();
                 if (sig == SIGKILL)
                         break;
@@ -248,14 +264,16 @@ static bool under_valgrind(void) {
 }
 
 /*
- * tierd kills itself at the N-th step of an index update (@kind index-kill)
- * or tears the N-th record it writes (index-torn), for every N until the
- * workload runs through; after each, the check.
+ * tierd kills itself at the N-th step of an index update (@kind index-kill),
+ * tears the N-th record it writes (index-torn), or kills itself at the N-th
+ * point of a memory-store record write (store-kill, with the fd store: @kept),
+ * for every N until the workload runs through; after each, the check.
  */
-static void kill_at_every_step(const char *kind) {
+static void kill_at_every_step(const char *kind, bool kept) {
         unsigned stride = under_valgrind() ? 7 : 1;     /* valgrind: every 7th step (each takes seconds) */
         unsigned n;
 
+        d.fd_store = kept;
         for (n = 0;; n += stride) {
                 Known k[N_TENSORS] = {};
                 char spec[64], what[96];
@@ -276,7 +294,7 @@ static void kill_at_every_step(const char *kind) {
                 st = test_daemon_wait_notify(&d, "READY=1", 30000);
                 through = st >= 0 && workload(k);
                 st = d.pid > 0 ? test_daemon_kill(&d, through ? SIGTERM : 0, 10000) : d.exited;
-                snprintf(what, sizeof(what), "%s at step %u", kind, n);
+                snprintf(what, sizeof(what), "%s at point %u", kind, n);
                 if (through && st == 0)
                         break;
                 assert_int_equal(st, 128 + SIGKILL);
@@ -284,22 +302,33 @@ static void kill_at_every_step(const char *kind) {
                 for (unsigned i = 0; through && i < N_TENSORS; i++)
                         k[i].maybe_durable = true;
                 spawn();
-                check(k, what);
+                check(k, kept, what);
                 forget_job();
         }
-        print_message("%s: tierd killed at each of the first %u points (every %u) of NVMe index updates, then the "
-                      "workload ran through\n", kind, n, stride);
-        assert_true(n >= 10);  /* (index-kill counts about three steps per record, index-torn one) */
+        print_message("%s: tierd killed at each of the first %u points (every %u) of %s, then the workload ran "
+                      "through\n", kind, n, stride, kept ? "memory-store record writes" : "NVMe index updates");
+        /* (index-kill counts about three steps per record, index-torn one, store-kill two per record write) */
+        assert_true(n >= 10);
         spawn();
         forget_job();           /* the workload's tensors, for the next test */
+        d.fd_store = false;
 }
 
 static void test_kill_at_every_step(void **state) {
-        kill_at_every_step("index-kill");
+        kill_at_every_step("index-kill", false);
 }
 
 static void test_torn_record_at_every_write(void **state) {
-        kill_at_every_step("index-torn");
+        kill_at_every_step("index-torn", false);
+}
+
+/*
+ * With the fd store, tierd killed halfway through a record of its memory
+ * store, or after a record and before the one it replaces is freed: the
+ * tensor's last sound record stands, so nothing only in memory is lost.
+ */
+static void test_store_kill_at_every_point(void **state) {
+        kill_at_every_step("store-kill", true);
 }
 
 /*
@@ -340,9 +369,7 @@ static void test_kill_with_fd_store(void **state) {
         print_message("the fd store holds %zu fd(s) for the next start\n", d.n_stored);
         spawn();
         assert_true(test_daemon_log_contains(&d, "with newer data kept in memory"));
-        for (unsigned i = 0; i < N_TENSORS; i++)
-                k[i].durable = k[i].newest;     /* nothing lost: what was only in memory is back too */
-        check(k, "after SIGKILL, with the fd store");
+        check(k, true, "after SIGKILL, with the fd store");     /* nothing lost: what was only in memory is back too */
 
         assert_int_equal(tier_tensor_stat(wt, &st), -ERESTART);
         assert_int_equal(tier_pin(wt, TIER_HOST, TIER_READ, &g), 0);
@@ -350,6 +377,70 @@ static void test_kill_with_fd_store(void **state) {
         assert_int_equal(tier_unpin(wt, TIER_HOST, 0), 0);
         assert_int_equal(tier_tensor_destroy(wt), 0);
         tier_client_free(w);
+        forget_job();
+        d.fd_store = false;
+}
+
+/* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
+static uint64_t table_generation(int fd) {
+        char magic[8];
+        uint64_t gen = 0;
+
+        if (pread(fd, magic, sizeof(magic), 0) != (ssize_t) sizeof(magic) || memcmp(magic, "TIERMST1", 8) != 0)
+                return 0;
+        assert_int_equal(pread(fd, &gen, sizeof(gen), 48), (ssize_t) sizeof(gen));
+        return gen;
+}
+
+/* The sound tables the store holds: how many, and (@ret_fd, @ret_gen) the newest. */
+static unsigned stored_tables(int *ret_fd, uint64_t *ret_gen) {
+        unsigned n = 0;
+
+        *ret_fd = -1;
+        *ret_gen = 0;
+        for (size_t i = 0; i < d.n_stored; i++) {
+                uint64_t gen;
+
+                if (strncmp(d.stored[i].name, "tierd-mem-table-", 16) != 0)
+                        continue;
+                gen = table_generation(d.stored[i].fd);
+                if (gen == 0)
+                        continue;
+                n++;
+                if (gen > *ret_gen) {
+                        *ret_gen = gen;
+                        *ret_fd = d.stored[i].fd;
+                }
+        }
+        return n;
+}
+
+/*
+ * When tierd says READY=1 the store holds its new table (what it sent the
+ * store at start went out before), and the last run's table is void in place,
+ * whatever the store made of its removal: a kill from then on never puts
+ * memory back by a table that no longer describes it.
+ */
+static void test_store_table_at_ready(void **state) {
+        Known k[N_TENSORS] = {};
+        uint64_t gen, last_gen;
+        int fd, last;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_true(workload(k));
+        test_daemon_drain(&d);
+        assert_int_equal(stored_tables(&fd, &last_gen), 1);
+        last = dup(fd);
+        assert_true(last >= 0);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        assert_int_equal(table_generation(last), 0);
+        assert_int_equal(stored_tables(&fd, &gen), 1);
+        assert_int_equal(gen, last_gen + 1);
+        close(last);
+        check(k, true, "after SIGKILL, with the fd store, tables checked at READY=1");
         forget_job();
         d.fd_store = false;
 }
@@ -412,7 +503,7 @@ static void test_store_torn_or_reshaped(void **state) {
                         test_daemon_dump_log(&d);
                         fail_msg("the log does not say '%s'", needle);
                 }
-                check(k, round == 0 ? "after SIGKILL, the store's table torn" : "after SIGKILL, pools reshaped");
+                check(k, false, round == 0 ? "after SIGKILL, the store's table torn" : "after SIGKILL, pools reshaped");
                 forget_job();
                 if (round == 1)
                         assert_int_equal(test_daemon_write_config(&d, "shape.conf", NULL), 0);
@@ -434,9 +525,11 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_stop_and_kill),
                 cmocka_unit_test(test_kill_with_fd_store),
+                cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_torn_or_reshaped),
                 cmocka_unit_test(test_kill_at_every_step),
                 cmocka_unit_test(test_torn_record_at_every_write),
+                cmocka_unit_test(test_store_kill_at_every_point),
         };
 
         if (!test_can_lock_memory(32 * MiB))

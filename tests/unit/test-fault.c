@@ -37,6 +37,11 @@ static void test_parse(void **state) {
         assert_int_equal(f.rules[0].after, 7);
         assert_int_equal(f.rules[1].kind, FAULT_INDEX_TORN);
         assert_int_equal(fault_set_parse("index-kill:target=0", &f, err, sizeof(err)), -EINVAL);
+        assert_int_equal(fault_set_parse("store-kill:after=3,count=1", &f, err, sizeof(err)), 0);
+        assert_int_equal(f.rules[0].kind, FAULT_STORE_KILL);
+        assert_int_equal(f.rules[0].after, 3);
+        assert_string_equal(fault_kind_to_string(FAULT_STORE_KILL), "store-kill");
+        assert_int_equal(fault_set_parse("store-kill:target=1", &f, err, sizeof(err)), -EINVAL);
 }
 
 static void test_refused(void **state) {
