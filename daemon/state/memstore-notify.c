@@ -71,8 +71,10 @@ static void queue_flush(MemStore *ms) {
                 safe_close(m->fd);
                 done++;
         }
-        memmove(ms->queue, ms->queue + done, (ms->n_queue - done) * sizeof(MsMsg));
-        ms->n_queue -= done;
+        if (done > 0) {
+                memmove(ms->queue, ms->queue + done, (ms->n_queue - done) * sizeof(MsMsg));
+                ms->n_queue -= done;
+        }
         if (ms->notify_source)
                 (void) sd_event_source_set_enabled(ms->notify_source, ms->n_queue ? SD_EVENT_ON : SD_EVENT_OFF);
 }
