@@ -40,7 +40,11 @@
  * What is not kept: CUDA VRAM (the driver's allocations die with the
  * process; exporting their fds to the store is not done), tensors in more
  * than MS_MAX_PIECES pieces, and everything without the NVMe index ([nvme]
- * persist = no) or without a service manager.
+ * persist = no) or without a service manager.  Nor, until its FDSTORE is out,
+ * what lies in a segment renewed while running (a job gave it back) when the
+ * service manager's socket was full: the segment is used at once, and a kill
+ * before the message leaves loses its copies (reported lost), since holding
+ * it back would make allocations wait on the service manager.
  */
 
 #include <errno.h>
