@@ -368,7 +368,7 @@ static bool hold_yield(Plan *p) {
 static void plan_consume_marker(Plan *p) {
         Sched *s = p->sched;
         uint64_t seq, mark;
-        uint32_t phase, prev = p->cur, done;
+        uint32_t phase, prev = p->cur, done, passed = UINT32_MAX;
         int r;
 
         r = plan_read_marker(p, now_ns(), &seq, &phase, &mark);
@@ -407,6 +407,8 @@ static void plan_consume_marker(Plan *p) {
                  * on before we read its marker (markers can be skipped: that phase
                  * was ready, so it may have written there)
                  */
+                if (p->hold[1].active && seq > p->hold[1].seq)
+                        passed = p->hold[1].phase;      /* gone through: it is over too */
                 hold_release(p, 1, true, seq > p->hold[1].seq);
                 if (!s->stopping)
                         hold_start(p, 0, seq, phase);
@@ -414,8 +416,13 @@ static void plan_consume_marker(Plan *p) {
         p->seq = seq;
         p->cur = phase;
         p->cur_mark_ns = mark;
-        if (done != UINT32_MAX && policy(s) == SCHED_POLICY_TIMELINE)
-                plan_drop_dead(p, done);
+        if (policy(s) == SCHED_POLICY_TIMELINE) {
+                /* what the phases over (the last one, and one pinned ahead the client went through) leave dead */
+                if (done != UINT32_MAX)
+                        plan_drop_dead(p, done);
+                if (passed != UINT32_MAX && passed != done)
+                        plan_drop_dead(p, passed);
+        }
         plan_log_residency(p);
         s->epoch++;
         engine_kick(s->engine);
