@@ -650,7 +650,9 @@ static int slot_get(MemStore *ms, uint32_t *ret) {
         return 0;
 }
 
+/* Free @slot: its record reads as absent from now on (seq 0), and the slot may be taken again. */
 static void slot_put(MemStore *ms, uint32_t slot) {
+        __atomic_store_n(&slot_at(ms, slot)->seq, 0, __ATOMIC_RELEASE);
         ms->free_slots[ms->n_free++] = slot;
 }
 
@@ -733,7 +735,7 @@ static void slot_write(MemStore *ms, uint32_t s, MsRecord *rec) {
 }
 
 void memstore_note(MemStore *ms, Tensor *t) {
-        MsRecord rec, *slot;
+        MsRecord rec;
         uint32_t s;
         bool keep;
         int r;
@@ -743,8 +745,6 @@ void memstore_note(MemStore *ms, Tensor *t) {
         keep = t->book_key && t->job->book_key && !t->doomed && record_build(ms, t, &rec);
         if (!keep) {
                 if (t->mem_slot) {
-                        slot = slot_at(ms, t->mem_slot - 1);
-                        __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
                         slot_put(ms, t->mem_slot - 1);
                         t->mem_slot = 0;
                         ms->n_records--;
@@ -771,11 +771,9 @@ void memstore_note(MemStore *ms, Tensor *t) {
         slot_write(ms, s, &rec);
         if (store_kill(ms, "after the new record and before the old one is freed in"))
                 (void) raise(SIGKILL);
-        if (t->mem_slot) {
-                slot = slot_at(ms, t->mem_slot - 1);
-                __atomic_store_n(&slot->seq, 0, __ATOMIC_RELEASE);
+        if (t->mem_slot)
                 slot_put(ms, t->mem_slot - 1);
-        } else
+        else
                 ms->n_records++;
         t->mem_slot = s + 1;
 }
