@@ -104,7 +104,7 @@ void engine_xfer_ended(Engine *e, Tensor *t, List *waiters, int error, const cha
 static inline bool copy_evictable(const Tensor *v, int tier) {
         const Copy *c = &v->copy[tier];
 
-        return c->state == COPY_RESIDENT && c->pins == 0 && v->op_refs == 0 && !v->xfer;
+        return c->state == COPY_RESIDENT && c->pins == 0 && v->op_refs == 0 && !v->xfer && !v->job->frozen;
 }
 
 /*

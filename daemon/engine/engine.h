@@ -179,6 +179,12 @@ void engine_cancel_job(Engine *e, Job *j);
  * while it is pinned, a client's request on it is in flight or a plan names it.
  */
 int engine_tensor_free(Engine *e, Tensor *t);
+/*
+ * Cancel tierd's own ops (Op.internal) on every tensor of @j, for a
+ * rollback: a transfer one of them started runs to its end (Tensor.xfer),
+ * and ops that waited for room they would have made look again.
+ */
+void engine_cancel_internal(Engine *e, Job *j);
 /* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */
 void engine_wake_space_waiters(Engine *e);
 /* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */

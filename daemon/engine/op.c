@@ -699,18 +699,30 @@ void engine_cancel_job(Engine *e, Job *j) {
         }
 }
 
-int engine_tensor_free(Engine *e, Tensor *t) {
+/* Cancel tierd's own ops on @t, or (@t NULL) on every tensor of @j; a transfer one started runs to its end. */
+static void cancel_internal(Engine *e, const Tensor *t, const Job *j) {
         list_for_each_safe(n, tmp, &e->ops) {
                 Op *op = list_entry(n, Op, all_link);
+                Tensor *v = op->tensor;
 
-                if (op->tensor != t || !op->internal)
+                if (!op->internal || (t ? v != t : v->job != j))
                         continue;
-                /* tierd's own work on it: its bytes are not wanted any more */
-                if (op->kind == OP_DRAIN && t->copy[op->tier].state == COPY_DRAINING)
-                        t->copy[op->tier].state = COPY_RESIDENT;
+                if (op->kind == OP_DRAIN && v->copy[op->tier].state == COPY_DRAINING)
+                        v->copy[op->tier].state = COPY_RESIDENT;
                 op_cancel(op);
         }
+}
+
+int engine_tensor_free(Engine *e, Tensor *t) {
+        /* tierd's own work on it: its bytes are not wanted any more */
+        cancel_internal(e, t, NULL);
         return tensor_free(t);
+}
+
+void engine_cancel_internal(Engine *e, Job *j) {
+        cancel_internal(e, NULL, j);
+        wake_space_waiters(e);  /* an op that waited for a drain cancelled here looks again */
+        engine_kick(e);
 }
 
 /* ---- the engine ----------------------------------------------------------------------------- */

@@ -14,6 +14,7 @@
 typedef struct Job Job;
 typedef struct JobEvict JobEvict;
 typedef struct Plan Plan;
+typedef struct RollbackWait RollbackWait;
 typedef struct Server Server;
 typedef struct Tensor Tensor;
 typedef struct Tier__Event Tier__Event;
@@ -64,6 +65,7 @@ typedef struct Conn {
         unsigned inflight;
         Plan *plan;             /* iteration plan of this rank, or NULL */
         JobEvict *evict;        /* jobctl.c: its evict of a job, running, or NULL */
+        RollbackWait *rollback; /* commit.c: its rollback waiting for the job's transfers, or NULL */
         PinRec *pins;
         size_t n_pins, cap_pins;
 

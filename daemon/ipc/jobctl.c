@@ -238,7 +238,7 @@ static void on_evict_cancelled(Op *op) {
         EvictPart *p = op->userdata;
         JobEvict *ev = p->ev;
 
-        evict_failed(ev, op->tensor->name, "cancelled (the tensor was freed or its job ended)");
+        evict_failed(ev, op->tensor->name, "cancelled (the tensor was freed, its job ended or rolled back)");
         free(p);
         evict_put(ev);
 }
@@ -257,7 +257,8 @@ static int evict_one(Rpc *rpc, JobEvict *ev, Tensor *t) {
         }
         if (!above)
                 return 0;
-        if (pinned) {
+        if (pinned || t->job->frozen) {
+                /* (a rollback of the job waits for its transfers: counted as pinned, left alone) */
                 ev->pinned++;
                 ev->pinned_bytes += t->size;
                 return 0;

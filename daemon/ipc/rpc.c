@@ -30,6 +30,7 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
+#include "daemon/ipc/commit.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
 #include "daemon/ipc/jobctl.h"
@@ -737,52 +738,6 @@ static int handle_end_plan(Conn *c, uint64_t seq) {
         return reply_ok(c, seq);
 }
 
-static int reply_commit(Conn *c, uint64_t seq, const Job *j, unsigned rolled, unsigned lost) {
-        Tier__Response resp = TIER__RESPONSE__INIT;
-        Tier__CommitReply cr = TIER__COMMIT_REPLY__INIT;
-
-        cr.step = j->commit_step;
-        cr.rolled_back = rolled;
-        cr.lost = lost;
-        cr.committed = j->committing;
-        resp.seq = seq;
-        resp.result_case = TIER__RESPONSE__RESULT_COMMIT;
-        resp.commit = &cr;
-        return conn_send_response(c, &resp, NULL, 0, false);
-}
-
-static int handle_commit(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
-        Job *j = c->job;
-
-        list_for_each_safe(n, tmp, &j->tensors) {
-                const Tensor *t = list_entry(n, Tensor, job_link);
-
-                if (t->rw_pins > 0)
-                        return conn_reply_error(c, seq, -EBUSY, "tensor '%s' is pinned for reading and writing: a commit "
-                                                "takes what each tensor holds, so none may be in the middle of a write "
-                                                "(unpin it, or commit after the phase that writes it)", t->name);
-        }
-        job_commit(j, jc->step);
-        log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
-        return reply_commit(c, seq, j, 0, 0);
-}
-
-static int handle_rollback(Conn *c, uint64_t seq) {
-        Job *j = c->job;
-        unsigned rolled = 0, lost = 0;
-        char why[256] = "";
-        int r;
-
-        if (!j->committing)
-                return reply_commit(c, seq, j, 0, 0);   /* nothing to go back to: nothing changes */
-        r = job_rollback(j, &rolled, &lost, why, sizeof(why));
-        if (r < 0)
-                return conn_reply_error(c, seq, r, "cannot roll job '%s' back: %s", j->name, why);
-        log_job(LOG_INFO, 0, j->name, "Job '%s' rolled back to its commit %" PRIu64 ": %u tensor(s) brought back, "
-                "%u lost", j->name, j->commit_step, rolled, lost);
-        return reply_commit(c, seq, j, rolled, lost);
-}
-
 /* Group whose members may set quotas (besides root). */
 #define ADMIN_GROUP "tier-admin"
 
@@ -865,9 +820,9 @@ int rpc_dispatch(Rpc *rpc, Conn *c, Tier__Request *req) {
         case TIER__REQUEST__OP_END_PLAN:
                 return handle_end_plan(c, seq);
         case TIER__REQUEST__OP_COMMIT:
-                return handle_commit(c, seq, req->commit);
+                return commit_request(c, seq, req->commit);
         case TIER__REQUEST__OP_ROLLBACK:
-                return handle_rollback(c, seq);
+                return rollback_request(rpc, c, seq);
         case TIER__REQUEST__OP_QUOTA_GET:
                 return quota_rpc_get(rpc, c, seq, req->quota_get, conn_is_admin(rpc, c));
         case TIER__REQUEST__OP_QUOTA_SET:
@@ -906,6 +861,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
         if (rpc->revoke)
                 revoke_conn_gone(rpc->revoke, c);
         jobctl_conn_gone(c);    /* its evict of a job runs on, unanswered */
+        rollback_conn_gone(c);  /* its rollback waiting for transfers ends, unanswered */
         trace_rpc_conn_gone(rpc, c);
 
         list_for_each_safe(n, tmp, &c->pending) {

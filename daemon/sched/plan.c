@@ -594,7 +594,8 @@ void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase) {
                 for (uint32_t k = 0; k < nx->n_acc; k++)
                         if (nx->acc[k].tensor == t)
                                 again = true;
-                if (!again && t->op_refs == 0 && t->copy[LEVEL_VRAM].pins == 0 && t->copy[LEVEL_HOST].pins == 0) {
+                if (!again && t->op_refs == 0 && t->copy[LEVEL_VRAM].pins == 0 && t->copy[LEVEL_HOST].pins == 0 &&
+                    !t->job->frozen) {
                         Op *op = NULL;
 
                         if (op_submit(p->sched->engine, OP_EVICT, t, LEVEL_NVME, NULL, NULL, NULL, &op) >= 0)

@@ -246,6 +246,8 @@ typedef struct CandList {
 } CandList;
 
 static void add_cand(CandList *l, Cand c) {
+        if (c.hold < 0 && c.tensor->job->frozen)
+                return;         /* a rollback waits for the job's transfers: no prefetch of tierd's own */
         if (l->n == l->cap) {
                 size_t nc = l->cap ? l->cap * 2 : 64;
                 Cand *x = realloc(l->c, nc * sizeof(Cand));

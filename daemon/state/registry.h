@@ -179,6 +179,7 @@ struct Job {
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
         bool committing;        /* it made a commit: its tensors keep the committed version's image */
         uint64_t commit_step;   /* the client's number of its last commit */
+        unsigned frozen;        /* rollbacks waiting for its transfers: tierd starts no move of its own meanwhile */
         uint64_t wear_base;     /* bytes earlier jobs of its name wrote (wear.c), when it was made */
 
         /* the rooms above */
@@ -368,7 +369,9 @@ void job_commit(Job *j, uint64_t step);
  * job_rollback() - every tensor of @j written since its last commit gets
  * that commit's data back (its kept NVMe image; zeros for one never
  * written then); *@ret_rolled: how many; *@ret_lost: how many had none
- * to go back to (lost).  -EBUSY when one is pinned.
+ * to go back to (lost).  Nothing changes when it fails: -EBUSY when one is
+ * pinned or a request is on one (@why says which), -EAGAIN when none is
+ * but one is in a transfer (it ends on its own: try again then).
  */
 int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size);
 /*

@@ -264,14 +264,27 @@ void job_commit(Job *j, uint64_t step) {
 int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
         unsigned rolled = 0, lost = 0;
 
+        const Tensor *moving = NULL;
+
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
                 for (int i = 0; i < TIERS; i++)
-                        if (t->copy[i].pins > 0 || t->xfer || t->op_refs > 0) {
-                                snprintf(why, why_size, "tensor '%s' is pinned or moving", t->name);
+                        if (t->copy[i].pins > 0) {
+                                snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
                                 return -EBUSY;
                         }
+                if (t->op_refs > 0) {
+                        snprintf(why, why_size, "a request on tensor '%s' is in progress (wait for it first)",
+                                 t->name);
+                        return -EBUSY;
+                }
+                if (t->xfer && !moving)
+                        moving = t;
+        }
+        if (moving) {
+                snprintf(why, why_size, "tensor '%s' is in a transfer", moving->name);
+                return -EAGAIN;
         }
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);

@@ -20,6 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include <tier.h>
@@ -515,6 +518,156 @@ static void test_vram_d2h_eio(void **state) {
 
 /* ---- a bad value stops tierd at start, saying why --------------------------------------------- */
 
+/* ---- a rollback while tierd moves the job's tensors ----------------------------------------- */
+
+/* Wait up to @ms for tierd's log to hold @needle more than @n times; fails the test after. */
+static void wait_log_count(const World *w, const char *needle, unsigned n, int ms) {
+        for (int i = 0; i < ms / 10 && log_count(w, needle) <= n; i++)
+                (void) usleep(10 * 1000);
+        if (log_count(w, needle) <= n) {
+                fprintf(stderr, "tierd's log does not hold '%s' more than %u times after %d ms\n", needle, n, ms);
+                test_daemon_dump_log(&w->d);
+                fail();
+        }
+}
+
+/* A child: tierctl evict of job @job down to NVMe, from a control connection; exits 0 when it was answered. */
+static pid_t evict_child(const World *w, const char *job) {
+        pid_t pid = fork();
+
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                struct tier_evict_result res;
+                tier_client *ctl = NULL;
+                int r = tier_client_new(w->d.socket, NULL, 0, &ctl);
+
+                if (r == 0)
+                        r = tier_job_evict(ctl, job, TIER_NVME, &res);
+                tier_client_free(ctl);
+                _exit(r == 0 ? 0 : 1);
+        }
+        return pid;
+}
+
+static int wait_child(pid_t pid) {
+        int st = 0;
+
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/*
+ * An operator's evict writes the job's tensor down, its completion held
+ * back 1.5 s, when the job rolls back: the rollback cancels tierd's own
+ * op, waits for the transfer to end and then brings the committed bytes
+ * back (it used to answer EBUSY while the transfer ran).  Whatever the
+ * timing, the rollback succeeds with the commit's data; afterwards the
+ * job's tensors may move again (the evict takes them).
+ */
+static void test_rollback_waits_for_transfers(void **state) {
+        struct tier_evict_result res;
+        struct tier_commit cm = {};
+        tier_client *ctl = NULL;
+        unsigned delays;
+        World w;
+        pid_t pid;
+
+        (void) state;
+        world_start(&w, "nvme-delay:job=victim,ms=1500", false);
+        assert_int_equal(tier_job_commit(w.vc, 7), 0);
+        fill(w.v, 3);           /* its committed bytes lay in host only: written down first */
+        delays = log_count(&w, "Injected fault nvme-delay");
+        pid = evict_child(&w, "victim");
+        /* the evict's write is done, its completion held back from here */
+        wait_log_count(&w, "Injected fault nvme-delay", delays, 30000);
+        if (tier_job_rollback(w.vc, &cm) < 0)
+                fprintf(stderr, "rollback: %s\n", tier_client_last_error(w.vc));
+        assert_int_equal(cm.committed, 1);
+        assert_int_equal(cm.step, 7);
+        assert_int_equal(cm.rolled_back, 1);
+        assert_int_equal(cm.lost, 0);
+        assert_int_equal(wait_child(pid), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        /* thawed: tierd moves the job's tensors again */
+        assert_int_equal(tier_client_new(w.d.socket, NULL, 0, &ctl), 0);
+        assert_int_equal(tier_job_evict(ctl, "victim", TIER_NVME, &res), 0);
+        assert_int_equal(res.pinned, 0);
+        assert_int_equal(res.failed, 0);
+        assert_int_equal(res.evicted, 1);
+        tier_client_free(ctl);
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        assert_int_equal(verify(w.v, 1), 0);
+        world_stop(&w);
+}
+
+/* A pin, or a client's request, is the caller's to end: the rollback says so at once and changes nothing. */
+static void test_rollback_refused_while_pinned(void **state) {
+        struct tier_commit cm = {};
+        struct tier_grant g;
+        tier_client *c2;
+        tier_tensor *v2;
+        World w;
+
+        (void) state;
+        world_start(&w, "nvme-delay:job=nobody,ms=1", false);
+        assert_int_equal(tier_job_commit(w.vc, 3), 0);
+        fill(w.v, 4);
+        assert_int_equal(tier_client_new(w.d.socket, "victim", 1, &c2), 0);
+        assert_int_equal(tier_tensor_open(c2, "v", &v2), 0);
+        assert_int_equal(tier_pin(v2, TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(tier_job_rollback(w.vc, &cm), -EBUSY);
+        assert_error_contains(w.vc, "tensor 'v' is pinned (in host)");
+        assert_int_equal(verify(w.v, 4), 0);       /* nothing changed */
+        assert_int_equal(tier_unpin(v2, TIER_HOST, 0), 0);
+        assert_int_equal(tier_job_rollback(w.vc, &cm), 0);
+        assert_int_equal(cm.rolled_back, 1);
+        assert_int_equal(verify(w.v, 1), 0);
+        tier_tensor_close(v2);
+        tier_client_free(c2);
+        world_stop(&w);
+}
+
+/*
+ * The connection of a waiting rollback goes (its process is killed): the
+ * wait ends unanswered and the job thaws; tierd goes on (the transfer it
+ * waited for is held back a minute, so the rollback surely waits).
+ */
+static void test_rollback_connection_gone_while_waiting(void **state) {
+        World w;
+        pid_t evict, roll;
+
+        (void) state;
+        world_start(&w, "nvme-delay:job=victim,ms=60000,after=1,count=1", false);
+        assert_int_equal(tier_job_commit(w.vc, 5), 0);
+        fill(w.v, 6);           /* its committed bytes are written down first: the one write not held */
+        evict = evict_child(&w, "victim");
+        wait_log_count(&w, "Injected fault nvme-delay", 0, 30000);
+        roll = fork();
+        assert_true(roll >= 0);
+        if (roll == 0) {
+                struct tier_commit cm;
+                tier_client *c = NULL;
+
+                if (tier_client_new(w.d.socket, "victim", 1, &c) == 0)
+                        (void) tier_job_rollback(c, &cm);
+                _exit(0);
+        }
+        wait_log_count(&w, "its rollback waits for the transfers", 0, 30000);
+        assert_int_equal(kill(roll, SIGKILL), 0);
+        assert_int_equal(wait_child(roll), 128 + SIGKILL);
+        wait_log_count(&w, "its rollback ended unanswered", 0, 30000);
+        json_decref(test_daemon_status(&w.d));  /* tierd goes on */
+        tier_tensor_close(w.v);
+        tier_client_free(w.vc);
+        tier_tensor_close(w.b);
+        tier_client_free(w.bc);
+        /* the held-back transfer would keep a clean stop a minute */
+        (void) test_daemon_kill(&w.d, SIGKILL, 10000);
+        test_daemon_cleanup(&w.d);
+        /* the rollback cancelled the evict's op, so the evict was answered */
+        assert_int_equal(wait_child(evict), 0);
+}
+
 static void test_invalid_spec(void **state) {
         TestDaemon d;
         TestDaemonOptions o = { .wait_ready = true };
@@ -545,6 +698,9 @@ int main(void) {
                 cmocka_unit_test(test_vram_h2d_eio),
                 cmocka_unit_test(test_vram_d2h_eio),
                 cmocka_unit_test(test_read_eio_mid_tensor_to_vram),
+                cmocka_unit_test(test_rollback_waits_for_transfers),
+                cmocka_unit_test(test_rollback_refused_while_pinned),
+                cmocka_unit_test(test_rollback_connection_gone_while_waiting),
                 cmocka_unit_test(test_invalid_spec),
         };
 

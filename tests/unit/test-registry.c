@@ -536,6 +536,85 @@ static void test_stop_while_copying(void **state) {
         assert_int_equal(r.done, 0);    /* abandoned: no callback after the stop */
 }
 
+/*
+ * What a rollback waits for (ipc/commit.c): a client's pin or request is
+ * refused (-EBUSY), a transfer in flight is waited for (-EAGAIN); tierd's
+ * own ops are cancelled first (engine_cancel_internal()), and a frozen
+ * job's copies are no victims.
+ */
+static void test_rollback_waits_and_freezes(void **state) {
+        Manager *m = new_manager();
+        _cleanup_free_ Tensor **v = NULL;
+        unsigned rolled = 9, lost = 9;
+        char why[256] = "";
+        Tensor *t[4];
+        size_t n = 0;
+        Result r;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (int i = 0; i < 4; i++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = fixture_tensor(j, name, 1 * MiB);
+                fixture_host_data(m, t[i], (uint8_t) (i + 1));
+        }
+        job_commit(j, 1);
+
+        /* frozen, the job's copies are no victims */
+        j->frozen = 1;
+        assert_int_equal(engine_victims(m->engine, j, LEVEL_HOST, NULL, &v, &n), 0);
+        assert_int_equal(n, 0);
+        free(TAKE_PTR(v));
+        j->frozen = 0;
+        assert_int_equal(engine_victims(m->engine, j, LEVEL_HOST, NULL, &v, &n), 0);
+        assert_int_equal(n, 4);
+
+        /* tierd's own op, not started: cancelled, nothing left to wait for */
+        assert_int_equal(submit(m, OP_CLEAN, t[0], LEVEL_HOST, &r), 0);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "a request on tensor 't0'"));
+        engine_cancel_internal(m->engine, j);
+        assert_int_equal(t[0]->op_refs, 0);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 0);
+        assert_int_equal(lost, 0);
+
+        /* one whose transfer started: the transfer runs on, the rollback waits for it */
+        assert_int_equal(submit(m, OP_CLEAN, t[1], LEVEL_HOST, &r), 0);
+        engine_run(m->engine);
+        assert_non_null(t[1]->xfer);
+        engine_cancel_internal(m->engine, j);
+        assert_int_equal(t[1]->op_refs, 0);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EAGAIN);
+        assert_non_null(strstr(why, "tensor 't1' is in a transfer"));
+        FIXTURE_RUN_UNTIL(m, !t[1]->xfer);
+        assert_int_equal(r.done, 0);    /* cancelled: its owner hears nothing */
+        assert_int_equal(t[1]->copy[LEVEL_NVME].state, COPY_RESIDENT);
+        assert_int_equal(t[1]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+
+        /* a client's request, then its pin: the caller's to end */
+        assert_int_equal(submit(m, OP_PIN, t[2], LEVEL_HOST, &r), 0);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "a request on tensor 't2'"));
+        run_until(m, &r);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "tensor 't2' is pinned (in host)"));
+        write_host(t[2], 0x77);
+        assert_int_equal(tensor_unpin(t[2], LEVEL_HOST, true), 0);
+
+        /* written since the commit, whose data lay in host only: nothing to go back to */
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 0);
+        assert_int_equal(lost, 1);
+        assert_true(t[2]->lost);
+
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ids_names_slots),
@@ -547,6 +626,7 @@ int main(void) {
                 cmocka_unit_test(test_crc_mismatch_is_an_error),
                 cmocka_unit_test(test_enomem_is_not_enospc),
                 cmocka_unit_test(test_stop_while_copying),
+                cmocka_unit_test(test_rollback_waits_and_freezes),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
 }

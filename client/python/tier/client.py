@@ -448,7 +448,8 @@ class Client:
     def rollback(self) -> "Commit":
         """``tier_job_rollback()``: every tensor of the job written since its last commit gets that
         commit's data back.  Returns the commit (``committed`` False: the job has none, nothing
-        changed).  A round trip; BusyError while a tensor is pinned."""
+        changed).  A round trip, which waits for the transfers tierd itself has in flight on the
+        job's tensors; BusyError while a tensor is pinned or a request of a client is on one."""
         c = _lib.TierCommit()
         self._check(_L.tier_job_rollback(self._handle("rollback"), byref(c)), "rollback")
         return Commit(step=int(c.step), rolled_back=int(c.rolled_back), lost=int(c.lost),
