@@ -200,8 +200,8 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                         continue;
                 if (c->state == COPY_DRAINING)
                         draining += tier == LEVEL_NVME ? 0 : v->alloc_size;
-                else if (v != want && v->xfer && c->pins == 0)
-                        moving += v->alloc_size;
+                else if (v != want && (v->xfer || j->frozen) && c->pins == 0)
+                        moving += v->alloc_size;        /* (a frozen job's: once its rollback's wait ends) */
         }
         r = engine_victims(e, j, tier, want, &cands, &n);
         if (r < 0)
@@ -221,7 +221,10 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 return ADV_WAIT_SPACE;
         if (op->no_wait)
                 return -EAGAIN;
-        /* copies in a transfer may go once it ends (engine_xfer_ended() wakes the waiters) */
+        /*
+         * copies in a transfer may go once it ends (engine_xfer_ended() wakes the waiters), a
+         * frozen job's once it thaws (ipc/commit.c wakes them)
+         */
         return moving > 0 ? ADV_WAIT_SPACE : -ENOSPC;
 }
 

@@ -547,7 +547,7 @@ static void test_rollback_waits_and_freezes(void **state) {
         _cleanup_free_ Tensor **v = NULL;
         unsigned rolled = 9, lost = 9;
         char why[256] = "";
-        Tensor *t[4];
+        Tensor *t[4], *t4;
         size_t n = 0;
         Result r;
         Job *j;
@@ -562,14 +562,23 @@ static void test_rollback_waits_and_freezes(void **state) {
         }
         job_commit(j, 1);
 
-        /* frozen, the job's copies are no victims */
+        /* frozen, the job's copies are no victims: a pin that needs room waits for the thaw */
         j->frozen = 1;
         assert_int_equal(engine_victims(m->engine, j, LEVEL_HOST, NULL, &v, &n), 0);
         assert_int_equal(n, 0);
         free(TAKE_PTR(v));
+        t4 = fixture_tensor(j, "t4", 1 * MiB);
+        assert_int_equal(submit(m, OP_PIN, t4, LEVEL_HOST, &r), 0);
+        engine_run(m->engine);
+        assert_int_equal(r.done, 0);
         j->frozen = 0;
         assert_int_equal(engine_victims(m->engine, j, LEVEL_HOST, NULL, &v, &n), 0);
         assert_int_equal(n, 4);
+        engine_wake_space_waiters(m->engine);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(tensor_unpin(t4, LEVEL_HOST, false), 0);
+        assert_int_equal(tensor_free(t4), 0);
 
         /* tierd's own op, not started: cancelled, nothing left to wait for */
         assert_int_equal(submit(m, OP_CLEAN, t[0], LEVEL_HOST, &r), 0);
