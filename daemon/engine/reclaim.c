@@ -26,7 +26,8 @@
  * least valuable goes (the rank of each copy in the scheduler's victim
  * order: Belady's next use under the timeline policy, LRU otherwise; a
  * segment holding anything pinned, in a transfer or used by an op is not
- * chosen).  Its copies are dropped when another copy is valid, or drained
+ * chosen, nor one of a job whose rollback waits for its transfers, Job.frozen:
+ * the requester waits for that job to thaw).  Its copies are dropped when another copy is valid, or drained
  * (written down first) when sole; once the segment is empty, take_segment()
  * (state/space.c) hands it to the requester.
  */
@@ -147,6 +148,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
         _cleanup_free_ Victim *vs = NULL;
         _cleanup_free_ uint64_t *inflight = NULL;     /* per segment id: bytes of copies being drained */
         uint64_t need = want->alloc_size, mine, coming = 0;
+        bool frozen = false;
         size_t n = 0;
 
         if (tier == LEVEL_NVME || !r->pools[tier])
@@ -206,8 +208,11 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
                 unsigned blocked = 0;
                 char used[SIZE_FORMAT_MAX], size[SIZE_FORMAT_MAX];
 
-                if (!s)
+                if (!s) {
+                        /* a job whose rollback waits owes its room still: it can go once the job thaws */
+                        frozen = frozen || v->frozen > 0;
                         continue;
+                }
                 size_format(used, sizeof(used), s->used);
                 size_format(size, sizeof(size), s->pool->seg_size);
                 log_debug("Job '%s' needs room in %s: a %s segment of job '%s' (%s in use) is emptied for it (%s)",
@@ -229,5 +234,6 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
                 if (started > 0)
                         return ADV_WAIT_SPACE;
         }
-        return coming > 0 ? ADV_WAIT_SPACE : -ENOSPC;
+        /* (the thaw wakes the waiters: ipc/commit.c) */
+        return coming > 0 || frozen ? ADV_WAIT_SPACE : -ENOSPC;
 }

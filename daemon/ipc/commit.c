@@ -18,8 +18,9 @@
  *      what the rollback is about to replace;
  *   2. a transfer one of them started cannot be taken back; while any is
  *      in flight the job is frozen (Job.frozen): its copies are no victims
- *      (copy_evictable(); a pin of the job that needs their room waits for
- *      the thaw), and the scheduler starts no prefetch or
+ *      (copy_evictable(); a pin that needs their room, of the job or of
+ *      one it owes room to, engine/reclaim.c, waits for the thaw), and the
+ *      scheduler starts no prefetch or
  *      write-behind of it, nor tierctl evict, so no new transfer starts
  *      that a client did not ask for;
  *   3. it tries again every ROLLBACK_POLL_USEC until none is in flight,

@@ -318,6 +318,60 @@ static void test_reclaim_deadline(void **state) {
         finish(m, v, cv, p);
 }
 
+/*
+ * Job V fills the host pool, above its share; it is frozen (its rollback
+ * waits for its transfers, ipc/commit.c).  Job R, which holds nothing else
+ * there, pins T: the room V owes it comes once V thaws, so the pin waits
+ * for that instead of failing with ENOSPC (as it did: reclaim found no
+ * segment it could empty, and R had no copy of its own to let go).
+ */
+static void on_pin_status(Op *op, int status, const char *error) {
+        (void) error;
+        *(int *) op->userdata = status;
+}
+
+static void test_reclaim_waits_for_frozen(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *x[4], *t;
+        int status = 1;
+        unsigned kept = 0;
+        Job *v, *r;
+
+        (void) state;
+        assert_int_equal(job_new(m->registry, "v", 0, &v), 0);
+        assert_int_equal(job_new(m->registry, "r", 0, &r), 0);
+        v->n_conns = r->n_conns = 1;    /* both live: shares of 8 MiB each */
+        for (int i = 0; i < 4; i++) {
+                char name[4] = { 'X', (char) ('0' + i), 0 };
+
+                x[i] = tensor(v, name, 4 * MiB);
+                make_on_nvme(m, x[i]);
+                touch(m, x[i], LEVEL_HOST, false);
+        }
+        t = tensor(r, "T", 4 * MiB);
+        assert_int_equal(m->registry->pools[LEVEL_HOST]->n_free, 0);
+
+        v->frozen = 1;
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_pin_status, NULL, &status, NULL), 0);
+        engine_run(m->engine);
+        assert_int_equal(status, 1);                    /* waiting, not -ENOSPC */
+        assert_false(copy_valid(t, LEVEL_HOST));
+
+        v->frozen = 0;
+        engine_wake_space_waiters(m->engine);
+        FIXTURE_RUN_UNTIL(m, status != 1);
+        assert_int_equal(status, 0);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        for (int i = 0; i < 4; i++)
+                kept += copy_valid(x[i], LEVEL_HOST);
+        assert_true(kept < 4);                          /* V's room went to R */
+        t->copy[LEVEL_HOST].pins--;
+        v->n_conns = r->n_conns = 0;
+        job_destroy(r);
+        job_destroy(v);
+        fixture_free(m);
+}
+
 /* ---- write-behind: what will be evicted is written down early; what stays is not ---------- */
 
 static void test_write_behind(void **state) {
@@ -831,6 +885,7 @@ int main(void) {
                 cmocka_unit_test(test_deadline_order),
                 cmocka_unit_test(test_prefetch_window),
                 cmocka_unit_test(test_reclaim_deadline),
+                cmocka_unit_test(test_reclaim_waits_for_frozen),
                 cmocka_unit_test(test_write_behind),
                 cmocka_unit_test(test_write_behind_same_victims),
                 cmocka_unit_test(test_dead_bytes),
