@@ -8,6 +8,16 @@
  * segment's memfd counts as stored (the table names its inode) only once its
  * message is out.  ms_queue_wait() is the one blocking wait, at start, before
  * READY=1 (memstore_begin()).
+ *
+ * The queue is bounded by the names, not by time: a service manager that
+ * stops reading must not make tierd hold an fd per renewal forever.  A
+ * FDSTOREREMOVE=1 of a name that waits makes the FDSTORE=1s of that name
+ * queued before it moot (it would remove what they store), so they go, fd
+ * and all; and a second FDSTOREREMOVE=1 of a name whose first still waits,
+ * with nothing of the name between, is the same message again.  What the
+ * store ends up with is what the whole sequence would leave; each name has
+ * at most one removal and the stores after it waiting, and a renewal
+ * (ms_store_remove() then ms_store_put()) leaves one of each.
  */
 
 #include <errno.h>
@@ -90,7 +100,33 @@ int ms_on_notify_writable(sd_event_source *s, int fd, uint32_t revents, void *us
  * queued (the fd duplicated) until the socket is writable again.  @seg_k >= 0:
  * a segment's FDSTORE, whose inode @ino the table names once it is sent.
  */
-static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint32_t seg_id, uint64_t ino) {
+/*
+ * A removal of @name is about to wait: the stores of @name waiting before it
+ * go (moot); true when a removal of @name waits already with nothing of the
+ * name behind it (this one would be the same again).
+ */
+static bool queue_coalesce(MemStore *ms, const char *name) {
+        size_t k = 0;
+        bool removing = false;
+
+        for (size_t i = 0; i < ms->n_queue; i++) {
+                MsMsg *m = &ms->queue[i];
+
+                if (strcmp(m->name, name) == 0) {
+                        if (!m->remove) {
+                                safe_close(m->fd);      /* the removal behind it would take it again */
+                                continue;
+                        }
+                        removing = true;
+                }
+                ms->queue[k++] = *m;
+        }
+        ms->n_queue = k;
+        return removing;
+}
+
+static void notify_send(MemStore *ms, const char *text, const char *name, bool remove, int fd, int seg_k,
+                        uint32_t seg_id, uint64_t ino) {
         MsMsg *m;
         int r;
 
@@ -111,6 +147,8 @@ static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint3
                         return;
                 }
         }
+        if (remove && queue_coalesce(ms, name))
+                return;
         if (ms->n_queue == ms->cap_queue) {
                 size_t cap = ms->cap_queue ? ms->cap_queue * 2 : 64;
                 MsMsg *q = reallocarray(ms->queue, cap, sizeof(MsMsg));
@@ -121,8 +159,9 @@ static void notify_send(MemStore *ms, const char *text, int fd, int seg_k, uint3
                 ms->cap_queue = cap;
         }
         m = &ms->queue[ms->n_queue];
-        *m = (MsMsg) { .fd = -1, .seg_k = seg_k, .seg_id = seg_id, .ino = ino };
+        *m = (MsMsg) { .fd = -1, .remove = remove, .seg_k = seg_k, .seg_id = seg_id, .ino = ino };
         snprintf(m->text, sizeof(m->text), "%s", text);
+        snprintf(m->name, sizeof(m->name), "%s", name);
         if (fd >= 0) {
                 m->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
                 if (m->fd < 0)
@@ -138,7 +177,7 @@ void ms_store_remove(MemStore *ms, const char *name) {
         char msg[128];
 
         snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, -1, -1, 0, 0);
+        notify_send(ms, msg, name, true, -1, -1, 0, 0);
 }
 
 /* FDSTORE=1 of @fd under @name (a segment's: @seg_k, @seg_id and @ino; -1 otherwise). */
@@ -146,7 +185,7 @@ void ms_store_put(MemStore *ms, const char *name, int fd, int seg_k, uint32_t se
         char msg[128];
 
         snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
-        notify_send(ms, msg, fd, seg_k, seg_id, ino);
+        notify_send(ms, msg, name, false, fd, seg_k, seg_id, ino);
 }
 
 int ms_notify_open(const char *path) {

@@ -58,6 +58,8 @@ struct MemStore {
 /* A message for the service manager that must wait its turn (its socket was full). */
 typedef struct MsMsg {
         char text[96];
+        char name[64];          /* its FDNAME */
+        bool remove;            /* FDSTOREREMOVE=1, else FDSTORE=1 */
         int fd;                 /* ours (a dup), or -1 */
         int seg_k;              /* a segment's FDSTORE: whose inode is current once it is sent; -1: not */
         uint32_t seg_id;
