@@ -100,6 +100,61 @@ static unsigned store_read(int sm, Store *st) {
         }
 }
 
+/* A service manager that reads only when told to, and tierd's side of it. */
+typedef struct ServiceManager {
+        char dir[40];
+        struct sockaddr_un sa;
+        int sm;                 /* the manager's socket */
+        MemStore ms;
+} ServiceManager;
+
+static void sm_open(ServiceManager *m) {
+        *m = (ServiceManager) { .dir = "/tmp/test-memstore-notify.XXXXXX", .sa = { .sun_family = AF_UNIX },
+                         .ms = { .notify_fd = -1 } };
+        assert_non_null(mkdtemp(m->dir));
+        snprintf(m->sa.sun_path, sizeof(m->sa.sun_path), "%s/notify", m->dir);
+        m->sm = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        assert_true(m->sm >= 0);
+        assert_int_equal(bind(m->sm, (struct sockaddr *) &m->sa, sizeof(m->sa)), 0);
+        m->ms.notify_fd = ms_notify_open(m->sa.sun_path);
+        assert_true(m->ms.notify_fd >= 0);
+}
+
+/* Store memfds under fill-N until the manager's socket is full (the last one waits in tierd's queue); how many. */
+static int sm_fill(ServiceManager *m) {
+        int n = 0;
+
+        while (m->ms.n_queue == 0) {
+                char name[32];
+                int fd = memfd_create("fill", MFD_CLOEXEC);
+
+                assert_true(fd >= 0 && n < 10000);
+                snprintf(name, sizeof(name), "fill-%d", n++);
+                ms_store_put(&m->ms, name, fd, -1, 0, 0);
+                close(fd);
+        }
+        return n;
+}
+
+/* The manager reads again until tierd has sent everything; the messages it took. */
+static unsigned sm_drain(ServiceManager *m, Store *st) {
+        unsigned got = 0;
+
+        while (m->ms.n_queue > 0) {
+                got += store_read(m->sm, st);
+                (void) ms_queue_wait(&m->ms, 10 * 1000);
+        }
+        return got + store_read(m->sm, st);
+}
+
+static void sm_close(ServiceManager *m) {
+        free(m->ms.queue);
+        close(m->ms.notify_fd);
+        close(m->sm);
+        assert_int_equal(unlink(m->sa.sun_path), 0);
+        assert_int_equal(rmdir(m->dir), 0);
+}
+
 static int open_fds(void) {
         int n = 0;
 
@@ -117,37 +172,17 @@ static int open_fds(void) {
  * they were, the renewed one with the last memfd only.
  */
 static void test_queue_bounded(void **state) {
-        char path[] = "/tmp/test-memstore-notify.XXXXXX";
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        MemStore ms = { .notify_fd = -1 };
         static Store st;
         uint64_t last_ino = 0;
-        int sm, fds_before, queued = 0;
-        unsigned got = 0;
+        int fds_before, queued;
         struct stat sb;
+        ServiceManager m;
 
         (void) state;
-        assert_non_null(mkdtemp(path));
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", path);
-        sm = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        assert_true(sm >= 0);
-        assert_int_equal(bind(sm, (struct sockaddr *) &sa, sizeof(sa)), 0);
-        ms.notify_fd = ms_notify_open(sa.sun_path);
-        assert_true(ms.notify_fd >= 0);
+        sm_open(&m);
         fds_before = open_fds();
-
-        /* fill the manager's queue (it does not read) */
-        for (int i = 0; ms.n_queue == 0; i++) {
-                char name[32];
-                int fd = memfd_create("fill", MFD_CLOEXEC);
-
-                assert_true(fd >= 0 && i < 10000);
-                snprintf(name, sizeof(name), "fill-%d", i);
-                ms_store_put(&ms, name, fd, -1, 0, 0);
-                close(fd);
-                queued++;
-        }
-        assert_int_equal(ms.n_queue, 1);        /* the last fill waits */
+        queued = sm_fill(&m);
+        assert_int_equal(m.ms.n_queue, 1);      /* the last fill waits */
 
         for (int i = 0; i < 200; i++) {
                 int fd = memfd_create("renewed", MFD_CLOEXEC);
@@ -155,28 +190,23 @@ static void test_queue_bounded(void **state) {
                 assert_true(fd >= 0);
                 assert_int_equal(fstat(fd, &sb), 0);
                 last_ino = (uint64_t) sb.st_ino;
-                ms_store_remove(&ms, "seg");
-                ms_store_put(&ms, "seg", fd, -1, 0, 0);
+                ms_store_remove(&m.ms, "seg");
+                ms_store_put(&m.ms, "seg", fd, -1, 0, 0);
                 close(fd);
-                assert_true(ms.n_queue <= 3);   /* the fill, one removal, one store */
+                assert_true(m.ms.n_queue <= 3); /* the fill, one removal, one store */
         }
         {
                 int fd = memfd_create("other", MFD_CLOEXEC);
 
-                ms_store_put(&ms, "other", fd, -1, 0, 0);
+                ms_store_put(&m.ms, "other", fd, -1, 0, 0);
                 close(fd);
         }
-        assert_int_equal(ms.n_queue, 4);
+        assert_int_equal(m.ms.n_queue, 4);
         /* what tierd holds: an fd per waiting store, no more */
         assert_int_equal(open_fds(), fds_before + 3);
 
         /* the manager reads again: everything goes out, in order */
-        while (ms.n_queue > 0) {
-                got += store_read(sm, &st);
-                (void) ms_queue_wait(&ms, 10 * 1000);
-        }
-        got += store_read(sm, &st);
-        assert_int_equal(got, (unsigned) queued + 3);
+        assert_int_equal(sm_drain(&m, &st), (unsigned) queued + 3);
         assert_int_equal(open_fds(), fds_before);
         {
                 unsigned seg = 0, other = 0;
@@ -192,12 +222,7 @@ static void test_queue_bounded(void **state) {
                 assert_int_equal(other, 1);
                 assert_int_equal(st.n, (unsigned) queued + 2);
         }
-
-        free(ms.queue);
-        close(ms.notify_fd);
-        close(sm);
-        assert_int_equal(unlink(sa.sun_path), 0);
-        assert_int_equal(rmdir(path), 0);
+        sm_close(&m);
 }
 
 /*
@@ -209,29 +234,14 @@ static void test_queue_bounded(void **state) {
  * inode is named.
  */
 static void test_renewed_twice_while_full(void **state) {
-        char path[] = "/tmp/test-memstore-notify.XXXXXX";
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        MemStore ms = { .notify_fd = -1 };
         static Store st;
         uint64_t ino[2];
-        int sm;
+        ServiceManager m;
 
         (void) state;
         n_stored = 0;
-        assert_non_null(mkdtemp(path));
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", path);
-        sm = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        assert_true(sm >= 0);
-        assert_int_equal(bind(sm, (struct sockaddr *) &sa, sizeof(sa)), 0);
-        ms.notify_fd = ms_notify_open(sa.sun_path);
-        assert_true(ms.notify_fd >= 0);
-        for (int i = 0; ms.n_queue == 0; i++) {
-                int fd = memfd_create("fill", MFD_CLOEXEC);
-
-                assert_true(fd >= 0 && i < 10000);
-                ms_store_put(&ms, "fill", fd, -1, 0, 0);
-                close(fd);
-        }
+        sm_open(&m);
+        (void) sm_fill(&m);
         for (int i = 0; i < 2; i++) {
                 int fd = memfd_create("seg", MFD_CLOEXEC);
                 struct stat sb;
@@ -239,26 +249,17 @@ static void test_renewed_twice_while_full(void **state) {
                 assert_true(fd >= 0);
                 assert_int_equal(fstat(fd, &sb), 0);
                 ino[i] = (uint64_t) sb.st_ino;
-                ms_store_remove(&ms, "tierd-mem-host-7");
-                ms_store_put(&ms, "tierd-mem-host-7", fd, 0, 7, ino[i]);
+                ms_store_remove(&m.ms, "tierd-mem-host-7");
+                ms_store_put(&m.ms, "tierd-mem-host-7", fd, 0, 7, ino[i]);
                 close(fd);
         }
-        while (ms.n_queue > 0) {
-                (void) store_read(sm, &st);
-                (void) ms_queue_wait(&ms, 10 * 1000);
-        }
-        (void) store_read(sm, &st);
+        (void) sm_drain(&m, &st);
         assert_int_equal(n_stored, 1);
         assert_int_equal(stored[0].k, 0);
         assert_int_equal(stored[0].id, 7);
         assert_int_equal(stored[0].ino, ino[1]);
         assert_int_equal(st.ino[st.n - 1], ino[1]);
-
-        free(ms.queue);
-        close(ms.notify_fd);
-        close(sm);
-        assert_int_equal(unlink(sa.sun_path), 0);
-        assert_int_equal(rmdir(path), 0);
+        sm_close(&m);
 }
 
 int main(void) {
