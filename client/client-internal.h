@@ -7,7 +7,8 @@
  * handshake), transport.c (packets, calls, events), segments.c (the
  * segment cache, grants), tensors.c (handles, pins, evictions,
  * prefetches), fences.c (the fence page, waiting), plans.c, control.c
- * (status and quotas), commits.c, reconnect.c (after tierd restarted),
+ * (status and quotas), commits.c, reconnect.c (after tierd restarted), held.c
+ * (the grants it holds that may write, for the Hello of a reconnect),
  * names.c (error texts, tier names), client-cuda.c
  * (the CUDA driver) and status.c (rendering a status reply).  The last two
  * declare their functions in client-cuda.h and tier-private.h.
@@ -89,6 +90,20 @@ typedef struct FenceEvent {
         uint8_t handle[CLIENT_CUDA_EVENT_SIZE];
 } FenceEvent;
 
+/*
+ * A grant this client holds that may write (held.c): a pin's, from its
+ * answer to its unpin, or one of the plan phase it is in, from
+ * tier_phase_grant() to the next phase.  What a reconnecting Hello names
+ * (tierd keeps a write-only pin's copy across its restart only for a
+ * client that says it got the grant).
+ */
+typedef struct ClientHeld {
+        tier_tensor *t;
+        int tier;
+        bool write;             /* (a read pin is kept too: an unpin takes the last pin of its tensor and tier) */
+        bool phase;             /* a plan phase's grant, not a pin */
+} ClientHeld;
+
 typedef struct FenceFailure {
         tier_fence fence;
         int status;             /* < 0 */
@@ -155,6 +170,10 @@ struct tier_client {
         ClientView *retired_views;
         size_t n_retired_views;
         tier_fence fence_offset, fence_floor;
+
+        /* grants held (held.c) */
+        ClientHeld *held;
+        size_t n_held, cap_held;
 
         /* the submitted plan */
         PlanPage *plan_page;
@@ -241,6 +260,24 @@ int client_hello(tier_client *c, const char *job, unsigned rank);
 void plan_forget(tier_client *c);
 /* Open tensor @name: its id (and size), without a handle. */
 int tensor_open_raw(tier_client *c, const char *name, uint64_t *ret_id, uint64_t *ret_size);
+
+/* ---- held.c -------------------------------------------------------------------------- */
+
+/* A pin of @t in @tier (that may write: @write) was granted; -ENOMEM (nothing noted). */
+int held_pin(tier_client *c, tier_tensor *t, int tier, bool write);
+/* An unpin of @t in @tier was sent: the last pin of its tensor there goes. */
+void held_unpin(tier_client *c, const tier_tensor *t, int tier);
+/* tier_phase_grant() of @t in @tier in the current phase; -ENOMEM (nothing noted). */
+int held_phase_grant(tier_client *c, tier_tensor *t, int tier);
+/* The phase is over (the next one entered, or the plan ended): its grants go. */
+void held_phase_end(tier_client *c);
+/* Handle @t closes: what it held is forgotten (tierd's pins stay until the client goes). */
+void held_forget_tensor(tier_client *c, const tier_tensor *t);
+/* Every grant goes (the connection they were for is gone, and a Hello named them). */
+void held_clear(tier_client *c);
+/* The writes held, as a Hello names them (*@ret: malloc'ed array of malloc'ed entries, @ret_n). */
+int held_writes(const tier_client *c, Tier__HeldWrite ***ret, size_t *ret_n);
+void held_writes_free(Tier__HeldWrite **w, size_t n);
 
 /* ---- reconnect.c ------------------------------------------------------------------- */
 

@@ -109,6 +109,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         free(c->vram_backend);
         free(c->vram_device);
         free(c->rbuf);
+        free(c->held);
         free(c);
         return NULL;
 }
@@ -126,10 +127,16 @@ int client_hello(tier_client *c, const char *job, unsigned rank) {
         hello.version = TIER_PROTOCOL_VERSION;
         hello.job = (char *) job;
         hello.rank = rank;
+        /* after a restart: the writes this client got the grant of (held.c); none on a first Hello */
+        hello.says_writes = true;
+        r = held_writes(c, &hello.held_writes, &hello.n_held_writes);
+        if (r < 0)
+                return client_error(c, r, "out of memory");
         req.op_case = TIER__REQUEST__OP_HELLO;
         req.hello = &hello;
 
         r = transport_call(c, &req, &p);
+        held_writes_free(hello.held_writes, hello.n_held_writes);
         if (r == -EPROTONOSUPPORT) {
                 /* tierd's words say why; a tierd before 1.0 did not say which side is newer */
                 char why[CLIENT_ERROR_MAX];

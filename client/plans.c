@@ -260,6 +260,7 @@ _public_ int tier_plan_end(tier_client *c) {
                 return r;
         packet_done(&pk);
         plan_forget(c);
+        held_phase_end(c);
         return 0;
 }
 
@@ -331,6 +332,7 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         }
         if (t0)
                 pg->client.stall_ns += now_ns() - t0;
+        held_phase_end(c);      /* the phase before is over: what tierd held for it is written */
         return 0;
 }
 
@@ -366,14 +368,20 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
                                 .offset = pp[s->first_piece + i].offset,
                                 .length = pp[s->first_piece + i].length,
                         };
-                return segment_resolve(c, t, tier, t->size, pieces, s->n_pieces, ret);
+                r = segment_resolve(c, t, tier, t->size, pieces, s->n_pieces, ret);
+                if (r >= 0)
+                        (void) held_phase_grant(c, t, tier);    /* (unnoted out of memory, as a pin) */
+                return r;
         }
         g.segment = s->segment;
         g.generation = s->generation;
         g.offset = s->offset;
         g.length = t->size;
         g.tier = (Tier__Tier) tier;
-        return segment_resolve_grant(c, t, &g, ret);
+        r = segment_resolve_grant(c, t, &g, ret);
+        if (r >= 0)
+                (void) held_phase_grant(c, t, tier);
+        return r;
 }
 
 _public_ double tier_phase_stall(const tier_client *c) {

@@ -160,6 +160,8 @@ int client_reconnect(tier_client *c, int r) {
                 if (q >= 0)
                         q = client_hello(c, c->job, c->rank);
                 if (q >= 0)
+                        held_clear(c);  /* named in the Hello; the pins went with the connection */
+                if (q >= 0)
                         q = reopen_tensors(c, &gone);
                 if (q >= 0)
                         break;

@@ -173,6 +173,7 @@ _public_ tier_tensor *tier_tensor_close(tier_tensor *t) {
         for (int tier = 0; tier < 2; tier++)
                 view_clear(t->client, &t->views[tier]);
         if (t->client) {
+                held_forget_tensor(t->client, t);
                 if (t->prev)
                         t->prev->next = t->next;
                 else
@@ -355,6 +356,8 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
         *ret = g;
         if (ret_fence)
                 *ret_fence = fence_out(c, fence);
+        /* (out of memory, it goes unnoted: a restart of tierd would then take a write-only one back) */
+        (void) held_pin(c, t, tier, (mode & TIER_WRITE) != 0);
         return 0;
 
 unpin: {
@@ -384,7 +387,9 @@ _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
                 return r;
         if (!tier_valid(tier))
                 return -EINVAL;
-        return tensor_unpin(t, tier, dirty, NULL);
+        r = tensor_unpin(t, tier, dirty, NULL);
+        held_unpin(t->client, t, tier);
+        return r;
 }
 
 _public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream) {
@@ -406,7 +411,9 @@ _public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream)
         r = client_cuda_record(cc, stream, event);
         if (r < 0)
                 return client_error(t->client, r, "%s", client_cuda_error(cc));
-        return tensor_unpin(t, tier, dirty, event);
+        r = tensor_unpin(t, tier, dirty, event);
+        held_unpin(t->client, t, tier);
+        return r;
 }
 
 /* Evict and prefetch share a shape: {tensor, tier, async} -> FenceReply. */

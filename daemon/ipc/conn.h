@@ -54,6 +54,7 @@ typedef struct Conn {
 
         /* what the request layer (rpc.c, fence.c) keeps per connection */
         Job *job;               /* NULL for a control connection */
+        uint32_t rank;          /* its Hello's */
         List job_link;          /* Job.conns */
         unsigned fence_slot;
         int efd;                /* wakeup eventfd, shared with the client */

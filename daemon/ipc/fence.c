@@ -88,8 +88,10 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw) {
         c->pins[c->n_pins++] = (PinRec) { t, tier, write_only, rw };
         if (rw)
                 t->rw_pins++;
-        if (write_only || rw)
+        if (write_only || rw) {
+                t->copy[tier].writer_rank = c->rank;
                 copy_writers(t, tier, +1);
+        }
         return 0;
 }
 

@@ -312,6 +312,17 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
         return j;
 }
 
+/* Does Hello @userdata name @t in @tier among the writes its client holds? */
+static bool hello_held(const Tensor *t, int tier, void *userdata) {
+        const Tier__Hello *h = userdata;
+
+        for (size_t i = 0; i < h->n_held_writes; i++)
+                if ((int) h->held_writes[i]->tier == tier && h->held_writes[i]->tensor &&
+                    strcmp(h->held_writes[i]->tensor, t->name) == 0)
+                        return true;
+        return false;
+}
+
 static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
@@ -363,6 +374,10 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
                                            "(max_connections_per_uid)");
         if (!h->job || h->job[0] == 0)
                 return hello_control(c, seq, &hr);
+        /* (a client holds at most this many pins: rpc_dispatch() refuses more) */
+        if (h->n_held_writes > 2 * (size_t) r->config->max_tensors)
+                return conn_reply_error(c, seq, -EINVAL, "Hello names %zu held writes, more than a client may hold (%u)",
+                                        h->n_held_writes, 2 * r->config->max_tensors);
         if (check_name(r, c, seq, "job", h->job) < 0)
                 return 0;
 
@@ -396,7 +411,9 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         list_add_tail(&j->conns, &c->job_link);
         j->n_conns++;
         job_linger_stop(j);
-        job_release_ghosts(j);  /* the memory store's: its clients of before tierd's restart are done writing */
+        c->rank = h->rank;
+        /* the memory store's: its clients of before tierd's restart are done writing (those of this rank say what) */
+        job_release_ghosts(j, h->says_writes, h->rank, hello_held, (void *) h);
 
         for (int i = 0; i < TIERS; i++) {
                 limits[i] = j->limit[i];
@@ -713,6 +730,7 @@ static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *
         if (r < 0)
                 return conn_reply_error(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;
+        p->rank = c->rank;      /* (its holds start on the loop, after this) */
         fds[0] = p->page_fd;
         fds[1] = p->marker_fd;
         pr.page_fd = 0;

@@ -92,6 +92,7 @@ struct Plan {
         Sched *sched;
         Job *job;
         int efd;                /* the rank's wakeup eventfd; borrowed: its connection frees the plan first */
+        uint32_t rank;          /* its connection's Hello's (the memory store records who may write a copy) */
         List link;              /* Sched.plans */
         List job_link;          /* Job.plans */
         PlanPhase *phases;

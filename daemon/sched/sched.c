@@ -203,8 +203,10 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 tensor_pin_account(a->tensor, a->tier, +1);
                 if (a->mode == (PLAN_READ | PLAN_WRITE))
                         a->tensor->rw_pins++;
-                if (a->mode & PLAN_WRITE)
+                if (a->mode & PLAN_WRITE) {
+                        a->tensor->copy[a->tier].writer_rank = p->rank;
                         copy_writers(a->tensor, a->tier, +1);   /* before the phase can be said ready */
+                }
                 plan_slot_publish(p, a->tensor, a->tier);
                 engine_kick(p->sched->engine);
         } else if (status == -ENOSPC || status == -EAGAIN) {
@@ -286,8 +288,10 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                         tensor_pin_account(t, a->tier, +1);
                         if (a->mode == (PLAN_READ | PLAN_WRITE))
                                 t->rw_pins++;
-                        if (a->mode & PLAN_WRITE)
+                        if (a->mode & PLAN_WRITE) {
+                                c->writer_rank = p->rank;
                                 copy_writers(t, a->tier, +1);
+                        }
                         plan_slot_publish(p, t, a->tier);
                         moves_used(p, t, a->tier);
                         continue;

@@ -25,10 +25,12 @@
  * is not, and the record changes before a freed range can be reused.  A copy
  * held for writing when tierd died is the newest: the client may have
  * written it (it keeps writing until its next call finds tierd gone).  The
- * copy is held for writing from before the grant goes out, so a write-only
- * pin that tierd's death cut off before the grant reached its client comes
- * back written, with the bytes the range held (as when a writer's connection
- * ends without an unpin): tierd cannot tell the two apart.
+ * copy is held for writing from before the grant goes out, so tierd cannot
+ * tell a grant its client got from one its death cut off.  For a copy a
+ * write-only pin reserved (its room holds none of the tensor's bytes until
+ * the client writes them) the record says so (MS_C_UNWRITTEN) and names the
+ * writer's rank, and that rank's next Hello decides: it names the writes its
+ * client got the grant of (job_release_ghosts(), state/tensor.c).
  *
  * At start, what tierd sends the store (segments renewed, the new table) is
  * with the service manager before READY=1 (memstore_begin() waits for the
@@ -82,6 +84,10 @@
 
 enum { MS_NONE, MS_VALID, MS_WRITING };
 enum { MS_F_DEAD = 1 };         /* its next access writes it whole: no copy was worth keeping */
+enum {
+        MS_C_UNWRITTEN = 1,     /* MS_WRITING for a write-only pin's reservation: garbage unless its writer wrote */
+        MS_C_DEAD_BEFORE = 2,   /* and the tensor was dead before it (its bytes were not wanted) */
+};
 
 typedef struct MsPiece {
         uint32_t seg;
@@ -94,7 +100,9 @@ typedef struct MsCopy {
         uint64_t version;
         uint8_t state;
         uint8_t n_pieces;
-        uint8_t pad[6];
+        uint8_t flags;          /* MS_C_* (0 in tables of before it: such a copy counts as written) */
+        uint8_t pad;
+        uint32_t writer_rank;   /* MS_WRITING: the rank whose pin may write it */
         MsPiece pieces[MS_MAX_PIECES];
 } MsCopy;
 
@@ -556,14 +564,34 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                         continue;
                 any = true;
                 if (mc->state == MS_WRITING) {
-                        /* the client may still be writing into it: nothing moves it until the job's next Hello */
+                        /*
+                         * the client may still be writing into it: nothing moves it until its rank's
+                         * next Hello (job_release_ghosts()), which says too whether a write-only pin's
+                         * grant reached it
+                         */
                         t->copy[tier].pins++;
+                        t->copy[tier].writer_rank = mc->writer_rank;
                         tensor_pin_account(t, tier, +1);
                         t->ghost |= (uint8_t) (1u << tier);
+                        if (mc->flags & MS_C_UNWRITTEN)
+                                t->ghost_unwritten |= (uint8_t) (1u << tier);
+                        t->ghost_dead_before = t->ghost_dead_before || (mc->flags & MS_C_DEAD_BEFORE);
                 }
         }
         if (!any)
                 return false;
+        /*
+         * A write-only pin's copy may come to nothing (job_release_ghosts()): the
+         * copies of the version before come back too, stale until then (and kept:
+         * tensor_free_stale() passes over them), to be the tensor's again then.
+         */
+        for (int k = 0; t->ghost_unwritten && k < MS_TIERS; k++) {
+                const MsCopy *mc = &rec->copy[k];
+                int tier = k == MS_HOST ? LEVEL_HOST : LEVEL_VRAM;
+
+                if (mc->state == MS_VALID && mc->version == best - 1)
+                        (void) restore_copy(ms, r, t, tier, mc, mc->version);
+        }
         /* an NVMe copy restored from the index is stale when memory holds a newer version */
         t->version = best;
         t->lost = false;
@@ -694,6 +722,10 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                 mc = &rec->copy[ms_tier(tier)];
                 mc->version = c->version;
                 mc->state = c->writers > 0 ? MS_WRITING : MS_VALID;
+                if (c->writers > 0) {
+                        mc->flags = c->unwritten ? MS_C_UNWRITTEN | (t->dead ? MS_C_DEAD_BEFORE : 0) : 0;
+                        mc->writer_rank = c->writer_rank;
+                }
                 mc->n_pieces = (uint8_t) c->n_pieces;
                 for (uint32_t i = 0; i < c->n_pieces; i++)
                         mc->pieces[i] = (MsPiece) {

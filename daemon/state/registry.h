@@ -62,6 +62,7 @@ typedef struct Copy {
         unsigned pins;
         unsigned writers;       /* pins that may write it (a client's, a plan's): the memory store records them */
         bool unwritten;         /* reserved for a pin that writes it whole: garbage until that pin wrote it */
+        uint32_t writer_rank;   /* the rank whose pin may write it, last noted (the memory store records it) */
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
@@ -114,6 +115,8 @@ typedef struct Tensor {
         unsigned rw_pins;       /* pins that may read and write it (a commit waits for none) */
         uint32_t mem_slot;      /* its record in the memory store's table + 1 (0: none; state/memstore.c) */
         uint8_t ghost;          /* tiers (bits) pinned for the client of before a restart (job_release_ghosts()) */
+        uint8_t ghost_unwritten; /* of those, tiers whose copy a write-only pin reserved: garbage unless it wrote */
+        bool ghost_dead_before; /* and it was dead before that pin: it goes back to dead if that came to nothing */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */
@@ -389,5 +392,16 @@ void tensor_pin_account(Tensor *t, int tier, int delta);
 void copy_writers(Tensor *t, int tier, int delta);
 /* @t's memory copies changed (state, version, pieces): the memory store's record follows now. */
 void tensor_note(Tensor *t);
-/* A client of @j said Hello: the pins kept for the clients of before tierd's restart go (memstore.c). */
-void job_release_ghosts(Job *j);
+/*
+ * job_release_ghosts() - a client of @j, rank @rank, said Hello: the pins
+ * kept for the clients of before tierd's restart (Tensor.ghost, memstore.c)
+ * go, and their copies count as written.  But a copy a write-only pin
+ * reserved (Tensor.ghost_unwritten) holds garbage unless its writer got the
+ * grant: when the Hello says which writes its client holds (@says), such a
+ * copy of rank @rank's is kept only if @held(t, tier, @userdata) names it;
+ * else it goes and the tensor is back at the version before, where its NVMe
+ * copy holds it (or it was never written: zeros), else lost.  Other ranks'
+ * stay held until theirs say Hello.  Without @says every copy is kept.
+ */
+void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Tensor *t, int tier, void *userdata),
+                        void *userdata);

@@ -235,6 +235,9 @@ void tensor_free_stale(Tensor *t) {
         for (int i = 0; i < TIERS; i++) {
                 Copy *c = &t->copy[i];
 
+                if (t->ghost_unwritten)
+                        continue;       /* the version a write-only pin cut off by a restart may go back to */
+
                 if ((c->state == COPY_RESIDENT || c->state == COPY_DRAINING) &&
                     c->version != t->version && c->pins == 0 && !t->xfer)
                         copy_free(t, i);
@@ -374,16 +377,82 @@ void tensor_note(Tensor *t) {
         memstore_note(t->job->registry->memstore, t);
 }
 
-void job_release_ghosts(Job *j) {
+/*
+ * A ghost copy of @t in @tier that a write-only pin reserved, whose client
+ * never had the grant: it goes, and the tensor is what it was before that
+ * pin (a copy of the version before, which the restore kept; zeros; dead),
+ * or lost when nothing holds that.
+ */
+static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank) {
+        uint64_t before = t->version - 1;       /* (a ghost held for writing is its write's version) */
+        char now[160];
+        int level = LOG_NOTICE, from = -1;
+
+        if (t->copy[tier].pins > 0) {
+                /* another client of the job pinned it before this rank came back: it has those bytes already */
+                log_tensor(LOG_WARNING, 0, t->job->name, t->name, level_to_string(tier),
+                           "Tensor '%s' of job '%s': the write-only pin that reserved its %s copy before tierd "
+                           "restarted never reached rank %" PRIu32 ", but another client pinned the copy first: "
+                           "it counts as written, with whatever bytes its room held", t->name, t->job->name,
+                           level_to_string(tier), rank);
+                return;
+        }
+        copy_free(t, tier);
+        for (int i = TIERS - 1; i >= 0 && from < 0; i--)
+                if (t->copy[i].state == COPY_RESIDENT && t->copy[i].version == before && !t->copy[i].unwritten)
+                        from = i;
+        t->version = before;
+        if (before > 0 && from >= 0)
+                snprintf(now, sizeof(now), "back at the version before (its copy in %s)", level_to_string(from));
+        else if (before == 0)
+                snprintf(now, sizeof(now), "back to zeros (it was never written before)");
+        else if (t->ghost_dead_before) {
+                t->dead = true;         /* as it was: its next access writes it whole */
+                snprintf(now, sizeof(now), "dead again, as before the pin (its next access writes it whole)");
+                level = LOG_INFO;
+        } else {
+                t->lost = true;
+                snprintf(now, sizeof(now), "lost (its reads fail with ENODATA until it is written whole)");
+                level = LOG_WARNING;
+        }
+        /* the index: what NVMe holds, or zeros, is the newest again; memory's (or dead) is NEWER, as it says */
+        if (!t->lost && !t->dead && (before == 0 || from == LEVEL_NVME))
+                book_restored(t->job->registry->book, t);
+        tensor_free_stale(t);
+        tensor_note(t);
+        log_tensor(level, 0, t->job->name, t->name, level_to_string(tier),
+                   "Tensor '%s' of job '%s': the write-only pin that reserved its %s copy before tierd restarted "
+                   "never reached rank %" PRIu32 " (its client does not name it): the copy's bytes are not the "
+                   "tensor's, so it is %s", t->name, t->job->name, level_to_string(tier), rank, now);
+}
+
+void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Tensor *t, int tier, void *userdata),
+                        void *userdata) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                for (int tier = 0; tier < TIERS && t->ghost; tier++)
-                        if (t->ghost & (1u << tier)) {
-                                t->ghost &= (uint8_t) ~(1u << tier);
-                                tensor_pin_account(t, tier, -1);
-                                (void) tensor_unpin(t, tier, false);
+                for (int tier = 0; tier < TIERS && t->ghost; tier++) {
+                        uint8_t bit = (uint8_t) (1u << tier);
+                        bool back = false;
+
+                        if (!(t->ghost & bit))
+                                continue;
+                        if (says && (t->ghost_unwritten & bit)) {
+                                if (t->copy[tier].writer_rank != rank)
+                                        continue;       /* its rank has not come back yet */
+                                back = !held || !held(t, tier, userdata);
                         }
+                        t->ghost &= (uint8_t) ~bit;
+                        t->ghost_unwritten &= (uint8_t) ~bit;
+                        tensor_pin_account(t, tier, -1);
+                        if (back) {
+                                t->copy[tier].pins--;   /* (not tensor_unpin(): the copies of before are stale now) */
+                                ghost_unwritten_back(t, tier, rank);
+                        } else
+                                (void) tensor_unpin(t, tier, false);
+                        if (!t->ghost_unwritten)
+                                t->ghost_dead_before = false;
+                }
         }
 }
 

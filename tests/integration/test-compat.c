@@ -45,7 +45,9 @@ static const char *const CONFIG =
         "chunk_size = 4M\n"
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n"
-        "extent_size = 1M\n";
+        "extent_size = 1M\n"
+        "[limits]\n"
+        "max_tensors = 4\n";
 
 static TestDaemon daemon_;
 
@@ -136,6 +138,48 @@ static bool job_exists(const char *job) {
         free(jobs);
         tier_client_free(c);
         return found;
+}
+
+/*
+ * A Hello that names the writes its client holds (libtier's, after a restart
+ * of tierd): names of tensors the job lacks are nothing to tierd; more than a
+ * client may hold pins (2 x max_tensors) is refused, and no job is made.
+ */
+static void test_hello_held_writes(void **state) {
+        Tier__HeldWrite hw[9], *hwp[9];
+        char error[512];
+
+        for (size_t n = 3; n <= 9; n += 6) {
+                Tier__Request req = TIER__REQUEST__INIT;
+                Tier__Hello h = TIER__HELLO__INIT;
+                const char *job = n == 3 ? "held-ok" : "held-many";
+                uint32_t answered;
+                int fd = raw_connect(daemon_.socket);
+
+                for (size_t i = 0; i < n; i++) {
+                        tier__held_write__init(&hw[i]);
+                        hw[i].tensor = (char *) "nosuch";
+                        hw[i].tier = TIER__TIER__TIER_HOST;
+                        hwp[i] = &hw[i];
+                }
+                h.version = WIRE_PROTOCOL_VERSION;
+                h.job = (char *) job;
+                h.says_writes = true;
+                h.n_held_writes = n;
+                h.held_writes = hwp;
+                req.seq = 1;
+                req.op_case = TIER__REQUEST__OP_HELLO;
+                req.hello = &h;
+                send_packed(fd, &req.base);
+                if (n == 3)
+                        assert_int_equal(raw_response(fd, error, sizeof(error), &answered), 0);
+                else {
+                        assert_int_equal(raw_response(fd, error, sizeof(error), &answered), -EINVAL);
+                        assert_non_null(strstr(error, "names 9 held writes, more than a client may hold (8)"));
+                }
+                close(fd);
+        }
+        assert_false(job_exists("held-many"));
 }
 
 /* Every version tierd serves works: Hello answered in the client's version, then requests. */
@@ -317,6 +361,7 @@ int main(void) {
                 cmocka_unit_test(test_clients_tierd_serves),
                 cmocka_unit_test(test_older_client),
                 cmocka_unit_test(test_newer_client),
+                cmocka_unit_test(test_hello_held_writes),
                 cmocka_unit_test(test_libtier_against_other_tierds),
         };
 

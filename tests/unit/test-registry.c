@@ -624,6 +624,119 @@ static void test_rollback_waits_and_freezes(void **state) {
         fixture_free(m);
 }
 
+/* ---- the memory store's ghosts: a write-only pin's copy across a restart ---------------------- */
+
+/*
+ * @name, as the memory store puts it back after tierd died: a host copy a
+ * write-only pin reserved (unwritten) for rank @rank, held for writing (a
+ * ghost pin), the tensor at that write's version; @on_nvme: it had data
+ * (version 1) on NVMe before the pin, else it was never written.
+ */
+static Tensor *ghost_of(Manager *m, Tensor *t, uint32_t rank) {
+        Copy *c = &t->copy[LEVEL_HOST];
+        Result r;
+        Op *op;
+
+        memset(&r, 0, sizeof(r));
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_complete, NULL, &r, &op), 0);
+        op->discard = true;
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_true(c->unwritten);
+        /* memstore_restore(): the copy is the write's version, pinned for its writer */
+        t->version++;
+        c->version = t->version;
+        c->writer_rank = rank;
+        t->ghost |= 1u << LEVEL_HOST;
+        t->ghost_unwritten |= 1u << LEVEL_HOST;
+        tensor_pin_account(t, LEVEL_HOST, +1);
+        return t;
+}
+
+static Tensor *ghost(Manager *m, Job *j, const char *name, bool on_nvme, uint32_t rank) {
+        Tensor *t = fixture_tensor(j, name, 1 * MiB);
+
+        if (on_nvme)
+                fixture_on_nvme(m, t);
+        return ghost_of(m, t, rank);
+}
+
+static bool held_b(const Tensor *t, int tier, void *userdata) {
+        (void) userdata;
+        return tier == LEVEL_HOST && strcmp(t->name, "b") == 0;
+}
+
+/*
+ * job_release_ghosts(): of the rank that says Hello, a named copy counts as
+ * written; one not named goes back to the version before (NVMe, or zeros),
+ * or is lost where nothing holds it; one another client pinned meanwhile
+ * stays as written.  Another rank's stays held; a Hello that does not say
+ * (an older libtier) keeps them all as written.
+ */
+static void test_ghost_write_only(void **state) {
+        Manager *m = new_manager();
+        Tensor *a, *b, *c, *d, *e, *f, *g, *h;
+        Job *j, *j2, *j3;
+
+        (void) state;
+        /* (four per job: the fixture's host limit is 4 MiB) */
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        a = ghost(m, j, "a", true, 3);
+        b = ghost(m, j, "b", true, 0);
+        c = ghost(m, j, "c", false, 0);
+        d = ghost(m, j, "d", true, 0);
+        copy_free(d, LEVEL_NVME);               /* nothing holds its version before */
+
+        job_release_ghosts(j, true, 0, held_b, NULL);
+        assert_true(a->ghost && a->copy[LEVEL_HOST].pins == 1);         /* rank 3's: still held */
+        assert_int_equal(b->version, 2);                                /* named: written */
+        assert_true(copy_valid(b, LEVEL_HOST) && !b->ghost && b->copy[LEVEL_HOST].pins == 0);
+        assert_int_equal(b->copy[LEVEL_NVME].state, COPY_ABSENT);       /* the version before, stale, went */
+        assert_int_equal(c->version, 0);                                /* not named, never written: zeros */
+        assert_int_equal(c->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_false(c->lost);
+        assert_true(d->lost);                                           /* nothing to go back to */
+        assert_int_equal(d->copy[LEVEL_HOST].state, COPY_ABSENT);
+
+        job_release_ghosts(j, true, 3, held_b, NULL);
+        assert_int_equal(a->version, 1);                                /* back at its NVMe copy */
+        assert_true(copy_valid(a, LEVEL_NVME));
+        assert_int_equal(a->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_false(a->lost || a->ghost || a->ghost_unwritten);
+
+        assert_int_equal(job_new(m->registry, "j2", 0, &j2), 0);
+        e = ghost(m, j2, "e", true, 0);
+        job_release_ghosts(j2, false, 0, NULL, NULL);                  /* an older client: written */
+        assert_int_equal(e->version, 2);
+        assert_true(copy_valid(e, LEVEL_HOST) && !e->ghost);
+
+        assert_int_equal(job_new(m->registry, "j3", 0, &j3), 0);
+        f = ghost(m, j3, "f", true, 0);
+        f->copy[LEVEL_HOST].pins++;             /* another client's pin, before rank 0 came back */
+        g = ghost(m, j3, "g", true, 0);
+        copy_free(g, LEVEL_NVME);
+        g->ghost_dead_before = true;            /* its bytes were not wanted before the pin */
+        h = fixture_tensor(j3, "h", 1 * MiB);  /* its copy of before is in VRAM only */
+        fixture_on_nvme(m, h);
+        fixture_touch(m, h, LEVEL_VRAM, false);
+        copy_free(h, LEVEL_HOST);
+        copy_free(h, LEVEL_NVME);
+        ghost_of(m, h, 0);                      /* (the restore kept the VRAM copy, stale until the Hello) */
+        job_release_ghosts(j3, true, 0, held_b, NULL);
+        assert_int_equal(f->version, 2);                                /* the other client has those bytes */
+        assert_true(copy_valid(f, LEVEL_HOST));
+        f->copy[LEVEL_HOST].pins--;
+        assert_true(g->dead && !g->lost);                               /* dead again */
+        assert_int_equal(g->version, 1);
+        assert_int_equal(h->version, 1);                                /* back at its copy in VRAM */
+        assert_true(copy_valid(h, LEVEL_VRAM) && !h->lost);
+
+        job_destroy(j3);
+        job_destroy(j2);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ids_names_slots),
@@ -636,6 +749,7 @@ int main(void) {
                 cmocka_unit_test(test_enomem_is_not_enospc),
                 cmocka_unit_test(test_stop_while_copying),
                 cmocka_unit_test(test_rollback_waits_and_freezes),
+                cmocka_unit_test(test_ghost_write_only),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
 }
