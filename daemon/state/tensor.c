@@ -273,7 +273,13 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                 Tensor *t = list_entry(n, Tensor, job_link);
 
                 for (int i = 0; i < TIERS; i++)
-                        if (t->copy[i].pins > 0) {
+                        if (t->copy[i].pins > 0 && (t->ghost & (1u << i)) && t->copy[i].pins == 1) {
+                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of rank %" PRIu32
+                                         " of before tierd restarted, which may have written it (released when "
+                                         "that rank attaches again)", t->name, level_to_string(i),
+                                         t->copy[i].writer_rank);
+                                return -EBUSY;
+                        } else if (t->copy[i].pins > 0) {
                                 snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
                                 return -EBUSY;
                         }

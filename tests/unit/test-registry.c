@@ -698,6 +698,15 @@ static void test_ghost_write_only(void **state) {
         assert_true(d->lost);                                           /* nothing to go back to */
         assert_int_equal(d->copy[LEVEL_HOST].state, COPY_ABSENT);
 
+        {
+                unsigned rolled, lost;
+                char why[256];
+
+                /* a rollback waits for rank 3 to come back, and says so */
+                assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+                assert_non_null(strstr(why, "tensor 'a' is held in host for the client of rank 3 of before tierd "
+                                            "restarted"));
+        }
         job_release_ghosts(j, true, 3, held_b, NULL);
         assert_int_equal(a->version, 1);                                /* back at its NVMe copy */
         assert_true(copy_valid(a, LEVEL_NVME));
