@@ -232,11 +232,10 @@ void copy_free(Tensor *t, int tier) {
 }
 
 void tensor_free_stale(Tensor *t) {
+        if (t->ghost_unwritten)
+                return;         /* the version a write-only pin cut off by a restart may go back to */
         for (int i = 0; i < TIERS; i++) {
                 Copy *c = &t->copy[i];
-
-                if (t->ghost_unwritten)
-                        continue;       /* the version a write-only pin cut off by a restart may go back to */
 
                 if ((c->state == COPY_RESIDENT || c->state == COPY_DRAINING) &&
                     c->version != t->version && c->pins == 0 && !t->xfer)
@@ -266,23 +265,23 @@ void job_commit(Job *j, uint64_t step) {
 
 int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
         unsigned rolled = 0, lost = 0;
-
         const Tensor *moving = NULL;
 
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                for (int i = 0; i < TIERS; i++)
-                        if (t->copy[i].pins > 0 && (t->ghost & (1u << i)) && t->copy[i].pins == 1) {
+                for (int i = 0; i < TIERS; i++) {
+                        if (t->copy[i].pins == 0)
+                                continue;
+                        if ((t->ghost & (1u << i)) && t->copy[i].pins == 1)
                                 snprintf(why, why_size, "tensor '%s' is held in %s for the client of rank %" PRIu32
                                          " of before tierd restarted, which may have written it (released when "
                                          "that rank attaches again)", t->name, level_to_string(i),
                                          t->copy[i].writer_rank);
-                                return -EBUSY;
-                        } else if (t->copy[i].pins > 0) {
+                        else
                                 snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
-                                return -EBUSY;
-                        }
+                        return -EBUSY;
+                }
                 if (t->op_refs > 0) {
                         snprintf(why, why_size, "a request on tensor '%s' is in progress (wait for it first)",
                                  t->name);
