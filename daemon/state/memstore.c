@@ -696,9 +696,16 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
         };
         for (int tier = 0; tier < TIERS; tier++) {
                 const Copy *c = &t->copy[tier];
+                /*
+                 * Put back held for writing by the last run (a ghost): recorded as it was
+                 * there, so that another restart before its client attaches again finds
+                 * it so too; with, for a write-only pin's, the copy of the version before.
+                 */
+                bool ghost = (t->ghost >> tier) & 1;
+                bool before = t->ghost_unwritten && c->version > 0 && c->version + 1 == t->version;
                 MsCopy *mc;
 
-                if (tier == LEVEL_NVME || c->n_pieces == 0 || (t->version == 0 && c->writers == 0))
+                if (tier == LEVEL_NVME || c->n_pieces == 0 || (t->version == 0 && c->writers == 0 && !ghost))
                         continue;       /* (zeros need no copy, unless a client is writing it) */
                 if (c->state != COPY_RESIDENT && c->state != COPY_DRAINING)
                         continue;
@@ -708,7 +715,8 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                  * tensor whose bytes count: not a stale one, not one reserved for a
                  * writer that never wrote, nothing of a lost or dead tensor.
                  */
-                if (c->writers == 0 && (c->version != t->version || c->unwritten || t->lost || t->dead))
+                if (c->writers == 0 && !ghost && !before &&
+                    (c->version != t->version || c->unwritten || t->lost || t->dead))
                         continue;
                 if (c->n_pieces > MS_MAX_PIECES || strcmp(c->pieces[0].seg->pool->kind, "memfd") != 0) {
                         if (!ms->warned_pieces && c->n_pieces > MS_MAX_PIECES)
@@ -724,6 +732,12 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                 mc->state = c->writers > 0 ? MS_WRITING : MS_VALID;
                 if (c->writers > 0) {
                         mc->flags = c->unwritten ? MS_C_UNWRITTEN | (t->dead ? MS_C_DEAD_BEFORE : 0) : 0;
+                        mc->writer_rank = c->writer_rank;
+                } else if (ghost) {
+                        mc->version = c->version - 1;   /* (held for writing: its write's version is one more) */
+                        mc->state = MS_WRITING;
+                        mc->flags = (t->ghost_unwritten >> tier) & 1 ?
+                                MS_C_UNWRITTEN | (t->ghost_dead_before ? MS_C_DEAD_BEFORE : 0) : 0;
                         mc->writer_rank = c->writer_rank;
                 }
                 mc->n_pieces = (uint8_t) c->n_pieces;

@@ -457,6 +457,7 @@ void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Ten
                                 (void) tensor_unpin(t, tier, false);
                         if (!t->ghost_unwritten)
                                 t->ghost_dead_before = false;
+                        tensor_note(t);         /* no longer held: the memory store records it as it is now */
                 }
         }
 }

@@ -391,6 +391,52 @@ static void test_kill_with_fd_store(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * A write-only pin's copy, put back held for writing after a SIGKILL, and
+ * tierd killed again before any client of the job attached: the second
+ * start finds it held for writing still, with the copy of the version
+ * before beside it (it used to find it written, with the room's bytes); a
+ * new client, which names no write, then finds the tensor as it was before
+ * the pin.
+ */
+static void test_write_only_ghost_twice(void **state) {
+        tier_client *c = NULL, *c2 = NULL;
+        tier_tensor *x = NULL;
+        struct tier_grant g;
+        bool sent;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "twice", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(write_host(x, 0x33, &sent), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), 0);       /* a copy of version 1 stays in host */
+        assert_int_equal(tier_unpin(x, TIER_HOST, 0), 0);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_WRITE, &g), 0);      /* reserved: its room holds no bytes */
+        memset(g.ptr, 0x99, g.length / 2);
+
+        for (int i = 0; i < 2; i++) {
+                test_daemon_drain(&d);
+                assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+                spawn();
+                assert_true(test_daemon_log_contains(&d, "with newer data kept in memory"));
+        }
+        tier_tensor_close(x);
+        tier_client_free(c);
+
+        assert_int_equal(tier_client_new(d.socket, "twice", 0, &c2), 0);
+        assert_int_equal(tier_tensor_open(c2, "x", &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x, g.ptr, 0x33));
+        assert_int_equal(tier_unpin(x, TIER_HOST, 0), 0);
+        assert_true(test_daemon_log_contains(&d, "back at the version before (its copy in host)"));
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c2);
+        d.fd_store = false;
+}
+
 /* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
 static uint64_t table_generation(int fd) {
         char magic[8];
@@ -535,6 +581,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_stop_and_kill),
                 cmocka_unit_test(test_kill_with_fd_store),
+                cmocka_unit_test(test_write_only_ghost_twice),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_torn_or_reshaped),
                 cmocka_unit_test(test_kill_at_every_step),
