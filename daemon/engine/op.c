@@ -703,7 +703,9 @@ void engine_cancel_job(Engine *e, Job *j) {
 }
 
 /* Cancel tierd's own ops on @t, or (@t NULL) on every tensor of @j; a transfer one started runs to its end. */
-static void cancel_internal(Engine *e, const Tensor *t, const Job *j) {
+static unsigned cancel_internal(Engine *e, const Tensor *t, const Job *j) {
+        unsigned n_cancelled = 0;
+
         list_for_each_safe(n, tmp, &e->ops) {
                 Op *op = list_entry(n, Op, all_link);
                 Tensor *v = op->tensor;
@@ -713,17 +715,20 @@ static void cancel_internal(Engine *e, const Tensor *t, const Job *j) {
                 if (op->kind == OP_DRAIN && v->copy[op->tier].state == COPY_DRAINING)
                         v->copy[op->tier].state = COPY_RESIDENT;
                 op_cancel(op);
+                n_cancelled++;
         }
+        return n_cancelled;
 }
 
 int engine_tensor_free(Engine *e, Tensor *t) {
         /* tierd's own work on it: its bytes are not wanted any more */
-        cancel_internal(e, t, NULL);
+        (void) cancel_internal(e, t, NULL);
         return tensor_free(t);
 }
 
 void engine_cancel_internal(Engine *e, Job *j) {
-        cancel_internal(e, NULL, j);
+        if (cancel_internal(e, NULL, j) == 0)
+                return;         /* (a waiting rollback asks every few ms: nothing new, nothing to wake) */
         wake_space_waiters(e);  /* an op that waited for a drain cancelled here looks again */
         engine_kick(e);
 }
