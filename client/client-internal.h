@@ -93,7 +93,7 @@ typedef struct FenceEvent {
 /*
  * A grant this client holds that may write (held.c): a pin's, from its
  * answer to its unpin, or one of the plan phase it is in, from
- * tier_phase_grant() to the next phase.  What a reconnecting Hello names
+ * tier_phase_grant() until the phase after the next is entered.  What a reconnecting Hello names
  * (tierd keeps a write-only pin's copy across its restart only for a
  * client that says it got the grant).
  */
@@ -102,6 +102,7 @@ typedef struct ClientHeld {
         int tier;
         bool write;             /* (a read pin is kept too: an unpin takes the last pin of its tensor and tier) */
         bool phase;             /* a plan phase's grant, not a pin */
+        uint64_t phase_seq;     /* the marker of the phase it was granted in */
 } ClientHeld;
 
 typedef struct FenceFailure {
@@ -269,8 +270,14 @@ int held_pin(tier_client *c, tier_tensor *t, int tier, bool write);
 void held_unpin(tier_client *c, const tier_tensor *t, int tier);
 /* tier_phase_grant() of @t in @tier in the current phase; -ENOMEM (nothing noted). */
 int held_phase_grant(tier_client *c, tier_tensor *t, int tier);
-/* The phase is over (the next one entered, or the plan ended): its grants go. */
+/*
+ * The next phase was entered: the grants of the phases before the one just
+ * left go (tierd may still hold the one just left: a phase pinned ahead can
+ * be ready before tierd has read the marker that ends the one before).
+ */
 void held_phase_end(tier_client *c);
+/* The plan ended: every phase grant goes. */
+void held_phase_clear(tier_client *c);
 /* Handle @t closes: what it held is forgotten (tierd's pins stay until the client goes). */
 void held_forget_tensor(tier_client *c, const tier_tensor *t);
 /* Every grant goes (the connection they were for is gone, and a Hello named them). */

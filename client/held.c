@@ -17,7 +17,9 @@
  * answer to its unpin (an unpin takes the last pin of its tensor and tier,
  * as tierd does; a pin through one handle unpinned through another of the
  * same tensor matches by id), and an entry per tier_phase_grant() of the
- * plan phase the client is in, until it enters the next one.  Erring means
+ * plan phase the client is in and of the one before it (tierd may hold that
+ * one still: a phase it pinned ahead can be ready before it has read the
+ * marker that ends the one before), until the plan ends.  Erring means
  * naming a write that did not happen, which keeps the copy as tierd always
  * did, never the other way.
  */
@@ -64,12 +66,21 @@ void held_unpin(tier_client *c, const tier_tensor *t, int tier) {
 
 int held_phase_grant(tier_client *c, tier_tensor *t, int tier) {
         for (size_t i = 0; i < c->n_held; i++)
-                if (c->held[i].phase && c->held[i].t == t && c->held[i].tier == tier)
+                if (c->held[i].phase && c->held[i].t == t && c->held[i].tier == tier) {
+                        c->held[i].phase_seq = c->plan_seq;
                         return 0;
-        return held_add(c, (ClientHeld) { .t = t, .tier = tier, .write = true, .phase = true });
+                }
+        return held_add(c, (ClientHeld) { .t = t, .tier = tier, .write = true, .phase = true,
+                                          .phase_seq = c->plan_seq });
 }
 
 void held_phase_end(tier_client *c) {
+        for (size_t i = c->n_held; i > 0; i--)
+                if (c->held[i - 1].phase && c->held[i - 1].phase_seq + 1 < c->plan_seq)
+                        held_del(c, i - 1);
+}
+
+void held_phase_clear(tier_client *c) {
         for (size_t i = c->n_held; i > 0; i--)
                 if (c->held[i - 1].phase)
                         held_del(c, i - 1);

@@ -260,7 +260,7 @@ _public_ int tier_plan_end(tier_client *c) {
                 return r;
         packet_done(&pk);
         plan_forget(c);
-        held_phase_end(c);
+        held_phase_clear(c);
         return 0;
 }
 
@@ -332,7 +332,7 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         }
         if (t0)
                 pg->client.stall_ns += now_ns() - t0;
-        held_phase_end(c);      /* the phase before is over: what tierd held for it is written */
+        held_phase_end(c);      /* the phases before the one just left are over: tierd has let them go */
         return 0;
 }
 

@@ -388,7 +388,8 @@ _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
         if (!tier_valid(tier))
                 return -EINVAL;
         r = tensor_unpin(t, tier, dirty, NULL);
-        held_unpin(t->client, t, tier);
+        if (r >= 0 || r == -ERESTART)   /* (refused: tierd holds it still; after a restart the list is new) */
+                held_unpin(t->client, t, tier);
         return r;
 }
 
@@ -412,7 +413,8 @@ _public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream)
         if (r < 0)
                 return client_error(t->client, r, "%s", client_cuda_error(cc));
         r = tensor_unpin(t, tier, dirty, event);
-        held_unpin(t->client, t, tier);
+        if (r >= 0 || r == -ERESTART)
+                held_unpin(t->client, t, tier);
         return r;
 }
 

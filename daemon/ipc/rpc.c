@@ -374,10 +374,10 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
                                            "(max_connections_per_uid)");
         if (!h->job || h->job[0] == 0)
                 return hello_control(c, seq, &hr);
-        /* (a client holds at most this many pins: rpc_dispatch() refuses more) */
-        if (h->n_held_writes > 2 * (size_t) r->config->max_tensors)
+        /* (a client holds at most 2 x max_tensors pins, and the grants of two plan phases, 2 tiers each) */
+        if (h->n_held_writes > 8 * (size_t) r->config->max_tensors)
                 return conn_reply_error(c, seq, -EINVAL, "Hello names %zu held writes, more than a client may hold (%u)",
-                                        h->n_held_writes, 2 * r->config->max_tensors);
+                                        h->n_held_writes, 8 * r->config->max_tensors);
         if (check_name(r, c, seq, "job", h->job) < 0)
                 return 0;
 

@@ -573,8 +573,10 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                         t->copy[tier].writer_rank = mc->writer_rank;
                         tensor_pin_account(t, tier, +1);
                         t->ghost |= (uint8_t) (1u << tier);
-                        if (mc->flags & MS_C_UNWRITTEN)
+                        if (mc->flags & MS_C_UNWRITTEN) {
                                 t->ghost_unwritten |= (uint8_t) (1u << tier);
+                                t->ghost_rank = mc->writer_rank;
+                        }
                         t->ghost_dead_before = t->ghost_dead_before || (mc->flags & MS_C_DEAD_BEFORE);
                 }
         }
@@ -734,11 +736,12 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                         mc->flags = c->unwritten ? MS_C_UNWRITTEN | (t->dead ? MS_C_DEAD_BEFORE : 0) : 0;
                         mc->writer_rank = c->writer_rank;
                 } else if (ghost) {
+                        bool unwritten = (t->ghost_unwritten >> tier) & 1;
+
                         mc->version = c->version - 1;   /* (held for writing: its write's version is one more) */
                         mc->state = MS_WRITING;
-                        mc->flags = (t->ghost_unwritten >> tier) & 1 ?
-                                MS_C_UNWRITTEN | (t->ghost_dead_before ? MS_C_DEAD_BEFORE : 0) : 0;
-                        mc->writer_rank = c->writer_rank;
+                        mc->flags = unwritten ? MS_C_UNWRITTEN | (t->ghost_dead_before ? MS_C_DEAD_BEFORE : 0) : 0;
+                        mc->writer_rank = unwritten ? t->ghost_rank : c->writer_rank;
                 }
                 mc->n_pieces = (uint8_t) c->n_pieces;
                 for (uint32_t i = 0; i < c->n_pieces; i++)

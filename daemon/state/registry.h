@@ -117,6 +117,7 @@ typedef struct Tensor {
         uint8_t ghost;          /* tiers (bits) pinned for the client of before a restart (job_release_ghosts()) */
         uint8_t ghost_unwritten; /* of those, tiers whose copy a write-only pin reserved: garbage unless it wrote */
         bool ghost_dead_before; /* and it was dead before that pin: it goes back to dead if that came to nothing */
+        uint32_t ghost_rank;    /* the rank whose Hello decides such a copy (its write-only pin's) */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */

@@ -368,12 +368,31 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         return 0;
 }
 
+/* The ghost pin of @t in @tier goes, the copy counting as written (no revert). */
+static void ghost_drop(Tensor *t, int tier) {
+        uint8_t bit = (uint8_t) (1u << tier);
+
+        t->ghost &= (uint8_t) ~bit;
+        t->ghost_unwritten &= (uint8_t) ~bit;
+        if (!t->ghost_unwritten)
+                t->ghost_dead_before = false;
+        tensor_pin_account(t, tier, -1);
+        t->copy[tier].pins--;
+}
+
 void copy_writers(Tensor *t, int tier, int delta) {
         Copy *c = &t->copy[tier];
 
-        if (delta > 0)
+        if (delta > 0) {
+                /*
+                 * A client writes the copy held for the one of before tierd's restart: it
+                 * is that client's now, whatever came of the write of before (its own pin
+                 * holds it; the ghost pin goes, nothing goes back).
+                 */
+                if ((t->ghost >> tier) & 1 && c->pins > 1)
+                        ghost_drop(t, tier);
                 c->writers++;
-        else if (c->writers > 0)
+        } else if (c->writers > 0)
                 c->writers--;
         tensor_note(t);
 }
@@ -388,13 +407,13 @@ void tensor_note(Tensor *t) {
  * pin (a copy of the version before, which the restore kept; zeros; dead),
  * or lost when nothing holds that.
  */
-static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank) {
+static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_before) {
         uint64_t before = t->version - 1;       /* (a ghost held for writing is its write's version) */
         char now[160];
         int level = LOG_NOTICE, from = -1;
 
-        if (t->copy[tier].pins > 0) {
-                /* another client of the job pinned it before this rank came back: it has those bytes already */
+        if (t->copy[tier].pins > 0 || t->xfer) {
+                /* another client of the job pinned it (or a transfer reads it) before this rank came back */
                 log_tensor(LOG_WARNING, 0, t->job->name, t->name, level_to_string(tier),
                            "Tensor '%s' of job '%s': the write-only pin that reserved its %s copy before tierd "
                            "restarted never reached rank %" PRIu32 ", but another client pinned the copy first: "
@@ -411,7 +430,7 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank) {
                 snprintf(now, sizeof(now), "back at the version before (its copy in %s)", level_to_string(from));
         else if (before == 0)
                 snprintf(now, sizeof(now), "back to zeros (it was never written before)");
-        else if (t->ghost_dead_before) {
+        else if (dead_before) {
                 t->dead = true;         /* as it was: its next access writes it whole */
                 snprintf(now, sizeof(now), "dead again, as before the pin (its next access writes it whole)");
                 level = LOG_INFO;
@@ -443,20 +462,20 @@ void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Ten
                         if (!(t->ghost & bit))
                                 continue;
                         if (says && (t->ghost_unwritten & bit)) {
-                                if (t->copy[tier].writer_rank != rank)
+                                if (t->ghost_rank != rank)
                                         continue;       /* its rank has not come back yet */
-                                back = !held || !held(t, tier, userdata);
+                                /* (a write since the restart made the tensor newer: that stands) */
+                                back = (!held || !held(t, tier, userdata)) && t->copy[tier].version == t->version;
                         }
-                        t->ghost &= (uint8_t) ~bit;
-                        t->ghost_unwritten &= (uint8_t) ~bit;
-                        tensor_pin_account(t, tier, -1);
                         if (back) {
-                                t->copy[tier].pins--;   /* (not tensor_unpin(): the copies of before are stale now) */
-                                ghost_unwritten_back(t, tier, rank);
-                        } else
-                                (void) tensor_unpin(t, tier, false);
-                        if (!t->ghost_unwritten)
-                                t->ghost_dead_before = false;
+                                bool dead_before = t->ghost_dead_before;
+
+                                ghost_drop(t, tier);
+                                ghost_unwritten_back(t, tier, rank, dead_before);
+                        } else {
+                                ghost_drop(t, tier);
+                                tensor_free_stale(t);   /* as after any pin: what the copy made stale goes */
+                        }
                         tensor_note(t);         /* no longer held: the memory store records it as it is now */
                 }
         }

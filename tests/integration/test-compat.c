@@ -143,13 +143,14 @@ static bool job_exists(const char *job) {
 /*
  * A Hello that names the writes its client holds (libtier's, after a restart
  * of tierd): names of tensors the job lacks are nothing to tierd; more than a
- * client may hold pins (2 x max_tensors) is refused, and no job is made.
+ * client may hold (8 x max_tensors: its pins and two plan phases' grants) is
+ * refused, and no job is made.
  */
 static void test_hello_held_writes(void **state) {
-        Tier__HeldWrite hw[9], *hwp[9];
+        Tier__HeldWrite hw[33], *hwp[33];
         char error[512];
 
-        for (size_t n = 3; n <= 9; n += 6) {
+        for (size_t n = 3; n <= 33; n += 30) {
                 Tier__Request req = TIER__REQUEST__INIT;
                 Tier__Hello h = TIER__HELLO__INIT;
                 const char *job = n == 3 ? "held-ok" : "held-many";
@@ -175,7 +176,7 @@ static void test_hello_held_writes(void **state) {
                         assert_int_equal(raw_response(fd, error, sizeof(error), &answered), 0);
                 else {
                         assert_int_equal(raw_response(fd, error, sizeof(error), &answered), -EINVAL);
-                        assert_non_null(strstr(error, "names 9 held writes, more than a client may hold (8)"));
+                        assert_non_null(strstr(error, "names 33 held writes, more than a client may hold (32)"));
                 }
                 close(fd);
         }

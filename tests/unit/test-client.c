@@ -16,6 +16,7 @@
 
 #include <tier.h>
 
+#include "client/client-internal.h"
 #include "client/tier-private.h"
 #include "proto/tier.pb-c.h"
 
@@ -381,6 +382,63 @@ static void test_status_format_einval(void **state) {
         assert_null(out);
 }
 
+/* ---- the write grants a reconnecting Hello names (held.c) ---------------------------------- */
+
+/* How many writes held_writes() names now, and whether @name (in @tier) is one. */
+static size_t named(const tier_client *c, const char *name, int tier, bool *ret_found) {
+        Tier__HeldWrite **w = NULL;
+        size_t n = 0;
+
+        assert_int_equal(held_writes(c, &w, &n), 0);
+        *ret_found = false;
+        for (size_t i = 0; i < n; i++)
+                *ret_found = *ret_found || (strcmp(w[i]->tensor, name) == 0 && (int) w[i]->tier == tier);
+        held_writes_free(w, n);
+        return n;
+}
+
+static void test_held_writes(void **state) {
+        tier_client c = { .fd = -1 };
+        tier_tensor a = { .id = 1, .name = (char *) "a" }, a2 = { .id = 1, .name = (char *) "a" };
+        tier_tensor b = { .id = 2, .name = (char *) "b" };
+        bool found;
+
+        (void) state;
+        /* pins: a write pin and a read pin of one tensor; an unpin takes the last one (by id, any handle) */
+        assert_int_equal(held_pin(&c, &a, TIER_HOST, true), 0);
+        assert_int_equal(held_pin(&c, &a, TIER_HOST, false), 0);
+        assert_int_equal(named(&c, "a", TIER_HOST, &found), 1);
+        assert_true(found);
+        held_unpin(&c, &a2, TIER_HOST);
+        assert_int_equal(named(&c, "a", TIER_HOST, &found), 1);
+        held_unpin(&c, &a, TIER_HOST);
+        assert_int_equal(named(&c, "a", TIER_HOST, &found), 0);
+
+        /* a plan phase's grants: named through the next phase (tierd may hold it still), not after */
+        c.plan_seq = 5;
+        assert_int_equal(held_phase_grant(&c, &b, TIER_VRAM), 0);
+        assert_int_equal(held_phase_grant(&c, &b, TIER_VRAM), 0);     /* once */
+        c.plan_seq = 6;
+        held_phase_end(&c);
+        assert_int_equal(named(&c, "b", TIER_VRAM, &found), 1);
+        assert_true(found);
+        c.plan_seq = 7;
+        held_phase_end(&c);
+        assert_int_equal(named(&c, "b", TIER_VRAM, &found), 0);
+
+        /* a handle that closes, a plan that ends, a reconnect: forgotten */
+        assert_int_equal(held_pin(&c, &b, TIER_HOST, true), 0);
+        assert_int_equal(held_phase_grant(&c, &a, TIER_HOST), 0);
+        held_forget_tensor(&c, &b);
+        assert_int_equal(named(&c, "a", TIER_HOST, &found), 1);
+        held_phase_clear(&c);
+        assert_int_equal(named(&c, "a", TIER_HOST, &found), 0);
+        assert_int_equal(held_pin(&c, &a, TIER_VRAM, true), 0);
+        held_clear(&c);
+        assert_int_equal(named(&c, "a", TIER_VRAM, &found), 0);
+        free(c.held);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_strerror),
@@ -394,6 +452,7 @@ int main(void) {
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
                 cmocka_unit_test(test_status_format_einval),
+                cmocka_unit_test(test_held_writes),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -647,6 +647,7 @@ static Tensor *ghost_of(Manager *m, Tensor *t, uint32_t rank) {
         t->version++;
         c->version = t->version;
         c->writer_rank = rank;
+        t->ghost_rank = rank;
         t->ghost |= 1u << LEVEL_HOST;
         t->ghost_unwritten |= 1u << LEVEL_HOST;
         tensor_pin_account(t, LEVEL_HOST, +1);
@@ -739,6 +740,30 @@ static void test_ghost_write_only(void **state) {
         assert_int_equal(g->version, 1);
         assert_int_equal(h->version, 1);                                /* back at its copy in VRAM */
         assert_true(copy_valid(h, LEVEL_VRAM) && !h->lost);
+
+        /* written since the restart by another client: the newer version stands; written-to by one: its */
+        {
+                Job *j4;
+                Tensor *w, *x;
+
+                assert_int_equal(job_new(m->registry, "j4", 0, &j4), 0);
+                w = ghost(m, j4, "w", true, 0);
+                x = ghost(m, j4, "x", true, 0);
+                w->version++;                   /* (another client's write elsewhere: the ghost copy is stale) */
+                x->copy[LEVEL_HOST].pins++;     /* another client pins the ghost copy to write it */
+                copy_writers(x, LEVEL_HOST, +1);
+                assert_false(x->ghost || x->ghost_unwritten);
+                assert_int_equal(x->copy[LEVEL_HOST].pins, 1);
+                job_release_ghosts(j4, true, 0, held_b, NULL);
+                assert_int_equal(w->version, 3);
+                assert_false(w->lost || w->ghost);
+                assert_int_equal(w->copy[LEVEL_HOST].state, COPY_ABSENT);       /* stale, gone */
+                assert_int_equal(x->version, 2);
+                assert_true(copy_valid(x, LEVEL_HOST));
+                copy_writers(x, LEVEL_HOST, -1);
+                x->copy[LEVEL_HOST].pins--;
+                job_destroy(j4);
+        }
 
         job_destroy(j3);
         job_destroy(j2);
