@@ -98,7 +98,9 @@ typedef struct FenceEvent {
  * client that says it got the grant).
  */
 typedef struct ClientHeld {
-        tier_tensor *t;
+        tier_tensor *t;         /* its handle, or NULL once the handle closed (tierd holds the pin still) */
+        uint64_t id;            /* the tensor's, as tierd numbers it on this connection */
+        char *name;             /* once the handle closed: its name, ours */
         int tier;
         bool write;             /* (a read pin is kept too: an unpin takes the last pin of its tensor and tier) */
         bool phase;             /* a plan phase's grant, not a pin */
@@ -278,8 +280,11 @@ int held_phase_grant(tier_client *c, tier_tensor *t, int tier);
 void held_phase_end(tier_client *c);
 /* The plan ended: every phase grant goes. */
 void held_phase_clear(tier_client *c);
-/* Handle @t closes: what it held is forgotten (tierd's pins stay until the client goes). */
-void held_forget_tensor(tier_client *c, const tier_tensor *t);
+/*
+ * Handle @t closes: its phase grants are forgotten; its pins, which tierd
+ * keeps until the connection goes, are kept by name; -ENOMEM (then forgotten).
+ */
+int held_forget_tensor(tier_client *c, const tier_tensor *t);
 /* Every grant goes (the connection they were for is gone, and a Hello named them). */
 void held_clear(tier_client *c);
 /* The writes held, as a Hello names them (*@ret: malloc'ed array of malloc'ed entries, @ret_n). */

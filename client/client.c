@@ -109,6 +109,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         free(c->vram_backend);
         free(c->vram_device);
         free(c->rbuf);
+        held_clear(c);
         free(c->held);
         free(c);
         return NULL;

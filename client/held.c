@@ -16,7 +16,8 @@
  * The list mirrors tierd's pins of the connection: a pin's entry from its
  * answer to its unpin (an unpin takes the last pin of its tensor and tier,
  * as tierd does; a pin through one handle unpinned through another of the
- * same tensor matches by id), and an entry per tier_phase_grant() of the
+ * same tensor matches by id; a handle closed while it holds a pin keeps the
+ * entry, by name, since tierd keeps the pin), and an entry per tier_phase_grant() of the
  * plan phase the client is in and of the one before it (tierd may hold that
  * one still: a phase it pinned ahead can be ready before it has read the
  * marker that ends the one before), until the plan ends.  Erring means
@@ -45,19 +46,20 @@ static int held_add(tier_client *c, ClientHeld h) {
 }
 
 static void held_del(tier_client *c, size_t i) {
+        free(c->held[i].name);
         memmove(c->held + i, c->held + i + 1, (c->n_held - i - 1) * sizeof(ClientHeld));
         c->n_held--;
 }
 
 int held_pin(tier_client *c, tier_tensor *t, int tier, bool write) {
-        return held_add(c, (ClientHeld) { .t = t, .tier = tier, .write = write });
+        return held_add(c, (ClientHeld) { .t = t, .id = t->id, .tier = tier, .write = write });
 }
 
 void held_unpin(tier_client *c, const tier_tensor *t, int tier) {
         for (size_t i = c->n_held; i > 0; i--) {
                 const ClientHeld *h = &c->held[i - 1];
 
-                if (!h->phase && h->tier == tier && (h->t == t || h->t->id == t->id)) {
+                if (!h->phase && h->tier == tier && h->id == t->id) {
                         held_del(c, i - 1);
                         return;
                 }
@@ -70,7 +72,7 @@ int held_phase_grant(tier_client *c, tier_tensor *t, int tier) {
                         c->held[i].phase_seq = c->plan_seq;
                         return 0;
                 }
-        return held_add(c, (ClientHeld) { .t = t, .tier = tier, .write = true, .phase = true,
+        return held_add(c, (ClientHeld) { .t = t, .id = t->id, .tier = tier, .write = true, .phase = true,
                                           .phase_seq = c->plan_seq });
 }
 
@@ -86,13 +88,30 @@ void held_phase_clear(tier_client *c) {
                         held_del(c, i - 1);
 }
 
-void held_forget_tensor(tier_client *c, const tier_tensor *t) {
-        for (size_t i = c->n_held; i > 0; i--)
-                if (c->held[i - 1].t == t)
-                        held_del(c, i - 1);
+int held_forget_tensor(tier_client *c, const tier_tensor *t) {
+        int r = 0;
+
+        for (size_t i = c->n_held; i > 0; i--) {
+                ClientHeld *h = &c->held[i - 1];
+
+                if (h->t != t)
+                        continue;
+                if (!h->phase && !t->gone) {
+                        h->name = strdup(t->name);
+                        if (h->name) {
+                                h->t = NULL;
+                                continue;
+                        }
+                        r = -ENOMEM;
+                }
+                held_del(c, i - 1);
+        }
+        return r;
 }
 
 void held_clear(tier_client *c) {
+        for (size_t i = 0; i < c->n_held; i++)
+                free(c->held[i].name);
         c->n_held = 0;
 }
 
@@ -116,7 +135,7 @@ int held_writes(const tier_client *c, Tier__HeldWrite ***ret, size_t *ret_n) {
         for (size_t i = 0; i < c->n_held; i++) {
                 const ClientHeld *h = &c->held[i];
 
-                if (!h->write || h->t->gone)
+                if (!h->write || (h->t && h->t->gone))
                         continue;
                 w[n] = malloc(sizeof(Tier__HeldWrite));
                 if (!w[n]) {
@@ -124,7 +143,7 @@ int held_writes(const tier_client *c, Tier__HeldWrite ***ret, size_t *ret_n) {
                         return -ENOMEM;
                 }
                 tier__held_write__init(w[n]);
-                w[n]->tensor = h->t->name;
+                w[n]->tensor = h->t ? h->t->name : h->name;
                 w[n]->tier = (Tier__Tier) h->tier;
                 n++;
         }

@@ -426,14 +426,23 @@ static void test_held_writes(void **state) {
         held_phase_end(&c);
         assert_int_equal(named(&c, "b", TIER_VRAM, &found), 0);
 
-        /* a handle that closes, a plan that ends, a reconnect: forgotten */
+        /* a handle that closes: its pins stay named (tierd keeps them), its phase grants go */
         assert_int_equal(held_pin(&c, &b, TIER_HOST, true), 0);
+        assert_int_equal(held_phase_grant(&c, &b, TIER_VRAM), 0);
         assert_int_equal(held_phase_grant(&c, &a, TIER_HOST), 0);
-        held_forget_tensor(&c, &b);
+        assert_int_equal(held_forget_tensor(&c, &b), 0);
+        assert_int_equal(named(&c, "b", TIER_HOST, &found), 2);
+        assert_true(found);
+        assert_int_equal(named(&c, "b", TIER_VRAM, &found), 2);
+        assert_false(found);
+        held_unpin(&c, &b, TIER_HOST);          /* (by id: through another handle of it) */
         assert_int_equal(named(&c, "a", TIER_HOST, &found), 1);
+        /* a plan that ends, a reconnect: forgotten */
         held_phase_clear(&c);
         assert_int_equal(named(&c, "a", TIER_HOST, &found), 0);
         assert_int_equal(held_pin(&c, &a, TIER_VRAM, true), 0);
+        assert_int_equal(held_pin(&c, &b, TIER_VRAM, true), 0);
+        assert_int_equal(held_forget_tensor(&c, &b), 0);
         held_clear(&c);
         assert_int_equal(named(&c, "a", TIER_VRAM, &found), 0);
         free(c.held);
