@@ -416,8 +416,8 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
                 /* another client of the job pinned it (or a transfer reads it) before this rank came back */
                 log_tensor(LOG_WARNING, 0, t->job->name, t->name, level_to_string(tier),
                            "Tensor '%s' of job '%s': the write-only pin that reserved its %s copy before tierd "
-                           "restarted never reached rank %" PRIu32 ", but another client pinned the copy first: "
-                           "it counts as written, with whatever bytes its room held", t->name, t->job->name,
+                           "restarted never reached rank %" PRIu32 ", but another client pinned the copy, or a "
+                           "transfer reads it, first: it counts as written, with whatever bytes its room held", t->name, t->job->name,
                            level_to_string(tier), rank);
                 return;
         }
