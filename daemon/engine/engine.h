@@ -185,6 +185,14 @@ int engine_tensor_free(Engine *e, Tensor *t);
  * and ops that waited for room they would have made look again.
  */
 void engine_cancel_internal(Engine *e, Job *j);
+/*
+ * engine_rollback() - job_rollback() of @j once tierd's own ops on its
+ * tensors are cancelled (engine_cancel_internal()); but a rollback refused
+ * for a pin or a client's request (-EBUSY) is refused before that, so that
+ * it changes nothing, not even tierd's own work.  -EAGAIN as job_rollback()
+ * (a transfer is in flight: the caller waits and tries again).
+ */
+int engine_rollback(Engine *e, Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size);
 /* Space was freed outside the op engine (a revoked segment is back): let waiting ops retry. */
 void engine_wake_space_waiters(Engine *e);
 /* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */

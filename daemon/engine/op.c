@@ -733,6 +733,25 @@ void engine_cancel_internal(Engine *e, Job *j) {
         engine_kick(e);
 }
 
+int engine_rollback(Engine *e, Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
+        const Tensor *busy = NULL;
+        int r;
+
+        list_for_each_safe(n, tmp, &e->ops) {
+                const Op *op = list_entry(n, Op, all_link);
+
+                if (!op->internal && op->tensor->job == j) {
+                        busy = op->tensor;      /* a client's request */
+                        break;
+                }
+        }
+        r = job_rollback_refused(j, busy, why, why_size);
+        if (r < 0)
+                return r;
+        engine_cancel_internal(e, j);
+        return job_rollback(j, ret_rolled, ret_lost, why, why_size);
+}
+
 /* ---- the engine ----------------------------------------------------------------------------- */
 
 static int on_run(sd_event_source *s, void *userdata) {

@@ -7,7 +7,8 @@
  * A commit is refused while a tensor is pinned for reading and writing.
  *
  * A rollback is refused (-EBUSY) while a tensor is pinned or a client's
- * request is on one: those are the caller's (or another rank's) to end.
+ * request is on one: those are the caller's (or another rank's) to end;
+ * such a refusal changes nothing (engine_rollback()).
  * tierd's own work on the job's tensors is not: a process that takes a job
  * over after a crash typically finds tierd writing the lingering job's
  * copies down, to give its room to another job (engine/reclaim.c), or an
@@ -118,8 +119,7 @@ static int rollback_try(Rpc *rpc, Conn *c, uint64_t seq) {
         if (rpc->registry->stopping)
                 return conn_reply_error(c, seq, -ESHUTDOWN, "cannot roll job '%s' back: tierd is stopping (roll back "
                                         "once it runs again)", j->name);
-        engine_cancel_internal(rpc->engine, j);
-        r = job_rollback(j, &rolled, &lost, why, sizeof(why));
+        r = engine_rollback(rpc->engine, j, &rolled, &lost, why, sizeof(why));
         if (r == -EAGAIN)
                 return 1;
         if (r < 0)

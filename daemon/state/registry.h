@@ -379,6 +379,13 @@ void job_commit(Job *j, uint64_t step);
  */
 int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size);
 /*
+ * job_rollback_refused() - -EBUSY (@why says which) when a tensor of @j is
+ * pinned, or @busy (a tensor of @j a request is on; NULL: none) is given:
+ * job_rollback()'s refusals, for a caller that must know them before it
+ * changes anything (engine_rollback()).  Else 0.
+ */
+int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why_size);
+/*
  * Before @t is written (a pin that may write it): true when its committed
  * data would then be gone, because it lies in memory only; the engine
  * writes it to NVMe first.

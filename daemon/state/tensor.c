@@ -263,12 +263,9 @@ void job_commit(Job *j, uint64_t step) {
         book_commit(j->registry->book, j);
 }
 
-int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
-        unsigned rolled = 0, lost = 0;
-        const Tensor *moving = NULL;
-
-        list_for_each_safe(n, tmp, &j->tensors) {
-                Tensor *t = list_entry(n, Tensor, job_link);
+int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why_size) {
+        list_for_each_safe(n, tmp, &((Job *) j)->tensors) {
+                const Tensor *t = list_entry(n, Tensor, job_link);
 
                 for (int i = 0; i < TIERS; i++) {
                         if (t->copy[i].pins == 0)
@@ -282,14 +279,30 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                                 snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
                         return -EBUSY;
                 }
-                if (t->op_refs > 0) {
-                        snprintf(why, why_size, "a request on tensor '%s' is in progress (wait for it first)",
-                                 t->name);
-                        return -EBUSY;
-                }
+        }
+        if (busy) {
+                snprintf(why, why_size, "a request on tensor '%s' is in progress (wait for it first)", busy->name);
+                return -EBUSY;
+        }
+        return 0;
+}
+
+int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size) {
+        unsigned rolled = 0, lost = 0;
+        const Tensor *moving = NULL, *busy = NULL;
+        int r;
+
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (t->op_refs > 0 && !busy)
+                        busy = t;
                 if (t->xfer && !moving)
                         moving = t;
         }
+        r = job_rollback_refused(j, busy, why, why_size);
+        if (r < 0)
+                return r;
         if (moving) {
                 snprintf(why, why_size, "tensor '%s' is in a transfer", moving->name);
                 return -EAGAIN;

@@ -549,7 +549,7 @@ static void test_rollback_waits_and_freezes(void **state) {
         char why[256] = "";
         Tensor *t[4], *t4;
         size_t n = 0;
-        Result r;
+        Result r, r2;
         Job *j;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
@@ -589,6 +589,30 @@ static void test_rollback_waits_and_freezes(void **state) {
         assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
         assert_int_equal(rolled, 0);
         assert_int_equal(lost, 0);
+
+        /* refused for a pin: nothing changes, not even tierd's own op (engine_rollback()) */
+        assert_int_equal(submit(m, OP_PIN, t[3], LEVEL_HOST, &r2), 0);
+        run_until(m, &r2);
+        assert_int_equal(r2.status, 0);
+        assert_int_equal(submit(m, OP_CLEAN, t[0], LEVEL_HOST, &r), 0);
+        assert_int_equal(engine_rollback(m->engine, j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "tensor 't3' is pinned (in host)"));
+        assert_int_equal(t[0]->op_refs, 1);
+        assert_int_equal(tensor_unpin(t[3], LEVEL_HOST, false), 0);
+        /* nothing in the way: tierd's op goes, the rollback is done */
+        assert_int_equal(engine_rollback(m->engine, j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(t[0]->op_refs, 0);
+        assert_int_equal(r.done, 0);    /* cancelled: its owner hears nothing */
+        assert_int_equal(rolled, 0);
+        /* refused for a client's request on one: likewise */
+        assert_int_equal(submit(m, OP_CLEAN, t[0], LEVEL_HOST, &r), 0);
+        assert_int_equal(submit(m, OP_PIN, t[3], LEVEL_HOST, &r2), 0);
+        assert_int_equal(engine_rollback(m->engine, j, &rolled, &lost, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "a request on tensor 't3'"));
+        assert_int_equal(t[0]->op_refs, 1);
+        engine_cancel_internal(m->engine, j);
+        run_until(m, &r2);
+        assert_int_equal(tensor_unpin(t[3], LEVEL_HOST, false), 0);
 
         /* one whose transfer started: the transfer runs on, the rollback waits for it */
         assert_int_equal(submit(m, OP_CLEAN, t[1], LEVEL_HOST, &r), 0);
