@@ -419,6 +419,24 @@ void plan_predict(Plan *p, uint64_t now) {
         }
 }
 
+bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c) {
+        const PlanPhase *ph;
+        bool held;
+
+        if (p->cur >= p->n_phases)
+                return false;
+        ph = &p->phases[p->cur];
+        held = p->hold[0].active && p->hold[0].phase == p->cur;
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                const PlanAcc *a = &ph->acc[i];
+
+                if (a->tensor == t && (a->mode & PLAN_READ) && use_in_class(a, c) &&
+                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
+                        return true;
+        }
+        return false;
+}
+
 uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c) {
         uint32_t s = t->plan_slot, lo = p->use_off[c][s], hi = p->use_off[c][s + 1];
         uint32_t cur = plan_cur(p), best = UINT32_MAX;
@@ -428,7 +446,8 @@ uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c) {
         for (uint32_t i = lo; i < hi; i++) {
                 uint32_t n = (p->use_phase[c][i] + p->n_phases - cur) % p->n_phases;
 
-                if (n == 0)
+                /* the current phase's use counts when it still has to pin it (else it is served already) */
+                if (n == 0 && !(p->use_phase[c][i] == p->cur && plan_cur_read_pending(p, t, c)))
                         n = p->n_phases;
                 best = MIN(best, n);
         }

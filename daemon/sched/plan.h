@@ -184,6 +184,13 @@ void plan_predict(Plan *p, uint64_t now);
  * Predicted time of the next use of @t in class @c (USE_*) by @p after its current phase; UINT64_MAX: none.
  */
 uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c);
+/*
+ * Does the current phase still have to pin a read of @t in class @c (not
+ * pinned yet: a read deferred because the phase before wrote @t in the other
+ * tier, one whose pin waits for room or a link, or one not granted yet after
+ * the marker)?  Such a use is now, not a cycle later.
+ */
+bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c);
 /* Predicted next use of @t's copy in @tier (vram, or host and what stages through it). */
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
 /* Mode of the first access of @t in the phases after @from (and in @from too if @inclusive); 0: none. */

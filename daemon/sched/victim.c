@@ -22,21 +22,11 @@ bool sched_next_access_overwrites(Tensor *t) {
                 return false;
         /*
          * The current phase's accesses are pinned once granted, so what counts
-         * is the first phase after it; but one not pinned yet (a read deferred
-         * because the phase before wrote the tensor in the other tier, or not
-         * granted yet after the marker) is still to come: a read there needs
-         * the bytes.
+         * is the first phase after it; but a read not pinned yet is still to
+         * come, and needs the bytes.
          */
-        if (p->cur < p->n_phases)
-                for (uint32_t i = 0; i < p->phases[p->cur].n_acc; i++) {
-                        const PlanAcc *a = &p->phases[p->cur].acc[i];
-
-                        if (a->tensor != t || (p->hold[0].active && p->hold[0].phase == p->cur &&
-                                               i < p->max_acc && p->hs[0].pinned[i]))
-                                continue;
-                        if (a->mode & PLAN_READ)
-                                return false;
-                }
+        if (plan_cur_read_pending(p, t, USE_ANY))
+                return false;
         /* the first phase after the current one that touches it, in any tier */
         return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
 }

@@ -691,6 +691,69 @@ static void test_deferred_read_not_dead(void **state) {
 }
 
 /*
+ * ---- a read the current phase still has to pin is needed now, not a cycle later ------------
+ *
+ * X is written in host by phase 0 and read in vram by phase 1, so phase 1's
+ * pin of X waits for phase 0 to end.  Once marker 1 is read, X's host copy
+ * (the only one) is the source of that pin, which the ops already queued
+ * precede.  The victim order used to skip the current phase's uses and so
+ * ranked X as needed at phase 0 of the next cycle: one of those ops that
+ * makes room in host wrote X down to NVMe (to be read back for the pin)
+ * instead of dropping Y, clean and needed only at phase 2.
+ */
+static void test_pending_read_needed_now(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
+        Tensor *x, *y, *z;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        Op *op;
+        char err[256];
+        uint64_t written;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        z = tensor(j, "Z", MiB);
+        {
+                Acc acc[] = {
+                        { 0, x, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, x, LEVEL_VRAM, PLAN_READ },
+                        { 2, y, LEVEL_HOST, PLAN_READ },
+                        { 3, y, LEVEL_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        make_on_nvme(m, y);
+        touch(m, y, LEVEL_HOST, false);         /* Y: in host, clean (its NVMe copy stays) */
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, x->copy[LEVEL_HOST].pins > 0);
+        assert_int_equal(x->copy[LEVEL_VRAM].state, COPY_ABSENT);       /* phase 1's read: not pinned ahead */
+
+        /* marker 1, read before anything else runs: X's phase-0 write lands, its only copy in host */
+        (void) marker_write(p, 1);
+        sched_plan_sync(p);
+        assert_int_equal(p->cur, 1);
+        assert_true(copy_is_sole(x, LEVEL_HOST));
+        assert_true(plan_cur_read_pending(p, x, USE_ANY));
+        assert_true(sched_victim_next_use(x, LEVEL_HOST) < sched_victim_next_use(y, LEVEL_HOST));
+
+        /* an op queued before the pass (Z is in no plan) makes room in host, full with X and Y */
+        written = m->engine->links[LINK_HOST_TO_NVME].bytes;
+        assert_int_equal(op_submit(m->engine, OP_PIN, z, LEVEL_HOST, NULL, NULL, NULL, &op), 0);
+        FIXTURE_RUN_UNTIL(m, z->copy[LEVEL_HOST].pins > 0);
+        assert_int_equal(z->copy[LEVEL_HOST].pins, 1);
+        assert_false(copy_valid(y, LEVEL_HOST));        /* Y went, for free */
+        assert_true(copy_valid(y, LEVEL_NVME));
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, written);  /* X was not written down */
+        assert_int_equal(x->copy[LEVEL_NVME].state, COPY_ABSENT);
+        assert_int_equal(tensor_unpin(z, LEVEL_HOST, false), 0);
+        finish(m, j, c, p);
+}
+
+/*
  * ---- a phase pinned ahead that the client never entered wrote nothing ----------------------
  *
  * The next phase is pinned ahead; a write-only access there reserves its copy
@@ -890,6 +953,7 @@ int main(void) {
                 cmocka_unit_test(test_write_behind_same_victims),
                 cmocka_unit_test(test_dead_bytes),
                 cmocka_unit_test(test_deferred_read_not_dead),
+                cmocka_unit_test(test_pending_read_needed_now),
                 cmocka_unit_test(test_marker_skipped_drops_dead),
                 cmocka_unit_test(test_skipped_write_phase),
                 cmocka_unit_test(test_shared_not_dead),
