@@ -110,6 +110,14 @@ class FakeClient:
         self.tensors.append(t)
         return t
 
+    def open(self, name):
+        # a fresh job: nothing an earlier run left (tier.torch looks for its resume record)
+        import errno
+
+        from tier import NotFoundError
+
+        raise NotFoundError(errno.ENOENT, f"no tensor {name!r}", f"open {name!r}")
+
     def plan(self):
         return FakePlan(self)
 

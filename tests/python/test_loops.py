@@ -377,6 +377,64 @@ class TestLoops(tierd.DaemonTestCase):
         lm_loss(plain, x).backward()
         self.assertGreater(torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0).item(), 0)
 
+    def test_lr_set_between_backward_and_step(self) -> None:
+        """llm.c's loop sets each step's learning rate after backward(), before step(), where torch.optim
+        reads it: the engine sees the change in its first step and runs the optimizer after the backward
+        from then on (deferred), bit for bit as plain PyTorch."""
+        data = batches(4)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "lr-late")
+        for i, x in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                for g in o.param_groups:
+                    g["lr"] = 1e-3 * (i + 2) / 4
+                o.step()
+                o.zero_grad()
+        self.assertEqual(eng.mode, "deferred")
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
+    def test_late_changes_refused(self) -> None:
+        """What the engine cannot honour raises instead of training something else: a learning rate changed
+        between backward() and step() once the optimizer runs in the backward (fused), a backward() after
+        this step's clip, and an optimizer state dict with amsgrad=True (before anything of it is taken)."""
+        x = batches(1)[0]
+        model = lm()
+        eng, _ = self.engine(model, "late-fused")
+        lm_loss(model, x).backward()
+        eng.step()
+        self.assertEqual(eng.mode, "fused")
+        lm_loss(model, x).backward()
+        eng.param_groups[0]["lr"] = 5e-4
+        with self.assertRaisesRegex(RuntimeError, r"changed since backward\(\) \(group 0 lr 0.001 -> 0.0005\)"
+                                    r".*optimizer_in_backward=False"):
+            eng.step()
+        eng.close()
+
+        model = lm()
+        eng, _ = self.engine(model, "late-clip")
+        lm_loss(model, x).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        with self.assertRaisesRegex(RuntimeError, r"backward\(\) after clip_grad_norm_ in the same step"):
+            lm_loss(model, x).backward()
+        eng.close()
+
+        model = lm()
+        eng, _ = self.engine(model, "late-amsgrad")
+        lm_loss(model, x).backward()
+        eng.step()
+        before = {k: v for k, v in eng.param_groups[0].items() if k != "params"}
+        other = torch.optim.AdamW(lm().parameters(), lr=3e-4, amsgrad=True)
+        with self.assertRaisesRegex(ValueError, "amsgrad"):
+            eng.load_state_dict(other.state_dict())
+        self.assertEqual({k: v for k, v in eng.param_groups[0].items() if k != "params"}, before)
+        eng.close()
+
     def test_deferred_budget_in_the_model_words(self) -> None:
         """A host budget one optimizer phase fits, but not the two that clipping pins at once: the plan
         is refused at the first step's end, naming the phases' blocks, not tierd's phase numbers."""

@@ -310,6 +310,56 @@ class TestResume(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(t, now[n]), f"{n} is not what was committed")
         eng2.close()
 
+    def test_stale_commit_refused(self) -> None:
+        """A run that started the job afresh (resume=False) after a committed one left that commit behind; a
+        later resume=True must not pair the old record with the new tensors (the rollback gives tensors made
+        after a commit back as zeros): it is refused, in words, and nothing of the model changes."""
+        import tier
+        import tier.torch
+
+        def model() -> torch.nn.Module:
+            torch.manual_seed(2)
+            return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+
+        c = tier.Client("resume-stale", socket=self.socket)
+        eng = tier.torch.Offload(model(), c, lr=1e-3, resume=True)
+        for _ in range(2):
+            eng.model(torch.randn(2, 8)).sum().backward()
+            eng.step()
+        c.close()               # killed after its commit of step 2: the job lingers
+        c2 = self.client("resume-stale")
+        eng2 = tier.torch.Offload(model(), c2, lr=1e-3)       # afresh, no commits
+        self.assertFalse(eng2.resumed)
+        eng2.model(torch.randn(2, 8)).sum().backward()
+        eng2.step()
+        c2.close()              # killed too
+        c3 = self.client("resume-stale")
+        m3 = model()
+        mine = {n: p.detach().clone() for n, p in m3.named_parameters()}
+        with self.assertRaisesRegex(ValueError, r"has a commit \(step 2\) but no resume record.*stale"):
+            tier.torch.Offload(m3, c3, lr=1e-3, resume=True)
+        for n, p in m3.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), mine[n]), f"{n} of the refused model changed")
+        c3.close()
+
+    def test_several_ranks_refused(self) -> None:
+        """resume=True with several ranks is refused before anything is made: a commit takes every rank's
+        tensors at once."""
+        from unittest import mock
+
+        import tier
+        import tier.torch
+
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8))
+        c = self.client("resume-ranks")
+        with mock.patch.object(torch.distributed, "is_initialized", return_value=True), \
+                mock.patch.object(torch.distributed, "get_world_size", return_value=2):
+            with self.assertRaisesRegex(ValueError, r"resume=True is for a job of one rank, and this one has 2"):
+                tier.torch.Offload(m, c, lr=1e-3, resume=True)
+        with self.assertRaises(tier.NotFoundError):
+            c.open("torch.0.0.p")
+        c.close()
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:

@@ -138,6 +138,12 @@ class Offload(torch.optim.Optimizer):
         self._world = 1
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self._world = torch.distributed.get_world_size(process_group)
+        if resume and self._world > 1:
+            # a commit (tier_job_commit()) takes every rank's tensors of the job at once: a rank that
+            # commits at its own step's end would commit another's step half done
+            raise ValueError(f"tier.torch: resume=True is for a job of one rank, and this one has {self._world}: "
+                             "a commit takes every rank's tensors at once, and ranks end their steps apart; "
+                             "save checkpoints instead (engine.save(dir), or engine.state_dict())")
         self._rank = client.rank
         self._prefix = prefix
         modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
@@ -173,6 +179,9 @@ class Offload(torch.optim.Optimizer):
         self._norms: dict[int, torch.Tensor] = {}    # their gradients' 2-norms (deferred: for clipping)
         self._maxabs: dict[int, torch.Tensor] = {}   # and largest magnitudes (the inf-norm)
         self._clip_coef: torch.Tensor | None = None  # this step's clipping factor, if clipped
+        #: the parameter groups' hyperparameters at the end of this step's last backward (fused, the
+        #: optimizer ran with them): step() compares, since torch.optim reads them in step()
+        self._hyper_at_backward: list[dict[str, Any]] | None = None
         self._clip_ids: set[int] = set()             # the slots it applies to (those named in the call)
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
@@ -298,6 +307,9 @@ class Offload(torch.optim.Optimizer):
                 for s in b.slots:
                     s.param.data = self._placeholder(s.param)
             return
+        # afresh: a resume record an earlier run left goes with its tensors, so that a later resume=True
+        # cannot pair it with the tensors made here (the job's commit would give them back as zeros)
+        resume_mod.discard_meta(self)
         for b in self.blocks:
             for kind in self._kinds(b):
                 self._create(b, kind, b.kind_bytes(kind))
@@ -511,6 +523,12 @@ class Offload(torch.optim.Optimizer):
         """The first gradient of a backward through the model's output: its end is queued."""
         if self._in_backward:
             return
+        if self._clip_coef is not None:
+            # torch would scale only the gradients before the clip; here the factor applies in the
+            # optimizer phases, to the sum
+            raise RuntimeError("backward() after clip_grad_norm_ in the same step: tier.torch applies the "
+                               "clipping factor to the summed gradients in the optimizer phases; clip once "
+                               "between the last backward() and step()")
         self._in_backward = True
         torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
 
@@ -522,8 +540,29 @@ class Offload(torch.optim.Optimizer):
             if self._mode == "fused" and self.blocks[-1].is_shared:
                 self._finish_shared()
             self._backwards += 1
+            self._hyper_at_backward = self._hyper()
         finally:
             self._in_backward = False
+
+    def _hyper(self) -> list[dict[str, Any]]:
+        """Each parameter group's hyperparameters (all but its parameters), as they are now."""
+        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+
+    def _hyper_changed(self) -> str | None:
+        """What changed in the parameter groups since the last backward's end ("group 0 lr 0.1 -> 0.2"),
+        or None."""
+        if self._hyper_at_backward is None:
+            return None
+        for gi, (then, now) in enumerate(zip(self._hyper_at_backward, self._hyper())):
+            for k in sorted(set(then) | set(now)):
+                a, b = then.get(k), now.get(k)
+                if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                    same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+                else:
+                    same = bool(a == b)
+                if not same:
+                    return f"group {gi} {k} {a} -> {b}"
+        return None
 
     def block_forward(self, b: Block) -> None:
         if self._in_backward:
@@ -747,6 +786,14 @@ class Offload(torch.optim.Optimizer):
                                "the loss and call backward() before step()")
         if self._in_backward:
             raise RuntimeError("step() during a backward pass")
+        changed = self._hyper_changed()
+        if changed is not None and self._mode == "fused":
+            self._hyper_at_backward = None
+            raise RuntimeError(f"step() after the parameter groups changed since backward() ({changed}): "
+                               "tier.torch ran this step's optimizer inside the backward, with the values "
+                               "before, where torch.optim would use the new ones; set hyperparameters before "
+                               "backward() (a scheduler's step() after engine.step() does), or make the engine "
+                               "with optimizer_in_backward=False")
         if self._bwd is not None:       # a backward whose end autograd did not report (not through the model)
             self._finish(self._bwd)
             if self._mode == "fused" and self.blocks[-1].is_shared:
@@ -771,11 +818,12 @@ class Offload(torch.optim.Optimizer):
         self._clip_coef = None
         self._clip_ids = set()
         self._shared_reduced = False
+        self._hyper_at_backward = None
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
             if self._first_step:
-                self._decide_mode(micro, clipped)
+                self._decide_mode(micro, clipped, changed)
                 self._submit_plan()
         elif self.tracer.seq:
             first = self.tracer.seq[0]
@@ -812,15 +860,18 @@ class Offload(torch.optim.Optimizer):
                     raise
                 self._restarted()
 
-    def _decide_mode(self, micro: int, clipped: bool) -> None:
-        """After the first step: fused if it ran one micro-batch and no clipping (and nothing forces
-        deferred), deferred otherwise; the traced phases reordered to match."""
+    def _decide_mode(self, micro: int, clipped: bool, changed: str | None = None) -> None:
+        """After the first step: fused if it ran one micro-batch, no clipping and left the parameter
+        groups as they were between backward() and step() (and nothing forces deferred), deferred
+        otherwise; the traced phases reordered to match."""
         want = self.optimizer_in_backward
         if want is None:
-            want = micro <= 1 and not clipped
-        if want and (micro > 1 or clipped):
+            want = micro <= 1 and not clipped and changed is None
+        if want and (micro > 1 or clipped or changed is not None):
             raise RuntimeError("optimizer_in_backward=True, but the first step "
-                               + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients")
+                               + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients"
+                                  if clipped else f"changed the parameter groups between backward() and step() "
+                                  f"({changed})")
                                + ": that needs the optimizer after the whole backward (optimizer_in_backward=False)")
         self._mode = "fused" if want else "deferred"
         if self._mode == "fused":

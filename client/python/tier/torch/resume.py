@@ -19,7 +19,11 @@ model and the stored layout agree, before it changes anything of the
 model's, and takes the tensors over as they are.  ``engine.steps`` is then
 the number of steps committed, ``engine.resumed`` True: the loop goes on from
 there.  A job with no commit (a first run, or a crash before the first
-step's end) starts afresh (``engine.resumed`` False).
+step's end) starts afresh (``engine.resumed`` False).  An engine that
+starts afresh (``resume=False`` too) destroys the record an earlier run left,
+so a commit from before that is refused, not paired with the new tensors.
+``resume=True`` is for a job of one rank: a commit takes every rank's tensors
+at once.
 
 What the loop itself must bring back: the batch of each step (start at
 ``engine.steps``) and its random numbers (seed each step from its number,
@@ -85,6 +89,17 @@ def write_meta(eng: "Offload") -> None:
             flat[_LEN.size:_LEN.size + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
 
 
+def discard_meta(eng: "Offload") -> None:
+    """Starting afresh: destroy the resume record an earlier run of the job left, if any."""
+    from .. import NotFoundError
+
+    try:
+        t = eng.client.open(eng._meta_name())
+    except NotFoundError:
+        return
+    t.destroy()
+
+
 def read_meta(eng: "Offload", t: Any) -> dict[str, Any]:
     with t.pin(HOST, READ) as g:
         flat = g.torch()
@@ -132,7 +147,9 @@ def try_resume(eng: "Offload") -> bool:
         t = eng.client.open(eng._meta_name())
     except NotFoundError:
         raise ValueError(f"tier.torch: job {eng.client.job!r} has a commit (step {c.step}) but no resume record "
-                         f"({eng._meta_name()!r}): it was not committed by tier.torch with this prefix and rank") \
+                         f"({eng._meta_name()!r}): it was not committed by tier.torch with this prefix and rank, "
+                         "or a run since started it afresh (without resume=True) or ended it (close()), so that "
+                         "the commit is stale; to start afresh, end the job (tierctl detach JOB) first") \
             from None
     meta = read_meta(eng, t)
     if c.lost:

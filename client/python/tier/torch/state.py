@@ -228,6 +228,8 @@ def _check_groups(eng: "Offload", saved: list[dict]) -> None:
         if len(g["params"]) != len(sg["params"]):
             raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
                              "optimizer's group")
+        # the hyperparameters it brings must be ones the step rule honours (amsgrad=True is not)
+        eng.rule.check_group({**g, **{k: v for k, v in sg.items() if k != "params"}})
 
 
 def load_optimizer_state_dict(eng: "Offload", sd: dict[str, Any]) -> None:
