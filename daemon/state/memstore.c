@@ -411,6 +411,12 @@ void memstore_load(MemStore *ms) {
                             "not used, the memory it describes is dropped", use->format, use->rec_size);
                 return;
         }
+        if (use->n_records > MS_MAX_RECORDS) {
+                log_warning("Memory store: the table of the last run says %" PRIu32 " records, more than the %u "
+                            "a table holds: damaged, not used (the memory it describes is dropped)",
+                            use->n_records, MS_MAX_RECORDS);
+                return;
+        }
         for (int k = 0; k < MS_TIERS; k++)
                 if (use->seg_size[k] != ms->seg_size[k] || use->n_segs[k] != ms->n_segs[k]) {
                         log_warning("Memory store: the %s pool was %" PRIu32 " segment(s) of %" PRIu64 " bytes and is "
@@ -500,7 +506,8 @@ static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const M
                 uint64_t span = p->len == pool->seg_size ? pool->seg_size : ALIGN_UP(p->len, align);
                 Segment *s;
 
-                if (p->seg >= pool->n_segs || !ms->adopted[k][p->seg] || p->offset % SEG_UNIT != 0 ||
+                if (p->seg >= pool->n_segs || p->seg >= ms->n_segs[k] || !ms->adopted[k][p->seg] ||
+                    p->offset % SEG_UNIT != 0 ||
                     p->len == 0 || p->offset + span > pool->seg_size)
                         break;
                 s = &pool->segs[p->seg];
@@ -667,13 +674,14 @@ static int slot_get(MemStore *ms, uint32_t *ret) {
 
                 if (ms->cap >= MS_MAX_RECORDS)
                         return -ENOSPC;
-                r = table_map(ms, cap);
-                if (r < 0)
-                        return r;
+                /* the free list first: when the table cannot grow, the larger list is harmless */
                 f = reallocarray(ms->free_slots, cap, sizeof(uint32_t));
                 if (!f)
                         return -ENOMEM;
                 ms->free_slots = f;
+                r = table_map(ms, cap);
+                if (r < 0)
+                        return r;
                 header_write(ms, ms->old_generation + 1);
         }
         *ret = ms->next_slot++;
@@ -834,6 +842,37 @@ static int table_void(int fd) {
         return pwrite(fd, zeros, sizeof(zeros), offsetof(MsHeader, magic)) == (ssize_t) sizeof(zeros) ? 0 : -1;
 }
 
+/*
+ * From now on this run changes the memory the last run's tables describe: they
+ * are made void in place (the store holds the same files, so whether it has
+ * taken their removal yet does not matter), and a next start that finds no
+ * newer table loses what was only in memory, never reads it wrong.  Out of the
+ * store too, but for the name @keep (the new table took it; -1: none).
+ */
+static void old_tables_drop(MemStore *ms, int keep) {
+        char name[64];
+
+        for (int i = 0; i < 2; i++) {
+                if (ms->old_table[i] >= 0 && table_void(ms->old_table[i]) < 0)
+                        log_warning_errno(errno, "Memory store: cannot make the last run's table %d void: %m", i);
+                ms->old_table[i] = safe_close(ms->old_table[i]);
+                if (i != keep) {
+                        snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%d", i);
+                        ms_store_remove(ms, name);
+                }
+        }
+}
+
+/* memstore_begin() cannot make its table: no memory is kept, and the last run's tables must not stay sound. */
+static int begin_failed(MemStore *ms, int error) {
+        if (ms->map)
+                munmap(ms->map, ms->map_size);
+        ms->map = NULL;
+        ms->fd = safe_close(ms->fd);
+        old_tables_drop(ms, -1);
+        return log_warning_errno(error, "Memory store: cannot make its table, memory is not kept across restarts: %m");
+}
+
 int memstore_begin(MemStore *ms, Registry *r) {
         char name[64];
         unsigned renewed = 0;
@@ -866,10 +905,11 @@ int memstore_begin(MemStore *ms, Registry *r) {
         if (renewed)
                 log_debug("Memory store: %u segment(s) of the last run held nothing put back: renewed", renewed);
 
+        if (ms->faults && fault_fire(ms->faults, FAULT_STORE_TABLE, UINT32_MAX, FAULT_TARGET_ANY))
+                return begin_failed(ms, -EMFILE);       /* store-table (tests only) */
         fd = memfd_create("tierd-mem-table", MFD_CLOEXEC);
         if (fd < 0)
-                return log_warning_errno(errno, "Memory store: cannot make its table, memory is not kept across "
-                                         "restarts: %m");
+                return begin_failed(ms, -errno);
         ms->fd = fd;
         ms->rec_at = records_at(ms->n_segs);
         q = table_map(ms, MS_INITIAL_RECORDS);
@@ -878,14 +918,8 @@ int memstore_begin(MemStore *ms, Registry *r) {
                 if (!ms->free_slots)
                         q = -ENOMEM;
         }
-        if (q < 0) {
-                if (ms->map)
-                        munmap(ms->map, ms->map_size);
-                ms->map = NULL;
-                ms->fd = safe_close(ms->fd);
-                return log_warning_errno(q, "Memory store: cannot make its table, memory is not kept across "
-                                         "restarts: %m");
-        }
+        if (q < 0)
+                return begin_failed(ms, q);
         header_write(ms, ms->old_generation + 1);
         /* the segments the store holds now (made at start, before the table) */
         for (int k = 0; k < MS_TIERS; k++)
@@ -913,19 +947,7 @@ int memstore_begin(MemStore *ms, Registry *r) {
                 log_warning("Memory store: the service manager has not taken %zu message(s) in %u s (the new "
                             "table among them): until it has, a kill of tierd loses what is only in memory",
                             ms->n_queue, (unsigned) (MS_START_WAIT_USEC / USEC_PER_SEC));
-        /*
-         * From now on this run changes the memory the old tables describe: they are
-         * made void in place (the store holds the same files, so whether it has
-         * taken their removal yet does not matter), and a next start that finds no
-         * newer table loses what was only in memory, never reads it wrong.
-         */
-        for (int i = 0; i < 2; i++)
-                if (ms->old_table[i] >= 0 && table_void(ms->old_table[i]) < 0)
-                        log_warning_errno(errno, "Memory store: cannot make the last run's table %d void: %m", i);
-        snprintf(name, sizeof(name), MEMSTORE_FD_PREFIX "table-%u", ms->old_no);
-        ms_store_remove(ms, name);
-        for (int i = 0; i < 2; i++)
-                ms->old_table[i] = safe_close(ms->old_table[i]);
+        old_tables_drop(ms, ms->table_no);
         log_info("Memory store: on (host%s memory is kept in the service manager's fd store across restarts); "
                  "%u tensor(s) put back from the last run's memory", ms->n_segs[MS_VRAM] ? " and emulated VRAM" : "",
                  ms->restored);

@@ -68,13 +68,15 @@ bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest);
 /*
  * memstore_begin() - after the restore: a new table holds what was put back
  * (and then every change), the old one leaves the store; adopted segments
- * that hold nothing are renewed before any job gets them.
+ * that hold nothing are renewed before any job gets them.  When it cannot
+ * make its table, memory is not kept in this run, and the last run's
+ * tables are made void all the same (this run changes what they describe).
  */
 int memstore_begin(MemStore *ms, Registry *r);
 
 /* @t's memory copies changed (state, version, pieces, writers): its record follows, before anything else happens. */
 void memstore_note(MemStore *ms, Tensor *t);
-/* Tests only: TIERD_TEST_FAULTS's store-kill rules (daemon/tiers/fault.h), or NULL. */
+/* Tests only: TIERD_TEST_FAULTS's store-kill and store-table rules (daemon/tiers/fault.h), or NULL. */
 void memstore_set_faults(MemStore *ms, FaultSet *faults);
 /* tierd exits: the table stays as it is, for the next start (nothing is noted any more). */
 void memstore_freeze(MemStore *ms);

@@ -38,6 +38,7 @@ static const char *const kind_names[_FAULT_KIND_MAX] = {
         [FAULT_INDEX_KILL] = "index-kill",
         [FAULT_INDEX_TORN] = "index-torn",
         [FAULT_STORE_KILL] = "store-kill",
+        [FAULT_STORE_TABLE] = "store-table",
 };
 
 const char *fault_kind_to_string(FaultKind k) {
@@ -130,7 +131,7 @@ static int parse_rule(FaultSet *f, char *text, char *err, size_t err_size) {
         }
         if (r->target != FAULT_TARGET_ANY && (r->kind == FAULT_VRAM_H2D_EIO || r->kind == FAULT_VRAM_D2H_EIO ||
                                               r->kind == FAULT_INDEX_KILL || r->kind == FAULT_INDEX_TORN ||
-                                              r->kind == FAULT_STORE_KILL)) {
+                                              r->kind == FAULT_STORE_KILL || r->kind == FAULT_STORE_TABLE)) {
                 snprintf(err, err_size, "'%s' takes no target= (only nvme-* faults have one)", text);
                 return -EINVAL;
         }

@@ -19,6 +19,7 @@ typedef enum FaultKind {
         FAULT_INDEX_KILL,       /* tierd SIGKILLs itself at a step of an NVMe index update (state/book.c) */
         FAULT_INDEX_TORN,       /* an NVMe index record is written half, then tierd SIGKILLs itself */
         FAULT_STORE_KILL,       /* tierd SIGKILLs itself in a memory-store record write (state/memstore.c) */
+        FAULT_STORE_TABLE,      /* the memory store cannot make its table at start (state/memstore.c: -EMFILE) */
         _FAULT_KIND_MAX,
 } FaultKind;
 
@@ -47,11 +48,12 @@ typedef struct FaultSet {
  * fault_set_parse() - parse @spec: rules separated by ';', each
  * "KIND[:key=value,...]" with KIND one of nvme-read-eio, nvme-write-eio,
  * nvme-read-short, nvme-write-short, nvme-write-enospc, nvme-bitflip,
- * nvme-delay, nvme-vanish, vram-h2d-eio, vram-d2h-eio, index-kill, index-torn, store-kill and keys
+ * nvme-delay, nvme-vanish, vram-h2d-eio, vram-d2h-eio, index-kill, index-torn, store-kill, store-table and keys
  * every=N, after=N, count=N, target=N, job=NAME, ms=N (target= only for nvme-* kinds; index-* count the
  * steps of NVMe index updates, every kind of step for index-kill, record writes for index-torn;
  * store-kill two points per memory-store record write: halfway through it, and after it, before the
- * record it replaces is freed).  Returns 0, or -EINVAL with a message in @err.
+ * record it replaces is freed; store-table fails the making of the memory store's table at start).
+ * Returns 0, or -EINVAL with a message in @err.
  */
 int fault_set_parse(const char *spec, FaultSet *ret, char *err, size_t err_size);
 

@@ -42,6 +42,10 @@ static void test_parse(void **state) {
         assert_int_equal(f.rules[0].after, 3);
         assert_string_equal(fault_kind_to_string(FAULT_STORE_KILL), "store-kill");
         assert_int_equal(fault_set_parse("store-kill:target=1", &f, err, sizeof(err)), -EINVAL);
+        assert_int_equal(fault_set_parse("store-table", &f, err, sizeof(err)), 0);
+        assert_int_equal(f.rules[0].kind, FAULT_STORE_TABLE);
+        assert_string_equal(fault_kind_to_string(FAULT_STORE_TABLE), "store-table");
+        assert_int_equal(fault_set_parse("store-table:target=0", &f, err, sizeof(err)), -EINVAL);
 }
 
 static void test_refused(void **state) {
