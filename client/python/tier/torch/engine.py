@@ -34,7 +34,7 @@ from ..errors import RestartedError
 from . import clip, collective, discovery, explain, layout, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
-from .optim import StepRule, rule_from
+from .optim import StepRule, hyper_changed, hyper_of, rule_from
 from .tracer import Key, Tracer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -540,29 +540,9 @@ class Offload(torch.optim.Optimizer):
             if self._mode == "fused" and self.blocks[-1].is_shared:
                 self._finish_shared()
             self._backwards += 1
-            self._hyper_at_backward = self._hyper()
+            self._hyper_at_backward = hyper_of(self.param_groups)
         finally:
             self._in_backward = False
-
-    def _hyper(self) -> list[dict[str, Any]]:
-        """Each parameter group's hyperparameters (all but its parameters), as they are now."""
-        return [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-
-    def _hyper_changed(self) -> str | None:
-        """What changed in the parameter groups since the last backward's end ("group 0 lr 0.1 -> 0.2"),
-        or None."""
-        if self._hyper_at_backward is None:
-            return None
-        for gi, (then, now) in enumerate(zip(self._hyper_at_backward, self._hyper())):
-            for k in sorted(set(then) | set(now)):
-                a, b = then.get(k), now.get(k)
-                if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-                    same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-                else:
-                    same = bool(a == b)
-                if not same:
-                    return f"group {gi} {k} {a} -> {b}"
-        return None
 
     def block_forward(self, b: Block) -> None:
         if self._in_backward:
@@ -786,7 +766,7 @@ class Offload(torch.optim.Optimizer):
                                "the loss and call backward() before step()")
         if self._in_backward:
             raise RuntimeError("step() during a backward pass")
-        changed = self._hyper_changed()
+        changed = hyper_changed(self._hyper_at_backward, self.param_groups)
         if changed is not None and self._mode == "fused":
             self._hyper_at_backward = None
             raise RuntimeError(f"step() after the parameter groups changed since backward() ({changed}): "

@@ -155,3 +155,25 @@ def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
     if name == "sgd":
         return SGD(**kw)
     raise ValueError(f"optimizer {optimizer!r}: tier.torch has 'adamw' and 'sgd' (or pass a StepRule)")
+
+
+def hyper_of(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each parameter group's hyperparameters (all but its parameters), as they are now."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in groups]
+
+
+def hyper_changed(then: list[dict[str, Any]] | None, groups: list[dict[str, Any]]) -> str | None:
+    """What changed in ``groups`` since ``then`` (:func:`hyper_of`), e.g. "group 0 lr 0.1 -> 0.2"; None:
+    nothing (or no ``then``)."""
+    if then is None:
+        return None
+    for gi, (was, now) in enumerate(zip(then, hyper_of(groups))):
+        for k in sorted(set(was) | set(now)):
+            a, b = was.get(k), now.get(k)
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+            else:
+                same = bool(a == b)
+            if not same:
+                return f"group {gi} {k} {a} -> {b}"
+    return None
