@@ -401,8 +401,8 @@ class TestLoops(tierd.DaemonTestCase):
 
     def test_late_changes_refused(self) -> None:
         """What the engine cannot honour raises instead of training something else: a learning rate changed
-        between backward() and step() once the optimizer runs in the backward (fused), a backward() after
-        this step's clip, and an optimizer state dict with amsgrad=True (before anything of it is taken)."""
+        between backward() and step() once the optimizer runs in the backward (fused), and an optimizer
+        state dict with amsgrad=True (before anything of it is taken)."""
         x = batches(1)[0]
         model = lm()
         eng, _ = self.engine(model, "late-fused")
@@ -417,14 +417,6 @@ class TestLoops(tierd.DaemonTestCase):
         eng.close()
 
         model = lm()
-        eng, _ = self.engine(model, "late-clip")
-        lm_loss(model, x).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
-        with self.assertRaisesRegex(RuntimeError, r"backward\(\) after clip_grad_norm_ in the same step"):
-            lm_loss(model, x).backward()
-        eng.close()
-
-        model = lm()
         eng, _ = self.engine(model, "late-amsgrad")
         lm_loss(model, x).backward()
         eng.step()
@@ -433,6 +425,21 @@ class TestLoops(tierd.DaemonTestCase):
         with self.assertRaisesRegex(ValueError, "amsgrad"):
             eng.load_state_dict(other.state_dict())
         self.assertEqual({k: v for k, v in eng.param_groups[0].items() if k != "params"}, before)
+        eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "under a preloaded ASan runtime, the C++ exception libtorch makes of an error raised in an "
+                     "autograd hook aborts in ASan's __cxa_throw interceptor, which finds no real __cxa_throw")
+    def test_backward_after_clip_refused(self) -> None:
+        """A backward() after this step's clip is refused (torch scales only the gradients before the clip;
+        the engine applies the factor to the sum in the optimizer phases)."""
+        x = batches(1)[0]
+        model = lm()
+        eng, _ = self.engine(model, "late-clip")
+        lm_loss(model, x).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+        with self.assertRaisesRegex(RuntimeError, r"backward\(\) after clip_grad_norm_ in the same step"):
+            lm_loss(model, x).backward()
         eng.close()
 
     def test_deferred_budget_in_the_model_words(self) -> None:
