@@ -472,6 +472,26 @@ static unsigned stored_tables(int *ret_fd, uint64_t *ret_gen) {
 }
 
 /*
+ * A run with the fd store does the workload, then is SIGKILLed: the one sound
+ * table the store holds then (a dup of its fd returned; its generation in
+ * *@ret_gen) is the one the next start reads.
+ */
+static int workload_then_kill(Known k[N_TENSORS], uint64_t *ret_gen) {
+        int fd, last;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_true(workload(k));
+        test_daemon_drain(&d);
+        assert_int_equal(stored_tables(&fd, ret_gen), 1);
+        last = dup(fd);
+        assert_true(last >= 0);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        return last;
+}
+
+/*
  * When tierd says READY=1 the store holds its new table (what it sent the
  * store at start went out before), and the last run's table is void in place,
  * whatever the store made of its removal: a kill from then on never puts
@@ -480,17 +500,8 @@ static unsigned stored_tables(int *ret_fd, uint64_t *ret_gen) {
 static void test_store_table_at_ready(void **state) {
         Known k[N_TENSORS] = {};
         uint64_t gen, last_gen;
-        int fd, last;
+        int fd, last = workload_then_kill(k, &last_gen);
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_true(workload(k));
-        test_daemon_drain(&d);
-        assert_int_equal(stored_tables(&fd, &last_gen), 1);
-        last = dup(fd);
-        assert_true(last >= 0);
-        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
         spawn();
         assert_int_equal(table_generation(last), 0);
         assert_int_equal(stored_tables(&fd, &gen), 1);
@@ -511,17 +522,8 @@ static void test_store_table_at_ready(void **state) {
 static void test_store_table_fails(void **state) {
         Known k[N_TENSORS] = {};
         uint64_t gen;
-        int fd, last;
+        int fd, last = workload_then_kill(k, &gen);
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_true(workload(k));
-        test_daemon_drain(&d);
-        assert_int_equal(stored_tables(&fd, &gen), 1);
-        last = dup(fd);
-        assert_true(last >= 0);
-        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
         assert_int_equal(setenv("TIERD_TEST_FAULTS", "store-table", 1), 0);
         spawn();
         unsetenv("TIERD_TEST_FAULTS");
