@@ -342,6 +342,39 @@ class TestResume(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(p.detach(), mine[n]), f"{n} of the refused model changed")
         c3.close()
 
+    def test_restart_in_the_first_step(self) -> None:
+        """tierd restarting while the first (traced) step pins a phase: the engine enters that phase again,
+        and the trace counts it once (it used to refuse it as a block run twice in one step)."""
+        import errno
+        from unittest import mock
+
+        import tier
+        import tier._tensor
+        import tier.torch
+
+        torch.manual_seed(3)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+        c = self.client("resume-first-step")
+        eng = tier.torch.Offload(m, c, lr=1e-3)
+        real_pin = tier._tensor.Tensor.pin
+        failed = []
+
+        def pin_once_restarted(t, *a, **kw):
+            if not failed:
+                failed.append(t.name)
+                raise tier.RestartedError(errno.ERESTART, "tierd restarted (simulated)", f"pin {t.name!r}")
+            return real_pin(t, *a, **kw)
+
+        with mock.patch.object(tier._tensor.Tensor, "pin", pin_once_restarted):
+            m(torch.randn(2, 8)).sum().backward()
+            eng.step()
+        self.assertEqual(len(failed), 1)
+        self.assertEqual(eng.restarts, 1)
+        m(torch.randn(2, 8)).sum().backward()       # the plan the first step traced runs
+        eng.step()
+        self.assertEqual(eng.steps, 2)
+        eng.close()
+
     def test_several_ranks_refused(self) -> None:
         """resume=True with several ranks is refused before anything is made: a commit takes every rank's
         tensors at once."""

@@ -449,11 +449,12 @@ class Offload(torch.optim.Optimizer):
             # end first, so that the room they free is free (tierd cannot wait for room a queued
             # eviction will free: a pin then would fail for want of room that is coming)
             self.flush()
-            if self._first_step and (kind != "f" or self._training):   # an evaluation is no step
-                self.tracer.record(key, b.label, "a block that runs more than once per micro-batch (weights "
-                                   "shared across time) is not supported; make the repeated part one block's "
-                                   "inside (activation checkpointing, which runs a block's forward again in "
-                                   "its backward, is)")
+            tracing = self._first_step and (kind != "f" or self._training)   # an evaluation is no step
+            if tracing:
+                self.tracer.check_new(key, b.label, "a block that runs more than once per micro-batch (weights "
+                                      "shared across time) is not supported; make the repeated part one block's "
+                                      "inside (activation checkpointing, which runs a block's forward again in "
+                                      "its backward, is)")
             for blk, tk, tier, mode in self._needs(key):
                 t = blk.tensors[tk]
                 whose = "its" if blk is b else f"{blk.label}'s"
@@ -462,6 +463,8 @@ class Offload(torch.optim.Optimizer):
                     g = t.pin(tier, mode)
                 self._held.append((t, tier, bool(mode & WRITE)))
                 blk.maps[(tk, tier)] = g.torch()
+            if tracing:
+                self.tracer.record(key)
         self._phase = key
         self._write_down(key)
 

@@ -35,10 +35,15 @@ class Tracer:
         self.planned = False
         self.forwards: set[int] = set()     # blocks whose forward the current step entered
 
-    def record(self, key: Key, label: str, hint: str) -> None:
-        """Trace mode: phase ``key`` begins (``label``: its block in the model's words)."""
+    def check_new(self, key: Key, label: str, hint: str) -> None:
+        """Trace mode: phase ``key`` is about to begin (``label``: its block in the model's words); a
+        phase that began already in this step is refused."""
         if key in self.seq:
             raise RuntimeError(f"{label} ran its {PHASE_NAMES[key[0]]} twice in one step: {hint}")
+
+    def record(self, key: Key) -> None:
+        """Trace mode: phase ``key`` began (its pins are granted: a retry after tierd restarted while
+        they were asked for is the same phase, not a second one)."""
         self.seq.append(key)
 
     def lookup(self, key: Key, label: str) -> int:
