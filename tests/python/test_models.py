@@ -531,6 +531,33 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
         for n, p in ref.named_parameters():
             self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
 
+    def test_moe_idle_expert_with_zeroed_grads(self) -> None:
+        """torch 1.13's zero_grad() leaves zeros in .grad (set_to_none=False): plain AdamW then updates an
+        idle expert too (its moments decay, weight decay applies).  The engine does the same after its own
+        or the model's zero_grad() (Hugging Face's Trainer calls model.zero_grad()), exactly."""
+        import tier.torch
+
+        torch.manual_seed(2)
+        m = MoEModel()
+        data = [moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0), moe_batch(8, 3)]
+        ref = copy.deepcopy(m)
+        ref_losses = run_plain(ref, data, lm_loss, set_to_none=False)
+        c = self.client()
+        eng = tier.torch.Offload(m, c, placement="C", no_split_module_classes=["MoE"])
+        losses = []
+        torch.manual_seed(11)
+        for x in data:
+            loss = lm_loss(m, x)
+            loss.backward()
+            eng.step()
+            m.zero_grad()
+            losses.append(loss.item())
+        sd = eng.parameters_state_dict()
+        eng.close()
+        self.assertEqual(losses, ref_losses)
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -182,6 +182,7 @@ class Offload(torch.optim.Optimizer):
         #: the parameter groups' hyperparameters at the end of this step's last backward (fused, the
         #: optimizer ran with them): step() compares, since torch.optim reads them in step()
         self._hyper_at_backward: list[dict[str, Any]] | None = None
+        self._grads_zeroed = False         # the last zero_grad() (engine's or model's) left zeros in .grad
         self._clip_ids: set[int] = set()             # the slots it applies to (those named in the call)
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
@@ -211,6 +212,7 @@ class Offload(torch.optim.Optimizer):
         ``.grad``): the next backward starts them afresh.  No round trip."""
         if self._in_backward:
             raise RuntimeError("zero_grad() during a backward pass")
+        self._grads_zeroed = not set_to_none        # (see _update())
         self._micro = 0
         self._backwards = 0
         self._got.clear()
@@ -640,6 +642,7 @@ class Offload(torch.optim.Optimizer):
             for s in b.slots:
                 if s.param.grad is not None:
                     self._got.add(id(s))
+                    s.had_grad = True
                     s.param.grad = None
             if self._deferred:
                 self._note_norms(b)
@@ -715,13 +718,17 @@ class Offload(torch.optim.Optimizer):
         coef = self._clip_coef if clip_now else None
         by_group: dict[int, list[layout.Piece]] = {}
         for pc in pt.pieces:
-            if pc.slot.trainable and pc.slot.group >= 0 and id(pc.slot) in self._got:
+            # torch.optim updates every parameter whose .grad is a tensor: one that got a gradient this step,
+            # or any time before if zero_grad(set_to_none=False) left zeros there
+            if pc.slot.trainable and pc.slot.group >= 0 and (
+                    id(pc.slot) in self._got or (self._grads_zeroed and pc.slot.had_grad)):
                 by_group.setdefault(pc.slot.group, []).append(pc)
         for gi, todo in sorted(by_group.items()):
             masters = [pc.view(maps["w"], "w") if b.mixed else pc.of(pc.slot.view(pflat, "p")) for pc in todo]
             grads = []
             for pc in todo:
                 g = pc.view(maps["g"], "g")
+                g = g if id(pc.slot) in self._got else torch.zeros_like(g)     # (g may be an older step's)
                 if coef is not None and id(pc.slot) in self._clip_ids:
                     g = g.mul(coef)             # clip_grad_norm_'s g.mul_(clip_coef_clamped), on a copy
                 grads.append(g.float())         # no copy when already float32

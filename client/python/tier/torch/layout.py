@@ -73,6 +73,7 @@ class Slot:
     trainable: bool
     group: int = 0                # its parameter group (the step rule's hyperparameters)
     steps: int = 0                # optimizer updates it has had (torch.optim's state "step")
+    had_grad: bool = False        # a backward gave it a gradient (torch: its .grad is a tensor from then on)
 
     def view(self, flat: torch.Tensor, kind: str) -> torch.Tensor:
         """This parameter's part of ``flat``, the uint8 mapping of the block's tensor ``kind``."""

@@ -12,7 +12,9 @@ code, so that the bits are those ``torch.optim`` computes.
 Each parameter counts its own updates (``Slot.steps``), as ``torch.optim``
 keeps a per-parameter "step": a parameter that got no gradient in a step
 is not updated (and its count does not move), as ``torch.optim`` skips a
-parameter whose ``.grad`` is None.
+parameter whose ``.grad`` is None; unless the last ``zero_grad()`` left
+zeros there (``set_to_none=False``) after an earlier gradient: then it is
+updated with zeros, as torch is.
 """
 
 from __future__ import annotations
