@@ -151,6 +151,8 @@ static void tensor_drop_image(Tensor *t) {
 static void tensor_destroy_final(Tensor *t) {
         Job *j = t->job;
 
+        /* its record in the memory store goes: one with no copy (a dead tensor's) has no copy_free() to do it */
+        memstore_note(j->registry->memstore, t);
         tensor_drop_image(t);
         list_del(&t->job_link);
         j->n_tensors--;

@@ -540,6 +540,70 @@ static void test_store_table_fails(void **state) {
         d.fd_store = false;
 }
 
+/* Records in use (a seq set) in the newest sound table the store holds. */
+static unsigned records_in_use(void) {
+        const size_t records_at = 8192, rec_size = 512;        /* as in tear_stored_tables() */
+        uint32_t n_records = 0;
+        unsigned used = 0;
+        uint64_t gen;
+        int fd;
+
+        assert_true(stored_tables(&fd, &gen) >= 1);
+        assert_int_equal(pread(fd, &n_records, sizeof(n_records), 16), (ssize_t) sizeof(n_records));
+        for (uint32_t r = 0; r < n_records; r++) {
+                uint64_t seq = 0;
+
+                assert_int_equal(pread(fd, &seq, sizeof(seq), (off_t) (records_at + r * rec_size)),
+                                 (ssize_t) sizeof(seq));
+                used += seq != 0;
+        }
+        return used;
+}
+
+/*
+ * A tensor that its plan made dead (its next access writes it whole: its
+ * copies went) keeps a record in the memory store's table, which says so.
+ * Destroyed, it gives the record back: it used to keep its slot until tierd
+ * stopped, and after 65536 such slots no tensor's memory was kept any more.
+ */
+static void test_store_dead_tensor_record_freed(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *x = NULL, *y = NULL;
+        tier_plan *p = NULL;
+        struct tier_stat st;
+        unsigned dead_there;
+        bool sent;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "dead", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(tier_tensor_create(c, "y", MiB, &y), 0);
+        assert_int_equal(write_host(x, 0x21, &sent), 0);
+        assert_int_equal(write_host(y, 0x22, &sent), 0);
+        /* x read in phase 0, written whole in phase 3: dead once phase 0 is over (the plan ends in phase 1) */
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, x, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 2, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 3, x, TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_tensor_stat(y, &st), 0);          /* a request: tierd has read marker 1 */
+        assert_true(test_daemon_log_contains(&d, "'x' of job 'dead' is dead until its next write"));
+        dead_there = records_in_use();
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        assert_int_equal(records_in_use(), dead_there - 1);
+        assert_int_equal(tier_tensor_destroy(y), 0);
+        assert_int_equal(records_in_use(), dead_there - 2);
+        tier_client_free(c);
+        d.fd_store = false;
+}
+
 /* Cut short, as a kill in the middle of its write would, every record in use of the tables in the store. */
 static unsigned tear_stored_tables(void) {
         const size_t records_at = 8192;         /* memstore.c: a page of header, a page of inodes (12 segments) */
@@ -623,6 +687,7 @@ int main(void) {
                 cmocka_unit_test(test_write_only_ghost_twice),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
+                cmocka_unit_test(test_store_dead_tensor_record_freed),
                 cmocka_unit_test(test_store_torn_or_reshaped),
                 cmocka_unit_test(test_kill_at_every_step),
                 cmocka_unit_test(test_torn_record_at_every_write),
