@@ -400,6 +400,12 @@ void book_version(Book *b, Tensor *t) {
                 t->book_state = BOOK_T_NEWER;
 }
 
+void book_version_back(Book *b, Tensor *t) {
+        if (t->book_state == BOOK_T_NEWER)
+                t->book_state = BOOK_T_NONE;    /* the newer version it recorded is not the newest any more */
+        book_version(b, t);
+}
+
 void book_image(Book *b, Tensor *t) {
         Wr w = { b };
 

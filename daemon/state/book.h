@@ -88,6 +88,13 @@ uint64_t book_nvme(Book *b, Tensor *t, uint64_t version);
  * NVMe (lost if tierd stops before a write-down, unless memory survives).
  */
 void book_version(Book *b, Tensor *t);
+/*
+ * book_version_back() - @t's newest data went back to an older version that
+ * lies in memory (a write-only pin cut off by tierd's death, reverted):
+ * book_version() even where the book recorded a newer one already, so that
+ * a next start looks for that version in memory, not the one that is gone.
+ */
+void book_version_back(Book *b, Tensor *t);
 
 /* @t's committed version now lies in its image (Tensor.base): a newer one was written. */
 void book_image(Book *b, Tensor *t);

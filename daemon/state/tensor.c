@@ -454,9 +454,14 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
                 snprintf(now, sizeof(now), "lost (its reads fail with ENODATA until it is written whole)");
                 level = LOG_WARNING;
         }
-        /* the index: what NVMe holds, or zeros, is the newest again; memory's (or dead) is NEWER, as it says */
+        /*
+         * The index: what NVMe holds, or zeros, is the newest again; a memory copy
+         * is NEWER, at the version before (it said the pin's); dead or lost: as it says.
+         */
         if (!t->lost && !t->dead && (before == 0 || from == LEVEL_NVME))
                 book_restored(t->job->registry->book, t);
+        else if (!t->lost && !t->dead)
+                book_version_back(t->job->registry->book, t);
         tensor_free_stale(t);
         tensor_note(t);
         log_tensor(level, 0, t->job->name, t->name, level_to_string(tier),

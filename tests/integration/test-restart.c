@@ -437,6 +437,54 @@ static void test_write_only_ghost_twice(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * A write-only pin's copy put back after a SIGKILL, then reverted when its
+ * job's client attaches (it names no write): the tensor is at the version
+ * before again, whose copy lies in host.  tierd killed once more, the next
+ * start finds that copy: the index said the pin's version was the newest,
+ * so the copy of the version before was refused and the tensor called lost.
+ */
+static void test_write_only_ghost_reverted_then_killed(void **state) {
+        tier_client *c = NULL, *c2 = NULL, *c3 = NULL;
+        tier_tensor *x = NULL;
+        struct tier_grant g;
+        bool sent;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "reverted", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(write_host(x, 0x44, &sent), 0);         /* version 1, in host only */
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_WRITE, &g), 0);      /* reserved: its room holds no bytes */
+        memset(g.ptr, 0x99, g.length / 2);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_tensor_close(x);
+        tier_client_free(c);
+
+        /* a new client, which names no write: back at version 1, its copy in host */
+        assert_int_equal(tier_client_new(d.socket, "reverted", 0, &c2), 0);
+        assert_int_equal(tier_tensor_open(c2, "x", &x), 0);
+        assert_true(test_daemon_log_contains(&d, "back at the version before (its copy in host)"));
+        tier_tensor_close(x);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        tier_client_free(c2);
+        spawn();
+
+        assert_int_equal(tier_client_new(d.socket, "reverted", 0, &c3), 0);
+        assert_int_equal(tier_tensor_open(c3, "x", &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x, g.ptr, 0x44));
+        assert_int_equal(tier_unpin(x, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c3);
+        d.fd_store = false;
+}
+
 /* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
 static uint64_t table_generation(int fd) {
         char magic[8];
@@ -685,6 +733,7 @@ int main(void) {
                 cmocka_unit_test(test_stop_and_kill),
                 cmocka_unit_test(test_kill_with_fd_store),
                 cmocka_unit_test(test_write_only_ghost_twice),
+                cmocka_unit_test(test_write_only_ghost_reverted_then_killed),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
                 cmocka_unit_test(test_store_dead_tensor_record_freed),
