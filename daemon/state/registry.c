@@ -210,9 +210,10 @@ void job_destroy(Job *j) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                /* no connection is left to hold a pin or a plan: whatever remains goes */
+                /* no connection is left to hold a pin or a plan: whatever remains goes (a ghost's: memstore.c) */
                 for (int i = 0; i < TIERS; i++)
-                        t->copy[i].pins = 0;
+                        for (; t->copy[i].pins > 0; t->copy[i].pins--)
+                                tensor_pin_account(t, i, -1);
                 t->plan_refs = 0;
                 (void) tensor_free(t);
         }

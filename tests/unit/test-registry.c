@@ -789,9 +789,21 @@ static void test_ghost_write_only(void **state) {
                 job_destroy(j4);
         }
 
+        /* a rank that never comes back: its ghost is held until the job ends, then goes */
+        {
+                Job *j5;
+
+                assert_int_equal(job_new(m->registry, "j5", 0, &j5), 0);
+                assert_int_equal(ghost(m, j5, "gone", true, 7)->copy[LEVEL_HOST].pins, 1);
+                assert_int_equal(m->registry->pinned[LEVEL_HOST], 1 * MiB);
+                job_destroy(j5);
+        }
         job_destroy(j3);
         job_destroy(j2);
         job_destroy(j);
+        /* the ghosts still held (another rank's) go with their jobs, and so do their pinned bytes */
+        for (int tier = 0; tier < TIERS; tier++)
+                assert_int_equal(m->registry->pinned[tier], 0);
         fixture_free(m);
 }
 
