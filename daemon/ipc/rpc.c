@@ -537,6 +537,16 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
                 return 0;
         if (!tier_ok(tier))
                 return conn_reply_error(c, seq, -EINVAL, "invalid tier %d", tier);
+        /* an async pin of it whose bytes are still coming: its op holds that pin until they are there */
+        list_for_each_safe(n, tmp, &c->pending) {
+                const Pending *p = list_entry(n, Pending, link);
+
+                if (p->kind == TIER__REQUEST__OP_PIN && p->op && p->op->pinned && p->op->tensor == t &&
+                    p->op->tier == tier)
+                        return conn_reply_error(c, seq, -EBUSY, "tensor '%s' in %s: the bytes of its async pin are "
+                                                "still coming: wait for its fence (tier_fence_wait()), then unpin",
+                                                t->name, level_to_string(tier));
+        }
         if (u->ipc_event.len > 0) {
                 const Copy *cp = &t->copy[tier];
 

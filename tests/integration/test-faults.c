@@ -668,6 +668,49 @@ static void test_rollback_connection_gone_while_waiting(void **state) {
         assert_int_equal(wait_child(evict), 0);
 }
 
+/*
+ * An unpin while the bytes of the connection's async pin are still coming
+ * (the read held back a minute) is refused, and changes nothing: the pin
+ * the op holds is the op's until the bytes are there.  It used to drop that
+ * pin, and the op dropped it again when it ended (here: its connection
+ * went), so the count of pins wrapped below zero and the tensor could never
+ * be freed; with another connection's pin in between, its copy counted as
+ * unpinned while that one wrote into it.
+ */
+static void test_unpin_before_async_pin_refused(void **state) {
+        struct tier_grant g;
+        struct tier_stat st;
+        tier_fence f;
+        tier_client *c2;
+        tier_tensor *v2;
+        World w;
+
+        (void) state;
+        world_start(&w, "nvme-delay:job=victim,ms=60000,after=1,count=1", false);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);        /* the one write not held */
+        assert_int_equal(state_of(w.v, TIER_HOST), 0);
+        assert_int_equal(tier_pin_async(w.v, TIER_HOST, TIER_READ, &g, &f), 0);
+        wait_log_count(&w, "Injected fault nvme-delay", 0, 30000);
+        assert_int_equal(tier_unpin(w.v, TIER_HOST, 0), -EBUSY);
+        assert_error_contains(w.vc, "the bytes of its async pin are still coming");
+        assert_int_equal(tier_tensor_stat(w.v, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 1);
+        /* its connection goes: the op's pin goes with it, once */
+        tier_tensor_close(w.v);
+        tier_client_free(w.vc);
+        assert_int_equal(tier_client_new(w.d.socket, "victim", 1, &c2), 0);
+        assert_int_equal(tier_tensor_open(c2, "v", &v2), 0);
+        assert_int_equal(tier_tensor_stat(v2, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 0);
+        assert_int_equal(tier_tensor_destroy(v2), 0);
+        tier_client_free(c2);
+        tier_tensor_close(w.b);
+        tier_client_free(w.bc);
+        /* the held-back transfer would keep a clean stop a minute */
+        (void) test_daemon_kill(&w.d, SIGKILL, 10000);
+        test_daemon_cleanup(&w.d);
+}
+
 static void test_invalid_spec(void **state) {
         TestDaemon d;
         TestDaemonOptions o = { .wait_ready = true };
@@ -701,6 +744,7 @@ int main(void) {
                 cmocka_unit_test(test_rollback_waits_for_transfers),
                 cmocka_unit_test(test_rollback_refused_while_pinned),
                 cmocka_unit_test(test_rollback_connection_gone_while_waiting),
+                cmocka_unit_test(test_unpin_before_async_pin_refused),
                 cmocka_unit_test(test_invalid_spec),
         };
 
