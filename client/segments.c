@@ -341,19 +341,32 @@ fail:
 int segment_resolve(tier_client *c, tier_tensor *t, int tier, uint64_t length, const ViewPiece *pieces, size_t n,
                     struct tier_grant *ret) {
         _cleanup_free_ ClientSegment **segs = NULL;
+        _cleanup_free_ size_t *at = NULL;
+        uint64_t total = 0;
         ClientView *v;
         int r;
 
         if (n == 0)
                 return client_error(c, -EPROTO, "tierd granted a copy of no pieces");
         segs = calloc(n, sizeof(ClientSegment *));
-        if (!segs)
+        at = calloc(n, sizeof(size_t));
+        if (!segs || !at)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
-                r = piece_segment(c, &pieces[i], &segs[i]);
+                ClientSegment *seg = NULL;
+
+                r = piece_segment(c, &pieces[i], &seg);
                 if (r < 0)
                         return r;
+                at[i] = (size_t) (seg - c->segments);
+                total += pieces[i].length;
         }
+        /* only now the pointers: a later piece's segment, fetched, may have moved the array (segment_reserve()) */
+        for (size_t i = 0; i < n; i++)
+                segs[i] = &c->segments[at[i]];
+        if (n > 1 && total < length)
+                return client_error(c, -EPROTO, "a grant of %" PRIu64 " bytes in pieces for a tensor of %" PRIu64,
+                                    total, length);
         if (n == 1) {
                 if (pieces[0].length < length)
                         return client_error(c, -EPROTO, "a grant of %" PRIu64 " bytes for a tensor of %" PRIu64,
@@ -389,7 +402,6 @@ int segment_resolve(tier_client *c, tier_tensor *t, int tier, uint64_t length, c
 
 int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, struct tier_grant *ret) {
         _cleanup_free_ ViewPiece *pieces = NULL;
-        uint64_t total = 0;
 
         /*
          * The job will touch the tensor's size from the grant's address (tier.h: length is the
@@ -409,18 +421,13 @@ int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, 
         pieces = calloc(g->n_pieces, sizeof(ViewPiece));
         if (!pieces)
                 return -ENOMEM;
-        for (size_t i = 0; i < g->n_pieces; i++) {
+        for (size_t i = 0; i < g->n_pieces; i++)
                 pieces[i] = (ViewPiece) {
                         .segment = g->pieces[i]->segment,
                         .generation = g->pieces[i]->generation,
                         .offset = g->pieces[i]->offset,
                         .length = g->pieces[i]->length,
                 };
-                total += pieces[i].length;
-        }
-        if (total < g->length)
-                return client_error(c, -EPROTO, "a grant of %" PRIu64 " bytes in pieces for a tensor of %" PRIu64,
-                                    total, g->length);
         return segment_resolve(c, t, (int) g->tier, g->length, pieces, g->n_pieces, ret);
 }
 

@@ -128,6 +128,42 @@ static long long link_bytes(const json_t *status, const char *name) {
 
 /* ---- tensors larger than a segment: one range for the client, striped on NVMe, in VRAM ---------- */
 
+/*
+ * A tensor of more segments than one answer brings (WIRE_MAX_FDS, 16), pinned
+ * by a client that has seen none of them: its 17th segment is fetched while
+ * the grant is resolved, which grows the client's table of segments.  The
+ * pieces resolved before pointed into the table as it was: with ASan, a
+ * use after free; else a grant refused (-EPROTO) or mapped wrong.
+ */
+static const char MANY_SEGMENTS_CONFIG[] =
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 2M\n"
+        "job_limit = 64M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 8M\n"
+        "chunk_size = 2M\n"
+        "job_limit = 8M\n";
+
+static void test_more_segments_than_one_answer(void **state) {
+        const uint64_t size = 17 * 2 * MiB;
+        tier_client *c;
+        tier_tensor *t;
+
+        if (under_valgrind()) {
+                print_message("skipped: valgrind cannot map a tensor that spans segments (mremap, old size 0)\n");
+                skip();
+        }
+        start(MANY_SEGMENTS_CONFIG);
+        c = connect_job("many");
+        t = create(c, "t", size);
+        write_pattern(t, 5, TIER_HOST);
+        check_pattern(t, 5, TIER_HOST);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 static const char LARGE_CONFIG[] =
         "[host]\n"
         "capacity = 1280M\n"
@@ -594,6 +630,7 @@ static void test_churn(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_large_tensors, stop),
+                cmocka_unit_test_teardown(test_more_segments_than_one_answer, stop),
                 cmocka_unit_test_teardown(test_no_space_causes, stop),
                 cmocka_unit_test_teardown(test_write_only_pin, stop),
                 cmocka_unit_test_teardown(test_full_below, stop),
