@@ -116,17 +116,22 @@ static void drop_connection(tier_client *c) {
         c->seq = 0;
 }
 
-/* Open every handle again by name; a tensor the new tierd lacks marks its handle gone. */
+/*
+ * Open every handle again by name; a tensor the new tierd lacks, or has of
+ * another size (another one of that name: its handle's grants would not fit),
+ * marks its handle gone.
+ */
 static int reopen_tensors(tier_client *c, unsigned *ret_gone) {
         unsigned gone = 0;
 
         for (tier_tensor *t = c->tensors; t; t = t->next) {
+                uint64_t size = 0;
                 int r;
 
                 if (t->gone)
                         continue;
-                r = tensor_open_raw(c, t->name, &t->id, NULL);
-                if (r == -ENOENT) {
+                r = tensor_open_raw(c, t->name, &t->id, &size);
+                if (r == -ENOENT || (r >= 0 && size != t->size)) {
                         t->gone = true;
                         gone++;
                         continue;

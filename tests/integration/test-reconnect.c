@@ -322,6 +322,36 @@ static void test_timeout_and_stale(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A tensor another connection of the job destroyed and made again, smaller,
+ * under the same name: after tierd restarted, the handle of the old one is
+ * gone (-ESTALE), not bound to the new one by name (its size, and so its
+ * grants, would be the old one's: past the new tensor's bytes).
+ */
+static void test_stale_by_size(void **state) {
+        tier_client *a = connect_job("resized", 30000), *b = connect_job("resized", 0);
+        tier_tensor *aw = NULL, *bw = NULL;
+        struct tier_stat st;
+
+        assert_int_equal(tier_tensor_create(a, "w", MiB, &aw), 0);
+        assert_int_equal(tier_tensor_open(b, "w", &bw), 0);
+        assert_int_equal(tier_tensor_destroy(bw), 0);
+        assert_int_equal(tier_tensor_create(b, "w", MiB / 2, &bw), 0);
+        tier_tensor_close(bw);
+        tier_client_free(b);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 20000), 0);
+        spawn();
+        assert_int_equal(tier_tensor_stat(aw, &st), -ERESTART);
+        assert_int_equal(tier_tensor_stat(aw, &st), -ESTALE);
+        assert_int_equal(tier_tensor_size(aw), MiB);
+        tier_tensor_close(aw);
+        /* the new one, opened by name, is the new one */
+        assert_int_equal(tier_tensor_open(a, "w", &aw), 0);
+        assert_int_equal(tier_tensor_size(aw), MiB / 2);
+        assert_int_equal(tier_tensor_destroy(aw), 0);
+        tier_client_free(a);
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -338,6 +368,7 @@ int main(void) {
                 cmocka_unit_test(test_stop_with_a_pin),
                 cmocka_unit_test(test_stop_without_reconnecting),
                 cmocka_unit_test(test_timeout_and_stale),
+                cmocka_unit_test(test_stale_by_size),
         };
 
         if (!test_can_lock_memory(16 * MiB))
