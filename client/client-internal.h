@@ -151,6 +151,7 @@ struct tier_client {
         uint64_t n_failures;
 
         tier_tensor *tensors;           /* open handles, invalidated by tier_client_free() */
+        uint64_t handle_serial;         /* the last tier_tensor.serial handed out */
 
         uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
         char last_error[CLIENT_ERROR_MAX];
@@ -194,6 +195,7 @@ struct tier_tensor {
         tier_tensor *prev, *next;       /* in client->tensors */
         uint64_t id;
         uint64_t size;
+        uint64_t serial;                /* this handle's number in its client (never reused): plans.c */
         char *name;
         ClientView views[2];            /* per tier (vram, host): a copy that spans segments */
 };

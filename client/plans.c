@@ -45,8 +45,8 @@ typedef struct PlanEntry {
         uint32_t phase;
         uint32_t tier;
         uint32_t mode;
-        uint64_t tensor;
-        tier_tensor *handle;
+        tier_tensor *handle;    /* compared only, until tier_plan_submit() finds it open (with its serial) */
+        uint64_t serial;
 } PlanEntry;
 
 struct tier_plan {
@@ -102,7 +102,7 @@ _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tie
                 p->cap = cap;
         }
         p->entries[p->n++] = (PlanEntry) {
-                .phase = phase, .tier = (uint32_t) tier, .mode = (uint32_t) mode, .tensor = t->id, .handle = t,
+                .phase = phase, .tier = (uint32_t) tier, .mode = (uint32_t) mode, .handle = t, .serial = t->serial,
         };
         p->n_phases = MAX(p->n_phases, phase + 1);
         return 0;
@@ -129,6 +129,23 @@ _public_ int tier_plan_submit(tier_plan *p) {
                 return client_error(c, -EBUSY, "this client already runs a plan");
         if (p->n == 0)
                 return client_error(c, -EINVAL, "the plan is empty");
+        /*
+         * Each access's handle must still be open (its tensor's id is read now: a
+         * reconnect since tier_plan_add() renumbers them), and its tensor there.
+         */
+        for (size_t i = 0; i < p->n; i++) {
+                const tier_tensor *h = NULL;
+
+                for (const tier_tensor *t = c->tensors; t && !h; t = t->next)
+                        if (t == p->entries[i].handle && t->serial == p->entries[i].serial)
+                                h = t;
+                if (!h)
+                        return client_error(c, -EINVAL, "the plan's access %zu (phase %u) names a tensor "
+                                            "whose handle was closed since tier_plan_add()", i, p->entries[i].phase);
+                if (h->gone)
+                        return client_error(c, -ESTALE, "the plan's tensor '%s' is gone (tierd restarted without "
+                                            "it)", h->name);
+        }
 
         /* sort entries by phase (stable), so each phase's accesses are contiguous */
         {
@@ -161,7 +178,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
                 Tier__PlanPhase *ph = &phases[e->phase];
 
                 tier__plan_access__init(&acc[i]);
-                acc[i].tensor = e->tensor;
+                acc[i].tensor = e->handle->id;
                 acc[i].tier = (Tier__Tier) e->tier;
                 acc[i].mode = e->mode;
                 accp[i] = &acc[i];

@@ -114,6 +114,7 @@ static int tensor_from_reply(tier_client *c, Packet *p, const char *name, tier_t
         }
 
         t->client = c;
+        t->serial = ++c->handle_serial;
         t->next = c->tensors;
         if (c->tensors)
                 c->tensors->prev = t;

@@ -293,6 +293,22 @@ static void test_plan_over_quota_refused(void **state) {
         /* no plan: markers are refused */
         assert_int_equal(tier_phase_enter(c, 0), -EINVAL);
 
+        /* a handle closed between tier_plan_add() and the submit: refused by the client, nothing sent */
+        {
+                tier_tensor *again = NULL;
+
+                assert_int_equal(tier_tensor_open(c, "x7", &again), 0);
+                assert_int_equal(tier_plan_new(c, &plan), 0);
+                assert_int_equal(tier_plan_add(plan, 0, t[6], TIER_HOST, TIER_READ), 0);
+                assert_int_equal(tier_plan_add(plan, 1, again, TIER_HOST, TIER_READ), 0);
+                tier_tensor_close(again);
+                assert_int_equal(tier_plan_submit(plan), -EINVAL);
+                assert_non_null(strstr(tier_client_last_error(c), "access 1 (phase 1) names a tensor whose handle "
+                                       "was closed"));
+                tier_plan_free(plan);
+                assert_int_equal(tier_phase_enter(c, 0), -EINVAL);      /* no plan runs */
+        }
+
         /* a tensor named by a running plan cannot be destroyed */
         assert_int_equal(tier_plan_new(c, &plan), 0);
         assert_int_equal(tier_plan_add(plan, 0, t[0], TIER_HOST, TIER_READ), 0);
