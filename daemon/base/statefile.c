@@ -139,7 +139,7 @@ static void aside_prune(int dir_fd, const char *base) {
         if (snprintf(prefix, sizeof(prefix), "%s.corrupt.", base) >= (int) sizeof(prefix))
                 return;
         plen = strlen(prefix);
-        fd = dup(dir_fd);
+        fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 3);
         if (fd < 0)
                 return;
         d = fdopendir(fd);
