@@ -49,8 +49,8 @@
 #define OUTQ_BYTES_MAX (64u << 20)
 /* Packets read per wakeup, so that one chatty client cannot starve the rest. */
 #define READ_BATCH 32
-/* Supplementary groups of a peer looked at (SO_PEERGROUPS); a larger list is cut. */
-#define PEER_GROUPS_MAX 256
+/* The first try at a peer's supplementary groups (SO_PEERGROUPS); the kernel says when it needs more. */
+#define PEER_GROUPS_FIRST 64
 
 static void outq_free(OutPacket *p) {
         wire_close_fds(p->fds, p->n_fds);
@@ -389,18 +389,38 @@ void conn_shutdown(Conn *c) {
                 conn_close(c);
 }
 
+int conn_peer_groups(const Conn *c, gid_t **ret) {
+        socklen_t len = PEER_GROUPS_FIRST * sizeof(gid_t);
+
+        /* the kernel answers ERANGE with the length it needs (at most NGROUPS_MAX groups) */
+        for (;;) {
+                gid_t *groups = malloc(len);
+                socklen_t got = len;
+
+                if (!groups)
+                        return -ENOMEM;
+                if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &got) == 0) {
+                        *ret = groups;
+                        return (int) (got / sizeof(gid_t));
+                }
+                free(groups);
+                if (errno != ERANGE || got <= len || got > NGROUPS_MAX * sizeof(gid_t))
+                        return errno == ENOPROTOOPT ? 0 : -errno;
+                len = got;
+        }
+}
+
 bool conn_peer_in_group(const Conn *c, gid_t gid) {
-        gid_t groups[PEER_GROUPS_MAX];
-        socklen_t len = sizeof(groups);
+        _cleanup_free_ gid_t *groups = NULL;
+        int n;
 
         if (c->gid == gid)
                 return true;
-        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
-                return false;
-        for (size_t i = 0; i < len / sizeof(gid_t); i++)
+        n = conn_peer_groups(c, &groups);
+        for (int i = 0; i < n; i++)
                 if (groups[i] == gid)
                         return true;
-        return false;
+        return false;   /* (groups that cannot be read: none, an admin check fails closed) */
 }
 
 int conn_new(Server *s, int fd, uid_t uid, gid_t gid, pid_t pid, Conn **ret) {

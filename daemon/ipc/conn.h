@@ -114,3 +114,9 @@ bool conn_segment_known(const Conn *c, uint32_t wire_id, uint32_t generation);
 void conn_segment_forget(Conn *c, uint32_t wire_id);
 /* Is the peer a member of group @gid (its primary group or a supplementary one, SO_PEERGROUPS)? */
 bool conn_peer_in_group(const Conn *c, gid_t gid);
+/*
+ * The peer's supplementary groups, all of them (SO_PEERGROUPS): their
+ * number, the list malloc'ed in *@ret (0 and nothing when the kernel keeps
+ * none or cannot say), or -errno.
+ */
+int conn_peer_groups(const Conn *c, gid_t **ret);

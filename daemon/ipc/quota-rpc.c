@@ -33,21 +33,16 @@
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 
-/* Most supplementary groups of a peer looked at (SO_PEERGROUPS). */
-#define QUOTA_PEER_GROUPS 256
-
-/* The peer's supplementary groups (up to @n); 0 when the kernel does not say. */
-static size_t peer_groups(const Conn *c, gid_t *groups, size_t n) {
-        socklen_t len = (socklen_t) (n * sizeof(gid_t));
-
-        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
-                return 0;
-        return len / sizeof(gid_t);
-}
-
 int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
-        gid_t groups[QUOTA_PEER_GROUPS];
-        size_t n = peer_groups(c, groups, ELEMENTSOF(groups));
+        _cleanup_free_ gid_t *groups = NULL;
+        int n = conn_peer_groups(c, &groups);
+
+        if (n < 0) {
+                /* a job made without its groups would escape their quotas */
+                (void) snprintf(why, size, "cannot read the groups of the peer (uid %u): %s", (unsigned) c->uid,
+                                strerror(-n));
+                return n;
+        }
 
         /*
          * An admin's jobs have no uid_share (a [quota] total still holds),
@@ -55,7 +50,7 @@ int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
          * itself (the demo, a test suite run as nobody) serves that user alone.
          */
         j->admin = rpc_conn_is_admin(rpc, c) || c->uid == geteuid();
-        return quota_job_created(rpc->quotas, j, c->gid, groups, n, why, size);
+        return quota_job_created(rpc->quotas, j, c->gid, groups, (size_t) n, why, size);
 }
 
 static int reply_quota(const Rpc *rpc, Conn *c, uint64_t seq, QuotaKind kind, uint32_t id, const char *job,

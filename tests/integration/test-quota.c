@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +174,44 @@ static void test_uid_default_applies(void **state) {
         assert_true(test_daemon_log_contains(&daemon_, "Job 'fresh' quota: vram max 8.0 MiB (from: group"));
         assert_true(test_daemon_log_contains(&daemon_, "host max 24.0 MiB (from: uid"));
         tier_client_free(c);
+}
+
+/*
+ * A peer in more supplementary groups than the first look at them holds
+ * (here 300, the test's group the last): its group's quota applies all the
+ * same.  SO_PEERGROUPS refuses a short buffer (ERANGE) rather than cutting
+ * the list, so such a peer used to count as in no group: its jobs escaped
+ * their group's quotas, and an admin group did not count.
+ */
+static void test_many_groups(void **state) {
+        int st;
+        pid_t pid;
+
+        if (!is_root("test_many_groups (setgroups)"))
+                return;
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                gid_t groups[300];
+                tier_client *c = NULL;
+
+                for (unsigned i = 0; i < 299; i++)
+                        groups[i] = 40000 + i;
+                groups[299] = getgid();
+                /* the test's group only as the last supplementary one (uid 0 stays: the socket is root's) */
+                if (setgroups(300, groups) < 0 || setresgid(65534, 65534, 65534) < 0)
+                        _exit(3);
+                if (tier_client_new(daemon_.socket, "many-groups", 0, &c) < 0)
+                        _exit(4);
+                if (tier_client_limit(c, TIER_VRAM) != 8 * MiB)         /* the group's, not the 16M default */
+                        _exit(5);
+                tier_client_free(c);
+                _exit(0);
+        }
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'many-groups' quota: vram max 8.0 MiB (from: group"));
 }
 
 /* ---- precedence, field by field, through tierctl's JSON --------------------------------------------- */
@@ -673,6 +712,7 @@ static void test_total_set(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_uid_default_applies, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_many_groups, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_precedence, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_live_change, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
