@@ -64,6 +64,14 @@ static void spawn(void) {
         assert_int_equal(test_daemon_spawn(&d, &o), 0);
 }
 
+/* A fresh tierd with the fd store, its table stored. */
+static void spawn_with_store(void) {
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+}
+
 static void name_of(unsigned i, char *buf, size_t size) {
         snprintf(buf, size, "t%u", i);
 }
@@ -350,10 +358,7 @@ static void test_kill_with_fd_store(void **state) {
         struct tier_grant g, go;
         struct tier_stat st;
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        spawn_with_store();
         assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-host-", host_segs, 10000), 0);
         assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-vram-", vram_segs, 10000), 0);
 
@@ -405,10 +410,7 @@ static void test_write_only_ghost_twice(void **state) {
         struct tier_grant g;
         bool sent;
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        spawn_with_store();
         assert_int_equal(tier_client_new(d.socket, "twice", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
         assert_int_equal(write_host(x, 0x33, &sent), 0);
@@ -450,10 +452,7 @@ static void test_write_only_ghost_reverted_then_killed(void **state) {
         struct tier_grant g;
         bool sent;
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        spawn_with_store();
         assert_int_equal(tier_client_new(d.socket, "reverted", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
         assert_int_equal(write_host(x, 0x44, &sent), 0);         /* version 1, in host only */
@@ -622,10 +621,7 @@ static void test_store_dead_tensor_record_freed(void **state) {
         unsigned dead_there;
         bool sent;
 
-        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
-        d.fd_store = true;
-        spawn();
-        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        spawn_with_store();
         assert_int_equal(tier_client_new(d.socket, "dead", 0, &c), 0);
         assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
         assert_int_equal(tier_tensor_create(c, "y", MiB, &y), 0);

@@ -504,60 +504,45 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")
         eng.close(restore=False)
 
-    def test_moe_layer_as_one_block(self) -> None:
-        """The MoE layer as one block (no_split_module_classes): exact against plain PyTorch, whose
-        AdamW skips an idle expert's parameters (grad None, as zero_grad(set_to_none=True) leaves them)."""
+    def moe_as_one_block(self, data, zero_grad: bool) -> "tier.torch.Offload":
+        """The MoE layer as one block (no_split_module_classes), trained on ``data`` against plain PyTorch
+        whose zero_grad() sets .grad to None (``zero_grad`` False: the engine's loop calls none) or to
+        zeros (True: the engine's loop calls model.zero_grad(), as Hugging Face's Trainer does): exact."""
         import tier.torch
 
         torch.manual_seed(2)
         m = MoEModel()
-        data = [moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0)]
         ref = copy.deepcopy(m)
-        ref_losses = run_plain(ref, data, lm_loss, set_to_none=True)
-        c = self.client()
-        eng = tier.torch.Offload(m, c, placement="C", no_split_module_classes=["MoE"])
-        names = {id(mod): n for n, mod in m.named_modules()}
-        self.assertEqual([names[id(b.module)] for b in eng.blocks], ["emb", "moe", "head"])
+        ref_losses = run_plain(ref, data, lm_loss, set_to_none=not zero_grad)
+        eng = tier.torch.Offload(m, self.client(), placement="C", no_split_module_classes=["MoE"])
         losses = []
         torch.manual_seed(11)
         for x in data:
             loss = lm_loss(m, x)
             loss.backward()
             eng.step()
+            if zero_grad:
+                m.zero_grad()
             losses.append(loss.item())
         sd = eng.parameters_state_dict()
         eng.close()
         self.assertEqual(losses, ref_losses)
         for n, p in ref.named_parameters():
             self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
+        return eng
+
+    def test_moe_layer_as_one_block(self) -> None:
+        """An idle expert's parameters are skipped, as plain AdamW skips a .grad of None."""
+        eng = self.moe_as_one_block([moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0)], zero_grad=False)
+        names = {id(mod): n for n, mod in eng.model.named_modules()}
+        self.assertEqual([names[id(b.module)] for b in eng.blocks], ["emb", "moe", "head"])
 
     def test_moe_idle_expert_with_zeroed_grads(self) -> None:
         """torch 1.13's zero_grad() leaves zeros in .grad (set_to_none=False): plain AdamW then updates an
-        idle expert too (its moments decay, weight decay applies).  The engine does the same after its own
-        or the model's zero_grad() (Hugging Face's Trainer calls model.zero_grad()), exactly."""
-        import tier.torch
-
-        torch.manual_seed(2)
-        m = MoEModel()
-        data = [moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0), moe_batch(8, 3)]
-        ref = copy.deepcopy(m)
-        ref_losses = run_plain(ref, data, lm_loss, set_to_none=False)
-        c = self.client()
-        eng = tier.torch.Offload(m, c, placement="C", no_split_module_classes=["MoE"])
-        losses = []
-        torch.manual_seed(11)
-        for x in data:
-            loss = lm_loss(m, x)
-            loss.backward()
-            eng.step()
-            m.zero_grad()
-            losses.append(loss.item())
-        sd = eng.parameters_state_dict()
-        eng.close()
-        self.assertEqual(losses, ref_losses)
-        for n, p in ref.named_parameters():
-            self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
-
+        idle expert too (its moments decay, weight decay applies), and so does the engine after its own or
+        the model's zero_grad()."""
+        self.moe_as_one_block([moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0), moe_batch(8, 3)],
+                              zero_grad=True)
 
 if __name__ == "__main__":
     tierd.main()
