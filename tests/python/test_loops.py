@@ -427,6 +427,75 @@ class TestLoops(tierd.DaemonTestCase):
         self.assertEqual({k: v for k, v in eng.param_groups[0].items() if k != "params"}, before)
         eng.close()
 
+    def test_engine_load_refusals(self) -> None:
+        """engine.load() refuses, before anything changes, a checkpoint whose parameters sit elsewhere in the
+        parameter groups (their hyperparameters would go to other parameters) or whose buffers differ in
+        shape; it loads the model's persistent buffers only, as model.load_state_dict() does."""
+        def model_with_buffers(n: int) -> torch.nn.Module:
+            torch.manual_seed(4)
+            m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+            m.register_buffer("scale", torch.full((n,), 2.0))
+            m.register_buffer("cache", torch.zeros(3), persistent=False)
+            return m
+
+        def halves(m: torch.nn.Module) -> tuple[list, list]:
+            ps = list(m.parameters())
+            return ps[:2], ps[2:]
+
+        x = torch.randn(2, 8)
+        with tempfile.TemporaryDirectory() as d:
+            m = model_with_buffers(3)
+            a, b = halves(m)
+            eng, _ = self.engine(m, "load-src", [{"params": a, "weight_decay": 0.1}, {"params": b, "weight_decay": 0.0}])
+            m(x).sum().backward()
+            eng.step()
+            eng.save(os.path.join(d, "ck"))
+            eng.close()
+
+            for n, swap, what in ((3, True, "was number 0 of the saved parameter groups, it is number 2"),
+                                  (4, False, r"buffer scale is \(4,\) torch.float32, \(3,\) torch.float32 saved")):
+                m2 = model_with_buffers(n)
+                a2, b2 = halves(m2)
+                first, second = (b2, a2) if swap else (a2, b2)
+                eng2, _ = self.engine(m2, f"load-{n}-{swap}", [{"params": first, "weight_decay": 0.1},
+                                                               {"params": second, "weight_decay": 0.0}])
+                before = eng2.parameters_state_dict()
+                groups = [{k: v for k, v in g.items() if k != "params"} for g in eng2.param_groups]
+                with self.assertRaisesRegex(ValueError, what):
+                    eng2.load(os.path.join(d, "ck"))
+                after = eng2.parameters_state_dict()
+                self.assertTrue(all(torch.equal(before[k], after[k]) for k in before))
+                self.assertEqual([{k: v for k, v in g.items() if k != "params"} for g in eng2.param_groups], groups)
+                self.assertTrue(torch.equal(m2.scale, torch.full((n,), 2.0)))
+                eng2.close()
+
+            m3 = model_with_buffers(3)
+            a3, b3 = halves(m3)
+            eng3, _ = self.engine(m3, "load-ok", [{"params": a3, "weight_decay": 0.1},
+                                                  {"params": b3, "weight_decay": 0.0}])
+            m3.cache.fill_(7.0)
+            eng3.load(os.path.join(d, "ck"))
+            self.assertTrue(torch.equal(m3.cache, torch.full((3,), 7.0)))     # not persistent: not loaded
+            eng3.close()
+
+    def test_optimizer_in_backward_refusals(self) -> None:
+        """optimizer_in_backward=True: a clip or a second forward in the first step is refused at once, before
+        the step's optimizer phases change anything."""
+        x = batches(1)[0]
+        for what in ("clip", "accumulate"):
+            model = lm()
+            eng, _ = self.engine(model, f"oib-{what}", optimizer_in_backward=True)
+            before = {k: v.clone() for k, v in eng.parameters_state_dict().items()}
+            lm_loss(model, x).backward()
+            with self.assertRaisesRegex(RuntimeError, "optimizer_in_backward"):
+                if what == "clip":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+                else:
+                    lm_loss(model, x)
+            after = eng.parameters_state_dict()
+            self.assertTrue(all(torch.equal(before[k], after[k]) for k in before))
+            eng.close()
+
     @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
                      "under a preloaded ASan runtime, the C++ exception libtorch makes of an error raised in an "
                      "autograd hook aborts in ASan's __cxa_throw interceptor, which finds no real __cxa_throw")

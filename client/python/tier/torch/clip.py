@@ -99,6 +99,9 @@ def clip_grad_norm(eng: "Offload", params: Iterable[torch.Tensor], max_norm: flo
             "clip_grad_norm_: tier.torch already applied this step's gradients, in the backward (the first step "
             "called no clip_grad_norm_ and accumulated nothing, so the optimizer runs inside the backward); call "
             "it from the first step on, or make the engine with optimizer_in_backward=False")
+    if eng._mode is None and eng.optimizer_in_backward:
+        raise RuntimeError("clip_grad_norm_ with optimizer_in_backward=True: clipping needs the optimizer after the "
+                           "whole backward (make the engine with optimizer_in_backward=False or None)")
     if eng._in_backward or eng._bwd is not None and eng._in_backward:
         raise RuntimeError("clip_grad_norm_ during a backward pass: call it after backward() and before step()")
     if eng._clip_coef is not None:

@@ -509,11 +509,11 @@ class Offload(torch.optim.Optimizer):
         self._training = torch.is_grad_enabled()
         if not self._training:
             return
-        if self._mode == "fused" and self._micro > 0:
+        if self._micro > 0 and (self._mode == "fused" or (self._mode is None and self.optimizer_in_backward)):
             raise RuntimeError(
-                "a second forward with gradients before step(): the first step ran one forward and backward "
-                "and no clip_grad_norm_, so tier.torch runs the optimizer inside the backward, and this "
-                "micro-batch's gradients cannot be added to the last ones (those were applied already); "
+                "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
+                "(optimizer_in_backward=True, or a first step of one forward and backward and no clip_grad_norm_), "
+                "so this micro-batch's gradients cannot be added to the last ones (those were applied already); "
                 "accumulate from the first step on, or make the engine with optimizer_in_backward=False")
         self._cur = self._micro
         self._micro += 1

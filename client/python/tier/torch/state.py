@@ -273,6 +273,16 @@ def load_optimizer_state_dict(eng: "Offload", sd: dict[str, Any]) -> None:
 
 # ---- streamed checkpoints ------------------------------------------------------------------------
 
+def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's buffers that its state_dict() holds (not those registered with persistent=False)."""
+    out = {}
+    for mn, mod in model.named_modules():
+        for bn, t in mod.named_buffers(recurse=False):
+            if t is not None and bn not in mod._non_persistent_buffers_set:
+                out[f"{mn}.{bn}" if mn else bn] = t
+    return out
+
+
 def save(eng: "Offload", path: str) -> None:
     """meta.pt, buffers.pt and one block-NNNN.pt per block, into a new directory ``path`` (written
     beside it first and renamed into place: a crash leaves the old one or none)."""
@@ -287,7 +297,8 @@ def save(eng: "Offload", path: str) -> None:
             "blocks": [[{"names": s.names, "shape": tuple(s.shape), "dtype": str(s.dtype), "steps": s.steps,
                          "index": index.get(id(s.param))} for s in b.slots] for b in eng.blocks]}
     torch.save(meta, os.path.join(tmp, "meta.pt"))
-    torch.save({n: t.detach().clone() for n, t in eng.model.named_buffers()}, os.path.join(tmp, "buffers.pt"))
+    torch.save({n: t.detach().clone() for n, t in persistent_buffers(eng.model).items()},
+               os.path.join(tmp, "buffers.pt"))
     for b in eng.blocks:
         if not b.slots:
             continue
@@ -320,6 +331,7 @@ def load(eng: "Offload", path: str) -> None:
     if len(meta["blocks"]) != len(eng.blocks):
         raise ValueError(f"{path}: {len(meta['blocks'])} blocks saved, the engine has {len(eng.blocks)} (the same "
                          "model and blocks= are needed)")
+    _, index = _packed_groups(eng)
     for b, saved in zip(eng.blocks, meta["blocks"]):
         if len(saved) != len(b.slots):
             raise ValueError(f"{path}: {b.label} had {len(saved)} parameters, it has {len(b.slots)}")
@@ -327,19 +339,32 @@ def load(eng: "Offload", path: str) -> None:
             if m["names"][0] != s.name or tuple(m["shape"]) != tuple(s.shape) or m["dtype"] != str(s.dtype):
                 raise ValueError(f"{path}: {b.label}: parameter {m['names'][0]} {tuple(m['shape'])} {m['dtype']} "
                                  f"saved, {s.name} {tuple(s.shape)} {s.dtype} here")
+            # the same place in the parameter groups, or their hyperparameters would go to other parameters
+            if m.get("index") != index.get(id(s.param)):
+                raise ValueError(f"{path}: {b.label}: parameter {s.name} was number {m.get('index')} of the saved "
+                                 f"parameter groups, it is number {index.get(id(s.param))} here (the same parameter "
+                                 "groups, in the same order, are needed)")
     _check_groups(eng, meta["param_groups"])
     buffers = torch.load(os.path.join(path, "buffers.pt"))
-    mine = dict(eng.model.named_buffers())
-    if set(buffers) != set(mine):
-        raise ValueError(f"{path}: the model's buffers differ from the saved ones")
+    mine = persistent_buffers(eng.model)
+    # (a checkpoint of before kept the non-persistent buffers too: those are not loaded, as torch does not)
+    gone = set(mine) - set(buffers)
+    extra = set(buffers) - set(mine) - set(dict(eng.model.named_buffers()))
+    if gone or extra:
+        raise ValueError(f"{path}: the model's buffers differ from the saved ones: {sorted(gone)} missing there, "
+                         f"{sorted(extra)} not in the model")
+    for n, t in mine.items():
+        if tuple(buffers[n].shape) != tuple(t.shape) or buffers[n].dtype != t.dtype:
+            raise ValueError(f"{path}: buffer {n} is {tuple(t.shape)} {t.dtype}, {tuple(buffers[n].shape)} "
+                             f"{buffers[n].dtype} saved")
     # checked whole: now written, a block at a time
     for g, sg in zip(eng.param_groups, meta["param_groups"]):
         for k, v in sg.items():
             if k != "params":
                 g[k] = v
     with torch.no_grad():
-        for n, t in buffers.items():
-            mine[n].copy_(t)
+        for n, t in mine.items():
+            t.copy_(buffers[n])
     for b, saved in zip(eng.blocks, meta["blocks"]):
         if not b.slots:
             continue
