@@ -245,6 +245,14 @@ static BkJob *bk_job(Book *b, uint64_t key) {
 }
 
 /* Apply one record; false when it makes no sense (the file is damaged from there on). */
+/* Do @a and @b name the same extents, in order? */
+static bool extents_same(const NvmeExtent *a, const NvmeExtent *b, uint32_t n) {
+        for (uint32_t i = 0; i < n; i++)
+                if (a[i].target != b[i].target || a[i].unit != b[i].unit)
+                        return false;
+        return true;
+}
+
 static bool apply(Book *b, unsigned type, Rd *r) {
         switch (type) {
         case REC_JOB: {
@@ -711,6 +719,16 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         t->book_key = bt->key;
                         t->commit_version = bt->commit_version;
                         kept++;
+                        /*
+                         * An image that is the NVMe copy itself (a rollback made it that copy
+                         * again; or tierd died between the image's record and the newer
+                         * version's) is that copy, the newest the index knows: no image apart.
+                         */
+                        if (bt->image && bt->ext && bt->n_image == bt->n_ext &&
+                            extents_same(bt->image, bt->ext, bt->n_ext)) {
+                                bt->image = mfree(bt->image);
+                                bt->n_image = 0;
+                        }
                         /* the committed version's image, when a newer one was written since */
                         if (bt->image && !f->damaged && reserve_extents(b, bt->image, bt->n_image)) {
                                 t->base = TAKE_PTR(bt->image);

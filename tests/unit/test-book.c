@@ -470,6 +470,15 @@ static void test_commit_rollback(void **state) {
                 check_bytes(m, b, 0x22);
                 check_bytes(m, c, 0);
                 assert_null(a->base);
+                /* a restart now: the NVMe copies the rollback made of the images are theirs, not lost */
+                fixture_free(m);
+                m = start(&d);
+                j = job_find(m->registry, crash ? "j2" : "j");
+                a = find(m, crash ? "j2" : "j", "a");
+                b = find(m, crash ? "j2" : "j", "b");
+                assert_false(a->lost || b->lost);
+                check_bytes(m, a, 0x11);
+                check_bytes(m, b, 0x22);
                 /* a second rollback has nothing to do; a new commit frees nothing it needs */
                 assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
                 assert_int_equal(rolled, 0);
