@@ -396,8 +396,10 @@ void book_version(Book *b, Tensor *t) {
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);
         wr_u(&w, t->version, 8);
-        if (record_write(b, &w, 0, REC_NEWER))
+        if (record_write(b, &w, 0, REC_NEWER)) {
                 t->book_state = BOOK_T_NEWER;
+                t->book_version = t->version;
+        }
 }
 
 void book_version_back(Book *b, Tensor *t) {
@@ -421,6 +423,19 @@ void book_commit(Book *b, Job *j) {
 
         if (!book_on(b) || !j->book_key)
                 return;
+        /*
+         * The replay takes each tensor's newest version as the committed one: a
+         * tensor written again since its NEWER record (book_version() writes one
+         * only when the newest leaves NVMe) gets one for the version committed.
+         */
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (t->book_key && t->book_state == BOOK_T_NEWER && t->book_version != t->version) {
+                        t->book_state = BOOK_T_NONE;
+                        book_version(b, t);
+                }
+        }
         rec_begin(&w);
         wr_u(&w, j->book_key, 8);
         wr_u(&w, j->commit_step, 8);
@@ -574,7 +589,11 @@ int book_snapshot(Book *b) {
                         if (t->book_state == BOOK_T_NVME)
                                 SNAP_REC(REC_NVME, put_nvme(&w, t, t->book_version));
                         else if (t->book_state == BOOK_T_NEWER)
-                                SNAP_REC(REC_NEWER, { wr_u(&w, t->book_key, 8); wr_u(&w, t->version, 8); });
+                                SNAP_REC(REC_NEWER, {
+                                        wr_u(&w, t->book_key, 8);
+                                        wr_u(&w, t->version, 8);
+                                        t->book_version = t->version;
+                                });
                 }
         }
         SNAP_REC(REC_SNAPSHOT, (void) 0);

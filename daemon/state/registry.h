@@ -101,7 +101,7 @@ typedef struct Tensor {
         Copy copy[TIERS];
         List job_link;          /* Job.tensors */
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
-        uint64_t book_version;  /* the version the index says its NVMe copy holds (book_state BOOK_T_NVME) */
+        uint64_t book_version;  /* the version the index says its NVMe copy holds (BOOK_T_NVME), or its newest (NEWER) */
         uint8_t book_state;     /* BookTensorState: what the index says of it */
         /*
          * Commits (job_commit(), for a job that has made one: Job.committing):

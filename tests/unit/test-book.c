@@ -491,6 +491,38 @@ static void test_commit_rollback(void **state) {
         dir_done(&d);
 }
 
+/*
+ * A tensor written twice after its NVMe copy, then committed: the index has
+ * a NEWER record of the first write only (no record while the newest is off
+ * NVMe already), and the replay takes the newest it knows as the committed
+ * version.  The commit records the version it commits: after a kill, the
+ * committed version is the one written last (with the memory store, the copy
+ * it brings back), not the one before, which a rollback would then have
+ * called lost.
+ */
+static void test_commit_after_two_writes(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Job *j = job(m, "twice");
+        Tensor *t = fixture_tensor(j, "t", MiB);
+        uint64_t v;
+
+        written(m, t, 0x31);
+        write_pin(m, t, 0x32);          /* the newest leaves NVMe: NEWER */
+        write_pin(m, t, 0x33);          /* (no record) */
+        v = t->version;
+        job_commit(j, 4);
+        assert_int_equal(t->commit_version, v);
+        fixture_free(m);
+        m = start(&d);
+        t = find(m, "twice", "t");
+        assert_true(t->lost);           /* its newest was in memory, not kept here */
+        assert_int_equal(t->version, v);
+        assert_int_equal(t->commit_version, v);
+        fixture_free(m);
+        dir_done(&d);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restart_keeps_nvme),
@@ -500,6 +532,7 @@ int main(void) {
                 cmocka_unit_test(test_unknown_format),
                 cmocka_unit_test(test_target_changed),
                 cmocka_unit_test(test_commit_rollback),
+                cmocka_unit_test(test_commit_after_two_writes),
         };
 
         return fixture_main("book", tests, sizeof(tests) / sizeof(tests[0]));
