@@ -177,6 +177,44 @@ class TestOffload(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(state[n], p.detach()), f"{n} differs")
             self.assertEqual(dict(model.named_parameters())[n].dtype, torch.bfloat16)
 
+    def test_bfloat16_checkpoint_either_order(self) -> None:
+        """bfloat16 with float32 master weights: model.state_dict() and engine.state_dict() saved mid-run
+        and loaded into a new engine, in either order, go on bit for bit as the run that was not stopped
+        (loading the model after the optimizer kept the masters its rounded values match)."""
+        import tier.torch
+
+        def step(m, eng, x, y):
+            loss = torch.nn.functional.cross_entropy(m(x).reshape(-1, 256).float(), y.reshape(-1))
+            loss.backward()
+            eng.step()
+            return loss.item()
+
+        first, rest = self.batches[:2], self.batches[2:4]
+        model = copy.deepcopy(self.model).to(torch.bfloat16)
+        eng = tier.torch.Offload(model, self.client("bf16-whole"), lr=1e-3)
+        for x, y in first:
+            step(model, eng, x, y)
+        saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+        saved_opt = copy.deepcopy(eng.state_dict())
+        ref_losses = [step(model, eng, x, y) for x, y in rest]
+        ref = eng.parameters_state_dict()
+        eng.close()
+        for order in ("optimizer first", "model first"):
+            m2 = copy.deepcopy(self.model).to(torch.bfloat16)
+            eng2 = tier.torch.Offload(m2, self.client(f"bf16-{order.split()[0]}"), lr=1e-3)
+            if order == "optimizer first":
+                eng2.load_state_dict(saved_opt)
+                m2.load_state_dict(saved_model)
+            else:
+                m2.load_state_dict(saved_model)
+                eng2.load_state_dict(saved_opt)
+            losses = [step(m2, eng2, x, y) for x, y in rest]
+            now = eng2.parameters_state_dict()
+            eng2.close()
+            self.assertEqual(losses, ref_losses, order)
+            for n, p in ref.items():
+                self.assertTrue(torch.equal(now[n], p), f"{order}: {n} differs")
+
     def test_refusals(self) -> None:
         import tier.torch
 

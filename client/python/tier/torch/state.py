@@ -144,8 +144,36 @@ class ModelStateHooks:
         if todo:
             e.check_idle("model.load_state_dict()")
         for b, vals in todo.values():
-            e.write_params(b, vals, "writing parameters given to load_state_dict()")
+            write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
+
+
+def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch.Tensor], what: str) -> None:
+    """``eng.write_params()``, but for reduced precision a master weight that rounds, bit for bit, to its
+    parameter's new value stays: a model loaded after the optimizer state that brought the masters goes on
+    as the run it was saved from (write_params() alone sets each master to its parameter made float32)."""
+    old: dict[tuple[int, int], torch.Tensor] = {}
+    for pt in b.parts if b.mixed else ():
+        with eng._explained(b, what):
+            with b.tensors[b.part_kind("w", pt.index)].pin(HOST, READ) as g:
+                flat = g.torch()
+                for pc in pt.pieces:
+                    if id(pc.slot) in vals:
+                        old[(pt.index, id(pc))] = pc.view(flat, "w").clone()
+    eng.write_params(b, vals, what)
+    for pt in b.parts if old else ():
+        pieces = [pc for pc in pt.pieces if (pt.index, id(pc)) in old]
+        if not pieces:
+            continue
+        with eng._explained(b, what):
+            with b.tensors[b.part_kind("w", pt.index)].pin(HOST, READ_WRITE) as g:
+                flat = g.torch()
+                for pc in pieces:
+                    was, new = old[(pt.index, id(pc))], pc.of(vals[id(pc.slot)]).reshape(-1)
+                    rounds = was.reshape(-1).to(new.dtype).contiguous().view(torch.int16) == \
+                        new.contiguous().view(torch.int16)
+                    w = pc.view(flat, "w")
+                    w.copy_(torch.where(rounds.view(w.shape), was, w))
 
 
 # ---- the optimizer's state ---------------------------------------------------------------------
