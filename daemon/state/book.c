@@ -431,10 +431,8 @@ void book_commit(Book *b, Job *j) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                if (t->book_key && t->book_state == BOOK_T_NEWER && t->book_version != t->version) {
-                        t->book_state = BOOK_T_NONE;
-                        book_version(b, t);
-                }
+                if (t->book_key && t->book_state == BOOK_T_NEWER && t->book_version != t->version)
+                        book_version_back(b, t);
         }
         rec_begin(&w);
         wr_u(&w, j->book_key, 8);

@@ -89,10 +89,11 @@ uint64_t book_nvme(Book *b, Tensor *t, uint64_t version);
  */
 void book_version(Book *b, Tensor *t);
 /*
- * book_version_back() - @t's newest data went back to an older version that
- * lies in memory (a write-only pin cut off by tierd's death, reverted):
- * book_version() even where the book recorded a newer one already, so that
- * a next start looks for that version in memory, not the one that is gone.
+ * book_version_back() - book_version() even where the book holds a NEWER
+ * record already, of another version: @t's newest went back to an older one
+ * in memory (a write-only pin cut off by tierd's death, reverted), so that a
+ * next start looks for that one; or went on since (book_commit(): the
+ * replay takes the newest recorded as the committed version).
  */
 void book_version_back(Book *b, Tensor *t);
 
