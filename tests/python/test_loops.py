@@ -21,6 +21,7 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -425,6 +426,46 @@ class TestLoops(tierd.DaemonTestCase):
         with self.assertRaisesRegex(ValueError, "amsgrad"):
             eng.load_state_dict(other.state_dict())
         self.assertEqual({k: v for k, v in eng.param_groups[0].items() if k != "params"}, before)
+        eng.close()
+
+    def test_fused_step_between_backward_and_step(self) -> None:
+        """Fused, the optimizer runs in the backward: between backward() and step() the parameters are this
+        step's already.  What would show or skip that (a state dict of the model, of a submodule, of the
+        optimizer, a load, zero_grad() to skip the step) is refused and changes nothing; after step() the
+        state dicts match plain PyTorch's, a submodule's too (it was read before the backward)."""
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "fused-between")
+        for i, x in enumerate(data):
+            lm_loss(ref, x).backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 2:
+                self.assertEqual(eng.mode, "fused")
+                before = model.blocks[0].state_dict()     # read (and kept) before the backward
+            lm_loss(model, x).backward()
+            if i == 2:
+                grads = [p.grad for p in model.parameters()]
+                for what, call in (("model.state_dict()", model.state_dict),
+                                   ("model.state_dict()", model.blocks[0].state_dict),
+                                   ("state_dict()", eng.state_dict),
+                                   ("model.load_state_dict()", lambda: model.load_state_dict(ref.state_dict())),
+                                   ("zero_grad()", eng.zero_grad), ("zero_grad()", model.zero_grad)):
+                    with self.assertRaisesRegex(RuntimeError, rf"^{re.escape(what)} between backward\(\) and "
+                                                r"step\(\): .*optimizer_in_backward=False"):
+                        call()
+                self.assertEqual([p.grad for p in model.parameters()], grads)
+            eng.step()
+            eng.zero_grad()
+        sd = model.blocks[0].state_dict()
+        for n, p in ref.blocks[0].state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+            self.assertFalse(torch.equal(before[n], p), n)
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
         eng.close()
 
     def test_engine_load_refusals(self) -> None:

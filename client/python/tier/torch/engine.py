@@ -43,6 +43,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: how often a phase entry (or a commit) is tried again after tierd restarted under it (each try waits
 #: for the next tierd, up to the Client's reconnect timeout)
 RESTART_TRIES = 3
+#: why a fused step's parameters change in the backward (what refusals between backward() and step() say)
+FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
+              "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
 
 #: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
 #: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
@@ -186,6 +189,7 @@ class Offload(torch.optim.Optimizer):
         self._clip_ids: set[int] = set()             # the slots it applies to (those named in the call)
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
+        self._applied = False                        # fused: an optimizer phase ran since the last step()
         self._closed = False
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
@@ -212,6 +216,9 @@ class Offload(torch.optim.Optimizer):
         ``.grad``): the next backward starts them afresh.  No round trip."""
         if self._in_backward:
             raise RuntimeError("zero_grad() during a backward pass")
+        if self._applied:
+            raise RuntimeError(f"zero_grad() between backward() and step(): {FUSED_NOTE} this step cannot be "
+                               "skipped; call step() first, or make the engine with optimizer_in_backward=False")
         self._grads_zeroed = not set_to_none        # (see _update())
         self._micro = 0
         self._backwards = 0
@@ -649,6 +656,7 @@ class Offload(torch.optim.Optimizer):
         self._point(b, False)
         self._bwd = None
         if not self._deferred:
+            self._applied = self._applied or bool(b.parts)
             for pt in b.parts:
                 self._enter("o", b, pt.index)
                 self._update(b, pt.index)
@@ -675,6 +683,7 @@ class Offload(torch.optim.Optimizer):
         """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
         sb = self.blocks[-1]
         self.reduce_shared()
+        self._applied = self._applied or not self._deferred
         for s in sb.slots:
             if s.param.grad is not None:
                 self._got.add(id(s))
@@ -809,6 +818,7 @@ class Offload(torch.optim.Optimizer):
         self._clip_ids = set()
         self._shared_reduced = False
         self._hyper_at_backward = None
+        self._applied = False
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
@@ -933,27 +943,10 @@ class Offload(torch.optim.Optimizer):
     def check_idle(self, what: str) -> None:
         if self._in_backward or self._bwd is not None:
             raise RuntimeError(f"{what} inside a backward pass: call it before the forward or after step()")
-
-    def parameters_of(self, b: Block) -> dict[str, torch.Tensor]:
-        """b's parameters as they are now, copied out of tierd: every name of each."""
-        out: dict[str, torch.Tensor] = {}
-        with self._explained(b, "reading its parameters"):
-            with b.tensors["p"].pin(HOST, READ) as g:
-                flat = g.torch()
-                for s in b.slots:
-                    v = s.view(flat, "p").clone()
-                    for n in s.names:
-                        out[n] = v
-        return out
-
-    def parameters_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter by every name, copied out of tierd (what model.state_dict() holds of them)."""
-        self.check_idle("reading the parameters")
-        out: dict[str, torch.Tensor] = {}
-        for b in self.blocks:
-            if b.slots:
-                out.update(self.parameters_of(b))
-        return out
+        if self._applied:
+            raise RuntimeError(f"{what} between backward() and step(): {FUSED_NOTE} the parameters and the optimizer "
+                               "state are this step's already, where torch.optim's are still the last step's; call "
+                               "it after step(), or make the engine with optimizer_in_backward=False")
 
     @property
     def stall(self) -> float:
@@ -968,7 +961,7 @@ class Offload(torch.optim.Optimizer):
         self._release()                     # a first step that failed holds its phase's pins
         self._bwd = None
         self._in_backward = False
-        values = self.parameters_state_dict() if restore else None
+        values = state_mod.parameters_state_dict(self) if restore else None
         if self.tracer.planned:
             self.client.end_plan()          # its tensors may go now
             self.tracer.planned = False

@@ -73,8 +73,8 @@ class ModelStateHooks:
         engine = e
 
         def zero_grad(set_to_none: bool = False) -> None:
+            engine.zero_grad(set_to_none)       # (first: what it refuses changes nothing)
             orig(set_to_none)
-            engine.zero_grad(set_to_none)
 
         e.model.zero_grad = zero_grad
         self._zero_grad = zero_grad
@@ -146,6 +146,28 @@ class ModelStateHooks:
         for b, vals in todo.values():
             write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
+
+
+def parameters_of(eng: "Offload", b: Block) -> dict[str, torch.Tensor]:
+    """b's parameters as they are now, copied out of tierd: every name of each."""
+    out: dict[str, torch.Tensor] = {}
+    with eng._explained(b, "reading its parameters"):
+        with b.tensors["p"].pin(HOST, READ) as g:
+            flat = g.torch()
+            for s in b.slots:
+                v = s.view(flat, "p").clone()
+                for n in s.names:
+                    out[n] = v
+    return out
+
+
+def parameters_state_dict(eng: "Offload") -> dict[str, torch.Tensor]:
+    """Every parameter by every name, copied out of tierd (what close() gives back to the model)."""
+    out: dict[str, torch.Tensor] = {}
+    for b in eng.blocks:
+        if b.slots:
+            out.update(parameters_of(eng, b))
+    return out
 
 
 def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch.Tensor], what: str) -> None:
@@ -330,7 +352,7 @@ def save(eng: "Offload", path: str) -> None:
     for b in eng.blocks:
         if not b.slots:
             continue
-        params = eng.parameters_of(b)
+        params = parameters_of(eng, b)
         st = _read_state(eng, b) if any(s.steps > 0 for s in b.slots) or b.mixed else {}
         torch.save({"params": {s.name: params[s.name] for s in b.slots},
                     "state": {s.name: st[id(s)] for s in b.slots if id(s) in st}},
