@@ -44,13 +44,16 @@ int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *user
         if (!p->segs)
                 return -ENOMEM;
 
+        /* every segment owns nothing before the first is made: a failure drops only those made */
+        for (uint32_t i = 0; i < p->n_segs; i++) {
+                p->segs[i].pool = p;
+                p->segs[i].id = i;
+                p->segs[i].fd = -1;
+                list_init(&p->segs[i].owner_link);
+        }
         for (uint32_t i = 0; i < p->n_segs; i++) {
                 Segment *s = &p->segs[i];
 
-                s->pool = p;
-                s->id = i;
-                s->fd = -1;
-                list_init(&s->owner_link);
                 r = extent_alloc_init(&s->units, seg_size / SEG_UNIT);
                 if (r < 0)
                         goto fail;

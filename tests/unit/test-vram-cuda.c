@@ -178,6 +178,39 @@ static void test_fallback(void **state) {
         sd_event_unref(e);
 }
 
+/* A chunk that cannot be made at start: the chunks not reached yet own no fd (fd 0 stays open), and
+ * backend = auto goes on emulated. */
+static void test_chunk_fails_at_start(void **state) {
+        _cleanup_free_ char *why = NULL;
+        VramBackend *b = NULL;
+        sd_event *e = NULL;
+        struct stat st0, st1;
+        Config c;
+
+        if (fcntl(0, F_GETFD) < 0)
+                assert_int_equal(open("/dev/null", O_RDONLY | O_CLOEXEC), 0);
+        assert_int_equal(fstat(0, &st0), 0);
+        setenv("FAKE_CUDA_MEM", "41943040", 1);
+        assert_int_equal(sd_event_new(&e), 0);
+        config(&c, 16 * MiB, 4 * MiB);                  /* 4 chunks: the second fails */
+        fake_fail("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 1, 1);
+        assert_int_equal(vram_cuda_new(&c, e, &b, &why), -ENOMEM);
+        assert_null(b);
+        assert_int_equal(fstat(0, &st1), 0);
+        assert_true(st0.st_dev == st1.st_dev && st0.st_ino == st1.st_ino);
+
+        c.vram_backend = VRAM_BACKEND_AUTO;
+        fake_fail("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, 2, 1);
+        assert_int_equal(vram_backend_new(&c, e, &b, &why), 0);
+        assert_true(b->emulated);
+        b = vram_backend_free(b);
+        assert_int_equal(fstat(0, &st1), 0);
+        assert_true(st0.st_dev == st1.st_dev && st0.st_ino == st1.st_ino);
+        assert_int_equal(stats().live_allocs, 0);
+        config_deinit(&c);
+        sd_event_unref(e);
+}
+
 /* ---- pure helpers ---------------------------------------------------------------------------- */
 
 /* [vram] capacity = 0 is accepted: "as much as the device has" (emulated: 1G). */
@@ -831,6 +864,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup(test_no_device, reset),
                 cmocka_unit_test_setup(test_fallback, reset),
+                cmocka_unit_test_setup(test_chunk_fails_at_start, reset),
                 cmocka_unit_test(test_arena),
                 cmocka_unit_test_setup(test_capacity_zero, reset),
                 cmocka_unit_test(test_pci_numa),
