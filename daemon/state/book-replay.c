@@ -672,7 +672,6 @@ static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
                 }
                 ext[i].target = (uint32_t) now;
         }
-        b->nvme->used += (uint64_t) n * b->nvme->extent_size;
         return true;
 }
 

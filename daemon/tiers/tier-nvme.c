@@ -300,17 +300,21 @@ int nvme_alloc(NvmeTier *n, uint64_t size, unsigned first, NvmeExtent **ret, uin
         ext = calloc(count, sizeof(*ext));
         if (!ext)
                 return -ENOMEM;
+        /* striped round-robin from target @first; a full target's extent goes to the next one with room
+         * (targets of unequal sizes: the capacity is their sum) */
         for (uint64_t i = 0; i < count; i++) {
-                unsigned ti = (unsigned) ((first + i) % n->n_targets);
+                r = -ENOSPC;
+                for (unsigned k = 0; k < n->n_targets && r < 0; k++) {
+                        unsigned ti = (unsigned) ((first + i + k) % n->n_targets);
 
-                r = extent_alloc_get(&n->targets[ti].extents, 1, &ext[i].unit);
+                        r = extent_alloc_get(&n->targets[ti].extents, 1, &ext[i].unit);
+                        ext[i].target = ti;
+                }
                 if (r < 0) {
                         nvme_free(n, ext, (uint32_t) i);
                         return r;
                 }
-                ext[i].target = ti;
         }
-        n->used += count * n->extent_size;
         *ret = ext;
         *ret_n = (uint32_t) count;
         return 0;
@@ -322,7 +326,6 @@ void nvme_free(NvmeTier *n, NvmeExtent *ext, uint32_t n_ext) {
 
                 if (extent_alloc_put(a, ext[i].unit, 1) < 0)
                         continue;
-                n->used -= n->extent_size;
                 /*
                  * Reuse the lowest free extents first: the written area of a target
                  * stays compact, and on a file target never-written regions are

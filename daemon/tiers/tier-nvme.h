@@ -42,7 +42,6 @@ struct NvmeTier {
         unsigned n_targets;
         uint64_t extent_size;
         uint64_t capacity;
-        uint64_t used;
         Uring *uring;
 };
 

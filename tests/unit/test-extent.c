@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-extent.c: the bitmap unit allocator, by hand and against a reference model. */
 
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 
 #include "daemon/tiers/extent.h"
+#include "daemon/tiers/tier-nvme.h"
 #include "proto/macro.h"
 
 static void extent_alloc_deinitp(ExtentAlloc *a) {
@@ -405,6 +407,39 @@ static void test_random(_unused_ void **state) {
         run_random(4096, 5000, 300);    /* long runs across words */
 }
 
+/* nvme_alloc() stripes from the first target; a full target's extents go to the next ones with room, so
+ * targets of unequal sizes hold their sum, and a failure gives back what it took. */
+static void test_nvme_unequal_targets(void **state) {
+        NvmeTarget t[2] = {};
+        NvmeTier n = { .targets = t, .n_targets = 2, .extent_size = 4096 };
+        NvmeExtent *a, *b, *c, *d;
+        uint32_t na, nb, nc, nd;
+
+        assert_int_equal(extent_alloc_init(&t[0].extents, 4), 0);
+        assert_int_equal(extent_alloc_init(&t[1].extents, 1), 0);
+        assert_int_equal(nvme_alloc(&n, 2 * 4096, 0, &a, &na), 0);       /* t0, t1: t1 is full now */
+        assert_int_equal(na, 2);
+        assert_int_equal(a[0].target, 0);
+        assert_int_equal(a[1].target, 1);
+        assert_int_equal(nvme_alloc(&n, 2 * 4096, 1, &b, &nb), 0);       /* t1 full: both on t0 */
+        assert_int_equal(b[0].target, 0);
+        assert_int_equal(b[1].target, 0);
+        assert_int_equal(nvme_alloc(&n, 2 * 4096, 0, &c, &nc), -ENOSPC); /* one extent left in all */
+        assert_int_equal(t[0].extents.n_free, 1);                          /* the one it took, back */
+        assert_int_equal(nvme_alloc(&n, 4096, 1, &d, &nd), 0);
+        assert_int_equal(d[0].target, 0);
+        assert_int_equal(t[0].extents.n_free + t[1].extents.n_free, 0);
+        nvme_free(&n, a, na);
+        nvme_free(&n, b, nb);
+        nvme_free(&n, d, nd);
+        assert_int_equal(t[0].extents.n_free, 4);
+        assert_int_equal(t[1].extents.n_free, 1);
+        extent_alloc_deinit(&t[0].extents);
+        extent_alloc_deinit(&t[1].extents);
+        (void) c;
+        (void) nc;
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_init),
@@ -418,6 +453,7 @@ int main(void) {
                 cmocka_unit_test(test_largest_free),
                 cmocka_unit_test(test_large),
                 cmocka_unit_test(test_random),
+                cmocka_unit_test(test_nvme_unequal_targets),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
