@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -242,10 +244,34 @@ static int check_capacity(const Config *c) {
         return r;
 }
 
+/*
+ * One tierd per state directory, locked before anything in it is read: a second one (given another
+ * socket, or refused at the socket only after its start had replayed and rewritten the NVMe index)
+ * would rewind what the first keeps.  The fd is held until exit; -errno, logged, when it is taken.
+ */
+static int lock_state_dir(const char *dir) {
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+        if (fd < 0)
+                return log_error_errno(errno, "Cannot open state directory \"%s\": %m", dir);
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                int r = errno;
+
+                safe_close(fd);
+                if (r == EWOULDBLOCK)
+                        return log_error_errno(EBUSY, "Another tierd runs on the state directory \"%s\" (it holds "
+                                               "its lock): stop it first, or give this one its own --state-dir "
+                                               "and NVMe targets", dir);
+                return log_error_errno(r, "Cannot lock state directory \"%s\": %m", dir);
+        }
+        return fd;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
         _cleanup_free_ char *err = NULL;
+        _unused_ _cleanup_close_ int state_lock = -1;
         ConfigArgs args;
         Config config;
         sigset_t ss;
@@ -295,6 +321,12 @@ static int run(int argc, char *argv[]) {
 
         if (mkdir(config.state_dir, 0750) < 0 && errno != EEXIST) {
                 log_error_errno(errno, "Cannot create state directory \"%s\": %m", config.state_dir);
+                safe_close(inherited);
+                config_deinit(&config);
+                return 1;
+        }
+        state_lock = lock_state_dir(config.state_dir);
+        if (state_lock < 0) {
                 safe_close(inherited);
                 config_deinit(&config);
                 return 1;

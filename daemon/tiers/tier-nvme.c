@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -93,6 +94,17 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
 
                 if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
                         return errorf(ret_error, negative_errno(), "Cannot clear O_NONBLOCK on %s: %m", ct->path);
+        }
+        /* one writer per target: another tierd's lock, or this one's under another name (a second
+         * open of the same file or device conflicts with the first), before anything is written */
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                r = negative_errno();
+                if (r == -EWOULDBLOCK)
+                        return errorf(ret_error, -EBUSY,
+                                      "NVMe target %s is in use: another tierd holds it, or [nvme] target names "
+                                      "the same file or device twice (under two paths); give each tierd its own "
+                                      "targets and list each once", ct->path);
+                return errorf(ret_error, r, "Cannot lock NVMe target %s: %s", ct->path, strerror(-r));
         }
 
         if (S_ISBLK(st.st_mode)) {

@@ -200,6 +200,90 @@ static void test_capacity_that_passes(void **state) {
 }
 
 /* A reload keeps the running pools; it says that a restart would refuse the new file. */
+static char *slurp(const char *path, size_t *len) {
+        FILE *f = fopen(path, "re");
+        char *buf = NULL;
+
+        *len = 0;
+        if (!f)
+                return NULL;
+        buf = malloc(1 << 20);
+        assert_non_null(buf);
+        *len = fread(buf, 1, 1 << 20, f);
+        fclose(f);
+        return buf;
+}
+
+/* Spawn @x (@args) and expect exit status 1 with @line in its log, before READY=1. */
+static void refused(TestDaemon *x, const char *const *args, const char *line) {
+        TestDaemonOptions o = { .args = args };
+
+        assert_int_equal(test_daemon_spawn(x, &o), 0);
+        if (test_daemon_kill(x, 0, REFUSE_TIMEOUT_MS) != 1 || !test_daemon_log_contains(x, line)) {
+                test_daemon_dump_log(x);
+                fail_msg("tierd did not exit 1 with \"%s\"", line);
+        }
+        assert_int_equal(test_daemon_find_notify(x, "READY=1"), -1);
+}
+
+/*
+ * One tierd per state directory and per target.  A second tierd on a running one's state directory
+ * (another socket) is refused before it reads anything there: it used to replay and rewrite the NVMe
+ * index, rewinding the running one's.  A second one with its own state directory but the running
+ * one's target is refused, and so is a configuration naming one target twice under two paths (two
+ * targets striped over one file: each overwrote the other's extents).
+ */
+static void test_one_tierd_per_state_dir_and_target(void **state) {
+        TestDaemon d2 = {}, d3 = {};
+        char body[1024], path[600];
+        char *idx0, *idx1, *after0, *after1;
+        size_t n0, n1, m0, m1;
+
+        assert_int_equal(test_daemon_start(&d, CONFIG("64M", "64M")), 0);
+        snprintf(path, sizeof(path), "%s/nvme-index.0", d.dir);
+        idx0 = slurp(path, &n0);
+        snprintf(path, sizeof(path), "%s/nvme-index.1", d.dir);
+        idx1 = slurp(path, &n1);
+
+        {
+                const char *const args[] = { "--state-dir", d.dir, NULL };
+
+                snprintf(body, sizeof(body), CONFIG("64M", "64M"));
+                assert_int_equal(test_daemon_init(&d2, body), 0);
+                refused(&d2, args, "Another tierd runs on the state directory");
+        }
+        snprintf(path, sizeof(path), "%s/nvme-index.0", d.dir);
+        after0 = slurp(path, &m0);
+        snprintf(path, sizeof(path), "%s/nvme-index.1", d.dir);
+        after1 = slurp(path, &m1);
+        assert_true(n0 == m0 && (!n0 || memcmp(idx0, after0, n0) == 0));
+        assert_true(n1 == m1 && (!n1 || memcmp(idx1, after1, n1) == 0));
+
+        /* its own state directory, the running one's target */
+        snprintf(body, sizeof(body), CONFIG("64M", "64M") "target = %s/t0.img\n", d.dir);
+        assert_int_equal(test_daemon_write_config(&d2, NULL, body), 0);
+        refused(&d2, NULL, "/t0.img is in use: another tierd holds it");
+
+        /* one target under two paths */
+        assert_int_equal(test_daemon_init(&d3, CONFIG("64M", "64M") "target = @DIR@/./t0.img\n"), 0);
+        refused(&d3, NULL, "/./t0.img is in use: another tierd holds it, or [nvme] target names the same file");
+
+        /* the running one is untouched */
+        {
+                char *st = test_daemon_tierctl_json(&d);
+
+                assert_non_null(st);
+                free(st);
+        }
+        assert_int_equal(test_daemon_stop(&d), 0);
+        test_daemon_cleanup(&d2);
+        test_daemon_cleanup(&d3);
+        free(idx0);
+        free(idx1);
+        free(after0);
+        free(after1);
+}
+
 static void test_reload_warns(void **state) {
         _cleanup_free_ char *status = NULL;
 
@@ -331,6 +415,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_host_above_ram, teardown),
                 cmocka_unit_test_teardown(test_target_above_free_space, teardown),
                 cmocka_unit_test_teardown(test_capacity_that_passes, teardown),
+                cmocka_unit_test_teardown(test_one_tierd_per_state_dir_and_target, teardown),
                 cmocka_unit_test_teardown(test_reload_warns, teardown),
                 cmocka_unit_test_teardown(test_cgroup_limit, cgroup_teardown),
         };
