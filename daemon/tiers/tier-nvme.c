@@ -54,7 +54,7 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
         struct stat st;
         int fd, r;
 
-        t->fd = -1;
+        t->fd = t->lock_fd = -1;
         t->path = strdup(ct->path);
         if (!t->path)
                 return -ENOMEM;
@@ -97,7 +97,10 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
         }
         /* one writer per target: another tierd's lock, or this one's under another name (a second
          * open of the same file or device conflicts with the first), before anything is written */
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        t->lock_fd = open(ct->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        if (t->lock_fd < 0)
+                return errorf(ret_error, negative_errno(), "Cannot open NVMe target %s to lock it: %m", ct->path);
+        if (flock(t->lock_fd, LOCK_EX | LOCK_NB) < 0) {
                 r = negative_errno();
                 if (r == -EWOULDBLOCK)
                         return errorf(ret_error, -EBUSY,
@@ -289,6 +292,7 @@ NvmeTier *nvme_tier_free(NvmeTier *n) {
                 return NULL;
         for (unsigned i = 0; i < n->n_targets; i++) {
                 safe_close(n->targets[i].fd);
+                safe_close(n->targets[i].lock_fd);
                 free(n->targets[i].path);
                 extent_alloc_deinit(&n->targets[i].extents);
         }

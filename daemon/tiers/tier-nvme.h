@@ -22,6 +22,8 @@ typedef struct NvmeExtent {
 typedef struct NvmeTarget {
         char *path;
         int fd;                 /* O_DIRECT, CLOEXEC; registered as fixed file @index */
+        int lock_fd;            /* another open of it, flock()ed: tierd's while it runs (not registered
+                                 * with io_uring, whose teardown at exit lets go of its files later) */
         bool blockdev;
         uint64_t size;          /* usable bytes (whole extents) */
         ExtentAlloc extents;
