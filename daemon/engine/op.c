@@ -322,6 +322,17 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
 }
 
 /*
+ * A stale copy (the tensor was written in another tier since) that a connection still has pinned is
+ * not refilled under its pin: the pinner maps it, and may write it (its dirty unpin would then be
+ * taken back by the refill's end).  Refused; the scheduler's holds retry once something is unpinned.
+ */
+static int stale_pinned(Op *op, Tensor *t, int tier) {
+        return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is older than the tensor (written in "
+                       "another tier since) and still pinned by a connection: it is brought up to date after "
+                       "that pin goes; pin again then", t->name, t->job->name, level_to_string(tier));
+}
+
+/*
  * ensure_chained() - @t is wanted in VRAM and its only valid copy is on
  * NVMe: reserve host (and, @staging_first, VRAM after it: a scheduler's
  * prefetch takes VRAM only once host has room) and start a chained transfer
@@ -336,6 +347,8 @@ static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
         int r;
 
         if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING) {
+                if (h->pins > 0)
+                        return stale_pinned(op, t, LEVEL_HOST);
                 h->state = COPY_FILLING;        /* stale: refill in place */
                 tensor_note(t);
         }
@@ -371,6 +384,8 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
         if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) {
+                if (c->pins > 0)
+                        return stale_pinned(op, t, tier);
                 c->state = COPY_FILLING;        /* stale: refill in place */
                 tensor_note(t);
         }
@@ -777,9 +792,17 @@ static void on_space_freed(void *userdata, int tier) {
         sched_changed(e);       /* space the scheduler may have been waiting for */
 }
 
+static void on_unpinned(void *userdata, int tier) {
+        Engine *e = userdata;
+
+        wake_space_waiters(e);
+        sched_changed(e);       /* the scheduler's pins blocked for room retry */
+}
+
 static const RegistryOps engine_registry_ops = {
         .job_ending = on_job_ending,
         .space_freed = on_space_freed,
+        .unpinned = on_unpinned,
 };
 
 int engine_new(sd_event *event, Registry *registry, Uring *uring, NvmeTier *nvme, VramBackend *vram, Engine **ret) {

@@ -76,10 +76,11 @@ static bool copy_in_segment(const Copy *c, const Segment *s) {
 
 /*
  * The segment of @v's in @tier to empty: the one whose most valuable copy
- * ranks lowest in the victim order (ties: the least used).  NULL if every
- * segment holds something that cannot go now.
+ * ranks lowest in the victim order (ties: the least used), holding at most
+ * @most bytes.  NULL if every segment holds something that cannot go now, or
+ * more than that.
  */
-static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier) {
+static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier, uint64_t most) {
         SegPool *pool = e->registry->pools[tier];
         _cleanup_free_ Tensor **cands = NULL;
         _cleanup_free_ size_t *worst = NULL;    /* per segment id: highest rank + 1, SIZE_MAX: cannot go */
@@ -122,7 +123,7 @@ static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier) {
         list_for_each_safe(node, tmp, &v->segments[tier]) {
                 Segment *s = list_entry(node, Segment, owner_link);
 
-                if (s->used == 0 || s->revoking || worst[s->id] == SIZE_MAX)
+                if (s->used == 0 || s->used > most || s->revoking || worst[s->id] == SIZE_MAX)
                         continue;
                 if (!best || worst[s->id] < worst[best->id] ||
                     (worst[s->id] == worst[best->id] && s->used < best->used))
@@ -203,7 +204,9 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
 
         for (size_t i = 0; i < n; i++) {
                 Job *v = vs[i].job;
-                Segment *s = choose_segment(e, op, v, tier);
+                /* a live job keeps its share: only a segment holding no more than it has above that */
+                Segment *s = choose_segment(e, op, v, tier, job_live(v) ? v->used[tier] -
+                                            MIN(v->used[tier], engine_job_share(e, v, tier)) : UINT64_MAX);
                 uint64_t freed = 0, started = 0;
                 unsigned blocked = 0;
                 char used[SIZE_FORMAT_MAX], size[SIZE_FORMAT_MAX];

@@ -497,14 +497,15 @@ void plan_set_error(Plan *p, int error, const char *what) {
         plan_wake(p);
 }
 
-void plan_slot_publish(Plan *p, Tensor *t, int tier) {
-        const Copy *c = &t->copy[tier];
+void plan_slot_publish(Plan *p, const PlanAcc *a) {
+        const Copy *c = &a->tensor->copy[a->tier];
         PlanSlot *s;
         PlanPiece *pieces;
 
-        if (t->plan != p || tier > LEVEL_HOST || c->n_pieces == 0)
+        /* (by this plan's slot of it: another plan naming the tensor first has it in Tensor.plan_slot) */
+        if (a->tier > LEVEL_HOST || c->n_pieces == 0)
                 return;
-        s = &p->page->slots[2 * t->plan_slot + (uint32_t) tier];
+        s = &p->page->slots[2 * a->slot + (uint32_t) a->tier];
         s->segment = c->pieces[0].seg->pool->id_base + c->pieces[0].seg->id;
         s->generation = c->pieces[0].seg->generation;
         s->offset = c->pieces[0].offset;

@@ -209,7 +209,7 @@ void plan_drop_dead(Plan *p, uint32_t done_phase);
 void plan_log_residency(const Plan *p);
 void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase);
 void plan_set_error(Plan *p, int error, const char *what);
-void plan_slot_publish(Plan *p, Tensor *t, int tier);
+void plan_slot_publish(Plan *p, const PlanAcc *a);
 /* Read the client area after a marker: 0 with the new marker, -EAGAIN for nothing new, -EINVAL for a bad one. */
 int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark);
 /* A marker of @phase arrived at @mark: learn the duration of the phase that ended, count iterations. */

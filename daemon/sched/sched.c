@@ -207,10 +207,11 @@ static void on_pin_done(Op *op, int status, const char *error) {
                         a->tensor->copy[a->tier].writer_rank = p->rank;
                         copy_writers(a->tensor, a->tier, +1);   /* before the phase can be said ready */
                 }
-                plan_slot_publish(p, a->tensor, a->tier);
+                plan_slot_publish(p, a);
                 engine_kick(p->sched->engine);
-        } else if (status == -ENOSPC || status == -EAGAIN) {
-                /* no space now: retried when something is freed or moves, not in a busy loop */
+        } else if (status == -ENOSPC || status == -EAGAIN || status == -EBUSY) {
+                /* no space now, or a stale copy still pinned: retried when something is freed, unpinned
+                 * or moves, not in a busy loop */
                 hs->blocked[ctx->idx] = p->sched->epoch;
         } else {
                 char what[256];
@@ -292,7 +293,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                                 c->writer_rank = p->rank;
                                 copy_writers(t, a->tier, +1);
                         }
-                        plan_slot_publish(p, t, a->tier);
+                        plan_slot_publish(p, a);
                         moves_used(p, t, a->tier);
                         continue;
                 }
@@ -878,10 +879,18 @@ int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, 
 }
 
 void sched_plan_free(Plan *p) {
+        uint64_t marked;
+
         if (!p)
                 return;
-        hold_release(p, 0, true, true);
-        hold_release(p, 1, true, true);
+        /*
+         * Its pins go as dirty where the plan writes, in a phase the client may have written: one said
+         * ready to it, and (the hold ahead) whose marker it wrote.  Another phase's write-only pin holds
+         * no data (it was reserved without the old bytes): it goes unwritten.
+         */
+        marked = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
+        hold_release(p, 0, true, p->hold[0].ready_sent);
+        hold_release(p, 1, true, p->hold[1].ready_sent && marked >= p->hold[1].seq);
         if (p->attached) {
                 for (uint32_t i = 0; i < p->n_slots; i++) {
                         Tensor *t = p->slots[i];
@@ -893,6 +902,16 @@ void sched_plan_free(Plan *p) {
                 }
                 list_del(&p->link);
                 list_del(&p->job_link);
+                /* a tensor another plan of the job names too is that plan's now (next-use predictions) */
+                list_for_each_safe(node, tmp, &p->job->plans) {
+                        Plan *q = list_entry(node, Plan, job_link);
+
+                        for (uint32_t i = 0; i < q->n_slots; i++)
+                                if (!q->slots[i]->plan) {
+                                        q->slots[i]->plan = q;
+                                        q->slots[i]->plan_slot = i;
+                                }
+                }
         }
         plan_free(p);
 }

@@ -206,6 +206,9 @@ typedef struct RegistryOps {
         void (*job_ending)(void *userdata, Job *j);
         /* Space was given back in @tier: whoever waits for space may try again. */
         void (*space_freed)(void *userdata, int tier);
+        /* A copy in @tier lost its last pin: its room may be taken now (evicted), so whoever waits for
+         * room may try again. */
+        void (*unpinned)(void *userdata, int tier);
 } RegistryOps;
 
 struct Registry {
@@ -282,9 +285,11 @@ int tensor_free(Tensor *t);
 void tensor_release_copies(Tensor *t);
 
 /* A copy is valid when it holds the newest data. */
+/* (a copy reserved for a pin that writes it whole holds garbage until then: not the tensor's bytes) */
 static inline bool copy_valid(const Tensor *t, int tier) {
         const Copy *c = &t->copy[tier];
-        return (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) && c->version == t->version;
+        return (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) && c->version == t->version &&
+               !c->unwritten;
 }
 
 /* No copy needs to hold anything: never written (zeros), or dead (to be overwritten). */

@@ -380,6 +380,8 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         tensor_free_stale(t);
         if (dirty)
                 book_version(t->job->registry->book, t);        /* the newest is not on NVMe (if it was) */
+        if (c->pins == 0 && t->job->registry->ops && t->job->registry->ops->unpinned)
+                t->job->registry->ops->unpinned(t->job->registry->ops_userdata, tier);
         return 0;
 }
 

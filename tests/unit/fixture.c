@@ -141,6 +141,8 @@ int fixture_main(const char *name, const struct CMUnitTest *tests, size_t n) {
                 perror("mkdtemp");
                 return 1;
         }
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
         r = _cmocka_run_group_tests(name, tests, n, NULL, NULL);
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
         if (system(cmd) != 0)

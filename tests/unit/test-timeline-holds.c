@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-timeline-holds.c: what a plan's holds pin, publish and let go, with other plans and
+ * connections beside them (a second plan naming a tensor, a plan ended or its client gone before
+ * a phase it holds, a stale copy still pinned, a pin blocked for room, reclaim against a share).
+ */
+
+#include "tests/unit/timeline-fixture.h"
+
+/*
+ * A plan ended in phase 0 lets its hold ahead (phase 1, which writes T whole, reserved without T's
+ * bytes) go unwritten: T keeps its data.  It used to be released as written, T's version moved on
+ * to the reserved garbage and its NVMe copy went.
+ */
+static void test_end_plan_before_a_held_write(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *t, *y;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *p1, *p2;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        t = tensor(j, "T", MiB);
+        y = tensor(j, "Y", MiB);
+        fixture_host_data(m, t, 0x5a);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        assert_int_equal(t->version, 1);
+        {
+                Acc acc1[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_WRITE } };
+                Acc acc2[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_VRAM, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc1, 2, 2, &p1, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, acc2, 2, 2, &p2, err, sizeof(err)), 0);
+        }
+        set_durations(p1, 100);
+        set_durations(p2, 100);
+        marker(m, p1, 0);
+        FIXTURE_RUN_UNTIL(m, t->copy[LEVEL_HOST].pins > 0);     /* phase 1's write-only pin, ahead */
+        sched_plan_sync(p1);
+        sched_plan_free(p1);                                    /* EndPlan in phase 0 */
+        free(c1);
+        assert_int_equal(t->version, 1);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        sched_plan_free(p2);
+        free(c2);
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/* The client goes while the phase it entered waits to be said ready: that phase wrote nothing. */
+static void test_gone_before_ready(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 2 * MiB);
+        Tensor *t, *u, *w;
+        Job *j;
+        Rank *c1;
+        Plan *p1;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        t = tensor(j, "T", MiB);
+        u = tensor(j, "U", MiB);
+        w = tensor(j, "W", MiB);
+        fixture_host_data(m, t, 0x5a);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        make_on_nvme(m, u);
+        assert_int_equal(fixture_op(m, OP_PIN, w, LEVEL_HOST), 0);     /* another client holds 1 MiB of 2 */
+        {
+                Acc acc1[] = { { 0, t, LEVEL_HOST, PLAN_WRITE }, { 0, u, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc1, 2, 1, &p1, err, sizeof(err)), 0);
+        }
+        marker(m, p1, 0);
+        run_loop(m, 50);
+        assert_false(p1->hold[0].ready_sent);                  /* U finds no room */
+        sched_plan_free(p1);
+        free(c1);
+        assert_int_equal(t->version, 1);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(tensor_unpin(w, LEVEL_HOST, false), 0);
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * Two plans name S: the second plan's page gets S's location too (it used to be left at segment 0,
+ * offset 0, where another tensor lay: that rank read and wrote the other tensor's bytes), and once
+ * the first plan ends, S is the second plan's for next-use predictions.
+ */
+static void test_second_plan_grant(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *a, *b, *sh;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *p1, *p2;
+        char err[256];
+        const PlanSlot *ps;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        sh = tensor(j, "S", MiB);
+        fixture_host_data(m, a, 1);
+        fixture_host_data(m, b, 2);
+        fixture_host_data(m, sh, 3);
+        {
+                Acc acc1[] = { { 0, a, LEVEL_HOST, PLAN_READ }, { 0, sh, LEVEL_HOST, PLAN_READ } };
+                Acc acc2[] = { { 0, b, LEVEL_HOST, PLAN_READ }, { 0, sh, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc1, 2, 1, &p1, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, acc2, 2, 1, &p2, err, sizeof(err)), 0);
+        }
+        assert_ptr_equal(sh->plan, p1);
+        marker(m, p2, 0);
+        FIXTURE_RUN_UNTIL(m, PLAN_READY_SEQ(p2->page->daemon.ready) == 1);
+        ps = &p2->page->slots[2 * 1 + LEVEL_HOST];             /* rank 2's slot 1 is S */
+        assert_int_equal(ps->offset, sh->copy[LEVEL_HOST].pieces[0].offset);
+        assert_int_equal(ps->segment, sh->copy[LEVEL_HOST].pieces[0].seg->pool->id_base +
+                                      sh->copy[LEVEL_HOST].pieces[0].seg->id);
+        assert_int_equal(ps->generation, sh->copy[LEVEL_HOST].pieces[0].seg->generation);
+        sched_plan_free(p1);
+        free(c1);
+        assert_ptr_equal(sh->plan, p2);
+        assert_int_equal(sh->plan_slot, 1);
+        assert_int_equal(sh->plan_refs, 1);
+        finish(m, j, c2, p2);
+}
+
+/*
+ * A stale copy a client still has pinned (T written in VRAM since) is not refilled under its pin:
+ * another pin of it in host is refused (-EBUSY) and changes nothing.  The pinner's dirty unpin then
+ * stands (it used to be taken back when the refill ended, and T was left with no copy at all; a
+ * refill that failed freed the pinned copy, a use after free at the unpin).  Pinned again, T reads
+ * what the pinner wrote.
+ */
+static void test_stale_pinned_copy_not_refilled(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *t;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x11);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A holds it */
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client B writes VRAM */
+        fixture_fill(t, LEVEL_VRAM, 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
+        assert_false(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), -EBUSY);  /* client C */
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(t->copy[LEVEL_HOST].pins, 1);
+        assert_null(t->xfer);
+        fixture_fill(t, LEVEL_HOST, 0x33);                              /* A writes, unpins dirty */
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        assert_int_equal(t->version, 3);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_false(copy_valid(t, LEVEL_VRAM));
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, 0), 0x33);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * A phase's pin that found no room is tried again when room can be taken: a clean unpin (another
+ * connection lets its VRAM go) makes it evictable.  It used to wait for a marker or a free, and the
+ * rank waited in tier_phase_enter() for good.
+ */
+static void test_blocked_pin_retried_after_clean_unpin(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *t, *y, *p1, *p2;
+        Job *j;
+        Rank *c1;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        t = tensor(j, "T", MiB);
+        y = tensor(j, "Y", MiB);
+        p1 = tensor(j, "P1", MiB);
+        p2 = tensor(j, "P2", MiB);
+        fixture_host_data(m, t, 1);
+        fixture_host_data(m, y, 2);
+        /* another connection of the job holds VRAM full (its 2 MiB limit) with explicit pins */
+        assert_int_equal(fixture_op(m, OP_PIN, p1, LEVEL_VRAM), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, p2, LEVEL_VRAM), 0);
+        {
+                Acc acc[] = { { 0, t, LEVEL_VRAM, PLAN_READ }, { 1, y, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc, 2, 2, &p, err, sizeof(err)), 0);
+        }
+        marker(m, p, 0);
+        run_loop(m, 50);
+        assert_false(p->hold[0].ready_sent);
+        tensor_pin_account(p1, LEVEL_VRAM, -1);                 /* as handle_unpin() does it */
+        assert_int_equal(tensor_unpin(p1, LEVEL_VRAM, false), 0);
+        FIXTURE_RUN_UNTIL(m, p->hold[0].ready_sent);
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        tensor_pin_account(p2, LEVEL_VRAM, -1);
+        assert_int_equal(tensor_unpin(p2, LEVEL_VRAM, false), 0);
+        finish(m, j, c1, p);
+}
+
+/*
+ * Reclaim takes room from a live job above its share only down to that share: a segment holding
+ * more than the job has above it is not emptied (a whole 4 MiB segment of a job 1 MiB above its
+ * share used to go, leaving it below its guarantee).
+ */
+static void test_reclaim_keeps_the_share(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_LRU, 16 * MiB);
+        Job *v, *r;
+        Tensor *vt[9], *rt[5];
+        char name[16];
+
+        assert_int_equal(job_new(m->registry, "v", 0, &v), 0);
+        assert_int_equal(job_new(m->registry, "r", 0, &r), 0);
+        v->n_conns = 1;
+        r->n_conns = 1;
+        v->guarantee[LEVEL_HOST] = 8 * MiB;
+        for (int i = 0; i < 9; i++) {
+                snprintf(name, sizeof(name), "v%d", i);
+                vt[i] = tensor(v, name, MiB);
+                fixture_host_data(m, vt[i], (uint8_t) i);
+        }
+        for (int i = 0; i < 5; i++) {
+                snprintf(name, sizeof(name), "r%d", i);
+                rt[i] = tensor(r, name, MiB);
+        }
+        for (int i = 0; i < 4; i++)
+                fixture_host_data(m, rt[i], 0x40);
+        assert_int_equal(engine_job_share(m->engine, v, LEVEL_HOST), 8 * MiB);
+        assert_int_equal(v->used[LEVEL_HOST], 9 * MiB);
+        (void) fixture_op(m, OP_PIN, rt[4], LEVEL_HOST);        /* room from v, or none */
+        assert_true(v->used[LEVEL_HOST] >= v->guarantee[LEVEL_HOST]);
+        v->n_conns = 0;
+        r->n_conns = 0;
+        job_destroy(v);
+        job_destroy(r);
+        fixture_free(m);
+}
+
+/*
+ * A write-only pin ahead reserves T's copy without T's bytes: that copy is no valid copy of T until
+ * it is written.  Another connection's read of T in that tier is refused while the writer holds it
+ * (it used to get the garbage), and T's only real copy is not dropped for room as if the garbage
+ * were a second copy (it was, and T was left with the garbage); the hold let go unwritten leaves T
+ * as it was.
+ */
+static void test_write_only_pin_ahead_is_no_copy(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *t, *y, *z;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *p1, *p2;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        t = tensor(j, "T", MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        fixture_host_data(m, t, 0xab);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);
+        fixture_fill(t, LEVEL_VRAM, 0xcd);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
+        FIXTURE_RUN_UNTIL(m, !copy_valid(t, LEVEL_HOST));
+        assert_true(copy_is_sole(t, LEVEL_VRAM));               /* T's bytes: VRAM only */
+        fixture_host_data(m, y, 0x11);
+        {
+                Acc acc1[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_WRITE },
+                               { 2, x, LEVEL_HOST, PLAN_READ } };
+                Acc acc2[] = { { 0, z, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_VRAM, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acc1, 3, 3, &p1, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, acc2, 2, 2, &p2, err, sizeof(err)), 0);
+        }
+        set_durations(p1, 100);
+        marker(m, p1, 0);
+        FIXTURE_RUN_UNTIL(m, t->copy[LEVEL_HOST].pins > 0);     /* phase 1's write-only pin, ahead */
+        assert_true(t->copy[LEVEL_HOST].unwritten);
+        assert_false(copy_valid(t, LEVEL_HOST));
+        assert_true(copy_is_sole(t, LEVEL_VRAM));
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), -EBUSY);  /* another reader */
+        /* VRAM room for Y: T would have to go down, but its host room is the writer's: no room now */
+        assert_int_equal(fixture_op(m, OP_PREFETCH, y, LEVEL_VRAM), -ENOSPC);
+        assert_true(copy_is_sole(t, LEVEL_VRAM));
+        marker(m, p1, 2);                                       /* phase 1 never entered */
+        run_loop(m, 20);
+        assert_int_equal(t->version, 2);
+        assert_int_equal(t->copy[LEVEL_HOST].pins, 0);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0xcd);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        sched_plan_free(p2);
+        free(c2);
+        finish(m, j, c1, p1);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_end_plan_before_a_held_write),
+                cmocka_unit_test(test_gone_before_ready),
+                cmocka_unit_test(test_second_plan_grant),
+                cmocka_unit_test(test_stale_pinned_copy_not_refilled),
+                cmocka_unit_test(test_blocked_pin_retried_after_clean_unpin),
+                cmocka_unit_test(test_reclaim_keeps_the_share),
+                cmocka_unit_test(test_write_only_pin_ahead_is_no_copy),
+        };
+        return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
+}
