@@ -948,6 +948,11 @@ class Offload(torch.optim.Optimizer):
                                "state are this step's already, where torch.optim's are still the last step's; call "
                                "it after step(), or make the engine with optimizer_in_backward=False")
 
+    def parameters_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter by every name, copied out of tierd (what model.state_dict() holds of them)."""
+        self.check_idle("reading the parameters")
+        return state_mod.parameters_state_dict(self)
+
     @property
     def stall(self) -> float:
         """Seconds spent waiting in phases for tierd to bring data, so far."""
