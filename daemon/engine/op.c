@@ -347,7 +347,7 @@ static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
         int r;
 
         if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING) {
-                if (h->pins > 0)
+                if (h->writers > 0)
                         return stale_pinned(op, t, LEVEL_HOST);
                 h->state = COPY_FILLING;        /* stale: refill in place */
                 tensor_note(t);
@@ -384,7 +384,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
         if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) {
-                if (c->pins > 0)
+                if (c->writers > 0)
                         return stale_pinned(op, t, tier);
                 c->state = COPY_FILLING;        /* stale: refill in place */
                 tensor_note(t);
@@ -579,6 +579,8 @@ static void op_end(Op *op, int r) {
         if (r < 0 && op->tier >= 0 && t->copy[op->tier].state == COPY_FILLING && !t->xfer &&
             t->copy[op->tier].pins == 0)
                 copy_free(t, op->tier);
+        else if (r < 0 && !t->xfer)
+                tensor_free_stale(t);   /* (a copy a failed transfer left to its op's pin) */
         if (op->complete)
                 op->complete(op, r, r < 0 ? op->error : NULL);
         op_free(op);

@@ -126,7 +126,15 @@ static void xfer_finish_now(Xfer *x) {
                            t->name, t->job->name, level_to_string(x->src),
                            level_to_string(x->chain ? LEVEL_VRAM : x->dst), errmsg);
         }
-        if (x->error < 0)
+        if (x->error < 0 && d->pins > 0) {
+                /*
+                 * A copy still pinned (an async pin's op holds it, or a reader of the stale copy refilled
+                 * in place): its bytes are garbage now, and it goes once the last pin does (stale).
+                 */
+                d->state = COPY_RESIDENT;
+                d->version = t->version - 1;
+                d->unwritten = true;
+        } else if (x->error < 0)
                 /*
                  * The room it reserved goes back: that is no new room in the
                  * tier, so drains that failed stay blocked (Engine.space_gen);

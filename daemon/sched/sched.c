@@ -523,8 +523,8 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
 
         t->sched_op = NULL;
         slot_put(t->job, link);
-        if (status == -EAGAIN || status == -ENOSPC)
-                t->sched_blocked = s->epoch;
+        if (status == -EAGAIN || status == -ENOSPC || status == -EBUSY)
+                t->sched_blocked = s->epoch;    /* (-EBUSY: a stale copy still pinned, until it is unpinned) */
         /*
          * Write-behind copies a version once per tier: if room below runs short
          * and its copy there is dropped again (it is no sole copy), cleaning it

@@ -395,6 +395,7 @@ static void ghost_drop(Tensor *t, int tier) {
                 t->ghost_dead_before = false;
         tensor_pin_account(t, tier, -1);
         t->copy[tier].pins--;
+        t->copy[tier].unwritten = false;        /* written, as far as anyone can tell */
 }
 
 void copy_writers(Tensor *t, int tier, int delta) {

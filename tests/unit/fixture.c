@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <systemd/sd-event.h>
 #include <cmocka.h>
 
@@ -22,7 +23,8 @@ Manager *fixture_new(uint64_t target_size, void (*setup)(Config *c, void *userda
         Manager *m = NULL;
         Config c;
         char *err = NULL;
-        char path[128];
+        char path[128], sub[64];
+        static unsigned n_made;
 
         config_init(&c);
         c.host_capacity = 8 * MiB;
@@ -33,9 +35,12 @@ Manager *fixture_new(uint64_t target_size, void (*setup)(Config *c, void *userda
         c.vram_chunk_size = 2 * MiB;
         c.vram_job_limit = 2 * MiB;
         c.nvme_job_limit = 16 * MiB;
-        snprintf(path, sizeof(path), "%s/t0.img", dir);
+        /* a directory of its own: one a failed test left running (locked) is not in the next one's way */
+        snprintf(sub, sizeof(sub), "%s/%u", dir, ++n_made);
+        assert_int_equal(mkdir(sub, 0700), 0);
+        snprintf(path, sizeof(path), "%s/t0.img", sub);
         free(c.state_dir);
-        c.state_dir = strdup(dir);
+        c.state_dir = strdup(sub);
         c.targets[0].path = strdup(path);
         c.targets[0].size = target_size;
         c.n_targets = 1;

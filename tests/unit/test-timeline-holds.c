@@ -135,11 +135,10 @@ static void test_second_plan_grant(void **state) {
 }
 
 /*
- * A stale copy a client still has pinned (T written in VRAM since) is not refilled under its pin:
- * another pin of it in host is refused (-EBUSY) and changes nothing.  The pinner's dirty unpin then
- * stands (it used to be taken back when the refill ended, and T was left with no copy at all; a
- * refill that failed freed the pinned copy, a use after free at the unpin).  Pinned again, T reads
- * what the pinner wrote.
+ * A stale copy a client still has pinned for writing (T written in VRAM since) is not refilled under
+ * its pin: another pin of it in host is refused (-EBUSY) and changes nothing.  The pinner's dirty
+ * unpin then stands (it used to be taken back when the refill ended, and T was left with no copy at
+ * all).  Pinned again, T reads what the pinner wrote.
  */
 static void test_stale_pinned_copy_not_refilled(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
@@ -149,7 +148,8 @@ static void test_stale_pinned_copy_not_refilled(void **state) {
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
         t = tensor(j, "T", MiB);
         fixture_host_data(m, t, 0x11);
-        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A holds it */
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A holds it, to write */
+        copy_writers(t, LEVEL_HOST, +1);                                /* (as rpc.c's pin_record()) */
         assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client B writes VRAM */
         fixture_fill(t, LEVEL_VRAM, 0x22);
         assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
@@ -160,12 +160,48 @@ static void test_stale_pinned_copy_not_refilled(void **state) {
         assert_null(t->xfer);
         fixture_fill(t, LEVEL_HOST, 0x33);                              /* A writes, unpins dirty */
         assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        copy_writers(t, LEVEL_HOST, -1);
         assert_int_equal(t->version, 3);
         assert_true(copy_valid(t, LEVEL_HOST));
         assert_false(copy_valid(t, LEVEL_VRAM));
         assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);
         assert_int_equal(fixture_byte(t, LEVEL_VRAM, 0), 0x33);
         assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * A stale copy a client has pinned for reading is refilled in place (the reader sees the newest
+ * bytes, as it always did); when that refill fails, the copy stays while the reader holds it (it was
+ * freed under the pin: a use after free at the unpin) and goes, stale, with the unpin.
+ */
+static void test_stale_read_pin_refill_fails(void **state) {
+        Manager *m;
+        Tensor *t;
+        Job *j;
+
+        setenv("TIERD_TEST_FAULTS", "vram-d2h-eio:count=1", 1);
+        m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x11);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A reads it */
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client B writes VRAM */
+        fixture_fill(t, LEVEL_VRAM, 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
+        assert_true(fixture_op(m, OP_PIN, t, LEVEL_HOST) < 0);          /* C: the VRAM -> host copy fails */
+        assert_int_equal(t->copy[LEVEL_HOST].pins, 1);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_RESIDENT);     /* A's, still there */
+        assert_false(copy_valid(t, LEVEL_HOST));
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        assert_int_equal(engine_tensor_free(m->engine, t), 0);
         job_destroy(j);
         fixture_free(m);
 }
@@ -314,6 +350,7 @@ int main(void) {
                 cmocka_unit_test(test_gone_before_ready),
                 cmocka_unit_test(test_second_plan_grant),
                 cmocka_unit_test(test_stale_pinned_copy_not_refilled),
+                cmocka_unit_test(test_stale_read_pin_refill_fails),
                 cmocka_unit_test(test_blocked_pin_retried_after_clean_unpin),
                 cmocka_unit_test(test_reclaim_keeps_the_share),
                 cmocka_unit_test(test_write_only_pin_ahead_is_no_copy),
