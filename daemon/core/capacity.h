@@ -57,7 +57,8 @@ typedef struct CapacityFacts {
         uint64_t memlock_limit;         /* RLIMIT_MEMLOCK (soft), bytes; UINT64_MAX: unlimited */
         bool cap_ipc_lock;              /* CAP_IPC_LOCK is effective: neither mlock nor io_uring is limited */
         bool vram_emulated;             /* the VRAM tier is host memory (memfd, populated, not locked) */
-        uint64_t held;                  /* host memory tierd's running pools hold: a restart gives it back (reload) */
+        uint64_t held;                  /* host memory tierd holds: its running pools (reload), or the last run's in
+                                         * the fd store (start): what it gets back */
         CapacityTarget targets[CONFIG_MAX_TARGETS];     /* in the order of [nvme] target */
 } CapacityFacts;
 

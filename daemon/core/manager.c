@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-event.h>
 
@@ -127,6 +128,25 @@ static void store_made_host(Segment *seg, void *userdata) {
 
 static void store_made_vram(Segment *seg, void *userdata) {
         memstore_segment_made(((Manager *) userdata)->memstore, LEVEL_VRAM, seg);
+}
+
+/*
+ * Memory the last run's pools hold in the service manager's fd store (the memory store's memfds):
+ * this start takes it back, adopted or dropped, so the capacity check counts it as tierd's own, as a
+ * reload counts the running pools (it is in the cgroup's usage and out of MemAvailable already).
+ */
+static uint64_t stored_memory(void) {
+        uint64_t sum = 0;
+
+        for (size_t i = 0; i < stored.n; i++) {
+                struct stat st;
+
+                if (stored.fds[i] >= 0 && stored.names[i] &&
+                    strncmp(stored.names[i], MEMSTORE_FD_PREFIX, strlen(MEMSTORE_FD_PREFIX)) == 0 &&
+                    fstat(stored.fds[i], &st) == 0 && S_ISREG(st.st_mode))
+                        sum += (uint64_t) st.st_blocks * 512;
+        }
+        return sum;
 }
 
 /* The memory store, before the pools: what the last run left is adopted as they are made. */
@@ -256,6 +276,7 @@ static int manager_setup_tiers(Manager *m) {
         r = capacity_facts_read(&m->config, 0, &facts);       /* .vram_emulated: set below */
         if (r < 0)
                 return log_error_errno(r, "Cannot read what this machine has: %m");
+        facts.held = stored_memory();
 
         r = uring_new(m->event, m->config.nvme_queue_depth, &m->uring);
         if (r < 0)

@@ -59,6 +59,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <systemd/sd-daemon.h>
 #include <systemd/sd-event.h>
 
 #include "daemon/base/level.h"
@@ -257,6 +258,13 @@ MemStore *memstore_free(MemStore *ms) {
         return NULL;
 }
 
+/* An fd of the last run's that this run does not take: closed, and out of the service manager's store
+ * too, which would otherwise keep its memory until tierd is stopped for good. */
+static void inherited_drop(const char *name, int fd) {
+        safe_close(fd);
+        (void) sd_notifyf(false, "FDSTOREREMOVE=1\nFDNAME=%s", name);
+}
+
 int memstore_inherit(MemStore *ms, const char *name, int fd) {
         const char *rest;
         char *end;
@@ -266,7 +274,7 @@ int memstore_inherit(MemStore *ms, const char *name, int fd) {
                 return 0;
         rest = name + strlen(MEMSTORE_FD_PREFIX);
         if (!ms) {
-                safe_close(fd);         /* no store this run: the memory is not ours to use */
+                inherited_drop(name, fd);       /* no store this run: the memory is not ours to use */
                 return 1;
         }
         if (strcmp(rest, "table-0") == 0 || strcmp(rest, "table-1") == 0) {
@@ -286,7 +294,7 @@ int memstore_inherit(MemStore *ms, const char *name, int fd) {
                 if (errno || *end || end == rest + l + 1 || id >= ms->n_segs[k]) {
                         log_info("Memory store: '%s' is not a segment of the %s pool as configured now: dropped",
                                  name, tier_names[k]);
-                        safe_close(fd);
+                        inherited_drop(name, fd);
                         return 1;
                 }
                 safe_close(ms->old_seg[k][id]);
@@ -294,7 +302,7 @@ int memstore_inherit(MemStore *ms, const char *name, int fd) {
                 return 1;
         }
         log_info("Memory store: an fd named '%s' is not one tierd knows: dropped", name);
-        safe_close(fd);
+        inherited_drop(name, fd);
         return 1;
 }
 
