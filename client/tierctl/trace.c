@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* trace.c: tierctl trace: record what tierd does for N seconds and write it as Chrome Trace Event JSON. */
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -105,7 +107,8 @@ int verb_trace(int argc, char **argv) {
         tier_trace *t = NULL;
         sigset_t set, old;
         int opt, fd = -1, r, ret = EXIT_FAILURE;
-        char *end;
+        char *end, *tmp = NULL;
+        struct stat st;
 
         optind = 0;
         opterr = 0;
@@ -114,7 +117,8 @@ int verb_trace(int argc, char **argv) {
                 case ARG_SECONDS:
                         errno = 0;
                         seconds = strtoul(optarg, &end, 10);
-                        if (errno || *end || end == optarg || seconds < 1 || seconds > 3600) {
+                        if (errno || *end || end == optarg || !isdigit((unsigned char) *optarg) || seconds < 1 ||
+                            seconds > 3600) {
                                 fprintf(stderr, "tierctl trace: --seconds '%s' is not a number of seconds from 1 "
                                         "to 3600\n", optarg);
                                 return EXIT_USAGE;
@@ -123,7 +127,8 @@ int verb_trace(int argc, char **argv) {
                 case ARG_BUFFER:
                         errno = 0;
                         buffer = strtoul(optarg, &end, 10);
-                        if (errno || *end || end == optarg || buffer < 1 || buffer > 1024 * 1024) {
+                        if (errno || *end || end == optarg || !isdigit((unsigned char) *optarg) || buffer < 1 ||
+                            buffer > 1024 * 1024) {
                                 fprintf(stderr, "tierctl trace: --buffer '%s' is not a number of records from 1 "
                                         "to 1048576\n", optarg);
                                 return EXIT_USAGE;
@@ -151,10 +156,31 @@ int verb_trace(int argc, char **argv) {
         }
         if (strcmp(out, "-") == 0) {
                 fd = STDOUT_FILENO;
-        } else {
-                fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        } else if (lstat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
+                /* a device, a FIFO, a symbolic link: written as it is, never replaced or removed */
+                fd = open(out, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOCTTY);
                 if (fd < 0) {
                         fprintf(stderr, "tierctl trace: cannot open '%s' for writing: %m\n", out);
+                        return EXIT_FAILURE;
+                }
+        } else {
+                /* a file: written beside it and renamed over it once whole (a failed trace leaves it be) */
+                mode_t mask = umask(0);
+
+                umask(mask);
+                if (asprintf(&tmp, "%s.XXXXXX", out) < 0) {
+                        tmp = NULL;
+                        fprintf(stderr, "tierctl trace: out of memory\n");
+                        return EXIT_FAILURE;
+                }
+                fd = mkostemp(tmp, O_CLOEXEC);
+                if (fd < 0 || fchmod(fd, 0644 & ~mask) < 0) {
+                        fprintf(stderr, "tierctl trace: cannot write a file beside '%s': %m\n", out);
+                        if (fd >= 0) {
+                                close(fd);
+                                (void) unlink(tmp);
+                        }
+                        free(tmp);
                         return EXIT_FAILURE;
                 }
         }
@@ -188,6 +214,14 @@ int verb_trace(int argc, char **argv) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
                 goto restore;
         }
+        if (tmp && rename(tmp, out) < 0) {
+                fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
+                goto restore;
+        }
+        if (tmp) {
+                free(tmp);
+                tmp = NULL;             /* renamed: nothing to remove */
+        }
         print_summary(out, t);
         ret = EXIT_SUCCESS;
 restore:
@@ -199,7 +233,9 @@ finish:
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
                 ret = EXIT_FAILURE;
         }
-        if (ret != EXIT_SUCCESS && fd > STDOUT_FILENO)
-                (void) unlink(out);
+        if (tmp) {
+                (void) unlink(tmp);     /* never the output itself: what was there stays */
+                free(tmp);
+        }
         return ret;
 }

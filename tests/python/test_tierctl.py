@@ -428,6 +428,51 @@ class TestTierctl(tierd.DaemonTestCase):
         # tracing stopped with the verb: another trace may start at once
         self.ctl("trace", "--seconds", "1", "-o", out)
 
+    def test_trace_failure_keeps_output(self) -> None:
+        """A trace that fails (no tierd, refused, another trace running) leaves -o's file as it was, and
+        a device, FIFO or link named by -o is written through, never replaced or removed: it used to
+        be truncated at once and removed at the failure (a second trace removed the first one's
+        output).  A signed or spaced --seconds is a usage error."""
+        d = self.d.dir
+        keep = os.path.join(d, "keep.json")
+        with open(keep, "w") as f:
+            f.write("x")
+        target = os.path.join(d, "target.json")
+        with open(target, "w") as f:
+            f.write("y")
+        link = os.path.join(d, "link.json")
+        os.symlink(target, link)
+        for out in (keep, link):
+            p = subprocess.run([tierctl_path(), "--socket", "/nonexistent/tierd.sock", "trace", "--seconds", "1",
+                                "-o", out], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 1, p.stderr)
+        with open(keep) as f:
+            self.assertEqual(f.read(), "x")
+        self.assertTrue(os.path.islink(link))
+        with open(target) as f:
+            self.assertEqual(f.read(), "y")
+        self.assertEqual(sorted(n for n in os.listdir(d) if n.startswith(("keep.json.", "link.json."))), [])
+        for bad in ("+5", " 5", "-1"):
+            self.assertIn("--seconds", self.ctl("trace", "--seconds", bad, "-o", keep, expect=2).stderr)
+        if os.geteuid() != 0:
+            self.skipTest("tracing needs root or group tier-admin: the rest needs a running trace")
+        out = os.path.join(d, "first.json")
+        p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
+            self.assertIn("trace failed", self.ctl("trace", "--seconds", "1", "-o", out, expect=1).stderr)
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(60), 0, p.stderr.read())
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        with open(out) as f:
+            self.assertIn("traceEvents", json.load(f))
+
     # -- quota keeps working inside the verb table
     def test_quota_json(self) -> None:
         c = self.client("qj")
