@@ -157,8 +157,9 @@ int verb_trace(int argc, char **argv) {
         if (strcmp(out, "-") == 0) {
                 fd = STDOUT_FILENO;
         } else if (lstat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
-                /* a device, a FIFO, a symbolic link: written as it is, never replaced or removed */
-                fd = open(out, O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOCTTY);
+                /* a device, a FIFO, a symbolic link: written through (truncated once the trace is read),
+                 * never replaced or removed */
+                fd = open(out, O_WRONLY | O_CLOEXEC | O_NOCTTY);
                 if (fd < 0) {
                         fprintf(stderr, "tierctl trace: cannot open '%s' for writing: %m\n", out);
                         return EXIT_FAILURE;
@@ -203,6 +204,10 @@ int verb_trace(int argc, char **argv) {
         r = tier_trace_stop(c, &t);
         if (r < 0) {
                 fprintf(stderr, "tierctl: reading the trace failed: %s\n", why(c, r));
+                goto restore;
+        }
+        if (!tmp && fd != STDOUT_FILENO && ftruncate(fd, 0) < 0 && errno != EINVAL) {
+                fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
                 goto restore;
         }
         r = tier_trace_write_json(t, fd);
