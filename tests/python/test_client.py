@@ -220,6 +220,26 @@ class TestClient(tierd.DaemonTestCase):
         self.assertFalse(t.stat().dirty["host"])
         t.destroy()
 
+    def test_tensor_unpin_follows_the_grant(self) -> None:
+        """Tensor.unpin(tier) without dirty= takes the Grant's dirty: a READ_WRITE pin written and let go
+        that way is dirty (it was clean, and the write was dropped as if nothing had changed); a READ
+        pin's is clean; dirty= given wins."""
+        c = self.client()
+        t = c.create("t", 4096)
+        g = t.pin(tier.HOST)
+        g.memoryview()[:4] = b"abcd"
+        t.unpin(tier.HOST)
+        self.assertTrue(t.stat().dirty["host"])
+        t.evict(tier.NVME)
+        g = t.pin(tier.HOST, tier.READ)
+        self.assertEqual(bytes(g.memoryview()[:4]), b"abcd")
+        t.unpin(tier.HOST)
+        self.assertFalse(t.stat().dirty["host"])
+        t.pin(tier.HOST)
+        t.unpin(tier.HOST, False)
+        self.assertFalse(t.stat().dirty["host"])
+        t.destroy()
+
     def test_write_only_pin_moves_nothing(self) -> None:
         c = self.client()
         t = c.create("t", 8 * MiB)

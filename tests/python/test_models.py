@@ -19,6 +19,7 @@ warning for a block holding most of the state.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 import unittest
 import warnings
@@ -543,6 +544,135 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
         the model's zero_grad()."""
         self.moe_as_one_block([moe_batch(5, 3), moe_batch(6, None), moe_batch(7, 0), moe_batch(8, 3)],
                               zero_grad=True)
+
+
+@dataclasses.dataclass
+class Out:
+    logits: "torch.Tensor"
+
+
+class DataclassOut(torch.nn.Module if torch else object):
+    """A model whose output is a dataclass (as a policy's distribution or a user's record is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return Out(self.b(torch.relu(self.a(x))))
+
+
+def normed() -> "torch.nn.Module":
+    """Two weight_norm layers as blocks: their pre-hooks read weight_g and weight_v."""
+    torch.manual_seed(6)
+    wn = torch.nn.utils.weight_norm
+    return torch.nn.Sequential(wn(torch.nn.Linear(8, 16)), torch.nn.ReLU(), wn(torch.nn.Linear(16, 4)))
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestModelShapes(tierd.DaemonTestCase):
+    """Models built in ways the blocks' hooks must not miss, and what an engine cannot follow."""
+    config = CONFIG
+
+    def setUp(self) -> None:
+        import tier.torch
+
+        super().setUp()
+        warnings.simplefilter("ignore", tier.torch.TierTorchWarning)      # (tiny models: one block dominates)
+        self.addCleanup(warnings.resetwarnings)
+
+    def exact(self, make, loss_fn, steps: int = 3, clip: float | None = None) -> None:
+        import tier.torch
+
+        torch.manual_seed(3)
+        model = make()
+        torch.manual_seed(3)
+        ref = make()                # (weight_norm's module holds a non-leaf weight: no deepcopy)
+        g = torch.Generator().manual_seed(4)
+        data = [torch.randn(5, 8, generator=g) for _ in range(steps)]
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = tier.torch.Offload(model, self.client(), lr=1e-2)
+        rl, tl, rn, tn = [], [], [], []
+        for x in data:
+            for m, o, losses, norms in ((ref, opt, rl, rn), (model, eng, tl, tn)):
+                loss = loss_fn(m, x)
+                loss.backward()
+                if clip is not None:
+                    norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), clip).item())
+                o.step()
+                o.zero_grad()
+                losses.append(loss.item())
+        self.assertEqual(tl, rl)
+        self.assertEqual(tn, rn)
+        sd = eng.parameters_state_dict()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
+    def test_weight_norm_blocks(self) -> None:
+        """weight_norm's pre-hook computes the weight from weight_g and weight_v: the engine's pre-hook maps
+        them first (it ran after it, on the empty placeholders: a SIGFPE or a shape error)."""
+        self.exact(normed, lambda m, x: m(x).pow(2).mean())
+
+    def test_dataclass_output_with_clipping(self) -> None:
+        """An output that is a dataclass: the backward's start is found (it was not: the clip's norm left
+        the last block's gradients out, silently)."""
+        self.exact(DataclassOut, lambda m, x: m(x).logits.pow(2).mean(), clip=0.01)
+
+    def test_requires_grad_changed_refused(self) -> None:
+        """Which parameters train is laid out when the engine is made: a change after is refused at the
+        next forward, before it changes anything (torch.optim would update a parameter unfrozen later;
+        the engine never did)."""
+        import tier.torch
+
+        torch.manual_seed(3)
+        model = DataclassOut()
+        model.a.bias.requires_grad_(False)
+        eng = tier.torch.Offload(model, self.client(), lr=1e-2)
+        x = torch.randn(5, 8)
+        model(x).logits.sum().backward()
+        eng.step()
+        before = eng.parameters_state_dict()
+        model.a.bias.requires_grad_(True)
+        with self.assertRaisesRegex(RuntimeError, r"parameter a\.bias: requires_grad is True now, False when .*"
+                                                  r"close\(\) the engine and make a new one"):
+            model(x)
+        after = eng.parameters_state_dict()
+        for n in before:
+            self.assertTrue(torch.equal(before[n], after[n]), n)
+        model.a.bias.requires_grad_(False)
+        eng.close()
+
+    def test_failed_engine_keeps_the_model(self) -> None:
+        """An engine refused for want of room (a host quota below one block's state) leaves the model its
+        parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same
+        weights.  The model used to be left with empty placeholders, and the retry destroyed the tensors
+        holding the only copy of the weights."""
+        import tier
+        import tier.torch
+
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(512, 64))
+        want = {n: p.detach().clone() for n, p in model.named_parameters()}
+        c = self.client("refused")
+        c.set_quota(host=96 * 1024)         # the first block's state fits, the second's does not
+        with self.assertRaises(tier.TierError):
+            tier.torch.Offload(model, c, lr=1e-2)
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), want[n]), n)
+        for name in ("torch.0.0.p", "torch.0.0.m", "torch.0.2.p"):
+            with self.assertRaises(tier.NotFoundError):
+                c.open(name)
+        c.set_quota(host=64 * MiB)
+        eng = tier.torch.Offload(model, c, lr=1e-2)
+        sd = eng.parameters_state_dict()
+        for n in want:
+            self.assertTrue(torch.equal(sd[n], want[n]), n)
+        eng.close()
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), want[n]), n)
+
 
 if __name__ == "__main__":
     tierd.main()

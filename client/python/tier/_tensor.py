@@ -358,10 +358,13 @@ class Tensor:
         grants.remove(grant)
         return grant
 
-    def _unpin(self, tier: Level, dirty: bool, grant: Grant | None, stream: Any = None, after: bool = False) -> None:
+    def _unpin(self, tier: Level, dirty: bool | None, grant: Grant | None, stream: Any = None,
+               after: bool = False) -> None:
         op = self._op("unpin", tier)
         h = self._handle(op)
         g = self._take_grant(tier, grant)
+        if dirty is None:
+            dirty = g.dirty if g is not None else False     # (a pin of another Grant-less path: clean)
         if g is not None:
             g._invalidate()
         if after:
@@ -373,12 +376,14 @@ class Tensor:
             self._grants.setdefault(tier, []).append(g)
         self._check(r, op)
 
-    def unpin(self, tier: TierLike, dirty: bool = False) -> None:
-        """Drop one pin in @tier (``tier_unpin()``); @dirty: this process wrote the copy.
+    def unpin(self, tier: TierLike, dirty: bool | None = None) -> None:
+        """Drop one pin in @tier (``tier_unpin()``); @dirty: this process wrote the copy; None (the
+        default): that Grant's ``dirty``, which a pin that may write starts with (a written copy
+        unpinned clean could be dropped as if nothing had changed).
 
         Invalidates the most recent Grant of that tier still pinned.
         """
-        self._unpin(_level(tier), bool(dirty), None)
+        self._unpin(_level(tier), None if dirty is None else bool(dirty), None)
 
     def unpin_after(self, tier: TierLike, dirty: bool, stream: Any) -> None:
         """``tier_unpin_after()``: unpin a VRAM pin once the work queued on CUDA @stream is done.

@@ -196,7 +196,7 @@ class Offload(torch.optim.Optimizer):
                           f"({fmt_bytes(b.nbytes)} of {fmt_bytes(sum(x.nbytes for x in self.blocks))}): every "
                           f"phase of it pins all of that, so no budget below it fits; {discovery.split_hint(b)}",
                           TierTorchWarning, stacklevel=2)
-        self._create_tensors()
+        state_mod.create_tensors(self)
         self.hooks = Hooks(self)
         self.hooks.attach()
         self.model_hooks = state_mod.ModelStateHooks(self)
@@ -307,28 +307,6 @@ class Offload(torch.optim.Optimizer):
 
     def _meta_name(self) -> str:
         return f"{self._prefix}.{self._rank}.{resume_mod.KIND}"
-
-    def _create_tensors(self) -> None:
-        if self.resume and resume_mod.try_resume(self):
-            # the job's tensors hold the model now (its last commit): nothing is written
-            self.resumed = True
-            for b in self.blocks:
-                for s in b.slots:
-                    s.param.data = self._placeholder(s.param)
-            return
-        # afresh: a resume record an earlier run left goes with its tensors, so that a later resume=True
-        # cannot pair it with the tensors made here (the job's commit would give them back as zeros)
-        resume_mod.discard_meta(self)
-        for b in self.blocks:
-            for kind in self._kinds(b):
-                self._create(b, kind, b.kind_bytes(kind))
-            if not b.slots:
-                continue
-            # the initial parameters go in (and the master weights, part by part); g and the step
-            # rule's state start as zeros (a new tensor reads as zeros)
-            self.write_params(b, {id(s): s.param.data for s in b.slots}, "writing its initial parameters")
-            for s in b.slots:
-                s.param.data = self._placeholder(s.param)
 
     def write_params(self, b: Block, values: dict[int, torch.Tensor], what: str) -> None:
         """Write ``values`` (slot id -> tensor of its shape) into b's parameters, and into its master

@@ -53,16 +53,22 @@ class Alias:
     dtype: torch.dtype
 
 
-def tensors_of(x: Any) -> Iterable[torch.Tensor]:
-    """The tensors in a module's output (nested tuples, lists, dicts, Hugging Face ModelOutputs)."""
+def tensors_of(x: Any, depth: int = 0) -> Iterable[torch.Tensor]:
+    """The tensors in a module's output (nested tuples, lists, dicts, Hugging Face ModelOutputs,
+    dataclasses and other objects' attributes, e.g. a torch.distributions one; not modules)."""
+    if depth > 16:
+        return
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):
         for y in x:
-            yield from tensors_of(y)
+            yield from tensors_of(y, depth + 1)
     elif isinstance(x, dict):
         for y in x.values():
-            yield from tensors_of(y)
+            yield from tensors_of(y, depth + 1)
+    elif not isinstance(x, (torch.nn.Module, type, str, bytes, int, float, bool)) and hasattr(x, "__dict__"):
+        for y in vars(x).values():
+            yield from tensors_of(y, depth + 1)
 
 
 class Hooks:
@@ -79,7 +85,11 @@ class Hooks:
         self.handles.append(e.model.register_forward_hook(self.root_post))
         for b in e.blocks:
             if b.module is not None:
-                self.handles.append(b.module.register_forward_pre_hook(self.block_pre))
+                h = b.module.register_forward_pre_hook(self.block_pre)
+                # first: the module's own pre-hooks (weight_norm, spectral_norm, prune, a user's) read
+                # its parameters, which are placeholders until this one maps them
+                b.module._forward_pre_hooks.move_to_end(h.id, last=False)
+                self.handles.append(h)
                 self.handles.append(b.module.register_forward_hook(self.block_post))
 
     def detach(self) -> None:
@@ -96,6 +106,15 @@ class Hooks:
     # ---- the model ----------------------------------------------------------------------------
 
     def root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled():
+            for b in self.engine.blocks:
+                for s in b.slots:
+                    if s.param.requires_grad != s.trainable:
+                        raise RuntimeError(
+                            f"parameter {s.names[0]}: requires_grad is {s.param.requires_grad} now, {s.trainable} "
+                            "when the tier.torch engine was made, which laid out what trains then (its "
+                            "gradients, optimizer state and updates): close() the engine and make a new one "
+                            "after changing which parameters train")
         self.engine.forward_begins()
         self.close_saved()          # a forward that raised left it open
         if torch.is_grad_enabled():
@@ -113,9 +132,15 @@ class Hooks:
             def on_out_grad(grad: torch.Tensor) -> None:
                 e.backward_begins()
 
+            found = False
             for t in tensors_of(out):
                 if t.requires_grad:
                     t.register_hook(on_out_grad)
+                    found = True
+            if not found and any(s.trainable for b in e.blocks for s in b.slots):
+                raise RuntimeError(f"the model's output ({type(out).__name__}) holds no tensor with gradients "
+                                   "that tier.torch can find, so it cannot tell when the backward starts: "
+                                   "return tensors (or tuples, lists, dicts, dataclasses of them)")
 
     # ---- blocks -------------------------------------------------------------------------------
 

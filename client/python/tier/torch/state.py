@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import HOST, READ, READ_WRITE, WRITE
+from . import resume as resume_mod
 from .layout import Block, Slot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -146,6 +147,44 @@ class ModelStateHooks:
         for b, vals in todo.values():
             write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
+
+
+def create_tensors(eng: "Offload") -> None:
+    """The engine's tensors in tierd, the model's parameters written into them (or, resuming, the
+    job's last commit): then the parameters are placeholders.  A failure (a quota, no room) leaves the
+    model its parameters and drops the tensors made here (a retry used to lay out the placeholders,
+    and destroy the tensors holding the only copy of the weights as an earlier run's)."""
+    if eng.resume and resume_mod.try_resume(eng):
+        # the job's tensors hold the model now (its last commit): nothing is written
+        eng.resumed = True
+        for b in eng.blocks:
+            for s in b.slots:
+                s.param.data = eng._placeholder(s.param)
+        return
+    # afresh: a resume record an earlier run left goes with its tensors, so that a later resume=True
+    # cannot pair it with the tensors made here (the job's commit would give them back as zeros)
+    resume_mod.discard_meta(eng)
+    real = {id(s): s.param.data for b in eng.blocks for s in b.slots}
+    try:
+        for b in eng.blocks:
+            for kind in eng._kinds(b):
+                eng._create(b, kind, b.kind_bytes(kind))
+            # the initial parameters go in (and the master weights, part by part); g and the step
+            # rule's state start as zeros (a new tensor reads as zeros)
+            if b.slots:
+                eng.write_params(b, {id(s): real[id(s)] for s in b.slots}, "writing its initial parameters")
+    except BaseException:
+        for b in eng.blocks:
+            for t in b.tensors.values():
+                try:
+                    t.destroy()
+                except Exception:           # pragma: no cover - refused too: it lingers with the job
+                    pass
+            b.tensors.clear()
+        raise
+    for b in eng.blocks:
+        for s in b.slots:
+            s.param.data = eng._placeholder(s.param)
 
 
 def parameters_of(eng: "Offload", b: Block) -> dict[str, torch.Tensor]:
