@@ -132,11 +132,13 @@ static int reply_pin(Rpc *r, Conn *c, uint64_t seq, Tensor *t, int tier, uint64_
         pr.fence = fence;
         /*
          * The copy into VRAM is queued: the client's stream may wait for it on
-         * the device.  Only for a copy in one piece: the pieces of a larger one
-         * go on several streams, and the fence is what says all are done.
+         * the device.  Only for a copy in one piece made by one copy: the
+         * pieces of a larger one, or the copies of one piece split over host
+         * pieces or chained from NVMe, go on several streams, and the fence is
+         * what says all are done.
          */
         if (fence && tier == LEVEL_VRAM && cp->n_pieces == 1 &&
-            vram_copy_event(r->vram, cp->pieces[0].seg, cp->pieces[0].offset, ev) > 0)
+            vram_copy_event(r->vram, cp->pieces[0].seg, cp->pieces[0].offset, cp->pieces[0].len, ev) > 0)
                 pr.ipc_event = (ProtobufCBinaryData) { .len = sizeof(ev), .data = ev };
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_PIN;

@@ -601,13 +601,14 @@ static int cuda_zero(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len
         return cudrv_errno(r);
 }
 
-static int cuda_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
+static int cuda_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint64_t len,
+                           uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
         VramCuda *v = container_of(b, VramCuda, base);
 
         list_for_each_safe(n, tmp, &v->inflight) {
                 CudaOp *op = list_entry(n, CudaOp, link);
 
-                if (op->ipc >= 0 && op->copy->seg == seg && op->copy->offset == offset &&
+                if (op->ipc >= 0 && op->copy->seg == seg && op->copy->offset == offset && op->copy->len == len &&
                     op->copy->dir == VRAM_TO_DEVICE) {
                         memcpy(ret, &v->ipc[op->ipc].handle, VRAM_IPC_EVENT_SIZE);
                         return 1;

@@ -83,10 +83,11 @@ void vram_host_unregister(VramBackend *b, Segment *seg) {
                 b->ops->host_unregister(b, seg->map);
 }
 
-int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
+int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint64_t len,
+                    uint8_t ret[VRAM_IPC_EVENT_SIZE]) {
         if (!b || !seg || !b->ops->copy_event)
                 return 0;
-        return b->ops->copy_event(b, seg, offset, ret);
+        return b->ops->copy_event(b, seg, offset, len, ret);
 }
 
 int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size) {

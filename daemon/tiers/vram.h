@@ -56,7 +56,8 @@ typedef struct VramBackendOps {
         int (*set_bandwidth)(VramBackend *b, uint64_t bandwidth);       /* emulated only */
         int (*host_register)(VramBackend *b, void *p, uint64_t size);
         void (*host_unregister)(VramBackend *b, void *p);
-        int (*copy_event)(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]);
+        int (*copy_event)(VramBackend *b, const Segment *seg, uint64_t offset, uint64_t len,
+                          uint8_t ret[VRAM_IPC_EVENT_SIZE]);
         int (*wait_event)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle,
                           size_t size);
 } VramBackendOps;
@@ -128,12 +129,15 @@ void vram_host_unregister(VramBackend *b, Segment *seg);
 
 /*
  * vram_copy_event() - the interprocess CUDA event that completes with the
- * copy into [@seg, @offset) now queued on the device, for a client's stream
- * to wait on (PinReply.ipc_event).  Returns 1 with @ret filled, 0 when no
- * such copy is queued (or the backend has no events): the fence is the only
- * completion signal then.
+ * copy into [@offset, @offset + @len) of @seg now queued on the device, for a
+ * client's stream to wait on (PinReply.ipc_event).  Returns 1 with @ret
+ * filled, 0 when no one copy of that whole range is queued (none, or the range
+ * goes in several copies: a chained transfer's, or one split over host
+ * pieces, whose first copy's event would say nothing of the others), or the
+ * backend has no events: the fence is the only completion signal then.
  */
-int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint8_t ret[VRAM_IPC_EVENT_SIZE]);
+int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint64_t len,
+                    uint8_t ret[VRAM_IPC_EVENT_SIZE]);
 
 /*
  * vram_wait_event() - a client unpinned [@offset, +@len) of @seg with work

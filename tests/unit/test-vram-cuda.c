@@ -521,19 +521,20 @@ static void test_copy_event(void **state) {
         host = calloc(1, 4 * MiB);
         assert_non_null(host);
 
-        assert_int_equal(vram_copy_event(b, seg, 0, ev), 0);            /* nothing queued */
+        assert_int_equal(vram_copy_event(b, seg, 0, 65536, ev), 0);     /* nothing queued */
         fake_hold();
         d = (Done) { .copy = { .dir = VRAM_TO_DEVICE, .host = host, .seg = seg, .offset = 0, .len = 65536,
                                .done = on_done } };
         assert_int_equal(b->ops->copy(b, &d.copy), 0);
-        assert_int_equal(vram_copy_event(b, seg, 0, ev), 1);
-        assert_int_equal(vram_copy_event(b, seg, 65536, ev2), 0);       /* another range */
+        assert_int_equal(vram_copy_event(b, seg, 0, 65536, ev), 1);
+        assert_int_equal(vram_copy_event(b, seg, 65536, 4096, ev2), 0); /* another range */
+        assert_int_equal(vram_copy_event(b, seg, 0, 131072, ev2), 0);   /* more than that copy: none */
 
         /* a second copy in flight gets another event */
         d2 = (Done) { .copy = { .dir = VRAM_TO_DEVICE, .host = host, .seg = seg, .offset = 65536, .len = 4096,
                                 .done = on_done } };
         assert_int_equal(b->ops->copy(b, &d2.copy), 0);
-        assert_int_equal(vram_copy_event(b, seg, 65536, ev2), 1);
+        assert_int_equal(vram_copy_event(b, seg, 65536, 4096, ev2), 1);
         assert_memory_not_equal(ev, ev2, sizeof(ev));
 
         /* what a client gets: an event that completes with the copy */
@@ -545,14 +546,14 @@ static void test_copy_event(void **state) {
         run_until_done(e, &d);
         run_until_done(e, &d2);
         assert_int_equal(drv->cuEventQuery(opened), CUDA_SUCCESS);
-        assert_int_equal(vram_copy_event(b, seg, 0, ev), 0);            /* done: none any more */
+        assert_int_equal(vram_copy_event(b, seg, 0, 65536, ev), 0);     /* done: none any more */
 
         /* downloads carry none */
         d = (Done) { .copy = { .dir = VRAM_TO_HOST, .host = host, .seg = seg, .offset = 0, .len = 4096,
                                .done = on_done } };
         fake_hold();
         assert_int_equal(b->ops->copy(b, &d.copy), 0);
-        assert_int_equal(vram_copy_event(b, seg, 0, ev), 0);
+        assert_int_equal(vram_copy_event(b, seg, 0, 4096, ev), 0);
         fake_release();
         run_until_done(e, &d);
 
@@ -823,7 +824,7 @@ static void test_client_import(void **state) {
         d = (Done) { .copy = { .dir = VRAM_TO_DEVICE, .host = host, .seg = seg, .offset = 0, .len = 4096,
                                .done = on_done } };
         assert_int_equal(b->ops->copy(b, &d.copy), 0);
-        assert_int_equal(vram_copy_event(b, seg, 0, handle), 1);
+        assert_int_equal(vram_copy_event(b, seg, 0, 4096, handle), 1);
         fake_release();
         s0 = stats();
         assert_int_equal(client_cuda_stream_wait(cc, handle, NULL), 0);
