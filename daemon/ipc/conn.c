@@ -169,12 +169,29 @@ void conn_segment_forget(Conn *c, uint32_t wire_id) {
                 c->seg_sent[wire_id] = 0;
 }
 
-/* Fill Segment messages (and fds, up to @max in all) for the job's segments @c has not been sent. */
+void conn_segment_want(Conn *c, uint32_t wire_id) {
+        conn_segment_forget(c, wire_id);
+        if (c->n_seg_want < ELEMENTSOF(c->seg_want))
+                c->seg_want[c->n_seg_want++] = wire_id;
+}
+
+static bool segment_wanted(const Conn *c, uint32_t wire_id) {
+        for (uint32_t i = 0; i < c->n_seg_want; i++)
+                if (c->seg_want[i] == wire_id)
+                        return true;
+        return false;
+}
+
+/*
+ * Fill Segment messages (and fds, up to @max in all) for the job's segments @c has not been sent: those
+ * it asked for first (when more than @max others are unsent, they would not come otherwise), then the rest.
+ */
 static size_t collect_segments(Conn *c, Tier__Segment *segs, Tier__Segment **segp, int *fds, size_t *n_fds,
                                size_t max) {
         Job *j = c->job;
         size_t n = 0;
 
+        for (int pass = c->n_seg_want ? 0 : 1; pass < 2; pass++)
         for (int tier = 0; tier < TIERS; tier++) {
                 list_for_each_safe(node, tmp, &j->segments[tier]) {
                         Segment *s = list_entry(node, Segment, owner_link);
@@ -182,7 +199,7 @@ static size_t collect_segments(Conn *c, Tier__Segment *segs, Tier__Segment **seg
 
                         if (*n_fds >= max)
                                 return n;
-                        if (conn_segment_known(c, wid, s->generation))
+                        if (conn_segment_known(c, wid, s->generation) || segment_wanted(c, wid) != (pass == 0))
                                 continue;
                         tier__segment__init(&segs[n]);
                         segs[n].id = wid;
@@ -236,8 +253,10 @@ int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_f
         reply.kind_case = TIER__REPLY__KIND_RESPONSE;
         reply.response = resp;
         r = conn_send_reply(c, &reply, allfds, n_all, close_after);
-        if (r >= 0)
+        if (r >= 0) {
                 segments_sent(c, segs, n_segs);
+                c->n_seg_want = 0;
+        }
         resp->n_new_segments = 0;
         resp->new_segments = NULL;
         return r;

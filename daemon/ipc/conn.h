@@ -72,6 +72,8 @@ typedef struct Conn {
 
         uint32_t *seg_sent;     /* per wire segment id: generation+1 already sent */
         uint32_t n_seg_sent;
+        uint32_t seg_want[16];  /* wire ids the client asked for (GetSegments): sent first, then the rest */
+        uint32_t n_seg_want;
 
         List outq;              /* OutPacket.link */
         unsigned n_outq;
@@ -112,6 +114,8 @@ int conn_reply_error(Conn *c, uint64_t seq, int status, const char *fmt, ...) _p
 bool conn_segment_known(const Conn *c, uint32_t wire_id, uint32_t generation);
 /* Forget that @c was sent segment @wire_id: the next reply sends it again. */
 void conn_segment_forget(Conn *c, uint32_t wire_id);
+/* Forget @wire_id, and send it before any other unsent segment in the next reply (GetSegments). */
+void conn_segment_want(Conn *c, uint32_t wire_id);
 /* Is the peer a member of group @gid (its primary group or a supplementary one, SO_PEERGROUPS)? */
 bool conn_peer_in_group(const Conn *c, gid_t gid);
 /*

@@ -672,9 +672,10 @@ static int handle_get_segments(Conn *c, uint64_t seq, const Tier__GetSegments *g
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__SegmentsReply sr = TIER__SEGMENTS_REPLY__INIT;
 
-        /* forget what the client says it lacks, so it is sent again */
+        /* forget what the client says it lacks, so it is sent again, before any other unsent */
+        c->n_seg_want = 0;
         for (size_t i = 0; i < g->n_ids; i++)
-                conn_segment_forget(c, g->ids[i]);
+                conn_segment_want(c, g->ids[i]);
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_SEGMENTS;
         resp.segments = &sr;

@@ -519,6 +519,42 @@ class TestErrors(tierd.DaemonTestCase):
         t.destroy()
 
 
+MANY_SEGMENTS = """\
+[daemon]
+linger_sec = 0
+[host]
+capacity = 128M
+segment_size = 1M
+job_limit = 128M
+[vram]
+backend = emulated
+capacity = 8M
+chunk_size = 2M
+[nvme]
+target = @DIR@/t0.img:256M
+extent_size = 1M
+"""
+
+
+class TestManySegments(tierd.DaemonTestCase):
+    config = MANY_SEGMENTS
+
+    def test_late_segment_of_a_crowded_job(self) -> None:
+        """A second rank joins a job holding 110 segments and pins the tensor in the last one: the segment
+        it asks for comes first in the reply (each reply carries 16 fds; the one asked for came only in
+        list order, after all the others, and the pin failed with EPROTO, "tierd granted segment ...
+        which it did not send")."""
+        a = self.client("crowded", 0)
+        ts = [a.create(f"t{i}", 1 * MiB) for i in range(110)]
+        for i, t in enumerate(ts):
+            g = t.pin(tier.HOST)
+            g.memoryview()[:] = pattern(1 * MiB, i)
+        b = self.client("crowded", 1)
+        t = b.open("t109")
+        with t.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()), pattern(1 * MiB, 109))
+
+
 class TestLargeTensor(tierd.DaemonTestCase):
     def test_spanning_segments_is_one_range(self) -> None:
         c = self.client()
