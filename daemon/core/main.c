@@ -19,6 +19,7 @@
 #include <string.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -245,6 +246,21 @@ static int check_capacity(const Config *c) {
 }
 
 /*
+ * The soft RLIMIT_NOFILE up to the hard one (systemd's default soft limit is 1024): tierd keeps an fd per
+ * host segment (up to 16384) and two or more per connection (up to max_connections), all in epoll, none
+ * in select().
+ */
+static void raise_nofile(void) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+                return;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                log_warning_errno(errno, "Cannot raise RLIMIT_NOFILE to its hard limit, ignoring: %m");
+}
+
+/*
  * One tierd per state directory, locked before anything in it is read: a second one (given another
  * socket, or refused at the socket only after its start had replayed and rewritten the NVMe index)
  * would rewind what the first keeps.  The fd is held until exit; -errno, logged, when it is taken.
@@ -325,6 +341,7 @@ static int run(int argc, char *argv[]) {
                 config_deinit(&config);
                 return 1;
         }
+        raise_nofile();
         state_lock = lock_state_dir(config.state_dir);
         if (state_lock < 0) {
                 safe_close(inherited);

@@ -52,6 +52,27 @@ unsigned server_count_uid(const Server *s, uid_t uid, const Conn *except) {
         return n;
 }
 
+/* How long the listener rests after accept() ran out of fds. */
+#define ACCEPT_RETRY_USEC (100 * 1000)
+
+static int on_accept_retry(sd_event_source *es, uint64_t usec, void *userdata) {
+        Server *s = userdata;
+
+        s->accept_retry = sd_event_source_disable_unref(s->accept_retry);
+        if (s->listen_source && !s->stopping)
+                (void) sd_event_source_set_enabled(s->listen_source, SD_EVENT_ON);
+        return 0;
+}
+
+/* Connections of @uid, before their Hello too. */
+static unsigned count_uid_all(const Server *s, uid_t uid) {
+        unsigned n = 0;
+
+        list_for_each_safe(node, tmp, &s->conns)
+                n += list_entry(node, Conn, link)->uid == uid;
+        return n;
+}
+
 static int on_accept(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         Server *s = userdata;
         struct ucred cred;
@@ -60,13 +81,38 @@ static int on_accept(sd_event_source *es, int fd, uint32_t revents, void *userda
         int cfd, r;
 
         cfd = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (cfd < 0 && (errno == EMFILE || errno == ENFILE)) {
+                /*
+                 * The connection stays in the backlog and the listener readable: accepting
+                 * again at once would spin (and log) until an fd frees.  Rest a moment; say it
+                 * once per time it runs out.
+                 */
+                if (!s->out_of_fds)
+                        log_warning_errno(errno, "accept() failed: out of file descriptors (RLIMIT_NOFILE); "
+                                          "new connections wait until some close: %m");
+                s->out_of_fds = true;
+                (void) sd_event_source_set_enabled(es, SD_EVENT_OFF);
+                if (!s->accept_retry &&
+                    sd_event_add_time_relative(s->event, &s->accept_retry, CLOCK_MONOTONIC, ACCEPT_RETRY_USEC, 0,
+                                               on_accept_retry, s) < 0)
+                        (void) sd_event_source_set_enabled(es, SD_EVENT_ON);    /* (no timer: as before) */
+                return 0;
+        }
         if (cfd < 0) {
                 if (errno != EAGAIN && errno != EINTR)
                         log_warning_errno(errno, "accept() failed, ignoring: %m");
                 return 0;
         }
+        s->out_of_fds = false;
         if (getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &sl) < 0) {
                 log_warning_errno(errno, "SO_PEERCRED failed, dropping connection: %m");
+                safe_close(cfd);
+                return 0;
+        }
+        if (count_uid_all(s, cred.uid) >= s->config->max_connections_per_uid) {
+                /* before its Hello too: one uid's idle connections do not keep the others out */
+                log_warning("Refusing connection from pid " PID_FMT ": uid %u has %u connections "
+                            "(max_connections_per_uid)", cred.pid, (unsigned) cred.uid, count_uid_all(s, cred.uid));
                 safe_close(cfd);
                 return 0;
         }
@@ -106,6 +152,7 @@ Server *server_free(Server *s) {
         list_for_each_safe(n, tmp, &s->conns)
                 conn_close(list_entry(n, Conn, link));
         s->listen_source = sd_event_source_disable_unref(s->listen_source);
+        s->accept_retry = sd_event_source_disable_unref(s->accept_retry);
         safe_close(s->listen_fd);
         if (s->bound_path) {
                 (void) unlink(s->bound_path);
@@ -212,6 +259,7 @@ void server_stop(Server *s, const char *reason) {
         ev.kind_case = TIER__EVENT__KIND_SHUTDOWN;
         ev.shutdown = &sh;
         s->stopping = true;
+        s->accept_retry = sd_event_source_disable_unref(s->accept_retry);
         if (s->listen_source)
                 (void) sd_event_source_set_enabled(s->listen_source, SD_EVENT_OFF);
         list_for_each_safe(n, tmp, &s->conns) {

@@ -39,9 +39,11 @@ struct Server {
         void *userdata;
         int listen_fd;
         sd_event_source *listen_source;
+        sd_event_source *accept_retry;  /* out of fds (EMFILE): accepting again in a moment, not in a busy loop */
         char *bound_path;       /* unlinked on exit when we bound it */
         List conns;             /* Conn.link */
         bool stopping;          /* server_stop() ran */
+        bool out_of_fds;        /* the last accept() found no fd (said once until one is accepted) */
         unsigned n_conns;
         uint64_t next_conn_id;
         /*

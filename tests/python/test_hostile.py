@@ -159,5 +159,58 @@ class StateFiles(unittest.TestCase):
             self.assertTrue(os.path.islink(wear[0]))
             self.assertFalse(os.path.exists(os.path.join(d.dir, "quotas")))
 
+class Connections(unittest.TestCase):
+    def test_idle_connections_and_running_out_of_fds(self) -> None:
+        """A uid's connections count against max_connections_per_uid before their Hello too (idle ones
+        kept everyone else out once max_connections was reached); and when tierd runs out of fds, accept()
+        rests instead of spinning: the warning comes once, and tierd serves again once fds free (it used
+        to log the failure thousands of times a second at full CPU)."""
+        import resource
+        import socket
+
+        config = CONFIG.replace("[daemon]\n", "[daemon]\nmax_connections_per_uid = 4\n")
+        with Tierd(config, log_level="info") as d:
+            assert d.proc is not None
+            idle = []
+            for _ in range(4):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+                s.connect(d.socket)
+                idle.append(s)
+            extra = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            extra.connect(d.socket)
+            extra.settimeout(20)
+            self.assertEqual(extra.recv(16), b"")       # closed by tierd, not left waiting for its Hello
+            extra.close()
+            self.assertIn("uid 0 has 4 connections (max_connections_per_uid)", d.log_text())
+            for s in idle:
+                s.close()
+
+        with Tierd(CONFIG, log_level="info") as d:
+            assert d.proc is not None
+            # no fd above the highest one open now (those below it that are free fill first)
+            n = max(int(f) for f in os.listdir(f"/proc/{d.proc.pid}/fd")) + 1
+            old = resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE)
+            resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, (n, old[1]))
+            waiting = []
+            try:
+                for _ in range(n + 1):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+                    s.connect(d.socket)
+                    waiting.append(s)
+                for _ in range(2000):
+                    if "out of file descriptors" in d.log_text():
+                        break
+                    time.sleep(0.01)
+                time.sleep(0.3)         # (the old code logged thousands of times meanwhile)
+                self.assertEqual(d.log_text().count("accept() failed"), 1)
+            finally:
+                for s in waiting:
+                    s.close()
+                resource.prlimit(d.proc.pid, resource.RLIMIT_NOFILE, old)
+            c = tier.Client("after", socket=d.socket)
+            c.create("t", 1 * MiB).destroy()
+            c.close()
+
+
 if __name__ == "__main__":
     main()
