@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
                 {}
         };
         const Verb *v;
-        int c;
+        int c, r;
 
         /* "+": stop at the verb, whose own arguments are its business. */
         while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0) {
@@ -198,5 +198,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tierctl: unknown command '%s' (try --help)\n", argv[optind]);
                 return EXIT_USAGE;
         }
-        return v->fn(argc - optind, argv + optind);
+        r = v->fn(argc - optind, argv + optind);
+        /* whatever the verb printed must have reached stdout (a full disk, a closed pipe): else it failed */
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+                if (r == EXIT_SUCCESS)
+                        fprintf(stderr, "tierctl: cannot write the output: %s\n",
+                                errno ? strerror(errno) : "write error");
+                return r == EXIT_SUCCESS ? EXIT_FAILURE : r;
+        }
+        return r;
 }

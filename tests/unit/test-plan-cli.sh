@@ -86,5 +86,16 @@ case $out in
 *) echo "FAIL: --plan replay: $out" | head -c 2000; fails=$((fails + 1)) ;;
 esac
 rm -f "$plan" "$plan.bad"
+# output that cannot be written (a full disk) is a failure, not exit 0
+if [ -w /dev/full ]; then
+        for fmt in "" --json; do
+                err=$("$T" plan $fmt --no-bench --no-tierd --params 13B --vram 16G --host-ram 64G --tflops 100 \
+                        2>&1 >/dev/full); rc=$?
+                case "$rc:$err" in
+                1:*"cannot write the output"*) ;;
+                *) echo "FAIL: plan $fmt >/dev/full: exit $rc: $err"; fails=$((fails + 1)) ;;
+                esac
+        done
+fi
 [ "$fails" -eq 0 ] && echo "ok" 
 exit $((fails != 0))
