@@ -222,11 +222,20 @@ int reload_run(Manager *m) {
                 return r;
         }
 
-        /* quotas that no longer fit (guarantees over a capacity, min above max) make the file invalid */
+        /*
+         * The file's quotas that do not fit (guarantees over a capacity, min above max) make it invalid;
+         * with the run-time ones (checked when they were set: only a smaller tier, restart-only, makes
+         * them not fit) it is warned about, as at start: a start that tolerated them made every later
+         * reload fail, whatever it changed.
+         */
         {
+                QuotaRules none = QUOTA_RULES_NULL;
                 char why[1024];
 
-                r = quota_check(m->quotas, &next, &m->quotas->runtime, why, sizeof(why));
+                r = quota_check(m->quotas, &next, &none, why, sizeof(why));
+                if (r >= 0 && quota_check(m->quotas, &next, &m->quotas->runtime, why, sizeof(why)) < 0)
+                        log_warning("Reload: the quotas set at run time (\"%s\") do not fit the tiers: %s; they are "
+                                    "kept (tierctl quota set lowers them)", m->quotas->path, why);
                 if (r < 0) {
                         if (r != -ENOMEM)
                                 r = -EINVAL;

@@ -401,6 +401,11 @@ static void test_restart(void **state) {
         restart();
         assert_true(test_daemon_log_contains(&daemon_, "they are kept, and a job whose guarantee does not fit is "
                                                        "refused when it starts"));
+        /* and a reload still applies the file (it was refused for them, whatever it changed) */
+        assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+        assert_true(test_daemon_wait_notify(&daemon_, "READY=1", 10000) >= 0);
+        assert_true(test_daemon_log_contains(&daemon_, "Reload: the quotas set at run time"));
+        assert_true(test_daemon_log_contains(&daemon_, "Configuration reloaded"));
         {
                 tier_client *g = NULL;
 
