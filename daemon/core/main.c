@@ -32,6 +32,8 @@
 #include "daemon/core/reload.h"
 #include "daemon/ipc/server.h"
 #include "daemon/state/memstore.h"
+#include "daemon/state/quota.h"
+#include "daemon/state/registry.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
@@ -246,6 +248,34 @@ static int check_capacity(const Config *c) {
 }
 
 /*
+ * --check-config: the file's [quota] guarantees must fit the capacities as a start checks them (no job
+ * runs yet; a capacity known only at start, a device's, is not checked here).  1 (logged) when not.
+ */
+static int check_quotas(const Config *c) {
+        QuotaRules none = QUOTA_RULES_NULL;
+        Registry reg = {};
+        QuotaStore qs = { .registry = &reg };
+        char why[1024];
+        int r;
+
+        list_init(&reg.jobs);
+        reg.capacity[LEVEL_HOST] = c->host_capacity;
+        reg.capacity[LEVEL_VRAM] = c->vram_backend == VRAM_BACKEND_EMULATED ? vram_emul_capacity(c) :
+                                   c->vram_capacity ? c->vram_capacity : UINT64_MAX;
+        for (size_t i = 0; i < c->n_targets; i++)
+                reg.capacity[LEVEL_NVME] = c->targets[i].size && reg.capacity[LEVEL_NVME] != UINT64_MAX ?
+                                           reg.capacity[LEVEL_NVME] + c->targets[i].size : UINT64_MAX;
+        r = quota_check(&qs, c, &none, why, sizeof(why));
+        if (r == -ENOMEM)
+                return log_error_errno(r, "Out of memory");
+        if (r < 0) {
+                log_error("Invalid configuration: [quota]: %s", why);
+                return 1;
+        }
+        return 0;
+}
+
+/*
  * The soft RLIMIT_NOFILE up to the hard one (systemd's default soft limit is 1024): tierd keeps an fd per
  * host segment (up to 16384) and two or more per connection (up to max_connections), all in epoll, none
  * in select().
@@ -316,6 +346,8 @@ static int run(int argc, char *argv[]) {
 
         if (arg_check_config) {
                 r = check_capacity(&config);
+                if (r == 0)
+                        r = check_quotas(&config);
                 if (r != 0) {
                         config_deinit(&config);
                         return 1;

@@ -200,6 +200,25 @@ static void test_capacity_that_passes(void **state) {
 }
 
 /* A reload keeps the running pools; it says that a restart would refuse the new file. */
+/* --check-config checks that [quota]'s guarantees fit, as the start does (it said the file was fine). */
+static void test_check_config_quotas(void **state) {
+        static const char *const check[] = { "--check-config", NULL };
+
+        assert_int_equal(test_daemon_init(&d, CONFIG("64M", "64M") "[quota]\njob = big\nhost_min = 100M\nhost = 100M\n"),
+                         0);
+        expect_exit_1(check);
+        assert_true(test_daemon_log_contains(&d, "Invalid configuration: [quota]: host guarantees would add up to "
+                                                 "100.0 MiB of 64.0 MiB"));
+        assert_int_equal(test_daemon_write_config(&d, NULL, CONFIG("64M", "64M") "[quota]\njob = big\n"
+                                                                                   "host_min = 60M\nhost = 60M\n"), 0);
+        {
+                TestDaemonOptions o = { .args = check };
+
+                assert_int_equal(test_daemon_spawn(&d, &o), 0);
+                assert_int_equal(test_daemon_kill(&d, 0, REFUSE_TIMEOUT_MS), 0);
+        }
+}
+
 static char *slurp(const char *path, size_t *len) {
         FILE *f = fopen(path, "re");
         char *buf = NULL;
@@ -477,6 +496,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_target_above_free_space, teardown),
                 cmocka_unit_test_teardown(test_capacity_that_passes, teardown),
                 cmocka_unit_test_teardown(test_one_tierd_per_state_dir_and_target, teardown),
+                cmocka_unit_test_teardown(test_check_config_quotas, teardown),
                 cmocka_unit_test_teardown(test_reload_warns, teardown),
                 cmocka_unit_test_teardown(test_cgroup_limit, cgroup_teardown),
                 cmocka_unit_test_teardown(test_restart_with_store_in_cgroup, cgroup_teardown),
