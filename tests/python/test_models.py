@@ -644,6 +644,43 @@ class TestModelShapes(tierd.DaemonTestCase):
         model.a.bias.requires_grad_(False)
         eng.close()
 
+    def test_block_twice_after_the_first_step_refused(self) -> None:
+        """A block that ran once in the first step and twice in a later one is refused at its second
+        forward, before the step changes anything (it entered the same planned phases again, and fused,
+        its parameters were updated twice in one step)."""
+        import tier.torch
+
+        class Looped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.body0 = torch.nn.Linear(8, 8)
+                self.body1 = torch.nn.Linear(8, 8)
+                self.head = torch.nn.Linear(8, 4)
+                self.rounds = 1
+
+            def forward(self, x):
+                for _ in range(self.rounds):
+                    x = self.body1(torch.relu(self.body0(x)))
+                return self.head(x)
+
+        torch.manual_seed(3)
+        model = Looped()
+        eng = tier.torch.Offload(model, self.client(), lr=1e-2)
+        x = torch.randn(5, 8)
+        for _ in range(2):
+            model(x).pow(2).mean().backward()
+            eng.step()
+        self.assertEqual(eng.mode, "fused")
+        before = eng.parameters_state_dict()
+        model.rounds = 2
+        with self.assertRaisesRegex(RuntimeError, r"'body0' \(Linear\) ran its forward twice in one step.*"
+                                                  r"Nothing was changed"):
+            model(x)
+        after = eng.parameters_state_dict()
+        for n in before:
+            self.assertTrue(torch.equal(before[n], after[n]), n)
+        eng.close(restore=False)
+
     def test_failed_engine_keeps_the_model(self) -> None:
         """An engine refused for want of room (a host quota below one block's state) leaves the model its
         parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same

@@ -541,6 +541,8 @@ class Offload(torch.optim.Optimizer):
             if self._bwd is not b:
                 self.block_backward(b)
             return
+        if self._training and self.tracer.planned:
+            self.tracer.check_again(b.index, b.label)
         self._enter("f", b)
         self._point(b, True)
         self._in_block = b

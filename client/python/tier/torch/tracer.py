@@ -58,6 +58,15 @@ class Tracer:
                 "its blocks in the same order every step")
         return k
 
+    def check_again(self, block: int, label: str) -> None:
+        """Planned mode: a block whose forward ran already in this forward is refused (the first step ran it
+        once, and that was planned for every step: a second run entered the same phases again, and fused,
+        its parameters were updated twice)."""
+        if block in self.forwards:
+            raise RuntimeError(f"{label} ran its forward twice in one step, once in the first: a block that runs "
+                               "more than once per micro-batch (weights shared across time) is not supported; make "
+                               "the repeated part one block's inside.  Nothing was changed by this step")
+
     def forward_ended(self, labels: Callable[[int], str]) -> None:
         """Planned mode, end of a forward with gradients: every traced forward ran (else refuse)."""
         missing = sorted({i for kind, i, _, _ in self.seq if kind == "f"} - self.forwards)
