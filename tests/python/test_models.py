@@ -681,6 +681,32 @@ class TestModelShapes(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(before[n], after[n]), n)
         eng.close(restore=False)
 
+    def test_two_engines_of_one_job(self) -> None:
+        """Two models of one job (a GAN's generator and discriminator), each its own engine: the second
+        with the first's tensor names is refused before it makes anything (it took the first's tensors for
+        an earlier run's and destroyed them: the generator's weights were gone); with its own prefix= both
+        train and give their weights back."""
+        import tier.torch
+
+        torch.manual_seed(3)
+        gen, disc = DataclassOut(), DataclassOut()
+        want = {n: p.detach().clone() for n, p in gen.named_parameters()}
+        dwant = {n: p.detach().clone() for n, p in disc.named_parameters()}
+        c1, c2 = self.client("gan"), self.client("gan")
+        g = tier.torch.Offload(gen, c1, lr=1e-2)
+        with self.assertRaisesRegex(ValueError, r"another engine of job 'gan' \(rank 0\) .*prefix="):
+            tier.torch.Offload(disc, c2, lr=1e-2)
+        for n, p in disc.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), dwant[n]), n)
+        d = tier.torch.Offload(disc, c2, lr=1e-2, prefix="disc")
+        sd = g.parameters_state_dict()
+        for n in want:
+            self.assertTrue(torch.equal(sd[n], want[n]), n)
+        d.close()
+        g.close()
+        for n, p in gen.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), want[n]), n)
+
     def test_failed_engine_keeps_the_model(self) -> None:
         """An engine refused for want of room (a host quota below one block's state) leaves the model its
         parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same
