@@ -610,6 +610,11 @@ static void on_stop_written(Op *op, int status, const char *error) {
                 m->stop_written++;
 }
 
+/* Its tensor went meanwhile (its job's linger ended, so it was destroyed): nothing left to write or lose. */
+static void on_stop_write_cancelled(Op *op) {
+        ((Manager *) op->userdata)->stop_writes--;
+}
+
 /*
  * With the NVMe index, what is only in memory (host, emulated VRAM) goes to
  * NVMe before tierd stops, so that the next start finds every tensor: once
@@ -630,10 +635,13 @@ static void manager_write_down(Manager *m) {
                         if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, LEVEL_NVME) ||
                             (!copy_valid(t, LEVEL_HOST) && !copy_valid(t, LEVEL_VRAM)))
                                 continue;
-                        if (op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_stop_written, NULL, m, NULL) < 0) {
+                        Op *op;
+
+                        if (op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_stop_written, NULL, m, &op) < 0) {
                                 m->stop_failed++;
                                 continue;
                         }
+                        op->cancelled = on_stop_write_cancelled;
                         m->stop_writes++;
                         m->stop_bytes += t->alloc_size;
                 }

@@ -386,6 +386,27 @@ static void test_delay(void **state) {
         world_stop(&w);
 }
 
+/*
+ * A stop whose write-down of a lingering job's tensor is still on its way when the job's linger ends
+ * (the job and its tensor go): the stop waits for the transfer only, not for its 10 s bound, and calls
+ * nothing lost.  The write-down's op was cancelled with no one told, and the stop waited for it.
+ */
+static void test_stop_while_a_job_lingers_out(void **state) {
+        char config[1024];
+        World w;
+
+        (void) snprintf(config, sizeof(config), "%s[daemon]\nlinger_sec = 1\n", CONFIG);
+        world_start_config(&w, config, "nvme-delay:job=victim,ms=6000", true);
+        assert_int_equal(tier_tensor_destroy(w.b), 0);
+        tier_client_free(w.bc);
+        tier_tensor_close(w.v);
+        tier_client_free(w.vc);                         /* 'victim' lingers for 1 s, its tensor in host only */
+        assert_int_equal(test_daemon_kill(&w.d, SIGTERM, 30000), 0);
+        assert_true(test_daemon_log_contains(&w.d, "Stopping: writing 1 tensor(s)"));
+        assert_false(test_daemon_log_contains(&w.d, "were not written down to NVMe in time"));
+        test_daemon_cleanup(&w.d);
+}
+
 /* ---- the medium ----------------------------------------------------------------------------- */
 
 /* A bit flipped on the medium after the write: the crc32c catches it on every read, no bad byte is served. */
@@ -745,6 +766,7 @@ int main(void) {
                 cmocka_unit_test(test_rollback_refused_while_pinned),
                 cmocka_unit_test(test_rollback_connection_gone_while_waiting),
                 cmocka_unit_test(test_unpin_before_async_pin_refused),
+                cmocka_unit_test(test_stop_while_a_job_lingers_out),
                 cmocka_unit_test(test_invalid_spec),
         };
 
