@@ -47,12 +47,15 @@
 /* A client that leaves this many replies (or bytes of them) unread is disconnected. */
 #define OUTQ_MAX 4096
 #define OUTQ_BYTES_MAX (64u << 20)
+/* ... or this many fds in them (each one tierd's own copy, against its RLIMIT_NOFILE). */
+#define OUTQ_FDS_MAX 512
 /* Packets read per wakeup, so that one chatty client cannot starve the rest. */
 #define READ_BATCH 32
 /* The first try at a peer's supplementary groups (SO_PEERGROUPS); the kernel says when it needs more. */
 #define PEER_GROUPS_FIRST 64
 
-static void outq_free(OutPacket *p) {
+static void outq_free(Conn *c, OutPacket *p) {
+        c->outq_fds -= p->n_fds;
         wire_close_fds(p->fds, p->n_fds);
         list_del(&p->link);
         free(p);
@@ -65,7 +68,7 @@ void conn_close(Conn *c) {
         if (s->ops && s->ops->conn_gone)
                 s->ops->conn_gone(s->userdata, c);
         list_for_each_safe(n, tmp, &c->outq)
-                outq_free(list_entry(n, OutPacket, link));
+                outq_free(c, list_entry(n, OutPacket, link));
         c->io = sd_event_source_disable_unref(c->io);
         c->abort_source = sd_event_source_disable_unref(c->abort_source);
         safe_close(c->fd);
@@ -92,7 +95,7 @@ static int conn_flush(Conn *c) {
                 if (p->close_after)
                         return -ECONNRESET;
                 c->outq_bytes -= p->len;
-                outq_free(p);
+                outq_free(c, p);
                 c->n_outq--;
         }
         return sd_event_source_set_io_events(c->io, c->closing ? EPOLLOUT : EPOLLIN);
@@ -114,7 +117,7 @@ static int conn_send_packet(Conn *c, const uint8_t *buf, size_t len, const int *
                 if (r != -EAGAIN)
                         return r;
         }
-        if (c->n_outq >= OUTQ_MAX || c->outq_bytes + len > OUTQ_BYTES_MAX)
+        if (c->n_outq >= OUTQ_MAX || c->outq_bytes + len > OUTQ_BYTES_MAX || c->outq_fds + n_fds > OUTQ_FDS_MAX)
                 return -ENOBUFS;
         p = malloc(sizeof(*p) + len);
         if (!p)
@@ -134,6 +137,7 @@ static int conn_send_packet(Conn *c, const uint8_t *buf, size_t len, const int *
                 }
                 p->n_fds++;
         }
+        c->outq_fds += p->n_fds;
         list_add_tail(&c->outq, &p->link);
         c->n_outq++;
         c->outq_bytes += len;

@@ -78,6 +78,8 @@ typedef struct Conn {
         List outq;              /* OutPacket.link */
         unsigned n_outq;
         size_t outq_bytes;
+        size_t outq_fds;        /* fds in them */
+        uint64_t seg_asked;     /* segments asked for again (GetSegments), bounded: each resend is an fd */
 } Conn;
 
 /*

@@ -668,11 +668,20 @@ static int handle_move(Rpc *rpc, Conn *c, uint64_t seq, int kind, uint64_t id, i
                       kind == TIER__REQUEST__OP_PIN && (mode == 0 || mode == (PLAN_READ | PLAN_WRITE)));
 }
 
+/* Segments a connection may ask for again, in all (the message says it): libtier asks only for one a grant
+ * names that it lacks. */
+#define SEG_ASKED_MAX 4096
+
 static int handle_get_segments(Conn *c, uint64_t seq, const Tier__GetSegments *g) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__SegmentsReply sr = TIER__SEGMENTS_REPLY__INIT;
 
-        /* forget what the client says it lacks, so it is sent again, before any other unsent */
+        /* forget what the client says it lacks, so it is sent again, before any other unsent; a client
+         * asking for segments over and over (each answer an fd in flight) is cut off */
+        c->seg_asked += g->n_ids;
+        if (c->seg_asked > SEG_ASKED_MAX)
+                return conn_protocol_error(c, seq, -EPROTO, "more than 4096 segments asked for again on this "
+                                           "connection (GetSegments)");
         c->n_seg_want = 0;
         for (size_t i = 0; i < g->n_ids; i++)
                 conn_segment_want(c, g->ids[i]);

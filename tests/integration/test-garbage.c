@@ -720,6 +720,65 @@ static void test_names_not_text(void **state) {
         }
 }
 
+/*
+ * A connection that asks for its job's segments over and over (each answer carries their fds) and reads
+ * nothing: tierd's copies of the fds it queues are bounded, the connection is cut off, and tierd holds no
+ * more fds than before it; the job serves a new client.  Each answer used to carry up to 16 fds, kept
+ * for the unread replies up to 4096 of them, and in flight beyond: a member of group tier could run tierd
+ * out of fds for everyone.
+ */
+static void test_segment_flood(void **state) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__GetSegments gs = TIER__GET_SEGMENTS__INIT;
+        uint32_t ids[4];
+        tier_client *c = NULL;
+        tier_tensor *t[4];
+        struct tier_grant g;
+        unsigned base, most = 0;
+        int fd, sent = 0;
+
+        assert_int_equal(tier_client_new(daemon_.socket, "flood", 0, &c), 0);
+        for (int i = 0; i < 4; i++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "t%d", i);
+                assert_int_equal(tier_tensor_create(c, name, 4u << 20, &t[i]), 0);
+                assert_int_equal(tier_pin(t[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
+                ids[i] = g.segment;
+        }
+        fd = hostile_connect("flood");
+        assert_true(fd >= 0);
+        base = count_fds(daemon_.pid);
+        gs.n_ids = 4;
+        gs.ids = ids;
+        req.op_case = TIER__REQUEST__OP_GET_SEGMENTS;
+        req.get_segments = &gs;
+        for (uint64_t seq = 2; seq < 2000; seq++) {
+                req.seq = seq;
+                if (send_req(fd, &req, NULL, 0) < 0)
+                        break;
+                sent++;
+                if (count_fds(daemon_.pid) > most)
+                        most = count_fds(daemon_.pid);
+        }
+        assert_true(sent < 1998);                       /* cut off (its unread fds, or 4096 segments asked for) */
+        assert_true(most <= base + 512 + 16);           /* OUTQ_FDS_MAX and one reply's */
+        drain(fd);                                      /* to its end: tierd closed it */
+        close(fd);
+        for (int i = 0; i < 4; i++) {
+                assert_int_equal(tier_unpin(t[i], TIER_HOST, 0), 0);
+                assert_int_equal(tier_tensor_destroy(t[i]), 0);
+        }
+        tier_client_free(c);
+        assert_int_equal(tier_client_new(daemon_.socket, "flood", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "again", 4u << 20, &t[0]), 0);
+        assert_int_equal(tier_pin(t[0], TIER_HOST, TIER_READ_WRITE, &g), 0);
+        assert_int_equal(tier_unpin(t[0], TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(t[0]), 0);
+        tier_client_free(c);
+        assert_true(count_fds(daemon_.pid) <= base);
+}
+
 static int setup(void **state) {
         return test_daemon_start(&daemon_, CONFIG) < 0 ? -1 : 0;
 }
@@ -733,6 +792,7 @@ int main(void) {
                 cmocka_unit_test(test_mutations),
                 cmocka_unit_test(test_hostile_neighbour),
                 cmocka_unit_test(test_names_not_text),
+                cmocka_unit_test(test_segment_flood),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
