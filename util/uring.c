@@ -302,9 +302,11 @@ Uring *uring_free(Uring *u) {
         sd_event_source_disable_unref(u->delay_timer);
         sd_event_unref(u->event);
         if (u->ring_ok) {
-                /* what the kernel never took will not complete: only wait for the rest */
-                if (io_uring_sq_ready(&u->ring) > 0 && io_uring_submit(&u->ring) < 0)
-                        u->inflight -= MIN(u->inflight, io_uring_sq_ready(&u->ring));
+                /* what the kernel never took (an error, or a short submit) will not complete: only wait for
+                 * the rest (a short submit left some counted: the wait for them never ended) */
+                if (io_uring_sq_ready(&u->ring) > 0)
+                        (void) io_uring_submit(&u->ring);
+                u->inflight -= MIN(u->inflight, io_uring_sq_ready(&u->ring));
                 /* wait for what is still in flight: its buffers are about to go */
                 while (u->inflight > 0) {
                         struct io_uring_cqe *cqe;
