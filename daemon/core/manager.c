@@ -61,10 +61,14 @@
 
 static int host_register_buffer(Segment *seg, void *userdata) {
         Manager *m = userdata;
+        int r;
 
         /* DMA registration with the GPU is best effort: without it copies are slower, not wrong */
         (void) vram_host_register(m->vram, seg);
-        return uring_set_buffer(m->uring, seg->id, seg->map, seg->pool->seg_size);
+        r = uring_set_buffer(m->uring, seg->id, seg->map, seg->pool->seg_size);
+        if (r < 0)
+                vram_host_unregister(m->vram, seg);     /* the memory goes: so does its registration */
+        return r;
 }
 
 static void host_unregister_buffer(Segment *seg, void *userdata) {
