@@ -707,6 +707,48 @@ class TestModelShapes(tierd.DaemonTestCase):
         for n, p in gen.named_parameters():
             self.assertTrue(torch.equal(p.detach(), want[n]), n)
 
+    def test_forward_that_raised_does_not_count(self) -> None:
+        """A forward that raised (a batch skipped, out of memory) did not happen: the next one is that
+        micro-batch again, in the first (traced) step and later, fused and accumulating, and the run is
+        plain PyTorch's with the bad batches skipped.  The engine used to count it: later forwards were
+        refused for good ("a second forward with gradients before step()")."""
+        import tier.torch
+
+        class Fragile(DataclassOut):
+            def forward(self, x):
+                h = torch.relu(self.a(x))
+                if torch.isnan(x).any():
+                    raise ValueError("bad batch")
+                return Out(self.b(h))
+
+        def run(model, opt, accumulate: int) -> list[float]:
+            g = torch.Generator().manual_seed(4)
+            losses = []
+            for step in range(3):
+                for micro in range(accumulate):
+                    if micro == 0 and step < 2:
+                        with self.assertRaisesRegex(ValueError, "bad batch"):
+                            model(torch.full((5, 8), float("nan")))
+                    loss = model(torch.randn(5, 8, generator=g)).logits.pow(2).mean() / accumulate
+                    loss.backward()
+                    losses.append(loss.item())
+                opt.step()
+                opt.zero_grad()
+            return losses
+
+        for accumulate in (1, 2):
+            torch.manual_seed(3)
+            ref, model = Fragile(), Fragile()
+            model.load_state_dict(ref.state_dict())
+            want = run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), accumulate)
+            eng = tier.torch.Offload(model, self.client(f"fragile{accumulate}"), lr=1e-2)
+            self.assertEqual(run(model, eng, accumulate), want)
+            self.assertEqual(eng.mode, "fused" if accumulate == 1 else "deferred")
+            sd = eng.parameters_state_dict()
+            for n, p in ref.named_parameters():
+                self.assertTrue(torch.equal(sd[n], p), n)
+            eng.close()
+
     def test_failed_engine_keeps_the_model(self) -> None:
         """An engine refused for want of room (a host quota below one block's state) leaves the model its
         parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same

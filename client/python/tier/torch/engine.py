@@ -191,6 +191,7 @@ class Offload(torch.optim.Optimizer):
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
         self._applied = False                        # fused: an optimizer phase ran since the last step()
+        self._fwd_open: int | None = None            # a forward with gradients began, not ended (tracer.seq then)
         self._closed = False
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
@@ -490,6 +491,15 @@ class Offload(torch.optim.Optimizer):
         if self._in_backward:
             raise RuntimeError("the model's forward ran inside a backward pass")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
+        if self._fwd_open is not None:
+            # the last forward with gradients raised (a bad batch skipped, out of memory): it did not
+            # happen; its micro-batch (and, tracing, its phases) are this one's again
+            if self._in_block is not None:
+                self._point(self._in_block, False)
+                self._in_block = None
+            self._micro -= 1
+            del self.tracer.seq[self._fwd_open:]
+            self._fwd_open = None
         self.model_hooks.forget()
         self._collect_fences()
         self._training = torch.is_grad_enabled()
@@ -503,8 +513,10 @@ class Offload(torch.optim.Optimizer):
                 "accumulate from the first step on, or make the engine with optimizer_in_backward=False")
         self._cur = self._micro
         self._micro += 1
+        self._fwd_open = len(self.tracer.seq)       # (planned: the plan, kept whole)
 
     def forward_ends(self) -> None:
+        self._fwd_open = None
         if self.tracer.planned and self._training:
             self.tracer.forward_ended(lambda i: self.blocks[i].label)
         else:
