@@ -98,6 +98,7 @@ class FakeClient:
     """What tier.torch.Offload calls on a tier.Client during its first (traced) step."""
     vram_backend = "emulated"
     rank = 0
+    job = "torch-plan"
 
     def __init__(self):
         self.tensors: list[FakeTensor] = []
