@@ -135,6 +135,21 @@ bad:
         return NULL;
 }
 
+const char *jget_at(const char *doc, const char *path) {
+        int err;
+
+        return find(doc, path, &err);
+}
+
+const char *jget_next(const char *elem) {
+        const char *p = skip_value(elem, 1);
+
+        if (!p)
+                return NULL;
+        p = ws(p);
+        return *p == ',' ? ws(p + 1) : NULL;
+}
+
 int jget_number(const char *doc, const char *path, double *ret) {
         int err;
         const char *p = find(doc, path, &err);

@@ -20,3 +20,13 @@ int jget_number(const char *doc, const char *path, double *ret);
 int jget_length(const char *doc, const char *path, size_t *ret);
 int jget_string(const char *doc, const char *path, char *buf, size_t size);
 int jget_bool(const char *doc, const char *path, int *ret);
+
+/*
+ * Cursors, for walking a long array once (each jget_*() walks @doc from its
+ * start): jget_at() is where the value at @path begins, NULL when it is not
+ * there; it can be the @doc of the calls above.  jget_next() is where the
+ * element after the one at @elem begins, NULL after the last (or when the
+ * document is malformed there).
+ */
+const char *jget_at(const char *doc, const char *path);
+const char *jget_next(const char *elem);

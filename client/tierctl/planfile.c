@@ -44,11 +44,12 @@ static int get_count(const char *doc, const char *path, size_t max, size_t *ret,
         return 0;
 }
 
-/* The tensor index at @path: 0 to @n_t - 1. */
-static int get_tensor(const char *doc, const char *path, size_t n_t, uint32_t *ret, char *err, size_t err_size) {
+/* The tensor index at @at in @doc (@path: its whole path, for the message): 0 to @n_t - 1. */
+static int get_tensor(const char *doc, const char *at, const char *path, size_t n_t, uint32_t *ret, char *err,
+                      size_t err_size) {
         double t;
 
-        if (jget_number(doc, path, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t))
+        if (jget_number(doc, at, &t) < 0 || t < 0 || t >= (double) n_t || t != floor(t))
                 return fail(err, err_size, -EINVAL, "\"%s\" is not a tensor index (0 to %zu)", path, n_t - 1);
         *ret = (uint32_t) t;
         return 0;
@@ -61,6 +62,7 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
         PlanSimAccess *acc = NULL;
         uint32_t *down = NULL;
         char path[96], s[16];
+        const char *el, *ph, *ae;
         int r;
 
         if ((r = get_count(doc, "tensors", PLAN_SIM_MAX_TENSORS, &n_t, err, err_size)) < 0 ||
@@ -75,18 +77,21 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 r = fail(err, err_size, -ENOMEM, "out of memory");
                 goto out;
         }
-        for (size_t i = 0; i < n_t; i++) {
+        /* (cursors: each element found once, not by its index from the start: a plan of 12288 phases took minutes) */
+        el = jget_at(doc, "tensors.0");
+        for (size_t i = 0; i < n_t; i++, el = el ? jget_next(el) : NULL) {
                 snprintf(path, sizeof(path), "tensors.%zu.size", i);
-                if (jget_number(doc, path, &size[i]) < 0 || !(size[i] >= 0 && size[i] <= 0x1p50)) {
+                if (!el || jget_number(el, "size", &size[i]) < 0 || !(size[i] >= 0 && size[i] <= 0x1p50)) {
                         r = fail(err, err_size, -EINVAL, "\"%s\" is not a size in bytes", path);
                         goto out;
                 }
         }
-        for (size_t p = 0; p < n_p; p++) {
+        ph = jget_at(doc, "phases.0");
+        for (size_t p = 0; p < n_p; p++, ph = ph ? jget_next(ph) : NULL) {
                 size_t n;
 
                 snprintf(path, sizeof(path), "phases.%zu.access", p);
-                r = jget_length(doc, path, &n);
+                r = ph ? jget_length(ph, "access", &n) : -EINVAL;
                 if (r < 0 || n > 3 * (size_t) PLAN_SIM_MAX_TENSORS) {
                         r = fail(err, err_size, -EINVAL, "\"%s\" is not a list of accesses", path);
                         goto out;
@@ -94,7 +99,7 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 n_acc += n;
                 /* optional: what the client writes down to NVMe on entering the phase */
                 snprintf(path, sizeof(path), "phases.%zu.write_down", p);
-                r = jget_length(doc, path, &n);
+                r = jget_length(ph, "write_down", &n);
                 if (r == -ENOENT)
                         continue;
                 if (r < 0 || n > (size_t) PLAN_SIM_MAX_TENSORS) {
@@ -122,32 +127,33 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
         }
         n_acc = 0;
         n_down = 0;
-        for (size_t p = 0; p < n_p; p++) {
+        ph = jget_at(doc, "phases.0");
+        for (size_t p = 0; p < n_p && ph; p++, ph = jget_next(ph)) {
                 size_t n = 0;
 
                 start[p] = n_acc;
                 snprintf(path, sizeof(path), "phases.%zu.kind", p);
-                if (jget_string(doc, path, s, sizeof(s)) < 0 || strlen(s) != 1 || !strchr("fbo", s[0])) {
+                if (jget_string(ph, "kind", s, sizeof(s)) < 0 || strlen(s) != 1 || !strchr("fbo", s[0])) {
                         r = fail(err, err_size, -EINVAL, "\"%s\" is not \"f\", \"b\" or \"o\"", path);
                         goto out;
                 }
                 f.kind[p] = s[0] == 'f' ? PLAN_FILE_FWD : s[0] == 'b' ? PLAN_FILE_BWD : PLAN_FILE_OPT;
-                snprintf(path, sizeof(path), "phases.%zu.access", p);
-                (void) jget_length(doc, path, &n);
-                for (size_t k = 0; k < n; k++) {
+                (void) jget_length(ph, "access", &n);
+                ae = jget_at(ph, "access.0");
+                for (size_t k = 0; k < n; k++, ae = ae ? jget_next(ae) : NULL) {
                         PlanSimAccess *a = &acc[n_acc++];
 
                         snprintf(path, sizeof(path), "phases.%zu.access.%zu.0", p, k);
-                        if ((r = get_tensor(doc, path, n_t, &a->tensor, err, err_size)) < 0)
+                        if ((r = get_tensor(ae ? ae : "", "0", path, n_t, &a->tensor, err, err_size)) < 0)
                                 goto out;
                         snprintf(path, sizeof(path), "phases.%zu.access.%zu.1", p, k);
-                        if (jget_string(doc, path, s, sizeof(s)) < 0 || (strcmp(s, "vram") && strcmp(s, "host"))) {
+                        if (!ae || jget_string(ae, "1", s, sizeof(s)) < 0 || (strcmp(s, "vram") && strcmp(s, "host"))) {
                                 r = fail(err, err_size, -EINVAL, "\"%s\" is not \"vram\" or \"host\"", path);
                                 goto out;
                         }
                         a->tier = s[0] == 'v' ? 0 : 1;
                         snprintf(path, sizeof(path), "phases.%zu.access.%zu.2", p, k);
-                        if (jget_string(doc, path, s, sizeof(s)) < 0 ||
+                        if (jget_string(ae, "2", s, sizeof(s)) < 0 ||
                             (strcmp(s, "r") && strcmp(s, "w") && strcmp(s, "rw"))) {
                                 r = fail(err, err_size, -EINVAL, "\"%s\" is not \"r\", \"w\" or \"rw\"", path);
                                 goto out;
@@ -157,12 +163,12 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
                 if (!down_start)
                         continue;
                 down_start[p] = n_down;
-                snprintf(path, sizeof(path), "phases.%zu.write_down", p);
-                if (jget_length(doc, path, &n) < 0)
+                if (jget_length(ph, "write_down", &n) < 0)
                         n = 0;
-                for (size_t k = 0; k < n; k++) {
+                el = jget_at(ph, "write_down.0");
+                for (size_t k = 0; k < n; k++, el = el ? jget_next(el) : NULL) {
                         snprintf(path, sizeof(path), "phases.%zu.write_down.%zu", p, k);
-                        if ((r = get_tensor(doc, path, n_t, &down[n_down++], err, err_size)) < 0)
+                        if ((r = get_tensor(el ? el : "", "", path, n_t, &down[n_down++], err, err_size)) < 0)
                                 goto out;
                 }
         }
