@@ -83,7 +83,8 @@ def check_names_free(job: str, rank: int, prefix: str) -> None:
     """Another live engine of this process with the job, rank and prefix of a new one would have its tensors
     taken for an earlier run's and destroyed (a GAN's two models, say): refused, before anything is made."""
     for e in list(_engines):
-        if not e._closed and e.client.job == job and e._rank == rank and e._prefix == prefix:
+        gone = e._closed or getattr(e.client, "closed", False)     # (a client closed: its process is gone)
+        if not gone and e.client.job == job and e._rank == rank and e._prefix == prefix:
             raise ValueError(f"tier.torch: another engine of job '{job}' (rank {rank}) in this process names its "
                              f"tensors '{prefix}.{rank}.*' already: give each engine of a job its own prefix= "
                              "(Offload(model, client, prefix='disc'))")
