@@ -34,6 +34,7 @@ NO_VENV = venv.enter()
 
 try:
     import torch
+    from torch.nn.utils import clip_grad_norm_ as EARLY_CLIP     # imported by name before any engine
 except ImportError:  # pragma: no cover - the suite skips without torch
     torch = None
 try:
@@ -166,6 +167,35 @@ class TestLoops(tierd.DaemonTestCase):
     def test_clip_that_clips(self) -> None:
         eng = self.compare("clip-small", lm, clip=0.05)
         self.assertEqual(eng.mode, "deferred")
+
+    def test_clip_imported_by_name(self) -> None:
+        """clip_grad_norm_ imported by name before the engine was made clips through the engine too: it
+        was torch's own code, which saw no .grad, returned 0 and clipped nothing (and the first step then
+        chose fused mode), silently.  Once the engine is closed it is torch's own again."""
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "clip-early")
+        rn, tn = [], []
+        for x in data:
+            lm_loss(ref, x).backward()
+            rn.append(EARLY_CLIP(ref.parameters(), 0.05).item())
+            opt.step()
+            opt.zero_grad()
+            lm_loss(model, x).backward()
+            tn.append(EARLY_CLIP(model.parameters(), 0.05).item())
+            eng.step()
+            eng.zero_grad()
+        self.assertEqual(tn, rn)
+        self.assertEqual(eng.mode, "deferred")
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+        self.assertIs(torch.nn.utils.clip_grad_norm_, EARLY_CLIP)
+        lm_loss(ref, data[0]).backward()
+        self.assertGreater(EARLY_CLIP(ref.parameters(), 1e9).item(), 0)
 
     def test_clip_that_does_not(self) -> None:
         self.compare("clip-large", lm, clip=1e6)

@@ -22,8 +22,9 @@ backward (fused), and a later clip is refused, naming the cure.
 from __future__ import annotations
 
 import math
+import types
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -31,8 +32,31 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
 
 _engines: "weakref.WeakSet[Offload]" = weakref.WeakSet()
-_orig_norm = torch.nn.utils.clip_grad_norm_
-_orig_value = torch.nn.utils.clip_grad_value_
+
+
+def _copy(f: Callable) -> Callable:
+    """A function of its own with @f's code now (torch's, before any is changed below)."""
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return g
+
+
+# torch's functions themselves, which a module that imported them by name (from torch.nn.utils import
+# clip_grad_norm_) holds too, and copies of them that stay torch's
+_norm_fn = torch.nn.utils.clip_grad_norm_
+_value_fn = torch.nn.utils.clip_grad_value_
+_norm_code, _value_code = _norm_fn.__code__, _value_fn.__code__
+_orig_norm = _copy(_norm_fn)
+_orig_value = _copy(_value_fn)
+
+
+def _norm_trampoline(parameters: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                     *args: Any, **kw: Any) -> Any:
+    return _tier_torch_clip_norm(parameters, max_norm, norm_type, error_if_nonfinite, *args, **kw)  # noqa: F821
+
+
+def _value_trampoline(parameters: Any, clip_value: float, *args: Any, **kw: Any) -> Any:
+    return _tier_torch_clip_value(parameters, clip_value, *args, **kw)  # noqa: F821
 
 
 def _owner(params: list[torch.Tensor]) -> "Offload | None":
@@ -64,19 +88,31 @@ def _value_wrapper(parameters: Any, clip_value: float, *args: Any, **kw: Any) ->
 
 
 def _install() -> None:
+    # the function objects themselves run the wrappers (names in their own module's globals, which the
+    # trampolines' code looks up): a name imported before the engine was made (from torch.nn.utils import
+    # clip_grad_norm_) found torch's code, saw no .grad and clipped nothing, silently
+    for fn, tramp, name, wrapper in ((_norm_fn, _norm_trampoline, "_tier_torch_clip_norm", _norm_wrapper),
+                                     (_value_fn, _value_trampoline, "_tier_torch_clip_value", _value_wrapper)):
+        fn.__globals__[name] = wrapper
+        try:
+            fn.__code__ = tramp.__code__
+        except ValueError:      # pragma: no cover - a torch whose function is a closure (a decorator's)
+            pass                # then only the module attributes below are wrapped
     for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
-        if getattr(mod, "clip_grad_norm_", None) is _orig_norm:
+        if getattr(mod, "clip_grad_norm_", None) is _norm_fn:
             mod.clip_grad_norm_ = _norm_wrapper
-        if getattr(mod, "clip_grad_value_", None) is _orig_value:
+        if getattr(mod, "clip_grad_value_", None) is _value_fn:
             mod.clip_grad_value_ = _value_wrapper
 
 
 def _uninstall() -> None:
+    _norm_fn.__code__ = _norm_code
+    _value_fn.__code__ = _value_code
     for mod in (torch.nn.utils, torch.nn.utils.clip_grad):
         if getattr(mod, "clip_grad_norm_", None) is _norm_wrapper:
-            mod.clip_grad_norm_ = _orig_norm
+            mod.clip_grad_norm_ = _norm_fn
         if getattr(mod, "clip_grad_value_", None) is _value_wrapper:
-            mod.clip_grad_value_ = _orig_value
+            mod.clip_grad_value_ = _value_fn
 
 
 def check_names_free(job: str, rank: int, prefix: str) -> None:
