@@ -749,6 +749,59 @@ class TestModelShapes(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(sd[n], p), n)
             eng.close()
 
+    def test_block_returning_a_view_of_its_parameter(self) -> None:
+        """A block that returns a slice of its own parameter (a learned positional table) hands out a copy:
+        the view lay in the memory mapped for its phase, which tierd gives to other tensors once the phase
+        is over, and was read after it.  Bit-exact against plain PyTorch."""
+        import tier.torch
+
+        class PosTable(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.pe = torch.nn.Parameter(torch.randn(1, 16, 8))
+
+            def forward(self, n: int):
+                return self.pe[:, :n]
+
+        class WithPos(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.pos = PosTable()
+                self.a = torch.nn.Linear(8, 8)
+                self.b = torch.nn.Linear(8, 4)
+
+            def forward(self, x):
+                p = self.pos(x.shape[1])
+                return self.b(torch.relu(self.a(x) + p))       # p read after a's phase began
+
+        torch.manual_seed(3)
+        model = WithPos()
+        torch.manual_seed(3)
+        ref = WithPos()
+        eng = tier.torch.Offload(model, self.client(), lr=1e-2)
+        views = []
+
+        def check(mod, args, out) -> None:
+            b = eng.by_module[id(mod)]
+            flat = b.maps[("p", eng.vram)]
+            views.append(flat.data_ptr() <= out.data_ptr() < flat.data_ptr() + b.nbytes)
+
+        h = model.pos.register_forward_hook(check)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(4)
+        for _ in range(3):
+            x = torch.randn(2, 5, 8, generator=g)
+            for m, o in ((ref, opt), (model, eng)):
+                m(x).pow(2).mean().backward()
+                o.step()
+                o.zero_grad()
+        h.remove()
+        self.assertEqual(views, [False] * 3)
+        sd = eng.parameters_state_dict()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
     def test_failed_engine_keeps_the_model(self) -> None:
         """An engine refused for want of room (a host quota below one block's state) leaves the model its
         parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same

@@ -147,12 +147,45 @@ class Hooks:
     def block_pre(self, module: torch.nn.Module, args: Any) -> None:
         self.engine.block_forward(self.engine.by_module[id(module)])
 
-    def block_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+    def _in_params(self, b: "Block", t: torch.Tensor) -> bool:
+        """Does ``t`` lie in the parameters mapped for ``b``'s phase (a view of one of them)?"""
+        e = self.engine
+        for owner in e.param_owners(b):
+            flat = owner.maps.get(("p", e.vram))
+            if flat is not None and t.device == flat.device and \
+                    flat.data_ptr() <= t.data_ptr() < flat.data_ptr() + owner.nbytes:
+                return True
+        return False
+
+    def _own_output(self, b: "Block", out: Any) -> Any:
+        """``out`` with its views of ``b``'s parameters copied (None: it has none).  A block that returns
+        a slice of its own parameter (a learned positional table's ``self.pe[:, :n]``) returned memory
+        tierd gives to other tensors once the phase is over: later reads saw whatever lay there."""
+        def own(x: Any) -> Any:
+            return x.clone() if isinstance(x, torch.Tensor) and self._in_params(b, x) else x
+
+        if isinstance(out, torch.Tensor):
+            return own(out) if self._in_params(b, out) else None
+        if type(out) in (tuple, list):
+            items = [own(x) for x in out]
+            if any(a is not x for a, x in zip(items, out)):
+                return type(out)(items)
+        for t in tensors_of(out):
+            if self._in_params(b, t):
+                raise RuntimeError(f"{b.label} returned a view of its own parameters inside a "
+                                   f"{type(out).__name__}: tier.torch maps them for its phase only; return a copy "
+                                   "(.clone()) of it")
+        return None
+
+    def block_post(self, module: torch.nn.Module, args: Any, out: Any) -> Any:
         e = self.engine
         b = e.by_module[id(module)]
+        owned = self._own_output(b, out)
+        if owned is not None:
+            out = owned
         e.block_forward_done(b)
         if not torch.is_grad_enabled():
-            return
+            return owned
         fired = [False]
 
         def on_grad(grad: torch.Tensor) -> None:
@@ -163,6 +196,7 @@ class Hooks:
         for t in tensors_of(out):
             if t.requires_grad:
                 t.register_hook(on_grad)
+        return owned
 
     # ---- saved tensors ------------------------------------------------------------------------
 
