@@ -802,6 +802,44 @@ class TestModelShapes(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(sd[n], p), n)
         eng.close()
 
+    def test_plan_refused_then_quota_raised(self) -> None:
+        """The plan traced in the first step refused at its submit (two optimizer phases do not fit the
+        host quota together): the step's update stands and says so, the next step is traced and submits
+        again, and with the quota raised the run is plain PyTorch's.  The engine used to keep the refused
+        trace: every later forward was refused ("ran its forward twice in one step")."""
+        import tier
+        import tier.torch
+
+        def make() -> torch.nn.Module:
+            torch.manual_seed(3)
+            return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+
+        model, ref = make(), make()
+        c = self.client("replan")
+        c.set_quota(host=1100 * 1024)           # one optimizer phase's state fits, two do not
+        eng = tier.torch.Offload(model, c, lr=1e-2, placement="C")
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(4)
+        for step in range(3):
+            x = torch.randn(4, 256, generator=g)
+            for m, o in ((ref, opt), (model, eng)):
+                m(x).pow(2).mean().backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+                if o is eng and step == 0:
+                    with self.assertRaises(tier.NoSpaceError) as cm:
+                        o.step()
+                    self.assertIn("this step's update was applied", "".join(cm.exception.__notes__))
+                    c.set_quota(host=8 << 20)
+                else:
+                    o.step()
+                o.zero_grad()
+        self.assertTrue(eng.tracer.planned)
+        self.assertEqual(eng.steps, 3)
+        sd = eng.parameters_state_dict()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
     def test_failed_engine_keeps_the_model(self) -> None:
         """An engine refused for want of room (a host quota below one block's state) leaves the model its
         parameters and tierd none of its tensors; once the quota is raised, a new engine trains the same

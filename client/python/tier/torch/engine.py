@@ -816,8 +816,17 @@ class Offload(torch.optim.Optimizer):
             self._release()
             self._write_down(None)          # nothing is pinned now
             if self._first_step:
-                self._decide_mode(micro, clipped, changed)
-                self._submit_plan()
+                try:
+                    self._decide_mode(micro, clipped, changed)
+                    self._submit_plan()
+                except Exception as e:
+                    # the step ran (its update is in); its plan did not go: the next step is traced again
+                    self._mode = None
+                    self.tracer.seq, self.tracer.index, self.tracer.planned = [], {}, False
+                    self.steps += 1
+                    e.add_note("tier.torch: this step's update was applied; the plan traced in it was not "
+                               "submitted, so the next step is traced and submits it again")
+                    raise
         elif self.tracer.seq:
             first = self.tracer.seq[0]
             for attempt in range(RESTART_TRIES + 1):
