@@ -50,7 +50,7 @@ static int parse_seconds(const char *s, double *ret) {
         char *end;
         double v;
 
-        if (!s || !*s || !((*s >= '0' && *s <= '9') || *s == '.'))
+        if (!s || !*s || s[strspn(s, "0123456789.")] != '\0')     /* (no sign, blank, hex, exponent) */
                 return -EINVAL;
         errno = 0;
         v = strtod(s, &end);

@@ -93,6 +93,8 @@ class TestTierctl(tierd.DaemonTestCase):
         cases = [
             (["status", "extra"], "unexpected argument"),
             (["status", "--watch=0"], "--watch takes seconds"),
+            (["status", "--watch=0x1p-1"], "--watch takes seconds"),
+            (["status", "--watch=1e0"], "--watch takes seconds"),
             (["jobs", "--bogus"], "unknown option '--bogus'"),
             (["tensors"], "no job given"),
             (["tensors", "a", "b"], "unexpected argument 'b'"),
