@@ -322,14 +322,24 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
 }
 
 /*
- * A stale copy (the tensor was written in another tier since) that a connection still has pinned is
- * not refilled under its pin: the pinner maps it, and may write it (its dirty unpin would then be
- * taken back by the refill's end).  Refused; the scheduler's holds retry once something is unpinned.
+ * A stale copy of @t in @tier (the tensor was written in another tier since) is refilled in place:
+ * it becomes the reservation the transfer fills.  Not one a pin that may write still holds: the
+ * pinner maps it and may write it (its dirty unpin would then be taken back by the refill's end).
+ * That is refused; the scheduler's holds retry once something is unpinned.  0, or -EBUSY.
  */
-static int stale_pinned(Op *op, Tensor *t, int tier) {
-        return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is older than the tensor (written in "
-                       "another tier since) and still pinned by a connection: it is brought up to date after "
-                       "that pin goes; pin again then", t->name, t->job->name, level_to_string(tier));
+static int refill_stale(Op *op, Tensor *t, int tier) {
+        Copy *c = &t->copy[tier];
+
+        if (c->state != COPY_RESIDENT && c->state != COPY_DRAINING)
+                return 0;
+        if (c->writers > 0)
+                return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is older than the tensor "
+                               "(written in another tier since) and still pinned by a connection: it is brought "
+                               "up to date after that pin goes; pin again then", t->name, t->job->name,
+                               level_to_string(tier));
+        c->state = COPY_FILLING;
+        tensor_note(t);
+        return 0;
 }
 
 /*
@@ -346,12 +356,9 @@ static int ensure_chained(Op *op, Tensor *t, bool staging_first) {
         bool reserved = false;
         int r;
 
-        if (h->state == COPY_RESIDENT || h->state == COPY_DRAINING) {
-                if (h->writers > 0)
-                        return stale_pinned(op, t, LEVEL_HOST);
-                h->state = COPY_FILLING;        /* stale: refill in place */
-                tensor_note(t);
-        }
+        r = refill_stale(op, t, LEVEL_HOST);
+        if (r < 0)
+                return r;
         if (h->state == COPY_ABSENT) {
                 r = copy_reserve(op, t, LEVEL_HOST);
                 if (r != 0)
@@ -383,12 +390,9 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         if (tier == LEVEL_NVME && (t->version == 0 || t->dead))
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
 
-        if (c->state == COPY_RESIDENT || c->state == COPY_DRAINING) {
-                if (c->writers > 0)
-                        return stale_pinned(op, t, tier);
-                c->state = COPY_FILLING;        /* stale: refill in place */
-                tensor_note(t);
-        }
+        r = refill_stale(op, t, tier);
+        if (r < 0)
+                return r;
         /*
          * A scheduler prefetch into VRAM stages the host copy before it takes
          * VRAM: when staging finds no room it gives up holding nothing.
