@@ -150,20 +150,56 @@ const char *jget_next(const char *elem) {
         return *p == ',' ? ws(p + 1) : NULL;
 }
 
+static bool is_digit(char c) {
+        return c >= '0' && c <= '9';
+}
+
+/* Past the JSON number at @p (RFC 8259: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), or NULL. */
+static const char *number_end(const char *p) {
+        if (*p == '-')
+                p++;
+        if (*p == '0')
+                p++;
+        else if (is_digit(*p))
+                while (is_digit(*p))
+                        p++;
+        else
+                return NULL;
+        if (*p == '.') {
+                if (!is_digit(*++p))
+                        return NULL;
+                while (is_digit(*p))
+                        p++;
+        }
+        if (*p == 'e' || *p == 'E') {
+                p++;
+                if (*p == '+' || *p == '-')
+                        p++;
+                if (!is_digit(*p))
+                        return NULL;
+                while (is_digit(*p))
+                        p++;
+        }
+        return p;
+}
+
 int jget_number(const char *doc, const char *path, double *ret) {
         int err;
-        const char *p = find(doc, path, &err);
+        const char *p = find(doc, path, &err), *e;
         char *end;
         double v;
 
         if (!p)
                 return err;
-        if (!strncmp(p, "null", 4))
+        if (!strncmp(p, "null", 4) && (!p[4] || strchr(",}] \t\r\n", p[4])))
                 return -ENODATA;
-        if (!(*p == '-' || (*p >= '0' && *p <= '9')))
+        /* a JSON number and nothing else up to the next delimiter: no hexadecimal, "12abc", "1.", "+1" */
+        e = number_end(p);
+        if (!e || (*e && !strchr(",}] \t\r\n", *e)))
                 return -EINVAL;
+        errno = 0;
         v = strtod(p, &end);
-        if (end == p || !isfinite(v))
+        if (end != e || !isfinite(v))
                 return -EINVAL;
         *ret = v;
         return 0;

@@ -77,6 +77,29 @@ static const char *hw_src[_HW_MAX];
 static char bench_src[4200];
 static char notes[3][300];
 
+/* "16,34,16": three plain decimal numbers (plan_parse_number()), nothing else. */
+static int parse_shares(const char *s, double *f, double *b, double *o) {
+        double *out[3] = { f, b, o };
+        char buf[256];
+        char *p = buf;
+
+        if (strlen(s) >= sizeof(buf))
+                return -EINVAL;
+        strcpy(buf, s);
+        for (int i = 0; i < 3; i++) {
+                char *comma = strchr(p, ',');
+
+                if ((i < 2) != (comma != NULL))
+                        return -EINVAL;
+                if (comma)
+                        *comma = '\0';
+                if (plan_parse_number(p, out[i]) < 0)
+                        return -EINVAL;
+                p = comma ? comma + 1 : p;
+        }
+        return 0;
+}
+
 static int bad(const char *opt, const char *val, const char *what) {
         fprintf(stderr, "tierctl plan: %s%s '%s' is not %s\n", opt[0] == '-' ? "" : "--", opt, val, what);
         return EXIT_USAGE;
@@ -607,8 +630,8 @@ int verb_plan(int argc, char **argv) {
                                            "a size above 0 (24M, 16G)");
                         continue;
                 case ARG_PHASES:
-                        if (sscanf(optarg, "%lf,%lf,%lf%n", &in.fwd_share, &in.bwd_share, &in.opt_share, &li) != 3 ||
-                            optarg[li] || !(in.fwd_share >= 0 && in.bwd_share >= 0 && in.opt_share >= 0) ||
+                        if (parse_shares(optarg, &in.fwd_share, &in.bwd_share, &in.opt_share) < 0 ||
+                            !(in.fwd_share >= 0 && in.bwd_share >= 0 && in.opt_share >= 0) ||
                             !(in.fwd_share + in.bwd_share + in.opt_share > 0) ||
                             !isfinite(in.fwd_share + in.bwd_share + in.opt_share))
                                 return bad("--phase-times", optarg, "three numbers F,B,O, 0 or more, not all 0 (16,34,16)");

@@ -81,7 +81,8 @@ int plan_file_parse(const char *doc, PlanFile *ret, char *err, size_t err_size) 
         el = jget_at(doc, "tensors.0");
         for (size_t i = 0; i < n_t; i++, el = el ? jget_next(el) : NULL) {
                 snprintf(path, sizeof(path), "tensors.%zu.size", i);
-                if (!el || jget_number(el, "size", &size[i]) < 0 || !(size[i] >= 0 && size[i] <= 0x1p50)) {
+                if (!el || jget_number(el, "size", &size[i]) < 0 || !(size[i] >= 0 && size[i] <= 0x1p50) ||
+                    size[i] != floor(size[i])) {
                         r = fail(err, err_size, -EINVAL, "\"%s\" is not a size in bytes", path);
                         goto out;
                 }

@@ -67,6 +67,12 @@ fi
 usage_error "cannot read --bench" --no-tierd --bench /nonexistent/bench.json --params 13B $HW
 usage_error "both --vram-limit and --host-limit" --no-tierd --no-bench --params 13B $HW --vram-limit 1G
 usage_error "--phase-times '1,2'" --no-tierd --params 13B $HW --phase-times 1,2
+# plain decimal numbers only: no hexadecimal, no sign or blank, no fourth number
+usage_error "--phase-times '0x10,34,16'" --no-tierd --params 13B $HW --phase-times 0x10,34,16
+usage_error "--phase-times ' 16,34,16'" --no-tierd --params 13B $HW --phase-times ' 16,34,16'
+usage_error "--phase-times '+16,34,16'" --no-tierd --params 13B $HW --phase-times +16,34,16
+usage_error "--phase-times '16,34,16,'" --no-tierd --params 13B $HW --phase-times 16,34,16,
+usage_error "--phase-times '16,,16'" --no-tierd --params 13B $HW --phase-times 16,,16
 usage_error "cannot hold two backward phases" --no-tierd --no-bench --params 8M --blocks 8 --vram-limit 1M \
         --host-limit 64M --drives 1 --drive-read 1 --drive-write 1 --link 1 --tflops 1
 LIM="--no-tierd --no-bench --params 8M --vram 16G --host-ram 64G --drives 1 --drive-read 1 --drive-write 1 --link 1 --tflops 1"
@@ -79,6 +85,13 @@ printf '{"kind":"o","access":[[0,"host","rw"]]}]}' >> "$plan"
 usage_error "cannot hold phases 0 and 1" $LIM --vram-limit 512K --host-limit 1G --plan "$plan"
 printf '{"tensors":[{"name":"w","size":1048576}],"phases":[{"kind":"q","access":[]}]}' > "$plan.bad"
 usage_error "phases.0.kind" $LIM --vram-limit 1G --host-limit 1G --plan "$plan.bad"
+# a size as JSON spells numbers: not hexadecimal, nothing after it
+printf '{"tensors":[{"name":"w","size":0x100000}],"phases":[{"kind":"f","access":[[0,"vram","r"]]}]}' > "$plan.bad"
+usage_error "tensors.0.size" $LIM --vram-limit 1G --host-limit 1G --plan "$plan.bad"
+printf '{"tensors":[{"name":"w","size":1048576.5}],"phases":[{"kind":"f","access":[[0,"vram","r"]]}]}' > "$plan.bad"
+usage_error "tensors.0.size" $LIM --vram-limit 1G --host-limit 1G --plan "$plan.bad"
+printf '{"tensors":[{"name":"w","size":1048576abc}],"phases":[{"kind":"f","access":[[0,"vram","r"]]}]}' > "$plan.bad"
+usage_error "tensors.0.size" $LIM --vram-limit 1G --host-limit 1G --plan "$plan.bad"
 # a plan that fits: W goes to VRAM once a step and comes back rewritten, nothing touches NVMe
 out=$("$T" plan --json $LIM --vram-limit 4M --host-limit 4M --plan "$plan") || { echo "FAIL: --plan"; fails=$((fails + 1)); }
 case $out in

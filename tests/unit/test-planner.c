@@ -627,6 +627,19 @@ static void test_jsonget(void **state) {
         assert_int_equal(jget_number("{\"a\": [1, 2", "b", &v), -EINVAL);
         assert_int_equal(jget_number("{\"a\" 1}", "a", &v), -EINVAL);
         assert_int_equal(jget_length("[[[[", "", &n), -EINVAL);
+        /* numbers as JSON spells them, nothing else */
+        assert_int_equal(jget_number("{\"a\": 0x10}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": -0x1p4}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": 12abc}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": 1.}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": 01}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": 1e}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": nullx}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("{\"a\": 1e999}", "a", &v), -EINVAL);
+        assert_int_equal(jget_number("[4096]", "0", &v), 0);
+        assert_near(v, 4096);
+        assert_int_equal(jget_number("{\"a\": -0.5E+2 }", "a", &v), 0);
+        assert_near(v, -50);
 }
 
 /* tests/unit/data/bench-fixture.json, inline */
