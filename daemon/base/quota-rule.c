@@ -72,6 +72,37 @@ static int reason(char **ret, const char *fmt, ...) {
         return -EINVAL;
 }
 
+/*
+ * The uid of user @name (@user) or the gid of group @name: 0, -ENOENT when
+ * the database has no such name, another -errno when the lookup failed.
+ */
+static int lookup_id(bool user, const char *name, uint32_t *ret) {
+        size_t size = 16384;
+
+        for (;;) {
+                _cleanup_free_ char *buf = malloc(size);
+                struct passwd pw, *pwp = NULL;
+                struct group gr, *grp = NULL;
+                int r;
+
+                if (!buf)
+                        return -ENOMEM;
+                r = user ? getpwnam_r(name, &pw, buf, size, &pwp) : getgrnam_r(name, &gr, buf, size, &grp);
+                if (r == ERANGE && size < (1u << 20)) {
+                        size *= 2;
+                        continue;
+                }
+                /* "not found" may come as 0 and no entry, or as one of these (getpwnam_r(3)) */
+                if (r == 0 || r == ENOENT || r == ESRCH || r == EBADF || r == EPERM) {
+                        if (user ? !pwp : !grp)
+                                return -ENOENT;
+                        *ret = user ? (uint32_t) pw.pw_uid : (uint32_t) gr.gr_gid;
+                        return 0;
+                }
+                return -r;
+        }
+}
+
 void quota_rule_done(QuotaRule *q) {
         q->job = mfree(q->job);
 }
@@ -175,25 +206,25 @@ int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **
                         return reason(ret_reason, "'%s' is not a uid (a number)", value);
                 return set_target(q, QUOTA_UID, id, NULL, ret_reason);
         }
-        if (strcmp(key, "user") == 0) {
-                if (!parse_id(value, &id)) {
-                        struct passwd *pw = getpwnam(value);
+        if (strcmp(key, "user") == 0 || strcmp(key, "group") == 0) {
+                bool user = key[0] == 'u';
 
-                        if (!pw)
-                                return reason(ret_reason, "no user '%s' (not in the user database)", value);
-                        id = (uint32_t) pw->pw_uid;
-                }
-                return set_target(q, QUOTA_UID, id, NULL, ret_reason);
-        }
-        if (strcmp(key, "group") == 0) {
                 if (!parse_id(value, &id)) {
-                        struct group *gr = getgrnam(value);
+                        int r = lookup_id(user, value, &id);
 
-                        if (!gr)
-                                return reason(ret_reason, "no group '%s' (not in the group database)", value);
-                        id = (uint32_t) gr->gr_gid;
+                        if (r == -ENOENT)
+                                return reason(ret_reason, "no %s '%s' (not in the %s database)", key, value, key);
+                        /*
+                         * The database failed (a directory service down, out of fds): not "no
+                         * such name", which would make a valid configuration look broken, or
+                         * at reload drop the quota of a user who exists.
+                         */
+                        if (r < 0)
+                                return reason(ret_reason, "cannot look up %s '%s' in the %s database: %s (try "
+                                              "again, or give the %s as a number)", key, value, key, strerror(-r),
+                                              user ? "uid" : "gid");
                 }
-                return set_target(q, QUOTA_GROUP, id, NULL, ret_reason);
+                return set_target(q, user ? QUOTA_UID : QUOTA_GROUP, id, NULL, ret_reason);
         }
 
         for (int f = 0; f < QUOTA_FIELDS; f++) {

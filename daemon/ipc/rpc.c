@@ -782,11 +782,16 @@ static int handle_end_plan(Conn *c, uint64_t seq) {
 #define ADMIN_GROUP "tier-admin"
 
 void rpc_resolve_admin_group(Rpc *rpc) {
-        struct group *g = getgrnam(ADMIN_GROUP);
+        struct group *g;
 
+        errno = 0;
+        g = getgrnam(ADMIN_GROUP);
         rpc->have_admin_gid = g != NULL;
         rpc->admin_gid = g ? g->gr_gid : (gid_t) -1;
-        if (!g)
+        if (!g && errno != 0 && errno != ENOENT && errno != ESRCH && errno != EBADF && errno != EPERM)
+                log_warning_errno(errno, "Cannot look up group '" ADMIN_GROUP "' (the group database failed: %m): only "
+                                  "root may set quotas until a reload (systemctl reload tierd) finds it");
+        else if (!g)
                 log_debug("No group '" ADMIN_GROUP "': only root may set quotas");
 }
 

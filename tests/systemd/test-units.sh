@@ -98,6 +98,7 @@ exec_start=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$service")
 grep -qE '@[a-z_]+@' "$service" && bad "unsubstituted @variable@ left in tierd.service"
 grep -qx 'Type=notify' "$service" || bad "tierd.service is not Type=notify"
 grep -q '^WatchdogSec=' "$service" || bad "tierd.service has no WatchdogSec="
+grep -qx 'After=nss-user-lookup.target' "$service" || bad "tierd.service is not ordered after nss-user-lookup.target"
 grep -qx 'ListenSequentialPacket=/run/tierd/tierd.sock' "$socket" || bad "tierd.socket: unexpected listener"
 
 # ---- systemd-analyze security --offline=yes ------------------------------------

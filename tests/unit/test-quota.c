@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +30,28 @@ static void config_deinitp(Config *c) {
 }
 
 /* Parse @text as a state file and expect -EINVAL with @needle in the message; @rs stays as it was. */
+/* The user and group databases: the name "nss-down" finds them failing (a directory service down). */
+int __real_getpwnam_r(const char *name, struct passwd *pw, char *buf, size_t size, struct passwd **ret);
+int __wrap_getpwnam_r(const char *name, struct passwd *pw, char *buf, size_t size, struct passwd **ret);
+int __real_getgrnam_r(const char *name, struct group *gr, char *buf, size_t size, struct group **ret);
+int __wrap_getgrnam_r(const char *name, struct group *gr, char *buf, size_t size, struct group **ret);
+
+int __wrap_getpwnam_r(const char *name, struct passwd *pw, char *buf, size_t size, struct passwd **ret) {
+        if (strcmp(name, "nss-down") == 0) {
+                *ret = NULL;
+                return EIO;
+        }
+        return __real_getpwnam_r(name, pw, buf, size, ret);
+}
+
+int __wrap_getgrnam_r(const char *name, struct group *gr, char *buf, size_t size, struct group **ret) {
+        if (strcmp(name, "nss-down") == 0) {
+                *ret = NULL;
+                return EIO;
+        }
+        return __real_getgrnam_r(name, gr, buf, size, ret);
+}
+
 static void rules_fail(const char *text, const char *needle) {
         _cleanup_(quota_rules_clear) QuotaRules rs = QUOTA_RULES_NULL;
         _cleanup_free_ char *err = NULL;
@@ -109,6 +133,10 @@ static void test_rules_errors(void **state) {
         rules_fail("[quota]\nuid = 1\nhost = 1G\nhost_min = 2G\n", "host_min 2G is above host 1G");
         rules_fail("[quota]\nuser = no-such-user-here\n", "no user 'no-such-user-here'");
         rules_fail("[quota]\ngroup = no-such-group-here\n", "no group 'no-such-group-here'");
+        /* a database that fails is not "no such user": the message says so and what to do */
+        rules_fail("[quota]\nuser = nss-down\n", "cannot look up user 'nss-down' in the user database: "
+                   "Input/output error (try again, or give the uid as a number)");
+        rules_fail("[quota]\ngroup = nss-down\n", "cannot look up group 'nss-down' in the group database");
         rules_fail("[quota]\njob = x\nhost_total = 1G\n", "host_total is the total of a uid's or a group's jobs");
         rules_fail("[quota]\nuid = 1\nnvme_total = lots\n", "nvme_total: invalid size 'lots'");
 }
