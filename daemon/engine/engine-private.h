@@ -127,3 +127,10 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
  * another -errno.
  */
 int reclaim(Engine *e, Op *op, Tensor *want, int tier);
+/*
+ * reclaim_total() - @want's copy would take a total of its job's uid or
+ * group above itself (SPACE_TOTAL): take room back from the other jobs under
+ * that total, lingering ones first, then live ones above their part of it
+ * (reclaim.c).  ADV_RETRY, ADV_WAIT_SPACE, -ENOSPC (nothing owed), -errno.
+ */
+int reclaim_total(Engine *e, Tensor *want, int tier);

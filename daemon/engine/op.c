@@ -270,6 +270,18 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         continue;
                 if (r == ADV_WAIT_SPACE)
                         return ADV_WAIT_SPACE;
+                if (why == SPACE_TOTAL && (r == -ENOSPC || r == -EAGAIN)) {
+                        /* its own copies cannot make the room: the other jobs under the total may owe it */
+                        int q = reclaim_total(e, t, tier);
+
+                        if (q == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
+                                continue;
+                        if (q == ADV_WAIT_SPACE && !op->no_wait)
+                                return ADV_WAIT_SPACE;
+                        if (q < 0 && q != -ENOSPC)
+                                return op_fail(op, q, "cannot take %s room back under a total for job '%s': %s",
+                                               level_to_string(tier), t->job->name, strerror(-q));
+                }
                 if (tier == LEVEL_VRAM && e->vram->pool.n_revoking > 0 && !op->no_wait)
                         return ADV_WAIT_SPACE;  /* chunks come back once their old clients let go (revoke.c) */
 

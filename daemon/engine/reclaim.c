@@ -240,3 +240,69 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
         /* (the thaw wakes the waiters: ipc/commit.c) */
         return coming > 0 || frozen ? ADV_WAIT_SPACE : -ENOSPC;
 }
+
+/*
+ * Room under a total.  Jobs held to one total (all the jobs of a uid, or of
+ * the members of a group) share it as jobs share the pool: a requester whose
+ * copy would take the total above itself takes room back from the others
+ * under it, lingering ones first (their copies are kept for a rank that may
+ * come back, written down to NVMe when sole, as a pool reclaim does), then
+ * live ones holding more than their part of the total (the total over the
+ * live jobs under it, by weight), and only while the requester stays within
+ * its own part.  Copies go least recently used first; a pinned one, one in a
+ * transfer or one of a job whose rollback waits is not touched.  Without this
+ * a job whose sibling's cache filled the total got -EDQUOT, and a plan died
+ * of it, for room that was only cached.
+ */
+static uint64_t total_part(const Registry *r, const JobTotal *jt, const Job *j, int tier) {
+        uint64_t wsum = 0;
+
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+
+                if (job_live(o) && total_covers(jt, o))
+                        wsum += MAX(o->weight, 1u);
+        }
+        if (wsum == 0 || !job_live(j))
+                return 0;
+        return (uint64_t) ((double) jt->total[tier] * (double) MAX(j->weight, 1u) / (double) wsum);
+}
+
+int reclaim_total(Engine *e, Tensor *want, int tier) {
+        Registry *r = e->registry;
+        Job *j = want->job;
+        uint64_t need = want->alloc_size, freed = 0, draining = 0;
+        const JobTotal *jt;
+        unsigned blocked = 0;
+        bool over = false, below;
+
+        if (tier == LEVEL_NVME)
+                return -ENOSPC;         /* nothing below NVMe to write to */
+        jt = total_exceeded(r, j, tier, need, &over);
+        if (!jt || over)
+                return -ENOSPC;
+        below = j->used[tier] + need <= total_part(r, jt, j, tier);
+        /* lingering jobs first (pass 0), then live ones above their part (pass 1) */
+        for (int pass = 0; pass < 2 && freed + draining < need; pass++)
+                list_for_each_safe(node, tmp, &r->lru[tier]) {
+                        Copy *c = list_entry(node, Copy, lru);
+                        Tensor *t = container_of(c, Tensor, copy[tier]);
+                        Job *o = t->job;
+                        int q;
+
+                        if (freed + draining >= need)
+                                break;
+                        if (o == j || !total_covers(jt, o) || !copy_evictable(t, tier) || job_live(o) != (pass == 1))
+                                continue;
+                        if (pass == 1 && (!below || o->used[tier] <= total_part(r, jt, o, tier)))
+                                continue;
+                        q = victim_evict(e, t, tier, TRACE_F_RECLAIM, &freed, &draining, &blocked);
+                        if (q < 0)
+                                return q;
+                }
+        if (freed > 0)
+                return ADV_RETRY;
+        if (draining > 0)
+                return ADV_WAIT_SPACE;
+        return -ENOSPC;
+}

@@ -690,3 +690,25 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
                           p->job->name);
         }
 }
+
+/*
+ * Does phase @phase alone fit, in @tier, its job's limit and every total the
+ * job is held to?  Then a pin refused -EDQUOT (a total full) may yet be
+ * granted once the other jobs under the total let go of what they pin; else
+ * it never will and the plan fails.
+ */
+bool plan_phase_fits_totals(const Plan *p, uint32_t phase, int tier) {
+        const PlanPhase *ph = &p->phases[phase];
+        const Job *j = p->job;
+        uint64_t bytes = 0;
+
+        for (uint32_t i = 0; i < ph->n_acc; i++)
+                if (ph->acc[i].tier == tier)
+                        bytes += ph->acc[i].tensor->alloc_size;
+        if (bytes > j->limit[tier])
+                return false;
+        for (unsigned i = 0; i < j->n_totals; i++)
+                if (j->totals[i].total[tier] > 0 && bytes > j->totals[i].total[tier])
+                        return false;
+        return true;
+}

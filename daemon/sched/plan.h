@@ -193,6 +193,8 @@ uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c);
 bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c);
 /* Predicted next use of @t's copy in @tier (vram, or host and what stages through it). */
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
+/* Does phase @phase alone fit its job's limit in @tier and every total the job is held to (a -EDQUOT may pass)? */
+bool plan_phase_fits_totals(const Plan *p, uint32_t phase, int tier);
 /* Mode of the first access of @t in the phases after @from (and in @from too if @inclusive); 0: none. */
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive);
 

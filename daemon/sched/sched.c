@@ -209,9 +209,13 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 }
                 plan_slot_publish(p, a);
                 engine_kick(p->sched->engine);
-        } else if (status == -ENOSPC || status == -EAGAIN || status == -EBUSY) {
-                /* no space now, or a stale copy still pinned: retried when something is freed, unpinned
-                 * or moves, not in a busy loop */
+        } else if (status == -ENOSPC || status == -EAGAIN || status == -EBUSY ||
+                   (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))) {
+                /* no room now, a stale copy still pinned, or a total full of what other jobs pin:
+                 * retried when something is freed, unpinned or moves, not in a busy loop */
+                if (status == -EDQUOT)
+                        log_debug("sched: job '%s' waits for room under a total for '%s' in %s: %s", p->job->name,
+                                  a->tensor->name, level_to_string(a->tier), error ? error : "");
                 hs->blocked[ctx->idx] = p->sched->epoch;
         } else {
                 char what[256];

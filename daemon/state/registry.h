@@ -327,6 +327,10 @@ typedef enum SpaceShort {
 
 /* Bytes of @tier the jobs under @jt use now, lingering and ending ones too; their number in *@ret_jobs (may be NULL). */
 uint64_t total_used(const Registry *r, const JobTotal *jt, int tier, unsigned *ret_jobs);
+/* Is job @o under total @jt (of its uid, or of one of its creator's groups)? */
+bool total_covers(const JobTotal *jt, const Job *o);
+/* The first of @j's totals in @tier that @need more bytes would exceed (*@ret_over: @need alone does), or NULL. */
+const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64_t need, bool *ret_over);
 
 /*
  * copy_alloc() - give @t's copy in @tier its space (pieces of the job's

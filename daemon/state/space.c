@@ -260,7 +260,7 @@ static int alloc_pieces(Registry *r, Tensor *t, int tier, SpaceShort *ret_why) {
 /* ---- totals of uids and groups ------------------------------------------------------------------ */
 
 /* Is job @o under total @jt (of its uid, or a member's of its group)? */
-static bool total_covers(const JobTotal *jt, const Job *o) {
+bool total_covers(const JobTotal *jt, const Job *o) {
         if (jt->kind == QUOTA_UID)
                 return (uint32_t) o->uid == jt->id;
         for (uint32_t g = 0; g < o->n_gids; g++)
@@ -289,7 +289,7 @@ uint64_t total_used(const Registry *r, const JobTotal *jt, int tier, unsigned *r
 }
 
 /* The first of @j's totals in @tier that @need more bytes would exceed (*@ret_over: @need alone does), or NULL. */
-static const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64_t need, bool *ret_over) {
+const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64_t need, bool *ret_over) {
         for (unsigned i = 0; i < j->n_totals; i++) {
                 const JobTotal *jt = &j->totals[i];
 

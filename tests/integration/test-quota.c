@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -648,7 +649,7 @@ static void test_uid_total(void **state) {
         assert_non_null(strstr(msg, "uid 65534 is at its host total: its 8 job(s) use 32.0 MiB of 32.0 MiB "
                                     "([host] uid_share, 50 % of 64.0 MiB)"));
         assert_non_null(strstr(msg, "tierctl quota set --uid 65534 --host-total SIZE"));
-        /* lingering jobs count: a ninth job gets nothing */
+        /* lingering jobs count: a ninth job gets nothing (what the first job holds is pinned) */
         assert_int_equal(r, -EDQUOT);
 
         /* root's job (not held to the share) pins what its own limit allows, 24M */
@@ -714,6 +715,135 @@ static void test_total_set(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * Jobs under one total share it as they share the pool: a job's cache (copies it does not pin) that fills
+ * the total gives way to another job of the uid below its part, written down to NVMe and not lost; what is
+ * pinned does not.
+ */
+static void test_total_shared(void **state) {
+        tier_client *a, *b;
+        tier_tensor *ta[2], *tb;
+        struct tier_grant g;
+
+        if (!is_root("test_total_shared"))
+                skip();
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid 0 --host-total 8M"), 0);
+        a = connect_job("cache-a");
+        b = connect_job("cache-b");
+        for (unsigned k = 0; k < 2; k++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "a%u", k);
+                assert_int_equal(tier_tensor_create(a, name, 4 * MiB, &ta[k]), 0);
+                assert_int_equal(tier_pin(ta[k], TIER_HOST, TIER_WRITE, &g), 0);
+                memset(g.ptr, 'a' + (int) k, 4 * MiB);
+        }
+        assert_int_equal(tier_tensor_create(b, "b", 4 * MiB, &tb), 0);
+        /* a's copies pinned: nothing to give */
+        assert_int_equal(tier_pin(tb, TIER_HOST, TIER_WRITE, &g), -EDQUOT);
+        assert_non_null(strstr(tier_client_last_error(b), "uid 0 is at its host total: its 2 job(s) use 8.0 MiB"));
+        /* unpinned, they are a cache: b (below its part, 4M of 8M) takes the room */
+        assert_int_equal(tier_unpin(ta[0], TIER_HOST, 1), 0);
+        assert_int_equal(tier_unpin(ta[1], TIER_HOST, 1), 0);
+        assert_int_equal(tier_pin(tb, TIER_HOST, TIER_WRITE, &g), 0);
+        memset(g.ptr, 'b', 4 * MiB);
+        /* a's bytes came through NVMe whole; b's pin holds, so a makes room among its own copies */
+        for (unsigned k = 0; k < 2; k++) {
+                unsigned char *p;
+
+                assert_int_equal(tier_pin(ta[k], TIER_HOST, TIER_READ, &g), 0);
+                p = g.ptr;
+                assert_int_equal(p[0], 'a' + k);
+                assert_int_equal(p[4 * MiB - 1], 'a' + k);
+                assert_int_equal(tier_unpin(ta[k], TIER_HOST, 0), 0);
+        }
+        assert_int_equal(tier_unpin(tb, TIER_HOST, 1), 0);
+        for (unsigned k = 0; k < 2; k++)
+                tier_tensor_close(ta[k]);
+        tier_tensor_close(tb);
+        tier_client_free(a);
+        tier_client_free(b);
+}
+
+/* In a child: job 'planned' submits a plan of one phase that writes a 4M tensor in host and enters it. */
+static int planned_child(int out) {
+        tier_client *c = NULL;
+        tier_tensor *t;
+        tier_plan *p;
+        int r;
+
+        if (tier_client_new(daemon_.socket, "planned", 0, &c) < 0 || tier_tensor_create(c, "p", 4 * MiB, &t) < 0 ||
+            tier_plan_new(c, &p) < 0 || tier_plan_add(p, 0, t, TIER_HOST, TIER_WRITE) < 0 || tier_plan_submit(p) < 0)
+                return 3;
+        if (write(out, "e", 1) != 1)
+                return 4;
+        r = tier_phase_enter(c, 0);
+        if (dprintf(out, "%d\n", r) < 0)
+                return 5;
+        tier_tensor_close(t);   /* (the plan is the client's once submitted) */
+        tier_client_free(c);
+        return 0;
+}
+
+/*
+ * A plan's phase refused room because its uid's total is full of what another job pins waits for that job
+ * to let go (a phase that fits the total alone); it used to fail the plan for good with -EDQUOT.
+ */
+static void test_total_plan_waits(void **state) {
+        tier_client *a;
+        tier_tensor *ta[2];
+        struct tier_grant g;
+        int up[2], st, r = 1;
+        char ch, line[32] = "";
+        pid_t pid;
+        FILE *f;
+
+        if (!is_root("test_total_plan_waits"))
+                skip();
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid 0 --host-total 8M"), 0);
+        a = connect_job("holder");
+        for (unsigned k = 0; k < 2; k++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "h%u", k);
+                assert_int_equal(tier_tensor_create(a, name, 4 * MiB, &ta[k]), 0);
+                assert_int_equal(tier_pin(ta[k], TIER_HOST, TIER_WRITE, &g), 0);
+        }
+        assert_int_equal(pipe2(up, O_CLOEXEC), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+                _exit(planned_child(up[1]));
+        close(up[1]);
+        f = fdopen(up[0], "r");
+        assert_non_null(f);
+        assert_int_equal(fread(&ch, 1, 1, f), 1);
+        /* tierd has tried the phase's pin and holds it back (or, before, failed the plan: the child says so) */
+        for (unsigned i = 0; i < 2000 && !test_daemon_log_contains(&daemon_, "waits for room under a total for 'p'");
+             i++) {
+                struct timeval tv = { 0, 10000 };
+                fd_set fds;
+
+                FD_ZERO(&fds);
+                FD_SET(up[0], &fds);
+                if (select(up[0] + 1, &fds, NULL, NULL, &tv) > 0)
+                        break;          /* the child returned: the plan failed */
+        }
+        assert_true(test_daemon_log_contains(&daemon_, "waits for room under a total for 'p'"));
+        /* the holder lets go of one: the phase gets its room */
+        assert_int_equal(tier_unpin(ta[0], TIER_HOST, 1), 0);
+        assert_non_null(fgets(line, sizeof(line), f));
+        assert_int_equal(sscanf(line, "%d", &r), 1);
+        assert_int_equal(r, 0);
+        fclose(f);
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        for (unsigned k = 0; k < 2; k++)
+                tier_tensor_close(ta[k]);
+        tier_client_free(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_uid_default_applies, setup, teardown),
@@ -728,6 +858,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_non_admin, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_uid_total, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_total_set, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_total_shared, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_total_plan_waits, setup, teardown),
         };
 
         return cmocka_run_group_tests_name("quota", tests, NULL, NULL);
