@@ -368,9 +368,11 @@ static int manager_setup_tiers(Manager *m) {
                 r = book_open(m->config.state_dir, m->nvme, m->event, m->faults, &m->book, &err);
                 if (r < 0)
                         return log_error_errno(r, "%s", err ? err : "Cannot read the NVMe index: %m");
-        } else
+        } else {
                 log_info("[nvme] persist = no: the NVMe targets are scratch space, nothing on them survives a "
                          "restart");
+                book_void_files(m->config.state_dir, "[nvme] persist = no reuses the extents it lists");
+        }
         return 0;
 }
 

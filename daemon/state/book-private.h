@@ -17,7 +17,9 @@ typedef struct sd_event_source sd_event_source;
 #define BOOK_REC_HEAD 16u               /* len u32, type u16, magic u16, seq u64 */
 /* Bounds on what a file may ask us to allocate. */
 #define BOOK_NAME_MAX 4096u
-#define BOOK_GROUPS_MAX 64u
+/* a job's groups: its creator's primary one and up to QUOTA_GROUPS_MAX supplementary ones (quota.c) */
+#define BOOK_GROUPS_MAX 65u
+/* jobs that are not gone; JOB records in all (gone ones too) at most BOOK_TENSORS_MAX */
 #define BOOK_JOBS_MAX 65536u
 #define BOOK_TENSORS_MAX (16u << 20)
 #define BOOK_TARGETS_MAX 64u
@@ -112,10 +114,11 @@ struct Book {
         char *buf;              /* one record being built */
         size_t buf_cap;
         uint64_t records, syncs;
+        bool compact_wanted;    /* grown past BOOK_COMPACT_MIN: compact once the next sync is done */
 
         /* read by book_open(), used by book_restore() */
         BkJob *jobs;
-        size_t n_jobs;
+        size_t n_jobs, n_jobs_gone;
         BkTensor *tensors;
         size_t n_tensors;
         KeyMap job_map, tensor_map;

@@ -152,7 +152,7 @@ void bk_forget(Book *b) {
         b->jobs = NULL;
         b->tensors = NULL;
         b->targets = NULL;
-        b->n_jobs = b->n_tensors = b->n_targets = 0;
+        b->n_jobs = b->n_jobs_gone = b->n_tensors = b->n_targets = 0;
         keymap_done(&b->job_map);
         keymap_done(&b->tensor_map);
 }
@@ -264,7 +264,8 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 j.committing = rd_u(r, 1);
                 j.commit_step = rd_u(r, 8);
                 j.n_groups = (uint32_t) rd_u(r, 4);
-                if (r->bad || j.n_groups > BOOK_GROUPS_MAX || b->n_jobs >= BOOK_JOBS_MAX || j.key == 0 ||
+                if (r->bad || j.n_groups > BOOK_GROUPS_MAX || b->n_jobs - b->n_jobs_gone >= BOOK_JOBS_MAX ||
+                    b->n_jobs >= BOOK_TENSORS_MAX || j.key == 0 ||
                     keymap_get(&b->job_map, j.key) >= 0)
                         return false;
                 j.groups = calloc(j.n_groups + 1, sizeof(gid_t));
@@ -295,6 +296,7 @@ static bool apply(Book *b, unsigned type, Rd *r) {
 
                 if (r->bad || r->left != 0 || !j)
                         return false;
+                b->n_jobs_gone += !j->gone;
                 j->gone = true;
                 for (size_t i = 0; i < b->n_tensors; i++)
                         if (b->tensors[i].job_key == j->key)

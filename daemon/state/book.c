@@ -58,15 +58,18 @@
  * a whole write (TIER_WRITE) makes it whole again.
  *
  * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
- * and four times its snapshot, the live state is written as a snapshot to
+ * and four times its snapshot (at once after an NVME record, after the next
+ * sync after any other, book_on_synced()), the live state is written as a snapshot to
  * the other file (generation + 1, ending in SNAPSHOT) and appending goes on
  * there.  A crash in the middle leaves the new file without its SNAPSHOT:
  * the old one is read.  Two files written in turn need no rename, so no
  * directory sync.
  *
  * Writes that fail (a full state filesystem) turn the book off: tierd says
- * so, keeps running as scratch (nothing of the NVMe tier survives the next
- * restart) and reports the parked transfers written, as if there were no book.
+ * so, sets both files aside (what they say stops being true with the next
+ * write: a later start must not restore it), keeps running as scratch
+ * (nothing of the NVMe tier survives the next restart) and reports the
+ * parked transfers written, as if there were no book.
  */
 
 #include <errno.h>
@@ -87,6 +90,7 @@
 #include "daemon/base/log.h"
 #include "daemon/base/statefile.h"
 #include "daemon/state/book-private.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/fault.h"
 #include "daemon/tiers/segpool.h"
@@ -196,6 +200,38 @@ static int write_at(int fd, const void *p, size_t len, uint64_t off) {
         return 0;
 }
 
+_Static_assert(BOOK_GROUPS_MAX >= QUOTA_GROUPS_MAX + 1, "a job's groups as quota.c keeps them must replay");
+
+/*
+ * Set the index file @path aside (statefile_set_aside()), else remove it:
+ * what it says is no longer so (@why), and a replay would restore older
+ * versions as current.  Renaming and removing take no room, so this works
+ * on the full filesystem that turned the book off.
+ */
+static void void_file(const char *path, const char *why) {
+        char aside[PATH_MAX];
+        int r;
+
+        r = statefile_set_aside(path, aside, sizeof(aside));
+        if (r == -ENOENT)
+                return;
+        if (r >= 0)
+                log_warning("NVMe index %s set aside as %s: %s", path, aside, why);
+        else if (unlink(path) == 0)
+                log_warning("NVMe index %s removed: %s", path, why);
+        else if (errno != ENOENT)
+                log_error_errno(errno, "Cannot set aside or remove the NVMe index %s (%m): the next start would "
+                                "bring back older versions of what it lists; remove it before restarting tierd", path);
+}
+
+void book_void_files(const char *state_dir, const char *why) {
+        char path[PATH_MAX];
+
+        for (unsigned i = 0; i < 2; i++)
+                if (snprintf(path, sizeof(path), "%s/" BOOK_FILE ".%u", state_dir, i) < (int) sizeof(path))
+                        void_file(path, why);
+}
+
 static void book_off(Book *b, int r, const char *what) {
         if (b->off_books)
                 return;
@@ -203,6 +239,12 @@ static void book_off(Book *b, int r, const char *what) {
         log_error_errno(r, "Cannot write the NVMe index %s (%s): %m. tierd goes on WITHOUT it: what is on NVMe "
                         "now will not be found after tierd restarts. Free space in the state directory and "
                         "restart tierd.", b->path[b->cur], what);
+        /*
+         * What the files say stops being true with the next write (a version newer
+         * than their NVMe one, extents handed out again): no later start may read them.
+         */
+        for (unsigned i = 0; i < 2; i++)
+                void_file(b->path[i], "tierd went on without the index, which no longer says what is on NVMe");
         /* parked write-downs are released: without the book they count as written */
         if (b->durable_cb)
                 b->durable_cb(b->durable_userdata);
@@ -255,6 +297,16 @@ static uint64_t record_write(Book *b, Wr *w, size_t start, unsigned type) {
         b->off += w->len - start;
         b->records++;
         book_step(b, STEP_RECORDED);
+        /*
+         * Grown past compaction without an NVMe record (which compacts at once):
+         * compact once this record is synced, back on the loop (book_on_synced()),
+         * where the registry is whole; else an index of creates and frees only
+         * would grow without end.
+         */
+        if (!b->compact_wanted && b->off >= BOOK_COMPACT_MIN && b->off >= 4 * b->snapshot_len) {
+                b->compact_wanted = true;
+                book_sync(b);
+        }
         return b->seq;
 }
 
@@ -511,6 +563,11 @@ int book_on_synced(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         if (err)
                 book_off(b, err, "fdatasync");
         book_step(b, STEP_SYNCED);
+        if (b->compact_wanted) {
+                b->compact_wanted = false;
+                if (book_on(b))
+                        book_maybe_compact(b);
+        }
         if (b->durable_cb)
                 b->durable_cb(b->durable_userdata);
         return 0;

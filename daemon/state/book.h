@@ -49,6 +49,12 @@ typedef struct BookFound {
  */
 int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *faults, Book **ret,
               char **ret_error);
+/*
+ * book_void_files() - set STATE_DIR/nvme-index.{0,1} aside (else remove
+ * them), logging @why: a start with [nvme] persist = no reuses the extents
+ * they list, so a later start with persist must not read them.
+ */
+void book_void_files(const char *state_dir, const char *why);
 /* tierd is exiting: the registry is freed next, and that forgets jobs, it does not end them: nothing more is recorded. */
 void book_detach(Book *b);
 /* Writes the clean-stop record (when @clean), waits for the last sync and frees. */

@@ -18,6 +18,8 @@
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
 #include "daemon/state/book.h"
+#include "daemon/state/book-private.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "tests/unit/fixture.h"
 
@@ -523,6 +525,137 @@ static void test_commit_after_two_writes(void **state) {
         dir_done(&d);
 }
 
+/* A job of a user in 64 supplementary groups or more (quota.c keeps 64 and the primary one) replays. */
+static void test_many_groups(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        gid_t groups[80];
+        char why[1024];
+        Tensor *t;
+        Job *j;
+
+        (void) state;
+        t = fixture_tensor(job(m, "victim"), "a", MiB);
+        written(m, t, 0x11);
+        for (unsigned i = 0; i < 80; i++)
+                groups[i] = 2000 + i;
+        assert_int_equal(job_new(m->registry, "groupy", 1000, &j), 0);
+        assert_int_equal(quota_job_created(m->quotas, j, 1000, groups, 80, why, sizeof(why)), 0);
+        assert_int_equal(j->n_gids, QUOTA_GROUPS_MAX + 1);
+        book_job(m->book, j);
+        written(m, fixture_tensor(j, "b", MiB), 0x22);
+        fixture_free(m);
+        m = start(&d);
+        t = find(m, "victim", "a");
+        assert_false(t->lost);          /* the JOB record used to stop the replay: every tensor lost */
+        check_bytes(m, t, 0x11);
+        j = job_find(m->registry, "groupy");
+        assert_non_null(j);
+        assert_int_equal(j->n_gids, QUOTA_GROUPS_MAX + 1);
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* More jobs made and ended since the last snapshot than may live at once: only live ones are bounded. */
+static void test_many_jobs(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *t = fixture_tensor(job(m, "keep"), "a", MiB);
+
+        (void) state;
+        written(m, t, 0x11);
+        for (unsigned i = 0; i < BOOK_JOBS_MAX + 1; i++)
+                job_destroy(job(m, "short"));
+        fixture_free(m);
+        m = start(&d);
+        t = find(m, "keep", "a");
+        assert_non_null(t);
+        assert_false(t->lost);
+        check_bytes(m, t, 0x11);
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* Records with no NVMe write among them (tensors made and freed) compact too: the file stays small. */
+static void test_compact_without_nvme(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        static char name[4001];
+        char p[192];
+        struct stat st;
+        Tensor *t;
+        Job *j;
+
+        (void) state;
+        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        fixture_free(m);
+        m = start(&d);
+        t = find(m, "j", "a");
+        check_bytes(m, t, 0x11);
+        fixture_host_data(m, t, 0x12);          /* the newest in host only: NEWER */
+        j = job_find(m->registry, "j");
+        memset(name, 'n', 4000);
+        /* about 8 KB of records a pair, 160 MB in all: ten times BOOK_COMPACT_MIN */
+        for (unsigned i = 0; i < 20000; i++) {
+                assert_int_equal(tensor_free(fixture_tensor(j, name, 4096)), 0);
+                if (m->book->compact_wanted)    /* the sync completes on the loop, which compacts */
+                        FIXTURE_RUN_UNTIL(m, !m->book->compact_wanted);
+        }
+        assert_int_equal(stat(index_path(&d, newer_file(&d), p, sizeof(p)), &st), 0);
+        assert_true(st.st_size < 4 * (long long) BOOK_COMPACT_MIN);
+        fixture_free(m);
+        m = start(&d);
+        t = find(m, "j", "a");
+        assert_true(t->lost);                   /* 0x12 was in host only: never 0x11 */
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* The index cannot be written (a full state filesystem): the next start never restores what it says. */
+static void test_off_books_stale(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        char p[192];
+        Tensor *t;
+        int ro;
+
+        (void) state;
+        t = fixture_tensor(job(m, "j"), "a", MiB);
+        written(m, t, 0x11);
+        /* the next record write fails, as with ENOSPC */
+        index_path(&d, m->book->cur, p, sizeof(p));
+        ro = open(p, O_RDONLY | O_CLOEXEC);
+        assert_true(ro >= 0);
+        assert_true(dup2(ro, m->book->fd) >= 0);
+        close(ro);
+        fixture_host_data(m, t, 0x12);          /* its NEWER record cannot be written: off the books */
+        assert_true(m->book->off_books);
+        fixture_free(m);
+        m = start(&d);                          /* space freed, restarted as the log says */
+        assert_null(job_find(m->registry, "j"));        /* not found, as the log said; never 0x11 as current */
+        fixture_free(m);
+        dir_done(&d);
+}
+
+/* persist = yes, a run with persist = no (scratch, on the same extents), persist = yes again. */
+static void test_scratch_between(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+
+        (void) state;
+        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        fixture_free(m);
+        d.persist = false;
+        m = start(&d);
+        written(m, fixture_tensor(job(m, "s"), "x", MiB), 0x99);
+        fixture_free(m);
+        d.persist = true;
+        m = start(&d);
+        assert_null(job_find(m->registry, "j"));        /* its extents were reused: not restored as valid */
+        fixture_free(m);
+        dir_done(&d);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restart_keeps_nvme),
@@ -533,6 +666,11 @@ int main(void) {
                 cmocka_unit_test(test_target_changed),
                 cmocka_unit_test(test_commit_rollback),
                 cmocka_unit_test(test_commit_after_two_writes),
+                cmocka_unit_test(test_many_groups),
+                cmocka_unit_test(test_many_jobs),
+                cmocka_unit_test(test_compact_without_nvme),
+                cmocka_unit_test(test_off_books_stale),
+                cmocka_unit_test(test_scratch_between),
         };
 
         return fixture_main("book", tests, sizeof(tests) / sizeof(tests[0]));
