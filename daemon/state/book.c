@@ -43,8 +43,9 @@
  * transfer until book_durable() says so (engine/xfer.c), and every
  * earlier record is durable with it.  A NEWER record is not waited for: it
  * follows a client's dirty unpin, whose data was never promised to
- * survive; until it is synced (normally within milliseconds) a power loss
- * may bring back the NVMe version it replaced.
+ * survive; it asks for a sync at once (book_sync(), on the book's thread),
+ * and until that is done (milliseconds) a power loss may bring back the
+ * NVMe version it replaced.
  *
  * Reading (book_open()): the file of the higher generation whose records
  * up to its SNAPSHOT are whole is replayed; the first record that is short,
@@ -451,6 +452,12 @@ void book_version(Book *b, Tensor *t) {
         if (record_write(b, &w, 0, REC_NEWER)) {
                 t->book_state = BOOK_T_NEWER;
                 t->book_version = t->version;
+                /*
+                 * On the drive soon, not whenever the next write-down or commit syncs:
+                 * until then a power loss brings back the NVMe version it replaced (the
+                 * book's thread syncs, batched; nothing here waits for it).
+                 */
+                book_sync(b);
         }
 }
 

@@ -525,6 +525,26 @@ static void test_commit_after_two_writes(void **state) {
         dir_done(&d);
 }
 
+/* A NEWER record (the newest data left NVMe for memory) is synced soon, not with the next write-down. */
+static void test_newer_synced(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *t;
+        uint64_t seq;
+
+        (void) state;
+        t = fixture_tensor(job(m, "j"), "a", MiB);
+        written(m, t, 0x11);
+        FIXTURE_RUN_UNTIL(m, book_durable(m->book, m->book->seq));
+        fixture_host_data(m, t, 0x12);          /* a NEWER record, and nothing after it */
+        seq = m->book->seq;
+        assert_false(book_durable(m->book, seq));
+        FIXTURE_RUN_UNTIL(m, book_durable(m->book, seq));
+        assert_true(book_durable(m->book, seq));
+        fixture_free(m);
+        dir_done(&d);
+}
+
 /* A job of a user in 64 supplementary groups or more (quota.c keeps 64 and the primary one) replays. */
 static void test_many_groups(void **state) {
         Dir d = dir_new();
@@ -666,6 +686,7 @@ int main(void) {
                 cmocka_unit_test(test_target_changed),
                 cmocka_unit_test(test_commit_rollback),
                 cmocka_unit_test(test_commit_after_two_writes),
+                cmocka_unit_test(test_newer_synced),
                 cmocka_unit_test(test_many_groups),
                 cmocka_unit_test(test_many_jobs),
                 cmocka_unit_test(test_compact_without_nvme),
