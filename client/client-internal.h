@@ -139,6 +139,8 @@ struct tier_client {
 
         ClientCuda *cuda;               /* the CUDA driver, once needed */
         int cuda_failed;                /* < 0 once loading it failed (not tried again) */
+        int seg_error;                  /* < 0: why segment seg_error_id could not be mapped (the last failure) */
+        uint32_t seg_error_id;
         char cuda_why[CLIENT_ERROR_MAX / 2];
         bool register_host;             /* register host-tier segments with CUDA as they come */
         FenceEvent fence_events[CLIENT_FENCE_EVENTS];   /* ring */

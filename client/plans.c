@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -119,6 +120,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         Packet pk = PACKET_NULL;
         const Tier__PlanReply *pr;
         int page_fd = -1, marker_fd = -1, r;
+        struct stat st;
         void *page;
         uint32_t slots = 0;
 
@@ -200,7 +202,10 @@ _public_ int tier_plan_submit(tier_plan *p) {
         }
         page_fd = packet_take_fd(&pk, pr->page_fd);
         marker_fd = packet_take_fd(&pk, pr->marker_fd);
-        if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots, 0)) {
+        /* a memfd shorter than the page it is said to hold would SIGBUS at the first marker */
+        if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots, 0) ||
+            pr->page_size > SIZE_MAX || fstat(page_fd, &st) < 0 || st.st_size < 0 ||
+            (uint64_t) st.st_size < pr->page_size) {
                 safe_close(page_fd);
                 safe_close(marker_fd);
                 packet_done(&pk);
@@ -323,9 +328,12 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
                 int64_t err = __atomic_load_n(&pg->daemon.error, __ATOMIC_ACQUIRE);
                 struct pollfd fds[2];
 
-                if (err)
-                        return client_error(c, (int) err, "the plan failed in tierd (see its log): %s",
-                                            tier_strerror((int) err));
+                if (err) {
+                        /* a negative errno, else (a value no tierd writes) -EIO: never 0 or positive */
+                        int e = err < 0 && err >= -4095 ? (int) err : -EIO;
+
+                        return client_error(c, e, "the plan failed in tierd (see its log): %s", tier_strerror(e));
+                }
                 if (PLAN_READY_SEQ(ready) > seq || (PLAN_READY_SEQ(ready) == seq && PLAN_READY_PHASE(ready) == phase))
                         break;
                 if (!t0)
@@ -356,6 +364,7 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
 _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret) {
         Tier__Grant g = TIER__GRANT__INIT;
         const PlanSlot *s;
+        uint32_t n_pieces, first_piece;
         int r;
 
         if (!c || !ret || (tier != TIER_VRAM && tier != TIER_HOST))
@@ -363,36 +372,41 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         r = tensor_check(t);
         if (r < 0)
                 return r;
+        if (t->client != c)
+                return client_error(c, -EINVAL, "tensor '%s' belongs to another client", t->name);
         if (!c->plan_page || t->plan_slot < 0 || (uint32_t) t->plan_slot >= c->plan_slots)
                 return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
         s = &c->plan_page->slots[2 * (uint32_t) t->plan_slot + (uint32_t) tier];
-        if (s->n_pieces > 1) {
+        /* the page is tierd's to write: each field is read once, then checked and used as read */
+        n_pieces = __atomic_load_n(&s->n_pieces, __ATOMIC_ACQUIRE);
+        first_piece = __atomic_load_n(&s->first_piece, __ATOMIC_RELAXED);
+        if (n_pieces > 1) {
                 /* a copy that spans segments: its pieces, past the slots, where tierd put them */
                 const PlanPiece *pp = plan_pieces(c->plan_page, c->plan_slots);
                 uint64_t room = (c->plan_page_size - (uint64_t) ((const uint8_t *) pp - (const uint8_t *) c->plan_page)) /
                                 sizeof(PlanPiece);
                 _cleanup_free_ ViewPiece *pieces = NULL;
 
-                if ((uint64_t) s->first_piece + s->n_pieces > room)
+                if ((uint64_t) first_piece + n_pieces > room)
                         return client_error(c, -EPROTO, "plan slot of '%s' names pieces past its page", t->name);
-                pieces = calloc(s->n_pieces, sizeof(ViewPiece));
+                pieces = calloc(n_pieces, sizeof(ViewPiece));
                 if (!pieces)
                         return -ENOMEM;
-                for (uint32_t i = 0; i < s->n_pieces; i++)
+                for (uint32_t i = 0; i < n_pieces; i++)
                         pieces[i] = (ViewPiece) {
-                                .segment = pp[s->first_piece + i].segment,
-                                .generation = pp[s->first_piece + i].generation,
-                                .offset = pp[s->first_piece + i].offset,
-                                .length = pp[s->first_piece + i].length,
+                                .segment = __atomic_load_n(&pp[first_piece + i].segment, __ATOMIC_RELAXED),
+                                .generation = __atomic_load_n(&pp[first_piece + i].generation, __ATOMIC_RELAXED),
+                                .offset = __atomic_load_n(&pp[first_piece + i].offset, __ATOMIC_RELAXED),
+                                .length = __atomic_load_n(&pp[first_piece + i].length, __ATOMIC_RELAXED),
                         };
-                r = segment_resolve(c, t, tier, t->size, pieces, s->n_pieces, ret);
+                r = segment_resolve(c, t, tier, t->size, pieces, n_pieces, ret);
                 if (r >= 0)
                         (void) held_phase_grant(c, t, tier);    /* (unnoted out of memory, as a pin) */
                 return r;
         }
-        g.segment = s->segment;
-        g.generation = s->generation;
-        g.offset = s->offset;
+        g.segment = __atomic_load_n(&s->segment, __ATOMIC_RELAXED);
+        g.generation = __atomic_load_n(&s->generation, __ATOMIC_RELAXED);
+        g.offset = __atomic_load_n(&s->offset, __ATOMIC_RELAXED);
         g.length = t->size;
         g.tier = (Tier__Tier) tier;
         r = segment_resolve_grant(c, t, &g, ret);

@@ -157,8 +157,15 @@ static int segment_add(tier_client *c, const Tier__Segment *s, Packet *p) {
 /* Map every segment in @segs; a segment that fails stays unmapped and surfaces when a grant names it. */
 void segment_add_all(tier_client *c, Tier__Segment **segs, size_t n, Packet *p) {
         for (size_t i = 0; i < n; i++)
-                if (segs[i])
-                        (void) segment_add(c, segs[i], p);
+                if (segs[i]) {
+                        int r = segment_add(c, segs[i], p);
+
+                        /* kept, so that a grant naming it says why (out of address space), not "not sent" */
+                        if (r < 0) {
+                                c->seg_error = r;
+                                c->seg_error_id = segs[i]->id;
+                        }
+                }
 }
 
 static ClientSegment *segment_find(tier_client *c, uint32_t id, uint32_t generation) {
@@ -217,10 +224,13 @@ static int piece_segment(tier_client *c, const ViewPiece *p, ClientSegment **ret
 
         s = segment_find(c, p->segment, p->generation);
         if (!s) {
+                c->seg_error = 0;
                 r = segment_fetch(c, p->segment);
                 if (r < 0)
                         return r;
                 s = segment_find(c, p->segment, p->generation);
+                if (!s && c->seg_error < 0 && c->seg_error_id == p->segment)
+                        return c->seg_error;    /* it came, and could not be mapped: the message says why */
                 if (!s)
                         return client_error(c, -EPROTO, "tierd granted segment %u generation %u, "
                                             "which it did not send", p->segment, p->generation);

@@ -560,8 +560,37 @@ static void test_rollback_of_a_dead_tensor(void **state) {
         tier_client_free(c);
 }
 
+/* tier_phase_grant() of another client's tensor is refused, as tier_plan_add() refuses it (it used to map
+ * the other tensor's slot of this client's page, and to keep a handle of the other client after it closed). */
+static void test_phase_grant_other_client(void **state) {
+        tier_client *c[2] = {};
+        tier_tensor *t[2];
+        tier_plan *plan = NULL;
+        struct tier_grant g;
+
+        for (int i = 0; i < 2; i++) {
+                char job[16];
+
+                snprintf(job, sizeof(job), "grant-%d", i);
+                assert_int_equal(tier_client_new(daemon_.socket, job, 0, &c[i]), 0);
+                assert_int_equal(tier_tensor_create(c[i], "w", TSIZE, &t[i]), 0);
+                assert_int_equal(tier_plan_new(c[i], &plan), 0);
+                assert_int_equal(tier_plan_add(plan, 0, t[i], TIER_HOST, TIER_WRITE), 0);
+                assert_int_equal(tier_plan_submit(plan), 0);
+                assert_int_equal(tier_phase_enter(c[i], 0), 0);
+        }
+        assert_int_equal(tier_phase_grant(c[0], t[0], TIER_HOST, &g), 0);
+        assert_int_equal(tier_phase_grant(c[0], t[1], TIER_HOST, &g), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(c[0]), "belongs to another client"));
+        for (int i = 0; i < 2; i++) {
+                tier_tensor_close(t[i]);
+                tier_client_free(c[i]);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_phase_grant_other_client),
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),
                 cmocka_unit_test(test_pin_waits_for_transfers),

@@ -1,0 +1,348 @@
+/* SPDX-License-Identifier: MIT */
+/* test-client-hostile.c: libtier against a scripted fake tierd that sends what no tierd would: the client refuses it, never crashes. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <tier.h>
+
+#include "proto/fence.h"
+#include "proto/plan.h"
+#include "proto/tier.pb-c.h"
+#include "proto/wire.h"
+
+enum {
+        SC_PLAN_SHORT_MEMFD,    /* plan page_size 64 KiB, memfd 0 bytes */
+        SC_PLAN_ERROR_WRAPS,    /* daemon.error = 1 << 32: never ready */
+        SC_SEGMENT_HUGE,        /* a 1 GiB segment (sparse): its mmap fails under RLIMIT_AS */
+};
+
+typedef struct Fake {
+        int scenario;
+        int listen_fd;
+        char dir[64], path[96];
+        pthread_t thread;
+} Fake;
+
+static int mk_memfd(uint64_t size) {
+        int fd = memfd_create("fake", MFD_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, (off_t) size), 0);
+        return fd;
+}
+
+static void send_resp(int fd, Tier__Response *resp, const int *fds, size_t n_fds) {
+        Tier__Reply reply = TIER__REPLY__INIT;
+        uint8_t *buf;
+        size_t len;
+
+        reply.kind_case = TIER__REPLY__KIND_RESPONSE;
+        reply.response = resp;
+        len = tier__reply__get_packed_size(&reply);
+        buf = malloc(len);
+        tier__reply__pack(&reply, buf);
+        (void) wire_send(fd, buf, len, fds, n_fds);
+        free(buf);
+        for (size_t i = 0; i < n_fds; i++)
+                close(fds[i]);
+}
+
+static void answer(Fake *f, int fd, const Tier__Request *req) {
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        int fds[4];
+        size_t n_fds = 0;
+
+        resp.seq = req->seq;
+        switch (req->op_case) {
+        case TIER__REQUEST__OP_HELLO: {
+                static Tier__HelloReply h = TIER__HELLO_REPLY__INIT;
+                static Tier__Limits l = TIER__LIMITS__INIT;
+
+                l.max_message = 1 << 20;
+                l.max_name = 255;
+                h.version = TIER_PROTOCOL_VERSION;
+                h.job_id = 1;
+                h.limits = &l;
+                h.fence_page_fd = 0;
+                h.fence_eventfd = 1;
+                h.vram_backend = (char *) "emulated";
+                h.vram_device = (char *) "";
+                fds[n_fds++] = mk_memfd(4096);
+                fds[n_fds++] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                resp.result_case = TIER__RESPONSE__RESULT_HELLO;
+                resp.hello = &h;
+                break;
+        }
+        case TIER__REQUEST__OP_CREATE: {
+                static Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
+
+                ti.tensor = 1;
+                ti.size = req->create->size;
+                ti.name = req->create->name;
+                resp.result_case = TIER__RESPONSE__RESULT_TENSOR;
+                resp.tensor = &ti;
+                break;
+        }
+        case TIER__REQUEST__OP_PLAN: {
+                static Tier__PlanReply pr = TIER__PLAN_REPLY__INIT;
+                uint64_t size = plan_page_size(1, 0);
+
+                pr.page_fd = 0;
+                pr.marker_fd = 1;
+                pr.n_slots = 1;
+                if (f->scenario == SC_PLAN_SHORT_MEMFD) {
+                        pr.page_size = 64 * 1024;
+                        fds[n_fds++] = mk_memfd(0);
+                } else {
+                        PlanPage *pg;
+
+                        pr.page_size = size;
+                        fds[n_fds++] = mk_memfd(size);
+                        pg = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+                        assert_true(pg != MAP_FAILED);
+                        pg->daemon.error = INT64_C(1) << 32;    /* "failed", low 32 bits zero */
+                        munmap(pg, size);
+                }
+                fds[n_fds++] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                resp.result_case = TIER__RESPONSE__RESULT_PLAN;
+                resp.plan = &pr;
+                break;
+        }
+        case TIER__REQUEST__OP_PIN:
+        case TIER__REQUEST__OP_GET_SEGMENTS: {
+                static Tier__PinReply pin = TIER__PIN_REPLY__INIT;
+                static Tier__Grant g = TIER__GRANT__INIT;
+                static Tier__Segment seg = TIER__SEGMENT__INIT;
+                static Tier__Segment *segp[1] = { &seg };
+                static Tier__SegmentsReply sr = TIER__SEGMENTS_REPLY__INIT;
+
+                seg.id = 0;
+                seg.generation = 1;
+                seg.tier = TIER__TIER__TIER_HOST;
+                seg.size = UINT64_C(1) << 30;
+                seg.fd_index = 0;
+                seg.kind = (char *) "memfd";
+                fds[n_fds++] = mk_memfd(seg.size);
+                resp.new_segments = segp;
+                resp.n_new_segments = 1;
+                if (req->op_case == TIER__REQUEST__OP_PIN) {
+                        g.segment = 0;
+                        g.generation = 1;
+                        g.offset = 0;
+                        g.length = 4096;
+                        g.tier = TIER__TIER__TIER_HOST;
+                        pin.grant = &g;
+                        resp.result_case = TIER__RESPONSE__RESULT_PIN;
+                        resp.pin = &pin;
+                } else {
+                        resp.result_case = TIER__RESPONSE__RESULT_SEGMENTS;
+                        resp.segments = &sr;
+                }
+                break;
+        }
+        case TIER__REQUEST__OP_UNPIN:
+        case TIER__REQUEST__OP_END_PLAN:
+                break;
+        case TIER__REQUEST__OP_ACK:
+                return;
+        default:
+                resp.status = -ENOSYS;
+                resp.error = (char *) "fake tierd: not scripted";
+                break;
+        }
+        send_resp(fd, &resp, fds, n_fds);
+}
+
+static void *fake_main(void *userdata) {
+        Fake *f = userdata;
+        static uint8_t buf[1 << 20];
+        int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+
+        if (fd < 0)
+                return NULL;
+        for (;;) {
+                int fds[WIRE_MAX_FDS];
+                size_t len, n_fds;
+                Tier__Request *req;
+
+                if (wire_recv(fd, buf, sizeof(buf), &len, fds, &n_fds) < 0)
+                        break;
+                wire_close_fds(fds, n_fds);
+                req = tier__request__unpack(NULL, len, buf);
+                if (!req)
+                        break;
+                answer(f, fd, req);
+                tier__request__free_unpacked(req, NULL);
+        }
+        close(fd);
+        return NULL;
+}
+
+static void fake_start(Fake *f, int scenario) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+        f->scenario = scenario;
+        snprintf(f->dir, sizeof(f->dir), "/tmp/fake-tierd.XXXXXX");
+        assert_non_null(mkdtemp(f->dir));
+        snprintf(f->path, sizeof(f->path), "%s/s", f->dir);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", f->path);
+        f->listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_true(f->listen_fd >= 0);
+        assert_int_equal(bind(f->listen_fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+        assert_int_equal(listen(f->listen_fd, 4), 0);
+        assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(Fake *f) {
+        pthread_join(f->thread, NULL);
+        close(f->listen_fd);
+        unlink(f->path);
+        rmdir(f->dir);
+}
+
+/* Run @fn in a child (so a crash is seen as one); its exit status, or 128 + signal. */
+static int in_child(int (*fn)(const char *path), const char *path) {
+        pid_t pid = fork();
+        int st;
+
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                signal(SIGBUS, SIG_DFL);
+                signal(SIGSEGV, SIG_DFL);
+                signal(SIGALRM, SIG_DFL);
+                alarm(10);
+                _exit(fn(path));
+        }
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+static int submit_and_enter(const char *path) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        tier_plan *p = NULL;
+        int r;
+
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0 ||
+            tier_plan_new(c, &p) < 0 || tier_plan_add(p, 0, t, TIER_HOST, TIER_READ) < 0)
+                return 2;
+        r = tier_plan_submit(p);
+        if (r < 0) {
+                tier_plan_free(p);
+                fprintf(stderr, "submit: %d %s\n", r, tier_client_last_error(c));
+                return 0;       /* refused: fine */
+        }
+        r = tier_phase_enter(c, 0);
+        fprintf(stderr, "tier_phase_enter: %d (%s)\n", r, tier_client_last_error(c));
+        return r < 0 ? 0 : 3;   /* 3: success claimed though tierd never said ready */
+}
+
+/* A plan page memfd shorter than the page_size tierd claims: the client must refuse it, not SIGBUS. */
+static void test_plan_page_short_memfd(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAN_SHORT_MEMFD);
+        st = in_child(submit_and_enter, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 128 + SIGBUS (135) */
+}
+
+/* daemon.error with zero low 32 bits is still an error: tier_phase_enter() must not return 0. */
+static void test_phase_error_truncated(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAN_ERROR_WRAPS);
+        st = in_child(submit_and_enter, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 3 */
+}
+
+static int pin_under_rlimit(const char *path) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        struct rlimit rl;
+        int r;
+
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0)
+                return 2;
+        /* room for the process as it is and a little more, not for a 1 GiB mapping */
+        {
+                FILE *fp = fopen("/proc/self/statm", "r");
+                unsigned long pages = 0;
+
+                if (!fp || fscanf(fp, "%lu", &pages) != 1)
+                        return 2;
+                fclose(fp);
+                rl.rlim_cur = rl.rlim_max = pages * 4096ul + (256ul << 20);
+        }
+        if (setrlimit(RLIMIT_AS, &rl) < 0)
+                return 2;
+        r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
+        fprintf(stderr, "tier_pin: %d (%s)\n", r, tier_client_last_error(c));
+        return r == -ENOMEM ? 0 : 4;
+}
+
+/* Under ASan (its shadow memory) or valgrind (its own mappings) RLIMIT_AS means something else. */
+static bool address_space_limit_works(void) {
+#if defined(__SANITIZE_ADDRESS__)
+        return false;
+#else
+        FILE *f = fopen("/proc/self/maps", "re");
+        char line[512];
+        bool vg = false;
+
+        if (!f)
+                return false;
+        while (fgets(line, sizeof(line), f))
+                vg = vg || strstr(line, "vgpreload") != NULL;
+        fclose(f);
+        return !vg;
+#endif
+}
+
+/* tier_pin(3): -ENOMEM "Out of memory, or no address space left to map the copy", not -EPROTO. */
+static void test_pin_no_address_space(void **state) {
+        Fake f;
+        int st;
+
+        if (!address_space_limit_works())
+                skip();
+
+        fake_start(&f, SC_SEGMENT_HUGE);
+        st = in_child(pin_under_rlimit, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 4: -EPROTO */
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_plan_page_short_memfd),
+                cmocka_unit_test(test_phase_error_truncated),
+                cmocka_unit_test(test_pin_no_address_space),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
