@@ -368,7 +368,7 @@ static void write_event(JsonWriter *w, const tier_trace *t, const Ev *e) {
                 }
                 if (r->error) {
                         json_key(w, "error");
-                        json_string(w, strerror(-r->error));
+                        json_string(w, tier_strerror(r->error));       /* thread-safe; INT_MIN too */
                 }
                 json_object_end(w);
                 break;
