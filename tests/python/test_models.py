@@ -721,7 +721,7 @@ class TestModelShapes(tierd.DaemonTestCase):
                     raise ValueError("bad batch")
                 return Out(self.b(h))
 
-        def run(model, opt, accumulate: int) -> list[float]:
+        def run(model, opt, accumulate: int, zero: bool) -> list[float]:
             g = torch.Generator().manual_seed(4)
             losses = []
             for step in range(3):
@@ -729,6 +729,8 @@ class TestModelShapes(tierd.DaemonTestCase):
                     if micro == 0 and step < 2:
                         with self.assertRaisesRegex(ValueError, "bad batch"):
                             model(torch.full((5, 8), float("nan")))
+                        if zero:
+                            opt.zero_grad()     # the usual skip (it used to break the engine for good)
                     loss = model(torch.randn(5, 8, generator=g)).logits.pow(2).mean() / accumulate
                     loss.backward()
                     losses.append(loss.item())
@@ -736,13 +738,13 @@ class TestModelShapes(tierd.DaemonTestCase):
                 opt.zero_grad()
             return losses
 
-        for accumulate in (1, 2):
+        for accumulate, zero in ((1, False), (2, False), (1, True), (2, True)):
             torch.manual_seed(3)
             ref, model = Fragile(), Fragile()
             model.load_state_dict(ref.state_dict())
-            want = run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), accumulate)
-            eng = tier.torch.Offload(model, self.client(f"fragile{accumulate}"), lr=1e-2)
-            self.assertEqual(run(model, eng, accumulate), want)
+            want = run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), accumulate, zero)
+            eng = tier.torch.Offload(model, self.client(f"fragile{accumulate}{zero:d}"), lr=1e-2)
+            self.assertEqual(run(model, eng, accumulate, zero), want)
             self.assertEqual(eng.mode, "fused" if accumulate == 1 else "deferred")
             sd = eng.parameters_state_dict()
             for n, p in ref.named_parameters():

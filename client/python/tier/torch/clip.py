@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
+from .. import VRAM
+
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
 
@@ -196,3 +198,21 @@ def clip_grad_norm(eng: "Offload", params: Iterable[torch.Tensor], max_norm: flo
     eng._clip_coef = clamped
     eng._clip_ids = ours
     return total
+
+
+def note_norms(eng: Any, b: Any) -> None:
+    """The 2-norm and largest magnitude of each gradient of b as summed so far (mapped in VRAM),
+    computed on the whole tensor as clip_grad_norm_ computes them on .grad."""
+    views: dict[int, list[torch.Tensor]] = {}
+    for pt in b.parts:
+        gflat = b.maps[(b.part_kind("g", pt.index), VRAM)]
+        for pc in pt.pieces:
+            if id(pc.slot) in eng._got:
+                views.setdefault(id(pc.slot), []).append(pc.view(gflat, "g"))
+    for s in b.slots:
+        v = views.get(id(s))
+        if not v:
+            continue
+        g = v[0] if len(v) == 1 else torch.cat([x.reshape(-1) for x in v]).view(s.shape)
+        eng._norms[id(s)] = torch.norm(g.detach(), 2.0)
+        eng._maxabs[id(s)] = g.detach().abs().max()

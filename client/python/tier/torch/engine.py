@@ -221,6 +221,7 @@ class Offload(torch.optim.Optimizer):
         if self._applied:
             raise RuntimeError(f"zero_grad() between backward() and step(): {FUSED_NOTE} this step cannot be "
                                "skipped; call step() first, or make the engine with optimizer_in_backward=False")
+        self._drop_failed_forward()                 # (a skipped batch: before its micro-batch is forgotten)
         self._grads_zeroed = not set_to_none        # (see _update())
         self._micro = 0
         self._backwards = 0
@@ -491,15 +492,7 @@ class Offload(torch.optim.Optimizer):
         if self._in_backward:
             raise RuntimeError("the model's forward ran inside a backward pass")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
-        if self._fwd_open is not None:
-            # the last forward with gradients raised (a bad batch skipped, out of memory): it did not
-            # happen; its micro-batch (and, tracing, its phases) are this one's again
-            if self._in_block is not None:
-                self._point(self._in_block, False)
-                self._in_block = None
-            self._micro -= 1
-            del self.tracer.seq[self._fwd_open:]
-            self._fwd_open = None
+        self._drop_failed_forward()
         self.model_hooks.forget()
         self._collect_fences()
         self._training = torch.is_grad_enabled()
@@ -514,6 +507,17 @@ class Offload(torch.optim.Optimizer):
         self._cur = self._micro
         self._micro += 1
         self._fwd_open = len(self.tracer.seq)       # (planned: the plan, kept whole)
+
+    def _drop_failed_forward(self) -> None:
+        """The last forward with gradients raised (a bad batch skipped, out of memory): it did not
+        happen; its micro-batch (and, tracing, its phases) are the next forward's again."""
+        if self._fwd_open is not None:
+            if self._in_block is not None:
+                self._point(self._in_block, False)
+                self._in_block = None
+            self._micro -= 1
+            del self.tracer.seq[self._fwd_open:]
+            self._fwd_open = None
 
     def forward_ends(self) -> None:
         self._fwd_open = None
@@ -645,7 +649,7 @@ class Offload(torch.optim.Optimizer):
                     s.had_grad = True
                     s.param.grad = None
             if self._deferred:
-                self._note_norms(b)
+                clip.note_norms(self, b)
         self._point(b, False)
         self._bwd = None
         if not self._deferred:
@@ -654,23 +658,6 @@ class Offload(torch.optim.Optimizer):
                 self._enter("o", b, pt.index)
                 self._update(b, pt.index)
                 self._queue_write_down(b, pt.index)
-
-    def _note_norms(self, b: Block) -> None:
-        """The 2-norm and largest magnitude of each gradient of b as summed so far (mapped in VRAM),
-        computed on the whole tensor as clip_grad_norm_ computes them on .grad."""
-        views: dict[int, list[torch.Tensor]] = {}
-        for pt in b.parts:
-            gflat = b.maps[(b.part_kind("g", pt.index), VRAM)]
-            for pc in pt.pieces:
-                if id(pc.slot) in self._got:
-                    views.setdefault(id(pc.slot), []).append(pc.view(gflat, "g"))
-        for s in b.slots:
-            v = views.get(id(s))
-            if not v:
-                continue
-            g = v[0] if len(v) == 1 else torch.cat([x.reshape(-1) for x in v]).view(s.shape)
-            self._norms[id(s)] = torch.norm(g.detach(), 2.0)
-            self._maxabs[id(s)] = g.detach().abs().max()
 
     def _finish_shared(self) -> None:
         """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
@@ -786,6 +773,7 @@ class Offload(torch.optim.Optimizer):
                                "before, where torch.optim would use the new ones; set hyperparameters before "
                                "backward() (a scheduler's step() after engine.step() does), or make the engine "
                                "with optimizer_in_backward=False")
+        self._drop_failed_forward()
         if self._bwd is not None:       # a backward whose end autograd did not report (not through the model)
             self._finish(self._bwd)
             if self._mode == "fused" and self.blocks[-1].is_shared:
