@@ -408,6 +408,43 @@ class TestLoops(tierd.DaemonTestCase):
         lm_loss(plain, x).backward()
         self.assertGreater(torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0).item(), 0)
 
+    def test_grad_read_or_changed_refused(self) -> None:
+        """Between backward() and the next forward a parameter's .grad is not None (as after torch's
+        backward) and any use of it raises, naming the parameter and what to do: it was None, so a loop
+        that scaled or clamped .grad (`if p.grad is not None: p.grad.mul_(0.01)`), or logged its norm,
+        silently did nothing.  zero_grad() and the next forward drop it; training goes on, deferred and
+        fused."""
+        data = batches(3)
+        for clip in (1e9, None):        # deferred (a clip), then fused (no clip, one micro-batch)
+            ref = lm()
+            model = copy.deepcopy(ref)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+            eng, _ = self.engine(model, f"grad-{clip is None:d}")
+            for x in data:
+                lm_loss(ref, x).backward()
+                lm_loss(model, x).backward()
+                touched = [p for p in model.parameters() if p.grad is not None]
+                self.assertEqual(len(touched), len(list(ref.parameters())))
+                with self.assertRaises(RuntimeError) as cm:
+                    touched[0].grad.mul_(0.01)
+                self.assertIn("is in tierd, not in .grad", str(cm.exception))
+                self.assertIn("'tok.weight'", str(cm.exception))
+                with self.assertRaises(RuntimeError):
+                    sum(p.grad.norm() for p in touched)
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                eng.step()
+                opt.zero_grad()
+                model.zero_grad()               # (the model's: the engine's too)
+                self.assertTrue(all(p.grad is None for p in model.parameters()))
+            self.assertEqual(eng.mode, "deferred" if clip is not None else "fused")
+            sd = model.state_dict()
+            for n, p in ref.state_dict().items():
+                self.assertTrue(torch.equal(sd[n], p), n)
+            eng.close()
+
     def test_lr_set_between_backward_and_step(self) -> None:
         """llm.c's loop sets each step's learning rate after backward(), before step(), where torch.optim
         reads it: the engine sees the change in its first step and runs the optimizer after the backward

@@ -216,3 +216,44 @@ def note_norms(eng: Any, b: Any) -> None:
         g = v[0] if len(v) == 1 else torch.cat([x.reshape(-1) for x in v]).view(s.shape)
         eng._norms[id(s)] = torch.norm(g.detach(), 2.0)
         eng._maxabs[id(s)] = g.detach().abs().max()
+
+
+# ---- .grad between a block's backward and the next forward ------------------------------------------
+
+GRAD_NOTE = ("the gradient of parameter '{name}' is in tierd, not in .grad: tier.torch moves each block's "
+             "gradients there in its backward (and, with the optimizer fused into the backward, has applied "
+             "them already), so .grad can be neither read nor changed. To clip, call "
+             "torch.nn.utils.clip_grad_norm_ (its return value is the total norm); to scale gradients, scale "
+             "the loss; to drop them, zero_grad()")
+
+
+class GradInTierd(torch.Tensor):
+    """An engine parameter's ``.grad`` once its block's backward moved the gradient into tierd: ``p.grad
+    is not None`` holds, as after torch's backward, and any use raises, saying why.  It was None, so a
+    loop that scales, clamps or adds noise to ``.grad``, or logs its norm, silently did nothing."""
+
+    _tier_name = "?"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = next((a._tier_name for a in args if isinstance(a, GradInTierd)), cls._tier_name)
+        raise RuntimeError(GRAD_NOTE.format(name=name))
+
+
+def grad_moved(param: torch.nn.Parameter, name: str) -> None:
+    """``param``'s gradient went to tierd: its .grad becomes a GradInTierd (no memory: one element)."""
+    try:
+        g = torch.Tensor._make_subclass(GradInTierd, torch.zeros(1, dtype=param.dtype,
+                                                                 device=param.device).expand(param.shape))
+        g._tier_name = name
+        param.grad = g
+    except RuntimeError:
+        param.grad = None       # (not shaped as its data now: left as before)
+
+
+def drop_moved_grads(eng: Any) -> None:
+    """Before autograd accumulates into .grad again (a forward with gradients), or at zero_grad()."""
+    for b in eng.blocks:
+        for sl in b.slots:
+            if type(sl.param.grad) is GradInTierd:
+                sl.param.grad = None

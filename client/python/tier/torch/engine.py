@@ -231,6 +231,7 @@ class Offload(torch.optim.Optimizer):
         self._clip_coef = None
         self._clip_ids = set()
         self._shared_reduced = False
+        clip.drop_moved_grads(self)
         for b in self.blocks:
             for s in b.slots:
                 if s.param.grad is not None:   # the shared block's, held by autograd between micro-batches
@@ -498,6 +499,7 @@ class Offload(torch.optim.Optimizer):
         self._training = torch.is_grad_enabled()
         if not self._training:
             return
+        clip.drop_moved_grads(self)     # (autograd would add this backward's gradients to them)
         if self._micro > 0 and (self._mode == "fused" or (self._mode is None and self.optimizer_in_backward)):
             raise RuntimeError(
                 "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
@@ -647,7 +649,7 @@ class Offload(torch.optim.Optimizer):
                 if s.param.grad is not None:
                     self._got.add(id(s))
                     s.had_grad = True
-                    s.param.grad = None
+                    clip.grad_moved(s.param, s.name)
             if self._deferred:
                 clip.note_norms(self, b)
         self._point(b, False)
@@ -680,7 +682,8 @@ class Offload(torch.optim.Optimizer):
             self._update(sb, pt.index, clip_now=False)     # a clip scaled its .grad in place already
             self._queue_write_down(sb, pt.index)
         for s in sb.slots:
-            s.param.grad = None
+            if s.param.grad is not None:
+                clip.grad_moved(s.param, s.name)
 
     def reduce_shared(self) -> None:
         """The shared block's gradients (autograd's .grad, summed over the step's micro-batches)
