@@ -97,6 +97,11 @@ class Checkpointed(torch.nn.Module if torch else object):
         return m.head(m.ln(x))
 
 
+def no_grad_forward(model, x):
+    with torch.no_grad():
+        return lm_loss(model, x)
+
+
 def groups_of(model, decay: float = 0.1):
     """Hugging Face's two groups: weight decay for matrices, none for biases and norms."""
     dec = [p for n, p in model.named_parameters() if p.ndim >= 2]
@@ -498,7 +503,8 @@ class TestLoops(tierd.DaemonTestCase):
     def test_fused_step_between_backward_and_step(self) -> None:
         """Fused, the optimizer runs in the backward: between backward() and step() the parameters are this
         step's already.  What would show or skip that (a state dict of the model, of a submodule, of the
-        optimizer, a load, zero_grad() to skip the step) is refused and changes nothing; after step() the
+        optimizer, a load, zero_grad() to skip the step, an evaluation forward under no_grad, which gave
+        the next step's loss) is refused and changes nothing; after step() the
         state dicts match plain PyTorch's, a submodule's too (it was read before the backward)."""
         data = batches(3)
         ref = lm()
@@ -519,7 +525,8 @@ class TestLoops(tierd.DaemonTestCase):
                                    ("model.state_dict()", model.blocks[0].state_dict),
                                    ("state_dict()", eng.state_dict),
                                    ("model.load_state_dict()", lambda: model.load_state_dict(ref.state_dict())),
-                                   ("zero_grad()", eng.zero_grad), ("zero_grad()", model.zero_grad)):
+                                   ("zero_grad()", eng.zero_grad), ("zero_grad()", model.zero_grad),
+                                   ("a forward", lambda: no_grad_forward(model, x))):
                     with self.assertRaisesRegex(RuntimeError, rf"^{re.escape(what)} between backward\(\) and "
                                                 r"step\(\): .*optimizer_in_backward=False"):
                         call()

@@ -494,6 +494,10 @@ class Offload(torch.optim.Optimizer):
             raise RuntimeError("the model's forward ran inside a backward pass")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
         self._drop_failed_forward()
+        if self._applied and not torch.is_grad_enabled():       # (with gradients: the accumulation's refusal)
+            raise RuntimeError(f"a forward between backward() and step(): {FUSED_NOTE} the parameters are this "
+                               "step's updated ones already, where torch's forward would see the last step's; "
+                               "call step() first, or make the engine with optimizer_in_backward=False")
         self.model_hooks.forget()
         self._collect_fences()
         self._training = torch.is_grad_enabled()
