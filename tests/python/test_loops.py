@@ -450,6 +450,36 @@ class TestLoops(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(sd[n], p), n)
             eng.close()
 
+    def test_copies_of_the_model(self) -> None:
+        """A snapshot taken from the parameters themselves is empty (they are placeholders outside their
+        phases): loading it is refused as torch refuses a size mismatch, with the hint, and changes
+        nothing; it was accepted and restored nothing.  copy.deepcopy(model) (AveragedModel) and
+        torch.save(model) are refused with what to do; they made a model of empty parameters whose use
+        failed far away.  model.state_dict() is the copy that works."""
+        import io
+
+        model = lm()
+        eng, _ = self.engine(model, "copies")
+        x = batches(1)[0]
+        best = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.assertEqual(best["tok.weight"].numel(), 0)
+        good = model.state_dict()
+        lm_loss(model, x).backward()
+        eng.step()
+        eng.zero_grad()
+        after = model.state_dict()
+        with self.assertRaisesRegex(RuntimeError, r"size mismatch for tok\.weight.*model\.state_dict\(\)"):
+            model.load_state_dict(best)
+        for n, p in model.state_dict().items():
+            self.assertTrue(torch.equal(p, after[n]), n)        # nothing changed
+        for what in (lambda: copy.deepcopy(model), lambda: torch.save(model, io.BytesIO())):
+            with self.assertRaisesRegex(RuntimeError, "cannot be copied or pickled whole"):
+                what()
+        model.load_state_dict(good)                             # the real values: restored
+        for n, p in model.state_dict().items():
+            self.assertTrue(torch.equal(p, good[n]), n)
+        eng.close()
+
     def test_lr_set_between_backward_and_step(self) -> None:
         """llm.c's loop sets each step's learning rate after backward(), before step(), where torch.optim
         reads it: the engine sees the change in its first step and runs the optimizer after the backward

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import warnings
-import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
@@ -987,9 +986,12 @@ class Offload(torch.optim.Optimizer):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def __deepcopy__(self, memo: dict) -> None:
+        raise RuntimeError(state_mod.COPY_NOTE)
+
+    def __reduce_ex__(self, protocol: Any) -> None:
+        raise RuntimeError(state_mod.COPY_NOTE)
+
     def __repr__(self) -> str:
         return (f"tier.torch.Offload({self.rule.name}, {len(self.blocks)} blocks, placement {self.placement}, "
                 f"{len(self.param_groups)} parameter group(s), mode {self._mode or 'undecided'})")
-
-
-_ = weakref  # (clip.py keeps the live engines in a WeakSet)

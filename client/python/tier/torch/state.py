@@ -127,18 +127,23 @@ class ModelStateHooks:
         keys = [(k, b, s) for k, b, s in _keys(module, prefix, e) if k in state_dict]
         for key, b, s in keys:
             v = state_dict[key]
-            if isinstance(v, torch.Tensor) and v.numel() == 0 and s.numel != 0:
+            if isinstance(v, torch.Tensor) and getattr(v, HANDED, False):
                 continue                # handed on by a module above this one in this same load
             if not isinstance(v, torch.Tensor):
                 errors.append(f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
                               f'object from checkpoint but received {type(v)}')
             elif v.shape != s.shape:
                 errors.append(f"size mismatch for {key}: copying a param with shape {v.shape} from checkpoint, "
-                              f"the shape in current model is {s.shape}.")
+                              f"the shape in current model is {s.shape}." +
+                              (" (tier.torch: a copy of the parameter itself is empty outside its block's phases; "
+                               "take model.state_dict(), which holds the real values)"
+                               if v.numel() == 0 and s.numel != 0 else ""))
             else:
                 todo.setdefault(b.index, (b, {}))[1][id(s)] = v.detach()
         for key, b, s in keys:
-            state_dict[key] = e._placeholder(s.param)      # what torch copies: nothing
+            ph = e._placeholder(s.param)                    # what torch copies: nothing
+            setattr(ph, HANDED, True)
+            state_dict[key] = ph
         if errors:
             error_msgs.extend(errors)   # torch raises them; nothing of the engine's was written
             return
@@ -147,6 +152,15 @@ class ModelStateHooks:
         for b, vals in todo.values():
             write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
+
+
+COPY_NOTE = ("a model offloaded by tier.torch cannot be copied or pickled whole (copy.deepcopy(model), "
+             "AveragedModel(model), torch.save(model)): its parameters are in tierd, and the copy would hold "
+             "empty placeholders and the engine's hooks; copy its values instead: model.state_dict() holds the "
+             "real ones, load them into a model of your own (an EMA or best-so-far copy), or torch.save() them")
+
+#: a placeholder load_pre_hook() put in a state dict for the modules below to skip (not a user's empty tensor)
+HANDED = "_tier_handed_on"
 
 
 def create_tensors(eng: "Offload") -> None:
