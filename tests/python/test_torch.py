@@ -177,6 +177,25 @@ class TestOffload(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(state[n], p.detach()), f"{n} differs")
             self.assertEqual(dict(model.named_parameters())[n].dtype, torch.bfloat16)
 
+    def test_float32_checkpoint_into_bfloat16(self) -> None:
+        """A float32 checkpoint loads into a bfloat16 model cast, as torch's load casts (copy_()): the same
+        parameters as the plain model's load.  It failed after part of the model was written."""
+        import tier.torch
+
+        src = copy.deepcopy(self.model)
+        for p in src.parameters():
+            p.data.add_(0.25)                   # other values than the model's
+        ref = copy.deepcopy(self.model).to(torch.bfloat16)
+        ref.load_state_dict(src.state_dict())
+        model = copy.deepcopy(self.model).to(torch.bfloat16)
+        eng = tier.torch.Offload(model, self.client("bf16-load"), lr=1e-3)
+        model.load_state_dict(src.state_dict())
+        state = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertEqual(state[n].dtype, torch.bfloat16)
+            self.assertTrue(torch.equal(state[n], p.detach()), n)
+
     def test_bfloat16_checkpoint_either_order(self) -> None:
         """bfloat16 with float32 master weights: model.state_dict() and engine.state_dict() saved mid-run
         and loaded into a new engine, in either order, go on bit for bit as the run that was not stopped

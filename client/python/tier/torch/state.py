@@ -139,7 +139,9 @@ class ModelStateHooks:
                                "take model.state_dict(), which holds the real values)"
                                if v.numel() == 0 and s.numel != 0 else ""))
             else:
-                todo.setdefault(b.index, (b, {}))[1][id(s)] = v.detach()
+                # torch's load copies into the parameter: cast to its dtype (a float32 checkpoint into a
+                # bfloat16 model), as copy_() does, before anything is written
+                todo.setdefault(b.index, (b, {}))[1][id(s)] = v.detach().to(dtype=s.dtype)
         for key, b, s in keys:
             ph = e._placeholder(s.param)                    # what torch copies: nothing
             setattr(ph, HANDED, True)
