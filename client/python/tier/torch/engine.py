@@ -30,7 +30,7 @@ import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
 from ..errors import RestartedError
-from . import clip, collective, discovery, explain, layout, placement as placement_mod, resume as resume_mod, state as state_mod
+from . import clip, collective, discovery, explain, layout, optim, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, hyper_changed, hyper_of, rule_from
@@ -811,7 +811,7 @@ class Offload(torch.optim.Optimizer):
             self._write_down(None)          # nothing is pinned now
             if self._first_step:
                 try:
-                    self._decide_mode(micro, clipped, changed)
+                    optim.decide_mode(self, micro, clipped, changed)
                     self._submit_plan()
                 except Exception as e:
                     # the step ran (its update is in); its plan did not go: the next step is traced again
@@ -855,23 +855,6 @@ class Offload(torch.optim.Optimizer):
                 if attempt == RESTART_TRIES:
                     raise
                 self._restarted()
-
-    def _decide_mode(self, micro: int, clipped: bool, changed: str | None = None) -> None:
-        """After the first step: fused if it ran one micro-batch, no clipping and left the parameter
-        groups as they were between backward() and step() (and nothing forces deferred), deferred
-        otherwise; the traced phases reordered to match."""
-        want = self.optimizer_in_backward
-        if want is None:
-            want = micro <= 1 and not clipped and changed is None
-        if want and (micro > 1 or clipped or changed is not None):
-            raise RuntimeError("optimizer_in_backward=True, but the first step "
-                               + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients"
-                                  if clipped else f"changed the parameter groups between backward() and step() "
-                                  f"({changed})")
-                               + ": that needs the optimizer after the whole backward (optimizer_in_backward=False)")
-        self._mode = "fused" if want else "deferred"
-        if self._mode == "fused":
-            self.tracer.fuse()
 
     def flush(self) -> None:
         """Wait until the write-downs to NVMe in flight have ended (placements B and C evict each

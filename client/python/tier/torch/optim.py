@@ -179,3 +179,21 @@ def hyper_changed(then: list[dict[str, Any]] | None, groups: list[dict[str, Any]
             if not same:
                 return f"group {gi} {k} {a} -> {b}"
     return None
+
+
+def decide_mode(eng: Any, micro: int, clipped: bool, changed: str | None = None) -> None:
+    """After the first step: fused if it ran one micro-batch, no clipping and left the parameter
+    groups as they were between backward() and step() (and nothing forces deferred), deferred
+    otherwise; the traced phases reordered to match."""
+    want = eng.optimizer_in_backward
+    if want is None:
+        want = micro <= 1 and not clipped and changed is None
+    if want and (micro > 1 or clipped or changed is not None):
+        raise RuntimeError("optimizer_in_backward=True, but the first step "
+                           + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients"
+                              if clipped else f"changed the parameter groups between backward() and step() "
+                              f"({changed})")
+                           + ": that needs the optimizer after the whole backward (optimizer_in_backward=False)")
+    eng._mode = "fused" if want else "deferred"
+    if eng._mode == "fused":
+        eng.tracer.fuse()
