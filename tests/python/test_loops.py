@@ -480,6 +480,88 @@ class TestLoops(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(p, good[n]), n)
         eng.close()
 
+    def test_step_skipped_by_zero_grad(self) -> None:
+        """A step skipped after its backward (a loss that was not finite: zero_grad() instead of step()),
+        in the first (traced) step and in a later one, deferred: plain PyTorch's run, bit for bit.  In
+        the first step it was refused at the next forward, as a block run twice in one step."""
+        for skip_at in (0, 2):
+            data = batches(4)
+            ref = lm()
+            model = copy.deepcopy(ref)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+            eng, _ = self.engine(model, f"skip{skip_at}", optimizer_in_backward=False)
+            for i, x in enumerate(data):
+                for m, o in ((ref, opt), (model, eng)):
+                    lm_loss(m, x).backward()
+                    if i != skip_at:
+                        o.step()
+                    o.zero_grad()
+            sd = model.state_dict()
+            for n, p in ref.state_dict().items():
+                self.assertTrue(torch.equal(sd[n], p), (skip_at, n))
+            eng.close()
+
+    def test_backward_that_raised(self) -> None:
+        """A backward that raises partway (a tensor hook, a NaN check).  Deferred, nothing changed:
+        zero_grad() drops the partial gradients and the run goes on as plain PyTorch's that skips the
+        same steps; anything else first is refused, saying to call zero_grad().  Fused, the blocks whose
+        backward ended were updated already: every call is refused, naming them, and close() warns.  The
+        engine used to stay "in a backward" for good, with messages about a backward in progress."""
+        import tier.torch
+
+        def boom(grad):
+            raise ValueError("boom")
+
+        def arm(mod, args, out):
+            out.register_hook(boom)             # (returns None: the output stays)
+
+        def raising_backward(m, x):
+            h = m.tok.register_forward_hook(arm)
+            try:
+                with self.assertRaisesRegex(ValueError, "boom"):
+                    lm_loss(m, x).backward()
+            finally:
+                h.remove()
+
+        data = batches(5)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "bwd-raised", optimizer_in_backward=False)
+        for i, x in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                if i in (0, 3):
+                    raising_backward(m, x)
+                    if o is eng:
+                        for call in (eng.step, lambda: lm_loss(model, x), model.state_dict):
+                            with self.assertRaisesRegex(RuntimeError, "after a backward that raised: no "
+                                                        r"parameter changed.*call zero_grad\(\)"):
+                                call()
+                    o.zero_grad()
+                    continue
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
+        model = lm()
+        eng, _ = self.engine(model, "bwd-raised-fused")
+        for x in data[:2]:
+            lm_loss(model, x).backward()
+            eng.step()
+            eng.zero_grad()
+        self.assertEqual(eng.mode, "fused")
+        raising_backward(model, data[2])
+        for call in (eng.step, eng.zero_grad, lambda: lm_loss(model, data[3]), model.state_dict, eng.state_dict):
+            with self.assertRaisesRegex(RuntimeError, r"after a backward that raised: .* were updated \(.*'head'.*"
+                                        r"\), the others not: this step is partly applied"):
+                call()
+        with self.assertWarnsRegex(tier.torch.TierTorchWarning, "partway through a fused step"):
+            eng.close()
+
     def test_lr_set_between_backward_and_step(self) -> None:
         """llm.c's loop sets each step's learning rate after backward(), before step(), where torch.optim
         reads it: the engine sees the change in its first step and runs the optimizer after the backward

@@ -30,7 +30,7 @@ import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
 from ..errors import RestartedError
-from . import clip, collective, discovery, explain, layout, optim, placement as placement_mod, resume as resume_mod, state as state_mod
+from . import clip, collective, discovery, explain, guards, layout, optim, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, hyper_changed, hyper_of, rule_from
@@ -43,8 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: for the next tierd, up to the Client's reconnect timeout)
 RESTART_TRIES = 3
 #: why a fused step's parameters change in the backward (what refusals between backward() and step() say)
-FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
-              "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
+FUSED_NOTE = guards.FUSED_NOTE
 
 #: a block's optimizer phase is cut into parts of at most this many bytes of each float32 kind (an
 #: embedding of 50257 x 768 is 154 MB of parameters: in one phase its p, g, m and v would take 618 MB
@@ -190,6 +189,7 @@ class Offload(torch.optim.Optimizer):
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
         self._applied = False                        # fused: an optimizer phase ran since the last step()
+        self._stepped: list[str] = []                # fused: the blocks it ran for (since the last step())
         self._fwd_open: int | None = None            # a forward with gradients began, not ended (tracer.seq then)
         self._closed = False
         for b, share in discovery.dominant_blocks(self.blocks):
@@ -215,12 +215,19 @@ class Offload(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Drop the gradients gathered since the last step (what torch.optim's zero_grad() does to
         ``.grad``): the next backward starts them afresh.  No round trip."""
-        if self._in_backward:
-            raise RuntimeError("zero_grad() during a backward pass")
+        guards.check_backward(self, "zero_grad()")
         if self._applied:
             raise RuntimeError(f"zero_grad() between backward() and step(): {FUSED_NOTE} this step cannot be "
                                "skipped; call step() first, or make the engine with optimizer_in_backward=False")
         self._drop_failed_forward()                 # (a skipped batch: before its micro-batch is forgotten)
+        if self._micro > 0:
+            # a step skipped (its loss not finite, its backward raised): the next forward starts it again
+            for b in self.blocks:
+                b.maps.clear()
+            self._phase = None
+            if not self.tracer.planned:
+                self._release()
+                self.tracer.seq, self.tracer.index = [], {}
         self._grads_zeroed = not set_to_none        # (see _update())
         self._micro = 0
         self._backwards = 0
@@ -489,8 +496,7 @@ class Offload(torch.optim.Optimizer):
     def forward_begins(self) -> None:
         if self._closed:
             raise RuntimeError("this Offload engine is closed")
-        if self._in_backward:
-            raise RuntimeError("the model's forward ran inside a backward pass")
+        guards.check_backward(self, "the model's forward")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
         self._drop_failed_forward()
         if self._applied and not torch.is_grad_enabled():       # (with gradients: the accumulation's refusal)
@@ -659,6 +665,7 @@ class Offload(torch.optim.Optimizer):
         self._bwd = None
         if not self._deferred:
             self._applied = self._applied or bool(b.parts)
+            self._stepped.append(b.label)
             for pt in b.parts:
                 self._enter("o", b, pt.index)
                 self._update(b, pt.index)
@@ -769,8 +776,7 @@ class Offload(torch.optim.Optimizer):
         if closure is not None:
             raise RuntimeError("tier.torch's step() takes no closure (the backward has run by then): compute "
                                "the loss and call backward() before step()")
-        if self._in_backward:
-            raise RuntimeError("step() during a backward pass")
+        guards.check_backward(self, "step()")
         changed = hyper_changed(self._hyper_at_backward, self.param_groups)
         if changed is not None and self._mode == "fused":
             self._hyper_at_backward = None
@@ -806,6 +812,7 @@ class Offload(torch.optim.Optimizer):
         self._shared_reduced = False
         self._hyper_at_backward = None
         self._applied = False
+        self._stepped = []
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
@@ -920,6 +927,7 @@ class Offload(torch.optim.Optimizer):
         return list(self.tracer.seq)
 
     def check_idle(self, what: str) -> None:
+        guards.check_backward(self, what)
         if self._in_backward or self._bwd is not None:
             raise RuntimeError(f"{what} inside a backward pass: call it before the forward or after step()")
         if self._applied:
@@ -941,6 +949,10 @@ class Offload(torch.optim.Optimizer):
         """Give the parameters back to the model (``restore``), drop the hooks and tierd's tensors."""
         if self._closed:
             return
+        if restore and guards.partly_applied(self):
+            warnings.warn("closing after a backward that raised partway through a fused step: the model gets "
+                          f"back parameters of which some blocks' ({', '.join(self._stepped)}) were updated and "
+                          "the others not", TierTorchWarning, stacklevel=2)
         self.flush()
         self._release()                     # a first step that failed holds its phase's pins
         self._bwd = None

@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.guards: what may come while a backward has not ended.
+
+autograd tells the engine a backward ended with a callback queued at its start
+(``Offload._backward_ended``); a backward that raises (a tensor hook, a NaN
+check, out of memory) never calls it, so the engine stays "in a backward".
+What comes next is either inside a backward (autograd runs hooks with
+gradients off) or after one that raised:
+
+* fused, with an optimizer phase already run, the step is partly applied
+  (the blocks whose backward ended were updated, the others not) and cannot
+  be undone: everything is refused, naming those blocks and what to do;
+* otherwise nothing of the model changed: ``zero_grad()`` drops the partial
+  gradients and the step (as torch's loop would skip it), and what else comes
+  first is refused, saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
+              "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
+
+
+def check_backward(eng: Any, what: str) -> None:
+    """``what`` (an engine call, a forward) comes while a backward has not ended: refused, or (zero_grad())
+    the engine leaves the backward that raised."""
+    if not eng._in_backward:
+        return
+    if not torch.is_grad_enabled():     # (autograd runs hooks with gradients off: inside a backward)
+        raise RuntimeError(f"{what} during a backward pass")
+    if eng._applied:
+        raise RuntimeError(f"{what} after a backward that raised: {FUSED_NOTE} the blocks whose backward had "
+                           f"ended were updated ({', '.join(eng._stepped) or 'none'}), the others not: this step "
+                           "is partly applied and cannot be undone; load a checkpoint saved before it (the "
+                           "model's and the engine's state dicts, or resume=True's last commit) into a new engine")
+    if what != "zero_grad()":
+        raise RuntimeError(f"{what} after a backward that raised: no parameter changed, but its gradients are "
+                           "partial; call zero_grad() to drop them (the step is skipped), then go on")
+    eng._in_backward = False
+    if eng._bwd is not None:
+        eng._point(eng._bwd, False)
+        eng._bwd = None
+
+
+def partly_applied(eng: Any) -> bool:
+    """Fused, a backward raised after some blocks' optimizer phases ran (close() gives such a model back)."""
+    return eng._in_backward and eng._applied
