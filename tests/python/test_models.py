@@ -546,6 +546,37 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
                               zero_grad=True)
 
 
+    def test_moe_idle_expert_after_set_to_none(self) -> None:
+        """zero_grad(set_to_none=True) once, zero_grad() after later steps: an expert idle since then has a
+        .grad of None in torch (zeroing None leaves None), so AdamW skips it; the engine updated it with
+        zeros (it remembered the gradient of the step before the set_to_none)."""
+        import tier.torch
+
+        data = [moe_batch(5, None), moe_batch(6, 3), moe_batch(7, 3), moe_batch(8, 3)]
+        torch.manual_seed(2)
+        m = MoEModel()
+        ref = copy.deepcopy(m)
+
+        def run(model, opt):
+            losses = []
+            torch.manual_seed(11)
+            for i, x in enumerate(data):
+                loss = lm_loss(model, x)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=i == 0)
+                losses.append(loss.item())
+            return losses
+
+        want = run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-3))
+        eng = tier.torch.Offload(m, self.client(), no_split_module_classes=["MoE"])
+        self.assertEqual(run(m, eng), want)
+        sd = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
+
+
 @dataclasses.dataclass
 class Out:
     logits: "torch.Tensor"

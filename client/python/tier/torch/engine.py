@@ -240,6 +240,7 @@ class Offload(torch.optim.Optimizer):
         clip.drop_moved_grads(self)
         for b in self.blocks:
             for s in b.slots:
+                s.had_grad = s.had_grad and not set_to_none     # (.grad None: torch.optim skips it until a gradient)
                 if s.param.grad is not None:   # the shared block's, held by autograd between micro-batches
                     if set_to_none:
                         s.param.grad = None
