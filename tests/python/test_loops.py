@@ -501,6 +501,28 @@ class TestLoops(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(sd[n], p), (skip_at, n))
             eng.close()
 
+    def test_step_before_any_backward(self) -> None:
+        """step() before the first backward (an accumulation loop off by one, a skipped first batch) does
+        nothing, as torch.optim's: the run is plain PyTorch's.  It submitted an empty plan, and every later
+        forward was refused as a block that had not run in the first step."""
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "step-first")
+        for m, o in ((ref, opt), (model, eng)):
+            o.step()
+            o.zero_grad()
+            for x in data:
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        self.assertEqual(eng.steps, len(data))
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
     def test_backward_that_raised(self) -> None:
         """A backward that raises partway (a tensor hook, a NaN check).  Deferred, nothing changed:
         zero_grad() drops the partial gradients and the run goes on as plain PyTorch's that skips the

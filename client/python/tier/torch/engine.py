@@ -219,7 +219,7 @@ class Offload(torch.optim.Optimizer):
         if self._applied:
             raise RuntimeError(f"zero_grad() between backward() and step(): {FUSED_NOTE} this step cannot be "
                                "skipped; call step() first, or make the engine with optimizer_in_backward=False")
-        self._drop_failed_forward()                 # (a skipped batch: before its micro-batch is forgotten)
+        guards.drop_failed_forward(self)                 # (a skipped batch: before its micro-batch is forgotten)
         if self._micro > 0:
             # a step skipped (its loss not finite, its backward raised): the next forward starts it again
             for b in self.blocks:
@@ -499,7 +499,7 @@ class Offload(torch.optim.Optimizer):
             raise RuntimeError("this Offload engine is closed")
         guards.check_backward(self, "the model's forward")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
-        self._drop_failed_forward()
+        guards.drop_failed_forward(self)
         if self._applied and not torch.is_grad_enabled():       # (with gradients: the accumulation's refusal)
             raise RuntimeError(f"a forward between backward() and step(): {FUSED_NOTE} the parameters are this "
                                "step's updated ones already, where torch's forward would see the last step's; "
@@ -519,17 +519,6 @@ class Offload(torch.optim.Optimizer):
         self._cur = self._micro
         self._micro += 1
         self._fwd_open = len(self.tracer.seq)       # (planned: the plan, kept whole)
-
-    def _drop_failed_forward(self) -> None:
-        """The last forward with gradients raised (a bad batch skipped, out of memory): it did not
-        happen; its micro-batch (and, tracing, its phases) are the next forward's again."""
-        if self._fwd_open is not None:
-            if self._in_block is not None:
-                self._point(self._in_block, False)
-                self._in_block = None
-            self._micro -= 1
-            del self.tracer.seq[self._fwd_open:]
-            self._fwd_open = None
 
     def forward_ends(self) -> None:
         self._fwd_open = None
@@ -786,7 +775,16 @@ class Offload(torch.optim.Optimizer):
                                "before, where torch.optim would use the new ones; set hyperparameters before "
                                "backward() (a scheduler's step() after engine.step() does), or make the engine "
                                "with optimizer_in_backward=False")
-        self._drop_failed_forward()
+        guards.drop_failed_forward(self)
+        if self._first_step and not self._got and self._bwd is None:
+            # no gradient yet (a step() before any backward): torch.optim changes nothing; nothing is
+            # planned from it (an empty plan made every later forward "a block not in the first step")
+            for b in self.blocks:
+                b.maps.clear()
+            self._phase, self._micro = None, 0
+            self._release()
+            self.tracer.seq, self.tracer.index = [], {}
+            return
         if self._bwd is not None:       # a backward whose end autograd did not report (not through the model)
             self._finish(self._bwd)
             if self._mode == "fused" and self.blocks[-1].is_shared:

@@ -49,3 +49,15 @@ def check_backward(eng: Any, what: str) -> None:
 def partly_applied(eng: Any) -> bool:
     """Fused, a backward raised after some blocks' optimizer phases ran (close() gives such a model back)."""
     return eng._in_backward and eng._applied
+
+
+def drop_failed_forward(eng: Any) -> None:
+    """The last forward with gradients raised (a bad batch skipped, out of memory): it did not
+    happen; its micro-batch (and, tracing, its phases) are the next forward's again."""
+    if eng._fwd_open is not None:
+        if eng._in_block is not None:
+            eng._point(eng._in_block, False)
+            eng._in_block = None
+        eng._micro -= 1
+        del eng.tracer.seq[eng._fwd_open:]
+        eng._fwd_open = None
