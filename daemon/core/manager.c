@@ -383,7 +383,11 @@ static int restored_job_made(Job *j, gid_t gid, const gid_t *groups, size_t n, b
         int r;
 
         j->admin = admin;
-        r = quota_job_created(m->quotas, j, gid, groups, n, why, sizeof(why));
+        /*
+         * Not checked: it lingers (claims nothing) until a rank attaches, which checks then.  A check here
+         * (a capacity made smaller for one start) dropped the job and its tensors from the index for good.
+         */
+        r = quota_job_created(m->quotas, j, gid, groups, n, false, why, sizeof(why));
         if (r < 0 && why[0])
                 log_warning("Job '%s' from the NVMe index: %s", j->name, why);
         return r;

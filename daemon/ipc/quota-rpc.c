@@ -50,7 +50,7 @@ int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
          * itself (the demo, a test suite run as nobody) serves that user alone.
          */
         j->admin = rpc_conn_is_admin(rpc, c) || c->uid == geteuid();
-        return quota_job_created(rpc->quotas, j, c->gid, groups, (size_t) n, why, size);
+        return quota_job_created(rpc->quotas, j, c->gid, groups, (size_t) n, true, why, size);
 }
 
 static int reply_quota(const Rpc *rpc, Conn *c, uint64_t seq, QuotaKind kind, uint32_t id, const char *job,

@@ -44,6 +44,7 @@
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/book.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/vram.h"
@@ -394,6 +395,17 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         j = hello_job(r, c, seq, h->job, &created);
         if (!j)
                 return 0;
+        if (!created) {
+                char why[1024] = "";
+
+                /* a lingering job claims its guarantees again: they must still fit (it keeps lingering if not) */
+                q = quota_job_attach_check(r->quotas, j, why, sizeof(why));
+                if (q < 0)
+                        return conn_reply_error(c, seq, q, "cannot attach to job '%s': %s%s", j->name,
+                                                why[0] ? why : strerror(-q),
+                                                q == -ENOSPC ? "; it keeps its tensors while it lingers: an admin "
+                                                "lowers a guarantee with tierctl quota set, or ends another job" : "");
+        }
         q = job_fence_slot_get(j, &slot);
         if (q < 0) {
                 if (created)

@@ -433,7 +433,24 @@ static int gid_compare(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, char *why, size_t size) {
+int quota_job_attach_check(QuotaStore *s, Job *j, char *why, size_t size) {
+        uint64_t until = j->linger_until;
+        bool any_min = false;
+        int r;
+
+        for (int t = 0; t < TIERS; t++)
+                any_min |= j->guarantee[t] > 0;
+        if (!job_lingers(j) || !any_min)
+                return 0;
+        /* counted as it will be once attached: live, its guarantees claimed again */
+        j->linger_until = 0;
+        r = quota_check(s, s->config, &s->runtime, why, size);
+        j->linger_until = until;
+        return r < 0 && r != -ENOMEM ? -ENOSPC : r;
+}
+
+int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, bool check, char *why,
+                      size_t size) {
         char line[2048], src[2][512];
         size_t len = 0;
         QuotaResolved q;
@@ -457,7 +474,7 @@ int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, siz
         for (int t = 0; t < TIERS; t++)
                 any_min |= q.value[QUOTA_MIN(t)] > 0;
         /* the job is in the registry already: the check counts it */
-        if (any_min) {
+        if (any_min && check) {
                 r = quota_check(s, s->config, &s->runtime, why, size);
                 if (r < 0) {
                         if (r != -ENOMEM)

@@ -97,11 +97,23 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
 /*
  * quota_job_created() - @j was just created by a peer of @gid with
  * supplementary @groups (@n of them, at most QUOTA_GROUPS_MAX kept): give
- * it its quota and log which applies and from where.  -ENOSPC (@why says
- * it) when its guarantees do not fit beside the others': the caller ends
- * the job.  -ENOMEM.
+ * it its quota and log which applies and from where.  With @check,
+ * -ENOSPC (@why says it) when its guarantees do not fit beside the others':
+ * the caller ends the job; without (a job restored from the NVMe index,
+ * which lingers and so claims nothing until a rank attaches:
+ * quota_job_attach_check()), never.  -ENOMEM.
  */
-int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, char *why, size_t size);
+int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, size_t n, bool check, char *why,
+                      size_t size);
+
+/*
+ * quota_job_attach_check() - a rank attaches to lingering job @j, which
+ * claims its guarantees again: -ENOSPC (@why says it) when they do not fit
+ * beside the running jobs' now (a capacity or rule changed while it
+ * lingered); the job keeps lingering, its tensors kept.  0 when it fits,
+ * does not linger or has no guarantee.  -ENOMEM.
+ */
+int quota_job_attach_check(QuotaStore *s, Job *j, char *why, size_t size);
 
 /*
  * quota_apply_all() - give every running job the quota the rules now

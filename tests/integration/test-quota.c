@@ -492,6 +492,45 @@ static void test_linger_rerun(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A lingering job yields its guarantee (other jobs may take it meanwhile); a rank attaching to it claims it
+ * again, which must fit: refused, the job keeps lingering with its tensors.  It was taken back unchecked, and
+ * the guarantees added up past the tier.
+ */
+static void test_linger_reattach_checked(void **state) {
+        tier_client *a, *o[3];
+        tier_tensor *t;
+        char *err = NULL;
+
+        if (!is_root("test_linger_reattach_checked"))
+                skip();
+        /* every job of uid 0 is guaranteed 20M of the 64M host tier; 'named' (tierd.conf) 4M */
+        assert_int_equal(tierctl(NULL, NULL, "quota set --uid 0 --host-min 20M"), 0);
+        a = connect_job("yielder");
+        assert_int_equal(tier_tensor_create(a, "kept", 1 * MiB, &t), 0);
+        tier_tensor_close(t);
+        tier_client_free(a);                    /* lingers (linger_sec = 60): its 20M yielded */
+        for (unsigned i = 0; i < 3; i++) {
+                char job[16];
+
+                (void) snprintf(job, sizeof(job), "taker-%u", i);
+                o[i] = connect_job(job);        /* 3 x 20M + 4M = 64M */
+        }
+        a = NULL;
+        assert_int_equal(tier_client_new(daemon_.socket, "yielder", 0, &a), -ENOSPC);
+        assert_null(a);
+        err = strdup(tier_client_last_error(NULL));     /* (a failed tier_client_new() leaves its error there) */
+        assert_non_null(strstr(err, "cannot attach to job 'yielder'"));
+        assert_non_null(strstr(err, "it keeps its tensors while it lingers"));
+        free(err);
+        tier_client_free(o[2]);                 /* one ends (it lingers too, yielding): now it fits */
+        a = connect_job("yielder");
+        assert_true(test_daemon_log_contains(&daemon_, "Job 'yielder' resumed: 1 tensor(s) kept from its previous run"));
+        tier_client_free(a);
+        tier_client_free(o[0]);
+        tier_client_free(o[1]);
+}
+
 /* ---- only admins set; anyone reads their own ------------------------------------------------------- */
 
 static void test_non_admin(void **state) {
@@ -855,6 +894,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_linger_rerun, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_linger_reattach_checked, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_non_admin, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_uid_total, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_total_set, setup, teardown),

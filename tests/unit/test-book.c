@@ -19,6 +19,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/state/book.h"
 #include "daemon/state/book-private.h"
+#include "daemon/base/quota-rule.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "tests/unit/fixture.h"
@@ -27,6 +28,7 @@
 typedef struct Dir {
         char path[128];
         uint64_t target_size;
+        uint64_t host_cap;      /* 0: 16M */
         bool persist;
 } Dir;
 
@@ -41,8 +43,8 @@ static void setup(Config *c, void *userdata) {
         c->targets[0].path = strdup(t);
         c->targets[0].size = d->target_size;
         c->nvme_persist = d->persist;
-        c->host_capacity = 16 * MiB;
-        c->host_job_limit = 16 * MiB;
+        c->host_capacity = d->host_cap ? d->host_cap : 16 * MiB;
+        c->host_job_limit = c->host_capacity;
         c->host_uid_share = 0;
         c->nvme_uid_share = 0;
         c->nvme_job_limit = 32 * MiB;
@@ -545,6 +547,38 @@ static void test_newer_synced(void **state) {
         dir_done(&d);
 }
 
+/*
+ * A restored job whose run-time guarantee does not fit a host tier made smaller for one start is restored
+ * all the same (it lingers, claiming nothing), and is there with its bytes once the capacity is back; it
+ * was dropped from the index for good.
+ */
+static void test_restore_guarantee_too_big(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        QuotaRules one = QUOTA_RULES_NULL;
+        char why[1024], warn[512], *err = NULL;
+        Tensor *t;
+
+        (void) state;
+        t = fixture_tensor(job(m, "j"), "a", MiB);
+        written(m, t, 0x11);
+        assert_int_equal(quota_rules_parse_text(&one, "[quota]\njob = j\nhost_min = 12M\n", "x", &err), 0);
+        assert_true(quota_store_set(m->quotas, &one.rules[0], false, why, sizeof(why), warn, sizeof(warn)) >= 0);
+        quota_rules_clear(&one);
+        fixture_free(m);
+        d.host_cap = 8 * MiB;                   /* the operator shrinks host for one start */
+        m = start(&d);
+        assert_non_null(job_find(m->registry, "j"));
+        fixture_free(m);
+        d.host_cap = 0;                         /* and puts it back */
+        m = start(&d);
+        t = find(m, "j", "a");
+        assert_non_null(t);
+        check_bytes(m, t, 0x11);
+        fixture_free(m);
+        dir_done(&d);
+}
+
 /* A job of a user in 64 supplementary groups or more (quota.c keeps 64 and the primary one) replays. */
 static void test_many_groups(void **state) {
         Dir d = dir_new();
@@ -560,7 +594,7 @@ static void test_many_groups(void **state) {
         for (unsigned i = 0; i < 80; i++)
                 groups[i] = 2000 + i;
         assert_int_equal(job_new(m->registry, "groupy", 1000, &j), 0);
-        assert_int_equal(quota_job_created(m->quotas, j, 1000, groups, 80, why, sizeof(why)), 0);
+        assert_int_equal(quota_job_created(m->quotas, j, 1000, groups, 80, true, why, sizeof(why)), 0);
         assert_int_equal(j->n_gids, QUOTA_GROUPS_MAX + 1);
         book_job(m->book, j);
         written(m, fixture_tensor(j, "b", MiB), 0x22);
@@ -687,6 +721,7 @@ int main(void) {
                 cmocka_unit_test(test_commit_rollback),
                 cmocka_unit_test(test_commit_after_two_writes),
                 cmocka_unit_test(test_newer_synced),
+                cmocka_unit_test(test_restore_guarantee_too_big),
                 cmocka_unit_test(test_many_groups),
                 cmocka_unit_test(test_many_jobs),
                 cmocka_unit_test(test_compact_without_nvme),
