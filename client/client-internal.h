@@ -176,6 +176,8 @@ struct tier_client {
         ClientView *retired_views;
         size_t n_retired_views;
         tier_fence fence_offset, fence_floor;
+        int floor_error;                /* fences up to fence_floor: -ERESTART (a tierd came back), or the error
+                                         * that broke the connection (none did yet); 0: -ERESTART */
 
         /* grants held (held.c) */
         ClientHeld *held;

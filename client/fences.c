@@ -145,6 +145,10 @@ int fence_done(tier_client *c, tier_fence f) {
         if (f > c->fence_max)
                 return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection",
                                     fence_out(c, f));
+        if (f <= c->fence_floor && c->floor_error < 0 && c->floor_error != -ERESTART)
+                return client_error(c, c->floor_error, "fence %" PRIu64 " was handed out before the connection to "
+                                    "tierd broke (%s), and no tierd came back: what it stood for may or may not "
+                                    "have happened", fence_out(c, f), tier_strerror(c->floor_error));
         if (f <= c->fence_floor)
                 return client_error(c, -ERESTART, "fence %" PRIu64 " was handed out before tierd restarted: what it "
                                     "stood for may or may not have happened", fence_out(c, f));

@@ -159,6 +159,7 @@ int client_reconnect(tier_client *c, int r) {
                 return r;
         }
         drop_connection(c);
+        c->floor_error = r;     /* until a tierd comes back: the fences of before went with the connection */
         deadline = mono_ms() + (uint64_t) c->reconnect_ms;
         for (;;) {
                 q = transport_connect(c, c->socket_path);
@@ -189,6 +190,7 @@ int client_reconnect(tier_client *c, int r) {
                 (void) usleep(RECONNECT_POLL_MS * 1000);
         }
         c->reconnecting = false;
+        c->floor_error = -ERESTART;
         c->restarts++;
         return client_error(c, -ERESTART, "tierd restarted (%s): the connection, the job and its tensors' handles "
                             "are back%s; pins, the plan, phases and fences of before are gone (pin, submit the "

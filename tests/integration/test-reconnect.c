@@ -286,17 +286,22 @@ static void test_stop_without_reconnecting(void **state) {
 static void test_timeout_and_stale(void **state) {
         tier_client *c = connect_job("late", 200), *ctl = NULL;
         tier_tensor *a = NULL;
+        tier_fence f = 0;
         struct tier_stat st;
         char path[512];
         int r;
 
         assert_int_equal(tier_tensor_create(c, "a", MiB, &a), 0);
+        assert_int_equal(tier_prefetch_async(a, TIER_HOST, &f), 0);
         assert_int_equal(test_daemon_kill(&d, SIGTERM, 20000), 0);
         r = tier_tensor_stat(a, &st);
         printf("a call with no tierd to come back to: %s (%s)\n", tier_strerror(r), tier_client_last_error(c));
         assert_true(r == -ESHUTDOWN || r == -ECONNRESET || r == -EPIPE);
         assert_non_null(strstr(tier_client_last_error(c), "did not come back within 200 ms"));
         assert_int_equal(tier_client_restarts(c), 0);
+        /* a fence of before: the error that broke the connection, not "tierd restarted" (none did yet) */
+        assert_int_equal(tier_fence_done(c, f), r);
+        assert_non_null(strstr(tier_client_last_error(c), "and no tierd came back"));
 
         /* the next tierd starts with nothing: no index, no target */
         for (int i = 0; i < 2; i++) {
@@ -310,6 +315,7 @@ static void test_timeout_and_stale(void **state) {
         assert_non_null(strstr(tier_client_last_error(c), "ESTALE"));
         assert_int_equal(tier_tensor_stat(a, &st), -ESTALE);
         assert_int_equal(tier_client_restarts(c), 1);
+        assert_int_equal(tier_fence_done(c, f), -ERESTART);     /* now one did */
         tier_tensor_close(a);
         tier_client_free(c);
 
