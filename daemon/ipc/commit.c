@@ -88,6 +88,16 @@ int commit_request(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
                         return conn_reply_error(c, seq, -EBUSY, "tensor '%s' is pinned for reading and writing: a commit "
                                                 "takes what each tensor holds, so none may be in the middle of a write "
                                                 "(unpin it, or commit after the phase that writes it)", t->name);
+                /*
+                 * Pinned for writing only, over the version a commit would keep: that copy is being
+                 * overwritten (a pin may hand out the valid copy itself), and unless NVMe holds the
+                 * version too nothing would be left to roll back to.  Dead or lost: nothing to keep.
+                 */
+                if (tensor_writers(t) > 0 && t->version > 0 && !t->dead && !t->lost && !copy_valid(t, LEVEL_NVME))
+                        return conn_reply_error(c, seq, -EBUSY, "tensor '%s' is pinned for writing and what it holds "
+                                                "now is in memory only: a commit takes what each tensor holds, and that "
+                                                "copy is being overwritten (unpin it, write it to NVMe first with "
+                                                "tier_evict(), or commit after the phase that writes it)", t->name);
         }
         job_commit(j, jc->step);
         log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);

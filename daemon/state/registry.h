@@ -400,6 +400,8 @@ int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why
  * writes it to NVMe first.
  */
 bool tensor_needs_image(const Tensor *t);
+/* Pins that may write @t now, in all its tiers (Copy.writers). */
+unsigned tensor_writers(const Tensor *t);
 
 /* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
 int tensor_unpin(Tensor *t, int tier, bool dirty);

@@ -247,6 +247,14 @@ void tensor_free_stale(Tensor *t) {
 
 /* ---- commits ---------------------------------------------------------------------------- */
 
+unsigned tensor_writers(const Tensor *t) {
+        unsigned n = 0;
+
+        for (int i = 0; i < TIERS; i++)
+                n += t->copy[i].writers;
+        return n;
+}
+
 bool tensor_needs_image(const Tensor *t) {
         return t->job->committing && !t->base && t->version > 0 && !t->dead && !t->lost &&
                t->version == t->commit_version && !copy_valid(t, LEVEL_NVME);

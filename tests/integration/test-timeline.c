@@ -588,8 +588,47 @@ static void test_phase_grant_other_client(void **state) {
         }
 }
 
+/*
+ * A commit while a pin may write a tensor whose current version is in memory only is refused: that copy is
+ * being overwritten (a write-only pin hands out the valid copy itself), and the commit kept no image of it,
+ * so the rollback found nothing to go back to.  With the version on NVMe too, the commit goes, and the
+ * rollback brings it back.
+ */
+static void test_commit_during_write_only_pin(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t;
+        struct tier_commit cm = {};
+        struct tier_grant g;
+
+        assert_int_equal(tier_client_new(daemon_.socket, "commit-wo", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
+        fill(&g, 1, 1);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);      /* version 1, in host only */
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_job_commit(c, 1), -EBUSY);
+        assert_non_null(strstr(tier_client_last_error(c), "tensor 't' is pinned for writing and what it holds now "
+                                                           "is in memory only"));
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        /* on NVMe too: the commit goes, the pin overwrites the host copy, the rollback brings version 1 back */
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
+        assert_int_equal(tier_job_commit(c, 1), 0);
+        fill(&g, 1, 2);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        assert_int_equal(tier_job_rollback(c, &cm), 0);
+        assert_int_equal(cm.lost, 0);
+        assert_int_equal(cm.rolled_back, 1);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(check(&g, 1, 1), -1);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_commit_during_write_only_pin),
                 cmocka_unit_test(test_phase_grant_other_client),
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),
