@@ -601,10 +601,13 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
 
                 if (cp->state == COPY_DRAINING)
                         cp->state = COPY_RESIDENT;      /* wanted again: keep it */
-                r = pin_record(c, t, tier, write_only, rw);
-                if (r < 0)
-                        return conn_reply_error(c, seq, r, "out of memory");
+                /* counted before pin_record(): a writer's pin takes a ghost copy over only beside another pin */
                 cp->pins++;
+                r = pin_record(c, t, tier, write_only, rw);
+                if (r < 0) {
+                        cp->pins--;
+                        return conn_reply_error(c, seq, r, "out of memory");
+                }
                 tensor_pin_account(t, tier, +1);
                 r = reply_pin(rpc, c, seq, t, tier, fence);
                 if (fence)

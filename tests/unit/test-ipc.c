@@ -2,6 +2,7 @@
 /* test-ipc.c: the request layer driven in-process over a socketpair; the listener's stale-socket check. */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
@@ -419,8 +421,120 @@ static void test_stale_socket_only_when_refused(void **state) {
         fixture_free(m);
 }
 
+/* ---- a fast-path pin that may write takes a ghost copy over ----------------------------------------- */
+
+static int gh_done, gh_status;
+
+static void gh_complete(Op *op, int status, const char *error) {
+        (void) op;
+        (void) error;
+        gh_done++;
+        gh_status = status;
+}
+
+static int hello_rank(Peer *p, const char *job, uint32_t rank) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Hello h = TIER__HELLO__INIT;
+        Tier__Reply *reply;
+        int status;
+
+        h.version = WIRE_PROTOCOL_VERSION;
+        h.job = (char *) job;
+        h.rank = rank;
+        h.says_writes = true;           /* libtier >= 1.1: names the writes it holds (none here) */
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &h;
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+static int pin_or_unpin(Peer *p, uint64_t id, int tier, uint32_t mode, bool unpin, bool dirty) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Pin pin = TIER__PIN__INIT;
+        Tier__Unpin un = TIER__UNPIN__INIT;
+        Tier__Reply *reply;
+        int status;
+
+        if (unpin) {
+                un.tensor = id;
+                un.tier = (Tier__Tier) tier;
+                un.dirty = dirty;
+                req.op_case = TIER__REQUEST__OP_UNPIN;
+                req.unpin = &un;
+        } else {
+                pin.tensor = id;
+                pin.tier = (Tier__Tier) tier;
+                pin.mode = mode;
+                req.op_case = TIER__REQUEST__OP_PIN;
+                req.pin = &pin;
+        }
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+/*
+ * After a restart, rank 0's write-only ghost of 't' (its grant may not have reached it) is held until
+ * rank 0 says Hello.  Rank 1 attaches first, pins the (valid) ghost copy read-write on the fast path,
+ * writes it and unpins dirty: a client that write-pins a ghost copy makes it its own (copy_writers()),
+ * so rank 0's later Hello must not undo rank 1's write.  It did: pin_record() ran copy_writers() before
+ * the fast path's cp->pins++, so the ghost was not dropped, and rank 0's Hello reverted the copy.
+ */
+static void test_fast_pin_takes_ghost_over(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Peer p1, p0;
+        Job *j;
+        Tensor *t;
+        Copy *c;
+        Op *op;
+
+        peer_new(m, 0, 0, &p1);
+        assert_int_equal(hello_rank(&p1, "gj", 1), 0);
+        j = job_find(m->registry, "gj");
+        assert_non_null(j);
+        (void) peer_create(&p1, "t", 1 * MiB);
+        t = tensor_find_name(j, "t");
+        c = &t->copy[LEVEL_HOST];
+
+        /* as memstore_restore() puts back a write-only pin's copy of rank 0: valid, held (a ghost pin) */
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, gh_complete, NULL, NULL, &op), 0);
+        op->discard = true;
+        FIXTURE_RUN_UNTIL(m, gh_done);
+        assert_int_equal(gh_status, 0);
+        t->version++;
+        c->version = t->version;
+        c->unwritten = false;           /* (restore_copy() puts it back resident, at the write's version) */
+        c->writer_rank = 0;
+        t->ghost_rank = 0;
+        t->ghost |= 1u << LEVEL_HOST;
+        t->ghost_unwritten |= 1u << LEVEL_HOST;
+        tensor_pin_account(t, LEVEL_HOST, +1);
+        assert_true(copy_valid(t, LEVEL_HOST));
+
+        /* rank 1 writes it (read-write pin: the fast path, the copy being valid) */
+        assert_int_equal(pin_or_unpin(&p1, t->id, LEVEL_HOST, 3, false, false), 0);
+        assert_int_equal(t->ghost, 0);                  /* taken over */
+        assert_int_equal(pin_or_unpin(&p1, t->id, LEVEL_HOST, 0, true, true), 0);
+        assert_int_equal(t->version, 2);
+
+        /* rank 0 comes back, naming no write it holds */
+        peer_new(m, 0, 0, &p0);
+        assert_int_equal(hello_rank(&p0, "gj", 0), 0);
+        assert_int_equal(t->version, 2);                /* rank 1's write stands */
+        assert_false(t->lost);
+        assert_true(copy_valid(t, LEVEL_HOST));
+
+        peer_free(&p0);
+        peer_free(&p1);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_fast_pin_takes_ghost_over),
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_stale_socket_only_when_refused),
