@@ -324,6 +324,48 @@ class TestProcesses(tierd.DaemonTestCase):
         for i, (x, y) in enumerate(zip(one, two)):
             self.assertAlmostEqual(x, y, delta=1e-4 * abs(x), msg=f"step {i + 1}: {one} vs {two}")
 
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "under a preloaded ASan runtime, libtorch's C++ exceptions (gloo's, at the ranks' exit) "
+                     "abort in ASan's __cxa_throw interceptor, which finds no real __cxa_throw")
+    def test_unused_parameter_on_one_rank(self) -> None:
+        """Two ranks, one block of two experts, rank r routed to expert r only: each rank's gradient of
+        the expert it did not use is zero (DDP with find_unused_parameters=True), so both ranks update
+        both experts alike, as one process whose loss is the ranks' mean.  The ranks used to reduce
+        different lists (one's expert 0 summed with the other's expert 1) and drift apart, silently."""
+        import tempfile
+
+        import tier.torch
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tierd.source_dir(), "client", "python"),
+                                                           os.path.dirname(os.path.abspath(__file__))]))
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "params")
+            p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                "--redirects", "2", "--tee", "2", "--master_port", str(30500 + os.getpid() % 1000),
+                                os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_unused.py"),
+                                self.socket, "unused", out], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout)
+            ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import rank_unused
+
+        torch.manual_seed(1)
+        ref = rank_unused.Net()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        gens = [torch.Generator().manual_seed(10 + r) for r in range(2)]
+        for _ in range(3):
+            xs = [torch.randn(2, 4, generator=gens[r]) for r in range(2)]
+            # each expert's gradient is one rank's over 2: exactly what the mean of the ranks gives
+            for r in range(2):
+                (ref(xs[r], r).pow(2).mean() / 2).backward()
+            opt.step()
+            opt.zero_grad()
+        for n, v in ref.state_dict().items():
+            self.assertTrue(torch.equal(ranks[0][n], ranks[1][n]), f"{n}: the ranks differ")
+            self.assertTrue(torch.equal(ranks[0][n], v), f"{n}: not plain PyTorch's")
+        _ = tier.torch
+
 
 if __name__ == "__main__":
     tierd.main()

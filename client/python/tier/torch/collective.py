@@ -32,6 +32,20 @@ def _buckets(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     return [b for lists in by_dtype.values() for b in lists if b]
 
 
+def fill_unused(params: Sequence[torch.nn.Parameter], world: int, group: Any = None) -> None:
+    """With several ranks: a parameter of ``params`` (mapped, the block's own) that some rank got a
+    gradient for and this one did not gets a zero gradient, so that every rank reduces the same list.
+    (Without it the ranks' lists differed: one rank's gradient of one parameter was summed with another's
+    of another, and the ranks' parameters drifted apart, silently.)"""
+    if world <= 1 or not params:
+        return
+    used = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
+    torch.distributed.all_reduce(used, group=group)
+    for p, u in zip(params, used.tolist()):
+        if u and p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
 def allreduce_mean(tensors: Sequence[torch.Tensor], world: int, group: Any = None) -> int:
     """Average ``tensors`` (in place) over the ``world`` ranks of ``group``; returns the calls made."""
     if world <= 1 or not tensors:

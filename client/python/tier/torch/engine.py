@@ -629,6 +629,7 @@ class Offload(torch.optim.Optimizer):
         """b's gradients are complete: into its g tensors (added to them after the first micro-batch),
         then its optimizer phases if they are fused into the backward."""
         if b.slots:
+            collective.fill_unused([s.param for s in b.slots if s.trainable], self._world, self._group)
             grads = [s.param.grad for s in b.slots if s.trainable and s.param.grad is not None]
             collective.allreduce_mean(grads, self._world, self._group)
             add = self._cur > 0
