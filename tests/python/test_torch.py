@@ -196,6 +196,33 @@ class TestOffload(tierd.DaemonTestCase):
             self.assertEqual(state[n].dtype, torch.bfloat16)
             self.assertTrue(torch.equal(state[n], p.detach()), n)
 
+    def test_load_into_a_block_of_mixed_dtypes(self) -> None:
+        """model.load_state_dict() into a block holding a bfloat16 Linear and a float32 LayerNorm (a model
+        made bfloat16 but its norms): the plain model's values.  It failed after the block before was
+        written (the float32 values were compared as 16-bit words)."""
+        import tier.torch
+
+        def make():
+            torch.manual_seed(4)
+            m = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)),
+                                    torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)))
+            for blk in m:
+                blk[0].to(torch.bfloat16)
+            return m
+
+        src = make()
+        for p in src.parameters():
+            p.data.add_(0.5)
+        ref, model = make(), make()
+        ref.load_state_dict(src.state_dict())
+        eng = tier.torch.Offload(model, self.client("mixed-load"), lr=1e-3, blocks=[model[0], model[1]])
+        model.load_state_dict(src.state_dict())
+        state = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertEqual(state[n].dtype, p.dtype, n)
+            self.assertTrue(torch.equal(state[n], p.detach()), n)
+
     def test_bfloat16_checkpoint_either_order(self) -> None:
         """bfloat16 with float32 master weights: model.state_dict() and engine.state_dict() saved mid-run
         and loaded into a new engine, in either order, go on bit for bit as the run that was not stopped

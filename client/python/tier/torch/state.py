@@ -225,6 +225,11 @@ def parameters_state_dict(eng: "Offload") -> dict[str, torch.Tensor]:
     return out
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bits as integers of its element's size (a block may mix bfloat16 and float32 parameters)."""
+    return t.contiguous().view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch.Tensor], what: str) -> None:
     """``eng.write_params()``, but for reduced precision a master weight that rounds, bit for bit, to its
     parameter's new value stays: a model loaded after the optimizer state that brought the masters goes on
@@ -247,8 +252,7 @@ def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch
                 flat = g.torch()
                 for pc in pieces:
                     was, new = old[(pt.index, id(pc))], pc.of(vals[id(pc.slot)]).reshape(-1)
-                    rounds = was.reshape(-1).to(new.dtype).contiguous().view(torch.int16) == \
-                        new.contiguous().view(torch.int16)
+                    rounds = _bits(was.reshape(-1).to(new.dtype)) == _bits(new)
                     w = pc.view(flat, "w")
                     w.copy_(torch.where(rounds.view(w.shape), was, w))
 
