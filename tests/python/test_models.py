@@ -577,6 +577,53 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
 
 
+    def test_tied_parameter_used_once(self) -> None:
+        """A parameter two blocks share (the shared block) that gets a gradient in the first step only:
+        torch 1.13's zero_grad() leaves zeros in its .grad, so AdamW goes on updating it; the engine did
+        not, as it never noted that the shared block's parameter had had a gradient."""
+        import tier.torch
+
+        class UsesP(torch.nn.Module):
+            def __init__(self, p) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+                self.p = p
+
+            def forward(self, x, use: bool):
+                h = self.lin(x)
+                return h + self.p if use else h
+
+        class Tied(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                p = torch.nn.Parameter(torch.randn(4))
+                self.a = UsesP(p)
+                self.b = UsesP(p)
+
+            def forward(self, x, use_p: bool):
+                return self.b(self.a(x, use_p), False)
+
+        def run(model, opt):
+            g = torch.Generator().manual_seed(6)
+            for i in range(4):
+                model(torch.randn(3, 4, generator=g), i == 0).pow(2).mean().backward()   # p: step 0 only
+                opt.step()
+                opt.zero_grad()
+
+        torch.manual_seed(2)
+        ref = Tied()
+        model = copy.deepcopy(ref)
+        run(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+        eng = tier.torch.Offload(model, self.client("tied-once"), lr=1e-2, blocks=[model.a, model.b],
+                                 optimizer_in_backward=False)
+        self.assertTrue(eng.blocks[-1].is_shared)
+        run(model, eng)
+        sd = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(sd[n], p), f"{n} differs")
+
+
 @dataclasses.dataclass
 class Out:
     logits: "torch.Tensor"

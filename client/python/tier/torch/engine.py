@@ -670,6 +670,7 @@ class Offload(torch.optim.Optimizer):
         for s in sb.slots:
             if s.param.grad is not None:
                 self._got.add(id(s))
+                s.had_grad = True
         for pt in sb.parts:
             self._enter("o", sb, pt.index)
             gflat = sb.maps[(sb.part_kind("g", pt.index), HOST)]
