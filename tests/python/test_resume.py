@@ -277,6 +277,62 @@ class TestResume(tierd.DaemonTestCase):
         self.assertGreater(kept, 0)
         self.assertEqual(d.stop(), 0)       # and a clean stop after the last start from the store
 
+    def test_resumed_parameter_with_zeroed_grad(self) -> None:
+        """A parameter that got a gradient in the first step only: torch 1.13's zero_grad() leaves zeros in
+        its .grad, so AdamW goes on updating it.  A run resumed after step 2 does the same, bit for bit as
+        the uninterrupted one; the resume record did not say the parameter had had a gradient, and the
+        resumed run left it alone."""
+        import tier.torch
+
+        class Br(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.l1 = torch.nn.Linear(8, 8)
+                self.l2 = torch.nn.Linear(8, 8)
+
+            def forward(self, x, use2: bool):
+                return self.l2(x) if use2 else self.l1(x)
+
+        class Branchy(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.br = Br()
+                self.out = torch.nn.Linear(8, 4)
+
+            def forward(self, x, use2: bool):
+                return self.out(self.br(x, use2))
+
+        def model():
+            torch.manual_seed(1)
+            return Branchy()
+
+        xs = [torch.randn(2, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+        ref = model()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for i, x in enumerate(xs):
+            ref(x, i == 0).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        m = model()
+        c = tier.Client("zeroed", socket=self.socket)
+        eng = tier.torch.Offload(m, c, lr=1e-2, resume=True, blocks=[m.br, m.out])
+        for i, x in enumerate(xs[:2]):
+            m(x, i == 0).sum().backward()
+            eng.step()
+            eng.zero_grad()
+        c.close()               # killed after its commit of step 2: the job lingers
+        m = model()
+        eng = tier.torch.Offload(m, self.client("zeroed"), lr=1e-2, resume=True, blocks=[m.br, m.out])
+        self.assertTrue(eng.resumed)
+        for i in range(eng.steps, 4):
+            m(xs[i], i == 0).sum().backward()
+            eng.step()
+            eng.zero_grad()
+        got = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(got[n], p.detach()), n)
+
     def test_refused_layout(self) -> None:
         """A model that does not match the stored layout is refused, in words, before anything of it changes;
         the right one resumes with the parameters as they were committed."""

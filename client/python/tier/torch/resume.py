@@ -66,6 +66,9 @@ def meta_bytes(eng: "Offload") -> bytes:
     meta = {"format": FORMAT, "version": VERSION, "rule": eng.rule.name, "placement": eng.placement,
             "layout": layout(eng), "groups": groups, "steps": eng.steps, "mode": eng._mode,
             "slot_steps": [[s.steps for s in b.slots] for b in eng.blocks],
+            # which .grad would be a tensor (zeros) after a zero_grad(): torch.optim updates those too
+            "slot_had_grad": [[s.had_grad for s in b.slots] for b in eng.blocks],
+            "grads_zeroed": eng._grads_zeroed,
             "buffers": {n: t.detach().cpu().clone() for n, t in eng.model.named_buffers()}}
     buf = io.BytesIO()
     torch.save(meta, buf)
@@ -192,6 +195,8 @@ def try_resume(eng: "Offload") -> bool:
             eng._by_tname[eng._tname(b, kind)] = (b, kind)
         for s, n in zip(b.slots, meta["slot_steps"][b.index]):
             s.steps = n
+        for s, h in zip(b.slots, meta.get("slot_had_grad", [[]] * len(eng.blocks))[b.index]):
+            s.had_grad = h
     for g, saved in zip(eng.param_groups, meta["groups"]):
         for k, v in saved.items():
             g[k] = v
@@ -199,6 +204,7 @@ def try_resume(eng: "Offload") -> bool:
         for n, v in meta["buffers"].items():
             bufs[n].copy_(v)
     eng._meta = t
+    eng._grads_zeroed = meta.get("grads_zeroed", False)
     eng.steps = meta["steps"]
     eng.resumed_from = c
     return True
