@@ -762,8 +762,8 @@ class TestModelShapes(tierd.DaemonTestCase):
     def test_two_engines_of_one_job(self) -> None:
         """Two models of one job (a GAN's generator and discriminator), each its own engine: the second
         with the first's tensor names is refused before it makes anything (it took the first's tensors for
-        an earlier run's and destroyed them: the generator's weights were gone); with its own prefix= both
-        train and give their weights back."""
+        an earlier run's and destroyed them: the generator's weights were gone), and so is one on the first's
+        client or with resume=True; with its own prefix= and client both train and give their weights back."""
         import tier.torch
 
         torch.manual_seed(3)
@@ -774,6 +774,12 @@ class TestModelShapes(tierd.DaemonTestCase):
         g = tier.torch.Offload(gen, c1, lr=1e-2)
         with self.assertRaisesRegex(ValueError, r"another engine of job 'gan' \(rank 0\) .*prefix="):
             tier.torch.Offload(disc, c2, lr=1e-2)
+        # the first one's client (a client runs one plan: the second step() failed after its update), or
+        # resuming with two engines of a job (a commit would take the other's step half done)
+        with self.assertRaisesRegex(ValueError, "another engine runs on this client already"):
+            tier.torch.Offload(disc, c1, lr=1e-2, prefix="disc")
+        with self.assertRaisesRegex(ValueError, "resume=True with two engines of job 'gan'"):
+            tier.torch.Offload(disc, c2, lr=1e-2, prefix="disc", resume=True)
         for n, p in disc.named_parameters():
             self.assertTrue(torch.equal(p.detach(), dwant[n]), n)
         d = tier.torch.Offload(disc, c2, lr=1e-2, prefix="disc")

@@ -117,15 +117,29 @@ def _uninstall() -> None:
             mod.clip_grad_value_ = _value_fn
 
 
-def check_names_free(job: str, rank: int, prefix: str) -> None:
-    """Another live engine of this process with the job, rank and prefix of a new one would have its tensors
-    taken for an earlier run's and destroyed (a GAN's two models, say): refused, before anything is made."""
+def check_names_free(client: Any, rank: int, prefix: str, resume: bool) -> None:
+    """A new engine beside the live ones of this process (a GAN's two models, say), refused before anything
+    is made when: it has the job, rank and prefix of another (its tensors would be taken for an earlier
+    run's and destroyed); it has another's client (a client runs one plan: the second engine's first
+    step() failed after its update); either resumes and they share the job (a commit takes every tensor of
+    the job at once, the other engine's step half done)."""
+    job = client.job
     for e in list(_engines):
         gone = e._closed or getattr(e.client, "closed", False)     # (a client closed: its process is gone)
-        if not gone and e.client.job == job and e._rank == rank and e._prefix == prefix:
+        if gone:
+            continue
+        if e.client is client:
+            raise ValueError(f"tier.torch: another engine runs on this client already (job '{job}'): a client "
+                             "runs one plan; give each engine its own client of the job "
+                             f"(tier.Client('{job}')) and its own prefix=")
+        if e.client.job == job and e._rank == rank and e._prefix == prefix:
             raise ValueError(f"tier.torch: another engine of job '{job}' (rank {rank}) in this process names its "
                              f"tensors '{prefix}.{rank}.*' already: give each engine of a job its own prefix= "
                              "(Offload(model, client, prefix='disc'))")
+        if e.client.job == job and (resume or e.resume):
+            raise ValueError(f"tier.torch: resume=True with two engines of job '{job}': a commit takes every "
+                             "tensor of the job at once, the other engine's step half done; give each model its "
+                             "own job (tier.Client('gan-g'), tier.Client('gan-d')) to resume both")
 
 
 def register(engine: "Offload") -> None:

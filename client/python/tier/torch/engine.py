@@ -147,7 +147,7 @@ class Offload(torch.optim.Optimizer):
                              "save checkpoints instead (engine.save(dir), or engine.state_dict())")
         self._rank = client.rank
         self._prefix = prefix
-        clip.check_names_free(client.job, self._rank, prefix)
+        clip.check_names_free(client, self._rank, prefix, resume)
         modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
         self.blocks: list[Block] = layout.build(model, modules, optimizer_part_bytes)
         self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}
