@@ -370,8 +370,12 @@ int jobctl_detach(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobDetach *q) {
         sh.reason = reason;
         ev.kind_case = TIER__EVENT__KIND_SHUTDOWN;
         ev.shutdown = &sh;
-        list_for_each_safe(node, tmp, &j->conns) {
-                Conn *jc = list_entry(node, Conn, job_link);
+        /*
+         * The job is looked up again for each connection: the last one's going starts its linger, and a
+         * linger timer that cannot be armed ends the job there (a list walk would read it freed).
+         */
+        while ((j = job_find(rpc->registry, name)) && !list_empty(&j->conns)) {
+                Conn *jc = list_entry(j->conns.next, Conn, job_link);
 
                 (void) conn_send_event(jc, &ev);
                 /* off its job now (plan, pins, requests); the socket closes once the event is written */
@@ -379,7 +383,6 @@ int jobctl_detach(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobDetach *q) {
                 conn_shutdown(jc);
         }
         /* rpc_conn_gone() of the last one started its linger: end it now */
-        j = job_find(rpc->registry, name);
         if (j)
                 job_destroy(j);
 
