@@ -141,6 +141,9 @@ static void tensor_list_done(TensorList *l) {
         *l = (TensorList) {};
 }
 
+/* The longest name taken from tierd (its max_name is at most 4095 bytes). */
+#define CLIENT_NAME_BYTES_MAX 4096
+
 static int tensor_list_add(TensorList *l, const Tier__TensorEntry *e) {
         struct tier_tensor_info *ti;
 
@@ -155,7 +158,7 @@ static int tensor_list_add(TensorList *l, const Tier__TensorEntry *e) {
         }
         ti = &l->v[l->n];
         memset(ti, 0, sizeof(*ti));
-        ti->name = strdup(e->name ? e->name : "");
+        ti->name = strndup(e->name ? e->name : "", CLIENT_NAME_BYTES_MAX);
         if (!ti->name)
                 return -ENOMEM;
         ti->id = e->tensor;
@@ -164,7 +167,7 @@ static int tensor_list_add(TensorList *l, const Tier__TensorEntry *e) {
         ti->idle_s = e->idle_s;
         for (int t = 0; t < TIER_LEVEL_MAX; t++)
                 ti->copy[t].state = -1;
-        for (size_t k = 0; k < e->n_copies; k++) {
+        for (size_t k = 0; k < e->n_copies && k < TIER_LEVEL_MAX; k++) {
                 const Tier__CopyState *cs = e->copies[k];
 
                 if (!cs || (int) cs->tier < 0 || (int) cs->tier >= TIER_LEVEL_MAX)
@@ -239,6 +242,13 @@ _public_ int tier_job_tensors(tier_client *c, const char *job, struct tier_tenso
                 if (l.n > CLIENT_JOB_TENSORS_MAX) {
                         r = client_error(c, -EFBIG, "job '%s' lists more than %u tensors", job,
                                          CLIENT_JOB_TENSORS_MAX);
+                        goto fail;
+                }
+                /* names are bounded each (no tierd allows longer ones) and together: a tierd that sends
+                 * pages of long names does not make the client hold without end */
+                if (l.names > (size_t) CLIENT_JOB_TENSORS_MAX * 64) {
+                        r = client_error(c, -EFBIG, "job '%s' lists more than %zu bytes of tensor names", job,
+                                         (size_t) CLIENT_JOB_TENSORS_MAX * 64);
                         goto fail;
                 }
                 if (done)
