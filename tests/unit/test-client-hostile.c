@@ -250,11 +250,15 @@ static int submit_and_enter(const char *path) {
         if (r < 0) {
                 tier_plan_free(p);
                 fprintf(stderr, "submit: %d %s\n", r, tier_client_last_error(c));
-                return 0;       /* refused: fine */
+                r = 0;          /* refused: fine */
+        } else {
+                r = tier_phase_enter(c, 0);
+                fprintf(stderr, "tier_phase_enter: %d (%s)\n", r, tier_client_last_error(c));
+                r = r < 0 ? 0 : 3;      /* 3: success claimed though tierd never said ready */
         }
-        r = tier_phase_enter(c, 0);
-        fprintf(stderr, "tier_phase_enter: %d (%s)\n", r, tier_client_last_error(c));
-        return r < 0 ? 0 : 3;   /* 3: success claimed though tierd never said ready */
+        tier_tensor_close(t);           /* (all freed: valgrind counts a leak as a failure) */
+        tier_client_free(c);
+        return r;
 }
 
 /* A plan page memfd shorter than the page_size tierd claims: the client must refuse it, not SIGBUS. */
@@ -302,6 +306,8 @@ static int pin_under_rlimit(const char *path) {
                 return 2;
         r = tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g);
         fprintf(stderr, "tier_pin: %d (%s)\n", r, tier_client_last_error(c));
+        tier_tensor_close(t);
+        tier_client_free(c);
         return r == -ENOMEM ? 0 : 4;
 }
 
