@@ -22,6 +22,7 @@
 #include "daemon/base/quota-rule.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
+#include "tests/helpers/instrumented.h"
 #include "tests/unit/fixture.h"
 
 /* Each test's own state directory and target (the fixture's is shared by the whole binary). */
@@ -610,25 +611,9 @@ static void test_many_groups(void **state) {
         dir_done(&d);
 }
 
-/*
- * Under ASan or valgrind 65537 jobs take minutes (past the suite's timeout); the plain build runs the test,
- * and other tests take the same paths under them.
- */
+/* Under ASan or valgrind 65537 jobs take minutes (past the suite's timeout); the plain build runs these. */
 static bool instrumented(void) {
-#if defined(__SANITIZE_ADDRESS__)
-        return true;
-#else
-        FILE *f = fopen("/proc/self/maps", "re");
-        char line[512];
-        bool vg = false;
-
-        if (!f)
-                return false;
-        while (fgets(line, sizeof(line), f))
-                vg = vg || strstr(line, "vgpreload") != NULL;
-        fclose(f);
-        return vg;
-#endif
+        return test_under_asan() || test_under_valgrind();
 }
 
 /* More jobs made and ended since the last snapshot than may live at once: only live ones are bounded. */

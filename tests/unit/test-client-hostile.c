@@ -27,6 +27,7 @@
 #include <tier.h>
 
 #include "proto/fence.h"
+#include "tests/helpers/instrumented.h"
 #include "proto/plan.h"
 #include "proto/tier.pb-c.h"
 #include "proto/wire.h"
@@ -313,20 +314,7 @@ static int pin_under_rlimit(const char *path) {
 
 /* Under ASan (its shadow memory) or valgrind (its own mappings) RLIMIT_AS means something else. */
 static bool address_space_limit_works(void) {
-#if defined(__SANITIZE_ADDRESS__)
-        return false;
-#else
-        FILE *f = fopen("/proc/self/maps", "re");
-        char line[512];
-        bool vg = false;
-
-        if (!f)
-                return false;
-        while (fgets(line, sizeof(line), f))
-                vg = vg || strstr(line, "vgpreload") != NULL;
-        fclose(f);
-        return !vg;
-#endif
+        return !test_under_asan() && !test_under_valgrind();
 }
 
 /* tier_pin(3): -ENOMEM "Out of memory, or no address space left to map the copy", not -EPROTO. */
