@@ -532,9 +532,45 @@ static void test_fast_pin_takes_ghost_over(void **state) {
         fixture_free(m);
 }
 
+/*
+ * A commit while a rollback of the job waits for transfers (the job frozen) is refused: it made the waiting
+ * rollback roll back to the new commit, a no-op answered as a success.
+ */
+static void test_commit_refused_while_rollback_waits(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__JobCommit jc = TIER__JOB_COMMIT__INIT;
+        Tier__Reply *reply;
+        Peer p;
+        Job *j;
+
+        (void) state;
+        peer_new(m, 0, 0, &p);
+        assert_int_equal(hello_rank(&p, "frozen", 0), 0);
+        j = job_find(m->registry, "frozen");
+        assert_non_null(j);
+        j->frozen++;                    /* as a waiting rollback leaves it (commit.c rollback_wait()) */
+        jc.step = 9;
+        req.op_case = TIER__REQUEST__OP_COMMIT;
+        req.commit = &jc;
+        reply = peer_call(&p, &req);
+        assert_int_equal(reply->response->status, -EBUSY);
+        assert_non_null(strstr(reply->response->error, "waits for the transfers in flight"));
+        tier__reply__free_unpacked(reply, NULL);
+        assert_false(j->committing);
+        j->frozen--;
+        reply = peer_call(&p, &req);
+        assert_int_equal(reply->response->status, 0);
+        tier__reply__free_unpacked(reply, NULL);
+        assert_true(j->committing);
+        peer_free(&p);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fast_pin_takes_ghost_over),
+                cmocka_unit_test(test_commit_refused_while_rollback_waits),
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_stale_socket_only_when_refused),
