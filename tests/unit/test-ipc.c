@@ -549,7 +549,7 @@ static void test_commit_refused_while_rollback_waits(void **state) {
         assert_int_equal(hello_rank(&p, "frozen", 0), 0);
         j = job_find(m->registry, "frozen");
         assert_non_null(j);
-        j->frozen++;                    /* as a waiting rollback leaves it (commit.c rollback_wait()) */
+        j->frozen++;                    /* as a waiting rollback leaves it (commit.c rollback_request()) */
         jc.step = 9;
         req.op_case = TIER__REQUEST__OP_COMMIT;
         req.commit = &jc;
