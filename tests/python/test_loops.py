@@ -504,6 +504,50 @@ class TestLoops(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(sd[n], p), (skip_at, n))
             eng.close()
 
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "under a preloaded ASan runtime, the C++ exception libtorch makes of an error raised in an "
+                     "autograd hook aborts in ASan's __cxa_throw interceptor, which finds no real __cxa_throw")
+    def test_loss_over_two_forwards_refused(self) -> None:
+        """A backward must be one forward's: a loss over two forwards (Siamese, contrastive), or after an
+        evaluation forward with gradients on, and a second backward over one forward, are refused as the
+        backward begins, saying what to do, with nothing of the model changed; zero_grad() and the run goes
+        on as plain PyTorch's skipping those steps.  They used to fail inside the backward, as "a block run
+        twice" or "parameters outside a phase"."""
+        data = batches(5)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "two-forwards", optimizer_in_backward=False)
+        for i, x in enumerate(data):
+            if i == 0:          # the first step (traced): refused as the backward begins
+                with self.assertRaisesRegex(RuntimeError, r"backward\(\) with 2 forwards of this step not yet "
+                                            r"backpropagated: .*torch\.cat"):
+                    (lm_loss(model, x) + lm_loss(model, data[4])).backward()
+                eng.zero_grad()
+                continue
+            if i == 2:          # planned: refused at the second forward, before it runs
+                lm_loss(model, x)
+                with self.assertRaisesRegex(RuntimeError, r"micro-batch 2 of this step, where the first step .* had "
+                                            r"1: .*torch\.no_grad\(\)"):
+                    lm_loss(model, data[4])
+                eng.zero_grad()
+                continue
+            if i == 3:
+                loss = lm_loss(model, x)
+                loss.backward(retain_graph=True)
+                with self.assertRaisesRegex(RuntimeError, "a second backward over the same forward"):
+                    loss.backward()
+                eng.zero_grad()
+                continue
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        sd = model.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), n)
+        eng.close()
+
     def test_step_before_any_backward(self) -> None:
         """step() before the first backward (an accumulation loop off by one, a skipped first batch) does
         nothing, as torch.optim's: the run is plain PyTorch's.  It submitted an empty plan, and every later

@@ -531,6 +531,7 @@ class Offload(torch.optim.Optimizer):
         """The first gradient of a backward through the model's output: its end is queued."""
         if self._in_backward:
             return
+        guards.check_one_forward(self)
         if self._clip_coef is not None:
             # torch would scale only the gradients before the clip; here the factor applies in the
             # optimizer phases, to the sum
@@ -583,6 +584,8 @@ class Offload(torch.optim.Optimizer):
     def block_backward(self, b: Block) -> None:
         if self._bwd is b:
             return                      # (its recomputed outputs' gradients, a checkpoint's inner backward)
+        if not self._in_backward:
+            guards.check_one_forward(self)      # (the last block's hook runs before the output's: refused first)
         if self._bwd is not None:
             self._finish(self._bwd)
         self._enter("b", b)

@@ -61,3 +61,20 @@ def drop_failed_forward(eng: Any) -> None:
         eng._micro -= 1
         del eng.tracer.seq[eng._fwd_open:]
         eng._fwd_open = None
+
+
+def check_one_forward(eng: Any) -> None:
+    """A backward begins: it must be the backward of one forward with gradients, the last (tier.torch pairs
+    them, micro-batch by micro-batch).  Refused before any block's backward runs, with the likely cause:
+    it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
+    pending = eng._micro - eng._backwards
+    if pending > 1:
+        raise RuntimeError(f"backward() with {pending} forwards of this step not yet backpropagated: tier.torch "
+                           "pairs each forward that records gradients with one backward; for a loss over "
+                           "several forwards (Siamese, contrastive) run the model once on the inputs "
+                           "concatenated (torch.cat), and run an evaluation forward under torch.no_grad()")
+    if pending < 1:
+        raise RuntimeError("a second backward over the same forward (backward(retain_graph=True) twice, or "
+                           "torch.autograd.grad(..., create_graph=True) and then backward()): tier.torch runs one "
+                           "backward per forward; compute the loss once and call backward() once, or run the "
+                           "forward again for the second backward")
