@@ -88,7 +88,8 @@ static Tier__Reply *peer_call(Peer *p, Tier__Request *req) {
         return reply;
 }
 
-static int peer_hello(Peer *p, const char *job) {
+/* A Hello for @job as @rank; @says_writes: as libtier >= 1.1, naming the writes it holds (none here). */
+static int peer_hello_rank(Peer *p, const char *job, uint32_t rank, bool says_writes) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__Hello h = TIER__HELLO__INIT;
         Tier__Reply *reply;
@@ -96,12 +97,18 @@ static int peer_hello(Peer *p, const char *job) {
 
         h.version = WIRE_PROTOCOL_VERSION;
         h.job = (char *) job;
+        h.rank = rank;
+        h.says_writes = says_writes;
         req.op_case = TIER__REQUEST__OP_HELLO;
         req.hello = &h;
         reply = peer_call(p, &req);
         status = reply->response->status;
         tier__reply__free_unpacked(reply, NULL);
         return status;
+}
+
+static int peer_hello(Peer *p, const char *job) {
+        return peer_hello_rank(p, job, 0, false);
 }
 
 static int peer_quota_set(Peer *p, const char *job, unsigned weight) {
@@ -432,25 +439,7 @@ static void gh_complete(Op *op, int status, const char *error) {
         gh_status = status;
 }
 
-static int hello_rank(Peer *p, const char *job, uint32_t rank) {
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__Hello h = TIER__HELLO__INIT;
-        Tier__Reply *reply;
-        int status;
-
-        h.version = WIRE_PROTOCOL_VERSION;
-        h.job = (char *) job;
-        h.rank = rank;
-        h.says_writes = true;           /* libtier >= 1.1: names the writes it holds (none here) */
-        req.op_case = TIER__REQUEST__OP_HELLO;
-        req.hello = &h;
-        reply = peer_call(p, &req);
-        status = reply->response->status;
-        tier__reply__free_unpacked(reply, NULL);
-        return status;
-}
-
-static int pin_or_unpin(Peer *p, uint64_t id, int tier, uint32_t mode, bool unpin, bool dirty) {
+static int peer_pin_or_unpin(Peer *p, uint64_t id, int tier, uint32_t mode, bool unpin, bool dirty) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__Pin pin = TIER__PIN__INIT;
         Tier__Unpin un = TIER__UNPIN__INIT;
@@ -492,7 +481,7 @@ static void test_fast_pin_takes_ghost_over(void **state) {
         Op *op;
 
         peer_new(m, 0, 0, &p1);
-        assert_int_equal(hello_rank(&p1, "gj", 1), 0);
+        assert_int_equal(peer_hello_rank(&p1, "gj", 1, true), 0);
         j = job_find(m->registry, "gj");
         assert_non_null(j);
         (void) peer_create(&p1, "t", 1 * MiB);
@@ -515,14 +504,14 @@ static void test_fast_pin_takes_ghost_over(void **state) {
         assert_true(copy_valid(t, LEVEL_HOST));
 
         /* rank 1 writes it (read-write pin: the fast path, the copy being valid) */
-        assert_int_equal(pin_or_unpin(&p1, t->id, LEVEL_HOST, 3, false, false), 0);
+        assert_int_equal(peer_pin_or_unpin(&p1, t->id, LEVEL_HOST, 3, false, false), 0);
         assert_int_equal(t->ghost, 0);                  /* taken over */
-        assert_int_equal(pin_or_unpin(&p1, t->id, LEVEL_HOST, 0, true, true), 0);
+        assert_int_equal(peer_pin_or_unpin(&p1, t->id, LEVEL_HOST, 0, true, true), 0);
         assert_int_equal(t->version, 2);
 
         /* rank 0 comes back, naming no write it holds */
         peer_new(m, 0, 0, &p0);
-        assert_int_equal(hello_rank(&p0, "gj", 0), 0);
+        assert_int_equal(peer_hello_rank(&p0, "gj", 0, true), 0);
         assert_int_equal(t->version, 2);                /* rank 1's write stands */
         assert_false(t->lost);
         assert_true(copy_valid(t, LEVEL_HOST));
@@ -546,7 +535,7 @@ static void test_commit_refused_while_rollback_waits(void **state) {
 
         (void) state;
         peer_new(m, 0, 0, &p);
-        assert_int_equal(hello_rank(&p, "frozen", 0), 0);
+        assert_int_equal(peer_hello_rank(&p, "frozen", 0, true), 0);
         j = job_find(m->registry, "frozen");
         assert_non_null(j);
         j->frozen++;                    /* as a waiting rollback leaves it (commit.c rollback_request()) */
