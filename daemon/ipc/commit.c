@@ -48,6 +48,7 @@
 #include "daemon/ipc/commit.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/rpc.h"
+#include "daemon/sched/plan.h"
 #include "daemon/state/registry.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
@@ -97,14 +98,27 @@ int commit_request(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
                  * Pinned for writing only, over the version a commit would keep: that copy is being
                  * overwritten (a pin may hand out the valid copy itself), and unless NVMe holds the
                  * version too nothing would be left to roll back to.  Dead or lost: nothing to keep.
+                 * Pinned by its plan for a phase that writes it whole: dead by the plan's word (below).
                  */
-                if (tensor_writers(t) > 0 && t->version > 0 && !t->dead && !t->lost && !copy_valid(t, LEVEL_NVME))
+                if (tensor_writers(t) > 0 && t->version > 0 && !t->dead && !t->lost && !copy_valid(t, LEVEL_NVME) &&
+                    !plan_holds_overwrite(t))
                         return conn_reply_error(c, seq, -EBUSY, "tensor '%s' is pinned for writing and what it holds "
                                                 "now is in memory only: a commit takes what each tensor holds, and that "
                                                 "copy is being overwritten (unpin it, write it to NVMe first with "
                                                 "tier_evict(), or commit after the phase that writes it)", t->name);
         }
         job_commit(j, jc->step);
+        /*
+         * What the plan's holds are overwriting whole is kept as dead, as timeline's
+         * plan_drop_dead() would have made it once its last read was over (other
+         * policies keep such copies): a rollback makes it dead again.
+         */
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t))
+                        t->commit_dead = true;
+        }
         log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
         return reply_commit(c, seq, j, 0, 0);
 }

@@ -691,6 +691,25 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
         }
 }
 
+bool plan_holds_overwrite(const Tensor *t) {
+        const Plan *p = t->plan;
+        unsigned n = 0;
+
+        if (!p || t->rw_pins > 0)
+                return false;
+        for (int h = 0; h < 2; h++) {
+                const PlanPhase *ph;
+
+                if (!p->hold[h].active)
+                        continue;
+                ph = &p->phases[p->hold[h].phase];
+                for (uint32_t i = 0; i < ph->n_acc; i++)
+                        if (ph->acc[i].tensor == t && ph->acc[i].mode == PLAN_WRITE && p->hs[h].pinned[i])
+                                n++;
+        }
+        return n > 0 && n == tensor_writers(t);
+}
+
 /*
  * Does phase @phase alone fit, in @tier, its job's limit and every total the
  * job is held to?  Then a pin refused -EDQUOT (a total full) may yet be

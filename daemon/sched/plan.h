@@ -204,6 +204,12 @@ void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase);
 /* After @done_phase, drop the copies of its tensors whose next planned access overwrites them whole. */
 void plan_drop_dead(Plan *p, uint32_t done_phase);
 /*
+ * Is every pin that may write @t one of its plan's holds, for a phase that
+ * writes it whole (PLAN_WRITE alone)?  Then its bytes are being replaced as
+ * the plan said, and a commit keeps it as dead (commit.c).
+ */
+bool plan_holds_overwrite(const Tensor *t);
+/*
  * At debug level: which of the plan's tensors have a current copy in each
  * tier as its phase starts ('*': the only current copy), on one line of at
  * most 1 KiB.

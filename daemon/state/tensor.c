@@ -256,7 +256,7 @@ unsigned tensor_writers(const Tensor *t) {
 }
 
 bool tensor_needs_image(const Tensor *t) {
-        return t->job->committing && !t->base && t->version > 0 && !t->dead && !t->lost &&
+        return t->job->committing && !t->base && t->version > 0 && !t->dead && !t->commit_dead && !t->lost &&
                t->version == t->commit_version && !copy_valid(t, LEVEL_NVME);
 }
 

@@ -560,6 +560,44 @@ static void test_rollback_of_a_dead_tensor(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A commit while the plan's hold pins a tensor for a phase that writes it whole (tier.torch's
+ * activations, once the next step's first phase is entered) goes under every policy, and the
+ * tensor is kept as dead: timeline drops such a tensor as dead anyway, the others kept it and
+ * refused the commit (-EBUSY, "in memory only").  The rollback makes it dead again, nothing lost.
+ */
+static void test_commit_while_plan_overwrites(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t;
+        tier_plan *p = NULL;
+        struct tier_commit cm = {};
+        struct tier_grant g;
+
+        assert_int_equal(tier_client_new(daemon_.socket, "commit-overwrite", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, t, TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_add(p, 1, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_grant(c, t, TIER_HOST, &g), 0);
+        fill(&g, 1, 1);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, t, TIER_HOST, &g), 0);
+        assert_int_equal(check(&g, 1, 1), -1);
+        assert_int_equal(tier_phase_enter(c, 0), 0);          /* t pinned again, to be written whole */
+        assert_int_equal(tier_job_commit(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, t, TIER_HOST, &g), 0);
+        fill(&g, 1, 2);
+        assert_int_equal(tier_phase_enter(c, 1), 0);          /* phase 0's write lands: t written since the commit */
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_job_rollback(c, &cm), 0);
+        assert_int_equal(cm.lost, 0);
+        assert_int_equal(cm.rolled_back, 1);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 /* tier_phase_grant() of another client's tensor is refused, as tier_plan_add() refuses it (it used to map
  * the other tensor's slot of this client's page, and to keep a handle of the other client after it closed). */
 static void test_phase_grant_other_client(void **state) {
@@ -629,6 +667,7 @@ static void test_commit_during_write_only_pin(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_commit_during_write_only_pin),
+                cmocka_unit_test(test_commit_while_plan_overwrites),
                 cmocka_unit_test(test_phase_grant_other_client),
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),

@@ -450,6 +450,58 @@ class TestResume(tierd.DaemonTestCase):
         c.close()
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResumeOtherPolicies(tierd.DaemonTestCase):
+    """resume=True with offload_activations under lru (and ondemand), whose holds keep an activation
+    tensor's last version when the next step's first phase pins it to be written whole: tierd refused
+    the commit of step 2 ("in memory only"), after that step's update had been applied."""
+
+    config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
+        "[nvme]", "[sched]\npolicy = lru\n[nvme]")
+
+    def test_activations_with_resume(self) -> None:
+        sys.path.insert(0, os.path.join(tierd.source_dir(), "client", "python", "examples"))
+        import tier
+        import tier.torch
+        import train_lm
+
+        def model():
+            torch.manual_seed(3)
+            return train_lm.ByteLM(dim=64, layers=3, heads=4, context=32)
+
+        def loss(m, i):
+            g = torch.Generator().manual_seed(i)
+            x, y = torch.randint(0, 256, (8, 32), generator=g), torch.randint(0, 256, (8, 32), generator=g)
+            return torch.nn.functional.cross_entropy(m(x).reshape(-1, 256), y.reshape(-1))
+
+        ref = model()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01)
+        for i in range(4):
+            loss(ref, i).backward()
+            opt.step()
+            opt.zero_grad()
+        kw = dict(lr=1e-3, weight_decay=0.01, placement="C", resume=True, offload_activations=True,
+                  activation_min_bytes=1024)
+        m = model()
+        c = tier.Client("act-resume", socket=self.socket)
+        eng = tier.torch.Offload(m, c, **kw)
+        for i in range(3):
+            loss(m, i).backward()
+            eng.step()
+        self.assertGreater(eng.activations_stashed, 0)
+        c.close()               # killed after its commit of step 3: the job lingers
+        m = model()
+        eng = tier.torch.Offload(m, self.client("act-resume"), **kw)
+        self.assertTrue(eng.resumed)
+        self.assertEqual(eng.steps, 3)
+        loss(m, 3).backward()
+        eng.step()
+        got = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.named_parameters():
+            self.assertTrue(torch.equal(got[n], p.detach()), n)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         sys.exit(child(*sys.argv[2:]))
