@@ -660,10 +660,14 @@ class Offload(torch.optim.Optimizer):
         if not self._deferred:
             self._applied = self._applied or bool(b.parts)
             self._stepped.append(b.label)
-            for pt in b.parts:
-                self._enter("o", b, pt.index)
-                self._update(b, pt.index)
-                self._queue_write_down(b, pt.index)
+            self._optimize(b)
+
+    def _optimize(self, b: Block) -> None:
+        """b's optimizer phases: the update, then the write-downs its placement asks for."""
+        for pt in b.parts:
+            self._enter("o", b, pt.index)
+            self._update(b, pt.index)
+            self._queue_write_down(b, pt.index)
 
     def _finish_shared(self) -> None:
         """After the whole backward: the shared block's gradients (every use's, summed by autograd), its update."""
@@ -796,12 +800,15 @@ class Offload(torch.optim.Optimizer):
                 self._finish_shared()
         if self._deferred:
             for b in self._order():
-                for pt in b.parts:
-                    self._enter("o", b, pt.index)
-                    self._update(b, pt.index)
-                    self._queue_write_down(b, pt.index)
+                self._optimize(b)
             if self.blocks[-1].is_shared:
                 self._finish_shared()
+        elif self._grads_zeroed:
+            # fused, a block the backward did not reach (a loss left it out): where zero_grad() left zeros
+            # in .grad, torch.optim updates the parameter all the same
+            for b in self._order():
+                if b.label not in self._stepped and any(s.had_grad for s in b.slots):
+                    self._optimize(b)
         for b in self.blocks:
             b.maps.clear()
         self._phase = None
@@ -876,30 +883,7 @@ class Offload(torch.optim.Optimizer):
         self._fences = []
 
     def _fence_done(self, f: Any, wait: bool) -> bool:
-        """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done;
-        so is one tierd could not make (no room to go through, -ENOSPC/-EAGAIN): a write-down is a move
-        of a valid copy, never the only one, so the tensor stays where it is, counted and said once."""
-        from .. import BusyError, NoSpaceError, RetryLaterError
-
-        try:
-            if wait:
-                f.wait()
-                return True
-            return f.done()
-        except BusyError:
-            self.kept_up += 1
-            return True
-        except RestartedError:
-            # a fence of before tierd restarted: the copy stays valid where it is, wherever it was written
-            self.kept_up += 1
-            return True
-        except (NoSpaceError, RetryLaterError) as e:
-            self.write_downs_refused += 1
-            if self.write_downs_refused == 1:
-                warnings.warn(f"tier.torch: a write-down to NVMe (placement {self.placement}) was refused by "
-                              f"tierd ({e}); the state stays in host memory until tierd moves it (counted in "
-                              "Offload.write_downs_refused)", TierTorchWarning, stacklevel=3)
-            return True
+        return placement_mod.fence_done(self, f, wait)
 
     # Write-downs in flight at most: tierd refuses a connection's requests beyond [limits] max_inflight
     # (64 by default) with EBUSY, and the pins and prefetches of the phases need room beside them.

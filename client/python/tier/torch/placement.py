@@ -22,6 +22,9 @@ never cause it.)
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 PLACEMENTS = ("A", "B", "C")
 
 
@@ -37,3 +40,32 @@ def write_down_kinds(placement: str, state_kinds: tuple[str, ...], mixed: bool) 
         return ()
     kinds = tuple(state_kinds) + (("w",) if mixed else ())
     return kinds + ("p",) if placement == "C" else kinds
+
+
+def fence_done(eng: Any, f: Any, wait: bool) -> bool:
+    """Has write-down ``f`` ended?  One the plan overtook (it pinned the tensor again first) is done;
+    so is one tierd could not make (no room to go through, -ENOSPC/-EAGAIN): a write-down is a move
+    of a valid copy, never the only one, so the tensor stays where it is, counted and said once."""
+    from .. import BusyError, NoSpaceError, RetryLaterError
+    from ..errors import RestartedError
+    from .engine import TierTorchWarning
+
+    try:
+        if wait:
+            f.wait()
+            return True
+        return f.done()
+    except BusyError:
+        eng.kept_up += 1
+        return True
+    except RestartedError:
+        # a fence of before tierd restarted: the copy stays valid where it is, wherever it was written
+        eng.kept_up += 1
+        return True
+    except (NoSpaceError, RetryLaterError) as e:
+        eng.write_downs_refused += 1
+        if eng.write_downs_refused == 1:
+            warnings.warn(f"tier.torch: a write-down to NVMe (placement {eng.placement}) was refused by "
+                          f"tierd ({e}); the state stays in host memory until tierd moves it (counted in "
+                          "Offload.write_downs_refused)", TierTorchWarning, stacklevel=4)
+        return True

