@@ -87,5 +87,31 @@ class TestUsage(tierd.DaemonTestCase):
             eng.close()
 
 
+    def test_forward_hook_after_engine(self) -> None:
+        """A forward hook registered after the engine (logging a weight's norm and size) sees the mapped
+        weight, as on the plain model; it ran after the engine's own hook, on the empty placeholder."""
+        seen: dict[str, list] = {"ref": [], "eng": []}
+
+        def hook(key):
+            def f(mod, args, out):
+                seen[key].append((mod.weight.norm().item(), mod.weight.numel()))
+            return f
+
+        ref = TwoHead()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "hook")
+        ref.l1.register_forward_hook(hook("ref"))
+        model.l1.register_forward_hook(hook("eng"))
+        for x in batches(3):
+            for m, o in ((ref, opt), (model, eng)):
+                a, b = m(x)
+                (a.pow(2).mean() + b.pow(2).mean()).backward()
+                o.step()
+                o.zero_grad()
+        self.assertEqual(seen["eng"], seen["ref"])
+        self.same(model, ref, "forward hook")
+        eng.close()
+
 if __name__ == "__main__":
     tierd.main()

@@ -77,6 +77,7 @@ class Hooks:
     def __init__(self, engine: "Offload") -> None:
         self.engine = engine
         self.handles: list[Any] = []
+        self.post_ids: dict[int, int] = {}      # id(block module): its forward hook's id
         self.saved_ctx: Any = None
 
     def attach(self) -> None:
@@ -90,12 +91,15 @@ class Hooks:
                 # its parameters, which are placeholders until this one maps them
                 b.module._forward_pre_hooks.move_to_end(h.id, last=False)
                 self.handles.append(h)
-                self.handles.append(b.module.register_forward_hook(self.block_post))
+                h = b.module.register_forward_hook(self.block_post)
+                self.post_ids[id(b.module)] = h.id
+                self.handles.append(h)
 
     def detach(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self.post_ids.clear()
         self.close_saved()
 
     def close_saved(self) -> None:
@@ -145,6 +149,9 @@ class Hooks:
     # ---- blocks -------------------------------------------------------------------------------
 
     def block_pre(self, module: torch.nn.Module, args: Any) -> None:
+        # last: a forward hook registered after the engine (a user's logging of the weights) runs while
+        # the parameters are still mapped
+        module._forward_hooks.move_to_end(self.post_ids[id(module)])
         self.engine.block_forward(self.engine.by_module[id(module)])
 
     def _in_params(self, b: "Block", t: torch.Tensor) -> bool:
