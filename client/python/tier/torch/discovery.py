@@ -64,10 +64,13 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
                 return True
         return False
 
+    seen: set[int] = set()
+
     def walk(m: torch.nn.Module) -> None:
         for child in m.children():
-            if not _has_params(child):
-                continue
+            if not _has_params(child) or id(child) in seen:
+                continue        # (one module under several names, T5's shared embedding: once)
+            seen.add(id(child))
             if type(child).__name__ in no_split:
                 out.append(child)
             elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
