@@ -24,6 +24,10 @@ try:
     import torch
 except ImportError:  # pragma: no cover - the suite skips without torch
     torch = None
+try:
+    import transformers
+except ImportError:
+    transformers = None
 
 
 class TwoHead(torch.nn.Module if torch else object):
@@ -111,6 +115,92 @@ class TestUsage(tierd.DaemonTestCase):
                 o.zero_grad()
         self.assertEqual(seen["eng"], seen["ref"])
         self.same(model, ref, "forward hook")
+        eng.close()
+
+    def test_changes_outside_the_forward_refused(self) -> None:
+        """Outside its phases a parameter is an empty placeholder: weight clipping after step() (WGAN),
+        nn.init after the engine, p.data assigned, and model.double() changed nothing, and training went
+        on without them.  Each is now refused at the next forward, step() or model.state_dict(), naming
+        the parameter; a change in place is said once, and the run goes on as plain PyTorch's."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "inplace")
+        data = batches(3)
+        for i, x in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+            if i == 0:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.clamp_(-0.01, 0.01)
+                with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter tok\.weight was "
+                                                          r"changed in place outside the model's forward"):
+                    lm_loss(model, data[1])
+            if i == 1:
+                torch.nn.init.zeros_(model.head.weight)
+                with self.assertRaisesRegex(RuntimeError, r"model\.state_dict\(\): parameter head\.weight was "
+                                                          r"changed in place"):
+                    model.state_dict()
+                model.ln.bias.data = torch.zeros(32)
+                with self.assertRaisesRegex(RuntimeError, r"parameter ln\.bias was changed in place"):
+                    lm_loss(model, data[2])
+        self.same(model, ref, "after the refusals")
+        model.double()
+        with self.assertRaisesRegex(RuntimeError, r"parameter tok\.weight is torch\.float64 on cpu now, "
+                                                  r"torch\.float32 on cpu when the tier\.torch engine was made"):
+            lm_loss(model, data[0])
+        model.float()
+        self.same(model, ref, "converted back")
+        eng.close()
+        self.same(model, ref, "closed")
+
+    def test_second_engine_refused(self) -> None:
+        """A second engine on a model whose engine is still open (a notebook cell run again) is refused
+        before it changes anything; it laid out the empty placeholders and failed inside the backward.
+        Once the first is closed, a new one trains as plain PyTorch."""
+        import tier
+        import tier.torch
+
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "first")
+        c = self.client("second")
+        with self.assertRaisesRegex(ValueError, r"parameter tok\.weight is laid out by another engine, still open"):
+            tier.torch.Offload(model, c, lr=1e-2)
+        with self.assertRaises(tier.NotFoundError):
+            c.open("torch.0.0.p")                   # nothing made
+        eng.close()
+        self.same(model, ref, "closed")
+        eng = tier.torch.Offload(model, c, lr=1e-2)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for x in batches(2):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "second engine")
+        eng.close()
+
+    @unittest.skipIf(transformers is None, "no transformers (the test venv)")
+    def test_module_under_several_names(self) -> None:
+        """T5 registers its shared embedding as shared, encoder.embed_tokens and decoder.embed_tokens: the
+        blocks found named it three times, and the engine was refused as "block 'shared' is given twice in
+        blocks=", which no one gave.  It is one block now, and the refusal is what T5 does: that block's
+        forward runs twice per step (encoder and decoder)."""
+        import tier.torch
+
+        cfg = transformers.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
+                                    decoder_start_token_id=0, pad_token_id=0)
+        torch.manual_seed(0)
+        m = transformers.T5ForConditionalGeneration(cfg)
+        self.assertEqual(sum(1 for b in tier.torch.auto_blocks(m) if b is m.shared), 1)
+        eng = tier.torch.Offload(m, self.client("t5"), lr=1e-3)
+        x = torch.randint(0, 64, (2, 8))
+        with self.assertRaisesRegex(RuntimeError, r"block 0 'shared' \(Embedding\) ran its forward twice in one step"):
+            m(input_ids=x, labels=x)
         eng.close()
 
 if __name__ == "__main__":

@@ -197,7 +197,12 @@ class Offload(torch.optim.Optimizer):
                           f"({fmt_bytes(b.nbytes)} of {fmt_bytes(sum(x.nbytes for x in self.blocks))}): every "
                           f"phase of it pins all of that, so no budget below it fits; {discovery.split_hint(b)}",
                           TierTorchWarning, stacklevel=2)
-        state_mod.create_tensors(self)
+        guards.claim_params(self)
+        try:
+            state_mod.create_tensors(self)
+        except BaseException:
+            guards.release_params(self)
+            raise
         self.hooks = Hooks(self)
         self.hooks.attach()
         self.model_hooks = state_mod.ModelStateHooks(self)
@@ -341,6 +346,11 @@ class Offload(torch.optim.Optimizer):
 
     def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
         return torch.empty(0, dtype=p.dtype, device=self.device)
+
+    def _unmap(self, s: Slot) -> None:
+        """``s``'s parameter gets its placeholder; a change in place to it from now on is refused."""
+        s.param.data = self._placeholder(s.param)
+        s.ph_version = s.param._version
 
     def describe(self) -> str:
         """The blocks, their bytes per kind of state, and what the job's budgets mean for them."""
@@ -490,7 +500,10 @@ class Offload(torch.optim.Optimizer):
         for owner in self.param_owners(b):
             flat = owner.maps[("p", VRAM)] if on else None
             for s in (owner.slots if owner is b else b.shared):
-                s.param.data = s.view(flat, "p") if on else self._placeholder(s.param)
+                if on:
+                    s.param.data = s.view(flat, "p")
+                else:
+                    self._unmap(s)
 
     # ---- what the hooks call ------------------------------------------------------------------
 
@@ -500,6 +513,7 @@ class Offload(torch.optim.Optimizer):
         guards.check_backward(self, "the model's forward")
         self.tracer.forwards.clear()    # (a forward that raised did not end)
         guards.drop_failed_forward(self)
+        guards.check_params(self, "the model's forward")
         if self._applied and not torch.is_grad_enabled():       # (with gradients: the accumulation's refusal)
             raise RuntimeError(f"a forward between backward() and step(): {FUSED_NOTE} the parameters are this "
                                "step's updated ones already, where torch's forward would see the last step's; "
@@ -785,6 +799,7 @@ class Offload(torch.optim.Optimizer):
                                "backward() (a scheduler's step() after engine.step() does), or make the engine "
                                "with optimizer_in_backward=False")
         guards.drop_failed_forward(self)
+        guards.check_params(self, "step()")
         if self._first_step and not self._got and self._bwd is None:
             # no gradient yet (a step() before any backward): torch.optim changes nothing; nothing is
             # planned from it (an empty plan made every later forward "a block not in the first step")
@@ -952,6 +967,7 @@ class Offload(torch.optim.Optimizer):
         self.hooks.detach()
         self.model_hooks.detach()
         clip.unregister(self)
+        guards.release_params(self)
         for b in self.blocks:
             for s in b.slots:
                 s.param.data = values[s.name] if values is not None else self._placeholder(s.param)

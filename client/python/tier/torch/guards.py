@@ -17,6 +17,7 @@ gradients off) or after one that raised:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -78,3 +79,61 @@ def check_one_forward(eng: Any) -> None:
                            "torch.autograd.grad(..., create_graph=True) and then backward()): tier.torch runs one "
                            "backward per forward; compute the loss once and call backward() once, or run the "
                            "forward again for the second backward")
+
+
+def check_params(eng: Any, what: str) -> None:
+    """Outside its phases a parameter is an empty placeholder and its values are in tierd: a change in
+    place to it (weight clipping, nn.init) changed nothing, and a conversion (model.double(), .to()) only
+    the placeholder, the engine going on in the layout it made.  Refused, naming the parameter, where
+    they were lost silently; a change in place is said once."""
+    mapped = {id(s) for b in (eng._bwd, eng._in_block) if b is not None for owner in eng.param_owners(b)
+              for s in (owner.slots if owner is b else b.shared)}
+    for b in eng.blocks:
+        for s in b.slots:
+            p = s.param
+            if s.ph_version == -2 and p.data.numel() == 0:
+                s.ph_version = p._version       # a load_state_dict() copied into the placeholder
+            if s.ph_version < 0 or id(s) in mapped:
+                continue
+            if p.dtype != s.dtype or p.device != eng.device:
+                raise RuntimeError(
+                    f"{what}: parameter {s.name} is {p.dtype} on {p.device} now, {s.dtype} on {eng.device} when "
+                    "the tier.torch engine was made, which laid out its values, gradients and optimizer state "
+                    "in tierd then (a conversion after it, model.double(), .half() or .to(), changed only the "
+                    "empty placeholder): convert the model before making the engine, or close() the engine "
+                    "(the model gets its values back), convert, and make a new one")
+            if p._version != s.ph_version or p.data.numel() != 0:
+                for ss in (ss for bb in eng.blocks for ss in bb.slots if id(ss) not in mapped):
+                    eng._unmap(ss)      # (what was assigned goes: the placeholder again)
+                raise RuntimeError(
+                    f"{what}: parameter {s.name} was changed in place outside the model's forward (weight "
+                    "clipping, nn.init, p.data assigned), where tier.torch keeps its values in tierd and the "
+                    "model only an empty placeholder: the change was lost.  Change parameters before making "
+                    "the engine, through model.load_state_dict() (written into tierd), or inside the forward "
+                    "of their block")
+
+
+_OWNERS: dict[int, Any] = {}    # id(parameter): a weak reference to the engine that laid it out
+
+
+def claim_params(eng: Any) -> None:
+    """The engine being made lays out these parameters: refused, before anything changes, when an engine
+    still open laid out one of them (the same model made an engine twice, a notebook cell run again):
+    the second laid out the first one's empty placeholders and failed inside the backward."""
+    for pid, (b, s) in eng.slot_of.items():
+        ref = _OWNERS.get(pid)
+        other = ref() if ref is not None else None
+        if other is not None and other is not eng and not other._closed and pid in other.slot_of and \
+                other.slot_of[pid][1].param is s.param:
+            raise ValueError(f"tier.torch: parameter {s.name} is laid out by another engine, still open ({other!r}): "
+                             "close() that one first (the model gets its values back), then make this one")
+    r = weakref.ref(eng)
+    for pid in eng.slot_of:
+        _OWNERS[pid] = r
+
+
+def release_params(eng: Any) -> None:
+    for pid in eng.slot_of:
+        ref = _OWNERS.get(pid)
+        if ref is not None and ref() in (eng, None):
+            del _OWNERS[pid]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import HOST, READ, READ_WRITE, WRITE
-from . import resume as resume_mod
+from . import guards, resume as resume_mod
 from .layout import Block, Slot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,6 +110,8 @@ class ModelStateHooks:
         if e._closed:
             return
         e.check_idle("model.state_dict()")
+        if module is e.model:
+            guards.check_params(e, "model.state_dict()")
         for pname, p in module._parameters.items():
             hit = e.slot_of.get(id(p)) if p is not None else None
             if hit is not None and prefix + pname in state_dict:
@@ -146,6 +148,7 @@ class ModelStateHooks:
             ph = e._placeholder(s.param)                    # what torch copies: nothing
             setattr(ph, HANDED, True)
             state_dict[key] = ph
+            s.ph_version = -2           # (torch's copy_() into the placeholder: not a change of the user's)
         if errors:
             error_msgs.extend(errors)   # torch raises them; nothing of the engine's was written
             return
@@ -175,7 +178,7 @@ def create_tensors(eng: "Offload") -> None:
         eng.resumed = True
         for b in eng.blocks:
             for s in b.slots:
-                s.param.data = eng._placeholder(s.param)
+                eng._unmap(s)
         return
     # afresh: a resume record an earlier run left goes with its tensors, so that a later resume=True
     # cannot pair it with the tensors made here (the job's commit would give them back as zeros)
@@ -200,7 +203,7 @@ def create_tensors(eng: "Offload") -> None:
         raise
     for b in eng.blocks:
         for s in b.slots:
-            s.param.data = eng._placeholder(s.param)
+            eng._unmap(s)
 
 
 def parameters_of(eng: "Offload", b: Block) -> dict[str, torch.Tensor]:
