@@ -203,5 +203,42 @@ class TestUsage(tierd.DaemonTestCase):
             m(input_ids=x, labels=x)
         eng.close()
 
+    def test_hyperparameters_checked_every_step(self) -> None:
+        """The groups are checked before every step's updates, not only when the engine is made: amsgrad
+        set later (ignored before), and SGD's momentum turned on with dampening in a group updated with
+        momentum 0 until then (torch starts its buffer then, as a copy of the gradient; the engine's was
+        zeros: other bits).  A negative weight decay is refused, as torch refuses it."""
+        import tier.torch
+
+        with self.assertRaisesRegex(ValueError, r"invalid AdamW hyperparameters: .*weight_decay -0\.1"):
+            tier.torch.Offload(TwoHead(), self.client("negative"), lr=1e-2, weight_decay=-0.1)
+        for mode in (True, False):
+            model = TwoHead()
+            eng = tier.torch.Offload(model, self.client(f"sgd-{mode}"),
+                                     [{"params": list(model.parameters()), "momentum": 0.0, "dampening": 0.1}],
+                                     lr=1e-2, optimizer="sgd", optimizer_in_backward=mode)
+            data = batches(3)
+            for x in data[:2]:
+                a, b = model(x)
+                (a.pow(2).mean() + b.pow(2).mean()).backward()
+                eng.step()
+                eng.zero_grad()
+            eng.param_groups[0]["momentum"] = 0.9
+            with self.assertRaisesRegex(ValueError, r"SGD momentum 0\.9 with dampening 0\.1 in a group updated "
+                                                    r"with momentum 0 until now"):
+                a, b = model(data[2])
+                (a.pow(2).mean() + b.pow(2).mean()).backward()
+                eng.step()
+            eng.close()
+        model = TwoHead()
+        eng = self.engine(model, "amsgrad")
+        a, b = model(batches(1)[0])
+        (a.pow(2).mean() + b.pow(2).mean()).backward()
+        eng.step()
+        eng.param_groups[0]["amsgrad"] = True
+        with self.assertRaisesRegex(ValueError, r"amsgrad=True"):
+            model(batches(1)[0])
+        eng.close()
+
 if __name__ == "__main__":
     tierd.main()

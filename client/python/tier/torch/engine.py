@@ -524,6 +524,7 @@ class Offload(torch.optim.Optimizer):
         if not self._training:
             return
         clip.drop_moved_grads(self)     # (autograd would add this backward's gradients to them)
+        optim.check_groups(self)        # (fused: its updates run in this backward)
         if self._micro > 0 and (self._mode == "fused" or (self._mode is None and self.optimizer_in_backward)):
             raise RuntimeError(
                 "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
@@ -800,6 +801,7 @@ class Offload(torch.optim.Optimizer):
                                "with optimizer_in_backward=False")
         guards.drop_failed_forward(self)
         guards.check_params(self, "step()")
+        optim.check_groups(self)
         if self._first_step and not self._got and self._bwd is None:
             # no gradient yet (a step() before any backward): torch.optim changes nothing; nothing is
             # planned from it (an empty plan made every later forward "a block not in the first step")

@@ -95,9 +95,10 @@ class AdamW:
         if group.get("capturable"):
             raise ValueError("capturable=True: tier.torch's optimizer runs on the CPU (use capturable=False)")
         b1, b2 = group["betas"]
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or group["lr"] < 0 or group["eps"] < 0:
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or group["lr"] < 0 or group["eps"] < 0 or \
+                group["weight_decay"] < 0:
             raise ValueError(f"invalid AdamW hyperparameters: lr {group['lr']}, betas {group['betas']}, "
-                             f"eps {group['eps']}")
+                             f"eps {group['eps']}, weight_decay {group['weight_decay']}")
 
 
 class SGD:
@@ -116,8 +117,13 @@ class SGD:
             raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
         self.defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
                          "nesterov": nesterov, "maximize": False, "foreach": None}
+        self.no_buffer: set[int] = set()        # id(group) of the groups updated with momentum 0 only, so far
 
     def update(self, params, grads, state, steps, group) -> None:
+        if group["momentum"] == 0:
+            self.no_buffer.add(id(group))
+        else:
+            self.no_buffer.discard(id(group))
         bufs: list[torch.Tensor | None] = []
         for m, n in zip(state["m"], steps):
             bufs.append(m if n > 0 else None)
@@ -143,6 +149,13 @@ class SGD:
     def check_group(self, group: dict[str, Any]) -> None:
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
+        if group["momentum"] != 0 and group["dampening"] != 0 and id(group) in self.no_buffer:
+            # torch starts the buffer as a copy of the gradient at the first update with momentum; here it
+            # is zeros from the start (the same thing while dampening is 0)
+            raise ValueError(f"SGD momentum {group['momentum']} with dampening {group['dampening']} in a group "
+                             "updated with momentum 0 until now: torch.optim starts its momentum buffer then, "
+                             "tier.torch keeps one from the first step; give the group its momentum from the "
+                             "first step, or no dampening")
         if group["lr"] < 0 or group["momentum"] < 0 or group["weight_decay"] < 0:
             raise ValueError(f"invalid SGD hyperparameters: {group}")
 
@@ -157,6 +170,13 @@ def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
     if name == "sgd":
         return SGD(**kw)
     raise ValueError(f"optimizer {optimizer!r}: tier.torch has 'adamw' and 'sgd' (or pass a StepRule)")
+
+
+def check_groups(eng: Any) -> None:
+    """Every parameter group, as it is now, before a step's updates: what the rule cannot honour (a
+    scheduler or the loop may have changed it since the engine was made) is refused first."""
+    for g in eng.param_groups:
+        eng.rule.check_group(g)
 
 
 def hyper_of(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
