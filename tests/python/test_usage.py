@@ -240,5 +240,53 @@ class TestUsage(tierd.DaemonTestCase):
             model(batches(1)[0])
         eng.close()
 
+    def test_block_called_on_its_own(self) -> None:
+        """A block called outside the model's forward with gradients on (the model's forward written out
+        by hand) is refused at that call, before anything changes; it was refused in the backward as "a
+        second backward over the same forward".  Under no_grad it runs, and training goes on as plain."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "direct")
+        x = batches(1)[0]
+        with self.assertRaisesRegex(RuntimeError, r"block 0 'tok' \(Embedding\) was called outside the model's "
+                                                  r"forward, with gradients on"):
+            model.tok(x)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(model.tok(x), ref.tok(x)))
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for x in batches(2):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
+    def test_auxiliary_loss_added_later(self) -> None:
+        """An auxiliary head's loss from the second step on: its backward was not in the first step's
+        plan, and was refused there; fused, after the main head's blocks had been updated, so the step
+        could not be undone.  The plan now has its backward phase, and the run is plain PyTorch's."""
+        def loss(m, x, i):
+            a, b = m(x)
+            return a.pow(2).mean() + (b.pow(2).mean() if i > 0 else 0)
+
+        for kw in ({}, {"optimizer_in_backward": False}):
+            ref = TwoHead()
+            model = copy.deepcopy(ref)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            eng = self.engine(model, "aux-later", **kw)
+            for i, x in enumerate(batches(4)):
+                rl = loss(ref, x, i)
+                rl.backward()
+                opt.step()
+                opt.zero_grad()
+                ml = loss(model, x, i)
+                ml.backward()
+                eng.step()
+                eng.zero_grad()
+                self.assertEqual(ml.item(), rl.item(), f"step {i} ({kw})")
+            self.same(model, ref, f"{kw}")
+            eng.close()
+
 if __name__ == "__main__":
     tierd.main()

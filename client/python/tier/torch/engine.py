@@ -575,6 +575,7 @@ class Offload(torch.optim.Optimizer):
             if self._bwd is not b:
                 self.block_backward(b)
             return
+        guards.check_in_forward(self, b)
         if self._training and self.tracer.planned:
             self.tracer.check_again(b.index, b.label)
         self._enter("f", b)
@@ -767,15 +768,6 @@ class Offload(torch.optim.Optimizer):
         where the optimizer already ran in the backward (the first step did not clip)."""
         return clip.clip_grad_norm(self, list(parameters), max_norm, norm_type, error_if_nonfinite)
 
-    def _order(self) -> list[Block]:
-        """The blocks in the order their forwards ran (the optimizer phases' order when deferred)."""
-        seen: list[int] = []
-        for kind, i, _, _ in self.tracer.seq:
-            if kind == "f" and i not in seen:
-                seen.append(i)
-        rest = [b.index for b in self.blocks if b.index not in seen and not b.is_shared]
-        return [self.blocks[i] for i in seen + rest if self.blocks[i].slots and not self.blocks[i].is_shared]
-
     def step(self, closure: Any = None) -> None:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
 
@@ -816,14 +808,14 @@ class Offload(torch.optim.Optimizer):
             if self._mode == "fused" and self.blocks[-1].is_shared:
                 self._finish_shared()
         if self._deferred:
-            for b in self._order():
+            for b in self.tracer.order(self.blocks):
                 self._optimize(b)
             if self.blocks[-1].is_shared:
                 self._finish_shared()
         elif self._grads_zeroed:
             # fused, a block the backward did not reach (a loss left it out): where zero_grad() left zeros
             # in .grad, torch.optim updates the parameter all the same
-            for b in self._order():
+            for b in self.tracer.order(self.blocks):
                 if b.label not in self._stepped and any(s.had_grad for s in b.slots):
                     self._optimize(b)
         for b in self.blocks:
@@ -846,6 +838,7 @@ class Offload(torch.optim.Optimizer):
             self._write_down(None)          # nothing is pinned now
             if self._first_step:
                 try:
+                    self.tracer.add_backwards({b.index for b in self.blocks if any(s.trainable for s in b.slots)})
                     optim.decide_mode(self, micro, clipped, changed)
                     self._submit_plan()
                 except Exception as e:

@@ -137,3 +137,13 @@ def release_params(eng: Any) -> None:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
             del _OWNERS[pid]
+
+
+def check_in_forward(eng: Any, b: Any) -> None:
+    """A block's forward with gradients on must be part of the model's (its hooks follow the step): one
+    called on its own was refused only in the backward, as "a second backward over the same forward"."""
+    if torch.is_grad_enabled() and eng._fwd_open is None:
+        raise RuntimeError(f"{b.label} was called outside the model's forward, with gradients on: tier.torch "
+                           "follows a training step through the forward of the model it was made with; call "
+                           "that model, make the engine on the module you call, or call the block under "
+                           "torch.no_grad()")

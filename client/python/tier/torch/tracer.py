@@ -87,6 +87,35 @@ class Tracer:
                 "layer) is not supported as a block of its own; make the layer that routes to it one block "
                 "(no_split_module_classes=[its class] or blocks=[...]).  Nothing was changed by this step")
 
+    def add_backwards(self, trainable: set[int]) -> None:
+        """A block with trainable parameters whose forward ran with gradients in the first step but whose
+        backward did not (a loss that left its output out, an auxiliary head used later) gets its backward
+        phase all the same, where autograd would run it: before the backward of the first block whose
+        forward came before its own.  A later step that backpropagates through it then follows the plan;
+        it was refused there, fused after the blocks before had been updated.  (A step without it skips
+        the phase.)"""
+        for m in sorted({k[3] for k in self.seq if k[0] == "f"}):
+            fwd = [k[1] for k in self.seq if k[0] == "f" and k[3] == m]
+            for pos, i in enumerate(fwd):
+                key = ("b", i, 0, m)
+                if i not in trainable or key in self.seq:
+                    continue
+                at = next((j for j, k in enumerate(self.seq) if k[0] == "b" and k[3] == m and k[1] in fwd and
+                           fwd.index(k[1]) < pos), None)
+                if at is None:          # after the micro-batch's last backward, or its last forward
+                    at = max((j + 1 for j, k in enumerate(self.seq) if k[3] == m and k[0] in "fb"), default=0)
+                self.seq.insert(at, key)
+
+    def order(self, blocks: Sequence[Any]) -> list[Any]:
+        """``blocks`` with parameters in the order their forwards ran, then the others (the optimizer
+        phases' order when deferred); not the shared block."""
+        seen: list[int] = []
+        for kind, i, _, _ in self.seq:
+            if kind == "f" and i not in seen:
+                seen.append(i)
+        rest = [b.index for b in blocks if b.index not in seen and not b.is_shared]
+        return [blocks[i] for i in seen + rest if blocks[i].slots and not blocks[i].is_shared]
+
     def fuse(self) -> None:
         """Reorder the traced phases for optimizer phases inside the backward: each block's right
         after its backward phase, the shared block's (which has none) at the end.  The first step
