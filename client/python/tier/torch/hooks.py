@@ -9,8 +9,10 @@ model as it was.  What they do:
 * the model's forward pre-hook opens a ``saved_tensors_hooks`` context
   (when gradients are on) and its forward hook closes it;
 * a block's forward pre-hook enters its forward phase and points its
-  parameters at the mapped copy; its forward hook points them back at the
-  placeholders and hooks the block's outputs;
+  parameters at the mapped copy; its first forward hook copies an output
+  that is a view of them, and its last (moved last before each forward, so
+  that a user's hook registered after the engine still sees the parameters)
+  points them back at the placeholders and hooks the block's outputs;
 * the first output gradient of a block to be computed enters its backward
   phase (autograd runs a node's tensor hooks before the node, and the
   parameters' gradient accumulators of the block before, which run first,
@@ -90,6 +92,10 @@ class Hooks:
                 # first: the module's own pre-hooks (weight_norm, spectral_norm, prune, a user's) read
                 # its parameters, which are placeholders until this one maps them
                 b.module._forward_pre_hooks.move_to_end(h.id, last=False)
+                self.handles.append(h)
+                # first: an output that is a view of the mapped parameters is copied before anyone keeps it
+                h = b.module.register_forward_hook(self.block_own)
+                b.module._forward_hooks.move_to_end(h.id, last=False)
                 self.handles.append(h)
                 h = b.module.register_forward_hook(self.block_post)
                 self.post_ids[id(b.module)] = h.id
@@ -184,15 +190,17 @@ class Hooks:
                                    "(.clone()) of it")
         return None
 
-    def block_post(self, module: torch.nn.Module, args: Any, out: Any) -> Any:
+    def block_own(self, module: torch.nn.Module, args: Any, out: Any) -> Any:
+        return self._own_output(self.engine.by_module[id(module)], out)
+
+    def block_post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        """Last of the block's forward hooks (block_pre() keeps it there): its parameters go back to the
+        placeholders, and the output's first gradient will enter the block's backward."""
         e = self.engine
         b = e.by_module[id(module)]
-        owned = self._own_output(b, out)
-        if owned is not None:
-            out = owned
         e.block_forward_done(b)
         if not torch.is_grad_enabled():
-            return owned
+            return
         fired = [False]
 
         def on_grad(grad: torch.Tensor) -> None:
@@ -203,7 +211,6 @@ class Hooks:
         for t in tensors_of(out):
             if t.requires_grad:
                 t.register_hook(on_grad)
-        return owned
 
     # ---- saved tensors ------------------------------------------------------------------------
 
