@@ -227,3 +227,23 @@ bool ms_queue_wait(MemStore *ms, uint64_t timeout_usec) {
         }
         return true;
 }
+
+/*
+ * An old segment this run will not adopt goes now, out of the service manager's store too: its memory
+ * is freed before the pools take theirs (kept until memstore_begin(), it was held twice meanwhile,
+ * while the capacity check had counted it as coming back).  A segment made under its name later is
+ * put in the store after this removal (the same queue).
+ */
+void ms_old_segment_drop(MemStore *ms, int k, uint32_t id) {
+        char name[64];
+
+        if (ms->old_seg[k][id] < 0)
+                return;
+        ms->old_seg[k][id] = safe_close(ms->old_seg[k][id]);
+        ms_seg_name(k, id, name, sizeof(name));
+        ms_store_remove(ms, name);
+}
+
+void ms_seg_name(int k, uint32_t id, char *buf, size_t size) {
+        snprintf(buf, size, MEMSTORE_FD_PREFIX "%s-%" PRIu32, k == MS_HOST ? "host" : "vram", id);
+}

@@ -74,6 +74,10 @@ int ms_notify_open(const char *path);
 int ms_on_notify_writable(sd_event_source *s, int fd, uint32_t revents, void *userdata);
 /* FDSTOREREMOVE=1 of what the store holds under @name. */
 void ms_store_remove(MemStore *ms, const char *name);
+/* The name a segment has in the store ("tierd-mem-host-3"). */
+void ms_seg_name(int k, uint32_t id, char *buf, size_t size);
+/* An old segment (Memstore.old_seg) this run will not adopt: closed, and removed from the store. */
+void ms_old_segment_drop(MemStore *ms, int k, uint32_t id);
 /* FDSTORE=1 of @fd under @name (a segment's: @seg_k, @seg_id and @ino; -1 otherwise). */
 void ms_store_put(MemStore *ms, const char *name, int fd, int seg_k, uint32_t seg_id, uint64_t ino);
 /* Wait until every queued message is with the service manager, @timeout_usec at most: true once it is. */

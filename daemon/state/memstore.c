@@ -390,17 +390,12 @@ static bool read_header(int fd, MsHeader *h) {
         return memcmp(h->magic, MS_MAGIC, 8) == 0 && h->crc == header_crc(h);
 }
 
-void memstore_load(MemStore *ms) {
+static void load(MemStore *ms, unsigned segs) {
         MsHeader h[2] = {}, *use = NULL;
-        unsigned torn = 0, segs = 0;
+        unsigned torn = 0;
         bool ok[2];
         int r;
 
-        if (!ms)
-                return;
-        for (int k = 0; k < MS_TIERS; k++)
-                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
-                        segs += ms->old_seg[k][i] >= 0;
         for (int i = 0; i < 2; i++)
                 ok[i] = read_header(ms->old_table[i], &h[i]);
         if (ok[0] || ok[1]) {
@@ -443,6 +438,22 @@ void memstore_load(MemStore *ms) {
                  use->generation, ms->n_old, torn, segs);
 }
 
+
+void memstore_load(MemStore *ms) {
+        unsigned segs = 0;
+
+        if (!ms)
+                return;
+        for (int k = 0; k < MS_TIERS; k++)
+                for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                        segs += ms->old_seg[k][i] >= 0;
+        load(ms, segs);
+        if (!ms->usable)
+                for (int k = 0; k < MS_TIERS; k++)
+                        for (uint32_t i = 0; i < ms->n_segs[k]; i++)
+                                ms_old_segment_drop(ms, k, i);
+}
+
 int memstore_take_segment(MemStore *ms, int tier, uint32_t id, uint64_t size) {
         int k = ms_tier(tier), fd;
         struct stat st;
@@ -452,15 +463,13 @@ int memstore_take_segment(MemStore *ms, int tier, uint32_t id, uint64_t size) {
         fd = ms->old_seg[k][id];
         /* the memfd the table names (not one the store kept from before a renewal), of the pool's size */
         if (fstat(fd, &st) < 0 || (uint64_t) st.st_size != size || ms->old_ino[k][id] == 0 ||
-            (uint64_t) st.st_ino != ms->old_ino[k][id])
+            (uint64_t) st.st_ino != ms->old_ino[k][id]) {
+                ms_old_segment_drop(ms, k, id);
                 return -1;
+        }
         ms->old_seg[k][id] = -1;
         ms->adopted[k][id] = true;
         return fd;
-}
-
-static void seg_name(int k, uint32_t id, char *buf, size_t size) {
-        snprintf(buf, size, MEMSTORE_FD_PREFIX "%s-%" PRIu32, tier_names[k], id);
 }
 
 static uint64_t *table_ino(MemStore *ms, int k, uint32_t id) {
@@ -476,7 +485,7 @@ void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
                 return;
         /* not current in the store until it is in: a kill meanwhile leaves the segment unused */
         ms_segment_stored(ms, k, seg->id, 0);
-        seg_name(k, seg->id, name, sizeof(name));
+        ms_seg_name(k, seg->id, name, sizeof(name));
         /* what the store had under the name (the memory before a renewal) goes */
         ms_store_remove(ms, name);
         ms_store_put(ms, name, seg->fd, k, seg->id, (uint64_t) st.st_ino);
