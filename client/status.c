@@ -92,6 +92,8 @@ static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
 
 static void json_plan(JsonWriter *w, const Tier__PlanStatus *ps) {
         json_object_begin(w);
+        json_key_uint(w, "rank", ps->rank);
+        json_key_uint(w, "connection", ps->connection);
         json_key_uint(w, "phase", ps->phase);
         json_key_uint(w, "phases", ps->phases);
         json_key_uint(w, "iterations", ps->iterations);
@@ -553,8 +555,9 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 table_done(&t);
 
                 /* Plans: where each rank is on the timeline and what a step costs */
-                t = (Table) { .n_cols = 9, .align = "llrrrrrrr" };
+                t = (Table) { .n_cols = 10, .align = "lrlrrrrrrr" };
                 table_cell(&t, "PLAN OF");
+                table_cell(&t, "RANK");
                 table_cell(&t, "PHASE");
                 table_cell(&t, "STEPS");
                 table_cell(&t, "STEP");
@@ -570,6 +573,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                 const Tier__PlanStatus *ps = j->plans[k];
 
                                 table_cell(&t, "%s", j->name ? j->name : "");
+                                table_cell(&t, "%" PRIu32, ps->rank);
                                 table_cell(&t, "%" PRIu32 "/%" PRIu32, ps->phase, ps->phases);
                                 table_cell(&t, "%" PRIu64, ps->iterations);
                                 table_cell(&t, "%.3f s", ps->step_s);

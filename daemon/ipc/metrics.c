@@ -296,7 +296,43 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                                    s->jobs[i]->moved[l]->bytes);
 }
 
-/* Plans: one per rank, labelled with the job and its index among the job's plans now. */
+/*
+ * A plan's labels: its job and its rank, so that a series stays the rank's
+ * when other ranks come and go.  A plan submitted while another plan of the
+ * job had its rank (two clients may say the same rank) also carries its
+ * connection's id, decided once (PlanStatus.rank_shared): no two series of a
+ * family have the same labels, and none changes while its plan lives.
+ */
+typedef struct PlanLabels {
+        char rank[24], conn[24];
+        const char *kv[11];
+} PlanLabels;
+
+/* @key, @value: one more pair (NULL: none). */
+static const char *const *plan_labels(PlanLabels *pl, const Tier__JobStatus *j, const Tier__PlanStatus *ps,
+                                      const char *key, const char *value) {
+        const char **labels = pl->kv;
+        size_t n = 0;
+
+        (void) snprintf(pl->rank, sizeof(pl->rank), "%" PRIu32, ps->rank);
+        (void) snprintf(pl->conn, sizeof(pl->conn), "%" PRIu64, ps->connection);
+        labels[n++] = "job_name";
+        labels[n++] = str(j->name);
+        labels[n++] = "rank";
+        labels[n++] = pl->rank;
+        if (ps->rank_shared) {
+                labels[n++] = "connection";
+                labels[n++] = pl->conn;
+        }
+        if (key) {
+                labels[n++] = key;
+                labels[n++] = str(value);
+        }
+        labels[n] = NULL;
+        return labels;
+}
+
+/* Plans: one per rank (connection), labelled with the job and the rank (plan_labels()). */
 static void render_plans(FILE *f, const Tier__StatusReply *s) {
         static const struct {
                 const char *name, *type, *help;
@@ -310,17 +346,15 @@ static void render_plans(FILE *f, const Tier__StatusReply *s) {
                 { "tierd_plan_last_stall_seconds", "gauge", "Time the rank waited for data in its last step.", 5 },
                 { "tierd_plan_stall_seconds_total", "counter", "Time the rank waited for data since its plan began.", 6 },
         };
-        char idx[24];
+        PlanLabels pl;
 
         for (size_t k = 0; k < ELEMENTSOF(fields); k++) {
                 family(f, fields[k].name, fields[k].type, fields[k].help);
                 for (size_t i = 0; i < s->n_jobs; i++)
                         for (size_t p = 0; s->jobs[i] && p < s->jobs[i]->n_plans; p++) {
                                 const Tier__PlanStatus *ps = s->jobs[i]->plans[p];
-                                const char *const *labels;
+                                const char *const *labels = plan_labels(&pl, s->jobs[i], ps, NULL, NULL);
 
-                                (void) snprintf(idx, sizeof(idx), "%zu", p);
-                                labels = LABELS("job_name", str(s->jobs[i]->name), "plan", idx);
                                 switch (fields[k].what) {
                                 case 0: sample_u64(f, fields[k].name, labels, ps->phase); break;
                                 case 1: sample_u64(f, fields[k].name, labels, ps->phases); break;
@@ -337,11 +371,9 @@ static void render_plans(FILE *f, const Tier__StatusReply *s) {
                 for (size_t p = 0; s->jobs[i] && p < s->jobs[i]->n_plans; p++) {
                         const Tier__PlanStatus *ps = s->jobs[i]->plans[p];
 
-                        (void) snprintf(idx, sizeof(idx), "%zu", p);
                         for (size_t l = 0; l < ps->n_step_links; l++)
                                 sample_u64(f, "tierd_plan_last_step_moved_bytes",
-                                           LABELS("job_name", str(s->jobs[i]->name), "plan", idx,
-                                                  "link", str(ps->step_links[l]->name)),
+                                           plan_labels(&pl, s->jobs[i], ps, "link", ps->step_links[l]->name),
                                            ps->step_links[l]->bytes);
                 }
 }

@@ -767,7 +767,7 @@ static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *
         if (r < 0)
                 return conn_reply_error(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;
-        p->rank = c->rank;      /* (its holds start on the loop, after this) */
+        plan_set_owner(p, c->rank, c->id);      /* (its holds start on the loop, after this) */
         fds[0] = p->page_fd;
         fds[1] = p->marker_fd;
         pr.page_fd = 0;

@@ -275,6 +275,9 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         ps->stall_s = st.stall_s;
                         ps->last_step_s = st.last_step_s;
                         ps->stall_total_s = st.stall_total_s;
+                        ps->rank = p->rank;
+                        ps->connection = p->conn_id;
+                        ps->rank_shared = p->rank_shared;
                         for (int l = 0; l < _LINK_MAX; l++) {
                                 Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
 

@@ -586,6 +586,18 @@ void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark) {
                 plan_iteration(p, mark);
 }
 
+void plan_set_owner(Plan *p, uint32_t rank, uint64_t conn_id) {
+        p->rank = rank;
+        p->conn_id = conn_id;
+        p->rank_shared = false;
+        list_for_each_safe(node, tmp, &p->job->plans) {
+                const Plan *q = list_entry(node, Plan, job_link);
+
+                if (q != p && q->rank == rank)
+                        p->rank_shared = true;
+        }
+}
+
 void plan_stats(const Plan *p, PlanStats *ret) {
         uint64_t step = 0;
 

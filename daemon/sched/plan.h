@@ -93,6 +93,8 @@ struct Plan {
         Job *job;
         int efd;                /* the rank's wakeup eventfd; borrowed: its connection frees the plan first */
         uint32_t rank;          /* its connection's Hello's (the memory store records who may write a copy) */
+        uint64_t conn_id;       /* its connection's id: names the plan in the metrics when rank_shared */
+        bool rank_shared;       /* another plan of its job had the rank when it was submitted (plan_set_owner()) */
         List link;              /* Sched.plans */
         List job_link;          /* Job.plans */
         PlanPhase *phases;
@@ -223,5 +225,13 @@ int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_pha
 /* A marker of @phase arrived at @mark: learn the duration of the phase that ended, count iterations. */
 void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark);
 
+/*
+ * Record whose plan @p is: the @rank and id @conn_id of its connection.  Its
+ * job's plans are one per connection, not one per rank (two clients may say
+ * the same rank): rank_shared tells whether another plan of the job had
+ * @rank at this moment, for good, so that a plan's name in the metrics never
+ * changes while it lives.  After sched_plan_new() attached it.
+ */
+void plan_set_owner(Plan *p, uint32_t rank, uint64_t conn_id);
 /* What tierctl status shows of @p. */
 void plan_stats(const Plan *p, PlanStats *ret);

@@ -248,7 +248,7 @@ static void test_prometheus(void **state) {
         assert_int_equal(json_integer_value(json_object_get(job, "nvme_written")), 2 * MiB);
         (void) snprintf(series, sizeof(series), "tierd_job_used_bytes{job_name=\"%s\",tier=\"host\"}", JOB_LABEL);
         assert_true(prom_value(text, series) == (double) test_json_job_tier(st, JOB, "host", "used"));
-        (void) snprintf(series, sizeof(series), "tierd_plan_iterations_total{job_name=\"%s\",plan=\"0\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_plan_iterations_total{job_name=\"%s\",rank=\"0\"}", JOB_LABEL);
         assert_true(prom_value(text, series) >= 3);
         assert_true(prom_value(text, "tierd_link_moved_bytes_total{link=\"host->nvme\"}") == 2.0 * MiB);
         assert_true(prom_value(text, "tierd_tier_capacity_bytes{tier=\"host\"}") == 32.0 * MiB);
@@ -463,11 +463,131 @@ static void test_wear_restart(void **state) {
         }
 }
 
+/* ---- plan series across ranks ------------------------------------------------------- */
+
+/* A client of job "pjob" as @rank with a plan over its own tensor, @steps steps done. */
+static tier_client *plan_rank(unsigned rank, const char *tensor, unsigned steps) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        tier_plan *p = NULL;
+
+        assert_int_equal(tier_client_new(d.socket, "pjob", rank, &c), 0);
+        assert_int_equal(tier_tensor_create(c, tensor, MiB, &t), 0);
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        for (unsigned i = 0; i < steps; i++) {
+                assert_int_equal(tier_phase_enter(c, 0), 0);
+                assert_int_equal(tier_phase_enter(c, 1), 0);
+        }
+        assert_int_equal(tier_phase_enter(c, 0), 0);   /* the last step counted */
+        return c;
+}
+
+/* The samples of "pjob" in tierd_plan_iterations_total: their series (labels and all) and values. */
+typedef struct Samples {
+        char series[8][256];
+        double value[8];
+        unsigned n;
+} Samples;
+
+static void plan_samples(Samples *ret) {
+        static const char prefix[] = "tierd_plan_iterations_total{job_name=\"pjob\"";
+        char *text;
+        int status;
+
+        text = tierctl("status --prometheus", &status);
+        assert_int_equal(status, 0);
+        *ret = (Samples) { .n = 0 };
+        for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+                size_t n = strcspn(line, " ");
+
+                if (strncmp(line, prefix, strlen(prefix)) != 0)
+                        continue;
+                assert_true(ret->n < sizeof(ret->series) / sizeof(ret->series[0]) && n < sizeof(ret->series[0]));
+                (void) snprintf(ret->series[ret->n], sizeof(ret->series[0]), "%.*s", (int) n, line);
+                ret->value[ret->n++] = strtod(line + n + 1, NULL);
+        }
+        free(text);
+}
+
+static bool samples_find(const Samples *s, const char *series, double *ret) {
+        for (unsigned i = 0; i < s->n; i++)
+                if (strcmp(s->series[i], series) == 0) {
+                        *ret = s->value[i];
+                        return true;
+                }
+        return false;
+}
+
+/*
+ * A plan's series is its rank's: when rank 0 leaves, rank 1's counter stays
+ * where it was (it was labelled by the plan's index among the job's, so
+ * "plan 0" became rank 1's and went from 5 steps to 1).  Two plans of one
+ * rank are two series.
+ */
+static void test_plan_series_by_rank(void **state) {
+        tier_client *r0 = plan_rank(0, "w0", 5), *r1 = plan_rank(1, "w1", 1), *again;
+        Samples before, after;
+        unsigned with_conn = 0;
+        json_t *st, *plans;
+        double v;
+
+        plan_samples(&before);
+        assert_int_equal(before.n, 2);
+        st = test_daemon_status(&d);
+        assert_non_null(st);
+        plans = json_object_get(test_json_job(st, "pjob"), "plans");
+        assert_int_equal(json_array_size(plans), 2);
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(plans, 0), "rank")) +
+                         json_integer_value(json_object_get(json_array_get(plans, 1), "rank")), 1);
+        json_decref(st);
+
+        tier_client_free(r0);
+        for (unsigned ms = 0;; ms += 10) {      /* tierd sees the connection go in its own time */
+                plan_samples(&after);
+                if (after.n == 1 || ms > WAIT_MS)
+                        break;
+                sleep_ms(10);
+        }
+        assert_int_equal(after.n, 1);
+        for (unsigned i = 0; i < after.n; i++) {
+                double was;
+
+                /* a counter that goes on goes on from where it was */
+                if (samples_find(&before, after.series[i], &was) && after.value[i] < was)
+                        fail_msg("%s went from %g to %g when rank 0 left", after.series[i], was, after.value[i]);
+        }
+        assert_true(samples_find(&before, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"0\"}", &v));
+        assert_true(v == 5);
+        assert_true(samples_find(&before, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(v == 1);
+        assert_true(samples_find(&after, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(v == 1);
+
+        /* a second client saying rank 1: its own series, named by its connection too */
+        again = plan_rank(1, "w2", 2);
+        plan_samples(&after);
+        assert_int_equal(after.n, 2);
+        assert_true(samples_find(&after, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(v == 1);
+        for (unsigned i = 0; i < after.n; i++)
+                if (strstr(after.series[i], ",rank=\"1\",connection=\"")) {
+                        with_conn++;
+                        assert_true(after.value[i] == 2);
+                }
+        assert_int_equal(with_conn, 1);
+        tier_client_free(again);
+        tier_client_free(r1);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_prometheus, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_textfile, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_wear_restart, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_plan_series_by_rank, setup, teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
