@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,7 @@ int verb_trace(int argc, char **argv) {
         int opt, fd = -1, r, ret = EXIT_FAILURE;
         char *end, *tmp = NULL;
         struct stat st;
+        bool exists = false;
 
         optind = 0;
         opterr = 0;
@@ -156,7 +158,7 @@ int verb_trace(int argc, char **argv) {
         }
         if (strcmp(out, "-") == 0) {
                 fd = STDOUT_FILENO;
-        } else if (lstat(out, &st) == 0 && !S_ISREG(st.st_mode)) {
+        } else if ((exists = lstat(out, &st) == 0) && !S_ISREG(st.st_mode)) {
                 /* a device, a FIFO, a symbolic link: written through (truncated once the trace is read),
                  * never replaced or removed */
                 fd = open(out, O_WRONLY | O_CLOEXEC | O_NOCTTY);
@@ -165,17 +167,22 @@ int verb_trace(int argc, char **argv) {
                         return EXIT_FAILURE;
                 }
         } else {
-                /* a file: written beside it and renamed over it once whole (a failed trace leaves it be) */
-                mode_t mask = umask(0);
+                /*
+                 * a file: written beside it and renamed over it once whole (a failed trace leaves it be);
+                 * with the mode of the file it replaces, else the owner's alone: a trace names every
+                 * job's tensors
+                 */
+                mode_t mask = umask(0), mode;
 
                 umask(mask);
+                mode = exists ? st.st_mode & 0777 : 0600 & ~mask;
                 if (asprintf(&tmp, "%s.XXXXXX", out) < 0) {
                         tmp = NULL;
                         fprintf(stderr, "tierctl trace: out of memory\n");
                         return EXIT_FAILURE;
                 }
                 fd = mkostemp(tmp, O_CLOEXEC);
-                if (fd < 0 || fchmod(fd, 0644 & ~mask) < 0) {
+                if (fd < 0 || fchmod(fd, mode) < 0) {
                         fprintf(stderr, "tierctl trace: cannot write a file beside '%s': %m\n", out);
                         if (fd >= 0) {
                                 close(fd);

@@ -554,6 +554,43 @@ static void test_tierctl_trace(void **state) {
         assert_int_equal(tierctl("trace --seconds 1"), 2);
 }
 
+/* The mode of the file "tierctl trace -o" leaves at @path, after one made with @mode (0: none). */
+static mode_t trace_file_mode(const char *path, mode_t mode) {
+        char args[600];
+        struct stat st;
+
+        (void) unlink(path);
+        if (mode) {
+                int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+                assert_true(fd >= 0);
+                assert_int_equal(fchmod(fd, mode), 0);
+                close(fd);
+        }
+        snprintf(args, sizeof(args), "trace --seconds 1 -o %s", path);
+        assert_int_equal(tierctl(args), 0);
+        assert_int_equal(lstat(path, &st), 0);
+        assert_true(S_ISREG(st.st_mode) && st.st_size > 0);
+        return st.st_mode & 07777;
+}
+
+/* A trace names every job's tensors: a new file is the owner's alone, a file written over keeps its mode. */
+static void test_tierctl_trace_mode(void **state) {
+        char path[400];
+        mode_t mask;
+
+        if (!need_root("tierctl trace"))
+                skip();
+        snprintf(path, sizeof(path), "%s/mode.json", daemon_.dir);
+        mask = umask(022);
+        assert_int_equal(trace_file_mode(path, 0), 0600);
+        assert_int_equal(trace_file_mode(path, 0600), 0600);
+        assert_int_equal(trace_file_mode(path, 0640), 0640);
+        umask(077);
+        assert_int_equal(trace_file_mode(path, 0), 0600);
+        umask(mask);
+}
+
 /* As uid 65534: refused, saying who asked; logged with uid and pid. */
 static int trace_as_nobody(void) {
         tier_client *x = NULL;
@@ -604,6 +641,7 @@ int main(void) {
                 cmocka_unit_test(test_overflow_counted),
                 cmocka_unit_test(test_nothing_when_not_tracing),
                 cmocka_unit_test(test_tierctl_trace),
+                cmocka_unit_test(test_tierctl_trace_mode),
                 cmocka_unit_test(test_denied),
         };
 
