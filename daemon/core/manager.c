@@ -561,8 +561,11 @@ Manager *manager_free(Manager *m) {
         quiet = vram_backend_stop(m->vram);
         m->uring = uring_free(m->uring);
         m->csum = csum_free(m->csum);          /* its workers stopped, no callback of it runs any more */
-        if (m->monitor)
+        if (m->monitor) {
                 (void) monitor_save_wear(m->monitor, true);     /* no NVMe write completes any more */
+                if (m->stopping)
+                        monitor_remove_metrics(m->monitor);
+        }
         if (quiet) {
                 m->engine = engine_free(m->engine);
                 m->registry = registry_free(m->registry);

@@ -11,7 +11,10 @@
  * node_exporter's textfile collector, which may read at any moment, sees
  * the old file or the new one and never part of one.  A failure is logged
  * once per kind (stage and errno), not at every tick, and its end is
- * logged too; the next tick tries again.
+ * logged too; the next tick tries again.  A clean stop removes the file
+ * (monitor_remove_metrics()): a file left behind would go on showing jobs
+ * and a growing uptime that no tierd has.  After a crash it stays, and its
+ * modification time says how old it is.
  *
  * The drive wear book (state/wear.c, STATE_DIR/wear): loaded here at start
  * (before any job exists, so every job and target starts from its past),
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-event.h>
+#include <unistd.h>
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
@@ -81,7 +85,21 @@ int monitor_write_metrics(Monitor *mo) {
         /* world-readable: node_exporter runs as its own user */
         r = statefile_write(mo->config->metrics_textfile, text, len, 0644);
         metrics_outcome(mo, 'w', r);
+        if (r >= 0)
+                mo->metrics_written = true;
         return r;
+}
+
+void monitor_remove_metrics(Monitor *mo) {
+        const char *path = mo->config->metrics_textfile;
+
+        if (!mo->metrics_written)
+                return;         /* none of ours: another tierd's, or one a failed start must not take away */
+        mo->metrics_timer = sd_event_source_disable_unref(mo->metrics_timer);
+        if (unlink(path) < 0 && errno != ENOENT)
+                log_warning_errno(-errno, "Cannot remove the metrics file %s: %m; it keeps this tierd's last "
+                                  "values, ignoring", path);
+        mo->metrics_written = false;
 }
 
 int monitor_save_wear(Monitor *mo, bool force) {

@@ -34,6 +34,7 @@ typedef struct Monitor {
         sd_event_source *metrics_timer;
         int metrics_error;      /* the last error writing the text file (logged once per kind); 0: none */
         char metrics_stage;     /* where it failed: 'b'uild, 'w'rite */
+        bool metrics_written;   /* this tierd wrote the text file (at least once) */
 } Monitor;
 
 /*
@@ -51,6 +52,12 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Monitor *, monitor_free);
 
 /* Write the metrics text file now (the timer's work); 0 or -errno, logged once per kind. */
 int monitor_write_metrics(Monitor *mo);
+/*
+ * At a clean stop: remove the metrics text file this tierd wrote, so that
+ * node_exporter does not go on serving its last values as if tierd ran.
+ * (After a crash it stays: its mtime tells how old it is.)
+ */
+void monitor_remove_metrics(Monitor *mo);
 /* Write the wear book now if anything was written since the last save (the timer's work); @force:
  * whatever was written (at stop: after the transfers end, before the registry goes). */
 int monitor_save_wear(Monitor *mo, bool force);

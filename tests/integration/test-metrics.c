@@ -363,6 +363,41 @@ static void test_textfile(void **state) {
         }
 }
 
+/* Wait until the metrics file is there (tierd writes it as soon as it runs). */
+static void wait_textfile(const char *path) {
+        for (unsigned ms = 0; access(path, F_OK) < 0; ms += 10) {
+                assert_int_equal(errno, ENOENT);
+                if (ms > WAIT_MS)
+                        fail_msg("no metrics file %s after %d ms", path, WAIT_MS);
+                sleep_ms(10);
+        }
+}
+
+/*
+ * A clean stop removes the file: left there, node_exporter would go on
+ * serving a running tierd's jobs and uptime.  After a crash it stays (its
+ * mtime says how old it is), and the next start replaces it.
+ */
+static void test_textfile_removed_at_stop(void **state) {
+        TestDaemonOptions o = { .log_level = "debug", .wait_ready = true };
+        tier_client *c = NULL;
+        char path[600];
+
+        (void) snprintf(path, sizeof(path), "%s/tierd.prom", d.dir);
+        assert_int_equal(tier_client_new(d.socket, "stopjob", 0, &c), 0);
+        wait_textfile(path);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        tier_client_free(c);
+        assert_int_equal(access(path, F_OK), -1);
+        assert_int_equal(errno, ENOENT);
+
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        wait_textfile(path);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        assert_int_equal(access(path, F_OK), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);        /* for the teardown */
+}
+
 /* ---- wear across restarts ------------------------------------------------------------ */
 
 static void restart(void) {
@@ -586,6 +621,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_prometheus, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_textfile, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_textfile_removed_at_stop, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_wear_restart, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_plan_series_by_rank, setup, teardown),
         };
