@@ -433,7 +433,7 @@ int tier_job_list(tier_client *c, struct tier_job_info **ret, size_t *ret_n);
 struct tier_copy_info {
         int state;                      /* enum tier_copy_state */
         int valid;                      /* holds the newest data; a resident copy that is not is stale */
-        int dirty;                      /* the only copy of the newest data above NVMe */
+        int dirty;                      /* holds the newest data, which NVMe lacks */
         unsigned pins;
         uint32_t reserved[4];
 };

@@ -82,8 +82,8 @@ void tensors_help(FILE *f) {
                 "\n"
                 "List JOB's tensors: name, size, the state of its copy in each tier (absent,\n"
                 "filling, resident or draining; \"stale\" when it no longer holds the newest data),\n"
-                "pins, dirty (the only copy of the newest data above NVMe: written down before it\n"
-                "may be dropped) and when it was last used.  Allowed to JOB's owner, root and\n"
+                "pins, dirty (the tiers whose copy holds newest data that NVMe lacks: an evict\n"
+                "writes it down first) and when it was last used.  Allowed to JOB's owner, root and\n"
                 "group tier-admin.\n"
                 "\n"
                 "  --json            one JSON document\n"
@@ -175,25 +175,26 @@ static void tensors_table(const char *job, const struct tier_tensor_info *v, siz
                         w = (int) strlen(v[i].name);
         for (size_t i = 0; i < n; i++) {
                 const struct tier_tensor_info *t = &v[i];
-                char a[32], b[32], c[32], last[32] = "never";
-                const char *dirty = "-";
+                char a[32], b[32], c[32], last[32] = "never", dirty[16] = "";
                 unsigned pins = 0;
 
                 if (t->size < min)
                         continue;
                 if (shown++ == 0)
-                        printf("%-*s  %10s  %-18s  %-18s  %-18s  %4s  %-5s  %s\n", w, "NAME", "SIZE", "VRAM", "HOST",
+                        printf("%-*s  %10s  %-18s  %-18s  %-18s  %4s  %-9s  %s\n", w, "NAME", "SIZE", "VRAM", "HOST",
                                "NVME", "PINS", "DIRTY", "LAST USE");
+                /* the copies whose newest data NVMe lacks: "host", "vram+host" */
                 for (int k = 0; k < TIER_LEVEL_MAX; k++) {
                         pins += t->copy[k].pins;
                         if (t->copy[k].dirty)
-                                dirty = tier_level_name(k);
+                                (void) snprintf(dirty + strlen(dirty), sizeof(dirty) - strlen(dirty), "%s%s",
+                                                dirty[0] ? "+" : "", tier_level_name(k));
                 }
                 if (t->used)
                         (void) snprintf(last, sizeof(last), "%.1fs ago", t->idle_s);
-                printf("%-*s  %10s  %-18s  %-18s  %-18s  %4u  %-5s  %s\n", w, t->name, FORMAT_SIZE(t->size),
+                printf("%-*s  %10s  %-18s  %-18s  %-18s  %4u  %-9s  %s\n", w, t->name, FORMAT_SIZE(t->size),
                        copy_cell(a, sizeof(a), &t->copy[TIER_VRAM]), copy_cell(b, sizeof(b), &t->copy[TIER_HOST]),
-                       copy_cell(c, sizeof(c), &t->copy[TIER_NVME]), pins, dirty, last);
+                       copy_cell(c, sizeof(c), &t->copy[TIER_NVME]), pins, dirty[0] ? dirty : "-", last);
         }
         if (shown == 0)
                 printf("job '%s' has no tensors%s\n", job, min > 0 ? " of that size" : "");

@@ -111,7 +111,7 @@ static void entry_fill(TensorsPage *e, const Tensor *t, uint64_t now) {
                 e->cs[i].tier = (Tier__Tier) i;
                 e->cs[i].state = (char *) copy_state_to_string(cp->state);
                 e->cs[i].valid = copy_valid(t, i);
-                e->cs[i].dirty = i != LEVEL_NVME && copy_valid(t, i) && copy_is_sole(t, i);
+                e->cs[i].dirty = copy_unsaved(t, i);
                 e->cs[i].pins = cp->pins;
                 e->csp[i] = &e->cs[i];
                 if (cp->last_use > last)

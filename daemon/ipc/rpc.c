@@ -529,7 +529,7 @@ static int handle_stat(Conn *c, uint64_t seq, const Tier__Stat *st) {
                 tier__copy_state__init(&cs[i]);
                 cs[i].tier = (Tier__Tier) i;
                 cs[i].state = (char *) copy_state_to_string(cp->state);
-                cs[i].dirty = copy_is_sole(t, i) && i != LEVEL_NVME;
+                cs[i].dirty = copy_unsaved(t, i);
                 cs[i].pins = cp->pins;
                 csp[i] = &cs[i];
         }

@@ -304,6 +304,13 @@ static inline bool tensor_is_blank(const Tensor *t) {
 
 /* Nothing but this copy holds the newest data (it must be written down before it is dropped). */
 bool copy_is_sole(const Tensor *t, int tier);
+/*
+ * This copy above NVMe holds the newest data and NVMe does not (an evict
+ * writes it down before it drops it): what clients and tierctl call dirty.
+ * A tensor never written, dead or lost has nothing to write.  Unlike
+ * copy_is_sole(), a tensor valid in VRAM and host alike is dirty in both.
+ */
+bool copy_unsaved(const Tensor *t, int tier);
 /* Lowest-numbered-tier valid copy at or below @below_or_at, or -1. */
 int tensor_valid_tier(const Tensor *t, int below_or_at);
 const char *copy_state_to_string(CopyState s);

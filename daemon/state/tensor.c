@@ -54,6 +54,11 @@ bool copy_is_sole(const Tensor *t, int tier) {
         return true;
 }
 
+bool copy_unsaved(const Tensor *t, int tier) {
+        return tier != LEVEL_NVME && t->version != 0 && !t->dead && !t->lost && copy_valid(t, tier) &&
+               !copy_valid(t, LEVEL_NVME);
+}
+
 int tensor_valid_tier(const Tensor *t, int below_or_at) {
         for (int i = 0; i <= below_or_at && i < TIERS; i++)
                 if (copy_valid(t, i))

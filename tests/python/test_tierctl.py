@@ -253,6 +253,33 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertRegex(table, r"\nnever .* never\n")
         self.assertIn("no tensors of that size", self.ctl("tensors", "--min-size", "1T", "tens").stdout)
 
+    def test_tensors_dirty_in_two_tiers(self) -> None:
+        """Dirty is newest data that NVMe lacks: a tensor written in host and read into VRAM is dirty in both
+        (it was shown clean, being the only copy nowhere), and an evict writes it down."""
+        c = self.client("dirty2")
+        self.detach_at_end("dirty2")
+        a = c.create("a", 1 * MiB)
+        with a.pin(tier.HOST) as g:
+            g.memoryview()[:3] = b"xyz"
+            g.dirty = True
+        with a.pin(tier.VRAM, tier.READ):
+            pass
+        ta = self.tensors("dirty2")["a"]
+        for lvl in ("vram", "host"):
+            self.assertEqual(ta["copies"][lvl], {"state": "resident", "valid": True, "dirty": True, "pins": 0})
+        self.assertEqual(ta["copies"]["nvme"]["state"], "absent")
+        self.assertIs(ta["dirty"], True)
+        st = a.stat()
+        self.assertTrue(st.dirty["vram"] and st.dirty["host"] and not st.dirty["nvme"])
+        self.assertRegex(self.ctl("tensors", "dirty2").stdout, r"\na .* 0 +vram\+host ")
+
+        doc = self.ctl_json("evict", "dirty2")
+        self.assertEqual(doc["bytes_written"], 1 * MiB)
+        ta = self.tensors("dirty2")["a"]
+        self.assertIs(ta["dirty"], False)
+        self.assertFalse(any(cp["dirty"] for cp in ta["copies"].values()))
+        self.assertRegex(self.ctl("tensors", "dirty2").stdout, r"\na .* 0 +- ")
+
     def test_tensors_many_pages(self) -> None:
         """More tensors than one reply holds (1024 a page): all are listed, once."""
         c = self.client("tens-many")

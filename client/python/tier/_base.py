@@ -200,7 +200,8 @@ class Stat:
     Attributes:
         size: bytes.
         state: per tier, "absent", "filling", "resident" or "draining".
-        dirty: per tier, whether that copy is newer than those below it.
+        dirty: per tier, whether that copy holds the newest data and NVMe does not (an evict writes it
+            down before it drops it); VRAM and host may both be.
         pins: per tier, the number of pins (of all clients).
     """
 
