@@ -66,10 +66,8 @@ static int parse_job_args(const char *verb, int argc, char **argv, const struct 
                         argv[optind + 1]);
                 return EXIT_USAGE;
         }
-        if (!*argv[optind]) {
-                fprintf(stderr, "tierctl %s: the job name is empty\n", verb);
+        if (check_job_name(verb, argv[optind]) != 0)
                 return EXIT_USAGE;
-        }
         *ret_job = argv[optind];
         return -1;
 }

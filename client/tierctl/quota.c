@@ -469,10 +469,8 @@ static int quota_get(int argc, char **argv) {
                 fprintf(stderr, "tierctl quota get: unexpected argument '%s'\n", argv[optind]);
                 return EXIT_USAGE;
         }
-        if (t.job && !*t.job) {
-                fprintf(stderr, "tierctl quota get: the job name is empty\n");
+        if (t.job && check_job_name("quota get", t.job) != 0)
                 return EXIT_USAGE;
-        }
 
         if (connect_control(&c) < 0)
                 return EXIT_FAILURE;
@@ -618,10 +616,8 @@ static int quota_set(int argc, char **argv) {
                 fprintf(stderr, "tierctl quota set: unexpected argument '%s'\n", argv[optind]);
                 return EXIT_USAGE;
         }
-        if (t.job && !*t.job) {
-                fprintf(stderr, "tierctl quota set: the job name is empty\n");
+        if (t.job && check_job_name("quota set", t.job) != 0)
                 return EXIT_USAGE;
-        }
         if (!any && !q.clear && !total_set) {
                 fprintf(stderr, "tierctl quota set: nothing to set (give --host, --host-min, --vram, --vram-min, "
                         "--nvme, --nvme-min, --weight, --host-total, --vram-total, --nvme-total or --clear)\n");

@@ -20,6 +20,7 @@
 #include <tier.h>
 
 #include "client/tierctl/tierctl.h"
+#include "proto/utf8.h"
 #include "util/json.h"
 
 #ifndef TIERD_VERSION
@@ -152,6 +153,27 @@ int verb_bad_option(const char *verb, int opt, char **argv) {
                 fprintf(stderr, "tierctl %s: option '%s' needs an argument\n", verb, arg);
         else
                 fprintf(stderr, "tierctl %s: unknown option '%s' (try tierctl %s --help)\n", verb, arg, verb);
+        return EXIT_USAGE;
+}
+
+int check_job_name(const char *verb, const char *name) {
+        size_t len = strlen(name);
+        const char *why = NULL;
+
+        if (len == 0)
+                why = "is empty";
+        else if (len > TIERCTL_NAME_MAX)
+                why = "is too long";
+        else if (!utf8_valid(name, len))
+                why = "is not valid UTF-8";
+        for (const unsigned char *c = (const unsigned char *) name; !why && *c; c++)
+                if (*c < 0x20 || *c == 0x7f)
+                        why = "contains control characters";
+        if (!why)
+                return 0;
+        /* not the name itself: it may be anything */
+        fprintf(stderr, "tierctl %s: the job name %s (a job name is UTF-8 text without control characters, "
+                "1 to %d bytes)\n", verb, why, TIERCTL_NAME_MAX);
         return EXIT_USAGE;
 }
 

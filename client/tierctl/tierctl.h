@@ -33,6 +33,14 @@ int json_print(JsonWriter *w);
  * so (naming "tierctl @verb --help") and return EXIT_USAGE.
  */
 int verb_bad_option(const char *verb, int opt, char **argv);
+/*
+ * Could @name be a job's (as libtier and tierd check names: 1 to
+ * TIERCTL_NAME_MAX bytes of UTF-8 without control characters)?  0, or
+ * EXIT_USAGE after saying why on stderr, naming "tierctl @verb".
+ */
+int check_job_name(const char *verb, const char *name);
+/* The largest [limits] max_name tierd takes: no job has a longer name. */
+#define TIERCTL_NAME_MAX 4096
 
 /* status.c */
 int verb_status(int argc, char **argv);

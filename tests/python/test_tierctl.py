@@ -118,6 +118,24 @@ class TestTierctl(tierd.DaemonTestCase):
                 self.assertIn(msg, p.stderr)
                 self.assertEqual(p.stdout, "")
 
+    def test_malformed_job_name(self) -> None:
+        """A job name no job can have (control characters, not UTF-8, over 4096 bytes) is a usage error (2)
+        for every verb that takes one, said before asking tierd: it was 'no job' (1), or sent as is."""
+        names = [("a\tb", "contains control characters"), ("a\x7fb", "contains control characters"),
+                 ("a\udcffb", "is not valid UTF-8"),  # the byte 0xff, through surrogateescape
+                 ("j" * 4097, "is too long")]
+        verbs = [["tensors"], ["evict"], ["evict", "--to", "host"], ["detach"], ["quota", "get"],
+                 ["quota", "set", "--host", "1M"]]
+        for name, msg in names:
+            for verb in verbs:
+                with self.subTest(verb=verb, name=name[:8]):
+                    p = self.ctl(*verb, name, expect=2)
+                    self.assertIn(f"tierctl {' '.join(verb[:2] if verb[0] == 'quota' else verb[:1])}: the job "
+                                  f"name {msg}", p.stderr)
+                    self.assertEqual(p.stdout, "")
+        # the longest name that may be is tierd's to judge: no such job (1)
+        self.assertIn("no job", self.ctl("tensors", "j" * 4096, expect=1).stderr)
+
     def test_unreachable(self) -> None:
         for verb in (["status"], ["jobs"], ["tensors", "j"], ["evict", "j"], ["detach", "j"], ["quota", "get"]):
             p = subprocess.run([tierctl_path(), "--socket", "/nonexistent/tierd.sock", *verb], capture_output=True,
