@@ -345,12 +345,12 @@ static int quota_show(const QuotaTarget *t, const struct tier_quota *q, const st
         return EXIT_SUCCESS;
 }
 
-/* Every job's quota (those tierd lets this user read). */
+/* Every job's quota (those tierd lets this user read; how many others there are, it says). */
 static int quota_get_all(tier_client *c) {
         JsonWriter jw = JSON_WRITER_NULL;
         char **names = NULL;
         struct tier_quota *qs;
-        size_t n = 0;
+        size_t n = 0, others = 0;
         int w = 3, r, ret = EXIT_SUCCESS;
         bool first = true;
 
@@ -372,6 +372,7 @@ static int quota_get_all(tier_client *c) {
         for (size_t i = 0; i < n; i++) {
                 r = tier_quota_get(c, TIER_QUOTA_JOB, 0, names[i], &qs[i]);
                 if (r == -ENOENT || r == -EPERM) {      /* gone since the listing, or another user's */
+                        others += r == -EPERM;
                         free(names[i]);
                         names[i] = NULL;
                         continue;
@@ -407,10 +408,15 @@ static int quota_get_all(tier_client *c) {
         }
         if (arg_json) {
                 json_array_end(&jw);
+                json_key(&jw, "not_shown");
+                json_uint(&jw, others);
                 json_object_end(&jw);
                 if (json_print(&jw) < 0)
                         ret = EXIT_FAILURE;
-        } else if (first && ret == EXIT_SUCCESS)
+        } else if (others > 0)
+                printf("%s%zu job(s) of other users not shown (needs root or group tier-admin)\n",
+                       first ? "" : "\n", others);
+        else if (first && ret == EXIT_SUCCESS)
                 puts("no jobs");
         for (size_t i = 0; i < n; i++)
                 free(names[i]);

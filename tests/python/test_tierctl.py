@@ -434,6 +434,31 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertIsNotNone(self.job_entry("perm"))
         self.assertIn("t", self.tensors("perm"))
 
+    def test_quota_get_others_not_shown(self) -> None:
+        """quota get without a target, as a user who may not read other users' jobs: it says how many it did
+        not show (it said "no jobs" while jobs ran)."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root to run tierctl as uid 65534")
+        try:
+            subprocess.run([tierctl_path(), "--version"], capture_output=True, preexec_fn=as_nobody, check=False)
+        except PermissionError:
+            self.skipTest(f"uid {NOBODY} cannot reach {tierctl_path()} (a parent directory is not searchable)")
+        os.chmod(self.d.dir, 0o755)
+        os.chmod(self.socket, 0o666)
+        self.client("others")
+        self.detach_at_end("others")
+        n = len(json.loads(self.ctl("jobs", "--json").stdout)["jobs"])
+        self.assertGreaterEqual(n, 1)
+        out = self.ctl("quota", "get", nobody=True).stdout
+        self.assertNotIn("no jobs", out)
+        self.assertIn(f"{n} job(s) of other users not shown (needs root or group tier-admin)", out)
+        self.assertEqual(json.loads(self.ctl("quota", "get", "--json", nobody=True).stdout),
+                         {"jobs": [], "not_shown": n})
+        # root sees them all
+        doc = json.loads(self.ctl("quota", "get", "--json").stdout)
+        self.assertEqual((len(doc["jobs"]), doc["not_shown"]), (n, 0))
+        self.assertNotIn("not shown", self.ctl("quota", "get").stdout)
+
     # -- trace: Ctrl-C stops early and still writes the file
     def test_trace_ctrl_c(self) -> None:
         if os.geteuid() != 0:
