@@ -10,9 +10,11 @@
  * and never looks at what they mean.
  *
  * Binding: a socket file left by a crashed tierd is removed only when
- * connecting to it is refused (ECONNREFUSED: nobody listens).  Any other
- * answer, a full backlog (EAGAIN) included, means a daemon may be alive
- * there, and tierd refuses to start rather than steal its socket.
+ * connecting to it is refused (ECONNREFUSED: nobody listens) and it is a
+ * socket (lstat()); anything else at the path is left alone and tierd
+ * refuses to start.  Any other answer, a full backlog (EAGAIN) included,
+ * means a daemon may be alive there, and tierd refuses to start rather than
+ * steal its socket.
  */
 
 #include <errno.h>
@@ -180,7 +182,8 @@ static int listen_inherited(int fd) {
 
 /*
  * Is a daemon listening on @sa?  0: no (nothing there, or a stale socket
- * file, which is removed), -EADDRINUSE: yes, another -errno: cannot tell.
+ * file, which is removed), -EADDRINUSE: yes, -EEXIST: something that is
+ * not a socket is there, another -errno: cannot tell.
  */
 static int check_stale(const struct sockaddr_un *sa, const char *path) {
         _cleanup_close_ int fd = -1;
@@ -193,12 +196,26 @@ static int check_stale(const struct sockaddr_un *sa, const char *path) {
         switch (errno) {
         case ENOENT:
                 return 0;
-        case ECONNREFUSED:
-                /* a socket file nobody listens on: left by a tierd that crashed */
+        case ECONNREFUSED: {
+                struct stat st;
+
+                /*
+                 * Nobody listens: a socket file left by a tierd that crashed, or no socket at all
+                 * (connect() to a regular file is refused too), which is not ours to remove.
+                 */
+                if (lstat(path, &st) < 0) {
+                        if (errno == ENOENT)
+                                return 0;
+                        return log_error_errno(errno, "Cannot stat \"%s\": %m", path);
+                }
+                if (!S_ISSOCK(st.st_mode))
+                        return log_error_errno(EEXIST, "\"%s\" exists and is not a socket, not replacing it",
+                                               path);
                 if (unlink(path) < 0 && errno != ENOENT)
                         return log_error_errno(errno, "Cannot remove the stale socket \"%s\": %m", path);
                 log_info("Removed the stale socket \"%s\" (nobody listens on it)", path);
                 return 0;
+        }
         case EAGAIN:
                 return log_error_errno(EADDRINUSE, "Another tierd is listening on \"%s\" (its backlog is full)", path);
         default:

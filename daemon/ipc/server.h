@@ -62,7 +62,7 @@ Server *server_free(Server *s);
 /*
  * server_listen() - serve on an inherited socket (@inherited_fd >= 0,
  * consumed) or bind @path (a stale socket there is removed only when no
- * daemon answers on it).
+ * daemon answers on it; -EEXIST if something not a socket is there).
  */
 int server_listen(Server *s, int inherited_fd, const char *path);
 unsigned server_n_conns(const Server *s);

@@ -428,6 +428,37 @@ static void test_stale_socket_only_when_refused(void **state) {
         fixture_free(m);
 }
 
+/*
+ * connect() to a file that is not a socket is refused (ECONNREFUSED) just as to
+ * a stale socket: tierd refuses to start and leaves the file alone.  Before, it
+ * removed whatever was at the socket path (a -s typo could delete a file).
+ */
+static void test_stale_check_keeps_non_socket(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        char path[108], buf[8] = "";
+        Server *s;
+        int fd;
+
+        snprintf(path, sizeof(path), "/tmp/tierd-ipc-file-%d", (int) getpid());
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "keep", 4), 4);
+        close(fd);
+        assert_int_equal(connect_to(path), -ECONNREFUSED);
+
+        assert_int_equal(server_new(m->event, &m->config, NULL, NULL, &s), 0);
+        assert_int_equal(server_listen(s, -1, path), -EEXIST);
+        s = server_free(s);
+
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(read(fd, buf, sizeof(buf)), 4);
+        assert_memory_equal(buf, "keep", 4);
+        close(fd);
+        assert_int_equal(unlink(path), 0);
+        fixture_free(m);
+}
+
 /* ---- a fast-path pin that may write takes a ghost copy over ----------------------------------------- */
 
 static int gh_done, gh_status;
@@ -563,6 +594,7 @@ int main(void) {
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_stale_socket_only_when_refused),
+                cmocka_unit_test(test_stale_check_keeps_non_socket),
                 cmocka_unit_test(test_marker_before_next_request),
         };
 
