@@ -598,6 +598,12 @@ int config_finish(Config *c, char **ret_error) {
                 size_format_exact(b, sizeof(b), c->vram_capacity);
                 return finish_error(ret_error, "[vram] chunk_size: %s is larger than capacity %s", a, b);
         }
+        if (c->vram_capacity % c->vram_chunk_size != 0) {
+                /* the pool is whole chunks: the rest would be dropped without a word */
+                size_format_exact(a, sizeof(a), c->vram_capacity);
+                size_format_exact(b, sizeof(b), c->vram_chunk_size);
+                return finish_error(ret_error, "[vram] capacity: %s is not a multiple of chunk_size %s", a, b);
+        }
         if (c->vram_job_limit == 0)
                 return finish_error(ret_error, "[vram] job_limit: must be positive");
 

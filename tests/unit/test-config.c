@@ -380,6 +380,8 @@ static void test_finish_errors(_unused_ void **state) {
         finish_fails("[host]\nsegment_size = 64M\ncapacity = 96M\n", "[host] capacity");
         finish_fails("[vram]\nchunk_size = 5000\n", "[vram] chunk_size");
         finish_fails("[vram]\nchunk_size = 2G\ncapacity = 1G\n", "[vram] chunk_size");
+        finish_fails("[vram]\nchunk_size = 64M\ncapacity = 100M\n",
+                     "[vram] capacity: 100M is not a multiple of chunk_size 64M");
         finish_fails("[nvme]\nextent_size = 3M\n", "[nvme] extent_size");
         finish_fails("[nvme]\nextent_size = 12K\n", "[nvme] extent_size");
         /* Duplicates only visible once relative paths are resolved. */
