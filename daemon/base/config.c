@@ -267,6 +267,23 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
         return r;
 }
 
+int config_set_key(Config *c, const char *section, const char *name, const char *value, const char *origin,
+                   char **ret_error) {
+        _cleanup_free_ char *why = NULL;
+        const ConfigKey *k = config_key_find(section, name);
+        int r;
+
+        if (ret_error)
+                *ret_error = NULL;
+        if (!k)
+                return config_error_printf(ret_error, -EINVAL, "%s: [%s] %s: unknown key", origin, section, name);
+        r = k->parse(c, k, value, (uint8_t *) c + k->offset, &why);
+        if (r == -EINVAL)
+                return config_error_printf(ret_error, -EINVAL, "%s: [%s] %s: %s", origin, section, name,
+                                           why ? why : "invalid value");
+        return r;
+}
+
 int config_parse_text(Config *c, const char *text, const char *filename, char **ret_error) {
         _cleanup_free_ char *copy = NULL;
         ParseState st = {};

@@ -106,6 +106,14 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
  */
 int config_load(Config *c, const char *path, bool must_exist, char **ret_error);
 
+/*
+ * config_set_key() - set @section's key @name to @value through the key's own
+ * parser, as a line of a file would (the command line's overrides).  -EINVAL
+ * with *@ret_error "ORIGIN: [section] key: reason" (@origin: "--socket").
+ */
+int config_set_key(Config *c, const char *section, const char *name, const char *value, const char *origin,
+                   char **ret_error);
+
 /* config_load() without the config_finish() step, for callers that override keys first. */
 int config_load_files(Config *c, const char *path, bool must_exist, char **ret_error);
 

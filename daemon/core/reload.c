@@ -70,10 +70,11 @@ int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
         r = config_load_files(&c, args->config_path, args->config_must_exist, ret_error);
         if (r < 0)
                 return r;
+        /* checked as the file's keys are: an absolute path, a socket path that fits */
         if (args->socket_path)
-                r = config_set_string(&c.socket_path, args->socket_path);
+                r = config_set_key(&c, "daemon", "socket", args->socket_path, "--socket", ret_error);
         if (r >= 0 && args->state_dir)
-                r = config_set_string(&c.state_dir, args->state_dir);
+                r = config_set_key(&c, "daemon", "state_dir", args->state_dir, "--state-dir", ret_error);
         if (r >= 0)
                 r = config_finish(&c, ret_error);
         if (r < 0) {

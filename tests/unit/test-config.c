@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "daemon/base/config.h"
+#include "daemon/core/reload.h"
 #include "proto/macro.h"
 
 #define KIB UINT64_C(1024)
@@ -606,6 +607,49 @@ static void test_load_missing(void **state) {
         }
 }
 
+/*
+ * --socket and --state-dir go through the parsers of [daemon] socket and
+ * state_dir: a relative path, or a socket path too long for sun_path, is
+ * refused naming the option.  They were copied in unchecked.
+ */
+static void test_overrides_checked(_unused_ void **state) {
+        char long_path[200];
+        ConfigArgs args = { .config_path = (char *) "/dev/null", .config_must_exist = true, .log_level = -1 };
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        args.socket_path = "tierd.sock";
+        assert_int_equal(reload_config_load(&args, &c, &error), -EINVAL);
+        assert_non_null(error);
+        if (!strstr(error, "--socket: [daemon] socket: 'tierd.sock' is not an absolute path"))
+                fail_msg("message '%s'", error);
+        error = mfree(error);
+
+        memset(long_path, 'a', sizeof(long_path) - 1);
+        long_path[0] = '/';
+        long_path[sizeof(long_path) - 1] = '\0';
+        args.socket_path = long_path;
+        assert_int_equal(reload_config_load(&args, &c, &error), -EINVAL);
+        assert_non_null(strstr(error, "too long for a socket path"));
+        error = mfree(error);
+
+        args.socket_path = NULL;
+        args.state_dir = "var/lib/tierd";
+        assert_int_equal(reload_config_load(&args, &c, &error), -EINVAL);
+        assert_non_null(error);
+        if (!strstr(error, "--state-dir: [daemon] state_dir: 'var/lib/tierd' is not an absolute path"))
+                fail_msg("message '%s'", error);
+        error = mfree(error);
+
+        /* absolute ones are taken */
+        args.socket_path = "/run/t/t.sock";
+        args.state_dir = "/srv/tierd";
+        assert_int_equal(reload_config_load(&args, &c, &error), 0);
+        assert_string_equal(c.socket_path, "/run/t/t.sock");
+        assert_string_equal(c.state_dir, "/srv/tierd");
+        assert_string_equal(c.targets[0].path, "/srv/tierd/nvme0.img");
+}
+
 /* A NULL ret_error is allowed everywhere. */
 static void test_no_error_string(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -631,6 +675,7 @@ int main(void) {
                 cmocka_unit_test(test_finish_errors),
                 cmocka_unit_test_setup_teardown(test_load_dropins, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test_setup_teardown(test_load_missing, tempdir_setup, tempdir_teardown),
+                cmocka_unit_test(test_overrides_checked),
                 cmocka_unit_test(test_no_error_string),
         };
 
