@@ -471,6 +471,7 @@ static int config_apply_dropins(Config *c, const char *path, char **ret_error) {
 }
 
 int config_load_files(Config *c, const char *path, bool must_exist, char **ret_error) {
+        bool found = true;
         int r;
 
         if (ret_error)
@@ -482,6 +483,7 @@ int config_load_files(Config *c, const char *path, bool must_exist, char **ret_e
         if (r == -ENOENT && !must_exist) {
                 if (ret_error)
                         *ret_error = mfree(*ret_error);
+                found = false;
                 r = 0;
         }
         if (r >= 0)
@@ -490,7 +492,7 @@ int config_load_files(Config *c, const char *path, bool must_exist, char **ret_e
                 config_deinit(c);
                 return r;
         }
-        return 0;
+        return found;
 }
 
 int config_load(Config *c, const char *path, bool must_exist, char **ret_error) {

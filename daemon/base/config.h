@@ -114,7 +114,10 @@ int config_load(Config *c, const char *path, bool must_exist, char **ret_error);
 int config_set_key(Config *c, const char *section, const char *name, const char *value, const char *origin,
                    char **ret_error);
 
-/* config_load() without the config_finish() step, for callers that override keys first. */
+/*
+ * config_load() without the config_finish() step, for callers that override keys first:
+ * 1 when @path was read, 0 when it is missing (and not @must_exist).
+ */
 int config_load_files(Config *c, const char *path, bool must_exist, char **ret_error);
 
 /**

@@ -61,7 +61,8 @@
 
 /* ---- loading ---------------------------------------------------------------------- */
 
-int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
+int reload_config_load(ConfigArgs *args, Config *ret, char **ret_error) {
+        bool found;
         Config c;
         int r;
 
@@ -70,6 +71,7 @@ int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
         r = config_load_files(&c, args->config_path, args->config_must_exist, ret_error);
         if (r < 0)
                 return r;
+        found = r > 0;
         /* checked as the file's keys are: an absolute path, a socket path that fits */
         if (args->socket_path)
                 r = config_set_key(&c, "daemon", "socket", args->socket_path, "--socket", ret_error);
@@ -83,6 +85,9 @@ int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error) {
         }
         if (args->log_level >= 0)
                 c.log_level = args->log_level;
+        /* the default file, read once: removing it later is a mistake to refuse, not "use the defaults" */
+        if (found)
+                args->config_must_exist = true;
         *ret = c;
         return 0;
 }

@@ -21,12 +21,15 @@ typedef struct ConfigArgs {
  * drop-ins, then the command line's overrides (--socket, --state-dir,
  * --log-level), then config_finish().  The one way tierd reads its
  * configuration, so that a reload sees exactly what a start would.
+ * Once the file was read, it must exist (@args->config_must_exist is set):
+ * a reload after it was removed is refused rather than falling back to the
+ * built-in defaults.
  * @ret:        overwritten; valid only on success (the caller deinits it).
  * @ret_error:  on failure a malloc'ed reason naming FILE:LINE: [section] key
  *              (or, for constraints across keys, [section] key), or NULL on
  *              -ENOMEM.
  */
-int reload_config_load(const ConfigArgs *args, Config *ret, char **ret_error);
+int reload_config_load(ConfigArgs *args, Config *ret, char **ret_error);
 
 /* Copy @from into @to: the file name is duplicated, the overrides are borrowed (argv outlives tierd). */
 int config_args_copy(ConfigArgs *to, const ConfigArgs *from);

@@ -650,6 +650,33 @@ static void test_overrides_checked(_unused_ void **state) {
         assert_string_equal(c.targets[0].path, "/srv/tierd/nvme0.img");
 }
 
+/*
+ * The default file (not named with -c: it need not exist) that was read once must
+ * stay: a reload after it was removed is refused, where it fell back to the
+ * built-in defaults (another socket, state directory and pools).  One that never
+ * existed still gives the defaults.
+ */
+static void test_reload_file_removed(void **state) {
+        TempDir *t = *state;
+        _cleanup_free_ char *path = path_join(t->path, "tierd.conf"), *error = NULL;
+        ConfigArgs args = { .config_path = path, .config_must_exist = false, .log_level = -1 };
+        _cleanup_config_ Config c;
+
+        assert_int_equal(reload_config_load(&args, &c, &error), 0);   /* none yet: the defaults */
+        config_deinit(&c);
+
+        write_file(t->path, "tierd.conf", "[limits]\nmax_name = 100\n");
+        assert_int_equal(reload_config_load(&args, &c, &error), 0);
+        assert_int_equal(c.max_name, 100);
+        config_deinit(&c);
+
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(reload_config_load(&args, &c, &error), -ENOENT);
+        assert_non_null(error);
+        if (!strstr(error, "tierd.conf"))
+                fail_msg("message '%s' lacks the file", error);
+}
+
 /* A NULL ret_error is allowed everywhere. */
 static void test_no_error_string(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -676,6 +703,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_load_dropins, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test_setup_teardown(test_load_missing, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test(test_overrides_checked),
+                cmocka_unit_test_setup_teardown(test_reload_file_removed, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test(test_no_error_string),
         };
 
