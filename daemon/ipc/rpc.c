@@ -801,12 +801,20 @@ void rpc_resolve_admin_group(Rpc *rpc) {
 
         errno = 0;
         g = getgrnam(ADMIN_GROUP);
+        if (!g && errno != 0 && errno != ENOENT && errno != ESRCH && errno != EBADF && errno != EPERM) {
+                /* the database failed, which says nothing of the group: what was known stays */
+                if (rpc->have_admin_gid)
+                        log_warning_errno(errno, "Cannot look up group '" ADMIN_GROUP "' (the group database "
+                                          "failed: %m): keeping gid %u, ignoring", (unsigned) rpc->admin_gid);
+                else
+                        log_warning_errno(errno, "Cannot look up group '" ADMIN_GROUP "' (the group database "
+                                          "failed: %m): only root may set quotas until a reload (systemctl "
+                                          "reload tierd) finds it");
+                return;
+        }
         rpc->have_admin_gid = g != NULL;
         rpc->admin_gid = g ? g->gr_gid : (gid_t) -1;
-        if (!g && errno != 0 && errno != ENOENT && errno != ESRCH && errno != EBADF && errno != EPERM)
-                log_warning_errno(errno, "Cannot look up group '" ADMIN_GROUP "' (the group database failed: %m): only "
-                                  "root may set quotas until a reload (systemctl reload tierd) finds it");
-        else if (!g)
+        if (!g)
                 log_debug("No group '" ADMIN_GROUP "': only root may set quotas");
 }
 

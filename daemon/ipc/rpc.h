@@ -50,7 +50,8 @@ int rpc_dispatch(Rpc *r, Conn *c, Tier__Request *req);
 void rpc_conn_gone(Rpc *r, Conn *c);
 /*
  * rpc_resolve_admin_group() - look up group "tier-admin" (NSS: may block
- * on a directory service), at start and on reload, never per request.
+ * on a directory service), at start and on reload, never per request.  A
+ * lookup that fails (not "no such group") keeps the gid known before.
  */
 void rpc_resolve_admin_group(Rpc *r);
 /* Is the peer of @c root or a member of group tier-admin? */

@@ -37,6 +37,8 @@ struct group *__wrap_getgrnam(const char *name);
 
 #define ADMIN_GID 4242
 static unsigned getgrnam_calls;
+/* tier-admin's lookup: 0 finds it, -1 finds no such group, an errno fails as NSS does */
+static int getgrnam_answer;
 
 struct group *__wrap_getgrnam(const char *name) {
         static char gr_name[] = "tier-admin", gr_passwd[] = "x";
@@ -45,7 +47,13 @@ struct group *__wrap_getgrnam(const char *name) {
                                   .gr_mem = members };
 
         getgrnam_calls++;
-        return strcmp(name, "tier-admin") == 0 ? &g : __real_getgrnam(name);
+        if (strcmp(name, "tier-admin") != 0)
+                return __real_getgrnam(name);
+        if (getgrnam_answer != 0) {
+                errno = getgrnam_answer > 0 ? getgrnam_answer : 0;
+                return NULL;
+        }
+        return &g;
 }
 
 /* ---- a connection over a socketpair, its requests dispatched by hand --------------------------- */
@@ -238,6 +246,40 @@ static void test_admin_group_resolved_once(void **state) {
 
         peer_free(&admin);
         peer_free(&user);
+        peer_free(&owner);
+        fixture_free(m);
+}
+
+/*
+ * A reload whose lookup of tier-admin fails (the group database: EIO, an LDAP
+ * server down) keeps the gid found before; only "no such group" drops it.
+ * The failure dropped the admin rights of every member until a later reload.
+ */
+static void test_admin_group_kept_when_lookup_fails(void **state) {
+        Manager *m;
+        Peer admin, owner;
+
+        getgrnam_answer = 0;
+        m = fixture_new(32 * MiB, NULL, NULL);
+        assert_true(m->rpc.have_admin_gid);
+        peer_new(m, 1000, 1000, &owner);
+        assert_int_equal(peer_hello(&owner, "j"), 0);
+        peer_new(m, 1001, ADMIN_GID, &admin);
+        assert_int_equal(peer_hello(&admin, NULL), 0);
+
+        getgrnam_answer = EIO;
+        rpc_resolve_admin_group(&m->rpc);
+        assert_true(m->rpc.have_admin_gid);
+        assert_int_equal(m->rpc.admin_gid, ADMIN_GID);
+        assert_int_equal(peer_quota_set(&admin, "j", 3), 0);
+
+        getgrnam_answer = -1;           /* the group is gone */
+        rpc_resolve_admin_group(&m->rpc);
+        assert_false(m->rpc.have_admin_gid);
+        assert_int_equal(peer_quota_set(&admin, "j", 4), -EPERM);
+
+        getgrnam_answer = 0;
+        peer_free(&admin);
         peer_free(&owner);
         fixture_free(m);
 }
@@ -593,6 +635,7 @@ int main(void) {
                 cmocka_unit_test(test_commit_refused_while_rollback_waits),
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
+                cmocka_unit_test(test_admin_group_kept_when_lookup_fails),
                 cmocka_unit_test(test_stale_socket_only_when_refused),
                 cmocka_unit_test(test_stale_check_keeps_non_socket),
                 cmocka_unit_test(test_marker_before_next_request),
