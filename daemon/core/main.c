@@ -37,6 +37,13 @@
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
+/*
+ * The configuration was refused (invalid, a -c file missing, capacities the machine cannot give,
+ * [quota] guarantees that do not fit): LSB's "program is not configured".  The unit lists it in
+ * RestartPreventExitStatus=: restarting cannot help until someone changes the file.
+ */
+#define EXIT_CONFIG_REFUSED 6
+
 static const char *arg_config = NULL;
 static const char *arg_socket = NULL;
 static const char *arg_state_dir = NULL;
@@ -340,7 +347,7 @@ static int run(int argc, char *argv[]) {
         r = reload_config_load(&args, &config, &err);
         if (r < 0) {
                 log_error("%s", err ? err : strerror(-r));
-                return 1;
+                return r == -ENOMEM ? 1 : EXIT_CONFIG_REFUSED;
         }
         log_set_level(config.log_level);
 
@@ -350,7 +357,7 @@ static int run(int argc, char *argv[]) {
                         r = check_quotas(&config);
                 if (r != 0) {
                         config_deinit(&config);
-                        return 1;
+                        return r > 0 ? EXIT_CONFIG_REFUSED : 1;        /* < 0: could not check */
                 }
                 r = config_print(stdout, &config);
                 config_deinit(&config);
@@ -391,7 +398,7 @@ static int run(int argc, char *argv[]) {
         r = manager_new(&m, &config, &args);            /* consumes config */
         if (r < 0) {
                 safe_close(inherited);
-                return 1;
+                return r == MANAGER_CONFIG_REFUSED ? EXIT_CONFIG_REFUSED : 1;
         }
         if (inherited >= 0 && strcmp(m->config.socket_path, TIERD_DEFAULT_SOCKET) != 0)
                 log_info("Serving on the socket passed by the service manager; [daemon] socket \"%s\" is not used",

@@ -307,7 +307,7 @@ static int manager_setup_tiers(Manager *m) {
                 return log_error_errno(r, "Cannot check the capacities: %m");
         if (r > 0) {
                 log_error("%s", err);
-                return -E2BIG;
+                return MANAGER_CONFIG_REFUSED;
         }
         r = manager_setup_memstore(m, !m->vram);
         if (r < 0)
@@ -430,7 +430,7 @@ static int manager_check_quotas(Manager *m) {
                 return log_error_errno(r, "Out of memory");
         if (r < 0) {
                 log_error("Invalid configuration: [quota]: %s", why);
-                return -EINVAL;
+                return MANAGER_CONFIG_REFUSED;
         }
         r = quota_check(m->quotas, &m->config, &m->quotas->runtime, why, sizeof(why));
         if (r == -ENOMEM)

@@ -2,6 +2,7 @@
 /* manager.h: the daemon's root object: the event loop, the config, and every subsystem, in order. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -76,9 +77,19 @@ typedef struct Manager {
 } Manager;
 
 /*
+ * manager_new()'s error when it refuses the configuration: capacities the
+ * machine cannot give (capacity.c), or tierd.conf's [quota] guarantees that
+ * do not fit the tiers.  An errno nothing else there returns: tierd exits
+ * with its "configuration refused" status then, which systemd does not
+ * restart.
+ */
+#define MANAGER_CONFIG_REFUSED (-EKEYREJECTED)
+
+/*
  * manager_new() - build every subsystem from @config (consumed, also on
  * failure) and @args (copied: how the configuration was loaded, for
- * reloads).  Logs what failed.
+ * reloads).  Logs what failed; MANAGER_CONFIG_REFUSED when it is the
+ * configuration that is refused.
  */
 int manager_new(Manager **ret, Config *config, const ConfigArgs *args);
 /*

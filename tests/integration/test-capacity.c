@@ -2,8 +2,10 @@
 /* test-capacity.c: a real tierd refuses, before making any pool, capacities this machine cannot give. */
 
 /*
- * Each refusal is checked end to end: tierd exits with status 1 soon (not
- * 137: nothing was allocated for the OOM killer to find), its log has the
+ * Each refusal is checked end to end: tierd exits soon with status 6, the
+ * configuration refused, which the unit does not restart (not 1, a failure
+ * Restart=on-failure retries; not 137: nothing was allocated for the OOM
+ * killer to find), its log has the
  * one line naming the key, no target file was created, and --check-config
  * prints the same line.  The rules and their exact messages are the unit
  * test's (tests/unit/test-capacity.c); here the facts are this machine's.
@@ -18,7 +20,7 @@
  *
  * with "[host] capacity = 512M" in my.conf: tierd must print "... is more
  * than tierd's memory cgroup allows: limit 256.0 MiB (.../memory.max) ..."
- * and exit 1.
+ * and exit 6.
  */
 
 #include <errno.h>
@@ -96,16 +98,19 @@ static unsigned log_count(const char *needle) {
         return n;
 }
 
-/* Start tierd (with @args) and expect it to exit with status 1 soon, without READY=1. */
-static void expect_exit_1(const char *const *args) {
+/* tierd(8) EXIT STATUS: the configuration refused (RestartPreventExitStatus= in the unit). */
+#define EXIT_CONFIG_REFUSED 6
+
+/* Start tierd (with @args) and expect it to exit with EXIT_CONFIG_REFUSED soon, without READY=1. */
+static void expect_refused(const char *const *args) {
         TestDaemonOptions o = { .args = args };
         int status;
 
         assert_int_equal(test_daemon_spawn(&d, &o), 0);
         status = test_daemon_kill(&d, 0, REFUSE_TIMEOUT_MS);
-        if (status != 1)
+        if (status != EXIT_CONFIG_REFUSED)
                 test_daemon_dump_log(&d);
-        assert_int_equal(status, 1);
+        assert_int_equal(status, EXIT_CONFIG_REFUSED);
         assert_int_equal(test_daemon_find_notify(&d, "READY=1"), -1);
 }
 
@@ -117,7 +122,7 @@ static void expect_refusal_line(const char *line) {
                 test_daemon_dump_log(&d);
                 fail_msg("the log does not have \"%s\" once", line);
         }
-        expect_exit_1(check);
+        expect_refused(check);
         assert_int_equal(log_count(line), 2);
 }
 
@@ -146,7 +151,7 @@ static void test_host_above_ram(void **state) {
                 skip();         /* this machine can give 1T */
 
         assert_int_equal(test_daemon_init(&d, CONFIG("1T", "64M")), 0);
-        expect_exit_1(NULL);
+        expect_refused(NULL);
         expect_refusal_line("[host] capacity = 1T with the emulated [vram] capacity = 16M (host memory too) is "
                             "more than this machine can hold: MemAvailable ");
         assert_true(test_daemon_log_contains(&d, "for both (90% of MemAvailable); set [host] capacity = "));
@@ -174,7 +179,7 @@ static void test_target_above_free_space(void **state) {
         snprintf(config, sizeof(config), CONFIG("64M", "%s"), size);
         assert_int_equal(test_daemon_write_config(&d, NULL, config), 0);
 
-        expect_exit_1(NULL);
+        expect_refused(NULL);
         snprintf(target, sizeof(target), "%s/t0.img", d.dir);
         snprintf(line, sizeof(line), "[nvme] target = %s:%s is more than the filesystem can hold: ", target, size);
         expect_refusal_line(line);
@@ -206,9 +211,10 @@ static void test_check_config_quotas(void **state) {
 
         assert_int_equal(test_daemon_init(&d, CONFIG("64M", "64M") "[quota]\njob = big\nhost_min = 100M\nhost = 100M\n"),
                          0);
-        expect_exit_1(check);
+        expect_refused(check);
         assert_true(test_daemon_log_contains(&d, "Invalid configuration: [quota]: host guarantees would add up to "
                                                  "100.0 MiB of 64.0 MiB"));
+        expect_refused(NULL);           /* and a start */
         assert_int_equal(test_daemon_write_config(&d, NULL, CONFIG("64M", "64M") "[quota]\njob = big\n"
                                                                                    "host_min = 60M\nhost = 60M\n"), 0);
         {
@@ -231,6 +237,16 @@ static char *slurp(const char *path, size_t *len) {
         *len = fread(buf, 1, 1 << 20, f);
         fclose(f);
         return buf;
+}
+
+/* An invalid file, and a file named with --config that is missing, are refused with the same status. */
+static void test_invalid_config_refused(void **state) {
+        static const char *const missing[] = { "--config", "/nonexistent/tierd.conf", NULL };
+
+        assert_int_equal(test_daemon_init(&d, CONFIG("64M", "64M") "[host]\njob_limit = lots\n"), 0);
+        expect_refused(NULL);
+        assert_true(test_daemon_log_contains(&d, "[host] job_limit: "));
+        expect_refused(missing);
 }
 
 /* Spawn @x (@args) and expect exit status 1 with @line in its log, before READY=1. */
@@ -415,9 +431,9 @@ static void test_cgroup_limit(void **state) {
         assert_int_equal(move_self(home), 0);
         assert_int_equal(r, 0);
         r = test_daemon_kill(&d, 0, REFUSE_TIMEOUT_MS);
-        if (r != 1)
+        if (r != EXIT_CONFIG_REFUSED)
                 test_daemon_dump_log(&d);
-        assert_int_equal(r, 1);
+        assert_int_equal(r, EXIT_CONFIG_REFUSED);
 
         snprintf(line, sizeof(line), "[host] capacity = 512M with the emulated [vram] capacity = 16M (host memory "
                  "too) is more than tierd's memory cgroup allows: limit 256.0 MiB (%s/memory.limit_in_bytes), ",
@@ -497,6 +513,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_capacity_that_passes, teardown),
                 cmocka_unit_test_teardown(test_one_tierd_per_state_dir_and_target, teardown),
                 cmocka_unit_test_teardown(test_check_config_quotas, teardown),
+                cmocka_unit_test_teardown(test_invalid_config_refused, teardown),
                 cmocka_unit_test_teardown(test_reload_warns, teardown),
                 cmocka_unit_test_teardown(test_cgroup_limit, cgroup_teardown),
                 cmocka_unit_test_teardown(test_restart_with_store_in_cgroup, cgroup_teardown),

@@ -98,6 +98,8 @@ exec_start=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$service")
 grep -qE '@[a-z_]+@' "$service" && bad "unsubstituted @variable@ left in tierd.service"
 grep -qx 'Type=notify' "$service" || bad "tierd.service is not Type=notify"
 grep -q '^WatchdogSec=' "$service" || bad "tierd.service has no WatchdogSec="
+# a refused configuration (tierd(8) EXIT STATUS 6) is not restarted in a loop by Restart=on-failure
+grep -qx 'RestartPreventExitStatus=6' "$service" || bad "tierd.service does not keep exit status 6 from a restart"
 grep -qx 'After=nss-user-lookup.target' "$service" || bad "tierd.service is not ordered after nss-user-lookup.target"
 grep -qx 'ListenSequentialPacket=/run/tierd/tierd.sock' "$socket" || bad "tierd.socket: unexpected listener"
 
