@@ -677,6 +677,91 @@ static void test_reload_file_removed(void **state) {
                 fail_msg("message '%s' lacks the file", error);
 }
 
+/* ---- the man pages --------------------------------------------------------- */
+
+/* $TIER_SOURCE/@name, read whole (malloc'ed), or NULL when the sources are not at hand. */
+static char *read_source(const char *name) {
+        const char *src = getenv("TIER_SOURCE");
+        _cleanup_free_ char *path = NULL;
+        char *text;
+        FILE *f;
+        long n;
+
+        if (!src)
+                return NULL;
+        path = path_join(src, name);
+        f = fopen(path, "re");
+        if (!f)
+                return NULL;
+        assert_int_equal(fseek(f, 0, SEEK_END), 0);
+        n = ftell(f);
+        assert_true(n > 0);
+        rewind(f);
+        text = malloc((size_t) n + 1);
+        assert_non_null(text);
+        assert_int_equal(fread(text, 1, (size_t) n, f), (size_t) n);
+        text[n] = '\0';
+        fclose(f);
+        return text;
+}
+
+/*
+ * Every key a reload applies is in tierd(8)'s list of them (RELOADING THE
+ * CONFIGURATION, up to "Every other key"), and tierd.conf(5) marks each key
+ * _(reload)_ or _(restart)_ as config-keys.c has it.  The list lacked the
+ * uid_share keys and [trace] buffer, which tierd.conf(5) marked _(live)_.
+ */
+static void test_man_reload_keys(_unused_ void **state) {
+        _cleanup_free_ char *tierd8 = read_source("man/tierd.8.scd"), *conf5 = read_source("man/tierd.conf.5.scd");
+        char *list, *end;
+        const ConfigKey *k;
+
+        if (!tierd8 || !conf5)
+                skip();
+        list = strstr(tierd8, "# RELOADING THE CONFIGURATION");
+        assert_non_null(list);
+        end = strstr(list, "Every other key");
+        assert_non_null(end);
+        *end = '\0';
+        {
+                /* lines joined: "[nvme]\n  job_limit" is "[nvme] job_limit" */
+                char *w = list;
+
+                for (char *r = list; *r; r++)
+                        if (!(*r == ' ' || *r == '\n') || (w > list && w[-1] != ' '))
+                                *w++ = *r == '\n' ? ' ' : *r;
+                *w = '\0';
+        }
+
+        for (size_t i = 0; (k = config_key_at(i)); i++) {
+                char want[96], heading[64], *sec, *entry, *eol;
+
+                if (k->live) {
+                        if (strcmp(k->section, "daemon") == 0)
+                                snprintf(want, sizeof(want), "*%s*", k->name);
+                        else
+                                snprintf(want, sizeof(want), "[%s] %s", k->section, k->name);
+                        if (!strstr(list, want))
+                                fail_msg("tierd(8) does not list %s among the keys a reload applies", want);
+                }
+
+                snprintf(heading, sizeof(heading), "\n# [%s] SECTION", k->section);
+                sec = strstr(conf5, heading);
+                assert_non_null(sec);
+                snprintf(want, sizeof(want), "\n*%s =*", k->name);
+                entry = strstr(sec + 1, want);
+                if (!entry || (strstr(sec + 1, "\n# ") && entry > strstr(sec + 1, "\n# ")))
+                        fail_msg("tierd.conf(5) has no entry for [%s] %s", k->section, k->name);
+                eol = strchr(entry + 1, '\n');
+                assert_non_null(eol);
+                *eol = '\0';
+                if (!strstr(entry, k->live ? "_(reload)_" : "_(restart)_"))
+                        fail_msg("tierd.conf(5) marks [%s] %s as '%s', not %s", k->section, k->name, entry + 1,
+                                 k->live ? "_(reload)_" : "_(restart)_");
+                *eol = '\n';
+        }
+}
+
 /* A NULL ret_error is allowed everywhere. */
 static void test_no_error_string(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -704,6 +789,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_load_missing, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test(test_overrides_checked),
                 cmocka_unit_test_setup_teardown(test_reload_file_removed, tempdir_setup, tempdir_teardown),
+                cmocka_unit_test(test_man_reload_keys),
                 cmocka_unit_test(test_no_error_string),
         };
 
