@@ -124,8 +124,38 @@ int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len) {
         return 0;
 }
 
+/*
+ * "BASE.corrupt.STAMP[.N]": the length up to STAMP's end, and N (0 when there
+ * is none).  STAMP ends in 'Z' (UTC); a name of any other form is all stamp.
+ */
+static size_t aside_split(const char *name, unsigned long *ret_n) {
+        const char *dot = strrchr(name, '.');
+        size_t len = strlen(name);
+
+        *ret_n = 0;
+        if (!dot || dot == name || dot[-1] != 'Z' || dot[1] == '\0' || dot[1 + strspn(dot + 1, "0123456789")] != '\0')
+                return len;
+        errno = 0;
+        *ret_n = strtoul(dot + 1, NULL, 10);
+        if (errno != 0) {
+                *ret_n = 0;
+                return len;
+        }
+        return (size_t) (dot - name);
+}
+
+/* Oldest first: by STAMP (fixed width), then by N as a number (".10" after ".9"). */
 static int aside_compare(const void *a, const void *b) {
-        return strcmp(*(char *const *) a, *(char *const *) b);
+        const char *x = *(char *const *) a, *y = *(char *const *) b;
+        unsigned long nx, ny;
+        size_t lx = aside_split(x, &nx), ly = aside_split(y, &ny);
+        int c = memcmp(x, y, MIN(lx, ly));
+
+        if (c != 0)
+                return c;
+        if (lx != ly)
+                return lx < ly ? -1 : 1;
+        return nx < ny ? -1 : nx > ny;
 }
 
 /* Remove the oldest "BASE.corrupt.*" in @dir_fd beyond the newest STATEFILE_ASIDE_MAX. */
@@ -166,7 +196,7 @@ static void aside_prune(int dir_fd, const char *base) {
                 n++;
         }
         (void) closedir(d);
-        /* the names sort by time: UTC timestamps of fixed width, then ".N" for a second one in a second */
+        /* by time: UTC timestamps of fixed width, then ".N" (a number) for a second one in a second */
         qsort(names, n, sizeof(*names), aside_compare);
         for (size_t i = 0; i < n; i++) {
                 if (i + STATEFILE_ASIDE_MAX < n)

@@ -181,6 +181,35 @@ static void test_corrupt(void **state) {
         assert_int_equal(n_aside(), STATEFILE_ASIDE_MAX);      /* 12 set aside, the oldest 4 removed */
 }
 
+/*
+ * The copies pruned are the oldest: within one second ".10" and ".11" came after ".2".
+ * They were sorted by strcmp(), which put "STAMP.10" before "STAMP.2" and removed
+ * the newer ones.
+ */
+static void test_aside_prune_oldest(void **state) {
+        static const char stamp[] = "wear.corrupt.20200101T000000Z";
+        char name[64], aside[PATH_MAX + 64], path[PATH_MAX + 64];
+
+        write_file(stamp, "x\n");
+        for (unsigned k = 1; k <= 11; k++) {
+                (void) snprintf(name, sizeof(name), "%s.%u", stamp, k);
+                write_file(name, "x\n");
+        }
+        write_file("wear", "x\n");
+        (void) snprintf(path, sizeof(path), "%s/wear", dir);
+        assert_int_equal(statefile_set_aside(path, aside, sizeof(aside)), 0);
+
+        /* 13 copies: the new one and .5 to .11 stay; the stamp alone and .1 to .4 go */
+        assert_int_equal(n_aside(), STATEFILE_ASIDE_MAX);
+        assert_true(exists(strrchr(aside, '/') + 1));
+        assert_false(exists(stamp));
+        for (unsigned k = 1; k <= 11; k++) {
+                (void) snprintf(name, sizeof(name), "%s.%u", stamp, k);
+                if (exists(name) != (k >= 5))
+                        fail_msg("%s %s", name, k >= 5 ? "was removed (newer than .4)" : "was kept (older than .5)");
+        }
+}
+
 /* Past WEAR_JOBS_MAX names, the one with the fewest bytes goes. */
 static void test_bounded(void **state) {
         Wear *w = NULL;
@@ -304,6 +333,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_corrupt, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_statefile, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_aside_prune_oldest, setup, teardown),
                 cmocka_unit_test(test_metrics_text),
         };
 
