@@ -15,18 +15,32 @@
  * pages from the kernel are zero by construction.  A pool may first ask
  * the old job's clients to let go (the revoke hook): the segment then waits
  * out of service until segpool_revoked().
+ *
+ * Making a pool takes time in proportion to its size (about 1.8 s per GiB
+ * of host memory, locked and faulted in), past systemd's start timeout for
+ * large pools: while it runs, the service manager is asked to wait longer
+ * (EXTEND_TIMEOUT_USEC=) before the first segment and then once a second.
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <systemd/sd-daemon.h>
 
 #include "daemon/tiers/renew.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
+#include "util/time-util.h"
+
+/* How much longer the service manager waits each time: many times what one segment (at most 1G) takes. */
+#define SEGPOOL_EXTEND_USEC (30 * USEC_PER_SEC)
+/* How often it is asked while segments are made. */
+#define SEGPOOL_EXTEND_EVERY_USEC USEC_PER_SEC
 
 int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *userdata,
                  uint64_t capacity, uint64_t seg_size) {
+        uint64_t asked = 0;     /* when EXTEND_TIMEOUT_USEC= was sent last */
         int r;
 
         if (seg_size == 0 || seg_size % SEG_UNIT != 0 || capacity < seg_size)
@@ -53,7 +67,13 @@ int segpool_init(SegPool *p, const char *kind, const SegPoolOps *ops, void *user
         }
         for (uint32_t i = 0; i < p->n_segs; i++) {
                 Segment *s = &p->segs[i];
+                uint64_t now = now_usec();
 
+                if (i == 0 || now - asked >= SEGPOOL_EXTEND_EVERY_USEC) {
+                        /* a no-op without $NOTIFY_SOCKET; ignored by systemd once started */
+                        (void) sd_notifyf(false, "EXTEND_TIMEOUT_USEC=%" PRIu64, (uint64_t) SEGPOOL_EXTEND_USEC);
+                        asked = now;
+                }
                 r = extent_alloc_init(&s->units, seg_size / SEG_UNIT);
                 if (r < 0)
                         goto fail;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-notify.c: what tierd tells the service manager: READY=1, STATUS=, WATCHDOG=1, RELOADING=1, STOPPING=1. */
+/* test-notify.c: what tierd tells the service manager: EXTEND_TIMEOUT_USEC=, READY=1, STATUS=, WATCHDOG=1, RELOADING=1, STOPPING=1. */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -69,6 +69,26 @@ static void test_ready_status(void **state) {
         test_daemon_collect(&d, 700);
         for (size_t k = 0; k < d.n_notes; k++)
                 assert_null(strstr(d.notes[k].text, "WATCHDOG=1"));
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
+}
+
+/*
+ * Making the pools takes about 1.8 s per GiB: before READY=1, tierd asks the
+ * service manager to wait longer (EXTEND_TIMEOUT_USEC=), or a large pool
+ * outlasts TimeoutStartSec= and systemd kills tierd while it starts.  It
+ * sent nothing.
+ */
+static void test_extend_timeout_before_ready(void **state) {
+        char value[32];
+        int extend, ready;
+
+        start(0);
+        extend = test_daemon_find_notify(&d, "EXTEND_TIMEOUT_USEC=");
+        ready = test_daemon_find_notify(&d, "READY=1");
+        assert_true(extend >= 0);
+        assert_true(ready > extend);
+        assert_non_null(test_notify_field(d.notes[extend].text, "EXTEND_TIMEOUT_USEC", value, sizeof(value)));
+        assert_true(strtoull(value, NULL, 10) >= 1000000);
         assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
@@ -181,6 +201,7 @@ static void test_stopping(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_ready_status, teardown),
+                cmocka_unit_test_teardown(test_extend_timeout_before_ready, teardown),
                 cmocka_unit_test_teardown(test_watchdog, teardown),
                 cmocka_unit_test_teardown(test_watchdog_other_pid, teardown),
                 cmocka_unit_test_teardown(test_reload, teardown),
