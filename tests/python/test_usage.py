@@ -288,5 +288,14 @@ class TestUsage(tierd.DaemonTestCase):
             self.same(model, ref, f"{kw}")
             eng.close()
 
+    def test_jit_trace_refused(self) -> None:
+        """torch.jit.trace of the offloaded model is refused in words; it failed as a bare "Tracing failed
+        sanity checks!"."""
+        model = lm()
+        eng = self.engine(model, "jit")
+        with self.assertRaisesRegex(RuntimeError, r"torch\.jit\.trace of a model offloaded by tier\.torch"):
+            torch.jit.trace(model, batches(1)[0][:, :-1])
+        eng.close()
+
 if __name__ == "__main__":
     tierd.main()

@@ -116,6 +116,10 @@ class Hooks:
     # ---- the model ----------------------------------------------------------------------------
 
     def root_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.jit.is_tracing():
+            raise RuntimeError("torch.jit.trace of a model offloaded by tier.torch: its parameters are in tierd, "
+                               "mapped only while each block runs, which a trace cannot record; trace (or "
+                               "export) the model before making the engine, or after close()")
         if torch.is_grad_enabled():
             for b in self.engine.blocks:
                 for s in b.slots:
