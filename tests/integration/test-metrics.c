@@ -500,8 +500,8 @@ static void test_wear_restart(void **state) {
 
 /* ---- plan series across ranks ------------------------------------------------------- */
 
-/* A client of job "pjob" as @rank with a plan over its own tensor, @steps steps done. */
-static tier_client *plan_rank(unsigned rank, const char *tensor, unsigned steps) {
+/* A client of job "pjob" as @rank with a plan over its own tensor (its handle in *@ret_t), @steps steps done. */
+static tier_client *plan_rank(unsigned rank, const char *tensor, unsigned steps, tier_tensor **ret_t) {
         tier_client *c = NULL;
         tier_tensor *t = NULL;
         tier_plan *p = NULL;
@@ -517,6 +517,7 @@ static tier_client *plan_rank(unsigned rank, const char *tensor, unsigned steps)
                 assert_int_equal(tier_phase_enter(c, 1), 0);
         }
         assert_int_equal(tier_phase_enter(c, 0), 0);   /* the last step counted */
+        *ret_t = t;
         return c;
 }
 
@@ -563,7 +564,8 @@ static bool samples_find(const Samples *s, const char *series, double *ret) {
  * rank are two series.
  */
 static void test_plan_series_by_rank(void **state) {
-        tier_client *r0 = plan_rank(0, "w0", 5), *r1 = plan_rank(1, "w1", 1), *again;
+        tier_tensor *t[3];
+        tier_client *r0 = plan_rank(0, "w0", 5, &t[0]), *r1 = plan_rank(1, "w1", 1, &t[1]), *again;
         Samples before, after;
         unsigned with_conn = 0;
         json_t *st, *plans;
@@ -602,7 +604,7 @@ static void test_plan_series_by_rank(void **state) {
         assert_true(v == 1);
 
         /* a second client saying rank 1: its own series, named by its connection too */
-        again = plan_rank(1, "w2", 2);
+        again = plan_rank(1, "w2", 2, &t[2]);
         plan_samples(&after);
         assert_int_equal(after.n, 2);
         assert_true(samples_find(&after, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
@@ -615,6 +617,8 @@ static void test_plan_series_by_rank(void **state) {
         assert_int_equal(with_conn, 1);
         tier_client_free(again);
         tier_client_free(r1);
+        for (unsigned i = 0; i < 3; i++)
+                tier_tensor_close(t[i]);
 }
 
 int main(void) {
