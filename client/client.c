@@ -302,5 +302,10 @@ _public_ uint64_t tier_client_segment_size(const tier_client *c, int tier) {
 }
 
 _public_ int tier_client_fd(const tier_client *c) {
-        return c ? c->fd : -EINVAL;
+        if (!c)
+                return -EINVAL;
+        if (c->fd >= 0)
+                return c->fd;
+        /* closed after tierd went and did not come back (reconnect.c): the error that broke it */
+        return c->broken < 0 ? c->broken : -ENOTCONN;
 }

@@ -404,6 +404,11 @@ _public_ int tier_unpin_after(tier_tensor *t, int tier, int dirty, void *stream)
                 return r;
         if (tier != TIER_VRAM)
                 return client_error(t->client, -EINVAL, "only VRAM pins can be released after GPU work");
+        if (!t->client->vram_backend) {
+                /* no connection (a reconnect timed out): the next tierd's backend is unknown until joined */
+                r = transport_check(t->client);
+                return client_reconnect(t->client, r < 0 ? r : -ENOTCONN);
+        }
         if (strcmp(t->client->vram_backend, "cuda") != 0)
                 return client_error(t->client, -EOPNOTSUPP, "tierd's VRAM backend is \"%s\", not cuda",
                                     t->client->vram_backend);

@@ -281,7 +281,9 @@ static void test_stop_without_reconnecting(void **state) {
  * No tierd within the timeout: the call fails with the error that found it
  * gone (not -ERESTART); once one runs again, the next call joins it.  A
  * tensor the next tierd does not have (its NVMe index was removed) fails
- * with -ESTALE; a control connection does not reconnect.
+ * with -ESTALE; a control connection does not reconnect.  Meanwhile
+ * tier_client_fd() and tier_unpin_after() (which asks the VRAM backend the
+ * lost connection named) fail as the connection did.
  */
 static void test_timeout_and_stale(void **state) {
         tier_client *c = connect_job("late", 200), *ctl = NULL;
@@ -302,6 +304,10 @@ static void test_timeout_and_stale(void **state) {
         /* a fence of before: the error that broke the connection, not "tierd restarted" (none did yet) */
         assert_int_equal(tier_fence_done(c, f), r);
         assert_non_null(strstr(tier_client_last_error(c), "and no tierd came back"));
+        /* no connection now: the error that broke it, not fd -1 (-EPERM), nor a crash on a backend unknown */
+        assert_int_equal(tier_client_fd(c), r);
+        assert_int_equal(tier_unpin_after(a, TIER_VRAM, 0, NULL), r);
+        assert_int_equal(tier_client_restarts(c), 0);
 
         /* the next tierd starts with nothing: no index, no target */
         for (int i = 0; i < 2; i++) {
