@@ -153,6 +153,7 @@ struct tier_client {
         uint64_t n_failures;
 
         tier_tensor *tensors;           /* open handles, invalidated by tier_client_free() */
+        tier_plan *plans;               /* plans not yet submitted, detached by tier_client_free() */
         uint64_t handle_serial;         /* the last tier_tensor.serial handed out */
 
         uint8_t *rbuf;                  /* CLIENT_RECV_BUFFER bytes */
@@ -267,6 +268,8 @@ int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want,
 int client_hello(tier_client *c, const char *job, unsigned rank);
 /* Forget the plan (page, marker, slots): tierd has none for this connection. */
 void plan_forget(tier_client *c);
+/* @c goes: its unsubmitted plans outlive it, and every later call on them fails with -ENOTCONN. */
+void plan_detach_all(tier_client *c);
 /* Open tensor @name: its id (and size), without a handle. */
 int tensor_open_raw(tier_client *c, const char *name, uint64_t *ret_id, uint64_t *ret_size);
 

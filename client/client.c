@@ -22,8 +22,9 @@
  * remembered and not retried.
  *
  * tier_client_free() copes with a half-made client (tier_client_new()
- * frees it that way on failure).  Tensor handles outlive their client:
- * they are invalidated, and the user still closes them.
+ * frees it that way on failure).  Tensor handles and plans not yet
+ * submitted outlive their client: they are invalidated, and the user still
+ * closes (frees) them.
  */
 
 #include <errno.h>
@@ -86,6 +87,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
                 t->client = NULL;
                 t->prev = t->next = NULL;
         }
+        plan_detach_all(c);
         for (size_t i = 0; i < c->n_segments; i++)
                 segment_clear(c, &c->segments[i]);
         free(c->segments);

@@ -8,7 +8,10 @@
  * and sent once, as SubmitPlan with the entries grouped by phase.  tierd
  * answers with a plan page (a memfd both sides map, layout and marker
  * protocol in proto/plan.h) and a marker eventfd; from then on the plan
- * belongs to the client, one plan per client.
+ * belongs to the client, one plan per client.  Until then the plan is the
+ * caller's, linked into its client like a tensor handle, so that
+ * tier_client_free() can detach it: every later call on it but
+ * tier_plan_free() fails with -ENOTCONN.
  *
  * tier_phase_enter() costs no round trip: it writes the phase and a new marker
  * seq into the page's client area (release store), kicks the marker
@@ -51,7 +54,8 @@ typedef struct PlanEntry {
 } PlanEntry;
 
 struct tier_plan {
-        tier_client *client;
+        tier_client *client;    /* NULL once the client was freed */
+        tier_plan *prev, *next; /* in client->plans */
         PlanEntry *entries;
         size_t n, cap;
         uint32_t n_phases;
@@ -68,15 +72,37 @@ _public_ int tier_plan_new(tier_client *c, tier_plan **ret) {
         if (!p)
                 return -ENOMEM;
         p->client = c;
+        p->next = c->plans;
+        if (c->plans)
+                c->plans->prev = p;
+        c->plans = p;
         *ret = p;
         return 0;
 }
 
 _public_ tier_plan *tier_plan_free(tier_plan *p) {
-        if (p)
-                free(p->entries);
+        if (!p)
+                return NULL;
+        if (p->client) {
+                if (p->prev)
+                        p->prev->next = p->next;
+                else
+                        p->client->plans = p->next;
+                if (p->next)
+                        p->next->prev = p->prev;
+        }
+        free(p->entries);
         free(p);
         return NULL;
+}
+
+void plan_detach_all(tier_client *c) {
+        for (tier_plan *p = c->plans, *next; p; p = next) {
+                next = p->next;
+                p->client = NULL;
+                p->prev = p->next = NULL;
+        }
+        c->plans = NULL;
 }
 
 _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tier, int mode) {
@@ -84,6 +110,8 @@ _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tie
 
         if (!p || (tier != TIER_VRAM && tier != TIER_HOST) || mode < TIER_READ || mode > TIER_READ_WRITE)
                 return -EINVAL;
+        if (!p->client)
+                return -ENOTCONN;       /* its client was freed */
         r = tensor_check(t);
         if (r < 0)
                 return r;
@@ -127,6 +155,8 @@ _public_ int tier_plan_submit(tier_plan *p) {
         if (!p)
                 return -EINVAL;
         c = p->client;
+        if (!c)
+                return -ENOTCONN;       /* its client was freed */
         if (c->plan_page)
                 return client_error(c, -EBUSY, "this client already runs a plan");
         if (p->n == 0)

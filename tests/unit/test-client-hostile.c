@@ -36,6 +36,7 @@ enum {
         SC_PLAN_SHORT_MEMFD,    /* plan page_size 64 KiB, memfd 0 bytes */
         SC_PLAN_ERROR_WRAPS,    /* daemon.error = 1 << 32: never ready */
         SC_SEGMENT_HUGE,        /* a 1 GiB segment (sparse): its mmap fails under RLIMIT_AS */
+        SC_PLAIN,               /* nothing hostile: a client's life around its plans */
 };
 
 typedef struct Fake {
@@ -331,11 +332,43 @@ static void test_pin_no_address_space(void **state) {
         assert_int_equal(st, 0);        /* fails with 4: -EPROTO */
 }
 
+static int plan_after_client_free(const char *path) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        tier_plan *p = NULL, *q = NULL;
+        int r, s;
+
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0 ||
+            tier_plan_new(c, &p) < 0 || tier_plan_add(p, 0, t, TIER_HOST, TIER_READ) < 0 ||
+            tier_plan_new(c, &q) < 0)
+                return 2;
+        q = tier_plan_free(q);          /* a plan freed before its client is no longer the client's */
+        tier_client_free(c);
+        r = tier_plan_add(p, 1, t, TIER_HOST, TIER_READ);
+        s = tier_plan_submit(p);        /* (read the freed client: valgrind's error, or a crash) */
+        fprintf(stderr, "after tier_client_free(): tier_plan_add: %d, tier_plan_submit: %d\n", r, s);
+        tier_plan_free(p);
+        tier_tensor_close(t);
+        return r == -ENOTCONN && s == -ENOTCONN ? 0 : 5;
+}
+
+/* A plan not submitted outlives its client, as a tensor handle does: -ENOTCONN, no use after free. */
+static void test_plan_outlives_client(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAIN);
+        st = in_child(plan_after_client_free, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 5, 1 (valgrind) or 139 (SIGSEGV) */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
                 cmocka_unit_test(test_phase_error_truncated),
                 cmocka_unit_test(test_pin_no_address_space),
+                cmocka_unit_test(test_plan_outlives_client),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
