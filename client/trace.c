@@ -27,17 +27,22 @@
  * Times are microseconds since the trace started.  Events are written
  * sorted by (pid, tid, ts), so each track's timestamps are monotonic.
  * otherData holds the byte totals per link as tierd's counters saw them
- * and as the transfer records add up, and the records dropped.
+ * and as the transfer records add up, and the records dropped.  A reader
+ * gone raises no SIGPIPE: it is blocked while writing, and one raised is
+ * taken off again (tier_trace_write_json()).
  */
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tier.h>
@@ -460,7 +465,7 @@ static int json_drain(JsonWriter *w, int fd, size_t min) {
         return r;
 }
 
-_public_ int tier_trace_write_json(const tier_trace *t, int fd) {
+static int trace_write_json(const tier_trace *t, int fd) {
         _cleanup_(json_writer_deinit) JsonWriter w = JSON_WRITER_NULL;
         _cleanup_free_ Ev *ev = NULL;
         _cleanup_free_ JobTrack *jobs = NULL;
@@ -620,4 +625,35 @@ _public_ int tier_trace_write_json(const tier_trace *t, int fd) {
         if (r < 0)
                 return r;
         return write_all(fd, text, len);
+}
+
+_public_ int tier_trace_write_json(const tier_trace *t, int fd) {
+        sigset_t pipe_set, old_mask, pending;
+        bool was_pending;
+        int r;
+
+        if (!t || fd < 0)
+                return -EINVAL;
+        /*
+         * libtier never raises SIGPIPE (libtier(3)): a reader gone is -EPIPE.
+         * SIGPIPE is blocked in this thread while writing; one the writes raise
+         * is taken off again, unless one was pending already (the caller's).
+         */
+        (void) sigemptyset(&pipe_set);
+        (void) sigaddset(&pipe_set, SIGPIPE);
+        r = pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+        if (r != 0)
+                return -r;
+        was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+
+        r = trace_write_json(t, fd);
+
+        if (r == -EPIPE && !was_pending) {
+                static const struct timespec zero = {};
+
+                while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+                        ;
+        }
+        (void) pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+        return r;
 }

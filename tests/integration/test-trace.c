@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -524,6 +525,55 @@ static void test_nothing_when_not_tracing(void **state) {
         tier_trace_free(t);
 }
 
+/* The child of test_write_to_closed_pipe(): 0, or which check failed. */
+static int write_to_closed_pipe(const tier_trace *t) {
+        struct sigaction sa;
+        sigset_t mask, pending;
+        int p[2], r;
+
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return 10;
+        close(p[0]);
+        signal(SIGPIPE, SIG_DFL);
+        r = tier_trace_write_json(t, p[1]);
+        /* still alive: SIGPIPE was not raised, or was taken off again */
+        if (r != -EPIPE)
+                return 11;
+        if (sigaction(SIGPIPE, NULL, &sa) < 0 || sa.sa_handler != SIG_DFL)
+                return 12;
+        if (sigprocmask(SIG_SETMASK, NULL, &mask) < 0 || sigismember(&mask, SIGPIPE))
+                return 13;      /* the mask is the caller's again */
+        if (sigpending(&pending) < 0 || sigismember(&pending, SIGPIPE))
+                return 14;
+        return 0;
+}
+
+/* tier_trace_records(3): a reader gone is -EPIPE; libtier(3): libtier never raises SIGPIPE. */
+static void test_write_to_closed_pipe(void **state) {
+        tier_client *c;
+        tier_trace *t = NULL;
+        pid_t pid;
+        int st;
+
+        if (!need_root("a trace to write"))
+                skip();
+        c = connect_control();
+        assert_int_equal(tier_trace_start(c, 600, 0), 0);
+        assert_int_equal(tier_trace_stop(c, &t), 0);
+        tier_client_free(c);
+        fflush(stdout);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+                _exit(write_to_closed_pipe(t));
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        tier_trace_free(t);
+        if (WIFSIGNALED(st))
+                fail_msg("the writer died of signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 /* Run "tierctl --socket SOCK ARGS" with output to DIR/tierctl.out; its exit status. */
 static int tierctl(const char *args) {
         char cmd[1400], path[300];
@@ -640,6 +690,7 @@ int main(void) {
                 cmocka_unit_test(test_one_at_a_time),
                 cmocka_unit_test(test_overflow_counted),
                 cmocka_unit_test(test_nothing_when_not_tracing),
+                cmocka_unit_test(test_write_to_closed_pipe),
                 cmocka_unit_test(test_tierctl_trace),
                 cmocka_unit_test(test_tierctl_trace_mode),
                 cmocka_unit_test(test_denied),
