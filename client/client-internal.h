@@ -107,6 +107,12 @@ typedef struct ClientHeld {
         uint64_t phase_seq;     /* the marker of the phase it was granted in */
 } ClientHeld;
 
+/* A tensor of the submitted plan: its id (as tierd numbers it on this connection) and its slot. */
+typedef struct PlanId {
+        uint64_t id;
+        uint32_t slot;
+} PlanId;
+
 typedef struct FenceFailure {
         tier_fence fence;
         int status;             /* < 0 */
@@ -189,12 +195,12 @@ struct tier_client {
         uint64_t plan_page_size;
         int plan_marker_fd;
         uint32_t plan_slots;
+        PlanId *plan_ids;               /* its tensors, plan_slots of them, sorted by id: any handle's slot */
         uint32_t plan_phases;
         uint64_t plan_seq;
 };
 
 struct tier_tensor {
-        int32_t plan_slot;              /* index in the client's plan page, or -1 */
         bool gone;                      /* tierd restarted without it: every call fails with -ESTALE */
         tier_client *client;            /* NULL once the client was freed */
         tier_tensor *prev, *next;       /* in client->tensors */

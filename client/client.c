@@ -105,6 +105,7 @@ _public_ tier_client *tier_client_free(tier_client *c) {
                 (void) munmap((void *) c->fence_page, sizeof(FencePage));
         if (c->plan_page)
                 (void) munmap(c->plan_page, c->plan_page_size);
+        free(c->plan_ids);
         safe_close(c->plan_marker_fd);
         safe_close(c->event_fd);
         safe_close(c->fd);

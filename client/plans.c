@@ -21,8 +21,9 @@
  * stall_ns.
  *
  * Plan tensors are numbered by slot, in order of first appearance, as
- * tierd numbers them; every open handle of a planned tensor carries its
- * slot.  tier_phase_grant() reads the slot's segment, generation and
+ * tierd numbers them; the client keeps them by tensor id (plan_ids), so
+ * that every handle of a planned tensor, one opened after the submit too,
+ * finds its slot.  tier_phase_grant() reads the slot's segment, generation and
  * offset from the page and resolves that grant through the segment cache,
  * again without a round trip unless the segment is new to us.
  */
@@ -137,6 +138,65 @@ _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tie
         return 0;
 }
 
+static int plan_id_cmp(const void *a, const void *b) {
+        const PlanId *x = a, *y = b;
+
+        if (x->id != y->id)
+                return x->id < y->id ? -1 : 1;
+        return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+static int plan_slot_cmp(const void *a, const void *b) {
+        const PlanId *x = a, *y = b;
+
+        return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/*
+ * The distinct tensors of @p's entries (sorted by phase), numbered in order
+ * of first appearance as tierd numbers them: *@ret (sorted by id), *@ret_n.
+ */
+static int plan_number_slots(const tier_plan *p, PlanId **ret, uint32_t *ret_n) {
+        PlanId *ids;
+        size_t n = 0;
+
+        ids = calloc(p->n, sizeof(PlanId));
+        if (!ids)
+                return -ENOMEM;
+        /* each access's tensor with its index, the first of each tensor kept */
+        for (size_t i = 0; i < p->n; i++)
+                ids[i] = (PlanId) { .id = p->entries[i].handle->id, .slot = (uint32_t) i };
+        qsort(ids, p->n, sizeof(PlanId), plan_id_cmp);
+        for (size_t i = 0; i < p->n; i++)
+                if (n == 0 || ids[n - 1].id != ids[i].id)
+                        ids[n++] = ids[i];
+        /* in order of first appearance: their slots */
+        qsort(ids, n, sizeof(PlanId), plan_slot_cmp);
+        for (size_t i = 0; i < n; i++)
+                ids[i].slot = (uint32_t) i;
+        qsort(ids, n, sizeof(PlanId), plan_id_cmp);
+        *ret = ids;
+        *ret_n = (uint32_t) n;
+        return 0;
+}
+
+/* The slot of tensor @id in @c's plan, or -1 (none, or one whose slots tierd counted otherwise). */
+static int64_t plan_slot_of(const tier_client *c, uint64_t id) {
+        size_t lo = 0, hi = c->plan_ids ? c->plan_slots : 0;
+
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+
+                if (c->plan_ids[mid].id == id)
+                        return c->plan_ids[mid].slot;
+                if (c->plan_ids[mid].id < id)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return -1;
+}
+
 _public_ int tier_plan_submit(tier_plan *p) {
         tier_client *c;
         Tier__Request req = TIER__REQUEST__INIT;
@@ -145,6 +205,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         _cleanup_free_ Tier__PlanPhase **phasep = NULL;
         _cleanup_free_ Tier__PlanAccess *acc = NULL;
         _cleanup_free_ Tier__PlanAccess **accp = NULL;
+        _cleanup_free_ PlanId *ids = NULL;
         Packet pk = PACKET_NULL;
         const Tier__PlanReply *pr;
         int page_fd = -1, marker_fd = -1, r;
@@ -195,6 +256,9 @@ _public_ int tier_plan_submit(tier_plan *p) {
                 p->cap = p->n;
         }
 
+        r = plan_number_slots(p, &ids, &slots);
+        if (r < 0)
+                return r;
         phases = calloc(p->n_phases, sizeof(*phases));
         phasep = calloc(p->n_phases, sizeof(*phasep));
         acc = calloc(p->n, sizeof(*acc));
@@ -254,27 +318,12 @@ _public_ int tier_plan_submit(tier_plan *p) {
         c->plan_marker_fd = marker_fd;
         c->plan_phases = p->n_phases;
         c->plan_seq = 0;
-
-        /* slots: distinct tensors in order of first appearance, as tierd numbers them */
-        for (tier_tensor *t = c->tensors; t; t = t->next)
-                t->plan_slot = -1;
-        for (size_t i = 0; i < p->n; i++) {
-                tier_tensor *h = p->entries[i].handle;
-                int32_t found = -1;
-
-                for (tier_tensor *t = c->tensors; t; t = t->next)
-                        if (t->id == h->id && t->plan_slot >= 0)
-                                found = t->plan_slot;
-                if (found < 0)
-                        found = (int32_t) slots++;
-                for (tier_tensor *t = c->tensors; t; t = t->next)
-                        if (t->id == h->id)
-                                t->plan_slot = found;
-        }
         c->plan_slots = pr->n_slots;
         packet_done(&pk);
         if (slots != c->plan_slots)
                 return client_error(c, -EPROTO, "tierd counts %u plan tensors, the client %u", c->plan_slots, slots);
+        /* slots: distinct tensors in order of first appearance, as tierd numbers them (plan_slots of them) */
+        c->plan_ids = TAKE_PTR(ids);
         tier_plan_free(p);
         return 0;
 }
@@ -287,10 +336,9 @@ void plan_forget(tier_client *c) {
         c->plan_page_size = 0;
         c->plan_marker_fd = safe_close(c->plan_marker_fd);
         c->plan_slots = 0;
+        c->plan_ids = mfree(c->plan_ids);
         c->plan_phases = 0;
         c->plan_seq = 0;
-        for (tier_tensor *t = c->tensors; t; t = t->next)
-                t->plan_slot = -1;
 }
 
 _public_ int tier_plan_end(tier_client *c) {
@@ -395,6 +443,7 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         Tier__Grant g = TIER__GRANT__INIT;
         const PlanSlot *s;
         uint32_t n_pieces, first_piece;
+        int64_t slot;
         int r;
 
         if (!c || !ret || (tier != TIER_VRAM && tier != TIER_HOST))
@@ -404,9 +453,10 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
                 return r;
         if (t->client != c)
                 return client_error(c, -EINVAL, "tensor '%s' belongs to another client", t->name);
-        if (!c->plan_page || t->plan_slot < 0 || (uint32_t) t->plan_slot >= c->plan_slots)
+        slot = c->plan_page ? plan_slot_of(c, t->id) : -1;
+        if (slot < 0)
                 return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
-        s = &c->plan_page->slots[2 * (uint32_t) t->plan_slot + (uint32_t) tier];
+        s = &c->plan_page->slots[2 * (uint32_t) slot + (uint32_t) tier];
         /* the page is tierd's to write: each field is read once, then checked and used as read */
         n_pieces = __atomic_load_n(&s->n_pieces, __ATOMIC_ACQUIRE);
         first_piece = __atomic_load_n(&s->first_piece, __ATOMIC_RELAXED);

@@ -105,7 +105,6 @@ static int tensor_from_reply(tier_client *c, Packet *p, const char *name, tier_t
         }
         t->id = ti->tensor;
         t->size = ti->size;
-        t->plan_slot = -1;
         t->name = strdup(ti->name && *ti->name ? ti->name : name);
         packet_done(p);
         if (!t->name) {

@@ -627,6 +627,36 @@ static void test_phase_grant_other_client(void **state) {
 }
 
 /*
+ * A handle opened after the plan was submitted has its tensor's slot too, also once the handle the plan
+ * was made with is closed (tier_phase_grant() failed with -ENOENT: only the handles open at the submit
+ * knew their slot).
+ */
+static void test_phase_grant_later_handle(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t, *u;
+        tier_plan *plan = NULL;
+        struct tier_grant g;
+
+        assert_int_equal(tier_client_new(daemon_.socket, "later-handle", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "t", TSIZE, &t), 0);
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        assert_int_equal(tier_plan_add(plan, 0, t, TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_add(plan, 1, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        assert_int_equal(tier_tensor_open(c, "t", &u), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_grant(c, u, TIER_HOST, &g), 0);
+        fill(&g, 1, 1);
+        tier_tensor_close(t);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, u, TIER_HOST, &g), 0);
+        assert_int_equal(check(&g, 1, 1), -1);
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_tensor_destroy(u), 0);
+        tier_client_free(c);
+}
+
+/*
  * A commit while a pin may write a tensor whose current version is in memory only is refused: that copy is
  * being overwritten (a write-only pin hands out the valid copy itself), and the commit kept no image of it,
  * so the rollback found nothing to go back to.  With the version on NVMe too, the commit goes, and the
@@ -669,6 +699,7 @@ int main(void) {
                 cmocka_unit_test(test_commit_during_write_only_pin),
                 cmocka_unit_test(test_commit_while_plan_overwrites),
                 cmocka_unit_test(test_phase_grant_other_client),
+                cmocka_unit_test(test_phase_grant_later_handle),
                 cmocka_unit_test(test_plan_over_quota_refused),
                 cmocka_unit_test(test_staging_waits_quietly),
                 cmocka_unit_test(test_pin_waits_for_transfers),
