@@ -219,12 +219,17 @@ static int use_moved(const Tier__StatusReply *sr, void *userdata) {
 }
 
 _public_ int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINK_SLOTS]) {
-        Moved m = { c, bytes };
+        uint64_t moved[TIER_LINK_SLOTS] = {};
+        Moved m = { c, moved };
+        int r;
 
         if (!c || !bytes)
                 return -EINVAL;
-        memset(bytes, 0, TIER_LINK_SLOTS * sizeof(uint64_t));
-        return status_fetch(c, use_moved, &m);
+        r = status_fetch(c, use_moved, &m);
+        if (r < 0)
+                return r;       /* @bytes left alone (libtier(3)) */
+        memcpy(bytes, moved, sizeof(moved));
+        return r;
 }
 
 /* Copy @s into the fixed-size @buf, cut short if it must be. */

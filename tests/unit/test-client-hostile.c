@@ -363,12 +363,44 @@ static void test_plan_outlives_client(void **state) {
         assert_int_equal(st, 0);        /* fails with 5, 1 (valgrind) or 139 (SIGSEGV) */
 }
 
+static int moved_refused(const char *path) {
+        uint64_t bytes[TIER_LINK_SLOTS];
+        tier_client *c = NULL;
+        int r;
+
+        if (tier_client_new(path, "job", 0, &c) < 0)
+                return 2;
+        for (size_t i = 0; i < TIER_LINK_SLOTS; i++)
+                bytes[i] = 1000 + i;
+        r = tier_client_moved(c, bytes);        /* the fake refuses the status request */
+        fprintf(stderr, "tier_client_moved: %d (%s)\n", r, tier_client_last_error(c));
+        tier_client_free(c);
+        if (r != -ENOSYS)
+                return 6;
+        for (size_t i = 0; i < TIER_LINK_SLOTS; i++)
+                if (bytes[i] != 1000 + i)
+                        return 7;
+        return 0;
+}
+
+/* libtier(3): outputs are left alone on failure; tier_client_moved() zeroed its array first. */
+static void test_moved_left_alone_on_failure(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAIN);
+        st = in_child(moved_refused, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 7 */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
                 cmocka_unit_test(test_phase_error_truncated),
                 cmocka_unit_test(test_pin_no_address_space),
                 cmocka_unit_test(test_plan_outlives_client),
+                cmocka_unit_test(test_moved_left_alone_on_failure),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
