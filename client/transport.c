@@ -420,5 +420,8 @@ _public_ int tier_client_process(tier_client *c) {
         if (!c)
                 return -EINVAL;
         r = transport_drain(c);
-        return r < 0 ? r : transport_check(c);
+        /* once tierd announced its stop, the connection it then closes reports the stop, as requests do */
+        if (r < 0 && !c->shutdown)
+                return r;
+        return transport_check(c);
 }

@@ -37,6 +37,7 @@ enum {
         SC_PLAN_ERROR_WRAPS,    /* daemon.error = 1 << 32: never ready */
         SC_SEGMENT_HUGE,        /* a 1 GiB segment (sparse): its mmap fails under RLIMIT_AS */
         SC_PLAIN,               /* nothing hostile: a client's life around its plans */
+        SC_SHUTDOWN,            /* after the Hello, a Shutdown event, and the connection closed */
 };
 
 typedef struct Fake {
@@ -175,6 +176,24 @@ static void answer(Fake *f, int fd, const Tier__Request *req) {
         send_resp(fd, &resp, fds, n_fds);
 }
 
+static void send_shutdown(int fd, const char *reason) {
+        Tier__Reply reply = TIER__REPLY__INIT;
+        Tier__Event ev = TIER__EVENT__INIT;
+        Tier__Shutdown sh = TIER__SHUTDOWN__INIT;
+        uint8_t buf[256];
+        size_t len;
+
+        sh.reason = (char *) reason;
+        ev.kind_case = TIER__EVENT__KIND_SHUTDOWN;
+        ev.shutdown = &sh;
+        reply.kind_case = TIER__REPLY__KIND_EVENT;
+        reply.event = &ev;
+        len = tier__reply__get_packed_size(&reply);
+        assert_true(len <= sizeof(buf));
+        tier__reply__pack(&reply, buf);
+        (void) wire_send(fd, buf, len, NULL, 0);
+}
+
 static void *fake_main(void *userdata) {
         Fake *f = userdata;
         static uint8_t buf[1 << 20];
@@ -194,6 +213,11 @@ static void *fake_main(void *userdata) {
                 if (!req)
                         break;
                 answer(f, fd, req);
+                if (f->scenario == SC_SHUTDOWN && req->op_case == TIER__REQUEST__OP_HELLO) {
+                        send_shutdown(fd, "fake tierd stops");
+                        tier__request__free_unpacked(req, NULL);
+                        break;          /* and closes the connection */
+                }
                 tier__request__free_unpacked(req, NULL);
         }
         close(fd);
@@ -394,6 +418,36 @@ static void test_moved_left_alone_on_failure(void **state) {
         assert_int_equal(st, 0);        /* fails with 7 */
 }
 
+static int process_after_shutdown(const char *path) {
+        struct pollfd pfd = { .events = POLLRDHUP };
+        tier_client *c = NULL;
+        int r, again;
+
+        if (tier_client_new(path, "job", 0, &c) < 0)
+                return 2;
+        /* until the fake has closed the connection (the Shutdown event queued before it) */
+        pfd.fd = tier_client_fd(c);
+        while (!(pfd.revents & (POLLRDHUP | POLLHUP)))
+                if (poll(&pfd, 1, -1) < 0)
+                        return 2;
+        r = tier_client_process(c);
+        again = tier_client_process(c);
+        fprintf(stderr, "tier_client_process: %d, then %d (%s)\n", r, again, tier_client_last_error(c));
+        tier_client_free(c);
+        return r == -ESHUTDOWN && again == -ESHUTDOWN ? 0 : 8;
+}
+
+/* tier_client_process(3): -ESHUTDOWN once tierd announced its stop, also when it closed the connection since. */
+static void test_process_after_shutdown(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_SHUTDOWN);
+        st = in_child(process_after_shutdown, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 8: -ECONNRESET first */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
@@ -401,6 +455,7 @@ int main(void) {
                 cmocka_unit_test(test_pin_no_address_space),
                 cmocka_unit_test(test_plan_outlives_client),
                 cmocka_unit_test(test_moved_left_alone_on_failure),
+                cmocka_unit_test(test_process_after_shutdown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
