@@ -143,14 +143,14 @@ int fence_done(tier_client *c, tier_fence f) {
         if (f == 0)
                 return 1;
         if (f > c->fence_max)
-                return client_error(c, -EINVAL, "fence %" PRIu64 " was never issued on this connection",
+                return client_error(c, -EINVAL, "fence %#" PRIx64 " was never issued on this connection",
                                     fence_out(c, f));
         if (f <= c->fence_floor && c->floor_error < 0 && c->floor_error != -ERESTART)
-                return client_error(c, c->floor_error, "fence %" PRIu64 " was handed out before the connection to "
+                return client_error(c, c->floor_error, "fence %#" PRIx64 " was handed out before the connection to "
                                     "tierd broke (%s), and no tierd came back: what it stood for may or may not "
                                     "have happened", fence_out(c, f), tier_strerror(c->floor_error));
         if (f <= c->fence_floor)
-                return client_error(c, -ERESTART, "fence %" PRIu64 " was handed out before tierd restarted: what it "
+                return client_error(c, -ERESTART, "fence %#" PRIx64 " was handed out before tierd restarted: what it "
                                     "stood for may or may not have happened", fence_out(c, f));
         f -= c->fence_offset;           /* tierd's number for it (reconnect.c) */
         if (c->n_failures > 0) {
@@ -206,7 +206,7 @@ int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 if (timeout_ms >= 0) {
                         uint64_t now = now_ms();
                         if (now >= deadline)
-                                return client_error(c, -ETIMEDOUT, "fence %" PRIu64 " not done after %d ms",
+                                return client_error(c, -ETIMEDOUT, "fence %#" PRIx64 " not done after %d ms",
                                                     fence_out(c, f), timeout_ms);
                         t = (int) MIN(deadline - now, (uint64_t) INT_MAX);
                 }

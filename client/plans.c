@@ -453,7 +453,9 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
                 return r;
         if (t->client != c)
                 return client_error(c, -EINVAL, "tensor '%s' belongs to another client", t->name);
-        slot = c->plan_page ? plan_slot_of(c, t->id) : -1;
+        if (!c->plan_page)
+                return client_error(c, -EINVAL, "no plan was submitted");
+        slot = plan_slot_of(c, t->id);
         if (slot < 0)
                 return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
         s = &c->plan_page->slots[2 * (uint32_t) slot + (uint32_t) tier];

@@ -322,6 +322,7 @@ static void test_timeout_and_stale(void **state) {
         assert_int_equal(tier_tensor_stat(a, &st), -ESTALE);
         assert_int_equal(tier_client_restarts(c), 1);
         assert_int_equal(tier_fence_done(c, f), -ERESTART);     /* now one did */
+        assert_non_null(strstr(tier_client_last_error(c), "fence 0x"));        /* as the caller sees it: hex */
         tier_tensor_close(a);
         tier_client_free(c);
 

@@ -134,8 +134,10 @@ class TestPlan(tierd.DaemonTestCase):
         other = self.client("plan-other")
         with self.assertRaises(ValueError):
             other.plan().add(0, ts[0], tier.HOST)
-        with self.assertRaises(tier.NotFoundError):
-            c.phase_grant(ts[0], tier.HOST)  # not planned
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase_grant(ts[0], tier.HOST)  # no plan runs: refused
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("no plan was submitted", cm.exception.strerror)
         for t in ts:
             t.destroy()
 

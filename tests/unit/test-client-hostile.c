@@ -448,6 +448,32 @@ static void test_process_after_shutdown(void **state) {
         assert_int_equal(st, 0);        /* fails with 8: -ECONNRESET first */
 }
 
+static int grant_without_plan(const char *path) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        int r;
+
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0)
+                return 2;
+        r = tier_phase_grant(c, t, TIER_HOST, &g);
+        fprintf(stderr, "tier_phase_grant: %d (%s)\n", r, tier_client_last_error(c));
+        tier_tensor_close(t);
+        tier_client_free(c);
+        return r == -EINVAL ? 0 : 9;
+}
+
+/* tier_phase_enter(3): -EINVAL when the client runs no plan, for tier_phase_grant() too (it said -ENOENT). */
+static void test_phase_grant_without_plan(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAIN);
+        st = in_child(grant_without_plan, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 9 */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
@@ -456,6 +482,7 @@ int main(void) {
                 cmocka_unit_test(test_plan_outlives_client),
                 cmocka_unit_test(test_moved_left_alone_on_failure),
                 cmocka_unit_test(test_process_after_shutdown),
+                cmocka_unit_test(test_phase_grant_without_plan),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
