@@ -20,9 +20,13 @@
  * each tensor and checks sample words of every 1 MiB (every word with
  * --verify-all), so a fast but wrong data path shows as "verified":false.
  *
- * The baseline is fio on the same directory with the same byte count, 1 MiB
- * blocks, io_uring and O_DIRECT: --rw=write, then --rw=read of the file just
- * written.  tierd and fio alternate inside each round so that drift of the
+ * The baseline is fio on the same directory with the same byte count, set up
+ * as tierd's I/O path is: 1 MiB blocks (bench/run's extent_size), io_uring,
+ * O_DIRECT, the queue depth of tierd's ring in this run (--queue-depth, which
+ * bench/run passes from the [nvme] queue_depth it wrote), registered buffers
+ * and files (--fixedbufs --registerfiles): --rw=write, then --rw=read of the
+ * file just written.  A shallower queue or plain buffers would measure fio
+ * below the drive and make tierd look faster than it.  tierd and fio alternate inside each round so that drift of the
  * device hits both alike; the figures are the medians of the rounds, and the
  * ratios say how much of the raw drive bandwidth tierd delivers.  Nothing is
  * asserted: figures and baseline are printed as one JSON line on stdout.
@@ -52,9 +56,10 @@
 
 /* Verification unit: of each MiB of a tensor, the first, the last and one random word are checked. */
 #define VERIFY_STRIDE (UINT64_C(1) << 20)
-/* fio settings of the baseline: the extent size of bench/run's config, a deep queue. */
+/* fio's block size: the extent size of bench/run's config. */
 #define FIO_BS "1M"
-#define FIO_IODEPTH 32
+/* tierd's [nvme] queue_depth when --queue-depth is not given (its default, and bench/run's). */
+#define DEFAULT_QUEUE_DEPTH 64
 /* fio's JSON report is a few KiB; anything much larger is not what we asked for. */
 #define FIO_REPORT_MAX (UINT64_C(16) << 20)
 /* Most rounds of --repeat. */
@@ -69,6 +74,7 @@ typedef struct Args {
         uint64_t tensor_size;
         uint64_t targets;
         uint64_t repeat;
+        uint64_t queue_depth;
         bool verify_all;
         bool no_fio;
 } Args;
@@ -195,7 +201,7 @@ static int run_fio(const Args *a, const char *rw, uint64_t *ret_bps) {
 
         if (asprintf(&directory, "--directory=%s", a->dir) < 0 ||
             asprintf(&size, "--size=%" PRIu64, a->total) < 0 ||
-            asprintf(&iodepth, "--iodepth=%d", FIO_IODEPTH) < 0 ||
+            asprintf(&iodepth, "--iodepth=%" PRIu64, a->queue_depth) < 0 ||
             asprintf(&report_path, "%s/fio-%s.json", a->dir, rw) < 0 ||
             asprintf(&output, "--output=%s", report_path) < 0)
                 return -ENOMEM;
@@ -209,6 +215,9 @@ static int run_fio(const Args *a, const char *rw, uint64_t *ret_bps) {
         argv[n++] = iodepth;
         argv[n++] = (char *) "--ioengine=io_uring";
         argv[n++] = (char *) "--direct=1";
+        /* as tierd's ring: its host segments and targets are registered */
+        argv[n++] = (char *) "--fixedbufs";
+        argv[n++] = (char *) "--registerfiles";
         argv[n++] = (char *) (strcmp(rw, "write") == 0 ? "--rw=write" : "--rw=read");
         argv[n++] = (char *) "--output-format=json";
         argv[n++] = output;
@@ -412,16 +421,17 @@ static void usage(void) {
                 "  --job NAME          job name (default bench-io-PID)\n"
                 "  --fio PATH          fio binary (default fio)\n"
                 "  --no-fio            skip the fio baseline (its fields are null)\n"
+                "  --queue-depth N     tierd's [nvme] queue_depth in this run: fio's iodepth (default %d)\n"
                 "  --repeat N          rounds of tierd write+read and fio write+read (default 3);\n"
                 "                      the figures are medians\n"
                 "  --verify-all        check every word after the last read pass, not a sample\n"
                 "Prints one JSON line on stdout; progress on stderr.\n",
-                program_invocation_short_name);
+                program_invocation_short_name, DEFAULT_QUEUE_DEPTH);
 }
 
 static int parse_args(int argc, char **argv, Args *a) {
         enum { ARG_SOCKET = 0x100, ARG_DIR, ARG_TOTAL, ARG_TENSOR_SIZE, ARG_TARGETS, ARG_JOB, ARG_FIO,
-               ARG_NO_FIO, ARG_VERIFY_ALL, ARG_REPEAT };
+               ARG_NO_FIO, ARG_VERIFY_ALL, ARG_REPEAT, ARG_QUEUE_DEPTH };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "socket", required_argument, NULL, ARG_SOCKET },
@@ -434,6 +444,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                 { "no-fio", no_argument, NULL, ARG_NO_FIO },
                 { "verify-all", no_argument, NULL, ARG_VERIFY_ALL },
                 { "repeat", required_argument, NULL, ARG_REPEAT },
+                { "queue-depth", required_argument, NULL, ARG_QUEUE_DEPTH },
                 {}
         };
         int c, r;
@@ -486,6 +497,14 @@ static int parse_args(int argc, char **argv, Args *a) {
                         r = bench_parse_uint(optarg, 1, MAX_REPEAT, &a->repeat);
                         if (r < 0) {
                                 bench_log("bad --repeat \"%s\" (1..%d)", optarg, MAX_REPEAT);
+                                return -EINVAL;
+                        }
+                        break;
+                case ARG_QUEUE_DEPTH:
+                        /* tierd's own range for [nvme] queue_depth */
+                        r = bench_parse_uint(optarg, 1, 4096, &a->queue_depth);
+                        if (r < 0) {
+                                bench_log("bad --queue-depth \"%s\" (1..4096)", optarg);
                                 return -EINVAL;
                         }
                         break;
@@ -588,6 +607,7 @@ int main(int argc, char **argv) {
                 .tensor_size = UINT64_C(16) << 20,
                 .targets = 1,
                 .repeat = 3,
+                .queue_depth = DEFAULT_QUEUE_DEPTH,
         };
         Run run = {};
         char job[64], name[32];
@@ -701,7 +721,9 @@ finish:
                 bench_json_double_array(&j, "fio_read_gbps_rounds", fr, rounds);
         }
         bench_json_string(&j, "fio_bs", FIO_BS);
-        bench_json_u64(&j, "fio_iodepth", FIO_IODEPTH);
+        bench_json_u64(&j, "fio_iodepth", a.queue_depth);
+        bench_json_bool(&j, "fio_fixedbufs", true);
+        bench_json_bool(&j, "fio_registerfiles", true);
         r = bench_json_print(&j);
         if (r < 0) {
                 bench_log("printing the result: %s", strerror(-r));

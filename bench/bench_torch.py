@@ -6,8 +6,10 @@
 below) and runs this program, which prints exactly one JSON line on stdout
 (the table and progress go to stderr).  In one run it measures:
 
-* baselines: fio read and write on the directory of tierd's target file
-  (``--bs=1M --iodepth=32 --ioengine=io_uring --direct=1``, as bench-io), and
+* baselines: fio read and write on the directory of tierd's target file,
+  set up as tierd's ring is (``--bs=1M --iodepth=QD --ioengine=io_uring
+  --direct=1 --fixedbufs --registerfiles``, QD tierd's ``[nvme] queue_depth``
+  from ``--queue-depth``; as bench-io), and
   the host<->VRAM link: a one-thread memcpy (torch ``copy_`` of 256 MiB,
   best of 5) for emulated VRAM, whose copies are memcpys on one thread of
   tierd, or host<->device copies for the cuda backend;
@@ -52,7 +54,8 @@ MIB = 1 << 20
 CONFIGS = ("plain", "fit", "A", "B", "C")
 MODELS = ("bytelm", "gpt2")
 FIO_BS = "1M"
-FIO_IODEPTH = 32
+# tierd's [nvme] queue_depth when --queue-depth is not given (its default, and bench/run's)
+QUEUE_DEPTH = 64
 
 
 def log(msg: str) -> None:
@@ -97,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vram-limit", type=size, help="tight VRAM budget (default: 4 x the largest block's "
                    "parameter bytes)")
     p.add_argument("--fio-size", type=size, default=1 << 30, help="bytes per fio pass (default 1G)")
+    p.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH, help="tierd's [nvme] queue_depth in this "
+                   f"run: fio's iodepth (default {QUEUE_DEPTH})")
     p.add_argument("--step-timeout", type=float, default=120, help="seconds one step (or a configuration's "
                    "start) may take before its process is killed and reported as not fitting (default 120)")
     p.add_argument("--sequential", action="store_true", help="run the configurations one after another "
@@ -113,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--accumulate must be at least 1")
     if a.warmup < 1 or a.steps < 1:
         p.error("--warmup and --steps must be at least 1")
+    if not 1 <= a.queue_depth <= 4096:
+        p.error("--queue-depth must be 1..4096 (tierd's range)")
     return a
 
 
@@ -284,11 +291,11 @@ def child(a: argparse.Namespace) -> int:
 
 # ---- baselines --------------------------------------------------------------------------------
 
-def run_fio(directory: str, rw: str, nbytes: int) -> float:
-    """fio's bytes/s for one pass of @rw over @nbytes in @directory (bench-io's settings)."""
+def run_fio(directory: str, rw: str, nbytes: int, qd: int) -> float:
+    """fio's bytes/s for one pass of @rw over @nbytes in @directory at depth @qd (bench-io's settings)."""
     cmd = ["fio", "--name=w", f"--directory={directory}", "--filename=fio-torch.dat", f"--size={nbytes}",
-           f"--bs={FIO_BS}", f"--iodepth={FIO_IODEPTH}", "--ioengine=io_uring", "--direct=1", f"--rw={rw}",
-           "--output-format=json"]
+           f"--bs={FIO_BS}", f"--iodepth={qd}", "--ioengine=io_uring", "--direct=1", "--fixedbufs",
+           "--registerfiles", f"--rw={rw}", "--output-format=json"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
     if r.returncode != 0:
         raise SystemExit(f"bench_torch: fio --rw={rw} failed (status {r.returncode})")
@@ -603,8 +610,8 @@ def parent(a: argparse.Namespace) -> int:
     # baselines
     log(f"fio write and read, {a.fio_size / MIB:.0f} MiB each, in {a.dir}")
     try:
-        fio_w = run_fio(a.dir, "write", a.fio_size)
-        fio_r = run_fio(a.dir, "read", a.fio_size)
+        fio_w = run_fio(a.dir, "write", a.fio_size, a.queue_depth)
+        fio_r = run_fio(a.dir, "read", a.fio_size, a.queue_depth)
     finally:
         try:
             os.unlink(os.path.join(a.dir, "fio-torch.dat"))
@@ -847,6 +854,7 @@ def parent(a: argparse.Namespace) -> int:
                   "block_bytes_max": sz["block_bytes_max"], "tokens_per_step": tokens},
         "budgets": {"fit": {"host": fit_limit, "vram": fit_limit}, "tight": {"host": host_tight, "vram": vram_tight}},
         "fio_read_gbps": r(fio_r / GB), "fio_write_gbps": r(fio_w / GB),
+        "fio_bs": FIO_BS, "fio_iodepth": a.queue_depth, "fio_fixedbufs": True, "fio_registerfiles": True,
         "link_baseline": link_kind, "link_gbps": r(link_bw / GB) if link_bw else None,
         "vram_backend": backend,
         "mode": "sequential" if a.sequential else "interleaved",

@@ -110,6 +110,22 @@ class TestReport(unittest.TestCase):
         with open(os.path.join(out, "summary.md")) as f:
             self.assertIn("## Requests vs a raw socket (bench-ipc)", f.read())
 
+    @unittest.skipUnless(os.geteuid() == 0, "bench/run needs root (it mlocks tierd's host pool)")
+    @unittest.skipIf(shutil.which("fio") is None, "fio is not installed (./scripts/test installs it)")
+    def test_io_fio_as_tierd(self) -> None:
+        """bench/run io: fio runs at tierd's queue depth with registered buffers and files, and says so."""
+        env_dir = tempfile.mkdtemp(prefix="tier-report-io-", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, env_dir, True)
+        p = subprocess.run([RUN, "io", "--dir", env_dir, "--total", "32M", "--tensor-size", "16M", "--repeat", "1"],
+                           capture_output=True, text=True, check=False, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        line = json.loads(p.stdout)
+        # bench/run writes [nvme] queue_depth = 64 and extent_size = 1M
+        self.assertEqual((line["fio_bs"], line["fio_iodepth"]), ("1M", 64))
+        self.assertIs(line["fio_fixedbufs"], True)
+        self.assertIs(line["fio_registerfiles"], True)
+        self.assertGreater(line["fio_read_gbps"], 0)
+
 
 if __name__ == "__main__":
     tierd.main()
