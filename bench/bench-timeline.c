@@ -26,8 +26,11 @@
  * emulated VRAM link).  ratio = step_s / lower_bound_s.  The capacity-aware
  * bound has the same form with the fewest bytes any schedule of the plan
  * needs under the job's limits (capbound.c) instead of the bytes moved:
- * ratio_capacity = step_s / capacity_bound_s; capacity_floor_s is the same
- * from capbound_floor()'s proven bytes, never above the best possible.
+ * ratio_capacity = step_s / capacity_bound_s.  Those bytes are the fewest
+ * *found* (capbound_min(), a heuristic: on a few tiny plans the exhaustive
+ * search needs fewer), so capacity_bound_s is the least found, not a lower
+ * bound; capacity_floor_s is the same from capbound_floor()'s proven bytes,
+ * never above the best possible.
  * held2_bound_s is the capacity-aware bound with the fewest NVMe bytes found
  * for schedules that hold two phases at a time, as the timeline policy does
  * (capbound_min_held()): what that design costs, not a bound on every
@@ -35,8 +38,8 @@
  * time_bound_s adds when the bytes can move (capbound_time(): the reads a
  * window of phases needs beyond what memory holds at its start, and the
  * writes of what it changes beyond what memory holds at its end, against
- * the compute of that window): max(capacity_bound_s, that), ratio_time =
- * step_s / time_bound_s.
+ * the compute of that window): max(capacity_floor_s, that)
+ * (capbound_lower(): proven terms only), ratio_time = step_s / time_bound_s.
  *
  * --plan FILE runs another plan (timeline-plan.c); --jobs N runs N jobs of
  * the plan at once (same_run() in timeline-fair.c) and reports them as one
@@ -102,25 +105,27 @@ static double *plan_compute(const Args *a) {
 }
 
 /*
- * The time-aware bound of one job's step (capbound_time()) under these limits, with the
- * compute asked for: NAN (logged) when there is none.  Each job has its own limits and,
- * at best, the whole NVMe bandwidth during its burst: so it bounds every job's step.
+ * time_bound_s: the best lower bound on a step of @n_jobs jobs under these limits, with the
+ * compute asked for (capbound_lower(): the time-aware bound of one job, which has its own
+ * limits and at best the whole NVMe bandwidth during its burst, and the proven floor's bytes
+ * of all jobs over the shared links): NAN (logged) when there is none.
  */
-static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, CbTime *tb) {
+static double plan_time_bound(const Args *a, uint64_t vram, uint64_t host, unsigned n_jobs, CbTime *tb) {
         CbPlan cb = tl_plan_cb(a->plan);
         _cleanup_free_ double *compute = plan_compute(a);
+        double s;
         int r;
 
         if (!compute)
                 return NAN;
-        r = capbound_time(&cb, vram, host, compute, (double) a->nvme_bw * (double) a->targets, (double) a->link_bw,
-                          tb);
+        r = capbound_lower(&cb, vram, host, compute, (double) a->nvme_bw * (double) a->targets, (double) a->link_bw,
+                           n_jobs, tb, &s);
         if (r < 0) {
                 bench_log("no time-aware bound: %s", strerror(-r));
                 *tb = (CbTime) { .from = SIZE_MAX, .to = SIZE_MAX };
                 return NAN;
         }
-        return tb->step_s;
+        return s;
 }
 
 /*
@@ -183,7 +188,7 @@ static int run_capbound(const Args *a) {
                 CbPlanned pl;
                 CbTime tb;
 
-                bench_json_double(&js, "time_bound_s", plan_time_bound(a, a->cb_vram, a->cb_host, &tb));
+                bench_json_double(&js, "time_bound_s", plan_time_bound(a, a->cb_vram, a->cb_host, 1, &tb));
                 bench_json_double(&js, "planned_s", plan_planned(a, a->cb_vram, a->cb_host, 1, 1, &pl));
                 bench_json_u64(&js, "planned_nvme_bytes", (uint64_t) llround(pl.bytes.nvme_read + pl.bytes.nvme_write));
                 bench_json_u64(&js, "planned_rule", pl.rule);
@@ -243,17 +248,16 @@ static int report(const Args *a, const StepResult *res) {
         if (!isnan(cap_bound) && plan_held_bytes(a, res->vram_limit, res->host_limit, &held) >= 0)
                 held_b = MAX(cap_bound, a->nvme_bw ? n_jobs * (held.nvme_read + held.nvme_write) /
                                                      ((double) a->nvme_bw * (double) a->targets) : 0);
-        time_b = plan_time_bound(a, res->vram_limit, res->host_limit, &tb);
-        if (!isnan(time_b) && !isnan(cap_bound))
-                time_b = MAX(time_b, cap_bound);
+        /* proven terms only: cap_bound is the least found, above the true minimum on some plans */
+        time_b = plan_time_bound(a, res->vram_limit, res->host_limit, (unsigned) res->jobs, &tb);
         bench_log("policy %s: step %.3f s (mean %.3f), bound %.3f s (compute %.3f, nvme %.3f, link %.3f), "
-                  "capacity-aware bound %.3f s (at least %.3f GB NVMe, %.3f GB link a step), stall %.3f s/step, "
+                  "least found %.3f s (%.3f GB NVMe, %.3f GB link a step), stall %.3f s/step, "
                   "verified %s", res->policy, step_med, res->step_mean, bound, res->compute_s, nvme_s, link_s,
                   cap_bound, n_jobs * (min_n.nvme_read + min_n.nvme_write) / 1e9,
                   n_jobs * (min_l.link_up + min_l.link_down) / 1e9, res->stall_s, res->verified ? "yes" : "NO");
         if (tb.from != SIZE_MAX)
                 bench_log("time-aware bound %.3f s: from phase %zu to phase %zu, %.3f GB read and %.3f GB written "
-                          "beyond memory (%.3f GB up the link beyond VRAM)", time_b, tb.from, tb.to,
+                          "beyond memory (%.3f GB up the link beyond VRAM)", tb.step_s, tb.from, tb.to,
                           tb.read_bytes / 1e9, tb.write_bytes / 1e9, tb.up_bytes / 1e9);
 
         bench_json_init(&js, "timeline");

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* capbound-timed.c: step times of the model: a lower bound (capbound_time()) and a schedule's (capbound_planned()). */
+/* capbound-timed.c: step times of the model: lower bounds and a schedule's (capbound_planned()). */
 
 /*
  * Theory of operation
@@ -601,4 +601,29 @@ finish:
         free(s.occ);
         free(s.occ_start);
         return r;
+}
+
+int capbound_lower(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                   double link_bw, unsigned jobs, CbTime *ret_time, double *ret_s) {
+        CbBytes f;
+        double s = 0;
+        int r;
+
+        if (!ret_time || !ret_s || jobs == 0)
+                return -EINVAL;
+        r = capbound_time(p, vram_cap, host_cap, compute, nvme_bw, link_bw, ret_time);
+        if (r < 0)
+                return r;
+        /* the proven bytes only: capbound_min()'s are a schedule's, above the minimum on some plans */
+        r = capbound_floor(p, vram_cap, host_cap, &f);
+        if (r < 0)
+                return r;
+        for (size_t k = 0; k < p->n_phases; k++)
+                s += compute[k];
+        if (nvme_bw > 0)
+                s = MAX(s, (double) jobs * (f.nvme_read + f.nvme_write) / nvme_bw);
+        if (link_bw > 0)
+                s = MAX(s, (double) jobs * (f.link_up + f.link_down) / link_bw);
+        *ret_s = MAX(ret_time->step_s, s);
+        return 0;
 }

@@ -65,15 +65,18 @@
  * next use over cost, free drops first, cheapest first; each with and
  * without upstaging and parking), once weighting only NVMe bytes and
  * once only link bytes: each minimum separately, since
- * max(compute, N/bw_n, L/bw_l) is a lower bound when N and L are each the
- * least any schedule needs.  Each figure is the cost of a schedule the model
- * allows, so it can only be at or above the model's true minimum: Belady's
+ * max(compute, N/bw_n, L/bw_l) would be a lower bound if N and L were each
+ * the least any schedule needs.  They are not: each figure is the cost of a
+ * schedule the model allows (the least found), so it can only be at or above
+ * the model's true minimum, and the time from it is no bound: Belady's
  * rule is optimal for misses alone, not with write-backs and mixed sizes
  * (both NP-hard in general).  capbound_exact() finds the true minimum by
  * exhaustive search for plans of at most three tensors; the unit tests
  * compare the two there.  capbound_floor() is the other side: bytes every
  * schedule needs, by counting (what cannot fit at some phase, what is
- * written in one tier and read in the other), at or below the true minimum.
+ * written in one tier and read in the other), at or below the true minimum:
+ * its bytes, not capbound_min()'s, are what a lower bound on time may use
+ * (capbound_lower() in capbound-timed.c).
  */
 
 #include <errno.h>

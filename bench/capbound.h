@@ -93,7 +93,10 @@ int capbound_simulate(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbR
 
 /*
  * capbound_min() - the fewest bytes per step found: every rule, once
- * minimising NVMe bytes and once link bytes.  *@nvme gets the NVMe-minimising
+ * minimising NVMe bytes and once link bytes.  Each is the cost of a schedule
+ * the model allows, so at or above the true minimum (capbound_exact() finds
+ * fewer on a few tiny plans): the least found, not a lower bound; for one,
+ * capbound_floor() and capbound_lower().  *@nvme gets the NVMe-minimising
  * schedule's bytes (nvme_read + nvme_write smallest), *@link the
  * link-minimising one's (link_up + link_down smallest); each may be NULL.
  * Errors as capbound_simulate() (-ETIME is not an error here: the mean is used).
@@ -155,10 +158,11 @@ typedef struct CbTime {
  *   vram_cap cross the link.  The step is then at least its compute plus the
  *   largest excess of such a wait over the compute of the phases it spans,
  *   over every window (a, k).
- * Where the least bytes a step needs (capbound_min(), capbound_floor()) fill
- * the links only on average, this bound sees a burst: the optimizer's reads
- * that no memory can take before the backward pass ends.  The bytes bound
- * and this one are both lower bounds: the larger is the better.
+ * Where the least bytes a step needs (capbound_floor()) fill the links only
+ * on average, this bound sees a burst: the optimizer's reads that no memory
+ * can take before the backward pass ends.  It and the floor's bytes over
+ * the links are both lower bounds, and capbound_lower() takes the larger;
+ * capbound_min()'s bytes are not one (the least found, a heuristic).
  * -EINVAL for a malformed plan or a negative compute, -E2BIG for a plan too
  * large to scan (n_phases x accesses over 10^8), -ENOMEM.  Past n_phases^2 x
  * n_tensors of 10^8 the writes are left out (a weaker bound, still one).
@@ -166,6 +170,19 @@ typedef struct CbTime {
  */
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret);
+
+/*
+ * capbound_lower() - the best lower bound on a step of @jobs jobs of @p known
+ * here, each under capacities @vram_cap and @host_cap, sharing links of
+ * @nvme_bw and @link_bw bytes/s (0: no bound from that link): the larger of
+ * capbound_time() for one job (at best the whole drive during its burst;
+ * its window in *@ret_time) and max(compute, @jobs x capbound_floor()'s NVMe
+ * bytes / @nvme_bw, @jobs x its link bytes / @link_bw).  Only proven terms:
+ * capbound_min()'s bytes do not enter.  Errors as capbound_time(), and
+ * -EINVAL for @jobs 0.
+ */
+int capbound_lower(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                   double link_bw, unsigned jobs, CbTime *ret_time, double *ret_s);
 
 /* A step time a schedule of the model reaches (capbound_planned()). */
 typedef struct CbPlanned {

@@ -19,10 +19,12 @@ def main() -> int:
             d = json.loads(line)
             rows.setdefault(d["case"], {})[d["policy"]] = d
     print(f"Measured by `bench/run timeline --matrix` in {seconds} s; load average at the end {load} on "
-          f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs).\n")
-    print("| case | jobs | compute asked / measured | capacity bound (floor) | time bound | held-2 bound "
+          f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs). \"least found\" "
+          "(capacity_bound_s) is the step time of the fewest bytes the model's heuristic found, not a lower "
+          "bound; \"floor\" and \"time bound\" are lower bounds.\n")
+    print("| case | jobs | compute asked / measured | least found (floor) | time bound | held-2 bound "
           "| planned step (held 1 / 2) | timeline step "
-          "| x cap | x time | x held-2 | x planned | lru step | x cap | ondemand step | x cap "
+          "| x least | x time | x held-2 | x planned | lru step | x least | ondemand step | x least "
           "| NVMe GB timeline / lru / ondemand / least / least held-2 | stall timeline | lower_bound_s timeline "
           "| verified |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -27,7 +27,7 @@ def fixture() -> dict:
                               "gbps": 0.1 * qd * (bs / 131072) ** 0.5, "iops": 1000.0, "lat_us_p50": 100.0,
                               "suspect": op == "read" and qd == 16 and bs == 1048576})
     tl = [{"bench": "timeline", "config": "balanced", "policy": p, "step_s": s, "lower_bound_s": b,
-           "capacity_bound_s": c, "ratio": s / b, "nvme_read_gb": 0.1, "nvme_write_gb": 0.05, "stall_s": 0.01,
+           "capacity_bound_s": c, "time_bound_s": 0.52, "ratio": s / b, "nvme_read_gb": 0.1, "nvme_write_gb": 0.05, "stall_s": 0.01,
            "verified": True}
           for p, s, b, c in (("timeline", 0.58, 0.54, 0.53), ("lru", 1.02, 0.6, 0.53))]
     return {"kind": "tierd-bench-results", "version": 1, "time": "2026-12-01T00:00:00+00:00",
@@ -69,7 +69,9 @@ class TestReport(unittest.TestCase):
         self.assertIn("## Storage sweep (tierctl bench)", md)
         self.assertIn("12 cells, 1 above the link speed (suspect)", md)
         self.assertIn("| read | striped | 1048576 | 16 | 0.800 | 0.820 |", md)
-        self.assertIn("| lru | 1.020 | 0.600 | 0.530 |", md)
+        # the heuristic's least found is not shown as a bound; time_bound_s is
+        self.assertIn("| policy | step s | bound s | time bound s | least found s |", md)
+        self.assertIn("| lru | 1.020 | 0.600 | 0.520 | 0.530 |", md)
         self.assertIn("| round trip p50 (µs) | 30.000 | 10.000 | 3.000 |", md)
         if shutil.which("gnuplot") is None:
             self.skipTest("gnuplot is not installed (./scripts/test installs gnuplot-nox)")

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "bench/capbound-internal.h"
+#include "proto/macro.h"
 
 #define V CB_VRAM
 #define H CB_HOST
@@ -445,6 +446,28 @@ static void test_random_vs_exact(void **state) {
                                          f.nvme_read + f.nvme_write, f.link_up + f.link_down, en, el);
                         floor_sum += f.nvme_read + f.nvme_write + f.link_up + f.link_down;
                         exact_sum += en + el;
+                }
+                {
+                        /*
+                         * capbound_lower() (bench-timeline's time_bound_s) is a lower bound: never above
+                         * what the exhaustive minimum's bytes take on the links, or the time-aware
+                         * bound (proven on its own), whichever is larger; with no compute, a bytes
+                         * bound from the heuristic's extra bytes shows
+                         */
+                        static const double zero[6], quarter[6] = { 0.25, 0.25, 0.25, 0.25, 0.25, 0.25 };
+                        const double *cs[] = { zero, quarter };
+
+                        for (size_t c = 0; c < 2; c++) {
+                                double lower, exact_s = 0.25 * (double) n_phases * (double) c;
+                                CbTime tb;
+
+                                exact_s = MAX(exact_s, MAX(en / 1.0, el / 2.0));
+                                assert_int_equal(capbound_lower(&t.p, vc, hc, cs[c], 1.0, 2.0, 1, &tb, &lower), 0);
+                                if (lower > MAX(exact_s, tb.step_s) + 1e-9)
+                                        fail_msg("plan %d: time_bound_s %g s is above the exhaustive minimum's %g s "
+                                                 "(time-aware %g s)", iter, lower, exact_s, tb.step_s);
+                                assert_true(lower >= tb.step_s);
+                        }
                 }
                 if (fabs(n.nvme_read + n.nvme_write - en) > 1e-9 || fabs(l.link_up + l.link_down - el) > 1e-9) {
                         for (size_t k = 0; k < n_phases; k++) {
