@@ -13,11 +13,15 @@ def f(v, fmt="{:.3f}"):
 def main() -> int:
     path, seconds, load, cpus = sys.argv[1:5]
     rows: dict[str, dict[str, dict]] = {}
+    skipped: dict[str, str] = {}
     for line in open(path):
         line = line.strip()
         if line:
             d = json.loads(line)
-            rows.setdefault(d["case"], {})[d["policy"]] = d
+            if "skipped" in d:
+                skipped[d["case"]] = d["skipped"]
+            else:
+                rows.setdefault(d["case"], {})[d["policy"]] = d
     print(f"Measured by `bench/run timeline --matrix` in {seconds} s; load average at the end {load} on "
           f"{cpus} CPUs. step and bounds in seconds, bytes in GB per step (all jobs). \"least found\" "
           "(capacity_bound_s) is the step time of the fewest bytes the model's heuristic found, not a lower "
@@ -52,6 +56,8 @@ def main() -> int:
         cells += [" / ".join(nv), f(t and t["stall_s"]), f(t and t["lower_bound_s"]),
                   "yes" if all(d["verified"] for d in pols.values()) else "NO"]
         print("| " + " | ".join(cells) + " |")
+    for case, why in skipped.items():
+        print(f"\n{case}: skipped ({why}).")
     return 0
 
 

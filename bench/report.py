@@ -26,6 +26,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("io", "ipc", "timeline", "torch", "share", "storage")
+# The rows of bench/run timeline --matrix (bench/run's run_matrix()) and the policies each runs under.
+MATRIX_CASES = tuple(f"L{n}-r{r}-j{j}" for j in (1, 2) for n in (8, 12, 16) for r in ("0.5", "1", "2")) + ("torch-lm",)
+MATRIX_POLICIES = ("timeline", "lru", "ondemand")
 
 
 def log(msg):
@@ -78,6 +81,28 @@ def json_lines(text):
     return out
 
 
+def option_value(argv, name):
+    """The value of option @name (--name VALUE or --name=VALUE) in @argv, the last one given; None if absent."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a[len(name) + 1:]
+    return value
+
+
+def matrix_check(lines, cases=None, policies=None):
+    """(missing, skipped) of bench/run timeline --matrix's JSON lines: "CASE/POLICY" of every row expected
+    (@cases x @policies, by default all of them) that printed no line, and {case: why} of the rows that
+    printed {"case": .., "skipped": why} instead."""
+    skipped = {d["case"]: d["skipped"] for d in lines if "skipped" in d and "case" in d}
+    have = {(d.get("case"), d.get("policy")) for d in lines if "skipped" not in d}
+    missing = [f"{c}/{p}" for c in (cases or MATRIX_CASES) if c not in skipped
+               for p in (policies or MATRIX_POLICIES) if (c, p) not in have]
+    return missing, skipped
+
+
 def run_capture(cmd, what):
     """Run cmd; stderr passes through; returns (rc, JSON objects printed on stdout)."""
     log(f"{what}: {' '.join(cmd)}")
@@ -95,7 +120,7 @@ def run_all(args):
     results = {"kind": "tierd-bench-results", "version": 1,
                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "host": host_info(), "options": {"dir": args.dir, "quick": args.quick, "matrix": args.matrix},
-               "results": {}, "failed": {}}
+               "results": {}, "failed": {}, "skipped": {}}
     run = os.path.join(ROOT, "bench", "run")
     quick = {
         "io": ["--total", "128M", "--repeat", "1"],
@@ -116,9 +141,16 @@ def run_all(args):
         cmd = [run, "timeline", "--matrix", "--dir", args.dir] + (quick["timeline"] if args.quick else []) + \
             args.passthrough
         rc, lines = run_capture(cmd, "timeline matrix")
-        results["results"]["matrix"] = lines
+        results["results"]["matrix"] = [d for d in lines if "skipped" not in d]
+        cases, configs = option_value(args.passthrough, "--matrix-cases"), option_value(args.passthrough, "--configs")
+        missing, skipped = matrix_check(lines, cases.split(",") if cases else None,
+                                        configs.split(",") if configs else None)
+        for case, why in skipped.items():
+            results["skipped"][f"matrix {case}"] = why
         if rc != 0 or not lines:
             results["failed"]["matrix"] = f"bench/run timeline --matrix exited with status {rc}" if rc else "no JSON line"
+        elif missing:
+            results["failed"]["matrix"] = f"{len(missing)} row(s) printed nothing: {', '.join(missing)}"
     if "storage" in args.kinds:
         tierctl = os.path.join(build_dir(), "client", "tierctl")
         scratch = tempfile.mkdtemp(prefix="tierd-storage-", dir=args.dir)
@@ -184,7 +216,9 @@ def summary(results):
           "Every figure has its baseline from the same run beside it (bench/README.md explains each).", ""]
     for k, why in sorted(results.get("failed", {}).items()):
         md.append(f"* **{k} failed:** {why}")
-    if results.get("failed"):
+    for k, why in sorted(results.get("skipped", {}).items()):
+        md.append(f"* **{k} skipped:** {why}")
+    if results.get("failed") or results.get("skipped"):
         md.append("")
     for line in r.get("io", []):
         md += ["## NVMe tier vs fio (bench-io)", ""]

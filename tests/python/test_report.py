@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -127,6 +128,54 @@ class TestReport(unittest.TestCase):
         self.assertIs(line["fio_fixedbufs"], True)
         self.assertIs(line["fio_registerfiles"], True)
         self.assertGreater(line["fio_read_gbps"], 0)
+
+    def test_matrix_rows_checked(self) -> None:
+        """bench/report.py's check of the matrix: a row that printed nothing fails, one that says why is skipped."""
+        spec = importlib.util.spec_from_file_location("bench_report", os.path.join(SOURCE, "bench", "report.py"))
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        synthetic = [c for c in report.MATRIX_CASES if c != "torch-lm"]
+        lines = [{"case": c, "policy": p, "step_s": 1.0} for c in synthetic for p in report.MATRIX_POLICIES]
+        self.assertEqual(len(synthetic), 18)
+        missing, skipped = report.matrix_check(lines)
+        self.assertEqual(missing, ["torch-lm/timeline", "torch-lm/lru", "torch-lm/ondemand"])
+        self.assertEqual(skipped, {})
+        missing, skipped = report.matrix_check(lines + [{"case": "torch-lm", "skipped": "no torch"}])
+        self.assertEqual((missing, skipped), ([], {"torch-lm": "no torch"}))
+        # --matrix-cases and --configs (passed after --) narrow what is expected
+        argv = ["--matrix-cases", "L8-r1-j1,torch-lm", "--configs=timeline"]
+        cases = report.option_value(argv, "--matrix-cases").split(",")
+        policies = report.option_value(argv, "--configs").split(",")
+        self.assertEqual(report.matrix_check(lines[:1], cases, policies), (["L8-r1-j1/timeline", "torch-lm/timeline"], {}))
+        # a skipped row is shown in the summary, and is no failure
+        res = fixture()
+        res["failed"] = {}
+        res["skipped"] = {"matrix torch-lm": "torch cannot be imported by /usr/bin/python3"}
+        path = os.path.join(self.dir, "results.json")
+        with open(path, "w") as f:
+            json.dump(res, f)
+        run_all("--from", path, "--no-plots", check_rc=0)
+        with open(os.path.join(self.dir, "summary.md")) as f:
+            self.assertIn("* **matrix torch-lm skipped:** torch cannot be imported by /usr/bin/python3", f.read())
+
+    def test_matrix_torch_row_skipped(self) -> None:
+        """bench/run timeline --matrix without torch prints the torch-lm row as skipped, with why."""
+        fake = os.path.join(self.dir, "fake")
+        os.makedirs(os.path.join(fake, "torch"))
+        with open(os.path.join(fake, "torch", "__init__.py"), "w") as f:
+            f.write("raise ImportError('no torch here (test)')\n")
+        env_dir = tempfile.mkdtemp(prefix="tier-report-matrix-", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, env_dir, True)
+        md = os.path.join(self.dir, "matrix.md")
+        env = dict(os.environ, PYTHONPATH=fake + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        p = subprocess.run([RUN, "timeline", "--matrix", "--matrix-cases", "torch-lm", "--matrix-markdown", md,
+                            "--dir", env_dir], capture_output=True, text=True, check=False, timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        (line,) = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        self.assertEqual(line["case"], "torch-lm")
+        self.assertIn("torch cannot be imported", line["skipped"])
+        with open(md) as f:
+            self.assertIn("torch-lm: skipped (torch cannot be imported", f.read())
 
 
 if __name__ == "__main__":
