@@ -266,7 +266,13 @@ int bench_json(const Bench *b, char **ret) {
                 json_key(&w, "write_qd");
                 json_uint(&w, b->fio_result.qd[BENCH_WRITE]);
                 json_key(&w, "target");
-                json_string(&w, bench_target_name(b, b->fio_result.target));
+                json_string(&w, bench_target_name(b, b->fio_result.target[BENCH_READ]));
+                json_key(&w, "write_target");
+                json_string(&w, bench_target_name(b, b->fio_result.target[BENCH_WRITE]));
+                json_key(&w, "runtime_ms");
+                json_uint(&w, b->fio_result.ms[BENCH_READ]);
+                json_key(&w, "write_runtime_ms");
+                json_uint(&w, b->fio_result.ms[BENCH_WRITE]);
                 json_object_end(&w);
         } else {
                 json_null(&w);
@@ -345,11 +351,11 @@ void bench_print(const Bench *b, FILE *f) {
         print_best(b, f, "read", &b->best[BENCH_READ]);
         print_best(b, f, "write", &b->best[BENCH_WRITE]);
         if (b->fio_result.ran)
-                fprintf(f, "fio         %6.2f GB/s read (%s x %u), %.2f GB/s write (%s x %u), on %s\n",
+                fprintf(f, "fio         %6.2f GB/s read (%s x %u, on %s), %.2f GB/s write (%s x %u, on %s)\n",
                         b->fio_result.gbps[BENCH_READ], FORMAT_SIZE_EXACT(b->fio_result.bs[BENCH_READ]),
-                        b->fio_result.qd[BENCH_READ], b->fio_result.gbps[BENCH_WRITE],
-                        FORMAT_SIZE_EXACT(b->fio_result.bs[BENCH_WRITE]), b->fio_result.qd[BENCH_WRITE],
-                        bench_target_name(b, b->fio_result.target));
+                        b->fio_result.qd[BENCH_READ], bench_target_name(b, b->fio_result.target[BENCH_READ]),
+                        b->fio_result.gbps[BENCH_WRITE], FORMAT_SIZE_EXACT(b->fio_result.bs[BENCH_WRITE]),
+                        b->fio_result.qd[BENCH_WRITE], bench_target_name(b, b->fio_result.target[BENCH_WRITE]));
         else
                 fprintf(f, "fio         none: %s\n", b->fio_result.reason ? b->fio_result.reason : "not run");
         if (b->sustained.ran) {

@@ -11,7 +11,12 @@
  * (libtier's tier_client_status()), read with a scanner that knows just enough
  * JSON to find "targets"[i]."path" (tierctl does not link a JSON parser).
  * fio runs as a child with its JSON output on a pipe, of which only the
- * "bw_bytes" of the "read" or "write" part is read.
+ * "io_bytes" and "runtime" of the "read" or "write" part are read.  fio
+ * counts runtime (and computes bw_bytes from it) in whole milliseconds, so
+ * a run of a few ms is off by tens of per cent (16 MiB in "3 ms"); a run
+ * shorter than FIO_MIN_MS is repeated with more bytes (wrapping over the
+ * files, up to FIO_LONGER_TRIES times), so that the whole ms err by under
+ * half a per cent.
  */
 
 #include <errno.h>
@@ -326,12 +331,34 @@ ssize_t bench_cliff(const double *gbps, size_t n) {
 
 /* ---- fio ------------------------------------------------------------------------------------ */
 
-int bench_fio_parse(const char *json, BenchOp op, double *ret_bytes_per_sec) {
+/* The unsigned integer of member @key at or after @p (up to @end); -EBADMSG if absent. */
+static int fio_member(const char *p, const char *key, uint64_t *ret) {
+        char *end;
+        uint64_t v;
+
+        p = strstr(p, key);
+        if (!p)
+                return -EBADMSG;
+        p += strlen(key);
+        while (*p == ' ' || *p == ':' || *p == '\t' || *p == '\n')
+                p++;
+        if (*p < '0' || *p > '9')
+                return -EBADMSG;
+        errno = 0;
+        v = strtoull(p, &end, 10);
+        if (errno != 0 || end == p)
+                return -EBADMSG;
+        *ret = v;
+        return 0;
+}
+
+int bench_fio_parse(const char *json, BenchOp op, uint64_t *ret_bytes, uint64_t *ret_ms) {
         const char *key = op == BENCH_READ ? "\"read\"" : "\"write\"";
         const char *p = json;
 
         while ((p = strstr(p, key))) {
                 const char *q = p + strlen(key);
+                uint64_t bytes, ms;
 
                 while (*q == ' ' || *q == '\t' || *q == '\n')
                         q++;
@@ -345,23 +372,27 @@ int bench_fio_parse(const char *json, BenchOp op, double *ret_bytes_per_sec) {
                         p++;
                         continue;
                 }
-                q = strstr(q, "\"bw_bytes\"");
-                if (!q)
+                /* plain members of the object, before its nested ones */
+                if (fio_member(q, "\"io_bytes\"", &bytes) < 0 || fio_member(q, "\"runtime\"", &ms) < 0)
                         return -EBADMSG;
-                q += strlen("\"bw_bytes\"");
-                while (*q == ' ' || *q == ':')
-                        q++;
-                {
-                        char *end;
-                        double v = strtod(q, &end);
-
-                        if (end == q || !isfinite(v) || v < 0)
-                                return -EBADMSG;
-                        *ret_bytes_per_sec = v;
-                        return 0;
-                }
+                if (ms == 0 && bytes > 0)
+                        ms = 1;         /* under a millisecond: as short as fio can say */
+                *ret_bytes = bytes;
+                *ret_ms = ms;
+                return 0;
         }
         return -EBADMSG;
+}
+
+double bench_fio_gbps(uint64_t bytes, uint64_t ms) {
+        return ms ? (double) bytes / ((double) ms * 1e6) : 0;
+}
+
+uint64_t bench_fio_longer(uint64_t bytes, uint64_t ms) {
+        if (ms >= FIO_MIN_MS || bytes == 0)
+                return 0;
+        /* a quarter more than the proportion, at least twice as many */
+        return bytes * MAX((uint64_t) 2, (FIO_MIN_MS * 5 / 4 + MAX(ms, (uint64_t) 1) - 1) / MAX(ms, (uint64_t) 1));
 }
 
 static int fio_errorf(char **ret_error, int r, const char *fmt, ...) _printf_(3, 4);
@@ -398,39 +429,28 @@ static bool in_path(const char *name) {
 /* Most fio output read (its JSON for one job is a few KiB). */
 #define FIO_OUTPUT_MAX (4u << 20)
 
-int bench_fio(char *const *files, unsigned n, BenchOp op, uint64_t bs, unsigned qd, uint64_t size,
-              uint64_t max_bytes, double seconds, bool fixedbufs, double *ret_gbps, char **ret_error) {
-        char a_file[PATH_MAX * 2], a_bs[64], a_qd[64], a_size[64], a_io[64], a_rt[64];
+/* One fio run of at most @io_bytes: its io_bytes and runtime (ms). */
+static int fio_once(const char *a_file, BenchOp op, uint64_t bs, unsigned qd, uint64_t size, uint64_t io_bytes,
+                    double seconds, bool fixedbufs, uint64_t *ret_bytes, uint64_t *ret_ms, char **ret_error) {
+        char a_bs[64], a_qd[64], a_size[64], a_io[64], a_rt[64];
         const char *argv[24];
         posix_spawn_file_actions_t fa;
         posix_spawnattr_t attr;
         sigset_t none;
         _cleanup_free_ char *out = NULL;
-        size_t len = 0, k = 0, used = 0;
+        size_t len = 0, k = 0;
         int pipefd[2], status = 0, r;
         pid_t pid;
-        double bw = 0;
 
-        if (!in_path("fio"))
-                return fio_errorf(ret_error, -ENOENT, "fio is not installed (Debian package fio)");
-        for (unsigned i = 0; i < n; i++) {
-                /* fio separates files with ':' (a ':' in a name would be "\:") */
-                if (strchr(files[i], ':'))
-                        return fio_errorf(ret_error, -EINVAL, "fio cannot be given '%s': its name has a ':'", files[i]);
-                r = snprintf(a_file + used, sizeof(a_file) - used, "%s%s", i ? ":" : "", files[i]);
-                if (r < 0 || (size_t) r >= sizeof(a_file) - used)
-                        return fio_errorf(ret_error, -ENAMETOOLONG, "the scratch file names are too long for fio");
-                used += (size_t) r;
-        }
         (void) snprintf(a_bs, sizeof(a_bs), "--bs=%" PRIu64, bs);
         (void) snprintf(a_qd, sizeof(a_qd), "--iodepth=%u", qd);
-        (void) snprintf(a_size, sizeof(a_size), "--size=%" PRIu64, size * n);
-        (void) snprintf(a_io, sizeof(a_io), "--io_size=%" PRIu64, MAX(max_bytes, bs * qd));
+        (void) snprintf(a_size, sizeof(a_size), "--size=%" PRIu64, size);
+        (void) snprintf(a_io, sizeof(a_io), "--io_size=%" PRIu64, io_bytes);
         (void) snprintf(a_rt, sizeof(a_rt), "--runtime=%u", (unsigned) MAX(1.0, ceil(seconds)));
         argv[k++] = "fio";
         argv[k++] = "--name=tierctl-bench";
         argv[k++] = "--filename";
-        argv[k++] = a_file;
+        argv[k++] = (char *) a_file;
         argv[k++] = op == BENCH_READ ? "--rw=read" : "--rw=write";
         argv[k++] = a_bs;
         argv[k++] = a_qd;
@@ -443,6 +463,8 @@ int bench_fio(char *const *files, unsigned n, BenchOp op, uint64_t bs, unsigned 
         argv[k++] = "--fallocate=none";
         argv[k++] = "--file_service_type=roundrobin";
         argv[k++] = "--output-format=json";
+        /* as tierctl's runs (and tierd): the files registered, the buffer too when it could be */
+        argv[k++] = "--registerfiles";
         if (fixedbufs)
                 argv[k++] = "--fixedbufs";
         argv[k] = NULL;
@@ -492,8 +514,44 @@ int bench_fio(char *const *files, unsigned n, BenchOp op, uint64_t bs, unsigned 
                 return fio_errorf(ret_error, -EIO, "fio failed (%s %d; its messages are above)",
                                   WIFEXITED(status) ? "exit status" : "signal",
                                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-        if (!out || bench_fio_parse(out, op, &bw) < 0)
-                return fio_errorf(ret_error, -EIO, "fio's output has no %s bandwidth", op == BENCH_READ ? "read" : "write");
-        *ret_gbps = bw / 1e9;
+        if (!out || bench_fio_parse(out, op, ret_bytes, ret_ms) < 0)
+                return fio_errorf(ret_error, -EIO, "fio's output has no %s io_bytes and runtime",
+                                  op == BENCH_READ ? "read" : "write");
+        return 0;
+}
+
+int bench_fio(char *const *files, unsigned n, BenchOp op, uint64_t bs, unsigned qd, uint64_t size,
+              uint64_t max_bytes, double seconds, bool fixedbufs, double *ret_gbps, uint64_t *ret_ms,
+              char **ret_error) {
+        char a_file[PATH_MAX * 2];
+        uint64_t io = MAX(max_bytes, bs * qd), bytes = 0, ms = 0, more;
+        size_t used = 0;
+        int r;
+
+        if (!in_path("fio"))
+                return fio_errorf(ret_error, -ENOENT, "fio is not installed (Debian package fio)");
+        for (unsigned i = 0; i < n; i++) {
+                /* fio separates files with ':' (a ':' in a name would be "\:") */
+                if (strchr(files[i], ':'))
+                        return fio_errorf(ret_error, -EINVAL, "fio cannot be given '%s': its name has a ':'", files[i]);
+                r = snprintf(a_file + used, sizeof(a_file) - used, "%s%s", i ? ":" : "", files[i]);
+                if (r < 0 || (size_t) r >= sizeof(a_file) - used)
+                        return fio_errorf(ret_error, -ENAMETOOLONG, "the scratch file names are too long for fio");
+                used += (size_t) r;
+        }
+        r = fio_once(a_file, op, bs, qd, size * n, io, seconds, fixedbufs, &bytes, &ms, ret_error);
+        if (r < 0)
+                return r;
+        /*
+         * too short for fio's whole milliseconds: again with more bytes (the same time bound), a few
+         * times, since a short first run is mostly ramp-up and says little of the speed after it
+         */
+        for (unsigned tries = 0; tries < FIO_LONGER_TRIES && (more = bench_fio_longer(bytes, ms)) > 0; tries++) {
+                r = fio_once(a_file, op, bs, qd, size * n, more, seconds, fixedbufs, &bytes, &ms, ret_error);
+                if (r < 0)
+                        return r;
+        }
+        *ret_gbps = bench_fio_gbps(bytes, ms);
+        *ret_ms = ms;
         return 0;
 }

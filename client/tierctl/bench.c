@@ -18,7 +18,7 @@
  * then all targets striped (two or more), every bs x qd cell writes, then
  * every cell reads, each as bench_run() (bench-run.c: tierd's uring.c),
  * each starting where the one before stopped.  Then fio, at the best read
- * and the best write cell, on the same scratch files; then the sustained
+ * and the best write cell, each on that cell's scratch files; then the sustained
  * write, at the best write cell, wrapping over the scratch until its bytes
  * or seconds are done.  bench-report.c writes the results.
  */
@@ -456,23 +456,23 @@ static void find_best(Bench *b) {
 }
 
 static void run_fio(Bench *b) {
-        char *files[BENCH_TARGETS_MAX];
-        unsigned n = 0;
-        int target = b->best[BENCH_READ].target;
-
-        /* one set of files for both: the best read's (the best write's is most often the same) */
-        b->fio_result.target = target;
-        for (unsigned i = 0; i < b->n_targets; i++)
-                if (target == BENCH_STRIPED || (int) i == target)
-                        files[n++] = b->targets[i].scratch;
         for (int op = BENCH_WRITE; op >= BENCH_READ; op--) {
                 const BenchBest *best = &b->best[op];
+                char *files[BENCH_TARGETS_MAX];
+                unsigned n = 0;
                 char *err = NULL;
                 int r;
 
+                /* each op on its own best cell's files (striped: all of them) */
+                b->fio_result.target[op] = best->target;
+                for (unsigned i = 0; i < b->n_targets; i++)
+                        if (best->target == BENCH_STRIPED || (int) i == best->target)
+                                files[n++] = b->targets[i].scratch;
+
                 progress("fio: %s %s x %u", op == BENCH_READ ? "read" : "write", FORMAT_SIZE_EXACT(best->bs), best->qd);
                 r = bench_fio(files, n, (BenchOp) op, best->bs, best->qd, area_for(b, best->bs), b->bytes_per_cell,
-                              b->seconds_per_cell, b->registered, &b->fio_result.gbps[op], &err);
+                              b->seconds_per_cell, b->registered, &b->fio_result.gbps[op], &b->fio_result.ms[op],
+                              &err);
                 if (r < 0) {
                         progress("%s", "");
                         b->fio_result.reason = err ? err : strdup(strerror(-r));

@@ -115,15 +115,30 @@ int bench_status_targets(const char *json, char ***ret, size_t *ret_n);
  */
 ssize_t bench_cliff(const double *gbps, size_t n);
 
+/* Shortest fio run whose whole-millisecond runtime is trusted (1 ms in it: half a per cent). */
+#define FIO_MIN_MS 200u
+/* Most runs again with more bytes when one is shorter than that. */
+#define FIO_LONGER_TRIES 3u
+
 /*
- * Run fio (from $PATH) once: @op, @bs, @qd, O_DIRECT through io_uring on
+ * Run fio (from $PATH): @op, @bs, @qd, O_DIRECT through io_uring on
  * @files (round-robin), @size bytes per file, at most @max_bytes and
- * @seconds.  *@ret_gbps; -ENOENT (no fio) or -EIO with *@ret_error.
+ * @seconds; a run under FIO_MIN_MS is run again with more bytes
+ * (bench_fio_longer(), at most FIO_LONGER_TRIES times).  *@ret_gbps (io_bytes / runtime) and *@ret_ms (its
+ * runtime); -ENOENT (no fio) or -EIO with *@ret_error.
  */
 int bench_fio(char *const *files, unsigned n, BenchOp op, uint64_t bs, unsigned qd, uint64_t size,
-              uint64_t max_bytes, double seconds, bool fixedbufs, double *ret_gbps, char **ret_error);
-/* bw_bytes of the "read" or "write" part of fio's JSON output; -EBADMSG if absent. */
-int bench_fio_parse(const char *json, BenchOp op, double *ret_bytes_per_sec);
+              uint64_t max_bytes, double seconds, bool fixedbufs, double *ret_gbps, uint64_t *ret_ms,
+              char **ret_error);
+/*
+ * io_bytes and runtime (ms; 1 for a run under a millisecond) of the "read" or
+ * "write" part of fio's JSON output; -EBADMSG if absent.
+ */
+int bench_fio_parse(const char *json, BenchOp op, uint64_t *ret_bytes, uint64_t *ret_ms);
+/* GB/s of @bytes in @ms (0 for 0 ms). */
+double bench_fio_gbps(uint64_t bytes, uint64_t ms);
+/* The bytes to run again when @bytes took @ms < FIO_MIN_MS, else 0. */
+uint64_t bench_fio_longer(uint64_t bytes, uint64_t ms);
 
 /* ---- the sweep (bench.c) and its report (bench-report.c) ------------------------------------ */
 
@@ -175,7 +190,8 @@ typedef struct Bench {
         struct {
                 bool ran;
                 char *reason;           /* why not, when !ran */
-                int target;
+                int target[_BENCH_OP_MAX];      /* each op's best cell's target */
+                uint64_t ms[_BENCH_OP_MAX];     /* fio's runtime */
                 double gbps[_BENCH_OP_MAX];
                 uint64_t bs[_BENCH_OP_MAX];
                 unsigned qd[_BENCH_OP_MAX];

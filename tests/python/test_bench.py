@@ -219,6 +219,12 @@ class TestBench(BenchCase):
         self.assertGreater(f["write_gbps"], 0)
         self.assertEqual((f["bs"], f["qd"]), (doc["best"]["read"]["bs"], doc["best"]["read"]["qd"]))
         self.assertEqual((f["write_bs"], f["write_qd"]), (doc["best"]["write"]["bs"], doc["best"]["write"]["qd"]))
+        # each op on its own best cell's files
+        self.assertEqual((f["target"], f["write_target"]),
+                         (doc["best"]["read"]["target"], doc["best"]["write"]["target"]))
+        # a run of a few whole ms is run again with more bytes (FIO_MIN_MS 200; slack for a faster second run)
+        self.assertGreaterEqual(f["runtime_ms"], 100)
+        self.assertGreaterEqual(f["write_runtime_ms"], 100)
         self.assert_no_scratch()
 
     def test_errors(self) -> None:

@@ -147,18 +147,37 @@ static void test_cliff(void **state) {
 }
 
 static void test_fio_parse(void **state) {
+        /* fio 3.33's JSON for 16 MiB written in "3 ms": bw_bytes 16 MiB / 3 ms, runtime in whole ms */
         const char *out = "note: both iodepth >= 1 and synchronous I/O engine are selected\n"
-                          "{\n  \"jobs\" : [\n    {\n      \"read\" : {\n        \"io_bytes\" : 0,\n"
-                          "        \"bw_bytes\" : 0,\n      },\n      \"write\" : {\n        \"io_bytes\" : 1048576,\n"
-                          "        \"bw_bytes\" : 2500000000,\n      }\n    }\n  ]\n}\n";
-        double bw = -1;
+                          "{\n  \"jobs\" : [\n    {\n      \"jobname\" : \"tierctl-bench\",\n"
+                          "      \"job_runtime\" : 2,\n      \"read\" : {\n        \"io_bytes\" : 0,\n"
+                          "        \"io_kbytes\" : 0,\n        \"bw_bytes\" : 0,\n        \"runtime\" : 0,\n"
+                          "        \"slat_ns\" : {\n          \"min\" : 0\n        }\n      },\n"
+                          "      \"write\" : {\n        \"io_bytes\" : 16777216,\n        \"io_kbytes\" : 16384,\n"
+                          "        \"bw_bytes\" : 5592405333,\n        \"bw\" : 5461333,\n        \"iops\" : 5333.333333,\n"
+                          "        \"runtime\" : 3,\n        \"total_ios\" : 16,\n"
+                          "        \"clat_ns\" : {\n          \"min\" : 120000\n        }\n      }\n    }\n  ]\n}\n";
+        uint64_t bytes = 1, ms = 1;
 
-        assert_int_equal(bench_fio_parse(out, BENCH_WRITE, &bw), 0);
-        assert_float_equal(bw, 2.5e9, 1);
-        assert_int_equal(bench_fio_parse(out, BENCH_READ, &bw), 0);
-        assert_float_equal(bw, 0, 0);
-        assert_int_equal(bench_fio_parse("{}", BENCH_READ, &bw), -EBADMSG);
-        assert_int_equal(bench_fio_parse("\"write\" : 3", BENCH_WRITE, &bw), -EBADMSG);
+        assert_int_equal(bench_fio_parse(out, BENCH_WRITE, &bytes, &ms), 0);
+        assert_int_equal(bytes, 16777216);
+        assert_int_equal(ms, 3);
+        /* 3 whole ms are 2.5-3.5 or so: too short to trust; run again with enough bytes for FIO_MIN_MS */
+        assert_true(bench_fio_longer(bytes, ms) >= bytes * FIO_MIN_MS / ms);
+        assert_int_equal(bench_fio_longer(bytes * 100, FIO_MIN_MS), 0);
+        assert_int_equal(bench_fio_longer(0, 0), 0);
+        assert_float_equal(bench_fio_gbps(UINT64_C(2500000000), 1000), 2.5, 1e-12);
+        assert_float_equal(bench_fio_gbps(0, 0), 0, 0);
+        assert_int_equal(bench_fio_parse(out, BENCH_READ, &bytes, &ms), 0);
+        assert_int_equal(bytes, 0);
+        assert_int_equal(ms, 0);
+        /* under a millisecond: fio says 0, taken as 1 (and so run again) */
+        assert_int_equal(bench_fio_parse("\"write\" : { \"io_bytes\" : 4096, \"runtime\" : 0 }", BENCH_WRITE, &bytes,
+                                         &ms), 0);
+        assert_int_equal(ms, 1);
+        assert_int_equal(bench_fio_parse("{}", BENCH_READ, &bytes, &ms), -EBADMSG);
+        assert_int_equal(bench_fio_parse("\"write\" : 3", BENCH_WRITE, &bytes, &ms), -EBADMSG);
+        assert_int_equal(bench_fio_parse("\"write\" : { \"io_bytes\" : 4096 }", BENCH_WRITE, &bytes, &ms), -EBADMSG);
 }
 
 /* A one-target Bench with read and write cells of the given GB/s, bs x qd (row-major). */
