@@ -26,9 +26,13 @@
  * bench/run passes from the [nvme] queue_depth it wrote), registered buffers
  * and files (--fixedbufs --registerfiles): --rw=write, then --rw=read of the
  * file just written.  A shallower queue or plain buffers would measure fio
- * below the drive and make tierd look faster than it.  tierd and fio alternate inside each round so that drift of the
+ * below the drive and make tierd look faster than it.  The ratios are paired:
+ * tierd / fio of each round (the two ran back to back), then the median of
+ * those, so that a round where the device was slow for both does not pair
+ * one pass's median with another's.  tierd and fio alternate inside each round so that drift of the
  * device hits both alike; the figures are the medians of the rounds, and the
- * ratios say how much of the raw drive bandwidth tierd delivers.  Nothing is
+ * ratios (medians of the rounds' ratios) say how much of the raw drive
+ * bandwidth tierd delivers.  Nothing is
  * asserted: figures and baseline are printed as one JSON line on stdout.
  */
 
@@ -611,8 +615,8 @@ int main(int argc, char **argv) {
         };
         Run run = {};
         char job[64], name[32];
-        double tw[MAX_REPEAT], tr[MAX_REPEAT], fw[MAX_REPEAT], fr[MAX_REPEAT];
-        double write_gbps, read_gbps, fio_write_gbps = NAN, fio_read_gbps = NAN;
+        double tw[MAX_REPEAT], tr[MAX_REPEAT], fw[MAX_REPEAT], fr[MAX_REPEAT], wr[MAX_REPEAT], rr[MAX_REPEAT];
+        double write_gbps, read_gbps, fio_write_gbps = NAN, fio_read_gbps = NAN, write_ratio = NAN, read_ratio = NAN;
         uint64_t verified_words = 0;
         size_t nvme_before = 0, host_after = 0;
         bool verified = false;
@@ -703,13 +707,20 @@ finish:
         if (!a.no_fio) {
                 fio_write_gbps = bench_median(fw, rounds);
                 fio_read_gbps = bench_median(fr, rounds);
+                /* paired: each round's tierd over the fio passes that ran right after it */
+                for (unsigned k = 0; k < rounds; k++) {
+                        wr[k] = tw[k] / fw[k];
+                        rr[k] = tr[k] / fr[k];
+                }
+                write_ratio = bench_median(wr, rounds);
+                read_ratio = bench_median(rr, rounds);
         }
         bench_json_double(&j, "write_gbps", write_gbps);
         bench_json_double(&j, "read_gbps", read_gbps);
         bench_json_double(&j, "fio_write_gbps", fio_write_gbps);
         bench_json_double(&j, "fio_read_gbps", fio_read_gbps);
-        bench_json_double(&j, "write_ratio", write_gbps / fio_write_gbps);
-        bench_json_double(&j, "read_ratio", read_gbps / fio_read_gbps);
+        bench_json_double(&j, "write_ratio", write_ratio);
+        bench_json_double(&j, "read_ratio", read_ratio);
         bench_json_bool(&j, "verified", verified);
         bench_json_u64(&j, "verified_words", verified_words);
         bench_json_u64(&j, "nvme_copies_before_write", nvme_before);
@@ -719,6 +730,8 @@ finish:
         if (!a.no_fio) {
                 bench_json_double_array(&j, "fio_write_gbps_rounds", fw, rounds);
                 bench_json_double_array(&j, "fio_read_gbps_rounds", fr, rounds);
+                bench_json_double_array(&j, "write_ratio_rounds", wr, rounds);
+                bench_json_double_array(&j, "read_ratio_rounds", rr, rounds);
         }
         bench_json_string(&j, "fio_bs", FIO_BS);
         bench_json_u64(&j, "fio_iodepth", a.queue_depth);

@@ -119,7 +119,7 @@ class TestReport(unittest.TestCase):
         """bench/run io: fio runs at tierd's queue depth with registered buffers and files, and says so."""
         env_dir = tempfile.mkdtemp(prefix="tier-report-io-", dir="/var/tmp")
         self.addCleanup(shutil.rmtree, env_dir, True)
-        p = subprocess.run([RUN, "io", "--dir", env_dir, "--total", "32M", "--tensor-size", "16M", "--repeat", "1"],
+        p = subprocess.run([RUN, "io", "--dir", env_dir, "--total", "32M", "--tensor-size", "16M", "--repeat", "3"],
                            capture_output=True, text=True, check=False, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         line = json.loads(p.stdout)
@@ -128,6 +128,13 @@ class TestReport(unittest.TestCase):
         self.assertIs(line["fio_fixedbufs"], True)
         self.assertIs(line["fio_registerfiles"], True)
         self.assertGreater(line["fio_read_gbps"], 0)
+        # the ratios are paired: the median of each round's tierd / fio, not a ratio of medians
+        for op in ("write", "read"):
+            rounds = [t / f for t, f in zip(line[f"{op}_gbps_rounds"], line[f"fio_{op}_gbps_rounds"])]
+            self.assertEqual(len(line[f"{op}_ratio_rounds"]), 3)
+            for got, want in zip(line[f"{op}_ratio_rounds"], rounds):
+                self.assertAlmostEqual(got, want, delta=1e-4 * want)
+            self.assertAlmostEqual(line[f"{op}_ratio"], sorted(rounds)[1], delta=1e-4 * sorted(rounds)[1])
 
     def test_matrix_rows_checked(self) -> None:
         """bench/report.py's check of the matrix: a row that printed nothing fails, one that says why is skipped."""
