@@ -6,7 +6,10 @@ Reads the Chrome Trace Event JSON that `tierctl trace -o FILE` writes and
 prints one step of one plan (from a marker of phase 0 to the next): every
 phase with its start and length, its stall, and each transfer that started
 in the step with its link, tensor, length and how long it was queued, in
-start order; then the busy time of each link and the stall of the step.
+start order; then the busy time of each link in the step (the union of its
+transfers' intervals, clipped to the step: transfers on one link overlap, as
+the NVMe ring holds many extents at once, so their lengths do not add up)
+and the stall of the step.
 That is where a step's time goes, which the benchmarks' per-step totals do
 not show (bench/README.md, the matrix).
 
@@ -54,6 +57,17 @@ def load(path):
     return phases, stalls, transfers
 
 
+def busy_us(intervals, t0, t1):
+    """The time in [@t0, @t1) covered by at least one of @intervals ((start, end) pairs)."""
+    total, end = 0.0, t0
+    for a, b in sorted((max(a, t0), min(b, t1)) for a, b in intervals):
+        if b <= a or b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
 def step(phases, stalls, transfers, plan=None, index=1):
     """Step @index (0: the first whole one) of @plan (None: the first plan seen), as a dict."""
     plans = sorted({p["plan"] for p in phases if p["plan"] is not None})
@@ -76,10 +90,10 @@ def step(phases, stalls, transfers, plan=None, index=1):
     for s in stalls:
         if s["plan"] == plan and t0 <= s["ts"] < t1:
             rows.append({"kind": "stall", "phase": s["phase"], "start_ms": (s["ts"] - t0) / 1e3, "ms": s["dur"] / 1e3})
-    busy = dict.fromkeys(LINKS, 0.0)
+    busy = {link: busy_us([(x["ts"], x["ts"] + x["dur"]) for x in transfers if x["link"] == link], t0, t1) / 1e3
+            for link in LINKS}
     for x in transfers:
         if t0 <= x["ts"] < t1:
-            busy[x["link"]] += x["dur"] / 1e3
             rows.append({"kind": "transfer", "link": x["link"], "tensor": x["tensor"], "job": x["job"],
                          "start_ms": (x["ts"] - t0) / 1e3, "ms": x["dur"] / 1e3, "queued_ms": x["queued"] / 1e3})
     rows.sort(key=lambda r: (r["start_ms"], r["kind"] != "phase"))

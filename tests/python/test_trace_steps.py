@@ -68,6 +68,24 @@ class TraceSteps(unittest.TestCase):
                                  ("transfer", "O0", 6.0), ("transfer", "P0", 10.0)])
         self.assertEqual(s["rows"][1]["queued_ms"], 0.5)
 
+    def test_busy_is_a_union(self) -> None:
+        """Overlapping transfers on one link count once; a transfer across the step's edge, its part inside."""
+        doc = trace()
+        doc["traceEvents"] += [
+            xfer("nvme->host", "O2", 11500, 3000),      # 11.5-14.5: overlaps O1 (11-14), adds 0.5
+            xfer("nvme->host", "O3", 12000, 1000),      # inside both: adds nothing
+            xfer("nvme->host", "O4", 24000, 3000),      # 24-27: 1 ms of it in the step (to 25)
+            xfer("nvme->host", "O5", 8000, 2500),       # 8-10.5, started in step 0: 0.5 ms in step 1
+        ]
+        r = self.run_tool(doc, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        s = json.loads(r.stdout)
+        # the sum would be 3 + 3 + 1 + 3 = 10 ms of 15; the link was busy 11-14.5, 24-25 and 10-10.5
+        self.assertAlmostEqual(s["busy_ms"]["nvme->host"], 5.0)
+        self.assertLessEqual(max(s["busy_ms"].values()), s["step_ms"])
+        # the rows are still the transfers that started in the step
+        self.assertEqual([r["tensor"] for r in s["rows"] if r["kind"] == "transfer"], ["O1", "O2", "O3", "O0", "P0", "O4"])
+
     def test_step_zero_and_text(self) -> None:
         r = self.run_tool(trace(), "--step", "0")
         self.assertEqual(r.returncode, 0, r.stderr)
