@@ -419,8 +419,12 @@ def tierd_threads_cpu(tierd_pid: int | None) -> dict[str, float]:
     return out
 
 
+# Seconds between two status requests of the Sampler (bench/README.md says so too).
+SAMPLE_S = 0.05
+
+
 class Sampler(threading.Thread):
-    """Polls tierd's status for the peak use of each tier by the jobs that run now, timing each
+    """Polls tierd's status every SAMPLE_S for the peak use of each tier by the jobs that run now, timing each
     round trip (how long tierd's loop takes to answer while the jobs run)."""
 
     def __init__(self, admin, jobs: list[str], lock: threading.Lock) -> None:
@@ -431,7 +435,7 @@ class Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(SAMPLE_S):
             with self.lock:
                 try:
                     t0 = time.monotonic()
