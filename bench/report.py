@@ -135,7 +135,10 @@ def run_all(args):
         cmd = [run, k, "--dir", args.dir] + (quick.get(k, []) if args.quick else []) + args.passthrough
         rc, lines = run_capture(cmd, k)
         results["results"][k] = lines
-        if rc != 0 or not lines:
+        if rc == 77:
+            # bench/run's skip (torch without torch and numpy): its reason is on stderr above
+            results["skipped"][k] = f"bench/run {k} exited with status 77: a prerequisite is missing (see its message)"
+        elif rc != 0 or not lines:
             results["failed"][k] = f"bench/run {k} exited with status {rc}" if rc else "no JSON line"
     if args.matrix:
         cmd = [run, "timeline", "--matrix", "--dir", args.dir] + (quick["timeline"] if args.quick else []) + \

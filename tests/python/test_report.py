@@ -184,6 +184,24 @@ class TestReport(unittest.TestCase):
         with open(md) as f:
             self.assertIn("torch-lm: skipped (torch cannot be imported", f.read())
 
+    def test_torch_skip_is_no_failure(self) -> None:
+        """bench/run all without torch: bench/run torch exits 77, recorded as skipped, and all exits 0."""
+        fake = os.path.join(self.dir, "fake")
+        os.makedirs(os.path.join(fake, "torch"))
+        with open(os.path.join(fake, "torch", "__init__.py"), "w") as f:
+            f.write("raise ImportError('no torch here (test)')\n")
+        out = os.path.join(self.dir, "out")
+        env = dict(os.environ, PYTHONPATH=fake + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        p = subprocess.run([RUN, "all", "--kinds", "torch", "--no-plots", "--out", out, "--dir", self.dir],
+                           capture_output=True, text=True, check=False, timeout=120, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(out, "results.json")) as f:
+            res = json.load(f)
+        self.assertEqual(res["failed"], {})
+        self.assertIn("status 77", res["skipped"]["torch"])
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertIn("* **torch skipped:** bench/run torch exited with status 77", f.read())
+
 
 if __name__ == "__main__":
     tierd.main()
