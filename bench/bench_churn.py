@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""bench_churn.py: tierd's answers to a status request while jobs of 1-3 GB start and end.
+"""bench_churn.py: tierd's answers to a status request while jobs of 1-3 GiB start and end.
 
 A job that ends gives its segments back, and each gets fresh memory (made,
 locked and faulted in: in proportion to its size).  Done on the event loop,
 every other client waits meanwhile; done on the renewer's thread
 (daemon/tiers/renew.c), nobody does.  This benchmark measures it from a
 client's side: one thread asks tierd for its status back to back, timing
-each round trip, while the main thread runs jobs that take 1, 2 and 3 GB of
+each round trip, while the main thread runs jobs that take 1, 2 and 3 GiB of
 the host pool (64 MiB tensors pinned write-only), then end (their
 connection closes, linger 0).  Two tierds from the same build, one after
 the other: the renewer on (``thread``), and the renewal on the loop as
@@ -16,7 +16,8 @@ two seconds with no job at all (``idle``: the baseline of the same run).
 
 One JSON line on stdout: {"bench":"churn", "status_p99_ms": thread's p99
 during churn, "thread": {...}, "loop": {...}}; each has ``idle`` and
-``churn`` latency figures (p50, p99, max ms, samples) and ``back_s``: how
+``churn`` latency figures (p50, p99 by nearest rank as bench-ipc's, max ms,
+samples) and ``back_s``: how
 long after a job's end the whole pool was free again.  Needs root (the pool
 is locked memory) and TIER_BUILD (default build/).
 """
@@ -82,8 +83,10 @@ def figures(xs: list[float]) -> dict:
     if not xs:
         return {"samples": 0}
     s = sorted(xs)
+    # nearest rank, as bench-ipc (bench_percentile_us()) and bench_torch: the ceil(0.99 n)-th smallest
+    p99 = s[max(0, -(-99 * len(s) // 100) - 1)]
     return {"samples": len(s), "p50_ms": round(1e3 * statistics.median(s), 3),
-            "p99_ms": round(1e3 * s[min(len(s) - 1, int(0.99 * len(s)))], 3), "max_ms": round(1e3 * s[-1], 3)}
+            "p99_ms": round(1e3 * p99, 3), "max_ms": round(1e3 * s[-1], 3)}
 
 
 def run(mode: str, host: int, sizes: list[int], rounds: int) -> dict:
@@ -141,7 +144,7 @@ def run(mode: str, host: int, sizes: list[int], rounds: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--host", default="3584M", help="host pool (default 3584M: room for the 3 GB job)")
+    p.add_argument("--host", default="3584M", help="host pool (default 3584M: room for the 3 GiB job)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--modes", default="thread,loop")
     a = p.parse_args()

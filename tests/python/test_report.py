@@ -202,6 +202,20 @@ class TestReport(unittest.TestCase):
         with open(os.path.join(out, "summary.md")) as f:
             self.assertIn("* **torch skipped:** bench/run torch exited with status 77", f.read())
 
+    def load_bench(self, name: str):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(SOURCE, "bench", name + ".py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    def test_churn_p99_nearest_rank(self) -> None:
+        """bench_churn's p99 is the ceil(0.99 n)-th smallest, as bench-ipc's: of 1..100 ms, 99 ms, not the max."""
+        churn = self.load_bench("bench_churn")
+        fig = churn.figures([i / 1000 for i in range(100, 0, -1)])
+        self.assertEqual((fig["samples"], fig["p99_ms"], fig["max_ms"]), (100, 99.0, 100.0))
+        self.assertEqual(churn.figures([i / 1000 for i in range(1, 102)])["p99_ms"], 100.0)
+        self.assertEqual(churn.figures([0.005])["p99_ms"], 5.0)
+
 
 if __name__ == "__main__":
     tierd.main()
