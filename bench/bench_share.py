@@ -13,8 +13,9 @@ then written anew: a lost byte is counted).  Two runs, in the same tierd:
   flowing   each job may use the whole pool (its maximum), the share
             between them decided by demand and weights.
 
-For each, the aggregate NVMe bytes per step of the two jobs (as tierd
-counted them, per job) and their step times.  Then a third run, converge:
+For each, each job's NVMe bytes per step of its own (as tierd counted
+them, per job; the two jobs run at different speeds, so one job's step count
+would not do for both), their sum, and the step times.  Then a third run, converge:
 two jobs that each want more than the pool holds, with weights 1 and 2;
 their host occupancy is sampled every 100 ms and compared with their
 weighted shares (x = used / share; Jain's index (sum x)^2 / (n sum x^2),
@@ -156,16 +157,24 @@ def pair(a: argparse.Namespace, ctl: tier.Client, mode: str) -> dict:
         p.wait()
         res["host_used_mean_bytes"] = int(sum(samples[job]) / max(len(samples[job]), 1))
         out[job.split("-", 1)[1]] = res
-    total = sum(r["nvme_bytes"] for r in out.values())
+    out["nvme_bytes_per_step"] = nvme_per_step(out)
     out["host_limit_bytes"] = limit
-    out["nvme_bytes_per_step"] = round(total / max(min(r["steps"] for r in out.values() if isinstance(r, dict)
-                                                         and "steps" in r), 1))
     log(f"{mode}: limits {limit // MiB} MiB each; big {out['big']['step_s']:.3f} s/step, "
         f"{out['big']['nvme_bytes'] / max(out['big']['steps'], 1) / MiB:.1f} MiB NVMe/step, host "
         f"{out['big']['host_used_mean_bytes'] // MiB} MiB; small {out['small']['step_s']:.3f} s/step, "
         f"{out['small']['nvme_bytes'] / max(out['small']['steps'], 1) / MiB:.1f} MiB NVMe/step, host "
         f"{out['small']['host_used_mean_bytes'] // MiB} MiB")
     return out
+
+
+def nvme_per_step(jobs: dict) -> int:
+    """Set each job's "nvme_bytes_per_step" (its NVMe bytes over its own steps; None without a step) and
+    return their sum: NVMe bytes per step of both jobs, each step counted for its own job."""
+    total = 0
+    for r in jobs.values():
+        r["nvme_bytes_per_step"] = round(r["nvme_bytes"] / r["steps"]) if r.get("steps") else None
+        total += r["nvme_bytes_per_step"] or 0
+    return total
 
 
 def jain(xs: list[float]) -> float:

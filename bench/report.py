@@ -272,9 +272,14 @@ def summary(results):
         md += ["", f"verified: {fmt(line.get('verified'))}", ""]
     for line in r.get("share", []):
         md += ["## Sharing the host pool (bench_share.py)", ""]
-        md += table(["", "NVMe bytes per step"],
-                    [["static halves", line.get("nvme_bytes_per_step_static")],
-                     ["capacity that flows", line.get("nvme_bytes_per_step_flowing")]])
+
+        def job_per_step(run, job):
+            return ((line.get(run) or {}).get(job) or {}).get("nvme_bytes_per_step")
+        md += table(["", "NVMe bytes per step (both)", "big job", "small job"],
+                    [["static halves", line.get("nvme_bytes_per_step_static"), job_per_step("static", "big"),
+                      job_per_step("static", "small")],
+                     ["capacity that flows", line.get("nvme_bytes_per_step_flowing"), job_per_step("flowing", "big"),
+                      job_per_step("flowing", "small")]])
         md += ["", f"Jain's index (second half): {fmt(line.get('jain_second_half_mean'))}, "
                f"verified: {fmt(line.get('verified'))}", ""]
     st = r.get("storage")

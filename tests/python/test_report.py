@@ -184,6 +184,12 @@ class TestReport(unittest.TestCase):
         with open(md) as f:
             self.assertIn("torch-lm: skipped (torch cannot be imported", f.read())
 
+    def load_bench(self, name: str):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(SOURCE, "bench", name + ".py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
     def test_torch_skip_is_no_failure(self) -> None:
         """bench/run all without torch: bench/run torch exits 77, recorded as skipped, and all exits 0."""
         fake = os.path.join(self.dir, "fake")
@@ -202,12 +208,6 @@ class TestReport(unittest.TestCase):
         with open(os.path.join(out, "summary.md")) as f:
             self.assertIn("* **torch skipped:** bench/run torch exited with status 77", f.read())
 
-    def load_bench(self, name: str):
-        spec = importlib.util.spec_from_file_location(name, os.path.join(SOURCE, "bench", name + ".py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
     def test_churn_p99_nearest_rank(self) -> None:
         """bench_churn's p99 is the ceil(0.99 n)-th smallest, as bench-ipc's: of 1..100 ms, 99 ms, not the max."""
         churn = self.load_bench("bench_churn")
@@ -215,6 +215,16 @@ class TestReport(unittest.TestCase):
         self.assertEqual((fig["samples"], fig["p99_ms"], fig["max_ms"]), (100, 99.0, 100.0))
         self.assertEqual(churn.figures([i / 1000 for i in range(1, 102)])["p99_ms"], 100.0)
         self.assertEqual(churn.figures([0.005])["p99_ms"], 5.0)
+
+    def test_share_bytes_per_step_per_job(self) -> None:
+        """bench_share: each job's NVMe bytes over its own steps, and their sum (not both over the fewer steps)."""
+        share = self.load_bench("bench_share")
+        jobs = {"big": {"steps": 10, "nvme_bytes": 1000}, "small": {"steps": 40, "nvme_bytes": 400}}
+        self.assertEqual(share.nvme_per_step(jobs), 110)
+        self.assertEqual((jobs["big"]["nvme_bytes_per_step"], jobs["small"]["nvme_bytes_per_step"]), (100, 10))
+        jobs = {"big": {"steps": 0, "nvme_bytes": 0}, "small": {"steps": 3, "nvme_bytes": 30}}
+        self.assertEqual(share.nvme_per_step(jobs), 10)
+        self.assertIsNone(jobs["big"]["nvme_bytes_per_step"])
 
 
 if __name__ == "__main__":
