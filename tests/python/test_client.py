@@ -7,6 +7,10 @@ from __future__ import annotations
 import errno
 import os
 import select
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import tierd
@@ -19,6 +23,14 @@ def pattern(n: int, seed: int) -> bytes:
     """@n bytes that differ between seeds and offsets."""
     block = bytes((i * 31 + seed * 7) & 0xFF for i in range(4096))
     return (block * (n // 4096 + 1))[:n]
+
+
+def run_child(socket: str, *parts: str) -> subprocess.CompletedProcess:
+    """Run @parts (each dedented) in a fresh interpreter with ``tier``, ``gc``, ``MiB`` and ``c`` (a
+    Client of job "child") defined: a crash there is a return code, not the end of the suite."""
+    code = f"import gc, sys, tier\nMiB = 1 << 20\nc = tier.Client('child', socket={socket!r})\n"
+    code += "".join(textwrap.dedent(p) for p in parts)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
 class TestClient(tierd.DaemonTestCase):
@@ -534,6 +546,37 @@ chunk_size = 2M
 target = @DIR@/t0.img:256M
 extent_size = 1M
 """
+
+
+class TestLifetime(tierd.DaemonTestCase):
+    def child(self, *parts: str) -> str:
+        r = run_child(self.socket, *parts)
+        self.assertNotEqual(r.returncode, -signal.SIGSEGV, f"the child crashed:\n{r.stdout}{r.stderr}")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout
+
+    def test_memoryview_of_collected_grant(self) -> None:
+        """A memoryview kept, its Tensor and Grant (a cycle) dropped: the cyclic GC closed the handle,
+        or the Client with it, and unmapped the memory under the live memoryview (SIGSEGV); now the
+        Client keeps a pinned Grant and its Tensor, and invalidates them before any unmapping."""
+        made = """
+            def view(name, size):
+                t = c.create(name, size)
+                return t.pin(tier.HOST).memoryview()
+            mv = view("big", 32 * MiB)    # two 16M segments: one range the handle maps
+            mv[0] = 7
+            gc.collect()
+        """
+        def read(what: str) -> str:
+            return f"""
+            try:
+                print("{what}", mv[0], mv[-1])
+            except ValueError:
+                print("{what} released")
+            """
+        self.assertEqual(self.child(made, read("gc")), "gc 7 0\n")
+        self.assertEqual(self.child(made, "c.close()\n", read("close")), "close released\n")
+        self.assertEqual(self.child(made, "del c\ngc.collect()\n", read("client gc")), "client gc released\n")
 
 
 class TestManySegments(tierd.DaemonTestCase):

@@ -279,7 +279,6 @@ class Tensor:
         self._t: int | None = handle
         self.name: str = _L.tier_tensor_name(handle).decode("utf-8", "surrogateescape")
         self.size: int = _L.tier_tensor_size(handle)
-        self._grants: dict[Level, list[Grant]] = {}
 
     # -- plumbing
     def _handle(self, operation: str) -> int:
@@ -294,10 +293,8 @@ class Tensor:
         return f"{verb} '{self.name}' in {tier}"
 
     def _release_grants(self) -> None:
-        for grants in self._grants.values():
-            for g in grants:
-                g._invalidate()
-        self._grants.clear()
+        """The handle goes: the grants taken through it lose their mapping (their pins stay)."""
+        self.client._drop_grants(self)
         self.client._invalidate_phase_grants(self)
 
     def _connection_lost(self) -> None:
@@ -327,7 +324,7 @@ class Tensor:
     # -- pins
     def _grant(self, raw: _lib.TierGrant, mode: Mode) -> Grant:
         g = Grant(self, raw, mode)
-        self._grants.setdefault(g.tier, []).append(g)
+        self.client._grants.setdefault(self.name, []).append(g)
         return g
 
     def pin(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> Grant:
@@ -352,10 +349,12 @@ class Tensor:
         return self._grant(raw, md), Fence(self.client, f.value)
 
     def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:
-        grants = self._grants.get(tier, [])
+        grants = self.client._grants.get(self.name, [])
         if grant is None:
-            return grants.pop() if grants else None
-        grants.remove(grant)
+            mine = [g for g in grants if g.tensor is self and g.tier == tier]
+            grant = mine[-1] if mine else None
+        if grant is not None:
+            grants.remove(grant)
         return grant
 
     def _unpin(self, tier: Level, dirty: bool | None, grant: Grant | None, stream: Any = None,
@@ -373,7 +372,7 @@ class Tensor:
             r = _L.tier_unpin(h, tier, int(dirty))
         if r < 0 and g is not None:  # the pin stays: so does its grant (its memoryviews are gone)
             g._pinned = True
-            self._grants.setdefault(tier, []).append(g)
+            self.client._grants.setdefault(self.name, []).append(g)
         self._check(r, op)
 
     def unpin(self, tier: TierLike, dirty: bool | None = None) -> None:
@@ -460,6 +459,7 @@ class Tensor:
     def __del__(self) -> None:
         try:
             if self._t is not None:
+                self._release_grants()  # before the unmapping: no memoryview left over it
                 h, self._t = self._t, None
                 _L.tier_tensor_close(h)
         except Exception:  # interpreter shutdown

@@ -10,7 +10,10 @@ a ``tier_plan *`` until it is submitted (then libtier owns it).  A Tensor
 keeps its Client alive; the Client knows its open Tensors (weakly) and
 closes them before ``tier_client_free()``, so no handle is left to a freed
 client.  Objects dropped without ``close()`` are closed by ``__del__``; a
-Grant is not: a pin belongs to the connection, as in C.
+Grant is not: a pin belongs to the connection, as in C.  The Client keeps
+every Grant still pinned (so its Tensor too) until the unpin or ``close()``,
+and a Tensor's ``__del__`` invalidates the grants taken through it before it
+frees the handle: no memoryview outlives the mapping it reads.
 
 A ``Grant`` is one pin (or, from ``Client.phase_grant()``, the pin a plan
 phase holds).  Its memory is reached through views built from the address
@@ -134,6 +137,9 @@ class Client:
         self._plans: weakref.WeakSet[Plan] = weakref.WeakSet()
         self._planned: list[tuple[int, Tensor, Level, Mode]] = []  # the submitted plan's entries
         self._phase_grants: list[Grant] = []
+        # every pinned Grant (not phase grants) by tensor name, whichever handle took it: close()
+        # reaches them even when their Tensor has left _tensors (collected with its grants)
+        self._grants: dict[str, list[Grant]] = {}
         self._phase: int | None = None
         c = c_void_p()
         r = _L.tier_client_new(sock, jb, rk, byref(c))
@@ -191,9 +197,24 @@ class Client:
     def _restarted(self) -> None:
         """tierd restarted: what the old connection held is gone (the memory of old grants stays)."""
         self._invalidate_phase_grants()
+        self._drop_grants()
         self._phase = None
         for t in list(self._tensors):
             t._connection_lost()
+
+    def _drop_grants(self, tensor: Tensor | None = None) -> None:
+        """Invalidate the pinned grants taken through @tensor's handle (None: all) and forget them."""
+        for name in list(self._grants):
+            keep = []
+            for g in self._grants[name]:
+                if tensor is None or g.tensor is tensor:
+                    g._invalidate()
+                else:
+                    keep.append(g)
+            if keep:
+                self._grants[name] = keep
+            else:
+                del self._grants[name]
 
     def _invalidate_phase_grants(self, tensor: Tensor | None = None) -> None:
         keep = []
@@ -638,6 +659,7 @@ class Client:
         if self._c is None:
             return
         self._invalidate_phase_grants()
+        self._drop_grants()  # before the unmapping, grants of handles gone from _tensors too
         for t in list(self._tensors):
             t.close()
         for p in list(self._plans):
