@@ -579,6 +579,42 @@ class TestLifetime(tierd.DaemonTestCase):
         self.assertEqual(self.child(made, "del c\ngc.collect()\n", read("client gc")), "client gc released\n")
 
 
+class TestRestart(tierd.DaemonTestCase):
+    config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300")  # the job waits for the client
+
+    def test_old_fence_keeps_new_grants(self) -> None:
+        """A fence of before a restart fails with RestartedError at every check; each such check took
+        the restart for a new one and invalidated the grants taken since (their unpin() did nothing:
+        the pin leaked, a dirty one was never sent); now only a restart counted by restarts is."""
+        c = tier.Client("restart", socket=self.socket, reconnect=30)
+        self.addCleanup(c.close)
+        t = c.create("t", MiB)
+        t.evict(tier.NVME)
+        old, fence = t.pin_async(tier.HOST, tier.READ)
+        old_mv = old.memoryview()
+        self.assertEqual(self.d.restart(), 0)
+        with self.assertRaises(tier.RestartedError):
+            t.stat()
+        self.assertEqual(c.restarts, 1)
+        self.assertFalse(old.pinned)
+        with self.assertRaises(ValueError):
+            old_mv[0]
+        g = t.pin(tier.HOST)
+        mv = g.memoryview()
+        for check in (fence.done, fence.wait):
+            with self.assertRaises(tier.RestartedError):
+                check()
+        self.assertTrue(g.pinned)
+        mv[0:4] = b"new!"
+        g.unpin()
+        st = t.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
+        t.evict(tier.NVME)
+        with t.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[0:4]), b"new!")
+        t.destroy()
+
+
 class TestManySegments(tierd.DaemonTestCase):
     config = MANY_SEGMENTS
 

@@ -148,6 +148,7 @@ class Client:
             where = os.fsdecode(sock) if sock else "tierd"
             raise error_class(r)(-r, text, f"connect to {where} as job {job!r}")
         self._c = c.value
+        self._restarts = 0  # tier_client_restarts() when this client last forgot its pins
         if reconnect is not None:
             self.set_reconnect(reconnect)
 
@@ -190,8 +191,13 @@ class Client:
         text = ""
         if self._c is not None:
             text = (_L.tier_client_last_error(self._c) or b"").decode("utf-8", "replace")
-        if r == -errno.ERESTART:
-            self._restarted()
+        if r == -errno.ERESTART and self._c is not None:
+            # a new restart, not a fence of before one (those fail with -ERESTART ever after):
+            # only then are the pins and grants taken since gone
+            n = int(_L.tier_client_restarts(self._c))
+            if n != self._restarts:
+                self._restarts = n
+                self._restarted()
         raise error_class(r)(-r, text or strerror(r), operation)
 
     def _restarted(self) -> None:

@@ -111,7 +111,9 @@ class RestartedError(TierError):
     """ERESTART: tierd restarted while this call ran (a Client made with ``reconnect=``); the
     connection, the job and every Tensor handle are back, but pins, the plan, phases and fences
     of before are gone: pin again, submit the plan again (``Client.resubmit_plan()``), enter the
-    phase again.  The call itself may or may not have happened."""
+    phase again.  The call itself may or may not have happened.  A fence of before raises it at
+    every later check; that is no new restart and leaves the pins taken since alone (only a call
+    that finds ``Client.restarts`` grown invalidates the grants)."""
 
 
 class LostError(TierError):
