@@ -252,6 +252,39 @@ class TestClient(tierd.DaemonTestCase):
         self.assertFalse(t.stat().dirty["host"])
         t.destroy()
 
+    def test_unpin_through_another_handle(self) -> None:
+        """t2.unpin(tier) of a pin taken and written through t1 (same tensor, same client) was sent
+        clean, so the write was dropped, and t1's grant stayed pinned; now any handle's unpin ends
+        the client's most recent grant of that tensor and tier, dirty as it says; with no grant
+        known (its handle closed) the unpin is dirty."""
+        c = self.client()
+        t1 = c.create("t", 4096)
+        t2 = c.open("t")
+        g = t1.pin(tier.HOST)
+        mv = g.memoryview()
+        mv[:4] = b"abcd"
+        t2.unpin(tier.HOST)
+        self.assertFalse(g.pinned)
+        with self.assertRaises(ValueError):
+            mv[0]
+        g.unpin()  # nothing left to do
+        st = t1.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
+        t1.evict(tier.NVME)
+        with t2.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"abcd")
+        t1.evict(tier.NVME)
+        t3 = c.open("t")
+        t3.pin(tier.HOST).memoryview()[:4] = b"efgh"
+        t3.close()  # the grant goes, the pin stays
+        t1.unpin(tier.HOST)
+        self.assertEqual(t1.stat().dirty["host"], True)
+        t1.evict(tier.NVME)
+        with t1.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"efgh")
+        t2.close()
+        t1.destroy()
+
     def test_write_only_pin_moves_nothing(self) -> None:
         c = self.client()
         t = c.create("t", 8 * MiB)

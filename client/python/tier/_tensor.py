@@ -349,12 +349,16 @@ class Tensor:
         return self._grant(raw, md), Fence(self.client, f.value)
 
     def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:
+        """The Grant an unpin in @tier ends, forgotten: @grant, else the most recent one of this
+        tensor in @tier taken through any handle of the client (the pin is the connection's)."""
         grants = self.client._grants.get(self.name, [])
         if grant is None:
-            mine = [g for g in grants if g.tensor is self and g.tier == tier]
-            grant = mine[-1] if mine else None
-        if grant is not None:
+            there = [g for g in grants if g.tier == tier]
+            grant = there[-1] if there else None
+        if grant is not None and grant in grants:
             grants.remove(grant)
+            if not grants:
+                del self.client._grants[self.name]
         return grant
 
     def _unpin(self, tier: Level, dirty: bool | None, grant: Grant | None, stream: Any = None,
@@ -362,8 +366,8 @@ class Tensor:
         op = self._op("unpin", tier)
         h = self._handle(op)
         g = self._take_grant(tier, grant)
-        if dirty is None:
-            dirty = g.dirty if g is not None else False     # (a pin of another Grant-less path: clean)
+        if dirty is None:  # no Grant known (its handle was closed): dirty, so no write can be lost
+            dirty = g.dirty if g is not None else True
         if g is not None:
             g._invalidate()
         if after:
@@ -378,9 +382,11 @@ class Tensor:
     def unpin(self, tier: TierLike, dirty: bool | None = None) -> None:
         """Drop one pin in @tier (``tier_unpin()``); @dirty: this process wrote the copy; None (the
         default): that Grant's ``dirty``, which a pin that may write starts with (a written copy
-        unpinned clean could be dropped as if nothing had changed).
+        unpinned clean could be dropped as if nothing had changed), or True when the client knows
+        no Grant of it (its handle was closed).
 
-        Invalidates the most recent Grant of that tier still pinned.
+        Invalidates the most recent Grant of that tier still pinned, taken through this handle
+        or another one of the same client (the pin belongs to the connection).
         """
         self._unpin(_level(tier), None if dirty is None else bool(dirty), None)
 
