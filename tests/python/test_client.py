@@ -25,12 +25,12 @@ def pattern(n: int, seed: int) -> bytes:
     return (block * (n // 4096 + 1))[:n]
 
 
-def run_child(socket: str, *parts: str) -> subprocess.CompletedProcess:
+def run_child(socket: str, *parts: str, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run @parts (each dedented) in a fresh interpreter with ``tier``, ``gc``, ``MiB`` and ``c`` (a
     Client of job "child") defined: a crash there is a return code, not the end of the suite."""
     code = f"import gc, sys, tier\nMiB = 1 << 20\nc = tier.Client('child', socket={socket!r})\n"
     code += "".join(textwrap.dedent(p) for p in parts)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
 
 
 class TestClient(tierd.DaemonTestCase):
@@ -582,8 +582,8 @@ extent_size = 1M
 
 
 class TestLifetime(tierd.DaemonTestCase):
-    def child(self, *parts: str) -> str:
-        r = run_child(self.socket, *parts)
+    def child(self, *parts: str, args: tuple[str, ...] = ()) -> str:
+        r = run_child(self.socket, *parts, args=args)
         self.assertNotEqual(r.returncode, -signal.SIGSEGV, f"the child crashed:\n{r.stdout}{r.stderr}")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         return r.stdout
@@ -611,6 +611,40 @@ class TestLifetime(tierd.DaemonTestCase):
         self.assertEqual(self.child(made, "c.close()\n", read("close")), "close released\n")
         self.assertEqual(self.child(made, "del c\ngc.collect()\n", read("client gc")), "client gc released\n")
 
+
+    def test_fork_child_refused(self) -> None:
+        """A child of fork() using the parent's Client shared its connection: it got the parent's
+        replies (EPROTO) or took them, and the parent hung; now the child finds every Client of the
+        parent, its Tensors and grants dropped (the parent's connection untouched) and told to make
+        its own."""
+        out = self.child("""
+            import os
+            t = c.create("t", MiB)
+            g = t.pin(tier.HOST)
+            mv = g.memoryview()
+            mv[0] = 5
+            pid = os.fork()
+            if pid == 0:
+                lines = []
+                for what, call in (("client", c.status), ("tensor", t.stat), ("grant", g.memoryview)):
+                    try:
+                        call()
+                        lines.append(f"{what} used")
+                    except tier.TierError as e:
+                        lines.append(f"{what} refused" if "fork()" in str(e) else f"{what} {e}")
+                lines.append(f"grant pinned {g.pinned}")
+                c.close()                          # nothing to do, nothing sent
+                with tier.Client("child", socket=sys.argv[1]) as d:
+                    lines.append(f"own client {d.open('t').size}")
+                os.write(1, ("\\n".join(lines) + "\\n").encode())
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            for _ in range(20):
+                t.stat()
+            print("parent", status, mv[0], t.stat().pins["host"])
+        """, args=(self.socket,))
+        self.assertEqual(out, "client refused\ntensor refused\ngrant refused\ngrant pinned False\n"
+                              f"own client {MiB}\nparent 0 5 1\n")
 
 class TestRestart(tierd.DaemonTestCase):
     config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300")  # the job waits for the client

@@ -141,6 +141,8 @@ class Grant:
 
     def _live(self, what: str) -> None:
         if not self._pinned:
+            if self.tensor.client._fork_child:
+                self.tensor.client._handle(f"{what} of '{self.tensor.name}'")  # raises: made before fork()
             raise TierError(errno.EBADF, "the grant was unpinned", f"{what} of '{self.tensor.name}' in {self.tier}")
 
     def _host(self, what: str) -> int:
@@ -283,6 +285,8 @@ class Tensor:
     # -- plumbing
     def _handle(self, operation: str) -> int:
         if self._t is None:
+            if self.client._fork_child:
+                self.client._handle(operation)  # raises: made before fork()
             raise _closed(f"handle of tensor '{self.name}'", operation)
         return self._t
 
@@ -502,6 +506,8 @@ class Plan:
 
     def _handle(self, operation: str) -> int:
         if self._p is None:
+            if self.client._fork_child:
+                self.client._handle(operation)  # raises: made before fork()
             raise _closed("plan" if not self._submitted else "plan (submitted already)", operation)
         self.client._handle(operation)
         return self._p

@@ -39,6 +39,12 @@ A Client, and everything made from it, must be used by one thread at a
 time (libtier's rule): one Client per thread, or a lock around a shared one.
 ctypes releases the GIL during each libtier call, so other threads run
 while one waits.
+
+fork(): the child would share the connection with the parent (each would
+read the other's replies), so in the child every Client of the parent is
+dropped at once, without ``tier_client_free()`` (that would talk over the
+parent's connection), with its Tensors, Plans and grants; any use of them
+there raises TierError (EBADF) saying so.  Make a new Client in the child.
 """
 from __future__ import annotations
 
@@ -110,6 +116,18 @@ __all__ = [
 
 # ---- clients ------------------------------------------------------------------------------------
 
+#: The Clients with a connection, for the fork handler (weakly: no Client is kept alive by it).
+_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_LIVE):
+        c._forked()
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Client:
     """One connection to tierd: one rank of one job (``tier_client *``).
@@ -119,6 +137,7 @@ class Client:
     @socket: tierd's socket; None: $TIER_SOCKET, else /run/tierd/tierd.sock.
 
     Not thread-safe: use one Client per thread, or a lock around a shared one.
+    Not usable in the child of a fork(): make a new Client there.
     """
 
     def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None, *,
@@ -141,6 +160,7 @@ class Client:
         # reaches them even when their Tensor has left _tensors (collected with its grants)
         self._grants: dict[str, list[Grant]] = {}
         self._phase: int | None = None
+        self._fork_child = False  # made before the fork() this process is the child of
         c = c_void_p()
         r = _L.tier_client_new(sock, jb, rk, byref(c))
         if r < 0:
@@ -148,6 +168,7 @@ class Client:
             where = os.fsdecode(sock) if sock else "tierd"
             raise error_class(r)(-r, text, f"connect to {where} as job {job!r}")
         self._c = c.value
+        _LIVE.add(self)
         self._restarts = 0  # tier_client_restarts() when this client last forgot its pins
         if reconnect is not None:
             self.set_reconnect(reconnect)
@@ -182,8 +203,26 @@ class Client:
     # -- plumbing
     def _handle(self, operation: str) -> int:
         if self._c is None:
+            if self._fork_child:
+                raise TierError(errno.EBADF, "this Client was made before fork() and cannot be used in "
+                                "the child (the parent holds its connection): make a new tier.Client "
+                                "in the child", operation)
             raise _closed("client", operation)
         return self._c
+
+    def _forked(self) -> None:
+        """In the child of a fork(): let go of everything without a word to tierd (libtier's objects
+        are the parent's; freeing them would talk over the parent's connection), leaking the copies."""
+        self._fork_child = True
+        self._invalidate_phase_grants()
+        self._drop_grants()
+        for t in list(self._tensors):
+            t._t = None
+        for p in list(self._plans):
+            p._p = None
+        self._tensors = weakref.WeakSet()
+        self._plans = weakref.WeakSet()
+        self._c = None
 
     def _check(self, r: int, operation: str) -> int:
         if r >= 0:
@@ -671,6 +710,7 @@ class Client:
         for p in list(self._plans):
             p.close()
         c, self._c = self._c, None
+        _LIVE.discard(self)
         _L.tier_client_free(c)
 
     def __enter__(self) -> Client:
