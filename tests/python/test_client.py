@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import select
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import tierd
@@ -645,6 +647,36 @@ class TestLifetime(tierd.DaemonTestCase):
         """, args=(self.socket,))
         self.assertEqual(out, "client refused\ntensor refused\ngrant refused\ngrant pinned False\n"
                               f"own client {MiB}\nparent 0 5 1\n")
+
+    def test_collected_handles_freed_by_the_clients_thread(self) -> None:
+        """A Tensor (or Plan) collected by the GC in another thread freed its handle there, into the
+        client another thread may be inside of (libtier: one thread per client at a time); now the
+        handle waits for the client's next call, in the thread that uses it."""
+        c = self.client()
+        lib = tier._base._L
+        calls: list[str] = []
+        for name in ("tier_tensor_close", "tier_plan_free"):
+            real = getattr(lib, name)
+            self.addCleanup(setattr, lib, name, real)
+
+            def spy(h: int, real=real, name=name) -> None:
+                calls.append(f"{name} in {threading.current_thread().name}")
+                real(h)
+            setattr(lib, name, spy)
+        gc.disable()
+        self.addCleanup(gc.enable)
+        t = c.create("t", 4096)
+        p = c.plan()
+        t.me, p.me = t, p  # cycles: only the GC frees them
+        del t, p
+        collector = threading.Thread(target=gc.collect, name="collector")
+        collector.start()
+        collector.join()
+        self.assertEqual(calls, [])
+        c.moved()
+        self.assertEqual(sorted(calls), ["tier_plan_free in MainThread", "tier_tensor_close in MainThread"])
+        c.open("t").destroy()
+
 
 class TestRestart(tierd.DaemonTestCase):
     config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300")  # the job waits for the client

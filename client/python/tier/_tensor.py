@@ -288,6 +288,8 @@ class Tensor:
             if self.client._fork_child:
                 self.client._handle(operation)  # raises: made before fork()
             raise _closed(f"handle of tensor '{self.name}'", operation)
+        if self.client._doomed:
+            self.client._free_doomed()
         return self._t
 
     def _check(self, r: int, operation: str) -> int:
@@ -467,11 +469,17 @@ class Tensor:
         self.close()
 
     def __del__(self) -> None:
+        """Collected: the handle is closed by the client's next call (this may run in the GC's
+        thread while the client's own thread is inside libtier), or here once the client is freed
+        (a detached handle: closing it concerns no client)."""
         try:
             if self._t is not None:
                 self._release_grants()  # before the unmapping: no memoryview left over it
                 h, self._t = self._t, None
-                _L.tier_tensor_close(h)
+                if self.client._c is not None:
+                    self.client._doomed.append((_L.tier_tensor_close, h))
+                else:
+                    _L.tier_tensor_close(h)
         except Exception:  # interpreter shutdown
             pass
 
@@ -551,10 +559,14 @@ class Plan:
         self.close()
 
     def __del__(self) -> None:
+        """Collected: freed by the client's next call, as a Tensor's handle is."""
         try:
             if self._p is not None:
                 p, self._p = self._p, None
-                _L.tier_plan_free(p)
+                if self.client._c is not None:
+                    self.client._doomed.append((_L.tier_plan_free, p))
+                else:
+                    _L.tier_plan_free(p)
         except Exception:
             pass
 

@@ -39,6 +39,9 @@ A Client, and everything made from it, must be used by one thread at a
 time (libtier's rule): one Client per thread, or a lock around a shared one.
 ctypes releases the GIL during each libtier call, so other threads run
 while one waits.
+The ``__del__`` of a Tensor or Plan (which the GC may run in any thread)
+only queues its handle on the Client; the Client's next call, or
+``close()``, frees it in the thread that uses the Client.
 
 fork(): the child would share the connection with the parent (each would
 read the other's replies), so in the child every Client of the parent is
@@ -161,6 +164,10 @@ class Client:
         self._grants: dict[str, list[Grant]] = {}
         self._phase: int | None = None
         self._fork_child = False  # made before the fork() this process is the child of
+        # handles of Tensors and Plans collected while the client was open, with their free function:
+        # __del__ may run in any thread (the GC's), so they are freed by the client's next call,
+        # in the thread that uses it
+        self._doomed: list[tuple[Any, int]] = []
         c = c_void_p()
         r = _L.tier_client_new(sock, jb, rk, byref(c))
         if r < 0:
@@ -208,7 +215,15 @@ class Client:
                                 "the child (the parent holds its connection): make a new tier.Client "
                                 "in the child", operation)
             raise _closed("client", operation)
+        if self._doomed:
+            self._free_doomed()
         return self._c
+
+    def _free_doomed(self) -> None:
+        """Free the handles of the Tensors and Plans collected since the last call (no round trip)."""
+        while self._doomed:
+            free, h = self._doomed.pop()
+            free(h)
 
     def _forked(self) -> None:
         """In the child of a fork(): let go of everything without a word to tierd (libtier's objects
@@ -703,6 +718,7 @@ class Client:
         """
         if self._c is None:
             return
+        self._free_doomed()
         self._invalidate_phase_grants()
         self._drop_grants()  # before the unmapping, grants of handles gone from _tensors too
         for t in list(self._tensors):
@@ -712,6 +728,7 @@ class Client:
         c, self._c = self._c, None
         _LIVE.discard(self)
         _L.tier_client_free(c)
+        self._free_doomed()  # any queued meanwhile by another thread: detached now, closed locally
 
     def __enter__(self) -> Client:
         return self
