@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import unittest
+import warnings
 
 import tierd
 from tierd import MiB
@@ -110,6 +111,37 @@ class TestViews(tierd.DaemonTestCase):
             self.assertEqual(int(x[-1]), size // 4 - 1)
             self.assertEqual(int(x[seg // 4]), seg // 4)  # first word of the second segment
             self.assertTrue(np.array_equal(g.numpy(np.uint32), np.arange(size // 4, dtype=np.uint32)))
+        t.destroy()
+
+    @need_numpy
+    @need_torch
+    def test_read_pin_views_are_read_only(self) -> None:
+        """The views of a READ pin were writable, and what was written vanished at the clean unpin;
+        now memoryview and numpy views of a pin without WRITE are read-only, and torch (which has no
+        read-only tensors) gets a tensor over a read-only buffer without torch's warning."""
+        c = self.client()
+        t = c.create("t", 4096)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:4] = b"abcd"
+        t.evict(tier.NVME)
+        with t.pin(tier.HOST, tier.READ) as g:
+            mv = g.memoryview()
+            self.assertTrue(mv.readonly)
+            with self.assertRaises(TypeError):
+                mv[0] = 1
+            a = g.numpy()
+            self.assertFalse(a.flags.writeable)
+            with self.assertRaises(ValueError):
+                a[0] = 1
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                x = g.torch(torch.uint8)
+            self.assertEqual(bytes(x[:4].tolist()), b"abcd")
+            self.assertEqual(bytes(mv[:4]), b"abcd")
+        for mode in (tier.WRITE, tier.READ_WRITE):
+            with t.pin(tier.HOST, mode) as g:
+                self.assertFalse(g.memoryview().readonly)
+                self.assertTrue(g.numpy().flags.writeable)
         t.destroy()
 
     @need_torch

@@ -333,13 +333,14 @@ def libc_free(p: int | None) -> None:
 
 # A memoryview over foreign memory, without an exporting object: release()
 # really ends its access (slices and casts made from it keep theirs).
+_PyBUF_READ = 0x100
 _PyBUF_WRITE = 0x200
 _from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
 _from_memory.restype = py_object
 _from_memory.argtypes = [c_void_p, c_ssize_t, c_int]
 
 
-def memory_view(address: int, length: int) -> memoryview:
-    """A writable, one-dimensional memoryview (format "B") of @length bytes at @address."""
-    return _from_memory(address, length, _PyBUF_WRITE)
+def memory_view(address: int, length: int, writable: bool = True) -> memoryview:
+    """A one-dimensional memoryview (format "B") of @length bytes at @address, read-only unless @writable."""
+    return _from_memory(address, length, _PyBUF_WRITE if writable else _PyBUF_READ)
 

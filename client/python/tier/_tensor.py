@@ -8,6 +8,7 @@ long each kind of view stays valid.
 from __future__ import annotations
 
 import errno
+import warnings
 from ctypes import byref, c_uint64, c_void_p
 from typing import TYPE_CHECKING, Any
 
@@ -154,14 +155,20 @@ class Grant:
             )
         return self.ptr
 
+    @property
+    def _writable(self) -> bool:
+        """Views may write: the pin's mode has WRITE (a READ pin's unpin is clean: writes would vanish)."""
+        return bool(self.mode & Mode.WRITE)
+
     def memoryview(self) -> memoryview:
-        """A writable memoryview (format "B", ``length`` bytes) over the mapping, without a copy.
+        """A memoryview (format "B", ``length`` bytes) over the mapping, without a copy; read-only
+        unless the pin's mode has WRITE.
 
         Released when the pin is dropped: using it afterwards raises
         ValueError.  (Slices or casts made from it are not released.)
         """
         ptr = self._host("memoryview")
-        mv = _lib.memory_view(ptr, self.length)
+        mv = _lib.memory_view(ptr, self.length, self._writable)
         self._views.append(mv)
         return mv
 
@@ -169,8 +176,9 @@ class Grant:
         """A numpy array over the mapping (``np.frombuffer``), without a copy.
 
         @dtype: any numpy dtype whose item size divides ``length``;
-        @shape: reshape to this (None: one dimension).  The array cannot be
-        invalidated: do not use it after the unpin.
+        @shape: reshape to this (None: one dimension).  Read-only
+        (``flags.writeable`` False) unless the pin's mode has WRITE.  The
+        array cannot be invalidated: do not use it after the unpin.
         """
         import numpy as np
 
@@ -179,7 +187,7 @@ class Grant:
         if self.length % dt.itemsize:
             raise ValueError(f"{self.length} bytes are not a whole number of {dt} ({dt.itemsize} bytes)")
         # a memoryview of its own, never released: the array holds it
-        arr = np.frombuffer(_lib.memory_view(ptr, self.length), dtype=dt)
+        arr = np.frombuffer(_lib.memory_view(ptr, self.length, self._writable), dtype=dt)
         return arr if shape is None else arr.reshape(shape)
 
     @property
@@ -208,6 +216,12 @@ class Grant:
         CUDA tensor through ``__cuda_array_interface__`` on the current CUDA
         device, which must be tierd's GPU (``Client.vram_device``).  The
         tensor cannot be invalidated: do not use it after the unpin.
+
+        torch has no read-only tensors: for a pin without WRITE the CPU
+        tensor is made over a read-only buffer (torch's warning about that
+        suppressed), yet torch lets it be written; such writes change the
+        pinned copy only until tierd drops or refills it (the unpin is
+        clean) and never reach the tensor.  Pin with WRITE to write.
         """
         import torch
 
@@ -227,7 +241,10 @@ class Grant:
         self._live("torch view")
         if self.ptr is not None:
             # a memoryview of its own, never released: the tensor holds it
-            t = torch.frombuffer(_lib.memory_view(self.ptr, self.length), dtype=torch.uint8, count=self.length)
+            mv = _lib.memory_view(self.ptr, self.length, self._writable)
+            with warnings.catch_warnings():  # "The given buffer is not writable": documented above
+                warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+                t = torch.frombuffer(mv, dtype=torch.uint8, count=self.length)
         elif self.device_ptr is not None:
             t = torch.as_tensor(self, device="cuda")
         else:
