@@ -371,6 +371,10 @@ class TestClient(tierd.DaemonTestCase):
             c.wait(fs, timeout=0.02)
         c.wait(fs, timeout=10)
         self.assertTrue(all(x.done() for x in fs))
+        # an infinite timeout waits as None does (it raised OverflowError)
+        c.wait(t.evict_async(tier.HOST), float("inf"))
+        t.prefetch_async(tier.VRAM).wait(timeout=float("inf"))
+        self.assertEqual(t.stat().state["vram"], "resident")
         # tier_fence_stream_wait() without a device event waits on the host
         g, f = t.pin_async(tier.HOST)
         f.stream_wait(None)

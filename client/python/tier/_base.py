@@ -142,6 +142,8 @@ def _timeout_ms(timeout: float | None) -> int:
         raise TypeError(f"a timeout is seconds (a number) or None, not {type(timeout).__name__}")
     if math.isnan(timeout) or timeout < 0:
         raise ValueError(f"timeout {timeout} must be >= 0 (None waits forever)")
+    if math.isinf(timeout):
+        return -1  # forever, as None
     return min(math.ceil(timeout * 1000), _INT_MAX)
 
 

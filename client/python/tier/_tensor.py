@@ -63,7 +63,8 @@ class Fence:
         return r > 0
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until done (``tier_fence_wait()``); TimedOutError after @timeout seconds (None: forever)."""
+        """Wait until done (``tier_fence_wait()``); TimedOutError after @timeout seconds (None or
+        infinity: forever, and then not interruptible by Ctrl-C: see ``Client.wait()``)."""
         self.client.wait(self, timeout)
 
     def stream_wait(self, stream: Any = None) -> None:

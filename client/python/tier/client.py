@@ -618,9 +618,12 @@ class Client:
     def wait(self, fence_or_list: Fence | Iterable[Fence], timeout: float | None = None) -> None:
         """Wait for a fence, or for every fence of a list (``tier_fence_wait()``).
 
-        @timeout: seconds for all of them together, None: forever.
-        TimedOutError when it runs out (the requests go on); a failed
-        request raises its error.
+        @timeout: seconds for all of them together, None (or infinity):
+        forever.  TimedOutError when it runs out (the requests go on); a
+        failed request raises its error.  A wait cannot be interrupted by a
+        signal (Ctrl-C): libtier retries the system call, and Python's
+        KeyboardInterrupt is raised only once the wait returns; give a
+        timeout, in a loop, to stay interruptible.
         """
         fl = [fence_or_list] if isinstance(fence_or_list, Fence) else list(fence_or_list)
         for f in fl:
