@@ -149,6 +149,12 @@ class TestErrors(unittest.TestCase):
             errno.ECONNRESET: tier.ShutdownError,
             errno.ENOTCONN: tier.ShutdownError,
             errno.EPIPE: tier.ShutdownError,
+            errno.EBADMSG: tier.ShutdownError,       # the connection is unusable (libtier(3))
+            errno.ECONNREFUSED: tier.ShutdownError,  # no tierd listens
+            errno.ENODATA: tier.LostError,
+            errno.ERESTART: tier.RestartedError,
+            errno.ESTALE: tier.NotFoundError,
+            errno.EPROTO: tier.TierError,
             errno.ETIMEDOUT: tier.TimedOutError,
             errno.EIO: tier.TierError,
         }
@@ -256,6 +262,15 @@ class TestArguments(unittest.TestCase):
         self.assertIsInstance(cm.exception, tier.NotFoundError)
         self.assertIn("/nonexistent/tierd.sock", cm.exception.strerror)
         self.assertIn("is tierd running?", cm.exception.strerror)
+        # a socket file nobody listens on (tierd gone): ECONNREFUSED, a ShutdownError
+        import socket
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.bind(f"{d}/tierd.sock")
+            with self.assertRaises(tier.ShutdownError) as cm:
+                tier.Client("j", socket=f"{d}/tierd.sock")
+            self.assertEqual(cm.exception.errno, errno.ECONNREFUSED)
 
 
 if __name__ == "__main__":

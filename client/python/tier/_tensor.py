@@ -139,7 +139,7 @@ class Grant:
             try:
                 v.release()
             except BufferError:
-                pass  # exported further (e.g. to an array): cannot be revoked, as documented
+                pass  # its buffer held by C code right now: cannot be revoked, as documented
 
     def _live(self, what: str) -> None:
         if not self._pinned:

@@ -99,8 +99,11 @@ class BusyError(TierError):
 
 
 class ShutdownError(TierError):
-    """ESHUTDOWN, ECONNRESET, ENOTCONN, EPIPE: tierd stopped or the
-    connection is gone.  Connect again (a new Client)."""
+    """ESHUTDOWN, ECONNRESET, ENOTCONN, EPIPE, EBADMSG: tierd stopped or the
+    connection is gone (EBADMSG: tierd's reply was unreadable and the
+    connection unusable); ECONNREFUSED: no tierd listens on the socket.
+    Connect again (a new Client).  EPROTO (a reply libtier could not use, the
+    connection still usable) stays a plain TierError."""
 
 
 class TimedOutError(TierError):
@@ -136,6 +139,8 @@ _BY_ERRNO: dict[int, type[TierError]] = {
     _errno.ECONNRESET: ShutdownError,
     _errno.ENOTCONN: ShutdownError,
     _errno.EPIPE: ShutdownError,
+    _errno.EBADMSG: ShutdownError,
+    _errno.ECONNREFUSED: ShutdownError,
     _errno.ETIMEDOUT: TimedOutError,
     _errno.ENODATA: LostError,
     _errno.ERESTART: RestartedError,
