@@ -301,5 +301,26 @@ class TestUsage(tierd.DaemonTestCase):
             torch.jit.trace(model, batches(1)[0][:, :-1])
         eng.close()
 
+    def test_model_that_is_one_block(self) -> None:
+        """A model that is one block itself (an nn.Linear): its block's forward hook ran before the model's,
+        so the first forward was refused as "called outside the model's forward" (before that check, the
+        second step was refused as a block not in the first).  It trains as plain PyTorch."""
+        import tier.torch
+
+        torch.manual_seed(0)
+        ref = torch.nn.Linear(16, 16)
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = tier.torch.Offload(model, self.client("one-block"), lr=1e-2)
+        self.assertEqual([b.label for b in eng.blocks], ["block 0 'the model' (Linear)"])
+        for i in range(4):
+            x = torch.randn(4, 16, generator=torch.Generator().manual_seed(i))
+            for m, o in ((ref, opt), (model, eng)):
+                m(x).pow(2).mean().backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "one block")
+        eng.close()
+
 if __name__ == "__main__":
     tierd.main()

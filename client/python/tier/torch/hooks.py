@@ -84,7 +84,8 @@ class Hooks:
 
     def attach(self) -> None:
         e = self.engine
-        self.handles.append(e.model.register_forward_pre_hook(self.root_pre))
+        root = e.model.register_forward_pre_hook(self.root_pre)
+        self.handles.append(root)
         self.handles.append(e.model.register_forward_hook(self.root_post))
         for b in e.blocks:
             if b.module is not None:
@@ -100,6 +101,8 @@ class Hooks:
                 h = b.module.register_forward_hook(self.block_post)
                 self.post_ids[id(b.module)] = h.id
                 self.handles.append(h)
+        # a model that is one block itself: its forward begins before the block's phase does
+        e.model._forward_pre_hooks.move_to_end(root.id, last=False)
 
     def detach(self) -> None:
         for h in self.handles:
