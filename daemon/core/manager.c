@@ -306,8 +306,9 @@ static int manager_setup_tiers(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Cannot check the capacities: %m");
         if (r > 0) {
+                /* not MANAGER_CONFIG_REFUSED: what is free may change (memory in use, free space), Restart= may try again */
                 log_error("%s", err);
-                return MANAGER_CONFIG_REFUSED;
+                return -E2BIG;
         }
         r = manager_setup_memstore(m, !m->vram);
         if (r < 0)
