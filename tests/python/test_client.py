@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import tierd
 from tierd import MiB
@@ -715,6 +716,86 @@ class TestRestart(tierd.DaemonTestCase):
         t.evict(tier.NVME)
         with t.pin(tier.HOST, tier.READ) as g:
             self.assertEqual(bytes(g.memoryview()[0:4]), b"new!")
+        t.destroy()
+
+
+class TestFaults(tierd.DaemonTestCase):
+    """Requests that fail in tierd (TIERD_TEST_FAULTS): the first NVMe read of each job named here fails, and its retry."""
+
+    FAULTS = "nvme-read-eio:job=failed-async-pin,count=2;nvme-read-eio:job=unchecked-async-pin,count=2"
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        old = os.environ.get("TIERD_TEST_FAULTS")
+        os.environ["TIERD_TEST_FAULTS"] = cls.FAULTS
+        try:
+            super().setUpClass()
+        finally:
+            if old is None:
+                del os.environ["TIERD_TEST_FAULTS"]
+            else:
+                os.environ["TIERD_TEST_FAULTS"] = old
+
+    def written(self, c: tier.Client, name: str, seed: int) -> tier.Tensor:
+        """A tensor of @c holding pattern(MiB, @seed) on NVMe only: a pin in host reads it."""
+        t = c.create(name, MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = pattern(MiB, seed)
+        t.evict(tier.NVME)
+        return t
+
+    def test_failed_async_pin_forgets_its_grant(self) -> None:
+        """A pin_async whose fence failed (tierd holds no pin) left its Grant pinned in the client,
+        keeping the Tensor alive; its unpin() then unpinned, clean, the pin taken next (a write),
+        and a failed unpin (ENOENT) put the Grant back.  Now the failed fence invalidates and
+        forgets the Grant: its unpin() does nothing."""
+        c = self.client("failed-async-pin")
+        t = self.written(c, "t", 1)
+        g, f = t.pin_async(tier.HOST, tier.READ)
+        mv = g.memoryview()
+        with self.assertRaises(tier.TierError) as cm:
+            f.wait(30)
+        self.assertEqual(cm.exception.errno, errno.EIO)
+        self.assertEqual(t.stat().pins["host"], 0)
+        self.assertFalse(g.pinned)
+        with self.assertRaises(ValueError):
+            mv[0]
+        w = t.pin(tier.HOST, tier.READ_WRITE)  # the read works now (count=2: the read and its retry failed)
+        self.assertEqual(bytes(w.memoryview()[:4096]), pattern(MiB, 1)[:4096])
+        w.memoryview()[:4] = b"new!"
+        g.unpin()  # nothing to do: it sent the write pin's unpin, clean
+        st = t.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (1, False))
+        t.unpin(tier.HOST)  # the write pin's: dirty
+        st = t.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
+        t.evict(tier.NVME)
+        with t.pin(tier.HOST, tier.READ) as r:
+            self.assertEqual(bytes(r.memoryview()[:4]), b"new!")
+        ref = weakref.ref(t)
+        del t, g, f, w, r
+        gc.collect()
+        self.assertIsNone(ref(), "the failed pin's grant kept its Tensor")
+
+    def test_unpin_of_a_pin_tierd_does_not_hold(self) -> None:
+        """An unpin that fails with ENOENT (tierd holds no such pin: here the fence of a failed
+        pin_async checked through another Fence object, so the Grant never heard of it) put the
+        Grant back, pinned for ever; now it stays unpinned and forgotten."""
+        c = self.client("unchecked-async-pin")
+        t = self.written(c, "t", 2)
+        g, f = t.pin_async(tier.HOST, tier.READ)
+        with self.assertRaises(tier.TierError):
+            tier.Fence(c, f.value).wait(30)  # knows no Grant
+        self.assertTrue(g.pinned)
+        with self.assertRaises(tier.NotFoundError):
+            g.unpin()
+        self.assertFalse(g.pinned)
+        g.unpin()  # forgotten: nothing to do
+        w = t.pin(tier.HOST, tier.WRITE)
+        w.memoryview()[:4] = b"last"
+        t.unpin(tier.HOST)  # the write pin's, not the failed one's
+        st = t.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
         t.destroy()
 
 

@@ -29,7 +29,7 @@ from ._base import (
     _stream,
     _uint,
 )
-from .errors import TierError
+from .errors import ShutdownError, TierError, TimedOutError
 
 if TYPE_CHECKING:  # only for annotations: never imported at run time here
     import numpy as _np
@@ -44,13 +44,27 @@ class Fence:
     """The completion of an asynchronous request (a ``tier_fence``).
 
     A fence belongs to the client that issued it.  Fence 0 is always done.
+    The fence of ``pin_async()`` knows its Grant: when it fails, tierd holds
+    no pin, and the Grant is invalidated and forgotten.
     """
 
-    __slots__ = ("client", "value", "__weakref__")
+    __slots__ = ("client", "value", "_grant", "__weakref__")
 
-    def __init__(self, client: Client, value: int) -> None:
+    def __init__(self, client: Client, value: int, grant: Grant | None = None) -> None:
         self.client = client
         self.value = value
+        self._grant = grant
+
+    def _failed(self, e: TierError) -> None:
+        """Checking this fence raised @e: if the request itself failed (not a timeout, not the
+        connection gone), the pin it made is gone in tierd: so goes its Grant."""
+        g = self._grant
+        if g is None or isinstance(e, (TimedOutError, ShutdownError)):
+            return
+        self._grant = None
+        if g._pinned:
+            g.tensor._take_grant(g.tier, g)
+            g._invalidate()
 
     def done(self) -> bool:
         """True if the request is done, False if not; raises its error if it failed.
@@ -59,7 +73,11 @@ class Fence:
         """
         c = self.client._handle("check fence")
         r = _L.tier_fence_done(c, self.value)
-        self.client._check(r, f"fence {self.value}")
+        try:
+            self.client._check(r, f"fence {self.value}")
+        except TierError as e:
+            self._failed(e)
+            raise
         return r > 0
 
     def wait(self, timeout: float | None = None) -> None:
@@ -364,13 +382,18 @@ class Tensor:
         return self._grant(raw, md)
 
     def pin_async(self, tier: TierLike, mode: ModeLike = Mode.READ_WRITE) -> tuple[Grant, Fence]:
-        """``tier_pin_async()``: the grant is valid at once, its bytes once the fence is done."""
+        """``tier_pin_async()``: the grant is valid at once, its bytes once the fence is done.
+
+        If the fence fails (``done()`` or a wait raises the request's error), tierd holds no pin:
+        the Grant is invalidated and forgotten (its ``unpin()`` then does nothing).
+        """
         lv, md = _level(tier), _mode(mode)
         h = self._handle(self._op("pin", lv))
         raw = _lib.TierGrant()
         f = c_uint64()
         self._check(_L.tier_pin_async(h, lv, md, byref(raw), byref(f)), self._op("pin", lv))
-        return self._grant(raw, md), Fence(self.client, f.value)
+        g = self._grant(raw, md)
+        return g, Fence(self.client, f.value, g)
 
     def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:
         """The Grant an unpin in @tier ends, forgotten: @grant, else the most recent one of this
@@ -398,7 +421,9 @@ class Tensor:
             r = _L.tier_unpin_after(h, tier, int(dirty), stream)
         else:
             r = _L.tier_unpin(h, tier, int(dirty))
-        if r < 0 and g is not None:  # the pin stays: so does its grant (its memoryviews are gone)
+        # the pin stays: so does its grant (its memoryviews are gone); not where tierd holds no such
+        # pin (ENOENT: its pin_async failed unchecked; ESTALE: the tensor is gone)
+        if r < 0 and g is not None and r not in (-errno.ENOENT, -errno.ESTALE):
             g._pinned = True
             self.client._grants.setdefault(self.name, []).append(g)
         self._check(r, op)

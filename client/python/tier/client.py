@@ -638,7 +638,11 @@ class Client:
             left = -1
             if deadline is not None:
                 left = max(0, math.ceil((deadline - time.monotonic()) * 1000))
-            self._check(_L.tier_fence_wait(c, f.value, left), f"wait for fence {f.value}")
+            try:
+                self._check(_L.tier_fence_wait(c, f.value, left), f"wait for fence {f.value}")
+            except TierError as e:
+                f._failed(e)
+                raise
 
     def process(self) -> None:
         """Handle what tierd sent without blocking (``tier_client_process()``).
