@@ -258,8 +258,8 @@ class TestClient(tierd.DaemonTestCase):
     def test_unpin_through_another_handle(self) -> None:
         """t2.unpin(tier) of a pin taken and written through t1 (same tensor, same client) was sent
         clean, so the write was dropped, and t1's grant stayed pinned; now any handle's unpin ends
-        the client's most recent grant of that tensor and tier, dirty as it says; with no grant
-        known (its handle closed) the unpin is dirty."""
+        the client's most recent grant of that tensor and tier, dirty as it says, also where its
+        handle was closed (a write pin there: dirty)."""
         c = self.client()
         t1 = c.create("t", 4096)
         t2 = c.open("t")
@@ -287,6 +287,42 @@ class TestClient(tierd.DaemonTestCase):
             self.assertEqual(bytes(g.memoryview()[:4]), b"efgh")
         t2.close()
         t1.destroy()
+
+    def test_read_pin_of_a_closed_handle_unpinned_clean(self) -> None:
+        """A READ pin whose handle was closed, unpinned through another handle, was sent dirty (the
+        default with no Grant known): the version went up and the NVMe copy was thrown away.  Now
+        the client keeps the pin's dirty when the handle closes, and that unpin is clean; a write
+        pin's, kept the same way, stays dirty, and the most recent pin of the tier goes first."""
+        c = self.client()
+        t = c.create("t", MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = pattern(MiB, 4)
+        t.evict(tier.NVME)
+        g = t.pin(tier.HOST, tier.READ)
+        mv = g.memoryview()
+        t.close()
+        self.assertFalse(g.pinned)
+        with self.assertRaises(ValueError):
+            mv[0]
+        t2 = c.open("t")
+        self.assertEqual(t2.stat().pins["host"], 1)
+        t2.unpin(tier.HOST)
+        st = t2.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, False))
+        self.assertEqual((st.state["host"], st.state["nvme"]), ("resident", "resident"))
+        t3 = c.open("t")
+        t3.pin(tier.HOST, tier.READ)
+        t3.pin(tier.HOST, tier.READ_WRITE).memoryview()[:4] = b"abcd"
+        t3.close()
+        t2.unpin(tier.HOST)  # the READ_WRITE pin, the most recent
+        self.assertTrue(t2.stat().dirty["host"])
+        t2.unpin(tier.HOST)
+        st = t2.stat()
+        self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
+        t2.evict(tier.NVME)
+        with t2.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"abcd")
+        t2.destroy()
 
     def test_write_only_pin_moves_nothing(self) -> None:
         c = self.client()
@@ -722,7 +758,8 @@ class TestRestart(tierd.DaemonTestCase):
 class TestFaults(tierd.DaemonTestCase):
     """Requests that fail in tierd (TIERD_TEST_FAULTS): the first NVMe read of each job named here fails, and its retry."""
 
-    FAULTS = "nvme-read-eio:job=failed-async-pin,count=2;nvme-read-eio:job=unchecked-async-pin,count=2"
+    FAULTS = ("nvme-read-eio:job=failed-async-pin,count=2;nvme-read-eio:job=unchecked-async-pin,count=2;"
+              "nvme-read-eio:job=closed-async-pin,count=2")
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -797,6 +834,25 @@ class TestFaults(tierd.DaemonTestCase):
         st = t.stat()
         self.assertEqual((st.pins["host"], st.dirty["host"]), (0, True))
         t.destroy()
+
+
+    def test_failed_async_pin_of_a_closed_handle(self) -> None:
+        """A handle closed while its pin_async is under way keeps what the unpin needs of the pin;
+        when the fence then fails (tierd holds no pin) that goes too."""
+        c = self.client("closed-async-pin")
+        t = self.written(c, "t", 3)
+        g, f = t.pin_async(tier.HOST, tier.READ)
+        t.close()
+        self.assertFalse(g.pinned)
+        self.assertIn("t", c._grants)  # the pin is the connection's: its unpin is clean
+        with self.assertRaises(tier.TierError):
+            f.wait(30)
+        self.assertNotIn("t", c._grants)
+        t2 = c.open("t")
+        with self.assertRaises(tier.NotFoundError):
+            t2.unpin(tier.HOST)
+        self.assertNotIn("t", c._grants)
+        t2.destroy()
 
 
 class TestManySegments(tierd.DaemonTestCase):

@@ -65,6 +65,9 @@ class Fence:
         if g._pinned:
             g.tensor._take_grant(g.tier, g)
             g._invalidate()
+        elif g._kept is not None:  # its handle was closed: what was kept of it goes
+            g.tensor._take_grant(g.tier, g._kept)
+            g._kept = None
 
     def done(self) -> bool:
         """True if the request is done, False if not; raises its error if it failed.
@@ -138,6 +141,7 @@ class Grant:
         self._phase = phase
         self._pinned = True
         self._views: list[memoryview] = []
+        self._kept: _Pin | None = None  # what the client keeps of it once its handle is closed
 
     @property
     def pinned(self) -> bool:
@@ -300,6 +304,28 @@ class Grant:
         )
 
 
+class _Pin:
+    """What the client keeps of a pinned Grant whose handle was closed: the pin stays tierd's (it
+    is the connection's), and a later unpin through another handle needs to know if it may have
+    been written.  No Tensor, no mapping, no views."""
+
+    __slots__ = ("tier", "mode", "dirty", "_pinned")
+
+    tensor = None  # taken through no open handle
+
+    def __init__(self, g: Grant) -> None:
+        self.tier = g.tier
+        self.mode = g.mode
+        self.dirty = g.dirty  # what its unpin would have said (the mode's WRITE, or the user's choice)
+        self._pinned = True
+
+    def _invalidate(self) -> None:
+        self._pinned = False
+
+    def __repr__(self) -> str:
+        return f"<tier pin in {self.tier}, {self.mode.name}{', dirty' if self.dirty else ''}, handle closed>"
+
+
 # ---- tensors ------------------------------------------------------------------------------------
 
 
@@ -335,14 +361,16 @@ class Tensor:
         return f"{verb} '{self.name}' in {tier}"
 
     def _release_grants(self) -> None:
-        """The handle goes: the grants taken through it lose their mapping (their pins stay)."""
-        self.client._drop_grants(self)
+        """The handle goes: the grants taken through it lose their mapping (their pins stay, and
+        the client keeps what their unpin needs: their tier and dirty)."""
+        self.client._drop_grants(self, keep_pins=True)
         self.client._invalidate_phase_grants(self)
 
     def _connection_lost(self) -> None:
         """tierd restarted: its pins of this tensor went with the connection (their grants' memory
         stays mapped until the client is closed, their unpin() does nothing)."""
-        self._release_grants()
+        self.client._drop_grants(self)
+        self.client._invalidate_phase_grants(self)
 
     @property
     def closed(self) -> bool:
@@ -395,9 +423,10 @@ class Tensor:
         g = self._grant(raw, md)
         return g, Fence(self.client, f.value, g)
 
-    def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | None:
+    def _take_grant(self, tier: Level, grant: Grant | None) -> Grant | _Pin | None:
         """The Grant an unpin in @tier ends, forgotten: @grant, else the most recent one of this
-        tensor in @tier taken through any handle of the client (the pin is the connection's)."""
+        tensor in @tier taken through any handle of the client (the pin is the connection's), or
+        what is kept of it where that handle was closed (a _Pin)."""
         grants = self.client._grants.get(self.name, [])
         if grant is None:
             there = [g for g in grants if g.tier == tier]
@@ -413,7 +442,7 @@ class Tensor:
         op = self._op("unpin", tier)
         h = self._handle(op)
         g = self._take_grant(tier, grant)
-        if dirty is None:  # no Grant known (its handle was closed): dirty, so no write can be lost
+        if dirty is None:  # nothing known of the pin (not taken by this client?): dirty, so no write is lost
             dirty = g.dirty if g is not None else True
         if g is not None:
             g._invalidate()
@@ -431,8 +460,10 @@ class Tensor:
     def unpin(self, tier: TierLike, dirty: bool | None = None) -> None:
         """Drop one pin in @tier (``tier_unpin()``); @dirty: this process wrote the copy; None (the
         default): that Grant's ``dirty``, which a pin that may write starts with (a written copy
-        unpinned clean could be dropped as if nothing had changed), or True when the client knows
-        no Grant of it (its handle was closed).
+        unpinned clean could be dropped as if nothing had changed).  The Grant of a closed handle
+        is kept as far as this needs (its tier and dirty), so a READ pin's unpin through another
+        handle is clean; only when the client knows nothing of a pin in @tier (none taken through
+        it) is the unpin dirty, so that no write can be lost.
 
         Invalidates the most recent Grant of that tier still pinned, taken through this handle
         or another one of the same client (the pin belongs to the connection).

@@ -13,7 +13,9 @@ client.  Objects dropped without ``close()`` are closed by ``__del__``; a
 Grant is not: a pin belongs to the connection, as in C.  The Client keeps
 every Grant still pinned (so its Tensor too) until the unpin or ``close()``,
 and a Tensor's ``__del__`` invalidates the grants taken through it before it
-frees the handle: no memoryview outlives the mapping it reads.
+frees the handle: no memoryview outlives the mapping it reads.  Of a Grant
+whose handle closed while pinned the Client keeps only its tier and dirty
+(the pin is still tierd's), for an unpin through another handle.
 
 A ``Grant`` is one pin (or, from ``Client.phase_grant()``, the pin a plan
 phase holds).  Its memory is reached through views built from the address
@@ -90,7 +92,7 @@ from ._base import (
     link_name,
     strerror,
 )
-from ._tensor import Fence, Grant, Plan, Tensor
+from ._tensor import Fence, Grant, Plan, Tensor, _Pin
 from .errors import NotFoundError, TierError, error_class
 
 __all__ = [
@@ -161,7 +163,8 @@ class Client:
         self._phase_grants: list[Grant] = []
         # every pinned Grant (not phase grants) by tensor name, whichever handle took it: close()
         # reaches them even when their Tensor has left _tensors (collected with its grants)
-        self._grants: dict[str, list[Grant]] = {}
+        # (and, for a pin whose handle was closed, a _Pin: what its unpin needs)
+        self._grants: dict[str, list[Grant | _Pin]] = {}
         self._phase: int | None = None
         self._fork_child = False  # made before the fork() this process is the child of
         # handles of Tensors and Plans collected while the client was open, with their free function:
@@ -262,13 +265,18 @@ class Client:
         for t in list(self._tensors):
             t._connection_lost()
 
-    def _drop_grants(self, tensor: Tensor | None = None) -> None:
-        """Invalidate the pinned grants taken through @tensor's handle (None: all) and forget them."""
+    def _drop_grants(self, tensor: Tensor | None = None, keep_pins: bool = False) -> None:
+        """Invalidate the pinned grants taken through @tensor's handle (None: all) and forget them;
+        @keep_pins (the handle closes, the pins stay tierd's): keep, in their place, what their
+        unpin through another handle needs (a _Pin: tier and dirty), but not the Grant itself."""
         for name in list(self._grants):
-            keep = []
+            keep: list[Grant | _Pin] = []
             for g in self._grants[name]:
                 if tensor is None or g.tensor is tensor:
                     g._invalidate()
+                    if keep_pins and tensor is not None:
+                        g._kept = _Pin(g)
+                        keep.append(g._kept)
                 else:
                     keep.append(g)
             if keep:
