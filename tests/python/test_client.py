@@ -759,7 +759,7 @@ class TestFaults(tierd.DaemonTestCase):
     """Requests that fail in tierd (TIERD_TEST_FAULTS): the first NVMe read of each job named here fails, and its retry."""
 
     FAULTS = ("nvme-read-eio:job=failed-async-pin,count=2;nvme-read-eio:job=unchecked-async-pin,count=2;"
-              "nvme-read-eio:job=closed-async-pin,count=2")
+              "nvme-read-eio:job=closed-async-pin,count=2;nvme-bitflip:job=crc-mismatch,count=1")
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -853,6 +853,52 @@ class TestFaults(tierd.DaemonTestCase):
             t2.unpin(tier.HOST)
         self.assertNotIn("t", c._grants)
         t2.destroy()
+
+
+    def test_crc_mismatch_is_no_connection_gone(self) -> None:
+        """A crc32c mismatch reading NVMe back (a tierd of before EIO for it sends EBADMSG, on a
+        connection that works on) raised ShutdownError, as if the connection were gone; now only
+        an EBADMSG that leaves the connection unusable does."""
+        c = self.client("crc-mismatch")
+        t = self.written(c, "t", 5)
+        with self.assertRaises(tier.TierError) as cm:
+            t.pin(tier.HOST, tier.READ)
+        self.assertNotIsInstance(cm.exception, tier.ShutdownError)
+        self.assertIn("crc32c", cm.exception.strerror)
+        self.assertEqual(t.stat().pins["host"], 0)  # the connection works on
+        t.destroy()
+
+
+def stub_lib(module: object, name: str, r: int) -> object:
+    """Make @module's libtier function @name return @r (the others as they are); returns the real
+    library, to be put back with ``module._L = real``."""
+    real = module._L
+
+    class Stub:
+        def __getattr__(self, attr: str) -> object:
+            return (lambda *args: r) if attr == name else getattr(real, attr)
+
+    module._L = Stub()
+    return real
+
+
+class TestBadMessage(tierd.DaemonTestCase):
+    def test_bad_message_on_a_working_connection(self) -> None:
+        """EBADMSG raised ShutdownError whatever the connection's state; a connection that works on
+        (libtier does not call it broken) gives a plain TierError."""
+        c = self.client()
+        t = c.create("t", 4096)
+        real = stub_lib(tier._tensor, "tier_tensor_stat", -errno.EBADMSG)
+        try:
+            with self.assertRaises(tier.TierError) as cm:
+                t.stat()
+        finally:
+            tier._tensor._L = real
+        self.assertNotIsInstance(cm.exception, tier.ShutdownError)
+        self.assertEqual(cm.exception.errno, errno.EBADMSG)
+        self.assertEqual(t.stat().size, 4096)
+        self.assertIs(tier.errors.error_class(-errno.EBADMSG), tier.ShutdownError)  # no client to ask
+        t.destroy()
 
 
 class TestManySegments(tierd.DaemonTestCase):

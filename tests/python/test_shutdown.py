@@ -82,5 +82,27 @@ class TestShutdown(unittest.TestCase):
         with self.assertRaises(tier.ShutdownError):
             t.stat()
 
+    def test_bad_message_after_stop(self) -> None:
+        """EBADMSG once the connection is unusable (tierd gone) raises ShutdownError (on a connection
+        that works on it is a plain TierError: test_client's TestBadMessage)."""
+        c = tier.Client("badmsg", socket=self.d.socket)
+        self.addCleanup(c.close)
+        t = c.create("t", 4096)
+        self.assertEqual(self.d.stop(), 0)
+        real = tier._tensor._L
+
+        class Stub:
+            def __getattr__(self, attr: str) -> object:
+                return (lambda *args: -errno.EBADMSG) if attr == "tier_tensor_stat" else getattr(real, attr)
+
+        tier._tensor._L = Stub()
+        try:
+            with self.assertRaises(tier.ShutdownError) as cm:
+                t.stat()
+        finally:
+            tier._tensor._L = real
+        self.assertEqual(cm.exception.errno, errno.EBADMSG)
+
+
 if __name__ == "__main__":
     tierd.main()

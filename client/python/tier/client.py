@@ -255,7 +255,15 @@ class Client:
             if n != self._restarts:
                 self._restarts = n
                 self._restarted()
-        raise error_class(r)(-r, text or strerror(r), operation)
+        cls = error_class(r)
+        if r == -errno.EBADMSG and self._c is not None and not self._broken():
+            cls = TierError  # not the connection: an older tierd's crc mismatch in a request
+        raise cls(-r, text or strerror(r), operation)
+
+    def _broken(self) -> bool:
+        """After an error: is the connection unusable?  libtier says so: tier_client_fd() fails once
+        it is closed, tier_client_process() with the error that broke it (without blocking)."""
+        return _L.tier_client_fd(self._c) < 0 or _L.tier_client_process(self._c) < 0
 
     def _restarted(self) -> None:
         """tierd restarted: what the old connection held is gone (the memory of old grants stays)."""

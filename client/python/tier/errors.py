@@ -103,7 +103,10 @@ class ShutdownError(TierError):
     connection is gone (EBADMSG: tierd's reply was unreadable and the
     connection unusable); ECONNREFUSED: no tierd listens on the socket.
     Connect again (a new Client).  EPROTO (a reply libtier could not use, the
-    connection still usable) stays a plain TierError."""
+    connection still usable) stays a plain TierError, and so does an EBADMSG
+    after which the connection is still usable (libtier does not call it
+    broken): an older tierd's report of a crc32c mismatch in a request.
+    ``error_class()`` alone cannot tell these apart: it says ShutdownError."""
 
 
 class TimedOutError(TierError):
