@@ -22,7 +22,7 @@ void plan_help(FILE *f) {
                 "\n"
                 "Predict where a training job's model state goes (A: host RAM, B: optimizer state\n"
                 "on NVMe, C: weights and optimizer state on NVMe), the bytes each link moves per\n"
-                "step, the step time and its bottleneck, and what would hide the I/O.  Pure\n"
+                "step, the step time and its bottleneck, and what would hide the I/O.\n"
                 "Hardware not given is taken from the last `tierctl bench` results, then from\n"
                 "the running tierd; the output says where each figure came from.  See\n"
                 "docs/PLANNING.md for the formulas.\n"
@@ -488,11 +488,18 @@ static int hardware(PlanInput *in, const char *bench, bool no_bench, const char 
                 else {
                         const struct { unsigned key; bool have; } fill[] = {
                                 { HW_VRAM, tf.vram_bytes > 0 }, { HW_HOST, tf.host_bytes > 0 },
-                                { HW_DRIVES, true }, { HW_READ, tf.nvme_bandwidth > 0 },
+                                /* a count of drives without their speed (tierd unthrottled) is no figure */
+                                { HW_DRIVES, tf.nvme_bandwidth > 0 || (hw_src[HW_READ] && hw_src[HW_WRITE]) },
+                                { HW_READ, tf.nvme_bandwidth > 0 },
                                 { HW_WRITE, tf.nvme_bandwidth > 0 }, { HW_LINK, tf.vram_bandwidth > 0 },
                                 { HW_LINK_SHARED, tf.vram_bandwidth > 0 && tf.vram_emulated },
                         };
 
+                        if (!fill[2].have && !hw_src[HW_DRIVES] && tf.targets > 0)
+                                (void) snprintf(notes[2], sizeof(notes[2]), "tierd has %u NVMe target(s) but no "
+                                                "speed for them ([nvme] bandwidth = 0: unthrottled), so no drives "
+                                                "are planned; run tierctl bench, or give --drives N "
+                                                "--drive-read GB/s --drive-write GB/s", tf.targets);
                         for (size_t i = 0; i < sizeof(fill) / sizeof(fill[0]); i++) {
                                 if (hw_src[fill[i].key] || !fill[i].have)
                                         continue;

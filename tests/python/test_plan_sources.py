@@ -84,5 +84,22 @@ class TestPlanSources(tierd.DaemonTestCase):
         self.assertTrue(any("no figures from tierd" in n for n in d["notes"]), d["notes"])
 
 
+
+class TestPlanUnthrottledTierd(tierd.DaemonTestCase):
+    """A tierd with one target and the default [nvme] bandwidth = 0 (unthrottled: no speed known)."""
+
+    def test_drives_without_speed(self) -> None:
+        """tierd's target count came without a speed, and `tierctl plan` failed (exit 2) with "with --drives 1,
+        --drive-read and --drive-write must be above 0 GB/s", an option the user never gave.  Now no drives
+        are planned from tierd, and a note says why and what to give."""
+        p = TestPlanSources.plan(self, "--json", "--socket", self.socket, *MODEL)
+        d = json.loads(p.stdout)
+        self.assertEqual(d["hardware"]["drives"], 0)
+        self.assertTrue(any("tierd has 1 NVMe target(s) but no speed" in n for n in d["notes"]), d["notes"])
+        d = json.loads(TestPlanSources.plan(self, "--json", "--socket", self.socket, "--drive-read", "2",
+                                            "--drive-write", "1", *MODEL).stdout)
+        self.assertEqual((d["hardware"]["drives"], d["sources"]["drives"]), (1, "tierd"))
+
+
 if __name__ == "__main__":
     tierd.main()
