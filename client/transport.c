@@ -212,8 +212,9 @@ static void transport_handle_event(tier_client *c, const Tier__Event *e) {
                 c->shutdown = true;
                 (void) snprintf(c->shutdown_reason, sizeof(c->shutdown_reason), "%s",
                                 e->shutdown && e->shutdown->reason ? e->shutdown->reason : "");
-                (void) client_error(c, -ESHUTDOWN, "tierd is shutting down%s%s",
-                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+                /* tierd's reason says who ended it ("tierd is stopping", "job 'x' was detached by ...") */
+                (void) client_error(c, -ESHUTDOWN, "%s", *c->shutdown_reason ? c->shutdown_reason :
+                                    "tierd ended the connection (it is stopping)");
                 break;
         case TIER__EVENT__KIND_REVOKE:
                 if (e->revoke)
@@ -308,8 +309,8 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
             (req->op_case == TIER__REQUEST__OP_UNPIN || req->op_case == TIER__REQUEST__OP_END_PLAN))
                 r = 0;
         if (r == -ESHUTDOWN)
-                return client_error(c, r, "tierd is shutting down%s%s",
-                                    *c->shutdown_reason ? ": " : "", c->shutdown_reason);
+                return client_error(c, r, "%s", *c->shutdown_reason ? c->shutdown_reason :
+                                    "tierd ended the connection (it is stopping)");
         if (r < 0)
                 return r;
 

@@ -386,6 +386,7 @@ class TestTierctl(tierd.DaemonTestCase):
         with self.assertRaises(tier.TierError) as cm:
             t.pin(tier.HOST)
         self.assertIn("detached", str(cm.exception))
+        self.assertNotIn("shutting down", str(cm.exception))    # tierd runs on: only this job was ended
         self.assertIn("det", self.d.log_text())
         self.ctl("detach", "det", expect=1)
 
