@@ -473,6 +473,8 @@ class TestClient(tierd.DaemonTestCase):
         self.assertEqual(dict(q.limits), {"vram": 16 * MiB, "host": 48 * MiB, "nvme": 2 << 30})
         self.assertEqual(q.limits[tier.HOST], 48 * MiB)
         self.assertEqual(q.weight, 1)
+        self.assertTrue(q.running)                  # (it said False: quota() filled limits and weight only)
+        self.assertEqual(q, c.get_quota())
         self.assertEqual(c.quota("quota-job"), q)
         with self.assertRaises(tier.NotFoundError):
             c.quota("no-such-job")

@@ -251,14 +251,13 @@ class QuotaTotal:
 class Quota:
     """A quota: per tier a maximum and a guaranteed minimum, and a link weight.
 
-    ``Client.quota()`` fills limits and weight; ``Client.get_quota()`` and
-    ``Client.set_quota()`` fill the rest too (all of them ``tier_quota_get()``
-    and ``tier_quota_set()``).
+    ``Client.quota()``, ``Client.get_quota()`` and ``Client.set_quota()`` fill
+    every field (``tier_quota_get()`` and ``tier_quota_set()``).
 
     Attributes:
         limits: maxima, {"vram": bytes, "host": bytes, "nvme": bytes} (also keyed by tier.Level).
         weight: its share of the links (1..1000).
-        minimums: guaranteed bytes per tier, keyed like limits (None from quota()).
+        minimums: guaranteed bytes per tier, keyed like limits.
         sources: where each value comes from, keyed "vram", "vram_min", ..., "weight":
             "job 'x'", "uid 1000", "group 27", "default", with " (tierd.conf)" for a
             rule of the configuration (None from quota()).

@@ -382,15 +382,13 @@ class Client:
         return self._status(_lib.TIER_STATUS_PROMETHEUS)
 
     def quota(self, job: str | None = None) -> Quota:
-        """``tier_quota_get()``: the quota of @job (None: this client's job)."""
+        """``tier_quota_get()``: the quota of @job (None: this client's job), as get_quota(job) gives it
+        (it filled limits and weight only, and said running=False of a job that runs)."""
         jb = _name(job, "job") if job is not None else None
         q = _lib.TierQuota()
         op = f"quota of job {job if job is not None else self._job!r}"
         self._check(_L.tier_quota_get(self._handle(op), _lib.TIER_QUOTA_JOB, 0, jb, byref(q)), op)
-        return Quota(
-            limits=PerTier((_LEVEL_NAMES[i], int(q.max[i])) for i in range(_lib.TIER_LEVEL_MAX)),
-            weight=int(q.weight),
-        )
+        return self._quota2(q)
 
     @staticmethod
     def _quota_target(
