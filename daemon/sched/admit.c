@@ -552,3 +552,41 @@ const char *move_why_to_string(MoveWhy w) {
 
         return w <= MOVE_REFETCH ? names[w] : "?";
 }
+
+/* Deadlines this close together count as colliding: fair share decides. */
+#define SCHED_COLLIDE_NS (1000000ull)
+
+/*
+ * sched_pick() - the next candidate to start: earliest deadline first among
+ * those whose job has a free slot on their link (the current phase's pins
+ * too: their deadline is now, so they come first, but they are weighed like
+ * the rest when jobs collide); among candidates whose deadlines collide with
+ * that earliest one (within SCHED_COLLIDE_NS of it, or of now when it is overdue)
+ * the job with the smallest fair-share virtual time wins.  @c is sorted by
+ * deadline.  Slots are per job (see slot_take() in sched.c).
+ */
+static bool cand_blocked(const SchedCand *c, const unsigned limit[]) {
+        return c->taken || c->job->sched_inflight[c->link] >= limit[c->link];
+}
+
+size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]) {
+        size_t first = SIZE_MAX, pick = SIZE_MAX;
+        uint64_t horizon;
+
+        for (size_t i = 0; i < n; i++) {
+                if (cand_blocked(&c[i], limit))
+                        continue;
+                first = i;
+                break;
+        }
+        if (first == SIZE_MAX)
+                return SIZE_MAX;
+        horizon = MAX(c[first].deadline, now) + SCHED_COLLIDE_NS;
+        for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
+                if (cand_blocked(&c[i], limit))
+                        continue;
+                if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
+                        pick = i;
+        }
+        return pick == SIZE_MAX ? first : pick;
+}

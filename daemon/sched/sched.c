@@ -71,6 +71,7 @@
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
+#include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
@@ -80,8 +81,6 @@
 /* Transfers the scheduler keeps in flight per job and link: enough to keep it busy, few enough to stay EDF. */
 #define NVME_INFLIGHT 3
 #define PCIE_INFLIGHT 2
-/* Deadlines this close together count as colliding: fair share decides. */
-#define COLLIDE_NS (1000000ull)
 
 static const unsigned link_limit[_SCHED_LINK_MAX] = { NVME_INFLIGHT, PCIE_INFLIGHT };
 
@@ -520,6 +519,20 @@ static int cand_cmp(const void *a, const void *b) {
         return x->deadline < y->deadline ? -1 : x->deadline > y->deadline;
 }
 
+/* Which NVMe copy @t has: a copy written anew has new extents (or new crcs); 0: none. */
+static uint64_t nvme_copy_id(const Tensor *t) {
+        const Copy *c = &t->copy[LEVEL_NVME];
+
+        if (c->state == COPY_ABSENT || c->n_extents == 0)
+                return 0;
+        return ((uint64_t) c->extents[0].crc << 32 | c->extents[0].target) ^ (c->extents[0].unit + 1);
+}
+
+/* A prefetch of @t failed for good (not for room): the same read would fail the same way. */
+static bool prefetch_failed(const Tensor *t) {
+        return t->sched_failed == t->version + 1 && t->sched_failed_src == nvme_copy_id(t);
+}
+
 static void on_prefetch_done(Op *op, int status, const char *error) {
         Tensor *t = op->tensor;
         Sched *s = op->engine->sched_userdata;         /* the engine's scheduler: us */
@@ -529,6 +542,11 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
         slot_put(t->job, link);
         if (status == -EAGAIN || status == -ENOSPC || status == -EBUSY)
                 t->sched_blocked = s->epoch;    /* (-EBUSY: a stale copy still pinned, until it is unpinned) */
+        else if (status < 0 && op->kind == OP_PREFETCH) {
+                /* not again until it is written or its NVMe copy is: the plan's own pin reports the error */
+                t->sched_failed = t->version + 1;
+                t->sched_failed_src = nvme_copy_id(t);
+        }
         /*
          * Write-behind copies a version once per tier: if room below runs short
          * and its copy there is dropped again (it is no sole copy), cleaning it
@@ -542,41 +560,6 @@ static void on_prefetch_done(Op *op, int status, const char *error) {
                   error ? error : "");
         if (status >= 0)
                 engine_kick(op->engine);
-}
-
-/*
- * sched_pick() - the next candidate to start: earliest deadline first among
- * those whose job has a free slot on their link (the current phase's pins
- * too: their deadline is now, so they come first, but they are weighed like
- * the rest when jobs collide); among candidates whose deadlines collide with
- * that earliest one (within COLLIDE_NS of it, or of now when it is overdue)
- * the job with the smallest fair-share virtual time wins.  @c is sorted by
- * deadline.  Slots are per job (see slot_take()).
- */
-static bool cand_blocked(const SchedCand *c, const unsigned limit[]) {
-        return c->taken || !slot_free(c->job, c->link, limit);
-}
-
-size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned limit[]) {
-        size_t first = SIZE_MAX, pick = SIZE_MAX;
-        uint64_t horizon;
-
-        for (size_t i = 0; i < n; i++) {
-                if (cand_blocked(&c[i], limit))
-                        continue;
-                first = i;
-                break;
-        }
-        if (first == SIZE_MAX)
-                return SIZE_MAX;
-        horizon = MAX(c[first].deadline, now) + COLLIDE_NS;
-        for (size_t i = first; i < n && c[i].deadline <= horizon; i++) {
-                if (cand_blocked(&c[i], limit))
-                        continue;
-                if (pick == SIZE_MAX || c[i].job->vtime < c[pick].job->vtime)
-                        pick = i;
-        }
-        return pick == SIZE_MAX ? first : pick;
 }
 
 static bool cand_pending(const Cand *c, const Cand *all, size_t n) {
@@ -677,7 +660,7 @@ static void collect_prefetch(Plan *p, CandList *cands, uint64_t now) {
                         if (tier == LEVEL_VRAM && k > p->window[0])
                                 tier = LEVEL_HOST;       /* beyond the vram window: stage it in host memory */
                         if (t->sched_op || t->xfer || copy_valid(t, tier) || stale_soon(s, t, tier) ||
-                            t->sched_blocked == s->epoch)
+                            t->sched_blocked == s->epoch || prefetch_failed(t))
                                 continue;
                         if (tensor_is_blank(t) || t->lost)
                                 continue;       /* zeros or dead bytes: nothing to move; lost: nothing to bring */

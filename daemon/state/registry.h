@@ -130,6 +130,8 @@ typedef struct Tensor {
         uint64_t sched_pass;    /* sched: pass that computed sched_written */
         uint8_t sched_written;  /* sched: tiers (bits) a held phase writes it in */
         uint64_t sched_blocked; /* sched: epoch in which a prefetch found no space (retry after it changes) */
+        uint64_t sched_failed;  /* sched: 1 + the version whose prefetch failed for good (EIO, a crc mismatch) */
+        uint64_t sched_failed_src; /* sched: and the NVMe copy it had then: no prefetch before either changes */
         uint64_t sched_cleaned[TIERS]; /* sched: the version write-behind last copied down from each tier */
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
 } Tensor;
