@@ -206,6 +206,11 @@ void engine_limits_changed(Engine *e);
  */
 uint64_t engine_job_share(const Engine *e, const Job *j, int tier);
 
+/*
+ * Did writing @v's copy in @tier down fail (a drain, a write-behind), with
+ * no room freed below since?  Writing it again would fail the same way.
+ */
+bool engine_drain_blocked(const Engine *e, const Tensor *v, int tier);
 /* Can @t's copy in @tier go now: resident, and nothing pins it, moves it or works on it (an op)? */
 bool engine_copy_evictable(const Tensor *t, int tier);
 /*

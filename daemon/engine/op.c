@@ -96,9 +96,8 @@ void engine_limits_changed(Engine *e) {
         sched_changed(e);
 }
 
-/* Did @v's drain out of @tier fail, with nothing changed below since? */
-static bool drain_blocked(Engine *e, const Tensor *v, int tier) {
-        return tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
+bool engine_drain_blocked(const Engine *e, const Tensor *v, int tier) {
+        return tier >= 0 && tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
 }
 
 /* Record the choice of victim @v in @tier (@why TRACE_WHY_*), with its next planned use. */
@@ -131,7 +130,7 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
         }
         if (tier == LEVEL_NVME)
                 return 0;       /* nothing below NVMe */
-        if (drain_blocked(e, v, tier)) {
+        if (engine_drain_blocked(e, v, tier)) {
                 if (trace_on(&e->trace))
                         victim_trace(e, v, tier, TRACE_WHY_BLOCKED, flags);
                 (*blocked)++;   /* draining it again would fail the same way, and again */
@@ -603,7 +602,7 @@ static void op_end(Op *op, int r) {
 }
 
 /*
- * A drain that failed keeps its copy: it stays resident (and sole), and the
+ * A drain (or write-behind) that failed keeps its copy: it stays resident (and sole), and the
  * failure is logged.  The copy is not chosen for a drain again until room
  * appears below: the ops waiting for space then fail instead of draining it
  * over and over.
@@ -646,7 +645,9 @@ static void engine_run_queue(Engine *e) {
                         wake_space_waiters(e);  /* success or not, let them re-check */
                 if (r < 0 && op->error[0] == 0)
                         snprintf(op->error, sizeof(op->error), "%s", strerror(-r));
-                if (r < 0 && op->kind == OP_DRAIN)
+                /* a write-behind that failed for want of room, or for a stale pin, is no failed write */
+                if (r < 0 && (op->kind == OP_DRAIN ||
+                              (op->kind == OP_CLEAN && r != -EAGAIN && r != -ENOSPC && r != -EBUSY)))
                         drain_failed(op);
                 op_end(op, r < 0 ? r : 0);
         }

@@ -723,7 +723,8 @@ static void write_behind(Sched *s, Plan *p) {
 
                         got += t->alloc_size;
                         if (!copy_is_sole(t, tier) || t->sched_op || t->sched_blocked == s->epoch ||
-                            t->sched_cleaned[tier] == t->version || sched_next_access_overwrites(t))
+                            t->sched_cleaned[tier] == t->version || engine_drain_blocked(s->engine, t, tier) ||
+                            sched_next_access_overwrites(t))
                                 continue;
                         /*
                          * Beyond the window's need: a dirty host copy that the plan's

@@ -6,6 +6,9 @@
 
 #include "tests/unit/timeline-fixture.h"
 
+#include "daemon/tiers/fault.h"
+#include "daemon/tiers/tier-nvme.h"
+
 static unsigned n_prefetch_t2;
 
 static void count_prefetches(void *userdata, const char *what, const Tensor *t, int tier, uint64_t deadline) {
@@ -52,10 +55,75 @@ static void test_prefetch_failed_for_good_not_retried(void **state) {
         finish(m, j, c, p);
 }
 
+static unsigned n_clean[8];
+
+static void count_cleans(void *userdata, const char *what, const Tensor *t, int tier, uint64_t deadline) {
+        if (strcmp(what, "clean") == 0)
+                n_clean[(unsigned char) t->name[0] % 8]++;
+        record(userdata, what, t, tier, deadline);
+}
+
+/*
+ * Write-behind of sole host copies to a drive that fails every write: each
+ * copy's failed clean is not started again before room is freed on NVMe
+ * (Tensor.drain_blocked, as for a drain).  It used to be started anew at
+ * every pass: an endless loop of failing writes and error logs.
+ */
+static void test_failed_write_behind_not_retried(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 3 * MiB);
+        Tensor *a, *b, *d, *e, *cc;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+        unsigned total = 0;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        b = tensor(j, "B", MiB);
+        d = tensor(j, "D", MiB);
+        e = tensor(j, "E", MiB);
+        cc = tensor(j, "C", MiB);
+        make_on_nvme(m, cc);
+        {
+                Acc acc[] = {
+                        { 0, a, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 1, b, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 2, d, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 3, e, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                        { 4, cc, LEVEL_HOST, PLAN_READ },
+                };
+                assert_int_equal(submit_plan(c, acc, 5, 5, &p, err, sizeof(err)), 0);
+        }
+        sched_set_trace(m->sched, count_cleans, NULL);
+        set_durations(p, 100);
+        marker(m, p, 0);
+        run_loop(m, 20);
+        m->faults->rules[0].after = 0;          /* from here on every NVMe write fails */
+        memset(n_clean, 0, sizeof(n_clean));
+        marker(m, p, 1);
+        FIXTURE_RUN_UNTIL(m, n_clean['A' % 8] >= 1 && !a->sched_op);
+        assert_int_equal(n_clean['A' % 8], 1);
+        run_loop(m, 300);
+        for (int i = 0; i < 8; i++) {
+                assert_true(n_clean[i] <= 1);
+                total += n_clean[i];
+        }
+        assert_true(m->nvme->targets[0].io_errors >= 1 && m->nvme->targets[0].io_errors <= total);
+        assert_true(copy_valid(a, LEVEL_HOST));
+        assert_false(copy_valid(a, LEVEL_NVME));
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
+                cmocka_unit_test(test_failed_write_behind_not_retried),
         };
+
+        /* a rule that does not fire until a test arms it (after = 0) */
+        setenv("TIERD_TEST_FAULTS", "nvme-write-eio:after=4000000000", 1);
 
         return fixture_main("nvme-failures", tests, sizeof(tests) / sizeof(tests[0]));
 }
