@@ -192,8 +192,25 @@ void engine_book_durable(void *userdata) {
         list_for_each_safe(n, tmp, &e->xfers) {
                 Xfer *x = list_entry(n, Xfer, link);
 
-                if (x->book_seq && book_durable(book, x->book_seq))
+                if (x->book_seq && book_durable(book, x->book_seq)) {
+                        const Copy *c = &x->tensor->copy[LEVEL_NVME];
+                        uint64_t targets = 0;
+                        int r;
+
+                        for (uint32_t i = 0; i < c->n_extents; i++)
+                                targets |= 1ull << (c->extents[i].target % 64);
+                        r = book_sync_failed(book, x->book_seq, targets);
+                        if (r < 0) {
+                                /* its data may not be on the drive: the write-down failed, the source stays */
+                                for (uint32_t i = 0; i < e->nvme->n_targets && i < 64; i++)
+                                        if (targets & (1ull << i))
+                                                e->nvme->targets[i].io_errors++;
+                                x->error = r;
+                                snprintf(x->errmsg, sizeof(x->errmsg), "cannot flush the NVMe target: fdatasync: %s",
+                                         strerror(-r));
+                        }
                         xfer_finish_now(x);
+                }
         }
 }
 

@@ -134,12 +134,17 @@ struct Book {
         uint64_t want_seq;      /* the loop wants every record up to it durable */
         uint64_t want_targets;  /* targets (bits) to sync with it */
         uint64_t done_seq;      /* the thread made those durable */
-        int sync_error;         /* the thread's last failure (0: none) */
+        int sync_error;         /* the thread's last failure to sync the index (0: none) */
+        uint64_t target_err_mask; /* targets (bits) whose fdatasync() failed, in syncs up to target_err_seq */
+        uint64_t target_err_seq;
+        int target_err;         /* the last such failure */
         bool stop;
         int syncing_fd;         /* the file the thread syncs now (-1: none) */
         int retired_fd;         /* a file appending left while the thread synced it: closed by the thread */
         uint64_t dirty_targets; /* loop: targets written since the last sync request */
         uint64_t durable_seq;   /* loop's copy of done_seq */
+        uint64_t failed_targets, failed_seq; /* loop: target_err_mask, _seq, while durable_cb runs */
+        int failed_error;
         int efd;
         sd_event_source *source;
         void (*durable_cb)(void *userdata);

@@ -66,7 +66,10 @@
  * the old one is read.  Two files written in turn need no rename, so no
  * directory sync.
  *
- * Writes that fail (a full state filesystem) turn the book off: tierd says
+ * A target whose fdatasync() fails fails the write-downs that sync was
+ * for (book_sync_failed(): their copy goes, a NEWER record follows); the
+ * book stays on.  Index writes or syncs that fail (a full state
+ * filesystem) turn the book off: tierd says
  * so, sets both files aside (what they say stops being true with the next
  * write: a later start must not restore it), keeps running as scratch
  * (nothing of the NVMe tier survives the next restart) and reports the
@@ -522,8 +525,8 @@ void *book_sync_thread(void *arg) {
 
         pthread_mutex_lock(&b->lock);
         for (;;) {
-                uint64_t want, targets, one = 1;
-                int fd, err = 0;
+                uint64_t want, targets, failed = 0, one = 1;
+                int fd, err = 0, terr = 0;
 
                 while (!b->stop && b->want_seq <= b->done_seq)
                         pthread_cond_wait(&b->cond, &b->lock);
@@ -537,14 +540,21 @@ void *book_sync_thread(void *arg) {
 
                 /* the data first, then the records that name it */
                 for (unsigned i = 0; i < b->nvme->n_targets && i < 64; i++)
-                        if ((targets & (1ull << i)) && fdatasync(b->nvme->targets[i].fd) < 0 && errno != EINVAL)
-                                err = -errno;
+                        if ((targets & (1ull << i)) && fdatasync(b->nvme->targets[i].fd) < 0 && errno != EINVAL) {
+                                failed |= 1ull << i;
+                                terr = -errno;
+                        }
                 if (fdatasync(fd) < 0)
                         err = -errno;
 
                 pthread_mutex_lock(&b->lock);
                 b->syncing_fd = -1;
                 b->retired_fd = safe_close(b->retired_fd);
+                if (failed) {
+                        b->target_err_mask |= failed;
+                        b->target_err = terr;
+                        b->target_err_seq = MAX(b->target_err_seq, want);
+                }
                 if (err)
                         b->sync_error = err;
                 else if (want > b->done_seq)
@@ -565,7 +575,20 @@ int book_on_synced(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         b->durable_seq = b->done_seq;
         err = b->sync_error;
         b->sync_error = 0;
+        b->failed_targets = b->target_err_mask;
+        b->failed_seq = b->target_err_seq;
+        b->failed_error = b->target_err;
+        b->target_err_mask = 0;
         pthread_mutex_unlock(&b->lock);
+        /*
+         * A target that could not make its writes durable fails them (the
+         * engine asks book_sync_failed()); the index itself is fine: it stays.
+         */
+        for (unsigned i = 0; i < b->nvme->n_targets && i < 64; i++)
+                if (b->failed_targets & (1ull << i))
+                        log_error_errno(b->failed_error, "Cannot flush NVMe target %s (fdatasync: %m): what was "
+                                        "written to it since the last flush counts as not written",
+                                        b->nvme->targets[i].path);
         b->syncs++;
         if (err)
                 book_off(b, err, "fdatasync");
@@ -577,7 +600,14 @@ int book_on_synced(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         }
         if (b->durable_cb)
                 b->durable_cb(b->durable_userdata);
+        b->failed_targets = 0;
         return 0;
+}
+
+int book_sync_failed(const Book *b, uint64_t seq, uint64_t targets) {
+        if (!b || seq == 0 || seq > b->failed_seq || !(targets & b->failed_targets))
+                return 0;
+        return b->failed_error < 0 ? b->failed_error : -EIO;
 }
 
 void book_sync(Book *b) {

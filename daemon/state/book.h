@@ -112,6 +112,12 @@ void book_restored(Book *b, Tensor *t);
 
 /* Has every record up to @seq reached the drive (and the NVMe data it names)? */
 bool book_durable(const Book *b, uint64_t seq);
+/*
+ * book_sync_failed() - in a durable callback: did the sync that made record
+ * @seq durable fail to flush one of @targets (bits)?  -errno of the
+ * target's fdatasync() then (the write-down is not on the drive), else 0.
+ */
+int book_sync_failed(const Book *b, uint64_t seq, uint64_t targets);
 /* Ask for a sync of what is recorded so far (done on the book's thread). */
 void book_sync(Book *b);
 /* Called on the loop whenever book_durable() may say yes to more (the engine's parked writes). */

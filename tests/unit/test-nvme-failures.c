@@ -6,6 +6,8 @@
 
 #include "tests/unit/timeline-fixture.h"
 
+#include "daemon/state/book-private.h"
+#include "daemon/state/book.h"
 #include "daemon/tiers/fault.h"
 #include "daemon/tiers/tier-nvme.h"
 
@@ -116,10 +118,85 @@ static void test_failed_write_behind_not_retried(void **state) {
         finish(m, j, c, p);
 }
 
+/* fdatasync() of one NVMe target fails with EIO (the drive could not flush what it took) */
+int __real_fdatasync(int fd);
+int __wrap_fdatasync(int fd);
+static volatile int fail_sync_fd = -1;
+
+int __wrap_fdatasync(int fd) {
+        if (fd == fail_sync_fd) {
+                errno = EIO;
+                return -1;
+        }
+        return __real_fdatasync(fd);
+}
+
+static void setup_small(Config *c, void *userdata) {
+        c->host_job_limit = 4 * MiB;
+}
+
+typedef struct Done {
+        int done, status;
+        char msg[512];
+} Done;
+
+static void on_done(Op *op, int status, const char *error) {
+        Done *d = op->userdata;
+
+        d->done++;
+        d->status = status;
+        snprintf(d->msg, sizeof(d->msg), "%s", error ? error : "");
+}
+
+/*
+ * A write-down whose target cannot make it durable (its fdatasync() fails)
+ * fails with that errno: the host copy, the only one, stays, the NVMe copy
+ * goes, the target counts an I/O error and the NVMe index stays on.  It
+ * used to be reported written, the host copy dropped, and the index of
+ * every job thrown away as if the state directory were full.
+ */
+static void test_target_sync_failure_fails_the_write_down(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup_small, NULL);
+        Done d = {};
+        Job *j;
+        Tensor *t, *u;
+        Op *op;
+
+        assert_non_null(m->registry->book);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->registry->book, j);        /* as a Hello does (ipc/rpc.c) */
+        t = fixture_tensor(j, "T", MiB);
+        u = fixture_tensor(j, "U", MiB);
+        assert_true(t->book_key != 0);
+        fixture_host_data(m, t, 0x5a);
+        fail_sync_fd = m->nvme->targets[0].fd;
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &d, &op), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        fail_sync_fd = -1;
+        assert_int_equal(d.done, 1);
+        assert_int_equal(d.status, -EIO);
+        assert_non_null(strstr(d.msg, "fdatasync"));
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_false(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 5), 0x5a);
+        assert_true(m->nvme->targets[0].io_errors >= 1);
+        assert_false(m->registry->book->off_books);
+        assert_int_not_equal(t->book_state, BOOK_T_NVME);
+        /* the book goes on: the next write-down is recorded and reported */
+        fixture_host_data(m, u, 7);
+        assert_int_equal(fixture_op(m, OP_EVICT, u, LEVEL_NVME), 0);
+        assert_true(copy_valid(u, LEVEL_NVME));
+        assert_int_equal(u->book_state, BOOK_T_NVME);
+        assert_false(m->registry->book->off_books);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
                 cmocka_unit_test(test_failed_write_behind_not_retried),
+                cmocka_unit_test(test_target_sync_failure_fails_the_write_down),
         };
 
         /* a rule that does not fire until a test arms it (after = 0) */
