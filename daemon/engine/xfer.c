@@ -17,7 +17,8 @@
  * So the checksums overlap the device's work on the other extents in
  * flight and stay off the event loop, and a tensor of any size streams
  * through in extents.  A read whose crc32c mismatches fails the transfer
- * with -EBADMSG and is never data.
+ * with -EIO ("crc32c mismatch ...": -EBADMSG would tell a client its
+ * connection is unusable, libtier(3)) and is never data.
  *
  * Host <-> VRAM through the VRAM backend.  Per direction, at most as many
  * copies as the backend runs at once (VramBackend.depth) are with it; the
@@ -293,7 +294,7 @@ static void xfer_part_checked(CsumJob *job) {
         if (job->crc != ext->crc) {
                 tg->crc_errors++;
                 if (x->error >= 0) {
-                        x->error = -EBADMSG;
+                        x->error = -EIO;
                         snprintf(x->errmsg, sizeof(x->errmsg),
                                  "crc32c mismatch in extent %u of tensor '%s' (%s offset %" PRIu64 ")",
                                  p->index, t->name, tg->path, p->req.offset);

@@ -457,7 +457,7 @@ static void test_crc_mismatch_is_an_error(void **state) {
         t->copy[LEVEL_NVME].extents[0].crc ^= 1;
         assert_int_equal(submit(m, OP_PIN, t, LEVEL_HOST, &r), 0);
         run_until(m, &r);
-        assert_int_equal(r.status, -EBADMSG);
+        assert_int_equal(r.status, -EIO);
         assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_int_equal(m->nvme->targets[0].crc_errors, 1);
 
