@@ -108,11 +108,21 @@ static void copy_free_failed(Engine *e, Tensor *t, int tier) {
         e->space_gen[tier] = gen;
 }
 
+/*
+ * What a failed transfer reports to the ops that waited for it (and so to
+ * clients): -EIO whatever the drive or the VRAM backend said (-ENODEV,
+ * -ENXIO, -EROFS, -EINVAL mean other things to libtier's users; the error
+ * text keeps the cause), -ENOSPC and -ENOMEM as they are (tier_pin(3)).
+ */
+static int xfer_errno(int error) {
+        return error >= 0 || error == -ENOSPC || error == -ENOMEM ? error : -EIO;
+}
+
 static void xfer_finish_now(Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
         Copy *d = &t->copy[x->dst];
-        int error = x->error < 0 ? x->error : x->chain ? x->verror : 0;
+        int error = xfer_errno(x->error < 0 ? x->error : x->chain ? x->verror : 0);
         const char *errmsg = x->error < 0 ? x->errmsg : x->verrmsg;
         List waiters;
 

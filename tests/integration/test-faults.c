@@ -429,18 +429,23 @@ static void test_bitflip(void **state) {
         world_stop(&w);
 }
 
-/* The target disappears: every request to it fails from then on; host copies stay valid, every job's. */
+/*
+ * The target disappears: every request to it fails from then on, with -EIO (the drive's ENODEV
+ * means another thing to libtier's users) saying "No such device"; host copies stay valid, every
+ * job's.
+ */
 static void test_vanish(void **state) {
         World w;
 
         world_start(&w, "nvme-vanish:job=victim", true);
-        assert_int_equal(tier_evict(w.v, TIER_NVME), -ENODEV);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), -EIO);
         assert_error_contains(w.vc, "No such device");
         assert_int_equal(state_of(w.v, TIER_NVME), 0);
         assert_int_equal(verify(w.v, 1), 0);
         assert_true(target_counter(&w, "io_errors") >= 1);
         /* the drive is gone for the bystander too, but its request fails alone and its bytes stay */
-        assert_int_equal(tier_evict(w.b, TIER_NVME), -ENODEV);
+        assert_int_equal(tier_evict(w.b, TIER_NVME), -EIO);
+        assert_error_contains(w.bc, "No such device");
         assert_int_equal(state_of(w.b, TIER_HOST), 2);
         world_stop(&w);
 }
