@@ -290,6 +290,13 @@ static int target_setup(Bench *b, unsigned i, const char *path, bool given, bool
         t->fd = fd;
         if (fstat(fd, &st) < 0)
                 return -errno;
+        /* a tmpfs that takes O_DIRECT (Linux 6.6 on) is memory all the same: tierd refuses a target there */
+        if (fstatfs(fd, &sf) >= 0 && ((uint64_t) sf.f_type == TMPFS_MAGIC || (uint64_t) sf.f_type == RAMFS_MAGIC)) {
+                fprintf(stderr, "tierctl bench: '%s' is on a %s: that is memory, not a drive, and tierd refuses "
+                        "targets there; bench a directory on a disk filesystem\n", t->scratch,
+                        (uint64_t) sf.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+                return -EINVAL;
+        }
         if (S_ISBLK(st.st_mode)) {
                 uint64_t bytes = 0;
 

@@ -281,6 +281,20 @@ class TestBench(BenchCase):
         self.assertIn("bench a directory on a disk filesystem", p.stderr)
         self.assertEqual(os.listdir(d), [])
 
+    def test_memory_filesystem_refused(self) -> None:
+        # a tmpfs that takes O_DIRECT (Linux 6.6 on) ran the bench and saved its figures for
+        # tierctl plan, though tierd refuses targets there: memory, not a drive
+        shm = "/dev/shm"
+        if not os.path.isdir(shm):
+            self.skipTest(f"no {shm}")
+        d = tempfile.mkdtemp(prefix="tierctl-bench.", dir=shm)
+        self.addCleanup(shutil.rmtree, d, True)
+        if not o_direct_works(d):
+            self.skipTest(f"{shm} refuses O_DIRECT here (test_no_o_direct covers it)")
+        p = self.bench(*SMALL, d, expect=1)
+        self.assertIn("is on a tmpfs: that is memory, not a drive", p.stderr)
+        self.assertEqual(os.listdir(d), [])
+
     def test_sigint(self) -> None:
         # many slow cells: interrupted in the middle, the scratch file still goes
         args = ["--size", "64M", "--bs", "4K", "--qd", "1,2,4,8", "--seconds-per-cell", "2", "--sustain", "0",
