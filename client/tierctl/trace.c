@@ -58,7 +58,7 @@ static void wait_or_signal(const sigset_t *set, unsigned seconds) {
 }
 
 static void print_summary(const char *file, const tier_trace *t) {
-        if (arg_json && strcmp(file, "-") != 0) {       /* on stdout, the trace itself goes there */
+        if (arg_json) {         /* (not with -o -: refused, the trace itself goes to stdout) */
                 JsonWriter w = JSON_WRITER_NULL;
 
                 json_object_begin(&w);
@@ -154,6 +154,11 @@ int verb_trace(int argc, char **argv) {
         }
         if (!out || !*out) {
                 fprintf(stderr, "tierctl trace: no output file given (tierctl trace -o trace.json)\n");
+                return EXIT_USAGE;
+        }
+        if (arg_json && strcmp(out, "-") == 0) {
+                fprintf(stderr, "tierctl trace: --json-summary with -o -: the trace itself goes to standard "
+                        "output; write it to a file (-o trace.json) for a JSON summary there\n");
                 return EXIT_USAGE;
         }
         if (strcmp(out, "-") == 0) {

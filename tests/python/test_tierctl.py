@@ -111,6 +111,8 @@ class TestTierctl(tierd.DaemonTestCase):
             (["quota", "set", "j", "--host", "-1"], "'-1'"),
             (["quota", "get", "a", "b"], "unexpected argument"),
             (["quota"], "say get or set"),
+            # the summary went to stderr as text: stdout holds the trace
+            (["trace", "-o", "-", "--json-summary", "--seconds", "1"], "--json-summary with -o -"),
         ]
         for args, msg in cases:
             with self.subTest(args=args):
