@@ -322,5 +322,21 @@ class TestUsage(tierd.DaemonTestCase):
         self.same(model, ref, "one block")
         eng.close()
 
+    def test_describe_counts_the_backward(self) -> None:
+        """describe() measured VRAM by the forward phase (p), but the backward pins p and g: a budget it
+        called "fits" failed at the first backward.  It names the backward's need now."""
+        import tier.torch
+
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+        c = self.client("describe")
+        c.set_quota(vram=3 << 20)
+        eng = tier.torch.Offload(m, c, lr=1e-3)
+        need = 2 * (512 * 512 + 512) * 4        # p and g of one Linear, float32
+        text = eng.describe()
+        self.assertIn(f"the largest backward phase (its block's p and g, and the shared parameters it uses) "
+                      f"needs {tier.torch.layout.fmt_bytes(need)}: does not fit twice", text)
+        eng.close()
+
 if __name__ == "__main__":
     tierd.main()

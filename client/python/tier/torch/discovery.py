@@ -108,6 +108,12 @@ def split_hint(b: Block) -> str:
     return f"it is a single {b.cls} module: it cannot be split further; give the job a larger budget"
 
 
+def vram_need(b: Block) -> int:
+    """VRAM bytes b's backward phase pins (its forward pins p and the shared p alone): p, every part's
+    g, and the shared parameters it uses."""
+    return b.nbytes + (b.kind_bytes("g") if b.slots else 0) + sum(s.numel * s.param.element_size() for s in b.shared)
+
+
 def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: str,
              limits: dict[str, int] | None = None) -> str:
     """A table of the blocks: bytes per kind of state, and what the budgets mean for them."""
@@ -128,10 +134,11 @@ def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: 
     lines.append(f"{len(blocks)} blocks, {total_params:,} parameters, {fmt_bytes(state)} of state "
                  f"({', '.join(kinds)}); placement {placement}")
     if limits:
-        vram = max((b.nbytes + sum(s.numel * s.param.element_size() for s in b.shared) for b in blocks
-                    if not b.is_shared), default=0)
+        # the backward phase pins the most: the block's p and its g (all parts), and the shared p it uses
+        vram = max((vram_need(b) for b in blocks if not b.is_shared), default=0)
         host = max(b.opt_host_bytes(len(state_kinds)) for b in blocks)
-        for tier, need, what in (("vram", vram, "forward phase (its block's p and the shared parameters it uses)"),
+        for tier, need, what in (("vram", vram, "backward phase (its block's p and g, and the shared parameters "
+                                                "it uses)"),
                                  ("host", host, "optimizer phase (its block's p, and g and the step rule's state of a part)")):
             lim = limits.get(tier, 0)
             if lim:

@@ -73,7 +73,8 @@ def advice(eng: "Offload", b: Block | None) -> str:
     if b is not None and b.slots:
         need_host = b.opt_host_bytes(len(eng.state_kinds))
         bits.append(f"its optimizer phase{'s need' if len(b.parts) > 1 else ' needs'} {fmt_bytes(need_host)} "
-                    f"in host, its forward {fmt_bytes(b.nbytes)} in vram")
+                    f"in host, its forward {fmt_bytes(b.nbytes)} in vram and its backward "
+                    f"{fmt_bytes(discovery.vram_need(b))} (with the gradients)")
         lim = limits(eng)
         if lim:
             bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
