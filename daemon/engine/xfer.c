@@ -41,8 +41,9 @@
  * whole tensor, the NVMe hop when its last extent is read, the VRAM hop at
  * the end; a failed hop counts no bytes.  Only then do the copies change:
  * both resident on success; a failed read frees the host copy, and any
- * failure frees the VRAM copy unless a pin holds it (its op frees it then),
- * so no half-written copy is ever valid.
+ * failure frees the VRAM copy unless a pin holds it (an async pin's op, or a
+ * reader of the stale copy refilled in place: it is left stale then, and goes
+ * with its last pin), so no half-written copy is ever valid.
  *
  * When a transfer ends, the destination becomes resident (or is freed if
  * the transfer failed), its bytes are counted on the link, and the engine
@@ -166,8 +167,13 @@ static void xfer_finish_now(Xfer *x) {
                         v->version = x->version;
                         copy_touch(t, LEVEL_VRAM);
                         tensor_note(t);
-                } else if (v->state == COPY_FILLING && v->pins == 0)
-                        copy_free_failed(e, t, LEVEL_VRAM);      /* a pinned one goes with its op */
+                } else if (v->state == COPY_FILLING && v->pins > 0) {
+                        /* as d above: garbage now, it goes, stale, with its last pin */
+                        v->state = COPY_RESIDENT;
+                        v->version = t->version - 1;
+                        v->unwritten = true;
+                } else if (v->state == COPY_FILLING)
+                        copy_free_failed(e, t, LEVEL_VRAM);
         }
         e->n_xfers--;
         engine_xfer_ended(e, t, &waiters, error, errmsg);

@@ -207,6 +207,45 @@ static void test_stale_read_pin_refill_fails(void **state) {
 }
 
 /*
+ * The same, chained: a stale VRAM copy a client has pinned for reading, refilled in place from
+ * NVMe through host, whose NVMe read fails.  The copy stays while the reader holds it and goes,
+ * stale, with the unpin.  It used to stay filling, which nothing frees once unpinned: its VRAM
+ * was held until T was pinned again.
+ */
+static void test_stale_read_pin_chained_refill_fails(void **state) {
+        Manager *m;
+        Tensor *t;
+        Job *j;
+
+        setenv("TIERD_TEST_FAULTS", "nvme-read-eio:count=2", 1);   /* the read and its retry */
+        m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x11);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client A reads it in VRAM */
+        fixture_host_data(m, t, 0x22);                                  /* client B writes host */
+        assert_false(copy_valid(t, LEVEL_VRAM));
+        assert_int_equal(fixture_op(m, OP_CLEAN, t, LEVEL_HOST), 0);    /* written down to NVMe */
+        assert_true(copy_valid(t, LEVEL_NVME));
+        t->copy[LEVEL_HOST].state = COPY_DRAINING;                      /* and dropped from host */
+        assert_int_equal(fixture_op(m, OP_DRAIN, t, LEVEL_HOST), 0);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_true(fixture_op(m, OP_PIN, t, LEVEL_VRAM) < 0);          /* C: NVMe -> host -> VRAM fails */
+        assert_null(t->xfer);
+        assert_int_equal(t->copy[LEVEL_VRAM].pins, 1);                  /* A's, still there */
+        assert_false(copy_valid(t, LEVEL_VRAM));
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
+        assert_int_equal(t->copy[LEVEL_VRAM].state, COPY_ABSENT);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, 0), 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, false), 0);
+        assert_int_equal(engine_tensor_free(m->engine, t), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
  * A phase's pin that found no room is tried again when room can be taken: a clean unpin (another
  * connection lets its VRAM go) makes it evictable.  It used to wait for a marker or a free, and the
  * rank waited in tier_phase_enter() for good.
@@ -351,6 +390,7 @@ int main(void) {
                 cmocka_unit_test(test_second_plan_grant),
                 cmocka_unit_test(test_stale_pinned_copy_not_refilled),
                 cmocka_unit_test(test_stale_read_pin_refill_fails),
+                cmocka_unit_test(test_stale_read_pin_chained_refill_fails),
                 cmocka_unit_test(test_blocked_pin_retried_after_clean_unpin),
                 cmocka_unit_test(test_reclaim_keeps_the_share),
                 cmocka_unit_test(test_write_only_pin_ahead_is_no_copy),
