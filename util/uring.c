@@ -16,7 +16,8 @@
  * waits for unrelated traffic.  Completion wakes the eventfd registered with the
  * ring; its sd-event handler drains the CQ in batches (the wakeup is a
  * hint: the CQ is drained until empty).  Short transfers are resumed and
- * -EAGAIN / -EINTR requeued; any other error is retried once, then handed to
+ * -EAGAIN / -EINTR requeued, up to URING_MAX_AGAIN attempts in a row without
+ * progress (then -EIO); any other error is retried once, then handed to
  * the request's callback.  The ring is refilled from the pending list before
  * the callbacks of a drained batch run, so the work they do (a write's
  * crc32c, a read's check) overlaps the device's.
@@ -100,7 +101,11 @@ static void uring_done(List *done, UringReq *req, int res) {
 static void uring_complete(Uring *u, UringReq *req, int res, List *done) {
         /* a request resumed or retried keeps its tag: it goes before later arrivals */
         if (res == -EAGAIN || res == -EINTR) {
-                pending_insert(u, req);
+                if (++req->again < URING_MAX_AGAIN) {
+                        pending_insert(u, req);
+                        return;
+                }
+                uring_done(done, req, -EIO);    /* a device that says so for good: no busy loop */
                 return;
         }
         if (res < 0) {
@@ -121,6 +126,7 @@ static void uring_complete(Uring *u, UringReq *req, int res, List *done) {
                 return;
         }
         req->done += (uint32_t) res;
+        req->again = 0;
         if (req->done < req->len) {
                 pending_insert(u, req);
                 return;

@@ -16,6 +16,12 @@ typedef struct UringReq UringReq;
 /* Called on the event loop with the final result: bytes done (== len) or -errno. */
 typedef void (*uring_cb_t)(UringReq *req, int res);
 
+/*
+ * Attempts of a request that may come back -EAGAIN or -EINTR in a row, without progress, before it
+ * fails with -EIO: a device saying so for good would otherwise be retried in a busy loop.
+ */
+#define URING_MAX_AGAIN 16u
+
 typedef enum UringOp {
         URING_READ,
         URING_WRITE,
@@ -40,6 +46,7 @@ struct UringReq {
         uint64_t offset;        /* file offset */
         uint32_t done;          /* bytes transferred so far (short I/O is resumed) */
         unsigned retries;
+        unsigned again;         /* attempts come back -EAGAIN / -EINTR in a row since the last progress */
         int result;             /* the final result, until the callback runs (or an injected fault's) */
         const char *job;        /* whose request (injected faults select by it); read by uring_queue() only */
         uint32_t fault_mask;    /* the fault rules that may fire for it (UringHooks.fault_mask), set by uring_queue() */

@@ -260,6 +260,67 @@ static void test_prep_and_refill(void **state) {
         assert_false(uring_busy(f->u));
 }
 
+/* ---- a device that answers -EAGAIN for good ------------------------------------------------------ */
+
+/* Stop answering -EAGAIN after this many attempts: what an unbounded requeue reaches. */
+#define AGAIN_CAP 10000u
+
+static unsigned again_attempts, again_fail;
+static int again_res = 1;
+
+static int on_fault_again(Uring *u, const UringReq *req, void *userdata) {
+        again_attempts++;
+        return again_attempts <= again_fail ? -EAGAIN : 0;
+}
+
+static void on_done_again(UringReq *r, int res) {
+        again_res = res;
+        n_done++;
+}
+
+static const UringHooks hooks_again = {
+        .fault_submit = on_fault_again,
+};
+
+static void run_again(Fixture *f, unsigned fail) {
+        Req *q = &f->reqs[f->n_reqs++];
+
+        again_attempts = 0;
+        again_fail = fail;
+        again_res = 1;
+        n_done = 0;
+        *q = (Req) {
+                .req = { .cb = on_done_again, .op = URING_WRITE, .buf_index = -1, .buf = f->buf,
+                         .len = REQ },
+        };
+        uring_queue(f->u, &q->req);
+        assert_true(uring_flush(f->u) >= 0);
+        for (int i = 0; i < 200 && n_done < 1; i++)
+                assert_true(sd_event_run(f->event, 100000) >= 0);
+        assert_int_equal(n_done, 1);
+        assert_false(uring_busy(f->u));
+}
+
+/*
+ * Every attempt of a request comes back -EAGAIN: it fails with -EIO after URING_MAX_AGAIN attempts.
+ * It used to be requeued for as long as the device said so, the completion handler spinning.  A few
+ * -EAGAIN in a row are only retried.
+ */
+static void test_again_bounded(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(uring_set_throttle(f->u, 0, 0), 0);
+        uring_set_hooks(f->u, &hooks_again, NULL);
+        run_again(f, AGAIN_CAP);
+        assert_int_equal(again_res, -EIO);
+        assert_int_equal(again_attempts, URING_MAX_AGAIN);
+
+        run_again(f, URING_MAX_AGAIN - 1);
+        assert_int_equal(again_res, (int) REQ);
+        assert_int_equal(again_attempts, URING_MAX_AGAIN);
+        uring_set_hooks(f->u, NULL, NULL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_weighted_order, setup, teardown),
@@ -267,6 +328,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_no_flow, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_submit_retried, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_prep_and_refill, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_again_bounded, setup, teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
