@@ -47,6 +47,8 @@
 
 /* SQEs io_uring_submit() did not take (-EAGAIN, -EBUSY, short) are offered again after this long at most. */
 #define SUBMIT_RETRY_USEC 1000
+/* A hard submit error in a run of them is told to the hooks at the first and every this many: about 1/s. */
+#define SUBMIT_REPORT_EVERY 1000u
 /* A throttled file may run this far ahead of its pace, so the device always has work queued. */
 #define THROTTLE_BURST_NS (2000000ull)
 #define URING_MAX_FILES 16
@@ -62,6 +64,7 @@ struct Uring {
         sd_event *event;
         sd_event_source *throttle_timer;
         sd_event_source *retry_timer;   /* SQEs the kernel did not take yet are submitted again */
+        unsigned submit_errors;         /* hard submit errors in a row (UringHooks.submit_failed) */
         uint64_t bandwidth[URING_MAX_FILES];    /* bytes/s, 0: unthrottled */
         uint64_t next_ns[URING_MAX_FILES];      /* when the file's paced link is free again */
         struct io_uring ring;
@@ -217,10 +220,16 @@ static int uring_submit_ready(Uring *u) {
         if (ready == 0)
                 return 0;
         r = io_uring_submit(&u->ring);
+        if (r >= 0)
+                u->submit_errors = 0;
         if (r >= 0 && (unsigned) r >= ready)
                 return r;
-        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR && u->hooks && u->hooks->submit_failed)
-                u->hooks->submit_failed(u, r, ready, u->hooks_userdata);
+        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR && u->hooks && u->hooks->submit_failed) {
+                /* retried every SUBMIT_RETRY_USEC: told at the first of a run, then now and then */
+                u->submit_errors++;
+                if (u->submit_errors == 1 || u->submit_errors % SUBMIT_REPORT_EVERY == 0)
+                        u->hooks->submit_failed(u, r, ready, u->submit_errors, u->hooks_userdata);
+        }
         if (!u->retry_timer && sd_event_now(u->event, CLOCK_MONOTONIC, &now) >= 0 &&
             sd_event_add_time(u->event, &u->retry_timer, CLOCK_MONOTONIC, now + SUBMIT_RETRY_USEC, 0,
                               on_retry_timer, u) >= 0)

@@ -60,8 +60,12 @@ struct UringReq {
  * fault_submit is set.  Each gets the userdata of uring_set_hooks().
  */
 typedef struct UringHooks {
-        /* io_uring_submit() failed with @error (not -EAGAIN, -EBUSY, -EINTR) with @ready SQEs: they are retried. */
-        void (*submit_failed)(Uring *u, int error, unsigned ready, void *userdata);
+        /*
+         * io_uring_submit() failed with @error (not -EAGAIN, -EBUSY, -EINTR) with @ready SQEs, the
+         * @in_a_row-th time since one went: they are retried (every millisecond).  Told at the first
+         * failure of such a run and at every 1000th, not at each.
+         */
+        void (*submit_failed)(Uring *u, int error, unsigned ready, unsigned in_a_row, void *userdata);
         /* The mask of the rules that may fire for requests of job @job (UringReq.fault_mask). */
         uint32_t (*fault_mask)(Uring *u, const char *job, void *userdata);
         /* Before an attempt of @req goes to the ring: -errno fails it (completed as if by a CQE), 0 lets it go. */

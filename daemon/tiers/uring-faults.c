@@ -23,8 +23,13 @@
 #include "daemon/tiers/uring-faults.h"
 #include "util/uring.h"
 
-static void on_submit_failed(Uring *u, int error, unsigned ready, void *userdata) {
-        log_warning_errno(error, "io_uring_submit() failed with %u request(s) ready, retrying: %m", ready);
+static void on_submit_failed(Uring *u, int error, unsigned ready, unsigned in_a_row, void *userdata) {
+        if (in_a_row == 1)
+                log_warning_errno(error, "io_uring_submit() failed with %u request(s) ready, retrying: %m",
+                                  ready);
+        else
+                log_warning_errno(error, "io_uring_submit() failed %u times in a row, %u request(s) ready, "
+                                  "retrying: %m", in_a_row, ready);
 }
 
 static uint32_t on_fault_mask(Uring *u, const char *job, void *userdata) {

@@ -22,14 +22,15 @@
 int __real_io_uring_submit(struct io_uring *ring);
 int __wrap_io_uring_submit(struct io_uring *ring);
 
-static unsigned submit_fail;            /* fail this many calls with -EAGAIN, taking nothing */
+static unsigned submit_fail;            /* fail this many calls with submit_error, taking nothing */
+static int submit_error = -EAGAIN;
 static unsigned submit_calls;
 
 int __wrap_io_uring_submit(struct io_uring *ring) {
         submit_calls++;
         if (submit_fail > 0) {
                 submit_fail--;
-                return -EAGAIN;
+                return submit_error;
         }
         return __real_io_uring_submit(ring);
 }
@@ -260,6 +261,55 @@ static void test_prep_and_refill(void **state) {
         assert_false(uring_busy(f->u));
 }
 
+/* ---- a hard submit error, retried every millisecond, is reported once per run of failures ---------- */
+
+static unsigned n_reported, last_reported_in_a_row;
+
+static void on_submit_failed(Uring *u, int error, unsigned ready, unsigned in_a_row, void *userdata) {
+        assert_int_equal(error, -ENOMEM);
+        n_reported++;
+        last_reported_in_a_row = in_a_row;
+}
+
+static const UringHooks hooks_report = {
+        .submit_failed = on_submit_failed,
+};
+
+/*
+ * io_uring_submit() fails with -ENOMEM 10 times in a row: the SQE is offered again until it goes, and
+ * the owner hears of it once (it logged a warning at each retry, a thousand a second), and once more
+ * for a later run of failures after a submit that went.
+ */
+static void test_submit_error_reported_once(void **state) {
+        Fixture *f = *state;
+
+        assert_int_equal(uring_set_throttle(f->u, 0, 0), 0);
+        uring_set_hooks(f->u, &hooks_report, NULL);
+        n_reported = 0;
+        submit_calls = 0;
+        submit_error = -ENOMEM;
+        submit_fail = 10;
+        queue(f, 'R', NULL, 0);
+        assert_int_equal(uring_flush(f->u), -ENOMEM);
+        for (int i = 0; i < 1000 && n_done < 1; i++)
+                assert_true(sd_event_run(f->event, 100000) >= 0);
+        assert_int_equal(n_done, 1);
+        assert_int_equal(submit_calls, 11);
+        assert_int_equal(n_reported, 1);
+        assert_int_equal(last_reported_in_a_row, 1);
+
+        submit_fail = 2;
+        queue(f, 'S', NULL, 0);
+        assert_int_equal(uring_flush(f->u), -ENOMEM);
+        for (int i = 0; i < 1000 && n_done < 2; i++)
+                assert_true(sd_event_run(f->event, 100000) >= 0);
+        assert_string_equal(order, "RS");
+        assert_int_equal(n_reported, 2);
+        assert_false(uring_busy(f->u));
+        submit_error = -EAGAIN;
+        uring_set_hooks(f->u, NULL, NULL);
+}
+
 /* ---- a device that answers -EAGAIN for good ------------------------------------------------------ */
 
 /* Stop answering -EAGAIN after this many attempts: what an unbounded requeue reaches. */
@@ -329,6 +379,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_submit_retried, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_prep_and_refill, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_again_bounded, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_submit_error_reported_once, setup, teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
