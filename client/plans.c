@@ -396,6 +396,8 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         seq = ++c->plan_seq;
         pg->client.phase = phase;
         pg->client.mark_ns = now_ns();
+        /* seq and phase in one word first (tierd reads them from it: never torn), then the seq */
+        __atomic_store_n(&pg->client.marker, PLAN_READY(seq, phase), __ATOMIC_RELEASE);
         __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
         if (write(c->plan_marker_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
                 return client_reconnect(c, transport_break(c, -errno, "cannot signal tierd: %s",

@@ -22,7 +22,8 @@
  * range-checked, and a client that scribbles elsewhere only confuses itself.
  *
  * Marker protocol (tier_phase_enter(k)):
- *   client: phase = k, mark_ns = now; release-store marker_seq = s + 1;
+ *   client: phase = k, mark_ns = now; release-store marker = s + 1 << 16 | k;
+ *           release-store marker_seq = s + 1;
  *           write 1 to the marker eventfd (tierd wakes up; no reply)
  *   client: wait until ready says marker s + 1 may run, i.e.
  *           ready_seq > s + 1, or ready_seq == s + 1 and ready_phase == k
@@ -31,6 +32,16 @@
  *           the policy allows: timeline pins phase k+1 while k runs), and
  *           unpins what the previous marker's phase used once it sees s + 1.
  * ready packs seq and phase: ready = seq << 16 | phase (phase < 2^16).
+ *
+ * marker packs the marker's seq and phase the same way, in one word: tierd
+ * reads marker_seq and then the packed word, and takes the marker from the
+ * packed word.  Read from the two fields, a marker can be torn: a client that
+ * was ready for marker s + 1 (pinned ahead) may run that phase and write the
+ * next marker's phase before tierd has read the first one's, and tierd then
+ * read seq s + 1 with phase of marker s + 2; it took that as a client that
+ * never entered the phase it pinned ahead, and released that phase's writes
+ * clean (lost).  A client that leaves marker 0 (libtier before it wrote it)
+ * gets the two fields read as before.
  */
 typedef struct PlanClientArea {
         uint64_t marker_seq;    /* number of tier_phase_enter() calls so far */
@@ -38,7 +49,8 @@ typedef struct PlanClientArea {
         uint64_t stall_ns;      /* total time spent waiting in tier_phase_enter() */
         uint32_t phase;         /* phase entered by the latest marker */
         uint32_t pad0;
-        uint64_t reserved[4];
+        uint64_t marker;        /* PLAN_READY(marker_seq, phase) of the latest marker, 0: not written */
+        uint64_t reserved[3];
 } PlanClientArea;
 
 typedef struct PlanDaemonArea {

@@ -524,14 +524,25 @@ void plan_slot_publish(Plan *p, const PlanAcc *a) {
 }
 
 int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark) {
-        uint64_t v, seq, mark;
+        uint64_t v, seq, mark, packed;
         uint32_t phase;
 
         (void) read(p->marker_fd, &v, sizeof(v));
         seq = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
         if (seq <= p->seq)
                 return -EAGAIN;
-        phase = __atomic_load_n(&p->page->client.phase, __ATOMIC_RELAXED);
+        /*
+         * The packed word holds this marker's seq and phase or a newer one's
+         * (stored before the seq); the two fields may be torn (plan.h).  A
+         * client that does not write it (0), or writes one behind its seq,
+         * gets the fields.
+         */
+        packed = __atomic_load_n(&p->page->client.marker, __ATOMIC_ACQUIRE);
+        if (packed != 0 && PLAN_READY_SEQ(packed) >= seq) {
+                seq = PLAN_READY_SEQ(packed);
+                phase = PLAN_READY_PHASE(packed);
+        } else
+                phase = __atomic_load_n(&p->page->client.phase, __ATOMIC_RELAXED);
         mark = __atomic_load_n(&p->page->client.mark_ns, __ATOMIC_RELAXED);
         if (phase >= p->n_phases)
                 return -EINVAL;

@@ -110,13 +110,13 @@ static inline void set_durations(Plan *p, uint64_t ms) {
         }
 }
 
-/* What a client's tier_phase_enter() writes, without waiting. */
 /* What tier_phase_enter() stores for @phase, and its wakeup; nothing runs.  Returns the marker's seq. */
 static inline uint64_t marker_write(Plan *p, unsigned phase) {
         uint64_t one = 1, seq = p->page->client.marker_seq + 1;
 
         p->page->client.phase = phase;
         p->page->client.mark_ns = now_ns();
+        __atomic_store_n(&p->page->client.marker, PLAN_READY(seq, phase), __ATOMIC_RELEASE);
         __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
         assert_int_equal(write(p->marker_fd, &one, sizeof(one)), sizeof(one));
         return seq;
