@@ -139,7 +139,11 @@ class TestLoops(tierd.DaemonTestCase):
         state = sum(p.numel() * 16 for p in model.parameters())
         c.set_quota(host=max(state // 2, 1 << 20))          # below the state: through NVMe
         kw = {"lr": 1e-3, "placement": "C", **kw}
-        return tier.torch.Offload(model, c, params if params is not None else model.parameters(), **kw), c
+        eng = tier.torch.Offload(model, c, params if params is not None else model.parameters(), **kw)
+        # closed even where the test fails before its own close(): an open engine keeps torch's
+        # clip_grad_norm_ replaced, and the next test that checks it fails as well
+        self.addCleanup(eng.close, restore=False)
+        return eng, c
 
     def compare(self, name, make, *, steps=4, accumulate=1, clip=None, groups=False, sched=None, rule="adamw",
                 **kw):
