@@ -523,14 +523,10 @@ void plan_slot_publish(Plan *p, const PlanAcc *a) {
                 };
 }
 
-int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark) {
-        uint64_t v, seq, mark, packed;
-        uint32_t phase;
+void plan_peek_marker(const Plan *p, uint64_t *ret_seq, uint32_t *ret_phase) {
+        uint64_t seq, packed;
 
-        (void) read(p->marker_fd, &v, sizeof(v));
         seq = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
-        if (seq <= p->seq)
-                return -EAGAIN;
         /*
          * The packed word holds this marker's seq and phase or a newer one's
          * (stored before the seq); the two fields may be torn (plan.h).  A
@@ -539,10 +535,22 @@ int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_pha
          */
         packed = __atomic_load_n(&p->page->client.marker, __ATOMIC_ACQUIRE);
         if (packed != 0 && PLAN_READY_SEQ(packed) >= seq) {
-                seq = PLAN_READY_SEQ(packed);
-                phase = PLAN_READY_PHASE(packed);
-        } else
-                phase = __atomic_load_n(&p->page->client.phase, __ATOMIC_RELAXED);
+                *ret_seq = PLAN_READY_SEQ(packed);
+                *ret_phase = PLAN_READY_PHASE(packed);
+        } else {
+                *ret_seq = seq;
+                *ret_phase = __atomic_load_n(&p->page->client.phase, __ATOMIC_RELAXED);
+        }
+}
+
+int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark) {
+        uint64_t v, seq, mark;
+        uint32_t phase;
+
+        (void) read(p->marker_fd, &v, sizeof(v));
+        plan_peek_marker(p, &seq, &phase);
+        if (seq <= p->seq)
+                return -EAGAIN;
         mark = __atomic_load_n(&p->page->client.mark_ns, __ATOMIC_RELAXED);
         if (phase >= p->n_phases)
                 return -EINVAL;

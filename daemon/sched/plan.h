@@ -220,6 +220,8 @@ void plan_log_residency(const Plan *p);
 void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase);
 void plan_set_error(Plan *p, int error, const char *what);
 void plan_slot_publish(Plan *p, const PlanAcc *a);
+/* The client's newest marker as written (not consumed, not range-checked): its seq and phase, never torn. */
+void plan_peek_marker(const Plan *p, uint64_t *ret_seq, uint32_t *ret_phase);
 /* Read the client area after a marker: 0 with the new marker, -EAGAIN for nothing new, -EINVAL for a bad one. */
 int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_phase, uint64_t *ret_mark);
 /* A marker of @phase arrived at @mark: learn the duration of the phase that ended, count iterations. */

@@ -391,9 +391,13 @@ static void plan_consume_marker(Plan *p) {
                 trace_phase(&s->engine->trace, p->job, p->trace_id, seq, phase, mark);
 
         log_debug("sched: job '%s' marker %" PRIu64 ": phase %u", p->job->name, seq, phase);
-        /* the previous marker's phase is over: its pins go (written accesses dirty) */
+        /*
+         * the previous marker's phase is over: its pins go, written accesses dirty if the phase was
+         * said ready (else its client got an error or nothing, and wrote nothing: a write-only pin
+         * there holds no data, the reservation's garbage)
+         */
         done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
-        hold_release(p, 0, true, true);
+        hold_release(p, 0, true, p->hold[0].ready_sent);
         if (prev != UINT32_MAX && policy(s) == SCHED_POLICY_ONDEMAND)
                 plan_release_after_use(p, prev, phase);
 
@@ -868,17 +872,21 @@ int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, 
 
 void sched_plan_free(Plan *p) {
         uint64_t marked;
+        uint32_t phase;
 
         if (!p)
                 return;
         /*
          * Its pins go as dirty where the plan writes, in a phase the client may have written: one said
-         * ready to it, and (the hold ahead) whose marker it wrote.  Another phase's write-only pin holds
-         * no data (it was reserved without the old bytes): it goes unwritten.
+         * ready to it, and the hold ahead if its marker names that phase (or a later marker follows:
+         * the client could pass that seq only through the phase said ready), as plan_consume_marker()
+         * would have found.  Another phase's write-only pin holds no data (it was reserved without
+         * the old bytes): it goes unwritten.
          */
-        marked = __atomic_load_n(&p->page->client.marker_seq, __ATOMIC_ACQUIRE);
+        plan_peek_marker(p, &marked, &phase);
         hold_release(p, 0, true, p->hold[0].ready_sent);
-        hold_release(p, 1, true, p->hold[1].ready_sent && marked >= p->hold[1].seq);
+        hold_release(p, 1, true, p->hold[1].ready_sent && (marked > p->hold[1].seq ||
+                                                           (marked == p->hold[1].seq && phase == p->hold[1].phase)));
         if (p->attached) {
                 for (uint32_t i = 0; i < p->n_slots; i++) {
                         Tensor *t = p->slots[i];

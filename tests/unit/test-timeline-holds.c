@@ -448,6 +448,93 @@ static void test_marker_read_while_the_next_is_written(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * The client is ready for phase 1 (pinned ahead: T's write-only reservation, no bytes), goes
+ * elsewhere instead (marker 2 names phase 2), and its connection goes before tierd reads that
+ * marker (rpc_conn_gone() frees the plan without reading it).  sched_plan_free() released the
+ * hold ahead as written because marker_seq >= its seq, without looking at the marker's phase:
+ * T's version moved on to the reserved garbage and its NVMe copy went.  plan_consume_marker()
+ * releases it unwritten (seq == hold seq, other phase); so does the plan's end now.
+ */
+static void test_gone_after_marker_elsewhere(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *t;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x5a);
+        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
+        assert_int_equal(t->version, 1);
+        {
+                Acc acc[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_WRITE },
+                              { 2, x, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 3, 3, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, p->hold[1].active && p->hold[1].ready_sent);
+        assert_int_equal(p->hold[1].phase, 1);
+        assert_true(t->copy[LEVEL_HOST].unwritten);
+        (void) marker_write(p, 2);              /* marker 2: phase 2, not the phase 1 held ahead */
+        sched_plan_free(p);                     /* its connection goes before the marker is read */
+        free(c);
+        assert_int_equal(t->version, 1);        /* phase 1 never ran: T is as it was */
+        assert_true(copy_valid(t, LEVEL_NVME));
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
+ * Phase 0 is never said ready (U is lost: its pin fails and the plan fails), so
+ * tier_phase_enter(0) returns the error and the client wrote nothing; a client that goes on and
+ * enters phase 1 had its marker consumed and hold 0 released as written though it was never
+ * ready: W's write-only reservation (garbage) became W's newest version, which phase 1 then
+ * reads.  A hold is released as written only if its phase was said ready, as at the plan's end.
+ */
+static void test_marker_after_failed_phase(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *w, *u;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        w = tensor(j, "W", MiB);
+        u = tensor(j, "U", MiB);
+        fixture_host_data(m, w, 0x5a);
+        assert_int_equal(fixture_op(m, OP_EVICT, w, LEVEL_NVME), 0);
+        assert_int_equal(w->version, 1);
+        u->version = 1;                         /* as a restart leaves it: newest data gone */
+        u->lost = true;
+        {
+                Acc acc[] = { { 0, w, LEVEL_HOST, PLAN_WRITE }, { 0, u, LEVEL_HOST, PLAN_READ },
+                              { 1, x, LEVEL_HOST, PLAN_READ }, { 1, w, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 4, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, p->page->daemon.error != 0 && w->copy[LEVEL_HOST].pins > 0);
+        assert_false(p->hold[0].ready_sent);    /* tier_phase_enter(0) returned the error */
+        assert_true(w->copy[LEVEL_HOST].unwritten);
+        assert_int_equal(w->version, 1);
+        marker(m, p, 1);                        /* the client goes on to the next phase */
+        assert_int_equal(w->version, 1);        /* phase 0 never ran: W is as it was */
+        assert_true(copy_valid(w, LEVEL_NVME));
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_end_plan_before_a_held_write),
@@ -460,6 +547,8 @@ int main(void) {
                 cmocka_unit_test(test_reclaim_keeps_the_share),
                 cmocka_unit_test(test_write_only_pin_ahead_is_no_copy),
                 cmocka_unit_test(test_marker_read_while_the_next_is_written),
+                cmocka_unit_test(test_gone_after_marker_elsewhere),
+                cmocka_unit_test(test_marker_after_failed_phase),
         };
         return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
 }
