@@ -399,6 +399,13 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         /* seq and phase in one word first (tierd reads them from it: never torn), then the seq */
         __atomic_store_n(&pg->client.marker, PLAN_READY(seq, phase), __ATOMIC_RELEASE);
         __atomic_store_n(&pg->client.marker_seq, seq, __ATOMIC_RELEASE);
+        /*
+         * The marker is stored before ready is read, as tierd stores a ready it takes back before
+         * it reads the marker (sched_tensor_changed()): one of the two sees the other's store.  A
+         * store then a load needs a full fence for that; the system call below happens to be one
+         * on every kernel, the C memory model does not say so.
+         */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
         if (write(c->plan_marker_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
                 return client_reconnect(c, transport_break(c, -errno, "cannot signal tierd: %s",
                                                            tier_strerror(-errno)));
