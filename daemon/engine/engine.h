@@ -55,7 +55,11 @@ struct Op {
         uint64_t deadline_ns;   /* when the data is needed (0: now); victims must be needed later */
         bool no_wait;           /* fail with -EAGAIN instead of waiting for space */
         bool discard;           /* pin for a write-only access: reserve, do not bring the old bytes */
-        bool write;             /* a pin that may write (its job's commit needs an image first: tensor_needs_image()) */
+        /*
+         * A pin that may write: its job's commit needs an image first (tensor_needs_image()), and it is
+         * granted only once no transfer of the tensor runs (one reads the copy it would write)
+         */
+        bool write;
         bool internal;          /* tierd's own (drain, write-behind, a scheduler's prefetch): no client waits */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);

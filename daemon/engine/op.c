@@ -534,6 +534,14 @@ static int op_advance(Op *op) {
                 if (t->copy[op->tier].state == COPY_DRAINING)
                         t->copy[op->tier].state = COPY_RESIDENT;        /* cancel the drain */
                 r = ensure_copy(op, t, op->tier);
+                /*
+                 * A pin that may write waits while a transfer of the tensor runs, as the fast path
+                 * (rpc.c) and the scheduler's holds do: the transfer reads a copy of the version the
+                 * pinner would replace (a write-down's O_DIRECT writes and crc32c read the host copy)
+                 * and records that version when it ends.  Reads share it.
+                 */
+                if (r == ADV_DONE && op->write && t->xfer)
+                        return ADV_WAIT_TENSOR;
                 if (r > 0 && op->reserved && !op->reserved_sent && t->copy[op->tier].state == COPY_FILLING) {
                         /* async pin: the destination is known, the client may go on */
                         t->copy[op->tier].pins++;

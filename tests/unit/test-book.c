@@ -706,6 +706,90 @@ static void test_off_books_stale(void **state) {
         dir_done(&d);
 }
 
+/* The index files as a SIGKILL now leaves them (the page cache has them), put back by killed_restart(). */
+typedef struct Kept {
+        char *data[2];
+        size_t len[2];
+} Kept;
+
+static Kept index_keep(const Dir *d) {
+        Kept k = { 0 };
+        char p[192];
+
+        for (unsigned i = 0; i < 2; i++)
+                if (read_whole(index_path(d, i, p, sizeof(p)), &k.data[i], &k.len[i]) < 0)
+                        k.data[i] = NULL;
+        return k;
+}
+
+/* Stop @m, then start on the index files @k kept: as after a SIGKILL when they were kept. */
+static Manager *killed_restart(Manager *m, Dir *d, Kept *k) {
+        char p[192];
+
+        fixture_free(m);
+        for (unsigned i = 0; i < 2; i++) {
+                index_path(d, i, p, sizeof(p));
+                if (k->data[i])
+                        write_whole(p, k->data[i], k->len[i]);
+                else
+                        (void) unlink(p);
+                free(k->data[i]);
+                k->data[i] = NULL;
+        }
+        return start(d);
+}
+
+/* After a restart @t is lost, or the version a client wrote and unpinned (@v, every byte @b): never older. */
+static void never_older(Manager *m, Tensor *t, uint64_t v, uint8_t b) {
+        assert_non_null(t);
+        if (t->lost)
+                return;
+        assert_int_equal(t->version, v);
+        check_bytes(m, t, b);
+}
+
+static void on_pinned(Op *op, int status, const char *error) {
+        assert_null(op->tensor->xfer);          /* no transfer reads what the pinner may write */
+        on_done(op, status, error);
+}
+
+/*
+ * A pin that may write waits while a write-down of the tensor reads its host copy.  Granted at
+ * once, the client's write and dirty unpin (a NEWER record) came before the write-down's NVME
+ * record of the version before: after a SIGKILL that version came back as current, not lost
+ * (and its bytes, read from the copy while the client wrote it, a mix of both).
+ */
+static void test_write_pin_waits_for_write_down(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *t = fixture_tensor(job(m, "j"), "t", MiB);
+        int ev = 0, pin = 0;
+        uint64_t v, dl;
+        Kept k;
+        Op *op;
+
+        (void) state;
+        fixture_host_data(m, t, 0x11);
+        v = t->version;
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &ev, NULL), 0);
+        dl = fixture_deadline();
+        while (!t->xfer && fixture_run_before(m, dl))
+                ;
+        assert_non_null(t->xfer);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_pinned, NULL, &pin, &op), 0);
+        op->write = true;
+        FIXTURE_RUN_UNTIL(m, pin);
+        assert_int_equal(ev, 1);                /* the write-down ended first */
+        fixture_fill(t, LEVEL_HOST, 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        assert_int_equal(t->version, v + 1);
+        k = index_keep(&d);
+        m = killed_restart(m, &d, &k);
+        never_older(m, find(m, "j", "t"), v + 1, 0x22);
+        fixture_free(m);
+        dir_done(&d);
+}
+
 /* persist = yes, a run with persist = no (scratch, on the same extents), persist = yes again. */
 static void test_scratch_between(void **state) {
         Dir d = dir_new();
@@ -741,6 +825,7 @@ int main(void) {
                 cmocka_unit_test(test_many_jobs),
                 cmocka_unit_test(test_compact_without_nvme),
                 cmocka_unit_test(test_off_books_stale),
+                cmocka_unit_test(test_write_pin_waits_for_write_down),
                 cmocka_unit_test(test_scratch_between),
         };
 
