@@ -153,6 +153,13 @@ static void xfer_finish_now(Xfer *x) {
                  * else failing drains would unblock each other, forever.
                  */
                 copy_free_failed(e, t, x->dst);
+        else if (x->dst == LEVEL_NVME && x->version != t->version)
+                /*
+                 * The tensor was written while its write-down ran (xfer_finish()): the image holds a
+                 * version it has left, its bytes perhaps torn (read while they were written), and
+                 * the index never names it.  It goes, whatever a restored pin may go back to.
+                 */
+                copy_free(t, x->dst);
         else {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;
@@ -190,7 +197,12 @@ static void xfer_finish_now(Xfer *x) {
 static void xfer_finish(Xfer *x) {
         Book *book = x->engine->registry->book;
 
-        if (x->dst == LEVEL_NVME && x->error >= 0 && book) {
+        /*
+         * Not a version other than the tensor's newest: written meanwhile, it has a NEWER record
+         * that an NVME record of the version before must not follow (after a SIGKILL the index
+         * would bring that version back as current); the copy goes as stale (xfer_finish_now()).
+         */
+        if (x->dst == LEVEL_NVME && x->error >= 0 && book && x->version == x->tensor->version) {
                 uint64_t seq = book_nvme(book, x->tensor, x->version);
 
                 if (!book_durable(book, seq)) {

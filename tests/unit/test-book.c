@@ -17,6 +17,7 @@
 #include "daemon/base/config.h"
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/engine-private.h"
 #include "daemon/state/book.h"
 #include "daemon/state/book-private.h"
 #include "daemon/base/quota-rule.h"
@@ -790,6 +791,51 @@ static void test_write_pin_waits_for_write_down(void **state) {
         dir_done(&d);
 }
 
+/*
+ * Whatever wrote the tensor while a write-down of it ran (here a read pin, which shares the
+ * transfer, unpinned dirty), the write-down records no version older than the tensor's newest:
+ * its copy is stale, and goes (the evict writes the newest down).  An NVME record of the version
+ * before, after the write's NEWER one, brought that version back as current after a SIGKILL.
+ */
+static void test_write_down_overtaken(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *t = fixture_tensor(job(m, "j"), "t", MiB);
+        int ev = 0, pin = 0;
+        uint64_t v, dl;
+        Kept k;
+
+        (void) state;
+        fixture_host_data(m, t, 0x11);
+        v = t->version;
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &ev, NULL), 0);
+        dl = fixture_deadline();
+        while (!t->xfer && fixture_run_before(m, dl))
+                ;
+        assert_non_null(t->xfer);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &pin, NULL), 0);
+        dl = fixture_deadline();
+        while (!pin && t->xfer && fixture_run_before(m, dl))
+                ;
+        assert_int_equal(pin, 1);               /* granted while the write-down runs */
+        assert_non_null(t->xfer);
+        fixture_fill(t, LEVEL_HOST, 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+        assert_int_equal(t->version, v + 1);
+        /* the first NVME record written after the unpin: what a SIGKILL then leaves */
+        dl = fixture_deadline();
+        while (t->xfer && !t->xfer->book_seq && fixture_run_before(m, dl))
+                ;
+        k = index_keep(&d);
+        FIXTURE_RUN_UNTIL(m, ev);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(t->copy[LEVEL_NVME].version, v + 1);
+        m = killed_restart(m, &d, &k);
+        never_older(m, find(m, "j", "t"), v + 1, 0x22);
+        fixture_free(m);
+        dir_done(&d);
+}
+
 /* persist = yes, a run with persist = no (scratch, on the same extents), persist = yes again. */
 static void test_scratch_between(void **state) {
         Dir d = dir_new();
@@ -826,6 +872,7 @@ int main(void) {
                 cmocka_unit_test(test_compact_without_nvme),
                 cmocka_unit_test(test_off_books_stale),
                 cmocka_unit_test(test_write_pin_waits_for_write_down),
+                cmocka_unit_test(test_write_down_overtaken),
                 cmocka_unit_test(test_scratch_between),
         };
 
