@@ -494,8 +494,9 @@ int tier_job_detach(tier_client *c, const char *job, struct tier_detach_result *
  * the last commit back to it (zeros for one that was never written then).
  * @step is the caller's number for the commit; a rollback returns the last
  * one.  A commit fails with -EBUSY while a tensor of the job is pinned for
- * reading and writing (commit between the phases that write); a rollback
- * while one is pinned at all.  Both are a round trip; a commit also frees
+ * reading and writing (commit between the phases that write), or is held
+ * for a rank of before a tierd restart that has not attached again; a
+ * rollback while one is pinned at all.  Both are a round trip; a commit also frees
  * the images of the commit before it.
  */
 struct tier_commit {

@@ -81,11 +81,16 @@ static int reply_commit(Conn *c, uint64_t seq, const Job *j, unsigned rolled, un
 
 int commit_request(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
         Job *j = c->job;
+        char why[512];
+        int r;
 
         /* a rollback of another connection waits for transfers: a commit now would make it roll back to itself */
         if (j->frozen)
                 return conn_reply_error(c, seq, -EBUSY, "a rollback of job '%s' waits for the transfers in flight of "
                                         "its tensors: commit once it has answered", j->name);
+        r = job_commit_refused(j, why, sizeof(why));
+        if (r < 0)
+                return conn_reply_error(c, seq, r, "%s", why);
 
         list_for_each_safe(n, tmp, &j->tensors) {
                 const Tensor *t = list_entry(n, Tensor, job_link);

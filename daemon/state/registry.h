@@ -397,6 +397,13 @@ void job_commit(Job *j, uint64_t step);
  */
 int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, size_t why_size);
 /*
+ * job_commit_refused() - -EBUSY (@why says which) when a tensor of @j is held
+ * for a client of before tierd restarted (Tensor.ghost): that copy was being
+ * written, and a write-only one may yet go back to the version before
+ * (job_release_ghosts()), below what a commit would record.  Else 0.
+ */
+int job_commit_refused(const Job *j, char *why, size_t why_size);
+/*
  * job_rollback_refused() - -EBUSY (@why says which) when a tensor of @j is
  * pinned, or @busy (a tensor of @j a request is on; NULL: none) is given:
  * job_rollback()'s refusals, for a caller that must know them before it

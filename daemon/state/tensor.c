@@ -278,6 +278,22 @@ void job_commit(Job *j, uint64_t step) {
         book_commit(j->registry->book, j);
 }
 
+int job_commit_refused(const Job *j, char *why, size_t why_size) {
+        list_for_each_safe(n, tmp, &((Job *) j)->tensors) {
+                const Tensor *t = list_entry(n, Tensor, job_link);
+
+                for (int i = 0; i < TIERS; i++)
+                        if (t->ghost & (1u << i)) {
+                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of rank %" PRIu32
+                                         " of before tierd restarted, which may have written it: what it holds is "
+                                         "known once that rank attaches again (commit then)", t->name,
+                                         level_to_string(i), t->copy[i].writer_rank);
+                                return -EBUSY;
+                        }
+        }
+        return 0;
+}
+
 int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why_size) {
         list_for_each_safe(n, tmp, &((Job *) j)->tensors) {
                 const Tensor *t = list_entry(n, Tensor, job_link);

@@ -484,6 +484,47 @@ static void test_write_only_ghost_reverted_then_killed(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * A commit while a write-only pin of another rank, of before a SIGKILL, is held for it (a ghost):
+ * refused until that rank attaches.  It used to be taken: the commit recorded the pin's version,
+ * rank 3's Hello (naming no write) set the tensor back to the version before, and rank 3's next
+ * write made it the committed version again: a rollback then kept bytes written after the commit.
+ */
+static void test_commit_waits_for_ghost(void **state) {
+        tier_client *c = NULL, *c0 = NULL, *c3 = NULL;
+        tier_tensor *x = NULL;
+        struct tier_grant g;
+        bool sent;
+
+        spawn_with_store();
+        assert_int_equal(tier_client_new(d.socket, "cghost", 3, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(write_host(x, 0x55, &sent), 0);         /* version 1, in host */
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_WRITE, &g), 0);      /* reserved: its room holds no bytes */
+        memset(g.ptr, 0x99, g.length / 2);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_tensor_close(x);
+        tier_client_free(c);
+
+        assert_int_equal(tier_client_new(d.socket, "cghost", 0, &c0), 0);
+        assert_int_equal(tier_job_commit(c0, 1), -EBUSY);
+        assert_non_null(strstr(tier_client_last_error(c0), "tensor 'x' is held in vram for the client of rank 3 of "
+                                                           "before tierd restarted"));
+        /* rank 3 attaches, naming no write: x is back at version 1, and the commit goes */
+        assert_int_equal(tier_client_new(d.socket, "cghost", 3, &c3), 0);
+        assert_int_equal(tier_job_commit(c0, 1), 0);
+        assert_int_equal(tier_tensor_open(c3, "x", &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x, g.ptr, 0x55));
+        assert_int_equal(tier_unpin(x, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c3);
+        tier_client_free(c0);
+        d.fd_store = false;
+}
+
 /* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
 static uint64_t table_generation(int fd) {
         char magic[8];
@@ -730,6 +771,7 @@ int main(void) {
                 cmocka_unit_test(test_kill_with_fd_store),
                 cmocka_unit_test(test_write_only_ghost_twice),
                 cmocka_unit_test(test_write_only_ghost_reverted_then_killed),
+                cmocka_unit_test(test_commit_waits_for_ghost),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
                 cmocka_unit_test(test_store_dead_tensor_record_freed),

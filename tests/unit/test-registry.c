@@ -731,12 +731,26 @@ static void test_ghost_write_only(void **state) {
                 assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), -EBUSY);
                 assert_non_null(strstr(why, "tensor 'a' is held in host for the client of rank 3 of before tierd "
                                             "restarted"));
+                /*
+                 * so does a commit: it took a's version 2 as the one to keep, rank 3's Hello then set a
+                 * back to 1, and rank 3's next write made it 2 again, equal to what the commit recorded:
+                 * a rollback then kept the bytes written after the commit (found by a review; the
+                 * commit was not refused)
+                 */
+                assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
+                assert_non_null(strstr(why, "tensor 'a' is held in host for the client of rank 3 of before tierd "
+                                            "restarted"));
         }
         job_release_ghosts(j, true, 3, held_b, NULL);
         assert_int_equal(a->version, 1);                                /* back at its NVMe copy */
         assert_true(copy_valid(a, LEVEL_NVME));
         assert_int_equal(a->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_false(a->lost || a->ghost || a->ghost_unwritten);
+        {
+                char why[256];
+
+                assert_int_equal(job_commit_refused(j, why, sizeof(why)), 0);   /* every rank is back */
+        }
 
         assert_int_equal(job_new(m->registry, "j2", 0, &j2), 0);
         e = ghost(m, j2, "e", true, 0);
