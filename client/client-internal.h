@@ -113,6 +113,11 @@ typedef struct PlanId {
         uint32_t slot;
 } PlanId;
 
+/* One access of the submitted plan, packed: its tensor's slot (< PLAN_MAX_SLOTS), tier (vram, host) and mode. */
+#define PLAN_ACCESS(slot, tier, mode) ((uint32_t) (slot) << 3 | (uint32_t) (tier) << 2 | (uint32_t) (mode))
+#define PLAN_ACCESS_KEY(a) ((a) & ~UINT32_C(3))        /* slot and tier */
+#define PLAN_ACCESS_MODE(a) ((int) ((a) & 3u))
+
 typedef struct FenceFailure {
         tier_fence fence;
         int status;             /* < 0 */
@@ -197,7 +202,12 @@ struct tier_client {
         uint32_t plan_slots;
         PlanId *plan_ids;               /* its tensors, plan_slots of them, sorted by id: any handle's slot */
         uint32_t plan_phases;
+        uint32_t *plan_access;          /* its accesses, phase by phase, each PLAN_ACCESS(slot, tier, mode):
+                                         * sorted within a phase, one per (slot, tier), the modes merged */
+        uint32_t *plan_phase_first;     /* phase k's are plan_access[plan_phase_first[k] .. [k + 1]) */
         uint64_t plan_seq;
+        bool plan_entered;              /* the last tier_phase_enter() returned 0: plan_phase is held */
+        uint32_t plan_phase;
 };
 
 struct tier_tensor {

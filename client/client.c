@@ -106,6 +106,8 @@ _public_ tier_client *tier_client_free(tier_client *c) {
         if (c->plan_page)
                 (void) munmap(c->plan_page, c->plan_page_size);
         free(c->plan_ids);
+        free(c->plan_access);
+        free(c->plan_phase_first);
         safe_close(c->plan_marker_fd);
         safe_close(c->event_fd);
         safe_close(c->fd);

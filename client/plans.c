@@ -25,12 +25,19 @@
  * that every handle of a planned tensor, one opened after the submit too,
  * finds its slot.  tier_phase_grant() reads the slot's segment, generation and
  * offset from the page and resolves that grant through the segment cache,
- * again without a round trip unless the segment is new to us.
+ * again without a round trip unless the segment is new to us.  It does so
+ * only for an access of the phase entered (the last tier_phase_enter()
+ * returned 0): tierd writes a slot when it pins the copy for a phase and
+ * never clears it, so at other times the slot names where an earlier phase
+ * had the copy (room another tensor may have now) or, never written, offset
+ * 0 of segment 0.  The client keeps the plan's accesses for this
+ * (plan_access: 4 bytes an access, PLAN_MAX_ACCESSES at most).
  */
 
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -180,21 +187,90 @@ static int plan_number_slots(const tier_plan *p, PlanId **ret, uint32_t *ret_n) 
         return 0;
 }
 
-/* The slot of tensor @id in @c's plan, or -1 (none, or one whose slots tierd counted otherwise). */
-static int64_t plan_slot_of(const tier_client *c, uint64_t id) {
-        size_t lo = 0, hi = c->plan_ids ? c->plan_slots : 0;
+/* The slot of tensor @id in @ids (@n of them, sorted by id), or -1. */
+static int64_t plan_id_find(const PlanId *ids, size_t n, uint64_t id) {
+        size_t lo = 0, hi = ids ? n : 0;
 
         while (lo < hi) {
                 size_t mid = lo + (hi - lo) / 2;
 
-                if (c->plan_ids[mid].id == id)
-                        return c->plan_ids[mid].slot;
-                if (c->plan_ids[mid].id < id)
+                if (ids[mid].id == id)
+                        return ids[mid].slot;
+                if (ids[mid].id < id)
                         lo = mid + 1;
                 else
                         hi = mid;
         }
         return -1;
+}
+
+/* The slot of tensor @id in @c's plan, or -1 (none, or one whose slots tierd counted otherwise). */
+static int64_t plan_slot_of(const tier_client *c, uint64_t id) {
+        return plan_id_find(c->plan_ids, c->plan_slots, id);
+}
+
+static int u32_cmp(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+/*
+ * The accesses of @p's entries (sorted by phase; their tensors numbered in
+ * @ids), kept for tier_phase_grant(): phase k's in *@ret from (*@ret_first)[k]
+ * to (*@ret_first)[k + 1], each PLAN_ACCESS(slot, tier, mode), sorted, one
+ * per (slot, tier) with the modes merged, as tierd merges them.
+ */
+static int plan_index_accesses(const tier_plan *p, const PlanId *ids, uint32_t n_ids, uint32_t **ret,
+                               uint32_t **ret_first) {
+        _cleanup_free_ uint32_t *acc = NULL, *first = NULL;
+        size_t i = 0, n = 0;
+
+        acc = calloc(p->n, sizeof(uint32_t));
+        first = calloc((size_t) p->n_phases + 1, sizeof(uint32_t));
+        if (!acc || !first)
+                return -ENOMEM;
+        for (uint32_t ph = 0; ph < p->n_phases; ph++) {
+                size_t start = n, k = n;
+
+                first[ph] = (uint32_t) start;
+                for (; i < p->n && p->entries[i].phase == ph; i++)
+                        acc[n++] = PLAN_ACCESS(plan_id_find(ids, n_ids, p->entries[i].handle->id),
+                                               p->entries[i].tier, p->entries[i].mode);
+                qsort(acc + start, n - start, sizeof(uint32_t), u32_cmp);
+                for (size_t j = start; j < n; j++)
+                        if (k > start && PLAN_ACCESS_KEY(acc[k - 1]) == PLAN_ACCESS_KEY(acc[j]))
+                                acc[k - 1] |= acc[j];
+                        else
+                                acc[k++] = acc[j];
+                n = k;
+        }
+        first[p->n_phases] = (uint32_t) n;
+        *ret = TAKE_PTR(acc);
+        *ret_first = TAKE_PTR(first);
+        return 0;
+}
+
+/* The mode of @phase's access of slot @slot in @tier, 0 when it has none. */
+static int plan_access_mode(const tier_client *c, uint32_t phase, uint32_t slot, int tier) {
+        uint32_t key = PLAN_ACCESS(slot, tier, 0);
+        size_t lo, hi;
+
+        if (!c->plan_access || phase >= c->plan_phases)
+                return 0;
+        lo = c->plan_phase_first[phase];
+        hi = c->plan_phase_first[phase + 1];
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+
+                if (PLAN_ACCESS_KEY(c->plan_access[mid]) == key)
+                        return PLAN_ACCESS_MODE(c->plan_access[mid]);
+                if (PLAN_ACCESS_KEY(c->plan_access[mid]) < key)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return 0;
 }
 
 _public_ int tier_plan_submit(tier_plan *p) {
@@ -206,6 +282,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         _cleanup_free_ Tier__PlanAccess *acc = NULL;
         _cleanup_free_ Tier__PlanAccess **accp = NULL;
         _cleanup_free_ PlanId *ids = NULL;
+        _cleanup_free_ uint32_t *access = NULL, *access_first = NULL;
         Packet pk = PACKET_NULL;
         const Tier__PlanReply *pr;
         int page_fd = -1, marker_fd = -1, r;
@@ -257,6 +334,9 @@ _public_ int tier_plan_submit(tier_plan *p) {
         }
 
         r = plan_number_slots(p, &ids, &slots);
+        if (r < 0)
+                return r;
+        r = plan_index_accesses(p, ids, slots, &access, &access_first);
         if (r < 0)
                 return r;
         phases = calloc(p->n_phases, sizeof(*phases));
@@ -319,6 +399,9 @@ _public_ int tier_plan_submit(tier_plan *p) {
         c->plan_phases = p->n_phases;
         c->plan_seq = 0;
         c->plan_slots = pr->n_slots;
+        c->plan_entered = false;
+        c->plan_access = TAKE_PTR(access);
+        c->plan_phase_first = TAKE_PTR(access_first);
         packet_done(&pk);
         if (slots != c->plan_slots)
                 return client_error(c, -EPROTO, "tierd counts %u plan tensors, the client %u", c->plan_slots, slots);
@@ -337,8 +420,11 @@ void plan_forget(tier_client *c) {
         c->plan_marker_fd = safe_close(c->plan_marker_fd);
         c->plan_slots = 0;
         c->plan_ids = mfree(c->plan_ids);
+        c->plan_access = mfree(c->plan_access);
+        c->plan_phase_first = mfree(c->plan_phase_first);
         c->plan_phases = 0;
         c->plan_seq = 0;
+        c->plan_entered = false;
 }
 
 _public_ int tier_plan_end(tier_client *c) {
@@ -371,6 +457,7 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
 
         if (!c)
                 return -EINVAL;
+        c->plan_entered = false;        /* until tierd says @phase is ready (tier_phase_grant() refuses meanwhile) */
         pg = c->plan_page;
         if (!pg)
                 return client_error(c, -EINVAL, "no plan was submitted");
@@ -444,8 +531,40 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
         }
         if (t0)
                 pg->client.stall_ns += now_ns() - t0;
+        c->plan_phase = phase;
+        c->plan_entered = true;
         held_phase_end(c);      /* the phases before the one just left are over: tierd has let them go */
         return 0;
+}
+
+/*
+ * tier_phase_grant() of @t (plan slot @slot) in @tier, which no phase entered
+ * holds there: tierd never clears a slot, so it names where an earlier phase
+ * had the copy (room another tensor may have now), or nothing (segment 0,
+ * offset 0).  Says why, and which phases access it there.
+ */
+static int plan_grant_refused(tier_client *c, const tier_tensor *t, int tier, uint32_t slot) {
+        char which[96] = "";
+        size_t len = 0;
+        unsigned n = 0;
+
+        for (uint32_t ph = 0; ph < c->plan_phases; ph++)
+                if (plan_access_mode(c, ph, slot, tier)) {
+                        if (n < 8)
+                                len += (size_t) snprintf(which + len, sizeof(which) - len, "%s%u", n ? ", " : "", ph);
+                        else if (n == 8)
+                                len += (size_t) snprintf(which + len, sizeof(which) - len, ", ...");
+                        n++;
+                }
+        if (n == 0)
+                (void) snprintf(which, sizeof(which), "none");
+        if (!c->plan_entered)
+                return client_error(c, -EINVAL, "phase grant of '%s' in %s: no phase is entered (none was since the "
+                                    "plan was submitted, or the last tier_phase_enter() failed); the phases that "
+                                    "access it there: %s", t->name, tier_level_name(tier), which);
+        return client_error(c, -ENOENT, "phase grant of '%s' in %s: phase %u does not access it there (tierd holds "
+                            "no copy of it there for this phase); the phases that do: %s", t->name,
+                            tier_level_name(tier), c->plan_phase, which);
 }
 
 _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret) {
@@ -467,6 +586,8 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         slot = plan_slot_of(c, t->id);
         if (slot < 0)
                 return client_error(c, -ENOENT, "tensor '%s' is not in this client's plan", t->name);
+        if (!c->plan_entered || !plan_access_mode(c, c->plan_phase, (uint32_t) slot, tier))
+                return plan_grant_refused(c, t, tier, (uint32_t) slot);
         s = &c->plan_page->slots[2 * (uint32_t) slot + (uint32_t) tier];
         /* the page is tierd's to write: each field is read once, then checked and used as read */
         n_pieces = __atomic_load_n(&s->n_pieces, __ATOMIC_ACQUIRE);

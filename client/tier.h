@@ -314,7 +314,11 @@ int tier_phase_enter(tier_client *c, unsigned phase);
  * submit another.  -ENOENT if it runs none.
  */
 int tier_plan_end(tier_client *c);
-/* Where @t, pinned in @tier for the current phase, is mapped. */
+/*
+ * Where @t, pinned in @tier for the current phase, is mapped: only for an access
+ * of the phase the last tier_phase_enter() entered (-EINVAL when it failed,
+ * -ENOENT for a tensor and tier the phase does not access).
+ */
 int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct tier_grant *ret);
 /* Seconds this client has waited in tier_phase_enter() under its current plan (0 without one). */
 double tier_phase_stall(const tier_client *c);

@@ -141,6 +141,53 @@ class TestPlan(tierd.DaemonTestCase):
         for t in ts:
             t.destroy()
 
+    def test_grant_only_of_the_phase_entered(self) -> None:
+        """phase_grant() handed out the plan page's slot of any planned tensor: tierd never clears a slot,
+        so outside the phases that access the tensor there it named where an earlier phase had the copy
+        (room another tensor may have now) or, never written, offset 0 of segment 0 (another tensor's
+        bytes), and writes through it corrupted other tensors.  Now only the phase entered gives grants,
+        of what it accesses, in its own mode."""
+        c = self.client()
+        a = c.create("a", SIZE)
+        with a.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = b"A" * SIZE
+        t = c.create("t", SIZE)
+        x = c.create("x", SIZE)
+        with c.plan() as p:
+            p.add(0, x, tier.HOST, tier.READ)
+            p.add(1, t, tier.HOST, tier.WRITE)   # written in host, then read in VRAM
+            p.add(2, t, tier.VRAM, tier.READ)
+            p.add(3, x, tier.HOST, tier.READ)
+            p.submit()
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase_grant(t, tier.HOST)         # no phase entered yet
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertIn("no phase is entered", cm.exception.strerror)
+        c.phase(0)
+        with self.assertRaises(tier.NotFoundError) as cm:
+            c.phase_grant(t, tier.HOST)         # its slot never written: segment 0, offset 0
+        self.assertIn("phase 0 does not access it there", cm.exception.strerror)
+        self.assertIn("the phases that do: 1", cm.exception.strerror)
+        c.phase(1)
+        g = c.phase_grant(t, tier.HOST)
+        self.assertEqual(g.mode, tier.WRITE)
+        g.memoryview()[:] = b"T" * SIZE
+        with self.assertRaises(tier.NotFoundError):
+            c.phase_grant(t, tier.VRAM)
+        c.phase(2)
+        self.assertEqual(bytes(c.phase_grant(t, tier.VRAM).memoryview()[:4]), b"TTTT")
+        with self.assertRaises(tier.NotFoundError):
+            c.phase_grant(t, tier.HOST)         # phase 1's slot: not pinned for phase 2
+        with self.assertRaises(tier.TierError):
+            c.phase(9)
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase_grant(t, tier.VRAM)         # the last phase() failed: none is entered
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        c.phase(3)
+        c.end_plan()
+        with a.pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"AAAA")
+
     def test_plan_freed_with_its_client(self) -> None:
         c = tier.Client("plan-free", socket=self.socket)
         t = c.create("t", 4096)

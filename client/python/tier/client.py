@@ -698,7 +698,10 @@ class Client:
         """Where @tensor, pinned in @tier (VRAM or HOST) for the current phase, is mapped.
 
         The grant (a phase grant) is valid until the next ``phase()``; its
-        ``unpin()`` and ``with`` only invalidate its views.
+        ``unpin()`` and ``with`` only invalidate its views.  Its mode is the
+        phase's access there.  NotFoundError when the current phase does not
+        access @tensor in @tier, TierError (EINVAL) when no phase is entered
+        (none yet, or the last ``phase()`` failed).
         """
         lv = _level(tier)
         if lv not in (Level.VRAM, Level.HOST):
@@ -710,11 +713,15 @@ class Client:
         op = f"phase grant of '{tensor.name}' in {lv}"
         raw = _lib.TierGrant()
         self._check(_L.tier_phase_grant(self._handle(op), tensor._handle(op), lv, byref(raw)), op)
+        # the phase's own access (libtier refused a tensor and tier the phase does not access)
         mode = Mode(0)
         for ph, t, tl, md in self._planned:
             if ph == self._phase and tl == lv and t.name == tensor.name:
                 mode |= md
-        g = Grant(tensor, raw, mode or Mode.READ_WRITE, phase=True)
+        if not mode:
+            raise NotFoundError(errno.ENOENT, f"phase {self._phase} of the submitted plan does not access "
+                                f"'{tensor.name}' in {lv}", op)
+        g = Grant(tensor, raw, mode, phase=True)
         self._phase_grants.append(g)
         return g
 
