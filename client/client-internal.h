@@ -98,7 +98,8 @@ typedef struct FenceEvent {
  * client that says it got the grant).
  */
 typedef struct ClientHeld {
-        tier_tensor *t;         /* its handle, or NULL once the handle closed (tierd holds the pin still) */
+        tier_tensor *t;         /* its handle, or NULL once the handle closed (tierd holds the pin, the phase
+                                 * its hold, still) */
         uint64_t id;            /* the tensor's, as tierd numbers it on this connection */
         char *name;             /* once the handle closed: its name, ours */
         int tier;
@@ -306,8 +307,9 @@ void held_phase_end(tier_client *c);
 /* The plan ended: every phase grant goes. */
 void held_phase_clear(tier_client *c);
 /*
- * Handle @t closes: its phase grants are forgotten; its pins, which tierd
- * keeps until the connection goes, are kept by name; -ENOMEM (then forgotten).
+ * Handle @t closes: its pins and phase grants, which tierd keeps (until the
+ * unpin, the phase's end, or the connection's), are kept by name; -ENOMEM
+ * (then forgotten).
  */
 int held_forget_tensor(tier_client *c, const tier_tensor *t);
 /* Every grant goes (the connection they were for is gone, and a Hello named them). */

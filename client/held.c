@@ -16,13 +16,15 @@
  * The list mirrors tierd's pins of the connection: a pin's entry from its
  * answer to its unpin (an unpin takes the last pin of its tensor and tier,
  * as tierd does; a pin through one handle unpinned through another of the
- * same tensor matches by id; a handle closed while it holds a pin keeps the
- * entry, by name, since tierd keeps the pin), and an entry per tier_phase_grant() of the
- * plan phase the client is in and of the one before it (tierd may hold that
- * one still: a phase it pinned ahead can be ready before it has read the
- * marker that ends the one before), until the plan ends.  Erring means
- * naming a write that did not happen, which keeps the copy as tierd always
- * did, never the other way.
+ * same tensor matches by id), and an entry per tensor and tier that
+ * tier_phase_grant() gave in the plan phase the client is in and in the one
+ * before it (tierd may hold that one still: a phase it pinned ahead can be
+ * ready before it has read the marker that ends the one before), until the
+ * plan ends.  A handle closed meanwhile keeps its entries, by name: tierd
+ * holds the pin, and the phase's hold, whatever became of the handle (the
+ * client may have written through the grant before it closed it).  Erring
+ * means naming a write that did not happen, which keeps the copy as tierd
+ * always did, never the other way.
  */
 
 #include <errno.h>
@@ -67,8 +69,9 @@ void held_unpin(tier_client *c, const tier_tensor *t, int tier) {
 }
 
 int held_phase_grant(tier_client *c, tier_tensor *t, int tier) {
+        /* by id: one entry per tensor and tier, whichever handle (one closed since included) got the grant */
         for (size_t i = 0; i < c->n_held; i++)
-                if (c->held[i].phase && c->held[i].t == t && c->held[i].tier == tier) {
+                if (c->held[i].phase && c->held[i].id == t->id && c->held[i].tier == tier) {
                         c->held[i].phase_seq = c->plan_seq;
                         return 0;
                 }
@@ -96,7 +99,8 @@ int held_forget_tensor(tier_client *c, const tier_tensor *t) {
 
                 if (h->t != t)
                         continue;
-                if (!h->phase && !t->gone) {
+                /* a pin's or a phase grant's: tierd holds either until its unpin or its phase's end */
+                if (!t->gone) {
                         h->name = strdup(t->name);
                         if (h->name) {
                                 h->t = NULL;

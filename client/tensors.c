@@ -173,7 +173,7 @@ _public_ tier_tensor *tier_tensor_close(tier_tensor *t) {
         for (int tier = 0; tier < 2; tier++)
                 view_clear(t->client, &t->views[tier]);
         if (t->client) {
-                (void) held_forget_tensor(t->client, t);        /* (out of memory: its pins go unnamed) */
+                (void) held_forget_tensor(t->client, t);        /* (out of memory: its grants go unnamed) */
                 if (t->prev)
                         t->prev->next = t->next;
                 else
