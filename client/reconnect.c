@@ -93,7 +93,10 @@ static int retire_mappings(tier_client *c) {
         return 0;
 }
 
-/* Everything of the old connection goes, but the mappings (retired) and the handles. */
+/*
+ * Everything of the connection goes, but the mappings and the handles: the old
+ * connection's (its mappings retired first), and a reconnect attempt's that failed.
+ */
 static void drop_connection(tier_client *c) {
         c->fd = safe_close(c->fd);
         c->event_fd = safe_close(c->event_fd);
@@ -104,9 +107,6 @@ static void drop_connection(tier_client *c) {
         free(c->vram_backend);
         free(c->vram_device);
         c->vram_backend = c->vram_device = NULL;
-        /* fences of before: up to the highest handed out; the next ones are numbered after it */
-        c->fence_floor = c->fence_max;
-        c->fence_offset = c->fence_max;
         c->failed_base = c->failed_events = 0;
         c->n_failures = 0;
         c->n_fence_events = 0;
@@ -117,14 +117,37 @@ static void drop_connection(tier_client *c) {
 }
 
 /*
+ * A reconnect attempt failed after its Hello: what it mapped goes (no grant of
+ * it reached the caller), lest the next tierd's segments of the same id and
+ * generation find it mapped (segment_add()) and the caller read and write a
+ * dead tierd's memory.
+ */
+static void drop_attempt_mappings(tier_client *c) {
+        for (tier_tensor *t = c->tensors; t; t = t->next)
+                for (int tier = 0; tier < 2; tier++)
+                        view_clear(c, &t->views[tier]);
+        for (size_t i = 0; i < c->n_segments; i++)
+                segment_clear(c, &c->segments[i]);
+        c->seg_error = 0;
+}
+
+/*
  * Open every handle again by name; a tensor the new tierd lacks, or has of
  * another size (another one of that name: its handle's grants would not fit),
- * marks its handle gone.
+ * marks its handle gone, once every open went through (an attempt that fails
+ * marks none: the next tierd may have the tensor).
  */
 static int reopen_tensors(tier_client *c, unsigned *ret_gone) {
+        _cleanup_free_ bool *lost = NULL;
         unsigned gone = 0;
+        size_t n = 0, i = 0;
 
-        for (tier_tensor *t = c->tensors; t; t = t->next) {
+        for (tier_tensor *t = c->tensors; t; t = t->next)
+                n++;
+        lost = calloc(n + 1, sizeof(bool));
+        if (!lost)
+                return -ENOMEM;
+        for (tier_tensor *t = c->tensors; t; t = t->next, i++) {
                 uint64_t size = 0;
                 int r;
 
@@ -132,13 +155,18 @@ static int reopen_tensors(tier_client *c, unsigned *ret_gone) {
                         continue;
                 r = tensor_open_raw(c, t->name, &t->id, &size);
                 if (r == -ENOENT || (r >= 0 && size != t->size)) {
-                        t->gone = true;
-                        gone++;
+                        lost[i] = true;
                         continue;
                 }
                 if (r < 0)
                         return r;
         }
+        i = 0;
+        for (tier_tensor *t = c->tensors; t; t = t->next, i++)
+                if (lost[i]) {
+                        t->gone = true;
+                        gone++;
+                }
         *ret_gone = gone;
         return 0;
 }
@@ -159,6 +187,9 @@ int client_reconnect(tier_client *c, int r) {
                 return r;
         }
         drop_connection(c);
+        /* fences of before: up to the highest handed out; the next ones are numbered after it */
+        c->fence_floor = c->fence_max;
+        c->fence_offset = c->fence_max;
         c->floor_error = r;     /* until a tierd comes back: the fences of before went with the connection */
         deadline = mono_ms() + (uint64_t) c->reconnect_ms;
         for (;;) {
@@ -166,21 +197,15 @@ int client_reconnect(tier_client *c, int r) {
                 if (q >= 0)
                         q = client_hello(c, c->job, c->rank);
                 if (q >= 0)
-                        held_clear(c);  /* named in the Hello; the pins went with the connection */
-                if (q >= 0)
                         q = reopen_tensors(c, &gone);
-                if (q >= 0)
+                if (q >= 0) {
+                        /* named in the Hello that worked (a failed attempt's next one names them again); the
+                         * pins went with the connection */
+                        held_clear(c);
                         break;
-                c->fd = safe_close(c->fd);
-                c->event_fd = safe_close(c->event_fd);
-                if (c->fence_page)
-                        (void) munmap((void *) c->fence_page, sizeof(FencePage));
-                c->fence_page = NULL;
-                free(c->vram_backend);
-                free(c->vram_device);
-                c->vram_backend = c->vram_device = NULL;
-                c->broken = 0;
-                c->shutdown = false;
+                }
+                drop_attempt_mappings(c);
+                drop_connection(c);
                 if (mono_ms() >= deadline) {
                         c->reconnecting = false;
                         (void) transport_break(c, r, "tierd went away (%s) and did not come back within %d ms",

@@ -756,6 +756,49 @@ class TestRestart(tierd.DaemonTestCase):
             self.assertEqual(bytes(g.memoryview()[0:4]), b"new!")
         t.destroy()
 
+    def test_failed_attempt_leaves_no_mapping(self) -> None:
+        """A reconnect attempt whose Hello worked but whose Open failed kept the segments it mapped; the
+        next tierd's of the same id and generation were taken as mapped already: the client wrote u into
+        the dead tierd's memfd.  tierd 2 refuses the Open (max_name), tierd 3 starts with no memory."""
+        d = tierd.Tierd(self.config, fd_store=True)
+        self.addCleanup(d.cleanup)
+        d.start()
+        c = tier.Client("attempt", socket=d.socket, reconnect=30)
+        self.addCleanup(c.close)
+        t = c.create("a-name-longer-than-sixteen", MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = b"1" * MiB
+        with open(d.config, "w") as f:
+            f.write(self.config.replace("[host]", "max_name = 16\n[host]", 1).replace("@DIR@", d.dir))
+        d.kill_and_start()
+        mark, err = len(d.log_text()), []
+
+        def stat() -> None:
+            try:
+                t.stat()
+            except tier.TierError as e:
+                err.append(e)
+        th = threading.Thread(target=stat)
+        th.start()
+        deadline = time.monotonic() + 20
+        while "has no connection left" not in d.log_text()[mark:] and time.monotonic() < deadline:
+            time.sleep(0.02)    # an attempt said Hello (and mapped tierd 2's segments), then its Open failed
+        d.kill()
+        with d._store_lock:
+            for _, fd in d.stored:
+                os.close(fd)
+            d.stored = []
+        with open(d.config, "w") as f:
+            f.write(self.config.replace("@DIR@", d.dir))
+        d.start()
+        th.join(60)
+        self.assertEqual([type(e) for e in err], [tier.RestartedError], err)
+        u = c.create("u", MiB)
+        with u.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = b"3" * MiB
+        with tier.Client("attempt", 1, socket=d.socket) as c2, c2.open("u").pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[:4]), b"3333")
+
 
 class TestFaults(tierd.DaemonTestCase):
     """Requests that fail in tierd (TIERD_TEST_FAULTS): the first NVMe read of each job named here fails, and its retry."""
