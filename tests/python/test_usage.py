@@ -263,6 +263,95 @@ class TestUsage(tierd.DaemonTestCase):
         self.same(model, ref, "after the refusal")
         eng.close()
 
+    def test_step_again_without_backward_refused(self) -> None:
+        """step() twice after one backward: torch.optim applies the same gradients again; tier.torch
+        applied nothing, silently.  Refused now, before anything changes; after zero_grad(), a step()
+        without backward does what torch's does with zeroed gradients (AdamW's moments go on)."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "twice")
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, batches(1)[0]).backward()
+            o.step()
+        with self.assertRaisesRegex(RuntimeError, r"step\(\) again with no backward\(\) since the last step\(\)"):
+            eng.step()
+        for o in (opt, eng):
+            o.zero_grad(set_to_none=False)
+            o.step()
+            o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
+    def test_evaluation_forward_with_gradients(self) -> None:
+        """An evaluation forward with gradients on (no backward) after a fused step, then the next training
+        forward: refused as "a second forward" whose gradients "were applied already", with advice to
+        accumulate; nothing was applied.  The message says so and how to go on, which works."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "evalgrad")
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        x0, x1, x2 = batches(3)
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, x0).backward()
+            o.step()
+            o.zero_grad()
+        self.assertEqual(eng.mode, "fused")
+        lm_loss(model, x2)                      # an evaluation, gradients on, no backward
+        with self.assertRaisesRegex(RuntimeError, r"the first one's output not backpropagated \(an evaluation "
+                                                  r"with gradients on\?\).*nothing was applied yet; call "
+                                                  r"zero_grad\(\) to drop the first forward"):
+            lm_loss(model, x1)
+        eng.zero_grad()
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, x1).backward()
+            o.step()
+            o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
+    def test_closed_engine_refuses(self) -> None:
+        """After close(): step() said a parameter "was changed in place ... the change was lost", state_dict()
+        raised KeyError('m'), zero_grad() zeroed the model's own gradients; each says the engine is closed."""
+        model = lm()
+        eng = self.engine(model, "closed")
+        lm_loss(model, batches(1)[0]).backward()
+        eng.step()
+        eng.close()
+        lm_loss(model, batches(1)[0]).backward()
+        for call, what in ((eng.step, "step()"), (eng.zero_grad, "zero_grad()"), (eng.state_dict, "state_dict()"),
+                           (lambda: eng.clip_grad_norm_(model.parameters(), 1.0), "clip_grad_norm_")):
+            with self.assertRaisesRegex(RuntimeError, rf"{what.replace('(', '.').replace(')', '.')} on a closed "
+                                                      "Offload engine"):
+                call()
+        self.assertIsNotNone(model.head.weight.grad)           # the model's own gradients, left alone
+
+    def test_write_into_state_dict_refused(self) -> None:
+        """A tensor of model.state_dict() written in place: torch's is the parameter, tier.torch's a copy,
+        and the write reached nothing, silently.  Refused at the next forward (once), while that state dict
+        lives; the model is as if the write never happened."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "sdwrite")
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        x0, x1 = batches(2)
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, x0).backward()
+            o.step()
+            o.zero_grad()
+        sd = model.state_dict()
+        with torch.no_grad():
+            sd["head.weight"].mul_(0.5)
+        with self.assertRaisesRegex(RuntimeError, r"the model's forward: head.weight of a model.state_dict\(\) "
+                                                  r"was written in place; tier.torch's state dict holds copies"):
+            lm_loss(model, x1)
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, x1).backward()
+            o.step()
+            o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
     def test_auxiliary_loss_added_later(self) -> None:
         """An auxiliary head's loss from the second step on: its backward was not in the first step's
         plan, and was refused there; fused, after the main head's blocks had been updated, so the step

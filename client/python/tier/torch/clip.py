@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import torch
 
 from .. import VRAM
+from . import guards
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
@@ -157,11 +158,13 @@ def clip_grad_norm(eng: "Offload", params: Iterable[torch.Tensor], max_norm: flo
                    error_if_nonfinite: bool) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ (torch 1.13's arithmetic) over engine ``eng``'s gradients."""
     params = list(params)
+    guards.check_backward(eng, "clip_grad_norm_")       # (a closed engine)
     if eng._mode == "fused":
         raise RuntimeError(
-            "clip_grad_norm_: tier.torch already applied this step's gradients, in the backward (the first step "
-            "called no clip_grad_norm_ and accumulated nothing, so the optimizer runs inside the backward); call "
-            "it from the first step on, or make the engine with optimizer_in_backward=False")
+            "clip_grad_norm_: tier.torch already applied this step's gradients, unclipped, in the backward (the "
+            "first step called no clip_grad_norm_ and accumulated nothing, so the optimizer runs inside the "
+            "backward); call step() to go on (that update stands), and to clip make the engine with "
+            "optimizer_in_backward=False (or clip from the first step on)")
     if eng._mode is None and eng.optimizer_in_backward:
         raise RuntimeError("clip_grad_norm_ with optimizer_in_backward=True: clipping needs the optimizer after the "
                            "whole backward (make the engine with optimizer_in_backward=False or None)")

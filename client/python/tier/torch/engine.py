@@ -526,11 +526,7 @@ class Offload(torch.optim.Optimizer):
         clip.drop_moved_grads(self)     # (autograd would add this backward's gradients to them)
         optim.check_groups(self)        # (fused: its updates run in this backward)
         if self._micro > 0 and (self._mode == "fused" or (self._mode is None and self.optimizer_in_backward)):
-            raise RuntimeError(
-                "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
-                "(optimizer_in_backward=True, or a first step of one forward and backward and no clip_grad_norm_), "
-                "so this micro-batch's gradients cannot be added to the last ones (those were applied already); "
-                "accumulate from the first step on, or make the engine with optimizer_in_backward=False")
+            guards.refuse_second_forward(self)
         self._cur = self._micro
         self._micro += 1
         self._fwd_open = len(self.tracer.seq)       # (planned: the plan, kept whole)
@@ -783,6 +779,7 @@ class Offload(torch.optim.Optimizer):
             raise RuntimeError("tier.torch's step() takes no closure (the backward has run by then): compute "
                                "the loss and call backward() before step()")
         guards.check_backward(self, "step()")
+        guards.check_step_again(self)
         changed = hyper_changed(self._hyper_at_backward, self.param_groups)
         if changed is not None and self._mode == "fused":
             self._hyper_at_backward = None

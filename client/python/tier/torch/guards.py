@@ -28,7 +28,11 @@ FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: 
 
 def check_backward(eng: Any, what: str) -> None:
     """``what`` (an engine call, a forward) comes while a backward has not ended: refused, or (zero_grad())
-    the engine leaves the backward that raised."""
+    the engine leaves the backward that raised.  And refused once the engine is closed."""
+    if eng._closed:
+        raise RuntimeError(f"{what} on a closed Offload engine: close() gave the model its parameters back "
+                           "and dropped the engine's gradients and optimizer state; make a new engine to train "
+                           "through tierd, or a torch.optim optimizer to train the model as it is")
     if not eng._in_backward:
         return
     if not torch.is_grad_enabled():     # (autograd runs hooks with gradients off: inside a backward)
@@ -85,7 +89,9 @@ def check_params(eng: Any, what: str) -> None:
     """Outside its phases a parameter is an empty placeholder and its values are in tierd: a change in
     place to it (weight clipping, nn.init) changed nothing, and a conversion (model.double(), .to()) only
     the placeholder, the engine going on in the layout it made.  Refused, naming the parameter, where
-    they were lost silently; a change in place is said once."""
+    they were lost silently; a change in place is said once.  So is a write into a tensor a
+    model.state_dict() gave (check_given())."""
+    check_given(eng, what)
     mapped = {id(s) for b in (eng._bwd, eng._in_block) if b is not None for owner in eng.param_owners(b)
               for s in (owner.slots if owner is b else b.shared)}
     for b in eng.blocks:
@@ -133,6 +139,13 @@ def claim_params(eng: Any) -> None:
 
 
 def release_params(eng: Any) -> None:
+    """The engine lets its parameters go (close()): and the .grad that stood for a gradient in tierd
+    becomes None (that gradient goes with the engine), as after zero_grad(set_to_none=True); it was left a
+    one-element stand-in, into which the model's next backward failed to accumulate ("more than one element
+    of the written-to tensor refers to a single memory location")."""
+    from .clip import drop_moved_grads
+
+    drop_moved_grads(eng)
     for pid in eng.slot_of:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
@@ -147,3 +160,70 @@ def check_in_forward(eng: Any, b: Any) -> None:
                            "follows a training step through the forward of the model it was made with; call "
                            "that model, make the engine on the module you call, or call the block under "
                            "torch.no_grad()")
+
+
+# ---- what torch keeps between steps, and tier.torch does not ----------------------------------
+
+def _last_steps_grads(eng: Any) -> list[str]:
+    """The parameters whose .grad still stands for a gradient moved into tierd (GradInTierd)."""
+    from .clip import GradInTierd
+
+    return [s.name for b in eng.blocks for s in b.slots if type(s.param.grad) is GradInTierd]
+
+
+def check_step_again(eng: Any) -> None:
+    """step() with no backward since the last step(): torch.optim would apply the gradients .grad still
+    holds (the last step's, no zero_grad() between) a second time; tier.torch kept none and applied
+    nothing, silently.  Refused before anything changes."""
+    if eng._got or eng._bwd is not None or eng._backwards:
+        return
+    names = _last_steps_grads(eng)
+    if names:
+        raise RuntimeError(f"step() again with no backward() since the last step(): torch.optim would apply the "
+                           f"last step's gradients, still in .grad ({names[0]} and {len(names) - 1} more), a "
+                           "second time; tier.torch does not keep a step's gradients past its step(). Call "
+                           "backward() before each step(), or zero_grad() first (then step() does what torch's "
+                           "does with zeroed gradients); nothing changed")
+
+
+def refuse_second_forward(eng: Any) -> None:
+    """A second forward with gradients in a step whose optimizer runs inside the backward (fused)."""
+    if not eng._applied and eng._backwards == 0:
+        raise RuntimeError("a second forward with gradients before step(), the first one's output not "
+                           "backpropagated (an evaluation with gradients on?): tier.torch pairs each forward "
+                           "that records gradients with one backward, and nothing was applied yet; call "
+                           "zero_grad() to drop the first forward and go on, and run evaluations under "
+                           "torch.no_grad()")
+    raise RuntimeError(
+        "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
+        "(optimizer_in_backward=True, or a first step of one forward and backward and no clip_grad_norm_), "
+        "and this step's update was applied already, from the first micro-batch's gradients alone; call step() "
+        "to go on (that update stands, as torch's with one micro-batch would), and to accumulate make the "
+        "engine with optimizer_in_backward=False (or accumulate from the first step on)")
+
+
+# ---- model.state_dict()'s tensors: copies, not the parameters ---------------------------------
+
+def note_given(eng: Any, key: str, t: torch.Tensor) -> None:
+    """model.state_dict() gives ``t`` for ``key``: a copy of the parameter, not the parameter itself."""
+    given = eng.__dict__.setdefault("_given", [])
+    if len(given) >= 64 and len(given) % 64 == 0:
+        given[:] = [g for g in given if g[0]() is not None]
+    given.append((weakref.ref(t), t._version, key))
+
+
+def check_given(eng: Any, what: str) -> None:
+    """A tensor of a model.state_dict() written in place: in torch that is the parameter, changed; here it
+    is a copy (the values live in tierd), and the write reached nothing.  Refused once, naming it."""
+    given = eng.__dict__.get("_given")
+    if not given:
+        return
+    for i, (ref, version, key) in enumerate(given):
+        t = ref()
+        if t is not None and t._version != version:
+            del given[i]
+            raise RuntimeError(f"{what}: {key} of a model.state_dict() was written in place; tier.torch's state "
+                               "dict holds copies of the parameters (their values live in tierd), so the write "
+                               "did not reach the model, where torch's would have: write parameters with "
+                               "model.load_state_dict(), or clone() a state dict's tensors before changing them")
+    given[:] = [g for g in given if g[0]() is not None]

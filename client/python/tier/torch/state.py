@@ -116,6 +116,7 @@ class ModelStateHooks:
             hit = e.slot_of.get(id(p)) if p is not None else None
             if hit is not None and prefix + pname in state_dict:
                 state_dict[prefix + pname] = self._values(hit[0])[id(hit[1])]
+                guards.note_given(e, prefix + pname, state_dict[prefix + pname])
         if module is e.model:
             self._cache = None          # the end of a whole model's state_dict()
 
