@@ -202,6 +202,21 @@ void engine_wake_space_waiters(Engine *e);
 /* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */
 void engine_limits_changed(Engine *e);
 
+/* A job's claim on room changed (its last connection went: its guarantees count for no one): ops and the scheduler's pins waiting for room retry. */
+void engine_claims_changed(Engine *e);
+
+/*
+ * engine_pin_check() - may @t's copy in @tier (its pieces placed) be pinned,
+ * or would that take room kept for the guarantees of other live jobs
+ * (reclaim.c)?  What a job pins beyond its own guarantee comes out of the
+ * room the live jobs' guarantees leave: per tier, the sum over them of
+ * max(segments holding a pinned copy or one being filled, guarantee) stays
+ * within the capacity.  0 (a pin within the job's guarantee always is), or
+ * -EAGAIN with @buf (may be NULL) naming the jobs the room is kept for, or
+ * -ENOMEM.
+ */
+int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size);
+
 /*
  * engine_job_share() - @j's share of @tier now (reclaim.c): its weighted part
  * of the capacity among the jobs with a connection, at least its guarantee,

@@ -89,6 +89,11 @@ static void sched_changed(Engine *e) {
                 e->sched->changed(e->sched_userdata);
 }
 
+void engine_claims_changed(Engine *e) {
+        wake_space_waiters(e);
+        sched_changed(e);
+}
+
 void engine_limits_changed(Engine *e) {
         for (int i = 0; i < TIERS; i++)
                 e->space_gen[i]++;
@@ -291,6 +296,14 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                                        t->job->name, strerror(-r));
                 r = -ENOSPC;
                 break;
+        }
+        if (r >= 0 && op->kind == OP_PIN && t == op->tensor && tier == op->tier) {
+                /* the room this pin would hold may be kept for other jobs' guarantees (reclaim.c) */
+                r = engine_pin_check(e, t, tier, op->error, sizeof(op->error));
+                if (r < 0) {
+                        copy_release(t, tier);
+                        return r == -ENOMEM ? op_fail(op, r, "out of memory") : r;
+                }
         }
         if (r < 0) {
                 r = space_explain(t, tier, why, op->error, sizeof(op->error));
@@ -525,6 +538,12 @@ static int op_advance(Op *op) {
 
         switch (op->kind) {
         case OP_PIN:
+                /* a copy with its room already (a reservation is checked in copy_reserve()) */
+                if (!op->pinned) {
+                        r = engine_pin_check(op->engine, t, op->tier, op->error, sizeof(op->error));
+                        if (r < 0)
+                                return r == -ENOMEM ? op_fail(op, r, "out of memory") : r;
+                }
                 if (op->write && tensor_needs_image(t)) {
                         /* its committed data lies in memory only: to NVMe first, so that a rollback finds it */
                         r = ensure_copy(op, t, LEVEL_NVME);

@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "daemon/base/log.h"
@@ -305,4 +306,101 @@ int reclaim_total(Engine *e, Tensor *want, int tier) {
         if (draining > 0)
                 return ADV_WAIT_SPACE;
         return -ENOSPC;
+}
+
+/*
+ * Room kept for guarantees.  Reclaim gives a job below its guarantee only
+ * what others hold unpinned: a segment holding a pinned copy is never
+ * emptied.  So what a job pins beyond its own guarantee must come out of
+ * the room the live jobs' guarantees leave: per tier, the sum over the jobs
+ * with a connection of max(held, guarantee) stays within the capacity,
+ * held being the job's segments that hold a pinned copy or one being
+ * filled (reclaim cannot empty them), whole segments, as reclaim moves
+ * room.  A pin that would take its job's term up past that is refused as a
+ * pin short of room is (-EAGAIN); a pin within the job's own guarantee
+ * never is.  Nothing is counted, and nothing refused, while no other live
+ * job has a guarantee in the tier.
+ */
+static bool copy_holds_room(const Copy *c) {
+        return c->pins > 0 || c->state == COPY_FILLING;
+}
+
+int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size) {
+        const Registry *r = e ? e->registry : NULL;
+        const SegPool *pool = r && tier >= 0 && tier < TIERS && tier != LEVEL_NVME ? r->pools[tier] : NULL;
+        const Copy *mine = pool ? &t->copy[tier] : NULL;
+        const Job *j = t->job;
+        _cleanup_free_ bool *held = NULL;
+        uint64_t seg_size, before = 0, after, sum;
+        char who[256], cap[SIZE_FORMAT_MAX], now_b[SIZE_FORMAT_MAX], then_b[SIZE_FORMAT_MAX], own[SIZE_FORMAT_MAX];
+        size_t len = 0;
+        bool others = false;
+
+        if (!pool || mine->pins > 0 || mine->n_pieces == 0)
+                return 0;
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+
+                others = others || (o != j && job_live(o) && o->guarantee[tier] > 0);
+        }
+        if (!others)
+                return 0;
+        held = calloc(pool->n_segs, sizeof(bool));
+        if (!held)
+                return -ENOMEM;
+        list_for_each_safe(node, tmp, (List *) &r->lru[tier]) {
+                const Copy *c = list_entry(node, Copy, lru);
+
+                if (c != mine && copy_holds_room(c))
+                        for (uint32_t p = 0; p < c->n_pieces; p++)
+                                held[c->pieces[p].seg->id] = true;
+        }
+        seg_size = pool->seg_size;
+        list_for_each_safe(node, tmp, (List *) &j->segments[tier])
+                before += held[list_entry(node, Segment, owner_link)->id] ? seg_size : 0;
+        after = before;
+        for (uint32_t p = 0; p < mine->n_pieces; p++)
+                if (!held[mine->pieces[p].seg->id]) {
+                        held[mine->pieces[p].seg->id] = true;
+                        after += seg_size;
+                }
+        if (after == before || after <= j->guarantee[tier])
+                return 0;
+        sum = MAX(after, j->guarantee[tier]);
+        who[0] = '\0';
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+                uint64_t h = 0;
+
+                if (o == j || !job_live(o))
+                        continue;
+                list_for_each_safe(sn, stmp, (List *) &o->segments[tier])
+                        h += held[list_entry(sn, Segment, owner_link)->id] ? seg_size : 0;
+                sum += MAX(h, o->guarantee[tier]);
+                if (h < o->guarantee[tier] && len < sizeof(who)) {
+                        char g[SIZE_FORMAT_MAX], p[SIZE_FORMAT_MAX];
+                        int k;
+
+                        size_format(g, sizeof(g), o->guarantee[tier]);
+                        size_format(p, sizeof(p), h);
+                        k = snprintf(who + len, sizeof(who) - len, "%s'%s' (%s, %s of it pinned)", len ? ", " : "",
+                                     o->name, g, p);
+                        if (k > 0)
+                                len = MIN(sizeof(who) - 1, len + (size_t) k);
+                }
+        }
+        if (sum <= r->capacity[tier])
+                return 0;
+        if (buf && size > 0) {
+                size_format(cap, sizeof(cap), r->capacity[tier]);
+                size_format(now_b, sizeof(now_b), before);
+                size_format(then_b, sizeof(then_b), after);
+                size_format(own, sizeof(own), j->guarantee[tier]);
+                (void) snprintf(buf, size, "the %s room job '%s' may pin is used: tensor '%s' would take what it pins "
+                                "there from %s to %s (in whole segments), beyond its own guarantee (%s), and the "
+                                "rest of the %s tier is kept for the guaranteed minimum of %s; retry later (when "
+                                "such a job ends), or unpin something", level_to_string(tier), j->name, t->name,
+                                now_b, then_b, own, cap, who[0] ? who : "the other live jobs");
+        }
+        return -EAGAIN;
 }

@@ -595,7 +595,8 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
         int r;
 
         /* fast path: a pin of a resident copy needs no op (unless its committed data must go to NVMe first) */
-        if (ok == OP_PIN && copy_valid(t, tier) && !t->xfer && !((write_only || rw) && tensor_needs_image(t))) {
+        if (ok == OP_PIN && copy_valid(t, tier) && !t->xfer && !((write_only || rw) && tensor_needs_image(t)) &&
+            engine_pin_check(rpc->engine, t, tier, NULL, 0) == 0) {     /* (else the op says why not) */
                 Copy *cp = &t->copy[tier];
                 uint64_t fence = async ? c->next_fence++ : 0;
 
@@ -959,6 +960,9 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
                 log_job(LOG_INFO, 0, j->name, "Job '%s' has no connection left, keeping its tensors for %"
                         PRIu64 " s", j->name, rpc->config->linger_usec / 1000000);
                 job_linger_start(j);
+                /* its guarantees count for no one now: pins refused for the room they kept may fit */
+                if (rpc->engine)
+                        engine_claims_changed(rpc->engine);
         }
 }
 

@@ -215,6 +215,9 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 if (status == -EDQUOT)
                         log_debug("sched: job '%s' waits for room under a total for '%s' in %s: %s", p->job->name,
                                   a->tensor->name, level_to_string(a->tier), error ? error : "");
+                else if (status == -EAGAIN)
+                        log_debug("sched: job '%s' waits for room for '%s' in %s: %s", p->job->name,
+                                  a->tensor->name, level_to_string(a->tier), error ? error : "");
                 hs->blocked[ctx->idx] = p->sched->epoch;
         } else {
                 char what[256];
@@ -283,7 +286,9 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                 if (h == 1 && p->hold[0].active && stale_soon(p->sched, t, a->tier))
                         continue;
                 /* (a write whose committed data lies in memory only goes through an op: to NVMe first) */
-                if (copy_valid(t, a->tier) && !t->xfer && !((a->mode & PLAN_WRITE) && tensor_needs_image(t))) {
+                /* (a pin into room kept for other jobs' guarantees too: the op says why not, and it waits) */
+                if (copy_valid(t, a->tier) && !t->xfer && !((a->mode & PLAN_WRITE) && tensor_needs_image(t)) &&
+                    engine_pin_check(p->sched->engine, t, a->tier, NULL, 0) == 0) {
                         if (c->state == COPY_DRAINING)
                                 c->state = COPY_RESIDENT;       /* wanted: cancel the drain */
                         c->pins++;

@@ -328,10 +328,107 @@ static void test_live_jobs_share(void **state) {
         tier_client_free(b);
 }
 
+/* ---- a guarantee is room no other job pins ---------------------------------------------------------- */
+
+static const char *const CONFIG_GUARANTEE =
+        "[daemon]\n"
+        "linger_sec = 0\n"
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 16M\n"
+        "job_limit = 48M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 32M\n"
+        "chunk_size = 8M\n"
+        "job_limit = 16M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:256M\n"
+        "extent_size = 1M\n"
+        "[quota]\n"
+        "job = guaranteed\n"
+        "host_min = 32M\n"
+        "host = 48M\n";
+
+static TestDaemon guarantee_daemon_;
+
+static int setup_guarantee(void **state) {
+        return test_daemon_start(&guarantee_daemon_, CONFIG_GUARANTEE) < 0 ? -1 : 0;
+}
+
+static int teardown_guarantee(void **state) {
+        return test_daemon_stop(&guarantee_daemon_) == 0 ? 0 : -1;
+}
+
+/* Is job @name in the status of the guarantee test's tierd? */
+static bool guarantee_job_there(const char *name) {
+        json_t *st = test_daemon_status(&guarantee_daemon_), *job;
+        bool found = false;
+        size_t i;
+
+        assert_non_null(st);
+        json_array_foreach(json_object_get(st, "jobs"), i, job)
+                found = found || strcmp(json_string_value(json_object_get(job, "name")), name) == 0;
+        json_decref(st);
+        return found;
+}
+
+/*
+ * What a job pins beyond its guarantee comes out of the room the live jobs' guarantees leave.  A job pinning
+ * within its maximum took the room a guaranteed job was promised, for good (reclaim never empties a segment
+ * holding a pinned copy): the guaranteed job's pins within its host_min got -EAGAIN for as long as it pinned.
+ */
+static void test_guarantee_kept_from_pins(void **state) {
+        tier_client *g = NULL, *hog = NULL;
+        tier_tensor *h[3], *ga, *gb;
+        struct tier_grant gr;
+
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "guaranteed", 0, &g), 0);
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "hog", 0, &hog), 0);
+        for (unsigned i = 0; i < 3; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "h%u", i);
+                assert_int_equal(tier_tensor_create(hog, name, 16 * MiB, &h[i]), 0);
+        }
+        /* 'hog' may pin 64M less the 32M kept for 'guaranteed', though its own limit is 48M */
+        assert_int_equal(tier_pin(h[0], TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_pin(h[1], TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_pin(h[2], TIER_HOST, TIER_WRITE, &gr), -EAGAIN);
+        if (!strstr(tier_client_last_error(hog), "kept for the guaranteed minimum of 'guaranteed' (32.0 MiB"))
+                fail_msg("%s", tier_client_last_error(hog));
+        /* a copy it holds unpinned (a prefetch) is no different */
+        assert_int_equal(tier_prefetch(h[2], TIER_HOST), 0);
+        assert_int_equal(tier_pin(h[2], TIER_HOST, TIER_READ, &gr), -EAGAIN);
+        /* 'guaranteed' gets its 32M (the prefetched copy is taken back for it) */
+        assert_int_equal(tier_tensor_create(g, "a", 16 * MiB, &ga), 0);
+        assert_int_equal(tier_tensor_create(g, "b", 16 * MiB, &gb), 0);
+        assert_int_equal(tier_pin(ga, TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_pin(gb, TIER_HOST, TIER_WRITE, &gr), 0);
+        /* unused, the guarantee is kept all the same while its job runs */
+        assert_int_equal(tier_unpin(ga, TIER_HOST, 1), 0);
+        assert_int_equal(tier_unpin(gb, TIER_HOST, 1), 0);
+        assert_int_equal(tier_pin(h[2], TIER_HOST, TIER_WRITE, &gr), -EAGAIN);
+        /* once it ends (linger_sec = 0: gone at once), the room is anyone's */
+        tier_tensor_close(ga);
+        tier_tensor_close(gb);
+        tier_client_free(g);
+        for (unsigned i = 0; i < 5000 && guarantee_job_there("guaranteed"); i++)
+                (void) usleep(1000);
+        assert_false(guarantee_job_there("guaranteed"));
+        assert_int_equal(tier_pin(h[2], TIER_HOST, TIER_WRITE, &gr), 0);
+        for (unsigned i = 0; i < 3; i++) {
+                assert_int_equal(tier_unpin(h[i], TIER_HOST, 1), 0);
+                tier_tensor_close(h[i]);
+        }
+        tier_client_free(hog);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_lingering_job_yields),
                 cmocka_unit_test(test_live_jobs_share),
+                cmocka_unit_test_setup_teardown(test_guarantee_kept_from_pins, setup_guarantee, teardown_guarantee),
         };
 
         return cmocka_run_group_tests(tests, setup, teardown);

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import errno
+import threading
 import time
+import unittest
 
 import tierd
 from tierd import MiB
@@ -197,6 +199,57 @@ class TestPlan(tierd.DaemonTestCase):
         self.assertIn("freed", repr(p))
         with self.assertRaises(tier.TierError):
             p.add(0, t, tier.HOST)
+
+
+GUARANTEE_CONFIG = """\
+[daemon]
+linger_sec = 0
+[host]
+capacity = 64M
+segment_size = 16M
+job_limit = 48M
+[vram]
+backend = emulated
+capacity = 32M
+chunk_size = 8M
+job_limit = 16M
+[nvme]
+target = @DIR@/t0.img:256M
+extent_size = 1M
+[quota]
+job = guaranteed
+host_min = 32M
+host = 48M
+"""
+
+
+class TestPlanGuarantee(unittest.TestCase):
+    def test_phase_waits_for_room_kept_for_a_guarantee(self) -> None:
+        """A phase pinning into room kept for another job's guarantee waits, and runs once that job ends."""
+        with tierd.Tierd(GUARANTEE_CONFIG) as d:
+            g = tier.Client("guaranteed", socket=d.socket)
+            hog = tier.Client("hog", socket=d.socket)
+            ts = [hog.create(f"h{i}", 16 * MiB) for i in range(3)]
+            with hog.plan() as p:
+                for t in ts:                    # 48M: its limit, but 32M of the 64M are kept for 'guaranteed'
+                    p.add(0, t, tier.HOST, tier.WRITE)
+                p.submit()
+            entered: list[bool] = []
+            th = threading.Thread(target=lambda: (hog.phase(0), entered.append(True)))
+            th.start()
+            try:
+                while "kept for the guaranteed minimum of 'guaranteed'" not in d.log_text():
+                    self.assertTrue(th.is_alive(), "the phase was entered while 'guaranteed' ran")
+                    time.sleep(0.01)
+                self.assertEqual(entered, [])
+            finally:
+                g.close()                       # its guarantee goes with it: the phase's pin is retried
+                th.join(30)
+            self.assertEqual(entered, [True])
+            for t in ts:
+                self.assertTrue(hog.phase_grant(t, tier.HOST).phase)
+            hog.end_plan()
+            hog.close()
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ class TooLargeError(TierError):
 
 
 class RetryLaterError(TierError):
-    """EAGAIN: the pool's segments are held by other jobs; retry later."""
+    """EAGAIN: the pool's segments are held by other jobs, or kept for their guarantees; retry later."""
 
 
 class NotFoundError(TierError):
