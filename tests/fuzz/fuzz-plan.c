@@ -13,8 +13,10 @@
  * the end of the input:
  *
  *   0  a marker: u32 phase and u64 marker_seq (bit 3 of the command: the
- *      next seq instead) and u64 mark_ns into the client area, then 1 into
- *      the marker eventfd, and one pass of the loop
+ *      next seq instead) and u64 mark_ns into the client area (bit 4: the
+ *      packed word too, seq << 16 | phase, as libtier writes it; bit 5: a
+ *      fuzzed packed word), then 1 into the marker eventfd, and one pass
+ *      of the loop
  *   1  a scribble: u16 offset, u8 length, bytes, anywhere in the page
  *      (the daemon area and the slots too: tierd must not trust any of it)
  *   2  let transfers finish
@@ -90,6 +92,10 @@ static void marker(Manager *m, Plan *p, FuzzIn *in, uint8_t cmd) {
 
         p->page->client.phase = phase;
         p->page->client.mark_ns = mark;
+        if (cmd & 16)
+                __atomic_store_n(&p->page->client.marker, PLAN_READY(seq, phase), __ATOMIC_RELEASE);
+        else if (cmd & 32)
+                __atomic_store_n(&p->page->client.marker, fin_u64(in), __ATOMIC_RELEASE);
         __atomic_store_n(&p->page->client.marker_seq, seq, __ATOMIC_RELEASE);
         FUZZ_CHECK(write(p->marker_fd, &one, sizeof(one)) == sizeof(one));
         core_run(m, 0);
