@@ -707,7 +707,13 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
 
         for (uint32_t i = 0; i < d->n_acc; i++) {
                 Tensor *t = d->acc[i].tensor;
-                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1;
+                /*
+                 * (not the version its job committed, unless committed dead: a rollback finds the
+                 * tensor at that version and keeps it, copies and all; its next write makes the
+                 * image first, tensor_needs_image())
+                 */
+                bool kept = t->job->committing && !t->commit_dead && t->version == t->commit_version;
+                bool busy = t->xfer || t->op_refs > 0 || t->sched_op || t->plan != p || t->plan_refs != 1 || kept;
 
                 for (int tier = 0; tier < TIERS && !busy; tier++)
                         busy = t->copy[tier].pins > 0;

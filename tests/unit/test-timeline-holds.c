@@ -535,6 +535,57 @@ static void test_marker_after_failed_phase(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * A tensor whose next access writes it whole is dead and its copies go, but not while its job has
+ * committed that very version (tier.torch's resume=True commits at every step's end): the
+ * rollback after a crash found the tensor at its committed version, left it dead, and its reads
+ * gave zeros (a bfloat16 model resumed with zeroed parameters: tier.torch writes them whole from
+ * the master weights in each optimizer phase).  Kept now, it goes to NVMe as an image before the
+ * write, as any committed tensor written again.
+ */
+static void test_dead_keeps_the_committed_version(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *t;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256], why[256];
+        unsigned rolled, lost;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x5a);
+        job_commit(j, 1);
+        {
+                Acc acc[] = {
+                        { 0, t, LEVEL_HOST, PLAN_READ },
+                        { 1, x, LEVEL_HOST, PLAN_READ },
+                        { 2, x, LEVEL_HOST, PLAN_READ },
+                        { 3, t, LEVEL_HOST, PLAN_WRITE },
+                };
+                assert_int_equal(submit_plan(c, acc, 4, 4, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        marker(m, p, 1);                        /* phase 0 over: T's next access writes it whole */
+        assert_false(t->dead);
+        assert_true(copy_valid(t, LEVEL_HOST) || copy_valid(t, LEVEL_NVME));
+        /* the process dies here; the next one rolls the job back to its commit */
+        sched_plan_free(p);
+        FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_false(t->dead);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x5a);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+        free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_end_plan_before_a_held_write),
@@ -549,6 +600,7 @@ int main(void) {
                 cmocka_unit_test(test_marker_read_while_the_next_is_written),
                 cmocka_unit_test(test_gone_after_marker_elsewhere),
                 cmocka_unit_test(test_marker_after_failed_phase),
+                cmocka_unit_test(test_dead_keeps_the_committed_version),
         };
         return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
 }
