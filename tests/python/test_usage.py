@@ -352,6 +352,33 @@ class TestUsage(tierd.DaemonTestCase):
         self.same(model, ref, "after the refusal")
         eng.close()
 
+    def test_optimizer_state_checked_whole(self) -> None:
+        """engine.load_state_dict() of an AdamW entry without exp_avg_sq (torch.optim's step() fails on it
+        with a KeyError) took it as zeros, and one with exp_avg transposed (a size mismatch at torch's step)
+        reshaped it, both silently: refused now, before anything changes."""
+        model = lm()
+        eng = self.engine(model, "optsd")
+        lm_loss(model, batches(1)[0]).backward()
+        eng.step()
+        eng.zero_grad()
+        before = eng.state_dict()
+        k = next(i for i, e in before["state"].items() if e["exp_avg"].ndim == 2 and
+                 e["exp_avg"].shape[0] != e["exp_avg"].shape[1])
+        lacking = copy.deepcopy(before)
+        del lacking["state"][k]["exp_avg_sq"]
+        with self.assertRaisesRegex(ValueError, r"has exp_avg but not exp_avg_sq \(torch.optim's step\(\) "
+                                                r"would fail on it with a KeyError\)"):
+            eng.load_state_dict(lacking)
+        transposed = copy.deepcopy(before)
+        transposed["state"][k]["exp_avg"] = transposed["state"][k]["exp_avg"].t().contiguous()
+        with self.assertRaisesRegex(ValueError, r"exp_avg is shaped \(\d+, \d+\), the parameter \(\d+, \d+\)"):
+            eng.load_state_dict(transposed)
+        after = eng.state_dict()
+        for i, e in before["state"].items():
+            for name, v in e.items():
+                self.assertTrue(torch.equal(after["state"][i][name], v), f"{i} {name}")
+        eng.close()
+
     def test_auxiliary_loss_added_later(self) -> None:
         """An auxiliary head's loss from the second step on: its backward was not in the first step's
         plan, and was refused there; fused, after the main head's blocks had been updated, so the step

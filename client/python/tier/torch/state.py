@@ -365,10 +365,23 @@ def load_optimizer_state_dict(eng: "Offload", sd: dict[str, Any]) -> None:
         if b.mixed and MASTER in entry:
             kinds["w"] = entry[MASTER]
         for k, v in kinds.items():
+            k = eng.rule.state_names().get(k, MASTER if k == "w" else k)       # (torch's name, for messages)
             if not isinstance(v, torch.Tensor) or v.numel() != s.numel:
                 raise ValueError(f"optimizer state of {s.name}: {k} has "
                                  f"{v.numel() if isinstance(v, torch.Tensor) else type(v)} elements, the "
                                  f"parameter {s.numel}")
+            if tuple(v.shape) != tuple(s.shape):
+                # (torch.optim's step() fails on it: a size mismatch; reshaped, it was taken silently)
+                raise ValueError(f"optimizer state of {s.name}: {k} is shaped {tuple(v.shape)}, the parameter "
+                                 f"{tuple(s.shape)}")
+        moments = {k for k in kinds if k != "w"}
+        if moments and moments != set(eng.state_kinds):
+            # torch.optim initialises an entry only when it is empty: its step() fails on one that lacks a
+            # moment (KeyError); here the missing one was taken as zeros, silently
+            have = {tn for ek, tn in eng.rule.state_names().items() if ek in moments}
+            lack = {tn for ek, tn in eng.rule.state_names().items() if ek not in moments}
+            raise ValueError(f"optimizer state of {s.name}: it has {', '.join(sorted(have))} but not "
+                             f"{', '.join(sorted(lack))} (torch.optim's step() would fail on it with a KeyError)")
         todo.setdefault(b.index, {})[id(s)] = (steps, {k: v.reshape(s.shape) for k, v in kinds.items()})
     # checked whole: now written
     for g, sg in zip(eng.param_groups, sd["param_groups"]):
