@@ -277,6 +277,35 @@ class TestResume(tierd.DaemonTestCase):
         self.assertGreater(kept, 0)
         self.assertEqual(d.stop(), 0)       # and a clean stop after the last start from the store
 
+    def test_lost_data_said_as_lost(self) -> None:
+        """tierd SIGKILLed without its memory kept (no fd store) while a step's gradients lay in memory only:
+        the step fails with LostError, as documented, but its message advised a larger budget and a
+        quota (the advice for want of room); it says the data was lost and what to do now."""
+        import tier
+        import tier.torch
+        import torch
+
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+        c = tier.Client("lost-said", socket=d.socket, reconnect=60)
+        self.addCleanup(c.close)
+        eng = tier.torch.Offload(model, c, lr=1e-2, optimizer_in_backward=False)
+        x = torch.randint(0, 64, (4, 8))
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(model(x).reshape(-1, 64), x.reshape(-1)).backward()
+            if eng.steps == 0:
+                eng.step()
+                eng.zero_grad()
+        d.kill_and_start()
+        with self.assertRaises(tier.LostError) as cm:
+            eng.step()
+        self.assertIn("data of the job was lost", str(cm.exception))
+        self.assertNotIn("raise the job's quota", str(cm.exception))
+        self.assertEqual(d.stop(), 0)
+
     def test_resumed_parameter_with_zeroed_grad(self) -> None:
         """A parameter that got a gradient in the first step only: torch 1.13's zero_grad() leaves zeros in
         its .grad, so AdamW goes on updating it.  A run resumed after step 2 does the same, bit for bit as

@@ -4,6 +4,8 @@ belong to, phase numbers the phases they are, with what to do (the job's limits,
 
 from __future__ import annotations
 
+import errno
+
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +54,15 @@ class Explained:
         eng = self.engine
         op = f"{self.b.label}, {self.what}" if self.b is not None else self.what
         text = explain_text(eng, e.strerror or "")
-        hint = advice(eng, self.b)
+        if e.errno == errno.ENODATA:
+            # (not room: the budget advice misled)
+            hint = ("data of the job was lost: it lay in memory only when tierd stopped without keeping its "
+                    "memory (no fd store, see tierd(8)), or a rollback had nothing to go back to; load a "
+                    "checkpoint saved before into a new engine, or make engines with resume=True")
+        elif e.errno in (errno.ENOSPC, errno.EAGAIN, errno.ENOMEM, errno.EDQUOT):
+            hint = advice(eng, self.b)
+        else:
+            hint = ""
         new = type(e)(e.errno, text + (f" ({hint})" if hint else ""), op)
         new._tier_torch = True
         raise new from e
