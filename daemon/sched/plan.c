@@ -728,6 +728,23 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
         }
 }
 
+/*
+ * Tell the other plans what @p's holds just unpinned as written (Tensor.sched_changed), as a
+ * client's write is told: another plan's hold ahead may have been said ready on an older copy
+ * of it in another tier (invariant 1).  Only once the release is over: sched_tensor_changed()
+ * itself consumes markers and releases and pins holds.
+ */
+void plan_notify_written(Plan *p) {
+        for (uint32_t i = 0; i < p->n_slots; i++) {
+                Tensor *t = p->slots[i];
+
+                if (t->sched_changed) {
+                        t->sched_changed = false;
+                        sched_tensor_changed(p->sched, t);
+                }
+        }
+}
+
 bool plan_holds_overwrite(const Tensor *t) {
         const Plan *p = t->plan;
         unsigned n = 0;

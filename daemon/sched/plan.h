@@ -205,6 +205,8 @@ uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, boo
 void plan_release_after_use(Plan *p, uint32_t done_phase, uint32_t next_phase);
 /* After @done_phase, drop the copies of its tensors whose next planned access overwrites them whole. */
 void plan_drop_dead(Plan *p, uint32_t done_phase);
+/* Tell the other plans (sched_tensor_changed()) what @p's holds unpinned as written: after a release. */
+void plan_notify_written(Plan *p);
 /*
  * Is every pin that may write @t one of its plan's holds, for a phase that
  * writes it whole (PLAN_WRITE alone)?  Then its bytes are being replaced as

@@ -155,7 +155,10 @@ static void hold_unpin_one(Plan *p, int h, uint32_t i, bool unpin, bool written)
         if (a->mode == (PLAN_READ | PLAN_WRITE))
                 t->rw_pins--;
         if (unpin) {
-                (void) tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0);
+                /* written: the other plans' holds are told once the release is over (plan_notify_written()) */
+                if (tensor_unpin(t, a->tier, written && (a->mode & PLAN_WRITE) != 0) == 0 && written &&
+                    (a->mode & PLAN_WRITE))
+                        t->sched_changed = true;
                 if (a->mode & PLAN_WRITE)
                         copy_writers(t, a->tier, -1);   /* after the version the write made */
                 /* a write-only pin may have reserved the copy without the old bytes: unwritten, it holds nothing */
@@ -443,6 +446,7 @@ static void plan_consume_marker(Plan *p) {
                         plan_drop_dead(p, passed);
         }
         plan_log_residency(p);
+        plan_notify_written(p);
         s->epoch++;
         engine_kick(s->engine);
 }
@@ -913,6 +917,7 @@ void sched_plan_free(Plan *p) {
                                         q->slots[i]->plan_slot = i;
                                 }
                 }
+                plan_notify_written(p);         /* to the other plans: this one is out of the list */
         }
         plan_free(p);
 }

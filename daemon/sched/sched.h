@@ -74,7 +74,8 @@ void sched_plan_free(Plan *p);
 void sched_plan_sync(Plan *p);
 /*
  * sched_tensor_changed() - a client wrote @t outside its job's plans (its
- * own pin, unpinned dirty): a held phase not entered yet whose pin of
+ * own pin, unpinned dirty), or another plan's hold unpinned it as written
+ * (plan_notify_written()): a held phase not entered yet whose pin of
  * another tier's copy of @t now holds older data lets that pin go (the pass
  * brings the new version), its ready taken back until then, so that no
  * phase is said ready on stale data.

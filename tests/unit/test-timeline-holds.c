@@ -586,6 +586,126 @@ static void test_dead_keeps_the_committed_version(void **state) {
         free(c);
 }
 
+/*
+ * Rank A's hold ahead pins T in host for reading (phase 1, said ready); rank B's phase then writes
+ * T in VRAM (write-only), and its marker (or, with @gone, its connection going) releases that hold
+ * as written: T's newest bytes are in VRAM.  A's hold, on the older host copy, takes its ready back
+ * and pins again (plan_notify_written(), as for a client's write): A reads B's bytes (invariant 1).
+ */
+static void other_plans_write(bool gone) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *y, *t;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x11);
+        {
+                Acc acca[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_READ },
+                               { 2, x, LEVEL_HOST, PLAN_READ } };
+                Acc accb[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_VRAM, PLAN_WRITE } };
+
+                assert_int_equal(submit_plan(c1, acca, 3, 3, &pa, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, accb, 2, 2, &pb, err, sizeof(err)), 0);
+        }
+        set_durations(pa, 100);
+        set_durations(pb, 100);
+        marker(m, pa, 0);
+        FIXTURE_RUN_UNTIL(m, pa->hold[1].active && pa->hold[1].ready_sent);
+        assert_int_equal(pa->hold[1].phase, 1);                 /* A: T in host, pinned ahead, ready */
+        marker(m, pb, 0);
+        FIXTURE_RUN_UNTIL(m, pb->hold[1].active && pb->hold[1].ready_sent);
+        assert_int_equal(pb->hold[1].phase, 1);                 /* B: T in VRAM, write-only, ready */
+        marker(m, pb, 1);                                       /* B enters phase 1, writes T */
+        FIXTURE_RUN_UNTIL(m, pb->hold[0].ready_sent);
+        assert_true(pb->hold[0].ready_sent);
+        fixture_fill(t, LEVEL_VRAM, 0x22);
+        if (gone) {                                             /* ...and its connection goes */
+                sched_plan_free(pb);
+                pb = NULL;
+        } else
+                marker(m, pb, 0);                               /* ...and goes on: T's newest is 0x22 */
+        run_loop(m, 20);
+        assert_int_equal(t->version, 2);
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        /* invariant: a phase is said ready only when every access is pinned on current data */
+        assert_false(pa->hold[1].ready_sent && !copy_valid(t, LEVEL_HOST));
+        marker(m, pa, 1);                                       /* A enters phase 1 and reads T in host */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x22);
+        sched_plan_free(pb);            /* (NULL: nothing) */
+        free(c2);
+        finish(m, j, c1, pa);
+}
+
+static void test_other_plans_write_keeps_stale_ready(void **state) {
+        other_plans_write(false);
+}
+
+static void test_other_plan_gone_keeps_stale_ready(void **state) {
+        other_plans_write(true);
+}
+
+/*
+ * The same with A's phase 1 reading and writing T in host (an accumulation): A's hold, on the older
+ * host copy, must not add to the old bytes and unpin dirty over B's write: it pins B's bytes again.
+ */
+static void test_other_plans_write_lost_by_rmw(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *y, *t;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x10);
+        {
+                Acc acca[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_READ | PLAN_WRITE },
+                               { 2, x, LEVEL_HOST, PLAN_READ } };
+                Acc accb[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_VRAM, PLAN_WRITE } };
+
+                assert_int_equal(submit_plan(c1, acca, 3, 3, &pa, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, accb, 2, 2, &pb, err, sizeof(err)), 0);
+        }
+        set_durations(pa, 100);
+        set_durations(pb, 100);
+        marker(m, pa, 0);
+        FIXTURE_RUN_UNTIL(m, pa->hold[1].active && pa->hold[1].ready_sent);
+        marker(m, pb, 0);
+        FIXTURE_RUN_UNTIL(m, pb->hold[1].active && pb->hold[1].ready_sent);
+        marker(m, pb, 1);                                       /* B writes T = 0x20 */
+        FIXTURE_RUN_UNTIL(m, pb->hold[0].ready_sent);
+        assert_true(pb->hold[0].ready_sent);
+        fixture_fill(t, LEVEL_VRAM, 0x20);
+        marker(m, pb, 0);
+        run_loop(m, 20);
+        marker(m, pa, 1);                                       /* then A: T += 1 */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        fixture_fill(t, LEVEL_HOST, (uint8_t) (fixture_byte(t, LEVEL_HOST, 0) + 1));
+        marker(m, pa, 2);
+        run_loop(m, 20);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x21);        /* B's write plus A's */
+        sched_plan_free(pb);
+        free(c2);
+        finish(m, j, c1, pa);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_end_plan_before_a_held_write),
@@ -601,6 +721,9 @@ int main(void) {
                 cmocka_unit_test(test_gone_after_marker_elsewhere),
                 cmocka_unit_test(test_marker_after_failed_phase),
                 cmocka_unit_test(test_dead_keeps_the_committed_version),
+                cmocka_unit_test(test_other_plans_write_keeps_stale_ready),
+                cmocka_unit_test(test_other_plan_gone_keeps_stale_ready),
+                cmocka_unit_test(test_other_plans_write_lost_by_rmw),
         };
         return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
 }
