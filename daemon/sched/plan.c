@@ -749,7 +749,8 @@ bool plan_holds_overwrite(const Tensor *t) {
         const Plan *p = t->plan;
         unsigned n = 0;
 
-        if (!p || t->rw_pins > 0)
+        /* dead only within one plan (invariant 7): another plan naming it may read it meanwhile */
+        if (!p || t->rw_pins > 0 || t->plan_refs != 1)
                 return false;
         for (int h = 0; h < 2; h++) {
                 const PlanPhase *ph;

@@ -209,8 +209,9 @@ void plan_drop_dead(Plan *p, uint32_t done_phase);
 void plan_notify_written(Plan *p);
 /*
  * Is every pin that may write @t one of its plan's holds, for a phase that
- * writes it whole (PLAN_WRITE alone)?  Then its bytes are being replaced as
- * the plan said, and a commit keeps it as dead (commit.c).
+ * writes it whole (PLAN_WRITE alone), and is that plan the only one naming
+ * it?  Then its bytes are being replaced as the plan said, and a commit keeps
+ * it as dead (commit.c); another plan may read them meanwhile.
  */
 bool plan_holds_overwrite(const Tensor *t);
 /*

@@ -706,6 +706,75 @@ static void test_other_plans_write_lost_by_rmw(void **state) {
         finish(m, j, c1, pa);
 }
 
+/* commit_request()'s checks and marks (daemon/ipc/commit.c), without a connection. */
+static int commit_checked(Job *j, uint64_t step) {
+        list_for_each_safe(n, tmp, &j->tensors) {
+                const Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (t->rw_pins > 0)
+                        return -EBUSY;
+                if (tensor_writers(t) > 0 && t->version > 0 && !t->dead && !t->lost && !copy_valid(t, LEVEL_NVME) &&
+                    !plan_holds_overwrite(t))
+                        return -EBUSY;
+        }
+        job_commit(j, step);
+        list_for_each_safe(n, tmp, &j->tensors) {
+                Tensor *t = list_entry(n, Tensor, job_link);
+
+                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t))
+                        t->commit_dead = true;
+        }
+        return 0;
+}
+
+/*
+ * Rank A's hold ahead pins T (in host memory only) for phase 1, which writes it whole; rank B's plan
+ * reads T.  A commit now must be refused -EBUSY (T's committed bytes are in memory only and being
+ * overwritten): T is dead by A's word only while A alone names it (invariant 7); taken and T marked
+ * commit_dead, a rollback after A's write would make T dead, and B would read zeros, not 0x5a.
+ */
+static void test_commit_overwrite_read_by_other_plan(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *t;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        char err[256];
+        int r;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x5a);                          /* T: version 1, host only */
+        {
+                Acc acca[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_WRITE },
+                               { 2, x, LEVEL_HOST, PLAN_READ } };
+                Acc accb[] = { { 0, t, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acca, 3, 3, &pa, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, accb, 1, 1, &pb, err, sizeof(err)), 0);
+        }
+        assert_ptr_equal(t->plan, pa);
+        assert_int_equal(t->plan_refs, 2);
+        set_durations(pa, 100);
+        set_durations(pb, 100);
+        marker(m, pa, 0);
+        FIXTURE_RUN_UNTIL(m, pa->hold[1].active && pa->hold[1].ready_sent);
+        assert_int_equal(tensor_writers(t), 1);                 /* A's phase 1 write-only pin */
+        assert_false(copy_valid(t, LEVEL_NVME));
+        r = commit_checked(j, 1);
+        assert_int_equal(r, -EBUSY);
+        assert_false(t->commit_dead);
+        sched_plan_free(pb);                                    /* A alone names T now: dead by its word */
+        free(c2);
+        assert_int_equal(t->plan_refs, 1);
+        assert_int_equal(commit_checked(j, 1), 0);
+        assert_true(t->commit_dead);
+        finish(m, j, c1, pa);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_end_plan_before_a_held_write),
@@ -724,6 +793,7 @@ int main(void) {
                 cmocka_unit_test(test_other_plans_write_keeps_stale_ready),
                 cmocka_unit_test(test_other_plan_gone_keeps_stale_ready),
                 cmocka_unit_test(test_other_plans_write_lost_by_rmw),
+                cmocka_unit_test(test_commit_overwrite_read_by_other_plan),
         };
         return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
 }
