@@ -95,7 +95,7 @@ typedef struct EngineSchedOps {
          * those that may go).
          */
         size_t (*victim_order)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
-        /* Is @t's next planned access write-only (its bytes need not be kept)? */
+        /* Is @t's next planned access write-only (its bytes need not be kept)?  true: it is dropped as dead */
         bool (*overwrites_next)(void *userdata, Tensor *t);
         /* Charge @j's fair share for @bytes of link time the engine spends for it (drains). */
         void (*charge)(void *userdata, Job *j, uint64_t bytes);

@@ -413,6 +413,20 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_WAIT_TENSOR;
         if (tier == LEVEL_NVME && (t->version == 0 || t->dead))
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
+        /*
+         * Dead because a plan overwrites it next (its bytes dropped after their last read): only
+         * that write (a pin that brings nothing) gets room, and a read gets no zeros for its data,
+         * unless it joins a copy reserved for a write in progress (a phase after that write).
+         */
+        if (t->dead && t->dead_rank && tensor_is_blank(t) && !(op->discard && op->tensor == t && op->tier == tier) &&
+            !(c->state != COPY_ABSENT && c->unwritten && c->writers > 0)) {
+                if (op->kind == OP_PREFETCH)
+                        return ADV_DONE;        /* nothing to bring */
+                return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: the plan of rank %" PRIu32
+                               " overwrites it whole next, so its bytes were dropped after their last read; "
+                               "read it after that write, or write it whole (a TIER_WRITE pin)", t->name,
+                               t->job->name, t->dead_rank - 1);
+        }
 
         r = refill_stale(op, t, tier);
         if (r < 0)

@@ -721,6 +721,7 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
                 if (busy || t->dead || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
                         continue;
                 t->dead = true;
+                t->dead_rank = p->rank + 1;     /* a read of it now fails, not zeros (op.c) */
                 for (int tier = 0; tier < TIERS; tier++)
                         copy_free(t, tier);
                 log_debug("sched: '%s' of job '%s' is dead until its next write: copies dropped", t->name,

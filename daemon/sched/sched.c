@@ -929,7 +929,7 @@ static size_t ops_victim_order(void *userdata, int tier, Tensor **cands, size_t 
 }
 
 static bool ops_overwrites_next(void *userdata, Tensor *t) {
-        return sched_next_access_overwrites(t);
+        return sched_drops_dead(t);
 }
 
 static void ops_charge(void *userdata, Job *j, uint64_t bytes) {

@@ -127,6 +127,8 @@ size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t
 uint64_t sched_victim_next_use(Tensor *t, int tier);
 /* Under the timeline policy: is @t's next planned access (after the current phase) write-only? */
 bool sched_next_access_overwrites(Tensor *t);
+/* The same, for the engine about to drop @t's sole copy as dead: the plan's rank is kept (Tensor.dead_rank). */
+bool sched_drops_dead(Tensor *t);
 /* Predicted time of @t's next planned use in @tier or above (0: none known). */
 uint64_t sched_next_use_ns(Tensor *t, int tier);
 /* Charge @j for @bytes of link time (its virtual time advances by bytes / weight). */

@@ -31,6 +31,13 @@ bool sched_next_access_overwrites(Tensor *t) {
         return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
 }
 
+bool sched_drops_dead(Tensor *t) {
+        if (!sched_next_access_overwrites(t))
+                return false;
+        t->dead_rank = t->plan->rank + 1;       /* a read of it now fails, not zeros (op.c) */
+        return true;
+}
+
 uint64_t sched_next_use_ns(Tensor *t, int tier) {
         uint64_t nu;
 

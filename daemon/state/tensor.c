@@ -354,6 +354,7 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                         tensor_drop_image(t);
                         t->version = t->commit_version;
                         t->dead = true;
+                        t->dead_rank = 0;       /* zeros, as dead was all the commit had of it */
                         t->lost = false;
                         tensor_note(t);
                         book_version(j->registry->book, t);

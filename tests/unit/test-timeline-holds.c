@@ -775,6 +775,70 @@ static void test_commit_overwrite_read_by_other_plan(void **state) {
         finish(m, j, c1, pa);
 }
 
+/*
+ * Rank A's plan alone names T while rank B's plan is not submitted yet (B reconnecting, or
+ * resubmitting after a tierd restart later than A): A's phase 0 reads T, phase 1 writes it whole,
+ * so once phase 0 is over plan_drop_dead() drops T's only copy.  tierd cannot keep bytes for a plan
+ * it does not know of, but a read of them must not get zeros as if they were T's data: a plain read
+ * pin, and B's plan reading T, fail -ENODATA (B's plan with the error, its phase never said ready),
+ * while A's own write still reserves T without data, after which T reads as A wrote it.
+ */
+static void test_dead_then_other_plan_reads(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *y, *t;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x5a);
+        {
+                Acc acca[] = { { 0, t, LEVEL_HOST, PLAN_READ }, { 1, x, LEVEL_HOST, PLAN_READ },
+                               { 2, x, LEVEL_HOST, PLAN_READ }, { 3, t, LEVEL_HOST, PLAN_WRITE } };
+
+                assert_int_equal(submit_plan(c1, acca, 4, 4, &pa, err, sizeof(err)), 0);
+        }
+        pa->rank = 3;
+        set_durations(pa, 100);
+        marker(m, pa, 0);
+        run_loop(m, 20);
+        marker(m, pa, 1);                                       /* A's last read of T is over */
+        run_loop(m, 20);
+        assert_true(t->dead);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), -ENODATA);      /* a plain read pin */
+        assert_false(copy_valid(t, LEVEL_HOST));
+        {
+                Acc accb[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c2, accb, 2, 2, &pb, err, sizeof(err)), 0);
+        }
+        set_durations(pb, 100);
+        marker(m, pb, 0);
+        FIXTURE_RUN_UNTIL(m, pb->page->daemon.error != 0 || (pb->hold[1].active && pb->hold[1].ready_sent));
+        assert_int_equal(pb->page->daemon.error, -ENODATA);    /* B's read of T: no zeros said ready */
+        assert_false(pb->hold[1].ready_sent);
+        assert_false(copy_valid(t, LEVEL_HOST));
+        sched_plan_free(pb);
+        free(c2);
+        marker(m, pa, 2);
+        marker(m, pa, 3);                                       /* A's write: room, no data */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        fixture_fill(t, LEVEL_HOST, 0x66);
+        marker(m, pa, 0);                                       /* written: A reads it back */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        assert_false(t->dead);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x66);
+        finish(m, j, c1, pa);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_end_plan_before_a_held_write),
@@ -794,6 +858,7 @@ int main(void) {
                 cmocka_unit_test(test_other_plan_gone_keeps_stale_ready),
                 cmocka_unit_test(test_other_plans_write_lost_by_rmw),
                 cmocka_unit_test(test_commit_overwrite_read_by_other_plan),
+                cmocka_unit_test(test_dead_then_other_plan_reads),
         };
         return fixture_main("timeline-holds", tests, sizeof(tests) / sizeof(tests[0]));
 }
