@@ -61,6 +61,7 @@ struct Op {
          */
         bool write;
         bool internal;          /* tierd's own (drain, write-behind, a scheduler's prefetch): no client waits */
+        uint32_t plan_rank1;    /* a plan hold's pin: its plan's rank + 1 (a dead tensor it reads: zeros); else 0 */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */

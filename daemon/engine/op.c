@@ -416,10 +416,12 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         /*
          * Dead because a plan overwrites it next (its bytes dropped after their last read): only
          * that write (a pin that brings nothing) gets room, and a read gets no zeros for its data,
-         * unless it joins a copy reserved for a write in progress (a phase after that write).
+         * unless it joins a copy reserved for a write in progress (a phase after that write), or
+         * is that plan's own (its client went to a phase past the write: tier.torch's optimizer
+         * phase of a block its backward did not reach this step, which ignores the bytes).
          */
         if (t->dead && t->dead_rank && tensor_is_blank(t) && !(op->discard && op->tensor == t && op->tier == tier) &&
-            !(c->state != COPY_ABSENT && c->unwritten && c->writers > 0)) {
+            !(c->state != COPY_ABSENT && c->unwritten && c->writers > 0) && op->plan_rank1 != t->dead_rank) {
                 if (op->kind == OP_PREFETCH)
                         return ADV_DONE;        /* nothing to bring */
                 return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: the plan of rank %" PRIu32

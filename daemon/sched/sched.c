@@ -613,6 +613,7 @@ static void issue(Sched *s, Cand *c) {
                 /* a write-only access overwrites the tensor: no need to bring its old bytes */
                 op->discard = cand_mode(c) == PLAN_WRITE;
                 op->write = (cand_mode(c) & PLAN_WRITE) != 0;
+                op->plan_rank1 = c->plan->rank + 1;
                 op->cancelled = on_pin_cancelled;
                 hs->ops[c->idx] = op;
         } else {
