@@ -302,7 +302,7 @@ class TestResume(tierd.DaemonTestCase):
         d.kill_and_start()
         with self.assertRaises(tier.LostError) as cm:
             eng.step()
-        self.assertIn("data of the job was lost", str(cm.exception))
+        self.assertIn("a tensor's data is gone, tierd's log says which and why", str(cm.exception))
         self.assertNotIn("raise the job's quota", str(cm.exception))
         self.assertEqual(d.stop(), 0)
 

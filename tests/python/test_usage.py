@@ -379,6 +379,29 @@ class TestUsage(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(after["state"][i][name], v), f"{i} {name}")
         eng.close()
 
+    def test_reduced_precision_read_before_step(self) -> None:
+        """A bfloat16 model, deferred (accumulation): between the last backward() and step(), its parameters
+        read as zeros (model.state_dict(), engine.save(), an evaluation forward): the optimizer phase wrote p
+        whole from the master weights, so tierd dropped p after the backward.  They read as before the
+        forward now, as torch's do."""
+        model = lm().to(torch.bfloat16)
+        eng = self.engine(model, "bf16-between")
+        data = batches(4)
+        for step in range(2):
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            with torch.no_grad():
+                eval_before = lm_loss(model, data[0]).item()
+            for x in data[2 * step:2 * step + 2]:
+                (lm_loss(model, x) / 2).backward()
+            between = model.state_dict()
+            self.assertEqual([k for k in before if not torch.equal(before[k], between[k])], [], f"step {step}")
+            with torch.no_grad():
+                self.assertEqual(lm_loss(model, data[0]).item(), eval_before, f"step {step}")
+            eng.step()
+            eng.zero_grad()
+        self.assertEqual(eng.mode, "deferred")
+        eng.close()
+
     def test_auxiliary_loss_added_later(self) -> None:
         """An auxiliary head's loss from the second step on: its backward was not in the first step's
         plan, and was refused there; fused, after the main head's blocks had been updated, so the step

@@ -391,8 +391,9 @@ class Offload(torch.optim.Optimizer):
         grads = [(b, b.part_kind("g", k), HOST, WRITE if b.is_shared else READ)]
         if b.mixed:
             # p is written from the master weights: whole in one phase (its old bytes need not come),
-            # a part of it in each of several
-            pmode = WRITE if len(b.parts) == 1 else READ_WRITE
+            # a part of it in each of several; deferred, not write-only: tierd would drop p after the
+            # backward, where state_dict() or an evaluation may read it before step()
+            pmode = WRITE if len(b.parts) == 1 and self._mode == "fused" else READ_WRITE
             return [(b, "p", HOST, pmode), (b, b.part_kind("w", k), HOST, READ_WRITE)] + grads + state
         return [(b, "p", HOST, READ_WRITE)] + grads + state
 

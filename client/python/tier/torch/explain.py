@@ -56,9 +56,10 @@ class Explained:
         text = explain_text(eng, e.strerror or "")
         if e.errno == errno.ENODATA:
             # (not room: the budget advice misled)
-            hint = ("data of the job was lost: it lay in memory only when tierd stopped without keeping its "
-                    "memory (no fd store, see tierd(8)), or a rollback had nothing to go back to; load a "
-                    "checkpoint saved before into a new engine, or make engines with resume=True")
+            hint = ("a tensor's data is gone, tierd's log says which and why: it lay in memory only when tierd "
+                    "stopped without keeping its memory (no fd store, see tierd(8)), a rollback had nothing to "
+                    "go back to, or another rank's plan overwrites it next; load a checkpoint saved before into "
+                    "a new engine, or make engines with resume=True")
         elif e.errno in (errno.ENOSPC, errno.EAGAIN, errno.ENOMEM, errno.EDQUOT):
             hint = advice(eng, self.b)
         else:

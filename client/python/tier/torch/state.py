@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import HOST, READ, READ_WRITE, WRITE
+from ..errors import LostError
 from . import guards, resume as resume_mod
 from .layout import Block, Slot
 
@@ -95,13 +96,7 @@ class ModelStateHooks:
 
     def _values(self, b: Block) -> dict[int, torch.Tensor]:
         if self._cache is None or self._cache[0] != b.index:
-            e = self.engine
-            vals: dict[int, torch.Tensor] = {}
-            with e._explained(b, "reading its parameters for state_dict()"):
-                with b.tensors["p"].pin(HOST, READ) as g:
-                    flat = g.torch()
-                    for s in b.slots:
-                        vals[id(s)] = s.view(flat, "p").clone()
+            vals = read_params(self.engine, b, "reading its parameters for state_dict()")
             self._cache = (b.index, vals)
         return self._cache[1]
 
@@ -207,16 +202,39 @@ def create_tensors(eng: "Offload") -> None:
             eng._unmap(s)
 
 
+def read_params(eng: "Offload", b: Block, what: str) -> dict[int, torch.Tensor]:
+    """b's parameters as they are now, copied out of tierd, by id(slot).  A reduced-precision block's p
+    has no bytes between its last backward and its optimizer phase, which writes it whole from the
+    master weights (tierd drops such a tensor's copies, and its reads fail ENODATA; they gave zeros):
+    then they are the master weights rounded, which p always equals outside that phase."""
+    vals: dict[int, torch.Tensor] = {}
+    try:
+        with eng._explained(b, what):
+            with b.tensors["p"].pin(HOST, READ) as g:
+                flat = g.torch()
+                for s in b.slots:
+                    vals[id(s)] = s.view(flat, "p").clone()
+        return vals
+    except LostError:
+        if not b.mixed:
+            raise
+    vals = {id(s): torch.empty(s.shape, dtype=s.dtype) for s in b.slots}
+    for pt in b.parts:
+        with eng._explained(b, what):
+            with b.tensors[b.part_kind("w", pt.index)].pin(HOST, READ) as g:
+                flat = g.torch()
+                for pc in pt.pieces:
+                    pc.of(vals[id(pc.slot)]).copy_(pc.view(flat, "w").reshape(pc.of(vals[id(pc.slot)]).shape))
+    return vals
+
+
 def parameters_of(eng: "Offload", b: Block) -> dict[str, torch.Tensor]:
     """b's parameters as they are now, copied out of tierd: every name of each."""
     out: dict[str, torch.Tensor] = {}
-    with eng._explained(b, "reading its parameters"):
-        with b.tensors["p"].pin(HOST, READ) as g:
-            flat = g.torch()
-            for s in b.slots:
-                v = s.view(flat, "p").clone()
-                for n in s.names:
-                    out[n] = v
+    vals = read_params(eng, b, "reading its parameters")
+    for s in b.slots:
+        for n in s.names:
+            out[n] = vals[id(s)]
     return out
 
 
