@@ -451,8 +451,13 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                         return r;
         }
 
-        /* the phase overwrites the whole tensor: the old bytes need not be brought */
-        if (op->discard && tier != LEVEL_NVME && op->tensor == t && op->tier == tier) {
+        /*
+         * The phase overwrites the whole tensor: the old bytes need not be brought, unless they
+         * are the version its job committed, of which the write makes an image first: this copy
+         * is that image's source then (ensure_copy(LEVEL_NVME) above, from OP_PIN)
+         */
+        if (op->discard && tier != LEVEL_NVME && op->tensor == t && op->tier == tier &&
+            !(op->write && tensor_needs_image(t))) {
                 c->state = COPY_RESIDENT;
                 c->version = t->version;
                 c->unwritten = true;    /* not the tensor's bytes until its writer wrote them */

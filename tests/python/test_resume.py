@@ -531,6 +531,62 @@ class TestResumeOtherPolicies(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(got[n], p.detach()), n)
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResumeMixed(tierd.DaemonTestCase):
+    """resume=True with a bfloat16 model (float32 master weights): each optimizer phase pins the block's
+    parameters to be written whole, and tierd first writes their committed version to NVMe as an image.
+    With host memory short, the host copy had been dropped (VRAM held the parameters too), and the image
+    was taken from the write-only pin's own reservation, garbage: killed after a backward, the run
+    resumed with garbage in the embedding's parameters."""
+
+    # host room for about half the model's state: copies are dropped and written down as the step goes
+    config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
+        "job_limit = 48M", "job_limit = 1357K", 1)
+
+    def test_killed_after_backward_bf16(self) -> None:
+        sys.path.insert(0, os.path.join(tierd.source_dir(), "client", "python", "examples"))
+        import tier
+        import tier.torch
+        import train_lm
+
+        def model():
+            torch.manual_seed(3)
+            return train_lm.ByteLM(dim=32, layers=2, heads=2, context=16).to(torch.bfloat16)
+
+        g = torch.Generator().manual_seed(5)
+        data = [torch.randint(0, 256, (4, 17), generator=g) for _ in range(3)]
+
+        def loss(m, x):
+            return torch.nn.functional.cross_entropy(m(x[:, :-1]).float().reshape(-1, 256), x[:, 1:].reshape(-1))
+
+        def run(job, steps):
+            m = model()
+            c = tier.Client(job, socket=self.socket)
+            eng = tier.torch.Offload(m, c, lr=1e-3, placement="C", resume=True)
+            self.assertEqual(eng.steps, 0)
+            for x in data[:steps]:
+                loss(m, x).backward()
+                eng.step()
+                eng.zero_grad()
+            return m, c, eng
+
+        _, c, eng = run("mixed-ref", 2)
+        ref = eng.parameters_state_dict()
+        eng.close()
+        c.close()
+        m, c, eng = run("mixed", 2)
+        loss(m, data[2]).backward()     # fused: step 3's optimizer phases ran
+        c.close()                       # killed here: the job lingers
+        m = model()
+        eng = tier.torch.Offload(m, self.client("mixed"), lr=1e-3, placement="C", resume=True)
+        self.assertTrue(eng.resumed)
+        self.assertEqual(eng.steps, 2)
+        got = eng.parameters_state_dict()
+        eng.close()
+        for n, p in ref.items():
+            self.assertTrue(torch.equal(got[n], p), n)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         sys.exit(child(*sys.argv[2:]))

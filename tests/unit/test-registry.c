@@ -821,6 +821,63 @@ static void test_ghost_write_only(void **state) {
         fixture_free(m);
 }
 
+/*
+ * A write-only pin (TIER_WRITE; a plan's PLAN_WRITE access) of a tensor at the version its job
+ * committed makes that version's NVMe image first, from host: where host held no copy (reclaim
+ * drops one that VRAM holds too), the pin's own reservation, which skips the old bytes, was taken
+ * for that source, and the image held garbage; the rollback after a crash brought the garbage
+ * back (tier.torch resume=True, a bfloat16 model: its parameters are written whole in each
+ * optimizer phase).  The image's source is filled from VRAM now.
+ */
+static void test_write_only_pin_images_the_committed_version(void **state) {
+        Manager *m = new_manager();
+        unsigned rolled = 9, lost = 9;
+        char why[256] = "";
+        const uint8_t *room;
+        Tensor *t, *x;
+        Result r;
+        Op *op;
+        Job *j;
+
+        (void) state;
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = fixture_tensor(j, "t", 1 * MiB);
+        fixture_host_data(m, t, 0x5a);
+        fixture_touch(m, t, LEVEL_VRAM, false);
+        assert_true(copy_valid(t, LEVEL_VRAM));
+        /* reclaim drops the host copy (not the sole one); other bytes take its room */
+        room = copy_addr(&t->copy[LEVEL_HOST], 0);
+        copy_free(t, LEVEL_HOST);
+        x = fixture_tensor(j, "x", 1 * MiB);
+        fixture_host_data(m, x, 0xee);
+        assert_ptr_equal(copy_addr(&x->copy[LEVEL_HOST], 0), room);
+        job_commit(j, 1);
+
+        /* the write-only pin: the committed version goes to NVMe first, from VRAM through host */
+        memset(&r, 0, sizeof(r));
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_complete, NULL, &r, &op), 0);
+        op->discard = true;
+        op->write = true;
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        write_host(t, 0x77);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+
+        /* the process dies; the next one rolls the job back: the committed bytes, from the image */
+        FIXTURE_RUN_UNTIL(m, !t->xfer);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 1);
+        assert_int_equal(lost, 0);
+        assert_int_equal(t->version, 1);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        assert_int_equal(read_host(t, 0), 0x5a);
+        assert_int_equal(read_host(t, t->size - 1), 0x5a);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ids_names_slots),
@@ -834,6 +891,7 @@ int main(void) {
                 cmocka_unit_test(test_stop_while_copying),
                 cmocka_unit_test(test_rollback_waits_and_freezes),
                 cmocka_unit_test(test_ghost_write_only),
+                cmocka_unit_test(test_write_only_pin_images_the_committed_version),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
 }
