@@ -34,6 +34,9 @@ bool sched_next_access_overwrites(Tensor *t) {
 bool sched_drops_dead(Tensor *t) {
         if (!sched_next_access_overwrites(t))
                 return false;
+        /* not the version its job committed: a rollback keeps it as it finds it (plan_drop_dead()) */
+        if (t->job->committing && !t->commit_dead && t->version == t->commit_version)
+                return false;
         t->dead_rank = t->plan->rank + 1;       /* a read of it now fails, not zeros (op.c) */
         return true;
 }

@@ -5,6 +5,7 @@
  * a phase it holds, a stale copy still pinned, a pin blocked for room, reclaim against a share).
  */
 
+#include "daemon/engine/engine-private.h"
 #include "tests/unit/timeline-fixture.h"
 
 /*
@@ -572,6 +573,16 @@ static void test_dead_keeps_the_committed_version(void **state) {
         marker(m, p, 1);                        /* phase 0 over: T's next access writes it whole */
         assert_false(t->dead);
         assert_true(copy_valid(t, LEVEL_HOST) || copy_valid(t, LEVEL_NVME));
+        /* nor is it dropped as a victim: its sole copy is written down (a review found that path too) */
+        if (copy_is_sole(t, LEVEL_HOST)) {
+                uint64_t freed = 0, draining = 0;
+                unsigned blocked = 0;
+
+                assert_int_equal(victim_evict(m->engine, t, LEVEL_HOST, 0, &freed, &draining, &blocked), 0);
+                assert_false(t->dead);
+                FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0 && t->copy[LEVEL_HOST].state != COPY_DRAINING);
+                assert_true(copy_valid(t, LEVEL_NVME));
+        }
         /* the process dies here; the next one rolls the job back to its commit */
         sched_plan_free(p);
         FIXTURE_RUN_UNTIL(m, m->engine->n_xfers == 0);
