@@ -696,8 +696,7 @@ static void test_other_plans_write_lost_by_rmw(void **state) {
         set_durations(pb, 100);
         marker(m, pa, 0);
         FIXTURE_RUN_UNTIL(m, pa->hold[1].active && pa->hold[1].ready_sent);
-        marker(m, pb, 0);
-        FIXTURE_RUN_UNTIL(m, pb->hold[1].active && pb->hold[1].ready_sent);
+        marker(m, pb, 0);         /* (B's hold ahead, write-only, waits for A's read of T's host copy) */
         marker(m, pb, 1);                                       /* B writes T = 0x20 */
         FIXTURE_RUN_UNTIL(m, pb->hold[0].ready_sent);
         assert_true(pb->hold[0].ready_sent);
