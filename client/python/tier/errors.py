@@ -125,8 +125,8 @@ class RestartedError(TierError):
 class LostError(TierError):
     """ENODATA: the tensor's newest data is gone (it was in memory when tierd
     stopped, or a rollback had nothing to go back to), or was dropped because
-    a plan writes it whole next (the message names its rank).  Write it whole
-    (a ``WRITE`` pin) or destroy it."""
+    a plan writes it whole next (the message names its rank; that plan's own
+    phases read zeros there).  Write it whole (a ``WRITE`` pin) or destroy it."""
 
 
 _BY_ERRNO: dict[int, type[TierError]] = {
