@@ -716,6 +716,91 @@ static void test_other_plans_write_lost_by_rmw(void **state) {
         finish(m, j, c1, pa);
 }
 
+/* Invariant 1 for @p's holds the client has not entered: said ready, every access pinned on a current copy. */
+static void assert_ahead_ready_current(const Plan *p) {
+        for (int h = 0; h < 2; h++) {
+                const PlanPhase *ph;
+
+                if (!p->hold[h].active || p->hold[h].seq <= p->seq || !p->hold[h].ready_sent)
+                        continue;
+                ph = &p->phases[p->hold[h].phase];
+                for (uint32_t i = 0; i < ph->n_acc; i++) {
+                        const Tensor *t = ph->acc[i].tensor;
+
+                        assert_true(p->hs[h].pinned[i]);
+                        if (ph->acc[i].mode & PLAN_READ)
+                                assert_int_equal(t->copy[ph->acc[i].tier].version, t->version);
+                }
+        }
+}
+
+/*
+ * Rank A's hold ahead (phase 1) pins T in host for reading, said ready; a client writes T in VRAM
+ * and sched_tensor_changed(T) finds A's pin stale.  A's client has meanwhile left phase 0, which
+ * wrote T2 in VRAM: the marker consumed there (for phase 1 with @enter, else phase 2) releases that
+ * hold as written, and plan_notify_written() calls sched_tensor_changed(T2) inside the first one.
+ * Rank B's hold ahead reads T and T2 in host.  No hold ahead may be left said ready on a stale pin.
+ */
+static void nested_tensor_changed(bool enter) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *y, *t, *t2;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        t = tensor(j, "T", MiB);
+        t2 = tensor(j, "T2", MiB);
+        fixture_host_data(m, t, 0x11);
+        fixture_host_data(m, t2, 0x33);
+        {
+                Acc acca[] = { { 0, t2, LEVEL_VRAM, PLAN_WRITE }, { 1, t, LEVEL_HOST, PLAN_READ },
+                               { 2, x, LEVEL_HOST, PLAN_READ } };
+                Acc accb[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_READ },
+                               { 1, t2, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acca, 3, 3, &pa, err, sizeof(err)), 0);
+                assert_int_equal(submit_plan(c2, accb, 3, 2, &pb, err, sizeof(err)), 0);
+        }
+        set_durations(pa, 100);
+        set_durations(pb, 100);
+        marker(m, pb, 0);
+        run_loop(m, 20);        /* (B's hold ahead is not said ready: A's phase 0 is about to write T2) */
+        marker(m, pa, 0);
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent && pa->hold[1].active && pa->hold[1].ready_sent);
+        assert_int_equal(pa->hold[1].phase, 1);                 /* A: T in host, pinned ahead, ready */
+        fprintf(stderr, "# B ahead ready %d\n", pb->hold[1].ready_sent);
+        fixture_fill(t2, LEVEL_VRAM, 0x44);                     /* A's phase 0 writes T2 */
+        fixture_touch(m, t, LEVEL_VRAM, true);                  /* a client writes T in VRAM */
+        assert_int_equal(t->version, 2);
+        assert_int_equal(t2->version, 1);
+        marker_write(pa, enter ? 1 : 2);                        /* A leaves phase 0; not read yet */
+        sched_tensor_changed(m->sched, t);                      /* what the client's dirty unpin calls */
+        assert_int_equal(pa->seq, 2);                           /* the marker was consumed in there */
+        assert_int_equal(t2->version, 2);                       /* ...releasing phase 0 as written */
+        assert_ahead_ready_current(pa);
+        assert_ahead_ready_current(pb);
+        run_loop(m, 20);
+        assert_ahead_ready_current(pa);
+        assert_ahead_ready_current(pb);
+        sched_plan_free(pb);
+        free(c2);
+        finish(m, j, c1, pa);
+}
+
+static void test_nested_tensor_changed_entered(void **state) {
+        nested_tensor_changed(true);
+}
+
+static void test_nested_tensor_changed_elsewhere(void **state) {
+        nested_tensor_changed(false);
+}
+
 /* commit_request()'s checks and marks (daemon/ipc/commit.c), without a connection. */
 static int commit_checked(Job *j, uint64_t step) {
         list_for_each_safe(n, tmp, &j->tensors) {
@@ -867,6 +952,8 @@ int main(void) {
                 cmocka_unit_test(test_other_plans_write_keeps_stale_ready),
                 cmocka_unit_test(test_other_plan_gone_keeps_stale_ready),
                 cmocka_unit_test(test_other_plans_write_lost_by_rmw),
+                cmocka_unit_test(test_nested_tensor_changed_entered),
+                cmocka_unit_test(test_nested_tensor_changed_elsewhere),
                 cmocka_unit_test(test_commit_overwrite_read_by_other_plan),
                 cmocka_unit_test(test_dead_then_other_plan_reads),
         };
