@@ -594,6 +594,106 @@ static void test_fast_pin_takes_ghost_over(void **state) {
         fixture_free(m);
 }
 
+/* A Hello of @rank (says_writes) naming the write of @tensor in @tier (NULL: none) as held. */
+static int peer_hello_held(Peer *p, const char *job, uint32_t rank, const char *tensor, int tier) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__Hello h = TIER__HELLO__INIT;
+        Tier__HeldWrite hw = TIER__HELD_WRITE__INIT, *held[1] = { &hw };
+        Tier__Reply *reply;
+        int status;
+
+        h.version = WIRE_PROTOCOL_VERSION;
+        h.job = (char *) job;
+        h.rank = rank;
+        h.says_writes = true;
+        hw.tensor = (char *) tensor;
+        hw.tier = (Tier__Tier) tier;
+        h.n_held_writes = tensor ? 1 : 0;
+        h.held_writes = held;
+        req.op_case = TIER__REQUEST__OP_HELLO;
+        req.hello = &h;
+        reply = peer_call(p, &req);
+        status = reply->response->status;
+        tier__reply__free_unpacked(reply, NULL);
+        return status;
+}
+
+/* @t's host copy as memstore_restore() puts back a write-only pin's copy of rank @rank (as above). */
+static void ghost_unwritten_host(Manager *m, Tensor *t, uint32_t rank) {
+        Copy *c = &t->copy[LEVEL_HOST];
+        Op *op;
+
+        gh_done = 0;
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, gh_complete, NULL, NULL, &op), 0);
+        op->discard = true;
+        FIXTURE_RUN_UNTIL(m, gh_done);
+        assert_int_equal(gh_status, 0);
+        t->version++;
+        c->version = t->version;
+        c->unwritten = false;
+        c->writer_rank = rank;
+        t->ghost_rank = rank;
+        t->ghost |= 1u << LEVEL_HOST;
+        t->ghost_unwritten |= 1u << LEVEL_HOST;
+        tensor_pin_account(t, LEVEL_HOST, +1);
+}
+
+/*
+ * Two live connections whose Hello names the same job and rank (tier.torch's two engines of one job
+ * on clients of the default rank 0) are allowed: rank is the client's word only, and nothing of a
+ * connection's (fence slot, pins, plan, evict) is kept per rank.  What is, is what must outlive a
+ * connection: the writes held when tierd went (the memory store records the writer's rank), decided
+ * by the first Hello of that rank after the restart.  Once a client of the rank said it, a second
+ * one's Hello, naming nothing, takes nothing from it.  The other order is the limit of a rank shared:
+ * a client of it that comes back first decides for both, and a write-only copy the other one held
+ * goes back to the version before (that client's pin is gone and its calls said -ERESTART, as for
+ * any write it made just before tierd went; nothing it did not write counts as written).
+ */
+static void test_same_rank_connections(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Peer a, b, a2, b2;
+        Tensor *t, *u;
+        Job *j;
+
+        (void) state;
+        peer_new(m, 0, 0, &a);
+        peer_new(m, 0, 0, &b);
+        assert_int_equal(peer_hello_rank(&a, "sr", 0, true), 0);
+        assert_int_equal(peer_hello_rank(&b, "sr", 0, true), 0);
+        j = job_find(m->registry, "sr");
+        assert_non_null(j);
+        assert_int_equal(j->n_conns, 2);
+        assert_int_not_equal(a.conn->fence_slot, b.conn->fence_slot);
+        (void) peer_create(&a, "t", 1 * MiB);
+        (void) peer_create(&a, "u", 1 * MiB);
+        t = tensor_find_name(j, "t");
+        u = tensor_find_name(j, "u");
+
+        /* as after a restart: rank 0 held write-only pins of both (the new tierd's connections are new) */
+        peer_free(&a);
+        peer_free(&b);
+        ghost_unwritten_host(m, t, 0);
+        ghost_unwritten_host(m, u, 0);
+
+        /* a's client comes back first, naming t: t counts as written; b's Hello (naming nothing) changes nothing */
+        peer_new(m, 0, 0, &a2);
+        peer_new(m, 0, 0, &b2);
+        assert_int_equal(peer_hello_held(&a2, "sr", 0, "t", LEVEL_HOST), 0);
+        assert_int_equal(t->ghost, 0);
+        assert_int_equal(t->version, 1);
+        assert_int_equal(peer_hello_held(&b2, "sr", 0, NULL, 0), 0);
+        assert_int_equal(t->version, 1);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        /* u (b's write, say) was decided by a2's Hello too, not naming it: back to zeros, whatever b2 says */
+        assert_int_equal(u->ghost, 0);
+        assert_int_equal(u->version, 0);
+        assert_false(u->lost);
+
+        peer_free(&a2);
+        peer_free(&b2);
+        fixture_free(m);
+}
+
 /*
  * A commit while a rollback of the job waits for transfers (the job frozen) is refused: it made the waiting
  * rollback roll back to the new commit, a no-op answered as a success.
@@ -633,6 +733,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fast_pin_takes_ghost_over),
                 cmocka_unit_test(test_commit_refused_while_rollback_waits),
+                cmocka_unit_test(test_same_rank_connections),
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_admin_group_kept_when_lookup_fails),
