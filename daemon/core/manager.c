@@ -514,6 +514,7 @@ int manager_new(Manager **ret, Config *config, const ConfigArgs *args) {
                 .quotas = m->quotas,
                 .start_usec = m->start_usec,
         };
+        list_init(&m->rpc.evicts);
         rpc_resolve_admin_group(&m->rpc);
         r = server_new(m->event, &m->config, &rpc_server_ops, &m->rpc, &m->server);
         if (r < 0)

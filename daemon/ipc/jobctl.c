@@ -21,7 +21,12 @@
  * still free its tensors (engine_tensor_free() cancels them), and a job
  * that ends meanwhile cancels them (engine_cancel_job()); a cancelled op
  * counts as failed.  The asking connection may go before the reply: the
- * ops run on and the record is freed by the last one.
+ * ops run on and the record is freed by the last one.  One evict of a job
+ * runs at a time (Rpc.evicts), so that what a client can make tierd queue
+ * is bounded by the jobs, not by how often it asks: an operator who asks
+ * again after the asker went (tierctl evict interrupted, run again) joins
+ * the one running to that tier and gets its reply, counting what it did
+ * before too; any other ask while one runs is -EBUSY, naming who asked it.
  *
  * detach: the job's connections get a Shutdown event naming who detached
  * it, are let go of their job at once (rpc_conn_gone(): plans, pins and
@@ -46,8 +51,11 @@
 #include "util/time-util.h"
 
 struct JobEvict {
+        List link;              /* in Rpc.evicts */
         Conn *conn;             /* who asked; NULL once it is gone */
         uint64_t seq;
+        pid_t pid;              /* who asked first (the peer's pid), for a refusal's message */
+        uint64_t job_id;        /* the job's (Job.id: a job of the same name made later is another) */
         char *job;              /* its name, for the reply (the job may end first) */
         int tier;
         unsigned left;          /* ops still running */
@@ -206,6 +214,7 @@ static void evict_put(JobEvict *ev) {
                 evict_reply(ev);
                 ev->conn->evict = NULL;
         }
+        list_del(&ev->link);
         free(ev->job);
         free(ev);
 }
@@ -297,6 +306,24 @@ int jobctl_evict(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobEvict *q) {
                                         tier == LEVEL_VRAM ? "vram" : "an unknown tier");
         if (c->evict)
                 return conn_reply_error(c, seq, -EBUSY, "this connection is evicting a job already (one at a time)");
+        list_for_each_safe(node, tmp, &rpc->evicts) {
+                ev = list_entry(node, JobEvict, link);
+                if (ev->job_id != j->id)
+                        continue;
+                if (ev->conn || ev->tier != tier)
+                        return conn_reply_error(c, seq, -EBUSY, "job '%s' is being evicted to %s already, asked by "
+                                                "pid " PID_FMT "%s (one evict of a job at a time): wait for it to "
+                                                "end, then ask again", j->name, level_to_string(ev->tier), ev->pid,
+                                                ev->conn ? "" : ", which has gone (it ends on its own)");
+                /* its asker went: this one gets its reply (its counts since it began) */
+                log_job(LOG_INFO, 0, j->name, "Job '%s': uid %u (pid " PID_FMT ") joins its evict to %s running "
+                        "for pid " PID_FMT " (gone)", j->name, (unsigned) c->uid, c->pid, level_to_string(tier),
+                        ev->pid);
+                ev->conn = c;
+                ev->seq = seq;
+                c->evict = ev;
+                return 0;
+        }
         ev = calloc(1, sizeof(*ev));
         if (ev)
                 ev->job = strdup(j->name);
@@ -306,7 +333,10 @@ int jobctl_evict(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobEvict *q) {
         }
         ev->conn = c;
         ev->seq = seq;
+        ev->pid = c->pid;
+        ev->job_id = j->id;
         ev->tier = tier;
+        list_add_tail(&rpc->evicts, &ev->link);
         ev->left = 1;           /* ours, dropped below: no op can answer before all are submitted */
         c->evict = ev;
         log_job(LOG_INFO, 0, j->name, "Job '%s': uid %u (pid " PID_FMT ") evicts it to %s", j->name,

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "util/list.h"
+
 typedef struct Config Config;
 typedef struct Conn Conn;
 typedef struct Engine Engine;
@@ -39,6 +41,7 @@ typedef struct Rpc {
         uint64_t start_usec;    /* when tierd started (status uptime) */
         gid_t admin_gid;        /* of group "tier-admin", when it exists (rpc_resolve_admin_group()) */
         bool have_admin_gid;
+        List evicts;            /* JobEvict (jobctl.c): the job evicts running, one per job at most */
 } Rpc;
 
 /* The server's ops (userdata: an Rpc). */

@@ -694,6 +694,105 @@ static void test_same_rank_connections(void **state) {
         fixture_free(m);
 }
 
+/* ---- one evict of a job at a time ------------------------------------------------------------------ */
+
+/* Send @p a JobEvict of @job to NVMe; dispatched only: its Response comes once its ops end. */
+static void peer_job_evict_send(Peer *p, const char *job, Tier__JobEvict *je, Tier__Request *req) {
+        tier__request__init(req);
+        tier__job_evict__init(je);
+        je->job = (char *) job;
+        je->tier = TIER__TIER__TIER_NVME;
+        req->op_case = TIER__REQUEST__OP_JOB_EVICT;
+        req->job_evict = je;
+        req->seq = ++p->seq;
+        assert_true(rpc_dispatch(&p->m->rpc, p->conn, req) >= 0);
+}
+
+/*
+ * An operator's evict of a job (tierctl evict) runs on when its asker goes.  Asked again and again from
+ * new connections (each gone before the reply), every ask queued one more evict op per tensor beside
+ * the ones still running: without bound, and the same work each time.  Now one evict of a job runs at
+ * a time: an ask after its asker went joins it (and gets its reply), any other is -EBUSY.  The order is
+ * explicit: the loop does not run until the last ask, so no op can end in between.
+ */
+static void test_job_evict_asked_again(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Tier__JobEvict je;
+        Tier__Request req;
+        Tier__Reply *reply;
+        uint8_t buf[65536];
+        int fds[WIRE_MAX_FDS];
+        size_t len = 0, n_fds = 0;
+        Peer owner, ctl, busy;
+        Tensor *t, *u;
+        Job *j;
+
+        (void) state;
+        peer_new(m, 0, 0, &owner);
+        assert_int_equal(peer_hello_rank(&owner, "ev", 0, true), 0);
+        j = job_find(m->registry, "ev");
+        assert_non_null(j);
+        t = fixture_tensor(j, "t", 1 * MiB);
+        u = fixture_tensor(j, "u", 1 * MiB);
+        fixture_host_data(m, t, 1);     /* sole copies in host: their evict writes them down first */
+        fixture_host_data(m, u, 2);
+        assert_int_equal(t->op_refs, 0);
+
+        for (int i = 0; i < 50; i++) {
+                peer_new(m, 0, 0, &ctl);
+                assert_int_equal(peer_hello(&ctl, ""), 0);
+                peer_job_evict_send(&ctl, "ev", &je, &req);
+                assert_int_equal(t->op_refs, 1);        /* the first ask's op, joined: not one per ask */
+                assert_int_equal(u->op_refs, 1);
+                if (i == 49)
+                        break;
+                peer_free(&ctl);
+        }
+
+        /* another ask while that one has its asker: refused, naming who asked it */
+        peer_new(m, 0, 0, &busy);
+        assert_int_equal(peer_hello(&busy, ""), 0);
+        tier__request__init(&req);
+        tier__job_evict__init(&je);
+        je.job = (char *) "ev";
+        je.tier = TIER__TIER__TIER_HOST;
+        req.op_case = TIER__REQUEST__OP_JOB_EVICT;
+        req.job_evict = &je;
+        reply = peer_call(&busy, &req);
+        assert_int_equal(reply->response->status, -EBUSY);
+        assert_non_null(strstr(reply->response->error, "is being evicted to nvme already, asked by pid"));
+        tier__reply__free_unpacked(reply, NULL);
+        assert_int_equal(t->op_refs, 1);
+
+        /* the last asker gets the reply of the one evict, which did the work once */
+        FIXTURE_RUN_UNTIL(m, ctl.conn->evict == NULL);
+        assert_null(ctl.conn->evict);
+        assert_int_equal(wire_recv(ctl.fd, buf, sizeof(buf), &len, fds, &n_fds), 0);
+        wire_close_fds(fds, n_fds);
+        reply = tier__reply__unpack(NULL, len, buf);
+        assert_non_null(reply);
+        assert_int_equal(reply->kind_case, TIER__REPLY__KIND_RESPONSE);
+        assert_int_equal(reply->response->seq, ctl.seq);
+        assert_int_equal(reply->response->status, 0);
+        assert_int_equal(reply->response->evict->evicted, 2);
+        assert_int_equal(reply->response->evict->failed, 0);
+        tier__reply__free_unpacked(reply, NULL);
+        assert_int_equal(t->op_refs, 0);
+        assert_true(copy_valid(t, LEVEL_NVME));
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_true(list_empty(&m->rpc.evicts));
+
+        /* and the next ask is a new evict (nothing left to do: answered at once) */
+        reply = peer_call(&busy, &req);
+        assert_int_equal(reply->response->status, 0);
+        tier__reply__free_unpacked(reply, NULL);
+
+        peer_free(&busy);
+        peer_free(&ctl);
+        peer_free(&owner);
+        fixture_free(m);
+}
+
 /*
  * A commit while a rollback of the job waits for transfers (the job frozen) is refused: it made the waiting
  * rollback roll back to the new commit, a no-op answered as a success.
@@ -734,6 +833,7 @@ int main(void) {
                 cmocka_unit_test(test_fast_pin_takes_ghost_over),
                 cmocka_unit_test(test_commit_refused_while_rollback_waits),
                 cmocka_unit_test(test_same_rank_connections),
+                cmocka_unit_test(test_job_evict_asked_again),
                 cmocka_unit_test(test_hello_all_or_nothing),
                 cmocka_unit_test(test_admin_group_resolved_once),
                 cmocka_unit_test(test_admin_group_kept_when_lookup_fails),
