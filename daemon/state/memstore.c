@@ -589,9 +589,9 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                 any = true;
                 if (mc->state == MS_WRITING) {
                         /*
-                         * the client may still be writing into it: nothing moves it until its rank's
-                         * next Hello (job_release_ghosts()), which says too whether a write-only pin's
-                         * grant reached it
+                         * the client may still be writing into it: nothing moves it until the job's
+                         * next Hello (job_release_ghosts(); a write-only pin's copy: its rank's, which
+                         * says whether the grant reached it)
                          */
                         t->copy[tier].pins++;
                         t->copy[tier].writer_rank = mc->writer_rank;
