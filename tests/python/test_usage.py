@@ -379,6 +379,37 @@ class TestUsage(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(after["state"][i][name], v), f"{i} {name}")
         eng.close()
 
+    def test_optimizer_state_mapping(self) -> None:
+        """engine.state (torch.optim's optimizer.state) was an empty dict: a loop checking len(opt.state) to
+        see whether there is state to checkpoint saw none.  Now its keys are the parameters with state, as
+        torch's (compared with AdamW's), and reading or setting a value is refused, naming state_dict()."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "optstate")
+        self.assertEqual((len(eng.state), len(opt.state)), (0, 0))
+        x = batches(1)[0]
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, x).backward()
+            o.step()
+        self.assertEqual(len(eng.state), len(opt.state))
+        self.assertGreater(len(eng.state), 0)
+        self.assertEqual(len(eng.state), len(eng.state_dict()["state"]))
+        names = {id(p): n for n, p in model.named_parameters()}
+        ref_names = {id(p): n for n, p in ref.named_parameters()}
+        self.assertEqual([names[id(p)] for p in eng.state], [ref_names[id(p)] for p in opt.state])
+        p = next(iter(model.parameters()))
+        self.assertIn(p, eng.state)
+        with self.assertRaisesRegex(RuntimeError, r"optimizer.state\[p\]: tier.torch keeps the optimizer state in "
+                                                  r"tierd.*engine.state_dict\(\)\['state'\]"):
+            eng.state[p]
+        with self.assertRaisesRegex(RuntimeError, r"engine.state_dict"):
+            list(eng.state.items())
+        with self.assertRaisesRegex(RuntimeError, r"engine.load_state_dict\(\) writes it"):
+            eng.state = {}
+        eng.close()
+        self.assertEqual(len(eng.state), 0)
+
     def test_reduced_precision_read_before_step(self) -> None:
         """A bfloat16 model, deferred (accumulation): between the last backward() and step(), its parameters
         read as zeros (model.state_dict(), engine.save(), an evaluation forward): the optimizer phase wrote p

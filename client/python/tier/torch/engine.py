@@ -252,6 +252,17 @@ class Offload(torch.optim.Optimizer):
                     else:
                         s.param.grad.zero_()
 
+    @property
+    def state(self) -> state_mod.StateInTierd:
+        """torch.optim's ``optimizer.state``: the parameters that have state (``len()``, ``in``, iterating);
+        their values live in tierd, and reading one here is refused: :meth:`state_dict` reads them."""
+        return state_mod.StateInTierd(self)
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        if not getattr(self, "_constructing", False):       # (torch.optim's __init__ sets a defaultdict)
+            raise RuntimeError(f"optimizer.state = ...: {state_mod.STATE_NOTE}")
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's state in torch.optim's format (per parameter its step and the step rule's
         state, read from tierd block by block; the groups' hyperparameters)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -520,3 +521,49 @@ def load(eng: "Offload", path: str) -> None:
         del data
     if hasattr(eng, "model_hooks"):
         eng.model_hooks._cache = None
+
+
+# ---- engine.state: torch.optim's per-parameter state, which lives in tierd ----------------------
+
+STATE_NOTE = ("tier.torch keeps the optimizer state in tierd, not in this process: engine.state_dict()['state'] "
+              "holds copies of it read from tierd (torch.optim's format, parameters numbered across the groups), "
+              "and engine.load_state_dict() writes it")
+
+
+class StateInTierd(Mapping):
+    """What stands for ``optimizer.state`` (torch.optim's ``defaultdict`` keyed by parameter): its keys are
+    the parameters that have state, as torch's would be (``len()``, ``in`` and iterating say the truth, so a
+    loop that asks whether there is state to save sees it); their values live in tierd, and reading or
+    changing one is refused, naming what to use instead (a copy handed out here would take writes and lose
+    them)."""
+
+    def __init__(self, eng: "Offload") -> None:
+        self._eng = eng
+
+    def _params(self) -> list[torch.Tensor]:
+        eng = self._eng
+        if eng._closed:
+            return []
+        return [s.param for g in eng.param_groups for p in g["params"]
+                for s in (eng.slot_of[id(p)][1],) if s.steps > 0]
+
+    def __len__(self) -> int:
+        return len(self._params())
+
+    def __iter__(self) -> Any:
+        return iter(self._params())
+
+    def __contains__(self, p: object) -> bool:
+        return any(p is q for q in self._params())
+
+    def __getitem__(self, p: Any) -> Any:
+        raise RuntimeError(f"optimizer.state[p]: {STATE_NOTE}")
+
+    def __setitem__(self, p: Any, v: Any) -> None:
+        raise RuntimeError(f"optimizer.state[p] = ...: {STATE_NOTE}")
+
+    def __delitem__(self, p: Any) -> None:
+        raise RuntimeError(f"del optimizer.state[p]: {STATE_NOTE}")
+
+    def __repr__(self) -> str:
+        return f"<tier.torch optimizer state of {len(self)} parameter(s), in tierd: use engine.state_dict()>"
