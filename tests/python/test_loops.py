@@ -838,7 +838,8 @@ class TestLoops(tierd.DaemonTestCase):
 
     def test_write_down_refused_is_counted(self) -> None:
         """A write-down tierd refuses for want of room is counted and warned about once, not raised: the
-        copy it would have moved stays valid (what the engine does with such a fence's error)."""
+        copy it would have moved stays valid (what the engine does with such a fence's error).  The warning
+        speaks of the block, not of tierd's name of the engine's tensor (it quoted tierd's text as it was)."""
         import errno
         import warnings
 
@@ -847,7 +848,7 @@ class TestLoops(tierd.DaemonTestCase):
 
         class Refused:
             def done(self):
-                raise tier.NoSpaceError(errno.ENOSPC, "no room to go through", "evict")
+                raise tier.NoSpaceError(errno.ENOSPC, "no room to write 'torch.0.0.m' through", "evict")
 
             wait = done
 
@@ -857,7 +858,10 @@ class TestLoops(tierd.DaemonTestCase):
             self.assertTrue(eng._fence_done(Refused(), False))
             self.assertTrue(eng._fence_done(Refused(), True))
         self.assertEqual(eng.write_downs_refused, 2)
-        self.assertEqual(len([x for x in w if issubclass(x.category, tier.torch.TierTorchWarning)]), 1)
+        said = [str(x.message) for x in w if issubclass(x.category, tier.torch.TierTorchWarning)]
+        self.assertEqual(len(said), 1)
+        self.assertIn("no room to write m of block 0 'tok' (Embedding) through", said[0])
+        self.assertNotIn("torch.0.0.m", said[0])
         eng.close()
 
     # ---- Hugging Face Trainer -------------------------------------------------------------------------

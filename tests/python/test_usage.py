@@ -410,6 +410,28 @@ class TestUsage(tierd.DaemonTestCase):
         eng.close()
         self.assertEqual(len(eng.state), 0)
 
+    def test_error_traceback_in_the_model_words(self) -> None:
+        """An error of tierd's said in the model's words (a phase that cannot fit: the block, not
+        'torch.0.1.g') was raised "from" tierd's own, which the traceback printed as its direct cause, with
+        the engine's internal tensor names.  Not chained now; tierd's error stays at hand as tierd_error."""
+        import traceback
+
+        import tier
+        import tier.torch
+
+        model = lm()
+        c = self.client("tbnames")
+        c.set_quota(vram=4096)
+        eng = tier.torch.Offload(model, c, lr=1e-2)
+        with self.assertRaises(tier.TierError) as cm:
+            lm_loss(model, batches(1)[0]).backward()
+            eng.step()
+        text = "".join(traceback.format_exception(cm.exception))
+        self.assertRegex(text, r"block \d+ '[a-z.0-9]+' \(\w+\)")
+        self.assertNotRegex(text, r"torch\.0\.\d+\.[a-z]")
+        self.assertRegex(str(cm.exception.tierd_error), r"'torch\.0\.\d+\.[pg]'")
+        eng.close(restore=False)
+
     def test_reduced_precision_read_before_step(self) -> None:
         """A bfloat16 model, deferred (accumulation): between the last backward() and step(), its parameters
         read as zeros (model.state_dict(), engine.save(), an evaluation forward): the optimizer phase wrote p

@@ -66,7 +66,10 @@ class Explained:
             hint = ""
         new = type(e)(e.errno, text + (f" ({hint})" if hint else ""), op)
         new._tier_torch = True
-        raise new from e
+        # not chained: tierd's own error names the engine's tensors ("torch.0.3.m"), which the traceback's
+        # "direct cause" would show beside this one; it stays at hand for debugging as new.tierd_error
+        new.tierd_error = e
+        raise new from None
 
 
 def limits(eng: "Offload") -> dict[str, int]:

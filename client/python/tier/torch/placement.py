@@ -49,6 +49,7 @@ def fence_done(eng: Any, f: Any, wait: bool) -> bool:
     from .. import BusyError, NoSpaceError, RetryLaterError
     from ..errors import RestartedError
     from .engine import TierTorchWarning
+    from .explain import explain_text
 
     try:
         if wait:
@@ -66,6 +67,6 @@ def fence_done(eng: Any, f: Any, wait: bool) -> bool:
         eng.write_downs_refused += 1
         if eng.write_downs_refused == 1:
             warnings.warn(f"tier.torch: a write-down to NVMe (placement {eng.placement}) was refused by "
-                          f"tierd ({e}); the state stays in host memory until tierd moves it (counted in "
+                          f"tierd ({explain_text(eng, e.strerror or str(e))}); the state stays in host memory until tierd moves it (counted in "
                           "Offload.write_downs_refused)", TierTorchWarning, stacklevel=4)
         return True
