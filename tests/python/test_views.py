@@ -145,6 +145,38 @@ class TestViews(tierd.DaemonTestCase):
         t.destroy()
 
     @need_torch
+    def test_read_pin_torch_write_kept(self) -> None:
+        """A write through the torch() tensor of a READ pin (torch has no read-only tensors) changed the
+        pinned copy, the unpin was clean, and the write vanished once tierd dropped that copy: the next pin
+        read the bytes of before.  The unpin now sees it (torch's version counter, shared by the tensor's
+        views, even once the tensor itself is gone) and is dirty, with a ReadPinWrittenWarning; a READ pin
+        whose tensor was only read stays clean."""
+        c = self.client()
+        t = c.create("t", 4096)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.torch(torch.float32).fill_(1.0)
+        t.evict(tier.NVME)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")          # read only: no warning, a clean unpin
+            with t.pin(tier.HOST, tier.READ) as g:
+                self.assertEqual(g.torch(torch.float32, (4, 256)).sum().item(), 1024.0)
+        self.assertFalse(t.stat().dirty[tier.HOST])
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with t.pin(tier.HOST, tier.READ) as g:
+                row = g.torch(torch.float32, (4, 256))[1]       # the tensor g.torch() gave goes at once
+                row.fill_(2.0)
+        said = [str(x.message) for x in w if issubclass(x.category, tier.ReadPinWrittenWarning)]
+        self.assertEqual(len(said), 1, [str(x.message) for x in w])
+        self.assertIn("unpin 't' in host: the pin is READ but its torch() tensor was written", said[0])
+        self.assertTrue(t.stat().dirty[tier.HOST])
+        t.evict(tier.NVME)                          # the host copy goes: what NVMe has is what comes back
+        with t.pin(tier.HOST, tier.READ) as g:
+            x = g.torch(torch.float32, (4, 256))
+            self.assertEqual([x[i].sum().item() for i in range(4)], [256.0, 512.0, 256.0, 256.0])
+        t.destroy()
+
+    @need_torch
     def test_cuda_array_interface(self) -> None:
         # no cuda backend here: check the interface of a made-up device grant, not a CUDA tensor
         c = self.client()

@@ -53,6 +53,7 @@ from .errors import (
     NotFoundError,
     PermissionDeniedError,
     QuotaError,
+    ReadPinWrittenWarning,
     RetryLaterError,
     ShutdownError,
     TierError,
@@ -105,5 +106,6 @@ __all__ = [
     "TimedOutError",
     "LostError",
     "RestartedError",
+    "ReadPinWrittenWarning",
     "Commit",
 ]

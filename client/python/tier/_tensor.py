@@ -29,7 +29,7 @@ from ._base import (
     _stream,
     _uint,
 )
-from .errors import ShutdownError, TierError, TimedOutError
+from .errors import ReadPinWrittenWarning, ShutdownError, TierError, TimedOutError
 
 if TYPE_CHECKING:  # only for annotations: never imported at run time here
     import numpy as _np
@@ -141,6 +141,7 @@ class Grant:
         self._phase = phase
         self._pinned = True
         self._views: list[memoryview] = []
+        self._tensors: list[tuple[Any, int]] = []  # torch() tensors of a pin without WRITE: (tensor, its version)
         self._kept: _Pin | None = None  # what the client keeps of it once its handle is closed
 
     @property
@@ -156,6 +157,7 @@ class Grant:
     def _invalidate(self) -> None:
         """The pin goes: release the memoryviews handed out, refuse new views."""
         self._pinned = False
+        self._tensors = []
         views, self._views = self._views, []
         for v in views:
             try:
@@ -177,6 +179,11 @@ class Grant:
                 "use torch() or __cuda_array_interface__"
             )
         return self.ptr
+
+    def _torch_written(self) -> bool:
+        """A torch() tensor of this pin without WRITE (or a view of it) was changed in place: torch counts
+        every in-place change of a tensor and its views in their shared version counter."""
+        return any(t._version != v for t, v in self._tensors)
 
     @property
     def _writable(self) -> bool:
@@ -242,9 +249,13 @@ class Grant:
 
         torch has no read-only tensors: for a pin without WRITE the CPU
         tensor is made over a read-only buffer (torch's warning about that
-        suppressed), yet torch lets it be written; such writes change the
-        pinned copy only until tierd drops or refills it (the unpin is
-        clean) and never reach the tensor.  Pin with WRITE to write.
+        suppressed), yet torch lets it be written.  The unpin sees such a
+        write (torch's version counter of the tensor and its views: an
+        in-place op, ``copy_()``, an indexed assignment; not a write through
+        ``.data`` or ``.numpy()``) and is then dirty, so the write is kept
+        as the tensor's newest data, with a ``tier.ReadPinWrittenWarning``:
+        pin with WRITE to write (tierd may refill a READ pin's copy under
+        it).  A phase grant's is released by the plan, clean: not seen.
         """
         import torch
 
@@ -272,6 +283,8 @@ class Grant:
             t = torch.as_tensor(self, device="cuda")
         else:
             raise TypeError(f"the grant of '{self.tensor.name}' has no address")
+        if not self._writable and not self._phase:
+            self._tensors.append((t, t._version))   # (its views share its version counter, and keep it)
         if dt != torch.uint8:
             t = t.view(dt)
         return t if shape is None else t.view(shape)
@@ -444,6 +457,11 @@ class Tensor:
         g = self._take_grant(tier, grant)
         if dirty is None:  # nothing known of the pin (not taken by this client?): dirty, so no write is lost
             dirty = g.dirty if g is not None else True
+        if not dirty and isinstance(g, Grant) and g._torch_written():
+            warnings.warn(f"{op}: the pin is {g.mode.name} but its torch() tensor was written: unpinned dirty, so "
+                          "the write is kept; pin with WRITE (READ_WRITE) to write, since tierd may refill a copy "
+                          "pinned for reading only under the pin", ReadPinWrittenWarning, stacklevel=3)
+            dirty = True
         if g is not None:
             g._invalidate()
         if after:

@@ -34,7 +34,14 @@ __all__ = [
     "ShutdownError",
     "TimedOutError",
     "error_class",
+    "ReadPinWrittenWarning",
 ]
+
+
+class ReadPinWrittenWarning(UserWarning):
+    """A ``torch()`` tensor of a pin without WRITE was written: its unpin was made dirty to keep the write
+    (torch has no read-only tensors); pin with WRITE to write."""
+
 
 
 class TierError(OSError):
