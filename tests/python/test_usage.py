@@ -6,7 +6,8 @@ An auxiliary loss left out after the first step (its head updated with the
 zeros zero_grad() left, as torch.optim does); forward hooks registered after
 the engine; parameters changed in place outside the forward (weight clipping,
 a re-initialisation) and the model converted (``.double()``) after the
-engine, refused before they are lost; a second engine on the same model;
+engine, refused before they are lost, and changed inside it (a hook under
+torch.no_grad()), refused at the next step; a second engine on the same model;
 blocks called without the model's forward; a model with one module under
 several names (T5's shared embedding).  Placement C under a host budget
 below the state, as test_loops.
@@ -157,6 +158,37 @@ class TestUsage(tierd.DaemonTestCase):
         self.same(model, ref, "converted back")
         eng.close()
         self.same(model, ref, "closed")
+
+    def test_changes_inside_the_forward_refused(self) -> None:
+        """A parameter changed in place inside its block's forward (a pre-hook clamping it under
+        torch.no_grad()) went into the copy tierd maps for the forward, which that phase only reads: the
+        change was lost, silently (and the refusal of a change outside the forward advised making it
+        there).  Refused now at the next step() or forward, naming the parameter, once; an evaluation's
+        forward too."""
+        model = lm()
+        eng = self.engine(model, "inforward")
+        data = batches(3)
+
+        def clamp(mod, args):
+            with torch.no_grad():
+                mod.weight.clamp_(-0.01, 0.01)
+
+        h = model.head.register_forward_pre_hook(clamp)
+        lm_loss(model, data[0]).backward()
+        h.remove()
+        with self.assertRaisesRegex(RuntimeError, r"step\(\): parameter head\.weight was changed in place inside "
+                                                  r"its block's forward or backward .*was not kept"):
+            eng.step()
+        eng.step()                                  # said once: the step goes on
+        h = model.head.register_forward_pre_hook(clamp)
+        with torch.no_grad():
+            lm_loss(model, data[1])
+        h.remove()
+        with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter head\.weight was changed"):
+            lm_loss(model, data[2])
+        lm_loss(model, data[2]).backward()
+        eng.step()
+        eng.close()
 
     def test_second_engine_refused(self) -> None:
         """A second engine on a model whose engine is still open (a notebook cell run again) is refused

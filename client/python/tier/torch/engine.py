@@ -252,16 +252,8 @@ class Offload(torch.optim.Optimizer):
                     else:
                         s.param.grad.zero_()
 
-    @property
-    def state(self) -> state_mod.StateInTierd:
-        """torch.optim's ``optimizer.state``: the parameters that have state (``len()``, ``in``, iterating);
-        their values live in tierd, and reading one here is refused: :meth:`state_dict` reads them."""
-        return state_mod.StateInTierd(self)
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        if not getattr(self, "_constructing", False):       # (torch.optim's __init__ sets a defaultdict)
-            raise RuntimeError(f"optimizer.state = ...: {state_mod.STATE_NOTE}")
+    #: torch.optim's ``optimizer.state``: the parameters that have state; their values are refused (tierd's)
+    state = property(state_mod.StateInTierd, state_mod.set_state)
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's state in torch.optim's format (per parameter its step and the step rule's
@@ -514,7 +506,9 @@ class Offload(torch.optim.Optimizer):
             for s in (owner.slots if owner is b else b.shared):
                 if on:
                     s.param.data = s.view(flat, "p")
+                    s.map_version = s.param._version
                 else:
+                    guards.note_mapped_write(self, s)
                     self._unmap(s)
 
     # ---- what the hooks call ------------------------------------------------------------------

@@ -85,6 +85,16 @@ def check_one_forward(eng: Any) -> None:
                            "forward again for the second backward")
 
 
+def note_mapped_write(eng: Any, s: Any) -> None:
+    """``s``'s parameter leaves its mapped copy (its block's forward or backward ended): changed in place
+    there (under torch.no_grad(), in a hook), the change went into a copy tierd maps for reading only, which
+    the phase leaves unwritten, and was lost.  Kept to be refused by the next check_params(), as autograd may
+    be calling (a backward hook)."""
+    if s.map_version >= 0 and s.param._version != s.map_version:
+        eng.__dict__.setdefault("_mapped_writes", []).append(s.name)
+    s.map_version = -1
+
+
 def check_params(eng: Any, what: str) -> None:
     """Outside its phases a parameter is an empty placeholder and its values are in tierd: a change in
     place to it (weight clipping, nn.init) changed nothing, and a conversion (model.double(), .to()) only
@@ -92,6 +102,14 @@ def check_params(eng: Any, what: str) -> None:
     they were lost silently; a change in place is said once.  So is a write into a tensor a
     model.state_dict() gave (check_given())."""
     check_given(eng, what)
+    written = eng.__dict__.pop("_mapped_writes", None)
+    if written:
+        raise RuntimeError(
+            f"{what}: parameter {written[0]}{f' (and {len(written) - 1} more)' if len(written) > 1 else ''} was "
+            "changed in place inside its block's forward or backward (under torch.no_grad(), in a hook): tier.torch "
+            "maps parameters there from a copy in tierd that those phases only read, so the change was not kept "
+            "(it may be seen until tierd drops that copy: its value is undefined now); change parameters through "
+            "model.load_state_dict(), or before making the engine")
     mapped = {id(s) for b in (eng._bwd, eng._in_block) if b is not None for owner in eng.param_owners(b)
               for s in (owner.slots if owner is b else b.shared)}
     for b in eng.blocks:
@@ -115,8 +133,7 @@ def check_params(eng: Any, what: str) -> None:
                     f"{what}: parameter {s.name} was changed in place outside the model's forward (weight "
                     "clipping, nn.init, p.data assigned), where tier.torch keeps its values in tierd and the "
                     "model only an empty placeholder: the change was lost.  Change parameters before making "
-                    "the engine, through model.load_state_dict() (written into tierd), or inside the forward "
-                    "of their block")
+                    "the engine, or through model.load_state_dict() (written into tierd)")
 
 
 _OWNERS: dict[int, Any] = {}    # id(parameter): a weak reference to the engine that laid it out

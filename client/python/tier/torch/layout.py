@@ -74,6 +74,7 @@ class Slot:
     group: int = 0                # its parameter group (the step rule's hyperparameters)
     steps: int = 0                # optimizer updates it has had (torch.optim's state "step")
     had_grad: bool = False        # a backward gave it a gradient (torch: its .grad is a tensor from then on)
+    map_version: int = -1         # its ._version when pointed at its mapped copy (guards.note_mapped_write())
     ph_version: int = -1          # its ._version when it got its placeholder (guards.check_params(); -2: loaded)
 
     def view(self, flat: torch.Tensor, kind: str) -> torch.Tensor:

@@ -530,6 +530,12 @@ STATE_NOTE = ("tier.torch keeps the optimizer state in tierd, not in this proces
               "and engine.load_state_dict() writes it")
 
 
+def set_state(eng: "Offload", value: Any) -> None:
+    """``optimizer.state = ...``: only torch.optim's __init__ may (its defaultdict, which goes unused)."""
+    if not getattr(eng, "_constructing", False):
+        raise RuntimeError(f"optimizer.state = ...: {STATE_NOTE}")
+
+
 class StateInTierd(Mapping):
     """What stands for ``optimizer.state`` (torch.optim's ``defaultdict`` keyed by parameter): its keys are
     the parameters that have state, as torch's would be (``len()``, ``in`` and iterating say the truth, so a
