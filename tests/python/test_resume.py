@@ -460,6 +460,57 @@ class TestResume(tierd.DaemonTestCase):
         self.assertEqual(eng.steps, 2)
         eng.close()
 
+    def test_commit_waits_for_a_rank_of_before(self) -> None:
+        """After tierd restarted, another rank's tensor held for writing at the kill (a ghost copy) makes tierd
+        refuse commits (EBUSY) until that rank attaches again: the step's end raised that at once.  The commit
+        is now tried again with pauses (resume.COMMIT_PAUSES), then refused saying what it waited for and
+        what to do.  The pauses are the test's: the first time no rank attaches, the second time rank 3
+        attaches in the first pause, and the commit goes."""
+        from unittest import mock
+
+        import tier
+        import tier.torch
+        from tier.torch import resume
+
+        d = tierd.Tierd(self.config, fd_store=True)
+        self.addCleanup(d.cleanup)
+        d.start()
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        c = tier.Client("ghost-commit", socket=d.socket, reconnect=60)
+        self.addCleanup(c.close)
+        eng = tier.torch.Offload(m, c, lr=1e-3, resume=True)
+        m(torch.randn(2, 8)).sum().backward()
+        eng.step()
+        c3 = tier.Client("ghost-commit", 3, socket=d.socket)
+        self.addCleanup(c3.close)
+        x = c3.create("x", 1 << 20)
+        x.pin(tier.VRAM, tier.WRITE).torch().fill_(7)      # held for writing when tierd dies
+        d.kill_and_start()
+        slept: list[float] = []
+        with mock.patch.object(resume, "_sleep", slept.append):
+            m(torch.randn(2, 8)).sum().backward()
+            with self.assertRaisesRegex(tier.BusyError, r"committing step 2: tensor 'x' is held in vram for the "
+                                                        r"client of rank 3 of before tierd restarted.*refused for "
+                                                        r"\d+ s.*Step 2 is applied but not committed"):
+                eng.step()
+        self.assertEqual(slept, list(resume.COMMIT_PAUSES))
+        self.assertEqual(eng.steps, 2)
+        slept.clear()
+        attached = []
+
+        def attach(pause: float) -> None:
+            slept.append(pause)
+            if not attached:
+                attached.append(tier.Client("ghost-commit", 3, socket=d.socket))   # its Hello lets x go
+        with mock.patch.object(resume, "_sleep", attach):
+            m(torch.randn(2, 8)).sum().backward()
+            eng.step()
+        self.assertEqual(slept, [resume.COMMIT_PAUSES[0]])      # refused once, then committed
+        self.assertEqual(eng.steps, 3)
+        eng.close()
+        attached[0].close()
+
     def test_several_ranks_refused(self) -> None:
         """resume=True with several ranks is refused before anything is made: a commit takes every rank's
         tensors at once."""

@@ -880,7 +880,7 @@ class Offload(torch.optim.Optimizer):
                 self._check_restarts()
                 resume_mod.write_meta(self)
                 with self._explained(None, f"committing step {self.steps}"):
-                    self.client.commit(self.steps)
+                    resume_mod.commit(self)
                 return
             except RestartedError:
                 if attempt == RESTART_TRIES:

@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import HOST, READ, WRITE
+from ..errors import BusyError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
@@ -51,6 +53,33 @@ KIND = "meta"
 #: the meta tensor's room: four times what the first step's meta takes, at least this
 META_MIN = 1 << 20
 _LEN = struct.Struct("<Q")
+
+
+#: the pauses (seconds) between the tries of a commit tierd refuses with EBUSY, about a minute in all: a
+#: rank of the job of before a tierd restart that has not attached again holds a tensor for writing (it
+#: attaches at its next call of tierd), another connection of the job holds one pinned for writing, or a
+#: rollback waits for transfers; each ends without this process
+COMMIT_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0, 8.0)
+_sleep = time.sleep     # (a test replaces it, to order what the wait is for)
+
+
+def commit(eng: "Offload") -> None:
+    """``tier_job_commit()`` of the step just ended, tried again while tierd refuses it for a while (EBUSY,
+    COMMIT_PAUSES); then the refusal, saying what was waited for and what to do."""
+    for pause in (*COMMIT_PAUSES, None):
+        try:
+            eng.client.commit(eng.steps)
+            return
+        except BusyError as e:
+            if pause is None:
+                raise BusyError(e.errno, f"{e.strerror} (refused for {sum(COMMIT_PAUSES):.0f} s: tierd commits no "
+                                "step while a rank of the job of before it restarted has not attached again, "
+                                "which that rank's process does at its next call of tierd, or while another "
+                                "process of the job holds one of its tensors pinned for writing; let it go on "
+                                f"(or end it). Step {eng.steps} is applied but not committed: a resume now would "
+                                "go back to the commit before; the next step() commits again)",
+                                e.operation) from None
+        _sleep(pause)
 
 
 def layout(eng: "Offload") -> list[Any]:
