@@ -418,12 +418,20 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
          * that write (a pin that brings nothing) gets room, and a read gets no zeros for its data,
          * unless it joins a copy reserved for a write in progress (a phase after that write), or
          * is that plan's own (its client went to a phase past the write: tier.torch's optimizer
-         * phase of a block its backward did not reach this step, which ignores the bytes).
+         * phase of a block its backward did not reach this step, which ignores the bytes).  After
+         * a restart likewise (the memory store keeps the rank); dead and lost with no rank (a
+         * table of before the rank was kept) is no plan's: no read.
          */
-        if (t->dead && t->dead_rank && tensor_is_blank(t) && !(op->discard && op->tensor == t && op->tier == tier) &&
-            !(c->state != COPY_ABSENT && c->unwritten && c->writers > 0) && op->plan_rank1 != t->dead_rank) {
+        if (t->dead && (t->dead_rank || t->lost) && tensor_is_blank(t) &&
+            !(op->discard && op->tensor == t && op->tier == tier) &&
+            !(c->state != COPY_ABSENT && c->unwritten && c->writers > 0) &&
+            (!t->dead_rank || op->plan_rank1 != t->dead_rank)) {
                 if (op->kind == OP_PREFETCH)
                         return ADV_DONE;        /* nothing to bring */
+                if (!t->dead_rank)
+                        return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: it was dead when "
+                                       "tierd stopped (a plan overwrites it whole next, so its bytes were dropped); "
+                                       "write it whole (a TIER_WRITE pin)", t->name, t->job->name);
                 return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: the plan of rank %" PRIu32
                                " overwrites it whole next, so its bytes were dropped after their last read; "
                                "read it after that write, or write it whole (a TIER_WRITE pin)", t->name,

@@ -764,8 +764,12 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 t->version = bt->newest;
                                 t->lost = true;
                                 t->book_state = BOOK_T_NEWER;
-                                if (!f->damaged && memstore_was_dead(reg->memstore, t, bt->newest)) {
-                                        t->dead = true;         /* still: so the next kill says so too */
+                                if (!f->damaged && memstore_was_dead(reg->memstore, t, bt->newest, &t->dead_rank)) {
+                                        /*
+                                         * still: so the next kill says so too; and whose plan made it dead, so
+                                         * that a read of it fails as before the restart (op.c ensure_copy())
+                                         */
+                                        t->dead = true;
                                         f->dead++;
                                         log_job(LOG_DEBUG, 0, j->name, "Tensor '%s' of job '%s' was dead when tierd "
                                                 "went (its next access writes it whole): nothing of it to bring "

@@ -115,7 +115,8 @@ typedef struct MsRecord {
         uint64_t version;       /* the tensor's */
         uint64_t flags;         /* MS_F_* */
         MsCopy copy[MS_TIERS];
-        uint8_t pad[MS_REC_SIZE - 6 * sizeof(uint64_t) - MS_TIERS * sizeof(MsCopy) - sizeof(uint32_t)];
+        uint32_t dead_rank;     /* MS_F_DEAD, MS_C_DEAD_BEFORE: Tensor.dead_rank (0 in tables of before it: not known) */
+        uint8_t pad[MS_REC_SIZE - 6 * sizeof(uint64_t) - MS_TIERS * sizeof(MsCopy) - 2 * sizeof(uint32_t)];
         uint32_t crc;           /* crc32c of everything after seq and before crc */
 } MsRecord;
 
@@ -601,7 +602,10 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                                 t->ghost_unwritten |= (uint8_t) (1u << tier);
                                 t->ghost_rank = mc->writer_rank;
                         }
-                        t->ghost_dead_before = t->ghost_dead_before || (mc->flags & MS_C_DEAD_BEFORE);
+                        if (mc->flags & MS_C_DEAD_BEFORE) {
+                                t->ghost_dead_before = true;
+                                t->dead_rank = rec->dead_rank;  /* whose plan made it dead, if it goes back to dead */
+                        }
                 }
         }
         if (!any)
@@ -630,13 +634,16 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
         return true;
 }
 
-bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest) {
+bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest, uint32_t *ret_dead_rank) {
         const MsRecord *rec;
 
         if (!ms || !ms->usable || !t->book_key || !t->job->book_key)
                 return false;
         rec = find_old(ms, t->job->book_key, t->book_key);
-        return rec && (rec->flags & MS_F_DEAD) && rec->version >= newest;
+        if (!rec || !(rec->flags & MS_F_DEAD) || rec->version < newest)
+                return false;
+        *ret_dead_rank = rec->dead_rank;
+        return true;
 }
 
 /* ---- this run's table ----------------------------------------------------------------------------- */
@@ -777,6 +784,8 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                         };
                 any = true;
         }
+        if (t->dead || t->ghost_dead_before)
+                rec->dead_rank = t->dead_rank;  /* (a read of it fails naming that rank's plan, after a restart too) */
         if (!any && t->dead && t->version > 0) {
                 rec->flags |= MS_F_DEAD;        /* nothing lost with it: the next start can say so */
                 return true;

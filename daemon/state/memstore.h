@@ -62,9 +62,10 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest);
  * memstore_was_dead() - @t's newest data (version @newest) was nowhere when
  * tierd went because nothing needed it: its next access writes it whole.  It
  * comes back lost all the same (its reads fail until that write), but that is
- * no loss to warn of.
+ * no loss to warn of.  *@ret_dead_rank: its Tensor.dead_rank then (0 from a
+ * table of before it was recorded).
  */
-bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest);
+bool memstore_was_dead(MemStore *ms, const Tensor *t, uint64_t newest, uint32_t *ret_dead_rank);
 /*
  * memstore_begin() - after the restore: a new table holds what was put back
  * (and then every change), the old one leaves the store; adopted segments

@@ -96,6 +96,7 @@ typedef struct Tensor {
         uint64_t alloc_size;    /* size rounded up to SEG_UNIT */
         uint64_t version;       /* 0: never written, contents are zeros */
         bool dead;              /* contents will be overwritten before they are read: no copy need keep them */
+        uint32_t dead_rank;     /* 1 + the rank whose plan's overwrite made it dead (0: not known): no read */
         bool lost;              /* its newest data is gone (state/book.c): reads fail until it is written whole */
         bool doomed;            /* freed by its job while a transfer ran */
         Copy copy[TIERS];
@@ -134,7 +135,6 @@ typedef struct Tensor {
         uint64_t sched_failed_src; /* sched: and the NVMe copy it had then: no prefetch before either changes */
         uint64_t sched_cleaned[TIERS]; /* sched: the version write-behind last copied down from each tier */
         bool sched_changed;     /* sched: a plan's hold unpinned it as written, the other plans not told yet */
-        uint32_t dead_rank;     /* sched: 1 + the rank whose plan's overwrite made it dead (0: none): no read */
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
 } Tensor;
 

@@ -480,6 +480,7 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
                 snprintf(now, sizeof(now), "back to zeros (it was never written before)");
         else if (dead_before) {
                 t->dead = true;         /* as it was: its next access writes it whole */
+                t->lost = !t->dead_rank; /* whose plan made it so not known (an older table): no read (op.c) */
                 snprintf(now, sizeof(now), "dead again, as before the pin (its next access writes it whole)");
                 level = LOG_INFO;
         } else {

@@ -689,6 +689,68 @@ static void test_store_dead_tensor_record_freed(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * A tensor the plan of rank 0 made dead (its bytes dropped after their last
+ * read, its next access writes it whole), then tierd SIGKILLed with the fd
+ * store: a read of it by another rank fails ENODATA naming rank 0, after the
+ * restart as before it, and a whole write mends it.  The memory store kept
+ * that it was dead, but not which plan's overwrite made it so
+ * (Tensor.dead_rank): the read after the restart gave zeros as its data.
+ */
+static void test_store_dead_read_after_restart(void **state) {
+        tier_client *c = NULL, *c1 = NULL;
+        tier_tensor *x = NULL, *y = NULL, *x1 = NULL;
+        tier_plan *p = NULL;
+        struct tier_grant g;
+        struct tier_stat st;
+        bool sent;
+
+        spawn_with_store();
+        assert_int_equal(tier_client_new(d.socket, "deadr", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(tier_tensor_create(c, "y", MiB, &y), 0);
+        assert_int_equal(write_host(x, 0x21, &sent), 0);
+        assert_int_equal(write_host(y, 0x22, &sent), 0);
+        /* x read in phase 0, written whole in phase 3: dead once phase 0 is over */
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, x, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 2, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 3, x, TIER_HOST, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_tensor_stat(y, &st), 0);          /* a request: tierd has read marker 1 */
+        assert_true(test_daemon_log_contains(&d, "'x' of job 'deadr' is dead until its next write"));
+        assert_int_equal(tier_client_new(d.socket, "deadr", 1, &c1), 0);
+        assert_int_equal(tier_tensor_open(c1, "x", &x1), 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ, &g), -ENODATA);
+        assert_non_null(strstr(tier_client_last_error(c1), "the plan of rank 0 overwrites it whole next"));
+        tier_tensor_close(x1);
+        tier_client_free(c1);
+
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        tier_tensor_close(x);
+        tier_tensor_close(y);
+        tier_client_free(c);
+        spawn();
+        assert_true(test_daemon_log_contains(&d, "Tensor 'x' of job 'deadr' was dead when tierd went"));
+        assert_int_equal(tier_client_new(d.socket, "deadr", 1, &c1), 0);
+        assert_int_equal(tier_tensor_open(c1, "x", &x1), 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ, &g), -ENODATA);
+        assert_non_null(strstr(tier_client_last_error(c1), "the plan of rank 0 overwrites it whole next"));
+        assert_int_equal(write_host(x1, 0x31, &sent), 0);      /* a whole write mends it */
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x1, g.ptr, 0x31));
+        assert_int_equal(tier_unpin(x1, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(x1), 0);
+        assert_int_equal(tier_tensor_open(c1, "y", &y), 0);
+        assert_int_equal(tier_tensor_destroy(y), 0);
+        tier_client_free(c1);
+        d.fd_store = false;
+}
+
 /* Cut short, as a kill in the middle of its write would, every record in use of the tables in the store. */
 static unsigned tear_stored_tables(void) {
         const size_t records_at = 8192;         /* memstore.c: a page of header, a page of inodes (12 segments) */
@@ -775,6 +837,7 @@ int main(void) {
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
                 cmocka_unit_test(test_store_dead_tensor_record_freed),
+                cmocka_unit_test(test_store_dead_read_after_restart),
                 cmocka_unit_test(test_store_torn_or_reshaped),
                 cmocka_unit_test(test_kill_at_every_step),
                 cmocka_unit_test(test_torn_record_at_every_write),
@@ -783,5 +846,7 @@ int main(void) {
 
         if (!test_can_lock_memory(32 * MiB))
                 return TEST_SKIP;
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
         return cmocka_run_group_tests_name("restart", tests, setup, teardown);
 }

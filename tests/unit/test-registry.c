@@ -700,7 +700,7 @@ static bool held_b(const Tensor *t, int tier, void *userdata) {
  */
 static void test_ghost_write_only(void **state) {
         Manager *m = new_manager();
-        Tensor *a, *b, *c, *d, *e, *f, *g, *h;
+        Tensor *a, *b, *c, *d, *e, *f, *g, *h, *k;
         Job *j, *j2, *j3;
 
         (void) state;
@@ -764,6 +764,10 @@ static void test_ghost_write_only(void **state) {
         g = ghost(m, j3, "g", true, 0);
         copy_free(g, LEVEL_NVME);
         g->ghost_dead_before = true;            /* its bytes were not wanted before the pin */
+        g->dead_rank = 1;                       /* (rank 0's plan made it dead: memstore_restore() keeps that) */
+        k = ghost(m, j3, "k", true, 0);         /* the same, from a table of before the rank was kept */
+        copy_free(k, LEVEL_NVME);
+        k->ghost_dead_before = true;
         h = fixture_tensor(j3, "h", 1 * MiB);  /* its copy of before is in VRAM only */
         fixture_on_nvme(m, h);
         fixture_touch(m, h, LEVEL_VRAM, false);
@@ -776,6 +780,17 @@ static void test_ghost_write_only(void **state) {
         f->copy[LEVEL_HOST].pins--;
         assert_true(g->dead && !g->lost);                               /* dead again */
         assert_int_equal(g->version, 1);
+        assert_true(k->dead && k->lost);        /* dead again, but no plan's own: its reads fail (op.c) */
+        {
+                Result res;
+                Op *op;
+
+                memset(&res, 0, sizeof(res));
+                assert_int_equal(op_submit(m->engine, OP_PIN, k, LEVEL_HOST, on_complete, NULL, &res, &op), 0);
+                run_until(m, &res);
+                assert_int_equal(res.status, -ENODATA);
+                assert_non_null(strstr(last_error, "it was dead when tierd stopped"));
+        }
         assert_int_equal(h->version, 1);                                /* back at its copy in VRAM */
         assert_true(copy_valid(h, LEVEL_VRAM) && !h->lost);
 
