@@ -497,6 +497,88 @@ static void test_commit_rollback(void **state) {
         dir_done(&d);
 }
 
+/* Write @v over the whole of @t in host through a write-only pin (no old bytes brought: TIER_WRITE). */
+static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
+        int done = 0;
+        Op *op;
+
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &done, &op), 0);
+        op->write = true;
+        op->discard = true;
+        FIXTURE_RUN_UNTIL(m, done);
+        assert_int_equal(done, 1);
+        fixture_fill(t, LEVEL_HOST, v);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+}
+
+/*
+ * Tensors dead at the commit (Tensor.commit_dead, which the index does not
+ * keep), then a crash of tierd and a rollback: none reads zeros or another
+ * version's bytes as its data.  d, dead when committed (its copies dropped
+ * by its plan) and x, dead then and written since, come back lost (their
+ * newest data was in memory): the rollback, not knowing they were dead,
+ * keeps them lost (no image, a committed version > 0), and their reads fail
+ * ENODATA until a whole write.  w, committed dead by its plan's write-only
+ * hold (ipc/commit.c) while NVMe held its committed version, keeps that copy
+ * as its image when the hold's write lands (copy_free()), and the index
+ * that image: the rollback brings back the bytes w held at the commit.
+ * (Without the crash the rollback makes all three dead again, as the
+ * commit had them.)
+ */
+static void test_commit_dead_after_restart(void **state) {
+        Dir d = dir_new();
+        Manager *m = start(&d);
+        Tensor *dd, *w, *x;
+        unsigned rolled, lost;
+        char why[128];
+        Job *j;
+
+        j = job(m, "j");
+        dd = fixture_tensor(j, "d", MiB);
+        w = fixture_tensor(j, "w", MiB);
+        x = fixture_tensor(j, "x", MiB);
+        fixture_host_data(m, dd, 0x41);
+        written(m, w, 0x51);
+        fixture_host_data(m, x, 0x61);
+        for (int i = 0; i < 2; i++) {
+                Tensor *t = i ? x : dd;
+
+                t->dead = true;                 /* as plan_drop_dead(): rank 0's plan overwrites it next */
+                t->dead_rank = 1;
+                for (int tier = 0; tier < TIERS; tier++)
+                        copy_free(t, tier);
+        }
+        job_commit(j, 3);
+        w->commit_dead = true;                  /* as ipc/commit.c for a tensor its plan's hold overwrites */
+        assert_true(dd->commit_dead && x->commit_dead);
+        write_only_pin(m, w, 0x52);
+        assert_non_null(w->base);               /* the committed version's NVMe copy: its image */
+        write_only_pin(m, x, 0x62);
+        assert_false(x->dead);
+        fixture_free(m);                        /* as a crash */
+
+        m = start(&d);
+        j = job_find(m->registry, "j");
+        dd = find(m, "j", "d");
+        w = find(m, "j", "w");
+        x = find(m, "j", "x");
+        assert_false(dd->commit_dead || w->commit_dead || x->commit_dead);     /* not in the index */
+        assert_non_null(w->base);
+        assert_true(dd->lost && w->lost && x->lost);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 1);
+        assert_int_equal(lost, 2);
+        assert_true(dd->lost && x->lost);
+        assert_int_equal(fixture_op(m, OP_PIN, dd, LEVEL_HOST), -ENODATA);
+        assert_int_equal(fixture_op(m, OP_PIN, x, LEVEL_HOST), -ENODATA);
+        assert_false(w->lost);
+        check_bytes(m, w, 0x51);                /* what it held at the commit */
+        write_only_pin(m, dd, 0x43);            /* a whole write mends a lost one */
+        check_bytes(m, dd, 0x43);
+        fixture_free(m);
+        dir_done(&d);
+}
+
 /*
  * A tensor written twice after its NVMe copy, then committed: the index has
  * a NEWER record of the first write only (no record while the newest is off
@@ -864,6 +946,7 @@ int main(void) {
                 cmocka_unit_test(test_unknown_format),
                 cmocka_unit_test(test_target_changed),
                 cmocka_unit_test(test_commit_rollback),
+                cmocka_unit_test(test_commit_dead_after_restart),
                 cmocka_unit_test(test_commit_after_two_writes),
                 cmocka_unit_test(test_newer_synced),
                 cmocka_unit_test(test_restore_guarantee_too_big),
