@@ -356,6 +356,17 @@ static int refill_stale(Op *op, Tensor *t, int tier) {
 
         if (c->state != COPY_RESIDENT && c->state != COPY_DRAINING)
                 return 0;
+        /*
+         * Reserved for a write-only pin that has not written it yet (no old bytes were brought): no
+         * read gets its room as data.  A plan's hold waits for that pin's unpin (-EBUSY is retried
+         * once something is unpinned: the plan's own read after its write, pinned ahead); a plain
+         * pin is told so.
+         */
+        if (c->writers > 0 && c->unwritten && c->version == t->version)
+                return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is reserved for a write-only pin "
+                               "(TIER_WRITE) of rank %" PRIu32 " that has not written it yet, and holds none of "
+                               "its data until that pin's unpin; pin again then", t->name, t->job->name,
+                               level_to_string(tier), c->writer_rank);
         if (c->writers > 0)
                 return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is older than the tensor "
                                "(written in another tier since) and still pinned by a connection: it is brought "

@@ -870,6 +870,29 @@ static void test_commit_overwrite_read_by_other_plan(void **state) {
         finish(m, j, c1, pa);
 }
 
+typedef struct PinResult {
+        int done;
+        int status;
+        char error[320];
+} PinResult;
+
+static void on_pin_result(Op *op, int status, const char *error) {
+        PinResult *r = op->userdata;
+
+        r->done++;
+        r->status = status;
+        snprintf(r->error, sizeof(r->error), "%s", error ? error : "");
+}
+
+/* A plain read pin of @t in @tier (no plan's): its status, its error in @r. */
+static int read_pin(Manager *m, Tensor *t, int tier, PinResult *r) {
+        memset(r, 0, sizeof(*r));
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, tier, on_pin_result, NULL, r, NULL), 0);
+        FIXTURE_RUN_UNTIL(m, r->done);
+        assert_int_equal(r->done, 1);
+        return r->status;
+}
+
 /*
  * Rank A's plan alone names T while rank B's plan is not submitted yet (B reconnecting, or
  * resubmitting after a tierd restart later than A): A's phase 0 reads T, phase 1 writes it whole,
@@ -925,6 +948,22 @@ static void test_dead_then_other_plan_reads(void **state) {
         marker(m, pa, 3);                                       /* A's write: room, no data */
         FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
         assert_true(pa->hold[0].ready_sent);
+        {
+                /*
+                 * Until A writes, a read of T gets none of that room as data: a plain pin there is told
+                 * to wait for A's unpin (it used to be told the copy was older than the tensor, written
+                 * in another tier), one elsewhere finds T dead; A's own hold ahead waits (below).
+                 */
+                PinResult r;
+
+                fixture_fill(t, LEVEL_HOST, 0x77);              /* (A writing it, halfway) */
+                assert_int_equal(read_pin(m, t, LEVEL_HOST, &r), -EBUSY);
+                assert_non_null(strstr(r.error, "reserved for a write-only pin (TIER_WRITE) of rank 3 that has "
+                                                "not written it yet"));
+                assert_int_equal(t->copy[LEVEL_HOST].pins, 1);  /* A's alone */
+                assert_int_equal(read_pin(m, t, LEVEL_VRAM, &r), -ENODATA);
+                assert_non_null(strstr(r.error, "the plan of rank 3 overwrites it whole next"));
+        }
         fixture_fill(t, LEVEL_HOST, 0x66);
         marker(m, pa, 0);                                       /* written: A reads it back */
         FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
