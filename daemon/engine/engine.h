@@ -62,6 +62,7 @@ struct Op {
         bool write;
         bool internal;          /* tierd's own (drain, write-behind, a scheduler's prefetch): no client waits */
         uint32_t plan_rank1;    /* a plan hold's pin: its plan's rank + 1 (a dead tensor it reads: zeros); else 0 */
+        bool kept;              /* a pin refused -EAGAIN for room kept for others' guarantees (engine_pin_check()) */
         /* Called once when the op ends (status 0 or -errno); the op is freed after. */
         void (*complete)(Op *op, int status, const char *error);
         /* Pin ops only: called once the destination is reserved (the grant is known). */
@@ -212,11 +213,16 @@ void engine_claims_changed(Engine *e);
  * (reclaim.c)?  What a job pins beyond its own guarantee comes out of the
  * room the live jobs' guarantees leave: per tier, the sum over them of
  * max(segments holding a pinned copy or one being filled, guarantee) stays
- * within the capacity.  0 (a pin within the job's guarantee always is), or
+ * within the capacity.  A copy with no room yet counts for the least it can
+ * take wherever its room is made (the job's pinned bytes and its own, in
+ * whole segments), so that a pin refused anyway is refused before anything is
+ * evicted for it.  0 (a pin within the job's guarantee always is), or
  * -EAGAIN with @buf (may be NULL) naming the jobs the room is kept for, or
  * -ENOMEM.
  */
 int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size);
+/* The same for room reclaim would take from another job for @t's copy (none placed): a segment more. */
+int engine_pin_check_reclaim(const Engine *e, const Tensor *t, int tier, char *buf, size_t size);
 
 /*
  * engine_job_share() - @j's share of @tier now (reclaim.c): its weighted part

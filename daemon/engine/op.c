@@ -233,6 +233,26 @@ static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
 }
 
 /*
+ * Would @op's pin take room kept for other jobs' guarantees (reclaim.c)?  Its
+ * copy as placed, or with none placed the least it can take, with @reclaim a
+ * segment taken from another job.  0 (not @op's pin either), or -errno with
+ * op->error set; op->kept says whether it was refused for that room.
+ */
+static int pin_kept(Op *op, Tensor *t, int tier, bool reclaim) {
+        int r;
+
+        op->kept = false;
+        if (op->kind != OP_PIN || t != op->tensor || tier != op->tier)
+                return 0;
+        r = reclaim ? engine_pin_check_reclaim(op->engine, t, tier, op->error, sizeof(op->error)) :
+                engine_pin_check(op->engine, t, tier, op->error, sizeof(op->error));
+        if (r == -ENOMEM)
+                return op_fail(op, r, "out of memory");
+        op->kept = r == -EAGAIN;
+        return r;
+}
+
+/*
  * Reserve space for @t in @tier: its pieces (copy_alloc()), after making room
  * among the job's own copies when it is at its limit or short of room.
  * 0, ADV_WAIT_SPACE, or -errno with op->error set (space_explain()).
@@ -254,7 +274,10 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                 if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS ||
                     why == SPACE_TOTAL_OVER)
                         break;          /* making room among the job's copies cannot help */
-                if (why == SPACE_POOL) {
+                /* (not for a pin the segment would take into room kept for guarantees: refused anyway) */
+                if (why == SPACE_POOL && (r = pin_kept(op, t, tier, true)) != -EAGAIN) {
+                        if (r < 0)
+                                return r;
                         /* the pool is dry: room may be owed by lingering jobs or jobs above their share */
                         r = reclaim(e, op, t, tier);
                         if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
@@ -297,14 +320,16 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                 r = -ENOSPC;
                 break;
         }
-        if (r >= 0 && op->kind == OP_PIN && t == op->tensor && tier == op->tier) {
+        if (r >= 0) {
                 /* the room this pin would hold may be kept for other jobs' guarantees (reclaim.c) */
-                r = engine_pin_check(e, t, tier, op->error, sizeof(op->error));
+                r = pin_kept(op, t, tier, false);
                 if (r < 0) {
                         copy_release(t, tier);
-                        return r == -ENOMEM ? op_fail(op, r, "out of memory") : r;
+                        return r;
                 }
         }
+        if (r < 0 && op->kept)
+                return -EAGAIN;         /* no room taken from others for it: op->error says why */
         if (r < 0) {
                 r = space_explain(t, tier, why, op->error, sizeof(op->error));
                 if (blocked > 0 && tier + 1 < TIERS) {
@@ -578,11 +603,12 @@ static int op_advance(Op *op) {
 
         switch (op->kind) {
         case OP_PIN:
-                /* a copy with its room already (a reservation is checked in copy_reserve()) */
+                /* a copy with its room already, or one refused wherever its room were made (a reservation
+                 * is checked in copy_reserve()) */
                 if (!op->pinned) {
-                        r = engine_pin_check(op->engine, t, op->tier, op->error, sizeof(op->error));
+                        r = pin_kept(op, t, op->tier, false);
                         if (r < 0)
-                                return r == -ENOMEM ? op_fail(op, r, "out of memory") : r;
+                                return r;
                 }
                 if (op->write && tensor_needs_image(t)) {
                         /* its committed data lies in memory only: to NVMe first, so that a rollback finds it */

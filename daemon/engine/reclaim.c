@@ -325,25 +325,49 @@ static bool copy_holds_room(const Copy *c) {
         return c->pins > 0 || c->state == COPY_FILLING;
 }
 
-int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size) {
+/* Does another live job than @j have a guarantee in @tier? */
+static bool others_guaranteed(const Registry *r, const Job *j, int tier) {
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+
+                if (o != j && job_live(o) && o->guarantee[tier] > 0)
+                        return true;
+        }
+        return false;
+}
+
+/* Append "'name' (guarantee, held of it pinned)" of live job @o to @who (@len used), as its room is kept. */
+static void name_kept(char *who, size_t size, size_t *len, const Job *o, uint64_t guarantee, uint64_t h) {
+        char g[SIZE_FORMAT_MAX], p[SIZE_FORMAT_MAX];
+        int k;
+
+        if (*len >= size)
+                return;
+        size_format(g, sizeof(g), guarantee);
+        size_format(p, sizeof(p), h);
+        k = snprintf(who + *len, size - *len, "%s'%s' (%s, %s of it pinned)", *len ? ", " : "", o->name, g, p);
+        if (k > 0)
+                *len = MIN(size - 1, *len + (size_t) k);
+}
+
+/*
+ * The check of engine_pin_check() and engine_pin_check_reclaim().  A copy not
+ * placed yet counts for the least it can take: the job's pinned bytes and its
+ * own in whole segments, and a segment more with @new_segment (what reclaim
+ * would hand over: it holds nothing pinned), so that a pin refused wherever
+ * its room were made is refused before anything is evicted for it.
+ */
+static int pin_check(const Engine *e, const Tensor *t, int tier, bool new_segment, char *buf, size_t size) {
         const Registry *r = e ? e->registry : NULL;
         const SegPool *pool = r && tier >= 0 && tier < TIERS && tier != LEVEL_NVME ? r->pools[tier] : NULL;
         const Copy *mine = pool ? &t->copy[tier] : NULL;
         const Job *j = t->job;
         _cleanup_free_ bool *held = NULL;
-        uint64_t seg_size, before = 0, after, sum;
+        uint64_t seg_size, before = 0, after, sum, pinned = t->alloc_size;
         char who[256], cap[SIZE_FORMAT_MAX], now_b[SIZE_FORMAT_MAX], then_b[SIZE_FORMAT_MAX], own[SIZE_FORMAT_MAX];
         size_t len = 0;
-        bool others = false;
 
-        if (!pool || mine->pins > 0 || mine->n_pieces == 0)
-                return 0;
-        list_for_each_safe(node, tmp, (List *) &r->jobs) {
-                const Job *o = list_entry(node, Job, link);
-
-                others = others || (o != j && job_live(o) && o->guarantee[tier] > 0);
-        }
-        if (!others)
+        if (!pool || mine->pins > 0 || (new_segment && mine->n_pieces > 0) || !others_guaranteed(r, j, tier))
                 return 0;
         held = calloc(pool->n_segs, sizeof(bool));
         if (!held)
@@ -351,9 +375,12 @@ int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size
         list_for_each_safe(node, tmp, (List *) &r->lru[tier]) {
                 const Copy *c = list_entry(node, Copy, lru);
 
-                if (c != mine && copy_holds_room(c))
-                        for (uint32_t p = 0; p < c->n_pieces; p++)
-                                held[c->pieces[p].seg->id] = true;
+                if (c == mine || !copy_holds_room(c))
+                        continue;
+                for (uint32_t p = 0; p < c->n_pieces; p++)
+                        held[c->pieces[p].seg->id] = true;
+                if (container_of(c, Tensor, copy[tier])->job == j)
+                        pinned += container_of(c, Tensor, copy[tier])->alloc_size;
         }
         seg_size = pool->seg_size;
         list_for_each_safe(node, tmp, (List *) &j->segments[tier])
@@ -364,6 +391,8 @@ int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size
                         held[mine->pieces[p].seg->id] = true;
                         after += seg_size;
                 }
+        if (mine->n_pieces == 0)
+                after = MAX(before + (new_segment ? seg_size : 0), ALIGN_UP(pinned, seg_size));
         if (after == before || after <= j->guarantee[tier])
                 return 0;
         sum = MAX(after, j->guarantee[tier]);
@@ -377,17 +406,8 @@ int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size
                 list_for_each_safe(sn, stmp, (List *) &o->segments[tier])
                         h += held[list_entry(sn, Segment, owner_link)->id] ? seg_size : 0;
                 sum += MAX(h, o->guarantee[tier]);
-                if (h < o->guarantee[tier] && len < sizeof(who)) {
-                        char g[SIZE_FORMAT_MAX], p[SIZE_FORMAT_MAX];
-                        int k;
-
-                        size_format(g, sizeof(g), o->guarantee[tier]);
-                        size_format(p, sizeof(p), h);
-                        k = snprintf(who + len, sizeof(who) - len, "%s'%s' (%s, %s of it pinned)", len ? ", " : "",
-                                     o->name, g, p);
-                        if (k > 0)
-                                len = MIN(sizeof(who) - 1, len + (size_t) k);
-                }
+                if (h < o->guarantee[tier])
+                        name_kept(who, sizeof(who), &len, o, o->guarantee[tier], h);
         }
         if (sum <= r->capacity[tier])
                 return 0;
@@ -397,10 +417,19 @@ int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size
                 size_format(then_b, sizeof(then_b), after);
                 size_format(own, sizeof(own), j->guarantee[tier]);
                 (void) snprintf(buf, size, "the %s room job '%s' may pin is used: tensor '%s' would take what it pins "
-                                "there from %s to %s (in whole segments), beyond its own guarantee (%s), and the "
+                                "there from %s to %s%s (in whole segments), beyond its own guarantee (%s), and the "
                                 "rest of the %s tier is kept for the guaranteed minimum of %s; retry later (when "
                                 "such a job ends), or unpin something", level_to_string(tier), j->name, t->name,
-                                now_b, then_b, own, cap, who[0] ? who : "the other live jobs");
+                                now_b, mine->n_pieces ? "" : "at least ", then_b, own, cap,
+                                who[0] ? who : "the other live jobs");
         }
         return -EAGAIN;
+}
+
+int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size) {
+        return pin_check(e, t, tier, false, buf, size);
+}
+
+int engine_pin_check_reclaim(const Engine *e, const Tensor *t, int tier, char *buf, size_t size) {
+        return pin_check(e, t, tier, true, buf, size);
 }

@@ -348,7 +348,10 @@ static const char *const CONFIG_GUARANTEE =
         "[quota]\n"
         "job = guaranteed\n"
         "host_min = 32M\n"
-        "host = 48M\n";
+        "host = 48M\n"
+        "[quota]\n"
+        "job = greedy\n"
+        "weight = 10\n";
 
 static TestDaemon guarantee_daemon_;
 
@@ -424,12 +427,148 @@ static void test_guarantee_kept_from_pins(void **state) {
         tier_client_free(hog);
 }
 
+/* Key "used" of job @name's host usage in the guarantee test tierd's status. */
+static uint64_t guarantee_host_used(const char *name) {
+        json_t *st = test_daemon_status(&guarantee_daemon_), *job;
+        uint64_t used = UINT64_MAX;
+        size_t i;
+
+        assert_non_null(st);
+        json_array_foreach(json_object_get(st, "jobs"), i, job)
+                if (strcmp(json_string_value(json_object_get(job, "name")), name) == 0)
+                        used = (uint64_t) json_integer_value(json_object_get(
+                                json_object_get(json_object_get(job, "usage"), "host"), "used"));
+        json_decref(st);
+        return used;
+}
+
+/*
+ * A pin refused for room kept for a guarantee was refused only once its room was made: with the pool dry,
+ * reclaim emptied a segment of a job above its share for it (that job's copy written down or dropped), and
+ * again on each retry once that job had its copy back.  Such a pin is refused before any room is made now.
+ * 'greedy' (weight 10: a share of 48M, its limit) pins 32M, all 'guaranteed' leaves it; 'cache' (a share of
+ * 5.3M) holds the other 32M unpinned.
+ */
+static void test_refused_pin_evicts_nothing(void **state) {
+        tier_client *g = NULL, *cache = NULL, *greedy = NULL;
+        tier_tensor *c[2], *h[3];
+        struct tier_grant gr;
+        uint64_t moved[TIER_LINK_SLOTS] = {};
+        unsigned evicted = 0;
+
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "guaranteed", 0, &g), 0);
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "cache", 0, &cache), 0);
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "greedy", 0, &greedy), 0);
+        for (unsigned i = 0; i < 2; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "c%u", i);
+                assert_int_equal(tier_tensor_create(cache, name, 16 * MiB, &c[i]), 0);
+                assert_int_equal(tier_pin(c[i], TIER_HOST, TIER_WRITE, &gr), 0);
+                memset(gr.ptr, 0x5a + (int) i, gr.length);
+                assert_int_equal(tier_unpin(c[i], TIER_HOST, 1), 0);
+        }
+        for (unsigned i = 0; i < 3; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "h%u", i);
+                assert_int_equal(tier_tensor_create(greedy, name, 16 * MiB, &h[i]), 0);
+        }
+        assert_int_equal(tier_pin(h[0], TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_pin(h[1], TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(guarantee_host_used("cache"), 32 * MiB);
+        for (unsigned round = 0; round < 3; round++) {
+                assert_int_equal(tier_pin(h[2], TIER_HOST, TIER_WRITE, &gr), -EAGAIN);
+                if (!strstr(tier_client_last_error(greedy), "kept for the guaranteed minimum of 'guaranteed'"))
+                        fail_msg("%s", tier_client_last_error(greedy));
+                if (guarantee_host_used("cache") < 32 * MiB)
+                        evicted++;
+                /* what went comes back (a prefetch: 'cache' is no more to pin into the room kept either) */
+                for (unsigned i = 0; i < 2; i++)
+                        assert_int_equal(tier_prefetch(c[i], TIER_HOST), 0);
+        }
+        assert_int_equal(tier_client_moved(cache, moved), 0);
+        print_message("the refused pin evicted a copy of 'cache' in %u of 3 tries; 'cache' read %" PRIu64
+                      " MiB back\n", evicted, moved[TIER_LINK_NVME_TO_HOST] / MiB);
+        assert_int_equal(evicted, 0);
+        assert_int_equal(moved[TIER_LINK_NVME_TO_HOST], 0);
+        for (unsigned i = 0; i < 2; i++)
+                assert_int_equal(tier_unpin(h[i], TIER_HOST, 1), 0);
+        for (unsigned i = 0; i < 2; i++) {
+                assert_int_equal(tier_pin(c[i], TIER_HOST, TIER_READ, &gr), 0);
+                assert_int_equal(((uint8_t *) gr.ptr)[gr.length - 1], 0x5a + i);
+                assert_int_equal(tier_unpin(c[i], TIER_HOST, 0), 0);
+                tier_tensor_close(c[i]);
+        }
+        for (unsigned i = 0; i < 3; i++)
+                tier_tensor_close(h[i]);
+        tier_client_free(greedy);
+        tier_client_free(cache);
+        tier_client_free(g);
+}
+
+/*
+ * The same where the pin's own bytes fit the segments its job holds pinned already: 'greedy' holds 'h0' pinned
+ * and 'u' unpinned in one segment, 'h1' pinned in another, and pins 'x' (8M) with the pool dry.  Reclaim took
+ * a segment of 'cache' for it, and the pin, placed there, was refused; now reclaim is not tried for a segment
+ * it could not hold, and 'u' makes the room, in a segment held already: the pin is granted.
+ */
+static void test_reclaim_not_tried_for_a_kept_pin(void **state) {
+        tier_client *g = NULL, *cache = NULL, *greedy = NULL;
+        tier_tensor *c[2], *u, *h0, *h1, *x;
+        struct tier_grant gr;
+
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "guaranteed", 0, &g), 0);
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "cache", 0, &cache), 0);
+        assert_int_equal(tier_client_new(guarantee_daemon_.socket, "greedy", 0, &greedy), 0);
+        for (unsigned i = 0; i < 2; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "c%u", i);
+                assert_int_equal(tier_tensor_create(cache, name, 16 * MiB, &c[i]), 0);
+                assert_int_equal(tier_pin(c[i], TIER_HOST, TIER_WRITE, &gr), 0);
+                assert_int_equal(tier_unpin(c[i], TIER_HOST, 1), 0);
+        }
+        assert_int_equal(tier_tensor_create(greedy, "u", 8 * MiB, &u), 0);
+        assert_int_equal(tier_tensor_create(greedy, "h0", 8 * MiB, &h0), 0);
+        assert_int_equal(tier_tensor_create(greedy, "h1", 16 * MiB, &h1), 0);
+        assert_int_equal(tier_tensor_create(greedy, "x", 8 * MiB, &x), 0);
+        assert_int_equal(tier_pin(u, TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_unpin(u, TIER_HOST, 1), 0);
+        assert_int_equal(tier_pin(h0, TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(tier_pin(h1, TIER_HOST, TIER_WRITE, &gr), 0);
+        assert_int_equal(guarantee_host_used("greedy"), 32 * MiB);
+        assert_int_equal(guarantee_host_used("cache"), 32 * MiB);
+        if (tier_pin(x, TIER_HOST, TIER_WRITE, &gr) < 0)
+                fail_msg("%s", tier_client_last_error(greedy));
+        assert_int_equal(guarantee_host_used("cache"), 32 * MiB);
+        assert_int_equal(guarantee_host_used("greedy"), 32 * MiB);        /* 'u' went */
+        assert_int_equal(tier_unpin(x, TIER_HOST, 1), 0);
+        assert_int_equal(tier_unpin(h0, TIER_HOST, 1), 0);
+        assert_int_equal(tier_unpin(h1, TIER_HOST, 1), 0);
+        tier_tensor_close(x);
+        tier_tensor_close(h1);
+        tier_tensor_close(h0);
+        tier_tensor_close(u);
+        for (unsigned i = 0; i < 2; i++)
+                tier_tensor_close(c[i]);
+        tier_client_free(greedy);
+        tier_client_free(cache);
+        tier_client_free(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_lingering_job_yields),
                 cmocka_unit_test(test_live_jobs_share),
                 cmocka_unit_test_setup_teardown(test_guarantee_kept_from_pins, setup_guarantee, teardown_guarantee),
+                cmocka_unit_test_setup_teardown(test_refused_pin_evicts_nothing, setup_guarantee, teardown_guarantee),
+                cmocka_unit_test_setup_teardown(test_reclaim_not_tried_for_a_kept_pin, setup_guarantee,
+                                                teardown_guarantee),
         };
+
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
 
         return cmocka_run_group_tests(tests, setup, teardown);
 }
