@@ -101,6 +101,7 @@ static void json_plan(JsonWriter *w, const Tier__PlanStatus *ps) {
         json_key_seconds(w, "stall_s", ps->stall_s);
         json_key_seconds(w, "last_step_s", ps->last_step_s);
         json_key_seconds(w, "stall_total_s", ps->stall_total_s);
+        json_key_string(w, "waiting", ps->waiting);
         json_key(w, "step_bytes");
         json_object_begin(w);
         for (size_t l = 0; l < ps->n_step_links; l++)
@@ -589,6 +590,13 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                                 goto finish;
                         table_print(f, &t);
                 }
+                /* a phase held back: why, as the refusal of its pin said */
+                for (size_t i = 0; i < s->n_jobs; i++)
+                        for (size_t k = 0; s->jobs[i] && k < s->jobs[i]->n_plans; k++)
+                                if (s->jobs[i]->plans[k]->waiting && s->jobs[i]->plans[k]->waiting[0])
+                                        fprintf(f, "plan of %s, rank %" PRIu32 ", waits: %s\n",
+                                                strempty(s->jobs[i]->name), s->jobs[i]->plans[k]->rank,
+                                                s->jobs[i]->plans[k]->waiting);
         }
 
 finish:

@@ -223,6 +223,14 @@ void engine_claims_changed(Engine *e);
 int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size_t size);
 /* The same for room reclaim would take from another job for @t's copy (none placed): a segment more. */
 int engine_pin_check_reclaim(const Engine *e, const Tensor *t, int tier, char *buf, size_t size);
+/*
+ * engine_pins_fit_kept() - can job @j ever hold pins of @bytes in @tier at
+ * once (a plan's phase) while the other live jobs' guarantees are kept?  0,
+ * or -ENOSPC with @buf (may be NULL) saying why not, naming those jobs: what
+ * it pins beyond its own guarantee, in whole segments, and their guarantees
+ * exceed the capacity, whatever is unpinned meanwhile (reclaim.c).
+ */
+int engine_pins_fit_kept(const Engine *e, const Job *j, int tier, uint64_t bytes, char *buf, size_t size);
 
 /*
  * engine_job_share() - @j's share of @tier now (reclaim.c): its weighted part

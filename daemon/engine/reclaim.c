@@ -433,3 +433,49 @@ int engine_pin_check(const Engine *e, const Tensor *t, int tier, char *buf, size
 int engine_pin_check_reclaim(const Engine *e, const Tensor *t, int tier, char *buf, size_t size) {
         return pin_check(e, t, tier, true, buf, size);
 }
+
+int engine_pins_fit_kept(const Engine *e, const Job *j, int tier, uint64_t bytes, char *buf, size_t size) {
+        const Registry *r = e ? e->registry : NULL;
+        const SegPool *pool = r && tier >= 0 && tier < TIERS && tier != LEVEL_NVME ? r->pools[tier] : NULL;
+        uint64_t need, kept = 0;
+        char who[256], b_need[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX], b_cap[SIZE_FORMAT_MAX];
+        char b_kept[SIZE_FORMAT_MAX];
+        size_t len = 0;
+
+        if (!pool)
+                return 0;
+        need = ALIGN_UP(bytes, pool->seg_size);
+        if (need <= j->guarantee[tier])
+                return 0;               /* within its own guarantee: never refused */
+        who[0] = '\0';
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+
+                if (o == j || !job_live(o) || o->guarantee[tier] == 0)
+                        continue;
+                kept += o->guarantee[tier];
+                if (len < sizeof(who)) {
+                        char g[SIZE_FORMAT_MAX];
+                        int k;
+
+                        size_format(g, sizeof(g), o->guarantee[tier]);
+                        k = snprintf(who + len, sizeof(who) - len, "%s'%s' (%s)", len ? ", " : "", o->name, g);
+                        if (k > 0)
+                                len = MIN(sizeof(who) - 1, len + (size_t) k);
+                }
+        }
+        if (need + kept <= r->capacity[tier])
+                return 0;
+        if (buf && size > 0) {
+                size_format(b_need, sizeof(b_need), need);
+                size_format(b_own, sizeof(b_own), j->guarantee[tier]);
+                size_format(b_cap, sizeof(b_cap), r->capacity[tier]);
+                size_format(b_kept, sizeof(b_kept), kept);
+                (void) snprintf(buf, size, "job '%s' would pin %s in %s at once (in whole segments), beyond its own "
+                                "guarantee (%s), and %s of the %s tier are kept for the guaranteed minimum of %s "
+                                "while they run: that never fits then; make the phase smaller, or lower those "
+                                "guarantees (host_min, vram_min: tierd.conf(5), tierctl quota)", j->name, b_need,
+                                level_to_string(tier), b_own, b_kept, b_cap, who);
+        }
+        return -ENOSPC;
+}

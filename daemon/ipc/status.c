@@ -278,6 +278,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         ps->rank = p->rank;
                         ps->connection = p->conn_id;
                         ps->rank_shared = p->rank_shared;
+                        ps->waiting = (char *) (plan_waiting(p) ? plan_waiting(p) : "");
                         for (int l = 0; l < _LINK_MAX; l++) {
                                 Tier__LinkStatus *ls = &b->plinks[np * _LINK_MAX + (size_t) l];
 

@@ -787,3 +787,60 @@ bool plan_phase_fits_totals(const Plan *p, uint32_t phase, int tier) {
                         return false;
         return true;
 }
+
+bool plan_pin_waits(Plan *p, int h, const PlanAcc *a, int status, const char *error, bool kept) {
+        PlanHold *hold = &p->hold[h];
+        const PlanPhase *ph = &p->phases[hold->phase];
+        const char *lvl = level_to_string(a->tier);
+        char what[768];
+        uint64_t bytes = 0;
+
+        if (!error)
+                error = strerror(-status);
+        if (status == -EAGAIN && kept) {
+                for (uint32_t i = 0; i < ph->n_acc; i++)
+                        if (ph->acc[i].tier == a->tier)
+                                bytes += ph->acc[i].tensor->alloc_size;
+                if (engine_pins_fit_kept(p->sched->engine, p->job, a->tier, bytes, what, sizeof(what)) < 0) {
+                        size_t len = strlen(what);
+
+                        /* waiting would hang the rank for as long as those jobs run */
+                        (void) snprintf(what + len, sizeof(what) - len, ": phase %" PRIu32 " (tensor '%s' refused)",
+                                        hold->phase, a->tensor->name);
+                        plan_set_error(p, -ENOSPC, what);
+                        return false;
+                }
+                if (!hold->kept_said)
+                        log_job(LOG_WARNING, 0, p->job->name, "Phase %" PRIu32 " of job '%s' waits for room in %s "
+                                "kept for other jobs' guarantees until they unpin or end: %s", hold->phase,
+                                p->job->name, lvl, error);
+                hold->kept_said = true;
+        } else if (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))
+                log_debug("sched: job '%s' waits for room under a total for '%s' in %s: %s", p->job->name,
+                          a->tensor->name, lvl, error);
+        else if (status != -ENOSPC && status != -EAGAIN && status != -EBUSY) {
+                (void) snprintf(what, sizeof(what), "cannot bring tensor '%s' to %s: %s", a->tensor->name, lvl,
+                                error);
+                plan_set_error(p, status, what);
+                return false;
+        }
+        /* no room now, a stale copy still pinned, or a total full of what other jobs pin */
+        if (status == -EAGAIN)
+                log_debug("sched: job '%s' waits for room for '%s' in %s: %s", p->job->name, a->tensor->name, lvl,
+                          error);
+        (void) snprintf(p->waiting, sizeof(p->waiting), "phase %" PRIu32 ", tensor '%s' in %s: %s", hold->phase,
+                        a->tensor->name, lvl, error);
+        p->waiting_seq = hold->seq;
+        return true;
+}
+
+const char *plan_waiting(const Plan *p) {
+        const PlanHold *hold = &p->hold[0];     /* the marker's phase: its rank waits for it (not one pinned ahead) */
+
+        if (!hold->active || hold->ready_sent || hold->seq != p->waiting_seq || !p->waiting[0])
+                return NULL;
+        for (uint32_t i = 0; i < p->phases[hold->phase].n_acc; i++)
+                if (!p->hs[0].pinned[i] && p->hs[0].blocked[i] == p->sched->epoch)
+                        return p->waiting;
+        return NULL;
+}

@@ -67,6 +67,7 @@ typedef struct PlanHold {
         uint32_t phase;
         uint32_t n_pinned;
         bool ready_sent;
+        bool kept_said;         /* its wait for room kept for other jobs' guarantees was logged */
 } PlanHold;
 
 /* Who a hold's pin op is for (its userdata). */
@@ -154,6 +155,8 @@ struct Plan {
         double last_stall_s;
         uint64_t last_step_links[_LINK_MAX];
         double last_step_s;
+        char waiting[640];      /* why a pin of hold waiting_seq's phase waits (plan_pin_waits()), for status */
+        uint64_t waiting_seq;
         bool attached;          /* counted in the slots' plan_refs, in Sched.plans and Job.plans */
         uint32_t trace_id;      /* its number in traces (Trace.next_plan) */
 };
@@ -197,6 +200,17 @@ bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c);
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
 /* Does phase @phase alone fit its job's limit in @tier and every total the job is held to (a -EDQUOT may pass)? */
 bool plan_phase_fits_totals(const Plan *p, uint32_t phase, int tier);
+/*
+ * A pin of hold @h's access @a failed with @status (@error: the engine's
+ * reason): does it wait (true: retried once something is freed, unpinned or
+ * moves), or did the plan fail (false: plan_set_error() done)?  A pin refused
+ * for room kept for other jobs' guarantees (@kept) fails the plan when its
+ * phase can never be pinned while those jobs run (engine_pins_fit_kept()),
+ * and its wait is logged once per hold, at warning level, otherwise.
+ */
+bool plan_pin_waits(Plan *p, int h, const PlanAcc *a, int status, const char *error, bool kept);
+/* Why the phase @p's rank entered (its latest marker's, not ready) waits for room now, for tierctl status; or NULL. */
+const char *plan_waiting(const Plan *p);
 /* Mode of the first access of @t in the phases after @from (and in @from too if @inclusive); 0: none. */
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive);
 

@@ -211,24 +211,9 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 }
                 plan_slot_publish(p, a);
                 engine_kick(p->sched->engine);
-        } else if (status == -ENOSPC || status == -EAGAIN || status == -EBUSY ||
-                   (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))) {
-                /* no room now, a stale copy still pinned, or a total full of what other jobs pin:
-                 * retried when something is freed, unpinned or moves, not in a busy loop */
-                if (status == -EDQUOT)
-                        log_debug("sched: job '%s' waits for room under a total for '%s' in %s: %s", p->job->name,
-                                  a->tensor->name, level_to_string(a->tier), error ? error : "");
-                else if (status == -EAGAIN)
-                        log_debug("sched: job '%s' waits for room for '%s' in %s: %s", p->job->name,
-                                  a->tensor->name, level_to_string(a->tier), error ? error : "");
-                hs->blocked[ctx->idx] = p->sched->epoch;
-        } else {
-                char what[256];
-
-                snprintf(what, sizeof(what), "cannot bring tensor '%s' to %s: %s", a->tensor->name,
-                         level_to_string(a->tier), error ? error : strerror(-status));
-                plan_set_error(p, status, what);
-        }
+        } else if (plan_pin_waits(p, ctx->hold, a, status, error, op->kept))
+                hs->blocked[ctx->idx] = p->sched->epoch;        /* retried when something is freed, unpinned
+                                                                 * or moves, not in a busy loop */
 }
 
 static void on_pin_cancelled(Op *op) {

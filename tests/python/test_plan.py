@@ -225,7 +225,60 @@ host = 48M
 
 class TestPlanGuarantee(unittest.TestCase):
     def test_phase_waits_for_room_kept_for_a_guarantee(self) -> None:
-        """A phase pinning into room kept for another job's guarantee waits, and runs once that job ends."""
+        """A phase pinning into room kept for another job's guarantee while a third job pins waits (it fits
+        beside the guarantee alone), said once at warning level and in the status, and runs once the guaranteed
+        job ends."""
+        with tierd.Tierd(GUARANTEE_CONFIG) as d:
+            g = tier.Client("guaranteed", socket=d.socket)
+            other = tier.Client("other", socket=d.socket)
+            hog = tier.Client("hog", socket=d.socket)
+            og = other.create("o", 16 * MiB).pin(tier.HOST, tier.WRITE)
+            ts = [hog.create(f"h{i}", 16 * MiB) for i in range(2)]
+            with hog.plan() as p:
+                for t in ts:                    # 32M: what the 32M kept for 'guaranteed' leave, less what 'other' pins
+                    p.add(0, t, tier.HOST, tier.WRITE)
+                p.submit()
+            entered: list[bool] = []
+            th = threading.Thread(target=lambda: (hog.phase(0), entered.append(True)))
+            th.start()
+            warning = "tierd[warning]: Phase 0 of job 'hog' waits for room in host kept for other jobs' guarantees"
+            refused = "sched: job 'hog' waits for room for"
+            try:
+                while refused not in d.log_text():     # (said after the warning, by the same refusal)
+                    self.assertTrue(th.is_alive(), "the phase was entered while 'other' pinned")
+                    time.sleep(0.01)
+                self.assertIn(warning, d.log_text())
+                self.assertIn("kept for the guaranteed minimum of 'guaranteed'", d.log_text())
+                # (the refusal may come first, of the phase pinned ahead: the status says it once the rank waits)
+                deadline = time.monotonic() + 30
+                while not (plan := next(j for j in g.status()["jobs"] if j["name"] == "hog")["plans"][0])["waiting"]:
+                    self.assertLess(time.monotonic(), deadline, "the status never said why the phase waits")
+                    time.sleep(0.01)
+                self.assertIn("phase 0, tensor 'h1' in host: ", plan["waiting"])
+                self.assertIn("kept for the guaranteed minimum of 'guaranteed'", plan["waiting"])
+                self.assertIn("plan of hog, rank 0, waits: phase 0", g.status_table())
+                # an unpin elsewhere retries the pin: refused again, not said again
+                n = d.log_text().count(refused)
+                g.create("a", 16 * MiB).pin(tier.HOST, tier.WRITE).unpin()     # within its guarantee
+                while d.log_text().count(refused) <= n:
+                    time.sleep(0.01)
+                self.assertEqual(d.log_text().count(warning), 1)
+                self.assertEqual(entered, [])
+            finally:
+                g.close()                       # its guarantee goes with it: the phase's pin is retried, and fits
+                th.join(30)
+            self.assertEqual(entered, [True])
+            for t in ts:
+                self.assertTrue(hog.phase_grant(t, tier.HOST).phase)
+            self.assertEqual(next(j for j in other.status()["jobs"] if j["name"] == "hog")["plans"][0]["waiting"], "")
+            og.unpin()
+            hog.end_plan()
+            hog.close()
+            other.close()
+
+    def test_phase_that_never_fits_fails(self) -> None:
+        """A phase that needs more than the room the live jobs' guarantees leave fails the plan (ENOSPC), naming
+        them, rather than hang its rank for as long as they run."""
         with tierd.Tierd(GUARANTEE_CONFIG) as d:
             g = tier.Client("guaranteed", socket=d.socket)
             hog = tier.Client("hog", socket=d.socket)
@@ -234,21 +287,29 @@ class TestPlanGuarantee(unittest.TestCase):
                 for t in ts:                    # 48M: its limit, but 32M of the 64M are kept for 'guaranteed'
                     p.add(0, t, tier.HOST, tier.WRITE)
                 p.submit()
-            entered: list[bool] = []
-            th = threading.Thread(target=lambda: (hog.phase(0), entered.append(True)))
+            failed: list[BaseException] = []
+
+            def enter() -> None:
+                try:
+                    hog.phase(0)
+                except tier.TierError as e:
+                    failed.append(e)
+
+            th = threading.Thread(target=enter)
             th.start()
             try:
-                while "kept for the guaranteed minimum of 'guaranteed'" not in d.log_text():
-                    self.assertTrue(th.is_alive(), "the phase was entered while 'guaranteed' ran")
+                while "Plan of job 'hog' failed" not in d.log_text():
+                    self.assertNotIn("sched: job 'hog' waits for room", d.log_text(), "the phase waits")
+                    self.assertTrue(th.is_alive() or failed, "the phase was entered while 'guaranteed' ran")
                     time.sleep(0.01)
-                self.assertEqual(entered, [])
             finally:
-                g.close()                       # its guarantee goes with it: the phase's pin is retried
+                g.close()                       # (what let a waiting phase go on)
                 th.join(30)
-            self.assertEqual(entered, [True])
-            for t in ts:
-                self.assertTrue(hog.phase_grant(t, tier.HOST).phase)
-            hog.end_plan()
+            self.assertEqual(len(failed), 1)
+            self.assertIsInstance(failed[0], tier.NoSpaceError)
+            self.assertIn("tierd[err]: Plan of job 'hog' failed: job 'hog' would pin 48.0 MiB in host at once",
+                          d.log_text())
+            self.assertIn("for the guaranteed minimum of 'guaranteed' (32.0 MiB)", d.log_text())
             hog.close()
 
 
