@@ -403,6 +403,7 @@ class TestModels(tierd.DaemonTestCase):
         self.assertRegex(text, r"block \d+ '(emb|enc\.layers\.\d|head)' \((Embedding|TransformerEncoderLayer|Linear)\)")
         self.assertIn("in host", text)
         self.assertIn("tierctl quota set", text)
+        self.assertIn("guaranteed minimums", text)     # a phase refused for other jobs' guarantees: said too
         self.assertIn("describe()", text)
         self.assertNotRegex(text, r"'torch\.\d+\.\d+\.[pgmv]'")      # no internal tensor names
         if eng is not None:

@@ -98,6 +98,7 @@ def advice(eng: "Offload", b: Block | None) -> str:
         bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
                     "clipped), so two blocks' optimizer phases are pinned at once")
     job = getattr(eng.client, "job", "JOB")
-    bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); "
-                "Offload.describe() shows every block")
+    bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); room kept for "
+                "other live jobs' guaranteed minimums (host_min, vram_min) is not the job's to use either: "
+                "tierd's log names those jobs; Offload.describe() shows every block")
     return "; ".join(bits)
