@@ -630,6 +630,47 @@ static void on_stop_write_cancelled(Op *op) {
         ((Manager *) op->userdata)->stop_writes--;
 }
 
+/* A tensor of the NVMe index whose newest data is only in memory (host, emulated VRAM): lost unless written down. */
+static bool held_only_in_memory(const Tensor *t) {
+        return t->version > 0 && !t->dead && !t->lost && t->book_key && !copy_valid(t, LEVEL_NVME) &&
+               (copy_valid(t, LEVEL_HOST) || copy_valid(t, LEVEL_VRAM));
+}
+
+/*
+ * The drain gives up (its bound, or the signal again): say what is held only in memory and so not on NVMe
+ * now, whether its write-down was under way or had not begun, because a client still held on.
+ */
+static void stop_report_unwritten(Manager *m) {
+        unsigned n = 0;
+        uint64_t bytes = 0;
+
+        if (!m->book)
+                return;
+        list_for_each_safe(jn, jtmp, &m->registry->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                if (!j->book_key)
+                        continue;
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        Tensor *t = list_entry(tn, Tensor, job_link);
+
+                        if (held_only_in_memory(t)) {
+                                n++;
+                                bytes += t->alloc_size;
+                        }
+                }
+        }
+        if (n == 0)
+                return;
+        log_warning("Stopping: %u tensor(s), %" PRIu64 " MiB, held only in memory were not written down to NVMe (%s): "
+                    "%s", n, bytes >> 20,
+                    m->stop_writing ? "their write-down did not end in time" :
+                    "their write-down waits for every client to let go, and some still held pins",
+                    m->memstore ? "they are lost unless the service manager keeps tierd's memory for its next start "
+                    "(systemctl restart does, systemctl stop does not)" :
+                    "they are lost (the next start reports them)");
+}
+
 /*
  * With the NVMe index, what is only in memory (host, emulated VRAM) goes to
  * NVMe before tierd stops, so that the next start finds every tensor: once
@@ -647,8 +688,7 @@ static void manager_write_down(Manager *m) {
                 list_for_each_safe(tn, ttmp, &j->tensors) {
                         Tensor *t = list_entry(tn, Tensor, job_link);
 
-                        if (t->version == 0 || t->dead || t->lost || !t->book_key || copy_valid(t, LEVEL_NVME) ||
-                            (!copy_valid(t, LEVEL_HOST) && !copy_valid(t, LEVEL_VRAM)))
+                        if (!held_only_in_memory(t))
                                 continue;
                         Op *op;
 
@@ -694,9 +734,7 @@ static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
                     "reading after "
                     "%" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
                     m->drain_usec / 1000);
-        if (m->stop_writes)
-                log_warning("Stopping: %u tensor(s) held only in memory were not written down to NVMe in time: "
-                            "they are lost (the next start reports them)", m->stop_writes);
+        stop_report_unwritten(m);
         return sd_event_exit(m->event, 0);
 }
 
@@ -706,6 +744,7 @@ static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si,
 
         if (m->stopping) {
                 log_notice("%s received again, stopping without waiting any longer", sig);
+                stop_report_unwritten(m);
                 return sd_event_exit(m->event, 0);
         }
         log_info("%s received, stopping", sig);

@@ -82,6 +82,29 @@ class TestShutdown(unittest.TestCase):
         with self.assertRaises(tier.ShutdownError):
             t.stat()
 
+    def test_stop_cut_short_says_what_is_lost(self) -> None:
+        """A stop cut short (SIGTERM again) while a client still holds a pin that may write: the write-down of what
+        is only in memory never began (it waits for every client), and the log says that it is lost, and how
+        much, not only that a client held on (it used to say nothing of the lost tensors)."""
+        c = tier.Client("held", socket=self.d.socket)
+        self.addCleanup(c.close)
+        dirty = c.create("dirty", 1 * MiB)
+        g = dirty.pin(tier.HOST)
+        g.memoryview()[0] = 1
+        g.unpin(dirty=True)                     # its newest data is only in host memory
+        held = c.create("held", 1 * MiB)
+        w = held.pin(tier.HOST)                 # may write: the stop waits for it
+        w.memoryview()[0] = 2
+        self.d.proc.send_signal(signal.SIGTERM)
+        self.d.wait_notify("STOPPING=1", 10)
+        self.d.proc.send_signal(signal.SIGTERM)  # the wait ends at once
+        self.assertEqual(self.d.stop(), 0)
+        log = self.d.log_text()
+        self.assertIn("received again", log)
+        self.assertNotIn("Stopping: writing", log)     # the write-down never began
+        self.assertIn("Stopping: 1 tensor(s), 1 MiB, held only in memory were not written down to NVMe (their "
+                      "write-down waits for every client to let go, and some still held pins): they are lost", log)
+
     def test_bad_message_after_stop(self) -> None:
         """EBADMSG once the connection is unusable (tierd gone) raises ShutdownError (on a connection
         that works on it is a plain TierError: test_client's TestBadMessage)."""
