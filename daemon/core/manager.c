@@ -367,8 +367,11 @@ static int manager_setup_tiers(Manager *m) {
         if (m->config.nvme_persist) {
                 err = mfree(err);
                 r = book_open(m->config.state_dir, m->nvme, m->event, m->faults, &m->book, &err);
-                if (r < 0)
-                        return log_error_errno(r, "%s", err ? err : "Cannot read the NVMe index: %m");
+                if (r < 0) {
+                        log_error_errno(r, "%s", err ? err : "Cannot read the NVMe index: %m");
+                        /* -ESTALE: [nvme] extent_size is not the index's, which only the file can change */
+                        return r == -ESTALE ? MANAGER_CONFIG_REFUSED : r;
+                }
         } else {
                 log_info("[nvme] persist = no: the NVMe targets are scratch space, nothing on them survives a "
                          "restart");

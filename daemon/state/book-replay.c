@@ -32,6 +32,7 @@
 #include "daemon/state/memstore.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/fault.h"
+#include "util/size.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "proto/crc32c.h"
@@ -547,6 +548,7 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
         uint8_t *data[2] = {};
         size_t len[2] = {};
         Parse parse[2] = {};
+        bool stale[2] = {};
         int r, pick = -1;
         char why[512] = "";
 
@@ -595,12 +597,17 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
                 }
                 if (r == -ENOMEM)
                         goto fail;
+                if (r == -ESTALE) {
+                        /* another extent_size: judged below, once it is known whether this file is the newer */
+                        stale[i] = true;
+                        continue;
+                }
                 if (r < 0 || !parse[i].snapshot_whole) {
                         log_warning("NVMe index %s: %s, not read", b->path[i],
                                     r < 0 ? why : "its snapshot is not whole (a crash while it was written)");
                         parse[i].generation = r < 0 ? 0 : parse[i].generation;
                         parse[i].snapshot_whole = false;
-                        if (r == -EBADMSG || r == -ESTALE) {
+                        if (r == -EBADMSG) {
                                 char aside[PATH_MAX];
 
                                 if (statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
@@ -612,6 +619,34 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
                         pick = (int) i;
         }
         bk_forget(b);
+        /*
+         * The newer index written with another [nvme] extent_size: its tensors are all on the targets, in
+         * extents of that size.  A changed configuration, not damage: refused before anything changes
+         * (setting it aside lost every tensor it listed), for the operator to put the size back or give up
+         * the tensors.  An older file of another size is a leftover: set aside.
+         */
+        for (unsigned i = 0; i < 2; i++) {
+                char aside[PATH_MAX];
+
+                if (!stale[i])
+                        continue;
+                if (pick < 0 || parse[i].generation > parse[pick].generation) {
+                        if (asprintf(ret_error, "The NVMe index %s was written with [nvme] extent_size = %s; it "
+                                     "is %s now. Nothing was changed. Set extent_size = %s again to find the "
+                                     "tensors it lists, or move %s and %s aside (those tensors are then lost), "
+                                     "or set [nvme] persist = no", b->path[i],
+                                     FORMAT_SIZE_EXACT(parse[i].extent_size), FORMAT_SIZE_EXACT(nvme->extent_size),
+                                     FORMAT_SIZE_EXACT(parse[i].extent_size), b->path[0], b->path[1]) < 0)
+                                *ret_error = NULL;
+                        r = -ESTALE;
+                        goto fail;
+                }
+                log_warning("NVMe index %s: written with extents of %" PRIu64 " bytes, [nvme] extent_size is %"
+                            PRIu64 " now, and older than %s, not read", b->path[i], parse[i].extent_size,
+                            nvme->extent_size, b->path[pick]);
+                if (statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
+                        log_warning("NVMe index %s set aside as %s", b->path[i], aside);
+        }
         if (pick >= 0) {
                 r = parse_file(b, data[pick], len[pick], &parse[pick], why, sizeof(why));
                 if (r < 0)

@@ -1,0 +1,54 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""A restart with a changed tierd.conf, as an operator makes one: what the NVMe index finds, what is refused."""
+
+from __future__ import annotations
+
+import os
+import unittest
+
+import tierd
+from tierd import MiB
+
+import tier
+
+
+class TestRestartConfig(unittest.TestCase):
+    config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300")  # the job waits for the client
+
+    def setUp(self) -> None:
+        why = tierd.can_lock_memory(tierd.HOST_CAPACITY)
+        if why:
+            self.skipTest(why)
+
+    def test_extent_size_changed_refused(self) -> None:
+        """A start whose [nvme] extent_size is not the one the NVMe index was written with set the index
+        aside (".corrupt"): every tensor on NVMe was gone, after a warning.  Now it is refused (exit status
+        6) and changes nothing: with the size put back, the next start finds the tensors."""
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        with tier.Client("extents", socket=d.socket) as c:
+            t = c.create("t", MiB)
+            with t.pin(tier.HOST, tier.WRITE) as g:
+                g.memoryview()[0:4] = b"kept"
+            t.evict(tier.NVME)
+        self.assertEqual(d.stop(), 0)
+        index = sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index"))
+        with open(d.config, "w") as f:
+            f.write(self.config.replace("extent_size = 1M", "extent_size = 4M").replace("@DIR@", d.dir))
+        mark = len(d.log_text())
+        with self.assertRaisesRegex(RuntimeError, r"exited \(status 6\)"):
+            d.start()
+        self.assertIn("was written with [nvme] extent_size = 1M; it is 4M now. Nothing was changed. Set "
+                      "extent_size = 1M again", d.log_text()[mark:])
+        self.assertEqual(sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index")), index)
+        with open(d.config, "w") as f:
+            f.write(self.config.replace("@DIR@", d.dir))
+        d.start()
+        with tier.Client("extents", socket=d.socket) as c, c.open("t").pin(tier.HOST, tier.READ) as g:
+            self.assertEqual(bytes(g.memoryview()[0:4]), b"kept")
+
+
+if __name__ == "__main__":
+    tierd.main()
