@@ -515,9 +515,8 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return zero_fill(op, t, tier);
         }
         if (t->lost)
-                return op_fail(op, -ENODATA, "tensor '%s' of job '%s' is lost: its newest data was in memory, not "
-                               "on NVMe, when tierd stopped; write it whole (a TIER_WRITE pin) or destroy it",
-                               t->name, t->job->name);
+                return op_fail(op, -ENODATA, "tensor '%s' of job '%s' is lost: %s; write it whole (a TIER_WRITE "
+                               "pin) or destroy it", t->name, t->job->name, tensor_lost_reason(t));
 
         switch (tier) {
         case LEVEL_VRAM:

@@ -798,6 +798,8 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 /* its newest data was in memory, or its extents are gone: never handed out */
                                 t->version = bt->newest;
                                 t->lost = true;
+                                t->lost_why = f->damaged ? TENSOR_LOST_DAMAGED :
+                                              bt->nvme_version ? TENSOR_LOST_TARGET : TENSOR_LOST_STOPPED;
                                 t->book_state = BOOK_T_NEWER;
                                 if (!f->damaged && memstore_was_dead(reg->memstore, t, bt->newest, &t->dead_rank)) {
                                         /*
@@ -813,9 +815,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 }
                                 f->lost++;
                                 log_job(LOG_WARNING, 0, j->name, "Tensor '%s' of job '%s' is lost: %s", t->name, j->name,
-                                        f->damaged ? "the NVMe index is damaged" :
-                                        bt->nvme_version ? "its extents lie on a target that changed, or are claimed twice" :
-                                        "its newest data was in memory, not on NVMe, when tierd stopped");
+                                        tensor_lost_reason(t));
                         }
                 }
                 f->jobs++;

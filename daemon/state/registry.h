@@ -83,6 +83,15 @@ typedef enum BookTensorState {
         BOOK_T_NEWER,           /* its newest data is not on NVMe */
 } BookTensorState;
 
+/* Why a tensor is lost (Tensor.lost_why): the reads it fails say it (tensor_lost_reason()). */
+typedef enum TensorLost {
+        TENSOR_LOST_STOPPED,            /* its newest data was only in memory when tierd stopped */
+        TENSOR_LOST_TARGET,             /* its extents lie on an NVMe target that changed, or are claimed twice */
+        TENSOR_LOST_DAMAGED,            /* the NVMe index was damaged */
+        TENSOR_LOST_ROLLBACK,           /* a rollback found nothing of its committed version */
+        TENSOR_LOST_WRITE_ONLY,         /* its write-only pin never reached its client; nothing held the version before */
+} TensorLost;
+
 /*
  * A tensor.  The fields after "the rooms above" belong to the engine and the
  * scheduler (daemon/engine, daemon/sched): the registry keeps them with the
@@ -98,6 +107,7 @@ typedef struct Tensor {
         bool dead;              /* contents will be overwritten before they are read: no copy need keep them */
         uint32_t dead_rank;     /* 1 + the rank whose plan's overwrite made it dead (0: not known): no read */
         bool lost;              /* its newest data is gone (state/book.c): reads fail until it is written whole */
+        uint8_t lost_why;       /* TensorLost: why, for the message of the reads it fails */
         bool doomed;            /* freed by its job while a transfer ran */
         Copy copy[TIERS];
         List job_link;          /* Job.tensors */
@@ -420,6 +430,7 @@ int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why
 bool tensor_needs_image(const Tensor *t);
 /* Pins that may write @t now, in all its tiers (Copy.writers). */
 unsigned tensor_writers(const Tensor *t);
+const char *tensor_lost_reason(const Tensor *t);
 
 /* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
 int tensor_unpin(Tensor *t, int tier, bool dirty);

@@ -252,6 +252,23 @@ void tensor_free_stale(Tensor *t) {
 
 /* ---- commits ---------------------------------------------------------------------------- */
 
+const char *tensor_lost_reason(const Tensor *t) {
+        switch (t->lost_why) {
+        case TENSOR_LOST_TARGET:
+                return "its extents lie on an NVMe target that is no longer configured, or changed, since tierd stopped "
+                       "(or are claimed twice)";
+        case TENSOR_LOST_DAMAGED:
+                return "the NVMe index was damaged when tierd started";
+        case TENSOR_LOST_ROLLBACK:
+                return "the rollback to its job's last commit found nothing of the committed version";
+        case TENSOR_LOST_WRITE_ONLY:
+                return "the write-only pin that reserved it before tierd restarted never reached its client, and "
+                       "nothing held the version before";
+        default:
+                return "its newest data was in memory, not on NVMe, when tierd stopped";
+        }
+}
+
 unsigned tensor_writers(const Tensor *t) {
         unsigned n = 0;
 
@@ -379,6 +396,7 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                         rolled++;
                 } else {
                         t->lost = true;
+                        t->lost_why = TENSOR_LOST_ROLLBACK;
                         lost++;
                 }
         }
@@ -485,6 +503,7 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
                 level = LOG_INFO;
         } else {
                 t->lost = true;
+                t->lost_why = TENSOR_LOST_WRITE_ONLY;
                 snprintf(now, sizeof(now), "lost (its reads fail with ENODATA until it is written whole)");
                 level = LOG_WARNING;
         }

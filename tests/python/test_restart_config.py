@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import unittest
 
@@ -48,6 +49,30 @@ class TestRestartConfig(unittest.TestCase):
         d.start()
         with tier.Client("extents", socket=d.socket) as c, c.open("t").pin(tier.HOST, tier.READ) as g:
             self.assertEqual(bytes(g.memoryview()[0:4]), b"kept")
+
+    def test_lost_with_its_target_says_so(self) -> None:
+        """A tensor lost because its extents lie on a target no longer configured: its reads fail with
+        ENODATA saying so.  They said "its newest data was in memory, not on NVMe, when tierd stopped"
+        whatever the reason (here the data was on NVMe, and the operator took its target away)."""
+        two = self.config.replace("target = @DIR@/t0.img:256M", "target = @DIR@/t0.img:128M\ntarget = @DIR@/t1.img:128M")
+        d = tierd.Tierd(two)
+        self.addCleanup(d.cleanup)
+        d.start()
+        with tier.Client("gone", socket=d.socket) as c:
+            t = c.create("t", 2 * MiB)             # two extents: one on each target
+            with t.pin(tier.HOST, tier.WRITE) as g:
+                g.memoryview()[0:4] = b"data"
+            t.evict(tier.NVME)
+        self.assertEqual(d.stop(), 0)
+        with open(d.config, "w") as f:
+            f.write(two.replace("target = @DIR@/t1.img:128M", "").replace("@DIR@", d.dir))
+        d.start()
+        with tier.Client("gone", socket=d.socket) as c:
+            with self.assertRaises(tier.TierError) as cm:
+                c.open("t").pin(tier.HOST, tier.READ)
+        self.assertEqual(cm.exception.errno, errno.ENODATA)
+        self.assertIn("is lost: its extents lie on an NVMe target that is no longer configured", str(cm.exception))
+        self.assertNotIn("when tierd stopped", str(cm.exception))
 
 
 if __name__ == "__main__":
