@@ -447,6 +447,20 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                 return ADV_DONE;
         if (t->xfer)
                 return ADV_WAIT_TENSOR;
+        /*
+         * Its newest version is a write-only pin's of before tierd restarted (memstore.c), which its
+         * rank's next Hello keeps or takes back (job_release_ghosts()): until then no copy holds bytes
+         * known to be the tensor's, and the copy of the version before must stay as it is.  Only a
+         * whole write goes (it takes such a copy over, copy_writers()); the rest waits for that Hello
+         * (a plan's hold is retried then: the ghost's unpin).
+         */
+        if (t->ghost_unwritten && !(op->discard && op->tensor == t && op->tier == tier))
+                return op_fail(op, -EBUSY, "tensor '%s' of job '%s' was being written whole by a write-only pin "
+                               "(TIER_WRITE) of rank %" PRIu32 " when tierd stopped: whether that pin wrote it is "
+                               "known once a client of rank %" PRIu32 " attaches again; pin again then", t->name,
+                               t->job->name, t->ghost_rank, t->ghost_rank);
+        if (t->ghost_unwritten & (1u << tier))
+                return ADV_DONE;        /* that copy is this whole write's now (copy_writers()) */
         if (tier == LEVEL_NVME && (t->version == 0 || t->dead))
                 return ADV_DONE;        /* zeros, or bytes about to be overwritten, need no image */
         /*

@@ -599,6 +599,8 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                         tensor_pin_account(t, tier, +1);
                         t->ghost |= (uint8_t) (1u << tier);
                         if (mc->flags & MS_C_UNWRITTEN) {
+                                /* its room holds the tensor's bytes only if that pin wrote: no read's (op.c) */
+                                t->copy[tier].unwritten = true;
                                 t->ghost_unwritten |= (uint8_t) (1u << tier);
                                 t->ghost_rank = mc->writer_rank;
                         }

@@ -455,8 +455,12 @@ void copy_writers(Tensor *t, int tier, int delta) {
                  * is that client's now, whatever came of the write of before (its own pin
                  * holds it; the ghost pin goes, nothing goes back).
                  */
-                if ((t->ghost >> tier) & 1 && c->pins > 1)
+                if ((t->ghost >> tier) & 1 && c->pins > 1) {
+                        bool unwritten = c->unwritten;
+
                         ghost_drop(t, tier);
+                        c->unwritten = unwritten;       /* a write-only pin's room: this one's to write */
+                }
                 c->writers++;
         } else if (c->writers > 0)
                 c->writers--;
@@ -550,6 +554,8 @@ void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Ten
                                 tensor_free_stale(t);   /* as after any pin: what the copy made stale goes */
                         }
                         tensor_note(t);         /* no longer held: the memory store records it as it is now */
+                        if (t->copy[tier].pins == 0 && j->registry->ops && j->registry->ops->unpinned)
+                                j->registry->ops->unpinned(j->registry->ops_userdata, tier);   /* (waiting holds) */
                 }
         }
 }

@@ -525,6 +525,65 @@ static void test_commit_waits_for_ghost(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * A write-only pin of rank 3 (its copy reserved, half written) cut off by a
+ * SIGKILL: with the fd store its copy comes back held for rank 3 until a
+ * client of that rank attaches and says whether the pin reached it.  Till
+ * then a read of the tensor by another rank, in that tier or another, is
+ * refused (EBUSY naming rank 3) and changes nothing: it was served the
+ * copy's room as the tensor's data (the half written and garbage, in host
+ * too, refilled from it), and rank 3's Hello then found the copy of the
+ * version before overwritten: lost.  @take_over: rank 0 writes it whole
+ * meanwhile, which takes the copy over and stands.
+ */
+static void ghost_read_refused(bool take_over) {
+        tier_client *c = NULL, *c0 = NULL, *c3 = NULL;
+        tier_tensor *x = NULL;
+        struct tier_grant g;
+        bool sent;
+
+        spawn_with_store();
+        assert_int_equal(tier_client_new(d.socket, "gread", 3, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", MiB, &x), 0);
+        assert_int_equal(write_host(x, 0x55, &sent), 0);         /* version 1, in host */
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_WRITE, &g), 0);      /* reserved: its room holds no bytes */
+        memset(g.ptr, 0x99, g.length / 2);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_tensor_close(x);
+        tier_client_free(c);
+
+        assert_int_equal(tier_client_new(d.socket, "gread", 0, &c0), 0);
+        assert_int_equal(tier_tensor_open(c0, "x", &x), 0);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ, &g), -EBUSY);
+        assert_non_null(strstr(tier_client_last_error(c0), "write-only pin (TIER_WRITE) of rank 3 when tierd "
+                                                           "stopped"));
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), -EBUSY);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ | TIER_WRITE, &g), -EBUSY);
+        if (take_over) {
+                assert_int_equal(tier_pin(x, TIER_VRAM, TIER_WRITE, &g), 0);
+                memset(g.ptr, 0x66, g.length);
+                assert_int_equal(tier_unpin(x, TIER_VRAM, 1), 0);
+        }
+        /* rank 3 attaches, naming no write: x is back at version 1 (or, taken over, what rank 0 wrote) */
+        assert_int_equal(tier_client_new(d.socket, "gread", 3, &c3), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x, g.ptr, take_over ? 0x66 : 0x55));
+        assert_int_equal(tier_unpin(x, TIER_HOST, 0), 0);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ, &g), 0);
+        assert_int_equal(tier_unpin(x, TIER_VRAM, 0), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        tier_client_free(c3);
+        tier_client_free(c0);
+        d.fd_store = false;
+}
+
+static void test_write_only_ghost_not_read(void **state) {
+        ghost_read_refused(false);
+        ghost_read_refused(true);
+}
+
 /* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
 static uint64_t table_generation(int fd) {
         char magic[8];
@@ -834,6 +893,7 @@ int main(void) {
                 cmocka_unit_test(test_write_only_ghost_twice),
                 cmocka_unit_test(test_write_only_ghost_reverted_then_killed),
                 cmocka_unit_test(test_commit_waits_for_ghost),
+                cmocka_unit_test(test_write_only_ghost_not_read),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
                 cmocka_unit_test(test_store_dead_tensor_record_freed),

@@ -807,14 +807,17 @@ static void test_ghost_write_only(void **state) {
                 copy_writers(x, LEVEL_HOST, +1);
                 assert_false(x->ghost || x->ghost_unwritten);
                 assert_int_equal(x->copy[LEVEL_HOST].pins, 1);
+                /* its room is that writer's to write whole: no read's data until it has (it was valid) */
+                assert_true(x->copy[LEVEL_HOST].unwritten);
                 job_release_ghosts(j4, true, 0, held_b, NULL);
                 assert_int_equal(w->version, 3);
                 assert_false(w->lost || w->ghost);
                 assert_int_equal(w->copy[LEVEL_HOST].state, COPY_ABSENT);       /* stale, gone */
                 assert_int_equal(x->version, 2);
-                assert_true(copy_valid(x, LEVEL_HOST));
+                assert_int_equal(tensor_unpin(x, LEVEL_HOST, true), 0);
                 copy_writers(x, LEVEL_HOST, -1);
-                x->copy[LEVEL_HOST].pins--;
+                assert_int_equal(x->version, 3);
+                assert_true(copy_valid(x, LEVEL_HOST));
                 job_destroy(j4);
         }
 
