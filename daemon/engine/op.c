@@ -366,6 +366,12 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
         }
         c->state = COPY_RESIDENT;
         c->version = t->version;
+        /*
+         * A dead tensor's zeros (its plan's own hold, past the write) are not its bytes: no other
+         * read gets them as data (ensure_copy()'s dead check; copy_valid() is false), nor a copy
+         * taken from them, until that write
+         */
+        c->unwritten = t->dead;
         tensor_note(t);
         return ADV_DONE;
 }

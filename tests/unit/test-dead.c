@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test-dead.c: copies that hold none of a tensor's bytes and what reads of them get: a write-only
- * pin's room put back after a restart (a ghost) is nobody's data until its rank says Hello.
+ * test-dead.c: copies that hold none of a tensor's bytes and what reads of them get: the zeros a
+ * dead tensor's own plan reads are nobody else's data (-ENODATA), a write-only pin's room put back
+ * after a restart (a ghost) is nobody's data until its rank says Hello.
  */
 
 #include "daemon/engine/engine-private.h"
@@ -30,6 +31,84 @@ static int read_pin(Manager *m, Tensor *t, int tier, PinResult *r) {
         if (r->status == 0)
                 assert_int_equal(tensor_unpin(t, tier, false), 0);
         return r->status;
+}
+
+/*
+ * Rank 3's plan reads T in phase 0, writes it whole in phase 2 and reads it in phase 3; its
+ * client goes from phase 1 to phase 3, past the write (tier.torch's optimizer phase of a block
+ * the backward did not reach), so that hold reads the dead T as zeros (Op.plan_rank1).  Those
+ * zeros are not T's bytes: a plain read pin of T, in that tier or another, and another plan's
+ * hold reading it still fail -ENODATA naming rank 3.
+ */
+static void test_own_zeros_not_data(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *y, *t;
+        Job *j;
+        Rank *c1, *c2;
+        Plan *pa, *pb;
+        PinResult r;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c1 = fake_conn(m, j);
+        c2 = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        y = tensor(j, "Y", MiB);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x5a);
+        {
+                Acc acca[] = { { 0, t, LEVEL_HOST, PLAN_READ }, { 1, x, LEVEL_HOST, PLAN_READ },
+                               { 2, t, LEVEL_HOST, PLAN_WRITE }, { 3, t, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c1, acca, 4, 4, &pa, err, sizeof(err)), 0);
+        }
+        pa->rank = 3;
+        set_durations(pa, 100);
+        marker(m, pa, 0);
+        run_loop(m, 20);
+        marker(m, pa, 1);                                       /* A's last read of T is over */
+        run_loop(m, 20);
+        assert_true(t->dead);
+        marker(m, pa, 3);                                       /* past the write: A's own read */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        assert_true(t->dead);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0);   /* zeros, for A alone */
+        /* they used to be served as T's data: the copy was valid, the read took the fast path */
+        assert_false(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(read_pin(m, t, LEVEL_HOST, &r), -ENODATA);
+        assert_non_null(strstr(r.error, "the plan of rank 3 overwrites it whole next"));
+        assert_int_equal(read_pin(m, t, LEVEL_VRAM, &r), -ENODATA);    /* (not copied from those zeros) */
+        assert_int_equal(t->copy[LEVEL_HOST].pins, 2);                  /* A's holds alone (phases 3, 0) */
+        {
+                Acc accb[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 1, t, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c2, accb, 2, 2, &pb, err, sizeof(err)), 0);
+        }
+        set_durations(pb, 100);
+        marker(m, pb, 0);
+        FIXTURE_RUN_UNTIL(m, pb->page->daemon.error != 0 || (pb->hold[1].active && pb->hold[1].ready_sent));
+        assert_int_equal(pb->page->daemon.error, -ENODATA);    /* B's read of T: no zeros said ready */
+        assert_false(pb->hold[1].ready_sent);
+        sched_plan_free(pb);
+        free(c2);
+        /* A goes round to its write: T holds what A wrote, for every read */
+        marker(m, pa, 0);                                       /* (its own read: zeros again) */
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        marker(m, pa, 1);
+        marker(m, pa, 2);
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_true(pa->hold[0].ready_sent);
+        fixture_fill(t, LEVEL_HOST, 0x66);
+        marker(m, pa, 3);
+        FIXTURE_RUN_UNTIL(m, pa->hold[0].ready_sent);
+        assert_false(t->dead);
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(read_pin(m, t, LEVEL_VRAM, &r), 0);
+        assert_int_equal(fixture_byte(t, LEVEL_VRAM, 0), 0x66);
+        finish(m, j, c1, pa);
 }
 
 static bool held_all(const Tensor *t, int tier, void *userdata) {
@@ -98,6 +177,7 @@ static void test_ghost_read_waits_for_hello(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_own_zeros_not_data),
                 cmocka_unit_test(test_ghost_read_waits_for_hello),
         };
         return fixture_main("dead", tests, sizeof(tests) / sizeof(tests[0]));
