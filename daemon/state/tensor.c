@@ -363,20 +363,13 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                 for (int i = 0; i < TIERS; i++)
                         copy_free(t, i);
                 t->dead = false;
-                if (t->commit_dead) {
-                        /*
-                         * Dead at the commit (its next access wrote it whole: no copy was kept, so
-                         * no image either): dead again, which is all the commit had of it
-                         */
-                        tensor_drop_image(t);
-                        t->version = t->commit_version;
-                        t->dead = true;
-                        t->dead_rank = 0;       /* zeros, as dead was all the commit had of it */
-                        t->lost = false;
-                        tensor_note(t);
-                        book_version(j->registry->book, t);
-                        rolled++;
-                } else if (t->base) {
+                /*
+                 * The image first: the committed version's bytes, a tensor committed dead included
+                 * (its plan's hold overwriting it while NVMe held that version, whose copy became
+                 * the image when the hold wrote, copy_free()), as after a restart, where
+                 * commit_dead is not known
+                 */
+                if (t->base) {
                         NvmeExtent *ext = t->base;
                         uint32_t n_ext = t->n_base;
 
@@ -388,6 +381,18 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                         copy_account(t, LEVEL_NVME, -(int64_t) ((uint64_t) n_ext * j->registry->nvme->extent_size));
                         (void) copy_restore_nvme(t, ext, n_ext);
                         book_restored(j->registry->book, t);
+                        rolled++;
+                } else if (t->commit_dead) {
+                        /*
+                         * Dead at the commit (its next access wrote it whole: no copy was kept, so
+                         * no image either): dead again, which is all the commit had of it
+                         */
+                        t->version = t->commit_version;
+                        t->dead = true;
+                        t->dead_rank = 0;       /* zeros, as dead was all the commit had of it */
+                        t->lost = false;
+                        tensor_note(t);
+                        book_version(j->registry->book, t);
                         rolled++;
                 } else if (t->commit_version == 0) {
                         t->version = 0;         /* it was never written at the commit: zeros */

@@ -522,8 +522,8 @@ static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
  * hold (ipc/commit.c) while NVMe held its committed version, keeps that copy
  * as its image when the hold's write lands (copy_free()), and the index
  * that image: the rollback brings back the bytes w held at the commit.
- * (Without the crash the rollback makes all three dead again, as the
- * commit had them.)
+ * (Without the crash the rollback makes d and x dead again, as the commit
+ * had them, and gives w its image as here: test-dead.c.)
  */
 static void test_commit_dead_after_restart(void **state) {
         Dir d = dir_new();

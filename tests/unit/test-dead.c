@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test-dead.c: copies that hold none of a tensor's bytes and what reads of them get: the zeros a
- * dead tensor's own plan reads are nobody else's data (-ENODATA), a write-only pin's room put back
- * after a restart (a ghost) is nobody's data until its rank says Hello.
+ * test-dead.c: what reads get of a tensor whose bytes a copy does not hold: the zeros a dead
+ * tensor's own plan reads are nobody else's data (-ENODATA), a write-only pin's room put back
+ * after a restart (a ghost) is nobody's data until its rank says Hello, and a rollback of a tensor
+ * committed dead gives back its image where it has one.
  */
 
 #include "daemon/engine/engine-private.h"
@@ -175,10 +176,62 @@ static void test_ghost_read_waits_for_hello(void **state) {
         finish(m, j, c, p);
 }
 
+/* Write @v over the whole of @t in host through a write-only pin (no old bytes brought: TIER_WRITE). */
+static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
+        PinResult r = {};
+        Op *op;
+
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_pin_result, NULL, &r, &op), 0);
+        op->write = true;
+        op->discard = true;
+        FIXTURE_RUN_UNTIL(m, r.done);
+        assert_int_equal(r.status, 0);
+        fixture_fill(t, LEVEL_HOST, v);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
+}
+
+/*
+ * W committed dead (its plan's write-only hold overwrote it at the commit: Tensor.commit_dead)
+ * while NVMe held its committed version, 0x51: the hold's write made that copy its image
+ * (copy_free()).  A rollback brings those bytes back, as it does after a restart of tierd
+ * (test-book.c test_commit_dead_after_restart, where commit_dead is not known): it used to drop
+ * the image and make W dead again, whose reads then gave zeros as its data.
+ */
+static void test_rollback_commit_dead_with_image(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsigned rolled, lost;
+        char why[128];
+        Tensor *w;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        w = tensor(j, "W", MiB);
+        fixture_host_data(m, w, 0x51);
+        assert_int_equal(fixture_op(m, OP_EVICT, w, LEVEL_NVME), 0);
+        assert_true(copy_valid(w, LEVEL_NVME));
+        job_commit(j, 3);
+        w->commit_dead = true;                  /* as ipc/commit.c for a tensor its plan's hold overwrites */
+        write_only_pin(m, w, 0x52);
+        assert_non_null(w->base);               /* the committed version's NVMe copy: its image */
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 1);
+        assert_int_equal(lost, 0);
+        assert_false(w->dead || w->lost);
+        assert_int_equal(w->version, w->commit_version);
+        assert_true(copy_valid(w, LEVEL_NVME));
+        assert_int_equal(fixture_op(m, OP_PIN, w, LEVEL_HOST), 0);
+        assert_int_equal(fixture_byte(w, LEVEL_HOST, 0), 0x51);
+        assert_int_equal(fixture_byte(w, LEVEL_HOST, MiB - 1), 0x51);
+        assert_int_equal(tensor_unpin(w, LEVEL_HOST, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_zeros_not_data),
                 cmocka_unit_test(test_ghost_read_waits_for_hello),
+                cmocka_unit_test(test_rollback_commit_dead_with_image),
         };
         return fixture_main("dead", tests, sizeof(tests) / sizeof(tests[0]));
 }
