@@ -22,7 +22,7 @@
  * pool is device memory, is tried first.
  *
  * The manager also owns the signals: SIGHUP reloads the configuration
- * (reload.c), SIGTERM and SIGINT drain (below).
+ * (reload.c), SIGTERM and SIGINT drain (stop.c).
  */
 
 #include <errno.h>
@@ -199,8 +199,6 @@ static void manager_notify_ready(Manager *m) {
                 (void) sd_notifyf(false, "READY=1\nSTATUS=%s", status);
 }
 
-static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata);
-
 static int on_sighup(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
         Manager *m = userdata;
 
@@ -228,9 +226,9 @@ static int manager_setup_loop(Manager *m) {
         r = sd_event_new(&m->event);
         if (r < 0)
                 return log_error_errno(r, "Cannot create the event loop: %m");
-        r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, on_stop_signal, m);
+        r = sd_event_add_signal(m->event, &m->sigterm, SIGTERM, manager_on_stop_signal, m);
         if (r >= 0)
-                r = sd_event_add_signal(m->event, &m->sigint, SIGINT, on_stop_signal, m);
+                r = sd_event_add_signal(m->event, &m->sigint, SIGINT, manager_on_stop_signal, m);
         if (r >= 0)
                 r = sd_event_add_signal(m->event, &m->sighup, SIGHUP, on_sighup, m);
         if (r < 0)
@@ -588,6 +586,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->sigterm);
         sd_event_source_disable_unref(m->sigint);
         sd_event_source_disable_unref(m->sighup);
+        sd_event_source_disable_unref(m->stop_timer);
         sd_event_unref(m->event);
         config_deinit(&m->config);
         config_args_done(&m->args);
@@ -595,216 +594,8 @@ Manager *manager_free(Manager *m) {
         return NULL;
 }
 
-/* ---- stopping ------------------------------------------------------------------------ */
-
-/*
- * SIGTERM and SIGINT start a drain inside the loop instead of leaving it at
- * once: after sd_event_exit() the loop dispatches nothing but exit sources
- * (and sd_event_run() on a finished loop is -ESTALE), so transfers could
- * not complete and queued packets could not be written any more.
- */
-
-/* How long a stop waits for running transfers and for clients to read their last packets. */
-#define MANAGER_DRAIN_USEC (10ull * 1000000ull)
-
-static unsigned n_xfers(const Manager *m) {
-        return m->engine ? m->engine->n_xfers : 0;
-}
-
 static unsigned n_conns(const Manager *m) {
         return m->server ? server_n_conns(m->server) : 0;
-}
-
-static void on_stop_written(Op *op, int status, const char *error) {
-        Manager *m = op->userdata;
-
-        m->stop_writes--;
-        if (status < 0) {
-                m->stop_failed++;
-                log_job(LOG_WARNING, 0, op->tensor->job->name, "Stopping: tensor '%s' of job '%s' could not be "
-                        "written down to NVMe (%s): it is lost when tierd has stopped", op->tensor->name,
-                        op->tensor->job->name, error ? error : strerror(-status));
-        } else
-                m->stop_written++;
-}
-
-/* Its tensor went meanwhile (its job's linger ended, so it was destroyed): nothing left to write or lose. */
-static void on_stop_write_cancelled(Op *op) {
-        ((Manager *) op->userdata)->stop_writes--;
-}
-
-/* A tensor of the NVMe index whose newest data is only in memory (host, emulated VRAM): lost unless written down. */
-static bool held_only_in_memory(const Tensor *t) {
-        return t->version > 0 && !t->dead && !t->lost && t->book_key && !copy_valid(t, LEVEL_NVME) &&
-               (copy_valid(t, LEVEL_HOST) || copy_valid(t, LEVEL_VRAM));
-}
-
-/*
- * The drain gives up (its bound, or the signal again): say what is held only in memory and so not on NVMe
- * now, whether its write-down was under way or had not begun, because a client still held on.
- */
-static void stop_report_unwritten(Manager *m) {
-        unsigned n = 0;
-        uint64_t bytes = 0;
-
-        if (!m->book)
-                return;
-        list_for_each_safe(jn, jtmp, &m->registry->jobs) {
-                Job *j = list_entry(jn, Job, link);
-
-                if (!j->book_key)
-                        continue;
-                list_for_each_safe(tn, ttmp, &j->tensors) {
-                        Tensor *t = list_entry(tn, Tensor, job_link);
-
-                        if (held_only_in_memory(t)) {
-                                n++;
-                                bytes += t->alloc_size;
-                        }
-                }
-        }
-        if (n == 0)
-                return;
-        log_warning("Stopping: %u tensor(s), %" PRIu64 " MiB, held only in memory were not written down to NVMe (%s): "
-                    "%s", n, bytes >> 20,
-                    m->stop_writing ? "their write-down did not end in time" :
-                    "their write-down waits for every client to let go, and some still held pins",
-                    m->memstore ? "they are lost unless the service manager keeps tierd's memory for its next start "
-                    "(systemctl restart does, systemctl stop does not)" :
-                    "they are lost (the next start reports them)");
-}
-
-/*
- * With the NVMe index, what is only in memory (host, emulated VRAM) goes to
- * NVMe before tierd stops, so that the next start finds every tensor: once
- * the clients are gone (their pins and plans with them).
- */
-static void manager_write_down(Manager *m) {
-        if (m->stop_writing || !m->book || n_conns(m) > 0)
-                return;
-        m->stop_writing = true;
-        list_for_each_safe(jn, jtmp, &m->registry->jobs) {
-                Job *j = list_entry(jn, Job, link);
-
-                if (!j->book_key)
-                        continue;
-                list_for_each_safe(tn, ttmp, &j->tensors) {
-                        Tensor *t = list_entry(tn, Tensor, job_link);
-
-                        if (!held_only_in_memory(t))
-                                continue;
-                        Op *op;
-
-                        if (op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_stop_written, NULL, m, &op) < 0) {
-                                m->stop_failed++;
-                                continue;
-                        }
-                        op->cancelled = on_stop_write_cancelled;
-                        m->stop_writes++;
-                        m->stop_bytes += t->alloc_size;
-                }
-        }
-        if (m->stop_writes)
-                log_info("Stopping: writing %u tensor(s), %" PRIu64 " MiB, held only in memory down to NVMe, so "
-                         "that the next start finds them (waiting up to %" PRIu64 " s)", m->stop_writes,
-                         m->stop_bytes >> 20, m->drain_usec / 1000000);
-}
-
-static bool drain_done(Manager *m) {
-        manager_write_down(m);
-        return n_xfers(m) == 0 && n_conns(m) == 0 && m->stop_writes == 0;
-}
-
-/* After every loop iteration of the drain. */
-static int on_drain_post(sd_event_source *s, void *userdata) {
-        Manager *m = userdata;
-
-        if (m->server)
-                server_reap(m->server);
-        if (!drain_done(m))
-                return 0;
-        log_debug("Drained: no transfer in flight, no client left");
-        if (m->stop_written || m->stop_failed)
-                log_info("Stopping: %u tensor(s) written down to NVMe, %u could not be (lost)", m->stop_written,
-                         m->stop_failed);
-        return sd_event_exit(m->event, 0);
-}
-
-static int on_drain_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
-        Manager *m = userdata;
-
-        log_warning("Stopping with %u transfer(s) still in flight and %u client(s) still holding pins or not done "
-                    "reading after "
-                    "%" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
-                    m->drain_usec / 1000);
-        stop_report_unwritten(m);
-        return sd_event_exit(m->event, 0);
-}
-
-static int on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
-        Manager *m = userdata;
-        const char *sig = si->ssi_signo == SIGINT ? "SIGINT" : "SIGTERM";
-
-        if (m->stopping) {
-                log_notice("%s received again, stopping without waiting any longer", sig);
-                stop_report_unwritten(m);
-                return sd_event_exit(m->event, 0);
-        }
-        log_info("%s received, stopping", sig);
-        manager_drain(m, MANAGER_DRAIN_USEC);
-        return 0;
-}
-
-void manager_drain(Manager *m, uint64_t timeout_usec) {
-        uint64_t now = 0;
-        int r;
-
-        if (m->stopping)
-                return;
-        m->stopping = true;
-        m->registry->stopping = true;  /* jobs no longer linger */
-        m->drain_usec = timeout_usec;
-
-        /*
-         * Persistent state: the drive wear book is written by manager_free()
-         * (core/monitor.c), once no transfer can complete.  Quotas set at run
-         * time are written to state_dir when they are set (daemon/state/
-         * quota.c).  What is on NVMe is in the NVMe index as it is written
-         * (daemon/state/book.c; [nvme] persist = no: scratch).
-         */
-
-        /*
-         * No more accept()s; Event.shutdown to every client, which is closed once
-         * it has read it, or, where it holds what it may still be writing through,
-         * once it has let go (at its next phase, at its unpin): what it wrote is
-         * then in memory, and written down below
-         */
-        if (m->sched)
-                sched_stop(m->sched);
-        if (m->server)
-                server_stop(m->server, "tierd is stopping");
-        /*
-         * STOPPING=1 after the Event.shutdowns went out: whoever waits for it
-         * (the service manager, a test) finds every client told, unless a
-         * client's queue was backed up.
-         */
-        (void) sd_notifyf(false, "STOPPING=1\nSTATUS=Stopping: %u transfer(s) in flight, %u connection(s)",
-                          n_xfers(m), n_conns(m));
-
-        if (drain_done(m)) {
-                (void) sd_event_exit(m->event, 0);
-                return;
-        }
-        /* floating sources: the loop owns them and frees them with itself */
-        r = sd_event_add_post(m->event, NULL, on_drain_post, m);
-        if (r >= 0)
-                r = sd_event_now(m->event, CLOCK_MONOTONIC, &now);
-        if (r >= 0)
-                r = sd_event_add_time(m->event, NULL, CLOCK_MONOTONIC, now + timeout_usec, 0, on_drain_timeout, m);
-        if (r < 0) {
-                log_warning_errno(r, "Cannot wait for transfers and clients, stopping now: %m");
-                (void) sd_event_exit(m->event, 0);
-        }
 }
 
 int manager_status_line(Manager *m, char *buf, size_t size) {

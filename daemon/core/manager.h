@@ -25,6 +25,7 @@ typedef struct Revoke Revoke;
 typedef struct Sched Sched;
 typedef struct Server Server;
 typedef struct FaultSet FaultSet;
+struct signalfd_siginfo;
 typedef struct Uring Uring;
 typedef struct VramBackend VramBackend;
 typedef struct sd_event sd_event;
@@ -67,13 +68,23 @@ typedef struct Manager {
         ConfigArgs args;
         char reload_error[512];         /* why the last reload was refused, "" if it was not */
 
+        /* a stop (stop.c) */
         bool stopping;
-        uint64_t drain_usec;            /* how long manager_drain() waits at most */
-        /* a stop writes what is only in memory down to NVMe (the NVMe index then has it) */
-        bool stop_writing;              /* those write-downs were started */
-        unsigned stop_writes;           /* and so many are in flight */
+        uint64_t drain_usec;            /* how long manager_drain() waits for the clients at most */
+        uint64_t stop_start;            /* when it began (CLOCK_MONOTONIC usec) */
+        bool stop_clients_over;         /* the clients' bound passed: no longer waited for */
+        sd_event_source *stop_timer;    /* once a second: the bounds, the service manager told */
+        /* it writes what is only in memory down to NVMe (the NVMe index then has it) */
+        unsigned stop_writes;           /* those write-downs in flight */
         unsigned stop_written, stop_failed;
         uint64_t stop_bytes;
+        unsigned stop_held;             /* held only in memory and for writing by a client: the last look left them */
+        bool stop_rescan;               /* a write-down ended: look again */
+        bool stop_final;                /* looked with no client left (held or not, all of it) */
+        uint64_t stop_unpins;           /* Registry.unpins at the last look */
+        uint64_t stop_mark;             /* NVMe bytes written and write-downs ended, at the last tick */
+        uint64_t stop_progress_at;      /* when that last changed, or the write-down began again */
+        unsigned stop_told;             /* write-downs ended, as STATUS= last said */
 } Manager;
 
 /*
@@ -106,10 +117,14 @@ int manager_run(Manager *m);
  * manager_drain() - begin a graceful stop (SIGTERM, SIGINT): send STOPPING=1,
  * accept no more connections, tell every client (Event.shutdown), let each
  * read what is queued for it and close it (which cancels its requests and
- * drops its pins), and let the transfers already running end.  Returns at
- * once; the event loop exits with 0 when all of that is done or after
- * @timeout_usec, whichever comes first.  Idempotent.
+ * drops its pins), let the transfers already running end, and write what is
+ * held only in memory down to NVMe (stop.c).  Returns at once; the event
+ * loop exits with 0 when all of that is done; it waits for the clients and
+ * their transfers @timeout_usec at most, for the write-down as long as it
+ * progresses.  Idempotent.
  */
 void manager_drain(Manager *m, uint64_t timeout_usec);
+/* SIGTERM, SIGINT: manager_drain(), or, the second time, exit at once. */
+int manager_on_stop_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata);
 /* One line describing the tiers, for STATUS= and the start-up log. */
 int manager_status_line(Manager *m, char *buf, size_t size);

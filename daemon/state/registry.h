@@ -146,6 +146,8 @@ typedef struct Tensor {
         uint64_t sched_cleaned[TIERS]; /* sched: the version write-behind last copied down from each tier */
         bool sched_changed;     /* sched: a plan's hold unpinned it as written, the other plans not told yet */
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
+        Op *stop_op;            /* manager: a stop's write-down of it in flight (core/stop.c) */
+        uint64_t stop_version;  /* manager: 1 + the version a stop's write-down was last asked for */
 } Tensor;
 
 /*
@@ -241,6 +243,7 @@ struct Registry {
         uint64_t next_job_id;
         unsigned n_jobs;
         bool stopping;          /* tierd is stopping: jobs no longer linger */
+        uint64_t unpins;        /* pins let go so far, and pins that may write: a stop looks again (core/stop.c) */
         bool freeing;           /* registry_free(): segments are not renewed for the next job */
 
         List lru[TIERS];        /* Copy.lru, least recently used first */

@@ -418,6 +418,7 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         if (c->pins == 0)
                 return -ENOENT;
         c->pins--;
+        t->job->registry->unpins++;
         if (dirty) {
                 t->version++;
                 c->version = t->version;
@@ -467,8 +468,10 @@ void copy_writers(Tensor *t, int tier, int delta) {
                         c->unwritten = unwritten;       /* a write-only pin's room: this one's to write */
                 }
                 c->writers++;
-        } else if (c->writers > 0)
+        } else if (c->writers > 0) {
                 c->writers--;
+                t->job->registry->unpins++;
+        }
         tensor_note(t);
 }
 
