@@ -121,8 +121,10 @@ int commit_request(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t))
+                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t)) {
                         t->commit_dead = true;
+                        t->commit_dead_rank = t->plan->rank + 1;        /* (plan_holds_overwrite(): t->plan) */
+                }
         }
         log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
         return reply_commit(c, seq, j, 0, 0);

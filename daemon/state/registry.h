@@ -121,6 +121,7 @@ typedef struct Tensor {
          */
         uint64_t commit_version;
         bool commit_dead;       /* it was dead at the commit: a rollback makes it dead again, nothing lost */
+        uint32_t commit_dead_rank; /* its dead_rank then (1 + the rank whose plan overwrites it; 0: not known) */
         NvmeExtent *base;
         uint32_t n_base;
         unsigned rw_pins;       /* pins that may read and write it (a commit waits for none) */

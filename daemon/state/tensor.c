@@ -289,6 +289,7 @@ void job_commit(Job *j, uint64_t step) {
                 tensor_drop_image(t);
                 t->commit_version = t->version;
                 t->commit_dead = t->dead;
+                t->commit_dead_rank = t->dead ? t->dead_rank : 0;
         }
         j->committing = true;
         j->commit_step = step;
@@ -389,7 +390,8 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                          */
                         t->version = t->commit_version;
                         t->dead = true;
-                        t->dead_rank = 0;       /* zeros, as dead was all the commit had of it */
+                        /* as at the commit: its plan's own holds read zeros, others' reads fail (op.c) */
+                        t->dead_rank = t->commit_dead_rank;
                         t->lost = false;
                         tensor_note(t);
                         book_version(j->registry->book, t);

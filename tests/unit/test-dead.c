@@ -227,11 +227,49 @@ static void test_rollback_commit_dead_with_image(void **state) {
         fixture_free(m);
 }
 
+/*
+ * D dead at the commit, with no copy and so no image (rank 3's plan overwrites it next: its bytes
+ * dropped, as plan_drop_dead() does), then written since.  A rollback makes it dead again as the
+ * commit had it, whose plan is rank 3's: another read fails -ENODATA naming rank 3, as before the
+ * commit.  The rollback used to forget the rank (dead_rank 0), and every read then got zeros as
+ * D's data.
+ */
+static void test_rollback_commit_dead_keeps_its_rank(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsigned rolled, lost;
+        char why[128];
+        PinResult r;
+        Tensor *d;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        d = tensor(j, "D", MiB);
+        fixture_host_data(m, d, 0x41);
+        d->dead = true;
+        d->dead_rank = 4;
+        for (int tier = 0; tier < TIERS; tier++)
+                copy_free(d, tier);
+        job_commit(j, 3);
+        assert_true(d->commit_dead);
+        write_only_pin(m, d, 0x42);
+        assert_false(d->dead);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(rolled, 1);
+        assert_true(d->dead);
+        assert_false(d->lost);
+        assert_int_equal(d->dead_rank, 4);
+        assert_int_equal(read_pin(m, d, LEVEL_HOST, &r), -ENODATA);
+        assert_non_null(strstr(r.error, "rank 3"));
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_zeros_not_data),
                 cmocka_unit_test(test_ghost_read_waits_for_hello),
                 cmocka_unit_test(test_rollback_commit_dead_with_image),
+                cmocka_unit_test(test_rollback_commit_dead_keeps_its_rank),
         };
         return fixture_main("dead", tests, sizeof(tests) / sizeof(tests[0]));
 }
