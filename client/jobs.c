@@ -128,6 +128,21 @@ static int copy_state_from_string(const char *s) {
         return -1;
 }
 
+/* TensorEntry.state: TIER_TENSOR_UNKNOWN for none (an older tierd) or one this libtier does not know. */
+static int tensor_state_from_string(const char *s) {
+        static const char *const names[] = {
+                [TIER_TENSOR_DATA] = "data",
+                [TIER_TENSOR_UNWRITTEN] = "unwritten",
+                [TIER_TENSOR_DEAD] = "dead",
+                [TIER_TENSOR_LOST] = "lost",
+        };
+
+        for (int i = TIER_TENSOR_DATA; i < (int) ELEMENTSOF(names); i++)
+                if (s && strcmp(s, names[i]) == 0)
+                        return i;
+        return TIER_TENSOR_UNKNOWN;
+}
+
 typedef struct TensorList {
         struct tier_tensor_info *v;     /* names strdup()ed, until packed */
         size_t n, cap;
@@ -135,8 +150,10 @@ typedef struct TensorList {
 } TensorList;
 
 static void tensor_list_done(TensorList *l) {
-        for (size_t i = 0; i < l->n; i++)
+        for (size_t i = 0; i < l->n; i++) {
                 free((char *) l->v[i].name);
+                free((char *) l->v[i].lost_why);
+        }
         free(l->v);
         *l = (TensorList) {};
 }
@@ -165,6 +182,16 @@ static int tensor_list_add(TensorList *l, const Tier__TensorEntry *e) {
         ti->size = e->size;
         ti->used = e->used;
         ti->idle_s = e->idle_s;
+        ti->state = tensor_state_from_string(e->state);
+        if (ti->state == TIER_TENSOR_LOST) {
+                ti->lost_why = strndup(e->lost_why && *e->lost_why ? e->lost_why : "tierd did not say why",
+                                       CLIENT_NAME_BYTES_MAX);
+                if (!ti->lost_why) {
+                        free((char *) ti->name);
+                        return -ENOMEM;
+                }
+                l->names += strlen(ti->lost_why) + 1;
+        }
         for (int t = 0; t < TIER_LEVEL_MAX; t++)
                 ti->copy[t].state = -1;
         for (size_t k = 0; k < e->n_copies && k < TIER_LEVEL_MAX; k++) {
@@ -194,6 +221,10 @@ static int tensor_list_pack(TensorList *l, struct tier_tensor_info **ret) {
                 b[i] = l->v[i];
                 b[i].name = strcpy(p, l->v[i].name);
                 p += strlen(p) + 1;
+                if (l->v[i].lost_why) {
+                        b[i].lost_why = strcpy(p, l->v[i].lost_why);
+                        p += strlen(p) + 1;
+                }
         }
         *ret = b;
         return 0;

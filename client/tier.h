@@ -442,6 +442,15 @@ struct tier_copy_info {
         uint32_t reserved[4];
 };
 
+/* What a listed tensor's data is (struct tier_tensor_info.state). */
+enum tier_tensor_state {
+        TIER_TENSOR_UNKNOWN = 0,        /* not said (a tierd older than libtier) */
+        TIER_TENSOR_DATA = 1,           /* written: its valid copies hold its data */
+        TIER_TENSOR_UNWRITTEN = 2,      /* never written: it reads as zeros */
+        TIER_TENSOR_DEAD = 3,           /* its bytes dropped: its next access (a plan's) overwrites it whole */
+        TIER_TENSOR_LOST = 4,           /* its newest data is gone: reads fail -ENODATA until it is written whole */
+};
+
 struct tier_tensor_info {
         uint64_t id;
         const char *name;               /* inside the block tier_job_tensors() returned */
@@ -449,7 +458,13 @@ struct tier_tensor_info {
         struct tier_copy_info copy[TIER_LEVEL_SLOTS];
         int used;                       /* 0: no copy was ever used */
         double idle_s;                  /* seconds since a copy was last used */
-        uint64_t reserved[4];
+        union {                         /* the reserved space of libtier 1.0, the layout unchanged */
+                struct {
+                        int state;              /* enum tier_tensor_state */
+                        const char *lost_why;   /* TIER_TENSOR_LOST: why, inside the block; else NULL */
+                };
+                uint64_t reserved[4];
+        };
 };
 
 /*

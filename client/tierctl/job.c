@@ -102,6 +102,22 @@ static int tensors_opt(void *userdata, int opt, const char *arg) {
         return 0;
 }
 
+/* What a tensor's data is: "data", "unwritten", "dead", "lost"; NULL when tierd did not say. */
+static const char *tensor_state_name(int state) {
+        switch (state) {
+        case TIER_TENSOR_DATA:
+                return "data";
+        case TIER_TENSOR_UNWRITTEN:
+                return "unwritten";
+        case TIER_TENSOR_DEAD:
+                return "dead";
+        case TIER_TENSOR_LOST:
+                return "lost";
+        default:
+                return NULL;
+        }
+}
+
 /* "resident", "resident (stale)", "-" for an absent copy. */
 static const char *copy_cell(char *buf, size_t size, const struct tier_copy_info *cp) {
         if (cp->state == TIER_COPY_ABSENT)
@@ -158,6 +174,16 @@ static void tensors_json(const char *job, const struct tier_tensor_info *v, size
                         json_double_fixed(w, t->idle_s, 3);
                 else
                         json_null(w);
+                json_key(w, "state");
+                if (tensor_state_name(t->state))
+                        json_string(w, tensor_state_name(t->state));
+                else
+                        json_null(w);
+                json_key(w, "lost_why");
+                if (t->lost_why)
+                        json_string(w, t->lost_why);
+                else
+                        json_null(w);
                 json_object_end(w);
         }
         json_array_end(w);
@@ -165,7 +191,7 @@ static void tensors_json(const char *job, const struct tier_tensor_info *v, size
 }
 
 static void tensors_table(const char *job, const struct tier_tensor_info *v, size_t n, uint64_t min) {
-        size_t shown = 0;
+        size_t shown = 0, lost = 0;
         int w = 4;
 
         for (size_t i = 0; i < n; i++)
@@ -179,8 +205,8 @@ static void tensors_table(const char *job, const struct tier_tensor_info *v, siz
                 if (t->size < min)
                         continue;
                 if (shown++ == 0)
-                        printf("%-*s  %10s  %-18s  %-18s  %-18s  %4s  %-9s  %s\n", w, "NAME", "SIZE", "VRAM", "HOST",
-                               "NVME", "PINS", "DIRTY", "LAST USE");
+                        printf("%-*s  %10s  %-18s  %-18s  %-18s  %4s  %-9s  %-9s  %s\n", w, "NAME", "SIZE", "VRAM",
+                               "HOST", "NVME", "PINS", "DIRTY", "DATA", "LAST USE");
                 /* the copies whose newest data NVMe lacks: "host", "vram+host" */
                 for (int k = 0; k < TIER_LEVEL_MAX; k++) {
                         pins += t->copy[k].pins;
@@ -190,12 +216,20 @@ static void tensors_table(const char *job, const struct tier_tensor_info *v, siz
                 }
                 if (t->used)
                         (void) snprintf(last, sizeof(last), "%.1fs ago", t->idle_s);
-                printf("%-*s  %10s  %-18s  %-18s  %-18s  %4u  %-9s  %s\n", w, t->name, FORMAT_SIZE(t->size),
+                printf("%-*s  %10s  %-18s  %-18s  %-18s  %4u  %-9s  %-9s  %s\n", w, t->name, FORMAT_SIZE(t->size),
                        copy_cell(a, sizeof(a), &t->copy[TIER_VRAM]), copy_cell(b, sizeof(b), &t->copy[TIER_HOST]),
-                       copy_cell(c, sizeof(c), &t->copy[TIER_NVME]), pins, dirty[0] ? dirty : "-", last);
+                       copy_cell(c, sizeof(c), &t->copy[TIER_NVME]), pins, dirty[0] ? dirty : "-",
+                       tensor_state_name(t->state) ? tensor_state_name(t->state) : "-", last);
+                lost += t->state == TIER_TENSOR_LOST;
         }
         if (shown == 0)
                 printf("job '%s' has no tensors%s\n", job, min > 0 ? " of that size" : "");
+        /* why, under the table: the reads of a lost tensor fail until it is written whole */
+        for (size_t i = 0; lost > 0 && i < n; i++)
+                if (v[i].size >= min && v[i].state == TIER_TENSOR_LOST)
+                        printf("%s is lost: %s; its reads fail (ENODATA) until it is written whole\n", v[i].name,
+                               v[i].lost_why ? v[i].lost_why : "tierd did not say why");
+
 }
 
 int verb_tensors(int argc, char **argv) {

@@ -127,6 +127,16 @@ static void entry_fill(TensorsPage *e, const Tensor *t, uint64_t now) {
         }
         e->entry.n_copies = TIERS;
         e->entry.copies = e->csp;
+        /* lost first: a tensor can be both (dead again after a ghost's pin, its rank not known: no read) */
+        if (t->lost) {
+                e->entry.state = (char *) "lost";
+                e->entry.lost_why = (char *) tensor_lost_reason(t);
+        } else if (t->dead)
+                e->entry.state = (char *) "dead";
+        else if (t->version == 0)
+                e->entry.state = (char *) "unwritten";
+        else
+                e->entry.state = (char *) "data";
         e->entry.used = last > 0;
         e->entry.idle_s = last > 0 && now > last ? (double) (now - last) / 1e6 : 0;
 }

@@ -300,6 +300,60 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertFalse(any(cp["dirty"] for cp in ta["copies"].values()))
         self.assertRegex(self.ctl("tensors", "dirty2").stdout, r"\na .* 0 +- ")
 
+    def test_tensors_dead_and_unwritten(self) -> None:
+        """A dead tensor (a plan dropped its bytes, as its next access overwrites it whole) and a never
+        written one were listed alike, as one with no copy; the listing says which is which."""
+        c = self.client("dead")
+        self.detach_at_end("dead")
+        x = c.create("x", 1 * MiB)
+        y = c.create("y", 1 * MiB)
+        c.create("never", 4096)
+        for t in (x, y):
+            with t.pin(tier.HOST, tier.WRITE) as g:
+                g.memoryview()[:] = b"X" * MiB
+        with c.plan() as p:
+            p.add(0, x, tier.HOST, tier.READ)
+            p.add(1, y, tier.HOST, tier.READ)
+            p.add(2, x, tier.HOST, tier.WRITE)   # x's next access after phase 0 overwrites it whole
+            p.submit()
+        c.phase(0)
+        c.phase(1)
+        y.stat()    # a request of the plan's connection: tierd takes phase 1's marker first (phase 0 is over)
+        ts = self.tensors("dead")
+        self.assertEqual((ts["x"]["state"], ts["x"]["lost_why"]), ("dead", None))
+        self.assertEqual(ts["y"]["state"], "data")
+        self.assertEqual(ts["never"]["state"], "unwritten")
+        table = self.ctl("tensors", "dead").stdout
+        self.assertRegex(table, r"^NAME .* DIRTY +DATA +LAST USE\n")
+        self.assertRegex(table, r"\nx .* - +dead +")
+        self.assertRegex(table, r"\nnever .* - +unwritten +never\n")
+        self.assertNotIn("is lost", table)
+
+    def test_tensors_lost(self) -> None:
+        """A lost tensor (its newest data was in memory only when tierd was killed) was listed as one never
+        written; the listing says it is lost, and why."""
+        d = tierd.Tierd(CONFIG.replace("linger_sec = 60", "linger_sec = 300"))
+        self.addCleanup(d.cleanup)
+        d.start()
+        c = tier.Client("lost", socket=d.socket)
+        self.addCleanup(c.close)
+        a = c.create("a", 1 * MiB)
+        c.create("kept", 1 * MiB)
+        with a.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[:] = b"A" * MiB
+        d.kill_and_start()
+        ctl = [tierctl_path(), "--socket", d.socket, "tensors", "lost"]
+        doc = json.loads(subprocess.run(ctl + ["--json"], capture_output=True, text=True, timeout=60,
+                                        check=True).stdout)
+        ts = {t["name"]: t for t in doc["tensors"]}
+        self.assertEqual(ts["a"]["state"], "lost")
+        self.assertIn("in memory, not on NVMe, when tierd stopped", ts["a"]["lost_why"])
+        self.assertEqual((ts["kept"]["state"], ts["kept"]["lost_why"]), ("unwritten", None))
+        table = subprocess.run(ctl, capture_output=True, text=True, timeout=60, check=True).stdout
+        self.assertRegex(table, r"\na .* - +lost +")
+        self.assertIn("\na is lost: its newest data was in memory, not on NVMe, when tierd stopped; its reads "
+                      "fail (ENODATA) until it is written whole\n", table)
+
     def test_tensors_many_pages(self) -> None:
         """More tensors than one reply holds (1024 a page): all are listed, once."""
         c = self.client("tens-many")
