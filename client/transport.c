@@ -133,6 +133,7 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
         int fds[WIRE_MAX_FDS];
         size_t len = 0, n_fds = 0;
         Tier__Reply *reply;
+        bool reset = false;
         int r;
 
         if (c->broken < 0)
@@ -141,7 +142,7 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
                 r = wire_recv(c->fd, c->rbuf, CLIENT_RECV_BUFFER, &len, fds, &n_fds);
                 if (r == -EINTR)
                         continue;
-                if (r == -EAGAIN) {
+                if (r == -EAGAIN && !reset) {
                         if (!block)
                                 return 0;
                         r = fd_wait(c->fd, POLLIN, -1);
@@ -150,6 +151,17 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
                                                        tier_strerror(r));
                         continue;
                 }
+                if (r == -ECONNRESET && !reset) {
+                        /*
+                         * tierd closed the connection with a request of ours unread: the kernel says
+                         * so once, ahead of what tierd sent before it (why it refused the connection,
+                         * server.c); read that, if there is anything (the socket does not block)
+                         */
+                        reset = true;
+                        continue;
+                }
+                if (r == -EAGAIN && reset)
+                        r = -ECONNRESET;
                 break;
         }
         if (r == -ECONNRESET)
@@ -243,6 +255,14 @@ static int transport_process(tier_client *c, Packet *p, uint64_t seq) {
                 return 0;
         case TIER__REPLY__KIND_RESPONSE:
                 resp = reply->response;
+                if (resp && seq == 0 && c->seq == 0 && resp->status < 0) {
+                        /* before the connection's first request: tierd refused it at accept (server.c) */
+                        int r = transport_break(c, resp->status, "%s", resp->error && *resp->error ?
+                                                resp->error : tier_strerror(resp->status));
+
+                        packet_done(p);
+                        return r;
+                }
                 if (!resp || seq == 0 || resp->seq != seq) {
                         uint64_t got = resp ? resp->seq : 0;
 
@@ -327,14 +347,20 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
         (void) tier__request__pack(req, buf);
 
         r = transport_send(c, buf, len);
-        if (r < 0)
-                return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
-                                       tier_strerror(r));
+        /*
+         * tierd closed the connection: it may have answered first (a connection refused at accept,
+         * server.c, is told why in the Response its Hello would get): read what it left, not waiting
+         */
+        bool closed = r == -EPIPE || r == -ECONNRESET;
+        if (r < 0 && !closed)
+                return transport_break(c, r, "sending to tierd failed: %s", tier_strerror(r));
 
         for (;;) {
                 Packet p = PACKET_NULL;
 
-                r = transport_recv(c, true, &p);
+                r = transport_recv(c, !closed, &p);
+                if (r == 0)
+                        r = transport_break(c, -ECONNRESET, "tierd closed the connection");
                 if (r < 0)
                         return r;
                 r = transport_process(c, &p, req->seq);

@@ -5,7 +5,8 @@
  * Theory of operation: one AF_UNIX SOCK_SEQPACKET listener, inherited from
  * systemd (LISTEN_FDS) or bound here.  Each accepted connection is a Conn
  * (conn.c) that carries its peer's credentials from SO_PEERCRED; beyond
- * [daemon] max_connections, new ones are closed at once.  The server hands
+ * [daemon] max_connections (or a uid's max_connections_per_uid), new ones
+ * are closed at once, told why first (refuse()).  The server hands
  * decoded requests to the request layer through the ServerOps it was given
  * and never looks at what they mean.
  *
@@ -19,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,34 @@ static unsigned count_uid_all(const Server *s, uid_t uid) {
         return n;
 }
 
+/*
+ * Tell a connection refused at accept why, then close it: the Response a
+ * refusal of its Hello would be (libtier's Hello is a connection's first
+ * request, seq 1), so that tier_client_new() fails with -EUSERS and says why
+ * rather than "tierd closed the connection".  Never waits: a fresh socket
+ * takes one small packet; where it would block, it is just closed.
+ */
+static void refuse(int cfd, const char *fmt, ...) _printf_(2, 3);
+static void refuse(int cfd, const char *fmt, ...) {
+        Tier__Reply reply = TIER__REPLY__INIT;
+        Tier__Response resp = TIER__RESPONSE__INIT;
+        char msg[256];
+        uint8_t buf[512];
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        resp.seq = 1;
+        resp.status = -EUSERS;
+        resp.error = msg;
+        reply.kind_case = TIER__REPLY__KIND_RESPONSE;
+        reply.response = &resp;
+        if (tier__reply__get_packed_size(&reply) <= sizeof(buf))
+                (void) send(cfd, buf, tier__reply__pack(&reply, buf), MSG_DONTWAIT | MSG_NOSIGNAL);
+        safe_close(cfd);
+}
+
 static int on_accept(sd_event_source *es, int fd, uint32_t revents, void *userdata) {
         Server *s = userdata;
         struct ucred cred;
@@ -115,13 +145,16 @@ static int on_accept(sd_event_source *es, int fd, uint32_t revents, void *userda
                 /* before its Hello too: one uid's idle connections do not keep the others out */
                 log_warning("Refusing connection from pid " PID_FMT ": uid %u has %u connections "
                             "(max_connections_per_uid)", cred.pid, (unsigned) cred.uid, count_uid_all(s, cred.uid));
-                safe_close(cfd);
+                refuse(cfd, "tierd refused the connection: uid %u has %u connections, as many as [daemon] "
+                       "max_connections_per_uid allows (close some, or raise it in tierd.conf)",
+                       (unsigned) cred.uid, count_uid_all(s, cred.uid));
                 return 0;
         }
         if (s->n_conns >= s->config->max_connections) {
                 log_warning("Refusing connection from pid " PID_FMT ": %u connections (max_connections)",
                             cred.pid, s->n_conns);
-                safe_close(cfd);
+                refuse(cfd, "tierd refused the connection: it has %u connections, as many as [daemon] "
+                       "max_connections allows (wait for some to close, or raise it in tierd.conf)", s->n_conns);
                 return 0;
         }
         r = conn_new(s, cfd, cred.uid, cred.gid, cred.pid, &c);        /* consumes cfd */

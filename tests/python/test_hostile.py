@@ -179,6 +179,7 @@ class Connections(unittest.TestCase):
             extra = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             extra.connect(d.socket)
             extra.settimeout(20)
+            self.assertGreater(len(extra.recv(4096)), 0)   # why (test_refused_client_is_told_why)
             self.assertEqual(extra.recv(16), b"")       # closed by tierd, not left waiting for its Hello
             extra.close()
             self.assertIn("uid 0 has 4 connections (max_connections_per_uid)", d.log_text())
@@ -210,6 +211,39 @@ class Connections(unittest.TestCase):
             c = tier.Client("after", socket=d.socket)
             c.create("t", 1 * MiB).destroy()
             c.close()
+
+    def test_refused_client_is_told_why(self) -> None:
+        """A connection refused at accept (max_connections_per_uid, max_connections) was closed without a
+        word: the client saw "tierd closed the connection" and only tierd's log said why.  tierd now sends
+        the error reply its Hello would get first: the client fails with EUSERS and the reason."""
+        import errno
+        import socket
+        import subprocess
+
+        ctl = [os.path.join(os.environ["TIER_BUILD"], "client", "tierctl")]
+        for key, words in (("max_connections_per_uid", "uid 0 has 2 connections, as many as [daemon] "
+                                                       "max_connections_per_uid allows"),
+                           ("max_connections", "it has 2 connections, as many as [daemon] max_connections "
+                                               "allows")):
+            with self.subTest(key=key), Tierd(CONFIG.replace("[daemon]\n", f"[daemon]\n{key} = 2\n"),
+                                               log_level="info") as d:
+                idle = []
+                for _ in range(2):
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+                    s.connect(d.socket)
+                    idle.append(s)
+                try:
+                    with self.assertRaises(tier.TierError) as cm:
+                        tier.Client("refused", socket=d.socket)
+                    self.assertEqual(cm.exception.errno, errno.EUSERS)
+                    self.assertIn(words, str(cm.exception))
+                    p = subprocess.run(ctl + ["--socket", d.socket, "status"], capture_output=True, text=True,
+                                       timeout=60)
+                    self.assertEqual(p.returncode, 1, p.stderr)
+                    self.assertIn(words, p.stderr)
+                finally:
+                    for s in idle:
+                        s.close()
 
 
 if __name__ == "__main__":
