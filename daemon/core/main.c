@@ -5,7 +5,8 @@
  * Theory of operation: nothing but the order of start-up (STYLE.md, after
  * systemd-oomd): close what the parent left open, parse the arguments, load
  * and validate the configuration (--check-config stops here, after the
- * capacity check the manager runs before it makes its pools), take the
+ * capacity check the manager runs before it makes its pools and the NVMe
+ * index's extent size check book_open() runs, read only), take the
  * socket systemd passed, create the state directory, block the signals the
  * loop will read, build the Manager, listen, send READY=1 with STATUS=, run
  * the loop; STOPPING=1 is sent on the way out whatever the path.
@@ -31,6 +32,7 @@
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/ipc/server.h"
+#include "daemon/state/book.h"
 #include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
@@ -283,6 +285,33 @@ static int check_quotas(const Config *c) {
 }
 
 /*
+ * --check-config: the NVMe index a start would read, read only (book_check(): nothing set aside or
+ * written): a start refuses an [nvme] extent_size that is not the index's (exit status 6), and so does
+ * this, with the same words.  0 when a start would read it (or it cannot be read by this user, said),
+ * 1 when refused, < 0 when a start would fail on it too (logged).
+ */
+static int check_index(const Config *c) {
+        _cleanup_free_ char *err = NULL;
+        int r;
+
+        if (!c->nvme_persist)
+                return 0;
+        r = book_check(c->state_dir, c->nvme_extent_size, &err);
+        if (r == -ESTALE) {
+                log_error("%s", err ? err : "The NVMe index was written with another [nvme] extent_size");
+                return 1;
+        }
+        if (r == -EACCES || r == -EPERM) {
+                log_warning("%s: the NVMe index's [nvme] extent_size is not checked (run --check-config as "
+                            "tierd's user to check it)", err ? err : "Cannot read the NVMe index");
+                return 0;
+        }
+        if (r < 0)
+                return log_error_errno(r, "%s", err ? err : "Cannot read the NVMe index: %m");
+        return 0;
+}
+
+/*
  * The soft RLIMIT_NOFILE up to the hard one (systemd's default soft limit is 1024): tierd keeps an fd per
  * host segment (up to 16384) and two or more per connection (up to max_connections), all in epoll, none
  * in select().
@@ -355,6 +384,8 @@ static int run(int argc, char *argv[]) {
                 r = check_capacity(&config);
                 if (r == 0)
                         r = check_quotas(&config);
+                if (r == 0)
+                        r = check_index(&config);
                 if (r != 0) {
                         config_deinit(&config);
                         return r > 0 ? EXIT_CONFIG_REFUSED : 1;        /* < 0: could not check */

@@ -108,6 +108,7 @@ struct Book {
         uint64_t seq;           /* last record's */
         uint64_t next_key;
         bool off_books;         /* a write failed: scratch from then on */
+        bool check;             /* book_check(): read only, nothing set aside */
         NvmeTier *nvme;
         Registry *registry;     /* after book_restore() */
         FaultSet *faults;

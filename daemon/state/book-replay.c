@@ -542,29 +542,17 @@ int book_start_thread(Book *b) {
         return 0;
 }
 
-int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *faults, Book **ret,
-              char **ret_error) {
-        Book *b;
-        uint8_t *data[2] = {};
-        size_t len[2] = {};
-        Parse parse[2] = {};
+/*
+ * Read STATE_DIR/nvme-index.{0,1} into @data/@len and judge them (@parse):
+ * *@ret_pick, the newer one whose snapshot is whole, or -1.  Refused (-ESTALE,
+ * -EPROTONOSUPPORT, *@ret_error saying what to do) where a start must not go
+ * on.  What is no index (damaged, too large) is set aside, except in check
+ * mode (Book.check: tierd --check-config), which changes nothing.
+ */
+static int book_read(Book *b, uint8_t *data[2], size_t len[2], Parse parse[2], int *ret_pick, char **ret_error) {
         bool stale[2] = {};
         int r, pick = -1;
         char why[512] = "";
-
-        b = calloc(1, sizeof(*b));
-        if (!b)
-                return -ENOMEM;
-        b->fd = b->efd = b->syncing_fd = b->retired_fd = -1;
-        b->nvme = nvme;
-        b->faults = faults;
-        pthread_mutex_init(&b->lock, NULL);
-        pthread_cond_init(&b->cond, NULL);
-        if (asprintf(&b->path[0], "%s/" BOOK_FILE ".0", state_dir) < 0 ||
-            asprintf(&b->path[1], "%s/" BOOK_FILE ".1", state_dir) < 0) {
-                r = -ENOMEM;
-                goto fail;
-        }
 
         /* the newer file whose snapshot is whole; the other is only looked at for its generation */
         for (unsigned i = 0; i < 2; i++) {
@@ -576,14 +564,14 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
 
                         log_warning("NVMe index %s is %s, not read", b->path[i],
                                     r == -EFBIG ? "larger than any index tierd writes" : "not a regular file");
-                        if (statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
+                        if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
                                 log_warning("NVMe index %s set aside as %s", b->path[i], aside);
                         continue;
                 }
                 if (r < 0) {
                         if (asprintf(ret_error, "Cannot read the NVMe index %s: %s", b->path[i], strerror(-r)) < 0)
                                 *ret_error = NULL;
-                        goto fail;
+                        return r;
                 }
                 bk_forget(b);
                 r = parse_file(b, data[i], len[i], &parse[i], why, sizeof(why));
@@ -593,10 +581,10 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
                                      "(the tensors it lists are then lost), or set [nvme] persist = no",
                                      b->path[i], why, b->path[0], b->path[1]) < 0)
                                 *ret_error = NULL;
-                        goto fail;
+                        return r;
                 }
                 if (r == -ENOMEM)
-                        goto fail;
+                        return r;
                 if (r == -ESTALE) {
                         /* another extent_size: judged below, once it is known whether this file is the newer */
                         stale[i] = true;
@@ -610,7 +598,7 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
                         if (r == -EBADMSG) {
                                 char aside[PATH_MAX];
 
-                                if (statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
+                                if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
                                         log_warning("NVMe index %s set aside as %s", b->path[i], aside);
                         }
                         continue;
@@ -635,18 +623,73 @@ int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *
                                      "is %s now. Nothing was changed. Set extent_size = %s again to find the "
                                      "tensors it lists, or move %s and %s aside (those tensors are then lost), "
                                      "or set [nvme] persist = no", b->path[i],
-                                     FORMAT_SIZE_EXACT(parse[i].extent_size), FORMAT_SIZE_EXACT(nvme->extent_size),
+                                     FORMAT_SIZE_EXACT(parse[i].extent_size), FORMAT_SIZE_EXACT(b->nvme->extent_size),
                                      FORMAT_SIZE_EXACT(parse[i].extent_size), b->path[0], b->path[1]) < 0)
                                 *ret_error = NULL;
                         r = -ESTALE;
-                        goto fail;
+                        return r;
                 }
                 log_warning("NVMe index %s: written with extents of %" PRIu64 " bytes, [nvme] extent_size is %"
                             PRIu64 " now, and older than %s, not read", b->path[i], parse[i].extent_size,
-                            nvme->extent_size, b->path[pick]);
-                if (statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
+                            b->nvme->extent_size, b->path[pick]);
+                if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
                         log_warning("NVMe index %s set aside as %s", b->path[i], aside);
         }
+        *ret_pick = pick;
+        return 0;
+}
+/* A book of nothing yet, for the index files of @state_dir.  NULL: out of memory. */
+static Book *book_new(const char *state_dir, NvmeTier *nvme, FaultSet *faults) {
+        Book *b = calloc(1, sizeof(*b));
+
+        if (!b)
+                return NULL;
+        b->fd = b->efd = b->syncing_fd = b->retired_fd = -1;
+        b->nvme = nvme;
+        b->faults = faults;
+        pthread_mutex_init(&b->lock, NULL);
+        pthread_cond_init(&b->cond, NULL);
+        if (asprintf(&b->path[0], "%s/" BOOK_FILE ".0", state_dir) < 0 ||
+            asprintf(&b->path[1], "%s/" BOOK_FILE ".1", state_dir) < 0)
+                return book_free(b, false);
+        return b;
+}
+
+int book_check(const char *state_dir, uint64_t extent_size, char **ret_error) {
+        NvmeTier nvme = { .extent_size = extent_size };
+        uint8_t *data[2] = {};
+        size_t len[2] = {};
+        Parse parse[2] = {};
+        int r, pick;
+        Book *b;
+
+        b = book_new(state_dir, &nvme, NULL);
+        if (!b)
+                return -ENOMEM;
+        b->check = true;
+        r = book_read(b, data, len, parse, &pick, ret_error);
+        free(data[0]);
+        free(data[1]);
+        book_free(b, false);
+        return r;
+}
+
+int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *faults, Book **ret,
+              char **ret_error) {
+        Book *b;
+        uint8_t *data[2] = {};
+        size_t len[2] = {};
+        Parse parse[2] = {};
+        int r, pick = -1;
+        char why[512] = "";
+
+        b = book_new(state_dir, nvme, faults);
+        if (!b)
+                return -ENOMEM;
+
+        r = book_read(b, data, len, parse, &pick, ret_error);
+        if (r < 0)
+                goto fail;
         if (pick >= 0) {
                 r = parse_file(b, data[pick], len[pick], &parse[pick], why, sizeof(why));
                 if (r < 0)

@@ -50,6 +50,13 @@ typedef struct BookFound {
 int book_open(const char *state_dir, NvmeTier *nvme, sd_event *event, FaultSet *faults, Book **ret,
               char **ret_error);
 /*
+ * book_check() - for tierd --check-config: what book_open() would refuse of
+ * STATE_DIR/nvme-index.{0,1} with extents of @extent_size (-ESTALE: the
+ * index's extent_size is another; -EPROTONOSUPPORT), *@ret_error the same
+ * words.  Reads the files only: nothing is set aside or written.
+ */
+int book_check(const char *state_dir, uint64_t extent_size, char **ret_error);
+/*
  * book_void_files() - set STATE_DIR/nvme-index.{0,1} aside (else remove
  * them), logging @why: a start with [nvme] persist = no reuses the extents
  * they list, so a later start with persist must not read them.

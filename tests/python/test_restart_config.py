@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import unittest
 
 import tierd
@@ -38,6 +39,14 @@ class TestRestartConfig(unittest.TestCase):
         index = sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index"))
         with open(d.config, "w") as f:
             f.write(self.config.replace("extent_size = 1M", "extent_size = 4M").replace("@DIR@", d.dir))
+        # --check-config refuses it as the start does (it passed: the start was the first to say), reading only
+        tierd_bin = os.path.join(tierd.build_dir(), "daemon", "tierd")
+        p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                            "--log-target", "stderr"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 6, p.stderr)
+        self.assertIn("was written with [nvme] extent_size = 1M; it is 4M now. Nothing was changed. Set "
+                      "extent_size = 1M again", p.stderr)
+        self.assertEqual(sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index")), index)
         mark = len(d.log_text())
         with self.assertRaisesRegex(RuntimeError, r"exited \(status 6\)"):
             d.start()
@@ -46,6 +55,9 @@ class TestRestartConfig(unittest.TestCase):
         self.assertEqual(sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index")), index)
         with open(d.config, "w") as f:
             f.write(self.config.replace("@DIR@", d.dir))
+        p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                            "--log-target", "stderr"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
         d.start()
         with tier.Client("extents", socket=d.socket) as c, c.open("t").pin(tier.HOST, tier.READ) as g:
             self.assertEqual(bytes(g.memoryview()[0:4]), b"kept")
