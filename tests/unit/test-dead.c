@@ -9,31 +9,6 @@
 #include "daemon/engine/engine-private.h"
 #include "tests/unit/timeline-fixture.h"
 
-typedef struct PinResult {
-        int done;
-        int status;
-        char error[320];
-} PinResult;
-
-static void on_pin_result(Op *op, int status, const char *error) {
-        PinResult *r = op->userdata;
-
-        r->done++;
-        r->status = status;
-        snprintf(r->error, sizeof(r->error), "%s", error ? error : "");
-}
-
-/* A plain read pin of @t in @tier (no plan's): its status, its error in @r; a pin taken is let go. */
-static int read_pin(Manager *m, Tensor *t, int tier, PinResult *r) {
-        memset(r, 0, sizeof(*r));
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, tier, on_pin_result, NULL, r, NULL), 0);
-        FIXTURE_RUN_UNTIL(m, r->done);
-        assert_int_equal(r->done, 1);
-        if (r->status == 0)
-                assert_int_equal(tensor_unpin(t, tier, false), 0);
-        return r->status;
-}
-
 /*
  * Rank 3's plan reads T in phase 0, writes it whole in phase 2 and reads it in phase 3; its
  * client goes from phase 1 to phase 3, past the write (tier.torch's optimizer phase of a block

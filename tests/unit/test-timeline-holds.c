@@ -870,29 +870,6 @@ static void test_commit_overwrite_read_by_other_plan(void **state) {
         finish(m, j, c1, pa);
 }
 
-typedef struct PinResult {
-        int done;
-        int status;
-        char error[320];
-} PinResult;
-
-static void on_pin_result(Op *op, int status, const char *error) {
-        PinResult *r = op->userdata;
-
-        r->done++;
-        r->status = status;
-        snprintf(r->error, sizeof(r->error), "%s", error ? error : "");
-}
-
-/* A plain read pin of @t in @tier (no plan's): its status, its error in @r. */
-static int read_pin(Manager *m, Tensor *t, int tier, PinResult *r) {
-        memset(r, 0, sizeof(*r));
-        assert_int_equal(op_submit(m->engine, OP_PIN, t, tier, on_pin_result, NULL, r, NULL), 0);
-        FIXTURE_RUN_UNTIL(m, r->done);
-        assert_int_equal(r->done, 1);
-        return r->status;
-}
-
 /*
  * Rank A's plan alone names T while rank B's plan is not submitted yet (B reconnecting, or
  * resubmitting after a tierd restart later than A): A's phase 0 reads T, phase 1 writes it whole,

@@ -145,3 +145,30 @@ static inline void finish(Manager *m, Job *j, Rank *c, Plan *p) {
 static inline void touch(Manager *m, Tensor *t, int tier, bool dirty) {
         fixture_touch(m, t, tier, dirty);
 }
+
+/* What a plain pin (no plan's) got. */
+typedef struct PinResult {
+        int done;
+        int status;
+        char error[320];
+} PinResult;
+
+static inline void on_pin_result(Op *op, int status, const char *error) {
+        PinResult *r = op->userdata;
+
+        r->done++;
+        r->status = status;
+        snprintf(r->error, sizeof(r->error), "%s", error ? error : "");
+}
+
+/* A plain read pin of @t in @tier (no plan's): its status, its error in @r; a pin taken is let go. */
+static inline int read_pin(Manager *m, Tensor *t, int tier, PinResult *r) {
+        memset(r, 0, sizeof(*r));
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, tier, on_pin_result, NULL, r, NULL), 0);
+        FIXTURE_RUN_UNTIL(m, r->done);
+        assert_int_equal(r->done, 1);
+        if (r->status == 0)
+                assert_int_equal(tensor_unpin(t, tier, false), 0);
+        return r->status;
+}
+
