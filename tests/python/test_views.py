@@ -177,6 +177,27 @@ class TestViews(tierd.DaemonTestCase):
         t.destroy()
 
     @need_torch
+    def test_read_pin_torch_under_inference_mode(self) -> None:
+        """torch() of a READ pin under torch.inference_mode() gives an inference tensor, which has no
+        version counter (reading ``_version`` raises): the watch for writes through a READ pin's tensor
+        made torch() itself raise there, where an evaluation loop only reads.  Such a tensor is not
+        watched (its writes are not seen, as the docstring says); the pin works as before it."""
+        c = self.client()
+        t = c.create("t", 4096)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.torch(torch.float32).fill_(1.0)
+        t.evict(tier.NVME)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with torch.inference_mode():
+                with t.pin(tier.HOST, tier.READ) as g:
+                    x = g.torch(torch.float32, (4, 256))
+                    self.assertTrue(x.is_inference())
+                    self.assertEqual(x.sum().item(), 1024.0)
+        self.assertFalse(t.stat().dirty[tier.HOST])
+        t.destroy()
+
+    @need_torch
     def test_cuda_array_interface(self) -> None:
         # no cuda backend here: check the interface of a made-up device grant, not a CUDA tensor
         c = self.client()

@@ -252,8 +252,10 @@ class Grant:
         suppressed), yet torch lets it be written.  The unpin sees such a
         write (torch's version counter of the tensor and its views: an
         in-place op, ``copy_()``, an indexed assignment; not a write through
-        ``.data`` or ``.numpy()``) and is then dirty, so the write is kept
-        as the tensor's newest data, with a ``tier.ReadPinWrittenWarning``:
+        ``.data`` or ``.numpy()``, nor one into a tensor made under
+        ``torch.inference_mode()``, which has no version counter) and is
+        then dirty, so the write is kept as the tensor's newest data, with a
+        ``tier.ReadPinWrittenWarning``:
         pin with WRITE to write (tierd may refill a READ pin's copy under
         it).  A phase grant's is released by the plan, clean: not seen.
         """
@@ -283,8 +285,9 @@ class Grant:
             t = torch.as_tensor(self, device="cuda")
         else:
             raise TypeError(f"the grant of '{self.tensor.name}' has no address")
-        if not self._writable and not self._phase:
-            self._tensors.append((t, t._version))   # (its views share its version counter, and keep it)
+        # (its views share its version counter, and keep it; an inference tensor has none: not watched)
+        if not self._writable and not self._phase and not t.is_inference():
+            self._tensors.append((t, t._version))
         if dt != torch.uint8:
             t = t.view(dt)
         return t if shape is None else t.view(shape)
