@@ -390,9 +390,14 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                          */
                         t->version = t->commit_version;
                         t->dead = true;
-                        /* as at the commit: its plan's own holds read zeros, others' reads fail (op.c) */
+                        /*
+                         * as at the commit: its plan's own holds read zeros, others' reads fail (op.c);
+                         * whose plan not known (dead then as a table of before the rank was kept had
+                         * it): no read, as before the commit
+                         */
                         t->dead_rank = t->commit_dead_rank;
-                        t->lost = false;
+                        t->lost = !t->commit_dead_rank;
+                        t->lost_why = TENSOR_LOST_STOPPED;
                         tensor_note(t);
                         book_version(j->registry->book, t);
                         rolled++;
@@ -513,6 +518,7 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
         else if (dead_before) {
                 t->dead = true;         /* as it was: its next access writes it whole */
                 t->lost = !t->dead_rank; /* whose plan made it so not known (an older table): no read (op.c) */
+                t->lost_why = TENSOR_LOST_STOPPED;
                 snprintf(now, sizeof(now), "dead again, as before the pin (its next access writes it whole)");
                 level = LOG_INFO;
         } else {

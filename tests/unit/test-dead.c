@@ -239,12 +239,43 @@ static void test_rollback_commit_dead_keeps_its_rank(void **state) {
         fixture_free(m);
 }
 
+/*
+ * D dead and lost with no rank at the commit (a memory store table of before the rank was kept),
+ * then written: the rollback makes it so again, reads fail -ENODATA; they got zeros as its data.
+ */
+static void test_rollback_commit_dead_rank_not_known(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsigned rolled, lost;
+        char why[128];
+        PinResult r;
+        Tensor *d;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        d = tensor(j, "D", MiB);
+        fixture_host_data(m, d, 0x41);
+        for (int tier = 0; tier < TIERS; tier++)
+                copy_free(d, tier);
+        d->dead = d->lost = true;                               /* as book_restore() with an older table */
+        d->dead_rank = 0;
+        job_commit(j, 3);
+        write_only_pin(m, d, 0x42);
+        assert_false(d->dead || d->lost);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_true(d->dead && d->lost);
+        assert_int_equal(read_pin(m, d, LEVEL_HOST, &r), -ENODATA);
+        assert_non_null(strstr(r.error, "dead when tierd stopped"));
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_zeros_not_data),
                 cmocka_unit_test(test_ghost_read_waits_for_hello),
                 cmocka_unit_test(test_rollback_commit_dead_with_image),
                 cmocka_unit_test(test_rollback_commit_dead_keeps_its_rank),
+                cmocka_unit_test(test_rollback_commit_dead_rank_not_known),
         };
         return fixture_main("dead", tests, sizeof(tests) / sizeof(tests[0]));
 }
