@@ -12,7 +12,12 @@ and ``Sequential`` reached on the way down, and any module that has a
 such as Hugging Face's ``GPT2Model`` inside ``GPT2LMHeadModel``; a
 ``Sequential`` deeper down is taken as part of its module (an MLP).
 A container with parameters of its own (registered
-on itself, not on a child) is not walked into: it is one block.  So
+on itself, not on a child) is not walked into: it is one block.  A module
+registered under several parents (T5's shared embedding: ``shared``,
+``encoder.embed_tokens``, ``decoder.embed_tokens``) is called by each of
+them, and a block runs once per micro-batch: it is no block of its own,
+and each module that holds it is kept whole (T5 gives ``encoder, decoder,
+lm_head``, the embedding's weight in the shared block).  So
 GPT-2 gives ``wte, wpe, h.0 .. h.N, ln_f, lm_head``; resnet18 gives
 ``conv1, bn1, layer1.0 .. layer4.1, fc``.
 
@@ -64,18 +69,23 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
                 return True
         return False
 
+    called_twice = _called_by_several(model)
     seen: set[int] = set()
+    skipped: list[torch.nn.Module] = []
 
     def walk(m: torch.nn.Module) -> None:
         for child in m.children():
             if not _has_params(child) or id(child) in seen:
-                continue        # (one module under several names, T5's shared embedding: once)
+                continue        # (one module under several names: once)
             seen.add(id(child))
-            if type(child).__name__ in no_split:
+            if id(child) in called_twice:
+                skipped.append(child)       # kept whole inside each module that calls it
+            elif type(child).__name__ in no_split:
                 out.append(child)
             elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
                 walk(child)
-            elif not _own_params(child) and splittable(child):
+            elif not _own_params(child) and splittable(child) and \
+                    not any(id(sub) in called_twice for sub in child.modules()):
                 walk(child)
             else:
                 out.append(child)
@@ -83,7 +93,25 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
     if type(model).__name__ in no_split or _own_params(model) or not any(True for _ in model.children()):
         return [model]
     walk(model)
+    # one no block holds (registered under several parents, all of them walked into: weights shared
+    # across time in a layer list) is a block: the engine refuses it by name if it runs twice
+    covered = {id(p) for b in out for p in b.parameters()}
+    out += [m for m in skipped if any(id(p) not in covered for p in m.parameters())]
     return out
+
+
+def _called_by_several(model: torch.nn.Module) -> set[int]:
+    """The modules with parameters registered under two or more parents other than the model itself
+    (T5's embedding in its encoder and its decoder): each parent calls it, so it runs several times
+    in a forward.  One registered on the model too (``shared``) is counted by its other parents."""
+    parents: dict[int, set[int]] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        if m is model:
+            continue
+        for c in m._modules.values():
+            if c is not None:
+                parents.setdefault(id(c), set()).add(id(m))
+    return {id(m) for m in model.modules() if len(parents.get(id(m), ())) > 1 and _has_params(m)}
 
 
 def dominant_blocks(blocks: Sequence[Block]) -> list[tuple[Block, float]]:
