@@ -385,6 +385,38 @@ class TestModels(tierd.DaemonTestCase):
         self.assertIn("transformer.wte", msgs[0])
         eng.close()
 
+    def test_top_module_parameters_advice(self) -> None:
+        """A model with a parameter of its own (a ViT's class token) is one block.  The warning about it
+        advised splitting it into its children, or leaving its class out of no_split_module_classes
+        (where it never was); the split was then refused as "class_token is in no block: pass blocks= that
+        cover it", which no blocks= can.  Both say why now, and what to do."""
+        import tier.torch
+
+        class Tokened(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.class_token = torch.nn.Parameter(torch.zeros(1, 1, 16))
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(2))
+
+            def forward(self, x):
+                x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], 1)
+                for layer in self.layers:
+                    x = layer(x)
+                return x
+
+        m = Tokened()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            eng = tier.torch.Offload(m, self.client("tokened"))
+        msgs = [str(x.message) for x in w if issubclass(x.category, tier.torch.TierTorchWarning)]
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertIn("it cannot be split: Tokened has parameters of its own (class_token)", msgs[0])
+        self.assertNotIn("no_split_module_classes", msgs[0])
+        eng.close()
+        with self.assertRaisesRegex(ValueError, r"class_token is in no block: it is registered on 'the model' "
+                                                r"itself, which holds blocks \(layers.0, layers.1\)"):
+            tier.torch.Offload(m, self.client("tokened-split"), blocks=list(m.layers))
+
     def test_no_fit_in_the_model_words(self) -> None:
         """A block whose phase cannot fit the job's budget: the error names the module, bytes and what to do."""
         import tier

@@ -129,6 +129,13 @@ def split_hint(b: Block) -> str:
                 "untie them (e.g. tie_word_embeddings=False) if it is too large")
     kids = [n for n, c in b.module.named_children() if _has_params(c)]
     prefix = b.path + "." if b.path else ""
+    own = [n for n, _ in b.module.named_parameters(recurse=False)]
+    if kids and own:
+        # blocks of its children would leave these in no block (refused): the whole module must hold them
+        shown = ", ".join(prefix + n for n in own[:4]) + (", ..." if len(own) > 4 else "")
+        return (f"it cannot be split: {b.cls} has parameters of its own ({shown}), which only a block of the "
+                f"whole module can hold; move them into a submodule of their own to split it, or give the "
+                f"job a larger budget")
     if kids:
         shown = ", ".join(prefix + k for k in kids[:4]) + (", ..." if len(kids) > 4 else "")
         return (f"split it: blocks=[...] naming its parts ({shown}), or let auto_blocks() walk into it by "

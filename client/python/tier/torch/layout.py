@@ -305,6 +305,14 @@ def build(model: torch.nn.Module, modules: list[torch.nn.Module], part_bytes: in
     owned = {id(s.param) for b in blocks for s in b.slots}
     for n, p in model.named_parameters():
         if p.requires_grad and id(p) not in owned:
+            holder = model.get_submodule(n.rpartition(".")[0])
+            inner = [mnames[id(m)] for m in modules if any(m is x for x in holder.modules())]
+            if inner:       # (registered on a module that holds blocks: no block can take it)
+                raise ValueError(f"trainable parameter {n} is in no block: it is registered on "
+                                 f"'{n.rpartition('.')[0] or 'the model'}' itself, which holds blocks "
+                                 f"({', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}), so only a "
+                                 "block of that whole module can hold it: pass blocks= with that module "
+                                 "instead of its parts, or move the parameter into a submodule of its own")
             raise ValueError(f"trainable parameter {n} is in no block: pass blocks= that cover it "
                              "(or leave blocks= out: tier.torch.auto_blocks() covers every parameter)")
     if not owned:
