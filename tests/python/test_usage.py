@@ -224,8 +224,10 @@ class TestUsage(tierd.DaemonTestCase):
         engine refused T5 as "ran its forward twice", advising to make the repeated part one block's
         inside, which auto_blocks() could have done.  It keeps each stack that calls the embedding whole
         now, the embedding's weight (tied to lm_head) in the shared block: T5 trains, bit for bit, its
-        relative position bias passed from each stack's first layer to the others inside the block."""
+        relative position bias passed from each stack's first layer to the others inside the block.  The
+        advice for a stack too large said to split it, which would be refused again."""
         import tier.torch
+        import tier.torch.explain
 
         def make():
             torch.manual_seed(0)
@@ -252,6 +254,11 @@ class TestUsage(tierd.DaemonTestCase):
             eng.step()
             self.assertEqual(ml.item(), rl.item(), f"step {i}")
         self.same(model, ref, "T5")
+        # a stack too large for the budget cannot be split (its parts would call the embedding outside
+        # any block): the advice given (warning, describe(), errors) says so, not "split it"
+        hint = tier.torch.explain.advice(eng, eng.blocks[1])          # (what a block that cannot fit says)
+        self.assertIn("it cannot be split: it calls decoder.embed_tokens, which other blocks call too", hint)
+        self.assertNotIn("blocks=[", hint)
         eng.close()
 
     def test_hyperparameters_checked_every_step(self) -> None:

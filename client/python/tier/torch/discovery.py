@@ -122,8 +122,9 @@ def dominant_blocks(blocks: Sequence[Block]) -> list[tuple[Block, float]]:
     return [(b, b.nbytes / total) for b in blocks if b.nbytes / total > DOMINANT_SHARE and b.slots]
 
 
-def split_hint(b: Block) -> str:
-    """How to split block ``b`` (its children with parameters), for messages."""
+def split_hint(b: Block, model: torch.nn.Module | None = None) -> str:
+    """How to split block ``b`` (its children with parameters), for messages; ``model``: the model it
+    is a block of (to see the modules that other blocks call too)."""
     if b.module is None:
         return ("the shared block holds parameters several blocks use (tied weights): it cannot be split; "
                 "untie them (e.g. tie_word_embeddings=False) if it is too large")
@@ -136,6 +137,12 @@ def split_hint(b: Block) -> str:
         return (f"it cannot be split: {b.cls} has parameters of its own ({shown}), which only a block of the "
                 f"whole module can hold; move them into a submodule of their own to split it, or give the "
                 f"job a larger budget")
+    many = _called_by_several(model) if model is not None else set()
+    inner = [n for n, m in b.module.named_modules() if id(m) in many]
+    if kids and inner:
+        return (f"it cannot be split: it calls {', '.join(prefix + n for n in inner[:3])}, which other blocks "
+                f"call too (one module under several names), and a block runs once per micro-batch, so "
+                f"{b.cls} stays whole; give the job a larger budget")
     if kids:
         shown = ", ".join(prefix + k for k in kids[:4]) + (", ..." if len(kids) > 4 else "")
         return (f"split it: blocks=[...] naming its parts ({shown}), or let auto_blocks() walk into it by "
@@ -150,7 +157,7 @@ def vram_need(b: Block) -> int:
 
 
 def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: str,
-             limits: dict[str, int] | None = None) -> str:
+             limits: dict[str, int] | None = None, model: torch.nn.Module | None = None) -> str:
     """A table of the blocks: bytes per kind of state, and what the budgets mean for them."""
     kinds = ["p", "g", *state_kinds] + (["w"] if any(b.mixed for b in blocks) else [])
     total_params = sum(b.numel for b in blocks)
@@ -181,5 +188,5 @@ def describe(blocks: Sequence[Block], *, state_kinds: Sequence[str], placement: 
                     if need <= lim else "DOES NOT FIT"
                 lines.append(f"{tier} limit {fmt_bytes(lim)}: the largest {what} needs {fmt_bytes(need)}: {verdict}")
     for b, share in dominant_blocks(blocks):
-        lines.append(f"{b.label} holds {100 * share:.0f} % of the parameters: {split_hint(b)}")
+        lines.append(f"{b.label} holds {100 * share:.0f} % of the parameters: {split_hint(b, model)}")
     return "\n".join(lines)

@@ -195,7 +195,7 @@ class Offload(torch.optim.Optimizer):
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
                           f"({fmt_bytes(b.nbytes)} of {fmt_bytes(sum(x.nbytes for x in self.blocks))}): every "
-                          f"phase of it pins all of that, so no budget below it fits; {discovery.split_hint(b)}",
+                          f"phase of it pins all of that, so no budget below it fits; {discovery.split_hint(b, model)}",
                           TierTorchWarning, stacklevel=2)
         guards.claim_params(self)
         try:
@@ -358,7 +358,7 @@ class Offload(torch.optim.Optimizer):
     def describe(self) -> str:
         """The blocks, their bytes per kind of state, and what the job's budgets mean for them."""
         return discovery.describe(self.blocks, state_kinds=self.state_kinds, placement=self.placement,
-                                  limits=explain.limits(self))
+                                  limits=explain.limits(self), model=self.model)
 
     # ---- errors in the model's words (explain.py) ----------------------------------------------
 

@@ -93,7 +93,7 @@ def advice(eng: "Offload", b: Block | None) -> str:
         if lim:
             bits.append(f"the job may have {fmt_bytes(lim['host'])} in host, {fmt_bytes(lim['vram'])} in vram, "
                         "and tierd holds the next phase while one runs")
-        bits.append(discovery.split_hint(b))
+        bits.append(discovery.split_hint(b, eng.model))
     if eng._mode == "deferred":
         bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
                     "clipped), so two blocks' optimizer phases are pinned at once")
