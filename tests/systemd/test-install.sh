@@ -111,6 +111,23 @@ echo "tierd's default configuration: $conf_default"
 [[ $conf_default == /* ]] || bad "the default configuration path '$conf_default' is not absolute"
 [[ -f $dest$conf_default ]] || bad "the sample configuration is not installed at tierd's default $conf_default"
 
+# The sample configuration shows every key at its default ("Every key below shows its default"):
+# with each "#key = value" line uncommented (not those of the commented-out [quota] examples) it
+# sets every key tierd has, each to what tierd --check-config prints when nothing is set.
+sample=$dest$conf_default
+awk '/^\[/ { q = 0 } /^#\[/ { q = 1 } !q && /^#[a-z_]+ =/ { sub(/^#/, "") } { print }' "$sample" >"$dest/all-set.conf"
+keys() {
+        awk '/^\[/ { s = $0 } /^[a-z_]+ =/ { print s " " $1 }' | sort
+}
+defaults=$("$tierd" --check-config --config "$sample" 2>&1) || bad "tierd --check-config refused the sample configuration: $defaults"
+all_set=$("$tierd" --check-config --config "$dest/all-set.conf" 2>&1) || bad "tierd --check-config refused the sample configuration uncommented: $all_set"
+missing=$(comm -23 <(keys <<<"$defaults") <(keys <"$dest/all-set.conf"))
+[[ -z $missing ]] || bad "keys of tierd --check-config missing from the sample configuration: $(paste -sd, <<<"$missing")"
+if [[ $defaults != "$all_set" ]]; then
+        diff <(cat <<<"$defaults") <(cat <<<"$all_set") >&2 || true
+        bad "the sample configuration, uncommented, is not tierd's defaults (< defaults, > uncommented)"
+fi
+
 # ---- pkg-config against the DESTDIR ------------------------------------------------
 pc=$(find "$dest" -name tier.pc | head -n1)
 export PKG_CONFIG_PATH
