@@ -110,6 +110,8 @@ conf_default=$("$tierd" --help | sed -n 's/.*configuration file (default \(.*\))
 echo "tierd's default configuration: $conf_default"
 [[ $conf_default == /* ]] || bad "the default configuration path '$conf_default' is not absolute"
 [[ -f $dest$conf_default ]] || bad "the sample configuration is not installed at tierd's default $conf_default"
+# and its drop-in directory, where tierctl(1) tells "tierctl bench --write-config" to write one
+[[ -d $dest$conf_default.d ]] || bad "the drop-in directory $conf_default.d is not installed"
 
 # The sample configuration shows every key at its default ("Every key below shows its default"):
 # with each "#key = value" line uncommented (not those of the commented-out [quota] examples) it
