@@ -438,6 +438,29 @@ fail:
         return r;
 }
 
+int bench_save_check(const char *path, char **ret_error) {
+        _cleanup_free_ char *dir = NULL;
+        const char *slash = strrchr(path, '/');
+        struct stat st;
+        int r = 0;
+
+        if (!slash)
+                dir = strdup(".");
+        else
+                dir = strndup(path, slash == path ? 1 : (size_t) (slash - path));
+        if (!dir)
+                return -ENOMEM;
+        if (stat(dir, &st) < 0)
+                r = -errno;
+        else if (!S_ISDIR(st.st_mode))
+                r = -ENOTDIR;
+        else if (access(dir, W_OK | X_OK) < 0)
+                r = -errno;
+        if (r < 0 && asprintf(ret_error, "%s: directory %s: %s (nothing was run)", path, dir, strerror(-r)) < 0)
+                *ret_error = NULL;
+        return r;
+}
+
 int bench_write_config(const Bench *b, const char *path, char **ret_error) {
         _cleanup_free_ char *text = NULL;
         char *p = NULL;

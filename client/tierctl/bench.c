@@ -719,6 +719,18 @@ int verb_bench(int argc, char **argv) {
         r = parse_options(&b, argc, argv, &save, &write_config, &overwrite);
         if (r != 0)
                 return r < 0 ? EXIT_SUCCESS : r;
+        /* where the results go, checked before any I/O: not a sweep of minutes, then nowhere to put it */
+        for (unsigned i = 0; i < 2; i++) {
+                const char *path = i == 0 ? save : write_config;
+                char *error = NULL;
+
+                if (path && bench_save_check(path, &error) < 0) {
+                        fprintf(stderr, "tierctl bench: cannot write %s %s\n", i == 0 ? "--save" : "--write-config",
+                                error ? error : "(out of memory)");
+                        free(error);
+                        return EXIT_FAILURE;
+                }
+        }
 
         /* the signals are served by the loop the I/O runs on: the scratch files always go */
         sigemptyset(&mask);

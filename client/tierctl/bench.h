@@ -235,3 +235,7 @@ void bench_print(const Bench *b, FILE *f);
 int bench_write_config(const Bench *b, const char *path, char **ret_error);
 /* Write @text to @path (through a temporary file renamed over it), making the directory if needed. */
 int bench_save(const char *path, const char *text, bool mkdirs, char **ret_error);
+/* Whether bench_save() without mkdirs can write @path, so that a wrong --save or --write-config
+ * fails before the benchmark runs: its directory must exist and take new files (a temporary one
+ * renamed over @path).  0, or -errno with *@ret_error naming the directory. */
+int bench_save_check(const char *path, char **ret_error);

@@ -169,6 +169,26 @@ class TestBench(BenchCase):
         self.assertIn(f"extent_size = {size}\n", p.stdout)
         self.assertIn(f"queue_depth = {doc['config']['queue_depth']}\n", p.stdout)
 
+    def test_results_path_checked_first(self) -> None:
+        # tierctl(1)'s "--write-config /etc/tierd/tierd.conf.d/50-bench.conf", with no such directory: refused
+        # before the sweep (which would save its results for tierctl plan first), not after it
+        cached = os.path.join(self.cache, "tierd", "bench.json")
+        for opt in ("--write-config", "--save"):
+            missing = os.path.join(self.cache, "tierd.conf.d")
+            p = self.bench(opt, os.path.join(missing, "50-bench.conf"), *SMALL, self.dirs[0], expect=1)
+            self.assertIn(f"cannot write {opt} {missing}/50-bench.conf: directory {missing}: No such file or directory",
+                          p.stderr)
+            self.assertEqual(p.stdout, "")
+            self.assertFalse(os.path.exists(cached), "the sweep ran")
+            blocker = os.path.join(self.cache, "a-file")
+            with open(blocker, "w"):
+                pass
+            p = self.bench(opt, os.path.join(blocker, "x.conf"), *SMALL, self.dirs[0], expect=1)
+            self.assertIn("Not a directory", p.stderr)
+            os.unlink(blocker)
+            self.assertFalse(os.path.exists(cached), "the sweep ran")
+        self.assert_no_scratch()
+
     def test_link_suspect(self) -> None:
         doc = json.loads(self.bench("--json", "--link-gbps", "0.001", *SMALL, self.dirs[0]).stdout)
         self.assertEqual(doc["targets"][0]["link_gbps"], 0.001)
