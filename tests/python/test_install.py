@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,39 @@ class TestInstall(unittest.TestCase):
             self.assertIn("$TIER_LIBTIER and $TIER_BUILD (not set)", p.stderr)
             self.assertIn("libtier.so.1", p.stderr)
             self.assertNotIn("not built", p.stderr)
+
+
+class TestInstallDocs(unittest.TestCase):
+    """The install steps of README.md, client/python/README.md and tierd(8) work as written."""
+
+    def read(self, *path: str) -> str:
+        with open(os.path.join(tierd.source_dir(), *path)) as f:
+            return f.read()
+
+    def test_build_directory_of_its_own(self) -> None:
+        # "meson setup build --prefix=/usr" where ./scripts/demo had set up ./build (for /usr/local)
+        # changed nothing ("Directory already configured", status 0): the install went to /usr/local
+        demo = re.search(r"^build=\$TIER_ROOT/(\S+)$", self.read("scripts", "demo"), re.M)
+        self.assertIsNotNone(demo, "scripts/demo: no build=$TIER_ROOT/DIR line")
+        install = re.search(r"### Install\n\n```sh\n(.*?)```", self.read("README.md"), re.S)
+        self.assertIsNotNone(install, "README.md: no ### Install section with a sh block")
+        for where, text in (("README.md", install.group(1)), ("man/tierd.8.scd", self.read("man", "tierd.8.scd"))):
+            setup = re.findall(r"meson setup (\S+) --prefix=/usr", text)
+            self.assertEqual(len(setup), 1, f"{where}: one 'meson setup DIR --prefix=/usr'")
+            self.assertNotEqual(setup[0], demo.group(1), f"{where}: installs from the build directory of scripts/demo")
+            self.assertIn(f"ninja -C {setup[0]} install", text, where)
+
+    def test_pip_into_a_venv(self) -> None:
+        # Debian 12's python3 refuses "pip install" outside a venv (PEP 668): the steps make one that sees
+        # Debian's numpy and torch and run its pip, as test_pip_install_offline does
+        for path in (("README.md",), ("client", "python", "README.md")):
+            text = self.read(*path)
+            where = os.path.join(*path)
+            outside = re.findall(r"(?<![\w/.-])pip3? install [-./\w]", text)
+            self.assertEqual(outside, [], f"{where}: a pip install outside a venv")
+            venv = re.search(r"python3 -m venv --system-site-packages (\S+)", text)
+            self.assertIsNotNone(venv, f"{where}: no 'python3 -m venv --system-site-packages DIR'")
+            self.assertIn(f"{venv.group(1)}/bin/pip install ./client/python", text, where)
 
 
 if __name__ == "__main__":
