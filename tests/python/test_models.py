@@ -333,6 +333,44 @@ class TestModels(tierd.DaemonTestCase):
                 names = {id(mod): n for n, mod in m.named_modules()}
                 self.assertEqual([names[id(b)] for b in tier.torch.auto_blocks(m)], want)
 
+    def test_blocks_module_under_several_names_wrapped(self) -> None:
+        """A module under several names (T5's shared embedding) inside a model of the user's (a classifier
+        holding a T5EncoderModel, or a T5ForConditionalGeneration).  The holder that only registers it
+        (T5EncoderModel.shared) counted as one more caller, and every module holding a caller was kept
+        whole: the whole backbone was one block, which no budget below it fits.  Only the modules that call
+        it stay whole; the encoder-only one, called once, is a block of its own as in the model alone."""
+        import tier.torch
+
+        class Stack(torch.nn.Module):
+            def __init__(self, emb: torch.nn.Module) -> None:
+                super().__init__()
+                self.embed_tokens = emb
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+                self.norm = torch.nn.LayerNorm(8)
+
+        class Backbone(torch.nn.Module):        # (T5EncoderModel, T5ForConditionalGeneration's shape)
+            def __init__(self, decoder: bool) -> None:
+                super().__init__()
+                self.shared = torch.nn.Embedding(16, 8)
+                self.encoder = Stack(self.shared)
+                if decoder:
+                    self.decoder = Stack(self.shared)
+
+        class User(torch.nn.Module):
+            def __init__(self, decoder: bool) -> None:
+                super().__init__()
+                self.backbone = Backbone(decoder)
+                self.head = torch.nn.Linear(8, 2)
+
+        for decoder, want in ((False, ["backbone.shared", "backbone.encoder.layers.0", "backbone.encoder.layers.1",
+                                       "backbone.encoder.norm", "head"]),
+                              (True, ["backbone.encoder", "backbone.decoder", "head"])):
+            with self.subTest(decoder=decoder):
+                m = User(decoder)
+                names = {id(mod): n for n, mod in m.named_modules()}
+                self.assertEqual([names[id(b)] for b in tier.torch.auto_blocks(m)], want)
+                self.assertEqual([names[id(b)] for b in tier.torch.auto_blocks(m.backbone)], want[:-1])
+
     @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
     def test_tied_stored_once(self) -> None:
         """GPT-2's wte and lm_head are one parameter: one storage (the shared block), both names."""

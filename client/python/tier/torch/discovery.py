@@ -16,8 +16,10 @@ on itself, not on a child) is not walked into: it is one block.  A module
 registered under several parents (T5's shared embedding: ``shared``,
 ``encoder.embed_tokens``, ``decoder.embed_tokens``) is called by each of
 them, and a block runs once per micro-batch: it is no block of its own,
-and each module that holds it is kept whole (T5 gives ``encoder, decoder,
-lm_head``, the embedding's weight in the shared block).  So
+and each module that calls it is kept whole (T5 gives ``encoder, decoder,
+lm_head``, the embedding's weight in the shared block); one that only
+holds it above a caller (``shared`` on the model, or on a T5EncoderModel
+inside the user's model) is no caller.  So
 GPT-2 gives ``wte, wpe, h.0 .. h.N, ln_f, lm_head``; resnet18 gives
 ``conv1, bn1, layer1.0 .. layer4.1, fc``.
 
@@ -69,7 +71,9 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
                 return True
         return False
 
-    called_twice = _called_by_several(model)
+    callers = _called_by_several(model)
+    called_twice = set(callers)
+    calling = {id(p) for ps in callers.values() for p in ps}
     seen: set[int] = set()
     skipped: list[torch.nn.Module] = []
 
@@ -84,9 +88,8 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
                 out.append(child)
             elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
                 walk(child)
-            elif not _own_params(child) and splittable(child) and \
-                    not any(id(sub) in called_twice for sub in child.modules()):
-                walk(child)
+            elif not _own_params(child) and splittable(child) and id(child) not in calling:
+                walk(child)         # (one holding modules that call it: they stay whole, found inside)
             else:
                 out.append(child)
 
@@ -100,18 +103,30 @@ def auto_blocks(model: torch.nn.Module, no_split_module_classes: Iterable[str] |
     return out
 
 
-def _called_by_several(model: torch.nn.Module) -> set[int]:
+def _called_by_several(model: torch.nn.Module) -> dict[int, list[torch.nn.Module]]:
     """The modules with parameters registered under two or more parents other than the model itself
     (T5's embedding in its encoder and its decoder): each parent calls it, so it runs several times
-    in a forward.  One registered on the model too (``shared``) is counted by its other parents."""
-    parents: dict[int, set[int]] = {}
+    in a forward.  One registered on the model too (``shared``) is counted by its other parents; so
+    is one registered on any parent that holds another of its parents (``T5EncoderModel.shared`` and
+    its ``encoder.embed_tokens``, the T5EncoderModel inside a model of the user's: called once, by
+    the encoder), which only holds it as the model does.  Each such module's id: its callers."""
+    parents: dict[int, dict[int, torch.nn.Module]] = {}
     for _, m in model.named_modules(remove_duplicate=False):
         if m is model:
             continue
         for c in m._modules.values():
             if c is not None:
-                parents.setdefault(id(c), set()).add(id(m))
-    return {id(m) for m in model.modules() if len(parents.get(id(m), ())) > 1 and _has_params(m)}
+                parents.setdefault(id(c), {})[id(m)] = m
+    out: dict[int, list[torch.nn.Module]] = {}
+    for m in model.modules():
+        ps = parents.get(id(m), {})
+        if len(ps) < 2 or not _has_params(m):
+            continue
+        callers = [p for p in ps.values()
+                   if not any(q is not p and any(q is x for x in p.modules()) for q in ps.values())]
+        if len(callers) > 1:
+            out[id(m)] = callers
+    return out
 
 
 def dominant_blocks(blocks: Sequence[Block]) -> list[tuple[Block, float]]:
@@ -137,7 +152,7 @@ def split_hint(b: Block, model: torch.nn.Module | None = None) -> str:
         return (f"it cannot be split: {b.cls} has parameters of its own ({shown}), which only a block of the "
                 f"whole module can hold; move them into a submodule of their own to split it, or give the "
                 f"job a larger budget")
-    many = _called_by_several(model) if model is not None else set()
+    many = _called_by_several(model) if model is not None else {}
     inner = [n for n, m in b.module.named_modules() if id(m) in many]
     if kids and inner:
         return (f"it cannot be split: it calls {', '.join(prefix + n for n in inner[:3])}, which other blocks "
