@@ -400,7 +400,11 @@ int job_rollback(Job *j, unsigned *ret_rolled, unsigned *ret_lost, char *why, si
                         t->lost_why = TENSOR_LOST_STOPPED;
                         tensor_note(t);
                         book_version(j->registry->book, t);
-                        rolled++;
+                        /* lost again: counted so (struct tier_commit.lost: its reads fail -ENODATA) */
+                        if (t->lost)
+                                lost++;
+                        else
+                                rolled++;
                 } else if (t->commit_version == 0) {
                         t->version = 0;         /* it was never written at the commit: zeros */
                         t->lost = false;

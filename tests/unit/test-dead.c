@@ -263,6 +263,9 @@ static void test_rollback_commit_dead_rank_not_known(void **state) {
         assert_false(d->dead || d->lost);
         assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
         assert_true(d->dead && d->lost);
+        /* counted lost (tier_job_rollback()'s lost: reads fail -ENODATA), not brought back */
+        assert_int_equal(rolled, 0);
+        assert_int_equal(lost, 1);
         assert_int_equal(read_pin(m, d, LEVEL_HOST, &r), -ENODATA);
         assert_non_null(strstr(r.error, "dead when tierd stopped"));
         job_destroy(j);
