@@ -542,6 +542,16 @@ int book_start_thread(Book *b) {
         return 0;
 }
 
+/* An index file not read (damaged, not tierd's, a leftover) goes aside; --check-config says a start moves it. */
+static void index_set_aside(const Book *b, const char *path) {
+        char aside[PATH_MAX];
+
+        if (b->check)
+                log_warning("NVMe index %s: a start sets it aside (renames it), --check-config leaves it", path);
+        else if (statefile_set_aside(path, aside, sizeof(aside)) >= 0)
+                log_warning("NVMe index %s set aside as %s", path, aside);
+}
+
 /*
  * Read STATE_DIR/nvme-index.{0,1} into @data/@len and judge them (@parse):
  * *@ret_pick, the newer one whose snapshot is whole, or -1.  Refused (-ESTALE,
@@ -560,12 +570,9 @@ static int book_read(Book *b, uint8_t *data[2], size_t len[2], Parse parse[2], i
                 if (r == -ENOENT)
                         continue;
                 if (r == -EFBIG || r == -EINVAL) {
-                        char aside[PATH_MAX];
-
                         log_warning("NVMe index %s is %s, not read", b->path[i],
                                     r == -EFBIG ? "larger than any index tierd writes" : "not a regular file");
-                        if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
-                                log_warning("NVMe index %s set aside as %s", b->path[i], aside);
+                        index_set_aside(b, b->path[i]);
                         continue;
                 }
                 if (r < 0) {
@@ -595,12 +602,8 @@ static int book_read(Book *b, uint8_t *data[2], size_t len[2], Parse parse[2], i
                                     r < 0 ? why : "its snapshot is not whole (a crash while it was written)");
                         parse[i].generation = r < 0 ? 0 : parse[i].generation;
                         parse[i].snapshot_whole = false;
-                        if (r == -EBADMSG) {
-                                char aside[PATH_MAX];
-
-                                if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
-                                        log_warning("NVMe index %s set aside as %s", b->path[i], aside);
-                        }
+                        if (r == -EBADMSG)
+                                index_set_aside(b, b->path[i]);
                         continue;
                 }
                 if (pick < 0 || parse[i].generation > parse[pick].generation)
@@ -614,8 +617,6 @@ static int book_read(Book *b, uint8_t *data[2], size_t len[2], Parse parse[2], i
          * the tensors.  An older file of another size is a leftover: set aside.
          */
         for (unsigned i = 0; i < 2; i++) {
-                char aside[PATH_MAX];
-
                 if (!stale[i])
                         continue;
                 if (pick < 0 || parse[i].generation > parse[pick].generation) {
@@ -632,8 +633,7 @@ static int book_read(Book *b, uint8_t *data[2], size_t len[2], Parse parse[2], i
                 log_warning("NVMe index %s: written with extents of %" PRIu64 " bytes, [nvme] extent_size is %"
                             PRIu64 " now, and older than %s, not read", b->path[i], parse[i].extent_size,
                             b->nvme->extent_size, b->path[pick]);
-                if (!b->check && statefile_set_aside(b->path[i], aside, sizeof(aside)) >= 0)
-                        log_warning("NVMe index %s set aside as %s", b->path[i], aside);
+                index_set_aside(b, b->path[i]);
         }
         *ret_pick = pick;
         return 0;

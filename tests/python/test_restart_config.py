@@ -62,6 +62,24 @@ class TestRestartConfig(unittest.TestCase):
         with tier.Client("extents", socket=d.socket) as c, c.open("t").pin(tier.HOST, tier.READ) as g:
             self.assertEqual(bytes(g.memoryview()[0:4]), b"kept")
 
+    def test_check_config_leaves_a_damaged_index(self) -> None:
+        """--check-config reads the NVMe index but changes nothing: a damaged index file, which a start
+        sets aside, stays where it is, and it says that a start would move it (it said only "not read")."""
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        os.makedirs(d.dir, exist_ok=True)
+        with open(d.config, "w") as f:
+            f.write(self.config.replace("@DIR@", d.dir))
+        bad = os.path.join(d.dir, "nvme-index.0")
+        with open(bad, "wb") as f:
+            f.write(b"not an index" * 100)
+        tierd_bin = os.path.join(tierd.build_dir(), "daemon", "tierd")
+        p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                            "--log-target", "stderr"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(f"NVMe index {bad}: a start sets it aside", p.stderr)
+        self.assertEqual(sorted(f for f in os.listdir(d.dir) if f.startswith("nvme-index")), ["nvme-index.0"])
+
     def test_lost_with_its_target_says_so(self) -> None:
         """A tensor lost because its extents lie on a target no longer configured: its reads fail with
         ENODATA saying so.  They said "its newest data was in memory, not on NVMe, when tierd stopped"
