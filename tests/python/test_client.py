@@ -130,6 +130,14 @@ class TestClient(tierd.DaemonTestCase):
             t.pin(tier.HOST, 4)
         with self.assertRaises(TypeError):
             t.evict(None)  # type: ignore[arg-type]
+        # a tier the call never takes is an invalid argument too: ValueError, before libtier
+        # (README, Errors), not tierd's EINVAL (or ENOENT for an unpin) as a TierError
+        for call, bad in ((t.pin, tier.NVME), (t.pin_async, "nvme"), (t.unpin, tier.NVME),
+                          (t.prefetch, tier.NVME), (t.prefetch_async, "nvme"),
+                          (t.evict, tier.VRAM), (t.evict_async, "vram")):
+            with self.subTest(call=call.__name__, tier=bad), self.assertRaises(ValueError):
+                call(bad)
+        self.assertEqual(t.stat().pins, {"vram": 0, "host": 0, "nvme": 0})
         with self.assertRaises(ValueError):
             t.unpin_after(tier.HOST, True, None)
         f = t.prefetch_async(tier.HOST)

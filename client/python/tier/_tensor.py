@@ -342,6 +342,23 @@ class _Pin:
         return f"<tier pin in {self.tier}, {self.mode.name}{', dirty' if self.dirty else ''}, handle closed>"
 
 
+def _pinnable(tier: TierLike, verb: str) -> Level:
+    """@tier for a pin, an unpin or a prefetch: VRAM or HOST (NVMe is never pinned, and nothing is
+    above it to bring a copy up to it); ValueError before anything reaches libtier."""
+    lv = _level(tier)
+    if lv not in (Level.VRAM, Level.HOST):
+        raise ValueError(f"{verb} takes vram or host, not {lv}")
+    return lv
+
+
+def _evictable(tier: TierLike) -> Level:
+    """@tier for an eviction: HOST or NVME (it goes down to there)."""
+    lv = _level(tier)
+    if lv not in (Level.HOST, Level.NVME):
+        raise ValueError(f"evict goes down to host or nvme, not {lv}")
+    return lv
+
+
 # ---- tensors ------------------------------------------------------------------------------------
 
 
@@ -419,7 +436,7 @@ class Tensor:
         @mode WRITE alone promises to overwrite the whole tensor: tierd
         brings no old bytes (they read as anything) and the unpin is dirty.
         """
-        lv, md = _level(tier), _mode(mode)
+        lv, md = _pinnable(tier, "pin"), _mode(mode)
         h = self._handle(self._op("pin", lv))
         raw = _lib.TierGrant()
         self._check(_L.tier_pin(h, lv, md, byref(raw)), self._op("pin", lv))
@@ -431,7 +448,7 @@ class Tensor:
         If the fence fails (``done()`` or a wait raises the request's error), tierd holds no pin:
         the Grant is invalidated and forgotten (its ``unpin()`` then does nothing).
         """
-        lv, md = _level(tier), _mode(mode)
+        lv, md = _pinnable(tier, "pin"), _mode(mode)
         h = self._handle(self._op("pin", lv))
         raw = _lib.TierGrant()
         f = c_uint64()
@@ -489,7 +506,7 @@ class Tensor:
         Invalidates the most recent Grant of that tier still pinned, taken through this handle
         or another one of the same client (the pin belongs to the connection).
         """
-        self._unpin(_level(tier), None if dirty is None else bool(dirty), None)
+        self._unpin(_pinnable(tier, "unpin"), None if dirty is None else bool(dirty), None)
 
     def unpin_after(self, tier: TierLike, dirty: bool, stream: Any) -> None:
         """``tier_unpin_after()``: unpin a VRAM pin once the work queued on CUDA @stream is done.
@@ -505,13 +522,13 @@ class Tensor:
     # -- moves
     def evict(self, tier: TierLike) -> None:
         """Make @tier (or a lower one) hold the only copy (``tier_evict()``)."""
-        lv = _level(tier)
+        lv = _evictable(tier)
         h = self._handle(self._op("evict", lv))
         self._check(_L.tier_evict(h, lv), self._op("evict", lv))
 
     def evict_async(self, tier: TierLike) -> Fence:
         """``tier_evict_async()``."""
-        lv = _level(tier)
+        lv = _evictable(tier)
         h = self._handle(self._op("evict", lv))
         f = c_uint64()
         self._check(_L.tier_evict_async(h, lv, byref(f)), self._op("evict", lv))
@@ -519,13 +536,13 @@ class Tensor:
 
     def prefetch(self, tier: TierLike) -> None:
         """Bring a copy up to @tier without pinning it (``tier_prefetch()``)."""
-        lv = _level(tier)
+        lv = _pinnable(tier, "prefetch")
         h = self._handle(self._op("prefetch", lv))
         self._check(_L.tier_prefetch(h, lv), self._op("prefetch", lv))
 
     def prefetch_async(self, tier: TierLike) -> Fence:
         """``tier_prefetch_async()``."""
-        lv = _level(tier)
+        lv = _pinnable(tier, "prefetch")
         h = self._handle(self._op("prefetch", lv))
         f = c_uint64()
         self._check(_L.tier_prefetch_async(h, lv, byref(f)), self._op("prefetch", lv))
