@@ -243,6 +243,41 @@ class TestVersion(unittest.TestCase):
         self.assertEqual(tier.__version__, m.group(1))
 
 
+class TestReadme(unittest.TestCase):
+    """client/python/README.md against the package: it names every public method, property and
+    result field, and every tier.h function the package does not call is one it says is not
+    wrapped (so it cannot claim the whole C API while leaving some out)."""
+
+    def setUp(self) -> None:
+        with open(os.path.join(tierd.source_dir(), "client", "python", "README.md")) as f:
+            self.readme = f.read()
+        self.words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", self.readme))
+
+    def test_every_public_name(self) -> None:
+        import dataclasses
+
+        for cls in (tier.Client, tier.Tensor, tier.Grant, tier.Fence, tier.Plan):
+            names = {n for n in vars(cls) if not n.startswith("_")}
+            with self.subTest(cls=cls.__name__):
+                self.assertEqual(sorted(names - self.words), [], f"{cls.__name__} members the README does not name")
+        for cls in (tier.Quota, tier.QuotaTotal, tier.Commit, tier.Stat):
+            names = {f.name for f in dataclasses.fields(cls)}
+            with self.subTest(cls=cls.__name__):
+                self.assertEqual(sorted(names - self.words), [], f"{cls.__name__} fields the README does not name")
+
+    def test_unwrapped_functions_are_named(self) -> None:
+        pkg = os.path.dirname(tier.__file__)
+        called: set[str] = set()
+        for name in ("client.py", "_tensor.py", "_base.py", "errors.py", "__init__.py"):
+            with open(os.path.join(pkg, name)) as f:
+                called |= set(re.findall(r"\b_?L\.(tier_\w+)\(", f.read()))
+        self.assertIn("tier_pin", called)
+        unwrapped = set(_lib.PROTOTYPES) - called
+        not_named = {n for n in unwrapped
+                     if f"`{n}()`" not in self.readme and not (n.startswith("tier_trace_") and "`tier_trace_*()`" in self.readme)}
+        self.assertEqual(sorted(not_named), [], "tier.h functions the package neither wraps nor says it leaves out")
+
+
 class TestArguments(unittest.TestCase):
     """Bad Python arguments are refused before any C call (no daemon needed)."""
 
