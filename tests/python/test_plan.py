@@ -170,6 +170,8 @@ class TestPlan(tierd.DaemonTestCase):
             c.phase_grant(t, tier.HOST)         # its slot never written: segment 0, offset 0
         self.assertIn("phase 0 does not access it there", cm.exception.strerror)
         self.assertIn("the phases that do: 1", cm.exception.strerror)
+        # the operation once: libtier's text starts with it too ("phase grant of 't' in host: ...")
+        self.assertEqual(str(cm.exception).count("phase grant of"), 1, str(cm.exception))
         c.phase(1)
         g = c.phase_grant(t, tier.HOST)
         self.assertEqual(g.mode, tier.WRITE)

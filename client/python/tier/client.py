@@ -255,6 +255,8 @@ class Client:
             if n != self._restarts:
                 self._restarts = n
                 self._restarted()
+        if text.startswith(operation + ": "):  # libtier named the operation already (phase grants)
+            text = text[len(operation) + 2:]
         cls = error_class(r)
         if r == -errno.EBADMSG and self._c is not None and not self._broken():
             cls = TierError  # not the connection: an older tierd's crc mismatch in a request
