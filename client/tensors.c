@@ -386,7 +386,9 @@ _public_ int tier_unpin(tier_tensor *t, int tier, int dirty) {
         if (r < 0)
                 return r;
         if (!tier_valid(tier))
-                return -EINVAL;
+                return client_error(t->client, -EINVAL, "%d is not a tier", tier);
+        if (tier == TIER_NVME)  /* never pinned (tier_pin(3)): a wrong argument, not a missing pin */
+                return client_error(t->client, -EINVAL, "tensors are pinned in vram or host, not nvme");
         r = tensor_unpin(t, tier, dirty, NULL);
         if (r >= 0 || r == -ERESTART)   /* (refused: tierd holds it still; after a restart the list is new) */
                 held_unpin(t->client, t, tier);

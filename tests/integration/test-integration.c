@@ -551,6 +551,11 @@ static void test_limits_and_errors(void **state) {
         assert_int_equal(tier_tensor_create(c, "t", 1 * MiB, &u), -EEXIST);
         assert_int_equal(tier_pin(t, TIER_NVME, TIER_READ_WRITE, &g), -EINVAL);
         assert_int_equal(tier_unpin(t, TIER_HOST, 0), -ENOENT);
+        /* NVMe is never pinned: an unpin there is a wrong argument (tier_pin(3)), not "no such pin" */
+        assert_int_equal(tier_unpin(t, TIER_NVME, 0), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(c), "not nvme"));
+        assert_int_equal(tier_unpin(t, 7, 0), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(c), "not a tier"));
         assert_int_equal(tier_evict(t, TIER_VRAM), -EINVAL);
 
         /* a fresh tensor reads as zeros */
