@@ -136,6 +136,7 @@ struct tier_client {
 
         uint64_t seq;                   /* of the last request sent */
         int broken;                     /* < 0 once the connection is unusable */
+        char broken_reason[CLIENT_ERROR_MAX];   /* why, as transport_break() was told */
         bool shutdown;                  /* tierd announced its shutdown */
         char shutdown_reason[CLIENT_ERROR_MAX / 2];
         bool control;                   /* no job: status only */
@@ -268,8 +269,10 @@ int transport_connect(tier_client *c, const char *path);
 /* The connection is unusable from now on; every later request returns @r. */
 _printf_(3, 4)
 int transport_break(tier_client *c, int r, const char *fmt, ...);
-/* Can a request be sent now?  0, or why not. */
+/* Can a request be sent now?  0, or why not (last_error set). */
 int transport_check(tier_client *c);
+/* The connection is broken: c->broken, last_error set to why. */
+int transport_broken(tier_client *c);
 /* Handle every packet already queued on the socket, without blocking. */
 int transport_drain(tier_client *c);
 /* Tell tierd a revoked segment is unmapped (an Ack: no Response, so this never waits). */

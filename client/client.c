@@ -11,9 +11,10 @@
  * and the fence eventfd (fences.c).  An empty job name makes a control
  * connection: no fences and no plans, only status and quotas (control.c).
  *
- * A failure with more to say than its errno leaves the text in the
- * client's last_error (client_error()); transport_call() clears it when a
- * request goes out.  A failed tier_client_new() has no client to keep it,
+ * Every failure on a client leaves its own text in the client's
+ * last_error (client_error()), argument checks included, so that no call
+ * reports an earlier one's reason (tier_client_new(3), NOTES);
+ * transport_call() clears it when a request goes out.  A failed tier_client_new() has no client to keep it,
  * so its text is kept per thread, for tier_client_last_error(NULL).
  *
  * The CUDA driver is loaded only once something needs it
@@ -236,8 +237,10 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
         int r;
 
         new_error[0] = 0;
-        if (!ret)
+        if (!ret) {
+                (void) snprintf(new_error, sizeof(new_error), "ret is NULL: there is nowhere to store the client");
                 return -EINVAL;
+        }
         if (!job)
                 job = "";
         if (*job && !name_valid(job)) {
@@ -251,7 +254,7 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
 
         c = calloc(1, sizeof(*c));
         if (!c)
-                return -ENOMEM;
+                goto nomem;
         c->fd = -1;
         c->event_fd = -1;
         c->fence_tag = fence_new_tag();
@@ -260,13 +263,13 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
         c->control = !*job;
         c->rbuf = malloc(CLIENT_RECV_BUFFER);
         if (!c->rbuf)
-                return -ENOMEM;
+                goto nomem;
 
         c->socket_path = strdup(path);
         c->job = strdup(job);
         c->rank = rank;
         if (!c->socket_path || !c->job)
-                return -ENOMEM;
+                goto nomem;
         r = transport_connect(c, path);
         if (r >= 0)
                 r = client_hello(c, job, rank);
@@ -278,6 +281,10 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
 
         *ret = TAKE_PTR(c);
         return 0;
+
+nomem:
+        (void) snprintf(new_error, sizeof(new_error), "out of memory");
+        return -ENOMEM;
 }
 
 _public_ const char *tier_client_last_error(const tier_client *c) {

@@ -61,8 +61,11 @@ _public_ int tier_job_rollback(tier_client *c, struct tier_commit *ret) {
         Tier__Request req = TIER__REQUEST__INIT;
         Tier__JobRollback op = TIER__JOB_ROLLBACK__INIT;
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: tier_job_rollback() needs somewhere to store "
+                                    "what it rolled back");
         req.op_case = TIER__REQUEST__OP_ROLLBACK;
         req.rollback = &op;
         return commit_call(c, &req, ret);

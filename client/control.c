@@ -184,12 +184,15 @@ static int use_format(const Tier__StatusReply *sr, void *userdata) {
 _public_ int tier_client_status(tier_client *c, int format, char **ret) {
         StatusFormat f = { format, ret };
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the status");
         if (format == TIER_STATUS_PROMETHEUS)
                 return metrics_fetch(c, ret);
         if (format != TIER_STATUS_TABLE && format != TIER_STATUS_JSON)
-                return -EINVAL;
+                return client_error(c, -EINVAL, "%d is not a status format (TIER_STATUS_TABLE, _JSON or "
+                                    "_PROMETHEUS)", format);
         return status_fetch(c, use_format, &f);
 }
 
@@ -223,8 +226,10 @@ _public_ int tier_client_moved(tier_client *c, uint64_t bytes[TIER_LINK_SLOTS]) 
         Moved m = { c, moved };
         int r;
 
-        if (!c || !bytes)
+        if (!c)
                 return -EINVAL;
+        if (!bytes)
+                return client_error(c, -EINVAL, "bytes is NULL: there is nowhere to store the bytes moved");
         r = status_fetch(c, use_moved, &m);
         if (r < 0)
                 return r;       /* @bytes left alone (libtier(3)) */
@@ -274,8 +279,13 @@ _public_ int tier_quota_get(tier_client *c, int kind, uint32_t id, const char *j
         Packet pk = PACKET_NULL;
         int r;
 
-        if (!c || !ret || !quota_kind_ok(kind, false))
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the quota");
+        if (!quota_kind_ok(kind, false))
+                return client_error(c, -EINVAL, "%d is not a quota kind (TIER_QUOTA_JOB, _UID, _GROUP or "
+                                    "_DEFAULT)", kind);
         q.job = (char *) (kind == TIER_QUOTA_JOB && job ? job : "");
         q.kind = (uint32_t) kind;
         q.id = kind == TIER_QUOTA_UID || kind == TIER_QUOTA_GROUP ? id : 0;
@@ -305,9 +315,18 @@ _public_ int tier_quota_set(tier_client *c, int kind, uint32_t id, const char *j
         uint64_t limits[TIER_LEVEL_MAX], mins[TIER_LEVEL_MAX];
         int r;
 
-        if (!c || !quota || !quota_kind_ok(kind, true) || (kind == TIER_QUOTA_JOB && (!job || !*job)) ||
-            (quota->min_set & ~((1u << TIER_LEVEL_MAX) - 1)))
+        if (!c)
                 return -EINVAL;
+        if (!quota)
+                return client_error(c, -EINVAL, "quota is NULL: there is no quota to set");
+        if (!quota_kind_ok(kind, true))
+                return client_error(c, -EINVAL, "%d is not a quota kind that can be set (TIER_QUOTA_JOB, _UID "
+                                    "or _GROUP)", kind);
+        if (kind == TIER_QUOTA_JOB && (!job || !*job))
+                return client_error(c, -EINVAL, "a TIER_QUOTA_JOB quota needs a job name");
+        if (quota->min_set & ~((1u << TIER_LEVEL_MAX) - 1))
+                return client_error(c, -EINVAL, "min_set %#x names levels past TIER_LEVEL_MAX (%d)",
+                                    quota->min_set, TIER_LEVEL_MAX);
         if (!all_zero(quota->reserved, sizeof(quota->reserved)) ||
             !all_zero(quota->max + TIER_LEVEL_MAX, sizeof(quota->max) - TIER_LEVEL_MAX * sizeof(quota->max[0])) ||
             !all_zero(quota->min + TIER_LEVEL_MAX, sizeof(quota->min) - TIER_LEVEL_MAX * sizeof(quota->min[0])))
@@ -361,8 +380,12 @@ _public_ int tier_quota_total_get(tier_client *c, int kind, uint32_t id, struct 
         Packet pk = PACKET_NULL;
         int r;
 
-        if (!c || !ret || (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP))
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the total");
+        if (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP)
+                return client_error(c, -EINVAL, "%d is not a kind with a total (TIER_QUOTA_UID or _GROUP)", kind);
         q.job = (char *) "";
         q.kind = (uint32_t) kind;
         q.id = id;
@@ -382,9 +405,15 @@ _public_ int tier_quota_total_set(tier_client *c, int kind, uint32_t id, const u
         uint64_t totals[TIER_LEVEL_MAX];
         int r;
 
-        if (!c || !total || total_set == 0 || (total_set & ~((1u << TIER_LEVEL_MAX) - 1)) ||
-            (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP))
+        if (!c)
                 return -EINVAL;
+        if (!total)
+                return client_error(c, -EINVAL, "total is NULL: there is no total to set");
+        if (total_set == 0 || (total_set & ~((1u << TIER_LEVEL_MAX) - 1)))
+                return client_error(c, -EINVAL, "total_set %#x must name at least one level and none past "
+                                    "TIER_LEVEL_MAX (%d)", total_set, TIER_LEVEL_MAX);
+        if (kind != TIER_QUOTA_UID && kind != TIER_QUOTA_GROUP)
+                return client_error(c, -EINVAL, "%d is not a kind with a total (TIER_QUOTA_UID or _GROUP)", kind);
         if (!all_zero(total + TIER_LEVEL_MAX, (TIER_LEVEL_SLOTS - TIER_LEVEL_MAX) * sizeof(total[0])))
                 return client_error(c, -EINVAL, "total[] has unused level slots (past TIER_LEVEL_MAX) that "
                                                 "are not zero");

@@ -35,6 +35,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/random.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -78,13 +79,21 @@ void fence_record_failure(tier_client *c, tier_fence fence, int status) {
         c->n_failures++;
 }
 
-static int fence_lookup_failure(const tier_client *c, tier_fence fence) {
+/* The failure of tierd's fence @fence, last_error set to it; 0 when none is known. */
+static int fence_lookup_failure(tier_client *c, tier_fence fence) {
         uint64_t n = MIN(c->n_failures, (uint64_t) CLIENT_FAILURES_MAX);
+        char event[64];
 
         for (uint64_t i = 0; i < n; i++) {
                 const FenceFailure *f = &c->failures[(c->n_failures - 1 - i) % CLIENT_FAILURES_MAX];
-                if (f->fence == fence)
+                if (f->fence != fence)
+                        continue;
+                /* tierd's reason, as its event left it, unless a later call's text took its place */
+                (void) snprintf(event, sizeof(event), "fence %" PRIu64 " failed: ", fence);
+                if (strncmp(c->last_error, event, strlen(event)) == 0)
                         return f->status;
+                return client_error(c, f->status, "fence %#" PRIx64 " failed: %s", fence_out(c, fence + c->fence_offset),
+                                    tier_strerror(f->status));
         }
         return 0;
 }
@@ -181,7 +190,7 @@ int fence_done(tier_client *c, tier_fence f) {
         if (failed - c->failed_base <= c->failed_events)
                 return 1;
         /* The event is still on its way (or never comes: tierd is gone): not known to be good. */
-        return c->broken < 0 ? c->broken : 0;
+        return c->broken < 0 ? transport_broken(c) : 0;
 }
 
 int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
@@ -202,7 +211,7 @@ int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 int t = -1, n;
 
                 if (c->broken < 0)
-                        return client_reconnect(c, c->broken);
+                        return client_reconnect(c, transport_broken(c));
                 if (timeout_ms >= 0) {
                         uint64_t now = now_ms();
                         if (now >= deadline)
@@ -216,7 +225,8 @@ int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 /* pfd[0] with fd -1 is ignored by poll(). */
                 n = poll(pfd, 2, t);
                 if (n < 0 && errno != EINTR)
-                        return negative_errno();
+                        return client_error(c, negative_errno(), "waiting for fence %#" PRIx64 " failed: %m",
+                                            fence_out(c, f));
                 if (n > 0 && (pfd[0].revents & POLLIN)) {
                         uint64_t v;
                         /* Clears the eventfd; readable, so this read does not block. */

@@ -97,8 +97,10 @@ _public_ int tier_job_list(tier_client *c, struct tier_job_info **ret, size_t *r
         JobsOut o = { .client = c };
         int r;
 
-        if (!c || !ret || !ret_n)
+        if (!c)
                 return -EINVAL;
+        if (!ret || !ret_n)
+                return client_error(c, -EINVAL, "ret or ret_n is NULL: there is nowhere to store the jobs");
         r = status_fetch(c, use_jobs, &o);
         if (r < 0) {
                 free(o.jobs);
@@ -239,7 +241,7 @@ _public_ int tier_job_tensors(tier_client *c, const char *job, struct tier_tenso
         if (r < 0)
                 return r;
         if (!ret || !ret_n)
-                return -EINVAL;
+                return client_error(c, -EINVAL, "ret or ret_n is NULL: there is nowhere to store the tensors");
         for (;;) {
                 Tier__Request req = TIER__REQUEST__INIT;
                 Tier__JobTensors q = TIER__JOB_TENSORS__INIT;

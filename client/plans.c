@@ -72,13 +72,15 @@ struct tier_plan {
 _public_ int tier_plan_new(tier_client *c, tier_plan **ret) {
         tier_plan *p;
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the plan");
         if (c->control)
                 return client_error(c, -EPERM, "a control connection has no job to plan for");
         p = calloc(1, sizeof(*p));
         if (!p)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         p->client = c;
         p->next = c->plans;
         if (c->plans)
@@ -116,15 +118,27 @@ void plan_detach_all(tier_client *c) {
 _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tier, int mode) {
         int r;
 
-        if (!p || (tier != TIER_VRAM && tier != TIER_HOST) || mode < TIER_READ || mode > TIER_READ_WRITE)
+        if (!p)
                 return -EINVAL;
+        /* (a plan whose client was freed has no client to keep the text) */
+        if (tier != TIER_VRAM && tier != TIER_HOST)
+                return p->client ? client_error(p->client, -EINVAL, "a plan accesses tensors in vram or host, "
+                                                "not tier %d", tier) : -EINVAL;
+        if (mode < TIER_READ || mode > TIER_READ_WRITE)
+                return p->client ? client_error(p->client, -EINVAL, "mode %d is not TIER_READ, TIER_WRITE or "
+                                                "TIER_READ_WRITE", mode) : -EINVAL;
         if (!p->client)
                 return -ENOTCONN;       /* its client was freed */
+        if (!t)
+                return client_error(p->client, -EINVAL, "the tensor is NULL");
+        if (!t->client)
+                return client_error(p->client, -ENOTCONN, "tensor '%s' belongs to a client that was freed", t->name);
+        if (t->client != p->client)
+                return client_error(p->client, -EINVAL, "tensor '%s' belongs to another client than the plan",
+                                    t->name);
         r = tensor_check(t);
         if (r < 0)
                 return r;
-        if (t->client != p->client)
-                return -EINVAL;
         if (phase >= PLAN_MAX_PHASES)
                 return client_error(p->client, -E2BIG, "phase %u: a plan has at most %d phases", phase, PLAN_MAX_PHASES);
         if (p->n >= PLAN_MAX_ACCESSES)
@@ -134,7 +148,7 @@ _public_ int tier_plan_add(tier_plan *p, unsigned phase, tier_tensor *t, int tie
                 PlanEntry *e = realloc(p->entries, cap * sizeof(PlanEntry));
 
                 if (!e)
-                        return -ENOMEM;
+                        return client_error(p->client, -ENOMEM, "out of memory");
                 p->entries = e;
                 p->cap = cap;
         }
@@ -323,7 +337,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
                 size_t k = 0;
 
                 if (!sorted)
-                        return -ENOMEM;
+                        return client_error(c, -ENOMEM, "out of memory");
                 for (uint32_t ph = 0; ph < p->n_phases; ph++)
                         for (size_t i = 0; i < p->n; i++)
                                 if (p->entries[i].phase == ph)
@@ -335,16 +349,16 @@ _public_ int tier_plan_submit(tier_plan *p) {
 
         r = plan_number_slots(p, &ids, &slots);
         if (r < 0)
-                return r;
+                return client_error(c, r, "out of memory");
         r = plan_index_accesses(p, ids, slots, &access, &access_first);
         if (r < 0)
-                return r;
+                return client_error(c, r, "out of memory");
         phases = calloc(p->n_phases, sizeof(*phases));
         phasep = calloc(p->n_phases, sizeof(*phasep));
         acc = calloc(p->n, sizeof(*acc));
         accp = calloc(p->n, sizeof(*accp));
         if (!phases || !phasep || !acc || !accp)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         for (uint32_t ph = 0; ph < p->n_phases; ph++) {
                 tier__plan_phase__init(&phases[ph]);
                 phasep[ph] = &phases[ph];
@@ -574,13 +588,21 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
         int64_t slot;
         int r;
 
-        if (!c || !ret || (tier != TIER_VRAM && tier != TIER_HOST))
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the grant");
+        if (tier != TIER_VRAM && tier != TIER_HOST)
+                return client_error(c, -EINVAL, "phase grants are in vram or host, not tier %d", tier);
+        if (!t)
+                return client_error(c, -EINVAL, "the tensor is NULL");
+        if (!t->client)
+                return client_error(c, -ENOTCONN, "tensor '%s' belongs to a client that was freed", t->name);
+        if (t->client != c)
+                return client_error(c, -EINVAL, "tensor '%s' belongs to another client", t->name);
         r = tensor_check(t);
         if (r < 0)
                 return r;
-        if (t->client != c)
-                return client_error(c, -EINVAL, "tensor '%s' belongs to another client", t->name);
         if (!c->plan_page)
                 return client_error(c, -EINVAL, "no plan was submitted");
         slot = plan_slot_of(c, t->id);
@@ -603,7 +625,7 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
                         return client_error(c, -EPROTO, "plan slot of '%s' names pieces past its page", t->name);
                 pieces = calloc(n_pieces, sizeof(ViewPiece));
                 if (!pieces)
-                        return -ENOMEM;
+                        return client_error(c, -ENOMEM, "out of memory");
                 for (uint32_t i = 0; i < n_pieces; i++)
                         pieces[i] = (ViewPiece) {
                                 .segment = __atomic_load_n(&pp[first_piece + i].segment, __ATOMIC_RELAXED),

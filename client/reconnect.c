@@ -40,8 +40,11 @@
 #define RECONNECT_POLL_MS 50
 
 _public_ int tier_client_set_reconnect(tier_client *c, int timeout_ms) {
-        if (!c || timeout_ms < 0)
+        if (!c)
                 return -EINVAL;
+        if (timeout_ms < 0)
+                return client_error(c, -EINVAL, "the reconnect timeout is %d ms: it must be 0 (never) or more",
+                                    timeout_ms);
         if (c->control)
                 return client_error(c, -EINVAL, "a control connection (no job) does not reconnect");
         c->reconnect_ms = timeout_ms;
@@ -111,6 +114,7 @@ static void drop_connection(tier_client *c) {
         c->n_failures = 0;
         c->n_fence_events = 0;
         c->broken = 0;
+        c->broken_reason[0] = 0;
         c->shutdown = false;
         c->shutdown_reason[0] = 0;
         c->seq = 0;

@@ -288,7 +288,7 @@ static int view_map(tier_client *c, ClientView *v, const ViewPiece *pieces, size
         view_clear(c, v);
         v->pieces = calloc(n, sizeof(ViewPiece));
         if (!v->pieces)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         if (cuda) {
                 ClientCuda *cc = client_get_cuda(c);
 
@@ -361,7 +361,7 @@ int segment_resolve(tier_client *c, tier_tensor *t, int tier, uint64_t length, c
         segs = calloc(n, sizeof(ClientSegment *));
         at = calloc(n, sizeof(size_t));
         if (!segs || !at)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         for (size_t i = 0; i < n; i++) {
                 ClientSegment *seg = NULL;
 
@@ -430,7 +430,7 @@ int segment_resolve_grant(tier_client *c, tier_tensor *t, const Tier__Grant *g, 
         }
         pieces = calloc(g->n_pieces, sizeof(ViewPiece));
         if (!pieces)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         for (size_t i = 0; i < g->n_pieces; i++)
                 pieces[i] = (ViewPiece) {
                         .segment = g->pieces[i]->segment,

@@ -101,7 +101,7 @@ static int tensor_from_reply(tier_client *c, Packet *p, const char *name, tier_t
         t = calloc(1, sizeof(*t));
         if (!t) {
                 packet_done(p);
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         }
         t->id = ti->tensor;
         t->size = ti->size;
@@ -109,7 +109,7 @@ static int tensor_from_reply(tier_client *c, Packet *p, const char *name, tier_t
         packet_done(p);
         if (!t->name) {
                 free(t);
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         }
 
         t->client = c;
@@ -128,8 +128,10 @@ _public_ int tier_tensor_create(tier_client *c, const char *name, uint64_t size,
         Packet p = PACKET_NULL;
         int r;
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the tensor handle");
         r = tensor_check_name(c, name);
         if (r < 0)
                 return r;
@@ -152,8 +154,10 @@ _public_ int tier_tensor_open(tier_client *c, const char *name, tier_tensor **re
         Packet p = PACKET_NULL;
         int r;
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the tensor handle");
         r = tensor_check_name(c, name);
         if (r < 0)
                 return r;
@@ -236,7 +240,7 @@ _public_ int tier_tensor_stat(tier_tensor *t, struct tier_stat *ret) {
         if (r < 0)
                 return r;
         if (!ret)
-                return -EINVAL;
+                return client_error(t->client, -EINVAL, "ret is NULL: there is nowhere to store the stat");
         c = t->client;
 
         op.tensor = t->id;
@@ -307,9 +311,15 @@ static int tensor_pin(tier_tensor *t, int tier, int mode, bool async, struct tie
         r = tensor_check(t);
         if (r < 0)
                 return r;
-        if (!tier_valid(tier) || !ret || (async && !ret_fence) || mode < TIER_READ || mode > TIER_READ_WRITE)
-                return -EINVAL;
         c = t->client;
+        if (!tier_valid(tier))
+                return client_error(c, -EINVAL, "%d is not a tier", tier);
+        if (mode < TIER_READ || mode > TIER_READ_WRITE)
+                return client_error(c, -EINVAL, "mode %d is not TIER_READ, TIER_WRITE or TIER_READ_WRITE", mode);
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the grant");
+        if (async && !ret_fence)
+                return client_error(c, -EINVAL, "ret_fence is NULL: there is nowhere to store the fence");
 
         op.tensor = t->id;
         op.tier = (Tier__Tier) tier;
@@ -438,9 +448,11 @@ static int tensor_move(tier_tensor *t, int tier, bool evict, bool async, tier_fe
         r = tensor_check(t);
         if (r < 0)
                 return r;
-        if (!tier_valid(tier) || (async && !ret_fence))
-                return -EINVAL;
         c = t->client;
+        if (!tier_valid(tier))
+                return client_error(c, -EINVAL, "%d is not a tier", tier);
+        if (async && !ret_fence)
+                return client_error(c, -EINVAL, "ret_fence is NULL: there is nowhere to store the fence");
 
         if (evict) {
                 ev.tensor = t->id;

@@ -146,8 +146,10 @@ _public_ int tier_trace_stop(tier_client *c, tier_trace **ret) {
         tier_trace *t = NULL;
         int r;
 
-        if (!c || !ret)
+        if (!c)
                 return -EINVAL;
+        if (!ret)
+                return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the trace");
         req.op_case = TIER__REQUEST__OP_TRACE_STOP;
         req.trace_stop = &q;
         r = transport_call(c, &req, &p);

@@ -75,9 +75,13 @@ int transport_break(tier_client *c, int r, const char *fmt, ...) {
                 return c->broken;
         c->broken = r;
         va_start(ap, fmt);
-        (void) vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+        (void) vsnprintf(c->broken_reason, sizeof(c->broken_reason), fmt, ap);
         va_end(ap);
-        return r;
+        return client_error(c, r, "%s", c->broken_reason);
+}
+
+int transport_broken(tier_client *c) {
+        return client_error(c, c->broken, "%s", *c->broken_reason ? c->broken_reason : tier_strerror(c->broken));
 }
 
 /* Can a request be sent now? */
@@ -90,9 +94,10 @@ int transport_check(tier_client *c) {
          * when tierd refuses a request or closes the connection.
          */
         if (c->shutdown && (c->reconnect_ms == 0 || c->broken < 0))
-                return -ESHUTDOWN;
+                return client_error(c, -ESHUTDOWN, "%s", *c->shutdown_reason ? c->shutdown_reason :
+                                    "tierd ended the connection (it is stopping)");
         if (c->broken < 0)
-                return c->broken;
+                return transport_broken(c);
         return 0;
 }
 
@@ -137,7 +142,7 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
         int r;
 
         if (c->broken < 0)
-                return c->broken;
+                return transport_broken(c);
         for (;;) {
                 r = wire_recv(c->fd, c->rbuf, CLIENT_RECV_BUFFER, &len, fds, &n_fds);
                 if (r == -EINTR)
@@ -343,7 +348,7 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
                                     len, c->max_message);
         buf = malloc(len ? len : 1);
         if (!buf)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory");
         (void) tier__request__pack(req, buf);
 
         r = transport_send(c, buf, len);

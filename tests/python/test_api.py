@@ -174,6 +174,14 @@ class TestErrors(unittest.TestCase):
         self.assertIsInstance(x, tier.NoSpaceError)
         self.assertEqual((x.errno, x.strerror, x.operation), (errno.ENOSPC, "full", "pin"))
 
+    def test_new_refused_says_why(self) -> None:
+        # tier_client_new(3), NOTES: a call refused by its own argument checks sets its own text; a failed
+        # tier_client_new() leaves it for tier_client_last_error(NULL), a NULL ret included (it was "")
+        L = _lib.lib()
+        r = L.tier_client_new(b"/nonexistent/tierd.sock", b"job", 0, None)
+        self.assertEqual(r, -errno.EINVAL)
+        self.assertIn(b"ret is NULL", L.tier_client_last_error(None))
+
 
 def run_python(code: str, env: dict[str, str], cwd: str = "/") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)

@@ -474,6 +474,70 @@ static void test_phase_grant_without_plan(void **state) {
         assert_int_equal(st, 0);        /* fails with 9 */
 }
 
+/* The text of the last failure must be its own: @what failed with @r, and its text names @want, not tierd's earlier reason. */
+static int own_text(tier_client *c, const char *what, int r, const char *want) {
+        const char *text = tier_client_last_error(c);
+
+        fprintf(stderr, "%s: %d (%s)\n", what, r, text);
+        if (r != -EINVAL)
+                return 1;
+        if (strstr(text, "not scripted") || !strstr(text, want))
+                return 1;
+        return 0;
+}
+
+static int argument_errors(const char *path) {
+        struct tier_quota q = {}, qr;
+        struct tier_grant g;
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        tier_plan *p = NULL;
+        char *status = NULL;
+        int r, bad = 0;
+
+        /* (connected first: the fake serves one connection, and waits for it) */
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0 ||
+            tier_plan_new(c, &p) < 0)
+                return 2;
+        /* no client made: tier_client_last_error(NULL) says why */
+        r = tier_client_new(path, "job", 0, NULL);
+        if (r != -EINVAL || !strstr(tier_client_last_error(NULL), "ret is NULL"))
+                return 8;
+        r = tier_quota_get(c, TIER_QUOTA_JOB, 0, "job", &qr);    /* the fake refuses it: tierd's reason */
+        if (r != -ENOSYS || !strstr(tier_client_last_error(c), "not scripted"))
+                return 9;
+
+        /* each refused before anything is sent: its own reason, never the one above */
+        bad += own_text(c, "pin mode 0", tier_pin(t, TIER_HOST, 0, &g), "mode 0");
+        bad += own_text(c, "pin tier 7", tier_pin(t, 7, TIER_READ, &g), "7 is not a tier");
+        bad += own_text(c, "pin NULL grant", tier_pin(t, TIER_HOST, TIER_READ, NULL), "ret is NULL");
+        bad += own_text(c, "pin_async NULL fence", tier_pin_async(t, TIER_HOST, TIER_READ, &g, NULL), "ret_fence");
+        bad += own_text(c, "evict tier 9", tier_evict(t, 9), "9 is not a tier");
+        bad += own_text(c, "stat NULL", tier_tensor_stat(t, NULL), "ret is NULL");
+        q.min_set = 1u << 7;
+        bad += own_text(c, "quota_set min_set", tier_quota_set(c, TIER_QUOTA_JOB, 0, "job", &q, NULL), "min_set");
+        bad += own_text(c, "quota_get kind 99", tier_quota_get(c, 99, 0, NULL, &qr), "99 is not a quota kind");
+        bad += own_text(c, "status format 42", tier_client_status(c, 42, &status), "42 is not a status format");
+        bad += own_text(c, "plan_add mode 5", tier_plan_add(p, 0, t, TIER_HOST, 5), "mode 5");
+        bad += own_text(c, "phase_grant NULL", tier_phase_grant(c, t, TIER_HOST, NULL), "ret is NULL");
+        bad += own_text(c, "set_reconnect -1", tier_client_set_reconnect(c, -1), "reconnect timeout");
+        tier_plan_free(p);
+        tier_tensor_close(t);
+        tier_client_free(c);
+        return bad ? 10 : 0;
+}
+
+/* tier_client_new(3), NOTES: a call refused by its own argument checks says why, not an earlier call's reason. */
+static void test_argument_errors_own_text(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_PLAIN);
+        st = in_child(argument_errors, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 8 (no text for tier_client_new()) or 10 (tierd's stale text) */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
@@ -483,6 +547,7 @@ int main(void) {
                 cmocka_unit_test(test_moved_left_alone_on_failure),
                 cmocka_unit_test(test_process_after_shutdown),
                 cmocka_unit_test(test_phase_grant_without_plan),
+                cmocka_unit_test(test_argument_errors_own_text),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
