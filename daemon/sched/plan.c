@@ -458,15 +458,6 @@ uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier) {
         return plan_next_use_class(p, t, tier == LEVEL_VRAM ? USE_VRAM : USE_ANY);
 }
 
-bool plan_reads(const Plan *p, const Tensor *t) {
-        uint32_t s = t->plan_slot;
-
-        for (uint32_t i = p->acc_off[s]; i < p->acc_off[s + 1]; i++)
-                if (p->acc_mode[i] & PLAN_READ)
-                        return true;
-        return false;
-}
-
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive) {
         uint32_t s = t->plan_slot, best = UINT32_MAX;
         uint8_t mode = 0;
@@ -727,7 +718,7 @@ void plan_drop_dead(Plan *p, uint32_t done_phase) {
                 for (int tier = 0; tier < TIERS && !busy; tier++)
                         busy = t->copy[tier].pins > 0;
                 /* from the phase the client is in now (it may have skipped some), that one included */
-                if (busy || t->dead || !plan_reads(p, t) || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
+                if (busy || t->dead || plan_next_access_mode(p, t, p->cur, true) != PLAN_WRITE)
                         continue;
                 t->dead = true;
                 t->dead_rank = p->rank + 1;     /* a read of it now fails, not zeros (op.c) */

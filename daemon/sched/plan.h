@@ -211,12 +211,6 @@ bool plan_phase_fits_totals(const Plan *p, uint32_t phase, int tier);
 bool plan_pin_waits(Plan *p, int h, const PlanAcc *a, int status, const char *error, bool kept);
 /* Why the phase @p's rank entered (its latest marker's, not ready) waits for room now, for tierctl status; or NULL. */
 const char *plan_waiting(const Plan *p);
-/*
- * Does @p read @t in any phase?  A tensor it only writes is its output, for
- * someone else (a pin outside the plan, the client after the plan's end): its
- * bytes are never worthless to it, so it is never dead (victim.c).
- */
-bool plan_reads(const Plan *p, const Tensor *t);
 /* Mode of the first access of @t in the phases after @from (and in @from too if @inclusive); 0: none. */
 uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, bool inclusive);
 

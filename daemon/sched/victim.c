@@ -27,9 +27,6 @@ bool sched_next_access_overwrites(Tensor *t) {
          */
         if (plan_cur_read_pending(p, t, USE_ANY))
                 return false;
-        /* a tensor the plan only writes is its output: its bytes are someone else's to read */
-        if (!plan_reads(p, t))
-                return false;
         /* the first phase after the current one that touches it, in any tier */
         return plan_next_access_mode(p, t, p->cur, false) == PLAN_WRITE;
 }
