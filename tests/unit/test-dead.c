@@ -87,6 +87,49 @@ static void test_own_zeros_not_data(void **state) {
         finish(m, j, c1, pa);
 }
 
+/*
+ * A plan that writes B whole in phase 1 and never reads it: B is scratch to tierd (tier.torch's
+ * shared block's gradient is such a tensor), dropped once phase 1 is over, and stays so after the
+ * plan ends (tier_plan_new(3)).  A read then says the plan ended; it said that the plan "overwrites
+ * it whole next", which no plan would any more.
+ */
+static void test_scratch_after_the_plan_ended(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *x, *b;
+        PinResult r;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", MiB);
+        b = tensor(j, "B", MiB);
+        fixture_host_data(m, x, 0x11);
+        {
+                Acc acc[] = { { 0, x, LEVEL_HOST, PLAN_READ }, { 1, b, LEVEL_HOST, PLAN_WRITE } };
+
+                assert_int_equal(submit_plan(c, acc, 2, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        marker(m, p, 0);
+        marker(m, p, 1);
+        FIXTURE_RUN_UNTIL(m, p->hold[0].ready_sent);
+        fixture_fill(b, LEVEL_HOST, 0x42);
+        marker(m, p, 0);                                        /* phase 1 is over */
+        FIXTURE_RUN_UNTIL(m, p->hold[0].ready_sent);
+        run_loop(m, 20);
+        assert_true(b->dead);                                   /* (phase 1, pinned ahead, reserves it again) */
+        sched_plan_free(p);                                     /* tier_plan_end() */
+        run_loop(m, 20);
+        assert_int_equal(read_pin(m, b, LEVEL_HOST, &r), -ENODATA);
+        assert_non_null(strstr(r.error, "and that plan ended"));
+        free(c);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 static bool held_all(const Tensor *t, int tier, void *userdata) {
         (void) t, (void) tier, (void) userdata;
         return true;
@@ -275,6 +318,7 @@ static void test_rollback_commit_dead_rank_not_known(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_zeros_not_data),
+                cmocka_unit_test(test_scratch_after_the_plan_ended),
                 cmocka_unit_test(test_ghost_read_waits_for_hello),
                 cmocka_unit_test(test_rollback_commit_dead_with_image),
                 cmocka_unit_test(test_rollback_commit_dead_keeps_its_rank),
