@@ -89,11 +89,11 @@ static int fence_lookup_failure(tier_client *c, tier_fence fence) {
                 if (f->fence != fence)
                         continue;
                 /* tierd's reason, as its event left it, unless a later call's text took its place */
-                (void) snprintf(event, sizeof(event), "fence %" PRIu64 " failed: ", fence);
+                (void) snprintf(event, sizeof(event), "fence %#" PRIx64 " failed: ",
+                                fence_out(c, fence + c->fence_offset));
                 if (strncmp(c->last_error, event, strlen(event)) == 0)
                         return f->status;
-                return client_error(c, f->status, "fence %#" PRIx64 " failed: %s", fence_out(c, fence + c->fence_offset),
-                                    tier_strerror(f->status));
+                return client_error(c, f->status, "%s%s", event, tier_strerror(f->status));
         }
         return 0;
 }

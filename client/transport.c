@@ -221,7 +221,9 @@ static void transport_handle_event(tier_client *c, const Tier__Event *e) {
                 status = ff->status < 0 ? ff->status : -EIO;
                 fence_record_failure(c, ff->fence, status);
                 c->failed_events++;
-                (void) client_error(c, status, "fence %" PRIu64 " failed: %s", ff->fence,
+                /* the fence as the caller has it (tagged, numbered after a restart's: fence_out()) */
+                (void) client_error(c, status, "fence %#" PRIx64 " failed: %s",
+                                    fence_out(c, ff->fence + c->fence_offset),
                                     ff->error && *ff->error ? ff->error : tier_strerror(status));
                 break;
         }

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -38,6 +39,7 @@ enum {
         SC_SEGMENT_HUGE,        /* a 1 GiB segment (sparse): its mmap fails under RLIMIT_AS */
         SC_PLAIN,               /* nothing hostile: a client's life around its plans */
         SC_SHUTDOWN,            /* after the Hello, a Shutdown event, and the connection closed */
+        SC_FENCE_FAILED,        /* a pin answered with fence 1, then a FenceFailed event for it */
 };
 
 typedef struct Fake {
@@ -155,6 +157,7 @@ static void answer(Fake *f, int fd, const Tier__Request *req) {
                         g.length = 4096;
                         g.tier = TIER__TIER__TIER_HOST;
                         pin.grant = &g;
+                        pin.fence = f->scenario == SC_FENCE_FAILED ? 1 : 0;
                         resp.result_case = TIER__RESPONSE__RESULT_PIN;
                         resp.pin = &pin;
                 } else {
@@ -194,6 +197,26 @@ static void send_shutdown(int fd, const char *reason) {
         (void) wire_send(fd, buf, len, NULL, 0);
 }
 
+static void send_fence_failed(int fd, uint64_t fence, const char *error) {
+        Tier__Reply reply = TIER__REPLY__INIT;
+        Tier__Event ev = TIER__EVENT__INIT;
+        Tier__FenceFailed ff = TIER__FENCE_FAILED__INIT;
+        uint8_t buf[256];
+        size_t len;
+
+        ff.fence = fence;
+        ff.status = -EIO;
+        ff.error = (char *) error;
+        ev.kind_case = TIER__EVENT__KIND_FENCE_FAILED;
+        ev.fence_failed = &ff;
+        reply.kind_case = TIER__REPLY__KIND_EVENT;
+        reply.event = &ev;
+        len = tier__reply__get_packed_size(&reply);
+        assert_true(len <= sizeof(buf));
+        tier__reply__pack(&reply, buf);
+        (void) wire_send(fd, buf, len, NULL, 0);
+}
+
 static void *fake_main(void *userdata) {
         Fake *f = userdata;
         static uint8_t buf[1 << 20];
@@ -218,6 +241,8 @@ static void *fake_main(void *userdata) {
                         tier__request__free_unpacked(req, NULL);
                         break;          /* and closes the connection */
                 }
+                if (f->scenario == SC_FENCE_FAILED && req->op_case == TIER__REQUEST__OP_PIN)
+                        send_fence_failed(fd, 1, "fake tierd: the read failed");
                 tier__request__free_unpacked(req, NULL);
         }
         close(fd);
@@ -538,6 +563,51 @@ static void test_argument_errors_own_text(void **state) {
         assert_int_equal(st, 0);        /* fails with 8 (no text for tier_client_new()) or 10 (tierd's stale text) */
 }
 
+/*
+ * A failed fence's text names the fence as the caller knows it (tier_pin_async()'s *ret_fence,
+ * tagged with the client's bits, and numbered after the fences of before a restart), with
+ * tierd's reason: not tierd's own number for it ("fence 1"), which the caller never saw.
+ */
+static int fence_failed_text(const char *path) {
+        char want[64];
+        struct tier_grant g;
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        tier_fence fence = 0;
+        const char *text;
+        int r;
+
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_tensor_create(c, "w", 4096, &t) < 0 ||
+            tier_pin_async(t, TIER_HOST, TIER_READ, &g, &fence) < 0 || fence == 0)
+                return 2;
+        r = tier_fence_wait(c, fence, -1);              /* returns once the event is in */
+        text = tier_client_last_error(c);
+        fprintf(stderr, "fence %#" PRIx64 ": %d (%s)\n", fence, r, text);
+        (void) snprintf(want, sizeof(want), "fence %#" PRIx64 " failed: ", fence);
+        if (r != -EIO)
+                return 3;
+        if (strncmp(text, want, strlen(want)) != 0)
+                return 4;
+        if (!strstr(text, "fake tierd: the read failed"))
+                return 5;
+        r = tier_fence_done(c, fence);                  /* again, from the ring: the same words */
+        if (r != -EIO || strncmp(tier_client_last_error(c), want, strlen(want)) != 0)
+                return 6;
+        tier_tensor_close(t);
+        tier_client_free(c);
+        return 0;
+}
+
+static void test_fence_failed_names_callers_fence(void **state) {
+        Fake f;
+        int st;
+
+        fake_start(&f, SC_FENCE_FAILED);
+        st = in_child(fence_failed_text, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* fails with 4: "fence 1 failed: ..." */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
@@ -548,6 +618,7 @@ int main(void) {
                 cmocka_unit_test(test_process_after_shutdown),
                 cmocka_unit_test(test_phase_grant_without_plan),
                 cmocka_unit_test(test_argument_errors_own_text),
+                cmocka_unit_test(test_fence_failed_names_callers_fence),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
