@@ -488,11 +488,12 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
                         return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: it was dead when "
                                        "tierd stopped (a plan overwrites it whole next, so its bytes were dropped); "
                                        "write it whole (a TIER_WRITE pin)", t->name, t->job->name);
-                if (t->plan_refs == 0)  /* (that plan ended before its write: nothing brings the bytes back) */
+                if (t->plan_refs == 0)  /* (ended, or not submitted again since a restart) */
                         return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: the plan of rank %"
-                                       PRIu32 " wrote it whole next, so its bytes were dropped after their last "
-                                       "read (or after the phase that wrote them, where the plan never reads "
-                                       "it), and that plan ended; write it whole (a TIER_WRITE pin)", t->name,
+                                       PRIu32 " overwrites it whole next (that plan is not running now: it ended, "
+                                       "or was not submitted again since tierd restarted), so its bytes were "
+                                       "dropped after their last read (or after the phase that wrote them, where "
+                                       "the plan never reads it); write it whole (a TIER_WRITE pin)", t->name,
                                        t->job->name, t->dead_rank - 1);
                 return op_fail(op, -ENODATA, "tensor '%s' of job '%s' holds no data: the plan of rank %" PRIu32
                                " overwrites it whole next, so its bytes were dropped after their last read; "

@@ -90,8 +90,8 @@ static void test_own_zeros_not_data(void **state) {
 /*
  * A plan that writes B whole in phase 1 and never reads it: B is scratch to tierd (tier.torch's
  * shared block's gradient is such a tensor), dropped once phase 1 is over, and stays so after the
- * plan ends (tier_plan_new(3)).  A read then says the plan ended; it said that the plan "overwrites
- * it whole next", which no plan would any more.
+ * plan ends (tier_plan_new(3)).  A read then says that plan is not running (it said only that the
+ * plan "overwrites it whole next", as if it still ran).
  */
 static void test_scratch_after_the_plan_ended(void **state) {
         Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
@@ -124,7 +124,7 @@ static void test_scratch_after_the_plan_ended(void **state) {
         sched_plan_free(p);                                     /* tier_plan_end() */
         run_loop(m, 20);
         assert_int_equal(read_pin(m, b, LEVEL_HOST, &r), -ENODATA);
-        assert_non_null(strstr(r.error, "and that plan ended"));
+        assert_non_null(strstr(r.error, "that plan is not running now"));
         free(c);
         job_destroy(j);
         fixture_free(m);
