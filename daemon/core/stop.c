@@ -63,6 +63,14 @@ static uint64_t stop_now(const Manager *m) {
         return now;
 }
 
+/*
+ * Its newest copy has a record in this run's memory store table (memstore_note()): the service manager keeps
+ * it for the next start when it keeps tierd's memory (systemctl restart; systemctl stop empties the store).
+ */
+static bool kept_in_memory_store(const Manager *m, const Tensor *t) {
+        return m->memstore && t->mem_slot != 0;
+}
+
 static void on_stop_written(Op *op, int status, const char *error) {
         Manager *m = op->userdata;
 
@@ -72,8 +80,9 @@ static void on_stop_written(Op *op, int status, const char *error) {
         if (status < 0) {
                 m->stop_failed++;
                 log_job(LOG_WARNING, 0, op->tensor->job->name, "Stopping: tensor '%s' of job '%s' could not be "
-                        "written down to NVMe (%s): it is lost when tierd has stopped", op->tensor->name,
-                        op->tensor->job->name, error ? error : strerror(-status));
+                        "written down to NVMe (%s): %s", op->tensor->name, op->tensor->job->name,
+                        error ? error : strerror(-status), kept_in_memory_store(m, op->tensor) ?
+                        "only the memory store keeps it for the next start" : "it is lost when tierd has stopped");
         } else
                 m->stop_written++;
 }
@@ -90,22 +99,21 @@ static bool held_only_in_memory(const Tensor *t) {
                (copy_valid(t, LEVEL_HOST) || copy_valid(t, LEVEL_VRAM));
 }
 
-/*
- * Something may still write it: a pin that may write (a client's, a plan
- * hold's), or the pin held for a client of before a restart.
- */
+/* Something of this run may still write it: a pin that may write (a client's, a plan hold's); it may let go. */
 static bool held_for_writing(const Tensor *t) {
-        return tensor_writers(t) > 0 || t->ghost;
+        return tensor_writers(t) > 0;
 }
 
 /*
- * The drain gives up (a bound, or the signal again): say what is held only in memory and so not on NVMe
- * now, and why: a client still held it for writing, or its write-down did not end or failed.
+ * The drain ends (a bound, the signal again, or done): say what is held only in memory and so not on NVMe
+ * now, why (a client still held it for writing; a client of before a restart may (a ghost, never written
+ * down: stop_write_down()); its write-down had not ended, had not begun, or failed) and whether it is lost:
+ * the memory store keeps what has a record in its table (kept_in_memory_store()).
  */
 static void stop_report_unwritten(Manager *m) {
-        unsigned n = 0, held = 0, running = 0;
+        unsigned n = 0, held = 0, ghosts = 0, running = 0, unasked = 0, kept = 0;
         uint64_t bytes = 0;
-        char why[256];
+        char why[512], fate[256];
         size_t k = 0;
 
         if (!m->book)
@@ -122,10 +130,15 @@ static void stop_report_unwritten(Manager *m) {
                                 continue;
                         n++;
                         bytes += t->alloc_size;
+                        kept += kept_in_memory_store(m, t);
                         if (t->stop_op)
                                 running++;
+                        else if (t->ghost)
+                                ghosts++;
                         else if (held_for_writing(t) && !m->stop_final)
                                 held++;
+                        else if (t->stop_version != t->version + 1)
+                                unasked++;      /* changed since the last look, which the stop did not get to */
                 }
         }
         if (n == 0)
@@ -134,17 +147,31 @@ static void stop_report_unwritten(Manager *m) {
         if (held)
                 k += (size_t) snprintf(why + k, sizeof(why) - k, "%u held for writing by a client that had not let "
                                        "go", held);
+        if (ghosts && k < sizeof(why))
+                k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u held for writing by a client of before tierd's "
+                                       "restart whose job had not attached again, not written down since that client "
+                                       "may still be writing it", k ? ", " : "", ghosts);
         if (running && k < sizeof(why))
-                k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u whose write-down did not end in time",
-                                       k ? ", " : "", running);
-        if (n - held - running > 0 && k < sizeof(why))
+                k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u whose write-down had not ended", k ? ", " : "",
+                                       running);
+        if (unasked && k < sizeof(why))
+                k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u whose write-down had not begun", k ? ", " : "",
+                                       unasked);
+        if (n - held - ghosts - running - unasked > 0 && k < sizeof(why))
                 (void) snprintf(why + k, sizeof(why) - k, "%s%u whose write-down failed", k ? ", " : "",
-                                n - held - running);
+                                n - held - ghosts - running - unasked);
+        if (kept == n)
+                (void) snprintf(fate, sizeof(fate), "they stay in the memory store, and the next start puts them back "
+                                "if the service manager keeps tierd's memory (systemctl restart does; systemctl stop "
+                                "does not: it empties the store)");
+        else if (kept > 0)
+                (void) snprintf(fate, sizeof(fate), "%u of them stay in the memory store (the next start puts them "
+                                "back if the service manager keeps tierd's memory: systemctl restart does, systemctl "
+                                "stop empties the store), the others are lost (the next start reports them)", kept);
+        else
+                (void) snprintf(fate, sizeof(fate), "they are lost (the next start reports them)");
         log_warning("Stopping: %u tensor(s), %" PRIu64 " MiB, held only in memory were not written down to NVMe (%s): "
-                    "%s", n, bytes >> 20, why,
-                    m->memstore ? "they are lost unless the service manager keeps tierd's memory for its next start "
-                    "(systemctl restart does, systemctl stop does not)" :
-                    "they are lost (the next start reports them)");
+                    "%s", n, bytes >> 20, why, fate);
 }
 
 /*
@@ -159,6 +186,14 @@ static void stop_report_unwritten(Manager *m) {
  * for it); one that failed is not asked again.  While clients are left a
  * write-down keeps the copies it writes (a client may hold them for
  * reading); the last, with none left, drops them as before.
+ *
+ * Never a ghost (Tensor.ghost: a copy put back from the memory store held
+ * for writing by a client of before a restart, which the job's next Hello
+ * releases, and no Hello comes during a stop): that client may still be
+ * writing into it (it maps the memfd), so NVMe would get a torn copy booked
+ * as the newest version, and a write-only pin's room holds garbage until it
+ * writes.  The memory store keeps it (its table records it held for writing,
+ * as it was); without one it is lost, and stop_report_unwritten() says so.
  */
 static void stop_write_down(Manager *m) {
         bool final = n_conns(m) == 0;
@@ -181,7 +216,8 @@ static void stop_write_down(Manager *m) {
                         Tensor *t = list_entry(tn, Tensor, job_link);
                         Op *op;
 
-                        if (!held_only_in_memory(t) || t->stop_op || t->stop_version == t->version + 1)
+                        if (!held_only_in_memory(t) || t->stop_op || t->stop_version == t->version + 1 ||
+                            t->ghost)
                                 continue;
                         if (!final && held_for_writing(t)) {
                                 held++;
@@ -251,16 +287,16 @@ static bool drain_done(Manager *m) {
 }
 
 static void drain_end(Manager *m) {
-        if (m->stop_clients_over) {
+        if (m->stop_clients_over)
                 log_warning("Stopping with %u transfer(s) still in flight and %u client(s) still holding pins or "
                             "not done reading after %" PRIu64 " ms, ignoring", n_xfers(m), n_conns(m),
                             m->drain_usec / 1000);
-                stop_report_unwritten(m);
-        } else
+        else
                 log_debug("Drained: no transfer in flight, no client left");
         if (m->stop_written || m->stop_failed)
-                log_info("Stopping: %u tensor(s) written down to NVMe, %u could not be (lost)", m->stop_written,
+                log_info("Stopping: %u tensor(s) written down to NVMe, %u could not be", m->stop_written,
                          m->stop_failed);
+        stop_report_unwritten(m);       /* (a ghost, a failed write-down: a drain that ended in time leaves them too) */
         (void) sd_event_exit(m->event, 0);
 }
 
