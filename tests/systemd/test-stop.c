@@ -389,7 +389,9 @@ static void test_stop_cut_short_write_down_unfinished(void **state) {
         assert_true(test_daemon_wait_notify(&d, "STOPPING=1", 10000) >= 0);
         assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
         log = log_since(0);
-        assert_non_null(strstr(log, "received again"));
+        /* the second signal, or (on a machine slower than the bound) the write-down's idle bound
+         * before it: either way the summary is the same */
+        assert_true(strstr(log, "received again") || strstr(log, "giving up on 1 of them"));
         assert_non_null(strstr(log, "Stopping: 1 tensor(s), 1 MiB, held only in memory were not written down to NVMe "
                                     "(1 whose write-down had not ended): they are lost (the next start reports them)"));
         free(log);
