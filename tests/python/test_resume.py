@@ -529,6 +529,45 @@ class TestResume(tierd.DaemonTestCase):
             c.open("torch.0.0.p")
         c.close()
 
+    def test_other_connection_of_the_job_refused(self) -> None:
+        """resume=True in a job with another connection (a rank of its own process, no torch.distributed)
+        was not refused: the engine rolled the job back, the other rank's tensors written since the last
+        commit with it (here: x, made after it, zeros), while that rank ran on.  It is refused before
+        anything changes, saying what to do; alone again, the job resumes."""
+        import tier
+        import tier.torch
+
+        def model() -> torch.nn.Module:
+            torch.manual_seed(4)
+            return torch.nn.Sequential(torch.nn.Linear(8, 8))
+
+        c = tier.Client("resume-other-rank", socket=self.socket)
+        eng = tier.torch.Offload(model(), c, lr=1e-3, resume=True)
+        eng.model(torch.randn(2, 8)).sum().backward()
+        eng.step()              # committed: step 1
+        c.close()               # killed: the job lingers
+        c1 = self.client("resume-other-rank", 1)        # rank 1, another process of the job, runs on
+        x = c1.create("x", 4096)
+        with x.pin(tier.HOST, tier.WRITE) as g:
+            g.torch().fill_(7)
+        c0 = self.client("resume-other-rank")
+        m = model()
+        mine = {n: p.detach().clone() for n, p in m.named_parameters()}
+        with self.assertRaisesRegex(ValueError, r"resume=True is for a job of one connection, and job "
+                                                r"'resume-other-rank' has 2.*save checkpoints.*close the "
+                                                r"job's other connections"):
+            tier.torch.Offload(m, c0, lr=1e-3, resume=True)
+        for n, p in m.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), mine[n]), f"{n} of the refused model changed")
+        with x.pin(tier.HOST, tier.READ) as g:
+            self.assertTrue(bool((g.torch() == 7).all()), "rank 1's tensor was rolled back")
+        x.destroy()
+        c1.close()
+        eng2 = tier.torch.Offload(model(), c0, lr=1e-3, resume=True)
+        self.assertTrue(eng2.resumed)
+        self.assertEqual(eng2.steps, 1)
+        eng2.close()
+
 
 @unittest.skipIf(torch is None, "no torch (python3-torch)")
 class TestResumeOtherPolicies(tierd.DaemonTestCase):

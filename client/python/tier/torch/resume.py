@@ -23,7 +23,11 @@ step's end) starts afresh (``engine.resumed`` False).  An engine that
 starts afresh (``resume=False`` too) destroys the record an earlier run left,
 so a commit from before that is refused, not paired with the new tensors.
 ``resume=True`` is for a job of one rank: a commit takes every rank's tensors
-at once.
+at once.  It is refused, before anything changes, with several ranks of
+``torch.distributed``, and, without it, while the job has another connection
+when the engine is made (a rank in a process of its own, another
+``tier.Client`` of the job: the rollback would bring its tensors back under
+it); a connection that joins the job later is not seen.
 
 What the loop itself must bring back: the batch of each step (start at
 ``engine.steps``) and its random numbers (seed each step from its number,
@@ -164,6 +168,21 @@ def _first_difference(saved: list[Any], mine: list[Any]) -> str:
                         f"{x['group']}) then, {y['names'][0]} {tuple(y['shape'])} {y['dtype']} (group {y['group']}) "
                         "now")
     return "?"
+
+
+def check_alone(client: Any) -> None:
+    """resume=True without torch.distributed: refused, before the rollback, while the job has another
+    connection (a rank in a process of its own, another tier.Client of the job): the rollback would bring
+    its tensors back to the last commit under it, and each commit would take its step half done."""
+    job = client.job
+    conns = next((j.get("connections", 0) for j in client.status().get("jobs", []) if j.get("name") == job), 1)
+    if conns > 1:
+        raise ValueError(f"tier.torch: resume=True is for a job of one connection, and job {job!r} has {conns} "
+                         "(a rank in another process, or another tier.Client of the job): a rollback brings back, "
+                         "and a commit takes, every tensor of the job at once, the others' steps half done. "
+                         "With several ranks, save checkpoints instead (engine.save(dir), or "
+                         "engine.state_dict()); for one rank, close the job's other connections (or end their "
+                         "processes) first")
 
 
 def try_resume(eng: "Offload") -> bool:
