@@ -110,6 +110,41 @@ class TestPlan(tierd.DaemonTestCase):
         w.destroy()
         grad.destroy()
 
+    def test_phase_grant_unpin_dirty(self) -> None:
+        """unpin(dirty=True) of a phase grant did nothing: the plan releases the pin, as written only where the
+        phase's access has WRITE, so what a READ access's grant was said to have written was not kept, and
+        nothing said so.  It is refused (the grant as it was), saying how to plan the write; a grant of a
+        WRITE access takes it (the plan releases it written)."""
+        c = self.client()
+        w = c.create("w", SIZE)
+        out = c.create("out", SIZE)
+        with c.plan() as p:
+            p.add(0, w, tier.HOST, tier.READ)
+            p.add(0, out, tier.HOST, tier.WRITE)
+            p.submit()
+        c.phase(0)
+        g = c.phase_grant(w, tier.HOST)
+        view = g.memoryview()
+        with self.assertRaisesRegex(ValueError, r"'w' in host is a phase grant of a READ access.*READ_WRITE"):
+            g.unpin(dirty=True)
+        self.assertTrue(g.pinned)
+        self.assertEqual(view[0], 0)                # its views stay
+        g.dirty = True
+        with self.assertRaisesRegex(ValueError, r"phase grant of a READ access"):
+            with g:
+                pass
+        self.assertTrue(g.pinned)
+        g.dirty = False
+        g.unpin()                                   # clean, as the plan releases it: invalidated
+        self.assertFalse(g.pinned)
+        with c.phase_grant(out, tier.HOST) as go:
+            go.memoryview()[:] = b"\x05" * SIZE
+            go.unpin(dirty=True)
+        self.assertFalse(go.pinned)
+        c.end_plan()
+        with out.pin(tier.HOST, tier.READ) as r:
+            self.assertEqual(r.memoryview()[SIZE - 1], 5)
+
     def test_refused_plans(self) -> None:
         c = self.client()
         with self.assertRaises(tier.TierError) as cm:

@@ -121,7 +121,9 @@ class Grant:
         device_ptr: the device address (cuda VRAM grants), else None.
         mode: what the pin said it does (READ, WRITE, READ_WRITE).
         dirty: what the unpin of ``with`` / ``unpin()`` tells tierd; starts
-            as ``bool(mode & WRITE)``; set it to False to unpin clean.
+            as ``bool(mode & WRITE)``; set it to False to unpin clean.  (A
+            phase grant's pin is the plan's: written where its access has
+            WRITE; True is refused for one whose access has not.)
 
     Used as a context manager it unpins on exit.  Views (``memoryview()``,
     ``numpy()``, ``torch()``) are zero-copy; see the module's notes on how
@@ -296,11 +298,20 @@ class Grant:
         """Drop this pin (``tier_unpin()``); @dirty None: ``self.dirty``.
 
         Does nothing if already unpinned.  A phase grant is only invalidated
-        here: the plan's next ``Client.phase()`` releases its pin.
+        here: the plan's next ``Client.phase()`` (or ``end_plan()``) releases
+        its pin, as written where the phase's access has WRITE; a dirty
+        unpin of one whose access has not is refused (ValueError, the grant
+        left as it was): plan the write (the access READ_WRITE).
         """
         if not self._pinned:
             return
         if self._phase:
+            if (self.dirty if dirty is None else dirty) and not self.mode & Mode.WRITE:
+                raise ValueError(f"'{self.tensor.name}' in {self.tier} is a phase grant of a {self.mode.name} access: "
+                                 "the plan releases its pin at the next phase() or end_plan(), as written only where "
+                                 "the phase's access has WRITE, so a dirty unpin cannot keep a write; plan the write "
+                                 f"(plan.add(phase, tensor, '{self.tier}', tier.READ_WRITE)), or pin the tensor "
+                                 "outside the plan (tensor.pin(tier, tier.READ_WRITE))")
             self._invalidate()
             return
         self.tensor._unpin(self.tier, self.dirty if dirty is None else bool(dirty), self)
