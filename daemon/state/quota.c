@@ -23,7 +23,8 @@
  * A job gets its quota when it is created (quota_job_created()) and again
  * whenever the rules change (quota_apply_all(): a set, a reload); the
  * caller then tells the engine, whose waiters re-check their room.
- * Checks: a maximum above the tier's capacity is refused, a minimum above
+ * Checks: a maximum or total above the tier's capacity is refused (at run
+ * time; tierd.conf may hold them), a minimum above
  * the maximum too, and so are guarantees that would add up to more than a
  * tier's capacity over everyone who could run at once (the running jobs
  * and the job names that have rules; a lingering job yields its claim, as
@@ -554,6 +555,14 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
                                                 FORMAT_SIZE(r->capacity[t]));
                                 return -EINVAL;
                         }
+                }
+                /* a total above the capacity never binds (0 is none): a slip, refused as a max is */
+                if ((change->set & (1u << QUOTA_TOTAL(t))) && change->value[QUOTA_TOTAL(t)] > r->capacity[t]) {
+                        (void) snprintf(why, why_size, "%s total %s is above the %s tier's capacity of %s: a total "
+                                        "that large never binds; 0 is none (for a uid, lifting its uid_share too)",
+                                        level_to_string(t), FORMAT_SIZE(change->value[QUOTA_TOTAL(t)]),
+                                        level_to_string(t), FORMAT_SIZE(r->capacity[t]));
+                        return -EINVAL;
                 }
         }
 

@@ -301,6 +301,10 @@ static void test_refused(void **state) {
         assert_int_equal(tierctl(NULL, &err, "quota set jobA --host 10T"), 1);
         assert_contains(err, "host max 10.0 TiB is above the host tier's capacity of 64.0 MiB");
         free(err);
+        assert_int_equal(tierctl(NULL, &err, "quota set --uid 0 --host-total 10T"), 1);  /* as a max is */
+        assert_contains(err, "host total 10.0 TiB is above the host tier's capacity of 64.0 MiB: a total that large "
+                             "never binds; 0 is none");
+        free(err);
         assert_int_equal(tierctl(NULL, &err, "quota set jobA --host-min 40M"), 1);   /* max 32M (default) */
         assert_contains(err, "job 'jobA' would get a host min of 40.0 MiB (from: job 'jobA') above its max of 32.0 MiB");
         free(err);

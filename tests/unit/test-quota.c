@@ -300,6 +300,17 @@ static void test_store_checks_and_file(void **state) {
 
         assert_int_equal(set(b, "[quota]\nuid = 1000\nhost = 1T\n", why, sizeof(why), warn), -EINVAL);
         assert_non_null(strstr(why, "host max 1.0 TiB is above the host tier's capacity of 64.0 MiB"));
+        /* a total too (it would never bind: 0 is none), before anything changes; one at the capacity is taken */
+        assert_int_equal(set(b, "[quota]\nuid = 1000\nhost_total = 1T\n", why, sizeof(why), warn), -EINVAL);
+        assert_non_null(strstr(why, "host total 1.0 TiB is above the host tier's capacity of 64.0 MiB: a total "
+                                    "that large never binds; 0 is none"));
+        assert_int_equal(set(b, "[quota]\ngroup = 27\nvram_total = 33M\n", why, sizeof(why), warn), -EINVAL);
+        assert_non_null(strstr(why, "vram total 33.0 MiB is above the vram tier's capacity of 32.0 MiB"));
+        assert_null(quota_rules_find(&b->s->runtime, QUOTA_UID, 1000, NULL));
+        assert_null(quota_rules_find(&b->s->runtime, QUOTA_GROUP, 27, NULL));
+        assert_int_equal(set(b, "[quota]\nuid = 2000\nhost_total = 64M\nnvme_total = 1G\n", why, sizeof(why), warn),
+                         0);
+        assert_int_equal(set(b, "[quota]\nuid = 2000\nhost_total = 0\n", why, sizeof(why), warn), 0);
         /* min above max, each from another set */
         assert_int_equal(set(b, "[quota]\njob = zz\nnvme_min = 50M\n", why, sizeof(why), warn), 0);
         assert_int_equal(set(b, "[quota]\njob = zz\nnvme = 40M\n", why, sizeof(why), warn), -EINVAL);
@@ -328,7 +339,8 @@ static void test_store_checks_and_file(void **state) {
         assert_int_equal(stat(path, &st), 0);
         assert_int_equal(quota_store_new(&b->r, &b->c, &s2), 0);
         assert_int_equal(quota_store_load(s2), 0);
-        assert_int_equal(s2->runtime.n, 4);
+        assert_int_equal(s2->runtime.n, 5);
+        assert_int_equal(quota_rules_find(&s2->runtime, QUOTA_UID, 2000, NULL)->value[QUOTA_TOTAL(LEVEL_NVME)], GIB);
         assert_non_null(quota_rules_find(&s2->runtime, QUOTA_JOB, 0, "a"));
         assert_int_equal(quota_rules_find(&s2->runtime, QUOTA_UID, 1000, NULL)->value[QUOTA_MAX(LEVEL_HOST)], 16 * MIB);
         quota_store_free(s2);

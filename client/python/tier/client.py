@@ -563,8 +563,9 @@ class Client:
         nvme: int | None = None,
     ) -> QuotaTotal:
         """``tier_quota_total_set()``: set the totals (bytes; 0: none, which for a uid also lifts
-        tierd.conf's uid_share) of a uid, a user or a group; None leaves a tier's as it is.  Kept
-        across restarts; needs root or group tier-admin.  Returns the totals afterwards."""
+        tierd.conf's uid_share) of a uid, a user or a group; None leaves a tier's as it is; one above
+        the tier's capacity is refused (TierError, EINVAL), as a max is.  Kept across restarts; needs
+        root or group tier-admin.  Returns the totals afterwards."""
         if uid is None and user is None and group is None:
             raise ValueError("name a uid, user or group: totals are of all its jobs together")
         kind, ident, _, words = self._quota_target(None, uid, user, group)
