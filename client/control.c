@@ -50,19 +50,19 @@ static int memfd_read_all(tier_client *c, int fd, const char *what, char **ret, 
         size_t size, done = 0;
 
         if (fstat(fd, &st) < 0)
-                return negative_errno();
+                return client_error(c, negative_errno(), "cannot read the %s tierd sent: %m", what);
         if (st.st_size < 0 || (uint64_t) st.st_size > CLIENT_STATUS_FD_MAX)
                 return client_error(c, -EFBIG, "%s of %lld bytes is too big", what, (long long) st.st_size);
         size = (size_t) st.st_size;
         buf = malloc(size + 1);
         if (!buf)
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory reading the %s tierd sent (%zu bytes)", what, size);
         while (done < size) {
                 ssize_t n = pread(fd, buf + done, size - done, (off_t) done);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n < 0)
-                        return negative_errno();
+                        return client_error(c, negative_errno(), "cannot read the %s tierd sent: %m", what);
                 if (n == 0)
                         return client_error(c, -EPROTO, "%s is shorter than its size", what);
                 done += (size_t) n;
@@ -151,7 +151,7 @@ static int metrics_fetch(tier_client *c, char **ret) {
         resp = p.reply->response;
         if (resp->result_case == TIER__RESPONSE__RESULT_METRICS_TEXT && resp->metrics_text) {
                 *ret = strdup(resp->metrics_text);
-                r = *ret ? 0 : -ENOMEM;
+                r = *ret ? 0 : client_error(c, -ENOMEM, "out of memory copying the metrics text tierd sent");
         } else if (resp->result_case == TIER__RESPONSE__RESULT_METRICS_FD) {
                 _cleanup_close_ int fd = packet_take_fd(&p, resp->metrics_fd);
 
@@ -171,18 +171,22 @@ static int metrics_fetch(tier_client *c, char **ret) {
 }
 
 typedef struct StatusFormat {
+        tier_client *client;
         int format;
         char **ret;
 } StatusFormat;
 
 static int use_format(const Tier__StatusReply *sr, void *userdata) {
         StatusFormat *f = userdata;
+        int r = status_format(sr, f->format, f->ret);
 
-        return status_format(sr, f->format, f->ret);
+        if (r < 0)
+                return client_error(f->client, r, "cannot format tierd's status: %s", tier_strerror(r));
+        return r;
 }
 
 _public_ int tier_client_status(tier_client *c, int format, char **ret) {
-        StatusFormat f = { format, ret };
+        StatusFormat f = { c, format, ret };
 
         if (!c)
                 return -EINVAL;

@@ -63,7 +63,7 @@ static int use_jobs(const Tier__StatusReply *sr, void *userdata) {
                 }
         o->jobs = block_new(n, sizeof(struct tier_job_info), names);
         if (!o->jobs)
-                return -ENOMEM;
+                return client_error(o->client, -ENOMEM, "out of memory listing %zu jobs", n);
         p = (char *) (o->jobs + n);
         for (size_t i = 0; i < sr->n_jobs; i++) {
                 const Tier__JobStatus *j = sr->jobs[i];
@@ -270,8 +270,10 @@ _public_ int tier_job_tensors(tier_client *c, const char *job, struct tier_tenso
                 /* done when tierd has nothing more (the job may have shrunk meanwhile) */
                 bool done = tr->n_tensors == 0 || offset >= tr->total;
                 packet_done(&p);
-                if (r < 0)
+                if (r < 0) {
+                        r = client_error(c, r, "out of memory listing the tensors of job '%s'", job);
                         goto fail;
+                }
                 if (l.n > CLIENT_JOB_TENSORS_MAX) {
                         r = client_error(c, -EFBIG, "job '%s' lists more than %u tensors", job,
                                          CLIENT_JOB_TENSORS_MAX);
@@ -288,8 +290,10 @@ _public_ int tier_job_tensors(tier_client *c, const char *job, struct tier_tenso
                         break;
         }
         r = tensor_list_pack(&l, ret);
-        if (r < 0)
+        if (r < 0) {
+                r = client_error(c, r, "out of memory listing the %zu tensors of job '%s'", l.n, job);
                 goto fail;
+        }
         *ret_n = l.n;
         tensor_list_done(&l);
         return 0;

@@ -127,7 +127,7 @@ static int segment_add(tier_client *c, const Tier__Segment *s, Packet *p) {
                 if (n.size == 0 || n.size > SIZE_MAX)
                         return client_error(c, -EPROTO, "segment %u has bad size %" PRIu64, s->id, n.size);
                 if (fstat(fd, &st) < 0)
-                        return negative_errno();
+                        return client_error(c, negative_errno(), "cannot stat segment %u: %m", s->id);
                 if (st.st_size < 0 || (uint64_t) st.st_size < n.size)
                         return client_error(c, -EPROTO,
                                             "segment %u is %" PRIu64 " bytes but its memfd only %lld",

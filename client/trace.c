@@ -119,7 +119,7 @@ static int trace_read_fd(tier_client *c, int fd, size_t n, tier_trace *t) {
         t->rec = malloc((size_t) st.st_size);
         if (!t->rec) {
                 munmap(map, (size_t) st.st_size);
-                return -ENOMEM;
+                return client_error(c, -ENOMEM, "out of memory taking the trace tierd sent (%zu records)", n);
         }
         memcpy(t->rec, map, (size_t) st.st_size);
         munmap(map, (size_t) st.st_size);
@@ -161,7 +161,7 @@ _public_ int tier_trace_stop(tier_client *c, tier_trace **ret) {
         tr = p.reply->response->trace;
         t = calloc(1, sizeof(*t));
         if (!t) {
-                r = -ENOMEM;
+                r = client_error(c, -ENOMEM, "out of memory taking the trace tierd sent");
                 goto done;
         }
         t->dropped = tr->dropped;

@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,8 +30,10 @@
 
 #include "proto/fence.h"
 #include "tests/helpers/instrumented.h"
+#include "proto/macro.h"
 #include "proto/plan.h"
 #include "proto/tier.pb-c.h"
+#include "proto/trace.h"
 #include "proto/wire.h"
 
 enum {
@@ -40,10 +43,12 @@ enum {
         SC_PLAIN,               /* nothing hostile: a client's life around its plans */
         SC_SHUTDOWN,            /* after the Hello, a Shutdown event, and the connection closed */
         SC_FENCE_FAILED,        /* a pin answered with fence 1, then a FenceFailed event for it */
+        SC_REPLIES,             /* status, metrics, jobs, tensors and traces answered, through memfds or inline */
 };
 
 typedef struct Fake {
         int scenario;
+        int *inline_replies;    /* SC_REPLIES: in the packet, not through a memfd (MAP_SHARED: the child sets it) */
         int listen_fd;
         char dir[64], path[96];
         pthread_t thread;
@@ -72,12 +77,106 @@ static void send_resp(int fd, Tier__Response *resp, const int *fds, size_t n_fds
                 close(fds[i]);
 }
 
+/* A sealed-enough memfd holding @len bytes of @data. */
+static int memfd_with(const void *data, size_t len) {
+        int fd = mk_memfd(len);
+
+        assert_int_equal(pwrite(fd, data, len, 0), (ssize_t) len);
+        return fd;
+}
+
+/* SC_REPLIES: a status of one job, its two tensors (one lost), and a trace of two transfers. */
+static bool answer_reply(Fake *f, const Tier__Request *req, Tier__Response *resp, int *fds, size_t *n_fds) {
+        static Tier__JobStatus job = TIER__JOB_STATUS__INIT;
+        static Tier__JobStatus *jobp[1] = { &job };
+        static Tier__StatusReply sr = TIER__STATUS_REPLY__INIT;
+        static Tier__TensorEntry te[2] = { TIER__TENSOR_ENTRY__INIT, TIER__TENSOR_ENTRY__INIT };
+        static Tier__TensorEntry *tep[2] = { &te[0], &te[1] };
+        static Tier__TensorsReply tr = TIER__TENSORS_REPLY__INIT;
+        static Tier__TraceReply trc = TIER__TRACE_REPLY__INIT;
+        static const char metrics[] = "# TYPE tier_up gauge\ntier_up 1\n";
+        bool in = f->inline_replies && __atomic_load_n(f->inline_replies, __ATOMIC_ACQUIRE);
+
+        job.id = 1;
+        job.name = (char *) "job";
+        job.connections = 1;
+        sr.version = (char *) "fake";
+        sr.n_jobs = 1;
+        sr.jobs = jobp;
+        switch (req->op_case) {
+        case TIER__REQUEST__OP_STATUS:
+                if (req->status->prometheus && in) {
+                        resp->result_case = TIER__RESPONSE__RESULT_METRICS_TEXT;
+                        resp->metrics_text = (char *) metrics;
+                } else if (req->status->prometheus) {
+                        fds[(*n_fds)++] = memfd_with(metrics, sizeof(metrics) - 1);
+                        resp->result_case = TIER__RESPONSE__RESULT_METRICS_FD;
+                        resp->metrics_fd = 0;
+                } else if (in) {
+                        resp->result_case = TIER__RESPONSE__RESULT_STATUS_REPLY;
+                        resp->status_reply = &sr;
+                } else {
+                        uint8_t buf[1024];
+                        size_t len = tier__status_reply__get_packed_size(&sr);
+
+                        assert_true(len <= sizeof(buf));
+                        (void) tier__status_reply__pack(&sr, buf);
+                        fds[(*n_fds)++] = memfd_with(buf, len);
+                        resp->result_case = TIER__RESPONSE__RESULT_STATUS_FD;
+                        resp->status_fd = 0;
+                }
+                return true;
+        case TIER__REQUEST__OP_JOB_TENSORS:
+                te[0].tensor = 1;
+                te[0].name = (char *) "w";
+                te[0].size = 4096;
+                te[0].state = (char *) "data";
+                te[1].tensor = 2;
+                te[1].name = (char *) "g";
+                te[1].size = 4096;
+                te[1].state = (char *) "lost";
+                te[1].lost_why = (char *) "fake tierd lost it";
+                tr.job = (char *) "job";
+                tr.total = 2;
+                tr.offset = req->job_tensors->offset;
+                tr.n_tensors = req->job_tensors->offset == 0 ? 2 : 0;
+                tr.tensors = tep;
+                resp->result_case = TIER__RESPONSE__RESULT_TENSORS;
+                resp->tensors = &tr;
+                return true;
+        case TIER__REQUEST__OP_TRACE_STOP: {
+                TraceRecord rec[2] = {};
+
+                for (int i = 0; i < 2; i++) {
+                        rec[i].kind = TRACE_XFER;
+                        rec[i].ts = rec[i].t0 = rec[i].t1 = 1000 + (uint64_t) i;
+                        rec[i].bytes = 4096;
+                }
+                fds[(*n_fds)++] = memfd_with(rec, sizeof(rec));
+                trc.records = 2;
+                trc.record_size = sizeof(TraceRecord);
+                trc.fd = 0;
+                trc.start_ns = 1;
+                trc.stop_ns = 2000;
+                resp->result_case = TIER__RESPONSE__RESULT_TRACE;
+                resp->trace = &trc;
+                return true;
+        }
+        default:
+                return false;
+        }
+}
+
 static void answer(Fake *f, int fd, const Tier__Request *req) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         int fds[4];
         size_t n_fds = 0;
 
         resp.seq = req->seq;
+        if (f->scenario == SC_REPLIES && answer_reply(f, req, &resp, fds, &n_fds)) {
+                send_resp(fd, &resp, fds, n_fds);
+                return;
+        }
         switch (req->op_case) {
         case TIER__REQUEST__OP_HELLO: {
                 static Tier__HelloReply h = TIER__HELLO_REPLY__INIT;
@@ -608,6 +707,222 @@ static void test_fence_failed_names_callers_fence(void **state) {
         assert_int_equal(st, 0);        /* fails with 4: "fence 1 failed: ..." */
 }
 
+/*
+ * Fault injection (-Wl,--wrap, tests/unit/meson.build): while fail_at is set, this thread's fail_at-th
+ * call of an allocator, fstat() or pread() of the kinds in fail_kinds fails (ENOMEM, EIO), and with
+ * fail_on every one after it too; fail_calls counts the calls.
+ */
+enum { FAIL_ALLOC = 1, FAIL_FSTAT = 2, FAIL_PREAD = 4, FAIL_ANY = 7 };
+static _Thread_local unsigned fail_at, fail_calls, fail_kinds;
+static _Thread_local bool fail_on;
+
+static bool fail_now(unsigned kind, int err) {
+        if (fail_at == 0 || !(fail_kinds & kind))
+                return false;
+        fail_calls++;
+        if (fail_calls < fail_at || (fail_calls > fail_at && !fail_on))
+                return false;
+        errno = err;
+        return true;
+}
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+void *__real_reallocarray(void *p, size_t n, size_t size);
+char *__real_strdup(const char *s);
+char *__real_strndup(const char *s, size_t n);
+int __real_vasprintf(char **ret, const char *fmt, va_list ap);
+int __real_fstat64(int fd, struct stat *st);
+ssize_t __real_pread64(int fd, void *buf, size_t n, off_t off);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
+void *__wrap_reallocarray(void *p, size_t n, size_t size);
+char *__wrap_strdup(const char *s);
+char *__wrap_strndup(const char *s, size_t n);
+int __wrap_vasprintf(char **ret, const char *fmt, va_list ap);
+int __wrap_fstat64(int fd, struct stat *st);
+ssize_t __wrap_pread64(int fd, void *buf, size_t n, off_t off);
+
+void *__wrap_malloc(size_t n) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t size) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_calloc(n, size);
+}
+void *__wrap_realloc(void *p, size_t n) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_realloc(p, n);
+}
+void *__wrap_reallocarray(void *p, size_t n, size_t size) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_reallocarray(p, n, size);
+}
+char *__wrap_strdup(const char *s) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_strdup(s);
+}
+char *__wrap_strndup(const char *s, size_t n) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_strndup(s, n);
+}
+int __wrap_vasprintf(char **ret, const char *fmt, va_list ap) {
+        return fail_now(FAIL_ALLOC, ENOMEM) ? -1 : __real_vasprintf(ret, fmt, ap);
+}
+int __wrap_fstat64(int fd, struct stat *st) {
+        return fail_now(FAIL_FSTAT, EIO) ? -1 : __real_fstat64(fd, st);
+}
+ssize_t __wrap_pread64(int fd, void *buf, size_t n, off_t off) {
+        return fail_now(FAIL_PREAD, EIO) ? -1 : __real_pread64(fd, buf, n, off);
+}
+
+typedef struct Call {
+        const char *what;
+        int inline_replies;
+        int (*fn)(tier_client *c);
+        unsigned kinds;                 /* what fails */
+        bool on;                        /* and goes on failing */
+} Call;
+
+static int call_status(tier_client *c, int format) {
+        char *s = NULL;
+        int r = tier_client_status(c, format, &s);
+
+        free(s);
+        return r;
+}
+static int call_json(tier_client *c) {
+        return call_status(c, TIER_STATUS_JSON);
+}
+static int call_table(tier_client *c) {
+        return call_status(c, TIER_STATUS_TABLE);
+}
+static int call_metrics(tier_client *c) {
+        return call_status(c, TIER_STATUS_PROMETHEUS);
+}
+static int call_jobs(tier_client *c) {
+        struct tier_job_info *j = NULL;
+        size_t n = 0;
+        int r = tier_job_list(c, &j, &n);
+
+        free(j);
+        return r;
+}
+static int call_tensors(tier_client *c) {
+        struct tier_tensor_info *t = NULL;
+        size_t n = 0;
+        int r = tier_job_tensors(c, "job", &t, &n);
+
+        free(t);
+        return r;
+}
+static int call_trace(tier_client *c) {
+        tier_trace *t = NULL;
+        int r = tier_trace_stop(c, &t);
+
+        tier_trace_free(t);
+        return r;
+}
+static int call_pin(tier_client *c) {
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        int r = tier_tensor_create(c, "w", 4096, &t);
+
+        if (r >= 0)
+                r = tier_pin(t, TIER_HOST, TIER_READ, &g);
+        if (r >= 0)
+                (void) tier_unpin(t, TIER_HOST, 0);
+        tier_tensor_close(t);
+        return r;
+}
+
+/*
+ * Each call, its k-th allocation (or fstat(), pread()) failed, for k = 1, 2, ... until it
+ * succeeds: every failure leaves its own text, not "" (a failure after the request went out,
+ * which cleared the text) nor an earlier call's.  (A pin whose segment cannot be taken fetches it
+ * once more: its fstat() fails on.)
+ */
+static int failures_say_why(Fake *f, const char *path) {
+        static const Call calls[] = {
+                { "status json (memfd)", 0, call_json, FAIL_ANY, false },
+                { "status table (memfd)", 0, call_table, FAIL_ANY, false },
+                { "status json (inline)", 1, call_json, FAIL_ANY, false },
+                { "metrics (memfd)", 0, call_metrics, FAIL_ANY, false },
+                { "metrics (inline)", 1, call_metrics, FAIL_ANY, false },
+                { "job list", 0, call_jobs, FAIL_ANY, false },
+                { "job tensors", 0, call_tensors, FAIL_ANY, false },
+                { "trace stop", 0, call_trace, FAIL_ANY, false },
+                { "pin, fstat() failing on", 0, call_pin, FAIL_FSTAT, true },   /* first: maps the segment */
+                { "pin", 0, call_pin, FAIL_ANY, false },
+        };
+        static const char stale[] = "a job name must be non-empty text without control characters";
+        tier_client *c = NULL;
+        int bad = 0;
+
+        if (tier_client_new(path, "job", 0, &c) < 0)
+                return 2;
+        for (size_t i = 0; i < ELEMENTSOF(calls); i++) {
+                unsigned failed = 0;
+
+                __atomic_store_n(f->inline_replies, calls[i].inline_replies, __ATOMIC_RELEASE);
+                for (unsigned k = 1; k < 200; k++) {
+                        const char *text;
+                        int r;
+
+                        /* an earlier failure's text, which no later failure may show */
+                        if (tier_job_tensors(c, "", NULL, NULL) != -EINVAL || strcmp(tier_client_last_error(c), stale))
+                                return 3;
+                        fail_calls = 0;
+                        fail_kinds = calls[i].kinds;
+                        fail_on = calls[i].on;
+                        fail_at = k;
+                        r = calls[i].fn(c);
+                        fail_at = 0;
+                        if (fail_calls < k) {           /* nothing left to fail: it went through */
+                                if (r < 0) {
+                                        fprintf(stderr, "%s: %d (%s) with nothing failed\n", calls[i].what, r,
+                                                tier_client_last_error(c));
+                                        return 4;
+                                }
+                                break;
+                        }
+                        if (r >= 0)
+                                continue;               /* that failure was made up for */
+                        failed++;
+                        text = tier_client_last_error(c);
+                        if (!*text || strcmp(text, stale) == 0) {
+                                fprintf(stderr, "%s, failure %u: %d (%s) says \"%s\"\n", calls[i].what, k, r,
+                                        tier_strerror(r), text);
+                                bad++;
+                        }
+                }
+                if (failed == 0) {
+                        fprintf(stderr, "%s: no failure made it fail\n", calls[i].what);
+                        return 5;
+                }
+        }
+        tier_client_free(c);
+        return bad ? 10 : 0;
+}
+
+static Fake *replies_fake;
+
+static int replies_child(const char *path) {
+        return failures_say_why(replies_fake, path);
+}
+
+/* tier_client_new(3), NOTES: out of memory, or a read failing, after a request went out says so too. */
+static void test_failures_after_the_request_own_text(void **state) {
+        Fake f = {};
+        int st;
+
+        f.inline_replies = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(f.inline_replies != MAP_FAILED);
+        fake_start(&f, SC_REPLIES);
+        replies_fake = &f;
+        st = in_child(replies_child, f.path);
+        fake_stop(&f);
+        munmap(f.inline_replies, sizeof(int));
+        assert_int_equal(st, 0);        /* fails with 10: texts left empty */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_plan_page_short_memfd),
@@ -619,6 +934,7 @@ int main(void) {
                 cmocka_unit_test(test_phase_grant_without_plan),
                 cmocka_unit_test(test_argument_errors_own_text),
                 cmocka_unit_test(test_fence_failed_names_callers_fence),
+                cmocka_unit_test(test_failures_after_the_request_own_text),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
