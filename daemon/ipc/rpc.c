@@ -426,7 +426,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         j->n_conns++;
         job_linger_stop(j);
         c->rank = h->rank;
-        /* the memory store's: its clients of before tierd's restart are done writing (those of this rank say what) */
+        /* the memory store's: this rank's clients of before tierd's restart are done writing (and say what) */
         job_release_ghosts(j, h->says_writes, h->rank, hello_held, (void *) h);
 
         for (int i = 0; i < TIERS; i++) {

@@ -24,12 +24,13 @@
  * (its version is the tensor's) or held for writing; a stale or filling one
  * is not, and the record changes before a freed range can be reused.  A copy
  * held for writing when tierd died is the newest: the client may have
- * written it (it keeps writing until its next call finds tierd gone).  The
- * copy is held for writing from before the grant goes out, so tierd cannot
- * tell a grant its client got from one its death cut off.  For a copy a
- * write-only pin reserved (its room holds none of the tensor's bytes until
- * the client writes them) the record says so (MS_C_UNWRITTEN) and names the
- * writer's rank, and that rank's next Hello decides: it names the writes its
+ * written it, and keeps writing until its next call finds tierd gone, so the
+ * record names the ranks whose pins held it, and it stays pinned until each
+ * said Hello (or the job ends).  It is held for writing from before the
+ * grant goes out, so tierd cannot tell a grant its client got from one its
+ * death cut off.  For a copy a write-only pin reserved (its room holds none
+ * of the tensor's bytes until the client writes them) the record says so
+ * (MS_C_UNWRITTEN), and those Hellos decide: each names the writes its
  * client got the grant of (job_release_ghosts(), state/tensor.c).
  *
  * At start, what tierd sends the store (segments renewed, the new table) is
@@ -102,7 +103,7 @@ typedef struct MsCopy {
         uint8_t state;
         uint8_t n_pieces;
         uint8_t flags;          /* MS_C_* (0 in tables of before it: such a copy counts as written) */
-        uint8_t pad;
+        uint8_t n_ranks;        /* MS_WRITING: RankSet.n of MsRecord.ranks (0 in tables of before it: not known) */
         uint32_t writer_rank;   /* MS_WRITING: the rank whose pin may write it */
         MsPiece pieces[MS_MAX_PIECES];
 } MsCopy;
@@ -116,7 +117,9 @@ typedef struct MsRecord {
         uint64_t flags;         /* MS_F_* */
         MsCopy copy[MS_TIERS];
         uint32_t dead_rank;     /* MS_F_DEAD, MS_C_DEAD_BEFORE: Tensor.dead_rank (0 in tables of before it: not known) */
-        uint8_t pad[MS_REC_SIZE - 6 * sizeof(uint64_t) - MS_TIERS * sizeof(MsCopy) - 2 * sizeof(uint32_t)];
+        uint32_t ranks[MS_TIERS][RANK_SET_MAX]; /* MS_WRITING: the ranks whose pins held it for writing */
+        uint8_t pad[MS_REC_SIZE - sizeof(uint64_t[6]) - sizeof(MsCopy[MS_TIERS]) -
+                    sizeof(uint32_t[2 + MS_TIERS * RANK_SET_MAX])];
         uint32_t crc;           /* crc32c of everything after seq and before crc */
 } MsRecord;
 
@@ -590,12 +593,15 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                 any = true;
                 if (mc->state == MS_WRITING) {
                         /*
-                         * the client may still be writing into it: nothing moves it until the job's
-                         * next Hello (job_release_ghosts(); a write-only pin's copy: its rank's, which
-                         * says whether the grant reached it)
+                         * the clients may still be writing into it: nothing moves it until the Hello of
+                         * each rank that held it for writing, or the job's end (job_release_ghosts(); in a
+                         * table of before the ranks were kept: any rank's), which says whether a write-only
+                         * pin's grant reached it
                          */
                         t->copy[tier].pins++;
                         t->copy[tier].writer_rank = mc->writer_rank;
+                        t->ghost_ranks[tier].n = mc->n_ranks > RANK_SET_MAX ? RANK_SET_MANY : mc->n_ranks;
+                        memcpy(t->ghost_ranks[tier].rank, rec->ranks[k], sizeof(rec->ranks[k]));
                         tensor_pin_account(t, tier, +1);
                         t->ghost |= (uint8_t) (1u << tier);
                         if (mc->flags & MS_C_UNWRITTEN) {
@@ -766,6 +772,7 @@ static bool record_build(MemStore *ms, const Tensor *t, MsRecord *rec) {
                 mc = &rec->copy[ms_tier(tier)];
                 mc->version = c->version;
                 mc->state = c->writers > 0 ? MS_WRITING : MS_VALID;
+                mc->n_ranks = copy_write_ranks(t, tier, rec->ranks[ms_tier(tier)]);
                 if (c->writers > 0) {
                         mc->flags = c->unwritten ? MS_C_UNWRITTEN | (t->dead ? MS_C_DEAD_BEFORE : 0) : 0;
                         mc->writer_rank = c->writer_rank;

@@ -53,8 +53,9 @@ void memstore_segment_made(MemStore *ms, int tier, const Segment *seg);
  * (restored from the NVMe index, book keys set), when they are at least the
  * version @newest the index heard of: their segments are claimed for the job,
  * their ranges reserved.  A copy a client held for writing when tierd went
- * is the newest (version + 1) and stays pinned until the job's next Hello
- * (job_release_ghosts()), since the client may still be writing into it.
+ * is the newest (version + 1) and stays pinned until a Hello of each rank
+ * whose pins held it (job_release_ghosts()), or the job's end, since a
+ * process of that rank may still be writing into it.
  * Returns true when @t's newest data is back in memory.
  */
 bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest);

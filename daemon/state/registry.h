@@ -53,6 +53,19 @@ typedef struct CopyPiece {
 } CopyPiece;
 
 /*
+ * Ranks of a job: those whose pins held a copy for writing (Copy.write_ranks),
+ * or whose Hello a copy held for the clients of before tierd's restart waits
+ * for (Tensor.ghost_ranks).  More than RANK_SET_MAX: RANK_SET_MANY, which
+ * ranks not known.
+ */
+#define RANK_SET_MAX 4
+#define RANK_SET_MANY 0xff
+typedef struct RankSet {
+        uint32_t rank[RANK_SET_MAX];
+        uint8_t n;              /* 0..RANK_SET_MAX, or RANK_SET_MANY */
+} RankSet;
+
+/*
  * One tier's copy of a tensor.  A copy holds data version @version; it is
  * valid while that equals the tensor's version.  Stale copies are freed as
  * soon as nothing pins them.
@@ -63,6 +76,7 @@ typedef struct Copy {
         unsigned writers;       /* pins that may write it (a client's, a plan's): the memory store records them */
         bool unwritten;         /* reserved for a pin that writes it whole: garbage until that pin wrote it */
         uint32_t writer_rank;   /* the rank whose pin may write it, last noted (the memory store records it) */
+        RankSet write_ranks;    /* the ranks of its writers since it last had none (the memory store records them) */
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
@@ -130,6 +144,7 @@ typedef struct Tensor {
         uint8_t ghost_unwritten; /* of those, tiers whose copy a write-only pin reserved: garbage unless it wrote */
         bool ghost_dead_before; /* and it was dead before that pin: it goes back to dead if that came to nothing */
         uint32_t ghost_rank;    /* the rank whose Hello decides such a copy (its write-only pin's) */
+        RankSet ghost_ranks[LEVEL_NVME]; /* per memory tier: the ranks a ghost waits for (n 0: any rank) */
 
         /* the rooms above */
         Xfer *xfer;             /* engine: transfer in progress, at most one */
@@ -442,18 +457,30 @@ int tensor_unpin(Tensor *t, int tier, bool dirty);
 void tensor_pin_account(Tensor *t, int tier, int delta);
 /* A pin that may write @t's copy in @tier is taken (@delta > 0) or let go: the memory store records it first. */
 void copy_writers(Tensor *t, int tier, int delta);
+/* Add @rank to @s (RANK_SET_MANY once more than fit). */
+void rank_set_add(RankSet *s, uint32_t rank);
+/*
+ * The ranks whose processes may write @t's copy in @tier, its writers' (Copy.write_ranks) and its
+ * ghost's, into @rank; their RankSet.n.
+ */
+uint8_t copy_write_ranks(const Tensor *t, int tier, uint32_t rank[RANK_SET_MAX]);
 /* @t's memory copies changed (state, version, pieces): the memory store's record follows now. */
 void tensor_note(Tensor *t);
 /*
  * job_release_ghosts() - a client of @j, rank @rank, said Hello: the pins
  * kept for the clients of before tierd's restart (Tensor.ghost, memstore.c)
- * go, and their copies count as written.  But a copy a write-only pin
- * reserved (Tensor.ghost_unwritten) holds garbage unless its writer got the
- * grant: when the Hello says which writes its client holds (@says), such a
- * copy of rank @rank's is kept only if @held(t, tier, @userdata) names it;
- * else it goes and the tensor is back at the version before, where its NVMe
- * copy holds it (or it was never written: zeros), else lost.  Other ranks'
- * stay held until theirs say Hello.  Without @says every copy is kept.
+ * that waited for that rank only go, and their copies count as written: a
+ * process of another rank of before may still be writing into the room
+ * through its mapping, so a copy stays pinned until every rank that held it
+ * for writing (Tensor.ghost_ranks) said Hello, or the job ends.  A copy a
+ * write-only pin reserved (Tensor.ghost_unwritten) holds garbage unless a
+ * writer got the grant: a Hello that says which writes its client holds
+ * (@says) and whose @held(t, tier, @userdata) names it makes it written, one
+ * that does not say too; once its ranks are all back and none did, it goes
+ * and the tensor is back at the version before, where its NVMe copy holds it
+ * (or it was never written: zeros), else lost.  A ghost of a table of before
+ * the ranks were kept (ghost_ranks n 0) goes at any rank's Hello (a
+ * write-only pin's: at Tensor.ghost_rank's, or any without @says).
  */
 void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Tensor *t, int tier, void *userdata),
                         void *userdata);

@@ -296,16 +296,35 @@ void job_commit(Job *j, uint64_t step) {
         book_commit(j->registry->book, j);
 }
 
+/* The ranks @t's ghost in @tier waits for, for messages: "rank 1", "ranks 0, 1", or more than fit. */
+static const char *ghost_waits_for(const Tensor *t, int tier, char *buf, size_t size) {
+        const RankSet *s = &t->ghost_ranks[MIN(tier, LEVEL_NVME - 1)];
+        size_t at;
+
+        if (s->n == RANK_SET_MANY)
+                snprintf(buf, size, "more than %d ranks (released when the job ends)", RANK_SET_MAX);
+        else if (s->n == 0)     /* (a table of before: a write-only pin's waits for its rank, else any) */
+                snprintf(buf, size, "rank %" PRIu32, t->ghost_rank);
+        else {
+                at = (size_t) snprintf(buf, size, "rank%s %" PRIu32, s->n > 1 ? "s" : "", s->rank[0]);
+                for (unsigned i = 1; i < s->n && at < size; i++)
+                        at += (size_t) snprintf(buf + at, size - at, ", %" PRIu32, s->rank[i]);
+        }
+        return buf;
+}
+
 int job_commit_refused(const Job *j, char *why, size_t why_size) {
         list_for_each_safe(n, tmp, &((Job *) j)->tensors) {
                 const Tensor *t = list_entry(n, Tensor, job_link);
 
                 for (int i = 0; i < TIERS; i++)
                         if (t->ghost & (1u << i)) {
-                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of rank %" PRIu32
-                                         " of before tierd restarted, which may have written it: what it holds is "
-                                         "known once that rank attaches again (commit then)", t->name,
-                                         level_to_string(i), t->copy[i].writer_rank);
+                                char ranks[96];
+
+                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of %s of before "
+                                         "tierd restarted, which may have written it: what it holds is known once "
+                                         "that rank attaches again (commit then)", t->name, level_to_string(i),
+                                         ghost_waits_for(t, i, ranks, sizeof(ranks)));
                                 return -EBUSY;
                         }
         }
@@ -319,12 +338,14 @@ int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why
                 for (int i = 0; i < TIERS; i++) {
                         if (t->copy[i].pins == 0)
                                 continue;
-                        if ((t->ghost & (1u << i)) && t->copy[i].pins == 1)
-                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of rank %" PRIu32
-                                         " of before tierd restarted, which may have written it (released when "
-                                         "that rank attaches again)", t->name, level_to_string(i),
-                                         t->copy[i].writer_rank);
-                        else
+                        if ((t->ghost & (1u << i)) && t->copy[i].pins == 1) {
+                                char ranks[96];
+
+                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of %s of before "
+                                         "tierd restarted, which may have written it (released when that rank "
+                                         "attaches again)", t->name, level_to_string(i),
+                                         ghost_waits_for(t, i, ranks, sizeof(ranks)));
+                        } else
                                 snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
                         return -EBUSY;
                 }
@@ -460,7 +481,8 @@ static void ghost_drop(Tensor *t, int tier) {
                 t->ghost_dead_before = false;
         tensor_pin_account(t, tier, -1);
         t->copy[tier].pins--;
-        t->copy[tier].unwritten = false;        /* written, as far as anyone can tell */
+        if (t->copy[tier].writers == 0)         /* (else a writer's since, which reserved it: its) */
+                t->copy[tier].unwritten = false;        /* written, as far as anyone can tell */
 }
 
 void copy_writers(Tensor *t, int tier, int delta) {
@@ -468,16 +490,19 @@ void copy_writers(Tensor *t, int tier, int delta) {
 
         if (delta > 0) {
                 /*
-                 * A client writes the copy held for the one of before tierd's restart: it
-                 * is that client's now, whatever came of the write of before (its own pin
-                 * holds it; the ghost pin goes, nothing goes back).
+                 * A client writes the copy a write-only pin of before tierd's restart reserved:
+                 * it is that client's to write now, whatever came of the pin of before (nothing
+                 * goes back; its room stays a reservation until this one writes).  The ghost pin
+                 * stays, for the ranks of before may still write through their mappings.
                  */
-                if ((t->ghost >> tier) & 1 && c->pins > 1) {
-                        bool unwritten = c->unwritten;
-
-                        ghost_drop(t, tier);
-                        c->unwritten = unwritten;       /* a write-only pin's room: this one's to write */
+                if ((t->ghost_unwritten >> tier) & 1 && c->pins > 1) {
+                        t->ghost_unwritten &= (uint8_t) ~(1u << tier);
+                        if (!t->ghost_unwritten)
+                                t->ghost_dead_before = false;
                 }
+                if (c->writers == 0)
+                        c->write_ranks.n = 0;
+                rank_set_add(&c->write_ranks, c->writer_rank);  /* (its caller noted the rank) */
                 c->writers++;
         } else if (c->writers > 0) {
                 c->writers--;
@@ -547,28 +572,81 @@ static void ghost_unwritten_back(Tensor *t, int tier, uint32_t rank, bool dead_b
                    "tensor's, so it is %s", t->name, t->job->name, level_to_string(tier), rank, now);
 }
 
+void rank_set_add(RankSet *s, uint32_t rank) {
+        if (s->n == RANK_SET_MANY)
+                return;
+        for (unsigned i = 0; i < s->n; i++)
+                if (s->rank[i] == rank)
+                        return;
+        if (s->n == RANK_SET_MAX)
+                s->n = RANK_SET_MANY;
+        else
+                s->rank[s->n++] = rank;
+}
+
+/* Take @rank out of @s: false when it is not in it (RANK_SET_MANY: never). */
+static bool rank_set_del(RankSet *s, uint32_t rank) {
+        for (unsigned i = 0; s->n != RANK_SET_MANY && i < s->n; i++)
+                if (s->rank[i] == rank) {
+                        s->rank[i] = s->rank[--s->n];
+                        return true;
+                }
+        return false;
+}
+
+uint8_t copy_write_ranks(const Tensor *t, int tier, uint32_t rank[RANK_SET_MAX]) {
+        RankSet s = t->copy[tier].writers > 0 ? t->copy[tier].write_ranks : (RankSet) {};
+        const RankSet *g = &t->ghost_ranks[MIN(tier, LEVEL_NVME - 1)];
+
+        if (tier != LEVEL_NVME && ((t->ghost >> tier) & 1)) {
+                for (unsigned i = 0; i < g->n && i < RANK_SET_MAX; i++)
+                        rank_set_add(&s, g->rank[i]);   /* (a ghost taken over by a writer since: both) */
+                if (g->n == RANK_SET_MANY)
+                        s.n = RANK_SET_MANY;
+        }
+        memcpy(rank, s.rank, sizeof(s.rank));
+        return s.n;
+}
+
 void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Tensor *t, int tier, void *userdata),
                         void *userdata) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                for (int tier = 0; tier < TIERS && t->ghost; tier++) {
+                for (int tier = 0; tier < LEVEL_NVME && t->ghost; tier++) {
                         uint8_t bit = (uint8_t) (1u << tier);
-                        bool back = false;
+                        RankSet *s = &t->ghost_ranks[tier];
+                        bool unwritten = t->ghost_unwritten & bit, back;
 
                         if (!(t->ghost & bit))
                                 continue;
-                        if (says && (t->ghost_unwritten & bit)) {
-                                if (t->ghost_rank != rank)
-                                        continue;       /* its rank has not come back yet */
-                                /* (a write since the restart made the tensor newer: that stands) */
-                                back = (!held || !held(t, tier, userdata)) && t->copy[tier].version == t->version;
+                        /* a table of before the ranks were kept (n 0): as then, any rank but a write-only pin's */
+                        if (s->n == 0 ? unwritten && says && t->ghost_rank != rank : !rank_set_del(s, rank))
+                                continue;       /* not a rank it waits for */
+                        /*
+                         * A write-only pin's copy: written when this rank's client got its grant, or does
+                         * not say (an older libtier); a write since the restart made the tensor newer:
+                         * that stands.
+                         */
+                        if (unwritten && (!says || (held && held(t, tier, userdata)) ||
+                                          t->copy[tier].version != t->version)) {
+                                t->ghost_unwritten &= (uint8_t) ~bit;
+                                t->copy[tier].unwritten = false;
+                                if (!t->ghost_unwritten)
+                                        t->ghost_dead_before = false;
                         }
+                        if (s->n != 0) {
+                                /* another rank of before may still write into its room: held (recorded so) */
+                                tensor_free_stale(t);
+                                tensor_note(t);
+                                continue;
+                        }
+                        back = t->ghost_unwritten & bit;
                         if (back) {
                                 bool dead_before = t->ghost_dead_before;
 
                                 ghost_drop(t, tier);
-                                ghost_unwritten_back(t, tier, rank, dead_before);
+                                ghost_unwritten_back(t, tier, t->ghost_rank, dead_before);
                         } else {
                                 ghost_drop(t, tier);
                                 tensor_free_stale(t);   /* as after any pin: what the copy made stale goes */

@@ -584,6 +584,87 @@ static void test_write_only_ghost_not_read(void **state) {
         ghost_read_refused(true);
 }
 
+/*
+ * Rank 1 holds x1 for writing (read-write, in host) and ranks 1 and 0 both
+ * hold s (rank 0 last) when tierd is SIGKILLed; with the fd store both come
+ * back held for their writers (ghosts).  Rank 0 attaches first: rank 1's
+ * process may still be writing through its mapping of the same memory (it
+ * keeps writing until its next call finds tierd gone), so x1 and s stay
+ * pinned and their rooms cannot move (an evict is refused), and what rank 1
+ * writes meanwhile is x1's; so after another SIGKILL too.  Both used to be
+ * released at rank 0's Hello, whatever its rank: x1's room could then go to
+ * another tensor, which rank 1's writes overwrote.  They go at rank 1's Hello.
+ */
+static void test_written_ghost_waits_for_its_rank(void **state) {
+        tier_client *c0 = NULL, *c1 = NULL, *n0 = NULL, *n1 = NULL;
+        tier_tensor *x1 = NULL, *s = NULL, *s1 = NULL;
+        struct tier_grant g1, gs, g;
+        struct tier_stat st;
+
+        spawn_with_store();
+        assert_int_equal(tier_client_new(d.socket, "wrank", 0, &c0), 0);
+        assert_int_equal(tier_client_new(d.socket, "wrank", 1, &c1), 0);
+        assert_int_equal(tier_tensor_create(c1, "x1", MiB, &x1), 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x11, g1.length);
+        assert_int_equal(tier_tensor_create(c0, "s", MiB, &s), 0);
+        assert_int_equal(tier_tensor_open(c1, "s", &s1), 0);
+        assert_int_equal(tier_pin(s1, TIER_HOST, TIER_READ_WRITE, &gs), 0);
+        assert_int_equal(tier_pin(s, TIER_HOST, TIER_READ_WRITE, &g), 0);  /* (the last writer: rank 0) */
+        memset(gs.ptr, 0x22, gs.length);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_tensor_close(s);
+        tier_client_free(c0);
+
+        /* rank 0 is back; rank 1's process is not, and may still write */
+        assert_int_equal(tier_client_new(d.socket, "wrank", 0, &n0), 0);
+        tier_tensor_close(x1);
+        assert_int_equal(tier_tensor_open(n0, "x1", &x1), 0);
+        assert_int_equal(tier_tensor_open(n0, "s", &s), 0);
+        assert_int_equal(tier_tensor_stat(x1, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 1);
+        assert_int_equal(tier_tensor_stat(s, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 1);
+        assert_int_equal(tier_evict(x1, TIER_NVME), -EBUSY);
+        assert_int_equal(tier_evict(s, TIER_NVME), -EBUSY);
+        memset(g1.ptr, 0x33, g1.length);        /* rank 1's process writes on, through its old grant */
+
+        /* killed again before rank 1 is back: recorded so, held for rank 1 still */
+        tier_tensor_close(x1);
+        tier_tensor_close(s);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_client_free(n0);
+        assert_int_equal(tier_client_new(d.socket, "wrank", 0, &n0), 0);
+        assert_int_equal(tier_tensor_open(n0, "x1", &x1), 0);
+        assert_int_equal(tier_tensor_open(n0, "s", &s), 0);
+        assert_int_equal(tier_evict(x1, TIER_NVME), -EBUSY);
+        assert_int_equal(tier_evict(s, TIER_NVME), -EBUSY);
+
+        /* rank 1 is back: its ghosts go; x1 holds what it wrote */
+        assert_int_equal(tier_client_new(d.socket, "wrank", 1, &n1), 0);
+        assert_int_equal(tier_tensor_stat(x1, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 0);
+        assert_int_equal(tier_tensor_stat(s, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(x1, g.ptr, 0x33));
+        assert_int_equal(tier_unpin(x1, TIER_HOST, 0), 0);
+        assert_int_equal(tier_pin(s, TIER_HOST, TIER_READ, &g), 0);
+        assert_true(all(s, g.ptr, 0x22));
+        assert_int_equal(tier_unpin(s, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(x1), 0);
+        assert_int_equal(tier_tensor_destroy(s), 0);
+        tier_tensor_close(s1);
+        tier_client_free(c1);
+        tier_client_free(n1);
+        tier_client_free(n0);
+        d.fd_store = false;
+}
+
 /* The generation of the memory-store table behind @fd (memstore.c's header: magic, then at 48); 0: not sound. */
 static uint64_t table_generation(int fd) {
         char magic[8];
@@ -894,6 +975,7 @@ int main(void) {
                 cmocka_unit_test(test_write_only_ghost_reverted_then_killed),
                 cmocka_unit_test(test_commit_waits_for_ghost),
                 cmocka_unit_test(test_write_only_ghost_not_read),
+                cmocka_unit_test(test_written_ghost_waits_for_its_rank),
                 cmocka_unit_test(test_store_table_at_ready),
                 cmocka_unit_test(test_store_table_fails),
                 cmocka_unit_test(test_store_dead_tensor_record_freed),

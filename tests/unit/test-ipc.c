@@ -542,8 +542,9 @@ static int peer_pin_or_unpin(Peer *p, uint64_t id, int tier, uint32_t mode, bool
  * After a restart, rank 0's write-only ghost of 't' (its grant may not have reached it) is held until
  * rank 0 says Hello.  Rank 1 attaches first, pins the (valid) ghost copy read-write on the fast path,
  * writes it and unpins dirty: a client that write-pins a ghost copy makes it its own (copy_writers()),
- * so rank 0's later Hello must not undo rank 1's write.  It did: pin_record() ran copy_writers() before
- * the fast path's cp->pins++, so the ghost was not dropped, and rank 0's Hello reverted the copy.
+ * so rank 0's later Hello must not undo rank 1's write (the ghost pin stays until that Hello).  It did:
+ * pin_record() ran copy_writers() before the fast path's cp->pins++, so the ghost was not taken over,
+ * and rank 0's Hello reverted the copy.
  */
 static void test_fast_pin_takes_ghost_over(void **state) {
         Manager *m = fixture_new(32 * MiB, NULL, NULL);
@@ -571,6 +572,7 @@ static void test_fast_pin_takes_ghost_over(void **state) {
         c->unwritten = false;           /* (restore_copy() puts it back resident, at the write's version) */
         c->writer_rank = 0;
         t->ghost_rank = 0;
+        t->ghost_ranks[LEVEL_HOST] = (RankSet) { .rank = { 0 }, .n = 1 };
         t->ghost |= 1u << LEVEL_HOST;
         t->ghost_unwritten |= 1u << LEVEL_HOST;
         tensor_pin_account(t, LEVEL_HOST, +1);
@@ -578,14 +580,17 @@ static void test_fast_pin_takes_ghost_over(void **state) {
 
         /* rank 1 writes it (read-write pin: the fast path, the copy being valid) */
         assert_int_equal(peer_pin_or_unpin(&p1, t->id, LEVEL_HOST, 3, false, false), 0);
-        assert_int_equal(t->ghost, 0);                  /* taken over */
+        assert_int_equal(t->ghost_unwritten, 0);        /* taken over: nothing goes back */
         assert_int_equal(peer_pin_or_unpin(&p1, t->id, LEVEL_HOST, 0, true, true), 0);
         assert_int_equal(t->version, 2);
+        /* (still held for rank 0 of before, which may write through its mapping, until its Hello) */
+        assert_true(t->ghost && c->pins == 1);
 
         /* rank 0 comes back, naming no write it holds */
         peer_new(m, 0, 0, &p0);
         assert_int_equal(peer_hello_rank(&p0, "gj", 0, true), 0);
         assert_int_equal(t->version, 2);                /* rank 1's write stands */
+        assert_true(!t->ghost && c->pins == 0);
         assert_false(t->lost);
         assert_true(copy_valid(t, LEVEL_HOST));
 

@@ -672,6 +672,7 @@ static Tensor *ghost_of(Manager *m, Tensor *t, uint32_t rank) {
         c->version = t->version;
         c->writer_rank = rank;
         t->ghost_rank = rank;
+        t->ghost_ranks[LEVEL_HOST] = (RankSet) { .rank = { rank }, .n = 1 };
         t->ghost |= 1u << LEVEL_HOST;
         t->ghost_unwritten |= 1u << LEVEL_HOST;
         tensor_pin_account(t, LEVEL_HOST, +1);
@@ -804,15 +805,20 @@ static void test_ghost_write_only(void **state) {
                 x = ghost(m, j4, "x", true, 0);
                 w->version++;                   /* (another client's write elsewhere: the ghost copy is stale) */
                 x->copy[LEVEL_HOST].pins++;     /* another client pins the ghost copy to write it */
+                x->copy[LEVEL_HOST].writer_rank = 1;
                 copy_writers(x, LEVEL_HOST, +1);
-                assert_false(x->ghost || x->ghost_unwritten);
-                assert_int_equal(x->copy[LEVEL_HOST].pins, 1);
+                /* nothing goes back; but rank 0 of before may still write through its mapping: held */
+                assert_true(x->ghost && !x->ghost_unwritten);
+                assert_int_equal(x->copy[LEVEL_HOST].pins, 2);
                 /* its room is that writer's to write whole: no read's data until it has (it was valid) */
                 assert_true(x->copy[LEVEL_HOST].unwritten);
                 job_release_ghosts(j4, true, 0, held_b, NULL);
                 assert_int_equal(w->version, 3);
                 assert_false(w->lost || w->ghost);
                 assert_int_equal(w->copy[LEVEL_HOST].state, COPY_ABSENT);       /* stale, gone */
+                assert_false(x->ghost);
+                assert_int_equal(x->copy[LEVEL_HOST].pins, 1);
+                assert_true(x->copy[LEVEL_HOST].unwritten);     /* still the writer's to write */
                 assert_int_equal(x->version, 2);
                 assert_int_equal(tensor_unpin(x, LEVEL_HOST, true), 0);
                 copy_writers(x, LEVEL_HOST, -1);
@@ -834,6 +840,83 @@ static void test_ghost_write_only(void **state) {
         job_destroy(j2);
         job_destroy(j);
         /* the ghosts still held (another rank's) go with their jobs, and so do their pinned bytes */
+        for (int tier = 0; tier < TIERS; tier++)
+                assert_int_equal(m->registry->pinned[tier], 0);
+        fixture_free(m);
+}
+
+/* @name, written (version 1 in host) and put back held for writing for the ranks @ranks (a ghost). */
+static Tensor *written_ghost(Manager *m, Job *j, const char *name, RankSet ranks) {
+        Tensor *t = fixture_tensor(j, name, 1 * MiB);
+
+        fixture_touch(m, t, LEVEL_HOST, true);
+        t->copy[LEVEL_HOST].pins++;
+        t->copy[LEVEL_HOST].writer_rank = ranks.rank[0];
+        t->ghost_ranks[LEVEL_HOST] = ranks;
+        t->ghost |= 1u << LEVEL_HOST;
+        tensor_pin_account(t, LEVEL_HOST, +1);
+        return t;
+}
+
+/*
+ * A copy held for writing when tierd died (not a write-only pin's) stays pinned until every rank
+ * whose pin held it says Hello: a process of that rank may still write into its room through its
+ * mapping of the same memory.  It used to go at the job's first Hello, of any rank: its room could
+ * then be moved and given to another tensor, which rank 1's process went on overwriting.  A record
+ * of before the ranks were kept (n 0) goes at any rank's Hello, as then; more ranks than a record
+ * keeps, at the job's end.  Copy.write_ranks keeps the ranks of its writers.
+ */
+static void test_ghost_written_waits_for_its_rank(void **state) {
+        Manager *m = new_manager();
+        Tensor *w1, *w01, *many, *old;
+        uint32_t ranks[RANK_SET_MAX];
+        char why[256];
+        Job *j;
+
+        (void) state;
+        assert_int_equal(job_new(m->registry, "jr", 0, &j), 0);
+        w1 = written_ghost(m, j, "w1", (RankSet) { .rank = { 1 }, .n = 1 });
+        w01 = written_ghost(m, j, "w01", (RankSet) { .rank = { 0, 1 }, .n = 2 });
+        many = written_ghost(m, j, "many", (RankSet) { .n = RANK_SET_MANY });
+        old = written_ghost(m, j, "old", (RankSet) { .n = 0 });
+
+        job_release_ghosts(j, true, 0, NULL, NULL);
+        assert_true(!old->ghost && old->copy[LEVEL_HOST].pins == 0);
+        assert_true(w1->ghost && w01->ghost && many->ghost);
+        assert_true(w1->copy[LEVEL_HOST].pins == 1 && w01->copy[LEVEL_HOST].pins == 1);
+        assert_int_equal(fixture_op(m, OP_EVICT, w1, LEVEL_NVME), -EBUSY);     /* its room does not move */
+        assert_true(copy_valid(w1, LEVEL_HOST));
+        assert_int_equal(copy_write_ranks(w01, LEVEL_HOST, ranks), 1);         /* (what the record says now) */
+        assert_int_equal(ranks[0], 1);
+        assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "for the client of rank 1 of before tierd restarted"));
+
+        job_release_ghosts(j, true, 1, NULL, NULL);
+        assert_false(w1->ghost || w01->ghost);
+        assert_true(w1->copy[LEVEL_HOST].pins == 0 && w01->copy[LEVEL_HOST].pins == 0);
+        assert_int_equal(w1->version, 1);
+        assert_true(copy_valid(w1, LEVEL_HOST) && copy_valid(w01, LEVEL_HOST));
+        assert_true(many->ghost);
+        assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "more than 4 ranks (released when the job ends)"));
+
+        /* the ranks of a copy's writers, for its record */
+        w1->copy[LEVEL_HOST].writer_rank = 2;
+        copy_writers(w1, LEVEL_HOST, +1);
+        w1->copy[LEVEL_HOST].writer_rank = 5;
+        copy_writers(w1, LEVEL_HOST, +1);
+        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 2);
+        assert_true(ranks[0] == 2 && ranks[1] == 5);
+        copy_writers(w1, LEVEL_HOST, -1);
+        copy_writers(w1, LEVEL_HOST, -1);
+        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 0);
+        w1->copy[LEVEL_HOST].writer_rank = 7;
+        copy_writers(w1, LEVEL_HOST, +1);
+        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 1);
+        assert_int_equal(ranks[0], 7);
+        copy_writers(w1, LEVEL_HOST, -1);
+
+        job_destroy(j);         /* the job's end: what it still held goes */
         for (int tier = 0; tier < TIERS; tier++)
                 assert_int_equal(m->registry->pinned[tier], 0);
         fixture_free(m);
@@ -909,6 +992,7 @@ int main(void) {
                 cmocka_unit_test(test_stop_while_copying),
                 cmocka_unit_test(test_rollback_waits_and_freezes),
                 cmocka_unit_test(test_ghost_write_only),
+                cmocka_unit_test(test_ghost_written_waits_for_its_rank),
                 cmocka_unit_test(test_write_only_pin_images_the_committed_version),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
