@@ -232,8 +232,8 @@ class Offload(torch.optim.Optimizer):
             for b in self.blocks:
                 b.maps.clear()
             self._phase = None
+            self._release()             # (traced: the phase's pins; planned: an evaluation's)
             if not self.tracer.planned:
-                self._release()
                 self.tracer.seq, self.tracer.index = [], {}
         self._grads_zeroed = not set_to_none        # (see _update())
         self._micro = 0
@@ -448,7 +448,10 @@ class Offload(torch.optim.Optimizer):
             what += f" (part {part + 1} of {len(b.parts)})"
         if key[3]:
             what += f" (micro-batch {key[3] + 1})"
-        if self.tracer.planned:
+        # an evaluation inside a step (after a forward with gradients) pins outside the plan: in its phases
+        # tierd would go on through the step's others, and drop their gradients as dead (to be written whole)
+        if self.tracer.planned and not (kind == "f" and not self._training and self._micro > 0):
+            self._release()                 # (an evaluation's pins)
             k = self.tracer.lookup(key, b.label)
             if self._early != key:
                 with self._explained(b, f"entering {what}"):
@@ -470,6 +473,8 @@ class Offload(torch.optim.Optimizer):
                                       "inside (activation checkpointing, which runs a block's forward again in "
                                       "its backward, is)")
             for blk, tk, tier, mode in self._needs(key):
+                if tk == "a" and not self._training:
+                    continue            # (an evaluation saves no activations)
                 t = blk.tensors[tk]
                 whose = "its" if blk is b else f"{blk.label}'s"
                 with self._explained(b, f"{what}, pinning {whose} {tk} ({fmt_bytes(blk.kind_bytes(tk))}) in "
