@@ -7,8 +7,10 @@ between micro-batches, between ``backward()`` and ``step()``, or between a
 forward and its backward: bit for bit, and pinned outside the plan (tierd
 takes the plan's phases in order: entering the forward phases again there
 took it through the step's other phases, and it dropped their gradients as
-dead, some of the time).  Placement C under a host budget below the
-state, as test_loops.
+dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
+(class or instance) or an object that is no StepRule: refused before
+anything is made, saying what to pass.  Placement C under a host budget
+below the state, as test_loops.
 """
 
 from __future__ import annotations
@@ -105,6 +107,27 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 self.assertEqual(evaluate(model, held), evaluate(ref, held))
                 self.assertGreater(len(entered), n)
                 eng.close()
+
+    def test_torch_optimizer_as_optimizer_refused(self) -> None:
+        """optimizer=torch.optim.AdamW (the class), an instance, or an object that is no StepRule: a
+        ValueError saying what to pass (AttributeError, or "lr= go to the StepRule", before), raised before
+        anything is made: the model keeps its parameters, tierd has none of its tensors."""
+        import tier.torch
+
+        model = lm()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        c = self.client("optimizer-given")
+        for given, kw, say in ((torch.optim.AdamW, {"lr": 1e-3}, r"optimizer='adamw'"),
+                               (torch.optim.SGD, {}, r"optimizer='sgd'"),
+                               (torch.optim.Adam(lm().parameters()), {}, r"'adamw' or 'sgd'"),
+                               (object(), {}, r"not a StepRule: it lacks name, state_kinds, defaults")):
+            with self.subTest(given=given):
+                with self.assertRaisesRegex(ValueError, say):
+                    tier.torch.Offload(model, c, optimizer=given, **kw)
+                for n, p in model.named_parameters():
+                    self.assertTrue(torch.equal(p, before[n]), n)
+        eng = tier.torch.Offload(model, c, optimizer="adamw", lr=1e-3)     # and the way it says works
+        eng.close()
 
 
 if __name__ == "__main__":

@@ -98,9 +98,9 @@ class Offload(torch.optim.Optimizer):
                 raise ValueError(f"optimizer {optimizer!r} takes {', '.join(rule_from(optimizer).defaults)}, "
                                  f"not all of {', '.join(hyper)}: {e}") from None
         else:
+            self.rule = optim.check_rule(optimizer)
             if hyper:
                 raise ValueError(f"{', '.join(hyper)}= go to the StepRule given as optimizer=, not to Offload")
-            self.rule = optimizer
         if params is None:
             params = [p for p in model.parameters() if p.requires_grad]
         self._constructing = True

@@ -172,6 +172,30 @@ def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
     raise ValueError(f"optimizer {optimizer!r}: tier.torch has 'adamw' and 'sgd' (or pass a StepRule)")
 
 
+#: what the engine calls on a StepRule
+RULE_ATTRS = ("name", "state_kinds", "defaults", "update", "state_names", "check_group", "to_state", "from_state")
+
+
+def check_rule(rule: Any) -> StepRule:
+    """``rule`` (given as ``optimizer=``), if it is a StepRule; a ValueError saying what to pass for a
+    torch.optim optimizer (its class or an instance) or another object, before anything is made."""
+    cls = rule if isinstance(rule, type) else type(rule)
+    if issubclass(cls, torch.optim.Optimizer):
+        given = f"torch.optim.{cls.__name__}" + ("" if rule is cls else "(...)")
+        name = {"AdamW": "'adamw'", "SGD": "'sgd'"}.get(cls.__name__)
+        raise ValueError(f"optimizer={given}: tier.torch runs the optimizer's step itself, torch's own code over "
+                         "the state it keeps in tierd, not a torch.optim optimizer; "
+                         + (f"pass optimizer={name} and the hyperparameters to Offload (lr=, weight_decay=, or "
+                            "parameter groups as params)" if name else
+                            "it has 'adamw' or 'sgd' (optimizer='adamw', with lr= and the other hyperparameters "
+                            "given to Offload), or pass a StepRule (tier.torch.StepRule) of your own"))
+    missing = [a for a in RULE_ATTRS if not hasattr(rule, a)]
+    if missing:
+        raise ValueError(f"optimizer={rule!r} is not a StepRule: it lacks {', '.join(missing)}; pass 'adamw' or "
+                         "'sgd', or an object with what tier.torch.StepRule describes")
+    return rule
+
+
 def check_groups(eng: Any) -> None:
     """Every parameter group, as it is now, before a step's updates: what the rule cannot honour (a
     scheduler or the loop may have changed it since the engine was made) is refused first."""
