@@ -9,7 +9,9 @@ takes the plan's phases in order: entering the forward phases again there
 took it through the step's other phases, and it dropped their gradients as
 dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
 (class or instance) or an object that is no StepRule: refused before
-anything is made, saying what to pass.  Placement C under a host budget
+anything is made, saying what to pass.  A OneCycleLR checkpoint (its
+state_dict() pickles the engine in torch 1.13): refused in the engine's
+words, with what to drop, and resumed bit for bit so.  Placement C under a host budget
 below the state, as test_loops.
 """
 
@@ -128,6 +130,70 @@ class TestLoopsMore(tierd.DaemonTestCase):
                     self.assertTrue(torch.equal(p, before[n]), n)
         eng = tier.torch.Offload(model, c, optimizer="adamw", lr=1e-3)     # and the way it says works
         eng.close()
+
+    def test_one_cycle_checkpoint(self) -> None:
+        """torch 1.13's OneCycleLR keeps a method of itself in its state_dict(), so saving that pickles the
+        engine: refused in the engine's words (before: the model's, "a model ... cannot be copied"), saying to
+        drop 'anneal_func'; done so, a checkpoint of the model, the engine and the scheduler taken after 2
+        steps and loaded into a new model, engine and scheduler goes on as 4 steps uninterrupted, bit for
+        bit (losses, parameters, the scheduler's lr and betas).  torch.save(engine) says the same;
+        torch.save(model) still says the model's."""
+        import io
+
+        data = batches(4)
+
+        def sched(o):
+            return torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=4)
+
+        def steps(m, o, s, xs):
+            out = []
+            for x in xs:
+                loss = lm_loss(m, x)
+                loss.backward()
+                o.step()
+                s.step()
+                o.zero_grad()
+                out.append((loss.item(), s.get_last_lr(), o.param_groups[0]["betas"]))
+            return out
+
+        ref = lm()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        torch.manual_seed(11)
+        want = steps(ref, opt, sched(opt), data)
+
+        model = lm()
+        eng, _ = self.engine(model, "onecycle-1")
+        s = sched(eng)
+        torch.manual_seed(11)
+        got = steps(model, eng, s, data[:2])
+        rng = torch.get_rng_state()                 # (lm() seeds its own)
+        with self.assertRaisesRegex(RuntimeError, r"a tier.torch engine cannot be copied or pickled.*"
+                                                  r"sd.pop\('anneal_func'\)"):
+            torch.save(s.state_dict(), io.BytesIO())
+        with self.assertRaisesRegex(RuntimeError, r"save engine.state_dict\(\)"):
+            torch.save(eng, io.BytesIO())
+        with self.assertRaisesRegex(RuntimeError, r"a model offloaded by tier.torch cannot be copied"):
+            torch.save(model, io.BytesIO())
+        sd = s.state_dict()
+        sd.pop("anneal_func")
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": eng.state_dict(), "sched": sd}, buf)
+        eng.close()
+        buf.seek(0)
+        ck = torch.load(buf)
+        model2 = lm()
+        eng2, _ = self.engine(model2, "onecycle-2")
+        s2 = sched(eng2)
+        model2.load_state_dict(ck["model"])
+        eng2.load_state_dict(ck["opt"])
+        s2.load_state_dict(ck["sched"])
+        torch.set_rng_state(rng)
+        got += steps(model2, eng2, s2, data[2:])
+        self.assertEqual(got, want)
+        sd = model2.state_dict()
+        for n, p in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], p), f"{n} differs from plain PyTorch's")
+        eng2.close()
 
 
 if __name__ == "__main__":

@@ -991,10 +991,10 @@ class Offload(torch.optim.Optimizer):
         self.close()
 
     def __deepcopy__(self, memo: dict) -> None:
-        raise RuntimeError(state_mod.COPY_NOTE)
+        raise RuntimeError(state_mod.ENGINE_COPY_NOTE)
 
     def __reduce_ex__(self, protocol: Any) -> None:
-        raise RuntimeError(state_mod.COPY_NOTE)
+        raise RuntimeError(state_mod.ENGINE_COPY_NOTE)
 
     def __repr__(self) -> str:
         return (f"tier.torch.Offload({self.rule.name}, {len(self.blocks)} blocks, placement {self.placement}, "

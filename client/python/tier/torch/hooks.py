@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from .state import Uncopyable
+
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
 
@@ -73,7 +75,7 @@ def tensors_of(x: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from tensors_of(y, depth + 1)
 
 
-class Hooks:
+class Hooks(Uncopyable):
     """The engine's hooks on one model; attach() once, detach() to take them all off."""
 
     def __init__(self, engine: "Offload") -> None:

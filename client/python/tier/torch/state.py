@@ -54,7 +54,32 @@ def _keys(module: torch.nn.Module, prefix: str, eng: "Offload") -> list[tuple[st
     return out
 
 
-class ModelStateHooks:
+COPY_NOTE = ("a model offloaded by tier.torch cannot be copied or pickled whole (copy.deepcopy(model), "
+             "AveragedModel(model), torch.save(model)): its parameters are in tierd, and the copy would hold "
+             "empty placeholders and the engine's hooks; copy its values instead: model.state_dict() holds the "
+             "real ones, load them into a model of your own (an EMA or best-so-far copy), or torch.save() them")
+
+#: the engine's own (what the model reaches it through, its hooks, says COPY_NOTE first)
+ENGINE_COPY_NOTE = ("a tier.torch engine cannot be copied or pickled (torch.save(engine), copy.deepcopy(engine)): "
+                    "the optimizer's state is in tierd; save engine.state_dict() (torch.optim's format) or "
+                    "engine.save(dir) instead. (torch 1.13's OneCycleLR keeps a method of itself, anneal_func, in "
+                    "its state_dict(), which pickles the scheduler and the engine with it: drop that entry before "
+                    "saving, sd = scheduler.state_dict(); sd.pop('anneal_func'); a OneCycleLR made the same way "
+                    "keeps its own at load_state_dict())")
+
+
+class Uncopyable:
+    """The engine's objects a model refers to (its hooks): copying or pickling the model is refused with
+    COPY_NOTE, before the copy reaches the engine."""
+
+    def __deepcopy__(self, memo: dict) -> None:
+        raise RuntimeError(COPY_NOTE)
+
+    def __reduce_ex__(self, protocol: Any) -> None:
+        raise RuntimeError(COPY_NOTE)
+
+
+class ModelStateHooks(Uncopyable):
     """The engine's state-dict hooks on the model, and its zero_grad(); attach() once, detach() all."""
 
     def __init__(self, engine: "Offload") -> None:
@@ -155,11 +180,6 @@ class ModelStateHooks:
             write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
 
-
-COPY_NOTE = ("a model offloaded by tier.torch cannot be copied or pickled whole (copy.deepcopy(model), "
-             "AveragedModel(model), torch.save(model)): its parameters are in tierd, and the copy would hold "
-             "empty placeholders and the engine's hooks; copy its values instead: model.state_dict() holds the "
-             "real ones, load them into a model of your own (an EMA or best-so-far copy), or torch.save() them")
 
 #: a placeholder load_pre_hook() put in a state dict for the modules below to skip (not a user's empty tensor)
 HANDED = "_tier_handed_on"
