@@ -148,8 +148,7 @@ class Offload(torch.optim.Optimizer):
         self._rank = client.rank
         self._prefix = prefix
         clip.check_names_free(client, self._rank, prefix, resume)
-        if resume:
-            resume_mod.check_alone(client)      # (without torch.distributed: no other connection of the job)
+        resume_mod.check_alone(client, resume)  # (without torch.distributed: no other connection of the job)
         modules = list(blocks) if blocks is not None else discovery.auto_blocks(model, no_split_module_classes)
         self.blocks: list[Block] = layout.build(model, modules, optimizer_part_bytes)
         self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}

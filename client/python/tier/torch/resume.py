@@ -170,10 +170,12 @@ def _first_difference(saved: list[Any], mine: list[Any]) -> str:
     return "?"
 
 
-def check_alone(client: Any) -> None:
+def check_alone(client: Any, resume: bool) -> None:
     """resume=True without torch.distributed: refused, before the rollback, while the job has another
     connection (a rank in a process of its own, another tier.Client of the job): the rollback would bring
     its tensors back to the last commit under it, and each commit would take its step half done."""
+    if not resume:
+        return
     job = client.job
     conns = next((j.get("connections", 0) for j in client.status().get("jobs", []) if j.get("name") == job), 1)
     if conns > 1:
