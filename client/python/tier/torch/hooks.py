@@ -35,6 +35,7 @@ from .state import Uncopyable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
+    from .layout import Block
 
 
 @dataclass(frozen=True)
