@@ -73,6 +73,14 @@ int cb_simulate_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRul
  * -E2BIG (the pinned bytes do not fit), -ENOMEM.
  */
 int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, uint8_t **ret_out);
+/*
+ * cb_place_gaps_from() - cb_place_gaps(), and among gaps that save as much
+ * and span as many phases, those whose next access comes first from phase
+ * @burst on stay in memory (SIZE_MAX: no such preference): the reads of a
+ * burst that starts there are then those needed last in it.
+ */
+int cb_place_gaps_from(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, size_t burst,
+                       uint8_t **ret_out);
 void cb_log_free(CbLog *log);
 
 /* One access of a tensor: cb_occ_build() lists every tensor's in step order. */

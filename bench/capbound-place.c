@@ -156,7 +156,13 @@ finish:
 }
 
 int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, uint8_t **ret_out) {
+        return cb_place_gaps_from(p, vram_cap, host_cap, held, SIZE_MAX, ret_out);
+}
+
+int cb_place_gaps_from(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, size_t burst,
+                       uint8_t **ret_out) {
         size_t n = p ? p->n_phases : 0, np = PLACE_CYCLES * n;
+        int64_t per_phase = 1;
         uint64_t mem = vram_cap + host_cap;
         _cleanup_free_ uint64_t *pinned = NULL;
         _cleanup_free_ size_t *gap_edge = NULL, *gap_from = NULL;
@@ -170,6 +176,10 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
         r = cb_plan_check(p);
         if (r < 0)
                 return r;
+        if (burst >= n || (int64_t) n * (int64_t) n * 4 >= SAVED_WEIGHT)
+                burst = SIZE_MAX;       /* no burst, or too many phases to weigh where a gap ends */
+        else
+                per_phase = (int64_t) n;        /* a phase spanned outweighs every end's place in the burst */
         pinned = calloc(n, sizeof(uint64_t));
         seen = calloc(p->n_tensors, 1);
         written = calloc(p->n_tensors, 1);
@@ -224,7 +234,7 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                 uint32_t t = p->acc[i].tensor;
                                 size_t d, first = i;
                                 uint8_t m;
-                                int64_t saved;
+                                int64_t saved, cost;
                                 ptrdiff_t a, b;
 
                                 /* one gap per tensor and phase: from its first access there */
@@ -251,16 +261,18 @@ int cb_place_gaps(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigne
                                         b = (ptrdiff_t) np;
                                 if (a >= b)
                                         continue;       /* begins after the steps laid out */
-                                r = add_edge(&g, (uint32_t) a, (uint32_t) b, p->size[t],
-                                             -saved * SAVED_WEIGHT + (int64_t) (d - 1), c == 1 ? &gap_edge[i] : NULL);
+                                cost = -saved * SAVED_WEIGHT + (int64_t) (d - 1) * per_phase;
+                                if (burst != SIZE_MAX)
+                                        cost += (int64_t) ((k + d + n - burst) % n);
+                                r = add_edge(&g, (uint32_t) a, (uint32_t) b, p->size[t], cost,
+                                             c == 1 ? &gap_edge[i] : NULL);
                                 if (r < 0)
                                         goto finish;
                                 if (c == 1)
                                         gap_from[i] = (size_t) a;
                                 /* the first step's gaps that began in the step before */
                                 if (c == 0 && (ptrdiff_t) (k + d) > (ptrdiff_t) n) {
-                                        r = add_edge(&g, 0, (uint32_t) (k + d - n), p->size[t],
-                                                     -saved * SAVED_WEIGHT + (int64_t) (d - 1), NULL);
+                                        r = add_edge(&g, 0, (uint32_t) (k + d - n), p->size[t], cost, NULL);
                                         if (r < 0)
                                                 goto finish;
                                 }

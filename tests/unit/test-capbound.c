@@ -629,6 +629,37 @@ static void test_planned_random(void **state) {
         assert_true(timed > 250);
 }
 
+/*
+ * The plan of waits with a burst: the 8-layer plan, whose burst of reads
+ * starts at opt_0 (phase 16).  Six of the eight O's must wait on NVMe, and
+ * every O's wait spans a whole step, so the bytes do not choose which:
+ * from phase 16 the plan keeps O0 and O1, those the burst uses first, and
+ * sends O2 .. O7, whose reads then have the most time (without a burst it
+ * keeps O0 and O7).
+ */
+static void test_place_gaps_burst(void **state) {
+        L8Plan l8;
+        uint8_t *out = NULL;
+        unsigned mask = 0;
+
+        l8_plan(&l8);
+        assert_int_equal(cb_place_gaps_from(&l8.p, 6, 12, 1, 16, &out), 0);
+        for (size_t i = 0; i < l8.p.start[24]; i++)
+                if (out[i]) {
+                        assert_int_equal(l8.acc[i].tensor % 3, 2);
+                        mask |= 1u << (l8.acc[i].tensor / 3);
+                }
+        assert_int_equal(mask, 0xfc);
+        free(out);
+        assert_int_equal(cb_place_gaps_from(&l8.p, 6, 12, 1, SIZE_MAX, &out), 0);
+        mask = 0;
+        for (size_t i = 0; i < l8.p.start[24]; i++)
+                if (out[i])
+                        mask |= 1u << (l8.acc[i].tensor / 3);
+        assert_int_equal(mask, 0x7e);
+        free(out);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_three_in_two),
@@ -644,6 +675,7 @@ int main(void) {
                 cmocka_unit_test(test_place_gaps),
                 cmocka_unit_test(test_planned),
                 cmocka_unit_test(test_planned_random),
+                cmocka_unit_test(test_place_gaps_burst),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
