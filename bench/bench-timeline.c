@@ -192,6 +192,7 @@ static int run_capbound(const Args *a) {
                 bench_json_double(&js, "planned_s", plan_planned(a, a->cb_vram, a->cb_host, 1, 1, &pl));
                 bench_json_u64(&js, "planned_nvme_bytes", (uint64_t) llround(pl.bytes.nvme_read + pl.bytes.nvme_write));
                 bench_json_u64(&js, "planned_rule", pl.rule);
+                bench_json_u64(&js, "planned_built", pl.built);         /* built for time: no rule */
                 bench_json_double(&js, "planned_held2_s", plan_planned(a, a->cb_vram, a->cb_host, 2, 1, &pl));
                 bench_json_u64(&js, "planned_held2_nvme_bytes",
                                (uint64_t) llround(pl.bytes.nvme_read + pl.bytes.nvme_write));

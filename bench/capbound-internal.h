@@ -83,6 +83,27 @@ int cb_place_gaps_from(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, un
                        uint8_t **ret_out);
 void cb_log_free(CbLog *log);
 
+/*
+ * cb_build_log() - a schedule laid out for time from the plan of waits @out
+ * (cb_place_gaps()), not by eviction rules (capbound-build.c): one step of
+ * moves in *@log from its start state, @held phases pinned at a time,
+ * @slack bytes of memory left for reads ahead.  -EINVAL, -E2BIG (a phase
+ * does not fit, or the plan is too large), -ENOSPC (no tier assignment
+ * found), -ENOMEM; -EPROTO is a bug here.
+ */
+int cb_build_log(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const uint8_t *out,
+                 uint64_t slack, CbLog *log);
+
+/*
+ * cb_timed_log() - the step time of the schedule in @log, executed as
+ * capbound-timed.c's theory says, a write to NVMe waiting while a phase runs
+ * and a read from NVMe is due within @defer phases (SIZE_MAX: never waits;
+ * capbound_planned() defers only the writes of built schedules).  -EINVAL,
+ * -ENOMEM.
+ */
+int cb_timed_log(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint64_t host_cap, const double *compute,
+                 double nvme_bw, double link_bw, size_t defer, double *ret);
+
 /* One access of a tensor: cb_occ_build() lists every tensor's in step order. */
 typedef struct CbOcc {
         size_t phase;

@@ -20,7 +20,10 @@
  *     move's phase has ended (the model keeps it until its room is wanted;
  *     nothing uses it meanwhile), a stale one (STALE) when its phase ends;
  *   - a write to NVMe starts as soon as that access has ended too, when the
- *     drive has nothing more urgent;
+ *     drive has nothing more urgent (with @defer, cb_timed_log(): not
+ *     while a phase runs and a read from NVMe is due within @defer phases,
+ *     so that a burst of reads keeps the drive; when no phase runs it goes
+ *     as before, so nothing waits on it in a cycle);
  *   - copies arrive in the model's order, each as soon as its tier has
  *     room and its link is free (NVMe for READ, the host link for UP and
  *     DOWN; one transfer at a time on each, at @nvme_bw and @link_bw):
@@ -40,7 +43,8 @@
  * earlier in that order; a drain takes host room only up to the head's
  * phase, so that it never takes what an earlier arrival needs.  Several
  * cycles run; the step is the mean of the last ones.  Each rule of the model (held one or two phases)
- * gives one placement; capbound_planned() keeps the fastest.
+ * gives one placement, and so does each schedule built for time from the
+ * plan of waits (capbound-build.c); capbound_planned() keeps the fastest.
  *
  * What it leaves out: transfers take no CPU, a link's reads and writes
  * share it one at a time, and two jobs sharing a drive are not simulated
@@ -66,6 +70,8 @@ typedef struct Timed {
         const CbLog *log;
         const double *compute;
         double bw[2];                   /* NVMe, host link: bytes/s (0: instant) */
+        size_t defer;                   /* a write waits while a phase runs and a read is due within this many
+                                         * phases (SIZE_MAX: never waits) */
         uint64_t cap[2];
         size_t n_ev, n_all;             /* moves in one cycle, in all cycles */
         size_t n_ph, n_all_ph;          /* phases in one cycle, in all */
@@ -201,6 +207,30 @@ static bool release_due(const Timed *tm, size_t u, size_t cur, double now, doubl
         return true;
 }
 
+/*
+ * Is a read from NVMe among the arrivals from @head that phases up to
+ * @cur + tm->defer wait for?  A write then waits while a phase runs: the
+ * drive keeps its time for the reads of a burst, and the write goes where
+ * no read is due (or, when no phase runs, as before: nothing waits for it
+ * in a cycle).
+ */
+static bool read_due(const Timed *tm, size_t head, size_t cur) {
+        if (tm->defer == SIZE_MAX)
+                return false;
+        for (size_t u = head; u < tm->n_all; u++) {
+                size_t ph;
+                const CbEvent *e = ev_of(tm, u, &ph);
+                size_t g;
+
+                if (ph > cur + tm->defer)
+                        return false;
+                g = gated(tm, u);
+                if (e->kind == CB_EV_READ && isnan(tm->done[u]) && g != SIZE_MAX && g <= cur + tm->defer)
+                        return true;
+        }
+        return false;
+}
+
 static int timed_run(Timed *tm, double *ret_step) {
         const CbPlan *p = tm->p;
         double now = 0, busy[2] = { 0, 0 };
@@ -321,7 +351,7 @@ static int timed_run(Timed *tm, double *ret_step) {
                                 size_t pick = SIZE_MAX;
                                 double pr = INFINITY;
 
-                                if (inflight[k] != SIZE_MAX)
+                                if (inflight[k] != SIZE_MAX || (k == 0 && running && read_due(tm, head, cur)))
                                         continue;
                                 for (size_t u = lo_pending; u < tm->n_all; u++) {
                                         size_t ph;
@@ -382,8 +412,8 @@ static int timed_run(Timed *tm, double *ret_step) {
 
 /* The step time of the schedule noted in @log, executed as the theory says. */
 static int timed_step(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint64_t host_cap, const double *compute,
-                      double nvme_bw, double link_bw, double *ret) {
-        Timed tm = { .p = p, .log = log, .compute = compute, .bw = { nvme_bw, link_bw }, .cap = { vram_cap, host_cap },
+                      double nvme_bw, double link_bw, size_t defer, double *ret) {
+        Timed tm = { .defer = defer, .p = p, .log = log, .compute = compute, .bw = { nvme_bw, link_bw }, .cap = { vram_cap, host_cap },
                      .n_ev = log->n, .n_all = log->n * TIMED_CYCLES, .n_ph = p->n_phases * log->steps,
                      .n_all_ph = p->n_phases * log->steps * TIMED_CYCLES };
         int r = -ENOMEM;
@@ -432,13 +462,107 @@ static int try_one(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, CbRule
         r = cb_simulate_log(p, vram_cap, host_cap, ru, w_nvme, w_link, seed, pct, out, TIMED_SIM_STEPS, &b, &log);
         if (r < 0)
                 return r;
-        r = timed_step(p, &log, vram_cap, host_cap, compute, nvme_bw, link_bw, &step);
+        r = timed_step(p, &log, vram_cap, host_cap, compute, nvme_bw, link_bw, SIZE_MAX, &step);
         cb_log_free(&log);
         if (r < 0)
                 return r;
         if (step < ret->step_s)
                 *ret = (CbPlanned) { .step_s = step, .bytes = b, .rule = ru, .w_nvme = w_nvme, .w_link = w_link,
                                      .seed = seed, .pct = pct, .placed = out != NULL };
+        return 0;
+}
+
+int cb_timed_log(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint64_t host_cap, const double *compute,
+                 double nvme_bw, double link_bw, size_t defer, double *ret) {
+        if (!p || !log || !compute || !ret || !(nvme_bw >= 0) || !(link_bw >= 0))
+                return -EINVAL;
+        return timed_step(p, log, vram_cap, host_cap, compute, nvme_bw, link_bw, defer, ret);
+}
+
+/* The bytes per step of @log's moves. */
+static CbBytes log_bytes(const CbPlan *p, const CbLog *log) {
+        CbBytes b = {};
+
+        for (size_t i = 0; i < log->n; i++) {
+                double s = (double) p->size[log->ev[i].tensor] / (double) log->steps;
+
+                switch (log->ev[i].kind) {
+                case CB_EV_READ:
+                        b.nvme_read += s;
+                        break;
+                case CB_EV_WRITE:
+                        b.nvme_write += s;
+                        break;
+                case CB_EV_UP:
+                        b.link_up += s;
+                        break;
+                case CB_EV_DOWN:
+                case CB_EV_DRAIN:
+                        b.link_down += s;
+                        break;
+                default:
+                        break;
+                }
+        }
+        return b;
+}
+
+/*
+ * Time the schedule built for time (cb_build_log()) from plan of waits @out,
+ * @slack bytes of memory kept for reads ahead, writes deferred by @defer
+ * phases; keep it in *@ret when faster.  -ENOSPC: no such schedule.
+ */
+static int try_built(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const uint8_t *out,
+                     uint64_t slack, size_t defer, const double *compute, double nvme_bw, double link_bw,
+                     CbPlanned *ret) {
+        CbLog log;
+        double step;
+        int r;
+
+        r = cb_build_log(p, vram_cap, host_cap, held, out, slack, &log);
+        if (r < 0)
+                return r;
+        r = timed_step(p, &log, vram_cap, host_cap, compute, nvme_bw, link_bw, defer, &step);
+        if (r >= 0 && step < ret->step_s)
+                *ret = (CbPlanned) { .step_s = step, .bytes = log_bytes(p, &log), .placed = true, .built = true,
+                                     .slack = slack, .defer = defer };
+        cb_log_free(&log);
+        return r;
+}
+
+/*
+ * The schedules built for time: from the plan of waits @out and from one
+ * that keeps the waits ending first in the burst of capbound_time()'s
+ * window, with no memory or one largest tensor's kept for reads ahead, and
+ * writes deferred or not.
+ */
+static int try_builds(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsigned held, const uint8_t *out,
+                      const double *compute, double nvme_bw, double link_bw, CbPlanned *best) {
+        static const size_t defers[] = { SIZE_MAX, 1 };
+        _cleanup_free_ uint8_t *burst_out = NULL;
+        uint64_t largest = 0;
+        CbTime tb;
+        int r;
+
+        r = capbound_time(p, vram_cap, host_cap, compute, nvme_bw, link_bw, &tb);
+        if (r == -E2BIG)
+                return 0;       /* too large to scan for a burst: no schedules built */
+        if (r >= 0)
+                r = cb_place_gaps_from(p, vram_cap, host_cap, held, tb.from, &burst_out);
+        if (r < 0)
+                return r;
+        for (size_t t = 0; t < p->n_tensors; t++)
+                largest = MAX(largest, p->size[t]);
+        for (unsigned g = 0; g < 2; g++)
+                for (unsigned sl = 0; sl < 2; sl++)
+                        for (size_t d = 0; d < ELEMENTSOF(defers); d++) {
+                                r = try_built(p, vram_cap, host_cap, held, g ? burst_out : out, sl ? largest : 0,
+                                              defers[d], compute, nvme_bw, link_bw, best);
+                                if (r == -ENOSPC || r == -E2BIG)
+                                        break;  /* this construction does not fit: the rules' schedules stand */
+                                if (r < 0)
+                                        return r;
+                        }
         return 0;
 }
 
@@ -482,6 +606,9 @@ int capbound_planned(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, unsi
                 if (r < 0 && r != -ETIME)
                         return r;
         }
+        r = try_builds(p, vram_cap, host_cap, held, out, compute, nvme_bw, link_bw, &best);
+        if (r < 0)
+                return r;
         *ret = best;
         return 0;
 }

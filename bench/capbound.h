@@ -192,6 +192,10 @@ typedef struct CbPlanned {
         double w_nvme, w_link;
         uint32_t seed, pct;             /* its perturbation (0, 0: none) */
         bool placed;                    /* its victims follow the cycle's plan of waits (capbound-place.c) first */
+        bool built;                     /* built for time from the plan of waits (capbound-build.c), not by a rule */
+        uint64_t slack;                 /* built: memory kept for reads ahead (bytes) */
+        size_t defer;                   /* built: writes wait while a read is due within this many phases
+                                         * (SIZE_MAX: never) */
 } CbPlanned;
 
 /*
@@ -205,7 +209,10 @@ typedef struct CbPlanned {
  * capbound_time()'s lower one: a schedule this fast exists in the model.
  * Then @tries perturbed schedules of the best rule (a few victims in a
  * hundred chosen by a seeded hash instead: cb_simulate_log()), a random
- * search for placements that time better than the fewest bytes.
+ * search for placements that time better than the fewest bytes; then the
+ * schedules built for time from the plan of waits (capbound-build.c: what
+ * waits where is laid out phase by phase, a copy sent to NVMe stays in
+ * memory while there is room, its write waits for the burst's reads).
  * -EINVAL, -E2BIG (a phase does not fit), -ENOMEM, -ETIME when no rule's
  * schedule settles in a cycle.
  */

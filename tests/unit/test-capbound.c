@@ -580,6 +580,8 @@ static void test_planned(void **state) {
                               more.step_s, tb.step_s);
                 assert_true(isfinite(pl.step_s) && pl.step_s >= tb.step_s - 1e-9);
                 assert_true(more.step_s <= pl.step_s);
+                if (held == 1)  /* built for time (test_planned_built()) */
+                        assert_true(fabs(pl.step_s - 41) < 1e-9 && pl.built);
         }
 }
 
@@ -660,6 +662,138 @@ static void test_place_gaps_burst(void **state) {
         free(out);
 }
 
+/*
+ * cb_build_log() by hand: A and B read and written in host, one place.
+ * Nothing can be kept, so each phase reads its tensor back and the other
+ * is written down and leaves: phase 0 READ A, WRITE B, DROP B; phase 1
+ * READ B, WRITE A, DROP A; a step starts with B in host and A on NVMe.
+ * At 2 bytes/s that is 4 s a step, as the rules' schedule.
+ */
+static void test_build_by_hand(void **state) {
+        static const int rows[2][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 } };
+        static const uint8_t kinds[6] = { CB_EV_READ, CB_EV_WRITE, CB_EV_DROP, CB_EV_READ, CB_EV_WRITE, CB_EV_DROP };
+        static const uint32_t tensors[6] = { 0, 1, 1, 1, 0, 0 };
+        double c2[2] = { 1, 1 }, step;
+        uint8_t out[2] = { 1, 1 };
+        CbLog log;
+        TPlan t;
+
+        tplan(&t, 2, NULL, 2, rows);
+        assert_int_equal(cb_build_log(&t.p, 0, 1, 1, out, 0, &log), 0);
+        assert_int_equal(log.n, 6);
+        assert_int_equal(log.steps, 1);
+        for (size_t i = 0; i < 6; i++) {
+                assert_int_equal(log.ev[i].kind, kinds[i]);
+                assert_int_equal(log.ev[i].tensor, tensors[i]);
+                assert_int_equal(log.ev[i].phase, i / 3);
+        }
+        assert_int_equal(log.st0[0], 4);        /* B_NVME */
+        assert_int_equal(log.st0[1], 2);        /* B_HOST */
+        assert_int_equal(cb_timed_log(&t.p, &log, 0, 1, c2, 2, 0, SIZE_MAX, &step), 0);
+        assert_true(fabs(step - 4) < 1e-9);
+        cb_log_free(&log);
+        /* two places: both kept, nothing moves once in place */
+        out[0] = out[1] = 0;
+        assert_int_equal(cb_build_log(&t.p, 0, 2, 1, out, 0, &log), 0);
+        assert_int_equal(log.n, 0);
+        cb_log_free(&log);
+        /* bad input; a phase that does not fit */
+        assert_int_equal(cb_build_log(&t.p, 0, 1, 3, out, 0, &log), -EINVAL);
+        assert_int_equal(cb_build_log(&t.p, 0, 1, 1, NULL, 0, &log), -EINVAL);
+        assert_int_equal(cb_build_log(&t.p, 0, 1, 1, out, 0, NULL), -EINVAL);
+        assert_int_equal(cb_build_log(&t.p, 0, 0, 1, out, 0, &log), -E2BIG);
+}
+
+/*
+ * Built schedules on the 8-layer plan (NVMe 1 byte/s): held one phase,
+ * the rules' fastest schedule takes 43 s a step at 1 byte/s of link and
+ * 34.95 s at 2.5 (16 and 14 NVMe transfers); the one built from the plan
+ * of waits that keeps O0 and O1 (the burst's first), one place spare,
+ * moves the floor's 12 and takes 41 s and 32.4 s (its writes wait for the
+ * burst's reads at 2.5).  Holding two, the rules' schedules stay the
+ * fastest (test_planned()).  Every built schedule, with writes deferred or
+ * not: never below the time-aware bound (26.5 s).
+ */
+static void test_planned_built(void **state) {
+        static const size_t defers[4] = { SIZE_MAX, 0, 1, 2 };
+        CbPlanned pl;
+        L8Plan l8;
+
+        l8_plan(&l8);
+        /* at 1 byte/s of link: test_planned() */
+        assert_int_equal(capbound_planned(&l8.p, 6, 12, 1, l8.compute, 1, 2.5, 0, &pl), 0);
+        assert_true(fabs(pl.step_s - 32.4) < 1e-9);
+        assert_true(pl.built && pl.slack == 1 && pl.defer == 1);
+        assert_true(pl.bytes.nvme_read == 6 && pl.bytes.nvme_write == 6);
+        for (unsigned held = 1; held <= 2; held++)
+                for (uint64_t slack = 0; slack < 2; slack++) {
+                        uint8_t *out = NULL;
+                        CbLog log;
+
+                        assert_int_equal(cb_place_gaps_from(&l8.p, 6, 12, held, 16, &out), 0);
+                        assert_int_equal(cb_build_log(&l8.p, 6, 12, held, out, slack, &log), 0);
+                        for (size_t d = 0; d < ELEMENTSOF(defers); d++) {
+                                double step;
+
+                                assert_int_equal(cb_timed_log(&l8.p, &log, 6, 12, l8.compute, 1, 1, defers[d], &step), 0);
+                                assert_true(step >= 26.5 - 1e-9);
+                        }
+                        cb_log_free(&log);
+                        free(out);
+                }
+}
+
+/*
+ * Random tiny plans: every built schedule is one of the model's (each use
+ * finds its copy: cb_build_log() never answers -EPROTO) and, with writes
+ * deferred or not, never faster than the time-aware bound.
+ */
+static void test_build_random(void **state) {
+        static const size_t defers[2] = { SIZE_MAX, 1 };
+        unsigned seed = 4242, built = 0;
+
+        for (int iter = 0; iter < 200; iter++) {
+                int rows[6][13];
+                size_t n_phases = 2 + (size_t) (rand_r(&seed) % 5), n_tensors = 2 + (size_t) (rand_r(&seed) % 2);
+                uint64_t size[3], vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
+                double compute[6], bw = 0.5 + (double) (rand_r(&seed) % 4), lbw = (double) (rand_r(&seed) % 3);
+                CbTime tb;
+                TPlan t;
+
+                random_plan(&seed, &t, rows, size, n_tensors, n_phases, compute);
+                assert_int_equal(capbound_time(&t.p, vc, hc, compute, bw, lbw, &tb), 0);
+                for (unsigned held = 1; held <= 2; held++)
+                        for (unsigned g = 0; g < 2; g++) {
+                                uint8_t *out = NULL;
+                                CbLog log;
+                                int r = cb_place_gaps_from(&t.p, vc, hc, held, g ? tb.from : SIZE_MAX, &out);
+
+                                if (r == -E2BIG)
+                                        continue;
+                                assert_int_equal(r, 0);
+                                r = cb_build_log(&t.p, vc, hc, held, out, g, &log);
+                                free(out);
+                                if (r == -ENOSPC || r == -E2BIG)
+                                        continue;
+                                if (r != 0)
+                                        fail_msg("plan %d, %u held: cb_build_log() = %d", iter, held, r);
+                                for (size_t d = 0; d < ELEMENTSOF(defers); d++) {
+                                        double step;
+
+                                        assert_int_equal(cb_timed_log(&t.p, &log, vc, hc, compute, bw, lbw, defers[d],
+                                                                      &step), 0);
+                                        if (step < tb.step_s - 1e-9)
+                                                fail_msg("plan %d, %u held: built %g s below the time-aware bound %g s",
+                                                         iter, held, step, tb.step_s);
+                                }
+                                cb_log_free(&log);
+                                built++;
+                        }
+        }
+        print_message("%u built schedules timed\n", built);
+        assert_true(built > 250);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_three_in_two),
@@ -676,6 +810,9 @@ int main(void) {
                 cmocka_unit_test(test_planned),
                 cmocka_unit_test(test_planned_random),
                 cmocka_unit_test(test_place_gaps_burst),
+                cmocka_unit_test(test_build_by_hand),
+                cmocka_unit_test(test_planned_built),
+                cmocka_unit_test(test_build_random),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
