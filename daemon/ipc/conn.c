@@ -13,7 +13,8 @@
  *
  * Replies are written straight to the socket; when it is full they are
  * queued (with dup'ed fds) and EPOLLOUT is enabled.  The queue is bounded:
- * a client that does not read its replies is disconnected.  Every
+ * a client that does not read its replies is disconnected, as is one that
+ * leaves too many bytes of reply memfds unread (conn_charge_files()).  Every
  * successful reply on a job connection carries the job's segments this
  * connection has not been sent in their current generation (Conn.seg_sent),
  * so a client always holds the memory its grants point into.
@@ -29,7 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <systemd/sd-event.h>
 #include <unistd.h>
 
@@ -49,6 +53,12 @@
 #define OUTQ_BYTES_MAX (64u << 20)
 /* ... or this many fds in them (each one tierd's own copy, against its RLIMIT_NOFILE). */
 #define OUTQ_FDS_MAX 512
+/*
+ * ... or this many bytes of the files tierd made for its replies (status, metrics and trace memfds, plan
+ * pages), counted until the client has read everything it was sent (the socket's queue too: a file in
+ * flight lives as long as the packet that carries it).  The first such reply always goes.
+ */
+#define OUTQ_MEMFD_BYTES_MAX (16u << 20)
 /* Packets read per wakeup, so that one chatty client cannot starve the rest. */
 #define READ_BATCH 32
 /* The first try at a peer's supplementary groups (SO_PEERGROUPS); the kernel says when it needs more. */
@@ -238,6 +248,37 @@ static void segments_sent(Conn *c, const Tier__Segment *segs, size_t n) {
         }
 }
 
+/*
+ * Count the bytes of the files in @fds (made for one reply) against what @c has not read: -ENOBUFS when
+ * that would go over OUTQ_MEMFD_BYTES_MAX.  Such a file lives while its packet waits, in tierd's queue or
+ * the socket's, where OUTQ_BYTES_MAX does not see it: a client that asked for status over and over and
+ * read nothing held hundreds of them per connection.
+ */
+static int conn_charge_files(Conn *c, const int *fds, size_t n_fds) {
+        uint64_t bytes = 0;
+        int unread = 0;
+
+        for (size_t i = 0; i < n_fds; i++) {
+                struct stat st;
+
+                if (fstat(fds[i], &st) == 0 && S_ISREG(st.st_mode))
+                        bytes += (uint64_t) st.st_size;
+        }
+        if (bytes == 0)
+                return 0;
+        /* all it was sent is read (SIOCOUTQ: bytes of ours its socket still holds): start again */
+        if (list_empty(&c->outq) && ioctl(c->fd, SIOCOUTQ, &unread) == 0 && unread == 0)
+                c->outq_file_bytes = 0;
+        if (c->outq_file_bytes > 0 && c->outq_file_bytes + bytes > OUTQ_MEMFD_BYTES_MAX) {
+                log_job(LOG_WARNING, 0, c->job ? c->job->name : NULL,
+                        "Connection %" PRIu64 " (pid " PID_FMT ") leaves %" PRIu64 " bytes of replies in memfds "
+                        "unread, closing it", c->id, c->pid, c->outq_file_bytes);
+                return -ENOBUFS;
+        }
+        c->outq_file_bytes += bytes;
+        return 0;
+}
+
 int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_fds, bool close_after) {
         Tier__Reply reply = TIER__REPLY__INIT;
         Tier__Segment segs[WIRE_MAX_FDS], *segp[WIRE_MAX_FDS];
@@ -245,6 +286,9 @@ int conn_send_response(Conn *c, Tier__Response *resp, const int *fds, size_t n_f
         size_t n_all = 0, n_segs = 0;
         int r;
 
+        r = conn_charge_files(c, fds, n_fds);
+        if (r < 0)
+                return r;
         for (size_t i = 0; i < n_fds && n_all < WIRE_MAX_FDS; i++)
                 allfds[n_all++] = fds[i];
 

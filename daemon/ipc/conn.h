@@ -79,6 +79,7 @@ typedef struct Conn {
         unsigned n_outq;
         size_t outq_bytes;
         size_t outq_fds;        /* fds in them */
+        uint64_t outq_file_bytes;       /* bytes of the files made for replies it may not have read yet */
         uint64_t seg_asked;     /* segments asked for again (GetSegments), bounded: each resend is an fd */
 } Conn;
 

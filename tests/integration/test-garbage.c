@@ -779,6 +779,92 @@ static void test_segment_flood(void **state) {
         assert_true(count_fds(daemon_.pid) <= base);
 }
 
+
+/* Receive every reply on @fd until EOF or @n responses: how many came, the bytes of the memfds they carried. */
+static unsigned read_replies(int fd, unsigned n, uint64_t *fd_bytes) {
+        uint8_t buf[65536];
+        int fds[WIRE_MAX_FDS];
+        size_t len, n_fds;
+        unsigned got = 0;
+
+        *fd_bytes = 0;
+        while (got < n) {
+                Tier__Reply *rep;
+
+                if (wire_recv(fd, buf, sizeof(buf), &len, fds, &n_fds) < 0)
+                        break;
+                for (size_t i = 0; i < n_fds; i++) {
+                        struct stat st;
+
+                        if (fstat(fds[i], &st) == 0 && S_ISREG(st.st_mode))
+                                *fd_bytes += (uint64_t) st.st_size;
+                }
+                wire_close_fds(fds, n_fds);
+                rep = tier__reply__unpack(NULL, len, buf);
+                assert_non_null(rep);
+                got += rep->kind_case == TIER__REPLY__KIND_RESPONSE;
+                tier__reply__free_unpacked(rep, NULL);
+        }
+        return got;
+}
+
+/*
+ * A connection that asks for the metrics over and over (24 jobs with long names: each answer is a memfd of
+ * about 150 KiB) and reads nothing: the memfds of its unread replies are bounded (OUTQ_MEMFD_BYTES_MAX,
+ * 16 MiB: what it can read before EOF is under that and one more reply), the connection is cut off, and
+ * tierd serves others.  The memfds used to count for nothing, neither in tierd's queue (only their fds,
+ * 512) nor in the socket's: about 280 of them (42 MiB) came through, 790 (120 MiB) were held at once.
+ */
+static void test_memfd_flood(void **state) {
+        Tier__Request req = TIER__REQUEST__INIT;
+        Tier__StatusRequest sr = TIER__STATUS_REQUEST__INIT;
+        tier_client *c[24];
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        char name[256];
+        uint64_t bytes, one;
+        unsigned sent = 0, got;
+        int fd;
+
+        for (unsigned i = 0; i < 24; i++) {
+                memset(name, 'j', 250);
+                snprintf(name + 250, 6, "%03u", i);
+                assert_int_equal(tier_client_new(daemon_.socket, name, 0, &c[i]), 0);
+        }
+        sr.prometheus = 1;
+        req.op_case = TIER__REQUEST__OP_STATUS;
+        req.status = &sr;
+
+        /* one reply, read: its size */
+        fd = hostile_connect("");
+        assert_true(fd >= 0);
+        req.seq = 2;
+        assert_int_equal(send_req(fd, &req, NULL, 0), 0);
+        assert_int_equal(read_replies(fd, 1, &one), 1);
+        assert_true(one > 64u << 10);   /* a memfd */
+
+        /* one that reads nothing */
+        for (uint64_t seq = 3; seq < 2003; seq++) {
+                req.seq = seq;
+                if (send_req(fd, &req, NULL, 0) < 0)
+                        break;
+                sent++;
+        }
+        got = read_replies(fd, sent, &bytes);
+        fprintf(stderr, "sent %u requests, read %u replies with %" PRIu64 " bytes of memfds\n", sent, got, bytes);
+        assert_true(got < sent);                                /* cut off */
+        assert_true(bytes <= (16u << 20) + 2 * one);            /* OUTQ_MEMFD_BYTES_MAX, one more (a job grew) */
+        close(fd);
+
+        /* the others are served */
+        assert_int_equal(tier_tensor_create(c[0], "after", 4096, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        for (unsigned i = 0; i < 24; i++)
+                tier_client_free(c[i]);
+}
+
 static int setup(void **state) {
         return test_daemon_start(&daemon_, CONFIG) < 0 ? -1 : 0;
 }
@@ -793,10 +879,13 @@ int main(void) {
                 cmocka_unit_test(test_hostile_neighbour),
                 cmocka_unit_test(test_names_not_text),
                 cmocka_unit_test(test_segment_flood),
+                cmocka_unit_test(test_memfd_flood),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
                 return TEST_SKIP;
         signal(SIGPIPE, SIG_IGN);
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
         return cmocka_run_group_tests_name("garbage", tests, setup, teardown);
 }
