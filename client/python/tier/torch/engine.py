@@ -234,7 +234,7 @@ class Offload(torch.optim.Optimizer):
             self._release()             # (traced: the phase's pins; planned: an evaluation's)
             if not self.tracer.planned:
                 self.tracer.seq, self.tracer.index = [], {}
-        self._grads_zeroed = not set_to_none        # (see _update())
+        self._grads_zeroed = not set_to_none        # (see optim.update_part())
         self._micro = 0
         self._backwards = 0
         self._got.clear()
@@ -327,26 +327,6 @@ class Offload(torch.optim.Optimizer):
 
     def _meta_name(self) -> str:
         return f"{self._prefix}.{self._rank}.{resume_mod.KIND}"
-
-    def write_params(self, b: Block, values: dict[int, torch.Tensor], what: str) -> None:
-        """Write ``values`` (slot id -> tensor of its shape) into b's parameters, and into its master
-        weights for reduced precision: in host, outside any phase (pins of their own)."""
-        whole = len(values) == len(b.slots)
-        with self._explained(b, what):
-            with b.tensors["p"].pin(HOST, WRITE if whole else READ_WRITE) as g:
-                flat = g.torch()
-                for s in b.slots:
-                    if id(s) in values:
-                        s.view(flat, "p").copy_(values[id(s)])
-            for pt in b.parts if b.mixed else ():
-                pieces = [pc for pc in pt.pieces if id(pc.slot) in values]
-                if not pieces:
-                    continue
-                part_whole = len(pieces) == len(pt.pieces)
-                with b.tensors[b.part_kind("w", pt.index)].pin(HOST, WRITE if part_whole else READ_WRITE) as g:
-                    flat = g.torch()
-                    for pc in pieces:
-                        pc.view(flat, "w").copy_(pc.of(values[id(pc.slot)]))
 
     def _placeholder(self, p: torch.Tensor) -> torch.Tensor:
         return torch.empty(0, dtype=p.dtype, device=self.device)
@@ -690,7 +670,7 @@ class Offload(torch.optim.Optimizer):
         """b's optimizer phases: the update, then the write-downs its placement asks for."""
         for pt in b.parts:
             self._enter("o", b, pt.index)
-            self._update(b, pt.index)
+            optim.update_part(self, b, pt.index)
             self._queue_write_down(b, pt.index)
 
     def _finish_shared(self) -> None:
@@ -712,7 +692,7 @@ class Offload(torch.optim.Optimizer):
                     dst.zero_()
                 else:
                     dst.copy_(pc.of(grad))
-            self._update(sb, pt.index, clip_now=False)     # a clip scaled its .grad in place already
+            optim.update_part(self, sb, pt.index, clip_now=False)     # a clip scaled its .grad in place already
             self._queue_write_down(sb, pt.index)
         for s in sb.slots:
             if s.param.grad is not None:
@@ -733,40 +713,6 @@ class Offload(torch.optim.Optimizer):
         kinds = tuple(kind if kind == "p" else b.part_kind(kind, k) for kind in kinds if kind != "p" or last)
         if kinds:
             self._down.append((b, kinds))
-
-    def _update(self, b: Block, k: int, clip_now: bool = True) -> None:
-        """The step rule over part k of b's parameters that got a gradient (torch.optim skips the
-        others), group by group; the gradients scaled by this step's clipping factor first."""
-        pt = b.parts[k]
-        maps = {kind: b.maps[(b.part_kind(kind, k), HOST)] for kind in self._part_kinds(b)}
-        pflat = b.maps[("p", HOST)]
-        coef = self._clip_coef if clip_now else None
-        by_group: dict[int, list[layout.Piece]] = {}
-        for pc in pt.pieces:
-            # torch.optim updates every parameter whose .grad is a tensor: one that got a gradient this step,
-            # or any time before if zero_grad(set_to_none=False) left zeros there
-            if pc.slot.trainable and pc.slot.group >= 0 and (
-                    id(pc.slot) in self._got or (self._grads_zeroed and pc.slot.had_grad)):
-                by_group.setdefault(pc.slot.group, []).append(pc)
-        for gi, todo in sorted(by_group.items()):
-            masters = [pc.view(maps["w"], "w") if b.mixed else pc.of(pc.slot.view(pflat, "p")) for pc in todo]
-            grads = []
-            for pc in todo:
-                g = pc.view(maps["g"], "g")
-                g = g if id(pc.slot) in self._got else torch.zeros_like(g)     # (g may be an older step's)
-                if coef is not None and id(pc.slot) in self._clip_ids:
-                    g = g.mul(coef)             # clip_grad_norm_'s g.mul_(clip_coef_clamped), on a copy
-                grads.append(g.float())         # no copy when already float32
-            self.rule.update(masters, grads, {sk: [pc.view(maps[sk], sk) for pc in todo] for sk in self.state_kinds},
-                             [pc.slot.steps for pc in todo], self.param_groups[gi])
-            for pc in todo:
-                if pc.end == pc.slot.numel:     # its last piece: the parameter had this step's update
-                    pc.slot.steps += 1
-        if b.mixed:
-            # the parameters, every one of the part (p is pinned write-only in a single part), are the
-            # master weights rounded
-            for pc in pt.pieces:
-                pc.of(pc.slot.view(pflat, "p")).copy_(pc.view(maps["w"], "w"))
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> torch.Tensor:

@@ -25,6 +25,8 @@ import torch
 import torch.optim.adamw as _adamw
 import torch.optim.sgd as _sgd
 
+from .. import HOST
+
 
 class StepRule(Protocol):
     """What the engine asks of an optimizer step."""
@@ -241,3 +243,38 @@ def decide_mode(eng: Any, micro: int, clipped: bool, changed: str | None = None)
     eng._mode = "fused" if want else "deferred"
     if eng._mode == "fused":
         eng.tracer.fuse()
+
+
+def update_part(eng: Any, b: Any, k: int, clip_now: bool = True) -> None:
+    """The step rule over part k of block b's parameters that got a gradient (torch.optim skips the
+    others), group by group; the gradients scaled by this step's clipping factor first."""
+    pt = b.parts[k]
+    maps = {kind: b.maps[(b.part_kind(kind, k), HOST)] for kind in eng._part_kinds(b)}
+    pflat = b.maps[("p", HOST)]
+    coef = eng._clip_coef if clip_now else None
+    by_group: dict[int, list[Any]] = {}
+    for pc in pt.pieces:
+        # torch.optim updates every parameter whose .grad is a tensor: one that got a gradient this step,
+        # or any time before if zero_grad(set_to_none=False) left zeros there
+        if pc.slot.trainable and pc.slot.group >= 0 and (
+                id(pc.slot) in eng._got or (eng._grads_zeroed and pc.slot.had_grad)):
+            by_group.setdefault(pc.slot.group, []).append(pc)
+    for gi, todo in sorted(by_group.items()):
+        masters = [pc.view(maps["w"], "w") if b.mixed else pc.of(pc.slot.view(pflat, "p")) for pc in todo]
+        grads = []
+        for pc in todo:
+            g = pc.view(maps["g"], "g")
+            g = g if id(pc.slot) in eng._got else torch.zeros_like(g)     # (g may be an older step's)
+            if coef is not None and id(pc.slot) in eng._clip_ids:
+                g = g.mul(coef)             # clip_grad_norm_'s g.mul_(clip_coef_clamped), on a copy
+            grads.append(g.float())         # no copy when already float32
+        eng.rule.update(masters, grads, {sk: [pc.view(maps[sk], sk) for pc in todo] for sk in eng.state_kinds},
+                        [pc.slot.steps for pc in todo], eng.param_groups[gi])
+        for pc in todo:
+            if pc.end == pc.slot.numel:     # its last piece: the parameter had this step's update
+                pc.slot.steps += 1
+    if b.mixed:
+        # the parameters, every one of the part (p is pinned write-only in a single part), are the
+        # master weights rounded
+        for pc in pt.pieces:
+            pc.of(pc.slot.view(pflat, "p")).copy_(pc.view(maps["w"], "w"))

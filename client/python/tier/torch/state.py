@@ -208,7 +208,7 @@ def create_tensors(eng: "Offload") -> None:
             # the initial parameters go in (and the master weights, part by part); g and the step
             # rule's state start as zeros (a new tensor reads as zeros)
             if b.slots:
-                eng.write_params(b, {id(s): real[id(s)] for s in b.slots}, "writing its initial parameters")
+                write_params(eng, b, {id(s): real[id(s)] for s in b.slots}, "writing its initial parameters")
     except BaseException:
         for b in eng.blocks:
             for t in b.tensors.values():
@@ -221,6 +221,27 @@ def create_tensors(eng: "Offload") -> None:
     for b in eng.blocks:
         for s in b.slots:
             eng._unmap(s)
+
+
+def write_params(eng: "Offload", b: Block, values: dict[int, torch.Tensor], what: str) -> None:
+    """Write ``values`` (slot id -> tensor of its shape) into b's parameters, and into its master
+    weights for reduced precision: in host, outside any phase (pins of their own)."""
+    whole = len(values) == len(b.slots)
+    with eng._explained(b, what):
+        with b.tensors["p"].pin(HOST, WRITE if whole else READ_WRITE) as g:
+            flat = g.torch()
+            for s in b.slots:
+                if id(s) in values:
+                    s.view(flat, "p").copy_(values[id(s)])
+        for pt in b.parts if b.mixed else ():
+            pieces = [pc for pc in pt.pieces if id(pc.slot) in values]
+            if not pieces:
+                continue
+            part_whole = len(pieces) == len(pt.pieces)
+            with b.tensors[b.part_kind("w", pt.index)].pin(HOST, WRITE if part_whole else READ_WRITE) as g:
+                flat = g.torch()
+                for pc in pieces:
+                    pc.view(flat, "w").copy_(pc.of(values[id(pc.slot)]))
 
 
 def read_params(eng: "Offload", b: Block, what: str) -> dict[int, torch.Tensor]:
@@ -274,7 +295,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch.Tensor], what: str) -> None:
-    """``eng.write_params()``, but for reduced precision a master weight that rounds, bit for bit, to its
+    """``write_params(eng, )``, but for reduced precision a master weight that rounds, bit for bit, to its
     parameter's new value stays: a model loaded after the optimizer state that brought the masters goes on
     as the run it was saved from (write_params() alone sets each master to its parameter made float32)."""
     old: dict[tuple[int, int], torch.Tensor] = {}
@@ -285,7 +306,7 @@ def write_params_keeping_masters(eng: "Offload", b: Block, vals: dict[int, torch
                 for pc in pt.pieces:
                     if id(pc.slot) in vals:
                         old[(pt.index, id(pc))] = pc.view(flat, "w").clone()
-    eng.write_params(b, vals, what)
+    write_params(eng, b, vals, what)
     for pt in b.parts if old else ():
         pieces = [pc for pc in pt.pieces if (pt.index, id(pc)) in old]
         if not pieces:
@@ -534,7 +555,7 @@ def load(eng: "Offload", path: str) -> None:
         if not b.slots:
             continue
         data = torch.load(os.path.join(path, f"block-{b.index:04d}.pt"))
-        eng.write_params(b, {id(s): data["params"][s.name] for s in b.slots}, "writing loaded parameters")
+        write_params(eng, b, {id(s): data["params"][s.name] for s in b.slots}, "writing loaded parameters")
         _write_state(eng, b, {id(s): data["state"][s.name] for s in b.slots if s.name in data["state"]})
         for s, m in zip(b.slots, saved):
             s.steps = m["steps"]
