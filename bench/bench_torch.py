@@ -241,6 +241,7 @@ def child(a: argparse.Namespace) -> int:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             if engine is not None:
                 engine.step()
+                engine.zero_grad()
             else:
                 opt.step()
                 opt.zero_grad()

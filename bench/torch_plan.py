@@ -167,6 +167,7 @@ def main() -> int:
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         engine.step()
+        engine.zero_grad()
     plan = client.submitted
     if plan is None:
         print("torch_plan.py: tier.torch submitted no plan after the first step", file=sys.stderr)

@@ -225,6 +225,7 @@ class TestLoops(tierd.DaemonTestCase):
             opt.step()
             opt.zero_grad()
             eng.step()
+            eng.zero_grad()
         sd = model.state_dict()
         for n, p in ref.state_dict().items():
             self.assertTrue(torch.equal(sd[n], p), n)
@@ -290,6 +291,7 @@ class TestLoops(tierd.DaemonTestCase):
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
             eng.step()
+            eng.zero_grad()
             tl.append(loss.item())
         self.assertEqual(tl, rl)
         sd = model.state_dict()
@@ -386,6 +388,7 @@ class TestLoops(tierd.DaemonTestCase):
         x = batches(1)[0]
         lm_loss(model, x).backward()
         eng.step()                              # one micro-batch, no clip: fused from now on
+        eng.zero_grad()
         self.assertEqual(eng.mode, "fused")
         lm_loss(model, x).backward()
         with self.assertRaises(RuntimeError) as cm:
@@ -669,6 +672,7 @@ class TestLoops(tierd.DaemonTestCase):
         eng, _ = self.engine(model, "late-fused")
         lm_loss(model, x).backward()
         eng.step()
+        eng.zero_grad()
         self.assertEqual(eng.mode, "fused")
         lm_loss(model, x).backward()
         eng.param_groups[0]["lr"] = 5e-4

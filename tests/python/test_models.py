@@ -195,6 +195,7 @@ class TestModels(tierd.DaemonTestCase):
             if i == len(data) - 1:
                 kept_before = eng.kept_up + eng.write_downs_refused
             eng.step()
+            eng.zero_grad()
             losses.append(loss.item())
         eng.flush()
         # the last step's write-downs that the plan overtook (it pinned the tensor for the next step
@@ -294,11 +295,9 @@ class TestModels(tierd.DaemonTestCase):
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "autocast"):
                     loss = hf_loss(m, x)
                 loss.backward()
-                if eng:
-                    eng.step()
-                else:
-                    opt.step()
-                    opt.zero_grad()
+                o = eng or opt
+                o.step()
+                o.zero_grad()
                 losses.append(loss.item())
             m.eval()
             with torch.no_grad():
@@ -602,6 +601,7 @@ class TestModelShapes(tierd.DaemonTestCase):
         for _ in range(2):
             model(x).pow(2).mean().backward()
             eng.step()
+            eng.zero_grad()
         self.assertEqual(eng.mode, "fused")
         before = eng.parameters_state_dict()
         model.rounds = 2

@@ -118,8 +118,9 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
 
     def moe_as_one_block(self, data, zero_grad: bool) -> "tier.torch.Offload":
         """The MoE layer as one block (no_split_module_classes), trained on ``data`` against plain PyTorch
-        whose zero_grad() sets .grad to None (``zero_grad`` False: the engine's loop calls none) or to
-        zeros (True: the engine's loop calls model.zero_grad(), as Hugging Face's Trainer does): exact."""
+        whose zero_grad() sets .grad to None (``zero_grad`` False: the engine's loop calls
+        zero_grad(set_to_none=True)) or to zeros (True: the engine's loop calls model.zero_grad(), as Hugging
+        Face's Trainer does): exact."""
         import tier.torch
 
         torch.manual_seed(2)
@@ -135,6 +136,8 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
             eng.step()
             if zero_grad:
                 m.zero_grad()
+            else:
+                eng.zero_grad(set_to_none=True)
             losses.append(loss.item())
         sd = eng.parameters_state_dict()
         eng.close()

@@ -60,6 +60,7 @@ def child(socket: str, job: str, out: str, steps: str = str(STEPS), mode: str = 
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         eng.step()
+        eng.zero_grad()
         print(f"step {eng.steps}", flush=True)
     torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
                 "optim": eng.state_dict(), "steps": eng.steps}, out)
@@ -411,6 +412,7 @@ class TestResume(tierd.DaemonTestCase):
         for _ in range(2):
             eng.model(torch.randn(2, 8)).sum().backward()
             eng.step()
+            eng.zero_grad()
         c.close()               # killed after its commit of step 2: the job lingers
         c2 = self.client("resume-stale")
         eng2 = tier.torch.Offload(model(), c2, lr=1e-3)       # afresh, no commits
@@ -453,6 +455,7 @@ class TestResume(tierd.DaemonTestCase):
         with mock.patch.object(tier._tensor.Tensor, "pin", pin_once_restarted):
             m(torch.randn(2, 8)).sum().backward()
             eng.step()
+            eng.zero_grad()
         self.assertEqual(len(failed), 1)
         self.assertEqual(eng.restarts, 1)
         m(torch.randn(2, 8)).sum().backward()       # the plan the first step traced runs
@@ -482,6 +485,7 @@ class TestResume(tierd.DaemonTestCase):
         eng = tier.torch.Offload(m, c, lr=1e-3, resume=True)
         m(torch.randn(2, 8)).sum().backward()
         eng.step()
+        eng.zero_grad()
         c3 = tier.Client("ghost-commit", 3, socket=d.socket)
         self.addCleanup(c3.close)
         x = c3.create("x", 1 << 20)
@@ -494,6 +498,7 @@ class TestResume(tierd.DaemonTestCase):
                                                         r"client of rank 3 of before tierd restarted.*refused for "
                                                         r"\d+ s.*Step 2 is applied but not committed"):
                 eng.step()
+        eng.zero_grad()
         self.assertEqual(slept, list(resume.COMMIT_PAUSES))
         self.assertEqual(eng.steps, 2)
         slept.clear()
@@ -607,6 +612,7 @@ class TestResumeOtherPolicies(tierd.DaemonTestCase):
         for i in range(3):
             loss(m, i).backward()
             eng.step()
+            eng.zero_grad()
         self.assertGreater(eng.activations_stashed, 0)
         c.close()               # killed after its commit of step 3: the job lingers
         m = model()

@@ -75,6 +75,7 @@ class TestOffload(tierd.DaemonTestCase):
             loss = torch.nn.functional.cross_entropy(self.model(x).reshape(-1, 256), y.reshape(-1))
             loss.backward()
             eng.step()
+            eng.zero_grad()
             losses.append(loss.item())
             eng.flush()                 # every write-down of this step has ended: they count in it
             now = c.moved()
@@ -168,6 +169,7 @@ class TestOffload(tierd.DaemonTestCase):
             loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256).float(), y.reshape(-1))
             loss.backward()
             eng.step()
+            eng.zero_grad()
             losses.append(loss.item())
         state = eng.parameters_state_dict()
         eng.close()
@@ -233,6 +235,7 @@ class TestOffload(tierd.DaemonTestCase):
             loss = torch.nn.functional.cross_entropy(m(x).reshape(-1, 256).float(), y.reshape(-1))
             loss.backward()
             eng.step()
+            eng.zero_grad()
             return loss.item()
 
         first, rest = self.batches[:2], self.batches[2:4]

@@ -180,6 +180,7 @@ class TestUsage(tierd.DaemonTestCase):
                                                   r"its block's forward or backward .*was not kept"):
             eng.step()
         eng.step()                                  # said once: the step goes on
+        eng.zero_grad()
         h = model.head.register_forward_pre_hook(clamp)
         with torch.no_grad():
             lm_loss(model, data[1])
@@ -252,6 +253,7 @@ class TestUsage(tierd.DaemonTestCase):
             ml = model(input_ids=x, labels=y).loss
             ml.backward()
             eng.step()
+            eng.zero_grad()
             self.assertEqual(ml.item(), rl.item(), f"step {i}")
         self.same(model, ref, "T5")
         # a stack too large for the budget cannot be split (its parts would call the embedding outside
@@ -339,6 +341,78 @@ class TestUsage(tierd.DaemonTestCase):
             o.zero_grad()
         self.same(model, ref, "after the refusal")
         eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in the backward's first hook, through autograd's C++ (a C++ throw), "
+                     "which ASan's runtime, preloaded into Python, cannot intercept")
+    def test_loop_without_zero_grad_refused(self) -> None:
+        """A loop that never calls zero_grad(): torch adds each step's gradients to the last step's, still in
+        .grad; tier.torch started each step's from zero, training otherwise, silently (the README called
+        zero_grad() optional).  The second step's backward is refused now, naming what to do, before any
+        gradient or update changes; zero_grad() drops that forward and the run goes on bit for bit."""
+        for kw in ({}, {"optimizer_in_backward": False}):
+            ref = lm()
+            model = copy.deepcopy(ref)
+            eng = self.engine(model, "nozero", **kw)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            x0, x1, x2 = batches(3)
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x0).backward()
+                o.step()
+            loss = lm_loss(model, x1)
+            with self.assertRaisesRegex(RuntimeError, r"backward\(\) with no zero_grad\(\) since the last step\(\): "
+                                                      r"plain PyTorch would add this step's gradients to the last "
+                                                      r"step's.*Call optimizer\.zero_grad\(\) \(or "
+                                                      r"model\.zero_grad\(\)\) once every step"):
+                loss.backward()
+            eng.zero_grad()                     # (drops that forward: nothing was applied)
+            opt.zero_grad()
+            for x in (x1, x2):
+                for m, o in ((ref, opt), (model, eng)):
+                    lm_loss(m, x).backward()
+                    o.step()
+                    o.zero_grad()
+            self.same(model, ref, f"after the refusal {kw}")
+            eng.close()
+
+    def test_every_way_of_zeroing_gradients(self) -> None:
+        """Each way a loop drops the last step's gradients (the engine's zero_grad() or the model's, either
+        set_to_none, .grad set to None by hand), at the bottom of the loop or at its top (after an evaluation
+        forward with gradients on, harmless in torch): bit for bit as plain PyTorch, none refused as a loop
+        without zero_grad() is."""
+        def by_hand(m, o):
+            for p in m.parameters():
+                p.grad = None
+
+        ways = {"zero_grad()": lambda m, o: o.zero_grad(),
+                "zero_grad(set_to_none=True)": lambda m, o: o.zero_grad(set_to_none=True),
+                "model.zero_grad()": lambda m, o: m.zero_grad(),
+                "model.zero_grad(set_to_none=True)": lambda m, o: m.zero_grad(set_to_none=True),
+                ".grad = None": by_hand}
+        for (name, zero), top, kw in [(w, top, {}) for w in ways.items() for top in (False, True)] + \
+                [(w, False, {"optimizer_in_backward": False}) for w in ways.items()]:
+            what = f"{name} at the {'top' if top else 'bottom'} {kw}"
+            ref = lm()
+            model = copy.deepcopy(ref)
+            eng = self.engine(model, "zeroing", **kw)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            for i, x in enumerate(batches(3)):
+                for m, o in ((ref, opt), (model, eng)):
+                    if top:
+                        if i == 1 and zero is not by_hand:
+                            lm_loss(m, x)       # an evaluation with gradients on, no backward (which only
+                                                # the engine's zero_grad() drops, as the README says)
+                        zero(m, o)
+                    loss = lm_loss(m, x)
+                    loss.backward()
+                    o.step()
+                    if not top:
+                        zero(m, o)
+                    if m is ref:
+                        want = loss.item()
+                self.assertEqual(loss.item(), want, f"step {i}: {what}")
+            self.same(model, ref, what)
+            eng.close()
 
     def test_evaluation_forward_with_gradients(self) -> None:
         """An evaluation forward with gradients on (no backward) after a fused step, then the next training

@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)   # through tierd too
         if engine:
             engine.step()
+            engine.zero_grad()
         else:
             opt.step()
             opt.zero_grad()

@@ -66,7 +66,7 @@ class Offload(torch.optim.Optimizer):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # optional
             engine.step()
-            engine.zero_grad()                                          # optional
+            engine.zero_grad()                                          # every step, as torch's loop
 
     ``params`` are torch.optim's: an iterable of the model's parameters or of parameter groups
     (``[{"params": [...], "weight_decay": 0.0}, ...]``); default, every trainable parameter in one
@@ -186,6 +186,7 @@ class Offload(torch.optim.Optimizer):
         #: optimizer ran with them): step() compares, since torch.optim reads them in step()
         self._hyper_at_backward: list[dict[str, Any]] | None = None
         self._grads_zeroed = False         # the last zero_grad() (engine's or model's) left zeros in .grad
+        self._kept_grads: list[str] = []   # the last step's gradients, never zeroed: this step's backward is refused
         self._clip_ids: set[int] = set()             # the slots it applies to (those named in the call)
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
@@ -235,6 +236,7 @@ class Offload(torch.optim.Optimizer):
             if not self.tracer.planned:
                 self.tracer.seq, self.tracer.index = [], {}
         self._grads_zeroed = not set_to_none        # (see optim.update_part())
+        self._kept_grads = []
         self._micro = 0
         self._backwards = 0
         self._got.clear()
@@ -515,6 +517,7 @@ class Offload(torch.optim.Optimizer):
         self._training = torch.is_grad_enabled()
         if not self._training:
             return
+        guards.note_kept_grads(self)    # (the last step's, not zeroed: torch would add to them)
         clip.drop_moved_grads(self)     # (autograd would add this backward's gradients to them)
         optim.check_groups(self)        # (fused: its updates run in this backward)
         if self._micro > 0 and (self._mode == "fused" or (self._mode is None and self.optimizer_in_backward)):

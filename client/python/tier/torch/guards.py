@@ -72,6 +72,7 @@ def check_one_forward(eng: Any) -> None:
     """A backward begins: it must be the backward of one forward with gradients, the last (tier.torch pairs
     them, micro-batch by micro-batch).  Refused before any block's backward runs, with the likely cause:
     it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
+    check_kept_grads(eng)
     pending = eng._micro - eng._backwards
     if pending > 1:
         raise RuntimeError(f"backward() with {pending} forwards of this step not yet backpropagated: tier.torch "
@@ -201,6 +202,30 @@ def check_step_again(eng: Any) -> None:
                            "second time; tier.torch does not keep a step's gradients past its step(). Call "
                            "backward() before each step(), or zero_grad() first (then step() does what torch's "
                            "does with zeroed gradients); nothing changed")
+
+
+def note_kept_grads(eng: Any) -> None:
+    """A step's first forward with gradients, before autograd may accumulate into .grad: the parameters
+    whose .grad still stands for the last step's gradient (no zero_grad() since that step(), nor .grad set
+    to None by hand), kept until zero_grad() for check_kept_grads()."""
+    if eng._micro == 0 and not eng._kept_grads:
+        eng._kept_grads = _last_steps_grads(eng)
+
+
+def check_kept_grads(eng: Any) -> None:
+    """A backward begins while the last step's gradients were never zeroed: torch would add this step's
+    gradients to them (they are still in .grad); tier.torch keeps none past step(), and would start from
+    zero, silently training otherwise.  Refused before any gradient or update changes."""
+    names = eng._kept_grads
+    if names:
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        raise RuntimeError(f"backward() with no zero_grad() since the last step(): plain PyTorch would add this "
+                           f"step's gradients to the last step's, still in .grad ({names[0]}{more}); tier.torch "
+                           "does not keep a step's gradients past its step(), so it would train differently. Call "
+                           "optimizer.zero_grad() (or model.zero_grad()) once every step, before its first "
+                           "backward (at the top or the bottom of the loop); to accumulate gradients, run several "
+                           "backward() before one step(). Nothing was applied: zero_grad() now drops this step's "
+                           "forward, then run it again")
 
 
 def refuse_second_forward(eng: Any) -> None:
