@@ -563,15 +563,19 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         }
         if (u->ipc_event.len > 0) {
                 const Copy *cp = &t->copy[tier];
+                _cleanup_free_ VramRange *ranges = calloc(MAX(cp->n_pieces, 1u), sizeof(*ranges));
+                char why[256] = "";
 
-                r = tier == LEVEL_VRAM && cp->pins > 0 ? 0 : -EINVAL;
-                /* every piece waits for the client's work */
+                /* every piece waits for the client's work, or none (a copy's pieces are bounded by its size) */
+                r = !ranges ? -ENOMEM : tier == LEVEL_VRAM && cp->pins > 0 && cp->n_pieces > 0 ? 0 : -EINVAL;
                 for (uint32_t i = 0; r >= 0 && i < cp->n_pieces; i++)
-                        r = vram_wait_event(rpc->vram, cp->pieces[i].seg, cp->pieces[i].offset, cp->pieces[i].len,
-                                            u->ipc_event.data, u->ipc_event.len);
+                        ranges[i] = (VramRange) { cp->pieces[i].seg, cp->pieces[i].offset, cp->pieces[i].len };
+                if (r >= 0)
+                        r = vram_wait_event(rpc->vram, ranges, cp->n_pieces, u->ipc_event.data, u->ipc_event.len,
+                                            why, sizeof(why));
                 if (r < 0)
                         return conn_reply_error(c, seq, r, "cannot wait for the client's event on '%s' in %s: %s",
-                                                t->name, level_to_string(tier), strerror(-r));
+                                                t->name, level_to_string(tier), why[0] ? why : strerror(-r));
         }
         r = pin_forget(c, t, tier);
         if (r < 0)

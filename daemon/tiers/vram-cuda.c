@@ -62,7 +62,11 @@
  * range; every later copy, in either direction, and every fill of an
  * overlapping range first makes its stream wait for it (cuStreamWaitEvent),
  * so the tensor is never copied out before those kernels finish.  Entries
- * are dropped once the event has completed.  A client whose kernel never
+ * are dropped once the event has completed.  Each job (the owner of the
+ * ranges' chunks) has at most VRAM_WAITS_PER_JOB ranges on
+ * VRAM_WAIT_EVENTS_PER_JOB events pending, a quarter of the room of all, so
+ * a job whose events never complete cannot refuse other jobs theirs.  A
+ * client whose kernel never
  * ends stalls the copy stream it lands on (and the copies queued behind on
  * it): such a job hurts the jobs sharing that stream, which is the price of
  * waiting on the device rather than on the loop thread.
@@ -151,10 +155,11 @@ int vram_cuda_numa_node_of(const char *sysfs_root, const char *bus_id) {
 #define CUDA_STREAMS_PER_DIR 2
 /* Interprocess events for PinReply; a copy finding none free simply has none. */
 #define CUDA_IPC_EVENTS 64
-/* Client events pending on VRAM ranges (Unpin.ipc_event), all jobs together. */
-#define CUDA_WAITS_MAX 1024
-/* Client events kept open; the least recently used unreferenced one is closed first. */
-#define CUDA_OPENED_MAX 256
+/* Client events pending on VRAM ranges (Unpin.ipc_event), all jobs together (VRAM_WAITS_PER_JOB each). */
+#define CUDA_WAITS_MAX (4 * VRAM_WAITS_PER_JOB)
+/* Client events kept open (VRAM_WAIT_EVENTS_PER_JOB pending each); the least recently used unreferenced
+ * one is closed first. */
+#define CUDA_OPENED_MAX (4 * VRAM_WAIT_EVENTS_PER_JOB)
 /* How long freeing the backend waits for copies still on the device. */
 #define CUDA_STOP_TIMEOUT_SEC 5
 /* Descriptors kept free for everything but the chunks' exported fds (connections, targets, ...). */
@@ -180,6 +185,7 @@ typedef struct CudaOpened {
         CUevent event;          /* NULL: slot unused */
         unsigned refs;          /* CudaWaits naming it */
         uint64_t last_use;
+        uint64_t mark;          /* counted already (waits_of_job()) */
 } CudaOpened;
 
 typedef struct CudaWait {
@@ -375,31 +381,77 @@ static CudaOpened *opened_get(VramCuda *v, const CUipcEventHandle *handle, CUres
         return slot;
 }
 
-static int cuda_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle,
-                           size_t size) {
+/* The job's pending waits, and the distinct events they name (@handle's among them: *@ret_named). */
+static void waits_of_job(VramCuda *v, const Job *job, const CUipcEventHandle *handle, size_t *ret_waits,
+                         size_t *ret_events, bool *ret_named) {
+        uint64_t stamp = ++v->use_clock;
+
+        *ret_waits = *ret_events = 0;
+        *ret_named = false;
+        for (size_t i = 0; i < v->n_waits; i++) {
+                CudaOpened *o = v->waits[i].opened;
+
+                if (v->waits[i].seg->owner != job)
+                        continue;
+                (*ret_waits)++;
+                if (o->mark != stamp) {
+                        o->mark = stamp;
+                        (*ret_events)++;
+                        *ret_named |= memcmp(&o->handle, handle, sizeof(*handle)) == 0;
+                }
+        }
+}
+
+static int cuda_wait_event(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,
+                           char *ret_why, size_t why_size) {
         VramCuda *v = container_of(b, VramCuda, base);
+        size_t job_waits, job_events;
         CUipcEventHandle h;
         CudaOpened *o;
+        bool named;
         CUresult r;
 
-        if (size != sizeof(h) || len == 0)
+        if (size != sizeof(h))
                 return -EINVAL;
         memcpy(&h, handle, sizeof(h));
         waits_prune(v);
-        if (v->n_waits >= CUDA_WAITS_MAX)
+        /* the job's own bounds first, so that one job cannot take the room of all */
+        waits_of_job(v, ranges[0].seg->owner, &h, &job_waits, &job_events, &named);
+        if (job_waits + n > VRAM_WAITS_PER_JOB || (!named && job_events >= VRAM_WAIT_EVENTS_PER_JOB)) {
+                if (ret_why)
+                        snprintf(ret_why, why_size, "the job has %zu VRAM ranges waiting on %zu client events "
+                                 "that have not completed, its bound is %u ranges and %u events (this unpin "
+                                 "adds %zu): synchronize the stream and unpin without an event",
+                                 job_waits, job_events, VRAM_WAITS_PER_JOB, VRAM_WAIT_EVENTS_PER_JOB, n);
                 return -ENOBUFS;
+        }
+        if (v->n_waits + n > CUDA_WAITS_MAX) {
+                if (ret_why)
+                        snprintf(ret_why, why_size, "all jobs together have %zu VRAM ranges waiting on client "
+                                 "events, tierd keeps %u: synchronize the stream and unpin without an event",
+                                 v->n_waits, CUDA_WAITS_MAX);
+                return -ENOBUFS;
+        }
         o = opened_get(v, &h, &r);
         if (!o) {
                 log_debug("Cannot open a client's interprocess event: %s", cu_err(v, r));
-                return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOBUFS : -EINVAL;
+                if (r != CUDA_ERROR_OUT_OF_MEMORY)
+                        return -EINVAL;
+                if (ret_why)
+                        snprintf(ret_why, why_size, "all jobs together have %u client events pending, tierd "
+                                 "keeps that many open: synchronize the stream and unpin without an event",
+                                 CUDA_OPENED_MAX);
+                return -ENOBUFS;
         }
-        o->refs++;
-        v->waits[v->n_waits++] = (CudaWait) {
-                .seg = seg,
-                .offset = offset,
-                .len = len,
-                .opened = o,
-        };
+        for (size_t i = 0; i < n; i++) {
+                o->refs++;
+                v->waits[v->n_waits++] = (CudaWait) {
+                        .seg = ranges[i].seg,
+                        .offset = ranges[i].offset,
+                        .len = ranges[i].len,
+                        .opened = o,
+                };
+        }
         return 0;
 }
 

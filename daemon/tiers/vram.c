@@ -90,10 +90,20 @@ int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint64_
         return b->ops->copy_event(b, seg, offset, len, ret);
 }
 
-int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size) {
+int vram_wait_event(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,
+                    char *ret_why, size_t why_size) {
+        if (ret_why && why_size > 0)
+                ret_why[0] = 0;
         if (!b->ops->wait_event)
                 return -EOPNOTSUPP;
-        if (!seg || offset + len > seg->pool->seg_size)
+        if (n == 0)
                 return -EINVAL;
-        return b->ops->wait_event(b, seg, offset, len, handle, size);
+        for (size_t i = 0; i < n; i++) {
+                const VramRange *g = &ranges[i];
+
+                if (!g->seg || g->len == 0 || g->offset > g->seg->pool->seg_size ||
+                    g->len > g->seg->pool->seg_size - g->offset || g->seg->owner != ranges[0].seg->owner)
+                        return -EINVAL;
+        }
+        return b->ops->wait_event(b, ranges, n, handle, size, ret_why, why_size);
 }

@@ -18,6 +18,19 @@ typedef struct VramCopy VramCopy;
 
 /* Bytes of an interprocess CUDA event handle (CU_IPC_HANDLE_SIZE) on the wire. */
 #define VRAM_IPC_EVENT_SIZE 64
+/*
+ * Client events pending on VRAM ranges (vram_wait_event()), per job: at most
+ * this many ranges, naming at most VRAM_WAIT_EVENTS_PER_JOB distinct events.
+ * A quarter of the cuda backend's room for all jobs, so one job never takes it all.
+ */
+#define VRAM_WAITS_PER_JOB 256
+#define VRAM_WAIT_EVENTS_PER_JOB 64
+
+/* A range of a VRAM segment. */
+typedef struct VramRange {
+        Segment *seg;
+        uint64_t offset, len;
+} VramRange;
 
 typedef enum VramDir {
         VRAM_TO_DEVICE,         /* host -> vram */
@@ -58,8 +71,8 @@ typedef struct VramBackendOps {
         void (*host_unregister)(VramBackend *b, void *p);
         int (*copy_event)(VramBackend *b, const Segment *seg, uint64_t offset, uint64_t len,
                           uint8_t ret[VRAM_IPC_EVENT_SIZE]);
-        int (*wait_event)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle,
-                          size_t size);
+        int (*wait_event)(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,
+                          char *ret_why, size_t why_size);
 } VramBackendOps;
 
 struct VramBackend {
@@ -140,11 +153,15 @@ int vram_copy_event(VramBackend *b, const Segment *seg, uint64_t offset, uint64_
                     uint8_t ret[VRAM_IPC_EVENT_SIZE]);
 
 /*
- * vram_wait_event() - a client unpinned [@offset, +@len) of @seg with work
- * still queued on its own stream that writes it, and recorded the
- * interprocess event @handle after that work (Unpin.ipc_event): every later
- * copy or fill of that range waits for the event on the device first.
- * -EOPNOTSUPP for the emulated backend, -EINVAL for a handle that cannot be
- * opened, -ENOBUFS when too many such events are pending.
+ * vram_wait_event() - a client unpinned the @n ranges @ranges (a tensor's
+ * pieces, all in segments of one job) with work still queued on its own
+ * stream that writes them, and recorded the interprocess event @handle after
+ * that work (Unpin.ipc_event): every later copy or fill of those ranges waits
+ * for the event on the device first.  All or nothing.  -EOPNOTSUPP for the
+ * emulated backend, -EINVAL for a handle that cannot be opened or ranges of
+ * several jobs, -ENOBUFS when the job already has VRAM_WAITS_PER_JOB ranges or
+ * VRAM_WAIT_EVENTS_PER_JOB events pending, or all jobs together as many as
+ * the backend keeps; then @ret_why (@why_size bytes, may be NULL) says which.
  */
-int vram_wait_event(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size);
+int vram_wait_event(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,
+                    char *ret_why, size_t why_size);

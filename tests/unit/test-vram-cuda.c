@@ -83,6 +83,13 @@ static int reset(void **state) {
         return 0;
 }
 
+/* vram_wait_event() for one range. */
+static int wait1(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len, const void *handle, size_t size) {
+        VramRange g = { seg, offset, len };
+
+        return vram_wait_event(b, &g, 1, handle, size, NULL, 0);
+}
+
 static FakeCudaStats stats(void) {
         FakeCudaStats s;
 
@@ -163,7 +170,7 @@ static void test_fallback(void **state) {
         assert_string_equal(b->ops->name, "emulated");
         assert_int_equal(vram_numa_node(b), -1);
         assert_string_equal(b->device, "");
-        assert_int_equal(vram_wait_event(b, &b->pool.segs[0], 0, 4096, "x", 1), -EOPNOTSUPP);
+        assert_int_equal(wait1(b, &b->pool.segs[0], 0, 4096, "x", 1), -EOPNOTSUPP);
         b = vram_backend_free(b);
 
         /* cuda: a start-up error with the reason */
@@ -609,7 +616,7 @@ static void test_wait_event(void **state) {
         fake_hold();
         assert_int_equal(drv->cuEventRecord(client_ev, NULL), CUDA_SUCCESS);
         assert_int_equal(drv->cuIpcGetEventHandle(&h, client_ev), CUDA_SUCCESS);
-        assert_int_equal(vram_wait_event(b, seg, 0, MiB, &h, sizeof(h)), 0);
+        assert_int_equal(wait1(b, seg, 0, MiB, &h, sizeof(h)), 0);
 
         /* the copy out waits for the kernel (the fake's stream wait blocks until it is done) */
         k = (Kernel) { .dst = (void *) (uintptr_t) seg->device_ptr, .len = MiB };
@@ -635,7 +642,7 @@ static void test_wait_event(void **state) {
         /* waits apply to overlapping ranges only, in both directions and to fills */
         fake_hold();
         assert_int_equal(drv->cuEventRecord(client_ev, NULL), CUDA_SUCCESS);
-        assert_int_equal(vram_wait_event(b, seg, 0, 8192, &h, sizeof(h)), 0);
+        assert_int_equal(wait1(b, seg, 0, 8192, &h, sizeof(h)), 0);
         fake_release();         /* completed, but the backend has not looked yet */
         s0 = stats();
         d = (Done) { .copy = { .dir = VRAM_TO_DEVICE, .host = host, .seg = seg, .offset = 8192, .len = 4096,
@@ -645,17 +652,17 @@ static void test_wait_event(void **state) {
         assert_int_equal(stats().stream_waits, s0.stream_waits);
 
         /* bad handles and sizes */
-        assert_int_equal(vram_wait_event(b, seg, 0, 4096, &h, 12), -EINVAL);
+        assert_int_equal(wait1(b, seg, 0, 4096, &h, 12), -EINVAL);
         memset(&h, 0, sizeof(h));
-        assert_int_equal(vram_wait_event(b, seg, 0, 4096, &h, sizeof(h)), -EINVAL);
-        assert_int_equal(vram_wait_event(b, seg, b->pool.seg_size, 4096, &h, sizeof(h)), -EINVAL);
+        assert_int_equal(wait1(b, seg, 0, 4096, &h, sizeof(h)), -EINVAL);
+        assert_int_equal(wait1(b, seg, b->pool.seg_size, 4096, &h, sizeof(h)), -EINVAL);
 
         /* bounded: pending events of all jobs together */
         assert_int_equal(drv->cuIpcGetEventHandle(&h, client_ev), CUDA_SUCCESS);
         fake_hold();
         assert_int_equal(drv->cuEventRecord(client_ev, NULL), CUDA_SUCCESS);
         for (r = 0; r < 5000; r++) {
-                int k2 = vram_wait_event(b, seg, 0, 4096, &h, sizeof(h));
+                int k2 = wait1(b, seg, 0, 4096, &h, sizeof(h));
 
                 if (k2 < 0) {
                         assert_int_equal(k2, -ENOBUFS);
@@ -665,10 +672,93 @@ static void test_wait_event(void **state) {
         assert_true(r > 0 && r < 5000);
         fake_release();
         /* the segment going drops its waits */
-        assert_int_equal(vram_wait_event(b, seg, 0, 4096, &h, sizeof(h)), 0);
+        assert_int_equal(wait1(b, seg, 0, 4096, &h, sizeof(h)), 0);
 
         assert_int_equal(drv->cuEventDestroy(client_ev), CUDA_SUCCESS);
         free(host);
+        vram_backend_free(b);
+        cudrv_close(drv);
+        sd_event_unref(e);
+}
+
+/*
+ * One job's client events that never complete fill only its own share: another
+ * job's unpin with an event is still served, in ranges and in distinct events.
+ */
+#define N_EVENTS (VRAM_WAIT_EVENTS_PER_JOB + 4)   /* the last two for the first part only */
+
+static void test_wait_event_per_job(void **state) {
+        _cleanup_free_ char *why = NULL;
+        CuDriver *drv = NULL;
+        CUevent ev[N_EVENTS];
+        CUipcEventHandle h[N_EVENTS];
+        VramRange many[VRAM_WAITS_PER_JOB];
+        List list_a, list_b;
+        int job_a, job_b, r;
+        char msg[256];
+        Segment *a, *b2;
+        sd_event *e = NULL;
+        VramBackend *b;
+
+        assert_int_equal(sd_event_new(&e), 0);
+        assert_int_equal(cudrv_open(&drv, &why), 0);
+        b = new_backend(e, 16 * MiB, 4 * MiB);
+        list_init(&list_a);
+        list_init(&list_b);
+        assert_int_equal(segpool_assign(&b->pool, (Job *) &job_a, &list_a, &a), 0);
+        assert_int_equal(segpool_assign(&b->pool, (Job *) &job_b, &list_b, &b2), 0);
+        for (int i = 0; i < N_EVENTS; i++) {
+                assert_int_equal(drv->cuEventCreate(&ev[i], CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
+                                 CUDA_SUCCESS);
+                assert_int_equal(drv->cuIpcGetEventHandle(&h[i], ev[i]), CUDA_SUCCESS);
+        }
+        /* events that never complete (until the end of the test) */
+        fake_hold();
+        for (int i = 0; i < N_EVENTS; i++)
+                assert_int_equal(drv->cuEventRecord(ev[i], NULL), CUDA_SUCCESS);
+
+        /* ranges: job a, one event, until refused, at its own bound */
+        for (r = 0; r < 5000; r++)
+                if (wait1(b, a, 0, 4096, &h[N_EVENTS - 2], sizeof(h[0])) < 0)
+                        break;
+        assert_int_equal(r, VRAM_WAITS_PER_JOB);
+        {
+                VramRange g = { a, 0, 4096 };
+
+                assert_int_equal(vram_wait_event(b, &g, 1, &h[N_EVENTS - 2], sizeof(h[0]), msg, sizeof(msg)), -ENOBUFS);
+                if (!strstr(msg, "the job has 256 VRAM ranges") || !strstr(msg, "its bound is 256 ranges"))
+                        fail_msg("refusal \"%s\" does not name the job's bound", msg);
+        }
+        /* job b is still served */
+        assert_int_equal(wait1(b, b2, 0, 4096, &h[N_EVENTS - 1], sizeof(h[0])), 0);
+        /* all or nothing: b's 255 more in one go are too many by one, then one by one they fit */
+        for (size_t i = 0; i < VRAM_WAITS_PER_JOB; i++)
+                many[i] = (VramRange) { b2, 4096 * (i % 16), 4096 };
+        assert_int_equal(vram_wait_event(b, many, VRAM_WAITS_PER_JOB, &h[N_EVENTS - 1], sizeof(h[0]), NULL, 0),
+                         -ENOBUFS);
+        assert_int_equal(vram_wait_event(b, many, VRAM_WAITS_PER_JOB - 1, &h[N_EVENTS - 1], sizeof(h[0]), NULL,
+                                         0), 0);
+        /* ranges of two jobs in one request */
+        many[1].seg = a;
+        assert_int_equal(vram_wait_event(b, many, 2, &h[N_EVENTS - 1], sizeof(h[0]), NULL, 0), -EINVAL);
+
+        /* distinct events: those complete (and are forgotten), then job a sends others that never do */
+        fake_release();
+        fake_hold();
+        for (int i = 0; i < N_EVENTS - 2; i++)
+                assert_int_equal(drv->cuEventRecord(ev[i], NULL), CUDA_SUCCESS);
+        for (r = 0; r < N_EVENTS - 3; r++)
+                if (wait1(b, a, 0, 4096, &h[r], sizeof(h[r])) < 0)
+                        break;
+        assert_int_equal(r, VRAM_WAIT_EVENTS_PER_JOB);
+        assert_int_equal(wait1(b, a, 4096, 4096, &h[0], sizeof(h[0])), 0);     /* one it has already: fine */
+        assert_int_equal(wait1(b, b2, 0, 4096, &h[N_EVENTS - 3], sizeof(h[0])), 0);
+
+        fake_release();
+        for (int i = 0; i < N_EVENTS; i++)
+                assert_int_equal(drv->cuEventDestroy(ev[i]), CUDA_SUCCESS);
+        assert_int_equal(segpool_release(&b->pool, a), 0);
+        assert_int_equal(segpool_release(&b->pool, b2), 0);
         vram_backend_free(b);
         cudrv_close(drv);
         sd_event_unref(e);
@@ -836,7 +926,7 @@ static void test_client_import(void **state) {
 
         /* an event for Unpin.ipc_event, which tierd can open */
         assert_int_equal(client_cuda_record(cc, NULL, handle), 0);
-        assert_int_equal(vram_wait_event(b, seg, 0, 4096, handle, sizeof(handle)), 0);
+        assert_int_equal(wait1(b, seg, 0, 4096, handle, sizeof(handle)), 0);
         /* completed events of the pool are reused */
         s0 = stats();
         for (int i = 0; i < 10; i++)
@@ -873,6 +963,7 @@ int main(void) {
                 cmocka_unit_test_setup(test_copies, reset),
                 cmocka_unit_test_setup(test_copy_event, reset),
                 cmocka_unit_test_setup(test_wait_event, reset),
+                cmocka_unit_test_setup(test_wait_event_per_job, reset),
                 cmocka_unit_test_setup(test_host_register, reset),
                 cmocka_unit_test(test_revoke_hook),
                 cmocka_unit_test_setup(test_client_import, reset),
