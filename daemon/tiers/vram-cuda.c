@@ -65,11 +65,21 @@
  * are dropped once the event has completed.  Each job (the owner of the
  * ranges' chunks) has at most VRAM_WAITS_PER_JOB ranges on
  * VRAM_WAIT_EVENTS_PER_JOB events pending, a quarter of the room of all, so
- * a job whose events never complete cannot refuse other jobs theirs.  A
- * client whose kernel never
- * ends stalls the copy stream it lands on (and the copies queued behind on
- * it): such a job hurts the jobs sharing that stream, which is the price of
- * waiting on the device rather than on the loop thread.
+ * a job whose events never complete cannot refuse other jobs theirs.
+ *
+ * What a client event that never completes stalls (a known limitation, not
+ * the intent): the copy made to wait for it never completes, nor does what
+ * its stream runs after it.  Worse, the completion thread waits on copies
+ * one by one in the order they were queued, on all streams: every copy
+ * queued after the stuck one, any stream, either direction, any job, is
+ * never handed back to the loop either, so the engine's places with the
+ * backend (VramBackend.depth per direction) fill and all VRAM copies stop.
+ * And a fill (cuda_zero()) of such a range waits on the loop thread
+ * (cuStreamSynchronize), which then never returns.  Only cuda_free() gives
+ * up, after CUDA_STOP_TIMEOUT_SEC.  The way out would be to hand copies back
+ * as each completes (cuEventQuery on all in flight, or one waiter per
+ * stream), to put a copy on the least loaded stream of its direction, and
+ * to fill asynchronously.
  */
 
 #include <errno.h>
