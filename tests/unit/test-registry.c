@@ -846,82 +846,6 @@ static void test_ghost_write_only(void **state) {
 }
 
 /* @name, written (version 1 in host) and put back held for writing for the ranks @ranks (a ghost). */
-static Tensor *written_ghost(Manager *m, Job *j, const char *name, RankSet ranks) {
-        Tensor *t = fixture_tensor(j, name, 1 * MiB);
-
-        fixture_touch(m, t, LEVEL_HOST, true);
-        t->copy[LEVEL_HOST].pins++;
-        t->copy[LEVEL_HOST].writer_rank = ranks.rank[0];
-        t->ghost_ranks[LEVEL_HOST] = ranks;
-        t->ghost |= 1u << LEVEL_HOST;
-        tensor_pin_account(t, LEVEL_HOST, +1);
-        return t;
-}
-
-/*
- * A copy held for writing when tierd died (not a write-only pin's) stays pinned until every rank
- * whose pin held it says Hello: a process of that rank may still write into its room through its
- * mapping of the same memory.  It used to go at the job's first Hello, of any rank: its room could
- * then be moved and given to another tensor, which rank 1's process went on overwriting.  A record
- * of before the ranks were kept (n 0) goes at any rank's Hello, as then; more ranks than a record
- * keeps, at the job's end.  Copy.write_ranks keeps the ranks of its writers.
- */
-static void test_ghost_written_waits_for_its_rank(void **state) {
-        Manager *m = new_manager();
-        Tensor *w1, *w01, *many, *old;
-        uint32_t ranks[RANK_SET_MAX];
-        char why[256];
-        Job *j;
-
-        (void) state;
-        assert_int_equal(job_new(m->registry, "jr", 0, &j), 0);
-        w1 = written_ghost(m, j, "w1", (RankSet) { .rank = { 1 }, .n = 1 });
-        w01 = written_ghost(m, j, "w01", (RankSet) { .rank = { 0, 1 }, .n = 2 });
-        many = written_ghost(m, j, "many", (RankSet) { .n = RANK_SET_MANY });
-        old = written_ghost(m, j, "old", (RankSet) { .n = 0 });
-
-        job_release_ghosts(j, true, 0, NULL, NULL);
-        assert_true(!old->ghost && old->copy[LEVEL_HOST].pins == 0);
-        assert_true(w1->ghost && w01->ghost && many->ghost);
-        assert_true(w1->copy[LEVEL_HOST].pins == 1 && w01->copy[LEVEL_HOST].pins == 1);
-        assert_int_equal(fixture_op(m, OP_EVICT, w1, LEVEL_NVME), -EBUSY);     /* its room does not move */
-        assert_true(copy_valid(w1, LEVEL_HOST));
-        assert_int_equal(copy_write_ranks(w01, LEVEL_HOST, ranks), 1);         /* (what the record says now) */
-        assert_int_equal(ranks[0], 1);
-        assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
-        assert_non_null(strstr(why, "for the client of rank 1 of before tierd restarted"));
-
-        job_release_ghosts(j, true, 1, NULL, NULL);
-        assert_false(w1->ghost || w01->ghost);
-        assert_true(w1->copy[LEVEL_HOST].pins == 0 && w01->copy[LEVEL_HOST].pins == 0);
-        assert_int_equal(w1->version, 1);
-        assert_true(copy_valid(w1, LEVEL_HOST) && copy_valid(w01, LEVEL_HOST));
-        assert_true(many->ghost);
-        assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
-        assert_non_null(strstr(why, "more than 4 ranks (released when the job ends)"));
-
-        /* the ranks of a copy's writers, for its record */
-        w1->copy[LEVEL_HOST].writer_rank = 2;
-        copy_writers(w1, LEVEL_HOST, +1);
-        w1->copy[LEVEL_HOST].writer_rank = 5;
-        copy_writers(w1, LEVEL_HOST, +1);
-        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 2);
-        assert_true(ranks[0] == 2 && ranks[1] == 5);
-        copy_writers(w1, LEVEL_HOST, -1);
-        copy_writers(w1, LEVEL_HOST, -1);
-        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 0);
-        w1->copy[LEVEL_HOST].writer_rank = 7;
-        copy_writers(w1, LEVEL_HOST, +1);
-        assert_int_equal(copy_write_ranks(w1, LEVEL_HOST, ranks), 1);
-        assert_int_equal(ranks[0], 7);
-        copy_writers(w1, LEVEL_HOST, -1);
-
-        job_destroy(j);         /* the job's end: what it still held goes */
-        for (int tier = 0; tier < TIERS; tier++)
-                assert_int_equal(m->registry->pinned[tier], 0);
-        fixture_free(m);
-}
-
 /*
  * A write-only pin (TIER_WRITE; a plan's PLAN_WRITE access) of a tensor at the version its job
  * committed makes that version's NVMe image first, from host: where host held no copy (reclaim
@@ -992,7 +916,6 @@ int main(void) {
                 cmocka_unit_test(test_stop_while_copying),
                 cmocka_unit_test(test_rollback_waits_and_freezes),
                 cmocka_unit_test(test_ghost_write_only),
-                cmocka_unit_test(test_ghost_written_waits_for_its_rank),
                 cmocka_unit_test(test_write_only_pin_images_the_committed_version),
         };
         return fixture_main("registry", tests, sizeof(tests) / sizeof(tests[0]));
