@@ -89,8 +89,7 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw) {
         if (rw)
                 t->rw_pins++;
         if (write_only || rw) {
-                t->copy[tier].writer_rank = c->rank;
-                copy_writers(t, tier, +1);
+                copy_writers(t, tier, +1, c->rank);
         }
         return 0;
 }
@@ -119,7 +118,7 @@ void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *use
                 /* one that may have written: dirty (the client said nothing); a read-only one: clean */
                 (void) tensor_unpin(pr->tensor, pr->tier, pr->write_only || pr->rw);
                 if (pr->write_only || pr->rw) {
-                        copy_writers(pr->tensor, pr->tier, -1);
+                        copy_writers(pr->tensor, pr->tier, -1, c->rank);
                         if (changed)
                                 changed(pr->tensor, userdata);
                 }

@@ -28,7 +28,7 @@ int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw);
 #define PIN_WRITER 2
 /*
  * Forget one such pin: PIN_WRITE_ONLY and PIN_WRITER as it was, -ENOENT when
- * @c holds none.  A PIN_WRITER's caller calls copy_writers(t, tier, -1)
+ * @c holds none.  A PIN_WRITER's caller calls copy_writers(t, tier, -1, c->rank)
  * once the pin is dropped (after a dirty tensor_unpin(): the memory store
  * must never see the written copy as the old version).
  */

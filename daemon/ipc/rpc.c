@@ -202,7 +202,7 @@ static void on_op_complete(Op *op, int status, const char *error) {
                         if (f >= 0)
                                 tensor_pin_account(t, op->tier, -1);
                         if (f > 0 && (f & PIN_WRITER))
-                                copy_writers(t, op->tier, -1);
+                                copy_writers(t, op->tier, -1, c->rank);
                 }
         }
 
@@ -585,7 +585,7 @@ static int handle_unpin(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Unpin *u) {
         /* a write-only pin's old bytes were not brought: what is there now is what the client wrote */
         (void) tensor_unpin(t, tier, u->dirty || (r & PIN_WRITE_ONLY));
         if (r & PIN_WRITER)
-                copy_writers(t, tier, -1);
+                copy_writers(t, tier, -1, c->rank);
         if ((u->dirty || (r & PIN_WRITE_ONLY)) && rpc->sched)
                 sched_tensor_changed(rpc->sched, t);    /* a held phase's other copy of it is stale now */
         return reply_ok(c, seq);
@@ -946,7 +946,7 @@ void rpc_conn_gone(Rpc *rpc, Conn *c) {
                     (f = pin_forget(c, p->op->tensor, p->op->tier)) >= 0)
                         tensor_pin_account(p->op->tensor, p->op->tier, -1);
                 if (f > 0 && (f & PIN_WRITER))
-                        copy_writers(p->op->tensor, p->op->tier, -1);
+                        copy_writers(p->op->tensor, p->op->tier, -1, c->rank);
                 if (p->op)
                         op_cancel(p->op);   /* drops the pin the op held */
                 /* an async pin that was granted already holds a pin record: dropped below */

@@ -160,7 +160,7 @@ static void hold_unpin_one(Plan *p, int h, uint32_t i, bool unpin, bool written)
                     (a->mode & PLAN_WRITE))
                         t->sched_changed = true;
                 if (a->mode & PLAN_WRITE)
-                        copy_writers(t, a->tier, -1);   /* after the version the write made */
+                        copy_writers(t, a->tier, -1, p->rank);   /* after the version the write made */
                 /* a write-only pin may have reserved the copy without the old bytes: unwritten, it holds nothing */
                 if (!written && a->mode == PLAN_WRITE && t->copy[a->tier].pins == 0 && !t->xfer &&
                     !copy_is_sole(t, a->tier))
@@ -206,8 +206,7 @@ static void on_pin_done(Op *op, int status, const char *error) {
                 if (a->mode == (PLAN_READ | PLAN_WRITE))
                         a->tensor->rw_pins++;
                 if (a->mode & PLAN_WRITE) {
-                        a->tensor->copy[a->tier].writer_rank = p->rank;
-                        copy_writers(a->tensor, a->tier, +1);   /* before the phase can be said ready */
+                        copy_writers(a->tensor, a->tier, +1, p->rank);  /* before the phase can be said ready */
                 }
                 plan_slot_publish(p, a);
                 engine_kick(p->sched->engine);
@@ -286,8 +285,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                         if (a->mode == (PLAN_READ | PLAN_WRITE))
                                 t->rw_pins++;
                         if (a->mode & PLAN_WRITE) {
-                                c->writer_rank = p->rank;
-                                copy_writers(t, a->tier, +1);
+                                copy_writers(t, a->tier, +1, p->rank);
                         }
                         plan_slot_publish(p, a);
                         moves_used(p, t, a->tier);

@@ -53,7 +53,7 @@ typedef struct CopyPiece {
 } CopyPiece;
 
 /*
- * Ranks of a job: those whose pins held a copy for writing (Copy.write_ranks),
+ * Ranks of a job: those whose pins hold a copy for writing (Copy.write_ranks),
  * or whose Hello a copy held for the clients of before tierd's restart waits
  * for (Tensor.ghost_ranks).  More than RANK_SET_MAX: RANK_SET_MANY, which
  * ranks not known.
@@ -76,7 +76,8 @@ typedef struct Copy {
         unsigned writers;       /* pins that may write it (a client's, a plan's): the memory store records them */
         bool unwritten;         /* reserved for a pin that writes it whole: garbage until that pin wrote it */
         uint32_t writer_rank;   /* the rank whose pin may write it, last noted (the memory store records it) */
-        RankSet write_ranks;    /* the ranks of its writers since it last had none (the memory store records them) */
+        RankSet write_ranks;    /* the ranks whose pins may write it now (the memory store records them) */
+        unsigned write_pins[RANK_SET_MAX]; /* per write_ranks.rank[i]: its pins that may write it */
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
@@ -455,8 +456,12 @@ const char *tensor_lost_reason(const Tensor *t);
 int tensor_unpin(Tensor *t, int tier, bool dirty);
 /* Count (delta > 0) or uncount a pin of @t in @tier in the job's and the daemon's "pinned" bytes. */
 void tensor_pin_account(Tensor *t, int tier, int delta);
-/* A pin that may write @t's copy in @tier is taken (@delta > 0) or let go: the memory store records it first. */
-void copy_writers(Tensor *t, int tier, int delta);
+/*
+ * A pin of rank @rank that may write @t's copy in @tier is taken (@delta > 0) or let go: the memory store
+ * records it first.  A rank whose last such pin went is no longer one of Copy.write_ranks (once more ranks
+ * than fit held it at once, RANK_SET_MANY, until it has no writer).
+ */
+void copy_writers(Tensor *t, int tier, int delta, uint32_t rank);
 /* Add @rank to @s (RANK_SET_MANY once more than fit). */
 void rank_set_add(RankSet *s, uint32_t rank);
 /*

@@ -485,8 +485,17 @@ static void ghost_drop(Tensor *t, int tier) {
                 t->copy[tier].unwritten = false;        /* written, as far as anyone can tell */
 }
 
-void copy_writers(Tensor *t, int tier, int delta) {
+/* The index of @rank in @s, or -1 (RANK_SET_MANY: never in it). */
+static int rank_set_find(const RankSet *s, uint32_t rank) {
+        for (unsigned i = 0; s->n != RANK_SET_MANY && i < s->n; i++)
+                if (s->rank[i] == rank)
+                        return (int) i;
+        return -1;
+}
+
+void copy_writers(Tensor *t, int tier, int delta, uint32_t rank) {
         Copy *c = &t->copy[tier];
+        int i;
 
         if (delta > 0) {
                 /*
@@ -502,9 +511,29 @@ void copy_writers(Tensor *t, int tier, int delta) {
                 }
                 if (c->writers == 0)
                         c->write_ranks.n = 0;
-                rank_set_add(&c->write_ranks, c->writer_rank);  /* (its caller noted the rank) */
+                c->writer_rank = rank;
+                i = rank_set_find(&c->write_ranks, rank);
+                if (i < 0 && c->write_ranks.n < RANK_SET_MAX) {
+                        i = c->write_ranks.n++;
+                        c->write_ranks.rank[i] = rank;
+                        c->write_pins[i] = 0;
+                } else if (i < 0)
+                        c->write_ranks.n = RANK_SET_MANY;       /* (which, not known until it has none) */
+                if (i >= 0)
+                        c->write_pins[i]++;
                 c->writers++;
         } else if (c->writers > 0) {
+                /*
+                 * A rank that let go of its last pin that may write the copy no longer writes it (a write
+                 * after its unpin is out of bounds, as for a copy nothing holds): its record leaves it
+                 * out, and a ghost of it does not wait for that rank's Hello, which may never come.
+                 */
+                i = rank_set_find(&c->write_ranks, rank);
+                if (i >= 0 && --c->write_pins[i] == 0) {
+                        c->write_ranks.n--;
+                        c->write_ranks.rank[i] = c->write_ranks.rank[c->write_ranks.n];
+                        c->write_pins[i] = c->write_pins[c->write_ranks.n];
+                }
                 c->writers--;
                 t->job->registry->unpins++;
         }

@@ -365,6 +365,56 @@ static void test_stale_by_size(void **state) {
         tier_client_free(a);
 }
 
+/*
+ * With the fd store (memory across a SIGKILL, the restart suite's subject):
+ * ranks 0 and 1 both hold s for writing, rank 0 first; rank 1 writes,
+ * unpins and leaves (its process is done with s: a write after its unpin is
+ * out of bounds, as for any copy nothing holds), rank 0 writes on, and
+ * tierd is SIGKILLed.  The copy comes back held for its writers of before
+ * (a ghost), which are rank 0's only: rank 0's Hello releases it and the
+ * job commits.  It used to wait for rank 1 too (Copy.write_ranks kept every
+ * rank since the copy last had no writer): with rank 1 gone for good, s
+ * stayed pinned and every commit and rollback was refused while the job
+ * lived.
+ */
+static void test_ghost_not_held_for_a_rank_that_let_go(void **state) {
+        tier_client *c0 = NULL, *c1 = NULL, *n0 = NULL;
+        tier_tensor *s = NULL, *s1 = NULL;
+        struct tier_grant g, g1;
+        struct tier_stat st;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "wlet", 0, &c0), 0);
+        assert_int_equal(tier_client_new(d.socket, "wlet", 1, &c1), 0);
+        assert_int_equal(tier_tensor_create(c0, "s", MiB, &s), 0);
+        assert_int_equal(tier_tensor_open(c1, "s", &s1), 0);
+        assert_int_equal(tier_pin(s, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        assert_int_equal(tier_pin(s1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x22, g1.length);
+        assert_int_equal(tier_unpin(s1, TIER_HOST, 1), 0);
+        tier_tensor_close(s1);
+        tier_client_free(c1);                   /* rank 1 is done */
+        memset(g.ptr, 0x44, g.length);          /* rank 0 writes on, holding s */
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_tensor_close(s);
+        tier_client_free(c0);
+
+        assert_int_equal(tier_client_new(d.socket, "wlet", 0, &n0), 0);
+        assert_int_equal(tier_tensor_open(n0, "s", &s), 0);
+        assert_int_equal(tier_tensor_stat(s, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 0);
+        assert_int_equal(tier_job_commit(n0, 1), 0);
+        expect_bytes(s, 0x44);
+        assert_int_equal(tier_tensor_destroy(s), 0);
+        tier_client_free(n0);
+        d.fd_store = false;
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -382,6 +432,7 @@ int main(void) {
                 cmocka_unit_test(test_stop_without_reconnecting),
                 cmocka_unit_test(test_timeout_and_stale),
                 cmocka_unit_test(test_stale_by_size),
+                cmocka_unit_test(test_ghost_not_held_for_a_rank_that_let_go),
         };
 
         if (!test_can_lock_memory(16 * MiB))

@@ -805,8 +805,7 @@ static void test_ghost_write_only(void **state) {
                 x = ghost(m, j4, "x", true, 0);
                 w->version++;                   /* (another client's write elsewhere: the ghost copy is stale) */
                 x->copy[LEVEL_HOST].pins++;     /* another client pins the ghost copy to write it */
-                x->copy[LEVEL_HOST].writer_rank = 1;
-                copy_writers(x, LEVEL_HOST, +1);
+                copy_writers(x, LEVEL_HOST, +1, 1);
                 /* nothing goes back; but rank 0 of before may still write through its mapping: held */
                 assert_true(x->ghost && !x->ghost_unwritten);
                 assert_int_equal(x->copy[LEVEL_HOST].pins, 2);
@@ -821,7 +820,7 @@ static void test_ghost_write_only(void **state) {
                 assert_true(x->copy[LEVEL_HOST].unwritten);     /* still the writer's to write */
                 assert_int_equal(x->version, 2);
                 assert_int_equal(tensor_unpin(x, LEVEL_HOST, true), 0);
-                copy_writers(x, LEVEL_HOST, -1);
+                copy_writers(x, LEVEL_HOST, -1, 1);
                 assert_int_equal(x->version, 3);
                 assert_true(copy_valid(x, LEVEL_HOST));
                 job_destroy(j4);

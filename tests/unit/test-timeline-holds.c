@@ -150,7 +150,7 @@ static void test_stale_pinned_copy_not_refilled(void **state) {
         t = tensor(j, "T", MiB);
         fixture_host_data(m, t, 0x11);
         assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A holds it, to write */
-        copy_writers(t, LEVEL_HOST, +1);                                /* (as rpc.c's pin_record()) */
+        copy_writers(t, LEVEL_HOST, +1, 0);                                /* (as rpc.c's pin_record()) */
         assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client B writes VRAM */
         fixture_fill(t, LEVEL_VRAM, 0x22);
         assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
@@ -161,7 +161,7 @@ static void test_stale_pinned_copy_not_refilled(void **state) {
         assert_null(t->xfer);
         fixture_fill(t, LEVEL_HOST, 0x33);                              /* A writes, unpins dirty */
         assert_int_equal(tensor_unpin(t, LEVEL_HOST, true), 0);
-        copy_writers(t, LEVEL_HOST, -1);
+        copy_writers(t, LEVEL_HOST, -1, 0);
         assert_int_equal(t->version, 3);
         assert_true(copy_valid(t, LEVEL_HOST));
         assert_false(copy_valid(t, LEVEL_VRAM));
