@@ -149,7 +149,7 @@ static void stop_report_unwritten(Manager *m) {
                                        "go", held);
         if (ghosts && k < sizeof(why))
                 k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u held for writing by a client of before tierd's "
-                                       "restart whose job had not attached again, not written down since that client "
+                                       "restart whose rank had not attached again, not written down since that client "
                                        "may still be writing it", k ? ", " : "", ghosts);
         if (running && k < sizeof(why))
                 k += (size_t) snprintf(why + k, sizeof(why) - k, "%s%u whose write-down had not ended", k ? ", " : "",
@@ -188,8 +188,8 @@ static void stop_report_unwritten(Manager *m) {
  * reading); the last, with none left, drops them as before.
  *
  * Never a ghost (Tensor.ghost: a copy put back from the memory store held
- * for writing by a client of before a restart, which the job's next Hello
- * releases, and no Hello comes during a stop): that client may still be
+ * for writing by a client of before a restart, which the Hello of each rank
+ * it waits for releases, and no Hello comes during a stop): that client may still be
  * writing into it (it maps the memfd), so NVMe would get a torn copy booked
  * as the newest version, and a write-only pin's room holds garbage until it
  * writes.  The memory store keeps it (its table records it held for writing,

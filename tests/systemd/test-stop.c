@@ -259,7 +259,7 @@ static void ghost_made(const char *faults, tier_client **ret_c, tier_tensor **re
 }
 
 /*
- * A stop before the ghost's job attached again: x is not written down (its
+ * A stop before the ghost's rank attached again: x is not written down (its
  * client may still be writing it: NVMe would get a torn copy), and the log
  * says that the memory store keeps it, not that it is lost.  It used to be
  * given to a write-down that failed ("pinned in host"), and the stop said it
@@ -280,7 +280,7 @@ static void test_stop_keeps_ghost(void **state) {
         printf("%s", log);
         assert_null(strstr(log, "Stopping: writing"));
         assert_non_null(strstr(log, "Stopping: 1 tensor(s), 1 MiB, held only in memory were not written down to NVMe "
-                                    "(1 held for writing by a client of before tierd's restart whose job had not "
+                                    "(1 held for writing by a client of before tierd's restart whose rank had not "
                                     "attached again, not written down since that client may still be writing it): "
                                     "they stay in the memory store, and the next start puts them back"));
         /* (lost only if the service manager empties the store: a stop, not a restart) */
@@ -304,6 +304,43 @@ static void test_stop_keeps_ghost(void **state) {
 }
 
 /*
+ * The ghost of rank 1 (x, held for writing by it at the SIGKILL), after rank
+ * 0 of its job attached again and left (its Hello does not release rank 1's
+ * copy): the stop does not write x down, and says why truly, of the rank,
+ * not of the job (it said "whose job had not attached again").
+ */
+static void test_stop_keeps_ghost_of_a_rank_not_back(void **state) {
+        tier_client *c0, *c1;
+        tier_tensor *x = NULL;
+        struct tier_grant g;
+        char *log;
+        long off;
+
+        start_with(NULL, true);
+        assert_int_equal(tier_client_new(d.socket, "ghost", 1, &c1), 0);
+        assert_int_equal(tier_tensor_create(c1, "x", MiB, &x), 0);
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x55, g.length);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn(NULL);
+        c0 = connect_job("ghost");              /* rank 0: the job is back, rank 1 is not */
+        tier_client_free(c0);
+        off = log_size();
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
+        log = log_since(off);
+        printf("%s", log);
+        assert_null(strstr(log, "Stopping: writing"));
+        assert_null(strstr(log, "whose job had not attached again"));
+        assert_non_null(strstr(log, "(1 held for writing by a client of before tierd's restart whose rank had not "
+                                    "attached again, not written down since that client may still be writing it): "
+                                    "they stay in the memory store"));
+        free(log);
+        tier_tensor_close(x);
+        tier_client_free(c1);
+}
+
+/*
  * The same, but the start after the SIGKILL cannot make its memory store
  * table (fault store-table): memory is not kept in that run, so the ghost is
  * lost at its stop, and the log says so and why.  It said "could not be
@@ -324,7 +361,7 @@ static void test_stop_ghost_lost_without_store(void **state) {
         printf("%s", log);
         assert_null(strstr(log, "Stopping: writing"));
         assert_non_null(strstr(log, "Stopping: 1 tensor(s), 1 MiB, held only in memory were not written down to NVMe "
-                                    "(1 held for writing by a client of before tierd's restart whose job had not "
+                                    "(1 held for writing by a client of before tierd's restart whose rank had not "
                                     "attached again, not written down since that client may still be writing it): "
                                     "they are lost (the next start reports them)"));
         free(log);
@@ -404,6 +441,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_stop_idle_client, teardown),
                 cmocka_unit_test_teardown(test_stop_waits_for_transfer, teardown),
                 cmocka_unit_test_teardown(test_stop_keeps_ghost, teardown),
+                cmocka_unit_test_teardown(test_stop_keeps_ghost_of_a_rank_not_back, teardown),
                 cmocka_unit_test_teardown(test_stop_ghost_lost_without_store, teardown),
                 cmocka_unit_test_teardown(test_stop_write_down_failed, teardown),
                 cmocka_unit_test_teardown(test_stop_cut_short_write_down_unfinished, teardown),
