@@ -149,7 +149,7 @@ static void wait_free(RollbackWait *w) {
 static int rollback_try(Rpc *rpc, Conn *c, uint64_t seq) {
         Job *j = c->job;
         unsigned rolled = 0, lost = 0;
-        char why[256] = "";
+        char why[512] = "";
         int r;
 
         if (rpc->registry->stopping)

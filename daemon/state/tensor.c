@@ -296,21 +296,32 @@ void job_commit(Job *j, uint64_t step) {
         book_commit(j->registry->book, j);
 }
 
-/* The ranks @t's ghost in @tier waits for, for messages: "rank 1", "ranks 0, 1", or more than fit. */
-static const char *ghost_waits_for(const Tensor *t, int tier, char *buf, size_t size) {
+/*
+ * Why @t's ghost in @tier holds a commit (@commit) or a rollback back, for messages: the ranks it waits
+ * for ("rank 1", "ranks 0, 1"), and till when; more ranks than fit are not known: the job's end.
+ */
+static void ghost_why(const Tensor *t, int tier, bool commit, char *buf, size_t size) {
         const RankSet *s = &t->ghost_ranks[MIN(tier, LEVEL_NVME - 1)];
         size_t at;
 
-        if (s->n == RANK_SET_MANY)
-                snprintf(buf, size, "more than %d ranks (released when the job ends)", RANK_SET_MAX);
-        else if (s->n == 0)     /* (a table of before: a write-only pin's waits for its rank, else any) */
-                snprintf(buf, size, "rank %" PRIu32, t->ghost_rank);
+        if (s->n == RANK_SET_MANY) {
+                snprintf(buf, size, "the clients of more than %d ranks of before tierd restarted, which may have "
+                         "written it: which ranks is not known, so it is held until the job ends (its linger, or "
+                         "tierctl detach)", RANK_SET_MAX);
+                return;
+        }
+        if (s->n <= 1)  /* (n 0, a table of before: a write-only pin's waits for its rank, else any) */
+                at = (size_t) snprintf(buf, size, "the client of rank %" PRIu32, s->n ? s->rank[0] : t->ghost_rank);
         else {
-                at = (size_t) snprintf(buf, size, "rank%s %" PRIu32, s->n > 1 ? "s" : "", s->rank[0]);
+                at = (size_t) snprintf(buf, size, "the clients of ranks %" PRIu32, s->rank[0]);
                 for (unsigned i = 1; i < s->n && at < size; i++)
                         at += (size_t) snprintf(buf + at, size - at, ", %" PRIu32, s->rank[i]);
         }
-        return buf;
+        if (at < size)
+                snprintf(buf + at, size - at, " of before tierd restarted, which may have written it%s%s%s",
+                         commit ? ": what it holds is known once " : " (released when ",
+                         s->n <= 1 ? "that rank attaches again" : "those ranks have all attached again",
+                         commit ? " (commit then)" : ")");
 }
 
 int job_commit_refused(const Job *j, char *why, size_t why_size) {
@@ -319,12 +330,11 @@ int job_commit_refused(const Job *j, char *why, size_t why_size) {
 
                 for (int i = 0; i < TIERS; i++)
                         if (t->ghost & (1u << i)) {
-                                char ranks[96];
+                                char ghost[320];
 
-                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of %s of before "
-                                         "tierd restarted, which may have written it: what it holds is known once "
-                                         "that rank attaches again (commit then)", t->name, level_to_string(i),
-                                         ghost_waits_for(t, i, ranks, sizeof(ranks)));
+                                ghost_why(t, i, true, ghost, sizeof(ghost));
+                                snprintf(why, why_size, "tensor '%s' is held in %s for %s", t->name,
+                                         level_to_string(i), ghost);
                                 return -EBUSY;
                         }
         }
@@ -339,12 +349,11 @@ int job_rollback_refused(const Job *j, const Tensor *busy, char *why, size_t why
                         if (t->copy[i].pins == 0)
                                 continue;
                         if ((t->ghost & (1u << i)) && t->copy[i].pins == 1) {
-                                char ranks[96];
+                                char ghost[320];
 
-                                snprintf(why, why_size, "tensor '%s' is held in %s for the client of %s of before "
-                                         "tierd restarted, which may have written it (released when that rank "
-                                         "attaches again)", t->name, level_to_string(i),
-                                         ghost_waits_for(t, i, ranks, sizeof(ranks)));
+                                ghost_why(t, i, false, ghost, sizeof(ghost));
+                                snprintf(why, why_size, "tensor '%s' is held in %s for %s", t->name,
+                                         level_to_string(i), ghost);
                         } else
                                 snprintf(why, why_size, "tensor '%s' is pinned (in %s)", t->name, level_to_string(i));
                         return -EBUSY;

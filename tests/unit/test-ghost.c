@@ -50,9 +50,18 @@ static void test_ghost_written_waits_for_its_rank(void **state) {
         Tensor *w1, *w01, *many, *old;
         uint32_t ranks[RANK_SET_MAX];
         char why[256];
-        Job *j;
+        Job *j, *j2;
 
         (void) state;
+        /* the refusals name the ranks waited for, and say till when */
+        assert_int_equal(job_new(m->registry, "jr2", 0, &j2), 0);
+        (void) written_ghost(m, j2, "two", (RankSet) { .rank = { 0, 1 }, .n = 2 });
+        assert_int_equal(job_commit_refused(j2, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "for the clients of ranks 0, 1 of before tierd restarted, which may have written "
+                                    "it: what it holds is known once those ranks have all attached again"));
+        assert_int_equal(job_rollback_refused(j2, NULL, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "(released when those ranks have all attached again)"));
+        job_destroy(j2);
         assert_int_equal(job_new(m->registry, "jr", 0, &j), 0);
         w1 = written_ghost(m, j, "w1", (RankSet) { .rank = { 1 }, .n = 1 });
         w01 = written_ghost(m, j, "w01", (RankSet) { .rank = { 0, 1 }, .n = 2 });
@@ -68,7 +77,8 @@ static void test_ghost_written_waits_for_its_rank(void **state) {
         assert_int_equal(copy_write_ranks(w01, LEVEL_HOST, ranks), 1);         /* (what the record says now) */
         assert_int_equal(ranks[0], 1);
         assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
-        assert_non_null(strstr(why, "for the client of rank 1 of before tierd restarted"));
+        assert_non_null(strstr(why, "for the client of rank 1 of before tierd restarted, which may have written it: "
+                                    "what it holds is known once that rank attaches again (commit then)"));
 
         job_release_ghosts(j, true, 1, NULL, NULL);
         assert_false(w1->ghost || w01->ghost);
@@ -77,7 +87,14 @@ static void test_ghost_written_waits_for_its_rank(void **state) {
         assert_true(copy_valid(w1, LEVEL_HOST) && copy_valid(w01, LEVEL_HOST));
         assert_true(many->ghost);
         assert_int_equal(job_commit_refused(j, why, sizeof(why)), -EBUSY);
-        assert_non_null(strstr(why, "more than 4 ranks (released when the job ends)"));
+        /* (it said "once that rank attaches again (commit then)" of more ranks than it knew) */
+        assert_non_null(strstr(why, "tensor 'many' is held in host for the clients of more than 4 ranks of before "
+                                    "tierd restarted, which may have written it: which ranks is not known, so it is "
+                                    "held until the job ends"));
+        assert_null(strstr(why, "attaches again"));
+        assert_int_equal(job_rollback_refused(j, NULL, why, sizeof(why)), -EBUSY);
+        assert_non_null(strstr(why, "tensor 'many' is held in host for the clients of more than 4 ranks"));
+        assert_null(strstr(why, "attaches again"));
 
         /* the ranks of a copy's writers, for its record */
         copy_writers(w1, LEVEL_HOST, +1, 2);
