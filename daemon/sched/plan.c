@@ -286,10 +286,17 @@ static int plan_make_page(Plan *p) {
         p->marker_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->marker_fd < 0)
                 return negative_errno();
-        /* each (slot, tier) gets its own stretch of the pieces */
+        /*
+         * each (slot, tier) gets its own stretch of the pieces, kept here: the client may write the
+         * page's copy, which plan_slot_publish() only ever writes
+         */
+        p->first_piece = calloc(2 * (size_t) MAX(p->n_slots, 1u), sizeof(uint32_t));
+        if (!p->first_piece)
+                return -ENOMEM;
         n_pieces = 0;
         for (uint32_t i = 0; i < p->n_slots; i++)
                 for (int tier = LEVEL_VRAM; tier <= LEVEL_HOST; tier++) {
+                        p->first_piece[2 * i + (uint32_t) tier] = (uint32_t) n_pieces;
                         p->page->slots[2 * i + (uint32_t) tier].first_piece = (uint32_t) n_pieces;
                         n_pieces += pieces_cap(p->slots[i], pools[tier]->seg_size);
                 }
@@ -398,6 +405,7 @@ void plan_free(Plan *p) {
         free(p->phases);
         free(p->acc_storage);
         free(p->slots);
+        free(p->first_piece);
         free(p);
 }
 
@@ -510,10 +518,12 @@ void plan_slot_publish(Plan *p, const PlanAcc *a) {
         s->generation = c->pieces[0].seg->generation;
         s->offset = c->pieces[0].offset;
         s->n_pieces = c->n_pieces > 1 ? c->n_pieces : 0;
+        /* where the pieces go is ours, never the page's (the client may have written it): said again */
+        s->first_piece = p->first_piece[2 * a->slot + (uint32_t) a->tier];
         if (c->n_pieces <= 1)
                 return;
         /* a copy has at most alloc_size / seg_size + 1 pieces, the room plan_make_page() left */
-        pieces = plan_pieces(p->page, p->n_slots) + s->first_piece;
+        pieces = plan_pieces(p->page, p->n_slots) + p->first_piece[2 * a->slot + (uint32_t) a->tier];
         for (uint32_t i = 0; i < c->n_pieces; i++)
                 pieces[i] = (PlanPiece) {
                         .segment = c->pieces[i].seg->pool->id_base + c->pieces[i].seg->id,

@@ -114,8 +114,9 @@ struct Plan {
         uint8_t *acc_mode;
 
         int page_fd;
-        PlanPage *page;
+        PlanPage *page;         /* shared with the client, who may write all of it: nothing read back but its area */
         uint64_t page_size;
+        uint32_t *first_piece;  /* per slot and tier (2 * slot + tier): its stretch of the page's pieces */
         int marker_fd;
         sd_event_source *marker_source;
 

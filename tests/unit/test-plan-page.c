@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test-plan-page.c: a client that writes all over its plan page (proto/plan.h: the page is writable
+ * by both sides).  tierd reads back only the client area, range-checked; what it wrote itself (where
+ * a slot's pieces go, whether the plan failed) it keeps on its side and never takes from the page.
+ */
+
+#include "tests/unit/timeline-fixture.h"
+
+/*
+ * A host copy in two pieces (a 6 MiB tensor, 4 MiB segments): tierd writes its pieces at the slot's
+ * own stretch of the page, wherever the client pointed first_piece (it used to write them at the
+ * page's first_piece: a client's number, up to 2^32 pieces past the page, into tierd's memory).
+ */
+static void test_first_piece_not_read_back(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *a, *b;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        PlanSlot *s;
+        const PlanPiece *pieces;
+        uint32_t first, wrong;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", 6 * MiB);
+        b = tensor(j, "B", MiB);
+        fixture_host_data(m, a, 1);
+        fixture_host_data(m, b, 2);
+        {
+                Acc acc[] = { { 0, b, LEVEL_HOST, PLAN_READ }, { 0, a, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 2, 1, &p, err, sizeof(err)), 0);
+        }
+        s = &p->page->slots[2 * 1 + LEVEL_HOST];        /* slot 1 is A */
+        first = s->first_piece;
+        pieces = plan_pieces(p->page, p->n_slots);
+        /* in the page (a number past it crashed tierd), away from A's stretch */
+        wrong = first + 8;
+        assert_true((uint8_t *) &pieces[wrong + 2] <= (uint8_t *) p->page + p->page_size);
+        s->first_piece = wrong;
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, PLAN_READY_SEQ(p->page->daemon.ready) == 1);
+        assert_int_equal(p->page->daemon.error, 0);
+        assert_int_equal(a->copy[LEVEL_HOST].n_pieces, 2);
+        assert_int_equal(s->n_pieces, 2);
+        assert_int_equal(s->first_piece, first);                /* said again */
+        for (uint32_t i = 0; i < 2; i++) {
+                const CopyPiece *cp = &a->copy[LEVEL_HOST].pieces[i];
+
+                assert_int_equal(pieces[first + i].segment, cp->seg->pool->id_base + cp->seg->id);
+                assert_int_equal(pieces[first + i].offset, cp->offset);
+                assert_int_equal(pieces[first + i].length, cp->len);
+                assert_int_equal(pieces[wrong + i].length, 0);  /* nothing written where the client said */
+        }
+        finish(m, j, c, p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_first_piece_not_read_back),
+        };
+
+        return fixture_main("plan-page", tests, sizeof(tests) / sizeof(tests[0]));
+}
