@@ -18,7 +18,8 @@
 /*
  * The page is a memfd mapped MAP_SHARED by both sides and writable by both.
  * The client writes only PlanClientArea; tierd writes everything else and
- * never trusts what it reads back: every value from the client area is
+ * never reads it back (it keeps its own copy of what it needs: the error,
+ * each slot's first_piece): every value from the client area is
  * range-checked, and a client that scribbles elsewhere only confuses itself.
  *
  * Marker protocol (tier_phase_enter(k)):

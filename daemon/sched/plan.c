@@ -498,9 +498,10 @@ void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase) {
 }
 
 void plan_set_error(Plan *p, int error, const char *what) {
-        if (p->page->daemon.error)
+        if (p->error)
                 return;
         log_job(LOG_ERR, 0, p->job->name, "Plan of job '%s' failed: %s", p->job->name, what);
+        p->error = error;
         __atomic_store_n(&p->page->daemon.error, (int64_t) error, __ATOMIC_RELEASE);
         plan_wake(p);
 }

@@ -117,6 +117,7 @@ struct Plan {
         PlanPage *page;         /* shared with the client, who may write all of it: nothing read back but its area */
         uint64_t page_size;
         uint32_t *first_piece;  /* per slot and tier (2 * slot + tier): its stretch of the page's pieces */
+        int error;              /* != 0: the plan failed (plan_set_error(); the page's copy is the client's to write) */
         int marker_fd;
         sd_event_source *marker_source;
 

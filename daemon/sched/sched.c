@@ -753,7 +753,7 @@ void sched_run(Sched *s) {
         list_for_each_safe(node, tmp, &s->plans) {
                 Plan *p = list_entry(node, Plan, link);
 
-                if (policy(s) == SCHED_POLICY_TIMELINE && !p->hold[1].active && !p->page->daemon.error)
+                if (policy(s) == SCHED_POLICY_TIMELINE && !p->hold[1].active && !p->error)
                         hold_start_next(p);
                 mark_writes(p, 0);
                 mark_writes(p, 1);
@@ -764,7 +764,7 @@ void sched_run(Sched *s) {
 
                 bool starved;
 
-                if (p->page->daemon.error)
+                if (p->error)
                         continue;
                 plan_predict(p, now);
                 starved = policy(s) == SCHED_POLICY_TIMELINE && hold_starved(p);
@@ -822,7 +822,7 @@ void sched_run(Sched *s) {
                 list_for_each_safe(node, tmp, &s->plans) {
                         Plan *p = list_entry(node, Plan, link);
 
-                        if (!p->page->daemon.error)
+                        if (!p->error)
                                 write_behind(s, p);
                 }
         free(cands.c);

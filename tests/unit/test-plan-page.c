@@ -58,9 +58,40 @@ static void test_first_piece_not_read_back(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * The client writes the daemon area's error: tierd goes on with the plan (it used to take the page's
+ * error for its own and stop tending the plan: no pins, no ready, no write-behind, and a real failure
+ * of the plan went unlogged).
+ */
+static void test_error_not_read_back(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *a;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        fixture_host_data(m, a, 1);
+        {
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 1, 1, &p, err, sizeof(err)), 0);
+        }
+        __atomic_store_n(&p->page->daemon.error, -EIO, __ATOMIC_RELEASE);
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, p->hold[0].ready_sent);
+        assert_true(p->hold[0].ready_sent);
+        assert_int_equal(PLAN_READY_SEQ(p->page->daemon.ready), 1);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_first_piece_not_read_back),
+                cmocka_unit_test(test_error_not_read_back),
         };
 
         return fixture_main("plan-page", tests, sizeof(tests) / sizeof(tests[0]));
