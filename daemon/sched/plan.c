@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <systemd/sd-event.h>
 #include <unistd.h>
 
@@ -558,7 +559,14 @@ int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_pha
         uint64_t v, seq, mark;
         uint32_t phase;
 
-        (void) read(p->marker_fd, &v, sizeof(v));
+        /*
+         * Never blocking, whatever the fd's flags say: the client shares its open file description
+         * and may clear O_NONBLOCK (a plain read() then waited for its next marker with the loop, and
+         * every job, stopped).  RWF_NOWAIT is per call (eventfd: Linux 5.12).
+         */
+        if (preadv2(p->marker_fd, &(struct iovec) { .iov_base = &v, .iov_len = sizeof(v) }, 1, -1, RWF_NOWAIT) < 0 &&
+            errno == EOPNOTSUPP)
+                (void) read(p->marker_fd, &v, sizeof(v));
         plan_peek_marker(p, &seq, &phase);
         if (seq <= p->seq)
                 return -EAGAIN;

@@ -5,6 +5,8 @@
  * a slot's pieces go, whether the plan failed) it keeps on its side and never takes from the page.
  */
 
+#include <fcntl.h>
+
 #include "tests/unit/timeline-fixture.h"
 
 /*
@@ -88,10 +90,45 @@ static void test_error_not_read_back(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * The client clears O_NONBLOCK on the marker eventfd (its fd shares tierd's open file description)
+ * and sends a request without a new marker: tierd looks for a marker first (sched_plan_sync()) and
+ * must not wait in read() for one (it did: tierd's loop stopped, every job with it).  alarm() turns
+ * that old hang into a failure; the fixed read returns at once.
+ */
+static void test_marker_read_never_blocks(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *a;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        fixture_host_data(m, a, 1);
+        {
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 1, 1, &p, err, sizeof(err)), 0);
+        }
+        marker(m, p, 0);
+        assert_int_equal(fcntl(p->marker_fd, F_SETFL, fcntl(p->marker_fd, F_GETFL) & ~O_NONBLOCK), 0);
+        alarm(10);
+        sched_plan_sync(p);                     /* nothing new: the eventfd reads 0 */
+        alarm(0);
+        assert_int_equal(p->seq, 1);
+        marker(m, p, 0);                        /* and markers still come through */
+        assert_int_equal(p->seq, 2);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_first_piece_not_read_back),
                 cmocka_unit_test(test_error_not_read_back),
+                cmocka_unit_test(test_marker_read_never_blocks),
         };
 
         return fixture_main("plan-page", tests, sizeof(tests) / sizeof(tests[0]));
