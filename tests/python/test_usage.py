@@ -414,6 +414,85 @@ class TestUsage(tierd.DaemonTestCase):
             self.same(model, ref, what)
             eng.close()
 
+    def test_zero_grad_between_forward_and_backward(self) -> None:
+        """PyTorch 1.13's quickstart zeroes between the forward and its backward (``pred = model(X); loss =
+        loss_fn(pred, y); optimizer.zero_grad(); loss.backward(); optimizer.step()``): the engine's zero_grad()
+        dropped the open forward, and the backward was refused at the first step as "a second backward over the
+        same forward".  The forward stays open now (no backward of the step ran yet), bit for bit as plain
+        PyTorch: fused and deferred (accumulating, clipping), the engine's zero_grad() or the model's, either
+        set_to_none; a forward with no backward before the next forward (or step()) is dropped then, the step
+        skipped, as torch's loop skips it (step 2: a forward, zero_grad(), then the step again; step 3: a
+        forward, zero_grad(), step() with no backward)."""
+        ways = {"zero_grad()": lambda m, o: o.zero_grad(),
+                "zero_grad(set_to_none=True)": lambda m, o: o.zero_grad(set_to_none=True),
+                "model.zero_grad()": lambda m, o: m.zero_grad(),
+                "model.zero_grad(set_to_none=True)": lambda m, o: m.zero_grad(set_to_none=True)}
+        loops = [({}, 1, False), ({"optimizer_in_backward": False}, 1, False), ({}, 2, False), ({}, 1, True)]
+        for (name, zero), (kw, micro, clip) in [(w, lp) for w in ways.items() for lp in loops]:
+            what = f"{name} {kw} micro-batches {micro} clip {clip}"
+            ref = lm()
+            model = copy.deepcopy(ref)
+            eng = self.engine(model, "quickstart", **kw)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            xs = batches(5 * micro)
+            for i in range(5):
+                for m, o in ((ref, opt), (model, eng)):
+                    if i in (2, 3):
+                        lm_loss(m, xs[i * micro])           # its backward never runs
+                        zero(m, o)
+                    if i == 3:
+                        o.step()                            # with the gradients zeroed (or None)
+                        continue
+                    for k in range(micro):
+                        loss = lm_loss(m, xs[i * micro + k])
+                        if k == 0:
+                            zero(m, o)                      # between the forward and its backward
+                        loss.backward()
+                    if clip:
+                        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+                    o.step()
+                    if m is ref:
+                        want = loss.item()
+                if i != 3:
+                    self.assertEqual(loss.item(), want, f"step {i}: {what}")
+            self.assertEqual(eng.mode, "fused" if not kw and micro == 1 and not clip else "deferred", what)
+            self.same(model, ref, what)
+            eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in the backward's first hook, through autograd's C++ (a C++ throw), "
+                     "which ASan's runtime, preloaded into Python, cannot intercept")
+    def test_zero_grad_between_micro_batches_refused(self) -> None:
+        """zero_grad() between a second micro-batch's forward and its backward, after the first micro-batch's
+        backward: torch keeps the forward and starts the gradients afresh from its backward; tier.torch drops
+        the step (it cannot drop the gradients in tierd and keep the plan's micro-batch), and that backward
+        was refused as "a second backward over the same forward".  Refused in words now, nothing applied;
+        the run goes on bit for bit."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "zero-micro", optimizer_in_backward=False)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        xs = batches(6)
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, xs[0]).backward()
+            lm_loss(m, xs[1]).backward()
+            o.step()
+            o.zero_grad()
+        lm_loss(model, xs[2]).backward()
+        loss = lm_loss(model, xs[3])
+        eng.zero_grad()
+        with self.assertRaisesRegex(RuntimeError, r"backward\(\) after zero_grad\(\) dropped this step, between "
+                                                  r"this forward and its backward.*run the step again"):
+            loss.backward()
+        for i in (2, 4):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, xs[i]).backward()
+                lm_loss(m, xs[i + 1]).backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
     def test_evaluation_forward_with_gradients(self) -> None:
         """An evaluation forward with gradients on (no backward) after a fused step, then the next training
         forward: refused as "a second forward" whose gradients "were applied already", with advice to

@@ -193,6 +193,9 @@ class Offload(torch.optim.Optimizer):
         self._applied = False                        # fused: an optimizer phase ran since the last step()
         self._stepped: list[str] = []                # fused: the blocks it ran for (since the last step())
         self._fwd_open: int | None = None            # a forward with gradients began, not ended (tracer.seq then)
+        self._zero_kept = False     # zero_grad() kept this step's forwards open: dropped unless their backward comes
+        self._bwd_tried = False     # a backward began (or was refused) since this step's last forward with gradients
+        self._fwd_dropped = False   # zero_grad() dropped a forward whose backward had not begun (guards.keep_forwards)
         self._closed = False
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
@@ -221,24 +224,20 @@ class Offload(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Drop the gradients gathered since the last step (what torch.optim's zero_grad() does to
-        ``.grad``): the next backward starts them afresh.  No round trip."""
+        ``.grad``): the next backward starts them afresh.  No round trip.  A forward whose backward has
+        not run stays open where no backward of the step ran yet (torch 1.13's quickstart zeroes between
+        them): the next forward with gradients, or step(), without that backward drops it, skipping the
+        step (guards.keep_forwards)."""
         guards.check_backward(self, "zero_grad()")
         if self._applied:
             raise RuntimeError(f"zero_grad() between backward() and step(): {FUSED_NOTE} this step cannot be "
                                "skipped; call step() first, or make the engine with optimizer_in_backward=False")
         guards.drop_failed_forward(self)                 # (a skipped batch: before its micro-batch is forgotten)
-        if self._micro > 0:
-            # a step skipped (its loss not finite, its backward raised): the next forward starts it again
-            for b in self.blocks:
-                b.maps.clear()
-            self._phase = None
-            self._release()             # (traced: the phase's pins; planned: an evaluation's)
-            if not self.tracer.planned:
-                self.tracer.seq, self.tracer.index = [], {}
+        if self._micro > 0 and not guards.keep_forwards(self):
+            guards.note_dropped_forward(self)
+            self._drop_step()
         self._grads_zeroed = not set_to_none        # (see optim.update_part())
         self._kept_grads = []
-        self._micro = 0
-        self._backwards = 0
         self._got.clear()
         self._norms.clear()
         self._maxabs.clear()
@@ -254,6 +253,18 @@ class Offload(torch.optim.Optimizer):
                         s.param.grad = None
                     else:
                         s.param.grad.zero_()
+
+    def _drop_step(self) -> None:
+        """A step skipped (its loss not finite, its backward raised, zero_grad() and a forward or step()
+        with no backward): the next forward starts it again."""
+        for b in self.blocks:
+            b.maps.clear()
+        self._phase = None
+        self._release()             # (traced: the phase's pins; planned: an evaluation's)
+        if not self.tracer.planned:
+            self.tracer.seq, self.tracer.index = [], {}
+        self._micro = self._backwards = 0
+        self._zero_kept = False
 
     #: torch.optim's ``optimizer.state``: the parameters that have state; their values are refused (tierd's)
     state = property(state_mod.StateInTierd, state_mod.set_state)
@@ -517,6 +528,9 @@ class Offload(torch.optim.Optimizer):
         self._training = torch.is_grad_enabled()
         if not self._training:
             return
+        if self._zero_kept:
+            self._drop_step()       # (a forward, zero_grad(), and no backward: that step is skipped)
+        self._bwd_tried = self._fwd_dropped = False
         guards.note_kept_grads(self)    # (the last step's, not zeroed: torch would add to them)
         clip.drop_moved_grads(self)     # (autograd would add this backward's gradients to them)
         optim.check_groups(self)        # (fused: its updates run in this backward)
@@ -750,6 +764,9 @@ class Offload(torch.optim.Optimizer):
                                "backward() (a scheduler's step() after engine.step() does), or make the engine "
                                "with optimizer_in_backward=False")
         guards.drop_failed_forward(self)
+        if self._zero_kept:
+            self._drop_step()       # (a forward, zero_grad(), step(): the forward had no backward)
+        self._bwd_tried = self._fwd_dropped = False
         guards.check_params(self, "step()")
         optim.check_groups(self)
         if self._first_step and not self._got and self._bwd is None:

@@ -68,11 +68,40 @@ def drop_failed_forward(eng: Any) -> None:
         eng._fwd_open = None
 
 
+def keep_forwards(eng: Any) -> bool:
+    """zero_grad() with forwards with gradients of this step open: kept (True) where no backward of the step
+    began yet, as in torch 1.13's quickstart (``pred = model(X); loss = loss_fn(pred, y);
+    optimizer.zero_grad(); loss.backward()``), where zero_grad() only clears .grad.  Their backward then
+    runs as usual; the next forward with gradients, or step(), without it drops them (the step skipped,
+    as torch's loop skips it).  Where a backward of the step began (it ran, or raised, or was refused),
+    the step is dropped at once: its gradients in tierd cannot be dropped while the plan's later
+    micro-batches go on adding to them."""
+    keep = eng._backwards == 0 and not eng._bwd_tried
+    eng._zero_kept = keep
+    return keep
+
+
+def note_dropped_forward(eng: Any) -> None:
+    """zero_grad() drops the step while its last forward awaits its backward (one of an earlier micro-batch
+    ran): that backward is refused in words (check_one_forward), where torch would start afresh from it."""
+    if eng._micro > eng._backwards and not eng._bwd_tried:
+        eng._fwd_dropped = True
+
+
 def check_one_forward(eng: Any) -> None:
     """A backward begins: it must be the backward of one forward with gradients, the last (tier.torch pairs
     them, micro-batch by micro-batch).  Refused before any block's backward runs, with the likely cause:
     it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
+    eng._bwd_tried = True
     check_kept_grads(eng)
+    if eng._fwd_dropped and eng._micro == 0:
+        raise RuntimeError("backward() after zero_grad() dropped this step, between this forward and its backward: "
+                           "plain PyTorch would keep the forward and start the gradients afresh from this backward; "
+                           "tier.torch keeps a forward across zero_grad() only while no backward of the step ran "
+                           "(the quickstart's order: forward, zero_grad(), backward(), step()), and here an earlier "
+                           "micro-batch's had (its gradients are summed in tierd), so zero_grad() skipped the step, "
+                           "this forward with it. Nothing was applied: call zero_grad() before the step's first "
+                           "forward, and run the step again")
     pending = eng._micro - eng._backwards
     if pending > 1:
         raise RuntimeError(f"backward() with {pending} forwards of this step not yet backpropagated: tier.torch "
@@ -84,6 +113,7 @@ def check_one_forward(eng: Any) -> None:
                            "torch.autograd.grad(..., create_graph=True) and then backward()): tier.torch runs one "
                            "backward per forward; compute the loss once and call backward() once, or run the "
                            "forward again for the second backward")
+    eng._zero_kept = False      # (the forward a zero_grad() kept open is backpropagated)
 
 
 def note_mapped_write(eng: Any, s: Any) -> None:
