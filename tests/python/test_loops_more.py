@@ -110,6 +110,66 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 self.assertGreater(len(entered), n)
                 eng.close()
 
+    def test_zero_grad_of_a_module_around_the_model(self) -> None:
+        """zero_grad() of a module around the engine's model (DistributedDataParallel's kind: the model as
+        .module, and a parameter of its own): set_to_none=False failed on the first parameter whose gradient
+        is in tierd ("... to drop them, zero_grad()"), after zeroing the parameters before it; and at the top
+        of the loop, either set_to_none, the engine never heard of it (the forward had dropped the .grad it
+        would zero), refusing the backward as a loop without zero_grad().  It drops the engine's gradients
+        now, as the model's zero_grad() does, then zeroes the rest as torch's: bit for bit, fused and
+        deferred, top and bottom.  One holding only some of the engine's parameters (a block, and a
+        parameter of its own) is refused with set_to_none=False where a gradient is in tierd, before
+        anything changes."""
+        class Around(torch.nn.Module):
+            def __init__(self, module) -> None:
+                super().__init__()
+                self.gain = torch.nn.Parameter(torch.ones(()))
+                self.module = module
+
+            def forward(self, x):
+                return self.module(x) * self.gain
+
+        for kw, top, none in [(kw, top, none) for kw in ({}, {"optimizer_in_backward": False})
+                              for top in (False, True) for none in (False, True)]:
+            what = f"{kw} {'top' if top else 'bottom'} set_to_none={none}"
+            ref = lm()
+            model = copy.deepcopy(ref)
+            eng, _ = self.engine(model, "around", **kw)
+            opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+            wref, wmodel = Around(ref), Around(model)
+            for i, x in enumerate(batches(3)):
+                for w, o in ((wref, opt), (wmodel, eng)):
+                    loss = lm_loss(w, x)
+                    if top:
+                        w.zero_grad(set_to_none=none)
+                    loss.backward()
+                    o.step()
+                    if not top:
+                        w.zero_grad(set_to_none=none)
+                    if w is wref:
+                        want, gain = loss.item(), wref.gain.grad
+                self.assertEqual(loss.item(), want, f"step {i}: {what}")
+                self.assertTrue(gain is None and wmodel.gain.grad is None or torch.equal(wmodel.gain.grad, gain),
+                                f"step {i}: {what}")
+            sd = model.state_dict()
+            for n, p in ref.state_dict().items():
+                self.assertTrue(torch.equal(sd[n], p), f"{n} differs from plain PyTorch's: {what}")
+            eng.close()
+
+        model = lm()
+        eng, _ = self.engine(model, "around-part")
+        part = Around(model.blocks[0])
+        lm_loss(model, batches(1)[0]).backward()
+        eng.step()
+        part.gain.grad = torch.ones(())
+        with self.assertRaisesRegex(RuntimeError, r"zero_grad\(set_to_none=False\) on a module holding some of a "
+                                                  r"tier.torch engine's parameters.*nothing changed"):
+            part.zero_grad()
+        self.assertTrue(torch.equal(part.gain.grad, torch.ones(())))
+        part.zero_grad(set_to_none=True)            # (as .grad = None by hand)
+        self.assertIsNone(part.gain.grad)
+        eng.zero_grad()
+
     def test_torch_optimizer_as_optimizer_refused(self) -> None:
         """optimizer=torch.optim.AdamW (the class), an instance, or an object that is no StepRule: a
         ValueError saying what to pass (AttributeError, or "lr= go to the StepRule", before), raised before

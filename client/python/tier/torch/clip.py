@@ -12,7 +12,9 @@ total norm and scales each gradient by the same factor in its optimizer
 phase (``g * clip_coef_clamped``, what torch's ``g.mul_()`` leaves).  Calls
 that name none go to torch's own function unchanged.
 ``clip_grad_value_`` on an engine's parameters is refused: it would see no
-gradients and do nothing.
+gradients and do nothing.  ``torch.nn.Module.zero_grad`` is wrapped too: on
+a module around an engine's model it calls the engine's ``zero_grad()``
+first (``_zero_grad_wrapper``).
 
 Clipping needs the optimizer after the whole backward: where the first
 step did not clip, the engine runs each block's optimizer phase inside the
@@ -90,6 +92,39 @@ def _value_wrapper(parameters: Any, clip_value: float, *args: Any, **kw: Any) ->
     return _orig_value(params, clip_value, *args, **kw)
 
 
+_module_zero_grad = torch.nn.Module.zero_grad
+
+
+def _zero_grad_wrapper(self: torch.nn.Module, set_to_none: bool = False) -> None:
+    """torch.nn.Module.zero_grad() while an engine lives, on a module around an engine's model (a
+    DistributedDataParallel, a module holding it): the engine's zero_grad() first, as the model's own
+    (ModelStateHooks), then torch's.  torch's alone failed on the first .grad in tierd (GradInTierd), after
+    zeroing those before it; and after a forward, where those were None already, left the engine's gradients
+    unzeroed for it.  On a module holding only some of an engine's parameters, set_to_none=False is refused
+    where one's gradient is in tierd (the engine drops a step's gradients all at once), before anything
+    changes; set_to_none=True is .grad = None by hand."""
+    engines = [e for e in list(_engines) if not e._closed and e.model is not self]
+    whole = []
+    if engines:
+        mine = {id(p) for p in self.parameters()}
+        for e in engines:
+            ours = [pid for pid in e.slot_of if pid in mine]
+            if len(ours) == len(e.slot_of):
+                whole.append(e)
+            elif ours and not set_to_none:
+                moved = [e.slot_of[pid][1].name for pid in ours if type(e.slot_of[pid][1].param.grad) is GradInTierd]
+                if moved:
+                    more = f" and {len(moved) - 1} more" if len(moved) > 1 else ""
+                    raise RuntimeError(f"zero_grad(set_to_none=False) on a module holding some of a tier.torch "
+                                       f"engine's parameters, not all ({type(self).__name__}; {moved[0]}{more} have "
+                                       "their gradient in tierd, where the engine drops a step's gradients all at "
+                                       "once): call zero_grad() on the engine, its model or a module holding the "
+                                       "whole model, or zero_grad(set_to_none=True) here; nothing changed")
+    for e in whole:
+        e.zero_grad(set_to_none)        # (first: what it refuses changes nothing)
+    _module_zero_grad(self, set_to_none)
+
+
 def _install() -> None:
     # the function objects themselves run the wrappers (names in their own module's globals, which the
     # trampolines' code looks up): a name imported before the engine was made (from torch.nn.utils import
@@ -106,6 +141,8 @@ def _install() -> None:
             mod.clip_grad_norm_ = _norm_wrapper
         if getattr(mod, "clip_grad_value_", None) is _value_fn:
             mod.clip_grad_value_ = _value_wrapper
+    if torch.nn.Module.zero_grad is _module_zero_grad:
+        torch.nn.Module.zero_grad = _zero_grad_wrapper
 
 
 def _uninstall() -> None:
@@ -116,6 +153,8 @@ def _uninstall() -> None:
             mod.clip_grad_norm_ = _norm_fn
         if getattr(mod, "clip_grad_value_", None) is _value_wrapper:
             mod.clip_grad_value_ = _value_fn
+    if torch.nn.Module.zero_grad is _zero_grad_wrapper:
+        torch.nn.Module.zero_grad = _module_zero_grad
 
 
 def check_names_free(client: Any, rank: int, prefix: str, resume: bool) -> None:
