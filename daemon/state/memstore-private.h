@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "daemon/state/memstore.h"
+#include "daemon/state/registry.h"     /* (RANK_SET_MAX) */
 
 typedef struct sd_event_source sd_event_source;
 typedef struct MsRecord MsRecord;
@@ -82,3 +83,74 @@ void ms_old_segment_drop(MemStore *ms, int k, uint32_t id);
 void ms_store_put(MemStore *ms, const char *name, int fd, int seg_k, uint32_t seg_id, uint64_t ino);
 /* Wait until every queued message is with the service manager, @timeout_usec at most: true once it is. */
 bool ms_queue_wait(MemStore *ms, uint64_t timeout_usec);
+
+/* ---- the table's format (memstore.c) ---- */
+
+#define MS_MAGIC "TIERMST1"
+#define MS_FORMAT 1u
+#define MS_MAX_PIECES 8
+#define MS_REC_SIZE 512u
+#define MS_HEADER_SIZE 4096u    /* the header's page; the inode array follows, then the records */
+#define MS_INITIAL_RECORDS 1024u
+#define MS_MAX_RECORDS 65536u
+#define MS_START_WAIT_USEC (10 * USEC_PER_SEC)     /* for the service manager to take the start's messages */
+
+enum { MS_NONE, MS_VALID, MS_WRITING };
+enum { MS_F_DEAD = 1 };         /* its next access writes it whole: no copy was worth keeping */
+enum {
+        MS_C_UNWRITTEN = 1,     /* MS_WRITING for a write-only pin's reservation: garbage unless its writer wrote */
+        MS_C_DEAD_BEFORE = 2,   /* and the tensor was dead before it (its bytes were not wanted) */
+};
+
+typedef struct MsPiece {
+        uint32_t seg;
+        uint32_t reserved;
+        uint64_t offset;
+        uint64_t len;
+} MsPiece;
+
+typedef struct MsCopy {
+        uint64_t version;
+        uint8_t state;
+        uint8_t n_pieces;
+        uint8_t flags;          /* MS_C_* (0 in tables of before it: such a copy counts as written) */
+        uint8_t n_ranks;        /* MS_WRITING: RankSet.n of MsRecord.ranks (0 in tables of before it: not known) */
+        uint32_t writer_rank;   /* MS_WRITING: the rank whose pin may write it */
+        MsPiece pieces[MS_MAX_PIECES];
+} MsCopy;
+
+typedef struct MsRecord {
+        uint64_t seq;           /* 0: free (written first and last) */
+        uint64_t job_key;
+        uint64_t tensor_key;
+        uint64_t alloc_size;
+        uint64_t version;       /* the tensor's */
+        uint64_t flags;         /* MS_F_* */
+        MsCopy copy[MS_TIERS];
+        uint32_t dead_rank;     /* MS_F_DEAD, MS_C_DEAD_BEFORE: Tensor.dead_rank (0 in tables of before it: not known) */
+        uint32_t ranks[MS_TIERS][RANK_SET_MAX]; /* MS_WRITING: the ranks whose pins held it for writing */
+        uint8_t pad[MS_REC_SIZE - sizeof(uint64_t[6]) - sizeof(MsCopy[MS_TIERS]) -
+                    sizeof(uint32_t[2 + MS_TIERS * RANK_SET_MAX])];
+        uint32_t crc;           /* crc32c of everything after seq and before crc */
+} MsRecord;
+
+/*
+ * The table: this header, then per segment of each pool (host first) the
+ * inode number of the memfd the store holds for it (0: not in the store, or
+ * not current: its memory is not used at the next start), padded to a page,
+ * then the records.
+ */
+typedef struct MsHeader {
+        char magic[8];
+        uint32_t format;
+        uint32_t rec_size;
+        uint32_t n_records;
+        uint32_t n_segs[MS_TIERS];
+        uint32_t pad;
+        uint64_t seg_size[MS_TIERS];
+        uint64_t generation;
+        uint32_t crc;           /* of everything before it */
+} MsHeader;
+
+_Static_assert(sizeof(MsRecord) == MS_REC_SIZE, "a record is MS_REC_SIZE bytes");
+_Static_assert(sizeof(MsHeader) <= MS_HEADER_SIZE, "the header fits its page");
