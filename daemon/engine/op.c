@@ -377,10 +377,10 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
 }
 
 /*
- * A stale copy of @t in @tier (the tensor was written in another tier since) is refilled in place:
- * it becomes the reservation the transfer fills.  Not one a pin that may write still holds: the
- * pinner maps it and may write it (its dirty unpin would then be taken back by the refill's end).
- * That is refused; the scheduler's holds retry once something is unpinned.  0, or -EBUSY.
+ * A stale copy of @t in @tier (written in another tier since) is refilled in place: the reservation
+ * the transfer fills.  Not one a pin that may write holds (its pinner may write it: its dirty unpin
+ * would be taken back by the refill's end), nor a ghost's (its client of before may write it): that
+ * is refused; the scheduler's holds retry once something is unpinned (a ghost's release).  0, -EBUSY.
  */
 static int refill_stale(Op *op, Tensor *t, int tier) {
         Copy *c = &t->copy[tier];
@@ -398,11 +398,12 @@ static int refill_stale(Op *op, Tensor *t, int tier) {
                                "(TIER_WRITE) of rank %" PRIu32 " that has not written it yet, and holds none of "
                                "its data until that pin's unpin; pin again then", t->name, t->job->name,
                                level_to_string(tier), c->writer_rank);
-        if (c->writers > 0)
+        if (c->writers > 0 || ((t->ghost >> tier) & 1))
                 return op_fail(op, -EBUSY, "tensor '%s' of job '%s': its %s copy is older than the tensor "
-                               "(written in another tier since) and still pinned by a connection: it is brought "
+                               "(written in another tier since) and still pinned by a connection%s: it is brought "
                                "up to date after that pin goes; pin again then", t->name, t->job->name,
-                               level_to_string(tier));
+                               level_to_string(tier), c->writers > 0 ? "" : " of before tierd restarted, which "
+                               "may still write into it (until each rank that held it attaches again)");
         c->state = COPY_FILLING;
         tensor_note(t);
         return 0;

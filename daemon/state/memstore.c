@@ -490,6 +490,40 @@ static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const M
         return true;
 }
 
+/* @t's copy in @tier (@mc, of @rec's copy @k), held for writing when tierd went, stays pinned for its ranks. */
+static void ghost_pin(Tensor *t, int tier, const MsRecord *rec, int k) {
+        const MsCopy *mc = &rec->copy[k];
+
+        t->copy[tier].pins++;
+        t->copy[tier].writer_rank = mc->writer_rank;
+        t->ghost_ranks[tier].n = mc->n_ranks > RANK_SET_MAX ? RANK_SET_MANY : mc->n_ranks;
+        memcpy(t->ghost_ranks[tier].rank, rec->ranks[k], sizeof(rec->ranks[k]));
+        tensor_pin_account(t, tier, +1);
+        t->ghost |= (uint8_t) (1u << tier);
+}
+
+/*
+ * The rooms of @rec's copies held for writing that are not put back as data (older than the newest,
+ * or the tensor is not put back): a process of before may still write into them through its mapping,
+ * so they stay reserved and pinned for its ranks (Tensor.ghost_room), never read, until their Hellos.
+ */
+static void restore_rooms(MemStore *ms, Registry *r, Tensor *t, const MsRecord *rec) {
+        for (int k = 0; k < MS_TIERS; k++) {
+                const MsCopy *mc = &rec->copy[k];
+                int tier = k == MS_HOST ? LEVEL_HOST : LEVEL_VRAM;
+
+                if (mc->state != MS_WRITING || t->copy[tier].state != COPY_ABSENT ||
+                    !restore_copy(ms, r, t, tier, mc, effective(mc)))
+                        continue;
+                t->copy[tier].unwritten = true;         /* (none of the tensor's bytes) */
+                ghost_pin(t, tier, rec, k);
+                t->ghost_room |= (uint8_t) (1u << tier);
+                log_notice("Tensor '%s' of job '%s': its %s copy was held for writing when tierd went but is not "
+                           "its newest: its room stays held for the clients of before until they attach again",
+                           t->name, t->job->name, tier_names[k]);
+        }
+}
+
 bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
         const MsRecord *rec;
         uint64_t best = 0;
@@ -501,15 +535,19 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
         rec = find_old(ms, t->job->book_key, t->book_key);
         if (!rec || rec->alloc_size != t->alloc_size)
                 return false;
-        for (int k = 0; k < MS_TIERS; k++) {
+        for (int k = 0; k < MS_TIERS; k++)
                 best = MAX(best, effective(&rec->copy[k]));
-                writing += rec->copy[k].state == MS_WRITING;
-        }
-        if (best == 0 || best < newest)
+        /* (one held for writing below the newest is a ghost's room since overtaken: restore_rooms()) */
+        for (int k = 0; k < MS_TIERS; k++)
+                writing += rec->copy[k].state == MS_WRITING && effective(&rec->copy[k]) == best;
+        if (best == 0 || best < newest) {
+                restore_rooms(ms, r, t, rec);
                 return false;   /* nothing, or older than what the index heard of: not the newest */
+        }
         if (writing > 1) {
                 log_warning("Tensor '%s' of job '%s' was held for writing in host and VRAM at once when tierd went: "
                             "which holds the newest data is not known, it is lost", t->name, t->job->name);
+                restore_rooms(ms, r, t, rec);
                 return false;
         }
         /* the newest copies only (a valid copy of the version below one being written is stale) */
@@ -529,12 +567,7 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                          * table of before the ranks were kept: any rank's), which says whether a write-only
                          * pin's grant reached it
                          */
-                        t->copy[tier].pins++;
-                        t->copy[tier].writer_rank = mc->writer_rank;
-                        t->ghost_ranks[tier].n = mc->n_ranks > RANK_SET_MAX ? RANK_SET_MANY : mc->n_ranks;
-                        memcpy(t->ghost_ranks[tier].rank, rec->ranks[k], sizeof(rec->ranks[k]));
-                        tensor_pin_account(t, tier, +1);
-                        t->ghost |= (uint8_t) (1u << tier);
+                        ghost_pin(t, tier, rec, k);
                         if (mc->flags & MS_C_UNWRITTEN) {
                                 /* its room holds the tensor's bytes only if that pin wrote: no read's (op.c) */
                                 t->copy[tier].unwritten = true;
@@ -547,8 +580,10 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                         }
                 }
         }
-        if (!any)
+        if (!any) {
+                restore_rooms(ms, r, t, rec);
                 return false;
+        }
         /*
          * A write-only pin's copy may come to nothing (job_release_ghosts()): the
          * copies of the version before come back too, stale until then (and kept:
@@ -561,6 +596,7 @@ bool memstore_restore(MemStore *ms, Registry *r, Tensor *t, uint64_t newest) {
                 if (mc->state == MS_VALID && mc->version == best - 1)
                         (void) restore_copy(ms, r, t, tier, mc, mc->version);
         }
+        restore_rooms(ms, r, t, rec);
         /* an NVMe copy restored from the index is stale when memory holds a newer version */
         t->version = best;
         t->lost = false;

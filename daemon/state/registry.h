@@ -143,6 +143,7 @@ typedef struct Tensor {
         uint32_t mem_slot;      /* its record in the memory store's table + 1 (0: none; state/memstore.c) */
         uint8_t ghost;          /* tiers (bits) pinned for the client of before a restart (job_release_ghosts()) */
         uint8_t ghost_unwritten; /* of those, tiers whose copy a write-only pin reserved: garbage unless it wrote */
+        uint8_t ghost_room;     /* of those, tiers whose copy is only room (not the newest): no data, freed at release */
         bool ghost_dead_before; /* and it was dead before that pin: it goes back to dead if that came to nothing */
         uint32_t ghost_rank;    /* the rank whose Hello decides such a copy (its write-only pin's) */
         RankSet ghost_ranks[LEVEL_NVME]; /* per memory tier: the ranks a ghost waits for (n 0: any rank) */

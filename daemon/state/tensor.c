@@ -480,16 +480,24 @@ int tensor_unpin(Tensor *t, int tier, bool dirty) {
         return 0;
 }
 
-/* The ghost pin of @t in @tier goes, the copy counting as written (no revert). */
+/* The ghost pin of @t in @tier goes, the copy counting as written (no revert); a room alone (no data) goes. */
 static void ghost_drop(Tensor *t, int tier) {
         uint8_t bit = (uint8_t) (1u << tier);
+        bool room = t->ghost_room & bit;
 
         t->ghost &= (uint8_t) ~bit;
+        t->ghost_room &= (uint8_t) ~bit;
         t->ghost_unwritten &= (uint8_t) ~bit;
         if (!t->ghost_unwritten)
                 t->ghost_dead_before = false;
         tensor_pin_account(t, tier, -1);
         t->copy[tier].pins--;
+        if (room) {
+                /* (nothing else pins it: no read gets it, op.c refill_stale()) */
+                if (t->copy[tier].pins == 0 && !t->xfer)
+                        copy_free(t, tier);
+                return;
+        }
         if (t->copy[tier].writers == 0)         /* (else a writer's since, which reserved it: its) */
                 t->copy[tier].unwritten = false;        /* written, as far as anyone can tell */
 }

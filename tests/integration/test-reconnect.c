@@ -415,6 +415,110 @@ static void test_ghost_not_held_for_a_rank_that_let_go(void **state) {
         d.fd_store = false;
 }
 
+/*
+ * Rank 1 holds x for writing in host when tierd is SIGKILLed: x comes back a
+ * ghost, pinned for rank 1.  Rank 0 is back first and writes x in VRAM (a
+ * write pin, @unpin: let go, else held): the ghost's host copy is no longer
+ * the newest, but rank 1's process may still write into its room.  Another
+ * SIGKILL: the room must come back reserved for rank 1 all the same, not
+ * free for another tensor (it was: only copies as new as the tensor came
+ * back, so a new tensor of rank 0 took the room and rank 1's late write
+ * landed in it); and x must come back (held for writing in VRAM too, it was
+ * lost: "held for writing in host and VRAM at once").  At rank 1's Hello the
+ * room goes.
+ */
+#define N_Y 4
+
+static void stale_ghost(bool unpin) {
+        tier_client *c1 = NULL, *n0 = NULL, *n1 = NULL;
+        tier_tensor *x1 = NULL, *z1 = NULL, *x = NULL, *z = NULL, *y[N_Y] = {};
+        struct tier_grant g1, g;
+        struct tier_stat st;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "wstale", 1, &c1), 0);
+        assert_int_equal(tier_tensor_create(c1, "z", MiB, &z1), 0);        /* (its copy keeps the segment) */
+        assert_int_equal(tier_pin(z1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x55, g1.length);
+        assert_int_equal(tier_unpin(z1, TIER_HOST, 1), 0);
+        assert_int_equal(tier_tensor_create(c1, "x", MiB, &x1), 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x11, g1.length);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+
+        /* rank 0 is back first and writes x in VRAM: the host ghost is stale */
+        assert_int_equal(tier_client_new(d.socket, "wstale", 0, &n0), 0);
+        assert_int_equal(tier_tensor_open(n0, "x", &x), 0);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ_WRITE, &g), 0);
+        assert_true(all(g.ptr, g.length, 0x11));
+        memset(g.ptr, 0x44, g.length);
+        if (unpin)
+                assert_int_equal(tier_unpin(x, TIER_VRAM, 1), 0);
+        assert_int_equal(tier_tensor_stat(x, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 1);
+
+        /* killed again before rank 1 is back */
+        tier_tensor_close(x);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        spawn();
+        tier_client_free(n0);
+        assert_int_equal(tier_client_new(d.socket, "wstale", 0, &n0), 0);
+        assert_int_equal(tier_tensor_open(n0, "x", &x), 0);
+        assert_int_equal(tier_tensor_stat(x, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 1);        /* rank 1's room, still held */
+        assert_int_equal(st.pins[TIER_VRAM], 0);        /* (rank 0's write pin: released at its Hello) */
+        /* new tensors of rank 0 do not get that room (in z's segment): rank 1's late write is not theirs */
+        for (unsigned i = 0; i < N_Y; i++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "y%u", i);
+                assert_int_equal(tier_tensor_create(n0, name, MiB, &y[i]), 0);
+                assert_int_equal(tier_pin(y[i], TIER_HOST, TIER_READ_WRITE, &g), 0);
+                memset(g.ptr, 0xa0 + i, g.length);
+                assert_int_equal(tier_unpin(y[i], TIER_HOST, 1), 0);
+        }
+        memset(g1.ptr, 0x33, g1.length);        /* rank 1's process writes on, through its old grant */
+        for (unsigned i = 0; i < N_Y; i++)
+                expect_bytes(y[i], 0xa0 + i);
+        /* x is rank 0's write; its host room is not refilled while rank 1 may write into it */
+        assert_int_equal(tier_pin(x, TIER_HOST, TIER_READ, &g), -EBUSY);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ, &g), 0);
+        assert_true(all(g.ptr, g.length, 0x44));
+        assert_int_equal(tier_unpin(x, TIER_VRAM, 0), 0);
+
+        /* rank 1 is back: the room goes; x is rank 0's write */
+        assert_int_equal(tier_client_new(d.socket, "wstale", 1, &n1), 0);
+        assert_int_equal(tier_tensor_stat(x, &st), 0);
+        assert_int_equal(st.pins[TIER_HOST], 0);
+        expect_bytes(x, 0x44);
+        assert_int_equal(tier_tensor_open(n0, "z", &z), 0);
+        expect_bytes(z, 0x55);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        assert_int_equal(tier_tensor_destroy(z), 0);
+        for (unsigned i = 0; i < N_Y; i++)
+                assert_int_equal(tier_tensor_destroy(y[i]), 0);
+        tier_tensor_close(x1);
+        tier_tensor_close(z1);
+        tier_client_free(c1);
+        tier_client_free(n1);
+        tier_client_free(n0);
+        d.fd_store = false;
+}
+
+static void test_stale_ghost_keeps_its_room(void **state) {
+        stale_ghost(true);
+}
+
+static void test_ghost_beside_a_write_pin(void **state) {
+        stale_ghost(false);
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -433,9 +537,13 @@ int main(void) {
                 cmocka_unit_test(test_timeout_and_stale),
                 cmocka_unit_test(test_stale_by_size),
                 cmocka_unit_test(test_ghost_not_held_for_a_rank_that_let_go),
+                cmocka_unit_test(test_stale_ghost_keeps_its_room),
+                cmocka_unit_test(test_ghost_beside_a_write_pin),
         };
 
         if (!test_can_lock_memory(16 * MiB))
                 return TEST_SKIP;
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
         return cmocka_run_group_tests_name("reconnect", tests, setup, teardown);
 }
