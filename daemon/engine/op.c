@@ -361,7 +361,7 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
                 else {
                         int r = e->vram->ops->zero(e->vram, p->seg, p->offset, p->len);
                         if (r < 0)
-                                return op_fail(op, r, "cannot zero VRAM: %s", strerror(-r));
+                                return op_fail(op, r, "cannot zero VRAM: %s", vram_zero_why(r));
                 }
         }
         c->state = COPY_RESIDENT;

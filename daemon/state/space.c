@@ -221,6 +221,7 @@ static int alloc_pieces(Registry *r, Tensor *t, int tier, SpaceShort *ret_why) {
         bool pool_empty = false;
         int q = 0;
 
+        segpool_settle(pool);   /* ranges parked for a client's device work that has ended since */
         budget = (unsigned) MIN(ALIGN_UP(j->limit[tier], seg_size) / seg_size, (uint64_t) pool->n_segs);
         budget = budget > held ? budget - held : 0;
         pieces = n == 1 ? &c->one : calloc(n, sizeof(CopyPiece));

@@ -6,7 +6,10 @@
  * jobs in segments: fixed-size blocks that a client maps whole (a memfd, or a
  * CUDA VMM chunk exported as an fd).  A segment belongs to one job at a time,
  * so a client only ever receives fds of its own job's memory.  Inside a
- * segment tensors get SEG_UNIT-aligned ranges from an ExtentAlloc.
+ * segment tensors get SEG_UNIT-aligned ranges from an ExtentAlloc.  A range
+ * given back may stay taken a while (the park hook: the cuda pool, while a
+ * client's device work may still touch it), so that no new tensor gets it
+ * before that work is done.
  *
  * Memory is created by the backend's ops->make() at start-up (so the pool's
  * capacity is reserved, locked and registered once).  When a job gives a
@@ -238,6 +241,17 @@ uint64_t segment_largest_free(const Segment *seg) {
 }
 
 void segment_free(Segment *seg, uint64_t offset, uint64_t size) {
+        if (seg->pool->ops->park && seg->pool->ops->park(seg->pool, seg, offset, size))
+                return;
+        segment_free_now(seg, offset, size);
+}
+
+void segpool_settle(SegPool *p) {
+        if (p->ops->settle)
+                p->ops->settle(p);
+}
+
+void segment_free_now(Segment *seg, uint64_t offset, uint64_t size) {
         if (extent_alloc_put(&seg->units, offset / SEG_UNIT, DIV_ROUND_UP(size, SEG_UNIT)) >= 0)
                 seg->used -= ALIGN_UP(size, SEG_UNIT);
 }

@@ -47,6 +47,16 @@ typedef struct SegPoolOps {
         void (*drop_memory)(SegPool *p, Segment *seg);
         int (*make_memory)(SegPool *p, Segment *seg, uint64_t size);
         int (*prepare)(SegPool *p, Segment *seg);
+        /*
+         * Optional: a range segment_free() gives back that device work a client
+         * queued may still touch (cuda: an event given at an unpin, pending on
+         * it).  true: the pool keeps it taken for now, to give it back itself
+         * (segment_free_now()) once that work is done, so that no new tensor
+         * gets it meanwhile.  Loop thread only, as settle.
+         */
+        bool (*park)(SegPool *p, Segment *seg, uint64_t offset, uint64_t size);
+        /* Optional: give back the parked ranges whose work is done (segpool_settle()). */
+        void (*settle)(SegPool *p);
 } SegPoolOps;
 
 struct SegPool {
@@ -116,4 +126,9 @@ int segment_alloc(Segment *seg, uint64_t size, uint64_t align, uint64_t *ret_off
 int segment_reserve(Segment *seg, uint64_t offset, uint64_t size);
 /* The longest free run of @seg, in bytes. */
 uint64_t segment_largest_free(const Segment *seg);
+/* Give back a range: at once, or once the pool's park hook lets it go. */
 void segment_free(Segment *seg, uint64_t offset, uint64_t size);
+/* Give back a range at once (a park hook's own, for what it kept). */
+void segment_free_now(Segment *seg, uint64_t offset, uint64_t size);
+/* Before placing a copy: the pool gives back the parked ranges it can (SegPoolOps.settle). */
+void segpool_settle(SegPool *p);

@@ -67,19 +67,26 @@
  * VRAM_WAIT_EVENTS_PER_JOB events pending, a quarter of the room of all, so
  * a job whose events never complete cannot refuse other jobs theirs.
  *
+ * The loop thread never waits for a client's event.  A range given back
+ * (segment_free(): its tensor destroyed, its copy dropped) while one is
+ * pending on it stays taken, parked (SegPoolOps.park), until the event has
+ * completed: no new tensor gets it before, so a fill (cuda_zero(), which
+ * synchronizes on the loop thread) or a write-only pin never meets one.
+ * Parked ranges go back when waits are pruned, and before each placement
+ * (segpool_settle()).  A fill that still finds one (a copy refilled in
+ * place) is refused with -EBUSY rather than waited for.
+ *
  * What a client event that never completes stalls (a known limitation, not
  * the intent): the copy made to wait for it never completes, nor does what
- * its stream runs after it.  Worse, the completion thread waits on copies
- * one by one in the order they were queued, on all streams: every copy
- * queued after the stuck one, any stream, either direction, any job, is
- * never handed back to the loop either, so the engine's places with the
- * backend (VramBackend.depth per direction) fill and all VRAM copies stop.
- * And a fill (cuda_zero()) of such a range waits on the loop thread
- * (cuStreamSynchronize), which then never returns.  Only cuda_free() gives
- * up, after CUDA_STOP_TIMEOUT_SEC.  The way out would be to hand copies back
- * as each completes (cuEventQuery on all in flight, or one waiter per
- * stream), to put a copy on the least loaded stream of its direction, and
- * to fill asynchronously.
+ * its stream runs after it, and its range stays parked.  Worse, the
+ * completion thread waits on copies one by one in the order they were
+ * queued, on all streams: every copy queued after the stuck one, any
+ * stream, either direction, any job, is never handed back to the loop
+ * either, so the engine's places with the backend (VramBackend.depth per
+ * direction) fill and all VRAM copies stop.  Only cuda_free() gives up,
+ * after CUDA_STOP_TIMEOUT_SEC.  The way out would be to hand copies back as
+ * each completes (cuEventQuery on all in flight, or one waiter per stream)
+ * and to put a copy on the least loaded stream of its direction.
  */
 
 #include <errno.h>
@@ -163,6 +170,12 @@ typedef struct CudaWait {
         CudaOpened *opened;
 } CudaWait;
 
+/* A range given back (segment_free()) while a CudaWait on it is pending: kept taken until none is. */
+typedef struct CudaParked {
+        Segment *seg;
+        uint64_t offset, size;
+} CudaParked;
+
 typedef struct VramCuda {
         VramBackend base;
         CuDriver *drv;
@@ -183,6 +196,8 @@ typedef struct VramCuda {
         CudaOpened opened[CUDA_OPENED_MAX];
         CudaWait waits[CUDA_WAITS_MAX];
         size_t n_waits;
+        CudaParked parked[CUDA_WAITS_MAX];      /* each overlaps a wait of its own: no more than waits */
+        size_t n_parked;
         uint64_t use_clock;
 
         bool host_register_failed;      /* warned about it once */
@@ -271,10 +286,6 @@ static void cuda_seg_drop(SegPool *p, Segment *seg) {
         }
 }
 
-static const SegPoolOps cuda_seg_ops = {
-        .make = cuda_seg_make,
-        .drop = cuda_seg_drop,
-};
 
 /* ---- client events on VRAM ranges -------------------------------------------------------- */
 
@@ -287,18 +298,63 @@ static void wait_remove(VramCuda *v, size_t i) {
         v->waits[i] = v->waits[--v->n_waits];
 }
 
+/* Its memory goes (the segment's room is reset with it): its waits and parked ranges with it. */
 static void waits_drop_segment(VramCuda *v, const Segment *seg) {
         for (size_t i = v->n_waits; i > 0; i--)
                 if (v->waits[i - 1].seg == seg)
                         wait_remove(v, i - 1);
+        for (size_t i = v->n_parked; i > 0; i--)
+                if (v->parked[i - 1].seg == seg)
+                        v->parked[i - 1] = v->parked[--v->n_parked];
 }
 
-/* Forget waits whose event has completed (or can no longer be asked about). */
+static bool waits_pending_on(VramCuda *v, const Segment *seg, uint64_t offset, uint64_t len) {
+        for (size_t i = 0; i < v->n_waits; i++)
+                if (v->waits[i].seg == seg && ranges_overlap(v->waits[i].offset, v->waits[i].len, offset, len))
+                        return true;
+        return false;
+}
+
+/* Forget waits whose event has completed (or can no longer be asked about); give back what they parked. */
 static void waits_prune(VramCuda *v) {
         for (size_t i = v->n_waits; i > 0; i--)
                 if (v->drv->cuEventQuery(v->waits[i - 1].opened->event) != CUDA_ERROR_NOT_READY)
                         wait_remove(v, i - 1);
+        for (size_t i = v->n_parked; i > 0; i--) {
+                CudaParked *k = &v->parked[i - 1];
+
+                if (!waits_pending_on(v, k->seg, k->offset, k->size)) {
+                        segment_free_now(k->seg, k->offset, k->size);
+                        *k = v->parked[--v->n_parked];
+                }
+        }
 }
+
+/* SegPoolOps.park: a range given back that a client's event is still pending on stays taken. */
+static bool cuda_seg_park(SegPool *p, Segment *seg, uint64_t offset, uint64_t size) {
+        VramCuda *v = p->userdata;
+
+        if (v->n_waits == 0)
+                return false;
+        waits_prune(v);
+        if (!waits_pending_on(v, seg, offset, size))
+                return false;
+        if (v->n_parked >= CUDA_WAITS_MAX)
+                return false;   /* cannot be (each overlaps a wait of its own); a fill is refused */
+        v->parked[v->n_parked++] = (CudaParked) { seg, offset, size };
+        return true;
+}
+
+static void cuda_seg_settle(SegPool *p) {
+        waits_prune(p->userdata);
+}
+
+static const SegPoolOps cuda_seg_ops = {
+        .make = cuda_seg_make,
+        .drop = cuda_seg_drop,
+        .park = cuda_seg_park,
+        .settle = cuda_seg_settle,
+};
 
 /* Make @stream wait for every client event pending on [@offset, +@len) of @seg. */
 static CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len) {
@@ -612,9 +668,14 @@ static int cuda_zero(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len
 
         if (!seg->device_ptr || offset + len > seg->pool->seg_size)
                 return -EINVAL;
-        r = waits_apply(v, v->aux, seg, offset, len);
-        if (r == CUDA_SUCCESS)
-                r = v->drv->cuMemsetD8Async(seg->device_ptr + offset, 0, len, v->aux);
+        /*
+         * Never wait on the loop thread for a client's event: a range given back with one pending
+         * is parked until it completes, so only a copy refilled in place can meet one here.
+         */
+        waits_prune(v);
+        if (waits_pending_on(v, seg, offset, len))
+                return -EBUSY;
+        r = v->drv->cuMemsetD8Async(seg->device_ptr + offset, 0, len, v->aux);
         if (r == CUDA_SUCCESS)
                 r = v->drv->cuStreamSynchronize(v->aux);
         if (r != CUDA_SUCCESS)

@@ -62,6 +62,13 @@ bool vram_backend_stop(VramBackend *b) {
         return !b || !b->ops->stop || b->ops->stop(b);
 }
 
+const char *vram_zero_why(int r) {
+        if (r == -EBUSY)
+                return "an event its job's client gave at an unpin (tier_unpin_after()) is still pending on that "
+                       "VRAM: pin again once the client's stream has passed that event";
+        return strerror(-r);
+}
+
 int vram_numa_node(const VramBackend *b) {
         return b ? b->numa_node : -1;
 }

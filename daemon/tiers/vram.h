@@ -55,7 +55,11 @@ typedef struct VramBackendOps {
         const char *name;       /* "emulated" or "cuda" */
         /* Start an asynchronous copy; @c stays owned by the caller until done() runs. */
         int (*copy)(VramBackend *b, VramCopy *c);
-        /* Zero a range synchronously (fresh tensors). */
+        /*
+         * Zero a range synchronously (fresh tensors).  Never waits for a client's
+         * event (vram_wait_event()): -EBUSY while one is pending on the range
+         * (vram_zero_why() says it to the client).
+         */
         int (*zero)(VramBackend *b, Segment *seg, uint64_t offset, uint64_t len);
         void (*free)(VramBackend *b);
         /*
@@ -126,6 +130,9 @@ uint64_t vram_emul_capacity(const Config *c);
 int vram_set_bandwidth(VramBackend *b, uint64_t bandwidth);
 /* Returns -ENODEV (reason in *ret_error) when no CUDA device can be used. */
 int vram_cuda_new(const Config *c, sd_event *event, VramBackend **ret, char **ret_error);
+
+/* What a client is told of VramBackendOps.zero's failure @r (-errno). */
+const char *vram_zero_why(int r);
 
 /* NUMA node of the backend's device, or -1 (emulated, unknown, not a NUMA machine). */
 int vram_numa_node(const VramBackend *b);
