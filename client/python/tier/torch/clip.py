@@ -97,7 +97,7 @@ _module_zero_grad = torch.nn.Module.zero_grad
 
 def _zero_grad_wrapper(self: torch.nn.Module, set_to_none: bool = False) -> None:
     """torch.nn.Module.zero_grad() while an engine lives, on a module around an engine's model (a
-    DistributedDataParallel, a module holding it): the engine's zero_grad() first, as the model's own
+    wrapper holding it as DistributedDataParallel would): the engine's zero_grad() first, as the model's own
     (ModelStateHooks), then torch's.  torch's alone failed on the first .grad in tierd (GradInTierd), after
     zeroing those before it; and after a forward, where those were None already, left the engine's gradients
     unzeroed for it.  On a module holding only some of an engine's parameters, set_to_none=False is refused
