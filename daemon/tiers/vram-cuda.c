@@ -59,9 +59,9 @@
  * Client events.  An Unpin may carry a client's interprocess event,
  * recorded after kernels that still write the tensor.  tierd opens it
  * (cuIpcOpenEventHandle, cached by handle) and remembers it for that VRAM
- * range; every later copy, in either direction, and every fill of an
- * overlapping range first makes its stream wait for it (cuStreamWaitEvent),
- * so the tensor is never copied out before those kernels finish.  Entries
+ * range; every later copy, in either direction, of an overlapping range
+ * first makes its stream wait for it (cuStreamWaitEvent), so the tensor is
+ * never copied out before those kernels finish (a fill never waits: below).  Entries
  * are dropped once the event has completed.  Each job (the owner of the
  * ranges' chunks) has at most VRAM_WAITS_PER_JOB ranges on
  * VRAM_WAIT_EVENTS_PER_JOB events pending, a quarter of the room of all, so
