@@ -11,8 +11,9 @@
  * failed[slot] counts fences of that slot that completed with an error;
  * when it changes the client reads FenceFailed events from its socket to
  * learn which ones.  tierd writes with release ordering, clients read with
- * acquire ordering; after advancing a slot tierd writes 1 to the slot's
- * eventfd, so a client that found done[slot] too small may sleep on it.
+ * acquire ordering; after advancing a slot tierd writes a token to the
+ * connection's wakeup pipe (HelloReply.fence_eventfd, its read end), so a
+ * client that found done[slot] too small may sleep on it.
  */
 #define FENCE_SLOTS 256     /* max connections per job: fits one 4 KiB page */
 

@@ -28,7 +28,7 @@
  *           write 1 to the marker eventfd (tierd wakes up; no reply)
  *   client: wait until ready says marker s + 1 may run, i.e.
  *           ready_seq > s + 1, or ready_seq == s + 1 and ready_phase == k
- *           (sleeping on the connection's wakeup eventfd), or error != 0
+ *           (sleeping on the connection's wakeup fd, a pipe), or error != 0
  *   tierd:  pins what phase k needs before it sets ready for it (as early as
  *           the policy allows: timeline pins phase k+1 while k runs), and
  *           unpins what the previous marker's phase used once it sees s + 1.

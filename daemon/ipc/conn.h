@@ -57,7 +57,7 @@ typedef struct Conn {
         uint32_t rank;          /* its Hello's */
         List job_link;          /* Job.conns */
         unsigned fence_slot;
-        int efd;                /* wakeup eventfd, shared with the client */
+        int efd;                /* write end of the wakeup pipe (base/wakeup.c); the client has the read end */
         uint64_t next_fence;
         uint64_t fence_done;
         uint64_t *fence_completed;      /* completed fences above fence_done */

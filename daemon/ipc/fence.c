@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fence.c: a connection's fences (the job's fence page, its eventfd) and the pins it holds. */
+/* fence.c: a connection's fences (the job's fence page, its wakeup pipe) and the pins it holds. */
 
 /*
  * Theory of operation: each connection of a job owns one slot of the job's
@@ -11,7 +11,8 @@
  * A failed fence also counts in failed[slot] and is told by
  * Event.fence_failed; a client that cannot be sent that event would wait
  * forever, so its connection is closed instead.  After the page changes
- * the connection's eventfd is written, for a client sleeping on it.
+ * the connection's wakeup pipe gets a token (wakeup_kick()), for a client
+ * sleeping on it.
  *
  * Pins are recorded per connection so that a vanished client's pins are
  * dropped (as dirty: the client may have written before it died, and
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "daemon/base/wakeup.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
 #include "daemon/state/registry.h"
@@ -68,10 +70,8 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
                 c->fence_completed[c->n_fence_completed++] = fence;
 
         if (advanced || status < 0) {
-                uint64_t one = 1;
-
                 __atomic_store_n(&c->job->fences->done[c->fence_slot], c->fence_done, __ATOMIC_RELEASE);
-                (void) write(c->efd, &one, sizeof(one));
+                wakeup_kick(c->efd);
         }
 }
 

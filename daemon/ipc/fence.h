@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fence.h: a connection's fences (the job's fence page, its eventfd) and the pins it holds. */
+/* fence.h: a connection's fences (the job's fence page, its wakeup pipe) and the pins it holds. */
 #pragma once
 
 #include <stdint.h>
@@ -12,7 +12,7 @@ typedef struct Tensor Tensor;
  * reason @error): advance the connection's watermark on the job's fence
  * page as far as the fences completed in order allow, remember one that
  * completed out of order (at most @max_pending of them), send
- * Event.fence_failed on an error, and wake the client's eventfd.
+ * Event.fence_failed on an error, and wake the client (its wakeup pipe).
  */
 void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsigned max_pending);
 

@@ -23,12 +23,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/base/wakeup.h"
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/commit.h"
 #include "daemon/ipc/conn.h"
@@ -331,7 +331,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
         Tier__Limits lim = TIER__LIMITS__INIT;
         uint64_t limits[TIERS] = {}, tensor_max[TIERS] = {}, segment_size[TIERS] = {};
-        _cleanup_close_ int efd = -1;
+        _cleanup_close_ int efd = -1, wake_read = -1;  /* the wakeup pipe: tierd writes, the client reads */
         _cleanup_free_ uint64_t *completed = NULL;
         unsigned slot;
         int fds[2];
@@ -388,9 +388,8 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
          * All or nothing: what a failed Hello took is given back, so that the
          * client may send another one (nothing is left to leak or overwrite).
          */
-        efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         completed = calloc(r->config->max_inflight, sizeof(uint64_t));
-        if (efd < 0 || !completed)
+        if (wakeup_new(&efd, &wake_read) < 0 || !completed)
                 return conn_reply_error(c, seq, -ENOMEM, "out of resources");
         j = hello_job(r, c, seq, h->job, &created);
         if (!j)
@@ -442,7 +441,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         hr.created = created;
         fds[0] = j->fence_fd;
         hr.fence_page_fd = 0;
-        fds[1] = c->efd;
+        fds[1] = wake_read;             /* (sent, or queued as a dup: ours is closed on return) */
         hr.fence_eventfd = 1;
         resp.seq = seq;
         resp.result_case = TIER__RESPONSE__RESULT_HELLO;

@@ -44,6 +44,7 @@
 
 #include "daemon/base/level.h"
 #include "daemon/base/log.h"
+#include "daemon/base/wakeup.h"
 #include "daemon/engine/engine.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
@@ -487,10 +488,7 @@ uint8_t plan_next_access_mode(const Plan *p, const Tensor *t, uint32_t from, boo
 /* ---- the page ---------------------------------------------------------------------------------- */
 
 static void plan_wake(Plan *p) {
-        uint64_t one = 1;
-
-        if (p->efd >= 0)
-                (void) write(p->efd, &one, sizeof(one));
+        wakeup_kick(p->efd);
 }
 
 void plan_set_ready(Plan *p, uint64_t seq, uint32_t phase) {

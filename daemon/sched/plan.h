@@ -92,7 +92,7 @@ enum { USE_VRAM, USE_ANY, USE_HOST, _USE_MAX };
 struct Plan {
         Sched *sched;
         Job *job;
-        int efd;                /* the rank's wakeup eventfd; borrowed: its connection frees the plan first */
+        int efd;                /* the rank's wakeup pipe (write end); borrowed: its connection frees the plan first */
         uint32_t rank;          /* its connection's Hello's (the memory store records who may write a copy) */
         uint64_t conn_id;       /* its connection's id: names the plan in the metrics when rank_shared */
         bool rank_shared;       /* another plan of its job had the rank when it was submitted (plan_set_owner()) */

@@ -56,7 +56,7 @@ void sched_set_trace(Sched *s, SchedTrace trace, void *userdata);
  * sched_plan_new() - validate and start a plan of job @j's rank: see
  * plan_new() for the checks (under the timeline policy two consecutive
  * phases must fit the job's limits, since the next phase is pinned while
- * one runs).  @efd: the rank's wakeup eventfd, borrowed until
+ * one runs).  @efd: the write end of the rank's wakeup pipe, borrowed until
  * sched_plan_free().  On failure @error says why.
  */
 int sched_plan_new(Sched *s, Job *j, int efd, const PlanSpec *spec, Plan **ret, char *error, size_t error_size);
