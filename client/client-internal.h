@@ -126,7 +126,7 @@ typedef struct FenceFailure {
 
 struct tier_client {
         int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
-        int event_fd;                   /* fence wakeups from tierd, or -1 */
+        int event_fd;                   /* wakeups from tierd (fences, plan phases): a pipe's read end, or -1 */
         const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
         uint32_t fence_slot;
         tier_fence fence_max;           /* highest fence tierd has handed out */
@@ -380,6 +380,10 @@ int fence_map_page(tier_client *c, int fd);
 uint64_t fence_new_tag(void);
 /* The fence the caller sees for libtier's fence @f (0 stays 0). */
 tier_fence fence_out(const tier_client *c, tier_fence f);
+/* 8-byte tokens client_wakeup_drain() reads at once from the wakeup fd. */
+#define CLIENT_WAKEUP_TOKENS 64
+/* Take the tokens waiting on the wakeup fd (after poll() said POLLIN), then look at the pages again. */
+void client_wakeup_drain(tier_client *c);
 /* tier_fence_done() and tier_fence_wait() of an untagged fence. */
 int fence_done(tier_client *c, tier_fence f);
 int fence_wait(tier_client *c, tier_fence f, int timeout_ms);

@@ -8,7 +8,7 @@
  * that must come first.  The HelloReply brings the job id, tierd's limits
  * (largest request and name, the job's limit per tier), the VRAM backend
  * and its GPU's PCI bus id, and, for a job's connection, the fence page
- * and the fence eventfd (fences.c).  An empty job name makes a control
+ * and the wakeup fd (fences.c).  An empty job name makes a control
  * connection: no fences and no plans, only status and quotas (control.c).
  *
  * Every failure on a client leaves its own text in the client's
@@ -219,7 +219,7 @@ int client_hello(tier_client *c, const char *job, unsigned rank) {
                         c->event_fd = packet_take_fd(&p, hr->fence_eventfd);
                         if (c->event_fd < 0) {
                                 r = client_error(c, c->event_fd,
-                                                 "hello names eventfd %d, which the packet lacks",
+                                                 "hello names wakeup fd %d, which the packet lacks",
                                                  hr->fence_eventfd);
                                 goto finish;
                         }

@@ -10,8 +10,12 @@
  * each counted failure has been matched by a FenceFailed event, answers
  * without a system call.  Only when the counter runs ahead of the events
  * does it drain the socket (non-blocking) to learn which fence failed.
- * tier_fence_wait() sleeps in poll() on the connection's eventfd (tierd writes
- * it after advancing the slot) and on the socket (events, or tierd gone).
+ * tier_fence_wait() sleeps in poll() on the connection's wakeup fd (tierd
+ * writes a token to it after advancing the slot) and on the socket (events,
+ * or tierd gone).  The wakeup fd is the read end of a pipe whose tokens are
+ * 8 bytes (an older tierd sent an eventfd: one 8-byte read clears it);
+ * client_wakeup_drain() takes every token pending in one read, and only then
+ * does the caller look at the page again, so no wakeup is missed.
  *
  * FenceFailed events (handled by the transport as they arrive) go into a
  * small ring of remembered failures, newest last; a fence older than the
@@ -52,8 +56,21 @@
 #include "proto/macro.h"
 #include "util/time-util.h"
 
-/* Without an eventfd tier_fence_wait() can only poll the fence page, this often. */
+/* Without a wakeup fd tier_fence_wait() can only poll the fence page, this often. */
 #define CLIENT_FENCE_POLL_MS 1
+
+void client_wakeup_drain(tier_client *c) {
+        uint64_t tokens[CLIENT_WAKEUP_TOKENS];
+
+        /*
+         * Every token pending, in one read (this tierd leaves one at most;
+         * tokens beyond the buffer would only make the next poll() return at
+         * once).  An eventfd (an older tierd) gives its 8 bytes and is clear.
+         * Called after poll() said POLLIN: it does not block.
+         */
+        if (c->event_fd >= 0)
+                (void) !read(c->event_fd, tokens, sizeof(tokens));
+}
 
 int fence_map_page(tier_client *c, int fd) {
         struct stat st;
@@ -227,11 +244,8 @@ int fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
                 if (n < 0 && errno != EINTR)
                         return client_error(c, negative_errno(), "waiting for fence %#" PRIx64 " failed: %m",
                                             fence_out(c, f));
-                if (n > 0 && (pfd[0].revents & POLLIN)) {
-                        uint64_t v;
-                        /* Clears the eventfd; readable, so this read does not block. */
-                        (void) !read(c->event_fd, &v, sizeof(v));
-                }
+                if (n > 0 && (pfd[0].revents & POLLIN))
+                        client_wakeup_drain(c);
                 if (n > 0 && pfd[1].revents) {
                         r = transport_drain(c);
                         if (r < 0) {

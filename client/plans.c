@@ -16,8 +16,8 @@
  * tier_phase_enter() costs no round trip: it writes the phase and a new marker
  * seq into the page's client area (release store), kicks the marker
  * eventfd, and waits only until the daemon area's "ready" says that
- * marker may run, sleeping in poll() on the connection's eventfd and on
- * the socket (events, or tierd gone).  Time spent waiting adds up in
+ * marker may run, sleeping in poll() on the connection's wakeup fd (tierd
+ * writes a token after it changes "ready" or "error") and on the socket (events, or tierd gone).  Time spent waiting adds up in
  * stall_ns.
  *
  * Plan tensors are numbered by slot, in order of first appearance, as
@@ -531,10 +531,8 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
                 r = poll(fds, 2, 1000);
                 if (r < 0 && errno != EINTR)
                         return -errno;
-                if (r > 0 && (fds[0].revents & POLLIN)) {
-                        uint64_t v;
-                        (void) read(c->event_fd, &v, sizeof(v));
-                }
+                if (r > 0 && (fds[0].revents & POLLIN))
+                        client_wakeup_drain(c);         /* then ready and error are read again */
                 if (r > 0 && fds[1].revents) {
                         r = transport_drain(c);
                         if (r >= 0)

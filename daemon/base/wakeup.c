@@ -13,7 +13,8 @@
  * end cannot be written (EBADF).
  *
  * Tokens are 8 bytes, what an eventfd read gives, so a libtier written for
- * the eventfd (poll, then read 8 bytes, then look at the page) still works.
+ * the eventfd (poll, then read 8 bytes, then look at the page) still works;
+ * libtier now reads every token there is in one read (client_wakeup_drain()).
  * tierd writes a token only while none is unread (FIONREAD, which works on
  * a pipe's write end), so the pipe holds 8 bytes at most: an old libtier
  * empties it in one read, and a client that never reads cannot fill it.

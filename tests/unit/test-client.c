@@ -2,8 +2,10 @@
 /* test-client.c: unit tests of libtier that need no daemon. */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -491,6 +496,43 @@ static void test_held_closed_handle(void **state) {
         free(c.held);
 }
 
+/* ---- the wakeup fd ---------------------------------------------------------------------- */
+
+/*
+ * client_wakeup_drain() takes every token waiting on the wakeup pipe in one
+ * read: before, a read took one 8-byte token, and each further token cost the
+ * waiter another round of poll(), read and page check.  An older tierd's
+ * eventfd is still cleared by it.
+ */
+static void test_wakeup_drain(void **state) {
+        tier_client c = { .fd = -1, .event_fd = -1 };
+        struct pollfd pfd = { .events = POLLIN };
+        uint64_t token = 1;
+        int p[2], unread = -1;
+
+        (void) state;
+        assert_int_equal(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+        c.event_fd = p[0];
+        for (int i = 0; i < 5; i++)
+                assert_int_equal(write(p[1], &token, sizeof(token)), (ssize_t) sizeof(token));
+        client_wakeup_drain(&c);
+        assert_int_equal(ioctl(p[0], FIONREAD, &unread), 0);
+        assert_int_equal(unread, 0);
+        close(p[0]);
+        close(p[1]);
+
+        c.event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        assert_true(c.event_fd >= 0);
+        assert_int_equal(eventfd_write(c.event_fd, 3), 0);
+        client_wakeup_drain(&c);
+        pfd.fd = c.event_fd;
+        assert_int_equal(poll(&pfd, 1, 0), 0);
+        close(c.event_fd);
+
+        c.event_fd = -1;                /* no wakeup fd (a control connection): nothing to read */
+        client_wakeup_drain(&c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_strerror),
@@ -506,6 +548,7 @@ int main(void) {
                 cmocka_unit_test(test_status_format_einval),
                 cmocka_unit_test(test_held_writes),
                 cmocka_unit_test(test_held_closed_handle),
+                cmocka_unit_test(test_wakeup_drain),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
