@@ -56,25 +56,8 @@
  * completed, so a client that waits on a handle late waits at worst for
  * an unrelated later copy, never for less than its own.
  *
- * Client events.  An Unpin may carry a client's interprocess event,
- * recorded after kernels that still write the tensor.  tierd opens it
- * (cuIpcOpenEventHandle, cached by handle) and remembers it for that VRAM
- * range; every later copy, in either direction, of an overlapping range
- * first makes its stream wait for it (cuStreamWaitEvent), so the tensor is
- * never copied out before those kernels finish (a fill never waits: below).  Entries
- * are dropped once the event has completed.  Each job (the owner of the
- * ranges' chunks) has at most VRAM_WAITS_PER_JOB ranges on
- * VRAM_WAIT_EVENTS_PER_JOB events pending, a quarter of the room of all, so
- * a job whose events never complete cannot refuse other jobs theirs.
- *
- * The loop thread never waits for a client's event.  A range given back
- * (segment_free(): its tensor destroyed, its copy dropped) while one is
- * pending on it stays taken, parked (SegPoolOps.park), until the event has
- * completed: no new tensor gets it before, so a fill (cuda_zero(), which
- * synchronizes on the loop thread) or a write-only pin never meets one.
- * Parked ranges go back when waits are pruned, and before each placement
- * (segpool_settle()).  A fill that still finds one (a copy refilled in
- * place) is refused with -EBUSY rather than waited for.
+ * Client events (Unpin.ipc_event) pending on VRAM ranges, and the ranges
+ * they park: vram-cuda-wait.c.
  *
  * What a client event that never completes stalls (a known limitation, not
  * the intent): the copy made to wait for it never completes, nor does what
@@ -104,6 +87,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/tiers/vram-cuda-private.h"
 #include "daemon/tiers/vram-cuda.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
@@ -127,105 +111,18 @@ static int fail(char **ret_error, int r, const char *fmt, ...) {
 
 #if TIERD_HAVE_CUDA
 
-/* Streams per direction: an upload and a download always overlap, and two of each. */
-#define CUDA_STREAMS_PER_DIR 2
-/* Interprocess events for PinReply; a copy finding none free simply has none. */
-#define CUDA_IPC_EVENTS 64
-/* Client events pending on VRAM ranges (Unpin.ipc_event), all jobs together (VRAM_WAITS_PER_JOB each). */
-#define CUDA_WAITS_MAX (4 * VRAM_WAITS_PER_JOB)
-/* Client events kept open (VRAM_WAIT_EVENTS_PER_JOB pending each); the least recently used unreferenced
- * one is closed first. */
-#define CUDA_OPENED_MAX (4 * VRAM_WAIT_EVENTS_PER_JOB)
 /* How long freeing the backend waits for copies still on the device. */
 #define CUDA_STOP_TIMEOUT_SEC 5
 /* Descriptors kept free for everything but the chunks' exported fds (connections, targets, ...). */
 #define CUDA_NOFILE_SPARE 1024
 
-typedef struct CudaOp {
-        VramCopy *copy;
-        CUevent done;           /* recorded after the copy's last piece */
-        int ipc;                /* VramCuda.ipc index recorded after it, or -1 */
-        CUresult result;        /* of queueing, then of the wait */
-        struct CudaOp *next;    /* todo, done and free lists */
-        List link;              /* VramCuda.inflight */
-} CudaOp;
-
-typedef struct CudaIpcEvent {
-        CUevent event;
-        CUipcEventHandle handle;
-        bool busy;              /* recorded for a copy that has not completed */
-} CudaIpcEvent;
-
-typedef struct CudaOpened {
-        CUipcEventHandle handle;
-        CUevent event;          /* NULL: slot unused */
-        unsigned refs;          /* CudaWaits naming it */
-        uint64_t last_use;
-        uint64_t mark;          /* counted already (waits_of_job()) */
-} CudaOpened;
-
-typedef struct CudaWait {
-        const Segment *seg;
-        uint64_t offset, len;
-        CudaOpened *opened;
-} CudaWait;
-
-/* A range given back (segment_free()) while a CudaWait on it is pending: kept taken until none is. */
-typedef struct CudaParked {
-        Segment *seg;
-        uint64_t offset, size;
-} CudaParked;
-
-typedef struct VramCuda {
-        VramBackend base;
-        CuDriver *drv;
-        CUdevice dev;
-        CUcontext ctx;
-        bool ctx_retained;
-        size_t granularity;
-        CUmemAllocationProp prop;
-        CUmemGenericAllocationHandle *handles;  /* per segment id; 0: none */
-        uint32_t n_handles;
-
-        CUstream h2d[CUDA_STREAMS_PER_DIR], d2h[CUDA_STREAMS_PER_DIR];
-        CUstream aux;           /* clearing chunks and tensors */
-        unsigned next_h2d, next_d2h;
-
-        CudaIpcEvent ipc[CUDA_IPC_EVENTS];
-        unsigned n_ipc, next_ipc;
-        CudaOpened opened[CUDA_OPENED_MAX];
-        CudaWait waits[CUDA_WAITS_MAX];
-        size_t n_waits;
-        CudaParked parked[CUDA_WAITS_MAX];      /* each overlaps a wait of its own: no more than waits */
-        size_t n_parked;
-        uint64_t use_clock;
-
-        bool host_register_failed;      /* warned about it once */
-
-        List inflight;          /* CudaOp.link, on the loop thread only */
-        CudaOp *free_ops;       /* loop thread only */
-
-        /* completion thread */
-        pthread_t thread;
-        bool thread_ok;
-        pthread_mutex_t lock;
-        pthread_cond_t cond;
-        CudaOp *todo_head, **todo_tail;
-        CudaOp *done_head, **done_tail;
-        bool stop;
-        int efd;
-        sd_event_source *efd_source;
-} VramCuda;
-
-static const char *cu_err(VramCuda *v, CUresult r) {
+const char *cu_err(VramCuda *v, CUresult r) {
         static _Thread_local char buf[160];
 
         return cudrv_strerror(v->drv, r, buf, sizeof(buf));
 }
 
 /* ---- chunks ------------------------------------------------------------------------------- */
-
-static void waits_drop_segment(VramCuda *v, const Segment *seg);
 
 static int cuda_seg_make(SegPool *p, Segment *seg, uint64_t size) {
         VramCuda *v = p->userdata;
@@ -286,199 +183,12 @@ static void cuda_seg_drop(SegPool *p, Segment *seg) {
         }
 }
 
-
-/* ---- client events on VRAM ranges -------------------------------------------------------- */
-
-static bool ranges_overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen) {
-        return a < b + blen && b < a + alen;
-}
-
-static void wait_remove(VramCuda *v, size_t i) {
-        v->waits[i].opened->refs--;
-        v->waits[i] = v->waits[--v->n_waits];
-}
-
-/* Its memory goes (the segment's room is reset with it): its waits and parked ranges with it. */
-static void waits_drop_segment(VramCuda *v, const Segment *seg) {
-        for (size_t i = v->n_waits; i > 0; i--)
-                if (v->waits[i - 1].seg == seg)
-                        wait_remove(v, i - 1);
-        for (size_t i = v->n_parked; i > 0; i--)
-                if (v->parked[i - 1].seg == seg)
-                        v->parked[i - 1] = v->parked[--v->n_parked];
-}
-
-static bool waits_pending_on(VramCuda *v, const Segment *seg, uint64_t offset, uint64_t len) {
-        for (size_t i = 0; i < v->n_waits; i++)
-                if (v->waits[i].seg == seg && ranges_overlap(v->waits[i].offset, v->waits[i].len, offset, len))
-                        return true;
-        return false;
-}
-
-/* Forget waits whose event has completed (or can no longer be asked about); give back what they parked. */
-static void waits_prune(VramCuda *v) {
-        for (size_t i = v->n_waits; i > 0; i--)
-                if (v->drv->cuEventQuery(v->waits[i - 1].opened->event) != CUDA_ERROR_NOT_READY)
-                        wait_remove(v, i - 1);
-        for (size_t i = v->n_parked; i > 0; i--) {
-                CudaParked *k = &v->parked[i - 1];
-
-                if (!waits_pending_on(v, k->seg, k->offset, k->size)) {
-                        segment_free_now(k->seg, k->offset, k->size);
-                        *k = v->parked[--v->n_parked];
-                }
-        }
-}
-
-/* SegPoolOps.park: a range given back that a client's event is still pending on stays taken. */
-static bool cuda_seg_park(SegPool *p, Segment *seg, uint64_t offset, uint64_t size) {
-        VramCuda *v = p->userdata;
-
-        if (v->n_waits == 0)
-                return false;
-        waits_prune(v);
-        if (!waits_pending_on(v, seg, offset, size))
-                return false;
-        if (v->n_parked >= CUDA_WAITS_MAX)
-                return false;   /* cannot be (each overlaps a wait of its own); a fill is refused */
-        v->parked[v->n_parked++] = (CudaParked) { seg, offset, size };
-        return true;
-}
-
-static void cuda_seg_settle(SegPool *p) {
-        waits_prune(p->userdata);
-}
-
 static const SegPoolOps cuda_seg_ops = {
         .make = cuda_seg_make,
         .drop = cuda_seg_drop,
         .park = cuda_seg_park,
         .settle = cuda_seg_settle,
 };
-
-/* Make @stream wait for every client event pending on [@offset, +@len) of @seg. */
-static CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len) {
-        if (v->n_waits == 0)
-                return CUDA_SUCCESS;
-        waits_prune(v);
-        for (size_t i = 0; i < v->n_waits; i++) {
-                CudaWait *w = &v->waits[i];
-                CUresult r;
-
-                if (w->seg != seg || !ranges_overlap(w->offset, w->len, offset, len))
-                        continue;
-                r = v->drv->cuStreamWaitEvent(stream, w->opened->event, 0);
-                if (r != CUDA_SUCCESS)
-                        return r;
-        }
-        return CUDA_SUCCESS;
-}
-
-static CudaOpened *opened_get(VramCuda *v, const CUipcEventHandle *handle, CUresult *ret) {
-        CudaOpened *slot = NULL;
-
-        for (size_t i = 0; i < CUDA_OPENED_MAX; i++) {
-                CudaOpened *o = &v->opened[i];
-
-                if (o->event && memcmp(&o->handle, handle, sizeof(*handle)) == 0) {
-                        o->last_use = ++v->use_clock;
-                        return o;
-                }
-                /* an unused slot, else the least recently used one nothing refers to */
-                if (o->refs == 0 && (!slot || (slot->event && (!o->event || o->last_use < slot->last_use))))
-                        slot = o;
-        }
-        if (!slot) {
-                *ret = CUDA_ERROR_OUT_OF_MEMORY;
-                return NULL;
-        }
-        if (slot->event) {
-                (void) v->drv->cuEventDestroy(slot->event);
-                slot->event = NULL;
-        }
-        *ret = v->drv->cuIpcOpenEventHandle(&slot->event, *handle);
-        if (*ret != CUDA_SUCCESS) {
-                slot->event = NULL;
-                return NULL;
-        }
-        slot->handle = *handle;
-        slot->last_use = ++v->use_clock;
-        return slot;
-}
-
-/* The job's pending waits, and the distinct events they name (@handle's among them: *@ret_named). */
-static void waits_of_job(VramCuda *v, const Job *job, const CUipcEventHandle *handle, size_t *ret_waits,
-                         size_t *ret_events, bool *ret_named) {
-        uint64_t stamp = ++v->use_clock;
-
-        *ret_waits = *ret_events = 0;
-        *ret_named = false;
-        for (size_t i = 0; i < v->n_waits; i++) {
-                CudaOpened *o = v->waits[i].opened;
-
-                if (v->waits[i].seg->owner != job)
-                        continue;
-                (*ret_waits)++;
-                if (o->mark != stamp) {
-                        o->mark = stamp;
-                        (*ret_events)++;
-                        *ret_named |= memcmp(&o->handle, handle, sizeof(*handle)) == 0;
-                }
-        }
-}
-
-static int cuda_wait_event(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,
-                           char *ret_why, size_t why_size) {
-        VramCuda *v = container_of(b, VramCuda, base);
-        size_t job_waits, job_events;
-        CUipcEventHandle h;
-        CudaOpened *o;
-        bool named;
-        CUresult r;
-
-        if (size != sizeof(h))
-                return -EINVAL;
-        memcpy(&h, handle, sizeof(h));
-        waits_prune(v);
-        /* the job's own bounds first, so that one job cannot take the room of all */
-        waits_of_job(v, ranges[0].seg->owner, &h, &job_waits, &job_events, &named);
-        if (job_waits + n > VRAM_WAITS_PER_JOB || (!named && job_events >= VRAM_WAIT_EVENTS_PER_JOB)) {
-                if (ret_why)
-                        snprintf(ret_why, why_size, "the job has %zu VRAM ranges waiting on %zu client events "
-                                 "that have not completed, its bound is %u ranges and %u events (this unpin "
-                                 "adds %zu): synchronize the stream and unpin without an event",
-                                 job_waits, job_events, VRAM_WAITS_PER_JOB, VRAM_WAIT_EVENTS_PER_JOB, n);
-                return -ENOBUFS;
-        }
-        if (v->n_waits + n > CUDA_WAITS_MAX) {
-                if (ret_why)
-                        snprintf(ret_why, why_size, "all jobs together have %zu VRAM ranges waiting on client "
-                                 "events, tierd keeps %u: synchronize the stream and unpin without an event",
-                                 v->n_waits, CUDA_WAITS_MAX);
-                return -ENOBUFS;
-        }
-        o = opened_get(v, &h, &r);
-        if (!o) {
-                log_debug("Cannot open a client's interprocess event: %s", cu_err(v, r));
-                if (r != CUDA_ERROR_OUT_OF_MEMORY)
-                        return -EINVAL;
-                if (ret_why)
-                        snprintf(ret_why, why_size, "all jobs together have %u client events pending, tierd "
-                                 "keeps that many open: synchronize the stream and unpin without an event",
-                                 CUDA_OPENED_MAX);
-                return -ENOBUFS;
-        }
-        for (size_t i = 0; i < n; i++) {
-                o->refs++;
-                v->waits[v->n_waits++] = (CudaWait) {
-                        .seg = ranges[i].seg,
-                        .offset = ranges[i].offset,
-                        .len = ranges[i].len,
-                        .opened = o,
-                };
-        }
-        return 0;
-}
 
 /* ---- copies ---------------------------------------------------------------------------------- */
 
