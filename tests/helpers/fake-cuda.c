@@ -11,12 +11,8 @@
  * processes mapping the same exported chunk share its bytes exactly as two
  * GPU contexts would, and tests can check data with memcmp().
  *
- * Streams run everything at once (copies are memcpy, memset is memset).
- * Events complete when recorded unless a test holds them (fake_cuda_hold)
- * to see what waits for them.  Interprocess event handles name the event
- * by pid and serial number; opening one in the process that made it gives
- * an event that follows the original, in any other process one that is
- * complete.  Everything is counted (fake_cuda_stats) so tests can check
+ * Streams and events, interprocess ones too: fake-cuda-streams.c.
+ * Everything is counted (fake_cuda_stats) so tests can check
  * which calls the code under test made.  All state is behind one mutex:
  * tierd calls in from its loop thread and its copy-completion thread.
  */
@@ -35,41 +31,19 @@
 
 #include <cuda.h>
 
+#include "tests/helpers/fake-cuda-private.h"
 #include "tests/helpers/fake-cuda.h"
 
 #define FAKE_GRANULARITY (2u << 20)
 #define FAKE_DEFAULT_MEM (1ull << 30)
 #define FAKE_MAX_DEVICES 8
 #define FAKE_MAX_REGS 4096
-#define FAKE_IPC_MAGIC "fakecuda-ipcev"
-
-/* Exported: the project builds with -fvisibility=hidden. */
-#define FAKE_API __attribute__((visibility("default")))
 
 typedef struct FakeAlloc {
         int fd;
         size_t size;
         bool counted;           /* created here (counts against the device memory) */
 } FakeAlloc;
-
-typedef struct FakeEvent {
-        unsigned flags;
-        uint64_t serial;        /* of this event, or of the one it follows */
-        uint64_t epoch;         /* pending while > released_epoch */
-        struct FakeEvent *next; /* all events of this process */
-        bool alias;             /* opened from a handle of this process */
-} FakeEvent;
-
-typedef struct FakeStream {
-        int unused;
-} FakeStream;
-
-typedef struct FakeIpcHandle {
-        char magic[16];
-        int32_t pid;
-        int32_t pad;
-        uint64_t serial;
-} FakeIpcHandle;
 
 typedef struct FakeFail {
         char function[48];
@@ -78,17 +52,12 @@ typedef struct FakeFail {
         unsigned count;
 } FakeFail;
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
-static bool initialized;
+pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
+bool fake_initialized;
 static uint64_t total_mem = FAKE_DEFAULT_MEM;
 static int n_devices = 1;
 static bool no_fd;
-static FakeCudaStats stats;
-static FakeEvent *events;
-static uint64_t next_serial = 1;
-static bool holding;
-static uint64_t hold_epoch, released_epoch;
+FakeCudaStats fake_counts;
 static FakeFail fails[8];
 static struct { void *p; size_t size; } regs[FAKE_MAX_REGS];
 /* address reservations, so that a bad unmap or free is an error rather than a MAP_FIXED over anything */
@@ -137,33 +106,16 @@ static int range_find(uintptr_t p, size_t size) {
 static int ctx_dummy;
 
 FAKE_API void fake_cuda_stats(FakeCudaStats *ret);
-FAKE_API void fake_cuda_hold(void);
-FAKE_API void fake_cuda_release(void);
 FAKE_API void fake_cuda_fail(const char *function, int result, unsigned skip, unsigned count);
 
 FAKE_API void fake_cuda_stats(FakeCudaStats *ret) {
-        pthread_mutex_lock(&lock);
-        *ret = stats;
-        pthread_mutex_unlock(&lock);
-}
-
-FAKE_API void fake_cuda_hold(void) {
-        pthread_mutex_lock(&lock);
-        holding = true;
-        hold_epoch = released_epoch + 1;
-        pthread_mutex_unlock(&lock);
-}
-
-FAKE_API void fake_cuda_release(void) {
-        pthread_mutex_lock(&lock);
-        holding = false;
-        released_epoch = hold_epoch;
-        pthread_cond_broadcast(&released);
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_lock(&fake_lock);
+        *ret = fake_counts;
+        pthread_mutex_unlock(&fake_lock);
 }
 
 FAKE_API void fake_cuda_fail(const char *function, int result, unsigned skip, unsigned count) {
-        pthread_mutex_lock(&lock);
+        pthread_mutex_lock(&fake_lock);
         for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
                 if (fails[i].count == 0 || strcmp(fails[i].function, function) == 0) {
                         snprintf(fails[i].function, sizeof(fails[i].function), "%s", function);
@@ -172,11 +124,11 @@ FAKE_API void fake_cuda_fail(const char *function, int result, unsigned skip, un
                         fails[i].count = count;
                         break;
                 }
-        pthread_mutex_unlock(&lock);
+        pthread_mutex_unlock(&fake_lock);
 }
 
 /* Called with the lock held: an injected failure of @function, or CUDA_SUCCESS. */
-static CUresult injected(const char *function) {
+CUresult fake_injected(const char *function) {
         for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++)
                 if (fails[i].count > 0 && strcmp(fails[i].function, function) == 0) {
                         if (fails[i].skip > 0) {
@@ -189,31 +141,15 @@ static CUresult injected(const char *function) {
         return CUDA_SUCCESS;
 }
 
-#define ENTER(name)                                     \
-        CUresult _r;                                    \
-        pthread_mutex_lock(&lock);                      \
-        _r = injected(name);                            \
-        if (_r == CUDA_SUCCESS && !initialized)         \
-                _r = CUDA_ERROR_NOT_INITIALIZED;        \
-        if (_r != CUDA_SUCCESS) {                       \
-                pthread_mutex_unlock(&lock);            \
-                return _r;                              \
-        }
-#define LEAVE(r)                                        \
-        do {                                            \
-                pthread_mutex_unlock(&lock);            \
-                return (r);                             \
-        } while (0)
-
 /* ---- driver, errors, devices, contexts ------------------------------------------------- */
 
 CUresult CUDAAPI cuInit(unsigned int flags) {
         const char *e;
 
-        pthread_mutex_lock(&lock);
+        pthread_mutex_lock(&fake_lock);
         e = getenv("FAKE_CUDA_INIT_ERROR");
         if (e && *e) {
-                pthread_mutex_unlock(&lock);
+                pthread_mutex_unlock(&fake_lock);
                 return (CUresult) atoi(e);
         }
         e = getenv("FAKE_CUDA_MEM");
@@ -223,8 +159,8 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
         if (n_devices < 0 || n_devices > FAKE_MAX_DEVICES)
                 n_devices = 1;
         no_fd = getenv("FAKE_CUDA_NO_FD") != NULL;
-        initialized = true;
-        pthread_mutex_unlock(&lock);
+        fake_initialized = true;
+        pthread_mutex_unlock(&fake_lock);
         return n_devices > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 
@@ -368,7 +304,7 @@ CUresult CUDAAPI cuCtxPopCurrent(CUcontext *ctx) {
 CUresult CUDAAPI cuMemGetInfo(size_t *free_bytes, size_t *total) {
         ENTER("cuMemGetInfo");
         *total = (size_t) total_mem;
-        *free_bytes = (size_t) (total_mem - stats.live_bytes);
+        *free_bytes = (size_t) (total_mem - fake_counts.live_bytes);
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -397,7 +333,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) && no_fd)
                 LEAVE(CUDA_ERROR_NOT_SUPPORTED);
-        if (stats.live_bytes + size > total_mem)
+        if (fake_counts.live_bytes + size > total_mem)
                 LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
         a = calloc(1, sizeof(*a));
         if (!a)
@@ -411,9 +347,9 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
         }
         a->size = size;
         a->counted = true;
-        stats.creates++;
-        stats.live_allocs++;
-        stats.live_bytes += size;
+        fake_counts.creates++;
+        fake_counts.live_allocs++;
+        fake_counts.live_bytes += size;
         *handle = alloc_handle(a);
         LEAVE(CUDA_SUCCESS);
 }
@@ -425,10 +361,10 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
         if (!a)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         if (a->counted) {
-                stats.live_allocs--;
-                stats.live_bytes -= a->size;
+                fake_counts.live_allocs--;
+                fake_counts.live_bytes -= a->size;
         }
-        stats.releases++;
+        fake_counts.releases++;
         close(a->fd);
         free(a);
         LEAVE(CUDA_SUCCESS);
@@ -447,7 +383,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareable, CUmemGenericAlloc
         if (fd < 0)
                 LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
         *(int *) shareable = fd;
-        stats.exports++;
+        fake_counts.exports++;
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -469,7 +405,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         }
         a->size = (size_t) st.st_size;
-        stats.imports++;
+        fake_counts.imports++;
         *handle = alloc_handle(a);
         LEAVE(CUDA_SUCCESS);
 }
@@ -499,7 +435,7 @@ CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align
                         ranges[i].p = (uintptr_t) p;
                         ranges[i].size = size;
                         ranges[i].n_maps = 0;
-                        stats.reserved++;
+                        fake_counts.reserved++;
                         *ptr = (CUdeviceptr) (uintptr_t) p;
                         LEAVE(CUDA_SUCCESS);
                 }
@@ -517,7 +453,7 @@ CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
         if (munmap((void *) (uintptr_t) ptr, size) < 0)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
         ranges[i].p = 0;
-        stats.reserved--;
+        fake_counts.reserved--;
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -548,7 +484,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
         ranges[i].maps[ranges[i].n_maps].p = ptr;
         ranges[i].maps[ranges[i].n_maps].size = size;
         ranges[i].n_maps++;
-        stats.maps++;
+        fake_counts.maps++;
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -569,7 +505,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
                  -1, 0);
         if (p == MAP_FAILED)
                 LEAVE(CUDA_ERROR_INVALID_VALUE);
-        stats.unmaps++;
+        fake_counts.unmaps++;
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -636,8 +572,8 @@ CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags) {
                 LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
         regs[free_slot].p = p;
         regs[free_slot].size = size;
-        stats.host_registered++;
-        stats.host_registered_bytes += size;
+        fake_counts.host_registered++;
+        fake_counts.host_registered_bytes += size;
         LEAVE(CUDA_SUCCESS);
 }
 
@@ -645,8 +581,8 @@ CUresult CUDAAPI cuMemHostUnregister(void *p) {
         ENTER("cuMemHostUnregister");
         for (size_t i = 0; i < FAKE_MAX_REGS; i++)
                 if (p && regs[i].p == p) {
-                        stats.host_registered--;
-                        stats.host_registered_bytes -= regs[i].size;
+                        fake_counts.host_registered--;
+                        fake_counts.host_registered_bytes -= regs[i].size;
                         regs[i].p = NULL;
                         LEAVE(CUDA_SUCCESS);
                 }
@@ -658,199 +594,47 @@ CUresult CUDAAPI cuMemHostUnregister(void *p) {
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n) {
         ENTER("cuMemcpyHtoD");
         memcpy((void *) (uintptr_t) dst, src, n);
-        stats.htod_calls++;
-        stats.htod_bytes += n;
+        fake_counts.htod_calls++;
+        fake_counts.htod_bytes += n;
         LEAVE(CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
         ENTER("cuMemcpyDtoH");
         memcpy(dst, (const void *) (uintptr_t) src, n);
-        stats.dtoh_calls++;
-        stats.dtoh_bytes += n;
+        fake_counts.dtoh_calls++;
+        fake_counts.dtoh_bytes += n;
         LEAVE(CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
         ENTER("cuMemcpyHtoDAsync");
         memcpy((void *) (uintptr_t) dst, src, n);
-        stats.htod_calls++;
-        stats.htod_bytes += n;
+        fake_counts.htod_calls++;
+        fake_counts.htod_bytes += n;
         LEAVE(CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
         ENTER("cuMemcpyDtoHAsync");
         memcpy(dst, (const void *) (uintptr_t) src, n);
-        stats.dtoh_calls++;
-        stats.dtoh_bytes += n;
+        fake_counts.dtoh_calls++;
+        fake_counts.dtoh_bytes += n;
         LEAVE(CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
         ENTER("cuMemsetD8");
         memset((void *) (uintptr_t) dst, v, n);
-        stats.memsets++;
-        stats.memset_bytes += n;
+        fake_counts.memsets++;
+        fake_counts.memset_bytes += n;
         LEAVE(CUDA_SUCCESS);
 }
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
         ENTER("cuMemsetD8Async");
         memset((void *) (uintptr_t) dst, v, n);
-        stats.memsets++;
-        stats.memset_bytes += n;
+        fake_counts.memsets++;
+        fake_counts.memset_bytes += n;
         LEAVE(CUDA_SUCCESS);
-}
-
-/* ---- streams and events ---------------------------------------------------------------------- */
-
-CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
-        FakeStream *s;
-
-        ENTER("cuStreamCreate");
-        s = calloc(1, sizeof(*s));
-        if (!s)
-                LEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-        stats.streams++;
-        *stream = (CUstream) s;
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
-        ENTER("cuStreamDestroy");
-        free(stream);
-        stats.streams--;
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
-        ENTER("cuStreamSynchronize");
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *userdata) {
-        ENTER("cuLaunchHostFunc");
-        pthread_mutex_unlock(&lock);
-        fn(userdata);
-        return CUDA_SUCCESS;
-}
-
-/* Called with the lock held. */
-static FakeEvent *event_by_serial(uint64_t serial) {
-        for (FakeEvent *e = events; e; e = e->next)
-                if (!e->alias && e->serial == serial)
-                        return e;
-        return NULL;
-}
-
-/* Called with the lock held: the event whose state @e shows (itself, or the one it follows). */
-static bool event_pending(const FakeEvent *e) {
-        if (e->alias) {
-                e = event_by_serial(e->serial);
-                if (!e)
-                        return false;
-        }
-        return e->epoch > released_epoch;
-}
-
-static CUresult event_new(unsigned flags, uint64_t serial, bool alias, CUevent *ret) {
-        FakeEvent *e = calloc(1, sizeof(*e));
-
-        if (!e)
-                return CUDA_ERROR_OUT_OF_MEMORY;
-        e->flags = flags;
-        e->serial = serial;
-        e->alias = alias;
-        e->next = events;
-        events = e;
-        stats.events++;
-        *ret = (CUevent) e;
-        return CUDA_SUCCESS;
-}
-
-CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int flags) {
-        CUresult r;
-
-        ENTER("cuEventCreate");
-        if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
-                LEAVE(CUDA_ERROR_INVALID_VALUE);
-        r = event_new(flags, next_serial++, false, event);
-        LEAVE(r);
-}
-
-CUresult CUDAAPI cuEventDestroy(CUevent event) {
-        ENTER("cuEventDestroy");
-        for (FakeEvent **p = &events; *p; p = &(*p)->next)
-                if (*p == (FakeEvent *) event) {
-                        *p = (*p)->next;
-                        free(event);
-                        stats.events--;
-                        LEAVE(CUDA_SUCCESS);
-                }
-        LEAVE(CUDA_ERROR_INVALID_HANDLE);
-}
-
-CUresult CUDAAPI cuEventRecord(CUevent event, CUstream stream) {
-        FakeEvent *e = (FakeEvent *) event;
-
-        ENTER("cuEventRecord");
-        if (e->alias)
-                LEAVE(CUDA_ERROR_INVALID_HANDLE);       /* like the driver: only the owner records */
-        e->epoch = holding ? hold_epoch : 0;
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuEventQuery(CUevent event) {
-        ENTER("cuEventQuery");
-        LEAVE(event_pending((FakeEvent *) event) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuEventSynchronize(CUevent event) {
-        ENTER("cuEventSynchronize");
-        while (event_pending((FakeEvent *) event))
-                pthread_cond_wait(&released, &lock);
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
-        ENTER("cuStreamWaitEvent");
-        /* the fake runs work at once: what a stream waits for must already be there */
-        while (event_pending((FakeEvent *) event))
-                pthread_cond_wait(&released, &lock);
-        stats.stream_waits++;
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent event) {
-        FakeEvent *e = (FakeEvent *) event;
-        FakeIpcHandle h = { .magic = FAKE_IPC_MAGIC };
-
-        ENTER("cuIpcGetEventHandle");
-        if (!(e->flags & CU_EVENT_INTERPROCESS) || e->alias)
-                LEAVE(CUDA_ERROR_INVALID_VALUE);
-        h.pid = (int32_t) getpid();
-        h.serial = e->serial;
-        memset(handle, 0, sizeof(*handle));
-        memcpy(handle->reserved, &h, sizeof(h));
-        stats.ipc_gets++;
-        LEAVE(CUDA_SUCCESS);
-}
-
-CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *event, CUipcEventHandle handle) {
-        FakeIpcHandle h;
-        CUresult r;
-
-        ENTER("cuIpcOpenEventHandle");
-        memcpy(&h, handle.reserved, sizeof(h));
-        if (memcmp(h.magic, FAKE_IPC_MAGIC, sizeof(FAKE_IPC_MAGIC)) != 0)
-                LEAVE(CUDA_ERROR_INVALID_VALUE);
-        /* an event of another process is complete by the time the fake could see it */
-        if (h.pid == (int32_t) getpid())
-                r = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, h.serial, true, event);
-        else
-                r = event_new(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, 0, false, event);
-        if (r == CUDA_SUCCESS)
-                stats.ipc_opens++;
-        LEAVE(r);
 }
