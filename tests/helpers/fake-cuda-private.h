@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include <cuda.h>
 
@@ -22,6 +23,10 @@ extern FakeCudaStats fake_counts FAKE_HIDDEN;  /* what fake_cuda_stats() shows *
 /* Called with the lock held: an injected failure of @function (fake_cuda_fail()), or CUDA_SUCCESS. */
 CUresult fake_injected(const char *function) FAKE_HIDDEN;
 
+/* Called with the lock held: queue a copy or a memset on @stream (NULL: the NULL stream), in order. */
+CUresult fake_submit_copy(CUstream stream, void *dst, const void *src, size_t n) FAKE_HIDDEN;
+CUresult fake_submit_set(CUstream stream, void *dst, unsigned char value, size_t n) FAKE_HIDDEN;
+
 /* Every driver call: an injected failure or no cuInit() returns at once, else it runs under the lock... */
 #define ENTER(name)                                     \
         CUresult _r;                                    \
@@ -33,9 +38,10 @@ CUresult fake_injected(const char *function) FAKE_HIDDEN;
                 pthread_mutex_unlock(&fake_lock);       \
                 return _r;                              \
         }
-/* ...and returns through this. */
+/* ...and returns through this, @r worked out still under the lock. */
 #define LEAVE(r)                                        \
         do {                                            \
+                CUresult _l = (r);                      \
                 pthread_mutex_unlock(&fake_lock);       \
-                return (r);                             \
+                return _l;                              \
         } while (0)

@@ -11,10 +11,11 @@
  * processes mapping the same exported chunk share its bytes exactly as two
  * GPU contexts would, and tests can check data with memcmp().
  *
- * Streams and events, interprocess ones too: fake-cuda-streams.c.
+ * Streams (each a queue, run in order: cuStreamWaitEvent() does not block)
+ * and events, interprocess ones too: fake-cuda-streams.c.
  * Everything is counted (fake_cuda_stats) so tests can check
  * which calls the code under test made.  All state is behind one mutex:
- * tierd calls in from its loop thread and its copy-completion thread.
+ * tierd calls in from its loop thread and its copy-completion threads.
  */
 
 #include <errno.h>
@@ -609,18 +610,16 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
 
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
         ENTER("cuMemcpyHtoDAsync");
-        memcpy((void *) (uintptr_t) dst, src, n);
         fake_counts.htod_calls++;
         fake_counts.htod_bytes += n;
-        LEAVE(CUDA_SUCCESS);
+        LEAVE(fake_submit_copy(stream, (void *) (uintptr_t) dst, src, n));
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
         ENTER("cuMemcpyDtoHAsync");
-        memcpy(dst, (const void *) (uintptr_t) src, n);
         fake_counts.dtoh_calls++;
         fake_counts.dtoh_bytes += n;
-        LEAVE(CUDA_SUCCESS);
+        LEAVE(fake_submit_copy(stream, dst, (const void *) (uintptr_t) src, n));
 }
 
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
@@ -633,8 +632,7 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr dst, unsigned char v, size_t n) {
 
 CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
         ENTER("cuMemsetD8Async");
-        memset((void *) (uintptr_t) dst, v, n);
         fake_counts.memsets++;
         fake_counts.memset_bytes += n;
-        LEAVE(CUDA_SUCCESS);
+        LEAVE(fake_submit_set(stream, (void *) (uintptr_t) dst, v, n));
 }

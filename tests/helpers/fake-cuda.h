@@ -32,6 +32,8 @@ typedef struct FakeCudaStats {
 #define FAKE_CUDA_STATS "fake_cuda_stats"
 #define FAKE_CUDA_HOLD "fake_cuda_hold"
 #define FAKE_CUDA_RELEASE "fake_cuda_release"
+#define FAKE_CUDA_HOLD_EVENT "fake_cuda_hold_event"
+#define FAKE_CUDA_RELEASE_EVENT "fake_cuda_release_event"
 #define FAKE_CUDA_FAIL "fake_cuda_fail"
 #define FAKE_CUDA_PCI_BUS_ID "0000:3B:00.0"
 
@@ -40,6 +42,13 @@ typedef void (*fake_cuda_stats_t)(FakeCudaStats *ret);
 typedef void (*fake_cuda_hold_t)(void);
 /* ...until this completes them all. */
 typedef void (*fake_cuda_release_t)(void);
+/*
+ * One event (a CUevent of this process: not one opened from a handle), recorded already or later, stays
+ * pending, and what a stream queued after a wait for it stays queued (cuStreamWaitEvent() returns at
+ * once, as the driver's), until fake_cuda_release_event() of it, which runs what then can run.
+ */
+typedef void (*fake_cuda_hold_event_t)(void *event);
+typedef void (*fake_cuda_release_event_t)(void *event);
 /* After @skip more successful calls, the next @count calls of @function (its cuda.h name, e.g.
  * "cuMemCreate") return @result. */
 typedef void (*fake_cuda_fail_t)(const char *function, int result, unsigned skip, unsigned count);

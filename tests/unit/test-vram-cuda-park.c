@@ -4,9 +4,10 @@
 /*
  * On the fake CUDA driver (as test-vram-cuda.c): a client's interprocess
  * event recorded while fake_hold() is on stays pending until
- * fake_release(), and the fake's cuStreamWaitEvent() blocks until then
- * (it runs work at once), so a fill that waits for such an event would
- * block the caller, on tierd the loop thread.  Fills run on a thread of
+ * fake_release(); the fake's cuStreamWaitEvent() returns at once, as the
+ * driver's, and what the stream runs after it waits, so a fill, which
+ * synchronizes on its stream, that waited for such an event would block
+ * the caller, on tierd the loop thread.  Fills run on a thread of
  * their own here; the test fails if one has not returned while the event
  * is still held.  The deadline of that join is a safety net only, hit by
  * a broken backend: a correct one returns at once.

@@ -13,7 +13,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,7 +22,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -44,6 +42,8 @@ static void *fake_lib;
 static fake_cuda_stats_t fake_stats;
 static fake_cuda_hold_t fake_hold;
 static fake_cuda_release_t fake_release;
+static fake_cuda_hold_event_t fake_hold_event;
+static fake_cuda_release_event_t fake_release_event;
 static fake_cuda_fail_t fake_fail;
 
 static int setup(void **state) {
@@ -61,7 +61,9 @@ static int setup(void **state) {
         fake_hold = (fake_cuda_hold_t) dlsym(fake_lib, FAKE_CUDA_HOLD);
         fake_release = (fake_cuda_release_t) dlsym(fake_lib, FAKE_CUDA_RELEASE);
         fake_fail = (fake_cuda_fail_t) dlsym(fake_lib, FAKE_CUDA_FAIL);
-        if (!fake_stats || !fake_hold || !fake_release || !fake_fail)
+        fake_hold_event = (fake_cuda_hold_event_t) dlsym(fake_lib, FAKE_CUDA_HOLD_EVENT);
+        fake_release_event = (fake_cuda_release_event_t) dlsym(fake_lib, FAKE_CUDA_RELEASE_EVENT);
+        if (!fake_stats || !fake_hold || !fake_release || !fake_fail || !fake_hold_event || !fake_release_event)
                 return -1;
         setenv("TIER_LIBCUDA", path, 1);
         return 0;
@@ -572,21 +574,6 @@ static void test_copy_event(void **state) {
 }
 
 /* A client's kernel still writes the tensor when it unpins: nothing copies it out before it ends. */
-typedef struct Kernel {
-        void *dst;
-        size_t len;
-} Kernel;
-
-static void *kernel_thread(void *userdata) {
-        Kernel *k = userdata;
-        struct timespec ts = { .tv_nsec = 200 * 1000 * 1000 };
-
-        nanosleep(&ts, NULL);
-        memset(k->dst, 0x5a, k->len);   /* the "kernel" writes... */
-        fake_release();                 /* ...then its event completes */
-        return NULL;
-}
-
 static void test_wait_event(void **state) {
         _cleanup_free_ char *why = NULL;
         CuDriver *drv = NULL;
@@ -597,8 +584,6 @@ static void test_wait_event(void **state) {
         VramBackend *b;
         Segment *seg;
         uint8_t *host;
-        pthread_t th;
-        Kernel k;
         Done d;
         int r;
 
@@ -610,25 +595,28 @@ static void test_wait_event(void **state) {
         assert_non_null(host);
         memset((void *) (uintptr_t) seg->device_ptr, 0x11, MiB);       /* before the kernel */
 
-        /* the client's event, recorded after its (pending) kernel */
+        /* the client's event, recorded after its kernel, which still runs */
         assert_int_equal(drv->cuEventCreate(&client_ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING),
                          CUDA_SUCCESS);
-        fake_hold();
+        fake_hold_event(client_ev);
         assert_int_equal(drv->cuEventRecord(client_ev, NULL), CUDA_SUCCESS);
         assert_int_equal(drv->cuIpcGetEventHandle(&h, client_ev), CUDA_SUCCESS);
         assert_int_equal(wait1(b, seg, 0, MiB, &h, sizeof(h)), 0);
 
-        /* the copy out waits for the kernel (the fake's stream wait blocks until it is done) */
-        k = (Kernel) { .dst = (void *) (uintptr_t) seg->device_ptr, .len = MiB };
-        assert_int_equal(pthread_create(&th, NULL, kernel_thread, &k), 0);
+        /* the copy out is queued behind the kernel's event (the stream waits, the caller does not)... */
         s0 = stats();
         d = (Done) { .copy = { .dir = VRAM_TO_HOST, .host = host, .seg = seg, .offset = 0, .len = MiB,
                                .done = on_done } };
         assert_int_equal(b->ops->copy(b, &d.copy), 0);
-        run_until_done(e, &d);
-        pthread_join(th, NULL);
         s1 = stats();
         assert_int_equal(s1.stream_waits - s0.stream_waits, 1);
+        assert_true(sd_event_run(e, 0) >= 0);
+        assert_false(d.done);
+        assert_true(all_bytes(host, 0, MiB));           /* not copied yet */
+        /* ...until the kernel has written and its event completed */
+        memset((void *) (uintptr_t) seg->device_ptr, 0x5a, MiB);
+        fake_release_event(client_ev);
+        run_until_done(e, &d);
         assert_true(all_bytes(host, 0x5a, MiB));        /* the kernel's bytes, not the old 0x11 */
 
         /* the event has completed: later copies do not wait any more */
