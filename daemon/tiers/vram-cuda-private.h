@@ -14,6 +14,8 @@
 
 /* Streams per direction: an upload and a download always overlap, and two of each. */
 #define CUDA_STREAMS_PER_DIR 2
+/* Copy streams, each with its completion thread: uploads on the first CUDA_STREAMS_PER_DIR, downloads after. */
+#define CUDA_LANES (2 * CUDA_STREAMS_PER_DIR)
 /* Interprocess events for PinReply; a copy finding none free simply has none. */
 #define CUDA_IPC_EVENTS 64
 /* Client events pending on VRAM ranges (Unpin.ipc_event), all jobs together (VRAM_WAITS_PER_JOB each). */
@@ -22,8 +24,12 @@
  * one is closed first. */
 #define CUDA_OPENED_MAX (4 * VRAM_WAIT_EVENTS_PER_JOB)
 
+struct VramCuda;
+
 typedef struct CudaOp {
         VramCopy *copy;
+        struct CudaLane *lane;  /* whose stream it is queued on */
+        bool waited;            /* its stream waits for a client's event before it */
         CUevent done;           /* recorded after the copy's last piece */
         int ipc;                /* VramCuda.ipc index recorded after it, or -1 */
         CUresult result;        /* of queueing, then of the wait */
@@ -57,6 +63,18 @@ typedef struct CudaParked {
         uint64_t offset, size;
 } CudaParked;
 
+/* A copy stream and the thread that waits for its copies, which complete in the order queued. */
+typedef struct CudaLane {
+        struct VramCuda *v;
+        CUstream stream;
+        unsigned load;          /* copies queued on it not handed back yet (loop thread) */
+        unsigned waiting;       /* of those, copies its stream waits for a client's event before */
+        pthread_t thread;
+        bool thread_ok;
+        pthread_cond_t cond;    /* with VramCuda.lock: a copy queued, or stopping */
+        CudaOp *todo_head, **todo_tail;         /* under VramCuda.lock */
+} CudaLane;
+
 typedef struct VramCuda {
         VramBackend base;
         CuDriver *drv;
@@ -68,9 +86,9 @@ typedef struct VramCuda {
         CUmemGenericAllocationHandle *handles;  /* per segment id; 0: none */
         uint32_t n_handles;
 
-        CUstream h2d[CUDA_STREAMS_PER_DIR], d2h[CUDA_STREAMS_PER_DIR];
+        CudaLane lanes[CUDA_LANES];
         CUstream aux;           /* clearing chunks and tensors */
-        unsigned next_h2d, next_d2h;
+        unsigned next_h2d, next_d2h;    /* where the search for the least loaded lane starts */
 
         CudaIpcEvent ipc[CUDA_IPC_EVENTS];
         unsigned n_ipc, next_ipc;
@@ -86,12 +104,8 @@ typedef struct VramCuda {
         List inflight;          /* CudaOp.link, on the loop thread only */
         CudaOp *free_ops;       /* loop thread only */
 
-        /* completion thread */
-        pthread_t thread;
-        bool thread_ok;
+        /* completion threads (CudaLane) */
         pthread_mutex_t lock;
-        pthread_cond_t cond;
-        CudaOp *todo_head, **todo_tail;
         CudaOp *done_head, **done_tail;
         bool stop;
         int efd;
@@ -104,7 +118,8 @@ const char *cu_err(VramCuda *v, CUresult r);
 void waits_drop_segment(VramCuda *v, const Segment *seg);
 bool waits_pending_on(VramCuda *v, const Segment *seg, uint64_t offset, uint64_t len);
 void waits_prune(VramCuda *v);
-CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len);
+CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len,
+                     bool *ret_waited);
 bool cuda_seg_park(SegPool *p, Segment *seg, uint64_t offset, uint64_t size);
 void cuda_seg_settle(SegPool *p);
 int cuda_wait_event(VramBackend *b, const VramRange *ranges, size_t n, const void *handle, size_t size,

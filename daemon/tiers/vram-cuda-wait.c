@@ -95,8 +95,10 @@ void cuda_seg_settle(SegPool *p) {
         waits_prune(p->userdata);
 }
 
-/* Make @stream wait for every client event pending on [@offset, +@len) of @seg. */
-CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len) {
+/* Make @stream wait for every client event pending on [@offset, +@len) of @seg (*@ret_waited: any). */
+CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t offset, uint64_t len,
+                     bool *ret_waited) {
+        *ret_waited = false;
         if (v->n_waits == 0)
                 return CUDA_SUCCESS;
         waits_prune(v);
@@ -109,6 +111,7 @@ CUresult waits_apply(VramCuda *v, CUstream stream, const Segment *seg, uint64_t 
                 r = v->drv->cuStreamWaitEvent(stream, w->opened->event, 0);
                 if (r != CUDA_SUCCESS)
                         return r;
+                *ret_waited = true;
         }
         return CUDA_SUCCESS;
 }

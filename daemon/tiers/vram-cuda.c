@@ -37,13 +37,20 @@
  * the drop.
  *
  * Copies.  Host<->VRAM copies run on tierd's own non-blocking streams, two
- * per direction, taken round-robin (so an upload and a download, and two
- * tensors in one direction, overlap on the copy engines).  A copy is queued
- * as VRAM_CUDA_PIECE pieces, then an event is recorded after it.  One
- * completion thread takes queued copies in order and waits on each event
- * (cuEventSynchronize; the events use blocking sync, so it sleeps), then
- * hands the copy back through a queue and an eventfd that sd-event watches:
- * done() runs on the loop thread, which never waits for the device.  The
+ * per direction (so an upload and a download, and two tensors in one
+ * direction, overlap on the copy engines), each a lane (CudaLane) with a
+ * completion thread of its own.  A copy goes on a lane of its direction
+ * where no copy still waits for a client's event (below) if there is one,
+ * and of those on the one with the fewest copies not handed back yet,
+ * equals taking turns (lane_pick()); it is queued as VRAM_CUDA_PIECE
+ * pieces, then an event is recorded after it.
+ * A stream runs its work in order, so each lane's thread takes its copies in
+ * the order queued and waits on each event (cuEventSynchronize; the events
+ * use blocking sync, so it sleeps: no polling, and a copy is handed back as
+ * soon as it and those before it on its stream are done, as with one
+ * thread), then hands the copy back through a queue and an eventfd that
+ * sd-event watches: done() runs on the loop thread, which never waits for
+ * the device.  A copy held up on one stream holds up no other stream.  The
  * host side of a copy is a host-tier segment, which manager.c registers
  * with cuMemHostRegister (vram_host_register()) so copies are true DMA.
  *
@@ -61,15 +68,14 @@
  *
  * What a client event that never completes stalls (a known limitation, not
  * the intent): the copy made to wait for it never completes, nor does what
- * its stream runs after it, and its range stays parked.  Worse, the
- * completion thread waits on copies one by one in the order they were
- * queued, on all streams: every copy queued after the stuck one, any
- * stream, either direction, any job, is never handed back to the loop
- * either, so the engine's places with the backend (VramBackend.depth per
- * direction) fill and all VRAM copies stop.  Only cuda_free() gives up,
- * after CUDA_STOP_TIMEOUT_SEC.  The way out would be to hand copies back as
- * each completes (cuEventQuery on all in flight, or one waiter per stream)
- * and to put a copy on the least loaded stream of its direction.
+ * its stream runs after it, and its range stays parked.  The other stream
+ * of its direction, and the streams of the other direction, go on: new
+ * copies avoid a stream that waits for a client's event while the other
+ * does not.  But the stuck copy keeps one of the engine's places with the
+ * backend (VramBackend.depth, CUDA_STREAMS_PER_DIR per direction), so
+ * meanwhile that direction has one place left; with a copy stuck on each
+ * stream of a direction, that direction stops.  Only cuda_free() gives up,
+ * after CUDA_STOP_TIMEOUT_SEC.
  */
 
 #include <errno.h>
@@ -192,8 +198,10 @@ static const SegPoolOps cuda_seg_ops = {
 
 /* ---- copies ---------------------------------------------------------------------------------- */
 
-static void *cuda_thread(void *userdata) {
-        VramCuda *v = userdata;
+/* A lane's completion thread: waits for its stream's copies in order, hands each back as it completes. */
+static void *lane_thread(void *userdata) {
+        CudaLane *l = userdata;
+        VramCuda *v = l->v;
 
         (void) v->drv->cuCtxSetCurrent(v->ctx);
         pthread_mutex_lock(&v->lock);
@@ -201,14 +209,14 @@ static void *cuda_thread(void *userdata) {
                 CudaOp *op;
                 CUresult r;
 
-                while (!v->todo_head && !v->stop)
-                        pthread_cond_wait(&v->cond, &v->lock);
-                if (!v->todo_head)
-                        break;          /* stopping, and nothing left on the device */
-                op = v->todo_head;
-                v->todo_head = op->next;
-                if (!v->todo_head)
-                        v->todo_tail = &v->todo_head;
+                while (!l->todo_head && !v->stop)
+                        pthread_cond_wait(&l->cond, &v->lock);
+                if (!l->todo_head)
+                        break;          /* stopping, and nothing left on the stream */
+                op = l->todo_head;
+                l->todo_head = op->next;
+                if (!l->todo_head)
+                        l->todo_tail = &l->todo_head;
                 pthread_mutex_unlock(&v->lock);
 
                 r = v->drv->cuEventSynchronize(op->done);
@@ -226,6 +234,29 @@ static void *cuda_thread(void *userdata) {
         }
         pthread_mutex_unlock(&v->lock);
         return NULL;
+}
+
+/*
+ * The lane of @dir for a new copy: one whose stream waits for no client's event if there is one (such
+ * an event may never complete, and all the stream runs after it waits too), then the one with the
+ * fewest copies not handed back; the search starts after the lane taken last, so equals take turns.
+ */
+static CudaLane *lane_pick(VramCuda *v, VramDir dir) {
+        unsigned *next = dir == VRAM_TO_DEVICE ? &v->next_h2d : &v->next_d2h;
+        CudaLane *lanes = &v->lanes[dir == VRAM_TO_DEVICE ? 0 : CUDA_STREAMS_PER_DIR], *best = NULL;
+        unsigned k = 0;
+
+        for (unsigned i = 0; i < CUDA_STREAMS_PER_DIR; i++) {
+                unsigned j = (*next + i) % CUDA_STREAMS_PER_DIR;
+
+                if (!best || (lanes[j].waiting == 0 && best->waiting > 0) ||
+                    ((lanes[j].waiting == 0) == (best->waiting == 0) && lanes[j].load < best->load)) {
+                        best = &lanes[j];
+                        k = j;
+                }
+        }
+        *next = k + 1;
+        return best;
 }
 
 static void op_put(VramCuda *v, CudaOp *op) {
@@ -253,6 +284,8 @@ static CudaOp *op_get(VramCuda *v, CUresult *ret) {
         }
         op->next = NULL;
         op->ipc = -1;
+        op->lane = NULL;
+        op->waited = false;
         op->result = CUDA_SUCCESS;
         list_init(&op->link);
         return op;
@@ -286,6 +319,8 @@ static int on_cuda_done(sd_event_source *s, int fd, uint32_t revents, void *user
 
                 list = op->next;
                 list_del(&op->link);
+                op->lane->load--;
+                op->lane->waiting -= op->waited;
                 if (op->ipc >= 0)
                         v->ipc[op->ipc].busy = false;
                 c->result = cudrv_errno(op->result);
@@ -302,6 +337,7 @@ static int on_cuda_done(sd_event_source *s, int fd, uint32_t revents, void *user
 static int cuda_copy(VramBackend *b, VramCopy *c) {
         VramCuda *v = container_of(b, VramCuda, base);
         const CuDriver *d = v->drv;
+        CudaLane *lane;
         CUstream stream;
         CudaOp *op;
         CUresult r;
@@ -313,10 +349,10 @@ static int cuda_copy(VramBackend *b, VramCopy *c) {
         if (!op)
                 return cudrv_errno(r);
         op->copy = c;
-        stream = c->dir == VRAM_TO_DEVICE ? v->h2d[v->next_h2d++ % CUDA_STREAMS_PER_DIR] :
-                                            v->d2h[v->next_d2h++ % CUDA_STREAMS_PER_DIR];
+        lane = lane_pick(v, c->dir);
+        stream = lane->stream;
 
-        r = waits_apply(v, stream, c->seg, c->offset, c->len);
+        r = waits_apply(v, stream, c->seg, c->offset, c->len, &op->waited);
         if (r != CUDA_SUCCESS) {
                 op_put(v, op);
                 return cudrv_errno(r);
@@ -364,10 +400,13 @@ static int cuda_copy(VramBackend *b, VramCopy *c) {
         }
 
         list_add_tail(&v->inflight, &op->link);
+        op->lane = lane;
+        lane->load++;
+        lane->waiting += op->waited;
         pthread_mutex_lock(&v->lock);
-        *v->todo_tail = op;
-        v->todo_tail = &op->next;
-        pthread_cond_signal(&v->cond);
+        *lane->todo_tail = op;
+        lane->todo_tail = &op->next;
+        pthread_cond_signal(&lane->cond);
         pthread_mutex_unlock(&v->lock);
         return 0;
 }
@@ -431,21 +470,29 @@ static void cuda_host_unregister(VramBackend *b, void *p) {
 
 /* ---- life cycle --------------------------------------------------------------------------------- */
 
+/* Stop the lanes' threads once their streams have run dry; false if one has not by the deadline. */
 static bool thread_stop(VramCuda *v) {
         struct timespec until;
+        bool ok = true;
 
-        if (!v->thread_ok)
-                return true;
         pthread_mutex_lock(&v->lock);
         v->stop = true;
-        pthread_cond_signal(&v->cond);
+        for (int i = 0; i < CUDA_LANES; i++)
+                pthread_cond_signal(&v->lanes[i].cond);
         pthread_mutex_unlock(&v->lock);
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += CUDA_STOP_TIMEOUT_SEC;
-        if (pthread_timedjoin_np(v->thread, NULL, &until) != 0)
-                return false;
-        v->thread_ok = false;
-        return true;
+        for (int i = 0; i < CUDA_LANES; i++) {
+                CudaLane *l = &v->lanes[i];
+
+                if (!l->thread_ok)
+                        continue;
+                if (pthread_timedjoin_np(l->thread, NULL, &until) != 0)
+                        ok = false;
+                else
+                        l->thread_ok = false;
+        }
+        return ok;
 }
 
 /* The device finishes what it was given (bounded by CUDA_STOP_TIMEOUT_SEC); no done() runs after. */
@@ -481,12 +528,9 @@ static void cuda_free(VramBackend *b) {
                         op_put(v, op);
                 }
                 ops_free(v);
-                for (int i = 0; i < CUDA_STREAMS_PER_DIR; i++) {
-                        if (v->h2d[i])
-                                (void) d->cuStreamDestroy(v->h2d[i]);
-                        if (v->d2h[i])
-                                (void) d->cuStreamDestroy(v->d2h[i]);
-                }
+                for (int i = 0; i < CUDA_LANES; i++)
+                        if (v->lanes[i].stream)
+                                (void) d->cuStreamDestroy(v->lanes[i].stream);
                 if (v->aux)
                         (void) d->cuStreamDestroy(v->aux);
                 if (v->ctx_retained)
@@ -494,7 +538,8 @@ static void cuda_free(VramBackend *b) {
         }
         free(v->handles);
         pthread_mutex_destroy(&v->lock);
-        pthread_cond_destroy(&v->cond);
+        for (int i = 0; i < CUDA_LANES; i++)
+                pthread_cond_destroy(&v->lanes[i].cond);
         v->drv = cudrv_close(v->drv);
         free(v);
 }
@@ -596,10 +641,8 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
                 log_info("[vram] chunk_size rounded up to %" PRIu64 " bytes (the device's granularity is %zu)",
                          chunk, v->granularity);
 
-        for (int i = 0; i < CUDA_STREAMS_PER_DIR; i++) {
-                cr = d->cuStreamCreate(&v->h2d[i], CU_STREAM_NON_BLOCKING);
-                if (cr == CUDA_SUCCESS)
-                        cr = d->cuStreamCreate(&v->d2h[i], CU_STREAM_NON_BLOCKING);
+        for (int i = 0; i < CUDA_LANES; i++) {
+                cr = d->cuStreamCreate(&v->lanes[i].stream, CU_STREAM_NON_BLOCKING);
                 if (cr != CUDA_SUCCESS)
                         return fail(ret_error, cudrv_errno(cr), "cannot create CUDA streams: %s", cu_err(v, cr));
         }
@@ -615,11 +658,15 @@ static int cuda_new(VramCuda *v, const Config *c, sd_event *event, char **ret_er
         if (r < 0)
                 return fail(ret_error, r, "cannot watch the copy eventfd: %s", strerror(-r));
         (void) sd_event_source_set_description(v->efd_source, "vram-cuda-done");
-        r = -pthread_create(&v->thread, NULL, cuda_thread, v);
-        if (r < 0)
-                return fail(ret_error, r, "cannot start the copy completion thread: %s", strerror(-r));
-        v->thread_ok = true;
-        (void) pthread_setname_np(v->thread, "tierd-cuda");
+        for (int i = 0; i < CUDA_LANES; i++) {
+                CudaLane *l = &v->lanes[i];
+
+                r = -pthread_create(&l->thread, NULL, lane_thread, l);
+                if (r < 0)
+                        return fail(ret_error, r, "cannot start a copy completion thread: %s", strerror(-r));
+                l->thread_ok = true;
+                (void) pthread_setname_np(l->thread, "tierd-cuda");
+        }
 
         v->n_handles = (uint32_t) (capacity / chunk);
         /* one exported fd per chunk, kept: raise the soft limit (systemd's default is 1024) if need be */
@@ -668,11 +715,14 @@ int vram_cuda_new(const Config *c, sd_event *event, VramBackend **ret, char **re
         v->base.depth = CUDA_STREAMS_PER_DIR;
         v->base.numa_node = -1;
         v->efd = -1;
-        v->todo_tail = &v->todo_head;
         v->done_tail = &v->done_head;
         list_init(&v->inflight);
         pthread_mutex_init(&v->lock, NULL);
-        pthread_cond_init(&v->cond, NULL);
+        for (int i = 0; i < CUDA_LANES; i++) {
+                v->lanes[i].v = v;
+                v->lanes[i].todo_tail = &v->lanes[i].todo_head;
+                pthread_cond_init(&v->lanes[i].cond, NULL);
+        }
 
         r = cudrv_open(&v->drv, ret_error);
         if (r >= 0)

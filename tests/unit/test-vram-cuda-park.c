@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-vram-cuda-park.c: VRAM a client's pending event is on is not handed out again, nor waited for. */
+/* test-vram-cuda-park.c: a client's pending event holds up nothing but what is on its VRAM range. */
 
 /*
  * On the fake CUDA driver (as test-vram-cuda.c): a client's interprocess
@@ -35,12 +35,15 @@
 #include "tests/helpers/fake-cuda.h"
 
 #define MiB (1ull << 20)
-/* How long a fill may take before the test gives up on it (it then fails): a safety net, not a timing. */
+/* How long a fill or a copy may take before the test gives up on it (it then fails): a safety net, not a
+ * timing. */
 #define FILL_DEADLINE_SEC 3
 
 static void *fake_lib;
 static fake_cuda_hold_t fake_hold;
 static fake_cuda_release_t fake_release;
+static fake_cuda_hold_event_t fake_hold_event;
+static fake_cuda_release_event_t fake_release_event;
 
 static int setup(void **state) {
         const char *path = getenv("TIER_FAKE_CUDA");
@@ -54,7 +57,9 @@ static int setup(void **state) {
                 return -1;
         fake_hold = (fake_cuda_hold_t) dlsym(fake_lib, FAKE_CUDA_HOLD);
         fake_release = (fake_cuda_release_t) dlsym(fake_lib, FAKE_CUDA_RELEASE);
-        if (!fake_hold || !fake_release)
+        fake_hold_event = (fake_cuda_hold_event_t) dlsym(fake_lib, FAKE_CUDA_HOLD_EVENT);
+        fake_release_event = (fake_cuda_release_event_t) dlsym(fake_lib, FAKE_CUDA_RELEASE_EVENT);
+        if (!fake_hold || !fake_release || !fake_hold_event || !fake_release_event)
                 return -1;
         setenv("TIER_LIBCUDA", path, 1);
         return 0;
@@ -210,9 +215,108 @@ static void test_freed_range_parked(void **state) {
         sd_event_unref(e);
 }
 
+typedef struct Done {
+        VramCopy copy;
+        bool done;
+} Done;
+
+static void on_done(VramCopy *c) {
+        container_of(c, Done, copy)->done = true;
+}
+
+/* Run the loop until @d's copy is handed back; the deadline is a safety net (the test then fails). */
+static void run_until_done(sd_event *e, Done *d, const char *what) {
+        for (int i = 0; i < FILL_DEADLINE_SEC * 100 && !d->done; i++)
+                assert_true(sd_event_run(e, 10 * 1000) >= 0);
+        if (!d->done)
+                fail_msg("%s was not handed back", what);
+}
+
+/* Queue a copy of [@offset, +@len) of @seg out to @host. */
+static void copy_out(VramBackend *b, Done *d, Segment *seg, uint64_t offset, uint64_t len, void *host) {
+        *d = (Done) { .copy = { .dir = VRAM_TO_HOST, .host = host, .seg = seg, .offset = offset, .len = len,
+                                .done = on_done } };
+        assert_int_equal(b->ops->copy(b, &d->copy), 0);
+}
+
+/*
+ * Job A's copy waits on a stream for its client's event, which has not completed: job B's copies are
+ * handed back meanwhile, the one on the other stream of the direction, and those queued after it (two
+ * at once, as the stretches of one transfer: on the stream that waits for no client's event, not
+ * behind A's); once A's event completes, A's copy is handed back too.
+ */
+static void test_copy_behind_event(void **state) {
+        _cleanup_free_ char *why = NULL;
+        uint8_t *host_a, *host_b;
+        CuDriver *drv = NULL;
+        Segment *sa, *sb;
+        sd_event *e = NULL;
+        List owned_a, owned_b;
+        int job_a, job_b;
+        CUipcEventHandle h;
+        VramBackend *b;
+        Done da, db, dc, dd;
+        VramRange g;
+        CUevent ev;
+
+        assert_int_equal(sd_event_new(&e), 0);
+        assert_int_equal(cudrv_open(&drv, &why), 0);
+        b = new_backend(e);
+        list_init(&owned_a);
+        list_init(&owned_b);
+        assert_int_equal(segpool_assign(&b->pool, (Job *) &job_a, &owned_a, &sa), 0);
+        assert_int_equal(segpool_assign(&b->pool, (Job *) &job_b, &owned_b, &sb), 0);
+        memset((void *) (uintptr_t) sa->device_ptr, 0x5a, MiB);
+        memset((void *) (uintptr_t) sb->device_ptr, 0x6b, 3 * MiB);
+        host_a = calloc(1, MiB);
+        host_b = calloc(1, 3 * MiB);
+        assert_non_null(host_a);
+        assert_non_null(host_b);
+
+        /* A's client unpinned [0, 1 MiB) after a kernel that never ends (until released below) */
+        assert_int_equal(drv->cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+        fake_hold_event(ev);
+        assert_int_equal(drv->cuEventRecord(ev, NULL), CUDA_SUCCESS);
+        assert_int_equal(drv->cuIpcGetEventHandle(&h, ev), CUDA_SUCCESS);
+        g = (VramRange) { sa, 0, MiB };
+        assert_int_equal(vram_wait_event(b, &g, 1, &h, sizeof(h), NULL, 0), 0);
+
+        /* A's copy out waits on its stream; B's goes on the other and is handed back */
+        copy_out(b, &da, sa, 0, MiB, host_a);
+        copy_out(b, &db, sb, 0, MiB, host_b);
+        run_until_done(e, &db, "job B's copy, on another stream than job A's stuck one,");
+        assert_int_equal(db.copy.result, 0);
+        assert_true(all_bytes((uintptr_t) host_b, 0x6b, MiB));
+        /* B's next two copies, queued together, both go on the stream that waits for no event */
+        copy_out(b, &dc, sb, MiB, MiB, host_b + MiB);
+        copy_out(b, &dd, sb, 2 * MiB, MiB, host_b + 2 * MiB);
+        run_until_done(e, &dc, "job B's next copy, with a stream of its direction free,");
+        run_until_done(e, &dd, "job B's copy queued with it, beside a stream that waits for an event,");
+        assert_true(all_bytes((uintptr_t) host_b + MiB, 0x6b, 2 * MiB));
+        assert_false(da.done);
+        assert_true(all_bytes((uintptr_t) host_a, 0, MiB));     /* not copied before the kernel ends */
+        assert_int_equal(drv->cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+
+        /* the kernel ends: A's copy runs and is handed back */
+        fake_release_event(ev);
+        run_until_done(e, &da, "job A's copy, its event completed,");
+        assert_int_equal(da.copy.result, 0);
+        assert_true(all_bytes((uintptr_t) host_a, 0x5a, MiB));
+
+        assert_int_equal(segpool_release(&b->pool, sa), 0);
+        assert_int_equal(segpool_release(&b->pool, sb), 0);
+        assert_int_equal(drv->cuEventDestroy(ev), CUDA_SUCCESS);
+        free(host_a);
+        free(host_b);
+        vram_backend_free(b);
+        cudrv_close(drv);
+        sd_event_unref(e);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_freed_range_parked),
+                cmocka_unit_test(test_copy_behind_event),
         };
 
         return cmocka_run_group_tests(tests, setup, teardown);
