@@ -4,7 +4,8 @@
 /*
  * Theory of operation: nothing but the order of start-up (STYLE.md, after
  * systemd-oomd): close what the parent left open, parse the arguments, load
- * and validate the configuration (--check-config stops here, after the
+ * and validate the configuration, check that the kernel has what tierd
+ * needs (kernel.c; --check-config stops here, after the
  * capacity check the manager runs before it makes its pools and the NVMe
  * index's extent size check book_open() runs, read only), take the
  * socket systemd passed, create the state directory, block the signals the
@@ -29,6 +30,7 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/core/capacity.h"
+#include "daemon/core/kernel.h"
 #include "daemon/core/manager.h"
 #include "daemon/core/reload.h"
 #include "daemon/ipc/server.h"
@@ -41,8 +43,9 @@
 
 /*
  * The configuration was refused (invalid, a -c file missing, capacities the machine cannot give,
- * [quota] guarantees that do not fit): LSB's "program is not configured".  The unit lists it in
- * RestartPreventExitStatus=: restarting cannot help until someone changes the file.
+ * [quota] guarantees that do not fit), or the kernel is too old for tierd: LSB's "program is not
+ * configured".  The unit lists it in RestartPreventExitStatus=: restarting cannot help until someone
+ * changes the file or the kernel.
  */
 #define EXIT_CONFIG_REFUSED 6
 
@@ -257,6 +260,26 @@ static int check_capacity(const Config *c) {
 }
 
 /*
+ * Start and --check-config, before anything is made: this kernel has what tierd uses without a fallback
+ * (kernel.c).  0 when it does; 1 (logged: what is missing, the kernel that needs) when not; < 0 when it
+ * could not be checked (logged).
+ */
+static int check_kernel(void) {
+        _cleanup_free_ char *why = NULL;
+        KernelFacts facts;
+        int r;
+
+        r = kernel_facts_read(&facts);
+        if (r >= 0)
+                r = kernel_check(&facts, &why);
+        if (r < 0)
+                return log_error_errno(r, "Cannot check the kernel: %m");
+        if (r > 0)
+                log_error("%s", why);
+        return r > 0 ? 1 : 0;
+}
+
+/*
  * --check-config: the file's [quota] guarantees must fit the capacities as a start checks them (no job
  * runs yet; a capacity known only at start, a device's, is not checked here).  1 (logged) when not.
  */
@@ -380,6 +403,11 @@ static int run(int argc, char *argv[]) {
         }
         log_set_level(config.log_level);
 
+        r = check_kernel();
+        if (r != 0) {
+                config_deinit(&config);
+                return r > 0 ? EXIT_CONFIG_REFUSED : 1;
+        }
         if (arg_check_config) {
                 r = check_capacity(&config);
                 if (r == 0)
