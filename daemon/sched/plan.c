@@ -560,11 +560,10 @@ int plan_read_marker(Plan *p, uint64_t now, uint64_t *ret_seq, uint32_t *ret_pha
         /*
          * Never blocking, whatever the fd's flags say: the client shares its open file description
          * and may clear O_NONBLOCK (a plain read() then waited for its next marker with the loop, and
-         * every job, stopped).  RWF_NOWAIT is per call (eventfd: Linux 5.12).
+         * every job, stopped).  RWF_NOWAIT is per call (eventfd: Linux 5.12).  No read() where the
+         * kernel lacks it: tierd refuses such a kernel at start (core/kernel.c).
          */
-        if (preadv2(p->marker_fd, &(struct iovec) { .iov_base = &v, .iov_len = sizeof(v) }, 1, -1, RWF_NOWAIT) < 0 &&
-            errno == EOPNOTSUPP)
-                (void) read(p->marker_fd, &v, sizeof(v));
+        (void) preadv2(p->marker_fd, &(struct iovec) { .iov_base = &v, .iov_len = sizeof(v) }, 1, -1, RWF_NOWAIT);
         plan_peek_marker(p, &seq, &phase);
         if (seq <= p->seq)
                 return -EAGAIN;

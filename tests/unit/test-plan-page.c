@@ -5,9 +5,40 @@
  * a slot's pieces go, whether the plan failed) it keeps on its side and never takes from the page.
  */
 
+#include <errno.h>
 #include <fcntl.h>
+#include <sys/uio.h>
 
 #include "tests/unit/timeline-fixture.h"
+
+/*
+ * -Wl,--wrap: preadv2() (preadv64v2 with 64-bit off_t) answers EOPNOTSUPP on cue, as a kernel before
+ * 5.12 does for an eventfd; read() of the watched fd is counted and never waits.
+ */
+ssize_t __real_preadv64v2(int fd, const struct iovec *iov, int n, off_t off, int flags);
+ssize_t __real_read(int fd, void *buf, size_t len);
+ssize_t __wrap_preadv64v2(int fd, const struct iovec *iov, int n, off_t off, int flags);
+ssize_t __wrap_read(int fd, void *buf, size_t len);
+static bool preadv_unsupported;
+static int watched_fd = -1;
+static unsigned watched_reads;
+
+ssize_t __wrap_preadv64v2(int fd, const struct iovec *iov, int n, off_t off, int flags) {
+        if (preadv_unsupported) {
+                errno = EOPNOTSUPP;
+                return -1;
+        }
+        return __real_preadv64v2(fd, iov, n, off, flags);
+}
+
+ssize_t __wrap_read(int fd, void *buf, size_t len) {
+        if (fd >= 0 && fd == watched_fd) {
+                watched_reads++;
+                errno = EAGAIN;         /* what the blocking read did instead: wait for the client's next marker */
+                return -1;
+        }
+        return __real_read(fd, buf, len);
+}
 
 /*
  * A host copy in two pieces (a 6 MiB tensor, 4 MiB segments): tierd writes its pieces at the slot's
@@ -124,11 +155,49 @@ static void test_marker_read_never_blocks(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * No plain read() of the marker eventfd, not even where preadv2(RWF_NOWAIT) is unsupported: it was
+ * the fallback there (kernels before 5.12), and a client that cleared O_NONBLOCK blocked tierd's loop
+ * in it again.  tierd now refuses such a kernel at start (core/kernel.c, test-kernel) instead.
+ */
+static void test_marker_never_plain_read(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        Tensor *a;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        fixture_host_data(m, a, 1);
+        {
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 1, 1, &p, err, sizeof(err)), 0);
+        }
+        marker(m, p, 0);
+        assert_int_equal(fcntl(p->marker_fd, F_SETFL, fcntl(p->marker_fd, F_GETFL) & ~O_NONBLOCK), 0);
+        watched_fd = p->marker_fd;
+        watched_reads = 0;
+        preadv_unsupported = true;
+        sched_plan_sync(p);                     /* nothing new */
+        preadv_unsupported = false;
+        watched_fd = -1;
+        assert_int_equal(watched_reads, 0);
+        assert_int_equal(p->seq, 1);
+        marker(m, p, 0);                        /* and markers still come through */
+        assert_int_equal(p->seq, 2);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_first_piece_not_read_back),
                 cmocka_unit_test(test_error_not_read_back),
                 cmocka_unit_test(test_marker_read_never_blocks),
+                cmocka_unit_test(test_marker_never_plain_read),
         };
 
         return fixture_main("plan-page", tests, sizeof(tests) / sizeof(tests[0]));
