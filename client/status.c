@@ -123,6 +123,7 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_uint(w, "weight", j->weight);
         json_key_uint(w, "nvme_written", j->nvme_written);
         json_key_uint(w, "wear_written", j->wear_written);
+        json_key_uint(w, "nvme_host_changed", j->nvme_host_changed);
         json_usage(w, j);
         json_key(w, "moved");
         json_object_begin(w);
@@ -397,6 +398,10 @@ static void table_wear(FILE *f, const Tier__StatusReply *s) {
                 if (j && j->wear_written > 0)
                         fprintf(f, "  job %s: wrote %s to NVMe in all, %s since it began\n", strempty(j->name),
                                 size_format(a, sizeof(a), j->wear_written), size_format(b, sizeof(b), j->nvme_written));
+                if (j && j->nvme_host_changed > 0)
+                        fprintf(f, "  job %s: wrote the host copy of %" PRIu64 " extent(s) while tierd wrote "
+                                "them to NVMe (those write-downs failed; the client's doing, not the drive's)\n",
+                                strempty(j->name), j->nvme_host_changed);
         }
 }
 

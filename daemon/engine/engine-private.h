@@ -64,6 +64,7 @@ typedef struct Xfer {
         uint32_t n_parts;
         uint64_t queued_ns, start_ns;   /* set only while a trace runs (0: unknown) */
         uint64_t vqueued_ns, vstart_ns; /* chained, the VRAM hop: likewise */
+        uint32_t host_changed;  /* NVMe write: extents whose host bytes changed while written (xfer.c) */
         uint64_t book_seq;      /* written to NVMe, waiting for the NVMe index to be durable (0: not) */
         List link;              /* Engine.xfers */
 } Xfer;

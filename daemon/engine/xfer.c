@@ -11,9 +11,22 @@
  * registered buffer) in the job's flow of the NVMe fair queue (uring.c).
  * Each extent is checksummed on its own, on the checksum workers
  * (Engine.csum, tiers/csum.c; computed here at once without them): a
- * write's request is queued for the ring only once its crc32c is taken (the
- * host copy does not change while the tensor is in transfer), a read's
- * extent counts only once its crc32c is checked, after the read completed.
+ * write's request is queued for the ring only once its crc32c is taken, a
+ * read's extent counts only once its crc32c is checked, after the read
+ * completed.  tierd writes no host copy in transfer, and a pin that may
+ * write waits for the transfer (op.c), but the client maps its segments
+ * writable and may write them anyway (a bug, or on purpose): the drive then
+ * gets bytes other than those the crc32c was taken of (O_DIRECT reads them
+ * while the write runs), and the read back would count a crc error on the
+ * target, the drive blamed for the client's writes.  So once a write
+ * completed, its extent's host bytes are checksummed again: a crc32c other
+ * than the first is the client's doing.  Such a write-down fails with -EIO,
+ * counted on the job (Job.nvme_host_changed, "tierctl status", the metric
+ * tierd_job_nvme_host_changed_total) and logged with its name, never on the
+ * target; its source stays.  (A client that writes and puts the same bytes
+ * back before the second pass is not seen: its image is torn, the read back
+ * counts a crc error on the target.  Only a copy of the bytes first, a
+ * bounce buffer, would close that: ARCHITECTURE.md, Failure model.)
  * So the checksums overlap the device's work on the other extents in
  * flight and stay off the event loop, and a tensor of any size streams
  * through in extents.  A read whose crc32c mismatches fails the transfer
@@ -293,6 +306,31 @@ static void xfer_part_csum(XferPart *p, csum_cb_t cb) {
         }
 }
 
+/*
+ * A write-down's last part is over: extents whose host bytes changed while they were written (the
+ * client wrote them) fail it, counted on the job, not the target: the drive has what it was given.
+ * Unless the tensor's version moved on meanwhile (a writer's pin, tensor_unpin()): then its image
+ * goes as stale anyway (xfer_finish_now()), and nothing was wrong.
+ */
+static void xfer_host_changed(Xfer *x) {
+        Tensor *t = x->tensor;
+
+        if (x->host_changed == 0 || x->version != t->version)
+                return;
+        t->job->nvme_host_changed += x->host_changed;
+        log_tensor(LOG_WARNING, 0, t->job->name, t->name, level_to_string(LEVEL_NVME),
+                   "Job '%s' wrote the host copy of tensor '%s' while tierd wrote it to NVMe: "
+                   "%" PRIu32 " extent(s) changed, the write-down fails (not the drive's fault)",
+                   t->job->name, t->name, x->host_changed);
+        if (x->error >= 0) {
+                x->error = -EIO;
+                snprintf(x->errmsg, sizeof(x->errmsg),
+                         "the host copy changed while it was written to NVMe (%" PRIu32 " extent(s)): "
+                         "do not write a tensor while tierd moves it",
+                         x->host_changed);
+        }
+}
+
 /* Part @p is over (its I/O, and for a read its check): the transfer goes on, or ends with its last part. */
 static void xfer_part_next(XferPart *p) {
         Xfer *x = p->xfer;
@@ -307,6 +345,7 @@ static void xfer_part_next(XferPart *p) {
         }
         if (--x->pending > 0)
                 return;
+        xfer_host_changed(x);
         link_count(e, x);
         xfer_finish(x);
 }
@@ -334,6 +373,16 @@ static void xfer_part_checked(CsumJob *job) {
         xfer_part_next(p);
 }
 
+/* A written extent's host bytes, checksummed again: a crc32c other than the first is the client's doing. */
+static void xfer_part_rechecked(CsumJob *job) {
+        XferPart *p = container_of(job, XferPart, csum);
+        Xfer *x = p->xfer;
+
+        if (job->crc != x->tensor->copy[LEVEL_NVME].extents[p->index].crc)
+                x->host_changed++;
+        xfer_part_next(p);
+}
+
 static void xfer_part_done(UringReq *req, int res) {
         XferPart *p = container_of(req, XferPart, req);
         Xfer *x = p->xfer;
@@ -355,6 +404,10 @@ static void xfer_part_done(UringReq *req, int res) {
         } else {
                 tg->bytes_written += req->len;
                 t->job->nvme_written += req->len;
+                if (x->error >= 0 && x->version == t->version) {
+                        xfer_part_csum(p, xfer_part_rechecked);  /* the transfer goes on from there */
+                        return;
+                }
         }
         xfer_part_next(p);
 }
@@ -370,7 +423,7 @@ static void xfer_part_prep(UringReq *req) {
         xfer_part_started(container_of(req, XferPart, req)->xfer);
 }
 
-/* A write extent's crc32c is taken: now its request may go to the ring (its bytes do not change meanwhile). */
+/* A write extent's crc32c is taken: now its request may go to the ring (checked again once written). */
 static void xfer_part_summed(CsumJob *job) {
         XferPart *p = container_of(job, XferPart, csum);
         Engine *e = p->xfer->engine;

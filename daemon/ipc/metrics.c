@@ -161,7 +161,9 @@ static void render_targets(FILE *f, const Tier__StatusReply *s) {
                 { "tierd_target_written_bytes_total", "counter",
                   "Bytes written to the NVMe target since tierd started.", offsetof(Tier__TargetStatus, bytes_written) },
                 { "tierd_target_crc_errors_total", "counter",
-                  "Extents read back from the NVMe target whose crc32c did not match.",
+                  "Extents read back from the NVMe target whose crc32c did not match. A client that writes its tensor "
+                  "during a write-down is counted in tierd_job_nvme_host_changed_total instead, unless it put the "
+                  "bytes back before tierd checked them.",
                   offsetof(Tier__TargetStatus, crc_errors) },
                 { "tierd_target_io_errors_total", "counter", "I/O requests to the NVMe target that failed.",
                   offsetof(Tier__TargetStatus, io_errors) },
@@ -276,6 +278,10 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
         JOB_SCALAR("tierd_job_wear_written_bytes_total", "counter",
                    "Bytes written to NVMe under the job's name, earlier runs and restarts of tierd included.",
                    j->wear_written, sample_u64)
+        JOB_SCALAR("tierd_job_nvme_host_changed_total", "counter",
+                   "Extents whose host copy the job wrote while tierd wrote them to NVMe: each failed its write-down. "
+                   "The client's doing, not the drive's (not in tierd_target_crc_errors_total).",
+                   j->nvme_host_changed, sample_u64)
 #undef JOB_SCALAR
 
         for (size_t k = 0; k < ELEMENTSOF(usage); k++) {

@@ -246,6 +246,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->usage = &b->usagep[ji * TIERS];
                 js->weight = j->weight;
                 js->nvme_written = j->nvme_written;
+                js->nvme_host_changed = j->nvme_host_changed;
                 js->wear_written = j->wear_base + j->nvme_written;
                 for (int l = 0; l < _LINK_MAX; l++) {
                         Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];

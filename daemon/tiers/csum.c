@@ -8,11 +8,16 @@
  * several GB a step that is seconds of CPU, and on the event loop it would
  * delay every job's requests by as much.  So the engine hands each extent
  * here as a CsumJob (embedded in its request: no allocation) and goes on;
- * a worker computes the crc over the extent's host bytes, which nobody
- * writes while the transfer runs, and puts the job on the done queue; an
- * eventfd wakes the loop, which runs the callbacks in the order the jobs
- * finished: a write's request goes to the ring, a read is checked and only
- * then becomes data.  The guarantees are the engine's, unchanged: nothing
+ * a worker computes the crc over the extent's host bytes and puts the job
+ * on the done queue; an eventfd wakes the loop, which runs the callbacks in
+ * the order the jobs finished: a write's request goes to the ring, a read is
+ * checked and only then becomes data.  tierd writes no host copy in
+ * transfer, but a client may (its segments are mapped writable: a bug, or
+ * hostile), even while a worker reads them: the crc is then of whatever the
+ * worker read, and nothing here can tell.  The engine can: it checksums a
+ * written extent again once the write completed, and a second crc other
+ * than the first is the client's doing, counted on its job, not on the
+ * target (engine/xfer.c).  The guarantees are the engine's, unchanged: nothing
  * reaches the drive before its crc is taken, nothing read counts before
  * its crc is checked.  The queues and the counters are the only state the
  * threads share, under one mutex; callbacks run on the loop only.

@@ -15,7 +15,7 @@ typedef void (*csum_cb_t)(CsumJob *job);
 
 /* Embedded in the caller's request; it must stay put from csum_queue() until its callback runs. */
 struct CsumJob {
-        const uint8_t *buf;     /* not written by anyone while the job is queued */
+        const uint8_t *buf;     /* tierd does not write it while the job is queued (a client may: xfer.c) */
         size_t len;
         csum_cb_t cb;
         uint32_t crc;           /* the result, crc32c(0, buf, len) */

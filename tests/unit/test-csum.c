@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -228,6 +229,62 @@ static void test_engine_checksums_off_the_loop(void **state) {
         fixture_free(m);
 }
 
+/* Whether @deadline (fixture_deadline()) is still ahead. */
+static bool now_before(uint64_t deadline) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000ull + (uint64_t) ts.tv_nsec / 1000 <= deadline;
+}
+
+/*
+ * A client that writes its host copy while tierd writes it to NVMe (it may:
+ * its segment is mapped writable): the crc32c taken before the write no
+ * longer describes what the drive got.  That is the client's doing, not the
+ * drive's: the write-down fails, the job counts it (Job.nvme_host_changed),
+ * the source stays, and the target's crc_errors stays 0 (before, the
+ * write-down succeeded and the read back counted a crc error on the target).
+ * The order is explicit: the workers take the checksums, the client writes,
+ * and only then does the loop hand the writes to the ring.
+ */
+static void test_host_written_during_write_down(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup, NULL);
+        NvmeTarget *tg = &m->nvme->targets[0];
+        Done ev = {}, back = {};
+        uint64_t off_loop, deadline = fixture_deadline();
+        Tensor *t;
+        Job *a;
+
+        assert_int_equal(job_new(m->registry, "a", 0, &a), 0);
+        t = fixture_tensor(a, "t", 1 * MiB);            /* 4 extents */
+        fixture_host_data(m, t, 0x5a);
+
+        csum_hold(m->csum, true);
+        off_loop = csum_bytes_off_loop(m->csum);
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &ev, NULL), 0);
+        fixture_run(m, 2);
+        assert_int_equal(csum_pending(m->csum), 4);
+        csum_hold(m->csum, false);
+        /* the checksums are taken, the loop has not run: no write is with the ring yet */
+        while (csum_bytes_off_loop(m->csum) - off_loop < t->alloc_size && now_before(deadline))
+                sched_yield();
+        assert_int_equal(csum_bytes_off_loop(m->csum) - off_loop, t->alloc_size);
+        fixture_fill(t, LEVEL_HOST, 0xa5);              /* the client writes, unannounced */
+        FIXTURE_RUN_UNTIL(m, ev.done);
+        assert_true(ev.done);
+        if (!copy_valid(t, LEVEL_HOST)) {               /* the write-down counted as good: read it back */
+                assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &back, NULL), 0);
+                FIXTURE_RUN_UNTIL(m, back.done);
+        }
+        assert_int_equal(tg->crc_errors, 0);            /* the drive is not at fault */
+        assert_int_equal(ev.status, -EIO);
+        assert_int_equal(a->nvme_host_changed, 4);
+        assert_false(copy_valid(t, LEVEL_NVME));
+        assert_true(copy_valid(t, LEVEL_HOST));         /* the source stays, with the client's bytes */
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 12345), 0xa5);
+        fixture_free(m);
+}
+
 static void setup_on_loop(Config *c, void *userdata) {
         setup(c, userdata);
         c->nvme_checksum_threads = 0;
@@ -258,6 +315,7 @@ int main(void) {
                 cmocka_unit_test(test_csum_hold_and_free),
                 cmocka_unit_test(test_engine_checksums_off_the_loop),
                 cmocka_unit_test(test_engine_checksums_on_the_loop),
+                cmocka_unit_test(test_host_written_during_write_down),
         };
 
         return fixture_main("csum", tests, ELEMENTSOF(tests));
