@@ -29,7 +29,13 @@
  *     DOWN; one transfer at a time on each, at @nvme_bw and @link_bw):
  *     early, into memory the cycle does not use then;
  *   - the moves of one tensor keep the model's order (a staged copy goes up
- *     before its host copy leaves, a write lands before the copy goes).
+ *     before its host copy leaves, a write lands before the copy goes);
+ *   - a copy moves (READ, UP, DOWN) only once the last phase before the
+ *     move's that wrote its tensor has ended: its version is final then.
+ *     Where the write left a stale copy, that copy's departure (STALE)
+ *     waits for the phase too, but where it left none (the sole copy
+ *     written), nothing else in the log would; WRITE and DRAIN wait for
+ *     the last access anyway.
  *
  * The model charges room only where a phase runs: a copy staged through
  * host on its way up, or drained through it on its way down, takes none
@@ -78,6 +84,8 @@ typedef struct Timed {
         ptrdiff_t *prev;                /* per move of one cycle: the tensor's previous move, as an offset back */
         ptrdiff_t *rel;                 /* per move: the phase (from the move's own) whose end releases it */
         ptrdiff_t *need;                /* per arrival: the phase (from the move's own) that waits for it */
+        ptrdiff_t *wrote;               /* per move: the last phase before the move's own that wrote its
+                                         * tensor (from the move's own; 0: none) */
         bool *transit;                  /* per move into host and its DROP there in the same phase: staged or
                                          * drained through host (the model charges it no room) */
         double *done;                   /* per move of all cycles: when it was done (NAN: not yet) */
@@ -112,6 +120,14 @@ static size_t since_access(const Timed *tm, uint32_t t, size_t ph) {
 static size_t until_access(const Timed *tm, uint32_t t, size_t ph) {
         for (size_t d = 0; d < tm->n_ph; d++)
                 if (cb_modes_in(tm->p, t, (ph + d) % tm->n_ph % tm->p->n_phases))
+                        return d;
+        return SIZE_MAX;
+}
+
+/* How many phases before log phase @ph @t was last written (1 .. n_ph), SIZE_MAX: never. */
+static size_t since_write(const Timed *tm, uint32_t t, size_t ph) {
+        for (size_t d = 1; d <= tm->n_ph; d++)
+                if (cb_modes_in(tm->p, t, (ph + tm->n_ph - d % tm->n_ph) % tm->n_ph % tm->p->n_phases) & CB_WRITE)
                         return d;
         return SIZE_MAX;
 }
@@ -152,6 +168,8 @@ static int timed_prepare(Timed *tm) {
                         d = until_access(tm, e->tensor, e->phase);
                         tm->need[i] = d == SIZE_MAX ? -1 : (ptrdiff_t) d;
                 }
+                d = since_write(tm, e->tensor, e->phase);
+                tm->wrote[i] = d == SIZE_MAX ? 0 : -(ptrdiff_t) d;
         }
         free(last);
         return 0;
@@ -174,6 +192,16 @@ static size_t gated(const Timed *tm, size_t u) {
         if (!is_arrival(e->kind) || need < 0 || ph + (size_t) need >= tm->n_all_ph)
                 return SIZE_MAX;
         return ph + (size_t) need;
+}
+
+/* Has the last phase before move @u's that wrote its tensor ended (or is there none)? */
+static bool version_final(const Timed *tm, size_t u, size_t cur) {
+        size_t ph;
+        ptrdiff_t g;
+
+        (void) ev_of(tm, u, &ph);
+        g = (ptrdiff_t) ph + tm->wrote[u % tm->n_ev];
+        return tm->wrote[u % tm->n_ev] == 0 || g < 0 || (size_t) g < cur;
 }
 
 static bool prev_done(const Timed *tm, size_t u) {
@@ -325,6 +353,7 @@ static int timed_run(Timed *tm, double *ret_step) {
                                 }
                                 transit = tm->transit[head % tm->n_ev];
                                 if (!prev_done(tm, head) || (k >= 0 && inflight[k] != SIZE_MAX) ||
+                                    (k >= 0 && !version_final(tm, head, cur)) ||
                                     (!transit && e->tier == CB_HOST && drain_first) ||
                                     (!transit && !force && used[e->tier] + p->size[e->tensor] > tm->cap[e->tier]))
                                         break;
@@ -429,12 +458,13 @@ static int timed_step(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint
         tm.prev = calloc(tm.n_ev, sizeof(ptrdiff_t));
         tm.rel = calloc(tm.n_ev, sizeof(ptrdiff_t));
         tm.need = calloc(tm.n_ev, sizeof(ptrdiff_t));
+        tm.wrote = calloc(tm.n_ev, sizeof(ptrdiff_t));
         tm.transit = calloc(tm.n_ev, sizeof(bool));
         tm.done = calloc(tm.n_all, sizeof(double));
         tm.ph_start = calloc(tm.n_all_ph, sizeof(double));
         tm.ph_end = calloc(tm.n_all_ph, sizeof(double));
         tm.gate = calloc(tm.n_all_ph, sizeof(size_t));
-        if (tm.prev && tm.rel && tm.need && tm.transit && tm.done && tm.ph_start && tm.ph_end && tm.gate) {
+        if (tm.prev && tm.rel && tm.need && tm.wrote && tm.transit && tm.done && tm.ph_start && tm.ph_end && tm.gate) {
                 r = timed_prepare(&tm);
                 if (r >= 0)
                         r = timed_run(&tm, ret);
@@ -442,6 +472,7 @@ static int timed_step(const CbPlan *p, const CbLog *log, uint64_t vram_cap, uint
         free(tm.prev);
         free(tm.rel);
         free(tm.need);
+        free(tm.wrote);
         free(tm.transit);
         free(tm.done);
         free(tm.ph_start);
