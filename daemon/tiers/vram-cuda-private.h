@@ -31,6 +31,7 @@ typedef struct CudaOp {
         struct CudaLane *lane;  /* whose stream it is queued on */
         bool waited;            /* its stream waits for a client's event before it */
         CUevent done;           /* recorded after the copy's last piece */
+        bool sync_stream;       /* done could not be recorded: its lane's thread waits for the stream */
         int ipc;                /* VramCuda.ipc index recorded after it, or -1 */
         CUresult result;        /* of queueing, then of the wait */
         struct CudaOp *next;    /* todo, done and free lists */

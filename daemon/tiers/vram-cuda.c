@@ -43,7 +43,9 @@
  * where no copy still waits for a client's event (below) if there is one,
  * and of those on the one with the fewest copies not handed back yet,
  * equals taking turns (lane_pick()); it is queued as VRAM_CUDA_PIECE
- * pieces, then an event is recorded after it.
+ * pieces, then an event is recorded after it (when that fails, the lane's
+ * thread synchronizes on the stream instead and hands the copy back failed:
+ * the loop thread never does, the stream may wait for a client's event).
  * A stream runs its work in order, so each lane's thread takes its copies in
  * the order queued and waits on each event (cuEventSynchronize; the events
  * use blocking sync, so it sleeps: no polling, and a copy is handed back as
@@ -219,7 +221,7 @@ static void *lane_thread(void *userdata) {
                         l->todo_tail = &l->todo_head;
                 pthread_mutex_unlock(&v->lock);
 
-                r = v->drv->cuEventSynchronize(op->done);
+                r = op->sync_stream ? v->drv->cuStreamSynchronize(l->stream) : v->drv->cuEventSynchronize(op->done);
                 if (op->result == CUDA_SUCCESS)
                         op->result = r;
 
@@ -286,6 +288,7 @@ static CudaOp *op_get(VramCuda *v, CUresult *ret) {
         op->ipc = -1;
         op->lane = NULL;
         op->waited = false;
+        op->sync_stream = false;
         op->result = CUDA_SUCCESS;
         list_init(&op->link);
         return op;
@@ -378,13 +381,16 @@ static int cuda_copy(VramBackend *b, VramCopy *c) {
         /* even after a failed piece: the done event orders after the pieces already queued */
         r = d->cuEventRecord(op->done, stream);
         if (r != CUDA_SUCCESS) {
-                /* nothing to wait on: wait here so no piece still reads or writes the memory */
-                (void) d->cuStreamSynchronize(stream);
-                op_put(v, op);
+                /*
+                 * Nothing to wait on: the lane's thread waits for the whole stream instead, and hands
+                 * the copy back failed once no piece still reads or writes the memory.  Never here:
+                 * the stream may wait for a client's event, which the loop thread must not.
+                 */
                 log_warning("Cannot record a VRAM copy's event: %s", cu_err(v, r));
-                return cudrv_errno(r);
-        }
-        if (c->dir == VRAM_TO_DEVICE && op->result == CUDA_SUCCESS) {
+                if (op->result == CUDA_SUCCESS)
+                        op->result = r;
+                op->sync_stream = true;
+        } else if (c->dir == VRAM_TO_DEVICE && op->result == CUDA_SUCCESS) {
                 for (unsigned i = 0; i < v->n_ipc; i++) {
                         unsigned k = (v->next_ipc + i) % v->n_ipc;
 

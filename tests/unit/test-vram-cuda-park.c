@@ -44,6 +44,7 @@ static fake_cuda_hold_t fake_hold;
 static fake_cuda_release_t fake_release;
 static fake_cuda_hold_event_t fake_hold_event;
 static fake_cuda_release_event_t fake_release_event;
+static fake_cuda_fail_t fake_fail;
 
 static int setup(void **state) {
         const char *path = getenv("TIER_FAKE_CUDA");
@@ -59,7 +60,8 @@ static int setup(void **state) {
         fake_release = (fake_cuda_release_t) dlsym(fake_lib, FAKE_CUDA_RELEASE);
         fake_hold_event = (fake_cuda_hold_event_t) dlsym(fake_lib, FAKE_CUDA_HOLD_EVENT);
         fake_release_event = (fake_cuda_release_event_t) dlsym(fake_lib, FAKE_CUDA_RELEASE_EVENT);
-        if (!fake_hold || !fake_release || !fake_hold_event || !fake_release_event)
+        fake_fail = (fake_cuda_fail_t) dlsym(fake_lib, FAKE_CUDA_FAIL);
+        if (!fake_hold || !fake_release || !fake_hold_event || !fake_release_event || !fake_fail)
                 return -1;
         setenv("TIER_LIBCUDA", path, 1);
         return 0;
@@ -313,10 +315,93 @@ static void test_copy_behind_event(void **state) {
         sd_event_unref(e);
 }
 
+typedef struct Queue {
+        VramBackend *b;
+        VramCopy *copy;
+        int result;
+} Queue;
+
+static void *queue_thread(void *userdata) {
+        Queue *q = userdata;
+
+        q->result = q->b->ops->copy(q->b, q->copy);
+        return NULL;
+}
+
+/*
+ * A copy's completion event cannot be recorded (cuEventRecord fails) after its pieces went on a stream
+ * that waits for a client's event: queueing it returns while the event is pending (nothing on the loop
+ * thread waits for the stream), and the copy is handed back, failed, once its pieces are done.
+ */
+static void test_record_failure_no_wait(void **state) {
+        _cleanup_free_ char *why = NULL;
+        struct timespec until;
+        CuDriver *drv = NULL;
+        sd_event *e = NULL;
+        CUipcEventHandle h;
+        VramBackend *b;
+        uint8_t *host;
+        Segment *seg;
+        pthread_t th;
+        VramRange g;
+        CUevent ev;
+        List owned;
+        Queue q;
+        Done d;
+        int job;
+
+        assert_int_equal(sd_event_new(&e), 0);
+        assert_int_equal(cudrv_open(&drv, &why), 0);
+        b = new_backend(e);
+        list_init(&owned);
+        assert_int_equal(segpool_assign(&b->pool, (Job *) &job, &owned, &seg), 0);
+        memset((void *) (uintptr_t) seg->device_ptr, 0x5a, MiB);
+        host = calloc(1, MiB);
+        assert_non_null(host);
+
+        assert_int_equal(drv->cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+        fake_hold_event(ev);
+        assert_int_equal(drv->cuEventRecord(ev, NULL), CUDA_SUCCESS);
+        assert_int_equal(drv->cuIpcGetEventHandle(&h, ev), CUDA_SUCCESS);
+        g = (VramRange) { seg, 0, MiB };
+        assert_int_equal(vram_wait_event(b, &g, 1, &h, sizeof(h), NULL, 0), 0);
+
+        /* the copy's own event is not recorded: queued as the loop thread would, on a thread here */
+        d = (Done) { .copy = { .dir = VRAM_TO_HOST, .host = host, .seg = seg, .offset = 0, .len = MiB,
+                               .done = on_done } };
+        q = (Queue) { b, &d.copy, 1 };
+        fake_fail("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED, 0, 1);
+        assert_int_equal(pthread_create(&th, NULL, queue_thread, &q), 0);
+        assert_int_equal(clock_gettime(CLOCK_REALTIME, &until), 0);
+        until.tv_sec += FILL_DEADLINE_SEC;
+        if (pthread_timedjoin_np(th, NULL, &until) != 0) {
+                fake_release_event(ev);         /* let it end, then fail */
+                pthread_join(th, NULL);
+                fail_msg("queueing a copy whose event could not be recorded waited for a client's event");
+        }
+        assert_int_equal(q.result, 0);
+        assert_int_equal(drv->cuEventQuery(ev), CUDA_ERROR_NOT_READY);
+        assert_false(d.done);
+
+        /* the client's kernel ends: the pieces run, then the copy is handed back with the failure */
+        fake_release_event(ev);
+        run_until_done(e, &d, "the copy whose event could not be recorded");
+        assert_true(d.copy.result < 0);
+        assert_true(all_bytes((uintptr_t) host, 0x5a, MiB));   /* its pieces ran before it was handed back */
+
+        assert_int_equal(segpool_release(&b->pool, seg), 0);
+        assert_int_equal(drv->cuEventDestroy(ev), CUDA_SUCCESS);
+        free(host);
+        vram_backend_free(b);
+        cudrv_close(drv);
+        sd_event_unref(e);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_freed_range_parked),
                 cmocka_unit_test(test_copy_behind_event),
+                cmocka_unit_test(test_record_failure_no_wait),
         };
 
         return cmocka_run_group_tests(tests, setup, teardown);
