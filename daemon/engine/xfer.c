@@ -176,6 +176,7 @@ static void xfer_finish_now(Xfer *x) {
         else {
                 d->state = COPY_RESIDENT;
                 d->version = x->version;
+                d->unwritten = false;   /* (a stale copy refilled in place: garbage a failed fill left, a ghost's room) */
                 copy_touch(t, x->dst);
                 tensor_note(t);         /* the memory store: a valid copy more */
         }
@@ -185,6 +186,7 @@ static void xfer_finish_now(Xfer *x) {
                 if (error >= 0 && v->state == COPY_FILLING) {
                         v->state = COPY_RESIDENT;
                         v->version = x->version;
+                        v->unwritten = false;
                         copy_touch(t, LEVEL_VRAM);
                         tensor_note(t);
                 } else if (v->state == COPY_FILLING && v->pins > 0) {

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * test-nvme-failures.c: what the scheduler and the engine do after an NVMe transfer failed for
- * good (a crc32c mismatch, a write the drive refuses): nothing is started again and again.
+ * good (a crc32c mismatch, a write the drive refuses), or a VRAM copy failed: nothing is started
+ * again and again.
  */
 
 #include "tests/unit/timeline-fixture.h"
@@ -192,11 +193,51 @@ static void test_target_sync_failure_fails_the_write_down(void **state) {
         fixture_free(m);
 }
 
+/*
+ * A stale host copy client A holds for reading, whose refill in place failed (VRAM -> host: its bytes
+ * are garbage, kept under A's pin), is pinned for reading by D while A still holds it: the refill in
+ * place must make it the tensor's bytes, with one transfer.  A fill that went through kept the copy's
+ * "unwritten" of the failed one, so it was never valid, and the pin refilled it again, forever.
+ */
+static void test_garbage_refilled_under_a_reader(void **state) {
+        Manager *m;
+        Tensor *t;
+        Job *j;
+        uint64_t moved = 0, now = 0;
+
+        setenv("TIERD_TEST_FAULTS", "vram-d2h-eio:count=1", 1);
+        m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        t = tensor(j, "T", MiB);
+        fixture_host_data(m, t, 0x11);
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* client A reads it */
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_VRAM), 0);      /* client B writes VRAM */
+        fixture_fill(t, LEVEL_VRAM, 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_VRAM, true), 0);
+        assert_true(fixture_op(m, OP_PIN, t, LEVEL_HOST) < 0);          /* C: the VRAM -> host copy fails */
+        assert_true(t->copy[LEVEL_HOST].unwritten);                     /* A's garbage */
+        for (int i = 0; i < _LINK_MAX; i++)
+                moved += j->link_bytes[i];
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);      /* D, while A holds it */
+        for (int i = 0; i < _LINK_MAX; i++)
+                now += j->link_bytes[i];
+        assert_int_equal(now, moved + MiB);                             /* one refill, not one after another */
+        assert_true(copy_valid(t, LEVEL_HOST));
+        assert_int_equal(fixture_byte(t, LEVEL_HOST, 0), 0x22);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        assert_int_equal(engine_tensor_free(m->engine, t), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
                 cmocka_unit_test(test_failed_write_behind_not_retried),
                 cmocka_unit_test(test_target_sync_failure_fails_the_write_down),
+                cmocka_unit_test(test_garbage_refilled_under_a_reader),
         };
 
         /* a rule that does not fire until a test arms it (after = 0) */
