@@ -29,7 +29,13 @@
  * chosen, nor one of a job whose rollback waits for its transfers, Job.frozen:
  * the requester waits for that job to thaw).  Its copies are dropped when another copy is valid, or drained
  * (written down first) when sole; once the segment is empty, take_segment()
- * (state/space.c) hands it to the requester.
+ * (state/space.c) hands it to the requester.  A VRAM chunk may also hold
+ * ranges given back that stay taken while a client's event is pending on
+ * them (parked, SegPoolOps.park: Segment.parked bytes): they cannot be
+ * emptied, and the chunk comes back only once the event completes, which
+ * may be never.  So a chunk holding nothing else is not chosen (the victim's
+ * other chunks are), and one holding copies too only after every chunk
+ * without parked ranges.
  */
 
 #include <errno.h>
@@ -76,10 +82,25 @@ static bool copy_in_segment(const Copy *c, const Segment *s) {
 }
 
 /*
+ * Is @s a better segment to empty than @than?  One without parked ranges
+ * first (emptied, it comes back at once; one with them only once their
+ * events complete), then the one whose most valuable copy ranks lowest
+ * (@worst), then the one holding the fewest bytes to empty.
+ */
+static bool segment_before(const Segment *s, const Segment *than, const size_t *worst) {
+        if ((s->parked > 0) != (than->parked > 0))
+                return than->parked > 0;
+        if (worst[s->id] != worst[than->id])
+                return worst[s->id] < worst[than->id];
+        return s->used - s->parked < than->used - than->parked;
+}
+
+/*
  * The segment of @v's in @tier to empty: the one whose most valuable copy
- * ranks lowest in the victim order (ties: the least used), holding at most
- * @most bytes.  NULL if every segment holds something that cannot go now, or
- * more than that.
+ * ranks lowest in the victim order (segment_before()), holding at most @most
+ * bytes to empty (parked ranges, SegPoolOps.park, are none: they stay taken
+ * until a client's event completes).  NULL if every segment holds something
+ * that cannot go now, more than that, or nothing but parked ranges.
  */
 static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier, uint64_t most) {
         SegPool *pool = e->registry->pools[tier];
@@ -124,10 +145,11 @@ static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier, uint64_t mos
         list_for_each_safe(node, tmp, &v->segments[tier]) {
                 Segment *s = list_entry(node, Segment, owner_link);
 
-                if (s->used == 0 || s->used > most || s->revoking || worst[s->id] == SIZE_MAX)
+                /* only parked ranges left: nothing to empty, it comes back once their events complete */
+                if (s->used <= s->parked || s->used - s->parked > most || s->revoking ||
+                    worst[s->id] == SIZE_MAX)
                         continue;
-                if (!best || worst[s->id] < worst[best->id] ||
-                    (worst[s->id] == worst[best->id] && s->used < best->used))
+                if (!best || segment_before(s, best, worst))
                         best = s;
         }
         return best;
@@ -217,7 +239,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
                         frozen = frozen || v->frozen > 0;
                         continue;
                 }
-                size_format(used, sizeof(used), s->used);
+                size_format(used, sizeof(used), s->used - s->parked);
                 size_format(size, sizeof(size), s->pool->seg_size);
                 log_debug("Job '%s' needs room in %s: a %s segment of job '%s' (%s in use) is emptied for it (%s)",
                           j->name, level_to_string(tier), size, v->name, used,

@@ -127,6 +127,7 @@ static int segment_reset(SegPool *p, Segment *s) {
         s->generation++;
         extent_alloc_deinit(&s->units);
         s->used = 0;
+        s->parked = 0;          /* the pool dropped what it parked with the old memory */
         return extent_alloc_init(&s->units, p->seg_size / SEG_UNIT);
 }
 
@@ -240,10 +241,17 @@ uint64_t segment_largest_free(const Segment *seg) {
         return extent_alloc_largest_free(&seg->units) * SEG_UNIT;
 }
 
+static void segment_put(Segment *seg, uint64_t offset, uint64_t size) {
+        if (extent_alloc_put(&seg->units, offset / SEG_UNIT, DIV_ROUND_UP(size, SEG_UNIT)) >= 0)
+                seg->used -= ALIGN_UP(size, SEG_UNIT);
+}
+
 void segment_free(Segment *seg, uint64_t offset, uint64_t size) {
-        if (seg->pool->ops->park && seg->pool->ops->park(seg->pool, seg, offset, size))
+        if (seg->pool->ops->park && seg->pool->ops->park(seg->pool, seg, offset, size)) {
+                seg->parked += ALIGN_UP(size, SEG_UNIT);
                 return;
-        segment_free_now(seg, offset, size);
+        }
+        segment_put(seg, offset, size);
 }
 
 void segpool_settle(SegPool *p) {
@@ -252,6 +260,6 @@ void segpool_settle(SegPool *p) {
 }
 
 void segment_free_now(Segment *seg, uint64_t offset, uint64_t size) {
-        if (extent_alloc_put(&seg->units, offset / SEG_UNIT, DIV_ROUND_UP(size, SEG_UNIT)) >= 0)
-                seg->used -= ALIGN_UP(size, SEG_UNIT);
+        seg->parked -= MIN(seg->parked, ALIGN_UP(size, SEG_UNIT));
+        segment_put(seg, offset, size);
 }

@@ -26,6 +26,7 @@ typedef struct Segment {
         List owner_link;        /* in Job.segments[tier] */
         ExtentAlloc units;      /* SEG_UNIT-sized units */
         uint64_t used;          /* bytes allocated */
+        uint64_t parked;        /* of them, given back but kept taken by the park hook (not emptiable) */
         bool revoking;          /* released, waiting for the old job's clients to let go */
         bool renewing;          /* released, its memory being replaced on the renewer's thread */
 } Segment;
@@ -52,7 +53,8 @@ typedef struct SegPoolOps {
          * queued may still touch (cuda: an event given at an unpin, pending on
          * it).  true: the pool keeps it taken for now, to give it back itself
          * (segment_free_now()) once that work is done, so that no new tensor
-         * gets it meanwhile.  Loop thread only, as settle.
+         * gets it meanwhile; Segment.parked counts it until then.  Loop
+         * thread only, as settle.
          */
         bool (*park)(SegPool *p, Segment *seg, uint64_t offset, uint64_t size);
         /* Optional: give back the parked ranges whose work is done (segpool_settle()). */
@@ -128,7 +130,7 @@ int segment_reserve(Segment *seg, uint64_t offset, uint64_t size);
 uint64_t segment_largest_free(const Segment *seg);
 /* Give back a range: at once, or once the pool's park hook lets it go. */
 void segment_free(Segment *seg, uint64_t offset, uint64_t size);
-/* Give back a range at once (a park hook's own, for what it kept). */
+/* Give back a range the park hook kept, at once (the park hook's own). */
 void segment_free_now(Segment *seg, uint64_t offset, uint64_t size);
 /* Before placing a copy: the pool gives back the parked ranges it can (SegPoolOps.settle). */
 void segpool_settle(SegPool *p);
