@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* memstore-private.h: the memory store's insides, shared by memstore.c (the table) and memstore-notify.c (the messages). */
+/* memstore-private.h: the memory store's insides, shared by memstore.c (the table), memstore-restore.c (putting copies back) and memstore-notify.c (the messages). */
 #pragma once
 
 #include <stdbool.h>
@@ -66,6 +66,12 @@ typedef struct MsMsg {
         uint32_t seg_id;
         uint64_t ino;
 } MsMsg;
+
+/* The memory store's tier of a level (LEVEL_HOST, LEVEL_VRAM), and its name. */
+int ms_tier(int tier);
+extern const char *const ms_tier_names[MS_TIERS];
+/* qsort()/bsearch() order of MsRecords: by job key, then tensor key. */
+int ms_by_keys(const void *a, const void *b);
 
 /* A segment's FDSTORE is out (memstore.c): the table names inode @ino for segment @id of pool @k. */
 void ms_segment_stored(MemStore *ms, int k, uint32_t id, uint64_t ino);
