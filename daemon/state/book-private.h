@@ -65,6 +65,8 @@ typedef struct BkJob {
         gid_t *groups;          /* primary first */
         uint32_t n_groups;
         char *name;
+        Job *made;              /* book_restore(): the job made of it, or NULL */
+        unsigned kept;          /* book_restore(): its tensors made */
 } BkJob;
 
 typedef struct BkTensor {
@@ -80,6 +82,7 @@ typedef struct BkTensor {
         uint32_t n_image;
         bool gone;
         char *name;
+        Tensor *made;           /* book_restore(): the tensor made of it, or NULL */
 } BkTensor;
 
 /* A map from key to index, open addressing. */

@@ -761,11 +761,14 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
         BookFound *f = &b->found;
         int r;
 
-        /* b->registry stays NULL meanwhile: what is made here is not recorded again */
+        /*
+         * b->registry stays NULL meanwhile: what is made here is not recorded again.  Every job and
+         * tensor first, then their copies: the memory store must know which of its records no tensor
+         * takes before it puts any copy back (memstore_prepare()).
+         */
         for (size_t ji = 0; ji < b->n_jobs; ji++) {
                 BkJob *bj = &b->jobs[ji];
                 Job *j = NULL;
-                unsigned kept = 0;
 
                 if (bj->gone)
                         continue;
@@ -783,10 +786,10 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                 j->book_key = bj->key;
                 j->committing = bj->committing;
                 j->commit_step = bj->commit_step;
+                bj->made = j;
                 for (size_t ti = 0; ti < b->n_tensors; ti++) {
                         BkTensor *bt = &b->tensors[ti];
                         Tensor *t;
-                        bool ok = bt->nvme_version > 0 && !f->damaged;
 
                         if (bt->gone || bt->job_key != bj->key)
                                 continue;
@@ -797,7 +800,24 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         }
                         t->book_key = bt->key;
                         t->commit_version = bt->commit_version;
-                        kept++;
+                        bt->made = t;
+                        bj->kept++;
+                }
+        }
+        memstore_prepare(reg->memstore, reg);
+        for (size_t ji = 0; ji < b->n_jobs; ji++) {
+                BkJob *bj = &b->jobs[ji];
+                Job *j = bj->made;
+
+                if (!j)
+                        continue;
+                for (size_t ti = 0; ti < b->n_tensors; ti++) {
+                        BkTensor *bt = &b->tensors[ti];
+                        Tensor *t = bt->made;
+                        bool ok = bt->nvme_version > 0 && !f->damaged;
+
+                        if (!t || bt->job_key != bj->key)
+                                continue;
                         /*
                          * An image that is the NVMe copy itself (a rollback made it that copy
                          * again; or tierd died between the image's record and the newer
@@ -863,7 +883,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                 }
                 f->jobs++;
                 log_job(LOG_INFO, 0, j->name, "Job '%s' of uid %u restored from the NVMe index with %u tensor(s); "
-                        "it lingers until a client attaches", j->name, (unsigned) j->uid, kept);
+                        "it lingers until a client attaches", j->name, (unsigned) j->uid, bj->kept);
                 job_linger_start(j);
         }
         bk_forget(b);

@@ -25,6 +25,7 @@ struct MemStore {
         int old_table[2];
         int *old_seg[MS_TIERS];         /* per segment id, -1: none */
         bool *adopted[MS_TIERS];        /* per segment id: its memory is the last tierd's */
+        bool *spoiled[MS_TIERS];        /* per segment id: a room in it no tensor holds may be written (not used) */
         uint64_t *old_ino[MS_TIERS];    /* per segment id: the inode the old table names (0: none) */
         MsRecord *old;                  /* the old table's sound records, sorted by keys */
         size_t n_old;

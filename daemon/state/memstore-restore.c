@@ -22,6 +22,51 @@ static uint64_t effective(const MsCopy *c) {
         return c->state == MS_WRITING ? c->version + 1 : c->state == MS_VALID ? c->version : 0;
 }
 
+void memstore_prepare(MemStore *ms, Registry *r) {
+        bool *taken;
+        unsigned n = 0;
+
+        if (!ms || !ms->usable)
+                return;
+        taken = calloc(MAX(ms->n_old, (size_t) 1), sizeof(bool));
+        if (!taken) {
+                log_warning("Memory store: out of memory sorting out the last run's table: its memory is not used");
+                ms->usable = false;     /* (nothing claimed yet: memstore_begin() renews every segment) */
+                return;
+        }
+        list_for_each_safe(jn, jtmp, &r->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        const Tensor *t = list_entry(tn, Tensor, job_link);
+                        const MsRecord *rec = t->book_key && j->book_key ? find_old(ms, j->book_key, t->book_key)
+                                                                         : NULL;
+
+                        if (rec && rec->alloc_size == t->alloc_size)
+                                taken[rec - ms->old] = true;    /* (memstore_restore() keeps its rooms) */
+                }
+        }
+        for (size_t i = 0; i < ms->n_old; i++)
+                for (int k = 0; !taken[i] && k < MS_TIERS; k++) {
+                        const MsCopy *mc = &ms->old[i].copy[k];
+
+                        for (uint32_t p = 0; mc->state == MS_WRITING && p < mc->n_pieces && p < MS_MAX_PIECES; p++) {
+                                uint32_t seg = mc->pieces[p].seg;
+
+                                if (seg >= ms->n_segs[k] || !ms->adopted[k][seg] || ms->spoiled[k][seg])
+                                        continue;
+                                ms->spoiled[k][seg] = true;
+                                n++;
+                        }
+                }
+        free(taken);
+        if (n > 0)
+                log_warning("Memory store: %u segment(s) hold a copy that was held for writing when tierd went, "
+                            "of a tensor not restored as it was (not in the NVMe index, of another size, or more "
+                            "than [limits] max_tensors): a process of before may still write there, so their "
+                            "memory is not used again, and the tensors with copies there lose those", n);
+}
+
 /* Put one copy back: its segments claimed for the job, its ranges reserved.  false: it cannot be. */
 static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const MsCopy *mc, uint64_t version) {
         int k = ms_tier(tier);
@@ -43,7 +88,7 @@ static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const M
                 Segment *s;
 
                 if (p->seg >= pool->n_segs || p->seg >= ms->n_segs[k] || !ms->adopted[k][p->seg] ||
-                    p->offset % SEG_UNIT != 0 ||
+                    ms->spoiled[k][p->seg] || p->offset % SEG_UNIT != 0 ||
                     p->len == 0 || p->offset + span > pool->seg_size)
                         break;
                 s = &pool->segs[p->seg];
@@ -61,7 +106,8 @@ static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const M
                         free(pieces);
                 c->one = (CopyPiece) {};
                 log_warning("Tensor '%s' of job '%s': its %s copy in the memory store does not fit the pool as it "
-                            "is (a piece out of range, claimed twice, or of another size): not put back",
+                            "is (a piece out of range, claimed twice, of another size, or in a segment not used "
+                            "again): not put back",
                             t->name, t->job->name, ms_tier_names[k]);
                 return false;
         }

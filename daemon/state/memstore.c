@@ -144,9 +144,10 @@ int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t
 
                 ms->old_seg[k] = malloc(n * sizeof(int));
                 ms->adopted[k] = calloc(n, sizeof(bool));
+                ms->spoiled[k] = calloc(n, sizeof(bool));
                 ms->old_ino[k] = calloc(n, sizeof(uint64_t));
                 ms->stored_ino[k] = calloc(n, sizeof(uint64_t));
-                if (!ms->old_seg[k] || !ms->adopted[k] || !ms->old_ino[k] || !ms->stored_ino[k]) {
+                if (!ms->old_seg[k] || !ms->adopted[k] || !ms->spoiled[k] || !ms->old_ino[k] || !ms->stored_ino[k]) {
                         memstore_free(ms);
                         return -ENOMEM;
                 }
@@ -176,6 +177,7 @@ MemStore *memstore_free(MemStore *ms) {
                         safe_close(ms->old_seg[k][i]);
                 free(ms->old_seg[k]);
                 free(ms->adopted[k]);
+                free(ms->spoiled[k]);
                 free(ms->old_ino[k]);
                 free(ms->stored_ino[k]);
         }

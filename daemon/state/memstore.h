@@ -49,6 +49,15 @@ int memstore_take_segment(MemStore *ms, int tier, uint32_t id, uint64_t size);
 void memstore_segment_made(MemStore *ms, int tier, const Segment *seg);
 
 /*
+ * memstore_prepare() - once the NVMe index made its jobs and tensors, and
+ * before any memstore_restore(): a segment in which the last tierd's table
+ * has a copy held for writing that no tensor takes (not restored, or of
+ * another size) is not used again, since a process of before may still
+ * write into that room and nothing would keep it reserved; its other copies
+ * are not put back.  memstore_begin() renews it.
+ */
+void memstore_prepare(MemStore *ms, Registry *r);
+/*
  * memstore_restore() - put back the memory copies the last tierd had of @t
  * (restored from the NVMe index, book keys set), when they are at least the
  * version @newest the index heard of: their segments are claimed for the job,

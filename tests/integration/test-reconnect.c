@@ -519,6 +519,68 @@ static void test_ghost_beside_a_write_pin(void **state) {
         stale_ghost(false);
 }
 
+/*
+ * Rank 1 holds x for writing in host when tierd is SIGKILLed, beside z and a
+ * in the same segment; the next tierd allows the job two tensors
+ * ([limits] max_tensors), so x, the third, is not restored.  Its room lies in
+ * a segment that z's and a's copies would keep: it was left free there, a
+ * new tensor y took it and rank 1's late write landed in y.  A segment with
+ * a copy held for writing that no tensor puts back is not used again (its
+ * copies are not put back, z is lost): rank 1's write lands in memory nobody
+ * has.
+ */
+static void test_unrestored_writer_keeps_its_segment(void **state) {
+        tier_client *c1 = NULL, *n0 = NULL;
+        tier_tensor *z1 = NULL, *a1 = NULL, *x1 = NULL, *a = NULL, *y = NULL, *z = NULL;
+        struct tier_grant g1, g;
+
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 10000), 0);
+        d.fd_store = true;
+        spawn();
+        assert_int_equal(test_daemon_wait_stored(&d, "tierd-mem-table", 1, 10000), 0);
+        assert_int_equal(tier_client_new(d.socket, "wskip", 1, &c1), 0);
+        assert_int_equal(tier_tensor_create(c1, "z", MiB, &z1), 0);
+        assert_int_equal(tier_pin(z1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x55, g1.length);
+        assert_int_equal(tier_unpin(z1, TIER_HOST, 1), 0);
+        assert_int_equal(tier_tensor_create(c1, "a", MiB, &a1), 0);
+        assert_int_equal(tier_pin(a1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x66, g1.length);
+        assert_int_equal(tier_unpin(a1, TIER_HOST, 1), 0);
+        assert_int_equal(tier_tensor_create(c1, "x", MiB, &x1), 0);
+        assert_int_equal(tier_pin(x1, TIER_HOST, TIER_READ_WRITE, &g1), 0);
+        memset(g1.ptr, 0x11, g1.length);
+        test_daemon_drain(&d);
+        assert_int_equal(test_daemon_kill(&d, SIGKILL, 10000), 128 + SIGKILL);
+        assert_int_equal(test_daemon_write_config(&d, "skip.conf", "[limits]\nmax_tensors = 2\n"), 0);
+        spawn();
+
+        /* a new tensor where a was, and further: where x's room was, in the same segment */
+        assert_int_equal(tier_client_new(d.socket, "wskip", 0, &n0), 0);
+        assert_int_equal(tier_tensor_open(n0, "x", &a), -ENOENT);
+        assert_int_equal(tier_tensor_open(n0, "a", &a), 0);
+        assert_int_equal(tier_tensor_destroy(a), 0);
+        assert_int_equal(tier_tensor_create(n0, "y", 2 * MiB, &y), 0);
+        assert_int_equal(tier_pin(y, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0xa0, g.length);
+        assert_int_equal(tier_unpin(y, TIER_HOST, 1), 0);
+        memset(g1.ptr, 0x33, g1.length);        /* rank 1's process writes on, through its old grant */
+        expect_bytes(y, 0xa0);
+        /* what lay in that segment is lost, not read from memory a process of before may write */
+        assert_int_equal(tier_tensor_open(n0, "z", &z), 0);
+        assert_int_equal(tier_pin(z, TIER_HOST, TIER_READ, &g), -ENODATA);
+
+        assert_int_equal(test_daemon_write_config(&d, "skip.conf", NULL), 0);
+        assert_int_equal(tier_tensor_destroy(y), 0);
+        assert_int_equal(tier_tensor_destroy(z), 0);
+        tier_tensor_close(x1);
+        tier_tensor_close(a1);
+        tier_tensor_close(z1);
+        tier_client_free(c1);
+        tier_client_free(n0);
+        d.fd_store = false;
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -539,6 +601,7 @@ int main(void) {
                 cmocka_unit_test(test_ghost_not_held_for_a_rank_that_let_go),
                 cmocka_unit_test(test_stale_ghost_keeps_its_room),
                 cmocka_unit_test(test_ghost_beside_a_write_pin),
+                cmocka_unit_test(test_unrestored_writer_keeps_its_segment),
         };
 
         if (!test_can_lock_memory(16 * MiB))
