@@ -109,8 +109,10 @@ int client_cuda_new(ClientCuda **ret, const char *device, char *error, size_t si
         int k;
 
         cc = calloc(1, sizeof(*cc));
-        if (!cc)
+        if (!cc) {
+                snprintf(error, size, "out of memory");
                 return -ENOMEM;
+        }
         k = cudrv_open(&cc->drv, &why);
         if (k < 0) {
                 snprintf(error, size, "%s", why ? why : "cannot load the CUDA driver");

@@ -190,7 +190,7 @@ int client_hello(tier_client *c, const char *job, unsigned rank) {
         c->vram_backend = strdup(hr->vram_backend ? hr->vram_backend : "");
         c->vram_device = strdup(hr->vram_device ? hr->vram_device : "");
         if (!c->vram_backend || !c->vram_device) {
-                r = -ENOMEM;
+                r = client_error(c, -ENOMEM, "out of memory copying tierd's hello");
                 goto finish;
         }
 

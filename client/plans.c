@@ -391,9 +391,15 @@ _public_ int tier_plan_submit(tier_plan *p) {
         page_fd = packet_take_fd(&pk, pr->page_fd);
         marker_fd = packet_take_fd(&pk, pr->marker_fd);
         /* a memfd shorter than the page it is said to hold would SIGBUS at the first marker */
+        if (page_fd >= 0 && marker_fd >= 0 && fstat(page_fd, &st) < 0) {
+                r = negative_errno();
+                safe_close(page_fd);
+                safe_close(marker_fd);
+                packet_done(&pk);
+                return client_error(c, r, "cannot stat the plan page tierd sent: %s", tier_strerror(r));
+        }
         if (page_fd < 0 || marker_fd < 0 || pr->page_size < plan_page_size(pr->n_slots, 0) ||
-            pr->page_size > SIZE_MAX || fstat(page_fd, &st) < 0 || st.st_size < 0 ||
-            (uint64_t) st.st_size < pr->page_size) {
+            pr->page_size > SIZE_MAX || st.st_size < 0 || (uint64_t) st.st_size < pr->page_size) {
                 safe_close(page_fd);
                 safe_close(marker_fd);
                 packet_done(&pk);

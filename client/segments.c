@@ -116,7 +116,7 @@ static int segment_add(tier_client *c, const Tier__Segment *s, Packet *p) {
 
         r = segment_reserve(c, (size_t) s->id + 1);
         if (r < 0)
-                return r;
+                return client_error(c, r, "out of memory taking segment %u", s->id);
         slot = &c->segments[s->id];
         if (slot->kind == n.kind && slot->generation == n.generation)
                 return 0;       /* already mapped; the duplicate fd is closed */

@@ -24,7 +24,7 @@
  * calls poll() when the socket has nothing queued.
  *
  * Once the connection breaks (tierd gone, malformed packet, protocol
- * error) the client keeps its mappings but every request fails with the
+ * error, out of memory decoding a packet) the client keeps its mappings but every request fails with the
  * error that broke it.
  */
 
@@ -128,13 +128,38 @@ static int transport_send(tier_client *c, const void *buf, size_t len) {
         }
 }
 
+/* protobuf-c's allocator, telling running out of memory from a malformed packet (transport_recv()) */
+static void *reply_alloc(void *data, size_t size) {
+        void *p = malloc(size);
+
+        if (!p)
+                *(bool *) data = true;
+        return p;
+}
+
+static void reply_free(void *data, void *p) {
+        (void) data;
+        free(p);
+}
+
+/* The request @op names, as the protocol spells it ("status", "pin", ...). */
+static const char *request_name(Tier__Request__OpCase op) {
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(&tier__request__descriptor,
+                                                                                   (unsigned) op);
+
+        return f ? f->name : "a request";
+}
+
 /**
  * transport_recv() - receive one packet.
  * @block: wait for one; else return 0 at once when none is queued
+ * @op: the request in flight, or 0: what a reply that cannot be decoded answered
  * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), or < 0
  * after breaking the connection.
  */
-static int transport_recv(tier_client *c, bool block, Packet *ret) {
+static int transport_recv(tier_client *c, bool block, Tier__Request__OpCase op, Packet *ret) {
+        bool oom = false;
+        ProtobufCAllocator alloc = { .alloc = reply_alloc, .free = reply_free, .allocator_data = &oom };
         int fds[WIRE_MAX_FDS];
         size_t len = 0, n_fds = 0;
         Tier__Reply *reply;
@@ -174,10 +199,22 @@ static int transport_recv(tier_client *c, bool block, Packet *ret) {
         if (r < 0)
                 return transport_break(c, r, "receiving from tierd failed: %s", tier_strerror(r));
 
-        reply = tier__reply__unpack(NULL, len, c->rbuf);
+        /* freed with protobuf-c's own allocator (packet_done()): both are malloc()'s */
+        reply = tier__reply__unpack(&alloc, len, c->rbuf);
         if (!reply) {
                 for (size_t i = 0; i < n_fds; i++)
                         safe_close(fds[i]);
+                /*
+                 * The packet is gone: whether it was the Response (its new segments, what tierd did
+                 * for the request) or an Event (a failed fence, a Revoke to ack) cannot be told, so
+                 * the connection cannot go on, but the reason is the client's memory, not tierd
+                 */
+                if (oom && op)
+                        return transport_break(c, -ENOMEM, "out of memory decoding tierd's reply to %s "
+                                               "(%zu bytes)", request_name(op), len);
+                if (oom)
+                        return transport_break(c, -ENOMEM, "out of memory decoding a packet from tierd "
+                                               "(%zu bytes)", len);
                 return transport_break(c, -EBADMSG, "tierd sent a malformed packet (%zu bytes)", len);
         }
         ret->reply = reply;
@@ -291,7 +328,7 @@ int transport_drain(tier_client *c) {
                 Packet p = PACKET_NULL;
                 int r;
 
-                r = transport_recv(c, false, &p);
+                r = transport_recv(c, false, 0, &p);
                 if (r <= 0)
                         return r;
                 r = transport_process(c, &p, 0);
@@ -365,7 +402,7 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
         for (;;) {
                 Packet p = PACKET_NULL;
 
-                r = transport_recv(c, !closed, &p);
+                r = transport_recv(c, !closed, req->op_case, &p);
                 if (r == 0)
                         r = transport_break(c, -ECONNRESET, "tierd closed the connection");
                 if (r < 0)

@@ -30,6 +30,7 @@
 
 #include "proto/fence.h"
 #include "tests/helpers/instrumented.h"
+#include "tests/unit/test-client-hostile-fail.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "proto/tier.pb-c.h"
@@ -49,6 +50,7 @@ enum {
 typedef struct Fake {
         int scenario;
         int *inline_replies;    /* SC_REPLIES: in the packet, not through a memfd (MAP_SHARED: the child sets it) */
+        bool stopping;          /* SC_REPLIES: the connection fake_stop() makes ends the fake */
         int listen_fd;
         char dir[64], path[96];
         pthread_t thread;
@@ -316,13 +318,10 @@ static void send_fence_failed(int fd, uint64_t fence, const char *error) {
         (void) wire_send(fd, buf, len, NULL, 0);
 }
 
-static void *fake_main(void *userdata) {
-        Fake *f = userdata;
+/* One connection, to its end. */
+static void fake_serve(Fake *f, int fd) {
         static uint8_t buf[1 << 20];
-        int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
 
-        if (fd < 0)
-                return NULL;
         for (;;) {
                 int fds[WIRE_MAX_FDS];
                 size_t len, n_fds;
@@ -345,6 +344,22 @@ static void *fake_main(void *userdata) {
                 tier__request__free_unpacked(req, NULL);
         }
         close(fd);
+}
+
+/* SC_REPLIES serves one connection after another (a client reconnects), until fake_stop() */
+static void *fake_main(void *userdata) {
+        Fake *f = userdata;
+
+        do {
+                int fd = accept4(f->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+
+                if (fd < 0 || __atomic_load_n(&f->stopping, __ATOMIC_ACQUIRE)) {
+                        if (fd >= 0)
+                                close(fd);
+                        break;
+                }
+                fake_serve(f, fd);
+        } while (f->scenario == SC_REPLIES);
         return NULL;
 }
 
@@ -352,6 +367,7 @@ static void fake_start(Fake *f, int scenario) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
 
         f->scenario = scenario;
+        f->stopping = false;
         snprintf(f->dir, sizeof(f->dir), "/tmp/fake-tierd.XXXXXX");
         assert_non_null(mkdtemp(f->dir));
         snprintf(f->path, sizeof(f->path), "%s/s", f->dir);
@@ -364,6 +380,17 @@ static void fake_start(Fake *f, int scenario) {
 }
 
 static void fake_stop(Fake *f) {
+        if (f->scenario == SC_REPLIES) {
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+                /* the fake waits in accept4() for the next client: this one tells it to end */
+                __atomic_store_n(&f->stopping, true, __ATOMIC_RELEASE);
+                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", f->path);
+                assert_true(fd >= 0);
+                assert_int_equal(connect(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+                close(fd);
+        }
         pthread_join(f->thread, NULL);
         close(f->listen_fd);
         unlink(f->path);
@@ -707,165 +734,82 @@ static void test_fence_failed_names_callers_fence(void **state) {
         assert_int_equal(st, 0);        /* fails with 4: "fence 1 failed: ..." */
 }
 
-/*
- * Fault injection (-Wl,--wrap, tests/unit/meson.build): while fail_at is set, this thread's fail_at-th
- * call of an allocator, fstat() or pread() of the kinds in fail_kinds fails (ENOMEM, EIO), and with
- * fail_on every one after it too; fail_calls counts the calls.
- */
-enum { FAIL_ALLOC = 1, FAIL_FSTAT = 2, FAIL_PREAD = 4, FAIL_ANY = 7 };
-static _Thread_local unsigned fail_at, fail_calls, fail_kinds;
-static _Thread_local bool fail_on;
-
-static bool fail_now(unsigned kind, int err) {
-        if (fail_at == 0 || !(fail_kinds & kind))
-                return false;
-        fail_calls++;
-        if (fail_calls < fail_at || (fail_calls > fail_at && !fail_on))
-                return false;
-        errno = err;
-        return true;
+/* A fresh connection, for one that broke (the fake serves one after another). */
+static int reconnect(tier_client **c, const char *path) {
+        tier_client_free(*c);
+        *c = NULL;
+        return tier_client_new(path, "job", 0, c);
 }
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-void *__real_reallocarray(void *p, size_t n, size_t size);
-char *__real_strdup(const char *s);
-char *__real_strndup(const char *s, size_t n);
-int __real_vasprintf(char **ret, const char *fmt, va_list ap);
-int __real_fstat64(int fd, struct stat *st);
-ssize_t __real_pread64(int fd, void *buf, size_t n, off_t off);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t n);
-void *__wrap_reallocarray(void *p, size_t n, size_t size);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
-int __wrap_vasprintf(char **ret, const char *fmt, va_list ap);
-int __wrap_fstat64(int fd, struct stat *st);
-ssize_t __wrap_pread64(int fd, void *buf, size_t n, off_t off);
+/* tier_client_new(), its k-th allocation failed: each failure says why, not tier_strerror()'s "out of memory" */
+static int client_new_says_why(const char *path) {
+        int bad = 0;
 
-void *__wrap_malloc(size_t n) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_malloc(n);
-}
-void *__wrap_calloc(size_t n, size_t size) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_calloc(n, size);
-}
-void *__wrap_realloc(void *p, size_t n) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_realloc(p, n);
-}
-void *__wrap_reallocarray(void *p, size_t n, size_t size) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_reallocarray(p, n, size);
-}
-char *__wrap_strdup(const char *s) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_strdup(s);
-}
-char *__wrap_strndup(const char *s, size_t n) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? NULL : __real_strndup(s, n);
-}
-int __wrap_vasprintf(char **ret, const char *fmt, va_list ap) {
-        return fail_now(FAIL_ALLOC, ENOMEM) ? -1 : __real_vasprintf(ret, fmt, ap);
-}
-int __wrap_fstat64(int fd, struct stat *st) {
-        return fail_now(FAIL_FSTAT, EIO) ? -1 : __real_fstat64(fd, st);
-}
-ssize_t __wrap_pread64(int fd, void *buf, size_t n, off_t off) {
-        return fail_now(FAIL_PREAD, EIO) ? -1 : __real_pread64(fd, buf, n, off);
-}
+        for (unsigned k = 1; k < 200; k++) {
+                tier_client *c = NULL;
+                const char *text;
+                int r;
 
-typedef struct Call {
-        const char *what;
-        int inline_replies;
-        int (*fn)(tier_client *c);
-        unsigned kinds;                 /* what fails */
-        bool on;                        /* and goes on failing */
-} Call;
-
-static int call_status(tier_client *c, int format) {
-        char *s = NULL;
-        int r = tier_client_status(c, format, &s);
-
-        free(s);
-        return r;
-}
-static int call_json(tier_client *c) {
-        return call_status(c, TIER_STATUS_JSON);
-}
-static int call_table(tier_client *c) {
-        return call_status(c, TIER_STATUS_TABLE);
-}
-static int call_metrics(tier_client *c) {
-        return call_status(c, TIER_STATUS_PROMETHEUS);
-}
-static int call_jobs(tier_client *c) {
-        struct tier_job_info *j = NULL;
-        size_t n = 0;
-        int r = tier_job_list(c, &j, &n);
-
-        free(j);
-        return r;
-}
-static int call_tensors(tier_client *c) {
-        struct tier_tensor_info *t = NULL;
-        size_t n = 0;
-        int r = tier_job_tensors(c, "job", &t, &n);
-
-        free(t);
-        return r;
-}
-static int call_trace(tier_client *c) {
-        tier_trace *t = NULL;
-        int r = tier_trace_stop(c, &t);
-
-        tier_trace_free(t);
-        return r;
-}
-static int call_pin(tier_client *c) {
-        tier_tensor *t = NULL;
-        struct tier_grant g;
-        int r = tier_tensor_create(c, "w", 4096, &t);
-
-        if (r >= 0)
-                r = tier_pin(t, TIER_HOST, TIER_READ, &g);
-        if (r >= 0)
-                (void) tier_unpin(t, TIER_HOST, 0);
-        tier_tensor_close(t);
-        return r;
+                fail_calls = 0;
+                fail_kinds = FAIL_ANY;
+                fail_on = false;
+                fail_at = k;
+                r = tier_client_new(path, "job", 0, &c);
+                fail_at = 0;
+                tier_client_free(c);
+                if (fail_calls < k)
+                        return r < 0 ? 6 : bad;
+                text = tier_client_last_error(NULL);
+                if (r < 0 && (!*text || strcmp(text, tier_strerror(r)) == 0)) {
+                        fprintf(stderr, "tier_client_new, failure %u: %d says \"%s\"\n", k, r, text);
+                        bad++;
+                }
+        }
+        return 7;
 }
 
 /*
  * Each call, its k-th allocation (or fstat(), pread()) failed, for k = 1, 2, ... until it
  * succeeds: every failure leaves its own text, not "" (a failure after the request went out,
  * which cleared the text) nor an earlier call's.  (A pin whose segment cannot be taken fetches it
- * once more: its fstat() fails on.)
+ * once more: its fstat() fails on.)  Among them, running out of memory decoding tierd's reply
+ * says so (-ENOMEM), not "malformed packet", and breaks the connection (the next k reconnects).
  */
 static int failures_say_why(Fake *f, const char *path) {
+        static const char decoding[] = "out of memory decoding tierd's reply to ";
         static const Call calls[] = {
-                { "status json (memfd)", 0, call_json, FAIL_ANY, false },
-                { "status table (memfd)", 0, call_table, FAIL_ANY, false },
-                { "status json (inline)", 1, call_json, FAIL_ANY, false },
-                { "metrics (memfd)", 0, call_metrics, FAIL_ANY, false },
-                { "metrics (inline)", 1, call_metrics, FAIL_ANY, false },
-                { "job list", 0, call_jobs, FAIL_ANY, false },
-                { "job tensors", 0, call_tensors, FAIL_ANY, false },
-                { "trace stop", 0, call_trace, FAIL_ANY, false },
-                { "pin, fstat() failing on", 0, call_pin, FAIL_FSTAT, true },   /* first: maps the segment */
-                { "pin", 0, call_pin, FAIL_ANY, false },
+                { "status json (memfd)", 0, call_json, FAIL_ANY, false, NULL },
+                { "status table (memfd)", 0, call_table, FAIL_ANY, false, NULL },
+                { "status json (inline)", 1, call_json, FAIL_ANY, false, NULL },
+                { "metrics (memfd)", 0, call_metrics, FAIL_ANY, false, NULL },
+                { "metrics (inline)", 1, call_metrics, FAIL_ANY, false, NULL },
+                { "job list", 0, call_jobs, FAIL_ANY, false, NULL },
+                { "job tensors", 0, call_tensors, FAIL_ANY, false, NULL },
+                { "trace stop", 0, call_trace, FAIL_ANY, false, NULL },
+                /* segment 0's slot cannot be had, in the pin's reply nor fetched */
+                { "pin, reallocarray() failing on", 0, call_pin, FAIL_ARRAY, true, "out of memory taking segment 0" },
+                { "pin, fstat() failing on", 0, call_pin, FAIL_FSTAT, true, NULL },
+                { "pin", 0, call_pin, FAIL_ANY, false, NULL },
+                { "plan, fstat() failing", 0, call_plan, FAIL_FSTAT, false, "cannot stat the plan page tierd sent: " },
         };
         static const char stale[] = "a job name must be non-empty text without control characters";
         tier_client *c = NULL;
-        int bad = 0;
+        const char *text;
+        int bad, r;
 
+        bad = client_new_says_why(path);
+        if (bad > 100)
+                return bad - 100;
         if (tier_client_new(path, "job", 0, &c) < 0)
                 return 2;
         for (size_t i = 0; i < ELEMENTSOF(calls); i++) {
-                unsigned failed = 0;
+                unsigned failed = 0, decode = 0, wanted = 0;
 
+                /* each on a connection of its own: no segment mapped yet */
+                if (i > 0 && reconnect(&c, path) < 0)
+                        return 2;
                 __atomic_store_n(f->inline_replies, calls[i].inline_replies, __ATOMIC_RELEASE);
                 for (unsigned k = 1; k < 200; k++) {
-                        const char *text;
-                        int r;
-
                         /* an earlier failure's text, which no later failure may show */
                         if (tier_job_tensors(c, "", NULL, NULL) != -EINVAL || strcmp(tier_client_last_error(c), stale))
                                 return 3;
@@ -883,20 +827,46 @@ static int failures_say_why(Fake *f, const char *path) {
                                 }
                                 break;
                         }
-                        if (r >= 0)
-                                continue;               /* that failure was made up for */
-                        failed++;
-                        text = tier_client_last_error(c);
-                        if (!*text || strcmp(text, stale) == 0) {
-                                fprintf(stderr, "%s, failure %u: %d (%s) says \"%s\"\n", calls[i].what, k, r,
-                                        tier_strerror(r), text);
-                                bad++;
+                        if (r < 0) {
+                                failed++;
+                                text = tier_client_last_error(c);
+                                if (!*text || strcmp(text, stale) == 0 || strstr(text, "malformed") ||
+                                    (strncmp(text, decoding, strlen(decoding)) == 0 && r != -ENOMEM)) {
+                                        fprintf(stderr, "%s, failure %u: %d (%s) says \"%s\"\n", calls[i].what,
+                                                k, r, tier_strerror(r), text);
+                                        bad++;
+                                }
+                                decode += strncmp(text, decoding, strlen(decoding)) == 0;
+                                wanted += calls[i].want && strncmp(text, calls[i].want, strlen(calls[i].want)) == 0;
                         }
+                        /* (a failure made up for, or an unpin's, may have broken it too) */
+                        if (tier_client_process(c) < 0 && reconnect(&c, path) < 0)
+                                return 2;
                 }
                 if (failed == 0) {
                         fprintf(stderr, "%s: no failure made it fail\n", calls[i].what);
                         return 5;
                 }
+                if ((calls[i].kinds & FAIL_ALLOC) && decode == 0) {
+                        fprintf(stderr, "%s: no failure was in decoding tierd's reply\n", calls[i].what);
+                        bad++;
+                }
+                if (calls[i].want && wanted == 0) {
+                        fprintf(stderr, "%s: no failure said \"%s...\"\n", calls[i].what, calls[i].want);
+                        bad++;
+                }
+        }
+        /* last (a failure to load CUDA is kept): the reason is given, not left empty */
+        fail_calls = 0;
+        fail_kinds = FAIL_ALLOC;
+        fail_on = false;
+        fail_at = 1;
+        r = tier_client_cuda_register_host(c);
+        fail_at = 0;
+        text = tier_client_last_error(c);
+        if (r != -ENOMEM || strcmp(text, "CUDA cannot be used in this process: out of memory") != 0) {
+                fprintf(stderr, "CUDA, out of memory: %d says \"%s\"\n", r, text);
+                bad++;
         }
         tier_client_free(c);
         return bad ? 10 : 0;
