@@ -30,6 +30,10 @@
  *     early, into memory the cycle does not use then;
  *   - the moves of one tensor keep the model's order (a staged copy goes up
  *     before its host copy leaves, a write lands before the copy goes);
+ *   - a drain (the sole VRAM copy down to host) is the arrival of the host
+ *     copy too: the tensor's next phase waits for it to land (until
+ *     2026-12-07 it did not: a phase could read in host a copy still on its
+ *     way down);
  *   - a copy moves (READ, UP, DOWN) only once the last phase before the
  *     move's that wrote its tensor has ended: its version is final then.
  *     Where the write left a stale copy, that copy's departure (STALE)
@@ -83,7 +87,7 @@ typedef struct Timed {
         size_t n_ph, n_all_ph;          /* phases in one cycle, in all */
         ptrdiff_t *prev;                /* per move of one cycle: the tensor's previous move, as an offset back */
         ptrdiff_t *rel;                 /* per move: the phase (from the move's own) whose end releases it */
-        ptrdiff_t *need;                /* per arrival: the phase (from the move's own) that waits for it */
+        ptrdiff_t *need;                /* per arrival and DRAIN: the phase (from the move's own) that waits for it */
         ptrdiff_t *wrote;               /* per move: the last phase before the move's own that wrote its
                                          * tensor (from the move's own; 0: none) */
         bool *transit;                  /* per move into host and its DROP there in the same phase: staged or
@@ -164,7 +168,7 @@ static int timed_prepare(Timed *tm) {
                                         tm->transit[i] = tm->transit[j] = true;
                                         break;
                                 }
-                if (is_arrival(e->kind)) {
+                if (is_arrival(e->kind) || e->kind == CB_EV_DRAIN) {
                         d = until_access(tm, e->tensor, e->phase);
                         tm->need[i] = d == SIZE_MAX ? -1 : (ptrdiff_t) d;
                 }
@@ -183,13 +187,16 @@ static const CbEvent *ev_of(const Timed *tm, size_t u, size_t *ret_phase) {
         return e;
 }
 
-/* The phase (of all cycles) that arrival @u gates, SIZE_MAX: none (not an arrival, or beyond the cycles run). */
+/*
+ * The phase (of all cycles) that arrival or DRAIN @u gates (a drain lands the copy that phase uses), SIZE_MAX:
+ * none (another move, or beyond the cycles run).
+ */
 static size_t gated(const Timed *tm, size_t u) {
         size_t ph;
         const CbEvent *e = ev_of(tm, u, &ph);
         ptrdiff_t need = tm->need[u % tm->n_ev];
 
-        if (!is_arrival(e->kind) || need < 0 || ph + (size_t) need >= tm->n_all_ph)
+        if ((!is_arrival(e->kind) && e->kind != CB_EV_DRAIN) || need < 0 || ph + (size_t) need >= tm->n_all_ph)
                 return SIZE_MAX;
         return ph + (size_t) need;
 }

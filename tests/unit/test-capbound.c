@@ -569,6 +569,23 @@ static void test_planned(void **state) {
                          -EINVAL);
         c2[1] = NAN;
         assert_int_equal(capbound_planned(&t.p, 0, 1, 1, c2, 2, 0, 0, &pl), -EINVAL);
+        {
+                /*
+                 * A drained copy gates the phase that reads it: A read and written in host
+                 * (1.5 s), B written in host, read in VRAM (0.5 s), then A written in VRAM
+                 * while B is read in host, B written in VRAM; one place each, 1 byte/s of
+                 * link.  B goes up between phases 1 and 2 (1 s), and A, which phase 4's
+                 * place for B drains to host, comes down between phases 3 and 0 (1 s):
+                 * 4 s (3 s before that was kept: phase 0 ran while A was still draining).
+                 */
+                static const int drain[5][13] = { { 0, H, RW, -1 }, { 1, H, W, -1 }, { 1, V, R, -1 },
+                                                  { 0, V, W, 1, H, R, -1 }, { 1, V, W, -1 } };
+                double c5[5] = { 1.5, 0, 0.5, 0, 0 };
+
+                tplan(&t, 2, NULL, 5, drain);
+                assert_int_equal(capbound_planned(&t.p, 1, 1, 1, c5, 3.5, 1, 0, &pl), 0);
+                assert_true(fabs(pl.step_s - 4) < 1e-9);
+        }
 
         l8_plan(&l8);
         assert_int_equal(capbound_time(&l8.p, 6, 12, l8.compute, 1, 1, &tb), 0);
