@@ -770,6 +770,7 @@ finish:
 
 int capbound_lower(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                    double link_bw, unsigned jobs, CbTime *ret_time, double *ret_s) {
+        CbWindow w;
         CbBytes f;
         double s = 0;
         int r;
@@ -777,6 +778,10 @@ int capbound_lower(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const 
         if (!ret_time || !ret_s || jobs == 0)
                 return -EINVAL;
         r = capbound_time(p, vram_cap, host_cap, compute, nvme_bw, link_bw, ret_time);
+        if (r < 0)
+                return r;
+        /* room, crossings and gaps (capbound-window.c): at or above capbound_time()'s */
+        r = capbound_window(p, vram_cap, host_cap, compute, nvme_bw, link_bw, &w);
         if (r < 0)
                 return r;
         /* the proven bytes only: capbound_min()'s are a schedule's, above the minimum on some plans */
@@ -789,6 +794,6 @@ int capbound_lower(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const 
                 s = MAX(s, (double) jobs * (f.nvme_read + f.nvme_write) / nvme_bw);
         if (link_bw > 0)
                 s = MAX(s, (double) jobs * (f.link_up + f.link_down) / link_bw);
-        *ret_s = MAX(ret_time->step_s, s);
+        *ret_s = MAX(MAX(ret_time->step_s, w.step_s), s);
         return 0;
 }

@@ -171,13 +171,47 @@ typedef struct CbTime {
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret);
 
+/* capbound_window()'s bound and what gives it. */
+typedef struct CbWindow {
+        double step_s;                  /* the bound: at least capbound_time()'s */
+        size_t from, to;                /* the window that gives it (SIZE_MAX: none beats compute + gaps) */
+        double gaps_s;                  /* idle time at phase boundaries: crossings no phase can overlap */
+        double read_bytes;              /* NVMe bytes beyond memory's room the window must read */
+        double write_bytes;             /* and write (versions it makes that memory cannot hold at its end) */
+        double link_bytes;              /* link bytes it must move (crossings, ups beyond VRAM's room) */
+        bool after_end;                 /* they are counted from the end of its first phase (the room argument) */
+} CbWindow;
+
+/*
+ * capbound_window() - a lower bound on a step of @p, at or above
+ * capbound_time()'s (same arguments), proven, not simulated
+ * (bench/capbound-window.c): capbound_time()'s windows, and
+ *   - room: until a window's first phase ends, none of the tensors it needs
+ *     has been used, so none has left memory: the reads beyond memory's room,
+ *     and the writes of the versions the window makes, all happen after
+ *     that phase ends (the part of the reads staged through host on to VRAM,
+ *     which the model charges no room, may cross the link then instead);
+ *   - crossings: a version written in one tier and read in the other
+ *     crosses the link between the end of its writing phase and the start
+ *     of that read: those inside a window load the link there, beside the
+ *     ups beyond VRAM's room (up and down share the link);
+ *   - gaps: a crossing whose read is in the phase right after its write
+ *     runs while no phase does: idle time, added to the step outside the
+ *     window that gives the bound.
+ * Errors as capbound_time().  The crossings are left out past n_phases^2 x
+ * their number of 10^8 (a weaker bound, still one).
+ */
+int capbound_window(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
+                    double link_bw, CbWindow *ret);
+
 /*
  * capbound_lower() - the best lower bound on a step of @jobs jobs of @p known
  * here, each under capacities @vram_cap and @host_cap, sharing links of
  * @nvme_bw and @link_bw bytes/s (0: no bound from that link): the larger of
- * capbound_time() for one job (at best the whole drive during its burst;
- * its window in *@ret_time) and max(compute, @jobs x capbound_floor()'s NVMe
- * bytes / @nvme_bw, @jobs x its link bytes / @link_bw).  Only proven terms:
+ * capbound_window() for one job (at best both links whole during its
+ * burst; capbound_time()'s window in *@ret_time, which may be below it) and
+ * max(compute, @jobs x capbound_floor()'s NVMe bytes / @nvme_bw, @jobs x its
+ * link bytes / @link_bw).  Only proven terms:
  * capbound_min()'s bytes do not enter.  Errors as capbound_time(), and
  * -EINVAL for @jobs 0.
  */

@@ -316,6 +316,67 @@ static void test_time_bound(void **state) {
 }
 
 /*
+ * capbound_window() by hand.  A written in VRAM in phase 0 and read in host
+ * in phase 1 (1 s each, 1 byte at 0.5 byte/s of link): it crosses after
+ * phase 0 ends and before phase 1 starts, 2 s in which no phase runs: 4 s
+ * (capbound_time(): the compute, 2 s; with no link bound, 2 s here too).
+ * A, B, C read and written in host 1 (test_time_bound()): the reads beyond
+ * memory (2) and the write of A or B (1) all wait for phase 0 to end, none
+ * of the three having been used before: 3 s before phase 2 starts, over
+ * phase 1's 1 s, so 4 + 2 s (capbound_time(): 5).  The 8-layer plan at 1
+ * byte/s: G0 comes down between the last backward phase and the first
+ * optimizer phase (1 s), and the six reads of the burst start when opt_0
+ * ends: 6 s over the 3 s of opt_1 .. opt_6, 24 + 1 + 3 = 28 s
+ * (capbound_time(): 26.5; with an instant link, the room alone: 27).  With
+ * a slow link alone (0.1 byte/s): from the end of bwd_7 to the start of
+ * fwd_7 every G comes down and every updated P goes up (16 crossings),
+ * and 2 of the 8 P the backward pass reads beyond VRAM's 6 places, 180 s
+ * over 21.5 s of compute after bwd_7: 182.5 s (capbound_time(): 40.5).
+ */
+static void test_window_bound(void **state) {
+        static const int cross[2][13] = { { 0, V, W, -1 }, { 0, H, R, -1 } };
+        static const int abc[4][13] = { { 0, H, RW, -1 }, { 1, H, RW, -1 }, { 2, H, RW, -1 }, { -1 } };
+        double c2[2] = { 1, 1 }, c4[4] = { 1, 1, 1, 1 }, lower;
+        CbWindow wb;
+        CbTime tb;
+        L8Plan l8;
+        TPlan t;
+
+        tplan(&t, 1, NULL, 2, cross);
+        assert_int_equal(capbound_window(&t.p, 1, 1, c2, 1, 0.5, &wb), 0);
+        assert_true(fabs(wb.step_s - 4) < 1e-9 && fabs(wb.gaps_s - 2) < 1e-9 && wb.from == SIZE_MAX);
+        assert_int_equal(capbound_time(&t.p, 1, 1, c2, 1, 0.5, &tb), 0);
+        assert_true(fabs(tb.step_s - 2) < 1e-9);
+        assert_int_equal(capbound_lower(&t.p, 1, 1, c2, 1, 0.5, 1, &tb, &lower), 0);
+        assert_true(fabs(lower - 4) < 1e-9);
+        assert_int_equal(capbound_window(&t.p, 1, 1, c2, 1, 0, &wb), 0);
+        assert_true(fabs(wb.step_s - 2) < 1e-9);
+
+        tplan(&t, 3, NULL, 4, abc);
+        assert_int_equal(capbound_window(&t.p, 0, 1, c4, 1, 0, &wb), 0);
+        assert_true(fabs(wb.step_s - 6) < 1e-9 && wb.from == 0 && wb.to == 2 && wb.after_end);
+        assert_true(wb.read_bytes == 2 && wb.write_bytes == 1);
+
+        l8_plan(&l8);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, 1, 1, &wb), 0);
+        assert_true(fabs(wb.step_s - 28) < 1e-9 && wb.from == 16 && wb.to == 23 && wb.after_end);
+        assert_true(fabs(wb.gaps_s - 1) < 1e-9 && wb.read_bytes == 6);
+        assert_int_equal(capbound_lower(&l8.p, 6, 12, l8.compute, 1, 1, 1, &tb, &lower), 0);
+        assert_true(fabs(lower - 28) < 1e-9 && fabs(tb.step_s - 26.5) < 1e-9);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, 1, 0, &wb), 0);
+        assert_true(fabs(wb.step_s - 27) < 1e-9);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, 0, 0.1, &wb), 0);
+        assert_true(fabs(wb.step_s - 182.5) < 1e-6 && wb.from == 8 && wb.to == 7 && wb.link_bytes == 18);
+
+        /* bad input */
+        assert_int_equal(capbound_window(&l8.p, 6, 12, NULL, 1, 1, &wb), -EINVAL);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, -1, 1, &wb), -EINVAL);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, 1, NAN, &wb), -EINVAL);
+        assert_int_equal(capbound_window(&l8.p, 6, 12, l8.compute, 1, 1, NULL), -EINVAL);
+        assert_int_equal(capbound_window(NULL, 6, 12, l8.compute, 1, 1, &wb), -EINVAL);
+}
+
+/*
  * Two phases held at a time, by hand.  A B C, one per phase, each read and
  * written in host, host 2: holding one phase, the cycle misses every other
  * access (1.5 reads and 1.5 writes a step, the exhaustive minimum); holding
@@ -415,7 +476,7 @@ static void random_plan(unsigned *seed, TPlan *t, int rows[6][13], uint64_t size
  * model), and equal to it on nearly all.
  */
 static void test_random_vs_exact(void **state) {
-        unsigned seed = 12345, equal = 0, total = 0;
+        unsigned seed = 12345, equal = 0, total = 0, window_equal = 0;
         double floor_sum = 0, exact_sum = 0;
 
         for (int iter = 0; iter < 300; iter++) {
@@ -459,14 +520,29 @@ static void test_random_vs_exact(void **state) {
 
                         for (size_t c = 0; c < 2; c++) {
                                 double lower, exact_s = 0.25 * (double) n_phases * (double) c;
+                                CbWindow wb;
                                 CbTime tb;
 
                                 exact_s = MAX(exact_s, MAX(en / 1.0, el / 2.0));
                                 assert_int_equal(capbound_lower(&t.p, vc, hc, cs[c], 1.0, 2.0, 1, &tb, &lower), 0);
-                                if (lower > MAX(exact_s, tb.step_s) + 1e-9)
+                                assert_int_equal(capbound_window(&t.p, vc, hc, cs[c], 1.0, 2.0, &wb), 0);
+                                if (lower > MAX(exact_s, wb.step_s) + 1e-9)
                                         fail_msg("plan %d: time_bound_s %g s is above the exhaustive minimum's %g s "
-                                                 "(time-aware %g s)", iter, lower, exact_s, tb.step_s);
-                                assert_true(lower >= tb.step_s);
+                                                 "(time-aware %g s)", iter, lower, exact_s, wb.step_s);
+                                assert_true(lower >= wb.step_s && wb.step_s >= tb.step_s);
+                        }
+                        /*
+                         * the window's link bytes, with no compute and 1 byte/s of link alone, are
+                         * distinct crossings within one step: never above the exhaustive minimum
+                         */
+                        {
+                                CbWindow wb;
+
+                                assert_int_equal(capbound_window(&t.p, vc, hc, zero, 0, 1, &wb), 0);
+                                if (wb.step_s > el + 1e-9)
+                                        fail_msg("plan %d: the window's link bytes %g are above the exhaustive "
+                                                 "minimum %g", iter, wb.step_s, el);
+                                window_equal += wb.step_s > el - 1e-9;
                         }
                 }
                 if (fabs(n.nvme_read + n.nvme_write - en) > 1e-9 || fabs(l.link_up + l.link_down - el) > 1e-9) {
@@ -489,7 +565,8 @@ static void test_random_vs_exact(void **state) {
                                       n.nvme_read + n.nvme_write, l.link_up + l.link_down, en, el);
         }
         print_message("%u of %u random plans: the simulation's minimum equals the exhaustive one; the floor "
-                      "reaches %.0f%% of the exhaustive bytes\n", equal, total, 100 * floor_sum / exact_sum);
+                      "reaches %.0f%% of the exhaustive bytes; the window's link bytes equal the exhaustive "
+                      "minimum on %u\n", equal, total, 100 * floor_sum / exact_sum, window_equal);
         /* 111 of 114 when written: the rules must not get worse */
         assert_true(total > 100);
         assert_true(equal * 100 >= total * 95);
@@ -605,7 +682,8 @@ static void test_planned(void **state) {
 /*
  * Random tiny plans with random compute and bandwidths: every planned
  * schedule runs (no wait in a cycle) and is never faster than the
- * time-aware bound, which holds for every schedule.
+ * time-aware bound with room, crossings and gaps (capbound_window(), at or
+ * above capbound_time()), which holds for every schedule.
  */
 static void test_planned_random(void **state) {
         unsigned seed = 777, timed = 0;
@@ -617,7 +695,7 @@ static void test_planned_random(void **state) {
                 uint64_t vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
                 double compute[6], bw = 0.5 + (double) (rand_r(&seed) % 4), lbw = (double) (rand_r(&seed) % 3);
                 CbPlanned pl;
-                CbTime tb;
+                CbWindow wb;
                 TPlan t;
                 int r;
 
@@ -637,10 +715,10 @@ static void test_planned_random(void **state) {
                                               ", bandwidths %g %g\n", vc, hc, size[0], size[1], size[2], bw, lbw);
                                 fail_msg("plan %d, %u held: capbound_planned() = %d", iter, held, r);
                         }
-                        assert_int_equal(capbound_time(&t.p, vc, hc, compute, bw, lbw, &tb), 0);
-                        if (pl.step_s < tb.step_s - 1e-9)
+                        assert_int_equal(capbound_window(&t.p, vc, hc, compute, bw, lbw, &wb), 0);
+                        if (pl.step_s < wb.step_s - 1e-9)
                                 fail_msg("plan %d, %u held: planned %g s below the time-aware bound %g s", iter, held,
-                                         pl.step_s, tb.step_s);
+                                         pl.step_s, wb.step_s);
                         timed++;
                 }
         }
@@ -802,7 +880,7 @@ static void test_planned_built(void **state) {
 /*
  * Random tiny plans: every built schedule is one of the model's (each use
  * finds its copy: cb_build_log() never answers -EPROTO) and, with writes
- * deferred or not, never faster than the time-aware bound.
+ * deferred or not, never faster than the time-aware bound (capbound_window()).
  */
 static void test_build_random(void **state) {
         static const size_t defers[2] = { SIZE_MAX, 1 };
@@ -813,11 +891,13 @@ static void test_build_random(void **state) {
                 size_t n_phases = 2 + (size_t) (rand_r(&seed) % 5), n_tensors = 2 + (size_t) (rand_r(&seed) % 2);
                 uint64_t size[3], vc = (uint64_t) (rand_r(&seed) % 4), hc = 1 + (uint64_t) (rand_r(&seed) % 4);
                 double compute[6], bw = 0.5 + (double) (rand_r(&seed) % 4), lbw = (double) (rand_r(&seed) % 3);
+                CbWindow wb;
                 CbTime tb;
                 TPlan t;
 
                 random_plan(&seed, &t, rows, size, n_tensors, n_phases, compute);
                 assert_int_equal(capbound_time(&t.p, vc, hc, compute, bw, lbw, &tb), 0);
+                assert_int_equal(capbound_window(&t.p, vc, hc, compute, bw, lbw, &wb), 0);
                 for (unsigned held = 1; held <= 2; held++)
                         for (unsigned g = 0; g < 2; g++) {
                                 uint8_t *out = NULL;
@@ -838,9 +918,9 @@ static void test_build_random(void **state) {
 
                                         assert_int_equal(cb_timed_log(&t.p, &log, vc, hc, compute, bw, lbw, defers[d],
                                                                       &step), 0);
-                                        if (step < tb.step_s - 1e-9)
+                                        if (step < wb.step_s - 1e-9)
                                                 fail_msg("plan %d, %u held: built %g s below the time-aware bound %g s",
-                                                         iter, held, step, tb.step_s);
+                                                         iter, held, step, wb.step_s);
                                 }
                                 cb_log_free(&log);
                                 built++;
@@ -860,6 +940,7 @@ int main(void) {
                 cmocka_unit_test(test_too_big),
                 cmocka_unit_test(test_training_plan),
                 cmocka_unit_test(test_time_bound),
+                cmocka_unit_test(test_window_bound),
                 cmocka_unit_test(test_held_pairs),
                 cmocka_unit_test(test_random_vs_exact),
                 cmocka_unit_test(test_place_gaps),
