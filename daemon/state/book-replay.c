@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/base/statefile.h"
 #include "daemon/state/book-private.h"
@@ -794,6 +795,15 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         if (bt->gone || bt->job_key != bj->key)
                                 continue;
                         r = tensor_new(j, bt->name, bt->size, &t);
+                        if (r == -EMFILE) {
+                                /* (not "Too many open files": the limit is tierd's own) */
+                                log_warning("Cannot restore tensor '%s' of job '%s': the job has [limits] "
+                                            "max_tensors (%u) tensors already, fewer than the NVMe index holds; "
+                                            "the tensor and its data are dropped. Keep max_tensors at least as "
+                                            "high as the most tensors a job has across a restart",
+                                            bt->name, bj->name, reg->config->max_tensors);
+                                continue;
+                        }
                         if (r < 0) {
                                 log_warning_errno(r, "Cannot restore tensor '%s' of job '%s': %m", bt->name, bj->name);
                                 continue;

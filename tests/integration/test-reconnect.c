@@ -558,6 +558,9 @@ static void test_unrestored_writer_keeps_its_segment(void **state) {
         /* a new tensor where a was, and further: where x's room was, in the same segment */
         assert_int_equal(tier_client_new(d.socket, "wskip", 0, &n0), 0);
         assert_int_equal(tier_tensor_open(n0, "x", &a), -ENOENT);
+        /* the log names the limit that dropped x (it said "Too many open files") */
+        assert_true(test_daemon_log_contains(&d, "Cannot restore tensor 'x' of job 'wskip': the job has [limits] "
+                                                 "max_tensors (2) tensors already"));
         assert_int_equal(tier_tensor_open(n0, "a", &a), 0);
         assert_int_equal(tier_tensor_destroy(a), 0);
         assert_int_equal(tier_tensor_create(n0, "y", 2 * MiB, &y), 0);
