@@ -124,6 +124,7 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_uint(w, "nvme_written", j->nvme_written);
         json_key_uint(w, "wear_written", j->wear_written);
         json_key_uint(w, "nvme_host_changed", j->nvme_host_changed);
+        json_key_uint(w, "nvme_crc_errors", j->nvme_crc_errors);
         json_usage(w, j);
         json_key(w, "moved");
         json_object_begin(w);
@@ -402,6 +403,10 @@ static void table_wear(FILE *f, const Tier__StatusReply *s) {
                         fprintf(f, "  job %s: wrote the host copy of %" PRIu64 " extent(s) while tierd wrote "
                                 "them to NVMe (those write-downs failed; the client's doing, not the drive's)\n",
                                 strempty(j->name), j->nvme_host_changed);
+                if (j && j->nvme_crc_errors > 0)
+                        fprintf(f, "  job %s: %" PRIu64 " extent(s) of its tensors failed their crc32c when read "
+                                "back from NVMe (counted in the target's crc errors too)\n",
+                                strempty(j->name), j->nvme_crc_errors);
         }
 }
 

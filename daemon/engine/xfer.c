@@ -25,8 +25,10 @@
  * tierd_job_nvme_host_changed_total) and logged with its name, never on the
  * target; its source stays.  (A client that writes and puts the same bytes
  * back before the second pass is not seen: its image is torn, the read back
- * counts a crc error on the target.  Only a copy of the bytes first, a
- * bounce buffer, would close that: ARCHITECTURE.md, Failure model.)
+ * counts a crc error on the target, and on the job as every read's crc
+ * error does (Job.nvme_crc_errors, tierd_job_nvme_crc_errors_total).  Only
+ * a copy of the bytes first, a bounce buffer, would close that:
+ * ARCHITECTURE.md, Failure model.)
  * So the checksums overlap the device's work on the other extents in
  * flight and stay off the event loop, and a tensor of any size streams
  * through in extents.  A read whose crc32c mismatches fails the transfer
@@ -362,6 +364,7 @@ static void xfer_part_checked(CsumJob *job) {
 
         if (job->crc != ext->crc) {
                 tg->crc_errors++;
+                t->job->nvme_crc_errors++;      /* whose tensor it was: a torn write-down of its own shows here */
                 if (x->error >= 0) {
                         x->error = -EIO;
                         snprintf(x->errmsg, sizeof(x->errmsg),

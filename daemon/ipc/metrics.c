@@ -163,7 +163,7 @@ static void render_targets(FILE *f, const Tier__StatusReply *s) {
                 { "tierd_target_crc_errors_total", "counter",
                   "Extents read back from the NVMe target whose crc32c did not match. A client that writes its tensor "
                   "during a write-down is counted in tierd_job_nvme_host_changed_total instead, unless it put the "
-                  "bytes back before tierd checked them.",
+                  "bytes back before tierd checked them (tierd_job_nvme_crc_errors_total says whose tensors fail).",
                   offsetof(Tier__TargetStatus, crc_errors) },
                 { "tierd_target_io_errors_total", "counter", "I/O requests to the NVMe target that failed.",
                   offsetof(Tier__TargetStatus, io_errors) },
@@ -282,6 +282,10 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                    "Extents whose host copy the job wrote while tierd wrote them to NVMe: each failed its write-down. "
                    "The client's doing, not the drive's (not in tierd_target_crc_errors_total).",
                    j->nvme_host_changed, sample_u64)
+        JOB_SCALAR("tierd_job_nvme_crc_errors_total", "counter",
+                   "The job's extents read back from NVMe whose crc32c did not match, each also counted in its "
+                   "target's tierd_target_crc_errors_total: errors of one job alone point at its writes, not the drive.",
+                   j->nvme_crc_errors, sample_u64)
 #undef JOB_SCALAR
 
         for (size_t k = 0; k < ELEMENTSOF(usage); k++) {

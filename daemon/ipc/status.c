@@ -247,6 +247,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->weight = j->weight;
                 js->nvme_written = j->nvme_written;
                 js->nvme_host_changed = j->nvme_host_changed;
+                js->nvme_crc_errors = j->nvme_crc_errors;
                 js->wear_written = j->wear_base + j->nvme_written;
                 for (int l = 0; l < _LINK_MAX; l++) {
                         Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];

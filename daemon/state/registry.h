@@ -215,6 +215,7 @@ struct Job {
         uint64_t link_bytes[_LINK_MAX]; /* bytes moved for this job, per link */
         uint64_t nvme_written;  /* bytes written to NVMe for it (every completed write, wear.c) */
         uint64_t nvme_host_changed; /* extents whose host copy it changed while written to NVMe (xfer.c) */
+        uint64_t nvme_crc_errors; /* its extents read back from NVMe with a crc32c mismatch (xfer.c) */
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
         bool committing;        /* it made a commit: its tensors keep the committed version's image */
         uint64_t commit_step;   /* the client's number of its last commit */

@@ -170,6 +170,20 @@ static long long target_counter(World *w, const char *key) {
         return n;
 }
 
+/* @job's counter @key in tierd's status ("nvme_crc_errors"). */
+static long long job_counter(World *w, const char *job, const char *key) {
+        json_t *status = test_daemon_status(&w->d), *j;
+        long long n;
+
+        assert_non_null(status);
+        j = test_json_job(status, job);
+        assert_non_null(j);
+        assert_true(json_is_integer(json_object_get(j, key)));
+        n = (long long) json_integer_value(json_object_get(j, key));
+        json_decref(status);
+        return n;
+}
+
 /* How often @needle occurs in tierd's log so far. */
 static unsigned log_count(const World *w, const char *needle) {
         FILE *f = fopen(w->d.log, "re");
@@ -412,7 +426,8 @@ static void test_stop_while_a_job_lingers_out(void **state) {
 /*
  * A bit flipped on the medium after the write: the crc32c catches it on every read, no bad byte is
  * served, and the client gets -EIO saying "crc32c mismatch" (-EBADMSG, as it was, means "the
- * connection is unusable" to libtier's users).
+ * connection is unusable" to libtier's users).  Each counts on the target and on the job whose
+ * tensor it was (an operator sees which job's tensors fail), not on the bystander.
  */
 static void test_bitflip(void **state) {
         World w;
@@ -423,9 +438,13 @@ static void test_bitflip(void **state) {
         assert_error_contains(w.vc, "crc32c mismatch");
         assert_int_equal(state_of(w.v, TIER_HOST), 0);
         assert_int_equal(target_counter(&w, "crc_errors"), 1);
+        assert_int_equal(job_counter(&w, "victim", "nvme_crc_errors"), 1);
         assert_int_equal(verify(w.v, 1), -EIO);
         assert_int_equal(target_counter(&w, "crc_errors"), 2);
+        assert_int_equal(job_counter(&w, "victim", "nvme_crc_errors"), 2);
         assert_int_equal(target_counter(&w, "io_errors"), 0);
+        assert_int_equal(verify(w.b, 2), 0);            /* the bystander's read back from NVMe counts nothing */
+        assert_int_equal(job_counter(&w, "bystander", "nvme_crc_errors"), 0);
         world_stop(&w);
 }
 

@@ -249,6 +249,9 @@ static void test_prometheus(void **state) {
         (void) snprintf(series, sizeof(series), "tierd_job_nvme_host_changed_total{job_name=\"%s\"}", JOB_LABEL);
         assert_true(prom_value(text, series) == 0);
         assert_non_null(json_object_get(job, "nvme_host_changed"));
+        (void) snprintf(series, sizeof(series), "tierd_job_nvme_crc_errors_total{job_name=\"%s\"}", JOB_LABEL);
+        assert_true(prom_value(text, series) == 0);
+        assert_non_null(json_object_get(job, "nvme_crc_errors"));
         (void) snprintf(series, sizeof(series), "tierd_job_used_bytes{job_name=\"%s\",tier=\"host\"}", JOB_LABEL);
         assert_true(prom_value(text, series) == (double) test_json_job_tier(st, JOB, "host", "used"));
         (void) snprintf(series, sizeof(series), "tierd_plan_iterations_total{job_name=\"%s\",rank=\"0\"}", JOB_LABEL);

@@ -206,6 +206,7 @@ static void fake_status(FakeStatus *f, const char *vram_backend) {
         f->jobs[1].linger_left_s = 12.5;
         f->jobs[1].lingering = 1;
         f->jobs[1].nvme_host_changed = 3;       /* it wrote its tensors while tierd wrote them to NVMe */
+        f->jobs[1].nvme_crc_errors = 2;         /* its tensors failed their checksums when read back */
         f->jobs_p[0] = &f->jobs[0];
         f->jobs_p[1] = &f->jobs[1];
         f->s.n_jobs = 2;
@@ -236,13 +237,13 @@ static void test_status_json(void **state) {
                 "\"wear_written\":0,\"smart\":{\"device\":\"\",\"na\":\"not read yet\"}}],"
                 "\"jobs\":["
                 "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"lingering\":false,\"linger_left_s\":0,\"weight\":0,"
-                "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":0,"
+                "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":0,\"nvme_crc_errors\":0,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},"
                 "\"moved\":{\"host->nvme\":1073741824,\"nvme->host\":1610612736},\"plans\":[]},"
                 "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"lingering\":true,\"linger_left_s\":12.5,\"weight\":0,"
-                "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":3,"
+                "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":3,\"nvme_crc_errors\":2,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},\"moved\":{},\"plans\":[]}]}\n");
@@ -341,6 +342,8 @@ static void test_status_table(void **state) {
         assert_non_null(strstr(out, " WEIGHT "));
         assert_non_null(strstr(out, "  job idle: wrote the host copy of 3 extent(s) while tierd wrote them to "
                                     "NVMe (those write-downs failed; the client's doing, not the drive's)\n"));
+        assert_non_null(strstr(out, "  job idle: 2 extent(s) of its tensors failed their crc32c when read back "
+                                    "from NVMe (counted in the target's crc errors too)\n"));
 
         /* Tier rows end in a right-aligned column: aligned rows have equal length. */
         n = block_lines(out, "TIER ", lines, 8);

@@ -441,17 +441,30 @@ static void test_vram_link_start_failure(void **state) {
         fixture_free(m);
 }
 
+/* A crc32c mismatch on read fails the pin; it counts on the target and on the job whose tensor it was, no other. */
 static void test_crc_mismatch_is_an_error(void **state) {
         Manager *m = new_manager();
         Result r;
-        Job *j;
-        Tensor *t;
+        Job *j, *k;
+        Tensor *t, *u;
 
         assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "k", 0, &k), 0);
         assert_int_equal(tensor_new(j, "t", 1 * MiB, &t), 0);
+        assert_int_equal(tensor_new(k, "u", 1 * MiB, &u), 0);
         fixture_host_data(m, t, 0x33);
+        fixture_host_data(m, u, 0x44);
         assert_int_equal(submit(m, OP_EVICT, t, LEVEL_NVME, &r), 0);
         run_until(m, &r);
+        assert_int_equal(submit(m, OP_EVICT, u, LEVEL_NVME, &r), 0);
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(u->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(submit(m, OP_PIN, u, LEVEL_HOST, &r), 0);     /* a good read counts nowhere */
+        run_until(m, &r);
+        assert_int_equal(r.status, 0);
+        assert_int_equal(tensor_unpin(u, LEVEL_HOST, false), 0);
 
         /* corrupt the stored crc: the read must fail, not hand out the bytes */
         t->copy[LEVEL_NVME].extents[0].crc ^= 1;
@@ -460,7 +473,10 @@ static void test_crc_mismatch_is_an_error(void **state) {
         assert_int_equal(r.status, -EIO);
         assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_int_equal(m->nvme->targets[0].crc_errors, 1);
+        assert_int_equal(j->nvme_crc_errors, 1);        /* whose tensors fail their checksums */
+        assert_int_equal(k->nvme_crc_errors, 0);
 
+        job_destroy(k);
         job_destroy(j);
         fixture_free(m);
 }
