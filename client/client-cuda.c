@@ -133,7 +133,8 @@ int client_cuda_new(ClientCuda **ret, const char *device, char *error, size_t si
         if (r != CUDA_SUCCESS) {
                 snprintf(error, size, "cannot use tierd's GPU %s: %s", device && *device ? device : "0",
                          cu_err(cc, r));
-                goto fail;
+                k = r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -ENODEV;  /* the GPU's memory: it may pass */
+                goto fail_k;
         }
         prop.location.id = cc->dev;
         r = cc->drv->cuMemGetAllocationGranularity(&cc->granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
@@ -145,9 +146,11 @@ int client_cuda_new(ClientCuda **ret, const char *device, char *error, size_t si
         *ret = cc;
         return 0;
 fail:
+        k = -ENODEV;
+fail_k:
         cudrv_close(cc->drv);
         free(cc);
-        return -ENODEV;
+        return k;
 }
 
 ClientCuda *client_cuda_free(ClientCuda *cc) {

@@ -151,7 +151,7 @@ struct tier_client {
         char *vram_device;              /* PCI bus id of tierd's GPU, "" when not cuda */
 
         ClientCuda *cuda;               /* the CUDA driver, once needed */
-        int cuda_failed;                /* < 0 once loading it failed (not tried again) */
+        int cuda_failed;                /* < 0 once loading it failed (not tried again, but for -ENOMEM) */
         int seg_error;                  /* < 0: why segment seg_error_id could not be mapped (the last failure) */
         uint32_t seg_error_id;
         char cuda_why[CLIENT_ERROR_MAX / 2];

@@ -60,16 +60,19 @@ int client_error(tier_client *c, int r, const char *fmt, ...) {
         return r;
 }
 
-/* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
+/*
+ * The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be.  A failure
+ * is kept (no driver, no visible GPU: loading again would fail alike), but for lack of memory
+ * (-ENOMEM), which may pass: the next call tries again.
+ */
 ClientCuda *client_get_cuda(tier_client *c) {
         int r;
 
         if (c->cuda)
                 return c->cuda;
-        if (c->cuda_failed == 0) {
+        if (c->cuda_failed == 0 || c->cuda_failed == -ENOMEM) {
                 r = client_cuda_new(&c->cuda, c->vram_device, c->cuda_why, sizeof(c->cuda_why));
-                if (r < 0)
-                        c->cuda_failed = r;
+                c->cuda_failed = r < 0 ? r : 0;
         }
         if (!c->cuda)
                 (void) client_error(c, c->cuda_failed, "CUDA cannot be used in this process: %s", c->cuda_why);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-client-hostile.c: libtier against a scripted fake tierd that sends what no tierd would: the client refuses it, never crashes. */
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -29,6 +30,7 @@
 #include <tier.h>
 
 #include "proto/fence.h"
+#include "tests/helpers/fake-cuda.h"
 #include "tests/helpers/instrumented.h"
 #include "tests/unit/test-client-hostile-fail.h"
 #include "proto/macro.h"
@@ -874,6 +876,67 @@ static int failures_say_why(Fake *f, const char *path) {
 
 static Fake *replies_fake;
 
+/*
+ * tier_client_cuda_register_host() twice on a new client: first with TIER_LIBCUDA=@libcuda and the
+ * @fail_alloc-th allocation failing (0: none), then with the fake driver; first * 1000 + again.
+ */
+static int cuda_call(const char *path, unsigned fail_alloc, const char *libcuda) {
+        tier_client *c = NULL;
+        int r, again;
+
+        if (tier_client_new(path, "job", 0, &c) < 0)
+                return -1000;
+        setenv("TIER_LIBCUDA", libcuda, 1);
+        fail_calls = 0;
+        fail_kinds = FAIL_ALLOC;
+        fail_on = false;
+        fail_at = fail_alloc;
+        r = tier_client_cuda_register_host(c);
+        fail_at = 0;
+        fprintf(stderr, "first: %d (%s)\n", r, tier_client_last_error(c));
+        setenv("TIER_LIBCUDA", getenv("TIER_FAKE_CUDA"), 1);
+        again = tier_client_cuda_register_host(c);
+        fprintf(stderr, "again: %d (%s)\n", again, tier_client_last_error(c));
+        tier_client_free(c);
+        return r * 1000 + again;
+}
+
+static int cuda_nomem_child(const char *path) {
+        const char *fake = getenv("TIER_FAKE_CUDA");
+        void *lib = dlopen(fake, RTLD_NOW | RTLD_LOCAL);        /* the instance libtier loads too */
+        fake_cuda_fail_t fake_fail = lib ? (fake_cuda_fail_t) dlsym(lib, FAKE_CUDA_FAIL) : NULL;
+
+        if (!fake_fail)
+                return 2;
+        /* out of host memory loading it: -ENOMEM, and the next call loads it */
+        if (cuda_call(path, 1, fake) != -ENOMEM * 1000)
+                return 3;
+        /* out of GPU memory making the context: likewise */
+        fake_fail("cuDevicePrimaryCtxRetain", 2 /* CUDA_ERROR_OUT_OF_MEMORY */, 0, 1);
+        if (cuda_call(path, 0, fake) != -ENOMEM * 1000)
+                return 4;
+        /* no driver: kept, the next call fails alike though the driver is there now */
+        if (cuda_call(path, 0, "/nonexistent/libcuda.so.1") != -ENODEV * 1000 - ENODEV)
+                return 5;
+        return 0;
+}
+
+/* A CUDA load that failed for lack of memory is tried again on the next call; other failures are kept. */
+static void test_cuda_out_of_memory_retried(void **state) {
+        Fake f = {};
+        int st;
+
+        if (!getenv("TIER_FAKE_CUDA"))
+                skip();                 /* built without cuda.h: libtier has no CUDA to load */
+        f.inline_replies = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        assert_true(f.inline_replies != MAP_FAILED);
+        fake_start(&f, SC_REPLIES);             /* one connection after another */
+        st = in_child(cuda_nomem_child, f.path);
+        fake_stop(&f);
+        munmap(f.inline_replies, sizeof(int));
+        assert_int_equal(st, 0);        /* failed with 3 (-ENOMEM kept: -12012) before */
+}
+
 static int replies_child(const char *path) {
         return failures_say_why(replies_fake, path);
 }
@@ -905,6 +968,7 @@ int main(void) {
                 cmocka_unit_test(test_argument_errors_own_text),
                 cmocka_unit_test(test_fence_failed_names_callers_fence),
                 cmocka_unit_test(test_failures_after_the_request_own_text),
+                cmocka_unit_test(test_cuda_out_of_memory_retried),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
