@@ -335,9 +335,10 @@ int wear_format(const Wear *w, const NvmeTier *nvme, const Registry *reg, char *
 int wear_load(Wear *w, NvmeTier *nvme, char *ret_why, size_t why_size) {
         _cleanup_free_ char *text = NULL;
         char aside[4200];
+        size_t len = 0;
         int r;
 
-        r = statefile_read(w->path, WEAR_FILE_MAX, &text, NULL);
+        r = statefile_read(w->path, WEAR_FILE_MAX, &text, &len);
         if (r == -ENOENT)
                 return 1;
         if (r == -EFBIG || r == -EINVAL) {
@@ -348,6 +349,11 @@ int wear_load(Wear *w, NvmeTier *nvme, char *ret_why, size_t why_size) {
         if (r < 0) {
                 (void) snprintf(ret_why, why_size, "cannot read %s: %s", w->path, strerror(-r));
                 return r;
+        }
+        if (strlen(text) != len) {
+                /* parsed up to the NUL, the entries after it would be lost without a word */
+                (void) snprintf(ret_why, why_size, "it contains a NUL byte");
+                goto corrupt;
         }
         r = wear_parse(w, text, ret_why, why_size);
         if (r == -ENOMEM)

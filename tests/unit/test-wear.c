@@ -179,6 +179,23 @@ static void test_corrupt(void **state) {
         expect_corrupt("\x01\x02garbage\n", "line 1 is not");
         expect_corrupt(NULL, "it is not a regular file");
         assert_int_equal(n_aside(), STATEFILE_ASIDE_MAX);      /* 12 set aside, the oldest 4 removed */
+
+        /* a NUL byte (a block zeroed by damage): not the book cut at the NUL, with the entries after it lost */
+        {
+                static const char nul[] = "tierd-wear 1\ntarget /a 1\n\0job b 7\n";
+                NvmeTier nvme = {};
+                char path[PATH_MAX + 64], why[512] = "";
+                Wear *w = NULL;
+
+                (void) snprintf(path, sizeof(path), "%s/wear", dir);
+                assert_int_equal(statefile_write(path, nul, sizeof(nul) - 1, 0644), 0);
+                assert_int_equal(wear_new(dir, &w), 0);
+                assert_int_equal(wear_load(w, &nvme, why, sizeof(why)), 2);
+                if (!strstr(why, "NUL byte") || !strstr(why, "it was kept as"))
+                        fail_msg("reason '%s'", why);
+                assert_false(exists("wear"));
+                wear_free(w);
+        }
 }
 
 /*
