@@ -668,6 +668,9 @@ int quota_store_load(QuotaStore *s) {
                 return r;
         if (r >= 0 && strlen(text) != len)
                 r = -EBADMSG;
+        /* tierd writes its header and every line whole: a file that does not end in one was cut short */
+        if (r >= 0 && (len == 0 || text[len - 1] != '\n'))
+                r = -EPIPE;
         if (r >= 0) {
                 r = quota_rules_parse_text(&s->runtime, text, s->path, &err);
                 if (r >= 0) {
@@ -676,7 +679,7 @@ int quota_store_load(QuotaStore *s) {
                 }
                 if (r == -ENOMEM)
                         return r;
-        } else if (r != -EFBIG && r != -EBADMSG && r != -EINVAL) {
+        } else if (r != -EFBIG && r != -EBADMSG && r != -EINVAL && r != -EPIPE) {
                 /* cannot read it (permissions, I/O): leave it alone */
                 log_error_errno(r, "Cannot read the quota state file \"%s\": %m; starting with tierd.conf's quotas "
                                 "only, and tierctl quota set will not overwrite the file until it can be read",
@@ -687,6 +690,7 @@ int quota_store_load(QuotaStore *s) {
 
         what = err ? err : r == -EFBIG ? "larger than 4 MiB" :
                r == -EINVAL ? "not a regular file (a FIFO, socket, device, directory or link)" :
+               r == -EPIPE ? (len == 0 ? "it is empty (cut short?)" : "it does not end with a newline (cut short?)") :
                "it contains a NUL byte";
         r = statefile_set_aside(s->path, aside, sizeof(aside));
         if (r < 0) {
