@@ -561,8 +561,32 @@ static int config_finish_targets(Config *c, char **ret_error) {
         return 0;
 }
 
+/*
+ * tierd replaces the metrics file every interval_sec (rename over it): a
+ * mistyped path naming one of its own files (STATE_DIR/quotas, the wear
+ * book, a target, tierd.conf) would be replaced without a word.  What
+ * node_exporter reads ends in .prom, and none of those do.
+ */
+static int config_finish_metrics(const Config *c, char **ret_error) {
+        const char *p = c->metrics_textfile, *base = strrchr(p, '/');
+        size_t n = strlen(p);
+
+        if (n == 0)
+                return 0;
+        if (n < 6 || strcmp(p + n - 5, ".prom") != 0 || (base && strcmp(base, "/.prom") == 0))
+                return finish_error(ret_error,
+                                    "[metrics] textfile: '%s' does not end in .prom: node_exporter's textfile "
+                                    "collector reads only NAME.prom, and tierd replaces the file every "
+                                    "interval_sec (give a file of its own in the collector's directory)", p);
+        for (size_t i = 0; i < c->n_targets; i++)
+                if (strcmp(c->targets[i].path, p) == 0)
+                        return finish_error(ret_error, "[metrics] textfile: '%s' is also an [nvme] target", p);
+        return 0;
+}
+
 int config_finish(Config *c, char **ret_error) {
         char a[32], b[32];
+        int r;
 
         if (ret_error)
                 *ret_error = NULL;
@@ -638,5 +662,8 @@ int config_finish(Config *c, char **ret_error) {
         if (c->nvme_job_limit == 0)
                 return finish_error(ret_error, "[nvme] job_limit: must be positive");
 
-        return config_finish_targets(c, ret_error);
+        r = config_finish_targets(c, ret_error);
+        if (r < 0)
+                return r;
+        return config_finish_metrics(c, ret_error);
 }

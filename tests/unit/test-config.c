@@ -389,6 +389,13 @@ static void test_finish_errors(_unused_ void **state) {
         finish_fails("[daemon]\nstate_dir = /st\n[nvme]\ntarget = a.img\ntarget = /st/a.img\n",
                      "duplicate target '/st/a.img'");
         finish_fails("[nvme]\ntarget = /small.img:64K\n", "[nvme] target");
+        /* tierd replaces the metrics file every interval: never one of its own files, nor one node_exporter skips */
+        finish_fails("[daemon]\nstate_dir = /st\n[metrics]\ntextfile = /st/quotas\n",
+                     "[metrics] textfile: '/st/quotas' does not end in .prom");
+        finish_fails("[metrics]\ntextfile = /etc/tierd/tierd.conf\n", "does not end in .prom");
+        finish_fails("[metrics]\ntextfile = /m/.prom\n", "does not end in .prom");
+        finish_fails("[daemon]\nstate_dir = /st\n[nvme]\ntarget = t.prom:1G\n[metrics]\ntextfile = /st/t.prom\n",
+                     "[metrics] textfile: '/st/t.prom' is also an [nvme] target");
 
         /* Limits of what is accepted. */
         _cleanup_config_ Config c;
@@ -396,7 +403,7 @@ static void test_finish_errors(_unused_ void **state) {
 
         config_init(&c);
         parse_ok(&c, "[host]\nsegment_size = 1G\ncapacity = 1G\n[vram]\nchunk_size = 1G\n"
-                     "[nvme]\nextent_size = 64M\n");
+                     "[nvme]\nextent_size = 64M\n[metrics]\ntextfile = /var/lib/node_exporter/tierd.prom\n");
         assert_int_equal(config_finish(&c, &error), 0);
         config_deinit(&c);
 
