@@ -14,7 +14,7 @@ libtier is found through $TIER_LIBTIER (a file), $TIER_BUILD (a meson build
 directory), the build directory of the checkout this package lies in, or
 the system (libtier.so.1); importing fails with a TierError naming what was
 tried when none loads.  numpy and torch are imported only by the views that
-need them.  A Client is not thread-safe: one per thread.  See README.md
+need them.  A Client shared by threads serves one call at a time.  See README.md
 next to this package, and man libtier(3) for the C API underneath.
 """
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import functools
 import math
 from ctypes import c_void_p
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from . import _lib
 from .errors import TierError
@@ -51,6 +52,30 @@ NVME = Level.NVME
 READ = Mode.READ
 WRITE = Mode.WRITE
 READ_WRITE = Mode.READ_WRITE
+
+def _serialized(owner: Callable[[Any], Any]) -> Callable[[type], type]:
+    """Class decorator: each public method and property of the class runs holding the lock of the
+    Client @owner returns for the object (``Client._lock``, reentrant).  libtier's client is not
+    thread-safe (two threads inside one interleave their requests and break the connection), so a
+    Client shared by threads is used by one at a time: another thread's call waits, GIL released."""
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def locked(self: Any, *args: Any, **kw: Any) -> Any:
+            with owner(self)._lock:
+                return f(self, *args, **kw)
+        return locked
+
+    def decorate(cls: type) -> type:
+        for name, v in list(vars(cls).items()):
+            if name.startswith("_"):
+                continue  # helpers run inside a public call; __del__ only queues (any thread)
+            if isinstance(v, property) and v.fget is not None:
+                setattr(cls, name, property(wrap(v.fget), v.fset and wrap(v.fset), v.fdel, v.__doc__))
+            elif callable(v) and not isinstance(v, (staticmethod, classmethod, type)):
+                setattr(cls, name, wrap(v))
+        return cls
+    return decorate
+
 
 _L = _lib.lib()
 _LEVEL_NAMES: tuple[str, ...] = tuple(_L.tier_level_name(i).decode() for i in range(_lib.TIER_LEVEL_MAX))

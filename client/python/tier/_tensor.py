@@ -26,6 +26,7 @@ from ._base import (
     _closed,
     _level,
     _mode,
+    _serialized,
     _stream,
     _uint,
 )
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # only for annotations: never imported at run time here
 # ---- fences ---------------------------------------------------------------------------------
 
 
+@_serialized(lambda s: s.client)
 class Fence:
     """The completion of an asynchronous request (a ``tier_fence``).
 
@@ -109,6 +111,7 @@ class Fence:
 # ---- grants -----------------------------------------------------------------------------------
 
 
+@_serialized(lambda s: s.tensor.client)
 class Grant:
     """A pinned copy of a tensor, mapped into this process (``struct tier_grant``).
 
@@ -373,6 +376,7 @@ def _evictable(tier: TierLike) -> Level:
 # ---- tensors ------------------------------------------------------------------------------------
 
 
+@_serialized(lambda s: s.client)
 class Tensor:
     """A handle on one of the job's tensors (``tier_tensor *``).
 
@@ -613,6 +617,7 @@ class Tensor:
 # ---- plans ------------------------------------------------------------------------------------
 
 
+@_serialized(lambda s: s.client)
 class Plan:
     """An iteration plan (``tier_plan *``): which tensors each phase needs, where, how.
 

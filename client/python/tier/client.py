@@ -37,10 +37,11 @@ Errors: every negative return becomes a TierError subclass
 (``tier.errors``) carrying tierd's reason.  Arguments are checked in Python
 first (ValueError, TypeError).
 
-A Client, and everything made from it, must be used by one thread at a
-time (libtier's rule): one Client per thread, or a lock around a shared one.
-ctypes releases the GIL during each libtier call, so other threads run
-while one waits.
+libtier's client is used by one thread at a time: each public call of a
+Client, Tensor, Plan, Grant or Fence holds the Client's reentrant lock
+(``_serialized``), so threads sharing a Client take turns (a second call
+waits for the first, a blocking wait included).  ctypes releases the GIL
+during each libtier call, so other threads run while one waits.
 The ``__del__`` of a Tensor or Plan (which the GC may run in any thread)
 only queues its handle on the Client; the Client's next call, or
 ``close()``, frees it in the thread that uses the Client.
@@ -58,6 +59,7 @@ import errno
 import json
 import math
 import os
+import threading
 import time
 import weakref
 from ctypes import byref, c_uint64, c_void_p
@@ -88,6 +90,7 @@ from ._base import (
     _timeout_ms,
     _uint,
     _closed,
+    _serialized,
     level_name,
     link_name,
     strerror,
@@ -134,6 +137,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@_serialized(lambda s: s)
 class Client:
     """One connection to tierd: one rank of one job (``tier_client *``).
 
@@ -141,12 +145,13 @@ class Client:
     control connection (status and quotas only).  @rank: informational.
     @socket: tierd's socket; None: $TIER_SOCKET, else /run/tierd/tierd.sock.
 
-    Not thread-safe: use one Client per thread, or a lock around a shared one.
+    Threads sharing a Client take turns: one call at a time (a lock per Client).
     Not usable in the child of a fork(): make a new Client there.
     """
 
     def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None, *,
                  reconnect: float | None = None) -> None:
+        self._lock = threading.RLock()  # held by each public call (_serialized): one thread at a time
         self._c: int | None = None
         if not isinstance(job, str):
             raise TypeError(f"a job name is a str, not {type(job).__name__}")
@@ -232,6 +237,7 @@ class Client:
         """In the child of a fork(): let go of everything without a word to tierd (libtier's objects
         are the parent's; freeing them would talk over the parent's connection), leaking the copies."""
         self._fork_child = True
+        self._lock = threading.RLock()  # the parent's may be held by a thread the child does not have
         self._invalidate_phase_grants()
         self._drop_grants()
         for t in list(self._tensors):
