@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <tier.h>
 
@@ -125,6 +126,7 @@ typedef struct FenceFailure {
 } FenceFailure;
 
 struct tier_client {
+        pid_t pid;                      /* the process that made it: in a fork()'s child every call refuses */
         int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
         int event_fd;                   /* wakeups from tierd (fences, plan phases): a pipe's read end, or -1 */
         const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */
@@ -256,6 +258,10 @@ int client_error(tier_client *c, int r, const char *fmt, ...);
 
 /* The CUDA driver of @c, loaded on first use; NULL with last_error set when it cannot be. */
 ClientCuda *client_get_cuda(tier_client *c);
+/* Is this process the child of a fork() of the one that made @c (its connection and pages are the parent's)? */
+bool client_forked(const tier_client *c);
+/* 0, or -EBADF (last_error set) in the child of a fork(): nothing may reach tierd or the parent's pages. */
+int client_check_fork(tier_client *c);
 
 /* ---- transport.c ------------------------------------------------------------------- */
 

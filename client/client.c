@@ -22,6 +22,16 @@
  * tier_unpin_after(), host registration.  A failure to load it is
  * remembered and not retried.
  *
+ * A client belongs to the process that made it (c->pid).  In the child of
+ * a fork() the connection, the wakeup fd and the fence and plan pages are
+ * shared with the parent, and tierd cannot tell the two apart: a request
+ * from the child would unpin or free what the parent holds, and each
+ * would read the other's replies.  So every call that reaches tierd or
+ * those pages refuses there with -EBADF (client_check_fork(), from
+ * transport.c and the calls that touch the pages), and tier_client_free()
+ * and tier_tensor_close() only unmap and close the child's copies,
+ * leaving the CUDA driver's state (the parent's) alone.
+ *
  * tier_client_free() copes with a half-made client (tier_client_new()
  * frees it that way on failure).  Tensor handles and plans not yet
  * submitted outlive their client: they are invalidated, and the user still
@@ -34,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <tier.h>
 
@@ -79,9 +90,23 @@ ClientCuda *client_get_cuda(tier_client *c) {
         return c->cuda;
 }
 
+bool client_forked(const tier_client *c) {
+        return c->pid != getpid();
+}
+
+int client_check_fork(tier_client *c) {
+        if (!client_forked(c))
+                return 0;
+        return client_error(c, -EBADF, "this tier_client was made before fork() and cannot be used in the child "
+                            "(the parent holds its connection): call tier_client_new() in the child");
+}
+
 _public_ tier_client *tier_client_free(tier_client *c) {
         if (!c)
                 return NULL;
+        /* a fork()'s child: the CUDA driver's state is the parent's; it is left, not released */
+        if (client_forked(c))
+                c->cuda = NULL;
 
         /* Handles outlive the client: they are invalidated, and the user still closes them. */
         for (tier_tensor *t = c->tensors, *next; t; t = next) {
@@ -258,6 +283,7 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
         c = calloc(1, sizeof(*c));
         if (!c)
                 goto nomem;
+        c->pid = getpid();
         c->fd = -1;
         c->event_fd = -1;
         c->fence_tag = fence_new_tag();
@@ -319,6 +345,8 @@ _public_ uint64_t tier_client_segment_size(const tier_client *c, int tier) {
 _public_ int tier_client_fd(const tier_client *c) {
         if (!c)
                 return -EINVAL;
+        if (client_forked(c))
+                return -EBADF;          /* the parent's connection */
         if (c->fd >= 0)
                 return c->fd;
         /* closed after tierd went and did not come back (reconnect.c): the error that broke it */

@@ -62,6 +62,9 @@
 void client_wakeup_drain(tier_client *c) {
         uint64_t tokens[CLIENT_WAKEUP_TOKENS];
 
+        if (client_forked(c))
+                return;         /* the tokens are the parent's */
+
         /*
          * Every token pending, in one read (this tierd leaves one at most;
          * tokens beyond the buffer would only make the next poll() return at
@@ -267,6 +270,9 @@ _public_ int tier_fence_stream_wait(tier_client *c, tier_fence f, void *stream) 
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         r = fence_in(c, f, &f);
         if (r < 0)
                 return r;
@@ -296,6 +302,9 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         r = fence_in(c, f, &f);
         return r < 0 ? r : fence_done(c, f);
 }
@@ -305,6 +314,9 @@ _public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         r = fence_in(c, f, &f);
         return r < 0 ? r : fence_wait(c, f, timeout_ms);
 }

@@ -477,6 +477,9 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);       /* the plan page and marker are the parent's */
+        if (r < 0)
+                return r;
         c->plan_entered = false;        /* until tierd says @phase is ready (tier_phase_grant() refuses meanwhile) */
         pg = c->plan_page;
         if (!pg)
@@ -594,6 +597,9 @@ _public_ int tier_phase_grant(tier_client *c, tier_tensor *t, int tier, struct t
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         if (!ret)
                 return client_error(c, -EINVAL, "ret is NULL: there is nowhere to store the grant");
         if (tier != TIER_VRAM && tier != TIER_HOST)

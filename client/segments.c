@@ -255,7 +255,8 @@ static int piece_segment(tier_client *c, const ViewPiece *p, ClientSegment **ret
 void view_clear(tier_client *c, ClientView *v) {
         if (v->base)
                 (void) munmap(v->base, (size_t) v->size);
-        if (v->device_base && c && c->cuda) {
+        /* (in a fork()'s child the CUDA driver's state is the parent's: left alone) */
+        if (v->device_base && c && c->cuda && !client_forked(c)) {
                 uint64_t pos = 0;
 
                 for (uint32_t i = 0; i < v->n_mapped; i++) {
@@ -447,6 +448,9 @@ _public_ int tier_client_cuda_register_host(tier_client *c) {
 
         if (!c)
                 return -EINVAL;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         cc = client_get_cuda(c);
         if (!cc)
                 return c->cuda_failed;

@@ -20,6 +20,14 @@ extern "C" {
  * A tier_client is one connection to tierd, i.e. one rank of one job.
  * It is not thread-safe: use one per thread, or lock around it.
  *
+ * fork(): a client belongs to the process that made it.  In the child,
+ * every call on the parent's clients (and their tensors, plans and fences)
+ * that would reach tierd or the shared pages fails with -EBADF, sending
+ * nothing; tier_tensor_close(), tier_plan_free() and tier_client_free()
+ * there only unmap and close the child's copies, so the parent's pins,
+ * tensors and connection stay.  Grants mapped before the fork() still show
+ * the parent's tensors.  Make a new client in the child.
+ *
  * Once tierd announces its shutdown, requests fail with -ESHUTDOWN; once
  * the connection is lost, with -ECONNRESET (or the error that broke it).
  *

@@ -86,6 +86,10 @@ int transport_broken(tier_client *c) {
 
 /* Can a request be sent now? */
 int transport_check(tier_client *c) {
+        int r = client_check_fork(c);
+
+        if (r < 0)
+                return r;
         /*
          * A connection closed after tierd announced its shutdown reports the
          * shutdown; so does an open one, but where the client reconnects: tierd
@@ -235,6 +239,9 @@ int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
         ack.generation = generation;
         req.op_case = TIER__REQUEST__OP_ACK;
         req.ack = &ack;
+        r = client_check_fork(c);
+        if (r < 0)
+                return r;
         len = tier__request__get_packed_size(&req);
         if (len > sizeof(buf))
                 return -EMSGSIZE;
@@ -324,6 +331,11 @@ static int transport_process(tier_client *c, Packet *p, uint64_t seq) {
 
 /* Handle every packet already queued on the socket, without blocking. */
 int transport_drain(tier_client *c) {
+        /* a fork()'s child reads nothing: what is queued is the parent's */
+        int q = client_check_fork(c);
+
+        if (q < 0)
+                return q;
         for (;;) {
                 Packet p = PACKET_NULL;
                 int r;
@@ -348,7 +360,11 @@ int transport_drain(tier_client *c) {
 static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret);
 
 int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
-        int r = transport_call_once(c, req, ret);
+        int r = client_check_fork(c);
+
+        if (r < 0)
+                return r;       /* a fork()'s child: the connection is the parent's, never to reconnect */
+        r = transport_call_once(c, req, ret);
 
         /* tierd went away: connect to the next one when the caller asked to (reconnect.c) */
         if (r < 0 && (c->broken < 0 || c->shutdown))

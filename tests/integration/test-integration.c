@@ -532,6 +532,55 @@ static void test_bad_input(void **state) {
 
 /* ---- every limit answers with a status that names it ----------------------------------------------- */
 
+/*
+ * A fork()'s child shares the parent's connection, which tierd cannot tell
+ * apart: every call of the child refuses with -EBADF, sending nothing, and
+ * tier_tensor_close() and tier_client_free() there only let go of the
+ * child's copies.  The parent waits for the child before it looks: its pin,
+ * its tensor and its connection are as they were.
+ */
+static void test_fork_child_refused(void **state) {
+        tier_client *c = connect_job("forked");
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        int status;
+        pid_t pid;
+
+        assert_int_equal(tier_tensor_create(c, "x", 1 * MiB, &t), 0);
+        fill(t, 9, TIER_HOST);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                struct tier_grant g2;
+                tier_fence f = 0;
+                int bad = 0;
+
+                /* no cmocka here: the result is the exit status, each bit a call that was not refused */
+                bad |= (tier_pin(t, TIER_HOST, TIER_READ, &g2) != -EBADF) << 0;
+                bad |= (tier_unpin(t, TIER_HOST, 0) != -EBADF) << 1;
+                bad |= (tier_evict_async(t, TIER_NVME, &f) != -EBADF) << 2;
+                bad |= (tier_tensor_destroy(t) != -EBADF) << 3;
+                bad |= (tier_fence_done(c, 0) != -EBADF) << 4;
+                bad |= (strstr(tier_client_last_error(c), "fork()") == NULL) << 5;
+                bad |= (tier_client_fd(c) != -EBADF) << 6;
+                t = tier_tensor_close(t);
+                c = tier_client_free(c);
+                _exit(bad);
+        }
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+
+        /* the parent's pin is still there (the child's unpin never reached tierd), and the data */
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        verify(t, 9, TIER_HOST);
+        assert_true(tier_client_fd(c) >= 0);
+        assert_int_equal(tier_tensor_destroy(t), 0);
+        tier_client_free(c);
+}
+
 static void test_limits_and_errors(void **state) {
         tier_client *c = connect_job("limits");
         tier_tensor *t, *u, *p[4];
@@ -669,6 +718,7 @@ int main(void) {
                 cmocka_unit_test(test_sigkill_releases_pins),
                 cmocka_unit_test(test_bad_input),
                 cmocka_unit_test(test_limits_and_errors),
+                cmocka_unit_test(test_fork_child_refused),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
