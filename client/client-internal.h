@@ -126,7 +126,8 @@ typedef struct FenceFailure {
 } FenceFailure;
 
 struct tier_client {
-        pid_t pid;                      /* the process that made it: in a fork()'s child every call refuses */
+        unsigned long forks;            /* the fork()s seen when it was made: in a fork()'s child every call
+                                         * refuses (client.c, client_forked()) */
         int fd;                         /* the connection; O_NONBLOCK, CLOEXEC */
         int event_fd;                   /* wakeups from tierd (fences, plan phases): a pipe's read end, or -1 */
         const FencePage *fence_page;    /* the job's fence page, or NULL (control connection) */

@@ -22,7 +22,9 @@
  * tier_unpin_after(), host registration.  A failure to load it is
  * remembered and not retried.
  *
- * A client belongs to the process that made it (c->pid).  In the child of
+ * A client belongs to the process that made it (c->forks: the forks seen
+ * then, counted by a pthread_atfork() child handler, so that the check
+ * costs no system call on the fence paths).  In the child of
  * a fork() the connection, the wakeup fd and the fence and plan pages are
  * shared with the parent, and tierd cannot tell the two apart: a request
  * from the child would unpin or free what the parent holds, and each
@@ -39,6 +41,7 @@
  */
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,8 +93,20 @@ ClientCuda *client_get_cuda(tier_client *c) {
         return c->cuda;
 }
 
+/* fork()s this process image went through since the first tier_client_new() (its child handler) */
+static unsigned long fork_count;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) {
+        __atomic_add_fetch(&fork_count, 1, __ATOMIC_RELAXED);
+}
+
+static void fork_watch(void) {
+        (void) pthread_atfork(NULL, NULL, on_fork_child);
+}
+
 bool client_forked(const tier_client *c) {
-        return c->pid != getpid();
+        return c->forks != __atomic_load_n(&fork_count, __ATOMIC_RELAXED);
 }
 
 int client_check_fork(tier_client *c) {
@@ -283,7 +298,8 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
         c = calloc(1, sizeof(*c));
         if (!c)
                 goto nomem;
-        c->pid = getpid();
+        (void) pthread_once(&fork_once, fork_watch);
+        c->forks = __atomic_load_n(&fork_count, __ATOMIC_RELAXED);
         c->fd = -1;
         c->event_fd = -1;
         c->fence_tag = fence_new_tag();

@@ -511,7 +511,7 @@ static void test_held_closed_handle(void **state) {
  * eventfd is still cleared by it.
  */
 static void test_wakeup_drain(void **state) {
-        tier_client c = { .pid = getpid(), .fd = -1, .event_fd = -1 };    /* (as tier_client_new() makes it) */
+        tier_client c = { .fd = -1, .event_fd = -1 };   /* (no fork since: .forks 0, as tier_client_new() makes it) */
         struct pollfd pfd = { .events = POLLIN };
         uint64_t token = 1;
         int p[2], unread = -1;
