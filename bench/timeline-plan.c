@@ -28,6 +28,7 @@
 #include <tier.h>
 
 #include "bench/timeline-plan.h"
+#include "proto/macro.h"
 
 static TlPlan *plan_alloc(size_t n_tensors, size_t n_phases, size_t n_acc) {
         TlPlan *p = calloc(1, sizeof(*p));
@@ -110,7 +111,7 @@ oom:
         return -ENOMEM;
 }
 
-static int bad(char *err, size_t size, const char *fmt, ...) {
+_printf_(3, 4) static int bad(char *err, size_t size, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);

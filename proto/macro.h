@@ -13,6 +13,7 @@
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
 #define _likely_(x) __builtin_expect(!!(x), 1)
 #define _unlikely_(x) __builtin_expect(!!(x), 0)
+#define _fallthrough_ __attribute__((__fallthrough__))
 
 #define PID_FMT "%d"
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
@@ -21,7 +22,7 @@
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
 #define ALIGN_UP(n, a) (((n) + (a) - 1) / (a) * (a))
 
-#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define container_of(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* Hand ownership over: return the value and reset the variable. */
 #define TAKE_PTR(p)                                     \

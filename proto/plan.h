@@ -99,10 +99,12 @@ _Static_assert(sizeof(PlanDaemonArea) == 64, "daemon area is one cache line");
 #define PLAN_READY_PHASE(r) ((uint32_t) ((r) & 0xffff))
 
 _Static_assert(sizeof(PlanSlot) == 24 && sizeof(PlanPiece) == 24, "slots and pieces are 24 bytes");
+_Static_assert(sizeof(PlanPage) % _Alignof(PlanPiece) == 0 && sizeof(PlanSlot) % _Alignof(PlanPiece) == 0,
+               "the pieces after the slots are aligned");
 
 /* The page's pieces, after the slots of @n_slots tensors. */
 static inline PlanPiece *plan_pieces(const PlanPage *page, uint32_t n_slots) {
-        return (PlanPiece *) ((uint8_t *) page + sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot));
+        return (PlanPiece *) (void *) ((uint8_t *) page + sizeof(PlanPage) + (uint64_t) n_slots * 2 * sizeof(PlanSlot));
 }
 
 /* Bytes of a page for @n_slots tensors and @n_pieces pieces, in whole pages. */

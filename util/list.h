@@ -50,7 +50,7 @@ static inline void list_splice_tail(List *to, List *from) {
         list_init(from);
 }
 
-#define list_entry(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#define list_entry(ptr, type, member) ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 #define list_for_each_safe(pos, tmp, head) \
         for (List *pos = (head)->next, *tmp = pos->next; pos != (head); pos = tmp, tmp = pos->next)

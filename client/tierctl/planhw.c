@@ -9,8 +9,9 @@
 
 #include "client/tierctl/jsonget.h"
 #include "client/tierctl/planhw.h"
+#include "proto/macro.h"
 
-static int fail(char *err, size_t err_size, const char *fmt, ...) {
+_printf_(3, 4) static int fail(char *err, size_t err_size, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);

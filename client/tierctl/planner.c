@@ -10,6 +10,7 @@
 
 #include "client/tierctl/planner.h"
 #include "client/tierctl/plansim.h"
+#include "proto/macro.h"
 
 #define GB 1e9
 
@@ -24,7 +25,7 @@ void plan_input_init(PlanInput *in) {
         };
 }
 
-static int fail(char *err, size_t err_size, const char *fmt, ...) {
+_printf_(3, 4) static int fail(char *err, size_t err_size, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);

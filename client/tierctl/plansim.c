@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "client/tierctl/plansim.h"
+#include "proto/macro.h"
 
 enum { V, H, N, TIERS };                /* VRAM, host, NVMe */
 enum { R = PLAN_SIM_READ, W = PLAN_SIM_WRITE };
@@ -42,7 +43,7 @@ typedef struct Sim {
         unsigned long long stamp;
 } Sim;
 
-static int fail(char *err, size_t err_size, const char *fmt, ...) {
+_printf_(3, 4) static int fail(char *err, size_t err_size, const char *fmt, ...) {
         va_list ap;
 
         va_start(ap, fmt);

@@ -550,7 +550,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
         case LEVEL_VRAM:
                 if (!copy_valid(t, LEVEL_HOST) && copy_valid(t, LEVEL_NVME))
                         return ensure_chained(op, t, false);
-                /* fall through */
+                _fallthrough_;
         case LEVEL_NVME:
                 /* both come from host: the VRAM copy over PCIe, the NVMe image by O_DIRECT writes */
                 r = ensure_copy(op, t, LEVEL_HOST);

@@ -47,6 +47,14 @@ static const char *str(const char *s) {
         return s ? s : "";
 }
 
+/* The uint64_t field at byte @offset of a status record (offsetof of a uint64_t member). */
+static uint64_t field_u64(const void *base, size_t offset) {
+        uint64_t v;
+
+        memcpy(&v, (const uint8_t *) base + offset, sizeof(v));
+        return v;
+}
+
 static void family(FILE *f, const char *name, const char *type, const char *help) {
         fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
@@ -130,7 +138,7 @@ static void render_tiers(FILE *f, const Tier__StatusReply *s) {
                 for (size_t i = 0; i < s->n_tiers; i++)
                         if (s->tiers[i])
                                 sample_u64(f, fields[k].name, LABELS("tier", tier_name(s->tiers[i]->tier)),
-                                           *(const uint64_t *) ((const uint8_t *) s->tiers[i] + fields[k].offset));
+                                           field_u64(s->tiers[i], fields[k].offset));
         }
 }
 
@@ -177,7 +185,7 @@ static void render_targets(FILE *f, const Tier__StatusReply *s) {
                 for (size_t i = 0; i < s->n_targets; i++)
                         if (s->targets[i])
                                 sample_u64(f, fields[k].name, LABELS("target", str(s->targets[i]->path)),
-                                           *(const uint64_t *) ((const uint8_t *) s->targets[i] + fields[k].offset));
+                                           field_u64(s->targets[i], fields[k].offset));
         }
 
         family(f, "tierd_target_smart_available", "gauge",
@@ -295,7 +303,7 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                                 const Tier__JobTierUsage *u = job_usage(s->jobs[i], t);
 
                                 sample_u64(f, usage[k].name, LABELS("job_name", str(s->jobs[i]->name), "tier", tier_names[t]),
-                                           u ? *(const uint64_t *) ((const uint8_t *) u + usage[k].offset) : 0);
+                                           u ? field_u64(u, usage[k].offset) : 0);
                         }
         }
         family(f, "tierd_job_moved_bytes_total", "counter", "Bytes moved for the job over each link since it began.");

@@ -288,7 +288,7 @@ static int load_table(MemStore *ms, int fd, const MsHeader *h, unsigned *ret_tor
                 munmap(map, size);
                 return -ENOMEM;
         }
-        ino = (const uint64_t *) (map + MS_HEADER_SIZE);
+        ino = (const uint64_t *) (const void *) (map + MS_HEADER_SIZE);
         for (int k = 0; k < MS_TIERS; k++)
                 for (uint32_t i = 0; i < ms->n_segs[k]; i++)
                         ms->old_ino[k][i] = ino[(k == MS_HOST ? 0 : ms->n_segs[MS_HOST]) + i];
@@ -410,7 +410,7 @@ int memstore_take_segment(MemStore *ms, int tier, uint32_t id, uint64_t size) {
 }
 
 static uint64_t *table_ino(MemStore *ms, int k, uint32_t id) {
-        return (uint64_t *) (ms->map + MS_HEADER_SIZE) + (k == MS_HOST ? 0 : ms->n_segs[MS_HOST]) + id;
+        return (uint64_t *) (void *) (ms->map + MS_HEADER_SIZE) + (k == MS_HOST ? 0 : ms->n_segs[MS_HOST]) + id;
 }
 
 void memstore_segment_made(MemStore *ms, int tier, const Segment *seg) {
@@ -465,7 +465,7 @@ static void header_write(MemStore *ms, uint64_t generation) {
 }
 
 static MsRecord *slot_at(MemStore *ms, uint32_t slot) {
-        return (MsRecord *) (ms->map + ms->rec_at + (size_t) slot * MS_REC_SIZE);
+        return (MsRecord *) (void *) (ms->map + ms->rec_at + (size_t) slot * MS_REC_SIZE);
 }
 
 static int slot_get(MemStore *ms, uint32_t *ret) {

@@ -93,7 +93,7 @@ static void write_pattern(tier_tensor *t, uint64_t id, int tier) {
         assert_non_null(g.ptr);
         assert_int_equal(g.length, n);
         for (uint64_t off = 0; off + 8 <= n; off += 8)
-                *(uint64_t *) ((uint8_t *) g.ptr + off) = word(id, off);
+                ((uint64_t *) g.ptr)[off / 8] = word(id, off);
         for (uint64_t off = n & ~7ull; off < n; off++)
                 ((uint8_t *) g.ptr)[off] = (uint8_t) id;
         assert_int_equal(tier_unpin(t, tier, 1), 0);
@@ -107,7 +107,7 @@ static void check_pattern(tier_tensor *t, uint64_t id, int tier) {
         assert_int_equal(tier_pin(t, tier, TIER_READ_WRITE, &g), 0);
         assert_non_null(g.ptr);
         for (uint64_t off = 0; off + 8 <= n; off += 8)
-                if (*(uint64_t *) ((uint8_t *) g.ptr + off) != word(id, off))
+                if (((uint64_t *) g.ptr)[off / 8] != word(id, off))
                         fail_msg("tensor '%s' in %s: bytes at %" PRIu64 " differ", tier_tensor_name(t),
                                  tier_level_name(tier), off);
         for (uint64_t off = n & ~7ull; off < n; off++)
@@ -235,7 +235,7 @@ static void test_large_tensors(void **state) {
         assert_int_equal(tier_prefetch(big, TIER_HOST), 0);
         check_pattern(big, 1, TIER_VRAM);
         for (uint64_t off = 0; off + 8 <= odd_size; off += 8)
-                if (*(uint64_t *) ((uint8_t *) g.ptr + off) != word(2, off))
+                if (((uint64_t *) g.ptr)[off / 8] != word(2, off))
                         fail_msg("odd in vram: bytes at %" PRIu64 " differ", off);
         assert_int_equal(((uint8_t *) g.ptr)[odd_size - 1], 2);
         assert_int_equal(tier_unpin(odd, TIER_VRAM, 0), 0);
@@ -566,7 +566,7 @@ static void test_churn(void **state) {
                         }
                         *(uint64_t *) g.ptr = id;
                         if (size >= 16)
-                                *(uint64_t *) ((uint8_t *) g.ptr + (size & ~7ull) - 8) = ~id;
+                                ((uint64_t *) g.ptr)[(size & ~7ull) / 8 - 1] = ~id;
                         assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
                         live[n_live++] = (Live) { t, id };
                 } else if (k < 8 && n_live > 0) {
@@ -591,7 +591,7 @@ static void test_churn(void **state) {
                         }
                         assert_int_equal(*(uint64_t *) g.ptr, live[i].id);
                         if (size >= 16)
-                                assert_int_equal(*(uint64_t *) ((uint8_t *) g.ptr + (size & ~7ull) - 8), ~live[i].id);
+                                assert_int_equal(((uint64_t *) g.ptr)[(size & ~7ull) / 8 - 1], ~live[i].id);
                         r = tier_unpin(live[i].t, TIER_HOST, 0);
                         if (r < 0)
                                 fail_msg("unpin: %s", tier_client_last_error(c));
