@@ -47,6 +47,17 @@ extern "C" {
  * node (LIBTIER_1.1, ...); a changed one means a new soname.
  */
 
+/*
+ * Marks the anonymous struct and union of struct tier_tensor_info (ISO C from
+ * C11 on, an extension in C99 and C++) so that tier.h compiles clean with
+ * -pedantic there too.
+ */
+#if defined(__GNUC__)
+#define TIER_EXTENSION __extension__
+#else
+#define TIER_EXTENSION
+#endif
+
 /* The wire protocol spoken with tierd (see libtier(3), COMPATIBILITY). */
 #define TIER_PROTOCOL_VERSION 2
 
@@ -466,8 +477,8 @@ struct tier_tensor_info {
         struct tier_copy_info copy[TIER_LEVEL_SLOTS];
         int used;                       /* 0: no copy was ever used */
         double idle_s;                  /* seconds since a copy was last used */
-        union {                         /* the reserved space of libtier 1.0, the layout unchanged */
-                struct {
+        TIER_EXTENSION union {          /* the reserved space of libtier 1.0, the layout unchanged */
+                TIER_EXTENSION struct {
                         int state;              /* enum tier_tensor_state */
                         const char *lost_why;   /* TIER_TENSOR_LOST: why, inside the block; else NULL */
                 };

@@ -8,6 +8,7 @@ import ctypes
 import errno
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,37 @@ class TestPrototypes(unittest.TestCase):
                  "-L", lib, "-ltier"],
                 capture_output=True, text=True)
             self.assertEqual(p.returncode, 0, p.stderr)
+
+
+    def _compile_header(self, cmd: list[str], suffix: str) -> subprocess.CompletedProcess[str]:
+        # a unit that includes tier.h and touches each anonymous member, checked only (-fsyntax-only)
+        src = ("#include <tier.h>\n"
+               "int use(const struct tier_tensor_info *i);\n"
+               "int use(const struct tier_tensor_info *i) { return i->state + (i->lost_why != 0); }\n")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "h" + suffix)
+            with open(path, "w") as f:
+                f.write(src)
+            return subprocess.run(cmd + ["-fsyntax-only", "-Wall", "-Wextra", "-pedantic-errors", "-Werror",
+                                         "-I", os.path.join(tierd.source_dir(), "client"), path],
+                                  capture_output=True, text=True)
+
+    def test_header_strict_c(self) -> None:
+        # tier.h is clean ISO C from C99 on, with every warning and -pedantic-errors
+        for std in ("c99", "c11", "c17"):
+            with self.subTest(std=std):
+                p = self._compile_header(["cc", "-std=" + std], ".c")
+                self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_header_cxx(self) -> None:
+        # tier.h is usable from C++ (extern "C"), -pedantic-errors included
+        cxx = shutil.which("g++") or shutil.which("c++")
+        if not cxx:
+            self.skipTest("no C++ compiler")
+        for std in ("c++11", "c++17"):
+            with self.subTest(std=std):
+                p = self._compile_header([cxx, "-std=" + std], ".cc")
+                self.assertEqual(p.returncode, 0, p.stderr)
 
 
 class TestNames(unittest.TestCase):
