@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
@@ -79,6 +80,12 @@ static Job *job_for(Rpc *rpc, Conn *c, uint64_t seq, const char *name, const cha
 
         if (!name || !*name) {
                 *ret_r = conn_reply_error(c, seq, -EINVAL, "no job named (give a job name)");
+                return NULL;
+        }
+        /* as tier_client_new() and tier_quota_get() say: no job can have such a name */
+        if (strlen(name) > rpc->config->max_name) {
+                *ret_r = conn_reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
+                                          rpc->config->max_name);
                 return NULL;
         }
         j = job_find(rpc->registry, name);

@@ -591,6 +591,19 @@ static void test_limits_and_errors(void **state) {
         memset(longname, 'n', sizeof(longname) - 1);
         longname[sizeof(longname) - 1] = 0;
         assert_int_equal(tier_tensor_create(c, longname, 10, &t), -ENAMETOOLONG);
+        /* a job name longer than max_name is that error in every call that names a job, not "no such job" */
+        {
+                struct tier_tensor_info *info = NULL;
+                struct tier_evict_result er;
+                struct tier_detach_result dr;
+                size_t n = 0;
+
+                assert_int_equal(tier_job_tensors(c, longname, &info, &n), -ENAMETOOLONG);
+                assert_non_null(strstr(tier_client_last_error(c), "longer than max_name (255 bytes)"));
+                assert_null(info);
+                assert_int_equal(tier_job_evict(c, longname, TIER_NVME, &er), -ENAMETOOLONG);
+                assert_int_equal(tier_job_detach(c, longname, &dr), -ENAMETOOLONG);
+        }
         /* larger than a segment is fine; larger than the job may ever hold in host or vram is not */
         assert_int_equal(tier_tensor_create(c, "big", 64 * MiB, &t), -EFBIG);
         assert_non_null(strstr(tier_client_last_error(c), "can never be held for job 'limits'"));
