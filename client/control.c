@@ -335,7 +335,7 @@ _public_ int tier_quota_set(tier_client *c, int kind, uint32_t id, const char *j
             !all_zero(quota->max + TIER_LEVEL_MAX, sizeof(quota->max) - TIER_LEVEL_MAX * sizeof(quota->max[0])) ||
             !all_zero(quota->min + TIER_LEVEL_MAX, sizeof(quota->min) - TIER_LEVEL_MAX * sizeof(quota->min[0])))
                 return client_error(c, -EINVAL, "struct tier_quota has reserved space or unused level slots that "
-                                                "are not zero: start from struct tier_quota q = {}");
+                                                "are not zero: start from struct tier_quota q = {0}");
         for (int i = 0; i < TIER_LEVEL_MAX; i++) {
                 limits[i] = quota->max[i];
                 mins[i] = quota->min[i];

@@ -41,9 +41,9 @@ extern "C" {
  * sizes its per-tier and per-link arrays by TIER_LEVEL_SLOTS and
  * TIER_LINK_SLOTS, not by the levels and links in use today: a later 1.x
  * fills reserved space or slots that read as 0 here.  A struct passed in
- * must have its reserved space and unused slots zeroed (= {} or memset):
- * libtier refuses anything else with -EINVAL, so a field added later can
- * never be mistaken for garbage.  A new function comes with a new version
+ * must have its reserved space and unused slots zeroed (= {0}, = {} in
+ * C++, or memset): libtier refuses anything else with -EINVAL, so a field
+ * added later can never be mistaken for garbage.  A new function comes with a new version
  * node (LIBTIER_1.1, ...); a changed one means a new soname.
  */
 

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: MIT
 """The man pages of libtier against client/tier.h and client/libtier.sym: every exported function
 has a page (its own, or an alias installed under its name), every SYNOPSIS is tier.h's, and no
-page names a function tier.h does not declare."""
+page names a function tier.h does not declare; the code the pages show (libtier(3)'s and
+tier_plan_new(3)'s examples, the initialiser of a struct passed in) compiles as ISO C17 with
+-pedantic-errors."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import glob
 import json
 import os
 import re
+import subprocess
+import tempfile
 import unittest
 
 import tierd
@@ -171,6 +175,60 @@ class TestManPages(unittest.TestCase):
                     self.assertRegex(roff, r"(?m)^\.TH ", f"man3/{name}.3 is not a man page")
                 else:
                     self.assertEqual(roff.strip(), f".so man3/{page}.3", f"man3/{name}.3 is not an alias of {page}(3)")
+
+
+
+def scd_code(text: str) -> str:
+    """scdoc's escapes undone in a code block (\\\\ is a backslash), as the reader sees it."""
+    return text.replace("\\\\", "\\")
+
+
+def compile_c(test: unittest.TestCase, src: str, link: bool) -> None:
+    """@src compiles as ISO C17 with every warning an error (and links against libtier when @link)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "ex.c")
+        with open(path, "w") as f:
+            f.write(src)
+        cmd = ["cc", "-std=c17", "-Wall", "-Wextra", "-pedantic-errors", "-Werror",
+               "-I", os.path.join(tierd.source_dir(), "client"), path]
+        cmd += ["-o", os.path.join(d, "ex"), "-L", os.path.join(tierd.build_dir(), "client"), "-ltier"] if link \
+            else ["-fsyntax-only"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        test.assertEqual(p.returncode, 0, src + p.stderr)
+
+
+class TestExamples(unittest.TestCase):
+    """What the pages show a reader to write compiles as they show it, -pedantic included."""
+
+    def test_libtier_example(self) -> None:
+        page = Page(os.path.join(MAN, "libtier.3.scd"))
+        blocks = re.findall(r"^```\n(.*?)^```", page.section("EXAMPLE"), flags=re.M | re.S)
+        mains = [b for b in blocks if "int main(void)" in b]
+        self.assertEqual(len(mains), 1, "libtier(3) has one complete example")
+        compile_c(self, scd_code(mains[0]), link=True)
+
+    def test_plan_example(self) -> None:
+        # a fragment: the names it takes from its surroundings are declared around it
+        page = Page(os.path.join(MAN, "tier_plan_new.3.scd"))
+        blocks = re.findall(r"^```\n(.*?)^```", page.section("EXAMPLE"), flags=re.M | re.S)
+        self.assertEqual(len(blocks), 1)
+        src = ("#include <tier.h>\n#define CHECK(x) do { if ((x) < 0) return -1; } while (0)\n"
+               "int step(tier_client *c, tier_tensor *w, tier_tensor *grad, int steps);\n"
+               "int step(tier_client *c, tier_tensor *w, tier_tensor *grad, int steps) {\n"
+               + scd_code(blocks[0]) + "return 0;\n}\n")
+        compile_c(self, src, link=False)
+
+    def test_zero_initialisers(self) -> None:
+        # the initialiser a page tells the reader to start a struct passed in from
+        found = 0
+        for path in all_pages():
+            with open(path) as f:
+                text = f.read()
+            for m in re.finditer(r"\*(struct tier_\w+ (\w+) = \{[^}]*\})\*", text):
+                found += 1
+                body = m.group(1) + "; (void) " + m.group(2) + ";"
+                compile_c(self, "#include <tier.h>\nvoid f(void);\nvoid f(void) { " + body + " }\n", link=False)
+        self.assertGreater(found, 0, "no page shows how to start a struct passed in")
 
 
 if __name__ == "__main__":
