@@ -122,8 +122,9 @@ tier_client *tier_client_free(tier_client *c);
 /*
  * Reason text for the last failed call on @c (the daemon's when it gave one),
  * or "".  With @c NULL: why the last tier_client_new() of this thread failed.
- * A call refused for its own arguments (-EINVAL before any request) leaves
- * the text as it was.
+ * A call refused for its own arguments (-EINVAL before any request) sets
+ * its own reason too, naming the argument; only a call given no client to
+ * keep it (a NULL client, tensor or plan) leaves the text as it was.
  */
 const char *tier_client_last_error(const tier_client *c);
 
