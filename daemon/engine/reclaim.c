@@ -29,7 +29,9 @@
  * chosen, nor one of a job whose rollback waits for its transfers, Job.frozen:
  * the requester waits for that job to thaw).  Its copies are dropped when another copy is valid, or drained
  * (written down first) when sole; once the segment is empty, take_segment()
- * (state/space.c) hands it to the requester.  A VRAM chunk may also hold
+ * (state/space.c) hands it to the requester, by way of the renewer (its
+ * memory is replaced first, tiers/renew.c): while segments are renewing,
+ * or being emptied, the requester waits for them rather than empty more.  A VRAM chunk may also hold
  * ranges given back that stay taken while a client's event is pending on
  * them (parked, SegPoolOps.park: Segment.parked bytes): they cannot be
  * emptied, and the chunk comes back only once the event completes, which
@@ -203,8 +205,11 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
 
         /*
          * Segments of the victims being emptied already (all that is left in them
-         * is being written down): wait for them rather than empty more.
+         * is being written down), and segments emptied and given back that the
+         * renewer is replacing (segpool_release(): out of service until then):
+         * wait for them rather than empty more.
          */
+        coming = (uint64_t) r->pools[tier]->n_renewing * r->pools[tier]->seg_size;
         inflight = calloc(r->pools[tier]->n_segs, sizeof(uint64_t));
         if (!inflight)
                 return -ENOMEM;
