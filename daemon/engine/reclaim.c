@@ -18,7 +18,13 @@
  * A requester still below its share after this copy takes from the others:
  * lingering jobs first, then the jobs furthest above their share (bytes
  * over it / weight), never below their share (so never below a guarantee).
- * A requester at or above its share makes room among its own copies, as
+ * A requester still within its guarantee after this copy is owed the room:
+ * it takes from the live jobs above their own guarantee, those furthest
+ * above their share first, down to their guarantee (shares are parts of
+ * the capacity by weight, which do not leave room for the guarantees of
+ * others: without this a job at its share kept a guaranteed job below its
+ * minimum, which evicted its own copies instead).  A requester at or above
+ * its share, and past its guarantee, makes room among its own copies, as
  * always (make_space() in op.c).
  *
  * Memory reaches jobs in whole segments, so room comes back a segment at a
@@ -160,6 +166,7 @@ static Segment *choose_segment(Engine *e, Op *op, Job *v, int tier, uint64_t mos
 typedef struct Victim {
         Job *job;
         double over;            /* bytes above its share / weight; lingering jobs: infinite */
+        uint64_t keep;          /* bytes it keeps: its share, or its guarantee for a requester owed room; lingering: 0 */
 } Victim;
 
 static int victim_cmp(const void *a, const void *b) {
@@ -174,12 +181,13 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
         _cleanup_free_ Victim *vs = NULL;
         _cleanup_free_ uint64_t *inflight = NULL;     /* per segment id: bytes of copies being drained */
         uint64_t need = want->alloc_size, mine, coming = 0;
-        bool frozen = false;
+        bool frozen = false, owed;
         size_t n = 0;
 
         if (tier == LEVEL_NVME || !r->pools[tier])
                 return -ENOSPC;
         mine = engine_job_share(e, j, tier);
+        owed = job_live(j) && j->used[tier] + need <= j->guarantee[tier];
         vs = calloc(r->n_jobs + 1, sizeof(Victim));
         if (!vs)
                 return -ENOMEM;
@@ -189,15 +197,22 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
 
                 if (o == j || o->used[tier] == 0 || n >= r->n_jobs)
                         continue;
+                uint64_t keep;
+
                 if (!job_live(o)) {
-                        vs[n++] = (Victim) { o, INFINITY };
+                        vs[n++] = (Victim) { o, INFINITY, 0 };
                         continue;
                 }
-                /* live jobs give back only to a requester below its share, and only what is above theirs */
+                /*
+                 * live jobs give back only to a requester below its share, and only what is above theirs;
+                 * to one within its guarantee, what is above their own guarantee
+                 */
                 share = engine_job_share(e, o, tier);
-                if (j->used[tier] + need > mine || o->used[tier] <= share)
+                keep = owed ? o->guarantee[tier] : share;
+                if ((!owed && j->used[tier] + need > mine) || o->used[tier] <= keep)
                         continue;
-                vs[n++] = (Victim) { o, (double) (o->used[tier] - share) / (double) MAX(o->weight, 1u) };
+                vs[n++] = (Victim) { o, ((double) o->used[tier] - (double) share) / (double) MAX(o->weight, 1u),
+                                     keep };
         }
         if (n == 0)
                 return -ENOSPC;
@@ -232,9 +247,9 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
 
         for (size_t i = 0; i < n; i++) {
                 Job *v = vs[i].job;
-                /* a live job keeps its share: only a segment holding no more than it has above that */
+                /* a live job keeps its share (or guarantee): only a segment holding no more than it has above */
                 Segment *s = choose_segment(e, op, v, tier, job_live(v) ? v->used[tier] -
-                                            MIN(v->used[tier], engine_job_share(e, v, tier)) : UINT64_MAX);
+                                            MIN(v->used[tier], vs[i].keep) : UINT64_MAX);
                 uint64_t freed = 0, started = 0;
                 unsigned blocked = 0;
                 char used[SIZE_FORMAT_MAX], size[SIZE_FORMAT_MAX];
@@ -248,7 +263,7 @@ int reclaim(Engine *e, Op *op, Tensor *want, int tier) {
                 size_format(size, sizeof(size), s->pool->seg_size);
                 log_debug("Job '%s' needs room in %s: a %s segment of job '%s' (%s in use) is emptied for it (%s)",
                           j->name, level_to_string(tier), size, v->name, used,
-                          job_live(v) ? "above its share" : "lingering");
+                          !job_live(v) ? "lingering" : owed ? "owed: within its guarantee" : "above its share");
                 list_for_each_safe(node, tmp, &r->lru[tier]) {
                         Copy *c = list_entry(node, Copy, lru);
                         Tensor *t = container_of(c, Tensor, copy[tier]);

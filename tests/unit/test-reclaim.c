@@ -94,9 +94,58 @@ static void test_renewing_segment_is_coming(void **state) {
         fixture_free(m);
 }
 
+/*
+ * Room within a guarantee is owed to its job: one below its minimum takes it back from a live job above its
+ * own minimum, even one within its weighted share.  'greedy' (weight 10: a share of 12 MiB, its limit) held
+ * 12 MiB unpinned and 'guaranteed' (host_min 8 MiB) 4 MiB, the pool dry; 'guaranteed' asked for 4 MiB more.
+ * Reclaim took from no job within its share (shares are parts of the capacity by weight: 12 + 8 > 16), so
+ * 'guaranteed' made the room among its own copies, evicting 'g0', and stayed at 4 MiB, half its minimum.
+ */
+static void test_guarantee_is_owed(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup, NULL);
+        Tensor *tg[3], *tq[2];
+        Job *greedy, *g;
+
+        assert_int_equal(job_new(m->registry, "greedy", 0, &greedy), 0);
+        assert_int_equal(job_new(m->registry, "guaranteed", 0, &g), 0);
+        greedy->n_conns = g->n_conns = 1;
+        greedy->weight = 10;
+        greedy->limit[LEVEL_HOST] = 12 * MiB;
+        g->guarantee[LEVEL_HOST] = 8 * MiB;
+        fill(m, greedy, "h", tg, 3);
+        fill(m, g, "g", tq, 1);
+        assert_int_equal(m->host.pool.n_free, 0);
+        assert_int_equal(engine_job_share(m->engine, greedy, LEVEL_HOST), 12 * MiB);
+        assert_int_equal(engine_job_share(m->engine, g, LEVEL_HOST), 8 * MiB);
+
+        tq[1] = fixture_tensor(g, "g1", 4 * MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, tq[1], LEVEL_HOST), 0);
+        assert_int_equal(tensor_unpin(tq[1], LEVEL_HOST, false), 0);
+        assert_true(copy_valid(tq[0], LEVEL_HOST));
+        assert_int_equal(g->used[LEVEL_HOST], 8 * MiB);
+        assert_int_equal(greedy->used[LEVEL_HOST], 8 * MiB);
+        /* what 'greedy' gave was written down first */
+        for (unsigned i = 0; i < 3; i++)
+                assert_true(copy_valid(tg[i], LEVEL_HOST) || copy_valid(tg[i], LEVEL_NVME));
+        /* past its guarantee, 'guaranteed' takes nothing from a job within its share: its own copies go */
+        {
+                Tensor *more = fixture_tensor(g, "g2", 4 * MiB);
+
+                assert_int_equal(fixture_op(m, OP_PIN, more, LEVEL_HOST), 0);
+                assert_int_equal(tensor_unpin(more, LEVEL_HOST, false), 0);
+                assert_int_equal(greedy->used[LEVEL_HOST], 8 * MiB);
+                assert_int_equal(g->used[LEVEL_HOST], 8 * MiB);
+        }
+        greedy->n_conns = g->n_conns = 0;
+        job_destroy(greedy);
+        job_destroy(g);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
+                cmocka_unit_test(test_guarantee_is_owed),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
