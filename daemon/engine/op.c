@@ -292,7 +292,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                                 return ADV_WAIT_SPACE;
                 }
                 blocked = 0;
-                r = make_space(e, op, t, tier, t->alloc_size, &blocked);
+                r = make_space(e, op, t, tier, copy_room_needed(t, tier), &blocked);
                 if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
                         continue;
                 if (r == ADV_WAIT_SPACE)

@@ -382,6 +382,12 @@ const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64
  * when it does not fit; the caller may make room and try again.
  */
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why);
+/*
+ * The bytes @t's job must free in @tier before @t's copy fits its limit
+ * there: the copy's size, or more while the job uses more than its limit
+ * (a quota lowered below its use: tierctl quota set, a reload).
+ */
+uint64_t copy_room_needed(const Tensor *t, int tier);
 /* Give the space back (no I/O, no state change). */
 void copy_release(Tensor *t, int tier);
 /*

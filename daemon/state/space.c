@@ -350,6 +350,14 @@ int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
         return 0;
 }
 
+uint64_t copy_room_needed(const Tensor *t, int tier) {
+        const Registry *r = t->job->registry;
+        const Job *j = t->job;
+        uint64_t need = tier == LEVEL_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
+
+        return j->used[tier] > j->limit[tier] ? need + (j->used[tier] - j->limit[tier]) : need;
+}
+
 void copy_release(Tensor *t, int tier) {
         Registry *r = t->job->registry;
         Copy *c = &t->copy[tier];

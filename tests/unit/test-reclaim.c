@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-reclaim.c: room taken back from other jobs (engine/reclaim.c): how much, and from whom. */
+/* test-reclaim.c: room made for a copy: taken back from other jobs (engine/reclaim.c), or among the job's own. */
 
 #include <errno.h>
 #include <setjmp.h>
@@ -142,10 +142,53 @@ static void test_guarantee_is_owed(void **state) {
         fixture_free(m);
 }
 
+static void setup_small(Config *c, void *userdata) {
+        c->host_capacity = 8 * MiB;
+        c->host_segment_size = 4 * MiB;
+        c->host_job_limit = 8 * MiB;
+        c->nvme_extent_size = 64 * 1024;
+}
+
+/*
+ * A quota lowered below what a job uses: its unpinned copies make way as it needs room (tierctl(1) quota
+ * set).  Each try to make room freed the size of the new copy, not what the job had above its limit, and
+ * after RESERVE_ATTEMPTS_MAX (64) tries the pin failed -ENOSPC, "at its host limit ... 0 B of it pinned",
+ * with everything unpinned and clean: 96 tensors of 32 KiB held 3 MiB against a new limit of 1 MiB.
+ */
+static void test_lowered_limit_makes_room(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup_small, NULL);
+        Tensor *t[96], *n;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        j->n_conns = 1;
+        for (unsigned i = 0; i < ELEMENTSOF(t); i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "t%u", i);
+                t[i] = fixture_tensor(j, name, 32 * 1024);
+                fixture_on_nvme(m, t[i]);
+                fixture_touch(m, t[i], LEVEL_HOST, false);      /* clean in host: dropped, not written */
+        }
+        assert_int_equal(j->used[LEVEL_HOST], 3 * MiB);
+        j->limit[LEVEL_HOST] = 1 * MiB;                         /* as quota_apply_all() lowers it */
+        engine_limits_changed(m->engine);
+        n = fixture_tensor(j, "new", 32 * 1024);
+        assert_int_equal(fixture_op(m, OP_PIN, n, LEVEL_HOST), 0);
+        assert_true(j->used[LEVEL_HOST] <= 1 * MiB);
+        assert_int_equal(tensor_unpin(n, LEVEL_HOST, false), 0);
+        for (unsigned i = 0; i < ELEMENTSOF(t); i++)
+                assert_true(copy_valid(t[i], LEVEL_NVME));
+        j->n_conns = 0;
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
                 cmocka_unit_test(test_guarantee_is_owed),
+                cmocka_unit_test(test_lowered_limit_makes_room),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
