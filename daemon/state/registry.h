@@ -384,8 +384,9 @@ const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why);
 /*
  * The bytes @t's job must free in @tier before @t's copy fits its limit
- * there: the copy's size, or more while the job uses more than its limit
- * (a quota lowered below its use: tierctl quota set, a reload).
+ * there: the copy's size, or more while the job uses more than its limit,
+ * or its uid's or a group's jobs more than their total (a quota lowered
+ * below their use: tierctl quota set, a reload).
  */
 uint64_t copy_room_needed(const Tensor *t, int tier);
 /* Give the space back (no I/O, no state change). */

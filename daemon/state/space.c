@@ -354,8 +354,18 @@ uint64_t copy_room_needed(const Tensor *t, int tier) {
         const Registry *r = t->job->registry;
         const Job *j = t->job;
         uint64_t need = tier == LEVEL_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;
+        uint64_t room = need;
 
-        return j->used[tier] > j->limit[tier] ? need + (j->used[tier] - j->limit[tier]) : need;
+        if (j->used[tier] > j->limit[tier])
+                room = need + (j->used[tier] - j->limit[tier]);
+        for (unsigned i = 0; i < j->n_totals; i++) {
+                const JobTotal *jt = &j->totals[i];
+                uint64_t used = jt->total[tier] ? total_used(r, jt, tier, NULL) : 0;
+
+                if (used > jt->total[tier])
+                        room = MAX(room, need + (used - jt->total[tier]));
+        }
+        return room;
 }
 
 void copy_release(Tensor *t, int tier) {

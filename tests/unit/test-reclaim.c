@@ -2,6 +2,7 @@
 /* test-reclaim.c: room made for a copy: taken back from other jobs (engine/reclaim.c), or among the job's own. */
 
 #include <errno.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -155,7 +156,7 @@ static void setup_small(Config *c, void *userdata) {
  * after RESERVE_ATTEMPTS_MAX (64) tries the pin failed -ENOSPC, "at its host limit ... 0 B of it pinned",
  * with everything unpinned and clean: 96 tensors of 32 KiB held 3 MiB against a new limit of 1 MiB.
  */
-static void test_lowered_limit_makes_room(void **state) {
+static void lowered_makes_room(bool total) {
         Manager *m = fixture_new(64 * MiB, setup_small, NULL);
         Tensor *t[96], *n;
         Job *j;
@@ -171,7 +172,14 @@ static void test_lowered_limit_makes_room(void **state) {
                 fixture_touch(m, t[i], LEVEL_HOST, false);      /* clean in host: dropped, not written */
         }
         assert_int_equal(j->used[LEVEL_HOST], 3 * MiB);
-        j->limit[LEVEL_HOST] = 1 * MiB;                         /* as quota_apply_all() lowers it */
+        if (total) {
+                /* its uid's total, lowered: as quota_apply_all() resolves it */
+                j->totals = calloc(1, sizeof(JobTotal));
+                assert_non_null(j->totals);
+                j->totals[0] = (JobTotal) { .kind = QUOTA_UID, .id = 0, .total = { [LEVEL_HOST] = 1 * MiB } };
+                j->n_totals = 1;
+        } else
+                j->limit[LEVEL_HOST] = 1 * MiB;                 /* as quota_apply_all() lowers it */
         engine_limits_changed(m->engine);
         n = fixture_tensor(j, "new", 32 * 1024);
         assert_int_equal(fixture_op(m, OP_PIN, n, LEVEL_HOST), 0);
@@ -184,11 +192,21 @@ static void test_lowered_limit_makes_room(void **state) {
         fixture_free(m);
 }
 
+static void test_lowered_limit_makes_room(void **state) {
+        lowered_makes_room(false);
+}
+
+/* The same for a total of its uid lowered below what its jobs use (tierctl quota set --uid U --host-total). */
+static void test_lowered_total_makes_room(void **state) {
+        lowered_makes_room(true);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
                 cmocka_unit_test(test_guarantee_is_owed),
                 cmocka_unit_test(test_lowered_limit_makes_room),
+                cmocka_unit_test(test_lowered_total_makes_room),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
