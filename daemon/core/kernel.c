@@ -67,7 +67,10 @@ static int probe_uring_sparse_buffers(void) {
         struct io_uring ring;
         int r;
 
-        if (io_uring_queue_init(1, &ring, 0) < 0)
+        r = io_uring_queue_init(1, &ring, 0);
+        if (r == -EPERM || r == -EACCES || r == -ENOSYS)
+                return r;               /* io_uring itself is off here: kernel_check() says where to turn it on */
+        if (r < 0)
                 return KERNEL_UNPROBED;
         r = io_uring_register_buffers_sparse(&ring, 1);
         io_uring_queue_exit(&ring);
@@ -90,6 +93,19 @@ int kernel_check(const KernelFacts *f, char **ret_why) {
         size_t l = 0;
 
         *ret_why = NULL;
+        if (f->uring_sparse_buffers == -EPERM || f->uring_sparse_buffers == -EACCES ||
+            f->uring_sparse_buffers == -ENOSYS) {
+                if (asprintf(ret_why, "io_uring is turned off for tierd here (io_uring_setup: %s): tierd moves all "
+                             "NVMe data with io_uring. On Linux 6.6 or newer the sysctl kernel.io_uring_disabled "
+                             "must be 0 (or 1 with tierd in the group kernel.io_uring_group); in a container, its "
+                             "seccomp profile must allow io_uring_setup, io_uring_enter and io_uring_register; a "
+                             "kernel built without CONFIG_IO_URING cannot run tierd.",
+                             strerror(-f->uring_sparse_buffers)) < 0) {
+                        *ret_why = NULL;
+                        return -ENOMEM;
+                }
+                return KERNEL_REFUSED;
+        }
         if (f->uring_sparse_buffers < 0)
                 l += (size_t) snprintf(missing + l, sizeof(missing) - l, "%ssparse io_uring buffer registration "
                                        "(Linux 5.19; %s)", l ? ", " : "", strerror(-f->uring_sparse_buffers));

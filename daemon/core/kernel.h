@@ -12,7 +12,10 @@
 /* kernel_check()'s outcome besides 0 and -errno: this kernel lacks what tierd needs; the message says what. */
 #define KERNEL_REFUSED 1
 
-/* KernelFacts.uring_sparse_buffers: no ring could be made to try it (the start says why when it makes its own). */
+/*
+ * KernelFacts.uring_sparse_buffers: no ring could be made to try it, for a reason other than io_uring being
+ * off (-EPERM, -EACCES, -ENOSYS: refused); the start says why when it makes its own.
+ */
 #define KERNEL_UNPROBED 1
 
 /* What the checks look at, read by kernel_facts_read() or made up by a test. */

@@ -85,6 +85,28 @@ static void test_uring_unprobed(void **state) {
         assert_int_equal(kernel_check(&f, &why), 0);
 }
 
+/*
+ * io_uring turned off (kernel.io_uring_disabled, a container's seccomp filter, a kernel without it): refused
+ * before anything is made, with where to turn it on (it was a start that failed with status 1, which
+ * Restart=on-failure repeats).
+ */
+static void test_uring_off(void **state) {
+        static const int errs[] = { EPERM, EACCES, ENOSYS };
+
+        for (size_t i = 0; i < ELEMENTSOF(errs); i++) {
+                KernelFacts f = kernel("6.8.0");
+                _cleanup_free_ char *why = NULL;
+
+                f.uring_sparse_buffers = -errs[i];
+                assert_int_equal(kernel_check(&f, &why), KERNEL_REFUSED);
+                assert_non_null(why);
+                assert_non_null(strstr(why, "io_uring is turned off for tierd here (io_uring_setup: "));
+                assert_non_null(strstr(why, strerror(errs[i])));
+                assert_non_null(strstr(why, "kernel.io_uring_disabled"));
+                assert_non_null(strstr(why, "seccomp"));
+        }
+}
+
 /* This machine runs tierd's tests, so it has what tierd needs; the probes leave no fd behind. */
 static void test_this_kernel(void **state) {
         _cleanup_free_ char *why = NULL;
@@ -108,6 +130,7 @@ static void test_this_kernel(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_new_enough),
+                cmocka_unit_test(test_uring_off),
                 cmocka_unit_test(test_no_sparse_buffers),
                 cmocka_unit_test(test_no_eventfd_nowait),
                 cmocka_unit_test(test_backported),
