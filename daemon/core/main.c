@@ -8,7 +8,9 @@
  * needs (kernel.c; --check-config stops here, after the
  * capacity check the manager runs before it makes its pools and the NVMe
  * index's extent size check book_open() runs, read only), take the
- * socket systemd passed, create the state directory, block the signals the
+ * socket systemd passed and check it (or, without one, that no other daemon
+ * answers at the socket path) before anything is made, create the state
+ * directory, block the signals the
  * loop will read, build the Manager, listen, send READY=1 with STATUS=, run
  * the loop; STOPPING=1 is sent on the way out whatever the path.
  */
@@ -429,6 +431,12 @@ static int run(int argc, char *argv[]) {
 
         inherited = inherit_listen_fd();
         if (inherited < -1) {
+                config_deinit(&config);
+                return 1;
+        }
+        /* a socket tierd cannot serve on is refused before the state directory, the pools and the targets */
+        if (server_check_listen(inherited, config.socket_path) < 0) {
+                safe_close(inherited);
                 config_deinit(&config);
                 return 1;
         }

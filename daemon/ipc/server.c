@@ -198,15 +198,24 @@ Server *server_free(Server *s) {
         return NULL;
 }
 
-/* Take over a socket passed by the service manager (consumed). */
-static int listen_inherited(int fd) {
+/* Is the socket passed by the service manager one tierd can serve on?  0 or -EINVAL, logged. */
+static int check_inherited(int fd) {
         int type = 0;
         socklen_t l = sizeof(type);
 
-        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_SEQPACKET) {
-                safe_close(fd);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_SEQPACKET)
                 return log_error_errno(EINVAL, "The inherited socket is not SOCK_SEQPACKET "
                                        "(use ListenSequentialPacket= in the socket unit)");
+        return 0;
+}
+
+/* Take over a socket passed by the service manager (consumed). */
+static int listen_inherited(int fd) {
+        int r = check_inherited(fd);
+
+        if (r < 0) {
+                safe_close(fd);
+                return r;
         }
         (void) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
         (void) fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -285,6 +294,17 @@ static int listen_path(Server *s, const char *path) {
                 return log_error_errno(ENOMEM, "Out of memory");
         }
         return TAKE_FD(fd);
+}
+
+int server_check_listen(int inherited_fd, const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+        if (inherited_fd >= 0)
+                return check_inherited(inherited_fd);
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return log_error_errno(ENAMETOOLONG, "Socket path too long: \"%s\"", path);
+        strcpy(sa.sun_path, path);
+        return check_stale(&sa, path);
 }
 
 int server_listen(Server *s, int inherited_fd, const char *path) {

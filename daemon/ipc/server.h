@@ -65,6 +65,14 @@ Server *server_free(Server *s);
  * daemon answers on it; -EEXIST if something not a socket is there).
  */
 int server_listen(Server *s, int inherited_fd, const char *path);
+/*
+ * server_check_listen() - the checks of server_listen() that need no
+ * Server, for a start to run before it makes anything: an inherited socket
+ * (not consumed) is SOCK_SEQPACKET; at @path no other daemon answers and
+ * nothing but a socket lies (a stale socket is removed).  0 or -errno,
+ * logged.
+ */
+int server_check_listen(int inherited_fd, const char *path);
 unsigned server_n_conns(const Server *s);
 /* Connections of @uid past their Hello, @except not counted. */
 unsigned server_count_uid(const Server *s, uid_t uid, const Conn *except);

@@ -325,6 +325,52 @@ static void test_one_tierd_per_state_dir_and_target(void **state) {
         free(after1);
 }
 
+/* Nothing in @x's state directory but what the harness put there: no target, no NVMe index, no wear book. */
+static void made_nothing(const TestDaemon *x) {
+        static const char *const files[] = { "t0.img", "nvme-index.0", "nvme-index.1", "wear" };
+        char path[600];
+
+        for (size_t i = 0; i < ELEMENTSOF(files); i++) {
+                snprintf(path, sizeof(path), "%s/%s", x->dir, files[i]);
+                if (access(path, F_OK) == 0)
+                        fail_msg("%s was made by a tierd that refused to start", path);
+        }
+}
+
+/*
+ * A socket tierd cannot serve on is refused before it makes anything: another tierd answering at
+ * the path (its own state directory and target), or a file that is not a socket there.  Both were
+ * found only once the pools, the target file, the NVMe index and the wear book were made: a
+ * preallocated target left behind, and a large host pool locked (seconds a GiB) for nothing.
+ */
+static void test_busy_socket_refused_first(void **state) {
+        TestDaemon d2 = {};
+        char sock[300];
+        int fd;
+
+        assert_int_equal(test_daemon_start(&d, CONFIG("64M", "64M")), 0);
+        {
+                const char *const args[] = { "--socket", d.socket, NULL };
+
+                assert_int_equal(test_daemon_init(&d2, CONFIG("64M", "64M")), 0);
+                refused(&d2, args, "Another tierd is already listening on");
+                made_nothing(&d2);
+        }
+        snprintf(sock, sizeof(sock), "%s/not-a-socket", d2.dir);
+        fd = open(sock, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        assert_true(fd >= 0);
+        close(fd);
+        {
+                const char *const args[] = { "--socket", sock, NULL };
+
+                refused(&d2, args, "exists and is not a socket");
+                made_nothing(&d2);
+        }
+        assert_int_equal(access(sock, F_OK), 0);
+        test_daemon_cleanup(&d2);
+        assert_int_equal(test_daemon_stop(&d), 0);
+}
+
 static void test_reload_warns(void **state) {
         _cleanup_free_ char *status = NULL;
 
@@ -518,6 +564,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_target_above_free_space, teardown),
                 cmocka_unit_test_teardown(test_capacity_that_passes, teardown),
                 cmocka_unit_test_teardown(test_one_tierd_per_state_dir_and_target, teardown),
+                cmocka_unit_test_teardown(test_busy_socket_refused_first, teardown),
                 cmocka_unit_test_teardown(test_check_config_quotas, teardown),
                 cmocka_unit_test_teardown(test_invalid_config_refused, teardown),
                 cmocka_unit_test_teardown(test_reload_warns, teardown),

@@ -252,10 +252,14 @@ static void test_activation(void **state) {
         assert_int_equal(access(config_sock, F_OK), -1);
 }
 
-/* A socket of the wrong type (ListenStream=): tierd refuses it with a reason and exits 1. */
+/*
+ * A socket of the wrong type (ListenStream=): tierd refuses it with a reason and exits 1, before it
+ * makes anything (it used to make the pools, the target file and the NVMe index first).
+ */
 static void test_activation_wrong_type(void **state) {
         TestDaemonOptions o = { .activate = true, .stream = true };
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        char path[600];
         int fd, r;
 
         assert_int_equal(test_daemon_init(&d, CONFIG), 0);
@@ -274,6 +278,10 @@ static void test_activation_wrong_type(void **state) {
         assert_int_equal(r, 1);
         assert_true(test_daemon_log_contains(&d, "is not SOCK_SEQPACKET"));
         assert_true(test_daemon_wait_notify(&d, "READY=1", 0) < 0);
+        snprintf(path, sizeof(path), "%s/t0.img", d.dir);
+        assert_int_equal(access(path, F_OK), -1);
+        snprintf(path, sizeof(path), "%s/nvme-index.0", d.dir);
+        assert_int_equal(access(path, F_OK), -1);
 }
 
 int main(void) {
