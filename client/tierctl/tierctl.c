@@ -193,6 +193,12 @@ int main(int argc, char **argv) {
         while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0) {
                 switch (c) {
                 case ARG_SOCKET:
+                        /* libtier takes "" as "the default": a script's --socket "$UNSET" must not reach it */
+                        if (!*optarg) {
+                                fprintf(stderr, "tierctl: --socket needs a path, not an empty string (leave "
+                                        "--socket out for $TIER_SOCKET or the default socket)\n");
+                                return EXIT_USAGE;
+                        }
                         arg_socket = optarg;
                         break;
                 case ARG_JSON:

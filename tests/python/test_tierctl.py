@@ -145,6 +145,15 @@ class TestTierctl(tierd.DaemonTestCase):
             self.assertEqual(p.returncode, 1, verb)
             self.assertIn("/nonexistent/tierd.sock", p.stderr)
 
+    def test_empty_socket(self) -> None:
+        """--socket "" is a usage error: libtier took it as "the default", so a script's --socket "$UNSET"
+        reached $TIER_SOCKET or the system's tierd instead of failing."""
+        p = subprocess.run([tierctl_path(), "--socket", "", "status"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, TIER_SOCKET=self.socket))
+        self.assertEqual(p.returncode, 2, p)
+        self.assertIn("--socket needs a path", p.stderr)
+        self.assertEqual(p.stdout, "")
+
     def test_unknown_job(self) -> None:
         for args in (["tensors", "nojob"], ["evict", "nojob"], ["evict", "--to", "host", "nojob"],
                      ["detach", "nojob"], ["quota", "get", "nojob"]):
