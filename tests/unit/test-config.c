@@ -769,6 +769,27 @@ static void test_man_reload_keys(_unused_ void **state) {
         }
 }
 
+/*
+ * The sample tierd.conf's opening comment names every key a reload applies: it said "the others need
+ * systemctl restart" of uid_share, default_weight and [trace] buffer, which a reload applies.
+ */
+static void test_sample_reload_keys(_unused_ void **state) {
+        _cleanup_free_ char *sample = read_source("systemd/tierd.conf");
+        char *end;
+        const ConfigKey *k;
+
+        if (!sample)
+                skip();
+        end = strstr(sample, "\n[daemon]");
+        assert_non_null(end);
+        *end = '\0';
+        for (size_t i = 0; (k = config_key_at(i)); i++)
+                if (k->live && !strstr(sample, k->name))
+                        fail_msg("systemd/tierd.conf's opening comment does not name %s among the keys a reload "
+                                 "applies", k->name);
+        assert_non_null(strstr(sample, "[quota] sections"));
+}
+
 /* A NULL ret_error is allowed everywhere. */
 static void test_no_error_string(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -797,6 +818,7 @@ int main(void) {
                 cmocka_unit_test(test_overrides_checked),
                 cmocka_unit_test_setup_teardown(test_reload_file_removed, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test(test_man_reload_keys),
+                cmocka_unit_test(test_sample_reload_keys),
                 cmocka_unit_test(test_no_error_string),
         };
 
