@@ -174,9 +174,6 @@ static int manager_setup_memstore(Manager *m, bool vram_emulated) {
                 stored.fds[i] = -1;
         }
         stored_forget();
-        if (!m->memstore)
-                log_debug("Memory store: off (%s)", m->config.nvme_persist ? "no service manager ($NOTIFY_SOCKET)" :
-                          "[nvme] persist = no");
         memstore_load(m->memstore);
         return 0;
 }

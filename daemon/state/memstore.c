@@ -106,8 +106,14 @@ int memstore_new(sd_event *event, bool persist, uint64_t host_seg_size, uint32_t
         int fd, r;
 
         *ret = NULL;
-        if (!persist || !path)
+        if (!persist) {
+                log_debug("Memory store: off ([nvme] persist = no)");
                 return 0;
+        }
+        if (!path) {
+                log_debug("Memory store: off (no service manager: $NOTIFY_SOCKET unset)");
+                return 0;
+        }
         if (!max) {
                 /* systemd >= 254 sets $FDSTORE to FileDescriptorStoreMax=; tierd.service sets it for older ones */
                 log_debug("Memory store: off ($FDSTORE unset: the service manager keeps no fds for tierd)");

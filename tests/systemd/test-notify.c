@@ -50,12 +50,20 @@ static int teardown(void **state) {
         return 0;
 }
 
-/* READY=1 comes with a STATUS= that describes the tiers, in the same message. */
+/*
+ * READY=1 comes with a STATUS= that describes the tiers, in the same message.  With a service manager
+ * ($NOTIFY_SOCKET) that keeps no fds ($FDSTORE unset), the log says why the memory store is off, and
+ * only that: it added "no service manager ($NOTIFY_SOCKET)", which was wrong.
+ */
 static void test_ready_status(void **state) {
+        TestDaemonOptions o = { .wait_ready = true, .log_level = "debug" };
         char status[1024];
         int i;
 
-        start(0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        assert_true(test_daemon_log_contains(&d, "Memory store: off ($FDSTORE unset"));
+        assert_false(test_daemon_log_contains(&d, "no service manager"));
         i = test_daemon_find_notify(&d, "READY=1");
         assert_true(i >= 0);
         assert_non_null(test_notify_field(d.notes[i].text, "STATUS", status, sizeof(status)));
