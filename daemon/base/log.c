@@ -27,6 +27,10 @@
 /* sd_journal_sendv() would add CODE_FILE= etc. of this file: we send the caller's */
 #define SD_JOURNAL_SUPPRESS_LOCATION
 #include <systemd/sd-journal.h>
+#include <unistd.h>
+
+/* Where sd_journal_sendv() sends: fixed in libsystemd. */
+#define JOURNAL_SOCKET "/run/systemd/journal/socket"
 
 #include "daemon/base/log.h"
 
@@ -150,7 +154,12 @@ static int log_fullv(int level, int error, const char *file, int line, const cha
                 }
                 for (const char *f = fields; f && *f && n < ELEMENTSOF(iov); f += strlen(f) + 1)
                         iov[n++] = (struct iovec) { (void *) f, strlen(f) };
-                if (sd_journal_sendv(iov, (int) n) >= 0)
+                /*
+                 * sd_journal_sendv() reports success when the journal's socket does not exist at all
+                 * (no journald: a container, --log-target=journal by hand), and the message is gone:
+                 * what it says was sent counts only where the socket is.
+                 */
+                if (sd_journal_sendv(iov, (int) n) >= 0 && access(JOURNAL_SOCKET, F_OK) == 0)
                         goto out;
                 /* journal unreachable: fall through to stderr */
         }

@@ -258,9 +258,26 @@ static void test_journal_fields(void **state) {
         assert_non_null(find_entry("SIGTERM received, stopping"));
 }
 
+/*
+ * No journal at all (no socket: a container without journald): --log-target=journal writes to
+ * standard error instead.  sd_journal_sendv() reports success there, and the messages were lost: a
+ * refused configuration exited 6 without a word.  Runs last: it removes the test's journal socket.
+ */
+static void test_journal_absent(void **state) {
+        static const char *const args[] = { "--log-target", "journal", "--config", "/nonexistent/tierd.conf", NULL };
+        TestDaemonOptions o = { .args = args };
+
+        assert_int_equal(unlink(JOURNAL_SOCKET), 0);
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        assert_int_equal(test_daemon_kill(&d, 0, 15000), 6);
+        assert_true(test_daemon_log_contains(&d, "/nonexistent/tierd.conf: No such file or directory"));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_journal_fields, teardown),
+                cmocka_unit_test_teardown(test_journal_absent, teardown),
         };
 
         return cmocka_run_group_tests_name("journal", tests, setup, group_teardown);
