@@ -153,9 +153,11 @@ static void notify_stopping(const char **p) {
  * the first AF_UNIX SOCK_SEQPACKET listener, returned; the memory store's
  * (named MEMSTORE_FD_PREFIX..., from its fd store) handed to the manager.
  * Any other fd passed is closed with a warning, so none leaks into the
- * daemon.  A single fd of the wrong type is returned anyway, for
- * server_listen() to refuse with its reason.  Returns the fd (owned by the
- * caller), -1 for none, or -errno.
+ * daemon.  When sockets were passed but none is such a listener, the first
+ * is returned anyway, for server_check_listen() to refuse with its reason:
+ * binding a socket of its own instead, tierd served where no client of the
+ * socket unit looks.  Returns the fd (owned by the caller), -1 for none
+ * (nothing passed but the memory store's), or -errno.
  */
 static int inherit_listen_fd(void) {
         char **names = NULL;
@@ -183,8 +185,8 @@ static int inherit_listen_fd(void) {
         for (int i = 0; i < n; i++)
                 if (fd < 0 && sd_is_socket_unix(SD_LISTEN_FDS_START + i, SOCK_SEQPACKET, 1, NULL, 0) > 0)
                         fd = SD_LISTEN_FDS_START + i;
-        if (fd < 0 && n - (int) n_mem == 1)
-                for (int i = 0; i < n; i++) {
+        if (fd < 0)
+                for (int i = 0; i < n && fd < 0; i++) {
                         bool stored = false;
 
                         for (size_t k = 0; k < n_mem; k++)

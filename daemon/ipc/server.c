@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <systemd/sd-daemon.h>
 #include <systemd/sd-event.h>
 #include <unistd.h>
 
@@ -206,6 +207,9 @@ static int check_inherited(int fd) {
         if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_SEQPACKET)
                 return log_error_errno(EINVAL, "The inherited socket is not SOCK_SEQPACKET "
                                        "(use ListenSequentialPacket= in the socket unit)");
+        if (sd_is_socket_unix(fd, SOCK_SEQPACKET, 1, NULL, 0) <= 0)
+                return log_error_errno(EINVAL, "The inherited socket is not a listening AF_UNIX socket "
+                                       "(use ListenSequentialPacket=PATH in the socket unit)");
         return 0;
 }
 

@@ -286,6 +286,10 @@ int test_daemon_spawn(TestDaemon *d, const TestDaemonOptions *o) {
                         argv[n++] = "--seqpacket";
                 argv[n++] = "-l";
                 argv[n++] = d->socket;
+                if (o->listen2) {
+                        argv[n++] = "-l";
+                        argv[n++] = o->listen2;
+                }
                 argv[n++] = "-E";
                 argv[n++] = env_notify;
                 if (o->watchdog_usec) {

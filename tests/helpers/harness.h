@@ -57,6 +57,8 @@ typedef struct TestDaemonOptions {
         bool activate;
         /* With .activate: a stream socket (ListenStream=) instead of SOCK_SEQPACKET. */
         bool stream;
+        /* With .activate: a second socket, of the same type, at this path (fd 4; NULL: none). */
+        const char *listen2;
         /* WATCHDOG_USEC for tierd (and WATCHDOG_PID = its pid); 0: none. */
         uint64_t watchdog_usec;
         /* WATCHDOG_PID to set instead of tierd's own pid (0: tierd's). */

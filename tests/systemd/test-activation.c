@@ -284,10 +284,47 @@ static void test_activation_wrong_type(void **state) {
         assert_int_equal(access(path, F_OK), -1);
 }
 
+/*
+ * Two sockets of the wrong type (two ListenStream=): refused as one is, before anything is made.  tierd
+ * closed both, bound the configuration's socket itself and served there, where no client of the socket
+ * unit looks, while their connections waited in the unit's queue for ever.
+ */
+static void test_activation_two_wrong_type(void **state) {
+        TestDaemonOptions o = { .activate = true, .stream = true };
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        char path[600], second[600];
+        int fd, r;
+
+        assert_int_equal(test_daemon_init(&d, CONFIG), 0);
+        snprintf(second, sizeof(second), "%s/second.sock", d.dir);
+        o.listen2 = second;
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        for (int i = 0; i < 200 && access(second, F_OK) < 0; i++)
+                usleep(25000);
+
+        strcpy(sa.sun_path, d.socket);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        assert_int_equal(connect(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
+        r = test_daemon_kill(&d, 0, 15000);       /* signal 0: only wait for it to exit */
+        close(fd);
+        printf("tierd with two stream sockets exited with status %d\n", r);
+        if (r != 1)
+                test_daemon_dump_log(&d);
+        assert_int_equal(r, 1);
+        assert_true(test_daemon_log_contains(&d, "is not SOCK_SEQPACKET"));
+        assert_true(test_daemon_wait_notify(&d, "READY=1", 0) < 0);
+        snprintf(path, sizeof(path), "%s/config.sock", d.dir);
+        assert_int_equal(access(path, F_OK), -1);
+        snprintf(path, sizeof(path), "%s/t0.img", d.dir);
+        assert_int_equal(access(path, F_OK), -1);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_activation, teardown),
                 cmocka_unit_test_teardown(test_activation_wrong_type, teardown),
+                cmocka_unit_test_teardown(test_activation_two_wrong_type, teardown),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
