@@ -135,8 +135,9 @@ class TestTierctl(tierd.DaemonTestCase):
                     self.assertIn(f"tierctl {' '.join(verb[:2] if verb[0] == 'quota' else verb[:1])}: the job "
                                   f"name {msg}", p.stderr)
                     self.assertEqual(p.stdout, "")
-        # the longest name that may be is tierd's to judge: no such job (1)
-        self.assertIn("no job", self.ctl("tensors", "j" * 4096, expect=1).stderr)
+        # the longest name tierctl passes on is tierd's to judge: over its max_name (1), and a short one no job (1)
+        self.assertIn("job name longer than max_name (255 bytes)", self.ctl("tensors", "j" * 4096, expect=1).stderr)
+        self.assertIn("no job", self.ctl("tensors", "j" * 255, expect=1).stderr)
 
     def test_unreachable(self) -> None:
         for verb in (["status"], ["jobs"], ["tensors", "j"], ["evict", "j"], ["detach", "j"], ["quota", "get"]):
