@@ -159,6 +159,37 @@ class TestUsage(tierd.DaemonTestCase):
         eng.close()
         self.same(model, ref, "closed")
 
+    def test_changes_through_data_refused(self) -> None:
+        """WGAN's weight clipping is ``p.data.clamp_(-c, c)`` after step(); a manual decay or noise
+        ``p.data.mul_()``, ``p.data.add_()``.  ``.data`` is a new tensor with a version counter of its own:
+        on the empty placeholder such a change did nothing and nothing saw it, so training went on without
+        it, silently.  Now each is refused at the next forward, naming the parameter, as the same change
+        without ``.data``; the run goes on as plain PyTorch's, and after close() ``.data`` is torch's own."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "data")
+        data = batches(4)
+        changes = (lambda p: p.data.clamp_(-0.01, 0.01), lambda p: p.data.mul_(0.5),
+                   lambda p: p.data.add_(torch.ones_like(p.data)))
+        for i, x in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+            if i < len(changes):
+                for p in model.parameters():
+                    changes[i](p)
+                with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter tok\.weight was "
+                                                          r"changed in place outside the model's forward"):
+                    lm_loss(model, data[0])
+        self.same(model, ref, "after the refusals")
+        eng.close()
+        self.same(model, ref, "closed")
+        self.assertIs(type(model.head.weight), torch.nn.Parameter)
+        model.head.weight.data.mul_(0.0)                    # the model's own again: the change is real
+        self.assertEqual(float(model.state_dict()["head.weight"].abs().sum()), 0.0)
+
     def test_changes_inside_the_forward_refused(self) -> None:
         """A parameter changed in place inside its block's forward (a pre-hook clamping it under
         torch.no_grad()) went into the copy tierd maps for the forward, which that phase only reads: the

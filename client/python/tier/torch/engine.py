@@ -346,8 +346,10 @@ class Offload(torch.optim.Optimizer):
 
     def _unmap(self, s: Slot) -> None:
         """``s``'s parameter gets its placeholder; a change in place to it from now on is refused."""
+        guards.unwatch_data(s.param)
         s.param.data = self._placeholder(s.param)
         s.ph_version = s.param._version
+        guards.watch_data(s.param)              # (p.data.clamp_() counted in _version too)
 
     def describe(self) -> str:
         """The blocks, their bytes per kind of state, and what the job's budgets mean for them."""
@@ -504,6 +506,7 @@ class Offload(torch.optim.Optimizer):
             flat = owner.maps[("p", VRAM)] if on else None
             for s in (owner.slots if owner is b else b.shared):
                 if on:
+                    guards.unwatch_data(s.param)
                     s.param.data = s.view(flat, "p")
                     s.map_version = s.param._version
                 else:
@@ -940,6 +943,7 @@ class Offload(torch.optim.Optimizer):
         guards.release_params(self)
         for b in self.blocks:
             for s in b.slots:
+                guards.unwatch_data(s.param)
                 s.param.data = values[s.name] if values is not None else self._placeholder(s.param)
             for t in b.tensors.values():
                 t.destroy()

@@ -167,6 +167,55 @@ def check_params(eng: Any, what: str) -> None:
                     "the engine, or through model.load_state_dict() (written into tierd)")
 
 
+#: the getter of ``Tensor.data``, as __torch_function__ is handed it
+_DATA_GET = torch._C._TensorBase.data.__get__
+_WATCHED: dict[type, type] = {}     # a parameter class: its subclass that watches .data (watch_data())
+
+
+def _watching(cls: type) -> type:
+    """``cls`` (torch.nn.Parameter, or a subclass) with ``.data`` giving ``detach()``, which shares the
+    parameter's version counter; the rest as ``cls`` does it."""
+    sub = _WATCHED.get(cls)
+    if sub is None:
+        base = cls.__torch_function__
+
+        plain = base is torch._C._disabled_torch_function_impl      # (Parameter's: torch's own ops)
+
+        def tf(k: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func == _DATA_GET:
+                with torch._C.DisableTorchFunction():
+                    return args[0].detach()
+            if not plain:
+                return base(func, types, args, kwargs)
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
+
+        sub = type(cls.__name__, (cls,), {"__torch_function__": classmethod(tf), "__slots__": (),
+                                          "__module__": cls.__module__, "_tier_watched": cls})
+        _WATCHED[cls] = sub
+    return sub
+
+
+def watch_data(p: torch.Tensor) -> None:
+    """``p`` holds its empty placeholder: a change through ``p.data`` (WGAN's ``p.data.clamp_()``) is seen.
+    ``.data`` is a tensor with a version counter of its own, so the change in place did nothing to the
+    placeholder and nothing saw it (check_params() compares ``p._version``): training went on without it.
+    Its class becomes one whose ``.data`` is ``p.detach()``, counted in ``p._version``."""
+    cls = type(p)
+    if getattr(cls, "_tier_watched", None) is None:
+        try:
+            p.__class__ = _watching(cls)
+        except TypeError:       # (a class whose layout differs: left as it was)
+            pass
+
+
+def unwatch_data(p: torch.Tensor) -> None:
+    """``p`` gets values again (its phase, close()): its own class back, before they are set."""
+    orig = getattr(type(p), "_tier_watched", None)
+    if orig is not None:
+        p.__class__ = orig
+
+
 _OWNERS: dict[int, Any] = {}    # id(parameter): a weak reference to the engine that laid it out
 
 
