@@ -220,6 +220,17 @@ class TestUsage(tierd.DaemonTestCase):
             lm_loss(model, data[2])
         lm_loss(model, data[2]).backward()
         eng.step()
+        eng.zero_grad()
+        # through .data (a tensor with a version counter of its own): it was lost without a word
+
+        def clamp_data(mod, args):
+            mod.weight.data.clamp_(-0.01, 0.01)
+
+        h = model.head.register_forward_pre_hook(clamp_data)
+        lm_loss(model, data[0]).backward()
+        h.remove()
+        with self.assertRaisesRegex(RuntimeError, r"step\(\): parameter head\.weight was changed in place inside"):
+            eng.step()
         eng.close()
 
     def test_second_engine_refused(self) -> None:

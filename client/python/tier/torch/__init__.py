@@ -30,8 +30,9 @@ submodule: by default the ones :func:`auto_blocks` finds (the layers of
 
 Outside its phases a parameter's ``.data`` is an empty placeholder, so the
 model holds nothing: a block's parameters are mapped only while it runs.  A
-placeholder's ``.data`` is its ``detach()`` (tier.torch.guards.watch_data), so
-that a change through it (``p.data.clamp_()``) is seen, and refused.
+parameter's ``.data`` is its ``detach()`` while the engine has it
+(tier.torch.guards.watch_data), so that a change through it
+(``p.data.clamp_()``) is seen, and refused.
 
 One training step is a cycle of phases: the forward of each block in the
 order the model calls them, then, as autograd reaches each block, its

@@ -506,8 +506,7 @@ class Offload(torch.optim.Optimizer):
             flat = owner.maps[("p", VRAM)] if on else None
             for s in (owner.slots if owner is b else b.shared):
                 if on:
-                    guards.unwatch_data(s.param)
-                    s.param.data = s.view(flat, "p")
+                    s.param.data = s.view(flat, "p")    # (watched still: p.data.clamp_() there is seen too)
                     s.map_version = s.param._version
                 else:
                     guards.note_mapped_write(self, s)

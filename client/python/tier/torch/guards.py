@@ -197,10 +197,11 @@ def _watching(cls: type) -> type:
 
 
 def watch_data(p: torch.Tensor) -> None:
-    """``p`` holds its empty placeholder: a change through ``p.data`` (WGAN's ``p.data.clamp_()``) is seen.
-    ``.data`` is a tensor with a version counter of its own, so the change in place did nothing to the
-    placeholder and nothing saw it (check_params() compares ``p._version``): training went on without it.
-    Its class becomes one whose ``.data`` is ``p.detach()``, counted in ``p._version``."""
+    """``p`` is the engine's (placeholder or mapped copy): a change through ``p.data`` (WGAN's
+    ``p.data.clamp_()``) is seen.  ``.data`` is a tensor with a version counter of its own, so the change
+    did nothing to the placeholder, or went into the copy a phase only reads, and nothing saw it
+    (check_params() and note_mapped_write() compare ``p._version``): training went on without it.  Its
+    class becomes one whose ``.data`` is ``p.detach()``, counted in ``p._version``, until close()."""
     cls = type(p)
     if getattr(cls, "_tier_watched", None) is None:
         try:
@@ -210,7 +211,7 @@ def watch_data(p: torch.Tensor) -> None:
 
 
 def unwatch_data(p: torch.Tensor) -> None:
-    """``p`` gets values again (its phase, close()): its own class back, before they are set."""
+    """``p`` gets its values back (close()): its own class back, before they are set."""
     orig = getattr(type(p), "_tier_watched", None)
     if orig is not None:
         p.__class__ = orig
