@@ -66,7 +66,7 @@ static void help(FILE *f) {
                 "\n"
                 "Options:\n"
                 "  --socket PATH   talk to tierd at PATH (default: $TIER_SOCKET, else %s)\n"
-                "  --json          print one JSON document (every command takes --json too)\n"
+                "  --json          print one JSON document (every command but help takes --json too)\n"
                 "  -h, --help      show this help\n"
                 "      --version   show the version\n"
                 "\n"
@@ -105,6 +105,11 @@ static int verb_help(int argc, char **argv) {
                 return EXIT_SUCCESS;
         }
         v = verb_find(argv[1]);
+        if (!v && argv[1][0] == '-') {
+                fprintf(stderr, "tierctl help: takes no option but --help, not '%s' (its text is not JSON; "
+                        "tierctl help COMMAND)\n", argv[1]);
+                return EXIT_USAGE;
+        }
         if (!v) {
                 fprintf(stderr, "tierctl help: unknown command '%s' (try tierctl --help)\n", argv[1]);
                 return EXIT_USAGE;

@@ -139,6 +139,12 @@ static int parse_argv(int argc, char *argv[]) {
                 fprintf(stderr, "tierd: unexpected argument '%s' (try --help)\n", argv[optind]);
                 return -EINVAL;
         }
+        /* an empty path ("$UNSET") names no file: it was ": No such file or directory", or the cwd */
+        if ((arg_config && !arg_config[0]) || (arg_socket && !arg_socket[0]) || (arg_state_dir && !arg_state_dir[0])) {
+                fprintf(stderr, "tierd: --%s is empty: give a path (try --help)\n",
+                        arg_config && !arg_config[0] ? "config" : arg_socket && !arg_socket[0] ? "socket" : "state-dir");
+                return -EINVAL;
+        }
         return 0;
 }
 

@@ -86,6 +86,8 @@ class TestTierctl(tierd.DaemonTestCase):
             self.assertEqual(self.ctl("help", verb).stdout, own)
         self.assertIn("quota set", self.ctl("help", "quota").stdout)
         self.assertIn("unknown command 'nosuch'", self.ctl("help", "nosuch", expect=2).stderr)
+        # help's text is not JSON: its usage error says so (it was "unknown command '--json'")
+        self.assertIn("takes no option but --help, not '--json'", self.ctl("help", "--json", expect=2).stderr)
         self.ctl("nosuch", expect=2)
         self.ctl(expect=2)
 
