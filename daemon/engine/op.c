@@ -272,7 +272,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                         return op_fail(op, r, "cannot allocate %s space for tensor '%s': %s", level_to_string(tier),
                                        t->name, strerror(-r));
                 if (why == SPACE_TOO_LARGE || why == SPACE_OVER_QUOTA || why == SPACE_TARGETS ||
-                    why == SPACE_TOTAL_OVER)
+                    why == SPACE_TOTAL_OVER || why == SPACE_NVME_KEPT)
                         break;          /* making room among the job's copies cannot help */
                 /* (not for a pin the segment would take into room kept for guarantees: refused anyway) */
                 if (why == SPACE_POOL && (r = pin_kept(op, t, tier, true)) != -EAGAIN) {

@@ -365,6 +365,7 @@ typedef enum SpaceShort {
         SPACE_TARGETS,          /* the NVMe targets are full */
         SPACE_TOTAL,            /* a total of the job's uid or group (JobTotal) is reached */
         SPACE_TOTAL_OVER,       /* larger than a total of the job's uid or group: never fits */
+        SPACE_NVME_KEPT,        /* the free NVMe room is kept for other jobs' unused nvme_min (nvme_kept()) */
         _SPACE_SHORT_MAX,
         _SPACE_SHORT_INVALID = -22,
 } SpaceShort;
@@ -377,9 +378,34 @@ bool total_covers(const JobTotal *jt, const Job *o);
 const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64_t need, bool *ret_over);
 
 /*
+ * A job claims its guarantees (Job.guarantee) while it has not ended and does
+ * not linger: a lingering job keeps its data but not its claim on capacity.
+ * (A job just made, before its first rank is counted, claims them.)
+ */
+static inline bool job_claims_room(const Job *j) {
+        return !j->dying && j->linger_until == 0;
+}
+
+/* The part of @j's NVMe guarantee it does not use: room kept free for it while it claims it. */
+static inline uint64_t nvme_unused_guarantee(const Job *j) {
+        return j->guarantee[LEVEL_NVME] > j->used[LEVEL_NVME] ? j->guarantee[LEVEL_NVME] - j->used[LEVEL_NVME] : 0;
+}
+
+/*
+ * nvme_kept() - the NVMe bytes kept free for the guarantees of the jobs of
+ * @r other than @except (may be NULL) that claim them: the sum of their
+ * nvme_unused_guarantee().  NVMe is the last tier, so its copies are never
+ * taken back from a job: a guarantee there is a reservation.  @who (may be
+ * NULL) gets "'a' (128.0 MiB, 16.0 MiB of it used), ...".
+ */
+uint64_t nvme_kept(const Registry *r, const Job *except, char *who, size_t size);
+
+/*
  * copy_alloc() - give @t's copy in @tier its space (pieces of the job's
  * segments, or NVMe extents) and count it.  -ENOSPC with *@ret_why set
- * when it does not fit; the caller may make room and try again.
+ * when it does not fit; the caller may make room and try again.  An NVMe
+ * copy beyond its job's unused guarantee must leave nvme_kept() free
+ * (SPACE_NVME_KEPT); one within it (a job that claims it) always may.
  */
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why);
 /*

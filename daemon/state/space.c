@@ -34,6 +34,18 @@
  * the room but not in one run (-ENOSPC, fragmentation, with the longest
  * run), or the pool's segments are held by other jobs (-EAGAIN: retry later;
  * they are named, with their use and whether they are idle).
+ *
+ * NVMe is the last tier: a copy there is never taken back from a job, as
+ * host and VRAM copies are (engine/reclaim.c), for there is nothing below
+ * to write it to.  So a guarantee there (nvme_min) is a reservation: the
+ * part of it a job that claims it (job_claims_room()) does not use stays
+ * free for it.  An NVMe copy is placed only when the targets keep that
+ * room of the other jobs free after it (nvme_kept(); SPACE_NVME_KEPT,
+ * -ENOSPC, the jobs named, otherwise); one within its own job's unused
+ * guarantee always is.  quota.c keeps the claims within what is free when
+ * they are made (a job made or attached, a quota set), so the room is
+ * there when a guaranteed job needs it.  The targets are one set: a
+ * copy's extents go to any of them (nvme_alloc()).
  */
 
 #include <errno.h>
@@ -303,6 +315,46 @@ const JobTotal *total_exceeded(const Registry *r, const Job *j, int tier, uint64
         return NULL;
 }
 
+/* ---- room kept on NVMe for guarantees ----------------------------------------------------------- */
+
+uint64_t nvme_kept(const Registry *r, const Job *except, char *who, size_t size) {
+        uint64_t kept = 0;
+        size_t len = 0;
+
+        if (who && size > 0)
+                who[0] = '\0';
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+                uint64_t unused = nvme_unused_guarantee(o);
+                char g[SIZE_FORMAT_MAX], u[SIZE_FORMAT_MAX];
+                int k;
+
+                if (o == except || !job_claims_room(o) || unused == 0)
+                        continue;
+                kept = kept + unused < kept ? UINT64_MAX : kept + unused;
+                if (!who || len + 1 >= size)
+                        continue;
+                size_format(g, sizeof(g), o->guarantee[LEVEL_NVME]);
+                size_format(u, sizeof(u), o->used[LEVEL_NVME]);
+                k = snprintf(who + len, size - len, "%s'%s' (%s, %s of it used)", len ? ", " : "", o->name, g, u);
+                if (k >= (int) (size - len) && size >= 4)
+                        (void) snprintf(who + size - 4, 4, "...");      /* cut short: say so */
+                if (k > 0)
+                        len = MIN(size - 1, len + (size_t) k);
+        }
+        return kept;
+}
+
+/* Would @need more NVMe bytes of @j's cut into the room kept for the other jobs' guarantees? */
+static bool nvme_cuts_kept(const Registry *r, const Job *j, uint64_t need) {
+        uint64_t free_bytes = r->capacity[LEVEL_NVME] > r->used[LEVEL_NVME] ?
+                r->capacity[LEVEL_NVME] - r->used[LEVEL_NVME] : 0;
+
+        if (job_claims_room(j) && need <= nvme_unused_guarantee(j))
+                return false;           /* within its own guarantee: never refused */
+        return need > free_bytes || nvme_kept(r, j, NULL, 0) > free_bytes - need;
+}
+
 /* ---- a copy's space ------------------------------------------------------------------------ */
 
 int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
@@ -334,6 +386,10 @@ int copy_alloc(Tensor *t, int tier, SpaceShort *ret_why) {
                 }
         }
         if (tier == LEVEL_NVME) {
+                if (nvme_cuts_kept(r, j, need)) {
+                        *ret_why = SPACE_NVME_KEPT;
+                        return -ENOSPC;
+                }
                 q = nvme_alloc(r->nvme, t->alloc_size, (unsigned) (t->id % r->nvme->n_targets), &c->extents,
                                &c->n_extents);
                 if (q == -ENOSPC)
@@ -501,6 +557,23 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
         case SPACE_TARGETS:
                 snprintf(buf, size, "the NVMe targets (%s) have no room left for tensor '%s' (%s)", cap, t->name, need);
                 return -ENOSPC;
+        case SPACE_NVME_KEPT: {
+                uint64_t left = r->capacity[LEVEL_NVME] > r->used[LEVEL_NVME] ?
+                        r->capacity[LEVEL_NVME] - r->used[LEVEL_NVME] : 0;
+                char kept[SIZE_FORMAT_MAX], own[SIZE_FORMAT_MAX];
+
+                /* (the names cut short, so that the advice fits an op's error) */
+                size_format(kept, sizeof(kept), nvme_kept(r, j, who, MIN(sizeof(who), (size_t) 128)));
+                size_format(freeb, sizeof(freeb), left);
+                size_format(own, sizeof(own), job_claims_room(j) ? nvme_unused_guarantee(j) : 0);
+                snprintf(buf, size, "the NVMe room left (%s free of %s) is kept, %s of it, for the guaranteed minimum "
+                         "(nvme_min) of %s: tensor '%s' of job '%s' needs %s, beyond its own unused guarantee there "
+                         "(%s%s); NVMe copies are never taken back from a job, so that room stays free until those "
+                         "jobs use it or end: free NVMe copies of job '%s', or lower those guarantees (tierctl quota "
+                         "set --nvme-min)", freeb, cap, kept, who[0] ? who : "other jobs", t->name, j->name, need, own,
+                         job_claims_room(j) ? "" : ", none while it lingers", j->name);
+                return -ENOSPC;
+        }
         case SPACE_TOTAL:
         case SPACE_TOTAL_OVER: {
                 uint64_t want = tier == LEVEL_NVME ? ALIGN_UP(t->alloc_size, r->nvme->extent_size) : t->alloc_size;

@@ -201,12 +201,96 @@ static void test_lowered_total_makes_room(void **state) {
         lowered_makes_room(true);
 }
 
+typedef struct Said {
+        int done;
+        int status;
+        char error[1024];
+} Said;
+
+static void on_said(Op *op, int status, const char *error) {
+        Said *d = op->userdata;
+
+        d->done = 1;
+        d->status = status;
+        (void) snprintf(d->error, sizeof(d->error), "%s", error ? error : "");
+}
+
+/*
+ * An NVMe guarantee is room kept free: NVMe copies are never taken back from a job (nothing lies below), so
+ * one job's copies must not take the unused part of another's nvme_min.  'a' (nvme_min 4 MiB of an 8 MiB
+ * target) had nothing there yet; 'b' wrote its whole 8 MiB, and 'a''s first eviction to NVMe then failed
+ * "no room left".  Now 'b''s fifth 1 MiB is refused, naming 'a', while 'a' gets its 4 MiB; a lingering
+ * 'a' keeps nothing.
+ */
+static void test_nvme_guarantee_is_kept(void **state) {
+        Manager *m = fixture_new(8 * MiB, NULL, NULL);
+        Registry *r = m->registry;
+        Tensor *ta[4], *tb[5];
+        SpaceShort why = SPACE_OK;
+        Job *a, *b;
+        Said d = {};
+
+        assert_int_equal(job_new(r, "a", 0, &a), 0);
+        assert_int_equal(job_new(r, "b", 0, &b), 0);
+        a->n_conns = b->n_conns = 1;
+        a->guarantee[LEVEL_NVME] = 4 * MiB;
+        assert_int_equal(nvme_kept(r, b, NULL, 0), 4 * MiB);
+        for (unsigned i = 0; i < 5; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "b%u", i);
+                tb[i] = fixture_tensor(b, name, MiB);
+                if (i < 4)
+                        fixture_on_nvme(m, tb[i]);
+        }
+        /* what is left is 'a''s: refused at once, the message naming whose guarantee it is kept for */
+        fixture_touch(m, tb[4], LEVEL_HOST, true);
+        assert_int_equal(op_submit(m->engine, OP_EVICT, tb[4], LEVEL_NVME, on_said, NULL, &d, NULL), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        assert_int_equal(d.done, 1);
+        assert_int_equal(d.status, -ENOSPC);
+        if (!strstr(d.error, "the NVMe room left (4.0 MiB free of 8.0 MiB) is kept, 4.0 MiB of it, for the "
+                             "guaranteed minimum (nvme_min) of 'a' (4.0 MiB, 0 B of it used)") ||
+            !strstr(d.error, "tensor 'b4' of job 'b'"))
+                fail_msg("error: %s", d.error);
+        assert_true(copy_valid(tb[4], LEVEL_HOST));
+        assert_int_equal(b->used[LEVEL_NVME], 4 * MiB);
+
+        /* 'a' always gets its own */
+        for (unsigned i = 0; i < 4; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "a%u", i);
+                ta[i] = fixture_tensor(a, name, MiB);
+                fixture_on_nvme(m, ta[i]);
+        }
+        assert_int_equal(a->used[LEVEL_NVME], 4 * MiB);
+        assert_int_equal(nvme_kept(r, b, NULL, 0), 0);
+
+        /* a lingering job keeps its data, not its claim on the room (nor its own, while it lingers) */
+        copy_free(ta[3], LEVEL_NVME);
+        a->linger_until = 1;
+        assert_int_equal(nvme_kept(r, b, NULL, 0), 0);
+        assert_int_equal(copy_alloc(tb[4], LEVEL_NVME, &why), 0);
+        copy_release(tb[4], LEVEL_NVME);
+        a->linger_until = 0;
+        assert_int_equal(nvme_kept(r, b, NULL, 0), MiB);
+        assert_int_equal(copy_alloc(tb[4], LEVEL_NVME, &why), -ENOSPC);
+        assert_int_equal(why, SPACE_NVME_KEPT);
+
+        a->n_conns = b->n_conns = 0;
+        job_destroy(a);
+        job_destroy(b);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
                 cmocka_unit_test(test_guarantee_is_owed),
                 cmocka_unit_test(test_lowered_limit_makes_room),
                 cmocka_unit_test(test_lowered_total_makes_room),
+                cmocka_unit_test(test_nvme_guarantee_is_kept),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
