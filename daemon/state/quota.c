@@ -190,11 +190,66 @@ static bool job_lingers(const Job *j) {
         return j->linger_until != 0;
 }
 
-/* Per tier: the sum of guarantees and who holds them ("job 'a' 1.0 GiB, ..."). */
+/* Per tier: the sum of guarantees and who holds them ("job 'a' 1.0 GiB, ..."); and the NVMe ones not used yet. */
 typedef struct GuaranteeSum {
         uint64_t sum[TIERS];
         char who[TIERS][512];
+        uint64_t nvme_unused;
+        char nvme_who[512];
 } GuaranteeSum;
+
+/*
+ * Running job @j would claim an NVMe guarantee of @min.  NVMe copies are
+ * never taken back from a job (state/space.c), so what it does not use of
+ * it yet must be free now: count it.
+ */
+static void nvme_claim_add(GuaranteeSum *g, const Job *j, uint64_t min) {
+        uint64_t unused = min > j->used[LEVEL_NVME] ? min - j->used[LEVEL_NVME] : 0;
+        size_t n = strlen(g->nvme_who);
+
+        if (unused == 0)
+                return;
+        g->nvme_unused = add_sat(g->nvme_unused, unused);
+        if (n + 4 < sizeof(g->nvme_who) &&
+            snprintf(g->nvme_who + n, sizeof(g->nvme_who) - n, "%sjob '%s' %s (of %s)", n ? ", " : "", j->name,
+                     FORMAT_SIZE(unused), FORMAT_SIZE(min)) >= (int) (sizeof(g->nvme_who) - n))
+                (void) snprintf(g->nvme_who + sizeof(g->nvme_who) - 4, 4, "...");
+}
+
+/*
+ * The NVMe guarantees the running jobs claim, less what each uses of its
+ * own, must fit in the NVMe room free now: it cannot be taken back from
+ * the jobs that hold the rest (named, with what they hold beyond their own
+ * guarantee; a lingering job all it holds).  -ENOSPC with the reason.
+ */
+static int nvme_claims_check(const Registry *r, const GuaranteeSum *g, char *why, size_t size) {
+        uint64_t cap = r->capacity[LEVEL_NVME], free_bytes = cap > r->used[LEVEL_NVME] ? cap - r->used[LEVEL_NVME] : 0;
+        char holders[512] = "";
+        size_t n = 0;
+
+        if (g->nvme_unused <= free_bytes)
+                return 0;
+        list_for_each_safe(node, tmp, (List *) &r->jobs) {
+                const Job *o = list_entry(node, Job, link);
+                uint64_t own = job_lingers(o) ? 0 : MIN(o->used[LEVEL_NVME], o->guarantee[LEVEL_NVME]);
+                int k;
+
+                if (o->used[LEVEL_NVME] <= own || n + 4 >= sizeof(holders))
+                        continue;
+                k = snprintf(holders + n, sizeof(holders) - n, "%sjob '%s' %s%s", n ? ", " : "", o->name,
+                             FORMAT_SIZE(o->used[LEVEL_NVME] - own), job_lingers(o) ? " (lingering)" : "");
+                if (k >= (int) (sizeof(holders) - n))
+                        (void) snprintf(holders + sizeof(holders) - 4, 4, "...");
+                else if (k > 0)
+                        n += (size_t) k;
+        }
+        (void) snprintf(why, size, "nvme guarantees not used yet would need %s, but only %s of the nvme tier's %s is "
+                        "free: %s; NVMe copies are never taken back from a job, so an nvme_min is room kept free, "
+                        "and the rest holds the data of %s: free NVMe copies of those jobs or let them end first, or "
+                        "lower nvme_min", FORMAT_SIZE(g->nvme_unused), FORMAT_SIZE(free_bytes), FORMAT_SIZE(cap),
+                        g->nvme_who, holders[0] ? holders : "jobs that are ending");
+        return -ENOSPC;
+}
 
 static void sum_add(GuaranteeSum *g, const char *name, const QuotaResolved *q) {
         for (int t = 0; t < TIERS; t++) {
@@ -250,8 +305,10 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                 if (k < 0)
                         return k;
                 /* a lingering job yields its claim (the engine gives it no share): it counts only by its name's rule */
-                if (!job_lingers(j))
+                if (!job_lingers(j)) {
                         sum_add(g, j->name, &q);
+                        nvme_claim_add(g, j, q.value[QUOTA_MIN(LEVEL_NVME)]);
+                }
         }
         /* every rule: job names that do not run now count with their guarantees; uid and group rules must make sense */
         for (int l = 0; l < 2; l++)
@@ -290,7 +347,7 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                                         g->who[t]);
                         return -ENOSPC;
                 }
-        return 0;
+        return nvme_claims_check(r, g, why, size);
 }
 
 /* ---- applying --------------------------------------------------------------------------------- */

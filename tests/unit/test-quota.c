@@ -373,6 +373,53 @@ static void test_lingering_yields(void **state) {
         free(j.totals);
 }
 
+/*
+ * An NVMe guarantee is room kept free (NVMe copies are never taken back from a job): a claim on more than is
+ * free now is refused, naming who holds the rest, whether it comes from a set or a lingering job attaching.
+ * Before, only the sum against the capacity was checked: 'a' was told it had 128M while 'b' held all but 100M.
+ */
+static void test_nvme_claims_fit_free(void **state) {
+        Books *b = *state;
+        char why[1024], warn[512];
+        Job a = { .name = (char *) "a", .uid = 7, .weight = 1 };
+        Job h = { .name = (char *) "b", .uid = 8, .weight = 1 };
+
+        list_add_tail(&b->r.jobs, &a.link);
+        list_add_tail(&b->r.jobs, &h.link);
+        h.used[LEVEL_NVME] = b->r.used[LEVEL_NVME] = GIB - 100 * MIB;
+        assert_int_equal(set(b, "[quota]\njob = a\nnvme_min = 128M\n", why, sizeof(why), warn), -ENOSPC);
+        if (!strstr(why, "nvme guarantees not used yet would need 128.0 MiB, but only 100.0 MiB of the nvme tier's "
+                         "1.0 GiB is free: job 'a' 128.0 MiB (of 128.0 MiB); NVMe copies are never taken back") ||
+            !strstr(why, "the rest holds the data of job 'b' 924.0 MiB"))
+                fail_msg("why: %s", why);
+        assert_int_equal(a.guarantee[LEVEL_NVME], 0);
+        /* what the job uses itself counts toward its own guarantee */
+        a.used[LEVEL_NVME] = 28 * MIB;
+        b->r.used[LEVEL_NVME] += 28 * MIB;
+        assert_int_equal(set(b, "[quota]\njob = a\nnvme_min = 100M\n", why, sizeof(why), warn), 1);
+        assert_int_equal(a.guarantee[LEVEL_NVME], 100 * MIB);
+        /* the sum against the capacity, as for the other tiers */
+        assert_int_equal(set(b, "[quota]\njob = c\nnvme_min = 950M\n", why, sizeof(why), warn), -ENOSPC);
+        assert_non_null(strstr(why, "nvme guarantees would add up to 1.0 GiB of 1.0 GiB capacity"));
+
+        /* lingering, 'a' claims nothing; 'b' takes the room meanwhile; 'a' cannot claim it back */
+        a.linger_until = 1;
+        h.used[LEVEL_NVME] += 60 * MIB;
+        b->r.used[LEVEL_NVME] += 60 * MIB;
+        assert_int_equal(quota_job_attach_check(b->s, &a, why, sizeof(why)), -ENOSPC);
+        assert_non_null(strstr(why, "would need 72.0 MiB, but only 12.0 MiB"));
+        assert_int_equal(a.linger_until, 1);
+        h.used[LEVEL_NVME] -= 60 * MIB;
+        b->r.used[LEVEL_NVME] -= 60 * MIB;
+        assert_int_equal(quota_job_attach_check(b->s, &a, why, sizeof(why)), 0);
+
+        b->r.used[LEVEL_NVME] = 0;
+        list_del(&a.link);
+        list_del(&h.link);
+        free(a.totals);
+        free(h.totals);
+}
+
 static void test_store_corrupt_file(void **state) {
         Books *b = *state;
         char path[128], cmd[256];
@@ -477,6 +524,7 @@ int main(void) {
                 cmocka_unit_test(test_precedence),
                 cmocka_unit_test_setup_teardown(test_store_checks_and_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_lingering_yields, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_nvme_claims_fit_free, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_corrupt_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_refuses, books_setup, books_teardown),
         };
