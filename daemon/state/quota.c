@@ -29,7 +29,11 @@
  * tier's capacity over everyone who could run at once (the running jobs
  * and the job names that have rules; a lingering job yields its claim, as
  * the engine gives it no share, and counts only by its name's rule); a
- * maximum below what a job uses now is accepted with a warning.
+ * maximum below what a job uses now is accepted with a warning.  NVMe
+ * copies are never taken back from a job, so an NVMe guarantee is room
+ * kept free (state/space.c): the running jobs' nvme_min, less what each
+ * uses there, must also fit in the NVMe room free now, or the claim (a
+ * set, a reload, a new job, a lingering one attaching) is refused.
  *
  * The run-time rules are kept in <state_dir>/quotas, in the [quota] syntax
  * of tierd.conf: written whole on each change (a temporary file, fsync,

@@ -89,8 +89,10 @@ char *quota_source_format(const QuotaSource *src, char *buf, size_t size);
  * with the jobs running now?  For every running job and every job-name
  * rule: min <= max; per tier, the guarantees (min) of the running jobs
  * (not lingering ones) and of the job names that have rules add up to at
- * most the tier's capacity.
- * -EINVAL with the reason in @why.
+ * most the tier's capacity; the running jobs' NVMe guarantees, less what
+ * each uses there, to at most the NVMe room free now (-ENOSPC otherwise:
+ * NVMe copies are never taken back, state/space.c).
+ * -EINVAL (a min above a max) or -ENOSPC (guarantees) with the reason in @why.
  */
 int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);
 
