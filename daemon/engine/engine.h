@@ -204,7 +204,11 @@ void engine_wake_space_waiters(Engine *e);
 /* Limits or capacities changed (a quota, a reload): ops waiting for space and victims that could not be written down try again. */
 void engine_limits_changed(Engine *e);
 
-/* A job's claim on room changed (its last connection went: its guarantees count for no one): ops and the scheduler's pins waiting for room retry. */
+/*
+ * A job's claim on room changed (its last connection went: its guarantees count for no one, the NVMe room
+ * kept for its nvme_min too): ops and the scheduler's pins waiting for room, and victims whose write-down
+ * was refused, retry.
+ */
 void engine_claims_changed(Engine *e);
 
 /*

@@ -90,8 +90,7 @@ static void sched_changed(Engine *e) {
 }
 
 void engine_claims_changed(Engine *e) {
-        wake_space_waiters(e);
-        sched_changed(e);
+        engine_limits_changed(e);       /* (room kept for its guarantees, NVMe's too: blocked write-downs retry) */
 }
 
 void engine_limits_changed(Engine *e) {

@@ -284,6 +284,50 @@ static void test_nvme_guarantee_is_kept(void **state) {
         fixture_free(m);
 }
 
+/*
+ * When a job's last connection goes, the room kept on NVMe for its nvme_min is free to the others: a host
+ * copy whose write-down to NVMe was refused for it is written down on the next try.  It was not: the copy
+ * stayed blocked until NVMe space was freed, and the job's pins kept failing for room it could have made.
+ */
+static void test_nvme_claim_gone_drains(void **state) {
+        Manager *m = fixture_new(8 * MiB, NULL, NULL);
+        Registry *r = m->registry;
+        Tensor *tb[4], *th[4], *big;
+        Job *a, *b;
+
+        assert_int_equal(job_new(r, "a", 0, &a), 0);
+        assert_int_equal(job_new(r, "b", 0, &b), 0);
+        a->n_conns = b->n_conns = 1;
+        a->guarantee[LEVEL_NVME] = 4 * MiB;
+        for (unsigned i = 0; i < 4; i++) {
+                char name[8];
+
+                (void) snprintf(name, sizeof(name), "b%u", i);
+                tb[i] = fixture_tensor(b, name, MiB);
+                fixture_on_nvme(m, tb[i]);
+                (void) snprintf(name, sizeof(name), "h%u", i);
+                th[i] = fixture_tensor(b, name, MiB);
+                fixture_touch(m, th[i], LEVEL_HOST, true);      /* b's host limit (4 MiB) is full, sole copies */
+        }
+        /* making host room means writing down to NVMe, whose free room is 'a''s */
+        big = fixture_tensor(b, "big", MiB);
+        assert_int_not_equal(fixture_op(m, OP_PIN, big, LEVEL_HOST), 0);
+        assert_int_equal(b->used[LEVEL_NVME], 4 * MiB);
+
+        /* 'a' lingers: its claim is gone, and the write-down goes */
+        a->n_conns = 0;
+        a->linger_until = 1;
+        engine_claims_changed(m->engine);
+        assert_int_equal(fixture_op(m, OP_PIN, big, LEVEL_HOST), 0);
+        assert_int_equal(b->used[LEVEL_NVME], 5 * MiB);
+        assert_int_equal(tensor_unpin(big, LEVEL_HOST, false), 0);
+
+        job_destroy(a);
+        b->n_conns = 0;
+        job_destroy(b);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
@@ -291,6 +335,7 @@ int main(void) {
                 cmocka_unit_test(test_lowered_limit_makes_room),
                 cmocka_unit_test(test_lowered_total_makes_room),
                 cmocka_unit_test(test_nvme_guarantee_is_kept),
+                cmocka_unit_test(test_nvme_claim_gone_drains),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
