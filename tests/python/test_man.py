@@ -4,7 +4,8 @@
 has a page (its own, or an alias installed under its name), every SYNOPSIS is tier.h's, and no
 page names a function tier.h does not declare; the code the pages show (libtier(3)'s and
 tier_plan_new(3)'s examples, the initialiser of a struct passed in) compiles as ISO C17 with
--pedantic-errors."""
+-pedantic-errors.  And the Markdown docs name only what the sources have: every `function()` they
+quote, and in docs/ARCHITECTURE.md every file, CONSTANT and `Struct.field` too."""
 
 from __future__ import annotations
 
@@ -176,6 +177,93 @@ class TestManPages(unittest.TestCase):
                 else:
                     self.assertEqual(roff.strip(), f".so man3/{page}.3", f"man3/{name}.3 is not an alias of {page}(3)")
 
+
+# ---- the Markdown docs against the sources --------------------------------------------------
+
+# The docs whose backticked names are checked, and where the sources they name lie.
+DOCS = ["README.md", "docs/ARCHITECTURE.md", "docs/cuda.md", "docs/PLANNING.md", "docs/BENCH.md",
+        "bench/README.md", "client/python/README.md", "tests/fuzz/README.md"]
+SOURCE_DIRS = ["daemon", "client", "proto", "util", "tests", "bench", "scripts", "systemd", "abi", "man", "docs"]
+SOURCE_EXT = (".c", ".h", ".py", ".proto", ".sym", ".sh", ".in", ".build", ".scd", ".md")
+# functions of other projects the docs quote (torch's DistributedDataParallel.no_sync())
+FOREIGN = {"no_sync"}
+
+
+def source_files() -> list[str]:
+    """Paths (relative to the source root) of the project's files under SOURCE_DIRS, and the top level's."""
+    root = tierd.source_dir()
+    found = [f for f in os.listdir(root) if os.path.isfile(os.path.join(root, f))]
+    for d in SOURCE_DIRS:
+        for base, dirs, files in os.walk(os.path.join(root, d)):
+            dirs[:] = [x for x in dirs if x not in ("corpus", "__pycache__") and not x.startswith(".")]
+            found += [os.path.relpath(os.path.join(base, f), root) for f in files]
+    return found
+
+
+def braced_bodies(code: str, opener: str) -> dict[str, str]:
+    """Name -> body (nested braces included) of each `struct NAME {` or `message NAME {` in @code."""
+    bodies: dict[str, str] = {}
+    for m in re.finditer(rf"\b{opener}\s+(\w+)\s*\{{", code):
+        depth, i = 1, m.end()
+        while depth and i < len(code):
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        bodies[m.group(1)] = bodies.get(m.group(1), "") + code[m.end():i]
+    return bodies
+
+
+class TestDocNames(unittest.TestCase):
+    """What the docs quote in backticks exists: docs/ARCHITECTURE.md named `COLLIDE_NS` (admit.c has
+    SCHED_COLLIDE_NS), tests/fuzz/README.md `plan_status()` (plan.h has plan_stats())."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        root = tierd.source_dir()
+        cls.files = source_files()
+        texts = []
+        for f in cls.files:
+            # not this file, which quotes stale names
+            if f.endswith(SOURCE_EXT) and not f.endswith(".md") and os.path.basename(f) != "test_man.py":
+                with open(os.path.join(root, f), errors="replace") as fh:
+                    texts.append(fh.read())
+        code = "\n".join(texts)
+        cls.idents = set(re.findall(r"\b[A-Za-z_]\w*\b", code))
+        cls.bodies = braced_bodies(code, "struct")
+        for name, body in braced_bodies(code, "message").items():
+            cls.bodies[name] = cls.bodies.get(name, "") + body
+        cls.basenames = {os.path.basename(f) for f in cls.files}
+
+    def quoted(self, doc: str) -> list[str]:
+        with open(os.path.join(tierd.source_dir(), doc)) as f:
+            return re.findall(r"`([^`\n]+)`", f.read())
+
+    def test_inputs(self) -> None:
+        self.assertIn("sched_run", self.idents)
+        self.assertNotIn("plan_status", self.idents)
+        self.assertIn("seg_sent", self.bodies.get("Conn", ""))
+        self.assertIn("held_writes", self.bodies.get("Hello", ""))
+        self.assertGreater(len(self.quoted("docs/ARCHITECTURE.md")), 500)
+
+    def test_functions(self) -> None:
+        # `name()`: a function (C or Python) of the sources, in every doc
+        stale = [f"{doc}: {q}" for doc in DOCS for q in self.quoted(doc)
+                 if re.fullmatch(r"(\w+)\(\)", q) and q[:-2] not in self.idents | FOREIGN]
+        self.assertEqual(stale, [], "docs quote functions no source defines or calls")
+
+    def test_architecture(self) -> None:
+        # files (a path, or a name some file has), CONSTANTS and Struct.field (C structs, proto messages)
+        stale = []
+        for q in self.quoted("docs/ARCHITECTURE.md"):
+            if re.fullmatch(r"[\w./-]+\.(c|h|py|sh|md|proto)", q):
+                if not ("/" in q and any(f == q or f.endswith("/" + q) for f in self.files)
+                        or "/" not in q and q in self.basenames):
+                    stale.append(q)
+            elif re.fullmatch(r"[A-Z][A-Z0-9_]{3,}", q) and q not in self.idents:
+                stale.append(q)
+            m = re.match(r"([A-Z]\w*)\.([a-z_]\w*)", q)
+            if m and not re.search(rf"\b{m.group(2)}\b", self.bodies.get(m.group(1), "")):
+                stale.append(q)
+        self.assertEqual(stale, [], "docs/ARCHITECTURE.md quotes names the sources do not have")
 
 
 def scd_code(text: str) -> str:
