@@ -790,6 +790,59 @@ static void test_sample_reload_keys(_unused_ void **state) {
         assert_non_null(strstr(sample, "[quota] sections"));
 }
 
+/*
+ * README.md's configuration table has a row of each key, in its section, with the default
+ * tierd --check-config prints and "reload" or "restart" as config-keys.c has it.  The table
+ * lacked [nvme] checksum_threads, [metrics] textfile and interval_sec, and [trace] buffer.
+ */
+static void test_readme_keys(_unused_ void **state) {
+        _cleanup_free_ char *readme = read_source("README.md");
+        _cleanup_config_ Config c;
+        const ConfigKey *k;
+        char *table, *end;
+
+        if (!readme)
+                skip();
+        table = strstr(readme, "\n## Configuration\n");
+        assert_non_null(table);
+        end = strstr(table + 1, "\n## ");
+        if (end)
+                *end = '\0';
+        config_init(&c);
+        for (size_t i = 0; (k = config_key_at(i)); i++) {
+                _cleanup_free_ char *value = NULL;
+                char heading[64], want[128], *sec, *row, *next, *eol;
+
+                snprintf(heading, sizeof(heading), "\n| **[%s]** |", k->section);
+                sec = strstr(table, heading);
+                if (!sec)
+                        fail_msg("README.md's configuration table has no [%s] section", k->section);
+                next = strstr(sec + 1, "\n| **[");
+                snprintf(want, sizeof(want), "\n| `%s` |", k->name);
+                row = strstr(sec + 1, want);
+                if (!row || (next && row > next))
+                        fail_msg("README.md's configuration table has no row of [%s] %s", k->section, k->name);
+                eol = strchr(row + 1, '\n');
+                assert_non_null(eol);
+                *eol = '\0';
+                if (k->type != CONFIG_TARGETS) {                /* the default target is a path in state_dir */
+                        value = config_value_format(k, &c);
+                        assert_non_null(value);
+                        if (value[0])
+                                snprintf(want, sizeof(want), "| `%s` | `%s` | %s |", k->name, value,
+                                         k->live ? "reload" : "restart");
+                        else
+                                snprintf(want, sizeof(want), "| `%s` | empty | %s |", k->name,
+                                         k->live ? "reload" : "restart");
+                } else
+                        snprintf(want, sizeof(want), "| %s |", k->live ? "reload" : "restart");
+                if (!strstr(row, want))
+                        fail_msg("README.md's row of [%s] %s is '%s', not '%s ...'", k->section, k->name, row + 1,
+                                 want);
+                *eol = '\n';
+        }
+}
+
 /* A NULL ret_error is allowed everywhere. */
 static void test_no_error_string(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -819,6 +872,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_reload_file_removed, tempdir_setup, tempdir_teardown),
                 cmocka_unit_test(test_man_reload_keys),
                 cmocka_unit_test(test_sample_reload_keys),
+                cmocka_unit_test(test_readme_keys),
                 cmocka_unit_test(test_no_error_string),
         };
 
