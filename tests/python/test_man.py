@@ -266,6 +266,31 @@ class TestDocNames(unittest.TestCase):
         self.assertEqual(stale, [], "docs/ARCHITECTURE.md quotes names the sources do not have")
 
 
+class TestReadmeSuites(unittest.TestCase):
+    """README's Testing section names every test of this build under its suite: its list had 15 of
+    the unit suite's tests, 9 of integration's, 8 of python's, and no abi or plan-validate suite."""
+
+    def test_every_test_named(self) -> None:
+        info = os.path.join(tierd.build_dir(), "meson-info", "intro-tests.json")
+        if not os.path.exists(info):
+            self.skipTest(f"no {info}")
+        with open(info) as f:
+            tests = json.load(f)
+        with open(os.path.join(tierd.source_dir(), "README.md")) as f:
+            text = f.read()
+        start = text.index("The suites (meson `suite:` names)")
+        listing = text[start:text.index("\n## ", start)]
+        # "* **SUITE**...": the suites' items, each up to the next
+        items = {m.group(1): m.group(2) for m in
+                 re.finditer(r"^\* \*\*([\w-]+)\*\*(.*?)(?=^\* \*\*|\Z)", listing, flags=re.M | re.S)}
+        self.assertGreater(len(tests), 50)
+        missing = []
+        for t in tests:
+            suite = t["suite"][0].split(":", 1)[-1]
+            if suite not in items or f"`{t['name']}`" not in items[suite]:
+                missing.append(f"{suite} / {t['name']}")
+        self.assertEqual(sorted(missing), [], "tests README.md's Testing section does not name under their suite")
+
 def scd_code(text: str) -> str:
     """scdoc's escapes undone in a code block (\\\\ is a backslash), as the reader sees it."""
     return text.replace("\\\\", "\\")
