@@ -30,12 +30,10 @@ from ctypes import (
     c_double,
     c_int,
     c_size_t,
-    c_ssize_t,
     c_uint,
     c_uint32,
     c_uint64,
     c_void_p,
-    py_object,
 )
 from pathlib import Path
 
@@ -331,16 +329,19 @@ def libc_free(p: int | None) -> None:
     _libc.free(p)
 
 
-# A memoryview over foreign memory, without an exporting object: release()
-# really ends its access (slices and casts made from it keep theirs).
-_PyBUF_READ = 0x100
-_PyBUF_WRITE = 0x200
-_from_memory = ctypes.pythonapi.PyMemoryView_FromMemory
-_from_memory.restype = py_object
-_from_memory.argtypes = [c_void_p, c_ssize_t, c_int]
+# A memoryview over foreign memory, exported by a ctypes array over it that holds @owner (the Grant,
+# and through it its Tensor and Client): whatever holds the memoryview, an array made from it
+# included, keeps the client that maps the memory alive, so the garbage collector never unmaps it
+# under them.  release() still ends the memoryview's own access (slices and casts made from it
+# keep theirs, and their owner).
 
 
-def memory_view(address: int, length: int, writable: bool = True) -> memoryview:
-    """A one-dimensional memoryview (format "B") of @length bytes at @address, read-only unless @writable."""
-    return _from_memory(address, length, _PyBUF_WRITE if writable else _PyBUF_READ)
-
+def memory_view(address: int, length: int, writable: bool, owner: object) -> memoryview:
+    """A one-dimensional memoryview (format "B") of @length bytes at @address, read-only unless
+    @writable, keeping @owner alive as long as it (or a view or array made from it) lives."""
+    buf = (ctypes.c_ubyte * length).from_address(address)
+    buf._tier_owner = owner  # type: ignore[attr-defined]
+    mv = memoryview(buf)
+    if not writable:
+        mv = mv.toreadonly()
+    return mv.cast("B")

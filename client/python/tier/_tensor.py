@@ -203,7 +203,7 @@ class Grant:
         ValueError.  (Slices or casts made from it are not released.)
         """
         ptr = self._host("memoryview")
-        mv = _lib.memory_view(ptr, self.length, self._writable)
+        mv = _lib.memory_view(ptr, self.length, self._writable, self)
         self._views.append(mv)
         return mv
 
@@ -222,7 +222,7 @@ class Grant:
         if self.length % dt.itemsize:
             raise ValueError(f"{self.length} bytes are not a whole number of {dt} ({dt.itemsize} bytes)")
         # a memoryview of its own, never released: the array holds it
-        arr = np.frombuffer(_lib.memory_view(ptr, self.length, self._writable), dtype=dt)
+        arr = np.frombuffer(_lib.memory_view(ptr, self.length, self._writable, self), dtype=dt)
         return arr if shape is None else arr.reshape(shape)
 
     @property
@@ -282,7 +282,7 @@ class Grant:
         self._live("torch view")
         if self.ptr is not None:
             # a memoryview of its own, never released: the tensor holds it
-            mv = _lib.memory_view(self.ptr, self.length, self._writable)
+            mv = _lib.memory_view(self.ptr, self.length, self._writable, self)
             with warnings.catch_warnings():  # "The given buffer is not writable": documented above
                 warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
                 t = torch.frombuffer(mv, dtype=torch.uint8, count=self.length)

@@ -33,6 +33,11 @@ libtier returned, without a copy:
   or crashes the process once libtier has unmapped it (closed tensor or
   client).  The Grant refuses to make new views once unpinned (TierError).
 
+Every view's buffer is a ctypes array over the mapping holding the Grant
+(``_lib.memory_view()``), so a view, or an array made from it, keeps the
+Grant, its Tensor and its Client alive: the garbage collector never closes
+the Client (and unmaps the memory) under a live view; ``close()`` does.
+
 Errors: every negative return becomes a TierError subclass
 (``tier.errors``) carrying tierd's reason.  Arguments are checked in Python
 first (ValueError, TypeError).

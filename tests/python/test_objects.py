@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""The binding's objects as Python objects: what a view keeps alive, copy and pickle, who may
+construct them, which numbers they take."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+
+import tierd
+
+from test_client import run_child
+
+
+class TestObjects(tierd.DaemonTestCase):
+    def child(self, *parts: str) -> str:
+        """Run @parts in a fresh interpreter (``run_child``): a crash there fails this test only."""
+        r = run_child(self.socket, *parts)
+        self.assertNotEqual(r.returncode, -signal.SIGSEGV, f"the child crashed:\n{r.stdout}{r.stderr}")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout
+
+    def test_arrays_keep_their_client(self) -> None:
+        """A numpy array or torch tensor of a grant kept, everything else dropped (a newcomer's
+        ``return g.numpy()`` from the function that made the Client): the Client, Tensor and Grant
+        are a cycle, the cyclic GC closed the Client, libtier unmapped the memory and the next read
+        of the array killed the interpreter (SIGSEGV).  Now an array (and a memoryview) holds its
+        Grant, and through it the Tensor and the Client, as any exporter of a buffer is held."""
+        for view in ("numpy('float32')", "torch('float32')", "memoryview().cast('f')"):
+            with self.subTest(view=view):
+                module = view.split("(")[0]
+                if module != "memoryview" and importlib.util.find_spec(module) is None:
+                    self.skipTest(f"no {module}")
+                out = self.child(f"""
+                    del c
+                    def load():
+                        c = tier.Client("arrays", socket={self.socket!r})
+                        t = c.create("big", 32 * MiB)   # two 16M segments: one range the handle maps
+                        a = t.pin(tier.HOST).{view}
+                        a[0] = 1.5
+                        a[-1] = 2.5
+                        return a
+                    a = load()
+                    gc.collect()
+                    print(float(a[0]), float(a[-1]))
+                """)
+                self.assertEqual(out, "1.5 2.5\n")
+
+
+if __name__ == "__main__":
+    tierd.main()
