@@ -47,6 +47,36 @@ class TestObjects(tierd.DaemonTestCase):
                 """)
                 self.assertEqual(out, "1.5 2.5\n")
 
+    def test_copy_and_pickle_refused(self) -> None:
+        """copy.copy() of a Client or a Tensor made a second Python object owning the same libtier
+        handle: both freed it (SIGSEGV, or glibc's "double free" abort); a copied Grant unpinned twice
+        (NotFoundError for the pin the copy had dropped), and pickle said "cannot pickle
+        '_thread.RLock' object".  Now copying or pickling a Client, Tensor, Grant, Plan or Fence raises
+        TypeError saying what to do, and nothing is freed."""
+        out = self.child("""
+            import copy, pickle
+            t = c.create("t", MiB)
+            g, f = t.pin_async(tier.HOST)
+            p = c.plan()
+            for name, obj in (("Client", c), ("Tensor", t), ("Grant", g), ("Plan", p), ("Fence", f)):
+                for how in (copy.copy, copy.deepcopy, pickle.dumps):
+                    try:
+                        how(obj)
+                        print(name, how.__name__, "copied")
+                    except TypeError as e:
+                        assert f"a tier.{name} cannot be copied or pickled" in str(e), e
+            gc.collect()
+            f.wait()
+            g.unpin()
+            p.add(0, t, tier.HOST).submit()
+            c.end_plan()
+            print(t.stat().pins["host"])
+            t.destroy()
+            c.close()
+            print("done")
+        """)
+        self.assertEqual(out, "0\ndone\n")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -193,6 +193,18 @@ def _stream(stream: Any) -> int | None:
     raise TypeError(f"a stream is an int, a ctypes pointer or has .cuda_stream, not {type(stream).__name__}")
 
 
+def _uncopyable(what: str, instead: str) -> Callable[[Any, Any], Any]:
+    """A ``__reduce_ex__`` refusing copy.copy(), copy.deepcopy() and pickle with TypeError: the object
+    owns a libtier handle (or a pin) of this process's connection, which a copy would free (or unpin)
+    a second time, and which means nothing in another process."""
+    why = ("it is this process's connection to tierd" if what == "Client"
+           else "it belongs to its Client's connection to tierd, in this process")
+
+    def refuse(self: Any, protocol: Any) -> Any:
+        raise TypeError(f"a tier.{what} cannot be copied or pickled ({why}): {instead}")
+    return refuse
+
+
 def _closed(what: str, operation: str) -> TierError:
     return TierError(errno.EBADF, f"the {what} is closed", operation)
 

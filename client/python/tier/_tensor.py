@@ -28,6 +28,7 @@ from ._base import (
     _mode,
     _serialized,
     _stream,
+    _uncopyable,
     _uint,
 )
 from .errors import ReadPinWrittenWarning, ShutdownError, TierError, TimedOutError
@@ -103,6 +104,8 @@ class Fence:
 
     def __int__(self) -> int:
         return self.value
+
+    __reduce_ex__ = _uncopyable("Fence", "share the object itself, or pass its value (int(fence))")
 
     def __repr__(self) -> str:
         return f"<tier.Fence {self.value}>"
@@ -318,6 +321,8 @@ class Grant:
             self._invalidate()
             return
         self.tensor._unpin(self.tier, self.dirty if dirty is None else bool(dirty), self)
+
+    __reduce_ex__ = _uncopyable("Grant", "share the object itself, or copy the bytes (bytes(g.memoryview()))")
 
     def __enter__(self) -> Grant:
         return self
@@ -589,6 +594,9 @@ class Tensor:
         _L.tier_tensor_close(h)
         self.client._tensors.discard(self)
 
+    __reduce_ex__ = _uncopyable("Tensor", "share the object itself, or open the tensor again by name "
+                                "(client.open(t.name))")
+
     def __enter__(self) -> Tensor:
         return self
 
@@ -679,6 +687,8 @@ class Plan:
             p, self._p = self._p, None
             _L.tier_plan_free(p)
             self.client._plans.discard(self)
+
+    __reduce_ex__ = _uncopyable("Plan", "build another plan (client.plan())")
 
     def __enter__(self) -> Plan:
         return self

@@ -96,6 +96,7 @@ from ._base import (
     _uint,
     _closed,
     _serialized,
+    _uncopyable,
     level_name,
     link_name,
     strerror,
@@ -783,6 +784,9 @@ class Client:
             self.close()
         except Exception:
             pass
+
+    __reduce_ex__ = _uncopyable("Client", "share the object itself (threads may), or make a new tier.Client "
+                                "in the other process")
 
     def __repr__(self) -> str:
         state = "closed" if self._c is None else "open"
