@@ -77,6 +77,31 @@ class TestObjects(tierd.DaemonTestCase):
         """)
         self.assertEqual(out, "0\ndone\n")
 
+    def test_constructors_refuse_what_they_cannot_check(self) -> None:
+        """tier.Tensor(client, handle) and tier.Grant(...) are public names whose constructors took
+        a libtier pointer: a newcomer's ``tier.Tensor(c, "w")`` (or any int) crashed the interpreter
+        (SIGSEGV in tier_tensor_name()); ``tier.Fence(c, 2**70)`` was fence 0 (ctypes wrapped the
+        value), always done.  Now Tensor() and Grant() are made by the package only (TypeError
+        naming the call to use), and a Fence's client and value are checked."""
+        out = self.child("""
+            for what, make in (("tensor str", lambda: tier.Tensor(c, "w")),
+                               ("tensor int", lambda: tier.Tensor(c, 4096)),
+                               ("grant", lambda: tier.Grant(None, None, tier.READ)),
+                               ("fence big", lambda: tier.Fence(c, 1 << 70)),
+                               ("fence str", lambda: tier.Fence(c, "1")),
+                               ("fence client", lambda: tier.Fence("c", 1))):
+                try:
+                    make()
+                    print(what, "made")
+                except (TypeError, ValueError) as e:
+                    print(what, type(e).__name__, "c.open(name)" in str(e) or "pin()" in str(e))
+            gc.collect()
+            print(tier.Fence(c, 0).done(), c.create("t", 16))
+        """)
+        self.assertEqual(out, "tensor str TypeError True\ntensor int TypeError True\ngrant TypeError True\n"
+                         "fence big ValueError False\nfence str TypeError False\nfence client TypeError False\n"
+                         "True <tier.Tensor 't' 16 bytes>\n")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # only for annotations: never imported at run time here
 
     from .client import Client
 
+#: What the package's own calls pass to Tensor() and Grant(): those wrap a libtier pointer, which
+#: no caller can check (a wrong one crashes the interpreter), so only the package makes them.
+_MADE_HERE = object()
+
 # ---- fences ---------------------------------------------------------------------------------
 
 
@@ -54,8 +58,12 @@ class Fence:
     __slots__ = ("client", "value", "_grant", "__weakref__")
 
     def __init__(self, client: Client, value: int, grant: Grant | None = None) -> None:
+        from .client import Client
+
+        if not isinstance(client, Client):
+            raise TypeError(f"a fence belongs to a tier.Client, not {type(client).__name__}")
         self.client = client
-        self.value = value
+        self.value = _uint(value, "a fence", 0, (1 << 64) - 1)
         self._grant = grant
 
     def _failed(self, e: TierError) -> None:
@@ -136,7 +144,12 @@ class Grant:
     long each stays valid.
     """
 
-    def __init__(self, tensor: Tensor, raw: _lib.TierGrant, mode: Mode, *, phase: bool = False) -> None:
+    def __init__(self, tensor: Tensor, raw: _lib.TierGrant, mode: Mode, *, phase: bool = False,
+                 _key: object = None) -> None:
+        self._pinned = False
+        self._views: list[memoryview] = []
+        if _key is not _MADE_HERE:
+            raise TypeError("tier.Grant objects are made by Tensor.pin(), pin_async() and Client.phase_grant()")
         self.tensor = tensor
         self.tier = Level(raw.tier)
         self.length: int = raw.length
@@ -391,9 +404,13 @@ class Tensor:
     its grants' views are invalidated.
     """
 
-    def __init__(self, client: Client, handle: int) -> None:
+    def __init__(self, client: Client, handle: int, _key: object = None) -> None:
+        self._t: int | None = None
+        if _key is not _MADE_HERE:
+            raise TypeError("tier.Tensor objects are made by Client.create(), open() and tensor(): "
+                            "c.open(name) for an existing tensor")
         self.client = client
-        self._t: int | None = handle
+        self._t = handle
         self.name: str = _L.tier_tensor_name(handle).decode("utf-8", "surrogateescape")
         self.size: int = _L.tier_tensor_size(handle)
 
@@ -446,7 +463,7 @@ class Tensor:
 
     # -- pins
     def _grant(self, raw: _lib.TierGrant, mode: Mode) -> Grant:
-        g = Grant(self, raw, mode)
+        g = Grant(self, raw, mode, _key=_MADE_HERE)
         self.client._grants.setdefault(self.name, []).append(g)
         return g
 

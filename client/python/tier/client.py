@@ -101,7 +101,7 @@ from ._base import (
     link_name,
     strerror,
 )
-from ._tensor import Fence, Grant, Plan, Tensor, _Pin
+from ._tensor import _MADE_HERE, Fence, Grant, Plan, Tensor, _Pin
 from .errors import NotFoundError, TierError, error_class
 
 __all__ = [
@@ -596,7 +596,7 @@ class Client:
 
     # -- tensors
     def _register(self, handle: int) -> Tensor:
-        t = Tensor(self, handle)
+        t = Tensor(self, handle, _MADE_HERE)
         self._tensors.add(t)
         return t
 
@@ -736,7 +736,7 @@ class Client:
         if not mode:
             raise NotFoundError(errno.ENOENT, f"phase {self._phase} of the submitted plan does not access "
                                 f"'{tensor.name}' in {lv}", op)
-        g = Grant(tensor, raw, mode, phase=True)
+        g = Grant(tensor, raw, mode, phase=True, _key=_MADE_HERE)
         self._phase_grants.append(g)
         return g
 
