@@ -10,6 +10,7 @@ import signal
 
 import tierd
 
+import tier
 from test_client import run_child
 
 
@@ -101,6 +102,32 @@ class TestObjects(tierd.DaemonTestCase):
         self.assertEqual(out, "tensor str TypeError True\ntensor int TypeError True\ngrant TypeError True\n"
                          "fence big ValueError False\nfence str TypeError False\nfence client TypeError False\n"
                          "True <tier.Tensor 't' 16 bytes>\n")
+
+    def test_numpy_integers_taken(self) -> None:
+        """A size computed by numpy (``np.prod(shape) * 4`` is a numpy.int64, not an int) was refused
+        ("tensor size must be an int, not int64"), and so were numpy tiers, modes, steps and
+        timeouts; now every integral number is taken as the int it is (a bool, numpy's too, and a
+        float still are not)."""
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("no numpy")
+        c = tier.Client(self.id().rsplit(".", 1)[-1], np.int64(2), socket=self.socket, reconnect=np.float32(0))
+        self.addCleanup(c.close)
+        t = c.create("t", np.prod((4, 4)) * 4)
+        self.assertEqual(t.size, 64)
+        self.assertEqual((c.rank, type(c.rank)), (2, int))
+        with t.pin(np.int32(1), np.uint8(3)) as g:
+            self.assertEqual((g.tier, g.mode), (tier.HOST, tier.READ_WRITE))
+        c.wait(t.evict_async(np.int64(2)), timeout=np.int64(5))
+        t.prefetch_async("host").wait(np.float64(5.0))
+        c.commit(np.uint64(7))
+        self.assertEqual(c.rollback().step, 7)
+        self.assertEqual(tier.strerror(np.int64(2)), tier.strerror(2))
+        for bad in (np.bool_(True), np.float64(64.0), 64.0, True):
+            with self.subTest(bad=bad), self.assertRaises(TypeError):
+                c.create("u", bad)
+        t.destroy()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import enum
 import errno
 import functools
 import math
+import numbers
 from ctypes import c_void_p
 from dataclasses import dataclass
 from typing import Any, Callable, Union
@@ -92,11 +93,11 @@ ModeLike = Union[Mode, int]
 
 def strerror(err: int) -> str:
     """``tier_strerror()``: the text of an errno value (positive or negative)."""
-    if not isinstance(err, int) or isinstance(err, bool):
+    if not isinstance(err, numbers.Integral) or isinstance(err, bool):
         raise TypeError(f"an errno must be an int, not {type(err).__name__}")
     if not -_INT_MAX <= err <= _INT_MAX:
         raise ValueError(f"errno {err} out of range")
-    return _L.tier_strerror(err).decode()
+    return _L.tier_strerror(int(err)).decode()
 
 
 def level_name(tier: TierLike) -> str:
@@ -106,11 +107,11 @@ def level_name(tier: TierLike) -> str:
 
 def link_name(link: int) -> str:
     """``tier_link_name()``: "nvme->host", "host->nvme", "host->vram", "vram->host"."""
-    if not isinstance(link, int) or isinstance(link, bool):
+    if not isinstance(link, numbers.Integral) or isinstance(link, bool):
         raise TypeError(f"a link must be an int, not {type(link).__name__}")
     if not 0 <= link < len(LINKS):
         raise ValueError(f"no link {link} (0..{len(LINKS) - 1})")
-    return LINKS[link]
+    return LINKS[int(link)]
 
 
 # ---- argument checks (before anything reaches C) ------------------------------------
@@ -122,20 +123,20 @@ def _level(tier: TierLike) -> Level:
             return Level(_LEVEL_NAMES.index(tier.lower()))
         except ValueError:
             raise ValueError(f"unknown tier {tier!r} (vram, host, nvme)") from None
-    if isinstance(tier, bool) or not isinstance(tier, int):
+    if isinstance(tier, bool) or not isinstance(tier, numbers.Integral):
         raise TypeError(f"a tier is a tier.Level, an int or a name, not {type(tier).__name__}")
     try:
-        return Level(tier)
+        return Level(int(tier))
     except ValueError:
         raise ValueError(f"unknown tier {tier} (0..{len(_LEVEL_NAMES) - 1})") from None
 
 
 def _mode(mode: ModeLike) -> Mode:
-    if isinstance(mode, bool) or not isinstance(mode, int):
+    if isinstance(mode, bool) or not isinstance(mode, numbers.Integral):
         raise TypeError(f"a mode is a tier.Mode, not {type(mode).__name__}")
     if mode not in (1, 2, 3):
         raise ValueError(f"mode {int(mode)} is none of READ, WRITE, READ_WRITE")
-    return Mode(mode)
+    return Mode(int(mode))
 
 
 def _name(name: str, what: str) -> bytes:
@@ -153,8 +154,11 @@ def _name(name: str, what: str) -> bytes:
 
 
 def _uint(value: int, what: str, lo: int = 0, hi: int = _UINT_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """@value, an integer (an int, or another numbers.Integral: numpy's int64 of ``np.prod(shape) * 4``),
+    in lo..hi; TypeError for a bool, a float or None, ValueError out of range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    value = int(value)
     if not lo <= value <= hi:
         raise ValueError(f"{what} {value} out of range ({lo}..{hi})")
     return int(value)
@@ -163,8 +167,13 @@ def _uint(value: int, what: str, lo: int = 0, hi: int = _UINT_MAX) -> int:
 def _timeout_ms(timeout: float | None) -> int:
     if timeout is None:
         return -1
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"a timeout is seconds (a number) or None, not {type(timeout).__name__}")
+    if isinstance(timeout, numbers.Integral):  # numpy's too; an int beyond a float's range is no NaN
+        if timeout < 0:
+            raise ValueError(f"timeout {timeout} must be >= 0 (None waits forever)")
+        return min(int(timeout) * 1000, _INT_MAX)
+    timeout = float(timeout)  # numpy's scalars too
     if math.isnan(timeout) or timeout < 0:
         raise ValueError(f"timeout {timeout} must be >= 0 (None waits forever)")
     if math.isinf(timeout):

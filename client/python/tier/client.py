@@ -63,6 +63,7 @@ import ctypes
 import errno
 import json
 import math
+import numbers
 import os
 import threading
 import time
@@ -198,7 +199,7 @@ class Client:
         """``tier_client_set_reconnect()``: a call that finds tierd gone waits up to @timeout seconds
         for the next tierd, joins the job again and raises RestartedError (0: never, the default).
         No round trip."""
-        if not isinstance(timeout, (int, float)) or not 0 <= timeout <= 86400:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 <= timeout <= 86400:
             raise ValueError(f"the reconnect timeout is 0..86400 seconds, not {timeout!r}")
         op = "set reconnect"
         self._check(_L.tier_client_set_reconnect(self._handle(op), int(timeout * 1000)), op)
