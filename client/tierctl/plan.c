@@ -223,7 +223,7 @@ static void print_text(const PlanInput *in, const PlanResult *r) {
 /* Byte and parameter counts are whole numbers in the JSON. */
 static void json_count(JsonWriter *w, double v) {
         if (isfinite(v) && v >= 0 && v < 1.8e19)
-                json_uint(w, (uint64_t) llround(v));
+                json_uint(w, (uint64_t) round(v));      /* (llround() stops at 2^63) */
         else
                 json_null(w);
 }

@@ -49,6 +49,17 @@ assert d["placements"]["A"]["fits_host"] is False
 '; then
         echo "FAIL: tierctl plan --json: $out"; fails=$((fails + 1))
 fi
+# a count past 2^63 is its value (it was 2^63: llround()), past 2^64 null
+out=$("$T" plan --json --no-tierd --params 2e18 $HW)
+if ! printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["class_bytes"]["moments"] == 16 * 10**18, d["class_bytes"]
+assert d["class_bytes"]["master"] == 8 * 10**18, d["class_bytes"]
+assert d["model_state_bytes"] is None, d["model_state_bytes"]
+'; then
+        echo "FAIL: tierctl plan --json --params 2e18: $out"; fails=$((fails + 1))
+fi
 # hardware from `tierctl bench` results: best striped non-suspect read 6.0 over 2 targets -> 3.0 per
 # drive, write the sustained 2.0 -> 1.0 per drive; a flag wins over the file; sources say which
 FIX=$(dirname "$0")/data/bench-fixture.json
