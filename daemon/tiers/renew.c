@@ -92,7 +92,7 @@ static int on_renewed(sd_event_source *s, int fd, uint32_t revents, void *userda
         SegRenewer *r = userdata;
         RenewJob *list;
         uint64_t v;
-        unsigned n = 0;
+        unsigned got = 0;
 
         (void) !read(r->efd, &v, sizeof(v));
         pthread_mutex_lock(&r->lock);
@@ -109,6 +109,7 @@ static int on_renewed(sd_event_source *s, int fd, uint32_t revents, void *userda
                 list = j->next;
                 free(j);
                 r->pending--;
+                got++;
                 if (q >= 0 && r->pool->ops->prepare)
                         q = r->pool->ops->prepare(r->pool, seg);
                 seg->renewing = false;
@@ -119,9 +120,12 @@ static int on_renewed(sd_event_source *s, int fd, uint32_t revents, void *userda
                         continue;
                 }
                 r->pool->n_free++;
-                n++;
         }
-        if (n > 0 && r->renewed)
+        /*
+         * Waiters wait while segments renew (reclaim(), copy_reserve()): they are woken when the last
+         * of a batch fails too, to find room elsewhere or fail, not to wait for segments that never come.
+         */
+        if (got > 0 && r->renewed)
                 r->renewed(r->pool, r->userdata);
         return 0;
 }

@@ -15,7 +15,8 @@ typedef struct sd_event sd_event;
  * make_memory) and an eventfd source on @event through which it reports on
  * the loop; segpool_release() hands it the segments from then on.
  * @renewed: called on the loop after one or more segments came back in
- * service (room for ops waiting for space), with @userdata.
+ * service or failed to (room for ops waiting for space, or none to wait
+ * for any more), with @userdata.
  */
 int segrenewer_new(SegPool *p, sd_event *event, void (*renewed)(SegPool *p, void *userdata), void *userdata,
                    SegRenewer **ret);

@@ -136,10 +136,61 @@ static void test_exit_while_renewing(void **state) {
         fixture_free(m);
 }
 
+/* A renewal that fails: the segment stays out of service (renew.c), like a host pool's mlock refused. */
+static int make_memory_fails(SegPool *p, Segment *seg, uint64_t size) {
+        return -ENOMEM;
+}
+
+/*
+ * Every renewal of a batch fails: a pin waiting for those segments (reclaim and copy_reserve wait while
+ * segments renew) is woken all the same, and fails for want of room, instead of waiting for
+ * segments that never come.  Before, the waiters were woken only when a segment came back: the pin
+ * waited for good.  Orders, not times: the renewer is held until the pin waits.
+ */
+static void test_renew_fails_wakes(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup, NULL);
+        SegPool *pool = &m->host.pool;
+        const SegPoolOps *ops = pool->ops;
+        SegPoolOps failing = *ops;
+        Tensor *t;
+        Done d = {};
+        Job *a, *b;
+
+        assert_int_equal(job_new(m->registry, "big", 0, &a), 0);
+        for (int i = 0; i < 8; i++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "t%d", i);
+                fixture_host_data(m, fixture_tensor(a, name, 4 * MiB), 1);
+        }
+        assert_int_equal(pool->n_free, 0);
+        segrenewer_hold(pool->renewer, true);
+        job_destroy(a);
+        assert_int_equal(pool->n_renewing, 8);
+
+        assert_int_equal(job_new(m->registry, "other", 0, &b), 0);
+        t = fixture_tensor(b, "t", 4 * MiB);
+        assert_int_equal(op_submit(m->engine, OP_PIN, t, LEVEL_HOST, on_done, NULL, &d, NULL), 0);
+        fixture_run(m, 5);
+        assert_int_equal(d.done, 0);                    /* waiting for the renewer */
+
+        failing.make_memory = make_memory_fails;
+        pool->ops = &failing;
+        segrenewer_hold(pool->renewer, false);
+        FIXTURE_RUN_UNTIL(m, pool->n_renewing == 0 && d.done);
+        assert_int_equal(pool->n_renewing, 0);
+        assert_int_equal(d.done, 1);
+        assert_true(d.status < 0);                   /* (the eight are out of service: no room) */
+        pool->ops = ops;
+        job_destroy(b);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renew_off_the_loop),
                 cmocka_unit_test(test_exit_while_renewing),
+                cmocka_unit_test(test_renew_fails_wakes),
         };
         return fixture_main("renew", tests, sizeof(tests) / sizeof(tests[0]));
 }
