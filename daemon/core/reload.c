@@ -232,16 +232,20 @@ int reload_run(Manager *m) {
          * The file's quotas that do not fit (guarantees over a capacity, min above max) make it invalid;
          * with the run-time ones (checked when they were set: only a smaller tier, restart-only, makes
          * them not fit) it is warned about, as at start: a start that tolerated them made every later
-         * reload fail, whatever it changed.
+         * reload fail, whatever it changed.  The NVMe room free now is for the guarantees as they apply,
+         * the run-time rules over the file's (one may lower a job's nvme_min below the file's): those
+         * must fit it, or the room kept (state/space.c) was promised twice.
          */
         {
                 QuotaRules none = QUOTA_RULES_NULL;
                 char why[1024];
 
-                r = quota_check(m->quotas, &next, &none, why, sizeof(why));
-                if (r >= 0 && quota_check(m->quotas, &next, &m->quotas->runtime, why, sizeof(why)) < 0)
+                r = quota_check_rules(m->quotas, &next, &none, why, sizeof(why));
+                if (r >= 0 && quota_check_rules(m->quotas, &next, &m->quotas->runtime, why, sizeof(why)) < 0)
                         log_warning("Reload: the quotas set at run time (\"%s\") do not fit the tiers: %s; they are "
                                     "kept (tierctl quota set lowers them)", m->quotas->path, why);
+                if (r >= 0)
+                        r = quota_check_room(m->quotas, &next, &m->quotas->runtime, why, sizeof(why));
                 if (r < 0) {
                         if (r != -ENOMEM)
                                 r = -EINVAL;

@@ -289,7 +289,14 @@ static bool name_seen(const Config *c, const QuotaRules *runtime, const QuotaRul
         return false;
 }
 
-int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size) {
+/* What check() looks at: the rules (min <= max, guarantees within the capacities), the NVMe room free now. */
+enum {
+        CHECK_RULES = 1 << 0,
+        CHECK_ROOM = 1 << 1,
+};
+
+static int check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, unsigned checks, char *why,
+                 size_t size) {
         const QuotaRules *lists[2] = { runtime, &c->quotas };
         Registry *r = s->registry;
         _cleanup_free_ GuaranteeSum *g = calloc(1, sizeof(GuaranteeSum));
@@ -305,7 +312,7 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
 
                 quota_resolve_job(c, runtime, j, &q);
                 (void) snprintf(what, sizeof(what), "job '%s'", j->name);
-                k = check_min_max(&q, what, why, size);
+                k = checks & CHECK_RULES ? check_min_max(&q, what, why, size) : 0;
                 if (k < 0)
                         return k;
                 /* a lingering job yields its claim (the engine gives it no share): it counts only by its name's rule */
@@ -315,7 +322,7 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                 }
         }
         /* every rule: job names that do not run now count with their guarantees; uid and group rules must make sense */
-        for (int l = 0; l < 2; l++)
+        for (int l = 0; l < 2 && (checks & CHECK_RULES); l++)
                 for (size_t i = 0; lists[l] && i < lists[l]->n; i++) {
                         const QuotaRule *rule = &lists[l]->rules[i];
                         gid_t gid = (gid_t) rule->id;
@@ -344,14 +351,26 @@ int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime,
                         if (rule->kind == QUOTA_JOB)
                                 sum_add(g, rule->job, &q);
                 }
-        for (int t = 0; t < TIERS; t++)
+        for (int t = 0; t < TIERS && (checks & CHECK_RULES); t++)
                 if (g->sum[t] > r->capacity[t]) {
                         (void) snprintf(why, size, "%s guarantees would add up to %s of %s capacity: %s",
                                         level_to_string(t), FORMAT_SIZE(g->sum[t]), FORMAT_SIZE(r->capacity[t]),
                                         g->who[t]);
                         return -ENOSPC;
                 }
-        return nvme_claims_check(r, g, why, size);
+        return checks & CHECK_ROOM ? nvme_claims_check(r, g, why, size) : 0;
+}
+
+int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size) {
+        return check(s, c, runtime, CHECK_RULES | CHECK_ROOM, why, size);
+}
+
+int quota_check_rules(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size) {
+        return check(s, c, runtime, CHECK_RULES, why, size);
+}
+
+int quota_check_room(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size) {
+        return check(s, c, runtime, CHECK_ROOM, why, size);
 }
 
 /* ---- applying --------------------------------------------------------------------------------- */

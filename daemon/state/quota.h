@@ -95,6 +95,14 @@ char *quota_source_format(const QuotaSource *src, char *buf, size_t size);
  * -EINVAL (a min above a max) or -ENOSPC (guarantees) with the reason in @why.
  */
 int quota_check(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);
+/*
+ * quota_check_rules() - quota_check() but for the NVMe room free now: the
+ * rules alone (tierd.conf's without the run-time ones, whose values may be
+ * what applies: a reload); quota_check_room() - that room alone, with the
+ * rules as they apply.
+ */
+int quota_check_rules(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);
+int quota_check_room(const QuotaStore *s, const Config *c, const QuotaRules *runtime, char *why, size_t size);
 
 /*
  * quota_job_created() - @j was just created by a peer of @gid with

@@ -32,10 +32,9 @@
 
 #include "proto/macro.h"
 #include "tests/helpers/harness.h"
+#include "tests/integration/test-quota.h"
 
-#define MiB (UINT64_C(1) << 20)
-
-static TestDaemon daemon_;
+TestDaemon daemon_;                     /* (quota-nvme.c too) */
 static tier_client *volatile roots_;     /* volatile: a store the optimizer must keep */
 static char config_[2048];
 
@@ -77,14 +76,14 @@ static int teardown(void **state) {
         return test_daemon_stop(&daemon_) == 0 ? 0 : -1;
 }
 
-static bool is_root(const char *what) {
+bool is_root(const char *what) {
         if (geteuid() == 0)
                 return true;
         printf("%s needs root (setting quotas needs root or group tier-admin): skipped\n", what);
         return false;
 }
 
-static tier_client *connect_job(const char *job) {
+tier_client *connect_job(const char *job) {
         tier_client *c = NULL;
         int r = tier_client_new(daemon_.socket, job, 0, &c);
 
@@ -98,8 +97,7 @@ static tier_client *connect_job(const char *job) {
  * Run "tierctl --socket SOCK ARGS": its exit status; its stdout and stderr
  * in *@out and *@err (malloc'ed, may be NULL arguments).
  */
-static int tierctl(char **out, char **err, const char *fmt, ...) _printf_(3, 4);
-static int tierctl(char **out, char **err, const char *fmt, ...) {
+int tierctl(char **out, char **err, const char *fmt, ...) {
         char path[512], args[1024], cmd[2048], errpath[400], buf[4096];
         size_t len = 0;
         char *o = NULL;
@@ -144,7 +142,7 @@ static int tierctl(char **out, char **err, const char *fmt, ...) {
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static void assert_contains(const char *haystack, const char *needle) {
+void assert_contains(const char *haystack, const char *needle) {
         if (!strstr(haystack, needle))
                 fail_msg("'%s' lacks '%s'", haystack, needle);
 }
@@ -535,56 +533,6 @@ static void test_linger_reattach_checked(void **state) {
         tier_client_free(o[1]);
 }
 
-/* Write 16M tensor @name of @c in host and evict it to NVMe: the evict's status. */
-static int to_nvme(tier_client *c, const char *name) {
-        struct tier_grant g;
-        tier_tensor *t;
-        int r;
-
-        assert_int_equal(tier_tensor_create(c, name, 16 * MiB, &t), 0);
-        assert_int_equal(tier_pin(t, TIER_HOST, TIER_WRITE, &g), 0);
-        memset(g.ptr, 0x5a, 16 * MiB);
-        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
-        r = tier_evict(t, TIER_NVME);
-        tier_tensor_close(t);
-        return r;
-}
-
-/*
- * An NVMe guarantee is room kept free (NVMe copies are never taken back): 'nvA' had nvme_min 128M of the
- * 256M target, 'nvB' filled all of it, and 'nvA''s first eviction to NVMe failed, "no room left".
- */
-static void test_nvme_min_kept(void **state) {
-        tier_client *a, *b;
-        char name[16], *err = NULL;
-
-        if (!is_root("test_nvme_min_kept"))
-                skip();
-        assert_int_equal(tierctl(NULL, NULL, "quota set nvA --nvme-min 128M"), 0);
-        a = connect_job("nvA");
-        b = connect_job("nvB");
-        for (int i = 0; i < 8; i++) {
-                (void) snprintf(name, sizeof(name), "b%d", i);
-                assert_int_equal(to_nvme(b, name), 0);
-        }
-        assert_int_equal(to_nvme(b, "b8"), -ENOSPC);
-        assert_contains(tier_client_last_error(b), "the NVMe room left (128.0 MiB free of 256.0 MiB) is kept, "
-                                                   "128.0 MiB of it, for the guaranteed minimum (nvme_min) of "
-                                                   "'nvA' (128.0 MiB, 0 B of it used)");
-        for (int i = 0; i < 8; i++) {
-                (void) snprintf(name, sizeof(name), "a%d", i);
-                assert_int_equal(to_nvme(a, name), 0);
-        }
-        /* a claim on more than is free is refused, naming who holds the rest */
-        assert_int_equal(tierctl(NULL, &err, "quota set nvA --nvme-min 144M"), 1);
-        assert_contains(err, "nvme guarantees not used yet would need 16.0 MiB, but only 0 B of the nvme tier's "
-                             "256.0 MiB is free");
-        assert_contains(err, "the rest holds the data of job 'nvB' 128.0 MiB");
-        free(err);
-        tier_client_free(a);
-        tier_client_free(b);
-}
-
 /* ---- only admins set; anyone reads their own ------------------------------------------------------- */
 
 static void test_non_admin(void **state) {
@@ -950,6 +898,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_linger_rerun, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_linger_reattach_checked, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_nvme_min_kept, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_nvme_min_reload, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_non_admin, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_uid_total, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_total_set, setup, teardown),
