@@ -190,6 +190,32 @@ class TestUsage(tierd.DaemonTestCase):
         model.head.weight.data.mul_(0.0)                    # the model's own again: the change is real
         self.assertEqual(float(model.state_dict()["head.weight"].abs().sum()), 0.0)
 
+    def test_parameter_subclass_keeps_its_ops(self) -> None:
+        """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
+        its ops keep the class): while the engine has it, its class is a subclass watching ``.data``
+        (guards.watch_data), which handed torch's default the watching class among ``types``.  torch's
+        default answers NotImplemented for a type that is not its class's own base, so every op on the
+        parameter failed, ``TypeError: unsupported operand type(s)``.  Trained bit for bit now."""
+        class Kept(torch.nn.Parameter):
+            __torch_function__ = classmethod(torch.Tensor.__torch_function__.__func__)
+
+        ref = TwoHead()
+        model = copy.deepcopy(ref)
+        model.l2.weight = Kept(model.l2.weight.detach().clone())
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "kept")
+        for x in batches(3):
+            for m, o in ((ref, opt), (model, eng)):
+                a, b = m(x)
+                (a.pow(2).mean() + b.pow(2).mean()).backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "a parameter of a class of its own")
+        self.assertIs(type(model.l2.weight * 2), Kept)      # its ops' results keep its class, as before
+        eng.close()
+        self.assertIs(type(model.l2.weight), Kept)
+        self.same(model, ref, "closed")
+
     def test_changes_inside_the_forward_refused(self) -> None:
         """A parameter changed in place inside its block's forward (a pre-hook clamping it under
         torch.no_grad()) went into the copy tierd maps for the forward, which that phase only reads: the

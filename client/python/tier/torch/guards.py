@@ -186,7 +186,8 @@ def _watching(cls: type) -> type:
                 with torch._C.DisableTorchFunction():
                     return args[0].detach()
             if not plain:
-                return base(func, types, args, kwargs)
+                # (as its own: torch's default answers NotImplemented for a type not a base of its class)
+                return base(func, tuple(getattr(t, "_tier_watched", None) or t for t in types), args, kwargs)
             with torch._C.DisableTorchFunction():
                 return func(*args, **(kwargs or {}))
 
