@@ -82,13 +82,16 @@ static Job *job_for(Rpc *rpc, Conn *c, uint64_t seq, const char *name, const cha
                 *ret_r = conn_reply_error(c, seq, -EINVAL, "no job named (give a job name)");
                 return NULL;
         }
-        /* as tier_client_new() and tier_quota_get() say: no job can have such a name */
-        if (strlen(name) > rpc->config->max_name) {
+        j = job_find(rpc->registry, name);
+        /*
+         * as tier_client_new() and tier_quota_get() say: no new job can have such a name (one restored
+         * from the NVMe index after a restart with a smaller max_name has it still: found above)
+         */
+        if (!j && strlen(name) > rpc->config->max_name) {
                 *ret_r = conn_reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
                                           rpc->config->max_name);
                 return NULL;
         }
-        j = job_find(rpc->registry, name);
         if (!j) {
                 *ret_r = conn_reply_error(c, seq, -ENOENT, "no job '%s' (tierctl jobs lists them)", name);
                 return NULL;

@@ -627,5 +627,39 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertIn("qj", [j["job"] for j in doc["jobs"]])
 
 
+class TestRestoredLongName(unittest.TestCase):
+    def test_restored_job_over_max_name(self) -> None:
+        """A job restored from the NVMe index after a restart with a smaller [limits] max_name keeps its
+        name: tierctl names it still.  d6f6ec2 refused every name over max_name before looking (-ENAMETOOLONG,
+        'job name longer than max_name'): such a job could no longer be listed, evicted or detached."""
+        d = tierd.Tierd(CONFIG.replace("max_inflight = 64", "max_inflight = 64\nmax_name = 400"))
+        self.addCleanup(d.cleanup)
+        d.start()
+        name = "j" * 300
+        c = tier.Client(name, socket=d.socket)
+        t = c.create("t", MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[0:4] = b"kept"
+        t.evict(tier.NVME)
+        t.close()
+        c.close()
+        self.assertEqual(d.stop(), 0)
+        with open(d.config, "w") as f:
+            f.write(CONFIG.replace("@DIR@", d.dir))         # max_name 255 (the default)
+        d.start()
+
+        def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([tierctl_path(), "--socket", d.socket, *args], capture_output=True, text=True,
+                                  timeout=60)
+
+        p = ctl("tensors", name)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("t", p.stdout.split())
+        p = ctl("detach", name)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        # a name over max_name that no job has is still said to be one no job can have
+        self.assertIn("job name longer than max_name (255 bytes)", ctl("tensors", "k" * 300).stderr)
+
+
 if __name__ == "__main__":
     tierd.main()
