@@ -15,8 +15,12 @@ lingers in tierd (``[daemon] linger_sec``; or that tierd found in its NVMe
 index after a restart) rolls the job back to its last commit
 (``tier_job_rollback()``: the blocks the crashed step had already updated
 get their committed state back), reads the meta tensor, checks that the
-model and the stored layout agree, before it changes anything of the
-model's, and takes the tensors over as they are.  ``engine.steps`` is then
+model and the stored layout agree, and that the engine was made with the
+same hyperparameters (the parameter groups as made: a scheduler's changes
+since come back with the groups), before it changes anything of the
+model's, and takes the tensors over as they are.  A commit tierd lost (its
+data in memory only when tierd was killed without a service manager keeping
+its memory) is refused, saying so, before the record is read.  ``engine.steps`` is then
 the number of steps committed, ``engine.resumed`` True: the loop goes on from
 there.  A job with no commit (a first run, or a crash before the first
 step's end) starts afresh (``engine.resumed`` False).  An engine that
@@ -47,6 +51,7 @@ import torch
 
 from .. import HOST, READ, WRITE
 from ..errors import BusyError
+from .optim import hyper_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Offload
@@ -102,6 +107,8 @@ def meta_bytes(eng: "Offload") -> bytes:
             # which .grad would be a tensor (zeros) after a zero_grad(): torch.optim updates those too
             "slot_had_grad": [[s.had_grad for s in b.slots] for b in eng.blocks],
             "grads_zeroed": eng._grads_zeroed,
+            # the groups as the engine was made: a resume with other arguments is refused
+            "made_groups": getattr(eng, "_made_groups", None),
             "buffers": {n: t.detach().cpu().clone() for n, t in eng.model.named_buffers()}}
     buf = io.BytesIO()
     torch.save(meta, buf)
@@ -170,6 +177,24 @@ def _first_difference(saved: list[Any], mine: list[Any]) -> str:
     return "?"
 
 
+def _hyper_difference(saved: list[dict[str, Any]] | None, made: list[dict[str, Any]]) -> str:
+    """What the engine's parameter groups as made (its arguments, torch.optim's defaults) say otherwise
+    than the committing run's as made: "" when nothing, or when the record does not have them (an older
+    tier.torch's).  Not the groups as they are at the commit: a scheduler, or the loop, moves those (lr,
+    and OneCycleLR's betas), and the resume takes them over as they were."""
+    out = []
+    for i, (then, now) in enumerate(zip(saved or [], made)):
+        for k in sorted(set(then) & set(now)):
+            a, b = then[k], now[k]
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+            else:
+                same = (tuple(a) if isinstance(a, list) else a) == (tuple(b) if isinstance(b, list) else b)
+            if not same:
+                out.append(f"param_groups[{i}] {k}={a!r} then, {b!r} now")
+    return "; ".join(out)
+
+
 def check_alone(client: Any, resume: bool) -> None:
     """resume=True without torch.distributed: refused, before the rollback, while the job has another
     connection (a rank in a process of its own, another tier.Client of the job): the rollback would bring
@@ -192,6 +217,8 @@ def try_resume(eng: "Offload") -> bool:
     afresh).  Everything is checked before anything of the model's or the engine's changes."""
     from .. import NotFoundError
 
+    # the groups as made (arguments, defaults), before any scheduler: what a resume compares (and commits)
+    eng._made_groups = hyper_of(eng.param_groups)
     with eng._explained(None, "rolling the job back to its last commit"):
         c = eng.client.rollback()
     if not c.committed:
@@ -204,11 +231,14 @@ def try_resume(eng: "Offload") -> bool:
                          "or a run since started it afresh (without resume=True) or ended it (close()), so that "
                          "the commit is stale; to start afresh, end the job (tierctl detach JOB) first") \
             from None
-    meta = read_meta(eng, t)
     if c.lost:
+        # (before the record is read: it may be one of them, and its read would say only "lost")
         raise RuntimeError(f"tier.torch: {c.lost} tensor(s) of job {eng.client.job!r} have nothing to go back to "
-                           "at its last commit (their data was in memory when tierd stopped): the job cannot be "
-                           "resumed; start it afresh (without resume=True, or destroy the job)")
+                           f"at its last commit (step {c.step}); tierd's log says which and why (their "
+                           "committed data lay in memory only when tierd was killed without a service manager "
+                           "keeping its memory, tierd(8), say): the job cannot be resumed; start it afresh "
+                           "(without resume=True, or destroy the job), from a checkpoint if you saved one")
+    meta = read_meta(eng, t)
     if meta["rule"] != eng.rule.name:
         raise ValueError(f"tier.torch: the job was trained with the {meta['rule']} step rule, this engine runs "
                          f"{eng.rule.name}")
@@ -219,6 +249,13 @@ def try_resume(eng: "Offload") -> bool:
                          "parameter groups, or start afresh without resume=True")
     if len(meta["groups"]) != len(eng.param_groups):
         raise ValueError(f"tier.torch: {len(meta['groups'])} parameter groups then, {len(eng.param_groups)} now")
+    differs = _hyper_difference(meta.get("made_groups"), eng._made_groups)
+    if differs:
+        raise ValueError(f"tier.torch: the job was made with other hyperparameters ({differs}); resume with the "
+                         "arguments the run was made with (the engine takes the job's hyperparameters over as "
+                         "they were at its last commit, as a scheduler left them); to change one, set "
+                         "engine.param_groups[i][key] once the engine is made, before the next step (or start "
+                         "afresh without resume=True)")
     bufs = dict(eng.model.named_buffers())
     if set(bufs) != set(meta["buffers"]):
         raise ValueError("tier.torch: the model's buffers differ from the ones the job stored")

@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""What a resume=True engine checks before it takes a job over: the hyperparameters, and a commit tierd lost.
+
+The training "process" here is a Client closed without the engine's close()
+(the job lingers with its commit, as after a SIGKILL); tierd's own deaths
+come from the harness.  Every kill falls between two known calls.
+"""
+
+from __future__ import annotations
+
+import unittest
+
+import tierd
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+
+LINGER = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300")
+
+
+def model():
+    torch.manual_seed(4)
+    return torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)))
+
+
+def batch(i: int):
+    return torch.randn(3, 8, generator=torch.Generator().manual_seed(i))
+
+
+def train(eng, sched, m, upto: int) -> None:
+    """Two micro-batches, clipping, a scheduler step: the deferred path."""
+    for i in range(eng.steps, upto):
+        for k in range(2):
+            (m(batch(2 * i + k)).square().mean() / 2).backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        eng.step()
+        sched.step()
+        eng.zero_grad()
+
+
+def schedule(eng):
+    return torch.optim.lr_scheduler.LambdaLR(eng, lambda s: min(1.0, (s + 1) / 3), last_epoch=eng.steps - 1)
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResumeHyperparameters(tierd.DaemonTestCase):
+    config = LINGER
+
+    def test_other_hyperparameters_refused(self) -> None:
+        """A resume made with another weight_decay, betas or lr than the run: the engine took the run's
+        values over without a word, so the user's were ignored.  Refused now, naming each, before
+        anything changes: the right resume then ends bit for bit where an uninterrupted run does, its
+        learning rate schedule with it."""
+        import tier
+        import tier.torch
+
+        kw = dict(lr=1e-2, weight_decay=0.05)
+        ref = model()
+        eng = tier.torch.Offload(ref, self.client("hyper-ref"), **kw)
+        sched = schedule(eng)
+        train(eng, sched, ref, 4)
+        want, want_opt, want_lr = eng.parameters_state_dict(), eng.state_dict(), sched.get_last_lr()
+        eng.close()
+
+        m = model()
+        c = tier.Client("hyper", socket=self.socket)
+        eng = tier.torch.Offload(m, c, resume=True, **kw)
+        sched = schedule(eng)
+        train(eng, sched, m, 2)
+        c.close()               # the process is gone after its commit of step 2: the job lingers
+        for other, said in ((dict(weight_decay=0.1), r"weight_decay=0\.05 then, 0\.1 now"),
+                            (dict(betas=(0.8, 0.99)), r"betas=\(0\.9, 0\.999\) then, \(0\.8, 0\.99\) now"),
+                            (dict(lr=5e-3), r"lr=0\.01 then, 0\.005 now")):
+            c2 = tier.Client("hyper", socket=self.socket)
+            with self.subTest(other=other), self.assertRaisesRegex(ValueError, "other hyperparameters.*" + said):
+                tier.torch.Offload(model(), c2, resume=True, **{**kw, **other})
+            c2.close()
+        m = model()
+        eng = tier.torch.Offload(m, self.client("hyper"), resume=True, **kw)
+        self.assertEqual((eng.resumed, eng.steps), (True, 2))
+        sched = schedule(eng)
+        train(eng, sched, m, 4)
+        self.assertEqual(sched.get_last_lr(), want_lr)
+        got, got_opt = eng.parameters_state_dict(), eng.state_dict()
+        eng.close()
+        for n, p in want.items():
+            self.assertTrue(torch.equal(p, got[n]), n)
+        for i, st in want_opt["state"].items():
+            for k, v in st.items():
+                self.assertTrue(torch.equal(v, got_opt["state"][i][k]), f"{i}.{k}")
+        self.assertEqual(want_opt["param_groups"], got_opt["param_groups"])
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResumeLostCommit(tierd.DaemonTestCase):
+    # lru: no write-behind, so what the commit holds lies in memory only when tierd is killed
+    config = LINGER.replace("[nvme]", "[sched]\npolicy = lru\n[nvme]")
+
+    def test_lost_commit_said(self) -> None:
+        """tierd SIGKILLed without an fd store after a commit that lay in memory only: a resume read the
+        resume record first, which was lost too, and failed with the bare LostError of its pin ("write it
+        whole (a TIER_WRITE pin) or destroy it").  It says now that the commit cannot be resumed, why, and
+        what to do; starting afresh, as it says, works."""
+        import tier
+        import tier.torch
+
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        m = model()
+        c = tier.Client("lost-commit", socket=d.socket)
+        eng = tier.torch.Offload(m, c, lr=1e-2, resume=True)
+        sched = schedule(eng)
+        train(eng, sched, m, 1)
+        c.close()
+        d.kill_and_start()
+        c2 = tier.Client("lost-commit", socket=d.socket)
+        self.addCleanup(c2.close)
+        with self.assertRaisesRegex(RuntimeError, r"nothing to go back to at its last commit \(step 1\).*killed "
+                                    r"without a service manager keeping its memory.*cannot be resumed; start it "
+                                    r"afresh") as cm:
+            tier.torch.Offload(model(), c2, lr=1e-2, resume=True)
+        self.assertNotIsInstance(cm.exception, tier.LostError)
+        m = model()
+        eng = tier.torch.Offload(m, c2, lr=1e-2)
+        self.assertFalse(eng.resumed)
+        train(eng, schedule(eng), m, 1)
+        self.assertEqual(eng.steps, 1)
+        eng.close()
+        c2.close()
+        self.assertEqual(d.stop(), 0)
+
+
+if __name__ == "__main__":
+    tierd.main()
