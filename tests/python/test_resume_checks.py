@@ -133,6 +133,32 @@ class TestResumeLostCommit(tierd.DaemonTestCase):
         c2.close()
         self.assertEqual(d.stop(), 0)
 
+    def test_lost_in_a_resume_engine_advice(self) -> None:
+        """A step of a resume=True engine that finds its data lost (tierd killed under it, no fd store): the
+        LostError advised "make engines with resume=True", which this one is.  It says what resume=True
+        does for it now: start the process again."""
+        import tier
+        import tier.torch
+
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        m = model()
+        c = tier.Client("lost-advice", socket=d.socket, reconnect=60)
+        self.addCleanup(c.close)
+        eng = tier.torch.Offload(m, c, lr=1e-2, resume=True, optimizer_in_backward=False)
+        sched = schedule(eng)
+        train(eng, sched, m, 1)
+        m(batch(9)).square().mean().backward()
+        d.kill_and_start()
+        with self.assertRaises(tier.LostError) as cm:
+            eng.step()
+        self.assertIn("this engine commits every step (resume=True): end this process and start it again",
+                      str(cm.exception))
+        self.assertNotIn("make engines with resume=True", str(cm.exception))
+        c.close()
+        self.assertEqual(d.stop(), 0)
+
 
 if __name__ == "__main__":
     tierd.main()

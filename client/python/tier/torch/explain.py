@@ -58,8 +58,11 @@ class Explained:
             # (not room: the budget advice misled)
             hint = ("a tensor's data is gone, tierd's log says which and why: it lay in memory only when tierd "
                     "stopped without keeping its memory (no fd store, see tierd(8)), a rollback had nothing to "
-                    "go back to, or another rank's plan overwrites it next; load a checkpoint saved before into "
-                    "a new engine, or make engines with resume=True")
+                    "go back to, or another rank's plan overwrites it next; " +
+                    ("this engine commits every step (resume=True): end this process and start it again, and "
+                     "the job goes back to its last commit where tierd kept that (the resume says so where not), "
+                     "or load a checkpoint saved before into a new engine" if eng.resume else
+                     "load a checkpoint saved before into a new engine, or make engines with resume=True"))
         elif e.errno in (errno.ENOSPC, errno.EAGAIN, errno.ENOMEM, errno.EDQUOT):
             hint = advice(eng, self.b)
         else:
