@@ -46,7 +46,7 @@ def schedule(eng):
 
 
 @unittest.skipIf(torch is None, "no torch (python3-torch)")
-class TestResumeHyperparameters(tierd.DaemonTestCase):
+class TestResumeChecks(tierd.DaemonTestCase):
     config = LINGER
 
     def test_other_hyperparameters_refused(self) -> None:
@@ -92,6 +92,35 @@ class TestResumeHyperparameters(tierd.DaemonTestCase):
             for k, v in st.items():
                 self.assertTrue(torch.equal(v, got_opt["state"][i][k]), f"{i}.{k}")
         self.assertEqual(want_opt["param_groups"], got_opt["param_groups"])
+
+    def test_run_again_after_a_closed_run(self) -> None:
+        """The same script run again after a run that ended (close()) while its job still lingers
+        (linger_sec): close() destroys the resume record and every tensor, not the job's commit, so
+        resume=True refused the new run as a stale commit ("end the job first"), until linger_sec ran out.
+        Nothing of the ended run is left to pair with: the new run starts afresh, and its own commits
+        are what a resume comes back to."""
+        import tier
+        import tier.torch
+
+        for run in range(2):
+            m = model()
+            c = tier.Client("closed-run", socket=self.socket)
+            eng = tier.torch.Offload(m, c, lr=1e-2, resume=True)
+            self.assertEqual((eng.resumed, eng.steps), (False, 0), f"run {run}")
+            sched = schedule(eng)
+            train(eng, sched, m, 2 if run == 0 else 1)
+            if run == 0:
+                eng.close()
+            else:
+                committed = {n: t.clone() for n, t in eng.parameters_state_dict().items()}
+            c.close()               # run 1: killed after its commit of step 1
+        m = model()
+        eng = tier.torch.Offload(m, self.client("closed-run"), lr=1e-2, resume=True)
+        self.assertEqual((eng.resumed, eng.steps), (True, 1))
+        now = eng.parameters_state_dict()
+        for n, t in committed.items():
+            self.assertTrue(torch.equal(t, now[n]), n)
+        eng.close()
 
 
 @unittest.skipIf(torch is None, "no torch (python3-torch)")

@@ -23,7 +23,8 @@ data in memory only when tierd was killed without a service manager keeping
 its memory) is refused, saying so, before the record is read.  ``engine.steps`` is then
 the number of steps committed, ``engine.resumed`` True: the loop goes on from
 there.  A job with no commit (a first run, or a crash before the first
-step's end) starts afresh (``engine.resumed`` False).  An engine that
+step's end) starts afresh (``engine.resumed`` False), and so does one whose
+last run ended (``close()`` destroys the record and every tensor).  An engine that
 starts afresh (``resume=False`` too) destroys the record an earlier run left,
 so a commit from before that is refused, not paired with the new tensors.
 ``resume=True`` is for a job of one rank: a commit takes every rank's tensors
@@ -212,6 +213,20 @@ def check_alone(client: Any, resume: bool) -> None:
                          "processes) first")
 
 
+def _has_tensors(eng: "Offload") -> bool:
+    """Whether the job holds any tensor of this engine's names."""
+    from .. import NotFoundError
+
+    for b in eng.blocks:
+        for kind in eng._kinds(b):
+            try:
+                eng.client.open(eng._tname(b, kind))
+            except NotFoundError:
+                continue
+            return True
+    return False
+
+
 def try_resume(eng: "Offload") -> bool:
     """Roll the job back to its last commit and take its tensors over; False when it has none (start
     afresh).  Everything is checked before anything of the model's or the engine's changes."""
@@ -226,10 +241,14 @@ def try_resume(eng: "Offload") -> bool:
     try:
         t = eng.client.open(eng._meta_name())
     except NotFoundError:
+        if not _has_tensors(eng):
+            # a run that ended (close() destroys the record and every tensor; the job lingers with its
+            # commit): nothing of it to pair with, so start afresh, as once the job is gone
+            return False
         raise ValueError(f"tier.torch: job {eng.client.job!r} has a commit (step {c.step}) but no resume record "
                          f"({eng._meta_name()!r}): it was not committed by tier.torch with this prefix and rank, "
-                         "or a run since started it afresh (without resume=True) or ended it (close()), so that "
-                         "the commit is stale; to start afresh, end the job (tierctl detach JOB) first") \
+                         "or a run since started it afresh (without resume=True), so that the commit is stale; "
+                         "to start afresh, end the job (tierctl detach JOB) first") \
             from None
     if c.lost:
         # (before the record is read: it may be one of them, and its read would say only "lost")
