@@ -568,6 +568,8 @@ Manager *manager_free(Manager *m) {
         }
         if (quiet) {
                 m->engine = engine_free(m->engine);
+                if (m->stopping)
+                        book_note_dead(m->book);        /* (before the registry detaches it) */
                 m->registry = registry_free(m->registry);
                 segpool_deinit(&m->host.pool);
         } else

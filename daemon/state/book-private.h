@@ -40,6 +40,7 @@ enum {
         REC_IMAGE,              /* key, version, extents: its committed version's image */
         REC_COMMIT,             /* job key, step: its tensors' committed versions are their newest */
         REC_BLANK,              /* key: rolled back to zeros */
+        REC_DEAD,               /* key, version, rank: that version is dead (no bytes: its next access writes it) */
 };
 
 /* Step points of an index update, for the index-kill and index-torn faults. */
@@ -81,6 +82,8 @@ typedef struct BkTensor {
         NvmeExtent *image;      /* of commit_version */
         uint32_t n_image;
         bool gone;
+        bool dead;              /* a DEAD record of version newest (a later record of it clears it) */
+        uint32_t dead_rank;     /* its Tensor.dead_rank */
         char *name;
         Tensor *made;           /* book_restore(): the tensor made of it, or NULL */
 } BkTensor;

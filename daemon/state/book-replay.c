@@ -375,6 +375,7 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 t->n_ext = n;
                 t->nvme_version = version;
                 t->newest = version;
+                t->dead = false;
                 return true;
         }
         case REC_COMMIT: {
@@ -405,6 +406,25 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 t->n_ext = 0;
                 t->nvme_version = 0;
                 t->newest = 0;
+                t->dead = false;
+                return true;
+        }
+        case REC_DEAD: {
+                BkTensor *t = bk_tensor(b, rd_u(r, 8));
+                uint64_t version = rd_u(r, 8);
+                uint32_t rank = (uint32_t) rd_u(r, 4);
+
+                if (r->bad || r->left != 0 || !t || version == 0)
+                        return false;
+                /* its newest version (a NEWER record may be of one before), with no bytes anywhere */
+                if (version < t->newest)
+                        return true;    /* (written since) */
+                t->ext = mfree(t->ext);
+                t->n_ext = 0;
+                t->nvme_version = 0;
+                t->newest = version;
+                t->dead = true;
+                t->dead_rank = rank;
                 return true;
         }
         case REC_NEWER: {
@@ -417,6 +437,7 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 t->n_ext = 0;
                 t->nvme_version = 0;
                 t->newest = MAX(version, 1u);
+                t->dead = false;
                 return true;
         }
         case REC_SNAPSHOT:
@@ -874,12 +895,17 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                                 t->lost_why = f->damaged ? TENSOR_LOST_DAMAGED :
                                               bt->nvme_version ? TENSOR_LOST_TARGET : TENSOR_LOST_STOPPED;
                                 t->book_state = BOOK_T_NEWER;
-                                if (!f->damaged && memstore_was_dead(reg->memstore, t, bt->newest, &t->dead_rank)) {
+                                /* dead at a clean stop (its DEAD record), or by the memory store's table */
+                                t->dead_rank = bt->dead_rank;
+                                if (!f->damaged && (bt->dead ||
+                                                    memstore_was_dead(reg->memstore, t, bt->newest, &t->dead_rank))) {
                                         /*
                                          * still: so the next kill says so too; and whose plan made it dead, so
                                          * that a read of it fails as before the restart (op.c ensure_copy())
                                          */
                                         t->dead = true;
+                                        if (bt->dead)   /* (a next write of it says NEWER: book_version()) */
+                                                t->book_state = BOOK_T_DEAD;
                                         f->dead++;
                                         log_job(LOG_DEBUG, 0, j->name, "Tensor '%s' of job '%s' was dead when tierd "
                                                 "went (its next access writes it whole): nothing of it to bring "

@@ -27,6 +27,7 @@
  *     IMAGE       key, version, extents              its committed version's image
  *     COMMIT      job key, step                      a commit: images go
  *     BLANK       key                                rolled back to zeros
+ *     DEAD        key, version, rank                 that version is dead: no bytes, none lost
  *
  * JOB carries the job's commit state (committing, step) and TENSOR its
  * committed version, for snapshots; commits are Job.committing's
@@ -56,7 +57,9 @@
  * when its last record is NVME and its target still is what it was; its
  * extents are reserved, and every read still checks their crc32c.  A tensor
  * whose last record is NEWER is restored as lost: reads fail and say why,
- * a whole write (TIER_WRITE) makes it whole again.
+ * a whole write (TIER_WRITE) makes it whole again; one whose last is DEAD
+ * (a clean stop found it dead: no bytes, its plan writes it whole next,
+ * book_note_dead()) is restored dead, as it was.
  *
  * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
  * and four times its snapshot (at once after an NVME record, after the next
@@ -355,6 +358,12 @@ static void put_nvme(Wr *w, const Tensor *t, uint64_t version) {
         put_extents(w, t, version, t->copy[LEVEL_NVME].extents, t->copy[LEVEL_NVME].n_extents);
 }
 
+static void put_dead(Wr *w, const Tensor *t) {
+        wr_u(w, t->book_key, 8);
+        wr_u(w, t->version, 8);
+        wr_u(w, t->dead_rank, 4);
+}
+
 /* Recording: a book that works, restored and not detached (tierd's exit forgets jobs, it does not end them). */
 static bool book_on(const Book *b) {
         return b && !b->off_books && b->registry;
@@ -493,7 +502,8 @@ void book_commit(Book *b, Job *j) {
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                if (t->book_key && t->book_state == BOOK_T_NEWER && t->book_version != t->version)
+                if (t->book_key && (t->book_state == BOOK_T_NEWER || t->book_state == BOOK_T_DEAD) &&
+                    t->book_version != t->version)
                         book_version_back(b, t);
         }
         rec_begin(&w);
@@ -501,6 +511,30 @@ void book_commit(Book *b, Job *j) {
         wr_u(&w, j->commit_step, 8);
         (void) record_write(b, &w, 0, REC_COMMIT);
         book_sync(b);   /* a commit is what a resumed job comes back to: on the drive soon */
+}
+
+void book_note_dead(Book *b) {
+        if (!book_on(b))
+                return;
+        list_for_each_safe(jn, jtmp, &b->registry->jobs) {
+                Job *j = list_entry(jn, Job, link);
+
+                list_for_each_safe(tn, ttmp, &j->tensors) {
+                        Tensor *t = list_entry(tn, Tensor, job_link);
+                        Wr w = { b };
+
+                        /* (NEWER: its copies went, book_version(); its NEWER record may be of a version before) */
+                        if (!t->book_key || !t->dead || t->version == 0 ||
+                            (t->book_state != BOOK_T_NEWER && t->book_state != BOOK_T_DEAD))
+                                continue;
+                        rec_begin(&w);
+                        put_dead(&w, t);
+                        if (record_write(b, &w, 0, REC_DEAD)) {
+                                t->book_state = BOOK_T_DEAD;
+                                t->book_version = t->version;
+                        }
+                }
+        }
 }
 
 void book_restored(Book *b, Tensor *t) {
@@ -680,12 +714,14 @@ int book_snapshot(Book *b) {
                                 SNAP_REC(REC_IMAGE, put_extents(&w, t, t->commit_version, t->base, t->n_base));
                         if (t->book_state == BOOK_T_NVME)
                                 SNAP_REC(REC_NVME, put_nvme(&w, t, t->book_version));
-                        else if (t->book_state == BOOK_T_NEWER)
+                        else if (t->book_state == BOOK_T_NEWER || t->book_state == BOOK_T_DEAD)
                                 SNAP_REC(REC_NEWER, {
                                         wr_u(&w, t->book_key, 8);
                                         wr_u(&w, t->version, 8);
                                         t->book_version = t->version;
                                 });
+                        if (t->book_state == BOOK_T_DEAD)
+                                SNAP_REC(REC_DEAD, put_dead(&w, t));
                 }
         }
         SNAP_REC(REC_SNAPSHOT, (void) 0);

@@ -114,6 +114,12 @@ void book_version_back(Book *b, Tensor *t);
 void book_image(Book *b, Tensor *t);
 /* @j made a commit (job_commit()): every tensor's committed version is its version now, images go. */
 void book_commit(Book *b, Job *j);
+/*
+ * book_note_dead() - a clean stop, after the write-down: each dead tensor (its newest version has no
+ * bytes, its plan's next access writes it whole) gets a DEAD record, so that the next start brings it back
+ * dead, as it was, not lost (with the memory store, its table says so too).
+ */
+void book_note_dead(Book *b);
 /* @t was rolled back (job_rollback()): to its NVMe copy (its image), or to zeros. */
 void book_restored(Book *b, Tensor *t);
 

@@ -96,6 +96,7 @@ typedef enum BookTensorState {
         BOOK_T_BLANK,           /* never written */
         BOOK_T_NVME,            /* its newest data is its NVMe copy, version Tensor.book_version */
         BOOK_T_NEWER,           /* its newest data is not on NVMe */
+        BOOK_T_DEAD,            /* NEWER, and that version is dead (a DEAD record): its next write says NEWER */
 } BookTensorState;
 
 /* Why a tensor is lost (Tensor.lost_why): the reads it fails say it (tensor_lost_reason()). */

@@ -189,5 +189,81 @@ class TestResumeLostCommit(tierd.DaemonTestCase):
         self.assertEqual(d.stop(), 0)
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestCleanRestartKeepsDead(tierd.DaemonTestCase):
+    config = LINGER
+
+    def test_unreached_block_after_a_clean_restart(self) -> None:
+        """tierd stopped cleanly (SIGTERM, no service manager keeping its memory) and started again
+        between two steps of a loop whose backward does not reach one block (its output unused in some
+        steps): that block's gradient is dead between steps (its plan writes it whole next), and came back
+        "lost: its newest data was in memory" (a clean stop was to lose nothing), so its optimizer phase,
+        which reads it as zeros, failed with LostError.  The index says it was dead now: the run goes on
+        and ends bit for bit where an uninterrupted one does."""
+        import signal
+        import threading
+
+        import tier
+        import tier.torch
+
+        class M(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.a, self.aux, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+            def forward(self, x, use: bool):
+                h = self.a(x)
+                z = self.aux(h)             # computed in every step, used in some
+                return self.out(z if use else h)
+
+        def run(job: str, socket: str, between=None):
+            torch.manual_seed(1)
+            m = M()
+            c = tier.Client(job, socket=socket, reconnect=60)
+            eng = tier.torch.Offload(m, c, lr=1e-2, blocks=[m.a, m.aux, m.out])
+            for i, use in enumerate((True, True, False, False, True)):
+                if i == 2 and between:
+                    between()
+                m(batch(i)[:, :8], use).sum().backward()
+                eng.step()
+                eng.zero_grad()
+            got, restarts = eng.parameters_state_dict(), eng.restarts
+            eng.close()
+            c.close()
+            return got, restarts
+
+        want, _ = run("unreached-ref", self.socket)
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        stopped, done = threading.Event(), threading.Event()
+
+        def restarter() -> None:
+            # tierd dies with the thread that started it (PR_SET_PDEATHSIG): this one lives to the end
+            stopped.wait()
+            d.proc.wait()
+            d.stop()
+            d.start()
+            done.wait()
+
+        th = threading.Thread(target=restarter)
+        th.start()
+
+        def stop() -> None:
+            d.proc.send_signal(signal.SIGTERM)      # the next call finds tierd stopping, then reconnects
+            stopped.set()
+        try:
+            got, restarts = run("unreached", d.socket, stop)
+            self.assertEqual(d.stop(), 0)
+        finally:
+            stopped.set()
+            done.set()
+            th.join()
+        self.assertEqual(restarts, 1)
+        self.assertNotIn("is lost", d.log_text())
+        for n, p in want.items():
+            self.assertTrue(torch.equal(p, got[n]), n)
+
+
 if __name__ == "__main__":
     tierd.main()
