@@ -197,8 +197,9 @@ static int parse_header(Book *b, const uint8_t *p, size_t len, Parse *ret, char 
         }
         rd_u(&r, 8);
         format = (uint32_t) rd_u(&r, 4);
-        if (!r.bad && format != BOOK_FORMAT) {
-                snprintf(why, why_size, "format %u, and this tierd reads format %u only", format, BOOK_FORMAT);
+        if (!r.bad && (format < BOOK_FORMAT_OLDEST || format > BOOK_FORMAT)) {
+                snprintf(why, why_size, "format %u, and this tierd reads formats %u to %u only", format,
+                         BOOK_FORMAT_OLDEST, BOOK_FORMAT);
                 return -EPROTONOSUPPORT;
         }
         ret->generation = rd_u(&r, 8);

@@ -14,8 +14,13 @@ typedef struct Registry Registry;
 typedef struct Tensor Tensor;
 typedef struct sd_event sd_event;
 
-/* The on-disk format this tierd writes and reads (the header's format field). */
-#define BOOK_FORMAT 1u
+/*
+ * The on-disk format this tierd writes (the header's format field), and the oldest it reads.  2 added
+ * the DEAD record: a tierd that reads format 1 only took it for damage and brought every tensor back
+ * lost, so it must refuse a format 2 index (as it does: -EPROTONOSUPPORT, nothing overwritten).
+ */
+#define BOOK_FORMAT 2u
+#define BOOK_FORMAT_OLDEST 1u
 /* The two files, STATE_DIR/nvme-index.0 and .1, written in turn (book.c). */
 #define BOOK_FILE "nvme-index"
 

@@ -5,6 +5,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "daemon/base/config.h"
@@ -21,6 +23,7 @@
 #include "daemon/state/book.h"
 #include "daemon/state/registry.h"
 #include "tests/unit/fixture.h"
+#include "proto/crc32c.h"
 
 static void setup(Config *c, void *userdata) {
         char t[192];
@@ -127,9 +130,82 @@ static void test_dead_across_a_clean_stop(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/* The header's format field of @path set to @format, its crc made again: as another tierd wrote it. */
+static void set_format(const char *path, uint32_t format) {
+        uint8_t buf[4096];
+        ssize_t n;
+        size_t hlen;
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+
+        assert_true(fd >= 0);
+        n = pread(fd, buf, sizeof(buf), 0);
+        assert_true(n > 48);
+        /* the header ends with the crc32c of what precedes it: the shortest such length is the header's */
+        for (hlen = 44; hlen + 4 <= (size_t) n; hlen++) {
+                uint32_t crc;
+
+                memcpy(&crc, buf + hlen, 4);
+                if (crc == crc32c(0, buf, hlen))
+                        break;
+        }
+        assert_true(hlen + 4 <= (size_t) n);
+        memcpy(buf + 8, &format, 4);
+        {
+                uint32_t crc = crc32c(0, buf, hlen);
+
+                memcpy(buf + hlen, &crc, 4);
+        }
+        assert_int_equal(pwrite(fd, buf, hlen + 4, 0), (ssize_t) (hlen + 4));
+        close(fd);
+}
+
+/*
+ * This tierd writes format 2 (the DEAD record), which a tierd of format 1 refuses (it would take DEAD
+ * for damage and bring every tensor back lost), and still reads format 1: an index written by the
+ * tierd before, its tensors restored.
+ */
+static void test_format(void **state) {
+        char dir[64] = "/var/tmp/tierd-book-dead.XXXXXX", cmd[160], p[128];
+        uint8_t hdr[12];
+        Manager *m;
+        Tensor *l;
+        Job *j;
+        int fd;
+
+        assert_non_null(mkdtemp(dir));
+        m = fixture_new(32 * MiB, setup, dir);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->book, j);
+        l = fixture_tensor(j, "L", MiB);
+        fixture_host_data(m, l, 0x21);
+        assert_int_equal(fixture_op(m, OP_EVICT, l, LEVEL_NVME), 0);
+        fixture_free(m);
+
+        for (int i = 0; i < 2; i++) {
+                snprintf(p, sizeof(p), "%s/%s.%d", dir, BOOK_FILE, i);
+                fd = open(p, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        continue;
+                assert_int_equal(pread(fd, hdr, sizeof(hdr), 0), (ssize_t) sizeof(hdr));
+                close(fd);
+                assert_int_equal(hdr[8], BOOK_FORMAT);
+                assert_int_equal(BOOK_FORMAT, 2);
+                set_format(p, 1);
+        }
+
+        m = fixture_new(32 * MiB, setup, dir);
+        l = find(m, "j", "L");
+        assert_false(l->lost);
+        assert_int_equal(l->version, 1);
+        fixture_free(m);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_dead_across_a_clean_stop),
+                cmocka_unit_test(test_format),
         };
 
         return fixture_main("book-dead", tests, sizeof(tests) / sizeof(tests[0]));
