@@ -134,6 +134,8 @@ static int xfer_errno(int error) {
         return error >= 0 || error == -ENOSPC || error == -ENOMEM ? error : -EIO;
 }
 
+static void link_count(Engine *e, Xfer *x);
+
 static void xfer_finish_now(Xfer *x) {
         Engine *e = x->engine;
         Tensor *t = x->tensor;
@@ -142,6 +144,8 @@ static void xfer_finish_now(Xfer *x) {
         const char *errmsg = x->error < 0 ? x->errmsg : x->verrmsg;
         List waiters;
 
+        if (x->dst == LEVEL_NVME)
+                link_count(e, x);       /* its error known: the drive's, or its flush's (engine_book_durable()) */
         t->xfer = NULL;
         list_del(&x->link);
         list_init(&waiters);
@@ -350,7 +354,8 @@ static void xfer_part_next(XferPart *p) {
         if (--x->pending > 0)
                 return;
         xfer_host_changed(x);
-        link_count(e, x);
+        if (x->dst != LEVEL_NVME)
+                link_count(e, x);       /* a write-down's once it is durable, or failed (xfer_finish_now()) */
         xfer_finish(x);
 }
 

@@ -194,6 +194,55 @@ static void test_target_sync_failure_fails_the_write_down(void **state) {
 }
 
 /*
+ * The link counters and the trace say what moved: a write-down whose fdatasync() fails moved
+ * nothing that counts (the client is told it failed), so host->nvme does not grow, for tierd or
+ * the job, and its trace record has the error and 0 bytes; the next write-down counts its bytes.
+ * Its bytes used to be counted once the drive took them, before the flush that failed: a link
+ * (and the trace: "bytes 0 for a failed transfer") said a failed write-down moved 1 MiB.
+ */
+static void test_sync_failure_counts_no_bytes(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup_small, NULL);
+        Trace *tr = &m->engine->trace;
+        Done d = {};
+        Job *j;
+        Tensor *t, *u;
+        Op *op;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->registry->book, j);
+        t = fixture_tensor(j, "T", MiB);
+        u = fixture_tensor(j, "U", MiB);
+        fixture_host_data(m, t, 0x5a);
+        assert_int_equal(trace_start(tr, 16, now_ns()), 0);
+        fail_sync_fd = m->nvme->targets[0].fd;
+        assert_int_equal(op_submit(m->engine, OP_EVICT, t, LEVEL_NVME, on_done, NULL, &d, &op), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        fail_sync_fd = -1;
+        assert_int_equal(d.status, -EIO);
+        assert_int_equal(m->nvme->targets[0].bytes_written, MiB);     /* the drive took them */
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, 0);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].ops, 0);
+        assert_int_equal(j->link_bytes[LINK_HOST_TO_NVME], 0);
+        assert_int_equal(tr->n, 1);
+        assert_int_equal(tr->rec[0].kind, TRACE_XFER);
+        assert_int_equal(tr->rec[0].link, LINK_HOST_TO_NVME);
+        assert_int_equal(tr->rec[0].bytes, 0);
+        assert_int_equal(tr->rec[0].error, -EIO);
+        /* one that goes through counts, once */
+        fixture_host_data(m, u, 7);
+        assert_int_equal(fixture_op(m, OP_EVICT, u, LEVEL_NVME), 0);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].bytes, MiB);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_NVME].ops, 1);
+        assert_int_equal(j->link_bytes[LINK_HOST_TO_NVME], MiB);
+        assert_int_equal(tr->n, 2);
+        assert_int_equal(tr->rec[1].bytes, MiB);
+        assert_int_equal(tr->rec[1].error, 0);
+        trace_reset(tr);
+        job_destroy(j);
+        fixture_free(m);
+}
+
+/*
  * A stale host copy client A holds for reading, whose refill in place failed (VRAM -> host: its bytes
  * are garbage, kept under A's pin), is pinned for reading by D while A still holds it: the refill in
  * place must make it the tensor's bytes, with one transfer.  A fill that went through kept the copy's
@@ -237,6 +286,7 @@ int main(void) {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
                 cmocka_unit_test(test_failed_write_behind_not_retried),
                 cmocka_unit_test(test_target_sync_failure_fails_the_write_down),
+                cmocka_unit_test(test_sync_failure_counts_no_bytes),
                 cmocka_unit_test(test_garbage_refilled_under_a_reader),
         };
 
