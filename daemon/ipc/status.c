@@ -24,6 +24,7 @@
 #include "daemon/ipc/status.h"
 #include "daemon/sched/plan.h"
 #include "daemon/state/registry.h"
+#include "daemon/state/wear.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
@@ -248,7 +249,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->nvme_written = j->nvme_written;
                 js->nvme_host_changed = j->nvme_host_changed;
                 js->nvme_crc_errors = j->nvme_crc_errors;
-                js->wear_written = j->wear_base + j->nvme_written;
+                js->wear_written = wear_job_written(reg->wear, reg, j);
                 for (int l = 0; l < _LINK_MAX; l++) {
                         Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];
 

@@ -135,7 +135,6 @@ int job_new(Registry *r, const char *name, uid_t uid, Job **ret) {
         j->limit[LEVEL_HOST] = r->config->host_job_limit;
         j->limit[LEVEL_NVME] = r->config->nvme_job_limit;
         j->weight = r->config->default_weight;
-        j->wear_base = wear_job_base(r->wear, name);
 
         j->name = strdup(name);
         j->by_name = tensormap_new();

@@ -221,7 +221,6 @@ struct Job {
         bool committing;        /* it made a commit: its tensors keep the committed version's image */
         uint64_t commit_step;   /* the client's number of its last commit */
         unsigned frozen;        /* rollbacks waiting for its transfers: tierd starts no move of its own meanwhile */
-        uint64_t wear_base;     /* bytes earlier jobs of its name wrote (wear.c), when it was made */
 
         /* the rooms above */
         List conns;             /* ipc: Conn.job_link, its ranks' connections */

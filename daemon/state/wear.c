@@ -9,9 +9,10 @@
  * bytes_written) and on the job (Job.nvme_written).  This book adds what
  * came before: per target path, the bytes written before this start
  * (NvmeTarget.wear_base, set by wear_load()); per job name, the bytes that
- * earlier jobs of that name wrote (Job.wear_base, read when a job is made;
- * a job that ends adds its bytes to the book, wear_job_end()).  A total is
- * base + since.
+ * earlier jobs of that name wrote (a job that ends adds its bytes to the
+ * book, wear_job_end(), once its last transfer ended).  A total is base +
+ * since; a job's (wear_job_written()) also has the bytes of the jobs of its
+ * name still ending, not yet in the book.
  *
  * The file (STATE_DIR/wear) is text, one entry a line:
  *
@@ -129,6 +130,18 @@ uint64_t wear_job_base(const Wear *w, const char *name) {
                 return 0;
         x = entry_find(w->jobs, w->n_jobs, name);
         return x ? x->bytes : 0;
+}
+
+uint64_t wear_job_written(const Wear *w, const Registry *reg, const Job *j) {
+        uint64_t sum = add_sat(wear_job_base(w, j->name), j->nvme_written);
+
+        list_for_each_safe(node, tmp, &reg->dying_jobs) {
+                const Job *d = list_entry(node, const Job, link);
+
+                if (d != j && strcmp(d->name, j->name) == 0)
+                        sum = add_sat(sum, d->nvme_written);
+        }
+        return sum;
 }
 
 void wear_job_end(Wear *w, const Job *j) {

@@ -58,7 +58,12 @@ int wear_load(Wear *w, NvmeTier *nvme, char *ret_why, size_t why_size);
 /* Write the book (wear_format()) to @w->path atomically.  0 or -errno. */
 int wear_save(const Wear *w, const NvmeTier *nvme, const Registry *reg);
 
-/* Bytes earlier job objects of this name wrote (read when a job is made). */
+/* Bytes earlier job objects of this name wrote, as the book has them (jobs that ended). */
 uint64_t wear_job_base(const Wear *w, const char *name);
+/*
+ * Bytes written to NVMe under @j's name in all: the book's, those of the jobs of its name in
+ * @reg still ending (their last transfers in flight: not in the book yet) and @j's own.
+ */
+uint64_t wear_job_written(const Wear *w, const Registry *reg, const Job *j);
 /* Job @j ends: what it wrote goes into the book under its name. */
 void wear_job_end(Wear *w, const Job *j);

@@ -774,6 +774,48 @@ static void test_invalid_spec(void **state) {
         test_daemon_cleanup(&d);
 }
 
+/*
+ * A job's wear (the bytes written to NVMe under its name in all: status's wear_written,
+ * tierd_job_wear_written_bytes_total) counts those of the earlier job of its name that is still
+ * ending: detached while its write-down is held back a minute, that job goes only when the write
+ * ends.  The new job of that name started from the book as it was, without the bytes of a job not
+ * yet gone, and never got them: 0 here instead of the 1 MiB its name wrote.
+ */
+static void test_wear_counts_a_job_still_ending(void **state) {
+        struct tier_detach_result res;
+        tier_client *ctl = NULL, *again;
+        tier_tensor *u = NULL;
+        tier_fence f;
+        json_t *st;
+        World w;
+
+        (void) state;
+        world_start(&w, "nvme-delay:job=victim,ms=60000,after=1,count=1", true);
+        assert_int_equal(tier_evict(w.v, TIER_NVME), 0);        /* the one write not held: 1 MiB */
+        assert_int_equal(tier_tensor_create(w.vc, "u", MiB, &u), 0);
+        fill(u, 3);
+        assert_int_equal(tier_evict_async(u, TIER_NVME, &f), 0);
+        wait_log_count(&w, "Injected fault nvme-delay", 0, 30000);
+        assert_int_equal(tier_client_new(w.d.socket, NULL, 0, &ctl), 0);
+        assert_int_equal(tier_job_detach(ctl, "victim", &res), 0);
+        tier_tensor_close(u);
+        tier_tensor_close(w.v);
+        tier_client_free(w.vc);
+        again = connect_job(&w, "victim");      /* a new job of the name, the old one still ending */
+        st = test_daemon_status(&w.d);
+        assert_non_null(st);
+        assert_int_equal(json_integer_value(json_object_get(test_json_job(st, "victim"), "nvme_written")), 0);
+        assert_int_equal(json_integer_value(json_object_get(test_json_job(st, "victim"), "wear_written")), MiB);
+        json_decref(st);
+        tier_client_free(again);
+        tier_client_free(ctl);
+        tier_tensor_close(w.b);
+        tier_client_free(w.bc);
+        /* the held-back transfer would keep a clean stop a minute */
+        (void) test_daemon_kill(&w.d, SIGKILL, 10000);
+        test_daemon_cleanup(&w.d);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_read_eio_retried),
@@ -794,6 +836,7 @@ int main(void) {
                 cmocka_unit_test(test_rollback_refused_while_pinned),
                 cmocka_unit_test(test_rollback_connection_gone_while_waiting),
                 cmocka_unit_test(test_unpin_before_async_pin_refused),
+                cmocka_unit_test(test_wear_counts_a_job_still_ending),
                 cmocka_unit_test(test_stop_while_a_job_lingers_out),
                 cmocka_unit_test(test_invalid_spec),
         };
