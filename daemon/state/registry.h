@@ -73,6 +73,7 @@ typedef struct RankSet {
 typedef struct Copy {
         CopyState state;
         unsigned pins;
+        unsigned pins_counted;  /* pins in the pinned bytes (tensor_pin_account()): its bytes count once while > 0 */
         unsigned writers;       /* pins that may write it (a client's, a plan's): the memory store records them */
         bool unwritten;         /* reserved for a pin that writes it whole: garbage until that pin wrote it */
         uint32_t writer_rank;   /* the rank whose pin may write it, last noted (the memory store records it) */
@@ -490,7 +491,10 @@ const char *tensor_lost_reason(const Tensor *t);
 
 /* Drop one pin; @dirty: the client wrote this copy (copies below become stale).  -ENOENT: not pinned. */
 int tensor_unpin(Tensor *t, int tier, bool dirty);
-/* Count (delta > 0) or uncount a pin of @t in @tier in the job's and the daemon's "pinned" bytes. */
+/*
+ * Count (delta > 0) or uncount a pin of @t in @tier; the job's and the daemon's "pinned" bytes have
+ * the copy's bytes once while at least one counted pin holds it (Copy.pins_counted).
+ */
 void tensor_pin_account(Tensor *t, int tier, int delta);
 /*
  * A pin of rank @rank that may write @t's copy in @tier is taken (@delta > 0) or let go: the memory store

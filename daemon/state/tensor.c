@@ -707,11 +707,17 @@ void job_release_ghosts(Job *j, bool says, uint32_t rank, bool (*held)(const Ten
 void tensor_pin_account(Tensor *t, int tier, int delta) {
         Registry *r = t->job->registry;
         uint64_t bytes = t->alloc_size;
+        unsigned *n = &t->copy[tier].pins_counted;
 
+        /* what the copy takes, once while any pin holds it: two ranks' pins take its room once */
         if (delta > 0) {
+                if ((*n)++ > 0)
+                        return;
                 t->job->pinned[tier] += bytes;
                 r->pinned[tier] += bytes;
         } else {
+                if (*n == 0 || --*n > 0)
+                        return;
                 t->job->pinned[tier] -= bytes;
                 r->pinned[tier] -= bytes;
         }

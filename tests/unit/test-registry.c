@@ -127,6 +127,35 @@ static void test_ids_names_slots(void **state) {
         fixture_free(m);
 }
 
+/*
+ * Pinned bytes (status: each tier's and each job's "pinned") are what pinned copies take: a copy
+ * two ranks pin counts once.  Each pin counted its tensor's bytes again: a 1 MiB tensor pinned by
+ * two ranks showed 2 MiB pinned beside 1 MiB used.
+ */
+static void test_pinned_bytes_per_copy(void **state) {
+        Manager *m = new_manager();
+        Job *j;
+        Tensor *t;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        assert_int_equal(tensor_new(j, "t", 5000, &t), 0);
+        for (int i = 0; i < 2; i++) {           /* two ranks' pins */
+                t->copy[LEVEL_HOST].pins++;
+                tensor_pin_account(t, LEVEL_HOST, +1);
+        }
+        assert_int_equal(j->pinned[LEVEL_HOST], 8192);
+        assert_int_equal(m->registry->pinned[LEVEL_HOST], 8192);
+        t->copy[LEVEL_HOST].pins--;
+        tensor_pin_account(t, LEVEL_HOST, -1);
+        assert_int_equal(j->pinned[LEVEL_HOST], 8192);          /* still pinned by the other */
+        tensor_pin_account(t, LEVEL_HOST, -1);
+        t->copy[LEVEL_HOST].pins--;
+        assert_int_equal(j->pinned[LEVEL_HOST], 0);
+        assert_int_equal(m->registry->pinned[LEVEL_HOST], 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 static void test_zero_then_dirty_then_evict(void **state) {
         Manager *m = new_manager();
         Result r;
@@ -921,6 +950,7 @@ static void test_write_only_pin_images_the_committed_version(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ids_names_slots),
+                cmocka_unit_test(test_pinned_bytes_per_copy),
                 cmocka_unit_test(test_zero_then_dirty_then_evict),
                 cmocka_unit_test(test_lru_victim_and_drain),
                 cmocka_unit_test(test_vram_chain_and_async_reserve),
