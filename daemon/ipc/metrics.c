@@ -143,12 +143,14 @@ static void render_tiers(FILE *f, const Tier__StatusReply *s) {
 }
 
 static void render_links(FILE *f, const Tier__StatusReply *s) {
-        family(f, "tierd_link_moved_bytes_total", "counter", "Bytes moved over each link since tierd started.");
+        family(f, "tierd_link_moved_bytes_total", "counter",
+               "Bytes moved over each link since tierd started: transfers that succeeded, tensor sizes rounded up to 4 KiB.");
         for (size_t i = 0; i < s->n_links; i++)
                 if (s->links[i])
                         sample_u64(f, "tierd_link_moved_bytes_total", LABELS("link", str(s->links[i]->name)),
                                    s->links[i]->bytes);
-        family(f, "tierd_link_transfers_total", "counter", "Transfers over each link since tierd started.");
+        family(f, "tierd_link_transfers_total", "counter",
+               "Transfers over each link that succeeded since tierd started.");
         for (size_t i = 0; i < s->n_links; i++)
                 if (s->links[i])
                         sample_u64(f, "tierd_link_transfers_total", LABELS("link", str(s->links[i]->name)),
@@ -282,7 +284,7 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                    "Seconds a job without connections is kept before it ends; 0 while connected.",
                    j->linger_left_s, sample_double)
         JOB_SCALAR("tierd_job_nvme_written_bytes_total", "counter",
-                   "Bytes written to NVMe for the job since it began.", j->nvme_written, sample_u64)
+                   "Bytes written to NVMe for the job since it began (or tierd started).", j->nvme_written, sample_u64)
         JOB_SCALAR("tierd_job_wear_written_bytes_total", "counter",
                    "Bytes written to NVMe under the job's name, earlier runs and restarts of tierd included.",
                    j->wear_written, sample_u64)
@@ -306,7 +308,8 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                                            u ? field_u64(u, usage[k].offset) : 0);
                         }
         }
-        family(f, "tierd_job_moved_bytes_total", "counter", "Bytes moved for the job over each link since it began.");
+        family(f, "tierd_job_moved_bytes_total", "counter",
+               "Bytes moved for the job over each link since it began (or tierd started).");
         for (size_t i = 0; i < s->n_jobs; i++)
                 for (size_t l = 0; s->jobs[i] && l < s->jobs[i]->n_moved; l++)
                         sample_u64(f, "tierd_job_moved_bytes_total",

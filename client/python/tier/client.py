@@ -368,7 +368,7 @@ class Client:
 
     # -- requests
     def moved(self) -> dict[str, int]:
-        """Bytes tierd moved for the job on each link since it began: {"nvme->host": n, ...}.
+        """Bytes tierd moved for the job on each link since it began (or tierd restarted): {"nvme->host": n, ...}.
 
         One status request; the difference of two calls is what a pass cost.
         """
