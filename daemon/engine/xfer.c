@@ -575,9 +575,9 @@ static int vram_link_start(Engine *e, XferStep *s) {
 static void vram_step_refused(Engine *e, XferStep *s, int r) {
         Xfer *x = s->xfer;
 
-        (void) e;
         xfer_vfail(x, r, "cannot start VRAM copy");
         if (!x->chain) {
+                link_count(e, x);       /* nothing counted; the trace has it, with its error */
                 xfer_finish(x);
                 return;
         }

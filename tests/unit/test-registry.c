@@ -439,6 +439,7 @@ static void test_vram_link_start_failure(void **state) {
         ops.copy = copy_or_fail;
         m->vram->ops = &ops;
         copies_allowed = 1;
+        assert_int_equal(trace_start(&m->engine->trace, 16, 1), 0);
         for (int i = 0; i < 4; i++)
                 assert_int_equal(op_submit(m->engine, OP_PIN, t[i], LEVEL_VRAM, on_outcome, NULL, &out[i], NULL), 0);
         FIXTURE_RUN_UNTIL(m, out[0].done + out[1].done + out[2].done + out[3].done >= 4);
@@ -454,6 +455,12 @@ static void test_vram_link_start_failure(void **state) {
         assert_int_equal(m->engine->vlink.active[VRAM_TO_DEVICE], 0);
         assert_true(list_empty(&m->engine->vlink.waiting[VRAM_TO_DEVICE]));
         assert_int_equal(m->engine->n_xfers, 0);
+        /* the trace has every transfer, the failed ones with their error and no bytes (it missed them) */
+        assert_int_equal(m->engine->trace.n, 4);
+        for (uint32_t i = 0; i < 4; i++)
+                assert_int_equal(m->engine->trace.rec[i].bytes, m->engine->trace.rec[i].error < 0 ? 0 : 64 * 1024);
+        assert_int_equal(m->engine->links[LINK_HOST_TO_VRAM].bytes, 64 * 1024);
+        trace_reset(&m->engine->trace);
         /* the VRAM the failed copies had reserved is free again: they go through now */
         copies_allowed = 3;
         for (int i = 1; i < 4; i++) {
