@@ -213,6 +213,9 @@ struct tier_client {
         uint64_t plan_seq;
         bool plan_entered;              /* the last tier_phase_enter() returned 0: plan_phase is held */
         uint32_t plan_phase;
+        uint64_t plan_refused;          /* the marker seq tierd refused last (Event.phase_refused), 0: none */
+        int plan_refused_status;
+        char plan_refused_error[CLIENT_ERROR_MAX];
 };
 
 struct tier_tensor {
@@ -299,6 +302,9 @@ void plan_forget(tier_client *c);
 void plan_detach_all(tier_client *c);
 /* Open tensor @name: its id (and size), without a handle. */
 int tensor_open_raw(tier_client *c, const char *name, uint64_t *ret_id, uint64_t *ret_size);
+
+/* tierd refused the phase of a marker (Event.phase_refused): tier_phase_enter() of it fails so. */
+void plan_phase_refused(tier_client *c, const Tier__PhaseRefused *pr);
 
 /* ---- held.c -------------------------------------------------------------------------- */
 

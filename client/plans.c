@@ -418,6 +418,7 @@ _public_ int tier_plan_submit(tier_plan *p) {
         c->plan_marker_fd = marker_fd;
         c->plan_phases = p->n_phases;
         c->plan_seq = 0;
+        c->plan_refused = 0;
         c->plan_slots = pr->n_slots;
         c->plan_entered = false;
         c->plan_access = TAKE_PTR(access);
@@ -445,6 +446,17 @@ void plan_forget(tier_client *c) {
         c->plan_phases = 0;
         c->plan_seq = 0;
         c->plan_entered = false;
+        c->plan_refused = 0;
+}
+
+void plan_phase_refused(tier_client *c, const Tier__PhaseRefused *pr) {
+        if (!c->plan_page || pr->seq == 0 || pr->seq > c->plan_seq)
+                return;         /* no marker of ours */
+        c->plan_refused = pr->seq;
+        /* a refusal must fail: a daemon that sends status >= 0 still means an error */
+        c->plan_refused_status = pr->status < 0 && pr->status >= -4095 ? pr->status : -EIO;
+        (void) snprintf(c->plan_refused_error, sizeof(c->plan_refused_error), "%s",
+                        pr->error && *pr->error ? pr->error : tier_strerror(c->plan_refused_status));
 }
 
 _public_ int tier_plan_end(tier_client *c) {
@@ -531,6 +543,10 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
 
                         return client_error(c, e, "the plan failed in tierd (see its log): %s", tier_strerror(e));
                 }
+                /* this phase refused (the plan lives on: the client may unpin and enter again) */
+                if (c->plan_refused == seq)
+                        return client_error(c, c->plan_refused_status, "tier_phase_enter(%u) refused: %s", phase,
+                                            c->plan_refused_error);
                 if (PLAN_READY_SEQ(ready) > seq || (PLAN_READY_SEQ(ready) == seq && PLAN_READY_PHASE(ready) == phase))
                         break;
                 if (!t0)

@@ -279,6 +279,10 @@ static void transport_handle_event(tier_client *c, const Tier__Event *e) {
                 (void) client_error(c, -ESHUTDOWN, "%s", *c->shutdown_reason ? c->shutdown_reason :
                                     "tierd ended the connection (it is stopping)");
                 break;
+        case TIER__EVENT__KIND_PHASE_REFUSED:
+                if (e->phase_refused)
+                        plan_phase_refused(c, e->phase_refused);
+                break;
         case TIER__EVENT__KIND_REVOKE:
                 if (e->revoke)
                         segment_revoke(c, e->revoke);

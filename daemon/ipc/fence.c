@@ -20,13 +20,17 @@
  */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "daemon/base/log.h"
+
 #include "daemon/base/wakeup.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/sched/plan.h"
 #include "daemon/state/registry.h"
 #include "proto/fence.h"
 #include "tier.pb-c.h"
@@ -124,4 +128,43 @@ void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *use
                 }
         }
         c->n_pins = 0;
+}
+
+static bool plan_pin(void *owner, size_t i, Tensor **ret_tensor, int *ret_tier) {
+        Conn *c = owner;
+
+        if (i >= c->n_pins)
+                return false;
+        *ret_tensor = c->pins[i].tensor;
+        *ret_tier = c->pins[i].tier;
+        return true;
+}
+
+static void plan_refused(void *owner, uint64_t seq, uint32_t phase, int status, const char *error) {
+        Conn *c = owner;
+        Tier__Event ev = TIER__EVENT__INIT;
+        Tier__PhaseRefused pr = TIER__PHASE_REFUSED__INIT;
+
+        pr.seq = seq;
+        pr.phase = phase;
+        pr.status = status;
+        pr.error = (char *) (error ? error : "");
+        ev.kind_case = TIER__EVENT__KIND_PHASE_REFUSED;
+        ev.phase_refused = &pr;
+        /* a client that misses this event waits in tier_phase_enter() forever: better closed */
+        if (conn_send_event(c, &ev) < 0) {
+                log_debug("ipc: connection %" PRIu64 " cannot be told its phase %" PRIu32 " is refused: closed",
+                          c->id, phase);
+                conn_abort(c);
+        }
+        wakeup_kick(c->efd);
+}
+
+static const PlanOwnerOps plan_owner_ops = {
+        .pin = plan_pin,
+        .refused = plan_refused,
+};
+
+void pin_plan_attach(Conn *c, Plan *p) {
+        plan_set_owner_ops(p, &plan_owner_ops, c);
 }

@@ -39,3 +39,11 @@ int pin_forget(Conn *c, Tensor *t, int tier);
  * made dirty.
  */
 void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *userdata);
+
+typedef struct Plan Plan;
+/*
+ * pin_plan_attach() - @c's plan @p learns the pins @c holds outside it, and
+ * tells @c's client through Event.phase_refused when it refuses a marker's
+ * phase (sched/selfpin.c).  @c outlives @p (it frees its plan first).
+ */
+void pin_plan_attach(Conn *c, Plan *p);

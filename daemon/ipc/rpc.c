@@ -772,6 +772,7 @@ static int handle_plan(Rpc *rpc, Conn *c, uint64_t seq, const Tier__SubmitPlan *
                 return conn_reply_error(c, seq, r, "%s", error[0] ? error : strerror(-r));
         c->plan = p;
         plan_set_owner(p, c->rank, c->id);      /* (its holds start on the loop, after this) */
+        pin_plan_attach(c, p);                  /* its refusals name the pins @c holds (sched/selfpin.c) */
         fds[0] = p->page_fd;
         fds[1] = p->marker_fd;
         pr.page_fd = 0;

@@ -826,12 +826,18 @@ bool plan_pin_waits(Plan *p, int h, const PlanAcc *a, int status, const char *er
                         plan_set_error(p, -ENOSPC, what);
                         return false;
                 }
+                if (plan_self_pinned(p, h, a))
+                        return true;    /* room its own client pins: refused in the pass, not waited for */
                 if (!hold->kept_said)
                         log_job(LOG_WARNING, 0, p->job->name, "Phase %" PRIu32 " of job '%s' waits for room in %s "
                                 "kept for other jobs' guarantees until they unpin or end: %s", hold->phase,
                                 p->job->name, lvl, error);
                 hold->kept_said = true;
-        } else if (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))
+        } else if ((status == -ENOSPC || status == -EAGAIN ||
+                    (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))) &&
+                   plan_self_pinned(p, h, a))
+                return true;            /* room its own client pins: refused in the pass, not waited for */
+        else if (status == -EDQUOT && plan_phase_fits_totals(p, hold->phase, a->tier))
                 log_debug("sched: job '%s' waits for room under a total for '%s' in %s: %s", p->job->name,
                           a->tensor->name, lvl, error);
         else if (status != -ENOSPC && status != -EAGAIN && status != -EBUSY) {
@@ -853,7 +859,7 @@ bool plan_pin_waits(Plan *p, int h, const PlanAcc *a, int status, const char *er
 const char *plan_waiting(const Plan *p) {
         const PlanHold *hold = &p->hold[0];     /* the marker's phase: its rank waits for it (not one pinned ahead) */
 
-        if (!hold->active || hold->ready_sent || hold->seq != p->waiting_seq || !p->waiting[0])
+        if (!hold->active || hold->ready_sent || hold->refused || hold->seq != p->waiting_seq || !p->waiting[0])
                 return NULL;
         for (uint32_t i = 0; i < p->phases[hold->phase].n_acc; i++)
                 if (!p->hs[0].pinned[i] && p->hs[0].blocked[i] == p->sched->epoch)

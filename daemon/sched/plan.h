@@ -68,6 +68,8 @@ typedef struct PlanHold {
         uint32_t n_pinned;
         bool ready_sent;
         bool kept_said;         /* its wait for room kept for other jobs' guarantees was logged */
+        int refused;            /* -errno: its marker is refused in the pass (plan_self_pinned()), */
+        bool refused_told;      /* and was (its pins let go): it holds nothing until the next marker */
 } PlanHold;
 
 /* Who a hold's pin op is for (its userdata). */
@@ -85,6 +87,18 @@ typedef struct HoldState {
         PinCtx *ctx;
         uint64_t *blocked;      /* epoch in which the pin found no space */
 } HoldState;
+
+/*
+ * What a plan asks of its connection (ipc/fence.c), which the scheduler does
+ * not see: the pins it holds outside the plan, and telling its client that
+ * the phase of a marker is refused.
+ */
+typedef struct PlanOwnerOps {
+        /* The @i-th pin the connection holds (a tensor may come twice); false past the last. */
+        bool (*pin)(void *owner, size_t i, Tensor **ret_tensor, int *ret_tier);
+        /* The phase of marker @seq is refused with @status (-errno), @error saying why. */
+        void (*refused)(void *owner, uint64_t seq, uint32_t phase, int status, const char *error);
+} PlanOwnerOps;
 
 /* Classes of the next-use index: accesses in vram, in vram or host (a vram access stages through host), in host. */
 enum { USE_VRAM, USE_ANY, USE_HOST, _USE_MAX };
@@ -158,6 +172,9 @@ struct Plan {
         uint64_t last_step_links[_LINK_MAX];
         double last_step_s;
         char waiting[640];      /* why a pin of hold waiting_seq's phase waits (plan_pin_waits()), for status */
+        char refused_why[768];  /* why hold 0's marker is refused (PlanHold.refused) */
+        const PlanOwnerOps *owner_ops;  /* its connection's (plan_set_owner_ops()), or NULL: no pins of its own */
+        void *owner;
         uint64_t waiting_seq;
         bool attached;          /* counted in the slots' plan_refs, in Sched.plans and Job.plans */
         uint32_t trace_id;      /* its number in traces (Trace.next_plan) */
@@ -254,5 +271,26 @@ void plan_learn(Plan *p, uint64_t seq, uint32_t phase, uint64_t mark);
  * changes while it lives.  After sched_plan_new() attached it.
  */
 void plan_set_owner(Plan *p, uint32_t rank, uint64_t conn_id);
+/* Record what @p asks of its connection: @ops with @owner (both borrowed until plan_free()). */
+void plan_set_owner_ops(Plan *p, const PlanOwnerOps *ops, void *owner);
+/*
+ * plan_self_pinned() - a pin of hold @h's access @a found no room: is that
+ * hold's phase, one its client entered (@h 0), one that can never be pinned
+ * while the pins its own connection holds outside the plan stay (they with
+ * the phase's pins in that tier exceed the job's limit, a total, or what the
+ * tier leaves beside the other live jobs' guarantees)?  Waiting would hang
+ * the client, the only one who can unpin them, in tier_phase_enter(): then
+ * the hold is marked refused (-ENOSPC, why in refused_why, the pins named),
+ * logged, and the engine kicked for the pass that refuses it
+ * (plan_refuse()).  Pins of other connections, ranks of the job or not, are
+ * waited for.  (daemon/sched/selfpin.c)
+ */
+bool plan_self_pinned(Plan *p, int h, const PlanAcc *a);
+/*
+ * The pass let hold 0's refused pins go: tell the client that its marker
+ * @seq of @phase is refused.  The plan lives on; the client may unpin and
+ * enter a phase again.
+ */
+void plan_refuse(Plan *p, uint64_t seq, uint32_t phase, int status);
 /* What tierctl status shows of @p. */
 void plan_stats(const Plan *p, PlanStats *ret);

@@ -387,7 +387,7 @@ static void plan_consume_marker(Plan *p) {
          * said ready (else its client got an error or nothing, and wrote nothing: a write-only pin
          * there holds no data, the reservation's garbage)
          */
-        done = p->hold[0].active ? p->hold[0].phase : UINT32_MAX;
+        done = p->hold[0].active && !p->hold[0].refused ? p->hold[0].phase : UINT32_MAX;   /* (refused: never ran) */
         hold_release(p, 0, true, p->hold[0].ready_sent);
         if (prev != UINT32_MAX && policy(s) == SCHED_POLICY_ONDEMAND)
                 plan_release_after_use(p, prev, phase);
@@ -766,12 +766,22 @@ void sched_run(Sched *s) {
 
                 if (p->error)
                         continue;
+                if (p->hold[0].refused && !p->hold[0].refused_told) {
+                        PlanHold was = p->hold[0];      /* room its own client pins (selfpin.c) */
+
+                        hold_release(p, 0, true, false);        /* its pins go, clean; it stays, as the */
+                        p->hold[0] = was;               /* watermark: nothing after it is said ready */
+                        p->hold[0].n_pinned = 0;
+                        p->hold[0].refused_told = true;
+                        plan_refuse(p, was.seq, was.phase, was.refused);
+                        s->epoch++;
+                }
                 plan_predict(p, now);
                 starved = policy(s) == SCHED_POLICY_TIMELINE && hold_starved(p);
                 if (starved && hold_yield(p))
                         s->epoch++;     /* room may have come free: the blocked pins retry now */
                 /* the current marker's phase (demand: deadline now) */
-                if (p->hold[0].active) {
+                if (p->hold[0].active && !p->hold[0].refused) {
                         hold_fill(p, 0, now, &cands);
                         hold_check_ready(p, 0);
                 }

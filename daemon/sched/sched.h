@@ -40,6 +40,7 @@ struct Sched {
         bool in_run;
         uint64_t pass_no;
         uint64_t epoch;         /* bumped whenever space may have been freed or data moved */
+        uint64_t stamp;         /* the latest Tensor.sched_stamp handed out (selfpin.c) */
         SchedTrace trace;
         void *trace_userdata;
 };

@@ -165,6 +165,7 @@ typedef struct Tensor {
         uint64_t sched_failed_src; /* sched: and the NVMe copy it had then: no prefetch before either changes */
         uint64_t sched_cleaned[TIERS]; /* sched: the version write-behind last copied down from each tier */
         bool sched_changed;     /* sched: a plan's hold unpinned it as written, the other plans not told yet */
+        uint64_t sched_stamp;   /* sched: scratch mark of one walk (Sched.stamp, selfpin.c) */
         uint64_t drain_blocked[TIERS]; /* engine: 1 + Engine.space_gen of the tier below when its drain failed */
         Op *stop_op;            /* manager: a stop's write-down of it in flight (core/stop.c) */
         uint64_t stop_version;  /* manager: 1 + the version a stop's write-down was last asked for */

@@ -694,8 +694,51 @@ static void test_commit_during_write_only_pin(void **state) {
         tier_client_free(c);
 }
 
+/*
+ * A phase whose room only the client's own pin could give: tier_phase_enter() waited for it forever (the
+ * client, the only one who could unpin, waited there).  It fails -ENOSPC naming the pin, as a plain pin in
+ * its place does, and holds nothing; the plan lives on: after the unpin the phase is entered, its grant
+ * written, and the next phase reads it.  (SIGALRM only as a safety net: the refusal is what is awaited.)
+ */
+static void test_own_pin_refuses_the_phase(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *x, *y;
+        tier_plan *plan = NULL;
+        struct tier_grant g, gx;
+
+        alarm(120);
+        assert_int_equal(tier_client_new(daemon_.socket, "own-pin", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "x", 3 * MiB, &x), 0);
+        assert_int_equal(tier_tensor_create(c, "y", TSIZE, &y), 0);
+        assert_int_equal(tier_pin(x, TIER_VRAM, TIER_READ, &gx), 0);  /* the job's whole VRAM limit */
+        assert_int_equal(tier_pin(y, TIER_VRAM, TIER_READ, &g), -ENOSPC);      /* as a plain pin is */
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        assert_int_equal(tier_plan_add(plan, 0, y, TIER_VRAM, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_add(plan, 1, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        assert_int_equal(tier_phase_enter(c, 0), -ENOSPC);
+        assert_non_null(strstr(tier_client_last_error(c), "tier_phase_enter(0) refused: phase 0 of job 'own-pin' "
+                                                           "can never be pinned in vram while this client's own pins"));
+        assert_non_null(strstr(tier_client_last_error(c), "'x' (3.0 MiB)"));
+        assert_non_null(strstr(tier_client_last_error(c), "unpin them before entering the phase"));
+        assert_int_equal(tier_phase_grant(c, y, TIER_VRAM, &g), -EINVAL);     /* no phase entered */
+        assert_int_equal(tier_unpin(x, TIER_VRAM, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_grant(c, y, TIER_VRAM, &g), 0);
+        fill(&g, 2, 1);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, y, TIER_HOST, &g), 0);
+        assert_int_equal(check(&g, 2, 1), -1);
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_tensor_destroy(x), 0);
+        assert_int_equal(tier_tensor_destroy(y), 0);
+        tier_client_free(c);
+        alarm(0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_own_pin_refuses_the_phase),
                 cmocka_unit_test(test_commit_during_write_only_pin),
                 cmocka_unit_test(test_commit_while_plan_overwrites),
                 cmocka_unit_test(test_phase_grant_other_client),

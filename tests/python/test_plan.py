@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import errno
+import faulthandler
 import threading
 import time
 import unittest
@@ -226,6 +227,83 @@ class TestPlan(tierd.DaemonTestCase):
         c.end_plan()
         with a.pin(tier.HOST, tier.READ) as g:
             self.assertEqual(bytes(g.memoryview()[:4]), b"AAAA")
+
+    def test_phase_refused_while_its_own_pins_hold_the_room(self) -> None:
+        """A phase whose room only its own client's pin (outside the plan) could give waited in phase() forever:
+        the client, the only one who can unpin, waited there (and the Client's lock kept another thread's unpin
+        out).  Now tierd refuses that phase (ENOSPC) naming the pin, as it refuses an ordinary pin; the plan
+        lives on, and after the unpin the phase is entered."""
+        faulthandler.dump_traceback_later(120, exit=True)      # a safety net only: the refusal is awaited
+        self.addCleanup(faulthandler.cancel_dump_traceback_later)
+        c = self.client()
+        x = c.create("x", 16 * MiB)
+        y = c.create("y", 8 * MiB)
+        g = x.pin(tier.VRAM)                    # the job's whole VRAM limit
+        p = c.plan()
+        p.add(0, y, tier.VRAM, tier.READ)
+        p.add(1, y, tier.HOST, tier.READ)
+        p.submit()
+        with self.assertRaises(tier.NoSpaceError) as cm:
+            c.phase(0)
+        msg = str(cm.exception)
+        self.assertIn("tier_phase_enter(0) refused: phase 0 of job", msg)
+        self.assertIn("can never be pinned in vram while this client's own pins there stay", msg)
+        self.assertIn("'x' (16.0 MiB)", msg)
+        self.assertIn("beyond the job's vram limit (16.0 MiB)", msg)
+        self.assertIn("unpin them before entering the phase, or add them to the plan", msg)
+        with self.assertRaises(tier.TierError) as cm:
+            c.phase_grant(y, tier.VRAM)         # refused: no phase is entered
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        with self.assertRaises(tier.NoSpaceError):
+            c.phase(0)                          # again, while the pin stays
+        g.unpin()
+        c.phase(0)                              # the plan lives on
+        self.assertTrue(c.phase_grant(y, tier.VRAM).phase)
+        c.phase(1)
+        self.assertTrue(c.phase_grant(y, tier.HOST).phase)
+        c.phase(0)
+        c.end_plan()
+
+    def test_phase_waits_for_the_pins_of_another_rank(self) -> None:
+        """Room another rank of the job pins may come: the phase waits for it, even while its own client pins
+        some of the job's limit too (the two pins with the phase fit it), and is entered after that unpin."""
+        job = "other-rank-pins"
+        c = self.client(job)
+        other = self.client(job, 1)
+        a = c.create("a", 4 * MiB)
+        b = other.create("b", 8 * MiB)
+        y = c.create("y", 8 * MiB)
+        ga = a.pin(tier.VRAM)                   # its own: 4M + the phase's 8M fit the 16M limit
+        gb = b.pin(tier.VRAM)                   # another rank's: 4M + 8M + 8M do not
+        with c.plan() as p:
+            p.add(0, y, tier.VRAM, tier.READ)
+            p.add(1, y, tier.HOST, tier.READ)
+            p.submit()
+        failed: list[BaseException] = []
+
+        def enter() -> None:
+            try:
+                c.phase(0)
+            except BaseException as e:          # (a refusal would fail the test below)
+                failed.append(e)
+
+        th = threading.Thread(target=enter)
+        th.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not next(j for j in other.status()["jobs"] if j["name"] == job)["plans"][0]["waiting"]:
+                self.assertEqual(failed, [])
+                self.assertTrue(th.is_alive(), "the phase was entered while the other rank pinned")
+                self.assertLess(time.monotonic(), deadline, "the phase never waited")
+                time.sleep(0.01)
+        finally:
+            gb.unpin()                          # the room comes: the phase goes on
+            th.join(30)
+        self.assertFalse(th.is_alive())
+        self.assertEqual(failed, [])
+        self.assertNotIn("Phase 0 of job 'other-rank-pins' refused", self.d.log_text())
+        ga.unpin()
+        c.end_plan()
 
     def test_plan_freed_with_its_client(self) -> None:
         c = tier.Client("plan-free", socket=self.socket)

@@ -691,6 +691,9 @@ class Client:
         """Enter phase @k of the submitted plan (``tier_phase_enter()``).
 
         The previous phase's pins go (and the views of its phase grants).
+        NoSpaceError when tierd refuses the phase: it can never be pinned while
+        pins of this client's own (outside the plan) stay, which the message
+        names; the plan lives on: unpin them and enter the phase again.
         """
         ph = _uint(k, "phase")
         c = self._handle(f"phase {ph}")

@@ -1,0 +1,226 @@
+/* SPDX-License-Identifier: MIT */
+/* test-timeline-selfpin.c: a phase whose room its own connection pins is refused; room others pin is waited for. */
+
+#include "tests/unit/timeline-fixture.h"
+
+#include <errno.h>
+
+/* The connection of a plan, as sched/selfpin.c sees it: the pins it holds, the refusals it was told. */
+typedef struct Owner {
+        Tensor *pin_t[4];
+        int pin_tier[4];
+        size_t n_pins;
+        unsigned refused;
+        uint64_t seq;
+        uint32_t phase;
+        int status;
+        char error[1024];
+} Owner;
+
+static bool owner_pin(void *owner, size_t i, Tensor **ret_tensor, int *ret_tier) {
+        Owner *o = owner;
+
+        if (i >= o->n_pins)
+                return false;
+        *ret_tensor = o->pin_t[i];
+        *ret_tier = o->pin_tier[i];
+        return true;
+}
+
+static void owner_refused(void *owner, uint64_t seq, uint32_t phase, int status, const char *error) {
+        Owner *o = owner;
+
+        o->refused++;
+        o->seq = seq;
+        o->phase = phase;
+        o->status = status;
+        snprintf(o->error, sizeof(o->error), "%s", error);
+}
+
+static const PlanOwnerOps owner_ops = { .pin = owner_pin, .refused = owner_refused };
+
+/* @o's client pins @t in host (a plain pin, outside its plan). */
+static void own_pin(Manager *m, Owner *o, Tensor *t) {
+        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
+        o->pin_t[o->n_pins] = t;
+        o->pin_tier[o->n_pins++] = LEVEL_HOST;
+}
+
+static void own_unpin(Owner *o, Tensor *t) {
+        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
+        for (size_t i = 0; i < o->n_pins; i++)
+                if (o->pin_t[i] == t)
+                        o->pin_t[i] = o->pin_t[--o->n_pins];
+}
+
+/* Would tier_phase_enter() of marker @seq, @phase return (a phase pinned ahead may be ready too)? */
+static bool ready_for(const Plan *p, uint64_t seq, uint32_t phase) {
+        uint64_t ready = __atomic_load_n(&p->page->daemon.ready, __ATOMIC_ACQUIRE);
+
+        return PLAN_READY_SEQ(ready) > seq || ready == PLAN_READY(seq, phase);
+}
+
+/* Phase 0 reads @a in host, phase 1 @b in @b_tier. */
+static Plan *two_phases(Manager *m, Job *j, Rank *c, Tensor *a, Tensor *b, int b_tier, Owner *o) {
+        Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ }, { 1, b, b_tier, PLAN_READ } };
+        char err[256];
+        Plan *p;
+
+        assert_int_equal(submit_plan(c, acc, 2, 2, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        plan_set_owner_ops(p, &owner_ops, o);
+        return p;
+}
+
+/*
+ * The connection pins X, most of the job's host limit, then enters a phase
+ * that reads Y there, which does not fit beside X: only that connection can
+ * unpin X, and it waits in tier_phase_enter(), so the phase waited forever.
+ * It is refused (-ENOSPC, X named), its pins let go, and nothing after it is
+ * said ready (the next phase's Z, resident in VRAM, is not pinned ahead: the
+ * client would take that ready for its refused marker's); the plan lives on:
+ * after the unpin the phase is entered again, and is ready.
+ */
+static void test_own_pin_refuses_the_phase(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 6 * MiB);
+        y = tensor(j, "Y", 4 * MiB);
+        z = tensor(j, "Z", MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, z, LEVEL_VRAM), 0);
+        assert_int_equal(tensor_unpin(z, LEVEL_VRAM, true), 0);
+        own_pin(m, &o, x);
+        p = two_phases(m, j, c, y, z, LEVEL_VRAM, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0);
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.status, -ENOSPC);
+        assert_int_equal(o.seq, seq);
+        assert_int_equal(o.phase, 0);
+        assert_non_null(strstr(o.error, "phase 0 of job 'j' can never be pinned in host while this client's own "
+                                        "pins there stay"));
+        assert_non_null(strstr(o.error, "the phase needs 4.0 MiB (tensor 'Y' found no room)"));
+        assert_non_null(strstr(o.error, "'X' (6.0 MiB)"));
+        assert_non_null(strstr(o.error, "beyond the job's host limit (8.0 MiB)"));
+        assert_non_null(strstr(o.error, "unpin them before entering the phase, or add them to the plan"));
+        assert_int_equal(p->error, 0);                          /* the plan lives on */
+        assert_int_equal(p->hold[0].n_pinned, 0);               /* the refused marker holds nothing */
+        assert_int_equal(y->copy[LEVEL_HOST].pins, 0);
+        assert_false(ready_for(p, seq, 0));                     /* nor does a ready come after it */
+        assert_int_equal(p->hold[1].n_pinned, 0);
+        assert_int_equal(z->copy[LEVEL_VRAM].pins, 0);
+        assert_true(copy_valid(z, LEVEL_VRAM));
+
+        own_unpin(&o, x);
+        seq = marker_write(p, 0);                               /* entered again */
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0));
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(y->copy[LEVEL_HOST].pins, 1);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * The same pin held by another connection (a rank of the job) may go: the
+ * phase waits for it, not refused, and is ready after that unpin.  So does a
+ * phase whose room the connection's own pin leaves with the phase's pins
+ * within the limit, another's pin taking the rest.
+ */
+static void test_others_pins_are_waited_for(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 4 * MiB);
+        w = tensor(j, "W", 2 * MiB);
+        y = tensor(j, "Y", 4 * MiB);
+        z = tensor(j, "Z", MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, x, LEVEL_HOST), 0);      /* another connection's */
+        own_pin(m, &o, w);                                      /* 2M of its own + 4M of the phase: 6M fit 8M */
+        p = two_phases(m, j, c, y, z, LEVEL_HOST, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, plan_waiting(p) != NULL);
+        assert_non_null(plan_waiting(p));
+        assert_int_equal(p->hold[0].refused, 0);                /* (set where the pin is blocked) */
+        assert_int_equal(o.refused, 0);
+        assert_int_equal(p->error, 0);
+
+        assert_int_equal(tensor_unpin(x, LEVEL_HOST, false), 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0));
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        own_unpin(&o, w);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * A phase pinned ahead whose room the connection's own pin takes waits: the
+ * client may unpin before it enters it (and then enters it, ready); entered
+ * with the pin still there, it is refused, the plan living on.
+ */
+static void test_own_pin_ahead_waits_until_entered(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 4 * MiB);
+        y = tensor(j, "Y", MiB);
+        z = tensor(j, "Z", 6 * MiB);
+        own_pin(m, &o, x);                                      /* 4M + Y 1M in phase 0; phase 1 needs Z 6M */
+        p = two_phases(m, j, c, y, z, LEVEL_HOST, &o);
+        marker(m, p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, 1, 0) && p->hold[1].active && p->hold[1].phase == 1 &&
+                             p->hs[1].blocked[0] != 0);
+        assert_true(ready_for(p, 1, 0));
+        assert_int_not_equal(p->hs[1].blocked[0], 0);           /* Z's pin ahead found no room */
+        assert_int_equal(o.refused, 0);                         /* ahead: not refused */
+        assert_int_equal(p->hold[1].refused, 0);
+
+        seq = marker_write(p, 1);                               /* entered with the pin: refused */
+        FIXTURE_RUN_UNTIL(m, o.refused > 0);
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.seq, seq);
+        assert_int_equal(o.phase, 1);
+        assert_non_null(strstr(o.error, "'X' (4.0 MiB)"));
+        assert_int_equal(p->error, 0);
+
+        own_unpin(&o, x);
+        seq = marker_write(p, 1);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 1));
+        assert_true(ready_for(p, seq, 1));
+        assert_int_equal(o.refused, 1);
+        marker(m, p, 0);
+        finish(m, j, c, p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_own_pin_refuses_the_phase),
+                cmocka_unit_test(test_others_pins_are_waited_for),
+                cmocka_unit_test(test_own_pin_ahead_waits_until_entered),
+        };
+
+        return fixture_main("timeline-selfpin", tests, sizeof(tests) / sizeof(tests[0]));
+}
