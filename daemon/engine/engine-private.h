@@ -120,6 +120,15 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
                  unsigned *blocked);
 
 /*
+ * engine_drain_failed() - writing @v's copy in @tier down failed with @r
+ * (@reserving: its room below could not be reserved, no transfer failed):
+ * @v is blocked until the tier below changes, and for want of room
+ * (-ENOSPC) so are its job's sole copies as large that have none there
+ * (blocked.c, Job.drain_short).
+ */
+void engine_drain_failed(Engine *e, Tensor *v, int tier, int r, bool reserving);
+
+/*
  * reclaim() - the pool of @tier has no segment for @want (SPACE_POOL): take
  * room back from other jobs, lingering ones first, then those above their
  * share (reclaim.c).  ADV_RETRY (copies were dropped: a segment may be

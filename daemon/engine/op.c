@@ -100,10 +100,6 @@ void engine_limits_changed(Engine *e) {
         sched_changed(e);
 }
 
-bool engine_drain_blocked(const Engine *e, const Tensor *v, int tier) {
-        return tier >= 0 && tier + 1 < TIERS && v->drain_blocked[tier] == e->space_gen[tier + 1] + 1;
-}
-
 /* Record the choice of victim @v in @tier (@why TRACE_WHY_*), with its next planned use. */
 static void victim_trace(Engine *e, const Tensor *v, int tier, int why, uint32_t flags) {
         uint64_t next = e->sched && e->sched->next_use ? e->sched->next_use(e->sched_userdata, (Tensor *) v, tier) : 0;
@@ -726,14 +722,14 @@ static void op_end(Op *op, int r) {
  * appears below: the ops waiting for space then fail instead of draining it
  * over and over.
  */
-static void drain_failed(Op *op) {
+static void drain_failed(Op *op, int r) {
         Engine *e = op->engine;
         Copy *c = &op->tensor->copy[op->tier];
 
-        if (op->tier + 1 < TIERS) {
-                op->tensor->drain_blocked[op->tier] = e->space_gen[op->tier + 1] + 1;
+        /* (op->failed: a transfer's error, else its reservation's: blocked.c) */
+        engine_drain_failed(e, op->tensor, op->tier, r, op->failed == 0);
+        if (op->tier + 1 < TIERS)
                 (void) snprintf(e->drain_error[op->tier], sizeof(e->drain_error[op->tier]), "%s", op->error);
-        }
 
         log_tensor(LOG_WARNING, 0, op->tensor->job->name, op->tensor->name, level_to_string(op->tier),
                    "Cannot write tensor '%s' of job '%s' down from %s: %s",
@@ -767,7 +763,7 @@ static void engine_run_queue(Engine *e) {
                 /* a write-behind that failed for want of room, or for a stale pin, is no failed write */
                 if (r < 0 && (op->kind == OP_DRAIN ||
                               (op->kind == OP_CLEAN && r != -EAGAIN && r != -ENOSPC && r != -EBUSY)))
-                        drain_failed(op);
+                        drain_failed(op, r);
                 op_end(op, r < 0 ? r : 0);
         }
 }

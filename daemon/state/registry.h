@@ -178,6 +178,12 @@ typedef struct Tensor {
  * section's host_total..., else for a uid [host] uid_share... of the
  * capacity unless its creator is an admin); checked by copy_alloc().
  */
+/* A write-down from a tier that found no room below (engine/blocked.c). */
+typedef struct DrainShort {
+        uint64_t gen;           /* 1 + Engine.space_gen of the tier below then (0: none) */
+        uint64_t size;          /* the smallest copy whose write-down failed at that gen */
+} DrainShort;
+
 typedef struct JobTotal {
         QuotaKind kind;         /* QUOTA_UID or QUOTA_GROUP */
         uint32_t id;
@@ -223,6 +229,8 @@ struct Job {
         bool committing;        /* it made a commit: its tensors keep the committed version's image */
         uint64_t commit_step;   /* the client's number of its last commit */
         unsigned frozen;        /* rollbacks waiting for its transfers: tierd starts no move of its own meanwhile */
+        /* engine: a write-down from each tier failed for want of room below (blocked.c) */
+        DrainShort drain_short[TIERS];
 
         /* the rooms above */
         List conns;             /* ipc: Conn.job_link, its ranks' connections */

@@ -281,6 +281,57 @@ static void test_garbage_refilled_under_a_reader(void **state) {
         fixture_free(m);
 }
 
+static void setup_short_nvme(Config *c, void *userdata) {
+        c->nvme_extent_size = 64 * 1024;
+        c->nvme_job_limit = 64 * 1024;          /* one 64 KiB copy */
+}
+
+/*
+ * A host tier full of small sole copies whose job has no room left on NVMe:
+ * a pin that needs room tries one write-down, which fails for want of room
+ * below, and then fails itself, every other victim as large passed over as
+ * blocked (engine/blocked.c).  It used to drain the copies one after the
+ * other, each failing the same way and each failure ranking all of them
+ * again, all in one run of the loop: with 65536 4 KiB tensors, minutes in
+ * which tierd served no one.  Room freed on NVMe unblocks them.
+ */
+static void test_full_nvme_tries_one_drain(void **state) {
+        Manager *m = fixture_new(64 * MiB, setup_short_nvme, NULL);
+        enum { N = 64 };                        /* 64 x 64 KiB: the job's 4 MiB host limit */
+        Tensor *t[N], *x, *want;
+        unsigned tried = 0;
+        char name[8];
+        Done d = {};
+        Op *op;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        x = fixture_tensor(j, "X", 64 * 1024);
+        fixture_on_nvme(m, x);                  /* the job's nvme limit, sole there */
+        for (int i = 0; i < N; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = fixture_tensor(j, name, 64 * 1024);
+                fixture_host_data(m, t[i], (uint8_t) i);
+        }
+        want = fixture_tensor(j, "W", 64 * 1024);
+        assert_int_equal(op_submit(m->engine, OP_PIN, want, LEVEL_HOST, on_done, NULL, &d, &op), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        assert_int_equal(d.status, -ENOSPC);
+        assert_non_null(strstr(d.msg, "64 of its tensors there cannot be written down to nvme"));
+        for (int i = 0; i < N; i++) {
+                assert_true(copy_valid(t[i], LEVEL_HOST));
+                tried += t[i]->drain_blocked[LEVEL_HOST] != 0;
+        }
+        assert_int_equal(tried, 1);             /* one write-down tried, not 64 */
+        /* room on NVMe: they may go again */
+        assert_int_equal(engine_tensor_free(m->engine, x), 0);
+        assert_int_equal(fixture_op(m, OP_PIN, want, LEVEL_HOST), 0);
+        assert_int_equal(tensor_unpin(want, LEVEL_HOST, false), 0);
+        assert_true(copy_valid(t[0], LEVEL_NVME));
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
@@ -288,6 +339,7 @@ int main(void) {
                 cmocka_unit_test(test_target_sync_failure_fails_the_write_down),
                 cmocka_unit_test(test_sync_failure_counts_no_bytes),
                 cmocka_unit_test(test_garbage_refilled_under_a_reader),
+                cmocka_unit_test(test_full_nvme_tries_one_drain),
         };
 
         /* a rule that does not fire until a test arms it (after = 0) */
