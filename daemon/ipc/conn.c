@@ -40,6 +40,7 @@
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
 #include "daemon/ipc/conn.h"
+#include "daemon/ipc/fence.h"
 #include "daemon/ipc/server.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
@@ -86,7 +87,7 @@ void conn_close(Conn *c) {
         list_del(&c->link);
         s->n_conns--;
         free(c->fence_completed);
-        free(c->pins);
+        pins_free(c);
         free(c->seg_sent);
         free(c);
 }

@@ -27,7 +27,18 @@ typedef struct PinRec {
         int tier;
         bool write_only;        /* a write-only pin: its unpin is dirty whatever the client says */
         bool rw;                /* a pin that may read and write (counted in Tensor.rw_pins) */
+        uint32_t next;          /* the connection's pin of the same tensor and tier recorded before it
+                                 * (PIN_NONE: none), or in a free slot (tensor NULL) the next one + 1 */
 } PinRec;
+
+#define PIN_NONE UINT32_MAX
+
+/* Conn.pin_keys: where a connection's pins of one tensor in one tier start (pins.c). */
+typedef struct PinKey {
+        Tensor *tensor;         /* NULL: an empty entry */
+        int tier;
+        uint32_t head;          /* its latest pin, in Conn.pins */
+} PinKey;
 
 typedef struct OutPacket {
         List link;
@@ -67,8 +78,13 @@ typedef struct Conn {
         Plan *plan;             /* iteration plan of this rank, or NULL */
         JobEvict *evict;        /* jobctl.c: its evict of a job, running, or NULL */
         RollbackWait *rollback; /* commit.c: its rollback waiting for the job's transfers, or NULL */
-        PinRec *pins;
-        size_t n_pins, cap_pins;
+        PinRec *pins;           /* pins.c: slots [0, n_pin_slots), free ones (tensor NULL) chained from
+                                 * free_pin (the first one + 1; 0: none) */
+        size_t n_pins, cap_pins;        /* pins held; slots allocated */
+        uint32_t n_pin_slots, free_pin;
+        PinKey *pin_keys;       /* pins.c: an open-addressing index by tensor and tier */
+        uint32_t n_pin_keys, cap_pin_keys;
+        uint64_t pin_steps;     /* pins.c: entries pin_forget() looked at, in all (for the tests) */
 
         uint32_t *seg_sent;     /* per wire segment id: generation+1 already sent */
         uint32_t n_seg_sent;

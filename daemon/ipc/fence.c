@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fence.c: a connection's fences (the job's fence page, its wakeup pipe) and the pins it holds. */
+/* fence.c: a connection's fences (the job's fence page, its wakeup pipe). */
 
 /*
  * Theory of operation: each connection of a job owns one slot of the job's
@@ -12,11 +12,7 @@
  * Event.fence_failed; a client that cannot be sent that event would wait
  * forever, so its connection is closed instead.  After the page changes
  * the connection's wakeup pipe gets a token (wakeup_kick()), for a client
- * sleeping on it.
- *
- * Pins are recorded per connection so that a vanished client's pins are
- * dropped (as dirty: the client may have written before it died, and
- * keeping its bytes is the safe choice).
+ * sleeping on it.  The pins a connection holds: pins.c.
  */
 
 #include <errno.h>
@@ -79,64 +75,14 @@ void fence_complete(Conn *c, uint64_t fence, int status, const char *error, unsi
         }
 }
 
-int pin_record(Conn *c, Tensor *t, int tier, bool write_only, bool rw) {
-        if (c->n_pins == c->cap_pins) {
-                size_t cap = c->cap_pins ? c->cap_pins * 2 : 16;
-                PinRec *p = realloc(c->pins, cap * sizeof(PinRec));
-
-                if (!p)
-                        return -ENOMEM;
-                c->pins = p;
-                c->cap_pins = cap;
-        }
-        c->pins[c->n_pins++] = (PinRec) { t, tier, write_only, rw };
-        if (rw)
-                t->rw_pins++;
-        if (write_only || rw) {
-                copy_writers(t, tier, +1, c->rank);
-        }
-        return 0;
-}
-
-int pin_forget(Conn *c, Tensor *t, int tier) {
-        for (size_t i = c->n_pins; i > 0; i--)
-                if (c->pins[i - 1].tensor == t && c->pins[i - 1].tier == tier) {
-                        int flags = (c->pins[i - 1].write_only ? PIN_WRITE_ONLY : 0) |
-                                    (c->pins[i - 1].write_only || c->pins[i - 1].rw ? PIN_WRITER : 0);
-
-                        if (c->pins[i - 1].rw)
-                                t->rw_pins--;
-                        c->pins[i - 1] = c->pins[--c->n_pins];
-                        return flags;
-                }
-        return -ENOENT;
-}
-
-void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *userdata) {
-        for (size_t i = 0; i < c->n_pins; i++) {
-                PinRec *pr = &c->pins[i];
-
-                tensor_pin_account(pr->tensor, pr->tier, -1);
-                if (pr->rw)
-                        pr->tensor->rw_pins--;
-                /* one that may have written: dirty (the client said nothing); a read-only one: clean */
-                (void) tensor_unpin(pr->tensor, pr->tier, pr->write_only || pr->rw);
-                if (pr->write_only || pr->rw) {
-                        copy_writers(pr->tensor, pr->tier, -1, c->rank);
-                        if (changed)
-                                changed(pr->tensor, userdata);
-                }
-        }
-        c->n_pins = 0;
-}
-
+/* The pins by slot (pins.c): a free slot is a NULL tensor in tier -1, which no phase's tier matches. */
 static bool plan_pin(void *owner, size_t i, Tensor **ret_tensor, int *ret_tier) {
         Conn *c = owner;
 
-        if (i >= c->n_pins)
+        if (i >= c->n_pin_slots)
                 return false;
         *ret_tensor = c->pins[i].tensor;
-        *ret_tier = c->pins[i].tier;
+        *ret_tier = c->pins[i].tensor ? c->pins[i].tier : -1;
         return true;
 }
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* fence.h: a connection's fences (the job's fence page, its wakeup pipe) and the pins it holds. */
+/* fence.h: a connection's fences (the job's fence page, its wakeup pipe) and the pins it holds (pins.c). */
 #pragma once
 
 #include <stdint.h>
@@ -39,6 +39,8 @@ int pin_forget(Conn *c, Tensor *t, int tier);
  * made dirty.
  */
 void pin_drop_all(Conn *c, void (*changed)(Tensor *t, void *userdata), void *userdata);
+/* Free what records @c's pins (its pins were dropped, or are forgotten with it). */
+void pins_free(Conn *c);
 
 typedef struct Plan Plan;
 /*

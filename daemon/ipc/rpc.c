@@ -984,7 +984,7 @@ static void ops_conn_gone(void *userdata, Conn *c) {
 static bool ops_holds(void *userdata, const Conn *c) {
         if (!list_empty(&c->pending) || (c->plan && sched_plan_holds(c->plan)))
                 return true;
-        for (size_t i = 0; i < c->n_pins; i++)
+        for (size_t i = 0; i < c->n_pin_slots; i++)     /* (a free slot has neither) */
                 if (c->pins[i].write_only || c->pins[i].rw)
                         return true;
         return false;

@@ -94,7 +94,7 @@ typedef struct HoldState {
  * the phase of a marker is refused.
  */
 typedef struct PlanOwnerOps {
-        /* The @i-th pin the connection holds (a tensor may come twice); false past the last. */
+        /* The @i-th pin slot of the connection (a tensor may come twice; a free slot: NULL in tier -1); false past the last. */
         bool (*pin)(void *owner, size_t i, Tensor **ret_tensor, int *ret_tier);
         /* The phase of marker @seq is refused with @status (-errno), @error saying why. */
         void (*refused)(void *owner, uint64_t seq, uint32_t phase, int status, const char *error);

@@ -21,6 +21,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/conn.h"
+#include "daemon/ipc/fence.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/ipc/server.h"
 #include "daemon/sched/plan.h"
@@ -833,6 +834,61 @@ static void test_commit_refused_while_rollback_waits(void **state) {
         fixture_free(m);
 }
 
+/*
+ * A connection's pins are found by tensor and tier (ipc/pins.c): forgetting
+ * N pins in the order they were recorded looks at a bounded number of
+ * entries each, not at all the pins still held (a scan that was N^2 / 2
+ * entries: 65536 pins unpinned in order took 6.6 s of tierd's loop), and
+ * each forget returns the latest pin of its pair, whatever the others.
+ */
+static void test_pins_found_by_index(void **state) {
+        enum { N = 8192 };
+        Tensor *t = calloc(N, sizeof(Tensor));  /* (read pins only: pin_record() looks at nothing in them) */
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Tensor *a, *b;
+        Conn c = {};
+        Job *j;
+
+        assert_non_null(t);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        a = fixture_tensor(j, "A", 4096);
+        b = fixture_tensor(j, "B", 4096);
+        for (int i = 0; i < N; i++)
+                assert_int_equal(pin_record(&c, &t[i], LEVEL_HOST, false, false), 0);
+        /* pins that may write, and a tensor pinned three times in one tier: read, read, write-only */
+        assert_int_equal(pin_record(&c, a, LEVEL_VRAM, false, true), 0);
+        assert_int_equal(pin_record(&c, a, LEVEL_HOST, false, false), 0);
+        for (int i = 0; i < 2; i++)
+                assert_int_equal(pin_record(&c, b, LEVEL_HOST, false, false), 0);
+        assert_int_equal(pin_record(&c, b, LEVEL_HOST, true, false), 0);
+        assert_int_equal(c.n_pins, N + 5);
+        assert_int_equal(a->rw_pins, 1);
+
+        c.pin_steps = 0;
+        for (int i = 0; i < N; i++)
+                assert_int_equal(pin_forget(&c, &t[i], LEVEL_HOST), 0);
+        assert_true(c.pin_steps <= 4 * (uint64_t) N);   /* (a scan: about N^2 / 2) */
+        assert_int_equal(pin_forget(&c, &t[5], LEVEL_HOST), -ENOENT);
+        assert_int_equal(pin_forget(&c, a, LEVEL_NVME), -ENOENT);
+        /* b in host: the write-only pin (the latest), then the two read ones */
+        assert_int_equal(pin_forget(&c, b, LEVEL_HOST), PIN_WRITE_ONLY | PIN_WRITER);
+        copy_writers(b, LEVEL_HOST, -1, 0);
+        assert_int_equal(pin_forget(&c, b, LEVEL_HOST), 0);
+        assert_int_equal(pin_record(&c, &t[7], LEVEL_HOST, false, false), 0);  /* a freed slot again */
+        assert_int_equal(pin_forget(&c, b, LEVEL_HOST), 0);
+        assert_int_equal(pin_forget(&c, b, LEVEL_HOST), -ENOENT);
+        assert_int_equal(pin_forget(&c, a, LEVEL_VRAM), PIN_WRITER);
+        copy_writers(a, LEVEL_VRAM, -1, 0);
+        assert_int_equal(a->rw_pins, 0);
+        assert_int_equal(pin_forget(&c, a, LEVEL_HOST), 0);
+        assert_int_equal(pin_forget(&c, &t[7], LEVEL_HOST), 0);
+        assert_int_equal(c.n_pins, 0);
+        pins_free(&c);
+        free(t);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_fast_pin_takes_ghost_over),
@@ -845,6 +901,7 @@ int main(void) {
                 cmocka_unit_test(test_stale_socket_only_when_refused),
                 cmocka_unit_test(test_stale_check_keeps_non_socket),
                 cmocka_unit_test(test_marker_before_next_request),
+                cmocka_unit_test(test_pins_found_by_index),
         };
 
         return fixture_main("ipc", tests, sizeof(tests) / sizeof(tests[0]));
