@@ -190,6 +190,7 @@ bool admit_survives(Plan *p, Tensor *t, int tier, uint32_t ahead, char *why, siz
                 why[0] = 0;
                 return false;
         }
+        p->sched->admit_sims++;
         memset(p->sim_avail, 0, (p->n_phases + 1) * sizeof(uint64_t));
         p->sim_gen++;
         cand_score = (double) (pred_at(p, ahead) > now ? pred_at(p, ahead) - now : 0);

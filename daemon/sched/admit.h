@@ -56,6 +56,11 @@ bool admit_early_room(Plan *p, Tensor *t, uint64_t deadline, char *why, size_t w
  * admit_evicted() - will @t's copy in @tier (there now) be evicted before
  * its next use, by the same simulation?  Then a dirty one is worth writing
  * down early, while NVMe is idle (write-behind), since it goes anyway.
+ * Monotone in the victim order among one plan's sole copies: one the replay
+ * keeps (a copy needed later, evicted first) has every one after it in that
+ * order kept too -- their replays end sooner, with at least the same room
+ * (the kept one goes before them) -- so write_behind() stops at it instead
+ * of replaying each of the others (N replays of O(N) each, per pass).
  */
 bool admit_evicted(Plan *p, Tensor *t, int tier);
 

@@ -728,8 +728,14 @@ static void write_behind(Sched *s, Plan *p) {
                          * future will evict before its next use anyway is written now,
                          * while NVMe is idle, instead of as a drain in a read's way.
                          */
-                        if (!for_window && (!t->plan || !admit_evicted(t->plan, t, tier)))
+                        uint64_t sims = s->admit_sims;
+
+                        if (!for_window && (!t->plan || !admit_evicted(t->plan, t, tier))) {
+                                /* one of this plan's that the replay keeps: so it does those after it (admit.h) */
+                                if (t->plan == p && s->admit_sims != sims)
+                                        break;
                                 continue;
+                        }
                         if (!slot_free(j, link, link_limit))
                                 break;
                         /* towards NVMe one at a time: a read arriving waits for one write at most */

@@ -41,6 +41,7 @@ struct Sched {
         uint64_t pass_no;
         uint64_t epoch;         /* bumped whenever space may have been freed or data moved */
         uint64_t stamp;         /* the latest Tensor.sched_stamp handed out (selfpin.c) */
+        uint64_t admit_sims;    /* occupancy replays admit_survives() ran, in all (for the tests) */
         SchedTrace trace;
         void *trace_userdata;
 };

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include "daemon/sched/admit.h"
+#include "util/uring.h"
 #include "tests/unit/timeline-fixture.h"
 /* ---- admission by occupancy: a prefetch only if its copy stays until its use ----------------- */
 
@@ -227,6 +228,44 @@ static void test_admit_evicted(void **state) {
         }
 }
 
+/*
+ * Write-behind replays the occupancy (admit_evicted()) for the job's sole
+ * host copies in victim order, and stops at the first of the plan's that
+ * stays: every one after it is needed sooner and stays too (admit.h).  It
+ * used to replay each of them, every pass -- N replays of O(N) each, after
+ * every request: a plan of 8192 tensors held a pin for more than 20 s.
+ */
+static void test_write_behind_stops_at_a_kept_copy(void **state) {
+        enum { N = 16 };        /* (the fixture's most phases) */
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Tensor *t[N];
+        Acc acc[N];
+        char name[8];
+        uint64_t sims;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        for (int i = 0; i < N; i++) {
+                snprintf(name, sizeof(name), "t%d", i);
+                t[i] = tensor(j, name, 64 * 1024);
+                touch(m, t[i], LEVEL_HOST, true);       /* dirty: its only copy is in host */
+                acc[i] = (Acc) { (unsigned) i, t[i], LEVEL_HOST, PLAN_READ };
+        }
+        p = start_plan(m, c, acc, N, N);
+        run_loop(m, 20);
+        assert_false(uring_busy(m->uring));
+        sims = m->sched->admit_sims;
+        sched_run(m->sched);
+        /* all of it fits: the first copy replayed stays, and so do the 13 others after it */
+        assert_true(m->sched->admit_sims - sims <= 2);
+        for (int i = 0; i < N; i++)
+                assert_true(copy_is_sole(t[i], LEVEL_HOST));
+        finish(m, j, c, p);
+}
+
 /* ---- early reads take only cheap room: not a copy read again before the reads ahead are done -- */
 
 static void test_early_room(void **state) {
@@ -395,6 +434,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_admit_occupancy),
                 cmocka_unit_test(test_admit_evicted),
+                cmocka_unit_test(test_write_behind_stops_at_a_kept_copy),
                 cmocka_unit_test(test_lookahead_horizon),
                 cmocka_unit_test(test_admit_untracked_in_use),
                 cmocka_unit_test(test_admit_same_pass),
