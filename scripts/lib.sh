@@ -19,7 +19,8 @@ _TIER_LIB_SH=1
 : "${prog:=$(basename "$0")}"
 
 # Repository root (the parent of scripts/).
-TIER_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# (CDPATH emptied: with CDPATH set, cd on a relative path prints where it went.)
+TIER_ROOT=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # shellcheck disable=SC2034  # used by the scripts that source this file
 # What a plain build of tierd needs (gcc pulls in libasan/libubsan through

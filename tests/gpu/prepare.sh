@@ -13,7 +13,7 @@
 # Carry BUILD_DIR to the GPU machine (it is ignored by git: build-*/).
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+root=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:-build-gpu}
 cd "$root"
 

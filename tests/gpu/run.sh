@@ -38,7 +38,7 @@
 # OUTDIR/gpu-results.json is written whatever happens, with "error" fields.
 set -uo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+root=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 out=${1:-${OUT:-$root/gpu-results}}
 build=${TIER_GPU_BUILD:-$root/build-gpu}

@@ -14,7 +14,7 @@
 # relative difference, tokens/s.  Exit status: that of the runs (0: both ran).
 set -uo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+root=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:?usage: train.sh BUILD DIR OUTDIR}
 dir=${2:?usage: train.sh BUILD DIR OUTDIR}
 out=${3:?usage: train.sh BUILD DIR OUTDIR}

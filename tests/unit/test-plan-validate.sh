@@ -12,7 +12,7 @@ B=$1
 TORCH=${2:-torch}
 # untimed: a sanitizer build, whose step times are the instrumentation's, not tierd's
 TIMED=${3:-timed}
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(CDPATH='' cd -- "$(dirname "$0")/../.." && pwd)
 T=$B/client/tierctl
 PY=/usr/bin/python3
 if [ "$(id -u)" -ne 0 ]; then
