@@ -7,7 +7,7 @@
  * A drain (or write-behind) that fails leaves its copy sole where it is,
  * and marks it (Tensor.drain_blocked): it is not chosen for a drain again
  * until the tier below changes (Engine.space_gen of that tier moves when a
- * copy there is freed or limits change).  That alone passes over only the
+ * copy there is freed or unpinned, or limits change).  That alone passes over only the
  * victim that failed: when the tier below has no room for the job, an op
  * making room in a tier of N sole copies would drain them one after the
  * other, each failing for the same reason, and each failure woke it to

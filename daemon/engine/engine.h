@@ -136,8 +136,8 @@ struct Engine {
         LinkStats links[_LINK_MAX];
         VramLink vlink;
         /*
-         * Bumped whenever room may have appeared in a tier (a copy freed, a
-         * limit changed): a victim whose drain found no room below is not
+         * Bumped whenever room may have appeared in a tier (a copy freed or
+         * unpinned, a limit changed): a victim whose drain found no room below is not
          * drained again before the tier below changes (Tensor.drain_blocked).
          */
         uint64_t space_gen[TIERS];

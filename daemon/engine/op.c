@@ -929,6 +929,9 @@ static void on_space_freed(void *userdata, int tier) {
 static void on_unpinned(void *userdata, int tier) {
         Engine *e = userdata;
 
+        /* room there can be made now (the copy may be written down): write-downs blocked for it retry */
+        if (tier >= 0 && tier < TIERS)
+                e->space_gen[tier]++;
         wake_space_waiters(e);
         sched_changed(e);       /* the scheduler's pins blocked for room retry */
 }

@@ -332,6 +332,52 @@ static void test_full_nvme_tries_one_drain(void **state) {
         fixture_free(m);
 }
 
+/*
+ * A write-down from VRAM that found no room in host because the job's host
+ * copies were all pinned: once they are unpinned, host room can be made
+ * (by writing them down to NVMe), though no host copy was freed.  The
+ * job's other VRAM victims must still be tried then: a VRAM pin that needs
+ * room succeeds.  (Job.drain_short blocked every victim as large until a
+ * host copy happened to be freed: the pin failed -ENOSPC, "2 of its
+ * tensors there cannot be written down to host".)
+ */
+static void test_unpinned_below_unblocks_drains(void **state) {
+        Manager *m = fixture_new(64 * MiB, NULL, NULL);
+        Tensor *v[2], *h[4], *want;
+        char name[8];
+        Done d = {};
+        Op *op;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (int i = 0; i < 2; i++) {           /* the job's 2 MiB of vram, sole there */
+                snprintf(name, sizeof(name), "v%d", i);
+                v[i] = fixture_tensor(j, name, MiB);
+                fixture_touch(m, v[i], LEVEL_VRAM, true);
+                assert_true(copy_valid(v[i], LEVEL_VRAM) && !copy_valid(v[i], LEVEL_HOST));
+        }
+        for (int i = 0; i < 4; i++) {           /* the job's 4 MiB of host, pinned */
+                snprintf(name, sizeof(name), "h%d", i);
+                h[i] = fixture_tensor(j, name, MiB);
+                assert_int_equal(fixture_op(m, OP_PIN, h[i], LEVEL_HOST), 0);
+        }
+        want = fixture_tensor(j, "W", MiB);
+        assert_int_equal(op_submit(m->engine, OP_PIN, want, LEVEL_VRAM, on_done, NULL, &d, &op), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        assert_int_equal(d.status, -ENOSPC);
+        /* the client lets its host pins go, written: room in host can be made now */
+        for (int i = 0; i < 4; i++)
+                assert_int_equal(tensor_unpin(h[i], LEVEL_HOST, true), 0);
+        d = (Done) {};
+        assert_int_equal(op_submit(m->engine, OP_PIN, want, LEVEL_VRAM, on_done, NULL, &d, &op), 0);
+        FIXTURE_RUN_UNTIL(m, d.done);
+        assert_string_equal(d.msg, "");
+        assert_int_equal(d.status, 0);
+        assert_int_equal(tensor_unpin(want, LEVEL_VRAM, false), 0);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_prefetch_failed_for_good_not_retried),
@@ -340,6 +386,7 @@ int main(void) {
                 cmocka_unit_test(test_sync_failure_counts_no_bytes),
                 cmocka_unit_test(test_garbage_refilled_under_a_reader),
                 cmocka_unit_test(test_full_nvme_tries_one_drain),
+                cmocka_unit_test(test_unpinned_below_unblocks_drains),
         };
 
         /* a rule that does not fire until a test arms it (after = 0) */
