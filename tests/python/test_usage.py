@@ -216,6 +216,18 @@ class TestUsage(tierd.DaemonTestCase):
         self.assertIs(type(model.l2.weight), Kept)
         self.same(model, ref, "closed")
 
+    def test_element_sizes_remembered(self) -> None:
+        """layout.esize() made a tensor to learn an element's size at every view of a parameter
+        (Slot.view(), Piece.view(): 510 a step for ByteLM's 102 parameters); made once per dtype now."""
+        from unittest import mock
+
+        from tier.torch import layout
+
+        self.assertEqual(layout.esize(torch.bfloat16), 2)
+        with mock.patch.object(torch, "empty", side_effect=AssertionError("a tensor made for its element size")):
+            self.assertEqual(layout.esize(torch.bfloat16), 2)
+            self.assertEqual(layout.esize(torch.bfloat16), 2)
+
     def test_changes_inside_the_forward_refused(self) -> None:
         """A parameter changed in place inside its block's forward (a pre-hook clamping it under
         torch.no_grad()) went into the copy tierd maps for the forward, which that phase only reads: the

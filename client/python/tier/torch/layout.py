@@ -47,8 +47,15 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+_ESIZE: dict[torch.dtype, int] = {}
+
+
 def esize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
+    """Bytes of an element of ``dtype`` (remembered: every view of a parameter asks, hundreds a step)."""
+    n = _ESIZE.get(dtype)
+    if n is None:
+        n = _ESIZE[dtype] = torch.empty(0, dtype=dtype).element_size()
+    return n
 
 
 def fmt_bytes(n: float) -> str:
