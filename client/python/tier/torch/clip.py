@@ -298,18 +298,20 @@ class GradInTierd(torch.Tensor):
 
 def grad_moved(param: torch.nn.Parameter, name: str) -> None:
     """``param``'s gradient went to tierd: its .grad becomes a GradInTierd (no memory: one element)."""
-    try:
-        g = torch.Tensor._make_subclass(GradInTierd, torch.zeros(1, dtype=param.dtype,
-                                                                 device=param.device).expand(param.shape))
-        g._tier_name = name
-        param.grad = g
-    except RuntimeError:
-        param.grad = None       # (not shaped as its data now: left as before)
+    with guards.direct():
+        try:
+            g = torch.Tensor._make_subclass(GradInTierd, torch.zeros(1, dtype=param.dtype,
+                                                                     device=param.device).expand(param.shape))
+            g._tier_name = name
+            param.grad = g
+        except RuntimeError:
+            param.grad = None       # (not shaped as its data now: left as before)
 
 
 def drop_moved_grads(eng: Any) -> None:
     """Before autograd accumulates into .grad again (a forward with gradients), or at zero_grad()."""
-    for b in eng.blocks:
-        for sl in b.slots:
-            if type(sl.param.grad) is GradInTierd:
-                sl.param.grad = None
+    with guards.direct():
+        for b in eng.blocks:
+            for sl in b.slots:
+                if type(sl.param.grad) is GradInTierd:
+                    sl.param.grad = None

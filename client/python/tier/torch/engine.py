@@ -245,14 +245,16 @@ class Offload(torch.optim.Optimizer):
         self._clip_ids = set()
         self._shared_reduced = False
         clip.drop_moved_grads(self)
+        with guards.direct():
+            held = [s for b in self.blocks for s in b.slots if s.param.grad is not None]
         for b in self.blocks:
             for s in b.slots:
                 s.had_grad = s.had_grad and not set_to_none     # (.grad None: torch.optim skips it until a gradient)
-                if s.param.grad is not None:   # the shared block's, held by autograd between micro-batches
-                    if set_to_none:
-                        s.param.grad = None
-                    else:
-                        s.param.grad.zero_()
+        for s in held:                  # the shared block's, held by autograd between micro-batches
+            if set_to_none:
+                s.param.grad = None
+            else:
+                s.param.grad.zero_()
 
     def _drop_step(self) -> None:
         """A step skipped (its loss not finite, its backward raised, zero_grad() and a forward or step()
@@ -502,15 +504,16 @@ class Offload(torch.optim.Optimizer):
 
     def _point(self, b: Block, on: bool) -> None:
         """Point ``b``'s module's parameters at their mapped copies (``on``) or at the placeholders."""
-        for owner in self.param_owners(b):
-            flat = owner.maps[("p", VRAM)] if on else None
-            for s in (owner.slots if owner is b else b.shared):
-                if on:
-                    s.param.data = s.view(flat, "p")    # (watched still: p.data.clamp_() there is seen too)
-                    s.map_version = s.param._version
-                else:
-                    guards.note_mapped_write(self, s)
-                    self._unmap(s)
+        with guards.direct():
+            for owner in self.param_owners(b):
+                flat = owner.maps[("p", VRAM)] if on else None
+                for s in (owner.slots if owner is b else b.shared):
+                    if on:
+                        s.param.data = s.view(flat, "p")    # (watched still: p.data.clamp_() there is seen too)
+                        s.map_version = s.param._version
+                    else:
+                        guards.note_mapped_write(self, s)
+                        self._unmap(s)
 
     # ---- what the hooks call ------------------------------------------------------------------
 
@@ -656,14 +659,16 @@ class Offload(torch.optim.Optimizer):
         then its optimizer phases if they are fused into the backward."""
         if b.slots:
             collective.fill_unused([s.param for s in b.slots if s.trainable], self._world, self._group)
-            grads = [s.param.grad for s in b.slots if s.trainable and s.param.grad is not None]
+            with guards.direct():
+                got = {id(s): s.param.grad for s in b.slots}
+            grads = [got[id(s)] for s in b.slots if s.trainable and got[id(s)] is not None]
             collective.allreduce_mean(grads, self._world, self._group)
             add = self._cur > 0
             for pt in b.parts:
                 gflat = b.maps[(b.part_kind("g", pt.index), VRAM)]
                 for pc in pt.pieces:
                     dst = pc.view(gflat, "g")
-                    grad = pc.slot.param.grad
+                    grad = got[id(pc.slot)]
                     if grad is not None:
                         if add and id(pc.slot) in self._got:
                             dst.add_(pc.of(grad))
@@ -672,7 +677,7 @@ class Offload(torch.optim.Optimizer):
                     elif not (add and id(pc.slot) in self._got):
                         dst.zero_()
             for s in b.slots:
-                if s.param.grad is not None:
+                if got[id(s)] is not None:
                     self._got.add(id(s))
                     s.had_grad = True
                     clip.grad_moved(s.param, s.name)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
+from . import guards
 from .state import Uncopyable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,14 +128,14 @@ class Hooks(Uncopyable):
                                "mapped only while each block runs, which a trace cannot record; trace (or "
                                "export) the model before making the engine, or after close()")
         if torch.is_grad_enabled():
-            for b in self.engine.blocks:
-                for s in b.slots:
-                    if s.param.requires_grad != s.trainable:
-                        raise RuntimeError(
-                            f"parameter {s.names[0]}: requires_grad is {s.param.requires_grad} now, {s.trainable} "
-                            "when the tier.torch engine was made, which laid out what trains then (its "
-                            "gradients, optimizer state and updates): close() the engine and make a new one "
-                            "after changing which parameters train")
+            with guards.direct():
+                s = next((s for b in self.engine.blocks for s in b.slots if s.param.requires_grad != s.trainable), None)
+            if s is not None:
+                raise RuntimeError(
+                    f"parameter {s.names[0]}: requires_grad is {s.param.requires_grad} now, {s.trainable} "
+                    "when the tier.torch engine was made, which laid out what trains then (its "
+                    "gradients, optimizer state and updates): close() the engine and make a new one "
+                    "after changing which parameters train")
         self.engine.forward_begins()
         self.close_saved()          # a forward that raised left it open
         if torch.is_grad_enabled():
