@@ -273,6 +273,25 @@ class TestUsage(tierd.DaemonTestCase):
             self.assertEqual(layout.esize(torch.bfloat16), 2)
             self.assertEqual(layout.esize(torch.bfloat16), 2)
 
+    def test_phase_lookup_walks_no_plan(self) -> None:
+        """Tracer.lookup(), at every phase of a planned step, found the plan's largest micro-batch (for a
+        refusal's words) before looking the phase up: a walk of every phase at each phase, a step's cost
+        quadratic in its phases.  Only a refusal walks the plan now, and says the same."""
+        from tier.torch.tracer import Tracer
+
+        class NoWalk(dict):
+            def __iter__(self):
+                raise AssertionError("the whole plan walked")
+
+        t = Tracer()
+        t.index = NoWalk({("f", 0, 0, 0): 0, ("b", 0, 0, 0): 1})
+        self.assertEqual(t.lookup(("b", 0, 0, 0), "block 0"), 1)
+        t.index = {("f", 0, 0, 0): 0, ("b", 0, 0, 0): 1}
+        with self.assertRaisesRegex(RuntimeError, r"micro-batch 2 of this step, where the first step .* had 1:"):
+            t.lookup(("f", 0, 0, 1), "block 0")
+        with self.assertRaisesRegex(RuntimeError, r"block 1 ran its forward in this step but not in the first"):
+            t.lookup(("f", 1, 0, 0), "block 1")
+
     def test_changes_inside_the_forward_refused(self) -> None:
         """A parameter changed in place inside its block's forward (a pre-hook clamping it under
         torch.no_grad()) went into the copy tierd maps for the forward, which that phase only reads: the

@@ -49,22 +49,22 @@ class Tracer:
     def lookup(self, key: Key, label: str) -> int:
         """Planned mode: the plan's index of phase ``key``."""
         k = self.index.get(key)
-        most = max((x[3] for x in self.index), default=0)
-        if k is None and key[3] > most:
+        if k is not None:
+            return k
+        most = max((x[3] for x in self.index), default=0)     # (only to say why: a walk of the whole plan)
+        if key[3] > most:
             raise RuntimeError(
                 f"micro-batch {key[3] + 1} of this step, where the first step (which tier.torch traced and planned "
                 f"for every step) had {most + 1}: every step must run as many forwards with gradients as the "
                 "first; run an evaluation forward under torch.no_grad(), a loss over several forwards (Siamese, "
                 "contrastive) as one forward on the inputs concatenated (torch.cat), and accumulate the same "
                 "number of micro-batches every step")
-        if k is None:
-            raise RuntimeError(
-                f"{label} ran its {PHASE_NAMES[key[0]]} in this step but not in the first one, which tier.torch "
-                "traced and planned for every step: a block that runs for some inputs only (an expert of a "
-                "mixture-of-experts layer) is not supported as a block of its own; make the layer that routes "
-                "to it one block (no_split_module_classes=[its class] or blocks=[...]), or let the model call "
-                "its blocks in the same order every step")
-        return k
+        raise RuntimeError(
+            f"{label} ran its {PHASE_NAMES[key[0]]} in this step but not in the first one, which tier.torch "
+            "traced and planned for every step: a block that runs for some inputs only (an expert of a "
+            "mixture-of-experts layer) is not supported as a block of its own; make the layer that routes "
+            "to it one block (no_split_module_classes=[its class] or blocks=[...]), or let the model call "
+            "its blocks in the same order every step")
 
     def check_again(self, block: int, label: str) -> None:
         """Planned mode: a block whose forward ran already in this forward is refused (the first step ran it
