@@ -303,6 +303,27 @@ class TestPlan(tierd.DaemonTestCase):
         self.assertEqual(failed, [])
         self.assertNotIn("Phase 0 of job 'other-rank-pins' refused", self.d.log_text())
         ga.unpin()
+
+    def test_phase_grant_walks_no_plan(self) -> None:
+        """phase_grant() found the grant's mode by walking every entry of the submitted plan, at every
+        grant: a step's grants cost the square of the plan's size (tier.torch grants a few tensors in each
+        of its phases).  Looked up now, the same modes."""
+        c = self.client()
+        ts = [c.create(f"t{i}", 4096) for i in range(3)]
+        modes = (tier.READ, tier.WRITE, tier.READ_WRITE)
+        with c.plan() as p:
+            for i, t in enumerate(ts):
+                p.add(i, t, tier.HOST, modes[i])
+            p.submit()
+
+        class NoWalk(list):
+            def __iter__(self):
+                raise AssertionError("the whole plan walked")
+
+        c._planned = NoWalk(c._planned)         # (resubmit_plan() walks it, after a restart only)
+        for i, t in enumerate(ts):
+            c.phase(i)
+            self.assertEqual(c.phase_grant(t, tier.HOST).mode, modes[i])
         c.end_plan()
 
     def test_plan_freed_with_its_client(self) -> None:

@@ -697,6 +697,12 @@ class Plan:
         self._submitted = True
         self.client._plans.discard(self)
         self.client._planned = list(self._entries)
+        # the accesses by phase, tier and tensor: phase_grant() looks its mode up (a walk of the plan at
+        # every grant made a step's grants cost the square of the plan's size)
+        modes: dict[tuple[int, Level, str], Mode] = {}
+        for ph, t, lv, md in self._entries:
+            modes[(ph, lv, t.name)] = modes.get((ph, lv, t.name), Mode(0)) | md
+        self.client._planned_modes = modes
 
     def close(self) -> None:
         """Free the plan if not submitted (``tier_plan_free()``); idempotent."""

@@ -172,6 +172,7 @@ class Client:
         self._tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
         self._plans: weakref.WeakSet[Plan] = weakref.WeakSet()
         self._planned: list[tuple[int, Tensor, Level, Mode]] = []  # the submitted plan's entries
+        self._planned_modes: dict[tuple[int, Level, str], Mode] = {}  # their accesses: (phase, tier, tensor name)
         self._phase_grants: list[Grant] = []
         # every pinned Grant (not phase grants) by tensor name, whichever handle took it: close()
         # reaches them even when their Tensor has left _tensors (collected with its grants)
@@ -733,10 +734,7 @@ class Client:
         raw = _lib.TierGrant()
         self._check(_L.tier_phase_grant(self._handle(op), tensor._handle(op), lv, byref(raw)), op)
         # the phase's own access (libtier refused a tensor and tier the phase does not access)
-        mode = Mode(0)
-        for ph, t, tl, md in self._planned:
-            if ph == self._phase and tl == lv and t.name == tensor.name:
-                mode |= md
+        mode = self._planned_modes.get((self._phase, lv, tensor.name), Mode(0))
         if not mode:
             raise NotFoundError(errno.ENOENT, f"phase {self._phase} of the submitted plan does not access "
                                 f"'{tensor.name}' in {lv}", op)
