@@ -1,26 +1,31 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
-"""A training process SIGKILLed at random points resumes from tierd, without a checkpoint, bit for bit.
+"""A training process SIGKILLed at chosen points resumes from tierd, without a checkpoint, bit for bit.
 
 A child process trains the example byte LM through tier.torch (placement C,
 budgets that send every block through NVMe) with ``resume=True``: the job is
-committed at every step's end.  The parent SIGKILLs it at random moments,
-twenty times, and starts it again each time; the new process rolls the job
-back to its last commit, checks the layout and goes on from
-``engine.steps``.  Its final parameters and optimizer state must equal an
-uninterrupted run's (the same script, never killed) with ``==``.
+committed at every step's end.  It SIGKILLs itself at a point of its step the
+test names (KILL_PLAN: a block's forward, the optimizer before or after a
+block's update, each side of the resume record and of the commit, a resume
+half done), and is started again, once per point; the new process rolls the
+job back to its last commit, checks the layout and goes on from
+``engine.steps``, which must be the step the point says.  Its final
+parameters and optimizer state must equal an uninterrupted run's (the same
+script, never killed) with ``==``.  The tierd tests stop (SIGTERM) or SIGKILL
+tierd at such points (RESTART_POINTS) of one run, which waits there until the
+test lets it go on.  The order is the test's, never the clock's.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import random
+import re
 import select
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import tierd
@@ -30,40 +35,131 @@ try:
 except ImportError:  # pragma: no cover - the suite skips without torch
     torch = None
 
-KILLS = 20
-STEPS = 24
+STEPS = 14
 
-# The child: python3 test_resume.py --child SOCKET JOB OUT [STEPS [reconnect]]; prints "ready N R",
-# then "step N" per step, and "restarts N" at the end.
+# The child: python3 test_resume.py --child SOCKET JOB OUT [STEPS [MODE [POINTS]]]; prints "ready N R",
+# then "step N U" per step (U: the optimizer updates it ran), and "restarts N M" at the end.  POINTS (JSON):
+# [where, step, k] triples; at each the child prints "at WHERE STEP K", then SIGKILLs itself (MODE
+# resume) or waits for a line on its stdin (MODE reconnect: the parent restarts tierd meanwhile).
+#   fwd k       after block k's forward (model.blocks[k])
+#   upd k       in the optimizer, after k updates of the step and before the next (update_part)
+#   upd_done k  right after the k-th update of the step (its result in memory only)
+#   commit 0/1/2  at the step's end: before the resume record, between it and the commit, after the commit
+#   step, zero  after engine.step(), after engine.zero_grad()
+#   rollback, ready  (step null) in the engine's making: after its rollback, once made
 CHILD = "--child"
-RESTARTS = 20
-RESTART_STEPS = 60
+UPDATES = 7     # optimizer updates a step: tok, pos, the 3 blocks, ln, head (the child's "step N U")
+# (point, the step the next run resumes at); each run goes one or two steps past its start (its first
+# step is traced again, the ones after run the plan, fused)
+KILL_PLAN = [
+    (("fwd", 0, 1), 0),                     # the first step's forward: nothing committed yet
+    (("upd_done", 0, 3), 0),                # its optimizer (deferred, unplanned) half done
+    (("commit", 0, 1), 0),                  # its resume record written, not committed
+    (("commit", 0, 2), 1),                  # just committed
+    (("rollback", None, None), 1),          # the next run rolled the job back, took nothing over yet
+    (("ready", None, None), 1),             # took it over, ran nothing
+    (("upd", 1, 0), 1),                     # a resumed run's first (traced) step: before its first update
+    (("fwd", 3, 2), 3),                     # a planned step's forward
+    (("upd", 4, 0), 4),                     # fused: the backward ended a block, before its update
+    (("upd_done", 5, 1), 5),                # one block updated (in memory only), the others not
+    (("upd", 6, 4), 6),                     # four updated, the fifth's phase entered
+    (("upd_done", 7, UPDATES), 7),          # all updated, step() not called
+    (("commit", 8, 0), 8),                  # the next step's first phase entered, write-downs issued
+    (("commit", 9, 1), 9),                  # the record written, not committed
+    (("commit", 10, 2), 11),                # committed
+    (("upd_done", 12, 5), 12),
+]
+RESTART_STEPS = 10
+# where tierd is stopped (or killed) under the run: every step has one or more, the first (traced) one too
+RESTART_POINTS = [
+    ("fwd", 0, 1), ("upd_done", 0, 2),                  # the traced first step: pins, no plan
+    ("fwd", 1, 0), ("upd", 1, 0), ("upd_done", 1, 3), ("step", 1, None),  # the first planned step
+    ("upd", 2, 2), ("zero", 2, None),
+    ("fwd", 3, 2), ("upd_done", 3, 1),
+    ("upd", 4, 1), ("upd_done", 4, 4),
+    ("fwd", 5, 1), ("step", 5, None),
+    ("upd_done", 6, UPDATES),
+    ("upd", 7, 4), ("zero", 7, None),
+    ("fwd", 8, 0), ("upd_done", 8, 2),
+    ("upd", 9, 3),      # (none after the last step's end: the run's state_dict() does not go through a restart)
+]
 
 
-def child(socket: str, job: str, out: str, steps: str = str(STEPS), mode: str = "resume") -> int:
+def child(socket: str, job: str, out: str, steps: str = str(STEPS), mode: str = "resume", points: str = "[]") -> int:
     n_steps = int(steps)
     sys.path.insert(0, os.path.join(tierd.source_dir(), "client", "python", "examples"))
     import tier
     import tier.torch
     import train_lm
+    from tier.torch import optim as optim_mod
+    from tier.torch import resume as resume_mod
 
     torch.manual_seed(3)
     model = train_lm.ByteLM(dim=64, layers=3, heads=4, context=32)
     text = torch.randint(0, 256, (1 << 16,), generator=torch.Generator().manual_seed(11))
     gen = train_lm.batches(text, batch=8, context=32, seed=5, rank=0, world=1)
     data = [next(gen) for _ in range(n_steps)]
+    todo = [tuple(p) for p in json.loads(points)]
+    now = {"step": None, "updates": 0}
+
+    def at(where: str, k: int | None = None) -> None:
+        point = (where, now["step"], k)
+        if point not in todo:
+            return
+        todo.remove(point)
+        print(f"at {where} {now['step']} {k}", flush=True)
+        if mode == "resume":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if sys.stdin.readline() != "go\n":      # the parent did what it does here
+            raise RuntimeError(f"the parent did not say go at {point}")
+
+    # the points, in this process only: the engine calls these through their modules
+    real_update, real_write_meta, real_commit = optim_mod.update_part, resume_mod.write_meta, resume_mod.commit
+
+    def update_part(*a, **kw):
+        at("upd", now["updates"])
+        real_update(*a, **kw)
+        now["updates"] += 1
+        at("upd_done", now["updates"])
+
+    def write_meta(eng):
+        at("commit", 0)
+        real_write_meta(eng)
+        at("commit", 1)
+
+    def commit(eng):
+        real_commit(eng)
+        at("commit", 2)
+
+    optim_mod.update_part, resume_mod.write_meta, resume_mod.commit = update_part, write_meta, commit
+    for i, blk in enumerate(model.blocks):
+        blk.register_forward_hook(lambda m, a, o, i=i: at("fwd", i))
     c = tier.Client(job, socket=socket, reconnect=60 if mode == "reconnect" else None)
+    real_rollback = c.rollback
+
+    def rollback():
+        r = real_rollback()
+        at("rollback")
+        return r
+
+    c.rollback = rollback
     eng = tier.torch.Offload(model, c, lr=1e-3, weight_decay=0.01, placement="C", resume=mode == "resume")
     print(f"ready {eng.steps} {int(eng.resumed)}", flush=True)
+    at("ready")
     for step in range(eng.steps, n_steps):
+        now["step"], now["updates"] = step, 0
         x, y = data[step]
         loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
         loss.backward()
         eng.step()
+        at("step")
         eng.zero_grad()
-        print(f"step {eng.steps}", flush=True)
-    torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                "optim": eng.state_dict(), "steps": eng.steps}, out)
+        at("zero")
+        print(f"step {eng.steps} {now['updates']}", flush=True)
+    if todo:
+        raise RuntimeError(f"points never reached: {todo}")
+    # (the engine's parameters: the model's are placeholders between its phases, empty)
+    torch.save({"params": eng.parameters_state_dict(), "optim": eng.state_dict(), "steps": eng.steps}, out)
     print(f"restarts {eng.restarts} {c.restarts}", flush=True)
     eng.close()
     c.close()
@@ -76,92 +172,68 @@ class TestResume(tierd.DaemonTestCase):
     config = tierd.CONFIG.replace("linger_sec = 0", "linger_sec = 300").replace(
         "job_limit = 48M", "job_limit = 4M", 1)
 
-    def run_child(self, job: str, out: str, kill_after=None, args=(), ready=None,
-                  socket: str | None = None) -> tuple[bool, list[tuple[float, str]]]:
-        """Run the child; kill_after(N), once it said "ready N", gives (k, s): SIGKILL it s seconds after it
-        said "step N+k" (k = 0: after "ready"), so that the kills follow its progress, not the clock (None:
-        let it finish).  Returns whether it finished, and its lines with the time each came."""
+    def run_child(self, job: str, out: str, args=(), socket: str | None = None,
+                  at=None) -> tuple[int, list[str]]:
+        """Run the child to its end (an exit, or its own SIGKILL); at(line), for each "at ..." line it says,
+        does what the point asks (the child waits for it: "go" on its stdin once at() returned), and
+        returns what is to be done once the child goes on (None: nothing).  Returns
+        its exit status and its lines.  The 120 s are only for a hang."""
         p = subprocess.Popen([sys.executable, __file__, CHILD, socket or self.socket, job, out, *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        lines: list[tuple[float, str]] = []
-        deadline = None
-        kill_step, kill_delay = None, 0.0
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list[str] = []
         try:
             while True:
-                wait = 120.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                r, _, _ = select.select([p.stdout], [], [], wait)
+                r, _, _ = select.select([p.stdout], [], [], 120.0)
                 if not r:
-                    if deadline is not None:
-                        p.send_signal(signal.SIGKILL)
-                        p.wait(30)
-                        return False, lines
                     raise AssertionError(f"the child said nothing for 120 s: {lines}")
                 line = p.stdout.readline()
                 if not line:
                     break
-                lines.append((time.monotonic(), line.strip()))
-                if line.startswith("step 1") and ready is not None:
-                    ready.set()
-                if line.startswith("ready") and kill_after is not None:
-                    at = int(line.split()[1])
-                    k, kill_delay = kill_after(at)
-                    kill_step = at + k
-                if kill_step is not None and deadline is None and line.split()[0] in ("ready", "step") and \
-                        int(line.split()[1]) >= kill_step:
-                    deadline = time.monotonic() + kill_delay
+                lines.append(line.strip())
+                if line.startswith("at ") and at is not None:
+                    then = at(line.strip())
+                    p.stdin.write("go\n")
+                    p.stdin.flush()
+                    if then is not None:
+                        then()
             status = p.wait(60)
-            if status != 0:
+            if status not in (0, -signal.SIGKILL):
                 err = p.stderr.read()
-                raise AssertionError(f"the child failed ({status}): {err[:3000]} ... {err[-3000:]}")
-            return True, lines
+                raise AssertionError(f"the child failed ({status}): {lines} {err[:3000]} ... {err[-3000:]}")
+            return status, lines
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-            p.stdout.close()
-            p.stderr.close()
+            for f in (p.stdin, p.stdout, p.stderr):
+                f.close()
 
-    def test_killed_twenty_times(self) -> None:
+    def test_killed_at_each_point(self) -> None:
+        """KILL_PLAN: each run is SIGKILLed at its point and the next one resumes at the step that point
+        says (the last commit before it), to the end, bit for bit as the uninterrupted run."""
         tmp = tempfile.mkdtemp(prefix="tier-resume-")
         self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
-        ref = os.path.join(tmp, "ref.pt")
-        ok, lines = self.run_child("resume-ref", ref)
-        self.assertTrue(ok)
-        self.assertEqual(lines[0][1], "ready 0 0")
-        # a step's time here, from the uninterrupted run: the kills fall within about two steps of "ready"
-        times = [t for t, line in lines if line.startswith("step")]
-        per_step = sorted(b - a for a, b in zip(times, times[1:]))[len(times) // 2 - 1]
-        rng = random.Random(20261206)
-        out = os.path.join(tmp, "out.pt")
-
-        kills = iter(range(KILLS))
-
-        def kill_after(at: int) -> tuple[int, float]:
-            # every other run once a step of its own is committed, the others from "ready" on; at a random
-            # point of the step after that (or of the start), never near the last step (the run must not end)
-            i = next(kills)
-            if at >= STEPS - 3:
-                return 0, 0.0
-            return i % 2, rng.uniform(0.0, per_step)
-
-        resumed_at = []
-        for _ in range(KILLS):
-            ok, lines = self.run_child("resume-killed", out, kill_after)
-            self.assertFalse(ok, "the run ended before its kill")
-            if lines:
-                _, at, resumed = lines[0][1].split()
-                resumed_at.append(int(at))
-                self.assertEqual(resumed, "1" if int(at) > 0 else "0")
-        ok, lines = self.run_child("resume-killed", out)
-        self.assertTrue(ok)
-        resumed_at.append(int(lines[0][1].split()[1]))
-        print(f"killed {KILLS} times (a step takes {per_step:.2f} s); each run began at step {resumed_at}",
-              file=sys.stderr)
-        self.assertGreater(len(set(resumed_at)), 3, "the kills did not fall between commits often enough")
+        ref, out = os.path.join(tmp, "ref.pt"), os.path.join(tmp, "out.pt")
+        status, lines = self.run_child("resume-ref", ref)
+        self.assertEqual(status, 0)
+        self.assertEqual(lines[0], "ready 0 0")
+        self.assertEqual(lines[1:1 + STEPS], [f"step {i + 1} {UPDATES}" for i in range(STEPS)])
+        at = 0
+        for point, then in KILL_PLAN:
+            status, lines = self.run_child("resume-killed", out, args=(str(STEPS), "resume", json.dumps([point])))
+            if point[0] != "rollback":      # (killed before it said "ready")
+                self.assertEqual(lines[0], f"ready {at} {int(at > 0)}", f"killed before {point}")
+            self.assertEqual((status, lines[-1]), (-signal.SIGKILL, "at %s %s %s" % point), lines)
+            at = then
+        status, lines = self.run_child("resume-killed", out)
+        self.assertEqual(status, 0)
+        self.assertEqual(lines[0], f"ready {at} 1")
         self.same(ref, out, STEPS)
 
     def same(self, ref: str, out: str, steps: int) -> None:
         a, b = torch.load(ref), torch.load(out)
+        self.assertEqual(sorted(a["params"]), sorted(b["params"]))
+        self.assertTrue(a["params"] and all(p.numel() > 0 for p in a["params"].values()))
         self.assertEqual(a["steps"], steps)
         self.assertEqual(b["steps"], steps)
         for n, p in a["params"].items():
@@ -173,109 +245,69 @@ class TestResume(tierd.DaemonTestCase):
                 self.assertTrue(torch.equal(v, sb[i][k]), f"optimizer state {i}.{k} differs")
         self.assertEqual(a["optim"]["param_groups"], b["optim"]["param_groups"])
 
-    def test_tierd_restarted_twenty_times(self) -> None:
-        """tierd stopped and started again twenty times under a training process (a Client with
-        reconnect=): the process carries on by itself and ends where an uninterrupted run does."""
-        import threading
-
+    def tierd_under_run(self, d: tierd.Tierd, name: str, again) -> list[str]:
+        """A run (a Client with reconnect=) that waits at each of RESTART_POINTS while again() stops or
+        kills tierd and starts it again (again() returns what is left to do once the run goes on, or None):
+        it carries on by itself and ends where an uninterrupted run does."""
         tmp = tempfile.mkdtemp(prefix="tier-restart-")
         self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
         ref, out = os.path.join(tmp, "ref.pt"), os.path.join(tmp, "out.pt")
-        ok, lines = self.run_child("restart-ref", ref, args=(str(RESTART_STEPS), "plain"))
-        self.assertTrue(ok)
-        rng = random.Random(61206)
-        result: dict = {}
+        status, _ = self.run_child(f"{name}-ref", ref, args=(str(RESTART_STEPS), "plain"), socket=d.socket)
+        self.assertEqual(status, 0)
+        seen = []
 
-        training = threading.Event()
+        def at(line: str):
+            seen.append(line)
+            return again()
 
-        def train() -> None:
-            try:
-                result["ok"], result["lines"] = self.run_child("restart-run", out, args=(str(RESTART_STEPS), "reconnect"),
-                                                               ready=training)
-            finally:
-                training.set()
-
-        th = threading.Thread(target=train)
-        th.start()
-        times = []
-        training.wait(120)      # its first step is done: the plan runs
-        try:
-            # the first restart once it trains; the rest one after the other, each after a random wait
-            while not os.path.exists(out) and th.is_alive():
-                time.sleep(0.05)
-                if len(times) >= RESTARTS:
-                    break
-                time.sleep(rng.uniform(0.0, 0.25))
-                if not th.is_alive():
-                    break
-                t0 = time.monotonic()
-                self.assertEqual(self.d.restart(), 0)
-                times.append(time.monotonic() - t0)
-        finally:
-            th.join(300)
-        self.assertTrue(result.get("ok"), result)
-        restarts = [line for _, line in result["lines"] if line.startswith("restarts")]
-        steps = [t for t, line in result["lines"] if line.startswith("step")]
-        gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
-        print(f"tierd restarted {len(times)} times under the run (stop and start: "
-              f"{sorted(times)[len(times) // 2]:.2f} s at the median, {max(times):.2f} s at most); the run says "
-              f"{restarts}; its steps took {gaps[len(gaps) // 2]:.3f} s at the median, {gaps[-1]:.3f} s at most "
-              "(a step with a restart in it)", file=sys.stderr)
-        self.assertEqual(len(times), RESTARTS, "the run ended before the restarts did: make it longer")
+        status, lines = self.run_child(f"{name}-run", out, args=(str(RESTART_STEPS), "reconnect",
+                                                                  json.dumps(RESTART_POINTS)),
+                                       socket=d.socket, at=at)
+        self.assertEqual(status, 0)
+        self.assertEqual(seen, ["at %s %s %s" % p for p in RESTART_POINTS])
+        self.assertEqual(lines[-1], f"restarts {len(RESTART_POINTS)} {len(RESTART_POINTS)}")
         self.same(ref, out, RESTART_STEPS)
+        return lines
 
-    def test_tierd_killed_twenty_times(self) -> None:
-        """tierd SIGKILLed at random points of a step, twenty times, and started again with what the service
-        manager's fd store kept of its memory (the harness plays the store): the training process carries on
-        by itself and ends where an uninterrupted run does."""
-        import threading
+    def test_tierd_restarted_at_each_point(self) -> None:
+        """tierd stopped (SIGTERM) and started again at each of RESTART_POINTS under a training process.  A
+        stop waits (10 s at most) for the clients to let their pins go, which the run does once it goes on,
+        at its next call (it sees the shutdown tierd sent before STOPPING=1): the order is SIGTERM,
+        STOPPING=1, the run goes on, tierd's exit, the start."""
+        d = self.d
 
+        def again():
+            since = len(d.notes)
+            d.proc.send_signal(signal.SIGTERM)
+            d.wait_notify("STOPPING=1", 30, since)
+
+            def then() -> None:
+                d.proc.wait(60)                 # (d.stop() would signal it again: a stop without waiting)
+                self.assertEqual(d.stop(), 0)
+                d.start()
+            return then
+
+        before = len(d.log_text())
+        self.tierd_under_run(d, "restart", again)
+        log = d.log_text()[before:]
+        self.assertNotIn(" is lost", log)
+        self.assertNotIn("still holding pins", log)     # the run let them go: no stop waited them out
+
+    def test_tierd_killed_at_each_point(self) -> None:
+        """tierd SIGKILLed at each of RESTART_POINTS and started again with what the service manager's fd
+        store kept of its memory (the harness plays the store): nothing is lost, and at the points right
+        after an update (upd_done) its result lay in memory only, kept."""
         d = tierd.Tierd(self.config, fd_store=True)
         self.addCleanup(d.cleanup)
         d.start()
-        tmp = tempfile.mkdtemp(prefix="tier-kill-")
-        self.addCleanup(lambda: __import__("shutil").rmtree(tmp, ignore_errors=True))
-        ref, out = os.path.join(tmp, "ref.pt"), os.path.join(tmp, "out.pt")
-        ok, _ = self.run_child("kill-ref", ref, args=(str(RESTART_STEPS), "plain"), socket=d.socket)
-        self.assertTrue(ok)
-        rng = random.Random(20261207)
-        result: dict = {}
-        training = threading.Event()
-
-        def train() -> None:
-            try:
-                result["ok"], result["lines"] = self.run_child("kill-run", out, args=(str(RESTART_STEPS), "reconnect"),
-                                                               ready=training, socket=d.socket)
-            finally:
-                training.set()
-
-        th = threading.Thread(target=train)
-        th.start()
-        times = []
-        training.wait(120)
-        try:
-            while not os.path.exists(out) and th.is_alive() and len(times) < RESTARTS:
-                time.sleep(0.05 + rng.uniform(0.0, 0.25))
-                if not th.is_alive():
-                    break
-                times.append(d.kill_and_start())
-        finally:
-            th.join(300)
-        self.assertTrue(result.get("ok"), result)
+        self.tierd_under_run(d, "kill", lambda: d.kill_and_start() and None)
         log = d.log_text()
-        kept = log.count("with newer data kept in memory")
-        restarts = [line for _, line in result["lines"] if line.startswith("restarts")]
-        steps = [t for t, line in result["lines"] if line.startswith("step")]
-        gaps = sorted(b - a for a, b in zip(steps, steps[1:]))
-        print(f"tierd SIGKILLed and started again {len(times)} times under the run (kill to READY=1: "
-              f"{sorted(times)[len(times) // 2]:.2f} s at the median, {max(times):.2f} s at most); the run says "
-              f"{restarts}; its steps took {gaps[len(gaps) // 2]:.3f} s at the median, {gaps[-1]:.3f} s at most",
-              file=sys.stderr)
-        self.assertEqual(len(times), RESTARTS, "the run ended before the kills did: make it longer")
-        lost = [line for line in log.splitlines() if " is lost" in line]
-        self.same(ref, out, RESTART_STEPS)
-        self.assertEqual(lost, [], "tensors were lost to a kill")
-        self.assertGreater(kept, 0)
+        self.assertEqual([line for line in log.splitlines() if " is lost" in line], [],
+                         "tensors were lost to a kill")
+        kept = [int(n) for n in re.findall(r"(\d+) with newer data kept in memory", log)]
+        print(f"tensors with newer data kept in memory at each kill: {kept}", file=sys.stderr)
+        self.assertEqual(len(kept), len(RESTART_POINTS), "a start from the store per kill")
+        self.assertTrue(all(kept[i] > 0 for i, p in enumerate(RESTART_POINTS) if p[0] == "upd_done"), kept)
         self.assertEqual(d.stop(), 0)       # and a clean stop after the last start from the store
 
     def test_lost_data_said_as_lost(self) -> None:
