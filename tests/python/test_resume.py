@@ -166,6 +166,51 @@ def child(socket: str, job: str, out: str, steps: str = str(STEPS), mode: str = 
     return 0
 
 
+class Lines:
+    """The lines a child writes on a pipe, each as soon as it is whole.  select() says only whether the pipe
+    holds more: a buffered readline() may take two lines out of it at once, and a select() for the second
+    then waits for output that came already (the child, which prints "at ..." and waits for "go", says
+    nothing more).  So the fd is read raw and split here."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buf, self.eof = fd, b"", False
+
+    def next(self, timeout: float) -> str | None:
+        """The next line, without its newline (None at the end); TimeoutError when none is whole and
+        nothing comes for @timeout seconds."""
+        while b"\n" not in self.buf and not self.eof:
+            r, _, _ = select.select([self.fd], [], [], timeout)
+            if not r:
+                raise TimeoutError(f"nothing for {timeout} s")
+            chunk = os.read(self.fd, 65536)
+            self.eof = not chunk
+            self.buf += chunk
+        if not self.buf:
+            return None
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+
+class TestHarness(unittest.TestCase):
+    def test_lines_that_came_together(self) -> None:
+        """Two lines the child wrote while the parent was busy ("step 5 7", then "at fwd 5 1" a forward or
+        two later): both are read, the second without waiting for more output, which never comes while
+        the child waits for the parent's "go" (test_tierd_killed_at_each_point hung so, once in ~40 runs,
+        the parent's select() on its buffered readline()'s pipe waiting out its 120 s)."""
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        os.write(w, b"step 5 7\nat fwd 5 1\n")
+        lines = Lines(r)
+        self.assertEqual(lines.next(0), "step 5 7")
+        self.assertEqual(lines.next(0), "at fwd 5 1")      # no output after it: the child waits
+        with self.assertRaises(TimeoutError):
+            lines.next(0)
+        os.write(w, b"partial")
+        os.close(w)
+        self.assertEqual(lines.next(0), "partial")
+        self.assertIsNone(lines.next(0))
+
+
 @unittest.skipIf(torch is None, "no torch (python3-torch)")
 class TestResume(tierd.DaemonTestCase):
     # jobs linger (a killed process's job waits for its successor); small pools, NVMe for the rest
@@ -181,13 +226,14 @@ class TestResume(tierd.DaemonTestCase):
         p = subprocess.Popen([sys.executable, __file__, CHILD, socket or self.socket, job, out, *args],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: list[str] = []
+        out_lines = Lines(p.stdout.fileno())    # (never p.stdout's own buffer: see Lines)
         try:
             while True:
-                r, _, _ = select.select([p.stdout], [], [], 120.0)
-                if not r:
-                    raise AssertionError(f"the child said nothing for 120 s: {lines}")
-                line = p.stdout.readline()
-                if not line:
+                try:
+                    line = out_lines.next(120.0)
+                except TimeoutError:
+                    raise AssertionError(f"the child said nothing for 120 s: {lines}") from None
+                if line is None:
                     break
                 lines.append(line.strip())
                 if line.startswith("at ") and at is not None:
