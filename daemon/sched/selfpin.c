@@ -114,11 +114,12 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
                 return false;           /* room others hold: it may come */
         size_format(b_phase, sizeof(b_phase), phase);
         size_format(b_own, sizeof(b_own), own);
-        (void) snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be pinned "
-                        "in %s while this client's own pins there stay: the phase needs %s (tensor '%s' found no "
-                        "room), and the client pins %s outside its plan, %s, beyond %s together; unpin them before "
-                        "entering the phase, or add them to the plan's phase", hold->phase, j->name, lvl, b_phase,
-                        a->tensor->name, b_own, names, beyond);
+        if (snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be pinned "
+                     "in %s while this client's own pins there stay: the phase needs %s (tensor '%s' found no "
+                     "room), and the client pins %s outside its plan, %s, beyond %s together; unpin them before "
+                     "entering the phase, or add them to the plan's phase", hold->phase, j->name, lvl, b_phase,
+                     a->tensor->name, b_own, names, beyond) >= (int) sizeof(p->refused_why))
+                log_debug("sched: the refusal of phase %" PRIu32 " of job '%s' is cut short", hold->phase, j->name);
         log_job(LOG_WARNING, 0, j->name, "Phase %" PRIu32 " of job '%s' refused: %s", hold->phase, j->name,
                 p->refused_why);
         hold->refused = -ENOSPC;
