@@ -143,3 +143,12 @@ static inline CbRule cb_rule_nth(unsigned i, unsigned held) {
 
 /* -EINVAL for a malformed plan (bad tensors, tiers, modes or phase bounds), else 0. */
 int cb_plan_check(const CbPlan *p);
+/*
+ * cb_time_args() - what capbound_time() and capbound_window() check before
+ * anything else: the plan (cb_plan_check()), bandwidths >= 0 (NaN refused),
+ * every phase's compute >= 0; -EINVAL, or -E2BIG for a plan too large to
+ * scan.  *@ret_total: the step's compute; *@ret_writes: whether the writes'
+ * part (a rescan of what a window wrote, at every phase) stays small enough.
+ */
+int cb_time_args(const CbPlan *p, const double *compute, double nvme_bw, double link_bw, double *ret_total,
+                 bool *ret_writes);

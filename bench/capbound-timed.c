@@ -674,6 +674,31 @@ static uint8_t next_modes_from(const Occs *s, uint32_t t, size_t k) {
         return modes;
 }
 
+int cb_time_args(const CbPlan *p, const double *compute, double nvme_bw, double link_bw, double *ret_total,
+                 bool *ret_writes) {
+        size_t n;
+        double total = 0;
+        int r;
+
+        if (!compute || !(nvme_bw >= 0) || !(link_bw >= 0))
+                return -EINVAL;
+        r = cb_plan_check(p);
+        if (r < 0)
+                return r;
+        n = p->n_phases;
+        if ((double) n * (double) p->start[n] > 1e8)
+                return -E2BIG;
+        for (size_t k = 0; k < n; k++) {
+                if (!(compute[k] >= 0))
+                        return -EINVAL;
+                total += compute[k];
+        }
+        *ret_total = total;
+        /* the writes' part rescans what a window wrote at every phase: only where that stays small */
+        *ret_writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
+        return 0;
+}
+
 int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const double *compute, double nvme_bw,
                   double link_bw, CbTime *ret) {
         size_t n = p ? p->n_phases : 0, n_mod;
@@ -683,20 +708,11 @@ int capbound_time(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const d
         bool writes;
         int r;
 
-        if (!ret || !compute || nvme_bw < 0 || link_bw < 0)
+        if (!ret)
                 return -EINVAL;
-        r = cb_plan_check(p);
+        r = cb_time_args(p, compute, nvme_bw, link_bw, &total, &writes);
         if (r < 0)
                 return r;
-        if ((double) n * (double) p->start[n] > 1e8)
-                return -E2BIG;
-        /* the writes' part rescans what a window wrote at every phase: only where that stays small */
-        writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
-        for (size_t k = 0; k < n; k++) {
-                if (!(compute[k] >= 0))
-                        return -EINVAL;
-                total += compute[k];
-        }
         *ret = (CbTime) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
         stamp = calloc(p->n_tensors, sizeof(uint32_t));
         mstamp = calloc(p->n_tensors, sizeof(uint32_t));

@@ -158,19 +158,11 @@ int capbound_window(const CbPlan *p, uint64_t vram_cap, uint64_t host_cap, const
         bool writes;
         int r;
 
-        if (!ret || !compute || !(nvme_bw >= 0) || !(link_bw >= 0))
+        if (!ret)
                 return -EINVAL;
-        r = cb_plan_check(p);
+        r = cb_time_args(p, compute, nvme_bw, link_bw, &total, &writes);
         if (r < 0)
                 return r;
-        if ((double) n * (double) p->start[n] > 1e8)
-                return -E2BIG;
-        writes = (double) n * (double) n * (double) p->n_tensors <= 1e8;
-        for (size_t k = 0; k < n; k++) {
-                if (!(compute[k] >= 0))
-                        return -EINVAL;
-                total += compute[k];
-        }
         *ret = (CbWindow) { .step_s = total, .from = SIZE_MAX, .to = SIZE_MAX };
         stamp = calloc(p->n_tensors, sizeof(uint32_t));
         mstamp = calloc(p->n_tensors, sizeof(uint32_t));

@@ -313,6 +313,9 @@ static void test_time_bound(void **state) {
         compute[3] = 0.5;
         assert_int_equal(capbound_time(&p, 6, 12, NULL, 1, 1, &tb), -EINVAL);
         assert_int_equal(capbound_time(&p, 6, 12, compute, -1, 1, &tb), -EINVAL);
+        /* a NaN bandwidth too, as capbound_window() refuses it (the two share cb_time_args()) */
+        assert_int_equal(capbound_time(&p, 6, 12, compute, NAN, 1, &tb), -EINVAL);
+        assert_int_equal(capbound_time(&p, 6, 12, compute, 1, NAN, &tb), -EINVAL);
 }
 
 /*
