@@ -547,7 +547,7 @@ static void test_kill_storm(void **state) {
         for (unsigned i = 0; i < 400; i++) {
                 after = snapshot();
                 if (after.jobs == base.jobs && after.ops == 0 && after.pinned == 0 && after.renewing == 0 &&
-                    after.connections == base.connections && after.fds == base.fds)
+                    after.connections == base.connections && after.fds <= base.fds)
                         break;
                 usleep(50000);
         }
@@ -557,7 +557,10 @@ static void test_kill_storm(void **state) {
         assert_int_equal(after.ops, 0);
         assert_int_equal(after.jobs, base.jobs);
         assert_int_equal(after.connections, base.connections);
-        assert_int_equal(after.fds, base.fds);
+        /* none leaked; fewer is fine: a transient fd of tierd's own (a state file being replaced) may have
+         * been open at the baseline (fresh-check's nonroot pass once saw 57 then 56) */
+        if (after.fds > base.fds)
+                fail_msg("tierd holds %u fds after the storm, %u before", (unsigned) after.fds, (unsigned) base.fds);
         if (sanitized(daemon_.pid))
                 fprintf(stderr, "tierd runs with AddressSanitizer, whose quarantine keeps freed memory: "
                                 "its RSS is not checked\n");
