@@ -383,6 +383,12 @@ static const ConfigKey config_keys[] = {
         KEY("trace",  "buffer",                  parse_unsigned,      CONFIG_UNSIGNED,      trace_buffer, 1, 1024 * 1024, true),
 };
 
+_Static_assert(ELEMENTSOF(config_keys) <= CONFIG_KEYS_MAX, "raise CONFIG_KEYS_MAX");
+
+size_t config_key_index(const ConfigKey *k) {
+        return (size_t) (k - config_keys);
+}
+
 const ConfigKey *config_key_at(size_t i) {
         return i < ELEMENTSOF(config_keys) ? &config_keys[i] : NULL;
 }

@@ -33,5 +33,9 @@ int config_error_printf(char **ret, int r, const char *fmt, ...) _printf_(3, 4);
 bool config_section_known(const char *section);
 /* The key @name of @section, or NULL. */
 const ConfigKey *config_key_find(const char *section, const char *name);
+/* Most rows config_keys[] may have (config-keys.c checks it): config.c keeps a line per key. */
+#define CONFIG_KEYS_MAX 64
+/* @k's index in the table, below CONFIG_KEYS_MAX. */
+size_t config_key_index(const ConfigKey *k);
 /* Drop every target (an empty "target =", and config_deinit()). */
 void config_clear_targets(Config *c);

@@ -14,9 +14,13 @@
  * Every key is a row of the table in config-keys.c: section, name, parser,
  * the offset of its field in Config and, for numbers, the accepted range.
  * Parsing a line is a table lookup followed by the row's parser, so adding
- * a key is adding a row.  A later assignment overrides an earlier one, except nvme.target,
- * which appends (and an empty "target =" drops the targets listed so far,
- * as an empty assignment resets a list in systemd unit files).
+ * a key is adding a row.  A key is set at most once per file (in one
+ * section, or in the same section opened again): a second line is an error
+ * naming both lines, never a silent "last one wins".  A later file (a
+ * drop-in) overrides an earlier one's value, except nvme.target, which
+ * appends, any number of times (and an empty "target =" drops the targets
+ * listed so far, as an empty assignment resets a list in systemd unit
+ * files).
  *
  * Anything not understood is an error, not a warning: an unknown section or
  * key, a key outside a section, a value out of range.  A daemon that guesses
@@ -34,7 +38,8 @@
  * [quota] sections are the exception to the table: there may be several,
  * each one quota rule (daemon/base/quota-rule.c: a target, job, uid, user
  * or group, and some fields), kept in Config.quotas in the order read.  A
- * later section of the same target overrides an earlier one field by field.
+ * field is set at most once in a section; a later section of the same
+ * target overrides an earlier one field by field.
  *
  * The caller parses into a fresh Config and swaps it in only on success,
  * so a bad reload keeps the running configuration.
@@ -171,12 +176,49 @@ static int line_error(char **ret_error, const char *filename, unsigned line, con
         return config_error_printf(ret_error, -EINVAL, "%s:%u: %s", filename, line, msg);
 }
 
-/* Where config_parse_text() is: the section, and the [quota] section being read. */
+/*
+ * Where config_parse_text() is: the section, the [quota] section being read,
+ * and the line that set each key in this file (0: not set yet), so that a
+ * key set twice is refused rather than the last line silently winning.
+ */
 typedef struct ParseState {
         char *section;
         QuotaRule quota;        /* in [quota]: the rule so far */
         unsigned quota_line;    /* its header's line */
+        unsigned quota_field_line[QUOTA_FIELDS];        /* in this [quota] section */
+        unsigned key_line[CONFIG_KEYS_MAX];             /* by config_key_index() */
 } ParseState;
+
+/*
+ * A key given twice in one file: in one section, or in the same section
+ * opened again further down.  Only a later file (a drop-in) overrides a
+ * value; [nvme] target is a list, each line adds one.
+ */
+static int key_once(unsigned *first, const char *filename, unsigned line, const char *section,
+                    const char *name, char **ret_error) {
+        if (*first != 0)
+                return line_error(ret_error, filename, line, section,
+                                  "%s: set a second time in this file (first at line %u): remove one of the "
+                                  "two lines (a key overrides an earlier value only from a later drop-in file)",
+                                  name, *first);
+        *first = line;
+        return 0;
+}
+
+/* In a [quota] section: a field (host, weight...) given twice in it. */
+static int quota_field_once(ParseState *st, const char *filename, unsigned line, const char *name,
+                            char **ret_error) {
+        for (int f = 0; f < QUOTA_FIELDS; f++)
+                if (strcmp(name, quota_field_name(f)) == 0) {
+                        if (st->quota_field_line[f] != 0)
+                                return line_error(ret_error, filename, line, "quota",
+                                                  "%s: set a second time in this [quota] section (first at "
+                                                  "line %u): remove one of the two lines", name,
+                                                  st->quota_field_line[f]);
+                        st->quota_field_line[f] = line;
+                }
+        return 0;
+}
 
 /* A [quota] section ends (another section begins, or the file ends): check it and keep it. */
 static int quota_section_end(Config *c, ParseState *st, const char *filename, char **ret_error) {
@@ -232,6 +274,7 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 /* each [quota] section is one rule */
                 st->quota = (QuotaRule) { .kind = QUOTA_DEFAULT };
                 st->quota_line = line;
+                memset(st->quota_field_line, 0, sizeof(st->quota_field_line));
                 return 0;
         }
 
@@ -249,6 +292,9 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 return line_error(ret_error, filename, line, NULL, "%s: key outside of any [section]", name);
 
         if (strcmp(st->section, "quota") == 0) {
+                r = quota_field_once(st, filename, line, name, ret_error);
+                if (r < 0)
+                        return r;
                 r = quota_rule_set_key(&st->quota, name, value, &why);
                 if (r == -EINVAL)
                         return line_error(ret_error, filename, line, st->section, "%s: %s", name,
@@ -259,6 +305,11 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
         k = config_key_find(st->section, name);
         if (!k)
                 return line_error(ret_error, filename, line, st->section, "%s: unknown key", name);
+        if (k->type != CONFIG_TARGETS) {
+                r = key_once(&st->key_line[config_key_index(k)], filename, line, st->section, name, ret_error);
+                if (r < 0)
+                        return r;
+        }
 
         r = k->parse(c, k, value, (uint8_t *) c + k->offset, &why);
         if (r == -EINVAL)

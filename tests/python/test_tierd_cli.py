@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import unittest
 
 import tierd
@@ -46,6 +47,19 @@ class TestTierdCli(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn(msg, p.stderr)
                 self.assertEqual(p.stdout, "")
+
+    def test_key_twice_refused(self) -> None:
+        """A key set twice in one file (here in a section opened again) refuses the start, exit 6 as any bad
+        configuration, naming the key, its section and both lines: the last line used to win silently."""
+        with tempfile.TemporaryDirectory() as tmp:
+            conf = os.path.join(tmp, "tierd.conf")
+            with open(conf, "w") as f:
+                f.write(f"[daemon]\nstate_dir = {tmp}\n[host]\ncapacity = 64M\njob_limit = 8M\n\n"
+                        "[host]\ncapacity = 128M\n")
+            p = run("--check-config", "-c", conf)
+            self.assertEqual(p.returncode, 6, p.stderr)
+            self.assertIn(f"{conf}:8: [host] capacity: set a second time in this file (first at line 4)", p.stderr)
+            self.assertEqual(p.stdout, "")
 
 
 if __name__ == "__main__":

@@ -199,6 +199,17 @@ static void test_reload(void **state) {
         printf("invalid reload: STATUS=%s\n", reload(status, sizeof(status)));
         assert_non_null(strstr(status, "[host] segment_size"));
 
+        /* a key set twice in one file: refused with both lines, not the last one applied */
+        assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 8M\n\n[host]\njob_limit = 12M\n"), 0);
+        printf("invalid reload: STATUS=%s\n", reload(status, sizeof(status)));
+        assert_non_null(strstr(status, "last reload refused"));
+        assert_non_null(strstr(status, "50-bad.conf:5: [host] job_limit"));
+        assert_true(test_daemon_log_contains(&d, "50-bad.conf:5: [host] job_limit: set a second time in this file "
+                                                 "(first at line 2)"));
+        json = status_json(c);
+        assert_int_equal(test_json_job_tier(json, "after-bad", "host", "limit"), 16 * MiB);
+        json_decref(json);
+
         /* fixed: the next reload is clean again, and applies the drop-in */
         assert_int_equal(test_daemon_write_config(&d, "50-bad.conf", "[host]\njob_limit = 24M\n"), 0);
         printf("fixed reload: STATUS=%s\n", reload(status, sizeof(status)));

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/* test-config-syntax.c: what tierd.conf refuses rather than reads silently wrong (keys set twice, ...). */
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "daemon/base/config.h"
+#include "proto/macro.h"
+
+#define MIB (UINT64_C(1024) * 1024)
+#define GIB (MIB * 1024)
+
+static void config_deinitp(Config *c) {
+        config_deinit(c);
+}
+#define _cleanup_config_ _cleanup_(config_deinitp)
+
+/* Parse @text as "test.conf" into defaults and expect success. */
+static void parse_ok(Config *c, const char *text) {
+        _cleanup_free_ char *error = NULL;
+        int r;
+
+        config_init(c);
+        r = config_parse_text(c, text, "test.conf", &error);
+        if (r < 0)
+                fail_msg("unexpected error %d: %s", r, error ? error : "(none)");
+        assert_null(error);
+}
+
+/* Parse @text and expect -EINVAL with a message containing every NULL-terminated needle. */
+static void parse_fails(const char *text, ...) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+        const char *needle;
+        va_list ap;
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c, text, "test.conf", &error), -EINVAL);
+        assert_non_null(error);
+
+        va_start(ap, text);
+        while ((needle = va_arg(ap, const char *)))
+                if (!strstr(error, needle))
+                        fail_msg("message '%s' lacks '%s'", error, needle);
+        va_end(ap);
+}
+
+/* A key given twice in one file is refused with both lines: the last one used to win without a word. */
+static void test_key_twice(_unused_ void **state) {
+        parse_fails("[host]\ncapacity = 2G\njob_limit = 1G\ncapacity = 4G\n",
+                    "test.conf:4: [host] capacity: set a second time", "first at line 2", NULL);
+        /* the same section opened again further down */
+        parse_fails("[daemon]\nlog_level = info\n[host]\njob_limit = 1G\n\n[daemon]\nlinger_sec = 5\n"
+                    "log_level = debug\n",
+                    "test.conf:8: [daemon] log_level", "first at line 2", NULL);
+        /* the same value twice is a slip too: one of the lines is not the one meant */
+        parse_fails("[nvme]\npersist = yes\npersist = yes\n", "test.conf:3: [nvme] persist", "line 2", NULL);
+        /* a second line that would be invalid anyway is named as the second one */
+        parse_fails("[vram]\nbandwidth = 1G\nbandwidth = 2G\n", "test.conf:3:", "first at line 2", NULL);
+}
+
+/* A field given twice in one [quota] section. */
+static void test_quota_field_twice(_unused_ void **state) {
+        parse_fails("[quota]\njob = a\nhost = 1G\nweight = 2\nhost = 2G\n",
+                    "test.conf:5: [quota] host: set a second time in this [quota] section", "first at line 3",
+                    NULL);
+        parse_fails("[host]\njob_limit = 1G\n[quota]\njob = a\nweight = 2\nweight = 3\n",
+                    "test.conf:6: [quota] weight", "first at line 5", NULL);
+        /* two targets in one section were refused already */
+        parse_fails("[quota]\njob = a\njob = b\n", "test.conf:3:", "target already", NULL);
+}
+
+/* What is repeatable stays so: sections opened again, [nvme] target, [quota] sections. */
+static void test_repeatable(_unused_ void **state) {
+        _cleanup_config_ Config c;
+
+        /* a section opened again for other keys */
+        parse_ok(&c, "[host]\ncapacity = 2G\n[vram]\njob_limit = 8M\n[host]\njob_limit = 1G\n");
+        assert_int_equal(c.host_capacity, 2 * GIB);
+        assert_int_equal(c.host_job_limit, GIB);
+        config_deinit(&c);
+
+        /* target is a list; an empty one drops those before it */
+        parse_ok(&c, "[nvme]\ntarget = /a.img:1G\ntarget =\ntarget = /b.img\ntarget = /c.img:2G\n");
+        assert_int_equal(c.n_targets, 2);
+        assert_string_equal(c.targets[0].path, "/b.img");
+        assert_string_equal(c.targets[1].path, "/c.img");
+        config_deinit(&c);
+
+        /* one rule per [quota] section; a later section of the same target overrides field by field */
+        parse_ok(&c, "[quota]\njob = a\nhost = 1G\nweight = 2\n\n[quota]\njob = b\nhost = 2G\n\n"
+                     "[quota]\njob = a\nhost = 3G\n");
+        assert_int_equal(c.quotas.n, 3);
+        assert_string_equal(c.quotas.rules[2].job, "a");
+        assert_int_equal(c.quotas.rules[2].value[QUOTA_MAX(LEVEL_HOST)], 3 * GIB);
+        config_deinit(&c);
+
+        /* a key per file: parsing the next file (a drop-in) overrides */
+        parse_ok(&c, "[host]\njob_limit = 1G\n");
+        assert_int_equal(config_parse_text(&c, "[host]\njob_limit = 2G\n", "drop-in.conf", NULL), 0);
+        assert_int_equal(c.host_job_limit, 2 * GIB);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_key_twice),
+                cmocka_unit_test(test_quota_field_twice),
+                cmocka_unit_test(test_repeatable),
+        };
+
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
