@@ -486,9 +486,16 @@ static int config_apply_dropins(Config *c, const char *path, char **ret_error) {
 
         dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dir_fd < 0) {
-                if (errno == ENOENT || errno == ENOTDIR)
-                        return 0;
+                struct stat st;
+
                 r = negative_errno();
+                /* PATH.d itself a file (say "cat > tierd.conf.d"): its keys would be ignored without a word */
+                if (r == -ENOTDIR && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+                        return config_error_printf(ret_error, -ENOTDIR, "%s: not a directory: drop-ins are files "
+                                                   "NAME.conf in a directory of this name (move the file into one)",
+                                                   dir);
+                if (r == -ENOENT || r == -ENOTDIR)
+                        return 0;
                 return config_error_printf(ret_error, r, "%s: %s", dir, strerror(-r));
         }
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-config-syntax.c: what tierd.conf refuses rather than reads silently wrong (keys set twice, ...). */
 
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "daemon/base/config.h"
@@ -107,11 +109,50 @@ static void test_repeatable(_unused_ void **state) {
         assert_int_equal(c.host_job_limit, 2 * GIB);
 }
 
+/* Write @text to @dir/@name. */
+static void write_file(const char *dir, const char *name, const char *text) {
+        char path[512];
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        f = fopen(path, "we");
+        assert_non_null(f);
+        assert_int_equal(fputs(text, f) >= 0, 1);
+        assert_int_equal(fclose(f), 0);
+}
+
+/* tierd.conf.d that is a file, not a directory of drop-ins: its lines used to be ignored without a word. */
+static void test_dropin_dir_not_a_directory(_unused_ void **state) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+        char dir[] = "/tmp/test-config-syntax.XXXXXX", path[512], dropins[512];
+
+        assert_non_null(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/tierd.conf", dir);
+        snprintf(dropins, sizeof(dropins), "%s/tierd.conf.d", dir);
+        write_file(dir, "tierd.conf", "[host]\njob_limit = 8M\n");
+        write_file(dir, "tierd.conf.d", "[host]\njob_limit = 16M\n");
+
+        assert_int_equal(config_load(&c, path, true, &error), -ENOTDIR);
+        assert_non_null(error);
+        if (!strstr(error, dropins) || !strstr(error, "not a directory"))
+                fail_msg("message '%s'", error);
+        error = mfree(error);
+
+        /* none at all is fine: built-in defaults and the main file */
+        assert_int_equal(unlink(dropins), 0);
+        assert_int_equal(config_load(&c, path, true, &error), 0);
+        assert_int_equal(c.host_job_limit, 8 * MIB);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_key_twice),
                 cmocka_unit_test(test_quota_field_twice),
                 cmocka_unit_test(test_repeatable),
+                cmocka_unit_test(test_dropin_dir_not_a_directory),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
