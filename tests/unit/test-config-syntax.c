@@ -109,6 +109,27 @@ static void test_repeatable(_unused_ void **state) {
         assert_int_equal(c.host_job_limit, 2 * GIB);
 }
 
+/* A comment after a path was taken as part of it ("x.sock # old"); numbers and names refused it already. */
+static void test_inline_comment_in_path(_unused_ void **state) {
+        _cleanup_config_ Config c;
+
+        parse_fails("[daemon]\nsocket = /run/x.sock # old\n", "test.conf:2: [daemon] socket", "holds a comment",
+                    "line of its own", NULL);
+        parse_fails("[daemon]\nstate_dir = /srv/tierd\t; moved\n", "test.conf:2: [daemon] state_dir",
+                    "holds a comment", NULL);
+        parse_fails("[nvme]\ntarget = /dev/nvme1n1 # the fast one\n", "test.conf:2: [nvme] target",
+                    "holds a comment", NULL);
+        parse_fails("[metrics]\ntextfile = /var/lib/node/tierd.prom ;x\n", "test.conf:2: [metrics] textfile",
+                    "holds a comment", NULL);
+        /* as before: numbers refuse it as junk, and a '#' or ';' inside a path (no blank before it) is a path */
+        parse_fails("[host]\ncapacity = 1G # one gig\n", "test.conf:2:", "capacity", NULL);
+        parse_ok(&c, "[daemon]\nstate_dir = /srv/tierd#2\nsocket = /run/a;b.sock\n"
+                     "[nvme]\ntarget = /dev/disk/by-path/pci-0000:01:00.0-nvme-1\n");
+        assert_string_equal(c.state_dir, "/srv/tierd#2");
+        assert_string_equal(c.socket_path, "/run/a;b.sock");
+        assert_string_equal(c.targets[0].path, "/dev/disk/by-path/pci-0000:01:00.0-nvme-1");
+}
+
 /* Write @text to @dir/@name. */
 static void write_file(const char *dir, const char *name, const char *text) {
         char path[512];
@@ -153,6 +174,7 @@ int main(void) {
                 cmocka_unit_test(test_quota_field_twice),
                 cmocka_unit_test(test_repeatable),
                 cmocka_unit_test(test_dropin_dir_not_a_directory),
+                cmocka_unit_test(test_inline_comment_in_path),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
