@@ -347,6 +347,11 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
         if (!filename)
                 filename = "(config)";
 
+        /* invisible in an editor, it made line 1 "missing '=' in '[daemon]'" */
+        if (strncmp(text, "\xEF\xBB\xBF", 3) == 0)
+                return line_error(ret_error, filename, 1, NULL, "the file starts with a UTF-8 byte order mark "
+                                  "(U+FEFF): save it without one");
+
         copy = strdup(text);
         if (!copy)
                 return -ENOMEM;

@@ -130,6 +130,11 @@ static void test_inline_comment_in_path(_unused_ void **state) {
         assert_string_equal(c.targets[0].path, "/dev/disk/by-path/pci-0000:01:00.0-nvme-1");
 }
 
+/* A byte order mark (an editor's "UTF-8 with BOM") is said as such, not as "missing '=' in '[daemon]'". */
+static void test_byte_order_mark(_unused_ void **state) {
+        parse_fails("\xEF\xBB\xBF[daemon]\nlog_level = info\n", "test.conf:1:", "byte order mark", NULL);
+}
+
 /* Write @text to @dir/@name. */
 static void write_file(const char *dir, const char *name, const char *text) {
         char path[512];
@@ -175,6 +180,7 @@ int main(void) {
                 cmocka_unit_test(test_repeatable),
                 cmocka_unit_test(test_dropin_dir_not_a_directory),
                 cmocka_unit_test(test_inline_comment_in_path),
+                cmocka_unit_test(test_byte_order_mark),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
