@@ -265,5 +265,51 @@ class TestCleanRestartKeepsDead(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(p, got[n]), n)
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestStateAfterRestart(tierd.DaemonTestCase):
+    config = LINGER
+
+    def test_state_dicts_after_a_restart(self) -> None:
+        """tierd restarted (stopped cleanly, started again) between a step and the engine's state_dict(): a
+        step reconnects and goes on (the phase entered again), but state_dict(), model.state_dict() and
+        parameters_state_dict() failed with RestartedError, the read that found tierd gone not tried
+        again.  Each reads the same values as before the restart now, and training goes on."""
+        import tier
+        import tier.torch
+
+        d = tierd.Tierd(self.config)
+        self.addCleanup(d.cleanup)
+        d.start()
+        m = model()
+        c = tier.Client("state-restart", socket=d.socket, reconnect=60)
+        self.addCleanup(c.close)
+        eng = tier.torch.Offload(m, c, lr=1e-2)
+        for i in range(2):
+            m(batch(i)).square().mean().backward()
+            eng.step()
+            eng.zero_grad()
+        want, want_m, want_p = eng.state_dict(), m.state_dict(), eng.parameters_state_dict()
+        for reads in ((eng.state_dict, want), (m.state_dict, want_m), (eng.parameters_state_dict, want_p)):
+            self.assertEqual(d.restart(), 0)
+            got = reads[0]()
+            if reads[1] is want:
+                self.assertEqual(got["param_groups"], want["param_groups"])
+                got, exp = got["state"], want["state"]
+                self.assertEqual(sorted(got), sorted(exp))
+                for k in exp:
+                    for n, v in exp[k].items():
+                        self.assertTrue(torch.equal(got[k][n], v), f"state {k} {n}")
+            else:
+                self.assertEqual(sorted(got), sorted(reads[1]))
+                for n, v in reads[1].items():
+                    self.assertTrue(torch.equal(got[n], v), n)
+        self.assertEqual(eng.restarts, 3)
+        m(batch(2)).square().mean().backward()
+        eng.step()
+        eng.zero_grad()
+        eng.close()
+        self.assertEqual(d.stop(), 0)
+
+
 if __name__ == "__main__":
     tierd.main()

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import HOST, READ, READ_WRITE, WRITE
-from ..errors import LostError
+from ..errors import LostError, RestartedError
 from . import guards, resume as resume_mod
 from .layout import Block, Slot
 
@@ -244,7 +244,29 @@ def write_params(eng: "Offload", b: Block, values: dict[int, torch.Tensor], what
                     pc.view(flat, "w").copy_(pc.of(values[id(pc.slot)]))
 
 
+def again_after_restart(eng: "Offload", read: Any) -> Any:
+    """``read()`` (a read out of tierd, under pins of its own), tried again after tierd restarted under it,
+    as a step enters its phase again: the plan goes in again first (``Offload._restarted()``).  A read
+    changes nothing, so trying it again is safe; it failed with RestartedError (state_dict() after a
+    restart), where the next step would have gone on."""
+    from .engine import RESTART_TRIES
+
+    for attempt in range(RESTART_TRIES + 1):
+        try:
+            eng._check_restarts()
+            return read()
+        except RestartedError:
+            if attempt == RESTART_TRIES:
+                raise
+            eng._restarted()
+
+
 def read_params(eng: "Offload", b: Block, what: str) -> dict[int, torch.Tensor]:
+    """b's parameters as they are now, copied out of tierd, by id(slot) (tried again after a restart)."""
+    return again_after_restart(eng, lambda: _read_params(eng, b, what))
+
+
+def _read_params(eng: "Offload", b: Block, what: str) -> dict[int, torch.Tensor]:
     """b's parameters as they are now, copied out of tierd, by id(slot).  A reduced-precision block's p
     has no bytes between its last backward and its optimizer phase, which writes it whole from the
     master weights (tierd drops such a tensor's copies, and its reads fail ENODATA; they gave zeros):
@@ -338,7 +360,12 @@ def _packed_groups(eng: "Offload") -> tuple[list[dict], dict[int, int]]:
 
 
 def _read_state(eng: "Offload", b: Block) -> dict[int, dict[str, torch.Tensor]]:
-    """Per slot of b that was updated: each float32 kind of the step rule (and w) as the parameter's shape."""
+    """Per slot of b that was updated: each float32 kind of the step rule (and w) as the parameter's shape
+    (tried again after a restart)."""
+    return again_after_restart(eng, lambda: _read_state_once(eng, b))
+
+
+def _read_state_once(eng: "Offload", b: Block) -> dict[int, dict[str, torch.Tensor]]:
     kinds = list(eng.state_kinds) + (["w"] if b.mixed else [])
     pieces: dict[int, dict[str, list[torch.Tensor]]] = {}
     for pt in b.parts:
