@@ -124,7 +124,7 @@ class TestUsage(tierd.DaemonTestCase):
         """Outside its phases a parameter is an empty placeholder: weight clipping after step() (WGAN),
         nn.init after the engine, p.data assigned, and model.double() changed nothing, and training went
         on without them.  Each is now refused at the next forward, step() or model.state_dict(), naming
-        the parameter; a change in place is said once, and the run goes on as plain PyTorch's."""
+        the parameter (p.data assigned: at once); a change in place is said once, and the run goes on as plain PyTorch's."""
         ref = lm()
         model = copy.deepcopy(ref)
         opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -147,9 +147,9 @@ class TestUsage(tierd.DaemonTestCase):
                 with self.assertRaisesRegex(RuntimeError, r"model\.state_dict\(\): parameter head\.weight was "
                                                           r"changed in place"):
                     model.state_dict()
-                model.ln.bias.data = torch.zeros(32)
-                with self.assertRaisesRegex(RuntimeError, r"parameter ln\.bias was changed in place"):
-                    lm_loss(model, data[2])
+                with self.assertRaisesRegex(RuntimeError, r"p\.data = \.\.\. on parameter ln\.bias, whose "
+                                                          r"values the tier\.torch engine keeps in tierd"):
+                    model.ln.bias.data = torch.zeros(32)    # (refused at once: test_vector_to_parameters_refused)
         self.same(model, ref, "after the refusals")
         model.double()
         with self.assertRaisesRegex(RuntimeError, r"parameter tok\.weight is torch\.float64 on cpu now, "
@@ -190,6 +190,45 @@ class TestUsage(tierd.DaemonTestCase):
         self.assertIs(type(model.head.weight), torch.nn.Parameter)
         model.head.weight.data.mul_(0.0)                    # the model's own again: the change is real
         self.assertEqual(float(model.state_dict()["head.weight"].abs().sum()), 0.0)
+
+    def test_vector_to_parameters_refused(self) -> None:
+        """``torch.nn.utils.vector_to_parameters(vec, model.parameters())`` assigns each parameter
+        ``vec[i:i + p.numel()].view_as(p).data``: on the engine's empty placeholders an empty slice, so the
+        model was left as it was, silently; ``parameters_to_vector()`` (``p.view(-1)`` of each) gave an empty
+        vector.  Both are refused now before anything changes, as is any ``p.data = ...`` of the same dtype
+        and device; a conversion that changes nothing (``model.float()``, ``.to("cpu")``) still passes, the
+        run goes on as plain PyTorch's, and after close() both utilities are torch's own again."""
+        from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "vec")
+        data = batches(3)
+        for i, x in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+            if i == 0:
+                vec = parameters_to_vector(ref.parameters()).mul(0.5)
+                with self.assertRaisesRegex(RuntimeError, r"p\.data = \.\.\. on parameter tok\.weight, whose "
+                                                          r"values the tier\.torch engine keeps in tierd.*nothing "
+                                                          r"changed.*model\.load_state_dict\(\)"):
+                    vector_to_parameters(vec, model.parameters())
+                with self.assertRaisesRegex(RuntimeError, r"a view of parameter tok\.weight \(parameters_to_"
+                                                          r"vector\(\)\?\) outside its block's forward"):
+                    parameters_to_vector(model.parameters())
+                model.float().to("cpu")                 # (the parameters themselves assigned: no change)
+                sd = model.state_dict()
+                self.assertTrue(torch.equal(parameters_to_vector(sd[n] for n, _ in model.named_parameters()),
+                                            parameters_to_vector(ref.parameters())))
+        self.same(model, ref, "after the refusals")
+        eng.close()
+        self.assertTrue(torch.equal(parameters_to_vector(model.parameters()), parameters_to_vector(ref.parameters())))
+        vector_to_parameters(vec, model.parameters())
+        vector_to_parameters(vec, ref.parameters())
+        self.same(model, ref, "closed, the vector loaded")
 
     def test_parameter_subclass_keeps_its_ops(self) -> None:
         """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of

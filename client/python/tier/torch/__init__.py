@@ -32,7 +32,9 @@ Outside its phases a parameter's ``.data`` is an empty placeholder, so the
 model holds nothing: a block's parameters are mapped only while it runs.  A
 parameter's ``.data`` is its ``detach()`` while the engine has it
 (tier.torch.guards.watch_data), so that a change through it
-(``p.data.clamp_()``) is seen, and refused.
+(``p.data.clamp_()``) is seen, and refused; ``p.data = ...``
+(``vector_to_parameters()``) and a view of the placeholder
+(``parameters_to_vector()``) are refused at once.
 
 One training step is a cycle of phases: the forward of each block in the
 order the model calls them, then, as autograd reaches each block, its

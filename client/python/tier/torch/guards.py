@@ -172,8 +172,9 @@ def _check_placeholders(eng: Any, what: str, mapped: set[int]) -> None:
                     "the engine, or through model.load_state_dict() (written into tierd)")
 
 
-#: the getter of ``Tensor.data``, as __torch_function__ is handed it
+#: the getter and setter of ``Tensor.data``, as __torch_function__ is handed them
 _DATA_GET = torch._C._TensorBase.data.__get__
+_DATA_SET = torch._C._TensorBase.data.__set__
 _WATCHED: dict[type, type] = {}     # a parameter class: its subclass that watches .data (watch_data())
 
 
@@ -190,6 +191,10 @@ def _watching(cls: type) -> type:
             if func == _DATA_GET:
                 with torch._C.DisableTorchFunction():
                     return args[0].detach()
+            if func == _DATA_SET:
+                check_data_set(args[0], args[1])
+            elif func == _VIEW and args:
+                check_placeholder_view(args[0])
             if not plain:
                 # (as its own: torch's default answers NotImplemented for a type not a base of its class)
                 return base(func, tuple(getattr(t, "_tier_watched", None) or t for t in types), args, kwargs)
@@ -200,6 +205,56 @@ def _watching(cls: type) -> type:
                                           "__module__": cls.__module__, "_tier_watched": cls})
         _WATCHED[cls] = sub
     return sub
+
+
+_VIEW = torch.Tensor.view
+
+
+def _slot_of(p: torch.Tensor) -> Any:
+    """The slot of the open engine that holds ``p``, or None."""
+    ref = _OWNERS.get(id(p))
+    eng = ref() if ref is not None else None
+    hit = eng.slot_of.get(id(p)) if eng is not None and not eng._closed else None
+    return hit[1] if hit is not None and hit[1].param is p else None
+
+
+def check_data_set(p: torch.Tensor, value: Any) -> None:
+    """``p.data = value`` on a parameter the engine holds: its values are in tierd, and the assignment
+    changed only the placeholder (or the copy a phase maps for reading), so nothing the engine trains;
+    torch.nn.utils.vector_to_parameters() assigns each parameter its slice of the vector so, and an empty
+    placeholder took an empty slice: the model was left as it was, silently.  Refused before anything
+    changes.  What is let through: the parameter itself (``model.float()``, ``.cpu()``, ``.to()`` that
+    change nothing assign it), and a conversion (another dtype or device), refused by check_params() at
+    the next forward, step() or model.state_dict() with what to do."""
+    s = _slot_of(p)
+    if s is None or value is p:
+        return
+    with direct():
+        same = isinstance(value, torch.Tensor) and value.dtype == p.dtype and value.device == p.device
+    if not same:
+        return
+    raise RuntimeError(f"p.data = ... on parameter {s.name}, whose values the tier.torch engine keeps in tierd (the "
+                       "model holds an empty placeholder outside its block's phases): the assignment would reach "
+                       "nothing the engine trains (torch.nn.utils.vector_to_parameters() assigns so); nothing "
+                       "changed.  Load values with model.load_state_dict() (written into tierd), or assign them "
+                       "before making the engine, or after close() (the model gets its values back)")
+
+
+def check_placeholder_view(p: torch.Tensor) -> None:
+    """``p.view()`` of a parameter outside its block's phases: a view of the empty placeholder, where the
+    values are in tierd; torch.nn.utils.parameters_to_vector() (``param.view(-1)`` of each) gave an empty
+    vector, silently.  Refused; inside a phase ``p`` is its mapped copy, viewed as torch would."""
+    s = _slot_of(p)
+    if s is None or s.numel == 0:
+        return
+    with direct():
+        if p.numel() != 0:
+            return
+    raise RuntimeError(f"a view of parameter {s.name} (parameters_to_vector()?) outside its block's forward or "
+                       "backward: the tier.torch engine keeps its values in tierd, and the model holds an empty "
+                       "placeholder there, so the view would be empty; read values from model.state_dict() "
+                       "(sd = model.state_dict(); parameters_to_vector(sd[n] for n, _ in model.named_parameters())), "
+                       "or before making the engine, or after close()")
 
 
 def watch_data(p: torch.Tensor) -> None:
