@@ -125,6 +125,8 @@ static void json_job(JsonWriter *w, const Tier__JobStatus *j) {
         json_key_uint(w, "wear_written", j->wear_written);
         json_key_uint(w, "nvme_host_changed", j->nvme_host_changed);
         json_key_uint(w, "nvme_crc_errors", j->nvme_crc_errors);
+        json_key_uint(w, "plan_iterations", j->plan_iterations);
+        json_key_seconds(w, "plan_stall_s", j->plan_stall_s);
         json_usage(w, j);
         json_key(w, "moved");
         json_object_begin(w);

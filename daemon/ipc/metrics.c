@@ -296,6 +296,12 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                    "The job's extents read back from NVMe whose crc32c did not match, each also counted in its "
                    "target's tierd_target_crc_errors_total: errors of one job alone point at its writes, not the drive.",
                    j->nvme_crc_errors, sample_u64)
+        JOB_SCALAR("tierd_job_plan_iterations_total", "counter",
+                   "Steps the job's ranks completed in their plans since it began, the plans they ended and "
+                   "submitted again included (tierd_plan_iterations is one plan's).", j->plan_iterations, sample_u64)
+        JOB_SCALAR("tierd_job_plan_stall_seconds_total", "counter",
+                   "Time the job's ranks waited for data in those steps since it began (tierd_plan_stall_seconds "
+                   "is one plan's).", j->plan_stall_s, sample_double)
 #undef JOB_SCALAR
 
         for (size_t k = 0; k < ELEMENTSOF(usage); k++) {
@@ -361,11 +367,15 @@ static void render_plans(FILE *f, const Tier__StatusReply *s) {
         } fields[] = {
                 { "tierd_plan_phase", "gauge", "The phase the rank is in.", 0 },
                 { "tierd_plan_phases", "gauge", "Phases in the rank's plan (one training step).", 1 },
-                { "tierd_plan_iterations_total", "counter", "Steps the rank completed.", 2 },
+                { "tierd_plan_iterations", "gauge",
+                  "Steps the rank completed in its plan: 0 again when it submits another (the job's counter is "
+                  "tierd_job_plan_iterations_total).", 2 },
                 { "tierd_plan_step_seconds", "gauge", "Learned step time: the sum of the phases' averages.", 3 },
                 { "tierd_plan_last_step_seconds", "gauge", "How long the rank's last step took.", 4 },
                 { "tierd_plan_last_stall_seconds", "gauge", "Time the rank waited for data in its last step.", 5 },
-                { "tierd_plan_stall_seconds_total", "counter", "Time the rank waited for data since its plan began.", 6 },
+                { "tierd_plan_stall_seconds", "gauge",
+                  "Time the rank waited for data since its plan began, as its client counts it: 0 again with "
+                  "another plan (the job's counter is tierd_job_plan_stall_seconds_total).", 6 },
         };
         PlanLabels pl;
 

@@ -249,6 +249,8 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 js->nvme_written = j->nvme_written;
                 js->nvme_host_changed = j->nvme_host_changed;
                 js->nvme_crc_errors = j->nvme_crc_errors;
+                js->plan_iterations = j->plan_iterations;
+                js->plan_stall_s = (double) j->plan_stall_ns / 1e9;
                 js->wear_written = wear_job_written(reg->wear, reg, j);
                 for (int l = 0; l < _LINK_MAX; l++) {
                         Tier__LinkStatus *ls = &b->jlinks[ji * _LINK_MAX + (size_t) l];

@@ -588,6 +588,9 @@ static void plan_iteration(Plan *p, uint64_t now) {
                 p->iterations++;
                 p->last_step_s = (double) (now - p->iter_start_ns) / 1e9;
                 p->last_stall_s = stall >= p->iter_stall_ns ? (double) (stall - p->iter_stall_ns) / 1e9 : 0;
+                /* the job's counters: they go on across its plans (a plan's own figures start at 0) */
+                j->plan_iterations++;
+                j->plan_stall_ns += stall >= p->iter_stall_ns ? stall - p->iter_stall_ns : 0;
                 for (int i = 0; i < _LINK_MAX; i++)
                         p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
                 log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64

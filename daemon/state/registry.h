@@ -225,6 +225,8 @@ struct Job {
         uint64_t nvme_written;  /* bytes written to NVMe for it (every completed write, wear.c) */
         uint64_t nvme_host_changed; /* extents whose host copy it changed while written to NVMe (xfer.c) */
         uint64_t nvme_crc_errors; /* its extents read back from NVMe with a crc32c mismatch (xfer.c) */
+        uint64_t plan_iterations; /* steps its ranks' plans completed, all its plans, ended ones included */
+        uint64_t plan_stall_ns; /* and the time they waited for data in those steps (sched/plan.c plan_iteration()) */
         uint64_t book_key;      /* its key in the NVMe index (0: not in it) */
         bool committing;        /* it made a commit: its tensors keep the committed version's image */
         uint64_t commit_step;   /* the client's number of its last commit */

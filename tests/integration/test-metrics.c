@@ -254,7 +254,7 @@ static void test_prometheus(void **state) {
         assert_non_null(json_object_get(job, "nvme_crc_errors"));
         (void) snprintf(series, sizeof(series), "tierd_job_used_bytes{job_name=\"%s\",tier=\"host\"}", JOB_LABEL);
         assert_true(prom_value(text, series) == (double) test_json_job_tier(st, JOB, "host", "used"));
-        (void) snprintf(series, sizeof(series), "tierd_plan_iterations_total{job_name=\"%s\",rank=\"0\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_plan_iterations{job_name=\"%s\",rank=\"0\"}", JOB_LABEL);
         assert_true(prom_value(text, series) >= 3);
         assert_true(prom_value(text, "tierd_link_moved_bytes_total{link=\"host->nvme\"}") == 2.0 * MiB);
         assert_true(prom_value(text, "tierd_tier_capacity_bytes{tier=\"host\"}") == 32.0 * MiB);
@@ -527,7 +527,7 @@ static tier_client *plan_rank(unsigned rank, const char *tensor, unsigned steps,
         return c;
 }
 
-/* The samples of "pjob" in tierd_plan_iterations_total: their series (labels and all) and values. */
+/* The samples of "pjob" in tierd_plan_iterations: their series (labels and all) and values. */
 typedef struct Samples {
         char series[8][256];
         double value[8];
@@ -535,7 +535,7 @@ typedef struct Samples {
 } Samples;
 
 static void plan_samples(Samples *ret) {
-        static const char prefix[] = "tierd_plan_iterations_total{job_name=\"pjob\"";
+        static const char prefix[] = "tierd_plan_iterations{job_name=\"pjob\"";
         char *text;
         int status;
 
@@ -602,18 +602,18 @@ static void test_plan_series_by_rank(void **state) {
                 if (samples_find(&before, after.series[i], &was) && after.value[i] < was)
                         fail_msg("%s went from %g to %g when rank 0 left", after.series[i], was, after.value[i]);
         }
-        assert_true(samples_find(&before, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"0\"}", &v));
+        assert_true(samples_find(&before, "tierd_plan_iterations{job_name=\"pjob\",rank=\"0\"}", &v));
         assert_true(v == 5);
-        assert_true(samples_find(&before, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(samples_find(&before, "tierd_plan_iterations{job_name=\"pjob\",rank=\"1\"}", &v));
         assert_true(v == 1);
-        assert_true(samples_find(&after, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(samples_find(&after, "tierd_plan_iterations{job_name=\"pjob\",rank=\"1\"}", &v));
         assert_true(v == 1);
 
         /* a second client saying rank 1: its own series, named by its connection too */
         again = plan_rank(1, "w2", 2, &t[2]);
         plan_samples(&after);
         assert_int_equal(after.n, 2);
-        assert_true(samples_find(&after, "tierd_plan_iterations_total{job_name=\"pjob\",rank=\"1\"}", &v));
+        assert_true(samples_find(&after, "tierd_plan_iterations{job_name=\"pjob\",rank=\"1\"}", &v));
         assert_true(v == 1);
         for (unsigned i = 0; i < after.n; i++)
                 if (strstr(after.series[i], ",rank=\"1\",connection=\"")) {
@@ -627,6 +627,84 @@ static void test_plan_series_by_rank(void **state) {
                 tier_tensor_close(t[i]);
 }
 
+/* ---- counters never go down ------------------------------------------------------------ */
+
+/*
+ * Every sample of a "_total" family in @after whose series (name and labels)
+ * is also in @before has at least its value there: a counter goes down only
+ * when tierd restarts.  @when says what happened in between.
+ */
+static void counters_not_down(const char *before, const char *after, const char *when) {
+        unsigned checked = 0;
+
+        for (const char *line = after; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+                size_t n = strcspn(line, " \n"), name = strcspn(line, "{ \n");
+                char series[512];
+
+                if (line[0] == '#' || name < 6 || strncmp(line + name - 6, "_total", 6) != 0)
+                        continue;
+                assert_true(n < sizeof(series) - 1);
+                (void) snprintf(series, sizeof(series), "%.*s", (int) n, line);
+                for (const char *b = before; b && *b; b = strchr(b, '\n') ? strchr(b, '\n') + 1 : NULL)
+                        if (strncmp(b, series, n) == 0 && b[n] == ' ') {
+                                double was = strtod(b + n + 1, NULL), now = strtod(line + n + 1, NULL);
+
+                                if (now < was)
+                                        fail_msg("counter %s went from %g to %g when %s", series, was, now, when);
+                                checked++;
+                        }
+        }
+        assert_true(checked > 0);
+}
+
+/*
+ * A rank that ends its plan and submits another (the same connection): the
+ * job's plan counters go on from where they were, and are the JSON's
+ * (they were the plan's own, and went from 5 steps back to 1).
+ */
+static void test_counters_across_plans(void **state) {
+        tier_tensor *t = NULL;
+        tier_client *c = plan_rank(0, "w0", 5, &t);
+        tier_plan *p = NULL;
+        char *before, *after;
+        json_t *st, *job;
+        int status;
+
+        before = tierctl("status --prometheus", &status);
+        assert_int_equal(status, 0);
+
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, t, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);   /* one step of the new plan */
+
+        after = tierctl("status --prometheus", &status);
+        assert_int_equal(status, 0);
+        st = test_daemon_status(&d);
+        assert_non_null(st);
+        counters_not_down(before, after, "rank 0 submitted a new plan");
+        assert_true(prom_value(before, "tierd_plan_iterations{job_name=\"pjob\",rank=\"0\"}") == 5);
+        assert_true(prom_value(before, "tierd_job_plan_iterations_total{job_name=\"pjob\"}") == 5);
+        /* the plan's own figures start again; the job's go on */
+        assert_true(prom_value(after, "tierd_plan_iterations{job_name=\"pjob\",rank=\"0\"}") == 1);
+        assert_true(prom_value(after, "tierd_job_plan_iterations_total{job_name=\"pjob\"}") == 6);
+        job = test_json_job(st, "pjob");
+        assert_non_null(job);
+        assert_int_equal(json_integer_value(json_object_get(job, "plan_iterations")), 6);
+        assert_true(prom_value(after, "tierd_job_plan_stall_seconds_total{job_name=\"pjob\"}") >= 0);
+        assert_non_null(json_object_get(job, "plan_stall_s"));
+
+        json_decref(st);
+        free(before);
+        free(after);
+        tier_client_free(c);
+        tier_tensor_close(t);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_prometheus, setup, teardown),
@@ -634,7 +712,10 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_textfile_removed_at_stop, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_wear_restart, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_plan_series_by_rank, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_counters_across_plans, setup, teardown),
         };
 
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

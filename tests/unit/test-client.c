@@ -199,6 +199,8 @@ static void fake_status(FakeStatus *f, const char *vram_backend) {
         f->jobs[0].usage = f->usage_p;
         f->jobs[0].n_moved = 2;
         f->jobs[0].moved = f->links_p;          /* this job moved all there was */
+        f->jobs[0].plan_iterations = 7;         /* its ranks' steps, all its plans */
+        f->jobs[0].plan_stall_s = 1.5;
         tier__job_status__init(&f->jobs[1]);
         f->jobs[1].id = 2;
         f->jobs[1].name = (char *) "idle";
@@ -238,12 +240,14 @@ static void test_status_json(void **state) {
                 "\"jobs\":["
                 "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"lingering\":false,\"linger_left_s\":0,\"weight\":0,"
                 "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":0,\"nvme_crc_errors\":0,"
+                "\"plan_iterations\":7,\"plan_stall_s\":1.5,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},"
                 "\"moved\":{\"host->nvme\":1073741824,\"nvme->host\":1610612736},\"plans\":[]},"
                 "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"lingering\":true,\"linger_left_s\":12.5,\"weight\":0,"
                 "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":3,\"nvme_crc_errors\":2,"
+                "\"plan_iterations\":0,\"plan_stall_s\":0,"
                 "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
                 "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},\"moved\":{},\"plans\":[]}]}\n");
