@@ -10,7 +10,10 @@
  * (_bytes, _seconds, _ratio, _celsius) and counters end in "_total"; label
  * values are escaped (backslash, double quote, newline), so any job name or
  * path is safe.  A job is labelled job_name, not job: "job" and "instance"
- * are the labels Prometheus itself sets on every scraped series.
+ * are the labels Prometheus itself sets on every scraped series.  A counter
+ * never goes down while tierd lives: a job's are labelled job_id as well
+ * (job_labels()), and a plan's figures, which start again with each plan,
+ * are gauges beside the job's counters of all its plans.
  *
  * Two ways out: a client asks with StatusRequest.prometheus (tierctl status
  * --prometheus; metrics_reply()), or tierd writes the text to a file for
@@ -248,6 +251,35 @@ static const Tier__JobTierUsage *job_usage(const Tier__JobStatus *j, size_t tier
         return NULL;
 }
 
+/*
+ * A job's counters count for the job object, from 0 when it begins: they
+ * are labelled job_name and job_id (unique while tierd lives, as in
+ * tierd_job_info), so that a job that ends and another of its name that
+ * begins are two series, not one that goes down.  (Its wear counts under
+ * the name, earlier jobs included: job_name alone.)
+ */
+typedef struct JobLabels {
+        char id[24];
+        const char *kv[7];
+} JobLabels;
+
+/* @key, @value: one more pair (NULL: none). */
+static const char *const *job_labels(JobLabels *jl, const Tier__JobStatus *j, const char *key, const char *value) {
+        size_t n = 0;
+
+        (void) snprintf(jl->id, sizeof(jl->id), "%" PRIu64, j->id);
+        jl->kv[n++] = "job_name";
+        jl->kv[n++] = str(j->name);
+        jl->kv[n++] = "job_id";
+        jl->kv[n++] = jl->id;
+        if (key) {
+                jl->kv[n++] = key;
+                jl->kv[n++] = str(value);
+        }
+        jl->kv[n] = NULL;
+        return jl->kv;
+}
+
 static void render_jobs(FILE *f, const Tier__StatusReply *s) {
         static const struct {
                 const char *name, *help;
@@ -259,6 +291,7 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                   offsetof(Tier__JobTierUsage, pinned) },
         };
         char id[32], uid[16];
+        JobLabels jl;
 
         family(f, "tierd_job_info", "gauge", "A job tierd has now: its id and owner (always 1).");
         for (size_t i = 0; i < s->n_jobs; i++) {
@@ -277,32 +310,41 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
                 if (j)                                                                          \
                         SAMPLE(f, NAME, LABELS("job_name", str(j->name)), EXPR);                \
         }
+        /* a counter of one job object: labelled with its id too (job_labels()) */
+#define JOB_COUNTER(NAME, HELP, EXPR, SAMPLE)                                                   \
+        family(f, NAME, "counter", HELP);                                                       \
+        for (size_t i = 0; i < s->n_jobs; i++) {                                                \
+                const Tier__JobStatus *j = s->jobs[i];                                          \
+                if (j)                                                                          \
+                        SAMPLE(f, NAME, job_labels(&jl, j, NULL, NULL), EXPR);                   \
+        }
         JOB_SCALAR("tierd_job_connections", "gauge", "The job's connections (ranks).", j->connections, sample_u64)
         JOB_SCALAR("tierd_job_tensors", "gauge", "The job's tensors.", j->tensors, sample_u64)
         JOB_SCALAR("tierd_job_weight", "gauge", "The job's bandwidth weight.", j->weight, sample_u64)
         JOB_SCALAR("tierd_job_linger_remaining_seconds", "gauge",
                    "Seconds a job without connections is kept before it ends; 0 while connected.",
                    j->linger_left_s, sample_double)
-        JOB_SCALAR("tierd_job_nvme_written_bytes_total", "counter",
-                   "Bytes written to NVMe for the job since it began (or tierd started).", j->nvme_written, sample_u64)
+        JOB_COUNTER("tierd_job_nvme_written_bytes_total",
+                    "Bytes written to NVMe for the job since it began (or tierd started).", j->nvme_written, sample_u64)
         JOB_SCALAR("tierd_job_wear_written_bytes_total", "counter",
                    "Bytes written to NVMe under the job's name, earlier runs and restarts of tierd included.",
                    j->wear_written, sample_u64)
-        JOB_SCALAR("tierd_job_nvme_host_changed_total", "counter",
+        JOB_COUNTER("tierd_job_nvme_host_changed_total",
                    "Extents whose host copy the job wrote while tierd wrote them to NVMe: each failed its write-down. "
                    "The client's doing, not the drive's (not in tierd_target_crc_errors_total).",
                    j->nvme_host_changed, sample_u64)
-        JOB_SCALAR("tierd_job_nvme_crc_errors_total", "counter",
+        JOB_COUNTER("tierd_job_nvme_crc_errors_total",
                    "The job's extents read back from NVMe whose crc32c did not match, each also counted in its "
                    "target's tierd_target_crc_errors_total: errors of one job alone point at its writes, not the drive.",
                    j->nvme_crc_errors, sample_u64)
-        JOB_SCALAR("tierd_job_plan_iterations_total", "counter",
+        JOB_COUNTER("tierd_job_plan_iterations_total",
                    "Steps the job's ranks completed in their plans since it began, the plans they ended and "
                    "submitted again included (tierd_plan_iterations is one plan's).", j->plan_iterations, sample_u64)
-        JOB_SCALAR("tierd_job_plan_stall_seconds_total", "counter",
+        JOB_COUNTER("tierd_job_plan_stall_seconds_total",
                    "Time the job's ranks waited for data in those steps since it began (tierd_plan_stall_seconds "
                    "is one plan's).", j->plan_stall_s, sample_double)
 #undef JOB_SCALAR
+#undef JOB_COUNTER
 
         for (size_t k = 0; k < ELEMENTSOF(usage); k++) {
                 family(f, usage[k].name, "gauge", usage[k].help);
@@ -319,7 +361,7 @@ static void render_jobs(FILE *f, const Tier__StatusReply *s) {
         for (size_t i = 0; i < s->n_jobs; i++)
                 for (size_t l = 0; s->jobs[i] && l < s->jobs[i]->n_moved; l++)
                         sample_u64(f, "tierd_job_moved_bytes_total",
-                                   LABELS("job_name", str(s->jobs[i]->name), "link", str(s->jobs[i]->moved[l]->name)),
+                                   job_labels(&jl, s->jobs[i], "link", s->jobs[i]->moved[l]->name),
                                    s->jobs[i]->moved[l]->bytes);
 }
 

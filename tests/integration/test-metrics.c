@@ -177,6 +177,19 @@ static json_t *target0(json_t *st) {
         return t;
 }
 
+/* The id of tierd's job @name (its counters' job_id label), from its status. */
+static long long job_id(const char *name) {
+        json_t *st = test_daemon_status(&d);
+        long long id;
+
+        assert_non_null(st);
+        assert_non_null(test_json_job(st, name));
+        id = json_integer_value(json_object_get(test_json_job(st, name), "id"));
+        json_decref(st);
+        assert_true(id > 0);
+        return id;
+}
+
 /* ---- tierctl status --prometheus with a job running ---------------------------------- */
 
 static void test_prometheus(void **state) {
@@ -185,6 +198,7 @@ static void test_prometheus(void **state) {
         tier_plan *plan = NULL;
         char series[512], *text, *table, path[600], cmd[1200];
         json_t *st, *job, *tg;
+        long long jid;
         const char *na;
         int status;
 
@@ -193,6 +207,7 @@ static void test_prometheus(void **state) {
         assert_int_equal(tier_tensor_create(c, "b", MiB, &b), 0);
         fill(a, 0x11);
         fill(b, 0x22);
+        jid = job_id(JOB);
         /* known traffic: a to NVMe and back, b to NVMe */
         assert_int_equal(tier_evict(a, TIER_NVME), 0);
         assert_int_equal(tier_prefetch(a, TIER_HOST), 0);
@@ -200,7 +215,8 @@ static void test_prometheus(void **state) {
         /* exactly that, before the plan moves more */
         text = tierctl("status --prometheus", &status);
         assert_int_equal(status, 0);
-        (void) snprintf(series, sizeof(series), "tierd_job_moved_bytes_total{job_name=\"%s\",link=\"nvme->host\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_job_moved_bytes_total{job_name=\"%s\",job_id=\"%lld\",link=\"nvme->host\"}",
+                        JOB_LABEL, jid);
         assert_true(prom_value(text, series) == 1.0 * MiB);
         assert_true(prom_value(text, "tierd_link_transfers_total{link=\"host->nvme\"}") == 2);
         free(text);
@@ -240,16 +256,20 @@ static void test_prometheus(void **state) {
         /* the values are the JSON's */
         job = test_json_job(st, JOB);
         assert_non_null(job);
-        (void) snprintf(series, sizeof(series), "tierd_job_moved_bytes_total{job_name=\"%s\",link=\"host->nvme\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_job_moved_bytes_total{job_name=\"%s\",job_id=\"%lld\",link=\"host->nvme\"}",
+                        JOB_LABEL, jid);
         assert_true(prom_value(text, series) == 2.0 * MiB);
         assert_int_equal(json_integer_value(json_object_get(json_object_get(job, "moved"), "host->nvme")), 2 * MiB);
-        (void) snprintf(series, sizeof(series), "tierd_job_nvme_written_bytes_total{job_name=\"%s\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_job_nvme_written_bytes_total{job_name=\"%s\",job_id=\"%lld\"}",
+                        JOB_LABEL, jid);
         assert_true(prom_value(text, series) == 2.0 * MiB);
         assert_int_equal(json_integer_value(json_object_get(job, "nvme_written")), 2 * MiB);
-        (void) snprintf(series, sizeof(series), "tierd_job_nvme_host_changed_total{job_name=\"%s\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_job_nvme_host_changed_total{job_name=\"%s\",job_id=\"%lld\"}",
+                        JOB_LABEL, jid);
         assert_true(prom_value(text, series) == 0);
         assert_non_null(json_object_get(job, "nvme_host_changed"));
-        (void) snprintf(series, sizeof(series), "tierd_job_nvme_crc_errors_total{job_name=\"%s\"}", JOB_LABEL);
+        (void) snprintf(series, sizeof(series), "tierd_job_nvme_crc_errors_total{job_name=\"%s\",job_id=\"%lld\"}",
+                        JOB_LABEL, jid);
         assert_true(prom_value(text, series) == 0);
         assert_non_null(json_object_get(job, "nvme_crc_errors"));
         (void) snprintf(series, sizeof(series), "tierd_job_used_bytes{job_name=\"%s\",tier=\"host\"}", JOB_LABEL);
@@ -666,7 +686,7 @@ static void test_counters_across_plans(void **state) {
         tier_tensor *t = NULL;
         tier_client *c = plan_rank(0, "w0", 5, &t);
         tier_plan *p = NULL;
-        char *before, *after;
+        char *before, *after, series[128];
         json_t *st, *job;
         int status;
 
@@ -688,14 +708,18 @@ static void test_counters_across_plans(void **state) {
         assert_non_null(st);
         counters_not_down(before, after, "rank 0 submitted a new plan");
         assert_true(prom_value(before, "tierd_plan_iterations{job_name=\"pjob\",rank=\"0\"}") == 5);
-        assert_true(prom_value(before, "tierd_job_plan_iterations_total{job_name=\"pjob\"}") == 5);
+        (void) snprintf(series, sizeof(series), "tierd_job_plan_iterations_total{job_name=\"pjob\",job_id=\"%lld\"}",
+                        job_id("pjob"));
+        assert_true(prom_value(before, series) == 5);
         /* the plan's own figures start again; the job's go on */
         assert_true(prom_value(after, "tierd_plan_iterations{job_name=\"pjob\",rank=\"0\"}") == 1);
-        assert_true(prom_value(after, "tierd_job_plan_iterations_total{job_name=\"pjob\"}") == 6);
+        assert_true(prom_value(after, series) == 6);
         job = test_json_job(st, "pjob");
         assert_non_null(job);
         assert_int_equal(json_integer_value(json_object_get(job, "plan_iterations")), 6);
-        assert_true(prom_value(after, "tierd_job_plan_stall_seconds_total{job_name=\"pjob\"}") >= 0);
+        (void) snprintf(series, sizeof(series), "tierd_job_plan_stall_seconds_total{job_name=\"pjob\",job_id=\"%lld\"}",
+                        job_id("pjob"));
+        assert_true(prom_value(after, series) >= 0);
         assert_non_null(json_object_get(job, "plan_stall_s"));
 
         json_decref(st);
@@ -703,6 +727,63 @@ static void test_counters_across_plans(void **state) {
         free(after);
         tier_client_free(c);
         tier_tensor_close(t);
+}
+
+/* The same tierd, but a job ends as soon as its last connection closes. */
+static int setup_no_linger(void **state) {
+        static char config[2048];
+
+        if (!test_can_lock_memory(40 * MiB))
+                return -1;
+        (void) snprintf(config, sizeof(config), "[daemon]\nlinger_sec = 0\n%s", CONFIG);
+        return test_daemon_start(&d, config) < 0 ? -1 : 0;
+}
+
+/* Has tierd no job named @name (its last status says so)? */
+static bool job_gone(const char *name) {
+        json_t *st = test_daemon_status(&d);
+        bool gone;
+
+        assert_non_null(st);
+        gone = test_json_job(st, name) == NULL;
+        json_decref(st);
+        return gone;
+}
+
+/*
+ * A job ends and a job of the same name begins: the counters of the one
+ * that ended do not go on as the new one's from 0 (they were labelled by
+ * the name alone: its NVMe bytes went from 1 MiB back to 0).
+ */
+static void test_counters_across_jobs(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        char *before, *after;
+        int status;
+
+        assert_int_equal(tier_client_new(d.socket, "rjob", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "a", MiB, &t), 0);
+        fill(t, 0x33);
+        assert_int_equal(tier_evict(t, TIER_NVME), 0);
+        assert_int_equal(tier_prefetch(t, TIER_HOST), 0);
+        before = tierctl("status --prometheus", &status);
+        assert_int_equal(status, 0);
+
+        tier_tensor_close(t);
+        tier_client_free(c);
+        for (unsigned ms = 0; !job_gone("rjob"); ms += 10) {  /* tierd sees the connection go in its own time */
+                if (ms > WAIT_MS)
+                        fail_msg("job rjob did not end with its last connection (linger_sec = 0)");
+                sleep_ms(10);
+        }
+        assert_int_equal(tier_client_new(d.socket, "rjob", 0, &c), 0);
+        after = tierctl("status --prometheus", &status);
+        assert_int_equal(status, 0);
+        counters_not_down(before, after, "job rjob ended and another job rjob began");
+
+        free(before);
+        free(after);
+        tier_client_free(c);
 }
 
 int main(void) {
@@ -713,6 +794,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_wear_restart, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_plan_series_by_rank, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_counters_across_plans, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_counters_across_jobs, setup_no_linger, teardown),
         };
 
         if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */

@@ -296,6 +296,7 @@ static void test_metrics_text(void **state) {
         sr.version = (char *) "1.0";
         sr.policy = (char *) "timeline";
         job.name = (char *) "a \"quoted\"\\job\nx";
+        job.id = 12;
         job.wear_written = 77;
         job.n_moved = 1;
         job.moved = movedp;
@@ -319,7 +320,8 @@ static void test_metrics_text(void **state) {
         assert_non_null(strstr(text, "# HELP tierd_job_wear_written_bytes_total "));
         assert_non_null(strstr(text, "# TYPE tierd_job_wear_written_bytes_total counter\n"
                                      "tierd_job_wear_written_bytes_total{job_name=\"a \\\"quoted\\\"\\\\job\\nx\"} 77\n"));
-        assert_non_null(strstr(text, "tierd_job_moved_bytes_total{job_name=\"a \\\"quoted\\\"\\\\job\\nx\",link=\"host->nvme\"} 4096\n"));
+        assert_non_null(strstr(text, "tierd_job_moved_bytes_total{job_name=\"a \\\"quoted\\\"\\\\job\\nx\",job_id=\"12\","
+                                     "link=\"host->nvme\"} 4096\n"));
         assert_non_null(strstr(text, "tierd_target_smart_available{target=\"/srv/t.img\",device=\"/dev/nvme0\",reason=\"\"} 1\n"));
         assert_non_null(strstr(text, "tierd_target_smart_written_bytes_total{target=\"/srv/t.img\",device=\"/dev/nvme0\"} 1024000\n"));
         assert_non_null(strstr(text, "tierd_target_smart_endurance_used_ratio{target=\"/srv/t.img\",device=\"/dev/nvme0\"} 1.5\n"));
