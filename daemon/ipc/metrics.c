@@ -112,7 +112,7 @@ static void render_daemon(FILE *f, const Tier__StatusReply *s) {
         sample_u64(f, "tierd_build_info", LABELS("version", str(s->version), "policy", str(s->policy)), 1);
         family(f, "tierd_uptime_seconds", "gauge", "Seconds since tierd started.");
         sample_double(f, "tierd_uptime_seconds", NULL, s->uptime_s);
-        family(f, "tierd_connections", "gauge", "Client connections, tierctl's own included.");
+        family(f, "tierd_connections", "gauge", "Client connections, not counting the tierctl that asks (the same as its status shows).");
         sample_u64(f, "tierd_connections", NULL, s->connections);
 }
 
@@ -531,13 +531,21 @@ static int text_to_memfd(const char *text, size_t len) {
 
 int metrics_reply(const Rpc *r, Conn *c, uint64_t seq) {
         Tier__Response resp = TIER__RESPONSE__INIT;
+        Tier__StatusReply *sr = NULL;
         _cleanup_free_ char *text = NULL;
         _cleanup_close_ int fd = -1;
         size_t len = 0;
         int q;
 
         resp.seq = seq;
-        q = metrics_build(r, &text, &len);
+        q = status_build(r, &sr);
+        if (q >= 0) {
+                /* the asker does not count itself, as in its status (rpc.c handle_status()) */
+                if (sr->connections > 0)
+                        sr->connections--;
+                q = metrics_render(sr, &text, &len);
+                status_free(sr);
+        }
         if (q < 0) {
                 resp.status = q;
                 resp.error = (char *) "cannot build the metrics";

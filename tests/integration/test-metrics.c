@@ -279,6 +279,9 @@ static void test_prometheus(void **state) {
         assert_true(prom_value(text, "tierd_link_moved_bytes_total{link=\"host->nvme\"}") == 2.0 * MiB);
         assert_true(prom_value(text, "tierd_tier_capacity_bytes{tier=\"host\"}") == 32.0 * MiB);
         assert_true(prom_value(text, "tierd_sched_transfers_in_flight") == 0);
+        /* the client (and nothing else): neither tierctl counts itself */
+        assert_int_equal(json_integer_value(json_object_get(st, "connections")), 1);
+        assert_true(prom_value(text, "tierd_connections") == 1);
 
         tg = target0(st);
         (void) snprintf(series, sizeof(series), "tierd_target_written_bytes_total{target=\"%s\"}",
