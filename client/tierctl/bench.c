@@ -172,7 +172,7 @@ static int tierd_targets(char ***ret, size_t *ret_n) {
         r = tier_client_status(c, TIER_STATUS_JSON, &json);
         if (r < 0)
                 fprintf(stderr, "tierctl bench: cannot read tierd's status: %s\n", why(c, r));
-        tier_client_free(c);
+        disconnect_control(c);
         if (r < 0)
                 return r;
         r = bench_status_targets(json, ret, ret_n);

@@ -251,10 +251,10 @@ int verb_tensors(int argc, char **argv) {
         r = tier_job_tensors(c, job, &v, &n);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot list the tensors of job '%s': %s\n", job, why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
-        tier_client_free(c);
+        disconnect_control(c);
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 
@@ -274,9 +274,10 @@ void evict_help(FILE *f) {
                 "\n"
                 "Move all of JOB's unpinned copies down to nvme (the default) or host: a copy that\n"
                 "holds the only up-to-date data is written down first, then the copies above are\n"
-                "dropped.  Pinned tensors are skipped and counted.  Waits until it is done and\n"
-                "reports the bytes written down and dropped.  Allowed to JOB's owner, root and\n"
-                "group tier-admin.  Exit status 1 when a tensor could not be evicted.\n"
+                "dropped.  Pinned tensors are skipped and counted.  Waits until it is done (with\n"
+                "no limit unless tierctl --timeout SEC is given; an evict given up on runs on in\n"
+                "tierd) and reports the bytes written down and dropped.  Allowed to JOB's owner,\n"
+                "root and group tier-admin.  Exit status 1 when a tensor could not be evicted.\n"
                 "\n"
                 "  --json          one JSON document\n"
                 "  --to TIER       nvme (default) or host\n");
@@ -310,15 +311,18 @@ int verb_evict(int argc, char **argv) {
                 return r;
         if (connect_control(&c) < 0)
                 return EXIT_FAILURE;
+        /* tierd answers when the write-down is done, however long it takes: only --timeout bounds that */
+        if (!arg_timeout_given)
+                deadline_stop();
         r = tier_job_evict(c, job, tier, &res);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot evict job '%s': %s\n", job, why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
         if (res.failed > 0)
                 fprintf(stderr, "tierctl: evicting job '%s': %s\n", job, why(c, -EIO));
-        tier_client_free(c);
+        disconnect_control(c);
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 
@@ -383,10 +387,10 @@ int verb_detach(int argc, char **argv) {
         r = tier_job_detach(c, job, &res);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot detach job '%s': %s\n", job, why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
-        tier_client_free(c);
+        disconnect_control(c);
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 

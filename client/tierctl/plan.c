@@ -477,7 +477,10 @@ static int hardware(PlanInput *in, const char *bench, bool no_bench, const char 
                 tier_client *cl = NULL;
                 char *st = NULL;
                 PlanTierdFigures tf;
-                int k = tier_client_new(socket, NULL, 0, &cl);
+                int k;
+
+                deadline_start();       /* a wedged tierd: exit 3 (--timeout), not a plan that never comes */
+                k = tier_client_new(socket, NULL, 0, &cl);
 
                 if (k >= 0)
                         k = tier_client_status(cl, TIER_STATUS_JSON, &st);
@@ -517,6 +520,7 @@ static int hardware(PlanInput *in, const char *bench, bool no_bench, const char 
                 }
                 free(st);
                 tier_client_free(cl);
+                deadline_stop();
         }
         /* the job's budgets stand for the card and the host when nothing else does */
         if (!hw_src[HW_VRAM] && in->vram_limit) {
@@ -627,7 +631,7 @@ int verb_plan(int argc, char **argv) {
                         plan_path = optarg;
                         continue;
                 case ARG_SOCKET:
-                        socket = optarg;
+                        socket = arg_socket = optarg;     /* (the deadline names it too) */
                         continue;
                 case ARG_VLIM:
                 case ARG_HLIM:

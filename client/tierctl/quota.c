@@ -482,7 +482,7 @@ static int quota_get(int argc, char **argv) {
                 return EXIT_FAILURE;
         if (!have) {
                 ret = quota_get_all(c);
-                tier_client_free(c);
+                disconnect_control(c);
                 return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
         }
         r = tier_quota_get(c, t.kind, t.id, t.job, &q);
@@ -491,10 +491,10 @@ static int quota_get(int argc, char **argv) {
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot get the quota of %s: %s\n", target_name(&t, name, sizeof(name)),
                         why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
-        tier_client_free(c);
+        disconnect_control(c);
         ret = quota_show(&t, &q, t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP ? &tot : NULL);
         return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
 }
@@ -649,10 +649,10 @@ static int quota_set(int argc, char **argv) {
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot set the quota of %s: %s\n", target_name(&t, name, sizeof(name)),
                         why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
-        tier_client_free(c);
+        disconnect_control(c);
         if (now.warning[0])
                 fprintf(stderr, "tierctl: warning: %s\n", now.warning);
         ret = quota_show(&t, &now, t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP ? &tot_now : NULL);

@@ -133,6 +133,8 @@ int verb_status(int argc, char **argv) {
         do {
                 char *text = NULL;
 
+                if (!first)
+                        deadline_start();       /* each refresh gets --timeout (the first: since connecting) */
                 r = tier_client_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
                                 &text);
                 if (r < 0) {
@@ -153,10 +155,12 @@ int verb_status(int argc, char **argv) {
                         ret = EXIT_FAILURE;
                         break;
                 }
-                if (watch)
+                if (watch) {
+                        deadline_stop();        /* the interval is ours, not tierd's */
                         sleep_interruptible(interval);
+                }
         } while (watch && !arg_interrupted);
-        tier_client_free(c);
+        disconnect_control(c);
         return ret;
 }
 
@@ -277,10 +281,10 @@ int verb_jobs(int argc, char **argv) {
         r = tier_job_list(c, &jobs, &n);
         if (r < 0) {
                 fprintf(stderr, "tierctl: cannot list the jobs: %s\n", why(c, r));
-                tier_client_free(c);
+                disconnect_control(c);
                 return EXIT_FAILURE;
         }
-        tier_client_free(c);
+        disconnect_control(c);
         if (arg_json) {
                 JsonWriter w = JSON_WRITER_NULL;
 

@@ -6,20 +6,26 @@
  * function, its help and one line.  Global options come before the verb;
  * each verb parses its own arguments, and every verb takes --help and
  * --json (one JSON document on stdout).  Exit status: 0 ok, 1 failure
- * (tierd refused or could not be reached), 2 bad usage.  The verbs live in
+ * (tierd refused or could not be reached), 2 bad usage, 3 tierd did not
+ * answer within --timeout (deadline_start()).  The verbs live in
  * status.c (status, jobs), job.c (tensors, evict, detach), quota.c and
  * plan.c (no tierd: the arithmetic of planner.c).
  */
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include <tier.h>
 
 #include "client/tierctl/tierctl.h"
+#include "proto/macro.h"
 #include "proto/utf8.h"
 #include "util/json.h"
 
@@ -32,6 +38,8 @@
 
 const char *arg_socket = NULL;
 int arg_json = 0;
+double arg_timeout = TIMEOUT_DEFAULT_SEC;
+int arg_timeout_given = 0;
 
 static int verb_help(int argc, char **argv);
 static void help_help(FILE *f);
@@ -66,20 +74,24 @@ static void help(FILE *f) {
                 "\n"
                 "Options:\n"
                 "  --socket PATH   talk to tierd at PATH (default: $TIER_SOCKET, else %s)\n"
+                "  --timeout SEC   give up when tierd has not answered within SEC seconds (exit 3);\n"
+                "                  default %g, 0 waits for ever; evict waits for its write-down\n"
+                "                  without a limit unless --timeout is given\n"
                 "  --json          print one JSON document (every command but help takes --json too)\n"
                 "  -h, --help      show this help\n"
                 "      --version   show the version\n"
                 "\n"
                 "$TIER_SOCKET is %s%s%s.\n"
                 "\n"
-                "Commands:\n", TIERD_DEFAULT_SOCKET, env && *env ? "'" : "", env && *env ? env : "not set",
+                "Commands:\n", TIERD_DEFAULT_SOCKET, TIMEOUT_DEFAULT_SEC, env && *env ? "'" : "", env && *env ? env : "not set",
                 env && *env ? "'" : "");
         for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
                 fprintf(f, "  %-8s  %s\n", verbs[i].name, verbs[i].summary);
         fprintf(f,
                 "\n"
                 "tierctl COMMAND --help (or tierctl help COMMAND) shows a command's options.\n"
-                "Exit status: 0 ok, 1 failure (tierd refused or is unreachable), 2 bad usage.\n");
+                "Exit status: 0 ok, 1 failure (tierd refused or is unreachable), 2 bad usage,\n"
+                "3 tierd did not answer within --timeout.\n");
 }
 
 static void help_help(FILE *f) {
@@ -118,16 +130,93 @@ static int verb_help(int argc, char **argv) {
         return EXIT_SUCCESS;
 }
 
+/* ---- the deadline ----------------------------------------------------------------------- */
+
+/* What the SIGALRM handler writes and removes: made before the timer runs (the handler only writes). */
+static char deadline_text[512];
+static size_t deadline_len;
+static const char *volatile deadline_path;
+
+static void on_deadline(int sig) {
+        const char *path = deadline_path;
+
+        (void) sig;
+        if (path)
+                (void) unlink(path);
+        (void) !write(STDERR_FILENO, deadline_text, deadline_len);
+        _exit(EXIT_TIMEOUT);
+}
+
+void deadline_unlink(const char *path) {
+        deadline_path = path;
+}
+
+void deadline_start(void) {
+        const char *socket = arg_socket;
+        struct sigaction sa = { .sa_handler = on_deadline };
+        struct itimerval it = {};
+        int n;
+
+        if (arg_timeout <= 0)
+                return;
+        if (!socket || !*socket)
+                socket = getenv("TIER_SOCKET");
+        if (!socket || !*socket)
+                socket = TIERD_DEFAULT_SOCKET;
+        n = snprintf(deadline_text, sizeof(deadline_text), "tierctl: tierd at %s did not answer within %g s: "
+                     "it may be stopped or wedged (--timeout SEC waits longer, --timeout 0 for ever)\n",
+                     socket, arg_timeout);
+        deadline_len = n < 0 ? 0 : MIN((size_t) n, sizeof(deadline_text) - 1);
+        if (n >= (int) sizeof(deadline_text))
+                deadline_text[deadline_len - 1] = '\n';        /* a very long path: cut short, still a line */
+        sigemptyset(&sa.sa_mask);
+        (void) sigaction(SIGALRM, &sa, NULL);
+        it.it_value.tv_sec = (time_t) arg_timeout;
+        it.it_value.tv_usec = (suseconds_t) ((arg_timeout - floor(arg_timeout)) * 1e6);
+        if (it.it_value.tv_sec == 0 && it.it_value.tv_usec == 0)
+                it.it_value.tv_usec = 1;        /* (0 would disarm it) */
+        (void) setitimer(ITIMER_REAL, &it, NULL);
+}
+
+void deadline_stop(void) {
+        struct itimerval it = {};
+
+        (void) setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* "30", "0.5", "0": seconds for --timeout, 0 .. TIMEOUT_MAX_SEC; -EINVAL otherwise. */
+static int parse_timeout(const char *s, double *ret) {
+        char *end;
+        double v;
+
+        if (!s || !*s || s[strspn(s, "0123456789.")] != '\0')     /* (no sign, blank, hex, exponent) */
+                return -EINVAL;
+        errno = 0;
+        v = strtod(s, &end);
+        if (errno || *end || end == s || !isfinite(v) || v < 0 || v > TIMEOUT_MAX_SEC)
+                return -EINVAL;
+        *ret = v;
+        return 0;
+}
+
 int connect_control(tier_client **ret) {
         int r;
 
+        deadline_start();
         r = tier_client_new(arg_socket, NULL, 0, ret);
         if (r < 0) {
                 const char *w = tier_client_last_error(NULL);
+                deadline_stop();
                 fprintf(stderr, "tierctl: %s\n", w && *w ? w : tier_strerror(r));
                 return r;
         }
         return 0;
+}
+
+tier_client *disconnect_control(tier_client *c) {
+        tier_client_free(c);
+        deadline_stop();
+        return NULL;
 }
 
 const char *why(const tier_client *c, int r) {
@@ -183,9 +272,10 @@ int check_job_name(const char *verb, const char *name) {
 }
 
 int main(int argc, char **argv) {
-        enum { ARG_SOCKET = 0x100, ARG_JSON, ARG_VERSION };
+        enum { ARG_SOCKET = 0x100, ARG_JSON, ARG_VERSION, ARG_TIMEOUT };
         static const struct option options[] = {
                 { "socket",  required_argument, NULL, ARG_SOCKET },
+                { "timeout", required_argument, NULL, ARG_TIMEOUT },
                 { "json",    no_argument,       NULL, ARG_JSON },
                 { "help",    no_argument,       NULL, 'h' },
                 { "version", no_argument,       NULL, ARG_VERSION },
@@ -205,6 +295,14 @@ int main(int argc, char **argv) {
                                 return EXIT_USAGE;
                         }
                         arg_socket = optarg;
+                        break;
+                case ARG_TIMEOUT:
+                        if (parse_timeout(optarg, &arg_timeout) < 0) {
+                                fprintf(stderr, "tierctl: --timeout takes seconds from 0 (no limit) to %g, "
+                                        "not '%s'\n", TIMEOUT_MAX_SEC, optarg);
+                                return EXIT_USAGE;
+                        }
+                        arg_timeout_given = 1;
                         break;
                 case ARG_JSON:
                         arg_json = 1;

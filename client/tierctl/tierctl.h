@@ -9,10 +9,18 @@
 #include "util/json.h"
 
 #define EXIT_USAGE 2
+/* tierd did not answer within --timeout: it is stopped, wedged or overloaded */
+#define EXIT_TIMEOUT 3
+/* --timeout's default; see deadline_start() */
+#define TIMEOUT_DEFAULT_SEC 30.0
+#define TIMEOUT_MAX_SEC 86400.0
 
 /* Global options (before the verb); a verb's own --json sets arg_json too. */
 extern const char *arg_socket;
 extern int arg_json;
+/* --timeout SECONDS (0: no limit), and whether it was given (evict waits without one) */
+extern double arg_timeout;
+extern int arg_timeout_given;
 
 /* One verb: its function gets argv[0] = the verb's name; @help prints its usage. */
 typedef struct Verb {
@@ -22,8 +30,25 @@ typedef struct Verb {
         const char *summary;
 } Verb;
 
-/* Open a control connection (no job), or say why not on stderr. */
+/*
+ * Open a control connection (no job), or say why not on stderr.  Starts the
+ * deadline (deadline_start()): it runs until disconnect_control().
+ */
 int connect_control(tier_client **ret);
+/* Close @c (may be NULL) and stop the deadline; NULL. */
+tier_client *disconnect_control(tier_client *c);
+/*
+ * The deadline for tierd's answers: from deadline_start() on, tierctl waits
+ * --timeout seconds for tierd (connecting, its Hello, the requests) before it
+ * says so, naming the socket and the seconds, and exits EXIT_TIMEOUT (from a
+ * SIGALRM handler: libtier waits in poll() without a limit).  A verb that
+ * waits on purpose (status --watch between refreshes, trace while it
+ * records, bench while it measures) stops it first and starts it again.
+ * deadline_unlink(): a file to remove should the deadline pass (NULL: none).
+ */
+void deadline_start(void);
+void deadline_stop(void);
+void deadline_unlink(const char *path);
 /* Reason of the last failure on @c: tierd's when it gave one. */
 const char *why(const tier_client *c, int r);
 /* Print the document in @w and a newline; the writer is emptied either way. */

@@ -197,6 +197,7 @@ int verb_trace(int argc, char **argv) {
                         return EXIT_FAILURE;
                 }
         }
+        deadline_unlink(tmp);           /* (NULL: no file of ours) */
         if (connect_control(&c) < 0)
                 goto finish;
 
@@ -212,8 +213,11 @@ int verb_trace(int argc, char **argv) {
         }
         /* on stderr even with --json-summary: it says when the recording runs */
         fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
+        deadline_stop();                /* the recording time is asked for, not waited out */
         wait_or_signal(&set, (unsigned) seconds);
+        deadline_start();
         r = tier_trace_stop(c, &t);
+        deadline_stop();                /* what follows writes the trace: tierd is done */
         if (r < 0) {
                 fprintf(stderr, "tierctl: reading the trace failed: %s\n", why(c, r));
                 goto restore;
@@ -245,7 +249,8 @@ restore:
         sigprocmask(SIG_SETMASK, &old, NULL);
 finish:
         tier_trace_free(t);
-        tier_client_free(c);
+        disconnect_control(c);
+        deadline_unlink(NULL);
         if (fd > STDOUT_FILENO && close(fd) < 0 && ret == EXIT_SUCCESS) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
                 ret = EXIT_FAILURE;

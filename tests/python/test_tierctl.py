@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -147,6 +150,11 @@ class TestTierctl(tierd.DaemonTestCase):
                                text=True, timeout=60)
             self.assertEqual(p.returncode, 1, verb)
             self.assertIn("/nonexistent/tierd.sock", p.stderr)
+
+    def test_timeout_answered(self) -> None:
+        """A tierd that answers is not cut short by --timeout, nor waited for without one (0)."""
+        for t in ("0", "60", "0.5"):
+            self.assertIn("tiers", self.ctl("--timeout", t, "--json", "status").stdout)
 
     def test_empty_socket(self) -> None:
         """--socket "" is a usage error: libtier took it as "the default", so a script's --socket "$UNSET"
@@ -659,6 +667,53 @@ class TestRestoredLongName(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         # a name over max_name that no job has is still said to be one no job can have
         self.assertIn("job name longer than max_name (255 bytes)", ctl("tensors", "k" * 300).stderr)
+
+
+class TestTimeout(unittest.TestCase):
+    """--timeout: a tierd that accepts the connection but never answers (stopped, wedged).  The stand-in is
+    a listening socket nobody accepts on: the kernel completes the connect and queues the Hello, no answer
+    ever comes.  Before --timeout every verb waited for ever (and --timeout was an unknown option, exit 2).
+    Only the outcome is asserted, never how long it took: a hang is the test runner's timeout."""
+
+    def setUp(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="tierctl-timeout-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.path = os.path.join(self.dir, "silent.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self.addCleanup(self.sock.close)
+        self.sock.bind(self.path)
+        self.sock.listen(16)
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([tierctl_path(), "--socket", self.path, *args], capture_output=True, text=True,
+                              timeout=60)
+
+    def assert_timed_out(self, p: subprocess.CompletedProcess[str], seconds: str) -> None:
+        self.assertEqual(p.returncode, 3, p)
+        self.assertIn(f"tierd at {self.path} did not answer within {seconds} s", p.stderr)
+        self.assertEqual(p.stdout, "")
+
+    def test_every_verb_gives_up(self) -> None:
+        for args in (["status"], ["status", "--json"], ["status", "--watch", "1"], ["--json", "jobs"],
+                     ["tensors", "j"], ["detach", "j"], ["quota", "get"], ["quota", "get", "j"],
+                     ["quota", "set", "j", "--host", "1G"], ["--timeout", "0.3", "evict", "j"]):
+            with self.subTest(args=args):
+                self.assert_timed_out(self.ctl("--timeout", "0.2", *args), "0.3" if "evict" in args else "0.2")
+
+    def test_trace_leaves_no_file(self) -> None:
+        """trace writes beside its output and renames: the deadline removes what it wrote there."""
+        out = os.path.join(self.dir, "trace.json")
+        self.assert_timed_out(self.ctl("--timeout", "0.2", "trace", "--seconds", "1", "-o", out), "0.2")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["silent.sock"])
+
+    def test_bad_timeout(self) -> None:
+        for v in ("", "-1", "abc", "1e3", "0x10", "86401", " 1", "1s"):
+            with self.subTest(v=v):
+                p = self.ctl("--timeout", v, "status")
+                self.assertEqual(p.returncode, 2, p)
+                self.assertIn(f"--timeout takes seconds from 0 (no limit) to 86400, not '{v}'", p.stderr)
+        self.assertIn("--timeout SEC", subprocess.run([tierctl_path(), "--help"], capture_output=True, text=True,
+                                                      timeout=60).stdout)
 
 
 if __name__ == "__main__":
