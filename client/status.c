@@ -85,6 +85,7 @@ static void json_usage(JsonWriter *w, const Tier__JobStatus *j) {
                 json_key_uint(w, "tensor_max", u ? u->tensor_max : 0);
                 json_key_uint(w, "guarantee", u ? u->guarantee : 0);
                 json_key_uint(w, "share", u ? u->share : 0);
+                json_key_uint(w, "reserved", u ? u->reserved : 0);
                 json_object_end(w);
         }
         json_object_end(w);
@@ -204,6 +205,7 @@ static int status_json(const Tier__StatusReply *s, char **ret) {
                 json_key_uint(&w, "held", ts->held);
                 json_key_uint(&w, "bandwidth", ts->bandwidth);
                 json_key_uint(&w, "renewing", ts->renewing);
+                json_key_uint(&w, "reserved", ts->reserved);
                 json_object_end(&w);
         }
         json_array_end(&w);
@@ -412,6 +414,33 @@ static void table_wear(FILE *f, const Tier__StatusReply *s) {
         }
 }
 
+/* The NVMe room kept for guarantees (nvme_min), and for whom: free room that other jobs' copies do not get. */
+static void table_reserved(FILE *f, const Tier__StatusReply *s) {
+        char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX];
+        const Tier__TierStatus *nvme = NULL;
+        bool any = false;
+
+        for (size_t i = 0; i < s->n_tiers; i++)
+                if (s->tiers[i] && s->tiers[i]->tier == TIER__TIER__TIER_NVME)
+                        nvme = s->tiers[i];
+        if (!nvme || nvme->reserved == 0)
+                return;
+        fprintf(f, "nvme: %s of the %s free is reserved for the NVMe guarantees (nvme_min) jobs do not use yet; "
+                "other jobs' copies get only the rest:", size_format(a, sizeof(a), nvme->reserved),
+                size_format(b, sizeof(b), nvme->capacity > nvme->used ? nvme->capacity - nvme->used : 0));
+        for (size_t i = 0; i < s->n_jobs; i++) {
+                const Tier__JobStatus *j = s->jobs[i];
+
+                for (size_t k = 0; j && k < j->n_usage; k++)
+                        if (j->usage[k] && j->usage[k]->tier == TIER__TIER__TIER_NVME && j->usage[k]->reserved > 0) {
+                                fprintf(f, "%s %s %s", any ? "," : "", strempty(j->name),
+                                        size_format(a, sizeof(a), j->usage[k]->reserved));
+                                any = true;
+                        }
+        }
+        fputc('\n', f);
+}
+
 static int status_table(FILE *f, const Tier__StatusReply *s) {
         char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX], c[SIZE_FORMAT_MAX], d[SIZE_FORMAT_MAX];
         char up[32];
@@ -425,12 +454,13 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
 
         /* Tiers */
         fputc('\n', f);
-        t = (Table) { .n_cols = 6, .align = "llrrrr" };
+        t = (Table) { .n_cols = 7, .align = "llrrrrr" };
         table_cell(&t, "TIER");
         table_cell(&t, "BACKEND");
         table_cell(&t, "CAPACITY");
         table_cell(&t, "USED");
         table_cell(&t, "PINNED");
+        table_cell(&t, "RESERVED");
         table_cell(&t, "USE%%");
         for (size_t i = 0; i < s->n_tiers; i++) {
                 const Tier__TierStatus *ts = s->tiers[i];
@@ -447,6 +477,11 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 table_cell(&t, "%s", size_format(a, sizeof(a), ts->capacity));
                 table_cell(&t, "%s", size_format(b, sizeof(b), ts->used));
                 table_cell(&t, "%s", size_format(c, sizeof(c), ts->pinned));
+                /* a reservation on NVMe alone: elsewhere a guarantee is a share that reclaim keeps */
+                if (ts->tier == TIER__TIER__TIER_NVME)
+                        table_cell(&t, "%s", size_format(d, sizeof(d), ts->reserved));
+                else
+                        table_cell(&t, "-");
                 format_percent(d, sizeof(d), ts->used, ts->capacity);
                 table_cell(&t, "%s", d);
         }
@@ -457,6 +492,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
         if (emulated)
                 fputs("!! VRAM is EMULATED: host memory stands in for the GPU, no GPU is used.\n"
                       "!! Its sizes and transfer rates say nothing about a real GPU.\n", f);
+        table_reserved(f, s);
 
         /* Links */
         fputc('\n', f);

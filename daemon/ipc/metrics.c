@@ -129,6 +129,8 @@ static void render_tiers(FILE *f, const Tier__StatusReply *s) {
                   offsetof(Tier__TierStatus, held) },
                 { "tierd_tier_segment_size_bytes", "The unit jobs get the tier's memory in.",
                   offsetof(Tier__TierStatus, segment_size) },
+                { "tierd_tier_reserved_bytes", "Free bytes of the tier kept for the guarantees jobs do not use yet "
+                  "(nvme_min; 0 on the other tiers).", offsetof(Tier__TierStatus, reserved) },
         };
 
         family(f, "tierd_tier_info", "gauge", "The backend of each tier (always 1).");

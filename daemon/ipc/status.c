@@ -162,6 +162,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                 t->bandwidth = i == LEVEL_VRAM ? r->config->vram_bandwidth :
                                i == LEVEL_NVME ? r->config->nvme_bandwidth : 0;
                 t->renewing = i == LEVEL_NVME ? 0 : reg->pools[i]->n_renewing;
+                t->reserved = i == LEVEL_NVME ? nvme_kept(reg, NULL, NULL, 0) : 0;
                 b->tierp[i] = t;
         }
         b->sr.n_tiers = TIERS;
@@ -240,6 +241,7 @@ int status_build(const Rpc *r, Tier__StatusReply **ret) {
                         u->pinned = j->pinned[i];
                         u->tensor_max = job_tensor_max(j, i);
                         u->guarantee = j->guarantee[i];
+                        u->reserved = i == LEVEL_NVME && job_claims_room(j) ? nvme_unused_guarantee(j) : 0;
                         u->share = i == LEVEL_NVME ? j->limit[i] : engine_job_share(e, j, i);
                         b->usagep[ji * TIERS + (size_t) i] = u;
                 }

@@ -623,6 +623,37 @@ class TestTierctl(tierd.DaemonTestCase):
             self.assertIn("traceEvents", json.load(f))
 
     # -- quota keeps working inside the verb table
+    def test_status_nvme_reserved(self) -> None:
+        """The NVMe room kept for a job's unused nvme_min: status showed the room free while other jobs'
+        placements failed naming guarantees.  Shown per tier (RESERVED, "reserved"), per job ("usage"
+        "nvme" "reserved") and as tierd_tier_reserved_bytes; a lingering job yields it."""
+        self.ctl("quota", "set", "nvres", "--nvme-min", "64M")
+        self.addCleanup(lambda: self.ctl("quota", "set", "nvres", "--clear", expect=None))
+        c = self.client("nvres")
+        self.detach_at_end("nvres")
+        t = c.create("t", 8 * MiB)
+        with t.pin(tier.HOST, tier.WRITE) as g:
+            g.memoryview()[0:4] = b"data"
+        t.evict(tier.NVME)
+        doc = self.ctl_json("status")
+        nvme = [x for x in doc["tiers"] if x["tier"] == "nvme"][0]
+        self.assertEqual(nvme["reserved"], 56 * MiB)            # 64M less the 8M it uses
+        self.assertEqual([x["reserved"] for x in doc["tiers"] if x["tier"] != "nvme"], [0, 0])
+        usage = [j for j in doc["jobs"] if j["name"] == "nvres"][0]["usage"]
+        self.assertEqual((usage["nvme"]["guarantee"], usage["nvme"]["reserved"]), (64 * MiB, 56 * MiB))
+        out = self.ctl("status").stdout
+        self.assertRegex(out, r"\nTIER +BACKEND +CAPACITY +USED +PINNED +RESERVED +USE%\n")
+        self.assertRegex(out, r"\nnvme .* 56\.0 MiB +[0-9.]+%\n")
+        self.assertRegex(out, r"\nhost .* - +[0-9.]+%\n")
+        self.assertIn("nvme: 56.0 MiB of the 248.0 MiB free is reserved for the NVMe guarantees (nvme_min) jobs "
+                      "do not use yet; other jobs' copies get only the rest: nvres 56.0 MiB\n", out)
+        self.assertIn('tierd_tier_reserved_bytes{tier="nvme"} 58720256\n', self.ctl("status", "--prometheus").stdout)
+        # lingering (no connection left), the job claims no room
+        c.close()
+        doc = self.ctl_json("status")
+        self.assertEqual([x["reserved"] for x in doc["tiers"] if x["tier"] == "nvme"], [0])
+        self.assertNotIn("is reserved", self.ctl("status").stdout)
+
     def test_quota_json(self) -> None:
         c = self.client("qj")
         self.detach_at_end("qj")

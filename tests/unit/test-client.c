@@ -225,11 +225,11 @@ static void test_status_json(void **state) {
                 "{\"version\":\"0.1.0\",\"uptime_s\":3723.25,\"connections\":2,\"policy\":\"\","
                 "\"tiers\":["
                 "{\"tier\":\"vram\",\"backend\":\"emulated\",\"capacity\":8589934592,\"used\":536870912,"
-                "\"pinned\":268435456,\"segment_size\":0,\"held\":0,\"bandwidth\":1000000000,\"renewing\":0},"
+                "\"pinned\":268435456,\"segment_size\":0,\"held\":0,\"bandwidth\":1000000000,\"renewing\":0,\"reserved\":0},"
                 "{\"tier\":\"host\",\"backend\":\"memfd\",\"capacity\":68719476736,\"used\":17179869184,"
-                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0,\"renewing\":0},"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0,\"renewing\":0,\"reserved\":0},"
                 "{\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":2199023255552,\"used\":107374182400,"
-                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0,\"renewing\":0}],"
+                "\"pinned\":0,\"segment_size\":0,\"held\":0,\"bandwidth\":0,\"renewing\":0,\"reserved\":0}],"
                 "\"links\":["
                 "{\"name\":\"host->nvme\",\"bytes\":1073741824,\"ops\":64},"
                 "{\"name\":\"nvme->host\",\"bytes\":1610612736,\"ops\":96}],"
@@ -241,16 +241,16 @@ static void test_status_json(void **state) {
                 "{\"id\":1,\"name\":\"llama\",\"uid\":1000,\"connections\":2,\"tensors\":300,\"lingering\":false,\"linger_left_s\":0,\"weight\":0,"
                 "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":0,\"nvme_crc_errors\":0,"
                 "\"plan_iterations\":7,\"plan_stall_s\":1.5,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
-                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
-                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},"
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0},"
+                "\"host\":{\"used\":1073741824,\"limit\":4294967296,\"pinned\":1048576,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0},"
+                "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0}},"
                 "\"moved\":{\"host->nvme\":1073741824,\"nvme->host\":1610612736},\"plans\":[]},"
                 "{\"id\":2,\"name\":\"idle\",\"uid\":0,\"connections\":0,\"tensors\":0,\"lingering\":true,\"linger_left_s\":12.5,\"weight\":0,"
                 "\"nvme_written\":0,\"wear_written\":0,\"nvme_host_changed\":3,\"nvme_crc_errors\":2,"
                 "\"plan_iterations\":0,\"plan_stall_s\":0,"
-                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
-                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0},"
-                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0}},\"moved\":{},\"plans\":[]}]}\n");
+                "\"usage\":{\"vram\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0},"
+                "\"host\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0},"
+                "\"nvme\":{\"used\":0,\"limit\":0,\"pinned\":0,\"tensor_max\":0,\"guarantee\":0,\"share\":0,\"reserved\":0}},\"moved\":{},\"plans\":[]}]}\n");
         free(out);
 }
 
@@ -373,6 +373,51 @@ static void test_status_table(void **state) {
         assert_null(strstr(out, "emulated"));
         assert_null(strstr(out, "EMULATED"));
         assert_non_null(strstr(out, "vram  cuda"));
+        free(out);
+}
+
+/*
+ * The NVMe room kept for guarantees (nvme_min): an operator saw free NVMe room in the table while other
+ * jobs' placements failed naming guarantees.  Shown per tier (RESERVED, --json "reserved"), and per job.
+ */
+static void test_status_reserved(void **state) {
+        char lines[8][256];
+        FakeStatus f;
+        char *out = NULL;
+        size_t n;
+
+        fake_status(&f, "cuda");
+        f.tiers[2].reserved = 96ull << 20;
+        f.usage[1].reserved = 96ull << 20;     /* llama's unused nvme_min */
+        assert_int_equal(status_format(&f.s, TIER_STATUS_JSON, &out), 0);
+        assert_non_null(strstr(out, "\"tier\":\"nvme\",\"backend\":\"file\",\"capacity\":2199023255552,"
+                                    "\"used\":107374182400,\"pinned\":0,\"segment_size\":0,\"held\":0,"
+                                    "\"bandwidth\":0,\"renewing\":0,\"reserved\":100663296}"));
+        assert_non_null(strstr(out, "\"nvme\":{\"used\":3221225472,\"limit\":0,\"pinned\":0,\"tensor_max\":0,"
+                                    "\"guarantee\":0,\"share\":0,\"reserved\":100663296}"));
+        free(out);
+
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+        n = block_lines(out, "TIER ", lines, 8);
+        assert_int_equal(n, 5);         /* header, 3 tiers, the reservation */
+        assert_non_null(strstr(lines[0], " RESERVED "));
+        /* right-aligned under its header; "-" where a guarantee is no reservation */
+        assert_int_equal(strstr(lines[0], "RESERVED") - lines[0] + strlen("RESERVED"),
+                         strstr(lines[3], "96.0 MiB") - lines[3] + strlen("96.0 MiB"));
+        assert_int_equal(strstr(lines[0], "RESERVED") - lines[0] + strlen("RESERVED"),
+                         strstr(lines[1], "-  ") - lines[1] + 1);
+        assert_string_equal(lines[4], "nvme: 96.0 MiB of the 1.9 TiB free is reserved for the NVMe guarantees "
+                                      "(nvme_min) jobs do not use yet; other jobs' copies get only the rest: "
+                                      "llama 96.0 MiB");
+        free(out);
+
+        /* nothing reserved: no line, and the column says 0 B */
+        f.tiers[2].reserved = 0;
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+        assert_null(strstr(out, "is reserved"));
+        n = block_lines(out, "TIER ", lines, 8);
+        assert_int_equal(n, 4);
+        assert_non_null(strstr(lines[3], " 0 B "));
         free(out);
 }
 
@@ -555,6 +600,7 @@ int main(void) {
                 cmocka_unit_test(test_status_json_numbers),
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
+                cmocka_unit_test(test_status_reserved),
                 cmocka_unit_test(test_status_format_einval),
                 cmocka_unit_test(test_held_writes),
                 cmocka_unit_test(test_held_closed_handle),
