@@ -631,6 +631,12 @@ int verb_plan(int argc, char **argv) {
                         plan_path = optarg;
                         continue;
                 case ARG_SOCKET:
+                        /* as tierctl --socket: libtier takes "" as "the default", another tierd's figures */
+                        if (!*optarg) {
+                                fprintf(stderr, "tierctl plan: --socket needs a path, not an empty string (leave "
+                                        "--socket out for tierctl's, or give --no-tierd)\n");
+                                return EXIT_USAGE;
+                        }
                         socket = arg_socket = optarg;     /* (the deadline names it too) */
                         continue;
                 case ARG_VLIM:

@@ -77,6 +77,17 @@ class TestPlanSources(tierd.DaemonTestCase):
         p = self.plan("--socket", self.socket, "--no-bench", "--no-tierd", *MODEL, expect=2)
         self.assertIn("--vram must be above 0", p.stderr)
 
+    def test_empty_socket(self) -> None:
+        """plan --socket "" is a usage error, as tierctl --socket "" is: libtier took "" as "the default", so a
+        script's --socket "$UNSET" planned from $TIER_SOCKET's (or the system's) tierd, sources saying "tierd"."""
+        with tempfile.TemporaryDirectory() as cache:
+            p = subprocess.run([tierctl_path(), "plan", "--json", "--socket", "", "--vram", "16G", "--host-ram",
+                                "64G", *MODEL], capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "XDG_CACHE_HOME": cache, "TIER_SOCKET": self.socket})
+        self.assertEqual(p.returncode, 2, p)     # it was 0, the drives and their speed from $TIER_SOCKET's tierd
+        self.assertIn("tierctl plan: --socket needs a path, not an empty string", p.stderr)
+        self.assertEqual(p.stdout, "")
+
     def test_unreachable_tierd(self) -> None:
         d = json.loads(self.plan("--json", "--socket", "/nonexistent/tierd.sock", "--vram", "16G",
                                  "--host-ram", "64G", *MODEL).stdout)
