@@ -120,6 +120,16 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
                  unsigned *blocked);
 
 /*
+ * engine_make_space() - choose victims in @tier of @want's job and free or
+ * drain them until @need bytes are freed or coming (victims.c).  Returns
+ * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started, or copies
+ * that could go are in a transfer), -EAGAIN (@op does not wait), -ENOSPC
+ * (nothing can go) or another -errno.  *@blocked counts the victims passed
+ * over because writing them down failed already.
+ */
+int engine_make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, unsigned *blocked);
+
+/*
  * engine_drain_failed() - writing @v's copy in @tier down failed with @r
  * (@reserving: its room below could not be reserved, no transfer failed):
  * @v is blocked until the tier below changes, and for want of room

@@ -97,6 +97,13 @@ typedef struct EngineSchedOps {
          * those that may go).
          */
         size_t (*victim_order)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+        /*
+         * Does victim_order() keep every candidate in its order, whatever the
+         * deadline (lru, ondemand)?  Then make_space() walks the job's LRU list
+         * and stops once it has the room, instead of listing every candidate.
+         * NULL: no.
+         */
+        bool (*victims_lru)(void *userdata, int tier);
         /* Is @t's next planned access write-only (its bytes need not be kept)?  true: it is dropped as dead */
         bool (*overwrites_next)(void *userdata, Tensor *t);
         /* Charge @j's fair share for @bytes of link time the engine spends for it (drains). */
@@ -133,6 +140,7 @@ struct Engine {
         List xfers;             /* Xfer.link: transfers in flight (or waiting for the VRAM link) */
         unsigned n_xfers;
         uint64_t runs;          /* engine_run() calls so far (status: an idle tierd does not spin) */
+        uint64_t victim_steps;  /* copies looked at choosing victims (victims.c; the tests count the work) */
         LinkStats links[_LINK_MAX];
         VramLink vlink;
         /*
@@ -254,10 +262,10 @@ bool engine_copy_evictable(const Tensor *t, int tier);
 /*
  * engine_victims() - the candidate victims of job @j in @tier: its copies
  * there that may go now (engine_copy_evictable()), least recently used
- * first, @except (NULL: none) left out.  The one candidate set of every
+ * first (Job.lru), @except (NULL: none) left out.  The one candidate set of every
  * choice of victims: the engine's make_space() and reclaim, the
  * scheduler's admission and write-behind, which then order it with
  * EngineSchedOps.victim_order.  Returns how many; *@ret is a new array (to
  * free()) with room for one more.  -ENOMEM.
  */
-int engine_victims(const Engine *e, const Job *j, int tier, const Tensor *except, Tensor ***ret, size_t *ret_n);
+int engine_victims(Engine *e, const Job *j, int tier, const Tensor *except, Tensor ***ret, size_t *ret_n);

@@ -146,7 +146,7 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
          */
         if (e->sched && e->sched->charge)
                 e->sched->charge(e->sched_userdata, v->job, v->alloc_size);
-        v->copy[tier].state = COPY_DRAINING;
+        copy_set_state(v, tier, COPY_DRAINING);
         *draining += v->alloc_size;
         if (trace_on(&e->trace))
                 victim_trace(e, v, tier, TRACE_WHY_DRAIN, flags);
@@ -155,76 +155,6 @@ int victim_evict(Engine *e, Tensor *v, int tier, uint32_t flags, uint64_t *freed
 
 bool engine_copy_evictable(const Tensor *t, int tier) {
         return copy_evictable(t, tier);
-}
-
-int engine_victims(const Engine *e, const Job *j, int tier, const Tensor *except, Tensor ***ret, size_t *ret_n) {
-        _cleanup_free_ Tensor **cands = NULL;
-        size_t n = 0;
-
-        cands = calloc(j->n_tensors + 1, sizeof(Tensor *));
-        if (!cands)
-                return -ENOMEM;
-        list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
-                Copy *c = list_entry(node, Copy, lru);
-                Tensor *v = container_of(c, Tensor, copy[tier]);
-
-                if (v->job == j && v != except && copy_evictable(v, tier) && n < j->n_tensors)
-                        cands[n++] = v;
-        }
-        *ret = TAKE_PTR(cands);
-        *ret_n = n;
-        return 0;
-}
-
-/*
- * Choose victims in @tier of @want's job and free or drain them.  Returns
- * ADV_RETRY (something was freed), ADV_WAIT_SPACE (drains started, or copies
- * that could go are in a transfer), -EAGAIN (@op does not wait), -ENOSPC
- * (nothing can go) or another -errno.  *@blocked counts the victims passed
- * over because writing them down failed already.
- */
-static int make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, unsigned *blocked) {
-        Job *j = want->job;
-        uint64_t freed = 0, draining = 0, moving = 0;
-        _cleanup_free_ Tensor **cands = NULL;
-        size_t n = 0, k;
-        int r;
-
-        /* room that comes by itself: copies being drained, or in a transfer (which ends on its own) */
-        list_for_each_safe(node, tmp, &e->registry->lru[tier]) {
-                Copy *c = list_entry(node, Copy, lru);
-                Tensor *v = container_of(c, Tensor, copy[tier]);
-
-                if (v->job != j)
-                        continue;
-                if (c->state == COPY_DRAINING)
-                        draining += tier == LEVEL_NVME ? 0 : v->alloc_size;
-                else if (v != want && (v->xfer || j->frozen) && c->pins == 0)
-                        moving += v->alloc_size;        /* (a frozen job's: once its rollback's wait ends) */
-        }
-        r = engine_victims(e, j, tier, want, &cands, &n);
-        if (r < 0)
-                return r;
-        /* the policy orders them (LRU as listed, or Belady by next use) */
-        k = e->sched && e->sched->victim_order ?
-                e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
-
-        for (size_t i = 0; i < k && freed + draining < need; i++) {
-                r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
-                if (r < 0)
-                        return r;
-        }
-        if (freed > 0)
-                return ADV_RETRY;
-        if (draining > 0)
-                return ADV_WAIT_SPACE;
-        if (op->no_wait)
-                return -EAGAIN;
-        /*
-         * copies in a transfer may go once it ends (engine_xfer_ended() wakes the waiters), a
-         * frozen job's once it thaws (ipc/commit.c wakes them)
-         */
-        return moving > 0 ? ADV_WAIT_SPACE : -ENOSPC;
 }
 
 /*
@@ -287,7 +217,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                                 return ADV_WAIT_SPACE;
                 }
                 blocked = 0;
-                r = make_space(e, op, t, tier, copy_room_needed(t, tier), &blocked);
+                r = engine_make_space(e, op, t, tier, copy_room_needed(t, tier), &blocked);
                 if (r == ADV_RETRY && attempt < RESERVE_ATTEMPTS_MAX)
                         continue;
                 if (r == ADV_WAIT_SPACE)
@@ -336,7 +266,7 @@ static int copy_reserve(Op *op, Tensor *t, int tier) {
                 }
                 return r;
         }
-        c->state = COPY_FILLING;
+        copy_set_state(t, tier, COPY_FILLING);
         c->pins = 0;
         copy_touch(t, tier);
         return 0;
@@ -359,7 +289,7 @@ static int zero_fill(Op *op, Tensor *t, int tier) {
                                 return op_fail(op, r, "cannot zero VRAM: %s", vram_zero_why(r));
                 }
         }
-        c->state = COPY_RESIDENT;
+        copy_set_state(t, tier, COPY_RESIDENT);
         c->version = t->version;
         /*
          * A dead tensor's zeros (its plan's own hold, past the write) are not its bytes: no other
@@ -399,7 +329,7 @@ static int refill_stale(Op *op, Tensor *t, int tier) {
                                "up to date after that pin goes; pin again then", t->name, t->job->name,
                                level_to_string(tier), c->writers > 0 ? "" : " of before tierd restarted, which "
                                "may still write into it (until each rank that held it attaches again)");
-        c->state = COPY_FILLING;
+        copy_set_state(t, tier, COPY_FILLING);
         tensor_note(t);
         return 0;
 }
@@ -525,7 +455,7 @@ static int ensure_copy(Op *op, Tensor *t, int tier) {
          */
         if (op->discard && tier != LEVEL_NVME && op->tensor == t && op->tier == tier &&
             !(op->write && tensor_needs_image(t))) {
-                c->state = COPY_RESIDENT;
+                copy_set_state(t, tier, COPY_RESIDENT);
                 c->version = t->version;
                 c->unwritten = true;    /* not the tensor's bytes until its writer wrote them */
                 return ADV_DONE;
@@ -639,7 +569,7 @@ static int op_advance(Op *op) {
                                 return r;
                 }
                 if (t->copy[op->tier].state == COPY_DRAINING)
-                        t->copy[op->tier].state = COPY_RESIDENT;        /* cancel the drain */
+                        copy_set_state(t, op->tier, COPY_RESIDENT);        /* cancel the drain */
                 r = ensure_copy(op, t, op->tier);
                 /*
                  * A pin that may write waits while a transfer of the tensor runs, as the fast path
@@ -735,7 +665,7 @@ static void drain_failed(Op *op, int r) {
                    "Cannot write tensor '%s' of job '%s' down from %s: %s",
                    op->tensor->name, op->tensor->job->name, level_to_string(op->tier), op->error);
         if (c->state == COPY_DRAINING)
-                c->state = COPY_RESIDENT;
+                copy_set_state(op->tensor, op->tier, COPY_RESIDENT);
 }
 
 static void engine_run_queue(Engine *e) {
@@ -846,7 +776,7 @@ void engine_cancel_job(Engine *e, Job *j) {
                 if (op->tensor->job != j)
                         continue;
                 if (op->kind == OP_DRAIN && op->tensor->copy[op->tier].state == COPY_DRAINING)
-                        op->tensor->copy[op->tier].state = COPY_RESIDENT;
+                        copy_set_state(op->tensor, op->tier, COPY_RESIDENT);
                 op_cancel(op);
         }
 }
@@ -862,7 +792,7 @@ static unsigned cancel_internal(Engine *e, const Tensor *t, const Job *j) {
                 if (!op->internal || (t ? v != t : v->job != j))
                         continue;
                 if (op->kind == OP_DRAIN && v->copy[op->tier].state == COPY_DRAINING)
-                        v->copy[op->tier].state = COPY_RESIDENT;
+                        copy_set_state(v, op->tier, COPY_RESIDENT);
                 op_cancel(op);
                 n_cancelled++;
         }

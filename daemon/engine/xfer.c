@@ -162,7 +162,7 @@ static void xfer_finish_now(Xfer *x) {
                  * A copy still pinned (an async pin's op holds it, or a reader of the stale copy refilled
                  * in place): its bytes are garbage now, and it goes once the last pin does (stale).
                  */
-                d->state = COPY_RESIDENT;
+                copy_set_state(t, x->dst, COPY_RESIDENT);
                 d->version = t->version - 1;
                 d->unwritten = true;
         } else if (x->error < 0)
@@ -180,7 +180,7 @@ static void xfer_finish_now(Xfer *x) {
                  */
                 copy_free(t, x->dst);
         else {
-                d->state = COPY_RESIDENT;
+                copy_set_state(t, x->dst, COPY_RESIDENT);
                 d->version = x->version;
                 d->unwritten = false;   /* (a stale copy refilled in place: garbage a failed fill left, a ghost's room) */
                 copy_touch(t, x->dst);
@@ -190,14 +190,14 @@ static void xfer_finish_now(Xfer *x) {
                 Copy *v = &t->copy[LEVEL_VRAM];
 
                 if (error >= 0 && v->state == COPY_FILLING) {
-                        v->state = COPY_RESIDENT;
+                        copy_set_state(t, LEVEL_VRAM, COPY_RESIDENT);
                         v->version = x->version;
                         v->unwritten = false;
                         copy_touch(t, LEVEL_VRAM);
                         tensor_note(t);
                 } else if (v->state == COPY_FILLING && v->pins > 0) {
                         /* as d above: garbage now, it goes, stale, with its last pin */
-                        v->state = COPY_RESIDENT;
+                        copy_set_state(t, LEVEL_VRAM, COPY_RESIDENT);
                         v->version = t->version - 1;
                         v->unwritten = true;
                 } else if (v->state == COPY_FILLING)

@@ -604,7 +604,7 @@ static int submit(Rpc *rpc, Conn *c, uint64_t seq, int kind, Tensor *t, int tier
                 uint64_t fence = async ? c->next_fence++ : 0;
 
                 if (cp->state == COPY_DRAINING)
-                        cp->state = COPY_RESIDENT;      /* wanted again: keep it */
+                        copy_set_state(t, tier, COPY_RESIDENT);      /* wanted again: keep it */
                 /* counted before pin_record(): a writer's pin takes a ghost copy over only beside another pin */
                 cp->pins++;
                 r = pin_record(c, t, tier, write_only, rw);

@@ -277,7 +277,7 @@ static void hold_fill(Plan *p, int h, uint64_t deadline, CandList *cands) {
                 if (copy_valid(t, a->tier) && !t->xfer && !((a->mode & PLAN_WRITE) && tensor_needs_image(t)) &&
                     engine_pin_check(p->sched->engine, t, a->tier, NULL, 0) == 0) {
                         if (c->state == COPY_DRAINING)
-                                c->state = COPY_RESIDENT;       /* wanted: cancel the drain */
+                                copy_set_state(t, a->tier, COPY_RESIDENT);       /* wanted: cancel the drain */
                         c->pins++;
                         hs->pinned[i] = true;
                         hold->n_pinned++;
@@ -924,10 +924,6 @@ void sched_plan_free(Plan *p) {
 
 /* ---- the scheduler ---------------------------------------------------------------------------------------- */
 
-static size_t ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
-        return sched_victim_order(userdata, tier, cands, n, deadline_ns);
-}
-
 static bool ops_overwrites_next(void *userdata, Tensor *t) {
         return sched_drops_dead(t);
 }
@@ -953,7 +949,8 @@ static uint64_t ops_next_use(void *userdata, Tensor *t, int tier) {
 }
 
 static const EngineSchedOps sched_engine_ops = {
-        .victim_order = ops_victim_order,
+        .victim_order = sched_ops_victim_order,
+        .victims_lru = sched_ops_victims_lru,
         .overwrites_next = ops_overwrites_next,
         .charge = ops_charge,
         .changed = ops_changed,

@@ -125,6 +125,9 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned lim
  * Returns how many of @cands remain, best victim first.
  */
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+/* EngineSchedOps.victim_order and .victims_lru (@userdata: the Sched). */
+size_t sched_ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+bool sched_ops_victims_lru(void *userdata, int tier);
 /* When @t's copy in @tier is next needed, as the victim order sees it (UINT64_MAX: never). */
 uint64_t sched_victim_next_use(Tensor *t, int tier);
 /* Under the timeline policy: is @t's next planned access (after the current phase) write-only? */

@@ -109,6 +109,17 @@ static size_t victim_filter_tier(Tensor **cands, size_t n, int tier, uint64_t de
         return k;
 }
 
+size_t sched_ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
+        return sched_victim_order(userdata, tier, cands, n, deadline_ns);
+}
+
+/* Under lru and ondemand sched_victim_order() keeps the candidates' order (least recently used first). */
+bool sched_ops_victims_lru(void *userdata, int tier) {
+        const Sched *s = userdata;
+
+        return s->config->sched_policy != SCHED_POLICY_TIMELINE;
+}
+
 /* EngineSchedOps.victim_order's contract (daemon/engine/engine.h): cands[0..k) may go, best first; cands[k..n) stay. */
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
         _cleanup_free_ Victim *v = NULL;

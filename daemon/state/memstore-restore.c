@@ -113,7 +113,7 @@ static bool restore_copy(MemStore *ms, Registry *r, Tensor *t, int tier, const M
         }
         c->pieces = pieces;
         c->n_pieces = mc->n_pieces;
-        c->state = COPY_RESIDENT;
+        copy_set_state(t, tier, COPY_RESIDENT);
         c->version = version;
         copy_account(t, tier, (int64_t) t->alloc_size);
         copy_touch(t, tier);

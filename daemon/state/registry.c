@@ -129,8 +129,10 @@ int job_new(Registry *r, const char *name, uid_t uid, Job **ret) {
         list_init(&j->conns);
         list_init(&j->plans);
         list_init(&j->tensors);
-        for (int i = 0; i < TIERS; i++)
+        for (int i = 0; i < TIERS; i++) {
                 list_init(&j->segments[i]);
+                list_init(&j->lru[i]);
+        }
         j->limit[LEVEL_VRAM] = r->config->vram_job_limit;
         j->limit[LEVEL_HOST] = r->config->host_job_limit;
         j->limit[LEVEL_NVME] = r->config->nvme_job_limit;

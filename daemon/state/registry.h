@@ -82,6 +82,7 @@ typedef struct Copy {
         uint64_t version;
         uint64_t last_use;      /* monotonic usec, for victim choice */
         List lru;               /* in Registry.lru[tier] while allocated */
+        List job_lru;           /* and in its job's Job.lru[tier], in the same order */
         /* host / vram */
         CopyPiece *pieces;      /* &one, or an array for a tensor that spans segments; NULL while absent */
         uint32_t n_pieces;
@@ -215,6 +216,8 @@ struct Job {
         uint64_t used[TIERS];
         uint64_t pinned[TIERS];
         List segments[TIERS];   /* Segment.owner_link (host, vram) */
+        List lru[TIERS];        /* Copy.job_lru: its copies, least recently used first (Registry.lru's order) */
+        uint64_t draining[TIERS]; /* bytes of its copies in COPY_DRAINING (copy_set_state()) */
         int fence_fd;           /* memfd of the FencePage */
         FencePage *fences;
         uint64_t fence_slots[4]; /* bitmap of FENCE_SLOTS */
@@ -445,8 +448,10 @@ int space_explain(const Tensor *t, int tier, SpaceShort why, char *buf, size_t s
 
 /* Count space the copy of @t in @tier takes (@delta > 0) or gives back, for its job and in all. */
 void copy_account(Tensor *t, int tier, int64_t delta);
-/* The copy was used now: most recently used in its tier's LRU list. */
+/* The copy was used now: most recently used in its tier's LRU list, and in its job's. */
 void copy_touch(Tensor *t, int tier);
+/* Set the state of @t's copy in @tier: the one way to, so that Job.draining stays true. */
+void copy_set_state(Tensor *t, int tier, CopyState state);
 /* Release a copy's space (no I/O); tells the ops' space_freed(). */
 void copy_free(Tensor *t, int tier);
 /* Free the copies that no longer hold the newest data and are not in use. */

@@ -448,7 +448,7 @@ int copy_restore_nvme(Tensor *t, NvmeExtent *ext, uint32_t n) {
                 return -EEXIST;
         c->extents = ext;
         c->n_extents = n;
-        c->state = COPY_RESIDENT;
+        copy_set_state(t, LEVEL_NVME, COPY_RESIDENT);
         c->version = t->version;
         copy_account(t, LEVEL_NVME, (int64_t) ((uint64_t) n * r->nvme->extent_size));
         copy_touch(t, LEVEL_NVME);

@@ -101,8 +101,10 @@ int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret) {
         t->alloc_size = ALIGN_UP(size, SEG_UNIT);
         t->id = ((uint64_t) ++j->next_gen << 32) | slot;
         list_init(&t->waiters);
-        for (int i = 0; i < TIERS; i++)
+        for (int i = 0; i < TIERS; i++) {
                 list_init(&t->copy[i].lru);
+                list_init(&t->copy[i].job_lru);
+        }
         t->name = strdup(name);
         if (!t->name) {
                 free(t);
@@ -207,6 +209,18 @@ void copy_touch(Tensor *t, int tier) {
         c->last_use = now_usec();
         list_del(&c->lru);
         list_add_tail(&t->job->registry->lru[tier], &c->lru);
+        list_del(&c->job_lru);
+        list_add_tail(&t->job->lru[tier], &c->job_lru);
+}
+
+void copy_set_state(Tensor *t, int tier, CopyState state) {
+        Copy *c = &t->copy[tier];
+
+        if (c->state == COPY_DRAINING)
+                t->job->draining[tier] -= t->alloc_size;
+        if (state == COPY_DRAINING)
+                t->job->draining[tier] += t->alloc_size;
+        c->state = state;
 }
 
 void copy_free(Tensor *t, int tier) {
@@ -225,11 +239,12 @@ void copy_free(Tensor *t, int tier) {
                 book_image(r->book, t);
         } else
                 copy_release(t, tier);
-        c->state = COPY_ABSENT;
+        copy_set_state(t, tier, COPY_ABSENT);
         c->version = 0;
         c->writers = 0;
         c->unwritten = false;
         list_del(&c->lru);
+        list_del(&c->job_lru);
         if (tier == LEVEL_NVME)
                 book_version(r->book, t);       /* its NVMe copy was what the index had of it */
         else

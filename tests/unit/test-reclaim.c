@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-reclaim.c: room made for a copy: taken back from other jobs (engine/reclaim.c), or among the job's own. */
+/* test-reclaim.c: room made for a copy: taken back from other jobs (engine/reclaim.c), or among the job's own (victims.c). */
 
 #include <errno.h>
 #include <stdbool.h>
@@ -328,6 +328,54 @@ static void test_nvme_claim_gone_drains(void **state) {
         fixture_free(m);
 }
 
+/* As setup(), under lru, the job held to 8 MiB: 2048 copies of 4 KiB fill it. */
+static void setup_lru(Config *c, void *userdata) {
+        setup(c, userdata);
+        c->sched_policy = SCHED_POLICY_LRU;
+        c->host_job_limit = 8 * MiB;
+}
+
+/*
+ * Under lru a reservation that finds its job at its limit takes the least recently used copies and
+ * stops once it has the room (engine/victims.c).  It looked at every copy in the tier twice for each
+ * choice (the room coming, then every candidate): an eviction storm was quadratic work.  The work is
+ * counted (Engine.victim_steps), not timed; the victims are the same.
+ */
+static void test_lru_victims_stop_early(void **state) {
+        enum { N = 2048, MORE = 64 };
+        Manager *m = fixture_new(32 * MiB, setup_lru, NULL);
+        Tensor *t[N + MORE];
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (unsigned i = 0; i < N + MORE; i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "t%u", i);
+                t[i] = fixture_tensor(j, name, 4096);
+        }
+        for (unsigned i = 0; i < N; i++)
+                fixture_touch(m, t[i], LEVEL_HOST, false);      /* never written: a drop frees it */
+        assert_int_equal(j->used[LEVEL_HOST], 8 * MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, t[0], LEVEL_HOST), 0);  /* pinned: passed over, t1 goes first */
+
+        m->engine->victim_steps = 0;
+        for (unsigned i = N; i < N + MORE; i++)
+                fixture_touch(m, t[i], LEVEL_HOST, false);
+        /* (a walk of every copy per choice: about 2 * MORE * N) */
+        assert_true(m->engine->victim_steps <= 4 * MORE);
+        assert_int_equal(t[0]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        for (unsigned i = 1; i <= MORE; i++)
+                assert_int_equal(t[i]->copy[LEVEL_HOST].state, COPY_ABSENT);
+        assert_int_equal(t[MORE + 1]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(j->used[LEVEL_HOST], 8 * MiB);
+        assert_int_equal(j->draining[LEVEL_HOST], 0);
+        assert_int_equal(tensor_unpin(t[0], LEVEL_HOST, false), 0);
+
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
@@ -336,6 +384,7 @@ int main(void) {
                 cmocka_unit_test(test_lowered_total_makes_room),
                 cmocka_unit_test(test_nvme_guarantee_is_kept),
                 cmocka_unit_test(test_nvme_claim_gone_drains),
+                cmocka_unit_test(test_lru_victims_stop_early),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));

@@ -229,7 +229,7 @@ static void test_stale_read_pin_chained_refill_fails(void **state) {
         assert_false(copy_valid(t, LEVEL_VRAM));
         assert_int_equal(fixture_op(m, OP_CLEAN, t, LEVEL_HOST), 0);    /* written down to NVMe */
         assert_true(copy_valid(t, LEVEL_NVME));
-        t->copy[LEVEL_HOST].state = COPY_DRAINING;                      /* and dropped from host */
+        copy_set_state(t, LEVEL_HOST, COPY_DRAINING);                 /* and dropped from host */
         assert_int_equal(fixture_op(m, OP_DRAIN, t, LEVEL_HOST), 0);
         assert_int_equal(t->copy[LEVEL_HOST].state, COPY_ABSENT);
         assert_true(fixture_op(m, OP_PIN, t, LEVEL_VRAM) < 0);          /* C: NVMe -> host -> VRAM fails */
