@@ -85,6 +85,11 @@ typedef struct Conn {
         PinKey *pin_keys;       /* pins.c: an open-addressing index by tensor and tier */
         uint32_t n_pin_keys, cap_pin_keys;
         uint64_t pin_steps;     /* pins.c: entries pin_forget() looked at, in all (for the tests) */
+        /* jobctl.c: where its last JobTensors page ended, so the next one starts there (no walk) */
+        uint64_t list_job;      /* the job's id (0: none) */
+        uint32_t list_offset;   /* the offset the next page asks for */
+        uint64_t list_next;     /* the id of the tensor it starts with */
+        uint64_t list_steps;    /* tensors JobTensors walked past or listed, in all (for the tests) */
 
         uint32_t *seg_sent;     /* per wire segment id: generation+1 already sent */
         uint32_t n_seg_sent;

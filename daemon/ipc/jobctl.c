@@ -11,7 +11,11 @@
  * tensors: one page of the job's tensors per reply, bounded both in count
  * (JOBCTL_TENSORS_PAGE_MAX) and in packed bytes (JOBCTL_TENSORS_PAGE_BYTES);
  * the client asks again from the next offset.  Each page is a snapshot: a
- * job that changes between pages may list a tensor twice or not at all.
+ * job that changes between pages may list a tensor twice or not at all.  The
+ * connection remembers where its last page ended (Conn.list_*: the job, the
+ * next offset and the id of the tensor there), and a page asked for at that
+ * offset starts there while that tensor lives: walking from the start to the
+ * offset for each page made a listing quadratic in the job's tensors.
  *
  * evict: one OP_EVICT per tensor that has a copy above the target tier and
  * no pin there (pinned ones are skipped and counted); the engine writes a
@@ -151,6 +155,26 @@ static void entry_fill(TensorsPage *e, const Tensor *t, uint64_t now) {
         e->entry.idle_s = last > 0 && now > last ? (double) (now - last) / 1e6 : 0;
 }
 
+List *jobctl_page_start(Conn *c, Job *j, uint32_t offset) {
+        List *node;
+        uint32_t i = 0;
+        Tensor *t;
+
+        if (offset > 0 && c->list_job == j->id && c->list_offset == offset &&
+            (t = tensor_find(j, c->list_next)) != NULL) {
+                c->list_steps++;
+                return &t->job_link;
+        }
+        for (node = j->tensors.next; node != &j->tensors; node = node->next) {
+                c->list_steps++;
+                if (list_entry(node, Tensor, job_link)->doomed)
+                        continue;
+                if (i++ == offset)
+                        break;
+        }
+        return node;
+}
+
 int jobctl_tensors(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobTensors *q) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__TensorsReply tr = TIER__TENSORS_REPLY__INIT;
@@ -159,7 +183,7 @@ int jobctl_tensors(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobTensors *q) {
         uint32_t max = q->limit == 0 || q->limit > JOBCTL_TENSORS_PAGE_MAX ? JOBCTL_TENSORS_PAGE_MAX : q->limit;
         uint64_t now = now_usec();
         size_t n = 0, bytes = 0;
-        uint32_t i = 0;
+        List *node;
         int r = 0;
         Job *j;
 
@@ -171,13 +195,13 @@ int jobctl_tensors(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobTensors *q) {
         if (!page || !ep)
                 return conn_reply_error(c, seq, -ENOMEM, "out of memory");
 
-        list_for_each_safe(node, tmp, &j->tensors) {
+        /* the page starts where the connection's last one ended: no walk from the start (quadratic) */
+        for (node = jobctl_page_start(c, j, q->offset); node != &j->tensors; node = node->next) {
                 const Tensor *t = list_entry(node, Tensor, job_link);
                 size_t sz;
 
+                c->list_steps++;
                 if (t->doomed)
-                        continue;
-                if (i++ < q->offset)
                         continue;
                 if (n >= max)
                         break;
@@ -190,6 +214,10 @@ int jobctl_tensors(Rpc *rpc, Conn *c, uint64_t seq, const Tier__JobTensors *q) {
                 ep[n] = &page[n].entry;
                 n++;
         }
+        /* the next page starts at @node's tensor (none: a walk, which finds the end) */
+        c->list_job = node != &j->tensors ? j->id : 0;
+        c->list_offset = q->offset + (uint32_t) n;
+        c->list_next = node != &j->tensors ? list_entry(node, Tensor, job_link)->id : 0;
         tr.job = j->name;
         tr.total = j->n_tensors;
         tr.offset = q->offset;

@@ -15,6 +15,19 @@ typedef struct Tier__JobTensors Tier__JobTensors;
 /* Bytes of packed entries a JobTensors reply holds at most (well inside a client's receive buffer). */
 #define JOBCTL_TENSORS_PAGE_BYTES (48u << 10)
 
+typedef struct Job Job;
+typedef struct List List;
+
+/*
+ * jobctl_page_start() - where @c's page of @j's tensors at @offset starts
+ * (a node of Job.tensors, or &j->tensors: none left).  The tensor after
+ * @c's last page, when it asks for the offset that page ended at and that
+ * tensor is still there (a page is a snapshot: a job that changed between
+ * pages may list a tensor twice or not at all); else a walk from the
+ * start, skipping @offset tensors (not doomed ones).
+ */
+List *jobctl_page_start(Conn *c, Job *j, uint32_t offset);
+
 /*
  * Each handler answers @seq on @c (control or job connection) and returns
  * < 0 only when @c must be closed.  Allowed to the job's uid, root and

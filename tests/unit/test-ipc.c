@@ -841,6 +841,68 @@ static void test_commit_refused_while_rollback_waits(void **state) {
  * entries: 65536 pins unpinned in order took 6.6 s of tierd's loop), and
  * each forget returns the latest pin of its pair, whatever the others.
  */
+/*
+ * tierctl tensors pages through a job's tensors by offset: each page walked the job's list from its start to
+ * the offset, so a listing was quadratic in the tensors.  A page asked for where the connection's last one
+ * ended starts there (Conn.list_*); the tensors walked (Conn.list_steps) are counted, not timed.
+ */
+static void test_tensor_pages_resume(void **state) {
+        enum { N = 4096, PAGE = 64 };
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        bool *seen = calloc(N, sizeof(bool));
+        uint32_t offset = 0;
+        Peer owner, ctl;
+        Job *j;
+
+        assert_non_null(seen);
+        peer_new(m, 0, 0, &owner);
+        assert_int_equal(peer_hello(&owner, "ls"), 0);
+        j = job_find(m->registry, "ls");
+        for (int i = 0; i < N; i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "t%d", i);
+                (void) fixture_tensor(j, name, 4096);
+        }
+        peer_new(m, 0, 0, &ctl);
+        assert_int_equal(peer_hello(&ctl, ""), 0);
+        for (;;) {
+                Tier__Request req = TIER__REQUEST__INIT;
+                Tier__JobTensors q = TIER__JOB_TENSORS__INIT;
+                Tier__Reply *reply;
+                Tier__TensorsReply *tr;
+                size_t n;
+
+                q.job = (char *) "ls";
+                q.offset = offset;
+                q.limit = PAGE;
+                req.op_case = TIER__REQUEST__OP_JOB_TENSORS;
+                req.job_tensors = &q;
+                reply = peer_call(&ctl, &req);
+                tr = reply->response->tensors;
+                assert_non_null(tr);
+                assert_int_equal(tr->total, N);
+                for (size_t i = 0; i < tr->n_tensors; i++) {
+                        int k = atoi(tr->tensors[i]->name + 1);
+
+                        assert_false(seen[k]);          /* each once, in order */
+                        assert_int_equal(k, (int) offset + (int) i);
+                        seen[k] = true;
+                }
+                n = tr->n_tensors;
+                tier__reply__free_unpacked(reply, NULL);
+                offset += (uint32_t) n;
+                if (n == 0 || offset >= N)
+                        break;
+        }
+        assert_int_equal(offset, N);
+        assert_true(ctl.conn->list_steps <= 3 * (uint64_t) N);  /* (from the start each page: about N^2 / 2 / PAGE) */
+        free(seen);
+        peer_free(&ctl);
+        peer_free(&owner);
+        fixture_free(m);
+}
+
 static void test_pins_found_by_index(void **state) {
         enum { N = 8192 };
         Tensor *t = calloc(N, sizeof(Tensor));  /* (read pins only: pin_record() looks at nothing in them) */
@@ -902,6 +964,7 @@ int main(void) {
                 cmocka_unit_test(test_stale_check_keeps_non_socket),
                 cmocka_unit_test(test_marker_before_next_request),
                 cmocka_unit_test(test_pins_found_by_index),
+                cmocka_unit_test(test_tensor_pages_resume),
         };
 
         return fixture_main("ipc", tests, sizeof(tests) / sizeof(tests[0]));
