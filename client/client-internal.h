@@ -107,6 +107,9 @@ typedef struct ClientHeld {
         bool write;             /* (a read pin is kept too: an unpin takes the last pin of its tensor and tier) */
         bool phase;             /* a plan phase's grant, not a pin */
         uint64_t phase_seq;     /* the marker of the phase it was granted in */
+        bool used;              /* a free slot is not */
+        uint32_t next;          /* slot + 1 of the entry added before it with its key (a free one: the next
+                                 * free slot + 1); 0 ends it */
 } ClientHeld;
 
 /* A tensor of the submitted plan: its id (as tierd numbers it on this connection) and its slot. */
@@ -197,8 +200,12 @@ struct tier_client {
                                          * that broke the connection (none did yet); 0: -ERESTART */
 
         /* grants held (held.c) */
-        ClientHeld *held;
-        size_t n_held, cap_held;
+        ClientHeld *held;               /* slots [0, n_held_slots); an entry never moves */
+        size_t n_held, cap_held;        /* entries held; slots allocated */
+        uint32_t n_held_slots, free_held; /* free slots chained from free_held (slot + 1; 0: none) */
+        uint32_t *held_keys;            /* index by (id, tier, phase): slot + 1 of the latest entry, 0: empty */
+        uint32_t n_held_keys, cap_held_keys;
+        uint64_t held_steps;            /* index entries and chain links looked at (for the tests) */
 
         /* the submitted plan */
         PlanPage *plan_page;

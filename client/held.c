@@ -28,28 +28,131 @@
  */
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/client-internal.h"
 
-static int held_add(tier_client *c, ClientHeld h) {
-        if (c->n_held == c->cap_held) {
-                size_t cap = c->cap_held ? c->cap_held * 2 : 16;
-                ClientHeld *x = reallocarray(c->held, cap, sizeof(ClientHeld));
+static uint32_t key_hash(uint64_t id, int tier, bool phase, uint32_t mask) {
+        uint64_t x = (id ^ ((uint64_t) tier << 1 | phase) << 59) * UINT64_C(0x9e3779b97f4a7c15);
 
-                if (!x)
-                        return -ENOMEM;
-                c->held = x;
-                c->cap_held = cap;
+        return (uint32_t) (x >> 32) & mask;
+}
+
+/* The index entry of (@id, @tier, @phase), or the empty one where it would go; the table has room. */
+static uint32_t *key_find(tier_client *c, uint64_t id, int tier, bool phase) {
+        uint32_t mask = c->cap_held_keys - 1;
+
+        for (uint32_t i = key_hash(id, tier, phase, mask);; i = (i + 1) & mask) {
+                uint32_t *k = &c->held_keys[i];
+                const ClientHeld *h = *k ? &c->held[*k - 1] : NULL;
+
+                c->held_steps++;
+                if (!h || (h->id == id && h->tier == tier && h->phase == phase))
+                        return k;
         }
-        c->held[c->n_held++] = h;
+}
+
+/* Room in the index for one key more (at most half full). */
+static int keys_reserve(tier_client *c) {
+        uint32_t cap = c->cap_held_keys ? c->cap_held_keys * 2 : 16, old_cap = c->cap_held_keys, *old = c->held_keys;
+
+        if ((c->n_held_keys + 1) * 2 <= c->cap_held_keys)
+                return 0;
+        if (cap < c->cap_held_keys)
+                return -ENOMEM;
+        c->held_keys = calloc(cap, sizeof(uint32_t));
+        if (!c->held_keys) {
+                c->held_keys = old;
+                return -ENOMEM;
+        }
+        c->cap_held_keys = cap;
+        for (uint32_t i = 0; i < old_cap; i++)
+                if (old[i]) {
+                        const ClientHeld *h = &c->held[old[i] - 1];
+
+                        *key_find(c, h->id, h->tier, h->phase) = old[i];
+                }
+        free(old);
         return 0;
 }
 
-static void held_del(tier_client *c, size_t i) {
-        free(c->held[i].name);
-        memmove(c->held + i, c->held + i + 1, (c->n_held - i - 1) * sizeof(ClientHeld));
+/* Remove index entry @k, shifting back the ones after it that probed past it (no tombstones). */
+static void key_remove(tier_client *c, uint32_t *k) {
+        uint32_t mask = c->cap_held_keys - 1, hole = (uint32_t) (k - c->held_keys);
+
+        for (uint32_t i = (hole + 1) & mask; c->held_keys[i]; i = (i + 1) & mask) {
+                const ClientHeld *h = &c->held[c->held_keys[i] - 1];
+                uint32_t home = key_hash(h->id, h->tier, h->phase, mask);
+
+                /* it may move to the hole if the hole lies on its probe path, from home to i */
+                if (((i - home) & mask) >= ((i - hole) & mask)) {
+                        c->held_keys[hole] = c->held_keys[i];
+                        hole = i;
+                }
+        }
+        c->held_keys[hole] = 0;
+        c->n_held_keys--;
+}
+
+/*
+ * The entries sit in slots that never move (a freed one is chained into a
+ * free list and reused); those of one tensor id, tier and kind (pin or phase
+ * grant) form a chain through ClientHeld.next, latest first, whose head an
+ * open-addressing table holds (held_keys: linear probing, at most half full).
+ * An unpin finds its entry in constant time on average: a scan of all of
+ * them (and a memmove to close the gap) made unpinning N pins quadratic.
+ */
+static int held_add(tier_client *c, ClientHeld h) {
+        uint32_t slot, *k;
+
+        if (keys_reserve(c) < 0)
+                return -ENOMEM;
+        if (c->free_held) {
+                slot = c->free_held - 1;
+                c->free_held = c->held[slot].next;
+        } else {
+                if (c->n_held_slots == c->cap_held) {
+                        size_t cap = c->cap_held ? c->cap_held * 2 : 16;
+                        ClientHeld *x;
+
+                        if (cap > UINT32_MAX - 1)
+                                return -ENOMEM;
+                        x = reallocarray(c->held, cap, sizeof(ClientHeld));
+                        if (!x)
+                                return -ENOMEM;
+                        c->held = x;
+                        c->cap_held = cap;
+                }
+                slot = c->n_held_slots++;
+        }
+        k = key_find(c, h.id, h.tier, h.phase);
+        if (!*k)
+                c->n_held_keys++;
+        h.used = true;
+        h.next = *k;
+        c->held[slot] = h;
+        *k = slot + 1;
+        c->n_held++;
+        return 0;
+}
+
+/* Forget the entry in @slot: out of its key's chain (the head, but for a closed handle's), its slot freed. */
+static void held_del(tier_client *c, uint32_t slot) {
+        ClientHeld *h = &c->held[slot];
+        uint32_t *k = key_find(c, h->id, h->tier, h->phase), *link = k;
+
+        while (*link != slot + 1) {
+                c->held_steps++;
+                link = &c->held[*link - 1].next;
+        }
+        *link = h->next;
+        if (!*k)
+                key_remove(c, k);
+        free(h->name);
+        *h = (ClientHeld) { .next = c->free_held };
+        c->free_held = slot + 1;
         c->n_held--;
 }
 
@@ -58,46 +161,46 @@ int held_pin(tier_client *c, tier_tensor *t, int tier, bool write) {
 }
 
 void held_unpin(tier_client *c, const tier_tensor *t, int tier) {
-        for (size_t i = c->n_held; i > 0; i--) {
-                const ClientHeld *h = &c->held[i - 1];
+        uint32_t *k;
 
-                if (!h->phase && h->tier == tier && h->id == t->id) {
-                        held_del(c, i - 1);
-                        return;
-                }
-        }
+        if (c->n_held == 0)
+                return;
+        k = key_find(c, t->id, tier, false);
+        if (*k)
+                held_del(c, *k - 1);    /* the latest pin of the tensor in the tier */
 }
 
 int held_phase_grant(tier_client *c, tier_tensor *t, int tier) {
+        uint32_t *k = c->n_held > 0 ? key_find(c, t->id, tier, true) : NULL;
+
         /* by id: one entry per tensor and tier, whichever handle (one closed since included) got the grant */
-        for (size_t i = 0; i < c->n_held; i++)
-                if (c->held[i].phase && c->held[i].id == t->id && c->held[i].tier == tier) {
-                        c->held[i].phase_seq = c->plan_seq;
-                        return 0;
-                }
+        if (k && *k) {
+                c->held[*k - 1].phase_seq = c->plan_seq;
+                return 0;
+        }
         return held_add(c, (ClientHeld) { .t = t, .id = t->id, .tier = tier, .write = true, .phase = true,
                                           .phase_seq = c->plan_seq });
 }
 
 void held_phase_end(tier_client *c) {
-        for (size_t i = c->n_held; i > 0; i--)
-                if (c->held[i - 1].phase && c->held[i - 1].phase_seq + 1 < c->plan_seq)
-                        held_del(c, i - 1);
+        for (uint32_t i = 0; i < c->n_held_slots; i++)
+                if (c->held[i].used && c->held[i].phase && c->held[i].phase_seq + 1 < c->plan_seq)
+                        held_del(c, i);
 }
 
 void held_phase_clear(tier_client *c) {
-        for (size_t i = c->n_held; i > 0; i--)
-                if (c->held[i - 1].phase)
-                        held_del(c, i - 1);
+        for (uint32_t i = 0; i < c->n_held_slots; i++)
+                if (c->held[i].used && c->held[i].phase)
+                        held_del(c, i);
 }
 
 int held_forget_tensor(tier_client *c, const tier_tensor *t) {
         int r = 0;
 
-        for (size_t i = c->n_held; i > 0; i--) {
-                ClientHeld *h = &c->held[i - 1];
+        for (uint32_t i = 0; i < c->n_held_slots; i++) {
+                ClientHeld *h = &c->held[i];
 
-                if (h->t != t)
+                if (!h->used || h->t != t)
                         continue;
                 /* a pin's or a phase grant's: tierd holds either until its unpin or its phase's end */
                 if (!t->gone) {
@@ -108,15 +211,21 @@ int held_forget_tensor(tier_client *c, const tier_tensor *t) {
                         }
                         r = -ENOMEM;
                 }
-                held_del(c, i - 1);
+                held_del(c, i);
         }
         return r;
 }
 
 void held_clear(tier_client *c) {
-        for (size_t i = 0; i < c->n_held; i++)
-                free(c->held[i].name);
+        for (uint32_t i = 0; i < c->n_held_slots; i++)
+                if (c->held[i].used)
+                        free(c->held[i].name);
         c->n_held = 0;
+        c->n_held_slots = 0;
+        c->free_held = 0;
+        free(c->held_keys);
+        c->held_keys = NULL;
+        c->n_held_keys = c->cap_held_keys = 0;
 }
 
 void held_writes_free(Tier__HeldWrite **w, size_t n) {
@@ -136,10 +245,10 @@ int held_writes(const tier_client *c, Tier__HeldWrite ***ret, size_t *ret_n) {
         w = calloc(c->n_held, sizeof(*w));
         if (!w)
                 return -ENOMEM;
-        for (size_t i = 0; i < c->n_held; i++) {
+        for (uint32_t i = 0; i < c->n_held_slots; i++) {
                 const ClientHeld *h = &c->held[i];
 
-                if (!h->write || (h->t && h->t->gone))
+                if (!h->used || !h->write || (h->t && h->t->gone))
                         continue;
                 w[n] = malloc(sizeof(Tier__HeldWrite));
                 if (!w[n]) {

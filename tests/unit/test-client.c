@@ -509,6 +509,45 @@ static void test_held_writes(void **state) {
 }
 
 /*
+ * An unpin finds its entry through an index (held.c): a scan of every entry held, and a memmove to close
+ * the gap, made unpinning N pins in the order they were pinned quadratic.  The work is counted
+ * (tier_client.held_steps), not timed; the latest pin of a tensor and tier still goes first.
+ */
+static void test_held_unpin_by_index(void **state) {
+        enum { N = 8192 };
+        tier_client c = { .fd = -1 };
+        tier_tensor *t = calloc(N, sizeof(tier_tensor));
+        tier_tensor a = { .id = N + 1, .name = (char *) "a" };
+        bool found;
+
+        (void) state;
+        assert_non_null(t);
+        for (int i = 0; i < N; i++) {
+                t[i] = (tier_tensor) { .id = (uint64_t) i + 1, .name = (char *) "t" };
+                assert_int_equal(held_pin(&c, &t[i], TIER_HOST, i % 2 == 0), 0);
+        }
+        assert_int_equal(held_pin(&c, &a, TIER_VRAM, true), 0);
+        assert_int_equal(held_pin(&c, &a, TIER_VRAM, false), 0);
+        c.held_steps = 0;
+        for (int i = 0; i < N; i++)
+                held_unpin(&c, &t[i], TIER_HOST);
+        assert_true(c.held_steps <= 4 * (uint64_t) N);      /* (a scan: about N^2 / 2) */
+        assert_int_equal(c.n_held, 2);
+        held_unpin(&c, &a, TIER_VRAM);                  /* the read pin, the latest */
+        assert_int_equal(named(&c, "a", TIER_VRAM, &found), 1);
+        assert_true(found);
+        assert_int_equal(held_pin(&c, &t[5], TIER_HOST, true), 0);    /* a freed slot again */
+        held_unpin(&c, &a, TIER_VRAM);
+        held_unpin(&c, &a, TIER_VRAM);                  /* none left: nothing */
+        assert_int_equal(named(&c, "t", TIER_HOST, &found), 1);
+        held_unpin(&c, &t[5], TIER_HOST);
+        assert_int_equal(c.n_held, 0);
+        held_clear(&c);
+        free(c.held);
+        free(t);
+}
+
+/*
  * A phase grant whose handle closed is named still, until its phase is over:
  * tierd keeps the phase's hold whatever became of the handle, and a Hello
  * that left the write out had the copy, a write-only pin's, put back as it
@@ -604,6 +643,7 @@ int main(void) {
                 cmocka_unit_test(test_status_format_einval),
                 cmocka_unit_test(test_held_writes),
                 cmocka_unit_test(test_held_closed_handle),
+                cmocka_unit_test(test_held_unpin_by_index),
                 cmocka_unit_test(test_wakeup_drain),
         };
 
