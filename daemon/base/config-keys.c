@@ -133,23 +133,7 @@ int config_set_string(char **field, const char *value) {
         return 0;
 }
 
-/*
- * Comments are whole lines: "socket = /run/x.sock # old" would be a socket
- * named "x.sock # old", bound without a word.  Numbers and names refuse the
- * "# ..." as junk anyway; a path takes any byte, so a blank followed by '#'
- * or ';' is refused there as what it surely is.
- */
-static int refuse_inline_comment(const char *value, char **ret_reason) {
-        for (const char *p = value; *p; p++)
-                if ((*p == '#' || *p == ';') && p > value && (p[-1] == ' ' || p[-1] == '\t'))
-                        return reason(ret_reason, "'%s' holds a comment: comments are whole lines (a '#' or ';' "
-                                      "first), put it on a line of its own", value);
-        return 0;
-}
-
 CONFIG_PARSER(parse_abs_path) {
-        if (refuse_inline_comment(value, ret_reason) < 0)
-                return -EINVAL;
         if (value[0] != '/')
                 return reason(ret_reason, "'%s' is not an absolute path", value);
         return config_set_string(field, value);
@@ -314,9 +298,6 @@ CONFIG_PARSER(parse_target) {
                 config_clear_targets(c);
                 return 0;
         }
-        if (refuse_inline_comment(value, ret_reason) < 0)
-                return -EINVAL;
-
         if (colon && size_parse(colon + 1, &size) == 0)
                 path = strndup(value, (size_t) (colon - value));
         else {

@@ -241,6 +241,26 @@ static int quota_section_end(Config *c, ParseState *st, const char *filename, ch
         return r;
 }
 
+/*
+ * Comments are whole lines: "socket = /run/x.sock # old" would be a socket
+ * named "x.sock # old", bound without a word.  Numbers and names refuse the
+ * "# ..." as junk anyway; a path (the CONFIG_STRING keys and nvme.target)
+ * takes any byte, so a blank followed by '#' or ';' in a line of a file is
+ * refused there as what it surely is.  Only here, not in the key's parser: a
+ * path given on the command line (config_set_key()) has no comments.
+ */
+static int refuse_inline_comment(const ConfigKey *k, const char *value, const char *filename, unsigned line,
+                                 const char *section, const char *name, char **ret_error) {
+        if (k->type != CONFIG_STRING && k->type != CONFIG_TARGETS)
+                return 0;
+        for (const char *p = value; *p; p++)
+                if ((*p == '#' || *p == ';') && p > value && (p[-1] == ' ' || p[-1] == '\t'))
+                        return line_error(ret_error, filename, line, section, "%s: '%s' holds a comment: comments "
+                                          "are whole lines (a '#' or ';' first), put it on a line of its own",
+                                          name, value);
+        return 0;
+}
+
 static int config_parse_line(Config *c, char *l, const char *filename, unsigned line,
                              ParseState *st, char **ret_error) {
         _cleanup_free_ char *why = NULL;
@@ -310,6 +330,9 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 if (r < 0)
                         return r;
         }
+        r = refuse_inline_comment(k, value, filename, line, st->section, name, ret_error);
+        if (r < 0)
+                return r;
 
         r = k->parse(c, k, value, (uint8_t *) c + k->offset, &why);
         if (r == -EINVAL)

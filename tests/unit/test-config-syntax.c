@@ -130,6 +130,27 @@ static void test_inline_comment_in_path(_unused_ void **state) {
         assert_string_equal(c.targets[0].path, "/dev/disk/by-path/pci-0000:01:00.0-nvme-1");
 }
 
+/*
+ * Only a line of a file has comments: a path given on the command line (--socket, --state-dir, which
+ * go through config_set_key()) is taken whole, a blank and '#' or ';' included.  It was refused as
+ * "holds a comment" since the file's check sat in the key's parser.
+ */
+static void test_inline_comment_only_in_files(_unused_ void **state) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+
+        config_init(&c);
+        if (config_set_key(&c, "daemon", "state_dir", "/srv/run #1", "--state-dir", &error) < 0)
+                fail_msg("--state-dir refused: %s", error);
+        if (config_set_key(&c, "daemon", "socket", "/run/a ;b.sock", "--socket", &error) < 0)
+                fail_msg("--socket refused: %s", error);
+        assert_string_equal(c.state_dir, "/srv/run #1");
+        assert_string_equal(c.socket_path, "/run/a ;b.sock");
+        /* the same values in a file are still refused */
+        parse_fails("[daemon]\nstate_dir = /srv/run #1\n", "test.conf:2: [daemon] state_dir", "holds a comment",
+                    NULL);
+}
+
 /* A byte order mark (an editor's "UTF-8 with BOM") is said as such, not as "missing '=' in '[daemon]'". */
 static void test_byte_order_mark(_unused_ void **state) {
         parse_fails("\xEF\xBB\xBF[daemon]\nlog_level = info\n", "test.conf:1:", "byte order mark", NULL);
@@ -180,6 +201,7 @@ int main(void) {
                 cmocka_unit_test(test_repeatable),
                 cmocka_unit_test(test_dropin_dir_not_a_directory),
                 cmocka_unit_test(test_inline_comment_in_path),
+                cmocka_unit_test(test_inline_comment_only_in_files),
                 cmocka_unit_test(test_byte_order_mark),
         };
 
