@@ -187,6 +187,7 @@ typedef struct ParseState {
         unsigned quota_line;    /* its header's line */
         unsigned quota_field_line[QUOTA_FIELDS];        /* in this [quota] section */
         unsigned key_line[CONFIG_KEYS_MAX];             /* by config_key_index() */
+        size_t quota_first;     /* the first of Config.quotas this file added */
 } ParseState;
 
 /*
@@ -220,6 +221,28 @@ static int quota_field_once(ParseState *st, const char *filename, unsigned line,
         return 0;
 }
 
+/*
+ * Two [quota] sections of one file for the same target (uid 1000 and user
+ * alice are one) that set the same field: the later won silently, as a key
+ * set twice did.  Sections that set different fields of it add up.
+ */
+static int quota_section_once(Config *c, ParseState *st, const char *filename, char **ret_error) {
+        for (size_t i = st->quota_first; i < c->quotas.n; i++) {
+                const QuotaRule *o = &c->quotas.rules[i];
+                uint32_t both = o->set & st->quota.set;
+                char t[128];
+
+                if (!both || !quota_rule_matches(o, st->quota.kind, st->quota.id, st->quota.job))
+                        continue;
+                int f = __builtin_ctz(both);
+                quota_target_format(st->quota.kind, st->quota.id, st->quota.job, t, sizeof(t));
+                return line_error(ret_error, filename, st->quota_field_line[f], "quota",
+                                  "%s: set a second time in this file for %s (an earlier [quota] section "
+                                  "sets it): remove one of the two lines, or merge the sections", quota_field_name(f), t);
+        }
+        return 0;
+}
+
 /* A [quota] section ends (another section begins, or the file ends): check it and keep it. */
 static int quota_section_end(Config *c, ParseState *st, const char *filename, char **ret_error) {
         _cleanup_free_ char *why = NULL;
@@ -229,6 +252,11 @@ static int quota_section_end(Config *c, ParseState *st, const char *filename, ch
                 return 0;
         r = quota_rule_check(&st->quota, &why);
         if (r >= 0) {
+                r = quota_section_once(c, st, filename, ret_error);
+                if (r < 0) {
+                        quota_rule_done(&st->quota);
+                        return r;
+                }
                 r = quota_rules_add(&c->quotas, &st->quota);
                 if (r == -E2BIG)
                         return line_error(ret_error, filename, st->quota_line, "quota", "more than %u [quota] sections",
@@ -378,6 +406,7 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
         copy = strdup(text);
         if (!copy)
                 return -ENOMEM;
+        st.quota_first = c->quotas.n;
 
         for (l = copy; l; l = next) {
                 next = strchr(l, '\n');

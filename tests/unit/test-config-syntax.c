@@ -78,6 +78,23 @@ static void test_quota_field_twice(_unused_ void **state) {
         parse_fails("[quota]\njob = a\njob = b\n", "test.conf:3:", "target already", NULL);
 }
 
+/* Two [quota] sections of one file for one target setting one field: the later won silently. */
+static void test_quota_section_twice(_unused_ void **state) {
+        _cleanup_config_ Config c;
+
+        parse_fails("[quota]\njob = a\nhost = 1G\n\n[quota]\njob = b\nhost = 2G\n\n[quota]\njob = a\nhost = 3G\n",
+                    "test.conf:11: [quota] host: set a second time in this file for job 'a'",
+                    "merge the sections", NULL);
+        /* uid 0 and user root are one target */
+        parse_fails("[quota]\nuid = 0\nweight = 2\n[quota]\nuser = root\nweight = 3\n",
+                    "test.conf:6: [quota] weight: set a second time in this file for uid 0", NULL);
+        /* a later file (a drop-in) overrides field by field */
+        parse_ok(&c, "[quota]\njob = a\nhost = 1G\n");
+        assert_int_equal(config_parse_text(&c, "[quota]\njob = a\nhost = 3G\n", "drop-in.conf", NULL), 0);
+        assert_int_equal(c.quotas.n, 2);
+        assert_int_equal(c.quotas.rules[1].value[QUOTA_MAX(LEVEL_HOST)], 3 * GIB);
+}
+
 /* What is repeatable stays so: sections opened again, [nvme] target, [quota] sections. */
 static void test_repeatable(_unused_ void **state) {
         _cleanup_config_ Config c;
@@ -95,12 +112,12 @@ static void test_repeatable(_unused_ void **state) {
         assert_string_equal(c.targets[1].path, "/c.img");
         config_deinit(&c);
 
-        /* one rule per [quota] section; a later section of the same target overrides field by field */
+        /* one rule per [quota] section; sections of one target that set different fields add up */
         parse_ok(&c, "[quota]\njob = a\nhost = 1G\nweight = 2\n\n[quota]\njob = b\nhost = 2G\n\n"
-                     "[quota]\njob = a\nhost = 3G\n");
+                     "[quota]\njob = a\nvram = 3G\n");
         assert_int_equal(c.quotas.n, 3);
         assert_string_equal(c.quotas.rules[2].job, "a");
-        assert_int_equal(c.quotas.rules[2].value[QUOTA_MAX(LEVEL_HOST)], 3 * GIB);
+        assert_int_equal(c.quotas.rules[2].value[QUOTA_MAX(LEVEL_VRAM)], 3 * GIB);
         config_deinit(&c);
 
         /* a key per file: parsing the next file (a drop-in) overrides */
@@ -198,6 +215,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_key_twice),
                 cmocka_unit_test(test_quota_field_twice),
+                cmocka_unit_test(test_quota_section_twice),
                 cmocka_unit_test(test_repeatable),
                 cmocka_unit_test(test_dropin_dir_not_a_directory),
                 cmocka_unit_test(test_inline_comment_in_path),
