@@ -53,6 +53,7 @@
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
+#include "util/time-util.h"
 
 /* A phase whose duration is not known yet is assumed to take this long. */
 #define DEFAULT_PHASE_NS (1000000ull)
@@ -585,12 +586,21 @@ static void plan_iteration(Plan *p, uint64_t now) {
         uint64_t stall = __atomic_load_n(&p->page->client.stall_ns, __ATOMIC_ACQUIRE);
 
         if (p->iter_start_ns) {
+                /*
+                 * stall_ns is the client's number: its waits in this step each began after a marker of
+                 * the step and ended by now (one at a time), so no more than the time since the step
+                 * began counts (2^64 - 1, then 0, then 2^64 - 1 again wrapped the job's counter round)
+                 */
+                uint64_t real = now_ns(), waited = stall >= p->iter_stall_ns ? stall - p->iter_stall_ns : 0;
+
+                waited = MIN(waited, real > p->iter_start_ns ? real - p->iter_start_ns : 0);
                 p->iterations++;
                 p->last_step_s = (double) (now - p->iter_start_ns) / 1e9;
-                p->last_stall_s = stall >= p->iter_stall_ns ? (double) (stall - p->iter_stall_ns) / 1e9 : 0;
+                p->last_stall_s = (double) waited / 1e9;
                 /* the job's counters: they go on across its plans (a plan's own figures start at 0) */
                 j->plan_iterations++;
-                j->plan_stall_ns += stall >= p->iter_stall_ns ? stall - p->iter_stall_ns : 0;
+                j->plan_stall_ns = j->plan_stall_ns + waited < j->plan_stall_ns ? UINT64_MAX :
+                        j->plan_stall_ns + waited;
                 for (int i = 0; i < _LINK_MAX; i++)
                         p->last_step_links[i] = j->link_bytes[i] - p->iter_links[i];
                 log_debug("sched: job '%s' (weight %u) step %" PRIu64 ": %.3f s, stall %.3f s, NVMe read %" PRIu64

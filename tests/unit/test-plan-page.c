@@ -192,12 +192,52 @@ static void test_marker_never_plain_read(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * stall_ns is the client's number: a step's stall counts at most the time since the step began (the
+ * client waits one phase at a time, each wait after its marker), and the job's counter
+ * (tierd_job_plan_stall_seconds_total) never goes down.  A client that wrote 2^64 - 1, then 0, then
+ * 2^64 - 1 again added about 2^64 ns twice: the counter wrapped and went down.
+ */
+static void test_stall_bounded(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 16 * MiB);
+        uint64_t t0, prev;
+        Tensor *a;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        a = tensor(j, "A", MiB);
+        fixture_host_data(m, a, 1);
+        {
+                Acc acc[] = { { 0, a, LEVEL_HOST, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 1, 1, &p, err, sizeof(err)), 0);
+        }
+        t0 = now_ns();
+        marker(m, p, 0);                        /* the first step begins */
+        prev = j->plan_stall_ns;
+        for (int i = 0; i < 4; i++) {
+                p->page->client.stall_ns = i % 2 ? 0 : UINT64_MAX;
+                marker(m, p, 0);                /* a step ends */
+                assert_int_equal(j->plan_iterations, (uint64_t) i + 1);
+                assert_true(j->plan_stall_ns >= prev);
+                assert_true(j->plan_stall_ns <= now_ns() - t0);
+                assert_true(p->last_stall_s * 1e9 <= (double) (now_ns() - t0));
+                prev = j->plan_stall_ns;
+        }
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_first_piece_not_read_back),
                 cmocka_unit_test(test_error_not_read_back),
                 cmocka_unit_test(test_marker_read_never_blocks),
                 cmocka_unit_test(test_marker_never_plain_read),
+                cmocka_unit_test(test_stall_bounded),
         };
 
         return fixture_main("plan-page", tests, sizeof(tests) / sizeof(tests[0]));
