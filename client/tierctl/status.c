@@ -137,6 +137,7 @@ int verb_status(int argc, char **argv) {
                         deadline_start();       /* each refresh gets --timeout (the first: since connecting) */
                 r = tier_client_status(c, prometheus ? TIER_STATUS_PROMETHEUS : arg_json ? TIER_STATUS_JSON : TIER_STATUS_TABLE,
                                 &text);
+                deadline_stop();        /* tierd has answered: writing it out (a full pipe, a pager) is ours */
                 if (r < 0) {
                         if (arg_interrupted)
                                 break;
@@ -155,10 +156,8 @@ int verb_status(int argc, char **argv) {
                         ret = EXIT_FAILURE;
                         break;
                 }
-                if (watch) {
-                        deadline_stop();        /* the interval is ours, not tierd's */
-                        sleep_interruptible(interval);
-                }
+                if (watch)
+                        sleep_interruptible(interval);  /* the interval is ours, not tierd's */
         } while (watch && !arg_interrupted);
         disconnect_control(c);
         return ret;

@@ -11,6 +11,7 @@ skip otherwise.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -155,6 +156,37 @@ class TestTierctl(tierd.DaemonTestCase):
         """A tierd that answers is not cut short by --timeout, nor waited for without one (0)."""
         for t in ("0", "60", "0.5"):
             self.assertIn("tiers", self.ctl("--timeout", t, "--json", "status").stdout)
+
+    def test_timeout_not_our_output(self) -> None:
+        """--timeout bounds tierd's answer, not tierctl's own writing: a status that waited on a full stdout
+        pipe (a pager not read on, a slow consumer) exited 3 saying tierd did not answer.  The pass does not
+        depend on timing (no deadline runs while tierctl writes); the wait below only lets one run out."""
+        r, w = os.pipe()
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+        p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "--timeout", "0.2", "status",
+                              "--prometheus"], stdout=w, stderr=subprocess.PIPE, text=True)
+        os.close(w)
+        try:
+            # until it waits in write(2) on the full pipe (x86-64 syscall 1; aarch64 64)
+            for _ in range(6000):
+                with open(f"/proc/{p.pid}/syscall") as f:
+                    nr = f.read().split()[0]
+                if nr in ("1", "64") and p.poll() is None:
+                    break
+                time.sleep(0.01)
+            else:
+                self.fail("tierctl never waited on its full stdout")
+            time.sleep(0.6)             # past --timeout 0.2, counted from connecting
+            with os.fdopen(r, "rb") as f:
+                out = f.read()
+            self.assertEqual(p.wait(timeout=60), 0, p.stderr.read())
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stderr.close()
+        self.assertGreater(len(out), 4096)
+        self.assertIn(b"tierd_tier_capacity_bytes", out)
 
     def test_empty_socket(self) -> None:
         """--socket "" is a usage error: libtier took it as "the default", so a script's --socket "$UNSET"
