@@ -164,7 +164,9 @@ void deadline_start(void) {
         if (!socket || !*socket)
                 socket = TIERD_DEFAULT_SOCKET;
         n = snprintf(deadline_text, sizeof(deadline_text), "tierctl: tierd at %s did not answer within %g s: "
-                     "it may be stopped or wedged (--timeout SEC waits longer, --timeout 0 for ever)\n",
+                     "it may be stopped or wedged (--timeout SEC waits longer, --timeout 0 for ever); a change "
+                     "asked of it (quota set, detach, evict) may have been made all the same: see tierctl "
+                     "status or quota get\n",
                      socket, arg_timeout);
         deadline_len = n < 0 ? 0 : MIN((size_t) n, sizeof(deadline_text) - 1);
         if (n >= (int) sizeof(deadline_text))
