@@ -9,7 +9,9 @@
  * directory (a rename within one file system is atomic), flushed to the
  * device, and renamed over the old one; the directory is flushed last, so
  * that the rename itself survives a power cut.  The temporary file is
- * "PATH.XXXXXX" (mkostemp), removed on every error path.
+ * "PATH.XXXXXX" (mkostemp), removed on every error path.  The state
+ * directory itself is trusted only when nobody but tierd's user can put a
+ * name in it (statefile_dir_trusted(), checked at start).
  */
 
 #include <dirent.h>
@@ -242,5 +244,30 @@ int statefile_set_aside(const char *path, char *ret_name, size_t size) {
                 return r;
         aside_prune(dir_fd, base);
         (void) fsync(dir_fd);
+        return 0;
+}
+
+int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why, size_t size) {
+        if (!S_ISDIR(st->st_mode)) {
+                (void) snprintf(why, size, "it is not a directory");
+                return -ENOTDIR;
+        }
+        if (st->st_uid != uid && st->st_uid != 0) {
+                (void) snprintf(why, size, "it belongs to uid %u, not to tierd's user (uid %u) or root: whoever "
+                                "owns it can plant links to other files there (chown it to tierd's user)",
+                                (unsigned) st->st_uid, (unsigned) uid);
+                return -EPERM;
+        }
+        if (st->st_mode & S_IWOTH) {
+                (void) snprintf(why, size, "it is writable by every user (mode %04o): anyone can plant links to "
+                                "other files there (chmod o-w it, as 0750)", (unsigned) (st->st_mode & 07777));
+                return -EPERM;
+        }
+        if ((st->st_mode & S_IWGRP) && st->st_gid != gid) {
+                (void) snprintf(why, size, "it is writable by group %u, not tierd's (gid %u; mode %04o): its "
+                                "members can plant links to other files there (chmod g-w it, as 0750)",
+                                (unsigned) st->st_gid, (unsigned) gid, (unsigned) (st->st_mode & 07777));
+                return -EPERM;
+        }
         return 0;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /*
@@ -36,3 +37,14 @@ int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len);
  * on failure @path is where it was.
  */
 int statefile_set_aside(const char *path, char *ret_name, size_t size);
+
+/*
+ * statefile_dir_trusted() - may a tierd of effective @uid and @gid keep its
+ * state in the directory @st describes?  Only when nobody else can put a
+ * name in it (a symbolic link to a file of root's as an NVMe target, a hard
+ * link as the index): a directory, owned by @uid or root, writable by its
+ * group only when that is @gid, never by others (sticky or not).  0, or
+ * -EPERM with @why (of @size bytes) saying what is wrong; -ENOTDIR when it
+ * is not a directory.
+ */
+int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why, size_t size);

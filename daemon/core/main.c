@@ -30,6 +30,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "daemon/base/config.h"
+#include "daemon/base/statefile.h"
 #include "daemon/base/log.h"
 #include "daemon/core/capacity.h"
 #include "daemon/core/kernel.h"
@@ -382,6 +383,42 @@ static int lock_state_dir(const char *dir) {
         return fd;
 }
 
+/*
+ * Does the state directory (@fd, open) let nobody but tierd's user put a name in it?  tierd, as
+ * root, opens, creates, truncates and writes the files named there (the NVMe index, a relative NVMe
+ * target, the quotas): a link planted by another user would aim that at a file of root's.  Checked
+ * on the directory opened (and locked), before anything in it is read; 0, 1 refused (logged), -errno.
+ */
+static int check_state_dir(int fd, const char *dir) {
+        char why[256];
+        struct stat st;
+
+        if (fstat(fd, &st) < 0)
+                return log_error_errno(errno, "Cannot stat state directory \"%s\": %m", dir);
+        if (statefile_dir_trusted(&st, geteuid(), getegid(), why, sizeof(why)) < 0) {
+                log_error("Refusing the state directory \"%s\": %s", dir, why);
+                return 1;
+        }
+        return 0;
+}
+
+/* check_state_dir() for --check-config: one not made yet (tierd makes it, 0750) or not seen passes. */
+static int check_state_dir_path(const char *dir) {
+        _cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+        if (fd < 0 && errno == ENOENT)
+                return 0;
+        if (fd < 0 && errno == ENOTDIR) {
+                log_error("Refusing the state directory \"%s\": it is not a directory", dir);
+                return 1;
+        }
+        if (fd < 0) {
+                log_warning_errno(errno, "Cannot open state directory \"%s\", not checked: %m", dir);
+                return 0;
+        }
+        return check_state_dir(fd, dir);
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
@@ -423,6 +460,8 @@ static int run(int argc, char *argv[]) {
                 if (r == 0)
                         r = check_quotas(&config);
                 if (r == 0)
+                        r = check_state_dir_path(config.state_dir);
+                if (r == 0)
                         r = check_index(&config);
                 if (r != 0) {
                         config_deinit(&config);
@@ -461,6 +500,12 @@ static int run(int argc, char *argv[]) {
                 safe_close(inherited);
                 config_deinit(&config);
                 return 1;
+        }
+        r = check_state_dir(state_lock, config.state_dir);
+        if (r != 0) {
+                safe_close(inherited);
+                config_deinit(&config);
+                return r > 0 ? EXIT_CONFIG_REFUSED : 1;
         }
 
         sigemptyset(&ss);

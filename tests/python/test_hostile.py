@@ -8,7 +8,8 @@
   tierd, which refuses them too (tests/integration/test-garbage.c sends them raw).
 * State files: a FIFO or a symbolic link as STATE_DIR/quotas or STATE_DIR/wear
   does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
-  in the log.
+  in the log.  A state directory that users other than tierd's can write is
+  refused (exit 6), by --check-config too, before anything in it is made.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+import subprocess
 import sys
 import time
 import unittest
@@ -158,6 +160,29 @@ class StateFiles(unittest.TestCase):
             self.assertTrue(stat.S_ISFIFO(os.lstat(quotas[0]).st_mode))
             self.assertTrue(os.path.islink(wear[0]))
             self.assertFalse(os.path.exists(os.path.join(d.dir, "quotas")))
+
+    def test_state_dir_others_can_write_refused(self) -> None:
+        """A state directory any user can write (sticky or not) is refused before anything in it is
+        made or read: a planted link there would aim tierd's writes at a file of root's."""
+        tierd_bin = os.path.join(os.environ.get("TIER_BUILD", "build"), "daemon", "tierd")
+        for mode in (0o777, 0o1777):
+            d = Tierd()
+            self.addCleanup(d.cleanup)
+            os.chmod(d.dir, mode)
+            before = sorted(os.listdir(d.dir))
+            p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                                "--socket", d.socket], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 6, p.stderr)
+            self.assertIn("Refusing the state directory", p.stderr)
+            log = _start_fails(d)
+            self.assertIn("Refusing the state directory", log)
+            self.assertIn("writable by every user", log)
+            after = [n for n in sorted(os.listdir(d.dir)) if n != "tierd.log"]
+            self.assertEqual(after, [n for n in before if n != "tierd.log"])   # no target, no index
+            os.chmod(d.dir, 0o700)      # the same directory, as tierd makes it: it starts
+            with d:
+                tier.Client("after", socket=d.socket).close()
+
 
 class Connections(unittest.TestCase):
     def test_idle_connections_and_running_out_of_fds(self) -> None:

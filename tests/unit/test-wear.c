@@ -6,7 +6,8 @@
  * bytes too), a corrupt file is refused with the line and the reason, set
  * aside as wear.corrupt and the book starts empty; jobs that end add to
  * their name's entry; the book is bounded.  statefile: the file is replaced
- * whole and no temporary is left.  metrics: the text of a hand-made status
+ * whole and no temporary is left; a state directory others can write
+ * is not trusted.  metrics: the text of a hand-made status
  * has HELP and TYPE lines before its samples and escapes label values.
  */
 
@@ -282,6 +283,32 @@ static void test_statefile(void **state) {
         assert_int_equal(statefile_write(path, "x", 1, 0644), -ENOENT);
 }
 
+/* Who may put names in the state directory: tierd's user (or root), its group, nobody else. */
+static void test_statefile_dir_trusted(void **state) {
+        struct stat st = { .st_mode = S_IFDIR | 0750, .st_uid = 1000, .st_gid = 1000 };
+        char why[256];
+
+        assert_int_equal(statefile_dir_trusted(&st, 1000, 1000, why, sizeof(why)), 0);
+        st.st_uid = 0;                          /* root's, read by a tierd of another user */
+        assert_int_equal(statefile_dir_trusted(&st, 1000, 1000, why, sizeof(why)), 0);
+        st.st_uid = 1001;                       /* another user's */
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "uid 1001"));
+        st.st_uid = 0;
+        st.st_mode = S_IFDIR | 0770;            /* its group may write: tierd's own group only */
+        st.st_gid = 0;
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), 0);
+        st.st_gid = 1000;
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "group 1000"));
+        st.st_mode = S_IFDIR | 01777;           /* sticky keeps nobody from making a name */
+        st.st_gid = 0;
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "every user"));
+        st.st_mode = S_IFREG | 0600;
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -ENOTDIR);
+}
+
 /* ---- metrics text ---- */
 
 static void test_metrics_text(void **state) {
@@ -353,6 +380,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_statefile, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_aside_prune_oldest, setup, teardown),
+                cmocka_unit_test(test_statefile_dir_trusted),
                 cmocka_unit_test(test_metrics_text),
         };
 
