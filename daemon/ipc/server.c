@@ -273,6 +273,7 @@ static int check_stale(const struct sockaddr_un *sa, const char *path) {
 static int listen_path(Server *s, const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         _cleanup_close_ int fd = -1;
+        mode_t old_mask;
         int r;
 
         if (strlen(path) >= sizeof(sa.sun_path))
@@ -284,9 +285,17 @@ static int listen_path(Server *s, const char *path) {
         fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0)
                 return log_error_errno(errno, "Cannot create socket: %m");
-        if (bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0)
-                return log_error_errno(errno, "Cannot bind \"%s\": %m", path);
-        (void) chmod(path, 0660);
+        /*
+         * The socket file is made 0660 by bind() itself, under a umask that leaves nothing else: a
+         * chmod() by its path after would follow a link put there meanwhile (by a user who can
+         * write the directory) to a file of root's, and until then the file had tierd's umask.
+         * (No other thread makes files: the book's syncs, the checksum workers, the renewer.)
+         */
+        old_mask = umask(0117);
+        r = bind(fd, (struct sockaddr *) &sa, sizeof(sa)) < 0 ? -errno : 0;
+        (void) umask(old_mask);
+        if (r < 0)
+                return log_error_errno(-r, "Cannot bind \"%s\": %m", path);
         if (listen(fd, LISTEN_BACKLOG) < 0) {
                 r = log_error_errno(errno, "Cannot listen on \"%s\": %m", path);
                 (void) unlink(path);

@@ -10,6 +10,8 @@
   does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
   in the log.  A state directory that users other than tierd's can write is
   refused (exit 6), by --check-config too, before anything in it is made.
+* The socket file is made 0660 by bind() (whatever the umask), never chmod()ed
+  by its path: a link put there after bind() leads nowhere.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tierd import CONFIG, MiB, Tierd, main  # noqa: E402
@@ -182,6 +185,46 @@ class StateFiles(unittest.TestCase):
             os.chmod(d.dir, 0o700)      # the same directory, as tierd makes it: it starts
             with d:
                 tier.Client("after", socket=d.socket).close()
+
+
+class Socket(unittest.TestCase):
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""), "the shim is preloaded without ASan's runtime")
+    def test_bound_socket_swapped_for_a_link(self) -> None:
+        """A link put where bind() made the socket file (tests/helpers/bind-swap.c, at exactly that
+        point) does not lead tierd to change the mode of the file it names: the socket gets its mode
+        when it is made, not by its path after."""
+        shim = os.environ.get("TIER_BIND_SWAP_SHIM") or os.path.join(
+            os.environ.get("TIER_BUILD", "build"), "tests", "libbind-swap.so")
+        if not os.path.exists(shim):
+            self.skipTest(f"no {shim}")
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        canary = os.path.join(d.dir, "canary")
+        with open(canary, "w") as f:
+            f.write("root's\n")
+        os.chmod(canary, 0o600)
+        with unittest.mock.patch.dict(os.environ, {"LD_PRELOAD": shim, "TIER_BIND_SWAP": canary}):
+            d.start()
+        try:
+            self.assertTrue(os.path.islink(d.socket))       # the shim did swap it
+            self.assertEqual(stat.S_IMODE(os.stat(canary).st_mode), 0o600)
+        finally:
+            d.stop()
+
+    def test_socket_mode_whatever_the_umask(self) -> None:
+        """The socket file is 0660 whatever umask tierd was started with."""
+        for mask in (0o000, 0o077):
+            d = Tierd()
+            self.addCleanup(d.cleanup)
+            old = os.umask(mask)
+            try:
+                d.start()
+            finally:
+                os.umask(old)
+            try:
+                self.assertEqual(stat.S_IMODE(os.lstat(d.socket).st_mode), 0o660, oct(mask))
+            finally:
+                d.stop()
 
 
 class Connections(unittest.TestCase):
