@@ -196,8 +196,9 @@ class TestUsage(tierd.DaemonTestCase):
         ``vec[i:i + p.numel()].view_as(p).data``: on the engine's empty placeholders an empty slice, so the
         model was left as it was, silently; ``parameters_to_vector()`` (``p.view(-1)`` of each) gave an empty
         vector.  Both are refused now before anything changes, as is any ``p.data = ...`` of the same dtype
-        and device; a conversion that changes nothing (``model.float()``, ``.to("cpu")``) still passes, the
-        run goes on as plain PyTorch's, and after close() both utilities are torch's own again."""
+        and device; a conversion that changes nothing (``model.float()``, ``.to("cpu")``) still passes, and so
+        does ``p.data = p.data.to(device)`` (``p.detach()``: its own data, nothing changes), the run goes on
+        as plain PyTorch's, and after close() both utilities are torch's own again."""
         from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
         ref = lm()
@@ -220,6 +221,9 @@ class TestUsage(tierd.DaemonTestCase):
                                                           r"vector\(\)\?\) outside its block's forward"):
                     parameters_to_vector(model.parameters())
                 model.float().to("cpu")                 # (the parameters themselves assigned: no change)
+                for p in model.parameters():            # (its own data again, as a move to a device: no change)
+                    p.data = p.data.to("cpu")
+                    p.data = p.detach()
                 sd = model.state_dict()
                 self.assertTrue(torch.equal(parameters_to_vector(sd[n] for n, _ in model.named_parameters()),
                                             parameters_to_vector(ref.parameters())))

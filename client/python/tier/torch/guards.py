@@ -224,13 +224,17 @@ def check_data_set(p: torch.Tensor, value: Any) -> None:
     torch.nn.utils.vector_to_parameters() assigns each parameter its slice of the vector so, and an empty
     placeholder took an empty slice: the model was left as it was, silently.  Refused before anything
     changes.  What is let through: the parameter itself (``model.float()``, ``.cpu()``, ``.to()`` that
-    change nothing assign it), and a conversion (another dtype or device), refused by check_params() at
-    the next forward, step() or model.state_dict() with what to do."""
+    change nothing assign it), its own data (``p.data = p.data.to(device)``, ``p.detach()``: the same
+    storage, offset, sizes and strides, ``is_set_to()``, so nothing changes), and a conversion (another
+    dtype or device), refused by check_params() at the next forward, step() or model.state_dict() with
+    what to do."""
     s = _slot_of(p)
     if s is None or value is p:
         return
     with direct():
         same = isinstance(value, torch.Tensor) and value.dtype == p.dtype and value.device == p.device
+        if same and value.is_set_to(p):
+            return
     if not same:
         return
     raise RuntimeError(f"p.data = ... on parameter {s.name}, whose values the tier.torch engine keeps in tierd (the "
