@@ -44,7 +44,7 @@ int statefile_set_aside(const char *path, char *ret_name, size_t size);
  * name in it (a symbolic link to a file of root's as an NVMe target, a hard
  * link as the index): a directory, owned by @uid or root, writable by its
  * group only when that is @gid, never by others (sticky or not).  0, or
- * -EPERM with @why (of @size bytes) saying what is wrong; -ENOTDIR when it
- * is not a directory.
+ * -EPERM with @why (of @size bytes; NULL when @size is 0) saying what is
+ * wrong; -ENOTDIR when it is not a directory.
  */
 int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why, size_t size);

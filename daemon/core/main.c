@@ -396,7 +396,14 @@ static int check_state_dir(int fd, const char *dir) {
         if (fstat(fd, &st) < 0)
                 return log_error_errno(errno, "Cannot stat state directory \"%s\": %m", dir);
         if (statefile_dir_trusted(&st, geteuid(), getegid(), why, sizeof(why)) < 0) {
-                log_error("Refusing the state directory \"%s\": %s", dir, why);
+                /* judged for this process's user: say so where a tierd of root's (the service) would take it */
+                if (geteuid() != 0 && statefile_dir_trusted(&st, 0, 0, NULL, 0) == 0)
+                        log_error("Refusing the state directory \"%s\" for a tierd run as uid %u, gid %u, as this "
+                                  "one is: %s. Run as root (as tierd.service runs it), tierd would accept it: run "
+                                  "tierd --check-config as root to check it for the service", dir,
+                                  (unsigned) geteuid(), (unsigned) getegid(), why);
+                else
+                        log_error("Refusing the state directory \"%s\": %s", dir, why);
                 return 1;
         }
         return 0;

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -185,6 +186,33 @@ class StateFiles(unittest.TestCase):
             os.chmod(d.dir, 0o700)      # the same directory, as tierd makes it: it starts
             with d:
                 tier.Client("after", socket=d.socket).close()
+
+    @unittest.skipIf(os.geteuid() != 0, "needs root to run tierd --check-config as uid 65534")
+    def test_state_dir_refused_for_a_user_says_for_whom(self) -> None:
+        """A directory root's tierd (the service) takes, 0775 root:root, is refused to a tierd of
+        another user (its group may write it): --check-config run by that user says for which user
+        it judged, and that run as root tierd would accept it, not only that the group is wrong."""
+        tierd_bin = os.path.join(os.environ.get("TIER_BUILD", "build"), "daemon", "tierd")
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        os.chmod(d.dir, 0o775)
+        os.chmod(d.config, 0o644)
+        args = [tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir, "--socket", d.socket]
+        # as scripts/test's nonroot pass runs tierd: uid 65534 keeping CAP_IPC_LOCK (the host pool's lock)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all,+ipc_lock",
+                  "--ambient-caps=-all,+ipc_lock", "--bounding-set=-all,+ipc_lock", "--"]
+        if not shutil.which("setpriv"):
+            self.skipTest("no setpriv (util-linux)")
+        p = subprocess.run(nobody + [tierd_bin, "--version"], capture_output=True, check=False)
+        if p.returncode != 0:
+            self.skipTest(f"uid 65534 cannot run {tierd_bin} (a 0700 directory above it?)")
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)     # root's tierd: group root is its own
+        p = subprocess.run(nobody + args, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 6, p.stderr)
+        self.assertIn("writable by group 0, not tierd's (gid 65534", p.stderr)
+        self.assertIn("for a tierd run as uid 65534, gid 65534, as this one is", p.stderr)
+        self.assertIn("Run as root (as tierd.service runs it), tierd would accept it", p.stderr)
 
 
 class Socket(unittest.TestCase):
