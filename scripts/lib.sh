@@ -106,6 +106,37 @@ now_s() {
         date +%s
 }
 
+# make_state_dir DIR: DIR made, or taken, as a state directory that a tierd of
+# this user accepts (tierd.conf(5) state_dir): one that is missing is made
+# 0750 whatever the umask; one that is there must be a directory (a link to
+# one will do) of this user's or root's, writable by its group only when that
+# is this user's group, and by no one else: else die saying how to mend it,
+# before anything is written there (what another user can put a link in, a
+# script of root's must not write into either).  Nothing is changed in one
+# that is there.
+make_state_dir() {
+        local dir=$1 uid gid mode
+
+        if [[ ! -e $dir && ! -L $dir ]]; then
+                mkdir -m 0750 -- "$dir" || die "cannot create $dir"
+        fi
+        [[ -d $dir ]] || die "$dir is not a directory: remove it, or make it a directory of ${USER:-uid $EUID}'s"
+        read -r uid gid mode < <(stat -L -c '%u %g %a' -- "$dir") || die "cannot stat $dir"
+        mode=$((8#$mode))
+        if ((uid != EUID && uid != 0)); then
+                die "$dir belongs to uid $uid, and tierd refuses a state directory another user can put links in
+    chown $EUID $dir (or remove it: it is made again)"
+        fi
+        if ((mode & 8#002)); then
+                die "$dir is writable by every user (mode $(printf '%04o' "$mode")), and tierd refuses a state directory another user can put links in
+    chmod o-w $dir (or remove it: it is made again, 0750)"
+        fi
+        if ((mode & 8#020 && gid != $(id -g))); then
+                die "$dir is writable by group $gid (mode $(printf '%04o' "$mode")), not this user's, and tierd refuses a state directory another user can put links in
+    chmod g-w $dir (or remove it: it is made again, 0750)"
+        fi
+}
+
 # "1m23s" from a number of seconds.
 fmt_duration() {
         local s=$1

@@ -95,6 +95,52 @@ class TestInstallDocs(unittest.TestCase):
             self.assertNotEqual(setup[0], demo.group(1), f"{where}: installs from the build directory of scripts/demo")
             self.assertIn(f"ninja -C {setup[0]} install", text, where)
 
+    def test_demo_state_directory(self) -> None:
+        """scripts/demo makes ./run, tierd's state directory, as tierd takes it whatever the caller's umask
+        (0750), and refuses one left there that another user can write, saying how to mend it, before it
+        writes anything into it (build.log, tierd.conf): tierd would refuse it only after the build."""
+        demo = self.read("scripts", "demo")
+        self.assertIn('make_state_dir "$run_dir"', demo)
+        self.assertNotIn('mkdir -p "$run_dir"', demo)
+        self.assertLess(demo.index('make_state_dir "$run_dir"'), demo.index('"$run_dir/build.log"'))
+        tmp = tempfile.mkdtemp(prefix="tier-demo.", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        lib = os.path.join(tierd.source_dir(), "scripts", "lib.sh")
+
+        def make(d: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["bash", "-c", 'umask 0; source "$1"; make_state_dir "$2"', "bash", lib, d],
+                                  capture_output=True, text=True, timeout=60)
+
+        run = os.path.join(tmp, "run")
+        p = make(run)                                           # made: 0750 under umask 0
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(os.stat(run).st_mode & 0o7777, 0o750)
+        self.assertEqual(make(run).returncode, 0)               # and taken again
+        for mode, says in ((0o777, "chmod o-w"), (0o1777, "chmod o-w")):
+            os.chmod(run, mode)
+            p = make(run)
+            self.assertEqual(p.returncode, 1, oct(mode))
+            self.assertIn(says, p.stderr)
+            self.assertEqual(os.stat(run).st_mode & 0o7777, mode)  # left as it was: the user decides
+        if os.geteuid() == 0:                                   # another user's: refused; root's own group: taken
+            os.chmod(run, 0o750)
+            os.chown(run, 65534, 0)
+            p = make(run)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("belongs to uid 65534", p.stderr)
+            os.chown(run, 0, 0)
+            os.chmod(run, 0o770)
+            self.assertEqual(make(run).returncode, 0, p.stderr)
+            os.chown(run, 0, 65534)
+            p = make(run)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("chmod g-w", p.stderr)
+        target = os.path.join(tmp, "file")
+        open(target, "w").close()
+        p = make(target)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("not a directory", p.stderr)
+
     def test_pip_into_a_venv(self) -> None:
         # Debian 12's python3 refuses "pip install" outside a venv (PEP 668): the steps make one that sees
         # Debian's numpy and torch and run its pip, as test_pip_install_offline does
