@@ -18,7 +18,8 @@ root=$(CDPATH='' cd -- "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${1:?usage: train.sh BUILD DIR OUTDIR}
 dir=${2:?usage: train.sh BUILD DIR OUTDIR}
 out=${3:?usage: train.sh BUILD DIR OUTDIR}
-mkdir -p "$dir" "$out" || exit 1
+# the state directory 0750 whatever the umask: tierd refuses one that others can write
+mkdir -p "$out" && { [[ -d $dir ]] || mkdir -m 0750 "$dir"; } || exit 1
 sock=$dir/tierd.sock
 rc=0
 

@@ -123,7 +123,7 @@ keys() {
 }
 # (a state directory of the test's own: --check-config reads the NVMe index there, and the
 # machine's own /var/lib/tierd, if tierd is installed, is none of this test's business)
-mkdir -p "$dest/state"
+mkdir -m 0750 "$dest/state"     # 0750 whatever the umask: tierd refuses a state directory others can write
 defaults=$("$tierd" --check-config --config "$sample" --state-dir "$dest/state" 2>&1) ||
         bad "tierd --check-config refused the sample configuration: $defaults"
 # (what the sample says of state_dir, and of the default target, which lies in it: as without --state-dir)
@@ -163,7 +163,7 @@ $cc -Wall -Wextra -Werror "${san_flags[@]}" -o "$dest/train-step" \
 libdir=$(dirname "$(find "$dest" -name 'libtier.so.1' | head -n1)")
 tierctl=$(find "$dest" -path '*/bin/tierctl' | head -n1)
 run=$dest/run
-mkdir -p "$run"
+mkdir -m 0750 "$run"
 cat >"$run/tierd.conf" <<EOF
 [host]
 capacity = 32M
