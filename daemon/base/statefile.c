@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,6 +269,47 @@ int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why
                                 "members can plant links to other files there (chmod g-w it, as 0750)",
                                 (unsigned) st->st_gid, (unsigned) gid, (unsigned) (st->st_mode & 07777));
                 return -EPERM;
+        }
+        return 0;
+}
+
+/* The kernel's posix_acl_xattr layout (linux/posix_acl_xattr.h): a version, then entries, little-endian. */
+#define ACL_XATTR_VERSION 2u
+#define ACL_TAG_USER 0x02u
+#define ACL_TAG_GROUP 0x08u
+#define ACL_TAG_MASK 0x10u
+#define ACL_PERM_WRITE 0x02u
+
+static uint32_t le32_at(const unsigned char *p) {
+        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid, char *why, size_t size) {
+        const unsigned char *b = acl;
+        unsigned mask = 07;
+
+        if (len < 4 || (len - 4) % 8 != 0 || le32_at(b) != ACL_XATTR_VERSION) {
+                (void) snprintf(why, size, "its POSIX ACL is not one tierd can read (%zu bytes): remove it "
+                                "(setfacl -b)", len);
+                return -EINVAL;
+        }
+        for (size_t o = 4; o < len; o += 8)             /* the mask bounds every named entry */
+                if ((unsigned) (b[o] | b[o + 1] << 8) == ACL_TAG_MASK)
+                        mask = (unsigned) (b[o + 2] | b[o + 3] << 8);
+        for (size_t o = 4; o < len; o += 8) {
+                unsigned tag = (unsigned) (b[o] | b[o + 1] << 8), perm = (unsigned) (b[o + 2] | b[o + 3] << 8);
+                uint32_t id = le32_at(b + o + 4);
+
+                if (!(perm & mask & ACL_PERM_WRITE))
+                        continue;
+                if ((tag == ACL_TAG_USER && id != (uint32_t) uid && id != 0) ||
+                    (tag == ACL_TAG_GROUP && id != (uint32_t) gid)) {
+                        (void) snprintf(why, size, "its POSIX ACL lets %s %" PRIu32 " write it: they can plant "
+                                        "links to other files there (setfacl -x %s:%" PRIu32 " it, or setfacl -b)",
+                                        tag == ACL_TAG_USER ? "user" : "group", id,
+                                        tag == ACL_TAG_USER ? "u" : "g", id);
+                        return -EPERM;
+                }
         }
         return 0;
 }

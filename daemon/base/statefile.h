@@ -48,3 +48,12 @@ int statefile_set_aside(const char *path, char *ret_name, size_t size);
  * wrong; -ENOTDIR when it is not a directory.
  */
 int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why, size_t size);
+/*
+ * statefile_dir_acl_trusted() - the same for the directory's POSIX access
+ * ACL (@acl, @len bytes: the system.posix_acl_access extended attribute as
+ * the kernel gives it): with an ACL the mode's group bits are its mask, so
+ * a named user or group entry other than @uid / @gid that may write (its
+ * bits and the mask's) passes statefile_dir_trusted() unseen.  0, or
+ * -EPERM with @why; -EINVAL for an ACL it cannot read (refused: not judged).
+ */
+int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid, char *why, size_t size);

@@ -26,6 +26,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/un.h>
 #include <systemd/sd-daemon.h>
 
@@ -390,11 +391,23 @@ static int lock_state_dir(const char *dir) {
  * on the directory opened (and locked), before anything in it is read; 0, 1 refused (logged), -errno.
  */
 static int check_state_dir(int fd, const char *dir) {
+        unsigned char acl[4096];
         char why[256];
         struct stat st;
+        ssize_t n;
 
         if (fstat(fd, &st) < 0)
                 return log_error_errno(errno, "Cannot stat state directory \"%s\": %m", dir);
+        n = fgetxattr(fd, "system.posix_acl_access", acl, sizeof(acl));
+        if (n < 0 && errno != ENODATA && errno != EOPNOTSUPP) {
+                log_error_errno(errno, "Refusing the state directory \"%s\": its POSIX ACL cannot be read "
+                                "(%m): remove it (setfacl -b)", dir);
+                return 1;
+        }
+        if (n >= 0 && statefile_dir_acl_trusted(acl, (size_t) n, geteuid(), getegid(), why, sizeof(why)) < 0) {
+                log_error("Refusing the state directory \"%s\": %s", dir, why);
+                return 1;
+        }
         if (statefile_dir_trusted(&st, geteuid(), getegid(), why, sizeof(why)) < 0) {
                 /* judged for this process's user: say so where a tierd of root's (the service) would take it */
                 if (geteuid() != 0 && statefile_dir_trusted(&st, 0, 0, NULL, 0) == 0)

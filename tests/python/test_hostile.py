@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -164,6 +165,32 @@ class StateFiles(unittest.TestCase):
             self.assertTrue(stat.S_ISFIFO(os.lstat(quotas[0]).st_mode))
             self.assertTrue(os.path.islink(wear[0]))
             self.assertFalse(os.path.exists(os.path.join(d.dir, "quotas")))
+
+    def test_state_dir_acl_lets_another_write_refused(self) -> None:
+        """A state directory whose POSIX ACL lets another user write it (0770 root:root with
+        user:1234:rwx: the mode's group bits are the ACL's mask) is refused as one of mode 0777 is."""
+        tierd_bin = os.path.join(os.environ.get("TIER_BUILD", "build"), "daemon", "tierd")
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        os.chmod(d.dir, 0o770)
+        # user::rwx user:1234:rwx group::r-x mask::rwx other::--- (setfacl is not installed here)
+        entries = [(0x01, 7, 0xffffffff), (0x02, 7, 1234), (0x04, 5, 0xffffffff), (0x10, 7, 0xffffffff),
+                   (0x20, 0, 0xffffffff)]
+        acl = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+        try:
+            os.setxattr(d.dir, "system.posix_acl_access", acl)
+        except OSError as e:
+            self.skipTest(f"no POSIX ACLs on {d.dir}'s file system: {e}")
+        p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                            "--socket", d.socket], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 6, p.stderr)
+        self.assertIn("POSIX ACL lets user 1234 write it", p.stderr)
+        log = _start_fails(d)
+        self.assertIn("POSIX ACL lets user 1234 write it", log)
+        os.removexattr(d.dir, "system.posix_acl_access")
+        os.chmod(d.dir, 0o700)
+        with d:
+            tier.Client("after", socket=d.socket).close()
 
     def test_state_dir_others_can_write_refused(self) -> None:
         """A state directory any user can write (sticky or not) is refused before anything in it is

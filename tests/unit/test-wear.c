@@ -309,6 +309,36 @@ static void test_statefile_dir_trusted(void **state) {
         assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -ENOTDIR);
 }
 
+/* An ACL entry that lets another user or group write the state directory (its mode's group bits are the mask). */
+static void test_statefile_dir_acl(void **state) {
+        /* user::rwx user:1234:rwx group::r-x mask::rwx other::--- (little-endian, version 2) */
+        unsigned char acl[] = { 2, 0, 0, 0,
+                                0x01, 0, 7, 0, 0xff, 0xff, 0xff, 0xff,
+                                0x02, 0, 7, 0, 0xd2, 0x04, 0, 0,
+                                0x04, 0, 5, 0, 0xff, 0xff, 0xff, 0xff,
+                                0x10, 0, 7, 0, 0xff, 0xff, 0xff, 0xff,
+                                0x20, 0, 0, 0, 0xff, 0xff, 0xff, 0xff };
+        char why[256];
+
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "user 1234"));
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 1234, 0, why, sizeof(why)), 0); /* tierd's own */
+        acl[30] = 5;                            /* mask::r-x: the named entry may not write */
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 0, why, sizeof(why)), 0);
+        acl[30] = 7;
+        acl[12] = 0x08;                         /* group:1234:rwx */
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "group 1234"));
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 1234, why, sizeof(why)), 0);
+        acl[14] = 5;                            /* group:1234:r-x */
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 0, why, sizeof(why)), 0);
+        /* not an ACL tierd can read: refused, not judged */
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl) - 1, 0, 0, why, sizeof(why)), -EINVAL);
+        acl[0] = 3;
+        assert_int_equal(statefile_dir_acl_trusted(acl, sizeof(acl), 0, 0, why, sizeof(why)), -EINVAL);
+        assert_int_equal(statefile_dir_acl_trusted(acl, 2, 0, 0, why, sizeof(why)), -EINVAL);
+}
+
 /* ---- metrics text ---- */
 
 static void test_metrics_text(void **state) {
@@ -381,6 +411,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_statefile, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_aside_prune_oldest, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_trusted),
+                cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
         };
 
