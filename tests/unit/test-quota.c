@@ -191,9 +191,10 @@ static void test_precedence(void **state) {
                                            "[quota]\nuid = 1000\nhost = 20M\nvram = 20M\nhost_min = 1M\n"
                                            "[quota]\ngroup = 27\nvram = 30M\nnvme = 30M\nweight = 4\nvram_min = 2M\n"
                                            "[quota]\ngroup = 100\nnvme = 40M\n"
-                                           "[quota]\ngroup = 30\nweight = 6\nnvme_min = 3M\n"
-                                           "[quota]\njob = j\nhost = 11M\n",    /* a later section wins */
+                                           "[quota]\ngroup = 30\nweight = 6\nnvme_min = 3M\n",
                                            "test.conf", &err), 0);
+        /* a later file's section wins (one file may not set a field of one target twice) */
+        assert_int_equal(config_parse_text(&c, "[quota]\njob = j\nhost = 11M\n", "drop-in.conf", &err), 0);
 
         quota_resolve(&c, &rt, &who, &q);
         assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 11 * MIB);             /* job */
