@@ -324,8 +324,8 @@ int tier_plan_submit(tier_plan *p);
  * data.  Returns 0, the plan's error, -EINVAL without a plan or for a
  * phase it lacks, or the connection's error (-ERESTART included); -ENOSPC
  * when tierd refuses the phase because it can never be pinned while this
- * client's own pins (tier_pin(), outside the plan) stay: nothing else could
- * free that room, and the client waits here (tier_client_last_error() names
+ * client's own pins (tier_pin(), outside the plan) stay (too many bytes, or
+ * room they leave only in runs too short): nothing else could free that room, and the client waits here (tier_client_last_error() names
  * the pins).  The plan lives on: unpin them, and enter a phase again.  The phase change comes before
  * every request this client sends after tier_phase_enter() returns: tierd handles
  * the marker first, so such a request (an evict of what only the previous

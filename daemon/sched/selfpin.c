@@ -20,13 +20,32 @@
  * connection pins and the phase does not name (those are the phase's own),
  * above the job's limit, a total, or what the tier leaves beside the other
  * live jobs' guarantees (engine_pins_fit_kept(): whole segments, the least
- * they can take).  Only a phase its client entered (hold 0) is refused: a
- * phase pinned ahead may find the pins gone by the time its marker comes.
+ * they can take).
+ *
+ * And in place: the totals may fit while the room does not, the pins'
+ * copies lying in the job's segments so that no run is left where the
+ * phase's copies must go (a copy of A <= S bytes takes one run in one
+ * segment, a larger one A / S empty segments and a run for its tail:
+ * state/space.c).  Those copies stay where they are; everything else in the
+ * job's segments may go (unpinned copies are evicted, other connections'
+ * pins and the plan's own let go, transfers end), and the job may hold as
+ * many segments as its limit gives, the pool has and the other live jobs'
+ * guarantees leave.  So the phase's copies (but those the connection pins
+ * itself: in place already) get, at best, the free runs the pins leave in
+ * their segments and the other segments whole: when one of them has no
+ * place there, or those that fit no run need more than those segments, it
+ * never fits (own_room_short()).  That is a necessary condition only: a
+ * phase refused so could never be pinned, and one whose copies could go
+ * only side by side into the same runs is not refused but waits.
+ *
+ * Only a phase its client entered (hold 0) is refused: a phase pinned ahead
+ * may find the pins gone by the time its marker comes.
  */
 
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/base/level.h"
@@ -35,6 +54,7 @@
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
+#include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
 #include "util/size.h"
 
@@ -71,6 +91,125 @@ static uint64_t own_pinned(Plan *p, const PlanPhase *ph, int tier, char *names, 
         return own;
 }
 
+/* Order pieces by segment, then offset. */
+static int by_place(const void *x, const void *y) {
+        const CopyPiece *a = *(const CopyPiece *const *) x, *b = *(const CopyPiece *const *) y;
+
+        if (a->seg != b->seg)
+                return a->seg->id < b->seg->id ? -1 : 1;
+        return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Is there a free run of @span bytes at a multiple of @align (at 0 with @at_start) beside @pcs (@n, sorted)? */
+static bool run_left(const CopyPiece *const *pcs, size_t n, uint64_t span, uint64_t align, bool at_start) {
+        for (size_t i = 0; i < n;) {
+                const Segment *seg = pcs[i]->seg;
+                uint64_t start = 0;
+
+                for (; i < n && pcs[i]->seg == seg; i++) {
+                        uint64_t at = ALIGN_UP(start, align);
+
+                        if ((!at_start || start == 0) && at + span <= pcs[i]->offset)
+                                return true;
+                        start = MAX(start, pcs[i]->offset + pcs[i]->span);
+                }
+                if ((!at_start || start == 0) && ALIGN_UP(start, align) + span <= seg->pool->seg_size)
+                        return true;
+        }
+        return false;
+}
+
+/*
+ * Can the phase's copies not yet in @tier never be placed beside the pieces
+ * of the copies the connection pins there?  Says why into @why.
+ */
+static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, size_t size) {
+        const Engine *e = p->sched->engine;
+        const Job *j = p->job;
+        const SegPool *pool = tier != LEVEL_NVME ? e->registry->pools[tier] : NULL;
+        _cleanup_free_ const CopyPiece **pcs = NULL;
+        uint64_t seg_size, outside = 0, mark;
+        const Tensor *lone = NULL;
+        size_t n = 0, cap = 0;
+        unsigned held = 0, free_segs, may;
+        char b_seg[SIZE_FORMAT_MAX], b_a[SIZE_FORMAT_MAX], b_b[SIZE_FORMAT_MAX];
+        Tensor *t;
+        int pt;
+
+        if (!pool)
+                return false;           /* NVMe extents: any free ones do, the totals say it */
+        seg_size = pool->seg_size;
+        for (size_t i = 0; p->owner_ops->pin(p->owner, i, &t, &pt); i++)
+                if (pt == tier)
+                        cap += t->copy[tier].n_pieces;
+        if (cap == 0)
+                return false;
+        pcs = calloc(cap, sizeof(*pcs));
+        if (!pcs)
+                return false;           /* (waits, as before) */
+        mark = p->sched->stamp += 2;
+        for (size_t i = 0; p->owner_ops->pin(p->owner, i, &t, &pt) && n < cap; i++) {
+                if (pt == tier)
+                        t->sched_stamp = mark;  /* in place, as long as it is pinned */
+                for (uint32_t k = 0; pt == tier && k < t->copy[tier].n_pieces && n < cap; k++)
+                        pcs[n++] = &t->copy[tier].pieces[k];
+        }
+        qsort(pcs, n, sizeof(*pcs), by_place);
+        for (size_t i = 0; i < n; i++)
+                held += i == 0 || pcs[i]->seg != pcs[i - 1]->seg;
+        may = (unsigned) MIN(ALIGN_UP(j->limit[tier], seg_size) / seg_size, (uint64_t) pool->n_segs);
+        free_segs = may > held ? may - held : 0;
+        if (free_segs > 0 &&
+            engine_pins_fit_kept(e, j, tier, (uint64_t) (held + free_segs) * seg_size, NULL, 0) < 0) {
+                unsigned lo = 0, hi = free_segs;        /* what the other live jobs' guarantees leave it pinned */
+
+                while (hi - lo > 1) {
+                        unsigned mid = lo + (hi - lo) / 2;
+
+                        if (engine_pins_fit_kept(e, j, tier, (uint64_t) (held + mid) * seg_size, NULL, 0) == 0)
+                                lo = mid;
+                        else
+                                hi = mid;
+                }
+                free_segs = lo;
+        }
+
+        for (uint32_t i = 0; i < ph->n_acc && !lone; i++) {
+                uint64_t whole, tail, align, span;
+                bool in_run;
+
+                t = ph->acc[i].tensor;
+                if (ph->acc[i].tier != tier || t->sched_stamp == mark || t->sched_stamp == mark + 1)
+                        continue;       /* pinned by the connection (a place of its own), or counted */
+                t->sched_stamp = mark + 1;      /* (the plan's own pins, in place or not, may move) */
+                whole = t->alloc_size / seg_size;
+                tail = t->alloc_size % seg_size;
+                align = whole ? pool->piece_align : SEG_UNIT;
+                span = tail ? ALIGN_UP(tail, align) : 0;
+                in_run = span > 0 && run_left(pcs, n, span, align, whole && pool->map_whole);
+                if (whole + (span > 0 && !in_run) > free_segs)
+                        lone = t;
+                outside += whole * seg_size + (in_run ? 0 : span);
+        }
+        if (!lone && outside <= (uint64_t) free_segs * seg_size)
+                return false;
+        size_format(b_seg, sizeof(b_seg), seg_size);
+        if (lone) {
+                size_format(b_a, sizeof(b_a), lone->alloc_size);
+                (void) snprintf(why, size, "which hold %u of the %u %s segments (%s each) the job may have, and "
+                                "leave no %s for tensor '%s' (%s): the room is fragmented", held, held + free_segs,
+                                level_to_string(tier), b_seg, lone->alloc_size < seg_size ? "free run there" :
+                                "place (an empty segment per whole one, a run for any rest)", lone->name, b_a);
+                return true;
+        }
+        size_format(b_a, sizeof(b_a), outside);
+        size_format(b_b, sizeof(b_b), (uint64_t) free_segs * seg_size);
+        (void) snprintf(why, size, "which hold %u of the %u %s segments (%s each) the job may have, and leave the "
+                        "phase's tensors too little room outside them: %s of them fit no free run there, %s is left: "
+                        "the room is fragmented", held, held + free_segs, level_to_string(tier), b_seg, b_a, b_b);
+        return true;
+}
+
 bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
         PlanHold *hold = &p->hold[h];
         const PlanPhase *ph = &p->phases[hold->phase];
@@ -78,7 +217,8 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
         const Job *j = p->job;
         int tier = a->tier;
         const char *lvl = level_to_string(tier);
-        char names[384], beyond[160], b_phase[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX], b_lim[SIZE_FORMAT_MAX];
+        char names[384], beyond[160], clause[320];
+        char b_phase[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX], b_lim[SIZE_FORMAT_MAX];
         uint64_t phase = 0, own, sum;
 
         if (hold->refused)
@@ -110,15 +250,17 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
                 (void) snprintf(beyond, sizeof(beyond), "what the %s tier (%s) leaves beside the guaranteed "
                                 "minimums of the other live jobs", lvl, b_lim);
         }
-        if (!beyond[0])
+        if (beyond[0])
+                (void) snprintf(clause, sizeof(clause), "beyond %s together", beyond);
+        else if (!own_room_short(p, ph, tier, clause, sizeof(clause)))
                 return false;           /* room others hold: it may come */
         size_format(b_phase, sizeof(b_phase), phase);
         size_format(b_own, sizeof(b_own), own);
         if (snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be pinned "
                      "in %s while this client's own pins there stay: the phase needs %s (tensor '%s' found no "
-                     "room), and the client pins %s outside its plan, %s, beyond %s together; unpin them before "
-                     "entering the phase, or add them to the plan's phase", hold->phase, j->name, lvl, b_phase,
-                     a->tensor->name, b_own, names, beyond) >= (int) sizeof(p->refused_why))
+                     "room), and the client pins %s outside its plan, %s, %s; unpin them before entering the "
+                     "phase, or add them to the plan's phase", hold->phase, j->name, lvl, b_phase,
+                     a->tensor->name, b_own, names, clause) >= (int) sizeof(p->refused_why))
                 log_debug("sched: the refusal of phase %" PRIu32 " of job '%s' is cut short", hold->phase, j->name);
         log_job(LOG_WARNING, 0, j->name, "Phase %" PRIu32 " of job '%s' refused: %s", hold->phase, j->name,
                 p->refused_why);

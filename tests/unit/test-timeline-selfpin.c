@@ -215,11 +215,187 @@ static void test_own_pin_ahead_waits_until_entered(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * The totals fit, but not the place: the connection's own pins X and W
+ * (3 MiB each) hold both host segments (4 MiB) the job's limit (8 MiB)
+ * gives it, one each, leaving 1 MiB free in each; Y (2 MiB) needs one run
+ * of 2 MiB in one segment, so the phase waited forever, 8 MiB being within
+ * the limit.  It is refused, the room named fragmented, and entered again
+ * after W's unpin, ready.
+ */
+static void test_own_pins_fragment_the_room(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, z, LEVEL_VRAM), 0);
+        assert_int_equal(tensor_unpin(z, LEVEL_VRAM, true), 0);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        assert_ptr_not_equal(x->copy[LEVEL_HOST].pieces[0].seg, w->copy[LEVEL_HOST].pieces[0].seg);
+        p = two_phases(m, j, c, y, z, LEVEL_VRAM, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_null(plan_waiting(p));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.status, -ENOSPC);
+        assert_int_equal(o.seq, seq);
+        assert_int_equal(o.phase, 0);
+        assert_non_null(strstr(o.error, "phase 0 of job 'j' can never be pinned in host while this client's own "
+                                        "pins there stay"));
+        assert_non_null(strstr(o.error, "'X' (3.0 MiB), 'W' (3.0 MiB)"));
+        assert_non_null(strstr(o.error, "hold 2 of the 2 host segments (4.0 MiB each) the job may have, and leave "
+                                        "no free run there for tensor 'Y' (2.0 MiB): the room is fragmented"));
+        assert_non_null(strstr(o.error, "unpin them before entering the phase"));
+        assert_int_equal(p->error, 0);
+        assert_int_equal(p->hold[0].n_pinned, 0);
+        assert_false(ready_for(p, seq, 0));
+
+        own_unpin(&o, w);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0));
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(y->copy[LEVEL_HOST].pins, 1);
+        own_unpin(&o, x);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * Each of the phase's tensors has a place beside the own pins, but not both:
+ * X and W (3 MiB each, own) hold two of the three segments the job's 12 MiB
+ * give it, 1 MiB free in each; Y and U (3 MiB each) need 6 MiB outside them,
+ * in one segment of 4 MiB.  Refused; with U of 1 MiB both fit the third
+ * segment (and a 1 MiB run), and the phase is ready.
+ */
+static void test_own_pins_leave_no_room_for_the_whole_phase(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 12 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *u, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 3 * MiB);
+        u = tensor(j, "U", 3 * MiB);
+        z = tensor(j, "Z", MiB);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        {
+                Acc acc[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 0, u, LEVEL_HOST, PLAN_READ },
+                              { 1, z, LEVEL_VRAM, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 3, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        plan_set_owner_ops(p, &owner_ops, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_null(plan_waiting(p));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.seq, seq);
+        assert_non_null(strstr(o.error, "hold 2 of the 3 host segments (4.0 MiB each) the job may have, and leave "
+                                        "the phase's tensors too little room outside them: 6.0 MiB of them fit no "
+                                        "free run there, 4.0 MiB is left"));
+        assert_int_equal(p->error, 0);
+        sched_plan_free(p);
+
+        u = tensor(j, "U1", MiB);
+        {
+                Acc acc[] = { { 0, y, LEVEL_HOST, PLAN_READ }, { 0, u, LEVEL_HOST, PLAN_READ },
+                              { 1, z, LEVEL_VRAM, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 3, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        plan_set_owner_ops(p, &owner_ops, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 1);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        own_unpin(&o, x);
+        own_unpin(&o, w);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * Room fragmented by the own pin X and what may go is not refused: W pinned
+ * by another connection is waited for (ready after its unpin); V, resident
+ * and unpinned, is evicted for Y.
+ */
+static void test_fragments_others_may_free_are_not_refused(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *v, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        v = tensor(j, "V", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, z, LEVEL_VRAM), 0);
+        assert_int_equal(tensor_unpin(z, LEVEL_VRAM, true), 0);
+        own_pin(m, &o, x);
+        assert_int_equal(fixture_op(m, OP_PIN, w, LEVEL_HOST), 0);      /* another connection's */
+        p = two_phases(m, j, c, y, z, LEVEL_VRAM, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_non_null(plan_waiting(p));
+        assert_int_equal(o.refused, 0);
+        assert_int_equal(p->hold[0].refused, 0);
+        assert_int_equal(tensor_unpin(w, LEVEL_HOST, false), 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        marker(m, p, 1);
+        sched_plan_free(p);
+
+        touch(m, v, LEVEL_HOST, true);                          /* V resident, unpinned, beside X */
+        assert_ptr_not_equal(v->copy[LEVEL_HOST].pieces[0].seg, x->copy[LEVEL_HOST].pieces[0].seg);
+        y = tensor(j, "Y2", 2 * MiB);
+        p = two_phases(m, j, c, y, z, LEVEL_VRAM, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        assert_false(copy_valid(v, LEVEL_HOST));                /* evicted for Y2 */
+        own_unpin(&o, x);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_pin_refuses_the_phase),
                 cmocka_unit_test(test_others_pins_are_waited_for),
                 cmocka_unit_test(test_own_pin_ahead_waits_until_entered),
+                cmocka_unit_test(test_own_pins_fragment_the_room),
+                cmocka_unit_test(test_own_pins_leave_no_room_for_the_whole_phase),
+                cmocka_unit_test(test_fragments_others_may_free_are_not_refused),
         };
 
         return fixture_main("timeline-selfpin", tests, sizeof(tests) / sizeof(tests[0]));
