@@ -130,6 +130,7 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
         _cleanup_free_ const CopyPiece **pcs = NULL;
         uint64_t seg_size, outside = 0, mark;
         const Tensor *lone = NULL;
+        const char *segs;
         size_t n = 0, cap = 0;
         unsigned held = 0, free_segs, may;
         char b_seg[SIZE_FORMAT_MAX], b_a[SIZE_FORMAT_MAX], b_b[SIZE_FORMAT_MAX];
@@ -194,19 +195,21 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
         if (!lone && outside <= (uint64_t) free_segs * seg_size)
                 return false;
         size_format(b_seg, sizeof(b_seg), seg_size);
+        segs = tier == LEVEL_VRAM ? "chunks" : "segments";
         if (lone) {
                 size_format(b_a, sizeof(b_a), lone->alloc_size);
-                (void) snprintf(why, size, "which hold %u of the %u %s segments (%s each) the job may have, and "
+                (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have, and "
                                 "leave no %s for tensor '%s' (%s): the room is fragmented", held, held + free_segs,
-                                level_to_string(tier), b_seg, lone->alloc_size < seg_size ? "free run there" :
+                                level_to_string(tier), segs, b_seg, lone->alloc_size < seg_size ? "free run there" :
                                 "place (an empty segment per whole one, a run for any rest)", lone->name, b_a);
                 return true;
         }
         size_format(b_a, sizeof(b_a), outside);
         size_format(b_b, sizeof(b_b), (uint64_t) free_segs * seg_size);
-        (void) snprintf(why, size, "which hold %u of the %u %s segments (%s each) the job may have, and leave the "
+        (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have, and leave the "
                         "phase's tensors too little room outside them: %s of them fit no free run there, %s is left: "
-                        "the room is fragmented", held, held + free_segs, level_to_string(tier), b_seg, b_a, b_b);
+                        "the room is fragmented", held, held + free_segs, level_to_string(tier), segs, b_seg, b_a,
+                        b_b);
         return true;
 }
 

@@ -744,9 +744,60 @@ static void test_own_pin_refuses_the_phase(void **state) {
         alarm(0);
 }
 
+/*
+ * The same when the bytes fit but not the place: the client's own pins (768K each) hold the job's three VRAM
+ * chunks (its 3M limit), a 256K run left in each, and y (512K) needs one run of 512K: 2.75M fit the limit,
+ * so the phase waited forever.  It fails -ENOSPC, the room named fragmented; after one unpin it is entered.
+ */
+static void test_own_pins_fragment_the_phase(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *x[3], *y;
+        tier_plan *plan = NULL;
+        struct tier_grant g, gx;
+        char name[8];
+
+        alarm(120);
+        assert_int_equal(tier_client_new(daemon_.socket, "own-frag", 0, &c), 0);
+        for (int i = 0; i < 3; i++) {
+                snprintf(name, sizeof(name), "x%d", i);
+                assert_int_equal(tier_tensor_create(c, name, 768 * KiB, &x[i]), 0);
+        }
+        assert_int_equal(tier_tensor_create(c, "y", TSIZE, &y), 0);
+        for (int i = 0; i < 3; i++)
+                assert_int_equal(tier_pin(x[i], TIER_VRAM, TIER_READ, &gx), 0);
+        assert_int_equal(tier_pin(y, TIER_VRAM, TIER_READ, &g), -ENOSPC);      /* as a plain pin is */
+        assert_non_null(strstr(tier_client_last_error(c), "fragmented"));
+        assert_int_equal(tier_plan_new(c, &plan), 0);
+        assert_int_equal(tier_plan_add(plan, 0, y, TIER_VRAM, TIER_WRITE), 0);
+        assert_int_equal(tier_plan_add(plan, 1, y, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(plan), 0);
+        assert_int_equal(tier_phase_enter(c, 0), -ENOSPC);
+        assert_non_null(strstr(tier_client_last_error(c), "tier_phase_enter(0) refused: phase 0 of job 'own-frag' "
+                                                           "can never be pinned in vram while this client's own pins"));
+        assert_non_null(strstr(tier_client_last_error(c), "hold 3 of the 3 vram chunks (1.0 MiB each) the job "
+                                                           "may have, and leave no free run there for tensor 'y' "
+                                                           "(512.0 KiB): the room is fragmented"));
+        assert_int_equal(tier_unpin(x[1], TIER_VRAM, 0), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        assert_int_equal(tier_phase_grant(c, y, TIER_VRAM, &g), 0);
+        fill(&g, 3, 1);
+        assert_int_equal(tier_phase_enter(c, 1), 0);
+        assert_int_equal(tier_phase_grant(c, y, TIER_HOST, &g), 0);
+        assert_int_equal(check(&g, 3, 1), -1);
+        assert_int_equal(tier_plan_end(c), 0);
+        assert_int_equal(tier_unpin(x[0], TIER_VRAM, 0), 0);
+        assert_int_equal(tier_unpin(x[2], TIER_VRAM, 0), 0);
+        for (int i = 0; i < 3; i++)
+                assert_int_equal(tier_tensor_destroy(x[i]), 0);
+        assert_int_equal(tier_tensor_destroy(y), 0);
+        tier_client_free(c);
+        alarm(0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_pin_refuses_the_phase),
+                cmocka_unit_test(test_own_pins_fragment_the_phase),
                 cmocka_unit_test(test_commit_during_write_only_pin),
                 cmocka_unit_test(test_commit_while_plan_overwrites),
                 cmocka_unit_test(test_phase_grant_other_client),
