@@ -120,8 +120,9 @@ static bool run_left(const CopyPiece *const *pcs, size_t n, uint64_t span, uint6
 }
 
 /*
- * Can the phase's copies not yet in @tier never be placed beside the pieces
- * of the copies the connection pins there?  Says why into @why.
+ * Can the phase's copies in @tier (but those the connection pins) never be
+ * placed beside the pieces of the copies the connection pins there?  Says
+ * why into @why.
  */
 static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, size_t size) {
         const Engine *e = p->sched->engine;
@@ -130,7 +131,7 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
         _cleanup_free_ const CopyPiece **pcs = NULL;
         uint64_t seg_size, outside = 0, mark;
         const Tensor *lone = NULL;
-        const char *segs;
+        const char *segs, *room = "";
         size_t n = 0, cap = 0;
         unsigned held = 0, free_segs, may;
         char b_seg[SIZE_FORMAT_MAX], b_a[SIZE_FORMAT_MAX], b_b[SIZE_FORMAT_MAX];
@@ -173,6 +174,7 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
                                 hi = mid;
                 }
                 free_segs = lo;
+                room = " beside the guaranteed minimums of the other live jobs";
         }
 
         for (uint32_t i = 0; i < ph->n_acc && !lone; i++) {
@@ -198,18 +200,19 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
         segs = tier == LEVEL_VRAM ? "chunks" : "segments";
         if (lone) {
                 size_format(b_a, sizeof(b_a), lone->alloc_size);
-                (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have, and "
-                                "leave no %s for tensor '%s' (%s): the room is fragmented", held, held + free_segs,
-                                level_to_string(tier), segs, b_seg, lone->alloc_size < seg_size ? "free run there" :
+                (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have%s, "
+                                "and leave no %s for tensor '%s' (%s): the room is fragmented", held,
+                                held + free_segs, level_to_string(tier), segs, b_seg, room,
+                                lone->alloc_size < seg_size ? "free run there" :
                                 "place (an empty segment per whole one, a run for any rest)", lone->name, b_a);
                 return true;
         }
         size_format(b_a, sizeof(b_a), outside);
         size_format(b_b, sizeof(b_b), (uint64_t) free_segs * seg_size);
-        (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have, and leave the "
-                        "phase's tensors too little room outside them: %s of them fit no free run there, %s is left: "
-                        "the room is fragmented", held, held + free_segs, level_to_string(tier), segs, b_seg, b_a,
-                        b_b);
+        (void) snprintf(why, size, "which hold %u of the %u %s %s (%s each) the job may have%s, and leave "
+                        "the phase's tensors too little room outside them: %s of them fit no free run there, %s is "
+                        "left: the room is fragmented", held, held + free_segs, level_to_string(tier), segs, b_seg,
+                        room, b_a, b_b);
         return true;
 }
 
@@ -220,7 +223,7 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
         const Job *j = p->job;
         int tier = a->tier;
         const char *lvl = level_to_string(tier);
-        char names[384], beyond[160], clause[320];
+        char names[384], beyond[160], clause[400];
         char b_phase[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX], b_lim[SIZE_FORMAT_MAX];
         uint64_t phase = 0, own, sum;
 

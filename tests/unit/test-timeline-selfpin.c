@@ -388,6 +388,58 @@ static void test_fragments_others_may_free_are_not_refused(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * The segments the job may have are those the other live jobs' guarantees leave it pinned, too: its
+ * 12 MiB limit gives it three, but K's 8 MiB guarantee in the 16 MiB tier leaves it two, both holding
+ * the own pins X and W, 1 MiB free in each, and Y (2 MiB) never fits while K runs: refused.  With K's
+ * guarantee 4 MiB a third segment is the job's, and the phase entered again is ready.
+ */
+static void test_guarantees_leave_only_the_pinned_segments(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 12 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z;
+        uint64_t seq;
+        Job *j, *k;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "k", 0, &k), 0);
+        k->n_conns = 1;
+        k->guarantee[LEVEL_HOST] = 8 * MiB;
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        assert_int_equal(fixture_op(m, OP_PIN, z, LEVEL_VRAM), 0);
+        assert_int_equal(tensor_unpin(z, LEVEL_VRAM, true), 0);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        p = two_phases(m, j, c, y, z, LEVEL_VRAM, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_null(plan_waiting(p));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.seq, seq);
+        assert_non_null(strstr(o.error, "hold 2 of the 2 host segments (4.0 MiB each) the job may have beside the "
+                                        "guaranteed minimums of the other live jobs, and leave no free run there "
+                                        "for tensor 'Y' (2.0 MiB)"));
+        assert_int_equal(p->error, 0);
+
+        k->guarantee[LEVEL_HOST] = 4 * MiB;
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 1);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        own_unpin(&o, x);
+        own_unpin(&o, w);
+        marker(m, p, 1);
+        k->n_conns = 0;
+        job_destroy(k);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_pin_refuses_the_phase),
@@ -396,6 +448,7 @@ int main(void) {
                 cmocka_unit_test(test_own_pins_fragment_the_room),
                 cmocka_unit_test(test_own_pins_leave_no_room_for_the_whole_phase),
                 cmocka_unit_test(test_fragments_others_may_free_are_not_refused),
+                cmocka_unit_test(test_guarantees_leave_only_the_pinned_segments),
         };
 
         return fixture_main("timeline-selfpin", tests, sizeof(tests) / sizeof(tests[0]));
