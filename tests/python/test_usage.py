@@ -123,8 +123,8 @@ class TestUsage(tierd.DaemonTestCase):
     def test_changes_outside_the_forward_refused(self) -> None:
         """Outside its phases a parameter is an empty placeholder: weight clipping after step() (WGAN),
         nn.init after the engine, p.data assigned, and model.double() changed nothing, and training went
-        on without them.  Each is now refused at the next forward, step() or model.state_dict(), naming
-        the parameter (p.data assigned: at once); a change in place is said once, and the run goes on as plain PyTorch's."""
+        on without them.  Each is now refused at once (a change in place past that refusal, at the next forward,
+        step() or model.state_dict()), naming the parameter; said once, and the run goes on as plain PyTorch's."""
         ref = lm()
         model = copy.deepcopy(ref)
         opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -136,14 +136,21 @@ class TestUsage(tierd.DaemonTestCase):
                 o.step()
                 o.zero_grad()
             if i == 0:
-                with torch.no_grad():
+                with torch.no_grad(), self.assertRaisesRegex(RuntimeError, r"clamp_\(\) on parameter tok\.weight "
+                                                                           r"outside its block's forward.*nothing "
+                                                                           r"changed"):
                     for p in model.parameters():
-                        p.clamp_(-0.01, 0.01)
+                        p.clamp_(-0.01, 0.01)   # (refused at once: test_reads_of_placeholders_refused)
+                with torch.no_grad(), torch._C.DisableTorchFunction():     # (past the refusal: a C++ extension)
+                    model.tok.weight.clamp_(-0.01, 0.01)
                 with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter tok\.weight was "
                                                           r"changed in place outside the model's forward"):
                     lm_loss(model, data[1])
             if i == 1:
-                torch.nn.init.zeros_(model.head.weight)
+                with self.assertRaisesRegex(RuntimeError, r"zero_\(\) on parameter head\.weight outside"):
+                    torch.nn.init.zeros_(model.head.weight)
+                with torch.no_grad(), torch._C.DisableTorchFunction():
+                    model.head.weight.zero_()
                 with self.assertRaisesRegex(RuntimeError, r"model\.state_dict\(\): parameter head\.weight was "
                                                           r"changed in place"):
                     model.state_dict()
@@ -164,8 +171,9 @@ class TestUsage(tierd.DaemonTestCase):
         """WGAN's weight clipping is ``p.data.clamp_(-c, c)`` after step(); a manual decay or noise
         ``p.data.mul_()``, ``p.data.add_()``.  ``.data`` is a new tensor with a version counter of its own:
         on the empty placeholder such a change did nothing and nothing saw it, so training went on without
-        it, silently.  Now each is refused at the next forward, naming the parameter, as the same change
-        without ``.data``; the run goes on as plain PyTorch's, and after close() ``.data`` is torch's own."""
+        it, silently.  Now each is refused at once (``.data`` is a Placeholder there), naming the parameter, as
+        the same change without ``.data``; the run goes on as plain PyTorch's, and after close() ``.data`` is
+        torch's own."""
         ref = lm()
         model = copy.deepcopy(ref)
         opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -179,11 +187,10 @@ class TestUsage(tierd.DaemonTestCase):
                 o.step()
                 o.zero_grad()
             if i < len(changes):
-                for p in model.parameters():
-                    changes[i](p)
-                with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter tok\.weight was "
-                                                          r"changed in place outside the model's forward"):
-                    lm_loss(model, data[0])
+                with self.assertRaisesRegex(RuntimeError, r"(clamp_|mul_|ones_like)\(\) .*parameter tok\.weight "
+                                                          r"outside its block's forward or backward"):
+                    for p in model.parameters():
+                        changes[i](p)
         self.same(model, ref, "after the refusals")
         eng.close()
         self.same(model, ref, "closed")
@@ -195,7 +202,8 @@ class TestUsage(tierd.DaemonTestCase):
         """``torch.nn.utils.vector_to_parameters(vec, model.parameters())`` assigns each parameter
         ``vec[i:i + p.numel()].view_as(p).data``: on the engine's empty placeholders an empty slice, so the
         model was left as it was, silently; ``parameters_to_vector()`` (``p.view(-1)`` of each) gave an empty
-        vector.  Both are refused now before anything changes, as is any ``p.data = ...`` of the same dtype
+        vector.  Both are refused now before anything changes (the first at its ``view_as(p)``), as is any
+        ``p.data = ...`` of the same dtype
         and device; a conversion that changes nothing (``model.float()``, ``.to("cpu")``) still passes, and so
         does ``p.data = p.data.to(device)`` (``p.detach()``: its own data, nothing changes), the run goes on
         as plain PyTorch's, and after close() both utilities are torch's own again."""
@@ -213,12 +221,12 @@ class TestUsage(tierd.DaemonTestCase):
                 o.zero_grad()
             if i == 0:
                 vec = parameters_to_vector(ref.parameters()).mul(0.5)
-                with self.assertRaisesRegex(RuntimeError, r"p\.data = \.\.\. on parameter tok\.weight, whose "
-                                                          r"values the tier\.torch engine keeps in tierd.*nothing "
-                                                          r"changed.*model\.load_state_dict\(\)"):
+                with self.assertRaisesRegex(RuntimeError, r"a view of parameter tok\.weight \(parameters_to_vector"
+                                                          r"\(\)\? vector_to_parameters\(\)\?\) outside its block's "
+                                                          r"forward.*model\.load_state_dict\(\).*nothing changed"):
                     vector_to_parameters(vec, model.parameters())
                 with self.assertRaisesRegex(RuntimeError, r"a view of parameter tok\.weight \(parameters_to_"
-                                                          r"vector\(\)\?\) outside its block's forward"):
+                                                          r"vector\(\)\? vector_to_parameters\(\)\?\) outside"):
                     parameters_to_vector(model.parameters())
                 model.float().to("cpu")                 # (the parameters themselves assigned: no change)
                 for p in model.parameters():            # (its own data again, as a move to a device: no change)
@@ -234,6 +242,75 @@ class TestUsage(tierd.DaemonTestCase):
         vector_to_parameters(vec, ref.parameters())
         self.same(model, ref, "closed, the vector loaded")
 
+    def test_reads_of_placeholders_refused(self) -> None:
+        """Outside its block's phases a parameter is an empty placeholder: every op but ``p.data = ...`` and
+        ``p.view()`` computed on nothing, silently (``p.reshape(-1)``, ``p.flatten()``, ``p.data.view(-1)``,
+        ``p.norm()``, ``p.clone()``; ``p.numel()`` gave 0), and an EMA over model.parameters(),
+        ``ema_p.mul_(d).add_(p.detach(), alpha=1 - d)``, failed only in add_() with torch's "size of tensor a
+        (32) must match the size of tensor b (0)".  Each is refused now, before it computes or changes
+        anything, naming the parameter and saying what to do (the EMA: from model.state_dict(), which is
+        checked here against plain PyTorch's); ``p.numel()`` is the parameter's (HF's Trainer counts so);
+        metadata, autograd bookkeeping, model.state_dict(), load_state_dict(), conversions that change nothing and an optimizer's param groups still pass, and
+        inside a block's forward its parameters are read as torch would."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        ema = {k: v.clone() for k, v in ref.state_dict().items()}
+        ref_ema = {k: v.clone() for k, v in ref.state_dict().items()}
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "reads")
+        seen = []
+        h = model.head.register_forward_hook(lambda mod, a, out: seen.append(float(mod.weight.norm())))
+        for x in batches(2):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+            for e, m in ((ref_ema, ref), (ema, model)):
+                with torch.no_grad():
+                    for k, v in m.state_dict().items():
+                        e[k].mul_(0.9).add_(v, alpha=0.1)
+        h.remove()
+        self.assertTrue(all(v > 0 for v in seen), "inside the forward the weight is the real one")
+        self.assertTrue(all(torch.equal(ema[k], ref_ema[k]) for k in ref_ema), "an EMA from model.state_dict()")
+        p = model.head.weight
+        where = r"parameter head\.weight .*outside its block's forward or backward: the tier\.torch engine keeps its"
+        reads = [("reshape", lambda: p.reshape(-1)), ("flatten", lambda: p.flatten()), ("view", lambda: p.view_as(p)),
+                 ("view", lambda: p.data.view(-1)), ("norm", lambda: p.norm()), ("sum", lambda: p.sum()),
+                 ("clone", lambda: p.clone()), ("cat", lambda: torch.cat([torch.ones(1), p])),
+                 ("mul", lambda: torch.ones(1) * p.detach().cpu()), ("__getitem__", lambda: p[0]),
+                 ("zeros_like", lambda: torch.zeros_like(p)), ("tolist", lambda: p.detach().tolist())]
+        for op, read in reads:
+            with self.subTest(op=op), self.assertRaisesRegex(RuntimeError, op + r"(\(\))? .*" + where):
+                read()
+        self.assertEqual((p.numel(), p.detach().numel(), p.data.nelement()), (256 * 32,) * 3)  # (its parameter's)
+        with self.assertRaisesRegex(RuntimeError, r"clamp_\(\) on " + where + r".*nothing changed"):
+            p.data.clamp_(-0.01, 0.01)
+        # the EMA over model.parameters(): refused before add_() computes; the mul_() before it ran
+        ema_p = ref.head.weight.detach().clone()
+        before = ema_p.clone()
+        with self.assertRaisesRegex(RuntimeError, r"add_\(\) reading " + where + r".*An EMA of the weights: update "
+                                                  r"it from the state dict.*mul_\(\) of ema_p\.mul_\(d\)"):
+            ema_p.mul_(1.0).add_(p.detach(), alpha=0.1)
+        self.assertTrue(torch.equal(ema_p, before), "add_() changed nothing")
+        with self.assertRaisesRegex(RuntimeError, r"copy_\(\) reading " + where):
+            ema_p.copy_(p.detach())
+        self.assertTrue(torch.equal(ema_p, before))
+        # what passes: metadata, bookkeeping, conversions that change nothing, the state dict
+        self.assertEqual((p.shape, p.dtype, p.device.type, p.requires_grad, p.is_leaf, p.grad), ((0,), torch.float32,
+                                                                                               "cpu", True, True, None))
+        self.assertEqual(hash(p), id(p))
+        self.assertIn("head", repr(model))
+        self.assertIn("head.weight", dict(model.named_parameters()))
+        p.register_hook(lambda g: g).remove()
+        model.float().to("cpu")
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        self.assertEqual(p.detach().shape, (0,))
+        model.load_state_dict(model.state_dict())
+        self.same(model, ref, "after the refusals")
+        eng.close()
+        self.assertEqual(float(p.norm()), float(ref.head.weight.norm()))    # the model's own again
+        self.same(model, ref, "closed")
+
     def test_parameter_subclass_keeps_its_ops(self) -> None:
         """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
         its ops keep the class): while the engine has it, its class is a subclass watching ``.data``
@@ -248,6 +325,8 @@ class TestUsage(tierd.DaemonTestCase):
         model.l2.weight = Kept(model.l2.weight.detach().clone())
         opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
         eng = self.engine(model, "kept")
+        kinds = []
+        model.l2.register_forward_hook(lambda mod, a, out: kinds.append(type(mod.weight * 2)))
         for x in batches(3):
             for m, o in ((ref, opt), (model, eng)):
                 a, b = m(x)
@@ -255,7 +334,9 @@ class TestUsage(tierd.DaemonTestCase):
                 o.step()
                 o.zero_grad()
         self.same(model, ref, "a parameter of a class of its own")
-        self.assertIs(type(model.l2.weight * 2), Kept)      # its ops' results keep its class, as before
+        self.assertEqual(kinds, [Kept] * 3)                 # its ops' results keep its class, as before
+        with self.assertRaisesRegex(RuntimeError, r"mul\(\) reading parameter l2\.weight outside"):
+            model.l2.weight * 2                             # (the empty placeholder there)
         eng.close()
         self.assertIs(type(model.l2.weight), Kept)
         self.same(model, ref, "closed")
@@ -299,9 +380,9 @@ class TestUsage(tierd.DaemonTestCase):
                                    if os.sep + os.path.join("tier", "torch") + os.sep in f)
         self.assertEqual(ours, {}, "tier.torch's own reads of its parameters went through __torch_function__")
         self.assertTrue(callers, "the model's own ops on its parameters still do")
-        model.head.weight.data.mul_(0.5)
-        with self.assertRaisesRegex(RuntimeError, r"parameter head\.weight was changed in place outside"):
-            step(data[2])
+        with self.assertRaisesRegex(RuntimeError, r"mul_\(\) on parameter head\.weight outside"):
+            model.head.weight.data.mul_(0.5)
+        step(data[2])
         eng.close()
 
     def test_element_sizes_remembered(self) -> None:

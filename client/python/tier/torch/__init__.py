@@ -33,8 +33,9 @@ model holds nothing: a block's parameters are mapped only while it runs.  A
 parameter's ``.data`` is its ``detach()`` while the engine has it
 (tier.torch.guards.watch_data), so that a change through it
 (``p.data.clamp_()``) is seen, and refused; ``p.data = ...``
-(``vector_to_parameters()``) and a view of the placeholder
-(``parameters_to_vector()``) are refused at once.
+(``vector_to_parameters()``) and, outside its phases, any op reading or
+writing the placeholder (a view: ``parameters_to_vector()``; an EMA's
+``ema_p.add_(p.detach())``) are refused at once (guards.check_reads()).
 
 One training step is a cycle of phases: the forward of each block in the
 order the model calls them, then, as autograd reaches each block, its

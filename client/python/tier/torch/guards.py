@@ -190,24 +190,30 @@ def _watching(cls: type) -> type:
         def tf(k: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func == _DATA_GET:
                 with torch._C.DisableTorchFunction():
-                    return args[0].detach()
+                    return _marked(args[0].detach(), args[0])
+            mark = False
             if func == _DATA_SET:
                 check_data_set(args[0], args[1])
-            elif func == _VIEW and args:
-                check_placeholder_view(args[0])
+            elif func not in _METADATA:
+                with torch._C.DisableTorchFunction():
+                    mark = check_reads(func, args, kwargs)
+                if type(mark) is int:
+                    return mark             # (numel() of a placeholder: its parameter's)
             if not plain:
                 # (as its own: torch's default answers NotImplemented for a type not a base of its class)
-                return base(func, tuple(getattr(t, "_tier_watched", None) or t for t in types), args, kwargs)
-            with torch._C.DisableTorchFunction():
-                return func(*args, **(kwargs or {}))
+                ret = base(func, tuple(getattr(t, "_tier_watched", None) or t for t in types), args, kwargs)
+            else:
+                with torch._C.DisableTorchFunction():
+                    ret = func(*args, **(kwargs or {}))
+            if mark:
+                with torch._C.DisableTorchFunction():
+                    ret = _marked(ret, args[0])
+            return ret
 
         sub = type(cls.__name__, (cls,), {"__torch_function__": classmethod(tf), "__slots__": (),
                                           "__module__": cls.__module__, "_tier_watched": cls})
         _WATCHED[cls] = sub
     return sub
-
-
-_VIEW = torch.Tensor.view
 
 
 def _slot_of(p: torch.Tensor) -> Any:
@@ -244,21 +250,136 @@ def check_data_set(p: torch.Tensor, value: Any) -> None:
                        "before making the engine, or after close() (the model gets its values back)")
 
 
-def check_placeholder_view(p: torch.Tensor) -> None:
-    """``p.view()`` of a parameter outside its block's phases: a view of the empty placeholder, where the
-    values are in tierd; torch.nn.utils.parameters_to_vector() (``param.view(-1)`` of each) gave an empty
-    vector, silently.  Refused; inside a phase ``p`` is its mapped copy, viewed as torch would."""
-    s = _slot_of(p)
-    if s is None or s.numel == 0:
-        return
-    with direct():
-        if p.numel() != 0:
-            return
-    raise RuntimeError(f"a view of parameter {s.name} (parameters_to_vector()?) outside its block's forward or "
-                       "backward: the tier.torch engine keeps its values in tierd, and the model holds an empty "
-                       "placeholder there, so the view would be empty; read values from model.state_dict() "
-                       "(sd = model.state_dict(); parameters_to_vector(sd[n] for n, _ in model.named_parameters())), "
-                       "or before making the engine, or after close()")
+_T = torch.Tensor
+#: what passes on a placeholder: its metadata (shape, dtype, device; attributes but the views among
+#: them, .T, .real), its autograd bookkeeping (hooks, requires_grad), identity (hash), printing, and
+#: tensors made from its dtype and device only (new_zeros())
+_METADATA = frozenset(
+    [getattr(_T, n).__get__ for n in dir(torch._C._TensorBase)
+     if type(getattr(torch._C._TensorBase, n)).__name__ == "getset_descriptor"
+     and n not in ("T", "H", "mT", "mH", "real", "imag", "data", "__dict__")] +
+    [getattr(_T, n).__set__ for n in ("grad", "_grad", "requires_grad", "retains_grad", "names")] +
+    [getattr(_T, n) for n in (
+        "size", "dim", "ndimension", "stride", "storage_offset", "element_size", "is_contiguous",
+        "is_floating_point", "is_complex", "is_signed", "is_inference", "get_device", "data_ptr", "is_pinned",
+        "is_shared", "has_names", "__hash__", "__repr__", "__format__", "__len__", "__dir__", "register_hook",
+        "retain_grad", "requires_grad_", "_is_view", "new_empty", "new_zeros", "new_ones", "new_full",
+        "new_tensor", "__setstate__")] + [torch._has_compatible_shallow_copy_type])     # (Module._apply())
+#: what passes on a placeholder and gives a placeholder (marked): a conversion (Module._apply(), a move to a
+#: device: refused at the next step by check_params() when it changes the parameter) or ``detach()``
+#: (model.state_dict() detaches each, then takes the values from tierd)
+_CONVERSIONS = frozenset(getattr(_T, n) for n in (
+    "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
+    "bool", "detach", "share_memory_", "pin_memory", "contiguous"))
+_COPY = _T.copy_
+_COUNT = frozenset((_T.numel, _T.nelement))
+_VIEWS = frozenset((_T.view, _T.view_as))
+
+
+class Placeholder(torch.Tensor):
+    """``p.detach()``, ``p.data`` (and their conversions) of an engine's parameter outside its block's
+    phases: the empty placeholder, where the values are in tierd.  A plain tensor, an op reading it (an
+    EMA's ``ema.add_(p.detach())``) computed on nothing, silently; as this class it is refused at once, as
+    the parameter itself is (check_reads())."""
+
+    _tier_of: str = "?"
+    _tier_numel: int = 0
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func not in _METADATA:
+            with torch._C.DisableTorchFunction():
+                count = check_reads(func, args, kwargs)
+            if type(count) is int:
+                return count
+        with torch._C.DisableTorchFunction():
+            ret = func(*args, **(kwargs or {}))
+            if func in _CONVERSIONS or func == _DATA_GET:
+                ret = _marked(ret, args[0])
+        return ret
+
+
+def _placeholder_name(t: Any) -> str | None:
+    """The name of the parameter whose empty placeholder ``t`` is (the parameter, or a Placeholder), or
+    None.  With torch functions off."""
+    if isinstance(t, Placeholder):
+        return t._tier_of
+    if getattr(type(t), "_tier_watched", None) is None or t.numel() != 0:
+        return None
+    s = _slot_of(t)
+    return s.name if s is not None and s.numel != 0 else None
+
+
+def _marked(ret: Any, src: Any) -> Any:
+    """``ret``, made from ``src`` (a detach(), a conversion): a Placeholder where ``src`` is a placeholder."""
+    if type(ret) is torch.Tensor and ret.numel() == 0:
+        name = _placeholder_name(src)
+        if name is not None:
+            ret = ret.as_subclass(Placeholder)
+            ret._tier_of, ret._tier_numel = name, _count(src)
+    return ret
+
+
+def _count(p: Any) -> int:
+    """The number of elements of the parameter whose placeholder ``p`` is (what torch's numel() gave before
+    the engine: HF's Trainer counts parameters so)."""
+    return p._tier_numel if isinstance(p, Placeholder) else _slot_of(p).numel
+
+
+def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
+    """``func`` on ``args`` (torch functions off): where one of them is an engine's parameter outside its
+    block's phases (or a Placeholder of one), the empty placeholder, and ``func`` would compute on it (a
+    norm, a sum, clone(), reshape(), an EMA's add_()) or write into it (clamp_(), nn.init), refused before
+    anything is computed: it computed on nothing, or the write was lost, silently.  True for a conversion
+    or detach() of one (its result a Placeholder); a copy_() of what model.load_state_dict()'s pre-hook
+    handed torch passes (the values went into tierd).  numel() of one: the parameter's (an int)."""
+    name = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            name = _placeholder_name(a)
+        elif type(a) in (list, tuple):
+            name = next((n for n in map(_placeholder_name, (t for t in a if isinstance(t, torch.Tensor)))
+                         if n is not None), None)
+        if name is not None:
+            break
+    if name is None and kwargs:
+        name = next((n for n in map(_placeholder_name, (t for t in kwargs.values() if isinstance(t, torch.Tensor)))
+                     if n is not None), None)
+    if name is None:
+        return False
+    own = bool(args) and _placeholder_name(args[0]) is not None
+    if own and func in _CONVERSIONS:
+        return True
+    if own and func in _COUNT:
+        return _count(args[0])
+    if func == _COPY and len(args) > 1 and getattr(args[1], "_tier_handed_on", False):
+        return False        # (state.HANDED: load_state_dict() wrote the values into tierd)
+    raise RuntimeError(read_refusal(func, name, own))
+
+
+def read_refusal(func: Any, name: str, own: bool) -> str:
+    """The words for ``func`` refused on parameter ``name``'s placeholder (``own``: as the tensor operated on)."""
+    op = getattr(getattr(func, "__self__", None), "__name__", None) if type(func).__name__ == "method-wrapper" \
+        else None
+    op = op or getattr(func, "__name__", str(func))
+    where = ("outside its block's forward or backward: the tier.torch engine keeps its values in tierd, and the "
+             "model holds an empty placeholder there (of shape (0,)), so")
+    if func in _VIEWS:
+        return (f"a view of parameter {name} (parameters_to_vector()? vector_to_parameters()?) {where} the view "
+                "would be empty; read values from model.state_dict() (sd = model.state_dict(); parameters_to_vector("
+                "sd[n] for n, _ in model.named_parameters())), and write them with model.load_state_dict(), or "
+                "before making the engine, or after close(); nothing changed")
+    if own and (op.endswith("_") and not op.endswith("__") or op in ("__setitem__", "__set__")):
+        return (f"{op}() on parameter {name} {where} the change would be lost (weight clipping, nn.init); nothing "
+                "changed.  Change parameters through model.load_state_dict() (written into tierd), or before "
+                "making the engine, or after close() (the model gets its values back)")
+    return (f"{op}() reading parameter {name} {where} it would compute on nothing; nothing of it was computed.  "
+            "Read values from model.state_dict() (or engine.parameters_state_dict()), or inside the model's forward "
+            "or a hook of the block's (where its values are mapped), or after close().  An EMA of the weights: "
+            "update it from the state dict after step() (sd = model.state_dict(); ema[k].mul_(d).add_(sd[k], "
+            "alpha=1 - d) for each k), not from model.parameters(); an op that ran before this one in the same "
+            "statement (the mul_() of ema_p.mul_(d).add_(p.detach(), ...)) changed its tensor already: start "
+            "that one again from model.state_dict()")
 
 
 def watch_data(p: torch.Tensor) -> None:

@@ -157,11 +157,13 @@ class ModelStateHooks(Uncopyable):
                 errors.append(f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
                               f'object from checkpoint but received {type(v)}')
             elif v.shape != s.shape:
+                with guards.direct():       # (a Placeholder, p.detach() taken outside its phases, refuses numel())
+                    empty = v.numel() == 0
                 errors.append(f"size mismatch for {key}: copying a param with shape {v.shape} from checkpoint, "
                               f"the shape in current model is {s.shape}." +
                               (" (tier.torch: a copy of the parameter itself is empty outside its block's phases; "
                                "take model.state_dict(), which holds the real values)"
-                               if v.numel() == 0 and s.numel != 0 else ""))
+                               if empty and s.numel != 0 else ""))
             else:
                 # torch's load copies into the parameter: cast to its dtype (a float32 checkpoint into a
                 # bfloat16 model), as copy_() does, before anything is written
