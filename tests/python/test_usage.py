@@ -21,7 +21,7 @@ import os
 import unittest
 
 import tierd
-from test_loops import CONFIG, NO_VENV, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
+from test_loops import CONFIG, NO_VENV, VOCAB, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
 
 try:
     import torch
@@ -241,6 +241,52 @@ class TestUsage(tierd.DaemonTestCase):
         vector_to_parameters(vec, model.parameters())
         vector_to_parameters(vec, ref.parameters())
         self.same(model, ref, "closed, the vector loaded")
+
+    def test_parameter_used_outside_its_block_refused(self) -> None:
+        """A parameter used outside the module holding it, where the engine keeps only an empty placeholder:
+        a weight penalty over ``model.parameters()`` added to the loss gave a loss short of it and then a
+        backward failing in autograd's words ("PowBackward0 returned an invalid gradient"); an output layer
+        written as ``h @ self.emb.weight.t()`` in the top module's forward failed with "size mismatch".  Both
+        are refused where the parameter is used, naming it; nothing changed: zero_grad() drops the open
+        forward and the run goes on as plain PyTorch's that skipped the batch."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "outside")
+        for i, x in enumerate(batches(3)):
+            if i == 1:
+                loss = lm_loss(model, x)
+                with self.assertRaisesRegex(RuntimeError, r"pow\(\) reading parameter tok\.weight outside its "
+                                                          r"block's forward or backward"):
+                    loss = loss + 1e-3 * sum(p.pow(2).sum() for p in model.parameters())
+                eng.zero_grad()
+                continue
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+        self.same(model, ref, "after the refusal")
+        eng.close()
+
+        class Tied(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.emb = torch.nn.Embedding(VOCAB, 16)
+                self.mix = torch.nn.Linear(16, 16)
+
+            def forward(self, x):
+                return self.mix(self.emb(x)) @ self.emb.weight.t()
+
+        model = Tied()
+        want = {n: p.detach().clone() for n, p in model.named_parameters()}
+        eng = self.engine(model, "outside-forward")
+        with self.assertRaisesRegex(RuntimeError, r"t\(\) reading parameter emb\.weight outside its block's"):
+            model(batches(1)[0])
+        with self.assertRaisesRegex(RuntimeError, r"chunk\(\) reading parameter mix\.weight"):
+            model.mix.weight.chunk(2)
+        eng.close()
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), want[n]), n)
 
     def test_reads_of_placeholders_refused(self) -> None:
         """Outside its block's phases a parameter is an empty placeholder: every op but ``p.data = ...`` and
