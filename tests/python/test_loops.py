@@ -168,6 +168,11 @@ class TestLoops(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(sd[n], p), f"{name}: {n} differs from plain PyTorch's")
         if rs is not None:
             self.assertEqual(es.get_last_lr(), rs.get_last_lr())
+        osd, rsd = eng.state_dict(), opt.state_dict()       # the optimizer's too, torch.optim's format
+        self.assertEqual(osd["param_groups"], rsd["param_groups"], f"{name}: param_groups")
+        for i, st in rsd["state"].items():
+            self.assertEqual({k: v.tolist() for k, v in osd["state"][i].items()},
+                             {k: v.tolist() for k, v in st.items()}, f"{name}: state {i}")
         eng.close()
         return eng
 

@@ -19,6 +19,7 @@ updated with zeros, as torch is.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -62,6 +63,17 @@ class StepRule(Protocol):
         ...
 
 
+def with_torch_keys(ours: dict[str, Any], cls: type) -> dict[str, Any]:
+    """``ours`` (a rule's defaults) with the keys of a parameter group of torch.optim's ``cls`` it lacks, at
+    torch's defaults (torch 1.13's SGD has ``differentiable``), so that a group and state_dict() have
+    torch.optim's keys, as a checkpoint made by torch has them."""
+    for k, p in inspect.signature(cls).parameters.items():
+        if k != "params" and k not in ours and p.default is not inspect.Parameter.empty and \
+                isinstance(p.default, (bool, int, float, type(None))):
+            ours[k] = p.default
+    return ours
+
+
 class AdamW:
     """torch.optim.AdamW (amsgrad off), as its single-tensor code on the CPU computes it."""
 
@@ -72,6 +84,7 @@ class AdamW:
                  weight_decay: float = 1e-2) -> None:
         self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                          "amsgrad": False, "maximize": False, "foreach": None, "capturable": False}
+        with_torch_keys(self.defaults, torch.optim.AdamW)
 
     def update(self, params, grads, state, steps, group) -> None:
         step_t = [torch.tensor(float(n)) for n in steps]          # adamw() counts this update in itself
@@ -119,6 +132,7 @@ class SGD:
             raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
         self.defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
                          "nesterov": nesterov, "maximize": False, "foreach": None}
+        with_torch_keys(self.defaults, torch.optim.SGD)
         self.no_buffer: set[int] = set()        # id(group) of the groups updated with momentum 0 only, so far
 
     def update(self, params, grads, state, steps, group) -> None:
