@@ -191,6 +191,42 @@ class TestLoopsMore(tierd.DaemonTestCase):
         eng = tier.torch.Offload(model, c, optimizer="adamw", lr=1e-3)     # and the way it says works
         eng.close()
 
+    def test_hyperparameters_by_name(self) -> None:
+        """torch.optim's other hyperparameters given to Offload by name, as to torch.optim.SGD and AdamW
+        (the classic ResNet recipe's nesterov=True, maximize=): a TypeError "unexpected keyword argument"
+        before, with no word of what to do.  Taken now as the parameter groups' defaults, bit for bit; one
+        the rule cannot honour refused as a group's is (amsgrad=True), and one neither knows still a
+        TypeError, naming the rule's hyperparameters; the model keeps its parameters."""
+        import tier.torch
+
+        for rule, kw in (("sgd", {"lr": 1e-2, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
+                         ("adamw", {"lr": 1e-3, "maximize": True})):
+            with self.subTest(rule=rule):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                cls = torch.optim.SGD if rule == "sgd" else torch.optim.AdamW
+                opt = cls(ref.parameters(), **kw)
+                eng, _ = self.engine(model, f"by-name-{rule}", optimizer=rule, **kw)
+                for x in batches(3):
+                    for m, o in ((ref, opt), (model, eng)):
+                        lm_loss(m, x).backward()
+                        o.step()
+                        o.zero_grad()
+                sd = model.state_dict()
+                for n, p in ref.state_dict().items():
+                    self.assertTrue(torch.equal(sd[n], p), n)
+                self.assertEqual(eng.state_dict()["param_groups"], opt.state_dict()["param_groups"])
+        model = lm()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        c = self.client("by-name-refused")
+        with self.assertRaisesRegex(ValueError, r"amsgrad=True: tier\.torch's AdamW keeps no max_exp_avg_sq"):
+            tier.torch.Offload(model, c, lr=1e-3, amsgrad=True)
+        with self.assertRaisesRegex(TypeError, r"unexpected keyword argument 'nesterov'.*AdamW's hyperparameters "
+                                               r"are lr, betas"):
+            tier.torch.Offload(model, c, lr=1e-3, nesterov=True)
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(p, before[n]), n)
+
     def test_one_cycle_checkpoint(self) -> None:
         """torch 1.13's OneCycleLR keeps a method of itself in its state_dict(), so saving that pickles the
         engine: refused in the engine's words (before: the model's, "a model ... cannot be copied"), saying to

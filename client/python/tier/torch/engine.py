@@ -70,7 +70,8 @@ class Offload(torch.optim.Optimizer):
 
     ``params`` are torch.optim's: an iterable of the model's parameters or of parameter groups
     (``[{"params": [...], "weight_decay": 0.0}, ...]``); default, every trainable parameter in one
-    group.  ``blocks`` overrides the automatic choice (:func:`tier.torch.auto_blocks`, which
+    group; torch.optim's other hyperparameters (``nesterov=``, ``maximize=``) by name too.
+    ``blocks`` overrides the automatic choice (:func:`tier.torch.auto_blocks`, which
     honours the model's ``_no_split_modules`` and ``no_split_module_classes``); a parameter
     several blocks use (tied weights) is stored once.  The model's parameters are empty outside
     the engine's phases, but ``model.state_dict()`` and ``model.load_state_dict()`` work on the
@@ -87,7 +88,7 @@ class Offload(torch.optim.Optimizer):
                  optimizer_in_backward: bool | None = None,
                  offload_activations: bool = False, activation_min_bytes: int = 64 << 10,
                  optimizer_part_bytes: int | None = DEFAULT_PART_BYTES,
-                 prefix: str = "torch", process_group: Any = None, resume: bool = False) -> None:
+                 prefix: str = "torch", process_group: Any = None, resume: bool = False, **more: Any) -> None:
         self.placement = placement_mod.check(placement)
         hyper = {k: v for k, v in (("lr", lr), ("betas", betas), ("eps", eps), ("weight_decay", weight_decay),
                                    ("momentum", momentum)) if v is not None}
@@ -99,12 +100,13 @@ class Offload(torch.optim.Optimizer):
                                  f"not all of {', '.join(hyper)}: {e}") from None
         else:
             self.rule = optim.check_rule(optimizer)
-            if hyper:
-                raise ValueError(f"{', '.join(hyper)}= go to the StepRule given as optimizer=, not to Offload")
+            if hyper or more:
+                raise ValueError(f"{', '.join({**hyper, **more})}= go to the StepRule given as optimizer=, not to "
+                                 "Offload")
         if params is None:
             params = [p for p in model.parameters() if p.requires_grad]
         self._constructing = True
-        torch.optim.Optimizer.__init__(self, params, dict(self.rule.defaults))
+        torch.optim.Optimizer.__init__(self, params, optim.group_defaults(self.rule, more))
         self._constructing = False
         for g in self.param_groups:
             self.rule.check_group(g)

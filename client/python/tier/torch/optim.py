@@ -176,6 +176,18 @@ class SGD:
             raise ValueError(f"invalid SGD hyperparameters: {group}")
 
 
+def group_defaults(rule: StepRule, more: dict[str, Any]) -> dict[str, Any]:
+    """The parameter groups' defaults: the rule's, with the hyperparameters given to Offload by name beyond
+    its own arguments (SGD's nesterov= and dampening=, AdamW's maximize=, as torch.optim's classes take
+    them), checked as a group's are (check_group()); a name the rule does not know is refused, naming
+    those it knows."""
+    unknown = [k for k in more if k not in rule.defaults]
+    if unknown:
+        raise TypeError(f"Offload() got an unexpected keyword argument {unknown[0]!r}: {rule.name}'s hyperparameters "
+                        f"are {', '.join(rule.defaults)} (optimizer='sgd' or 'adamw' chooses the rule)")
+    return {**rule.defaults, **more}
+
+
 def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
     """A StepRule from a name ("adamw", "sgd") and hyperparameters, or the rule given."""
     if not isinstance(optimizer, str):
