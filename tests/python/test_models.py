@@ -810,28 +810,32 @@ class TestModelShapes(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(p.detach(), want[n]), n)
 
 
-    def test_embedding_max_norm_refused(self) -> None:
+    def test_embedding_max_norm_or_sparse_refused(self) -> None:
         """An Embedding with max_norm renormalizes the rows it looks up in place in its forward (under
         torch.no_grad()), into the copy its block's phase only reads: the change was lost, and step()
         refused it only after the forward and backward, saying nothing of max_norm, the parameter's value
-        left undefined.  Refused when the engine is made, naming the module and max_norm, the model left
-        as it was and tierd holding none of its tensors."""
+        left undefined.  One with sparse=True failed inside the backward ("copy_() between dense and sparse
+        Tensors is not implemented").  Both refused when the engine is made, naming the module and what to
+        set, the model left as it was and tierd holding none of its tensors."""
         import tier
         import tier.torch
 
-        for cls in (torch.nn.Embedding, torch.nn.EmbeddingBag):
-            with self.subTest(cls=cls.__name__):
+        for cls, kw, say in ((torch.nn.Embedding, {"max_norm": 1.0}, r"has max_norm=1\.0.*max_norm=None"),
+                             (torch.nn.EmbeddingBag, {"max_norm": 1.0}, r"has max_norm=1\.0.*max_norm=None"),
+                             (torch.nn.Embedding, {"sparse": True}, r"has sparse=True.*sparse = False"),
+                             (torch.nn.EmbeddingBag, {"sparse": True}, r"has sparse=True.*sparse = False")):
+            with self.subTest(cls=cls.__name__, kw=kw):
                 torch.manual_seed(3)
-                model = torch.nn.Sequential(cls(50, 8, max_norm=1.0), torch.nn.Linear(8, 4))
+                model = torch.nn.Sequential(cls(50, 8, **kw), torch.nn.Linear(8, 4))
                 want = {n: p.detach().clone() for n, p in model.named_parameters()}
-                c = self.client(f"max-norm-{cls.__name__}")
-                with self.assertRaisesRegex(ValueError, r"'0' \(%s\) has max_norm=1\.0.*max_norm=None" % cls.__name__):
+                c = self.client(f"embedding-{cls.__name__}-{len(kw)}{list(kw)[0]}")
+                with self.assertRaisesRegex(ValueError, r"'0' \(%s\) %s" % (cls.__name__, say)):
                     tier.torch.Offload(model, c, lr=1e-2)
                 for n, p in model.named_parameters():
                     self.assertTrue(torch.equal(p.detach(), want[n]), n)
                 with self.assertRaises(tier.NotFoundError):
                     c.open("torch.0.0.p")
-                model[0].max_norm = None        # what the message says: then it trains
+                model[0].max_norm, model[0].sparse = None, False    # what the message says: then it trains
                 eng = tier.torch.Offload(model, c, lr=1e-2)
                 x = torch.randint(0, 50, (4, 3))
                 model(x).sum().backward()

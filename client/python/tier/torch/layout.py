@@ -259,17 +259,26 @@ def _slots(params: list[torch.nn.Parameter], names: dict[int, list[str]], where:
     return slots, max(off, ALIGN), max(off32, ALIGN)
 
 
-def _check_renorm(name: str, m: torch.nn.Module) -> None:
-    """An Embedding or EmbeddingBag with max_norm renormalizes the rows it looks up in place, under
-    torch.no_grad(), in its forward: into the copy its block's phase maps for reading, so the change
-    would be lost (and refused only at the next step(), the value then undefined).  Refused before
-    anything is made."""
-    if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.max_norm is not None:
-        raise ValueError(f"'{name or 'the model'}' ({type(m).__name__}) has max_norm={m.max_norm}: its forward "
-                         "renormalizes the rows it looks up in place, and tier.torch maps parameters in a forward "
-                         "from a copy in tierd that the forward only reads, so the renormalized rows would be lost; "
-                         f"set max_norm=None on it (model.get_submodule('{name}').max_norm = None) before making the "
-                         "engine, or train this model with a torch.optim optimizer")
+def _check_embedding(name: str, m: torch.nn.Module) -> None:
+    """What an Embedding or EmbeddingBag may do that tier.torch cannot follow, refused before anything is
+    made: max_norm renormalizes the rows it looks up in place, under torch.no_grad(), in its forward,
+    into the copy its block's phase maps for reading (lost, and refused only at the next step(), the
+    value then undefined); sparse=True gives sparse gradients, which the backward cannot add into the
+    block's dense gradients in tierd (it failed there: "copy_() between dense and sparse Tensors")."""
+    if not isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+        return
+    what = f"'{name or 'the model'}' ({type(m).__name__})"
+    if m.max_norm is not None:
+        raise ValueError(f"{what} has max_norm={m.max_norm}: its forward renormalizes the rows it looks up in "
+                         "place, and tier.torch maps parameters in a forward from a copy in tierd that the forward "
+                         "only reads, so the renormalized rows would be lost; set max_norm=None on it "
+                         f"(model.get_submodule('{name}').max_norm = None) before making the engine, or train this "
+                         "model with a torch.optim optimizer")
+    if m.sparse:
+        raise ValueError(f"{what} has sparse=True: its weight's gradients are sparse tensors, and tier.torch keeps "
+                         "every gradient dense in tierd; set sparse=False on it "
+                         f"(model.get_submodule('{name}').sparse = False) before making the engine (AdamW takes only "
+                         "dense gradients anyway), or train this model with a torch.optim optimizer")
 
 
 def build(model: torch.nn.Module, modules: list[torch.nn.Module], part_bytes: int | None = None) -> list[Block]:
@@ -281,7 +290,7 @@ def build(model: torch.nn.Module, modules: list[torch.nn.Module], part_bytes: in
     mnames: dict[int, str] = {}
     for n, m in model.named_modules(remove_duplicate=False):
         mnames.setdefault(id(m), n)             # a module registered twice: its first name
-        _check_renorm(n, m)
+        _check_embedding(n, m)
     for m in modules:
         if id(m) not in mnames:
             raise ValueError(f"blocks= holds a {type(m).__name__} that is not a submodule of the model")
