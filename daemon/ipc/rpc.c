@@ -33,6 +33,7 @@
 #include "daemon/ipc/commit.h"
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/fence.h"
+#include "daemon/ipc/held-writes.h"
 #include "daemon/ipc/jobctl.h"
 #include "daemon/ipc/metrics.h"
 #include "daemon/ipc/quota-rpc.h"
@@ -315,17 +316,6 @@ static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret
         return j;
 }
 
-/* Does Hello @userdata name @t in @tier among the writes its client holds? */
-static bool hello_held(const Tensor *t, int tier, void *userdata) {
-        const Tier__Hello *h = userdata;
-
-        for (size_t i = 0; i < h->n_held_writes; i++)
-                if ((int) h->held_writes[i]->tier == tier && h->held_writes[i]->tensor &&
-                    strcmp(h->held_writes[i]->tensor, t->name) == 0)
-                        return true;
-        return false;
-}
-
 static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
@@ -333,6 +323,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         uint64_t limits[TIERS] = {}, tensor_max[TIERS] = {}, segment_size[TIERS] = {};
         _cleanup_close_ int efd = -1, wake_read = -1;  /* the wakeup pipe: tierd writes, the client reads */
         _cleanup_free_ uint64_t *completed = NULL;
+        _cleanup_(held_writes_free) HeldWrites held = {};
         unsigned slot;
         int fds[2];
         bool created = false;
@@ -389,7 +380,8 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
          * client may send another one (nothing is left to leak or overwrite).
          */
         completed = calloc(r->config->max_inflight, sizeof(uint64_t));
-        if (wakeup_new(&efd, &wake_read) < 0 || !completed)
+        if (wakeup_new(&efd, &wake_read) < 0 || !completed ||
+            (h->says_writes && held_writes_index(h->held_writes, h->n_held_writes, NULL, &held) < 0))
                 return conn_reply_error(c, seq, -ENOMEM, "out of resources");
         j = hello_job(r, c, seq, h->job, &created);
         if (!j)
@@ -426,7 +418,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         job_linger_stop(j);
         c->rank = h->rank;
         /* the memory store's: this rank's clients of before tierd's restart are done writing (and say what) */
-        job_release_ghosts(j, h->says_writes, h->rank, hello_held, (void *) h);
+        job_release_ghosts(j, h->says_writes, h->rank, held_writes_has, &held);
 
         for (int i = 0; i < TIERS; i++) {
                 limits[i] = j->limit[i];

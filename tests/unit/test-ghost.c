@@ -22,8 +22,10 @@
 
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
+#include "daemon/ipc/held-writes.h"
 #include "daemon/state/registry.h"
 #include "tests/unit/fixture.h"
+#include "tier.pb-c.h"
 
 static Tensor *written_ghost(Manager *m, Job *j, const char *name, RankSet ranks) {
         Tensor *t = fixture_tensor(j, name, 1 * MiB);
@@ -130,9 +132,70 @@ static void test_ghost_written_waits_for_its_rank(void **state) {
         fixture_free(m);
 }
 
+/*
+ * The first Hello of a rank after a restart decides each write-only copy the rank held by whether it
+ * names it (Hello.held_writes): a scan of the Hello's list per copy was copies x held writes of work
+ * in one request on the main loop (8 x max_tensors writes may be named).  handle_hello() sorts the list
+ * once (held_writes_index()) and looks each copy up: 256 such copies and 8192 writes named, the ones
+ * that count last (the scan's worst order), compare at most 16 x 8192 entries (the scan: over 2
+ * million).  What is decided is as before: a copy named in its tier counts as written, one named in
+ * another tier only goes back to zeros.
+ */
+static void test_ghost_held_writes_sorted(void **state) {
+        enum { K = 256, N = 8192 };
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Tier__HeldWrite *w = calloc(N, sizeof(*w)), **held = calloc(N, sizeof(*held));
+        char (*names)[16] = calloc(N, 16);
+        uint64_t steps = 0;
+        HeldWrites hw;
+        Tensor *t[K];
+        Job *j;
+
+        (void) state;
+        assert_true(w && held && names);
+        assert_int_equal(job_new(m->registry, "hw", 0, &j), 0);
+        for (int i = 0; i < K; i++) {
+                snprintf(names[i], 16, "g%d", i);
+                t[i] = fixture_tensor(j, names[i], 4096);
+                fixture_touch(m, t[i], LEVEL_HOST, true);
+                t[i]->copy[LEVEL_HOST].pins++;
+                t[i]->ghost_ranks[LEVEL_HOST] = (RankSet) { .rank = { 3 }, .n = 1 };
+                t[i]->ghost_rank = 3;
+                t[i]->ghost |= 1u << LEVEL_HOST;
+                t[i]->ghost_unwritten |= 1u << LEVEL_HOST;
+                tensor_pin_account(t[i], LEVEL_HOST, +1);
+        }
+        /* names of no tensor, the odd ones in VRAM, then the even ones in host */
+        for (int i = 0; i < N; i++) {
+                int g = i - (N - K);
+
+                tier__held_write__init(&w[i]);
+                held[i] = &w[i];
+                w[i].tier = g < 0 || g % 2 ? TIER__TIER__TIER_VRAM : TIER__TIER__TIER_HOST;
+                w[i].tensor = g < 0 ? names[K + i] : names[g];  /* (K + i < N) */
+                if (g < 0)
+                        snprintf(names[K + i], 16, "x%d", i);
+        }
+        assert_int_equal(held_writes_index(held, N, &steps, &hw), 0);
+        job_release_ghosts(j, true, 3, held_writes_has, &hw);
+        held_writes_free(&hw);
+        for (int i = 0; i < K; i++) {
+                assert_int_equal(t[i]->ghost, 0);
+                assert_int_equal(t[i]->version, i % 2 ? 0 : 1);
+                assert_false(t[i]->lost);
+        }
+        assert_true(steps <= 16 * (uint64_t) N);
+        job_destroy(j);
+        free(names);
+        free(held);
+        free(w);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_ghost_written_waits_for_its_rank),
+                cmocka_unit_test(test_ghost_held_writes_sorted),
         };
         return fixture_main("ghost", tests, sizeof(tests) / sizeof(tests[0]));
 }
