@@ -110,6 +110,8 @@ typedef struct ClientHeld {
         bool used;              /* a free slot is not */
         uint32_t next;          /* slot + 1 of the entry added before it with its key (a free one: the next
                                  * free slot + 1); 0 ends it */
+        uint32_t t_prev, t_next; /* slot + 1 of its neighbours among its handle's entries (tier_tensor.held) */
+        uint32_t p_prev, p_next; /* a phase grant: among the phase grants (tier_client.held_phase) */
 } ClientHeld;
 
 /* A tensor of the submitted plan: its id (as tierd numbers it on this connection) and its slot. */
@@ -205,7 +207,8 @@ struct tier_client {
         uint32_t n_held_slots, free_held; /* free slots chained from free_held (slot + 1; 0: none) */
         uint32_t *held_keys;            /* index by (id, tier, phase): slot + 1 of the latest entry, 0: empty */
         uint32_t n_held_keys, cap_held_keys;
-        uint64_t held_steps;            /* index entries and chain links looked at (for the tests) */
+        uint32_t held_phase;            /* slot + 1 of the first phase grant (ClientHeld.p_next), 0: none */
+        uint64_t held_steps;            /* index entries, chain links and entries walked (for the tests) */
 
         /* the submitted plan */
         PlanPage *plan_page;
@@ -234,6 +237,7 @@ struct tier_tensor {
         uint64_t serial;                /* this handle's number in its client (never reused): plans.c */
         char *name;
         ClientView views[2];            /* per tier (vram, host): a copy that spans segments */
+        uint32_t held;                  /* held.c: slot + 1 of its first entry (ClientHeld.t_next), 0: none */
 };
 
 /* One received packet: the unpacked Reply and the fds that came with it. */
@@ -334,7 +338,7 @@ void held_phase_clear(tier_client *c);
  * unpin, the phase's end, or the connection's), are kept by name; -ENOMEM
  * (then forgotten).
  */
-int held_forget_tensor(tier_client *c, const tier_tensor *t);
+int held_forget_tensor(tier_client *c, tier_tensor *t);
 /* Every grant goes (the connection they were for is gone, and a Hello named them). */
 void held_clear(tier_client *c);
 /* The writes held, as a Hello names them (*@ret: malloc'ed array of malloc'ed entries, @ret_n). */

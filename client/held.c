@@ -97,6 +97,42 @@ static void key_remove(tier_client *c, uint32_t *k) {
 }
 
 /*
+ * Two doubly linked lists through the slots (slot + 1, 0 ends them): a
+ * handle's entries from tier_tensor.held (ClientHeld.t_prev/t_next), so a
+ * close walks its own, not all; the phase grants from
+ * tier_client.held_phase (p_prev/p_next), so a phase's end walks those, not
+ * the pins too.
+ */
+static void link_add(tier_client *c, uint32_t *head, uint32_t slot, bool phase) {
+        ClientHeld *h = &c->held[slot];
+
+        if (phase) {
+                h->p_prev = 0;
+                h->p_next = *head;
+                if (*head)
+                        c->held[*head - 1].p_prev = slot + 1;
+        } else {
+                h->t_prev = 0;
+                h->t_next = *head;
+                if (*head)
+                        c->held[*head - 1].t_prev = slot + 1;
+        }
+        *head = slot + 1;
+}
+
+static void link_del(tier_client *c, uint32_t *head, uint32_t slot, bool phase) {
+        ClientHeld *h = &c->held[slot];
+        uint32_t prev = phase ? h->p_prev : h->t_prev, next = phase ? h->p_next : h->t_next;
+
+        if (prev)
+                *(phase ? &c->held[prev - 1].p_next : &c->held[prev - 1].t_next) = next;
+        else
+                *head = next;
+        if (next)
+                *(phase ? &c->held[next - 1].p_prev : &c->held[next - 1].t_prev) = prev;
+}
+
+/*
  * The entries sit in slots that never move (a freed one is chained into a
  * free list and reused); those of one tensor id, tier and kind (pin or phase
  * grant) form a chain through ClientHeld.next, latest first, whose head an
@@ -134,6 +170,9 @@ static int held_add(tier_client *c, ClientHeld h) {
         h.next = *k;
         c->held[slot] = h;
         *k = slot + 1;
+        link_add(c, &h.t->held, slot, false);
+        if (h.phase)
+                link_add(c, &c->held_phase, slot, true);
         c->n_held++;
         return 0;
 }
@@ -150,6 +189,10 @@ static void held_del(tier_client *c, uint32_t slot) {
         *link = h->next;
         if (!*k)
                 key_remove(c, k);
+        if (h->t)
+                link_del(c, &h->t->held, slot, false);
+        if (h->phase)
+                link_del(c, &c->held_phase, slot, true);
         free(h->name);
         *h = (ClientHeld) { .next = c->free_held };
         c->free_held = slot + 1;
@@ -183,29 +226,34 @@ int held_phase_grant(tier_client *c, tier_tensor *t, int tier) {
 }
 
 void held_phase_end(tier_client *c) {
-        for (uint32_t i = 0; i < c->n_held_slots; i++)
-                if (c->held[i].used && c->held[i].phase && c->held[i].phase_seq + 1 < c->plan_seq)
-                        held_del(c, i);
+        for (uint32_t i = c->held_phase, next; i; i = next) {
+                next = c->held[i - 1].p_next;
+                c->held_steps++;
+                if (c->held[i - 1].phase_seq + 1 < c->plan_seq)
+                        held_del(c, i - 1);
+        }
 }
 
 void held_phase_clear(tier_client *c) {
-        for (uint32_t i = 0; i < c->n_held_slots; i++)
-                if (c->held[i].used && c->held[i].phase)
-                        held_del(c, i);
+        while (c->held_phase) {
+                c->held_steps++;
+                held_del(c, c->held_phase - 1);
+        }
 }
 
-int held_forget_tensor(tier_client *c, const tier_tensor *t) {
+int held_forget_tensor(tier_client *c, tier_tensor *t) {
         int r = 0;
 
-        for (uint32_t i = 0; i < c->n_held_slots; i++) {
+        while (t->held) {
+                uint32_t i = t->held - 1;
                 ClientHeld *h = &c->held[i];
 
-                if (!h->used || h->t != t)
-                        continue;
+                c->held_steps++;
                 /* a pin's or a phase grant's: tierd holds either until its unpin or its phase's end */
                 if (!t->gone) {
                         h->name = strdup(t->name);
                         if (h->name) {
+                                link_del(c, &t->held, i, false);
                                 h->t = NULL;
                                 continue;
                         }
@@ -218,9 +266,13 @@ int held_forget_tensor(tier_client *c, const tier_tensor *t) {
 
 void held_clear(tier_client *c) {
         for (uint32_t i = 0; i < c->n_held_slots; i++)
-                if (c->held[i].used)
+                if (c->held[i].used) {
                         free(c->held[i].name);
+                        if (c->held[i].t)
+                                c->held[i].t->held = 0;
+                }
         c->n_held = 0;
+        c->held_phase = 0;
         c->n_held_slots = 0;
         c->free_held = 0;
         free(c->held_keys);

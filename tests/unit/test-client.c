@@ -590,6 +590,77 @@ static void test_held_closed_handle(void **state) {
         free(c.held);
 }
 
+/*
+ * A handle's close walks its own entries (tier_tensor.held) and a phase's end the phase grants
+ * (tier_client.held_phase), not every entry held: each walked all of them, so closing N handles, or
+ * entering N phases, while N pins are held was quadratic.  Counted (tier_client.held_steps), not timed.
+ */
+static void test_held_close_walks_its_own(void **state) {
+        enum { N = 8192, P = 64 };
+        tier_client c = { .fd = -1 };
+        tier_tensor *t = calloc(N, sizeof(tier_tensor)), *p = calloc(P, sizeof(tier_tensor));
+        tier_tensor a = { .id = N + P + 1, .name = (char *) "a" }, b = { .id = N + P + 2, .name = (char *) "b" };
+        bool found;
+
+        (void) state;
+        assert_true(t && p);
+        for (int i = 0; i < N; i++) {
+                t[i] = (tier_tensor) { .id = (uint64_t) i + 1, .name = (char *) "t" };
+                assert_int_equal(held_pin(&c, &t[i], TIER_HOST, true), 0);
+        }
+        c.plan_seq = 1;
+        for (int i = 0; i < P; i++) {
+                p[i] = (tier_tensor) { .id = (uint64_t) N + i + 1, .name = (char *) "p" };
+                assert_int_equal(held_phase_grant(&c, &p[i], TIER_VRAM), 0);
+        }
+        c.held_steps = 0;
+        /* N phases entered: the grants of phase 1 are named through phase 2, gone at 3 */
+        for (int i = 0; i < N; i++) {
+                c.plan_seq++;
+                held_phase_end(&c);
+                assert_int_equal(c.n_held, N + (i == 0 ? P : 0));
+        }
+        assert_true(c.held_steps <= 2 * (uint64_t) N);      /* (the scan: about N^2) */
+        c.held_steps = 0;
+        /* N handles closed: their pins are named still, by name; a gone tensor's go */
+        for (int i = 0; i < N; i++) {
+                t[i].gone = i % 2;
+                assert_int_equal(held_forget_tensor(&c, &t[i]), 0);
+        }
+        assert_true(c.held_steps <= 2 * (uint64_t) N);      /* (the scan: about N^2 / 2) */
+        assert_int_equal(c.n_held, N / 2);
+        assert_int_equal(named(&c, "t", TIER_HOST, &found), N / 2);
+        assert_true(found);
+
+        /* a handle's entries of both kinds and tiers go at its close, another handle's stay */
+        held_clear(&c);
+        c.plan_seq = 1;
+        assert_int_equal(held_pin(&c, &a, TIER_HOST, true), 0);
+        assert_int_equal(held_pin(&c, &b, TIER_HOST, true), 0);
+        assert_int_equal(held_pin(&c, &a, TIER_VRAM, false), 0);
+        assert_int_equal(held_phase_grant(&c, &a, TIER_VRAM), 0);
+        a.gone = true;
+        assert_int_equal(held_forget_tensor(&c, &a), 0);
+        assert_int_equal(c.n_held, 1);
+        assert_int_equal(named(&c, "b", TIER_HOST, &found), 1);
+        assert_true(found);
+        /* after a reconnect's clear, a handle's list of before is no more: b's new entry is not a's */
+        held_clear(&c);
+        a.gone = false;
+        assert_int_equal(held_pin(&c, &a, TIER_HOST, true), 0);
+        held_clear(&c);
+        assert_int_equal(held_pin(&c, &b, TIER_HOST, true), 0);
+        assert_int_equal(held_forget_tensor(&c, &a), 0);
+        assert_ptr_equal(c.held[0].t, &b);
+        assert_int_equal(held_forget_tensor(&c, &b), 0);
+        assert_null(c.held[0].t);
+        assert_int_equal(named(&c, "b", TIER_HOST, &found), 1);
+        held_clear(&c);
+        free(c.held);
+        free(p);
+        free(t);
+}
+
 /* ---- the wakeup fd ---------------------------------------------------------------------- */
 
 /*
@@ -644,6 +715,7 @@ int main(void) {
                 cmocka_unit_test(test_held_writes),
                 cmocka_unit_test(test_held_closed_handle),
                 cmocka_unit_test(test_held_unpin_by_index),
+                cmocka_unit_test(test_held_close_walks_its_own),
                 cmocka_unit_test(test_wakeup_drain),
         };
 
