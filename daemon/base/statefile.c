@@ -86,7 +86,8 @@ int statefile_write(const char *path, const void *data, size_t len, mode_t mode)
                 (void) unlink(tmp);
                 return r;
         }
-        return sync_dir_of(path);
+        /* replaced: an error now would have the caller keep the old state while the file holds the new */
+        return sync_dir_of(path) < 0 ? 1 : 0;
 }
 
 int statefile_read(const char *path, size_t max, char **ret, size_t *ret_len) {

@@ -12,7 +12,10 @@
  * to a temporary file "PATH.XXXXXX" in the same directory, which is
  * fsync()ed, given @mode and
  * renamed over @path; then the directory is fsync()ed.  0 or -errno; on
- * failure @path is unchanged and no temporary file is left.
+ * failure @path is unchanged and no temporary file is left.  1 when @path
+ * was replaced but the directory's fsync() failed: readers see the new
+ * file, which a power loss may yet take back (the caller keeps the new
+ * state, as the file holds it, and may say so).
  */
 int statefile_write(const char *path, const void *data, size_t len, mode_t mode);
 

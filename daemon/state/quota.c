@@ -731,6 +731,9 @@ int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, si
                 (void) snprintf(why, size, "cannot save the quotas to \"%s\": %s", s->path, strerror(-r));
                 return -EIO;
         }
+        if (r > 0)
+                log_warning("Saved the quotas to \"%s\", but its directory could not be synced: a power loss "
+                            "may bring back the file before", s->path);
         return 0;
 }
 

@@ -12,6 +12,7 @@
  */
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
@@ -257,6 +258,38 @@ static void test_bounded(void **state) {
         wear_free(w);
 }
 
+/* fsync() of a directory fails while this is set (statefile_write()'s last step), for test_statefile_dir_sync_fails. */
+static bool fail_dir_fsync;
+
+int fsync(int fd) {
+        static int (*real)(int);
+        struct stat st;
+
+        if (!real)
+                *(void **) &real = dlsym(RTLD_NEXT, "fsync");
+        if (fail_dir_fsync && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+                errno = EIO;
+                return -1;
+        }
+        return real(fd);
+}
+
+/* The file is replaced but its directory's fsync() fails: not an error (the caller would keep the old state while
+ * the file holds the new), 1. */
+static void test_statefile_dir_sync_fails(void **state) {
+        char path[PATH_MAX + 64], *text = NULL;
+        size_t len = 0;
+
+        (void) snprintf(path, sizeof(path), "%s/g", dir);
+        assert_int_equal(statefile_write(path, "old\n", 4, 0600), 0);
+        fail_dir_fsync = true;
+        assert_int_equal(statefile_write(path, "new\n", 4, 0600), 1);
+        fail_dir_fsync = false;
+        assert_int_equal(statefile_read(path, 100, &text, &len), 0);
+        assert_string_equal(text, "new\n");
+        free(text);
+}
+
 static void test_statefile(void **state) {
         char path[PATH_MAX + 64], *text = NULL, aside[PATH_MAX + 64];
         struct stat a, b;
@@ -410,6 +443,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_bounded, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_statefile, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_aside_prune_oldest, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_statefile_dir_sync_fails, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_trusted),
                 cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
