@@ -15,7 +15,6 @@ below the state, as test_loops.
 
 from __future__ import annotations
 
-import collections
 import copy
 import os
 import unittest
@@ -140,7 +139,7 @@ class TestUsage(tierd.DaemonTestCase):
                                                                            r"outside its block's forward.*nothing "
                                                                            r"changed"):
                     for p in model.parameters():
-                        p.clamp_(-0.01, 0.01)   # (refused at once: test_reads_of_placeholders_refused)
+                        p.clamp_(-0.01, 0.01)   # (refused at once: test_placeholders.py)
                 with torch.no_grad(), torch._C.DisableTorchFunction():     # (past the refusal: a C++ extension)
                     model.tok.weight.clamp_(-0.01, 0.01)
                 with self.assertRaisesRegex(RuntimeError, r"the model's forward: parameter tok\.weight was "
@@ -287,149 +286,6 @@ class TestUsage(tierd.DaemonTestCase):
         eng.close()
         for n, p in model.named_parameters():
             self.assertTrue(torch.equal(p.detach(), want[n]), n)
-
-    def test_reads_of_placeholders_refused(self) -> None:
-        """Outside its block's phases a parameter is an empty placeholder: every op but ``p.data = ...`` and
-        ``p.view()`` computed on nothing, silently (``p.reshape(-1)``, ``p.flatten()``, ``p.data.view(-1)``,
-        ``p.norm()``, ``p.clone()``; ``p.numel()`` gave 0), and an EMA over model.parameters(),
-        ``ema_p.mul_(d).add_(p.detach(), alpha=1 - d)``, failed only in add_() with torch's "size of tensor a
-        (32) must match the size of tensor b (0)".  Each is refused now, before it computes or changes
-        anything, naming the parameter and saying what to do (the EMA: from model.state_dict(), which is
-        checked here against plain PyTorch's); ``p.numel()`` is the parameter's (HF's Trainer counts so);
-        metadata, autograd bookkeeping, model.state_dict(), load_state_dict(), conversions that change nothing and an optimizer's param groups still pass, and
-        inside a block's forward its parameters are read as torch would."""
-        ref = lm()
-        model = copy.deepcopy(ref)
-        ema = {k: v.clone() for k, v in ref.state_dict().items()}
-        ref_ema = {k: v.clone() for k, v in ref.state_dict().items()}
-        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        eng = self.engine(model, "reads")
-        seen = []
-        h = model.head.register_forward_hook(lambda mod, a, out: seen.append(float(mod.weight.norm())))
-        for x in batches(2):
-            for m, o in ((ref, opt), (model, eng)):
-                lm_loss(m, x).backward()
-                o.step()
-                o.zero_grad()
-            for e, m in ((ref_ema, ref), (ema, model)):
-                with torch.no_grad():
-                    for k, v in m.state_dict().items():
-                        e[k].mul_(0.9).add_(v, alpha=0.1)
-        h.remove()
-        self.assertTrue(all(v > 0 for v in seen), "inside the forward the weight is the real one")
-        self.assertTrue(all(torch.equal(ema[k], ref_ema[k]) for k in ref_ema), "an EMA from model.state_dict()")
-        p = model.head.weight
-        where = r"parameter head\.weight .*outside its block's forward or backward: the tier\.torch engine keeps its"
-        reads = [("reshape", lambda: p.reshape(-1)), ("flatten", lambda: p.flatten()), ("view", lambda: p.view_as(p)),
-                 ("view", lambda: p.data.view(-1)), ("norm", lambda: p.norm()), ("sum", lambda: p.sum()),
-                 ("clone", lambda: p.clone()), ("cat", lambda: torch.cat([torch.ones(1), p])),
-                 ("mul", lambda: torch.ones(1) * p.detach().cpu()), ("__getitem__", lambda: p[0]),
-                 ("zeros_like", lambda: torch.zeros_like(p)), ("tolist", lambda: p.detach().tolist())]
-        for op, read in reads:
-            with self.subTest(op=op), self.assertRaisesRegex(RuntimeError, op + r"(\(\))? .*" + where):
-                read()
-        self.assertEqual((p.numel(), p.detach().numel(), p.data.nelement()), (256 * 32,) * 3)  # (its parameter's)
-        with self.assertRaisesRegex(RuntimeError, r"clamp_\(\) on " + where + r".*nothing changed"):
-            p.data.clamp_(-0.01, 0.01)
-        # the EMA over model.parameters(): refused before add_() computes; the mul_() before it ran
-        ema_p = ref.head.weight.detach().clone()
-        before = ema_p.clone()
-        with self.assertRaisesRegex(RuntimeError, r"add_\(\) reading " + where + r".*An EMA of the weights: update "
-                                                  r"it from the state dict.*mul_\(\) of ema_p\.mul_\(d\)"):
-            ema_p.mul_(1.0).add_(p.detach(), alpha=0.1)
-        self.assertTrue(torch.equal(ema_p, before), "add_() changed nothing")
-        with self.assertRaisesRegex(RuntimeError, r"copy_\(\) reading " + where):
-            ema_p.copy_(p.detach())
-        self.assertTrue(torch.equal(ema_p, before))
-        # what passes: metadata, bookkeeping, conversions that change nothing, the state dict
-        self.assertEqual((p.shape, p.dtype, p.device.type, p.requires_grad, p.is_leaf, p.grad), ((0,), torch.float32,
-                                                                                               "cpu", True, True, None))
-        self.assertEqual(hash(p), id(p))
-        self.assertIn("head", repr(model))
-        self.assertIn("head.weight", dict(model.named_parameters()))
-        p.register_hook(lambda g: g).remove()
-        model.float().to("cpu")
-        torch.optim.SGD(model.parameters(), lr=0.1)
-        self.assertEqual(p.detach().shape, (0,))
-        model.load_state_dict(model.state_dict())
-        self.same(model, ref, "after the refusals")
-        eng.close()
-        self.assertEqual(float(p.norm()), float(ref.head.weight.norm()))    # the model's own again
-        self.same(model, ref, "closed")
-
-    def test_parameter_subclass_keeps_its_ops(self) -> None:
-        """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
-        its ops keep the class): while the engine has it, its class is a subclass watching ``.data``
-        (guards.watch_data), which handed torch's default the watching class among ``types``.  torch's
-        default answers NotImplemented for a type that is not its class's own base, so every op on the
-        parameter failed, ``TypeError: unsupported operand type(s)``.  Trained bit for bit now."""
-        class Kept(torch.nn.Parameter):
-            __torch_function__ = classmethod(torch.Tensor.__torch_function__.__func__)
-
-        ref = TwoHead()
-        model = copy.deepcopy(ref)
-        model.l2.weight = Kept(model.l2.weight.detach().clone())
-        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
-        eng = self.engine(model, "kept")
-        kinds = []
-        model.l2.register_forward_hook(lambda mod, a, out: kinds.append(type(mod.weight * 2)))
-        for x in batches(3):
-            for m, o in ((ref, opt), (model, eng)):
-                a, b = m(x)
-                (a.pow(2).mean() + b.pow(2).mean()).backward()
-                o.step()
-                o.zero_grad()
-        self.same(model, ref, "a parameter of a class of its own")
-        self.assertEqual(kinds, [Kept] * 3)                 # its ops' results keep its class, as before
-        with self.assertRaisesRegex(RuntimeError, r"mul\(\) reading parameter l2\.weight outside"):
-            model.l2.weight * 2                             # (the empty placeholder there)
-        eng.close()
-        self.assertIs(type(model.l2.weight), Kept)
-        self.same(model, ref, "closed")
-
-    def test_engine_reads_pass_by_the_watch(self) -> None:
-        """The engine's parameters are of a class watching ``.data`` (guards.watch_data), whose
-        ``__torch_function__`` every attribute of theirs passes through, the engine's own reads too:
-        ``.grad``, ``._version``, ``.dtype`` in the loops over every parameter (check_params() twice a
-        step, the blocks' pointing at their mappings, the gradients' moves), 28 a parameter a step at 0.8
-        us each, 2.4 ms a step for ByteLM's 102 parameters.  None of tier.torch's own pass there now; the
-        model's reads still do, and a change through ``.data`` is still refused."""
-        import sys
-
-        from tier.torch import guards
-
-        model = lm()
-        eng = self.engine(model, "reads")
-        data = batches(3)
-
-        def step(x) -> None:
-            lm_loss(model, x).backward()
-            eng.step()
-            eng.zero_grad()
-
-        step(data[0])                   # the first step: traced, the plan submitted
-        callers: list[str] = []
-        own = {sub: sub.__dict__["__torch_function__"] for sub in guards._WATCHED.values()}
-        try:
-            for sub, tf in own.items():
-                def counted(k, func, types, args=(), kwargs=None, tf=tf.__func__):
-                    callers.append(sys._getframe(1).f_code.co_filename)     # (who read or called)
-                    return tf(k, func, types, args, kwargs)
-
-                sub.__torch_function__ = classmethod(counted)
-            step(data[1])
-        finally:
-            for sub, tf in own.items():
-                sub.__torch_function__ = tf
-        self.assertTrue(own)
-        ours = collections.Counter(os.path.basename(f) for f in callers
-                                   if os.sep + os.path.join("tier", "torch") + os.sep in f)
-        self.assertEqual(ours, {}, "tier.torch's own reads of its parameters went through __torch_function__")
-        self.assertTrue(callers, "the model's own ops on its parameters still do")
-        with self.assertRaisesRegex(RuntimeError, r"mul_\(\) on parameter head\.weight outside"):
-            model.head.weight.data.mul_(0.5)
-        step(data[2])
-        eng.close()
 
     def test_element_sizes_remembered(self) -> None:
         """layout.esize() made a tensor to learn an element's size at every view of a parameter
