@@ -102,6 +102,30 @@ class TestPlaceholders(tierd.DaemonTestCase):
         self.assertEqual(float(p.norm()), float(ref.head.weight.norm()))    # the model's own again
         self.same(model, ref, "closed")
 
+    def test_metadata_through_torch_functions(self) -> None:
+        """What reads only a placeholder's metadata passes whether it is called as a method or as torch's
+        function: ``torch.numel(p)`` (``sum(map(torch.numel, model.parameters()))``, as ``p.numel()`` gives
+        the parameter's count), ``torch.is_floating_point(p)``, ``torch.is_complex(p)``, ``is_conj()``,
+        ``is_neg()``, ``torch.is_inference(p)``; refusing them as reads of values (fadf2ff) broke code that
+        ran before the engine and after it alike.  What gives a tensor shaped as the placeholder
+        (``torch.empty_like(p)``) stays refused."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "metadata")
+        lm_loss(model, batches(1)[0]).backward()
+        eng.step()
+        eng.zero_grad()
+        want = sum(q.numel() for q in ref.parameters())
+        self.assertEqual(sum(map(torch.numel, model.parameters())), want)
+        for p, r in zip(model.parameters(), ref.parameters()):
+            for t in (p, p.detach(), p.data):
+                got = (torch.numel(t), torch.is_floating_point(t), torch.is_complex(t), torch.is_conj(t), t.is_conj(),
+                       torch.is_neg(t), t.is_neg(), torch.is_inference(t))
+                self.assertEqual(got, (r.numel(), True, False, False, False, False, False, False))
+        with self.assertRaisesRegex(RuntimeError, r"empty_like\(\) reading parameter head\.weight outside"):
+            torch.empty_like(model.head.weight)
+        eng.close()
+
     def test_parameter_subclass_keeps_its_ops(self) -> None:
         """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
         its ops keep the class): while the engine has it, its class is a subclass watching ``.data``

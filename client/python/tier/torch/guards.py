@@ -264,7 +264,9 @@ _METADATA = frozenset(
         "is_floating_point", "is_complex", "is_signed", "is_inference", "get_device", "data_ptr", "is_pinned",
         "is_shared", "has_names", "__hash__", "__repr__", "__format__", "__len__", "__dir__", "register_hook",
         "retain_grad", "requires_grad_", "_is_view", "new_empty", "new_zeros", "new_ones", "new_full",
-        "new_tensor", "__setstate__")] + [torch._has_compatible_shallow_copy_type])     # (Module._apply())
+        "new_tensor", "__setstate__", "is_conj", "is_neg")] + [torch._has_compatible_shallow_copy_type] +  # (_apply())
+    # (and as torch's functions: torch.is_floating_point(p) read the dtype before the engine and after it alike)
+    [torch.is_floating_point, torch.is_complex, torch.is_conj, torch.is_neg, torch.is_inference])
 #: what passes on a placeholder and gives a placeholder (marked): a conversion (Module._apply(), a move to a
 #: device: refused at the next step by check_params() when it changes the parameter) or ``detach()``
 #: (model.state_dict() detaches each, then takes the values from tierd)
@@ -272,7 +274,7 @@ _CONVERSIONS = frozenset(getattr(_T, n) for n in (
     "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
     "bool", "detach", "share_memory_", "pin_memory", "contiguous"))
 _COPY = _T.copy_
-_COUNT = frozenset((_T.numel, _T.nelement))
+_COUNT = frozenset((_T.numel, _T.nelement, torch.numel))      # (sum(map(torch.numel, model.parameters())))
 _VIEWS = frozenset((_T.view, _T.view_as))
 
 
