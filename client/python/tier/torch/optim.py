@@ -74,6 +74,19 @@ def with_torch_keys(ours: dict[str, Any], cls: type) -> dict[str, Any]:
     return ours
 
 
+def check_torch_keys(group: dict[str, Any]) -> None:
+    """torch.optim's keys a group may carry (with_torch_keys(), a checkpoint of torch's, by name) that no rule
+    can honour: refused (ValueError), as they were taken and ignored.  foreach= passes: torch 1.13's
+    multi-tensor code gives the single-tensor code's bits on the CPU."""
+    if group.get("differentiable"):
+        raise ValueError("differentiable=True: tier.torch's optimizer step is not recorded by autograd (it runs "
+                         "on the state in tierd, outside the graph), so nothing could differentiate through it; "
+                         "use differentiable=False, or a torch.optim optimizer on a model without tier.torch")
+    if group.get("fused"):
+        raise ValueError("fused=True: tier.torch's optimizer step is torch's single-tensor code on the CPU, not "
+                         "a fused kernel (whose bits differ); use fused=None or False")
+
+
 class AdamW:
     """torch.optim.AdamW (amsgrad off), as its single-tensor code on the CPU computes it."""
 
@@ -105,6 +118,7 @@ class AdamW:
         return int(float(entry["step"])), {k: entry[k] for k in ("exp_avg", "exp_avg_sq") if k in entry}
 
     def check_group(self, group: dict[str, Any]) -> None:
+        check_torch_keys(group)
         if group.get("amsgrad"):
             raise ValueError("amsgrad=True: tier.torch's AdamW keeps no max_exp_avg_sq (use amsgrad=False)")
         if group.get("capturable"):
@@ -163,6 +177,7 @@ class SGD:
         return (1, {"momentum_buffer": buf}) if buf is not None else (0, {})
 
     def check_group(self, group: dict[str, Any]) -> None:
+        check_torch_keys(group)
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening (as torch.optim.SGD)")
         if group["momentum"] != 0 and group["dampening"] != 0 and id(group) in self.no_buffer:
