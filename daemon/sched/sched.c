@@ -713,15 +713,13 @@ static void write_behind(Sched *s, Plan *p) {
                 /* the copies the engine would take, in its order: what a drain would write if not we */
                 if (engine_victims(s->engine, j, tier, NULL, &v, &n) < 0)
                         return;
-                k = sched_victim_order(s, tier, v, n, 0);
+                k = sched_clean_order(s, tier, v, n);
                 for (size_t i = 0; i < k && (got + free_bytes < need || tier == LEVEL_HOST); i++) {
                         Tensor *t = v[i];
                         bool for_window = got + free_bytes < need;
 
                         got += t->alloc_size;
-                        if (!copy_is_sole(t, tier) || t->sched_op || t->sched_blocked == s->epoch ||
-                            t->sched_cleaned[tier] == t->version || engine_drain_blocked(s->engine, t, tier) ||
-                            sched_next_access_overwrites(t))
+                        if (!sched_may_clean(s, t, tier))
                                 continue;
                         /*
                          * Beyond the window's need: a dirty host copy that the plan's

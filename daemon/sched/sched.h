@@ -42,6 +42,7 @@ struct Sched {
         uint64_t epoch;         /* bumped whenever space may have been freed or data moved */
         uint64_t stamp;         /* the latest Tensor.sched_stamp handed out (selfpin.c) */
         uint64_t admit_sims;    /* occupancy replays admit_survives() ran, in all (for the tests) */
+        uint64_t victim_cmps;   /* comparisons of two victims (victim.c), in all (for the tests) */
         SchedTrace trace;
         void *trace_userdata;
 };
@@ -125,6 +126,17 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned lim
  * Returns how many of @cands remain, best victim first.
  */
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+/*
+ * Write-behind's candidates: may it write @t's sole copy in @tier down now (no op of
+ * the scheduler's on it, not cleaned at its version, a drain not blocked, not dead)?
+ */
+bool sched_may_clean(Sched *s, Tensor *t, int tier);
+/*
+ * sched_victim_order() with no deadline, for write-behind: 0 (@cands as they were)
+ * when none of them is one it may write (sched_may_clean()): then it starts nothing
+ * whatever their order, and sorting every copy of the job in each pass was for nothing.
+ */
+size_t sched_clean_order(Sched *s, int tier, Tensor **cands, size_t n);
 /* EngineSchedOps.victim_order and .victims_lru (@userdata: the Sched). */
 size_t sched_ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
 bool sched_ops_victims_lru(void *userdata, int tier);

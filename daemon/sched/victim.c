@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/base/config.h"
+#include "daemon/engine/engine.h"
 #include "daemon/sched/plan.h"
 #include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
@@ -54,17 +55,23 @@ uint64_t sched_next_use_ns(Tensor *t, int tier) {
 
 typedef struct Victim {
         Tensor *t;
-        uint64_t next;
         double score;           /* time to the next use / cost of dropping: higher goes first */
         uint64_t last_use;
+        size_t idx;             /* among the victims, in the candidates' order: ties keep it */
 } Victim;
 
-static int victim_cmp(const void *a, const void *b) {
-        const Victim *x = a, *y = b;
-
+/* Best victim first: the highest score, then the least recently used, then the candidates' order. */
+static int victim_cmp(const Victim *x, const Victim *y, Sched *s) {
+        s->victim_cmps++;
         if (x->score != y->score)
                 return x->score > y->score ? -1 : 1;
-        return x->last_use < y->last_use ? -1 : x->last_use > y->last_use;
+        if (x->last_use != y->last_use)
+                return x->last_use < y->last_use ? -1 : 1;
+        return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static int victim_qcmp(const void *a, const void *b, void *s) {
+        return victim_cmp(a, b, s);
 }
 
 /*
@@ -120,18 +127,14 @@ bool sched_ops_victims_lru(void *userdata, int tier) {
         return s->config->sched_policy != SCHED_POLICY_TIMELINE;
 }
 
-/* EngineSchedOps.victim_order's contract (daemon/engine/engine.h): cands[0..k) may go, best first; cands[k..n) stay. */
-size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
-        _cleanup_free_ Victim *v = NULL;
+/*
+ * Scores the victims of @cands into @v (k of them, in the candidates' order) and moves
+ * the others, needed no later than @deadline_ns (0: none is), to cands[k..n).
+ */
+static size_t victims_score(int tier, Tensor **cands, size_t n, uint64_t deadline_ns, Victim *v) {
         size_t k = 0, w = 0;
-        uint64_t now;
+        uint64_t now = now_ns();
 
-        if (s->config->sched_policy != SCHED_POLICY_TIMELINE || n == 0)
-                return n;       /* already least recently used first */
-        v = calloc(n, sizeof(*v));
-        if (!v)
-                return victim_filter_tier(cands, n, tier, deadline_ns);
-        now = now_ns();
         for (size_t i = 0; i < n; i++) {
                 Tensor *t = cands[i];
                 uint64_t nu = victim_next_use(t, tier);
@@ -150,12 +153,40 @@ size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t
                 score = nu == UINT64_MAX ? INFINITY : (double) (nu > now ? nu - now : 0);
                 if (copy_is_sole(t, tier))
                         score /= 2;
-                v[k++] = (Victim) { t, nu, score, t->copy[tier].last_use };
+                v[k] = (Victim) { t, score, t->copy[tier].last_use, k };
+                k++;
         }
-        /* the kept ones behind the victims, then the victims in front, best first */
+        /* the kept ones behind the victims */
         memmove(cands + k, cands, w * sizeof(*cands));
-        qsort(v, k, sizeof(*v), victim_cmp);
+        return k;
+}
+
+/* EngineSchedOps.victim_order's contract (daemon/engine/engine.h): cands[0..k) may go, best first; cands[k..n) stay. */
+size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns) {
+        _cleanup_free_ Victim *v = NULL;
+        size_t k;
+
+        if (s->config->sched_policy != SCHED_POLICY_TIMELINE || n == 0)
+                return n;       /* already least recently used first */
+        v = calloc(n, sizeof(*v));
+        if (!v)
+                return victim_filter_tier(cands, n, tier, deadline_ns);
+        k = victims_score(tier, cands, n, deadline_ns, v);
+        qsort_r(v, k, sizeof(*v), victim_qcmp, s);
         for (size_t i = 0; i < k; i++)
                 cands[i] = v[i].t;
         return k;
+}
+
+bool sched_may_clean(Sched *s, Tensor *t, int tier) {
+        return copy_is_sole(t, tier) && !t->sched_op && t->sched_blocked != s->epoch &&
+               t->sched_cleaned[tier] != t->version && !engine_drain_blocked(s->engine, t, tier) &&
+               !sched_next_access_overwrites(t);
+}
+
+size_t sched_clean_order(Sched *s, int tier, Tensor **cands, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (sched_may_clean(s, cands[i], tier))
+                        return sched_victim_order(s, tier, cands, n, 0);
+        return 0;       /* none it could write: the order would be for nothing */
 }

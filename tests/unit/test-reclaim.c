@@ -15,9 +15,12 @@
 #include "daemon/base/config.h"
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
+#include "daemon/sched/plan.h"
+#include "daemon/sched/sched.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/renew.h"
 #include "daemon/tiers/segpool.h"
+#include "proto/plan.h"
 #include "tests/unit/fixture.h"
 
 /* A host pool of four 4 MiB segments, all of it for one job. */
@@ -376,6 +379,67 @@ static void test_lru_victims_stop_early(void **state) {
         fixture_free(m);
 }
 
+/* As setup(), under timeline, the job held to 8 MiB: 2048 copies of 4 KiB fill it. */
+static void setup_timeline(Config *c, void *userdata) {
+        setup(c, userdata);
+        c->sched_policy = SCHED_POLICY_TIMELINE;
+        c->host_job_limit = 8 * MiB;
+}
+
+enum { TL_N = 2048, TL_MORE = 64, TL_PLANNED = 8 };
+
+/*
+ * Under timeline: a job of TL_N + TL_MORE copies of 4 KiB, its first TL_PLANNED read by a plan
+ * (two a phase, a second a phase), the first TL_N in host (never written: nothing to write
+ * down), the victim comparisons counted from then on (Sched.victim_cmps).
+ */
+static Manager *timeline_full(Tensor **t, Job **jp, Plan **pp) {
+        Manager *m = fixture_new(32 * MiB, setup_timeline, NULL);
+        PlanSpecAccess a[TL_PLANNED];
+        PlanSpec spec = { .n_phases = TL_PLANNED / 2, .acc = a, .n_acc = TL_PLANNED };
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, jp), 0);
+        for (unsigned i = 0; i < TL_N + TL_MORE; i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "t%u", i);
+                t[i] = fixture_tensor(*jp, name, 4096);
+        }
+        for (unsigned i = 0; i < TL_PLANNED; i++)
+                a[i] = (PlanSpecAccess) { .phase = i / 2, .tensor = t[i]->id, .tier = LEVEL_HOST, .mode = PLAN_READ };
+        if (sched_plan_new(m->sched, *jp, -1, &spec, pp, err, sizeof(err)) < 0)
+                fail_msg("plan: %s", err);
+        for (uint32_t k = 0; k < (*pp)->n_phases; k++) {
+                (*pp)->phases[k].ema_ns = 1000000000ull;
+                (*pp)->phases[k].samples = 1;
+        }
+        m->sched->victim_cmps = 0;
+        for (unsigned i = 0; i < TL_N; i++)
+                fixture_touch(m, t[i], LEVEL_HOST, false);
+        assert_int_equal((*jp)->used[LEVEL_HOST], 8 * MiB);
+        return m;
+}
+
+/*
+ * Each scheduler pass's write-behind ordered every host copy of the job (sched_victim_order(), a
+ * sort) only to look for a sole copy it could write down: with none (copies never written, or
+ * cleaned already) that was n log n comparisons a pass for nothing, and the pass runs after
+ * every op (at 40960 copies most of a pin's time).  Counted, not timed.
+ */
+static void test_timeline_write_behind_sorts_nothing_clean(void **state) {
+        Tensor *t[TL_N + TL_MORE];
+        Job *j;
+        Plan *p;
+        Manager *m = timeline_full(t, &j, &p);
+
+        /* (before: about 2048 * 11 comparisons a pass, a few passes an op) */
+        assert_int_equal(m->sched->victim_cmps, 0);
+        sched_plan_free(p);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
@@ -385,6 +449,7 @@ int main(void) {
                 cmocka_unit_test(test_nvme_guarantee_is_kept),
                 cmocka_unit_test(test_nvme_claim_gone_drains),
                 cmocka_unit_test(test_lru_victims_stop_early),
+                cmocka_unit_test(test_timeline_write_behind_sorts_nothing_clean),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
