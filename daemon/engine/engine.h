@@ -98,6 +98,14 @@ typedef struct EngineSchedOps {
          */
         size_t (*victim_order)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
         /*
+         * The victims victim_order() would return, in its order, passed to
+         * @take one at a time until @take returns non-zero (< 0: an error,
+         * returned; else 0).  For a caller that takes a few of many: what is
+         * not taken need not be ordered (make_space()).  NULL: victim_order().
+         */
+        int (*victim_take)(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns,
+                           int (*take)(void *ctx, Tensor *t), void *ctx);
+        /*
          * Does victim_order() keep every candidate in its order, whatever the
          * deadline (lru, ondemand)?  Then make_space() walks the job's LRU list
          * and stops once it has the room, instead of listing every candidate.

@@ -17,10 +17,12 @@
  * room is there, so an eviction storm costs each reservation the victims it
  * takes (and the pinned or busy copies before them), not every copy of the
  * job: walking them all, twice, for each choice was quadratic work (40960
- * copies: milliseconds per choice).  Under timeline every candidate is ranked
- * by its predicted next use, which moves with every phase: that ranking stays
- * linear in the job's copies.  The copies still in a transfer (room that
- * comes by itself) are counted only when nothing could be freed or drained.
+ * copies: milliseconds per choice).  Under timeline every candidate is scored
+ * by its predicted next use, which moves with every phase: that scoring stays
+ * linear in the job's copies, but only the victims taken are ordered
+ * (EngineSchedOps.victim_take: a heap, not a sort of every copy).  The copies
+ * still in a transfer (room that comes by itself) are counted only when
+ * nothing could be freed or drained.
  */
 
 #include <errno.h>
@@ -83,6 +85,24 @@ static int evict_lru(Engine *e, Job *j, Tensor *want, int tier, uint64_t need, u
         return 0;
 }
 
+typedef struct Taking {
+        Engine *e;
+        int tier;
+        uint64_t need, freed, draining;
+        unsigned *blocked;
+} Taking;
+
+/* EngineSchedOps.victim_take's @take: evicts @v; 1 once the room is freed or coming. */
+static int take_victim(void *ctx, Tensor *v) {
+        Taking *g = ctx;
+        int r;
+
+        r = victim_evict(g->e, v, g->tier, 0, &g->freed, &g->draining, g->blocked);
+        if (r < 0)
+                return r;
+        return g->freed + g->draining >= g->need;
+}
+
 int engine_make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, unsigned *blocked) {
         Job *j = want->job;
         /* room that comes by itself: copies being drained */
@@ -95,18 +115,29 @@ int engine_make_space(Engine *e, Op *op, Tensor *want, int tier, uint64_t need, 
                 r = evict_lru(e, j, want, tier, need, &freed, &draining, blocked);
                 if (r < 0)
                         return r;
-        } else {
+        } else if (freed + draining < need) {
                 r = engine_victims(e, j, tier, want, &cands, &n);
                 if (r < 0)
                         return r;
-                /* the policy orders them (Belady by next use) */
-                k = e->sched && e->sched->victim_order ?
-                        e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
+                if (e->sched && e->sched->victim_take) {
+                        /* in the policy's order (Belady by next use), ordering only those taken */
+                        Taking g = { e, tier, need, freed, draining, blocked };
 
-                for (size_t i = 0; i < k && freed + draining < need; i++) {
-                        r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
+                        r = e->sched->victim_take(e->sched_userdata, tier, cands, n, op->deadline_ns,
+                                                  take_victim, &g);
                         if (r < 0)
                                 return r;
+                        freed = g.freed;
+                        draining = g.draining;
+                } else {
+                        /* the policy orders them (Belady by next use) */
+                        k = e->sched && e->sched->victim_order ?
+                                e->sched->victim_order(e->sched_userdata, tier, cands, n, op->deadline_ns) : n;
+                        for (size_t i = 0; i < k && freed + draining < need; i++) {
+                                r = victim_evict(e, cands[i], tier, 0, &freed, &draining, blocked);
+                                if (r < 0)
+                                        return r;
+                        }
                 }
         }
         if (freed > 0)

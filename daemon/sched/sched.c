@@ -948,6 +948,7 @@ static uint64_t ops_next_use(void *userdata, Tensor *t, int tier) {
 
 static const EngineSchedOps sched_engine_ops = {
         .victim_order = sched_ops_victim_order,
+        .victim_take = sched_ops_victim_take,
         .victims_lru = sched_ops_victims_lru,
         .overwrites_next = ops_overwrites_next,
         .charge = ops_charge,

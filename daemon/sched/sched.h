@@ -127,6 +127,13 @@ size_t sched_pick(const SchedCand *c, size_t n, uint64_t now, const unsigned lim
  */
 size_t sched_victim_order(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
 /*
+ * sched_victim_take() - the victims sched_victim_order() would return, in its
+ * order, passed to @take one at a time until it returns non-zero (< 0: an error,
+ * returned); without ordering those never taken.  @cands is reordered.
+ */
+int sched_victim_take(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns,
+                      int (*take)(void *ctx, Tensor *t), void *ctx);
+/*
  * Write-behind's candidates: may it write @t's sole copy in @tier down now (no op of
  * the scheduler's on it, not cleaned at its version, a drain not blocked, not dead)?
  */
@@ -137,8 +144,10 @@ bool sched_may_clean(Sched *s, Tensor *t, int tier);
  * whatever their order, and sorting every copy of the job in each pass was for nothing.
  */
 size_t sched_clean_order(Sched *s, int tier, Tensor **cands, size_t n);
-/* EngineSchedOps.victim_order and .victims_lru (@userdata: the Sched). */
+/* EngineSchedOps.victim_order, .victim_take and .victims_lru (@userdata: the Sched). */
 size_t sched_ops_victim_order(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns);
+int sched_ops_victim_take(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns,
+                          int (*take)(void *ctx, Tensor *t), void *ctx);
 bool sched_ops_victims_lru(void *userdata, int tier);
 /* When @t's copy in @tier is next needed, as the victim order sees it (UINT64_MAX: never). */
 uint64_t sched_victim_next_use(Tensor *t, int tier);

@@ -190,3 +190,63 @@ size_t sched_clean_order(Sched *s, int tier, Tensor **cands, size_t n) {
                         return sched_victim_order(s, tier, cands, n, 0);
         return 0;       /* none it could write: the order would be for nothing */
 }
+
+/* The heap of @v[0..n) (the best victim at the root) with @v[i] put in its place below. */
+static void victim_sift(Sched *s, Victim *v, size_t n, size_t i) {
+        for (;;) {
+                size_t best = i, l = 2 * i + 1, r = l + 1;
+                Victim x;
+
+                if (l < n && victim_cmp(&v[l], &v[best], s) < 0)
+                        best = l;
+                if (r < n && victim_cmp(&v[r], &v[best], s) < 0)
+                        best = r;
+                if (best == i)
+                        return;
+                x = v[i];
+                v[i] = v[best];
+                v[best] = x;
+                i = best;
+        }
+}
+
+/*
+ * EngineSchedOps.victim_take: the victims of sched_victim_order(), in its order,
+ * handed to @take until it has enough.  A heap (built in linear time, each victim
+ * taken in logarithmic time) instead of the whole order: a choice that takes a
+ * few of many copies sorts none of them.
+ */
+int sched_victim_take(Sched *s, int tier, Tensor **cands, size_t n, uint64_t deadline_ns,
+                      int (*take)(void *ctx, Tensor *t), void *ctx) {
+        _cleanup_free_ Victim *v = NULL;
+        size_t k;
+        int r;
+
+        if (s->config->sched_policy == SCHED_POLICY_TIMELINE && n > 0)
+                v = calloc(n, sizeof(*v));
+        if (!v) {
+                /* not ranked (lru, ondemand; or short of memory): in the order given */
+                k = sched_victim_order(s, tier, cands, n, deadline_ns);
+                for (size_t i = 0; i < k; i++)
+                        if ((r = take(ctx, cands[i])) != 0)
+                                return MIN(r, 0);
+                return 0;
+        }
+        k = victims_score(tier, cands, n, deadline_ns, v);
+        for (size_t i = k / 2; i-- > 0;)
+                victim_sift(s, v, k, i);
+        while (k > 0) {
+                Tensor *t = v[0].t;
+
+                v[0] = v[--k];
+                victim_sift(s, v, k, 0);
+                if ((r = take(ctx, t)) != 0)
+                        return MIN(r, 0);
+        }
+        return 0;
+}
+
+int sched_ops_victim_take(void *userdata, int tier, Tensor **cands, size_t n, uint64_t deadline_ns,
+                          int (*take)(void *ctx, Tensor *t), void *ctx) {
+        return sched_victim_take(userdata, tier, cands, n, deadline_ns, take, ctx);
+}

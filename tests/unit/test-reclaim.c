@@ -440,6 +440,37 @@ static void test_timeline_write_behind_sorts_nothing_clean(void **state) {
         fixture_free(m);
 }
 
+/*
+ * Under timeline a reservation that finds its job at its limit took its victims from the
+ * whole order of the job's copies (a sort of every candidate, for each choice), though it
+ * takes as few as make the room: now a heap, built in linear time, gives them one at a
+ * time (EngineSchedOps.victim_take).  The comparisons are counted, not timed; the victims
+ * are the same: the copies without a planned use, least recently used first (t0..t7, read
+ * by the plan, stay).
+ */
+static void test_timeline_victims_take_few(void **state) {
+        Tensor *t[TL_N + TL_MORE];
+        Job *j;
+        Plan *p;
+        Manager *m = timeline_full(t, &j, &p);
+
+        m->sched->victim_cmps = 0;
+        for (unsigned i = TL_N; i < TL_N + TL_MORE; i++)
+                fixture_touch(m, t[i], LEVEL_HOST, false);
+        /* (a sort of every candidate per choice: about TL_MORE * TL_N * 6, here; the heap about TL_MORE * TL_N) */
+        assert_true(m->sched->victim_cmps <= 2 * TL_MORE * TL_N);
+        for (unsigned i = 0; i < TL_PLANNED; i++)
+                assert_int_equal(t[i]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        for (unsigned i = TL_PLANNED; i < TL_PLANNED + TL_MORE; i++)
+                assert_int_equal(t[i]->copy[LEVEL_HOST].state, COPY_ABSENT);
+        for (unsigned i = TL_PLANNED + TL_MORE; i < TL_N + TL_MORE; i++)
+                assert_int_equal(t[i]->copy[LEVEL_HOST].state, COPY_RESIDENT);
+        assert_int_equal(j->used[LEVEL_HOST], 8 * MiB);
+        sched_plan_free(p);
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_renewing_segment_is_coming),
@@ -450,6 +481,7 @@ int main(void) {
                 cmocka_unit_test(test_nvme_claim_gone_drains),
                 cmocka_unit_test(test_lru_victims_stop_early),
                 cmocka_unit_test(test_timeline_write_behind_sorts_nothing_clean),
+                cmocka_unit_test(test_timeline_victims_take_few),
         };
 
         return fixture_main("reclaim", tests, ELEMENTSOF(tests));
