@@ -325,8 +325,10 @@ int tier_plan_submit(tier_plan *p);
  * phase it lacks, or the connection's error (-ERESTART included); -ENOSPC
  * when tierd refuses the phase because it can never be pinned while this
  * client's own pins (tier_pin(), outside the plan) stay (too many bytes, or
- * room they leave only in runs too short): nothing else could free that room, and the client waits here (tier_client_last_error() names
- * the pins).  The plan lives on: unpin them, and enter a phase again.  The phase change comes before
+ * room they leave only in runs too short; in host, too, for a tensor
+ * read in VRAM whose data is only on NVMe: it comes up through host):
+ * nothing else could free that room, and the client waits here
+ * (tier_client_last_error() names the pins).  The plan lives on: unpin them, and enter a phase again.  The phase change comes before
  * every request this client sends after tier_phase_enter() returns: tierd handles
  * the marker first, so such a request (an evict of what only the previous
  * phase needed, say) never finds the previous phase's pins.

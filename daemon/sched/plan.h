@@ -279,7 +279,9 @@ void plan_set_owner_ops(Plan *p, const PlanOwnerOps *ops, void *owner);
  * while the pins its own connection holds outside the plan stay (they with
  * the phase's pins in that tier exceed the job's limit, a total, or what the
  * tier leaves beside the other live jobs' guarantees; or their copies leave
- * the phase's no place in the segments the job may have: fragmented)?  Waiting would hang
+ * the phase's no place in the segments the job may have: fragmented; or,
+ * @a read in VRAM with its data only on NVMe, they leave it no room in
+ * host to come up through, by the same rules)?  Waiting would hang
  * the client, the only one who can unpin them, in tier_phase_enter(): then
  * the hold is marked refused (-ENOSPC, why in refused_why, the pins named),
  * logged, and the engine kicked for the pass that refuses it

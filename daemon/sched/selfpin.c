@@ -38,6 +38,15 @@
  * phase refused so could never be pinned, and one whose copies could go
  * only side by side into the same runs is not refused but waits.
  *
+ * A VRAM read of a tensor valid in neither VRAM nor host comes up from NVMe
+ * through host (ensure_copy(): a chained transfer), so its pin needs room in
+ * host as well, beside the connection's own pins there: that one tensor,
+ * by the same rules (never_fits()), whatever the phase's VRAM room.  Only
+ * that tensor: the host copy, once VRAM holds it, is a duplicate any pin
+ * may evict, so the phase's stagings need that room one at a time, and its
+ * host pins may be taken after them.  A tensor that alone exceeds the job's
+ * host limit or a total is no matter of the own pins: not refused for them.
+ *
  * Only a phase its client entered (hold 0) is refused: a phase pinned ahead
  * may find the pins gone by the time its marker comes.
  */
@@ -56,10 +65,11 @@
 #include "daemon/state/registry.h"
 #include "daemon/tiers/segpool.h"
 #include "proto/macro.h"
+#include "proto/plan.h"
 #include "util/size.h"
 
-/* The pins the connection holds in @tier outside the phase: their bytes, their names into @names. */
-static uint64_t own_pinned(Plan *p, const PlanPhase *ph, int tier, char *names, size_t size) {
+/* The pins the connection holds in @tier outside the accesses @acc (@n): their bytes, their names into @names. */
+static uint64_t own_pinned(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, char *names, size_t size) {
         uint64_t mark = p->sched->stamp += 2, own = 0;
         size_t len = 0;
         unsigned n = 0;
@@ -67,9 +77,9 @@ static uint64_t own_pinned(Plan *p, const PlanPhase *ph, int tier, char *names, 
         int pt;
 
         names[0] = '\0';
-        for (uint32_t i = 0; i < ph->n_acc; i++)
-                if (ph->acc[i].tier == tier)
-                        ph->acc[i].tensor->sched_stamp = mark;  /* the phase's own copy, pinned or not */
+        for (uint32_t i = 0; i < n_acc; i++)
+                if (acc[i].tier == tier)
+                        acc[i].tensor->sched_stamp = mark;      /* the phase's own copy, pinned or not */
         for (size_t i = 0; p->owner_ops->pin(p->owner, i, &t, &pt); i++) {
                 char b[SIZE_FORMAT_MAX];
                 int k;
@@ -120,11 +130,11 @@ static bool run_left(const CopyPiece *const *pcs, size_t n, uint64_t span, uint6
 }
 
 /*
- * Can the phase's copies in @tier (but those the connection pins) never be
- * placed beside the pieces of the copies the connection pins there?  Says
- * why into @why.
+ * Can the copies of the accesses @acc (@n_acc) in @tier (but those the
+ * connection pins) never be placed beside the pieces of the copies the
+ * connection pins there?  Says why into @why.
  */
-static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, size_t size) {
+static bool own_room_short(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, char *why, size_t size) {
         const Engine *e = p->sched->engine;
         const Job *j = p->job;
         const SegPool *pool = tier != LEVEL_NVME ? e->registry->pools[tier] : NULL;
@@ -177,12 +187,12 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
                 room = " beside the guaranteed minimums of the other live jobs";
         }
 
-        for (uint32_t i = 0; i < ph->n_acc && !lone; i++) {
+        for (uint32_t i = 0; i < n_acc && !lone; i++) {
                 uint64_t whole, tail, align, span;
                 bool in_run;
 
-                t = ph->acc[i].tensor;
-                if (ph->acc[i].tier != tier || t->sched_stamp == mark || t->sched_stamp == mark + 1)
+                t = acc[i].tensor;
+                if (acc[i].tier != tier || t->sched_stamp == mark || t->sched_stamp == mark + 1)
                         continue;       /* pinned by the connection (a place of its own), or counted */
                 t->sched_stamp = mark + 1;      /* (the plan's own pins, in place or not, may move) */
                 whole = t->alloc_size / seg_size;
@@ -216,28 +226,29 @@ static bool own_room_short(Plan *p, const PlanPhase *ph, int tier, char *why, si
         return true;
 }
 
-bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
-        PlanHold *hold = &p->hold[h];
-        const PlanPhase *ph = &p->phases[hold->phase];
+/*
+ * Do the copies of the accesses @acc (@n_acc) in @tier never fit there
+ * beside the pins the connection holds outside them?  Their bytes into
+ * *@ret_need, the pins' into *@ret_own, the pins named into @names, why into
+ * @clause.
+ */
+static bool never_fits(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, uint64_t *ret_need,
+                       uint64_t *ret_own, char *names, size_t nsize, char *clause, size_t csize) {
         const Engine *e = p->sched->engine;
         const Job *j = p->job;
-        int tier = a->tier;
         const char *lvl = level_to_string(tier);
-        char names[384], beyond[160], clause[400];
-        char b_phase[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX], b_lim[SIZE_FORMAT_MAX];
-        uint64_t phase = 0, own, sum;
+        char beyond[160], b_lim[SIZE_FORMAT_MAX];
+        uint64_t need = 0, own, sum;
 
-        if (hold->refused)
-                return true;            /* the pass refuses it */
-        if (h != 0 || !hold->active || !p->owner_ops || !p->owner_ops->pin)
-                return false;           /* a phase pinned ahead: its client may unpin before it enters it */
-        for (uint32_t i = 0; i < ph->n_acc; i++)
-                if (ph->acc[i].tier == tier)
-                        phase += ph->acc[i].tensor->alloc_size;
-        own = own_pinned(p, ph, tier, names, sizeof(names));
+        for (uint32_t i = 0; i < n_acc; i++)
+                if (acc[i].tier == tier)
+                        need += acc[i].tensor->alloc_size;
+        own = own_pinned(p, acc, n_acc, tier, names, nsize);
         if (own == 0)
                 return false;
-        sum = phase + own;
+        *ret_need = need;
+        *ret_own = own;
+        sum = need + own;
         beyond[0] = '\0';
         if (sum > j->limit[tier]) {
                 size_format(b_lim, sizeof(b_lim), j->limit[tier]);
@@ -251,22 +262,84 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
                 }
         /* (a phase that alone never fits beside the guarantees fails its plan: plan_pin_waits()) */
         if (!beyond[0] && engine_pins_fit_kept(e, j, tier, sum, NULL, 0) < 0 &&
-            engine_pins_fit_kept(e, j, tier, phase, NULL, 0) == 0) {
+            engine_pins_fit_kept(e, j, tier, need, NULL, 0) == 0) {
                 size_format(b_lim, sizeof(b_lim), e->registry->capacity[tier]);
                 (void) snprintf(beyond, sizeof(beyond), "what the %s tier (%s) leaves beside the guaranteed "
                                 "minimums of the other live jobs", lvl, b_lim);
         }
-        if (beyond[0])
-                (void) snprintf(clause, sizeof(clause), "beyond %s together", beyond);
-        else if (!own_room_short(p, ph, tier, clause, sizeof(clause)))
-                return false;           /* room others hold: it may come */
-        size_format(b_phase, sizeof(b_phase), phase);
-        size_format(b_own, sizeof(b_own), own);
-        if (snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be pinned "
-                     "in %s while this client's own pins there stay: the phase needs %s (tensor '%s' found no "
-                     "room), and the client pins %s outside its plan, %s, %s; unpin them before entering the "
-                     "phase, or add them to the plan's phase", hold->phase, j->name, lvl, b_phase,
-                     a->tensor->name, b_own, names, clause) >= (int) sizeof(p->refused_why))
+        if (beyond[0]) {
+                (void) snprintf(clause, csize, "beyond %s together", beyond);
+                return true;
+        }
+        return own_room_short(p, acc, n_acc, tier, clause, csize);     /* else room others hold: it may come */
+}
+
+/*
+ * Must @a's copy come up from NVMe through host, taking room there on its
+ * way (ensure_copy(): a VRAM read of a tensor valid in neither VRAM nor
+ * host)?  That room is needed for one transfer only: the host copy, once
+ * VRAM holds the tensor, is a duplicate any pin may evict.
+ */
+static bool stages_in_host(const PlanAcc *a) {
+        const Tensor *t = a->tensor;
+
+        return a->tier == LEVEL_VRAM && (a->mode & PLAN_READ) && !t->lost && !tensor_is_blank(t) &&
+               !copy_valid(t, LEVEL_VRAM) && !copy_valid(t, LEVEL_HOST) && copy_valid(t, LEVEL_NVME);
+}
+
+/* Does @bytes alone fit the job's limit and totals in @tier?  Else no unpin gives it room. */
+static bool alone_fits(const Job *j, int tier, uint64_t bytes) {
+        if (bytes > j->limit[tier])
+                return false;
+        for (unsigned i = 0; i < j->n_totals; i++)
+                if (j->totals[i].total[tier] > 0 && bytes > j->totals[i].total[tier])
+                        return false;
+        return true;
+}
+
+bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
+        PlanHold *hold = &p->hold[h];
+        const PlanPhase *ph = &p->phases[hold->phase];
+        const Job *j = p->job;
+        const char *lvl = level_to_string(a->tier);
+        PlanAcc staged = *a;
+        char names[384], clause[400];
+        char b_phase[SIZE_FORMAT_MAX], b_own[SIZE_FORMAT_MAX];
+        uint64_t need = 0, own = 0;
+        int r;
+
+        if (hold->refused)
+                return true;            /* the pass refuses it */
+        if (h != 0 || !hold->active || !p->owner_ops || !p->owner_ops->pin)
+                return false;           /* a phase pinned ahead: its client may unpin before it enters it */
+        if (never_fits(p, ph->acc, ph->n_acc, a->tier, &need, &own, names, sizeof(names), clause, sizeof(clause))) {
+                size_format(b_phase, sizeof(b_phase), need);
+                size_format(b_own, sizeof(b_own), own);
+                r = snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be "
+                             "pinned in %s while this client's own pins there stay: the phase needs %s (tensor '%s' "
+                             "found no room), and the client pins %s outside its plan, %s, %s; unpin them before "
+                             "entering the phase, or add them to the plan's phase", hold->phase, j->name, lvl,
+                             b_phase, a->tensor->name, b_own, names, clause);
+        } else {
+                /*
+                 * Its room in VRAM may come, but not the room in host it passes through: the
+                 * connection's own pins there stay, the phase's host pins (which may be taken
+                 * after it) and all else may go.
+                 */
+                staged.tier = LEVEL_HOST;
+                if (!stages_in_host(a) || !alone_fits(j, LEVEL_HOST, a->tensor->alloc_size) ||
+                    !never_fits(p, &staged, 1, LEVEL_HOST, &need, &own, names, sizeof(names), clause,
+                                sizeof(clause)))
+                        return false;   /* room others hold: it may come */
+                size_format(b_phase, sizeof(b_phase), need);
+                size_format(b_own, sizeof(b_own), own);
+                r = snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be "
+                             "pinned in %s while this client's own pins in host stay: tensor '%s' (%s), on NVMe "
+                             "only, needs room in host to be brought up to %s, and the client pins %s there outside "
+                             "its plan, %s, %s; unpin them before entering the phase", hold->phase, j->name, lvl,
+                             a->tensor->name, b_phase, lvl, b_own, names, clause);
+        }
+        if (r >= (int) sizeof(p->refused_why))
                 log_debug("sched: the refusal of phase %" PRIu32 " of job '%s' is cut short", hold->phase, j->name);
         log_job(LOG_WARNING, 0, j->name, "Phase %" PRIu32 " of job '%s' refused: %s", hold->phase, j->name,
                 p->refused_why);

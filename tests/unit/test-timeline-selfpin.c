@@ -440,6 +440,234 @@ static void test_guarantees_leave_only_the_pinned_segments(void **state) {
         finish(m, j, c, p);
 }
 
+/* Phase 0 reads @y in VRAM, phase 1 @z in host. */
+static Plan *vram_phases(Rank *c, Tensor *y, Tensor *z, Owner *o) {
+        Acc acc[] = { { 0, y, LEVEL_VRAM, PLAN_READ }, { 1, z, LEVEL_HOST, PLAN_READ } };
+        char err[256];
+        Plan *p;
+
+        assert_int_equal(submit_plan(c, acc, 2, 2, &p, err, sizeof(err)), 0);
+        set_durations(p, 100);
+        plan_set_owner_ops(p, &owner_ops, o);
+        return p;
+}
+
+/*
+ * A VRAM access whose tensor is only on NVMe comes up through host: its
+ * staging needs room there.  The connection's own host pins X and W (3 MiB
+ * each, outside the plan) hold both host segments (4 MiB) the job's 8 MiB
+ * give it, 1 MiB free in each, and Y (2 MiB, on NVMe) read in VRAM needs a
+ * run of 2 MiB in host on its way: VRAM has room, so the phase waited
+ * forever.  It is refused, the room in host named fragmented; after W's
+ * unpin it is entered again, and ready.
+ */
+static void test_own_pins_fragment_the_staging_room(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        make_on_nvme(m, y);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        assert_ptr_not_equal(x->copy[LEVEL_HOST].pieces[0].seg, w->copy[LEVEL_HOST].pieces[0].seg);
+        p = vram_phases(c, y, z, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_null(plan_waiting(p));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.status, -ENOSPC);
+        assert_int_equal(o.seq, seq);
+        assert_int_equal(o.phase, 0);
+        assert_non_null(strstr(o.error, "phase 0 of job 'j' can never be pinned in vram while this client's own "
+                                        "pins in host stay: tensor 'Y' (2.0 MiB), on NVMe only, needs room in host "
+                                        "to be brought up to vram"));
+        assert_non_null(strstr(o.error, "'X' (3.0 MiB), 'W' (3.0 MiB)"));
+        assert_non_null(strstr(o.error, "hold 2 of the 2 host segments (4.0 MiB each) the job may have, and leave "
+                                        "no free run there for tensor 'Y' (2.0 MiB): the room is fragmented"));
+        assert_non_null(strstr(o.error, "unpin them before entering the phase"));
+        assert_int_equal(p->error, 0);
+        assert_int_equal(p->hold[0].n_pinned, 0);
+        assert_false(ready_for(p, seq, 0));
+
+        own_unpin(&o, w);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 1);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(y->copy[LEVEL_VRAM].pins, 1);
+        own_unpin(&o, x);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * The same in bytes: X (4 MiB) and W (3 MiB), the connection's own host
+ * pins, leave 1 MiB of the job's 8 MiB, and Y (2 MiB, on NVMe) read in VRAM
+ * needs 2 MiB in host on its way.  Refused, beyond the limit; ready after
+ * W's unpin.
+ */
+static void test_own_pins_fill_the_staging_room(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 4 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        make_on_nvme(m, y);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        p = vram_phases(c, y, z, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_null(plan_waiting(p));
+        assert_int_equal(o.refused, 1);
+        assert_int_equal(o.status, -ENOSPC);
+        assert_int_equal(o.seq, seq);
+        assert_non_null(strstr(o.error, "tensor 'Y' (2.0 MiB), on NVMe only, needs room in host to be brought up "
+                                        "to vram"));
+        assert_non_null(strstr(o.error, "'X' (4.0 MiB), 'W' (3.0 MiB)"));
+        assert_non_null(strstr(o.error, "beyond the job's host limit (8.0 MiB) together"));
+        assert_int_equal(p->error, 0);
+        assert_int_equal(p->hold[0].n_pinned, 0);
+
+        own_unpin(&o, w);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 1);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 1);
+        own_unpin(&o, x);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * Staging room that can come is no reason to refuse: the own pin X (3 MiB)
+ * leaves the job the other host segment, where V (3 MiB, resident and
+ * unpinned) lies; Y (2 MiB, on NVMe) read in VRAM is staged there once V
+ * is evicted: ready, not refused.  With W (3 MiB) there, pinned by another
+ * connection, Y2 waits for W's unpin, not refused, and is ready after it.
+ */
+static void test_staging_room_that_can_come_is_not_refused(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *v, *w, *y, *z;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        v = tensor(j, "V", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 2 * MiB);
+        z = tensor(j, "Z", MiB);
+        make_on_nvme(m, y);
+        own_pin(m, &o, x);
+        touch(m, v, LEVEL_HOST, true);                          /* V resident, unpinned, beside X */
+        assert_ptr_not_equal(v->copy[LEVEL_HOST].pieces[0].seg, x->copy[LEVEL_HOST].pieces[0].seg);
+        p = vram_phases(c, y, z, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        assert_false(copy_valid(v, LEVEL_HOST));                /* evicted for Y's staging */
+        assert_true(copy_valid(y, LEVEL_VRAM));
+        marker(m, p, 1);
+        sched_plan_free(p);
+
+        y = tensor(j, "Y2", 2 * MiB);
+        make_on_nvme(m, y);
+        assert_int_equal(fixture_op(m, OP_PIN, w, LEVEL_HOST), 0);      /* another connection's */
+        assert_ptr_not_equal(w->copy[LEVEL_HOST].pieces[0].seg, x->copy[LEVEL_HOST].pieces[0].seg);
+        p = vram_phases(c, y, z, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_non_null(plan_waiting(p));
+        assert_int_equal(o.refused, 0);
+        assert_int_equal(tensor_unpin(w, LEVEL_HOST, false), 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        own_unpin(&o, x);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
+/*
+ * Staging room is needed for one tensor at a time: a host copy staged for
+ * VRAM may go once VRAM holds the tensor.  The own pins X (4 MiB) and W
+ * (3 MiB) leave 1 MiB of the job's 8 MiB; Y and U (1 MiB each, on NVMe)
+ * read in VRAM find no room there while Q (the job's 2 MiB there) is
+ * pinned in VRAM by another connection: they wait, not refused (2 MiB of
+ * staging together would not fit beside X and W, each alone does), and
+ * after Q's unpin pass through host one after the other: ready.
+ */
+static void test_staging_room_is_needed_one_at_a_time(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 8 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *u, *q;
+        uint64_t seq;
+        Job *j;
+        Rank *c;
+        Plan *p;
+        char err[256];
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 4 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", MiB);
+        u = tensor(j, "U", MiB);
+        q = tensor(j, "Q", 2 * MiB);
+        make_on_nvme(m, y);
+        make_on_nvme(m, u);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        assert_int_equal(fixture_op(m, OP_PIN, q, LEVEL_VRAM), 0);      /* another connection's */
+        {
+                Acc acc[] = { { 0, y, LEVEL_VRAM, PLAN_READ }, { 0, u, LEVEL_VRAM, PLAN_READ },
+                              { 1, y, LEVEL_VRAM, PLAN_READ } };
+
+                assert_int_equal(submit_plan(c, acc, 3, 2, &p, err, sizeof(err)), 0);
+        }
+        set_durations(p, 100);
+        plan_set_owner_ops(p, &owner_ops, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_non_null(plan_waiting(p));
+        assert_int_equal(o.refused, 0);
+        assert_int_equal(tensor_unpin(q, LEVEL_VRAM, false), 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_int_equal(o.refused, 0);
+        assert_true(copy_valid(y, LEVEL_VRAM));
+        assert_true(copy_valid(u, LEVEL_VRAM));
+        own_unpin(&o, x);
+        own_unpin(&o, w);
+        marker(m, p, 1);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_pin_refuses_the_phase),
@@ -449,6 +677,10 @@ int main(void) {
                 cmocka_unit_test(test_own_pins_leave_no_room_for_the_whole_phase),
                 cmocka_unit_test(test_fragments_others_may_free_are_not_refused),
                 cmocka_unit_test(test_guarantees_leave_only_the_pinned_segments),
+                cmocka_unit_test(test_own_pins_fragment_the_staging_room),
+                cmocka_unit_test(test_own_pins_fill_the_staging_room),
+                cmocka_unit_test(test_staging_room_that_can_come_is_not_refused),
+                cmocka_unit_test(test_staging_room_is_needed_one_at_a_time),
         };
 
         return fixture_main("timeline-selfpin", tests, sizeof(tests) / sizeof(tests[0]));
