@@ -41,7 +41,9 @@
  * A VRAM read of a tensor valid in neither VRAM nor host comes up from NVMe
  * through host (ensure_copy(): a chained transfer), so its pin needs room in
  * host as well, beside the connection's own pins there: that one tensor,
- * by the same rules (never_fits()), whatever the phase's VRAM room.  Only
+ * by the same rules (never_fits()), whatever the phase's VRAM room, but
+ * for the room kept for the other live jobs' guarantees, which binds pins
+ * only: a staging copy is none (it may take a segment those leave unused).  Only
  * that tensor: the host copy, once VRAM holds it, is a duplicate any pin
  * may evict, so the phase's stagings need that room one at a time, and its
  * host pins may be taken after them.  A tensor that alone exceeds the job's
@@ -132,9 +134,11 @@ static bool run_left(const CopyPiece *const *pcs, size_t n, uint64_t span, uint6
 /*
  * Can the copies of the accesses @acc (@n_acc) in @tier (but those the
  * connection pins) never be placed beside the pieces of the copies the
- * connection pins there?  Says why into @why.
+ * connection pins there?  @pins: they are pins, bound by the room kept for
+ * the other live jobs' guarantees (a staging copy is not).  Says why into @why.
  */
-static bool own_room_short(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, char *why, size_t size) {
+static bool own_room_short(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, bool pins, char *why,
+                           size_t size) {
         const Engine *e = p->sched->engine;
         const Job *j = p->job;
         const SegPool *pool = tier != LEVEL_NVME ? e->registry->pools[tier] : NULL;
@@ -171,7 +175,7 @@ static bool own_room_short(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier
                 held += i == 0 || pcs[i]->seg != pcs[i - 1]->seg;
         may = (unsigned) MIN(ALIGN_UP(j->limit[tier], seg_size) / seg_size, (uint64_t) pool->n_segs);
         free_segs = may > held ? may - held : 0;
-        if (free_segs > 0 &&
+        if (pins && free_segs > 0 &&
             engine_pins_fit_kept(e, j, tier, (uint64_t) (held + free_segs) * seg_size, NULL, 0) < 0) {
                 unsigned lo = 0, hi = free_segs;        /* what the other live jobs' guarantees leave it pinned */
 
@@ -228,11 +232,13 @@ static bool own_room_short(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier
 
 /*
  * Do the copies of the accesses @acc (@n_acc) in @tier never fit there
- * beside the pins the connection holds outside them?  Their bytes into
- * *@ret_need, the pins' into *@ret_own, the pins named into @names, why into
- * @clause.
+ * beside the pins the connection holds outside them?  @pins: they are pins,
+ * bound by the room kept for the other live jobs' guarantees; a staging copy
+ * is no pin (pin_kept(), engine/op.c), so only the limit and totals bind it.
+ * Their bytes into *@ret_need, the pins' into *@ret_own, the pins named
+ * into @names, why into @clause.
  */
-static bool never_fits(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, uint64_t *ret_need,
+static bool never_fits(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, bool pins, uint64_t *ret_need,
                        uint64_t *ret_own, char *names, size_t nsize, char *clause, size_t csize) {
         const Engine *e = p->sched->engine;
         const Job *j = p->job;
@@ -261,7 +267,7 @@ static bool never_fits(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, ui
                                         j->totals[i].kind == QUOTA_UID ? "uid" : "group", j->totals[i].id, b_lim);
                 }
         /* (a phase that alone never fits beside the guarantees fails its plan: plan_pin_waits()) */
-        if (!beyond[0] && engine_pins_fit_kept(e, j, tier, sum, NULL, 0) < 0 &&
+        if (pins && !beyond[0] && engine_pins_fit_kept(e, j, tier, sum, NULL, 0) < 0 &&
             engine_pins_fit_kept(e, j, tier, need, NULL, 0) == 0) {
                 size_format(b_lim, sizeof(b_lim), e->registry->capacity[tier]);
                 (void) snprintf(beyond, sizeof(beyond), "what the %s tier (%s) leaves beside the guaranteed "
@@ -271,7 +277,7 @@ static bool never_fits(Plan *p, const PlanAcc *acc, uint32_t n_acc, int tier, ui
                 (void) snprintf(clause, csize, "beyond %s together", beyond);
                 return true;
         }
-        return own_room_short(p, acc, n_acc, tier, clause, csize);     /* else room others hold: it may come */
+        return own_room_short(p, acc, n_acc, tier, pins, clause, csize);     /* else room others hold: it may come */
 }
 
 /*
@@ -312,7 +318,7 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
                 return true;            /* the pass refuses it */
         if (h != 0 || !hold->active || !p->owner_ops || !p->owner_ops->pin)
                 return false;           /* a phase pinned ahead: its client may unpin before it enters it */
-        if (never_fits(p, ph->acc, ph->n_acc, a->tier, &need, &own, names, sizeof(names), clause, sizeof(clause))) {
+        if (never_fits(p, ph->acc, ph->n_acc, a->tier, true, &need, &own, names, sizeof(names), clause, sizeof(clause))) {
                 size_format(b_phase, sizeof(b_phase), need);
                 size_format(b_own, sizeof(b_own), own);
                 r = snprintf(p->refused_why, sizeof(p->refused_why), "phase %" PRIu32 " of job '%s' can never be "
@@ -328,7 +334,7 @@ bool plan_self_pinned(Plan *p, int h, const PlanAcc *a) {
                  */
                 staged.tier = LEVEL_HOST;
                 if (!stages_in_host(a) || !alone_fits(j, LEVEL_HOST, a->tensor->alloc_size) ||
-                    !never_fits(p, &staged, 1, LEVEL_HOST, &need, &own, names, sizeof(names), clause,
+                    !never_fits(p, &staged, 1, LEVEL_HOST, false, &need, &own, names, sizeof(names), clause,
                                 sizeof(clause)))
                         return false;   /* room others hold: it may come */
                 size_format(b_phase, sizeof(b_phase), need);

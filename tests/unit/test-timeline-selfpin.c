@@ -668,6 +668,58 @@ static void test_staging_room_is_needed_one_at_a_time(void **state) {
         finish(m, j, c, p);
 }
 
+/*
+ * A staging copy is no pin: the room in host kept for the other live jobs'
+ * guarantees binds what a job pins, not the host copy a VRAM read passes
+ * through.  K's 8 MiB guarantee in the 16 MiB tier leaves the job two host
+ * segments to pin, both held by its own pins X and W (3 MiB each); Y (3 MiB,
+ * on NVMe) read in VRAM waits for Q (another connection's VRAM pin, the
+ * job's VRAM limit): it waits, not refused, and after Q's unpin comes up
+ * through a third host segment: ready.
+ */
+static void test_guarantees_do_not_bind_the_staging_room(void **state) {
+        Manager *m = new_manager(SCHED_POLICY_TIMELINE, 12 * MiB);
+        Owner o = {};
+        Tensor *x, *w, *y, *z, *q;
+        uint64_t seq;
+        Job *j, *k;
+        Rank *c;
+        Plan *p;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        assert_int_equal(job_new(m->registry, "k", 0, &k), 0);
+        k->n_conns = 1;
+        k->guarantee[LEVEL_HOST] = 8 * MiB;
+        j->limit[LEVEL_VRAM] = 3 * MiB;
+        c = fake_conn(m, j);
+        x = tensor(j, "X", 3 * MiB);
+        w = tensor(j, "W", 3 * MiB);
+        y = tensor(j, "Y", 3 * MiB);
+        z = tensor(j, "Z", MiB);
+        q = tensor(j, "Q", 3 * MiB);
+        make_on_nvme(m, y);
+        own_pin(m, &o, x);
+        own_pin(m, &o, w);
+        assert_ptr_not_equal(x->copy[LEVEL_HOST].pieces[0].seg, w->copy[LEVEL_HOST].pieces[0].seg);
+        assert_int_equal(fixture_op(m, OP_PIN, q, LEVEL_VRAM), 0);      /* another connection's */
+        p = vram_phases(c, y, z, &o);
+        seq = marker_write(p, 0);
+        FIXTURE_RUN_UNTIL(m, o.refused > 0 || plan_waiting(p) != NULL);
+        assert_int_equal(o.refused, 0);
+        assert_non_null(plan_waiting(p));
+        assert_int_equal(tensor_unpin(q, LEVEL_VRAM, false), 0);
+        FIXTURE_RUN_UNTIL(m, ready_for(p, seq, 0) || o.refused > 0);
+        assert_int_equal(o.refused, 0);
+        assert_true(ready_for(p, seq, 0));
+        assert_true(copy_valid(y, LEVEL_VRAM));
+        own_unpin(&o, x);
+        own_unpin(&o, w);
+        marker(m, p, 1);
+        k->n_conns = 0;
+        job_destroy(k);
+        finish(m, j, c, p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_own_pin_refuses_the_phase),
@@ -681,6 +733,7 @@ int main(void) {
                 cmocka_unit_test(test_own_pins_fill_the_staging_room),
                 cmocka_unit_test(test_staging_room_that_can_come_is_not_refused),
                 cmocka_unit_test(test_staging_room_is_needed_one_at_a_time),
+                cmocka_unit_test(test_guarantees_do_not_bind_the_staging_room),
         };
 
         return fixture_main("timeline-selfpin", tests, sizeof(tests) / sizeof(tests[0]));
