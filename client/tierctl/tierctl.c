@@ -273,6 +273,22 @@ int check_job_name(const char *verb, const char *name) {
         return EXIT_USAGE;
 }
 
+/*
+ * @r, the exit status of what printed, unless its output did not reach stdout
+ * (a full disk, a closed pipe): then a failure, said on stderr.  Every way out
+ * of main() that printed goes through here.
+ */
+static int output_written(int r) {
+        errno = 0;
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+                /* said even after a failure of the verb's own: a verb that flushed and failed said nothing */
+                fprintf(stderr, "tierctl: cannot write the output: %s\n",
+                        errno ? strerror(errno) : "a write to standard output failed");
+                return r == EXIT_SUCCESS ? EXIT_FAILURE : r;
+        }
+        return r;
+}
+
 int main(int argc, char **argv) {
         enum { ARG_SOCKET = 0x100, ARG_JSON, ARG_VERSION, ARG_TIMEOUT };
         static const struct option options[] = {
@@ -284,7 +300,7 @@ int main(int argc, char **argv) {
                 {}
         };
         const Verb *v;
-        int c, r;
+        int c;
 
         /* "+": stop at the verb, whose own arguments are its business. */
         while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0) {
@@ -311,10 +327,10 @@ int main(int argc, char **argv) {
                         break;
                 case 'h':
                         help(stdout);
-                        return EXIT_SUCCESS;
+                        return output_written(EXIT_SUCCESS);
                 case ARG_VERSION:
                         printf("tierctl %s (protocol %d)\n", TIERD_VERSION, TIER_PROTOCOL_VERSION);
-                        return EXIT_SUCCESS;
+                        return output_written(EXIT_SUCCESS);
                 default:
                         /* getopt_long() has said what was wrong. */
                         fprintf(stderr, "(try tierctl --help)\n");
@@ -331,13 +347,5 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tierctl: unknown command '%s' (try --help)\n", argv[optind]);
                 return EXIT_USAGE;
         }
-        r = v->fn(argc - optind, argv + optind);
-        /* whatever the verb printed must have reached stdout (a full disk, a closed pipe): else it failed */
-        if (fflush(stdout) != 0 || ferror(stdout)) {
-                if (r == EXIT_SUCCESS)
-                        fprintf(stderr, "tierctl: cannot write the output: %s\n",
-                                errno ? strerror(errno) : "write error");
-                return r == EXIT_SUCCESS ? EXIT_FAILURE : r;
-        }
-        return r;
+        return output_written(v->fn(argc - optind, argv + optind));
 }

@@ -654,6 +654,28 @@ class TestTierctl(tierd.DaemonTestCase):
         with open(out) as f:
             self.assertIn("traceEvents", json.load(f))
 
+    def test_output_to_dev_full(self) -> None:
+        """Output that cannot be written (stdout on /dev/full) is a failure with a message, for every verb
+        that prints: --version and --help exited 0 (main() returned before its check of stdout)."""
+        if not os.access("/dev/full", os.W_OK):
+            self.skipTest("no writable /dev/full")
+        c = self.client("full")
+        self.detach_at_end("full")
+        c.create("t", 4096)
+        out = os.path.join(self.d.dir, "full-trace.json")
+        cases = [["--version"], ["--help"], ["help"], ["help", "quota"], ["status"], ["--json", "status"],
+                 ["jobs"], ["jobs", "--json"], ["tensors", "full"], ["tensors", "--json", "full"],
+                 ["quota", "get"], ["quota", "get", "full"], ["quota", "get", "--json", "full"],
+                 ["quota", "--help"], ["status", "--help"]]
+        if os.geteuid() == 0:
+            cases.append(["trace", "--seconds", "1", "-o", out, "--json-summary"])
+        for args in cases:
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([tierctl_path(), "--socket", self.socket, *args], stdout=full,
+                                   stderr=subprocess.PIPE, text=True, timeout=60)
+            self.assertEqual(p.returncode, 1, f"tierctl {' '.join(args)} >/dev/full: {p.stderr!r}")
+            self.assertIn("cannot write the output", p.stderr, args)
+
     # -- quota keeps working inside the verb table
     def test_status_nvme_reserved(self) -> None:
         """The NVMe room kept for a job's unused nvme_min: status showed the room free while other jobs'
