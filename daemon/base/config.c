@@ -188,6 +188,7 @@ typedef struct ParseState {
         unsigned quota_field_line[QUOTA_FIELDS];        /* in this [quota] section */
         unsigned key_line[CONFIG_KEYS_MAX];             /* by config_key_index() */
         size_t quota_first;     /* the first of Config.quotas this file added */
+        unsigned *quota_lines;  /* the header line of each of them (at most QUOTA_RULES_MAX) */
 } ParseState;
 
 /*
@@ -237,8 +238,9 @@ static int quota_section_once(Config *c, ParseState *st, const char *filename, c
                 int f = __builtin_ctz(both);
                 quota_target_format(st->quota.kind, st->quota.id, st->quota.job, t, sizeof(t));
                 return line_error(ret_error, filename, st->quota_field_line[f], "quota",
-                                  "%s: set a second time in this file for %s (an earlier [quota] section "
-                                  "sets it): remove one of the two lines, or merge the sections", quota_field_name(f), t);
+                                  "%s: set a second time in this file for %s (first by the [quota] section at "
+                                  "line %u): remove one of the two lines, or merge the sections", quota_field_name(f), t,
+                                  st->quota_lines[i - st->quota_first]);
         }
         return 0;
 }
@@ -257,6 +259,15 @@ static int quota_section_end(Config *c, ParseState *st, const char *filename, ch
                         quota_rule_done(&st->quota);
                         return r;
                 }
+                size_t k = c->quotas.n - st->quota_first;
+                unsigned *lines = realloc(st->quota_lines, (k + 1) * sizeof(*lines));
+
+                if (!lines) {
+                        quota_rule_done(&st->quota);
+                        return -ENOMEM;
+                }
+                st->quota_lines = lines;
+                lines[k] = st->quota_line;
                 r = quota_rules_add(&c->quotas, &st->quota);
                 if (r == -E2BIG)
                         return line_error(ret_error, filename, st->quota_line, "quota", "more than %u [quota] sections",
@@ -423,6 +434,7 @@ int config_parse_text(Config *c, const char *text, const char *filename, char **
         else if (st.section && strcmp(st.section, "quota") == 0)
                 quota_rule_done(&st.quota);
         free(st.section);
+        free(st.quota_lines);
         return r;
 }
 

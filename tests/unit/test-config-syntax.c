@@ -83,11 +83,13 @@ static void test_quota_section_twice(_unused_ void **state) {
         _cleanup_config_ Config c;
 
         parse_fails("[quota]\njob = a\nhost = 1G\n\n[quota]\njob = b\nhost = 2G\n\n[quota]\njob = a\nhost = 3G\n",
-                    "test.conf:11: [quota] host: set a second time in this file for job 'a'",
+                    "test.conf:11: [quota] host: set a second time in this file for job 'a' (first by the [quota] "
+                    "section at line 1)",
                     "merge the sections", NULL);
         /* uid 0 and user root are one target */
         parse_fails("[quota]\nuid = 0\nweight = 2\n[quota]\nuser = root\nweight = 3\n",
-                    "test.conf:6: [quota] weight: set a second time in this file for uid 0", NULL);
+                    "test.conf:6: [quota] weight: set a second time in this file for uid 0 (first by the [quota] "
+                    "section at line 1)", NULL);
         /* a later file (a drop-in) overrides field by field */
         parse_ok(&c, "[quota]\njob = a\nhost = 1G\n");
         assert_int_equal(config_parse_text(&c, "[quota]\njob = a\nhost = 3G\n", "drop-in.conf", NULL), 0);
