@@ -284,6 +284,11 @@ static int parse_target_id(const char *cmd, const char *opt, const char *arg, bo
                 *ret = (uint32_t) v;
                 return 0;
         }
+        if (arg[0] >= '0' && arg[0] <= '9' && !*end) {
+                /* 4294967295 is (uid_t) -1, no one's id */
+                fprintf(stderr, "tierctl %s: --%s %s is out of range: an id is 0 to 4294967294\n", cmd, opt, arg);
+                return -EINVAL;
+        }
         if (strcmp(opt, "uid") == 0) {
                 fprintf(stderr, "tierctl %s: --uid must be a number, not '%s' (use --user NAME)\n", cmd, arg);
                 return -EINVAL;
@@ -457,7 +462,7 @@ static int quota_get(int argc, char **argv) {
                 case ARG_DEFAULT:
                         if (set_target("quota get", &t, &have, opt == ARG_GROUP ? TIER_QUOTA_GROUP :
                                        opt == ARG_DEFAULT ? TIER_QUOTA_DEFAULT : TIER_QUOTA_UID,
-                                       opt == ARG_UID ? "uid" : "", optarg) < 0)
+                                       opt == ARG_UID ? "uid" : opt == ARG_USER ? "user" : "group", optarg) < 0)
                                 return EXIT_USAGE;
                         break;
                 case 'h':
@@ -571,7 +576,7 @@ static int quota_set(int argc, char **argv) {
                 case ARG_USER:
                 case ARG_GROUP:
                         if (set_target("quota set", &t, &have, opt == ARG_GROUP ? TIER_QUOTA_GROUP : TIER_QUOTA_UID,
-                                       opt == ARG_UID ? "uid" : "", optarg) < 0)
+                                       opt == ARG_UID ? "uid" : opt == ARG_USER ? "user" : "group", optarg) < 0)
                                 return EXIT_USAGE;
                         continue;
                 case ARG_CLEAR:

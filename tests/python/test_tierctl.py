@@ -98,6 +98,8 @@ class TestTierctl(tierd.DaemonTestCase):
     def test_usage_errors(self) -> None:
         cases = [
             (["status", "extra"], "unexpected argument"),
+            (["quota", "get", "--uid", "4294967295"], "--uid 4294967295 is out of range: an id is 0 to 4294967294"),
+            (["quota", "set", "--group", "99999999999", "--host", "1G"], "--group 99999999999 is out of range"),
             (["status", "--watch=0"], "--watch takes seconds"),
             (["status", "--watch=0x1p-1"], "--watch takes seconds"),
             (["status", "--watch=1e0"], "--watch takes seconds"),
