@@ -129,6 +129,51 @@ class TestPlaceholders(tierd.DaemonTestCase):
             torch.empty_like(model.head.weight)
         eng.close()
 
+    def test_attribute_probes(self) -> None:
+        """Probing a placeholder's attributes (``hasattr()``, ``getattr(p, name, None)``: numba's, cupy's and
+        HF's interop checks) answers as for a plain parameter: ``hasattr(p, "__cuda_array_interface__")``
+        raised RuntimeError naming the op ``__get__()`` (its getter, refused as a read), where torch raises
+        AttributeError for a tensor not on a GPU; ``p.data.data`` was refused (``data()``) where ``p.data``
+        passes.  What differs is what the placeholder is: its shape, ``ndim`` and ``names`` (one dimension),
+        ``_version``, ``_cdata``, and the views ``.T``, ``.mT``, ``.H``, ``.real``, refused as reads named
+        as the attribute (``p.T``); ``.imag`` raises RuntimeError on a real tensor either way."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        eng = self.engine(model, "probes")
+        lm_loss(model, batches(1)[0]).backward()
+        eng.step()
+        eng.zero_grad()
+        same = ("__cuda_array_interface__", "__array_interface__", "__array_priority__", "_is_view", "is_sparse",
+                "is_quantized", "is_cuda", "is_meta", "layout", "grad_fn", "_grad_fn", "is_leaf", "output_nr",
+                "requires_grad", "retains_grad", "grad", "dtype", "device", "_backward_hooks", "no_such_attribute")
+        p, r = model.head.weight, ref.head.weight
+
+        def probe(t, name):
+            try:
+                v = getattr(t, name, "absent")
+            except Exception as e:      # noqa: BLE001  (compared by type with a plain parameter's)
+                return type(e)
+            return ("a tensor", v.shape) if isinstance(v, torch.Tensor) else "a method" if callable(v) else v
+
+        for t, rt in ((p, r), (p.detach(), r.detach()), (p.data, r.data)):
+            for name in same:
+                with self.subTest(type=type(t).__name__, name=name):
+                    self.assertEqual(probe(t, name), probe(rt, name))
+            self.assertFalse(hasattr(t, "__cuda_array_interface__"))
+            self.assertEqual(probe(t, "imag"), RuntimeError)
+            self.assertEqual(t.data.shape, (0,))
+            for name in ("T", "mT", "H", "real"):
+                with self.subTest(name=name), self.assertRaisesRegex(RuntimeError, rf"^p\.{name} reading parameter "
+                                                                                   r"head\.weight outside"):
+                    getattr(t, name)
+        self.assertEqual(type(p.data.data).__name__, "Placeholder")
+        from tier.torch import guards
+        self.assertRegex(guards.read_refusal(torch.Tensor.__cuda_array_interface__.__get__, "w", True),
+                         r"^p\.__cuda_array_interface__ reading parameter w outside")     # (on a GPU: refused)
+        eng.close()
+        self.assertEqual(probe(p, "__cuda_array_interface__"), "absent")
+        self.assertEqual(p.T.shape, r.T.shape)
+
     def test_parameter_subclass_keeps_its_ops(self) -> None:
         """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
         its ops keep the class): while the engine has it, its class is a subclass watching ``.data``

@@ -194,7 +194,7 @@ def _watching(cls: type) -> type:
             mark = False
             if func == _DATA_SET:
                 check_data_set(args[0], args[1])
-            elif func not in _METADATA:
+            elif func not in _METADATA and not _reads_nothing(func, args):
                 with torch._C.DisableTorchFunction():
                     mark = check_reads(func, args, kwargs)
                 if type(mark) is int:
@@ -276,6 +276,18 @@ _CONVERSIONS = frozenset(getattr(_T, n) for n in (
 _COPY = _T.copy_
 _COUNT = frozenset((_T.numel, _T.nelement, torch.numel))      # (sum(map(torch.numel, model.parameters())))
 _VIEWS = frozenset((_T.view, _T.view_as))
+_CUDA_ARRAY = _T.__cuda_array_interface__.__get__
+
+
+def _reads_nothing(func: Any, args: Any) -> bool:
+    """``func`` is the getter of ``__cuda_array_interface__`` (a property in Python), which raises before
+    it reads anything where the tensor is not on a GPU (AttributeError: ``hasattr()`` False, as numba's, cupy's
+    and HF's probes expect) or requires grad (torch's RuntimeError): torch's own answer, as for any parameter.
+    Refused as a read of values, it made ``hasattr(p, "__cuda_array_interface__")`` raise."""
+    if func != _CUDA_ARRAY:
+        return False
+    with torch._C.DisableTorchFunction():
+        return not args[0].is_cuda or args[0].requires_grad
 
 
 class Placeholder(torch.Tensor):
@@ -289,7 +301,7 @@ class Placeholder(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func not in _METADATA:
+        if func not in _METADATA and func != _DATA_GET and not _reads_nothing(func, args):
             with torch._C.DisableTorchFunction():
                 count = check_reads(func, args, kwargs)
             if type(count) is int:
@@ -361,9 +373,16 @@ def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
 
 def read_refusal(func: Any, name: str, own: bool) -> str:
     """The words for ``func`` refused on parameter ``name``'s placeholder (``own``: as the tensor operated on)."""
-    op = getattr(getattr(func, "__self__", None), "__name__", None) if type(func).__name__ == "method-wrapper" \
-        else None
-    op = op or getattr(func, "__name__", str(func))
+    op = getattr(func, "__name__", str(func))
+    if type(func).__name__ == "method-wrapper":        # (an attribute's __get__ or __set__: named by the attribute)
+        owner = getattr(func, "__self__", None)
+        attr = getattr(owner, "__name__", None) or getattr(getattr(owner, "fget", None), "__name__", "?")
+        return _read_refusal(f"p.{attr} = ..." if op == "__set__" else f"p.{attr}", func, name, own and op == "__set__")
+    return _read_refusal(f"{op}()", func, name, own and (op.endswith("_") and not op.endswith("__") or
+                                                          op == "__setitem__"))
+
+
+def _read_refusal(op: str, func: Any, name: str, write: bool) -> str:
     where = ("outside its block's forward or backward: the tier.torch engine keeps its values in tierd, and the "
              "model holds an empty placeholder there (of shape (0,)), so")
     if func in _VIEWS:
@@ -371,11 +390,11 @@ def read_refusal(func: Any, name: str, own: bool) -> str:
                 "would be empty; read values from model.state_dict() (sd = model.state_dict(); parameters_to_vector("
                 "sd[n] for n, _ in model.named_parameters())), and write them with model.load_state_dict(), or "
                 "before making the engine, or after close(); nothing changed")
-    if own and (op.endswith("_") and not op.endswith("__") or op in ("__setitem__", "__set__")):
-        return (f"{op}() on parameter {name} {where} the change would be lost (weight clipping, nn.init); nothing "
+    if write:
+        return (f"{op} on parameter {name} {where} the change would be lost (weight clipping, nn.init); nothing "
                 "changed.  Change parameters through model.load_state_dict() (written into tierd), or before "
                 "making the engine, or after close() (the model gets its values back)")
-    return (f"{op}() reading parameter {name} {where} it would compute on nothing; nothing of it was computed.  "
+    return (f"{op} reading parameter {name} {where} it would compute on nothing; nothing of it was computed.  "
             "Read values from model.state_dict() (or engine.parameters_state_dict()), or inside the model's forward "
             "or a hook of the block's (where its values are mapped), or after close().  An EMA of the weights: "
             "update it from the state dict after step() (sd = model.state_dict(); ema[k].mul_(d).add_(sd[k], "
