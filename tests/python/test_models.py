@@ -420,6 +420,34 @@ class TestModels(tierd.DaemonTestCase):
         self.assertIn("transformer.wte", msgs[0])
         eng.close()
 
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_resize_token_embeddings_refused(self) -> None:
+        """HF's ``model.resize_token_embeddings(n)`` after the engine is made read the embedding's size from
+        its empty placeholder and failed with "not enough values to unpack (expected 2, got 1)".  Refused now
+        in words, before anything changes (the embedding module, its parameter, the config); after close()
+        it resizes as HF's own."""
+        import tier.torch
+
+        for tied in (True, False):
+            m = gpt2(tied)
+            wte, w = m.transformer.wte, m.transformer.wte.weight
+            eng = tier.torch.Offload(m, self.client(f"resize-{tied}"))
+            sd = eng.parameters_state_dict()
+            with self.assertRaisesRegex(RuntimeError, r"^resize_token_embeddings\(\) on GPT2LMHeadModel while a "
+                                                      r"tier\.torch engine holds .*resize the embeddings before "
+                                                      r"making the engine, or close\(\) the engine.*nothing changed"):
+                m.resize_token_embeddings(VOCAB + 8)
+            self.assertIs(m.transformer.wte, wte)
+            self.assertIs(m.transformer.wte.weight, w)
+            self.assertEqual((m.config.vocab_size, m.lm_head.weight is w), (VOCAB, tied))
+            after = eng.parameters_state_dict()
+            self.assertTrue(all(torch.equal(after[k], v) for k, v in sd.items()))
+            eng.close()
+            self.assertNotIn("resize_token_embeddings", m.__dict__)
+            m.resize_token_embeddings(VOCAB + 8)
+            self.assertEqual((m.transformer.wte.weight.shape, m.config.vocab_size), ((VOCAB + 8, 64), VOCAB + 8))
+            self.assertEqual(m.lm_head.weight is m.transformer.wte.weight, tied)
+
     def test_top_module_parameters_advice(self) -> None:
         """A model with a parameter of its own (a ViT's class token) is one block.  The warning about it
         advised splitting it into its children, or leaving its class out of no_split_module_classes

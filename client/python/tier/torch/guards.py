@@ -450,6 +450,28 @@ def claim_params(eng: Any) -> None:
     r = weakref.ref(eng)
     for pid in eng.slot_of:
         _OWNERS[pid] = r
+    for m in eng.model.modules():
+        if callable(getattr(type(m), "resize_token_embeddings", None)) and \
+                "resize_token_embeddings" not in m.__dict__:
+            m.__dict__["resize_token_embeddings"] = _refuse_resize(r, m)
+
+
+def _refuse_resize(r: Any, m: Any) -> Any:
+    """Hugging Face's ``model.resize_token_embeddings(n)`` on a model whose engine ``r`` is open: it reads the
+    embedding's size from its weight, the empty placeholder, and failed with "not enough values to unpack";
+    had it gone on, it would have replaced a parameter whose values, gradients and optimizer state the engine
+    laid out in tierd.  Refused before anything changes; once the engine is closed (or gone), HF's own."""
+    def resize(*args: Any, **kwargs: Any) -> Any:
+        eng = r()
+        if eng is None or eng._closed:
+            m.__dict__.pop("resize_token_embeddings", None)
+            return m.resize_token_embeddings(*args, **kwargs)
+        raise RuntimeError(f"resize_token_embeddings() on {type(m).__name__} while a tier.torch engine holds its "
+                           "parameters (their values, gradients and optimizer state are laid out in tierd for the "
+                           "embedding's size when the engine was made; the model holds empty placeholders): resize "
+                           "the embeddings before making the engine, or close() the engine (the model gets its "
+                           "values back), resize, and make a new one; nothing changed")
+    return resize
 
 
 def release_params(eng: Any) -> None:
@@ -460,6 +482,9 @@ def release_params(eng: Any) -> None:
     from .clip import drop_moved_grads
 
     drop_moved_grads(eng)
+    for m in eng.model.modules():
+        if getattr(m.__dict__.get("resize_token_embeddings"), "__qualname__", "").startswith("_refuse_resize"):
+            del m.__dict__["resize_token_embeddings"]
     for pid in eng.slot_of:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
