@@ -18,10 +18,11 @@ below the state, as test_loops.
 from __future__ import annotations
 
 import copy
+import os
 import unittest
 
 import tierd
-from test_loops import CONFIG, NO_VENV, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
+from test_loops import CONFIG, NO_VENV, VOCAB, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
 
 try:
     import torch
@@ -300,6 +301,79 @@ class TestLoopsMore(tierd.DaemonTestCase):
             self.assertTrue(torch.equal(sd[n], p), f"{n} differs from plain PyTorch's")
         eng2.close()
 
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in autograd's hook or end-of-backward callback, through C++, which "
+                     "ASan's runtime, preloaded into Python, cannot intercept")
+    def test_sparse_gradient_refused(self) -> None:
+        """A sparse gradient from the functional ``F.embedding(..., sparse=True)`` (an nn.Embedding with
+        sparse=True is refused at Offload(), a function cannot be seen there) failed in autograd's
+        end-of-backward callback in torch's words, "copy_() between dense and sparse Tensors is not
+        implemented", the engine left as if the backward had ended.  Refused now, naming the parameter,
+        before its block's gradients go into tierd, and saying what state the step is in: deferred, nothing
+        applied, zero_grad() skips the step and training goes on as plain PyTorch's; fused, a later step
+        whose sparse gradient comes after other blocks were updated is partly applied, said so."""
+        import torch.nn.functional as F
+
+        class Emb(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.randn(VOCAB, 16))
+                self.sparse = True
+
+            def forward(self, x):
+                return F.embedding(x, self.weight, sparse=self.sparse)
+
+        class Net(torch.nn.Module):
+            def __init__(self, mid: bool) -> None:
+                super().__init__()
+                self.l0 = torch.nn.Embedding(VOCAB, 16)
+                self.emb, self.l1, self.l2 = Emb(), torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+                self.mid = mid
+
+            def forward(self, x):
+                h = self.l1(self.l0(x) + self.emb(x)) if self.mid else self.l1(self.emb(x))
+                return self.l2(torch.relu(h))
+
+        def run(m, o, x) -> None:
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+
+        data = [torch.randint(0, VOCAB, (4, 6), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+        torch.manual_seed(1)
+        ref = Net(False)
+        ref.emb.sparse = False
+        model = copy.deepcopy(ref)
+        model.emb.sparse = True
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "sparse")
+        with self.assertRaisesRegex(RuntimeError, r"^a torch\.sparse_coo gradient of parameter emb\.weight \(block "
+                                                  r"\d 'emb' \(Emb\).*F\.embedding\(\.\.\., sparse=True\).*then call "
+                                                  r"zero_grad\(\) .*nothing was applied"):
+            model(data[0]).pow(2).mean().backward()
+        with self.assertRaisesRegex(RuntimeError, r"^step\(\) after a backward that raised"):
+            eng.step()
+        eng.zero_grad()
+        model.emb.sparse = False
+        for x in data[1:]:
+            for m, o in ((ref, opt), (model, eng)):
+                run(m, o, x)
+        sd, rsd = model.state_dict(), ref.state_dict()
+        self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [], "the refused step skipped")
+        # fused (one forward and backward in the first step): a later sparse gradient after blocks were updated
+        model = Net(True)
+        model.emb.sparse = False
+        eng, _ = self.engine(model, "sparse-fused")
+        run(model, eng, data[0])
+        self.assertEqual(eng.mode, "fused")
+        model.emb.sparse = True
+        with self.assertRaisesRegex(RuntimeError, r"^a torch\.sparse_coo gradient of parameter emb\.weight .*the "
+                                                  r"blocks whose backward had ended were updated \(block \d 'l2'"
+                                                  r".*this step is partly applied"):
+            model(data[1]).pow(2).mean().backward()
+        with self.assertRaisesRegex(RuntimeError, r"^zero_grad\(\) after a backward that raised: .*partly applied"):
+            eng.zero_grad()
 
 if __name__ == "__main__":
     tierd.main()

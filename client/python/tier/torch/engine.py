@@ -570,6 +570,8 @@ class Offload(torch.optim.Optimizer):
 
     def _backward_ended(self) -> None:
         """autograd's callback at the end of the backward pass: the last block's gradients are complete."""
+        if self._bwd is not None:
+            guards.check_sparse_grads(self, self._bwd)  # (before the finally: in the backward that raised)
         try:
             if self._bwd is not None:
                 self._finish(self._bwd)
@@ -615,6 +617,7 @@ class Offload(torch.optim.Optimizer):
         if not self._in_backward:
             guards.check_one_forward(self)      # (the last block's hook runs before the output's: refused first)
         if self._bwd is not None:
+            guards.check_sparse_grads(self, self._bwd)
             self._finish(self._bwd)
         self._enter("b", b)
         self._point(b, True)

@@ -51,6 +51,31 @@ def check_backward(eng: Any, what: str) -> None:
         eng._bwd = None
 
 
+def check_sparse_grads(eng: Any, b: Any) -> None:
+    """``b``'s gradients are complete, before any goes into tierd: a sparse one (the functional
+    ``F.embedding(..., sparse=True)``; an nn.Embedding with sparse=True is refused at Offload()) cannot be
+    added into the block's dense gradients there, and failed in torch's words ("copy_() between dense and
+    sparse Tensors"), raised from autograd's end-of-backward callback, which left the engine as if that
+    backward had ended.  Refused, naming the parameter and what state the step is in; the engine stays in
+    a backward that raised (check_backward()), so what comes next is refused or dropped as after one."""
+    with direct():
+        s = next((s for s in b.slots if s.param.grad is not None and s.param.grad.layout != torch.strided), None)
+        layout = s.param.grad.layout if s is not None else None
+    if s is None:
+        return
+    eng._in_backward = True
+    what = (f"a {layout} gradient of parameter {s.name} ({b.label}; the functional F.embedding(..., sparse=True)?): "
+            "tier.torch keeps every gradient dense in tierd and cannot add a sparse one there (nor does AdamW "
+            "take one); compute it dense (sparse=False), ")
+    if eng._applied:
+        raise RuntimeError(f"{what}then: {FUSED_NOTE} the blocks whose backward had ended were updated "
+                           f"({', '.join(eng._stepped) or 'none'}), the others not: this step is partly applied and "
+                           "cannot be undone; load a checkpoint saved before it (the model's and the engine's state "
+                           "dicts, or resume=True's last commit) into a new engine")
+    raise RuntimeError(f"{what}then call zero_grad() to drop this step's partial gradients (nothing was applied; "
+                       "the step is skipped), and run it again")
+
+
 def partly_applied(eng: Any) -> bool:
     """Fused, a backward raised after some blocks' optimizer phases ran (close() gives such a model back)."""
     return eng._in_backward and eng._applied
