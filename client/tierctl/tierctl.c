@@ -13,6 +13,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <signal.h>
@@ -289,6 +290,24 @@ static int output_written(int r) {
         return r;
 }
 
+/*
+ * A standard fd the caller closed (tierctl status >&-) is held by /dev/null
+ * opened read-only: else the control socket took fd 1, the output went into
+ * tierd's socket and tierctl exited 0.  A write to it fails with EBADF, which
+ * output_written() reports, as coreutils do.
+ */
+static void hold_std_fds(void) {
+        for (int fd = 0; fd <= 2; fd++)
+                if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+                        int n = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+                        if (n >= 0 && n != fd) {        /* (lowest free: it is fd unless a lower one failed) */
+                                (void) dup3(n, fd, O_CLOEXEC);
+                                (void) close(n);
+                        }
+                }
+}
+
 int main(int argc, char **argv) {
         enum { ARG_SOCKET = 0x100, ARG_JSON, ARG_VERSION, ARG_TIMEOUT };
         static const struct option options[] = {
@@ -302,6 +321,7 @@ int main(int argc, char **argv) {
         const Verb *v;
         int c;
 
+        hold_std_fds();
         /* "+": stop at the verb, whose own arguments are its business. */
         while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0) {
                 switch (c) {

@@ -678,6 +678,16 @@ class TestTierctl(tierd.DaemonTestCase):
             self.assertEqual(p.returncode, 1, f"tierctl {' '.join(args)} >/dev/full: {p.stderr!r}")
             self.assertIn("cannot write the output", p.stderr, args)
 
+    def test_output_to_closed_stdout(self) -> None:
+        """stdout closed by the caller (tierctl status >&-): the control socket took fd 1, the status text
+        went into tierd's socket and tierctl exited 0 without a word.  Now a write error, as coreutils'."""
+        for args in (["status"], ["--json", "status"], ["--version"]):
+            p = subprocess.run([tierctl_path(), "--socket", self.socket, *args], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, timeout=60,
+                               preexec_fn=lambda: os.close(1))
+            self.assertEqual(p.returncode, 1, f"tierctl {' '.join(args)} >&-: {p.stderr!r}")
+            self.assertIn("cannot write the output", p.stderr, args)
+
     # -- quota keeps working inside the verb table
     def test_status_nvme_reserved(self) -> None:
         """The NVMe room kept for a job's unused nvme_min: status showed the room free while other jobs'
