@@ -14,43 +14,15 @@
 
 #include "daemon/base/config.h"
 #include "proto/macro.h"
+#include "tests/unit/config-fixture.h"
 
 #define MIB (UINT64_C(1024) * 1024)
 #define GIB (MIB * 1024)
 
-static void config_deinitp(Config *c) {
-        config_deinit(c);
-}
-#define _cleanup_config_ _cleanup_(config_deinitp)
-
 /* Parse @text as "test.conf" into defaults and expect success. */
 static void parse_ok(Config *c, const char *text) {
-        _cleanup_free_ char *error = NULL;
-        int r;
-
         config_init(c);
-        r = config_parse_text(c, text, "test.conf", &error);
-        if (r < 0)
-                fail_msg("unexpected error %d: %s", r, error ? error : "(none)");
-        assert_null(error);
-}
-
-/* Parse @text and expect -EINVAL with a message containing every NULL-terminated needle. */
-static void parse_fails(const char *text, ...) {
-        _cleanup_config_ Config c;
-        _cleanup_free_ char *error = NULL;
-        const char *needle;
-        va_list ap;
-
-        config_init(&c);
-        assert_int_equal(config_parse_text(&c, text, "test.conf", &error), -EINVAL);
-        assert_non_null(error);
-
-        va_start(ap, text);
-        while ((needle = va_arg(ap, const char *)))
-                if (!strstr(error, needle))
-                        fail_msg("message '%s' lacks '%s'", error, needle);
-        va_end(ap);
+        parse_text_ok(c, text);
 }
 
 /* A key given twice in one file is refused with both lines: the last one used to win without a word. */

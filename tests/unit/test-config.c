@@ -17,44 +17,12 @@
 #include "daemon/base/config.h"
 #include "daemon/core/reload.h"
 #include "proto/macro.h"
+#include "tests/unit/config-fixture.h"
 
 #define KIB UINT64_C(1024)
 #define MIB (KIB * 1024)
 #define GIB (MIB * 1024)
 
-static void config_deinitp(Config *c) {
-        config_deinit(c);
-}
-#define _cleanup_config_ _cleanup_(config_deinitp)
-
-/* Parse @text as "test.conf" into defaults and expect success. */
-static void parse_ok(Config *c, const char *text) {
-        _cleanup_free_ char *error = NULL;
-        int r;
-
-        r = config_parse_text(c, text, "test.conf", &error);
-        if (r < 0)
-                fail_msg("unexpected error %d: %s", r, error ? error : "(none)");
-        assert_null(error);
-}
-
-/* Parse @text and expect -EINVAL with a message containing every NULL-terminated needle. */
-static void parse_fails(const char *text, ...) {
-        _cleanup_config_ Config c;
-        _cleanup_free_ char *error = NULL;
-        const char *needle;
-        va_list ap;
-
-        config_init(&c);
-        assert_int_equal(config_parse_text(&c, text, "test.conf", &error), -EINVAL);
-        assert_non_null(error);
-
-        va_start(ap, text);
-        while ((needle = va_arg(ap, const char *)))
-                if (!strstr(error, needle))
-                        fail_msg("message '%s' lacks '%s'", error, needle);
-        va_end(ap);
-}
 
 /* Parse @text, then expect config_finish() to fail with a message containing @needle. */
 static void finish_fails(const char *text, const char *needle) {
@@ -62,7 +30,7 @@ static void finish_fails(const char *text, const char *needle) {
         _cleanup_free_ char *error = NULL;
 
         config_init(&c);
-        parse_ok(&c, text);
+        parse_text_ok(&c, text);
         assert_int_equal(config_finish(&c, &error), -EINVAL);
         assert_non_null(error);
         if (!strstr(error, needle))
@@ -90,7 +58,7 @@ static void test_parse_size(_unused_ void **state) {
 
                 config_init(&c);
                 snprintf(text, sizeof(text), "[host]\njob_limit = %s\n", good[i].s);
-                parse_ok(&c, text);
+                parse_text_ok(&c, text);
                 assert_int_equal(c.host_job_limit, good[i].v);
         }
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
@@ -163,8 +131,8 @@ static void test_defaults(_unused_ void **state) {
         assert_string_equal(c.targets[0].path, "/var/lib/tierd/nvme0.img");
 
         /* An empty text, and the sample file (every key commented out), change nothing. */
-        parse_ok(&c, "");
-        parse_ok(&c, "\n\n   \n");
+        parse_text_ok(&c, "");
+        parse_text_ok(&c, "\n\n   \n");
         assert_string_equal(c.socket_path, "/run/tierd/tierd.sock");
 
         /* deinit twice is harmless. */
@@ -221,7 +189,7 @@ static void test_full(_unused_ void **state) {
         _cleanup_free_ char *error = NULL;
 
         config_init(&c);
-        parse_ok(&c, full_config);
+        parse_text_ok(&c, full_config);
 
         assert_string_equal(c.socket_path, "/run/test/t.sock");
         assert_string_equal(c.state_dir, "/srv/tierd/");
@@ -267,13 +235,13 @@ static void test_full(_unused_ void **state) {
         assert_string_equal(c.targets[0].path, "/dev/nvme0n1");
 
         /* Later assignments override; numa auto and linger conversion. */
-        parse_ok(&c, "[host]\nnuma_node = auto\n[daemon]\nlinger_sec = 90\nlog_level = err\n");
+        parse_text_ok(&c, "[host]\nnuma_node = auto\n[daemon]\nlinger_sec = 90\nlog_level = err\n");
         assert_int_equal(c.numa_node, -1);
         assert_int_equal(c.linger_usec, 90 * UINT64_C(1000000));
         assert_int_equal(c.log_level, LOG_ERR);
 
         /* An empty "target =" drops the list. */
-        parse_ok(&c, "[nvme]\ntarget =\ntarget = /x.img:1G\n");
+        parse_text_ok(&c, "[nvme]\ntarget =\ntarget = /x.img:1G\n");
         assert_int_equal(c.n_targets, 1);
         assert_string_equal(c.targets[0].path, "/x.img");
 }
@@ -293,7 +261,7 @@ static void test_log_levels(_unused_ void **state) {
                 char text[64];
 
                 snprintf(text, sizeof(text), "[daemon]\nlog_level = %s\n", levels[i].name);
-                parse_ok(&c, text);
+                parse_text_ok(&c, text);
                 assert_int_equal(c.log_level, levels[i].level);
         }
 }
@@ -402,13 +370,13 @@ static void test_finish_errors(_unused_ void **state) {
         _cleanup_free_ char *error = NULL;
 
         config_init(&c);
-        parse_ok(&c, "[host]\nsegment_size = 1G\ncapacity = 1G\n[vram]\nchunk_size = 1G\n"
+        parse_text_ok(&c, "[host]\nsegment_size = 1G\ncapacity = 1G\n[vram]\nchunk_size = 1G\n"
                      "[nvme]\nextent_size = 64M\n[metrics]\ntextfile = /var/lib/node_exporter/tierd.prom\n");
         assert_int_equal(config_finish(&c, &error), 0);
         config_deinit(&c);
 
         config_init(&c);
-        parse_ok(&c, "[host]\nsegment_size = 4K\ncapacity = 4K\n[vram]\nchunk_size = 4K\ncapacity = 4K\n"
+        parse_text_ok(&c, "[host]\nsegment_size = 4K\ncapacity = 4K\n[vram]\nchunk_size = 4K\ncapacity = 4K\n"
                      "[nvme]\nextent_size = 4K\ntarget = /x:4K\n");
         assert_int_equal(config_finish(&c, &error), 0);
 
