@@ -284,14 +284,15 @@ static int quota_section_end(Config *c, ParseState *st, const char *filename, ch
  * Comments are whole lines: "socket = /run/x.sock # old" would be a socket
  * named "x.sock # old", bound without a word.  Numbers and names refuse the
  * "# ..." as junk anyway; a path (the CONFIG_STRING keys and nvme.target)
- * takes any byte, so a blank followed by '#' or ';' in a line of a file is
- * refused there as what it surely is.  Only here, not in the key's parser: a
- * path given on the command line (config_set_key()) has no comments.
+ * and a [quota] job name ("job = train # big one" governed a job of that
+ * name, never "train") take any byte, so a blank followed by '#' or ';' in a
+ * line of a file is refused there as what it surely is.  Only here, not in
+ * the key's parser: a path given on the command line (config_set_key()) or a
+ * job name set with tierctl quota set (and kept in the quota state file,
+ * which is not read through here) has no comments.
  */
-static int refuse_inline_comment(const ConfigKey *k, const char *value, const char *filename, unsigned line,
-                                 const char *section, const char *name, char **ret_error) {
-        if (k->type != CONFIG_STRING && k->type != CONFIG_TARGETS)
-                return 0;
+static int refuse_inline_comment(const char *value, const char *filename, unsigned line, const char *section,
+                                 const char *name, char **ret_error) {
         for (const char *p = value; *p; p++)
                 if ((*p == '#' || *p == ';') && p > value && (p[-1] == ' ' || p[-1] == '\t'))
                         return line_error(ret_error, filename, line, section, "%s: '%s' holds a comment: comments "
@@ -354,6 +355,11 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 r = quota_field_once(st, filename, line, name, ret_error);
                 if (r < 0)
                         return r;
+                if (strcmp(name, "job") == 0) {
+                        r = refuse_inline_comment(value, filename, line, st->section, name, ret_error);
+                        if (r < 0)
+                                return r;
+                }
                 r = quota_rule_set_key(&st->quota, name, value, &why);
                 if (r == -EINVAL)
                         return line_error(ret_error, filename, line, st->section, "%s: %s", name,
@@ -369,9 +375,11 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 if (r < 0)
                         return r;
         }
-        r = refuse_inline_comment(k, value, filename, line, st->section, name, ret_error);
-        if (r < 0)
-                return r;
+        if (k->type == CONFIG_STRING || k->type == CONFIG_TARGETS) {
+                r = refuse_inline_comment(value, filename, line, st->section, name, ret_error);
+                if (r < 0)
+                        return r;
+        }
 
         r = k->parse(c, k, value, (uint8_t *) c + k->offset, &why);
         if (r == -EINVAL)

@@ -142,6 +142,28 @@ static void test_inline_comment_only_in_files(_unused_ void **state) {
                     NULL);
 }
 
+/*
+ * "job = train # big one" governed a job named "train # big one", never "train", without a word: a job
+ * name is refused with a blank and '#' or ';' in it, as a path is; one without a blank before it is a name.
+ * The quota state file (quota_rules_parse_text(), where tierctl quota set's names are kept) is not a
+ * line of tierd.conf: a name set there with a blank and '#' reads back whole.
+ */
+static void test_inline_comment_in_job(_unused_ void **state) {
+        _cleanup_config_ Config c;
+        _cleanup_free_ char *error = NULL;
+        QuotaRules rs = {};
+
+        parse_fails("[quota]\njob = train # big one\nhost = 1G\n", "test.conf:2: [quota] job", "holds a comment",
+                    "line of its own", NULL);
+        parse_fails("[quota]\nhost = 1G\njob = train\t;x\n", "test.conf:3: [quota] job", "holds a comment", NULL);
+        parse_ok(&c, "[quota]\njob = run#2;a\nhost = 1G\n");
+        assert_string_equal(c.quotas.rules[0].job, "run#2;a");
+        if (quota_rules_parse_text(&rs, "[quota]\njob = train # big one\nhost = 1G\n", "quotas", &error) < 0)
+                fail_msg("the state file's job name refused: %s", error);
+        assert_string_equal(rs.rules[0].job, "train # big one");
+        quota_rules_clear(&rs);
+}
+
 /* A byte order mark (an editor's "UTF-8 with BOM") is said as such, not as "missing '=' in '[daemon]'". */
 static void test_byte_order_mark(_unused_ void **state) {
         parse_fails("\xEF\xBB\xBF[daemon]\nlog_level = info\n", "test.conf:1:", "byte order mark", NULL);
@@ -194,6 +216,7 @@ int main(void) {
                 cmocka_unit_test(test_dropin_dir_not_a_directory),
                 cmocka_unit_test(test_inline_comment_in_path),
                 cmocka_unit_test(test_inline_comment_only_in_files),
+                cmocka_unit_test(test_inline_comment_in_job),
                 cmocka_unit_test(test_byte_order_mark),
         };
 
