@@ -9,7 +9,9 @@
  * directory (a rename within one file system is atomic), flushed to the
  * device, and renamed over the old one; the directory is flushed last, so
  * that the rename itself survives a power cut.  The temporary file is
- * "PATH.XXXXXX" (mkostemp), removed on every error path.  The state
+ * "PATH.XXXXXX" (mkostemp), removed on every error path, and by the next
+ * start when a crash (SIGKILL, power) came between mkostemp and rename
+ * (statefile_remove_temps(), of the state directory's files).  The state
  * directory itself is trusted only when nobody but tierd's user can put a
  * name in it (statefile_dir_trusted(), checked at start).
  */
@@ -26,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "daemon/base/log.h"
 #include "daemon/base/statefile.h"
 #include "proto/macro.h"
 
@@ -313,4 +316,54 @@ int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid,
                 }
         }
         return 0;
+}
+
+/* "BASE.XXXXXX" as mkostemp() fills it (six of [A-Za-z0-9]) for one of @bases? */
+static bool is_temp_of(const char *name, const char *const *bases) {
+        static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+
+        for (const char *const *b = bases; *b; b++) {
+                size_t n = strlen(*b);
+
+                if (strncmp(name, *b, n) == 0 && name[n] == '.' && strlen(name + n + 1) == 6 &&
+                    strspn(name + n + 1, alnum) == 6)
+                        return true;
+        }
+        return false;
+}
+
+int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases, uid_t uid) {
+        int fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 3), removed = 0;
+        DIR *d;
+
+        if (fd < 0)
+                return negative_errno();
+        d = fdopendir(fd);
+        if (!d) {
+                int r = negative_errno();
+
+                (void) close(fd);
+                return r;
+        }
+        rewinddir(d);
+        for (struct dirent *de; (de = readdir(d));) {
+                struct stat st;
+
+                if (!is_temp_of(de->d_name, bases))
+                        continue;
+                /* never through a link, never a directory or another user's file */
+                if (fstatat(dir_fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+                    st.st_uid != uid)
+                        continue;
+                if (unlinkat(dir_fd, de->d_name, 0) < 0) {
+                        log_warning_errno(errno, "Cannot remove \"%s/%s\", a temporary file left by a tierd "
+                                          "stopped while writing a state file, ignoring: %m", dir, de->d_name);
+                        continue;
+                }
+                log_info("Removed \"%s/%s\", a temporary file left by a tierd stopped while writing a state file",
+                         dir, de->d_name);
+                removed++;
+        }
+        (void) closedir(d);
+        return removed;
 }

@@ -2,6 +2,7 @@
 /* statefile.h: write a file atomically (temp file, fsync, rename), read a small one whole. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -60,3 +61,15 @@ int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why
  * -EPERM with @why; -EINVAL for an ACL it cannot read (refused: not judged).
  */
 int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid, char *why, size_t size);
+
+/*
+ * statefile_remove_temps() - remove from the directory @dir_fd (named @dir,
+ * for the log) the temporary files statefile_write() leaves when killed
+ * between making one and renaming it: the names "BASE.XXXXXX" (six letters
+ * or digits, as mkostemp() makes them) for a BASE among @bases (NULL-ended)
+ * that are regular files (not followed: a link of that name stays) owned
+ * by @uid; each is logged.  Only for a directory nobody but tierd's user
+ * can write (statefile_dir_trusted()), locked.  The count removed, or
+ * -errno when the directory cannot be read.
+ */
+int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases, uid_t uid);

@@ -42,6 +42,7 @@
 #include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
+#include "daemon/state/wear.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
@@ -527,6 +528,9 @@ static int run(int argc, char *argv[]) {
                 config_deinit(&config);
                 return r > 0 ? EXIT_CONFIG_REFUSED : 1;
         }
+        /* what a tierd killed while replacing a state file left (the directory is trusted and locked) */
+        (void) statefile_remove_temps(state_lock, config.state_dir,
+                                      (const char *const[]) { QUOTA_STATE_FILE, WEAR_FILE, NULL }, geteuid());
 
         sigemptyset(&ss);
         sigaddset(&ss, SIGTERM);

@@ -47,7 +47,7 @@ int wear_new(const char *state_dir, Wear **ret) {
 
         if (!w)
                 return -ENOMEM;
-        if (asprintf(&w->path, "%s/wear", state_dir) < 0) {
+        if (asprintf(&w->path, "%s/" WEAR_FILE, state_dir) < 0) {
                 free(w);
                 return -ENOMEM;
         }

@@ -10,6 +10,8 @@ typedef struct Job Job;
 typedef struct NvmeTier NvmeTier;
 typedef struct Registry Registry;
 
+/* The book's file in the state directory. */
+#define WEAR_FILE "wear"
 /* Most job names the book keeps; past it the name with the fewest bytes is forgotten. */
 #define WEAR_JOBS_MAX 4096
 /* Most targets the book keeps (targets no longer configured are kept too, for when they come back). */

@@ -10,6 +10,8 @@
   does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
   in the log.  A state directory that users other than tierd's can write is
   refused (exit 6), by --check-config too, before anything in it is made.
+  Temporary files a killed tierd left there (quotas.XXXXXX) are removed at
+  start, and nothing else.
 * The socket file is made 0660 by bind() (whatever the umask), never chmod()ed
   by its path: a link put there after bind() leads nowhere.
 """
@@ -165,6 +167,42 @@ class StateFiles(unittest.TestCase):
             self.assertTrue(stat.S_ISFIFO(os.lstat(quotas[0]).st_mode))
             self.assertTrue(os.path.islink(wear[0]))
             self.assertFalse(os.path.exists(os.path.join(d.dir, "quotas")))
+
+    def test_temporary_files_of_a_killed_write_removed(self) -> None:
+        """What a tierd killed between making a state file's temporary copy (mkostemp's QUOTAS.XXXXXX)
+        and renaming it left is removed at the next start, and said in the log; nothing else is: not
+        another length of suffix, another base name, a link or a directory of that name, another
+        user's file."""
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        gone = ["quotas.Ab3xYz", "wear.000000", "wear.q1W2e3"]
+        stay = ["quotas.Ab3xY", "quotas.Ab3xYz7", "quotas.Ab-xYz", "wearx.Ab3xYz", "xwear.Ab3xYz",
+                "nvme-index.0.Ab3xYz", "t0.img.Ab3xYz", "wear.corrupt.20260101T000000Z"]
+        for name in gone + stay:
+            with open(os.path.join(d.dir, name), "w") as f:
+                f.write("half a state file\n")
+        canary = os.path.join(d.dir, "canary")
+        with open(canary, "w") as f:
+            f.write("root's\n")
+        os.symlink(canary, os.path.join(d.dir, "quotas.LnK123"))
+        os.mkdir(os.path.join(d.dir, "wear.DiR123"))
+        stay += ["canary", "quotas.LnK123", "wear.DiR123"]
+        if os.geteuid() == 0:
+            os.chown(os.path.join(d.dir, "quotas.Ab3xYz"), 1234, 1234)  # not tierd's: stays
+            gone.remove("quotas.Ab3xYz")
+            stay.append("quotas.Ab3xYz")
+        with d:
+            tier.Client("after", socket=d.socket).close()
+            names = set(os.listdir(d.dir))
+            log = d.log_text()
+            with open(canary) as f:
+                self.assertEqual(f.read(), "root's\n")
+        for name in gone:
+            self.assertNotIn(name, names)
+            self.assertIn(f'Removed "{d.dir}/{name}", a temporary file left by a tierd stopped', log)
+        for name in stay:
+            self.assertIn(name, names)
+            self.assertNotIn(f'Removed "{d.dir}/{name}"', log)
 
     def test_state_dir_acl_lets_another_write_refused(self) -> None:
         """A state directory whose POSIX ACL lets another user write it (0770 root:root with
