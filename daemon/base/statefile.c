@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -366,4 +367,78 @@ int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases
         }
         (void) closedir(d);
         return removed;
+}
+
+int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t size) {
+        unsigned char acl[4096];
+        struct stat st;
+        ssize_t n;
+
+        if (fstat(fd, &st) < 0)
+                return negative_errno();
+        n = fgetxattr(fd, "system.posix_acl_access", acl, sizeof(acl));
+        if (n < 0 && errno != ENODATA && errno != EOPNOTSUPP) {
+                (void) snprintf(why, size, "its POSIX ACL cannot be read (%s): remove it (setfacl -b)",
+                                strerror(errno));
+                return -EPERM;
+        }
+        if (n >= 0 && statefile_dir_acl_trusted(acl, (size_t) n, uid, gid, why, size) < 0)
+                return -EPERM;
+        return statefile_dir_trusted(&st, uid, gid, why, size) < 0 ? -EPERM : 0;
+}
+
+/* The symbolic links statefile_resolve_trusted() follows, at most. */
+#define RESOLVE_LINKS_MAX 8
+
+int statefile_resolve_trusted(const char *path, uid_t uid, gid_t gid, int *ret_dir_fd, char *ret_base,
+                              size_t base_size, char *why, size_t why_size) {
+        char cur[PATH_MAX], inner[384];
+
+        if (snprintf(cur, sizeof(cur), "%s", path) >= (int) sizeof(cur))
+                return -ENAMETOOLONG;
+        for (unsigned hop = 0; hop <= RESOLVE_LINKS_MAX; hop++) {
+                char dir[PATH_MAX], link[PATH_MAX];
+                const char *slash = strrchr(cur, '/'), *base = slash ? slash + 1 : cur;
+                _cleanup_close_ int fd = -1;
+                ssize_t n;
+                int r;
+
+                if (!slash)
+                        (void) snprintf(dir, sizeof(dir), ".");
+                else if (slash == cur)
+                        (void) snprintf(dir, sizeof(dir), "/");
+                else
+                        (void) snprintf(dir, sizeof(dir), "%.*s", (int) (slash - cur), cur);
+                if (base[0] == '\0' || strlen(base) >= base_size)
+                        return -EINVAL;
+                fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (fd < 0)
+                        return negative_errno();
+                r = statefile_dir_fd_trusted(fd, uid, gid, inner, sizeof(inner));
+                if (r == -EPERM)
+                        (void) snprintf(why, why_size, "the directory \"%s\" holding \"%s\"%s is not trusted: %s",
+                                        dir, base, hop ? " (where a link leads)" : "", inner);
+                if (r < 0)
+                        return r;
+                n = readlinkat(fd, base, link, sizeof(link));
+                if (n < 0 && errno != EINVAL && errno != ENOENT)
+                        return negative_errno();
+                if (n < 0) {            /* not a link, or not there yet: the name to open (O_NOFOLLOW) */
+                        (void) snprintf(ret_base, base_size, "%s", base);
+                        *ret_dir_fd = TAKE_FD(fd);
+                        return 0;
+                }
+                if ((size_t) n >= sizeof(link))
+                        return -ENAMETOOLONG;
+                link[n] = '\0';
+                /* a link in a directory only trusted users can write is theirs: follow it, judging where it leads */
+                if (link[0] == '/')
+                        r = snprintf(cur, sizeof(cur), "%s", link);
+                else
+                        r = snprintf(cur, sizeof(cur), "%s/%s", dir, link);
+                if (r >= (int) sizeof(cur))
+                        return -ENAMETOOLONG;
+        }
+        (void) snprintf(why, why_size, "more than %d symbolic links lead to it", RESOLVE_LINKS_MAX);
+        return -ELOOP;
 }

@@ -73,3 +73,26 @@ int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid,
  * -errno when the directory cannot be read.
  */
 int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases, uid_t uid);
+
+/*
+ * statefile_dir_fd_trusted() - statefile_dir_acl_trusted() and
+ * statefile_dir_trusted() for the open directory @fd.  0; -EPERM with @why;
+ * -errno when it cannot be looked at.
+ */
+int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t size);
+
+/*
+ * statefile_resolve_trusted() - the directory and name that @path stands
+ * for, for a tierd of @uid and @gid to open (or create) as root without a
+ * link planted by another user aiming it elsewhere: the directory holding
+ * the last component must pass statefile_dir_fd_trusted() (its parents are
+ * trusted, as the state directory's are); a symbolic link there (its
+ * owner's, as the directory is) is followed, the directory it leads to
+ * judged the same, at most 8.  On success *@ret_dir_fd is that directory,
+ * open (O_CLOEXEC), and @ret_base (@base_size bytes) the name in it, which
+ * is not a link or does not exist: open it with openat(..., O_NOFOLLOW).
+ * -EPERM or -ELOOP with @why naming the directory and what is wrong;
+ * -ENOENT when a directory does not exist; -errno.
+ */
+int statefile_resolve_trusted(const char *path, uid_t uid, gid_t gid, int *ret_dir_fd, char *ret_base,
+                              size_t base_size, char *why, size_t why_size);

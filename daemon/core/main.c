@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -440,6 +441,32 @@ static int check_state_dir_path(const char *dir) {
         return check_state_dir(fd, dir);
 }
 
+/*
+ * Is each NVMe target's directory one nobody but tierd's user can put a name in?  tierd, as root,
+ * creates, truncates and writes the target: a link planted there by another user would aim that at a
+ * file of root's (statefile_resolve_trusted(), which follows a link only in such a directory and
+ * judges where it leads the same; the target itself is opened O_NOFOLLOW in the directory judged).
+ * A directory that does not exist is left to the open; one that cannot be looked at is, for
+ * --check-config (@check_only), not checked, and at start refused by the open.  0, 1 refused (logged).
+ */
+static int check_targets(const Config *c, bool check_only) {
+        for (size_t i = 0; i < c->n_targets; i++) {
+                _cleanup_close_ int dir_fd = -1;
+                char base[NAME_MAX + 1], why[768];
+                int r = statefile_resolve_trusted(c->targets[i].path, geteuid(), getegid(), &dir_fd, base,
+                                                  sizeof(base), why, sizeof(why));
+
+                if (r == -EPERM || r == -ELOOP) {
+                        log_error("Refusing NVMe target %s: %s", c->targets[i].path, why);
+                        return 1;
+                }
+                if (r < 0 && r != -ENOENT && check_only)
+                        log_warning_errno(r, "Cannot look at the directory of NVMe target %s, not checked: %m",
+                                          c->targets[i].path);
+        }
+        return 0;
+}
+
 static int run(int argc, char *argv[]) {
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
@@ -483,6 +510,8 @@ static int run(int argc, char *argv[]) {
                 if (r == 0)
                         r = check_state_dir_path(config.state_dir);
                 if (r == 0)
+                        r = check_targets(&config, true);
+                if (r == 0)
                         r = check_index(&config);
                 if (r != 0) {
                         config_deinit(&config);
@@ -523,6 +552,8 @@ static int run(int argc, char *argv[]) {
                 return 1;
         }
         r = check_state_dir(state_lock, config.state_dir);
+        if (r == 0)
+                r = check_targets(&config, false);
         if (r != 0) {
                 safe_close(inherited);
                 config_deinit(&config);

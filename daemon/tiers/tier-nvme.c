@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -31,6 +32,7 @@
 
 #include "daemon/base/config.h"
 #include "daemon/base/log.h"
+#include "daemon/base/statefile.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "proto/macro.h"
 #include "util/uring.h"
@@ -49,8 +51,9 @@ static int errorf(char **ret_error, int r, const char *fmt, ...) {
         return r;
 }
 
-static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, bool *created,
-                           char **ret_error) {
+/* @ct's file or device: @base in the directory @dir_fd (statefile_resolve_trusted(), never through a link). */
+static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, int dir_fd, const char *base, uint64_t extent_size,
+                           bool *created, char **ret_error) {
         struct stat st;
         int fd, r;
 
@@ -61,18 +64,21 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
 
         /* O_NONBLOCK for the open only (a FIFO planted there must not hang tierd): cleared below,
          * as io_uring would answer -EAGAIN on a block device opened non-blocking */
-        fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOCTTY);
+        fd = openat(dir_fd, base, O_RDWR | O_CLOEXEC | O_DIRECT | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
         if (fd < 0 && errno == ENOENT) {
                 if (ct->size == 0)
                         return errorf(ret_error, -ENOENT,
                                       "NVMe target %s does not exist and has no size to create it with (use PATH:SIZE)",
                                       ct->path);
-                fd = open(ct->path, O_RDWR | O_CLOEXEC | O_DIRECT | O_CREAT | O_EXCL, 0600);
+                fd = openat(dir_fd, base, O_RDWR | O_CLOEXEC | O_DIRECT | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
                 *created = fd >= 0;
         }
         if (fd < 0) {
                 r = negative_errno();
-                if (r == -EINVAL && stat(ct->path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+                if (r == -ELOOP)        /* made a link since statefile_resolve_trusted() looked */
+                        return errorf(ret_error, r, "NVMe target %s is a symbolic link: not followed", ct->path);
+                if (r == -EINVAL && fstatat(dir_fd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode) &&
+                    !S_ISBLK(st.st_mode))
                         return errorf(ret_error, r, "NVMe target %s is neither a regular file nor a block device",
                                       ct->path);
                 if (r == -EINVAL)
@@ -97,7 +103,7 @@ static int target_open_one(NvmeTarget *t, const ConfigTarget *ct, uint64_t exten
         }
         /* one writer per target: another tierd's lock, or this one's under another name (a second
          * open of the same file or device conflicts with the first), before anything is written */
-        t->lock_fd = open(ct->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        t->lock_fd = openat(dir_fd, base, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
         if (t->lock_fd < 0)
                 return errorf(ret_error, negative_errno(), "Cannot open NVMe target %s to lock it: %m", ct->path);
         if (flock(t->lock_fd, LOCK_EX | LOCK_NB) < 0) {
@@ -221,13 +227,26 @@ unsigned nvme_check_backed(const NvmeTier *n) {
         return bad;
 }
 
-/* target_open_one(), and a file it made removed again when the target is refused (nothing left behind). */
+/*
+ * target_open_one(), in the directory statefile_resolve_trusted() judged: one another user can write
+ * could hold a link aiming root's tierd at a file to create, truncate and write over; and a file it
+ * made removed again when the target is refused (nothing left behind).
+ */
 static int target_open(NvmeTarget *t, const ConfigTarget *ct, uint64_t extent_size, char **ret_error) {
+        _cleanup_close_ int dir_fd = -1;
+        char base[NAME_MAX + 1], why[768];
         bool created = false;
-        int r = target_open_one(t, ct, extent_size, &created, ret_error);
+        int r;
 
+        t->fd = t->lock_fd = -1;
+        r = statefile_resolve_trusted(ct->path, geteuid(), getegid(), &dir_fd, base, sizeof(base), why, sizeof(why));
+        if (r == -EPERM || r == -ELOOP)
+                return errorf(ret_error, r, "Refusing NVMe target %s: %s", ct->path, why);
+        if (r < 0)
+                return errorf(ret_error, r, "Cannot open NVMe target %s: %s", ct->path, strerror(-r));
+        r = target_open_one(t, ct, dir_fd, base, extent_size, &created, ret_error);
         if (r < 0 && created)
-                (void) unlink(ct->path);
+                (void) unlinkat(dir_fd, base, 0);
         return r;
 }
 

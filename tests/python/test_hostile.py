@@ -3,7 +3,8 @@
 
 * NVMe targets: a sparse file made with truncate(1) is allocated whole at start;
   a FIFO is refused without hanging the start; a target on tmpfs is refused in
-  words, and a file tierd made for a refused target is removed again.
+  words, and a file tierd made for a refused target is removed again; one in
+  a directory others can write (or reached by a link into one) is refused.
 * Names with a NUL inside or not UTF-8 are refused (ValueError) before they reach
   tierd, which refuses them too (tests/integration/test-garbage.c sends them raw).
 * State files: a FIFO or a symbolic link as STATE_DIR/quotas or STATE_DIR/wear
@@ -25,6 +26,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import unittest.mock
@@ -35,8 +37,8 @@ from tierd import CONFIG, MiB, Tierd, main  # noqa: E402
 import tier  # noqa: E402
 
 
-def _start_fails(d: Tierd, timeout: float = 20.0) -> str:
-    """Start @d, which must exit (not hang, not come up) within @timeout s; its log."""
+def _start_fails(d: Tierd, timeout: float = 20.0, status: int | None = None) -> str:
+    """Start @d, which must exit (not hang, not come up) within @timeout s, with @status if given; its log."""
     t0 = time.monotonic()
     with open(os.devnull, "w") as null:
         old = sys.stderr
@@ -46,6 +48,8 @@ def _start_fails(d: Tierd, timeout: float = 20.0) -> str:
         except RuntimeError as e:
             if "exited" not in str(e):
                 raise
+            if status is not None and f"(status {status})" not in str(e):
+                raise AssertionError(f"{e}, not status {status}") from e
         else:
             raise AssertionError("tierd started")
         finally:
@@ -98,13 +102,46 @@ class Targets(unittest.TestCase):
         with open("/proc/self/mounts") as f:
             if not any(line.split()[1] == shm and line.split()[2] == "tmpfs" for line in f):
                 self.skipTest("/dev/shm is not a tmpfs here")
-        target = os.path.join(shm, f"tierd-test-{os.getpid()}.img")
-        self.addCleanup(lambda: os.path.exists(target) and os.unlink(target))
+        # a directory of its own there: /dev/shm itself (1777) is refused before the file system is looked at
+        private = tempfile.mkdtemp(prefix="tierd-test.", dir=shm)
+        self.addCleanup(shutil.rmtree, private, True)
+        target = os.path.join(private, "t0.img")
         d = Tierd(CONFIG.replace("@DIR@/t0.img", target))
         self.addCleanup(d.cleanup)
         log = _start_fails(d)
         self.assertIn("is on a tmpfs: that is memory, not a drive", log)
         self.assertFalse(os.path.exists(target), "the file tierd made for a refused target is still there")
+
+
+    def test_target_in_a_directory_others_can_write_refused(self) -> None:
+        """An absolute target in a directory any user can write, or a link leading there from the state
+        directory, is refused (exit 6, --check-config too) before anything is made there: anyone could
+        plant a link by that name and have root's tierd create, truncate and write a file of root's.
+        Made 0755, the same directory is taken, through the link too (a link in a trusted directory is
+        its owner's, as /dev/disk/by-id's are)."""
+        tierd_bin = os.path.join(os.environ.get("TIER_BUILD", "build"), "daemon", "tierd")
+        for target in ("@DIR@/open/t0.img:256M", "@DIR@/link.img:256M"):
+            d = Tierd(CONFIG.replace("@DIR@/t0.img:256M", target))
+            self.addCleanup(d.cleanup)
+            open_dir = os.path.join(d.dir, "open")
+            os.mkdir(open_dir)
+            os.chmod(open_dir, 0o777)
+            os.symlink("open/t0.img", os.path.join(d.dir, "link.img"))
+            path = target.replace("@DIR@", d.dir)[:-len(":256M")]
+            p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                                "--socket", d.socket], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 6, p.stderr)
+            why = f'Refusing NVMe target {path}: the directory "{open_dir}" holding "t0.img"'
+            self.assertIn(why, p.stderr)
+            self.assertIn("is not trusted: it is writable by every user", p.stderr)
+            log = _start_fails(d, status=6)
+            self.assertIn(why, log)
+            self.assertEqual(os.listdir(open_dir), [])
+            os.chmod(open_dir, 0o755)
+            with d:
+                tier.Client("after", socket=d.socket).close()
+                self.assertEqual(os.stat(os.path.join(open_dir, "t0.img")).st_size, 256 * MiB)
+                self.assertTrue(os.path.islink(os.path.join(d.dir, "link.img")))
 
 
 class Names(unittest.TestCase):

@@ -342,6 +342,65 @@ static void test_statefile_dir_trusted(void **state) {
         assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -ENOTDIR);
 }
 
+/*
+ * An NVMe target's directory is judged as the state directory is (statefile_resolve_trusted()): a name in
+ * one others can write is refused, a link is followed only from a trusted directory and where it leads is
+ * judged the same, and what comes back is a directory fd and a name that is no link.  A device node
+ * straight in /dev (root's, 0755), as /dev/nvme0n1 is, passes.
+ */
+static void test_statefile_resolve_trusted(void **state) {
+        char path[PATH_MAX + 32], open_dir[PATH_MAX + 8], base[NAME_MAX + 1], why[768];
+        int fd = -1;
+
+        (void) snprintf(open_dir, sizeof(open_dir), "%s/open", dir);
+        assert_int_equal(mkdir(open_dir, 0755), 0);
+        assert_int_equal(chmod(open_dir, 0777), 0);
+        (void) snprintf(path, sizeof(path), "%s/t.img", open_dir);
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "open\" holding \"t.img\" is not trusted: it is writable by every user"));
+        assert_int_equal(fd, -1);
+
+        (void) snprintf(path, sizeof(path), "%s/t.img", dir);          /* trusted, not there yet */
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), 0);
+        assert_string_equal(base, "t.img");
+        assert_true(fd >= 0);
+        assert_int_equal(close(fd), 0);
+
+        assert_int_equal(symlink("open/t.img", path), 0);              /* a link into the open one */
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "(where a link leads) is not trusted"));
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(chmod(open_dir, 0755), 0);                    /* now it is not open: followed */
+        assert_int_equal(symlink("open/t.img", path), 0);
+        fd = -1;
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), 0);
+        assert_string_equal(base, "t.img");
+        {
+                struct stat a, b;
+
+                assert_int_equal(fstat(fd, &a), 0);
+                assert_int_equal(stat(open_dir, &b), 0);
+                assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+        }
+        assert_int_equal(close(fd), 0);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(symlink("t.img", path), 0);                   /* a link to itself: bounded */
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), -ELOOP);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rmdir(open_dir), 0);
+
+        fd = -1;
+        assert_int_equal(statefile_resolve_trusted("/dev/null", geteuid(), getegid(), &fd, base, sizeof(base),
+                                                   why, sizeof(why)), 0);
+        assert_string_equal(base, "null");
+        assert_int_equal(close(fd), 0);
+}
+
 /* An ACL entry that lets another user or group write the state directory (its mode's group bits are the mask). */
 static void test_statefile_dir_acl(void **state) {
         /* user::rwx user:1234:rwx group::r-x mask::rwx other::--- (little-endian, version 2) */
@@ -445,6 +504,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_aside_prune_oldest, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_statefile_dir_sync_fails, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_trusted),
+                cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
         };
