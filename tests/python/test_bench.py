@@ -154,6 +154,7 @@ class TestBench(BenchCase):
         conf = os.path.join(self.cache, "tierd.conf")
         dropin = os.path.join(self.cache, "tierd.conf.d", "50-bench.conf")
         os.mkdir(os.path.dirname(dropin))
+        os.chmod(self.dirs[1], 0o755)       # tierd refuses a target in a directory others can write
         with open(conf, "w") as f:
             f.write(f"[host]\ncapacity = 64M\nsegment_size = 16M\n[vram]\nbackend = emulated\ncapacity = 32M\n"
                     f"chunk_size = 8M\n[nvme]\ntarget = {self.dirs[1]}/t0.img:64M\n")
