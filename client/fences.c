@@ -306,7 +306,24 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
         if (r < 0)
                 return r;
         r = fence_in(c, f, &f);
-        return r < 0 ? r : fence_done(c, f);
+        if (r < 0)
+                return r;
+        r = fence_done(c, f);
+        if (r != 0)
+                return r;
+        /*
+         * Not done, so a system call is allowed: is tierd still there?  A fence of
+         * a connection that is gone never completes, and a caller that polls it
+         * would poll for ever; it gets the connection's error instead, as every
+         * call after the break does (libtier(3)).  The read does not block.
+         */
+        if (c->broken == 0)
+                (void) transport_drain(c);
+        if (c->broken < 0) {
+                r = fence_done(c, f);           /* it may have finished before tierd went */
+                return r != 0 ? r : transport_check(c);
+        }
+        return 0;
 }
 
 _public_ int tier_fence_wait(tier_client *c, tier_fence f, int timeout_ms) {

@@ -233,8 +233,9 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
  * none), is -EINVAL.  Fence 0 is always done.
  *
  * 1 if @f is done, 0 if not, < 0 if it failed (the failure's status, e.g.
- * -EIO; tier_client_last_error() has tierd's reason).  Never makes a system
- * call when the fence completed without error.
+ * -EIO; tier_client_last_error() has tierd's reason) or never will be
+ * (tierd went away before it was done: -ECONNRESET, -EPIPE, -ESHUTDOWN).
+ * Never makes a system call when the fence completed without error.
  */
 int tier_fence_done(tier_client *c, tier_fence f);
 /* Wait for @f; @timeout_ms < 0 waits forever.  0 when done, -ETIMEDOUT on

@@ -33,32 +33,13 @@
 #include "tests/helpers/fake-cuda.h"
 #include "tests/helpers/instrumented.h"
 #include "tests/unit/test-client-hostile-fail.h"
+#include "tests/unit/test-client-hostile.h"
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "proto/tier.pb-c.h"
 #include "proto/trace.h"
 #include "proto/wire.h"
 
-enum {
-        SC_PLAN_SHORT_MEMFD,    /* plan page_size 64 KiB, memfd 0 bytes */
-        SC_PLAN_ERROR_WRAPS,    /* daemon.error = 1 << 32: never ready */
-        SC_SEGMENT_HUGE,        /* a 1 GiB segment (sparse): its mmap fails under RLIMIT_AS */
-        SC_PLAIN,               /* nothing hostile: a client's life around its plans */
-        SC_SHUTDOWN,            /* after the Hello, a Shutdown event, and the connection closed */
-        SC_FENCE_FAILED,        /* a pin answered with fence 1, then a FenceFailed event for it */
-        SC_REPLIES,             /* status, metrics, jobs, tensors and traces answered, through memfds or inline */
-};
-
-typedef struct Fake {
-        int scenario;
-        int *inline_replies;    /* SC_REPLIES: in the packet, not through a memfd (MAP_SHARED: the child sets it) */
-        bool stopping;          /* SC_REPLIES: the connection fake_stop() makes ends the fake */
-        pthread_barrier_t started;      /* fake_start() returns once the thread runs fake_main(): a fork()
-                                         * after it never copies a thread half made (the sanitizers' locks) */
-        int listen_fd;
-        char dir[64], path[96];
-        pthread_t thread;
-} Fake;
 
 static int mk_memfd(uint64_t size) {
         int fd = memfd_create("fake", MFD_CLOEXEC);
@@ -262,7 +243,7 @@ static void answer(Fake *f, int fd, const Tier__Request *req) {
                         g.length = 4096;
                         g.tier = TIER__TIER__TIER_HOST;
                         pin.grant = &g;
-                        pin.fence = f->scenario == SC_FENCE_FAILED ? 1 : 0;
+                        pin.fence = f->scenario == SC_FENCE_FAILED || f->scenario == SC_GONE ? 1 : 0;
                         resp.result_case = TIER__RESPONSE__RESULT_PIN;
                         resp.pin = &pin;
                 } else {
@@ -345,6 +326,10 @@ static void fake_serve(Fake *f, int fd) {
                 }
                 if (f->scenario == SC_FENCE_FAILED && req->op_case == TIER__REQUEST__OP_PIN)
                         send_fence_failed(fd, 1, "fake tierd: the read failed");
+                if (f->scenario == SC_GONE && req->op_case == TIER__REQUEST__OP_PIN) {
+                        tier__request__free_unpacked(req, NULL);
+                        break;          /* gone, its fence never done */
+                }
                 tier__request__free_unpacked(req, NULL);
         }
         close(fd);
@@ -368,7 +353,7 @@ static void *fake_main(void *userdata) {
         return NULL;
 }
 
-static void fake_start(Fake *f, int scenario) {
+void fake_start(Fake *f, int scenario) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
 
         f->scenario = scenario;
@@ -386,7 +371,7 @@ static void fake_start(Fake *f, int scenario) {
         (void) pthread_barrier_wait(&f->started);
 }
 
-static void fake_stop(Fake *f) {
+void fake_stop(Fake *f) {
         if (f->scenario == SC_REPLIES) {
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -406,7 +391,7 @@ static void fake_stop(Fake *f) {
 }
 
 /* Run @fn in a child (so a crash is seen as one); its exit status, or 128 + signal. */
-static int in_child(int (*fn)(const char *path), const char *path) {
+int in_child(int (*fn)(const char *path), const char *path) {
         pid_t pid = fork();
         int st;
 
@@ -978,6 +963,7 @@ int main(void) {
                 cmocka_unit_test(test_fence_failed_names_callers_fence),
                 cmocka_unit_test(test_failures_after_the_request_own_text),
                 cmocka_unit_test(test_cuda_out_of_memory_retried),
+                cmocka_unit_test(test_fence_done_after_tierd_gone),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
