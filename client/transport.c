@@ -403,8 +403,9 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
         req->seq = ++c->seq;
         len = tier__request__get_packed_size(req);
         if (len > c->max_message)
-                return client_error(c, -EMSGSIZE, "request of %zu bytes exceeds tierd's limit of %u bytes",
-                                    len, c->max_message);
+                return client_error(c, -EMSGSIZE, "%s request of %zu bytes exceeds tierd's limit of %u bytes "
+                                    "([limits] max_message of tierd.conf: raise it there, or send less at once)",
+                                    request_name(req->op_case), len, c->max_message);
         buf = malloc(len ? len : 1);
         if (!buf)
                 return client_error(c, -ENOMEM, "out of memory");

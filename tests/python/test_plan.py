@@ -179,6 +179,23 @@ class TestPlan(tierd.DaemonTestCase):
         for t in ts:
             t.destroy()
 
+    def test_plan_above_max_message_says_what_to_do(self) -> None:
+        # tier_plan_new(3): a plan larger than [limits] max_message (64K here, the default) is refused
+        # before anything is sent, naming the setting to raise; the client goes on
+        c = self.client()
+        t = c.create("many", SIZE)
+        with c.plan() as p:
+            for i in range(6000):
+                p.add(i % 4096, t, tier.HOST, tier.READ)
+            with self.assertRaises(tier.TierError) as cm:
+                p.submit()
+            self.assertEqual(cm.exception.errno, errno.EMSGSIZE)
+            self.assertIn("max_message", cm.exception.strerror)     # it said only "request of N bytes"
+        with c.plan() as p:
+            p.add(0, t, tier.HOST, tier.READ)
+            p.submit()
+        c.end_plan()
+
     def test_grant_only_of_the_phase_entered(self) -> None:
         """phase_grant() handed out the plan page's slot of any planned tensor: tierd never clears a slot,
         so outside the phases that access the tensor there it named where an earlier phase had the copy
