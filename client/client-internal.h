@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include <tier.h>
@@ -255,14 +256,9 @@ static inline bool tier_valid(int tier) {
 
 /* Names of jobs and tensors: non-empty UTF-8 text without control characters. */
 static inline bool name_valid(const char *s) {
-        const unsigned char *p;
-
-        if (!s || !*s)
+        if (!s || !*s || utf8_control(s))
                 return false;
-        for (p = (const unsigned char *) s; *p; p++)
-                if (*p < 0x20 || *p == 0x7f)
-                        return false;
-        return utf8_valid(s, (size_t) (p - (const unsigned char *) s));
+        return utf8_valid(s, strlen(s));
 }
 
 /* ---- client.c ---------------------------------------------------------------------- */

@@ -10,7 +10,7 @@
  * utf8_valid() - whether the @len bytes at @s are well-formed UTF-8: no
  * overlong form, no surrogate (U+D800..U+DFFF), nothing above U+10FFFF, no
  * truncated sequence.  A NUL byte is valid UTF-8; callers that take names
- * refuse it (and other control characters) themselves.
+ * refuse it (and other control characters, utf8_control()) themselves.
  */
 static inline bool utf8_valid(const char *s, size_t len) {
         const uint8_t *p = (const uint8_t *) s, *end = p + len;
@@ -50,4 +50,18 @@ static inline bool utf8_valid(const char *s, size_t len) {
                 p += n + 1;
         }
         return true;
+}
+
+/*
+ * utf8_control() - whether the NUL-terminated @s holds a control character,
+ * Unicode's Cc: C0 (U+0001..U+001F), DEL (U+007F) or C1 (U+0080..U+009F, in
+ * UTF-8 the bytes 0xc2 0x80..0xc2 0x9f).  Names of jobs and tensors hold none:
+ * they are printed (tierctl status), and a terminal may obey a C1 control as
+ * it does the C0 ones (U+009B is CSI, the start of an escape sequence).
+ */
+static inline bool utf8_control(const char *s) {
+        for (const uint8_t *p = (const uint8_t *) s; *p; p++)
+                if (*p < 0x20 || *p == 0x7f || (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f))
+                        return true;
+        return false;
 }

@@ -263,9 +263,8 @@ int check_job_name(const char *verb, const char *name) {
                 why = "is too long";
         else if (!utf8_valid(name, len))
                 why = "is not valid UTF-8";
-        for (const unsigned char *c = (const unsigned char *) name; !why && *c; c++)
-                if (*c < 0x20 || *c == 0x7f)
-                        why = "contains control characters";
+        else if (utf8_control(name))
+                why = "contains control characters";
         if (!why)
                 return 0;
         /* not the name itself: it may be anything */

@@ -31,6 +31,7 @@
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "proto/macro.h"
+#include "proto/utf8.h"
 #include "tier.pb-c.h"
 
 int quota_rpc_job_created(Rpc *rpc, Conn *c, Job *j, char *why, size_t size) {
@@ -146,9 +147,8 @@ static int check_job_name(const Rpc *rpc, Conn *c, uint64_t seq, const char *nam
         if (len > rpc->config->max_name)
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
                                         rpc->config->max_name), -ENAMETOOLONG;
-        for (const unsigned char *s = (const unsigned char *) name; *s; s++)
-                if (*s < 0x20 || *s == 0x7f)
-                        return conn_reply_error(c, seq, -EINVAL, "job name contains control characters"), -EINVAL;
+        if (utf8_control(name))
+                return conn_reply_error(c, seq, -EINVAL, "job name contains control characters"), -EINVAL;
         return 0;
 }
 

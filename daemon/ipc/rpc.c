@@ -231,9 +231,8 @@ static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const cha
         if (len > r->config->max_name)
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
                                         r->config->max_name), -ENAMETOOLONG;
-        for (const unsigned char *s = (const unsigned char *) name; *s; s++)
-                if (*s < 0x20 || *s == 0x7f)
-                        return conn_reply_error(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
+        if (utf8_control(name))
+                return conn_reply_error(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
         if (!utf8_valid(name, len))
                 return conn_reply_error(c, seq, -EINVAL, "%s name is not valid UTF-8", what), -EINVAL;
         return 0;

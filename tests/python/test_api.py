@@ -164,6 +164,16 @@ class TestNames(unittest.TestCase):
         self.assertEqual(tier.strerror(-errno.ENOSPC), os.strerror(errno.ENOSPC))
         self.assertEqual(tier.strerror(errno.EDQUOT), os.strerror(errno.EDQUOT))
 
+    def test_names_without_control_characters(self) -> None:
+        # C0, DEL and C1 (U+009B is a terminal's CSI) are refused before connecting; U+00A0 is text
+        for name in ("a\tb", "a\x7fb", "evil\x9b31m", "nel\x85"):
+            with self.subTest(name=name), self.assertRaises(ValueError) as cm:
+                tier.Client(name, socket="/nonexistent/tierd.sock")
+            self.assertIn("control characters", str(cm.exception))
+        with self.assertRaises(tier.TierError) as cm:
+            tier.Client("caf\xe9\xa0", socket="/nonexistent/tierd.sock")
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+
 
 class TestErrors(unittest.TestCase):
     def test_classes(self) -> None:

@@ -132,6 +132,7 @@ class TestTierctl(tierd.DaemonTestCase):
         """A job name no job can have (control characters, not UTF-8, over 4096 bytes) is a usage error (2)
         for every verb that takes one, said before asking tierd: it was 'no job' (1), or sent as is."""
         names = [("a\tb", "contains control characters"), ("a\x7fb", "contains control characters"),
+                 ("a\x9bb", "contains control characters"),  # C1: U+009B, a terminal's CSI
                  ("a\udcffb", "is not valid UTF-8"),  # the byte 0xff, through surrogateescape
                  ("j" * 4097, "is too long")]
         verbs = [["tensors"], ["evict"], ["evict", "--to", "host"], ["detach"], ["quota", "get"],

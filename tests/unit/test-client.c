@@ -55,6 +55,7 @@ static void test_level_names(void **state) {
 /* ---- argument checks ------------------------------------------------------------------ */
 
 static void test_einval(void **state) {
+        tier_client *c = NULL;
         struct tier_grant g;
         struct tier_stat st;
         tier_tensor *t = NULL;
@@ -62,6 +63,10 @@ static void test_einval(void **state) {
         char *text;
 
         assert_int_equal(tier_client_new("/nonexistent", "job", 0, NULL), -EINVAL);
+        /* a C1 control (U+009B, a terminal's CSI) is refused before connecting, as C0 ones are (was -ENOENT) */
+        assert_int_equal(tier_client_new("/nonexistent", "evil\xc2\x9b" "31m", 0, &c), -EINVAL);
+        assert_int_equal(tier_client_new("/nonexistent", "caf\xc3\xa9", 0, &c), -ENOENT);
+        assert_null(c);
         assert_null(tier_client_free(NULL));
         assert_string_equal(tier_client_vram_backend(NULL), "");
         assert_int_equal(tier_client_limit(NULL, TIER_HOST), 0);

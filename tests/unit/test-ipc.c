@@ -210,6 +210,20 @@ static void test_hello_all_or_nothing(void **state) {
         fixture_free(m);
 }
 
+/* Names hold no control characters, C1 (U+0080..U+009F: U+009B is a terminal's CSI) included; other text is fine. */
+static void test_names_refuse_c1_controls(void **state) {
+        Manager *m = fixture_new(32 * MiB, NULL, NULL);
+        Peer p;
+
+        peer_new(m, 0, 0, &p);
+        assert_int_equal(peer_hello(&p, "evil\xc2\x9b" "31m"), -EINVAL);     /* was 0: a job so named */
+        assert_null(job_find(m->registry, "evil\xc2\x9b" "31m"));
+        assert_int_equal(peer_hello(&p, "caf\xc3\xa9 \xc2\xa0\xc2\xbf"), 0);      /* U+00A0, U+00BF: not controls */
+        assert_int_equal(peer_quota_set(&p, "nel\xc2\x85", 5), -EINVAL);
+        peer_free(&p);
+        fixture_free(m);
+}
+
 /*
  * Whether a peer may set quotas is decided from the admin group looked up at
  * start (and reload), never by an NSS lookup per request in the event loop,
@@ -964,6 +978,7 @@ int main(void) {
                 cmocka_unit_test(test_stale_check_keeps_non_socket),
                 cmocka_unit_test(test_marker_before_next_request),
                 cmocka_unit_test(test_pins_found_by_index),
+                cmocka_unit_test(test_names_refuse_c1_controls),
                 cmocka_unit_test(test_tensor_pages_resume),
         };
 

@@ -148,7 +148,7 @@ def _name(name: str, what: str) -> bytes:
         raise ValueError(f"{what} name {name!r} is not valid UTF-8") from None
     if not b:
         raise ValueError(f"a {what} name must not be empty")
-    if any(c < 0x20 or c == 0x7F for c in b):
+    if any(ch < "\x20" or "\x7f" <= ch <= "\x9f" for ch in name):  # C0, DEL and C1 (U+009B: a terminal's CSI)
         raise ValueError(f"{what} name {name!r} contains control characters")
     return b
 
