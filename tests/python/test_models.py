@@ -431,8 +431,12 @@ class TestModels(tierd.DaemonTestCase):
         for tied in (True, False):
             m = gpt2(tied)
             wte, w = m.transformer.wte, m.transformer.wte.weight
+            sizes = (m.get_input_embeddings().weight.shape[0], m.num_parameters(), m.lm_head.weight.size())
             eng = tier.torch.Offload(m, self.client(f"resize-{tied}"))
             sd = eng.parameters_state_dict()
+            # (what the model's code reads of it, as before the engine: its placeholders gave 0 and (0,))
+            self.assertEqual((m.get_input_embeddings().weight.shape[0], m.num_parameters(), m.lm_head.weight.size()),
+                             sizes)
             with self.assertRaisesRegex(RuntimeError, r"^resize_token_embeddings\(\) on GPT2LMHeadModel while a "
                                                       r"tier\.torch engine holds .*resize the embeddings before "
                                                       r"making the engine, or close\(\) the engine.*nothing changed"):

@@ -90,15 +90,16 @@ class TestPlaceholders(tierd.DaemonTestCase):
             ema_p.copy_(p.detach())
         self.assertTrue(torch.equal(ema_p, before))
         # what passes: metadata, bookkeeping, conversions that change nothing, the state dict
-        self.assertEqual((p.shape, p.dtype, p.device.type, p.requires_grad, p.is_leaf, p.grad), ((0,), torch.float32,
-                                                                                               "cpu", True, True, None))
+        self.assertEqual((p.shape, p.dtype, p.device.type, p.requires_grad, p.is_leaf, p.grad), ((256, 32),
+                                                                                               torch.float32, "cpu",
+                                                                                               True, True, None))
         self.assertEqual(hash(p), id(p))
         self.assertIn("head", repr(model))
         self.assertIn("head.weight", dict(model.named_parameters()))
         p.register_hook(lambda g: g).remove()
         model.float().to("cpu")
         torch.optim.SGD(model.parameters(), lr=0.1)
-        self.assertEqual(p.detach().shape, (0,))
+        self.assertEqual(p.detach().shape, (256, 32))     # (the parameter's: test_shape_is_the_parameters)
         model.load_state_dict(model.state_dict())
         self.same(model, ref, "after the refusals")
         eng.close()
@@ -129,13 +130,85 @@ class TestPlaceholders(tierd.DaemonTestCase):
             torch.empty_like(model.head.weight)
         eng.close()
 
+    def test_shape_is_the_parameters(self) -> None:
+        """Outside its block's phases a parameter's ``shape``, ``size()``, ``size(d)``, ``dim()``, ``ndim``,
+        ``nelement()``, ``stride()``, ``len()``, ``names`` and ``is_contiguous()`` (its ``detach()``'s and
+        ``.data``'s too) answered the empty placeholder's, ``(0,)``, beside ``numel()``, the parameter's:
+        ``model.get_input_embeddings().weight.shape[0]`` gave 0 for the vocabulary, ``p.new_zeros(p.shape)``
+        (an EMA's start) an empty tensor, a summary's shapes and dims were wrong, silently.  They answer the
+        parameter's now (torch's errors too: ``size(2)`` of a matrix, ``len()`` of a 0-d parameter), as
+        after close(); what would compute on the placeholder (``p.view(p.shape)``, ``torch.zeros_like(p)``)
+        stays refused, model.load_state_dict() still loads, and a conversion to another memory format
+        (``model.to(memory_format=torch.channels_last)``, which converts by ``dim()``) is refused in words
+        where torch failed on the placeholder's one dimension ("required rank 4 tensor")."""
+        class Scaled(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.temp = torch.nn.Parameter(torch.tensor(2.0))
+
+            def forward(self, x):
+                return x * self.temp
+
+        def make():
+            torch.manual_seed(4)
+            return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 8),
+                                       Scaled())
+
+        def answers(t):
+            def call(f):
+                try:
+                    return f()
+                except (IndexError, TypeError, RuntimeError) as e:
+                    return type(e), str(e)
+            return [call(f) for f in (lambda: t.shape, t.size, lambda: t.size(0), lambda: t.size(-1),
+                                      lambda: t.size(2), t.dim, t.ndimension, lambda: t.ndim, t.nelement, t.numel,
+                                      t.stride, lambda: t.stride(0), lambda: len(t), lambda: t.names,
+                                      t.is_contiguous, lambda: type(t.shape))]
+
+        ref, model = make(), make()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "shape")
+        x = torch.randn(2, 3, 8, 8)
+        for m, o in ((ref, opt), (model, eng)):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+        params = dict(model.named_parameters())
+        for n, r in ref.named_parameters():
+            p = params[n]
+            for t in (p, p.detach(), p.data, p.detach().float()):
+                with self.subTest(n=n, t=type(t).__name__):
+                    self.assertEqual(answers(t), answers(r))
+        w = model[2].weight
+        self.assertEqual((w.shape[0], len(w), w.new_zeros(w.shape).shape, torch.zeros(w.size()).shape),
+                         (8, 8, (8, 4 * 6 * 6), (8, 4 * 6 * 6)))
+        self.assertEqual(model[0].weight.dim(), 4)
+        with self.assertRaisesRegex(RuntimeError, r"a view of parameter 2\.weight .*outside"):
+            w.view(w.shape)
+        with self.assertRaisesRegex(RuntimeError, r"zeros_like\(\) reading parameter 2\.weight outside"):
+            torch.zeros_like(w)
+        with self.assertRaisesRegex(RuntimeError, r"expand\(\) reading parameter 2\.weight outside"):
+            w.detach().expand(w.shape)
+        with self.assertRaisesRegex(RuntimeError, r"uniform_\(\) on parameter 2\.weight outside"):
+            torch.nn.init.xavier_uniform_(w)        # (its fans from its shape: "fewer than 2 dimensions")
+        before = model.state_dict()
+        with self.assertRaisesRegex(RuntimeError, r"to\(memory_format=torch\.channels_last\) of parameter 0\.weight"
+                                                  r".*contiguous.*the parameter is unchanged"):
+            model.to(memory_format=torch.channels_last)
+        self.same(model, ref, "after the refusals")
+        model.load_state_dict(before)           # (torch compares the shapes it is handed with the parameters')
+        self.same(model, ref, "loaded")
+        eng.close()
+        self.assertEqual(answers(model[0].weight), answers(ref[0].weight))    # the model's own again
+
     def test_attribute_probes(self) -> None:
         """Probing a placeholder's attributes (``hasattr()``, ``getattr(p, name, None)``: numba's, cupy's and
         HF's interop checks) answers as for a plain parameter: ``hasattr(p, "__cuda_array_interface__")``
         raised RuntimeError naming the op ``__get__()`` (its getter, refused as a read), where torch raises
         AttributeError for a tensor not on a GPU; ``p.data.data`` was refused (``data()``) where ``p.data``
-        passes.  What differs is what the placeholder is: its shape, ``ndim`` and ``names`` (one dimension),
-        ``_version``, ``_cdata``, and the views ``.T``, ``.mT``, ``.H``, ``.real``, refused as reads named
+        passes (its shape, ``ndim``, ``names`` the parameter's: test_shape_is_the_parameters).
+        What differs is what the placeholder is: its ``_version``, ``_cdata``, and the views ``.T``, ``.mT``,
+        ``.H``, ``.real``, refused as reads named
         as the attribute (``p.T``); ``.imag`` raises RuntimeError on a real tensor either way."""
         ref = lm()
         model = copy.deepcopy(ref)
@@ -145,7 +218,8 @@ class TestPlaceholders(tierd.DaemonTestCase):
         eng.zero_grad()
         same = ("__cuda_array_interface__", "__array_interface__", "__array_priority__", "_is_view", "is_sparse",
                 "is_quantized", "is_cuda", "is_meta", "layout", "grad_fn", "_grad_fn", "is_leaf", "output_nr",
-                "requires_grad", "retains_grad", "grad", "dtype", "device", "_backward_hooks", "no_such_attribute")
+                "requires_grad", "retains_grad", "grad", "dtype", "device", "_backward_hooks", "no_such_attribute",
+                "shape", "ndim", "names")
         p, r = model.head.weight, ref.head.weight
 
         def probe(t, name):
@@ -161,7 +235,7 @@ class TestPlaceholders(tierd.DaemonTestCase):
                     self.assertEqual(probe(t, name), probe(rt, name))
             self.assertFalse(hasattr(t, "__cuda_array_interface__"))
             self.assertEqual(probe(t, "imag"), RuntimeError)
-            self.assertEqual(t.data.shape, (0,))
+            self.assertEqual(t.data.shape, r.shape)
             for name in ("T", "mT", "H", "real"):
                 with self.subTest(name=name), self.assertRaisesRegex(RuntimeError, rf"^p\.{name} reading parameter "
                                                                                    r"head\.weight outside"):

@@ -17,6 +17,7 @@ gradients off) or after one that raised:
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -217,6 +218,11 @@ def _watching(cls: type) -> type:
                 with torch._C.DisableTorchFunction():
                     return _marked(args[0].detach(), args[0])
             mark = False
+            if func in _SHAPED:
+                real = _shaped(args[0])
+                if real is not None:
+                    with torch._C.DisableTorchFunction():
+                        return func(real, *args[1:], **(kwargs or {}))
             if func == _DATA_SET:
                 check_data_set(args[0], args[1])
             elif func not in _METADATA and not _reads_nothing(func, args):
@@ -299,6 +305,13 @@ _CONVERSIONS = frozenset(getattr(_T, n) for n in (
     "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
     "bool", "detach", "share_memory_", "pin_memory", "contiguous"))
 _COPY = _T.copy_
+#: what a placeholder answers as its parameter (a meta tensor of its shape answers, _shaped()), as numel()
+#: does: code sizing tensors of its own from a parameter (``p.new_zeros(p.shape)``, HF's
+#: ``get_input_embeddings().weight.shape[0]``, a model summary) gets the parameter's; what would compute on
+#: the placeholder (``p.view(p.shape)``, ``torch.zeros_like(p)``) stays refused
+_SHAPED = frozenset([_T.shape.__get__, _T.ndim.__get__, _T.names.__get__] +
+                    [getattr(_T, n) for n in ("size", "dim", "ndimension", "stride", "__len__", "is_contiguous")])
+_FORMATS = (torch.channels_last, torch.channels_last_3d)
 _COUNT = frozenset((_T.numel, _T.nelement, torch.numel))      # (sum(map(torch.numel, model.parameters())))
 _VIEWS = frozenset((_T.view, _T.view_as))
 _CUDA_ARRAY = _T.__cuda_array_interface__.__get__
@@ -319,13 +332,20 @@ class Placeholder(torch.Tensor):
     """``p.detach()``, ``p.data`` (and their conversions) of an engine's parameter outside its block's
     phases: the empty placeholder, where the values are in tierd.  A plain tensor, an op reading it (an
     EMA's ``ema.add_(p.detach())``) computed on nothing, silently; as this class it is refused at once, as
-    the parameter itself is (check_reads())."""
+    the parameter itself is (check_reads()).  Its shape (``size()``, ``dim()``, ``len()``: _SHAPED) and
+    numel() are the parameter's, as the parameter's own are."""
 
     _tier_of: str = "?"
     _tier_numel: int = 0
+    _tier_shape: Any = None         # (the parameter's: torch.Size)
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _SHAPED:
+            real = _shaped(args[0])
+            if real is not None:
+                with torch._C.DisableTorchFunction():
+                    return func(real, *args[1:], **(kwargs or {}))
         if func not in _METADATA and func != _DATA_GET and not _reads_nothing(func, args):
             with torch._C.DisableTorchFunction():
                 count = check_reads(func, args, kwargs)
@@ -355,8 +375,45 @@ def _marked(ret: Any, src: Any) -> Any:
         name = _placeholder_name(src)
         if name is not None:
             ret = ret.as_subclass(Placeholder)
-            ret._tier_of, ret._tier_numel = name, _count(src)
+            ret._tier_of, ret._tier_numel, ret._tier_shape = name, _count(src), _shape(src)
     return ret
+
+
+def handed(ph: torch.Tensor, s: Any) -> torch.Tensor:
+    """``ph``, the empty tensor model.load_state_dict()'s pre-hook hands torch for ``s``'s parameter to
+    copy, shaped (in what it answers) as the parameter: torch compares their shapes first."""
+    ret = ph.as_subclass(Placeholder)
+    ret._tier_of, ret._tier_numel, ret._tier_shape = s.name, s.numel, s.shape
+    return ret
+
+
+def _shape(p: Any) -> Any:
+    """The shape of the parameter whose placeholder ``p`` is (torch functions off)."""
+    if isinstance(p, Placeholder):
+        return p._tier_shape
+    s = _slot_of(p)
+    return s.shape if s is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def _meta(shape: tuple[int, ...]) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` without memory (as the engine maps a parameter), to answer for it."""
+    with torch._C.DisableTorchFunction():
+        return torch.empty(shape, device="meta")
+
+
+def _shaped(t: Any) -> torch.Tensor | None:
+    """For ``t``, an engine's parameter outside its phases (a zero-size one too) or a Placeholder of one:
+    a meta tensor of the parameter's shape, which answers the shape queries of _SHAPED as the parameter
+    would.  None for any other tensor (a mapped parameter: its own shape)."""
+    with torch._C.DisableTorchFunction():
+        if isinstance(t, Placeholder):
+            shape = t._tier_shape
+        elif isinstance(t, torch.Tensor) and getattr(type(t), "_tier_watched", None) is not None and t.numel() == 0:
+            shape = _shape(t)
+        else:
+            return None
+    return None if shape is None else _meta(tuple(shape))
 
 
 def _count(p: Any) -> int:
@@ -388,12 +445,26 @@ def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
         return False
     own = bool(args) and _placeholder_name(args[0]) is not None
     if own and func in _CONVERSIONS:
+        fmt = next((a for a in (*args[1:], *(kwargs or {}).values())
+                    if isinstance(a, torch.memory_format) and a in _FORMATS), None)
+        if fmt is not None:
+            raise RuntimeError(_format_refusal(func, fmt, name))
         return True
     if own and func in _COUNT:
         return _count(args[0])
     if func == _COPY and len(args) > 1 and getattr(args[1], "_tier_handed_on", False):
         return False        # (state.HANDED: load_state_dict() wrote the values into tierd)
     raise RuntimeError(read_refusal(func, name, own))
+
+
+def _format_refusal(func: Any, fmt: Any, name: str) -> str:
+    """A conversion of parameter ``name``'s placeholder to another memory format (model.to(memory_format=
+    torch.channels_last) converts each parameter of four or five dimensions, as the placeholder answers)."""
+    return (f"{getattr(func, '__name__', func)}(memory_format={fmt}) of parameter {name}, whose values the "
+            "tier.torch engine keeps in tierd (the model holds an empty placeholder outside its block's phases): "
+            "tier.torch maps every parameter contiguous in its block's phases, so another memory format cannot "
+            "be kept (one given before making the engine is not kept either); convert the inputs only "
+            "(convolutions take contiguous weights with channels_last inputs); the parameter is unchanged")
 
 
 def read_refusal(func: Any, name: str, own: bool) -> str:
@@ -409,7 +480,8 @@ def read_refusal(func: Any, name: str, own: bool) -> str:
 
 def _read_refusal(op: str, func: Any, name: str, write: bool) -> str:
     where = ("outside its block's forward or backward: the tier.torch engine keeps its values in tierd, and the "
-             "model holds an empty placeholder there (of shape (0,)), so")
+             "model holds an empty placeholder there (no values: only its shape and numel() answer the "
+             "parameter's), so")
     if func in _VIEWS:
         return (f"a view of parameter {name} (parameters_to_vector()? vector_to_parameters()?) {where} the view "
                 "would be empty; read values from model.state_dict() (sd = model.state_dict(); parameters_to_vector("

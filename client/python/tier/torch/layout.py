@@ -252,8 +252,8 @@ def _slots(params: list[torch.nn.Parameter], names: dict[int, list[str]], where:
             raise TypeError(f"parameter {pn[0]} ({where}) is {p.dtype}: tier.torch trains float32, bfloat16 "
                             "and float16 parameters; convert the model (model.float()) or freeze it elsewhere")
         with torch._C.DisableTorchFunction():       # (a second engine's: guards.claim_params() refuses it)
-            n, esz = p.numel(), p.element_size()
-        slots.append(Slot(p, pn[0], pn, off, off32, n, p.shape, p.dtype, p.requires_grad))
+            n, esz, shape = p.numel(), p.element_size(), p.shape
+        slots.append(Slot(p, pn[0], pn, off, off32, n, shape, p.dtype, p.requires_grad))
         off += align(n * esz)
         off32 += align(n * 4)
     return slots, max(off, ALIGN), max(off32, ALIGN)

@@ -156,10 +156,10 @@ class ModelStateHooks(Uncopyable):
             if not isinstance(v, torch.Tensor):
                 errors.append(f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
                               f'object from checkpoint but received {type(v)}')
-            elif v.shape != s.shape:
-                with guards.direct():       # (a Placeholder, p.detach() taken outside its phases, refuses numel())
+            elif _own_shape(v) != s.shape:
+                with guards.direct():       # (a Placeholder, p.detach() taken outside its phases: empty)
                     empty = v.numel() == 0
-                errors.append(f"size mismatch for {key}: copying a param with shape {v.shape} from checkpoint, "
+                errors.append(f"size mismatch for {key}: copying a param with shape {_own_shape(v)} from checkpoint, "
                               f"the shape in current model is {s.shape}." +
                               (" (tier.torch: a copy of the parameter itself is empty outside its block's phases; "
                                "take model.state_dict(), which holds the real values)"
@@ -169,7 +169,7 @@ class ModelStateHooks(Uncopyable):
                 # bfloat16 model), as copy_() does, before anything is written
                 todo.setdefault(b.index, (b, {}))[1][id(s)] = v.detach().to(dtype=s.dtype)
         for key, b, s in keys:
-            ph = e._placeholder(s.param)                    # what torch copies: nothing
+            ph = guards.handed(e._placeholder(s.param), s)  # what torch copies: nothing
             setattr(ph, HANDED, True)
             state_dict[key] = ph
             s.ph_version = -2           # (torch's copy_() into the placeholder: not a change of the user's)
@@ -181,6 +181,13 @@ class ModelStateHooks(Uncopyable):
         for b, vals in todo.values():
             write_params_keeping_masters(e, b, vals, "writing parameters given to load_state_dict()")
         self._cache = None
+
+
+def _own_shape(v: torch.Tensor) -> torch.Size:
+    """``v``'s own shape: a Placeholder (``p.detach()`` taken outside its block's phases) answers its
+    parameter's, and holds nothing."""
+    with guards.direct():
+        return v.shape
 
 
 #: a placeholder load_pre_hook() put in a state dict for the modules below to skip (not a user's empty tensor)
