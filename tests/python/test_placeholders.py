@@ -191,6 +191,8 @@ class TestPlaceholders(tierd.DaemonTestCase):
             w.detach().expand(w.shape)
         with self.assertRaisesRegex(RuntimeError, r"uniform_\(\) on parameter 2\.weight outside"):
             torch.nn.init.xavier_uniform_(w)        # (its fans from its shape: "fewer than 2 dimensions")
+        for t in (w.detach(), w.data, w.detach().double()):     # (no empty tensor behind them: as the parameter's)
+            self.assertEqual((t._base, t._is_view()), (None, False))
         before = model.state_dict()
         with self.assertRaisesRegex(RuntimeError, r"to\(memory_format=torch\.channels_last\) of parameter 0\.weight"
                                                   r".*contiguous.*the parameter is unchanged"):
@@ -206,7 +208,7 @@ class TestPlaceholders(tierd.DaemonTestCase):
         HF's interop checks) answers as for a plain parameter: ``hasattr(p, "__cuda_array_interface__")``
         raised RuntimeError naming the op ``__get__()`` (its getter, refused as a read), where torch raises
         AttributeError for a tensor not on a GPU; ``p.data.data`` was refused (``data()``) where ``p.data``
-        passes (its shape, ``ndim``, ``names`` the parameter's: test_shape_is_the_parameters).
+        passes (its shape, ``ndim``, ``names`` the parameter's, ``_base`` None: test_shape_is_the_parameters).
         What differs is what the placeholder is: its ``_version``, ``_cdata``, and the views ``.T``, ``.mT``,
         ``.H``, ``.real``, refused as reads named
         as the attribute (``p.T``); ``.imag`` raises RuntimeError on a real tensor either way."""
@@ -219,7 +221,7 @@ class TestPlaceholders(tierd.DaemonTestCase):
         same = ("__cuda_array_interface__", "__array_interface__", "__array_priority__", "_is_view", "is_sparse",
                 "is_quantized", "is_cuda", "is_meta", "layout", "grad_fn", "_grad_fn", "is_leaf", "output_nr",
                 "requires_grad", "retains_grad", "grad", "dtype", "device", "_backward_hooks", "no_such_attribute",
-                "shape", "ndim", "names")
+                "shape", "ndim", "names", "_base")
         p, r = model.head.weight, ref.head.weight
 
         def probe(t, name):

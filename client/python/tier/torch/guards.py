@@ -312,6 +312,9 @@ _COPY = _T.copy_
 _SHAPED = frozenset([_T.shape.__get__, _T.ndim.__get__, _T.names.__get__] +
                     [getattr(_T, n) for n in ("size", "dim", "ndimension", "stride", "__len__", "is_contiguous")])
 _FORMATS = (torch.channels_last, torch.channels_last_3d)
+#: a Placeholder is made as a view of the empty tensor (as_subclass()), which ``_base`` gave, unguarded,
+#: where the parameter's ``detach()``, ``.data`` and conversions are no view: answered as theirs
+_NOT_A_VIEW = {_T._base.__get__: None, _T._is_view: False}
 _COUNT = frozenset((_T.numel, _T.nelement, torch.numel))      # (sum(map(torch.numel, model.parameters())))
 _VIEWS = frozenset((_T.view, _T.view_as))
 _CUDA_ARRAY = _T.__cuda_array_interface__.__get__
@@ -333,7 +336,8 @@ class Placeholder(torch.Tensor):
     phases: the empty placeholder, where the values are in tierd.  A plain tensor, an op reading it (an
     EMA's ``ema.add_(p.detach())``) computed on nothing, silently; as this class it is refused at once, as
     the parameter itself is (check_reads()).  Its shape (``size()``, ``dim()``, ``len()``: _SHAPED) and
-    numel() are the parameter's, as the parameter's own are."""
+    numel() are the parameter's, as the parameter's own are; ``_base`` is None, as the ``detach()``'s of a
+    parameter with values."""
 
     _tier_of: str = "?"
     _tier_numel: int = 0
@@ -341,6 +345,8 @@ class Placeholder(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _NOT_A_VIEW and isinstance(args[0], Placeholder):
+            return _NOT_A_VIEW[func]
         if func in _SHAPED:
             real = _shaped(args[0])
             if real is not None:
