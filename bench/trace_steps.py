@@ -9,7 +9,10 @@ in the step with its link, tensor, length and how long it was queued, in
 start order; then the busy time of each link in the step (the union of its
 transfers' intervals, clipped to the step: transfers on one link overlap, as
 the NVMe ring holds many extents at once, so their lengths do not add up)
-and the stall of the step.
+and the stall of the step.  With several jobs in the trace, a transfer of
+another job than the plan's is marked with that job's name, and a second
+line gives each link's busy time with the plan's own job's transfers only:
+the rest of the link's time went to the other jobs.
 That is where a step's time goes, which the benchmarks' per-step totals do
 not show (bench/README.md, the matrix).
 
@@ -40,20 +43,28 @@ def load(path):
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise SystemExit(f"trace_steps: {path} has no \"traceEvents\" array: not a tierctl trace file")
-    phases, stalls, transfers = [], [], []
+    phases, stalls, transfers, jobs = [], [], [], {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X" or not isinstance(e.get("args"), dict):
+        if not isinstance(e, dict) or not isinstance(e.get("args"), dict):
             continue
         cat, a = e.get("cat"), e["args"]
+        # each job's events go under a pid of their own: the job's name, from its own transfers
+        if cat == "job-io" and isinstance(a.get("job"), str):
+            jobs[e.get("pid")] = a["job"]
+        if e.get("ph") != "X":
+            continue
         ts, dur = float(e.get("ts", 0)), float(e.get("dur", 0))
         if cat == "phase":
-            phases.append({"plan": a.get("plan"), "phase": a.get("phase"), "ts": ts, "dur": dur})
+            phases.append({"plan": a.get("plan"), "phase": a.get("phase"), "ts": ts, "dur": dur,
+                           "pid": e.get("pid")})
         elif cat == "stall":
             stalls.append({"plan": a.get("plan"), "phase": a.get("phase"), "ts": ts, "dur": dur})
         elif cat == "transfer" and a.get("link") in LINKS:
             transfers.append({"link": a["link"], "tensor": a.get("tensor", e.get("name", "?")),
                               "job": a.get("job"), "ts": ts, "dur": dur,
                               "queued": float(a.get("queued_us", 0))})
+    for p in phases:
+        p["job"] = jobs.get(p.pop("pid"))
     return phases, stalls, transfers
 
 
@@ -83,6 +94,8 @@ def step(phases, stalls, transfers, plan=None, index=1):
         raise SystemExit(f"trace_steps: plan {plan} has {max(len(starts) - 1, 0)} whole step(s) in the trace; "
                          f"step {index} asked for: record longer")
     t0, t1 = starts[index], starts[index + 1]
+    job = mine[0]["job"]        # None: not known (no transfer of it in the trace), all count as its own
+    own = [x for x in transfers if job is None or x["job"] == job]
     rows = []
     for p in mine:
         if t0 <= p["ts"] < t1:
@@ -92,14 +105,17 @@ def step(phases, stalls, transfers, plan=None, index=1):
             rows.append({"kind": "stall", "phase": s["phase"], "start_ms": (s["ts"] - t0) / 1e3, "ms": s["dur"] / 1e3})
     busy = {link: busy_us([(x["ts"], x["ts"] + x["dur"]) for x in transfers if x["link"] == link], t0, t1) / 1e3
             for link in LINKS}
+    busy_own = {link: busy_us([(x["ts"], x["ts"] + x["dur"]) for x in own if x["link"] == link], t0, t1) / 1e3
+                for link in LINKS}
     for x in transfers:
         if t0 <= x["ts"] < t1:
             rows.append({"kind": "transfer", "link": x["link"], "tensor": x["tensor"], "job": x["job"],
+                         "own": job is None or x["job"] == job,
                          "start_ms": (x["ts"] - t0) / 1e3, "ms": x["dur"] / 1e3, "queued_ms": x["queued"] / 1e3})
     rows.sort(key=lambda r: (r["start_ms"], r["kind"] != "phase"))
-    return {"plan": plan, "step": index, "step_ms": (t1 - t0) / 1e3,
+    return {"plan": plan, "job": job, "step": index, "step_ms": (t1 - t0) / 1e3,
             "stall_ms": sum(r["ms"] for r in rows if r["kind"] == "stall"),
-            "busy_ms": busy, "rows": rows}
+            "busy_ms": busy, "busy_own_ms": busy_own, "rows": rows}
 
 
 def render(s):
@@ -112,8 +128,12 @@ def render(s):
             out.append(f"{r['start_ms']:8.1f} {r['ms']:6.1f}    stall before phase {r['phase']}")
         else:
             q = f" (queued {r['queued_ms']:.1f})" if r["queued_ms"] >= 0.05 else ""
-            out.append(f"{r['start_ms']:8.1f} {r['ms']:6.1f}  {col[r['link']]}{LINKS[r['link']]} {r['tensor']}{q}")
+            who = "" if r["own"] else f" [job {r['job']}]"
+            out.append(f"{r['start_ms']:8.1f} {r['ms']:6.1f}  {col[r['link']]}{LINKS[r['link']]} {r['tensor']}{q}{who}")
     out.append("busy ms: " + ", ".join(f"{LINKS[k]} ({k}) {v:.1f}" for k, v in s["busy_ms"].items()))
+    if s["busy_own_ms"] != s["busy_ms"]:
+        out.append(f"busy ms, job {s['job']}'s own: " +
+                   ", ".join(f"{LINKS[k]} {v:.1f}" for k, v in s["busy_own_ms"].items()))
     return "\n".join(out)
 
 

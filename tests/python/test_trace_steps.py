@@ -20,9 +20,9 @@ def phase(plan: int, k: int, ts: float, dur: float) -> dict:
             "args": {"plan": plan, "marker": 1, "phase": k}}
 
 
-def xfer(link: str, tensor: str, ts: float, dur: float, queued: float = 0.0) -> dict:
+def xfer(link: str, tensor: str, ts: float, dur: float, queued: float = 0.0, job: str = "j") -> dict:
     return {"ph": "X", "cat": "transfer", "name": tensor, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
-            "args": {"job": "j", "tensor": tensor, "link": link, "bytes": 4, "size": 4, "queued_us": queued}}
+            "args": {"job": job, "tensor": tensor, "link": link, "bytes": 4, "size": 4, "queued_us": queued}}
 
 
 def trace() -> dict:
@@ -94,6 +94,31 @@ class TraceSteps(unittest.TestCase):
         self.assertIn("d G0", lines[2])         # the VRAM -> host copy at 2 ms, between the two phases
         self.assertTrue(lines[-1].startswith("busy ms: R (nvme->host) 0.0, W (host->nvme) 0.0"), lines[-1])
         self.assertEqual(len(lines), 5)
+
+    def test_other_jobs_marked(self) -> None:
+        """With two jobs, the plan's job (from its own transfers, under its phases' pid) is told apart."""
+        doc = trace()
+        # job j's own copy of its transfers, under its pid (100, as its phases); job k's under pid 101
+        doc["traceEvents"] += [dict(xfer("nvme->host", "O1", 11000, 3000, 500), cat="job-io", pid=100),
+                               dict(xfer("nvme->host", "O7", 13000, 3000, job="k"), cat="job-io", pid=101),
+                               xfer("nvme->host", "O7", 13000, 3000, job="k")]     # 13-16: 2 ms beyond O1
+        r = self.run_tool(doc, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        s = json.loads(r.stdout)
+        self.assertEqual(s["job"], "j")
+        self.assertEqual([(r["tensor"], r["own"]) for r in s["rows"] if r["kind"] == "transfer"],
+                         [("O1", True), ("O7", False), ("O0", True), ("P0", True)])
+        self.assertEqual(s["busy_ms"]["nvme->host"], 5.0)       # 11-16, both jobs
+        self.assertEqual(s["busy_own_ms"], {"nvme->host": 3.0, "host->nvme": 2.5, "host->vram": 1.0,
+                                            "vram->host": 0.0})
+        r = self.run_tool(doc)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("R O7 [job k]", lines[3])
+        self.assertNotIn("[job", lines[2])      # O1 is the plan's own
+        self.assertEqual(lines[-1], "busy ms, job j's own: R 3.0, W 2.5, u 1.0, d 0.0")
+        # one job only: no second line, as before
+        self.assertTrue(self.run_tool(trace()).stdout.splitlines()[-1].startswith("busy ms: R"))
 
     def test_errors(self) -> None:
         r = self.run_tool(trace(), "--step", "2")
