@@ -390,55 +390,111 @@ int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t siz
 /* The symbolic links statefile_resolve_trusted() follows, at most. */
 #define RESOLVE_LINKS_MAX 8
 
+/* @shown, the directory walked so far (for messages), with @comp appended. */
+static void shown_append(char *shown, size_t size, const char *comp) {
+        size_t n = strlen(shown);
+
+        (void) snprintf(shown + n, size - n, "%s%s", n > 0 && shown[n - 1] == '/' ? "" : "/", comp);
+}
+
+/*
+ * Walked one component at a time from "/" (or "."), never through a link unjudged: each directory is
+ * opened O_PATH|O_NOFOLLOW in the one before it; a symbolic link met there, above the last directory
+ * as in it, is followed only when the directory holding it passes statefile_dir_fd_trusted() (a link
+ * another user planted in /tmp/x would otherwise lead to any trusted directory, where the name would
+ * be created or written over).
+ */
 int statefile_resolve_trusted(const char *path, uid_t uid, gid_t gid, int *ret_dir_fd, char *ret_base,
                               size_t base_size, char *why, size_t why_size) {
-        char cur[PATH_MAX], inner[384];
+        char rest[PATH_MAX], shown[PATH_MAX], inner[384];
+        _cleanup_close_ int cur = -1;
+        unsigned links = 0;
+        size_t len = strlen(path);
 
-        if (snprintf(cur, sizeof(cur), "%s", path) >= (int) sizeof(cur))
+        if (why_size > 0)
+                why[0] = '\0';
+        if (len == 0 || path[len - 1] == '/')
+                return -EINVAL;
+        if (snprintf(rest, sizeof(rest), "%s", path) >= (int) sizeof(rest))
                 return -ENAMETOOLONG;
-        for (unsigned hop = 0; hop <= RESOLVE_LINKS_MAX; hop++) {
-                char dir[PATH_MAX], link[PATH_MAX];
-                const char *slash = strrchr(cur, '/'), *base = slash ? slash + 1 : cur;
-                _cleanup_close_ int fd = -1;
-                ssize_t n;
+        (void) snprintf(shown, sizeof(shown), "%s", path[0] == '/' ? "/" : ".");
+        cur = open(shown, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (cur < 0)
+                return negative_errno();
+        for (;;) {
+                char comp[NAME_MAX + 1], link[PATH_MAX];
+                const char *p = rest + strspn(rest, "/");
+                size_t n = strcspn(p, "/");
+                _cleanup_close_ int dir_fd = -1;
+                bool last;
+                ssize_t k = -1;
                 int r;
 
-                if (!slash)
-                        (void) snprintf(dir, sizeof(dir), ".");
-                else if (slash == cur)
-                        (void) snprintf(dir, sizeof(dir), "/");
-                else
-                        (void) snprintf(dir, sizeof(dir), "%.*s", (int) (slash - cur), cur);
-                if (base[0] == '\0' || strlen(base) >= base_size)
+                if (n == 0)             /* a link to "/" or ending in '/' */
                         return -EINVAL;
-                fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (fd < 0)
+                if (n >= sizeof(comp))
+                        return -ENAMETOOLONG;
+                memcpy(comp, p, n);
+                comp[n] = '\0';
+                memmove(rest, p + n, strlen(p + n) + 1);
+                last = rest[strspn(rest, "/")] == '\0';
+                if (last && rest[0] != '\0')
+                        return -EINVAL;
+                if (!last) {
+                        int fd = openat(cur, comp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+
+                        if (fd >= 0) {
+                                safe_close(cur);
+                                cur = fd;
+                                shown_append(shown, sizeof(shown), comp);
+                                continue;
+                        }
+                        if (errno != ENOTDIR && errno != ELOOP)
+                                return negative_errno();
+                        k = readlinkat(cur, comp, link, sizeof(link));
+                        if (k < 0)
+                                return errno == EINVAL ? -ENOTDIR : negative_errno();
+                }
+                /* the last component, or a link above it: judge the directory holding it */
+                dir_fd = openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (dir_fd < 0)
                         return negative_errno();
-                r = statefile_dir_fd_trusted(fd, uid, gid, inner, sizeof(inner));
+                r = statefile_dir_fd_trusted(dir_fd, uid, gid, inner, sizeof(inner));
                 if (r == -EPERM)
                         (void) snprintf(why, why_size, "the directory \"%s\" holding \"%s\"%s is not trusted: %s",
-                                        dir, base, hop ? " (where a link leads)" : "", inner);
+                                        shown, comp, links > 0 ? " (where a link leads)" : "", inner);
                 if (r < 0)
                         return r;
-                n = readlinkat(fd, base, link, sizeof(link));
-                if (n < 0 && errno != EINVAL && errno != ENOENT)
-                        return negative_errno();
-                if (n < 0) {            /* not a link, or not there yet: the name to open (O_NOFOLLOW) */
-                        (void) snprintf(ret_base, base_size, "%s", base);
-                        *ret_dir_fd = TAKE_FD(fd);
-                        return 0;
+                if (last) {
+                        k = readlinkat(dir_fd, comp, link, sizeof(link));
+                        if (k < 0 && errno != EINVAL && errno != ENOENT)
+                                return negative_errno();
+                        if (k < 0) {    /* not a link, or not there yet: the name to open (O_NOFOLLOW) */
+                                if (strlen(comp) >= base_size)
+                                        return -EINVAL;
+                                (void) snprintf(ret_base, base_size, "%s", comp);
+                                *ret_dir_fd = TAKE_FD(dir_fd);
+                                return 0;
+                        }
                 }
-                if ((size_t) n >= sizeof(link))
+                if ((size_t) k >= sizeof(link))
                         return -ENAMETOOLONG;
-                link[n] = '\0';
+                link[k] = '\0';
+                if (++links > RESOLVE_LINKS_MAX) {
+                        (void) snprintf(why, why_size, "more than %d symbolic links lead to it", RESOLVE_LINKS_MAX);
+                        return -ELOOP;
+                }
                 /* a link in a directory only trusted users can write is theirs: follow it, judging where it leads */
-                if (link[0] == '/')
-                        r = snprintf(cur, sizeof(cur), "%s", link);
-                else
-                        r = snprintf(cur, sizeof(cur), "%s/%s", dir, link);
-                if (r >= (int) sizeof(cur))
+                if (strlen(link) + strlen(rest) >= sizeof(rest))
                         return -ENAMETOOLONG;
+                memmove(rest + strlen(link), rest, strlen(rest) + 1);
+                memcpy(rest, link, strlen(link));
+                if (link[0] == '/') {
+                        safe_close(cur);
+                        cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                        if (cur < 0)
+                                return negative_errno();
+                        (void) snprintf(shown, sizeof(shown), "/");
+                }
         }
-        (void) snprintf(why, why_size, "more than %d symbolic links lead to it", RESOLVE_LINKS_MAX);
-        return -ELOOP;
 }

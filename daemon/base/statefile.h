@@ -85,13 +85,14 @@ int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t siz
  * statefile_resolve_trusted() - the directory and name that @path stands
  * for, for a tierd of @uid and @gid to open (or create) as root without a
  * link planted by another user aiming it elsewhere: the directory holding
- * the last component must pass statefile_dir_fd_trusted() (its parents are
- * trusted, as the state directory's are); a symbolic link there (its
- * owner's, as the directory is) is followed, the directory it leads to
- * judged the same, at most 8.  On success *@ret_dir_fd is that directory,
+ * the last component must pass statefile_dir_fd_trusted(); a symbolic link,
+ * there or in a directory above it (the path is walked a component at a
+ * time, O_NOFOLLOW), is followed only when the directory holding it passes
+ * too (the link is its owner's, as the directory is), at most 8.  On success *@ret_dir_fd is that directory,
  * open (O_CLOEXEC), and @ret_base (@base_size bytes) the name in it, which
  * is not a link or does not exist: open it with openat(..., O_NOFOLLOW).
- * -EPERM or -ELOOP with @why naming the directory and what is wrong;
+ * -EPERM or -ELOOP with @why naming the directory and what is wrong
+ * (@why is "" on any other error); -EINVAL for a path ending in '/';
  * -ENOENT when a directory does not exist; -errno.
  */
 int statefile_resolve_trusted(const char *path, uid_t uid, gid_t gid, int *ret_dir_fd, char *ret_base,

@@ -401,6 +401,54 @@ static void test_statefile_resolve_trusted(void **state) {
         assert_int_equal(close(fd), 0);
 }
 
+/*
+ * A link in a directory above the last one was followed by open() unjudged: "D/open/l/t.img", l a link
+ * planted in the 0777 "open" and leading to the trusted "closed", was taken as "closed/t.img" (a link
+ * another user made aimed root's tierd at a file of that name in any trusted directory).  A link there is
+ * followed only when its own directory passes, as one in the last directory is; a link loop there is
+ * -ELOOP with @why set (it was left unwritten, and the refusal logged whatever the buffer held).
+ */
+static void test_statefile_resolve_trusted_components(void **state) {
+        char path[PATH_MAX + 32], sub[PATH_MAX + 16], base[NAME_MAX + 1], why[768];
+        struct stat a, b;
+        int fd = -1;
+
+        (void) snprintf(sub, sizeof(sub), "%s/open", dir);
+        assert_int_equal(mkdir(sub, 0755), 0);
+        assert_int_equal(chmod(sub, 0777), 0);
+        (void) snprintf(sub, sizeof(sub), "%s/closed", dir);
+        assert_int_equal(mkdir(sub, 0700), 0);
+        (void) snprintf(path, sizeof(path), "%s/open/l", dir);
+        assert_int_equal(symlink("../closed", path), 0);
+        (void) snprintf(path, sizeof(path), "%s/open/l/t.img", dir);
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "open\" holding \"l\" is not trusted: it is writable by every user"));
+        assert_int_equal(fd, -1);
+
+        (void) snprintf(path, sizeof(path), "%s/l", dir);              /* a link in a trusted one: followed */
+        assert_int_equal(symlink("closed", path), 0);
+        (void) snprintf(path, sizeof(path), "%s/l/../closed/t.img", dir);
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), 0);
+        assert_string_equal(base, "t.img");
+        assert_int_equal(fstat(fd, &a), 0);
+        assert_int_equal(stat(sub, &b), 0);
+        assert_true(a.st_ino == b.st_ino && a.st_dev == b.st_dev);
+        assert_int_equal(close(fd), 0);
+
+        (void) snprintf(path, sizeof(path), "%s/loop", dir);           /* a loop above the last directory */
+        assert_int_equal(symlink("loop", path), 0);
+        (void) snprintf(path, sizeof(path), "%s/loop/t.img", dir);
+        memset(why, 'X', sizeof(why));
+        why[sizeof(why) - 1] = '\0';
+        fd = -1;
+        assert_int_equal(statefile_resolve_trusted(path, geteuid(), getegid(), &fd, base, sizeof(base), why,
+                                                   sizeof(why)), -ELOOP);
+        assert_non_null(strstr(why, "symbolic links"));
+        assert_int_equal(fd, -1);
+}
+
 /* An ACL entry that lets another user or group write the state directory (its mode's group bits are the mask). */
 static void test_statefile_dir_acl(void **state) {
         /* user::rwx user:1234:rwx group::r-x mask::rwx other::--- (little-endian, version 2) */
@@ -505,6 +553,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_statefile_dir_sync_fails, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_trusted),
                 cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted_components, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
         };
