@@ -468,10 +468,12 @@ static int check_targets(const Config *c, bool check_only) {
 }
 
 static int run(int argc, char *argv[]) {
+        /* declared first, so closed last: held while the manager is freed, which saves the wear book
+         * and marks the NVMe index stopped (cleanups run in the reverse order of the declarations) */
+        _unused_ _cleanup_close_ int state_lock = -1;
         _cleanup_(manager_freep) Manager *m = NULL;
         _unused_ _cleanup_(notify_stopping) const char *notify_stop = NULL;
         _cleanup_free_ char *err = NULL;
-        _unused_ _cleanup_close_ int state_lock = -1;
         ConfigArgs args;
         Config config;
         sigset_t ss;

@@ -241,6 +241,28 @@ class StateFiles(unittest.TestCase):
             self.assertIn(name, names)
             self.assertNotIn(f'Removed "{d.dir}/{name}"', log)
 
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""), "the shim is preloaded without ASan's runtime")
+    def test_state_files_written_under_the_lock(self) -> None:
+        """Every state file is renamed into place while tierd holds the state directory's lock, the last
+        one at stop too (tests/helpers/lock-probe.c asks at each rename()): the lock was let go before
+        the manager was freed, and its final wear save came after, where a second tierd on the directory
+        could already have taken the lock and removed the temporary file being written."""
+        shim = os.environ.get("TIER_LOCK_PROBE_SHIM") or os.path.join(
+            os.environ.get("TIER_BUILD", "build"), "tests", "liblock-probe.so")
+        self.assertTrue(os.path.exists(shim), shim)
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        probe_log = os.path.join(d.dir, "probe.log")
+        with unittest.mock.patch.dict(os.environ, {"LD_PRELOAD": shim, "TIER_LOCK_PROBE": d.dir,
+                                                   "TIER_LOCK_PROBE_LOG": probe_log}):
+            d.start()
+        tier.Client("after", socket=d.socket).close()
+        self.assertEqual(d.stop(), 0)
+        with open(probe_log) as f:
+            lines = f.read().splitlines()
+        self.assertIn(f"locked {d.dir}/wear", lines)        # the save at stop, at least
+        self.assertEqual([line for line in lines if not line.startswith("locked ")], [])
+
     def test_state_dir_acl_lets_another_write_refused(self) -> None:
         """A state directory whose POSIX ACL lets another user write it (0770 root:root with
         user:1234:rwx: the mode's group bits are the ACL's mask) is refused as one of mode 0777 is."""
