@@ -195,13 +195,56 @@ class TestPlaceholders(tierd.DaemonTestCase):
             self.assertEqual((t._base, t._is_view()), (None, False))
         before = model.state_dict()
         with self.assertRaisesRegex(RuntimeError, r"to\(memory_format=torch\.channels_last\) of parameter 0\.weight"
-                                                  r".*contiguous.*the parameter is unchanged"):
+                                                  r".*contiguous.*nothing of the model changed"):
             model.to(memory_format=torch.channels_last)
+        with self.assertRaisesRegex(RuntimeError, r"contiguous\(memory_format=torch\.channels_last\) of parameter "
+                                                  r"0\.weight.*the parameter is unchanged"):
+            model[0].weight.contiguous(memory_format=torch.channels_last)      # (the tensor's own: check_reads())
         self.same(model, ref, "after the refusals")
         model.load_state_dict(before)           # (torch compares the shapes it is handed with the parameters')
         self.same(model, ref, "loaded")
         eng.close()
         self.assertEqual(answers(model[0].weight), answers(ref[0].weight))    # the model's own again
+
+    def test_memory_format_refused_before_any_change(self) -> None:
+        """``model.to(torch.float64, memory_format=torch.channels_last)`` (another dtype or device with it)
+        on a model whose convolution comes after a Linear and a BatchNorm: Module.to() converts each tensor in
+        turn, and the refusal (a04fe31) came at the convolution's weight, after the Linear's parameters and
+        the BatchNorm's running statistics had been converted to float64, where it said the parameter was
+        unchanged.  Refused now before Module.to() runs, on the model or a submodule holding such a weight;
+        the model trains on as plain PyTorch's; ``to()`` without a memory format passes as before, and after
+        close() the module's own ``to()`` converts."""
+        def make():
+            torch.manual_seed(6)
+            return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Unflatten(1, (2, 2, 2)),
+                                       torch.nn.Conv2d(2, 4, 1), torch.nn.Flatten(), torch.nn.Linear(16, 4))
+
+        ref, model = make(), make()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "format")
+        data = [torch.randn(3, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+
+        def step(x):
+            for m, o in ((ref, opt), (model, eng)):
+                m(x).pow(2).mean().backward()
+                o.step()
+                o.zero_grad()
+
+        step(data[0])
+        refused = (r"to\(memory_format=torch\.channels_last\) of parameter 3\.weight.*contiguous.*"
+                   r"nothing of the model changed")
+        for m in (model, model[3]):
+            with self.subTest(m=type(m).__name__), self.assertRaisesRegex(RuntimeError, refused):
+                m.to(torch.float64, memory_format=torch.channels_last)
+        self.assertEqual({t.dtype for t in (*model.parameters(), *model.buffers())}, {torch.float32, torch.int64})
+        self.same(model, ref, "after the refusal")
+        model.to("cpu").to(torch.float32).to(memory_format=torch.contiguous_format)     # (nothing to change: as before)
+        step(data[1])
+        self.same(model, ref, "trained on")
+        eng.close()
+        model.to(memory_format=torch.channels_last)
+        self.assertNotIn("to", model.__dict__)
+        self.assertTrue(model[3].weight.is_contiguous(memory_format=torch.channels_last))
 
     def test_attribute_probes(self) -> None:
         """Probing a placeholder's attributes (``hasattr()``, ``getattr(p, name, None)``: numba's, cupy's and

@@ -463,14 +463,14 @@ def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
     raise RuntimeError(read_refusal(func, name, own))
 
 
-def _format_refusal(func: Any, fmt: Any, name: str) -> str:
+def _format_refusal(func: Any, fmt: Any, name: str, kept: str = "the parameter is unchanged") -> str:
     """A conversion of parameter ``name``'s placeholder to another memory format (model.to(memory_format=
     torch.channels_last) converts each parameter of four or five dimensions, as the placeholder answers)."""
     return (f"{getattr(func, '__name__', func)}(memory_format={fmt}) of parameter {name}, whose values the "
             "tier.torch engine keeps in tierd (the model holds an empty placeholder outside its block's phases): "
             "tier.torch maps every parameter contiguous in its block's phases, so another memory format cannot "
             "be kept (one given before making the engine is not kept either); convert the inputs only "
-            "(convolutions take contiguous weights with channels_last inputs); the parameter is unchanged")
+            f"(convolutions take contiguous weights with channels_last inputs); {kept}")
 
 
 def read_refusal(func: Any, name: str, own: bool) -> str:
@@ -557,6 +557,11 @@ def claim_params(eng: Any) -> None:
         if callable(getattr(type(m), "resize_token_embeddings", None)) and \
                 "resize_token_embeddings" not in m.__dict__:
             m.__dict__["resize_token_embeddings"] = _refuse_resize(r, m)
+    shaped = {pid: s.name for pid, (b, s) in eng.slot_of.items() if len(s.shape) in (4, 5)}
+    for m in eng.model.modules() if shaped else ():
+        name = next((shaped[id(p)] for p in m.parameters() if id(p) in shaped), None)
+        if name is not None and "to" not in m.__dict__:
+            m.__dict__["to"] = _refuse_format(r, m, name)
 
 
 def _refuse_resize(r: Any, m: Any) -> Any:
@@ -577,6 +582,25 @@ def _refuse_resize(r: Any, m: Any) -> Any:
     return resize
 
 
+def _refuse_format(r: Any, m: Any, name: str) -> Any:
+    """``m.to(..., memory_format=torch.channels_last)`` on a module holding parameter ``name`` (of four or five
+    dimensions) of the open engine ``r``: Module.to() converts each parameter and buffer in turn, and only
+    the first of four or five dimensions was refused (check_reads()), after those before it (another dtype or
+    device given too: ``model.to(torch.bfloat16, memory_format=...)``, a BatchNorm's running statistics)
+    were converted, where the refusal said nothing changed.  Refused before Module.to() runs; once the engine
+    is closed (or gone), the module's own."""
+    def to(*args: Any, **kwargs: Any) -> Any:
+        eng = r()
+        if eng is None or eng._closed:
+            m.__dict__.pop("to", None)
+        else:
+            fmt = torch._C._nn._parse_to(*args, **kwargs)[3]
+            if fmt in _FORMATS:
+                raise RuntimeError(_format_refusal(_T.to, fmt, name, "nothing of the model changed"))
+        return type(m).to(m, *args, **kwargs)
+    return to
+
+
 def release_params(eng: Any) -> None:
     """The engine lets its parameters go (close()): and the .grad that stood for a gradient in tierd
     becomes None (that gradient goes with the engine), as after zero_grad(set_to_none=True); it was left a
@@ -588,6 +612,8 @@ def release_params(eng: Any) -> None:
     for m in eng.model.modules():
         if getattr(m.__dict__.get("resize_token_embeddings"), "__qualname__", "").startswith("_refuse_resize"):
             del m.__dict__["resize_token_embeddings"]
+        if getattr(m.__dict__.get("to"), "__qualname__", "").startswith("_refuse_format"):
+            del m.__dict__["to"]
     for pid in eng.slot_of:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
