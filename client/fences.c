@@ -315,13 +315,16 @@ _public_ int tier_fence_done(tier_client *c, tier_fence f) {
          * Not done, so a system call is allowed: is tierd still there?  A fence of
          * a connection that is gone never completes, and a caller that polls it
          * would poll for ever; it gets the connection's error instead, as every
-         * call after the break does (libtier(3)).  The read does not block.
+         * call after the break does (libtier(3)).  The read does not block.  A
+         * client that reconnects joins the next tierd here, as every call that
+         * finds tierd gone does (and tier_fence_wait()): -ERESTART, or the error
+         * when none came back (which, for it, is what that error means).
          */
         if (c->broken == 0)
                 (void) transport_drain(c);
         if (c->broken < 0) {
                 r = fence_done(c, f);           /* it may have finished before tierd went */
-                return r != 0 ? r : transport_check(c);
+                return r != 0 ? r : client_reconnect(c, transport_check(c));
         }
         return 0;
 }

@@ -54,3 +54,49 @@ void test_fence_done_after_tierd_gone(void **state) {
         fake_stop(&f);
         assert_int_equal(st, 0);        /* failed with 4 (0, then 0) before the fix */
 }
+
+static int fence_after_gone_reconnects(const char *path) {
+        struct pollfd pfd = { .events = POLLIN };
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        tier_fence fence;
+        int r, again;
+
+        /* the fake listens already: the first attempt connects; the timeout only bounds a failure */
+        if (tier_client_new(path, "job", 0, &c) < 0 || tier_client_set_reconnect(c, 5000) < 0 ||
+            tier_tensor_create(c, "w", 4096, &t) < 0 || tier_pin_async(t, TIER_HOST, TIER_READ, &g, &fence) < 0)
+                return 2;
+        pfd.fd = tier_client_fd(c);
+        if (poll(&pfd, 1, -1) != 1)
+                return 3;
+        r = tier_fence_done(c, fence);
+        fprintf(stderr, "tier_fence_done: %d (%s), restarts %u\n", r, tier_client_last_error(c),
+                tier_client_restarts(c));
+        again = tier_fence_done(c, fence);
+        tier_tensor_close(t);
+        if (r != -ERESTART || tier_client_restarts(c) != 1)
+                r = 4;
+        else
+                r = again == -ERESTART ? 0 : 5;
+        tier_client_free(c);
+        return r;
+}
+
+/*
+ * A client that reconnects (tier_client_set_reconnect(3)): "a call that finds
+ * tierd gone" joins the next one and fails with -ERESTART; tier_fence_done()
+ * found it gone but answered -ECONNRESET, which for such a client means "no
+ * tierd came back" (tier.torch's write-down fences raised ShutdownError out of
+ * a phase's hook instead of living through the restart).
+ */
+void test_fence_done_reconnects(void **state) {
+        Fake f = {};
+        int st;
+
+        (void) state;
+        fake_start(&f, SC_GONE_BACK);
+        st = in_child(fence_after_gone_reconnects, f.path);
+        fake_stop(&f);
+        assert_int_equal(st, 0);        /* failed with 4 (-ECONNRESET, no restart) before the fix */
+}

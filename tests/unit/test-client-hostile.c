@@ -184,12 +184,18 @@ static void answer(Fake *f, int fd, const Tier__Request *req) {
                 resp.hello = &h;
                 break;
         }
-        case TIER__REQUEST__OP_CREATE: {
+        case TIER__REQUEST__OP_CREATE:
+        case TIER__REQUEST__OP_OPEN: {          /* (opened again after a reconnect: 4096 bytes) */
                 static Tier__TensorInfo ti = TIER__TENSOR_INFO__INIT;
 
                 ti.tensor = 1;
-                ti.size = req->create->size;
-                ti.name = req->create->name;
+                if (req->op_case == TIER__REQUEST__OP_OPEN) {
+                        ti.size = 4096;
+                        ti.name = req->open->name;
+                } else {
+                        ti.size = req->create->size;
+                        ti.name = req->create->name;
+                }
                 resp.result_case = TIER__RESPONSE__RESULT_TENSOR;
                 resp.tensor = &ti;
                 break;
@@ -243,7 +249,8 @@ static void answer(Fake *f, int fd, const Tier__Request *req) {
                         g.length = 4096;
                         g.tier = TIER__TIER__TIER_HOST;
                         pin.grant = &g;
-                        pin.fence = f->scenario == SC_FENCE_FAILED || f->scenario == SC_GONE ? 1 : 0;
+                        pin.fence = f->scenario == SC_FENCE_FAILED || f->scenario == SC_GONE ||
+                                    f->scenario == SC_GONE_BACK ? 1 : 0;
                         resp.result_case = TIER__RESPONSE__RESULT_PIN;
                         resp.pin = &pin;
                 } else {
@@ -326,7 +333,8 @@ static void fake_serve(Fake *f, int fd) {
                 }
                 if (f->scenario == SC_FENCE_FAILED && req->op_case == TIER__REQUEST__OP_PIN)
                         send_fence_failed(fd, 1, "fake tierd: the read failed");
-                if (f->scenario == SC_GONE && req->op_case == TIER__REQUEST__OP_PIN) {
+                if ((f->scenario == SC_GONE || (f->scenario == SC_GONE_BACK && f->served == 0)) &&
+                    req->op_case == TIER__REQUEST__OP_PIN) {
                         tier__request__free_unpacked(req, NULL);
                         break;          /* gone, its fence never done */
                 }
@@ -335,7 +343,7 @@ static void fake_serve(Fake *f, int fd) {
         close(fd);
 }
 
-/* SC_REPLIES serves one connection after another (a client reconnects), until fake_stop() */
+/* SC_REPLIES and SC_GONE_BACK serve one connection after another (a client reconnects), until fake_stop() */
 static void *fake_main(void *userdata) {
         Fake *f = userdata;
 
@@ -349,7 +357,8 @@ static void *fake_main(void *userdata) {
                         break;
                 }
                 fake_serve(f, fd);
-        } while (f->scenario == SC_REPLIES);
+                f->served++;
+        } while (f->scenario == SC_REPLIES || f->scenario == SC_GONE_BACK);
         return NULL;
 }
 
@@ -372,7 +381,7 @@ void fake_start(Fake *f, int scenario) {
 }
 
 void fake_stop(Fake *f) {
-        if (f->scenario == SC_REPLIES) {
+        if (f->scenario == SC_REPLIES || f->scenario == SC_GONE_BACK) {
                 struct sockaddr_un sa = { .sun_family = AF_UNIX };
                 int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 
@@ -964,6 +973,7 @@ int main(void) {
                 cmocka_unit_test(test_failures_after_the_request_own_text),
                 cmocka_unit_test(test_cuda_out_of_memory_retried),
                 cmocka_unit_test(test_fence_done_after_tierd_gone),
+                cmocka_unit_test(test_fence_done_reconnects),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,12 +14,14 @@ enum {
         SC_FENCE_FAILED,        /* a pin answered with fence 1, then a FenceFailed event for it */
         SC_REPLIES,             /* status, metrics, jobs, tensors and traces answered, through memfds or inline */
         SC_GONE,                /* a pin answered with fence 1, never done: the connection closed after it */
+        SC_GONE_BACK,           /* SC_GONE, then each next connection served plainly (a tierd that came back) */
 };
 
 typedef struct Fake {
         int scenario;
         int *inline_replies;    /* SC_REPLIES: in the packet, not through a memfd (MAP_SHARED: the child sets it) */
-        bool stopping;          /* SC_REPLIES: the connection fake_stop() makes ends the fake */
+        bool stopping;          /* SC_REPLIES, SC_GONE_BACK: the connection fake_stop() makes ends the fake */
+        unsigned served;        /* connections served so far (the fake's thread alone) */
         pthread_barrier_t started;      /* fake_start() returns once the thread runs fake_main(): a fork()
                                          * after it never copies a thread half made (the sanitizers' locks) */
         int listen_fd;
@@ -35,3 +37,4 @@ int in_child(int (*fn)(const char *path), const char *path);
 
 /* The tests of test-client-hostile-gone.c */
 void test_fence_done_after_tierd_gone(void **state);
+void test_fence_done_reconnects(void **state);
