@@ -541,6 +541,45 @@ class TestResume(tierd.DaemonTestCase):
         self.assertEqual(eng.steps, 2)
         eng.close()
 
+    def test_fence_check_that_reconnected(self) -> None:
+        """A write-down's check that found tierd gone and joined the next one (tier_fence_done() reconnects
+        too, as every call that finds tierd gone): the engine's pins and phase went with the connection, so
+        the check raises for the phase's entry to go again, and forward_begins() and flush() take the restart
+        themselves (Offload._restarted()).  It was counted as a write-down the plan overtook, the phase left
+        mapped through the tierd that went."""
+        import errno
+        from unittest import mock
+
+        import tier
+        import tier.torch
+
+        torch.manual_seed(3)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+        c = self.client("resume-fence-reconnects")
+        eng = tier.torch.Offload(m, c, lr=1e-3)
+        restarts = [0]
+
+        class Reconnects:               # a check that joined the next tierd: the client's count moved
+            def done(self):
+                restarts[0] += 1
+                raise tier.RestartedError(errno.ERESTART, "tierd restarted (simulated)", "fence")
+
+            wait = done
+
+        with mock.patch.object(type(c), "restarts", property(lambda _: restarts[0])):
+            with self.assertRaises(tier.RestartedError):
+                eng._fence_done(Reconnects(), False)        # (was True: "overtaken")
+            self.assertEqual(eng.kept_up, 0)
+            eng._fences = [Reconnects(), Reconnects()]
+            eng.flush()
+            self.assertEqual((eng.restarts, eng._fences), (1, []))
+            eng._fences = [Reconnects()]
+            m(torch.randn(2, 8)).sum().backward()           # forward_begins() takes it: the first step goes on
+            self.assertEqual(eng.restarts, 2)
+            eng.step()
+            self.assertEqual(eng.steps, 1)
+            eng.close()                 # (its count is the patched one)
+
     def test_commit_waits_for_a_rank_of_before(self) -> None:
         """After tierd restarted, another rank's tensor held for writing at the kill (a ghost copy) makes tierd
         refuse commits (EBUSY) until that rank attaches again: the step's end raised that at once.  The commit

@@ -531,7 +531,10 @@ class Offload(torch.optim.Optimizer):
                                "step's updated ones already, where torch's forward would see the last step's; "
                                "call step() first, or make the engine with optimizer_in_backward=False")
         self.model_hooks.forget()
-        self._collect_fences()
+        try:
+            self._collect_fences()
+        except RestartedError:          # (a check joined the next tierd: no phase is held here)
+            self._restarted()
         self._training = torch.is_grad_enabled()
         if not self._training:
             return
@@ -875,8 +878,11 @@ class Offload(torch.optim.Optimizer):
         """Wait until the write-downs to NVMe in flight have ended (placements B and C evict each
         block's state after its optimizer phase without waiting): afterwards tierd's byte counters
         include them, and the state is on NVMe.  Not needed for correctness."""
-        for f in self._fences:
-            self._fence_done(f, True)
+        try:
+            for f in self._fences:
+                self._fence_done(f, True)
+        except RestartedError:          # (the wait joined the next tierd: the rest went with the connection)
+            self._restarted()
         self._fences = []
 
     def _fence_done(self, f: Any, wait: bool) -> bool:

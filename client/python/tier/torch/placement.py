@@ -60,6 +60,10 @@ def fence_done(eng: Any, f: Any, wait: bool) -> bool:
         eng.kept_up += 1
         return True
     except RestartedError:
+        if getattr(eng.client, "restarts", 0) != eng._client_restarts:
+            # this check found tierd gone and joined the next one (tier_fence_done() too reconnects): the
+            # pins and the phase the engine holds went with the connection, its caller goes again
+            raise
         # a fence of before tierd restarted: the copy stays valid where it is, wherever it was written
         eng.kept_up += 1
         return True
