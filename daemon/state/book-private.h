@@ -84,6 +84,8 @@ typedef struct BkTensor {
         bool gone;
         bool dead;              /* a DEAD record of version newest (a later record of it clears it) */
         uint32_t dead_rank;     /* its Tensor.dead_rank */
+        bool commit_dead;       /* dead at commit_version (a DEAD record of it): its Tensor.commit_dead */
+        uint32_t commit_dead_rank;
         char *name;
         Tensor *made;           /* book_restore(): the tensor made of it, or NULL */
 } BkTensor;

@@ -395,6 +395,8 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                         t->image = mfree(t->image);
                         t->n_image = 0;
                         t->commit_version = t->newest;
+                        t->commit_dead = t->dead;
+                        t->commit_dead_rank = t->dead ? t->dead_rank : 0;
                 }
                 return true;
         }
@@ -426,6 +428,11 @@ static bool apply(Book *b, unsigned type, Rd *r) {
                 t->newest = version;
                 t->dead = true;
                 t->dead_rank = rank;
+                /* the committed version (book_commit(), or a snapshot's record of it before the newer ones) */
+                if (version == t->commit_version) {
+                        t->commit_dead = true;
+                        t->commit_dead_rank = rank;
+                }
                 return true;
         }
         case REC_NEWER: {
@@ -832,6 +839,8 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                         }
                         t->book_key = bt->key;
                         t->commit_version = bt->commit_version;
+                        t->commit_dead = bt->commit_dead;
+                        t->commit_dead_rank = bt->commit_dead_rank;
                         bt->made = t;
                         bj->kept++;
                 }

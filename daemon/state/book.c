@@ -58,8 +58,11 @@
  * extents are reserved, and every read still checks their crc32c.  A tensor
  * whose last record is NEWER is restored as lost: reads fail and say why,
  * a whole write (TIER_WRITE) makes it whole again; one whose last is DEAD
- * (a clean stop found it dead: no bytes, its plan writes it whole next,
- * book_note_dead()) is restored dead, as it was.
+ * (a clean stop or a commit found it dead: no bytes, its plan writes it
+ * whole next, book_note_dead(), book_commit()) is restored dead, as it was.
+ * A DEAD record of the version a COMMIT (before it) or a snapshot's TENSOR
+ * (after it) names as committed says the tensor was dead at the commit
+ * (Tensor.commit_dead): a rollback makes it dead again.
  *
  * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
  * and four times its snapshot (at once after an NVME record, after the next
@@ -489,6 +492,22 @@ void book_image(Book *b, Tensor *t) {
         (void) record_write(b, &w, 0, REC_IMAGE);
 }
 
+/* A DEAD record of @t's version now, which is dead: the next write of it says NEWER (book_version()). */
+static void note_dead(Book *b, Tensor *t) {
+        Wr w = { b };
+
+        /* (NEWER: its copies went, book_version(); its NEWER record may be of a version before) */
+        if (!t->book_key || !t->dead || t->version == 0 ||
+            (t->book_state != BOOK_T_NEWER && t->book_state != BOOK_T_DEAD))
+                return;
+        rec_begin(&w);
+        put_dead(&w, t);
+        if (record_write(b, &w, 0, REC_DEAD)) {
+                t->book_state = BOOK_T_DEAD;
+                t->book_version = t->version;
+        }
+}
+
 void book_commit(Book *b, Job *j) {
         Wr w = { b };
 
@@ -505,6 +524,12 @@ void book_commit(Book *b, Job *j) {
                 if (t->book_key && (t->book_state == BOOK_T_NEWER || t->book_state == BOOK_T_DEAD) &&
                     t->book_version != t->version)
                         book_version_back(b, t);
+                /*
+                 * Dead at the commit (Tensor.commit_dead): the replay of the COMMIT takes that from the
+                 * DEAD record before it, so that a rollback after a restart makes it dead again, as
+                 * without the restart, rather than lost (a resumed job's gradients, written since)
+                 */
+                note_dead(b, t);
         }
         rec_begin(&w);
         wr_u(&w, j->book_key, 8);
@@ -519,21 +544,8 @@ void book_note_dead(Book *b) {
         list_for_each_safe(jn, jtmp, &b->registry->jobs) {
                 Job *j = list_entry(jn, Job, link);
 
-                list_for_each_safe(tn, ttmp, &j->tensors) {
-                        Tensor *t = list_entry(tn, Tensor, job_link);
-                        Wr w = { b };
-
-                        /* (NEWER: its copies went, book_version(); its NEWER record may be of a version before) */
-                        if (!t->book_key || !t->dead || t->version == 0 ||
-                            (t->book_state != BOOK_T_NEWER && t->book_state != BOOK_T_DEAD))
-                                continue;
-                        rec_begin(&w);
-                        put_dead(&w, t);
-                        if (record_write(b, &w, 0, REC_DEAD)) {
-                                t->book_state = BOOK_T_DEAD;
-                                t->book_version = t->version;
-                        }
-                }
+                list_for_each_safe(tn, ttmp, &j->tensors)
+                        note_dead(b, list_entry(tn, Tensor, job_link));
         }
 }
 
@@ -710,6 +722,15 @@ int book_snapshot(Book *b) {
                         if (!t->book_key)
                                 continue;
                         SNAP_REC(REC_TENSOR, put_tensor(&w, t));
+                        /* dead at its commit, written since: a DEAD record of the committed version first */
+                        if (t->commit_dead && t->commit_version > 0 && t->version != t->commit_version &&
+                            (t->book_state == BOOK_T_NVME || t->book_state == BOOK_T_NEWER ||
+                             t->book_state == BOOK_T_DEAD))
+                                SNAP_REC(REC_DEAD, {
+                                        wr_u(&w, t->book_key, 8);
+                                        wr_u(&w, t->commit_version, 8);
+                                        wr_u(&w, t->commit_dead_rank, 4);
+                                });
                         if (t->base)
                                 SNAP_REC(REC_IMAGE, put_extents(&w, t, t->commit_version, t->base, t->n_base));
                         if (t->book_state == BOOK_T_NVME)

@@ -311,5 +311,60 @@ class TestStateAfterRestart(tierd.DaemonTestCase):
         self.assertEqual(d.stop(), 0)
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestResumeAcrossRestart(tierd.DaemonTestCase):
+    config = LINGER
+
+    def resumed_across(self, fd_store: bool, again) -> None:
+        """A run killed in the middle of step 3 (its backward ran: every block's gradient written since the
+        commit of step 2, at which they were dead, consumed by the update), tierd restarted by again(d),
+        then a process resuming the job: it ends bit for bit where an uninterrupted run does."""
+        import tier
+        import tier.torch
+
+        def run(c, upto: int):
+            m = model()
+            eng = tier.torch.Offload(m, c, lr=1e-2, resume=True)
+            for i in range(eng.steps, upto):
+                m(batch(i)).square().mean().backward()
+                eng.step()
+                eng.zero_grad()
+            return m, eng
+
+        d = tierd.Tierd(self.config, fd_store=fd_store)
+        self.addCleanup(d.cleanup)
+        d.start()
+        c = tier.Client("across-ref", socket=d.socket)
+        _, eng = run(c, 4)
+        want = eng.parameters_state_dict()
+        eng.close()
+        c.close()
+        c = tier.Client("across", socket=d.socket)
+        m, eng = run(c, 2)
+        m(batch(2)).square().mean().backward()          # step 3's gradients written (fused: updates too)
+        c.close()                                       # killed here: the job lingers with its commit of step 2
+        again(d)
+        c = tier.Client("across", socket=d.socket)
+        self.addCleanup(c.close)
+        m, eng = run(c, 4)
+        self.assertTrue(eng.resumed)
+        got = eng.parameters_state_dict()
+        eng.close()
+        for n, p in want.items():
+            self.assertTrue(torch.equal(got[n], p), n)
+        self.assertEqual(d.stop(), 0)
+
+    def test_resumed_across_a_clean_restart(self) -> None:
+        """The commit lives through tierd's stop (it writes down what is only in memory) and start: the
+        resume was refused, "N tensor(s) have nothing to go back to", the gradients counted lost.  A
+        commit's dead tensors were dead only in tierd's memory (Tensor.commit_dead), not in its NVMe index:
+        after the restart the rollback had nothing to say of the ones written since but lost."""
+        self.resumed_across(False, lambda d: self.assertEqual(d.restart(), 0))
+
+    def test_resumed_across_a_kill_with_the_fd_store(self) -> None:
+        """The same with tierd SIGKILLed and started again with what the fd store kept of its memory."""
+        self.resumed_across(True, lambda d: d.kill_and_start())
+
+
 if __name__ == "__main__":
     tierd.main()

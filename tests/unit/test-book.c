@@ -512,18 +512,23 @@ static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
 }
 
 /*
- * Tensors dead at the commit (Tensor.commit_dead, which the index does not
- * keep), then a crash of tierd and a rollback: none reads zeros or another
- * version's bytes as its data.  d, dead when committed (its copies dropped
- * by its plan) and x, dead then and written since, come back lost (their
- * newest data was in memory): the rollback, not knowing they were dead,
- * keeps them lost (no image, a committed version > 0), and their reads fail
- * ENODATA until a whole write.  w, committed dead by its plan's write-only
- * hold (ipc/commit.c) while NVMe held its committed version, keeps that copy
- * as its image when the hold's write lands (copy_free()), and the index
- * that image: the rollback brings back the bytes w held at the commit.
- * (Without the crash the rollback makes d and x dead again, as the commit
- * had them, and gives w its image as here: test-dead.c.)
+ * Tensors dead at the commit (Tensor.commit_dead), then a crash of tierd and
+ * a rollback: none reads zeros or another version's bytes as its data, and
+ * each comes back as without the crash.  d, dead when committed (its copies
+ * dropped by its plan), and x, dead then and written since: the commit
+ * wrote a DEAD record of each before its COMMIT, so the index knows they
+ * were dead at the commit (d comes back dead, x lost: its newest data was in
+ * memory), and the rollback makes both dead again with the rank whose plan
+ * writes them (d, x: rank 0's), nothing lost: their reads outside that plan
+ * fail ENODATA until a whole write, as before the commit.  They used to come
+ * back lost from the rollback too: a resumed tier.torch job, its gradients
+ * dead at every commit and written since, was refused after tierd restarted.
+ * w, committed dead by its plan's write-only hold (ipc/commit.c) while NVMe
+ * held its committed version, keeps that copy as its image when the hold's
+ * write lands (copy_free()), and the index that image: the rollback brings
+ * back the bytes w held at the commit.  A second crash, the index now the
+ * snapshot the first start wrote, keeps all that (a DEAD record of x's
+ * committed version before its newer one's).  (Without the crash: test-dead.c.)
  */
 static void test_commit_dead_after_restart(void **state) {
         Dir d = dir_new();
@@ -562,13 +567,26 @@ static void test_commit_dead_after_restart(void **state) {
         dd = find(m, "j", "d");
         w = find(m, "j", "w");
         x = find(m, "j", "x");
-        assert_false(dd->commit_dead || w->commit_dead || x->commit_dead);     /* not in the index */
+        assert_true(dd->commit_dead && x->commit_dead);                 /* the DEAD records of the commit */
+        fixture_free(m);                        /* again: this time from the snapshot the start wrote */
+        m = start(&d);
+        j = job_find(m->registry, "j");
+        dd = find(m, "j", "d");
+        w = find(m, "j", "w");
+        x = find(m, "j", "x");
+        assert_true(dd->commit_dead && x->commit_dead);
+        assert_int_equal(dd->commit_dead_rank, 1);
+        assert_int_equal(x->commit_dead_rank, 1);
+        assert_false(w->commit_dead);           /* (its image says what a rollback brings back) */
         assert_non_null(w->base);
-        assert_true(dd->lost && w->lost && x->lost);
+        assert_true(dd->dead && !x->dead);      /* d still dead; x lost: its newest data was in memory */
+        assert_true(w->lost && x->lost);
         assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
-        assert_int_equal(rolled, 1);
-        assert_int_equal(lost, 2);
-        assert_true(dd->lost && x->lost);
+        assert_int_equal(rolled, 3);
+        assert_int_equal(lost, 0);
+        assert_true(dd->dead && x->dead && !dd->lost && !x->lost);
+        assert_int_equal(dd->dead_rank, 1);
+        assert_int_equal(x->dead_rank, 1);
         assert_int_equal(fixture_op(m, OP_PIN, dd, LEVEL_HOST), -ENODATA);
         assert_int_equal(fixture_op(m, OP_PIN, x, LEVEL_HOST), -ENODATA);
         assert_false(w->lost);
