@@ -56,7 +56,8 @@ measures what each block saves; what a later step saves beyond that stays
 in memory as usual.
 
 Loops (:class:`Offload` is a ``torch.optim.Optimizer``): parameter groups
-and ``torch.optim.lr_scheduler`` schedulers, gradient accumulation over
+(their members fixed when the engine is made: one moved is refused) and
+``torch.optim.lr_scheduler`` schedulers, gradient accumulation over
 micro-batches, ``clip_grad_norm_`` (exact: it switches the optimizer phases
 to after the whole backward), activation checkpointing, ``state_dict()``
 of the model and of the engine, and :meth:`Offload.save`/:meth:`Offload.load`

@@ -165,6 +165,7 @@ class Offload(torch.optim.Optimizer):
             for s in b.slots:
                 if not any(s.param is p for g in self.param_groups for p in g["params"]):
                     s.group = -1            # in no group: not optimized, as torch.optim leaves it
+        self._members = optim.members_of(self.param_groups)     # (optim.check_members())
         self._by_tname: dict[str, tuple[Block, str]] = {}
         self.tracer = Tracer()
         self._mode: str | None = None        # None during the first step, then "fused" or "deferred"

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from . import optim
+
 FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
               "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
 
@@ -120,6 +122,8 @@ def check_one_forward(eng: Any) -> None:
     it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
     eng._bwd_tried = True
     check_kept_grads(eng)
+    if eng._mode == "fused":
+        optim.check_groups(eng)     # (changed since the forward: this backward runs the updates)
     if eng._fwd_dropped and eng._micro == 0:
         raise RuntimeError("backward() after zero_grad() dropped this step, between this forward and its backward: "
                            "plain PyTorch would keep the forward and start the gradients afresh from this backward; "

@@ -241,9 +241,59 @@ def check_rule(rule: Any) -> StepRule:
 
 def check_groups(eng: Any) -> None:
     """Every parameter group, as it is now, before a step's updates: what the rule cannot honour (a
-    scheduler or the loop may have changed it since the engine was made) is refused first."""
+    scheduler or the loop may have changed it since the engine was made) is refused first, and so are
+    parameters moved between the groups (check_members())."""
+    check_members(eng)
     for g in eng.param_groups:
         eng.rule.check_group(g)
+
+
+def members_of(groups: list[dict[str, Any]]) -> list[dict[int, None]]:
+    """The parameters (their ids, in order) of each parameter group."""
+    return [dict.fromkeys(id(p) for p in g["params"]) for g in groups]
+
+
+def check_members(eng: Any) -> None:
+    """The parameter groups hold the parameters they held when the engine was made (eng._members).
+    torch.optim reads each group's "params" in every step(); the engine gave each parameter its group
+    when it was made (Slot.group), and a parameter moved to another group
+    (``param_groups[1]["params"].append(p)``), taken out of one, or a group added to or deleted from
+    ``param_groups`` by hand was updated with its old group's hyperparameters, or failed deep inside
+    (IndexError, KeyError): refused (ValueError), naming the change, before anything changes."""
+    made = eng._members
+    groups = eng.param_groups
+    what = None
+    if len(groups) != len(made):
+        what = f"{len(groups)} parameter groups now, {len(made)} when the engine was made"
+    else:
+        for gi, (g, was) in enumerate(zip(groups, made)):
+            now = {id(p): p for p in g["params"]}
+            if now.keys() == was.keys():
+                continue
+            added = [p for k, p in now.items() if k not in was]
+            if added:
+                what = f"param_groups[{gi}] holds {param_name(eng, added[0])} now, not when the engine was made"
+            else:
+                gone = next(k for k in was if k not in now)
+                to = [i for i, h in enumerate(groups) if any(id(p) == gone for p in h["params"])]
+                what = f"{param_name(eng, eng.slot_of[gone][1].param)} " + (
+                    f"moved from param_groups[{gi}] to param_groups[{to[0]}]" if to else f"left param_groups[{gi}]")
+            break
+    if what is not None:
+        raise ValueError(f"tier.torch: the parameter groups changed since the engine was made ({what}): the "
+                         "engine gave each parameter its group when it was made and does not follow parameters "
+                         "moved between groups, added or removed, as torch.optim would; give each parameter its "
+                         "group in Offload(params=[...]) and change a group's hyperparameters instead "
+                         "(engine.param_groups[i]['weight_decay'] = 0.0), or close() the engine and make a new "
+                         "one with the new groups")
+
+
+def param_name(eng: Any, p: Any) -> str:
+    """A parameter in words: the model's name for it, or its shape where it is not the model's."""
+    hit = eng.slot_of.get(id(p))
+    if hit is not None:
+        return f"parameter {hit[1].name}"
+    return f"a parameter of shape {tuple(getattr(p, 'shape', ()))} that is not the model's"
 
 
 def hyper_of(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import torch
 
 from .. import HOST, READ, READ_WRITE, WRITE
 from ..errors import LostError, RestartedError
-from . import guards, resume as resume_mod
+from . import guards, optim, resume as resume_mod
 from .layout import Block, Slot
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -412,6 +412,7 @@ def _write_state(eng: "Offload", b: Block, vals: dict[int, dict[str, torch.Tenso
 
 def optimizer_state_dict(eng: "Offload") -> dict[str, Any]:
     eng.check_idle("state_dict()")
+    optim.check_members(eng)     # (the state is numbered by the groups)
     groups, index = _packed_groups(eng)
     state: dict[int, dict[str, Any]] = {}
     names = eng.rule.state_names()
@@ -443,6 +444,7 @@ def _check_groups(eng: "Offload", saved: list[dict]) -> None:
 
 def load_optimizer_state_dict(eng: "Offload", sd: dict[str, Any]) -> None:
     eng.check_idle("load_state_dict()")
+    optim.check_members(eng)     # (the state is numbered by the groups)
     if not isinstance(sd, dict) or "state" not in sd or "param_groups" not in sd:
         raise ValueError("not an optimizer state dict (it needs 'state' and 'param_groups')")
     _check_groups(eng, sd["param_groups"])
@@ -509,6 +511,7 @@ def save(eng: "Offload", path: str) -> None:
     """meta.pt, buffers.pt and one block-NNNN.pt per block, into a new directory ``path`` (written
     beside it first and renamed into place: a crash leaves the old one or none)."""
     eng.check_idle("save()")
+    optim.check_members(eng)     # (the state is numbered by the groups)
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(f"{path} exists and is not a directory")
     tmp = path.rstrip("/") + ".tmp-save"
@@ -542,6 +545,7 @@ def save(eng: "Offload", path: str) -> None:
 
 def load(eng: "Offload", path: str) -> None:
     eng.check_idle("load()")
+    optim.check_members(eng)     # (the state is numbered by the groups)
     meta = torch.load(os.path.join(path, "meta.pt"))
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not a tier.torch checkpoint (no meta.pt of format {FORMAT!r})")
