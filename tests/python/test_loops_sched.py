@@ -15,7 +15,7 @@ checkpoint of model, engine and scheduler taken halfway resumes so;
 between the groups, taken out of one, or a group deleted from
 ``param_groups``: refused in words before anything changes (they were updated
 with their old group's hyperparameters, silently, or failed with an
-IndexError).  Placement C under a host budget below the state, as test_loops.
+IndexError).  ``step(closure)``, as torch.optim and Lightning call it.  Placement C under a host budget below the state, as test_loops.
 """
 
 from __future__ import annotations
@@ -214,6 +214,37 @@ class TestLoopsSched(tierd.DaemonTestCase):
             with self.subTest(rule):
                 ref, opt, model, eng = self.pair(f"by-hand-{rule}", rule, True)
                 self.assertEqual(run(model, eng, None, data, tweak=tweak), run(ref, opt, None, data, tweak=tweak))
+                self.same(rule, ref, opt, model, eng)
+                eng.close()
+
+    def test_step_with_closure(self) -> None:
+        """optimizer.step(closure), the closure zeroing the gradients, running the forward and the
+        backward (and clipping) and returning the loss, as torch.optim documents it and PyTorch
+        Lightning's automatic optimization calls every optimizer: it was refused ("takes no closure").
+        Now the closure runs first, with gradients on, and step() returns its loss: bit for bit, fused
+        and deferred (clipped), SGD and AdamW, under torch.no_grad() around step() too."""
+        data = batches(4)
+        for rule, clip in (("adamw", None), ("sgd", 0.05)):
+            with self.subTest(rule=rule):
+                ref, opt, model, eng = self.pair(f"closure-{rule}", rule, True)
+
+                def train(m, o):
+                    out = []
+                    torch.manual_seed(11)
+                    for x in data:
+                        def closure():
+                            o.zero_grad()
+                            loss = lm_loss(m, x)
+                            loss.backward()
+                            if clip is not None:
+                                torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+                            return loss
+                        with torch.no_grad():       # (torch.optim's step() runs the closure with gradients on)
+                            out.append(o.step(closure).item())
+                    return out
+
+                self.assertEqual(train(model, eng), train(ref, opt))
+                self.assertEqual(eng.mode, "fused" if clip is None else "deferred")
                 self.same(rule, ref, opt, model, eng)
                 eng.close()
 

@@ -755,8 +755,10 @@ class Offload(torch.optim.Optimizer):
         where the optimizer already ran in the backward (the first step did not clip)."""
         return clip.clip_grad_norm(self, list(parameters), max_norm, norm_type, error_if_nonfinite)
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> Any:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
+        A ``closure`` (torch.optim's: zero_grad(), the forward and the backward, returning the loss, as
+        PyTorch Lightning passes one) is called first, with gradients on, and its loss returned.
 
         Deferred (gradients accumulated or clipped), every block's optimizer phases run here, the
         clipping factor applied; fused, only the shared block's are left, if the backward's end did
@@ -766,9 +768,10 @@ class Offload(torch.optim.Optimizer):
         write-downs (placements B and C) be issued, and this way they are issued in the step they
         belong to; :meth:`flush` waits for them."""
         self.model_hooks.forget()
+        loss = None
         if closure is not None:
-            raise RuntimeError("tier.torch's step() takes no closure (the backward has run by then): compute "
-                               "the loss and call backward() before step()")
+            with torch.enable_grad():
+                loss = closure()
         guards.check_backward(self, "step()")
         guards.check_step_again(self)
         changed = hyper_changed(self._hyper_at_backward, self.param_groups)
@@ -793,7 +796,7 @@ class Offload(torch.optim.Optimizer):
             self._phase, self._micro = None, 0
             self._release()
             self.tracer.seq, self.tracer.index = [], {}
-            return
+            return loss
         if self._bwd is not None:       # a backward whose end autograd did not report (not through the model)
             self._finish(self._bwd)
             if self._mode == "fused" and self.blocks[-1].is_shared:
@@ -858,6 +861,7 @@ class Offload(torch.optim.Optimizer):
         self._first_step = False
         if self.resume:
             self._commit()
+        return loss
 
     def _commit(self) -> None:
         """The step is over: the job is committed (after the resume record), a round trip and a small
