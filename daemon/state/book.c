@@ -722,10 +722,14 @@ int book_snapshot(Book *b) {
                         if (!t->book_key)
                                 continue;
                         SNAP_REC(REC_TENSOR, put_tensor(&w, t));
-                        /* dead at its commit, written since: a DEAD record of the committed version first */
-                        if (t->commit_dead && t->commit_version > 0 && t->version != t->commit_version &&
+                        /*
+                         * dead at its commit: a DEAD record of the committed version first, written since
+                         * or not (rolled back to it: dead again, its record NEWER, book_version()); one
+                         * whose record is DEAD of that version has it below
+                         */
+                        if (t->commit_dead && t->commit_version > 0 &&
                             (t->book_state == BOOK_T_NVME || t->book_state == BOOK_T_NEWER ||
-                             t->book_state == BOOK_T_DEAD))
+                             (t->book_state == BOOK_T_DEAD && t->version != t->commit_version)))
                                 SNAP_REC(REC_DEAD, {
                                         wr_u(&w, t->book_key, 8);
                                         wr_u(&w, t->commit_version, 8);

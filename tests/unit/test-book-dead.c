@@ -21,6 +21,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine-private.h"
 #include "daemon/state/book.h"
+#include "daemon/state/book-private.h"
 #include "daemon/state/registry.h"
 #include "tests/unit/fixture.h"
 #include "proto/crc32c.h"
@@ -130,6 +131,57 @@ static void test_dead_across_a_clean_stop(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/*
+ * D dead at the commit, a crash: it comes back dead (the commit's DEAD record) and the rollback makes
+ * it dead again, its version the committed one, the index told NEWER of it (book_version()).  A
+ * compaction then (BOOK_COMPACT_MIN reached in the step after a resume, or the start of a tierd that
+ * crashed again before the rollback) wrote a snapshot without its commit's DEAD record (only one of a
+ * tensor written since the commit had one): the next crash brought it back lost, and its rollback
+ * counted it lost ("nothing to go back to"), a resumed tier.torch job refused as before the DEAD
+ * records.  The snapshot keeps it now, whatever the tensor's version.
+ */
+static void test_commit_dead_across_a_snapshot_after_a_rollback(void **state) {
+        char dir[64] = "/var/tmp/tierd-book-dead.XXXXXX", cmd[128], why[128];
+        unsigned rolled, lost;
+        Manager *m;
+        Tensor *d;
+        Job *j;
+
+        assert_non_null(mkdtemp(dir));
+        m = fixture_new(32 * MiB, setup, dir);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->book, j);
+        d = fixture_tensor(j, "D", MiB);
+        fixture_host_data(m, d, 0x11);
+        make_dead(d);
+        job_commit(j, 1);
+        fixture_free(m);                        /* as a crash */
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        d = find(m, "j", "D");
+        assert_true(d->dead && d->commit_dead);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_true(d->dead && d->commit_dead && d->version == d->commit_version);
+        assert_int_equal(book_snapshot(m->book), 0);    /* a compaction */
+        fixture_free(m);                        /* a crash again */
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        d = find(m, "j", "D");
+        assert_true(d->commit_dead);
+        assert_int_equal(d->commit_dead_rank, 3);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_int_equal(rolled, 1);
+        assert_true(d->dead && !d->lost);
+        assert_int_equal(d->dead_rank, 3);
+        fixture_free(m);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 /* The header's format field of @path set to @format, its crc made again: as another tierd wrote it. */
 static void set_format(const char *path, uint32_t format) {
         uint8_t buf[4096];
@@ -206,6 +258,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_dead_across_a_clean_stop),
                 cmocka_unit_test(test_format),
+                cmocka_unit_test(test_commit_dead_across_a_snapshot_after_a_rollback),
         };
 
         return fixture_main("book-dead", tests, sizeof(tests) / sizeof(tests[0]));
