@@ -500,6 +500,8 @@ static void note_dead(Book *b, Tensor *t) {
         if (!t->book_key || !t->dead || t->version == 0 ||
             (t->book_state != BOOK_T_NEWER && t->book_state != BOOK_T_DEAD))
                 return;
+        if (t->book_state == BOOK_T_DEAD && t->book_version == t->version)
+                return;         /* the index's last record of it says so already (one per commit was 40 bytes each) */
         rec_begin(&w);
         put_dead(&w, t);
         if (record_write(b, &w, 0, REC_DEAD)) {

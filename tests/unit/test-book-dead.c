@@ -182,6 +182,47 @@ static void test_commit_dead_across_a_snapshot_after_a_rollback(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/*
+ * D dead at commit 1 and still at commit 2, never written between: the index's last record of it is the
+ * DEAD record of that version already, so commit 2 writes its COMMIT record alone (it wrote another DEAD
+ * record of D at every commit: 40 bytes a commit for each tensor that stays dead); after a crash D is
+ * still dead at the commit, its rollback nothing lost.
+ */
+static void test_commit_of_one_dead_since(void **state) {
+        char dir[64] = "/var/tmp/tierd-book-dead.XXXXXX", cmd[128], why[128];
+        unsigned rolled, lost;
+        uint64_t records;
+        Manager *m;
+        Tensor *d;
+        Job *j;
+
+        assert_non_null(mkdtemp(dir));
+        m = fixture_new(32 * MiB, setup, dir);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->book, j);
+        d = fixture_tensor(j, "D", MiB);
+        fixture_host_data(m, d, 0x11);
+        make_dead(d);
+        records = m->book->records;
+        job_commit(j, 1);
+        assert_int_equal(m->book->records, records + 2);       /* D's DEAD record, the COMMIT */
+        job_commit(j, 2);
+        assert_int_equal(m->book->records, records + 3);       /* the COMMIT alone */
+        fixture_free(m);                        /* as a crash */
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        d = find(m, "j", "D");
+        assert_true(d->dead && d->commit_dead);
+        assert_int_equal(d->commit_dead_rank, 3);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_true(d->dead && !d->lost);
+        fixture_free(m);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 /* The header's format field of @path set to @format, its crc made again: as another tierd wrote it. */
 static void set_format(const char *path, uint32_t format) {
         uint8_t buf[4096];
@@ -259,6 +300,7 @@ int main(void) {
                 cmocka_unit_test(test_dead_across_a_clean_stop),
                 cmocka_unit_test(test_format),
                 cmocka_unit_test(test_commit_dead_across_a_snapshot_after_a_rollback),
+                cmocka_unit_test(test_commit_of_one_dead_since),
         };
 
         return fixture_main("book-dead", tests, sizeof(tests) / sizeof(tests[0]));
