@@ -236,7 +236,7 @@ int tier_prefetch_async(tier_tensor *t, int tier, tier_fence *ret_fence);
  * -EIO; tier_client_last_error() has tierd's reason) or never will be
  * (tierd went away before it was done: -ECONNRESET, -EPIPE, -ESHUTDOWN; a
  * client that reconnects joins the next tierd, tier_client_set_reconnect(),
- * and gets -ERESTART).
+ * waiting for it up to its timeout, and gets -ERESTART).
  * Never makes a system call when the fence completed without error.
  */
 int tier_fence_done(tier_client *c, tier_fence f);

@@ -83,7 +83,9 @@ class Fence:
     def done(self) -> bool:
         """True if the request is done, False if not; raises its error if it failed.
 
-        Makes no system call for a fence that completed without error.
+        Makes no system call for a fence that completed without error.  Of a client made with
+        ``reconnect=``, a fence not done whose tierd went joins the next tierd (waiting for it up to
+        the reconnect timeout) and raises RestartedError, as any call that finds tierd gone.
         """
         c = self.client._handle("check fence")
         r = _L.tier_fence_done(c, self.value)
