@@ -368,5 +368,89 @@ class TestPlaceholders(tierd.DaemonTestCase):
         eng.close()
 
 
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestParamsHeld(tierd.DaemonTestCase):
+    """A module's ``_parameters`` while an engine holds them: its refusals are raised in Python (no
+    __torch_function__), so these run under ASan too."""
+
+    config = CONFIG
+    engine = usage.TestUsage.engine
+    same = usage.TestUsage.same
+
+    def test_parameter_removed_or_replaced_refused(self) -> None:
+        """``weight_norm()``, ``prune.l1_unstructured()``/``random_unstructured()`` and
+        ``parametrize.register_parametrization()`` (its ``p.set_(p)`` said at the next forward) on a module of
+        the open engine deleted its parameter (or registered it again as ``weight_orig``) before their first
+        read of the placeholder was refused: the module was left without its ``weight``.  ``del m.weight``,
+        ``m.weight = nn.Parameter(...)`` or ``None``, ``register_parameter()`` over it and
+        ``m._parameters[...] =`` replaced it silently, the engine training the old one and the model holding
+        the new.  Each is refused now before anything
+        changes, naming the parameter and what to do; assigning a parameter its own value passes; the model
+        trains on as plain PyTorch's, and after close() the module's ``_parameters`` is torch's own again."""
+        import torch.nn.utils.parametrize
+        import torch.nn.utils.prune as prune
+
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "held")
+        data = batches(3)
+
+        def step(x):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+
+        def looks(m):
+            return [(type(n), list(n._parameters.items()), list(n._buffers.items()), list(n._forward_pre_hooks),
+                     sorted(n._modules), sorted(n.__dict__)) for n in m.modules()]
+
+        step(data[0])
+        head = model.head
+        before = looks(model)
+        new = torch.nn.Parameter(torch.zeros(256, 32))
+        refused = (r"^{} {} while a tier\.torch engine holds it.*weight_norm\(\).*before making "
+                   r"the engine, or close\(\) the engine.*nothing changed")
+        tries = [("weight_norm", "removing", "parameter weight of Linear", lambda: torch.nn.utils.weight_norm(head)),
+                 ("l1_unstructured", "registering", r"parameter head\.weight again, as weight_orig of Linear,",
+                  lambda: prune.l1_unstructured(head, "weight", 0.5)),
+                 ("random_unstructured", "registering", r"parameter head\.weight again, as weight_orig of Linear,",
+                  lambda: prune.random_unstructured(head, "weight", 0.5)),
+                 ("del", "removing", "parameter weight of Linear", lambda: delattr(head, "weight")),
+                 ("assigned", "replacing", "parameter weight of Linear", lambda: setattr(head, "weight", new)),
+                 ("None", "replacing", "parameter weight of Linear", lambda: setattr(head, "weight", None)),
+                 ("register_parameter", "replacing", "parameter bias of Linear",
+                  lambda: head.register_parameter("bias", None)),
+                 ("alias", "registering", r"parameter head\.weight again, as w2 of Linear,",
+                  lambda: head.register_parameter("w2", head.weight)),
+                 ("item", "replacing", "parameter weight of Linear",
+                  lambda: head._parameters.__setitem__("weight", new)),
+                 ("pop", "removing", "parameter weight of Linear", lambda: head._parameters.pop("weight")),
+                 ("popitem", "removing", "parameter bias of Linear", lambda: head._parameters.popitem()),
+                 ("clear", "removing", "parameter weight of Linear", lambda: head._parameters.clear()),
+                 ("update", "replacing", "parameter weight of Linear", lambda: head._parameters.update(weight=new))]
+        for what, how, name, call in tries:
+            with self.subTest(what=what), self.assertRaisesRegex(RuntimeError, refused.format(how, name)):
+                call()
+            self.assertEqual(looks(model), before, f"{what} changed the model")
+        # register_parametrization() calls head.weight.set_(head.weight) first, which torch binds without
+        # __torch_function__: it changed nothing, but counts in the version, and the next forward says so once
+        with self.assertRaisesRegex(RuntimeError, refused.format("removing", "parameter weight of Linear")):
+            torch.nn.utils.parametrize.register_parametrization(head, "weight", torch.nn.Identity())
+        self.assertEqual(looks(model), before, "register_parametrization changed the model")
+        with self.assertRaisesRegex(RuntimeError, r"parameter head\.weight was changed in place outside.*Or p\.set_"
+                                                  r"\(\) was called: parametrize\.register_parametrization.*go on"):
+            lm_loss(model, data[1])
+        head.weight = head.weight                       # (its own: nothing changes)
+        step(data[1])
+        self.same(model, ref, "trained on")
+        self.assertIs(type(copy.copy(head._parameters)), collections.OrderedDict)   # (a copy: torch's own)
+        eng.close()
+        self.assertIs(type(head._parameters), collections.OrderedDict)
+        torch.nn.utils.weight_norm(head)                # (the model's own again)
+        self.assertIn("weight_g", head._parameters)
+
+
 if __name__ == "__main__":
     tierd.main()

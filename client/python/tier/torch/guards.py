@@ -17,6 +17,7 @@ gradients off) or after one that raised:
 
 from __future__ import annotations
 
+import collections
 import functools
 import weakref
 from typing import Any
@@ -193,13 +194,17 @@ def _check_placeholders(eng: Any, what: str, mapped: set[int]) -> None:
                     "empty placeholder): convert the model before making the engine, or close() the engine "
                     "(the model gets its values back), convert, and make a new one")
             if p._version != s.ph_version or p.data.numel() != 0:
+                # (set_(), which torch 1.13 binds without __torch_function__, is seen here only)
+                set_ = "" if p.data.numel() != 0 else (
+                    "  Or p.set_() was called: parametrize.register_parametrization() (orthogonal()) calls "
+                    "p.set_(p) before its refusal, which changed nothing (go on)")
                 for ss in (ss for bb in eng.blocks for ss in bb.slots if id(ss) not in mapped):
                     eng._unmap(ss)      # (what was assigned goes: the placeholder again)
                 raise RuntimeError(
                     f"{what}: parameter {s.name} was changed in place outside the model's forward (weight "
                     "clipping, nn.init, p.data assigned), where tier.torch keeps its values in tierd and the "
                     "model only an empty placeholder: the change was lost.  Change parameters before making "
-                    "the engine, or through model.load_state_dict() (written into tierd)")
+                    f"the engine, or through model.load_state_dict() (written into tierd).{set_}")
 
 
 #: the getter and setter of ``Tensor.data``, as __torch_function__ is handed them
@@ -566,6 +571,84 @@ def claim_params(eng: Any) -> None:
         name = next((shaped[id(p)] for p in m.parameters() if id(p) in shaped), None)
         if name is not None and "to" not in m.__dict__:
             m.__dict__["to"] = _refuse_format(r, m, name)
+    for m in eng.model.modules():
+        if type(m.__dict__.get("_parameters")) is collections.OrderedDict:
+            held = HeldParams(m._parameters)
+            held._tier_eng, held._tier_owner = r, type(m).__name__
+            m.__dict__["_parameters"] = held
+
+
+class HeldParams(collections.OrderedDict):
+    """A module's ``_parameters`` while the engine ``_tier_eng`` (a weak reference) is open: what would
+    remove one of the engine's parameters from it, replace it or register it under a second name is
+    refused before it changes anything.  ``weight_norm()``, ``prune``'s methods and
+    ``parametrize.register_parametrization()`` removed the parameter (``del module._parameters[name]``,
+    ``delattr()``; prune registered it again as ``weight_orig`` first) before their first read of the empty
+    placeholder was refused, leaving the module without it; ``m.weight = nn.Parameter(...)``,
+    ``register_parameter()`` or ``_parameters[name] =`` replaced it silently, the engine training the
+    old one in tierd and the model holding the new.  Every path of torch's Module goes through these
+    methods; its reads (``__getattr__``, ``state_dict()``, ``named_parameters()``) are the dict's own.
+    Once the engine is closed (or gone) a plain dict; release_params() gives the module torch's back."""
+
+    _tier_eng: Any = None
+    _tier_owner = "?"
+
+    def _check(self, key: Any, value: Any, removing: bool) -> None:
+        eng = self._tier_eng() if self._tier_eng is not None else None
+        if eng is None or eng._closed:
+            return
+        old = collections.OrderedDict.get(self, key)
+        s = _held_slot(eng, old)
+        if s is not None and (removing or value is not old):
+            _refuse_held(f"{'removing' if removing else 'replacing'} parameter {key} of {self._tier_owner}", s.name)
+        s = None if removing or value is old else _held_slot(eng, value)
+        if s is not None:
+            _refuse_held(f"registering parameter {s.name} again, as {key} of {self._tier_owner},", s.name)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check(key, value, False)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._check(key, None, True)
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._check(key, None, True)
+        return super().pop(key, *default)
+
+    def popitem(self, last: bool = True) -> Any:
+        if self:
+            self._check(next(reversed(self)) if last else next(iter(self)), None, True)
+        return super().popitem(last)
+
+    def clear(self) -> None:
+        for key in self:
+            self._check(key, None, True)
+        super().clear()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self._check(key, default, False)
+        return super().setdefault(key, default)
+
+    def __reduce__(self) -> Any:     # (a copy, a pickle: torch's own dict, without the engine)
+        return (collections.OrderedDict, (list(self.items()),))
+
+
+def _held_slot(eng: Any, p: Any) -> Any:
+    hit = eng.slot_of.get(id(p)) if p is not None else None
+    return hit[1] if hit is not None and hit[1].param is p else None
+
+
+def _refuse_held(what: str, name: str) -> None:
+    raise RuntimeError(f"{what} while a tier.torch engine holds it ({name}; its values, "
+                       "gradients and optimizer state are laid out in tierd, the module holds an empty placeholder "
+                       "outside its block's phases): torch.nn.utils.weight_norm(), spectral_norm(), prune and "
+                       "parametrize.register_parametrization() re-parametrize so, and a Parameter assigned over it "
+                       "would train outside tierd while the engine trained the old one.  Apply them before making "
+                       "the engine, or close() the engine (the model gets its values back), apply, and make a new "
+                       "one; new values go in with model.load_state_dict(); nothing changed")
 
 
 def _refuse_resize(r: Any, m: Any) -> Any:
@@ -618,6 +701,9 @@ def release_params(eng: Any) -> None:
             del m.__dict__["resize_token_embeddings"]
         if getattr(m.__dict__.get("to"), "__qualname__", "").startswith("_refuse_format"):
             del m.__dict__["to"]
+        held = m.__dict__.get("_parameters")
+        if type(held) is HeldParams and held._tier_eng is not None and held._tier_eng() in (eng, None):
+            m.__dict__["_parameters"] = collections.OrderedDict(held)
     for pid in eng.slot_of:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
