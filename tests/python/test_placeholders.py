@@ -293,6 +293,47 @@ class TestPlaceholders(tierd.DaemonTestCase):
         self.assertEqual(probe(p, "__cuda_array_interface__"), "absent")
         self.assertEqual(p.T.shape, r.T.shape)
 
+    def test_grad_assigned_outside_phases_refused(self) -> None:
+        """``p.grad = torch.zeros(0)`` on an engine's parameter outside its block's phases (torch compares it with
+        the empty placeholder's size, and let it pass) made the next backward fail partway, in autograd's
+        accumulation into it.  Refused when assigned, with what to do; a gradient of the parameter's shape,
+        which torch refused as "of a different size", is refused in the same words.  ``p.grad = None``
+        (zero_grad(set_to_none=True) does it) and ``.grad`` assigned its own value pass, and the model trains
+        on as plain PyTorch's."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "grad")
+        data = batches(3)
+
+        def step(x, zero=None):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                (zero or o.zero_grad)()
+
+        step(data[0])
+        p = model.head.weight
+        refused = r"^p\.grad = \.\.\. on parameter head\.weight outside its block's forward or backward.*nothing"
+        for attr in ("grad", "_grad"):
+            for value in (torch.zeros(0), torch.zeros(256, 32)):
+                with self.subTest(attr=attr, shape=tuple(value.shape)), \
+                        self.assertRaisesRegex(RuntimeError, refused):
+                    setattr(p, attr, value)
+                self.assertIsNone(p.grad)
+        p.grad = None
+        p.grad = p.grad
+        step(data[1], lambda: None)                         # (a GradInTierd stands for the gradient now)
+        with self.assertRaisesRegex(RuntimeError, refused):
+            p.grad = torch.zeros(0)
+        model.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
+        self.assertIsNone(p.grad)
+        step(data[2])
+        self.same(model, ref, "trained on")
+        eng.close()
+        p.grad = torch.zeros_like(p)                        # (the model's own again)
+
     def test_parameter_subclass_keeps_its_ops(self) -> None:
         """A parameter of a class of the user's whose ``__torch_function__`` is torch.Tensor's (results of
         its ops keep the class): while the engine has it, its class is a subclass watching ``.data``

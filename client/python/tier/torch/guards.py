@@ -234,6 +234,8 @@ def _watching(cls: type) -> type:
                         return func(real, *args[1:], **(kwargs or {}))
             if func == _DATA_SET:
                 check_data_set(args[0], args[1])
+            elif func in _GRAD_SET:
+                check_grad_set(args[0], args[1])
             elif func not in _METADATA and not _reads_nothing(func, args):
                 with torch._C.DisableTorchFunction():
                     mark = check_reads(func, args, kwargs)
@@ -290,6 +292,30 @@ def check_data_set(p: torch.Tensor, value: Any) -> None:
                        "before making the engine, or after close() (the model gets its values back)")
 
 
+def check_grad_set(p: torch.Tensor, value: Any) -> None:
+    """``p.grad = value`` (or ``p._grad =``) on a parameter the engine holds, outside its block's phases:
+    torch compares the gradient's size with the empty placeholder's, so ``torch.zeros(0)`` passed, and
+    autograd failed to add the next backward's gradient into it, partway through that backward (and a
+    gradient of the parameter's shape was refused in torch's words, "of a different size").  The engine
+    takes each block's gradients from ``.grad`` in its backward and moves them into tierd: a gradient set
+    outside it has no meaning there.  Refused before anything changes; ``None`` (zero_grad(set_to_none=True))
+    and ``.grad`` its own value again pass, and so does any value inside the block's phases (its parameters
+    mapped), as torch's."""
+    if value is None:
+        return
+    with direct():
+        name = _placeholder_name(p)
+        if name is None or value is p.grad:
+            return
+    raise RuntimeError(f"p.grad = ... on parameter {name} outside its block's forward or backward: the tier.torch "
+                       "engine takes each block's gradients from .grad in its backward and moves them into tierd "
+                       "(the model holds an empty placeholder outside), so a gradient set here would not be used, "
+                       "and autograd would fail adding the next backward's into it; nothing changed.  To scale or "
+                       "change gradients, scale the loss or register a hook on the parameter (p.register_hook(), "
+                       "run in the backward); to clip, torch.nn.utils.clip_grad_norm_; to drop them, zero_grad() "
+                       "(or p.grad = None)")
+
+
 _T = torch.Tensor
 #: what passes on a placeholder: its metadata (shape, dtype, device; attributes but the views among
 #: them, .T, .real), its autograd bookkeeping (hooks, requires_grad), identity (hash), printing, and
@@ -314,6 +340,7 @@ _CONVERSIONS = frozenset(getattr(_T, n) for n in (
     "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
     "bool", "detach", "share_memory_", "pin_memory", "contiguous"))
 _COPY = _T.copy_
+_GRAD_SET = frozenset((_T.grad.__set__, _T._grad.__set__))     # (check_grad_set(); metadata otherwise)
 #: what a placeholder answers as its parameter (a meta tensor of its shape answers, _shaped()), as numel()
 #: does: code sizing tensors of its own from a parameter (``p.new_zeros(p.shape)``, HF's
 #: ``get_input_embeddings().weight.shape[0]``, a model summary) gets the parameter's; what would compute on
