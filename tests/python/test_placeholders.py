@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import copy
 import os
+import re
 import unittest
 
 import test_usage as usage
@@ -292,6 +293,55 @@ class TestPlaceholders(tierd.DaemonTestCase):
         eng.close()
         self.assertEqual(probe(p, "__cuda_array_interface__"), "absent")
         self.assertEqual(p.T.shape, r.T.shape)
+
+    def test_reparametrization_refused_before_any_change(self) -> None:
+        """What re-parametrizes a module reads its parameter first, refused on the placeholder: ``spectral_norm()``
+        (reshape()), ``parametrizations.orthogonal()``, ``prune.global_unstructured()``, and ``prune.remove()``
+        of a module pruned before the engine (its masked weight); nothing of the module changes (its
+        parameters, buffers, class and hooks are as before), and the model trains on as plain PyTorch's.
+        ``weight_norm()``, ``prune.l1_unstructured()`` and ``register_parametrization()`` removed the parameter
+        first: TestParamsHeld."""
+        import torch.nn.utils.parametrizations
+        import torch.nn.utils.prune as prune
+
+        def make():
+            torch.manual_seed(7)
+            m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+            prune.l1_unstructured(m[2], "weight", 0.5)      # (before the engine: its pre-hook runs mapped)
+            return m
+
+        ref, model = make(), make()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "reparam")
+        data = [torch.randn(3, 8, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+
+        def step(x):
+            for m, o in ((ref, opt), (model, eng)):
+                m(x).pow(2).mean().backward()
+                o.step()
+                o.zero_grad()
+
+        def looks(m):
+            return [(type(n), list(n._parameters.items()), list(n._buffers.items()), list(n._forward_pre_hooks),
+                     sorted(n._modules)) for n in m.modules()]
+
+        step(data[0])
+        before = looks(model)
+        where = r"parameter {} (\(.*\) )?outside its block's forward or backward"
+        tries = [("spectral_norm", "0.weight", lambda: torch.nn.utils.spectral_norm(model[0])),
+                 ("orthogonal", "0.weight", lambda: torch.nn.utils.parametrizations.orthogonal(model[0])),
+                 ("global_unstructured", "0.weight",
+                  lambda: prune.global_unstructured([(model[0], "weight")], prune.L1Unstructured, amount=0.5)),
+                 ("remove", "2.weight_orig", lambda: prune.remove(model[2], "weight"))]
+        for what, name, call in tries:
+            with self.subTest(what=what), self.assertRaisesRegex(RuntimeError, where.format(re.escape(name))):
+                call()
+            self.assertEqual(looks(model), before, f"{what} changed the model")
+        step(data[1])
+        self.same(model, ref, "trained on")
+        eng.close()
+        prune.remove(model[2], "weight")                    # (the model's own again)
+        torch.nn.utils.spectral_norm(model[0])
 
     def test_grad_assigned_outside_phases_refused(self) -> None:
         """``p.grad = torch.zeros(0)`` on an engine's parameter outside its block's phases (torch compares it with
