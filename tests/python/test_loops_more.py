@@ -9,7 +9,8 @@ takes the plan's phases in order: entering the forward phases again there
 took it through the step's other phases, and it dropped their gradients as
 dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
 (class or instance) or an object that is no StepRule: refused before
-anything is made, saying what to pass.  A OneCycleLR checkpoint (its
+anything is made, saying what to pass; a torch.optim optimizer kept beside
+the engine over its parameters: refused at its step() naming it.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  Placement C under a host budget
 below the state, as test_loops.
@@ -191,6 +192,40 @@ class TestLoopsMore(tierd.DaemonTestCase):
                     self.assertTrue(torch.equal(p, before[n]), n)
         eng = tier.torch.Offload(model, c, optimizer="adamw", lr=1e-3)     # and the way it says works
         eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in __torch_function__, called from torch's C++ argument parser")
+    def test_torch_optimizer_beside_the_engine_refused(self) -> None:
+        """A torch.optim optimizer kept over model.parameters() beside the engine (the loop's old one): its
+        step() was refused as a use of .grad ("to clip, call clip_grad_norm_ ... scale the loss") or as
+        weight clipping, where what is wrong is that optimizer.  Refused now naming it and the parameter,
+        saying to give the parameters to the engine's groups; the engine's step goes on bit for bit."""
+        data = batches(3)
+        for kind in ("AdamW", "SGD"):
+            with self.subTest(kind):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+                eng, _ = self.engine(model, f"beside-{kind}")
+                other = torch.optim.AdamW(model.parameters(), lr=1e-3) if kind == "AdamW" else \
+                    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+                for i, x in enumerate(data):
+                    lm_loss(ref, x).backward()
+                    lm_loss(model, x).backward()
+                    if i == 1:
+                        for what, call in (("step", other.step), ("zero_grad", other.zero_grad)):
+                            with self.assertRaisesRegex(RuntimeError, rf"^{kind}\.{what}\(\) on parameter "
+                                                        r"tok\.weight, which a tier\.torch engine holds .* belongs to "
+                                                        r"the engine.* give it to the engine's parameter groups"):
+                                call()
+                    opt.step()
+                    eng.step()
+                    opt.zero_grad()
+                    eng.zero_grad()
+                sd = model.state_dict()
+                for n, p in ref.state_dict().items():
+                    self.assertTrue(torch.equal(sd[n], p), f"{kind}: {n}")
+                eng.close()
 
     def test_hyperparameters_by_name(self) -> None:
         """torch.optim's other hyperparameters given to Offload by name, as to torch.optim.SGD and AdamW

@@ -293,7 +293,7 @@ class GradInTierd(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = next((a._tier_name for a in args if isinstance(a, GradInTierd)), cls._tier_name)
-        raise RuntimeError(GRAD_NOTE.format(name=name))
+        raise RuntimeError(guards.foreign_optimizer(name) or GRAD_NOTE.format(name=name))
 
 
 def grad_moved(param: torch.nn.Parameter, name: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
 import weakref
 from typing import Any
 
@@ -496,7 +497,31 @@ def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
         return _count(args[0])
     if func == _COPY and len(args) > 1 and getattr(args[1], "_tier_handed_on", False):
         return False        # (state.HANDED: load_state_dict() wrote the values into tierd)
-    raise RuntimeError(read_refusal(func, name, own))
+    raise RuntimeError(foreign_optimizer(name) or read_refusal(func, name, own))
+
+
+def foreign_optimizer(name: str) -> str | None:
+    """The words for a torch.optim optimizer other than an engine (a second one kept over ``model.parameters()``
+    beside the engine) whose step() or zero_grad(), running now, touched parameter ``name`` (its placeholder,
+    or its .grad in tierd), or None: the innermost optimizer method on the stack is not such a one.  That
+    optimizer was told its .grad is in tierd and to scale the loss, or that its update was weight clipping,
+    where what is wrong is the optimizer.  Only on the way to a refusal (it walks the stack)."""
+    from .engine import Offload
+
+    f = sys._getframe(1)
+    while f is not None:
+        me = f.f_locals.get("self") if f.f_code.co_argcount else None
+        if isinstance(me, torch.optim.Optimizer):
+            if isinstance(me, Offload):
+                return None
+            return (f"{type(me).__name__}.{f.f_code.co_name}() on parameter {name}, which a tier.torch engine holds "
+                    "(its values, gradient and optimizer state are in tierd; the model holds an empty placeholder): "
+                    "this parameter belongs to the engine, which is the model's optimizer; give it to the engine's "
+                    "parameter groups (Offload(model, client, params=[{'params': [...], 'lr': ...}, ...]), "
+                    "optimizer='adamw' or 'sgd') and call the engine's step() and zero_grad() instead of this "
+                    f"optimizer's; no parameter of the engine changed")
+        f = f.f_back
+    return None
 
 
 def _format_refusal(func: Any, fmt: Any, name: str, kept: str = "the parameter is unchanged") -> str:
