@@ -10,7 +10,8 @@ took it through the step's other phases, and it dropped their gradients as
 dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
 (class or instance) or an object that is no StepRule: refused before
 anything is made, saying what to pass; a torch.optim optimizer kept beside
-the engine over its parameters: refused at its step() naming it.  A OneCycleLR checkpoint (its
+the engine over its parameters: refused at its step() naming it.  .grad
+after zero_grad(set_to_none=False): torch's zeros.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  Placement C under a host budget
 below the state, as test_loops.
@@ -225,6 +226,54 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 sd = model.state_dict()
                 for n, p in ref.state_dict().items():
                     self.assertTrue(torch.equal(sd[n], p), f"{kind}: {n}")
+                eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in __torch_function__, called from torch's C++ argument parser")
+    def test_grad_after_zero_grad_reads_zeros(self) -> None:
+        """zero_grad(set_to_none=False) (torch 1.13's default, the engine's or the model's): torch leaves
+        zeros in each .grad that was a tensor; the engine left None.  Now .grad reads as torch's (None or
+        zeros, the same norm), a change in place of it is refused saying why, zero_() passes; a step() with
+        no backward after it updates with zeros as torch's does, and set_to_none=True leaves None: bit for
+        bit, fused and deferred."""
+        data = batches(4)
+        for clip in (None, 1e9):
+            with self.subTest(clip=clip):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+                eng, _ = self.engine(model, f"zeroed-{clip}")
+                for i, x in enumerate(data):
+                    for m, o in ((ref, opt), (model, eng)):
+                        lm_loss(m, x).backward()
+                        if clip is not None:
+                            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+                        o.step()
+                        if i == 2:
+                            o.zero_grad(set_to_none=True)
+                        (m if i % 2 else o).zero_grad(set_to_none=False)
+                    for (n, q), p in zip(ref.named_parameters(), model.parameters()):
+                        self.assertEqual(p.grad is None, q.grad is None, n)
+                        if q.grad is not None:
+                            self.assertTrue(torch.equal(p.grad, q.grad), n)
+                            self.assertEqual(p.grad.norm().item(), 0.0)
+                    p = next(model.parameters())
+                    if p.grad is None:
+                        continue                # (after set_to_none=True: None in both)
+                    p.grad.zero_()
+                    with self.assertRaisesRegex(RuntimeError, r"parameter 'tok\.weight''s \.grad holds the zeros "
+                                                r"zero_grad\(set_to_none=False\) left.*add_\(\) is refused"):
+                        p.grad.add_(1.0)
+                    with self.assertRaisesRegex(RuntimeError, r"__setitem__\(\) is refused"):
+                        p.grad[0] = 1.0
+                opt.step()                      # (no backward: zeros, AdamW's moments and weight decay move)
+                eng.step()
+                sd = model.state_dict()
+                for n, p in ref.state_dict().items():
+                    self.assertTrue(torch.equal(sd[n], p), n)
+                self.assertEqual(eng.mode, "fused" if clip is None else "deferred")
+                eng.zero_grad(set_to_none=True)
+                self.assertTrue(all(p.grad is None for p in model.parameters()))
                 eng.close()
 
     def test_hyperparameters_by_name(self) -> None:

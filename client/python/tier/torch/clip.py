@@ -308,10 +308,81 @@ def grad_moved(param: torch.nn.Parameter, name: str) -> None:
             param.grad = None       # (not shaped as its data now: left as before)
 
 
+ZERO_NOTE = ("parameter '{name}''s .grad holds the zeros zero_grad(set_to_none=False) left, and reads so; "
+             "tier.torch keeps the gradients in tierd, not in .grad, so a change to .grad would be lost, and "
+             "{op} is refused (nothing changed).  To scale gradients, scale the loss; to clip, call "
+             "torch.nn.utils.clip_grad_norm_; zero_grad() and zero_() pass")
+
+#: in-place ops a zeroed .grad lets through: they leave zeros zeros
+_ZERO_KEEPS = {"zero_", "requires_grad_", "detach_"}
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                    "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__", "__set__"}
+
+
+class GradZeroed(torch.Tensor):
+    """An engine parameter's ``.grad`` after ``zero_grad(set_to_none=False)`` where it had a gradient: torch
+    leaves a tensor of zeros there, and so does this (the zeros broadcast from one element: no memory).
+    It reads as those zeros (``p.grad is not None``, its norm, a copy); a change in place (``add_()``,
+    ``mul_()``, ``p.grad[...] = ``), which torch.optim would apply and the engine would not see, is refused,
+    saying why.  It was None, where torch's loop saw zeros (a ``p.grad is not None`` filter, a log of the
+    gradients' norms after zeroing)."""
+
+    _tier_name = "?"
+    _tier_shape: tuple[int, ...] = ()
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        op = getattr(func, "__name__", "")
+        if op in _ZERO_KEEPS and args and isinstance(args[0], GradZeroed):
+            return args[0]
+        if op == "__set__" and len(args) == 2 and isinstance(args[0], GradZeroed) and _zero_of(args[1], args[0]):
+            return None         # (Module._apply(), model.float(): .grad.data = the zeros converted; stays zeros)
+        if op in _INPLACE_DUNDERS or op.endswith("_") and not op.endswith("__") or (kwargs or {}).get("out") is not None:
+            name = next((a._tier_name for a in args if isinstance(a, GradZeroed)), cls._tier_name)
+            raise RuntimeError(guards.foreign_optimizer(name) or ZERO_NOTE.format(name=name, op=f"{op}()"))
+        with torch._C.DisableTorchFunction():
+            args = tuple(type(a)(map(_zeros, a)) if type(a) in (list, tuple) else _zeros(a) for a in args)
+            return func(*args, **{k: _zeros(v) for k, v in (kwargs or {}).items()})
+
+
+def _zero_of(v: Any, g: "GradZeroed") -> bool:
+    """``v`` is zeros of the shape ``g`` stands for."""
+    with torch._C.DisableTorchFunction():
+        return isinstance(v, torch.Tensor) and tuple(v.shape) == g._tier_shape and not bool(v.any())
+
+
+def _zeros(a: Any) -> Any:
+    """``a``, or for a GradZeroed (shaped as the parameter's placeholder: its .grad must be) the zeros it
+    stands for, shaped as the parameter (one element, broadcast).  With torch functions off."""
+    if not isinstance(a, GradZeroed):
+        return a
+    return torch.zeros((), dtype=a.dtype, device=a.device).expand(a._tier_shape)
+
+
+def grads_zeroed(eng: Any) -> None:
+    """zero_grad(set_to_none=False) with no forward open: each parameter that had a gradient since the last
+    set_to_none (Slot.had_grad: torch's .grad is a tensor from then on) and has no .grad now gets a
+    GradZeroed, as torch's zero_grad() leaves zeros in it.  The next forward with gradients drops it (autograd
+    would accumulate into it), as the gradients start afresh from zeros there anyway."""
+    if eng._micro:
+        return
+    with guards.direct():
+        for b in eng.blocks:
+            for sl in b.slots:
+                if sl.had_grad and sl.param.grad is None:
+                    try:
+                        g = torch.Tensor._make_subclass(GradZeroed, torch.zeros(
+                            (), dtype=sl.param.dtype, device=sl.param.device).expand(sl.param.shape))
+                        g._tier_name, g._tier_shape = sl.name, tuple(sl.shape)
+                        sl.param.grad = g
+                    except RuntimeError:
+                        pass        # (not shaped as its data now: left None)
+
+
 def drop_moved_grads(eng: Any) -> None:
     """Before autograd accumulates into .grad again (a forward with gradients), or at zero_grad()."""
     with guards.direct():
         for b in eng.blocks:
             for sl in b.slots:
-                if type(sl.param.grad) is GradInTierd:
+                if type(sl.param.grad) in (GradInTierd, GradZeroed):
                     sl.param.grad = None

@@ -258,6 +258,8 @@ class Offload(torch.optim.Optimizer):
                 s.param.grad = None
             else:
                 s.param.grad.zero_()
+        if not set_to_none:
+            clip.grads_zeroed(self)     # (torch's .grad: zeros)
 
     def _drop_step(self) -> None:
         """A step skipped (its loss not finite, its backward raised, zero_grad() and a forward or step()
