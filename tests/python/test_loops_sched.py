@@ -15,7 +15,7 @@ checkpoint of model, engine and scheduler taken halfway resumes so;
 between the groups, taken out of one, or a group deleted from
 ``param_groups``: refused in words before anything changes (they were updated
 with their old group's hyperparameters, silently, or failed with an
-IndexError).  ``step(closure)``, as torch.optim and Lightning call it.  Placement C under a host budget below the state, as test_loops.
+IndexError); a parameter twice in a group, refused.  ``step(closure)``, as torch.optim and Lightning call it.  Placement C under a host budget below the state, as test_loops.
 """
 
 from __future__ import annotations
@@ -247,6 +247,31 @@ class TestLoopsSched(tierd.DaemonTestCase):
                 self.assertEqual(eng.mode, "fused" if clip is None else "deferred")
                 self.same(rule, ref, opt, model, eng)
                 eng.close()
+
+    def test_parameter_twice_in_a_group_refused(self) -> None:
+        """A parameter twice in one group: torch.optim warns and updates it twice in each step; the engine
+        updated it once, silently.  Refused when the engine is made (before anything is laid out) and when
+        one is appended to a group later (at the next forward, nothing changed); the groups put back, the
+        run goes on."""
+        import tier.torch
+
+        model = lm()
+        ps = list(model.parameters())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)         # (torch's: "duplicate parameters")
+            with self.assertRaisesRegex(ValueError, r"param_groups\[0\] holds a parameter of shape \(256, 32\) "
+                                        r"twice: torch\.optim \(with a warning\) updates it twice"):
+                tier.torch.Offload(model, self.client("twice-0"), [ps[0]] + ps, lr=1e-3)
+        eng = self.engine(model, "twice-1")
+        data = batches(3)
+        run(model, eng, None, data[:1])
+        g = eng.param_groups[0]["params"]
+        g.append(g[3])
+        with self.assertRaisesRegex(ValueError, r"param_groups\[0\] holds a parameter .* twice.*nothing changed"):
+            lm_loss(model, data[1])
+        g.pop()
+        run(model, eng, None, data[1:])
+        eng.close()
 
     def test_group_members_changed_refused(self) -> None:
         """A parameter moved to another group (to take it out of weight decay, say), taken out of its

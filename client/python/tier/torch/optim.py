@@ -249,8 +249,20 @@ def check_groups(eng: Any) -> None:
 
 
 def members_of(groups: list[dict[str, Any]]) -> list[dict[int, None]]:
-    """The parameters (their ids, in order) of each parameter group."""
-    return [dict.fromkeys(id(p) for p in g["params"]) for g in groups]
+    """The parameters (their ids, in order) of each parameter group; one given twice in a group (torch.optim
+    warns, and then updates it twice a step, the engine once) refused (ValueError)."""
+    made = [dict.fromkeys(id(p) for p in g["params"]) for g in groups]
+    for gi, (g, ids) in enumerate(zip(groups, made)):
+        if len(ids) != len(g["params"]):
+            raise ValueError(_twice(gi, g))
+    return made
+
+
+def _twice(gi: int, g: dict[str, Any]) -> str:
+    seen: set[int] = set()
+    p = next(p for p in g["params"] if id(p) in seen or seen.add(id(p)))
+    return (f"tier.torch: param_groups[{gi}] holds a parameter of shape {tuple(p.shape)} twice: torch.optim (with a "
+            "warning) updates it twice in each step, tier.torch once per parameter; give each parameter once")
 
 
 def check_members(eng: Any) -> None:
@@ -268,6 +280,8 @@ def check_members(eng: Any) -> None:
     else:
         for gi, (g, was) in enumerate(zip(groups, made)):
             now = {id(p): p for p in g["params"]}
+            if len(now) != len(g["params"]):
+                raise ValueError(_twice(gi, g) + "; nothing changed")
             if now.keys() == was.keys():
                 continue
             added = [p for k, p in now.items() if k not in was]
