@@ -23,8 +23,12 @@
  * Strings (values and keys alike) are taken as bytes and written as UTF-8:
  *
  *   - '"' and '\\' are escaped; \b \f \n \r \t use their short escapes, the
- *     other control characters below U+0020 are written \u00xx (lowercase
- *     hex).  DEL and everything from U+0080 up pass through as they are.
+ *     other control characters are written \u00xx (lowercase hex): those
+ *     below U+0020, which RFC 8259 requires, and DEL and the C1 controls
+ *     U+0080..U+009F, which it allows, so that a document printed on a
+ *     terminal carries none of them raw (U+009B is CSI, which starts an
+ *     escape sequence).  Everything else from U+00A0 up passes through as it
+ *     is.
  *   - valid UTF-8 sequences are copied unchanged.
  *   - every byte that does not start a valid sequence is written as \ufffd
  *     (U+FFFD REPLACEMENT CHARACTER) and the scan goes on at the next byte:
@@ -189,11 +193,11 @@ static void writer_string(JsonWriter *w, const char *s, size_t n) {
                 char esc[8];
 
                 /* copy the longest run that needs no escaping in one go */
-                while (p < end && *p >= 0x20 && *p != '"' && *p != '\\') {
+                while (p < end && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\') {
                         size_t len = utf8_sequence(p, (size_t) (end - p));
 
-                        if (len == 0)
-                                break;
+                        if (len == 0 || (len == 2 && p[0] == 0xc2 && p[1] <= 0x9f))
+                                break;  /* (U+0080..U+009F: C1 controls, escaped) */
                         p += len;
                 }
                 if (p > run)
@@ -224,9 +228,13 @@ static void writer_string(JsonWriter *w, const char *s, size_t n) {
                         writer_puts(w, "\\t");
                         break;
                 default:
-                        if (*p < 0x20) {
+                        if (*p < 0x20 || *p == 0x7f) {
                                 (void) snprintf(esc, sizeof(esc), "\\u%04x", *p);
                                 writer_puts(w, esc);
+                        } else if (*p == 0xc2 && utf8_sequence(p, (size_t) (end - p)) == 2) {
+                                (void) snprintf(esc, sizeof(esc), "\\u%04x", p[1]);    /* a C1 control */
+                                writer_puts(w, esc);
+                                p++;
                         } else
                                 writer_puts(w, "\\ufffd");      /* not valid UTF-8 */
                         break;

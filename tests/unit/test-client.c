@@ -280,7 +280,7 @@ static void test_status_json_escaping(void **state) {
         s.uptime_s = 0.0004;
         assert_int_equal(status_format(&s, TIER_STATUS_JSON, &out), 0);
         assert_string_equal(out,
-                "{\"version\":\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f\x7f|\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|"
+                "{\"version\":\"a\\\"b\\\\c\\nd\\te\\u0001\\u001f\\u007f|\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|"
                 "\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd|\\ufffd\\ufffd\\ufffd|\\ufffd\","
                 "\"uptime_s\":0,\"connections\":0,\"policy\":\"\",\"tiers\":[],\"links\":[],\"targets\":[],\"jobs\":[]}\n");
         free(out);

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "proto/macro.h"
+#include "util/escape.h"
 #include "util/json.h"
 
 /* The document @w holds, which must be complete; the caller frees it. */
@@ -84,14 +85,65 @@ static void test_escape_quotes(void **state) {
         assert_string("\\", "\"\\\\\"");
         assert_string("a\"b\\c\"", "\"a\\\"b\\\\c\\\"\"");
         assert_string("\\u0041", "\"\\\\u0041\"");
-        /* not escaped: '/', DEL, the rest of ASCII */
-        assert_string("a/b\x7f~ !#", "\"a/b\x7f~ !#\"");
+        /* not escaped: '/', the rest of printable ASCII */
+        assert_string("a/b~ !#", "\"a/b~ !#\"");
+}
+
+/*
+ * Every control character is escaped, DEL and the C1 controls (U+0080..U+009F)
+ * included, though RFC 8259 would allow them raw: a document printed on a
+ * terminal carries none (U+009B is CSI).  A parser gets the exact string back.
+ */
+static void test_escape_del_c1(void **state) {
+        assert_string("a\x7f" "b", "\"a\\u007fb\"");
+        assert_string("\xc2\x80", "\"\\u0080\"");
+        assert_string("evil\xc2\x9b" "31mRED", "\"evil\\u009b31mRED\"");
+        assert_string("\xc2\x9f\xc2\xa0", "\"\\u009f\xc2\xa0\"");   /* U+00A0 is no control */
+        assert_string("\x1b[31m", "\"\\u001b[31m\"");
+        /* a lone 0xc2 is not C1: it is no UTF-8 at all */
+        assert_string("\xc2" "a", "\"\\ufffda\"");
+}
+
+/*
+ * util/escape.c, for text output: controls (C0, DEL, C1) as \u00xx, bytes
+ * not UTF-8 as \xNN, valid non-ASCII text as it is; a short buffer cuts
+ * between escapes and characters, never inside one.
+ */
+static void test_text_escape(void **state) {
+        static const struct {
+                const char *in, *out;
+        } cases[] = {
+                { "", "" },
+                { "plain job-1 a\\b", "plain job-1 a\\b" },
+                { "evil\xc2\x9b" "31mRED", "evil\\u009b31mRED" },
+                { "\x1b[2J\x07\x7f\t\n", "\\u001b[2J\\u0007\\u007f\\u0009\\u000a" },
+                { "\xc2\x80\xc2\x9f\xc2\xa0", "\\u0080\\u009f\xc2\xa0" },
+                { "caf\xc3\xa9 \xe5\xad\xa6 \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe5\xad\xa6 \xf0\x9f\x98\x80" },
+                { "a\xff\xc2" "b\xe2\x82", "a\\xff\\xc2" "b\\xe2\\x82" },
+                { "\xed\xa0\x80", "\\xed\\xa0\\x80" },         /* a surrogate */
+        };
+        char buf[64];
+        char *dup;
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                assert_string_equal(text_escape(buf, sizeof(buf), cases[i].in), cases[i].out);
+                dup = text_escape_dup(cases[i].in);
+                assert_non_null(dup);
+                assert_string_equal(dup, cases[i].out);
+                free(dup);
+                assert_int_equal(text_needs_escape(cases[i].in), strcmp(cases[i].in, cases[i].out) != 0);
+        }
+        /* cut short: whole escapes and characters only */
+        assert_string_equal(text_escape(buf, 6, "ab\xc2\x9b"), "ab");
+        assert_string_equal(text_escape(buf, 9, "ab\xc2\x9b"), "ab\\u009b");
+        assert_string_equal(text_escape(buf, 4, "a\xf0\x9f\x98\x80"), "a");
+        assert_string_equal(text_escape(buf, 1, "abc"), "");
 }
 
 /* Valid UTF-8 passes through byte for byte, at the edges of each length. */
 static void test_utf8_valid(void **state) {
         static const char *const valid[] = {
-                "\xc2\x80",             /* U+0080, smallest 2-byte */
+                "\xc2\xa0",             /* U+00A0, the smallest 2-byte one not a C1 control */
                 "\xc3\xa9",             /* é */
                 "\xdf\xbf",             /* U+07FF */
                 "\xe0\xa0\x80",         /* U+0800, smallest 3-byte */
@@ -535,6 +587,8 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_escape_controls),
                 cmocka_unit_test(test_escape_quotes),
+                cmocka_unit_test(test_escape_del_c1),
+                cmocka_unit_test(test_text_escape),
                 cmocka_unit_test(test_utf8_valid),
                 cmocka_unit_test(test_utf8_invalid),
                 cmocka_unit_test(test_string_null_and_keys),

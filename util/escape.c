@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/* escape.c: client-supplied text made safe to print (see escape.h). */
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/escape.h"
+
+/* Bytes of the well-formed UTF-8 sequence at @p (0 if none starts there), its code point in *@ret_cp. */
+static size_t utf8_seq(const uint8_t *p, uint32_t *ret_cp) {
+        uint8_t c = *p;
+        uint32_t cp, min;
+        size_t n;
+
+        if (c < 0x80) {
+                *ret_cp = c;
+                return 1;
+        }
+        if (c >= 0xc2 && c <= 0xdf) {
+                n = 1;
+                cp = c & 0x1f;
+                min = 0x80;
+        } else if (c >= 0xe0 && c <= 0xef) {
+                n = 2;
+                cp = c & 0x0f;
+                min = 0x800;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+                n = 3;
+                cp = c & 0x07;
+                min = 0x10000;
+        } else
+                return 0;
+        for (size_t i = 1; i <= n; i++) {
+                if ((p[i] & 0xc0) != 0x80)      /* (a NUL ends the scan here too) */
+                        return 0;
+                cp = cp << 6 | (p[i] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                return 0;
+        *ret_cp = cp;
+        return n + 1;
+}
+
+static bool is_control(uint32_t cp) {
+        return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
+}
+
+/* The escape or the bytes of the character at @p into @out (TEXT_ESCAPE_GROWTH * 4 bytes); its length, *@ret_in the bytes read. */
+static size_t escape_one(const uint8_t *p, char *out, size_t *ret_in) {
+        uint32_t cp = 0;
+        size_t n = utf8_seq(p, &cp);
+
+        if (n == 0) {
+                *ret_in = 1;
+                return (size_t) snprintf(out, 8, "\\x%02x", *p);
+        }
+        *ret_in = n;
+        if (is_control(cp))
+                return (size_t) snprintf(out, 8, "\\u%04x", (unsigned) cp);
+        memcpy(out, p, n);
+        return n;
+}
+
+char *text_escape(char *buf, size_t size, const char *s) {
+        const uint8_t *p = (const uint8_t *) s;
+        size_t used = 0;
+
+        while (*p) {
+                char one[8];
+                size_t in, len = escape_one(p, one, &in);
+
+                if (len >= size - used)
+                        break;
+                memcpy(buf + used, one, len);
+                used += len;
+                p += in;
+        }
+        buf[used] = '\0';
+        return buf;
+}
+
+char *text_escape_dup(const char *s) {
+        size_t len = strlen(s);
+        char *buf;
+
+        if (len > (SIZE_MAX - 1) / TEXT_ESCAPE_GROWTH)
+                return NULL;
+        buf = malloc(len * TEXT_ESCAPE_GROWTH + 1);
+        return buf ? text_escape(buf, len * TEXT_ESCAPE_GROWTH + 1, s) : NULL;
+}
+
+bool text_needs_escape(const char *s) {
+        for (const uint8_t *p = (const uint8_t *) s; *p;) {
+                uint32_t cp = 0;
+                size_t n = utf8_seq(p, &cp);
+
+                if (n == 0 || is_control(cp))
+                        return true;
+                p += n;
+        }
+        return false;
+}

@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: MIT */
+/* escape.h: client-supplied text (job and tensor names) made safe to print on a terminal. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The most bytes text_escape() writes for one byte of its input (U+0001 becomes "\u0001"). */
+#define TEXT_ESCAPE_GROWTH 6
+
+/*
+ * text_escape() - @s as text that is safe to print: every control character
+ * (Unicode's Cc: C0 U+0000..U+001F, DEL U+007F, C1 U+0080..U+009F) becomes
+ * "\u00xx" (lowercase hex; U+009B, CSI, is "\u009b") and every byte that does
+ * not start a well-formed UTF-8 sequence (utf8_valid()'s rules) "\xNN"; all
+ * else, valid non-ASCII characters included (é, CJK, emoji), is copied as it
+ * is.  A backslash is not escaped: a name tierd takes holds no control
+ * character, so what is printed is the name, and one that came from an older
+ * tierd is told by its escapes.
+ *
+ * Writes at most @size bytes into @buf, the NUL included, and never cuts an
+ * escape or a character in two; returns @buf.  @size must be at least 1.
+ */
+char *text_escape(char *buf, size_t size, const char *s);
+/* The same, whole, in a malloc()ed string; NULL: out of memory. */
+char *text_escape_dup(const char *s);
+/* Whether text_escape() would change @s. */
+bool text_needs_escape(const char *s);
