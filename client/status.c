@@ -16,7 +16,10 @@
  * JSON; seconds have at most 3 decimals and a '.' whatever the caller's
  * locale; a non-finite value (which tierd does not send) is null.
  *
- * Table: aligned columns with binary-unit sizes (util/size.c's size_format(),
+ * Table: job names (client-supplied; one an older tierd restored may hold
+ * control characters) and the reasons tierd gives that may name tensors go
+ * through util/escape.c's text_escape(): no control character reaches the
+ * terminal.  Aligned columns with binary-unit sizes (util/size.c's size_format(),
  * the same text tierctl writes); an emulated VRAM backend
  * is marked in its row and called out under the table, because numbers
  * from an emulated GPU must never be mistaken for real ones.
@@ -35,6 +38,7 @@
 #include "client/tier-private.h"
 #include "proto/macro.h"
 #include "proto/tier.pb-c.h"
+#include "util/escape.h"
 #include "util/json.h"
 #include "util/size.h"
 
@@ -319,6 +323,21 @@ static void table_cell(Table *t, const char *fmt, ...) {
         t->cells[t->n_cells++] = s;
 }
 
+/* A cell of client-supplied text (a job's name): text_escape()d, so that no control character reaches a terminal. */
+static void table_cell_text(Table *t, const char *s) {
+        char *e;
+
+        if (t->error < 0)
+                return;
+        e = text_escape_dup(s);
+        if (!e) {
+                t->error = -ENOMEM;
+                return;
+        }
+        table_cell(t, "%s", e);
+        free(e);
+}
+
 static void table_print(FILE *f, const Table *t) {
         size_t width[16] = {};
 
@@ -373,6 +392,12 @@ static bool backend_emulated(const char *backend) {
         return backend && strcmp(backend, "emulated") == 0;
 }
 
+/* "  job NAME", the name as text_escape() makes it safe to print. */
+static void job_prefix(FILE *f, const Tier__JobStatus *j) {
+        fputs("  job ", f);
+        text_escape_fputs(strempty(j->name), f, 0);
+}
+
 /* Drive wear under the targets: what tierd wrote over restarts, and the drive's own SMART figures. */
 static void table_wear(FILE *f, const Tier__StatusReply *s) {
         char a[SIZE_FORMAT_MAX], b[SIZE_FORMAT_MAX];
@@ -400,17 +425,22 @@ static void table_wear(FILE *f, const Tier__StatusReply *s) {
         for (size_t i = 0; i < s->n_jobs; i++) {
                 const Tier__JobStatus *j = s->jobs[i];
 
-                if (j && j->wear_written > 0)
-                        fprintf(f, "  job %s: wrote %s to NVMe in all, %s since it began\n", strempty(j->name),
+                if (j && j->wear_written > 0) {
+                        job_prefix(f, j);
+                        fprintf(f, ": wrote %s to NVMe in all, %s since it began\n",
                                 size_format(a, sizeof(a), j->wear_written), size_format(b, sizeof(b), j->nvme_written));
-                if (j && j->nvme_host_changed > 0)
-                        fprintf(f, "  job %s: wrote the host copy of %" PRIu64 " extent(s) while tierd wrote "
+                }
+                if (j && j->nvme_host_changed > 0) {
+                        job_prefix(f, j);
+                        fprintf(f, ": wrote the host copy of %" PRIu64 " extent(s) while tierd wrote "
                                 "them to NVMe (those write-downs failed; the client's doing, not the drive's)\n",
-                                strempty(j->name), j->nvme_host_changed);
-                if (j && j->nvme_crc_errors > 0)
-                        fprintf(f, "  job %s: %" PRIu64 " extent(s) of its tensors failed their crc32c when read "
-                                "back from NVMe (counted in the target's crc errors too)\n",
-                                strempty(j->name), j->nvme_crc_errors);
+                                j->nvme_host_changed);
+                }
+                if (j && j->nvme_crc_errors > 0) {
+                        job_prefix(f, j);
+                        fprintf(f, ": %" PRIu64 " extent(s) of its tensors failed their crc32c when read "
+                                "back from NVMe (counted in the target's crc errors too)\n", j->nvme_crc_errors);
+                }
         }
 }
 
@@ -433,8 +463,9 @@ static void table_reserved(FILE *f, const Tier__StatusReply *s) {
 
                 for (size_t k = 0; j && k < j->n_usage; k++)
                         if (j->usage[k] && j->usage[k]->tier == TIER__TIER__TIER_NVME && j->usage[k]->reserved > 0) {
-                                fprintf(f, "%s %s %s", any ? "," : "", strempty(j->name),
-                                        size_format(a, sizeof(a), j->usage[k]->reserved));
+                                fprintf(f, "%s ", any ? "," : "");
+                                text_escape_fputs(strempty(j->name), f, 0);
+                                fprintf(f, " %s", size_format(a, sizeof(a), j->usage[k]->reserved));
                                 any = true;
                         }
         }
@@ -573,7 +604,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                         if (!j)
                                 continue;
                         table_cell(&t, "%" PRIu64, j->id);
-                        table_cell(&t, "%s", j->name ? j->name : "");
+                        table_cell_text(&t, strempty(j->name));
                         table_cell(&t, "%" PRIu32, j->uid);
                         table_cell(&t, "%" PRIu32, j->connections);
                         table_cell(&t, "%" PRIu32, j->tensors);
@@ -621,7 +652,7 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                         for (size_t k = 0; j && k < j->n_plans; k++) {
                                 const Tier__PlanStatus *ps = j->plans[k];
 
-                                table_cell(&t, "%s", j->name ? j->name : "");
+                                table_cell_text(&t, strempty(j->name));
                                 table_cell(&t, "%" PRIu32, ps->rank);
                                 table_cell(&t, "%" PRIu32 "/%" PRIu32, ps->phase, ps->phases);
                                 table_cell(&t, "%" PRIu64, ps->iterations);
@@ -641,10 +672,14 @@ static int status_table(FILE *f, const Tier__StatusReply *s) {
                 /* a phase held back: why, as the refusal of its pin said */
                 for (size_t i = 0; i < s->n_jobs; i++)
                         for (size_t k = 0; s->jobs[i] && k < s->jobs[i]->n_plans; k++)
-                                if (s->jobs[i]->plans[k]->waiting && s->jobs[i]->plans[k]->waiting[0])
-                                        fprintf(f, "plan of %s, rank %" PRIu32 ", waits: %s\n",
-                                                strempty(s->jobs[i]->name), s->jobs[i]->plans[k]->rank,
-                                                s->jobs[i]->plans[k]->waiting);
+                                if (s->jobs[i]->plans[k]->waiting && s->jobs[i]->plans[k]->waiting[0]) {
+                                        /* (the reason tierd gave may name tensors) */
+                                        fputs("plan of ", f);
+                                        text_escape_fputs(strempty(s->jobs[i]->name), f, 0);
+                                        fprintf(f, ", rank %" PRIu32 ", waits: ", s->jobs[i]->plans[k]->rank);
+                                        text_escape_fputs(s->jobs[i]->plans[k]->waiting, f, 0);
+                                        fputc('\n', f);
+                                }
         }
 
 finish:

@@ -91,6 +91,34 @@ char *text_escape_dup(const char *s) {
         return buf ? text_escape(buf, len * TEXT_ESCAPE_GROWTH + 1, s) : NULL;
 }
 
+size_t text_escape_len(const char *s) {
+        size_t n = 0;
+
+        for (const uint8_t *p = (const uint8_t *) s; *p;) {
+                char one[8];
+                size_t in;
+
+                n += escape_one(p, one, &in);
+                p += in;
+        }
+        return n;
+}
+
+void text_escape_fputs(const char *s, FILE *f, size_t pad) {
+        size_t n = 0;
+
+        for (const uint8_t *p = (const uint8_t *) s; *p;) {
+                char one[8];
+                size_t in, len = escape_one(p, one, &in);
+
+                (void) fwrite(one, 1, len, f);
+                n += len;
+                p += in;
+        }
+        for (; n < pad; n++)
+                (void) fputc(' ', f);
+}
+
 bool text_needs_escape(const char *s) {
         for (const uint8_t *p = (const uint8_t *) s; *p;) {
                 uint32_t cp = 0;

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 /* The most bytes text_escape() writes for one byte of its input (U+0001 becomes "\u0001"). */
 #define TEXT_ESCAPE_GROWTH 6
@@ -24,5 +25,9 @@
 char *text_escape(char *buf, size_t size, const char *s);
 /* The same, whole, in a malloc()ed string; NULL: out of memory. */
 char *text_escape_dup(const char *s);
+/* The length of text_escape_dup(@s), NUL not counted. */
+size_t text_escape_len(const char *s);
+/* Write text_escape_dup(@s) to @f (nothing allocated); then @pad - text_escape_len(@s) blanks, if more than 0. */
+void text_escape_fputs(const char *s, FILE *f, size_t pad);
 /* Whether text_escape() would change @s. */
 bool text_needs_escape(const char *s);

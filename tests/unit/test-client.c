@@ -426,6 +426,40 @@ static void test_status_reserved(void **state) {
         free(out);
 }
 
+/*
+ * A job name with control characters (one an older tierd restored from the
+ * NVMe index: C1, or C0) never reaches the output raw: escaped in the table,
+ * its wear and reservation lines, and in the JSON; valid non-ASCII names are
+ * printed as they are.
+ */
+static void test_status_escapes_names(void **state) {
+        static const char evil[] = "evil\xc2\x9b" "31m\x1b[2J\x7f";
+        static const char cafe[] = "caf\xc3\xa9-\xe5\xad\xa6-\xf0\x9f\x98\x80";
+        FakeStatus f;
+        char *out = NULL;
+
+        fake_status(&f, "emulated");
+        f.jobs[0].name = (char *) evil;
+        f.jobs[0].nvme_crc_errors = 1;
+        f.jobs[1].name = (char *) cafe;
+        f.tiers[2].reserved = 96ull << 20;
+        f.usage[1].reserved = 96ull << 20;
+        for (int k = 0; k < 2; k++) {
+                assert_int_equal(status_format(&f.s, k ? TIER_STATUS_JSON : TIER_STATUS_TABLE, &out), 0);
+                assert_null(strchr(out, '\x1b'));
+                assert_null(strchr(out, '\x7f'));
+                assert_null(strstr(out, "\xc2\x9b"));
+                assert_non_null(strstr(out, "evil\\u009b31m\\u001b[2J\\u007f"));
+                assert_non_null(strstr(out, cafe));
+                if (!k) {
+                        assert_non_null(strstr(out, "\n  job evil\\u009b31m\\u001b[2J\\u007f: 1 extent(s)"));
+                        assert_non_null(strstr(out, "the rest: evil\\u009b31m\\u001b[2J\\u007f 96.0 MiB\n"));
+                        assert_non_null(strstr(out, "\n  job caf\xc3\xa9-"));
+                }
+                free(out);
+        }
+}
+
 static void test_status_table_empty(void **state) {
         Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
         char *out = NULL;
@@ -715,6 +749,7 @@ int main(void) {
                 cmocka_unit_test(test_status_json_numbers),
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
+                cmocka_unit_test(test_status_escapes_names),
                 cmocka_unit_test(test_status_reserved),
                 cmocka_unit_test(test_status_format_einval),
                 cmocka_unit_test(test_held_writes),

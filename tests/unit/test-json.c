@@ -132,6 +132,7 @@ static void test_text_escape(void **state) {
                 assert_string_equal(dup, cases[i].out);
                 free(dup);
                 assert_int_equal(text_needs_escape(cases[i].in), strcmp(cases[i].in, cases[i].out) != 0);
+                assert_int_equal(text_escape_len(cases[i].in), strlen(cases[i].out));
         }
         /* cut short: whole escapes and characters only */
         assert_string_equal(text_escape(buf, 6, "ab\xc2\x9b"), "ab");
