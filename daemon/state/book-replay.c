@@ -33,6 +33,7 @@
 #include "daemon/state/memstore.h"
 #include "daemon/state/registry.h"
 #include "daemon/tiers/fault.h"
+#include "util/escape.h"
 #include "util/size.h"
 #include "daemon/tiers/segpool.h"
 #include "daemon/tiers/tier-nvme.h"
@@ -785,6 +786,33 @@ static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
         return true;
 }
 
+/*
+ * A name an older tierd took holds control characters (C1: 71551ef refuses
+ * them) or is not UTF-8: no client could name it again (a Hello, an open by
+ * name are refused), and tierctl would print it escaped.  It is restored under
+ * that escaped text (text_escape(): "evil\u009b31m"), which a client can name,
+ * and said so.  A name taken already is -EEXIST (the caller drops it).
+ */
+static int restore_name(char **name, const char *what, const char *job) {
+        char *e;
+
+        if (!text_needs_escape(*name))
+                return 0;
+        e = text_escape_dup(*name);
+        if (!e)
+                return -ENOMEM;
+        if (job)
+                log_warning("Tensor of job '%s' restored from the NVMe index as '%s': its name, from an older tierd, "
+                            "holds control characters or is not UTF-8, which tierd refuses now", job, e);
+        else
+                log_warning("Job restored from the NVMe index as '%s': its name, from an older tierd, holds control "
+                            "characters or is not UTF-8, which tierd refuses now; its clients attach under the new "
+                            "name (tierctl detach ends it)", e);
+        free(*name);
+        *name = e;
+        return 0;
+}
+
 int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, const gid_t *groups, size_t n,
                                                          bool admin, void *userdata),
                  void *userdata, BookFound *ret_found) {
@@ -796,13 +824,18 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
          * tensor first, then their copies: the memory store must know which of its records no tensor
          * takes before it puts any copy back (memstore_prepare()).
          */
-        for (size_t ji = 0; ji < b->n_jobs; ji++) {
-                BkJob *bj = &b->jobs[ji];
+        for (size_t k = 0; k < 2 * b->n_jobs; k++) {
+                BkJob *bj = &b->jobs[k % b->n_jobs];
                 Job *j = NULL;
 
-                if (bj->gone)
+                /* the names restore_name() changes last: a name as it was keeps its job */
+                if (bj->gone || text_needs_escape(bj->name) != (k >= b->n_jobs))
                         continue;
-                r = job_new(reg, bj->name, bj->uid, &j);
+                r = restore_name(&bj->name, "job", NULL);
+                if (r >= 0 && job_find(reg, bj->name))
+                        r = -EEXIST;    /* (a name restore_name() made was taken) */
+                if (r >= 0)
+                        r = job_new(reg, bj->name, bj->uid, &j);
                 if (r >= 0)
                         r = job_made(j, bj->n_groups ? bj->groups[0] : (gid_t) -1, bj->n_groups ? bj->groups + 1 : NULL,
                                      bj->n_groups ? bj->n_groups - 1 : 0, bj->admin, userdata);
@@ -817,13 +850,16 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                 j->committing = bj->committing;
                 j->commit_step = bj->commit_step;
                 bj->made = j;
-                for (size_t ti = 0; ti < b->n_tensors; ti++) {
-                        BkTensor *bt = &b->tensors[ti];
+                /* the names restore_name() changes last: a name as it was keeps its tensor */
+                for (size_t tk = 0; tk < 2 * b->n_tensors; tk++) {
+                        BkTensor *bt = &b->tensors[tk % b->n_tensors];
                         Tensor *t;
 
-                        if (bt->gone || bt->job_key != bj->key)
+                        if (bt->gone || bt->job_key != bj->key || text_needs_escape(bt->name) != (tk >= b->n_tensors))
                                 continue;
-                        r = tensor_new(j, bt->name, bt->size, &t);
+                        r = restore_name(&bt->name, "tensor", j->name);
+                        if (r >= 0)
+                                r = tensor_new(j, bt->name, bt->size, &t);
                         if (r == -EMFILE) {
                                 /* (not "Too many open files": the limit is tierd's own) */
                                 log_warning("Cannot restore tensor '%s' of job '%s': the job has [limits] "
