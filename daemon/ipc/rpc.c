@@ -53,6 +53,7 @@
 #include "proto/macro.h"
 #include "proto/plan.h"
 #include "proto/utf8.h"
+#include "util/escape.h"
 #include "proto/wire.h"
 #include "tier.pb-c.h"
 
@@ -231,10 +232,15 @@ static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const cha
         if (len > r->config->max_name)
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
                                         r->config->max_name), -ENAMETOOLONG;
-        if (utf8_control(name))
-                return conn_reply_error(c, seq, -EINVAL, "%s name contains control characters", what), -EINVAL;
-        if (!utf8_valid(name, len))
-                return conn_reply_error(c, seq, -EINVAL, "%s name is not valid UTF-8", what), -EINVAL;
+        if (utf8_control(name) || !utf8_valid(name, len)) {
+                char e[256];
+
+                /* what to do instead: restore_name() (state/book-replay.c) gave such a name from an older tierd that */
+                return conn_reply_error(c, seq, -EINVAL, "%s name %s ('%s' escaped); a %s an older tierd made under "
+                                        "such a name was restored under that escaped text: name it so",
+                                        what, utf8_control(name) ? "contains control characters" :
+                                        "is not valid UTF-8", text_escape(e, sizeof(e), name), what), -EINVAL;
+        }
         return 0;
 }
 
