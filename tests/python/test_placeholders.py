@@ -544,6 +544,63 @@ class TestParamsHeld(tierd.DaemonTestCase):
         torch.nn.utils.weight_norm(head)                # (the model's own again)
         self.assertIn("weight_g", head._parameters)
 
+    def test_parameters_a_dict_held_too(self) -> None:
+        """torch 2's later releases make a module's ``_parameters`` a plain dict (``super().__setattr__(
+        "_parameters", {})``), not torch 1.13's OrderedDict: claim_params() left such a dict as it was, and
+        ``weight_norm()`` left the module without its weight, ``m.weight = nn.Parameter(...)`` replaced it
+        silently.  Such a dict is held too (and a dict's update() and ``|=``, which do not call its
+        ``__setitem__``, are checked); an update() that would replace a parameter is refused before any of
+        its items is set, an OrderedDict's too (it had set those before the refused one); the model trains on
+        as plain PyTorch's, and close() gives each module a dict again."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        for m in model.modules():                       # (as torch 2's later Module.__init__ makes it)
+            if m is not model.tok:                      # (torch 1.13's OrderedDict: its update() too)
+                m.__dict__["_parameters"] = dict(m._parameters)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+        eng = self.engine(model, "held-dict")
+        data = batches(2)
+
+        def step(x):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad()
+
+        def looks(m):
+            return [(type(n), list(n._parameters.items()), list(n._buffers.items()), sorted(n.__dict__))
+                    for n in m.modules()]
+
+        step(data[0])
+        head, tok = model.head, model.tok
+        before = looks(model)
+        new = torch.nn.Parameter(torch.zeros(256, 32))
+        extra = torch.nn.Parameter(torch.zeros(3))
+        refused = r"^{} parameter {} while a tier\.torch engine holds it.*nothing changed"
+        tries = [("weight_norm", "removing", "weight of Linear", lambda: torch.nn.utils.weight_norm(head)),
+                 ("assigned", "replacing", "weight of Linear", lambda: setattr(head, "weight", new)),
+                 ("del", "removing", "weight of Linear", lambda: delattr(head, "weight")),
+                 ("update", "replacing", "weight of Linear",
+                  lambda: head._parameters.update({"extra": extra, "weight": new})),
+                 ("ior", "replacing", "weight of Linear", lambda: head._parameters.__ior__({"weight": new})),
+                 ("popitem", "removing", "bias of Linear", lambda: head._parameters.popitem()),
+                 ("update OrderedDict", "replacing", "weight of Embedding",
+                  lambda: tok._parameters.update({"extra": extra, "weight": new}))]
+        for what, how, name, call in tries:
+            with self.subTest(what=what), self.assertRaisesRegex(RuntimeError, refused.format(how, name)):
+                call()
+            self.assertEqual(looks(model), before, f"{what} changed the model")
+        head.extra = extra                              # (a new parameter: passes, as torch's)
+        del head.extra
+        step(data[1])
+        self.same(model, ref, "trained on")
+        self.assertIs(type(copy.copy(head._parameters)), dict)
+        eng.close()
+        self.assertIs(type(head._parameters), dict)
+        self.assertIs(type(tok._parameters), collections.OrderedDict)
+        torch.nn.utils.weight_norm(head)                # (the model's own again)
+        self.assertIn("weight_g", head._parameters)
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -624,13 +624,14 @@ def claim_params(eng: Any) -> None:
         if name is not None and "to" not in m.__dict__:
             m.__dict__["to"] = _refuse_format(r, m, name)
     for m in eng.model.modules():
-        if type(m.__dict__.get("_parameters")) is collections.OrderedDict:
-            held = HeldParams(m._parameters)
+        held_type = _HELD_TYPES.get(type(m.__dict__.get("_parameters")))
+        if held_type is not None:
+            held = held_type(m._parameters)
             held._tier_eng, held._tier_owner = r, type(m).__name__
             m.__dict__["_parameters"] = held
 
 
-class HeldParams(collections.OrderedDict):
+class HeldParams:
     """A module's ``_parameters`` while the engine ``_tier_eng`` (a weak reference) is open: what would
     remove one of the engine's parameters from it, replace it or register it under a second name is
     refused before it changes anything.  ``weight_norm()``, ``prune``'s methods and
@@ -640,16 +641,19 @@ class HeldParams(collections.OrderedDict):
     ``register_parameter()`` or ``_parameters[name] =`` replaced it silently, the engine training the
     old one in tierd and the model holding the new.  Every path of torch's Module goes through these
     methods; its reads (``__getattr__``, ``state_dict()``, ``named_parameters()``) are the dict's own.
-    Once the engine is closed (or gone) a plain dict; release_params() gives the module torch's back."""
+    Of the type torch's Module gave it (``_plain``): an OrderedDict in torch 1.13, a dict in torch 2's
+    later releases, whose own update() and ``|=`` would not call ``__setitem__``.  Once the engine is
+    closed (or gone) a plain dict; release_params() gives the module one of torch's type back."""
 
     _tier_eng: Any = None
     _tier_owner = "?"
+    _plain: type = dict
 
     def _check(self, key: Any, value: Any, removing: bool) -> None:
         eng = self._tier_eng() if self._tier_eng is not None else None
         if eng is None or eng._closed:
             return
-        old = collections.OrderedDict.get(self, key)
+        old = dict.get(self, key)
         s = _held_slot(eng, old)
         if s is not None and (removing or value is not old):
             _refuse_held(f"{'removing' if removing else 'replacing'} parameter {key} of {self._tier_owner}", s.name)
@@ -669,10 +673,11 @@ class HeldParams(collections.OrderedDict):
         self._check(key, None, True)
         return super().pop(key, *default)
 
-    def popitem(self, last: bool = True) -> Any:
+    def popitem(self, *args: Any, **kwargs: Any) -> Any:     # (OrderedDict's takes last=, dict's nothing)
         if self:
+            last = kwargs.get("last", args[0] if args else True)
             self._check(next(reversed(self)) if last else next(iter(self)), None, True)
-        return super().popitem(last)
+        return super().popitem(*args, **kwargs)
 
     def clear(self) -> None:
         for key in self:
@@ -684,8 +689,32 @@ class HeldParams(collections.OrderedDict):
             self._check(key, default, False)
         return super().setdefault(key, default)
 
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """Every item checked before the first is set (OrderedDict's set those before a refused one)."""
+        items = list(dict(*args, **kwargs).items())
+        for key, value in items:
+            self._check(key, value, False)
+        for key, value in items:
+            self[key] = value
+
+    def __ior__(self, other: Any) -> Any:
+        self.update(other)
+        return self
+
     def __reduce__(self) -> Any:     # (a copy, a pickle: torch's own dict, without the engine)
-        return (collections.OrderedDict, (list(self.items()),))
+        return (self._plain, (list(self.items()),))
+
+
+class _HeldOrderedDict(HeldParams, collections.OrderedDict):
+    _plain = collections.OrderedDict
+
+
+class _HeldDict(HeldParams, dict):
+    _plain = dict
+
+
+#: torch's type of a module's ``_parameters``: its HeldParams while an engine holds them
+_HELD_TYPES: dict[type, type] = {collections.OrderedDict: _HeldOrderedDict, dict: _HeldDict}
 
 
 def _held_slot(eng: Any, p: Any) -> Any:
@@ -754,8 +783,8 @@ def release_params(eng: Any) -> None:
         if getattr(m.__dict__.get("to"), "__qualname__", "").startswith("_refuse_format"):
             del m.__dict__["to"]
         held = m.__dict__.get("_parameters")
-        if type(held) is HeldParams and held._tier_eng is not None and held._tier_eng() in (eng, None):
-            m.__dict__["_parameters"] = collections.OrderedDict(held)
+        if type(held) in _HELD_TYPES.values() and held._tier_eng is not None and held._tier_eng() in (eng, None):
+            m.__dict__["_parameters"] = held._plain(held)
     for pid in eng.slot_of:
         ref = _OWNERS.get(pid)
         if ref is not None and ref() in (eng, None):
