@@ -344,19 +344,19 @@ static void table_print(FILE *f, const Table *t) {
         if (t->n_cols == 0 || t->n_cols > ELEMENTSOF(width))
                 return;
         for (size_t i = 0; i < t->n_cells; i++)
-                width[i % t->n_cols] = MAX(width[i % t->n_cols], strlen(t->cells[i]));
+                width[i % t->n_cols] = MAX(width[i % t->n_cols], text_escape_width(t->cells[i]));
 
+        /* in columns, not bytes: "café" takes 4 (the cells are escaped already: text_escape_fputs() copies them) */
         for (size_t i = 0; i < t->n_cells; i++) {
                 size_t col = i % t->n_cols;
                 bool last = col + 1 == t->n_cols;
-                int w = (int) width[col];
 
-                if (t->align[col] == 'r')
-                        fprintf(f, "%*s", w, t->cells[i]);
-                else if (last)
-                        fputs(t->cells[i], f);  /* no trailing blanks */
-                else
-                        fprintf(f, "%-*s", w, t->cells[i]);
+                if (t->align[col] == 'r') {
+                        for (size_t k = text_escape_width(t->cells[i]); k < width[col]; k++)
+                                fputc(' ', f);
+                        fputs(t->cells[i], f);
+                } else
+                        text_escape_fputs(t->cells[i], f, last ? 0 : width[col]);  /* (the last: no trailing blanks) */
                 fputs(last ? "\n" : "  ", f);
         }
 }

@@ -47,20 +47,31 @@ static bool is_control(uint32_t cp) {
         return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
 }
 
-/* The escape or the bytes of the character at @p into @out (TEXT_ESCAPE_GROWTH * 4 bytes); its length, *@ret_in the bytes read. */
-static size_t escape_one(const uint8_t *p, char *out, size_t *ret_in) {
+size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *ret_in, size_t *ret_width) {
+        const uint8_t *p = (const uint8_t *) s;
         uint32_t cp = 0;
-        size_t n = utf8_seq(p, &cp);
+        size_t n = utf8_seq(p, &cp), len;
 
         if (n == 0) {
                 *ret_in = 1;
-                return (size_t) snprintf(out, 8, "\\x%02x", *p);
+                len = (size_t) snprintf(out, TEXT_ESCAPE_CHAR_MAX, "\\x%02x", *p);
+        } else if (is_control(cp)) {
+                *ret_in = n;
+                len = (size_t) snprintf(out, TEXT_ESCAPE_CHAR_MAX, "\\u%04x", (unsigned) cp);
+        } else {
+                *ret_in = n;
+                memcpy(out, p, n);
+                if (ret_width)
+                        *ret_width = 1;         /* one character (wide CJK and emoji take 2 columns: not counted) */
+                return n;
         }
-        *ret_in = n;
-        if (is_control(cp))
-                return (size_t) snprintf(out, 8, "\\u%04x", (unsigned) cp);
-        memcpy(out, p, n);
-        return n;
+        if (ret_width)
+                *ret_width = len;               /* an escape is ASCII */
+        return len;
+}
+
+static size_t escape_one(const uint8_t *p, char *out, size_t *ret_in) {
+        return text_escape_char((const char *) p, out, ret_in, NULL);
 }
 
 char *text_escape(char *buf, size_t size, const char *s) {
@@ -68,7 +79,7 @@ char *text_escape(char *buf, size_t size, const char *s) {
         size_t used = 0;
 
         while (*p) {
-                char one[8];
+                char one[TEXT_ESCAPE_CHAR_MAX];
                 size_t in, len = escape_one(p, one, &in);
 
                 if (len >= size - used)
@@ -95,7 +106,7 @@ size_t text_escape_len(const char *s) {
         size_t n = 0;
 
         for (const uint8_t *p = (const uint8_t *) s; *p;) {
-                char one[8];
+                char one[TEXT_ESCAPE_CHAR_MAX];
                 size_t in;
 
                 n += escape_one(p, one, &in);
@@ -104,15 +115,29 @@ size_t text_escape_len(const char *s) {
         return n;
 }
 
+size_t text_escape_width(const char *s) {
+        size_t n = 0;
+
+        for (const char *p = s; *p;) {
+                char one[TEXT_ESCAPE_CHAR_MAX];
+                size_t in, width;
+
+                (void) text_escape_char(p, one, &in, &width);
+                n += width;
+                p += in;
+        }
+        return n;
+}
+
 void text_escape_fputs(const char *s, FILE *f, size_t pad) {
         size_t n = 0;
 
-        for (const uint8_t *p = (const uint8_t *) s; *p;) {
-                char one[8];
-                size_t in, len = escape_one(p, one, &in);
+        for (const char *p = s; *p;) {
+                char one[TEXT_ESCAPE_CHAR_MAX];
+                size_t in, width, len = text_escape_char(p, one, &in, &width);
 
                 (void) fwrite(one, 1, len, f);
-                n += len;
+                n += width;
                 p += in;
         }
         for (; n < pad; n++)

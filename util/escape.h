@@ -27,7 +27,23 @@ char *text_escape(char *buf, size_t size, const char *s);
 char *text_escape_dup(const char *s);
 /* The length of text_escape_dup(@s), NUL not counted. */
 size_t text_escape_len(const char *s);
-/* Write text_escape_dup(@s) to @f (nothing allocated); then @pad - text_escape_len(@s) blanks, if more than 0. */
+/*
+ * The columns text_escape_dup(@s) takes on a terminal, counted as its
+ * characters (code points): "caf\u00e9" (é) is 4, an escape as many as its
+ * bytes.  A wide character (CJK, emoji) counts 1 though it takes 2 columns:
+ * that needs the terminal's locale, which tierctl does not assume.
+ */
+size_t text_escape_width(const char *s);
+/* Write text_escape_dup(@s) to @f (nothing allocated); then @pad - text_escape_width(@s) blanks, if more than 0. */
 void text_escape_fputs(const char *s, FILE *f, size_t pad);
+/* The most bytes text_escape_char() writes, a NUL after an escape included. */
+#define TEXT_ESCAPE_CHAR_MAX 8
+/*
+ * One step of text_escape(): the escape, or the bytes, of the character @s
+ * starts with (not its NUL) into @out, no NUL added; returns their length.
+ * *@ret_in: the bytes of @s it took; *@ret_width (may be NULL): its columns
+ * as text_escape_width() counts them.
+ */
+size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *ret_in, size_t *ret_width);
 /* Whether text_escape() would change @s. */
 bool text_needs_escape(const char *s);

@@ -460,6 +460,40 @@ static void test_status_escapes_names(void **state) {
         }
 }
 
+/* The display column (characters, not bytes) where @what starts on the first line of @out that holds @line. */
+static size_t column_of(const char *out, const char *line, const char *what) {
+        const char *l = strstr(out, line), *w;
+        size_t col = 0;
+
+        assert_non_null(l);
+        while (l > out && l[-1] != '\n')
+                l--;
+        w = strstr(l, what);
+        assert_non_null(w);
+        for (const char *p = l; p < w; p++)
+                col += ((unsigned char) *p & 0xc0) != 0x80;     /* not a continuation byte */
+        return col;
+}
+
+/* Table columns are counted in characters: a non-ASCII or escaped name does not push its row's cells right. */
+static void test_status_table_aligned(void **state) {
+        FakeStatus f;
+        char *out = NULL;
+
+        fake_status(&f, "memfd");
+        f.jobs[0].name = (char *) "caf\xc3\xa9-\xe5\xad\xa6\xe7\xbf\x92";  /* 7 characters, 11 bytes */
+        f.jobs[0].uid = 4242;
+        f.jobs[1].name = (char *) "abcdefgh";
+        f.jobs[1].uid = 4343;
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+        assert_int_equal(column_of(out, "  1  caf\xc3\xa9-", "4242"), column_of(out, "  2  abcdefgh", "4343"));
+        free(out);
+        f.jobs[1].name = (char *) "ab\x1b" "c";                           /* "ab\u001bc": 9 columns */
+        assert_int_equal(status_format(&f.s, TIER_STATUS_TABLE, &out), 0);
+        assert_int_equal(column_of(out, "  1  caf\xc3\xa9-", "4242"), column_of(out, "  2  ab\\u001bc", "4343"));
+        free(out);
+}
+
 static void test_status_table_empty(void **state) {
         Tier__StatusReply s = TIER__STATUS_REPLY__INIT;
         char *out = NULL;
@@ -750,6 +784,7 @@ int main(void) {
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
                 cmocka_unit_test(test_status_escapes_names),
+                cmocka_unit_test(test_status_table_aligned),
                 cmocka_unit_test(test_status_reserved),
                 cmocka_unit_test(test_status_format_einval),
                 cmocka_unit_test(test_held_writes),

@@ -141,6 +141,33 @@ static void test_text_escape(void **state) {
         assert_string_equal(text_escape(buf, 1, "abc"), "");
 }
 
+/*
+ * text_escape_width(): the columns of the escaped text, in characters, not
+ * bytes; text_escape_fputs() pads to that.
+ */
+static void test_text_escape_width(void **state) {
+        char *out = NULL;
+        size_t size = 0;
+        FILE *f;
+
+        assert_int_equal(text_escape_width(""), 0);
+        assert_int_equal(text_escape_width("abcd"), 4);
+        assert_int_equal(text_escape_width("caf\xc3\xa9"), 4);                   /* é: 2 bytes, 1 column */
+        assert_int_equal(text_escape_width("\xe5\xad\xa6\xe7\xbf\x92"), 2);  /* CJK: 1 per character */
+        assert_int_equal(text_escape_width("a\xc2\x9b" "b"), 8);                 /* a\u009bb */
+        assert_int_equal(text_escape_width("a\xff"), 5);                         /* a\xff */
+        f = open_memstream(&out, &size);
+        assert_non_null(f);
+        text_escape_fputs("caf\xc3\xa9", f, 6);
+        fputc('|', f);
+        text_escape_fputs("\x1b", f, 8);
+        fputc('|', f);
+        text_escape_fputs("toolong", f, 2);
+        assert_int_equal(fclose(f), 0);
+        assert_string_equal(out, "caf\xc3\xa9  |\\u001b  |toolong");
+        free(out);
+}
+
 /* Valid UTF-8 passes through byte for byte, at the edges of each length. */
 static void test_utf8_valid(void **state) {
         static const char *const valid[] = {
@@ -590,6 +617,7 @@ int main(void) {
                 cmocka_unit_test(test_escape_quotes),
                 cmocka_unit_test(test_escape_del_c1),
                 cmocka_unit_test(test_text_escape),
+                cmocka_unit_test(test_text_escape_width),
                 cmocka_unit_test(test_utf8_valid),
                 cmocka_unit_test(test_utf8_invalid),
                 cmocka_unit_test(test_string_null_and_keys),
