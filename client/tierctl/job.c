@@ -11,16 +11,10 @@
 
 #include <tier.h>
 
+#include "client/tierctl/tables.h"
 #include "client/tierctl/tierctl.h"
 #include "util/json.h"
 #include "util/size.h"
-
-static const char *const copy_state_names[] = { "absent", "filling", "resident", "draining" };
-
-static const char *copy_state_name(int s) {
-        return s >= 0 && s < (int) (sizeof(copy_state_names) / sizeof(copy_state_names[0])) ?
-                copy_state_names[s] : "unknown";
-}
 
 /*
  * Parse a verb's options: --json, --help and those in @extra (handled by
@@ -102,30 +96,6 @@ static int tensors_opt(void *userdata, int opt, const char *arg) {
         return 0;
 }
 
-/* What a tensor's data is: "data", "unwritten", "dead", "lost"; NULL when tierd did not say. */
-static const char *tensor_state_name(int state) {
-        switch (state) {
-        case TIER_TENSOR_DATA:
-                return "data";
-        case TIER_TENSOR_UNWRITTEN:
-                return "unwritten";
-        case TIER_TENSOR_DEAD:
-                return "dead";
-        case TIER_TENSOR_LOST:
-                return "lost";
-        default:
-                return NULL;
-        }
-}
-
-/* "resident", "resident (stale)", "-" for an absent copy. */
-static const char *copy_cell(char *buf, size_t size, const struct tier_copy_info *cp) {
-        if (cp->state == TIER_COPY_ABSENT)
-                return "-";
-        (void) snprintf(buf, size, "%s%s", copy_state_name(cp->state), cp->valid ? "" : " (stale)");
-        return buf;
-}
-
 static void tensors_json(const char *job, const struct tier_tensor_info *v, size_t n, uint64_t min,
                          JsonWriter *w) {
         json_object_begin(w);
@@ -190,48 +160,6 @@ static void tensors_json(const char *job, const struct tier_tensor_info *v, size
         json_object_end(w);
 }
 
-static void tensors_table(const char *job, const struct tier_tensor_info *v, size_t n, uint64_t min) {
-        size_t shown = 0, lost = 0;
-        int w = 4;
-
-        for (size_t i = 0; i < n; i++)
-                if (v[i].size >= min && (int) strlen(v[i].name) > w)
-                        w = (int) strlen(v[i].name);
-        for (size_t i = 0; i < n; i++) {
-                const struct tier_tensor_info *t = &v[i];
-                char a[32], b[32], c[32], last[32] = "never", dirty[16] = "";
-                unsigned pins = 0;
-
-                if (t->size < min)
-                        continue;
-                if (shown++ == 0)
-                        printf("%-*s  %10s  %-18s  %-18s  %-18s  %4s  %-9s  %-9s  %s\n", w, "NAME", "SIZE", "VRAM",
-                               "HOST", "NVME", "PINS", "DIRTY", "DATA", "LAST USE");
-                /* the copies whose newest data NVMe lacks: "host", "vram+host" */
-                for (int k = 0; k < TIER_LEVEL_MAX; k++) {
-                        pins += t->copy[k].pins;
-                        if (t->copy[k].dirty)
-                                (void) snprintf(dirty + strlen(dirty), sizeof(dirty) - strlen(dirty), "%s%s",
-                                                dirty[0] ? "+" : "", tier_level_name(k));
-                }
-                if (t->used)
-                        (void) snprintf(last, sizeof(last), "%.1fs ago", t->idle_s);
-                printf("%-*s  %10s  %-18s  %-18s  %-18s  %4u  %-9s  %-9s  %s\n", w, t->name, FORMAT_SIZE(t->size),
-                       copy_cell(a, sizeof(a), &t->copy[TIER_VRAM]), copy_cell(b, sizeof(b), &t->copy[TIER_HOST]),
-                       copy_cell(c, sizeof(c), &t->copy[TIER_NVME]), pins, dirty[0] ? dirty : "-",
-                       tensor_state_name(t->state) ? tensor_state_name(t->state) : "-", last);
-                lost += t->state == TIER_TENSOR_LOST;
-        }
-        if (shown == 0)
-                printf("job '%s' has no tensors%s\n", job, min > 0 ? " of that size" : "");
-        /* why, under the table: the reads of a lost tensor fail until it is written whole */
-        for (size_t i = 0; lost > 0 && i < n; i++)
-                if (v[i].size >= min && v[i].state == TIER_TENSOR_LOST)
-                        printf("%s is lost: %s; its reads fail (ENODATA) until it is written whole\n", v[i].name,
-                               v[i].lost_why ? v[i].lost_why : "tierd did not say why");
-
-}
-
 int verb_tensors(int argc, char **argv) {
         static const struct option extra[] = {
                 { "min-size", required_argument, NULL, 0x200 },
@@ -261,7 +189,7 @@ int verb_tensors(int argc, char **argv) {
                 tensors_json(job, v, n, min, &w);
                 r = json_print(&w);
         } else
-                tensors_table(job, v, n, min);
+                tensors_table(stdout, job, v, n, min);
         free(v);
         return r < 0 || fflush(stdout) != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

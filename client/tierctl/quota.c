@@ -14,7 +14,9 @@
 
 #include <tier.h>
 
+#include "client/tierctl/tables.h"
 #include "client/tierctl/tierctl.h"
+#include "util/escape.h"
 #include "util/json.h"
 #include "util/size.h"
 
@@ -204,24 +206,14 @@ static void quota_json(JsonWriter *w, const QuotaTarget *t, const struct tier_qu
         json_object_end(w);
 }
 
-static void quota_print_header(FILE *f, int name_width) {
-        fprintf(f, "%-*s  %10s  %10s  %10s  %10s  %10s  %10s  %6s\n", name_width, "JOB", "VRAM", "HOST", "NVME",
-                "VRAM-MIN", "HOST-MIN", "NVME-MIN", "WEIGHT");
-}
-
-static void quota_print_row(FILE *f, int name_width, const char *job, const struct tier_quota *q) {
-        fprintf(f, "%-*s  %10s  %10s  %10s  %10s  %10s  %10s  %6u\n", name_width, job,
-                FORMAT_SIZE(q->max[TIER_VRAM]), FORMAT_SIZE(q->max[TIER_HOST]), FORMAT_SIZE(q->max[TIER_NVME]),
-                FORMAT_SIZE(q->min[TIER_VRAM]), FORMAT_SIZE(q->min[TIER_HOST]), FORMAT_SIZE(q->min[TIER_NVME]),
-                q->weight);
-}
-
 /* One target's quota, each value with where it comes from. */
 static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota *q,
                         const struct tier_quota_total *tot) {
         switch (t->kind) {
         case TIER_QUOTA_JOB:
-                fprintf(f, "job '%s'%s\n", t->job, q->running ? " (running)" : " (not running: its name's quota)");
+                fputs("job '", f);
+                text_escape_fputs(t->job, f, 0);
+                fprintf(f, "'%s\n", q->running ? " (running)" : " (not running: its name's quota)");
                 break;
         case TIER_QUOTA_UID:
                 fprintf(f, "uid %" PRIu32 " (a job of this uid, group quotas aside)\n", t->id);
@@ -234,10 +226,16 @@ static void quota_print(FILE *f, const QuotaTarget *t, const struct tier_quota *
                 break;
         }
         for (int i = 0; i < TIER_LEVEL_MAX; i++) {
-                fprintf(f, "  %-6s max %s (from: %s)", tier_level_name(i), FORMAT_SIZE(q->max[i]), q->max_from[i]);
-                fprintf(f, ", min %s (from: %s)\n", FORMAT_SIZE(q->min[i]), q->min_from[i]);
+                /* (where a value comes from may name a job: "job NAME") */
+                fprintf(f, "  %-6s max %s (from: ", tier_level_name(i), FORMAT_SIZE(q->max[i]));
+                text_escape_fputs(q->max_from[i], f, 0);
+                fprintf(f, "), min %s (from: ", FORMAT_SIZE(q->min[i]));
+                text_escape_fputs(q->min_from[i], f, 0);
+                fputs(")\n", f);
         }
-        fprintf(f, "  weight %u (from: %s)\n", q->weight, q->weight_from);
+        fprintf(f, "  weight %u (from: ", q->weight);
+        text_escape_fputs(q->weight_from, f, 0);
+        fputs(")\n", f);
         for (int i = 0; tot && i < TIER_LEVEL_MAX; i++) {
                 if (tot->total[i] == 0)
                         fprintf(f, "  %-6s total: none (from: %s), its jobs use %s\n", tier_level_name(i), tot->from[i],
@@ -355,8 +353,8 @@ static int quota_get_all(tier_client *c) {
         JsonWriter jw = JSON_WRITER_NULL;
         char **names = NULL;
         struct tier_quota *qs;
-        size_t n = 0, others = 0;
-        int w = 3, r, ret = EXIT_SUCCESS;
+        size_t n = 0, others = 0, w;
+        int r, ret = EXIT_SUCCESS;
         bool first = true;
 
         r = list_jobs(c, &names);
@@ -383,15 +381,16 @@ static int quota_get_all(tier_client *c) {
                         continue;
                 }
                 if (r < 0) {
-                        fprintf(stderr, "tierctl: cannot get the quota of job '%s': %s\n", names[i], why(c, r));
+                        fputs("tierctl: cannot get the quota of job '", stderr);
+                        text_escape_fputs(names[i], stderr, 0);
+                        fprintf(stderr, "': %s\n", why(c, r));
                         ret = EXIT_FAILURE;
                         free(names[i]);
                         names[i] = NULL;
                         continue;
                 }
-                if ((int) strlen(names[i]) > w)
-                        w = (int) strlen(names[i]);
         }
+        w = quota_name_width(names, n);
         if (arg_json) {
                 json_object_begin(&jw);
                 json_key(&jw, "jobs");
@@ -658,8 +657,11 @@ static int quota_set(int argc, char **argv) {
                 return EXIT_FAILURE;
         }
         disconnect_control(c);
-        if (now.warning[0])
-                fprintf(stderr, "tierctl: warning: %s\n", now.warning);
+        if (now.warning[0]) {
+                fputs("tierctl: warning: ", stderr);
+                text_escape_fputs(now.warning, stderr, 0);      /* (tierd's: it may quote a name) */
+                fputc('\n', stderr);
+        }
         ret = quota_show(&t, &now, t.kind == TIER_QUOTA_UID || t.kind == TIER_QUOTA_GROUP ? &tot_now : NULL);
         return fflush(stdout) == 0 ? ret : EXIT_FAILURE;
 }

@@ -15,6 +15,7 @@
 
 #include <tier.h>
 
+#include "client/tierctl/tables.h"
 #include "client/tierctl/tierctl.h"
 #include "util/json.h"
 #include "util/size.h"
@@ -220,30 +221,6 @@ static void jobs_json(const struct tier_job_info *jobs, size_t n, JsonWriter *w)
         json_object_end(w);
 }
 
-static void jobs_table(const struct tier_job_info *jobs, size_t n) {
-        int w = 4;
-
-        if (n == 0) {
-                puts("no jobs");
-                return;
-        }
-        for (size_t i = 0; i < n; i++)
-                if ((int) strlen(jobs[i].name) > w)
-                        w = (int) strlen(jobs[i].name);
-        printf("%-*s  %6s  %6s  %4s  %-12s  %7s  %10s  %10s  %10s  %6s\n", w, "NAME", "ID", "UID", "CONN",
-               "LINGER", "TENSORS", "VRAM", "HOST", "NVME", "WEIGHT");
-        for (size_t i = 0; i < n; i++) {
-                const struct tier_job_info *j = &jobs[i];
-                char linger[32] = "-";
-
-                if (j->lingering)
-                        (void) snprintf(linger, sizeof(linger), "%.1fs left", j->linger_left_s);
-                printf("%-*s  %6" PRIu64 "  %6u  %4u  %-12s  %7u  %10s  %10s  %10s  %6u\n", w, j->name, j->id,
-                       j->uid, j->connections, linger, j->tensors, FORMAT_SIZE(j->used[TIER_VRAM]),
-                       FORMAT_SIZE(j->used[TIER_HOST]), FORMAT_SIZE(j->used[TIER_NVME]), j->weight);
-        }
-}
-
 int verb_jobs(int argc, char **argv) {
         enum { ARG_JSON = 0x100 };
         static const struct option options[] = {
@@ -290,7 +267,7 @@ int verb_jobs(int argc, char **argv) {
                 jobs_json(jobs, n, &w);
                 r = json_print(&w);
         } else
-                jobs_table(jobs, n);
+                jobs_table(stdout, jobs, n);
         free(jobs);
         if (r < 0 || fflush(stdout) != 0)
                 return EXIT_FAILURE;

@@ -25,9 +25,11 @@
 
 #include <tier.h>
 
+#include "client/tierctl/tables.h"
 #include "client/tierctl/tierctl.h"
 #include "proto/macro.h"
 #include "proto/utf8.h"
+#include "util/escape.h"
 #include "util/json.h"
 
 #ifndef TIERD_VERSION
@@ -223,9 +225,10 @@ tier_client *disconnect_control(tier_client *c) {
 }
 
 const char *why(const tier_client *c, int r) {
-        const char *s = c ? tier_client_last_error(c) : "";
+        /* escaped: tierd's reasons may quote a name (CLIENT_ERROR_MAX is 512, each byte at most 6) */
+        static char buf[512 * TEXT_ESCAPE_GROWTH + 1];
 
-        return s && *s ? s : tier_strerror(r);
+        return reason_text(buf, sizeof(buf), c ? tier_client_last_error(c) : NULL, r);
 }
 
 int json_print(JsonWriter *w) {

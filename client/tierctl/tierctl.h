@@ -49,7 +49,10 @@ tier_client *disconnect_control(tier_client *c);
 void deadline_start(void);
 void deadline_stop(void);
 void deadline_unlink(const char *path);
-/* Reason of the last failure on @c: tierd's when it gave one. */
+/*
+ * Reason of the last failure on @c: tierd's when it gave one, escaped
+ * (util/escape.c: it may quote a name); in a buffer the next call reuses.
+ */
 const char *why(const tier_client *c, int r);
 /* Print the document in @w and a newline; the writer is emptied either way. */
 int json_print(JsonWriter *w);
