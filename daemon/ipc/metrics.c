@@ -34,6 +34,7 @@
 #include "daemon/ipc/conn.h"
 #include "daemon/ipc/metrics.h"
 #include "daemon/ipc/status.h"
+#include "util/escape.h"
 #include "proto/macro.h"
 #include "tier.pb-c.h"
 
@@ -62,18 +63,33 @@ static void family(FILE *f, const char *name, const char *type, const char *help
         fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* A label value between double quotes, escaped as the format requires. */
+/*
+ * A label value between double quotes, escaped as the format requires (\\,
+ * \" and \n, its only escapes).  It must be UTF-8 and should hold no other
+ * control character: those (from a name an older tierd let in) and bytes that
+ * are not UTF-8 are written as util/escape.c's text, backslash escaped: the
+ * value reads back as "evil\u009b31m", the name tierd restores such a job
+ * under (and tierctl prints).
+ */
 static void label_value(FILE *f, const char *v) {
         fputc('"', f);
-        for (; *v; v++)
-                if (*v == '\\')
-                        fputs("\\\\", f);
-                else if (*v == '"')
-                        fputs("\\\"", f);
-                else if (*v == '\n')
-                        fputs("\\n", f);
-                else
-                        fputc(*v, f);
+        while (*v) {
+                char one[TEXT_ESCAPE_CHAR_MAX];
+                size_t in, len;
+
+                if (*v == '\\' || *v == '"' || *v == '\n') {
+                        fputs(*v == '\\' ? "\\\\" : *v == '"' ? "\\\"" : "\\n", f);
+                        v++;
+                        continue;
+                }
+                len = text_escape_char(v, one, &in, NULL);
+                for (size_t k = 0; k < len; k++) {
+                        if (one[k] == '\\')
+                                fputc('\\', f);     /* the escape's own backslash */
+                        fputc(one[k], f);
+                }
+                v += in;
+        }
         fputc('"', f);
 }
 

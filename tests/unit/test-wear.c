@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -542,6 +543,47 @@ static void test_metrics_text(void **state) {
         assert_int_equal(metrics_render(NULL, &text, &len), -EINVAL);
 }
 
+/*
+ * A job name with control characters (from a tierd older than its name
+ * checks) or bytes that are not UTF-8: its label value holds none of them
+ * raw but their escaped text, backslash escaped, so the exposition stays
+ * valid (promtool's check, when it is installed) and reads back as
+ * "evil\u009b31m...", the name tierd restores such a job under.
+ */
+static void test_metrics_label_controls(void **state) {
+        Tier__StatusReply sr = TIER__STATUS_REPLY__INIT;
+        Tier__JobStatus job = TIER__JOB_STATUS__INIT, *jobs[] = { &job };
+        char *text = NULL, path[] = "/tmp/test-wear-metrics-XXXXXX", cmd[256];
+        size_t len = 0;
+        int fd, status;
+
+        sr.version = (char *) "1.0";
+        sr.policy = (char *) "timeline";
+        job.name = (char *) "evil\xc2\x9b" "31m\x1b[2J\x7f\xff caf\xc3\xa9 a\\b";
+        job.id = 12;
+        job.wear_written = 77;
+        sr.n_jobs = 1;
+        sr.jobs = jobs;
+        assert_int_equal(metrics_render(&sr, &text, &len), 0);
+        assert_non_null(strstr(text, "tierd_job_wear_written_bytes_total{job_name=\"evil\\\\u009b31m\\\\u001b[2J"
+                                     "\\\\u007f\\\\xff caf\xc3\xa9 a\\\\b\"} 77\n"));
+        for (const unsigned char *p = (const unsigned char *) text; *p; p++)
+                assert_true((*p >= 0x20 || *p == '\n') && *p != 0x7f && *p != 0xff &&
+                            !(p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f));
+        if (system("command -v promtool >/dev/null 2>&1") == 0) {
+                fd = mkostemp(path, O_CLOEXEC);
+                assert_true(fd >= 0);
+                assert_int_equal(write(fd, text, len), (ssize_t) len);
+                assert_int_equal(close(fd), 0);
+                (void) snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s'", path);
+                status = system(cmd);
+                (void) unlink(path);
+                assert_int_equal(status, 0);
+        } else
+                print_message("promtool not found (Debian package prometheus): its check is skipped\n");
+        free(text);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
@@ -556,6 +598,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted_components, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
+                cmocka_unit_test(test_metrics_label_controls),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
