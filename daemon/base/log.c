@@ -10,7 +10,9 @@
  * list, log_job()/log_tensor()/log_tier() with names known at run time).
  * Otherwise one line per message goes to standard error.  When the journal
  * cannot be reached the message goes to standard error instead of being
- * lost.  Logging never changes errno and never fails the caller.
+ * lost.  Control characters in a message (names are the clients') are
+ * written as text (util/escape.c: "\u001b").  Logging never changes errno
+ * and never fails the caller.
  *
  * Everything runs on the event loop thread except messages of the emulated
  * VRAM mover thread; the sink and the level are plain ints set before that
@@ -33,6 +35,7 @@
 #define JOURNAL_SOCKET "/run/systemd/journal/socket"
 
 #include "daemon/base/log.h"
+#include "util/escape.h"
 
 static int log_max_level = LOG_INFO;
 static LogTarget log_target = LOG_TARGET_STDERR;
@@ -126,10 +129,17 @@ static int log_fullv(int level, int error, const char *file, int line, const cha
 static int log_fullv(int level, int error, const char *file, int line, const char *func,
                      const char *fields, const char *fmt, va_list ap) {
         int saved = errno;
-        char msg[2048];
+        char raw[2048], msg[2048];
 
         errno = error;  /* so %m prints the caller's error */
-        vsnprintf(msg, sizeof(msg), fmt, ap);
+        vsnprintf(raw, sizeof(raw), fmt, ap);
+        /*
+         * Names are the clients' (a job an older tierd let in may hold CSI or ESC): control characters
+         * and bytes that are not UTF-8 are written as text (util/escape.c), so that no message puts an
+         * escape sequence into a terminal (journalctl, stderr).  No format of tierd's holds a newline
+         * or a tab of its own: every message is one line.
+         */
+        text_escape(msg, sizeof(msg), raw);
 
         if (log_target == LOG_TARGET_JOURNAL) {
                 struct iovec iov[LOG_IOV_MAX];
