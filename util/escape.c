@@ -155,3 +155,21 @@ bool text_needs_escape(const char *s) {
         }
         return false;
 }
+
+char *text_escape_name(const char *s, size_t max, bool tagged) {
+        uint32_t h = 0x811c9dc5;        /* FNV-1a */
+        char *e;
+
+        if (max < 16)
+                return NULL;
+        if (!tagged && text_escape_len(s) <= max)
+                return text_escape_dup(s);
+        for (const uint8_t *p = (const uint8_t *) s; *p; p++)
+                h = (h ^ *p) * 0x01000193;
+        e = malloc(max + 1);
+        if (!e)
+                return NULL;
+        text_escape(e, max - TEXT_ESCAPE_NAME_TAG + 1, s);
+        (void) snprintf(e + strlen(e), TEXT_ESCAPE_NAME_TAG + 1, "~%08x", (unsigned) h);
+        return e;
+}

@@ -47,3 +47,17 @@ void text_escape_fputs(const char *s, FILE *f, size_t pad);
 size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *ret_in, size_t *ret_width);
 /* Whether text_escape() would change @s. */
 bool text_needs_escape(const char *s);
+
+/* The bytes text_escape_name() adds to a name it cuts: "~" and 8 hex digits. */
+#define TEXT_ESCAPE_NAME_TAG 9
+
+/*
+ * text_escape_name() - the name a job or tensor named @s (by an older tierd:
+ * control characters, bytes not UTF-8) is restored under, at most @max bytes
+ * (tierd's max_name, 16..4096): text_escape_dup(@s) when it fits and
+ * @tagged is false; else its text cut to @max - TEXT_ESCAPE_NAME_TAG bytes
+ * (never in an escape) followed by "~" and a hash of @s in 8 hex digits, so
+ * that two names cut alike stay apart (@tagged: the whole text was taken by
+ * another name).  malloc()ed; NULL: out of memory, or @max below 16.
+ */
+char *text_escape_name(const char *s, size_t max, bool tagged);

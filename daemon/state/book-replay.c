@@ -790,20 +790,31 @@ static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
  * A name an older tierd took holds control characters (C1: 71551ef refuses
  * them) or is not UTF-8: no client could name it again (a Hello, an open by
  * name are refused), and tierctl would print it escaped.  It is restored under
- * that escaped text (text_escape(): "evil\u009b31m"), which a client can name,
- * and said so.  A name taken already is -EEXIST (the caller drops it).
+ * that escaped text (text_escape_name(): "evil\u009b31m"), which a client can
+ * name, and said so; cut to max_name with a hash of the old name ("~1f2e3d4c")
+ * when too long (the index takes no longer name) or taken by a real name (of
+ * job @j, or a job).  -EEXIST: that is taken too (the caller drops it).
  */
-static int restore_name(char **name, const char *what, const char *job) {
-        char *e;
+static int restore_name(Registry *reg, Job *j, char **name) {
+        char *e = NULL;
 
         if (!text_needs_escape(*name))
                 return 0;
-        e = text_escape_dup(*name);
-        if (!e)
-                return -ENOMEM;
-        if (job)
+        for (int tagged = 0; tagged < 2; tagged++) {
+                free(e);
+                e = text_escape_name(*name, reg->config->max_name, tagged);
+                if (!e)
+                        return -ENOMEM;
+                if (!(j ? (void *) tensor_find_name(j, e) : (void *) job_find(reg, e)))
+                        break;
+                if (tagged) {
+                        free(e);
+                        return -EEXIST;
+                }
+        }
+        if (j)
                 log_warning("Tensor of job '%s' restored from the NVMe index as '%s': its name, from an older tierd, "
-                            "holds control characters or is not UTF-8, which tierd refuses now", job, e);
+                            "holds control characters or is not UTF-8, which tierd refuses now", j->name, e);
         else
                 log_warning("Job restored from the NVMe index as '%s': its name, from an older tierd, holds control "
                             "characters or is not UTF-8, which tierd refuses now; its clients attach under the new "
@@ -831,9 +842,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
                 /* the names restore_name() changes last: a name as it was keeps its job */
                 if (bj->gone || text_needs_escape(bj->name) != (k >= b->n_jobs))
                         continue;
-                r = restore_name(&bj->name, "job", NULL);
-                if (r >= 0 && job_find(reg, bj->name))
-                        r = -EEXIST;    /* (a name restore_name() made was taken) */
+                r = restore_name(reg, NULL, &bj->name);
                 if (r >= 0)
                         r = job_new(reg, bj->name, bj->uid, &j);
                 if (r >= 0)
@@ -857,7 +866,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
 
                         if (bt->gone || bt->job_key != bj->key || text_needs_escape(bt->name) != (tk >= b->n_tensors))
                                 continue;
-                        r = restore_name(&bt->name, "tensor", j->name);
+                        r = restore_name(reg, j, &bt->name);
                         if (r >= 0)
                                 r = tensor_new(j, bt->name, bt->size, &t);
                         if (r == -EMFILE) {

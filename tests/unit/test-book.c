@@ -530,42 +530,6 @@ static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
  * snapshot the first start wrote, keeps all that (a DEAD record of x's
  * committed version before its newer one's).  (Without the crash: test-dead.c.)
  */
-/*
- * A job and a tensor an older tierd named with control characters (C1, which
- * 71551ef refuses) come back under their escaped names, which a client can
- * name again (the old ones it cannot), data intact; one whose escaped name is
- * taken already is dropped, not merged.
- */
-static void test_restore_escapes_control_names(void **state) {
-        Dir d = dir_new();
-        Manager *m = start(&d);
-        Job *j;
-
-        j = job(m, "evil\xc2\x9b" "31m");
-        written(m, fixture_tensor(j, "t\x1b[2J", MiB), 0x42);
-        written(m, fixture_tensor(j, "t\\u001b[2J", MiB), 0x43);    /* its escaped name, taken */
-        j = job(m, "caf\xc3\xa9");
-        written(m, fixture_tensor(j, "\xe5\xad\xa6", MiB), 0x44);
-        fixture_free(m);
-
-        m = start(&d);
-        assert_null(job_find(m->registry, "evil\xc2\x9b" "31m"));
-        j = job_find(m->registry, "evil\\u009b31m");
-        assert_non_null(j);
-        assert_non_null(j->linger);
-        assert_int_equal(j->n_tensors, 1);
-        assert_null(find(m, "evil\\u009b31m", "t\x1b[2J"));
-        check_bytes(m, find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
-        check_bytes(m, find(m, "caf\xc3\xa9", "\xe5\xad\xa6"), 0x44);      /* valid names as they were */
-        fixture_free(m);
-
-        /* and so across the next restart: the index holds the new names */
-        m = start(&d);
-        check_bytes(m, find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
-        fixture_free(m);
-        dir_done(&d);
-}
-
 static void test_commit_dead_after_restart(void **state) {
         Dir d = dir_new();
         Manager *m = start(&d);
@@ -994,7 +958,6 @@ static void test_scratch_between(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restart_keeps_nvme),
-                cmocka_unit_test(test_restore_escapes_control_names),
                 cmocka_unit_test(test_scratch),
                 cmocka_unit_test(test_torn_tail),
                 cmocka_unit_test(test_damage_mid_file),
