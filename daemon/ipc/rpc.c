@@ -233,13 +233,18 @@ static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const cha
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
                                         r->config->max_name), -ENAMETOOLONG;
         if (utf8_control(name) || !utf8_valid(name, len)) {
-                char e[256];
+                /* what to do instead: the name restore_name() (state/book-replay.c) gives one from an older tierd */
+                char *e = text_escape_name(name, r->config->max_name, false);     /* (max_name bytes at most) */
+                bool say = e && strlen(e) <= CONN_ERROR_MAX / 2;
 
-                /* what to do instead: restore_name() (state/book-replay.c) gave such a name from an older tierd that */
-                return conn_reply_error(c, seq, -EINVAL, "%s name %s ('%s' escaped); a %s an older tierd made under "
-                                        "such a name was restored under that escaped text: name it so",
-                                        what, utf8_control(name) ? "contains control characters" :
-                                        "is not valid UTF-8", text_escape(e, sizeof(e), name), what), -EINVAL;
+                (void) conn_reply_error(c, seq, -EINVAL, "%s name %s; a %s an older tierd made under such a name was "
+                                        "restored under its escaped text (cut with '~' and a hash when too long or "
+                                        "taken; tierd's log names it): %s%s%s", what,
+                                        utf8_control(name) ? "contains control characters" : "is not valid UTF-8",
+                                        what, say ? "'" : "", say ? e : "too long to say here, tierctl lists it",
+                                        say ? "'" : "");
+                free(e);
+                return -EINVAL;
         }
         return 0;
 }

@@ -225,34 +225,6 @@ static void test_names_refuse_c1_controls(void **state) {
 }
 
 /*
- * The refusal of a name with control characters says what to do: the name a
- * job of it from an older tierd was restored under (test-book.c
- * test_restore_escapes_control_names), and holds none itself.
- */
-static void test_names_refusal_says_escaped_name(void **state) {
-        Manager *m = fixture_new(32 * MiB, NULL, NULL);
-        Tier__Request req = TIER__REQUEST__INIT;
-        Tier__Hello h = TIER__HELLO__INIT;
-        Tier__Reply *reply;
-        Peer p;
-
-        peer_new(m, 0, 0, &p);
-        h.version = WIRE_PROTOCOL_VERSION;
-        h.job = (char *) "evil\xc2\x9b" "31m";
-        req.op_case = TIER__REQUEST__OP_HELLO;
-        req.hello = &h;
-        reply = peer_call(&p, &req);
-        assert_int_equal(reply->response->status, -EINVAL);
-        assert_non_null(strstr(reply->response->error, "job name contains control characters ('evil\\u009b31m' "
-                                                     "escaped); a job an older tierd made under such a name was "
-                                                     "restored under that escaped text: name it so"));
-        assert_null(strstr(reply->response->error, "\xc2\x9b"));
-        tier__reply__free_unpacked(reply, NULL);
-        peer_free(&p);
-        fixture_free(m);
-}
-
-/*
  * Whether a peer may set quotas is decided from the admin group looked up at
  * start (and reload), never by an NSS lookup per request in the event loop,
  * which may block on a directory service.
@@ -1007,7 +979,6 @@ int main(void) {
                 cmocka_unit_test(test_marker_before_next_request),
                 cmocka_unit_test(test_pins_found_by_index),
                 cmocka_unit_test(test_names_refuse_c1_controls),
-                cmocka_unit_test(test_names_refusal_says_escaped_name),
                 cmocka_unit_test(test_tensor_pages_resume),
         };
 
