@@ -155,17 +155,8 @@ class Offload(torch.optim.Optimizer):
         self.blocks: list[Block] = layout.build(model, modules, optimizer_part_bytes)
         self.by_module = {id(b.module): b for b in self.blocks if b.module is not None}
         self.slot_of: dict[int, tuple[Block, Slot]] = {id(s.param): (b, s) for b in self.blocks for s in b.slots}
-        for gi, g in enumerate(self.param_groups):
-            for p in g["params"]:
-                if id(p) not in self.slot_of:
-                    raise ValueError(f"param_groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not one "
-                                     "of the model's (tier.torch optimizes the model given it)")
-                self.slot_of[id(p)][1].group = gi
-        for b in self.blocks:
-            for s in b.slots:
-                if not any(s.param is p for g in self.param_groups for p in g["params"]):
-                    s.group = -1            # in no group: not optimized, as torch.optim leaves it
-        self._members = optim.members_of(self.param_groups)     # (optim.check_members())
+        optim.assign_groups(self)               # (Slot.group)
+        optim.remember_members(self)            # (optim.check_members())
         self._by_tname: dict[str, tuple[Block, str]] = {}
         self.tracer = Tracer()
         self._mode: str | None = None        # None during the first step, then "fused" or "deferred"

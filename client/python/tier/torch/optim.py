@@ -20,6 +20,7 @@ updated with zeros, as torch is.
 from __future__ import annotations
 
 import inspect
+import operator
 from typing import Any, Protocol, Sequence
 
 import torch
@@ -248,6 +249,29 @@ def check_groups(eng: Any) -> None:
         eng.rule.check_group(g)
 
 
+def assign_groups(eng: Any) -> None:
+    """Each slot's parameter group (Slot.group; -1: in no group, not optimized, as torch.optim leaves it); a
+    group's parameter that is not the model's refused (ValueError).  One pass over the groups' parameters,
+    each looked up by id: comparing every parameter with every group's members took seconds at 40960."""
+    for b in eng.blocks:
+        for s in b.slots:
+            s.group = -1
+    for gi, g in enumerate(eng.param_groups):
+        for p in g["params"]:
+            hit = eng.slot_of.get(id(p))
+            if hit is None:
+                raise ValueError(f"param_groups[{gi}] holds a parameter of shape {tuple(p.shape)} that is not one "
+                                 "of the model's (tier.torch optimizes the model given it)")
+            hit[1].group = gi
+
+
+def remember_members(eng: Any) -> None:
+    """What check_members() compares with: each group's parameters as the engine was made (eng._members, by
+    id, a parameter twice refused, members_of()) and their lists (eng._member_lists, the fast path's)."""
+    eng._members = members_of(eng.param_groups)
+    eng._member_lists = [list(g["params"]) for g in eng.param_groups]
+
+
 def members_of(groups: list[dict[str, Any]]) -> list[dict[int, None]]:
     """The parameters (their ids, in order) of each parameter group; one given twice in a group (torch.optim
     warns, and then updates it twice a step, the engine once) refused (ValueError)."""
@@ -271,9 +295,16 @@ def check_members(eng: Any) -> None:
     when it was made (Slot.group), and a parameter moved to another group
     (``param_groups[1]["params"].append(p)``), taken out of one, or a group added to or deleted from
     ``param_groups`` by hand was updated with its old group's hyperparameters, or failed deep inside
-    (IndexError, KeyError): refused (ValueError), naming the change, before anything changes."""
-    made = eng._members
+    (IndexError, KeyError): refused (ValueError), naming the change, before anything changes.  It runs at
+    each forward with gradients and each step(): groups holding the very parameters they held, in their
+    order, pass at the cost of an identity test each (no Python code per parameter); the full check, which
+    names what changed, runs only where they do not."""
     groups = eng.param_groups
+    lists = eng._member_lists
+    if len(groups) == len(lists) and all(len(g["params"]) == len(was) and all(map(operator.is_, g["params"], was))
+                                         for g, was in zip(groups, lists)):
+        return
+    made = eng._members
     what = None
     if len(groups) != len(made):
         what = f"{len(groups)} parameter groups now, {len(made)} when the engine was made"
@@ -300,6 +331,7 @@ def check_members(eng: Any) -> None:
                          "group in Offload(params=[...]) and change a group's hyperparameters instead "
                          "(engine.param_groups[i]['weight_decay'] = 0.0), or close() the engine and make a new "
                          "one with the new groups")
+    eng._member_lists = [list(g["params"]) for g in groups]     # (the same members, reordered: fast again)
 
 
 def param_name(eng: Any, p: Any) -> str:

@@ -1,0 +1,138 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+"""tier.torch's work per parameter, counted: what runs at each step, or once per engine, over every parameter
+must not compare each parameter with every other (at 40960 parameters a quadratic pass took seconds).
+
+Timings would be flaky: the tests count the Python lines tier.torch runs (sys.settrace, its comprehensions
+and generators included) over models of several sizes, the same blocks holding more parameters, and ask
+that the count grow linearly (the same difference between sizes n, 2n and 3n), or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import unittest
+
+import tierd
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the suite skips without torch
+    torch = None
+
+TORCH_DIR = os.path.join(tierd.source_dir(), "client", "python", "tier", "torch")
+BLOCKS = 4
+
+
+def lines_run(names: tuple[str, ...], fn):
+    """fn()'s result, and the Python lines it ran in tier/torch/NAME.py for NAME in ``names``."""
+    files = {os.path.join(TORCH_DIR, n + ".py") for n in names}
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return local
+
+    def scope(frame, event, arg):
+        return local if frame.f_code.co_filename in files else None
+
+    old = sys.gettrace()
+    sys.settrace(scope)
+    try:
+        out = fn()
+    finally:
+        sys.settrace(old)
+    return out, count
+
+
+if torch is not None:
+    class Layer(torch.nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(2)) for _ in range(n)])
+
+        def forward(self, x):
+            return x + torch.stack(list(self.ps)).sum()
+
+    class Many(torch.nn.Module):
+        """BLOCKS blocks of n small parameters each."""
+
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(n) for _ in range(BLOCKS)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+
+@unittest.skipIf(torch is None, "no torch (python3-torch)")
+class TestScale(tierd.DaemonTestCase):
+    def made(self, n: int, groups=None) -> tuple[int, list[int]]:
+        """The lines engine.py and optim.py ran making an engine over Many(n) (``groups(model)``: its
+        params=), and the group of each block's first parameter.  Closed after (the pool has room for
+        few jobs)."""
+        import tier
+        import tier.torch
+
+        torch.manual_seed(1)
+        model = Many(n)
+        params = groups(model) if groups is not None else None
+        with tier.Client(f"{self.id().rsplit('.', 1)[-1][:40]}-{n}", 0, socket=self.socket) as c:
+            eng, lines = lines_run(("engine", "optim"), lambda: tier.torch.Offload(
+                model, c, params=params, lr=1e-3, blocks=list(model.layers)))
+            try:
+                return lines, [b.slots[0].group for b in eng.blocks]
+            finally:
+                eng.close()
+
+    def assert_linear(self, counts: list[int], what: str) -> None:
+        self.assertEqual(counts[2] - counts[1], counts[1] - counts[0],
+                         f"{what}: lines run at n, 2n, 3n parameters per block {counts}: not linear")
+
+    def test_constructor_linear(self):
+        """The engine's constructor gives each parameter its group, and finds those in no group, in one pass
+        (every parameter was compared with every group member: 9 s at 40960 parameters)."""
+        counts = [self.made(n)[0] for n in (32, 64, 96)]
+        self.assert_linear(counts, "Offload()")
+
+        def two(model):     # two groups, the last two blocks' parameters in none
+            return [{"params": list(model.layers[0].parameters())},
+                    {"params": list(model.layers[1].parameters()), "lr": 0.1}]
+        made = [self.made(n, two) for n in (32, 64, 96)]
+        self.assertEqual(made[0][1], [0, 1, -1, -1])
+        self.assert_linear([m[0] for m in made], "Offload(params=groups)")
+
+    def test_group_check_constant(self):
+        """optim.check_members() runs at each forward with gradients, step() and fused backward: the groups
+        unchanged, it runs no Python code per parameter (it built a dict of every group's parameters each
+        time: 13-20 ms a step at 40960).  A change is refused all the same."""
+        import tier.torch
+        from tier.torch import optim
+
+        counts = []
+        for n in (32, 64):
+            torch.manual_seed(1)
+            model = Many(n)
+            c = self.client(f"check-{n}")
+            eng = tier.torch.Offload(model, c, lr=1e-3, blocks=list(model.layers))
+            counts.append(lines_run(("optim",), lambda: optim.check_members(eng))[1])
+            if n == 32:
+                eng.close()
+                c.close()
+        self.addCleanup(eng.close)
+        self.assertEqual(counts[0], counts[1], f"check_members() ran {counts} lines at {BLOCKS} x 32 and 64 "
+                         "parameters: it grows with the parameters")
+        moved = eng.param_groups[0]["params"].pop()
+        with self.assertRaisesRegex(ValueError, r"left param_groups\[0\]"):
+            optim.check_members(eng)
+        eng.param_groups[0]["params"].insert(0, moved)      # the same members, reordered: passes
+        optim.check_members(eng)
+
+
+if __name__ == "__main__":
+    tierd.main()
