@@ -133,6 +133,32 @@ class TestScale(tierd.DaemonTestCase):
         eng.param_groups[0]["params"].insert(0, moved)      # the same members, reordered: passes
         optim.check_members(eng)
 
+    def test_model_state_dict_linear(self):
+        """model.state_dict() notes each tensor it gives (a write into one is refused later): every 64th note
+        went over all those noted before, quadratic in the parameters.  A write is refused all the same."""
+        import tier
+        import tier.torch
+        from tier.torch import guards
+
+        counts = []
+        for n in (32, 64, 96):
+            torch.manual_seed(1)
+            model = Many(n)
+            with tier.Client(f"sd-{n}", 0, socket=self.socket) as c:
+                eng = tier.torch.Offload(model, c, lr=1e-3, blocks=list(model.layers))
+                try:
+                    sd, lines = lines_run(("guards", "state"), model.state_dict)
+                    counts.append(lines)
+                    self.assertEqual(len(eng._given), BLOCKS * n)
+                    sd["layers.1.ps.3"].add_(1.0)
+                    with self.assertRaisesRegex(RuntimeError, r"layers\.1\.ps\.3 of a model\.state_dict\(\) was "
+                                                r"written in place"):
+                        guards.check_given(eng, "forward")
+                    guards.check_given(eng, "forward")          # (said once)
+                finally:
+                    eng.close()
+        self.assert_linear(counts, "model.state_dict()")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -869,11 +869,12 @@ def refuse_second_forward(eng: Any) -> None:
 # ---- model.state_dict()'s tensors: copies, not the parameters ---------------------------------
 
 def note_given(eng: Any, key: str, t: torch.Tensor) -> None:
-    """model.state_dict() gives ``t`` for ``key``: a copy of the parameter, not the parameter itself."""
-    given = eng.__dict__.setdefault("_given", [])
-    if len(given) >= 64 and len(given) % 64 == 0:
-        given[:] = [g for g in given if g[0]() is not None]
-    given.append((weakref.ref(t), t._version, key))
+    """model.state_dict() gives ``t`` for ``key``: a copy of the parameter, not the parameter itself.  Its
+    entry goes with it (a weakref's callback): no pass over the others (every 64th note went over all the
+    live ones, quadratic in a state dict's parameters)."""
+    given = eng.__dict__.setdefault("_given", {})
+    n = eng.__dict__["_given_n"] = eng.__dict__.get("_given_n", 0) + 1
+    given[n] = (weakref.ref(t, lambda _, given=given, n=n: given.pop(n, None)), t._version, key)
 
 
 def check_given(eng: Any, what: str) -> None:
@@ -882,12 +883,11 @@ def check_given(eng: Any, what: str) -> None:
     given = eng.__dict__.get("_given")
     if not given:
         return
-    for i, (ref, version, key) in enumerate(given):
+    for n, (ref, version, key) in given.copy().items():     # (a callback may drop one meanwhile)
         t = ref()
         if t is not None and t._version != version:
-            del given[i]
+            del given[n]
             raise RuntimeError(f"{what}: {key} of a model.state_dict() was written in place; tier.torch's state "
                                "dict holds copies of the parameters (their values live in tierd), so the write "
                                "did not reach the model, where torch's would have: write parameters with "
                                "model.load_state_dict(), or clone() a state dict's tensors before changing them")
-    given[:] = [g for g in given if g[0]() is not None]
