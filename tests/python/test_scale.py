@@ -58,11 +58,11 @@ if torch is not None:
             return x + torch.stack(list(self.ps)).sum()
 
     class Many(torch.nn.Module):
-        """BLOCKS blocks of n small parameters each."""
+        """``blocks`` blocks of n small parameters each."""
 
-        def __init__(self, n: int) -> None:
+        def __init__(self, n: int, blocks: int = BLOCKS) -> None:
             super().__init__()
-            self.layers = torch.nn.ModuleList([Layer(n) for _ in range(BLOCKS)])
+            self.layers = torch.nn.ModuleList([Layer(n) for _ in range(blocks)])
 
         def forward(self, x):
             for layer in self.layers:
@@ -92,7 +92,7 @@ class TestScale(tierd.DaemonTestCase):
 
     def assert_linear(self, counts: list[int], what: str) -> None:
         self.assertEqual(counts[2] - counts[1], counts[1] - counts[0],
-                         f"{what}: lines run at n, 2n, 3n parameters per block {counts}: not linear")
+                         f"{what}: lines run at sizes n, 2n, 3n {counts}: not linear")
 
     def test_constructor_linear(self):
         """The engine's constructor gives each parameter its group, and finds those in no group, in one pass
@@ -158,6 +158,26 @@ class TestScale(tierd.DaemonTestCase):
                 finally:
                     eng.close()
         self.assert_linear(counts, "model.state_dict()")
+
+    def test_blocks_linear(self):
+        """layout.build() refuses blocks= nesting one block in another: it compared each block with every
+        other's submodules, quadratic in the blocks.  A nested block is refused all the same."""
+        import tier
+        import tier.torch
+
+        counts = []
+        for nb in (16, 16, 32, 48):        # (the first fills layout.esize()'s cache)
+            torch.manual_seed(1)
+            model = Many(2, nb)
+            with tier.Client(f"blocks-{nb}", 0, socket=self.socket) as c:
+                eng, lines = lines_run(("layout",), lambda: tier.torch.Offload(
+                    model, c, lr=1e-3, blocks=list(model.layers)))
+                eng.close()
+                counts.append(lines)
+                with self.assertRaisesRegex(ValueError, r"block 'layers\.1\.ps' lies inside block 'layers\.1': "
+                                            "blocks must not nest"):
+                    tier.torch.Offload(model, c, lr=1e-3, blocks=[*model.layers, model.layers[1].ps])
+        self.assert_linear(counts[1:], "Offload(blocks=...)")
 
 
 if __name__ == "__main__":

@@ -299,11 +299,11 @@ def build(model: torch.nn.Module, modules: list[torch.nn.Module], part_bytes: in
         if id(m) in seen:
             raise ValueError(f"block '{mnames[id(m)] or 'the model'}' is given twice in blocks=")
         seen.add(id(m))
-    for m in modules:
-        for inner in modules:
-            if inner is not m and any(inner is x for x in m.modules()):
-                raise ValueError(f"block '{mnames[id(inner)]}' lies inside block '{mnames[id(m)] or 'the model'}': "
-                                 "blocks must not nest")
+    for m in modules:       # (a look-up per submodule: comparing each block with every other's was quadratic)
+        inner = next((x for x in m.modules() if x is not m and id(x) in seen), None)
+        if inner is not None:
+            raise ValueError(f"block '{mnames[id(inner)]}' lies inside block '{mnames[id(m)] or 'the model'}': "
+                             "blocks must not nest")
     # which blocks use each parameter
     users: dict[int, list[int]] = {}
     params: dict[int, torch.nn.Parameter] = {}
