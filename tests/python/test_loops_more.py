@@ -11,7 +11,8 @@ dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
 (class or instance) or an object that is no StepRule: refused before
 anything is made, saying what to pass; a torch.optim optimizer kept beside
 the engine over its parameters: refused at its step() naming it.  .grad
-after zero_grad(set_to_none=False): torch's zeros.  A OneCycleLR checkpoint (its
+after zero_grad(set_to_none=False): torch's zeros, a change in place through
+its .data or a view refused as on .grad.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  Placement C under a host budget
 below the state, as test_loops.
@@ -275,6 +276,45 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 eng.zero_grad(set_to_none=True)
                 self.assertTrue(all(p.grad is None for p in model.parameters()))
                 eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in __torch_function__, called from torch's C++ argument parser")
+    def test_grad_zeroed_through_views_and_keywords(self) -> None:
+        """.grad after zero_grad(set_to_none=False) through what shares its memory in torch (.data,
+        detach(), an index, view()): a change in place there changed zeros made for that one read and was
+        lost silently (p.grad.data.fill_(1): torch's step() used the ones, the engine's zeros); refused now
+        as on .grad itself.  A .grad in a keyword's list (torch.cat(tensors=[...])) was the placeholder's
+        empty tensor: now the zeros, as torch's.  The run goes on bit for bit."""
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "zeroed-views")
+        for x in batches(2):
+            for m, o in ((ref, opt), (model, eng)):
+                lm_loss(m, x).backward()
+                o.step()
+                o.zero_grad(set_to_none=False)
+            for (n, q), p in zip(ref.named_parameters(), model.parameters()):
+                self.assertTrue(torch.equal(torch.cat(tensors=[p.grad.reshape(-1)]), q.grad.reshape(-1)), n)
+                self.assertTrue(torch.equal(p.grad.data, q.grad.data), n)
+                self.assertEqual(torch.stack(tensors=[p.grad]).shape, (1, *q.shape), n)
+            p = next(model.parameters())
+            for what, change in (("fill_", lambda: p.grad.data.fill_(1.0)),
+                                 ("__setitem__", lambda: p.grad.data.__setitem__(0, 1.0)),
+                                 ("fill_", lambda: p.grad[0].fill_(1.0)),
+                                 ("add_", lambda: p.grad.detach()[0, 0].add_(1.0)),
+                                 ("__setitem__", lambda: p.grad.view(-1).__setitem__(0, 1.0)),
+                                 ("copy_", lambda: p.grad.data.copy_(torch.ones(p.shape)))):
+                with self.subTest(what):
+                    with self.assertRaisesRegex(RuntimeError, r"parameter 'tok\.weight''s \.grad holds the zeros "
+                                                rf"zero_grad\(set_to_none=False\) left.*{what}\(\) is refused"):
+                        change()
+            p.grad.data.zero_()                     # (zeros stay zeros: passes, as on .grad)
+            self.assertEqual(p.grad.norm().item(), 0.0)
+        sd = model.state_dict()
+        for n, q in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], q), n)
+        eng.close()
 
     def test_hyperparameters_by_name(self) -> None:
         """torch.optim's other hyperparameters given to Offload by name, as to torch.optim.SGD and AdamW

@@ -29,6 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import VRAM
 from . import guards
@@ -337,12 +338,26 @@ class GradZeroed(torch.Tensor):
             return args[0]
         if op == "__set__" and len(args) == 2 and isinstance(args[0], GradZeroed) and _zero_of(args[1], args[0]):
             return None         # (Module._apply(), model.float(): .grad.data = the zeros converted; stays zeros)
+        name = next((a._tier_name for a in tree_flatten((args, kwargs))[0] if isinstance(a, GradZeroed)),
+                    cls._tier_name)
         if op in _INPLACE_DUNDERS or op.endswith("_") and not op.endswith("__") or (kwargs or {}).get("out") is not None:
-            name = next((a._tier_name for a in args if isinstance(a, GradZeroed)), cls._tier_name)
             raise RuntimeError(guards.foreign_optimizer(name) or ZERO_NOTE.format(name=name, op=f"{op}()"))
         with torch._C.DisableTorchFunction():
-            args = tuple(type(a)(map(_zeros, a)) if type(a) in (list, tuple) else _zeros(a) for a in args)
-            return func(*args, **{k: _zeros(v) for k, v in (kwargs or {}).items()})
+            made: list[torch.Tensor] = []
+            args, kwargs = tree_map(lambda a: _zeros(a, made), (args, kwargs or {}))
+            return tree_map(lambda r: _stand_in(r, made, name), func(*args, **kwargs))
+
+
+def _stand_in(r: Any, made: list[torch.Tensor], name: str) -> Any:
+    """``r``, or where it is a view of zeros ``made`` for a GradZeroed (``.data``, ``detach()``, ``[i]``,
+    ``view()``: torch's share the gradient's memory) a GradZeroed of its shape: a change in place through
+    it (``p.grad.data.fill_(1)``, ``p.grad.data[0] = 1``) is refused as one of ``.grad`` itself is, where
+    it changed those zeros, made for the call, and was lost silently.  With torch functions off."""
+    if not isinstance(r, torch.Tensor) or not any(r.data_ptr() == z.data_ptr() for z in made):
+        return r
+    g = torch.Tensor._make_subclass(GradZeroed, r)
+    g._tier_name, g._tier_shape = name, tuple(r.shape)
+    return g
 
 
 def _zero_of(v: Any, g: "GradZeroed") -> bool:
@@ -351,12 +366,16 @@ def _zero_of(v: Any, g: "GradZeroed") -> bool:
         return isinstance(v, torch.Tensor) and tuple(v.shape) == g._tier_shape and not bool(v.any())
 
 
-def _zeros(a: Any) -> Any:
+def _zeros(a: Any, made: list[torch.Tensor]) -> Any:
     """``a``, or for a GradZeroed (shaped as the parameter's placeholder: its .grad must be) the zeros it
-    stands for, shaped as the parameter (one element, broadcast).  With torch functions off."""
+    stands for, shaped as the parameter (one element, broadcast), noted in ``made``.  With torch functions
+    off.  Taken anywhere in a call's arguments (``torch.cat(tensors=[p.grad])``: the placeholder's empty
+    shape was concatenated, silently)."""
     if not isinstance(a, GradZeroed):
         return a
-    return torch.zeros((), dtype=a.dtype, device=a.device).expand(a._tier_shape)
+    z = torch.zeros((), dtype=a.dtype, device=a.device)
+    made.append(z)
+    return z.expand(a._tier_shape)
 
 
 def grads_zeroed(eng: Any) -> None:
