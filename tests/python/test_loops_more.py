@@ -10,7 +10,8 @@ took it through the step's other phases, and it dropped their gradients as
 dead, some of the time).  ``optimizer=`` given a torch.optim optimizer
 (class or instance) or an object that is no StepRule: refused before
 anything is made, saying what to pass; a torch.optim optimizer kept beside
-the engine over its parameters: refused at its step() naming it.  .grad
+the engine over its parameters: refused at its step() naming it (one wrapping
+the engine, or over other parameters, is not that one).  .grad
 after zero_grad(set_to_none=False): torch's zeros, a change in place through
 its .data or a view refused as on .grad.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
@@ -228,6 +229,60 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 for n, p in ref.state_dict().items():
                     self.assertTrue(torch.equal(sd[n], p), f"{kind}: {n}")
                 eng.close()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "the refusal is raised in __torch_function__, called from torch's C++ argument parser")
+    def test_optimizer_around_or_apart_from_the_engine_keeps_its_words(self) -> None:
+        """A torch.optim.Optimizer that wraps the engine (accelerate's AcceleratedOptimizer: its step() reads
+        the gradients, for its GradScaler, before it calls the engine's) or one over other parameters (a
+        GAN's other model's, whose step(closure) reads this model's .grad) was taken for an optimizer beside
+        the engine: "give it to the engine's parameter groups and call the engine's step() instead", where
+        the engine's step() is called and what is wrong is the read of .grad.  Their refusal says that now
+        (clip with clip_grad_norm_, scale the loss); the run goes on bit for bit."""
+
+        class Wrapping(torch.optim.Optimizer):
+            def __init__(self, inner) -> None:          # (no super().__init__(), as accelerate's)
+                self.optimizer = inner
+
+            @property
+            def param_groups(self):
+                return self.optimizer.param_groups
+
+            def step(self, closure=None):
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.norm()           # (a GradScaler's unscale_() reads them so)
+                return self.optimizer.step(closure)
+
+            def zero_grad(self, set_to_none: bool = False) -> None:
+                self.optimizer.zero_grad(set_to_none)
+
+        data = batches(3)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "around")
+        wrapped = Wrapping(eng)
+        other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        p = next(model.parameters())
+        words = r"^the gradient of parameter 'tok\.weight' is in tierd, not in \.grad.*To clip, call"
+        for i, x in enumerate(data):
+            lm_loss(ref, x).backward()
+            lm_loss(model, x).backward()
+            if i == 1:
+                with self.assertRaisesRegex(RuntimeError, words):
+                    wrapped.step()
+                with self.assertRaisesRegex(RuntimeError, words):
+                    other.step(lambda: p.grad.norm())
+            opt.step()
+            eng.step()
+            opt.zero_grad()
+            wrapped.zero_grad()
+        sd = model.state_dict()
+        for n, q in ref.state_dict().items():
+            self.assertTrue(torch.equal(sd[n], q), n)
+        eng.close()
 
     @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
                      "the refusal is raised in __torch_function__, called from torch's C++ argument parser")

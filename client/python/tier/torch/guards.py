@@ -503,25 +503,56 @@ def check_reads(func: Any, args: Any, kwargs: Any) -> bool | int:
 def foreign_optimizer(name: str) -> str | None:
     """The words for a torch.optim optimizer other than an engine (a second one kept over ``model.parameters()``
     beside the engine) whose step() or zero_grad(), running now, touched parameter ``name`` (its placeholder,
-    or its .grad in tierd), or None: the innermost optimizer method on the stack is not such a one.  That
-    optimizer was told its .grad is in tierd and to scale the loss, or that its update was weight clipping,
-    where what is wrong is the optimizer.  Only on the way to a refusal (it walks the stack)."""
+    or its .grad in tierd), or None: the innermost optimizer method on the stack is an engine's, or one of an
+    optimizer wrapping an engine (accelerate's AcceleratedOptimizer, whose step() reads the gradients for its
+    GradScaler before it calls the engine's), or there is none holding an engine's parameters (a GAN's other
+    optimizer, whose closure ran this model).  That optimizer was told its .grad is in tierd and to scale the
+    loss, or that its update was weight clipping, where what is wrong is the optimizer.  Only on the way to a
+    refusal (it walks the stack)."""
+    from .clip import _engines
     from .engine import Offload
 
+    engines = [e for e in list(_engines) if not e._closed]
     f = sys._getframe(1)
     while f is not None:
         me = f.f_locals.get("self") if f.f_code.co_argcount else None
-        if isinstance(me, torch.optim.Optimizer):
-            if isinstance(me, Offload):
-                return None
-            return (f"{type(me).__name__}.{f.f_code.co_name}() on parameter {name}, which a tier.torch engine holds "
-                    "(its values, gradient and optimizer state are in tierd; the model holds an empty placeholder): "
-                    "this parameter belongs to the engine, which is the model's optimizer; give it to the engine's "
-                    "parameter groups (Offload(model, client, params=[{'params': [...], 'lr': ...}, ...]), "
-                    "optimizer='adamw' or 'sgd') and call the engine's step() and zero_grad() instead of this "
-                    f"optimizer's; no parameter of the engine changed")
+        f_name = f.f_code.co_name
         f = f.f_back
+        if not isinstance(me, torch.optim.Optimizer):
+            continue
+        if isinstance(me, Offload) or _wraps_engine(me, engines):
+            return None
+        if not _holds_engine_param(me, engines):
+            continue
+        return (f"{type(me).__name__}.{f_name}() on parameter {name}, which a tier.torch engine holds "
+                "(its values, gradient and optimizer state are in tierd; the model holds an empty placeholder): "
+                "this parameter belongs to the engine, which is the model's optimizer; give it to the engine's "
+                "parameter groups (Offload(model, client, params=[{'params': [...], 'lr': ...}, ...]), "
+                "optimizer='adamw' or 'sgd') and call the engine's step() and zero_grad() instead of this "
+                f"optimizer's; no parameter of the engine changed")
     return None
+
+
+def _wraps_engine(opt: Any, engines: list[Any]) -> bool:
+    """``opt`` holds an engine as an attribute, or hands out an engine's parameter groups as its own."""
+    from .engine import Offload
+
+    if any(isinstance(v, Offload) for v in getattr(opt, "__dict__", {}).values()):
+        return True
+    try:
+        groups = opt.param_groups
+    except Exception:       # (a wrapper's property over what it holds: not an engine's, then)
+        return False
+    return any(groups is e.param_groups for e in engines)
+
+
+def _holds_engine_param(opt: Any, engines: list[Any]) -> bool:
+    """One of ``opt``'s parameter groups holds a parameter of an engine."""
+    try:
+        params = [p for g in opt.param_groups for p in g.get("params", ())]
+    except Exception:
+        return False
+    return any(id(p) in e.slot_of for e in engines for p in params)
 
 
 def _format_refusal(func: Any, fmt: Any, name: str, kept: str = "the parameter is unchanged") -> str:
