@@ -338,8 +338,10 @@ class TestLoopsMore(tierd.DaemonTestCase):
         """.grad after zero_grad(set_to_none=False) through what shares its memory in torch (.data,
         detach(), an index, view()): a change in place there changed zeros made for that one read and was
         lost silently (p.grad.data.fill_(1): torch's step() used the ones, the engine's zeros); refused now
-        as on .grad itself.  A .grad in a keyword's list (torch.cat(tensors=[...])) was the placeholder's
-        empty tensor: now the zeros, as torch's.  The run goes on bit for bit."""
+        as on .grad itself.  Another tensor changed in place reading .grad (buf.copy_(p.grad)) passes, as
+        torch's (it was refused as a change of .grad).  A .grad in a keyword's list
+        (torch.stack(tensors=[...])) was the placeholder's empty tensor: now the zeros, as torch's.  The
+        run goes on bit for bit."""
         ref = lm()
         model = copy.deepcopy(ref)
         opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
@@ -366,6 +368,18 @@ class TestLoopsMore(tierd.DaemonTestCase):
                         change()
             p.grad.data.zero_()                     # (zeros stay zeros: passes, as on .grad)
             self.assertEqual(p.grad.norm().item(), 0.0)
+            # another tensor changed in place reading .grad reads its zeros (it was refused as a change of .grad)
+            q = next(ref.parameters())
+            for what, read in (("copy_", lambda g, b: b.copy_(g)),
+                               ("add_", lambda g, b: b.mul_(0.9).add_(g, alpha=0.1)),
+                               ("out=", lambda g, b: torch.add(torch.ones(g.shape), g, out=b)),
+                               ("__setitem__", lambda g, b: b.__setitem__(slice(None), g)),
+                               ("_foreach_add_", lambda g, b: torch._foreach_add_([b], [g]))):
+                with self.subTest(what):
+                    mine, theirs = torch.full(p.shape, 2.0), torch.full(p.shape, 2.0)
+                    read(p.grad, mine)
+                    read(q.grad, theirs)
+                    self.assertTrue(torch.equal(mine, theirs), what)
         sd = model.state_dict()
         for n, q in ref.state_dict().items():
             self.assertTrue(torch.equal(sd[n], q), n)

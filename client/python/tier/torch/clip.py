@@ -340,7 +340,12 @@ class GradZeroed(torch.Tensor):
             return None         # (Module._apply(), model.float(): .grad.data = the zeros converted; stays zeros)
         name = next((a._tier_name for a in tree_flatten((args, kwargs))[0] if isinstance(a, GradZeroed)),
                     cls._tier_name)
-        if op in _INPLACE_DUNDERS or op.endswith("_") and not op.endswith("__") or (kwargs or {}).get("out") is not None:
+        # what an op changes: out=, or an in-place op's first argument; another tensor's change reading .grad
+        # (buf.copy_(p.grad), ema.add_(p.grad)) reads the zeros, as a read
+        out = (kwargs or {}).get("out")
+        written = out if out is not None else args[0] if args and (
+            op in _INPLACE_DUNDERS or op.endswith("_") and not op.endswith("__")) else None
+        if any(isinstance(t, GradZeroed) for t in tree_flatten(written)[0]):
             raise RuntimeError(guards.foreign_optimizer(name) or ZERO_NOTE.format(name=name, op=f"{op}()"))
         with torch._C.DisableTorchFunction():
             made: list[torch.Tensor] = []
