@@ -183,6 +183,18 @@ class TestDemo(unittest.TestCase):
         self.assertFalse(pid_alive(tierd1))
         self.assertEqual([pid for pid in self.tierd_pids() if pid_alive(pid)], [])
 
+    def test_lock_that_fails_for_another_reason(self) -> None:
+        """flock(1) failing for a reason other than a lock held (./run on a file system without flock(2):
+        status 65 or 71) was taken for a lock held by what a killed demo started, "wait for it to end",
+        which never comes.  Said as what it is now, before tierd is started."""
+        write_exe(os.path.join(self.t.bin, "flock"),
+                  "#!/bin/sh\necho 'flock: 3: No locks available' >&2\nexit 71\n")
+        p = self.run_demo()
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn(f"cannot lock run/demo.lock in {self.t.dir} (flock exit status 71", p.stderr)
+        self.assertNotIn("wait for it to end", p.stderr)
+        self.assertEqual(self.tierd_pids(), [])
+
 
 class TestCiRun(unittest.TestCase):
     """.ci/run takes no arguments: --help says what it runs, anything else is refused before it runs
