@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import os
 import unittest
+import numpy
 
 import tierd
 from test_loops import CONFIG, NO_VENV, VOCAB, batches, lm, lm_loss  # noqa: F401  (NO_VENV: the venv is entered)
@@ -366,6 +367,11 @@ class TestLoopsMore(tierd.DaemonTestCase):
                     with self.assertRaisesRegex(RuntimeError, r"parameter 'tok\.weight''s \.grad holds the zeros "
                                                 rf"zero_grad\(set_to_none=False\) left.*{what}\(\) is refused"):
                         change()
+            a = p.grad.numpy()                      # the zeros read, read-only: a write there would be lost
+            self.assertTrue(numpy.array_equal(a, q_grad_numpy := next(ref.parameters()).grad.numpy()))
+            self.assertEqual(q_grad_numpy.shape, a.shape)
+            with self.assertRaisesRegex(ValueError, "read-only"):
+                a[0, 0] = 1.0
             p.grad.data.zero_()                     # (zeros stay zeros: passes, as on .grad)
             self.assertEqual(p.grad.norm().item(), 0.0)
             # another tensor changed in place reading .grad reads its zeros (it was refused as a change of .grad)

@@ -350,7 +350,10 @@ class GradZeroed(torch.Tensor):
         with torch._C.DisableTorchFunction():
             made: list[torch.Tensor] = []
             args, kwargs = tree_map(lambda a: _zeros(a, made), (args, kwargs or {}))
-            return tree_map(lambda r: _stand_in(r, made, name), func(*args, **kwargs))
+            result = func(*args, **kwargs)
+            if op == "numpy":       # (an array over the zeros made for this read: a write there would be lost)
+                result.flags.writeable = False
+            return tree_map(lambda r: _stand_in(r, made, name), result)
 
 
 def _stand_in(r: Any, made: list[torch.Tensor], name: str) -> Any:
