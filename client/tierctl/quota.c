@@ -23,105 +23,31 @@
 /* ---- quota ------------------------------------------------------------------------------- */
 
 /*
- * json_next_string() - the next JSON string value after key @key at or after
- * *@pos in @json, unescaped into a malloc'ed string; *@pos moves past it.
- * NULL at the end (or on a string tierctl cannot decode, which is skipped).
- * Enough for tierd's own status JSON, which escapes only '"', '\\' and
- * control characters (\uXXXX below U+0080).
+ * The names of the jobs tierd has now, NULL-terminated, each exactly as tierd
+ * holds it (tier_job_list(): the status's bytes, not its JSON text, which
+ * could not give back a name with C1 controls or bytes that are not UTF-8
+ * from a tierd older than its name checks: such a job went unlisted).
  */
-static char *json_next_string(const char *json, const char **pos, const char *key) {
-        char pattern[64];
-        const char *p;
-
-        (void) snprintf(pattern, sizeof(pattern), "\"%s\":\"", key);
-        while ((p = strstr(*pos, pattern))) {
-                size_t len = 0;
-                char *out, *o;
-                bool ok = true;
-
-                p += strlen(pattern);
-                out = malloc(strlen(p) + 1);
-                if (!out)
-                        return NULL;
-                o = out;
-                for (; *p && *p != '"'; p++, len++) {
-                        if (*p != '\\') {
-                                *o++ = *p;
-                                continue;
-                        }
-                        p++;
-                        switch (*p) {
-                        case '"': case '\\': case '/':
-                                *o++ = *p;
-                                break;
-                        case 'u': {
-                                unsigned v = 0;
-
-                                if (sscanf(p + 1, "%4x", &v) != 1 || v == 0 || v >= 0x80) {
-                                        ok = false;
-                                        v = '?';
-                                }
-                                *o++ = (char) v;
-                                for (int k = 0; k < 4 && p[1]; k++)
-                                        p++;
-                                break;
-                        }
-                        case '\0':
-                                p--;
-                                ok = false;
-                                break;
-                        default:
-                                ok = false;
-                                *o++ = '?';
-                                break;
-                        }
-                }
-                *o = '\0';
-                *pos = *p ? p + 1 : p;
-                if (ok)
-                        return out;
-                free(out);
-        }
-        return NULL;
-}
-
-/* The names of the jobs tierd has now (from its status), NULL-terminated. */
 static int list_jobs(tier_client *c, char ***ret) {
-        char *json = NULL, **names = NULL;
-        const char *pos;
+        struct tier_job_info *jobs = NULL;
+        char **names;
         size_t n = 0;
         int r;
 
-        r = tier_client_status(c, TIER_STATUS_JSON, &json);
+        r = tier_job_list(c, &jobs, &n);
         if (r < 0)
                 return r;
-        pos = strstr(json, "\"jobs\":[");
-        if (!pos) {
-                free(json);
-                return -EBADMSG;
-        }
-        for (;;) {
-                char *name = json_next_string(json, &pos, "name"), **x;
-
-                x = realloc(names, (n + 2) * sizeof(char *));
-                if (!x) {
-                        free(name);
-                        r = -ENOMEM;
-                        break;
+        names = calloc(n + 1, sizeof(char *));
+        for (size_t i = 0; names && i < n; i++)
+                if (!(names[i] = strdup(jobs[i].name))) {
+                        for (size_t k = 0; k < i; k++)
+                                free(names[k]);
+                        free(names);
+                        names = NULL;
                 }
-                names = x;
-                names[n] = name;
-                if (!name)
-                        break;
-                names[++n] = NULL;
-        }
-        free(json);
-        if (r < 0) {
-                for (size_t i = 0; i < n; i++)
-                        free(names[i]);
-                free(names);
-                return r;
-        }
+        free(jobs);
+        if (!names)
+                return -ENOMEM;
         *ret = names;
         return 0;
 }

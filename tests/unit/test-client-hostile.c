@@ -85,7 +85,7 @@ static bool answer_reply(Fake *f, const Tier__Request *req, Tier__Response *resp
         bool in = f->inline_replies && __atomic_load_n(f->inline_replies, __ATOMIC_ACQUIRE);
 
         job.id = 1;
-        job.name = (char *) "job";
+        job.name = (char *) (f->job_name ? f->job_name : "job");
         job.connections = 1;
         sr.version = (char *) "fake";
         sr.n_jobs = 1;
@@ -974,6 +974,7 @@ int main(void) {
                 cmocka_unit_test(test_cuda_out_of_memory_retried),
                 cmocka_unit_test(test_fence_done_after_tierd_gone),
                 cmocka_unit_test(test_fence_done_reconnects),
+                cmocka_unit_test(test_quota_get_lists_every_name),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);

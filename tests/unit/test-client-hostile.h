@@ -20,6 +20,7 @@ enum {
 typedef struct Fake {
         int scenario;
         int *inline_replies;    /* SC_REPLIES: in the packet, not through a memfd (MAP_SHARED: the child sets it) */
+        const char *job_name;   /* SC_REPLIES: the name of its one job (NULL: "job") */
         bool stopping;          /* SC_REPLIES, SC_GONE_BACK: the connection fake_stop() makes ends the fake */
         unsigned served;        /* connections served so far (the fake's thread alone) */
         pthread_barrier_t started;      /* fake_start() returns once the thread runs fake_main(): a fork()
@@ -38,3 +39,6 @@ int in_child(int (*fn)(const char *path), const char *path);
 /* The tests of test-client-hostile-gone.c */
 void test_fence_done_after_tierd_gone(void **state);
 void test_fence_done_reconnects(void **state);
+
+/* The tests of test-client-hostile-quota.c */
+void test_quota_get_lists_every_name(void **state);
