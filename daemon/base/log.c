@@ -11,8 +11,9 @@
  * Otherwise one line per message goes to standard error.  When the journal
  * cannot be reached the message goes to standard error instead of being
  * lost.  Control characters in a message (names are the clients') are
- * written as text (util/escape.c: "\u001b").  Logging never changes errno
- * and never fails the caller.
+ * written as text (util/escape.c: "\u001b"); a message longer than 2 KiB
+ * so written is cut between escapes and ends in "[cut: longer than 2 KiB]".
+ * Logging never changes errno and never fails the caller.
  *
  * Everything runs on the event loop thread except messages of the emulated
  * VRAM mover thread; the sink and the level are plain ints set before that
@@ -120,6 +121,9 @@ static const char *code_file(const char *file) {
         return best;
 }
 
+/* The end of a message cut at its 2 KiB (escapes included). */
+#define LOG_CUT " [cut: longer than 2 KiB]"
+
 /* Most iovecs of one journal entry: the fixed fields plus the caller's. */
 #define LOG_IOV_MAX 24
 
@@ -128,18 +132,24 @@ static int log_fullv(int level, int error, const char *file, int line, const cha
 
 static int log_fullv(int level, int error, const char *file, int line, const char *func,
                      const char *fields, const char *fmt, va_list ap) {
-        int saved = errno;
+        int saved = errno, len;
         char raw[2048], msg[2048];
+        bool cut;
 
         errno = error;  /* so %m prints the caller's error */
-        vsnprintf(raw, sizeof(raw), fmt, ap);
+        len = vsnprintf(raw, sizeof(raw), fmt, ap);
         /*
          * Names are the clients' (a job an older tierd let in may hold CSI or ESC): control characters
          * and bytes that are not UTF-8 are written as text (util/escape.c), so that no message puts an
          * escape sequence into a terminal (journalctl, stderr).  No format of tierd's holds a newline
-         * or a tab of its own: every message is one line.
+         * or a tab of its own: every message is one line.  A message cut (names go up to max_name,
+         * 4096 bytes; an escape takes up to 6 per byte) says so: what is left of a name may be no job's.
          */
-        text_escape(msg, sizeof(msg), raw);
+        cut = len >= (int) sizeof(raw) ||
+              (strlen(raw) > (sizeof(msg) - 1) / TEXT_ESCAPE_GROWTH && text_escape_len(raw) >= sizeof(msg));
+        text_escape(msg, cut ? sizeof(msg) - strlen(LOG_CUT) : sizeof(msg), raw);
+        if (cut)
+                strcat(msg, LOG_CUT);
 
         if (log_target == LOG_TARGET_JOURNAL) {
                 struct iovec iov[LOG_IOV_MAX];
