@@ -265,8 +265,11 @@ int statefile_dir_trusted(const struct stat *st, uid_t uid, gid_t gid, char *why
                 return -EPERM;
         }
         if (st->st_mode & S_IWOTH) {
+                /* sticky and open to all: a directory users share (/tmp), not one to chmod */
                 (void) snprintf(why, size, "it is writable by every user (mode %04o): anyone can plant links to "
-                                "other files there (chmod o-w it, as 0750)", (unsigned) (st->st_mode & 07777));
+                                "other files there (%s)", (unsigned) (st->st_mode & 07777),
+                                st->st_mode & S_ISVTX ? "a directory all users share, as /tmp is: make one of "
+                                "tierd's own in it, 0750, and name that; else chmod o-w it" : "chmod o-w it, as 0750");
                 return -EPERM;
         }
         if ((st->st_mode & S_IWGRP) && st->st_gid != gid) {

@@ -339,6 +339,10 @@ static void test_statefile_dir_trusted(void **state) {
         st.st_gid = 0;
         assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -EPERM);
         assert_non_null(strstr(why, "every user"));
+        assert_non_null(strstr(why, "as /tmp is: make one of tierd's own in it"));     /* not "chmod o-w /tmp" */
+        st.st_mode = S_IFDIR | 0777;            /* not sticky: one to mend */
+        assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -EPERM);
+        assert_non_null(strstr(why, "chmod o-w it"));
         st.st_mode = S_IFREG | 0600;
         assert_int_equal(statefile_dir_trusted(&st, 0, 0, why, sizeof(why)), -ENOTDIR);
 }
