@@ -5,7 +5,9 @@ must not compare each parameter with every other (at 40960 parameters a quadrati
 
 Timings would be flaky: the tests count the Python lines tier.torch runs (sys.settrace, its comprehensions
 and generators included) over models of several sizes, the same blocks holding more parameters, and ask
-that the count grow linearly (the same difference between sizes n, 2n and 3n), or not at all.
+that the count grow linearly (the same difference between sizes n, 2n and 3n), or not at all.  A membership
+test over a list runs in C, unseen by sys.settrace: instrument() gives the blocks indexes and labels that count
+the comparisons made with them, which must grow linearly too.
 """
 
 from __future__ import annotations
@@ -48,6 +50,60 @@ def lines_run(names: tuple[str, ...], fn):
     return out, count
 
 
+def train(model, eng, x, set_to_none: bool = True) -> None:
+    model(x).sum().backward()
+    eng.step()
+    eng.zero_grad(set_to_none=set_to_none)
+
+
+class Counted(int):
+    """A block's index that counts the comparisons made with it (an ``in`` over a list compares each item)."""
+    seen = [0]
+    __hash__ = int.__hash__
+
+    def __eq__(self, other):
+        Counted.seen[0] += 1
+        return int.__eq__(self, other)
+
+    def __ne__(self, other):
+        Counted.seen[0] += 1
+        return int.__ne__(self, other)
+
+
+class Label(str):
+    """A block's label, counting its comparisons as Counted does."""
+    __hash__ = str.__hash__
+
+    def __eq__(self, other):
+        Counted.seen[0] += 1
+        return str.__eq__(self, other)
+
+    def __ne__(self, other):
+        Counted.seen[0] += 1
+        return str.__ne__(self, other)
+
+
+def instrument(eng) -> None:
+    """Each block's index and label count the comparisons made with them (Counted.seen): a membership test
+    over a list runs in C, which sys.settrace does not see."""
+    from tier.torch.layout import Block
+
+    class CountedBlock(Block):
+        label = property(lambda self: self.counted_label)
+
+    for b in eng.blocks:
+        b.counted_label = Label(b.label)
+        b.index = Counted(b.index)
+        b.__class__ = CountedBlock
+
+
+def compares(fn):
+    """fn()'s result, and the comparisons made with instrument()ed blocks' indexes and labels in it."""
+    Counted.seen[0] = 0
+    out = fn()
+    return out, Counted.seen[0]
+
+
 if torch is not None:
     class Layer(torch.nn.Module):
         def __init__(self, n: int) -> None:
@@ -67,6 +123,15 @@ if torch is not None:
         def forward(self, x):
             for layer in self.layers:
                 x = layer(x)
+            return x
+
+    class AuxLast(Many):
+        """Many, whose last block's output the loss leaves out (an auxiliary head): its backward never runs."""
+
+        def forward(self, x):
+            for layer in self.layers[:-1]:
+                x = layer(x)
+            self.aux = self.layers[-1](x)
             return x
 
 
@@ -90,9 +155,9 @@ class TestScale(tierd.DaemonTestCase):
             finally:
                 eng.close()
 
-    def assert_linear(self, counts: list[int], what: str) -> None:
+    def assert_linear(self, counts: list[int], what: str, unit: str = "lines run") -> None:
         self.assertEqual(counts[2] - counts[1], counts[1] - counts[0],
-                         f"{what}: lines run at sizes n, 2n, 3n {counts}: not linear")
+                         f"{what}: {unit} at sizes n, 2n, 3n {counts}: not linear")
 
     def test_constructor_linear(self):
         """The engine's constructor gives each parameter its group, and finds those in no group, in one pass
@@ -178,6 +243,33 @@ class TestScale(tierd.DaemonTestCase):
                                             "blocks must not nest"):
                     tier.torch.Offload(model, c, lr=1e-3, blocks=[*model.layers, model.layers[1].ps])
         self.assert_linear(counts[1:], "Offload(blocks=...)")
+
+    def stepping(self, nb: int, model_cls=None, **kw):
+        """A model of ``nb`` blocks of 2 parameters, its engine (instrument()ed, closed at clean-up) and an
+        input."""
+        import tier.torch
+
+        torch.manual_seed(1)
+        model = (model_cls or Many)(2, nb)
+        c = self.client(f"{self.id().rsplit('.', 1)[-1][:30]}-{nb}")
+        eng = tier.torch.Offload(model, c, lr=1e-3, blocks=list(model.layers), **kw)
+        self.addCleanup(eng.close)
+        instrument(eng)
+        return model, eng, torch.randn(3, 2)
+
+    def test_deferred_step_linear(self):
+        """Deferred, step() runs the optimizer phases in the order the forwards ran (tracer.order()): it looked
+        each block up in a list of the blocks before it, quadratic in the blocks at every step."""
+        counts = []
+        for nb in (16, 32, 48):
+            model, eng, x = self.stepping(nb, optimizer_in_backward=False)
+            for _ in range(2):
+                train(model, eng, x)
+            model(x).sum().backward()
+            counts.append(compares(eng.step)[1])
+            self.assertEqual(eng.mode, "deferred")
+            eng.close()
+        self.assert_linear(counts, "a deferred step()", "comparisons of blocks")
 
 
 if __name__ == "__main__":

@@ -109,12 +109,9 @@ class Tracer:
     def order(self, blocks: Sequence[Any]) -> list[Any]:
         """``blocks`` with parameters in the order their forwards ran, then the others (the optimizer
         phases' order when deferred); not the shared block."""
-        seen: list[int] = []
-        for kind, i, _, _ in self.seq:
-            if kind == "f" and i not in seen:
-                seen.append(i)
+        seen = dict.fromkeys(i for kind, i, _, _ in self.seq if kind == "f")     # (in order, looked up by hash)
         rest = [b.index for b in blocks if b.index not in seen and not b.is_shared]
-        return [blocks[i] for i in seen + rest if blocks[i].slots and not blocks[i].is_shared]
+        return [blocks[i] for i in [*seen, *rest] if blocks[i].slots and not blocks[i].is_shared]
 
     def fuse(self) -> None:
         """Reorder the traced phases for optimizer phases inside the backward: each block's right
