@@ -271,6 +271,22 @@ class TestScale(tierd.DaemonTestCase):
             eng.close()
         self.assert_linear(counts, "a deferred step()", "comparisons of blocks")
 
+    def test_fused_zeroed_step_linear(self):
+        """Fused, after zero_grad(set_to_none=False), step() updates the blocks the backward did not reach
+        (torch.optim updates their zeroed .grad): it looked each block up in the list of the blocks updated,
+        quadratic in the blocks at every step."""
+        counts = []
+        for nb in (16, 32, 48):
+            model, eng, x = self.stepping(nb)
+            for _ in range(2):
+                train(model, eng, x, set_to_none=False)
+            model(x).sum().backward()
+            counts.append(compares(eng.step)[1])
+            self.assertEqual(eng.mode, "fused")
+            eng.close()
+        self.assert_linear(counts, "a fused step() after zero_grad(set_to_none=False)",
+                           "comparisons of blocks")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -185,7 +185,7 @@ class Offload(torch.optim.Optimizer):
         self._shared_reduced = False                 # the shared block's .grad averaged over the ranks
         self._clipped = False                        # clip_grad_norm_ was called in the first step
         self._applied = False                        # fused: an optimizer phase ran since the last step()
-        self._stepped: list[str] = []                # fused: the blocks it ran for (since the last step())
+        self._stepped: dict[str, None] = {}          # fused: the blocks it ran for (since the last step()), in order
         self._fwd_open: int | None = None            # a forward with gradients began, not ended (tracer.seq then)
         self._zero_kept = False     # zero_grad() kept this step's forwards open: dropped unless their backward comes
         self._bwd_tried = False     # a backward began (or was refused) since this step's last forward with gradients
@@ -689,7 +689,7 @@ class Offload(torch.optim.Optimizer):
         self._bwd = None
         if not self._deferred:
             self._applied = self._applied or bool(b.parts)
-            self._stepped.append(b.label)
+            self._stepped[b.label] = None
             self._optimize(b)
 
     def _optimize(self, b: Block) -> None:
@@ -819,7 +819,7 @@ class Offload(torch.optim.Optimizer):
         self._shared_reduced = False
         self._hyper_at_backward = None
         self._applied = False
-        self._stepped = []
+        self._stepped = {}
         if not self.tracer.planned:
             self._release()
             self._write_down(None)          # nothing is pinned now
