@@ -287,6 +287,18 @@ class TestScale(tierd.DaemonTestCase):
         self.assert_linear(counts, "a fused step() after zero_grad(set_to_none=False)",
                            "comparisons of blocks")
 
+    def test_planned_step_linear(self):
+        """A planned step's forward, backward and step(): each phase entered went over every block (to
+        clear the mappings of the phase before), quadratic in the blocks."""
+        counts = []
+        for nb in (16, 32, 48):
+            model, eng, x = self.stepping(nb)
+            for _ in range(2):
+                train(model, eng, x)
+            counts.append(lines_run(("engine",), lambda: train(model, eng, x))[1])
+            eng.close()
+        self.assert_linear(counts, "lines engine.py ran in a planned step")
+
 
 if __name__ == "__main__":
     tierd.main()

@@ -165,6 +165,7 @@ class Offload(torch.optim.Optimizer):
         self._held: list[tuple[Any, int, bool]] = []  # trace mode: (tensor, tier, dirty) pinned now
         self._fences: list[Any] = []
         self._down: list[tuple[Block, tuple[str, ...]]] = []   # written down once their phase is left
+        self._mapped: list[Block] = []               # the blocks whose maps the last phase entered may have set
         self._bwd: Block | None = None               # the block whose backward runs
         self._in_block: Block | None = None          # the block whose forward runs
         self._in_backward = False                    # between a backward's first gradient and its end
@@ -429,8 +430,10 @@ class Offload(torch.optim.Optimizer):
 
     def _enter_once(self, kind: str, b: Block, part: int = 0) -> None:
         key = (kind, b.index, part, self._cur if kind != "o" else 0)
-        for blk in self.blocks:
+        for blk in self._mapped:        # (not every block's: a pass over the blocks at each phase is quadratic)
             blk.maps.clear()
+        needs = self._needs(key)
+        self._mapped = [blk for blk, _, _, _ in needs]
         if self.device.type == "cuda":
             # kernels queued on the stream still read (and write) the phase's VRAM: they finish
             # before tierd may move it
@@ -450,7 +453,7 @@ class Offload(torch.optim.Optimizer):
                     self.client.phase(k)
             self._early = None
             with self._explained(b, f"mapping {what}"):
-                for blk, tk, tier, _ in self._needs(key):
+                for blk, tk, tier, _ in needs:
                     blk.maps[(tk, tier)] = self.client.phase_grant(blk.tensors[tk], tier).torch()
         else:
             self._release()
@@ -464,7 +467,7 @@ class Offload(torch.optim.Optimizer):
                                       "shared across time) is not supported; make the repeated part one block's "
                                       "inside (activation checkpointing, which runs a block's forward again in "
                                       "its backward, is)")
-            for blk, tk, tier, mode in self._needs(key):
+            for blk, tk, tier, mode in needs:
                 if tk == "a" and not self._training:
                     continue            # (an evaluation saves no activations)
                 t = blk.tensors[tk]
