@@ -299,6 +299,24 @@ class TestScale(tierd.DaemonTestCase):
             eng.close()
         self.assert_linear(counts, "lines engine.py ran in a planned step")
 
+    def test_first_step_linear(self):
+        """The first step records its phases (each checked against those before), gives a block whose
+        backward did not run its backward phase (add_backwards()) and fuses the optimizer phases into the
+        backward (fuse()): each looked through the phases for every block, quadratic in the blocks.  The
+        phases are the same."""
+        lines, counts = [], []
+        for nb in (16, 32, 48):
+            model, eng, x = self.stepping(nb, AuxLast)
+            (_, n), k = compares(lambda: lines_run(("tracer",), lambda: train(model, eng, x)))
+            lines.append(n)
+            counts.append(k)
+            self.assertEqual(eng.mode, "fused")
+            self.assertEqual(eng.phases, [("f", i, 0, 0) for i in range(nb)] +
+                             [k for i in reversed(range(nb)) for k in (("b", i, 0, 0), ("o", i, 0, 0))])
+            eng.close()
+        self.assert_linear(lines, "lines tracer.py ran in the first step")
+        self.assert_linear(counts, "the first step", "comparisons of blocks")
+
 
 if __name__ == "__main__":
     tierd.main()

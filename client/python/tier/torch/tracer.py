@@ -34,17 +34,26 @@ class Tracer:
         self.index: dict[Key, int] = {}
         self.planned = False
         self.forwards: set[int] = set()     # blocks whose forward the current step entered
+        # trace mode: the phases of seq as a set, for check_new() (a list search per phase was quadratic);
+        # good while seq is that list, grown by record() alone: rebuilt where it was replaced, or cut (the
+        # set then holds more than seq until the phases cut are recorded again)
+        self._keys: set[Key] = set()
+        self._keys_of: list[Key] | None = None
 
     def check_new(self, key: Key, label: str, hint: str) -> None:
         """Trace mode: phase ``key`` is about to begin (``label``: its block in the model's words); a
         phase that began already in this step is refused."""
-        if key in self.seq:
+        if self._keys_of is not self.seq or len(self._keys) != len(self.seq):
+            self._keys, self._keys_of = set(self.seq), self.seq
+        if key in self._keys:
             raise RuntimeError(f"{label} ran its {PHASE_NAMES[key[0]]} twice in one step: {hint}")
 
     def record(self, key: Key) -> None:
         """Trace mode: phase ``key`` began (its pins are granted: a retry after tierd restarted while
         they were asked for is the same phase, not a second one)."""
         self.seq.append(key)
+        if self._keys_of is self.seq:
+            self._keys.add(key)
 
     def lookup(self, key: Key, label: str) -> int:
         """Planned mode: the plan's index of phase ``key``."""
@@ -93,18 +102,24 @@ class Tracer:
         phase all the same, where autograd would run it: before the backward of the first block whose
         forward came before its own.  A later step that backpropagates through it then follows the plan;
         it was refused there, fused after the blocks before had been updated.  (A step without it skips
-        the phase.)"""
+        the phase.)  A pass over the phases per backward added, none per block."""
+        have = set(self.seq)
         for m in sorted({k[3] for k in self.seq if k[0] == "f"}):
             fwd = [k[1] for k in self.seq if k[0] == "f" and k[3] == m]
+            first: dict[int, int] = {}          # block: its forward's position in the micro-batch
+            for pos, i in enumerate(fwd):
+                first.setdefault(i, pos)
             for pos, i in enumerate(fwd):
                 key = ("b", i, 0, m)
-                if i not in trainable or key in self.seq:
+                if i not in trainable or key in have:
                     continue
-                at = next((j for j, k in enumerate(self.seq) if k[0] == "b" and k[3] == m and k[1] in fwd and
-                           fwd.index(k[1]) < pos), None)
+                have.add(key)
+                at = next((j for j, k in enumerate(self.seq) if k[0] == "b" and k[3] == m and
+                           first.get(k[1], pos) < pos), None)
                 if at is None:          # after the micro-batch's last backward, or its last forward
                     at = max((j + 1 for j, k in enumerate(self.seq) if k[3] == m and k[0] in "fb"), default=0)
                 self.seq.insert(at, key)
+        self._keys_of = None        # (check_new()'s set: rebuilt if needed)
 
     def order(self, blocks: Sequence[Any]) -> list[Any]:
         """``blocks`` with parameters in the order their forwards ran, then the others (the optimizer
@@ -117,15 +132,20 @@ class Tracer:
         """Reorder the traced phases for optimizer phases inside the backward: each block's right
         after its backward phase, the shared block's (which has none) at the end.  The first step
         ran them deferred, in step(); one micro-batch and no clipping make the two orders alike."""
-        opt = [k for k in self.seq if k[0] == "o"]
+        opt: dict[int, list[Key]] = {}      # block: its optimizer phases
+        for k in self.seq:
+            if k[0] == "o":
+                opt.setdefault(k[1], []).append(k)
         out: list[Key] = []
+        placed: set[Key] = set()
         for key in self.seq:
             if key[0] == "o":
                 continue
             out.append(key)
             if key[0] == "b":
-                out.extend(k for k in opt if k[1] == key[1])
-        out.extend(k for k in opt if k not in out)
+                out.extend(opt.get(key[1], ()))
+                placed.update(opt.get(key[1], ()))
+        out.extend(k for k in self.seq if k[0] == "o" and k not in placed)
         self.seq = out
 
     def submit(self, client: Any, needs: Callable[[Key], Sequence[tuple[Any, int, int]]]) -> None:
