@@ -261,6 +261,18 @@ static inline bool name_valid(const char *s) {
         return utf8_valid(s, strlen(s));
 }
 
+/*
+ * name_refusal() - why @name ("" or NULL included), which name_valid()
+ * refused, is no @what ("job" or "tensor") name, into @buf: the escaped text
+ * a @what an older tierd made under it was restored under (util/escape.c, as
+ * tierd's own refusal says it), when that is at most NAME_REFUSAL_SAY bytes;
+ * a longer one is not said (nor cut: a cut name is no job's).  The client
+ * does not know tierd's max_name, so not whether the name was cut with a
+ * hash: tierctl lists what it was restored under.  Returns -EINVAL.
+ */
+#define NAME_REFUSAL_SAY (CLIENT_ERROR_MAX / 2)
+int name_refusal(char *buf, size_t size, const char *what, const char *name);
+
 /* ---- client.c ---------------------------------------------------------------------- */
 
 /* Set @c's last_error from @fmt and return @r: "return client_error(c, -EINVAL, ...);". */

@@ -286,10 +286,8 @@ _public_ int tier_client_new(const char *socket_path, const char *job, unsigned 
         }
         if (!job)
                 job = "";
-        if (*job && !name_valid(job)) {
-                (void) snprintf(new_error, sizeof(new_error), "job name contains control characters or is not valid UTF-8");
-                return -EINVAL;
-        }
+        if (*job && !name_valid(job))
+                return name_refusal(new_error, sizeof(new_error), "job", job);
 
         path = socket_path && *socket_path ? socket_path : secure_getenv("TIER_SOCKET");
         if (!path || !*path)

@@ -117,7 +117,7 @@ static int check_job(tier_client *c, const char *job) {
         if (!c)
                 return -EINVAL;
         if (!job || !name_valid(job))
-                return client_error(c, -EINVAL, "a job name must be non-empty text without control characters");
+                return name_refusal(c->last_error, sizeof(c->last_error), "job", job);
         return 0;
 }
 

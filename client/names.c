@@ -14,6 +14,9 @@
  * configuration and its status output spell; the table is indexed by the
  * TIER_* constants of tier.h.  Link names ("nvme->host", ...) are those of
  * the status's link counters, indexed by TIER_LINK_*.
+ *
+ * A job or tensor name libtier refuses (name_refusal()) is said as tierd
+ * says one: escaped, as what an older tierd's job was restored under.
  */
 
 #include <errno.h>
@@ -25,6 +28,7 @@
 
 #include "client/client-internal.h"
 #include "client/tier-private.h"
+#include "util/escape.h"
 
 static const char *const level_names[TIER_LEVEL_MAX] = {
         [TIER_VRAM] = "vram",
@@ -80,5 +84,24 @@ _public_ int tier_level_from_name(const char *s) {
         for (int i = 0; i < TIER_LEVEL_MAX; i++)
                 if (strcmp(s, level_names[i]) == 0)
                         return i;
+        return -EINVAL;
+}
+
+int name_refusal(char *buf, size_t size, const char *what, const char *name) {
+        char e[NAME_REFUSAL_SAY + 1];
+        bool say;
+
+        if (!name || !*name) {
+                (void) snprintf(buf, size, "%s name is empty", what);
+                return -EINVAL;
+        }
+        say = text_escape_len(name) <= NAME_REFUSAL_SAY;
+        if (say)
+                (void) text_escape(e, sizeof(e), name);
+        (void) snprintf(buf, size, "%s name %s; a %s an older tierd made under such a name was restored under its "
+                        "escaped text, %s%s%s (%s lists the name it was restored under, if any)", what,
+                        utf8_control(name) ? "contains control characters" : "is not valid UTF-8", what,
+                        say ? "'" : "", say ? e : "too long to say here", say ? "'" : "",
+                        strcmp(what, "job") == 0 ? "tierctl jobs" : "tierctl tensors JOB");
         return -EINVAL;
 }

@@ -79,7 +79,7 @@ static int tensor_check_name(tier_client *c, const char *name) {
         size_t len;
 
         if (!name_valid(name))
-                return client_error(c, -EINVAL, "tensor name is empty, contains control characters or is not valid UTF-8");
+                return name_refusal(c->last_error, sizeof(c->last_error), "tensor", name);
         len = strlen(name);
         if (c->max_name > 0 && len > c->max_name)
                 return client_error(c, -ENAMETOOLONG, "tensor name is %zu bytes, tierd allows %u",

@@ -794,7 +794,7 @@ static int failures_say_why(Fake *f, const char *path) {
                 { "pin", 0, call_pin, FAIL_ANY, false, NULL },
                 { "plan, fstat() failing", 0, call_plan, FAIL_FSTAT, false, "cannot stat the plan page tierd sent: " },
         };
-        static const char stale[] = "a job name must be non-empty text without control characters";
+        static const char stale[] = "job name is empty";
         tier_client *c = NULL;
         const char *text;
         int bad, r;

@@ -120,6 +120,51 @@ static void test_connect_fails(void **state) {
         assert_null(c);
 }
 
+/*
+ * A name with control characters, or not UTF-8, is refused before anything
+ * reaches tierd, saying the escaped text a job or tensor an older tierd made
+ * under it was restored under (util/escape.c, as tierd's own refusal says
+ * it): it said only that the name was refused.  One too long to say in
+ * last_error (CLIENT_ERROR_MAX) is not cut: a cut name is no job's.
+ */
+static void test_name_refusal_says_escaped_name(void **state) {
+        tier_client c = { .fd = -1, .event_fd = -1 }, *p = NULL;
+        struct tier_tensor_info *info = NULL;
+        tier_tensor *t = NULL;
+        size_t n = 0;
+        char longname[301];
+
+        assert_int_equal(tier_client_new("/nonexistent", "evil\xc2\x9b" "31m", 0, &p), -EINVAL);
+        assert_string_equal(tier_client_last_error(NULL),
+                            "job name contains control characters; a job an older tierd made under such a name was "
+                            "restored under its escaped text, 'evil\\u009b31m' (tierctl jobs lists the name it was "
+                            "restored under, if any)");
+        assert_int_equal(tier_client_new("/nonexistent", "a\xff" "b", 0, &p), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(NULL), "job name is not valid UTF-8; "));
+        assert_non_null(strstr(tier_client_last_error(NULL), ", 'a\\xffb' (tierctl jobs"));
+
+        assert_int_equal(tier_tensor_create(&c, "w\x1b[2J", 1, &t), -EINVAL);
+        assert_string_equal(tier_client_last_error(&c),
+                            "tensor name contains control characters; a tensor an older tierd made under such a name "
+                            "was restored under its escaped text, 'w\\u001b[2J' (tierctl tensors JOB lists the name "
+                            "it was restored under, if any)");
+        assert_int_equal(tier_tensor_open(&c, "", &t), -EINVAL);
+        assert_string_equal(tier_client_last_error(&c), "tensor name is empty");
+        assert_int_equal(tier_job_tensors(&c, "j\x7f", &info, &n), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(&c), "job name contains control characters; "));
+        assert_non_null(strstr(tier_client_last_error(&c), ", 'j\\u007f' (tierctl jobs"));
+
+        /* 1800 bytes escaped: not said, nor cut */
+        memset(longname, '\x01', sizeof(longname) - 1);
+        longname[sizeof(longname) - 1] = 0;
+        assert_int_equal(tier_tensor_open(&c, longname, &t), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(&c), "its escaped text, too long to say here (tierctl tensors"));
+        assert_null(strstr(tier_client_last_error(&c), "\\u0001"));
+        assert_null(p);
+        assert_null(t);
+        assert_null(info);
+}
+
 /* ---- status formatting ---------------------------------------------------------------- */
 
 /* A StatusReply on the stack, with room for the test's entries. */
@@ -777,6 +822,7 @@ int main(void) {
                 cmocka_unit_test(test_level_names),
                 cmocka_unit_test(test_einval),
                 cmocka_unit_test(test_connect_fails),
+                cmocka_unit_test(test_name_refusal_says_escaped_name),
                 cmocka_unit_test(test_status_json),
                 cmocka_unit_test(test_status_json_empty),
                 cmocka_unit_test(test_status_json_escaping),
