@@ -174,6 +174,32 @@ class TestNames(unittest.TestCase):
             tier.Client("caf\xe9\xa0", socket="/nonexistent/tierd.sock")
         self.assertEqual(cm.exception.errno, errno.ENOENT)
 
+    def test_names_refusal_says_escaped_text(self) -> None:
+        """A refused name says the escaped text (as tierd and libtier do: util/escape.c) a job or tensor an older
+        tierd made under it was restored under; it said the name's Python repr ('evil\x9b31m'), which is no
+        name tierd has.  One too long to say is not said, nor cut."""
+        restored = "its escaped text, 'evil\\u009b31m' (tierctl jobs lists the name it was restored under, if any)"
+        with self.assertRaises(ValueError) as cm:
+            tier.Client("evil\x9b31m", socket="/nonexistent/tierd.sock")
+        self.assertEqual(str(cm.exception), "job name contains control characters; a job an older tierd made under "
+                         f"such a name was restored under {restored}")
+        with self.assertRaises(ValueError) as cm:  # the byte 0xff, through surrogateescape
+            tier.Client("a\udcffb\x01", socket="/nonexistent/tierd.sock")
+        self.assertIn("job name contains control characters; ", str(cm.exception))  # first, as libtier says it
+        self.assertIn(", 'a\\xffb\\u0001' (tierctl jobs lists", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            tier.Client("a\udcff\u20acb", socket="/nonexistent/tierd.sock")
+        self.assertIn("job name is not valid UTF-8; a job an older tierd made under such a name was restored under "
+                      "its escaped text, 'a\\xff\u20acb' (tierctl jobs lists", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            tier._base._name("w\x1b[2J", "tensor")
+        self.assertIn("a tensor an older tierd made under such a name was restored under its escaped text, "
+                      "'w\\u001b[2J' (tierctl tensors JOB lists", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            tier.Client("\x01" * 100, socket="/nonexistent/tierd.sock")
+        self.assertIn("its escaped text, too long to say here (tierctl jobs", str(cm.exception))
+        self.assertNotIn("\\u0001", str(cm.exception))
+
 
 class TestErrors(unittest.TestCase):
     def test_classes(self) -> None:

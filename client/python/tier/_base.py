@@ -139,18 +139,44 @@ def _mode(mode: ModeLike) -> Mode:
     return Mode(int(mode))
 
 
+#: The longest escaped name a refusal says (libtier's NAME_REFUSAL_SAY): a longer one is not said, nor cut.
+_NAME_REFUSAL_SAY = 256
+
+
+def _is_control(ch: str) -> bool:
+    return ch < "\x20" or "\x7f" <= ch <= "\x9f"  # C0, DEL and C1 (U+009B: a terminal's CSI)
+
+
+def _escaped(name: str) -> str:
+    """@name as util/escape.c's text_escape() writes the bytes it stands for (os.fsencode()'s: "\\udcff" is the
+    byte 0xff): controls as \\u00XX, each byte that starts no well-formed UTF-8 sequence as \\xNN."""
+    b = b"".join(bytes([ord(ch) - 0xDC00]) if "\udc80" <= ch <= "\udcff" else ch.encode("utf-8", "surrogatepass")
+                 for ch in name)
+    return "".join(f"\\u{ord(ch):04x}" if _is_control(ch) else ch for ch in b.decode("utf-8", "backslashreplace"))
+
+
+def _name_refusal(name: str, what: str, why: str) -> ValueError:
+    """tierd's refusal of such a name (rpc.c check_name()), said before asking it: the escaped text a @what an older
+    tierd made under @name was restored under, if at most _NAME_REFUSAL_SAY bytes (tierd's max_name, which may have
+    cut it with a hash, is not known here: tierctl lists what it was restored under)."""
+    e = _escaped(name) if len(name) <= _NAME_REFUSAL_SAY else None  # (each character escapes to 1 byte or more)
+    said = f"'{e}'" if e is not None and len(e.encode("utf-8")) <= _NAME_REFUSAL_SAY else "too long to say here"
+    lister = "tierctl jobs" if what == "job" else "tierctl tensors JOB"
+    return ValueError(f"{what} name {why}; a {what} an older tierd made under such a name was restored under its "
+                      f"escaped text, {said} ({lister} lists the name it was restored under, if any)")
+
+
 def _name(name: str, what: str) -> bytes:
     if not isinstance(name, str):
         raise TypeError(f"a {what} name is a str, not {type(name).__name__}")
-    try:
-        b = name.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (os.fsdecode's "\udcff"): not text tierd takes
-        raise ValueError(f"{what} name {name!r} is not valid UTF-8") from None
-    if not b:
+    if not name:
         raise ValueError(f"a {what} name must not be empty")
-    if any(ch < "\x20" or "\x7f" <= ch <= "\x9f" for ch in name):  # C0, DEL and C1 (U+009B: a terminal's CSI)
-        raise ValueError(f"{what} name {name!r} contains control characters")
-    return b
+    if any(_is_control(ch) for ch in name):  # said first, as libtier and tierd do
+        raise _name_refusal(name, what, "contains control characters")
+    try:
+        return name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (os.fsdecode's "\udcff"): not text tierd takes
+        raise _name_refusal(name, what, "is not valid UTF-8") from None
 
 
 def _uint(value: int, what: str, lo: int = 0, hi: int = _UINT_MAX) -> int:
