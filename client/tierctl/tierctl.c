@@ -256,6 +256,9 @@ int verb_bad_option(const char *verb, int opt, char **argv) {
         return EXIT_USAGE;
 }
 
+/* The longest escaped job name check_job_name() says (libtier's NAME_REFUSAL_SAY). */
+#define NAME_SAY_MAX 256
+
 int check_job_name(const char *verb, const char *name) {
         size_t len = strlen(name);
         const char *why = NULL;
@@ -264,15 +267,31 @@ int check_job_name(const char *verb, const char *name) {
                 why = "is empty";
         else if (len > TIERCTL_NAME_MAX)
                 why = "is too long";
+        else if (utf8_control(name))            /* (said first, as tierd and libtier do) */
+                why = "contains control characters";
         else if (!utf8_valid(name, len))
                 why = "is not valid UTF-8";
-        else if (utf8_control(name))
-                why = "contains control characters";
         if (!why)
                 return 0;
-        /* not the name itself: it may be anything */
         fprintf(stderr, "tierctl %s: the job name %s (a job name is UTF-8 text without control characters, "
-                "1 to %d bytes)\n", verb, why, TIERCTL_NAME_MAX);
+                "1 to %d bytes)", verb, why, TIERCTL_NAME_MAX);
+        if (len <= TIERCTL_NAME_MAX) {
+                /*
+                 * Not the name itself (it may be anything) but its escaped text, as tierd's refusal says
+                 * it (rpc.c check_name()): the name a job an older tierd made under it was restored under,
+                 * if not cut with a hash for tierd's max_name (which tierctl does not know).  Bounded:
+                 * one longer than NAME_SAY_MAX is not said, nor cut (a cut name is no job's).
+                 */
+                char e[NAME_SAY_MAX + 1];
+                bool say = text_escape_len(name) <= NAME_SAY_MAX;
+
+                if (say)
+                        (void) text_escape(e, sizeof(e), name);
+                fprintf(stderr, "; a job an older tierd made under such a name was restored under its escaped "
+                        "text, %s%s%s (tierctl jobs lists the name it was restored under, if any)",
+                        say ? "'" : "", say ? e : "too long to say here", say ? "'" : "");
+        }
+        fputc('\n', stderr);
         return EXIT_USAGE;
 }
 

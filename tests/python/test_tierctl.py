@@ -131,18 +131,29 @@ class TestTierctl(tierd.DaemonTestCase):
     def test_malformed_job_name(self) -> None:
         """A job name no job can have (control characters, not UTF-8, over 4096 bytes) is a usage error (2)
         for every verb that takes one, said before asking tierd: it was 'no job' (1), or sent as is."""
-        names = [("a\tb", "contains control characters"), ("a\x7fb", "contains control characters"),
-                 ("a\x9bb", "contains control characters"),  # C1: U+009B, a terminal's CSI
-                 ("a\udcffb", "is not valid UTF-8"),  # the byte 0xff, through surrogateescape
-                 ("j" * 4097, "is too long")]
+        # with the escaped text (util/escape.c, as tierd and libtier say it) a job an older tierd made under it was
+        # restored under: it was not said; one too long to say is not said, nor cut
+        names = [("a\tb", "contains control characters", "'a\\u0009b'"),
+                 ("a\x7fb", "contains control characters", "'a\\u007fb'"),
+                 ("a\x9bb", "contains control characters", "'a\\u009bb'"),  # C1: U+009B, a terminal's CSI
+                 ("a\udcffb", "is not valid UTF-8", "'a\\xffb'"),  # the byte 0xff, through surrogateescape
+                 ("\x01" * 100, "contains control characters", "too long to say here"),
+                 ("j" * 4097, "is too long", None)]
         verbs = [["tensors"], ["evict"], ["evict", "--to", "host"], ["detach"], ["quota", "get"],
                  ["quota", "set", "--host", "1M"]]
-        for name, msg in names:
+        for name, msg, escaped in names:
             for verb in verbs:
                 with self.subTest(verb=verb, name=name[:8]):
                     p = self.ctl(*verb, name, expect=2)
                     self.assertIn(f"tierctl {' '.join(verb[:2] if verb[0] == 'quota' else verb[:1])}: the job "
                                   f"name {msg}", p.stderr)
+                    if escaped:
+                        self.assertIn(f"; a job an older tierd made under such a name was restored under its "
+                                      f"escaped text, {escaped} (tierctl jobs lists the name it was restored under, "
+                                      "if any)\n", p.stderr)
+                    else:
+                        self.assertNotIn("escaped", p.stderr)
+                    self.assertNotIn("\\u0001", p.stderr)
                     self.assertEqual(p.stdout, "")
         # the longest name tierctl passes on is tierd's to judge: over its max_name (1), and a short one no job (1)
         self.assertIn("job name longer than max_name (255 bytes)", self.ctl("tensors", "j" * 4096, expect=1).stderr)
