@@ -506,13 +506,18 @@ static int run(int argc, char *argv[]) {
                 return r > 0 ? EXIT_CONFIG_REFUSED : 1;
         }
         if (arg_check_config) {
-                r = check_capacity(&config);
-                if (r == 0)
-                        r = check_quotas(&config);
-                if (r == 0)
-                        r = check_state_dir_path(config.state_dir);
+                /*
+                 * In a start's order: the state directory and the targets' trust first, so that a target
+                 * refused as untrusted is never looked at by its path (the capacity check stat()s it, and
+                 * opens a device, through a link planted there) nor its capacity said.
+                 */
+                r = check_state_dir_path(config.state_dir);
                 if (r == 0)
                         r = check_targets(&config, true);
+                if (r == 0)
+                        r = check_capacity(&config);
+                if (r == 0)
+                        r = check_quotas(&config);
                 if (r == 0)
                         r = check_index(&config);
                 if (r != 0) {

@@ -4,7 +4,8 @@
 * NVMe targets: a sparse file made with truncate(1) is allocated whole at start;
   a FIFO is refused without hanging the start; a target on tmpfs is refused in
   words, and a file tierd made for a refused target is removed again; one in
-  a directory others can write (or reached by a link into one) is refused.
+  a directory others can write (or reached by a link into one) is refused,
+  before the capacity check follows a link planted there.
 * Names with a NUL inside or not UTF-8 are refused (ValueError) before they reach
   tierd, which refuses them too (tests/integration/test-garbage.c sends them raw).
 * State files: a FIFO or a symbolic link as STATE_DIR/quotas or STATE_DIR/wear
@@ -142,6 +143,38 @@ class Targets(unittest.TestCase):
                 tier.Client("after", socket=d.socket).close()
                 self.assertEqual(os.stat(os.path.join(open_dir, "t0.img")).st_size, 256 * MiB)
                 self.assertTrue(os.path.islink(os.path.join(d.dir, "link.img")))
+
+    def test_link_in_untrusted_directory_refused_before_capacity(self) -> None:
+        """A link planted in a directory any user can write is refused as untrusted before anything follows it:
+        --check-config ran the capacity check first, which stat()ed (and, for a device, opened) the target by
+        its path, through the link, and said the capacity of the file it leads to (here too big to back)."""
+        tierd_bin = os.path.join(os.environ.get("TIER_BUILD", "build"), "daemon", "tierd")
+        d = Tierd(CONFIG.replace("@DIR@/t0.img:256M", "@DIR@/open/t0.img"))  # its own size: the file's
+        self.addCleanup(d.cleanup)
+        open_dir = os.path.join(d.dir, "open")
+        os.mkdir(open_dir)
+        os.chmod(open_dir, 0o777)
+        victim = os.path.join(d.dir, "victim.img")
+        vfs = os.statvfs(d.dir)
+        size = vfs.f_bavail * vfs.f_frsize + (64 << 30)
+        try:
+            with open(victim, "wb") as f:
+                f.truncate(size)  # another size than any target could be: the capacity check refuses it
+        except OSError as e:
+            self.skipTest(f"cannot make a sparse file of {size} bytes here: {e}")
+        os.symlink(victim, os.path.join(open_dir, "t0.img"))
+        path = os.path.join(open_dir, "t0.img")
+        why = f'Refusing NVMe target {path}: the directory "{open_dir}" holding "t0.img" is not trusted'
+        p = subprocess.run([tierd_bin, "--check-config", "--config", d.config, "--state-dir", d.dir,
+                            "--socket", d.socket], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 6, p.stderr)
+        self.assertIn(why, p.stderr)
+        self.assertNotIn("filesystem", p.stderr)
+        log = _start_fails(d, status=6)
+        self.assertIn(why, log)
+        self.assertNotIn("filesystem", log)
+        self.assertEqual(os.stat(victim).st_size, size)
+        self.assertLess(os.stat(victim).st_blocks * 512, MiB)
 
 
 class Names(unittest.TestCase):
