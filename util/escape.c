@@ -6,42 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/utf8.h"       /* (header only: utf8_seq()) */
 #include "util/escape.h"
-
-/* Bytes of the well-formed UTF-8 sequence at @p (0 if none starts there), its code point in *@ret_cp. */
-static size_t utf8_seq(const uint8_t *p, uint32_t *ret_cp) {
-        uint8_t c = *p;
-        uint32_t cp, min;
-        size_t n;
-
-        if (c < 0x80) {
-                *ret_cp = c;
-                return 1;
-        }
-        if (c >= 0xc2 && c <= 0xdf) {
-                n = 1;
-                cp = c & 0x1f;
-                min = 0x80;
-        } else if (c >= 0xe0 && c <= 0xef) {
-                n = 2;
-                cp = c & 0x0f;
-                min = 0x800;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-                n = 3;
-                cp = c & 0x07;
-                min = 0x10000;
-        } else
-                return 0;
-        for (size_t i = 1; i <= n; i++) {
-                if ((p[i] & 0xc0) != 0x80)      /* (a NUL ends the scan here too) */
-                        return 0;
-                cp = cp << 6 | (p[i] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                return 0;
-        *ret_cp = cp;
-        return n + 1;
-}
 
 static bool is_control(uint32_t cp) {
         return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
@@ -50,7 +16,7 @@ static bool is_control(uint32_t cp) {
 size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *ret_in, size_t *ret_width) {
         const uint8_t *p = (const uint8_t *) s;
         uint32_t cp = 0;
-        size_t n = utf8_seq(p, &cp), len;
+        size_t n = utf8_seq(p, SIZE_MAX, &cp), len;
 
         if (n == 0) {
                 *ret_in = 1;
@@ -147,7 +113,7 @@ void text_escape_fputs(const char *s, FILE *f, size_t pad) {
 bool text_needs_escape(const char *s) {
         for (const uint8_t *p = (const uint8_t *) s; *p;) {
                 uint32_t cp = 0;
-                size_t n = utf8_seq(p, &cp);
+                size_t n = utf8_seq(p, SIZE_MAX, &cp);
 
                 if (n == 0 || is_control(cp))
                         return true;
