@@ -44,6 +44,7 @@
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "daemon/state/wear.h"
+#include "daemon/tiers/tier-nvme.h"
 #include "daemon/tiers/vram.h"
 #include "proto/macro.h"
 
@@ -444,25 +445,18 @@ static int check_state_dir_path(const char *dir) {
 /*
  * Is each NVMe target's directory one nobody but tierd's user can put a name in?  tierd, as root,
  * creates, truncates and writes the target: a link planted there by another user would aim that at a
- * file of root's (statefile_resolve_trusted(), which follows a link only in such a directory and
- * judges where it leads the same; the target itself is opened O_NOFOLLOW in the directory judged).
+ * file of root's (nvme_check_trusted(): statefile_resolve_trusted(), which follows a link only in such
+ * a directory and judges where it leads the same; the target itself is opened O_NOFOLLOW in the
+ * directory judged; a reload judges the new configuration's the same, reload.c).
  * A directory that does not exist is left to the open; one that cannot be looked at is, for
  * --check-config (@check_only), not checked, and at start refused by the open.  0, 1 refused (logged).
  */
 static int check_targets(const Config *c, bool check_only) {
-        for (size_t i = 0; i < c->n_targets; i++) {
-                _cleanup_close_ int dir_fd = -1;
-                char base[NAME_MAX + 1], why[768];
-                int r = statefile_resolve_trusted(c->targets[i].path, geteuid(), getegid(), &dir_fd, base,
-                                                  sizeof(base), why, sizeof(why));
+        char why[1024];
 
-                if (r == -EPERM || r == -ELOOP) {
-                        log_error("Refusing NVMe target %s: %s", c->targets[i].path, why);
-                        return 1;
-                }
-                if (r < 0 && r != -ENOENT && check_only)
-                        log_warning_errno(r, "Cannot look at the directory of NVMe target %s, not checked: %m",
-                                          c->targets[i].path);
+        if (nvme_check_trusted(c, check_only, why, sizeof(why)) < 0) {
+                log_error("%s", why);
+                return 1;
         }
         return 0;
 }

@@ -227,6 +227,24 @@ unsigned nvme_check_backed(const NvmeTier *n) {
         return bad;
 }
 
+int nvme_check_trusted(const Config *c, bool warn_unchecked, char *why, size_t size) {
+        for (size_t i = 0; i < c->n_targets; i++) {
+                _cleanup_close_ int dir_fd = -1;
+                char base[NAME_MAX + 1], inner[768];
+                int r = statefile_resolve_trusted(c->targets[i].path, geteuid(), getegid(), &dir_fd, base,
+                                                  sizeof(base), inner, sizeof(inner));
+
+                if (r == -EPERM || r == -ELOOP) {
+                        (void) snprintf(why, size, "Refusing NVMe target %s: %s", c->targets[i].path, inner);
+                        return r;
+                }
+                if (r < 0 && r != -ENOENT && warn_unchecked)
+                        log_warning_errno(r, "Cannot look at the directory of NVMe target %s, not checked: %m",
+                                          c->targets[i].path);
+        }
+        return 0;
+}
+
 /*
  * target_open_one(), in the directory statefile_resolve_trusted() judged: one another user can write
  * could hold a link aiming root's tierd at a file to create, truncate and write over; and a file it

@@ -60,6 +60,20 @@ int nvme_tier_new(const Config *c, Uring *uring, NvmeTier **ret, char **ret_erro
 NvmeTier *nvme_tier_free(NvmeTier *n);
 
 /*
+ * nvme_check_trusted() - is each of @c's targets in a directory nobody but
+ * tierd's user can put a name in, reached through no link another user
+ * planted (statefile_resolve_trusted(), as target_open() will open it)?
+ * Run before anything looks at a target by its path (the capacity check
+ * stat()s it, and opens a device, following links): at start, by
+ * --check-config and by a reload, on the new configuration.  0; -EPERM or
+ * -ELOOP with @why (@size bytes) "Refusing NVMe target PATH: WHY" for the
+ * first one refused.  A directory that does not exist, or cannot be looked
+ * at, is not refused here (the open says why); @warn_unchecked logs the
+ * latter as not checked.
+ */
+int nvme_check_trusted(const Config *c, bool warn_unchecked, char *why, size_t size);
+
+/*
  * nvme_smart_refresh() - read the SMART log of the NVMe drive under @t
  * (smart.c) unless it was read less than @max_age_usec before @now_usec.
  * A failure is kept in @t->smart_na (and logged when the reason changes).
