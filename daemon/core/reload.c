@@ -23,18 +23,25 @@
  *     give what the file now asks (capacity.c, the check a start runs),
  *     a warning says so.
  *
+ * Before anything looks at a target of the new file by its path (the
+ * capacity check stat()s each, and opens a device, following links), each
+ * is judged as a start judges it (nvme_check_trusted(): its directory, and
+ * every link on its way, only tierd's user or root can write): one a
+ * restart would refuse as untrusted, named anew or running in a directory
+ * opened to others since, refuses the reload, with the start's message.
+ *
  * A reload also checks that every file target is still backed by its
  * filesystem's blocks (nvme_check_backed(): an fstat each) and logs one that
  * is not.
  *
  * Quotas that would not fit (guarantees adding up to more than a tier's
  * capacity, a minimum above a maximum) make the file invalid.
- * An invalid file changes nothing at all: the reason (FILE:LINE: [section]
- * key: why) is logged, kept for STATUS=, and the running Config stays
- * whole.  Either way the manager ends the reload with READY=1 and a fresh
- * STATUS=.  Besides reading a few small files, a reload looks up the admin
- * group again (NSS), which is the one lookup that may block: it is done
- * here and at start, never per request.
+ * An invalid file (or an untrusted target) changes nothing at all: the
+ * reason (FILE:LINE: [section] key: why) is logged, kept for STATUS=, and
+ * the running Config stays whole.  Either way the manager ends the reload
+ * with READY=1 and a fresh STATUS=.  Besides reading a few small files, a
+ * reload looks up the admin group again (NSS), which is the one lookup
+ * that may block: it is done here and at start, never per request.
  */
 
 #include <errno.h>
@@ -199,6 +206,22 @@ static void reload_check_capacity(Manager *m, const Config *next) {
                             why);
 }
 
+/*
+ * The new file's targets, judged before reload_check_capacity() stat()s them (and opens a device) by
+ * their paths: through a link another user planted, that would look at whatever it aims at, as root.
+ * 0, or -EPERM/-ELOOP with the reason logged and kept for STATUS=.
+ */
+static int reload_check_trust(Manager *m, const Config *next) {
+        char why[1024];
+        int r = nvme_check_trusted(next, true, why, sizeof(why));
+
+        if (r < 0) {
+                log_error("Reload refused, keeping the running configuration: %s", why);
+                (void) snprintf(m->reload_error, sizeof(m->reload_error), "%.500s", why);
+        }
+        return r;
+}
+
 /* ---- SIGHUP ----------------------------------------------------------------------- */
 
 int reload_run(Manager *m) {
@@ -225,6 +248,11 @@ int reload_run(Manager *m) {
                 for (char *p = m->reload_error; *p; p++)
                         if (*p == '\n')
                                 *p = ' ';       /* STATUS= is one line */
+                return r;
+        }
+        r = reload_check_trust(m, &next);
+        if (r < 0) {
+                config_deinit(&next);
                 return r;
         }
 

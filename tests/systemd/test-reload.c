@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* test-reload.c: SIGHUP applies a valid configuration live and refuses an invalid one. */
+/*
+ * test-reload.c: SIGHUP applies a valid configuration live and refuses an invalid one, and one
+ * naming a target a start would refuse as untrusted.
+ */
 
 #include <errno.h>
 #include <inttypes.h>
@@ -12,6 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <tier.h>
 
@@ -54,6 +61,23 @@ static const char *const CONFIG_AFTER =
         "bandwidth = 1G\n"
         "[nvme]\n"
         "target = @DIR@/t0.img:64M\n";
+
+/* CONFIG_BEFORE with a live change ([host] job_limit) and a second target, @TARGET@. */
+static const char *const CONFIG_NEW_TARGET =
+        "[daemon]\n"
+        "log_level = info\n"
+        "[host]\n"
+        "capacity = 64M\n"
+        "segment_size = 8M\n"
+        "job_limit = 16M\n"
+        "[vram]\n"
+        "backend = emulated\n"
+        "capacity = 16M\n"
+        "chunk_size = 4M\n"
+        "job_limit = 8M\n"
+        "[nvme]\n"
+        "target = @DIR@/t0.img:64M\n"
+        "target = @TARGET@\n";
 
 static TestDaemon d;
 
@@ -247,10 +271,94 @@ static void test_reload_keeps_overrides(void **state) {
         assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
 }
 
+/* CONFIG_NEW_TARGET with @target, written as tierd.conf. */
+static void write_new_target(const char *target) {
+        char body[1024];
+        const char *at = strstr(CONFIG_NEW_TARGET, "@TARGET@");
+
+        assert_non_null(at);
+        snprintf(body, sizeof(body), "%.*s%s%s", (int) (at - CONFIG_NEW_TARGET), CONFIG_NEW_TARGET, target,
+                 at + strlen("@TARGET@"));
+        assert_int_equal(test_daemon_write_config(&d, NULL, body), 0);
+}
+
+/*
+ * A target named anew in a reload is judged as a start judges it (its directory, the links on its
+ * way), before anything looks at it by its path: one behind a link planted in a directory every user
+ * can write refuses the reload, with the start's message, and the running configuration stays, all of
+ * it.  The capacity check, which stat()s a target (and opens a device) by its path, never sees it: the
+ * link leads to a sparse file bigger than its filesystem could back, which it would have said.  A new
+ * target in a trusted directory reloads as before (a restart key: logged, kept until a restart).
+ */
+static void test_reload_untrusted_target(void **state) {
+        char status[1024], open_dir[300], link[320], victim[320], why[1024];
+        TestDaemonOptions o = { .wait_ready = true };
+        struct statvfs vfs;
+        struct stat st;
+        tier_client *c;
+        json_t *json;
+        off_t size;
+        int fd;
+
+        assert_int_equal(test_daemon_init(&d, CONFIG_BEFORE), 0);
+        assert_int_equal(test_daemon_spawn(&d, &o), 0);
+        c = connect_job("running");
+
+        snprintf(open_dir, sizeof(open_dir), "%s/open", d.dir);
+        assert_int_equal(mkdir(open_dir, 0777), 0);
+        assert_int_equal(chmod(open_dir, 0777), 0);     /* whatever the umask */
+        snprintf(victim, sizeof(victim), "%s/victim.img", d.dir);
+        fd = open(victim, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        assert_true(fd >= 0);
+        assert_int_equal(fstatvfs(fd, &vfs), 0);
+        size = (off_t) (vfs.f_bavail * vfs.f_frsize) + (64ll << 30);
+        if (ftruncate(fd, size) < 0) {
+                printf("cannot make a sparse file of %jd bytes here (%s): the capacity check's silence "
+                       "shows nothing\n", (intmax_t) size, strerror(errno));
+                size = 0;
+        }
+        close(fd);
+        snprintf(link, sizeof(link), "%s/t1.img", open_dir);
+        assert_int_equal(symlink(victim, link), 0);
+
+        /* refused before anything followed the link; nothing applied, not even the live key */
+        write_new_target("@DIR@/open/t1.img");
+        printf("untrusted target: STATUS=%s\n", reload(status, sizeof(status)));
+        snprintf(why, sizeof(why), "Refusing NVMe target %s: the directory \"%s\" holding \"t1.img\" is not "
+                 "trusted: it is writable by every user", link, open_dir);
+        assert_non_null(strstr(status, "last reload refused: "));
+        assert_non_null(strstr(status, why));
+        assert_true(test_daemon_log_contains(&d, "Reload refused, keeping the running configuration: "));
+        assert_true(test_daemon_log_contains(&d, why));
+        assert_false(test_daemon_log_contains(&d, "filesystem can back"));
+        assert_false(test_daemon_log_contains(&d, "takes effect only after a restart"));
+        json = status_json(c);
+        assert_int_equal(test_json_job_tier(json, "running", "host", "limit"), 32 * MiB);
+        json_decref(json);
+        assert_int_equal(lstat(link, &st), 0);
+        assert_true(S_ISLNK(st.st_mode));
+        assert_int_equal(stat(victim, &st), 0);
+        assert_int_equal(st.st_size, size);
+
+        /* a new target in a trusted directory: the reload passes, as before */
+        write_new_target("@DIR@/t1.img:64M");
+        printf("trusted target: STATUS=%s\n", reload(status, sizeof(status)));
+        assert_null(strstr(status, "refused"));
+        assert_true(test_daemon_log_contains(&d, "t1.img:64M takes effect only after a restart"));
+        assert_true(test_daemon_log_contains(&d, "[host] job_limit = 16M (was 32M)"));
+        json = status_json(c);
+        assert_int_equal(test_json_job_tier(json, "running", "host", "limit"), 16 * MiB);
+        json_decref(json);
+
+        tier_client_free(c);
+        assert_int_equal(test_daemon_kill(&d, SIGTERM, 15000), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_teardown(test_reload, teardown),
                 cmocka_unit_test_teardown(test_reload_keeps_overrides, teardown),
+                cmocka_unit_test_teardown(test_reload_untrusted_target, teardown),
         };
 
         if (!test_can_lock_memory(HOST_CAPACITY))
