@@ -19,6 +19,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/state/book.h"
 #include "daemon/state/registry.h"
+#include "tests/unit/book-fixture.h"
 #include "tests/unit/fixture.h"
 #include "util/escape.h"
 
@@ -59,38 +60,6 @@ static Manager *start(void) {
         return fixture_new(32 * MiB, setup, NULL);
 }
 
-/* A job as a Hello of an older tierd made it: in the index from its creation on. */
-static Job *job(Manager *m, const char *name) {
-        Job *j;
-
-        assert_int_equal(job_new(m->registry, name, 0, &j), 0);
-        book_job(m->book, j);
-        return j;
-}
-
-/* @t whole in host as @v, then written to NVMe. */
-static void written(Manager *m, Tensor *t, uint8_t v) {
-        fixture_host_data(m, t, v);
-        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
-        assert_true(copy_valid(t, LEVEL_NVME));
-}
-
-static void check_bytes(Manager *m, Tensor *t, uint8_t v) {
-        assert_non_null(t);
-        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
-        for (uint64_t off = 0; off < t->size; off += 4093)
-                assert_int_equal(fixture_byte(t, LEVEL_HOST, off), v);
-        assert_int_equal(fixture_byte(t, LEVEL_HOST, t->size - 1), v);
-        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
-}
-
-static Tensor *find(Manager *m, const char *job, const char *name) {
-        Job *j = job_find(m->registry, job);
-
-        assert_non_null(j);
-        return tensor_find_name(j, name);
-}
-
 /*
  * A name with control characters comes back escaped ("evil\u009b31m"), with its data; a tensor whose
  * escaped name is taken by a real one comes back under that name cut with a hash of its old one, with
@@ -106,11 +75,11 @@ static void test_restore_escapes_control_names(void **state) {
         assert_int_equal(strlen(tagged), 11 + 8);
         dir_new();
         m = start();
-        j = job(m, "evil\xc2\x9b" "31m");
-        written(m, fixture_tensor(j, "t\x1b[2J", MiB), 0x42);
-        written(m, fixture_tensor(j, "t\\u001b[2J", MiB), 0x43);    /* its escaped name, taken */
-        j = job(m, "caf\xc3\xa9");
-        written(m, fixture_tensor(j, "\xe5\xad\xa6", MiB), 0x44);
+        j = book_fx_job(m, "evil\xc2\x9b" "31m");
+        book_fx_written(m, fixture_tensor(j, "t\x1b[2J", MiB), 0x42);
+        book_fx_written(m, fixture_tensor(j, "t\\u001b[2J", MiB), 0x43);    /* its escaped name, taken */
+        j = book_fx_job(m, "caf\xc3\xa9");
+        book_fx_written(m, fixture_tensor(j, "\xe5\xad\xa6", MiB), 0x44);
         fixture_free(m);
 
         m = start();
@@ -119,16 +88,16 @@ static void test_restore_escapes_control_names(void **state) {
         assert_non_null(j);
         assert_non_null(j->linger);
         assert_int_equal(j->n_tensors, 2);
-        assert_null(find(m, "evil\\u009b31m", "t\x1b[2J"));
-        check_bytes(m, find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
-        check_bytes(m, find(m, "evil\\u009b31m", tagged), 0x42);
-        check_bytes(m, find(m, "caf\xc3\xa9", "\xe5\xad\xa6"), 0x44);      /* valid names as they were */
+        assert_null(book_fx_find(m, "evil\\u009b31m", "t\x1b[2J"));
+        book_fx_check_bytes(m, book_fx_find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
+        book_fx_check_bytes(m, book_fx_find(m, "evil\\u009b31m", tagged), 0x42);
+        book_fx_check_bytes(m, book_fx_find(m, "caf\xc3\xa9", "\xe5\xad\xa6"), 0x44);  /* valid names as they were */
         fixture_free(m);
 
         /* and so across the next restart: the index holds the new names */
         m = start();
-        check_bytes(m, find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
-        check_bytes(m, find(m, "evil\\u009b31m", tagged), 0x42);
+        book_fx_check_bytes(m, book_fx_find(m, "evil\\u009b31m", "t\\u001b[2J"), 0x43);
+        book_fx_check_bytes(m, book_fx_find(m, "evil\\u009b31m", tagged), 0x42);
         fixture_free(m);
         dir_done();
         free(tagged);
@@ -153,21 +122,21 @@ static void test_restore_long_escaped_name(void **state) {
         assert_int_equal(strlen(want), 681 * 6 + 9);    /* (cut at an escape's end) */
         dir_new();
         m = fixture_new(32 * MiB, setup, &max);
-        j = job(m, "ok");
-        written(m, fixture_tensor(j, "a", MiB), 0x51);
-        j = job(m, name);
-        written(m, fixture_tensor(j, "b", MiB), 0x52);
+        j = book_fx_job(m, "ok");
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x51);
+        j = book_fx_job(m, name);
+        book_fx_written(m, fixture_tensor(j, "b", MiB), 0x52);
         fixture_free(m);
 
         m = fixture_new(32 * MiB, setup, &max);
         assert_null(job_find(m->registry, name));
-        check_bytes(m, find(m, want, "b"), 0x52);
-        written(m, find(m, "ok", "a"), 0x53);
+        book_fx_check_bytes(m, book_fx_find(m, want, "b"), 0x52);
+        book_fx_written(m, book_fx_find(m, "ok", "a"), 0x53);
         fixture_free(m);
 
         m = fixture_new(32 * MiB, setup, &max);
-        check_bytes(m, find(m, "ok", "a"), 0x53);
-        check_bytes(m, find(m, want, "b"), 0x52);
+        book_fx_check_bytes(m, book_fx_find(m, "ok", "a"), 0x53);
+        book_fx_check_bytes(m, book_fx_find(m, want, "b"), 0x52);
         fixture_free(m);
         dir_done();
         free(want);

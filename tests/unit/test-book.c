@@ -24,6 +24,7 @@
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "tests/helpers/instrumented.h"
+#include "tests/unit/book-fixture.h"
 #include "tests/unit/fixture.h"
 
 /* Each test's own state directory and target (the fixture's is shared by the whole binary). */
@@ -78,31 +79,6 @@ static void on_done(Op *op, int status, const char *error) {
         (*done)++;
 }
 
-/* A job as a Hello makes it: in the index from its creation on. */
-static Job *job(Manager *m, const char *name) {
-        Job *j;
-
-        assert_int_equal(job_new(m->registry, name, 0, &j), 0);
-        book_job(m->book, j);
-        return j;
-}
-
-/* @t whole in host as @v, then written to NVMe (the fence: the op's end). */
-static void written(Manager *m, Tensor *t, uint8_t v) {
-        fixture_host_data(m, t, v);
-        assert_int_equal(fixture_op(m, OP_EVICT, t, LEVEL_NVME), 0);
-        assert_true(copy_valid(t, LEVEL_NVME));
-}
-
-/* Read @t into host and check every byte is @v. */
-static void check_bytes(Manager *m, Tensor *t, uint8_t v) {
-        assert_int_equal(fixture_op(m, OP_PIN, t, LEVEL_HOST), 0);
-        for (uint64_t off = 0; off < t->size; off += 4093)
-                assert_int_equal(fixture_byte(t, LEVEL_HOST, off), v);
-        assert_int_equal(fixture_byte(t, LEVEL_HOST, t->size - 1), v);
-        assert_int_equal(tensor_unpin(t, LEVEL_HOST, false), 0);
-}
-
 static int read_whole(const char *path, char **ret, size_t *ret_len) {
         FILE *f = fopen(path, "rb");
         long n;
@@ -126,13 +102,6 @@ static void write_whole(const char *path, const char *data, size_t len) {
         assert_non_null(f);
         assert_int_equal(fwrite(data, 1, len, f), len);
         assert_int_equal(fclose(f), 0);
-}
-
-static Tensor *find(Manager *m, const char *job, const char *name) {
-        Job *j = job_find(m->registry, job);
-
-        assert_non_null(j);
-        return tensor_find_name(j, name);
 }
 
 /* The newer index file's bytes. */
@@ -166,21 +135,21 @@ static void test_restart_keeps_nvme(void **state) {
         Job *j, *gone;
         int r;
 
-        j = job(m, "j");
+        j = book_fx_job(m, "j");
         a = fixture_tensor(j, "a", MiB);
         b = fixture_tensor(j, "b", 3 * MiB + 4096);     /* several extents, a partial last one */
         c = fixture_tensor(j, "c", MiB);                /* never written */
         n = fixture_tensor(j, "n", MiB);                /* written to NVMe, then newer in host */
         x = fixture_tensor(j, "x", MiB);                /* destroyed */
-        written(m, a, 0x11);
-        written(m, b, 0x22);
-        written(m, n, 0x33);
+        book_fx_written(m, a, 0x11);
+        book_fx_written(m, b, 0x22);
+        book_fx_written(m, n, 0x33);
         fixture_host_data(m, n, 0x34);
         assert_false(copy_valid(n, LEVEL_NVME));         /* stale on NVMe: freed */
-        written(m, x, 0x55);
+        book_fx_written(m, x, 0x55);
         assert_int_equal(tensor_free(x), 0);
-        gone = job(m, "gone");
-        written(m, fixture_tensor(gone, "g", MiB), 0x66);
+        gone = book_fx_job(m, "gone");
+        book_fx_written(m, fixture_tensor(gone, "g", MiB), 0x66);
         job_destroy(gone);
         fixture_free(m);                                /* as a crash: no clean stop */
 
@@ -190,25 +159,25 @@ static void test_restart_keeps_nvme(void **state) {
         assert_non_null(j);
         assert_non_null(j->linger);                     /* no client yet: it lingers */
         assert_int_equal(j->n_tensors, 4);
-        a = find(m, "j", "a");
-        b = find(m, "j", "b");
-        c = find(m, "j", "c");
-        n = find(m, "j", "n");
-        assert_null(find(m, "j", "x"));
+        a = book_fx_find(m, "j", "a");
+        b = book_fx_find(m, "j", "b");
+        c = book_fx_find(m, "j", "c");
+        n = book_fx_find(m, "j", "n");
+        assert_null(book_fx_find(m, "j", "x"));
         assert_true(copy_valid(a, LEVEL_NVME) && copy_valid(b, LEVEL_NVME));
         assert_int_equal(j->used[LEVEL_NVME], 1 * MiB + 4 * MiB + 0);    /* a: 1 extent, b: 4 */
-        check_bytes(m, a, 0x11);
-        check_bytes(m, b, 0x22);
+        book_fx_check_bytes(m, a, 0x11);
+        book_fx_check_bytes(m, b, 0x22);
         assert_int_equal(c->version, 0);
-        check_bytes(m, c, 0);
+        book_fx_check_bytes(m, c, 0);
         assert_true(n->lost);
         r = fixture_op(m, OP_PIN, n, LEVEL_HOST);
         assert_int_equal(r, -ENODATA);
         /* the NVMe space of what was freed is free again, what is restored is not handed out twice */
         t = fixture_tensor(j, "new", 8 * MiB);
-        written(m, t, 0x77);
-        check_bytes(m, a, 0x11);
-        check_bytes(m, b, 0x22);
+        book_fx_written(m, t, 0x77);
+        book_fx_check_bytes(m, a, 0x11);
+        book_fx_check_bytes(m, b, 0x22);
         /* a whole write makes a lost tensor whole */
         {
                 int done = 0;
@@ -221,15 +190,15 @@ static void test_restart_keeps_nvme(void **state) {
                 fixture_fill(n, LEVEL_HOST, 0x35);
                 assert_int_equal(tensor_unpin(n, LEVEL_HOST, true), 0);
                 assert_false(n->lost);
-                check_bytes(m, n, 0x35);
+                book_fx_check_bytes(m, n, 0x35);
         }
         fixture_free(m);
 
         /* and a second restart finds the state after the first (the index was rewritten at start) */
         m = start(&d);
-        check_bytes(m, find(m, "j", "a"), 0x11);
-        check_bytes(m, find(m, "j", "new"), 0x77);
-        assert_true(find(m, "j", "n")->lost);  /* 0x35 was in host only */
+        book_fx_check_bytes(m, book_fx_find(m, "j", "a"), 0x11);
+        book_fx_check_bytes(m, book_fx_find(m, "j", "new"), 0x77);
+        assert_true(book_fx_find(m, "j", "n")->lost);  /* 0x35 was in host only */
         fixture_free(m);
         dir_done(&d);
 }
@@ -244,8 +213,8 @@ static void test_scratch(void **state) {
         d.persist = false;
         m = start(&d);
         assert_null(m->book);
-        j = job(m, "j");
-        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        j = book_fx_job(m, "j");
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x11);
         fixture_free(m);
         assert_int_equal(access(index_path(&d, 0, p, sizeof(p)), F_OK), -1);
         m = start(&d);
@@ -267,8 +236,8 @@ static void test_torn_tail(void **state) {
         off_t whole, last;
         Job *j;
 
-        j = job(m, "j");
-        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        j = book_fx_job(m, "j");
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x11);
         last = 0;
         {
                 Tensor *b = fixture_tensor(j, "b", MiB);
@@ -303,11 +272,11 @@ static void test_torn_tail(void **state) {
                                 (void) unlink(p1);
                         assert_int_equal(truncate(newer ? p1 : p0, cut), 0);
                         m = start(&d);
-                        a = find(m, "j", "a");
-                        b = find(m, "j", "b");
+                        a = book_fx_find(m, "j", "a");
+                        b = book_fx_find(m, "j", "b");
                         assert_non_null(a);
                         assert_non_null(b);
-                        check_bytes(m, a, 0x11);
+                        book_fx_check_bytes(m, a, 0x11);
                         assert_true(b->lost);
                         assert_false(copy_valid(b, LEVEL_NVME));
                         fixture_free(m);
@@ -331,12 +300,12 @@ static void test_damage_mid_file(void **state) {
         Job *j;
         unsigned char byte;
 
-        j = job(m, "j");
-        written(m, fixture_tensor(j, "a", MiB), 0x11);
+        j = book_fx_job(m, "j");
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x11);
         assert_int_equal(stat(index_path(&d, newer_file(&d), p, sizeof(p)), &st), 0);
         at = st.st_size + 20;   /* inside the next record */
-        written(m, fixture_tensor(j, "b", MiB), 0x22);
-        written(m, fixture_tensor(j, "c", MiB), 0x33);
+        book_fx_written(m, fixture_tensor(j, "b", MiB), 0x22);
+        book_fx_written(m, fixture_tensor(j, "c", MiB), 0x33);
         fixture_free(m);
         fd = open(p, O_RDWR);
         assert_true(fd >= 0);
@@ -349,7 +318,7 @@ static void test_damage_mid_file(void **state) {
         assert_non_null(j);
         list_for_each_safe(n, tmp, &j->tensors)
                 assert_false(copy_valid(list_entry(n, Tensor, job_link), LEVEL_NVME));
-        assert_true(find(m, "j", "a")->lost);
+        assert_true(book_fx_find(m, "j", "a")->lost);
         fixture_free(m);
         dir_done(&d);
 }
@@ -364,7 +333,7 @@ static void test_unknown_format(void **state) {
         char *err = NULL;
         int fd;
 
-        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        book_fx_written(m, fixture_tensor(book_fx_job(m, "j"), "a", MiB), 0x11);
         fixture_free(m);
         index_path(&d, newer_file(&d), p, sizeof(p));
         fd = open(p, O_RDWR);
@@ -398,13 +367,13 @@ static void test_target_changed(void **state) {
         Manager *m = start(&d);
         char p[192];
 
-        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        book_fx_written(m, fixture_tensor(book_fx_job(m, "j"), "a", MiB), 0x11);
         fixture_free(m);
         snprintf(p, sizeof(p), "%s/t0.img", d.path);
         assert_int_equal(unlink(p), 0);
         d.target_size = 48 * MiB;
         m = start(&d);
-        assert_true(find(m, "j", "a")->lost);
+        assert_true(book_fx_find(m, "j", "a")->lost);
         fixture_free(m);
         dir_done(&d);
 }
@@ -438,10 +407,10 @@ static void test_commit_rollback(void **state) {
         Job *j;
 
         for (int crash = 0; crash < 2; crash++) {
-                j = job(m, crash ? "j2" : "j");
+                j = book_fx_job(m, crash ? "j2" : "j");
                 a = fixture_tensor(j, "a", MiB);
                 b = fixture_tensor(j, "b", 2 * MiB);
-                written(m, a, 0x11);                    /* a: on NVMe at the commit */
+                book_fx_written(m, a, 0x11);                    /* a: on NVMe at the commit */
                 fixture_host_data(m, b, 0x22);          /* b: in host only */
                 job_commit(j, 7);
                 assert_true(j->committing);
@@ -462,9 +431,9 @@ static void test_commit_rollback(void **state) {
                         assert_non_null(j);
                         assert_true(j->committing);
                         assert_int_equal(j->commit_step, 7);
-                        a = find(m, "j2", "a");
-                        b = find(m, "j2", "b");
-                        c = find(m, "j2", "c");
+                        a = book_fx_find(m, "j2", "a");
+                        b = book_fx_find(m, "j2", "b");
+                        c = book_fx_find(m, "j2", "c");
                         assert_non_null(a->base);
                         assert_non_null(b->base);
                         assert_true(a->lost && b->lost && c->lost);     /* their newest was in memory */
@@ -472,26 +441,26 @@ static void test_commit_rollback(void **state) {
                 assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
                 assert_int_equal(rolled, 3);
                 assert_int_equal(lost, 0);
-                check_bytes(m, a, 0x11);
-                check_bytes(m, b, 0x22);
-                check_bytes(m, c, 0);
+                book_fx_check_bytes(m, a, 0x11);
+                book_fx_check_bytes(m, b, 0x22);
+                book_fx_check_bytes(m, c, 0);
                 assert_null(a->base);
                 /* a restart now: the NVMe copies the rollback made of the images are theirs, not lost */
                 fixture_free(m);
                 m = start(&d);
                 j = job_find(m->registry, crash ? "j2" : "j");
-                a = find(m, crash ? "j2" : "j", "a");
-                b = find(m, crash ? "j2" : "j", "b");
+                a = book_fx_find(m, crash ? "j2" : "j", "a");
+                b = book_fx_find(m, crash ? "j2" : "j", "b");
                 assert_false(a->lost || b->lost);
-                check_bytes(m, a, 0x11);
-                check_bytes(m, b, 0x22);
+                book_fx_check_bytes(m, a, 0x11);
+                book_fx_check_bytes(m, b, 0x22);
                 /* a second rollback has nothing to do; a new commit frees nothing it needs */
                 assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
                 assert_int_equal(rolled, 0);
                 write_pin(m, a, 0x13);
                 job_commit(j, 8);
                 assert_null(a->base);
-                check_bytes(m, a, 0x13);
+                book_fx_check_bytes(m, a, 0x13);
         }
         fixture_free(m);
         dir_done(&d);
@@ -538,12 +507,12 @@ static void test_commit_dead_after_restart(void **state) {
         char why[128];
         Job *j;
 
-        j = job(m, "j");
+        j = book_fx_job(m, "j");
         dd = fixture_tensor(j, "d", MiB);
         w = fixture_tensor(j, "w", MiB);
         x = fixture_tensor(j, "x", MiB);
         fixture_host_data(m, dd, 0x41);
-        written(m, w, 0x51);
+        book_fx_written(m, w, 0x51);
         fixture_host_data(m, x, 0x61);
         for (int i = 0; i < 2; i++) {
                 Tensor *t = i ? x : dd;
@@ -564,16 +533,16 @@ static void test_commit_dead_after_restart(void **state) {
 
         m = start(&d);
         j = job_find(m->registry, "j");
-        dd = find(m, "j", "d");
-        w = find(m, "j", "w");
-        x = find(m, "j", "x");
+        dd = book_fx_find(m, "j", "d");
+        w = book_fx_find(m, "j", "w");
+        x = book_fx_find(m, "j", "x");
         assert_true(dd->commit_dead && x->commit_dead);                 /* the DEAD records of the commit */
         fixture_free(m);                        /* again: this time from the snapshot the start wrote */
         m = start(&d);
         j = job_find(m->registry, "j");
-        dd = find(m, "j", "d");
-        w = find(m, "j", "w");
-        x = find(m, "j", "x");
+        dd = book_fx_find(m, "j", "d");
+        w = book_fx_find(m, "j", "w");
+        x = book_fx_find(m, "j", "x");
         assert_true(dd->commit_dead && x->commit_dead);
         assert_int_equal(dd->commit_dead_rank, 1);
         assert_int_equal(x->commit_dead_rank, 1);
@@ -590,9 +559,9 @@ static void test_commit_dead_after_restart(void **state) {
         assert_int_equal(fixture_op(m, OP_PIN, dd, LEVEL_HOST), -ENODATA);
         assert_int_equal(fixture_op(m, OP_PIN, x, LEVEL_HOST), -ENODATA);
         assert_false(w->lost);
-        check_bytes(m, w, 0x51);                /* what it held at the commit */
+        book_fx_check_bytes(m, w, 0x51);                /* what it held at the commit */
         write_only_pin(m, dd, 0x43);            /* a whole write mends a lost one */
-        check_bytes(m, dd, 0x43);
+        book_fx_check_bytes(m, dd, 0x43);
         fixture_free(m);
         dir_done(&d);
 }
@@ -609,11 +578,11 @@ static void test_commit_dead_after_restart(void **state) {
 static void test_commit_after_two_writes(void **state) {
         Dir d = dir_new();
         Manager *m = start(&d);
-        Job *j = job(m, "twice");
+        Job *j = book_fx_job(m, "twice");
         Tensor *t = fixture_tensor(j, "t", MiB);
         uint64_t v;
 
-        written(m, t, 0x31);
+        book_fx_written(m, t, 0x31);
         write_pin(m, t, 0x32);          /* the newest leaves NVMe: NEWER */
         write_pin(m, t, 0x33);          /* (no record) */
         v = t->version;
@@ -621,7 +590,7 @@ static void test_commit_after_two_writes(void **state) {
         assert_int_equal(t->commit_version, v);
         fixture_free(m);
         m = start(&d);
-        t = find(m, "twice", "t");
+        t = book_fx_find(m, "twice", "t");
         assert_true(t->lost);           /* its newest was in memory, not kept here */
         assert_int_equal(t->version, v);
         assert_int_equal(t->commit_version, v);
@@ -637,8 +606,8 @@ static void test_newer_synced(void **state) {
         uint64_t seq;
 
         (void) state;
-        t = fixture_tensor(job(m, "j"), "a", MiB);
-        written(m, t, 0x11);
+        t = fixture_tensor(book_fx_job(m, "j"), "a", MiB);
+        book_fx_written(m, t, 0x11);
         FIXTURE_RUN_UNTIL(m, book_durable(m->book, m->book->seq));
         fixture_host_data(m, t, 0x12);          /* a NEWER record, and nothing after it */
         seq = m->book->seq;
@@ -662,8 +631,8 @@ static void test_restore_guarantee_too_big(void **state) {
         Tensor *t;
 
         (void) state;
-        t = fixture_tensor(job(m, "j"), "a", MiB);
-        written(m, t, 0x11);
+        t = fixture_tensor(book_fx_job(m, "j"), "a", MiB);
+        book_fx_written(m, t, 0x11);
         assert_int_equal(quota_rules_parse_text(&one, "[quota]\njob = j\nhost_min = 12M\n", "x", &err), 0);
         assert_true(quota_store_set(m->quotas, &one.rules[0], false, why, sizeof(why), warn, sizeof(warn)) >= 0);
         quota_rules_clear(&one);
@@ -674,9 +643,9 @@ static void test_restore_guarantee_too_big(void **state) {
         fixture_free(m);
         d.host_cap = 0;                         /* and puts it back */
         m = start(&d);
-        t = find(m, "j", "a");
+        t = book_fx_find(m, "j", "a");
         assert_non_null(t);
-        check_bytes(m, t, 0x11);
+        book_fx_check_bytes(m, t, 0x11);
         fixture_free(m);
         dir_done(&d);
 }
@@ -691,20 +660,20 @@ static void test_many_groups(void **state) {
         Job *j;
 
         (void) state;
-        t = fixture_tensor(job(m, "victim"), "a", MiB);
-        written(m, t, 0x11);
+        t = fixture_tensor(book_fx_job(m, "victim"), "a", MiB);
+        book_fx_written(m, t, 0x11);
         for (unsigned i = 0; i < 80; i++)
                 groups[i] = 2000 + i;
         assert_int_equal(job_new(m->registry, "groupy", 1000, &j), 0);
         assert_int_equal(quota_job_created(m->quotas, j, 1000, groups, 80, true, why, sizeof(why)), 0);
         assert_int_equal(j->n_gids, QUOTA_GROUPS_MAX + 1);
         book_job(m->book, j);
-        written(m, fixture_tensor(j, "b", MiB), 0x22);
+        book_fx_written(m, fixture_tensor(j, "b", MiB), 0x22);
         fixture_free(m);
         m = start(&d);
-        t = find(m, "victim", "a");
+        t = book_fx_find(m, "victim", "a");
         assert_false(t->lost);          /* the JOB record used to stop the replay: every tensor lost */
-        check_bytes(m, t, 0x11);
+        book_fx_check_bytes(m, t, 0x11);
         j = job_find(m->registry, "groupy");
         assert_non_null(j);
         assert_int_equal(j->n_gids, QUOTA_GROUPS_MAX + 1);
@@ -728,16 +697,16 @@ static void test_many_jobs(void **state) {
                 skip();
         d = dir_new();
         m = start(&d);
-        t = fixture_tensor(job(m, "keep"), "a", MiB);
-        written(m, t, 0x11);
+        t = fixture_tensor(book_fx_job(m, "keep"), "a", MiB);
+        book_fx_written(m, t, 0x11);
         for (unsigned i = 0; i < BOOK_JOBS_MAX + 1; i++)
-                job_destroy(job(m, "short"));
+                job_destroy(book_fx_job(m, "short"));
         fixture_free(m);
         m = start(&d);
-        t = find(m, "keep", "a");
+        t = book_fx_find(m, "keep", "a");
         assert_non_null(t);
         assert_false(t->lost);
-        check_bytes(m, t, 0x11);
+        book_fx_check_bytes(m, t, 0x11);
         fixture_free(m);
         dir_done(&d);
 }
@@ -757,11 +726,11 @@ static void test_compact_without_nvme(void **state) {
                 skip();
         d = dir_new();
         m = start(&d);
-        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        book_fx_written(m, fixture_tensor(book_fx_job(m, "j"), "a", MiB), 0x11);
         fixture_free(m);
         m = start(&d);
-        t = find(m, "j", "a");
-        check_bytes(m, t, 0x11);
+        t = book_fx_find(m, "j", "a");
+        book_fx_check_bytes(m, t, 0x11);
         fixture_host_data(m, t, 0x12);          /* the newest in host only: NEWER */
         j = job_find(m->registry, "j");
         memset(name, 'n', 4000);
@@ -775,7 +744,7 @@ static void test_compact_without_nvme(void **state) {
         assert_true(st.st_size < 4 * (long long) BOOK_COMPACT_MIN);
         fixture_free(m);
         m = start(&d);
-        t = find(m, "j", "a");
+        t = book_fx_find(m, "j", "a");
         assert_true(t->lost);                   /* 0x12 was in host only: never 0x11 */
         fixture_free(m);
         dir_done(&d);
@@ -790,8 +759,8 @@ static void test_off_books_stale(void **state) {
         int ro;
 
         (void) state;
-        t = fixture_tensor(job(m, "j"), "a", MiB);
-        written(m, t, 0x11);
+        t = fixture_tensor(book_fx_job(m, "j"), "a", MiB);
+        book_fx_written(m, t, 0x11);
         /* the next record write fails, as with ENOSPC */
         index_path(&d, m->book->cur, p, sizeof(p));
         ro = open(p, O_RDONLY | O_CLOEXEC);
@@ -846,7 +815,7 @@ static void never_older(Manager *m, Tensor *t, uint64_t v, uint8_t b) {
         if (t->lost)
                 return;
         assert_int_equal(t->version, v);
-        check_bytes(m, t, b);
+        book_fx_check_bytes(m, t, b);
 }
 
 static void on_pinned(Op *op, int status, const char *error) {
@@ -863,7 +832,7 @@ static void on_pinned(Op *op, int status, const char *error) {
 static void test_write_pin_waits_for_write_down(void **state) {
         Dir d = dir_new();
         Manager *m = start(&d);
-        Tensor *t = fixture_tensor(job(m, "j"), "t", MiB);
+        Tensor *t = fixture_tensor(book_fx_job(m, "j"), "t", MiB);
         int ev = 0, pin = 0;
         uint64_t v, dl;
         Kept k;
@@ -886,7 +855,7 @@ static void test_write_pin_waits_for_write_down(void **state) {
         assert_int_equal(t->version, v + 1);
         k = index_keep(&d);
         m = killed_restart(m, &d, &k);
-        never_older(m, find(m, "j", "t"), v + 1, 0x22);
+        never_older(m, book_fx_find(m, "j", "t"), v + 1, 0x22);
         fixture_free(m);
         dir_done(&d);
 }
@@ -900,7 +869,7 @@ static void test_write_pin_waits_for_write_down(void **state) {
 static void test_write_down_overtaken(void **state) {
         Dir d = dir_new();
         Manager *m = start(&d);
-        Tensor *t = fixture_tensor(job(m, "j"), "t", MiB);
+        Tensor *t = fixture_tensor(book_fx_job(m, "j"), "t", MiB);
         int ev = 0, pin = 0;
         uint64_t v, dl;
         Kept k;
@@ -931,7 +900,7 @@ static void test_write_down_overtaken(void **state) {
         assert_true(copy_valid(t, LEVEL_NVME));
         assert_int_equal(t->copy[LEVEL_NVME].version, v + 1);
         m = killed_restart(m, &d, &k);
-        never_older(m, find(m, "j", "t"), v + 1, 0x22);
+        never_older(m, book_fx_find(m, "j", "t"), v + 1, 0x22);
         fixture_free(m);
         dir_done(&d);
 }
@@ -942,11 +911,11 @@ static void test_scratch_between(void **state) {
         Manager *m = start(&d);
 
         (void) state;
-        written(m, fixture_tensor(job(m, "j"), "a", MiB), 0x11);
+        book_fx_written(m, fixture_tensor(book_fx_job(m, "j"), "a", MiB), 0x11);
         fixture_free(m);
         d.persist = false;
         m = start(&d);
-        written(m, fixture_tensor(job(m, "s"), "x", MiB), 0x99);
+        book_fx_written(m, fixture_tensor(book_fx_job(m, "s"), "x", MiB), 0x99);
         fixture_free(m);
         d.persist = true;
         m = start(&d);
