@@ -48,6 +48,7 @@
 #include "daemon/state/memstore.h"
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
+#include "daemon/state/wear.h"
 #include "daemon/tiers/csum.h"
 #include "daemon/tiers/fault.h"
 #include "daemon/tiers/memfd-seg.h"
@@ -375,13 +376,25 @@ static int manager_setup_tiers(Manager *m) {
         return 0;
 }
 
-/* A job the NVMe index had: its owner's quota, as when it was made (book_restore()'s callback). */
-static int restored_job_made(Job *j, gid_t gid, const gid_t *groups, size_t n, bool admin, void *userdata) {
+/*
+ * A job the NVMe index had: its owner's quota, as when it was made (book_restore()'s callback).  One
+ * restored under its escaped text (@was: its name from an older tierd) keeps its quota rule and its
+ * drive wear: they follow the name.
+ */
+static int restored_job_made(Job *j, const char *was, gid_t gid, const gid_t *groups, size_t n, bool admin,
+                             void *userdata) {
         Manager *m = userdata;
         char why[1024] = "";
         int r;
 
         j->admin = admin;
+        if (was) {
+                r = quota_store_rename_job(m->quotas, was, j->name);
+                if (r >= 0)
+                        r = wear_job_rename(m->registry->wear, was, j->name);
+                if (r < 0)
+                        return r;
+        }
         /*
          * Not checked: it lingers (claims nothing) until a rank attaches, which checks then.  A check here
          * (a capacity made smaller for one start) dropped the job and its tensors from the index for good.
@@ -397,11 +410,22 @@ static int manager_restore(Manager *m) {
         uint64_t t0 = now_usec();
         int r;
 
+        if (m->book) {
+                r = book_restore(m->book, m->registry, restored_job_made, m, &f);
+                if (r < 0)
+                        return log_error_errno(r, "Cannot write the NVMe index in %s: %m", m->config.state_dir);
+        }
+        /* the quota rules and wear of names from an older tierd that no restored job took: their escaped text */
+        r = quota_store_rename_old(m->quotas);
+        if (r >= 0)
+                r = wear_rename_old(m->registry->wear, m->registry, m->config.max_name);
+        if (r < 0)
+                return log_error_errno(r, "Out of memory");
+        if (r > 0)
+                log_warning("Drive wear book: %d job name(s) from an older tierd, with control characters or "
+                            "bytes not UTF-8, counted under their escaped text from now on", r);
         if (!m->book)
                 return 0;
-        r = book_restore(m->book, m->registry, restored_job_made, m, &f);
-        if (r < 0)
-                return log_error_errno(r, "Cannot write the NVMe index in %s: %m", m->config.state_dir);
         if (f.records == 0 && f.jobs == 0)
                 log_info("NVMe index: none yet in %s, starting empty", m->config.state_dir);
         else

@@ -794,8 +794,9 @@ static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
  * name, and said so; cut to max_name with a hash of the old name ("~1f2e3d4c")
  * when too long (the index takes no longer name) or taken by a real name (of
  * job @j, or a job).  -EEXIST: that is taken too (the caller drops it).
+ * *@ret_was (may be NULL): the old name when it was changed (malloc()ed), else NULL.
  */
-static int restore_name(Registry *reg, Job *j, char **name) {
+static int restore_name(Registry *reg, Job *j, char **name, char **ret_was) {
         char *e = NULL;
 
         if (!text_needs_escape(*name))
@@ -819,13 +820,16 @@ static int restore_name(Registry *reg, Job *j, char **name) {
                 log_warning("Job restored from the NVMe index as '%s': its name, from an older tierd, holds control "
                             "characters or is not UTF-8, which tierd refuses now; its clients attach under the new "
                             "name (tierctl detach ends it)", e);
-        free(*name);
+        if (ret_was)
+                *ret_was = *name;
+        else
+                free(*name);
         *name = e;
         return 0;
 }
 
-int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, const gid_t *groups, size_t n,
-                                                         bool admin, void *userdata),
+int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, const char *was, gid_t gid, const gid_t *groups,
+                                                         size_t n, bool admin, void *userdata),
                  void *userdata, BookFound *ret_found) {
         BookFound *f = &b->found;
         int r;
@@ -837,16 +841,17 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
          */
         for (size_t k = 0; k < 2 * b->n_jobs; k++) {
                 BkJob *bj = &b->jobs[k % b->n_jobs];
+                _cleanup_free_ char *was = NULL;
                 Job *j = NULL;
 
                 /* the names restore_name() changes last: a name as it was keeps its job */
                 if (bj->gone || text_needs_escape(bj->name) != (k >= b->n_jobs))
                         continue;
-                r = restore_name(reg, NULL, &bj->name);
+                r = restore_name(reg, NULL, &bj->name, &was);
                 if (r >= 0)
                         r = job_new(reg, bj->name, bj->uid, &j);
                 if (r >= 0)
-                        r = job_made(j, bj->n_groups ? bj->groups[0] : (gid_t) -1, bj->n_groups ? bj->groups + 1 : NULL,
+                        r = job_made(j, was, bj->n_groups ? bj->groups[0] : (gid_t) -1, bj->n_groups ? bj->groups + 1 : NULL,
                                      bj->n_groups ? bj->n_groups - 1 : 0, bj->admin, userdata);
                 if (r < 0) {
                         log_warning_errno(r, "Cannot restore job '%s' from the NVMe index, its tensors are lost: %m",
@@ -866,7 +871,7 @@ int book_restore(Book *b, Registry *reg, int (*job_made)(Job *j, gid_t gid, cons
 
                         if (bt->gone || bt->job_key != bj->key || text_needs_escape(bt->name) != (tk >= b->n_tensors))
                                 continue;
-                        r = restore_name(reg, j, &bt->name);
+                        r = restore_name(reg, j, &bt->name, NULL);
                         if (r >= 0)
                                 r = tensor_new(j, bt->name, bt->size, &t);
                         if (r == -EMFILE) {

@@ -74,14 +74,16 @@ Book *book_free(Book *b, bool clean);
 
 /*
  * book_restore() - recreate in @r what the book holds: each job (owner,
- * groups, admin) through @job_made (which resolves its quota; a negative
+ * groups, admin) through @job_made (which resolves its quota; @was: the
+ * name the index had when the job was restored under its escaped text, for
+ * the quota rules and the wear book to follow, else NULL; a negative
  * return drops the job and its tensors, logged), lingering; each tensor
  * with its NVMe copy resident (extents reserved, their crc32c kept), or
  * marked lost.  Then writes a fresh file (the other one) holding just that,
  * and from then on records every change.  *@ret_found says what there was.
  */
-int book_restore(Book *b, Registry *r, int (*job_made)(Job *j, gid_t gid, const gid_t *groups, size_t n,
-                                                       bool admin, void *userdata),
+int book_restore(Book *b, Registry *r, int (*job_made)(Job *j, const char *was, gid_t gid, const gid_t *groups,
+                                                       size_t n, bool admin, void *userdata),
                  void *userdata, BookFound *ret_found);
 
 /* ---- what changes (called where it happens; all no-ops on a NULL book) ---------------------- */

@@ -57,6 +57,7 @@
 #include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 #include "proto/macro.h"
+#include "util/escape.h"
 #include "util/size.h"
 
 int quota_store_new(Registry *r, const Config *config, QuotaStore **ret) {
@@ -785,5 +786,77 @@ int quota_store_load(QuotaStore *s) {
         }
         log_error("The quota state file \"%s\" is corrupt (%s); moved it aside to \"%s\" and starting with "
                   "tierd.conf's quotas only: set the others again with tierctl quota set", s->path, what, aside);
+        return 0;
+}
+
+/* ---- names an older tierd took ----------------------------------------------------------------- */
+
+/* Rule @i of the run-time rules now governs job name @now (taken over); or, when @now has one, is dropped. */
+static void rename_rule(QuotaStore *s, size_t i, char *now) {
+        QuotaRule *q = &s->runtime.rules[i];
+
+        if (quota_rules_find(&s->runtime, QUOTA_JOB, 0, now)) {
+                log_warning("A quota set at run time (\"%s\") for a job name from an older tierd, with control "
+                            "characters or bytes not UTF-8 (which tierd refuses now), is dropped: job '%s', the "
+                            "name it would govern now, has a quota of its own (tierctl quota get '%s' shows it)",
+                            s->path, now, now);
+                free(now);
+                quota_rules_remove(&s->runtime, i);
+        } else {
+                log_warning("A quota set at run time (\"%s\") for a job name from an older tierd, with control "
+                            "characters or bytes not UTF-8 (which tierd refuses now), governs job '%s' from now "
+                            "on: that name's escaped text, which its job is restored under", s->path, now);
+                free(q->job);
+                q->job = now;
+        }
+        s->renamed = true;
+}
+
+int quota_store_rename_job(QuotaStore *s, const char *was, const char *now) {
+        QuotaRule *q = quota_rules_find(&s->runtime, QUOTA_JOB, 0, was);
+        char *copy;
+
+        if (!q)
+                return 0;
+        copy = strdup(now);
+        if (!copy)
+                return -ENOMEM;
+        rename_rule(s, (size_t) (q - s->runtime.rules), copy);
+        return 0;
+}
+
+int quota_store_rename_old(QuotaStore *s) {
+        char why[1024];
+        int r;
+
+        for (size_t i = 0; i < s->runtime.n;) {
+                const QuotaRule *q = &s->runtime.rules[i];
+                char *e = NULL;
+
+                if (q->kind != QUOTA_JOB || !text_needs_escape(q->job)) {
+                        i++;
+                        continue;
+                }
+                /* as book-replay.c restore_name(): its escaped text, else with a hash when that is taken */
+                for (int tagged = 0; tagged < 2; tagged++) {
+                        free(e);
+                        e = text_escape_name(q->job, s->config->max_name, tagged);
+                        if (!e)
+                                return -ENOMEM;
+                        if (!quota_rules_find(&s->runtime, QUOTA_JOB, 0, e) && !job_find(s->registry, e))
+                                break;
+                }
+                /* (renamed: rule i needs no escape now; dropped: rule i is the next one) */
+                rename_rule(s, i, e);
+        }
+        if (!s->renamed)
+                return 0;
+        s->renamed = false;
+        r = quota_store_save(s, &s->runtime, why, sizeof(why));
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0)
+                log_warning("%s: the quotas hold under their new names until tierd stops, and the file keeps the "
+                            "old ones", why);
         return 0;
 }

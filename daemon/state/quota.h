@@ -48,6 +48,7 @@ typedef struct QuotaStore {
         QuotaRules runtime;     /* set with tierctl quota set, kept in the state file */
         char *path;             /* <state_dir>/quotas */
         bool read_only;         /* the state file could not be read at start: never overwrite it */
+        bool renamed;           /* quota_store_rename_job() changed a rule: quota_store_rename_old() saves */
 } QuotaStore;
 
 int quota_store_new(Registry *r, const Config *config, QuotaStore **ret);
@@ -63,6 +64,23 @@ QuotaStore *quota_store_free(QuotaStore *s);
 int quota_store_load(QuotaStore *s);
 /* Write the state file: a temporary file, fsync, rename, fsync of the directory. */
 int quota_store_save(const QuotaStore *s, const QuotaRules *rules, char *why, size_t size);
+
+/*
+ * quota_store_rename_job() - the NVMe index restored job @was (a name from an older tierd: control
+ * characters, bytes not UTF-8, which no client can give now) as @now (book-replay.c restore_name()):
+ * the run-time rule of @was, if any, governs @now from now on, said in the log; dropped (said too)
+ * when @now has a rule of its own.  Call it before the job's quota is resolved; saved by
+ * quota_store_rename_old().  0 or -ENOMEM.
+ */
+int quota_store_rename_job(QuotaStore *s, const char *was, const char *now);
+/*
+ * quota_store_rename_old() - after the NVMe index's jobs were restored: every other run-time rule of
+ * such a name governs its escaped text (text_escape_name(): "evil\u009b31m", the name the index
+ * would restore its job under; with a hash when that is taken by a rule or a job; dropped when that
+ * is taken too), said in the log, so that tierctl can name it and it holds for a job started under
+ * that name; then the state file is saved when a rule changed.  0 or -ENOMEM.
+ */
+int quota_store_rename_old(QuotaStore *s);
 
 /* Resolve @who's quota field by field: job > uid > groups (in @who's order) > default; tierd.conf's rules and @runtime's. */
 void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret);

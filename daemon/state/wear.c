@@ -39,6 +39,7 @@
 #include "daemon/state/wear.h"
 #include "daemon/tiers/tier-nvme.h"
 #include "proto/macro.h"
+#include "util/escape.h"
 
 #define WEAR_MAGIC "tierd-wear 1"
 
@@ -404,4 +405,60 @@ int wear_save(const Wear *w, const NvmeTier *nvme, const Registry *reg) {
         if (r < 0)
                 return r;
         return statefile_write(w->path, text, strlen(text), 0644);
+}
+
+/* ---- names an older tierd took ------------------------------------------------------------ */
+
+/* Entry @i of the jobs goes into entry @now's (made if need be; @now taken over): one entry fewer or renamed. */
+static int rename_entry(Wear *w, size_t i, char *now) {
+        WearEntry *x = entry_find(w->jobs, w->n_jobs, now);
+
+        if (!x) {
+                free(w->jobs[i].name);
+                w->jobs[i].name = now;
+                return 0;
+        }
+        x->bytes = add_sat(x->bytes, w->jobs[i].bytes);
+        free(w->jobs[i].name);
+        free(now);
+        w->jobs[i] = w->jobs[--w->n_jobs];
+        return 0;
+}
+
+int wear_job_rename(Wear *w, const char *was, const char *now) {
+        WearEntry *x = w ? entry_find(w->jobs, w->n_jobs, was) : NULL;
+        char *copy;
+
+        if (!x)
+                return 0;
+        copy = strdup(now);
+        if (!copy)
+                return -ENOMEM;
+        return rename_entry(w, (size_t) (x - w->jobs), copy);
+}
+
+int wear_rename_old(Wear *w, Registry *reg, size_t max_name) {
+        int n = 0;
+
+        for (size_t i = 0; w && i < w->n_jobs;) {
+                char *e = NULL;
+
+                if (!text_needs_escape(w->jobs[i].name)) {
+                        i++;
+                        continue;
+                }
+                /* as book-replay.c restore_name(): its escaped text, else with a hash when a job or an entry has that */
+                for (int tagged = 0; tagged < 2; tagged++) {
+                        free(e);
+                        e = text_escape_name(w->jobs[i].name, max_name, tagged);
+                        if (!e)
+                                return -ENOMEM;
+                        if (!entry_find(w->jobs, w->n_jobs, e) && !(reg && job_find(reg, e)))
+                                break;
+                }
+                /* (renamed: entry i needs no escape now; merged: entry i is another one) */
+                (void) rename_entry(w, i, e);
+                n++;
+        }
+        return n;
 }

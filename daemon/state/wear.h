@@ -69,3 +69,17 @@ uint64_t wear_job_base(const Wear *w, const char *name);
 uint64_t wear_job_written(const Wear *w, const Registry *reg, const Job *j);
 /* Job @j ends: what it wrote goes into the book under its name. */
 void wear_job_end(Wear *w, const Job *j);
+
+/*
+ * wear_job_rename() - the NVMe index restored job @was (a name from an older tierd: control
+ * characters, bytes not UTF-8) as @now (book-replay.c restore_name()): what jobs of @was wrote
+ * counts as @now's from now on (added to @now's entry, if any).  0 or -ENOMEM.
+ */
+int wear_job_rename(Wear *w, const char *was, const char *now);
+/*
+ * wear_rename_old() - after the NVMe index's jobs were restored: every other entry of such a name
+ * goes under its escaped text (text_escape_name(..., @max_name): "evil\u009b31m", where a job
+ * started under that name counts; with a hash when a job of @reg or an entry has that).  The number
+ * of entries renamed, or -ENOMEM.
+ */
+int wear_rename_old(Wear *w, Registry *reg, size_t max_name);

@@ -18,7 +18,9 @@
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
 #include "daemon/state/book.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
+#include "daemon/state/wear.h"
 #include "tests/unit/book-fixture.h"
 #include "tests/unit/fixture.h"
 #include "util/escape.h"
@@ -142,10 +144,73 @@ static void test_restore_long_escaped_name(void **state) {
         free(want);
 }
 
+/* Set the run-time quota of job @name to @host bytes of host at most, as tierctl quota set did. */
+static void quota_set_host(Manager *m, const char *name, uint64_t host) {
+        QuotaRule q = { .kind = QUOTA_JOB, .job = (char *) name, .set = 1u << QUOTA_MAX(LEVEL_HOST) };
+        char why[1024] = "", warn[1024];
+
+        q.value[QUOTA_MAX(LEVEL_HOST)] = host;
+        assert_int_equal(quota_store_set(m->quotas, &q, false, why, sizeof(why), warn, sizeof(warn)) < 0 ? -1 : 0, 0);
+}
+
+/*
+ * A quota set at run time and the drive wear of a job an older tierd named with control characters
+ * follow the name it is restored under: before, the rule (in STATE_DIR/quotas) and the wear (in
+ * STATE_DIR/wear) stayed under the old name, which no job has any more, and the quota silently
+ * stopped applying.  So do the rule and the wear of such a name that no restored job took.
+ */
+static void test_restore_quota_and_wear_follow_names(void **state) {
+        const char *raw = "evil\xc2\x9b" "31m", *gone = "old\xc2\x9b";
+        char path[192], text[4096] = "";
+        FILE *f;
+        uint64_t wrote;
+        Manager *m;
+        Job *j;
+
+        dir_new();
+        m = start();
+        j = book_fx_job(m, raw);
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x61);
+        wrote = j->nvme_written;
+        assert_true(wrote >= MiB);
+        quota_set_host(m, raw, 4 * MiB);
+        quota_set_host(m, gone, 2 * MiB);
+        j = book_fx_job(m, gone);
+        book_fx_written(m, fixture_tensor(j, "b", MiB), 0x62);
+        job_destroy(j);                 /* it ended: its wear is in the book, not in the index */
+        fixture_free(m);
+
+        for (int run = 0; run < 2; run++) {
+                m = start();
+                j = job_find(m->registry, "evil\\u009b31m");
+                assert_non_null(j);
+                assert_int_equal(j->limit[LEVEL_HOST], 4 * MiB);
+                assert_true(j->limit_set & (1u << LEVEL_HOST));
+                assert_null(quota_rules_find(&m->quotas->runtime, QUOTA_JOB, 0, raw));
+                assert_null(quota_rules_find(&m->quotas->runtime, QUOTA_JOB, 0, gone));
+                assert_non_null(quota_rules_find(&m->quotas->runtime, QUOTA_JOB, 0, "old\\u009b"));
+                assert_int_equal(wear_job_written(m->registry->wear, m->registry, j), wrote);
+                assert_int_equal(wear_job_base(m->registry->wear, raw), 0);
+                assert_int_equal(wear_job_base(m->registry->wear, gone), 0);
+                assert_true(wear_job_base(m->registry->wear, "old\\u009b") >= MiB);
+                fixture_free(m);
+        }
+        /* the file holds the new names (so tierctl quota set can change them) */
+        snprintf(path, sizeof(path), "%s/quotas", bdir);
+        f = fopen(path, "re");
+        assert_non_null(f);
+        assert_true(fread(text, 1, sizeof(text) - 1, f) > 0);
+        fclose(f);
+        assert_non_null(strstr(text, "job = evil\\u009b31m\n"));
+        assert_non_null(strstr(text, "job = old\\u009b\n"));
+        dir_done();
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restore_escapes_control_names),
                 cmocka_unit_test(test_restore_long_escaped_name),
+                cmocka_unit_test(test_restore_quota_and_wear_follow_names),
         };
 
         return fixture_main("book-names", tests, sizeof(tests) / sizeof(tests[0]));
