@@ -8,6 +8,7 @@
 
 #include "proto/utf8.h"       /* (header only: utf8_seq()) */
 #include "util/escape.h"
+#include "util/width.h"
 
 static bool is_control(uint32_t cp) {
         return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
@@ -28,7 +29,7 @@ size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *r
                 *ret_in = n;
                 memcpy(out, p, n);
                 if (ret_width)
-                        *ret_width = 1;         /* one character (wide CJK and emoji take 2 columns: not counted) */
+                        *ret_width = text_char_width(cp);       /* CJK and emoji 2, combining marks 0 */
                 return n;
         }
         if (ret_width)

@@ -28,10 +28,10 @@ char *text_escape_dup(const char *s);
 /* The length of text_escape_dup(@s), NUL not counted. */
 size_t text_escape_len(const char *s);
 /*
- * The columns text_escape_dup(@s) takes on a terminal, counted as its
- * characters (code points): "caf\u00e9" (é) is 4, an escape as many as its
- * bytes.  A wide character (CJK, emoji) counts 1 though it takes 2 columns:
- * that needs the terminal's locale, which tierctl does not assume.
+ * The columns text_escape_dup(@s) takes on a terminal: "caf\u00e9" (é) is
+ * 4, a wide character (CJK, emoji) 2, a combining mark 0 (util/width.c
+ * text_char_width(), no locale needed: tierctl may run under LANG=C), an
+ * escape as many as its bytes.
  */
 size_t text_escape_width(const char *s);
 /* Write text_escape_dup(@s) to @f (nothing allocated); then @pad - text_escape_width(@s) blanks, if more than 0. */

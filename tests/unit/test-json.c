@@ -142,8 +142,9 @@ static void test_text_escape(void **state) {
 }
 
 /*
- * text_escape_width(): the columns of the escaped text, in characters, not
- * bytes; text_escape_fputs() pads to that.
+ * text_escape_width(): the columns of the escaped text on a terminal, not its
+ * bytes (nor its characters: CJK and emoji take 2, a combining mark 0);
+ * text_escape_fputs() pads to that.
  */
 static void test_text_escape_width(void **state) {
         char *out = NULL;
@@ -153,7 +154,12 @@ static void test_text_escape_width(void **state) {
         assert_int_equal(text_escape_width(""), 0);
         assert_int_equal(text_escape_width("abcd"), 4);
         assert_int_equal(text_escape_width("caf\xc3\xa9"), 4);                   /* é: 2 bytes, 1 column */
-        assert_int_equal(text_escape_width("\xe5\xad\xa6\xe7\xbf\x92"), 2);  /* CJK: 1 per character */
+        assert_int_equal(text_escape_width("\xe5\xad\xa6\xe7\xbf\x92"), 4);  /* CJK: 2 per character */
+        assert_int_equal(text_escape_width("\xf0\x9f\x98\x80!"), 3);           /* U+1F600 emoji: 2 */
+        assert_int_equal(text_escape_width("\xef\xbc\xa1"), 2);                 /* U+FF21 fullwidth A */
+        assert_int_equal(text_escape_width("e\xcc\x81"), 1);                    /* e + U+0301 combining */
+        assert_int_equal(text_escape_width("\xea\xb0\x80\xe2\x80\x8d"), 2);  /* Hangul syllable, ZWJ 0 */
+        assert_int_equal(text_escape_width("\xe2\x94\x80\xc2\xa0"), 2);       /* box drawing, NBSP: 1 */
         assert_int_equal(text_escape_width("a\xc2\x9b" "b"), 8);                 /* a\u009bb */
         assert_int_equal(text_escape_width("a\xff"), 5);                         /* a\xff */
         f = open_memstream(&out, &size);

@@ -2,7 +2,8 @@
 /*
  * tierctl's tables (client/tierctl/tables.c): names a client chose, with
  * control characters (from a tierd older than its name checks), are printed
- * only escaped, and columns are counted in characters, not bytes.
+ * only escaped, and columns are counted as a terminal shows them (CJK and
+ * emoji 2, combining marks 0), not in bytes.
  */
 
 #include <errno.h>
@@ -32,7 +33,32 @@ static void assert_clean(const char *out) {
         assert_null(strstr(out, "\xc2\x9b"));
 }
 
-/* The column (characters, not bytes) where @what starts on the first line of @out that holds @line. */
+/*
+ * Names whose characters take other than one column: CJK (2 each), an emoji (2) and a combining
+ * mark (0); each 4 columns on a terminal, as "abcd".  The test's own count of the columns, for the
+ * characters it uses (util/width.c has the whole table).
+ */
+static const char *const wide[] = { "\xe5\xad\xa6\xe7\xbf\x92", "\xf0\x9f\x98\x80ru", "e\xcc\x81xyz", "abcd" };
+
+static size_t screen_columns(const char *from, const char *to) {
+        size_t col = 0;
+
+        for (const unsigned char *p = (const unsigned char *) from; p < (const unsigned char *) to;) {
+                uint32_t cp = *p;
+                size_t n = *p < 0x80 ? 1 : *p < 0xe0 ? 2 : *p < 0xf0 ? 3 : 4;
+
+                if (n > 1)
+                        cp = *p & (0x3f >> (n - 1));
+                for (size_t i = 1; i < n; i++)
+                        cp = cp << 6 | (p[i] & 0x3f);
+                p += n;
+                col += (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0x1f300 && cp <= 0x1faff) ? 2 :
+                       cp >= 0x300 && cp <= 0x36f ? 0 : 1;
+        }
+        return col;
+}
+
+/* The column (on a terminal, not bytes) where @what starts on the first line of @out that holds @line. */
 static size_t column_of(const char *out, const char *line, const char *what) {
         const char *l = strstr(out, line), *w;
         size_t col = 0;
@@ -45,8 +71,7 @@ static size_t column_of(const char *out, const char *line, const char *what) {
         w = strstr(l, what);
         assert_non_null(w);
         assert_true(!memchr(l, '\n', (size_t) (w - l)));
-        for (const char *p = l; p < w; p++)
-                col += ((unsigned char) *p & 0xc0) != 0x80;     /* not a continuation byte */
+        col = screen_columns(l, w);
         return col;
 }
 
@@ -136,6 +161,65 @@ static void test_quota_rows(void **state) {
         free(out);
 }
 
+/* The terminal column where @what ends on the line of @out that starts with @name. */
+static size_t end_column(const char *out, const char *name, const char *what) {
+        const char *l = out, *w;
+
+        for (;;) {
+                if (strncmp(l, name, strlen(name)) == 0 && l[strlen(name)] == ' ')
+                        break;
+                l = strchr(l, '\n');
+                assert_non_null(l);
+                l++;
+        }
+        w = strstr(l, what);
+        assert_non_null(w);
+        assert_true(!memchr(l, '\n', (size_t) (w - l)));
+        return screen_columns(l, w) + strlen(what);
+}
+
+/* The columns after a wide name line up: before, CJK and emoji counted 1 and a combining mark 1. */
+static void test_wide_names(void **state) {
+        struct tier_job_info jobs[4];
+        struct tier_tensor_info v[4];
+        struct tier_quota q = { .weight = 100 };
+        char *out = NULL, uid[4][8];
+        size_t size = 0;
+        FILE *f;
+
+        for (size_t i = 0; i < 4; i++) {
+                jobs[i] = (struct tier_job_info) { .id = 20 + i, .name = wide[i], .uid = 5000 + (uint32_t) i };
+                v[i] = (struct tier_tensor_info) { .id = 1 + i, .name = wide[i], .size = 4096 };
+                snprintf(uid[i], sizeof(uid[i]), "%zu", 5000 + i);
+        }
+        f = open_memstream(&out, &size);
+        assert_non_null(f);
+        jobs_table(f, jobs, 4);
+        assert_int_equal(fclose(f), 0);
+        for (size_t i = 0; i < 4; i++)
+                assert_int_equal(end_column(out, wide[i], uid[i]), end_column(out, "NAME", "UID"));
+        free(out);
+
+        f = open_memstream(&out, &size);
+        assert_non_null(f);
+        tensors_table(f, "j", v, 4, 0);
+        assert_int_equal(fclose(f), 0);
+        for (size_t i = 0; i < 4; i++)
+                assert_int_equal(end_column(out, wide[i], "4.0 KiB"), end_column(out, "abcd", "4.0 KiB"));
+        free(out);
+
+        assert_int_equal(quota_name_width((char **) wide, 4), 4);
+        f = open_memstream(&out, &size);
+        assert_non_null(f);
+        quota_print_header(f, 4);
+        for (size_t i = 0; i < 4; i++)
+                quota_print_row(f, 4, wide[i], &q);
+        assert_int_equal(fclose(f), 0);
+        for (size_t i = 0; i < 4; i++)
+                assert_int_equal(end_column(out, wide[i], "100"), end_column(out, "JOB", "WEIGHT"));
+        free(out);
+}
+
 static void test_reason_text(void **state) {
         char buf[256];
 
@@ -151,6 +235,7 @@ int main(void) {
                 cmocka_unit_test(test_jobs_table),
                 cmocka_unit_test(test_tensors_table),
                 cmocka_unit_test(test_quota_rows),
+                cmocka_unit_test(test_wide_names),
                 cmocka_unit_test(test_reason_text),
         };
 
