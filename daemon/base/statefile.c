@@ -372,6 +372,29 @@ int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases
         return removed;
 }
 
+/*
+ * The POSIX ACL of the directory @fd, O_PATH (search permission on the way to it suffices, as for
+ * the open of a name in it) or not: fgetxattr() refuses an O_PATH fd (-EBADF), getxattr() through
+ * /proc/self/fd takes it, and reading the system.posix_acl_access attribute needs no permission on
+ * the directory.  Without /proc, the directory opened O_RDONLY (read permission, then).
+ */
+static ssize_t dir_acl_get(int fd, void *acl, size_t size) {
+        char proc[64];
+        ssize_t n = fgetxattr(fd, "system.posix_acl_access", acl, size);
+        _cleanup_close_ int rd = -1;
+
+        if (n >= 0 || errno != EBADF)
+                return n;
+        (void) snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        n = getxattr(proc, "system.posix_acl_access", acl, size);
+        if (n >= 0 || errno != ENOENT)
+                return n;
+        rd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (rd < 0)
+                return -1;
+        return fgetxattr(rd, "system.posix_acl_access", acl, size);
+}
+
 int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t size) {
         unsigned char acl[4096];
         struct stat st;
@@ -379,7 +402,7 @@ int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t siz
 
         if (fstat(fd, &st) < 0)
                 return negative_errno();
-        n = fgetxattr(fd, "system.posix_acl_access", acl, sizeof(acl));
+        n = dir_acl_get(fd, acl, sizeof(acl));
         if (n < 0 && errno != ENODATA && errno != EOPNOTSUPP) {
                 (void) snprintf(why, size, "its POSIX ACL cannot be read (%s): remove it (setfacl -b)",
                                 strerror(errno));
@@ -459,7 +482,9 @@ int statefile_resolve_trusted(const char *path, uid_t uid, gid_t gid, int *ret_d
                                 return errno == EINVAL ? -ENOTDIR : negative_errno();
                 }
                 /* the last component, or a link above it: judge the directory holding it */
-                dir_fd = openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                /* O_PATH, as @cur: search permission on the way suffices, as for the open of the name itself
+                 * (an O_RDONLY open here needed read permission: a 0711 directory refused a non-root tierd) */
+                dir_fd = fcntl(cur, F_DUPFD_CLOEXEC, 3);
                 if (dir_fd < 0)
                         return negative_errno();
                 r = statefile_dir_fd_trusted(dir_fd, uid, gid, inner, sizeof(inner));

@@ -76,7 +76,8 @@ int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases
 
 /*
  * statefile_dir_fd_trusted() - statefile_dir_acl_trusted() and
- * statefile_dir_trusted() for the open directory @fd.  0; -EPERM with @why;
+ * statefile_dir_trusted() for the open directory @fd (O_PATH too: its ACL
+ * is then read through /proc/self/fd).  0; -EPERM with @why;
  * -errno when it cannot be looked at.
  */
 int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t size);
@@ -88,8 +89,12 @@ int statefile_dir_fd_trusted(int fd, uid_t uid, gid_t gid, char *why, size_t siz
  * the last component must pass statefile_dir_fd_trusted(); a symbolic link,
  * there or in a directory above it (the path is walked a component at a
  * time, O_NOFOLLOW), is followed only when the directory holding it passes
- * too (the link is its owner's, as the directory is), at most 8.  On success *@ret_dir_fd is that directory,
- * open (O_CLOEXEC), and @ret_base (@base_size bytes) the name in it, which
+ * too (the link is its owner's, as the directory is), at most 8.  Search
+ * permission on the way suffices (each directory is opened and judged
+ * O_PATH, its ACL read through /proc/self/fd), as for the open itself: a
+ * tierd not run as root needs no read permission on them.  On success
+ * *@ret_dir_fd is that directory, open O_PATH|O_CLOEXEC (for openat(),
+ * fstatat(), unlinkat()), and @ret_base (@base_size bytes) the name in it, which
  * is not a link or does not exist: open it with openat(..., O_NOFOLLOW).
  * -EPERM or -ELOOP with @why naming the directory and what is wrong
  * (@why is "" on any other error); -EINVAL for a path ending in '/';

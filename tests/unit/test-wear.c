@@ -23,7 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -454,6 +457,103 @@ static void test_statefile_resolve_trusted_components(void **state) {
         assert_int_equal(fd, -1);
 }
 
+/* statefile_resolve_trusted(@path) for uid and gid 65534, in a child that becomes them: what it gave. */
+typedef struct {
+        int r;
+        dev_t dev;
+        ino_t ino;
+        char base[NAME_MAX + 1];
+        char why[768];
+} NobodyResolved;
+
+static void resolve_as_nobody(const char *path, NobodyResolved *ret) {
+        int p[2], status = 0;
+        pid_t pid;
+
+        assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+        pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                NobodyResolved res = { .r = -EBADE };
+                struct stat st;
+                int fd = -1;
+
+                if (setgroups(0, NULL) == 0 && setresgid(65534, 65534, 65534) == 0 &&
+                    setresuid(65534, 65534, 65534) == 0)
+                        res.r = statefile_resolve_trusted(path, geteuid(), getegid(), &fd, res.base,
+                                                          sizeof(res.base), res.why, sizeof(res.why));
+                if (res.r == 0 && fstat(fd, &st) == 0) {
+                        res.dev = st.st_dev;
+                        res.ino = st.st_ino;
+                }
+                _exit(write(p[1], &res, sizeof(res)) == (ssize_t) sizeof(res) ? 0 : 1);
+        }
+        assert_int_equal(close(p[1]), 0);
+        assert_int_equal(read(p[0], ret, sizeof(*ret)), (ssize_t) sizeof(*ret));
+        assert_int_equal(close(p[0]), 0);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        assert_int_not_equal(ret->r, -EBADE);   /* it became uid 65534 */
+}
+
+/*
+ * A tierd not run as root needs only search permission on a directory of a target's path, as the open
+ * itself does: a link in a 0711 directory of root's ("x/l" -> ../closed), or the target's name there,
+ * was -EACCES, the directory holding it being opened O_RDONLY (read permission) to be judged.  It is
+ * judged as strictly: group-writable (0731, root's group) is refused, and so is a POSIX ACL letting
+ * user 1234 write where the link leads (read through /proc/self/fd: the directory fd is O_PATH).
+ */
+static void test_statefile_resolve_trusted_search_only(void **state) {
+        /* user::rwx user:1234:rwx group::r-x mask::rwx other::r-x (little-endian, version 2) */
+        const unsigned char acl[] = { 2, 0, 0, 0,
+                                      0x01, 0, 7, 0, 0xff, 0xff, 0xff, 0xff,
+                                      0x02, 0, 7, 0, 0xd2, 0x04, 0, 0,
+                                      0x04, 0, 5, 0, 0xff, 0xff, 0xff, 0xff,
+                                      0x10, 0, 7, 0, 0xff, 0xff, 0xff, 0xff,
+                                      0x20, 0, 5, 0, 0xff, 0xff, 0xff, 0xff };
+        char x[PATH_MAX + 8], closed[PATH_MAX + 8], path[PATH_MAX + 32];
+        NobodyResolved res;
+        struct stat st;
+
+        if (geteuid() != 0)
+                skip();         /* becoming uid 65534 needs root */
+        (void) snprintf(x, sizeof(x), "%s/x", dir);
+        (void) snprintf(closed, sizeof(closed), "%s/closed", dir);
+        assert_int_equal(chmod(dir, 0711), 0);
+        assert_int_equal(mkdir(x, 0700), 0);
+        assert_int_equal(chmod(x, 0711), 0);
+        assert_int_equal(mkdir(closed, 0755), 0);
+        assert_int_equal(stat(closed, &st), 0);
+        (void) snprintf(path, sizeof(path), "%s/l", x);
+        assert_int_equal(symlink("../closed", path), 0);
+
+        (void) snprintf(path, sizeof(path), "%s/l/t.img", x);          /* a link in the 0711 one */
+        resolve_as_nobody(path, &res);
+        assert_int_equal(res.r, 0);
+        assert_string_equal(res.base, "t.img");
+        assert_true(res.dev == st.st_dev && res.ino == st.st_ino);
+        (void) snprintf(path, sizeof(path), "%s/t.img", x);            /* the name in the 0711 one */
+        resolve_as_nobody(path, &res);
+        assert_int_equal(res.r, 0);
+        assert_string_equal(res.base, "t.img");
+
+        assert_int_equal(chmod(x, 0731), 0);                           /* root's group may write it */
+        (void) snprintf(path, sizeof(path), "%s/l/t.img", x);
+        resolve_as_nobody(path, &res);
+        assert_int_equal(res.r, -EPERM);
+        assert_non_null(strstr(res.why, "x\" holding \"l\" is not trusted: it is writable by group 0"));
+        assert_int_equal(chmod(x, 0711), 0);
+
+        if (setxattr(closed, "system.posix_acl_access", acl, sizeof(acl), 0) < 0) {
+                assert_true(errno == EOPNOTSUPP);
+                return;
+        }
+        resolve_as_nobody(path, &res);
+        assert_int_equal(res.r, -EPERM);
+        assert_non_null(strstr(res.why, "closed\" holding \"t.img\" (where a link leads) is not trusted: its "
+                                        "POSIX ACL lets user 1234 write it"));
+}
+
 /* An ACL entry that lets another user or group write the state directory (its mode's group bits are the mask). */
 static void test_statefile_dir_acl(void **state) {
         /* user::rwx user:1234:rwx group::r-x mask::rwx other::--- (little-endian, version 2) */
@@ -600,6 +700,7 @@ int main(void) {
                 cmocka_unit_test(test_statefile_dir_trusted),
                 cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted_components, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_statefile_resolve_trusted_search_only, setup, teardown),
                 cmocka_unit_test(test_statefile_dir_acl),
                 cmocka_unit_test(test_metrics_text),
                 cmocka_unit_test(test_metrics_label_controls),
