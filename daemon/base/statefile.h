@@ -68,9 +68,10 @@ int statefile_dir_acl_trusted(const void *acl, size_t len, uid_t uid, gid_t gid,
  * between making one and renaming it: the names "BASE.XXXXXX" (six letters
  * or digits, as mkostemp() makes them) for a BASE among @bases (NULL-ended)
  * that are regular files (not followed: a link of that name stays) owned
- * by @uid; each is logged.  Only for a directory nobody but tierd's user
- * can write (statefile_dir_trusted()), locked.  The count removed, or
- * -errno when the directory cannot be read.
+ * by @uid; each is logged.  For the state directory (trusted, locked) and
+ * the metrics file's (core/monitor.c): unlinkat() on @dir_fd removes a
+ * name there and follows none.  The count removed, or -errno when the
+ * directory cannot be read.
  */
 int statefile_remove_temps(int dir_fd, const char *dir, const char *const *bases, uid_t uid);
 

@@ -14,7 +14,8 @@
  * logged too; the next tick tries again.  A clean stop removes the file
  * (monitor_remove_metrics()): a file left behind would go on showing jobs
  * and a growing uptime that no tierd has.  After a crash it stays, and its
- * modification time says how old it is.
+ * modification time says how old it is; a temporary copy a crash left
+ * (PATH.XXXXXX) is removed by the next start (metrics_remove_temps()).
  *
  * The drive wear book (state/wear.c, STATE_DIR/wear): loaded here at start
  * (before any job exists, so every job and target starts from its past),
@@ -27,6 +28,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-event.h>
@@ -156,6 +158,32 @@ static int on_wear_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
+/*
+ * What a tierd killed between making the metrics file's temporary copy (PATH.XXXXXX) and renaming it
+ * left next to it, which node_exporter ignores and nothing else would ever remove: removed at start,
+ * before this tierd's first write (statefile_remove_temps(): that pattern only, a regular file of
+ * tierd's user, unlinkat() on the directory opened).  The directory is the collector's, which other
+ * users may write: unlinkat() removes a name there and follows none.
+ */
+static void metrics_remove_temps(const char *path) {
+        const char *slash = strrchr(path, '/');         /* an absolute path (config.c) */
+        _cleanup_free_ char *dir = NULL;
+        _cleanup_close_ int fd = -1;
+
+        if (!slash)
+                return;
+        dir = strndup(path, slash == path ? 1 : (size_t) (slash - path));
+        if (!dir)
+                return;
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) {
+                log_debug_errno(errno, "Cannot open %s to look for temporary metrics files left there, ignoring: %m",
+                                dir);
+                return;
+        }
+        (void) statefile_remove_temps(fd, dir, (const char *const[]) { slash + 1, NULL }, geteuid());
+}
+
 static int load_wear(Monitor *mo) {
         char why[1024] = "";
         int r;
@@ -204,6 +232,7 @@ int monitor_new(sd_event *event, const Config *config, const Rpc *rpc, NvmeTier 
         (void) sd_event_source_set_description(mo->wear_timer, "wear-save");
 
         if (config->metrics_textfile[0]) {
+                metrics_remove_temps(config->metrics_textfile);
                 /* the first file at once, so that node_exporter finds one as soon as tierd runs */
                 r = sd_event_add_time_relative(event, &mo->metrics_timer, CLOCK_MONOTONIC, 0, 0,
                                                on_metrics_timer, mo);

@@ -12,8 +12,8 @@
   does not hang the start: each is set aside (NAME.corrupt.TIMESTAMP) and said
   in the log.  A state directory that users other than tierd's can write is
   refused (exit 6), by --check-config too, before anything in it is made.
-  Temporary files a killed tierd left there (quotas.XXXXXX) are removed at
-  start, and nothing else.
+  Temporary files a killed tierd left there (quotas.XXXXXX), or next to the
+  [metrics] textfile (NAME.prom.XXXXXX), are removed at start, and nothing else.
 * The socket file is made 0660 by bind() (whatever the umask), never chmod()ed
   by its path: a link put there after bind() leads nowhere.
 """
@@ -295,6 +295,43 @@ class StateFiles(unittest.TestCase):
             lines = f.read().splitlines()
         self.assertIn(f"locked {d.dir}/wear", lines)        # the save at stop, at least
         self.assertEqual([line for line in lines if not line.startswith("locked ")], [])
+
+    def test_temporary_metrics_files_of_a_killed_write_removed(self) -> None:
+        """[metrics] textfile is written as the state files are (NAME.prom.XXXXXX, then a rename): what a
+        tierd killed between the two left in the collector's directory is removed at the next start, and
+        said in the log; nothing else is (as for the state directory's temporary files)."""
+        d = Tierd(CONFIG + "[metrics]\ntextfile = @DIR@/prom/tierd.prom\ninterval_sec = 3600\n")
+        self.addCleanup(d.cleanup)
+        prom = os.path.join(d.dir, "prom")
+        os.mkdir(prom)
+        gone = ["tierd.prom.Ab3xYz", "tierd.prom.000000"]
+        stay = ["tierd.prom.Ab3xY", "tierd.prom.Ab3xYz7", "tierd.prom.Ab-xYz", "tierd.promx.Ab3xYz",
+                "xtierd.prom.Ab3xYz", "other.prom.Ab3xYz", "quotas.Ab3xYz", "tierd.prom.corrupt.20260101T000000Z"]
+        for name in gone + stay:
+            with open(os.path.join(prom, name), "w") as f:
+                f.write("half a metrics file\n")
+        canary = os.path.join(d.dir, "canary")
+        with open(canary, "w") as f:
+            f.write("root's\n")
+        os.symlink(canary, os.path.join(prom, "tierd.prom.LnK123"))
+        os.mkdir(os.path.join(prom, "tierd.prom.DiR123"))
+        stay += ["tierd.prom.LnK123", "tierd.prom.DiR123"]
+        if os.geteuid() == 0:
+            os.chown(os.path.join(prom, "tierd.prom.Ab3xYz"), 1234, 1234)  # not tierd's: stays
+            gone.remove("tierd.prom.Ab3xYz")
+            stay.append("tierd.prom.Ab3xYz")
+        with d:
+            tier.Client("after", socket=d.socket).close()
+            names = set(os.listdir(prom))
+            log = d.log_text()
+            with open(canary) as f:
+                self.assertEqual(f.read(), "root's\n")
+        for name in gone:
+            self.assertNotIn(name, names)
+            self.assertIn(f'Removed "{prom}/{name}", a temporary file left by a tierd stopped', log)
+        for name in stay:
+            self.assertIn(name, names)
+            self.assertNotIn(f'Removed "{prom}/{name}"', log)
 
     def test_state_dir_acl_lets_another_write_refused(self) -> None:
         """A state directory whose POSIX ACL lets another user write it (0770 root:root with
