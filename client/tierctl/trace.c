@@ -38,7 +38,7 @@ void trace_help(FILE *f) {
                 "  --json-summary       print a JSON summary (records, dropped, bytes per link)\n");
 }
 
-/* Wait @seconds, or until SIGINT/SIGTERM (blocked by the caller). */
+/* Wait @seconds, or until SIGINT/SIGTERM/SIGHUP (blocked by the caller). */
 static void wait_or_signal(const sigset_t *set, unsigned seconds) {
         uint64_t until = now_ns() + (uint64_t) seconds * NSEC_PER_SEC;
 
@@ -110,7 +110,7 @@ int verb_trace(int argc, char **argv) {
         int opt, fd = -1, r, ret = EXIT_FAILURE;
         char *end, *tmp = NULL;
         struct stat st;
-        bool exists = false;
+        bool exists = false, blocked = false;
 
         optind = 0;
         opterr = 0;
@@ -161,11 +161,16 @@ int verb_trace(int argc, char **argv) {
                         "output; write it to a file (-o trace.json) for a JSON summary there\n");
                 return EXIT_USAGE;
         }
+        /* Ctrl-C, a TERM or a hangup ends the wait, not tierctl: the trace is still read and written */
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGHUP);
         if (strcmp(out, "-") == 0) {
                 fd = STDOUT_FILENO;
         } else if ((exists = lstat(out, &st) == 0) && !S_ISREG(st.st_mode)) {
                 /* a device, a FIFO, a symbolic link: written through (truncated once the trace is read),
-                 * never replaced or removed */
+                 * never replaced or removed (a FIFO's open waits for a reader: signals still act) */
                 fd = open(out, O_WRONLY | O_CLOEXEC | O_NOCTTY);
                 if (fd < 0) {
                         fprintf(stderr, "tierctl trace: cannot open '%s' for writing: %m\n", out);
@@ -186,6 +191,13 @@ int verb_trace(int argc, char **argv) {
                         fprintf(stderr, "tierctl trace: out of memory\n");
                         return EXIT_FAILURE;
                 }
+                /*
+                 * blocked from before the file is made until it is renamed or removed: a signal that
+                 * killed tierctl meanwhile left OUT.XXXXXX behind for good (a hangup during the
+                 * recording, a Ctrl-C while connecting, a second one while the trace was written)
+                 */
+                sigprocmask(SIG_BLOCK, &set, &old);
+                blocked = true;
                 fd = mkostemp(tmp, O_CLOEXEC);
                 if (fd < 0 || fchmod(fd, mode) < 0) {
                         fprintf(stderr, "tierctl trace: cannot write a file beside '%s': %m\n", out);
@@ -194,22 +206,20 @@ int verb_trace(int argc, char **argv) {
                                 (void) unlink(tmp);
                         }
                         free(tmp);
+                        sigprocmask(SIG_SETMASK, &old, NULL);
                         return EXIT_FAILURE;
                 }
         }
+        if (!blocked)
+                sigprocmask(SIG_BLOCK, &set, &old);
         deadline_unlink(tmp);           /* (NULL: no file of ours) */
         if (connect_control(&c) < 0)
                 goto finish;
 
-        /* Ctrl-C (or a TERM) ends the wait, not tierctl: the trace is still read and written */
-        sigemptyset(&set);
-        sigaddset(&set, SIGINT);
-        sigaddset(&set, SIGTERM);
-        sigprocmask(SIG_BLOCK, &set, &old);
         r = tier_trace_start(c, (unsigned) seconds, (unsigned) buffer);
         if (r < 0) {
                 fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
-                goto restore;
+                goto finish;
         }
         /* on stderr even with --json-summary: it says when the recording runs */
         fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
@@ -220,24 +230,24 @@ int verb_trace(int argc, char **argv) {
         deadline_stop();                /* what follows writes the trace: tierd is done */
         if (r < 0) {
                 fprintf(stderr, "tierctl: reading the trace failed: %s\n", why(c, r));
-                goto restore;
+                goto finish;
         }
         if (!tmp && fd != STDOUT_FILENO && ftruncate(fd, 0) < 0 && errno != EINVAL) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
-                goto restore;
+                goto finish;
         }
         r = tier_trace_write_json(t, fd);
         if (r < 0) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %s\n", out, strerror(-r));
-                goto restore;
+                goto finish;
         }
         if (fd != STDOUT_FILENO && fsync(fd) < 0 && errno != EINVAL) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
-                goto restore;
+                goto finish;
         }
         if (tmp && rename(tmp, out) < 0) {
                 fprintf(stderr, "tierctl trace: cannot write '%s': %m\n", out);
-                goto restore;
+                goto finish;
         }
         if (tmp) {
                 free(tmp);
@@ -245,8 +255,6 @@ int verb_trace(int argc, char **argv) {
         }
         print_summary(out, t);
         ret = EXIT_SUCCESS;
-restore:
-        sigprocmask(SIG_SETMASK, &old, NULL);
 finish:
         tier_trace_free(t);
         disconnect_control(c);
@@ -259,5 +267,6 @@ finish:
                 (void) unlink(tmp);     /* never the output itself: what was there stays */
                 free(tmp);
         }
+        sigprocmask(SIG_SETMASK, &old, NULL);   /* a signal that came meanwhile acts now: nothing of ours is left */
         return ret;
 }

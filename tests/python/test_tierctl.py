@@ -623,6 +623,30 @@ class TestTierctl(tierd.DaemonTestCase):
         # tracing stopped with the verb: another trace may start at once
         self.ctl("trace", "--seconds", "1", "-o", out)
 
+    def test_trace_hangup(self) -> None:
+        """A hangup (SIGHUP: the terminal or the ssh session gone) during the recording ends it as Ctrl-C
+        does: the file is written, and nothing is left beside it.  It killed tierctl, which left the
+        OUT.XXXXXX it writes beside the file there for good (and no trace)."""
+        if os.geteuid() != 0:
+            self.skipTest("tracing needs root or group tier-admin")
+        d = tempfile.mkdtemp(prefix="hup.", dir=self.d.dir)
+        out = os.path.join(d, "trace.json")
+        p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertIn("Tracing tierd for 600 s", p.stderr.readline())  # the file beside it is made
+            p.send_signal(signal.SIGHUP)
+            self.assertEqual(p.wait(60), 0, p.stderr.read())
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            p.stdout.close()
+            p.stderr.close()
+        self.assertEqual(os.listdir(d), ["trace.json"])
+        with open(out) as f:
+            self.assertIn("traceEvents", json.load(f))
+
     def test_trace_failure_keeps_output(self) -> None:
         """A trace that fails (no tierd, refused, another trace running) leaves -o's file as it was, and
         a device, FIFO or link named by -o is written through, never replaced or removed: it used to
