@@ -15,7 +15,9 @@ the engine, or over other parameters, is not that one).  .grad
 after zero_grad(set_to_none=False): torch's zeros, a change in place through
 its .data or a view refused as on .grad.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
-words, with what to drop, and resumed bit for bit so.  Placement C under a host budget
+words, with what to drop, and resumed bit for bit so.  torch.autograd.grad() through the
+model or with respect to a parameter: refused before anything runs (a saliency map between fused
+steps applied an update from no gradients).  Placement C under a host budget
 below the state, as test_loops.
 """
 
@@ -573,6 +575,69 @@ class TestLoopsMore(tierd.DaemonTestCase):
             model(data[1]).pow(2).mean().backward()
         with self.assertRaisesRegex(RuntimeError, r"^zero_grad\(\) after a backward that raised: .*partly applied"):
             eng.zero_grad()
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "raises through torch's C++ (autograd's hooks), which ASan's interceptors abort on")
+    def test_autograd_grad_through_the_model_refused(self) -> None:
+        """torch.autograd.grad() (a saliency map between steps, through the embedding's output) ran a
+        backward that the engine took for the next step's: fused, every block reached ran its optimizer
+        phase, an AdamW update from the zeros zero_grad() left (plain PyTorch made none), and the next
+        forward was refused saying that update came from the first micro-batch's gradients; deferred, that
+        forward was refused as a second micro-batch.  With respect to a parameter it was refused as a read
+        of the placeholder, advising an EMA.  Both are refused now, in their own words, before anything is
+        computed or applied; zero_grad() drops the open forward and the run goes on as plain PyTorch's.
+        torch.autograd.grad() over another model while the engine's forward is open is not refused."""
+        from torch.autograd import grad as early_grad      # (bound before the engine: refused too)
+
+        def saliency(model, x, grad_fn):
+            model.eval()
+            cap = {}
+            h = model.tok.register_forward_hook(lambda mod, inp, out: cap.setdefault("e", out))
+            try:
+                out = lm_loss(model, x)
+            finally:
+                h.remove()
+                model.train()
+            return grad_fn(out, cap["e"])[0]
+
+        data = batches(4)
+        for name, kw in (("fused", {}), ("deferred", {"optimizer_in_backward": False})):
+            with self.subTest(name):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+                eng, _ = self.engine(model, f"agrad-{name}", **kw)
+                for i, x in enumerate(data):
+                    grad_fn = (torch.autograd.grad, early_grad)[i % 2]
+                    opt.zero_grad()
+                    lm_loss(ref, x).backward()
+                    opt.step()
+                    loss = lm_loss(model, x)
+                    if i >= 2:
+                        # another model's gradient while the engine's forward is open (a discriminator's
+                        # gradient penalty): torch's, and the step goes on
+                        z = torch.ones(3, requires_grad=True)
+                        self.assertTrue(torch.equal(grad_fn((z * z).sum(), z)[0], 2 * z.detach()))
+                    loss.backward()
+                    eng.step()
+                    eng.zero_grad()
+                    self.assertEqual(eng.mode, name)
+                    if i == 0:
+                        saliency(ref, x, torch.autograd.grad)          # (plain PyTorch: changes nothing)
+                        with self.assertRaisesRegex(RuntimeError, r"^torch\.autograd\.grad\(\) through the forward "
+                                                                  r"of a tier\.torch engine's model: .*nothing was "
+                                                                  r"computed or applied.*zero_grad\(\) drops it"):
+                            saliency(model, x, grad_fn)
+                        eng.zero_grad()
+                    elif i == 1:
+                        loss = lm_loss(model, x)
+                        with self.assertRaisesRegex(RuntimeError, r"^torch\.autograd\.grad\(\) with respect to "
+                                                                  r"parameter head\.weight of a tier\.torch engine"):
+                            grad_fn(loss, [model.head.weight])
+                        eng.zero_grad()
+                sd, rsd = model.state_dict(), ref.state_dict()
+                self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
+
 
 if __name__ == "__main__":
     tierd.main()

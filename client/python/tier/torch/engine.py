@@ -30,7 +30,7 @@ import torch
 
 from .. import HOST, NVME, READ, READ_WRITE, VRAM, WRITE
 from ..errors import RestartedError
-from . import clip, collective, discovery, explain, guards, layout, optim, placement as placement_mod, resume as resume_mod, state as state_mod
+from . import clip, collective, discovery, explain, gradcall, guards, layout, optim, placement as placement_mod, resume as resume_mod, state as state_mod
 from .hooks import Hooks, Stashed
 from .layout import Block, Slot, fmt_bytes
 from .optim import StepRule, hyper_changed, hyper_of, rule_from
@@ -208,6 +208,7 @@ class Offload(torch.optim.Optimizer):
         self.model_hooks = state_mod.ModelStateHooks(self)
         self.model_hooks.attach()
         clip.register(self)
+        gradcall.register(self)
 
     # ---- torch.optim.Optimizer --------------------------------------------------------------
 
@@ -956,6 +957,7 @@ class Offload(torch.optim.Optimizer):
         self.hooks.detach()
         self.model_hooks.detach()
         clip.unregister(self)
+        gradcall.unregister(self)
         guards.release_params(self)
         for b in self.blocks:
             for s in b.slots:

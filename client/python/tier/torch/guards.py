@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import optim
+from . import gradcall, optim
 
 FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
               "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
@@ -122,6 +122,7 @@ def check_one_forward(eng: Any) -> None:
     """A backward begins: it must be the backward of one forward with gradients, the last (tier.torch pairs
     them, micro-batch by micro-batch).  Refused before any block's backward runs, with the likely cause:
     it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
+    gradcall.check_backward(eng)        # (torch.autograd.grad(): no backward of a step, nothing noted)
     eng._bwd_tried = True
     check_kept_grads(eng)
     if eng._mode == "fused":
@@ -141,10 +142,9 @@ def check_one_forward(eng: Any) -> None:
                            "several forwards (Siamese, contrastive) run the model once on the inputs "
                            "concatenated (torch.cat), and run an evaluation forward under torch.no_grad()")
     if pending < 1:
-        raise RuntimeError("a second backward over the same forward (backward(retain_graph=True) twice, or "
-                           "torch.autograd.grad(..., create_graph=True) and then backward()): tier.torch runs one "
-                           "backward per forward; compute the loss once and call backward() once, or run the "
-                           "forward again for the second backward")
+        raise RuntimeError("a second backward over the same forward (backward(retain_graph=True) twice): "
+                           "tier.torch runs one backward per forward; compute the loss once and call backward() "
+                           "once, or run the forward again for the second backward")
     eng._zero_kept = False      # (the forward a zero_grad() kept open is backpropagated)
 
 

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: MIT
+"""tier.torch.gradcall: ``torch.autograd.grad()`` while an engine lives.
+
+``torch.autograd.grad(outputs, inputs)`` runs a backward that puts nothing
+into any ``.grad``.  Through an engine's model (a saliency map, an
+adversarial example, a gradient penalty: the gradient of an input or of an
+activation) the engine's hooks took it for the training step's backward:
+each block it reached had its gradients, none, moved into tierd and, with
+the optimizer in the backward, its optimizer phase run, an AdamW update
+from the zeros ``zero_grad(set_to_none=False)`` leaves, which plain PyTorch
+never makes; the next forward was then refused as a second micro-batch,
+saying the update came from the first micro-batch's gradients.  With
+respect to an engine's parameter it was refused as a read of the empty
+placeholder, in words about EMAs.
+
+So while an engine lives the function is wrapped, as tier.torch.clip wraps
+``clip_grad_norm_`` (the function object's code too, for a name imported
+before the engine): with respect to an engine's parameter it is refused
+before autograd runs; otherwise it runs with :data:`_depth` raised, and an
+engine whose backward would begin under it refuses it
+(:func:`check_backward`, from guards.check_one_forward()) before any
+block's backward phase is entered.  A call that never reaches an engine's
+model (another model's gradient penalty) is torch's.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Offload
+
+_engines: "weakref.WeakSet[Offload]" = weakref.WeakSet()
+
+#: torch.autograd.grad() calls running now (a counter, not thread-local: autograd runs a backward's
+#: hooks on its own device threads)
+_depth = 0
+
+_grad_fn = torch.autograd.grad
+_grad_code = _grad_fn.__code__
+_orig_grad = types.FunctionType(_grad_code, _grad_fn.__globals__, _grad_fn.__name__, _grad_fn.__defaults__,
+                                _grad_fn.__closure__)
+_orig_grad.__kwdefaults__ = _grad_fn.__kwdefaults__
+_grad_defaults = _grad_fn.__defaults__
+
+_DO_INSTEAD = ("train with loss.backward() and step() (p.register_hook() changes a gradient, clip_grad_norm_ "
+               "clips); for other gradients (of an input, an activation or a parameter: a saliency map, an "
+               "adversarial example, a gradient penalty) use a plain copy of the model loaded from "
+               "model.state_dict(), or compute them before making the engine or after close()")
+
+
+def _trampoline(*args: Any, **kw: Any) -> Any:
+    return _tier_torch_autograd_grad(*args, **kw)  # noqa: F821
+
+
+def _wrapper(outputs: Any, inputs: Any, *args: Any, **kw: Any) -> Any:
+    global _depth
+    live = [e for e in list(_engines) if not e._closed]
+    if live:
+        ins = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        for e in live:
+            hit = next((e.slot_of[id(t)] for t in ins if id(t) in e.slot_of), None)
+            if hit is not None:
+                raise RuntimeError(f"torch.autograd.grad() with respect to parameter {hit[1].name} of a tier.torch "
+                                   "engine: its gradient goes into tierd in its block's backward, for step(), and "
+                                   "outside its block's phases the parameter is an empty placeholder; not "
+                                   f"supported, nothing was computed.  {_DO_INSTEAD[0].upper()}{_DO_INSTEAD[1:]}.  "
+                                   "The model's forward stays open: zero_grad() drops it")
+        inputs = ins
+    _depth += 1
+    try:
+        return _orig_grad(outputs, inputs, *args, **kw)
+    finally:
+        _depth -= 1
+
+
+def check_backward(eng: "Offload") -> None:
+    """A backward through ``eng``'s model begins (its first block's or its output's gradient): refused
+    under torch.autograd.grad(), before any phase is entered or any count changes."""
+    if _depth:
+        raise RuntimeError("torch.autograd.grad() through the forward of a tier.torch engine's model: the engine "
+                           "takes a backward through the model for the training step's (each block's gradients "
+                           "into tierd and, with the optimizer in the backward, its update), and autograd.grad() "
+                           "computes no gradient of the parameters; not supported, nothing was computed or "
+                           f"applied.  {_DO_INSTEAD[0].upper()}{_DO_INSTEAD[1:]}.  The forward stays open: "
+                           "zero_grad() drops it")
+
+
+def register(engine: "Offload") -> None:
+    _engines.add(engine)
+    _grad_fn.__globals__["_tier_torch_autograd_grad"] = _wrapper
+    try:
+        _grad_fn.__code__ = _trampoline.__code__
+        _grad_fn.__defaults__ = None    # (torch's, for its own parameters: the trampoline takes *args)
+    except ValueError:          # pragma: no cover - a torch whose function is a closure: the attribute only
+        pass
+    if torch.autograd.grad is _grad_fn:
+        torch.autograd.grad = _wrapper
+
+
+def unregister(engine: "Offload") -> None:
+    _engines.discard(engine)
+    if len(_engines):
+        return
+    _grad_fn.__code__ = _grad_code
+    _grad_fn.__defaults__ = _grad_defaults
+    if torch.autograd.grad is _wrapper:
+        torch.autograd.grad = _grad_fn
