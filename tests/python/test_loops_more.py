@@ -17,7 +17,8 @@ its .data or a view refused as on .grad.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  torch.autograd.grad() through the
 model or with respect to a parameter: refused before anything runs (a saliency map between fused
-steps applied an update from no gradients).  Placement C under a host budget
+steps applied an update from no gradients).  A plain optimizer's state dict over a model with a
+frozen parameter: the engine's refusal says why and what to pass.  Placement C under a host budget
 below the state, as test_loops.
 """
 
@@ -637,6 +638,40 @@ class TestLoopsMore(tierd.DaemonTestCase):
                         eng.zero_grad()
                 sd, rsd = model.state_dict(), ref.state_dict()
                 self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
+
+
+    def test_plain_checkpoint_with_frozen_parameters(self) -> None:
+        """torch.optim.AdamW(model.parameters()) numbers a frozen parameter too, the engine's default group
+        holds the trainable ones only: loading the first's state dict into the engine was refused in torch's
+        words ("doesn't match the size of optimizer's group"), with nothing on why.  It says so now, and
+        what to pass; an engine made with params=model.parameters() loads it, and trains as plain PyTorch."""
+        ref = lm()
+        ref.pos.weight.requires_grad_(False)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        x, y = batches(2)
+        lm_loss(ref, x).backward()
+        opt.step()
+        opt.zero_grad()
+        model = lm()
+        model.load_state_dict(ref.state_dict())
+        model.pos.weight.requires_grad_(False)
+        eng, _ = self.engine(model, "frozen-default")
+        with self.assertRaisesRegex(ValueError, r"doesn't match the size of optimizer's group \(group 0: 42 "
+                                                r"parameters saved, 41 here\): .*1 frozen parameter.*"
+                                                r"params=model\.parameters\(\)"):
+            eng.load_state_dict(opt.state_dict())
+        eng.close()
+        model = lm()
+        model.load_state_dict(ref.state_dict())
+        model.pos.weight.requires_grad_(False)
+        eng, _ = self.engine(model, "frozen-all", params=model.parameters())
+        eng.load_state_dict(opt.state_dict())
+        for m, o in ((ref, opt), (model, eng)):
+            lm_loss(m, y).backward()
+            o.step()
+            o.zero_grad()
+        sd, rsd = model.state_dict(), ref.state_dict()
+        self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 
 
 if __name__ == "__main__":

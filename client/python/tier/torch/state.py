@@ -434,10 +434,20 @@ def optimizer_state_dict(eng: "Offload") -> dict[str, Any]:
 def _check_groups(eng: "Offload", saved: list[dict]) -> None:
     if len(saved) != len(eng.param_groups):
         raise ValueError("loaded state dict has a different number of parameter groups")
-    for g, sg in zip(eng.param_groups, saved):
+    for i, (g, sg) in enumerate(zip(eng.param_groups, saved)):
         if len(g["params"]) != len(sg["params"]):
+            # torch.optim.AdamW(model.parameters()) numbers the frozen parameters too; the engine's default
+            # group holds the trainable ones only
+            frozen = sum(1 for p in eng.model.parameters() if not p.requires_grad)
+            hint = ""
+            if len(saved) == 1 and frozen and len(sg["params"]) == len(g["params"]) + frozen:
+                hint = (f": the model has {frozen} frozen parameter{'s' if frozen > 1 else ''} (requires_grad "
+                        "False), which torch.optim's optimizer over model.parameters() numbers and the "
+                        "engine's default group leaves out; make the engine with params=model.parameters() "
+                        "to load this state dict")
             raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
-                             "optimizer's group")
+                             f"optimizer's group (group {i}: {len(sg['params'])} parameters saved, "
+                             f"{len(g['params'])} here){hint}")
         # the hyperparameters it brings must be ones the step rule honours (amsgrad=True is not)
         eng.rule.check_group({**g, **{k: v for k, v in sg.items() if k != "params"}})
 
