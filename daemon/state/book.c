@@ -280,32 +280,32 @@ static void rec_seal(Book *b, Wr *w, size_t start, unsigned type, uint64_t seq) 
         wr_u(w, crc32c(0, b->buf + start, w->len - start), 4);
 }
 
-/* The record being built in Book.buf from @start (its head left blank): finish and write it. */
-static uint64_t record_write(Book *b, Wr *w, size_t start, unsigned type) {
-        uint8_t *h;
+/*
+ * Append the @n records built in Book.buf from 0 (sealed, numbered on from Book.seq) to the file in one
+ * write, so that a kill leaves all of them or none; the last one's sequence number, 0 if the book went off.
+ */
+static uint64_t records_append(Book *b, Wr *w, unsigned n) {
         int r;
 
-        rec_seal(b, w, start, type, b->seq + 1);
         if (w->oom) {
                 book_off(b, -ENOMEM, "out of memory");
                 return 0;
         }
-        h = (uint8_t *) b->buf + start;
-        b->seq++;
+        b->seq += n;
         book_step(b, STEP_RECORD);
         if (b->faults && fault_fire(b->faults, FAULT_INDEX_TORN, UINT32_MAX, FAULT_TARGET_ANY)) {
                 log_warning("Injected fault index-torn: half of NVMe index record %" PRIu64 " written, then SIGKILL",
                             b->seq);
-                (void) write_at(b->fd, h, (w->len - start) / 2, b->off);
+                (void) write_at(b->fd, b->buf, w->len / 2, b->off);
                 (void) raise(SIGKILL);
         }
-        r = write_at(b->fd, h, w->len - start, b->off);
+        r = write_at(b->fd, b->buf, w->len, b->off);
         if (r < 0) {
                 book_off(b, r, "a record");
                 return 0;
         }
-        b->off += w->len - start;
-        b->records++;
+        b->off += w->len;
+        b->records += n;
         book_step(b, STEP_RECORDED);
         /*
          * Grown past compaction without an NVMe record (which compacts at once):
@@ -318,6 +318,12 @@ static uint64_t record_write(Book *b, Wr *w, size_t start, unsigned type) {
                 book_sync(b);
         }
         return b->seq;
+}
+
+/* The record built in Book.buf from 0 (its head left blank): finish and write it. */
+static uint64_t record_write(Book *b, Wr *w, unsigned type) {
+        rec_seal(b, w, 0, type, b->seq + 1);
+        return records_append(b, w, 1);
 }
 
 static void rec_begin(Wr *w) {
@@ -385,7 +391,7 @@ void book_job(Book *b, Job *j) {
         j->book_key = ++b->next_key;
         rec_begin(&w);
         put_job(&w, j);
-        (void) record_write(b, &w, 0, REC_JOB);
+        (void) record_write(b, &w, REC_JOB);
 }
 
 void book_job_gone(Book *b, Job *j) {
@@ -395,7 +401,7 @@ void book_job_gone(Book *b, Job *j) {
                 return;
         rec_begin(&w);
         wr_u(&w, j->book_key, 8);
-        (void) record_write(b, &w, 0, REC_JOB_GONE);
+        (void) record_write(b, &w, REC_JOB_GONE);
         j->book_key = 0;
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
@@ -414,7 +420,7 @@ void book_tensor(Book *b, Tensor *t) {
         t->book_state = BOOK_T_BLANK;
         rec_begin(&w);
         put_tensor(&w, t);
-        (void) record_write(b, &w, 0, REC_TENSOR);
+        (void) record_write(b, &w, REC_TENSOR);
 }
 
 void book_tensor_gone(Book *b, Tensor *t) {
@@ -424,7 +430,7 @@ void book_tensor_gone(Book *b, Tensor *t) {
                 return;
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);
-        (void) record_write(b, &w, 0, REC_TENSOR_GONE);
+        (void) record_write(b, &w, REC_TENSOR_GONE);
         t->book_key = 0;
         t->book_state = BOOK_T_NONE;
 }
@@ -440,7 +446,7 @@ uint64_t book_nvme(Book *b, Tensor *t, uint64_t version) {
                 return 0;
         rec_begin(&w);
         put_nvme(&w, t, version);
-        seq = record_write(b, &w, 0, REC_NVME);
+        seq = record_write(b, &w, REC_NVME);
         if (seq == 0)
                 return 0;
         t->book_state = BOOK_T_NVME;
@@ -464,7 +470,7 @@ void book_version(Book *b, Tensor *t) {
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);
         wr_u(&w, t->version, 8);
-        if (record_write(b, &w, 0, REC_NEWER)) {
+        if (record_write(b, &w, REC_NEWER)) {
                 t->book_state = BOOK_T_NEWER;
                 t->book_version = t->version;
                 /*
@@ -489,7 +495,7 @@ void book_image(Book *b, Tensor *t) {
                 return;
         rec_begin(&w);
         put_extents(&w, t, t->commit_version, t->base, t->n_base);
-        (void) record_write(b, &w, 0, REC_IMAGE);
+        (void) record_write(b, &w, REC_IMAGE);
 }
 
 /* A DEAD record of @t's version now, which is dead: the next write of it says NEWER (book_version()). */
@@ -504,7 +510,7 @@ static void note_dead(Book *b, Tensor *t) {
                 return;         /* the index's last record of it says so already (one per commit was 40 bytes each) */
         rec_begin(&w);
         put_dead(&w, t);
-        if (record_write(b, &w, 0, REC_DEAD)) {
+        if (record_write(b, &w, REC_DEAD)) {
                 t->book_state = BOOK_T_DEAD;
                 t->book_version = t->version;
         }
@@ -536,7 +542,7 @@ void book_commit(Book *b, Job *j) {
         rec_begin(&w);
         wr_u(&w, j->book_key, 8);
         wr_u(&w, j->commit_step, 8);
-        (void) record_write(b, &w, 0, REC_COMMIT);
+        (void) record_write(b, &w, REC_COMMIT);
         book_sync(b);   /* a commit is what a resumed job comes back to: on the drive soon */
 }
 
@@ -562,7 +568,7 @@ void book_restored(Book *b, Tensor *t) {
         }
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);
-        if (record_write(b, &w, 0, REC_BLANK))
+        if (record_write(b, &w, REC_BLANK))
                 t->book_state = BOOK_T_BLANK;
 }
 
@@ -820,7 +826,7 @@ Book *book_free(Book *b, bool clean) {
                         Wr w = { b };
 
                         rec_begin(&w);
-                        (void) record_write(b, &w, 0, REC_CLEAN);
+                        (void) record_write(b, &w, REC_CLEAN);
                         b->want_targets |= b->dirty_targets;
                 }
                 pthread_mutex_lock(&b->lock);
