@@ -116,15 +116,13 @@ int commit_request(Conn *c, uint64_t seq, const Tier__JobCommit *jc) {
         /*
          * What the plan's holds are overwriting whole is kept as dead, as timeline's
          * plan_drop_dead() would have made it once its last read was over (other
-         * policies keep such copies): a rollback makes it dead again.
+         * policies keep such copies): a rollback makes it dead again, after a restart too.
          */
         list_for_each_safe(n, tmp, &j->tensors) {
                 Tensor *t = list_entry(n, Tensor, job_link);
 
-                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t)) {
-                        t->commit_dead = true;
-                        t->commit_dead_rank = t->plan->rank + 1;        /* (plan_holds_overwrite(): t->plan) */
-                }
+                if (tensor_writers(t) > 0 && !t->dead && plan_holds_overwrite(t))
+                        tensor_commit_dead(t, t->plan->rank + 1);       /* (plan_holds_overwrite(): t->plan) */
         }
         log_job(LOG_DEBUG, 0, j->name, "Job '%s': commit %" PRIu64, j->name, jc->step);
         return reply_commit(c, seq, j, 0, 0);

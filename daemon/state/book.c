@@ -62,7 +62,10 @@
  * whole next, book_note_dead(), book_commit()) is restored dead, as it was.
  * A DEAD record of the version a COMMIT (before it) or a snapshot's TENSOR
  * (after it) names as committed says the tensor was dead at the commit
- * (Tensor.commit_dead): a rollback makes it dead again.
+ * (Tensor.commit_dead): a rollback makes it dead again.  One its plan's hold
+ * keeps as dead after the COMMIT, not dead yet, gets a DEAD record of the
+ * committed version after the COMMIT and, in the same write, the record of
+ * what it holds now again (NEWER or NVME, book_commit_dead()).
  *
  * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
  * and four times its snapshot (at once after an NVME record, after the next
@@ -544,6 +547,40 @@ void book_commit(Book *b, Job *j) {
         wr_u(&w, j->commit_step, 8);
         (void) record_write(b, &w, REC_COMMIT);
         book_sync(b);   /* a commit is what a resumed job comes back to: on the drive soon */
+}
+
+void book_commit_dead(Book *b, Tensor *t) {
+        Wr w = { b };
+        size_t second;
+        bool nvme = t->book_state == BOOK_T_NVME;
+
+        /* the index's last record of it is of its version now (book_commit()): NEWER, or NVME of its copy there */
+        if (!book_on(b) || !t->book_key || !t->commit_dead || t->dead || t->version == 0 ||
+            t->version != t->commit_version || t->book_version != t->version ||
+            !(t->book_state == BOOK_T_NEWER || (nvme && copy_valid(t, LEVEL_NVME))))
+                return;
+        /*
+         * A DEAD record of the committed version after its COMMIT makes the replay take it as committed
+         * dead (as a snapshot's does), but also as dead now: the record after it says again what the
+         * tensor holds, so that a start before its plan writes it finds its bytes as they are.  One write
+         * for both: a kill between them would leave it dead (its NVMe copy forgotten).
+         */
+        rec_begin(&w);
+        wr_u(&w, t->book_key, 8);
+        wr_u(&w, t->commit_version, 8);
+        wr_u(&w, t->commit_dead_rank, 4);
+        rec_seal(b, &w, 0, REC_DEAD, b->seq + 1);
+        second = w.len;
+        rec_begin(&w);
+        if (nvme)
+                put_nvme(&w, t, t->version);
+        else {
+                wr_u(&w, t->book_key, 8);
+                wr_u(&w, t->version, 8);
+        }
+        rec_seal(b, &w, second, nvme ? REC_NVME : REC_NEWER, b->seq + 2);
+        if (records_append(b, &w, 2))
+                book_sync(b);   /* with its COMMIT (book_commit()) */
 }
 
 void book_note_dead(Book *b) {

@@ -122,6 +122,14 @@ void book_image(Book *b, Tensor *t);
 /* @j made a commit (job_commit()): every tensor's committed version is its version now, images go. */
 void book_commit(Book *b, Job *j);
 /*
+ * book_commit_dead() - @t, not dead, was committed dead all the same (Tensor.commit_dead, set after
+ * book_commit(): its plan's hold writes it whole next): a DEAD record of the committed version and, in
+ * the same write, the record of what it holds now (NEWER, or NVME), so that a rollback after a restart
+ * makes it dead again, as without the restart, and a start before its plan writes it finds it as it is.
+ * A tierd of format 2 older than the commit_dead replay reads both as before (dead, then not).
+ */
+void book_commit_dead(Book *b, Tensor *t);
+/*
  * book_note_dead() - a clean stop, after the write-down: each dead tensor (its newest version has no
  * bytes, its plan's next access writes it whole) gets a DEAD record, so that the next start brings it back
  * dead, as it was, not lost (with the memory store, its table says so too).

@@ -473,6 +473,12 @@ uint8_t *copy_addr(const Copy *c, uint64_t pos);
  */
 void job_commit(Job *j, uint64_t step);
 /*
+ * tensor_commit_dead() - @t, which job_commit() committed as it is, counts as dead at that commit
+ * (Tensor.commit_dead), made so by the plan of rank @rank - 1, whose hold writes it whole next: a
+ * rollback makes it dead again, after a restart too (the NVMe index is told, book_commit_dead()).
+ */
+void tensor_commit_dead(Tensor *t, uint32_t rank);
+/*
  * job_rollback() - every tensor of @j written since its last commit gets
  * that commit's data back (its kept NVMe image; zeros for one never
  * written then); *@ret_rolled: how many; *@ret_lost: how many had none

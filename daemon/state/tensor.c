@@ -311,6 +311,12 @@ void job_commit(Job *j, uint64_t step) {
         book_commit(j->registry->book, j);
 }
 
+void tensor_commit_dead(Tensor *t, uint32_t rank) {
+        t->commit_dead = true;
+        t->commit_dead_rank = rank;
+        book_commit_dead(t->job->registry->book, t);
+}
+
 /*
  * Why @t's ghost in @tier holds a commit (@commit) or a rollback back, for messages: the ranks it waits
  * for ("rank 1", "ranks 0, 1"), and till when; more ranks than fit are not known: the job's end.

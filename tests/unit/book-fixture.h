@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* book-fixture.h: jobs and tensors through the NVMe index in the book unit tests (test-book.c, test-book-names.c). */
+/* book-fixture.h: jobs and tensors through the NVMe index in the book unit tests (test-book*.c). */
 #pragma once
 
 #include <setjmp.h>

@@ -23,6 +23,7 @@
 #include "daemon/state/book.h"
 #include "daemon/state/book-private.h"
 #include "daemon/state/registry.h"
+#include "tests/unit/book-fixture.h"
 #include "tests/unit/fixture.h"
 #include "proto/crc32c.h"
 
@@ -223,6 +224,78 @@ static void test_commit_of_one_dead_since(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/*
+ * A (its version in memory only, the index's record NEWER) and N (on NVMe) are held by their plan to be
+ * written whole when the job commits (tier.torch's activations under lru or ondemand): ipc/commit.c keeps
+ * them as dead at the commit (tensor_commit_dead()), which the index learnt only from a later snapshot.
+ * Written whole after the commit, then a crash: A came back lost at the rollback ("nothing to go back
+ * to", a resumed job refused), as without the DEAD record of its committed version that follows the
+ * COMMIT now; it is dead again, of its rank.  N goes back to its image.  A crash before the plan writes
+ * them: the record after that DEAD one says what they hold, so N comes back whole from NVMe, not dead.
+ */
+static void test_commit_dead_by_a_hold(void **state) {
+        char dir[64] = "/var/tmp/tierd-book-dead.XXXXXX", cmd[128], why[128];
+        unsigned rolled, lost;
+        uint64_t records;
+        Manager *m;
+        Tensor *a, *n;
+        Job *j;
+
+        assert_non_null(mkdtemp(dir));
+        m = fixture_new(32 * MiB, setup, dir);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->book, j);
+        a = fixture_tensor(j, "A", MiB);
+        n = fixture_tensor(j, "N", MiB);
+        fixture_host_data(m, a, 0x11);
+        fixture_host_data(m, n, 0x21);
+        assert_int_equal(fixture_op(m, OP_EVICT, n, LEVEL_NVME), 0);
+        job_commit(j, 1);
+        records = m->book->records;
+        tensor_commit_dead(a, 3);               /* as ipc/commit.c: rank 2's plan holds it to write it whole */
+        tensor_commit_dead(n, 3);
+        assert_int_equal(m->book->records, records + 4);       /* DEAD and NEWER of A; DEAD and NVME of N */
+        assert_true(a->commit_dead && !a->dead && n->commit_dead && !n->dead);
+        fixture_free(m);                        /* a crash before the plan writes them */
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        a = find(m, "j", "A");
+        n = find(m, "j", "N");
+        assert_true(a->commit_dead && n->commit_dead);
+        assert_int_equal(a->commit_dead_rank, 3);
+        assert_true(a->lost && !a->dead);       /* its newest data was in memory */
+        assert_true(!n->lost && !n->dead);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_true(a->dead && !a->lost);
+        assert_int_equal(a->dead_rank, 3);
+        book_fx_check_bytes(m, n, 0x21);        /* untouched: what it held at the commit */
+        job_commit(j, 2);
+        tensor_commit_dead(n, 3);
+        write_only_pin(m, a, 0x12);             /* the plan's writes */
+        write_only_pin(m, n, 0x22);
+        assert_non_null(n->base);               /* its committed version's NVMe copy: its image */
+        fixture_free(m);                        /* a crash after them */
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        a = find(m, "j", "A");
+        n = find(m, "j", "N");
+        assert_true(a->commit_dead && n->commit_dead);
+        assert_true(a->lost && n->lost);        /* their newest data was in memory */
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_int_equal(rolled, 2);
+        assert_true(a->dead && !a->lost);
+        assert_int_equal(a->dead_rank, 3);
+        assert_int_equal(fixture_op(m, OP_PIN, a, LEVEL_HOST), -ENODATA);     /* no plan's hold: no read */
+        book_fx_check_bytes(m, n, 0x21);        /* its image */
+        fixture_free(m);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 /* The header's format field of @path set to @format, its crc made again: as another tierd wrote it. */
 static void set_format(const char *path, uint32_t format) {
         uint8_t buf[4096];
@@ -301,6 +374,7 @@ int main(void) {
                 cmocka_unit_test(test_format),
                 cmocka_unit_test(test_commit_dead_across_a_snapshot_after_a_rollback),
                 cmocka_unit_test(test_commit_of_one_dead_since),
+                cmocka_unit_test(test_commit_dead_by_a_hold),
         };
 
         return fixture_main("book-dead", tests, sizeof(tests) / sizeof(tests[0]));

@@ -494,8 +494,9 @@ static void write_only_pin(Manager *m, Tensor *t, uint8_t v) {
  * dead at every commit and written since, was refused after tierd restarted.
  * w, committed dead by its plan's write-only hold (ipc/commit.c) while NVMe
  * held its committed version, keeps that copy as its image when the hold's
- * write lands (copy_free()), and the index that image: the rollback brings
- * back the bytes w held at the commit.  A second crash, the index now the
+ * write lands (copy_free()), and the index that image (and, since
+ * tensor_commit_dead(), that it was committed dead): the rollback brings
+ * back the bytes w held at the commit, its image first.  A second crash, the index now the
  * snapshot the first start wrote, keeps all that (a DEAD record of x's
  * committed version before its newer one's).  (Without the crash: test-dead.c.)
  */
@@ -523,7 +524,7 @@ static void test_commit_dead_after_restart(void **state) {
                         copy_free(t, tier);
         }
         job_commit(j, 3);
-        w->commit_dead = true;                  /* as ipc/commit.c for a tensor its plan's hold overwrites */
+        tensor_commit_dead(w, 1);               /* as ipc/commit.c for a tensor its plan's hold overwrites */
         assert_true(dd->commit_dead && x->commit_dead);
         write_only_pin(m, w, 0x52);
         assert_non_null(w->base);               /* the committed version's NVMe copy: its image */
@@ -546,7 +547,7 @@ static void test_commit_dead_after_restart(void **state) {
         assert_true(dd->commit_dead && x->commit_dead);
         assert_int_equal(dd->commit_dead_rank, 1);
         assert_int_equal(x->commit_dead_rank, 1);
-        assert_false(w->commit_dead);           /* (its image says what a rollback brings back) */
+        assert_true(w->commit_dead);            /* (its image first: what a rollback brings back) */
         assert_non_null(w->base);
         assert_true(dd->dead && !x->dead);      /* d still dead; x lost: its newest data was in memory */
         assert_true(w->lost && x->lost);
