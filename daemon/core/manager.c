@@ -418,7 +418,7 @@ static int manager_restore(Manager *m) {
         /* the quota rules and wear of names from an older tierd that no restored job took: their escaped text */
         r = quota_store_rename_old(m->quotas);
         if (r >= 0)
-                r = wear_rename_old(m->registry->wear, m->registry, m->config.max_name);
+                r = wear_rename_old(m->registry->wear, m->config.max_name);
         if (r < 0)
                 return log_error_errno(r, "Out of memory");
         if (r > 0)

@@ -837,13 +837,18 @@ int quota_store_rename_old(QuotaStore *s) {
                         i++;
                         continue;
                 }
-                /* as book-replay.c restore_name(): its escaped text, else with a hash when that is taken */
+                /*
+                 * Its escaped text, else with a hash when a rule has that.  A job restored under the
+                 * escaped text is the one this name became: an earlier start restored it so and did not
+                 * save the rule's new name (killed before, a failed save, a tierd before the names
+                 * followed), so it takes the rule (with a hash, none would govern it).
+                 */
                 for (int tagged = 0; tagged < 2; tagged++) {
                         free(e);
                         e = text_escape_name(q->job, s->config->max_name, tagged);
                         if (!e)
                                 return -ENOMEM;
-                        if (!quota_rules_find(&s->runtime, QUOTA_JOB, 0, e) && !job_find(s->registry, e))
+                        if (!quota_rules_find(&s->runtime, QUOTA_JOB, 0, e))
                                 break;
                 }
                 /* (renamed: rule i needs no escape now; dropped: rule i is the next one) */
@@ -852,6 +857,8 @@ int quota_store_rename_old(QuotaStore *s) {
         if (!s->renamed)
                 return 0;
         s->renamed = false;
+        /* a job restored under a new name resolved its quota before: the rule it now has */
+        (void) quota_apply_all(s, NULL, 0);
         r = quota_store_save(s, &s->runtime, why, sizeof(why));
         if (r == -ENOMEM)
                 return r;

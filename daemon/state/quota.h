@@ -76,9 +76,10 @@ int quota_store_rename_job(QuotaStore *s, const char *was, const char *now);
 /*
  * quota_store_rename_old() - after the NVMe index's jobs were restored: every other run-time rule of
  * such a name governs its escaped text (text_escape_name(): "evil\u009b31m", the name the index
- * would restore its job under; with a hash when that is taken by a rule or a job; dropped when that
- * is taken too), said in the log, so that tierctl can name it and it holds for a job started under
- * that name; then the state file is saved when a rule changed.  0 or -ENOMEM.
+ * would restore its job under; with a hash when a rule has that; dropped when that has one too),
+ * said in the log, so that tierctl can name it and it holds for a job started under that name, and
+ * for a job restored under it (which an earlier start, killed before it saved the rule's new name or
+ * failing to, made of that name); then the state file is saved when a rule changed.  0 or -ENOMEM.
  */
 int quota_store_rename_old(QuotaStore *s);
 

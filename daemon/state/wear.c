@@ -437,7 +437,7 @@ int wear_job_rename(Wear *w, const char *was, const char *now) {
         return rename_entry(w, (size_t) (x - w->jobs), copy);
 }
 
-int wear_rename_old(Wear *w, Registry *reg, size_t max_name) {
+int wear_rename_old(Wear *w, size_t max_name) {
         int n = 0;
 
         for (size_t i = 0; w && i < w->n_jobs;) {
@@ -447,13 +447,17 @@ int wear_rename_old(Wear *w, Registry *reg, size_t max_name) {
                         i++;
                         continue;
                 }
-                /* as book-replay.c restore_name(): its escaped text, else with a hash when a job or an entry has that */
+                /*
+                 * Its escaped text, else with a hash when an entry has that.  A job restored under the
+                 * escaped text is the one this name became (an earlier start restored it so and was
+                 * killed before the book was saved, or was a tierd before the names followed): its wear.
+                 */
                 for (int tagged = 0; tagged < 2; tagged++) {
                         free(e);
                         e = text_escape_name(w->jobs[i].name, max_name, tagged);
                         if (!e)
                                 return -ENOMEM;
-                        if (!entry_find(w->jobs, w->n_jobs, e) && !(reg && job_find(reg, e)))
+                        if (!entry_find(w->jobs, w->n_jobs, e))
                                 break;
                 }
                 /* (renamed: entry i needs no escape now; merged: entry i is another one) */

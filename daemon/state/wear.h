@@ -79,7 +79,8 @@ int wear_job_rename(Wear *w, const char *was, const char *now);
 /*
  * wear_rename_old() - after the NVMe index's jobs were restored: every other entry of such a name
  * goes under its escaped text (text_escape_name(..., @max_name): "evil\u009b31m", where a job
- * started under that name counts; with a hash when a job of @reg or an entry has that).  The number
- * of entries renamed, or -ENOMEM.
+ * started under that name counts, and a job restored under it, which an earlier start killed before
+ * it saved the book made of that name; with a hash when an entry has that, else merged into it).
+ * The number of entries renamed, or -ENOMEM.
  */
-int wear_rename_old(Wear *w, Registry *reg, size_t max_name);
+int wear_rename_old(Wear *w, size_t max_name);
