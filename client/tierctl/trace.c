@@ -38,6 +38,18 @@ void trace_help(FILE *f) {
                 "  --json-summary       print a JSON summary (records, dropped, bytes per link)\n");
 }
 
+/* Whether a signal of @set is pending (blocked, not yet taken). */
+static bool signal_pending(const sigset_t *set) {
+        sigset_t pending;
+
+        if (sigpending(&pending) < 0)
+                return false;
+        for (int sig = 1; sig < NSIG; sig++)
+                if (sigismember(set, sig) == 1 && sigismember(&pending, sig) == 1)
+                        return true;
+        return false;
+}
+
 /* Wait @seconds, or until SIGINT/SIGTERM/SIGHUP (blocked by the caller). */
 static void wait_or_signal(const sigset_t *set, unsigned seconds) {
         uint64_t until = now_ns() + (uint64_t) seconds * NSEC_PER_SEC;
@@ -219,6 +231,16 @@ int verb_trace(int argc, char **argv) {
         r = tier_trace_start(c, (unsigned) seconds, (unsigned) buffer);
         if (r < 0) {
                 fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
+                goto finish;
+        }
+        if (signal_pending(&set)) {
+                /*
+                 * Ctrl-C (a TERM, a hangup) while connecting or starting, before the recording was
+                 * said to run: it asked to stop tierctl, not to stop a recording early (the wait would
+                 * take it at once and write an empty trace over the file).  The recording is
+                 * dropped; the signal acts once unblocked, below, with nothing of ours left.
+                 */
+                (void) tier_trace_stop(c, &t);
                 goto finish;
         }
         /* on stderr even with --json-summary: it says when the recording runs */

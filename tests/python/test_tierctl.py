@@ -647,6 +647,49 @@ class TestTierctl(tierd.DaemonTestCase):
         with open(out) as f:
             self.assertIn("traceEvents", json.load(f))
 
+    def test_trace_interrupted_before_recording(self) -> None:
+        """Ctrl-C while tierctl is still connecting or starting the trace stops tierctl and leaves -o's
+        file as it was: it stayed pending behind the blocked signals and the recording's wait took it at
+        once, writing an empty trace over the file with exit 0.  tierd is stopped (SIGSTOP) so that the
+        signal lands in that window whatever the timing: it is sent once tierctl blocks it
+        (/proc/PID/status, SigBlk), and tierd continued after it."""
+        if os.geteuid() != 0:
+            self.skipTest("tracing needs root or group tier-admin")
+        assert self.d.proc is not None
+        d = tempfile.mkdtemp(prefix="int.", dir=self.d.dir)
+        out = os.path.join(d, "trace.json")
+        with open(out, "w") as f:
+            f.write("earlier")
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        p = None
+        try:
+            p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "--timeout", "600", "trace",
+                                  "--seconds", "600", "-o", out],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            while True:  # until SIGINT is blocked: tierctl is past it, connecting to the stopped tierd
+                with open(f"/proc/{p.pid}/status") as f:
+                    blocked = int(next(ln for ln in f if ln.startswith("SigBlk:")).split()[1], 16)
+                if blocked & (1 << (signal.SIGINT - 1)):
+                    break
+                self.assertIsNone(p.poll(), "tierctl exited before blocking its signals")
+                time.sleep(0.01)
+            p.send_signal(signal.SIGINT)
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertEqual(p.wait(60), -signal.SIGINT, p.stderr.read())
+        finally:
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+            if p is not None:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                p.stdout.close()
+                p.stderr.close()
+        self.assertEqual(os.listdir(d), ["trace.json"])
+        with open(out) as f:
+            self.assertEqual(f.read(), "earlier")
+        # the trace was stopped: another one starts
+        self.ctl("trace", "--seconds", "1", "-o", os.path.join(d, "next.json"))
+
     def test_trace_failure_keeps_output(self) -> None:
         """A trace that fails (no tierd, refused, another trace running) leaves -o's file as it was, and
         a device, FIFO or link named by -o is written through, never replaced or removed: it used to
