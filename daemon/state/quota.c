@@ -796,10 +796,23 @@ static void rename_rule(QuotaStore *s, size_t i, char *now) {
         QuotaRule *q = &s->runtime.rules[i];
 
         if (quota_rules_find(&s->runtime, QUOTA_JOB, 0, now)) {
+                char values[256] = "";
+                size_t len = 0;
+
+                /* what is dropped, so that an operator can set it again: "host=4194304 weight=2" */
+                for (int f = 0; f < QUOTA_FIELDS && len < sizeof(values); f++)
+                        if (q->set & (1u << f)) {
+                                int n = snprintf(values + len, sizeof(values) - len, "%s%s=%" PRIu64,
+                                                 len ? " " : "", quota_field_name(f), q->value[f]);
+                                if (n < 0)
+                                        break;
+                                len += (size_t) n;
+                        }
                 log_warning("A quota set at run time (\"%s\") for a job name from an older tierd, with control "
-                            "characters or bytes not UTF-8 (which tierd refuses now), is dropped: job '%s', the "
-                            "name it would govern now, has a quota of its own (tierctl quota get '%s' shows it)",
-                            s->path, now, now);
+                            "characters or bytes not UTF-8 (which tierd refuses now), is dropped (it set %s): "
+                            "job '%s', the name it would govern now, has a quota of its own (tierctl quota get "
+                            "'%s' shows it)",
+                            s->path, len ? values : "nothing", now, now);
                 free(now);
                 quota_rules_remove(&s->runtime, i);
         } else {

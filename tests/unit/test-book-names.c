@@ -5,6 +5,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,9 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "daemon/base/config.h"
+#include "daemon/base/log.h"
 #include "daemon/core/manager.h"
 #include "daemon/engine/engine.h"
 #include "daemon/state/book.h"
@@ -272,12 +276,58 @@ static void test_restore_renames_not_saved(void **state) {
         dir_done();
 }
 
+/*
+ * The escaped name has a rule of its own: it wins, and the old name's rule is dropped with a warning
+ * that says what the dropped rule set (host=2097152), so that an operator can set it again: the
+ * warning named neither, and once the quotas file was saved the values were gone.
+ */
+static void test_restore_dropped_rule_logged(void **state) {
+        const char *raw = "evil\xc2\x9b" "31m";
+        char buf[8192];
+        int fd, saved;
+        ssize_t n;
+        Manager *m;
+        Job *j;
+
+        dir_new();
+        m = start();
+        j = book_fx_job(m, raw);
+        book_fx_written(m, fixture_tensor(j, "a", MiB), 0x61);
+        quota_set_host(m, raw, 2 * MiB);
+        quota_set_host(m, "evil\\u009b31m", 4 * MiB);
+        fixture_free(m);
+
+        fd = memfd_create("book-names-log", MFD_CLOEXEC);
+        assert_true(fd >= 0);
+        saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+        assert_true(saved >= 0);
+        log_setup(LOG_TARGET_STDERR);
+        fflush(stderr);
+        assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+        m = start();
+        fflush(stderr);
+        assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+        close(saved);
+        n = pread(fd, buf, sizeof(buf) - 1, 0);
+        close(fd);
+        assert_true(n > 0);
+        buf[n] = '\0';
+        j = job_find(m->registry, "evil\\u009b31m");
+        assert_non_null(j);
+        assert_int_equal(j->limit[LEVEL_HOST], 4 * MiB);
+        assert_null(quota_rules_find(&m->quotas->runtime, QUOTA_JOB, 0, raw));
+        assert_non_null(strstr(buf, "is dropped (it set host=2097152)"));
+        fixture_free(m);
+        dir_done();
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restore_escapes_control_names),
                 cmocka_unit_test(test_restore_long_escaped_name),
                 cmocka_unit_test(test_restore_quota_and_wear_follow_names),
                 cmocka_unit_test(test_restore_renames_not_saved),
+                cmocka_unit_test(test_restore_dropped_rule_logged),
         };
 
         return fixture_main("book-names", tests, sizeof(tests) / sizeof(tests[0]));
