@@ -17,7 +17,8 @@ its .data or a view refused as on .grad.  A OneCycleLR checkpoint (its
 state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  torch.autograd.grad() through the
 model or with respect to a parameter: refused before anything runs (a saliency map between fused
-steps applied an update from no gradients).  A plain optimizer's state dict over a model with a
+steps applied an update from no gradients); a torch.jit.script calling it compiles while an engine
+lives.  A plain optimizer's state dict over a model with a
 frozen parameter: the engine's refusal says why and what to pass.  Placement C under a host budget
 below the state, as test_loops.
 """
@@ -639,6 +640,33 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 sd, rsd = model.state_dict(), ref.state_dict()
                 self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 
+
+    def test_autograd_grad_scripted_while_an_engine_lives(self) -> None:
+        """torch.jit.script of a function calling torch.autograd.grad() (a gradient penalty, a force as
+        the gradient of an energy), over tensors outside the model, while an engine lived: the engine had put
+        its wrapper in torch.autograd.grad's place, which TorchScript compiles to aten::grad only by the
+        identity of torch's own function object, so every such script failed ("Compiled functions can't take
+        variable number of arguments").  It compiles now, and the engine trains on as plain PyTorch."""
+        def penalty(x: torch.Tensor) -> torch.Tensor:
+            g = torch.autograd.grad([(x * x * x).sum()], [x], create_graph=True)[0]
+            assert g is not None
+            return (g * g).sum()
+
+        x, y = batches(2)
+        ref = lm()
+        model = copy.deepcopy(ref)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng, _ = self.engine(model, "agrad-jit")
+        scripted = torch.jit.script(penalty)
+        z = torch.arange(3.0, requires_grad=True)
+        self.assertTrue(torch.equal(scripted(z), penalty(z)))
+        for m, o in ((ref, opt), (model, eng)):
+            for b in (x, y):
+                lm_loss(m, b).backward()
+                o.step()
+                o.zero_grad()
+        sd, rsd = model.state_dict(), ref.state_dict()
+        self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 
     def test_plain_checkpoint_with_frozen_parameters(self) -> None:
         """torch.optim.AdamW(model.parameters()) numbers a frozen parameter too, the engine's default group

@@ -14,8 +14,13 @@ respect to an engine's parameter it was refused as a read of the empty
 placeholder, in words about EMAs.
 
 So while an engine lives the function is wrapped, as tier.torch.clip wraps
-``clip_grad_norm_`` (the function object's code too, for a name imported
-before the engine): with respect to an engine's parameter it is refused
+``clip_grad_norm_`` (the function object's code, for a name imported before
+the engine too; ``torch.autograd.grad`` stays that object, which TorchScript
+compiles to ``aten::grad`` by its identity: a wrapper put in its place made
+every ``torch.jit.script`` of a function calling it fail while an engine
+lived, and what TorchScript compiled is not seen here, as for a function
+scripted before the engine):
+with respect to an engine's parameter it is refused
 before autograd runs; otherwise it runs with :data:`_depth` raised, and an
 engine whose backward would begin under it refuses it
 (:func:`check_backward`, from guards.check_one_forward()) before any
@@ -97,9 +102,8 @@ def register(engine: "Offload") -> None:
         _grad_fn.__code__ = _trampoline.__code__
         _grad_fn.__defaults__ = None    # (torch's, for its own parameters: the trampoline takes *args)
     except ValueError:          # pragma: no cover - a torch whose function is a closure: the attribute only
-        pass
-    if torch.autograd.grad is _grad_fn:
-        torch.autograd.grad = _wrapper
+        if torch.autograd.grad is _grad_fn:
+            torch.autograd.grad = _wrapper
 
 
 def unregister(engine: "Offload") -> None:
