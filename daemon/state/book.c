@@ -65,7 +65,9 @@
  * (Tensor.commit_dead): a rollback makes it dead again.  One its plan's hold
  * keeps as dead after the COMMIT, not dead yet, gets a DEAD record of the
  * committed version after the COMMIT and, in the same write, the record of
- * what it holds now again (NEWER or NVME, book_commit_dead()).
+ * what it holds now again (NEWER or NVME, book_commit_dead()); a write cut
+ * short leaves the DEAD record alone: the tensor comes back dead, its reads
+ * refused until that hold writes it.
  *
  * Compaction: at start, and when the file has grown past BOOK_COMPACT_MIN
  * and four times its snapshot (at once after an NVME record, after the next
@@ -285,7 +287,9 @@ static void rec_seal(Book *b, Wr *w, size_t start, unsigned type, uint64_t seq) 
 
 /*
  * Append the @n records built in Book.buf from 0 (sealed, numbered on from Book.seq) to the file in one
- * write, so that a kill leaves all of them or none; the last one's sequence number, 0 if the book went off.
+ * write; the last one's sequence number, 0 if the book went off.  Not all or none: a write cut short (a
+ * SIGKILL in a pwrite() across a page, index-torn, a crash of the machine before the sync) leaves the
+ * first whole ones, and the replay takes them, stopping at the torn one.
  */
 static uint64_t records_append(Book *b, Wr *w, unsigned n) {
         int r;
@@ -563,7 +567,10 @@ void book_commit_dead(Book *b, Tensor *t) {
          * A DEAD record of the committed version after its COMMIT makes the replay take it as committed
          * dead (as a snapshot's does), but also as dead now: the record after it says again what the
          * tensor holds, so that a start before its plan writes it finds its bytes as they are.  One write
-         * for both: a kill between them would leave it dead (its NVMe copy forgotten).
+         * for both, which a kill of tierd in between its calls cannot split; one cut short (see
+         * records_append()) leaves the DEAD record alone: the tensor comes back dead, of its rank (its
+         * NVMe copy forgotten, its reads refused until its plan's hold writes it whole), never other
+         * bytes (test-book-dead.c test_commit_dead_pair_torn).
          */
         rec_begin(&w);
         wr_u(&w, t->book_key, 8);

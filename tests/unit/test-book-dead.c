@@ -296,6 +296,53 @@ static void test_commit_dead_by_a_hold(void **state) {
         assert_int_equal(system(cmd), 0);
 }
 
+/*
+ * book_commit_dead()'s pair (DEAD of the committed version, then NVME again) written in one pwrite() is not
+ * all or none for the replay: a write cut short (a crash of the machine before the sync, a SIGKILL in a
+ * write across a page) leaves the DEAD record alone.  N then comes back dead, of its rank, its reads
+ * refused, never with other bytes; a rollback leaves it so (its plan writes it whole next).
+ */
+static void test_commit_dead_pair_torn(void **state) {
+        char dir[64] = "/var/tmp/tierd-book-dead.XXXXXX", cmd[128], why[128];
+        unsigned rolled, lost;
+        uint64_t off;
+        Manager *m;
+        Tensor *n;
+        Job *j;
+        int fd;
+
+        assert_non_null(mkdtemp(dir));
+        m = fixture_new(32 * MiB, setup, dir);
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        book_job(m->book, j);
+        n = fixture_tensor(j, "N", MiB);
+        fixture_host_data(m, n, 0x21);
+        assert_int_equal(fixture_op(m, OP_EVICT, n, LEVEL_NVME), 0);
+        job_commit(j, 1);
+        tensor_commit_dead(n, 3);
+        off = m->book->off;
+        fd = open(m->book->path[m->book->cur], O_WRONLY | O_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, (off_t) off - 8), 0);    /* the NVME record's end never written */
+        close(fd);
+        fixture_free(m);
+
+        m = fixture_new(32 * MiB, setup, dir);
+        j = job_find(m->registry, "j");
+        n = find(m, "j", "N");
+        assert_true(n->commit_dead && n->dead && !copy_valid(n, LEVEL_NVME));  /* (its NVMe copy forgotten) */
+        assert_int_equal(n->dead_rank, 3);
+        assert_int_equal(fixture_op(m, OP_PIN, n, LEVEL_HOST), -ENODATA);
+        assert_int_equal(job_rollback(j, &rolled, &lost, why, sizeof(why)), 0);
+        assert_int_equal(lost, 0);
+        assert_int_equal(rolled, 1);
+        assert_true(n->dead && !n->lost);
+        assert_int_equal(n->dead_rank, 3);
+        fixture_free(m);
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        assert_int_equal(system(cmd), 0);
+}
+
 /* The header's format field of @path set to @format, its crc made again: as another tierd wrote it. */
 static void set_format(const char *path, uint32_t format) {
         uint8_t buf[4096];
@@ -375,6 +422,7 @@ int main(void) {
                 cmocka_unit_test(test_commit_dead_across_a_snapshot_after_a_rollback),
                 cmocka_unit_test(test_commit_of_one_dead_since),
                 cmocka_unit_test(test_commit_dead_by_a_hold),
+                cmocka_unit_test(test_commit_dead_pair_torn),
         };
 
         return fixture_main("book-dead", tests, sizeof(tests) / sizeof(tests[0]));
