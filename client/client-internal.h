@@ -254,11 +254,11 @@ static inline bool tier_valid(int tier) {
         return tier >= 0 && tier < TIER_LEVEL_MAX;
 }
 
-/* Names of jobs and tensors: non-empty UTF-8 text without control characters. */
+/* Names of jobs and tensors: non-empty UTF-8 text without control or bidirectional format characters. */
 static inline bool name_valid(const char *s) {
-        if (!s || !*s || utf8_control(s))
-                return false;
-        return utf8_valid(s, strlen(s));
+        char why[UTF8_NAME_FLAW_MAX];
+
+        return s && *s && !utf8_name_flaw(s, strlen(s), why);
 }
 
 /*

@@ -88,19 +88,21 @@ _public_ int tier_level_from_name(const char *s) {
 }
 
 int name_refusal(char *buf, size_t size, const char *what, const char *name) {
-        char e[NAME_REFUSAL_SAY + 1];
+        char e[NAME_REFUSAL_SAY + 1], why[UTF8_NAME_FLAW_MAX];
+        const char *flaw;
         bool say;
 
         if (!name || !*name) {
                 (void) snprintf(buf, size, "%s name is empty", what);
                 return -EINVAL;
         }
+        flaw = utf8_name_flaw(name, strlen(name), why);
         say = text_escape_len(name) <= NAME_REFUSAL_SAY;
         if (say)
                 (void) text_escape(e, sizeof(e), name);
         (void) snprintf(buf, size, "%s name %s; a %s an older tierd made under such a name was restored under its "
                         "escaped text, %s%s%s (%s lists the name it was restored under, if any)", what,
-                        utf8_control(name) ? "contains control characters" : "is not valid UTF-8", what,
+                        flaw ? flaw : "is not valid UTF-8", what,
                         say ? "'" : "", say ? e : "too long to say here", say ? "'" : "",
                         strcmp(what, "job") == 0 ? "tierctl jobs" : "tierctl tensors JOB");
         return -EINVAL;

@@ -17,9 +17,9 @@
  * locale; a non-finite value (which tierd does not send) is null.
  *
  * Table: job names (client-supplied; one an older tierd restored may hold
- * control characters) and the reasons tierd gives that may name tensors go
- * through util/escape.c's text_escape(): no control character reaches the
- * terminal.  Aligned columns with binary-unit sizes (util/size.c's size_format(),
+ * control or bidirectional format characters) and the reasons tierd gives
+ * that may name tensors go through util/escape.c's text_escape(): no control
+ * or bidirectional format character reaches the terminal.  Aligned columns with binary-unit sizes (util/size.c's size_format(),
  * the same text tierctl writes); an emulated VRAM backend
  * is marked in its row and called out under the table, because numbers
  * from an emulated GPU must never be mistaken for real ones.

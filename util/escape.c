@@ -6,13 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "proto/utf8.h"       /* (header only: utf8_seq()) */
+#include "proto/utf8.h"       /* (header only: utf8_seq(), utf8_unsafe_cp()) */
 #include "util/escape.h"
 #include "util/width.h"
-
-static bool is_control(uint32_t cp) {
-        return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
-}
 
 size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *ret_in, size_t *ret_width) {
         const uint8_t *p = (const uint8_t *) s;
@@ -22,7 +18,7 @@ size_t text_escape_char(const char *s, char out[TEXT_ESCAPE_CHAR_MAX], size_t *r
         if (n == 0) {
                 *ret_in = 1;
                 len = (size_t) snprintf(out, TEXT_ESCAPE_CHAR_MAX, "\\x%02x", *p);
-        } else if (is_control(cp)) {
+        } else if (utf8_unsafe_cp(cp)) {
                 *ret_in = n;
                 len = (size_t) snprintf(out, TEXT_ESCAPE_CHAR_MAX, "\\u%04x", (unsigned) cp);
         } else {
@@ -116,7 +112,7 @@ bool text_needs_escape(const char *s) {
                 uint32_t cp = 0;
                 size_t n = utf8_seq(p, SIZE_MAX, &cp);
 
-                if (n == 0 || is_control(cp))
+                if (n == 0 || utf8_unsafe_cp(cp))
                         return true;
                 p += n;
         }

@@ -12,12 +12,15 @@
 /*
  * text_escape() - @s as text that is safe to print: every control character
  * (Unicode's Cc: C0 U+0000..U+001F, DEL U+007F, C1 U+0080..U+009F) becomes
- * "\u00xx" (lowercase hex; U+009B, CSI, is "\u009b") and every byte that does
- * not start a well-formed UTF-8 sequence (utf8_valid()'s rules) "\xNN"; all
- * else, valid non-ASCII characters included (é, CJK, emoji), is copied as it
- * is.  A backslash is not escaped: a name tierd takes holds no control
- * character, so what is printed is the name, and one that came from an older
- * tierd is told by its escapes.
+ * "\u00xx" (lowercase hex; U+009B, CSI, is "\u009b"), every bidirectional
+ * format character (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069,
+ * which would reorder the text after it) "\uxxxx" (U+202E, RLO, is
+ * "\u202e"): proto/utf8.h utf8_unsafe_cp(), the characters names refuse.
+ * Every byte that does not start a well-formed UTF-8 sequence (utf8_valid()'s
+ * rules) becomes "\xNN"; all else, valid non-ASCII characters included (é,
+ * CJK, emoji), is copied as it is.  A backslash is not escaped: a name tierd
+ * takes holds none of those characters, so what is printed is the name, and
+ * one that came from an older tierd is told by its escapes.
  *
  * Writes at most @size bytes into @buf, the NUL included, and never cuts an
  * escape or a character in two; returns @buf.  @size must be at least 1.
@@ -53,9 +56,10 @@ bool text_needs_escape(const char *s);
 
 /*
  * text_escape_name() - the name a job or tensor named @s (by an older tierd:
- * control characters, bytes not UTF-8) is restored under, at most @max bytes
- * (tierd's max_name, 16..4096): text_escape_dup(@s) when it fits and
- * @tagged is false; else its text cut to @max - TEXT_ESCAPE_NAME_TAG bytes
+ * control or bidirectional format characters, bytes not UTF-8) is restored
+ * under, at most @max bytes (tierd's max_name, 16..4096): text_escape_dup(@s)
+ * when it fits and @tagged is false; else its text cut to @max -
+ * TEXT_ESCAPE_NAME_TAG bytes
  * (never in an escape) followed by "~" and a hash of @s in 8 hex digits, so
  * that two names cut alike stay apart (@tagged: the whole text was taken by
  * another name).  malloc()ed; NULL: out of memory, or @max below 16.

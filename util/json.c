@@ -27,8 +27,11 @@
  *     below U+0020, which RFC 8259 requires, and DEL and the C1 controls
  *     U+0080..U+009F, which it allows, so that a document printed on a
  *     terminal carries none of them raw (U+009B is CSI, which starts an
- *     escape sequence).  Everything else from U+00A0 up passes through as it
- *     is.
+ *     escape sequence).  So are the bidirectional format characters
+ *     (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069: "\u202e"),
+ *     which reorder the text printed after them (proto/utf8.h
+ *     utf8_unsafe_cp(), the rule names follow).  Everything else from U+00A0
+ *     up passes through as it is.
  *   - valid UTF-8 sequences are copied unchanged.
  *   - every byte that does not start a valid sequence is written as \ufffd
  *     (U+FFFD REPLACEMENT CHARACTER) and the scan goes on at the next byte:
@@ -54,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/utf8.h"       /* (header only: utf8_seq(), utf8_unsafe_cp()) */
 #include "util/json.h"
 
 /* The first allocation: most of our documents are a few hundred bytes. */
@@ -154,35 +158,6 @@ static void value_end(JsonWriter *w) {
                 w->done = true;
 }
 
-/* Length of the valid UTF-8 sequence at @s (1..4, at most @n), or 0 if it is not one. */
-static size_t utf8_sequence(const unsigned char *s, size_t n) {
-        uint32_t cp;
-        size_t len;
-
-        if (s[0] < 0x80)
-                return 1;
-        if (s[0] >= 0xc2 && s[0] <= 0xdf)
-                len = 2, cp = s[0] & 0x1f;
-        else if (s[0] >= 0xe0 && s[0] <= 0xef)
-                len = 3, cp = s[0] & 0x0f;
-        else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-                len = 4, cp = s[0] & 0x07;
-        else
-                return 0;               /* continuation byte, 0xc0, 0xc1 (always overlong), 0xf5.. */
-        if (len > n)
-                return 0;               /* cut short */
-        for (size_t i = 1; i < len; i++) {
-                if ((s[i] & 0xc0) != 0x80)
-                        return 0;
-                cp = (cp << 6) | (s[i] & 0x3f);
-        }
-        if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000))
-                return 0;               /* overlong */
-        if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                return 0;               /* beyond Unicode, or a UTF-16 surrogate */
-        return len;
-}
-
 /* @n bytes at @s as a quoted, escaped JSON string. */
 static void writer_string(JsonWriter *w, const char *s, size_t n) {
         const unsigned char *p = (const unsigned char *) s, *end = p + n;
@@ -190,14 +165,15 @@ static void writer_string(JsonWriter *w, const char *s, size_t n) {
         writer_putc(w, '"');
         while (p < end && w->error == 0) {
                 const unsigned char *run = p;
-                char esc[8];
+                char esc[12];   /* \uXXXX: every code point escaped is below U+10000, but not to the compiler */
 
                 /* copy the longest run that needs no escaping in one go */
-                while (p < end && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\') {
-                        size_t len = utf8_sequence(p, (size_t) (end - p));
+                while (p < end && *p != '"' && *p != '\\') {
+                        uint32_t cp;
+                        size_t len = utf8_seq(p, (size_t) (end - p), &cp);
 
-                        if (len == 0 || (len == 2 && p[0] == 0xc2 && p[1] <= 0x9f))
-                                break;  /* (U+0080..U+009F: C1 controls, escaped) */
+                        if (len == 0 || utf8_unsafe_cp(cp))
+                                break;  /* (not UTF-8; controls and bidirectional format characters: escaped) */
                         p += len;
                 }
                 if (p > run)
@@ -227,17 +203,20 @@ static void writer_string(JsonWriter *w, const char *s, size_t n) {
                 case '\t':
                         writer_puts(w, "\\t");
                         break;
-                default:
-                        if (*p < 0x20 || *p == 0x7f) {
-                                (void) snprintf(esc, sizeof(esc), "\\u%04x", *p);
-                                writer_puts(w, esc);
-                        } else if (*p == 0xc2 && utf8_sequence(p, (size_t) (end - p)) == 2) {
-                                (void) snprintf(esc, sizeof(esc), "\\u%04x", p[1]);    /* a C1 control */
-                                writer_puts(w, esc);
-                                p++;
-                        } else
+                default: {
+                        uint32_t cp;
+                        size_t len = utf8_seq(p, (size_t) (end - p), &cp);
+
+                        if (len == 0)
                                 writer_puts(w, "\\ufffd");      /* not valid UTF-8 */
+                        else {
+                                /* a control (C0, DEL, C1) or a bidirectional format character (U+202E) */
+                                (void) snprintf(esc, sizeof(esc), "\\u%04x", (unsigned) cp);
+                                writer_puts(w, esc);
+                                p += len - 1;
+                        }
                         break;
+                }
                 }
                 p++;
         }

@@ -4,8 +4,9 @@
  *
  * Job and tensor names are the clients' and the reasons tierd gives may quote
  * them: a tierd older than the name checks (or restored from its NVMe index
- * by one) may send names with control characters.  They are printed through
- * util/escape.c (controls as \u00xx, bytes that are not UTF-8 as \xNN) and
+ * by one) may send names with control or bidirectional format characters.
+ * They are printed through util/escape.c (controls as \u00xx, bidirectional
+ * format characters as \u202e and the like, bytes that are not UTF-8 as \xNN) and
  * their columns are padded in the columns a terminal gives them, not bytes
  * ("café" takes 4, a CJK character or an emoji 2: util/width.c).
  */

@@ -261,20 +261,19 @@ int verb_bad_option(const char *verb, int opt, char **argv) {
 
 int check_job_name(const char *verb, const char *name) {
         size_t len = strlen(name);
+        char flaw[UTF8_NAME_FLAW_MAX];
         const char *why = NULL;
 
         if (len == 0)
                 why = "is empty";
         else if (len > TIERCTL_NAME_MAX)
                 why = "is too long";
-        else if (utf8_control(name))            /* (said first, as tierd and libtier do) */
-                why = "contains control characters";
-        else if (!utf8_valid(name, len))
-                why = "is not valid UTF-8";
+        else
+                why = utf8_name_flaw(name, len, flaw);  /* (the words of tierd and libtier) */
         if (!why)
                 return 0;
-        fprintf(stderr, "tierctl %s: the job name %s (a job name is UTF-8 text without control characters, "
-                "1 to %d bytes)", verb, why, TIERCTL_NAME_MAX);
+        fprintf(stderr, "tierctl %s: the job name %s (a job name is UTF-8 text without control or bidirectional "
+                "format characters, 1 to %d bytes)", verb, why, TIERCTL_NAME_MAX);
         if (len <= TIERCTL_NAME_MAX) {
                 /*
                  * Not the name itself (it may be anything) but its escaped text, as tierd's refusal says

@@ -63,7 +63,8 @@ int json_print(JsonWriter *w);
 int verb_bad_option(const char *verb, int opt, char **argv);
 /*
  * Could @name be a job's (as libtier and tierd check names: 1 to
- * TIERCTL_NAME_MAX bytes of UTF-8 without control characters)?  0, or
+ * TIERCTL_NAME_MAX bytes of UTF-8 without control or bidirectional format
+ * characters: proto/utf8.h utf8_name_flaw())?  0, or
  * EXIT_USAGE after saying why on stderr, naming "tierctl @verb".
  */
 int check_job_name(const char *verb, const char *name);

@@ -139,9 +139,10 @@ static int log_fullv(int level, int error, const char *file, int line, const cha
         errno = error;  /* so %m prints the caller's error */
         len = vsnprintf(raw, sizeof(raw), fmt, ap);
         /*
-         * Names are the clients' (a job an older tierd let in may hold CSI or ESC): control characters
-         * and bytes that are not UTF-8 are written as text (util/escape.c), so that no message puts an
-         * escape sequence into a terminal (journalctl, stderr).  No format of tierd's holds a newline
+         * Names are the clients' (a job an older tierd let in may hold CSI or ESC, or RLO, U+202E):
+         * control and bidirectional format characters and bytes that are not UTF-8 are written as text
+         * (util/escape.c), so that no message puts an escape sequence into a terminal (journalctl,
+         * stderr) nor reorders the line after a name.  No format of tierd's holds a newline
          * or a tab of its own: every message is one line.  A message cut (names go up to max_name,
          * 4096 bytes; an escape takes up to 6 per byte) says so: what is left of a name may be no job's.
          */

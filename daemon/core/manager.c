@@ -422,8 +422,8 @@ static int manager_restore(Manager *m) {
         if (r < 0)
                 return log_error_errno(r, "Out of memory");
         if (r > 0)
-                log_warning("Drive wear book: %d job name(s) from an older tierd, with control characters or "
-                            "bytes not UTF-8, counted under their escaped text from now on", r);
+                log_warning("Drive wear book: %d job name(s) from an older tierd, with control or bidirectional "
+                            "format characters or bytes not UTF-8, counted under their escaped text from now on", r);
         if (!m->book)
                 return 0;
         if (f.records == 0 && f.jobs == 0)

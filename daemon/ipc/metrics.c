@@ -66,8 +66,9 @@ static void family(FILE *f, const char *name, const char *type, const char *help
 /*
  * A label value between double quotes, escaped as the format requires (\\,
  * \" and \n, its only escapes).  It must be UTF-8 and should hold no other
- * control character: those (from a name an older tierd let in) and bytes that
- * are not UTF-8 are written as util/escape.c's text, backslash escaped: the
+ * control character: those and the bidirectional format characters (from a
+ * name an older tierd let in) and bytes that are not UTF-8 are written as
+ * util/escape.c's text, backslash escaped: the
  * value reads back as "evil\u009b31m", the name tierd restores such a job
  * under (and tierctl prints).
  */

@@ -143,12 +143,15 @@ static void resolve_target(const Rpc *rpc, QuotaKind kind, uint32_t id, const ch
 
 static int check_job_name(const Rpc *rpc, Conn *c, uint64_t seq, const char *name) {
         size_t len = strlen(name);
+        char why[UTF8_NAME_FLAW_MAX];
+        const char *flaw;
 
         if (len > rpc->config->max_name)
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "job name longer than max_name (%u bytes)",
                                         rpc->config->max_name), -ENAMETOOLONG;
-        if (utf8_control(name))
-                return conn_reply_error(c, seq, -EINVAL, "job name contains control characters"), -EINVAL;
+        flaw = utf8_name_flaw(name, len, why);         /* the rule of rpc.c check_name(): no job has such a name */
+        if (flaw)
+                return conn_reply_error(c, seq, -EINVAL, "job name %s", flaw), -EINVAL;
         return 0;
 }
 

@@ -226,23 +226,22 @@ static void on_op_complete(Op *op, int status, const char *error) {
 
 static int check_name(Rpc *r, Conn *c, uint64_t seq, const char *what, const char *name) {
         size_t len = name ? strlen(name) : 0;
+        char why[UTF8_NAME_FLAW_MAX];   /* (utf8_name_flaw(): the one rule of names' characters) */
 
         if (len == 0)
                 return conn_reply_error(c, seq, -EINVAL, "%s name is empty", what), -EINVAL;
         if (len > r->config->max_name)
                 return conn_reply_error(c, seq, -ENAMETOOLONG, "%s name longer than max_name (%u bytes)", what,
                                         r->config->max_name), -ENAMETOOLONG;
-        if (utf8_control(name) || !utf8_valid(name, len)) {
+        if (utf8_name_flaw(name, len, why)) {
                 /* what to do instead: the name restore_name() (state/book-replay.c) gives one from an older tierd */
                 char *e = text_escape_name(name, r->config->max_name, false);     /* (max_name bytes at most) */
                 bool say = e && strlen(e) <= CONN_ERROR_MAX / 2;
 
                 (void) conn_reply_error(c, seq, -EINVAL, "%s name %s; a %s an older tierd made under such a name was "
                                         "restored under its escaped text (cut with '~' and a hash when too long or "
-                                        "taken; tierd's log names it): %s%s%s", what,
-                                        utf8_control(name) ? "contains control characters" : "is not valid UTF-8",
-                                        what, say ? "'" : "", say ? e : "too long to say here, tierctl lists it",
-                                        say ? "'" : "");
+                                        "taken; tierd's log names it): %s%s%s", what, why, what, say ? "'" : "",
+                                        say ? e : "too long to say here, tierctl lists it", say ? "'" : "");
                 free(e);
                 return -EINVAL;
         }

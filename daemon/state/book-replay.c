@@ -788,7 +788,8 @@ static bool reserve_extents(Book *b, NvmeExtent *ext, uint32_t n) {
 
 /*
  * A name an older tierd took holds control characters (C1: 71551ef refuses
- * them) or is not UTF-8: no client could name it again (a Hello, an open by
+ * them), bidirectional format characters (U+202E: refused since) or is not
+ * UTF-8: no client could name it again (a Hello, an open by
  * name are refused), and tierctl would print it escaped.  It is restored under
  * that escaped text (text_escape_name(): "evil\u009b31m"), which a client can
  * name, and said so; cut to max_name with a hash of the old name ("~1f2e3d4c")
@@ -815,11 +816,12 @@ static int restore_name(Registry *reg, Job *j, char **name, char **ret_was) {
         }
         if (j)
                 log_warning("Tensor of job '%s' restored from the NVMe index as '%s': its name, from an older tierd, "
-                            "holds control characters or is not UTF-8, which tierd refuses now", j->name, e);
+                            "holds control or bidirectional format characters or is not UTF-8, which tierd "
+                            "refuses now", j->name, e);
         else
                 log_warning("Job restored from the NVMe index as '%s': its name, from an older tierd, holds control "
-                            "characters or is not UTF-8, which tierd refuses now; its clients attach under the new "
-                            "name (tierctl detach ends it)", e);
+                            "or bidirectional format characters or is not UTF-8, which tierd refuses now; its "
+                            "clients attach under the new name (tierctl detach ends it)", e);
         if (ret_was)
                 *ret_was = *name;
         else

@@ -809,15 +809,15 @@ static void rename_rule(QuotaStore *s, size_t i, char *now) {
                                 len += (size_t) n;
                         }
                 log_warning("A quota set at run time (\"%s\") for a job name from an older tierd, with control "
-                            "characters or bytes not UTF-8 (which tierd refuses now), is dropped (it set %s): "
-                            "job '%s', the name it would govern now, has a quota of its own (tierctl quota get "
-                            "'%s' shows it)",
+                            "or bidi characters or bytes not UTF-8 (which tierd refuses now), is dropped (it set "
+                            "%s): job '%s', the name it would govern now, has a quota of its own (tierctl quota "
+                            "get '%s' shows it)",
                             s->path, len ? values : "nothing", now, now);
                 free(now);
                 quota_rules_remove(&s->runtime, i);
         } else {
                 log_warning("A quota set at run time (\"%s\") for a job name from an older tierd, with control "
-                            "characters or bytes not UTF-8 (which tierd refuses now), governs job '%s' from now "
+                            "or bidi characters or bytes not UTF-8 (which tierd refuses now), governs job '%s' from now "
                             "on: that name's escaped text, which its job is restored under", s->path, now);
                 free(q->job);
                 q->job = now;

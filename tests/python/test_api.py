@@ -174,6 +174,26 @@ class TestNames(unittest.TestCase):
             tier.Client("caf\xe9\xa0", socket="/nonexistent/tierd.sock")
         self.assertEqual(cm.exception.errno, errno.ENOENT)
 
+    def test_names_without_bidi_characters(self) -> None:
+        """The bidirectional format characters (Unicode's Bidi_Control) are refused before connecting, named by
+        their code point, with the escaped text (as util/escape.c writes it) an older tierd's job was restored
+        under: printed raw, "abc\\u202egpj.exe" reads "abcexe.jpg".  They were sent to tierd.  Their neighbours
+        (ZWJ U+200D) are text."""
+        for ch in "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069":
+            with self.subTest(ch=f"U+{ord(ch):04X}"), self.assertRaises(ValueError) as cm:
+                tier.Client(f"abc{ch}gpj.exe", socket="/nonexistent/tierd.sock")
+            self.assertEqual(str(cm.exception),
+                             f"job name contains the bidirectional format character U+{ord(ch):04X}; a job an older "
+                             f"tierd made under such a name was restored under its escaped text, 'abc\\u{ord(ch):04x}"
+                             "gpj.exe' (tierctl jobs lists the name it was restored under, if any)")
+        with self.assertRaises(ValueError) as cm:
+            tier._base._name("w\u2069\x01", "tensor")
+        self.assertIn("tensor name contains control characters; ", str(cm.exception))  # first, as libtier says it
+        self.assertIn(", 'w\\u2069\\u0001' (tierctl tensors JOB lists", str(cm.exception))
+        with self.assertRaises(tier.TierError) as cm:
+            tier.Client("a\u200db\u2010\u202f\u206a", socket="/nonexistent/tierd.sock")
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+
     def test_names_refusal_says_escaped_text(self) -> None:
         """A refused name says the escaped text (as tierd and libtier do: util/escape.c) a job or tensor an older
         tierd made under it was restored under; it said the name's Python repr ('evil\x9b31m'), which is no

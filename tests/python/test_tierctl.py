@@ -129,13 +129,15 @@ class TestTierctl(tierd.DaemonTestCase):
                 self.assertEqual(p.stdout, "")
 
     def test_malformed_job_name(self) -> None:
-        """A job name no job can have (control characters, not UTF-8, over 4096 bytes) is a usage error (2)
+        """A job name no job can have (control or bidi characters, not UTF-8, over 4096 bytes) is a usage error (2)
         for every verb that takes one, said before asking tierd: it was 'no job' (1), or sent as is."""
         # with the escaped text (util/escape.c, as tierd and libtier say it) a job an older tierd made under it was
         # restored under: it was not said; one too long to say is not said, nor cut
         names = [("a\tb", "contains control characters", "'a\\u0009b'"),
                  ("a\x7fb", "contains control characters", "'a\\u007fb'"),
                  ("a\x9bb", "contains control characters", "'a\\u009bb'"),  # C1: U+009B, a terminal's CSI
+                 ("abc\u202egpj.exe", "contains the bidirectional format character U+202E",  # reads "abcexe.jpg"
+                  "'abc\\u202egpj.exe'"),
                  ("a\udcffb", "is not valid UTF-8", "'a\\xffb'"),  # the byte 0xff, through surrogateescape
                  ("\x01" * 100, "contains control characters", "too long to say here"),
                  ("j" * 4097, "is too long", None)]

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * test-book-names.c: a job or tensor an older tierd named with control characters or bytes not UTF-8
+ * test-book-names.c: a job or tensor an older tierd named with control or bidi characters or bytes not UTF-8
  * comes back from the NVMe index under a name a client can give (book-replay.c restore_name()).
  */
 
@@ -107,6 +107,32 @@ static void test_restore_escapes_control_names(void **state) {
         fixture_free(m);
         dir_done();
         free(tagged);
+}
+
+/*
+ * A job or tensor an older tierd took with a bidirectional format character (U+202E RLO, U+2066 LRI:
+ * tierd refuses them now) comes back under its escaped name, with its data, as one with a control
+ * character does (it came back as it was, its name printed raw).
+ */
+static void test_restore_escapes_bidi_names(void **state) {
+        Manager *m;
+        Job *j;
+
+        dir_new();
+        m = start();
+        j = book_fx_job(m, "abc\xe2\x80\xae" "gpj.exe");
+        book_fx_written(m, fixture_tensor(j, "w\xe2\x81\xa6", MiB), 0x45);
+        fixture_free(m);
+
+        m = start();
+        assert_null(job_find(m->registry, "abc\xe2\x80\xae" "gpj.exe"));
+        j = job_find(m->registry, "abc\\u202egpj.exe");
+        assert_non_null(j);
+        assert_int_equal(j->n_tensors, 1);
+        assert_null(book_fx_find(m, "abc\\u202egpj.exe", "w\xe2\x81\xa6"));
+        book_fx_check_bytes(m, book_fx_find(m, "abc\\u202egpj.exe", "w\\u2066"), 0x45);
+        fixture_free(m);
+        dir_done();
 }
 
 /*
@@ -324,6 +350,7 @@ static void test_restore_dropped_rule_logged(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_restore_escapes_control_names),
+                cmocka_unit_test(test_restore_escapes_bidi_names),
                 cmocka_unit_test(test_restore_long_escaped_name),
                 cmocka_unit_test(test_restore_quota_and_wear_follow_names),
                 cmocka_unit_test(test_restore_renames_not_saved),

@@ -139,6 +139,16 @@ static void test_name_refusal_says_escaped_name(void **state) {
                             "job name contains control characters; a job an older tierd made under such a name was "
                             "restored under its escaped text, 'evil\\u009b31m' (tierctl jobs lists the name it was "
                             "restored under, if any)");
+        /* a bidirectional format character, named by its code point (it was taken: -ENOENT, no tierd) */
+        assert_int_equal(tier_client_new("/nonexistent", "abc\xe2\x80\xae" "gpj.exe", 0, &p), -EINVAL);
+        assert_string_equal(tier_client_last_error(NULL),
+                            "job name contains the bidirectional format character U+202E; a job an older tierd made "
+                            "under such a name was restored under its escaped text, 'abc\\u202egpj.exe' (tierctl jobs "
+                            "lists the name it was restored under, if any)");
+        assert_int_equal(tier_tensor_create(&c, "w\xe2\x81\xa9", 1, &t), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(&c), "tensor name contains the bidirectional format character "
+                                                          "U+2069; "));
+        assert_non_null(strstr(tier_client_last_error(&c), ", 'w\\u2069' (tierctl tensors JOB"));
         assert_int_equal(tier_client_new("/nonexistent", "a\xff" "b", 0, &p), -EINVAL);
         assert_non_null(strstr(tier_client_last_error(NULL), "job name is not valid UTF-8; "));
         assert_non_null(strstr(tier_client_last_error(NULL), ", 'a\\xffb' (tierctl jobs"));
@@ -505,6 +515,28 @@ static void test_status_escapes_names(void **state) {
         }
 }
 
+/*
+ * A job name with bidirectional format characters (from an older tierd: U+202E RLO, U+2066 LRI) is escaped in
+ * the table and the JSON as controls are: printed raw, "abc<RLO>gpj.exe" reads "abcexe.jpg" and reorders the
+ * rest of its row.
+ */
+static void test_status_escapes_bidi_names(void **state) {
+        FakeStatus f;
+        char *out = NULL;
+
+        fake_status(&f, "emulated");
+        f.jobs[0].name = (char *) "abc\xe2\x80\xae" "gpj.exe";
+        f.jobs[1].name = (char *) "\xe2\x81\xa6" "b";
+        for (int k = 0; k < 2; k++) {
+                assert_int_equal(status_format(&f.s, k ? TIER_STATUS_JSON : TIER_STATUS_TABLE, &out), 0);
+                assert_null(strstr(out, "\xe2\x80\xae"));
+                assert_null(strstr(out, "\xe2\x81\xa6"));
+                assert_non_null(strstr(out, "abc\\u202egpj.exe"));
+                assert_non_null(strstr(out, "\\u2066b"));
+                free(out);
+        }
+}
+
 /* The display column (characters, not bytes) where @what starts on the first line of @out that holds @line. */
 static size_t column_of(const char *out, const char *line, const char *what) {
         const char *l = strstr(out, line), *w;
@@ -830,6 +862,7 @@ int main(void) {
                 cmocka_unit_test(test_status_table),
                 cmocka_unit_test(test_status_table_empty),
                 cmocka_unit_test(test_status_escapes_names),
+                cmocka_unit_test(test_status_escapes_bidi_names),
                 cmocka_unit_test(test_status_table_aligned),
                 cmocka_unit_test(test_status_reserved),
                 cmocka_unit_test(test_status_format_einval),

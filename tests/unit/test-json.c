@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "proto/macro.h"
+#include "proto/utf8.h"
 #include "util/escape.h"
 #include "util/json.h"
 
@@ -102,6 +103,83 @@ static void test_escape_del_c1(void **state) {
         assert_string("\x1b[31m", "\"\\u001b[31m\"");
         /* a lone 0xc2 is not C1: it is no UTF-8 at all */
         assert_string("\xc2" "a", "\"\\ufffda\"");
+}
+
+/*
+ * The bidirectional format characters (Unicode's Bidi_Control: U+061C,
+ * U+200E, U+200F, U+202A..U+202E, U+2066..U+2069) are escaped as the controls
+ * are, in JSON and in text output (util/escape.c): printed raw, a job named
+ * "abc<U+202E>gpj.exe" reads "abcexe.jpg" (they were copied as they are).
+ * Their neighbours (U+061B, ZWJ U+200D, U+2010, U+202F, U+2065, U+206A) are text.
+ */
+static void test_escape_bidi(void **state) {
+        static const struct {
+                const char *raw, *esc;
+        } bidi[] = {
+                { "\xd8\x9c", "\\u061c" },      { "\xe2\x80\x8e", "\\u200e" }, { "\xe2\x80\x8f", "\\u200f" },
+                { "\xe2\x80\xaa", "\\u202a" }, { "\xe2\x80\xab", "\\u202b" }, { "\xe2\x80\xac", "\\u202c" },
+                { "\xe2\x80\xad", "\\u202d" }, { "\xe2\x80\xae", "\\u202e" }, { "\xe2\x81\xa6", "\\u2066" },
+                { "\xe2\x81\xa7", "\\u2067" }, { "\xe2\x81\xa8", "\\u2068" }, { "\xe2\x81\xa9", "\\u2069" },
+        };
+        static const char *const text[] = {
+                "\xd8\x9b", "\xe2\x80\x8d", "\xe2\x80\x90", "\xe2\x80\xaf", "\xe2\x81\xa5", "\xe2\x81\xaa",
+        };
+        char in[32], want[32], buf[32];
+
+        for (size_t i = 0; i < ELEMENTSOF(bidi); i++) {
+                (void) snprintf(in, sizeof(in), "a%sb", bidi[i].raw);
+                (void) snprintf(want, sizeof(want), "\"a%sb\"", bidi[i].esc);
+                assert_string(in, want);
+                (void) snprintf(want, sizeof(want), "a%sb", bidi[i].esc);
+                assert_string_equal(text_escape(buf, sizeof(buf), in), want);
+                assert_true(text_needs_escape(in));
+                assert_int_equal(text_escape_len(in), 8);
+                assert_int_equal(text_escape_width(in), 8);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(text); i++) {
+                (void) snprintf(in, sizeof(in), "a%sb", text[i]);
+                (void) snprintf(want, sizeof(want), "\"a%sb\"", text[i]);
+                assert_string(in, want);
+                assert_string_equal(text_escape(buf, sizeof(buf), in), in);
+                assert_false(text_needs_escape(in));
+        }
+        assert_string("abc\xe2\x80\xae" "gpj.exe", "\"abc\\u202egpj.exe\"");
+        assert_string_equal(text_escape(buf, sizeof(buf), "abc\xe2\x80\xae" "gpj.exe"), "abc\\u202egpj.exe");
+        /* cut short: never inside the escape */
+        assert_string_equal(text_escape(buf, 7, "ab\xe2\x80\xae"), "ab");
+}
+
+/*
+ * utf8_name_flaw(), the one rule of names (tierd, libtier, tierctl): controls
+ * said first, then the first bidirectional format character by its code
+ * point, then bytes that are not UTF-8.
+ */
+static void test_name_flaw(void **state) {
+        static const struct {
+                const char *name, *why;
+        } cases[] = {
+                { "job-1 caf\xc3\xa9 \xe5\xad\xa6", NULL },
+                { "a\xe2\x80\x8d" "b\xe2\x81\xaa", NULL },                     /* ZWJ, U+206A: text */
+                { "a\tb", "contains control characters" },
+                { "evil\xc2\x9b" "31m", "contains control characters" },
+                { "abc\xe2\x80\xae" "gpj.exe", "contains the bidirectional format character U+202E" },
+                { "\xd8\x9c" "a\xe2\x80\xae", "contains the bidirectional format character U+061C" },
+                { "a\xe2\x81\xa9", "contains the bidirectional format character U+2069" },
+                { "\xff\xe2\x80\x8f", "contains the bidirectional format character U+200F" },
+                { "\xe2\x80\xae\x7f", "contains control characters" },
+                { "a\xff", "is not valid UTF-8" },
+                { "a\xe2\x80", "is not valid UTF-8" },
+        };
+        char buf[UTF8_NAME_FLAW_MAX];
+
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                const char *why = utf8_name_flaw(cases[i].name, strlen(cases[i].name), buf);
+
+                if (cases[i].why)
+                        assert_string_equal(why, cases[i].why);
+                else
+                        assert_null(why);
+        }
 }
 
 /*
@@ -622,6 +700,8 @@ int main(void) {
                 cmocka_unit_test(test_escape_controls),
                 cmocka_unit_test(test_escape_quotes),
                 cmocka_unit_test(test_escape_del_c1),
+                cmocka_unit_test(test_escape_bidi),
+                cmocka_unit_test(test_name_flaw),
                 cmocka_unit_test(test_text_escape),
                 cmocka_unit_test(test_text_escape_width),
                 cmocka_unit_test(test_utf8_valid),

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-log.c: daemon/base/log.c: a message's control characters are written as text; a message cut says so. */
+/* test-log.c: daemon/base/log.c: a message's control (and bidi) characters are written as text; a cut says so. */
 
 #include <fcntl.h>
 #include <setjmp.h>
@@ -15,7 +15,10 @@
 
 #include "daemon/base/log.h"
 
-/* A job named with CSI, ESC, DEL and a byte that is not UTF-8: its log line holds their escapes. */
+/*
+ * A job named with CSI, ESC, DEL and a byte that is not UTF-8, or with a bidirectional format character
+ * (U+202E), which reorders the rest of the line: its log line holds their escapes.
+ */
 static void test_log_escapes_names(void **state) {
         static const char evil[] = "evil\xc2\x9b" "31m\x1b[2J\x7f\xff caf\xc3\xa9";
         char buf[4096];
@@ -30,6 +33,7 @@ static void test_log_escapes_names(void **state) {
         fflush(stderr);
         assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
         log_job(LOG_WARNING, 0, evil, "job '%s' restored", evil);
+        log_warning("job '%s' restored", "abc\xe2\x80\xae" "gpj.exe");      /* U+202E (RLO): reads "abcexe.jpg" */
         log_warning("plain %d", 7);
         fflush(stderr);
         assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
@@ -39,6 +43,7 @@ static void test_log_escapes_names(void **state) {
         assert_true(n > 0);
         buf[n] = '\0';
         assert_string_equal(buf, "tierd[warning]: job 'evil\\u009b31m\\u001b[2J\\u007f\\xff caf\xc3\xa9' restored\n"
+                                 "tierd[warning]: job 'abc\\u202egpj.exe' restored\n"
                                  "tierd[warning]: plain 7\n");
 }
 

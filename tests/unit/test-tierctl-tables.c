@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tierctl's tables (client/tierctl/tables.c): names a client chose, with
- * control characters (from a tierd older than its name checks), are printed
- * only escaped, and columns are counted as a terminal shows them (CJK and
- * emoji 2, combining marks 0), not in bytes.
+ * control or bidirectional format characters (from a tierd older than its
+ * name checks), are printed only escaped, and columns are counted as a
+ * terminal shows them (CJK and emoji 2, combining marks 0), not in bytes.
  */
 
 #include <errno.h>
@@ -95,6 +95,31 @@ static void test_jobs_table(void **state) {
         assert_int_equal(column_of(out, evil_escaped, "4001"), column_of(out, "NAME", "UID") + 3 - 4);      /* right-aligned: their ends */
         assert_int_equal(column_of(out, cafe, "4002"), column_of(out, evil_escaped, "4001"));
         assert_int_equal(column_of(out, "ab  ", "4003"), column_of(out, evil_escaped, "4001"));
+        free(out);
+}
+
+/*
+ * A name with bidirectional format characters (U+202E RLO, U+2067 RLI) is printed escaped: raw, "abc<RLO>gpj.exe"
+ * reads "abcexe.jpg", and an RLO reorders the rest of its row (the UID column) on a terminal.
+ */
+static void test_jobs_table_bidi(void **state) {
+        struct tier_job_info jobs[2] = {
+                { .id = 11, .name = "abc\xe2\x80\xae" "gpj.exe", .uid = 4001 },
+                { .id = 12, .name = "\xe2\x81\xa7" "x\xd8\x9c", .uid = 4002 },
+        };
+        char *out = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&out, &size);
+
+        assert_non_null(f);
+        jobs_table(f, jobs, 2);
+        assert_int_equal(fclose(f), 0);
+        assert_null(strstr(out, "\xe2\x80\xae"));
+        assert_null(strstr(out, "\xe2\x81\xa7"));
+        assert_null(strstr(out, "\xd8\x9c"));
+        assert_non_null(strstr(out, "abc\\u202egpj.exe"));
+        assert_non_null(strstr(out, "\\u2067x\\u061c"));
+        assert_int_equal(column_of(out, "\\u2067x", "4002"), column_of(out, "abc\\u202e", "4001"));
         free(out);
 }
 
@@ -233,6 +258,7 @@ static void test_reason_text(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_jobs_table),
+                cmocka_unit_test(test_jobs_table_bidi),
                 cmocka_unit_test(test_tensors_table),
                 cmocka_unit_test(test_quota_rows),
                 cmocka_unit_test(test_wide_names),

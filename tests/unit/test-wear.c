@@ -588,7 +588,7 @@ static void test_statefile_dir_acl(void **state) {
 
 static void test_metrics_text(void **state) {
         Tier__StatusReply sr = TIER__STATUS_REPLY__INIT;
-        Tier__JobStatus job = TIER__JOB_STATUS__INIT, *jobs[] = { &job };
+        Tier__JobStatus job = TIER__JOB_STATUS__INIT, bidi = TIER__JOB_STATUS__INIT, *jobs[] = { &job, &bidi };
         Tier__TargetStatus tg = TIER__TARGET_STATUS__INIT, *tgs[] = { &tg };
         Tier__SmartStatus smart = TIER__SMART_STATUS__INIT;
         Tier__LinkStatus moved = TIER__LINK_STATUS__INIT, *movedp[] = { &moved };
@@ -648,15 +648,16 @@ static void test_metrics_text(void **state) {
 }
 
 /*
- * A job name with control characters (from a tierd older than its name
- * checks) or bytes that are not UTF-8: its label value holds none of them
- * raw but their escaped text, backslash escaped, so the exposition stays
+ * A job name with control or bidirectional format characters (from a tierd
+ * older than its name checks) or bytes that are not UTF-8: its label value
+ * holds none of them raw but their escaped text, backslash escaped, so the
+ * exposition stays
  * valid (promtool's check, when it is installed) and reads back as
  * "evil\u009b31m...", the name tierd restores such a job under.
  */
 static void test_metrics_label_controls(void **state) {
         Tier__StatusReply sr = TIER__STATUS_REPLY__INIT;
-        Tier__JobStatus job = TIER__JOB_STATUS__INIT, *jobs[] = { &job };
+        Tier__JobStatus job = TIER__JOB_STATUS__INIT, bidi = TIER__JOB_STATUS__INIT, *jobs[] = { &job, &bidi };
         char *text = NULL, path[] = "/tmp/test-wear-metrics-XXXXXX", cmd[256];
         size_t len = 0;
         int fd, status;
@@ -666,11 +667,16 @@ static void test_metrics_label_controls(void **state) {
         job.name = (char *) "evil\xc2\x9b" "31m\x1b[2J\x7f\xff caf\xc3\xa9 a\\b";
         job.id = 12;
         job.wear_written = 77;
-        sr.n_jobs = 1;
+        bidi.name = (char *) "abc\xe2\x80\xae" "gpj.exe";      /* U+202E (RLO): reads "abcexe.jpg" on a terminal */
+        bidi.id = 13;
+        bidi.wear_written = 78;
+        sr.n_jobs = 2;
         sr.jobs = jobs;
         assert_int_equal(metrics_render(&sr, &text, &len), 0);
         assert_non_null(strstr(text, "tierd_job_wear_written_bytes_total{job_name=\"evil\\\\u009b31m\\\\u001b[2J"
                                      "\\\\u007f\\\\xff caf\xc3\xa9 a\\\\b\"} 77\n"));
+        assert_non_null(strstr(text, "tierd_job_wear_written_bytes_total{job_name=\"abc\\\\u202egpj.exe\"} 78\n"));
+        assert_null(strstr(text, "\xe2\x80\xae"));
         for (const unsigned char *p = (const unsigned char *) text; *p; p++)
                 assert_true((*p >= 0x20 || *p == '\n') && *p != 0x7f && *p != 0xff &&
                             !(p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f));

@@ -147,12 +147,23 @@ def _is_control(ch: str) -> bool:
     return ch < "\x20" or "\x7f" <= ch <= "\x9f"  # C0, DEL and C1 (U+009B: a terminal's CSI)
 
 
+#: Unicode's Bidi_Control characters (proto/utf8.h utf8_bidi_cp()): ALM, LRM, RLM, LRE..RLO, LRI..PDI. Printed, they
+#: reorder the text after them: "abc\u202egpj.exe" reads "abcexe.jpg" (Trojan Source).
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _is_unsafe(ch: str) -> bool:
+    """A character no name holds and util/escape.c escapes (proto/utf8.h utf8_unsafe_cp()): control or bidi."""
+    return _is_control(ch) or ch in _BIDI
+
+
 def _escaped(name: str) -> str:
     """@name as util/escape.c's text_escape() writes the bytes it stands for (os.fsencode()'s: "\\udcff" is the
-    byte 0xff): controls as \\u00XX, each byte that starts no well-formed UTF-8 sequence as \\xNN."""
+    byte 0xff): controls and bidirectional format characters as \\uXXXX, each byte that starts no well-formed UTF-8
+    sequence as \\xNN."""
     b = b"".join(bytes([ord(ch) - 0xDC00]) if "\udc80" <= ch <= "\udcff" else ch.encode("utf-8", "surrogatepass")
                  for ch in name)
-    return "".join(f"\\u{ord(ch):04x}" if _is_control(ch) else ch for ch in b.decode("utf-8", "backslashreplace"))
+    return "".join(f"\\u{ord(ch):04x}" if _is_unsafe(ch) else ch for ch in b.decode("utf-8", "backslashreplace"))
 
 
 def _name_refusal(name: str, what: str, why: str) -> ValueError:
@@ -171,8 +182,11 @@ def _name(name: str, what: str) -> bytes:
         raise TypeError(f"a {what} name is a str, not {type(name).__name__}")
     if not name:
         raise ValueError(f"a {what} name must not be empty")
-    if any(_is_control(ch) for ch in name):  # said first, as libtier and tierd do
+    if any(_is_control(ch) for ch in name):  # said first, as libtier and tierd do (proto/utf8.h utf8_name_flaw())
         raise _name_refusal(name, what, "contains control characters")
+    bidi = next((ch for ch in name if ch in _BIDI), None)
+    if bidi is not None:
+        raise _name_refusal(name, what, f"contains the bidirectional format character U+{ord(bidi):04X}")
     try:
         return name.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate (os.fsdecode's "\udcff"): not text tierd takes
