@@ -60,6 +60,8 @@
 #include "daemon/base/config.h"
 #include "daemon/base/quota-rule.h"
 #include "proto/macro.h"
+#include "proto/utf8.h"
+#include "util/escape.h"
 #include "util/size.h"
 
 /* Largest config file read; anything bigger is surely not a config file. */
@@ -356,9 +358,24 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
                 if (r < 0)
                         return r;
                 if (strcmp(name, "job") == 0) {
+                        char flaw[UTF8_NAME_FLAW_MAX];
+
                         r = refuse_inline_comment(value, filename, line, st->section, name, ret_error);
                         if (r < 0)
                                 return r;
+                        /*
+                         * No job has such a name (rpc.c refuses it), and one an older tierd took is restored
+                         * under its escaped text: a rule for it would govern nothing, without a word.  (The
+                         * quota state file keeps such names: quota.c renames them, quota-rule.c takes them.)
+                         */
+                        if (utf8_name_flaw(value, strlen(value), flaw)) {
+                                _cleanup_free_ char *e = text_escape_dup(value);
+
+                                return line_error(ret_error, filename, line, st->section, "job: the job name %s, "
+                                                  "which no job has; a job an older tierd made under it is "
+                                                  "restored under its escaped text: write '%s' (tierctl jobs "
+                                                  "lists it)", flaw, e ? e : "?");
+                        }
                 }
                 r = quota_rule_set_key(&st->quota, name, value, &why);
                 if (r == -EINVAL)

@@ -164,6 +164,26 @@ static void test_inline_comment_in_job(_unused_ void **state) {
         quota_rules_clear(&rs);
 }
 
+/*
+ * A [quota] job name no job can have (a bidirectional format character, a C1 control, bytes not UTF-8):
+ * refused, saying the escaped text such a job is restored under.  It was taken, governing nothing (a job
+ * of that name from an older tierd is restored under the escaped text).  The quota state file takes it:
+ * quota.c renames such a rule when tierd starts.
+ */
+static void test_job_name_characters(_unused_ void **state) {
+        _cleanup_free_ char *error = NULL;
+        QuotaRules rs = {};
+
+        parse_fails("[quota]\njob = abc\xe2\x80\xae" "gpj.exe\nhost = 1G\n", "test.conf:2: [quota] job",
+                    "contains the bidirectional format character U+202E", "write 'abc\\u202egpj.exe'", NULL);
+        parse_fails("[quota]\njob = evil\xc2\x9b" "31m\n", "contains control characters", "'evil\\u009b31m'", NULL);
+        parse_fails("[quota]\njob = a\xff\n", "is not valid UTF-8", "'a\\xff'", NULL);
+        if (quota_rules_parse_text(&rs, "[quota]\njob = abc\xe2\x80\xae" "gpj.exe\nhost = 1G\n", "quotas", &error) < 0)
+                fail_msg("the state file's job name refused: %s", error);
+        assert_string_equal(rs.rules[0].job, "abc\xe2\x80\xae" "gpj.exe");
+        quota_rules_clear(&rs);
+}
+
 /* A byte order mark (an editor's "UTF-8 with BOM") is said as such, not as "missing '=' in '[daemon]'". */
 static void test_byte_order_mark(_unused_ void **state) {
         parse_fails("\xEF\xBB\xBF[daemon]\nlog_level = info\n", "test.conf:1:", "byte order mark", NULL);
@@ -217,6 +237,7 @@ int main(void) {
                 cmocka_unit_test(test_inline_comment_in_path),
                 cmocka_unit_test(test_inline_comment_only_in_files),
                 cmocka_unit_test(test_inline_comment_in_job),
+                cmocka_unit_test(test_job_name_characters),
                 cmocka_unit_test(test_byte_order_mark),
         };
 
