@@ -23,6 +23,7 @@
 
 #include "client/client-internal.h"
 #include "client/tier-private.h"
+#include "tests/unit/screen-columns.h"
 #include "proto/tier.pb-c.h"
 
 /* ---- names and error texts ---------------------------------------------------------- */
@@ -537,7 +538,7 @@ static void test_status_escapes_bidi_names(void **state) {
         }
 }
 
-/* The display column (characters, not bytes) where @what starts on the first line of @out that holds @line. */
+/* The display column (on a terminal: screen-columns.h) where @what starts on the first line of @out that holds @line. */
 static size_t column_of(const char *out, const char *line, const char *what) {
         const char *l = strstr(out, line), *w;
         size_t col = 0;
@@ -547,18 +548,17 @@ static size_t column_of(const char *out, const char *line, const char *what) {
                 l--;
         w = strstr(l, what);
         assert_non_null(w);
-        for (const char *p = l; p < w; p++)
-                col += ((unsigned char) *p & 0xc0) != 0x80;     /* not a continuation byte */
+        col = screen_columns(l, w);
         return col;
 }
 
-/* Table columns are counted in characters: a non-ASCII or escaped name does not push its row's cells right. */
+/* Table columns are counted on the screen: a non-ASCII, wide or escaped name does not push its row's cells right. */
 static void test_status_table_aligned(void **state) {
         FakeStatus f;
         char *out = NULL;
 
         fake_status(&f, "memfd");
-        f.jobs[0].name = (char *) "caf\xc3\xa9-\xe5\xad\xa6\xe7\xbf\x92";  /* 7 characters, 11 bytes */
+        f.jobs[0].name = (char *) "caf\xc3\xa9-\xe5\xad\xa6\xe7\xbf\x92";  /* 7 characters, 9 columns, 11 bytes */
         f.jobs[0].uid = 4242;
         f.jobs[1].name = (char *) "abcdefgh";
         f.jobs[1].uid = 4343;

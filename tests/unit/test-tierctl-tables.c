@@ -19,6 +19,7 @@
 #include <tier.h>
 
 #include "client/tierctl/tables.h"
+#include "tests/unit/screen-columns.h"
 
 /* U+009B (CSI), ESC, DEL and a byte that is not UTF-8 */
 static const char evil[] = "evil\xc2\x9b" "31m\x1b[2J\x7f\xff";
@@ -35,28 +36,9 @@ static void assert_clean(const char *out) {
 
 /*
  * Names whose characters take other than one column: CJK (2 each), an emoji (2) and a combining
- * mark (0); each 4 columns on a terminal, as "abcd".  The test's own count of the columns, for the
- * characters it uses (util/width.c has the whole table).
+ * mark (0); each 4 columns on a terminal, as "abcd" (screen-columns.h: the test's own count).
  */
 static const char *const wide[] = { "\xe5\xad\xa6\xe7\xbf\x92", "\xf0\x9f\x98\x80ru", "e\xcc\x81xyz", "abcd" };
-
-static size_t screen_columns(const char *from, const char *to) {
-        size_t col = 0;
-
-        for (const unsigned char *p = (const unsigned char *) from; p < (const unsigned char *) to;) {
-                uint32_t cp = *p;
-                size_t n = *p < 0x80 ? 1 : *p < 0xe0 ? 2 : *p < 0xf0 ? 3 : 4;
-
-                if (n > 1)
-                        cp = *p & (0x3f >> (n - 1));
-                for (size_t i = 1; i < n; i++)
-                        cp = cp << 6 | (p[i] & 0x3f);
-                p += n;
-                col += (cp >= 0x4e00 && cp <= 0x9fff) || (cp >= 0x1f300 && cp <= 0x1faff) ? 2 :
-                       cp >= 0x300 && cp <= 0x36f ? 0 : 1;
-        }
-        return col;
-}
 
 /* The column (on a terminal, not bytes) where @what starts on the first line of @out that holds @line. */
 static size_t column_of(const char *out, const char *line, const char *what) {
