@@ -18,6 +18,7 @@
 #include <tier.h>
 
 #include "client/tierctl/tierctl.h"
+#include "proto/macro.h"
 #include "util/json.h"
 #include "util/time-util.h"
 
@@ -38,6 +39,9 @@ void trace_help(FILE *f) {
                 "  --json-summary       print a JSON summary (records, dropped, bytes per link)\n");
 }
 
+/* The signals that stop the recording early (unless ignored as inherited: nohup). */
+static const int stop_signals[] = { SIGINT, SIGTERM, SIGHUP };
+
 /* Whether a signal of @set is pending (blocked, not yet taken). */
 static bool signal_pending(const sigset_t *set) {
         sigset_t pending;
@@ -50,7 +54,7 @@ static bool signal_pending(const sigset_t *set) {
         return false;
 }
 
-/* Wait @seconds, or until SIGINT/SIGTERM/SIGHUP (blocked by the caller). */
+/* Wait @seconds, or until a signal of @set (SIGINT/SIGTERM/SIGHUP not ignored: blocked by the caller). */
 static void wait_or_signal(const sigset_t *set, unsigned seconds) {
         uint64_t until = now_ns() + (uint64_t) seconds * NSEC_PER_SEC;
 
@@ -173,11 +177,20 @@ int verb_trace(int argc, char **argv) {
                         "output; write it to a file (-o trace.json) for a JSON summary there\n");
                 return EXIT_USAGE;
         }
-        /* Ctrl-C, a TERM or a hangup ends the wait, not tierctl: the trace is still read and written */
+        /*
+         * Ctrl-C, a TERM or a hangup ends the wait, not tierctl: the trace is still read and written.
+         * One ignored as inherited (nohup: SIGHUP; a shell's background job: SIGINT) stays ignored: a
+         * blocked signal is kept pending even so, and sigtimedwait() takes it (the hangup nohup was
+         * for stopped the recording; one while connecting dropped it, exit 1 without a word).
+         */
         sigemptyset(&set);
-        sigaddset(&set, SIGINT);
-        sigaddset(&set, SIGTERM);
-        sigaddset(&set, SIGHUP);
+        for (size_t i = 0; i < ELEMENTSOF(stop_signals); i++) {
+                struct sigaction sa;
+
+                if (sigaction(stop_signals[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+                        continue;
+                sigaddset(&set, stop_signals[i]);
+        }
         if (strcmp(out, "-") == 0) {
                 fd = STDOUT_FILENO;
         } else if ((exists = lstat(out, &st) == 0) && !S_ISREG(st.st_mode)) {

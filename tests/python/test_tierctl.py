@@ -692,6 +692,58 @@ class TestTierctl(tierd.DaemonTestCase):
         # the trace was stopped: another one starts
         self.ctl("trace", "--seconds", "1", "-o", os.path.join(d, "next.json"))
 
+    def test_trace_hangup_ignored(self) -> None:
+        """Under nohup (SIGHUP ignored, as inherited) a hangup is ignored: the recording runs its time and the
+        file is written.  tierctl blocked SIGHUP whatever its disposition, so a hangup while it connected
+        stayed pending: it dropped the recording and, the signal ignored once unblocked, exited 1 without a
+        word, leaving the file as it was; one during the recording stopped it early (sigtimedwait() takes an
+        ignored signal that is blocked).  tierd is stopped (SIGSTOP) until the hangup is sent, so that it
+        lands while tierctl connects whatever the timing; then tierctl's SIGHUP is seen ignored and not
+        blocked (/proc/PID/status) while it records, and Ctrl-C ends the recording."""
+        if os.geteuid() != 0:
+            self.skipTest("tracing needs root or group tier-admin")
+        assert self.d.proc is not None
+        d = tempfile.mkdtemp(prefix="nohup.", dir=self.d.dir)
+        out = os.path.join(d, "trace.json")
+        with open(out, "w") as f:
+            f.write("earlier")
+
+        def sig_mask(pid: int, field: str) -> int:
+            with open(f"/proc/{pid}/status") as f:
+                return int(next(ln for ln in f if ln.startswith(field + ":")).split()[1], 16)
+
+        def nohup() -> None:  # in the child, before exec: what nohup(1) does
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+        hup = 1 << (signal.SIGHUP - 1)
+        os.kill(self.d.proc.pid, signal.SIGSTOP)
+        p = None
+        try:
+            p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "--timeout", "600", "trace",
+                                  "--seconds", "600", "-o", out],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=nohup)
+            while not sig_mask(p.pid, "SigBlk") & (1 << (signal.SIGINT - 1)):  # past blocking: connecting
+                self.assertIsNone(p.poll(), "tierctl exited before blocking its signals")
+                time.sleep(0.01)
+            p.send_signal(signal.SIGHUP)
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+            self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
+            self.assertTrue(sig_mask(p.pid, "SigIgn") & hup, "tierctl's SIGHUP is no longer ignored")
+            self.assertFalse(sig_mask(p.pid, "SigBlk") & hup, "tierctl waits for an ignored SIGHUP")
+            p.send_signal(signal.SIGINT)
+            self.assertEqual(p.wait(60), 0, p.stderr.read())
+        finally:
+            os.kill(self.d.proc.pid, signal.SIGCONT)
+            if p is not None:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                p.stdout.close()
+                p.stderr.close()
+        self.assertEqual(os.listdir(d), ["trace.json"])
+        with open(out) as f:
+            self.assertIn("traceEvents", json.load(f))
+
     def test_trace_failure_keeps_output(self) -> None:
         """A trace that fails (no tierd, refused, another trace running) leaves -o's file as it was, and
         a device, FIFO or link named by -o is written through, never replaced or removed: it used to
