@@ -23,8 +23,8 @@
 
 #include "client/client-internal.h"
 #include "client/tier-private.h"
-#include "tests/unit/screen-columns.h"
 #include "proto/tier.pb-c.h"
+#include "tests/unit/screen-columns.h"
 
 /* ---- names and error texts ---------------------------------------------------------- */
 
