@@ -15,7 +15,9 @@ checkpoint of model, engine and scheduler taken halfway resumes so;
 between the groups, taken out of one, or a group deleted from
 ``param_groups``: refused in words before anything changes (they were updated
 with their old group's hyperparameters, silently, or failed with an
-IndexError); a parameter twice in a group, refused.  ``step(closure)``, as torch.optim and Lightning call it.  Placement C under a host budget below the state, as test_loops.
+IndexError); a parameter twice in a group, refused.  ``step(closure)``, as torch.optim and Lightning call it;
+a closure raising after its backward leaves the update undone, as torch's; one on a fused engine, refused.
+Placement C under a host budget below the state, as test_loops.
 """
 
 from __future__ import annotations
@@ -221,8 +223,8 @@ class TestLoopsSched(tierd.DaemonTestCase):
         """optimizer.step(closure), the closure zeroing the gradients, running the forward and the
         backward (and clipping) and returning the loss, as torch.optim documents it and PyTorch
         Lightning's automatic optimization calls every optimizer: it was refused ("takes no closure").
-        Now the closure runs first, with gradients on, and step() returns its loss: bit for bit, fused
-        and deferred (clipped), SGD and AdamW, under torch.no_grad() around step() too."""
+        Now the closure runs first, with gradients on, and step() returns its loss: bit for bit, clipped
+        and not, SGD and AdamW, under torch.no_grad() around step() too."""
         data = batches(4)
         for rule, clip in (("adamw", None), ("sgd", 0.05)):
             with self.subTest(rule=rule):
@@ -244,7 +246,7 @@ class TestLoopsSched(tierd.DaemonTestCase):
                     return out
 
                 self.assertEqual(train(model, eng), train(ref, opt))
-                self.assertEqual(eng.mode, "fused" if clip is None else "deferred")
+                self.assertEqual(eng.mode, "deferred")     # (a closure: test_closure_raising_after_its_backward)
                 self.same(rule, ref, opt, model, eng)
                 eng.close()
 
@@ -272,6 +274,98 @@ class TestLoopsSched(tierd.DaemonTestCase):
         g.pop()
         run(model, eng, None, data[1:])
         eng.close()
+
+    def test_closure_raising_after_its_backward(self) -> None:
+        """A closure that raises after its loss.backward() (a NaN check, logging): torch.optim's step()
+        applies nothing (the exception leaves step() before the update).  The engine fused its optimizer
+        into that backward from the second step on (the first step, with a closure too, had decided
+        "fused"), so the update was in, and the next step refused.  A closure in the first step now makes
+        the engine deferred (the update in step(), after the closure returned): after the raise, the
+        parameters and the optimizer state are torch's; the run goes on bit for bit, with the next
+        closure's zero_grad() (the step skipped) or with step() at once (torch applies the gradients
+        .grad holds); a closure returning None, one running no backward (Lightning's training_step that
+        returned None), and Lightning's call shape (step(closure=...), the closure wrapped: the forward,
+        zero_grad(), the backward, then the clip) as well."""
+        data = batches(5)
+
+        class Check(Exception):
+            pass
+
+        for rule, after, lightning in (("adamw", "skip", False), ("adamw", "step", False), ("sgd", "step", True)):
+            with self.subTest(rule=rule, after=after, lightning=lightning):
+                ref, opt, model, eng = self.pair(f"closure-raise-{rule}-{after}", rule, True)
+
+                def train(m, o, check):
+                    out = []
+                    torch.manual_seed(11)
+                    for i, x in enumerate(data):
+                        def closure():
+                            if lightning:       # (Lightning's Closure: the step, zero_grad(), the backward)
+                                loss = lm_loss(m, x) if i != 3 else None
+                                o.zero_grad()
+                                if loss is not None:
+                                    loss.backward()
+                            else:
+                                o.zero_grad()
+                                loss = lm_loss(m, x)
+                                loss.backward()
+                            if i == 1:
+                                raise Check("loss check")
+                            return loss if i != 2 else None
+
+                        def wrapped():          # (Lightning's precision plugin: the closure, then the clip)
+                            res = closure()
+                            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+                            return res
+
+                        if i == 1:
+                            with self.assertRaises(Check):
+                                o.step(closure)
+                            check()
+                            if after == "step":
+                                o.step()
+                            continue
+                        loss = o.step(closure=wrapped) if lightning else o.step(closure)
+                        out.append(None if loss is None else loss.item())
+                    return out
+
+                at = []             # (torch's model and optimizer right after the raise)
+                want = train(ref, opt, lambda: at.append((copy.deepcopy(ref), copy.deepcopy(opt))))
+                got = train(model, eng, lambda: self.same(f"{rule} raised", *at[0], model, eng))
+                self.assertEqual(got, want)
+                self.assertEqual(eng.mode, "deferred")
+                self.same(rule, ref, opt, model, eng)
+                eng.close()
+
+    def test_closure_on_fused_engine_refused(self) -> None:
+        """step(closure) on an engine whose optimizer runs in the backward (its first step had no closure,
+        or optimizer_in_backward=True): its backward would apply the update before the closure returns,
+        where torch.optim applies none if the closure raises after it.  Refused before the closure runs,
+        naming optimizer_in_backward=False; nothing changed, and the run goes on as plain PyTorch's."""
+        data = batches(4)
+        for forced in (None, True):
+            with self.subTest(optimizer_in_backward=forced):
+                ref, opt, model, eng = self.pair(f"closure-fused-{forced}", "adamw", True,
+                                                 optimizer_in_backward=forced)
+                pre = data[:1] if forced is None else []       # (forced: refused in the first step)
+                want = run(ref, opt, None, pre + data[2:])
+                got = run(model, eng, None, pre)
+                before = copy.deepcopy(model.state_dict())
+                osd = repr(eng.state_dict())
+                called = []
+                with self.assertRaisesRegex(RuntimeError, r"step\(closure\) on an engine that runs the optimizer "
+                                            r"inside the backward.*optimizer_in_backward=False.*nothing ran"):
+                    eng.step(lambda: called.append(1))
+                self.assertEqual(called, [])
+                sd = model.state_dict()
+                for n, p in before.items():
+                    self.assertTrue(torch.equal(sd[n], p), f"{n} changed by a refused step")
+                self.assertEqual(repr(eng.state_dict()), osd)
+                got += run(model, eng, None, data[2:])
+                self.assertEqual([a for a, _ in got], [a for a, _ in want])
+                self.assertEqual(eng.mode, "fused")
+                self.same(f"fused {forced}", ref, opt, model, eng)
+                eng.close()
 
     def test_group_members_changed_refused(self) -> None:
         """A parameter moved to another group (to take it out of weight decay, say), taken out of its

@@ -61,7 +61,8 @@ Loops (:class:`Offload` is a ``torch.optim.Optimizer``): parameter groups
 (their members fixed when the engine is made: one moved is refused) and
 ``torch.optim.lr_scheduler`` schedulers, gradient accumulation over
 micro-batches, ``clip_grad_norm_`` (exact: it switches the optimizer phases
-to after the whole backward), activation checkpointing, ``state_dict()``
+to after the whole backward), ``step(closure)`` (likewise: the update after
+the closure returns, as torch.optim's), activation checkpointing, ``state_dict()``
 of the model and of the engine, and :meth:`Offload.save`/:meth:`Offload.load`
 block by block.
 

@@ -12,11 +12,13 @@ gradients gathered since the last step, ``state_dict()`` and
 
 * *fused*: each block's optimizer phase right after its backward, during
   ``loss.backward()``; the fewest moves.  Chosen when the first step ran
-  one forward and backward and called no gradient clipping;
+  one forward and backward, called no gradient clipping and passed no
+  closure to ``step()`` (a closure that raises after its backward must
+  leave the update undone, as torch.optim's);
 * *deferred*: the optimizer phases after the whole backward, in ``step()``,
   once the gradients of every micro-batch are summed in tierd and the
   global norm is known (``clip_grad_norm_``).  Chosen when the first step
-  accumulated (several forwards and backwards) or clipped;
+  accumulated (several forwards and backwards), clipped or took a closure;
   ``optimizer_in_backward=False`` forces it, ``True`` forces fused.
 """
 
@@ -127,6 +129,7 @@ class Offload(torch.optim.Optimizer):
         self.resumed_from: Any = None      # the tier.Commit it resumed from
         self._meta: Any = None             # the resume record's tensor
         self._first_step = True            # the first step of this engine (traced, unplanned)
+        self._closure_seen = False         # a step(closure) came before the mode was decided: deferred
         #: tierd restarts this engine lived through (a Client made with reconnect=)
         self.restarts = 0
         self._client_restarts = getattr(client, "restarts", 0)
@@ -755,7 +758,8 @@ class Offload(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         """After ``loss.backward()``: the optimizer phases still due, and the next step's bookkeeping.
         A ``closure`` (torch.optim's: zero_grad(), the forward and the backward, returning the loss, as
-        PyTorch Lightning passes one) is called first, with gradients on, and its loss returned.
+        PyTorch Lightning passes one) is called first, with gradients on, and its loss returned; the
+        update runs after it returns (a closure makes the engine deferred; fused, one is refused).
 
         Deferred (gradients accumulated or clipped), every block's optimizer phases run here, the
         clipping factor applied; fused, only the shared block's are left, if the backward's end did
@@ -765,10 +769,7 @@ class Offload(torch.optim.Optimizer):
         write-downs (placements B and C) be issued, and this way they are issued in the step they
         belong to; :meth:`flush` waits for them."""
         self.model_hooks.forget()
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = optim.run_closure(self, closure) if closure is not None else None
         guards.check_backward(self, "step()")
         guards.check_step_again(self)
         changed = hyper_changed(self._hyper_at_backward, self.param_groups)

@@ -28,7 +28,7 @@ import torch
 from . import gradcall, optim
 
 FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
-              "backward and no clip_grad_norm_, or optimizer_in_backward=True), so")
+              "backward, no clip_grad_norm_ and no step(closure), or optimizer_in_backward=True), so")
 
 
 def check_backward(eng: Any, what: str) -> None:

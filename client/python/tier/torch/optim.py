@@ -364,13 +364,35 @@ def hyper_changed(then: list[dict[str, Any]] | None, groups: list[dict[str, Any]
     return None
 
 
+def run_closure(eng: Any, closure: Any) -> Any:
+    """step(closure): torch.optim's closure (zero_grad(), the forward, the backward; it returns the loss),
+    called with gradients on, as torch.optim's step() calls it; its loss returned.  torch.optim updates
+    only once the closure returned: one that raises after its backward (a NaN check, logging) leaves the
+    parameters and the state as they were.  Fused, the closure's backward would update every block before
+    that, so a fused engine refuses a closure before calling it, and a closure in the first step (which
+    runs deferred) makes the engine deferred (decide_mode()).  No round trip of its own."""
+    if eng._mode == "fused" or (eng._mode is None and eng.optimizer_in_backward):
+        raise RuntimeError(
+            "step(closure) on an engine that runs the optimizer inside the backward (fused: "
+            + ("optimizer_in_backward=True" if eng._mode is None else "its first step had one forward and "
+               "backward, no clip_grad_norm_ and no closure, or optimizer_in_backward=True")
+            + "): the closure's backward() would apply this step's update before the closure returns, so a "
+            "closure that raised after it (a NaN check, logging) would leave the update in, where torch.optim's "
+            "step() applies none.  Make the engine with optimizer_in_backward=False, or leave that out and pass "
+            "the closure from the first step on (a closure then makes the engine update in step(), after it "
+            "returns); nothing ran")
+    eng._closure_seen = True
+    with torch.enable_grad():
+        return closure()
+
+
 def decide_mode(eng: Any, micro: int, clipped: bool, changed: str | None = None) -> None:
     """After the first step: fused if it ran one micro-batch, no clipping and left the parameter
-    groups as they were between backward() and step() (and nothing forces deferred), deferred
-    otherwise; the traced phases reordered to match."""
+    groups as they were between backward() and step(), and no step(closure) came (run_closure()), and
+    nothing forces deferred; deferred otherwise; the traced phases reordered to match."""
     want = eng.optimizer_in_backward
     if want is None:
-        want = micro <= 1 and not clipped and changed is None
+        want = micro <= 1 and not clipped and changed is None and not eng._closure_seen
     if want and (micro > 1 or clipped or changed is not None):
         raise RuntimeError("optimizer_in_backward=True, but the first step "
                            + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients"
