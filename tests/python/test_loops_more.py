@@ -183,7 +183,8 @@ class TestLoopsMore(tierd.DaemonTestCase):
     def test_torch_optimizer_as_optimizer_refused(self) -> None:
         """optimizer=torch.optim.AdamW (the class), an instance, or an object that is no StepRule: a
         ValueError saying what to pass (AttributeError, or "lr= go to the StepRule", before), raised before
-        anything is made: the model keeps its parameters, tierd has none of its tensors."""
+        anything is made: the model keeps its parameters, tierd has none of its tensors.  LBFGS (class or
+        "lbfgs"), which calls the closure several times per step, says so."""
         import tier.torch
 
         model = lm()
@@ -192,6 +193,9 @@ class TestLoopsMore(tierd.DaemonTestCase):
         for given, kw, say in ((torch.optim.AdamW, {"lr": 1e-3}, r"optimizer='adamw'"),
                                (torch.optim.SGD, {}, r"optimizer='sgd'"),
                                (torch.optim.Adam(lm().parameters()), {}, r"'adamw' or 'sgd'"),
+                               # (several closure calls a step: named, not "it has 'adamw' or 'sgd'" alone)
+                               (torch.optim.LBFGS, {}, r"LBFGS calls its closure several times per step"),
+                               ("lbfgs", {}, r"LBFGS calls its closure several times per step"),
                                (object(), {}, r"not a StepRule: it lacks name, state_kinds, defaults")):
             with self.subTest(given=given):
                 with self.assertRaisesRegex(ValueError, say):

@@ -213,8 +213,16 @@ def rule_from(optimizer: str | StepRule, **kw: Any) -> StepRule:
         return AdamW(**kw)
     if name == "sgd":
         return SGD(**kw)
+    if name == "lbfgs":
+        raise ValueError(f"optimizer={optimizer!r}: {LBFGS_NOTE}")
     raise ValueError(f"optimizer {optimizer!r}: tier.torch has 'adamw' and 'sgd' (or pass a StepRule)")
 
+
+#: why an optimizer that evaluates the closure several times per step cannot be a StepRule
+LBFGS_NOTE = ("LBFGS calls its closure several times per step (its line search runs the forward and the backward "
+              "again at trial parameters), where tier.torch's step() calls the closure once and updates each "
+              "block from that one backward's gradients (a StepRule sees no closure); not supported: use "
+              "'adamw' or 'sgd', or torch.optim.LBFGS on the model without tier.torch")
 
 #: what the engine calls on a StepRule
 RULE_ATTRS = ("name", "state_kinds", "defaults", "update", "state_names", "check_group", "to_state", "from_state")
@@ -226,6 +234,8 @@ def check_rule(rule: Any) -> StepRule:
     cls = rule if isinstance(rule, type) else type(rule)
     if issubclass(cls, torch.optim.Optimizer):
         given = f"torch.optim.{cls.__name__}" + ("" if rule is cls else "(...)")
+        if issubclass(cls, torch.optim.LBFGS):
+            raise ValueError(f"optimizer={given}: {LBFGS_NOTE}")
         name = {"AdamW": "'adamw'", "SGD": "'sgd'"}.get(cls.__name__)
         raise ValueError(f"optimizer={given}: tier.torch runs the optimizer's step itself, torch's own code over "
                          "the state it keeps in tierd, not a torch.optim optimizer; "
