@@ -15,7 +15,9 @@
  * Two indexes make the scheduler's questions cheap: per slot and tier
  * class, the phases that use it (next use: Belady's rule, predictions),
  * and per slot every phase that touches it with its access modes (is the
- * next access a write-only one?).
+ * next access a write-only one?) and where its accesses sit in that phase
+ * (is a read of it in the current phase still to pin?: asked of every
+ * candidate victim, so it must not walk the phase).
  *
  * The rank marks phase boundaries through a shared page (proto/plan.h):
  * it writes the marker and kicks an eventfd, which costs no round trip,
@@ -102,12 +104,14 @@ static bool use_in_class(const PlanAcc *a, int c) {
 
 /*
  * Build a CSR index over the slots: for each slot, the phases (ascending,
- * each once) with an access in class @c (-1: any access), and with @modes
- * the union of their access modes.  @last is scratch of n_slots entries.
+ * each once) with an access in class @c (-1: any access), with @modes
+ * the union of their access modes, and with @where the index of the slot's
+ * access in each tier there (Plan.acc_where).  @last is scratch of n_slots entries.
  */
-static int build_index(Plan *p, int c, uint32_t *last, uint32_t **ret_off, uint32_t **ret_phase, uint8_t **ret_modes) {
+static int build_index(Plan *p, int c, uint32_t *last, uint32_t **ret_off, uint32_t **ret_phase, uint8_t **ret_modes,
+                       uint32_t **ret_where) {
         _cleanup_free_ uint32_t *pos = NULL;
-        uint32_t *off, *phase;
+        uint32_t *off, *phase, *where = NULL;
         uint8_t *modes = NULL;
 
         off = calloc(p->n_slots + 1, sizeof(uint32_t));
@@ -133,8 +137,14 @@ static int build_index(Plan *p, int c, uint32_t *last, uint32_t **ret_off, uint3
                 modes = calloc(off[p->n_slots] + 1, 1);
                 *ret_modes = modes;
         }
+        if (ret_where) {
+                where = malloc(2 * ((size_t) off[p->n_slots] + 1) * sizeof(uint32_t));
+                *ret_where = where;
+                if (where)
+                        memset(where, 0xff, 2 * ((size_t) off[p->n_slots] + 1) * sizeof(uint32_t));
+        }
         pos = malloc((p->n_slots + 1) * sizeof(uint32_t));
-        if (!phase || !pos || (ret_modes && !modes))
+        if (!phase || !pos || (ret_modes && !modes) || (ret_where && !where))
                 return -ENOMEM;
         memcpy(pos, off, (p->n_slots + 1) * sizeof(uint32_t));
         memset(last, 0xff, p->n_slots * sizeof(uint32_t));
@@ -150,6 +160,8 @@ static int build_index(Plan *p, int c, uint32_t *last, uint32_t **ret_off, uint3
                         }
                         if (modes)
                                 modes[pos[a->slot] - 1] |= a->mode;
+                        if (where)
+                                where[2 * (pos[a->slot] - 1) + (a->tier == LEVEL_HOST)] = i;
                 }
         return 0;
 }
@@ -161,11 +173,11 @@ static int build_indexes(Plan *p) {
         if (!last)
                 return -ENOMEM;
         for (int c = 0; c < _USE_MAX; c++) {
-                r = build_index(p, c, last, &p->use_off[c], &p->use_phase[c], NULL);
+                r = build_index(p, c, last, &p->use_off[c], &p->use_phase[c], NULL, NULL);
                 if (r < 0)
                         return r;
         }
-        return build_index(p, -1, last, &p->acc_off, &p->acc_phase, &p->acc_mode);
+        return build_index(p, -1, last, &p->acc_off, &p->acc_phase, &p->acc_mode, &p->acc_where);
 }
 
 /* ---- creation and end ------------------------------------------------------------------------ */
@@ -398,6 +410,7 @@ void plan_free(Plan *p) {
         free(p->acc_off);
         free(p->acc_phase);
         free(p->acc_mode);
+        free(p->acc_where);
         free(p->pred);
         free(p->wmark);
         free(p->sim_avail);
@@ -430,19 +443,55 @@ void plan_predict(Plan *p, uint64_t now) {
         }
 }
 
+/* Is access @i of the current phase @ph a read in class @c still to pin (@held: hold 0 is that phase's)? */
+static bool cur_access_pending(const Plan *p, const PlanPhase *ph, bool held, uint32_t i, int c) {
+        const PlanAcc *a = &ph->acc[i];
+
+        return (a->mode & PLAN_READ) && use_in_class(a, c) && !(held && i < p->max_acc && p->hs[0].pinned[i]);
+}
+
+/*
+ * Asked of every candidate victim in each choice (sched_next_access_overwrites(),
+ * victim_next_use()), so it looks at @t's own accesses in the current phase only
+ * (Plan.acc_where, found by a binary search of the phases touching its slot):
+ * a walk of the whole phase for each made a choice cost its copies times the
+ * phase's accesses (40960 copies, a phase of 2048: tens of milliseconds).
+ */
 bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c) {
         const PlanPhase *ph;
+        uint32_t s = t->plan_slot, lo, hi;
         bool held;
 
         if (p->cur >= p->n_phases)
                 return false;
         ph = &p->phases[p->cur];
         held = p->hold[0].active && p->hold[0].phase == p->cur;
-        for (uint32_t i = 0; i < ph->n_acc; i++) {
-                const PlanAcc *a = &ph->acc[i];
+        if (s >= p->n_slots || p->slots[s] != t) {
+                /* not a tensor of @p's own (plan.h): its accesses, if any, by a walk of the phase */
+                for (uint32_t i = 0; i < ph->n_acc; i++) {
+                        p->sched->pending_looks++;
+                        if (ph->acc[i].tensor == t && cur_access_pending(p, ph, held, i, c))
+                                return true;
+                }
+                return false;
+        }
+        lo = p->acc_off[s];
+        hi = p->acc_off[s + 1];
+        while (lo < hi) {
+                uint32_t mid = lo + (hi - lo) / 2;
 
-                if (a->tensor == t && (a->mode & PLAN_READ) && use_in_class(a, c) &&
-                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
+                if (p->acc_phase[mid] < p->cur)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (lo == p->acc_off[s + 1] || p->acc_phase[lo] != p->cur)
+                return false;
+        for (uint32_t k = 0; k < 2; k++) {
+                uint32_t i = p->acc_where[2 * lo + k];
+
+                p->sched->pending_looks++;
+                if (i != UINT32_MAX && cur_access_pending(p, ph, held, i, c))
                         return true;
         }
         return false;

@@ -126,6 +126,9 @@ struct Plan {
         uint32_t *acc_off;
         uint32_t *acc_phase;
         uint8_t *acc_mode;
+        /* for entry i of acc_phase, the slot's access there in vram and in host: acc_where[2 * i + (tier ==
+         * LEVEL_HOST)] indexes that phase's acc[] (UINT32_MAX: none; a phase has one per slot and tier) */
+        uint32_t *acc_where;
 
         int page_fd;
         PlanPage *page;         /* shared with the client, who may write all of it: nothing read back but its area */

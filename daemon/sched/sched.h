@@ -43,6 +43,7 @@ struct Sched {
         uint64_t stamp;         /* the latest Tensor.sched_stamp handed out (selfpin.c) */
         uint64_t admit_sims;    /* occupancy replays admit_survives() ran, in all (for the tests) */
         uint64_t victim_cmps;   /* comparisons of two victims (victim.c), in all (for the tests) */
+        uint64_t pending_looks; /* accesses plan_cur_read_pending() looked at (plan.c), in all (for the tests) */
         SchedTrace trace;
         void *trace_userdata;
 };

@@ -147,10 +147,91 @@ static void test_work_is_linear(void **state) {
         fixture_free(m);
 }
 
+/* plan_cur_read_pending() as it was, a walk of the whole current phase: the reference. */
+static bool cur_read_pending_walk(const Plan *p, const Tensor *t, int c) {
+        const PlanPhase *ph;
+        bool held;
+
+        if (p->cur >= p->n_phases)
+                return false;
+        ph = &p->phases[p->cur];
+        held = p->hold[0].active && p->hold[0].phase == p->cur;
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                const PlanAcc *a = &ph->acc[i];
+                bool in_class = c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
+
+                if (a->tensor == t && (a->mode & PLAN_READ) && in_class &&
+                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
+                        return true;
+        }
+        return false;
+}
+
+/*
+ * plan_cur_read_pending() looks a tensor's accesses in the current phase up
+ * (Plan.acc_where) instead of walking the phase: on random plans (duplicates,
+ * both tiers, reads and writes), every phase current in turn, hold 0 on it or
+ * not with random accesses pinned, it answers as the walk did, for every
+ * tensor of the plan, one of no plan, and one whose slot is another's.
+ */
+static void test_cur_read_pending_lookup(void **state) {
+        enum { TENSORS = 24, ROUNDS = 300 };
+        Manager *m = fixture_new(32 * MiB, setup_big, NULL);
+        Tensor *t[TENSORS];
+        unsigned seed = 12345;
+        uint64_t checked = 0;
+        Job *j;
+
+        assert_int_equal(job_new(m->registry, "j", 0, &j), 0);
+        for (unsigned i = 0; i < TENSORS; i++) {
+                char name[16];
+
+                (void) snprintf(name, sizeof(name), "t%u", i);
+                t[i] = fixture_tensor(j, name, 4096);
+        }
+        for (unsigned round = 0; round < ROUNDS; round++) {
+                PlanSpecAccess a[4 * TENSORS * 6];
+                PlanSpec spec = { .n_phases = 1 + rand_r(&seed) % 6, .acc = a };
+                char err[256] = "";
+                Plan *p = NULL;
+
+                for (unsigned ph = 0; ph < spec.n_phases; ph++)
+                        for (unsigned k = rand_r(&seed) % (2 * TENSORS); k > 0; k--)
+                                a[spec.n_acc++] = (PlanSpecAccess) {
+                                        .phase = ph, .tensor = t[rand_r(&seed) % (TENSORS - 2)]->id,
+                                        .tier = rand_r(&seed) % 2 ? LEVEL_HOST : LEVEL_VRAM,
+                                        .mode = 1 + rand_r(&seed) % 3,
+                                };
+                assert_int_equal(plan_new(m->sched, j, -1, &spec, false, &p, err, sizeof(err)), 0);
+                for (uint32_t s = 0; s < p->n_slots; s++)
+                        p->slots[s]->plan_slot = s;             /* as sched_plan_new() does */
+                t[TENSORS - 2]->plan_slot = UINT32_MAX;         /* named by no plan */
+                t[TENSORS - 1]->plan_slot = 0;                  /* named by another plan, slot 0 there */
+                for (uint32_t cur = 0; cur <= p->n_phases; cur++) {
+                        p->cur = cur < p->n_phases ? cur : UINT32_MAX;
+                        p->hold[0].active = rand_r(&seed) % 4 != 0;
+                        p->hold[0].phase = rand_r(&seed) % 4 != 0 ? p->cur : (cur + 1) % p->n_phases;
+                        for (uint32_t i = 0; i < p->max_acc; i++)
+                                p->hs[0].pinned[i] = rand_r(&seed) % 2;
+                        for (unsigned i = 0; i < TENSORS; i++)
+                                for (int c = 0; c < _USE_MAX; c++) {
+                                        assert_int_equal(plan_cur_read_pending(p, t[i], c),
+                                                         cur_read_pending_walk(p, t[i], c));
+                                        checked += cur_read_pending_walk(p, t[i], c);
+                                }
+                }
+                plan_free(p);
+        }
+        assert_true(checked > 1000);    /* (the answers were not all "no") */
+        job_destroy(j);
+        fixture_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_duplicates_merged),
                 cmocka_unit_test(test_work_is_linear),
+                cmocka_unit_test(test_cur_read_pending_lookup),
         };
 
         return fixture_main("plan", tests, sizeof(tests) / sizeof(tests[0]));
