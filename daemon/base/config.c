@@ -373,8 +373,9 @@ static int config_parse_line(Config *c, char *l, const char *filename, unsigned 
 
                                 return line_error(ret_error, filename, line, st->section, "job: the job name %s, "
                                                   "which no job has; a job an older tierd made under it is "
-                                                  "restored under its escaped text: write '%s' (tierctl jobs "
-                                                  "lists it)", flaw, e ? e : "?");
+                                                  "restored under its escaped text, '%s' (cut with a ~hash "
+                                                  "where that is too long or taken): write the name tierctl "
+                                                  "jobs lists for it", flaw, e ? e : "?");
                         }
                 }
                 r = quota_rule_set_key(&st->quota, name, value, &why);

@@ -175,7 +175,8 @@ static void test_job_name_characters(_unused_ void **state) {
         QuotaRules rs = {};
 
         parse_fails("[quota]\njob = abc\xe2\x80\xae" "gpj.exe\nhost = 1G\n", "test.conf:2: [quota] job",
-                    "contains the bidirectional format character U+202E", "write 'abc\\u202egpj.exe'", NULL);
+                    "contains the bidirectional format character U+202E", "text, 'abc\\u202egpj.exe' (cut with a ~hash",
+                    "write the name tierctl jobs lists", NULL);
         parse_fails("[quota]\njob = evil\xc2\x9b" "31m\n", "contains control characters", "'evil\\u009b31m'", NULL);
         parse_fails("[quota]\njob = a\xff\n", "is not valid UTF-8", "'a\\xff'", NULL);
         if (quota_rules_parse_text(&rs, "[quota]\njob = abc\xe2\x80\xae" "gpj.exe\nhost = 1G\n", "quotas", &error) < 0)
