@@ -149,6 +149,8 @@ struct tier_client {
         bool shutdown;                  /* tierd announced its shutdown */
         char shutdown_reason[CLIENT_ERROR_MAX / 2];
         bool control;                   /* no job: status only */
+        int timeout_ms;                 /* a request's answer must come within (tier_client_set_timeout()); 0: none */
+        bool timed_out;                 /* the connection was closed for want of an answer (since the last Hello) */
 
         uint64_t job_id;
         uint32_t max_message;

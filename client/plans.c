@@ -500,6 +500,13 @@ _public_ int tier_phase_enter(tier_client *c, unsigned phase) {
                 return client_error(c, -EINVAL, "phase %u is not in the plan (%u phases)", phase, c->plan_phases);
 
         /*
+         * A connection libtier closed (a request tierd did not answer in time, transport.c) gives no
+         * sign in poll(): the phase would be waited for ever.  The error that broke it, or the next tierd.
+         */
+        if (c->broken < 0)
+                return client_reconnect(c, transport_broken(c));
+
+        /*
          * Reconnecting: a tierd that announced its stop gets no marker; the
          * connection goes now, at the phase's end, so that what the phase
          * wrote counts as written (tierd keeps the connection of a client in

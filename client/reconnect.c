@@ -18,6 +18,13 @@
  * client is freed, so that what the caller still reads through an old grant
  * is still there; its new grants are new mappings.  A handle whose tensor
  * the new tierd does not have fails every call with -ESTALE.
+ *
+ * The same path serves a connection libtier closed itself, because tierd did
+ * not answer a request within the client's timeout (tier_client_set_timeout(),
+ * transport.c): tierd did not restart, but what the connection held is gone
+ * all the same (tierd lets go of it once it sees the connection end), and it
+ * counts in tier_client_restarts() (callers that count restarts to forget their
+ * pins must see it).
  */
 
 #include <errno.h>
@@ -117,6 +124,7 @@ static void drop_connection(tier_client *c) {
         c->broken_reason[0] = 0;
         c->shutdown = false;
         c->shutdown_reason[0] = 0;
+        c->timed_out = false;
         c->seq = 0;
 }
 
@@ -179,11 +187,13 @@ int client_reconnect(tier_client *c, int r) {
         uint64_t deadline;
         unsigned gone = 0;
         char why[CLIENT_ERROR_MAX];
+        bool timed_out;
         int q;
 
         if (c->reconnect_ms <= 0 || c->reconnecting || !client_gone(r) || !c->socket_path)
                 return r;
         (void) snprintf(why, sizeof(why), "%s", c->last_error);
+        timed_out = c->timed_out;       /* no restart: libtier closed the connection (transport.c) */
         c->reconnecting = true;
         q = retire_mappings(c);
         if (q < 0) {
@@ -221,8 +231,9 @@ int client_reconnect(tier_client *c, int r) {
         c->reconnecting = false;
         c->floor_error = -ERESTART;
         c->restarts++;
-        return client_error(c, -ERESTART, "tierd restarted (%s): the connection, the job and its tensors' handles "
+        return client_error(c, -ERESTART, "%s (%s): the connection, the job and its tensors' handles "
                             "are back%s; pins, the plan, phases and fences of before are gone (pin, submit the "
-                            "plan and enter the phase again)", why,
+                            "plan and enter the phase again)",
+                            timed_out ? "connected to tierd again" : "tierd restarted", why,
                             gone ? " (some tensors are not: their handles fail with ESTALE)" : "");
 }

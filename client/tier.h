@@ -31,7 +31,7 @@ extern "C" {
  * Once tierd announces its shutdown, requests fail with -ESHUTDOWN; once
  * the connection is lost, with -ECONNRESET (or the error that broke it).
  *
- * ABI (libtier.so.1, symbol version LIBTIER_1.0): names are
+ * ABI (libtier.so.1, symbol versions LIBTIER_1.0 and LIBTIER_1.1): names are
  * tier_OBJECT_VERB (client, tensor, fence, plan, phase, quota, job, trace,
  * level, link; a getter's verb is its noun: tier_tensor_size()), except the
  * data path on a tensor, tier_pin(), tier_unpin(), tier_evict(),
@@ -141,11 +141,24 @@ const char *tier_client_last_error(const tier_client *c);
  * -ERESTART).  Any call that talks to tierd may return -ERESTART;
  * tier_phase_enter() and tier_fence_wait() too.  Mappings of old grants stay mapped
  * until the client is freed.  A handle whose tensor the new tierd lacks
- * fails with -ESTALE.  tier_client_restarts(): how many restarts this
- * client lived through.  A control connection does not reconnect (-EINVAL).
+ * fails with -ESTALE.  tier_client_restarts(): how many times this client
+ * connected again (restarts, and connections closed for a timeout:
+ * tier_client_set_timeout()).  A control connection does not reconnect (-EINVAL).
  */
 int tier_client_set_reconnect(tier_client *c, int timeout_ms);
 unsigned tier_client_restarts(const tier_client *c);
+
+/*
+ * Opt-in (LIBTIER_1.1): every request of @c must be answered within
+ * @timeout_ms milliseconds (0, the default: no limit; < 0: -EINVAL).  A
+ * call with no answer in time fails with -ETIMEDOUT and closes the
+ * connection (a late answer could not be told from the next one's): later
+ * calls fail with -ECONNRESET, or reconnect (tier_client_set_reconnect()).
+ * Waits for tierd's work are not answers and are not bounded by it:
+ * tier_fence_wait() (its own timeout), tier_fence_stream_wait(),
+ * tier_phase_enter().  tier_client_set_timeout(3) has the details.
+ */
+int tier_client_set_timeout(tier_client *c, int timeout_ms);
 
 /* Name of the VRAM backend ("emulated" or "cuda") */
 const char *tier_client_vram_backend(const tier_client *c);

@@ -23,6 +23,17 @@
  * The socket is O_NONBLOCK so that draining never blocks; synchronous
  * calls poll() when the socket has nothing queued.
  *
+ * A call waits for tierd's answer without limit, unless the caller set a
+ * timeout (tier_client_set_timeout()): then one deadline bounds the request
+ * from its send (which may wait for room in the socket) to its Response.  A
+ * call that reaches it fails with -ETIMEDOUT and closes the socket: a late
+ * Response could not be told from the next request's (seq would mismatch:
+ * -EPROTO), and tierd, when it reads again, sees the connection end and lets
+ * go of what the client held.  The client is then broken with -ECONNRESET, as
+ * after a lost connection (or the next call reconnects, reconnect.c).  Only
+ * the wait for an answer counts: a fence or a plan phase is tierd's work, not
+ * an answer, and their waits (fences.c, plans.c) keep their own rules.
+ *
  * Once the connection breaks (tierd gone, malformed packet, protocol
  * error, out of memory decoding a packet) the client keeps its mappings but every request fails with the
  * error that broke it.
@@ -31,6 +42,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -49,6 +61,7 @@
 #include "proto/macro.h"
 #include "proto/tier.pb-c.h"
 #include "proto/wire.h"
+#include "util/time-util.h"
 
 void packet_done(Packet *p) {
         for (size_t i = 0; i < p->n_fds; i++)
@@ -117,15 +130,28 @@ static int fd_wait(int fd, short events, int timeout_ms) {
         }
 }
 
-static int transport_send(tier_client *c, const void *buf, size_t len) {
+/* What is left of @deadline (now_ms(), 0: none) for poll(): -1 for none, 0 once it passed. */
+static int deadline_left(uint64_t deadline) {
+        uint64_t now;
+
+        if (deadline == 0)
+                return -1;
+        now = now_ms();
+        return now >= deadline ? 0 : (int) MIN(deadline - now, (uint64_t) INT_MAX);
+}
+
+/* @deadline: now_ms() by which there must be room (0: none); -ETIMEDOUT after it */
+static int transport_send(tier_client *c, const void *buf, size_t len, uint64_t deadline) {
         for (;;) {
                 int r = wire_send(c->fd, buf, len, NULL, 0);
                 if (r == -EINTR)
                         continue;
                 if (r == -EAGAIN) {
-                        r = fd_wait(c->fd, POLLOUT, -1);
+                        r = fd_wait(c->fd, POLLOUT, deadline_left(deadline));
                         if (r < 0)
                                 return r;
+                        if (r == 0)
+                                return -ETIMEDOUT;
                         continue;
                 }
                 return r;
@@ -158,10 +184,12 @@ static const char *request_name(Tier__Request__OpCase op) {
  * transport_recv() - receive one packet.
  * @block: wait for one; else return 0 at once when none is queued
  * @op: the request in flight, or 0: what a reply that cannot be decoded answered
- * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), or < 0
+ * @deadline: with @block, now_ms() by which a packet must come (0: none)
+ * Returns 1 with @ret filled, 0 (non-blocking, nothing queued), -ETIMEDOUT
+ * (blocking, nothing came by @deadline: the connection is as it was), or < 0
  * after breaking the connection.
  */
-static int transport_recv(tier_client *c, bool block, Tier__Request__OpCase op, Packet *ret) {
+static int transport_recv(tier_client *c, bool block, Tier__Request__OpCase op, uint64_t deadline, Packet *ret) {
         bool oom = false;
         ProtobufCAllocator alloc = { .alloc = reply_alloc, .free = reply_free, .allocator_data = &oom };
         int fds[WIRE_MAX_FDS];
@@ -179,10 +207,12 @@ static int transport_recv(tier_client *c, bool block, Tier__Request__OpCase op, 
                 if (r == -EAGAIN && !reset) {
                         if (!block)
                                 return 0;
-                        r = fd_wait(c->fd, POLLIN, -1);
+                        r = fd_wait(c->fd, POLLIN, deadline_left(deadline));
                         if (r < 0)
                                 return transport_break(c, r, "waiting for tierd failed: %s",
                                                        tier_strerror(r));
+                        if (r == 0)
+                                return -ETIMEDOUT;
                         continue;
                 }
                 if (r == -ECONNRESET && !reset) {
@@ -246,7 +276,7 @@ int transport_send_ack(tier_client *c, uint32_t segment, uint32_t generation) {
         if (len > sizeof(buf))
                 return -EMSGSIZE;
         (void) tier__request__pack(&req, buf);
-        r = transport_send(c, buf, len);
+        r = transport_send(c, buf, len, 0);
         if (r < 0)
                 return transport_break(c, r == -EPIPE ? -ECONNRESET : r, "sending to tierd failed: %s",
                                        tier_strerror(r));
@@ -344,7 +374,7 @@ int transport_drain(tier_client *c) {
                 Packet p = PACKET_NULL;
                 int r;
 
-                r = transport_recv(c, false, 0, &p);
+                r = transport_recv(c, false, 0, 0, &p);
                 if (r <= 0)
                         return r;
                 r = transport_process(c, &p, 0);
@@ -376,9 +406,27 @@ int transport_call(tier_client *c, Tier__Request *req, Packet *ret) {
         return r;
 }
 
+/*
+ * tierd did not answer @op within the client's timeout: the connection goes (a late answer would be
+ * taken for the next request's), now, so that tierd sees it end when it reads again.  Later calls fail
+ * with -ECONNRESET (or reconnect); this one with -ETIMEDOUT.
+ */
+static int transport_timed_out(tier_client *c, Tier__Request__OpCase op) {
+        char why[CLIENT_ERROR_MAX / 2];
+
+        (void) snprintf(why, sizeof(why), "tierd did not answer %s within %d ms (tier_client_set_timeout())",
+                        request_name(op), c->timeout_ms);
+        c->fd = safe_close(c->fd);
+        c->timed_out = true;
+        (void) transport_break(c, -ECONNRESET, "the connection was closed: %s", why);
+        return client_error(c, -ETIMEDOUT, "%s: the connection is closed (every later call fails with "
+                            "ECONNRESET, or joins tierd again with tier_client_set_reconnect())", why);
+}
+
 static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) {
         _cleanup_free_ uint8_t *buf = NULL;
         Tier__Response *resp;
+        uint64_t deadline = 0;
         size_t len;
         int r;
 
@@ -411,7 +459,11 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
                 return client_error(c, -ENOMEM, "out of memory");
         (void) tier__request__pack(req, buf);
 
-        r = transport_send(c, buf, len);
+        if (c->timeout_ms > 0)
+                deadline = now_ms() + (uint64_t) c->timeout_ms;
+        r = transport_send(c, buf, len, deadline);
+        if (r == -ETIMEDOUT)
+                return transport_timed_out(c, req->op_case);
         /*
          * tierd closed the connection: it may have answered first (a connection refused at accept,
          * server.c, is told why in the Response its Hello would get): read what it left, not waiting
@@ -423,7 +475,9 @@ static int transport_call_once(tier_client *c, Tier__Request *req, Packet *ret) 
         for (;;) {
                 Packet p = PACKET_NULL;
 
-                r = transport_recv(c, !closed, req->op_case, &p);
+                r = transport_recv(c, !closed, req->op_case, deadline, &p);
+                if (r == -ETIMEDOUT)
+                        return transport_timed_out(c, req->op_case);
                 if (r == 0)
                         r = transport_break(c, -ECONNRESET, "tierd closed the connection");
                 if (r < 0)
@@ -503,6 +557,16 @@ int transport_connect(tier_client *c, const char *path) {
         r = fcntl(c->fd, F_GETFL);
         if (r < 0 || fcntl(c->fd, F_SETFL, r | O_NONBLOCK) < 0)
                 return client_error(c, negative_errno(), "cannot set up socket: %m");
+        return 0;
+}
+
+_public_ int tier_client_set_timeout(tier_client *c, int timeout_ms) {
+        if (!c)
+                return -EINVAL;
+        if (timeout_ms < 0)
+                return client_error(c, -EINVAL, "the request timeout is %d ms: it must be 0 (none) or more",
+                                    timeout_ms);
+        c->timeout_ms = timeout_ms;
         return 0;
 }
 

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: MIT */
+/* test-timeout.c: a client with a request timeout gives up on a tierd that stopped answering (SIGSTOP). */
+
+/*
+ * tier_client_set_timeout(): tierd is stopped (SIGSTOP, and waitpid() says it
+ * is), so that the request the client sends then is never answered while the
+ * test looks: the call fails with -ETIMEDOUT (only that it returned and how is
+ * asserted, never how long it took), the socket is closed at once, later calls
+ * fail with -ECONNRESET (tier_phase_enter() too, which would otherwise wait for
+ * ever), and the tierd continued after (SIGCONT) sees the connection end and
+ * lets go of its pins.  With reconnecting on, the next call joins tierd again,
+ * or, while tierd is still stopped, gives up after the reconnect timeout.  No
+ * fd is left behind.
+ */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <cmocka.h>
+#include <tier.h>
+
+#include "tests/helpers/harness.h"
+#include "tests/helpers/json.h"
+
+#define MiB (1024ull * 1024ull)
+/* The client's timeout: short, as tierd is stopped for sure (only that the call returns is asserted). */
+#define TIMEOUT_MS 100
+/* How often, and how many times, tierd's status is read until it shows what the test waits for. */
+#define STATUS_POLL_US 20000
+#define STATUS_POLLS 500
+
+static const char config_body[] =
+        "[daemon]\nlinger_sec = 600\n"
+        "[host]\ncapacity = 16M\nsegment_size = 4M\njob_limit = 16M\nuid_share = 0\n"
+        "[vram]\nbackend = emulated\ncapacity = 8M\nchunk_size = 2M\njob_limit = 8M\n"
+        "[nvme]\ntarget = @DIR@/t0.img:64M\nuid_share = 0\n";
+
+static TestDaemon d;
+
+/* The fds this process has open. */
+static int count_fds(void) {
+        DIR *dir = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0;
+
+        assert_non_null(dir);
+        while ((e = readdir(dir)))
+                n += e->d_name[0] != '.';
+        closedir(dir);
+        return n - 1;   /* the directory's own */
+}
+
+/* SIGSTOP tierd, and return once it is stopped: nothing it has not answered yet is answered until tierd_cont(). */
+static void tierd_stop(void) {
+        int st;
+
+        assert_int_equal(kill(d.pid, SIGSTOP), 0);
+        assert_int_equal(waitpid(d.pid, &st, WUNTRACED), d.pid);
+        assert_true(WIFSTOPPED(st));
+}
+
+static void tierd_cont(void) {
+        assert_int_equal(kill(d.pid, SIGCONT), 0);
+}
+
+/* Wait until tierd's status shows job @job with @connections connections and nothing pinned. */
+static void wait_job_released(const char *job, long long connections) {
+        for (int i = 0; i < STATUS_POLLS; i++) {
+                json_t *status = test_daemon_status(&d);
+                json_t *j;
+                bool done;
+
+                assert_non_null(status);
+                j = test_json_job(status, job);
+                assert_non_null(j);
+                done = json_integer_value(json_object_get(j, "connections")) == connections &&
+                       test_json_job_tier(status, job, "host", "pinned") == 0;
+                json_decref(status);
+                if (done)
+                        return;
+                usleep(STATUS_POLL_US);
+        }
+        fail_msg("job '%s' still has its connection or pins", job);
+}
+
+static void test_timeout_closes(void **state) {
+        tier_client *c = NULL, *other = NULL;
+        tier_tensor *t = NULL, *u = NULL;
+        struct tier_grant g;
+        struct tier_stat st;
+        tier_fence f;
+        tier_plan *p = NULL;
+        int fds = count_fds(), fd;
+
+        assert_int_equal(tier_client_new(d.socket, "stopped", 0, &c), 0);
+        /* argument checks */
+        assert_int_equal(tier_client_set_timeout(NULL, 10), -EINVAL);
+        assert_int_equal(tier_client_set_timeout(c, -1), -EINVAL);
+        assert_non_null(strstr(tier_client_last_error(c), "0 (none) or more"));
+        assert_int_equal(tier_client_set_timeout(c, 0), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+
+        /* with tierd answering, the timeout changes nothing */
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+        assert_int_equal(tier_tensor_create(c, "u", MiB, &u), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x5a, g.length);
+        assert_int_equal(tier_prefetch_async(u, TIER_HOST, &f), 0);
+        assert_int_equal(tier_fence_wait(c, f, -1), 0);
+        assert_int_equal(tier_plan_new(c, &p), 0);
+        assert_int_equal(tier_plan_add(p, 0, u, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_add(p, 1, u, TIER_HOST, TIER_READ), 0);
+        assert_int_equal(tier_plan_submit(p), 0);
+        assert_int_equal(tier_phase_enter(c, 0), 0);
+        fd = tier_client_fd(c);
+        assert_true(fd >= 0);
+
+        tierd_stop();
+        assert_int_equal(tier_tensor_stat(u, &st), -ETIMEDOUT);
+        assert_non_null(strstr(tier_client_last_error(c), "did not answer"));
+        /* the socket is closed already: tierd sees the connection end when it runs again */
+        assert_int_equal(fcntl(fd, F_GETFD), -1);
+        assert_int_equal(errno, EBADF);
+        assert_int_equal(tier_client_fd(c), -ECONNRESET);
+        /* later calls fail as after a lost connection, and wait for nothing */
+        assert_int_equal(tier_tensor_stat(t, &st), -ECONNRESET);
+        assert_non_null(strstr(tier_client_last_error(c), "the connection was closed"));
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), -ECONNRESET);
+        assert_int_equal(tier_phase_enter(c, 1), -ECONNRESET);
+        assert_int_equal(tier_client_process(c), -ECONNRESET);
+        /* a fence done before is still done; the grant's memory is still mapped */
+        assert_int_equal(tier_fence_done(c, f), 1);
+        assert_int_equal(tier_fence_wait(c, f, -1), 0);
+        assert_int_equal(((unsigned char *) g.ptr)[g.length - 1], 0x5a);
+
+        /* tierd runs again: the late answer goes nowhere, and the job's connection and pin are let go */
+        tierd_cont();
+        wait_job_released("stopped", 0);
+        assert_int_equal(tier_client_new(d.socket, "stopped", 0, &other), 0);
+        tier_client_free(other);
+
+        tier_tensor_close(t);
+        tier_tensor_close(u);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
+static void test_timeout_reconnects(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_grant g;
+        struct tier_stat st;
+        int fds = count_fds();
+
+        assert_int_equal(tier_client_new(d.socket, "rejoin", 0, &c), 0);
+        assert_int_equal(tier_client_set_reconnect(c, 30000), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x3c, g.length);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ, &g), 0);
+
+        tierd_stop();
+        /* the call that timed out says so; it does not reconnect to the stopped tierd itself */
+        assert_int_equal(tier_tensor_stat(t, &st), -ETIMEDOUT);
+        assert_int_equal(tier_client_restarts(c), 0);
+        assert_int_equal(tier_client_fd(c), -ECONNRESET);
+        tierd_cont();
+
+        /* the next call joins tierd again: its pin went with the connection */
+        assert_int_equal(tier_tensor_stat(t, &st), -ERESTART);
+        assert_non_null(strstr(tier_client_last_error(c), "connected to tierd again"));
+        assert_int_equal(tier_client_restarts(c), 1);
+        assert_true(tier_client_fd(c) >= 0);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ, &g), 0);
+        assert_int_equal(((unsigned char *) g.ptr)[0], 0x3c);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 0), 0);
+        wait_job_released("rejoin", 1);
+
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
+/*
+ * Reconnecting to a tierd that is still stopped: each attempt's Hello times out too (the socket
+ * takes the connection, nobody answers), and once the reconnect timeout passed the call fails with
+ * the error that broke the connection; continued, tierd is joined again by the next call.
+ */
+static void test_timeout_reconnect_gives_up(void **state) {
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_stat st;
+        int fds = count_fds();
+
+        assert_int_equal(tier_client_new(d.socket, "giveup", 0, &c), 0);
+        assert_int_equal(tier_client_set_reconnect(c, 3 * TIMEOUT_MS), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+
+        tierd_stop();
+        assert_int_equal(tier_tensor_stat(t, &st), -ETIMEDOUT);
+        assert_int_equal(tier_tensor_stat(t, &st), -ECONNRESET);
+        assert_non_null(strstr(tier_client_last_error(c), "did not come back"));
+        assert_int_equal(tier_client_fd(c), -ECONNRESET);
+        assert_int_equal(tier_client_restarts(c), 0);
+        tierd_cont();
+
+        assert_int_equal(tier_tensor_stat(t, &st), -ERESTART);
+        assert_int_equal(tier_client_restarts(c), 1);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        wait_job_released("giveup", 1);
+
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
+static int setup(void **state) {
+        if (!test_can_lock_memory(16 * MiB))
+                return -1;
+        return test_daemon_start(&d, config_body) < 0 ? -1 : 0;
+}
+
+static int teardown(void **state) {
+        if (d.pid > 0)
+                (void) kill(d.pid, SIGCONT);    /* a test that failed while tierd was stopped */
+        return test_daemon_stop(&d) == 0 ? 0 : -1;
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_timeout_closes),
+                cmocka_unit_test(test_timeout_reconnects),
+                cmocka_unit_test(test_timeout_reconnect_gives_up),
+        };
+
+        if (!test_can_lock_memory(16 * MiB))
+                return TEST_SKIP;
+        if (getenv("TIER_TEST_FILTER"))                 /* one test, by name (a glob) */
+                cmocka_set_test_filter(getenv("TIER_TEST_FILTER"));
+        return cmocka_run_group_tests_name("timeout", tests, setup, teardown);
+}
