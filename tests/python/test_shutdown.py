@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: MIT
 """When tierd stops: every call raises ShutdownError, waits return, a pin that may write holds the stop
-until it is let go, the Client still closes."""
+until it is let go, the Client still closes.  When tierd stops answering (SIGSTOP): a Client with a
+timeout= raises TimedOutError, then ShutdownError, instead of waiting for ever."""
 
 from __future__ import annotations
 
 import errno
+import os
 import signal
+import time
 import unittest
 
 import tierd
@@ -124,6 +127,41 @@ class TestShutdown(unittest.TestCase):
         finally:
             tier._tensor._L = real
         self.assertEqual(cm.exception.errno, errno.EBADMSG)
+
+    def test_timeout_on_a_stopped_tierd(self) -> None:
+        """Client(timeout=): a request a stopped tierd (SIGSTOP, waitpid() says it is) does not answer
+        raises TimedOutError (not when, only that it returns), the connection is closed, later calls raise
+        ShutdownError (ECONNRESET), the Client closes; tierd, continued, lets the job's connection go."""
+        with self.assertRaises(ValueError):
+            tier.Client("stopped", socket=self.d.socket, timeout=-1)
+        c = tier.Client("stopped", socket=self.d.socket, timeout=0.1)
+        self.addCleanup(c.close)
+        t = c.create("t", 1 * MiB)
+        g = t.pin(tier.HOST)
+        pid = self.d.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            _, st = os.waitpid(pid, os.WUNTRACED)
+            self.assertTrue(os.WIFSTOPPED(st))
+            with self.assertRaises(tier.TimedOutError) as cm:
+                t.stat()
+            self.assertIn("did not answer", cm.exception.strerror)
+            with self.assertRaises(tier.ShutdownError) as cm:
+                t.stat()
+            self.assertEqual(cm.exception.errno, errno.ECONNRESET)
+            self.assertLess(c.fileno(), 0)
+            c.close()           # its unpin is not sent: nothing waits for the stopped tierd
+            self.assertFalse(g.pinned)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with tier.Client("", socket=self.d.socket) as ctl:
+            for _ in range(500):    # until tierd read the connection's end (no bound asserted on when)
+                job = next((j for j in ctl.status()["jobs"] if j["name"] == "stopped"), None)
+                if job is None or job["connections"] == 0:  # (linger_sec = 0: the job goes with it)
+                    break
+                time.sleep(0.02)
+            self.assertTrue(job is None or job["connections"] == 0, job)
+        self.assertEqual(self.d.stop(), 0, "tierd's exit status")
 
 
 

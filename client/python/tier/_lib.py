@@ -163,6 +163,7 @@ PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "tier_client_last_error": (c_char_p, [_client_p]),
     "tier_client_set_reconnect": (c_int, [_client_p, c_int]),
     "tier_client_restarts": (ctypes.c_uint, [_client_p]),
+    "tier_client_set_timeout": (c_int, [_client_p, c_int]),
     "tier_client_vram_backend": (c_char_p, [_client_p]),
     "tier_client_vram_device": (c_char_p, [_client_p]),
     "tier_client_limit": (c_uint64, [_client_p, c_int]),

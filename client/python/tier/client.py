@@ -151,13 +151,14 @@ class Client:
     @job: the job to join (created by its first connection); "" makes a
     control connection (status and quotas only).  @rank: informational.
     @socket: tierd's socket; None: $TIER_SOCKET, else /run/tierd/tierd.sock.
+    @reconnect: see set_reconnect().  @timeout: see set_timeout() (None: no limit, the default).
 
     Threads sharing a Client take turns: one call at a time (a lock per Client).
     Not usable in the child of a fork(): make a new Client there.
     """
 
     def __init__(self, job: str, rank: int = 0, socket: str | os.PathLike[str] | None = None, *,
-                 reconnect: float | None = None) -> None:
+                 reconnect: float | None = None, timeout: float | None = None) -> None:
         self._lock = threading.RLock()  # held by each public call (_serialized): one thread at a time
         self._c: int | None = None
         if not isinstance(job, str):
@@ -195,6 +196,8 @@ class Client:
         self._restarts = 0  # tier_client_restarts() when this client last forgot its pins
         if reconnect is not None:
             self.set_reconnect(reconnect)
+        if timeout is not None:
+            self.set_timeout(timeout)
 
     def set_reconnect(self, timeout: float) -> None:
         """``tier_client_set_reconnect()``: a call that finds tierd gone waits up to @timeout seconds
@@ -205,9 +208,23 @@ class Client:
         op = "set reconnect"
         self._check(_L.tier_client_set_reconnect(self._handle(op), int(timeout * 1000)), op)
 
+    def set_timeout(self, timeout: float) -> None:
+        """``tier_client_set_timeout()``: every request must be answered within @timeout seconds
+        (0: no limit, the default).  A call with no answer in time raises TimedOutError and the
+        connection is closed: later calls raise ShutdownError (ECONNRESET), or, with set_reconnect(),
+        the next one connects again and raises RestartedError.  Fence waits and Plan phases wait for
+        tierd's work, not an answer, and are not bounded by it (a fence's wait() takes its own
+        timeout); a synchronous pin's answer waits for its transfers, which count.  No round trip."""
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 <= timeout <= 86400:
+            raise ValueError(f"the request timeout is 0..86400 seconds, not {timeout!r}")
+        op = "set timeout"
+        # a timeout above 0 is at least 1 ms: 0 would mean none
+        self._check(_L.tier_client_set_timeout(self._handle(op), math.ceil(timeout * 1000)), op)
+
     @property
     def restarts(self) -> int:
-        """How many tierd restarts this client lived through (``tier_client_restarts()``)."""
+        """How many times this client connected again (``tier_client_restarts()``): tierd restarts,
+        and connections closed for a timeout (set_timeout())."""
         return int(_L.tier_client_restarts(self._handle("restarts")))
 
     def resubmit_plan(self) -> None:

@@ -117,7 +117,9 @@ class ShutdownError(TierError):
 
 
 class TimedOutError(TierError):
-    """ETIMEDOUT: a wait with a timeout ran out; the request goes on."""
+    """ETIMEDOUT: a wait with a timeout ran out; the request goes on.  Or tierd did not answer a
+    request within the Client's timeout (``Client.set_timeout()``): then the connection is closed, and
+    later calls raise ShutdownError (ECONNRESET), or RestartedError with ``reconnect=``."""
 
 
 class RestartedError(TierError):
