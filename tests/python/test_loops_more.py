@@ -630,9 +630,10 @@ class TestLoopsMore(tierd.DaemonTestCase):
                     self.assertEqual(eng.mode, name)
                     if i == 0:
                         saliency(ref, x, torch.autograd.grad)          # (plain PyTorch: changes nothing)
-                        with self.assertRaisesRegex(RuntimeError, r"^torch\.autograd\.grad\(\) through the forward "
-                                                                  r"of a tier\.torch engine's model: .*nothing was "
-                                                                  r"computed or applied.*zero_grad\(\) drops it"):
+                        with self.assertRaisesRegex(RuntimeError, r"^a backward through a tier\.torch engine's "
+                                                                  r"model that puts no gradient into its "
+                                                                  r"parameters.*nothing was computed or applied.*"
+                                                                  r"zero_grad\(\) drops it"):
                             saliency(model, x, grad_fn)
                         eng.zero_grad()
                     elif i == 1:
@@ -671,6 +672,67 @@ class TestLoopsMore(tierd.DaemonTestCase):
                 o.zero_grad()
         sd, rsd = model.state_dict(), ref.state_dict()
         self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "raises through torch's C++ (autograd's hooks), which ASan's interceptors abort on")
+    def test_autograd_grad_scripted_through_the_model_refused(self) -> None:
+        """A TorchScript function calling torch.autograd.grad() (compiled to aten::grad, past tier.torch's
+        Python wrapper) through the model (a saliency map: the gradient of the embedding's output): fused,
+        every block reached ran its optimizer phase, an AdamW update from the zeros zero_grad() left, silently;
+        deferred, the next forward was refused as a second micro-batch.  The engine itself now tells, in its
+        first backward hook, a backward that puts no gradient into any of its parameters (autograd.grad(), or
+        backward(inputs=...) without one of them) and refuses it before any phase is entered; zero_grad()
+        drops the open forward and the run goes on as plain PyTorch's.  backward(inputs=[some parameters])
+        and torch.autograd.backward() are not refused."""
+        @torch.jit.script
+        def scripted_grad(out: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+            g = torch.autograd.grad([out], [e])[0]
+            assert g is not None
+            return g
+
+        def with_embedding(model, x):
+            cap = {}
+            h = model.tok.register_forward_hook(lambda mod, inp, out: cap.setdefault("e", out))
+            try:
+                return lm_loss(model, x), cap["e"]
+            finally:
+                h.remove()
+
+        nothing = r"a backward through a tier\.torch engine's model that puts no gradient into its parameters"
+        data = batches(4)
+        for name, kw in (("fused", {}), ("deferred", {"optimizer_in_backward": False})):
+            with self.subTest(name):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+                eng, _ = self.engine(model, f"agrad-jit-{name}", **kw)
+                for i, x in enumerate(data):
+                    opt.zero_grad()
+                    for m in (ref, model):
+                        if i == 1:      # (a partial backward: the parameters named get their gradients)
+                            lm_loss(m, x).backward(inputs=[m.head.weight, m.tok.weight])
+                        else:
+                            torch.autograd.backward(lm_loss(m, x))
+                    opt.step()
+                    eng.step()
+                    eng.zero_grad()
+                    self.assertEqual(eng.mode, name)
+                    if i == 0:
+                        # (TorchScript's interpreter puts its traceback before the message)
+                        with self.assertRaisesRegex(RuntimeError, rf"(?m)^RuntimeError: {nothing}.*nothing was "
+                                                                  r"computed or applied.*zero_grad\(\) drops it"):
+                            scripted_grad(*with_embedding(model, x))
+                        eng.zero_grad()
+                        with self.assertRaisesRegex(RuntimeError, r"torch\.autograd\.grad\(\) with respect to "
+                                                                  r"parameter head\.weight of a tier\.torch engine"):
+                            scripted_grad(lm_loss(model, x), model.head.weight)
+                        eng.zero_grad()
+                        out, e = with_embedding(model, x)
+                        with self.assertRaisesRegex(RuntimeError, f"^{nothing}"):
+                            out.backward(inputs=[e])
+                        eng.zero_grad()
+                sd, rsd = model.state_dict(), ref.state_dict()
+                self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 
     def test_plain_checkpoint_with_frozen_parameters(self) -> None:
         """torch.optim.AdamW(model.parameters()) numbers a frozen parameter too, the engine's default group

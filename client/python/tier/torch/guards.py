@@ -122,7 +122,7 @@ def check_one_forward(eng: Any) -> None:
     """A backward begins: it must be the backward of one forward with gradients, the last (tier.torch pairs
     them, micro-batch by micro-batch).  Refused before any block's backward runs, with the likely cause:
     it used to fail inside the backward with a message about blocks run twice or parameters out of phase."""
-    gradcall.check_backward(eng)        # (torch.autograd.grad(): no backward of a step, nothing noted)
+    gradcall.check_backward(eng)        # (autograd.grad(), backward(inputs=) of no parameter: nothing noted)
     eng._bwd_tried = True
     check_kept_grads(eng)
     if eng._mode == "fused":
