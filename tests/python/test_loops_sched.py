@@ -17,6 +17,7 @@ between the groups, taken out of one, or a group deleted from
 with their old group's hyperparameters, silently, or failed with an
 IndexError); a parameter twice in a group, refused.  ``step(closure)``, as torch.optim and Lightning call it;
 a closure raising after its backward leaves the update undone, as torch's; one on a fused engine, refused.
+A deferred engine's budget refusal says why it is deferred (a closure, a clip, micro-batches, ...).
 Placement C under a host budget below the state, as test_loops.
 """
 
@@ -366,6 +367,61 @@ class TestLoopsSched(tierd.DaemonTestCase):
                 self.assertEqual(eng.mode, "fused")
                 self.same(f"fused {forced}", ref, opt, model, eng)
                 eng.close()
+
+    def test_deferred_budget_says_why_deferred(self) -> None:
+        """A host budget one optimizer phase fits, but not the two a deferred engine pins at once: the
+        refusal at the first step's end says why the engine is deferred.  It said "the first step
+        accumulated or clipped" whatever the reason, so a Lightning loop (a closure in every step, which
+        makes the engine deferred since b2962e4) was told it clipped.  Each reason is named: a closure,
+        a clip, micro-batches, a hyperparameter set between backward() and step(), optimizer_in_backward=False."""
+        import tier
+        import tier.torch
+
+        x = batches(1)[0]
+
+        def closure(model, eng):
+            eng.step(lambda: lm_loss(model, x).backward())
+
+        def clipped(model, eng):
+            lm_loss(model, x).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            eng.step()
+
+        def hyper_set(model, eng):
+            lm_loss(model, x).backward()
+            eng.param_groups[0]["lr"] = 5e-4
+            eng.step()
+
+        def accumulated(model, eng):
+            lm_loss(model, x).backward()
+            lm_loss(model, x).backward()
+            eng.step()
+
+        def plain(model, eng):
+            lm_loss(model, x).backward()
+            eng.step()
+
+        for name, first, kw, why in (("closure", closure, {}, r"the first step took a closure \(step\(closure\)"),
+                                     ("clip", clipped, {}, r"the first step clipped the gradients"),
+                                     ("accumulated", accumulated, {}, r"the first step accumulated several "
+                                      r"micro-batches"),
+                                     ("hyper", hyper_set, {}, r"the first step changed the parameter groups "
+                                      r"between backward\(\) and step\(\) \(group 0 lr 0.001 -> 0.0005\)"),
+                                     ("forced", plain, {"optimizer_in_backward": False},
+                                      r"optimizer_in_backward=False")):
+            with self.subTest(name):
+                model = lm()
+                c = self.client(f"why-deferred-{name}")
+                blocks = tier.torch.layout.build(model, tier.torch.auto_blocks(model))
+                c.set_quota(host=max(b.opt_host_bytes(2) for b in blocks) * 3 // 2)
+                eng = tier.torch.Offload(model, c, lr=1e-3, placement="C", **kw)
+                with self.assertRaises(tier.NoSpaceError) as cm:
+                    first(model, eng)
+                text = str(cm.exception)
+                self.assertRegex(text, r"the optimizer runs after the whole backward here \(" + why)
+                self.assertIn("two blocks' optimizer phases are pinned at once", text)
+                self.assertNotIn("accumulated or clipped", text)
+                eng.close(restore=False)
 
     def test_group_members_changed_refused(self) -> None:
         """A parameter moved to another group (to take it out of weight decay, say), taken out of its

@@ -202,9 +202,9 @@ def clip_grad_norm(eng: "Offload", params: Iterable[torch.Tensor], max_norm: flo
     if eng._mode == "fused":
         raise RuntimeError(
             "clip_grad_norm_: tier.torch already applied this step's gradients, unclipped, in the backward (the "
-            "first step called no clip_grad_norm_ and accumulated nothing, so the optimizer runs inside the "
-            "backward); call step() to go on (that update stands), and to clip make the engine with "
-            "optimizer_in_backward=False (or clip from the first step on)")
+            "first step called no clip_grad_norm_, accumulated nothing and passed no closure to step(), so the "
+            "optimizer runs inside the backward); call step() to go on (that update stands), and to clip make "
+            "the engine with optimizer_in_backward=False (or clip from the first step on)")
     if eng._mode is None and eng.optimizer_in_backward:
         raise RuntimeError("clip_grad_norm_ with optimizer_in_backward=True: clipping needs the optimizer after the "
                            "whole backward (make the engine with optimizer_in_backward=False or None)")

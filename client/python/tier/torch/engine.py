@@ -163,6 +163,7 @@ class Offload(torch.optim.Optimizer):
         self._by_tname: dict[str, tuple[Block, str]] = {}
         self.tracer = Tracer()
         self._mode: str | None = None        # None during the first step, then "fused" or "deferred"
+        self._deferred_why: str | None = None  # deferred: why, in words (optim.decide_mode())
         self._phase: Key | None = None
         self._early: Key | None = None       # the next step's first phase, entered by step()
         self._held: list[tuple[Any, int, bool]] = []  # trace mode: (tensor, tier, dirty) pinned now
@@ -761,9 +762,9 @@ class Offload(torch.optim.Optimizer):
         PyTorch Lightning passes one) is called first, with gradients on, and its loss returned; the
         update runs after it returns (a closure makes the engine deferred; fused, one is refused).
 
-        Deferred (gradients accumulated or clipped), every block's optimizer phases run here, the
-        clipping factor applied; fused, only the shared block's are left, if the backward's end did
-        not run them.  With the plan running (from the second step on), it ends by entering the
+        Deferred (gradients accumulated or clipped, a closure: :attr:`mode`), every block's optimizer
+        phases run here, the clipping factor applied; fused, only the shared block's are left, if the
+        backward's end did not run them.  With the plan running (from the second step on), it ends by entering the
         next step's first phase (one ``tier_phase_enter()``, no round trip): tierd holds the last
         optimizer phase's pins until the next phase begins, so only then can that phase's
         write-downs (placements B and C) be issued, and this way they are issued in the step they

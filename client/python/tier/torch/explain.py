@@ -98,8 +98,8 @@ def advice(eng: "Offload", b: Block | None) -> str:
                         "and tierd holds the next phase while one runs")
         bits.append(discovery.split_hint(b, eng.model))
     if eng._mode == "deferred":
-        bits.append("the optimizer runs after the whole backward here (the first step accumulated or "
-                    "clipped), so two blocks' optimizer phases are pinned at once")
+        bits.append(f"the optimizer runs after the whole backward here ({eng._deferred_why}), so two blocks' "
+                    "optimizer phases are pinned at once")
     job = getattr(eng.client, "job", "JOB")
     bits.append(f"or raise the job's quota (tierctl quota set {job} --host SIZE --vram SIZE); room kept for "
                 "other live jobs' guaranteed minimums (host_min, vram_min) is not the job's to use either: "

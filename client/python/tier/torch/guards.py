@@ -891,10 +891,10 @@ def refuse_second_forward(eng: Any) -> None:
                            "torch.no_grad()")
     raise RuntimeError(
         "a second forward with gradients before step(): tier.torch runs the optimizer inside the backward "
-        "(optimizer_in_backward=True, or a first step of one forward and backward and no clip_grad_norm_), "
-        "and this step's update was applied already, from the first micro-batch's gradients alone; call step() "
-        "to go on (that update stands, as torch's with one micro-batch would), and to accumulate make the "
-        "engine with optimizer_in_backward=False (or accumulate from the first step on)")
+        "(optimizer_in_backward=True, or a first step of one forward and backward, no clip_grad_norm_ and no "
+        "step(closure)), and this step's update was applied already, from the first micro-batch's gradients "
+        "alone; call step() to go on (that update stands, as torch's with one micro-batch would), and to "
+        "accumulate make the engine with optimizer_in_backward=False (or accumulate from the first step on)")
 
 
 # ---- model.state_dict()'s tensors: copies, not the parameters ---------------------------------

@@ -399,7 +399,8 @@ def run_closure(eng: Any, closure: Any) -> Any:
 def decide_mode(eng: Any, micro: int, clipped: bool, changed: str | None = None) -> None:
     """After the first step: fused if it ran one micro-batch, no clipping and left the parameter
     groups as they were between backward() and step(), and no step(closure) came (run_closure()), and
-    nothing forces deferred; deferred otherwise; the traced phases reordered to match."""
+    nothing forces deferred; deferred otherwise, the reason kept for the advice on errors (explain.advice());
+    the traced phases reordered to match."""
     want = eng.optimizer_in_backward
     if want is None:
         want = micro <= 1 and not clipped and changed is None and not eng._closure_seen
@@ -410,6 +411,11 @@ def decide_mode(eng: Any, micro: int, clipped: bool, changed: str | None = None)
                               f"({changed})")
                            + ": that needs the optimizer after the whole backward (optimizer_in_backward=False)")
     eng._mode = "fused" if want else "deferred"
+    eng._deferred_why = None if want else (
+        "optimizer_in_backward=False" if eng.optimizer_in_backward is False else "the first step "
+        + ("accumulated several micro-batches" if micro > 1 else "clipped the gradients" if clipped else
+           "took a closure (step(closure): the update runs after it returns, as torch.optim's)"
+           if eng._closure_seen else f"changed the parameter groups between backward() and step() ({changed})"))
     if eng._mode == "fused":
         eng.tracer.fuse()
 
