@@ -20,7 +20,9 @@
  *   1  a scribble: u16 offset, u8 length, bytes, anywhere in the page
  *      (the daemon area and the slots too: tierd must not trust any of it)
  *   2  let transfers finish
- *   3  plan_stats() and the next-use queries of every tensor of the plan
+ *   3  plan_stats() and the next-use queries of every tensor of the plan, and
+ *      whether a read of it is still to pin in the current phase, checked
+ *      against a walk of the phase (the lookup must answer the same)
  *
  * The plan is freed (sched_plan_free()), the core too, and no fd may leak.
  */
@@ -33,6 +35,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "daemon/base/level.h"
 #include "daemon/engine/engine.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/sched/plan.h"
@@ -114,6 +117,26 @@ static void scribble(Plan *p, FuzzIn *in) {
         memcpy((uint8_t *) p->page + off, b, len);
 }
 
+/* plan_cur_read_pending() by a walk of the whole current phase, as it was before its lookup (Plan.acc_where) */
+static bool cur_read_pending_walk(const Plan *p, const Tensor *t, int c) {
+        const PlanPhase *ph;
+        bool held;
+
+        if (p->cur >= p->n_phases)
+                return false;
+        ph = &p->phases[p->cur];
+        held = p->hold[0].active && p->hold[0].phase == p->cur;
+        for (uint32_t i = 0; i < ph->n_acc; i++) {
+                const PlanAcc *a = &ph->acc[i];
+                bool in_class = c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
+
+                if (a->tensor == t && (a->mode & PLAN_READ) && in_class &&
+                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
+                        return true;
+        }
+        return false;
+}
+
 static void query(Plan *p, Tensor **t, unsigned n_t) {
         PlanStats st;
 
@@ -124,6 +147,10 @@ static void query(Plan *p, Tensor **t, unsigned n_t) {
                         (void) plan_next_use(p, t[i], tier);
                         (void) plan_next_access_mode(p, t[i], plan_cur(p), tier);
                 }
+        /* a read still to pin in the current phase (reclaim's "dead" test): the lookup answers as the walk */
+        for (unsigned i = 0; i < n_t; i++)
+                for (int c = 0; c < _USE_MAX; c++)
+                        FUZZ_CHECK(plan_cur_read_pending(p, t[i], c) == cur_read_pending_walk(p, t[i], c));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
