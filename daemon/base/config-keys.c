@@ -347,6 +347,7 @@ static const ConfigKey config_keys[] = {
 
         KEY("limits", "max_message",             parse_size_unsigned, CONFIG_UNSIGNED_SIZE, max_message, KIB, 16 * MIB, false),
         KEY("limits", "max_tensors",             parse_unsigned,      CONFIG_UNSIGNED,      max_tensors, 1, 1024 * 1024, false),
+        KEY("limits", "max_tensors_per_uid",     parse_unsigned,      CONFIG_UNSIGNED,      max_tensors_per_uid, 1, 64 * 1024 * 1024, true),
         KEY("limits", "max_inflight",            parse_unsigned,      CONFIG_UNSIGNED,      max_inflight, 1, 65536, false),
         KEY("limits", "max_name",                parse_unsigned,      CONFIG_UNSIGNED,      max_name, 16, 4096, false),
 

@@ -99,6 +99,7 @@ void config_init(Config *c) {
 
                 .max_message = 64 * KIB,
                 .max_tensors = 65536,
+                .max_tensors_per_uid = 4 * 65536,     /* four full jobs: some 340 MiB of tierd's memory */
                 .max_inflight = 256,
                 .max_name = 255,
 

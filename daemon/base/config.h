@@ -45,6 +45,7 @@ typedef struct Config {
         /* [limits] */
         unsigned max_message;
         unsigned max_tensors;
+        unsigned max_tensors_per_uid;   /* all the jobs of one uid together, lingering ones included */
         unsigned max_inflight;
         unsigned max_name;
         /* [host] */

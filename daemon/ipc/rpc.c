@@ -36,6 +36,7 @@
 #include "daemon/ipc/held-writes.h"
 #include "daemon/ipc/jobctl.h"
 #include "daemon/ipc/metrics.h"
+#include "daemon/ipc/owner.h"
 #include "daemon/ipc/quota-rpc.h"
 #include "daemon/ipc/revoke.h"
 #include "daemon/ipc/rpc.h"
@@ -273,58 +274,6 @@ static int hello_control(Conn *c, uint64_t seq, Tier__HelloReply *hr) {
         return conn_send_response(c, &resp, NULL, 0, false);
 }
 
-static bool conn_is_admin(const Rpc *rpc, const Conn *c);
-
-/* The job named in a Hello: found (and @c's uid may use it) or created.  NULL after a reply saying why. */
-static Job *hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
-        char why[1024] = "";
-        Job *j;
-        unsigned n = 0;
-        int q;
-
-        j = job_find(r->registry, name);
-        if (j) {
-                if (j->uid != c->uid && !conn_is_admin(r, c)) {
-                        log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not attach to job "
-                                "'%s' of uid %u", (unsigned) c->uid, c->pid, j->name, (unsigned) j->uid);
-                        (void) conn_reply_error(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
-                                                ") may not attach to it (only its owner, root and group tier-admin may)",
-                                                j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
-                        return NULL;
-                }
-                *ret_created = false;
-                return j;
-        }
-        /* jobs outlive their connections (linger): bound them per uid too */
-        list_for_each_safe(node, tmp, &r->registry->jobs)
-                if (list_entry(node, Job, link)->uid == c->uid)
-                        n++;
-        if (n >= r->config->max_connections_per_uid) {
-                (void) conn_reply_error(c, seq, -EUSERS, "uid %u has %u jobs already (max_connections_per_uid)",
-                                        (unsigned) c->uid, n);
-                return NULL;
-        }
-        q = job_new(r->registry, name, c->uid, &j);
-        if (q < 0) {
-                (void) conn_reply_error(c, seq, q, "cannot create job: %s", strerror(-q));
-                return NULL;
-        }
-        log_job(LOG_INFO, 0, j->name, "Job '%s' (id %" PRIu64 ") created by uid %u", j->name, j->id, (unsigned) c->uid);
-        /* its quota: of its name, its uid, its groups or the default (logged with where each value comes from) */
-        q = quota_rpc_job_created(r, c, j, why, sizeof(why));
-        if (q < 0) {
-                log_job(LOG_NOTICE, 0, j->name, "Job '%s' refused: %s", j->name, why[0] ? why : strerror(-q));
-                (void) conn_reply_error(c, seq, q, "cannot create job '%s': %s%s", j->name, why[0] ? why : strerror(-q),
-                                        q == -ENOSPC ? "; an admin lowers a guarantee with tierctl quota set "
-                                                   "(tierctl quota get JOB shows where each value comes from)" : "");
-                job_destroy(j);
-                return NULL;
-        }
-        book_job(r->registry->book, j);         /* in the NVMe index from now on: its tensors survive tierd */
-        *ret_created = true;
-        return j;
-}
-
 static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         Tier__Response resp = TIER__RESPONSE__INIT;
         Tier__HelloReply hr = TIER__HELLO_REPLY__INIT;
@@ -392,7 +341,7 @@ static int handle_hello(Rpc *r, Conn *c, uint64_t seq, const Tier__Hello *h) {
         if (wakeup_new(&efd, &wake_read) < 0 || !completed ||
             (h->says_writes && held_writes_index(h->held_writes, h->n_held_writes, NULL, &held) < 0))
                 return conn_reply_error(c, seq, -ENOMEM, "out of resources");
-        j = hello_job(r, c, seq, h->job, &created);
+        j = owner_hello_job(r, c, seq, h->job, &created);
         if (!j)
                 return 0;
         if (!created) {
@@ -477,6 +426,8 @@ static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr
                 return conn_reply_error(c, seq, -EFBIG, "a tensor of %" PRIu64 " bytes can never be held for job '%s': "
                                         "the largest it may have is %" PRIu64 " bytes in host and %" PRIu64 " in vram "
                                         "(its limits, or the tiers' capacities)", cr->size, c->job->name, hmax, vmax);
+        if (owner_tensor_room(rpc, c, seq) < 0)
+                return 0;
         r = tensor_new(c->job, cr->name, cr->size, &t);
         if (r == -EEXIST)
                 return conn_reply_error(c, seq, r, "tensor '%s' already exists in job '%s'", cr->name, c->job->name);

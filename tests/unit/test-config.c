@@ -96,6 +96,7 @@ static void test_defaults(_unused_ void **state) {
         assert_int_equal(c.max_connections_per_uid, 64);
         assert_int_equal(c.max_message, 64 * KIB);
         assert_int_equal(c.max_tensors, 65536);
+        assert_int_equal(c.max_tensors_per_uid, 262144);
         assert_int_equal(c.max_inflight, 256);
         assert_int_equal(c.max_name, 255);
         assert_int_equal(c.host_capacity, GIB);
@@ -306,6 +307,7 @@ static void test_value_errors(_unused_ void **state) {
         parse_fails("[limits]\nmax_message = 17M\n", "max_message", NULL);
         parse_fails("[limits]\nmax_tensors = 1048577\n", "max_tensors", NULL);
         parse_fails("[limits]\nmax_tensors = 0\n", "max_tensors", NULL);
+        parse_fails("[limits]\nmax_tensors_per_uid = 0\n", "max_tensors_per_uid", NULL);
         parse_fails("[limits]\nmax_inflight = 65537\n", "max_inflight", NULL);
         parse_fails("[limits]\nmax_name = 15\n", "max_name", "out of range (16..4096)", NULL);
         parse_fails("[limits]\nmax_name = 4097\n", "max_name", NULL);

@@ -1,0 +1,117 @@
+# SPDX-License-Identifier: MIT
+"""Hostile neighbours on one tierd: what one uid may make tierd keep, and what another uid sees.
+
+* Tensors are bounded per uid ([limits] max_tensors_per_uid), over all the jobs of the uid,
+  lingering ones included: a tensor with no copy costs no quota, yet tierd keeps its record and
+  writes it to the NVMe index, and max_tensors bounded only each job, of which one uid may have
+  max_connections_per_uid (64): some 4 million tensors, 5 GiB of tierd's memory.
+* The parts that act as a second uid (65534) need root (setresuid) and skip otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tierd import CONFIG, Tierd, main  # noqa: E402
+
+import tier  # noqa: E402
+
+NOBODY = 65534
+
+
+def as_uid(uid: int, fn) -> dict:
+    """Run @fn() in a child as @uid (and gid) with no supplementary groups; what it returned (a dict)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            out = fn()
+        except BaseException as e:  # noqa: BLE001 (said to the parent)
+            out = {"exception": repr(e)}
+            code = 1
+        os.write(w, json.dumps(out).encode())
+        os._exit(code)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def fill(sock: str, job: str, n: int) -> dict:
+    """Create up to @n tensors in @job (one client, kept open by the caller's process); how many, and the refusal."""
+    c = tier.Client(job, socket=sock)
+    made = 0
+    for i in range(n):
+        try:
+            c.create(f"t{i}", 4096)
+        except tier.TierError as e:
+            return {"made": made, "errno": e.errno, "error": e.strerror, "client": c}
+        made += 1
+    return {"made": made, "errno": 0, "error": "", "client": c}
+
+
+class TensorsPerUid(unittest.TestCase):
+    def setUp(self) -> None:
+        cfg = CONFIG.replace("max_inflight = 64", "max_inflight = 64\nmax_tensors = 64\nmax_tensors_per_uid = 100")
+        self.d = Tierd(cfg.replace("linger_sec = 0", "linger_sec = 600"))
+        self.addCleanup(self.d.cleanup)
+        self.d.start()
+
+    def test_tensors_bounded_over_a_uids_jobs(self) -> None:
+        """Two jobs of one uid hold 100 tensors at most together, a lingering one's counting; the
+        refusal says the key and what to do; freeing one, or ending a job, makes room again."""
+        a = fill(self.d.socket, "first", 64)
+        self.assertEqual((a["made"], a["errno"]), (64, 0))
+        a["client"].close()                 # "first" lingers, its 64 tensors kept: they count
+        b = fill(self.d.socket, "second", 64)
+        self.assertEqual((b["made"], b["errno"]), (36, errno.EMFILE), b["error"])
+        self.assertIn(f"uid {os.getuid()} has 100 tensors in its jobs (lingering ones included), [limits] "
+                      "max_tensors_per_uid (100): free some, or end a job it no longer needs (tierctl detach JOB)",
+                      b["error"])
+        c = b["client"]
+        c.open("t0").destroy()              # room for one again
+        c.create("again", 4096)
+        with self.assertRaises(tier.TierError) as cm:
+            c.create("one-more", 4096)
+        self.assertEqual(cm.exception.errno, errno.EMFILE)
+        c.close()
+        self.assertEqual(self.d.stop(), 0)
+
+    @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
+    def test_another_uid_has_its_own(self) -> None:
+        """One uid at its bound takes nothing from another's: uid 65534 still makes its 100."""
+        os.chmod(self.d.dir, 0o711)
+        os.chmod(self.d.socket, 0o666)
+        a = fill(self.d.socket, "mine", 64)
+        b = fill(self.d.socket, "mine-too", 64)
+        self.assertEqual((a["made"] + b["made"], b["errno"]), (100, errno.EMFILE))
+        sock = self.d.socket
+
+        def other() -> dict:
+            x = fill(sock, "nobodys", 64)
+            y = fill(sock, "nobodys-too", 64)
+            return {"made": x["made"] + y["made"], "errno": y["errno"], "error": y["error"]}
+
+        got = as_uid(NOBODY, other)
+        self.assertEqual((got.get("made"), got.get("errno")), (100, errno.EMFILE), got)
+        self.assertIn(f"uid {NOBODY} has 100 tensors in its jobs", got["error"])
+        a["client"].close()
+        b["client"].close()
+        self.assertEqual(self.d.stop(), 0)
+
+
+if __name__ == "__main__":
+    main()
