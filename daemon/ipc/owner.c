@@ -43,9 +43,12 @@ Job *owner_hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_
                 if (j->uid != c->uid && !rpc_conn_is_admin(r, c)) {
                         log_job(LOG_NOTICE, 0, j->name, "Denied: uid %u (pid " PID_FMT ") may not attach to job "
                                 "'%s' of uid %u", (unsigned) c->uid, c->pid, j->name, (unsigned) j->uid);
+                        /* a name is the first Hello's: say what to do when another uid took it first */
                         (void) conn_reply_error(c, seq, -EACCES, "job '%s' belongs to uid %u: uid %u (pid " PID_FMT
-                                                ") may not attach to it (only its owner, root and group tier-admin may)",
-                                                j->name, (unsigned) j->uid, (unsigned) c->uid, c->pid);
+                                                ") may not attach to it (only its owner, root and group tier-admin "
+                                                "may); use another job name, or have uid %u or an admin end it "
+                                                "(tierctl detach; tierctl jobs shows it)", j->name, (unsigned) j->uid,
+                                                (unsigned) c->uid, c->pid, (unsigned) j->uid);
                         return NULL;
                 }
                 *ret_created = false;

@@ -5,6 +5,8 @@
   lingering ones included: a tensor with no copy costs no quota, yet tierd keeps its record and
   writes it to the NVMe index, and max_tensors bounded only each job, of which one uid may have
   max_connections_per_uid (64): some 4 million tensors, 5 GiB of tierd's memory.
+* A job name is the first Hello's: another uid that wants it is refused (EACCES) in words that
+  name the owner and say what to do instead (another name, or the owner or an admin ends it).
 * The parts that act as a second uid (65534) need root (setresuid) and skip otherwise.
 """
 
@@ -111,6 +113,54 @@ class TensorsPerUid(unittest.TestCase):
         a["client"].close()
         b["client"].close()
         self.assertEqual(self.d.stop(), 0)
+
+
+class NameTaken(unittest.TestCase):
+    @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
+    def test_squatted_name_says_what_to_do(self) -> None:
+        """uid 65534 took "train" first: root's tier-admin rights aside, a third uid is refused with the owner
+        and what to do; it said only who may attach, leaving the user to guess."""
+        d = Tierd()
+        self.addCleanup(d.cleanup)
+        d.start()
+        os.chmod(d.dir, 0o711)
+        os.chmod(d.socket, 0o666)
+        held_r, held_w = os.pipe()                     # the squatter holds "train"
+        go_r, go_w = os.pipe()                         # ... until told to let go
+        pid = os.fork()
+        if pid == 0:                                   # the squatter: holds "train" until told
+            try:
+                os.close(go_w)
+                os.close(held_r)
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+                c = tier.Client("train", socket=d.socket)
+                os.write(held_w, b"y")
+                os.read(go_r, 1)
+                c.close()
+            finally:
+                os._exit(0)
+        os.close(held_w)
+        os.close(go_r)
+        self.assertEqual(os.read(held_r, 1), b"y")
+
+        def other() -> dict:
+            try:
+                tier.Client("train", socket=d.socket)
+            except tier.TierError as e:
+                return {"errno": e.errno, "error": e.strerror}
+            return {"errno": 0, "error": ""}
+
+        got = as_uid(12345, other)
+        os.close(go_w)                                 # let go (EOF)
+        os.waitpid(pid, 0)
+        os.close(held_r)
+        self.assertEqual(got["errno"], errno.EACCES, got)
+        self.assertIn(f"job 'train' belongs to uid {NOBODY}: uid 12345 (pid ", got["error"])
+        self.assertIn(f"use another job name, or have uid {NOBODY} or an admin end it (tierctl detach; "
+                      "tierctl jobs shows it)", got["error"])
+        self.assertEqual(d.stop(), 0)
 
 
 if __name__ == "__main__":
