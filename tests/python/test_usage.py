@@ -160,12 +160,12 @@ class TestUsage(tierd.DaemonTestCase):
                                                           r"values the tier\.torch engine keeps in tierd"):
                     model.ln.bias.data = torch.zeros(32)    # (refused at once: test_vector_to_parameters_refused)
         self.same(model, ref, "after the refusals")
-        model.double()
-        with self.assertRaisesRegex(RuntimeError, r"parameter tok\.weight is torch\.float64 on cpu now, "
-                                                  r"torch\.float32 on cpu when the tier\.torch engine was made"):
-            lm_loss(model, data[0])
+        # (refused before it converts anything: test_vision.py's test_conversion_refused_before_anything_changes)
+        with self.assertRaisesRegex(RuntimeError, r"would make parameter tok\.weight torch\.float64 on cpu; it is "
+                                                  r"torch\.float32 on cpu, as when the tier\.torch engine was made"):
+            model.double()
         model.float()
-        self.same(model, ref, "converted back")
+        self.same(model, ref, "after the conversion refused")
         eng.close()
         self.same(model, ref, "closed")
 

@@ -9,7 +9,9 @@ statistics and ``num_batches_tracked`` buffers too) and the optimizer state equa
 loop around them: a LambdaLR warmup with gradient accumulation and clipping; BatchNorm put in eval mode
 mid-training, an evaluation between steps, ``model.state_dict()`` kept while training, a
 ``model.load_state_dict()`` mid-training and ``torch.save(model.state_dict())`` loaded into a plain model;
-and bfloat16 autocast on the CPU with ``torch.cuda.amp.GradScaler(enabled=False)``'s calls.
+bfloat16 autocast on the CPU with ``torch.cuda.amp.GradScaler(enabled=False)``'s calls; and a conversion
+of the model after the engine (``model.half()``, ``.to(torch.bfloat16)``, ``.double()``), refused before it
+converts anything, its BatchNorm buffers included.
 """
 
 from __future__ import annotations
@@ -223,6 +225,48 @@ class TestVision(tierd.DaemonTestCase):
         self.assertEqual(out, ref_out)
         self.same(model, ref, "autocast")
         self.same_opt(sd, ref_opt, "autocast")
+
+    def test_conversion_refused_before_anything_changes(self) -> None:
+        """model.half(), .to(torch.bfloat16), .double() after the engine: they converted the BatchNorm
+        buffers and the parameters' empty placeholders, and only the next forward was refused, saying that
+        only the placeholders had changed; no forward passed after it, and close() gave back float32
+        parameters beside half-precision running statistics, rounded.  Now each is refused before it converts
+        anything; conversions that change nothing (float(), to("cpu"), cpu()) pass, and training goes on as
+        plain PyTorch's."""
+        ref, model = make(), make()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng = self.engine(model, "convert")
+        data = images(7)
+        for i, (x, y) in enumerate(data):
+            for m, o in ((ref, opt), (model, eng)):
+                torch.manual_seed(11 + i)           # (the classifier's dropout: the same masks)
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                o.step()
+                o.zero_grad()
+            if i == 0:
+                before = {k: v.clone() for k, v in model.state_dict().items()}
+                for what, convert in (("half", lambda: model.half()),
+                                      ("to", lambda: model.to(torch.bfloat16)),
+                                      ("double", lambda: model.double()),
+                                      ("a block's", lambda: model.features[1].half()),
+                                      ("type", lambda: model.type(torch.float64))):
+                    with self.subTest(conversion=what), \
+                            self.assertRaisesRegex(RuntimeError, r"would make parameter \S+ torch\.(float16|bfloat16|"
+                                                                 r"float64) on cpu; it is torch\.float32.*Nothing of "
+                                                                 r"the model changed"):
+                        convert()
+                    for k, v in model.state_dict().items():
+                        self.assertEqual(v.dtype, before[k].dtype, f"{what}: {k} converted")
+                        self.assertTrue(torch.equal(v, before[k]), f"{what}: {k} changed")
+                self.assertIs(model.float(), model)
+                model.to("cpu")
+                model.cpu()
+                ref.float()
+        self.same(model, ref, "after the refusals")
+        eng.close()
+        self.assertNotIn("_apply", model.__dict__)
+        model.half()                                        # torch's own again
+        self.assertEqual(model.features[0][0].weight.dtype, torch.float16)
 
 
 if __name__ == "__main__":

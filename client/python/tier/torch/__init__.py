@@ -37,7 +37,9 @@ parameter's ``.data`` is its ``detach()`` while the engine has it
 writing the placeholder (a view: ``parameters_to_vector()``; an EMA's
 ``ema_p.add_(p.detach())``) are refused at once (guards.check_reads()), and
 so is removing or replacing a parameter in its module (``weight_norm()``,
-``prune``: guards.HeldParams) or setting its ``.grad`` outside its phases.
+``prune``: guards.HeldParams), setting its ``.grad`` outside its phases, or
+converting the model to another dtype or device (``model.half()``:
+tier.torch.convert, before any buffer is converted).
 
 One training step is a cycle of phases: the forward of each block in the
 order the model calls them, then, as autograd reaches each block, its

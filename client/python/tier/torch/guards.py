@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import gradcall, optim
+from . import convert, gradcall, optim
 
 FUSED_NOTE = ("tier.torch ran this step's optimizer inside the backward (fused: the first step had one forward and "
               "backward, no clip_grad_norm_ and no step(closure), or optimizer_in_backward=True), so")
@@ -160,7 +160,7 @@ def note_mapped_write(eng: Any, s: Any) -> None:
 
 def check_params(eng: Any, what: str) -> None:
     """Outside its phases a parameter is an empty placeholder and its values are in tierd: a change in
-    place to it (weight clipping, nn.init) changed nothing, and a conversion (model.double(), .to()) only
+    place to it (weight clipping, nn.init) changed nothing, and a conversion past convert.py's refusal only
     the placeholder, the engine going on in the layout it made.  Refused, naming the parameter, where
     they were lost silently; a change in place is said once.  So is a write into a tensor a
     model.state_dict() gave (check_given())."""
@@ -660,6 +660,7 @@ def claim_params(eng: Any) -> None:
             held = held_type(m._parameters)
             held._tier_eng, held._tier_owner = r, type(m).__name__
             m.__dict__["_parameters"] = held
+    convert.hold(eng)
 
 
 class HeldParams:
@@ -808,6 +809,7 @@ def release_params(eng: Any) -> None:
     from .clip import drop_moved_grads
 
     drop_moved_grads(eng)
+    convert.release(eng)
     for m in eng.model.modules():
         if getattr(m.__dict__.get("resize_token_embeddings"), "__qualname__", "").startswith("_refuse_resize"):
             del m.__dict__["resize_token_embeddings"]
