@@ -11,7 +11,8 @@ mid-training, an evaluation between steps, ``model.state_dict()`` kept while tra
 ``model.load_state_dict()`` mid-training and ``torch.save(model.state_dict())`` loaded into a plain model;
 bfloat16 autocast on the CPU with ``torch.cuda.amp.GradScaler(enabled=False)``'s calls; and a conversion
 of the model after the engine (``model.half()``, ``.to(torch.bfloat16)``, ``.double()``), refused before it
-converts anything, its BatchNorm buffers included.
+converts anything, its BatchNorm buffers included; and ``SyncBatchNorm.convert_sync_batchnorm(model)`` or a
+new head after the engine, refused before a module is replaced.
 """
 
 from __future__ import annotations
@@ -267,6 +268,45 @@ class TestVision(tierd.DaemonTestCase):
         self.assertNotIn("_apply", model.__dict__)
         model.half()                                        # torch's own again
         self.assertEqual(model.features[0][0].weight.dtype, torch.float16)
+
+
+    def test_module_replaced_refused(self) -> None:
+        """SyncBatchNorm.convert_sync_batchnorm(model) after the engine put a new module holding the same
+        parameters in place of each BatchNorm; a new head put in place of the old one (model.classifier[3] =
+        nn.Linear(...)) left the old parameters to the engine and the new ones untrained.  The first was
+        refused at the next forward as a read of a placeholder "outside its block's forward", the second, after
+        the first step, as a block that "ran in the first step but not in this one" (an expert's words).  Now
+        each is refused where the module is replaced, before anything changes; a module holding none of the
+        engine's parameters (an activation) is replaced as in torch, and after close() the conversion is
+        torch's."""
+        ref, model = make(), make()
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        eng = self.engine(model, "swap")
+        before = [(n, type(m)) for n, m in model.named_modules()]
+        for i, (x, y) in enumerate(images(7)):
+            for m, o in ((ref, opt), (model, eng)):
+                torch.manual_seed(11 + i)           # (the classifier's dropout: the same masks)
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                o.step()
+                o.zero_grad()
+            if i == 0:
+                with self.assertRaisesRegex(RuntimeError, r"putting a SyncBatchNorm in place of module 1 \(BatchNorm2d\) "
+                                                          r"of Conv2dNormActivation, which holds parameter "
+                                                          r"features\.0\.1\.weight.*nothing changed"):
+                    torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+                with self.assertRaisesRegex(RuntimeError, r"putting a Linear in place of module 3 \(Linear\) of "
+                                                          r"Sequential, which holds parameter classifier\.3\.weight"):
+                    model.classifier[3] = torch.nn.Linear(1024, 10)
+                with self.assertRaisesRegex(RuntimeError, r"removing module classifier \(Sequential\) of "
+                                                          r"MobileNetV3, which holds parameter classifier\.0\.weight"):
+                    del model.classifier
+                self.assertEqual([(n, type(m)) for n, m in model.named_modules()], before)
+                for m in (model, ref):
+                    m.classifier[1] = torch.nn.Hardswish()       # (no parameters: torch's)
+        self.same(model, ref, "after the refusals")
+        eng.close()
+        torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)      # torch's own again
+        self.assertIsInstance(model.features[0][1], torch.nn.SyncBatchNorm)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ writing the placeholder (a view: ``parameters_to_vector()``; an EMA's
 so is removing or replacing a parameter in its module (``weight_norm()``,
 ``prune``: guards.HeldParams), setting its ``.grad`` outside its phases, or
 converting the model to another dtype or device (``model.half()``:
-tier.torch.convert, before any buffer is converted).
+tier.torch.convert, before any buffer is converted), or putting another
+module in the place of one holding its parameters
+(``convert_sync_batchnorm()``: tier.torch.swap).
 
 One training step is a cycle of phases: the forward of each block in the
 order the model calls them, then, as autograd reaches each block, its

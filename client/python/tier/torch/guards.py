@@ -661,6 +661,8 @@ def claim_params(eng: Any) -> None:
             held._tier_eng, held._tier_owner = r, type(m).__name__
             m.__dict__["_parameters"] = held
     convert.hold(eng)
+    from . import swap      # (it imports this module)
+    swap.hold(eng)
 
 
 class HeldParams:
@@ -810,6 +812,8 @@ def release_params(eng: Any) -> None:
 
     drop_moved_grads(eng)
     convert.release(eng)
+    from . import swap
+    swap.release(eng)
     for m in eng.model.modules():
         if getattr(m.__dict__.get("resize_token_embeddings"), "__qualname__", "").startswith("_refuse_resize"):
             del m.__dict__["resize_token_embeddings"]
