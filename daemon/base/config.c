@@ -236,7 +236,16 @@ static int quota_section_once(Config *c, ParseState *st, const char *filename, c
                 uint32_t both = o->set & st->quota.set;
                 char t[128];
 
-                if (!both || !quota_rule_matches(o, st->quota.kind, st->quota.id, st->quota.job))
+                if (!quota_rule_matches(o, st->quota.kind, st->quota.id, st->quota.job))
+                        continue;
+                if (o->has_owner && st->quota.has_owner) {
+                        quota_target_format(st->quota.kind, st->quota.id, st->quota.job, t, sizeof(t));
+                        return line_error(ret_error, filename, st->quota_line, "quota",
+                                          "owner: set a second time in this file for %s (first by the [quota] "
+                                          "section at line %u): remove one of the two lines, or merge the sections",
+                                          t, st->quota_lines[i - st->quota_first]);
+                }
+                if (!both)
                         continue;
                 int f = __builtin_ctz(both);
                 quota_target_format(st->quota.kind, st->quota.id, st->quota.job, t, sizeof(t));

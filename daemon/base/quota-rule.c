@@ -11,7 +11,12 @@
  * (config.c feeds their lines to quota_rule_set_key()) and from tierctl
  * quota set, which tierd keeps in a state file of the same [quota]
  * sections: quota_rules_format() writes it and quota_rules_parse_text()
- * reads it back.  Nothing here logs.
+ * reads it back.  A job-name rule may name the name's owner ("owner =
+ * alice"): only that uid may then create a job of that name (ipc/owner.c
+ * refuses the others' Hello), and the rule governs no job of another uid
+ * (one the NVMe index restored, or one that ran when the owner changed):
+ * without an owner, whoever creates the name first gets its quota.
+ * Nothing here logs.
  */
 
 #include <errno.h>
@@ -206,14 +211,15 @@ int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **
                         return reason(ret_reason, "'%s' is not a uid (a number)", value);
                 return set_target(q, QUOTA_UID, id, NULL, ret_reason);
         }
-        if (strcmp(key, "user") == 0 || strcmp(key, "group") == 0) {
-                bool user = key[0] == 'u';
+        if (strcmp(key, "user") == 0 || strcmp(key, "group") == 0 || strcmp(key, "owner") == 0) {
+                bool user = key[0] != 'g', owner = key[0] == 'o';
 
                 if (!parse_id(value, &id)) {
                         int r = lookup_id(user, value, &id);
 
                         if (r == -ENOENT)
-                                return reason(ret_reason, "no %s '%s' (not in the %s database)", key, value, key);
+                                return reason(ret_reason, "no %s '%s' (not in the %s database)", owner ? "user" : key,
+                                              value, owner ? "user" : key);
                         /*
                          * The database failed (a directory service down, out of fds): not "no
                          * such name", which would make a valid configuration look broken, or
@@ -221,8 +227,17 @@ int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **
                          */
                         if (r < 0)
                                 return reason(ret_reason, "cannot look up %s '%s' in the %s database: %s (try "
-                                              "again, or give the %s as a number)", key, value, key, strerror(-r),
+                                              "again, or give the %s as a number)", owner ? "user" : key, value,
+                                              owner ? "user" : key, strerror(-r),
                                               user ? "uid" : "gid");
+                }
+                if (owner) {
+                        if (q->has_owner)
+                                return reason(ret_reason, "set a second time in this [quota] section (uid %" PRIu32
+                                              " first): remove one of the two lines", q->owner);
+                        q->has_owner = true;
+                        q->owner = id;
+                        return 0;
                 }
                 return set_target(q, user ? QUOTA_UID : QUOTA_GROUP, id, NULL, ret_reason);
         }
@@ -253,13 +268,16 @@ int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **
                 q->set |= 1u << f;
                 return 0;
         }
-        return reason(ret_reason, "unknown key (job, uid, user, group, host, host_min, vram, vram_min, nvme, "
+        return reason(ret_reason, "unknown key (job, uid, user, group, owner, host, host_min, vram, vram_min, nvme, "
                       "nvme_min, weight, host_total, vram_total, nvme_total)");
 }
 
 int quota_rule_check(const QuotaRule *q, char **ret_reason) {
         if (q->kind == QUOTA_DEFAULT)
                 return reason(ret_reason, "[quota] section names no job, uid, user or group");
+        if (q->has_owner && q->kind != QUOTA_JOB)
+                return reason(ret_reason, "owner is the uid that alone may create a job of a name: it goes in a "
+                              "[quota] section of a job name (job =), not of a %s", kind_names[q->kind]);
         for (int t = 0; t < TIERS; t++)
                 if ((q->set & (1u << QUOTA_TOTAL(t))) && q->kind == QUOTA_JOB)
                         return reason(ret_reason, "%s_total is the total of a uid's or a group's jobs: a job name "
@@ -454,6 +472,8 @@ char *quota_rules_format(const QuotaRules *rs) {
                 fprintf(f, "%s[quota]\n", i ? "\n" : "");
                 if (q->kind == QUOTA_JOB)
                         fprintf(f, "job = %s\n", q->job);
+                if (q->kind == QUOTA_JOB && q->has_owner)
+                        fprintf(f, "owner = %" PRIu32 "\n", q->owner);
                 else if (q->kind == QUOTA_UID || q->kind == QUOTA_GROUP)
                         fprintf(f, "%s = %" PRIu32 "\n", kind_names[q->kind], q->id);
                 for (int fi = 0; fi < QUOTA_FIELDS; fi++) {

@@ -43,6 +43,8 @@ typedef struct QuotaRule {
         char *job;                      /* QUOTA_JOB: the name (owned) */
         uint64_t value[QUOTA_FIELDS];   /* bytes; the weight at QUOTA_WEIGHT */
         uint32_t set;                   /* bits 1 << field: what the rule sets; the rest falls through */
+        bool has_owner;                 /* QUOTA_JOB: "owner =": only uid @owner may create a job of this name */
+        uint32_t owner;
 } QuotaRule;
 
 typedef struct QuotaRules {
@@ -69,13 +71,14 @@ char *quota_target_format(QuotaKind kind, uint32_t id, const char *job, char *bu
  * quota_rule_set_key() - apply "@key = @value" of a [quota] section to @q:
  * a target (job, uid, user, group: a name or a number; user and group
  * names are looked up, which may block on NSS: tierd parses its
- * configuration only at start and reload) or a field (host, host_min,
+ * configuration only at start and reload), for a job name its owner
+ * (owner: a user name or a uid, looked up alike) or a field (host, host_min,
  * vram, vram_min, nvme, nvme_min, and for a uid or a group host_total,
  * vram_total, nvme_total: sizes, a total 0 for none; weight: 1..1000).  -EINVAL with a
  * malloc'ed reason in *@ret_reason (the key is not repeated in it).
  */
 int quota_rule_set_key(QuotaRule *q, const char *key, const char *value, char **ret_reason);
-/* A section is complete: it names its target, totals only for a uid or a group; -EINVAL with a reason otherwise. */
+/* A section is complete: it names its target, totals only for a uid or a group, an owner only for a job name; -EINVAL with a reason otherwise. */
 int quota_rule_check(const QuotaRule *q, char **ret_reason);
 
 void quota_rules_clear(QuotaRules *rs);

@@ -319,6 +319,7 @@ static int check_quotas(const Config *c) {
                 log_error("Invalid configuration: [quota]: %s", why);
                 return 1;
         }
+        quota_warn_unowned(c);
         return 0;
 }
 

@@ -455,6 +455,7 @@ static int manager_check_quotas(Manager *m) {
                 log_error("Invalid configuration: [quota]: %s", why);
                 return MANAGER_CONFIG_REFUSED;
         }
+        quota_warn_unowned(&m->config);
         r = quota_check(m->quotas, &m->config, &m->quotas->runtime, why, sizeof(why));
         if (r == -ENOMEM)
                 return log_error_errno(r, "Out of memory");

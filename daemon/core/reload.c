@@ -132,6 +132,7 @@ static unsigned reload_quotas(Manager *m, Config *next) {
         if (was && now && strcmp(was, now) == 0)
                 return 0;
         log_info("Reload: [quota] sections: %zu (were %zu)", m->config.quotas.n, next->quotas.n);
+        quota_warn_unowned(&m->config);
         return 1;
 }
 

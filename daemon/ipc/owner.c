@@ -15,7 +15,10 @@
  * made tierd hold some 5 GiB, and the index grow by over 1 GiB, for every
  * user.  A job restored from the NVMe index is not held to it (nothing is
  * dropped for a bound lowered since); its uid creates no more until it is
- * under it again.
+ * under it again.  A job name whose quota rule names an owner ([quota]
+ * owner =) is that uid's alone: anyone else's Hello is refused before the
+ * job exists, even root's, so that no one takes the name's guarantee and
+ * locks its owner out (without an owner the first Hello has the name).
  */
 
 #include <errno.h>
@@ -30,12 +33,14 @@
 #include "daemon/ipc/quota-rpc.h"
 #include "daemon/ipc/rpc.h"
 #include "daemon/state/book.h"
+#include "daemon/state/quota.h"
 #include "daemon/state/registry.h"
 
 Job *owner_hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_created) {
         char why[1024] = "";
         Job *j;
         unsigned n = 0;
+        uint32_t owner;
         int q;
 
         j = job_find(r->registry, name);
@@ -53,6 +58,16 @@ Job *owner_hello_job(Rpc *r, Conn *c, uint64_t seq, const char *name, bool *ret_
                 }
                 *ret_created = false;
                 return j;
+        }
+        /* a name whose quota rule has an owner is that uid's alone: refused before the job exists */
+        if (quota_job_owner(r->config, &r->quotas->runtime, name, &owner) && owner != (uint32_t) c->uid) {
+                log_job(LOG_NOTICE, 0, name, "Denied: uid %u (pid " PID_FMT ") may not create job '%s': its quota "
+                        "rule has owner uid %" PRIu32, (unsigned) c->uid, c->pid, name, owner);
+                (void) conn_reply_error(c, seq, -EACCES, "job name '%s' belongs to uid %" PRIu32 " ([quota] job = %s "
+                                        "has owner = %" PRIu32 "): uid %u (pid " PID_FMT ") may not create it; use "
+                                        "another job name, or have an admin change the rule's owner (tierd.conf, "
+                                        "then a reload)", name, owner, name, owner, (unsigned) c->uid, c->pid);
+                return NULL;
         }
         /* jobs outlive their connections (linger): bound them per uid too */
         list_for_each_safe(node, tmp, &r->registry->jobs)

@@ -128,10 +128,36 @@ static bool take(const Config *c, const QuotaRules *runtime, QuotaKind kind, uin
         return true;
 }
 
+bool quota_job_owner(const Config *c, const QuotaRules *runtime, const char *job, uint32_t *ret) {
+        const QuotaRule *q = runtime ? quota_rules_find(runtime, QUOTA_JOB, 0, job) : NULL;
+
+        if (q && q->has_owner) {
+                *ret = q->owner;
+                return true;
+        }
+        for (size_t i = c->quotas.n; i-- > 0;) {
+                q = &c->quotas.rules[i];
+                if (q->has_owner && quota_rule_matches(q, QUOTA_JOB, 0, job)) {
+                        *ret = q->owner;
+                        return true;
+                }
+        }
+        return false;
+}
+
 void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret) {
+        uint32_t owner = 0;
+        bool has_owner = who->job && quota_job_owner(c, runtime, who->job, &owner);
+
+        /* a name with an owner: its rules govern the owner's job, not one another uid holds (restored, or before a reload) */
+        ret->not_owner = has_owner && who->has_uid && who->uid != owner;
+        ret->owner = owner;
         for (int f = 0; f < QUOTA_FIELDS; f++) {
-                if (who->job && take(c, runtime, QUOTA_JOB, 0, who->job, f, ret))
+                if (who->job && !ret->not_owner && take(c, runtime, QUOTA_JOB, 0, who->job, f, ret)) {
+                        ret->from[f].has_owner = has_owner;
+                        ret->from[f].owner = owner;
                         continue;
+                }
                 if (who->has_uid && take(c, runtime, QUOTA_UID, who->uid, NULL, f, ret))
                         continue;
                 for (size_t g = 0; g < who->n_gids; g++)
@@ -155,6 +181,37 @@ void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j,
         quota_resolve(c, runtime, &who, ret);
 }
 
+void quota_warn_unowned(const Config *c) {
+        for (size_t i = 0; i < c->quotas.n; i++) {
+                const QuotaRule *q = &c->quotas.rules[i];
+                char what[512] = "";
+                size_t n = 0;
+                uint32_t owner;
+
+                if (q->kind != QUOTA_JOB || quota_job_owner(c, NULL, q->job, &owner))
+                        continue;
+                /* what a user gains by naming a job so: a guarantee, or more than the default */
+                for (int f = 0; f < QUOTA_FIELDS && n < sizeof(what); f++) {
+                        bool min = f >= QUOTA_MIN(0) && f < QUOTA_MIN(TIERS);
+                        int k;
+
+                        if (!(q->set & (1u << f)) || (min ? q->value[f] == 0 : q->value[f] <= default_value(c, f)))
+                                continue;
+                        k = f == QUOTA_WEIGHT ? snprintf(what + n, sizeof(what) - n, "%sweight %" PRIu64, n ? ", " : "",
+                                                         q->value[f]) :
+                                snprintf(what + n, sizeof(what) - n, "%s%s %s", n ? ", " : "", quota_field_name(f),
+                                         FORMAT_SIZE_EXACT(q->value[f]));
+                        if (k < 0)
+                                break;
+                        n += (size_t) k;
+                }
+                if (n > 0)
+                        log_warning("[quota] job = %s has no owner: any user who names a job so first gets its %s "
+                                    "(a guarantee, or above the default) and holds the name against the user it is "
+                                    "meant for; add 'owner = USER' to the section", q->job, what);
+        }
+}
+
 char *quota_source_format(const QuotaSource *src, char *buf, size_t size) {
         char t[QUOTA_JOB_NAME_MAX + 16];
 
@@ -163,7 +220,11 @@ char *quota_source_format(const QuotaSource *src, char *buf, size_t size) {
                 return buf;
         }
         quota_target_format(src->kind, src->id, src->job, t, sizeof(t));
-        (void) snprintf(buf, size, "%s%s", t, src->config ? " (tierd.conf)" : "");
+        if (src->has_owner)
+                (void) snprintf(buf, size, "%s (%sowner uid %" PRIu32 ")", t, src->config ? "tierd.conf, " : "",
+                                src->owner);
+        else
+                (void) snprintf(buf, size, "%s%s", t, src->config ? " (tierd.conf)" : "");
         return buf;
 }
 
@@ -493,6 +554,21 @@ static bool job_totals(QuotaStore *s, Job *j) {
         return changed;
 }
 
+/* Say when @j's name's rules stop or start governing it: their owner is another uid now, or its own again. */
+static void owner_changed(Job *j, const QuotaResolved *q) {
+        if (q->not_owner == j->not_owner)
+                return;
+        j->not_owner = q->not_owner;
+        if (q->not_owner)
+                log_job(LOG_NOTICE, 0, j->name, "Job '%s' of uid %u: the quota of its name has owner uid %" PRIu32
+                        " now, so it no longer applies to this job (which keeps running under its uid's and "
+                        "groups' quotas); uid %" PRIu32 " can create a job of that name once this one ends "
+                        "(tierctl detach)", j->name, (unsigned) j->uid, q->owner, q->owner);
+        else
+                log_job(LOG_NOTICE, 0, j->name, "Job '%s' of uid %u: the quota of its name applies to it again "
+                        "(its owner is this uid, or it has none now)", j->name, (unsigned) j->uid);
+}
+
 bool quota_apply_all(QuotaStore *s, char *warn, size_t size) {
         bool changed = false;
 
@@ -503,6 +579,7 @@ bool quota_apply_all(QuotaStore *s, char *warn, size_t size) {
                 QuotaResolved q;
 
                 quota_resolve_job(s->config, &s->runtime, j, &q);
+                owner_changed(j, &q);
                 changed |= job_apply(j, &q, false, warn, size);
                 changed |= job_totals(s, j);
         }
@@ -566,6 +643,12 @@ int quota_job_created(QuotaStore *s, Job *j, gid_t gid, const gid_t *groups, siz
         }
         (void) job_apply(j, &q, true, NULL, 0);
         (void) job_totals(s, j);
+        j->not_owner = q.not_owner;
+        if (q.not_owner)
+                log_job(LOG_WARNING, 0, j->name, "Job '%s' of uid %u: the quota of its name does not apply to it: "
+                        "the name's owner is uid %" PRIu32 " ([quota] owner); the job keeps its tensors under its "
+                        "uid's and groups' quotas, and uid %" PRIu32 " can create a job of that name once it ends "
+                        "(tierctl detach)", j->name, (unsigned) j->uid, q.owner, q.owner);
 
         for (int t = 0; t < TIERS; t++)
                 len += (size_t) snprintf(line + MIN(len, sizeof(line) - 1), sizeof(line) - MIN(len, sizeof(line) - 1),
@@ -611,7 +694,7 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
                         return k;
                 }
         }
-        if (!clear && change->set == 0) {
+        if (!clear && change->set == 0 && !change->has_owner) {
                 (void) snprintf(why, why_size, "nothing to set for %s", target);
                 return -EINVAL;
         }
@@ -655,13 +738,14 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
                 quota_rules_remove(&next, (size_t) (q - next.rules));
                 q = NULL;
         }
-        if (change->set && !q) {
+        if ((change->set || change->has_owner) && !q) {
                 QuotaRule n = {};
 
                 k = quota_rule_copy(&n, change);
                 if (k < 0)
                         return k;
                 n.set = 0;
+                n.has_owner = false;
                 k = quota_rules_add(&next, &n);
                 if (k == -E2BIG) {
                         (void) snprintf(why, why_size, "tierd holds %u quotas set at run time already", QUOTA_RULES_MAX);
@@ -676,6 +760,14 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
                         q->value[f] = change->value[f];
                         q->set |= 1u << f;
                 }
+        if (q && change->has_owner) {
+                if (change->kind != QUOTA_JOB) {
+                        (void) snprintf(why, why_size, "an owner is of a job name, not of %s", target);
+                        return -EINVAL;
+                }
+                q->has_owner = true;
+                q->owner = change->owner;
+        }
 
         /* the target itself (as a job of that uid or group would see it), then everyone */
         if (change->kind != QUOTA_JOB || !job_find(r, change->job)) {
@@ -710,7 +802,8 @@ int quota_store_set(QuotaStore *s, const QuotaRule *change, bool clear, char *wh
         quota_rules_clear(&s->runtime);
         s->runtime = next;
         next = QUOTA_RULES_NULL;
-        log_info("Quota of %s %s by tierctl quota set", target, clear && !change->set ? "cleared" : "set");
+        log_info("Quota of %s %s by tierctl quota set", target, clear && !change->set && !change->has_owner ?
+                 "cleared" : "set");
         return quota_apply_all(s, warn, warn_size) ? 1 : 0;
 }
 

@@ -26,11 +26,15 @@ typedef struct QuotaSource {
         uint32_t id;
         const char *job;        /* borrowed from the rule: valid until the rules change */
         bool config;            /* from tierd.conf (else set at run time) */
+        bool has_owner;         /* QUOTA_JOB: the name's owner (quota_job_owner()) */
+        uint32_t owner;
 } QuotaSource;
 
 typedef struct QuotaResolved {
         uint64_t value[QUOTA_FIELDS];
         QuotaSource from[QUOTA_FIELDS];
+        bool not_owner;         /* the job name's rules have owner uid @owner, not the subject's uid: they did not apply */
+        uint32_t owner;
 } QuotaResolved;
 
 /* Whom to resolve a quota for. */
@@ -83,7 +87,23 @@ int quota_store_rename_job(QuotaStore *s, const char *was, const char *now);
  */
 int quota_store_rename_old(QuotaStore *s);
 
-/* Resolve @who's quota field by field: job > uid > groups (in @who's order) > default; tierd.conf's rules and @runtime's. */
+/*
+ * quota_job_owner() - the uid that alone may create a job named @job: the
+ * owner of its run-time rule, else of tierd.conf's last rule of that name
+ * that names one.  false: none (whoever creates the name first has it).
+ */
+bool quota_job_owner(const Config *c, const QuotaRules *runtime, const char *job, uint32_t *ret);
+/*
+ * quota_warn_unowned() - log a warning for each of tierd.conf's job-name
+ * rules without an owner that any user could take by naming a job so: one
+ * that sets a guarantee, or a maximum or weight above the default.
+ */
+void quota_warn_unowned(const Config *c);
+
+/*
+ * Resolve @who's quota field by field: job > uid > groups (in @who's order) > default; tierd.conf's rules
+ * and @runtime's.  A job name's rules do not apply when the name has an owner and @who has another uid.
+ */
 void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret);
 /* The same for running job @j (its name, its creator's uid and groups). */
 void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j, QuotaResolved *ret);

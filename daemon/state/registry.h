@@ -210,6 +210,7 @@ struct Job {
         uint64_t guarantee[TIERS]; /* bytes no other job may take from it (a quota's minimum; 0: none) */
         uint8_t limit_set;      /* tiers (bits) whose limit a quota set: a reload leaves them alone */
         bool admin;             /* its creator is root, in group tier-admin or tierd's uid: no uid_share */
+        bool not_owner;         /* its name's quota rule has an owner, not its uid: the rule governs it not (quota.c) */
         JobTotal *totals;       /* the totals it is held to with others (quota.c: its uid's, its groups'); owned */
         unsigned n_totals;
         unsigned weight;        /* bandwidth weight (fair share of the links) */

@@ -7,6 +7,10 @@
   max_connections_per_uid (64): some 4 million tensors, 5 GiB of tierd's memory.
 * A job name is the first Hello's: another uid that wants it is refused (EACCES) in words that
   name the owner and say what to do instead (another name, or the owner or an admin ends it).
+* A job name whose [quota] rule names an owner is that uid's alone: uid 65534 named a job "nightly"
+  first and took the max and the guarantee tierd.conf meant for another user's nightly job (and held
+  the name against it); now any other uid's Hello is refused before the job exists, and tierd warns
+  of a job-name rule without an owner that gives a guarantee.
 * The parts that act as a second uid (65534) need root (setresuid) and skip otherwise.
 """
 
@@ -160,6 +164,49 @@ class NameTaken(unittest.TestCase):
         self.assertIn(f"job 'train' belongs to uid {NOBODY}: uid 12345 (pid ", got["error"])
         self.assertIn(f"use another job name, or have uid {NOBODY} or an admin end it (tierctl detach; "
                       "tierctl jobs shows it)", got["error"])
+        self.assertEqual(d.stop(), 0)
+
+
+OWNER = 12345
+
+
+class NameOwner(unittest.TestCase):
+    @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
+    def test_owned_name_refuses_others(self) -> None:
+        """[quota] job = nightly, owner = 12345: uid 65534 and root are refused "nightly" with the rule and
+        what to do; uid 12345 gets the name's max and guarantee, whose source names the owner."""
+        cfg = CONFIG + ("[quota]\njob = nightly\nowner = %d\nhost = 40M\nhost_min = 16M\n"
+                        "[quota]\nuid = %d\nhost = 8M\n"
+                        "[quota]\njob = shared\nhost_min = 8M\n" % (OWNER, NOBODY))
+        d = Tierd(cfg)
+        self.addCleanup(d.cleanup)
+        d.start()
+        os.chmod(d.dir, 0o711)
+        os.chmod(d.socket, 0o666)
+        self.assertIn("[quota] job = shared has no owner: any user who names a job so first gets its host_min 8M",
+                      d.log_text())
+        self.assertNotIn("job = nightly has no owner", d.log_text())
+        sock = d.socket
+
+        def hello() -> dict:
+            try:
+                c = tier.Client("nightly", socket=sock)
+            except tier.TierError as e:
+                return {"errno": e.errno, "error": e.strerror}
+            q = c.quota()
+            c.close()
+            return {"errno": 0, "host": q.limits["host"], "host_min": q.minimums["host"],
+                    "from": q.sources["host_min"] if q.sources else None}
+
+        got = as_uid(NOBODY, hello)
+        self.assertEqual(got["errno"], errno.EACCES, got)
+        self.assertIn(f"job name 'nightly' belongs to uid {OWNER} ([quota] job = nightly has owner = {OWNER}): "
+                      f"uid {NOBODY} (pid ", got["error"])
+        self.assertIn("use another job name, or have an admin change the rule's owner", got["error"])
+        self.assertEqual(hello()["errno"], errno.EACCES)       # root too: the name is the owner's alone
+        got = as_uid(OWNER, hello)
+        self.assertEqual((got["errno"], got["host"], got["host_min"]), (0, 40 << 20, 16 << 20), got)
+        self.assertEqual(got["from"], f"job 'nightly' (tierd.conf, owner uid {OWNER})")
         self.assertEqual(d.stop(), 0)
 
 

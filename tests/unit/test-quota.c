@@ -232,6 +232,79 @@ static void test_precedence(void **state) {
         assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 11 * MIB);             /* job over uid still */
 }
 
+/*
+ * A job name's owner ([quota] owner =): found by a reviewer, uid 65534 created "nightly" first and got
+ * the 48M max and 32M guarantee meant for another user's job; now the name's rules govern only a job of
+ * its owner's uid (the Hello of another is refused: ipc/owner.c), and say the owner where they apply.
+ */
+static void test_owner(void **state) {
+        _cleanup_(config_deinitp) Config c;
+        _cleanup_(quota_rules_clear) QuotaRules rs = QUOTA_RULES_NULL, rt = QUOTA_RULES_NULL;
+        _cleanup_free_ char *err = NULL, *text = NULL;
+        QuotaSubject who = { .job = "nightly", .has_uid = true, .uid = 65534 };
+        QuotaResolved q;
+        uint32_t owner = 0;
+        char buf[128];
+
+        /* the state file's syntax: read, written back */
+        assert_int_equal(quota_rules_parse_text(&rs, "[quota]\njob = nightly\nowner = 1000\nhost = 48M\n", "quotas",
+                                                &err), 0);
+        assert_true(rs.rules[0].has_owner);
+        assert_int_equal(rs.rules[0].owner, 1000);
+        text = quota_rules_format(&rs);
+        assert_string_equal(text, "[quota]\njob = nightly\nowner = 1000\nhost = 48M\n");
+        quota_rules_clear(&rs);
+        assert_int_equal(quota_rules_parse_text(&rs, "[quota]\nowner = root\njob = x\n", "quotas", &err), 0);
+        assert_int_equal(rs.rules[0].owner, 0);        /* a user name, looked up; before the target too */
+        rules_fail("[quota]\nuid = 5\nowner = 1000\n", "owner is the uid that alone may create a job of a name: "
+                   "it goes in a [quota] section of a job name (job =), not of a uid");
+        rules_fail("[quota]\njob = x\nowner = 1\nowner = 2\n", "owner: set a second time in this [quota] section");
+        rules_fail("[quota]\njob = x\nowner = no-such-user-here\n", "owner: no user 'no-such-user-here'");
+        rules_fail("[quota]\njob = x\nowner = nss-down\n", "cannot look up user 'nss-down' in the user database");
+        rules_fail("[quota]\njob = x\nowner = -1\n", "no user '-1'");
+
+        config_init(&c);
+        assert_int_equal(config_parse_text(&c,
+                                           "[host]\njob_limit = 64M\n"
+                                           "[quota]\njob = nightly\nowner = 1000\nhost = 48M\nhost_min = 32M\n"
+                                           "[quota]\nuid = 65534\nhost = 16M\n",
+                                           "test.conf", &err), 0);
+        /* uid 65534's job of that name: its uid's quota, not the name's */
+        quota_resolve(&c, &rt, &who, &q);
+        assert_true(q.not_owner);
+        assert_int_equal(q.owner, 1000);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 16 * MIB);
+        assert_int_equal(q.from[QUOTA_MAX(LEVEL_HOST)].kind, QUOTA_UID);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 0);
+        /* the owner's job gets the name's, which says its owner */
+        who.uid = 1000;
+        quota_resolve(&c, &rt, &who, &q);
+        assert_false(q.not_owner);
+        assert_int_equal(q.value[QUOTA_MAX(LEVEL_HOST)], 48 * MIB);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 32 * MIB);
+        assert_string_equal(quota_source_format(&q.from[QUOTA_MIN(LEVEL_HOST)], buf, sizeof(buf)),
+                            "job 'nightly' (tierd.conf, owner uid 1000)");
+        /* the name's quota (no job, no uid: tierctl quota get of a name that does not run) is the rule's */
+        who = (QuotaSubject) { .job = "nightly" };
+        quota_resolve(&c, &rt, &who, &q);
+        assert_int_equal(q.value[QUOTA_MIN(LEVEL_HOST)], 32 * MIB);
+
+        /* one file may not name two owners of a name; a later file (a drop-in) changes it */
+        assert_int_equal(config_parse_text(&c, "[quota]\njob = a\nowner = 1\n[quota]\njob = a\nowner = 2\n", "x.conf",
+                                           &err), -EINVAL);
+        assert_non_null(strstr(err, "x.conf:4: [quota] owner: set a second time in this file for job 'a' (first by "
+                                    "the [quota] section at line 1)"));
+        err = mfree(err);
+        assert_int_equal(config_parse_text(&c, "[quota]\njob = nightly\nowner = 65534\n", "drop-in.conf", &err), 0);
+        assert_true(quota_job_owner(&c, &rt, "nightly", &owner));
+        assert_int_equal(owner, 65534);
+        /* a run-time rule's owner wins over tierd.conf's; a name without an owner has none */
+        assert_int_equal(quota_rules_parse_text(&rt, "[quota]\njob = nightly\nowner = 7\n", "quotas", &err), 0);
+        assert_true(quota_job_owner(&c, &rt, "nightly", &owner));
+        assert_int_equal(owner, 7);
+        assert_false(quota_job_owner(&c, &rt, "other", &owner));
+}
+
 /* A registry with no pools: jobs and capacities are all quota.c looks at. */
 typedef struct Books {
         Registry r;
@@ -281,6 +354,29 @@ static int set(Books *b, const char *text, char *why, size_t size, char *warn) {
         assert_int_equal(one.n, 1);
         why[0] = '\0';
         return quota_store_set(b->s, &one.rules[0], false, why, size, warn, 512);
+}
+
+/* A reload names an owner of a running job's name that is not its uid: the rule stops governing that job (logged). */
+static void test_owner_reload(void **state) {
+        Books *b = *state;
+        _cleanup_free_ char *err = NULL;
+        Job j = { .name = (char *) "nightly", .uid = 65534, .weight = 1 };
+
+        list_add_tail(&b->r.jobs, &j.link);
+        assert_int_equal(config_parse_text(&b->c, "[quota]\njob = nightly\nhost = 48M\n", "test.conf", &err), 0);
+        assert_true(quota_apply_all(b->s, NULL, 0));
+        assert_int_equal(j.limit[LEVEL_HOST], 48 * MIB);
+        assert_false(j.not_owner);
+        b->c.quotas.rules[0].has_owner = true;          /* as a reload's new tierd.conf says it */
+        b->c.quotas.rules[0].owner = 1000;
+        assert_true(quota_apply_all(b->s, NULL, 0));
+        assert_int_equal(j.limit[LEVEL_HOST], 64 * MIB);        /* the default: the rule is not its */
+        assert_true(j.not_owner);
+        b->c.quotas.rules[0].owner = 65534;             /* its own uid again */
+        assert_true(quota_apply_all(b->s, NULL, 0));
+        assert_int_equal(j.limit[LEVEL_HOST], 48 * MIB);
+        assert_false(j.not_owner);
+        list_del(&j.link);
 }
 
 static void test_store_checks_and_file(void **state) {
@@ -523,11 +619,13 @@ int main(void) {
                 cmocka_unit_test(test_rules_errors),
                 cmocka_unit_test(test_config_sections),
                 cmocka_unit_test(test_precedence),
+                cmocka_unit_test(test_owner),
                 cmocka_unit_test_setup_teardown(test_store_checks_and_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_lingering_yields, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_nvme_claims_fit_free, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_corrupt_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_refuses, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_owner_reload, books_setup, books_teardown),
         };
 
         return cmocka_run_group_tests(tests, NULL, NULL);
