@@ -196,7 +196,7 @@ static const char *const seeds[] = {
         "[daemon]\nlinger_sec = 0.5\nsocket = relative\n[host]\nnuma_node = 1023\njob_limit = 1E\n",
         "[host\n=\n[]\n[ host ]\nkey = \n",
         /* sections newer than some builds of this target: an unknown section there, parsed where known */
-        "[quota]\nuser = root\nhost = 32M\nhost_min = 8M\n\n[quota]\njob = train\nvram = 1G\nweight = 2\n" SEP
+        "[quota]\nuser = root\nhost = 32M\nhost_min = 8M\n\n[quota]\njob = train\nowner = root\nvram = 1G\nweight = 2\n" SEP
         "[quota]\ngroup = root\nnvme = 1G\n[quota]\nuid = 0\nweight = 1000\n",
         "[metrics]\ntextfile = /var/tmp/tierd.prom\ninterval_sec = 15\n" SEP "[metrics]\ntextfile =\n",
 };
