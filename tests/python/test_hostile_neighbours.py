@@ -209,6 +209,49 @@ class NameOwner(unittest.TestCase):
         self.assertEqual(got["from"], f"job 'nightly' (tierd.conf, owner uid {OWNER})")
         self.assertEqual(d.stop(), 0)
 
+    @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
+    def test_restored_job_of_another_uid(self) -> None:
+        """uid 65534's "nightly" is in the NVMe index when a restart names owner 12345: the job is restored
+        with its tensor, the name's rule does not apply to it (said in the log), and 12345 is refused the
+        name while it exists (the name is held) until it ends."""
+        cfg = CONFIG.replace("linger_sec = 0", "linger_sec = 600")
+        rule = "[quota]\njob = nightly\nhost = 40M\nhost_min = 16M\n"
+        d = Tierd(cfg + rule)
+        self.addCleanup(d.cleanup)
+        d.start()
+        os.chmod(d.dir, 0o711)
+        os.chmod(d.socket, 0o666)
+        sock = d.socket
+
+        def make() -> dict:
+            c = tier.Client("nightly", socket=sock)
+            c.create("t", 4096)
+            q = c.quota()
+            c.close()
+            return {"host": q.limits["host"]}
+
+        self.assertEqual(as_uid(NOBODY, make), {"host": 40 << 20})     # no owner: the name's rule is its
+        self.assertEqual(d.stop(), 0)
+        with open(d.config, "w") as f:
+            f.write((cfg + rule.replace("job = nightly\n", "job = nightly\nowner = %d\n" % OWNER))
+                    .replace("@DIR@", d.dir))
+        d.start()
+        os.chmod(d.socket, 0o666)
+        self.assertIn(f"Job 'nightly' of uid {NOBODY}: the quota of its name does not apply to it: the name's "
+                      f"owner is uid {OWNER}", d.log_text())
+
+        def hello() -> dict:
+            try:
+                tier.Client("nightly", socket=sock).close()
+            except tier.TierError as e:
+                return {"errno": e.errno, "error": e.strerror}
+            return {"errno": 0}
+
+        got = as_uid(OWNER, hello)
+        self.assertEqual(got["errno"], errno.EACCES, got)
+        self.assertIn(f"job 'nightly' belongs to uid {NOBODY}", got["error"])
+        self.assertEqual(d.stop(), 0)
+
 
 if __name__ == "__main__":
     main()
