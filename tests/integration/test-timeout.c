@@ -234,6 +234,16 @@ static int setup(void **state) {
         return test_daemon_start(&d, config_body) < 0 ? -1 : 0;
 }
 
+/*
+ * After each test, passed or failed: a test that failed while tierd was stopped leaves it stopped,
+ * and the next test's tier_client_new() (no timeout) would wait for it for ever.
+ */
+static int test_teardown(void **state) {
+        if (d.pid > 0)
+                (void) kill(d.pid, SIGCONT);
+        return 0;
+}
+
 static int teardown(void **state) {
         if (d.pid > 0)
                 (void) kill(d.pid, SIGCONT);    /* a test that failed while tierd was stopped */
@@ -242,9 +252,9 @@ static int teardown(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_timeout_closes),
-                cmocka_unit_test(test_timeout_reconnects),
-                cmocka_unit_test(test_timeout_reconnect_gives_up),
+                cmocka_unit_test_teardown(test_timeout_closes, test_teardown),
+                cmocka_unit_test_teardown(test_timeout_reconnects, test_teardown),
+                cmocka_unit_test_teardown(test_timeout_reconnect_gives_up, test_teardown),
         };
 
         if (!test_can_lock_memory(16 * MiB))
