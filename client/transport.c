@@ -34,6 +34,9 @@
  * the wait for an answer counts: a fence or a plan phase is tierd's work, not
  * an answer, and their waits (fences.c, plans.c) keep their own rules.
  *
+ * A signal (EINTR) polls again for what is left of the deadline, never for
+ * all of it.
+ *
  * Once the connection breaks (tierd gone, malformed packet, protocol
  * error, out of memory decoding a packet) the client keeps its mappings but every request fails with the
  * error that broke it.
@@ -118,18 +121,6 @@ int transport_check(tier_client *c) {
         return 0;
 }
 
-static int fd_wait(int fd, short events, int timeout_ms) {
-        struct pollfd pfd = { .fd = fd, .events = events };
-
-        for (;;) {
-                int n = poll(&pfd, 1, timeout_ms);
-                if (n >= 0)
-                        return n;
-                if (errno != EINTR)
-                        return negative_errno();
-        }
-}
-
 /* What is left of @deadline (now_ms(), 0: none) for poll(): -1 for none, 0 once it passed. */
 static int deadline_left(uint64_t deadline) {
         uint64_t now;
@@ -140,6 +131,23 @@ static int deadline_left(uint64_t deadline) {
         return now >= deadline ? 0 : (int) MIN(deadline - now, (uint64_t) INT_MAX);
 }
 
+/*
+ * poll() @fd for @events until @deadline (now_ms(), 0: none): > 0 when ready, 0 once the deadline
+ * passed.  A signal (EINTR) polls again for what is left of the deadline, not for all of it: a
+ * process that takes signals more often than the timeout (a profiler's timer) would wait for ever.
+ */
+static int fd_wait(int fd, short events, uint64_t deadline) {
+        struct pollfd pfd = { .fd = fd, .events = events };
+
+        for (;;) {
+                int n = poll(&pfd, 1, deadline_left(deadline));
+                if (n >= 0)
+                        return n;
+                if (errno != EINTR)
+                        return negative_errno();
+        }
+}
+
 /* @deadline: now_ms() by which there must be room (0: none); -ETIMEDOUT after it */
 static int transport_send(tier_client *c, const void *buf, size_t len, uint64_t deadline) {
         for (;;) {
@@ -147,7 +155,7 @@ static int transport_send(tier_client *c, const void *buf, size_t len, uint64_t 
                 if (r == -EINTR)
                         continue;
                 if (r == -EAGAIN) {
-                        r = fd_wait(c->fd, POLLOUT, deadline_left(deadline));
+                        r = fd_wait(c->fd, POLLOUT, deadline);
                         if (r < 0)
                                 return r;
                         if (r == 0)
@@ -207,7 +215,7 @@ static int transport_recv(tier_client *c, bool block, Tier__Request__OpCase op, 
                 if (r == -EAGAIN && !reset) {
                         if (!block)
                                 return 0;
-                        r = fd_wait(c->fd, POLLIN, deadline_left(deadline));
+                        r = fd_wait(c->fd, POLLIN, deadline);
                         if (r < 0)
                                 return transport_break(c, r, "waiting for tierd failed: %s",
                                                        tier_strerror(r));

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -228,6 +229,55 @@ static void test_timeout_reconnect_gives_up(void **state) {
         assert_int_equal(count_fds(), fds);
 }
 
+static volatile sig_atomic_t ticks;
+
+static void on_tick(int sig) {
+        (void) sig;
+        ticks++;
+}
+
+/* Stop the interval timer test_timeout_signals() starts, and take SIGALRM's default back. */
+static void ticks_stop(void) {
+        struct itimerval off = {};
+        struct sigaction dfl = { .sa_handler = SIG_DFL };
+
+        (void) setitimer(ITIMER_REAL, &off, NULL);
+        (void) sigaction(SIGALRM, &dfl, NULL);
+}
+
+/*
+ * A process that takes signals more often than its timeout (a profiler's timer, here every 1 ms)
+ * interrupts every poll(): the call still gives up (it polls again for what is left of the
+ * deadline).  Before: each EINTR polled again for the whole timeout, and the call waited for ever.
+ */
+static void test_timeout_signals(void **state) {
+        struct sigaction sa = { .sa_handler = on_tick };
+        struct itimerval it = { .it_interval = { .tv_usec = 1000 }, .it_value = { .tv_usec = 1000 } };
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_stat st;
+        int fds = count_fds(), r;
+
+        assert_int_equal(tier_client_new(d.socket, "signals", 0, &c), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+
+        tierd_stop();
+        sigemptyset(&sa.sa_mask);
+        assert_int_equal(sigaction(SIGALRM, &sa, NULL), 0);
+        assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+        r = tier_tensor_stat(t, &st);
+        ticks_stop();
+        assert_int_equal(r, -ETIMEDOUT);
+        assert_int_equal(tier_client_fd(c), -ECONNRESET);
+        tierd_cont();
+        wait_job_released("signals", 0);
+
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -239,6 +289,7 @@ static int setup(void **state) {
  * and the next test's tier_client_new() (no timeout) would wait for it for ever.
  */
 static int test_teardown(void **state) {
+        ticks_stop();
         if (d.pid > 0)
                 (void) kill(d.pid, SIGCONT);
         return 0;
@@ -255,6 +306,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_timeout_closes, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_reconnects, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_reconnect_gives_up, test_teardown),
+                cmocka_unit_test_teardown(test_timeout_signals, test_teardown),
         };
 
         if (!test_can_lock_memory(16 * MiB))
