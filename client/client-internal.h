@@ -142,6 +142,8 @@ struct tier_client {
         uint64_t fence_tag;             /* in the top bits of every fence the caller sees (fence_out()) */
         uint64_t failed_base;           /* failed[slot] at the handshake */
         uint64_t failed_events;         /* FenceFailed events received since */
+        bool fences_frozen;             /* the slot is no longer ours (fence_freeze()): read frozen_*, not the page */
+        uint64_t frozen_done, frozen_failed;
 
         uint64_t seq;                   /* of the last request sent */
         int broken;                     /* < 0 once the connection is unusable */
@@ -418,6 +420,12 @@ tier_fence fence_out(const tier_client *c, tier_fence f);
 #define CLIENT_WAKEUP_TOKENS 64
 /* Take the tokens waiting on the wakeup fd (after poll() said POLLIN), then look at the pages again. */
 void client_wakeup_drain(tier_client *c);
+/*
+ * libtier closed the connection while tierd lives on (transport.c, a timeout): once tierd sees it end,
+ * the connection's slot of the job's page is free for the job's next connection, whose fences would
+ * read as this client's.  What the slot says now is all this client will know of its fences.
+ */
+void fence_freeze(tier_client *c);
 /* tier_fence_done() and tier_fence_wait() of an untagged fence. */
 int fence_done(tier_client *c, tier_fence f);
 int fence_wait(tier_client *c, tier_fence f, int timeout_ms);

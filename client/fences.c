@@ -17,6 +17,11 @@
  * client_wakeup_drain() takes every token pending in one read, and only then
  * does the caller look at the page again, so no wakeup is missed.
  *
+ * A connection libtier closed for a timeout (transport.c) stops following the
+ * page: tierd gives the slot to the job's next connection once it sees the
+ * close, so the watermark and counter at the close are kept (fence_freeze())
+ * and a fence not done by then never reads as done.
+ *
  * FenceFailed events (handled by the transport as they arrive) go into a
  * small ring of remembered failures, newest last; a fence older than the
  * ring's reach that failed reads as done.
@@ -165,6 +170,14 @@ void fence_add_event(tier_client *c, tier_fence fence, const uint8_t handle[CLIE
         memcpy(fe->handle, handle, CLIENT_CUDA_EVENT_SIZE);
 }
 
+void fence_freeze(tier_client *c) {
+        if (!c->fence_page || c->fences_frozen)
+                return;
+        c->frozen_done = __atomic_load_n(&c->fence_page->done[c->fence_slot], __ATOMIC_ACQUIRE);
+        c->frozen_failed = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+        c->fences_frozen = true;
+}
+
 int fence_done(tier_client *c, tier_fence f) {
         uint64_t done, failed;
         int r;
@@ -190,7 +203,9 @@ int fence_done(tier_client *c, tier_fence f) {
         if (!c->fence_page)
                 return client_error(c, -EOPNOTSUPP, "tierd gave this connection no fence page");
 
-        done = __atomic_load_n(&c->fence_page->done[c->fence_slot], __ATOMIC_ACQUIRE);
+        /* a slot libtier gave up (fence_freeze()) may be another connection's now: what it said then */
+        done = c->fences_frozen ? c->frozen_done : __atomic_load_n(&c->fence_page->done[c->fence_slot],
+                                                                    __ATOMIC_ACQUIRE);
         if (done < f)
                 return 0;
 
@@ -198,7 +213,8 @@ int fence_done(tier_client *c, tier_fence f) {
          * Done, but maybe with an error: every failure the page counts comes with
          * a FenceFailed event.  Fast path: no failure we have not heard of.
          */
-        failed = __atomic_load_n(&c->fence_page->failed[c->fence_slot], __ATOMIC_ACQUIRE);
+        failed = c->fences_frozen ? c->frozen_failed : __atomic_load_n(&c->fence_page->failed[c->fence_slot],
+                                                                        __ATOMIC_ACQUIRE);
         if (failed - c->failed_base <= c->failed_events)
                 return 1;
 

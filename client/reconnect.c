@@ -118,6 +118,7 @@ static void drop_connection(tier_client *c) {
         free(c->vram_device);
         c->vram_backend = c->vram_device = NULL;
         c->failed_base = c->failed_events = 0;
+        c->fences_frozen = false;
         c->n_failures = 0;
         c->n_fence_events = 0;
         c->broken = 0;

@@ -34,8 +34,10 @@
  * the wait for an answer counts: a fence or a plan phase is tierd's work, not
  * an answer, and their waits (fences.c, plans.c) keep their own rules.
  *
- * A signal (EINTR) polls again for what is left of the deadline, never for
- * all of it.
+ * Once tierd sees that connection end, its slot of the job's fence page is
+ * the job's next connection's: what the slot says at the close is all the
+ * client keeps (fence_freeze()).  A signal (EINTR) polls again for what is
+ * left of the deadline, never for all of it.
  *
  * Once the connection breaks (tierd gone, malformed packet, protocol
  * error, out of memory decoding a packet) the client keeps its mappings but every request fails with the
@@ -424,6 +426,7 @@ static int transport_timed_out(tier_client *c, Tier__Request__OpCase op) {
 
         (void) snprintf(why, sizeof(why), "tierd did not answer %s within %d ms (tier_client_set_timeout())",
                         request_name(op), c->timeout_ms);
+        fence_freeze(c);        /* before tierd can see the end and give the slot to another connection */
         c->fd = safe_close(c->fd);
         c->timed_out = true;
         (void) transport_break(c, -ECONNRESET, "the connection was closed: %s", why);

@@ -46,7 +46,15 @@ static const char config_body[] =
         "[vram]\nbackend = emulated\ncapacity = 8M\nchunk_size = 2M\njob_limit = 8M\n"
         "[nvme]\ntarget = @DIR@/t0.img:64M\nuid_share = 0\n";
 
+/*
+ * An async write-down of job "frozen" stays unfinished while the test looks: its NVMe writes complete
+ * this late (tierd's limit for the rule; no other job's I/O is touched).
+ */
+#define FAULTS "nvme-delay:job=frozen,ms=60000"
+
 static TestDaemon d;
+/* The tierd the helpers below stop, continue and read: d, or a test's own (test_timeout_fences_not_taken_over()) */
+static TestDaemon *cur = &d;
 
 /* The fds this process has open. */
 static int count_fds(void) {
@@ -65,19 +73,19 @@ static int count_fds(void) {
 static void tierd_stop(void) {
         int st;
 
-        assert_int_equal(kill(d.pid, SIGSTOP), 0);
-        assert_int_equal(waitpid(d.pid, &st, WUNTRACED), d.pid);
+        assert_int_equal(kill(cur->pid, SIGSTOP), 0);
+        assert_int_equal(waitpid(cur->pid, &st, WUNTRACED), cur->pid);
         assert_true(WIFSTOPPED(st));
 }
 
 static void tierd_cont(void) {
-        assert_int_equal(kill(d.pid, SIGCONT), 0);
+        assert_int_equal(kill(cur->pid, SIGCONT), 0);
 }
 
 /* Wait until tierd's status shows job @job with @connections connections and nothing pinned. */
 static void wait_job_released(const char *job, long long connections) {
         for (int i = 0; i < STATUS_POLLS; i++) {
-                json_t *status = test_daemon_status(&d);
+                json_t *status = test_daemon_status(cur);
                 json_t *j;
                 bool done;
 
@@ -278,6 +286,65 @@ static void test_timeout_signals(void **state) {
         assert_int_equal(count_fds(), fds);
 }
 
+/*
+ * A fence not done when the call timed out: tierd, continued, lets the connection go and gives its
+ * slot of the job's fence page to the job's next connection, whose fences advance the slot.  The
+ * closed client's fence must not read as done by them: it fails with the connection's error.  Before:
+ * tier_fence_done() said 1 (done) for a write-down tierd never finished for it.
+ */
+static void test_timeout_fences_not_taken_over(void **state) {
+        static TestDaemon df;
+        tier_client *c = NULL, *next = NULL;
+        tier_tensor *t = NULL, *w = NULL;
+        struct tier_grant g;
+        struct tier_stat st;
+        tier_fence f, fn;
+        int fds, r;
+
+        /* a tierd of its own, with FAULTS (test_teardown() kills it) */
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", FAULTS, 1), 0);
+        r = test_daemon_start(&df, config_body);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_true(r >= 0);
+        cur = &df;
+        fds = count_fds();
+        assert_int_equal(tier_client_new(df.socket, "frozen", 0, &c), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x11, g.length);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        /* its NVMe write completes a minute late (FAULTS): the fence is not done while the test looks */
+        assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
+        assert_true(f != 0);
+        assert_int_equal(tier_fence_done(c, f), 0);
+
+        tierd_stop();
+        assert_int_equal(tier_tensor_stat(t, &st), -ETIMEDOUT);
+        tierd_cont();
+        wait_job_released("frozen", 0);
+
+        /* the job's next connection: its first fence is done, on the slot the closed one had */
+        assert_int_equal(tier_client_new(df.socket, "frozen", 0, &next), 0);
+        assert_int_equal(tier_tensor_create(next, "w", MiB, &w), 0);
+        assert_int_equal(tier_pin(w, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x22, g.length);
+        assert_int_equal(tier_unpin(w, TIER_HOST, 1), 0);
+        assert_int_equal(tier_prefetch_async(w, TIER_VRAM, &fn), 0);
+        assert_true(fn != 0);
+        assert_int_equal(tier_fence_wait(next, fn, -1), 0);
+
+        /* the closed client's fence is not that one */
+        assert_int_equal(tier_fence_done(c, f), -ECONNRESET);
+        assert_int_equal(tier_fence_wait(c, f, 0), -ECONNRESET);
+
+        tier_tensor_close(w);
+        tier_client_free(next);
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -290,8 +357,14 @@ static int setup(void **state) {
  */
 static int test_teardown(void **state) {
         ticks_stop();
-        if (d.pid > 0)
-                (void) kill(d.pid, SIGCONT);
+        if (cur->pid > 0)
+                (void) kill(cur->pid, SIGCONT);
+        if (cur != &d) {
+                /* its write-down is a minute late (FAULTS): a stop would wait for it; nothing of it is kept */
+                (void) test_daemon_kill(cur, SIGKILL, 10000);
+                test_daemon_cleanup(cur);
+                cur = &d;
+        }
         return 0;
 }
 
@@ -307,6 +380,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_timeout_reconnects, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_reconnect_gives_up, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_signals, test_teardown),
+                cmocka_unit_test_teardown(test_timeout_fences_not_taken_over, test_teardown),
         };
 
         if (!test_can_lock_memory(16 * MiB))
