@@ -37,7 +37,8 @@
  * Once tierd sees that connection end, its slot of the job's fence page is
  * the job's next connection's: what the slot says at the close is all the
  * client keeps (fence_freeze()).  A signal (EINTR) polls again for what is
- * left of the deadline, never for all of it.
+ * left of the deadline, never for all of it.  A reconnect's connect() has
+ * the same bound (transport_connect()).
  *
  * Once the connection breaks (tierd gone, malformed packet, protocol
  * error, out of memory decoding a packet) the client keeps its mappings but every request fails with the
@@ -56,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -543,6 +545,7 @@ int transport_expect(tier_client *c, Packet *p, Tier__Response__ResultCase want,
 
 int transport_connect(tier_client *c, const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        uint64_t deadline = 0;
         const char *hint;
         int r;
 
@@ -554,9 +557,32 @@ int transport_connect(tier_client *c, const char *path) {
         if (c->fd < 0)
                 return client_error(c, negative_errno(), "cannot create socket: %m");
 
-        do
+        /*
+         * A request timeout bounds connect() too (a reconnect's, reconnect.c; tier_client_new() has none
+         * yet): a tierd that stopped answering accepts nothing, each attempt of a reconnecting client
+         * leaves its connection in tierd's listen queue, and once that is full connect() waits for ever.
+         * SO_SNDTIMEO bounds a blocking connect() on AF_UNIX (-EAGAIN); a signal retries for what is left.
+         */
+        if (c->timeout_ms > 0)
+                deadline = now_ms() + (uint64_t) c->timeout_ms;
+        for (;;) {
+                if (deadline > 0) {
+                        int left = deadline_left(deadline);
+                        struct timeval tv = { .tv_sec = left / 1000, .tv_usec = (left % 1000) * 1000 };
+
+                        if (left == 0)
+                                tv.tv_usec = 1;         /* (0 would be no limit): the queue is asked once more */
+                        if (setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0)
+                                return client_error(c, negative_errno(), "cannot set up socket: %m");
+                }
                 r = connect(c->fd, (const struct sockaddr *) &sa, sizeof(sa));
-        while (r < 0 && errno == EINTR);
+                if (r >= 0 || errno != EINTR)
+                        break;
+        }
+        if (r < 0 && errno == EAGAIN && deadline > 0)
+                return client_error(c, -ETIMEDOUT, "cannot connect to %s: tierd accepted no connection within %d ms "
+                                    "(tier_client_set_timeout()): its queue is full, it may be stopped or wedged",
+                                    path, c->timeout_ms);
         if (r < 0) {
                 r = negative_errno();
                 hint = r == -EACCES || r == -EPERM ? "is this user in the socket's group?" :

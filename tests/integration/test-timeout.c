@@ -24,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -51,6 +53,8 @@ static const char config_body[] =
  * this late (tierd's limit for the rule; no other job's I/O is touched).
  */
 #define FAULTS "nvme-delay:job=frozen,ms=60000"
+/* Sockets enough to fill tierd's listen queue (its backlog is 128; the kernel's limit 4096). */
+#define QUEUE_FILL_MAX 8192
 
 static TestDaemon d;
 /* The tierd the helpers below stop, continue and read: d, or a test's own (test_timeout_fences_not_taken_over()) */
@@ -345,6 +349,59 @@ static void test_timeout_fences_not_taken_over(void **state) {
         assert_int_equal(count_fds(), fds);
 }
 
+/*
+ * Reconnecting to a tierd that is stopped with its listen queue full (every attempt leaves one
+ * connection there; here the test fills it): connect() is bounded by the timeout as the Hello is, and
+ * the call gives up after the reconnect timeout.  Before: connect() waited for ever.
+ */
+static void test_timeout_reconnect_queue_full(void **state) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int *fill = calloc(QUEUE_FILL_MAX, sizeof(int));
+        tier_client *c = NULL;
+        tier_tensor *t = NULL;
+        struct tier_stat st;
+        int fds = count_fds(), n = 0;
+        bool full = false;
+
+        assert_non_null(fill);
+        assert_true(strlen(d.socket) < sizeof(sa.sun_path));
+        strcpy(sa.sun_path, d.socket);
+        assert_int_equal(tier_client_new(d.socket, "queue", 0, &c), 0);
+        assert_int_equal(tier_client_set_reconnect(c, 3 * TIMEOUT_MS), 0);
+        assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+
+        tierd_stop();
+        assert_int_equal(tier_tensor_stat(t, &st), -ETIMEDOUT);
+        while (n < QUEUE_FILL_MAX && !full) {
+                int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+                assert_true(fd >= 0);
+                if (connect(fd, (const struct sockaddr *) &sa, sizeof(sa)) < 0) {
+                        assert_int_equal(errno, EAGAIN);
+                        full = true;
+                        close(fd);
+                } else
+                        fill[n++] = fd;
+        }
+        assert_true(full);
+        assert_int_equal(tier_tensor_stat(t, &st), -ECONNRESET);
+        assert_non_null(strstr(tier_client_last_error(c), "did not come back"));
+        assert_int_equal(tier_client_restarts(c), 0);
+        for (int i = 0; i < n; i++)
+                close(fill[i]);
+        free(fill);
+        tierd_cont();
+
+        assert_int_equal(tier_tensor_stat(t, &st), -ERESTART);
+        assert_int_equal(tier_tensor_stat(t, &st), 0);
+        wait_job_released("queue", 1);
+
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
 static int setup(void **state) {
         if (!test_can_lock_memory(16 * MiB))
                 return -1;
@@ -381,6 +438,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_timeout_reconnect_gives_up, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_signals, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_fences_not_taken_over, test_teardown),
+                cmocka_unit_test_teardown(test_timeout_reconnect_queue_full, test_teardown),
         };
 
         if (!test_can_lock_memory(16 * MiB))
