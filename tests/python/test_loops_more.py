@@ -18,7 +18,7 @@ state_dict() pickles the engine in torch 1.13): refused in the engine's
 words, with what to drop, and resumed bit for bit so.  torch.autograd.grad() through the
 model or with respect to a parameter: refused before anything runs (a saliency map between fused
 steps applied an update from no gradients); a torch.jit.script calling it compiles while an engine
-lives.  A plain optimizer's state dict over a model with a
+lives; after such a refusal with retain_graph=True the forward's own backward is the step's.  A plain optimizer's state dict over a model with a
 frozen parameter: the engine's refusal says why and what to pass.  Placement C under a host budget
 below the state, as test_loops.
 """
@@ -731,6 +731,48 @@ class TestLoopsMore(tierd.DaemonTestCase):
                         with self.assertRaisesRegex(RuntimeError, f"^{nothing}"):
                             out.backward(inputs=[e])
                         eng.zero_grad()
+                sd, rsd = model.state_dict(), ref.state_dict()
+                self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
+
+    @unittest.skipIf("libasan" in os.environ.get("LD_PRELOAD", ""),
+                     "raises through torch's C++ (autograd's hooks), which ASan's interceptors abort on")
+    def test_refused_backward_then_the_forwards_own(self) -> None:
+        """A backward through the model refused for putting no gradient into its parameters (autograd.grad()
+        of the embedding's output, backward(inputs=[it])) with retain_graph=True, then the forward's own
+        loss.backward(), as plain PyTorch allows: the refusal says the forward stays open, but the last
+        block's gradient hook had noted itself as run before the engine refused, so that backward skipped
+        the last block's backward phase and failed in torch's words on its empty placeholder parameters
+        ("The size of tensor a (0) must match ...").  Now it is the step's backward: bit for bit plain
+        PyTorch's after 3 steps."""
+        nothing = r"^a backward through a tier\.torch engine's model that puts no gradient into its parameters"
+        data = batches(3)
+        for name, kw in (("fused", {}), ("deferred", {"optimizer_in_backward": False})):
+            with self.subTest(name):
+                ref = lm()
+                model = copy.deepcopy(ref)
+                opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+                eng, _ = self.engine(model, f"refused-then-own-{name}", **kw)
+                for i, x in enumerate(data):
+                    for m in (ref, model):
+                        cap = {}
+                        h = m.tok.register_forward_hook(lambda mod, inp, out: cap.setdefault("e", out))
+                        try:
+                            loss = lm_loss(m, x)
+                        finally:
+                            h.remove()
+                        other = (lambda: torch.autograd.grad(loss, cap["e"], retain_graph=True),
+                                 lambda: loss.backward(inputs=[cap["e"]], retain_graph=True))[i % 2]
+                        if m is ref:
+                            other()
+                        else:
+                            with self.assertRaisesRegex(RuntimeError, nothing):
+                                other()
+                        loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    eng.step()
+                    eng.zero_grad()
+                    self.assertEqual(eng.mode, name)
                 sd, rsd = model.state_dict(), ref.state_dict()
                 self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 

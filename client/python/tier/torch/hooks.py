@@ -216,8 +216,10 @@ class Hooks(Uncopyable):
 
         def on_grad(grad: torch.Tensor) -> None:
             if not fired[0]:
-                fired[0] = True
+                # (noted once entered: a backward refused where it would begin, autograd.grad() with
+                # retain_graph=True, leaves the forward open for its own backward, which enters it)
                 e.block_backward(b)
+                fired[0] = True
 
         for t in tensors_of(out):
             if t.requires_grad:
