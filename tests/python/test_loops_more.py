@@ -810,5 +810,40 @@ class TestLoopsMore(tierd.DaemonTestCase):
         self.assertEqual([k for k in rsd if not torch.equal(sd[k], rsd[k])], [])
 
 
+
+class TestGradWrapperInputs(unittest.TestCase):
+    """No tierd: what the autograd.grad wrapper (tier.torch.gradcall) hands torch."""
+
+    def test_one_gradient_edge_passed_whole(self) -> None:
+        """torch >= 2.3 takes a GradientEdge, a named tuple (node, output_nr), as one input: the wrapper,
+        live while an engine is, took it apart with list() into two "inputs".  A named tuple with
+        node and output_nr stands in for it (torch 1.13 has none); a generator is read once and
+        passed on as the list looked at."""
+        import collections
+        from unittest import mock
+
+        import torch
+        from tier.torch import gradcall
+
+        class FakeEngine:
+            _closed = False
+            slot_of: dict = {}
+
+        edge_type = collections.namedtuple("GradientEdge", ["node", "output_nr"])
+        edge = edge_type(object(), 0)
+        engine = FakeEngine()
+        gradcall._engines.add(engine)
+        seen = []
+        try:
+            with mock.patch.object(gradcall, "_orig_grad", lambda outputs, inputs, *a, **k: seen.append(inputs)):
+                gradcall._wrapper(None, edge)
+                t = torch.zeros(1)
+                gradcall._wrapper(None, (x for x in [t]))
+        finally:
+            gradcall._engines.discard(engine)
+        self.assertIs(seen[0], edge)
+        self.assertEqual(len(seen[1]), 1)
+        self.assertIs(seen[1][0], t)
+
 if __name__ == "__main__":
     tierd.main()

@@ -74,12 +74,16 @@ def _wrt_param(name: str) -> RuntimeError:
 def _wrapper(outputs: Any, inputs: Any, *args: Any, **kw: Any) -> Any:
     live = [e for e in list(_engines) if not e._closed]
     if live:
-        ins = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+        # one input: a tensor, or (torch >= 2.3) a GradientEdge, a named tuple (node, output_nr) that
+        # list() would take apart
+        single = isinstance(inputs, torch.Tensor) or (isinstance(inputs, tuple) and hasattr(inputs, "node"))
+        ins = [inputs] if single else list(inputs)
         for e in live:
             hit = next((e.slot_of[id(t)] for t in ins if id(t) in e.slot_of), None)
             if hit is not None:
                 raise _wrt_param(hit[1].name)
-        inputs = ins
+        if not single:
+            inputs = ins  # (a generator is read once: what was looked at goes on)
     return _orig_grad(outputs, inputs, *args, **kw)
 
 
