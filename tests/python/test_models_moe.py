@@ -111,6 +111,8 @@ class TestMixtureOfExperts(tierd.DaemonTestCase):
             m(data[1])
         self.assertIn("'moe.experts.1' (Expert) ran in the first step but not in this one", str(cm.exception))
         self.assertIn("Nothing was changed", str(cm.exception))
+        self.assertIn("LayerDrop or stochastic depth", str(cm.exception))  # a layer skipped: what to do
+        self.assertIn("StochasticDepth", str(cm.exception))
         after = eng.parameters_state_dict()
         for n in before:
             self.assertTrue(torch.equal(before[n], after[n]), f"{n} changed")

@@ -70,10 +70,13 @@ class Tracer:
                 "number of micro-batches every step")
         raise RuntimeError(
             f"{label} ran its {PHASE_NAMES[key[0]]} in this step but not in the first one, which tier.torch "
-            "traced and planned for every step: a block that runs for some inputs only (an expert of a "
-            "mixture-of-experts layer) is not supported as a block of its own; make the layer that routes "
-            "to it one block (no_split_module_classes=[its class] or blocks=[...]), or let the model call "
-            "its blocks in the same order every step")
+            "traced and planned for every step: a block that runs for some inputs or steps only (an expert "
+            "of a mixture-of-experts layer; a layer skipped at random, LayerDrop or stochastic depth by not "
+            "calling it) is not supported as a block of its own; make the layer that routes to it one block "
+            "(no_split_module_classes=[its class] or blocks=[...]), drop a layer by scaling its output "
+            "(x + f(x) * keep, keep 0 or 1, as torchvision's StochasticDepth does: its parameters then get "
+            "zero gradients, not none) rather than by not calling it, or let the model call its blocks in "
+            "the same order every step")
 
     def check_again(self, block: int, label: str) -> None:
         """Planned mode: a block whose forward ran already in this forward is refused (the first step ran it
@@ -92,9 +95,12 @@ class Tracer:
             names = ", ".join(labels(i) for i in missing[:4]) + (" ..." if len(missing) > 4 else "")
             raise RuntimeError(
                 f"{names} ran in the first step but not in this one: tier.torch plans the first step's blocks "
-                "for every step, and a block that runs for some inputs only (an expert of a mixture-of-experts "
-                "layer) is not supported as a block of its own; make the layer that routes to it one block "
-                "(no_split_module_classes=[its class] or blocks=[...]).  Nothing was changed by this step")
+                "for every step, and a block that runs for some inputs or steps only (an expert of a "
+                "mixture-of-experts layer; a layer skipped at random, LayerDrop or stochastic depth by not "
+                "calling it) is not supported as a block of its own; make the layer that routes to it one block "
+                "(no_split_module_classes=[its class] or blocks=[...]), or drop a layer by scaling its output "
+                "(x + f(x) * keep, keep 0 or 1, as torchvision's StochasticDepth does: its parameters then get "
+                "zero gradients, not none) rather than by not calling it.  Nothing was changed by this step")
 
     def add_backwards(self, trainable: set[int]) -> None:
         """A block with trainable parameters whose forward ran with gradients in the first step but whose
