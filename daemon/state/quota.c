@@ -90,7 +90,7 @@ QuotaStore *quota_store_free(QuotaStore *s) {
 
 /* ---- precedence ------------------------------------------------------------------------------ */
 
-static uint64_t default_value(const Config *c, int field) {
+uint64_t quota_default_value(const Config *c, int field) {
         switch (field) {
         case QUOTA_MAX(LEVEL_VRAM):
                 return c->vram_job_limit;
@@ -128,23 +128,6 @@ static bool take(const Config *c, const QuotaRules *runtime, QuotaKind kind, uin
         return true;
 }
 
-bool quota_job_owner(const Config *c, const QuotaRules *runtime, const char *job, uint32_t *ret) {
-        const QuotaRule *q = runtime ? quota_rules_find(runtime, QUOTA_JOB, 0, job) : NULL;
-
-        if (q && q->has_owner) {
-                *ret = q->owner;
-                return true;
-        }
-        for (size_t i = c->quotas.n; i-- > 0;) {
-                q = &c->quotas.rules[i];
-                if (q->has_owner && quota_rule_matches(q, QUOTA_JOB, 0, job)) {
-                        *ret = q->owner;
-                        return true;
-                }
-        }
-        return false;
-}
-
 void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubject *who, QuotaResolved *ret) {
         uint32_t owner = 0;
         bool has_owner = who->job && quota_job_owner(c, runtime, who->job, &owner);
@@ -163,7 +146,7 @@ void quota_resolve(const Config *c, const QuotaRules *runtime, const QuotaSubjec
                 for (size_t g = 0; g < who->n_gids; g++)
                         if (take(c, runtime, QUOTA_GROUP, (uint32_t) who->gids[g], NULL, f, ret))
                                 goto next;
-                ret->value[f] = default_value(c, f);
+                ret->value[f] = quota_default_value(c, f);
                 ret->from[f] = (QuotaSource) { .kind = QUOTA_DEFAULT };
         next:;
         }
@@ -179,37 +162,6 @@ void quota_resolve_job(const Config *c, const QuotaRules *runtime, const Job *j,
         };
 
         quota_resolve(c, runtime, &who, ret);
-}
-
-void quota_warn_unowned(const Config *c) {
-        for (size_t i = 0; i < c->quotas.n; i++) {
-                const QuotaRule *q = &c->quotas.rules[i];
-                char what[512] = "";
-                size_t n = 0;
-                uint32_t owner;
-
-                if (q->kind != QUOTA_JOB || quota_job_owner(c, NULL, q->job, &owner))
-                        continue;
-                /* what a user gains by naming a job so: a guarantee, or more than the default */
-                for (int f = 0; f < QUOTA_FIELDS && n < sizeof(what); f++) {
-                        bool min = f >= QUOTA_MIN(0) && f < QUOTA_MIN(TIERS);
-                        int k;
-
-                        if (!(q->set & (1u << f)) || (min ? q->value[f] == 0 : q->value[f] <= default_value(c, f)))
-                                continue;
-                        k = f == QUOTA_WEIGHT ? snprintf(what + n, sizeof(what) - n, "%sweight %" PRIu64, n ? ", " : "",
-                                                         q->value[f]) :
-                                snprintf(what + n, sizeof(what) - n, "%s%s %s", n ? ", " : "", quota_field_name(f),
-                                         FORMAT_SIZE_EXACT(q->value[f]));
-                        if (k < 0)
-                                break;
-                        n += (size_t) k;
-                }
-                if (n > 0)
-                        log_warning("[quota] job = %s has no owner: any user who names a job so first gets its %s "
-                                    "(a guarantee, or above the default) and holds the name against the user it is "
-                                    "meant for; add 'owner = USER' to the section", q->job, what);
-        }
 }
 
 char *quota_source_format(const QuotaSource *src, char *buf, size_t size) {

@@ -93,10 +93,14 @@ int quota_store_rename_old(QuotaStore *s);
  * that names one.  false: none (whoever creates the name first has it).
  */
 bool quota_job_owner(const Config *c, const QuotaRules *runtime, const char *job, uint32_t *ret);
+/* The default of quota field @field: [host]/[vram]/[nvme] job_limit, [sched] default_weight, no minimum. */
+uint64_t quota_default_value(const Config *c, int field);
 /*
- * quota_warn_unowned() - log a warning for each of tierd.conf's job-name
- * rules without an owner that any user could take by naming a job so: one
- * that sets a guarantee, or a maximum or weight above the default.
+ * quota_warn_unowned() - log a warning for each job name of tierd.conf's
+ * rules that has no owner and that any user could take by naming a job so:
+ * one that sets a guarantee, or a maximum or weight above the default or
+ * above a uid's or a group's rule of tierd.conf (whose users escape theirs
+ * so).  Once per name, with the values of all its sections.  (quota-owner.c)
  */
 void quota_warn_unowned(const Config *c);
 
