@@ -28,7 +28,9 @@
  * the maximum too, and so are guarantees that would add up to more than a
  * tier's capacity over everyone who could run at once (the running jobs
  * and the job names that have rules; a lingering job yields its claim, as
- * the engine gives it no share, and counts only by its name's rule); a
+ * the engine gives it no share, and counts only by its name's rule, and a
+ * job of another uid than its name's owner counts by its own quota while
+ * the name's guarantee stays kept for the owner: quota-owner.c); a
  * maximum below what a job uses now is accepted with a warning.  NVMe
  * copies are never taken back from a job, so an NVMe guarantee is room
  * kept free (state/space.c): the running jobs' nvme_min, less what each
@@ -344,7 +346,11 @@ static int check(const QuotaStore *s, const Config *c, const QuotaRules *runtime
 
                         if (rule->kind == QUOTA_JOB) {
                                 const Job *rj = job_find(r, rule->job);
+                                uint32_t owner;
 
+                                /* a job of another uid than the name's owner holds the name: the rule is not its */
+                                if (rj && quota_job_owner(c, runtime, rule->job, &owner) && owner != (uint32_t) rj->uid)
+                                        rj = NULL;
                                 if ((rj && !job_lingers(rj)) || name_seen(c, runtime, rule, rule->job))
                                         continue;
                                 who.job = rule->job;

@@ -381,6 +381,36 @@ static void test_owner_reload(void **state) {
         list_del(&j.link);
 }
 
+/*
+ * A job of another uid holds an owned name (restored, or running when a reload named the owner): the name's
+ * guarantee is still its owner's, kept for the job the owner creates once that one ends.  Found by the
+ * owner review: check() counted a name's rule only while no job of that name ran, so with the name held
+ * by uid 65534 a set of 30M more was taken, and the owner's job would then be refused (-ENOSPC).
+ */
+static void test_owner_guarantee_held(void **state) {
+        Books *b = *state;
+        _cleanup_free_ char *err = NULL;
+        char why[1024], warn[512];
+        Job j = { .name = (char *) "nightly", .uid = 65534, .weight = 1 };
+
+        list_add_tail(&b->r.jobs, &j.link);
+        assert_int_equal(config_parse_text(&b->c, "[quota]\njob = nightly\nowner = 1000\nhost_min = 40M\n",
+                                           "test.conf", &err), 0);
+        (void) quota_apply_all(b->s, NULL, 0);
+        assert_true(j.not_owner);
+        assert_int_equal(j.guarantee[LEVEL_HOST], 0);
+        /* 40M (the owner's, held for it) + 30M > 64M */
+        assert_int_equal(set(b, "[quota]\njob = other\nhost_min = 30M\n", why, sizeof(why), warn), -ENOSPC);
+        assert_non_null(strstr(why, "job 'nightly' 40.0 MiB"));
+        /* the owner's own job counts once (as it runs), not twice */
+        j.uid = 1000;
+        (void) quota_apply_all(b->s, NULL, 0);
+        assert_int_equal(j.guarantee[LEVEL_HOST], 40 * MIB);
+        assert_int_equal(set(b, "[quota]\njob = other\nhost_min = 24M\n", why, sizeof(why), warn), 0);
+        list_del(&j.link);
+        free(j.totals);
+}
+
 /* Run quota_warn_unowned() on @text's tierd.conf (and drop-in @more, if any); its log (stderr) in @buf. */
 static void warn_unowned(const char *text, const char *more, char *buf, size_t size) {
         _cleanup_(config_deinitp) Config c;
@@ -687,6 +717,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_store_corrupt_file, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_store_refuses, books_setup, books_teardown),
                 cmocka_unit_test_setup_teardown(test_owner_reload, books_setup, books_teardown),
+                cmocka_unit_test_setup_teardown(test_owner_guarantee_held, books_setup, books_teardown),
                 cmocka_unit_test(test_owner_warning),
         };
 
