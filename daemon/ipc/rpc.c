@@ -426,6 +426,10 @@ static int handle_create(Rpc *rpc, Conn *c, uint64_t seq, const Tier__Create *cr
                 return conn_reply_error(c, seq, -EFBIG, "a tensor of %" PRIu64 " bytes can never be held for job '%s': "
                                         "the largest it may have is %" PRIu64 " bytes in host and %" PRIu64 " in vram "
                                         "(its limits, or the tiers' capacities)", cr->size, c->job->name, hmax, vmax);
+        /* an existing name first: at a bound, Client.tensor()'s create-or-open must still see EEXIST */
+        if (tensor_find_name(c->job, cr->name))
+                return conn_reply_error(c, seq, -EEXIST, "tensor '%s' already exists in job '%s'", cr->name,
+                                        c->job->name);
         if (owner_tensor_room(rpc, c, seq) < 0)
                 return 0;
         r = tensor_new(c->job, cr->name, cr->size, &t);

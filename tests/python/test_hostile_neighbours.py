@@ -96,6 +96,26 @@ class TensorsPerUid(unittest.TestCase):
         c.close()
         self.assertEqual(self.d.stop(), 0)
 
+    def test_existing_name_at_the_bound_is_eexist(self) -> None:
+        """At a bound (the uid's, or the job's max_tensors) a create of a name the job has is EEXIST, not EMFILE:
+        Client.tensor()'s create-or-open, where another rank created the name between its open and its create,
+        takes EEXIST to open it; it was refused EMFILE with the uid at its bound (found by review)."""
+        a = fill(self.d.socket, "full", 64)                 # the job at max_tensors (64)
+        self.assertEqual((a["made"], a["errno"]), (64, 0))
+        b = fill(self.d.socket, "rest", 64)                 # the uid at max_tensors_per_uid (100)
+        self.assertEqual((b["made"], b["errno"]), (36, errno.EMFILE), b["error"])
+        for c in (a["client"], b["client"]):
+            with self.subTest(job=c.job), self.assertRaises(tier.TierError) as cm:
+                c.create("t0", 4096)
+            self.assertEqual(cm.exception.errno, errno.EEXIST, cm.exception.strerror)
+            self.assertIn("tensor 't0' already exists in job", cm.exception.strerror)
+        with self.assertRaises(tier.TierError) as cm:
+            b["client"].create("new", 4096)                 # a new name: still the uid's bound
+        self.assertEqual(cm.exception.errno, errno.EMFILE)
+        a["client"].close()
+        b["client"].close()
+        self.assertEqual(self.d.stop(), 0)
+
     @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
     def test_another_uid_has_its_own(self) -> None:
         """One uid at its bound takes nothing from another's: uid 65534 still makes its 100."""
