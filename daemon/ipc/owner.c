@@ -8,7 +8,8 @@
  * bounded per uid, not only per job or per connection, since one uid may
  * have many jobs, lingering ones included: its jobs by
  * max_connections_per_uid (owner_hello_job()), and the tensors of all of
- * them by [limits] max_tensors_per_uid (owner_tensor_room(), at Create).
+ * them by [limits] max_tensors_per_uid (owner_tensor_room(), at Create;
+ * a tensor counts for its job's uid, whoever attached to create it).
  * A tensor with no copy costs no bytes of any quota, yet tierd keeps its
  * record (some 1.3 KiB with a long name) and writes it to the NVMe index:
  * with max_tensors per job alone, one uid's 64 jobs of 65536 tensors each
@@ -112,12 +113,14 @@ unsigned owner_uid_tensors(const Registry *r, uid_t uid) {
 }
 
 int owner_tensor_room(Rpc *rpc, Conn *c, uint64_t seq) {
-        unsigned n = owner_uid_tensors(rpc->registry, c->uid), max = rpc->config->max_tensors_per_uid;
+        /* the job's uid, not the connection's: root or tier-admin attached to another uid's job adds to its jobs */
+        uid_t uid = c->job->uid;
+        unsigned n = owner_uid_tensors(rpc->registry, uid), max = rpc->config->max_tensors_per_uid;
 
         if (n < max)
                 return 0;
         (void) conn_reply_error(c, seq, -EMFILE, "uid %u has %u tensors in its jobs (lingering ones included), "
                                 "[limits] max_tensors_per_uid (%u): free some, or end a job it no longer needs "
-                                "(tierctl detach JOB)", (unsigned) c->uid, n, max);
+                                "(tierctl detach JOB)", (unsigned) uid, n, max);
         return -EMFILE;
 }

@@ -23,8 +23,9 @@ Job *owner_hello_job(Rpc *rpc, Conn *c, uint64_t seq, const char *name, bool *re
 unsigned owner_uid_tensors(const Registry *r, uid_t uid);
 
 /*
- * owner_tensor_room() - may @c create one more tensor, within [limits]
- * max_tensors_per_uid over all its uid's jobs?  0 if so, else -EMFILE
+ * owner_tensor_room() - may @c create one more tensor in its job, within
+ * [limits] max_tensors_per_uid over all the jobs of that job's uid (not
+ * @c's: root or tier-admin attached to it)?  0 if so, else -EMFILE
  * after a reply to @seq saying why and what to do instead.
  */
 int owner_tensor_room(Rpc *rpc, Conn *c, uint64_t seq);

@@ -138,6 +138,35 @@ class TensorsPerUid(unittest.TestCase):
         b["client"].close()
         self.assertEqual(self.d.stop(), 0)
 
+    @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
+    def test_admin_in_another_uids_job_counts_for_its_owner(self) -> None:
+        """Root (an admin) attached to uid 65534's job: what it creates there is that uid's, held to its bound.
+        It was counted for root's own jobs, so root put uid 65534 over its bound, and, at its own bound, could
+        create nothing in another uid's job with room (found by review)."""
+        os.chmod(self.d.dir, 0o711)
+        os.chmod(self.d.socket, 0o666)
+        sock = self.d.socket
+
+        def other() -> dict:
+            x = fill(sock, "nb-1", 64)
+            y = fill(sock, "nb-2", 64)
+            return {"made": x["made"] + y["made"], "errno": y["errno"]}
+
+        got = as_uid(NOBODY, other)                         # its jobs linger (linger_sec = 600), 100 tensors
+        self.assertEqual((got.get("made"), got.get("errno")), (100, errno.EMFILE), got)
+        c = tier.Client("nb-2", socket=sock)                # root attaches to uid 65534's job
+        with self.assertRaises(tier.TierError) as cm:
+            c.create("by-root", 4096)
+        self.assertEqual(cm.exception.errno, errno.EMFILE, cm.exception.strerror)
+        self.assertIn(f"uid {NOBODY} has 100 tensors in its jobs", cm.exception.strerror)
+        c.open("t0").destroy()                              # room for one of uid 65534's again
+        c.create("by-root", 4096)
+        mine = fill(sock, "roots-own", 64)                  # root's own jobs: its own bound, untouched
+        self.assertEqual((mine["made"], mine["errno"]), (64, 0))
+        mine["client"].close()
+        c.close()
+        self.assertEqual(self.d.stop(), 0)
+
 
 class NameTaken(unittest.TestCase):
     @unittest.skipIf(os.geteuid() != 0, "acting as another uid needs root")
