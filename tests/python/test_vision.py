@@ -269,6 +269,50 @@ class TestVision(tierd.DaemonTestCase):
         model.half()                                        # torch's own again
         self.assertEqual(model.features[0][0].weight.dtype, torch.float16)
 
+    def test_device_named_without_an_index(self) -> None:
+        """On the GPU the engine's device is torch.device("cuda"), which no tensor's .device equals (they say
+        cuda:0): the conversion check compared with it, so model.to("cuda"), .cuda(), .float() (HF Trainer's
+        and accelerate's model.to(device)) were refused as a change of device, and so was every forward once
+        a placeholder was checked.  Without a GPU here, the engine's device is named in the other spelling
+        (torch.device("cpu", 0), which a CPU tensor's .device, cpu, does not equal): the comparisons must be
+        with the device the engine's tensors report.  Found by review."""
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+        eng = self.engine(model, "device-index")
+        eng.device = torch.device("cpu", 0)             # (as torch.device("cuda") against cuda:0)
+        x = torch.randn(2, 8)
+        for _ in range(2):
+            model(x).sum().backward()
+            eng.step()
+            eng.zero_grad()
+        self.assertIs(model.float(), model)
+        self.assertIs(model.to("cpu", non_blocking=True), model)
+        model.cpu()
+        with self.assertRaisesRegex(RuntimeError, r"would make parameter 0\.weight torch\.float16 on cpu; it is "
+                                                  r"torch\.float32 on cpu,"):
+            model.half()
+        model(x).sum().backward()
+        eng.step()
+        self.assertEqual(model.state_dict()["0.weight"].dtype, torch.float32)
+        eng.close()
+
+    @unittest.skipIf(torch is None or not torch.cuda.is_available(), "no GPU")
+    def test_cuda_noop_conversions_pass(self) -> None:
+        """The same on a GPU (vram backend cuda): model.to("cuda"), .cuda() and .float() pass."""
+        c = self.client("device-cuda")
+        if c.vram_backend != "cuda":
+            self.skipTest("tierd's vram backend is not cuda")
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).cuda()
+        eng = self.engine(model, "device-cuda-engine")
+        x = torch.randn(2, 8, device="cuda")
+        model(x).sum().backward()
+        eng.step()
+        model.to("cuda")
+        model.cuda()
+        model.float()
+        model(x).sum().backward()
+        eng.step()
+        eng.close()
 
     def test_module_replaced_refused(self) -> None:
         """SyncBatchNorm.convert_sync_batchnorm(model) after the engine put a new module holding the same

@@ -90,14 +90,16 @@ def check(eng: Any, m: torch.nn.Module, fn: Any) -> None:
         key = (s.dtype, len(s.shape))
         if key not in asked:
             with torch._C.DisableTorchFunction():
-                probe = torch.empty((0,) * len(s.shape), dtype=s.dtype, device=eng.device)
+                probe = torch.empty((0,) * len(s.shape), dtype=s.dtype, device=eng.device_here)
             out = fn(probe)
             asked[key] = out if isinstance(out, torch.Tensor) else probe
         out = asked[key]
-        if out.dtype != s.dtype or out.device != torch.device(eng.device):
+        # (device_here: the probe's own device, cuda:0 where eng.device is torch.device("cuda"), which no tensor's
+        # .device equals: every conversion on the GPU was refused, model.to("cuda") and model.float() too)
+        if out.dtype != s.dtype or out.device != eng.device_here:
             raise RuntimeError(
                 f"converting {type(m).__name__} (model.half(), .to(), .double(), .cpu()...) would make parameter "
-                f"{s.name} {out.dtype} on {out.device}; it is {s.dtype} on {eng.device}, as when the tier.torch "
+                f"{s.name} {out.dtype} on {out.device}; it is {s.dtype} on {eng.device_here}, as when the tier.torch "
                 "engine was made, which laid out its values, gradients and optimizer state in tierd so (the "
                 "conversion would change only the empty placeholder, and the model's buffers, a BatchNorm's "
                 "running statistics).  Convert the model before making the engine, or close() the engine (the "

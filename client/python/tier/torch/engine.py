@@ -140,6 +140,9 @@ class Offload(torch.optim.Optimizer):
         self.write_downs_refused = 0
         self.vram = VRAM
         self.device = torch.device("cuda") if client.vram_backend == "cuda" else torch.device("cpu")
+        #: the device its tensors report, to compare with: cuda:N for torch.device("cuda"), which no tensor's
+        #: .device equals (torch.device("cuda", 0) != torch.device("cuda"))
+        self.device_here = torch.empty(0, device=self.device).device
         self._group = process_group
         self._world = 1
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -187,9 +187,9 @@ def _check_placeholders(eng: Any, what: str, mapped: set[int]) -> None:
                 s.ph_version = p._version       # a load_state_dict() copied into the placeholder
             if s.ph_version < 0 or id(s) in mapped:
                 continue
-            if p.dtype != s.dtype or p.device != eng.device:
+            if p.dtype != s.dtype or p.device != eng.device_here:      # (cuda:0, not eng.device's cuda)
                 raise RuntimeError(
-                    f"{what}: parameter {s.name} is {p.dtype} on {p.device} now, {s.dtype} on {eng.device} when "
+                    f"{what}: parameter {s.name} is {p.dtype} on {p.device} now, {s.dtype} on {eng.device_here} when "
                     "the tier.torch engine was made, which laid out its values, gradients and optimizer state "
                     "in tierd then (a conversion after it, model.double(), .half() or .to(), changed only the "
                     "empty placeholder): convert the model before making the engine, or close() the engine "
