@@ -204,6 +204,8 @@ struct Job {
         unsigned n_tensors;
         Tensor **by_id;         /* index: low 32 bits of the id */
         uint32_t by_id_cap;
+        uint32_t by_id_free;    /* every slot below it is taken: tensor_new() looks from there */
+        uint64_t by_id_looks;   /* slots tensor_new() looked at, ever (work counted by tests) */
         uint32_t next_gen;
         TensorMap *by_name;
         uint64_t limit[TIERS];  /* byte limits (maxima): the config's defaults, or a quota */

@@ -78,10 +78,15 @@ int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret) {
         if (tensormap_get(j->by_name, name))
                 return -EEXIST;
 
-        /* find a free id slot */
-        for (slot = 0; slot < j->by_id_cap; slot++)
+        /*
+         * the lowest free id slot, looked for from the first that may be free: from 0 every time, filling a
+         * job cost n^2/2 looks (65536 tensors: 2.1e9)
+         */
+        for (slot = j->by_id_free; slot < j->by_id_cap; slot++) {
+                j->by_id_looks++;
                 if (!j->by_id[slot])
                         break;
+        }
         if (slot == j->by_id_cap) {
                 uint32_t cap = j->by_id_cap ? j->by_id_cap * 2 : 64;
                 Tensor **n = realloc(j->by_id, cap * sizeof(Tensor *));
@@ -117,6 +122,7 @@ int tensor_new(Job *j, const char *name, uint64_t size, Tensor **ret) {
                 return r;
         }
         j->by_id[slot] = t;
+        j->by_id_free = slot + 1;
         list_add_tail(&j->tensors, &t->job_link);
         j->n_tensors++;
         book_tensor(j->registry->book, t);
@@ -181,6 +187,8 @@ int tensor_free(Tensor *t) {
 
         tensormap_remove(j->by_name, t->name);
         j->by_id[(uint32_t) t->id] = NULL;
+        if ((uint32_t) t->id < j->by_id_free)
+                j->by_id_free = (uint32_t) t->id;
         t->doomed = true;
         book_tensor_gone(j->registry->book, t);
         tensor_release_copies(t);       /* frees it now, or when its transfer ends */
