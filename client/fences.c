@@ -20,7 +20,13 @@
  * A connection libtier closed for a timeout (transport.c) stops following the
  * page: tierd gives the slot to the job's next connection once it sees the
  * close, so the watermark and counter at the close are kept (fence_freeze())
- * and a fence not done by then never reads as done.
+ * and a fence not done by then never reads as done.  A connection tierd closed
+ * (a protocol error, a revoke not answered) may have its slot taken before the
+ * client looks: tierd bumps the slot's failed counter before it resets the
+ * watermark for the next connection (registry.c), so a done read here that is
+ * the next connection's comes with a failure this client has no event for
+ * (both loads acquire, done first): the drain below finds the socket closed and
+ * the fence fails with the connection's error.
  *
  * FenceFailed events (handled by the transport as they arrive) go into a
  * small ring of remembered failures, newest last; a fence older than the

@@ -14,6 +14,13 @@
  * acquire ordering; after advancing a slot tierd writes a token to the
  * connection's wakeup pipe (HelloReply.fence_eventfd, its read end), so a
  * client that found done[slot] too small may sleep on it.
+ *
+ * A slot freed by a closed connection goes to the job's next one: done[slot]
+ * restarts at 0, but failed[slot] is bumped by one (before done is reset),
+ * never reset, and a client takes failed[slot] at its Hello as its base.  The
+ * closed connection's client, if it has not looked yet, then sees a failure it
+ * has no event for, finds its socket closed and fails its fences with that,
+ * instead of reading the next connection's done[slot] as its own.
  */
 #define FENCE_SLOTS 256     /* max connections per job: fits one 4 KiB page */
 

@@ -272,8 +272,16 @@ int job_fence_slot_get(Job *j, unsigned *ret) {
                 if (j->fence_slots[i / 64] & bit)
                         continue;
                 j->fence_slots[i / 64] |= bit;
+                /*
+                 * The slot's previous connection may be one tierd closed, whose client has not
+                 * looked yet: the new connection's fences must not read as its fences.  failed
+                 * is bumped, never reset, and before done goes back to 0: a client that loads a
+                 * done of the new connection's (acquire) then sees a failure it has no event
+                 * for, drains its socket, finds it closed and fails the fence with that error
+                 * (client/fences.c).  The new client takes failed as its base after the Hello.
+                 */
+                __atomic_add_fetch(&j->fences->failed[i], 1, __ATOMIC_RELEASE);
                 __atomic_store_n(&j->fences->done[i], 0, __ATOMIC_RELEASE);
-                __atomic_store_n(&j->fences->failed[i], 0, __ATOMIC_RELEASE);
                 *ret = i;
                 return 0;
         }

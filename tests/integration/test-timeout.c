@@ -10,7 +10,9 @@
  * ever), and the tierd continued after (SIGCONT) sees the connection end and
  * lets go of its pins.  With reconnecting on, the next call joins tierd again,
  * or, while tierd is still stopped, gives up after the reconnect timeout.  No
- * fd is left behind.
+ * fd is left behind.  A fence not done when the connection ended (the client
+ * closed it for a timeout, or tierd for a protocol error) never reads as done
+ * once the job's next connection has its slot of the fence page.
  */
 
 #include <dirent.h>
@@ -350,6 +352,66 @@ static void test_timeout_fences_not_taken_over(void **state) {
 }
 
 /*
+ * The same when tierd closes the connection (here for a malformed packet the client's socket is sent,
+ * through tier_client_fd()): the slot goes to the job's next connection (another rank) as soon as
+ * tierd has let the closed one go, before its client has looked.  Its fence must not read as done by
+ * the next connection's fences (tierd bumps the slot's failed counter when it hands the slot out):
+ * it fails with the connection's error.  Before: tier_fence_done() said 1 (done) for a write-down
+ * tierd never finished for it.
+ */
+static void test_closed_fences_not_taken_over(void **state) {
+        static TestDaemon df;
+        static const uint8_t garbage[] = { 0xff };      /* a varint cut short: no Request */
+        tier_client *c = NULL, *next = NULL;
+        tier_tensor *t = NULL, *w = NULL;
+        struct tier_grant g;
+        tier_fence f, fn;
+        int fds, r;
+
+        /* a tierd of its own, with FAULTS (test_teardown() kills it) */
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", FAULTS, 1), 0);
+        r = test_daemon_start(&df, config_body);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_true(r >= 0);
+        cur = &df;
+        fds = count_fds();
+        assert_int_equal(tier_client_new(df.socket, "frozen", 0, &c), 0);
+        assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
+        assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
+        memset(g.ptr, 0x11, g.length);
+        assert_int_equal(tier_unpin(t, TIER_HOST, 1), 0);
+        /* its NVMe write completes a minute late (FAULTS): the fence is not done while the test looks */
+        assert_int_equal(tier_evict_async(t, TIER_NVME, &f), 0);
+        assert_true(f != 0);
+        assert_int_equal(tier_fence_done(c, f), 0);
+
+        /* tierd closes the connection (a protocol error); the client does not look until the end */
+        assert_int_equal(send(tier_client_fd(c), garbage, sizeof(garbage), MSG_NOSIGNAL), (ssize_t) sizeof(garbage));
+        wait_job_released("frozen", 0);
+
+        /* the job's next connection takes the slot (the only one free, the first) and passes the fence */
+        assert_int_equal(tier_client_new(df.socket, "frozen", 1, &next), 0);
+        assert_int_equal(tier_tensor_create(next, "w", MiB, &w), 0);
+        for (int i = 0; i < 2; i++) {
+                assert_int_equal(tier_prefetch_async(w, TIER_HOST, &fn), 0);
+                assert_true(fn != 0);
+                assert_int_equal(tier_fence_wait(next, fn, -1), 0);
+        }
+
+        /* the closed client's fence is not those: it fails as the connection did */
+        r = tier_fence_done(c, f);
+        assert_true(r < 0);
+        assert_int_equal(tier_fence_wait(c, f, 0), r);
+        assert_int_equal(tier_fence_wait(c, f, -1), r);
+
+        tier_tensor_close(w);
+        tier_client_free(next);
+        tier_tensor_close(t);
+        tier_client_free(c);
+        assert_int_equal(count_fds(), fds);
+}
+
+/*
  * Reconnecting to a tierd that is stopped with its listen queue full (every attempt leaves one
  * connection there; here the test fills it): connect() is bounded by the timeout as the Hello is, and
  * the call gives up after the reconnect timeout.  Before: connect() waited for ever.
@@ -438,6 +500,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_timeout_reconnect_gives_up, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_signals, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_fences_not_taken_over, test_teardown),
+                cmocka_unit_test_teardown(test_closed_fences_not_taken_over, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_reconnect_queue_full, test_teardown),
         };
 

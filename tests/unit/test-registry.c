@@ -116,9 +116,14 @@ static void test_ids_names_slots(void **state) {
         assert_int_equal(job_fence_slot_get(j, &s1), 0);
         assert_int_equal(job_fence_slot_get(j, &s2), 0);
         assert_int_not_equal(s1, s2);
+        /* a reused slot starts over at done 0, its failed counter bumped, never reset (registry.c) */
+        j->fences->done[s1] = 7;
+        j->fences->failed[s1] = 2;
         job_fence_slot_put(j, s1);
         assert_int_equal(job_fence_slot_get(j, &s2), 0);
         assert_int_equal(s2, s1);
+        assert_int_equal(j->fences->done[s1], 0);
+        assert_int_equal(j->fences->failed[s1], 3);
         for (unsigned i = 2; i < FENCE_SLOTS; i++)
                 assert_int_equal(job_fence_slot_get(j, &s2), 0);
         assert_int_equal(job_fence_slot_get(j, &s2), -EUSERS);
