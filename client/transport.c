@@ -352,10 +352,20 @@ static int transport_process(tier_client *c, Packet *p, uint64_t seq) {
                 return 0;
         case TIER__REPLY__KIND_RESPONSE:
                 resp = reply->response;
-                if (resp && seq == 0 && c->seq == 0 && resp->status < 0) {
-                        /* before the connection's first request: tierd refused it at accept (server.c) */
-                        int r = transport_break(c, resp->status, "%s", resp->error && *resp->error ?
-                                                resp->error : tier_strerror(resp->status));
+                if (resp && resp->status < 0 && (resp->seq == 0 || (seq == 0 && c->seq == 0))) {
+                        /*
+                         * tierd's refusal of the connection itself, which it closes: at accept, before the
+                         * first request (server.c), or a packet it could not read (conn.c: a malformed one,
+                         * which has no seq to answer: seq 0).
+                         * After the first request this was "tierd answered request 0 while request 0 was
+                         * in flight", tierd's reason lost.
+                         */
+                        int r = c->seq == 0 ?
+                                transport_break(c, resp->status, "%s", resp->error && *resp->error ?
+                                                resp->error : tier_strerror(resp->status)) :
+                                transport_break(c, resp->status, "tierd closed the connection: %s",
+                                                resp->error && *resp->error ? resp->error :
+                                                tier_strerror(resp->status));
 
                         packet_done(p);
                         return r;

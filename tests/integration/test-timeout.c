@@ -359,7 +359,7 @@ static void test_timeout_fences_not_taken_over(void **state) {
  * it fails with the connection's error.  Before: tier_fence_done() said 1 (done) for a write-down
  * tierd never finished for it.
  */
-static void test_closed_fences_not_taken_over(void **state) {
+static void closed_fences(bool reconnect) {
         static TestDaemon df;
         static const uint8_t garbage[] = { 0xff };      /* a varint cut short: no Request */
         tier_client *c = NULL, *next = NULL;
@@ -376,6 +376,8 @@ static void test_closed_fences_not_taken_over(void **state) {
         cur = &df;
         fds = count_fds();
         assert_int_equal(tier_client_new(df.socket, "frozen", 0, &c), 0);
+        if (reconnect)
+                assert_int_equal(tier_client_set_reconnect(c, 60000), 0);
         assert_int_equal(tier_tensor_create(c, "t", MiB, &t), 0);
         assert_int_equal(tier_pin(t, TIER_HOST, TIER_READ_WRITE, &g), 0);
         memset(g.ptr, 0x11, g.length);
@@ -398,9 +400,16 @@ static void test_closed_fences_not_taken_over(void **state) {
                 assert_int_equal(tier_fence_wait(next, fn, -1), 0);
         }
 
-        /* the closed client's fence is not those: it fails as the connection did */
+        /*
+         * the closed client's fence is not those: it fails as the connection did, with tierd's reason
+         * (it was "tierd answered request 0 while request 0 was in flight", -EPROTO); a client that
+         * reconnects does not join tierd again: the connection was closed for its own protocol error,
+         * not because tierd went
+         */
         r = tier_fence_done(c, f);
-        assert_true(r < 0);
+        assert_int_equal(r, -EBADMSG);
+        assert_non_null(strstr(tier_client_last_error(c), "tierd closed the connection: malformed message"));
+        assert_int_equal(tier_client_restarts(c), 0);
         assert_int_equal(tier_fence_wait(c, f, 0), r);
         assert_int_equal(tier_fence_wait(c, f, -1), r);
 
@@ -409,6 +418,15 @@ static void test_closed_fences_not_taken_over(void **state) {
         tier_tensor_close(t);
         tier_client_free(c);
         assert_int_equal(count_fds(), fds);
+}
+
+static void test_closed_fences_not_taken_over(void **state) {
+        closed_fences(false);
+}
+
+/* The same with reconnecting on: a connection tierd closed for the client's protocol error is not joined again. */
+static void test_closed_fences_reconnect(void **state) {
+        closed_fences(true);
 }
 
 /*
@@ -501,6 +519,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_timeout_signals, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_fences_not_taken_over, test_teardown),
                 cmocka_unit_test_teardown(test_closed_fences_not_taken_over, test_teardown),
+                cmocka_unit_test_teardown(test_closed_fences_reconnect, test_teardown),
                 cmocka_unit_test_teardown(test_timeout_reconnect_queue_full, test_teardown),
         };
 
