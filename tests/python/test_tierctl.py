@@ -45,6 +45,14 @@ def as_nobody() -> None:  # in the child, before exec
     os.setresuid(NOBODY, NOBODY, NOBODY)
 
 
+def default_signals() -> None:
+    """In a tierctl child, before exec: SIGINT, SIGTERM and SIGHUP as a terminal's shell leaves them.  A
+    test runner under nohup(1), or started in the background by a script, passes SIGHUP or SIGINT on
+    ignored, and tierctl keeps a signal ignored as it inherited it: the tests that send one would wait."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class TestTierctl(tierd.DaemonTestCase):
     config = CONFIG
 
@@ -595,7 +603,8 @@ class TestTierctl(tierd.DaemonTestCase):
         a = c.create("a", 1 * MiB)
         out = os.path.join(self.d.dir, "trace.json")
         p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out,
-                              "--json-summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              "--json-summary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=default_signals)
         try:
             # its first line says the trace runs (or why not)
             self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
@@ -634,7 +643,7 @@ class TestTierctl(tierd.DaemonTestCase):
         d = tempfile.mkdtemp(prefix="hup.", dir=self.d.dir)
         out = os.path.join(d, "trace.json")
         p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
         try:
             self.assertIn("Tracing tierd for 600 s", p.stderr.readline())  # the file beside it is made
             p.send_signal(signal.SIGHUP)
@@ -667,7 +676,8 @@ class TestTierctl(tierd.DaemonTestCase):
         try:
             p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "--timeout", "600", "trace",
                                   "--seconds", "600", "-o", out],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=default_signals)
             while True:  # until SIGINT is blocked: tierctl is past it, connecting to the stopped tierd
                 with open(f"/proc/{p.pid}/status") as f:
                     blocked = int(next(ln for ln in f if ln.startswith("SigBlk:")).split()[1], 16)
@@ -774,7 +784,7 @@ class TestTierctl(tierd.DaemonTestCase):
             self.skipTest("tracing needs root or group tier-admin: the rest needs a running trace")
         out = os.path.join(d, "first.json")
         p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "trace", "--seconds", "600", "-o", out],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
         try:
             self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
             self.assertIn("trace failed", self.ctl("trace", "--seconds", "1", "-o", out, expect=1).stderr)
