@@ -84,86 +84,6 @@ static uint8_t read_host(Tensor *t, uint64_t off) {
         return fixture_byte(t, LEVEL_HOST, off);
 }
 
-static void test_ids_names_slots(void **state) {
-        Manager *m = new_manager();
-        Job *j;
-        Tensor *a, *b, *c;
-        unsigned s1, s2;
-        uint64_t old;
-
-        assert_int_equal(job_new(m->registry, "j", 1000, &j), 0);
-        assert_ptr_equal(job_find(m->registry, "j"), j);
-        assert_null(job_find(m->registry, "k"));
-        assert_int_equal(j->limit[LEVEL_HOST], 4 * MiB);
-
-        assert_int_equal(tensor_new(j, "a", 100, &a), 0);
-        assert_int_equal(tensor_new(j, "a", 100, &b), -EEXIST);
-        assert_int_equal(tensor_new(j, "b", 5000, &b), 0);
-        assert_int_equal(b->alloc_size, 8192);
-        assert_ptr_equal(tensor_find(j, a->id), a);
-        assert_ptr_equal(tensor_find_name(j, "b"), b);
-        assert_null(tensor_find(j, a->id + (1ull << 32)));     /* wrong generation */
-
-        old = a->id;
-        assert_int_equal(tensor_free(a), 0);
-        assert_null(tensor_find(j, old));
-        assert_null(tensor_find_name(j, "a"));
-        assert_int_equal(tensor_new(j, "c", 1, &c), 0);
-        assert_int_equal((uint32_t) c->id, (uint32_t) old);   /* slot reused ... */
-        assert_int_not_equal(c->id, old);                     /* ... with a new generation */
-        assert_null(tensor_find(j, old));
-
-        assert_int_equal(job_fence_slot_get(j, &s1), 0);
-        assert_int_equal(job_fence_slot_get(j, &s2), 0);
-        assert_int_not_equal(s1, s2);
-        /* a reused slot starts over at done 0, its failed counter bumped, never reset (registry.c) */
-        j->fences->done[s1] = 7;
-        j->fences->failed[s1] = 2;
-        job_fence_slot_put(j, s1);
-        assert_int_equal(job_fence_slot_get(j, &s2), 0);
-        assert_int_equal(s2, s1);
-        assert_int_equal(j->fences->done[s1], 0);
-        assert_int_equal(j->fences->failed[s1], 3);
-        for (unsigned i = 2; i < FENCE_SLOTS; i++)
-                assert_int_equal(job_fence_slot_get(j, &s2), 0);
-        assert_int_equal(job_fence_slot_get(j, &s2), -EUSERS);
-
-        job_destroy(j);
-        fixture_free(m);
-}
-
-/*
- * A job's id slots: the lowest free one is taken, and finding it is not a walk from slot 0 every time
- * (filling a job was n^2/2 looks: 65536 tensors, 2.1e9).  Work counted, not timed: 4096 creates look
- * at most twice per tensor, and a freed slot is the next one taken.
- */
-static void test_id_slots_linear(void **state) {
-        enum { N = 4096 };
-        Manager *m = new_manager();
-        Tensor *t[N], *again;
-        char name[32];
-        Job *j;
-
-        assert_int_equal(job_new(m->registry, "j", 1000, &j), 0);
-        for (unsigned i = 0; i < N; i++) {
-                snprintf(name, sizeof(name), "t%u", i);
-                assert_int_equal(tensor_new(j, name, 1, &t[i]), 0);
-                assert_int_equal((uint32_t) t[i]->id, i);
-        }
-        assert_true(j->by_id_looks <= 2 * N);
-        assert_int_equal(tensor_free(t[N / 2]), 0);
-        assert_int_equal(tensor_free(t[7]), 0);
-        assert_int_equal(tensor_new(j, "x", 1, &again), 0);
-        assert_int_equal((uint32_t) again->id, 7);             /* the lowest free slot */
-        assert_int_equal(tensor_new(j, "y", 1, &again), 0);
-        assert_int_equal((uint32_t) again->id, N / 2);
-        assert_int_equal(tensor_new(j, "z", 1, &again), 0);
-        assert_int_equal((uint32_t) again->id, N);
-        assert_true(j->by_id_looks <= 2 * N + N / 2 + 8);
-        job_destroy(j);
-        fixture_free(m);
-}
-
 /*
  * Pinned bytes (status: each tier's and each job's "pinned") are what pinned copies take: a copy
  * two ranks pin counts once.  Each pin counted its tensor's bytes again: a 1 MiB tensor pinned by
@@ -993,8 +913,6 @@ static void test_write_only_pin_images_the_committed_version(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_ids_names_slots),
-                cmocka_unit_test(test_id_slots_linear),
                 cmocka_unit_test(test_pinned_bytes_per_copy),
                 cmocka_unit_test(test_zero_then_dirty_then_evict),
                 cmocka_unit_test(test_lru_victim_and_drain),
