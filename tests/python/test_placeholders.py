@@ -575,7 +575,7 @@ class TestParamsHeld(tierd.DaemonTestCase):
         head, tok = model.head, model.tok
         before = looks(model)
         new = torch.nn.Parameter(torch.zeros(256, 32))
-        extra = torch.nn.Parameter(torch.zeros(3))
+        extra = torch.nn.Parameter(torch.zeros(3), requires_grad=False)     # (one that trains: test_lora.py)
         refused = r"^{} parameter {} while a tier\.torch engine holds it.*nothing changed"
         tries = [("weight_norm", "removing", "weight of Linear", lambda: torch.nn.utils.weight_norm(head)),
                  ("assigned", "replacing", "weight of Linear", lambda: setattr(head, "weight", new)),
@@ -590,7 +590,7 @@ class TestParamsHeld(tierd.DaemonTestCase):
             with self.subTest(what=what), self.assertRaisesRegex(RuntimeError, refused.format(how, name)):
                 call()
             self.assertEqual(looks(model), before, f"{what} changed the model")
-        head.extra = extra                              # (a new parameter: passes, as torch's)
+        head.extra = extra                              # (a new frozen parameter: passes, as torch's)
         del head.extra
         step(data[1])
         self.same(model, ref, "trained on")

@@ -694,6 +694,9 @@ class HeldParams:
         s = None if removing or value is old else _held_slot(eng, value)
         if s is not None:
             _refuse_held(f"registering parameter {s.name} again, as {key} of {self._tier_owner},", s.name)
+        if not removing and value is not old:
+            from . import swap      # (it imports this module)
+            swap.refuse_new(eng, self._tier_owner, key, value)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._check(key, value, False)

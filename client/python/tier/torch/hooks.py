@@ -130,6 +130,17 @@ class Hooks(Uncopyable):
         if torch.is_grad_enabled():
             with guards.direct():
                 s = next((s for b in self.engine.blocks for s in b.slots if s.param.requires_grad != s.trainable), None)
+                # (a parameter that trains now but is none of the engine's: added after it, a frozen one then
+                # unfrozen, or one that swap.refuse_new() did not see, put into a module's __dict__)
+                new = next((n for n, p in module.named_parameters() if p.requires_grad and
+                            id(p) not in self.engine.slot_of), None) if s is None else None
+            if new is not None:
+                raise RuntimeError(
+                    f"parameter {new} requires grad but is none of the tier.torch engine's: it was added (or "
+                    "unfrozen) after the engine was made, which laid out the parameters that train then (their "
+                    "gradients, optimizer state and updates in tierd), so nothing would update it.  Add adapters "
+                    "(LoRA) and any other parameter that trains before making the engine, or close() it, add "
+                    "them, and make a new one; nothing ran")
             if s is not None:
                 raise RuntimeError(
                     f"parameter {s.names[0]}: requires_grad is {s.param.requires_grad} now, {s.trainable} "

@@ -9,11 +9,18 @@ step's blocks: a block module replaced lost its hooks, and the forward failed re
 empty placeholders "outside its block's forward" (or, after the first step, "ran in the first step but not
 in this one", about experts of a mixture-of-experts layer), neither of which says what happened.
 
-``hold()`` (from guards.claim_params()) makes ``_modules`` of each module whose subtree holds one of the
-engine's parameters a ``HeldModules`` (a guards.HeldParams whose check is about modules), of torch's type,
-until ``release()`` (close()): setting a child that holds an engine's parameter to another module (or
-None), or deleting it, is refused before it changes anything; a child holding none (``Dropout`` for
-``Identity``, an activation) and a new name are torch's.  No round trip to tierd.
+A module added while the engine is open with a parameter that trains (LoRA adapters put into a layer as
+peft's injection does, ``layer.lora_A = nn.Linear(...)`` with the layer's forward patched) was trained by
+nobody: the engine lays out what trains when it is made, so the adapter's gradients piled up in ``.grad``
+and it kept its first values, silently.  ``refuse_new()`` refuses it (and a new trainable ``Parameter``,
+from guards.HeldParams) before it is added, saying to add adapters before making the engine.
+
+``hold()`` (from guards.claim_params()) makes ``_modules`` of every module a ``HeldModules`` (a
+guards.HeldParams whose check is about modules), of torch's type, until ``release()`` (close()): setting
+a child that holds an engine's parameter to another module (or None), or deleting it, is refused before
+it changes anything; so is a child, under a new name or not, with a parameter that trains and that the
+engine does not hold.  A child holding none (``Dropout`` for ``Identity``, an activation, a frozen
+module) is torch's.  No round trip to tierd.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from . import guards
 
 class HeldModules(guards.HeldParams):
     """A module's ``_modules`` while the engine ``_tier_eng`` (a weak reference) is open: what would put
-    another module in the place of a child holding one of its parameters, or remove that child, is refused
-    before it changes anything.  ``_tier_holding``: the ids of the modules holding one then."""
+    another module in the place of a child holding one of its parameters, or remove that child, or add a
+    child with a parameter that trains and that the engine does not hold, is refused before it changes
+    anything.  ``_tier_holding``: the ids of the modules holding one of its parameters then."""
 
     _tier_holding: frozenset[int] = frozenset()
 
@@ -40,6 +48,8 @@ class HeldModules(guards.HeldParams):
             return
         old = dict.get(self, key)
         if old is None or id(old) not in self._tier_holding or (not removing and value is old):
+            if not removing and value is not None and value is not old:
+                refuse_new(eng, self._tier_owner, key, value)
             return
         name = next((s.name for p in old.parameters() for hit in (eng.slot_of.get(id(p)),)
                      if hit is not None for s in (hit[1],) if s.param is p), "?")
@@ -66,9 +76,37 @@ class _HeldDict(HeldModules, dict):
 _HELD_TYPES: dict[type, type] = {collections.OrderedDict: _HeldOrderedDict, dict: _HeldDict}
 
 
+def untrained(eng: Any, value: Any) -> str | None:
+    """The name (in ``value``, "" for itself) of the first parameter of ``value`` (a Parameter or a Module)
+    that trains (requires_grad) and that engine ``eng`` does not hold; None if there is none."""
+    if isinstance(value, torch.nn.Parameter):
+        named: Any = [("", value)]
+    elif isinstance(value, torch.nn.Module):
+        named = value.named_parameters()
+    else:
+        return None
+    with guards.direct():
+        return next((n for n, p in named if p.requires_grad and guards._held_slot(eng, p) is None), None)
+
+
+def refuse_new(eng: Any, owner: str, key: Any, value: Any) -> None:
+    """Refuse adding ``value`` as ``key`` of a ``owner`` module of ``eng``'s model (before it is added) if it
+    has a parameter that trains and that the engine does not hold: nothing would update it."""
+    name = untrained(eng, value)
+    if name is None:
+        return
+    what = f"parameter {key}, which" if not name else f"module {key} ({type(value).__name__}), whose parameter {name}"
+    raise RuntimeError(
+        f"adding {what} requires grad, to {owner} while a tier.torch engine is open: the engine laid out "
+        "the parameters that train (their gradients, optimizer state and updates in tierd) when it was made, "
+        "so nothing would ever update this one (its gradients would pile up in .grad).  Add adapters (LoRA: "
+        "peft's get_peft_model() or your own) and any other parameter that trains before making the engine, "
+        "or close() it (the model gets its values back), add them, and make a new one; nothing changed")
+
+
 def hold(eng: Any) -> None:
-    """``_modules`` of every module of ``eng``'s model with a child holding one of its parameters made a
-    HeldModules (one pass over the modules, children before their parents)."""
+    """``_modules`` of every module of ``eng``'s model made a HeldModules, knowing the modules holding one
+    of its parameters (one pass over the modules, children before their parents)."""
     held: dict[int, bool] = {}
 
     def visit(m: torch.nn.Module) -> bool:
@@ -84,7 +122,7 @@ def hold(eng: Any) -> None:
     r = weakref.ref(eng)
     for m in eng.model.modules():
         kind = _HELD_TYPES.get(type(m.__dict__.get("_modules")))
-        if kind is not None and any(c is not None and id(c) in holding for c in m._modules.values()):
+        if kind is not None:
             new = kind(m._modules)
             new._tier_eng, new._tier_owner, new._tier_holding = r, type(m).__name__, holding
             m.__dict__["_modules"] = new
