@@ -8,8 +8,9 @@ before the engine is made (the base frozen, A and B trainable, the adapter
 ``base(x) + B(A(dropout(x))) * scale``), and train bit for bit as plain
 PyTorch does (losses, adapters, AdamW state); then what a LoRA loop does
 around that: the adapters' state dict loaded into a plain model, adapters
-merged into the base after close(), frozen tied embeddings, blocks with no trainable
-parameter (frozen first layers), and what is refused: adapters
+merged into the base after close(), frozen tied embeddings, gradient
+checkpointing with HF's enable_input_require_grads(), blocks with no
+trainable parameter (frozen first layers), and what is refused: adapters
 added after the engine, a merge while it is open.
 """
 
@@ -266,6 +267,34 @@ class TestLoRA(tierd.DaemonTestCase):
         losses, _, _ = self.run_loop(model, batches(1)[:1], eng)       # and the run goes on
         eng.close()
         lin.lora_B = torch.nn.Linear(4, 64, bias=False)                # after close(): torch's
+
+    @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
+    def test_gradient_checkpointing(self) -> None:
+        """HF gradient checkpointing with the base frozen: reentrant (transformers 4.36's default) with
+        enable_input_require_grads(), and non-reentrant without it, bit for bit; reentrant without it, where
+        no gradient reaches the adapters, refused at the forward saying so (it said "return tensors")."""
+        import tier.torch
+
+        for name in MODELS:
+            for reentrant, irg in ((True, True), (False, False)):
+                def prepare(m, reentrant=reentrant, irg=irg):
+                    add_lora(m)
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+                    if irg:
+                        m.enable_input_require_grads()
+                with self.subTest(name=name, reentrant=reentrant, irg=irg):
+                    self.compare(name, prepare)
+
+        def no_irg(m):
+            add_lora(m)
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        model = self.make("llama", no_irg)
+        eng = tier.torch.Offload(model, self.client("gc-no-irg"), lr=1e-2, placement="C")
+        with self.assertWarns(UserWarning):             # torch's "None of the inputs have requires_grad=True"
+            with self.assertRaisesRegex(RuntimeError, "enable_input_require_grads"):
+                loss_of(model, batches(1)[0])
+        eng.zero_grad()
+        eng.close()
 
     @unittest.skipIf(transformers is None, NO_VENV or "no transformers")
     def test_frozen_blocks(self) -> None:

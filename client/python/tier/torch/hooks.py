@@ -165,10 +165,21 @@ class Hooks(Uncopyable):
                 e.backward_begins()
 
             found = False
-            for t in tensors_of(out):
+            ts = list(tensors_of(out))
+            for t in ts:
                 if t.requires_grad:
                     t.register_hook(on_out_grad)
                     found = True
+            if not found and ts and any(s.trainable for b in e.blocks for s in b.slots):
+                raise RuntimeError(
+                    f"no tensor of the model's output ({type(out).__name__}) requires grad, with gradients on and "
+                    "parameters that train: nothing depends on them.  With the model frozen but for some blocks "
+                    "(LoRA adapters) under reentrant activation checkpointing (torch.utils.checkpoint's "
+                    "use_reentrant=True, Hugging Face's gradient_checkpointing_enable() by default), a "
+                    "checkpointed block whose inputs need no gradient drops its parameters' gradients: call "
+                    "model.enable_input_require_grads() (Hugging Face) before the forward, or checkpoint with "
+                    "use_reentrant=False (gradient_checkpointing_kwargs={'use_reentrant': False}); for an "
+                    "evaluation, run the forward under torch.no_grad()")
             if not found and any(s.trainable for b in e.blocks for s in b.slots):
                 raise RuntimeError(f"the model's output ({type(out).__name__}) holds no tensor with gradients "
                                    "that tier.torch can find, so it cannot tell when the backward starts: "
