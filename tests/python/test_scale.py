@@ -198,6 +198,44 @@ class TestScale(tierd.DaemonTestCase):
         eng.param_groups[0]["params"].insert(0, moved)      # the same members, reordered: passes
         optim.check_members(eng)
 
+    def test_forward_check_constant(self):
+        """A forward with gradients checks that the parameters that train are the engine's (none unfrozen, none
+        added after it): over a model unchanged since the engine, it runs no Python code per parameter (it
+        walked named_parameters() at every forward: 38 ms at 40960 parameters).  A parameter that trains and
+        is none of the engine's is refused all the same once the model changed: a frozen module added and
+        unfrozen, or a trainable one appended to a ModuleList after a removal (torch's
+        ModuleList.__delitem__ gives it a plain _modules, which refuses nothing)."""
+        import tier.torch
+
+        counts = []
+        for n in (32, 64):
+            torch.manual_seed(1)
+            model = Many(n)
+            model.drops = torch.nn.ModuleList([torch.nn.Dropout(0.0), torch.nn.Dropout(0.0)])
+            c = self.client(f"fwd-check-{n}")
+            eng = tier.torch.Offload(model, c, lr=1e-3, blocks=list(model.layers))
+            self.addCleanup(eng.close)
+            x = torch.randn(3, 2)
+            train(model, eng, x)
+            out, lines = lines_run(("hooks",), lambda: model(x))
+            counts.append(lines)
+            out.sum().backward()
+            eng.step()
+            eng.zero_grad()
+        self.assertEqual(counts[0], counts[1], f"a forward ran {counts} lines of hooks.py at {BLOCKS} x 32 and 64 "
+                         "parameters: it grows with the parameters")
+        del model.drops[0]
+        model.drops.append(torch.nn.Linear(2, 2))           # (unchecked: the list's _modules is torch's now)
+        with self.assertRaisesRegex(RuntimeError, r"drops\.1\.weight requires grad.*none of the tier\.torch"):
+            model(x)
+        del model.drops[1]
+        frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+        model.layers[0].extra = frozen
+        train(model, eng, x)                                # frozen: torch's
+        frozen.weight.requires_grad_(True)
+        with self.assertRaisesRegex(RuntimeError, r"layers\.0\.extra\.weight requires grad.*none of the tier\.torch"):
+            model(x)
+
     def test_model_state_dict_linear(self):
         """model.state_dict() notes each tensor it gives (a write into one is refused later): every 64th note
         went over all those noted before, quadratic in the parameters.  A write is refused all the same."""

@@ -199,6 +199,10 @@ class Offload(torch.optim.Optimizer):
         self._bwd_tried = False     # a backward began (or was refused) since this step's last forward with gradients
         self._fwd_dropped = False   # zero_grad() dropped a forward whose backward had not begun (guards.keep_forwards)
         self._closed = False
+        #: a module or parameter was added to (or taken from) the model since the engine was made (swap.py's
+        #: and guards.py's held dicts note it): each forward with gradients then looks for a parameter that
+        #: trains and is none of the engine's (Hooks.root_pre); before, it costs no walk over the model
+        self._model_changed = False
         for b, share in discovery.dominant_blocks(self.blocks):
             warnings.warn(f"{b.label} holds {100 * share:.0f} % of the model's parameters "
                           f"({fmt_bytes(b.nbytes)} of {fmt_bytes(sum(x.nbytes for x in self.blocks))}): every "

@@ -697,6 +697,8 @@ class HeldParams:
         if not removing and value is not old:
             from . import swap      # (it imports this module)
             swap.refuse_new(eng, self._tier_owner, key, value)
+        if removing or value is not old:
+            eng._model_changed = True   # (Hooks.root_pre looks for parameters that train from now on)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._check(key, value, False)

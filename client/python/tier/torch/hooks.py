@@ -26,6 +26,7 @@ model as it was.  What they do:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -77,6 +78,9 @@ def tensors_of(x: Any, depth: int = 0) -> Iterable[torch.Tensor]:
             yield from tensors_of(y, depth + 1)
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 class Hooks(Uncopyable):
     """The engine's hooks on one model; attach() once, detach() to take them all off."""
 
@@ -85,6 +89,9 @@ class Hooks(Uncopyable):
         self.handles: list[Any] = []
         self.post_ids: dict[int, int] = {}      # id(block module): its forward hook's id
         self.saved_ctx: Any = None
+        #: the engine's parameters, and whether each trained when it was made (root_pre compares)
+        self.params = [s.param for b in engine.blocks for s in b.slots]
+        self.trains = [s.trainable for b in engine.blocks for s in b.slots]
 
     def attach(self) -> None:
         e = self.engine
@@ -128,12 +135,18 @@ class Hooks(Uncopyable):
                                "mapped only while each block runs, which a trace cannot record; trace (or "
                                "export) the model before making the engine, or after close()")
         if torch.is_grad_enabled():
+            e = self.engine
             with guards.direct():
-                s = next((s for b in self.engine.blocks for s in b.slots if s.param.requires_grad != s.trainable), None)
+                # no Python line per parameter over a model unchanged since the engine (map() and the list
+                # compare run in C: 3 ms a forward at 40960 parameters; the named_parameters() walk below
+                # another 38, which every forward paid; tests/python/test_scale.py counts the lines)
+                s = None
+                if list(map(_REQUIRES_GRAD, self.params)) != self.trains:
+                    s = next((s for b in e.blocks for s in b.slots if s.param.requires_grad != s.trainable), None)
                 # (a parameter that trains now but is none of the engine's: added after it, a frozen one then
-                # unfrozen, or one that swap.refuse_new() did not see, put into a module's __dict__)
+                # unfrozen; only where the model changed since the engine was made: the held dicts say so)
                 new = next((n for n, p in module.named_parameters() if p.requires_grad and
-                            id(p) not in self.engine.slot_of), None) if s is None else None
+                            id(p) not in e.slot_of), None) if s is None and e._model_changed else None
             if new is not None:
                 raise RuntimeError(
                     f"parameter {new} requires grad but is none of the tier.torch engine's: it was added (or "

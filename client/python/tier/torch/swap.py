@@ -50,6 +50,10 @@ class HeldModules(guards.HeldParams):
         if old is None or id(old) not in self._tier_holding or (not removing and value is old):
             if not removing and value is not None and value is not old:
                 refuse_new(eng, self._tier_owner, key, value)
+            if removing or value is not old:
+                # Hooks.root_pre looks for parameters that train from now on: a frozen module added may be
+                # unfrozen, and torch's ModuleList.__delitem__ gives the list a plain _modules after a removal
+                eng._model_changed = True
             return
         name = next((s.name for p in old.parameters() for hit in (eng.slot_of.get(id(p)),)
                      if hit is not None for s in (hit[1],) if s.param is p), "?")
