@@ -379,6 +379,7 @@ static void test_owner_reload(void **state) {
         assert_int_equal(j.limit[LEVEL_HOST], 48 * MIB);
         assert_false(j.not_owner);
         list_del(&j.link);
+        free(j.totals);         /* quota_apply_all() resolved its uid's totals */
 }
 
 /*
