@@ -197,6 +197,10 @@ struct tier_client {
         unsigned rank;
         int reconnect_ms;               /* 0: off */
         bool reconnecting;
+        /* why the connection went, kept over reconnect attempts that gave up until one works: what
+         * they say, once (not each attempt's message wrapped in the next's) */
+        char gone_why[CLIENT_ERROR_MAX];
+        bool gone_timed_out;            /* it went for want of an answer (timed_out): tierd did not restart */
         unsigned restarts;              /* tierd restarts this client lived through */
         ClientSegment *retired;
         size_t n_retired;

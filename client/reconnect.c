@@ -193,8 +193,13 @@ int client_reconnect(tier_client *c, int r) {
 
         if (c->reconnect_ms <= 0 || c->reconnecting || !client_gone(r) || !c->socket_path)
                 return r;
-        (void) snprintf(why, sizeof(why), "%s", c->last_error);
-        timed_out = c->timed_out;       /* no restart: libtier closed the connection (transport.c) */
+        /* an earlier call's attempts gave up: the cause is still the first one's */
+        if (!*c->gone_why) {
+                (void) snprintf(c->gone_why, sizeof(c->gone_why), "%s", c->last_error);
+                c->gone_timed_out = c->timed_out;       /* no restart: libtier closed the connection (transport.c) */
+        }
+        (void) snprintf(why, sizeof(why), "%s", c->gone_why);
+        timed_out = c->gone_timed_out;
         c->reconnecting = true;
         q = retire_mappings(c);
         if (q < 0) {
@@ -232,6 +237,7 @@ int client_reconnect(tier_client *c, int r) {
         c->reconnecting = false;
         c->floor_error = -ERESTART;
         c->restarts++;
+        c->gone_why[0] = 0;
         return client_error(c, -ERESTART, "%s (%s): the connection, the job and its tensors' handles "
                             "are back%s; pins, the plan, phases and fences of before are gone (pin, submit the "
                             "plan and enter the phase again)",

@@ -212,7 +212,8 @@ static void test_timeout_reconnects(void **state) {
 /*
  * Reconnecting to a tierd that is still stopped: each attempt's Hello times out too (the socket
  * takes the connection, nobody answers), and once the reconnect timeout passed the call fails with
- * the error that broke the connection; continued, tierd is joined again by the next call.
+ * the error that broke the connection (a second attempt too, naming the first cause once); continued,
+ * tierd is joined again by the next call, which says it connected again, not that tierd restarted.
  */
 static void test_timeout_reconnect_gives_up(void **state) {
         tier_client *c = NULL;
@@ -231,9 +232,18 @@ static void test_timeout_reconnect_gives_up(void **state) {
         assert_non_null(strstr(tier_client_last_error(c), "did not come back"));
         assert_int_equal(tier_client_fd(c), -ECONNRESET);
         assert_int_equal(tier_client_restarts(c), 0);
+        /* a second attempt that gives up says the first cause once, not wrapped in the last attempt's words */
+        assert_int_equal(tier_tensor_stat(t, &st), -ECONNRESET);
+        assert_non_null(strstr(tier_client_last_error(c), "did not answer"));
+        assert_null(strstr(tier_client_last_error(c), "went away (tierd went away"));
+        assert_int_equal(tier_client_restarts(c), 0);
         tierd_cont();
 
+        /* tierd did not restart: the attempts that gave up do not make the rejoin say it did */
         assert_int_equal(tier_tensor_stat(t, &st), -ERESTART);
+        assert_non_null(strstr(tier_client_last_error(c), "connected to tierd again"));
+        assert_null(strstr(tier_client_last_error(c), "tierd restarted"));
+        assert_null(strstr(tier_client_last_error(c), "went away (tierd went away"));
         assert_int_equal(tier_client_restarts(c), 1);
         assert_int_equal(tier_tensor_stat(t, &st), 0);
         wait_job_released("giveup", 1);
