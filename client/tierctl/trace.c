@@ -201,7 +201,29 @@ int verb_trace(int argc, char **argv) {
                         fprintf(stderr, "tierctl trace: cannot open '%s' for writing: %m\n", out);
                         return EXIT_FAILURE;
                 }
-        } else {
+        }
+        /*
+         * Connected and started with the signals as they are: Ctrl-C (a TERM, a hangup) while connecting
+         * or starting stops tierctl at once, even while tierd does not answer (blocked, it waited for
+         * --timeout and was lost), with nothing of ours left: no file is made yet, and a trace ends
+         * with its connection.
+         */
+        if (connect_control(&c) < 0)
+                goto finish;
+        r = tier_trace_start(c, (unsigned) seconds, (unsigned) buffer);
+        if (r < 0) {
+                fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
+                goto finish;
+        }
+        deadline_stop();                /* tierd answered; the recording time is asked for, not waited out */
+        /*
+         * blocked from before the file is made until it is renamed or removed: a signal that killed
+         * tierctl meanwhile left OUT.XXXXXX behind for good (a hangup during the recording, a second
+         * Ctrl-C while the trace was written)
+         */
+        sigprocmask(SIG_BLOCK, &set, &old);
+        blocked = true;
+        if (fd < 0) {
                 /*
                  * a file: written beside it and renamed over it once whole (a failed trace leaves it be);
                  * with the mode of the file it replaces, else the owner's alone: a trace names every
@@ -214,51 +236,35 @@ int verb_trace(int argc, char **argv) {
                 if (asprintf(&tmp, "%s.XXXXXX", out) < 0) {
                         tmp = NULL;
                         fprintf(stderr, "tierctl trace: out of memory\n");
-                        return EXIT_FAILURE;
+                        goto finish;
                 }
-                /*
-                 * blocked from before the file is made until it is renamed or removed: a signal that
-                 * killed tierctl meanwhile left OUT.XXXXXX behind for good (a hangup during the
-                 * recording, a Ctrl-C while connecting, a second one while the trace was written)
-                 */
-                sigprocmask(SIG_BLOCK, &set, &old);
-                blocked = true;
                 fd = mkostemp(tmp, O_CLOEXEC);
                 if (fd < 0 || fchmod(fd, mode) < 0) {
                         fprintf(stderr, "tierctl trace: cannot write a file beside '%s': %m\n", out);
                         if (fd >= 0) {
                                 close(fd);
+                                fd = -1;
                                 (void) unlink(tmp);
                         }
                         free(tmp);
-                        sigprocmask(SIG_SETMASK, &old, NULL);
-                        return EXIT_FAILURE;
+                        tmp = NULL;
+                        goto finish;
                 }
         }
-        if (!blocked)
-                sigprocmask(SIG_BLOCK, &set, &old);
         deadline_unlink(tmp);           /* (NULL: no file of ours) */
-        if (connect_control(&c) < 0)
-                goto finish;
-
-        r = tier_trace_start(c, (unsigned) seconds, (unsigned) buffer);
-        if (r < 0) {
-                fprintf(stderr, "tierctl: trace failed: %s\n", why(c, r));
-                goto finish;
-        }
         if (signal_pending(&set)) {
                 /*
-                 * Ctrl-C (a TERM, a hangup) while connecting or starting, before the recording was
-                 * said to run: it asked to stop tierctl, not to stop a recording early (the wait would
-                 * take it at once and write an empty trace over the file).  The recording is
-                 * dropped; the signal acts once unblocked, below, with nothing of ours left.
+                 * a signal between the start and the file (now blocked): it asked to stop tierctl, not
+                 * to stop a recording early (the wait would take it at once and write an empty trace
+                 * over the file).  The recording is dropped; the signal acts once unblocked, below,
+                 * with nothing of ours left.
                  */
+                deadline_start();
                 (void) tier_trace_stop(c, &t);
                 goto finish;
         }
         /* on stderr even with --json-summary: it says when the recording runs */
         fprintf(stderr, "Tracing tierd for %lu s (Ctrl-C stops early)...\n", seconds);
-        deadline_stop();                /* the recording time is asked for, not waited out */
         wait_or_signal(&set, (unsigned) seconds);
         deadline_start();
         r = tier_trace_stop(c, &t);
@@ -302,6 +308,7 @@ finish:
                 (void) unlink(tmp);     /* never the output itself: what was there stays */
                 free(tmp);
         }
-        sigprocmask(SIG_SETMASK, &old, NULL);   /* a signal that came meanwhile acts now: nothing of ours is left */
+        if (blocked)
+                sigprocmask(SIG_SETMASK, &old, NULL);   /* a signal that came meanwhile acts now: nothing of ours is left */
         return ret;
 }

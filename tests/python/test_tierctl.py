@@ -658,12 +658,26 @@ class TestTierctl(tierd.DaemonTestCase):
         with open(out) as f:
             self.assertIn("traceEvents", json.load(f))
 
+    def wait_connecting(self, p: subprocess.Popen[str]) -> None:
+        """Return once tierctl @p has its socket (/proc/PID/fd): connecting to tierd, or waiting for its answer."""
+        def has_socket() -> bool:
+            try:
+                return any(os.readlink(f"/proc/{p.pid}/fd/{n}").startswith("socket:")
+                           for n in os.listdir(f"/proc/{p.pid}/fd"))
+            except OSError:
+                return False
+        while not has_socket():
+            self.assertIsNone(p.poll(), "tierctl exited before connecting")
+            time.sleep(0.01)
+
     def test_trace_interrupted_before_recording(self) -> None:
-        """Ctrl-C while tierctl is still connecting or starting the trace stops tierctl and leaves -o's
-        file as it was: it stayed pending behind the blocked signals and the recording's wait took it at
-        once, writing an empty trace over the file with exit 0.  tierd is stopped (SIGSTOP) so that the
-        signal lands in that window whatever the timing: it is sent once tierctl blocks it
-        (/proc/PID/status, SigBlk), and tierd continued after it."""
+        """Ctrl-C while tierctl is still connecting or starting the trace stops tierctl at once, even while
+        tierd does not answer, and leaves -o's file as it was.  It stayed pending behind the signals blocked
+        from before the connection: the recording's wait took it at once, writing an empty trace over the
+        file with exit 0; and then, to a tierd that does not answer, it did nothing until --timeout ran out
+        (exit 3).  tierd is stopped (SIGSTOP) so that the signal lands while tierctl waits for its answer
+        whatever the timing: it is sent once tierctl has its socket (/proc/PID/fd), and tierctl must be gone
+        before tierd is continued."""
         if os.geteuid() != 0:
             self.skipTest("tracing needs root or group tier-admin")
         assert self.d.proc is not None
@@ -678,16 +692,13 @@ class TestTierctl(tierd.DaemonTestCase):
                                   "--seconds", "600", "-o", out],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  preexec_fn=default_signals)
-            while True:  # until SIGINT is blocked: tierctl is past it, connecting to the stopped tierd
-                with open(f"/proc/{p.pid}/status") as f:
-                    blocked = int(next(ln for ln in f if ln.startswith("SigBlk:")).split()[1], 16)
-                if blocked & (1 << (signal.SIGINT - 1)):
-                    break
-                self.assertIsNone(p.poll(), "tierctl exited before blocking its signals")
-                time.sleep(0.01)
+
+            self.wait_connecting(p)
             p.send_signal(signal.SIGINT)
-            os.kill(self.d.proc.pid, signal.SIGCONT)
-            self.assertEqual(p.wait(60), -signal.SIGINT, p.stderr.read())
+            try:
+                self.assertEqual(p.wait(60), -signal.SIGINT, "tierctl did not stop while tierd does not answer")
+            except subprocess.TimeoutExpired:
+                self.fail("Ctrl-C did not stop tierctl while it waited for a stopped tierd")
         finally:
             os.kill(self.d.proc.pid, signal.SIGCONT)
             if p is not None:
@@ -699,7 +710,7 @@ class TestTierctl(tierd.DaemonTestCase):
         self.assertEqual(os.listdir(d), ["trace.json"])
         with open(out) as f:
             self.assertEqual(f.read(), "earlier")
-        # the trace was stopped: another one starts
+        # nothing was left running: another one starts
         self.ctl("trace", "--seconds", "1", "-o", os.path.join(d, "next.json"))
 
     def test_trace_hangup_ignored(self) -> None:
@@ -707,8 +718,8 @@ class TestTierctl(tierd.DaemonTestCase):
         file is written.  tierctl blocked SIGHUP whatever its disposition, so a hangup while it connected
         stayed pending: it dropped the recording and, the signal ignored once unblocked, exited 1 without a
         word, leaving the file as it was; one during the recording stopped it early (sigtimedwait() takes an
-        ignored signal that is blocked).  tierd is stopped (SIGSTOP) until the hangup is sent, so that it
-        lands while tierctl connects whatever the timing; then tierctl's SIGHUP is seen ignored and not
+        ignored signal that is blocked).  tierd is stopped (SIGSTOP) until the hangup is sent (once tierctl has
+        its socket), so that it lands while tierctl connects whatever the timing; then tierctl's SIGHUP is seen ignored and not
         blocked (/proc/PID/status) while it records, and Ctrl-C ends the recording."""
         if os.geteuid() != 0:
             self.skipTest("tracing needs root or group tier-admin")
@@ -732,9 +743,7 @@ class TestTierctl(tierd.DaemonTestCase):
             p = subprocess.Popen([tierctl_path(), "--socket", self.socket, "--timeout", "600", "trace",
                                   "--seconds", "600", "-o", out],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=nohup)
-            while not sig_mask(p.pid, "SigBlk") & (1 << (signal.SIGINT - 1)):  # past blocking: connecting
-                self.assertIsNone(p.poll(), "tierctl exited before blocking its signals")
-                time.sleep(0.01)
+            self.wait_connecting(p)
             p.send_signal(signal.SIGHUP)
             os.kill(self.d.proc.pid, signal.SIGCONT)
             self.assertIn("Tracing tierd for 600 s", p.stderr.readline())
