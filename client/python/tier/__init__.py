@@ -62,7 +62,7 @@ from .errors import (
 )
 
 #: The package's version: tierd's (meson.build), which pyproject.toml repeats.
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "__version__",
