@@ -8,7 +8,8 @@
  *
  *   u8 n (at most 24), then n pairs (code, arg): the libtier calls the
  *   "job" makes after tier_client_new() (create, open, pin, unpin, evict,
- *   prefetch, stat, status, process, wait, plans, phases, quotas, ...);
+ *   prefetch, stat, status, process, wait, plans, phases, quotas, ...; bit
+ *   4 of a code: first tier_client_set_timeout() of code >> 5 ms, 0..7);
  *   then packets until the end: u8 flags, u16 length, the bytes.
  *
  * A thread plays tierd on a listening socket in a temporary directory: it
@@ -17,7 +18,10 @@
  * if it unpacks as a tier.Reply carrying a Response, gets the seq of the
  * latest request (else libtier rightly drops the connection at once);
  * bits 2..7: fds to pass beside it (a 1M memfd, a 4K memfd, an eventfd, a
- * socket, /dev/null, an O_PATH directory, in that order of fd index).
+ * socket, /dev/null, an O_PATH directory, in that order of fd index).  An
+ * empty packet with bit 1 is a stall: the fake daemon neither reads nor
+ * sends for 50 ms (longer than any timeout the calls set), so that a
+ * request times out and libtier closes the connection.
  * After the last packet the fake daemon hangs up, so every call returns.
  *
  * Grants libtier returns are read and written end to end (a grant must lie
@@ -129,6 +133,10 @@ static void *server_main(void *userdata) {
                 size_t n_fds = 0;
                 int r;
 
+                if (len == 0 && (flags & 2)) {  /* a stall: the job's request timeout, if any, runs out */
+                        (void) poll(NULL, 0, WAIT_MS);
+                        continue;
+                }
                 if (read_requests(s, (flags & 1) ? WAIT_MS : 0, &seq) < 0)
                         break;
                 if (flags & 2) {
@@ -198,6 +206,8 @@ static void run_op(Job *j, uint8_t code, uint8_t arg) {
         int r;
 
         snprintf(name, sizeof(name), "t%u", arg % N_HANDLES);
+        if (code & 0x10)                /* a request timeout first: code >> 5 ms (0: none) */
+                FUZZ_CHECK(tier_client_set_timeout(j->c, code >> 5) == 0);
         switch (code % 16) {
         case 0:
                 if (!*t)
@@ -598,6 +608,24 @@ int fuzz_write_seeds(const char *dir_out) {
                 o->buf[at] = 0;
         }
         r = r ?: fuzz_write_file(dir_out, "seed-bad-hello", o->buf, o->n);
+
+        /*
+         * a timeout of 5 ms (bit 4 of a code): a pin answered with fence 1, then a prefetch tierd does not
+         * answer in time (a stall): the connection closes, fence 1 is frozen not done, later calls fail
+         */
+        o->n = 0;
+#define TIMEOUT_5MS (0x10 | 5 << 5)
+        static const uint8_t ops4[] = { 0 | TIMEOUT_5MS, 0, 3, 1 << 2, 6 | TIMEOUT_5MS, 0x80 | 2 << 2, 10, 0, 10, 1,
+                                        2, 1 << 2 | 3 << 4, 9, 0, 8, 0 };
+        put_ops(o, ops4, sizeof(ops4) / 2);
+        put_hello_reply(o);
+        put_tensor_reply(o, 1ull << 32, 4096, "t0");
+        put_pin_reply(o, TIER_HOST, 8192, 4096, 1, true);
+        fout_u8(o, 2);                  /* a stall */
+        fout_u16(o, 0);
+        put_fence_reply(o, 2);          /* too late */
+        put_event(o, 0, 1);
+        r = r ?: fuzz_write_file(dir_out, "seed-timeout", o->buf, o->n);
 
         free(o);
         return r;
