@@ -11,8 +11,9 @@
  * 256K chunks, 768K per job), a host pool of 2M in 256K segments (memfds,
  * 1.5M per job), one 4M NVMe target file (64K extents, 3M per job) in a
  * temporary directory made once per process, policy @policy
- * (SchedPolicyKind), no linger, logging off.  Aborts on failure.  Small,
- * so that a fresh core per input is quick to make.
+ * (SchedPolicyKind), no linger, logging off, 64 tensors a job and 96 a
+ * uid, the job name "owned" owned by uid 1000 ([quota] owner =).  Aborts
+ * on failure.  Small, so that a fresh core per input is quick to make.
  */
 Manager *core_new(int policy);
 /* Let transfers in flight finish (bounded), then free everything. */

@@ -199,6 +199,15 @@ static const char *const seeds[] = {
         "[quota]\nuser = root\nhost = 32M\nhost_min = 8M\n\n[quota]\njob = train\nowner = root\nvram = 1G\nweight = 2\n" SEP
         "[quota]\ngroup = root\nnvme = 1G\n[quota]\nuid = 0\nweight = 1000\n",
         "[metrics]\ntextfile = /var/tmp/tierd.prom\ninterval_sec = 15\n" SEP "[metrics]\ntextfile =\n",
+        /* owners of job names (a uid, a user), the per-uid tensor bound; a drop-in changing both */
+        "[limits]\nmax_tensors = 4096\nmax_tensors_per_uid = 1000\n[quota]\njob = train\nowner = 1000\nweight = 3\n"
+        "[quota]\njob = eval\nowner = root\nhost_min = 1M\n" SEP
+        "[limits]\nmax_tensors_per_uid = 2\n[quota]\njob = train\nowner = 0\n",
+        /* owners and names refused: no job, a user rule, twice, unknown, empty; bidi and C1 in a job name; 0 tensors */
+        "[quota]\nowner = root\n" SEP "[quota]\nuser = root\nowner = root\n" SEP
+        "[quota]\njob = a\nowner = 0\nowner = 1\n" SEP "[quota]\njob = b\nowner = no-such-user-x\n" SEP
+        "[quota]\njob = c\nowner =\n" SEP "[quota]\njob = tr\xe2\x80\xaein\nowner = 0\n" SEP
+        "[quota]\njob = x\xc2\x85y\n" SEP "[limits]\nmax_tensors_per_uid = 0\nmax_tensors_per_uid = 99999999999\n",
 };
 
 int fuzz_write_seeds(const char *out) {

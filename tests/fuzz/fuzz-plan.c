@@ -286,6 +286,45 @@ int fuzz_write_seeds(const char *dir) {
                 r = r ?: fuzz_write_file(dir, name, o->buf, o->n);
         }
 
+        /*
+         * one tensor in every phase and in both tiers of some (plan_cur_read_pending()'s lookup,
+         * Plan.acc_where), with duplicate accesses that plan_new() merges; 3 tensors, 5 phases, twice round
+         */
+        for (int policy = 0; policy < 2; policy++) {
+                char name[32];
+
+                o->n = 0;
+                fout_u8(o, (uint8_t) (policy << 4 | 2 << 1));
+                for (int i = 0; i < 3; i++)
+                        fout_u32(o, 60000 * (uint32_t) (i + 1));
+                fout_u8(o, 5);
+                fout_u8(o, 3);
+                put_acc(o, 0, 0, PLAN_READ);
+                put_acc(o, 0, 1, PLAN_READ);
+                put_acc(o, 1, 1, PLAN_WRITE);
+                fout_u8(o, 4);
+                put_acc(o, 1, 1, PLAN_READ);
+                put_acc(o, 0, 1, PLAN_WRITE);
+                put_acc(o, 0, 1, PLAN_READ);
+                put_acc(o, 2, 0, PLAN_READ);
+                fout_u8(o, 2);
+                put_acc(o, 0, 0, PLAN_WRITE);
+                put_acc(o, 2, 1, PLAN_READ | PLAN_WRITE);
+                fout_u8(o, 5);
+                put_acc(o, 2, 0, PLAN_READ);
+                put_acc(o, 0, 1, PLAN_READ);
+                put_acc(o, 0, 0, PLAN_READ);
+                put_acc(o, 1, 0, PLAN_READ);
+                put_acc(o, 0, 0, PLAN_WRITE);
+                fout_u8(o, 1);
+                put_acc(o, 0, 0, PLAN_READ | PLAN_WRITE);
+                for (int it = 0; it < 2; it++)
+                        for (uint32_t ph = 0; ph < 5; ph++)
+                                put_marker(o, ph);
+                snprintf(name, sizeof(name), "seed-shared-%d", policy);
+                r = r ?: fuzz_write_file(dir, name, o->buf, o->n);
+        }
+
         /* a client that scribbles: a marker of a phase the plan lacks, the daemon area overwritten, seq backwards */
         o->n = 0;
         fout_u8(o, 1 << 1);

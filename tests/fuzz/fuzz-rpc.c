@@ -561,6 +561,63 @@ int fuzz_write_seeds(const char *dir) {
         put_op(o, 4 | 1 << 3);
         r = r ?: write_seed(dir, "seed-two-jobs", o);
 
+        /* names tierd refuses (bidi format characters, C1 controls, not UTF-8) beside ones it takes */
+        o->n = 0;
+        put_hello(o, 0, "job\xe2\x80\xae", 0, 1);        /* U+202E RIGHT-TO-LEFT OVERRIDE */
+        put_hello(o, 0, "j\xc2\x9b" "1m", 0, 2);           /* U+009B CSI */
+        put_hello(o, 0, "j\xd8\x9cob", 0, 3);              /* U+061C ARABIC LETTER MARK */
+        put_hello(o, 0, "j\xc3\xb6" "b", 0, 4);               /* U+00F6: taken */
+        put_create(o, 0, "w\xe2\x81\xa6", 4096, 5);      /* U+2066 LEFT-TO-RIGHT ISOLATE */
+        put_create(o, 0, "x\xc2\x85", 4096, 6);           /* U+0085 NEXT LINE */
+        put_create(o, 0, "y\xe2\x80\x8f", 4096, 7);      /* U+200F RIGHT-TO-LEFT MARK */
+        put_create(o, 0, "z\xc0\xaf", 4096, 8);           /* overlong: not UTF-8 */
+        put_create(o, 0, "\xe2\x80\x8d", 4096, 9);       /* U+200D ZERO WIDTH JOINER: not bidi */
+        put_quota(o, 0, "job\xe2\x80\xad", 5, 10);       /* U+202D */
+        put_op(o, 5 | 1 << 3 | 1 << 4);                 /* client 1 as uid 1000: the same job */
+        put_hello(o, 1, "j\xc3\xb6" "b", 1, 1);
+        put_hello(o, 1, "j\xc3\xb6" "b\xe2\x80\x8e", 0, 2);
+        put_op(o, 4);
+        put_op(o, 4 | 1 << 3);
+        r = r ?: write_seed(dir, "seed-names", o);
+
+        /* the job name "owned" (core.c: [quota] owner = 1000): taken by uid 1000, asked for by uid 0 before and after */
+        o->n = 0;
+        put_hello(o, 0, "owned", 0, 1);
+        put_op(o, 4);
+        put_op(o, 5 | 1 << 3 | 1 << 4);
+        put_hello(o, 1, "owned", 0, 1);
+        put_create(o, 1, "a", 4096, 2);
+        put_op(o, 5);
+        put_hello(o, 0, "owned", 1, 1);
+        put_simple(o, 0, TIER__REQUEST__OP_OPEN, 0, 2);
+        put_quota(o, 0, "owned", 0, 3);
+        put_quota(o, 1, "owned", 9, 3);
+        put_op(o, 4);
+        put_op(o, 4 | 1 << 3);
+        put_op(o, 5 | 1 << 3);                          /* uid 1000 gone: its job ends, the name is free */
+        put_hello(o, 1, "owned", 0, 1);
+        put_op(o, 4 | 1 << 3);
+        r = r ?: write_seed(dir, "seed-owner", o);
+
+        /* tensors up to the bounds: 64 a job, 96 a uid (core.c), two jobs of uid 0 */
+        o->n = 0;
+        put_hello(o, 0, "a", 0, 1);
+        put_hello(o, 1, "b", 0, 1);
+        for (unsigned k = 0; k < 66; k++) {
+                char name[8];
+
+                snprintf(name, sizeof(name), "%u", k);
+                put_create(o, 0, name, 4096, 2 + k);
+                if (k < 34)
+                        put_create(o, 1, name, 4096, 2 + k);
+                put_op(o, 4);
+                put_op(o, 4 | 1 << 3);
+        }
+        put_simple(o, 0, TIER__REQUEST__OP_FREE, TID(1), 100);
+        put_create(o, 1, "again", 4096, 101);
+        put_op(o, 4 | 1 << 3);
+        r = r ?: write_seed(dir, "seed-many", o);
+
         /* what a client must not do: fds beside requests, garbage, a request before hello, a second hello */
         o->n = 0;
         put_create(o, 1, "early", 4096, 1);
