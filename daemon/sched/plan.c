@@ -450,6 +450,20 @@ static bool cur_access_pending(const Plan *p, const PlanPhase *ph, bool held, ui
         return (a->mode & PLAN_READ) && use_in_class(a, c) && !(held && i < p->max_acc && p->hs[0].pinned[i]);
 }
 
+bool plan_cur_read_pending_walk(const Plan *p, const Tensor *t, int c) {
+        const PlanPhase *ph;
+        bool held;
+
+        if (p->cur >= p->n_phases)
+                return false;
+        ph = &p->phases[p->cur];
+        held = p->hold[0].active && p->hold[0].phase == p->cur;
+        for (uint32_t i = 0; i < ph->n_acc; i++)
+                if (ph->acc[i].tensor == t && cur_access_pending(p, ph, held, i, c))
+                        return true;
+        return false;
+}
+
 /*
  * Asked of every candidate victim in each choice (sched_next_access_overwrites(),
  * victim_next_use()), so it looks at @t's own accesses in the current phase only
@@ -468,12 +482,8 @@ bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c) {
         held = p->hold[0].active && p->hold[0].phase == p->cur;
         if (s >= p->n_slots || p->slots[s] != t) {
                 /* not a tensor of @p's own (plan.h): its accesses, if any, by a walk of the phase */
-                for (uint32_t i = 0; i < ph->n_acc; i++) {
-                        p->sched->pending_looks++;
-                        if (ph->acc[i].tensor == t && cur_access_pending(p, ph, held, i, c))
-                                return true;
-                }
-                return false;
+                p->sched->pending_looks += ph->n_acc;
+                return plan_cur_read_pending_walk(p, t, c);
         }
         lo = p->acc_off[s];
         hi = p->acc_off[s + 1];

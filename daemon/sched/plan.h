@@ -218,6 +218,11 @@ uint64_t plan_next_use_class(const Plan *p, const Tensor *t, int c);
  * the marker)?  Such a use is now, not a cycle later.
  */
 bool plan_cur_read_pending(const Plan *p, const Tensor *t, int c);
+/*
+ * The same by a walk of the whole current phase: for a tensor not of @p's own, and the reference the
+ * tests (unit plan, fuzz plan) hold the lookup to.
+ */
+bool plan_cur_read_pending_walk(const Plan *p, const Tensor *t, int c);
 /* Predicted next use of @t's copy in @tier (vram, or host and what stages through it). */
 uint64_t plan_next_use(const Plan *p, const Tensor *t, int tier);
 /* Does phase @phase alone fit its job's limit in @tier and every total the job is held to (a -EDQUOT may pass)? */

@@ -117,26 +117,6 @@ static void scribble(Plan *p, FuzzIn *in) {
         memcpy((uint8_t *) p->page + off, b, len);
 }
 
-/* plan_cur_read_pending() by a walk of the whole current phase, as it was before its lookup (Plan.acc_where) */
-static bool cur_read_pending_walk(const Plan *p, const Tensor *t, int c) {
-        const PlanPhase *ph;
-        bool held;
-
-        if (p->cur >= p->n_phases)
-                return false;
-        ph = &p->phases[p->cur];
-        held = p->hold[0].active && p->hold[0].phase == p->cur;
-        for (uint32_t i = 0; i < ph->n_acc; i++) {
-                const PlanAcc *a = &ph->acc[i];
-                bool in_class = c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
-
-                if (a->tensor == t && (a->mode & PLAN_READ) && in_class &&
-                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
-                        return true;
-        }
-        return false;
-}
-
 static void query(Plan *p, Tensor **t, unsigned n_t) {
         PlanStats st;
 
@@ -150,7 +130,7 @@ static void query(Plan *p, Tensor **t, unsigned n_t) {
         /* a read still to pin in the current phase (reclaim's "dead" test): the lookup answers as the walk */
         for (unsigned i = 0; i < n_t; i++)
                 for (int c = 0; c < _USE_MAX; c++)
-                        FUZZ_CHECK(plan_cur_read_pending(p, t[i], c) == cur_read_pending_walk(p, t[i], c));
+                        FUZZ_CHECK(plan_cur_read_pending(p, t[i], c) == plan_cur_read_pending_walk(p, t[i], c));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

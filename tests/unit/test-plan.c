@@ -147,26 +147,6 @@ static void test_work_is_linear(void **state) {
         fixture_free(m);
 }
 
-/* plan_cur_read_pending() as it was, a walk of the whole current phase: the reference. */
-static bool cur_read_pending_walk(const Plan *p, const Tensor *t, int c) {
-        const PlanPhase *ph;
-        bool held;
-
-        if (p->cur >= p->n_phases)
-                return false;
-        ph = &p->phases[p->cur];
-        held = p->hold[0].active && p->hold[0].phase == p->cur;
-        for (uint32_t i = 0; i < ph->n_acc; i++) {
-                const PlanAcc *a = &ph->acc[i];
-                bool in_class = c == USE_ANY || (c == USE_VRAM ? a->tier == LEVEL_VRAM : a->tier == LEVEL_HOST);
-
-                if (a->tensor == t && (a->mode & PLAN_READ) && in_class &&
-                    !(held && i < p->max_acc && p->hs[0].pinned[i]))
-                        return true;
-        }
-        return false;
-}
-
 /*
  * plan_cur_read_pending() looks a tensor's accesses in the current phase up
  * (Plan.acc_where) instead of walking the phase: on random plans (duplicates,
@@ -216,8 +196,8 @@ static void test_cur_read_pending_lookup(void **state) {
                         for (unsigned i = 0; i < TENSORS; i++)
                                 for (int c = 0; c < _USE_MAX; c++) {
                                         assert_int_equal(plan_cur_read_pending(p, t[i], c),
-                                                         cur_read_pending_walk(p, t[i], c));
-                                        checked += cur_read_pending_walk(p, t[i], c);
+                                                         plan_cur_read_pending_walk(p, t[i], c));
+                                        checked += plan_cur_read_pending_walk(p, t[i], c);
                                 }
                 }
                 plan_free(p);
