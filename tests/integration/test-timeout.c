@@ -304,6 +304,17 @@ static void test_timeout_signals(void **state) {
         assert_int_equal(count_fds(), fds);
 }
 
+/* A tierd of the test's own, with FAULTS (its writes to NVMe a minute late), made current: test_teardown() kills it. */
+static void start_frozen(TestDaemon *df) {
+        int r;
+
+        assert_int_equal(setenv("TIERD_TEST_FAULTS", FAULTS, 1), 0);
+        r = test_daemon_start(df, config_body);
+        unsetenv("TIERD_TEST_FAULTS");
+        assert_true(r >= 0);
+        cur = df;
+}
+
 /*
  * A fence not done when the call timed out: tierd, continued, lets the connection go and gives its
  * slot of the job's fence page to the job's next connection, whose fences advance the slot.  The
@@ -317,14 +328,9 @@ static void test_timeout_fences_not_taken_over(void **state) {
         struct tier_grant g;
         struct tier_stat st;
         tier_fence f, fn;
-        int fds, r;
+        int fds;
 
-        /* a tierd of its own, with FAULTS (test_teardown() kills it) */
-        assert_int_equal(setenv("TIERD_TEST_FAULTS", FAULTS, 1), 0);
-        r = test_daemon_start(&df, config_body);
-        unsetenv("TIERD_TEST_FAULTS");
-        assert_true(r >= 0);
-        cur = &df;
+        start_frozen(&df);
         fds = count_fds();
         assert_int_equal(tier_client_new(df.socket, "frozen", 0, &c), 0);
         assert_int_equal(tier_client_set_timeout(c, TIMEOUT_MS), 0);
@@ -380,12 +386,7 @@ static void closed_fences(bool reconnect) {
         tier_fence f, fn;
         int fds, r;
 
-        /* a tierd of its own, with FAULTS (test_teardown() kills it) */
-        assert_int_equal(setenv("TIERD_TEST_FAULTS", FAULTS, 1), 0);
-        r = test_daemon_start(&df, config_body);
-        unsetenv("TIERD_TEST_FAULTS");
-        assert_true(r >= 0);
-        cur = &df;
+        start_frozen(&df);
         fds = count_fds();
         assert_int_equal(tier_client_new(df.socket, "frozen", 0, &c), 0);
         if (reconnect)
